@@ -1,0 +1,122 @@
+"""Detection: the only layer with side effects on the host. It returns a frozen HostSnapshot.
+
+Roots are parameters (``proc_root``, ``sys_root``) so that tests and replays can point detection at
+fake procfs/sysfs trees; the NVML library is whatever ``libnvidia-ml.so.1`` the process loads (or
+``$HWPROFILE_NVML_LIBRARY``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from ..snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
+from . import linux, software
+from .nvml import GpuLost, Nvml, Unavailable
+
+DEFAULT_PROC_ROOT = "/proc"
+DEFAULT_SYS_ROOT = "/sys"
+
+
+def detect_host(
+    proc_root: str | os.PathLike[str] | None = None,
+    sys_root: str | os.PathLike[str] | None = None,
+    tmpfs: str = "/dev/shm",
+    use_nvml: bool = True,
+) -> HostSnapshot:
+    """Probe this host. Never raises for a missing or broken part: it ends up in ``errors``."""
+    proc = Path(proc_root or os.environ.get("HWPROFILE_PROC_ROOT") or DEFAULT_PROC_ROOT)
+    sysfs = Path(sys_root or os.environ.get("HWPROFILE_SYS_ROOT") or DEFAULT_SYS_ROOT)
+    errors: list[DetectError] = []
+
+    hostname, kernel = linux.read_host_ids(proc)
+    cpu = linux.read_cpu(proc, errors)
+    memory = linux.read_memory(proc, errors)
+    numa_nodes = linux.read_numa_nodes(sysfs, errors)
+
+    gpus: tuple[Gpu, ...] = ()
+    links = ()
+    driver = Driver()
+    if use_nvml:
+        nvml = Nvml()
+        try:
+            nvml.open()
+        except Unavailable as e:
+            errors.append(DetectError("nvml", str(e)))
+        else:
+            try:
+                driver = nvml.driver()
+                gpus, handles = _read_gpus(nvml, cpu.logical_cpus or os.cpu_count() or 1)
+                gpus = tuple(_complete(g, sysfs, numa_nodes) for g in gpus)
+                links = nvml.links([g for g in gpus if not g.lost], handles)
+            finally:
+                nvml.close()
+            errors.extend(nvml.errors)
+
+    tmpfs_path, tmpfs_free = linux.read_tmpfs(proc, tmpfs)
+    vllm_version, vllm_dist = software.vllm_version()
+    return HostSnapshot(
+        hostname=hostname,
+        kernel=kernel,
+        cpu=cpu,
+        memory_bytes=memory,
+        numa_nodes=numa_nodes,
+        gpus=gpus,
+        gpu_links=links,
+        driver=driver,
+        software=Software(
+            vllm_version=vllm_version,
+            vllm_distribution=vllm_dist,
+            numactl_path=software.numactl_path(),
+            tmpfs_path=tmpfs_path,
+            tmpfs_free_bytes=tmpfs_free,
+        ),
+        errors=tuple(errors),
+    )
+
+
+def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int, object]]:
+    gpus: list[Gpu] = []
+    handles: dict[int, object] = {}
+    for index in range(nvml.count()):
+        try:
+            handle = nvml.handle(index)
+            if handle is None:
+                gpus.append(Gpu(index=index, lost=True))
+                continue
+            gpus.append(nvml.gpu(index, handle, logical_cpus))
+            handles[index] = handle
+        except GpuLost:
+            nvml.errors.append(
+                DetectError(f"gpu[{index}]", "GPU is lost (fell off the bus?): check `dmesg` for Xid errors")
+            )
+            gpus.append(Gpu(index=index, lost=True))
+    return tuple(gpus), handles
+
+
+def _complete(gpu: Gpu, sys_root: Path, numa_nodes: tuple[NumaNode, ...]) -> Gpu:
+    """NUMA node and local CPUs where the driver did not give them: sysfs first (``-1`` there
+    means unknown), then the host's only node, then the node whose CPUs equal the GPU's affinity."""
+    if gpu.lost or not gpu.pci_bus_id:
+        return gpu
+    changes: dict[str, object] = {}
+    cpus = gpu.cpu_affinity
+    if cpus is None:
+        cpus = linux.read_pci_local_cpulist(sys_root, gpu.pci_bus_id)
+        if cpus:
+            changes["cpu_affinity"] = cpus
+    if gpu.numa_node is None:
+        node = linux.read_pci_numa_node(sys_root, gpu.pci_bus_id)
+        if node is not None:
+            changes.update(numa_node=node, numa_node_source="sysfs")
+        elif len(numa_nodes) == 1:
+            changes.update(numa_node=numa_nodes[0].id, numa_node_source="only_node")
+        elif cpus:
+            match = [n.id for n in numa_nodes if n.cpus == cpus]
+            if len(match) == 1:
+                changes.update(numa_node=match[0], numa_node_source="cpu_affinity")
+    return replace(gpu, **changes) if changes else gpu
+
+
+__all__ = ["HostSnapshot", "detect_host"]

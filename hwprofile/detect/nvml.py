@@ -1,0 +1,318 @@
+"""The one place that talks to NVML.
+
+Every NVML call goes through :class:`Nvml`, which turns the driver's many ways of failing into data:
+a missing library or driver, a function the installed driver lacks (older or newer names are tried
+in order), a field the board does not support, a lost GPU. Nothing outside this module imports
+``pynvml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..snapshot import (
+    DetectError,
+    Driver,
+    Gpu,
+    GpuLink,
+    PcieLink,
+    decode_clock_event_reasons,
+)
+from .linux import cpulist_from_masks
+
+# nvmlGpuTopologyLevel_t → nvidia-smi topo vocabulary.
+TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+# nvmlGpuP2PCapsIndex_t READ. nvidia-ml-py defines NVML_P2P_CAPS_INDEX_READ as the tuple ``(0,)``
+# (a trailing comma), which ctypes rejects, so the value from nvml.h is used here.
+P2P_CAPS_INDEX_READ = 0
+NVSWITCH = "nvswitch"  # far end of a link that goes to an NVSwitch
+
+
+class GpuLost(Exception):
+    """Raised inside this module when a device answers GPU_IS_LOST; the GPU is marked lost."""
+
+
+class Unavailable(Exception):
+    """NVML cannot be used at all on this host (no library, no driver, init failed)."""
+
+
+class Nvml:
+    """An initialised NVML session that records every failure in ``errors``."""
+
+    def __init__(self) -> None:
+        self.errors: list[DetectError] = []
+        self.library: str | None = None
+        self._n: Any = None
+        self.peers: dict[int, list[str | None]] = {}  # NVLink far ends, filled by gpu()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Load the library and initialise NVML, or raise :class:`Unavailable` with the reason."""
+        lib = os.environ.get("HWPROFILE_NVML_LIBRARY")
+        if lib:
+            # Loading by full path first makes pynvml's later CDLL("libnvidia-ml.so.1") reuse it.
+            try:
+                ctypes.CDLL(lib)
+            except OSError as e:
+                raise Unavailable(f"HWPROFILE_NVML_LIBRARY={lib} cannot be loaded: {e}") from None
+        import pynvml
+
+        self._n = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise Unavailable(_describe_init_error(pynvml, e)) from None
+        self.library = lib or _loaded_path(pynvml)
+
+    def close(self) -> None:
+        if self._n is not None:
+            with contextlib.suppress(self._n.NVMLError):
+                self._n.nvmlShutdown()
+
+    # -- the chokepoint ---------------------------------------------------------------------
+    def call(self, where: str, names: str | Sequence[str], *args: Any, quiet: bool = False) -> Any:
+        """Call the first of ``names`` that this driver has; return ``None`` on failure.
+
+        ``GPU_IS_LOST`` raises :class:`GpuLost`. Other failures are recorded in ``errors`` unless
+        ``quiet`` (used where NOT_SUPPORTED is an answer, e.g. NVLink on a GeForce board).
+        """
+        n = self._n
+        candidates = [names] if isinstance(names, str) else list(names)
+        last = ""
+        for name in candidates:
+            fn: Callable[..., Any] | None = getattr(n, name, None)
+            if fn is None:
+                last = f"{name}: not in this nvidia-ml-py"
+                continue
+            try:
+                return fn(*args)
+            except n.NVMLError_FunctionNotFound:
+                last = f"{name}: the installed driver does not have this function"
+                continue
+            except n.NVMLError_GpuIsLost:
+                raise GpuLost(where) from None
+            except n.NVMLError as e:
+                if not quiet:
+                    self.errors.append(DetectError(where, f"{name}: {_err_text(n, e)}"))
+                return None
+            except n.NVMLLibraryMismatchError as e:  # not an NVMLError subclass
+                last = f"{name}: {e}"
+                continue
+            except (TypeError, ctypes.ArgumentError) as e:  # a binding that does not fit the library
+                last = f"{name}: nvidia-ml-py could not call it: {e}"
+                continue
+        if not quiet:
+            self.errors.append(DetectError(where, last or "no NVML function to call"))
+        return None
+
+    # -- what hwprofile reads -----------------------------------------------------------------
+    def driver(self) -> Driver:
+        version = _text(self.call("driver.version", "nvmlSystemGetDriverVersion"))
+        cuda = self.call(
+            "driver.cuda_version",
+            ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"),
+        )
+        cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
+        return Driver(version=version, cuda_version=cuda_text, nvml_library=self.library)
+
+    def count(self) -> int:
+        c = self.call("gpus", "nvmlDeviceGetCount")
+        return int(c) if c is not None else 0
+
+    def handle(self, index: int) -> Any:
+        return self.call(f"gpu[{index}]", "nvmlDeviceGetHandleByIndex", index)
+
+    def gpu(self, index: int, handle: Any, logical_cpus: int) -> Gpu:
+        """Read one GPU. Raises :class:`GpuLost` if the device is lost midway."""
+        n = self._n
+        w = f"gpu[{index}]"
+        peers = self._nvlink_peers(w, handle)
+        self.peers[index] = peers
+        pci = self.call(f"{w}.pci", "nvmlDeviceGetPciInfo", handle)
+        # v2 separates the driver's reservation from what processes use; drivers < 510 lack it.
+        mem = self.call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle, n.nvmlMemory_v2, quiet=True)
+        if mem is None:
+            mem = self.call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
+        cc = self.call(f"{w}.compute_capability", "nvmlDeviceGetCudaComputeCapability", handle)
+        numa = self.call(f"{w}.numa_node", "nvmlDeviceGetNumaNodeId", handle, quiet=True)
+        words = max(1, (logical_cpus + 63) // 64)
+        aff = self.call(f"{w}.cpu_affinity", "nvmlDeviceGetCpuAffinity", handle, words, quiet=True)
+        limit = self.call(
+            f"{w}.power_limit",
+            ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
+            handle,
+        )
+        draw = self.call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle)
+        reasons = self.call(
+            f"{w}.clocks_event_reasons",
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+            handle,
+        )
+        return Gpu(
+            index=index,
+            name=_text(self.call(f"{w}.name", "nvmlDeviceGetName", handle)),
+            uuid=_text(self.call(f"{w}.uuid", "nvmlDeviceGetUUID", handle)),
+            pci_bus_id=_text(pci.busId) if pci is not None else None,
+            pci_device_id=f"0x{pci.pciDeviceId:08x}" if pci is not None else None,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
+            memory_reserved_bytes=int(getattr(mem, "reserved", 0)) if mem is not None else None,
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else None,
+            numa_node=int(numa) if numa is not None else None,
+            numa_node_source="nvml" if numa is not None else None,
+            cpu_affinity=(cpulist_from_masks(int(x) for x in aff) or None) if aff is not None else None,
+            pcie=PcieLink(
+                gen=self.call(f"{w}.pcie.gen", "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+                width=self.call(f"{w}.pcie.width", "nvmlDeviceGetCurrPcieLinkWidth", handle),
+                max_gen=self.call(f"{w}.pcie.max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+                max_width=self.call(f"{w}.pcie.max_width", "nvmlDeviceGetMaxPcieLinkWidth", handle),
+            ),
+            nvlink_active_links=len(peers),
+            power_limit_watts=limit / 1000 if limit is not None else None,
+            power_draw_watts=draw / 1000 if draw is not None else None,
+            temperature_c=self.call(
+                f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU
+            ),
+            temperature_slowdown_c=self.call(
+                f"{w}.temperature_slowdown",
+                "nvmlDeviceGetTemperatureThreshold",
+                handle,
+                n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+            ),
+            temperature_shutdown_c=self.call(
+                f"{w}.temperature_shutdown",
+                "nvmlDeviceGetTemperatureThreshold",
+                handle,
+                n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+            ),
+            sm_clock_mhz=self.call(f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM),
+            sm_clock_max_mhz=self.call(
+                f"{w}.sm_clock_max", "nvmlDeviceGetMaxClockInfo", handle, n.NVML_CLOCK_SM
+            ),
+            clocks_event_reasons=decode_clock_event_reasons(reasons),
+            clocks_event_reasons_mask=reasons,
+        )
+
+    def _nvlink_peers(self, where: str, handle: Any) -> list[str | None]:
+        """One entry per active NVLink link: the PCI bus id at its far end, :data:`NVSWITCH` when
+        the link ends at an NVSwitch (then every GPU on the fabric is reachable), ``None`` if unreadable.
+
+        A board without NVLink answers NOT_SUPPORTED on link 0, which ends the scan: no links.
+        """
+        peers: list[str | None] = []
+        for link in range(MAX_NVLINKS):
+            w = f"{where}.nvlink[{link}]"
+            state = self.call(w, "nvmlDeviceGetNvLinkState", handle, link, quiet=True)
+            if state is None:
+                break
+            if not state:
+                continue
+            kind = self.call(f"{w}.type", "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link, quiet=True)
+            if kind == self._n.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                peers.append(NVSWITCH)
+                continue
+            remote = self.call(f"{w}.remote", "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            peers.append(_text(remote.busId) if remote is not None else None)
+        return peers
+
+    def links(self, gpus: Sequence[Gpu], handles: dict[int, Any]) -> tuple[GpuLink, ...]:
+        """Link kind and P2P support between each pair of usable GPUs."""
+        n = self._n
+        out: list[GpuLink] = []
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1 :]:
+                where = f"link[{a.index},{b.index}]"
+                nv = _nvlink_count(self.peers.get(a.index, []), self.peers.get(b.index, []), b.pci_bus_id)
+                try:
+                    if nv:
+                        kind: str | None = f"NV{nv}"
+                    else:
+                        level = self.call(
+                            where, "nvmlDeviceGetTopologyCommonAncestor", handles[a.index], handles[b.index]
+                        )
+                        kind = TOPOLOGY_LEVELS.get(level) if level is not None else None
+                    status = self.call(
+                        f"{where}.p2p",
+                        "nvmlDeviceGetP2PStatus",
+                        handles[a.index],
+                        handles[b.index],
+                        P2P_CAPS_INDEX_READ,
+                    )
+                except GpuLost:
+                    continue
+                p2p = None if status is None else status == n.NVML_P2P_STATUS_OK
+                out.append(GpuLink(a=a.index, b=b.index, link=kind, p2p=p2p))
+        return tuple(out)
+
+
+def _nvlink_count(peers_a: list[str | None], peers_b: list[str | None], bus_b: str | None) -> int:
+    """NVLink links between a and b: direct links from a to b's bus id, or, when both sit on an
+    NVSwitch fabric, the smaller of their switch link counts (what ``nvidia-smi topo`` shows)."""
+    direct = sum(1 for p in peers_a if p and p != NVSWITCH and bus_b and _same_bus(p, bus_b))
+    switched = min(peers_a.count(NVSWITCH), peers_b.count(NVSWITCH))
+    return direct + switched
+
+
+def _same_bus(x: str, y: str) -> bool:
+    def norm(s: str) -> str:
+        dom, _, rest = s.lower().partition(":")
+        return f"{int(dom, 16):x}:{rest}" if dom else rest
+
+    try:
+        return norm(x) == norm(y)
+    except ValueError:
+        return x.lower() == y.lower()
+
+
+def _text(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    return str(v).rstrip("\x00") or None
+
+
+def _err_text(n: Any, e: Exception) -> str:
+    value = getattr(e, "value", None)
+    try:
+        text = str(e)
+    except Exception:  # pynvml's __str__ calls back into the library
+        text = "error"
+    return f"{text} (NVML error {value})" if value is not None else text
+
+
+def _describe_init_error(n: Any, e: Exception) -> str:
+    if isinstance(e, n.NVMLError_LibraryNotFound):
+        return (
+            "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver is installed here "
+            "(or set HWPROFILE_NVML_LIBRARY to its path)"
+        )
+    if isinstance(e, n.NVMLError_DriverNotLoaded):
+        return "NVIDIA driver is not loaded (is the kernel module loaded? try `nvidia-smi`)"
+    if isinstance(e, n.NVMLError_LibRmVersionMismatch):
+        return "NVML library and kernel driver versions differ: reboot or reload the nvidia module"
+    if isinstance(e, n.NVMLError_NoPermission):
+        return "no permission to open the NVIDIA devices (/dev/nvidia*)"
+    return f"NVML initialisation failed: {_err_text(n, e)}"
+
+
+def _loaded_path(n: Any) -> str | None:
+    lib = getattr(n, "nvmlLib", None)
+    name = getattr(lib, "_name", None)
+    if not name:
+        return None
+    # Resolve the soname to the file actually mapped into this process.
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            for line in f:
+                if "libnvidia-ml.so" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return str(name)

@@ -1,0 +1,255 @@
+"""The host snapshot: a frozen, plain-data picture of one machine.
+
+Detection (``hwprofile.detect``) is the only code that produces it from the live host; everything
+downstream (matching, planning, rendering) reads only this. It serialises to JSON under the schema
+``hwprofile.host/1`` and loads back unchanged, so a snapshot can be saved on one machine and replayed
+on another (``--from FILE``).
+
+Unknown values are ``None``; what could not be read, and why, is listed in ``errors``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "hwprofile.host/1"
+
+# Clock-event (throttle) reason bits, as in nvml.h (nvmlClocksEventReason*).
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+# Link vocabulary of ``nvidia-smi topo -m``, best first.
+LINK_KINDS = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+class SnapshotError(ValueError):
+    """A saved snapshot that cannot be read; the message says which file and what is wrong."""
+
+
+def decode_clock_event_reasons(mask: int | None) -> tuple[str, ...] | None:
+    if mask is None:
+        return None
+    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(CLOCK_EVENT_REASONS)
+    if unknown:
+        names.append(f"unknown_0x{unknown:x}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    gen: int | None = None
+    width: int | None = None
+    max_gen: int | None = None
+    max_width: int | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """True when the link trained below the width or generation the board supports."""
+        return (self.width is not None and self.max_width is not None and self.width < self.max_width) or (
+            self.gen is not None and self.max_gen is not None and self.gen < self.max_gen
+        )
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    pci_device_id: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None  # set aside by the driver (NVML memory v2)
+    compute_capability: str | None = None
+    numa_node: int | None = None
+    numa_node_source: str | None = None  # "nvml" or "sysfs"
+    cpu_affinity: str | None = None
+    pcie: PcieLink = field(default_factory=PcieLink)
+    nvlink_active_links: int | None = None
+    power_limit_watts: float | None = None
+    power_draw_watts: float | None = None
+    temperature_c: int | None = None
+    temperature_slowdown_c: int | None = None
+    temperature_shutdown_c: int | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    clocks_event_reasons: tuple[str, ...] | None = None
+    clocks_event_reasons_mask: int | None = None
+    lost: bool = False
+
+    @property
+    def memory_total_gib(self) -> float | None:
+        return None if self.memory_total_bytes is None else self.memory_total_bytes / 2**30
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    a: int
+    b: int
+    link: str | None  # NV<n>, PIX, PXB, PHB, NODE, SYS; None when unknown
+    p2p: bool | None = None
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: str
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Cpu:
+    model: str | None = None
+    logical_cpus: int | None = None
+    sockets: int | None = None
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Driver:
+    version: str | None = None
+    cuda_version: str | None = None
+    nvml_library: str | None = None
+
+
+@dataclass(frozen=True)
+class Software:
+    vllm_version: str | None = None
+    vllm_distribution: str | None = None
+    numactl_path: str | None = None
+    tmpfs_path: str | None = None
+    tmpfs_free_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class DetectError:
+    where: str
+    message: str
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    hostname: str | None = None
+    kernel: str | None = None
+    cpu: Cpu = field(default_factory=Cpu)
+    memory_bytes: int | None = None
+    numa_nodes: tuple[NumaNode, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
+    gpu_links: tuple[GpuLink, ...] = ()
+    driver: Driver = field(default_factory=Driver)
+    software: Software = field(default_factory=Software)
+    errors: tuple[DetectError, ...] = ()
+    schema: str = SCHEMA
+
+    # -- derived facts, for matching and planning ---------------------------------------------
+    @property
+    def usable_gpus(self) -> tuple[Gpu, ...]:
+        return tuple(g for g in self.gpus if not g.lost)
+
+    def link(self, a: int, b: int) -> GpuLink | None:
+        for lk in self.gpu_links:
+            if {lk.a, lk.b} == {a, b}:
+                return lk
+        return None
+
+    # -- serialisation --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        out: dict[str, Any] = {"schema": d.pop("schema")}
+        out.update(d)
+        for g, gd in zip(self.gpus, out["gpus"], strict=True):
+            gd["pcie"]["degraded"] = g.pcie.degraded
+        return _lists(out)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<snapshot>") -> HostSnapshot:
+        if not isinstance(data, dict):
+            raise SnapshotError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise SnapshotError(
+                f"{source}: schema is {schema!r}, expected {SCHEMA!r} "
+                "(save it again with `hwprofile detect --json > FILE`)"
+            )
+        try:
+            return _build(cls, data)
+        except (TypeError, ValueError, KeyError) as e:
+            raise SnapshotError(f"{source}: not a valid host snapshot: {e}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> HostSnapshot:
+        p = Path(path)
+        try:
+            text = sys_stdin_or_file(p)
+        except OSError as e:
+            raise SnapshotError(f"{path}: cannot read snapshot: {e.strerror or e}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SnapshotError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        return cls.from_dict(data, source=str(path))
+
+
+def sys_stdin_or_file(p: Path) -> str:
+    """Read a snapshot file; ``-`` reads standard input."""
+    if str(p) == "-":
+        return sys.stdin.read()
+    return p.read_text(encoding="utf-8")
+
+
+def _lists(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _lists(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_lists(v) for v in obj]
+    return obj
+
+
+_NESTED: dict[str, type] = {
+    "cpu": Cpu,
+    "driver": Driver,
+    "software": Software,
+    "pcie": PcieLink,
+}
+_SEQUENCES: dict[str, type] = {
+    "numa_nodes": NumaNode,
+    "gpus": Gpu,
+    "gpu_links": GpuLink,
+    "errors": DetectError,
+}
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    """Build dataclass ``cls`` from ``data``: unknown keys are ignored (newer writers may add some)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be an object, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        v = data[f.name]
+        if f.name in _NESTED and v is not None:
+            v = _build(_NESTED[f.name], v)
+        elif f.name in _SEQUENCES:
+            v = tuple(_build(_SEQUENCES[f.name], x) for x in (v or ()))
+        elif f.name in ("flags", "clocks_event_reasons") and v is not None:
+            v = tuple(v)
+        kwargs[f.name] = v
+    return cls(**kwargs)

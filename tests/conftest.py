@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fakehost import FakeHost, build, compile_fake_nvml
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the compiled fake libnvidia-ml.so.1 (built once per test session)."""
+    return compile_fake_nvml(tmp_path_factory.mktemp("fakenvml")).parent
+
+
+@pytest.fixture
+def fake_host(tmp_path: Path, fake_nvml_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    """``fake_host(name)`` builds that fixture host and points this process's detection at it.
+
+    The fake library is loaded in-process by full path (HWPROFILE_NVML_LIBRARY); it re-reads its
+    state file at every nvmlInit, so one process can visit many hosts.
+    """
+
+    def make(name: str) -> FakeHost:
+        host = build(name, tmp_path / name)
+        monkeypatch.setenv("HWPROFILE_NVML_LIBRARY", str(fake_nvml_dir / "libnvidia-ml.so.1"))
+        monkeypatch.setenv("FAKE_NVML_STATE", str(host.state))
+        monkeypatch.setenv("HWPROFILE_PROC_ROOT", str(host.proc))
+        monkeypatch.setenv("HWPROFILE_SYS_ROOT", str(host.sys))
+        return host
+
+    return make
+
+
+def cli_env(host: FakeHost | None, lib_dir: Path | None) -> dict[str, str]:
+    env = host.env(lib_dir) if host else dict(os.environ)
+    for k in ("HWPROFILE_NVML_LIBRARY",):
+        env.pop(k, None)
+    return env

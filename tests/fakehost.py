@@ -1,0 +1,222 @@
+"""Build fake hosts for tests and benchmarks: a fake NVML state file plus procfs/sysfs trees.
+
+A fixture (``tests/fixtures/hosts/<machine>.yaml``) describes a real machine shape; :func:`build`
+turns it into files that the fake ``libnvidia-ml.so.1`` and hwprofile's readers consume, and
+returns the environment a subprocess needs to see that host.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE / "fixtures" / "hosts"
+FAKE_SOURCE = HERE / "fakenvml" / "fakenvml.c"
+
+TOPO_LEVEL = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def fixture_names() -> list[str]:
+    return sorted(p.stem for p in FIXTURES.glob("*.yaml"))
+
+
+def load_spec(name: str) -> dict[str, Any]:
+    return yaml.safe_load((FIXTURES / f"{name}.yaml").read_text())
+
+
+def nvml_include_dir() -> Path:
+    """nvml.h from the PyPI package nvidia-nvml-dev (the fake compiles against the real header)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    assert spec is not None and spec.submodule_search_locations, "pip install nvidia-nvml-dev"
+    for base in spec.submodule_search_locations:
+        for header in sorted(Path(base).glob("*/include/nvml.h")):
+            return header.parent
+    raise FileNotFoundError("nvml.h not found: pip install nvidia-nvml-dev")
+
+
+def compile_fake_nvml(out_dir: Path) -> Path:
+    """Compile tests/fakenvml/fakenvml.c into ``out_dir/libnvidia-ml.so.1`` with gcc."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / "libnvidia-ml.so.1"
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-deprecated-declarations",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            f"-I{nvml_include_dir()}",
+            "-o",
+            str(lib),
+            str(FAKE_SOURCE),
+        ],
+        check=True,
+    )
+    return lib
+
+
+@dataclass
+class FakeHost:
+    name: str
+    spec: dict[str, Any]
+    root: Path
+    proc: Path
+    sys: Path
+    state: Path
+
+    def env(self, lib_dir: Path | None) -> dict[str, str]:
+        """Environment for a process that should see this host through the fake NVML."""
+        env = dict(os.environ)
+        env["FAKE_NVML_STATE"] = str(self.state)
+        env["HWPROFILE_PROC_ROOT"] = str(self.proc)
+        env["HWPROFILE_SYS_ROOT"] = str(self.sys)
+        if lib_dir is not None:
+            env["LD_LIBRARY_PATH"] = str(lib_dir)
+        return env
+
+    def set_state(self, **entries: Any) -> None:
+        """Append raw lines to the NVML state (later lines win), e.g. error injection."""
+        with self.state.open("a") as f:
+            for k, v in entries.items():
+                f.write(f"{k.replace('__', '.')}={v}\n")
+
+
+def gpus_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each GPU's full description: the fixture's ``gpu`` defaults overlaid by its own entry."""
+    return [{**(spec.get("gpu") or {}), **g} for g in spec.get("gpus") or []]
+
+
+def build(name: str, root: Path) -> FakeHost:
+    spec = load_spec(name)
+    root.mkdir(parents=True, exist_ok=True)
+    proc, sysfs = root / "proc", root / "sys"
+    numa = spec["numa"]
+
+    # -- procfs ---------------------------------------------------------------------------
+    (proc / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
+    (proc / "sys" / "kernel" / "hostname").write_text(spec["hostname"] + "\n")
+    (proc / "sys" / "kernel" / "osrelease").write_text(spec["kernel"] + "\n")
+    cpu_node: dict[int, int] = {}
+    for node_id, node in enumerate(numa):
+        for c in _cpulist(node["cpus"]):
+            cpu_node[c] = node_id
+    lines = []
+    for c in sorted(cpu_node):
+        lines += [
+            f"processor\t: {c}",
+            f"model name\t: {spec['cpu']['model']}",
+            f"physical id\t: {cpu_node[c]}",
+            f"flags\t\t: {' '.join(spec['cpu'].get('flags', []))}",
+            "",
+        ]
+    (proc / "cpuinfo").write_text("\n".join(lines) + "\n")
+    total_kb = sum(n["memory_gib"] for n in numa) * GIB // 1024
+    (proc / "meminfo").write_text(f"MemTotal:       {total_kb} kB\nMemFree:        {total_kb // 2} kB\n")
+    (proc / "mounts").write_text("tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0\n")
+
+    # -- sysfs ----------------------------------------------------------------------------
+    for node_id, node in enumerate(numa):
+        d = sysfs / "devices" / "system" / "node" / f"node{node_id}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpulist").write_text(node["cpus"] + "\n")
+        kb = node["memory_gib"] * GIB // 1024
+        (d / "meminfo").write_text(f"Node {node_id} MemTotal:       {kb} kB\n")
+    gpus = gpus_of(spec)
+    for g in gpus:
+        d = sysfs / "bus" / "pci" / "devices" / _sysfs_name(g["bus"])
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "numa_node").write_text(f"{g['numa']}\n")
+        local = numa[g["numa"]]["cpus"] if g["numa"] >= 0 else ",".join(n["cpus"] for n in numa)
+        (d / "local_cpulist").write_text(local + "\n")
+
+    # -- NVML state -----------------------------------------------------------------------
+    state = root / "nvml-state.txt"
+    st: list[str] = [f"# fake NVML state for {name}"]
+    if "init_error" in spec:
+        st.append(f"init_error={spec['init_error']}")
+    drv = spec.get("driver") or {}
+    if drv:
+        st.append(f"driver_version={drv['version']}")
+        st.append(f"cuda_version={drv['cuda']}")
+    st.append(f"device_count={len(gpus)}")
+    nvml_numa = spec.get("numa_source") == "nvml"
+    for i, g in enumerate(gpus):
+        p = f"dev{i}."
+        gen, width, max_gen, max_width = g["pcie"]
+        fields = {
+            "name": g["name"],
+            "uuid": g.get("uuid", f"GPU-{i:08x}-{abs(hash(name)) % 10**8:08d}-0000-0000-{i:012x}"),
+            "pci_bus_id": g["bus"].upper().replace("0X", "0x"),
+            "pci_device_id": hex(g.get("pci_device_id", 0)),
+            "memory_total": g["memory_mib"] * MIB,
+            "memory_used": g.get("memory_used_mib", 5) * MIB,
+            "memory_reserved": g.get("memory_reserved_mib", 300) * MIB,
+            "cc_major": g["cc"].split(".")[0],
+            "cc_minor": g["cc"].split(".")[1],
+            "numa_node": g["numa"] if nvml_numa else -1,
+            "cpu_affinity": numa[g["numa"]]["cpus"] if g["numa"] >= 0 else ",".join(n["cpus"] for n in numa),
+            "pcie_gen": gen,
+            "pcie_width": width,
+            "pcie_max_gen": max_gen,
+            "pcie_max_width": max_width,
+            "power_limit_mw": g["power_limit_w"] * 1000,
+            "power_usage_mw": g.get("power_draw_w", 60) * 1000,
+            "temperature": g["temperature"],
+            "temperature_slowdown": g["slowdown"],
+            "temperature_shutdown": g["shutdown"],
+            "sm_clock": g["sm_clock"],
+            "sm_clock_max": g["sm_clock_max"],
+            "clocks_event_reasons": hex(g.get("clocks_event_reasons", 0)),
+            "fan": g.get("fan", 30),
+            "util_gpu": g.get("util_gpu", 0),
+        }
+        links = g.get("nvlink", 0)
+        if links:
+            fields["nvlink_links"] = links
+            fields["nvlink_switch"] = int(bool(g.get("nvswitch")))
+            for lk in range(links):
+                fields[f"nvlink_active.{lk}"] = 1
+        if g.get("lost"):
+            fields["lost"] = 1
+        st.extend(f"{p}{k}={v}" for k, v in fields.items())
+    topo = dict(spec.get("topology") or {})
+    default = topo.pop("default", None)
+    for i in range(len(gpus)):
+        for j in range(i + 1, len(gpus)):
+            kind = topo.get(f"{i}-{j}", default)
+            if kind:
+                st.append(f"topo.{i}.{j}={TOPO_LEVEL[kind]}")
+    p2p = dict(spec.get("p2p") or {})
+    p2p_default = p2p.pop("default", 0)
+    for i in range(len(gpus)):
+        for j in range(i + 1, len(gpus)):
+            st.append(f"p2p.{i}.{j}={p2p.get(f'{i}-{j}', p2p_default)}")
+    state.write_text("\n".join(st) + "\n")
+    return FakeHost(name=name, spec=spec, root=root, proc=proc, sys=sysfs, state=state)
+
+
+def _sysfs_name(bus: str) -> str:
+    dom, _, rest = bus.lower().partition(":")
+    return f"{dom[-4:]}:{rest}"
+
+
+def _cpulist(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
