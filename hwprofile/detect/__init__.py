@@ -8,7 +8,6 @@ fake procfs/sysfs trees; the NVML library is whatever ``libnvidia-ml.so.1`` the 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 from ..snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
@@ -116,7 +115,7 @@ def _complete(gpu: Gpu, sys_root: Path, numa_nodes: tuple[NumaNode, ...]) -> Gpu
             match = [n.id for n in numa_nodes if n.cpus == cpus]
             if len(match) == 1:
                 changes.update(numa_node=match[0], numa_node_source="cpu_affinity")
-    return replace(gpu, **changes) if changes else gpu
+    return gpu._replace(**changes) if changes else gpu
 
 
 __all__ = ["HostSnapshot", "detect_host"]
