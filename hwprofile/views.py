@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .snapshot import Gpu, HostSnapshot
 
 
@@ -140,4 +142,83 @@ def format_host(s: HostSnapshot) -> str:
         out.append(f"Could not read ({len(s.errors)})")
         for e in s.errors:
             out.append(f"  {e.where}: {e.message}")
+    return "\n".join(out) + "\n"
+
+
+def format_profiles(profiles: dict[str, Any], results: list[Any], winner: Any) -> str:
+    out = ["Rules (first match wins)"]
+    for res in results:
+        mark = "=>" if res is winner else ("ok" if res.matched else "--")
+        out.append(f"  {mark} {res.rule.profile:16s} {res.rule.why}")
+        for c in res.checks:
+            out.append(f"       {'+' if c.ok else 'x'} {c.predicate}: {c.detail}")
+    out.append("")
+    out.append("Profiles")
+    for p in sorted(profiles.values(), key=lambda p: p.name):
+        chosen = " (chosen)" if winner is not None and p.name == winner.rule.profile else ""
+        parent = f" extends {p.parent}" if p.parent else ""
+        out.append(f"  {p.name}{chosen}{parent} [{p.kind} {p.path}]")
+        if p.description:
+            out.append(f"      {p.description}")
+    out.append("")
+    out.append(f"Chosen: {winner.rule.profile if winner else 'none'}")
+    return "\n".join(out) + "\n"
+
+
+def format_plan(plan: dict[str, Any], explain: bool = False) -> str:
+    m = plan["model"]
+    out = [f"Profile {plan['profile']}"]
+    out += [f"  {b}" for b in plan["matched_because"]]
+    out.append(
+        f"Model {m['name']} ({m['source']}): {m['params'] / 1e9:.1f}B params, {human_bytes(m['weights_bytes'])} of weights, {m['bits']}-bit"
+    )
+    if plan.get("draft"):
+        d = plan["draft"]
+        out.append(
+            f"Draft {d['name']} ({d['source']}): {d['params'] / 1e9:.1f}B params, {human_bytes(d['weights_bytes'])}"
+        )
+    for inst in plan["instances"]:
+        e, mem, est = inst["engine"], inst["memory"], inst["estimate"]
+        where = f"GPU {','.join(map(str, inst['gpus']))} ({inst['gpu_name']})" if inst["gpus"] else "CPU"
+        out.append("")
+        out.append(
+            f"Instance {inst['name']}: {where}, TP {inst['tensor_parallel_size']}, PP {inst['pipeline_parallel_size']}, "
+            f"NUMA {inst['numa_node'] if inst['numa_node'] is not None else '-'}, http://{inst['host']}:{inst['port']}"
+        )
+        for k, v in e.items():
+            out.append(f"  {k:24s} {v}")
+        spec = inst["speculative"]
+        if spec:
+            out.append(
+                f"  speculative              {spec['method']}"
+                + (f" {spec['model']}" if spec.get("model") else "")
+                + f", k={spec['num_speculative_tokens']}"
+            )
+            if spec.get("num_speculative_tokens_per_batch_size"):
+                out.append(f"  k by batch size          {spec['num_speculative_tokens_per_batch_size']}")
+        else:
+            out.append("  speculative              off")
+        out.append(
+            f"  memory per GPU           budget {human_bytes(mem['budget_bytes'])} = weights {human_bytes(mem['weights_bytes'])}"
+            f" + draft {human_bytes(mem['draft_weights_bytes'])} + activations {human_bytes(mem['activation_bytes'])}"
+            f" + overhead {human_bytes(mem['overhead_bytes'])} + KV {human_bytes(mem['kv_cache_bytes'])}"
+        )
+        out.append(
+            f"  KV cache                 {mem['kv_bytes_per_token']} B/token, {mem['kv_tokens']} tokens"
+        )
+        if "decode_tok_s_ceiling_batch1" in est:
+            line = f"  decode ceiling (batch 1) {est['decode_tok_s_ceiling_batch1']} tok/s ({est['gpu_datasheet']}, {est['memory_bandwidth_gbs']} GB/s)"
+            if "decode_tok_s_ceiling_batch1_speculative" in est:
+                line += f"; with speculation {est['decode_tok_s_ceiling_batch1_speculative']} tok/s at acceptance {est['assumed_acceptance']}"
+            out.append(line)
+    if plan["warnings"]:
+        out.append("")
+        out.append("Warnings")
+        out += [f"  - {w}" for w in plan["warnings"]]
+    if explain:
+        out.append("")
+        out.append("Reasons")
+        for r in plan["reasons"]:
+            out.append(f"  {r['key']} = {r['value']}")
+            out.append(f"      {r['reason']}  [{r['source']}]")
     return "\n".join(out) + "\n"

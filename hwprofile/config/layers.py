@@ -1,0 +1,190 @@
+"""Override layers, merged lowest first, each value remembering the layer, file and line it came from.
+
+Lowest to highest: built-in profile (and its parents) < ``<config root>/profiles/`` (shadows a
+built-in of the same name) < ``<config root>/overrides.d/*.yaml`` (sorted) < ``--overrides FILE``
+< ``HWPROFILE_<SECTION>__<KEY>`` environment variables < ``--set key=value``.
+
+Merging: mappings merge key by key, scalars and lists replace. A section holding ``_replace: true``
+replaces the lower layers' section instead of merging; ``_drop: [key, ...]`` removes keys set below.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from . import ConfigError, Source
+from .schema import SETTINGS, resolve_key, suggest, validate
+from .yamlsrc import load_file, source_of
+
+DEFAULT_CONFIG_ROOT = "/etc/hwprofile"
+Path_ = tuple[str, ...]
+
+
+class Layer(NamedTuple):
+    data: dict[str, Any]  # validated settings tree
+    where: Callable[[Path_], Source]
+
+
+def config_root(flag: str | None = None) -> Path:
+    return Path(flag or os.environ.get("HWPROFILE_CONFIG_ROOT") or DEFAULT_CONFIG_ROOT)
+
+
+def file_layer(path: str | Path, kind: str) -> Layer:
+    data, locs = load_file(path)
+    where = lambda p, f=str(path), loc=locs: source_of(kind, f, loc, p)  # noqa: E731
+    return Layer(validate(data, where), where)
+
+
+def overrides_d(root: Path) -> list[Layer]:
+    d = root / "overrides.d"
+    if not d.is_dir():
+        return []
+    return [file_layer(p, "overrides.d") for p in sorted(d.glob("*.yaml"))]
+
+
+def _scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        return text
+
+
+def _tree(path: Path_, value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(path):
+        out = {part: out}
+    return out
+
+
+def env_layer(environ: Mapping[str, str]) -> Layer | None:
+    """``HWPROFILE_ENGINE__MAX_MODEL_LEN=4096`` → engine.max_model_len; ``HWPROFILE_MODEL``,
+    ``HWPROFILE_PROFILE`` for the top-level ones. Other ``HWPROFILE_*`` names are not settings."""
+    data: dict[str, Any] = {}
+    names: dict[Path_, str] = {}
+    problems: list[str] = []
+    top = {p[0].upper(): p for p in SETTINGS if len(p) == 1}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith("HWPROFILE_"):
+            continue
+        rest = name[len("HWPROFILE_") :]
+        if "__" in rest:
+            path = tuple(p.lower() for p in rest.split("__"))
+            if path not in SETTINGS:
+                valid = ["HWPROFILE_" + "__".join(p).upper() for p in SETTINGS if len(p) == 2]
+                problems.append(f"environment {name}: unknown setting{suggest(name, valid)}")
+                continue
+        elif rest in top:
+            path = top[rest]
+        else:
+            continue
+        names[path] = name
+        _merge_into(data, _tree(path, _scalar(raw)))
+    if problems:
+        raise ConfigError(problems)
+    if not data:
+        return None
+
+    def where(p: Path_) -> Source:
+        for n in range(len(p), 0, -1):
+            if p[:n] in names:
+                return Source("env", names[p[:n]])
+        return Source("env")
+
+    return Layer(validate(data, where), where)
+
+
+def cli_layer(assignments: Iterable[str]) -> Layer | None:
+    """``--set engine.max_model_len=4096`` (or a unique leaf: ``--set max_model_len=4096``)."""
+    data: dict[str, Any] = {}
+    texts: dict[Path_, str] = {}
+    problems: list[str] = []
+    for a in assignments:
+        key, sep, value = a.partition("=")
+        if not sep:
+            problems.append(f"--set {a}: expected key=value, e.g. --set engine.max_model_len=4096")
+            continue
+        try:
+            path = resolve_key(key)
+        except ValueError as e:
+            problems.append(f"--set {a}: {e}")
+            continue
+        texts[path] = a
+        _merge_into(data, _tree(path, _scalar(value)))
+    if problems:
+        raise ConfigError(problems)
+    if not data:
+        return None
+
+    def where(p: Path_) -> Source:
+        return Source("cli", f"--set {texts[p]}" if p in texts else "--set")
+
+    return Layer(validate(data, where), where)
+
+
+def _merge_into(base: dict[str, Any], over: dict[str, Any]) -> None:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge_into(base[k], v)
+        else:
+            base[k] = v
+
+
+def merge(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[Path_, Source]]:
+    """Merge layers lowest first; return the settings and each leaf's Source."""
+    out: dict[str, Any] = {}
+    prov: dict[Path_, Source] = {}
+    for layer in layers:
+        _merge_layer(out, layer.data, (), prov, layer.where)
+    return out, prov
+
+
+def _merge_layer(
+    base: dict[str, Any],
+    over: dict[str, Any],
+    prefix: Path_,
+    prov: dict[Path_, Source],
+    where: Callable[[Path_], Source],
+) -> None:
+    if over.get("_replace"):
+        for k in list(base):
+            _forget(prov, (*prefix, k))
+        base.clear()
+    for k in over.get("_drop") or ():
+        base.pop(k, None)
+        _forget(prov, (*prefix, k))
+    for k, v in over.items():
+        if k in ("_replace", "_drop"):
+            continue
+        path = (*prefix, k)
+        if isinstance(v, dict):
+            if not isinstance(base.get(k), dict):
+                base[k] = {}
+            _merge_layer(base[k], v, path, prov, where)
+        else:
+            base[k] = v
+            _forget(prov, path)
+            prov[path] = where(path)
+
+
+def _forget(prov: dict[Path_, Source], path: Path_) -> None:
+    for p in [p for p in prov if p[: len(path)] == path]:
+        del prov[p]
+
+
+def get(settings: Mapping[str, Any], path: Path_, default: Any = None) -> Any:
+    cur: Any = settings
+    for p in path:
+        if not isinstance(cur, Mapping) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def require_file(path: str, what: str) -> None:
+    if not Path(path).is_file():
+        raise ConfigError(f"{path}: {what} file not found")

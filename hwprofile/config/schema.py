@@ -1,0 +1,297 @@
+"""The settings a profile, an overrides file, the environment or ``--set`` may give, with their
+types, ranges and choices. Validation names the file and line and suggests the closest valid key."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import re
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from . import ConfigError, Source
+
+
+class Field(NamedTuple):
+    kind: str  # float, int, bool, str, choice, size, int_or_auto, k_table
+    doc: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+
+KV_CACHE_DTYPES = ("auto", "fp8_if_supported", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+QUANTIZATIONS = (
+    "auto", "none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors",
+    "bitsandbytes", "gguf", "modelopt", "mxfp4",
+)  # fmt: skip
+SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
+LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
+
+SETTINGS: dict[tuple[str, ...], Field] = {
+    # -- engine ----------------------------------------------------------------------------
+    ("engine", "gpu_memory_utilization"): Field(
+        "float", "share of each GPU's TOTAL memory for the instance", 0.05, 0.99
+    ),
+    ("engine", "max_model_len"): Field("int", "context length (prompt + output) per request", 16, 10_485_760),
+    ("engine", "min_model_len"): Field(
+        "int", "shortest context the planner may fall back to before refusing", 16, 10_485_760
+    ),
+    ("engine", "max_num_seqs"): Field("int", "concurrent sequences per instance", 1, 65_536),
+    ("engine", "max_num_batched_tokens"): Field(
+        "int", "tokens per scheduler step (prefill chunk budget)", 16, 1_048_576
+    ),
+    ("engine", "kv_cache_dtype"): Field("choice", "KV cache element type", choices=KV_CACHE_DTYPES),
+    ("engine", "quantization"): Field(
+        "choice", "weight quantization; auto = what the checkpoint says", choices=QUANTIZATIONS
+    ),
+    ("engine", "weights_bits"): Field(
+        "int_or_auto", "plan a checkpoint of this many bits per weight (4, 8, 16)", 4, 16
+    ),
+    ("engine", "dtype"): Field(
+        "choice", "activation dtype", choices=("auto", "bfloat16", "float16", "float32")
+    ),
+    ("engine", "enforce_eager"): Field("bool", "no CUDA graphs and no torch.compile"),
+    ("engine", "enable_prefix_caching"): Field("bool", "reuse KV blocks of shared prompt prefixes"),
+    ("engine", "enable_chunked_prefill"): Field(
+        "bool", "split long prefills into max_num_batched_tokens chunks"
+    ),
+    # -- layout ----------------------------------------------------------------------------
+    ("layout", "strategy"): Field("choice", "how GPUs are split into instances", choices=LAYOUTS),
+    ("layout", "tensor_parallel_size"): Field("int_or_auto", "GPUs per instance (tensor parallel)", 1, 64),
+    ("layout", "pipeline_parallel_size"): Field("int", "pipeline stages per instance", 1, 64),
+    ("layout", "max_pcie_tensor_parallel"): Field(
+        "int", "largest TP group without NVLink (vLLM's custom all-reduce stops past 2)", 1, 64
+    ),
+    ("layout", "replicas"): Field("int_or_auto", "independent instances (data-parallel replicas)", 1, 64),
+    ("layout", "numa_bind"): Field("bool", "bind each instance's CPUs and memory to its GPUs' NUMA node"),
+    # -- speculative decoding --------------------------------------------------------------
+    ("speculative", "method"): Field("choice", "speculative decoding method", choices=SPEC_METHODS),
+    ("speculative", "draft"): Field(
+        "str", "draft model: a local directory, a Hugging Face name, or a catalog name", nullable=True
+    ),
+    ("speculative", "draft_params_b"): Field(
+        "float", "preferred draft size in billions of parameters (catalog pick)", 0.01, 100
+    ),
+    ("speculative", "num_speculative_tokens"): Field("int", "tokens proposed per step (k)", 1, 16),
+    ("speculative", "by_batch_size"): Field(
+        "k_table", "k by running batch size: [[lo, hi, k], ...] (hi null = no limit)"
+    ),
+    ("speculative", "prompt_lookup_max"): Field("int", "ngram: longest n-gram to match", 1, 64),
+    ("speculative", "prompt_lookup_min"): Field("int", "ngram: shortest n-gram to match", 1, 64),
+    ("speculative", "assumed_acceptance"): Field(
+        "float", "per-token acceptance assumed for the estimate", 0.0, 0.999
+    ),
+    # -- memory model ----------------------------------------------------------------------
+    ("memory", "cuda_context_bytes"): Field(
+        "size", "per-GPU memory outside torch (CUDA context, NCCL, cuBLAS)"
+    ),
+    ("memory", "cuda_graph_bytes"): Field("size", "per-GPU memory for captured CUDA graphs (0 when eager)"),
+    ("memory", "margin_bytes"): Field("size", "per-GPU safety margin kept free"),
+    ("memory", "activation_factor"): Field("float", "multiplier on the estimated activation peak", 0.1, 10),
+    # -- server ----------------------------------------------------------------------------
+    ("server", "host"): Field("str", "address to bind (default loopback)"),
+    ("server", "port"): Field("int", "first instance's port; later instances count up", 1, 65_535),
+    ("server", "served_model_name"): Field("str", "model name clients ask for", nullable=True),
+    ("server", "api_key_env"): Field(
+        "str", "environment variable holding the API key (never on argv)", nullable=True
+    ),
+    # -- CPU backend -----------------------------------------------------------------------
+    ("cpu", "kv_cache_space_gib"): Field(
+        "float", "KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)", 0.01, 4096
+    ),
+    ("cpu", "omp_threads_bind"): Field("str", "VLLM_CPU_OMP_THREADS_BIND"),
+    # -- what to run -----------------------------------------------------------------------
+    ("model",): Field(
+        "str", "target model: a local directory, a Hugging Face name, or a catalog name", nullable=True
+    ),
+    ("profile",): Field("str", "force this profile instead of matching", nullable=True),
+}
+
+SECTIONS = {p[0] for p in SETTINGS if len(p) > 1}
+PROFILE_ONLY = {
+    ("description",): Field("str", "what the profile is for"),
+    ("extends",): Field("str", "parent profile"),
+}
+MERGE_KEYS = ("_replace", "_drop")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.I)
+_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+
+
+def parse_size(value: Any) -> int:
+    """``123``, ``"600MiB"``, ``"1GiB"``, ``"64M"`` (vLLM's style: M = 10^6, MiB = 2^20) → bytes."""
+    if isinstance(value, bool):
+        raise ValueError("a size, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a size (use bytes or e.g. 600MiB, 1GiB)")
+    number, unit = float(m.group(1)), (m.group(2) or "").upper()
+    binary = "I" in unit
+    base = unit[:1] if unit[:1] in "KMGT" and unit else ""
+    factor = 1024 ** ("KMGT".index(base) + 1) if binary and base else _UNITS[base]
+    return int(number * factor)
+
+
+def _check(field: Field, value: Any) -> Any:
+    """Return the value converted to its kind, or raise ValueError saying what is expected."""
+    if value is None:
+        if field.nullable:
+            return None
+        raise ValueError("a value is required (null is not allowed here)")
+    k = field.kind
+    if k == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise ValueError(f"expected true or false, got {value!r}")
+    if k in ("int", "float", "int_or_auto"):
+        if k == "int_or_auto" and value == "auto":
+            return "auto"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            try:
+                value = float(value) if k == "float" else int(str(value), 10)
+            except ValueError:
+                expected = (
+                    "a number"
+                    if k == "float"
+                    else ("an integer or auto" if k == "int_or_auto" else "an integer")
+                )
+                raise ValueError(f"expected {expected}, got {value!r}") from None
+        if k != "float":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"expected an integer, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+        if (field.lo is not None and value < field.lo) or (field.hi is not None and value > field.hi):
+            raise ValueError(f"{value} is out of range [{_num(field.lo)}, {_num(field.hi)}]")
+        return value
+    if k == "choice":
+        if value not in field.choices:
+            close = difflib.get_close_matches(str(value), field.choices, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{value!r} is not one of: {', '.join(field.choices)}{hint}")
+        return value
+    if k == "str":
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ValueError(f"expected text, got {type(value).__name__}")
+        return str(value)
+    if k == "size":
+        return parse_size(value)
+    if k == "k_table":
+        return _k_table(value)
+    raise AssertionError(k)
+
+
+def _num(x: float | None) -> str:
+    return "-inf" if x is None else (str(int(x)) if float(x).is_integer() else str(x))
+
+
+def _k_table(value: Any) -> list[list[int | None]]:
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected a list of [lo, hi, k] rows")
+    rows: list[list[int | None]] = []
+    for row in value:
+        if not (isinstance(row, list) and len(row) == 3):
+            raise ValueError(f"row {row!r} is not [lo, hi, k]")
+        lo, hi, k = row
+        if not isinstance(lo, int) or lo < 1 or (hi is not None and (not isinstance(hi, int) or hi < lo)):
+            raise ValueError(f"row {row!r}: need 1 <= lo <= hi (hi may be null)")
+        if not isinstance(k, int) or not 0 <= k <= 16:
+            raise ValueError(f"row {row!r}: k must be an integer 0..16")
+        rows.append([lo, hi, k])
+    rows.sort(key=lambda r: r[0])
+    for a, b in itertools.pairwise(rows):
+        if a[1] is None or a[1] >= b[0]:
+            raise ValueError(f"rows {a} and {b} overlap")
+    return rows
+
+
+def suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def validate(
+    data: Any,
+    where: Callable[[tuple[str, ...]], Source],
+    allowed_top: dict[tuple[str, ...], Field] | None = None,
+) -> dict[str, Any]:
+    """Check a settings tree (one layer); return it with values converted. Raises ConfigError
+    listing every problem, each with its file and line, and the valid choices."""
+    fields = {**SETTINGS, **(allowed_top or {})}
+    problems: list[str] = []
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{_loc(where(()))}: expected a mapping of settings, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        key = str(key)
+        if key in SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                problems.append(f"{_loc(where((key,)))}: '{key}' must be a mapping of settings")
+                continue
+            section: dict[str, Any] = {}
+            valid = sorted(p[1] for p in fields if len(p) == 2 and p[0] == key)
+            for sub, v in value.items():
+                sub = str(sub)
+                path = (key, sub)
+                if sub in MERGE_KEYS:
+                    section[sub] = v
+                    continue
+                f = fields.get(path)
+                if f is None:
+                    problems.append(
+                        f"{_loc(where(path))}: unknown key '{key}.{sub}'{suggest(sub, valid)}; "
+                        f"valid keys in '{key}': {', '.join(valid)}"
+                    )
+                    continue
+                try:
+                    section[sub] = _check(f, v)
+                except ValueError as e:
+                    problems.append(f"{_loc(where(path))}: {key}.{sub}: {e}")
+            out[key] = section
+            continue
+        f = fields.get((key,))
+        if f is None:
+            valid = sorted({p[0] for p in fields})
+            problems.append(
+                f"{_loc(where((key,)))}: unknown key '{key}'{suggest(key, valid)}; valid top-level keys: {', '.join(valid)}"
+            )
+            continue
+        try:
+            out[key] = _check(f, value)
+        except ValueError as e:
+            problems.append(f"{_loc(where((key,)))}: {key}: {e}")
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _loc(s: Source) -> str:
+    if s.file and s.line:
+        return f"{s.file}:{s.line}"
+    return s.file or s.kind
+
+
+def resolve_key(dotted: str) -> tuple[str, ...]:
+    """``engine.max_model_len`` or a unique leaf name like ``max_model_len`` → the setting's path."""
+    parts = tuple(p for p in dotted.strip().split(".") if p)
+    if parts in SETTINGS:
+        return parts
+    if len(parts) == 1:
+        leaves = [p for p in SETTINGS if p[-1] == parts[0]]
+        if len(leaves) == 1:
+            return leaves[0]
+    valid = [".".join(p) for p in SETTINGS]
+    raise ValueError(f"unknown setting '{dotted}'{suggest(dotted, valid)}")

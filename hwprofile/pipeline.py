@@ -1,0 +1,105 @@
+"""From inputs to a plan: load profiles and rules, match, stack the override layers, read the model,
+and call the pure planner. The file reading happens here, so matching and planning stay pure."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .config import ConfigError, Source
+from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
+from .match import profiles as prof
+from .match.rules import RuleResult, host_facts, load_rules, match
+from .model import ModelFacts, resolve_model
+from .snapshot import HostSnapshot
+
+DEFAULT_MODEL = "Qwen/Qwen3-32B"
+
+
+class Resolution(NamedTuple):
+    profile: str
+    chain: list[prof.ProfileFile]
+    matched_because: list[str]
+    results: list[RuleResult]
+    settings: dict[str, Any]
+    provenance: dict[tuple[str, ...], Source]
+
+
+def user_layers(
+    root: Path,
+    overrides: Sequence[str] = (),
+    sets: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> list[Layer]:
+    layers = overrides_d(root)
+    for f in overrides:
+        if not Path(f).is_file():
+            raise ConfigError(f"--overrides {f}: no such file")
+        layers.append(file_layer(f, "overrides"))
+    env = env_layer(os.environ if environ is None else environ)
+    if env:
+        layers.append(env)
+    cli = cli_layer(sets)
+    if cli:
+        layers.append(cli)
+    return layers
+
+
+def resolve_settings(
+    host: HostSnapshot,
+    root: Path,
+    profile: str | None = None,
+    overrides: Sequence[str] = (),
+    sets: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Resolution:
+    profiles = prof.load_profiles(root)
+    rules = load_rules(root)
+    upper = user_layers(root, overrides, sets, environ)
+    # A 'profile:' from an overrides file, the environment or --set forces the profile too.
+    forced_by_layer = merge(upper)[0].get("profile")
+    facts = host_facts(host)
+    winner, results = match(rules, facts)
+    chosen = profile or forced_by_layer
+    if chosen:
+        because = [f"profile {chosen} forced by " + ("--profile" if profile else "an override")]
+        name = chosen
+    elif winner is None:
+        raise ConfigError("no matching rule: rules.yaml should end with a catch-all rule")
+    else:
+        name = winner.rule.profile
+        because = [f"rule {winner.rule.file}:{winner.rule.line}: {winner.rule.why}"] + [
+            f"{c.predicate}: {c.detail}" for c in winner.checks
+        ]
+    chain = prof.resolve(name, profiles, asked_at="--profile" if profile else "matched rule")
+    settings, provenance = merge([*prof.layers(chain), *upper])
+    return Resolution(name, chain, because, results, settings, provenance)
+
+
+def load_models(
+    settings: Mapping[str, Any], model: str | None, draft: str | None
+) -> tuple[ModelFacts, ModelFacts | None]:
+    target = resolve_model(model or settings.get("model") or DEFAULT_MODEL, "model")
+    draft_spec = draft or (settings.get("speculative") or {}).get("draft")
+    return target, resolve_model(draft_spec, "draft") if draft_spec else None
+
+
+def make_plan(
+    host: HostSnapshot,
+    root: Path | None = None,
+    profile: str | None = None,
+    overrides: Sequence[str] = (),
+    sets: Sequence[str] = (),
+    model: str | None = None,
+    draft: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    from .plan import build_plan
+
+    res = resolve_settings(host, root or config_root(), profile, overrides, sets, environ)
+    target, draft_facts = load_models(res.settings, model, draft)
+    return build_plan(
+        host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts
+    )

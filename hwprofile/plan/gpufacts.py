@@ -1,0 +1,42 @@
+"""The GPU datasheet table (``hwprofile/data/gpus.yaml``): bandwidth, FP8 support, NVLink, PCIe."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+@lru_cache(maxsize=1)
+def table() -> list[dict[str, Any]]:
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "data" / "gpus.yaml"
+    return list(yaml.safe_load(path.read_text())["gpus"])
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()
+
+
+def lookup(nvml_name: str | None, memory_gib: float | None = None) -> dict[str, Any] | None:
+    """The row whose NVML names include ``nvml_name``; else the row whose name is contained in it
+    (longest first), preferring the memory size that matches."""
+    if not nvml_name:
+        return None
+    rows = table()
+    for r in rows:
+        if nvml_name in (r.get("nvml_names") or []):
+            return r
+    n = _norm(nvml_name)
+    hits = [r for r in rows if _norm(str(r["name"]).replace("GeForce ", "")) in n or _norm(r["name"]) in n]
+    if memory_gib is not None and hits:
+        close = [
+            r
+            for r in hits
+            if r.get("memory_gb") and abs(r["memory_gb"] - memory_gib * 1.074) / r["memory_gb"] < 0.15
+        ]
+        hits = close or hits
+    hits.sort(key=lambda r: -len(str(r["name"])))
+    return hits[0] if hits else None

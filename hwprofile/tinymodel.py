@@ -1,0 +1,88 @@
+"""A tiny Llama-architecture model and tokenizer generated offline (no model hub needed).
+
+Used by the test suite and by hwprofile's first-run demo to serve something real with vLLM on the
+CPU. With a fixed seed the files are byte-identical run to run, so greedy outputs are stable.
+Needs ``tokenizers``, ``transformers`` and ``torch`` (they come with vLLM); imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hwprofile" / "tiny-llama"
+
+# Shape: 2 layers, hidden 128, 4 heads of 32 (vLLM's CPU attention supports head size 32),
+# 2 KV heads, so KV bytes per token = 2 x 2 layers x 2 heads x 32 x 2 bytes = 512.
+CONFIG = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "vocab_size": 2048,
+}
+
+_TEXT = (
+    """hwprofile plans vLLM launches for the hardware it finds. The quick brown fox jumps over the lazy dog.
+Speculative decoding proposes tokens with a small model and verifies them with the large one.
+Memory bandwidth bounds decoding at batch one; batching shares each weight read among requests.
+The KV cache holds keys and values of every token; its size is layers times heads times head size.
+"""
+    * 40
+)
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str, int] | None = None) -> Path:
+    """Write tokenizer + random-weight LlamaForCausalLM (bf16 safetensors) to ``out``; idempotent."""
+    out = Path(out)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    cfg = {**CONFIG, **(config or {})}
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    special = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(vocab_size=cfg["vocab_size"], special_tokens=special, show_progress=False)
+    tok.train_from_iterator(_TEXT.splitlines(), trainer=trainer)
+    from tokenizers import decoders
+
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(tmp)
+
+    torch.manual_seed(seed)
+    lc = LlamaConfig(
+        **cfg,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(lc).to(torch.bfloat16)
+    model.save_pretrained(tmp, safe_serialization=True)
+    (tmp / "hwprofile-tiny.json").write_text(json.dumps({"seed": seed, "config": cfg}))
+    tmp.replace(out) if not out.exists() else None
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(make_tiny_model(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DIR))
