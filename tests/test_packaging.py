@@ -52,3 +52,5 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     for p in data:
         assert f"hwprofile/{p.parent.name}/{p.name}" in names, p
     assert "hwprofile/detect/nvml.py" in names
+    for p in (ROOT / "hwprofile" / "data").glob("*.yaml"):
+        assert f"hwprofile/data/{p.name}" in names, p

@@ -15,11 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
-
 from . import ConfigError, Source
 from .schema import SETTINGS, resolve_key, suggest, validate
-from .yamlsrc import load_file, source_of
+from .yamlsrc import load_file, safe_load, source_of
 
 DEFAULT_CONFIG_ROOT = "/etc/hwprofile"
 Path_ = tuple[str, ...]
@@ -49,8 +47,8 @@ def overrides_d(root: Path) -> list[Layer]:
 
 def _scalar(text: str) -> Any:
     try:
-        return yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+        return safe_load(text) if text.strip() else None
+    except ConfigError:
         return text
 
 

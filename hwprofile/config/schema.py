@@ -109,6 +109,9 @@ SETTINGS: dict[tuple[str, ...], Field] = {
     ("profile",): Field("str", "force this profile instead of matching", nullable=True),
 }
 
+# Spellings people use that no vLLM accepts (``--kv-cache-dtype fp16`` is invalid in every release).
+ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "int8": "fp8"}
+
 SECTIONS = {p[0] for p in SETTINGS if len(p) > 1}
 PROFILE_ONLY = {
     ("description",): Field("str", "what the profile is for"),
@@ -175,7 +178,12 @@ def _check(field: Field, value: Any) -> Any:
         return value
     if k == "choice":
         if value not in field.choices:
-            close = difflib.get_close_matches(str(value), field.choices, n=1)
+            alias = ALIASES.get(str(value).lower())
+            close = (
+                [alias]
+                if alias in field.choices
+                else difflib.get_close_matches(str(value), field.choices, n=1)
+            )
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{value!r} is not one of: {', '.join(field.choices)}{hint}")
         return value

@@ -4,7 +4,6 @@ inheritance resolves to a list of layers, ancestors first."""
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,10 +35,9 @@ class ProfileFile(NamedTuple):
 
 def builtin_dir() -> Path:
     """The built-in profiles: inside the installed package, or the repository's ``profiles/``."""
-    pkg = Path(str(resources.files("hwprofile"))) / "profiles"
-    if pkg.is_dir():
-        return pkg
-    return Path(__file__).resolve().parents[2] / "profiles"
+    package = Path(__file__).resolve().parents[1]  # the installed hwprofile package
+    shipped = package / "profiles"
+    return shipped if shipped.is_dir() else package.parent / "profiles"  # a source checkout
 
 
 def load_profiles(root: Path | None) -> dict[str, ProfileFile]:

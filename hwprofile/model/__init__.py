@@ -225,11 +225,17 @@ def find_in_hf_cache(name: str, cache: Path | None = None) -> Path | None:
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict[str, Any]]:
-    import yaml
+    from ..config.yamlsrc import safe_load
 
     path = Path(__file__).resolve().parent.parent / "data" / "models.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = safe_load(path.read_text())
     return {m["name"].lower(): m for m in data["models"]}
+
+
+@lru_cache(maxsize=1)
+def catalog_models() -> tuple[ModelFacts, ...]:
+    """Every catalog model's facts (parsed once per process)."""
+    return tuple(f for f in (from_catalog(m["name"]) for m in _catalog().values()) if f is not None)
 
 
 def catalog_names() -> list[str]:

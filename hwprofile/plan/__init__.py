@@ -12,7 +12,18 @@ from ..config.layers import get
 from ..model import ModelFacts, from_catalog, weights_bytes_at
 from ..snapshot import Gpu, HostSnapshot
 from . import gpufacts
-from .memory import Fit, GiB, MiB, fit, kv_bytes_per_token, longest_context, sequence_bytes
+from .memory import (
+    BLOCK_TOKENS,
+    CPU_BLOCK_TOKENS,
+    Fit,
+    GiB,
+    MiB,
+    fit,
+    kv_bytes_per_token,
+    kv_tokens_in,
+    longest_context,
+    sequence_bytes,
+)
 
 SCHEMA = "hwprofile.plan/1"
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -264,14 +275,9 @@ def _choose_checkpoint(
 
 
 def _draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:
-    from ..model import _catalog
+    from ..model import catalog_models
 
-    out = []
-    for entry in _catalog().values():
-        d = from_catalog(entry["name"])
-        if d is None or d.model_type != model.model_type or d.params * 4 > model.params:
-            continue
-        out.append(d)
+    out = [d for d in catalog_models() if d.model_type == model.model_type and d.params * 4 <= model.params]
     return sorted(out, key=lambda d: abs(d.params / 1e9 - want_b))
 
 
@@ -767,6 +773,7 @@ def _memory_json(
         "kv_bytes_per_token_target": kv_bytes_per_token(model, tp, kv_bytes),
         "kv_bytes_per_token_draft": kv_bytes_per_token(draft, tp, kv_bytes) if draft else 0,
         "kv_tokens": f.kv_tokens,
+        "block_size": BLOCK_TOKENS,
         "kv_bytes_per_max_len_request": sequence_bytes(model, draft, tp, kv_bytes, length),
     }
 
@@ -832,12 +839,11 @@ def _suggestions(
 
 def _smaller_models(model: ModelFacts, room_bytes: int) -> list[str]:
     """Catalog models of the same family whose weights (16-bit, or their 4-bit checkpoint) fit."""
-    from ..model import _catalog
+    from ..model import catalog_models
 
     out = []
-    for entry in _catalog().values():
-        m = from_catalog(entry["name"])
-        if m is None or m.model_type != model.model_type or m.params >= model.params:
+    for m in catalog_models():
+        if m.model_type != model.model_type or m.params >= model.params:
             continue
         if m.weights_bytes <= room_bytes:
             out.append(f"{m.name} ({m.weights_bytes / GiB:.1f} GiB)")
@@ -883,9 +889,10 @@ def _cpu_instance(
     per_tok = kv_bytes_per_token(model, 1, model.dtype_bytes) + (
         kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0
     )
-    tokens = kv_space // per_tok // 16 * 16
+    block = CPU_BLOCK_TOKENS
+    tokens = kv_tokens_in(kv_space, per_tok, block)
     if tokens < length:
-        fits_len = longest_context(model, draft, 1, model.dtype_bytes, kv_space, step=16)
+        fits_len = longest_context(model, draft, 1, model.dtype_bytes, kv_space, step=block, block=block)
         r.add(
             f"{key}.engine.max_model_len",
             fits_len,
@@ -961,7 +968,8 @@ def _cpu_instance(
             "kv_bytes_per_token_target": kv_bytes_per_token(model, 1, model.dtype_bytes),
             "kv_bytes_per_token_draft": kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0,
             "kv_tokens": tokens,
-            "kv_bytes_per_max_len_request": sequence_bytes(model, draft, 1, model.dtype_bytes, length),
+            "block_size": block,
+            "kv_bytes_per_max_len_request": sequence_bytes(model, draft, 1, model.dtype_bytes, length, block),
         },
         "estimate": {"note": "CPU backend: no datasheet bandwidth figure"},
     }

@@ -10,10 +10,10 @@ from typing import Any
 
 @lru_cache(maxsize=1)
 def table() -> list[dict[str, Any]]:
-    import yaml
+    from ..config.yamlsrc import safe_load
 
     path = Path(__file__).resolve().parent.parent / "data" / "gpus.yaml"
-    return list(yaml.safe_load(path.read_text())["gpus"])
+    return list(safe_load(path.read_text())["gpus"])
 
 
 def _norm(s: str) -> str:

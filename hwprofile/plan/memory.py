@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 from ..model import ModelFacts
 
-BLOCK_TOKENS = 16  # vLLM's default KV block size (tokens per block)
+BLOCK_TOKENS = 16  # vLLM's default KV block size on GPUs (tokens per block)
+CPU_BLOCK_TOKENS = 128  # vLLM's CPU platform default (platforms/cpu.py), unless --block-size is given
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -31,15 +32,17 @@ def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding:
     return 2 * layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
 
 
-def kv_bytes_per_sequence(model: ModelFacts, tp: int, kv_dtype_bytes: int, length: int) -> int:
+def kv_bytes_per_sequence(
+    model: ModelFacts, tp: int, kv_dtype_bytes: int, length: int, block: int = BLOCK_TOKENS
+) -> int:
     """KV bytes one sequence of ``length`` tokens needs: full-attention layers hold every token,
-    sliding-window layers at most the window. Rounded up to whole blocks."""
-    blocks = -(-length // BLOCK_TOKENS)
-    tokens = blocks * BLOCK_TOKENS
+    sliding-window layers at most the window. Rounded up to whole blocks of ``block`` tokens."""
+    blocks = -(-length // block)
+    tokens = blocks * block
     per_layer = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
     full = model.full_layers * per_layer * tokens
     if model.sliding_layers and model.sliding_window:
-        window_tokens = min(tokens, -(-(model.sliding_window + BLOCK_TOKENS) // BLOCK_TOKENS) * BLOCK_TOKENS)
+        window_tokens = min(tokens, -(-(model.sliding_window + block) // block) * block)
         return full + model.sliding_layers * per_layer * window_tokens
     return full + model.sliding_layers * per_layer * tokens
 
@@ -67,6 +70,7 @@ class Fit(NamedTuple):
     kv_cache_bytes: int  # what is left for the KV cache (may be negative: does not fit)
     kv_bytes_per_token: int  # target + draft, all layers
     kv_tokens: int  # kv_cache_bytes // kv_bytes_per_token, whole blocks
+    block_size: int = BLOCK_TOKENS
 
     @property
     def fits(self) -> bool:
@@ -96,16 +100,27 @@ def fit(
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes) + (
         kv_bytes_per_token(draft, tp, kv_dtype_bytes) if draft else 0
     )
-    blocks = max(0, kv_cache) // (per_token * BLOCK_TOKENS)
-    return Fit(budget, weights, draft_w, act, overhead, kv_cache, per_token, blocks * BLOCK_TOKENS)
+    return Fit(
+        budget, weights, draft_w, act, overhead, kv_cache, per_token, kv_tokens_in(kv_cache, per_token)
+    )
 
 
 def sequence_bytes(
-    model: ModelFacts, draft: ModelFacts | None, tp: int, kv_dtype_bytes: int, length: int
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    tp: int,
+    kv_dtype_bytes: int,
+    length: int,
+    block: int = BLOCK_TOKENS,
 ) -> int:
-    return kv_bytes_per_sequence(model, tp, kv_dtype_bytes, length) + (
-        kv_bytes_per_sequence(draft, tp, kv_dtype_bytes, length) if draft else 0
+    return kv_bytes_per_sequence(model, tp, kv_dtype_bytes, length, block) + (
+        kv_bytes_per_sequence(draft, tp, kv_dtype_bytes, length, block) if draft else 0
     )
+
+
+def kv_tokens_in(kv_cache_bytes: int, bytes_per_token: int, block: int = BLOCK_TOKENS) -> int:
+    """Token capacity of a KV cache: whole blocks of ``block`` tokens."""
+    return max(0, kv_cache_bytes) // (bytes_per_token * block) * block
 
 
 def longest_context(
@@ -115,13 +130,26 @@ def longest_context(
     kv_dtype_bytes: int,
     kv_cache_bytes: int,
     step: int = 256,
+    block: int = BLOCK_TOKENS,
 ) -> int:
     """The longest context (a multiple of ``step``) whose KV fits in ``kv_cache_bytes``; 0 if none."""
     lo, hi = 0, 1 << 24
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sequence_bytes(model, draft, tp, kv_dtype_bytes, mid * step) <= kv_cache_bytes:
+        if sequence_bytes(model, draft, tp, kv_dtype_bytes, mid * step, block) <= kv_cache_bytes:
             lo = mid
         else:
             hi = mid - 1
     return lo * step
+
+
+def vllm_reported_kv_tokens(kv_tokens: int, max_model_len: int, block: int = BLOCK_TOKENS) -> int:
+    """What vLLM logs as ``KV cache size: N tokens`` for a cache of ``kv_tokens`` (whole blocks).
+
+    vLLM (v1 ``kv_cache_utils.get_kv_cache_capacity``) reports ``max_concurrency × max_model_len``,
+    where ``max_concurrency = num_blocks // blocks_per_request``, not the raw block capacity. When
+    ``max_model_len`` equals the block size the two coincide.
+    """
+    blocks = kv_tokens // block
+    per_request = -(-max_model_len // block)
+    return blocks // per_request * max_model_len

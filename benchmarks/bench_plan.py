@@ -1,0 +1,90 @@
+"""Time `hwprofile plan --json` as a whole process on the fake 4x A800 host (seed 000's machine),
+against `hwprofile detect --json` (its own first stage) and the bare interpreter, in one run.
+
+    python benchmarks/bench_plan.py [--runs 20]
+
+Target: median <= 150 ms. Also checks that planning imports neither vllm nor torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fakehost import build, compile_fake_nvml
+
+
+def time_runs(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
+    subprocess.run(cmd, env=env, capture_output=True, check=True)
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, env=env, capture_output=True, check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    import hwprofile
+
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(Path(hwprofile.__file__).parent)], check=True
+    )
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = compile_fake_nvml(Path(tmp) / "lib")
+        host = build("a800-pcie-4x-2numa", Path(tmp) / "host")
+        env = {**host.env(lib.parent), "HWPROFILE_CONFIG_ROOT": str(Path(tmp) / "etc")}
+        snap = Path(tmp) / "snap.json"
+        snap.write_text(
+            subprocess.run(
+                [py, "-m", "hwprofile", "detect", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        probe = (
+            "import sys, io, contextlib; from hwprofile.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(['plan', '--json'])\n"
+            "print(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules))"
+        )
+        heavy = subprocess.run(
+            [py, "-c", probe], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        results = {
+            "hwprofile plan --json (detects)": time_runs(
+                [py, "-m", "hwprofile", "plan", "--json"], env, args.runs
+            ),
+            "hwprofile plan --json --from snapshot": time_runs(
+                [py, "-m", "hwprofile", "plan", "--json", "--from", str(snap)], env, args.runs
+            ),
+            "hwprofile detect --json": time_runs([py, "-m", "hwprofile", "detect", "--json"], env, args.runs),
+            "python -c pass (interpreter floor)": time_runs([py, "-c", "pass"], env, args.runs),
+        }
+    print(f"host fixture: a800-pcie-4x-2numa, model Qwen/Qwen3-32B (catalog), {args.runs} runs each")
+    med = {}
+    for name, times in results.items():
+        ms = [t * 1000 for t in times]
+        med[name] = statistics.median(ms)
+        q = statistics.quantiles(ms, n=10)
+        print(f"  {name:40s} median {med[name]:7.1f} ms   p10 {q[0]:7.1f}   p90 {q[-1]:7.1f}")
+    floor = med["python -c pass (interpreter floor)"]
+    print(
+        f"  plan above the interpreter floor: {med['hwprofile plan --json (detects)'] - floor:.1f} ms; heavy modules imported by plan: {heavy}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

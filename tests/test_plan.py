@@ -1,0 +1,325 @@
+"""The planner per seed class, its memory arithmetic, speculative choices, and refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hwprofile.model import parse_config
+from hwprofile.pipeline import make_plan
+from hwprofile.plan import PlanRefused, build_plan
+from hwprofile.plan.memory import kv_bytes_per_sequence, kv_bytes_per_token
+from hwprofile.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
+
+GiB = 2**30
+
+
+def plan_for(host_of, root, name, **kw):
+    return make_plan(host_of(name), root, environ={}, **kw)
+
+
+def test_a800_four_pcie_gpus_two_numa_pairs(host_of, empty_root) -> None:
+    p = plan_for(host_of, empty_root, "a800-pcie-4x-2numa")
+    assert p["schema"] == "hwprofile.plan/1" and p["profile"] == "a800-80g-pcie"
+    assert [(i["gpus"], i["numa_node"], i["tensor_parallel_size"]) for i in p["instances"]] == [
+        ([0, 1], 0, 2),
+        ([2, 3], 1, 2),
+    ]
+    assert [i["cpus"] for i in p["instances"]] == ["0-27,56-83", "28-55,84-111"]
+    assert [i["port"] for i in p["instances"]] == [8000, 8001]
+    for inst in p["instances"]:
+        e = inst["engine"]
+        assert (
+            e["gpu_memory_utilization"],
+            e["max_num_batched_tokens"],
+            e["max_model_len"],
+            e["max_num_seqs"],
+        ) == (0.92, 8192, 8192, 192)
+        s = inst["speculative"]
+        assert (
+            s["method"] == "draft_model"
+            and s["model"] == "Qwen/Qwen3-1.7B"
+            and s["num_speculative_tokens"] == 5
+        )
+        assert s["draft_tensor_parallel_size"] == 2
+        assert s["num_speculative_tokens_per_batch_size"] == [[1, 8, 5], [9, 64, 3], [65, None, 1]]
+        m = inst["memory"]
+        used = (
+            m["weights_bytes"]
+            + m["draft_weights_bytes"]
+            + m["activation_bytes"]
+            + m["overhead_bytes"]
+            + m["kv_cache_bytes"]
+        )
+        assert used == m["budget_bytes"] == int(80 * GiB * 0.92)
+    assert "nvlink: no NVLink, want nvlink=False" in p["matched_because"]
+
+
+def test_rtx4090_needs_a_4bit_target_and_fp8_kv(host_of, empty_root) -> None:
+    p = plan_for(host_of, empty_root, "rtx4090-1x")
+    assert p["model"]["name"] == "Qwen/Qwen3-32B-AWQ" and p["model"]["bits"] == 4
+    (inst,) = p["instances"]
+    e = inst["engine"]
+    assert (e["kv_cache_dtype"], e["max_model_len"], e["max_num_seqs"]) == ("fp8", 4096, 6)
+    assert inst["speculative"]["num_speculative_tokens"] == 6
+    reasons = {r["key"]: r for r in p["reasons"]}
+    assert "does not fit" in reasons["model.name"]["reason"]
+    # a bf16 1.7B draft does not fit next to an 18 GiB target on 24 GB: ngram, said out loud
+    assert inst["speculative"]["method"] == "ngram"
+    assert any("does not fit beside the target" in w for w in p["warnings"])
+
+
+def test_12g_cards_fp8_only_where_the_hardware_has_it(host_of, empty_root) -> None:
+    p3060 = plan_for(host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-8B")
+    p4070 = plan_for(host_of, empty_root, "rtx4070-12g-1x", model="Qwen/Qwen3-8B")
+    assert p3060["profile"] == p4070["profile"] == "geforce-12g"
+    assert p3060["instances"][0]["engine"]["kv_cache_dtype"] == "auto"  # Ampere: no FP8
+    assert p4070["instances"][0]["engine"]["kv_cache_dtype"] == "fp8"  # Ada: FP8
+    for p in (p3060, p4070):
+        e = p["instances"][0]["engine"]
+        assert e["gpu_memory_utilization"] == 0.85 and e["max_num_seqs"] == 4
+        assert p["instances"][0]["speculative"]["num_speculative_tokens"] == 3
+
+
+def test_dual_3090_one_card_then_a_second_replica_when_asked(host_of, empty_root) -> None:
+    p = plan_for(host_of, empty_root, "rtx3090-2x")
+    assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0], 1)]
+    assert any(r["key"] == "layout.replicas" and "[1] stay free" in r["reason"] for r in p["reasons"])
+    p2 = plan_for(host_of, empty_root, "rtx3090-2x", sets=["layout.replicas=2"])
+    assert [(i["gpus"], i["tensor_parallel_size"], i["port"]) for i in p2["instances"]] == [
+        ([0], 1, 8000),
+        ([1], 1, 8001),
+    ]
+    assert p2["provenance"]["layout.replicas"] == "cli --set layout.replicas=2"
+
+
+def test_a100_80g_aggressive_batching(host_of, empty_root) -> None:
+    p = plan_for(host_of, empty_root, "a100-80g-pcie-1x", model="Qwen/Qwen3-14B")
+    assert p["profile"] == "a100-80g"
+    assert p["instances"][0]["engine"]["max_num_batched_tokens"] == 16384
+
+
+def test_nvlink_hosts_get_one_tensor_parallel_instance(host_of, empty_root) -> None:
+    p = plan_for(host_of, empty_root, "h100-sxm-8x", model="meta-llama/Llama-3.1-70B-Instruct")
+    assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [(list(range(8)), 8)]
+    assert not [w for w in p["warnings"] if "NUMA nodes (over PCIe)" in w]
+
+
+def test_cpu_only_host(host_of, empty_root, tmp_path) -> None:
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY))
+    p = plan_for(host_of, empty_root, "no-driver", model=str(model))
+    (inst,) = p["instances"]
+    assert inst["device"] == "cpu" and inst["gpus"] == [] and inst["numa_node"] == 0
+    assert inst["engine"]["kv_cache_memory_bytes"] == 1 * GiB and inst["engine"]["enforce_eager"] is True
+    assert inst["speculative"]["method"] == "ngram"
+
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_kv_bytes_formula() -> None:
+    m = parse_config(TINY, "tiny", "dir", None)
+    assert kv_bytes_per_token(m, 1, 2) == 2 * 2 * 2 * 32 * 2 == 512
+    q = parse_config(
+        {
+            **TINY,
+            "num_hidden_layers": 64,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+        },
+        "q",
+        "dir",
+        None,
+    )
+    assert kv_bytes_per_token(q, 1, 2) == 2 * 64 * 8 * 128 * 2
+    assert kv_bytes_per_token(q, 4, 2) == 2 * 64 * 2 * 128 * 2  # KV heads split over TP
+    assert kv_bytes_per_token(q, 16, 1) == 2 * 64 * 1 * 128 * 1  # replicated past the KV head count
+
+
+def test_sliding_window_layers_hold_only_the_window() -> None:
+    g = parse_config(
+        {**TINY, "model_type": "gemma2", "num_hidden_layers": 4, "sliding_window": 256}, "g", "dir", None
+    )
+    assert (g.sliding_layers, g.full_layers) == (2, 2)
+    per_layer_token = 2 * 2 * 32 * 2
+    # 2048 tokens: full layers hold 2048, sliding layers 256 (+ one block in flight)
+    assert kv_bytes_per_sequence(g, 1, 2, 2048) == 2 * per_layer_token * 2048 + 2 * per_layer_token * (
+        256 + 16
+    )
+    assert (
+        kv_bytes_per_sequence(g, 1, 2, 100) == 4 * per_layer_token * 112
+    )  # below the window: all layers, whole blocks
+
+
+def test_draft_with_another_vocabulary_is_refused_with_the_reason(host_of, empty_root) -> None:
+    p = plan_for(
+        host_of,
+        empty_root,
+        "a800-pcie-4x-2numa",
+        model="Qwen/Qwen2.5-32B-Instruct",
+        draft="Qwen/Qwen2.5-1.5B-Instruct",
+    )
+    assert p["instances"][0]["speculative"]["method"] == "ngram"
+    assert any("vocab_size 151936 but the target has 152064" in w for w in p["warnings"])
+    # auto pick: no same-vocabulary draft in the ~1.5B class for Qwen2.5-32B either
+    auto = plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-32B-Instruct")
+    (why,) = [r["reason"] for r in auto["reasons"] if r["key"] == "speculative.method"]
+    assert "vocab_size 151936 != 152064" in why and auto["draft"] is None
+
+
+def test_refusal_says_what_would_fit(host_of, empty_root) -> None:
+    with pytest.raises(PlanRefused) as e:
+        plan_for(host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-32B")
+    assert "does not fit" in e.value.message
+    text = " ".join(e.value.suggestions)
+    assert "Qwen/Qwen3-8B-AWQ" in text and "a GPU with at least" in text
+
+
+def test_plan_cli_exit_codes_and_json(tmp_path, fake_nvml_dir, empty_root) -> None:
+    from fakehost import build
+
+    host = build("rtx3060-12g-1x", tmp_path / "h")
+    env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
+
+    def run(*a):
+        return subprocess.run(
+            [sys.executable, "-m", "hwprofile", "plan", *a], env=env, capture_output=True, text=True
+        )
+
+    bad = run("--json", "--model", "Qwen/Qwen3-32B")
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["refused"]["suggestions"]
+    human = run("--model", "Qwen/Qwen3-32B")
+    assert human.returncode == 1 and "What would work:" in human.stderr and "Traceback" not in human.stderr
+    ok = run("--model", "Qwen/Qwen3-8B", "--explain")
+    assert ok.returncode == 0, ok.stderr
+    assert "Reasons" in ok.stdout and "profiles/geforce-12g.yaml:" in ok.stdout
+
+
+def test_local_model_dir_and_hf_cache(tmp_path, monkeypatch) -> None:
+    from hwprofile.model import resolve_model
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(
+        json.dumps({**TINY, "quantization_config": {"quant_method": "awq", "bits": 4}})
+    )
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 123456789}}))
+    m = resolve_model(str(d))
+    assert (m.weights_bytes, m.weights_bytes_source, m.quant_method, m.bits) == (
+        123456789,
+        "safetensors index",
+        "awq",
+        4,
+    )
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(TINY))
+    (snap / "model.safetensors").write_bytes(b"x" * 1000)
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    m = resolve_model("acme/tiny")
+    assert (m.source, m.weights_bytes, m.weights_bytes_source) == ("hf-cache", 1000, "safetensors files")
+
+
+# -- property: a plan never exceeds its budget, or it refuses with a reason ------------------
+
+shapes = st.fixed_dictionaries(
+    {
+        "layers": st.integers(1, 96),
+        "hidden_per_head": st.sampled_from([64, 128]),
+        "heads": st.sampled_from([8, 16, 32, 40, 64]),
+        "kv_div": st.sampled_from([1, 2, 4, 8]),
+        "inter_mult": st.sampled_from([2, 3, 4]),
+        "vocab": st.sampled_from([32000, 128256, 151936]),
+    }
+)
+hosts = st.fixed_dictionaries(
+    {
+        "count": st.integers(0, 8),
+        "gib": st.sampled_from([8, 12, 16, 24, 40, 48, 80, 141]),
+        "nvlink": st.booleans(),
+        "numa": st.integers(1, 2),
+        "used_gib": st.sampled_from([0, 0, 1, 6]),
+    }
+)
+
+
+def _host(h: dict) -> HostSnapshot:
+    gpus = tuple(
+        Gpu(index=i, name="NVIDIA Test GPU", memory_total_bytes=h["gib"] * GiB, memory_used_bytes=h["used_gib"] * GiB,
+            compute_capability="8.0", numa_node=i * h["numa"] // max(1, h["count"]), nvlink_active_links=4 if h["nvlink"] else 0)
+        for i in range(h["count"])
+    )  # fmt: skip
+    links = tuple(
+        GpuLink(a, b, "NV4" if h["nvlink"] else "SYS", True)
+        for a in range(h["count"])
+        for b in range(a + 1, h["count"])
+    )
+    nodes = tuple(NumaNode(n, f"{n * 8}-{n * 8 + 7}", 128 * GiB) for n in range(h["numa"]))
+    return HostSnapshot(gpus=gpus, gpu_links=links, numa_nodes=nodes, memory_bytes=64 * GiB)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(h=hosts, s=shapes)
+def test_plan_never_exceeds_budget(h, s, empty_root) -> None:
+    from hwprofile.pipeline import resolve_settings
+
+    heads = s["heads"]
+    cfg = {
+        "model_type": "test", "hidden_size": heads * s["hidden_per_head"], "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // s["kv_div"]), "num_hidden_layers": s["layers"],
+        "intermediate_size": heads * s["hidden_per_head"] * s["inter_mult"], "vocab_size": s["vocab"],
+        "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    model = parse_config(cfg, "random", "dir", None)
+    host = _host(h)
+    res = resolve_settings(host, empty_root, environ={})
+    try:
+        plan = build_plan(host, res.settings, res.provenance, res.profile, [], model, None)
+    except PlanRefused as e:
+        assert e.message and e.suggestions
+        return
+    for inst in plan["instances"]:
+        m, e = inst["memory"], inst["engine"]
+        if inst["device"] == "cpu":
+            assert m["kv_bytes_per_max_len_request"] <= m["kv_cache_bytes"]
+            continue
+        assert m["kv_cache_bytes"] > 0
+        parts = (
+            m["weights_bytes"]
+            + m["draft_weights_bytes"]
+            + m["activation_bytes"]
+            + m["overhead_bytes"]
+            + m["kv_cache_bytes"]
+        )
+        assert parts == m["budget_bytes"] <= int(h["gib"] * GiB * e["gpu_memory_utilization"]) + 1
+        assert m["budget_bytes"] + h["used_gib"] * GiB <= h["gib"] * GiB  # fits beside what others use
+        assert m["kv_bytes_per_max_len_request"] <= m["kv_cache_bytes"]  # one full-length request fits
+        assert e["max_num_batched_tokens"] >= e["max_num_seqs"]
+        tp = inst["tensor_parallel_size"]
+        assert heads % tp == 0 and len(inst["gpus"]) == tp
+
+
+def test_vllm_reporting_rule() -> None:
+    from hwprofile.plan.memory import vllm_reported_kv_tokens
+
+    # seen from vLLM 0.32 on the CPU (128-token blocks): 64 MiB at 768 B/token = 682 blocks;
+    # "KV cache size: 87,296 tokens" at max_model_len 256, "10,912 tokens" at max_model_len 16
+    assert vllm_reported_kv_tokens(682 * 128, 256, 128) == 87_296
+    assert vllm_reported_kv_tokens(682 * 128, 16, 128) == 10_912
+    assert vllm_reported_kv_tokens(5461 * 16, 16) == 5461 * 16  # GPU blocks of 16

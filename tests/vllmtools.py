@@ -1,0 +1,95 @@
+"""Run real vLLM (the CPU build) in tests: bounded KV cache, loopback only, own process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+VLLM = Path(sys.executable).parent / "vllm"
+
+
+def have_vllm() -> bool:
+    from hwprofile.detect.software import vllm_version
+
+    return VLLM.exists() and vllm_version()[0] is not None
+
+
+def require_vllm() -> None:
+    """Skip without vLLM, except in CI (CI=true), where its absence is a failure."""
+    if have_vllm():
+        return
+    msg = "real vLLM is not installed here: pip install -e '.[test,cpu]' && hwprofile doctor --fix"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_env(workdir: Path) -> dict[str, str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "auto",
+        "TMPDIR": str(workdir),
+        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"),
+    }
+
+
+def serve(model: Path, port: int, args: list[str], workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    log = workdir / f"vllm-{port}.log"
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [str(VLLM), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), *args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, env=cpu_env(workdir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return proc, log
+
+
+def wait_for_log(
+    proc: subprocess.Popen[bytes], log: Path, pattern: str, timeout: float = 400
+) -> re.Match[str]:
+    rx = re.compile(pattern)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        m = rx.search(log.read_text(errors="replace"))
+        if m:
+            return m
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"vLLM exited {proc.returncode} before /{pattern}/:\n{log.read_text()[-3000:]}"
+            )
+        time.sleep(0.5)
+    raise AssertionError(f"no /{pattern}/ within {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 15) -> None:
+    """SIGTERM the whole process group, then SIGKILL what is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
