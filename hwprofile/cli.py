@@ -67,6 +67,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
+        "render", help="render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json"
+    )
+    _add_host_source(p)
+    _add_plan_options(p)
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=("argv", "shell", "yaml", "env", "systemd", "json"),
+        help="what to render",
+    )
+    p.add_argument("--instance", metavar="NAME", help="only this instance (default: all)")
+    p.add_argument(
+        "--vllm-version", metavar="X.Y.Z", help="render for this vLLM release instead of the installed one"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="run the installed vLLM's parser and engine-config construction on the result",
+    )
+    p.add_argument(
+        "--output",
+        metavar="DIR",
+        help="write files into DIR (env files mode 0600, with the API key) instead of printing",
+    )
+    p.add_argument(
+        "--env-file",
+        metavar="PATH",
+        default="/etc/hwprofile/env/{name}.env",
+        help="EnvironmentFile= of the systemd unit ({name} = instance)",
+    )
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser(
         "doctor", help="check what stands between this host and a working vLLM; --fix repairs what it can"
     )
     _add_host_source(p)
@@ -215,6 +248,103 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         sys.stdout.write(format_plan(plan, explain=args.explain))
     return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    import os
+
+    from .config.layers import config_root
+    from .pipeline import make_plan, vllm_command
+    from .plan import PlanRefused
+    from .render.check import check_args
+    from .render.output import render
+    from .render.translate import flatten, render_instance
+    from .render.versions import UnknownVersion, release
+
+    host = load_host(args)
+    version = args.vllm_version or host.software.vllm_version
+    if not version:
+        raise CliError("no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)")
+    try:
+        rel = release(version)
+    except UnknownVersion as e:
+        raise CliError(str(e)) from None
+    try:
+        plan = make_plan(
+            host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
+            sets=args.sets, model=args.model, draft=args.draft,
+        )  # fmt: skip
+    except PlanRefused as e:
+        print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
+        for s in e.suggestions:
+            print(f"  - {s}", file=sys.stderr)
+        return EXIT_FAILED
+    instances = [i for i in plan["instances"] if args.instance in (None, i["name"])]
+    if not instances:
+        names = ", ".join(i["name"] for i in plan["instances"])
+        raise CliError(f"--instance {args.instance}: no such instance; this plan has: {names}")
+    status = EXIT_OK
+    for inst in instances:
+        r = render_instance(
+            plan, inst, rel, vllm_command(inst["server"].get("vllm_command")), host.software.numactl_path
+        )
+        secrets = {}
+        if args.output and args.format == "env":
+            for target, source in r.secrets.items():
+                if source not in os.environ:
+                    raise CliError(
+                        f"server.api_key_env names ${source}, which is not set: export it, then render again"
+                    )
+                secrets[target] = os.environ[source]
+        text = render(r, args.format, plan, inst, env_file=args.env_file, secret_values=secrets)
+        if args.output:
+            _write_output(args.output, r.name, args.format, text)
+        else:
+            if len(instances) > 1 and args.format in ("yaml", "env", "systemd"):
+                sys.stdout.write(f"# --- {r.name}\n")
+            sys.stdout.write(text)
+        for w in r.warnings:
+            print(f"hwprofile: warning: {r.name}: {w}", file=sys.stderr)
+        if args.check:
+            model = plan["model"]["path"] or plan["model"]["name"]
+            res = check_args(flatten(r.args), model, version, r.env)
+            where = f"vLLM {res.vllm_version or version}"
+            if res.ok:
+                print(
+                    f"hwprofile: check: {r.name}: accepted by {where}'s parser and engine config"
+                    + (" (cached)" if res.cached else ""),
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    f"hwprofile: check: {r.name}: rejected by {where} ({res.stage}): {res.message}",
+                    file=sys.stderr,
+                )
+                status = EXIT_FAILED
+    return status
+
+
+def _write_output(directory: str, name: str, fmt: str, text: str) -> None:
+    import os
+
+    suffix = {
+        "argv": ".argv.json",
+        "shell": ".sh",
+        "yaml": ".yaml",
+        "env": ".env",
+        "systemd": ".service",
+        "json": ".json",
+    }[fmt]
+    d = os.path.abspath(directory)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{name}{suffix}")
+    mode = 0o600 if fmt == "env" else 0o644
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path + ".tmp", mode)
+    os.replace(path + ".tmp", path)
+    print(path)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

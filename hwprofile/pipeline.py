@@ -103,3 +103,16 @@ def make_plan(
     return build_plan(
         host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts
     )
+
+
+def vllm_command(configured: str | None) -> str:
+    """The vllm executable: as configured, else the one installed beside this Python, else on PATH."""
+    import shutil
+    import sys
+
+    if configured:
+        return configured
+    beside = Path(sys.executable).parent / "vllm"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("vllm") or "vllm"

@@ -183,7 +183,7 @@ def format_plan(plan: dict[str, Any], explain: bool = False) -> str:
         out.append("")
         out.append(
             f"Instance {inst['name']}: {where}, TP {inst['tensor_parallel_size']}, PP {inst['pipeline_parallel_size']}, "
-            f"NUMA {inst['numa_node'] if inst['numa_node'] is not None else '-'}, http://{inst['host']}:{inst['port']}"
+            f"NUMA {inst['numa_node'] if inst['numa_node'] is not None else '-'}, http://{inst['server']['host']}:{inst['server']['port']}"
         )
         for k, v in e.items():
             out.append(f"  {k:24s} {v}")

@@ -31,7 +31,7 @@ def test_a800_four_pcie_gpus_two_numa_pairs(host_of, empty_root) -> None:
         ([2, 3], 1, 2),
     ]
     assert [i["cpus"] for i in p["instances"]] == ["0-27,56-83", "28-55,84-111"]
-    assert [i["port"] for i in p["instances"]] == [8000, 8001]
+    assert [i["server"]["port"] for i in p["instances"]] == [8000, 8001]
     for inst in p["instances"]:
         e = inst["engine"]
         assert (
@@ -91,7 +91,7 @@ def test_dual_3090_one_card_then_a_second_replica_when_asked(host_of, empty_root
     assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0], 1)]
     assert any(r["key"] == "layout.replicas" and "[1] stay free" in r["reason"] for r in p["reasons"])
     p2 = plan_for(host_of, empty_root, "rtx3090-2x", sets=["layout.replicas=2"])
-    assert [(i["gpus"], i["tensor_parallel_size"], i["port"]) for i in p2["instances"]] == [
+    assert [(i["gpus"], i["tensor_parallel_size"], i["server"]["port"]) for i in p2["instances"]] == [
         ([0], 1, 8000),
         ([1], 1, 8001),
     ]

@@ -97,6 +97,14 @@ SETTINGS: dict[tuple[str, ...], Field] = {
     ("server", "api_key_env"): Field(
         "str", "environment variable holding the API key (never on argv)", nullable=True
     ),
+    ("server", "shutdown_timeout"): Field(
+        "int", "seconds vLLM drains in-flight requests on SIGTERM", 0, 3600
+    ),
+    ("server", "vllm_command"): Field(
+        "str", "the vllm executable (default: next to this Python, else on PATH)", nullable=True
+    ),
+    ("server", "user"): Field("str", "systemd unit user (default: a dynamic user)", nullable=True),
+    ("server", "metrics"): Field("bool", "keep vLLM's /metrics series (hwprofile watches them)"),
     # -- CPU backend -----------------------------------------------------------------------
     ("cpu", "kv_cache_space_gib"): Field(
         "float", "KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)", 0.01, 4096
@@ -216,6 +224,8 @@ def _k_table(value: Any) -> list[list[int | None]]:
             raise ValueError(f"row {row!r}: k must be an integer 0..16")
         rows.append([lo, hi, k])
     rows.sort(key=lambda r: r[0])
+    if rows[0][0] != 1:
+        raise ValueError("the first row must start at batch size 1 (vLLM needs a k for every batch size)")
     for a, b in itertools.pairwise(rows):
         if a[1] is None or a[1] >= b[0]:
             raise ValueError(f"rows {a} and {b} overlap")

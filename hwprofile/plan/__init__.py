@@ -711,12 +711,24 @@ def _gpu_instance(
         "cpus": cpus,
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
-        "host": _s(settings, "server", "host") or "127.0.0.1",
-        "port": port,
+        "server": _server(settings, port),
         "engine": engine,
         "speculative": spec,
         "memory": _memory_json(f, model, draft, tp, kv_bytes, length),
         "estimate": _estimate(gpu, model, draft, tp, spec, settings),
+    }
+
+
+def _server(settings: Mapping[str, Any], port: int) -> dict[str, Any]:
+    return {
+        "host": _s(settings, "server", "host") or "127.0.0.1",
+        "port": port,
+        "served_model_name": _s(settings, "server", "served_model_name"),
+        "api_key_env": _s(settings, "server", "api_key_env"),
+        "shutdown_timeout": int(_s(settings, "server", "shutdown_timeout") or 0),
+        "vllm_command": _s(settings, "server", "vllm_command"),
+        "user": _s(settings, "server", "user"),
+        "metrics": _s(settings, "server", "metrics") is not False,
     }
 
 
@@ -953,8 +965,7 @@ def _cpu_instance(
         "cpus": cpus,
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
-        "host": _s(settings, "server", "host") or "127.0.0.1",
-        "port": int(_s(settings, "server", "port") or 8000),
+        "server": _server(settings, int(_s(settings, "server", "port") or 8000)),
         "engine": engine,
         "speculative": spec,
         "memory": {
