@@ -49,8 +49,34 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
         for p in (ROOT / d).iterdir()
         if p.is_file() and p.suffix in (".yaml", ".j2")
     ]
+    assert (
+        len([p for p in data if p.suffix == ".yaml"]) >= 13
+        and len([p for p in data if p.suffix == ".j2"]) == 4
+    )
     for p in data:
         assert f"hwprofile/{p.parent.name}/{p.name}" in names, p
     assert "hwprofile/detect/nvml.py" in names
-    for p in (ROOT / "hwprofile" / "data").glob("*.yaml"):
+    for p in [*(ROOT / "hwprofile" / "data").glob("*.yaml"), *(ROOT / "hwprofile" / "data").glob("*.json")]:
         assert f"hwprofile/data/{p.name}" in names, p
+
+    # The unpacked wheel (not this checkout) finds its own profiles and templates.
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import hwprofile, sys; from hwprofile.match.profiles import builtin_dir; "
+        "from hwprofile.render.output import template_dir; "
+        "print(hwprofile.__file__); print(builtin_dir()); print(template_dir())"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    module, profiles, templates = r.stdout.split()
+    assert all(x.startswith(str(site)) for x in (module, profiles, templates)), r.stdout
+    assert (Path(profiles) / "base.yaml").is_file() and (
+        Path(templates) / "vllm-instance.service.j2"
+    ).is_file()

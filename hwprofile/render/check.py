@@ -52,7 +52,10 @@ try:
     with contextlib.redirect_stdout(io.StringIO()):
         AsyncEngineArgs.from_cli_args(ns).create_engine_config()
 except Exception as e:
-    out["message"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip() and "errors.pydantic.dev" not in l]
+    lines = [l for l in lines if not l.endswith("validation error for VllmConfig") and "validation error for" not in l] or lines
+    import re
+    out["message"] = re.sub(r"\s*\[type=[^\]]*\]\s*$", "", f"{type(e).__name__}: " + " ".join(lines[-3:]))
     done()
 out["ok"] = True
 out["stage"] = "done"

@@ -82,6 +82,7 @@ def _context(
         "config": r.config(),
         "env": r.env,
         "secret_values": secret_values,
+        "secret_refs": r.secrets,
         "env_file": env_file,
         "state_name": f"hwprofile/{r.name}",
         "stop_timeout_s": r.stop_timeout_s,
