@@ -99,6 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_render)
 
+    p = sub.add_parser("launch", help="plan, render and run vLLM under supervision (detached unless --foreground)")
+    _add_host_source(p)
+    _add_plan_options(p)
+    _add_runtime(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would run (environment and command per instance)")
+    p.add_argument("--foreground", action="store_true", help="supervise in this process until SIGTERM/SIGINT")
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
+    p.add_argument("--demo", action="store_true", help="the first-run demo: a tiny model made offline, launch, a completion, status, clean stop")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("status", help="what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL")
+    _add_runtime(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("stop", help="stop the supervised instances (graceful drain, then SIGKILL of each process group)")
+    _add_runtime(p)
+    p.set_defaults(func=cmd_stop)
+
     p = sub.add_parser(
         "doctor", help="check what stands between this host and a working vLLM; --fix repairs what it can"
     )
@@ -111,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_doctor)
     return parser
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runtime-dir",
+        metavar="DIR",
+        help="state file and per-instance temp dirs (default $XDG_RUNTIME_DIR/hwprofile, /run/hwprofile as root; env HWPROFILE_RUNTIME_DIR)",
+    )
 
 
 def _add_config_root(p: argparse.ArgumentParser) -> None:
@@ -347,6 +374,132 @@ def _write_output(directory: str, name: str, fmt: str, text: str) -> None:
     print(path)
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    import shlex
+
+    from .config.layers import config_root
+    from .launch import (
+        LaunchError,
+        check_not_running,
+        check_ports,
+        run_detached,
+        run_foreground,
+        setup_logging,
+    )
+    from .pipeline import make_plan, vllm_command
+    from .plan import PlanRefused
+    from .render.translate import render_instance
+    from .render.versions import UnknownVersion, release
+    from .supervise.state import runtime_dir
+
+    host = load_host(args)
+    version = args.vllm_version or host.software.vllm_version
+    if not version:
+        raise CliError("vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU, then hwprofile doctor --fix)", EXIT_FAILED)
+    try:
+        rel = release(version)
+    except UnknownVersion as e:
+        raise CliError(str(e)) from None
+    model, sets = args.model, list(args.sets)
+    if args.demo:
+        from .tinymodel import make_tiny_model
+
+        print("hwprofile: demo: generating a tiny model offline (first run only) ...", file=sys.stderr)
+        model = str(make_tiny_model())
+        sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "engine.enforce_eager=true", *sets]
+    try:
+        plan = make_plan(host, config_root(args.config_root), profile=args.profile, overrides=args.overrides, sets=sets, model=model, draft=args.draft)
+    except PlanRefused as e:
+        print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
+        for s in e.suggestions:
+            print(f"  - {s}", file=sys.stderr)
+        return EXIT_FAILED
+    numactl = host.software.numactl_path
+    if args.dry_run:
+        for inst in plan["instances"]:
+            r = render_instance(plan, inst, rel, vllm_command(inst["server"].get("vllm_command")), numactl)
+            print(f"# {r.name}: vLLM {r.vllm_version}, GPUs {r.gpus or '-'}, NUMA node {r.numa_node}")
+            for k, v in sorted(r.env.items()):
+                print(f"{k}={shlex.quote(v)}")
+            for k, src in r.secrets.items():
+                print(f"# {k} from ${src}")
+            print(shlex.join(r.argv))
+            for w in r.warnings:
+                print(f"hwprofile: warning: {r.name}: {w}", file=sys.stderr)
+        return EXIT_OK
+    runtime = runtime_dir(args.runtime_dir)
+    try:
+        check_not_running(runtime)
+        check_ports(plan)
+    except LaunchError as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return e.code
+    if args.demo:
+        return _demo(plan, rel, numactl, host.software.tmpfs_path, runtime)
+    if args.foreground:
+        setup_logging(runtime, to_stderr=True)
+        return run_foreground(plan, rel, vllm_command(None), numactl, host.software.tmpfs_path, runtime)
+    argv = [a for a in sys.argv[1:] if a != "--foreground"] if args.argv is None else args.argv
+    timeout = float((plan.get("supervise") or {}).get("ready_timeout", 900)) + 30
+    return run_detached(argv, runtime, timeout)
+
+
+def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
+    import time
+
+    from .launch import demo_completion, format_status, setup_logging, status
+    from .pipeline import vllm_command
+    from .supervise.state import pid_alive
+    from .supervise.supervisor import Supervisor
+
+    setup_logging(runtime, to_stderr=True)
+    from .launch import options
+
+    sup = Supervisor(plan, rel, vllm_command(None), numactl, options(plan, tmpfs, runtime, progress=lambda m: print(f"hwprofile: {m}", file=sys.stderr)))
+    t0 = time.monotonic()
+    sup.start()
+    try:
+        if not sup.wait_ready(float((plan.get("supervise") or {}).get("ready_timeout", 900))):
+            print(format_status(status(runtime)), end="")
+            return EXIT_FAILED
+        inst = sup.instances[0]
+        print(f"hwprofile: demo: {inst.name} ready at {inst.url} after {time.monotonic() - t0:.0f} s")
+        served = plan["model"]["path"] or plan["model"]["name"]
+        reply = demo_completion(inst.url, served)
+        print(f"hwprofile: demo: completion: {reply['usage']['completion_tokens']} tokens: {reply['choices'][0]['text']!r}")
+        print(format_status(status(runtime)), end="")
+    finally:
+        pids = [i.pid for i in sup.instances]
+        sup.stop()
+        sup.wait(120)
+    left = [p for p in pids if p and pid_alive(p)]
+    print(f"hwprofile: demo: stopped cleanly{'' if not left else f'; still running: {left}'}")
+    return EXIT_OK if not left else EXIT_FAILED
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from .launch import format_status, status
+    from .supervise.state import runtime_dir
+
+    st = status(runtime_dir(args.runtime_dir))
+    if args.json:
+        sys.stdout.write(json.dumps(st, indent=2) + "\n")
+    else:
+        sys.stdout.write(format_status(st))
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from .launch import stop
+    from .supervise.state import runtime_dir
+
+    for line in stop(runtime_dir(args.runtime_dir)):
+        print(f"hwprofile: {line}")
+    return EXIT_OK
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import check, fix
 
@@ -376,6 +529,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else None
     try:
         return int(args.func(args))
     except CliError as e:

@@ -105,6 +105,15 @@ SETTINGS: dict[tuple[str, ...], Field] = {
     ),
     ("server", "user"): Field("str", "systemd unit user (default: a dynamic user)", nullable=True),
     ("server", "metrics"): Field("bool", "keep vLLM's /metrics series (hwprofile watches them)"),
+    ("server", "extra_args"): Field("str_list", "extra vLLM flags appended as given (they bypass the plan: use sparingly)"),
+    # -- logs and supervision --------------------------------------------------------------
+    ("logs", "dir"): Field("str", "per-instance log directories go under this (default: tmpfs /dev/shm/hwprofile)", nullable=True),
+    ("logs", "max_bytes"): Field("size", "cap on each instance's logs (tmpfs is RAM); oldest file dropped first"),
+    ("logs", "files"): Field("int", "log files kept per instance (the cap is split among them)", 2, 100),
+    ("supervise", "ready_timeout"): Field("float", "seconds to wait for /health before a start counts as failed", 5, 86400),
+    ("supervise", "max_restarts"): Field("int", "restarts after failures before giving up", 0, 1000),
+    ("supervise", "backoff_initial"): Field("float", "first restart delay in seconds (doubles each time)", 0.1, 3600),
+    ("supervise", "backoff_max"): Field("float", "longest restart delay in seconds", 0.1, 86400),
     # -- CPU backend -----------------------------------------------------------------------
     ("cpu", "kv_cache_space_gib"): Field(
         "float", "KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)", 0.01, 4096
@@ -203,6 +212,14 @@ def _check(field: Field, value: Any) -> Any:
         return parse_size(value)
     if k == "k_table":
         return _k_table(value)
+    if k == "str_list":
+        if isinstance(value, str):
+            import shlex
+
+            return shlex.split(value)
+        if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
+            raise ValueError("expected a list of strings")
+        return [str(v) for v in value]
     raise AssertionError(k)
 
 

@@ -164,6 +164,8 @@ def build_plan(
         "model": _model_json(model),
         "draft": _model_json(draft) if draft else None,
         "instances": instances,
+        "supervise": dict(settings.get("supervise") or {}),
+        "logs": dict(settings.get("logs") or {}),
         "reasons": r.items,
         "provenance": {".".join(k): str(v) for k, v in sorted(provenance.items())},
         "warnings": warnings,
@@ -729,6 +731,7 @@ def _server(settings: Mapping[str, Any], port: int) -> dict[str, Any]:
         "vllm_command": _s(settings, "server", "vllm_command"),
         "user": _s(settings, "server", "user"),
         "metrics": _s(settings, "server", "metrics") is not False,
+        "extra_args": list(_s(settings, "server", "extra_args") or []),
     }
 
 

@@ -189,6 +189,9 @@ def render_instance(
             f"{inst['name']}: numactl not found: NUMA node {node} not bound (apt-get install numactl)"
         )
 
+    if srv.get("extra_args"):
+        warnings.append(f"server.extra_args appended as given (not checked against the plan): {' '.join(srv['extra_args'])}")
+        args += [(a, None) for a in srv["extra_args"]]
     secrets = {"VLLM_API_KEY": srv["api_key_env"]} if srv.get("api_key_env") else {}
     model = plan["model"]["path"] or plan["model"]["name"]
     return Rendered(

@@ -1,0 +1,59 @@
+"""Compare what vLLM says it started with (its startup log) against the plan."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from ..plan.memory import vllm_reported_kv_tokens
+
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+_KV = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+# plan engine key → vLLM's argument name
+CHECKED = {
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "enforce_eager": "enforce_eager",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "kv_cache_dtype": "kv_cache_dtype",
+}
+
+
+def parse_startup(log_text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _NON_DEFAULT.search(log_text)
+    if m:
+        try:
+            out["non_default_args"] = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError):
+            out["non_default_args_text"] = m.group(1)
+    m = _KV.search(log_text)
+    if m:
+        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    return out
+
+
+def compare(inst: dict[str, Any], started: dict[str, Any]) -> list[str]:
+    """Differences between the plan and what vLLM reports, each with both values."""
+    warnings: list[str] = []
+    args = started.get("non_default_args") or {}
+    e = inst["engine"]
+    for key, arg in CHECKED.items():
+        planned = e.get(key)
+        if planned is None or (key == "kv_cache_dtype" and planned == "auto") or (key == "enforce_eager" and not planned):
+            continue
+        if arg in args and args[arg] != planned:
+            warnings.append(f"{key}: planned {planned}, vLLM started with {args[arg]}")
+    if inst.get("tensor_parallel_size", 1) > 1 and args.get("tensor_parallel_size") not in (None, inst["tensor_parallel_size"]):
+        warnings.append(f"tensor_parallel_size: planned {inst['tensor_parallel_size']}, vLLM started with {args['tensor_parallel_size']}")
+    logged = started.get("kv_cache_tokens")
+    mem = inst.get("memory") or {}
+    if logged is not None and mem.get("kv_tokens"):
+        expected = vllm_reported_kv_tokens(mem["kv_tokens"], int(e["max_model_len"]), int(mem.get("block_size", 16)))
+        if expected != logged:
+            warnings.append(f"KV cache: planned {expected} tokens, vLLM reports {logged} tokens")
+    return warnings

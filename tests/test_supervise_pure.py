@@ -1,0 +1,98 @@
+"""Failure classification, the out-of-memory ladder, startup verification, rotating logs, state."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from hwprofile.supervise.failures import classify, next_step
+from hwprofile.supervise.logs import RotatingLog
+from hwprofile.supervise.state import read_state, write_state
+from hwprofile.supervise.verify import compare, parse_startup
+
+LOGS = {
+    # real vLLM / PyTorch messages → kind
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": ("out of memory", True),
+    "ValueError: Free memory on device cuda:0 (10.1/23.6 GiB) on startup is less than desired GPU memory utilization (0.92, 21.7 GiB).": ("free memory below the requested share", True),
+    "ValueError: To serve at least one request with the models's max seq len (2048), (0.02 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).": ("no memory left for the KV cache", True),
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`": ("no memory left for the KV cache", True),
+    "vllm: error: unrecognized arguments: --bogus-flag 3": ("unknown flag", False),
+    "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name'": ("missing model", False),
+    "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use": ("port in use", False),
+    "ValueError: Head size 48 is not supported by PagedAttention.": ("unsupported head size", False),
+    "something nobody has seen before": ("unknown", False),
+}
+
+
+@pytest.mark.parametrize("text", sorted(LOGS))
+def test_classify(text: str) -> None:
+    f = classify("INFO loading\n" + text + "\nINFO shutting down\n")
+    kind, memory = LOGS[text]
+    assert (f.kind, f.memory_like) == (kind, memory)
+    assert f.retry == (memory or kind == "unknown")
+    assert (text[:30] in f.evidence) if kind != "unknown" else f.evidence == "INFO shutting down"  # the last line
+
+
+def _inst(device: str = "cuda") -> dict:
+    return {
+        "device": device,
+        "engine": {"gpu_memory_utilization": 0.6 if device == "cuda" else None, "max_model_len": 1024, "max_num_seqs": 4,
+                   "max_num_batched_tokens": 2048, "enforce_eager": False, "enable_chunked_prefill": True},
+        "speculative": {"method": "ngram", "num_speculative_tokens": 3},
+    }  # fmt: skip
+
+
+def test_ladder_goes_down_one_step_at_a_time_then_stops() -> None:
+    inst, rungs = _inst(), []
+    while (nxt := next_step(inst)) is not None:
+        inst, step = nxt
+        rungs.append(step.rung)
+    assert rungs == ["memory share", "memory share", "context length", "context length",
+                     "concurrent sequences", "concurrent sequences", "eager mode", "speculative decoding"]  # fmt: skip
+    assert inst["engine"]["gpu_memory_utilization"] == 0.5 and inst["engine"]["max_model_len"] == 256
+    assert inst["engine"]["max_num_seqs"] == 1 and inst["engine"]["enforce_eager"] and inst["speculative"] is None
+    assert _inst()["engine"]["max_model_len"] == 1024  # the input is not modified
+
+
+def test_ladder_on_cpu_skips_the_memory_share() -> None:
+    inst, step = next_step(_inst("cpu"))
+    assert step.rung == "context length" and step.change == "max_model_len 1024 -> 512"
+
+
+NON_DEFAULT = "(APIServer pid=1) INFO 11-29 [api_utils.py:286] non-default args: {'model_tag': '/m', 'max_model_len': 512, 'enforce_eager': True, 'kv_cache_memory_bytes': 300000, 'max_num_seqs': 4}\n"
+
+
+def test_startup_verification_reports_both_values() -> None:
+    started = parse_startup(NON_DEFAULT + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n")
+    assert started["kv_cache_tokens"] == 512 and started["non_default_args"]["max_model_len"] == 512
+    inst = {"engine": {"max_model_len": 512, "max_num_seqs": 4, "enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20},
+            "memory": {"kv_tokens": 131072, "block_size": 128}, "tensor_parallel_size": 1}  # fmt: skip
+    warnings = compare(inst, started)
+    assert "kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in warnings
+    assert "KV cache: planned 131072 tokens, vLLM reports 512 tokens" in warnings
+    assert not [w for w in warnings if w.startswith(("max_model_len", "max_num_seqs", "enforce_eager"))]
+
+
+def test_rotating_log_caps_size_and_drops_the_oldest(tmp_path) -> None:
+    log = RotatingLog(tmp_path / "inst", max_bytes=4 * 4096, files=4)
+    for i in range(2000):
+        log.write(f"line {i:05d} " + "x" * 40 + "\n")
+    files = sorted(p.name for p in (tmp_path / "inst").iterdir())
+    assert files == ["vllm.log", "vllm.log.1", "vllm.log.2", "vllm.log.3"]
+    assert sum(p.stat().st_size for p in (tmp_path / "inst").iterdir()) <= 4 * 4096 + 100
+    assert stat.S_IMODE((tmp_path / "inst").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (tmp_path / "inst").iterdir())
+    assert "line 01999" in (tmp_path / "inst" / "vllm.log").read_text()
+    assert "line 00000" not in "".join(p.read_text() for p in (tmp_path / "inst").iterdir())
+    assert log.last_line().startswith("line 01999")
+
+
+def test_state_file_is_atomic_and_private(tmp_path) -> None:
+    path = tmp_path / "rt" / "state.json"
+    write_state(path, {"supervisor_pid": os.getpid(), "instances": []})
+    assert read_state(path)["supervisor_pid"] == os.getpid()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.write_text("{broken")
+    assert read_state(path) is None
