@@ -114,6 +114,9 @@ def run_foreground(plan: dict[str, Any], rel: Any, vllm_cmd: str, numactl: str |
 
 def run_detached(argv: list[str], runtime: Path, timeout: float) -> int:
     """Start the supervisor in its own session, wait for every instance to be ready (or fail)."""
+    from .supervise.logs import private_dir
+
+    private_dir(runtime)
     out = open(runtime / "supervisor.out", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", *argv, "--foreground"],

@@ -57,7 +57,7 @@ def test_ladder_goes_down_one_step_at_a_time_then_stops() -> None:
 
 
 def test_ladder_on_cpu_skips_the_memory_share() -> None:
-    inst, step = next_step(_inst("cpu"))
+    _, step = next_step(_inst("cpu"))
     assert step.rung == "context length" and step.change == "max_model_len 1024 -> 512"
 
 

@@ -38,6 +38,21 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+# vLLM puts ZMQ IPC sockets in TMPDIR ("<dir>/<uuid4>"): a Unix socket path holds at most 107 bytes.
+MAX_TMPDIR = 107 - 1 - 36 - 8
+
+
+def short_tmpdir(preferred: Path, name: str) -> Path:
+    """``preferred`` when its path is short enough for vLLM's IPC sockets, else a private dir in /tmp."""
+    if len(str(preferred)) <= MAX_TMPDIR:
+        return private_dir(preferred)
+    import tempfile
+
+    link = Path(tempfile.mkdtemp(prefix=f"hwp-{name[:20]}-", dir="/tmp"))  # 0700 from mkdtemp
+    log.info("%s: TMPDIR %s is too long for vLLM's IPC sockets; using %s", name, preferred, link)
+    return link
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -103,7 +118,7 @@ class Instance:
         self.ready_at: float | None = None
         self.argv: list[str] = []
         base = private_dir(sup.opts.runtime / self.name)
-        self.tmp = private_dir(base / "tmp")
+        self.tmp = short_tmpdir(base / "tmp", self.name)
         self.cache = private_dir(base / "cache")
         self.log = RotatingLog(sup.opts.log_root / self.name, sup.opts.log_max_bytes, sup.opts.log_files)
         self.thread = threading.Thread(target=self._run, name=f"instance-{self.name}", daemon=True)
