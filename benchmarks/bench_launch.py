@@ -74,11 +74,19 @@ def main() -> int:
             times["hwprofile launch"].append(wait_health(url, p) - t0)
             stop_group(p)
             t0 = time.perf_counter()
-            p = subprocess.Popen(rendered["argv"], env=plain_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            p = subprocess.Popen(
+                rendered["argv"],
+                env=plain_env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             times["plain vllm serve"].append(wait_health(url, p) - t0)
             stop_group(p)
     for name, ts in times.items():
-        print(f"  {name:18s} median {statistics.median(ts):6.1f} s   runs {', '.join(f'{t:.1f}' for t in ts)}")
+        print(
+            f"  {name:18s} median {statistics.median(ts):6.1f} s   runs {', '.join(f'{t:.1f}' for t in ts)}"
+        )
     ratio = statistics.median(times["hwprofile launch"]) / statistics.median(times["plain vllm serve"])
     print(f"  ratio hwprofile / plain: {ratio:.3f} (target <= 1.05)")
     return 0

@@ -9,36 +9,20 @@ Target: median <= 150 ms. Also checks that planning imports neither vllm nor tor
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _common import compile_package, report, time_runs
 from fakehost import build, compile_fake_nvml
-
-
-def time_runs(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
-    subprocess.run(cmd, env=env, capture_output=True, check=True)
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
-    import hwprofile
-
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", str(Path(hwprofile.__file__).parent)], check=True
-    )
+    compile_package()
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         lib = compile_fake_nvml(Path(tmp) / "lib")
@@ -73,12 +57,7 @@ def main() -> int:
             "python -c pass (interpreter floor)": time_runs([py, "-c", "pass"], env, args.runs),
         }
     print(f"host fixture: a800-pcie-4x-2numa, model Qwen/Qwen3-32B (catalog), {args.runs} runs each")
-    med = {}
-    for name, times in results.items():
-        ms = [t * 1000 for t in times]
-        med[name] = statistics.median(ms)
-        q = statistics.quantiles(ms, n=10)
-        print(f"  {name:40s} median {med[name]:7.1f} ms   p10 {q[0]:7.1f}   p90 {q[-1]:7.1f}")
+    med = report(results)
     floor = med["python -c pass (interpreter floor)"]
     print(
         f"  plan above the interpreter floor: {med['hwprofile plan --json (detects)'] - floor:.1f} ms; heavy modules imported by plan: {heavy}"

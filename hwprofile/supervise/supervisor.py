@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import errno
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -29,13 +29,20 @@ from .verify import compare, parse_startup
 
 log = logging.getLogger("hwprofile")
 
-PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl = _libc.prctl
+# The child asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG = 1), checks the parent
+# did not die already, then execs vLLM in place (same PID, so the signal setting stays). Done by a
+# tiny interpreter rather than preexec_fn: Python code between fork and exec in a threaded parent can
+# deadlock on a lock another thread held at fork time.
+_EXEC_WRAPPER = (
+    "import ctypes,os,signal,sys;"
+    "ctypes.CDLL(None).prctl(1,signal.SIGTERM,0,0,0);"
+    "os.getppid()==int(sys.argv[1]) or sys.exit(70);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def die_with_parent(argv: list[str]) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _EXEC_WRAPPER, str(os.getpid()), *argv]
 
 
 # vLLM puts ZMQ IPC sockets in TMPDIR ("<dir>/<uuid4>"): a Unix socket path holds at most 107 bytes.
@@ -90,7 +97,10 @@ class Options:
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now (with SO_REUSEADDR, as uvicorn does, so a
+    socket of a previous run in TIME_WAIT does not count)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
@@ -180,14 +190,13 @@ class Instance:
                 log.warning("%s: $%s (server.api_key_env) is not set: serving without an API key", self.name, source)
         self.argv = r.argv
         proc = subprocess.Popen(
-            r.argv,
+            die_with_parent(r.argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=str(self.tmp),
             start_new_session=True,  # its own session and process group: we signal the whole group
-            preexec_fn=_die_with_parent,
         )
         self.proc, self.pid = proc, proc.pid
         assert proc.stdout is not None
@@ -243,7 +252,11 @@ class Instance:
             r = self._render()
             self.render_warnings = r.warnings
             s = self.inst["server"]
-            if not port_free(s["host"], s["port"]):
+            if self.restarts or self.ladder:
+                end = time.monotonic() + 15  # after a failure: let the old process's socket go
+                while not port_free(s["host"], s["port"]) and time.monotonic() < end and not self._stop_asked.wait(0.5):
+                    pass
+            elif not port_free(s["host"], s["port"]):
                 self.failure = {"kind": "port in use", "evidence": f"{s['host']}:{s['port']} is taken before start",
                                 "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
                 self.log.mark(f"port {s['port']} taken; not started")

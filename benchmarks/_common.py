@@ -1,0 +1,43 @@
+"""Shared by the benchmark scripts: whole-process timing and a report of medians."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+def compile_package() -> None:
+    """An installed package has bytecode (pip compiles on install); a checkout may not (notably with
+    PYTHONDONTWRITEBYTECODE set). Compile it so every tool starts alike."""
+    import hwprofile
+
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(Path(hwprofile.__file__).parent)], check=True
+    )
+
+
+def time_runs(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
+    """Wall time of ``runs`` whole-process runs of ``cmd`` (after one warm-up run), in seconds."""
+    subprocess.run(cmd, env=env, capture_output=True, check=True)
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, env=env, capture_output=True, check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def report(results: dict[str, list[float]]) -> dict[str, float]:
+    """Print median, p10 and p90 in ms per entry; return the medians."""
+    med = {}
+    for name, times in results.items():
+        ms = [t * 1000 for t in times]
+        med[name] = statistics.median(ms)
+        q = statistics.quantiles(ms, n=10)
+        print(f"  {name:40s} median {med[name]:7.1f} ms   p10 {q[0]:7.1f}   p90 {q[-1]:7.1f}")
+    return med
