@@ -615,8 +615,10 @@ def _gpu_instance(
             ("engine", "max_model_len"),
         )
     one = sequence_bytes(model, draft, tp, kv_bytes, length)
-    if one > f.kv_cache_bytes:
-        fits_len = longest_context(model, draft, tp, kv_bytes, f.kv_cache_bytes)
+    # vLLM keeps one block of the pool as its null block: a request gets the others.
+    usable = f.kv_cache_bytes - f.kv_bytes_per_token * BLOCK_TOKENS
+    if one > usable:
+        fits_len = longest_context(model, draft, tp, kv_bytes, usable)
         if fits_len < min_len:
             raise PlanRefused(
                 f"{model.name} on {gpu.name} x{tp}: after weights the KV cache gets {f.kv_cache_bytes / GiB:.2f} GiB, "
@@ -906,8 +908,8 @@ def _cpu_instance(
     )
     block = CPU_BLOCK_TOKENS
     tokens = kv_tokens_in(kv_space, per_tok, block)
-    if tokens < length:
-        fits_len = longest_context(model, draft, 1, model.dtype_bytes, kv_space, step=block, block=block)
+    if tokens - block < length:  # one block is vLLM's null block
+        fits_len = longest_context(model, draft, 1, model.dtype_bytes, kv_space - per_tok * block, step=block, block=block)
         r.add(
             f"{key}.engine.max_model_len",
             fits_len,
