@@ -41,3 +41,15 @@ def report(results: dict[str, list[float]]) -> dict[str, float]:
         q = statistics.quantiles(ms, n=10)
         print(f"  {name:40s} median {med[name]:7.1f} ms   p10 {q[0]:7.1f}   p90 {q[-1]:7.1f}")
     return med
+
+
+def installed_python(workdir: Path, extra: tuple[str, ...] = ()) -> str:
+    """A fresh virtual environment with hwprofile installed from its wheel, as a user installs it
+    (no editable finder on every interpreter start); returns its python."""
+    root = Path(__file__).resolve().parent.parent
+    venv = workdir / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", str(root), *extra], check=True)
+    subprocess.run([py, "-m", "compileall", "-q", str(venv / "lib")], check=True, capture_output=True)
+    return py

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import compile_package, report, time_runs
+from _common import compile_package, installed_python, report, time_runs
 from fakehost import build, compile_fake_nvml
 
 
@@ -22,13 +22,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--host", default="h100-sxm-8x")
+    ap.add_argument(
+        "--installed", action="store_true", help="time a fresh wheel install in a new venv (as users run it)"
+    )
     args = ap.parse_args()
     compile_package()
     with tempfile.TemporaryDirectory() as tmp:
         lib = compile_fake_nvml(Path(tmp) / "lib")
         host = build(args.host, Path(tmp) / "host")
         env = host.env(lib.parent)
-        py = sys.executable
+        py = installed_python(Path(tmp), ("gpustat",)) if args.installed else sys.executable
+        print(f"python: {py} ({'fresh wheel install' if args.installed else 'this environment'})")
         results = {
             "hwprofile detect --json": time_runs([py, "-m", "hwprofile", "detect", "--json"], env, args.runs),
             "gpustat --json": time_runs([py, "-m", "gpustat", "--json"], env, args.runs),

@@ -14,17 +14,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import compile_package, report, time_runs
+from _common import compile_package, installed_python, report, time_runs
 from fakehost import build, compile_fake_nvml
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument(
+        "--installed", action="store_true", help="time a fresh wheel install in a new venv (as users run it)"
+    )
     args = ap.parse_args()
     compile_package()
-    py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
+        py = installed_python(Path(tmp)) if args.installed else sys.executable
+        print(f"python: {py} ({'fresh wheel install' if args.installed else 'this environment'})")
         lib = compile_fake_nvml(Path(tmp) / "lib")
         host = build("a800-pcie-4x-2numa", Path(tmp) / "host")
         env = {**host.env(lib.parent), "HWPROFILE_CONFIG_ROOT": str(Path(tmp) / "etc")}
