@@ -55,7 +55,9 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     )
     for p in data:
         assert f"hwprofile/{p.parent.name}/{p.name}" in names, p
-    assert "hwprofile/detect/nvml.py" in names
+    modules = [p.relative_to(ROOT).as_posix() for p in (ROOT / "hwprofile").rglob("*.py") if "__pycache__" not in p.parts]
+    missing = [m for m in modules if m not in names]
+    assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {missing}"
     for p in [*(ROOT / "hwprofile" / "data").glob("*.yaml"), *(ROOT / "hwprofile" / "data").glob("*.json")]:
         assert f"hwprofile/data/{p.name}" in names, p
 
