@@ -39,7 +39,11 @@ class Env:
         self.logs = Path("/dev/shm") / f"hwprofile-test-{os.getpid()}-{tmp.name}"  # tmpfs, like the default
         self.port = free_port()
         self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML", "LD_LIBRARY_PATH"))},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("HWPROFILE_", "FAKE_NVML", "LD_LIBRARY_PATH"))
+            },
             "HWPROFILE_RUNTIME_DIR": str(self.runtime),
             "HWPROFILE_CONFIG_ROOT": str(tmp / "etc"),
         }
@@ -53,7 +57,13 @@ class Env:
         return out
 
     def hw(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hwprofile", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "hwprofile", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def foreground(self, *extra_args: str, model_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         out = open(self.tmp / "hwprofile.out", "ab")  # noqa: SIM115
@@ -116,7 +126,9 @@ def wait_gone(pgid: int, timeout: float = 30) -> bool:
 
 
 def post(url: str, body: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -152,7 +164,10 @@ def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
     cpus = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip()
     assert f"Cpus_allowed_list:\t{cpus}" in st and f"Mems_allowed_list:\t{node}" in st
     # a real completion and vLLM's metrics
-    reply = post(url + "/v1/completions", {"model": str(env.model), "prompt": "The KV cache", "max_tokens": 8, "temperature": 0})
+    reply = post(
+        url + "/v1/completions",
+        {"model": str(env.model), "prompt": "The KV cache", "max_tokens": 8, "temperature": 0},
+    )
     assert reply["usage"]["completion_tokens"] == 8
     m = metrics(url)
     assert m["vllm:generation_tokens_total"] >= 8 and "vllm:kv_cache_usage_perc" in m
@@ -165,8 +180,19 @@ def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
     done = threading.Event()
 
     def stream() -> None:
-        body = {"model": str(env.model), "prompt": "hwprofile", "max_tokens": 300, "temperature": 0, "stream": True, "ignore_eos": True}
-        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        body = {
+            "model": str(env.model),
+            "prompt": "hwprofile",
+            "max_tokens": 300,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        req = urllib.request.Request(
+            url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=120) as r:
             for line in r:
                 chunks.append(line.decode())
@@ -196,7 +222,9 @@ def test_unplanned_exits_are_restarted_and_hwprofile_death_leaves_no_orphans(env
     assert second["pid"] != pid and second["failure"]["kind"] == "unplanned exit"
     assert wait_gone(pid, 30)
     os.kill(second["pid"], signal.SIGTERM)  # vLLM exits 0 - but hwprofile did not ask
-    third = env.wait(lambda i: i["state"] == "ready" and i["restarts"] == 2, "restart after an exit with code 0")
+    third = env.wait(
+        lambda i: i["state"] == "ready" and i["restarts"] == 2, "restart after an exit with code 0"
+    )
     assert "exit code 0" in third["failure"]["evidence"]
     proc.kill()  # hwprofile itself dies, abruptly
     proc.wait()
@@ -204,7 +232,9 @@ def test_unplanned_exits_are_restarted_and_hwprofile_death_leaves_no_orphans(env
 
 
 def test_bad_flag_is_a_configuration_error_not_retried(env: Env) -> None:
-    r = env.hw("launch", "--model", str(env.model), *env.sets("server.extra_args=--bogus-flag 3"), timeout=600)
+    r = env.hw(
+        "launch", "--model", str(env.model), *env.sets("server.extra_args=--bogus-flag 3"), timeout=600
+    )
     assert r.returncode == 1
     inst = env.status()["instances"][0]
     assert inst["state"] == "failed" and inst["restarts"] == 0
@@ -215,16 +245,28 @@ def test_bad_flag_is_a_configuration_error_not_retried(env: Env) -> None:
 
 def test_memory_failure_walks_the_ladder_then_starts(env: Env) -> None:
     # vLLM gets a KV cache far smaller than planned (extra args bypass the plan): 4 blocks of 128 tokens.
-    r = env.hw("launch", "--model", str(env.model), *env.sets("engine.max_model_len=2048", "server.extra_args=--kv-cache-memory-bytes 300000"), timeout=1500)
+    r = env.hw(
+        "launch",
+        "--model",
+        str(env.model),
+        *env.sets("engine.max_model_len=2048", "server.extra_args=--kv-cache-memory-bytes 300000"),
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     inst = env.status()["instances"][0]
     assert inst["state"] == "ready"
     # 300000 bytes hold 4 blocks of 128 tokens; vLLM keeps one as its null block, so 384 usable tokens:
     # 2048 and 1024 and 512 fail, 256 starts. One step per failure, each a halving of the context.
-    assert [s["change"] for s in inst["ladder"]] == ["max_model_len 2048 -> 1024", "max_model_len 1024 -> 512", "max_model_len 512 -> 256"]
+    assert [s["change"] for s in inst["ladder"]] == [
+        "max_model_len 2048 -> 1024",
+        "max_model_len 1024 -> 512",
+        "max_model_len 512 -> 256",
+    ]
     assert all(s["because"] == "no memory left for the KV cache" for s in inst["ladder"])
     assert inst["engine"]["max_model_len"] == 256
-    assert any("kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in w for w in inst["warnings"])
+    assert any(
+        "kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in w for w in inst["warnings"]
+    )
     assert "ladder: max_model_len 2048 -> 1024" in r.stdout
     pid = inst["pid"]
     stopped = env.hw("stop")
@@ -235,14 +277,28 @@ def test_memory_failure_walks_the_ladder_then_starts(env: Env) -> None:
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 def test_speculative_decoding(env: Env, method: str) -> None:
     extra = ("--draft", str(env.model)) if method == "draft_model" else ()
-    proc = env.foreground(f"speculative.method={method}", "speculative.num_speculative_tokens=3", model_args=extra)
+    proc = env.foreground(
+        f"speculative.method={method}", "speculative.num_speculative_tokens=3", model_args=extra
+    )
     try:
         inst = env.wait(lambda i: i["state"] == "ready", "ready")
         assert inst["speculative"]["method"] == method
         prompt = "one two three four five one two three four five one two three four five one two three"
-        post(inst["url"] + "/v1/completions", {"model": str(env.model), "prompt": prompt, "max_tokens": 48, "temperature": 0, "ignore_eos": True})
+        post(
+            inst["url"] + "/v1/completions",
+            {
+                "model": str(env.model),
+                "prompt": prompt,
+                "max_tokens": 48,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
         m = metrics(inst["url"])
-        drafted, accepted = m["vllm:spec_decode_num_draft_tokens_total"], m["vllm:spec_decode_num_accepted_tokens_total"]
+        drafted, accepted = (
+            m["vllm:spec_decode_num_draft_tokens_total"],
+            m["vllm:spec_decode_num_accepted_tokens_total"],
+        )
         assert drafted > 0
         if method == "draft_model":
             assert accepted == drafted  # the model is its own draft: every proposal is accepted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -25,7 +26,25 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     assert "test-command" in (ROOT / ".ci" / "run").read_text()
 
 
+def _clean_source(tmp_path: Path) -> Path:
+    """The tracked files only, as a fresh clone has them: a build in the working tree would pick up
+    the editable install's egg-info and hide a package missing from pyproject.toml."""
+    src = tmp_path / "src"
+    files = (
+        subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    for f in filter(None, files):
+        dest = src / f
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / f).is_file():
+            shutil.copy2(ROOT / f, dest)
+    return src
+
+
 def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
+    src = _clean_source(tmp_path)
     subprocess.run(
         [
             sys.executable,
@@ -37,7 +56,7 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(src),
         ],
         check=True,
     )
@@ -55,7 +74,11 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     )
     for p in data:
         assert f"hwprofile/{p.parent.name}/{p.name}" in names, p
-    modules = [p.relative_to(ROOT).as_posix() for p in (ROOT / "hwprofile").rglob("*.py") if "__pycache__" not in p.parts]
+    modules = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "hwprofile").rglob("*.py")
+        if "__pycache__" not in p.parts
+    ]
     missing = [m for m in modules if m not in names]
     assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {missing}"
     for p in [*(ROOT / "hwprofile" / "data").glob("*.yaml"), *(ROOT / "hwprofile" / "data").glob("*.json")]:

@@ -15,12 +15,27 @@ from hwprofile.supervise.verify import compare, parse_startup
 LOGS = {
     # real vLLM / PyTorch messages → kind
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": ("out of memory", True),
-    "ValueError: Free memory on device cuda:0 (10.1/23.6 GiB) on startup is less than desired GPU memory utilization (0.92, 21.7 GiB).": ("free memory below the requested share", True),
-    "ValueError: To serve at least one request with the models's max seq len (2048), (0.02 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).": ("no memory left for the KV cache", True),
-    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`": ("no memory left for the KV cache", True),
+    "ValueError: Free memory on device cuda:0 (10.1/23.6 GiB) on startup is less than desired GPU memory utilization (0.92, 21.7 GiB).": (
+        "free memory below the requested share",
+        True,
+    ),
+    "ValueError: To serve at least one request with the models's max seq len (2048), (0.02 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).": (
+        "no memory left for the KV cache",
+        True,
+    ),
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`": (
+        "no memory left for the KV cache",
+        True,
+    ),
     "vllm: error: unrecognized arguments: --bogus-flag 3": ("unknown flag", False),
-    "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name'": ("missing model", False),
-    "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use": ("port in use", False),
+    "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name'": (
+        "missing model",
+        False,
+    ),
+    "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use": (
+        "port in use",
+        False,
+    ),
     "ValueError: Head size 48 is not supported by PagedAttention.": ("unsupported head size", False),
     "something nobody has seen before": ("unknown", False),
 }
@@ -32,7 +47,9 @@ def test_classify(text: str) -> None:
     kind, memory = LOGS[text]
     assert (f.kind, f.memory_like) == (kind, memory)
     assert f.retry == (memory or kind == "unknown")
-    assert (text[:30] in f.evidence) if kind != "unknown" else f.evidence == "INFO shutting down"  # the last line
+    assert (
+        (text[:30] in f.evidence) if kind != "unknown" else f.evidence == "INFO shutting down"
+    )  # the last line
 
 
 def _inst(device: str = "cuda") -> dict:
@@ -52,7 +69,11 @@ def test_ladder_goes_down_one_step_at_a_time_then_stops() -> None:
     assert rungs == ["memory share", "memory share", "context length", "context length",
                      "concurrent sequences", "concurrent sequences", "eager mode", "speculative decoding"]  # fmt: skip
     assert inst["engine"]["gpu_memory_utilization"] == 0.5 and inst["engine"]["max_model_len"] == 256
-    assert inst["engine"]["max_num_seqs"] == 1 and inst["engine"]["enforce_eager"] and inst["speculative"] is None
+    assert (
+        inst["engine"]["max_num_seqs"] == 1
+        and inst["engine"]["enforce_eager"]
+        and inst["speculative"] is None
+    )
     assert _inst()["engine"]["max_model_len"] == 1024  # the input is not modified
 
 
@@ -65,7 +86,10 @@ NON_DEFAULT = "(APIServer pid=1) INFO 11-29 [api_utils.py:286] non-default args:
 
 
 def test_startup_verification_reports_both_values() -> None:
-    started = parse_startup(NON_DEFAULT + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n")
+    started = parse_startup(
+        NON_DEFAULT
+        + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n"
+    )
     assert started["kv_cache_tokens"] == 512 and started["non_default_args"]["max_model_len"] == 512
     inst = {"engine": {"max_model_len": 512, "max_num_seqs": 4, "enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20},
             "memory": {"kv_tokens": 131072, "block_size": 128}, "tensor_parallel_size": 1}  # fmt: skip
