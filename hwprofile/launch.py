@@ -30,7 +30,9 @@ def setup_logging(runtime: Path, to_stderr: bool) -> None:
     handlers: list[logging.Handler] = [logging.FileHandler(runtime / "hwprofile.log")]
     if to_stderr:
         console = logging.StreamHandler(sys.stderr)
-        console.addFilter(lambda record: not record.name.startswith("hwprofile.vllm"))  # those are in the log files
+        console.addFilter(
+            lambda record: not record.name.startswith("hwprofile.vllm")
+        )  # those are in the log files
         handlers.append(console)
     fmt = logging.Formatter("%(asctime)s hwprofile %(levelname)s %(message)s")
     for h in list(log.handlers):
@@ -92,10 +94,14 @@ def check_ports(plan: dict[str, Any]) -> None:
             )
 
 
-def run_foreground(plan: dict[str, Any], rel: Any, vllm_cmd: str, numactl: str | None, tmpfs: str | None, runtime: Path) -> int:
+def run_foreground(
+    plan: dict[str, Any], rel: Any, vllm_cmd: str, numactl: str | None, tmpfs: str | None, runtime: Path
+) -> int:
     from .supervise.supervisor import Supervisor
 
-    sup = Supervisor(plan, rel, vllm_cmd, numactl, options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m)))
+    sup = Supervisor(
+        plan, rel, vllm_cmd, numactl, options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m))
+    )
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: stopping instances", signal.Signals(signum).name)
@@ -140,10 +146,16 @@ def run_detached(argv: list[str], runtime: Path, timeout: float) -> int:
                 print(format_status(state), end="")
                 return 1
         if proc.poll() is not None:
-            print(f"hwprofile: the supervisor exited ({proc.returncode}); see {runtime / 'supervisor.out'}", file=sys.stderr)
+            print(
+                f"hwprofile: the supervisor exited ({proc.returncode}); see {runtime / 'supervisor.out'}",
+                file=sys.stderr,
+            )
             return 1
         time.sleep(0.5)
-    print(f"hwprofile: not ready after {timeout:.0f} s; still starting in the background (hwprofile status)", file=sys.stderr)
+    print(
+        f"hwprofile: not ready after {timeout:.0f} s; still starting in the background (hwprofile status)",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -154,7 +166,9 @@ def status(runtime: Path) -> dict[str, Any]:
     alive = pid_alive(state.get("supervisor_pid"))
     now = time.time()
     for inst in state["instances"]:
-        inst["uptime_s"] = round(now - inst["ready_at"], 1) if inst.get("ready_at") and inst["state"] == "ready" else None
+        inst["uptime_s"] = (
+            round(now - inst["ready_at"], 1) if inst.get("ready_at") and inst["state"] == "ready" else None
+        )
         if not alive and inst["state"] not in ("stopped", "failed"):
             inst["state"] = "stale"  # the supervisor is gone without recording a stop
     return {"running": alive, "runtime_dir": str(runtime), **state}
@@ -163,15 +177,22 @@ def status(runtime: Path) -> dict[str, Any]:
 def format_status(state: dict[str, Any]) -> str:
     if not state.get("instances"):
         return "hwprofile: nothing is running\n"
-    out = [f"supervisor pid {state.get('supervisor_pid')} ({'running' if state.get('running', True) else 'not running'}), profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"]
+    out = [
+        f"supervisor pid {state.get('supervisor_pid')} ({'running' if state.get('running', True) else 'not running'}), profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
+    ]
     for i in state["instances"]:
         up = f", up {i['uptime_s']:.0f} s" if i.get("uptime_s") else ""
-        out.append(f"  {i['name']}: {i['state']}{up}, pid {i['pid']}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}")
+        out.append(
+            f"  {i['name']}: {i['state']}{up}, pid {i['pid']}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
+        )
         for step in i.get("ladder") or []:
             out.append(f"    ladder: {step['change']} (after: {step['because']})")
         if i.get("failure"):
             f = i["failure"]
-            out.append(f"    last failure: {f['kind']}: {f['evidence']}" + (f" -> {f['fix']}" if f.get("fix") else ""))
+            out.append(
+                f"    last failure: {f['kind']}: {f['evidence']}"
+                + (f" -> {f['fix']}" if f.get("fix") else "")
+            )
         for w in i.get("warnings") or []:
             out.append(f"    warning: {w}")
     return "\n".join(out) + "\n"
@@ -202,7 +223,11 @@ def stop(runtime: Path, timeout: float = 120) -> list[str]:
 
 
 def demo_completion(url: str, model: str) -> dict[str, Any]:
-    body = json.dumps({"model": model, "prompt": "hwprofile plans vLLM launches", "max_tokens": 16, "temperature": 0}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": model, "prompt": "hwprofile plans vLLM launches", "max_tokens": 16, "temperature": 0}
+    ).encode()
+    req = urllib.request.Request(
+        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())

@@ -105,14 +105,24 @@ SETTINGS: dict[tuple[str, ...], Field] = {
     ),
     ("server", "user"): Field("str", "systemd unit user (default: a dynamic user)", nullable=True),
     ("server", "metrics"): Field("bool", "keep vLLM's /metrics series (hwprofile watches them)"),
-    ("server", "extra_args"): Field("str_list", "extra vLLM flags appended as given (they bypass the plan: use sparingly)"),
+    ("server", "extra_args"): Field(
+        "str_list", "extra vLLM flags appended as given (they bypass the plan: use sparingly)"
+    ),
     # -- logs and supervision --------------------------------------------------------------
-    ("logs", "dir"): Field("str", "per-instance log directories go under this (default: tmpfs /dev/shm/hwprofile)", nullable=True),
-    ("logs", "max_bytes"): Field("size", "cap on each instance's logs (tmpfs is RAM); oldest file dropped first"),
+    ("logs", "dir"): Field(
+        "str", "per-instance log directories go under this (default: tmpfs /dev/shm/hwprofile)", nullable=True
+    ),
+    ("logs", "max_bytes"): Field(
+        "size", "cap on each instance's logs (tmpfs is RAM); oldest file dropped first"
+    ),
     ("logs", "files"): Field("int", "log files kept per instance (the cap is split among them)", 2, 100),
-    ("supervise", "ready_timeout"): Field("float", "seconds to wait for /health before a start counts as failed", 5, 86400),
+    ("supervise", "ready_timeout"): Field(
+        "float", "seconds to wait for /health before a start counts as failed", 5, 86400
+    ),
     ("supervise", "max_restarts"): Field("int", "restarts after failures before giving up", 0, 1000),
-    ("supervise", "backoff_initial"): Field("float", "first restart delay in seconds (doubles each time)", 0.1, 3600),
+    ("supervise", "backoff_initial"): Field(
+        "float", "first restart delay in seconds (doubles each time)", 0.1, 3600
+    ),
     ("supervise", "backoff_max"): Field("float", "longest restart delay in seconds", 0.1, 86400),
     # -- CPU backend -----------------------------------------------------------------------
     ("cpu", "kv_cache_space_gib"): Field(

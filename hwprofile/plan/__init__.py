@@ -909,7 +909,9 @@ def _cpu_instance(
     block = CPU_BLOCK_TOKENS
     tokens = kv_tokens_in(kv_space, per_tok, block)
     if tokens - block < length:  # one block is vLLM's null block
-        fits_len = longest_context(model, draft, 1, model.dtype_bytes, kv_space - per_tok * block, step=block, block=block)
+        fits_len = longest_context(
+            model, draft, 1, model.dtype_bytes, kv_space - per_tok * block, step=block, block=block
+        )
         r.add(
             f"{key}.engine.max_model_len",
             fits_len,

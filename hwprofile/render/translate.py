@@ -190,7 +190,9 @@ def render_instance(
         )
 
     if srv.get("extra_args"):
-        warnings.append(f"server.extra_args appended as given (not checked against the plan): {' '.join(srv['extra_args'])}")
+        warnings.append(
+            f"server.extra_args appended as given (not checked against the plan): {' '.join(srv['extra_args'])}"
+        )
         args += [(a, None) for a in srv["extra_args"]]
     secrets = {"VLLM_API_KEY": srv["api_key_env"]} if srv.get("api_key_env") else {}
     model = plan["model"]["path"] or plan["model"]["name"]

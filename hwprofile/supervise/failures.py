@@ -18,13 +18,57 @@ class Failure(NamedTuple):
 
 # First match wins; patterns are vLLM's (and PyTorch's, uvicorn's) own messages.
 PATTERNS: list[tuple[str, bool, bool, re.Pattern[str]]] = [
-    ("free memory below the requested share", True, True, re.compile(r"Free memory on device .* is less than desired GPU memory utilization|less than desired GPU memory utilization", re.I)),
-    ("no memory left for the KV cache", True, True, re.compile(r"No available memory for the cache blocks|larger than the available KV cache memory|Insufficient memory .*KV cache|KV cache is needed, which is larger than", re.I)),
-    ("out of memory", True, True, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|out of memory|Cannot allocate memory", re.I)),
-    ("unknown flag", False, False, re.compile(r"unrecognized arguments: .*|error: argument [^\n]*|invalid choice: .*", re.I)),
-    ("missing model", False, False, re.compile(r"HFValidationError.*|Invalid repository ID or local directory.*|does not appear to have a file named config\.json.*|No such file or directory: .*config\.json.*|RepositoryNotFoundError.*", re.I)),
+    (
+        "free memory below the requested share",
+        True,
+        True,
+        re.compile(
+            r"Free memory on device .* is less than desired GPU memory utilization|less than desired GPU memory utilization",
+            re.I,
+        ),
+    ),
+    (
+        "no memory left for the KV cache",
+        True,
+        True,
+        re.compile(
+            r"No available memory for the cache blocks|larger than the available KV cache memory|Insufficient memory .*KV cache|KV cache is needed, which is larger than",
+            re.I,
+        ),
+    ),
+    (
+        "out of memory",
+        True,
+        True,
+        re.compile(
+            r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|out of memory|Cannot allocate memory",
+            re.I,
+        ),
+    ),
+    (
+        "unknown flag",
+        False,
+        False,
+        re.compile(r"unrecognized arguments: .*|error: argument [^\n]*|invalid choice: .*", re.I),
+    ),
+    (
+        "missing model",
+        False,
+        False,
+        re.compile(
+            r"HFValidationError.*|Invalid repository ID or local directory.*|does not appear to have a file named config\.json.*|No such file or directory: .*config\.json.*|RepositoryNotFoundError.*",
+            re.I,
+        ),
+    ),
     ("port in use", False, False, re.compile(r"\[Errno 98\][^\n]*|address already in use[^\n]*", re.I)),
-    ("unsupported head size", False, False, re.compile(r"[Hh]ead size \d+ is not supported[^\n]*|Unsupported head size[^\n]*|head_size[^\n]*not supported[^\n]*")),
+    (
+        "unsupported head size",
+        False,
+        False,
+        re.compile(
+            r"[Hh]ead size \d+ is not supported[^\n]*|Unsupported head size[^\n]*|head_size[^\n]*not supported[^\n]*"
+        ),
+    ),
 ]
 
 
@@ -70,7 +114,11 @@ def next_step(inst: dict[str, Any]) -> tuple[dict[str, Any], Step] | None:
     if length > MIN_CONTEXT:
         shorter = max(MIN_CONTEXT, (length // 2) // ROUND * ROUND or MIN_CONTEXT)
         e["max_model_len"] = shorter
-        e["max_num_batched_tokens"] = max(int(e["max_num_batched_tokens"]), int(e["max_num_seqs"])) if e.get("enable_chunked_prefill", True) else max(shorter, int(e["max_num_seqs"]))
+        e["max_num_batched_tokens"] = (
+            max(int(e["max_num_batched_tokens"]), int(e["max_num_seqs"]))
+            if e.get("enable_chunked_prefill", True)
+            else max(shorter, int(e["max_num_seqs"]))
+        )
         return new, Step("context length", f"max_model_len {length} -> {shorter}")
     seqs = int(e["max_num_seqs"])
     if seqs > 1:

@@ -71,7 +71,9 @@ class RotatingLog:
 
     def last_line(self) -> str:
         with self.lock:
-            return next((ln for ln in reversed(self.tail) if ln.strip() and not ln.startswith("--- hwprofile")), "")
+            return next(
+                (ln for ln in reversed(self.tail) if ln.strip() and not ln.startswith("--- hwprofile")), ""
+            )
 
     def close(self) -> None:
         with self.lock:

@@ -172,7 +172,9 @@ class Instance:
         self.sup.save()
 
     def _render(self) -> Rendered:
-        return render_instance(self.plan, self.inst, self.sup.release, self.sup.vllm_command, self.sup.numactl)
+        return render_instance(
+            self.plan, self.inst, self.sup.release, self.sup.vllm_command, self.sup.numactl
+        )
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         env = {**os.environ, **r.env}
@@ -187,7 +189,9 @@ class Instance:
             if source in os.environ:
                 env[target] = os.environ[source]
             else:
-                log.warning("%s: $%s (server.api_key_env) is not set: serving without an API key", self.name, source)
+                log.warning(
+                    "%s: $%s (server.api_key_env) is not set: serving without an API key", self.name, source
+                )
         self.argv = r.argv
         proc = subprocess.Popen(
             die_with_parent(r.argv),
@@ -213,7 +217,9 @@ class Instance:
             try:
                 proc.wait(grace)
             except subprocess.TimeoutExpired:
-                log.warning("%s: still running %.0f s after SIGTERM: SIGKILL to its process group", self.name, grace)
+                log.warning(
+                    "%s: still running %.0f s after SIGTERM: SIGKILL to its process group", self.name, grace
+                )
         end = time.monotonic() + min(5.0, grace)
         while _group_alive(proc.pid) and time.monotonic() < end:  # vLLM's children leave on their own
             time.sleep(0.1)
@@ -243,7 +249,9 @@ class Instance:
             if self.sup.opts.progress and now - last_note >= 5:
                 last_note = now
                 elapsed = time.time() - (self.started_at or time.time())
-                self.sup.opts.progress(f"{self.name}: starting, {elapsed:.0f} s | {self.log.last_line()[-160:]}")
+                self.sup.opts.progress(
+                    f"{self.name}: starting, {elapsed:.0f} s | {self.log.last_line()[-160:]}"
+                )
             self._stop_asked.wait(0.5)
 
     def _run(self) -> None:
@@ -254,7 +262,11 @@ class Instance:
             s = self.inst["server"]
             if self.restarts or self.ladder:
                 end = time.monotonic() + 15  # after a failure: let the old process's socket go
-                while not port_free(s["host"], s["port"]) and time.monotonic() < end and not self._stop_asked.wait(0.5):
+                while (
+                    not port_free(s["host"], s["port"])
+                    and time.monotonic() < end
+                    and not self._stop_asked.wait(0.5)
+                ):
                     pass
             elif not port_free(s["host"], s["port"]):
                 self.failure = {"kind": "port in use", "evidence": f"{s['host']}:{s['port']} is taken before start",
@@ -285,7 +297,10 @@ class Instance:
                 # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
                 code = proc.returncode
                 self._kill_group(proc, 0)
-                self.failure = {"kind": "unplanned exit", "evidence": f"exit code {code}: {self.log.last_line()[-300:]}"}
+                self.failure = {
+                    "kind": "unplanned exit",
+                    "evidence": f"exit code {code}: {self.log.last_line()[-300:]}",
+                }
                 log.error("%s: exited with code %s without being asked to", self.name, code)
             elif outcome == "timeout":
                 self._kill_group(proc, 10)
@@ -299,12 +314,16 @@ class Instance:
                 if f.memory_like:
                     nxt = next_step(self.inst)
                     if nxt is None:
-                        self.failure["fix"] = "every ladder step taken; a smaller model, a 4-bit checkpoint or another GPU"
+                        self.failure["fix"] = (
+                            "every ladder step taken; a smaller model, a 4-bit checkpoint or another GPU"
+                        )
                         self._set("failed")
                         return
                     self.inst, step = nxt
                     self.ladder.append({"rung": step.rung, "change": step.change, "because": f.kind})
-                    log.warning("%s: ladder step %d: %s (%s)", self.name, len(self.ladder), step.change, f.kind)
+                    log.warning(
+                        "%s: ladder step %d: %s (%s)", self.name, len(self.ladder), step.change, f.kind
+                    )
                     self.log.mark(f"ladder: {step.change}")
                     continue
                 if not f.retry:
@@ -313,7 +332,10 @@ class Instance:
                     return
             self.restarts += 1
             if self.restarts > self.sup.opts.max_restarts:
-                self.failure = {**(self.failure or {}), "fix": f"gave up after {self.sup.opts.max_restarts} restarts"}
+                self.failure = {
+                    **(self.failure or {}),
+                    "fix": f"gave up after {self.sup.opts.max_restarts} restarts",
+                }
                 self._set("failed")
                 return
             self._set("restarting")
@@ -325,7 +347,9 @@ class Instance:
 
 
 class Supervisor:
-    def __init__(self, plan: dict[str, Any], release: Release, vllm_command: str, numactl: str | None, opts: Options) -> None:
+    def __init__(
+        self, plan: dict[str, Any], release: Release, vllm_command: str, numactl: str | None, opts: Options
+    ) -> None:
         self.plan = plan
         self.release = release
         self.vllm_command = vllm_command

@@ -44,16 +44,27 @@ def compare(inst: dict[str, Any], started: dict[str, Any]) -> list[str]:
     e = inst["engine"]
     for key, arg in CHECKED.items():
         planned = e.get(key)
-        if planned is None or (key == "kv_cache_dtype" and planned == "auto") or (key == "enforce_eager" and not planned):
+        if (
+            planned is None
+            or (key == "kv_cache_dtype" and planned == "auto")
+            or (key == "enforce_eager" and not planned)
+        ):
             continue
         if arg in args and args[arg] != planned:
             warnings.append(f"{key}: planned {planned}, vLLM started with {args[arg]}")
-    if inst.get("tensor_parallel_size", 1) > 1 and args.get("tensor_parallel_size") not in (None, inst["tensor_parallel_size"]):
-        warnings.append(f"tensor_parallel_size: planned {inst['tensor_parallel_size']}, vLLM started with {args['tensor_parallel_size']}")
+    if inst.get("tensor_parallel_size", 1) > 1 and args.get("tensor_parallel_size") not in (
+        None,
+        inst["tensor_parallel_size"],
+    ):
+        warnings.append(
+            f"tensor_parallel_size: planned {inst['tensor_parallel_size']}, vLLM started with {args['tensor_parallel_size']}"
+        )
     logged = started.get("kv_cache_tokens")
     mem = inst.get("memory") or {}
     if logged is not None and mem.get("kv_tokens"):
-        expected = vllm_reported_kv_tokens(mem["kv_tokens"], int(e["max_model_len"]), int(mem.get("block_size", 16)))
+        expected = vllm_reported_kv_tokens(
+            mem["kv_tokens"], int(e["max_model_len"]), int(mem.get("block_size", 16))
+        )
         if expected != logged:
             warnings.append(f"KV cache: planned {expected} tokens, vLLM reports {logged} tokens")
     return warnings
