@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import Source
 from ..config.layers import get
-from ..model import ModelFacts, from_catalog, weights_bytes_at
+from ..model import ModelFacts, weights_bytes_at
 from ..snapshot import Gpu, HostSnapshot
 from . import gpufacts
 from .memory import (
@@ -250,8 +250,6 @@ def _choose_checkpoint(
         return model
     variant = model.quantized_variants.get(bits)
     if variant:
-        q = from_catalog(model.name)
-        assert q is not None
         emb = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
         new = model._replace(
             name=variant,

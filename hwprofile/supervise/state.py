@@ -41,11 +41,12 @@ def read_state(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None
 
 
-def pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None, group: bool = False) -> bool:
+    """Whether process ``pid`` (or, with ``group``, any process of group ``pid``) still exists."""
     if not pid:
         return False
     try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

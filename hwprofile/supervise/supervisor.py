@@ -18,13 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
 from .failures import Failure, classify, next_step
 from .logs import RotatingLog, private_dir, pump
-from .state import write_state
+from .state import pid_alive, write_state
 from .verify import compare, parse_startup
 
 log = logging.getLogger("hwprofile")
@@ -60,40 +60,18 @@ def short_tmpdir(preferred: Path, name: str) -> Path:
     return link
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Options:
+class Options(NamedTuple):
     """What the supervisor needs beyond the plan (paths and policies), decided by the caller."""
 
-    def __init__(
-        self,
-        runtime: Path,
-        log_root: Path,
-        log_max_bytes: int = 64 << 20,
-        log_files: int = 4,
-        ready_timeout: float = 900,
-        max_restarts: int = 5,
-        backoff_initial: float = 2.0,
-        backoff_max: float = 60.0,
-        progress: Callable[[str], None] | None = None,
-    ) -> None:
-        self.runtime = runtime
-        self.log_root = log_root
-        self.log_max_bytes = log_max_bytes
-        self.log_files = log_files
-        self.ready_timeout = ready_timeout
-        self.max_restarts = max_restarts
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.progress = progress
+    runtime: Path
+    log_root: Path
+    log_max_bytes: int = 64 << 20
+    log_files: int = 4
+    ready_timeout: float = 900
+    max_restarts: int = 5
+    backoff_initial: float = 2.0
+    backoff_max: float = 60.0
+    progress: Callable[[str], None] | None = None
 
 
 def port_free(host: str, port: int) -> bool:
@@ -221,7 +199,9 @@ class Instance:
                     "%s: still running %.0f s after SIGTERM: SIGKILL to its process group", self.name, grace
                 )
         end = time.monotonic() + min(5.0, grace)
-        while _group_alive(proc.pid) and time.monotonic() < end:  # vLLM's children leave on their own
+        while (
+            pid_alive(proc.pid, group=True) and time.monotonic() < end
+        ):  # vLLM's children leave on their own
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
