@@ -1,7 +1,8 @@
 """The host snapshot: a frozen, plain-data picture of one machine.
 
-Records are ``NamedTuple``s: immutable, cheap to define (the CLI's start-up time matters: a frozen
-dataclass costs ~1 ms each to create at import on these machines, a NamedTuple ~0.2 ms).
+Records are ``NamedTuple``s (:class:`hwprofile._record.Record`): immutable, cheap to define (the
+CLI's start-up time matters: a frozen dataclass costs ~1 ms each to create at import on these
+machines, a NamedTuple ~0.2 ms, and this module imports neither ``typing`` nor ``pathlib``).
 
 Detection (``hwprofile.detect``) is the only code that produces it from the live host; everything
 downstream (matching, planning, rendering) reads only this. It serialises to JSON under the schema
@@ -14,9 +15,13 @@ Unknown values are ``None``; what could not be read, and why, is listed in ``err
 from __future__ import annotations
 
 import json
+import os
 import sys
-from pathlib import Path
-from typing import Any, NamedTuple
+
+from ._record import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEMA = "hwprofile.host/1"
 
@@ -51,7 +56,7 @@ def decode_clock_event_reasons(mask: int | None) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-class PcieLink(NamedTuple):
+class PcieLink(Record):
     gen: int | None = None
     width: int | None = None
     max_gen: int | None = None
@@ -65,7 +70,7 @@ class PcieLink(NamedTuple):
         )
 
 
-class Gpu(NamedTuple):
+class Gpu(Record):
     index: int
     name: str | None = None
     uuid: str | None = None
@@ -96,33 +101,33 @@ class Gpu(NamedTuple):
         return None if self.memory_total_bytes is None else self.memory_total_bytes / 2**30
 
 
-class GpuLink(NamedTuple):
+class GpuLink(Record):
     a: int
     b: int
     link: str | None  # NV<n>, PIX, PXB, PHB, NODE, SYS; None when unknown
     p2p: bool | None = None
 
 
-class NumaNode(NamedTuple):
+class NumaNode(Record):
     id: int
     cpus: str
     memory_bytes: int | None = None
 
 
-class Cpu(NamedTuple):
+class Cpu(Record):
     model: str | None = None
     logical_cpus: int | None = None
     sockets: int | None = None
     flags: tuple[str, ...] = ()
 
 
-class Driver(NamedTuple):
+class Driver(Record):
     version: str | None = None
     cuda_version: str | None = None
     nvml_library: str | None = None
 
 
-class Software(NamedTuple):
+class Software(Record):
     vllm_version: str | None = None
     vllm_distribution: str | None = None
     numactl_path: str | None = None
@@ -130,12 +135,12 @@ class Software(NamedTuple):
     tmpfs_free_bytes: int | None = None
 
 
-class DetectError(NamedTuple):
+class DetectError(Record):
     where: str
     message: str
 
 
-class HostSnapshot(NamedTuple):
+class HostSnapshot(Record):
     hostname: str | None = None
     kernel: str | None = None
     cpu: Cpu = Cpu()
@@ -187,10 +192,9 @@ class HostSnapshot(NamedTuple):
             raise SnapshotError(f"{source}: not a valid host snapshot: {e}") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> HostSnapshot:
-        p = Path(path)
+    def load(cls, path: str | os.PathLike[str]) -> HostSnapshot:
         try:
-            text = sys_stdin_or_file(p)
+            text = sys_stdin_or_file(path)
         except OSError as e:
             raise SnapshotError(f"{path}: cannot read snapshot: {e.strerror or e}") from None
         try:
@@ -200,11 +204,12 @@ class HostSnapshot(NamedTuple):
         return cls.from_dict(data, source=str(path))
 
 
-def sys_stdin_or_file(p: Path) -> str:
+def sys_stdin_or_file(path: str | os.PathLike[str]) -> str:
     """Read a snapshot file; ``-`` reads standard input."""
-    if str(p) == "-":
+    if os.fspath(path) == "-":
         return sys.stdin.read()
-    return p.read_text(encoding="utf-8")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _plain(obj: Any) -> Any:

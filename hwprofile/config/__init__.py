@@ -3,10 +3,10 @@ override layers (built-in profile < /etc profile < overrides.d < --overrides < e
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from .._record import Record
 
 
-class Source(NamedTuple):
+class Source(Record):
     """Where a value came from: ``kind`` is builtin, etc-profile, overrides.d, overrides, env, cli,
     or planner; ``file``/``line`` where it has them."""
 

@@ -8,7 +8,6 @@ fake procfs/sysfs trees; the NVML library is whatever ``libnvidia-ml.so.1`` the 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ..snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
 from . import linux, software
@@ -25,8 +24,8 @@ def detect_host(
     use_nvml: bool = True,
 ) -> HostSnapshot:
     """Probe this host. Never raises for a missing or broken part: it ends up in ``errors``."""
-    proc = Path(proc_root or os.environ.get("HWPROFILE_PROC_ROOT") or DEFAULT_PROC_ROOT)
-    sysfs = Path(sys_root or os.environ.get("HWPROFILE_SYS_ROOT") or DEFAULT_SYS_ROOT)
+    proc = proc_root or os.environ.get("HWPROFILE_PROC_ROOT") or DEFAULT_PROC_ROOT
+    sysfs = sys_root or os.environ.get("HWPROFILE_SYS_ROOT") or DEFAULT_SYS_ROOT
     errors: list[DetectError] = []
 
     hostname, kernel = linux.read_host_ids(proc)
@@ -94,7 +93,7 @@ def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int
     return tuple(gpus), handles
 
 
-def _complete(gpu: Gpu, sys_root: Path, numa_nodes: tuple[NumaNode, ...]) -> Gpu:
+def _complete(gpu: Gpu, sys_root: str | os.PathLike[str], numa_nodes: tuple[NumaNode, ...]) -> Gpu:
     """NUMA node and local CPUs where the driver did not give them: sysfs first (``-1`` there
     means unknown), then the host's only node, then the node whose CPUs equal the GPU's affinity."""
     if gpu.lost or not gpu.pci_bus_id:

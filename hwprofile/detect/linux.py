@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from ..snapshot import Cpu, DetectError, NumaNode
 
@@ -111,85 +110,86 @@ def sysfs_pci_name(nvml_bus_id: str) -> str:
 # -- readers (paths in, data + errors out) ----------------------------------------------------
 
 
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
+def _read(*parts: str | os.PathLike[str]) -> str:
+    with open(os.path.join(*parts), encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
-def read_cpu(proc_root: Path, errors: list[DetectError]) -> Cpu:
+def read_cpu(proc_root: str | os.PathLike[str], errors: list[DetectError]) -> Cpu:
     try:
-        return parse_cpuinfo(_read(proc_root / "cpuinfo"))
+        return parse_cpuinfo(_read(proc_root, "cpuinfo"))
     except OSError as e:
-        errors.append(DetectError("cpu", f"cannot read {proc_root / 'cpuinfo'}: {e.strerror}"))
+        errors.append(DetectError("cpu", f"cannot read {os.path.join(proc_root, 'cpuinfo')}: {e.strerror}"))
         return Cpu(logical_cpus=os.cpu_count())
 
 
-def read_memory(proc_root: Path, errors: list[DetectError]) -> int | None:
+def read_memory(proc_root: str | os.PathLike[str], errors: list[DetectError]) -> int | None:
+    path = os.path.join(proc_root, "meminfo")
     try:
-        total = parse_meminfo_total(_read(proc_root / "meminfo"))
+        total = parse_meminfo_total(_read(path))
     except OSError as e:
-        errors.append(DetectError("memory", f"cannot read {proc_root / 'meminfo'}: {e.strerror}"))
+        errors.append(DetectError("memory", f"cannot read {path}: {e.strerror}"))
         return None
     if total is None:
-        errors.append(DetectError("memory", f"no MemTotal line in {proc_root / 'meminfo'}"))
+        errors.append(DetectError("memory", f"no MemTotal line in {path}"))
     return total
 
 
-def read_host_ids(proc_root: Path) -> tuple[str | None, str | None]:
+def read_host_ids(proc_root: str | os.PathLike[str]) -> tuple[str | None, str | None]:
     """Hostname and kernel release, from procfs (so fake trees carry them), else uname."""
     uname = os.uname()
     out: list[str | None] = []
     for name, fallback in (("hostname", uname.nodename), ("osrelease", uname.release)):
         try:
-            out.append(_read(proc_root / "sys" / "kernel" / name).strip() or fallback)
+            out.append(_read(proc_root, "sys", "kernel", name).strip() or fallback)
         except OSError:
             out.append(fallback)
     return out[0], out[1]
 
 
-def read_numa_nodes(sys_root: Path, errors: list[DetectError]) -> tuple[NumaNode, ...]:
-    base = sys_root / "devices" / "system" / "node"
+def read_numa_nodes(sys_root: str | os.PathLike[str], errors: list[DetectError]) -> tuple[NumaNode, ...]:
+    base = os.path.join(sys_root, "devices", "system", "node")
     try:
-        entries = sorted((int(p.name[4:]), p) for p in base.iterdir() if re.fullmatch(r"node\d+", p.name))
+        entries = sorted((int(n[4:]), n) for n in os.listdir(base) if re.fullmatch(r"node\d+", n))
     except OSError as e:
         errors.append(DetectError("numa", f"cannot list {base}: {e.strerror}"))
         return ()
     nodes: list[NumaNode] = []
-    for node_id, path in entries:
+    for node_id, name in entries:
         try:
-            cpus = format_cpulist(parse_cpulist(_read(path / "cpulist")))
+            cpus = format_cpulist(parse_cpulist(_read(base, name, "cpulist")))
         except (OSError, ValueError) as e:
             errors.append(DetectError(f"numa[{node_id}]", f"cannot read cpulist: {e}"))
             continue
         try:
-            mem = parse_meminfo_total(_read(path / "meminfo"))
+            mem = parse_meminfo_total(_read(base, name, "meminfo"))
         except OSError:
             mem = None
         nodes.append(NumaNode(id=node_id, cpus=cpus, memory_bytes=mem))
     return tuple(nodes)
 
 
-def read_pci_numa_node(sys_root: Path, nvml_bus_id: str) -> int | None:
+def read_pci_numa_node(sys_root: str | os.PathLike[str], nvml_bus_id: str) -> int | None:
     """NUMA node of a PCI device from sysfs; ``-1`` (unknown) and a missing file → ``None``."""
-    path = sys_root / "bus" / "pci" / "devices" / sysfs_pci_name(nvml_bus_id) / "numa_node"
     try:
-        node = int(_read(path).strip())
+        node = int(_read(sys_root, "bus", "pci", "devices", sysfs_pci_name(nvml_bus_id), "numa_node").strip())
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
 
 
-def read_pci_local_cpulist(sys_root: Path, nvml_bus_id: str) -> str | None:
-    path = sys_root / "bus" / "pci" / "devices" / sysfs_pci_name(nvml_bus_id) / "local_cpulist"
+def read_pci_local_cpulist(sys_root: str | os.PathLike[str], nvml_bus_id: str) -> str | None:
     try:
-        return format_cpulist(parse_cpulist(_read(path))) or None
+        text = _read(sys_root, "bus", "pci", "devices", sysfs_pci_name(nvml_bus_id), "local_cpulist")
+        return format_cpulist(parse_cpulist(text)) or None
     except (OSError, ValueError):
         return None
 
 
-def read_tmpfs(proc_root: Path, path: str = "/dev/shm") -> tuple[str | None, int | None]:
+def read_tmpfs(proc_root: str | os.PathLike[str], path: str = "/dev/shm") -> tuple[str | None, int | None]:
     """``(path, free bytes)`` when ``path`` is a tmpfs mount, else ``(None, None)``."""
     try:
-        fstype = parse_mounts_fstype(_read(proc_root / "mounts"), path)
+        fstype = parse_mounts_fstype(_read(proc_root, "mounts"), path)
     except OSError:
         fstype = None
     if fstype != "tmpfs":

@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
 
+from .._record import TYPE_CHECKING
 from ..snapshot import (
     DetectError,
     Driver,
@@ -23,6 +22,10 @@ from ..snapshot import (
     decode_clock_event_reasons,
 )
 from .linux import cpulist_from_masks
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 # nvmlGpuTopologyLevel_t → nvidia-smi topo vocabulary.
 TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
