@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
 
+from ._record import TYPE_CHECKING, Record
 from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
 from .match import profiles as prof
@@ -15,10 +14,13 @@ from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
 from .snapshot import HostSnapshot
 
+if TYPE_CHECKING:
+    from typing import Any
+
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
 
 
-class Resolution(NamedTuple):
+class Resolution(Record):
     profile: str
     chain: list[prof.ProfileFile]
     matched_because: list[str]
@@ -28,14 +30,14 @@ class Resolution(NamedTuple):
 
 
 def user_layers(
-    root: Path,
+    root: str | os.PathLike[str],
     overrides: Sequence[str] = (),
     sets: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> list[Layer]:
     layers = overrides_d(root)
     for f in overrides:
-        if not Path(f).is_file():
+        if not os.path.isfile(f):
             raise ConfigError(f"--overrides {f}: no such file")
         layers.append(file_layer(f, "overrides"))
     env = env_layer(os.environ if environ is None else environ)
@@ -49,7 +51,7 @@ def user_layers(
 
 def resolve_settings(
     host: HostSnapshot,
-    root: Path,
+    root: str | os.PathLike[str],
     profile: str | None = None,
     overrides: Sequence[str] = (),
     sets: Sequence[str] = (),
@@ -88,7 +90,7 @@ def load_models(
 
 def make_plan(
     host: HostSnapshot,
-    root: Path | None = None,
+    root: str | os.PathLike[str] | None = None,
     profile: str | None = None,
     overrides: Sequence[str] = (),
     sets: Sequence[str] = (),
@@ -112,7 +114,7 @@ def vllm_command(configured: str | None) -> str:
 
     if configured:
         return configured
-    beside = Path(sys.executable).parent / "vllm"
-    if beside.exists():
-        return str(beside)
+    beside = os.path.join(os.path.dirname(sys.executable), "vllm")
+    if os.path.exists(beside):
+        return beside
     return shutil.which("vllm") or "vllm"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._record import TYPE_CHECKING
 from .snapshot import Gpu, HostSnapshot
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def human_bytes(n: int | float | None) -> str:

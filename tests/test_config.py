@@ -55,7 +55,7 @@ def test_every_layer_in_order_with_provenance(host_of, empty_root, tmp_path) -> 
     assert p["engine.kv_cache_dtype"] == "cli --set kv_cache_dtype=fp8"
     from hwprofile.match.profiles import builtin_dir
 
-    base = builtin_dir() / "base.yaml"
+    base = Path(builtin_dir()) / "base.yaml"
     line = next(n for n, t in enumerate(base.read_text().splitlines(), 1) if "enable_prefix_caching" in t)
     assert p["engine.enable_prefix_caching"] == f"builtin {base}:{line}"
 

@@ -12,37 +12,36 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any, NamedTuple
 
+from .._record import TYPE_CHECKING, Record
 from . import ConfigError, Source
 from .schema import SETTINGS, resolve_key, suggest, validate
-from .yamlsrc import load_file, safe_load, source_of
+from .yamlsrc import load_file, safe_load, source_of, yaml_files
+
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_CONFIG_ROOT = "/etc/hwprofile"
 Path_ = tuple[str, ...]
 
 
-class Layer(NamedTuple):
+class Layer(Record):
     data: dict[str, Any]  # validated settings tree
     where: Callable[[Path_], Source]
 
 
-def config_root(flag: str | None = None) -> Path:
-    return Path(flag or os.environ.get("HWPROFILE_CONFIG_ROOT") or DEFAULT_CONFIG_ROOT)
+def config_root(flag: str | None = None) -> str:
+    return flag or os.environ.get("HWPROFILE_CONFIG_ROOT") or DEFAULT_CONFIG_ROOT
 
 
-def file_layer(path: str | Path, kind: str) -> Layer:
+def file_layer(path: str | os.PathLike[str], kind: str) -> Layer:
     data, locs = load_file(path)
     where = lambda p, f=str(path), loc=locs: source_of(kind, f, loc, p)  # noqa: E731
     return Layer(validate(data, where), where)
 
 
-def overrides_d(root: Path) -> list[Layer]:
-    d = root / "overrides.d"
-    if not d.is_dir():
-        return []
-    return [file_layer(p, "overrides.d") for p in sorted(d.glob("*.yaml"))]
+def overrides_d(root: str | os.PathLike[str]) -> list[Layer]:
+    return [file_layer(p, "overrides.d") for p in yaml_files(os.path.join(root, "overrides.d"))]
 
 
 def _scalar(text: str) -> Any:
@@ -184,5 +183,5 @@ def get(settings: Mapping[str, Any], path: Path_, default: Any = None) -> Any:
 
 
 def require_file(path: str, what: str) -> None:
-    if not Path(path).is_file():
+    if not os.path.isfile(path):
         raise ConfigError(f"{path}: {what} file not found")

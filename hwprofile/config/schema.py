@@ -3,16 +3,18 @@ types, ranges and choices. Validation names the file and line and suggests the c
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import re
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable
 
+from .._record import TYPE_CHECKING, Record
 from . import ConfigError, Source
 
+if TYPE_CHECKING:
+    from typing import Any
 
-class Field(NamedTuple):
+
+class Field(Record):
     kind: str  # float, int, bool, str, choice, size, int_or_auto, k_table
     doc: str
     lo: float | None = None
@@ -206,11 +208,7 @@ def _check(field: Field, value: Any) -> Any:
     if k == "choice":
         if value not in field.choices:
             alias = ALIASES.get(str(value).lower())
-            close = (
-                [alias]
-                if alias in field.choices
-                else difflib.get_close_matches(str(value), field.choices, n=1)
-            )
+            close = [alias] if alias in field.choices else _close(str(value), field.choices)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{value!r} is not one of: {', '.join(field.choices)}{hint}")
         return value
@@ -259,8 +257,14 @@ def _k_table(value: Any) -> list[list[int | None]]:
     return rows
 
 
+def _close(word: str, valid: Iterable[str]) -> list[str]:
+    import difflib  # only on the error path: its import is a cost every start would pay
+
+    return difflib.get_close_matches(word, list(valid), n=1, cutoff=0.6)
+
+
 def suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    close = _close(key, valid)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -4,16 +4,19 @@ inheritance resolves to a list of layers, ancestors first."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, NamedTuple
+import os
 
+from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError, Source
 from ..config.layers import Layer
 from ..config.schema import PROFILE_ONLY, suggest, validate
-from ..config.yamlsrc import Locations, load_file, source_of
+from ..config.yamlsrc import Locations, load_file, source_of, yaml_files
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
-class ProfileFile(NamedTuple):
+class ProfileFile(Record):
     name: str
     path: str
     kind: str  # builtin or etc-profile
@@ -33,33 +36,32 @@ class ProfileFile(NamedTuple):
         return str(p) if p else None
 
 
-def builtin_dir() -> Path:
+def builtin_dir() -> str:
     """The built-in profiles: inside the installed package, or the repository's ``profiles/``."""
-    package = Path(__file__).resolve().parents[1]  # the installed hwprofile package
-    shipped = package / "profiles"
-    return shipped if shipped.is_dir() else package.parent / "profiles"  # a source checkout
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the hwprofile package
+    shipped = os.path.join(package, "profiles")
+    return shipped if os.path.isdir(shipped) else os.path.join(os.path.dirname(package), "profiles")
 
 
-def load_profiles(root: Path | None) -> dict[str, ProfileFile]:
+def load_profiles(root: str | os.PathLike[str] | None) -> dict[str, ProfileFile]:
     """Every profile by name; ``<root>/profiles/NAME.yaml`` shadows the built-in NAME."""
     found: dict[str, ProfileFile] = {}
     dirs = [(builtin_dir(), "builtin")]
     if root is not None:
-        dirs.append((root / "profiles", "etc-profile"))
+        dirs.append((os.path.join(root, "profiles"), "etc-profile"))
     for d, kind in dirs:
-        if not d.is_dir():
-            continue
-        for path in sorted(d.glob("*.yaml")):
-            if path.name == "rules.yaml":
+        for path in yaml_files(d):
+            name = os.path.basename(path)[: -len(".yaml")]
+            if name == "rules":
                 continue
             data, locs = load_file(path)
             if data is None:
                 data = {}
             if not isinstance(data, dict):
                 raise ConfigError(f"{path}:1: a profile must be a mapping, got {type(data).__name__}")
-            pf = ProfileFile(path.stem, str(path), kind, data, locs)
+            pf = ProfileFile(name, path, kind, data, locs)
             validate(data, pf.where, allowed_top=PROFILE_ONLY)  # report problems early, with lines
-            found[path.stem] = pf
+            found[name] = pf
     return found
 
 

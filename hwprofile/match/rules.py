@@ -3,18 +3,21 @@ host facts it needs. The matcher explains every rule it tried and never probes t
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
-from typing import Any, NamedTuple
 
+from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError
 from ..config.schema import suggest
-from ..config.yamlsrc import load_file
+from ..config.yamlsrc import load_file, yaml_files
 from ..snapshot import HostSnapshot
 from .profiles import builtin_dir
 
+if TYPE_CHECKING:
+    from typing import Any
 
-class HostFacts(NamedTuple):
+
+class HostFacts(Record):
     """What rules can test, derived from a snapshot (usable GPUs only)."""
 
     gpu_count: int
@@ -63,7 +66,7 @@ def _cc(text: str | None) -> tuple[int, int]:
         return (0, 0)
 
 
-class Rule(NamedTuple):
+class Rule(Record):
     profile: str
     when: dict[str, Any]
     why: str
@@ -71,13 +74,13 @@ class Rule(NamedTuple):
     line: int
 
 
-class Check(NamedTuple):
+class Check(Record):
     predicate: str
     ok: bool
     detail: str
 
 
-class RuleResult(NamedTuple):
+class RuleResult(Record):
     rule: Rule
     matched: bool
     checks: tuple[Check, ...]
@@ -95,12 +98,10 @@ PREDICATES = (
 )
 
 
-def load_rules(root: Path | None) -> list[Rule]:
+def load_rules(root: str | os.PathLike[str] | None) -> list[Rule]:
     """Site rules (``<root>/rules.d/*.yaml``, sorted) first, then the built-in ``rules.yaml``."""
-    files: list[Path] = []
-    if root is not None and (root / "rules.d").is_dir():
-        files += sorted((root / "rules.d").glob("*.yaml"))
-    files.append(builtin_dir() / "rules.yaml")
+    files = yaml_files(os.path.join(root, "rules.d")) if root is not None else []
+    files.append(os.path.join(builtin_dir(), "rules.yaml"))
     rules: list[Rule] = []
     for f in files:
         data, locs = load_file(f)
@@ -118,14 +119,15 @@ def load_rules(root: Path | None) -> list[Rule]:
                         f"{f}:{line}: unknown rule predicate '{key}'{suggest(key, list(PREDICATES))}; "
                         f"valid: {', '.join(PREDICATES)}"
                     )
-            rules.append(Rule(str(item["profile"]), dict(when), str(item.get("why", "")), str(f), line))
+            rules.append(Rule(str(item["profile"]), dict(when), str(item.get("why", "")), f, line))
     return rules
 
 
-def _item_line(locs: dict[tuple[str, ...], int], f: Path, item: Any, i: int) -> int:
+def _item_line(locs: dict[tuple[str, ...], int], f: str, item: Any, i: int) -> int:
     # List items carry no key; find the line of this item's 'profile' key by scanning the text.
     try:
-        lines = f.read_text().splitlines()
+        with open(f, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
     except OSError:
         return locs.get(("rules",), 1)
     seen = -1

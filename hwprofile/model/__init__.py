@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 import os
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, NamedTuple
 
+from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError
+
+if TYPE_CHECKING:
+    from typing import Any
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 
 
-class ModelFacts(NamedTuple):
+class ModelFacts(Record):
     name: str
     source: str  # "dir", "hf-cache" or "catalog"
     path: str | None
@@ -156,10 +158,12 @@ def weights_bytes_at(params: int, embed_params: int, bits: int) -> int:
 # -- readers ------------------------------------------------------------------------------
 
 
-def read_model_dir(path: Path, name: str | None = None, source: str = "dir") -> ModelFacts:
-    cfg_path = path / "config.json"
+def read_model_dir(path: str | os.PathLike[str], name: str | None = None, source: str = "dir") -> ModelFacts:
+    path = os.fspath(path)
+    cfg_path = os.path.join(path, "config.json")
     try:
-        text = cfg_path.read_text(encoding="utf-8")
+        with open(cfg_path, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
         raise ConfigError(
             f"{cfg_path}: no config.json in the model directory (is {path} a Hugging Face model folder?)"
@@ -173,7 +177,7 @@ def read_model_dir(path: Path, name: str | None = None, source: str = "dir") -> 
     if not isinstance(cfg, dict):
         raise ConfigError(f"{cfg_path}:1: expected a JSON object")
     try:
-        facts = parse_config(cfg, name or str(path), source, str(path))
+        facts = parse_config(cfg, name or path, source, path)
     except ValueError as e:
         raise ConfigError(f"{cfg_path}: {e}") from None
     size, how = checkpoint_bytes(path)
@@ -182,53 +186,57 @@ def read_model_dir(path: Path, name: str | None = None, source: str = "dir") -> 
     return facts
 
 
-def checkpoint_bytes(path: Path) -> tuple[int, str]:
+def checkpoint_bytes(path: str | os.PathLike[str]) -> tuple[int, str]:
     """Weight bytes from ``model.safetensors.index.json`` (metadata.total_size), else the sum of the
     ``*.safetensors`` files (their small JSON headers included)."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-            if total:
-                return int(total), "safetensors index"
-        except (OSError, ValueError):
-            pass
-    files = list(path.glob("*.safetensors"))
+    try:
+        with open(os.path.join(path, "model.safetensors.index.json"), encoding="utf-8") as f:
+            total = json.load(f).get("metadata", {}).get("total_size")
+        if total:
+            return int(total), "safetensors index"
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        files = [e for e in os.scandir(path) if e.name.endswith(".safetensors") and e.is_file()]
+    except OSError:
+        files = []
     if files:
-        return sum(f.stat().st_size for f in files), "safetensors files"
+        return sum(e.stat().st_size for e in files), "safetensors files"
     return 0, "estimate"
 
 
-def hf_cache_dir() -> Path:
+def hf_cache_dir() -> str:
     if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
+        return os.environ["HF_HUB_CACHE"]
     home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return Path(home) / "hub"
+    return os.path.join(home, "hub")
 
 
-def find_in_hf_cache(name: str, cache: Path | None = None) -> Path | None:
+def find_in_hf_cache(name: str, cache: str | os.PathLike[str] | None = None) -> str | None:
     """The snapshot directory of ``org/name`` in the local Hugging Face cache (refs/main first)."""
-    base = (cache or hf_cache_dir()) / ("models--" + name.replace("/", "--"))
-    snaps = base / "snapshots"
-    if not snaps.is_dir():
+    base = os.path.join(cache or hf_cache_dir(), "models--" + name.replace("/", "--"))
+    snaps = os.path.join(base, "snapshots")
+    if not os.path.isdir(snaps):
         return None
-    ref = base / "refs" / "main"
-    if ref.is_file():
-        snap = snaps / ref.read_text().strip()
-        if (snap / "config.json").is_file():
+    try:
+        with open(os.path.join(base, "refs", "main"), encoding="utf-8") as f:
+            snap = os.path.join(snaps, f.read().strip())
+        if os.path.isfile(os.path.join(snap, "config.json")):
             return snap
-    candidates = sorted(
-        (p for p in snaps.iterdir() if (p / "config.json").is_file()), key=lambda p: p.stat().st_mtime
-    )
-    return candidates[-1] if candidates else None
+    except OSError:
+        pass
+    try:
+        candidates = [e for e in os.scandir(snaps) if os.path.isfile(os.path.join(e.path, "config.json"))]
+    except OSError:
+        return None
+    return max(candidates, key=lambda e: e.stat().st_mtime).path if candidates else None
 
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict[str, Any]]:
-    from ..config.yamlsrc import safe_load
+    from ..config.yamlsrc import load_file
 
-    path = Path(__file__).resolve().parent.parent / "data" / "models.yaml"
-    data = safe_load(path.read_text())
+    data = load_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "models.yaml"))[0]
     return {m["name"].lower(): m for m in data["models"]}
 
 
@@ -248,15 +256,17 @@ def from_catalog(name: str) -> ModelFacts | None:
     if entry is None:
         return None
     facts = parse_config(entry["config"], entry["name"], "catalog", None)
-    return facts._replace(quantized_variants={int(b): n for b, n in (entry.get("quantized") or {}).items()})
+    return facts._replace(
+        quantized_variants={int(q["bits"]): q["name"] for q in entry.get("quantized") or ()}
+    )
 
 
 def resolve_model(spec: str, what: str = "model") -> ModelFacts:
     """A directory, else a Hugging Face name found in the local cache, else a catalog name."""
-    p = Path(os.path.expanduser(spec))
-    if p.is_dir():
+    p = os.path.expanduser(spec)
+    if os.path.isdir(p):
         return read_model_dir(p, name=spec)
-    looks_like_path = spec.startswith(("/", "./", "../", "~")) or p.exists()
+    looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.exists(p)
     if looks_like_path:
         raise ConfigError(f"{what} {spec}: no such model directory")
     snap = find_in_hf_cache(spec)

@@ -5,8 +5,8 @@ GPU table are package data)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
+from .._record import TYPE_CHECKING
 from ..config import Source
 from ..config.layers import get
 from ..model import ModelFacts, weights_bytes_at
@@ -24,6 +24,9 @@ from .memory import (
     longest_context,
     sequence_bytes,
 )
+
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEMA = "hwprofile.plan/1"
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)

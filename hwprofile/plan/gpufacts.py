@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
+
+from .._record import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @lru_cache(maxsize=1)
 def table() -> list[dict[str, Any]]:
-    from ..config.yamlsrc import safe_load
+    from ..config.yamlsrc import load_file
 
-    path = Path(__file__).resolve().parent.parent / "data" / "gpus.yaml"
-    return list(safe_load(path.read_text())["gpus"])
+    return list(
+        load_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "gpus.yaml"))[0]["gpus"]
+    )
 
 
 def _norm(s: str) -> str:

@@ -7,8 +7,7 @@ that, and the KV cache gets the rest.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from .._record import Record
 from ..model import ModelFacts
 
 BLOCK_TOKENS = 16  # vLLM's default KV block size on GPUs (tokens per block)
@@ -61,7 +60,7 @@ def activation_bytes(
     return int(factor * (batched_tokens * per_token + logits))
 
 
-class Fit(NamedTuple):
+class Fit(Record):
     budget_bytes: int  # total × utilization
     weights_bytes: int  # target weights on this GPU
     draft_weights_bytes: int
