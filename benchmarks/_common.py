@@ -23,13 +23,34 @@ def compile_package() -> None:
 
 def time_runs(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
     """Wall time of ``runs`` whole-process runs of ``cmd`` (after one warm-up run), in seconds."""
-    subprocess.run(cmd, env=env, capture_output=True, check=True)
-    out = []
+    return time_interleaved({"cmd": cmd}, env, runs)["cmd"]
+
+
+def time_interleaved(cmds: dict[str, list[str]], env: dict[str, str], runs: int) -> dict[str, list[float]]:
+    """Like ``time_runs`` for several commands, taking turns (one run of each per round), so that
+    a machine that slows down or speeds up during the benchmark affects every command alike."""
+    for cmd in cmds.values():
+        subprocess.run(cmd, env=env, capture_output=True, check=True)  # warm-up (page cache, caches)
+    out: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
-        out.append(time.perf_counter() - t0)
+        for name, cmd in cmds.items():
+            t0 = time.perf_counter()
+            subprocess.run(cmd, env=env, capture_output=True, check=True)
+            out[name].append(time.perf_counter() - t0)
     return out
+
+
+def first_run(cmd: list[str], env: dict[str, str]) -> float:
+    """Wall time of one run, in seconds (for a run with cold caches)."""
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, capture_output=True, check=True)
+    return time.perf_counter() - t0
+
+
+def script(python: str, name: str) -> str:
+    """The console script ``name`` installed beside ``python`` (what users type), else ``name``."""
+    path = Path(python).parent / name
+    return str(path) if path.exists() else name
 
 
 def report(results: dict[str, list[float]]) -> dict[str, float]:
