@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from conftest import cli_env
+from fakehost import build
 
 from hwprofile.cli import _commands, build_parser
 
@@ -25,3 +31,52 @@ def test_one_command_parser_equals_the_full_one(name: str) -> None:
 
 def test_full_parser_lists_every_command() -> None:
     assert list(_subparsers(build_parser())) == [c[0] for c in _commands()]
+
+
+def _script() -> str:
+    path = Path(sys.executable).parent / "hwprofile"
+    assert path.exists(), "the console script is installed with the package (pip install -e .)"
+    return str(path)
+
+
+def test_quick_exit_writes_the_whole_answer(tmp_path: Path, fake_nvml_dir: Path) -> None:
+    """`detect` leaves without interpreter teardown: its output must still be complete, to a file
+    and to a pipe whose reader stops early."""
+    host = build("h100-sxm-8x", tmp_path / "h")
+    env = cli_env(host, fake_nvml_dir)
+    out = tmp_path / "snap.json"
+    with out.open("w") as f:
+        r = subprocess.run(
+            [_script(), "detect", "--json"], env=env, stdout=f, stderr=subprocess.PIPE, text=True
+        )
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(out.read_text())
+    assert len(snap["gpus"]) == 8 and snap["schema"] == "hwprofile.host/1"
+    assert r.stderr == ""
+    head = subprocess.Popen(
+        [_script(), "detect", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert head.stdout is not None
+    first = head.stdout.read(100)
+    head.stdout.close()  # the reader leaves
+    _, err = head.communicate()
+    assert first.startswith(b"{") and head.returncode == 0 and err == b""
+
+
+def test_quick_exit_keeps_exit_codes_and_errors(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [_script(), "plan", "--from", str(tmp_path / "none.json")], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "cannot read snapshot" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([_script(), "detect", "--bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+    if Path("/dev/full").exists():  # a disk that is full: the answer did not get out, say so
+        with open("/dev/full", "w") as f:
+            r = subprocess.run(
+                [_script(), "detect", "--json", "--from", "-"],
+                input=json.dumps({"schema": "hwprofile.host/1"}),
+                stdout=f,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        assert r.returncode == 1 and "cannot write the output" in r.stderr, (r.returncode, r.stderr)
