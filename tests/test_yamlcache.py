@@ -140,3 +140,22 @@ def test_warm_plan_imports_no_yaml_typing_or_pathlib(
     # the same plan byte for byte, provenance (file:line of every value) included
     assert warm.stdout.split("\n", 1)[1] == cold.stdout.split("\n", 1)[1]
     assert '"builtin ' in warm.stdout and "base.yaml:" in warm.stdout
+
+
+def test_entries_others_could_write_are_ignored(tmp_path: Path, cache: Path) -> None:
+    f = tmp_path / "o.yaml"
+    f.write_text(TEXT)
+    yamlsrc.load_file(f)
+    [entry] = _entries(cache)
+    assert oct(entry.stat().st_mode & 0o777) == "0o600"
+    doc = json.loads(entry.read_text())
+    doc["data"]["engine"]["max_model_len"] = 1  # a planted answer
+    entry.write_text(json.dumps(doc))
+    entry.chmod(0o666)
+    assert yamlsrc.load_file(f)[0]["engine"]["max_model_len"] == 4096  # parsed, not taken
+    if os.getuid() == 0:  # another owner (root can hand the file over to test it)
+        [entry] = _entries(cache)
+        entry.write_text(json.dumps(doc))
+        entry.chmod(0o600)
+        os.chown(entry, 4242, 4242)
+        assert yamlsrc.load_file(f)[0]["engine"]["max_model_len"] == 4096

@@ -8,7 +8,8 @@ file that has not changed for two seconds (a file rewritten within one timestamp
 otherwise keep a stale entry). Data that JSON cannot carry exactly (dates, non-string keys) is
 never cached. The cache is ``$HWPROFILE_CACHE_DIR`` or ``$XDG_CACHE_HOME/hwprofile`` or
 ``~/.cache/hwprofile``, subfolder ``yaml``; ``HWPROFILE_CACHE_DIR=off`` disables it. Cache files are
-JSON (never pickle), written atomically, in a 0700 folder; any unreadable entry is just a miss.
+JSON (never pickle), written atomically, 0600 in a 0700 folder; an entry another user owns or could
+write is ignored (a shared cache folder cannot inject settings); any unreadable entry is a miss.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def _cache_entry(abspath: str) -> str | None:
 def _cache_read(entry: str, stamp: list[Any]) -> tuple[Any, Locations] | None:
     try:
         with open(entry, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None  # only entries this user wrote and nobody else can change
             d = json.load(f)
         if d["format"] != CACHE_FORMAT or d["stamp"] != stamp:
             return None
@@ -161,7 +165,7 @@ def _cache_write(entry: str, stamp: list[Any], data: Any, locs: Locations) -> No
     tmp = f"{entry}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(entry), mode=0o700, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"))
         os.replace(tmp, entry)
     except OSError:  # a read-only or full cache folder only costs speed
