@@ -102,6 +102,20 @@ def test_unknown_predicate_is_reported_with_line(empty_root) -> None:
     assert "x.yaml:2" in str(e.value) and "did you mean 'gpu_name'" in str(e.value)
 
 
+def test_rule_lines_point_at_their_items(empty_root) -> None:
+    """Each rule carries the line its list item starts on, whatever the order of its keys."""
+    (empty_root / "rules.d").mkdir()
+    (empty_root / "rules.d" / "x.yaml").write_text(
+        "rules:\n  - profile: base\n\n  # a comment\n  - when: {gpu_count: 2}\n    profile: cpu-only\n"
+    )
+    rules = load_rules(empty_root)
+    assert [(r.profile, r.line) for r in rules[:2]] == [("base", 2), ("cpu-only", 5)]
+    for r in rules[2:]:  # the built-in ones
+        with open(r.file) as f:
+            text = f.read().splitlines()[r.line - 1]
+        assert text.strip().startswith("- ") and f"profile: {r.profile}" in text, (r.line, text)
+
+
 def test_profiles_command(tmp_path, fake_nvml_dir, empty_root) -> None:
     from fakehost import build
 

@@ -85,13 +85,7 @@ def env_layer(environ: Mapping[str, str]) -> Layer | None:
         raise ConfigError(problems)
     if not data:
         return None
-
-    def where(p: Path_) -> Source:
-        for n in range(len(p), 0, -1):
-            if p[:n] in names:
-                return Source("env", names[p[:n]])
-        return Source("env")
-
+    where = _nearest("env", names, None)
     return Layer(validate(data, where), where)
 
 
@@ -110,17 +104,26 @@ def cli_layer(assignments: Iterable[str]) -> Layer | None:
         except ValueError as e:
             problems.append(f"--set {a}: {e}")
             continue
-        texts[path] = a
+        texts[path] = f"--set {a}"
         _merge_into(data, _tree(path, _scalar(value)))
     if problems:
         raise ConfigError(problems)
     if not data:
         return None
+    where = _nearest("cli", texts, "--set")
+    return Layer(validate(data, where), where)
+
+
+def _nearest(kind: str, labels: dict[Path_, str], default: str | None) -> Callable[[Path_], Source]:
+    """The Source of a setting path: the label of the path or of its nearest enclosing one."""
 
     def where(p: Path_) -> Source:
-        return Source("cli", f"--set {texts[p]}" if p in texts else "--set")
+        for n in range(len(p), 0, -1):
+            if p[:n] in labels:
+                return Source(kind, labels[p[:n]])
+        return Source(kind, default)
 
-    return Layer(validate(data, where), where)
+    return where
 
 
 def _merge_into(base: dict[str, Any], over: dict[str, Any]) -> None:

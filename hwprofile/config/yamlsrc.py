@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
     import yaml
 
-Locations = dict[tuple[str, ...], int]  # key path → 1-based line
+Locations = dict[tuple[str, ...], int]  # key path (list items by index) → 1-based line
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 SETTLE_NS = 2_000_000_000  # a file must be this old (ctime) before its parse is cached
 
 
@@ -110,6 +110,10 @@ def _walk(node: yaml.Node, path: tuple[str, ...], locs: Locations) -> None:
             key = str(key_node.value)
             locs[(*path, key)] = key_node.start_mark.line + 1
             _walk(value_node, (*path, key), locs)
+    elif isinstance(node, yaml.SequenceNode):  # list items by index: ("rules", "3")
+        for i, item in enumerate(node.value):
+            locs[(*path, str(i))] = item.start_mark.line + 1
+            _walk(item, (*path, str(i)), locs)
 
 
 def source_of(kind: str, filename: str, locs: Locations, path: tuple[str, ...]) -> Source:

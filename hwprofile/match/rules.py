@@ -109,7 +109,7 @@ def load_rules(root: str | os.PathLike[str] | None) -> list[Rule]:
         if not isinstance(items, list):
             raise ConfigError(f"{f}:1: expected 'rules:' with a list of {{profile, when, why}}")
         for i, item in enumerate(items):
-            line = _item_line(locs, f, item, i)
+            line = locs.get(("rules", str(i)), 1)
             if not isinstance(item, dict) or "profile" not in item:
                 raise ConfigError(f"{f}:{line}: each rule needs 'profile:' (and optionally 'when:', 'why:')")
             when = item.get("when") or {}
@@ -121,22 +121,6 @@ def load_rules(root: str | os.PathLike[str] | None) -> list[Rule]:
                     )
             rules.append(Rule(str(item["profile"]), dict(when), str(item.get("why", "")), f, line))
     return rules
-
-
-def _item_line(locs: dict[tuple[str, ...], int], f: str, item: Any, i: int) -> int:
-    # List items carry no key; find the line of this item's 'profile' key by scanning the text.
-    try:
-        with open(f, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return locs.get(("rules",), 1)
-    seen = -1
-    for n, text in enumerate(lines, 1):
-        if re.match(r"^\s*-\s+profile\s*:", text):
-            seen += 1
-            if seen == i:
-                return n
-    return locs.get(("rules",), 1)
 
 
 def _range(value: Any, x: float) -> tuple[bool, str]:

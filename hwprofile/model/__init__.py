@@ -57,6 +57,12 @@ class ModelFacts(Record):
     def bits(self) -> int:
         return self.quant_bits or 8 * min(self.dtype_bytes, 2)
 
+    def weights_bytes_at_bits(self, bits: int) -> int:
+        """Estimated checkpoint size of this model at ``bits`` per weight."""
+        return weights_bytes_at(
+            self.params, embed_params(self.vocab_size, self.hidden_size, self.tie_word_embeddings), bits
+        )
+
 
 def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) -> ModelFacts:
     """ModelFacts from a config.json dict (text config of multimodal models included)."""
@@ -102,7 +108,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         quant_method=qmethod,
         quant_bits=int(qbits) if qbits else None,
         params=params,
-        weights_bytes=weights_bytes_at(params, vocab * hidden * (1 if tie else 2), bits),
+        weights_bytes=weights_bytes_at(params, embed_params(vocab, hidden, tie), bits),
         weights_bytes_source="estimate",
         mtp_layers=int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0),
         quantized_variants={},
@@ -142,17 +148,21 @@ def estimate_params(
         mlp = experts * 3 * hidden * moe_inter + shared + hidden * experts
     else:
         mlp = 3 * hidden * inter
-    embed = vocab * hidden * (1 if tie else 2)
-    return layers * (attn + mlp + 2 * hidden) + embed + hidden
+    return layers * (attn + mlp + 2 * hidden) + embed_params(vocab, hidden, tie) + hidden
 
 
-def weights_bytes_at(params: int, embed_params: int, bits: int) -> int:
+def embed_params(vocab: int, hidden: int, tie: bool) -> int:
+    """Input embedding plus LM head (one matrix when tied)."""
+    return vocab * hidden * (1 if tie else 2)
+
+
+def weights_bytes_at(params: int, embed: int, bits: int) -> int:
     """Checkpoint size at ``bits`` per weight. Quantized checkpoints keep embeddings and the LM head
     in 16 bits and add ~4 % for group scales and zero points (group size 128)."""
     if bits >= 16:
         return params * 2
-    body = params - embed_params
-    return int(body * bits / 8 * 1.04) + embed_params * 2
+    body = params - embed
+    return int(body * bits / 8 * 1.04) + embed * 2
 
 
 # -- readers ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from .._record import TYPE_CHECKING
 from ..config import Source
 from ..config.layers import get
-from ..model import ModelFacts, weights_bytes_at
+from ..model import ModelFacts
 from ..snapshot import Gpu, HostSnapshot
 from . import gpufacts
 from .memory import (
@@ -253,12 +253,8 @@ def _choose_checkpoint(
         return model
     variant = model.quantized_variants.get(bits)
     if variant:
-        emb = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
         new = model._replace(
-            name=variant,
-            quant_method="awq",
-            quant_bits=bits,
-            weights_bytes=weights_bytes_at(model.params, emb, bits),
+            name=variant, quant_method="awq", quant_bits=bits, weights_bytes=model.weights_bytes_at_bits(bits)
         )
         r.add(
             "model.name",
@@ -836,8 +832,7 @@ def _suggestions(
     need = f.weights_bytes + f.draft_weights_bytes + f.activation_bytes + f.overhead_bytes + 2 * GiB
     fixed = f.budget_bytes - f.kv_cache_bytes  # everything but the KV cache
     if model.bits > 4:
-        emb = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
-        w4 = weights_bytes_at(model.params, emb, 4) / tp
+        w4 = model.weights_bytes_at_bits(4) / tp
         variant = model.quantized_variants.get(4)
         out.append(
             f"a 4-bit checkpoint ({variant or 'AWQ/GPTQ'}): ~{w4 / GiB:.1f} GiB of weights per GPU instead of {f.weights_bytes / GiB:.1f}"
@@ -866,8 +861,7 @@ def _smaller_models(model: ModelFacts, room_bytes: int) -> list[str]:
         if m.weights_bytes <= room_bytes:
             out.append(f"{m.name} ({m.weights_bytes / GiB:.1f} GiB)")
         elif 4 in m.quantized_variants:
-            emb = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
-            w4 = weights_bytes_at(m.params, emb, 4)
+            w4 = m.weights_bytes_at_bits(4)
             if w4 <= room_bytes:
                 out.append(f"{m.quantized_variants[4]} ({w4 / GiB:.1f} GiB)")
     return sorted(out, key=lambda s: -float(s.rsplit("(", 1)[1].split()[0]))[:3]
