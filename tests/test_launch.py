@@ -321,6 +321,7 @@ def test_port_in_use_is_reported_before_launch(env: Env) -> None:
 def test_dry_run_shows_the_command_and_its_environment(env: Env) -> None:
     r = env.hw("launch", "--dry-run", "--model", str(env.model), *env.sets())
     assert r.returncode == 0, r.stderr
-    assert "VLLM_CPU_OMP_THREADS_BIND=" in r.stdout and "--kv-cache-memory-bytes 67108864" in r.stdout
+    assert "VLLM_NO_USAGE_STATS=1" in r.stdout and "--kv-cache-memory-bytes 67108864" in r.stdout
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in r.stdout  # vLLM's own "auto" keeps its reserved cores
     assert "numactl --cpunodebind=" in r.stdout and f"--port {env.port}" in r.stdout
     assert not (env.runtime / "state.json").exists()  # nothing started

@@ -66,8 +66,9 @@ def _render_all(host, empty_root, model) -> dict:
 def test_golden_render(name, host_of, empty_root) -> None:
     got = _render_all(host_of(name), empty_root, HOSTS[name])
     path = GOLDEN / f"{name}.json"
-    if os.environ.get("UPDATE_GOLDEN") or not path.exists():
+    if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=1) + "\n")
+    assert path.exists(), f"no golden file {path}: UPDATE_GOLDEN=1 writes it (then review the diff)"
     assert got == json.loads(path.read_text()), f"render changed; UPDATE_GOLDEN=1 to accept ({path})"
 
 
@@ -129,10 +130,20 @@ def test_translations_by_release(host_of, empty_root) -> None:
     }
     assert spec["0.11.0"]["method"] == "ngram" and "model" not in spec["0.11.0"]
     assert spec["0.15.0"]["method"] == "draft_model" and spec["0.15.0"]["model"] == "Qwen/Qwen3-1.7B"
-    assert (
-        "num_speculative_tokens_per_batch_size" not in spec["0.20.0"]
-        and spec["0.20.0"]["num_speculative_tokens"] == 5
-    )
+    # 0.20 has neither k by batch size nor disable_by_batch_size (gone in 0.18, unknown keys rejected):
+    # a fixed k, the k of the widest band that still speculates ([9, 64] -> 3)
+    assert spec["0.20.0"] == {"method": "draft_model", "num_speculative_tokens": 3, "model": "Qwen/Qwen3-1.7B"}
+    # 0.15 accepts disable_by_batch_size but never reads it: not emitted, a fixed k, and said so
+    assert "disable_by_batch_size" not in spec["0.15.0"] and spec["0.15.0"]["num_speculative_tokens"] == 3
+    assert any("never reads it" in w for w in got["0.15.0"]["vllm-gpu0-1"]["warnings"])
+    # V0 (0.8.5) honours it: light-load k 5, speculation off from batch 65
+    assert spec["0.8.5"]["disable_by_batch_size"] == 65 and spec["0.8.5"]["num_speculative_tokens"] == 5
+    # 0.6.3 refuses chunked prefill with speculation: left off, batched tokens >= max_model_len
+    a63 = argv["0.6.3"]
+    assert "--enable-chunked-prefill" not in a63
+    assert int(a63[a63.index("--max-num-batched-tokens") + 1]) >= int(a63[a63.index("--max-model-len") + 1])
+    assert not any("draft_tensor_parallel_size" in s for s in spec.values())
+    assert "--speculative-draft-tensor-parallel-size" not in a63
     assert spec["0.33.0"]["num_speculative_tokens_per_batch_size"] == [[1, 8, 5], [9, 64, 3], [65, 192, 1]]
     # NUMA: numactl in front before 0.20, vLLM's own binding from 0.20
     assert argv["0.15.0"][:4] == ["/usr/bin/numactl", "--cpunodebind=0", "--membind=0", "--"]

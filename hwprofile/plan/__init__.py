@@ -526,6 +526,14 @@ def _gpu_instance(
     if not _s(settings, "layout", "numa_bind"):
         r.add(f"{key}.numa_node", None, "NUMA binding is off", ("layout", "numa_bind"))
         numa = None
+    elif numa is None and None not in nodes:
+        r.add(
+            f"{key}.numa_node",
+            None,
+            f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(nodes)}: each rank bound to its own "
+            "GPU's node where vLLM binds per rank (0.20+, --numa-bind-nodes), else not bound",
+            ("layout", "numa_bind"),
+        )
     elif numa is None:
         warnings.append(f"{name}: NUMA node unknown or mixed ({sorted(map(str, nodes))}); no binding")
         r.add(
@@ -709,6 +717,7 @@ def _gpu_instance(
         "gpus": [g.index for g in gpus],
         "gpu_name": gpu.name,
         "numa_node": numa,
+        "gpu_numa_nodes": [g.numa_node for g in gpus] if _s(settings, "layout", "numa_bind") else [],
         "cpus": cpus,
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,

@@ -107,24 +107,50 @@ def render_instance(
         kv = choice("--kv-cache-dtype", e["kv_cache_dtype"], "KV cache stays in the model's dtype (auto)")
         if kv:
             add("--kv-cache-dtype", kv)
-    if e.get("quantization"):
+    table = rel.spec_table()
+    quant = e.get("quantization")
+    if quant == "awq" and table["awq_forces_legacy_kernel"]:
+        warnings.append(
+            f"--quantization awq not emitted: on vLLM {rel.table} it forces the legacy AWQ kernel; left to "
+            "vLLM's own detection, which picks the faster awq_marlin kernel where the GPU allows it"
+        )
+        quant = None
+    if quant:
         q = choice(
             "--quantization",
-            e["quantization"],
+            quant,
             "not emitted; vLLM reads the checkpoint's quantization_config itself",
         )
         if q:
             add("--quantization", q)
     if e.get("enforce_eager"):
         add("--enforce-eager")
-    for key, flag in (
-        ("enable_prefix_caching", "--enable-prefix-caching"),
-        ("enable_chunked_prefill", "--enable-chunked-prefill"),
+    spec_args, speculating = _speculative(plan, inst, e, rel, warnings)
+    chunked = bool(e.get("enable_chunked_prefill"))
+    if chunked and speculating and table["chunked_prefill"] == "refused":
+        chunked = False
+        warnings.append(
+            f"vLLM {rel.table} refuses chunked prefill together with speculative decoding "
+            "('mutually exclusive'): chunked prefill left off"
+        )
+        need = max(e["max_model_len"], e["max_num_seqs"])
+        if e["max_num_batched_tokens"] < need:
+            i = next(n for n, (f, _) in enumerate(args) if f == "--max-num-batched-tokens")
+            args[i] = ("--max-num-batched-tokens", need)
+            warnings.append(
+                f"--max-num-batched-tokens raised from {e['max_num_batched_tokens']} to {need}: without "
+                f"chunked prefill vLLM {rel.table} needs it >= --max-model-len and >= --max-num-seqs"
+            )
+    for key, flag, on in (
+        ("enable_prefix_caching", "--enable-prefix-caching", bool(e.get("enable_prefix_caching"))),
+        ("enable_chunked_prefill", "--enable-chunked-prefill", chunked),
     ):
-        if e.get(key):
+        if on:
             add(flag)
         elif rel.has("--no-" + flag[2:]):
             args.append(("--no-" + flag[2:], None))
+        elif key == "enable_chunked_prefill" and not chunked and speculating:
+            pass  # this release does not turn chunked prefill on by itself while speculating
         else:
             warnings.append(
                 f"{key}=false cannot be said to vLLM {rel.table} (no --no-{flag[2:]}); its default applies"
@@ -142,7 +168,10 @@ def render_instance(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst["gpus"])
     else:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = inst.get("cpus") or "auto"
+        # No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
+        # leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one
+        # thread per physical core of the node the process may use (numactl below) and reserves
+        # cores for them (vllm/utils/ompmultiprocessing.py).
         kv_bytes = e.get("kv_cache_memory_bytes")
         if kv_bytes:
             if rel.has("--kv-cache-memory-bytes"):
@@ -155,7 +184,7 @@ def render_instance(
                         f"vLLM {rel.table} sizes the CPU KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE={gib}); the plan's {kv_bytes} bytes rounded up"
                     )
 
-    _speculative(inst, e, rel, args, warnings)
+    args += spec_args
 
     # Logs and metrics: keep vLLM's stats (they feed /metrics); keep health polls out of the access log.
     if not srv.get("metrics", True):
@@ -174,9 +203,24 @@ def render_instance(
     # NUMA binding: vLLM's own flags where they exist (GPU workers), else numactl in front.
     prefix: list[str] = []
     node = inst.get("numa_node")
-    if node is None:
-        warnings.append(f"{inst['name']}: NUMA node unknown: not bound")
-    elif cuda and rel.has("--numa-bind") and rel.has("--numa-bind-nodes"):
+    per_gpu = inst.get("gpu_numa_nodes") or []
+    vllm_binds = cuda and rel.has("--numa-bind") and rel.has("--numa-bind-nodes")
+    if (
+        vllm_binds
+        and per_gpu
+        and all(n is not None for n in per_gpu)
+        and (node is not None or len(set(per_gpu)) > 1)
+    ):
+        # one node per visible GPU, in CUDA_VISIBLE_DEVICES order: an instance that spans nodes
+        # binds each rank to its own GPU's node
+        args += [("--numa-bind", None), ("--numa-bind-nodes", list(per_gpu))]
+        if not numactl:
+            warnings.append(
+                "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
+            )
+    elif node is None:
+        warnings.append(f"{inst['name']}: NUMA node unknown or not shared by its GPUs: not bound")
+    elif vllm_binds:
         args += [("--numa-bind", None), ("--numa-bind-nodes", [node] * len(inst["gpus"]))]
         if not numactl:
             warnings.append(
@@ -214,75 +258,135 @@ def render_instance(
     )
 
 
+def _fixed_k(by_batch: list[list[Any]], max_seqs: int, k: int) -> int:
+    """The k to run at every load where the release cannot vary it: the k of the band covering the
+    most batch sizes in [1, max_num_seqs] among the bands that still speculate (k >= 2)."""
+    best, width = None, 0
+    for lo, hi, kk in by_batch:
+        top = min(hi if hi is not None else max_seqs, max_seqs)
+        if kk >= 2 and top - lo + 1 > width:
+            best, width = kk, top - lo + 1
+    return best if best is not None else k
+
+
 def _speculative(
-    inst: dict[str, Any], e: dict[str, Any], rel: Release, args: list[Pair], warnings: list[str]
-) -> None:
+    plan: dict[str, Any], inst: dict[str, Any], e: dict[str, Any], rel: Release, warnings: list[str]
+) -> tuple[list[Pair], bool]:
+    """The speculative-decoding arguments this release accepts and honours, and whether the
+    instance speculates at all once the release's refusals are applied."""
     spec = inst.get("speculative")
     if not spec:
-        return
-    v = rel.v
+        return [], False
+    table = rel.spec_table()
     method, model, k = spec["method"], spec.get("model"), int(spec["num_speculative_tokens"])
     lookup_max, lookup_min = spec.get("prompt_lookup_max", 4), spec.get("prompt_lookup_min", 2)
-    if method == "draft_model" and (0, 10, 0) <= v < (0, 15, 0):
+    draft = plan.get("draft") or {}
+    if method == "draft_model" and not table["draft_model"]:
         warnings.append(
             f"vLLM {rel.table} (V1 engine) has no draft-model speculation (NotImplementedError until 0.15.0): "
             f"ngram prompt lookup instead of {model}"
         )
         method, model = "ngram", None
-    table = rel.spec_table()
-    methods = table["methods"] if table else ["draft_model", "ngram"]
-    if method not in methods:
+    if (
+        method == "draft_model"
+        and plan["model"].get("source") in ("dir", "hf-cache")
+        and draft.get("source") not in ("dir", "hf-cache")
+    ):
         warnings.append(
-            f"speculative method {method} does not exist in vLLM {rel.table} (has {', '.join(methods)}): speculative decoding off"
+            f"the draft {model} is not on this host and the target is served offline (HF_HUB_OFFLINE=1): "
+            f"ngram prompt lookup instead; download the draft (huggingface-cli download {model}) and re-plan "
+            "to use it"
         )
-        return
+        method, model = "ngram", None
+    if (
+        inst["device"] == "cpu"
+        and table["cpu"] != "ok"
+        and not (table["cpu"] == "draft_model_only" and method == "draft_model")
+    ):
+        why = (
+            "its CPU backend never runs the speculative worker"
+            if table["cpu"] == "not_applied"
+            else "its CPU model runner refuses speculative decoding at start"
+        )
+        warnings.append(f"no speculative decoding on vLLM {rel.table}'s CPU backend ({why}): off")
+        return [], False
+    ngram = "[ngram]" if table["form"] == "legacy" and "[ngram]" in table["methods"] else "ngram"
+    if (ngram if method == "ngram" else method) not in table["methods"]:
+        warnings.append(
+            f"speculative method {method} does not exist in vLLM {rel.table} "
+            f"(has {', '.join(table['methods'])}): speculative decoding off"
+        )
+        return [], False
 
     by_batch = spec.get("num_speculative_tokens_per_batch_size")
     disable_by_batch: int | None = None
     per_batch: list[list[int]] | None = None
-    keys = table["keys"] if table else []
+    protection = table["disable_by_batch_size"]
+    if protection == "draft_model_only":
+        protection = "honoured" if method == "draft_model" else "ignored"
     if by_batch:
-        if "num_speculative_tokens_per_batch_size" in keys:
+        if table["per_batch_size"]:
             per_batch = [
                 [lo, hi if hi is not None else max(lo, e["max_num_seqs"]), kk] for lo, hi, kk in by_batch
             ]
         else:
-            k = by_batch[0][2] or k
             off = next((row[0] for row in by_batch if row[2] <= 1), None)
-            if off is not None and (("disable_by_batch_size" in keys) or (table is None and v < (0, 8, 2))):
+            if protection == "honoured" and off is not None:
+                k = by_batch[0][2] or k
                 disable_by_batch = off
                 warnings.append(
-                    f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off from "
-                    f"batch size {off} (disable_by_batch_size), the nearest it offers"
+                    f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off "
+                    f"from batch size {off} (disable_by_batch_size), the nearest it offers"
                 )
             else:
+                k = _fixed_k(by_batch, e["max_num_seqs"], k)
+                why = (
+                    "accepts disable_by_batch_size but never reads it (V1 engine)"
+                    if protection == "ignored"
+                    else "has neither k by batch size (0.25+) nor disable_by_batch_size"
+                )
                 warnings.append(
-                    f"vLLM {rel.table} has no k by batch size (0.25+) nor disable_by_batch_size: a fixed k={k}"
+                    f"vLLM {rel.table} {why}: speculation runs with a fixed k={k} at every load (the k of "
+                    "the widest band of the plan's k-by-batch table); at high load a fixed k can be slower "
+                    "than no speculation"
                 )
 
-    if v < (0, 8, 2):  # legacy flags
-        args.append(("--speculative-model", model if method == "draft_model" else "[ngram]"))
+    draft_tp: int | None = None
+    if (
+        method == "draft_model"
+        and table["chunked_prefill"] == "draft_tp_1"
+        and e.get("enable_chunked_prefill")
+        and inst["tensor_parallel_size"] > 1
+    ):
+        draft_tp = 1
+        warnings.append(
+            f"vLLM {rel.table} needs the draft on one GPU with chunked prefill: draft tensor parallel size 1"
+        )
+
+    args: list[Pair] = []
+    if table["form"] == "legacy":
+        args.append(("--speculative-model", model if method == "draft_model" else ngram))
         args.append(("--num-speculative-tokens", k))
         if method == "ngram":
             args += [("--ngram-prompt-lookup-max", lookup_max), ("--ngram-prompt-lookup-min", lookup_min)]
-        elif spec.get("draft_tensor_parallel_size"):
-            args.append(("--speculative-draft-tensor-parallel-size", spec["draft_tensor_parallel_size"]))
+        if draft_tp is not None:
+            args.append(("--speculative-draft-tensor-parallel-size", draft_tp))
         if disable_by_batch is not None:
             args.append(("--speculative-disable-by-batch-size", disable_by_batch))
-        return
+        return args, True
+    # The draft's tensor parallel size is left out: unset means the target's, which every release
+    # accepts (0.15+ requires it equal; 0.6.3 refuses anything but 1 when given).
     cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
     if model:
         cfg["model"] = model
     if method == "ngram":
         cfg["prompt_lookup_max"], cfg["prompt_lookup_min"] = lookup_max, lookup_min
-    if spec.get("draft_tensor_parallel_size") and method == "draft_model":
-        cfg["draft_tensor_parallel_size"] = spec["draft_tensor_parallel_size"]
     if disable_by_batch is not None:
         cfg["disable_by_batch_size"] = disable_by_batch
     if per_batch:
         cfg["num_speculative_tokens_per_batch_size"] = per_batch
-    if keys:
-        for key in [key for key in cfg if key not in keys]:
-            warnings.append(f"speculative key {key} does not exist in vLLM {rel.table}: dropped")
-            del cfg[key]
+    for key in [key for key in cfg if key not in table["keys"]]:
+        warnings.append(f"speculative key {key} does not exist in vLLM {rel.table}: dropped")
+        del cfg[key]
     args.append(("--speculative-config", json.dumps(cfg, separators=(",", ":"))))
+    return args, True

@@ -49,11 +49,11 @@ class Release(NamedTuple):
         opt = _data()["options"][self.table].get(flag)
         return list(opt) if isinstance(opt, list) else None
 
-    def spec_table(self) -> dict[str, list[str]] | None:
-        """``--speculative-config`` keys and methods (None before 0.8.3: legacy flags or the first JSON form)."""
-        spec = _data()["speculative"]
-        older = [v for v in spec if parse_version(v) <= self.v]
-        return spec[max(older, key=parse_version)] if older else None
+    def spec_table(self) -> dict[str, Any]:
+        """What this release does with speculative decoding: ``--speculative-config`` keys and
+        methods, whether unknown keys are rejected, which load-protection and vocabulary options
+        it honours, its refusals (tools/build_vllm_table.py derives it from the shared facts)."""
+        return _data()["speculative"][self.table]
 
     def options(self) -> dict[str, Any]:
         return dict(_data()["options"][self.table])

@@ -1,0 +1,304 @@
+"""Every seed-class host x every one of the 26 vLLM releases, rendered and checked against the shared
+facts (../shared/facts/vllm-options.json and vllm-flags.json, read off each release's own source).
+
+The oracle reads the facts' own words (status texts, refusal rules) with its own small
+interpretation; it never uses the renderer's table (hwprofile/data/vllm.json). A render fails it
+when vLLM would refuse it at start (unknown flag or key, a value outside the release's choices, a
+combination the release rejects) or when it emits a setting that release silently ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwprofile.pipeline import make_plan
+from hwprofile.render.translate import render_instance
+from hwprofile.render.versions import known_versions, release
+
+ROOT = Path(__file__).resolve().parent.parent
+FACTS = ROOT.parent / "shared" / "facts"
+pytestmark = pytest.mark.skipif(
+    not (FACTS / "vllm-flags.json").is_file(), reason="../shared/facts is not beside this checkout"
+)
+
+HOSTS = {  # every fixture host -> the model planned on it (None: the profile's default)
+    "a800-pcie-4x-2numa": None,
+    "a800-sxm4-80g-8x": None,
+    "a100-sxm4-80g-8x": None,
+    "a100-80g-pcie-1x": None,
+    "a100-40g-pcie-1x": None,
+    "h100-sxm-8x": None,
+    "rtx4090-1x": None,
+    "rtx3090-2x": None,
+    "rtx3060-12g-1x": "Qwen/Qwen3-8B",
+    "rtx4070-12g-1x": "Qwen/Qwen3-8B",
+    "gpu-lost-2x": None,
+    "no-driver": "Qwen/Qwen3-0.6B",
+}
+
+
+def _facts() -> tuple[dict, dict]:
+    options = json.loads((FACTS / "vllm-options.json").read_text())["options"]
+    flags = json.loads((FACTS / "vllm-flags.json").read_text())
+    return options, flags
+
+
+def _flags(argv: list[str]) -> list[tuple[str, list[str]]]:
+    i = argv.index("serve") + 2  # after: vllm serve MODEL
+    out: list[tuple[str, list[str]]] = []
+    for tok in argv[i:]:
+        if tok.startswith("--"):
+            out.append((tok, []))
+        else:
+            out[-1][1].append(tok)
+    return out
+
+
+def oracle(version: str, argv: list[str], env: dict[str, str], inst: dict) -> tuple[list[str], int]:
+    """(problems, checks made) for one rendered instance, judged by the facts alone."""
+    options, facts = _facts()
+    opts = options[version]
+    spec_facts = facts["speculative_config"][version]
+    problems: list[str] = []
+    checks = 0
+    flags = _flags(argv)
+    given = dict(flags)
+    for flag, values in flags:
+        checks += 1
+        if flag not in opts:
+            problems.append(f"refused: {flag} does not exist in vLLM {version}")
+            continue
+        for allowed in (opts[flag], (facts["flags"].get(flag) or {}).get(version)):
+            if isinstance(allowed, list) and not all(v in allowed for v in values):
+                problems.append(f"refused: {flag} {values} not in {allowed}")
+
+    honoured = {k: v["status"] for k, v in spec_facts["honoured"].items()}
+    constraints = spec_facts["constraints"]
+    spec: dict | None = None
+    if "--speculative-config" in given:
+        spec = json.loads(given["--speculative-config"][0])
+        unknown = set(spec) - set(spec_facts["keys"])
+        checks += 1
+        if unknown and spec_facts["unknown_keys"]["status"] == "rejected":
+            problems.append(
+                f"refused: speculative keys {sorted(unknown)} (vLLM {version} rejects unknown keys)"
+            )
+        elif unknown:
+            problems.append(
+                f"silently ignored: speculative keys {sorted(unknown)} (dropped by vLLM {version})"
+            )
+        if spec["method"] not in spec_facts["methods"]:
+            problems.append(f"refused: speculative method {spec['method']} not in vLLM {version}")
+    elif "--speculative-model" in given:
+        model = given["--speculative-model"][0]
+        spec = {"method": "ngram" if model == "[ngram]" else "draft_model"}
+        if "--speculative-disable-by-batch-size" in given:
+            spec["disable_by_batch_size"] = int(given["--speculative-disable-by-batch-size"][0])
+        if "--speculative-draft-tensor-parallel-size" in given:
+            spec["draft_tensor_parallel_size"] = int(given["--speculative-draft-tensor-parallel-size"][0])
+    speculating = spec is not None
+
+    if speculating:
+        checks += 1
+        # load protection: only where the release reads it (for the method used)
+        if "disable_by_batch_size" in spec:
+            status = honoured["disable_by_batch_size"]
+            ok = status.startswith("honoured") and (
+                "only on V0 (draft_model" not in status or spec["method"] == "draft_model"
+            )
+            if version == "0.8.2" and "--speculative-config" in given:
+                ok = False  # honoured with the legacy flag only
+            if not ok:
+                problems.append(f"silently ignored: disable_by_batch_size on vLLM {version} ({status})")
+        if "num_speculative_tokens_per_batch_size" in spec and honoured[
+            "num_speculative_tokens_per_batch_size"
+        ].startswith("absent"):
+            problems.append(f"refused: num_speculative_tokens_per_batch_size on vLLM {version}")
+        # draft models at all, and the draft's tensor parallel size
+        if spec["method"] == "draft_model" and "no separate draft models" in constraints.get(
+            "draft_vocab", ""
+        ):
+            problems.append(f"refused: draft_model on vLLM {version} (no separate draft models)")
+        dtp = spec.get("draft_tensor_parallel_size")
+        if dtp is not None:
+            tp = inst["tensor_parallel_size"]
+            if "must be 1 if passed" in constraints["draft_tensor_parallel_size"] and dtp != 1:
+                problems.append(f"refused: draft TP {dtp} on vLLM {version} (must be 1 if passed)")
+            elif "requires == target TP" in constraints["draft_tensor_parallel_size"] and dtp != tp:
+                problems.append(f"refused: draft TP {dtp} != target TP {tp} on vLLM {version}")
+        # chunked prefill together with speculation
+        cp = constraints["chunked_prefill_with_speculation"]["status"]
+        if cp == "refused" and "--enable-chunked-prefill" in given:
+            problems.append(f"refused: chunked prefill with speculation on vLLM {version}")
+        if (
+            cp.startswith("ok, with two exceptions")
+            and "--enable-chunked-prefill" in given
+            and spec["method"] == "draft_model"
+            and inst["tensor_parallel_size"] > 1
+            and spec.get("draft_tensor_parallel_size") != 1
+        ):
+            problems.append(f"refused: chunked prefill with a draft TP != 1 on vLLM {version}")
+        # the CPU backend
+        if inst["device"] == "cpu":
+            cpu = constraints["cpu_backend"]["status"]
+            ok = cpu.startswith("ok") or (cpu.startswith("refused on V1") and spec["method"] == "draft_model")
+            if not ok:
+                kind = "silently ignored" if cpu == "not applied" else "refused"
+                problems.append(f"{kind}: speculation on vLLM {version}'s CPU backend ({cpu})")
+
+    # without chunked prefill a batch must hold a whole prompt
+    chunked_off = "--no-enable-chunked-prefill" in given or (
+        speculating
+        and constraints["chunked_prefill_with_speculation"]["status"] == "refused"
+        and "--enable-chunked-prefill" not in given
+    )
+    if chunked_off and "--max-num-batched-tokens" in given:
+        checks += 1
+        mnbt = int(given["--max-num-batched-tokens"][0])
+        if mnbt < int(given["--max-model-len"][0]):
+            problems.append(
+                f"refused: --max-num-batched-tokens {mnbt} < --max-model-len without chunked prefill"
+            )
+
+    # AWQ: an explicit 'awq' forces the slow legacy kernel where the release says so
+    if given.get("--quantization") == ["awq"] and spec_facts["awq"]["quantization_awq_forces_legacy_kernel"]:
+        problems.append(f"slow: --quantization awq forces the legacy AWQ kernel on vLLM {version}")
+
+    # NUMA binding: one node per visible GPU
+    if "--numa-bind-nodes" in given:
+        checks += 1
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        if "--numa-bind" not in given or len(given["--numa-bind-nodes"]) != len(visible):
+            problems.append(f"refused: --numa-bind-nodes {given['--numa-bind-nodes']} for GPUs {visible}")
+    return problems, checks
+
+
+def _render_everything(host_of, empty_root, name: str, model: str | None, sets: list[str] | None = None):
+    host = host_of(name)
+    host = host._replace(software=host.software._replace(numactl_path="/usr/bin/numactl"))
+    plan = make_plan(
+        host, empty_root, model=model, sets=["server.vllm_command=vllm", *(sets or [])], environ={}
+    )
+    for version in known_versions():
+        rel = release(version)
+        assert rel.table == version
+        for inst in plan["instances"]:
+            yield version, inst, render_instance(plan, inst, rel, "vllm", "/usr/bin/numactl")
+
+
+def test_facts_cover_the_shipped_releases() -> None:
+    options, facts = _facts()
+    assert sorted(options) == sorted(known_versions()) == sorted(facts["speculative_config"])
+
+
+def test_shipped_speculative_table_matches_the_facts() -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_vllm_table.py"), "--check", "--facts", str(FACTS)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_every_release_accepts_and_honours_the_render(name, host_of, empty_root) -> None:
+    problems: list[str] = []
+    checks = renders = 0
+    for version, inst, r in _render_everything(host_of, empty_root, name, HOSTS[name]):
+        found, n = oracle(version, r.argv, r.env, inst)
+        problems += [f"{version} {inst['name']}: {p}" for p in found]
+        checks += n
+        renders += 1
+    assert not problems, "\n".join(problems)
+    assert renders >= len(known_versions()) and checks > renders * 5
+
+
+def test_the_oracle_catches_what_the_old_renderer_emitted() -> None:
+    """The oracle is not true by construction: the renders of the last landed renderer fail it."""
+    inst = {"tensor_parallel_size": 2, "device": "cuda"}
+    env = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    base = ["vllm", "serve", "M", "--max-model-len", "8192", "--max-num-batched-tokens", "8192"]
+    spec20 = '{"method":"draft_model","num_speculative_tokens":5,"model":"D","disable_by_batch_size":65}'
+    assert any(
+        "refused" in p for p in oracle("0.20.0", [*base, "--speculative-config", spec20], env, inst)[0]
+    )
+    assert any(
+        "silently ignored" in p
+        for p in oracle("0.15.0", [*base, "--speculative-config", spec20], env, inst)[0]
+    )
+    legacy = [*base, "--enable-chunked-prefill", "--speculative-model", "D", "--num-speculative-tokens", "5"]
+    assert any("chunked prefill" in p for p in oracle("0.6.3", legacy, env, inst)[0])
+    dtp = [*base, "--speculative-model", "D", "--speculative-draft-tensor-parallel-size", "2"]
+    assert any("must be 1" in p for p in oracle("0.6.3", dtp, env, inst)[0])
+    ngram = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+    cpu = {"tensor_parallel_size": 1, "device": "cpu"}
+    assert any(
+        "CPU backend" in p for p in oracle("0.15.0", [*base, "--speculative-config", ngram], {}, cpu)[0]
+    )
+    assert not oracle("0.32.0", [*base, "--speculative-config", ngram], {}, cpu)[0]
+    assert any("legacy AWQ" in p for p in oracle("0.20.0", [*base, "--quantization", "awq"], env, inst)[0])
+    assert any("does not exist" in p for p in oracle("0.15.0", [*base, "--numa-bind"], env, inst)[0])
+
+
+def test_instances_spanning_numa_nodes_bind_each_rank(host_of, empty_root) -> None:
+    for version, _inst, r in _render_everything(host_of, empty_root, "h100-sxm-8x", None):
+        if version in ("0.20.0", "0.33.0"):
+            a = r.argv
+            i = a.index("--numa-bind-nodes")
+            assert a[i + 1 : i + 9] == ["0", "0", "0", "0", "1", "1", "1", "1"], a
+        if version == "0.15.0":
+            assert "--numa-bind-nodes" not in r.argv and r.argv[0] == "vllm"
+            assert any("not bound" in w for w in r.warnings)
+
+
+def test_cpu_plans_do_not_speculate_where_the_cpu_backend_refuses(host_of, empty_root) -> None:
+    seen = {}
+    for version, _inst, r in _render_everything(
+        host_of, empty_root, "no-driver", "Qwen/Qwen3-0.6B", ["speculative.method=ngram"]
+    ):
+        seen[version] = "--speculative-config" in r.argv or "--speculative-model" in r.argv
+        if not seen[version]:
+            assert any("CPU backend" in w for w in r.warnings), (version, r.warnings)
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in r.env  # vLLM's own binding reserves its cores
+    assert not any(seen[v] for v in ("0.6.3", "0.10.0", "0.15.0", "0.18.0"))
+    assert all(seen[v] for v in ("0.20.0", "0.25.0", "0.32.0", "0.33.0"))
+
+
+def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_path) -> None:
+    """A target served from disk (HF_HUB_OFFLINE=1) with a draft only the catalog knows: vLLM would
+    fail to fetch the draft at start, so render proposes from the prompt instead and says how to get it."""
+    target = tmp_path / "Qwen3-8B-local"
+    target.mkdir()
+    (target / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "hidden_size": 4096,
+                "intermediate_size": 12288,
+                "num_hidden_layers": 36,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 151936,
+                "max_position_embeddings": 40960,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    rendered = list(
+        _render_everything(
+            host_of, empty_root, "rtx4090-1x", str(target), ["speculative.draft=Qwen/Qwen3-0.6B"]
+        )
+    )
+    assert rendered
+    for version, _inst, r in rendered:
+        assert r.env.get("HF_HUB_OFFLINE") == "1"
+        assert "Qwen/Qwen3-0.6B" not in " ".join(r.argv), version
+        if version in ("0.6.3", "0.8.5", "0.15.0", "0.20.0", "0.33.0"):  # releases with draft models
+            assert any("huggingface-cli download Qwen/Qwen3-0.6B" in w for w in r.warnings), version
