@@ -302,3 +302,51 @@ def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_pat
         assert "Qwen/Qwen3-0.6B" not in " ".join(r.argv), version
         if version in ("0.6.3", "0.8.5", "0.15.0", "0.20.0", "0.33.0"):  # releases with draft models
             assert any("huggingface-cli download Qwen/Qwen3-0.6B" in w for w in r.warnings), version
+
+
+@pytest.mark.parametrize("installed", ["0.33.0", "0.22.0"])
+def test_a_draft_with_another_vocabulary(host_of, empty_root, installed) -> None:
+    """Qwen2.5-32B (vocab 152064) with Llama-3.2-1B (128256) as the draft: vLLM 0.25+ runs the pair
+    with use_heterogeneous_vocab; older releases refuse it, and render says so and proposes from the
+    prompt instead."""
+    host = host_of("a800-pcie-4x-2numa")
+    host = host._replace(
+        software=host.software._replace(vllm_version=installed, numactl_path="/usr/bin/numactl")
+    )
+    plan = make_plan(
+        host,
+        empty_root,
+        model="Qwen/Qwen2.5-32B-Instruct",
+        draft="meta-llama/Llama-3.2-1B-Instruct",
+        sets=["server.vllm_command=vllm"],
+        environ={},
+    )
+    inst = plan["instances"][0]
+    assert plan["model"]["vocab_size"] != plan["draft"]["vocab_size"] if plan["draft"] else True
+    for version in known_versions():
+        r = render_instance(plan, inst, release(version), "vllm", "/usr/bin/numactl")
+        assert not oracle(version, r.argv, r.env, inst)[0]
+        a = r.argv
+        spec = json.loads(a[a.index("--speculative-config") + 1]) if "--speculative-config" in a else None
+        if installed == "0.22.0":  # the planner knew the installed vLLM refuses the pair
+            assert inst["speculative"]["method"] == "ngram"
+            continue
+        assert inst["speculative"]["method"] == "draft_model"
+        if version in ("0.25.0", "0.29.0", "0.32.0", "0.33.0"):
+            assert spec["method"] == "draft_model" and spec["use_heterogeneous_vocab"] is True, version
+        elif spec is not None:
+            assert spec["method"] == "ngram" and "use_heterogeneous_vocab" not in spec, version
+            if version in ("0.15.0", "0.20.0", "0.22.0"):
+                assert any("another vocabulary" in w for w in r.warnings), (version, r.warnings)
+
+
+def test_gpus_named_by_uuid_where_vllm_maps_them(host_of, empty_root) -> None:
+    host = host_of("a800-pcie-4x-2numa")
+    uuids = {g.index: g.uuid for g in host.gpus}
+    rendered = {v: r for v, inst, r in _render_everything(host_of, empty_root, "a800-pcie-4x-2numa", None)}
+    assert all(u and u.startswith("GPU-") for u in uuids.values())
+    assert rendered["0.33.0"].env["CUDA_VISIBLE_DEVICES"] in {
+        f"{uuids[0]},{uuids[1]}",
+        f"{uuids[2]},{uuids[3]}",
+    }
+    assert rendered["0.29.0"].env["CUDA_VISIBLE_DEVICES"] in {"0,1", "2,3"}

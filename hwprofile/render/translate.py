@@ -12,7 +12,12 @@ from typing import Any, NamedTuple
 
 from .versions import Release
 
-Pair = tuple[str, Any]  # (flag, value); value None = a switch, list = several values
+Pair = tuple[str, Any]
+UUID_DEVICES_FROM = (
+    0,
+    32,
+    0,
+)  # first release known to accept GPU UUIDs in CUDA_VISIBLE_DEVICES  # (flag, value); value None = a switch, list = several values
 
 
 class Rendered(NamedTuple):
@@ -166,7 +171,13 @@ def render_instance(
         env["HF_HUB_OFFLINE"] = "1"  # the weights are local: never reach for the hub
     if cuda:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst["gpus"])
+        uuids = inst.get("gpu_uuids") or []
+        if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
+            # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
+            # (0.32.0 platforms/cuda.py:751-756; older releases call int() on each entry)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst["gpus"])
     else:
         # No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
         # leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one
@@ -287,6 +298,14 @@ def _speculative(
             f"ngram prompt lookup instead of {model}"
         )
         method, model = "ngram", None
+    target_vocab, draft_vocab = plan["model"].get("vocab_size"), draft.get("vocab_size")
+    other_vocab = bool(target_vocab and draft_vocab and target_vocab != draft_vocab)
+    if method == "draft_model" and other_vocab and not table["heterogeneous_vocab"]:
+        warnings.append(
+            f"the draft {model} has another vocabulary ({draft_vocab} vs {target_vocab}): vLLM {rel.table} "
+            "refuses it (0.25+ accepts it with use_heterogeneous_vocab); ngram prompt lookup instead"
+        )
+        method, model = "ngram", None
     if (
         method == "draft_model"
         and plan["model"].get("source") in ("dir", "hf-cache")
@@ -381,6 +400,8 @@ def _speculative(
         cfg["model"] = model
     if method == "ngram":
         cfg["prompt_lookup_max"], cfg["prompt_lookup_min"] = lookup_max, lookup_min
+    if method == "draft_model" and other_vocab:
+        cfg["use_heterogeneous_vocab"] = True  # needs greedy draft sampling, vLLM's default
     if disable_by_batch is not None:
         cfg["disable_by_batch_size"] = disable_by_batch
     if per_batch:
