@@ -7,7 +7,9 @@
  * ctypes code on it; real NVML clients (gpustat) run unchanged against it too.
  *
  * State is read at nvmlInitWithFlags time (not at load time: pynvml keeps the library
- * loaded) from the file named by $FAKE_NVML_STATE. One "key=value" per line, '#' comments:
+ * loaded) from the file named by $FAKE_NVML_STATE, and read again by any later call once the
+ * file's size or modification time changed (a test can heat a GPU under a running daemon that
+ * keeps its handles). One "key=value" per line, '#' comments:
  *
  *   init_error=9                      nvmlInit fails with this code (9: driver not loaded)
  *   driver_version=550.54.15
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define MAX_DEV 64
 #define MAX_ERR 256
@@ -52,6 +55,8 @@ struct nvmlDevice_st {
     int nvlink_switch;                    /* 1: every link ends at an NVSwitch */
     unsigned int power_limit_mw, power_usage_mw;
     unsigned int temp, temp_slowdown, temp_shutdown, temp_gpu_max;
+    int margin_temp, has_margin;          /* NVML's headroom to the slowdown threshold */
+    int minor, has_minor;                 /* /dev/nvidia<minor>; default: the index */
     unsigned int sm_clock, sm_clock_max;
     unsigned long long clocks_event_reasons;
     unsigned int fan, util_gpu, util_mem;
@@ -131,6 +136,8 @@ static void set_field(struct nvmlDevice_st *d, const char *k, const char *v) {
     else if (!strcmp(k, "util_gpu")) d->util_gpu = (unsigned int)u;
     else if (!strcmp(k, "util_mem")) d->util_mem = (unsigned int)u;
     else if (!strcmp(k, "lost")) d->lost = (int)u;
+    else if (!strcmp(k, "margin_temperature")) { d->margin_temp = atoi(v); d->has_margin = 1; }
+    else if (!strcmp(k, "minor")) { d->minor = atoi(v); d->has_minor = 1; }
 }
 
 static void add_err(int dev, const char *fn, const char *code) {
@@ -141,10 +148,19 @@ static void add_err(int dev, const char *fn, const char *code) {
     n_errs++;
 }
 
+static long long state_stamp = -1; /* mtime in ns + size of the state file last read */
+
+static long long stamp_of(const char *path) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return -1;
+    return (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec + (long long)st.st_size * 7;
+}
+
 static nvmlReturn_t load_state(void) {
     reset();
     const char *path = getenv("FAKE_NVML_STATE");
     if (!path) return NVML_ERROR_DRIVER_NOT_LOADED;
+    state_stamp = stamp_of(path);
     FILE *f = fopen(path, "r");
     if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;
     char line[1024];
@@ -189,6 +205,14 @@ static nvmlReturn_t injected(int dev, const char *fn) {
     return NVML_SUCCESS;
 }
 
+/* Re-read the state when its file changed since it was read (handles stay valid: they point
+ * into the static device table). */
+static void maybe_reload(void) {
+    const char *path = getenv("FAKE_NVML_STATE");
+    long long now = stamp_of(path);
+    if (now != state_stamp) load_state();
+}
+
 static int dev_index(nvmlDevice_t d) {
     if (!d) return -1;
     long i = d - devs;
@@ -198,6 +222,7 @@ static int dev_index(nvmlDevice_t d) {
 /* Common prologue of every device call: checks init, handle, lost state, injected errors. */
 #define DEV_CALL(device, fn)                                     \
     if (!initialized) return NVML_ERROR_UNINITIALIZED;            \
+    maybe_reload();                                               \
     int idx = dev_index(device);                                  \
     if (idx < 0) return NVML_ERROR_INVALID_ARGUMENT;              \
     struct nvmlDevice_st *d = &devs[idx];                         \
@@ -487,6 +512,21 @@ nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperat
     }
     if (!v) return NVML_ERROR_NOT_SUPPORTED;
     *temp = v;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMarginTemperature(nvmlDevice_t device, nvmlMarginTemperature_t *info) {
+    DEV_CALL(device, "nvmlDeviceGetMarginTemperature");
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->has_margin) return NVML_ERROR_NOT_SUPPORTED;
+    info->marginTemperature = d->margin_temp;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    DEV_CALL(device, "nvmlDeviceGetMinorNumber");
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = d->has_minor ? (unsigned int)d->minor : (unsigned int)idx;
     return NVML_SUCCESS;
 }
 

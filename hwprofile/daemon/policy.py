@@ -1,0 +1,409 @@
+"""Pure policy: readings in, decisions out, each with its reason and the readings behind it.
+
+Nothing here reads a clock, a file or the network: time arrives as ``now`` (monotonic seconds),
+state is returned, not kept. The loop owns the state and acts on the decisions.
+
+Thermal states per GPU, ``ok`` < ``warm`` < ``hot`` < ``critical``:
+
+- A reading maps to a level by the absolute thresholds of the profile (``watch.warm_c``, ``hot_c``,
+  ``critical_c``) and, where the card reports it, by its own headroom to its slowdown threshold
+  (``watch.*_margin_c``): the stricter of the two wins, so a card that slows down early is
+  protected early. The headroom is NVML's temperature margin where the driver has it, else the
+  card's slowdown threshold minus its temperature.
+- Thermal clock-event reasons (``sw_thermal_slowdown``, ``hw_thermal_slowdown``, ``hw_slowdown``)
+  active for ``watch.throttle_s`` count as ``hot`` whatever the temperature. Power-cap throttling is
+  reported, never acted on.
+- Up: a higher level must hold for ``watch.dwell_s`` (one spike never acts). Down: the reading must
+  stay below the level's thresholds by ``watch.hysteresis_c`` for ``dwell_s``.
+- A reading without a value holds the state (no decision without a value).
+
+Actions per instance (the instance's level is the worst of its GPUs): ``hot`` → degrade step 1,
+``critical`` → step 2, cool (below ``hot`` by the hysteresis, no thermal throttling) for
+``watch.recover_s`` → recover to the full profile. Each instance acts at most
+``watch.max_actions_per_hour`` times an hour; an action over the limit is deferred, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+LEVELS = ("ok", "warm", "hot", "critical")
+THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
+POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """The ``watch.*`` settings (defaults live in the settings schema; these mirror them for tests)."""
+
+    interval: float = 1.0
+    window_s: float = 60.0
+    warm_c: float = 75.0
+    hot_c: float = 83.0
+    critical_c: float = 88.0
+    warm_margin_c: float = 12.0
+    hot_margin_c: float = 6.0
+    critical_margin_c: float = 2.0
+    hysteresis_c: float = 3.0
+    dwell_s: float = 3.0
+    throttle_s: float = 5.0
+    recover_s: float = 300.0
+    max_actions_per_hour: int = 6
+    acceptance_low: float = 0.65
+    acceptance_high: float = 0.85
+    min_draft_tokens: int = 200
+    apply_k_advice: bool = False
+    metrics_port: int = 9464
+
+    @classmethod
+    def from_settings(cls, watch: Mapping[str, Any]) -> WatchSettings:
+        known = {k: watch[k] for k in cls.__dataclass_fields__ if k in watch and watch[k] is not None}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one tick. ``status``: ok, lost, error (then the values may be None)."""
+
+    index: int
+    at: float
+    status: str = "ok"
+    temperature_c: float | None = None
+    margin_c: float | None = None  # NVML's headroom to the slowdown threshold, where the driver has it
+    slowdown_c: float | None = None
+    shutdown_c: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    reasons: tuple[str, ...] | None = None
+    power_draw_watts: float | None = None
+    power_limit_watts: float | None = None
+    memory_used_bytes: int | None = None
+    error: str | None = None
+
+    @property
+    def headroom_c(self) -> float | None:
+        if self.margin_c is not None:
+            return self.margin_c
+        if self.slowdown_c is not None and self.temperature_c is not None:
+            return self.slowdown_c - self.temperature_c
+        return None
+
+
+@dataclass(frozen=True)
+class ThermalState:
+    """Per GPU: the committed level, what is pending and since when, how long each reason is on."""
+
+    level: str = "ok"
+    since: float | None = None  # when the committed level began
+    pending: str | None = None  # a level the readings point to, not yet held for dwell_s
+    pending_since: float | None = None
+    reasons_since: tuple[tuple[str, float], ...] = ()  # active clock-event reason -> first seen
+    cool_since: float | None = None  # below hot by the hysteresis, no thermal throttle, since
+    reason: str = "no reading yet"
+    lost: bool = False
+
+    def reason_active_s(self, now: float) -> dict[str, float]:
+        return {name: now - t for name, t in self.reasons_since}
+
+
+def _rank(level: str) -> int:
+    return LEVELS.index(level)
+
+
+def _temp_level(
+    temp: float | None, headroom: float | None, s: WatchSettings, slack: float
+) -> tuple[int, str]:
+    """Level of a reading against the thresholds lowered by ``slack`` (0 to go up, the hysteresis to
+    go down), with the threshold that decided it."""
+    best, why = 0, "below every threshold"
+    if temp is not None:
+        for i, limit in ((3, s.critical_c), (2, s.hot_c), (1, s.warm_c)):
+            if temp >= limit - slack:
+                if i > best:
+                    best, why = i, f"{temp:.0f} °C >= {LEVELS[i]} {limit - slack:.0f} °C"
+                break
+    if headroom is not None:
+        for i, margin in ((3, s.critical_margin_c), (2, s.hot_margin_c), (1, s.warm_margin_c)):
+            if headroom <= margin + slack:
+                if i > best:
+                    best, why = (
+                        i,
+                        f"{headroom:.0f} °C below its slowdown threshold <= {LEVELS[i]} margin "
+                        f"{margin + slack:.0f} °C",
+                    )
+                break
+    return best, why
+
+
+def thermal_step(
+    state: ThermalState, r: GpuReading, s: WatchSettings, now: float
+) -> tuple[ThermalState, str | None]:
+    """Advance one GPU's thermal state by one reading. Returns the new state and, when the
+    committed level changed, a one-line description of the change (else None)."""
+    if r.status == "lost":
+        if state.lost:
+            return state, None
+        return replace(state, lost=True, reason=f"gpu_lost: {r.error or 'NVML says the GPU is lost'}"), (
+            f"GPU {r.index} lost: {r.error or 'NVML says the GPU is lost'}"
+        )
+    if state.lost:
+        state = replace(state, lost=False)
+    # how long each clock-event reason has been on
+    active = r.reasons
+    if active is None:
+        reasons_since = state.reasons_since
+    else:
+        old = dict(state.reasons_since)
+        reasons_since = tuple((n, old.get(n, now)) for n in active)
+    state = replace(state, reasons_since=reasons_since)
+    if r.temperature_c is None and r.headroom_c is None and active is None:
+        return replace(state, reason=f"no reading ({r.error or r.status}): holding {state.level}"), None
+
+    up, up_why = _temp_level(r.temperature_c, r.headroom_c, s, 0.0)
+    down, _ = _temp_level(r.temperature_c, r.headroom_c, s, s.hysteresis_c)
+    throttled = [(n, now - t) for n, t in reasons_since if n in THERMAL_REASONS and now - t >= s.throttle_s]
+    if throttled and up < 2:
+        name, held = throttled[0]
+        up, up_why = 2, f"{name} active for {held:.0f} s (>= watch.throttle_s {s.throttle_s:g} s)"
+    if throttled:
+        down = max(down, 2)
+    # cool: below hot by the hysteresis and no thermal throttling at all
+    thermal_now = any(n in THERMAL_REASONS for n, _ in reasons_since)
+    cool = down < 2 and not thermal_now
+    cool_since = (state.cool_since if state.cool_since is not None else now) if cool else None
+    state = replace(state, cool_since=cool_since)
+
+    cur = _rank(state.level)
+    target = up if up > cur else (down if down < cur else cur)
+    if target == cur:
+        return replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why)), None
+    want = LEVELS[target]
+    if state.pending != want:
+        return replace(state, pending=want, pending_since=now, reason=f"{want} pending: {up_why}"), None
+    assert state.pending_since is not None
+    if now - state.pending_since < s.dwell_s:
+        return replace(state, reason=f"{want} pending for {now - state.pending_since:.0f} s: {up_why}"), None
+    why = up_why if target > cur else f"below {state.level} by the hysteresis ({s.hysteresis_c:g} °C)"
+    new = replace(state, level=want, since=now, pending=None, pending_since=None, reason=f"{want}: {why}")
+    return new, f"GPU {r.index} {state.level} -> {want}: {why} ({describe(r)})"
+
+
+def _hold_reason(state: ThermalState, r: GpuReading, why: str) -> str:
+    return f"{state.level}: {why}" if state.level != "ok" else f"ok: {describe(r)}"
+
+
+def describe(r: GpuReading) -> str:
+    """The readings of one GPU, in a line."""
+    parts = []
+    if r.temperature_c is not None:
+        lim = f" (slowdown {r.slowdown_c:.0f} °C)" if r.slowdown_c is not None else ""
+        parts.append(f"{r.temperature_c:.0f} °C{lim}")
+    if r.sm_clock_mhz is not None:
+        top = f"/{r.sm_clock_max_mhz}" if r.sm_clock_max_mhz else ""
+        parts.append(f"SM {r.sm_clock_mhz}{top} MHz")
+    if r.reasons:
+        shown = [n for n in r.reasons if n != "gpu_idle"]
+        if shown:
+            parts.append("reasons " + ",".join(shown))
+    if r.power_draw_watts is not None:
+        top = f"/{r.power_limit_watts:.0f}" if r.power_limit_watts else ""
+        parts.append(f"{r.power_draw_watts:.0f}{top} W")
+    return ", ".join(parts) or r.status
+
+
+# -- actions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # degrade, recover
+    instance: str
+    level: int  # the degrade step after the action (0 = full profile)
+    reason: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InstanceActionState:
+    level: int = 0  # degrade step in force (or being applied)
+    actions_at: tuple[float, ...] = ()  # when its last actions were taken (for the hourly limit)
+    deferred: str | None = None
+
+
+@dataclass(frozen=True)
+class Decisions:
+    actions: tuple[Action, ...] = ()
+    deferred: tuple[str, ...] = ()
+    states: Mapping[str, InstanceActionState] = field(default_factory=dict)
+
+
+def decide_actions(
+    instances: Mapping[str, Sequence[int]],
+    thermal: Mapping[int, ThermalState],
+    prev: Mapping[str, InstanceActionState],
+    s: WatchSettings,
+    now: float,
+) -> Decisions:
+    """What to do for each instance given its GPUs' thermal states (pure)."""
+    actions: list[Action] = []
+    deferred: list[str] = []
+    states: dict[str, InstanceActionState] = {}
+    for name, gpus in instances.items():
+        st = prev.get(name, InstanceActionState())
+        recent = tuple(t for t in st.actions_at if now - t < 3600)
+        st = replace(st, actions_at=recent, deferred=None)
+        known = [thermal[g] for g in gpus if g in thermal and not thermal[g].lost]
+        if not known:
+            states[name] = st
+            continue
+        worst = max(known, key=lambda t: _rank(t.level))
+        want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
+        kind = None
+        if want > st.level:
+            kind, why = "degrade", f"GPU {gpus[known.index(worst)]} {worst.reason}"
+        elif st.level > 0 and all(
+            t.cool_since is not None and now - t.cool_since >= s.recover_s for t in known
+        ):
+            want, kind = 0, "recover"
+            why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
+        if kind is None:
+            states[name] = st
+            continue
+        if len(recent) >= s.max_actions_per_hour:
+            msg = (
+                f"{name}: {kind} to step {want} deferred: {len(recent)} actions in the last hour "
+                f"(watch.max_actions_per_hour {s.max_actions_per_hour})"
+            )
+            deferred.append(msg)
+            states[name] = replace(st, deferred=msg)
+            continue
+        actions.append(Action(kind, name, want, why, tuple(gpus)))
+        states[name] = replace(st, level=want, actions_at=(*recent, now))
+    return Decisions(tuple(actions), tuple(deferred), states)
+
+
+# -- speculative decoding ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecWindow:
+    """Counter increases of one instance over the window (vLLM V1 names; see facts/vllm-metrics.md)."""
+
+    drafts: float  # Δ spec_decode_num_drafts_total
+    draft_tokens: float  # Δ spec_decode_num_draft_tokens_total
+    accepted: float  # Δ spec_decode_num_accepted_tokens_total
+    per_position: tuple[float, ...]  # Δ ..._per_pos_total{position=i}, i = 0..k-1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.accepted / self.drafts if self.drafts > 0 else None
+
+    def position_rates(self) -> tuple[float, ...]:
+        """P(position i accepted), over all drafts (vLLM's own per-position formula)."""
+        if self.drafts <= 0:
+            return ()
+        return tuple(min(1.0, p / self.drafts) for p in self.per_position)
+
+
+def acceptance_health(w: SpecWindow | None, s: WatchSettings) -> str | None:
+    """A warning when the window's acceptance rate is outside the profile's band, else None."""
+    if w is None or w.draft_tokens < s.min_draft_tokens or w.acceptance_rate is None:
+        return None
+    rate = w.acceptance_rate
+    if rate < s.acceptance_low:
+        return (
+            f"acceptance {rate:.0%} below the profile's band {s.acceptance_low:.0%}-{s.acceptance_high:.0%} "
+            f"({w.accepted:.0f} of {w.draft_tokens:.0f} draft tokens in the window): fewer proposals per step "
+            "would waste less"
+        )
+    if rate > s.acceptance_high:
+        return (
+            f"acceptance {rate:.0%} above the profile's band {s.acceptance_low:.0%}-{s.acceptance_high:.0%} "
+            f"({w.accepted:.0f} of {w.draft_tokens:.0f}): more proposals per step may pay"
+        )
+    return None
+
+
+def expected_gain(rates: Sequence[float], k: int, draft_cost: float, verify_cost: float) -> float:
+    """Tokens per unit of step cost with ``k`` proposals: (1 + Σ_{i<k} P(i accepted)) over
+    (1 + k × (draft cost + verify cost)), relative to no speculation (1 token for 1 step)."""
+    return (1 + sum(rates[:k])) / (1 + k * (draft_cost + verify_cost))
+
+
+def extend_rates(rates: Sequence[float], k_max: int) -> tuple[float, ...]:
+    """Per-position acceptance up to ``k_max``: observed positions as they are; beyond them the last
+    observed conditional rate P(i | i-1) continues geometrically (never above it)."""
+    out = list(rates)
+    if not out:
+        return ()
+    cond = out[-1] / out[-2] if len(out) >= 2 and out[-2] > 0 else out[-1]
+    cond = max(0.0, min(1.0, cond))
+    while len(out) < k_max:
+        out.append(out[-1] * cond)
+    return tuple(out[:k_max])
+
+
+@dataclass(frozen=True)
+class KAdvice:
+    k: int  # 0 = no speculation
+    gain: float  # expected tokens per unit step cost vs no speculation
+    current_k: int
+    current_gain: float
+    reason: str
+
+
+def advise_k(
+    w: SpecWindow | None,
+    current_k: int,
+    draft_cost: float,
+    load: float,
+    s: WatchSettings,
+    k_max: int = 8,
+    adaptive: bool = False,
+) -> KAdvice | None:
+    """The k that maximises expected accepted tokens per unit of step cost for the observed
+    per-position acceptance, or None without enough drafts.
+
+    ``draft_cost``: one proposal's cost relative to a target step (draft/target size; ~0 for
+    ngram). ``load``: the share of the batch in use (running / max_num_seqs): a verified proposal
+    costs nothing extra at batch 1 (decoding is memory-bound) and about a token's compute at full
+    batch, which is where a fixed k can lose to no speculation.
+    """
+    if w is None or w.draft_tokens < s.min_draft_tokens:
+        return None
+    observed = w.position_rates()
+    if not observed:
+        return None
+    rates = extend_rates(observed, max(k_max, len(observed)))
+    verify = max(0.0, min(1.0, load))
+    gains = {k: expected_gain(rates, k, draft_cost, verify) for k in range(0, k_max + 1)}
+    best = max(gains, key=lambda k: (round(gains[k], 6), -k))
+    cur = gains.get(current_k, expected_gain(rates, current_k, draft_cost, verify))
+    mean_len = w.mean_acceptance_length or 1.0
+    if best == 0:
+        why = (
+            f"no speculation: at {load:.0%} batch load every k loses to none (best k={max(gains, key=gains.get)} "
+            f"{max(gains.values()):.2f}x; acceptance per position {_fmt(observed)})"
+        )
+    else:
+        why = (
+            f"k={best}: {gains[best]:.2f}x tokens per step cost vs {cur:.2f}x at k={current_k} "
+            f"(acceptance per position {_fmt(observed)}, mean acceptance length {mean_len:.2f}, "
+            f"draft cost {draft_cost:.2f}, batch load {load:.0%})"
+        )
+    if adaptive:
+        why += (
+            "; this vLLM chooses k by batch size itself (num_speculative_tokens_per_batch_size): the advice "
+            "is for the band that covers the observed load"
+        )
+    return KAdvice(best, round(gains[best], 4), current_k, round(cur, 4), why)
+
+
+def _fmt(rates: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{r:.2f}" for r in rates) + "]"

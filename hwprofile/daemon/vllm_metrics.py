@@ -1,0 +1,111 @@
+"""vLLM's ``/metrics`` text, parsed with prometheus-client's own parser, into the figures the policy
+and the status view read. Names and formulas per release: shared/facts/vllm-metrics.md.
+
+Only ``_total`` samples of counters are read (in single-process mode every counter also exports
+``X_created`` as a gauge), series are summed over the ``engine`` label (data-parallel ranks), and the
+per-position counter is kept apart from the accepted-tokens total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # 0.9+ / before 0.12
+PREEMPTIONS = "vllm:num_preemptions_total"
+GENERATION = "vllm:generation_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")  # 0.10.1+ / before 0.15
+
+COUNTERS = (PREEMPTIONS, GENERATION, DRAFTS, DRAFT_TOKENS, ACCEPTED, "vllm:prompt_tokens_total")
+
+
+class MetricsError(ValueError):
+    """A /metrics body that is not Prometheus text."""
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    """One scrape. ``engine``: v1 (series carry an ``engine`` label), v0, or None when the server
+    exports no ``vllm:*`` series at all (``--disable-log-stats``)."""
+
+    engine: str | None
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)  # name (or name{position=i}) -> value
+    ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    itl_buckets: dict[float, float] = field(default_factory=dict)
+    spec_decode: bool = False  # the spec_decode_* families exist (a speculative config is set)
+
+    @property
+    def metrics_disabled(self) -> bool:
+        return self.engine is None
+
+    @property
+    def running(self) -> float | None:
+        return self.gauges.get(RUNNING)
+
+    @property
+    def waiting(self) -> float | None:
+        return self.gauges.get(WAITING)
+
+    @property
+    def kv_usage(self) -> float | None:
+        return next((self.gauges[n] for n in KV_USAGE if n in self.gauges), None)
+
+    def window_values(self) -> dict[str, float]:
+        """Everything a counter window follows: counters, per-position counters, histogram buckets."""
+        out = dict(self.counters)
+        out.update({f"ttft_bucket{{le={le}}}": v for le, v in self.ttft_buckets.items()})
+        out.update({f"itl_bucket{{le={le}}}": v for le, v in self.itl_buckets.items()})
+        return out
+
+
+def parse(text: str) -> VllmMetrics:
+    """Parse one /metrics body (raises :class:`MetricsError` on text that is not Prometheus')."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gauges: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    ttft: dict[float, float] = {}
+    itl: dict[float, float] = {}
+    any_vllm, v1, spec = False, False, False
+    itl_name: str | None = None
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as e:  # the parser is lax and fails midway
+        raise MetricsError(f"not Prometheus text: {e}") from None
+    for fam in families:
+        if not fam.name.startswith("vllm:"):
+            continue
+        for sample in fam.samples:
+            name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name.endswith("_created"):
+                continue
+            any_vllm = True
+            v1 = v1 or "engine" in labels
+            if name.startswith("vllm:spec_decode_"):
+                spec = True
+            if name == PER_POS:
+                key = f"{PER_POS}{{position={labels.get('position', '?')}}}"
+                counters[key] = counters.get(key, 0.0) + value
+            elif name in COUNTERS:
+                counters[name] = counters.get(name, 0.0) + value
+            elif name in (RUNNING, WAITING, *KV_USAGE):
+                gauges[name] = gauges.get(name, 0.0) + value if name in (RUNNING, WAITING) else value
+            elif name == TTFT + "_bucket":
+                le = float(labels.get("le", "inf"))
+                ttft[le] = ttft.get(le, 0.0) + value
+            elif name.endswith("_bucket") and name[: -len("_bucket")] in ITL:
+                base = name[: -len("_bucket")]
+                if itl_name is None or base == ITL[0]:
+                    if itl_name != base:
+                        itl.clear()
+                    itl_name = base
+                    le = float(labels.get("le", "inf"))
+                    itl[le] = itl.get(le, 0.0) + value
+    return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), gauges, counters, ttft, itl, spec)

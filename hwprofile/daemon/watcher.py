@@ -1,0 +1,230 @@
+"""The evaluation both ``hwprofile watch`` and the daemon run each tick: readings in, a frozen
+report out (thermal state per GPU with its reason, window figures per instance, decisions).
+
+:class:`Watcher` keeps the state between ticks (thermal states, counter windows, action states) and
+is driven by one owner; everything it decides comes from the pure functions in ``policy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import policy
+from .policy import GpuReading, InstanceActionState, SpecWindow, ThermalState, WatchSettings
+from .telemetry import InstanceReading
+from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_POS, PREEMPTIONS
+from .window import CounterWindow, histogram_quantile
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What the watcher knows of an instance it did not launch or did: its GPUs and speculation."""
+
+    name: str
+    url: str
+    gpus: tuple[int, ...] = ()
+    num_speculative_tokens: int | None = None
+    draft_cost: float = 0.0  # one proposal's cost relative to a target step
+    max_num_seqs: int | None = None
+    adaptive_k: bool = False  # this vLLM picks k by batch size itself
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    name: str
+    url: str
+    status: str
+    error: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    preemptions: float | None = None  # over the window
+    generation_tokens_per_s: float | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    acceptance_per_position: tuple[float, ...] = ()
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p99_s: float | None = None
+    window_s: float = 0.0
+    thermal_state: str = "ok"
+    degrade_level: int = 0
+    warning: str | None = None
+    advice: policy.KAdvice | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "advice"}
+        d["acceptance_per_position"] = list(self.acceptance_per_position)
+        d["advice"] = (
+            {
+                "num_speculative_tokens": self.advice.k,
+                "gain": self.advice.gain,
+                "current": self.advice.current_k,
+                "current_gain": self.advice.current_gain,
+                "reason": self.advice.reason,
+            }
+            if self.advice
+            else None
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    reading: GpuReading
+    state: ThermalState
+    now: float
+
+    def to_json(self) -> dict[str, Any]:
+        r, s = self.reading, self.state
+        return {
+            "index": r.index,
+            "status": "gpu_lost" if s.lost else r.status,
+            "thermal_state": "gpu_lost" if s.lost else s.level,
+            "reason": s.reason,
+            "pending": s.pending,
+            "temperature_c": r.temperature_c,
+            "temperature_slowdown_c": r.slowdown_c,
+            "temperature_shutdown_c": r.shutdown_c,
+            "temperature_margin_c": r.headroom_c,
+            "sm_clock_mhz": r.sm_clock_mhz,
+            "sm_clock_max_mhz": r.sm_clock_max_mhz,
+            "clocks_event_reasons": {k: round(v, 1) for k, v in s.reason_active_s(self.now).items()},
+            "power_draw_watts": r.power_draw_watts,
+            "power_limit_watts": r.power_limit_watts,
+            "memory_used_bytes": r.memory_used_bytes,
+            "error": r.error,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    at: float
+    gpus: tuple[GpuReport, ...]
+    instances: tuple[InstanceReport, ...]
+    actions: tuple[policy.Action, ...] = ()
+    deferred: tuple[str, ...] = ()
+    changes: tuple[str, ...] = ()  # thermal state changes this tick
+    errors: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.to_json() for g in self.gpus],
+            "instances": [i.to_json() for i in self.instances],
+            "actions": [
+                {
+                    "kind": a.kind,
+                    "instance": a.instance,
+                    "level": a.level,
+                    "reason": a.reason,
+                    "gpus": list(a.gpus),
+                }
+                for a in self.actions
+            ],
+            "deferred": list(self.deferred),
+            "changes": list(self.changes),
+            "errors": list(self.errors),
+        }
+
+
+class Watcher:
+    def __init__(self, settings: WatchSettings, instances: Sequence[InstanceSpec]) -> None:
+        self.settings = settings
+        self.instances = {i.name: i for i in instances}
+        self.thermal: dict[int, ThermalState] = {}
+        self.windows: dict[str, CounterWindow] = {}
+        self.actions: dict[str, InstanceActionState] = {}
+
+    def set_level(self, instance: str, level: int) -> None:
+        """The loop says which degrade step an instance really runs (after a failed restart...)."""
+        st = self.actions.get(instance, InstanceActionState())
+        self.actions[instance] = InstanceActionState(level, st.actions_at, st.deferred)
+
+    def tick(
+        self,
+        now: float,
+        gpus: Sequence[GpuReading],
+        scrapes: Mapping[str, InstanceReading],
+        act: bool = True,
+    ) -> Report:
+        s = self.settings
+        changes: list[str] = []
+        reports: list[GpuReport] = []
+        for r in gpus:
+            new, change = policy.thermal_step(self.thermal.get(r.index, ThermalState()), r, s, now)
+            self.thermal[r.index] = new
+            if change:
+                changes.append(change)
+            reports.append(GpuReport(r, new, now))
+        decisions = policy.Decisions()
+        if act:
+            decisions = policy.decide_actions(
+                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.thermal, self.actions, s, now
+            )
+            self.actions.update(decisions.states)
+        inst_reports = [self._instance(now, spec, scrapes.get(spec.name)) for spec in self.instances.values()]
+        return Report(
+            now, tuple(reports), tuple(inst_reports), decisions.actions, decisions.deferred, tuple(changes)
+        )
+
+    def _instance(self, now: float, spec: InstanceSpec, r: InstanceReading | None) -> InstanceReport:
+        s = self.settings
+        level = self.actions.get(spec.name, InstanceActionState()).level
+        states = [self.thermal[g] for g in spec.gpus if g in self.thermal]
+        thermal = max((t.level for t in states), key=policy.LEVELS.index, default="ok")
+        base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level}
+        if r is None:
+            return InstanceReport(status="not scraped", **base)
+        if r.status != "ok" or r.metrics is None:
+            return InstanceReport(status=r.status, error=r.error, **base)
+        m = r.metrics
+        win = self.windows.setdefault(spec.name, CounterWindow(s.window_s))
+        win.add(now, m.window_values())
+        span = win.span_s
+        per_pos = win.increases(PER_POS)
+        positions = [
+            per_pos[k] for k in sorted(per_pos, key=lambda k: int(k.split("=")[-1].rstrip("}") or 0))
+        ]
+        sw = None
+        drafts = win.increase(DRAFTS)
+        if drafts is not None:
+            sw = SpecWindow(
+                drafts, win.increase(DRAFT_TOKENS) or 0.0, win.increase(ACCEPTED) or 0.0, tuple(positions)
+            )
+        gen = win.increase(GENERATION)
+        ttft = _buckets(win.increases("ttft_bucket"))
+        itl = _buckets(win.increases("itl_bucket"))
+        load = (m.running or 0) / spec.max_num_seqs if spec.max_num_seqs else 0.0
+        advice = (
+            policy.advise_k(
+                sw, spec.num_speculative_tokens, spec.draft_cost, load, s, adaptive=spec.adaptive_k
+            )
+            if spec.num_speculative_tokens
+            else None
+        )
+        return InstanceReport(
+            status="ok",
+            running=m.running,
+            waiting=m.waiting,
+            kv_usage=m.kv_usage,
+            preemptions=win.increase(PREEMPTIONS),
+            generation_tokens_per_s=(gen / span) if gen is not None and span > 0 else None,
+            acceptance_rate=sw.acceptance_rate if sw else None,
+            mean_acceptance_length=sw.mean_acceptance_length if sw else None,
+            acceptance_per_position=sw.position_rates() if sw else (),
+            ttft_p50_s=histogram_quantile(0.5, ttft),
+            ttft_p99_s=histogram_quantile(0.99, ttft),
+            itl_p50_s=histogram_quantile(0.5, itl),
+            itl_p99_s=histogram_quantile(0.99, itl),
+            window_s=span,
+            warning=policy.acceptance_health(sw, s),
+            advice=advice,
+            **base,
+        )
+
+
+def _buckets(inc: Mapping[str, float]) -> dict[float, float]:
+    return {float(k.split("le=")[1].rstrip("}")): v for k, v in inc.items()}

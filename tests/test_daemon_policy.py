@@ -1,0 +1,241 @@
+"""The daemon's pure policy over replayed traces with an injected clock: thermal states with
+hysteresis and dwell, actions with rate limits, speculation health and k advice."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hwprofile.daemon import policy
+from hwprofile.daemon.policy import (
+    GpuReading,
+    InstanceActionState,
+    SpecWindow,
+    ThermalState,
+    WatchSettings,
+    advise_k,
+    expected_gain,
+)
+
+S = WatchSettings(hot_c=82, warm_c=75, critical_c=88, hysteresis_c=3, dwell_s=3, throttle_s=5, recover_s=120)
+A800 = {"slowdown_c": 95.0, "shutdown_c": 100.0}  # far above the profile's thresholds: they decide
+
+
+def run(trace, settings=S, gpus=(0,), start=0.0, step=1.0, extra=None):
+    """Replay ``trace`` (one temperature, or a dict of reading fields, per second) through the
+    thermal step and the action decisions; return (states per tick, actions, deferred)."""
+    thermal: dict[int, ThermalState] = {}
+    acts: dict[str, InstanceActionState] = {}
+    levels, actions, deferred = [], [], []
+    for i, point in enumerate(trace):
+        now = start + i * step
+        fields = point if isinstance(point, dict) else {"temperature_c": float(point)}
+        for g in gpus:
+            r = GpuReading(g, now, **{**A800, **(extra or {}), **fields})
+            thermal[g], _ = policy.thermal_step(thermal.get(g, ThermalState()), r, settings, now)
+        d = policy.decide_actions({"vllm-gpu0": gpus}, thermal, acts, settings, now)
+        acts.update(d.states)
+        actions += [(now, a.kind, a.level) for a in d.actions]
+        deferred += list(d.deferred)
+        levels.append(thermal[gpus[0]].level)
+    return levels, actions, deferred
+
+
+def test_ramp_goes_up_one_level_at_a_time_after_the_dwell() -> None:
+    trace = [60] * 5 + list(range(60, 91)) + [90] * 10
+    levels, actions, _ = run(trace)
+    first = {lv: levels.index(lv) for lv in ("warm", "hot", "critical")}
+    # 75 is reached at tick 5+15=20, held 3 s -> warm at 23; 82 at 27 -> hot at 30; 88 at 33 -> 36
+    assert first == {"warm": 23, "hot": 30, "critical": 36}
+    assert actions == [(30.0, "degrade", 1), (36.0, "degrade", 2)]
+
+
+def test_a_single_sample_spike_never_acts() -> None:
+    trace = [70] * 20 + [97] + [70] * 20 + [96, 70, 95, 70] * 5
+    levels, actions, _ = run(trace)
+    assert set(levels) == {"ok"} and actions == []
+
+
+def test_thirty_minutes_of_dither_around_the_trip_point_is_one_episode() -> None:
+    """Warm-up, 30 minutes dithering +-2 °C around hot_c (82), a cool-down: exactly one degrade
+    and one recover, in that order, and nothing during the dither after the first degrade."""
+    rng = random.Random(7)
+    trace = [70] * 60
+    trace += [82 + rng.uniform(-2, 2) for _ in range(1800)]
+    trace += [70] * 400
+    levels, actions, _ = run(trace)
+    kinds = [k for _, k, _ in actions]
+    assert kinds == ["degrade", "recover"], actions
+    degrade_at, recover_at = actions[0][0], actions[1][0]
+    assert 60 <= degrade_at < 1860 and recover_at >= 1860 + S.recover_s
+    assert "critical" not in levels
+
+
+def test_dither_below_the_trip_point_never_acts() -> None:
+    rng = random.Random(3)
+    trace = [79.5 + rng.uniform(-2, 2) for _ in range(1800)]  # peaks at 81.5 < 82
+    _, actions, _ = run(trace)
+    assert actions == []
+
+
+def test_recovery_waits_for_recover_s_below_hot_minus_hysteresis() -> None:
+    trace = [85] * 10 + [80] * 200 + [78] * 200  # 80 is above 82-3: not cool
+    _levels, actions, _ = run(trace)
+    assert [k for _, k, _ in actions] == ["degrade", "recover"]
+    cool_from = 210  # first tick at 78
+    assert actions[1][0] == cool_from + S.recover_s
+
+
+def test_sustained_thermal_throttling_is_hot_whatever_the_temperature() -> None:
+    hot = {"temperature_c": 60.0, "reasons": ("sw_thermal_slowdown",)}
+    levels, actions, _ = run([hot] * 12)
+    # on from t=0, 5 s of it by t=5 (throttle_s), then the 3 s dwell
+    assert levels.index("hot") == 8 and actions == [(8.0, "degrade", 1)]
+    power = {"temperature_c": 60.0, "reasons": ("sw_power_cap",)}
+    levels, actions, _ = run([power] * 60)
+    assert set(levels) == {"ok"} and actions == []  # reported, not acted on
+
+
+def test_the_cards_own_slowdown_threshold_caps_the_profile() -> None:
+    """A card that slows down at 84 °C: hot from 84-6 = 78 °C, though the profile says 82."""
+    levels, _, _ = run([79] * 10, extra={"slowdown_c": 84.0})
+    assert levels[-1] == "hot"
+    # where the driver reports the margin itself, it is used as is
+    levels, _, _ = run([{"temperature_c": 70.0, "margin_c": 5.0}] * 10)
+    assert levels[-1] == "hot"
+    levels, _, _ = run([{"temperature_c": 70.0, "margin_c": 30.0}] * 10)
+    assert levels[-1] == "ok"
+
+
+def test_no_reading_holds_the_state() -> None:
+    trace = [85] * 10 + [{"temperature_c": None, "status": "error"}] * 300
+    levels, actions, _ = run(trace, extra={"slowdown_c": None})
+    assert levels[-1] == "hot" and [k for _, k, _ in actions] == ["degrade"]
+
+
+def test_a_lost_gpu_is_reported_once_and_never_acted_on() -> None:
+    st = ThermalState()
+    st, change = policy.thermal_step(st, GpuReading(2, 0.0, temperature_c=70.0), S, 0.0)
+    lost = GpuReading(2, 1.0, status="lost", error="NVML answered GPU_IS_LOST")
+    st, change = policy.thermal_step(st, lost, S, 1.0)
+    assert st.lost and change and "GPU 2 lost" in change
+    st2, change2 = policy.thermal_step(st, lost, S, 2.0)
+    assert change2 is None and st2.lost
+    d = policy.decide_actions({"vllm-gpu2": (2,)}, {2: st2}, {}, S, 2.0)
+    assert d.actions == ()
+
+
+def test_actions_are_rate_limited_per_hour_with_the_reason() -> None:
+    s = WatchSettings(**{**S.__dict__, "max_actions_per_hour": 1, "recover_s": 10})
+    trace = [85] * 10 + [70] * 30 + [85] * 10
+    _, actions, deferred = run(trace, settings=s)
+    assert [k for _, k, _ in actions] == ["degrade"]
+    assert deferred and "watch.max_actions_per_hour 1" in deferred[0] and "recover" in deferred[0]
+
+
+def test_the_worst_gpu_of_an_instance_decides() -> None:
+    thermal = {0: ThermalState(level="ok"), 1: ThermalState(level="critical", reason="critical: 90 °C")}
+    d = policy.decide_actions({"vllm-gpu0-1": (0, 1)}, thermal, {}, S, 100.0)
+    assert [(a.kind, a.level) for a in d.actions] == [("degrade", 2)] and "GPU 1" in d.actions[0].reason
+
+
+# -- speculative decoding -------------------------------------------------------------------------
+
+
+def window(rates, drafts=1000.0, k=None):
+    k = k or len(rates)
+    per_pos = tuple(r * drafts for r in rates)
+    return SpecWindow(drafts, drafts * k, sum(per_pos), per_pos)
+
+
+def test_acceptance_formulas_match_vllms() -> None:
+    w = SpecWindow(drafts=100, draft_tokens=500, accepted=300, per_position=(90, 80, 60, 40, 30))
+    assert w.acceptance_rate == pytest.approx(0.6)
+    assert w.mean_acceptance_length == pytest.approx(4.0)  # 1 + 300 / 100
+    assert w.position_rates() == pytest.approx((0.9, 0.8, 0.6, 0.4, 0.3))
+
+
+def test_acceptance_outside_the_band_is_a_warning_with_the_numbers() -> None:
+    low = policy.acceptance_health(window([0.6, 0.5, 0.4, 0.3, 0.2]), S)
+    assert low and "40% below the profile's band 65%-85%" in low
+    assert policy.acceptance_health(window([0.9, 0.8, 0.7, 0.6, 0.5]), S) is None  # 70 %
+    assert policy.acceptance_health(window([0.6] * 5, drafts=10), S) is None  # too few drafts to judge
+
+
+def test_k_advice_against_hand_computed_cases() -> None:
+    # batch 1, free ngram proposals, rates 0.9, 0.8, 0.5, 0.1 (observed up to k=4)
+    rates = [0.9, 0.8, 0.5, 0.1]
+    gains = [expected_gain(rates, k, 0.0, 0.0) for k in range(5)]
+    assert gains == pytest.approx([1.0, 1.9, 2.7, 3.2, 3.3])
+    a = advise_k(window(rates), 4, 0.0, 0.0, S, k_max=4)
+    assert a.k == 4 and a.gain == pytest.approx(3.3)
+    # a draft costing 10 % of a step: k=3 -> (1+2.2)/(1.3)=2.46 beats k=4 -> 3.3/1.4=2.36
+    a = advise_k(window(rates), 4, 0.1, 0.0, S, k_max=4)
+    assert a.k == 3 and a.gain == pytest.approx(3.2 / 1.3, rel=1e-3)
+
+
+def test_k_advice_never_speculates_where_it_loses_to_none() -> None:
+    # full batch (each verified proposal costs a token of compute), poor acceptance
+    a = advise_k(window([0.4, 0.15, 0.05]), 5, 0.1, 1.0, S)
+    assert a.k == 0 and "no speculation" in a.reason
+    for k in range(1, 9):
+        assert expected_gain(policy.extend_rates([0.4, 0.15, 0.05], 8), k, 0.1, 1.0) < 1.0
+
+
+@pytest.mark.parametrize("decay", [0.95, 0.85, 0.7, 0.5, 0.3])
+@pytest.mark.parametrize(("draft_cost", "load"), [(0.0, 0.0), (0.05, 0.2), (0.1, 0.5), (0.02, 0.9)])
+def test_advised_k_within_five_percent_of_the_best_fixed_k_in_hindsight(decay, draft_cost, load) -> None:
+    """Acceptance geometric in the position (P(i) = decay^(i+1)), observed with the k running now
+    (5), noise in the counters: the advised k's true gain is within 5 % of the best k's."""
+    rng = random.Random(int(decay * 100 + draft_cost * 1000 + load * 10))
+    true = [decay ** (i + 1) for i in range(8)]
+    observed = [max(0.0, min(1.0, p * (1 + rng.uniform(-0.03, 0.03)))) for p in true[:5]]
+    a = advise_k(window(observed), 5, draft_cost, load, S, k_max=8)
+    best = max(expected_gain(true, k, draft_cost, load) for k in range(9))
+    got = expected_gain(true, a.k, draft_cost, load)
+    assert got >= 0.95 * best, (a.k, got, best)
+
+
+def test_advice_follows_a_phase_change_in_acceptance() -> None:
+    """High acceptance, then low (e.g. a switch from code to chat): the window's advice moves."""
+    from hwprofile.daemon.window import CounterWindow
+
+    win = CounterWindow(60)
+    totals = {"drafts": 0.0, "p0": 0.0, "p1": 0.0, "p2": 0.0}
+    advised = []
+    for t in range(240):
+        rates = (0.95, 0.9, 0.85) if t < 120 else (0.3, 0.08, 0.02)
+        totals["drafts"] += 20
+        for i, r in enumerate(rates):
+            totals[f"p{i}"] += 20 * r
+        win.add(float(t), totals)
+        w = SpecWindow(
+            win.increase("drafts") or 0,
+            (win.increase("drafts") or 0) * 3,
+            sum(win.increase(f"p{i}") or 0 for i in range(3)),
+            tuple(win.increase(f"p{i}") or 0 for i in range(3)),
+        )
+        a = advise_k(w, 3, 0.1, 0.6, S, k_max=6)
+        advised.append(a.k if a else None)
+    assert advised[100] >= 3 and advised[-1] == 0  # more proposals while they land, none after
+    assert advised[130] != 0  # the window still holds the earlier phase a few seconds in
+
+
+def test_counter_window_handles_resets() -> None:
+    from hwprofile.daemon.window import CounterWindow
+
+    w = CounterWindow(60)
+    for t, v in [(0, 100), (10, 150), (20, 5), (30, 25)]:  # a restart between 10 and 20
+        w.add(float(t), {"c": v})
+    assert w.increase("c") == 50 + 5 + 20
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    from hwprofile.daemon.window import histogram_quantile
+
+    b = {0.1: 50.0, 0.2: 90.0, 0.5: 100.0, float("inf"): 100.0}
+    assert histogram_quantile(0.5, b) == pytest.approx(0.1)
+    assert histogram_quantile(0.7, b) == pytest.approx(0.1 + 0.1 * 20 / 40)
+    assert histogram_quantile(0.99, b) == pytest.approx(0.2 + 0.3 * 9 / 10)
+    assert histogram_quantile(0.5, {}) is None
