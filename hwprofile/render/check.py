@@ -109,9 +109,20 @@ def check_args(
     d: dict[str, Any] = json.loads(line.split(" ", 1)[1])
     result = CheckResult(bool(d["ok"]), d["stage"], d["message"], d.get("vllm_version"), False)
     if d["stage"] != "import":  # an import failure is about the environment, not the arguments
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(d))
+        _store(path, json.dumps(d))
     return result
+
+
+def _store(path: Path, text: str) -> None:
+    """Keep a check result: atomically, never through a link; a cache that cannot be written is
+    only a slower next check."""
+    from ..runtime.files import atomic_write
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(path, text, 0o600)
+    except OSError:  # WriteError included
+        pass
 
 
 def _model_stamp(model: str) -> str | None:

@@ -1,10 +1,21 @@
-"""Format a :class:`Rendered` instance through the jinja2 templates (formatting only)."""
+"""Format a :class:`Rendered` instance through the jinja2 templates (formatting only).
+
+Every value reaches a file through the quoting of the format it lands in: systemd's own rules for
+``ExecStart=`` words and directive values (specifiers ``%``, variables ``$``, C escapes), YAML
+through ``yaml.safe_dump``, environment files in single quotes that systemd's ``EnvironmentFile=``
+and a POSIX shell read back alike, comments and descriptions with control characters shown as
+escapes. What a format cannot represent is refused (:class:`UnsafeValue`), never written. As a last
+guard, a template expression whose text still holds a line break or other control character, and
+did not come out of one of those quoting filters, stops the render.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +24,36 @@ import jinja2
 from .translate import Rendered, flatten
 
 FORMATS = ("argv", "shell", "yaml", "env", "systemd", "json")
-_SAFE = re.compile(r"^[A-Za-z0-9_./:=,+@%-]+$")
+SUFFIXES = {
+    "argv": ".argv.json",
+    "shell": ".sh",
+    "yaml": ".yaml",
+    "env": ".env",
+    "systemd": ".service",
+    "json": ".json",
+}
+
+# A word systemd and a shell both take as it is (no quotes, specifiers, variables or escapes).
+_SYSTEMD_BARE = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
+_ENV_BARE = re.compile(r"[A-Za-z0-9_./:=,+@%-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Instance names become file names, unit names and state directories: one plain component.
+_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,99}")
+# systemd's User= (a user name or a numeric UID), as its own checks accept them.
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,30}|[0-9]{1,10}")
+_CPUS = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
+# Categories that break or hide lines: controls (C0, DEL, C1 incl. NEL), format characters
+# (bidi overrides, zero width), line and paragraph separators (YAML line breaks), lone surrogates.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+
+
+class UnsafeValue(ValueError):
+    """A value cannot be represented in the requested format; the message says which and why."""
+
+
+class _Quoted(str):
+    """Text a quoting filter produced for its format: the final guard lets it through as it is."""
 
 
 def template_dir() -> Path:
@@ -22,27 +62,132 @@ def template_dir() -> Path:
     return shipped if shipped.is_dir() else package.parent / "templates"
 
 
-def systemd_quote(arg: str) -> str:
-    """One word of an ExecStart= line: specifiers (%) and variables ($) are escaped."""
-    arg = str(arg).replace("%", "%%")
-    if _SAFE.match(arg) and "$" not in arg:
+def _show(value: str) -> str:
+    """``value`` for an error message: one line, control characters escaped."""
+    return "'" + label(value).replace("'", "\\'") + "'"
+
+
+def _escape(ch: str) -> str:
+    if ch in _C_ESCAPES:
+        return _C_ESCAPES[ch]
+    o = ord(ch)
+    if o < 0x100:
+        return f"\\x{o:02x}"
+    return f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def _unsafe(ch: str) -> bool:
+    return unicodedata.category(ch) in _UNSAFE_CATEGORIES
+
+
+def _utf8(value: str, what: str) -> str:
+    """``value`` if it is text a file can hold (valid UTF-8, no NUL), else :class:`UnsafeValue`."""
+    if "\0" in value:
+        raise UnsafeValue(f"{what} {_show(value)} contains a NUL character")
+    if any(unicodedata.category(c) == "Cs" for c in value):
+        raise UnsafeValue(f"{what} {_show(value)} is not valid UTF-8 (a file name's raw bytes?)")
+    return value
+
+
+def label(value: Any) -> str:
+    """Free text for a comment or a description: one line, whatever it holds. Backslashes are
+    doubled and control, format and line-separator characters are shown as C/Unicode escapes, so
+    the text can neither end a line nor end in a backslash (a continuation in systemd files)."""
+    text = str(value)
+    return "".join("\\\\" if c == "\\" else _escape(c) if _unsafe(c) else c for c in text)
+
+
+def systemd_text(value: Any) -> str:
+    """Free text for a systemd directive that expands specifiers (``Description=``)."""
+    return label(value).replace("%", "%%")
+
+
+def systemd_quote(arg: Any, what: str = "an ExecStart= argument") -> str:
+    """One word of an ``ExecStart=`` line, read back by systemd as exactly ``arg`` (see
+    systemd.service(5), "Command lines"): specifiers doubled (``%%``), variables doubled (``$$``),
+    anything else than plain characters in double quotes with C escapes for ``\\``, ``"`` and
+    control characters. A NUL or invalid UTF-8 cannot be said: refused."""
+    arg = _utf8(str(arg), what)
+    if _SYSTEMD_BARE.fullmatch(arg):
         return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$") + '"'
+    out = []
+    for c in arg:
+        if c in '\\"':
+            out.append("\\" + c)
+        elif c == "%":
+            out.append("%%")
+        elif c == "$":
+            out.append("$$")
+        elif _unsafe(c):  # systemd unescapes \n \t \uNNNN \UNNNNNNNN; \xNN is one byte: ASCII only
+            out.append(f"\\u{ord(c):04x}" if 0x80 <= ord(c) < 0x100 else _escape(c))
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
 
 
-def env_quote(value: str) -> str:
-    """A value for an environment file read by systemd (EnvironmentFile=) and by a POSIX shell."""
-    value = str(value)
-    if _SAFE.match(value) and "%" not in value:
-        return value
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
-    return f'"{escaped}"'
+def systemd_join(argv: list[str]) -> _Quoted:
+    return _Quoted(" ".join(systemd_quote(a) for a in argv))
 
 
-def to_yaml(data: Any) -> str:
+def systemd_path(path: str, what: str) -> str:
+    """An absolute path for a directive that takes it raw (``EnvironmentFile=``): systemd does
+    not unquote it, so what quoting would be needed for is refused; specifiers doubled."""
+    _utf8(path, what)
+    if not path.startswith("/"):
+        raise UnsafeValue(f"{what} {_show(path)} is not an absolute path (systemd needs one)")
+    if any(_unsafe(c) for c in path):
+        raise UnsafeValue(f"{what} {_show(path)} contains a control or line-break character")
+    if path != path.strip() or path.endswith("\\"):
+        raise UnsafeValue(
+            f"{what} {_show(path)} ends in white space or a backslash, which systemd would not keep"
+        )
+    return path.replace("%", "%%")
+
+
+def env_name(name: Any, what: str = "environment variable name") -> str:
+    name = str(name)
+    if not _ENV_NAME.fullmatch(name):
+        raise UnsafeValue(f"{what} {_show(name)} is not a valid name (letters, digits, _; not a digit first)")
+    return name
+
+
+def env_quote(value: Any, what: str = "an environment value") -> _Quoted:
+    """A value for an environment file that systemd (``EnvironmentFile=``) and a POSIX shell
+    (``set -a; . FILE``) both read back as exactly ``value``: plain characters as they are, else
+    single quotes (nothing inside is special to either), a ``'`` as ``'"'"'``. Newlines and tabs
+    survive single quotes in both; for other ASCII control characters systemd drops the variable,
+    and it refuses invalid UTF-8: both refused here."""
+    value = _utf8(str(value), what)
+    bad = [c for c in value if (c < " " or c == "\x7f") and c not in "\t\n"]
+    if bad:
+        raise UnsafeValue(
+            f"{what} contains the control character {_escape(bad[0])}: systemd would ignore the variable"
+        )
+    if _ENV_BARE.fullmatch(value):
+        return _Quoted(value)
+    return _Quoted("'" + value.replace("'", "'\"'\"'") + "'")
+
+
+def to_yaml(data: Any) -> _Quoted:
     import yaml
 
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=1000).rstrip("\n")
+    return _Quoted(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=1000).rstrip("\n"))
+
+
+def shell_join(argv: list[str]) -> _Quoted:
+    for a in argv:
+        _utf8(str(a), "a command-line argument")
+    return _Quoted(shlex.join(argv))
+
+
+def _finalize(value: Any) -> Any:
+    """The last guard: no template expression puts a line break or control character into a file
+    unless a quoting filter made it safe for its format."""
+    if isinstance(value, _Quoted) or not isinstance(value, str):
+        return value
+    if any(_unsafe(c) for c in value):
+        raise UnsafeValue(f"{_show(value)} contains a control or line-break character")
+    return value
 
 
 def environment() -> jinja2.Environment:
@@ -53,14 +198,45 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_finalize,
     )
     env.filters.update(
-        shell_join=shlex.join,
-        systemd_join=lambda argv: " ".join(systemd_quote(a) for a in argv),
+        shell_join=shell_join,
+        systemd_join=systemd_join,
+        systemd_text=systemd_text,
         env_quote=env_quote,
+        env_name=env_name,
+        label=label,
         to_yaml=to_yaml,
     )
     return env
+
+
+def check_name(name: str) -> str:
+    """An instance name, which becomes a file name, a unit's state directory and a label: one
+    plain path component (no ``/``, no ``..``, no leading dot), else :class:`UnsafeValue`."""
+    if not _INSTANCE.fullmatch(name) or ".." in name:
+        raise UnsafeValue(
+            f"instance name {_show(name)} is not a safe file name "
+            "(letters, digits, '_', '.', '@', ':', '-'; no '/' or '..')"
+        )
+    return name
+
+
+def output_path(directory: str | os.PathLike[str], name: str, fmt: str) -> str:
+    """The file ``--output DIR`` writes for instance ``name`` in format ``fmt``: always directly
+    inside ``directory``."""
+    d = os.path.abspath(directory)
+    path = os.path.join(d, check_name(name) + SUFFIXES[fmt])
+    if os.path.dirname(path) != d:  # belt and braces: check_name already allows no separator
+        raise UnsafeValue(f"instance name {_show(name)} would write outside {d}")
+    return path
+
+
+def env_file_for(template: str, name: str) -> str:
+    """``--env-file``: user text in which ``{name}`` (literally) stands for the instance; nothing
+    else in it is interpreted."""
+    return template.replace("{name}", name)
 
 
 def _context(
@@ -68,10 +244,20 @@ def _context(
 ) -> dict[str, Any]:
     gpus = r.gpus
     devices = (
-        (["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] + [f"/dev/nvidia{g}" for g in gpus])
+        (
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+            + [f"/dev/nvidia{int(g)}" for g in gpus]
+        )
         if r.device == "cuda"
         else []
     )
+    user = inst["server"].get("user")
+    if user is not None and not _USER.fullmatch(str(user)):
+        raise UnsafeValue(f"server.user {_show(str(user))} is not a user name systemd accepts")
+    if r.cpus and not _CPUS.fullmatch(r.cpus):
+        raise UnsafeValue(f"CPU list {_show(r.cpus)} is not a list of CPU numbers and ranges")
+    for source in r.secrets.values():
+        env_name(source, "server.api_key_env")
     return {
         "name": r.name,
         "vllm_version": r.vllm_version,
@@ -85,12 +271,12 @@ def _context(
         "secret_refs": r.secrets,
         "env_file": env_file,
         "state_name": f"hwprofile/{r.name}",
-        "stop_timeout_s": r.stop_timeout_s,
-        "user": inst["server"].get("user"),
-        "numa_node": r.numa_node,
+        "stop_timeout_s": int(r.stop_timeout_s),
+        "user": user,
+        "numa_node": None if r.numa_node is None else int(r.numa_node),
         "cpus": r.cpus,
         "devices": devices,
-        "device_label": (f"GPU {','.join(map(str, gpus))}" if gpus else "CPU"),
+        "device_label": (f"GPU {','.join(str(int(g)) for g in gpus)}" if gpus else "CPU"),
     }
 
 
@@ -103,8 +289,9 @@ def render(
     secret_values: dict[str, str] | None = None,
 ) -> str:
     """``secret_values`` (VLLM_API_KEY → the key) is only used by the ``env`` format, which callers
-    write to a 0600 file; every other format names the variable, never its value."""
-    env_file = env_file.format(name=r.name)
+    write to a 0600 file; every other format names the variable, never its value. A value the
+    format cannot carry raises :class:`UnsafeValue`."""
+    check_name(r.name)
     if fmt == "argv":
         return json.dumps(r.argv) + "\n"
     if fmt == "json":
@@ -132,5 +319,19 @@ def render(
         "env": "instance.env.j2",
         "systemd": "vllm-instance.service.j2",
     }
+    path = env_file_for(env_file, r.name)
+    if fmt == "systemd":
+        path = systemd_path(path, "--env-file")
     tpl = environment().get_template(names[fmt])
-    return tpl.render(**_context(r, plan, inst, env_file, secret_values or {}))
+    text = tpl.render(**_context(r, plan, inst, path, secret_values or {}))
+    if fmt == "yaml":
+        _same_yaml(text, r.config())
+    return text
+
+
+def _same_yaml(text: str, config: dict[str, Any]) -> None:
+    """The YAML file must read back as exactly the mapping it was made from."""
+    import yaml
+
+    if yaml.safe_load(text) != config:
+        raise UnsafeValue("the --config YAML does not read back as the planned settings")
