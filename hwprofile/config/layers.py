@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from .._record import TYPE_CHECKING, Record
 from . import ConfigError, Source
-from .schema import SETTINGS, resolve_key, suggest, validate
+from .schema import SETTINGS, plain_text, resolve_key, suggest, validate
 from .yamlsrc import load_file, safe_load, source_of, yaml_files
 
 if TYPE_CHECKING:
@@ -31,7 +31,14 @@ class Layer(Record):
 
 
 def config_root(flag: str | None = None) -> str:
-    return flag or os.environ.get("HWPROFILE_CONFIG_ROOT") or DEFAULT_CONFIG_ROOT
+    """``--config-root`` (which must be a directory: a typo would otherwise drop every site file
+    without a word), else ``HWPROFILE_CONFIG_ROOT``, else ``/etc/hwprofile`` (both may be absent)."""
+    if flag:
+        if not os.path.isdir(flag):
+            what = "not a directory" if os.path.exists(flag) else "no such directory"
+            raise ConfigError(f"--config-root {flag}: {what}")
+        return flag
+    return os.environ.get("HWPROFILE_CONFIG_ROOT") or DEFAULT_CONFIG_ROOT
 
 
 def file_layer(path: str | os.PathLike[str], kind: str) -> Layer:
@@ -41,7 +48,8 @@ def file_layer(path: str | os.PathLike[str], kind: str) -> Layer:
 
 
 def overrides_d(root: str | os.PathLike[str]) -> list[Layer]:
-    return [file_layer(p, "overrides.d") for p in yaml_files(os.path.join(root, "overrides.d"))]
+    files = yaml_files(os.path.join(root, "overrides.d"), "overrides")
+    return [file_layer(p, "overrides.d") for p in files]
 
 
 def _scalar(text: str) -> Any:
@@ -79,6 +87,11 @@ def env_layer(environ: Mapping[str, str]) -> Layer | None:
             path = top[rest]
         else:
             continue
+        try:
+            plain_text(raw)  # before YAML folds a line break into a space
+        except ValueError as e:
+            problems.append(f"environment {name}: {e}")
+            continue
         names[path] = name
         _merge_into(data, _tree(path, _scalar(raw)))
     if problems:
@@ -103,6 +116,11 @@ def cli_layer(assignments: Iterable[str]) -> Layer | None:
             path = resolve_key(key)
         except ValueError as e:
             problems.append(f"--set {a}: {e}")
+            continue
+        try:
+            plain_text(value)  # before YAML folds a line break into a space
+        except ValueError as e:
+            problems.append(f"--set {key}: {e}")
             continue
         texts[path] = f"--set {a}"
         _merge_into(data, _tree(path, _scalar(value)))
@@ -150,11 +168,11 @@ def _merge_layer(
     prov: dict[Path_, Source],
     where: Callable[[Path_], Source],
 ) -> None:
-    if over.get("_replace"):
+    if over.get("_replace") is True:  # validated: a real boolean
         for k in list(base):
             _forget(prov, (*prefix, k))
         base.clear()
-    for k in over.get("_drop") or ():
+    for k in over.get("_drop") or ():  # validated: a list of the section's keys
         base.pop(k, None)
         _forget(prov, (*prefix, k))
     for k, v in over.items():

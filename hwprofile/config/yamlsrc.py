@@ -10,13 +10,19 @@ never cached. The cache is ``$HWPROFILE_CACHE_DIR`` or ``$XDG_CACHE_HOME/hwprofi
 ``~/.cache/hwprofile``, subfolder ``yaml``; ``HWPROFILE_CACHE_DIR=off`` disables it. Cache files are
 JSON (never pickle), written atomically, 0600 in a 0700 folder; an entry another user owns or could
 write is ignored (a shared cache folder cannot inject settings); any unreadable entry is a miss.
+
+Hostile files are refused, each with its file and line: only regular files are read (a FIFO or a
+device is never opened for reading: checked before opening, and opened non-blocking so a swap in
+between cannot hang), at most ``MAX_BYTES``; duplicate keys (naming both lines), anchors and aliases
+(a few hundred bytes of aliases expand to billions of nodes), merge keys (``<<``) and nesting deeper
+than ``MAX_DEPTH`` are errors.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import stat
 import time
 import zlib
 
@@ -30,8 +36,11 @@ if TYPE_CHECKING:
 
 Locations = dict[tuple[str, ...], int]  # key path (list items by index) → 1-based line
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: parses checked for duplicate keys, aliases and depth
 SETTLE_NS = 2_000_000_000  # a file must be this old (ctime) before its parse is cached
+MAX_BYTES = 1 << 20  # a configuration file larger than this is refused (1 MiB)
+MAX_DEPTH = 32  # mappings/lists nested deeper than this are refused (settings are 2 deep)
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def safe_load(text: str, filename: str = "<text>") -> Any:
@@ -40,44 +49,71 @@ def safe_load(text: str, filename: str = "<text>") -> Any:
 
 
 def load_text(text: str, filename: str) -> tuple[Any, Locations]:
-    """Parse YAML (safe subset only) and return ``(data, key path → line)``."""
+    """Parse YAML (safe subset only) and return ``(data, key path → line)``. Duplicate keys,
+    anchors/aliases, merge keys and too deep nesting are ConfigErrors naming the line."""
     import yaml
 
     # libyaml's C parser (shipped in PyYAML's wheels) is ~10x faster than the pure-Python one;
     # both are the *safe* loader: plain data only, no Python object construction.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    locs: Locations = {}
     try:
         node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        if node is not None:
+            # Checked on the node graph, before anything is built: an alias bomb never expands.
+            _walk(node, (), locs, filename, set(), 0)
+        try:
+            data = loader.construct_document(node) if node is not None else None
+        except yaml.YAMLError:
+            raise
+        except Exception as e:  # PyYAML's constructors: month 13, a 5000-digit integer, "!!int" alone
+            raise ConfigError(f"{filename}:{_failing_line(loader, node)}: invalid YAML value: {e}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{filename}:{mark.line + 1}" if mark else filename
         raise ConfigError(f"{where}: invalid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{filename}: invalid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{filename}: invalid YAML: nested too deeply") from None
     finally:
         if hasattr(loader, "dispose"):
             loader.dispose()
-    locs: Locations = {}
-    if node is not None:
-        _walk(node, (), locs)
     return data, locs
 
 
 def load_file(path: str | os.PathLike[str]) -> tuple[Any, Locations]:
-    """``load_text`` of a file, through the parse cache."""
+    """``load_text`` of a file, through the parse cache. Only a regular file of at most
+    ``MAX_BYTES`` is read (a FIFO, a device or a directory is a ConfigError, never a hang)."""
     name = os.fspath(path)
     try:
-        with open(name, "rb") as f:
+        st = os.stat(name)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(
+                f"{name}: not a regular file ({_kind(st.st_mode)}); only regular files are read"
+            )
+        if st.st_size > MAX_BYTES:
+            raise ConfigError(
+                f"{name}: {st.st_size} bytes; configuration files are limited to {MAX_BYTES} bytes"
+            )
+        # O_NONBLOCK: if the path became a FIFO since the stat, opening does not wait for a writer.
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(
+                    f"{name}: not a regular file ({_kind(st.st_mode)}); only regular files are read"
+                )
             stamp = [os.path.abspath(name), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
             entry = _cache_entry(stamp[0])
             hit = _cache_read(entry, stamp) if entry else None
             if hit is not None:
                 return hit
-            raw = f.read()
+            raw = f.read(MAX_BYTES + 1)  # a file that grows while read is still capped
     except OSError as e:
         raise ConfigError(f"{name}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{name}: more than {MAX_BYTES} bytes; configuration files are limited to that")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -88,32 +124,125 @@ def load_file(path: str | os.PathLike[str]) -> tuple[Any, Locations]:
     return data, locs
 
 
-def yaml_files(directory: str | os.PathLike[str]) -> list[str]:
-    """The ``*.yaml`` files of a directory, sorted by name (hidden files skipped); ``[]`` if it
-    does not exist."""
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as e:
-        raise ConfigError(f"{directory}: cannot list: {e.strerror or e}") from None
-    return [
-        os.path.join(directory, n) for n in sorted(names) if n.endswith(".yaml") and not n.startswith(".")
-    ]
-
-
-def _walk(node: yaml.Node, path: tuple[str, ...], locs: Locations) -> None:
+def _failing_line(loader: Any, root: yaml.Node) -> int:
+    """The line of the first scalar PyYAML cannot construct (its errors there carry no line)."""
     import yaml
 
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                loader.construct_object(node)
+            except Exception:
+                return node.start_mark.line + 1
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(n for pair in reversed(node.value) for n in reversed(pair))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+    return root.start_mark.line + 1
+
+
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return what
+    return "not a file"
+
+
+def yaml_files(directory: str | os.PathLike[str], what: str = "configuration") -> list[str]:
+    """The ``*.yaml`` files of a directory, sorted by name (hidden files skipped); ``[]`` if it
+    does not exist. A path that is not a directory, or a ``*.yml`` file in it (which would
+    otherwise be skipped without a word), is a ConfigError."""
+    d = os.fspath(directory)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        raise ConfigError(f"{d}: not a directory (it should hold the {what} *.yaml files)") from None
+    except OSError as e:
+        raise ConfigError(f"{d}: cannot list: {e.strerror or e}") from None
+    names = sorted(n for n in names if not n.startswith("."))
+    yml = [n for n in names if n.endswith(".yml")]
+    if yml:
+        raise ConfigError(
+            [
+                f"{os.path.join(d, n)}: only *.yaml files are read here; rename it to {n[:-4]}.yaml"
+                for n in yml
+            ]
+        )
+    return [os.path.join(d, n) for n in names if n.endswith(".yaml")]
+
+
+def _walk(
+    node: yaml.Node,
+    path: tuple[str, ...],
+    locs: Locations,
+    filename: str,
+    seen: set[int],
+    depth: int,
+    line: int = 1,
+) -> None:
+    """Record the line of every key and list item; refuse aliases (``line`` is where ``node`` is
+    used: the key it is the value of, or the list it is an item of), duplicate keys, merge keys
+    and nesting deeper than ``MAX_DEPTH``. Nothing is expanded: it runs on the node graph."""
+    import yaml
+
+    if id(node) in seen:  # the composer hands back the anchored node itself for every alias
+        raise ConfigError(
+            f"{filename}:{line}: YAML anchors and aliases (&name, *name) are not allowed in "
+            "configuration files; write the value out"
+        )
+    seen.add(id(node))
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{filename}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
         for key_node, value_node in node.value:
+            key_line = key_node.start_mark.line + 1
+            if key_node.tag == MERGE_TAG:
+                raise ConfigError(
+                    f"{filename}:{key_line}: YAML merge keys (<<) are not allowed in configuration files"
+                )
+            if id(key_node) in seen:
+                raise ConfigError(
+                    f"{filename}:{key_line}: YAML anchors and aliases (&name, *name) are not allowed in "
+                    "configuration files; write the value out"
+                )
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise ConfigError(f"{filename}:{key_line}: a key must be a plain name, not a {key_node.id}")
+            seen.add(id(key_node))
             key = str(key_node.value)
-            locs[(*path, key)] = key_node.start_mark.line + 1
-            _walk(value_node, (*path, key), locs)
+            if key in first:
+                raise ConfigError(
+                    f"{filename}:{key_line}: duplicate key '{'.'.join((*path, key))}' (first at line "
+                    f"{first[key]}); each key may appear once per mapping: merge the two"
+                )
+            first[key] = key_line
+            locs[(*path, key)] = key_line
+            _walk(value_node, (*path, key), locs, filename, seen, depth + 1, key_line)
     elif isinstance(node, yaml.SequenceNode):  # list items by index: ("rules", "3")
         for i, item in enumerate(node.value):
             locs[(*path, str(i))] = item.start_mark.line + 1
-            _walk(item, (*path, str(i)), locs)
+            _walk(item, (*path, str(i)), locs, filename, seen, depth + 1, _item_line(node, i))
+
+
+def _item_line(seq: yaml.SequenceNode, i: int) -> int:
+    """Where item ``i`` of a list is written (an alias's own node carries its anchor's position):
+    the list's first line for the first item, else the line after the item before it."""
+    if i == 0:
+        return seq.start_mark.line + 1
+    end = seq.value[i - 1].end_mark
+    if seq.flow_style or end.column == 0:  # same line, or the item before ended at a line break
+        return end.line + 1
+    return end.line + 2
 
 
 def source_of(kind: str, filename: str, locs: Locations, path: tuple[str, ...]) -> Source:
@@ -160,26 +289,26 @@ def _cache_read(entry: str, stamp: list[Any]) -> tuple[Any, Locations] | None:
 
 
 def _cache_write(entry: str, stamp: list[Any], data: Any, locs: Locations) -> None:
+    from ..runtime.files import atomic_write  # only here: a cache write is rare, the import is not free
+
     doc = {
         "format": CACHE_FORMAT,
         "stamp": stamp,
         "data": data,
         "locations": [[list(k), v] for k, v in locs.items()],
     }
-    tmp = f"{entry}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(entry), mode=0o700, exist_ok=True)
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(tmp, entry)
-    except OSError:  # a read-only or full cache folder only costs speed
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        atomic_write(entry, json.dumps(doc, separators=(",", ":")), 0o600)
+    except (OSError, ValueError):  # a read-only or full cache folder only costs speed
+        pass
 
 
 def _json_exact(v: Any) -> bool:
     """True when JSON gives back exactly ``v`` (string keys, plain scalars, lists, mappings)."""
-    if v is None or isinstance(v, str | bool | int):
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v.bit_length() <= 63  # huge integers: json.dumps refuses those past 4300 digits
+    if v is None or isinstance(v, str | bool):
         return True
     if isinstance(v, float):
         return v == v and v not in (float("inf"), float("-inf"))

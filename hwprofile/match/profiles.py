@@ -43,6 +43,12 @@ def builtin_dir() -> str:
     return shipped if os.path.isdir(shipped) else os.path.join(os.path.dirname(package), "profiles")
 
 
+def profile_names(root: str | os.PathLike[str] | None) -> set[str]:
+    """The name of every profile, built-in or under ``<root>/profiles/``, without reading one."""
+    dirs = [builtin_dir()] + ([os.path.join(root, "profiles")] if root is not None else [])
+    return {os.path.basename(p)[: -len(".yaml")] for d in dirs for p in yaml_files(d, "profile")} - {"rules"}
+
+
 def load_profiles(root: str | os.PathLike[str] | None) -> dict[str, ProfileFile]:
     """Every profile by name; ``<root>/profiles/NAME.yaml`` shadows the built-in NAME."""
     found: dict[str, ProfileFile] = {}
@@ -50,7 +56,7 @@ def load_profiles(root: str | os.PathLike[str] | None) -> dict[str, ProfileFile]
     if root is not None:
         dirs.append((os.path.join(root, "profiles"), "etc-profile"))
     for d, kind in dirs:
-        for path in yaml_files(d):
+        for path in yaml_files(d, "profile"):
             name = os.path.basename(path)[: -len(".yaml")]
             if name == "rules":
                 continue

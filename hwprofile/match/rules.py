@@ -1,19 +1,27 @@
 """First-match rules (like tuned's recommend rules), as data: ordered, each naming a profile and the
-host facts it needs. The matcher explains every rule it tried and never probes the host."""
+host facts it needs. The matcher explains every rule it tried and never probes the host.
+
+Rules are checked when they are loaded, each problem naming the file and line: the rule's keys, a
+profile that exists, predicate names, and predicate values of the right type (``gpu_name`` a valid
+regular expression, compiled once; counts whole numbers; ``memory_gib`` finite numbers;
+``compute_capability`` ``"8.9"``, ``9`` or ``{min, max}`` of those; ``nvlink``, ``p2p`` and
+``homogeneous`` real booleans: the text ``"false"`` would otherwise be true)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
 from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError
 from ..config.schema import suggest
-from ..config.yamlsrc import load_file, yaml_files
+from ..config.yamlsrc import Locations, load_file, yaml_files
 from ..snapshot import HostSnapshot
-from .profiles import builtin_dir
+from .profiles import builtin_dir, profile_names
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -68,10 +76,11 @@ def _cc(text: str | None) -> tuple[int, int]:
 
 class Rule(Record):
     profile: str
-    when: dict[str, Any]
+    when: dict[str, Any]  # as written (shown by `hwprofile profiles`)
     why: str
     file: str
     line: int
+    tests: dict[str, Any] | None = None  # `when` checked and converted at load (None: on use)
 
 
 class Check(Record):
@@ -98,81 +107,210 @@ PREDICATES = (
 )
 
 
+RULE_KEYS = ("profile", "when", "why")
+RANGE_KEYS = ("min", "max")
+BOOL_PREDICATES = ("nvlink", "p2p", "homogeneous")
+
+
 def load_rules(root: str | os.PathLike[str] | None) -> list[Rule]:
-    """Site rules (``<root>/rules.d/*.yaml``, sorted) first, then the built-in ``rules.yaml``."""
-    files = yaml_files(os.path.join(root, "rules.d")) if root is not None else []
+    """Site rules (``<root>/rules.d/*.yaml``, sorted) first, then the built-in ``rules.yaml``.
+    Every rule is checked here: a bad one is a ConfigError with its file and line, never a
+    surprise while matching."""
+    files = yaml_files(os.path.join(root, "rules.d"), "rules") if root is not None else []
     files.append(os.path.join(builtin_dir(), "rules.yaml"))
+    known = sorted(profile_names(root))
     rules: list[Rule] = []
+    problems: list[str] = []
     for f in files:
         data, locs = load_file(f)
         items = (data or {}).get("rules") if isinstance(data, dict) else None
         if not isinstance(items, list):
             raise ConfigError(f"{f}:1: expected 'rules:' with a list of {{profile, when, why}}")
+        for extra in [str(k) for k in data if k != "rules"]:
+            problems.append(
+                f"{f}:{locs.get((extra,), 1)}: unknown key '{extra}'; a rules file holds 'rules:' only"
+            )
         for i, item in enumerate(items):
-            line = locs.get(("rules", str(i)), 1)
-            if not isinstance(item, dict) or "profile" not in item:
-                raise ConfigError(f"{f}:{line}: each rule needs 'profile:' (and optionally 'when:', 'why:')")
-            when = item.get("when") or {}
-            for key in when:
-                if key not in PREDICATES:
-                    raise ConfigError(
-                        f"{f}:{line}: unknown rule predicate '{key}'{suggest(key, list(PREDICATES))}; "
-                        f"valid: {', '.join(PREDICATES)}"
-                    )
-            rules.append(Rule(str(item["profile"]), dict(when), str(item.get("why", "")), f, line))
+            rule = _rule(f, locs, i, item, known, problems)
+            if rule is not None:
+                rules.append(rule)
+    if problems:
+        raise ConfigError(problems)
     return rules
 
 
-def _range(value: Any, x: float) -> tuple[bool, str]:
-    if isinstance(value, dict):
-        lo, hi = value.get("min"), value.get("max")
-        ok = (lo is None or x >= lo) and (hi is None or x <= hi)
-        return ok, f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-    return x == value, f"= {value}"
+def _rule(f: str, locs: Locations, i: int, item: Any, known: list[str], problems: list[str]) -> Rule | None:
+    line = locs.get(("rules", str(i)), 1)
+
+    def at(*p: str) -> int:
+        return locs.get(("rules", str(i), *p), line)
+
+    if not isinstance(item, dict) or "profile" not in item:
+        problems.append(f"{f}:{line}: each rule needs 'profile:' (and optionally 'when:', 'why:')")
+        return None
+    for k in [str(k) for k in item if k not in RULE_KEYS]:
+        problems.append(
+            f"{f}:{at(k)}: unknown rule key '{k}'{suggest(k, list(RULE_KEYS))}; valid: {', '.join(RULE_KEYS)}"
+        )
+    profile = item["profile"]
+    if not isinstance(profile, str) or not profile:
+        problems.append(f"{f}:{at('profile')}: 'profile' must be a profile name, got {profile!r}")
+        return None
+    if profile not in known:
+        problems.append(
+            f"{f}:{at('profile')}: unknown profile '{profile}'{suggest(profile, known)}; "
+            f"available: {', '.join(known)}"
+        )
+    why = item.get("why", "")
+    if not isinstance(why, str | int | float) or isinstance(why, bool):
+        problems.append(f"{f}:{at('why')}: 'why' must be text, got {type(why).__name__}")
+    when = item.get("when")
+    if when is None:
+        when = {}
+    if not isinstance(when, dict):
+        problems.append(f"{f}:{at('when')}: 'when' must be a mapping of predicates, got {when!r}")
+        return None
+    tests: dict[str, Any] = {}
+    for key, want in when.items():
+        key = str(key)
+        if key not in PREDICATES:
+            own = at("when", key)
+            problems.append(
+                f"{f}:{line}: unknown rule predicate '{key}'{suggest(key, list(PREDICATES))}; "
+                f"valid: {', '.join(PREDICATES)}" + (f" (line {own})" if own != line else "")
+            )
+            continue
+        try:
+            tests[key] = predicate(key, want)
+        except ValueError as e:
+            problems.append(f"{f}:{at('when', key)}: rule for '{profile}': {key}: {e}")
+    return Rule(profile, dict(when), str(why), f, line, tests)
+
+
+def predicate(key: str, want: Any) -> Any:
+    """A predicate's value checked and converted for ``evaluate``; a ValueError says what is expected."""
+    if key == "gpu_name":
+        if not isinstance(want, str | int) or isinstance(want, bool) or not str(want):
+            raise ValueError(f"expected a regular expression (text), got {want!r}")
+        try:
+            return re.compile(str(want), re.I)
+        except re.error as e:
+            raise ValueError(f"invalid regular expression {str(want)!r}: {e}") from None
+    if key in BOOL_PREDICATES:
+        if not isinstance(want, bool):
+            raise ValueError(f"expected true or false (unquoted), got {want!r}")
+        return want
+    if key == "compute_capability":
+        if isinstance(want, dict):
+            lo, hi = _bounds(want, _cc_value)
+            return (lo or (0, 0), hi or (99, 99))
+        cc = _cc_value(want)
+        return (cc, cc)
+    conv = _count if key in ("gpu_count", "numa_nodes") else _gib
+    return _bounds(want, conv) if isinstance(want, dict) else conv(want)
+
+
+def _bounds(want: dict[Any, Any], conv: Callable[[Any], Any]) -> tuple[Any, Any]:
+    bad = [str(k) for k in want if k not in RANGE_KEYS]
+    if bad:
+        raise ValueError(f"unknown bound '{bad[0]}'{suggest(bad[0], list(RANGE_KEYS))}; valid: min, max")
+    if not want:
+        raise ValueError("an empty range: give min, max or both")
+    lo = conv(want["min"]) if want.get("min") is not None else None
+    hi = conv(want["max"]) if want.get("max") is not None else None
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"min {want['min']} is above max {want['max']}")
+    return lo, hi
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"expected a whole number >= 0 or {{min, max}}, got {v!r}")
+    return v
+
+
+def _gib(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"expected a finite number of GiB >= 0 or {{min, max}}, got {v!r}")
+    return float(v)
+
+
+_CC = re.compile(r"(\d{1,2})(?:\.(\d{1,2}))?")
+
+
+def _cc_value(v: Any) -> tuple[int, int]:
+    """``"8.9"``, ``8.9``, ``9`` or ``"9"`` → (major, minor); anything else is a ValueError.
+    (A bare ``9`` used to fail to split on the dot and silently become 0.0: ``{min: 9}`` then
+    matched an 8.9 card.)"""
+    ok = isinstance(v, str | int | float) and not isinstance(v, bool)
+    m = _CC.fullmatch(str(v).strip()) if ok and not (isinstance(v, float) and not math.isfinite(v)) else None
+    if not m:
+        raise ValueError(f'expected a compute capability like "8.9" or 9, got {v!r}')
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def _in(bounds: Any, x: float) -> bool:
+    if isinstance(bounds, tuple):
+        lo, hi = bounds
+        return (lo is None or x >= lo) and (hi is None or x <= hi)
+    return x == bounds
+
+
+def _shown(bounds: Any) -> str:
+    if isinstance(bounds, tuple):
+        lo, hi = bounds
+        return f"[{'-inf' if lo is None else _n(lo)}, {'inf' if hi is None else _n(hi)}]"
+    return f"= {_n(bounds)}"
+
+
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def evaluate(rule: Rule, f: HostFacts) -> RuleResult:
+    tests = rule.tests if rule.tests is not None else {k: predicate(k, v) for k, v in rule.when.items()}
     checks: list[Check] = []
-    for key, want in rule.when.items():
+    for key, want in tests.items():
         if key == "gpu_count":
-            ok, rng = _range(want, f.gpu_count)
-            checks.append(Check(key, ok, f"{f.gpu_count} GPU(s), want {rng}"))
+            ok = _in(want, f.gpu_count)
+            checks.append(Check(key, ok, f"{f.gpu_count} GPU(s), want {_shown(want)}"))
         elif key == "gpu_name":
-            pat = re.compile(str(want), re.I)
-            ok = f.gpu_count > 0 and all(pat.search(n) for n in f.gpu_names)
+            ok = f.gpu_count > 0 and all(want.search(n) for n in f.gpu_names)
             names = ", ".join(sorted(set(f.gpu_names))) or "no GPU"
-            checks.append(Check(key, ok, f"{names} {'matches' if ok else 'does not match'} /{want}/"))
+            checks.append(Check(key, ok, f"{names} {'matches' if ok else 'does not match'} /{want.pattern}/"))
         elif key == "memory_gib":
-            oks = [_range(want, m) for m in f.memory_gib]
-            ok = bool(oks) and all(o for o, _ in oks)
+            ok = bool(f.memory_gib) and all(_in(want, m) for m in f.memory_gib)
             shown = ", ".join(f"{m:.1f}" for m in sorted(set(f.memory_gib))) or "none"
-            checks.append(Check(key, ok, f"GPU memory {shown} GiB, want {_range(want, 0)[1]}"))
+            checks.append(Check(key, ok, f"GPU memory {shown} GiB, want {_shown(want)}"))
         elif key == "compute_capability":
-            lo = _cc(str(want.get("min"))) if isinstance(want, dict) and want.get("min") else (0, 0)
-            hi = _cc(str(want.get("max"))) if isinstance(want, dict) and want.get("max") else (99, 99)
+            lo, hi = want
             ok = bool(f.compute_capabilities) and all(lo <= c <= hi for c in f.compute_capabilities)
-            checks.append(
-                Check(key, ok, f"compute capability {sorted(set(f.compute_capabilities))}, want {want}")
-            )
-        elif key == "nvlink":
-            ok = f.nvlink is bool(want)
-            state = {True: "every GPU pair on NVLink", False: "no NVLink", None: "NVLink on some GPUs only"}[
-                f.nvlink
-            ]
-            checks.append(Check(key, ok, f"{state}, want nvlink={bool(want)}"))
-        elif key == "p2p":
-            ok = f.p2p is bool(want)
-            checks.append(Check(key, ok, f"P2P {'unknown' if f.p2p is None else f.p2p}, want {bool(want)}"))
-        elif key == "numa_nodes":
-            ok, rng = _range(want, f.numa_nodes)
-            checks.append(Check(key, ok, f"{f.numa_nodes} NUMA node(s), want {rng}"))
-        elif key == "homogeneous":
-            ok = f.homogeneous is bool(want)
             checks.append(
                 Check(
                     key,
                     ok,
-                    f"{'one GPU model' if f.homogeneous else 'mixed GPU models'}, want homogeneous={bool(want)}",
+                    f"compute capability {sorted(set(f.compute_capabilities))}, want {rule.when.get(key)}",
+                )
+            )
+        elif key == "nvlink":
+            ok = f.nvlink is want
+            state = {True: "every GPU pair on NVLink", False: "no NVLink", None: "NVLink on some GPUs only"}[
+                f.nvlink
+            ]
+            checks.append(Check(key, ok, f"{state}, want nvlink={want}"))
+        elif key == "p2p":
+            ok = f.p2p is want
+            checks.append(Check(key, ok, f"P2P {'unknown' if f.p2p is None else f.p2p}, want {want}"))
+        elif key == "numa_nodes":
+            ok = _in(want, f.numa_nodes)
+            checks.append(Check(key, ok, f"{f.numa_nodes} NUMA node(s), want {_shown(want)}"))
+        elif key == "homogeneous":
+            ok = f.homogeneous is want
+            checks.append(
+                Check(
+                    key,
+                    ok,
+                    f"{'one GPU model' if f.homogeneous else 'mixed GPU models'}, want homogeneous={want}",
                 )
             )
     return RuleResult(rule, all(c.ok for c in checks), tuple(checks))
