@@ -76,6 +76,7 @@ class Gpu(Record):
     uuid: str | None = None
     pci_bus_id: str | None = None
     pci_device_id: str | None = None
+    minor_number: int | None = None  # N of /dev/nvidiaN (NVML index != minor); None = unknown
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     memory_reserved_bytes: int | None = None  # set aside by the driver (NVML memory v2)
@@ -310,14 +311,16 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
 #
 # One table (``_HOST``) says what every field may hold; ``_check`` walks a parsed snapshot against
 # it and ``json_schema()`` publishes the same table as JSON Schema (schemas/hwprofile.host-1.schema.json,
-# kept equal by a test). Then ``_consistency`` checks what JSON Schema cannot say: unique GPU indexes
-# and NUMA node ids, links between existing GPUs, GPUs on listed NUMA nodes, used ≤ total memory.
+# kept equal by a test). Then ``_consistency`` checks what JSON Schema cannot say: unique GPU indexes,
+# device minors and NUMA node ids, links between existing GPUs, GPUs on listed NUMA nodes, used ≤ total
+# memory.
 # Plain Python, no imports: a snapshot of eight GPUs checks in well under a millisecond.
 
 MAX_SNAPSHOT_BYTES = 4 << 20  # a snapshot of 256 GPUs is ~1 MB; anything larger is not one
 _TIB = 1 << 40
 _PIB = 1 << 50
 MAX_GPUS = 256
+MAX_DEVICE_MINOR = 255  # /dev/nvidia<minor> is a char device of major 195, minors 0-255
 MAX_CPUS = 16384
 MAX_NUMA_NODES = 1024
 _CONTROL = "".join(map(chr, range(32))) + "\x7f"
@@ -584,6 +587,7 @@ _HOST = _Obj(
                     "pci_device_id": _Str(
                         10, pattern="0x[0-9A-Fa-f]{8}", like='a PCI device id like "0x268410de"'
                     ),
+                    "minor_number": _Int(0, MAX_DEVICE_MINOR),
                     "memory_total_bytes": _Int(0, _TIB, unit=" (1 TiB)"),
                     "memory_used_bytes": _Int(0, _TIB, unit=" (1 TiB)"),
                     "memory_reserved_bytes": _Int(0, _TIB, unit=" (1 TiB)"),
@@ -679,11 +683,20 @@ def _consistency(data: dict[str, Any]) -> None:
                 if seen_cpus.setdefault(c, n["id"]) != n["id"]:
                     raise _Bad(f"numa_nodes[{i}].cpus", f"CPU {c} is also on NUMA node {seen_cpus[c]}")
     indexes: set[int] = set()
+    minors: dict[int, int] = {}
     for i, g in enumerate(data.get("gpus", ())):
         w = f"gpus[{i}]"
         if g["index"] in indexes:
             raise _Bad(f"{w}.index", f"GPU index {g['index']} is listed twice")
         indexes.add(g["index"])
+        minor = g.get("minor_number")
+        if minor is not None:
+            if minor in minors:
+                raise _Bad(
+                    f"{w}.minor_number",
+                    f"device minor {minor} is also GPU {minors[minor]}'s (/dev/nvidia{minor})",
+                )
+            minors[minor] = g["index"]
         node = g.get("numa_node")
         if node is not None and node_ids and node not in node_ids:
             raise _Bad(f"{w}.numa_node", f"NUMA node {node} is not in numa_nodes (ids {sorted(node_ids)})")
@@ -732,7 +745,7 @@ def json_schema() -> dict[str, Any]:
             "What `hwprofile detect --json` prints and `--from FILE` reads. Unknown values are null; "
             "keys not listed here are ignored. Also checked at load, beyond this schema: integers are "
             "JSON integers (not 1.0); GPU indexes and NUMA node ids are unique; gpu_links name existing, "
-            "distinct GPUs, each pair once; a GPU's numa_node is one of numa_nodes' ids (when any are "
+            "distinct GPUs, each pair once; no two GPUs share a minor_number; a GPU's numa_node is one of numa_nodes' ids (when any are "
             "listed); no CPU is on two NUMA nodes; CPU ranges ascend and stay below "
             f"{MAX_CPUS}; memory used and reserved are at most the total; PCIe gen and width are at "
             f"most their maximum; the file is UTF-8, at most {MAX_SNAPSHOT_BYTES} bytes, without "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,7 @@ def build(name: str, root: Path) -> FakeHost:
         gen, width, max_gen, max_width = g["pcie"]
         fields = {
             "name": g["name"],
-            "uuid": g.get("uuid", f"GPU-{i:08x}-{abs(hash(name)) % 10**8:08d}-0000-0000-{i:012x}"),
+            "uuid": g.get("uuid", f"GPU-{i:08x}-{zlib.crc32(name.encode()) % 10**8:08d}-0000-0000-{i:012x}"),
             "pci_bus_id": g["bus"].upper().replace("0X", "0x"),
             "pci_device_id": hex(g.get("pci_device_id", 0)),
             "memory_total": g["memory_mib"] * MIB,
@@ -192,6 +193,8 @@ def build(name: str, root: Path) -> FakeHost:
                 fields[f"nvlink_active.{lk}"] = 1
         if g.get("lost"):
             fields["lost"] = 1
+        if "minor" in g:  # /dev/nvidia<minor>; without it the fake answers the index
+            fields["minor"] = g["minor"]
         st.extend(f"{p}{k}={v}" for k, v in fields.items())
     topo = dict(spec.get("topology") or {})
     default = topo.pop("default", None)

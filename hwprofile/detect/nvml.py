@@ -14,6 +14,7 @@ import os
 
 from .._record import TYPE_CHECKING
 from ..snapshot import (
+    MAX_DEVICE_MINOR,
     DetectError,
     Driver,
     Gpu,
@@ -152,6 +153,7 @@ class Nvml:
             handle,
         )
         draw = self.call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle)
+        minor = self._minor(w, handle)
         reasons = self.call(
             f"{w}.clocks_event_reasons",
             ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
@@ -163,6 +165,7 @@ class Nvml:
             uuid=_text(self.call(f"{w}.uuid", "nvmlDeviceGetUUID", handle)),
             pci_bus_id=_text(pci.busId) if pci is not None else None,
             pci_device_id=f"0x{pci.pciDeviceId:08x}" if pci is not None else None,
+            minor_number=minor,
             memory_total_bytes=int(mem.total) if mem is not None else None,
             memory_used_bytes=int(mem.used) if mem is not None else None,
             memory_reserved_bytes=int(getattr(mem, "reserved", 0)) if mem is not None else None,
@@ -201,6 +204,23 @@ class Nvml:
             clocks_event_reasons=decode_clock_event_reasons(reasons),
             clocks_event_reasons_mask=reasons,
         )
+
+    def _minor(self, where: str, handle: Any) -> int | None:
+        """The device minor number: N of ``/dev/nvidiaN`` (``nvidia-smi``'s "Minor Number"), which
+        need not equal the NVML index. NOT_SUPPORTED, a driver without the call or a value outside
+        :data:`MAX_DEVICE_MINOR` is ``None`` (recorded in ``errors``): never the index in its place."""
+        w = f"{where}.minor_number"
+        minor = self.call(w, "nvmlDeviceGetMinorNumber", handle)
+        if minor is None:
+            return None
+        if type(minor) is not int or not 0 <= minor <= MAX_DEVICE_MINOR:
+            self.errors.append(
+                DetectError(
+                    w, f"nvmlDeviceGetMinorNumber: {minor!r} is not a device minor (0-{MAX_DEVICE_MINOR})"
+                )
+            )
+            return None
+        return minor
 
     def _nvlink_peers(self, where: str, handle: Any) -> list[str | None]:
         """One entry per active NVLink link: the PCI bus id at its far end, :data:`NVSWITCH` when

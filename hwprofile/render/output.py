@@ -21,6 +21,7 @@ from typing import Any
 
 import jinja2
 
+from ..snapshot import MAX_DEVICE_MINOR
 from .translate import Rendered, flatten
 
 FORMATS = ("argv", "shell", "yaml", "env", "systemd", "json")
@@ -239,18 +240,39 @@ def env_file_for(template: str, name: str) -> str:
     return template.replace("{name}", name)
 
 
+# What a CUDA process opens besides its GPUs: the control device and the unified-memory devices.
+# Not /dev/nvidia-modeset (display only; vLLM never opens it).
+NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# When a GPU's minor is unknown: the driver's whole device group, in systemd's "char-<group>" form
+# (systemd.resource-control(5), DeviceAllow=: "char-" followed by a device group name as listed in
+# /proc/devices). The nvidia module registers major 195 (every /dev/nvidia<minor>, and nvidiactl)
+# as "nvidia-frontend" where the driver has that frontend (nv-frontend.c, also in the open kernel
+# modules), as "nvidia" where it does not; systemd resolves the names when the unit starts and
+# leaves out one that /proc/devices does not list, so both are given. This opens every GPU of the
+# host to the instance, which is wider than its own GPUs but never a wrong one.
+NVIDIA_DEVICE_GROUPS = ("char-nvidia-frontend", "char-nvidia")
+
+
+def device_allow(minors: Any, gpus: int) -> list[str]:
+    """The ``DeviceAllow=`` entries of a CUDA instance with ``gpus`` GPUs whose device minors (the
+    plan's ``gpu_minors``) are ``minors``: its GPUs as ``/dev/nvidia<minor>``, named after the minor,
+    which need not be the NVML index. When any minor is unknown (a snapshot taken before minors
+    were recorded, a driver that did not say), the index is never used in its place: the unit
+    allows :data:`NVIDIA_DEVICE_GROUPS` instead, all of the driver's GPUs."""
+    known = (
+        isinstance(minors, list)
+        and len(minors) == gpus
+        and all(type(m) is int and 0 <= m <= MAX_DEVICE_MINOR for m in minors)
+    )
+    gpu_devices = [f"/dev/nvidia{m}" for m in minors] if known else list(NVIDIA_DEVICE_GROUPS)
+    return [*NVIDIA_CONTROL_DEVICES, *gpu_devices]
+
+
 def _context(
     r: Rendered, plan: dict[str, Any], inst: dict[str, Any], env_file: str, secret_values: dict[str, str]
 ) -> dict[str, Any]:
     gpus = r.gpus
-    devices = (
-        (
-            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-            + [f"/dev/nvidia{int(g)}" for g in gpus]
-        )
-        if r.device == "cuda"
-        else []
-    )
+    devices = device_allow(inst.get("gpu_minors"), len(gpus)) if r.device == "cuda" else []
     user = inst["server"].get("user")
     if user is not None and not _USER.fullmatch(str(user)):
         raise UnsafeValue(f"server.user {_show(str(user))} is not a user name systemd accepts")
