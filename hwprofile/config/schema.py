@@ -196,6 +196,84 @@ SETTINGS: dict[tuple[str, ...], Field] = {
     ("supervise", "backoff_max"): Field(
         "float", "longest restart delay in seconds", 0.1, 86400, default=60.0
     ),
+    # -- the daemon: watching and acting ---------------------------------------------------
+    ("watch", "interval"): Field("float", "seconds between telemetry samples", 0.1, 60, default=1.0),
+    ("watch", "window_s"): Field(
+        "float", "window of counter rates, acceptance and latency quantiles (seconds)", 5, 3600, default=60.0
+    ),
+    ("watch", "warm_c"): Field(
+        "float", "GPU temperature at which a card is warm (°C)", 20, 120, default=75.0
+    ),
+    ("watch", "hot_c"): Field(
+        "float", "GPU temperature at which a card is hot: its instances degrade (°C)", 20, 120, default=83.0
+    ),
+    ("watch", "critical_c"): Field(
+        "float", "GPU temperature at which a card is critical: a deeper degrade (°C)", 20, 125, default=88.0
+    ),
+    ("watch", "warm_margin_c"): Field(
+        "float", "warm when the card is this close to its own slowdown threshold (°C)", 0, 60, default=12.0
+    ),
+    ("watch", "hot_margin_c"): Field(
+        "float", "hot when the card is this close to its own slowdown threshold (°C)", 0, 60, default=6.0
+    ),
+    ("watch", "critical_margin_c"): Field(
+        "float", "critical when the card is this close to its own slowdown threshold (°C)", 0, 60, default=2.0
+    ),
+    ("watch", "hysteresis_c"): Field(
+        "float", "degrees below a threshold before a state is left (°C)", 0, 30, default=3.0
+    ),
+    ("watch", "dwell_s"): Field(
+        "float",
+        "seconds a new thermal state must hold before it counts (one spike never acts)",
+        0,
+        600,
+        default=3.0,
+    ),
+    ("watch", "throttle_s"): Field(
+        "float",
+        "seconds of thermal clock-event reasons that count as hot whatever the temperature",
+        0,
+        600,
+        default=5.0,
+    ),
+    ("watch", "recover_s"): Field(
+        "float",
+        "seconds below hot minus the hysteresis before the full profile comes back",
+        0,
+        86400,
+        default=300.0,
+    ),
+    ("watch", "max_actions_per_hour"): Field(
+        "int", "restarts for degrade or recover per instance and hour", 0, 3600, default=6
+    ),
+    ("watch", "acceptance_low"): Field(
+        "float", "speculative acceptance rate below which the daemon warns", 0, 1, default=0.65
+    ),
+    ("watch", "acceptance_high"): Field(
+        "float",
+        "speculative acceptance rate above which the daemon says more proposals may pay",
+        0,
+        1,
+        default=0.85,
+    ),
+    ("watch", "min_draft_tokens"): Field(
+        "int", "draft tokens in the window before acceptance is judged", 1, 10**9, default=200
+    ),
+    ("watch", "apply_k_advice"): Field(
+        "bool", "use the advised k at the next restart (otherwise advice only)", default=False
+    ),
+    ("watch", "metrics_port"): Field(
+        "int", "port of hwprofile's own Prometheus metrics on 127.0.0.1 (0: off)", 0, 65535, default=9464
+    ),
+    ("degrade", "max_num_seqs_factor"): Field(
+        "float", "max_num_seqs multiplied by this per degrade step (seed: 256 -> 192)", 0.05, 1, default=0.75
+    ),
+    ("degrade", "max_num_batched_tokens_factor"): Field(
+        "float", "max_num_batched_tokens multiplied by this per degrade step", 0.05, 1, default=0.75
+    ),
+    ("degrade", "num_speculative_tokens_step"): Field(
+        "int", "proposals per step taken off per degrade step (never below 1)", 0, 16, default=1
+    ),
     # -- CPU backend -----------------------------------------------------------------------
     ("cpu", "kv_cache_space_gib"): Field(
         "float", "KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)", 0.01, 4096, default=4.0

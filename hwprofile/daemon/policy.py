@@ -34,28 +34,35 @@ THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
 
 
+def _default(name: str) -> Any:
+    """The schema's default of ``watch.<name>``: the one default there is."""
+    from ..config.schema import SETTINGS
+
+    return SETTINGS[("watch", name)].default
+
+
 @dataclass(frozen=True)
 class WatchSettings:
-    """The ``watch.*`` settings (defaults live in the settings schema; these mirror them for tests)."""
+    """The ``watch.*`` settings; field defaults are the schema's (tests override single fields)."""
 
-    interval: float = 1.0
-    window_s: float = 60.0
-    warm_c: float = 75.0
-    hot_c: float = 83.0
-    critical_c: float = 88.0
-    warm_margin_c: float = 12.0
-    hot_margin_c: float = 6.0
-    critical_margin_c: float = 2.0
-    hysteresis_c: float = 3.0
-    dwell_s: float = 3.0
-    throttle_s: float = 5.0
-    recover_s: float = 300.0
-    max_actions_per_hour: int = 6
-    acceptance_low: float = 0.65
-    acceptance_high: float = 0.85
-    min_draft_tokens: int = 200
-    apply_k_advice: bool = False
-    metrics_port: int = 9464
+    interval: float = _default("interval")
+    window_s: float = _default("window_s")
+    warm_c: float = _default("warm_c")
+    hot_c: float = _default("hot_c")
+    critical_c: float = _default("critical_c")
+    warm_margin_c: float = _default("warm_margin_c")
+    hot_margin_c: float = _default("hot_margin_c")
+    critical_margin_c: float = _default("critical_margin_c")
+    hysteresis_c: float = _default("hysteresis_c")
+    dwell_s: float = _default("dwell_s")
+    throttle_s: float = _default("throttle_s")
+    recover_s: float = _default("recover_s")
+    max_actions_per_hour: int = _default("max_actions_per_hour")
+    acceptance_low: float = _default("acceptance_low")
+    acceptance_high: float = _default("acceptance_high")
+    min_draft_tokens: int = _default("min_draft_tokens")
+    apply_k_advice: bool = _default("apply_k_advice")
+    metrics_port: int = _default("metrics_port")
 
     @classmethod
     def from_settings(cls, watch: Mapping[str, Any]) -> WatchSettings:
@@ -181,9 +188,11 @@ def thermal_step(
         return replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why)), None
     want = LEVELS[target]
     if state.pending != want:
-        return replace(state, pending=want, pending_since=now, reason=f"{want} pending: {up_why}"), None
+        state = replace(state, pending=want, pending_since=now, reason=f"{want} pending: {up_why}")
     assert state.pending_since is not None
     if now - state.pending_since < s.dwell_s:
+        if state.pending_since == now:
+            return state, None
         return replace(state, reason=f"{want} pending for {now - state.pending_since:.0f} s: {up_why}"), None
     why = up_why if target > cur else f"below {state.level} by the hysteresis ({s.hysteresis_c:g} °C)"
     new = replace(state, level=want, since=now, pending=None, pending_since=None, reason=f"{want}: {why}")
