@@ -2,13 +2,17 @@
 
 Used by the test suite and by hwprofile's first-run demo to serve something real with vLLM on the
 CPU. With a fixed seed the files are byte-identical run to run, so greedy outputs are stable.
+The weights are random: what it generates is gibberish by design. The tokenizer fills the whole
+vocabulary (``vocab_size`` ids) with visible pieces, so every id the model can emit decodes to text.
 Needs ``tokenizers``, ``transformers`` and ``torch`` (they come with vLLM); imported lazily.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 from pathlib import Path
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hwprofile" / "tiny-llama"
@@ -34,6 +38,16 @@ The KV cache holds keys and values of every token; its size is layers times head
     * 40
 )
 
+# Pseudo-words (two consonant-vowel syllables each, 4900 of them) beside the text above: enough
+# distinct pieces for byte-level BPE to fill all 2048 ids. Trained on ``_TEXT`` alone it stops at 235,
+# and the ids above that (88 % of what random weights emit) decode to nothing.
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+_WORDS = [a + b for a, b in itertools.product(_SYLLABLES, repeat=2)]
+_FILLER = [" ".join(_WORDS[i : i + 12]) for i in range(0, len(_WORDS), 12)]
+
+# Bumped when the generated files change: a cached model of another format is made again.
+FORMAT = 2
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -44,7 +58,11 @@ def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str,
     """Write tokenizer + random-weight LlamaForCausalLM (bf16 safetensors) to ``out``; idempotent."""
     out = Path(out)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        return out
+        if _format(out) == FORMAT:
+            return out
+        stale = out.with_name(out.name + f".stale{os.getpid()}")
+        out.rename(stale)  # a model of an older format: made again below
+        shutil.rmtree(stale, ignore_errors=True)
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -56,7 +74,7 @@ def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str,
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     special = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>"]
     trainer = trainers.BpeTrainer(vocab_size=cfg["vocab_size"], special_tokens=special, show_progress=False)
-    tok.train_from_iterator(_TEXT.splitlines(), trainer=trainer)
+    tok.train_from_iterator(_TEXT.splitlines() + _FILLER, trainer=trainer)
     from tokenizers import decoders
 
     tok.decoder = decoders.ByteLevel()
@@ -76,10 +94,28 @@ def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str,
         torch_dtype="bfloat16",
     )
     model = LlamaForCausalLM(lc).to(torch.bfloat16)
-    model.save_pretrained(tmp, safe_serialization=True)
-    (tmp / "hwprofile-tiny.json").write_text(json.dumps({"seed": seed, "config": cfg}))
-    tmp.replace(out) if not out.exists() else None
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" for a 2 MB file is noise
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    (tmp / "hwprofile-tiny.json").write_text(json.dumps({"format": FORMAT, "seed": seed, "config": cfg}))
+    if out.exists():  # made meanwhile by another process
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(out)
     return out
+
+
+def _format(out: Path) -> int | None:
+    try:
+        return json.loads((out / "hwprofile-tiny.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 if __name__ == "__main__":
