@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
-from ._record import TYPE_CHECKING, Record
 from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
 from .match import profiles as prof
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
 
 
-class Resolution(Record):
+class Resolution(NamedTuple):
     profile: str
     chain: list[prof.ProfileFile]
     matched_because: list[str]
@@ -83,9 +83,10 @@ def resolve_settings(
 def load_models(
     settings: Mapping[str, Any], model: str | None, draft: str | None
 ) -> tuple[ModelFacts, ModelFacts | None]:
-    target = resolve_model(model or settings.get("model") or DEFAULT_MODEL, "model")
-    draft_spec = draft or (settings.get("speculative") or {}).get("draft")
-    return target, resolve_model(draft_spec, "draft") if draft_spec else None
+    # An empty --model/--draft is an error (resolve_model says so), not "use the default".
+    target = resolve_model(model if model is not None else settings.get("model") or DEFAULT_MODEL, "model")
+    draft_spec = draft if draft is not None else (settings.get("speculative") or {}).get("draft") or None
+    return target, resolve_model(draft_spec, "draft") if draft_spec is not None else None
 
 
 def make_plan(

@@ -163,16 +163,25 @@ def test_sliding_window_layers_hold_only_the_window() -> None:
     )  # below the window: all layers, whole blocks
 
 
-def test_draft_with_another_vocabulary_is_refused_with_the_reason(host_of, empty_root) -> None:
-    p = plan_for(
-        host_of,
-        empty_root,
-        "a800-pcie-4x-2numa",
-        model="Qwen/Qwen2.5-32B-Instruct",
-        draft="Qwen/Qwen2.5-1.5B-Instruct",
-    )
-    assert p["instances"][0]["speculative"]["method"] == "ngram"
-    assert any("vocab_size 151936 but the target has 152064" in w for w in p["warnings"])
+def test_draft_with_another_vocabulary_by_installed_vllm(host_of, empty_root) -> None:
+    def plan_with(version: str):
+        host = host_of("a800-pcie-4x-2numa")
+        host = host._replace(software=host.software._replace(vllm_version=version))
+        return make_plan(
+            host,
+            empty_root,
+            environ={},
+            model="Qwen/Qwen2.5-32B-Instruct",
+            draft="Qwen/Qwen2.5-1.5B-Instruct",
+        )
+
+    old = plan_with("0.22.0")  # refuses a draft with another vocabulary
+    assert old["instances"][0]["speculative"]["method"] == "ngram" and old["draft"] is None
+    assert any("vocab_size 151936 but the target has 152064" in w for w in old["warnings"])
+    new = plan_with("0.32.0+cpu")  # runs it with use_heterogeneous_vocab
+    assert new["instances"][0]["speculative"]["method"] == "draft_model"
+    (why,) = [r["reason"] for r in new["reasons"] if r["key"] == "speculative.method"]
+    assert "use_heterogeneous_vocab" in why and new["draft"]["vocab_size"] == 151936
     # auto pick: no same-vocabulary draft in the ~1.5B class for Qwen2.5-32B either
     auto = plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-32B-Instruct")
     (why,) = [r["reason"] for r in auto["reasons"] if r["key"] == "speculative.method"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 from functools import lru_cache
+from typing import TYPE_CHECKING, NamedTuple
 
-from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError
+from .arch import read_arch
 
 if TYPE_CHECKING:
     from typing import Any
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 
 
-class ModelFacts(Record):
+class ModelFacts(NamedTuple):
     name: str
     source: str  # "dir", "hf-cache" or "catalog"
     path: str | None
@@ -44,6 +45,12 @@ class ModelFacts(Record):
     weights_bytes_source: str  # "safetensors index", "safetensors files", "estimate"
     mtp_layers: int  # multi-token-prediction heads shipped with the model (usable as speculator)
     quantized_variants: dict[int, str]  # catalog: bits → checkpoint name
+    # architecture facts (hwprofile.model.arch); defaults describe a dense model with ordinary attention
+    active_params: int = 0  # weights read per decoded token (MoE: routed experts only); 0 = params
+    num_experts: int = 0  # MoE: routed experts per MoE layer
+    experts_per_token: int = 0  # MoE: experts each token is routed to
+    kv_lora_rank: int = 0  # MLA: one latent of kv_lora_rank + qk_rope_head_dim per token and layer
+    qk_rope_head_dim: int = 0
 
     @property
     def full_layers(self) -> int:
@@ -64,34 +71,163 @@ class ModelFacts(Record):
         )
 
 
+# Bounds of the config.json keys hwprofile reads: far above any real model, far below nonsense.
+_LIMITS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 10_000),
+    "hidden_size": (1, 1 << 20),
+    "num_attention_heads": (1, 1 << 14),
+    "num_key_value_heads": (1, 1 << 14),
+    "head_dim": (1, 1 << 14),
+    "intermediate_size": (1, 1 << 24),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 32),
+    "sliding_window": (0, 1 << 32),
+    "sliding_window_pattern": (1, 10_000),
+    "num_experts": (0, 1 << 16),
+    "n_routed_experts": (0, 1 << 16),
+    "num_local_experts": (0, 1 << 16),
+    "moe_intermediate_size": (1, 1 << 24),
+    "n_shared_experts": (0, 1 << 16),
+    "num_nextn_predict_layers": (0, 1000),
+    "mtp_num_hidden_layers": (0, 1000),
+}
+MAX_CONFIG_BYTES = 16 << 20
+MAX_INDEX_BYTES = 64 << 20
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "a list"
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Keys:
+    """Typed reads of config.json keys; every problem is a ``ValueError`` naming the key
+    (``text_config.`` in front when it came from a multimodal model's text config)."""
+
+    def __init__(
+        self, cfg: dict[str, Any], text_keys: frozenset[str] = frozenset(), prefix: str = ""
+    ) -> None:
+        self.cfg, self.text_keys, self.prefix = cfg, text_keys, prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}text_config.{key}" if key in self.text_keys else f"{self.prefix}{key}"
+
+    def bad(self, key: str, expected: str, v: Any) -> ValueError:
+        return ValueError(f"{self.name(key)}: expected {expected}, got {_show(v)}")
+
+    def integer(self, key: str, default: int | None = None) -> int | None:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        lo, hi = _LIMITS[key]
+        if type(v) is not int or not lo <= v <= hi:
+            what = "a positive integer" if lo == 1 else "a non-negative integer"
+            raise self.bad(key, f"{what} (at most {hi})", v)
+        return v
+
+    def need(self, key: str) -> int:
+        v = self.integer(key)
+        if v is None:
+            raise ValueError(
+                f"{self.name(key)}: missing (needed to size the model; not a decoder language model?)"
+            )
+        return v
+
+    def text(self, key: str) -> str | None:
+        v = self.cfg.get(key)
+        if v is not None and type(v) is not str:
+            raise self.bad(key, "a string", v)
+        return v
+
+    def flag(self, key: str) -> bool | None:
+        v = self.cfg.get(key)
+        if v is not None and type(v) is not bool:
+            raise self.bad(key, "true/false", v)
+        return v
+
+
 def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) -> ModelFacts:
-    """ModelFacts from a config.json dict (text config of multimodal models included)."""
-    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM in text_config
-        cfg = {**cfg, **cfg["text_config"]}
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"config.json lacks a usable {e} (not a decoder language model?)") from None
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    vocab = int(cfg.get("vocab_size") or 0)
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    tie = bool(cfg.get("tie_word_embeddings", False))
-    window = cfg.get("sliding_window")
+    """ModelFacts from a config.json dict (text config of multimodal models included). Every key
+    read is type- and range-checked: a ``ValueError`` names the key and what it holds."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"expected a JSON object, got {_show(cfg)}")
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError(f"text_config: expected an object, got {_show(text)}")
+    text_keys: frozenset[str] = frozenset()
+    if text:  # multimodal wrappers keep the LM in text_config
+        cfg = {**cfg, **text}
+        text_keys = frozenset(text)
+    k = _Keys(cfg, text_keys)
+    layers = k.need("num_hidden_layers")
+    hidden = k.need("hidden_size")
+    heads = k.need("num_attention_heads")
+    kv = k.integer("num_key_value_heads") or heads
+    if kv > heads or heads % kv:
+        raise ValueError(
+            f"{k.name('num_key_value_heads')}: {kv} does not divide {k.name('num_attention_heads')} ({heads})"
+        )
+    head_dim = k.integer("head_dim")
+    if head_dim is None:
+        if hidden < heads:
+            raise ValueError(
+                f"{k.name('hidden_size')}: {hidden} is less than {k.name('num_attention_heads')} ({heads}) "
+                "and there is no head_dim"
+            )
+        head_dim = hidden // heads
+    inter = k.integer("intermediate_size") or 4 * hidden
+    vocab = k.integer("vocab_size", 0) or 0
+    dtype = k.text("torch_dtype") or k.text("dtype") or "bfloat16"
+    tie = bool(k.flag("tie_word_embeddings"))
+    # some configs write false for "no window"
+    window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
+    k.flag("use_sliding_window")
+    k.integer("sliding_window_pattern")
+    types = cfg.get("layer_types")
+    if types is not None and (type(types) is not list or not all(type(t) is str for t in types)):
+        raise k.bad("layer_types", "a list of strings", types)
+    k.text("model_type")
+    archs = cfg.get("architectures")
+    if archs is not None and (type(archs) is not list or not all(type(a) is str for a in archs)):
+        raise k.bad("architectures", "a list of strings", archs)
     sliding = _sliding_layers(cfg, layers)
-    q = cfg.get("quantization_config") or {}
-    qmethod = str(q.get("quant_method")).lower() if q.get("quant_method") else None
-    qbits = q.get("bits") or q.get("w_bit") or (8 if qmethod == "fp8" else None)
-    params = estimate_params(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
-    bits = int(qbits) if qbits else 8 * min(DTYPE_BYTES.get(dtype, 2), 2)
+    if sliding > layers:
+        raise ValueError(f"{k.name('layer_types')}: {sliding} sliding layers, but only {layers} layers")
+    q = cfg.get("quantization_config")
+    if q is None:
+        q = {}
+    elif type(q) is not dict:
+        raise k.bad("quantization_config", "an object", q)
+    qk = _Keys(q, prefix=k.name("quantization_config") + ".")
+    qmethod_raw = qk.text("quant_method")
+    qmethod = qmethod_raw.lower() if qmethod_raw else None
+    qbits: int | None = None
+    for key in ("bits", "w_bit"):
+        v = q.get(key)
+        if v is not None and (type(v) is not int or not 1 <= v <= 32):
+            raise qk.bad(key, "an integer from 1 to 32", v)
+        qbits = qbits or v
+    qbits = qbits or {"fp8": 8, "mxfp4": 4}.get(qmethod or "")
+    for key in (
+        "num_experts",
+        "n_routed_experts",
+        "num_local_experts",
+        "moe_intermediate_size",
+        "n_shared_experts",
+    ):
+        k.integer(key)
+    arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
+    params = arch.params
+    bits = qbits if qbits else 8 * min(DTYPE_BYTES.get(dtype, 2), 2)
     return ModelFacts(
         name=name,
         source=source,
         path=path,
-        architecture=(cfg.get("architectures") or [None])[0],
+        architecture=(archs or [None])[0],
         model_type=cfg.get("model_type"),
         num_layers=layers,
         hidden_size=hidden,
@@ -100,18 +236,23 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         head_dim=head_dim,
         intermediate_size=inter,
         vocab_size=vocab,
-        max_position_embeddings=cfg.get("max_position_embeddings"),
+        max_position_embeddings=k.integer("max_position_embeddings"),
         dtype=dtype,
         tie_word_embeddings=tie,
-        sliding_window=int(window) if window and sliding else None,
+        sliding_window=window if window and sliding else None,
         sliding_layers=sliding,
         quant_method=qmethod,
-        quant_bits=int(qbits) if qbits else None,
+        quant_bits=qbits,
         params=params,
         weights_bytes=weights_bytes_at(params, embed_params(vocab, hidden, tie), bits),
         weights_bytes_source="estimate",
-        mtp_layers=int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0),
+        mtp_layers=k.integer("num_nextn_predict_layers") or k.integer("mtp_num_hidden_layers") or 0,
         quantized_variants={},
+        active_params=arch.active_params,
+        num_experts=arch.num_experts,
+        experts_per_token=arch.experts_per_token,
+        kv_lora_rank=arch.kv_lora_rank,
+        qk_rope_head_dim=arch.qk_rope_head_dim,
     )
 
 
@@ -168,22 +309,41 @@ def weights_bytes_at(params: int, embed: int, bits: int) -> int:
 # -- readers ------------------------------------------------------------------------------
 
 
+def _read_json(path: str, cap: int, what: str) -> Any:
+    """Parse the JSON file ``path`` (at most ``cap`` bytes, UTF-8); problems are ``ConfigError``s
+    naming the file. ``FileNotFoundError`` passes through (the caller knows what a missing file means)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(cap + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(raw) > cap:
+        raise ConfigError(f"{path}: larger than {cap >> 20} MiB: not a {what}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise ConfigError(f"{path}: invalid JSON: {e}") from None
+
+
 def read_model_dir(path: str | os.PathLike[str], name: str | None = None, source: str = "dir") -> ModelFacts:
     path = os.fspath(path)
     cfg_path = os.path.join(path, "config.json")
     try:
-        with open(cfg_path, encoding="utf-8") as f:
-            text = f.read()
+        cfg = _read_json(cfg_path, MAX_CONFIG_BYTES, "model config")
     except FileNotFoundError:
         raise ConfigError(
             f"{cfg_path}: no config.json in the model directory (is {path} a Hugging Face model folder?)"
         ) from None
-    except OSError as e:
-        raise ConfigError(f"{cfg_path}: cannot read: {e.strerror or e}") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{cfg_path}:{e.lineno}: invalid JSON: {e.msg}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{cfg_path}:1: expected a JSON object")
     try:
@@ -196,16 +356,23 @@ def read_model_dir(path: str | os.PathLike[str], name: str | None = None, source
     return facts
 
 
+MAX_CHECKPOINT_BYTES = 1 << 50
+
+
 def checkpoint_bytes(path: str | os.PathLike[str]) -> tuple[int, str]:
     """Weight bytes from ``model.safetensors.index.json`` (metadata.total_size), else the sum of the
-    ``*.safetensors`` files (their small JSON headers included)."""
+    ``*.safetensors`` files (their small JSON headers included). An index that is not valid JSON,
+    holds a size that is not a byte count, or names shards the directory lacks is a ``ConfigError``."""
+    path = os.fspath(path)
+    index_path = os.path.join(path, "model.safetensors.index.json")
     try:
-        with open(os.path.join(path, "model.safetensors.index.json"), encoding="utf-8") as f:
-            total = json.load(f).get("metadata", {}).get("total_size")
+        index = _read_json(index_path, MAX_INDEX_BYTES, "safetensors index")
+    except FileNotFoundError:
+        index = None
+    if index is not None:
+        total = _check_index(index, index_path, path)
         if total:
-            return int(total), "safetensors index"
-    except (OSError, ValueError, AttributeError):
-        pass
+            return total, "safetensors index"
     try:
         files = [e for e in os.scandir(path) if e.name.endswith(".safetensors") and e.is_file()]
     except OSError:
@@ -213,6 +380,48 @@ def checkpoint_bytes(path: str | os.PathLike[str]) -> tuple[int, str]:
     if files:
         return sum(e.stat().st_size for e in files), "safetensors files"
     return 0, "estimate"
+
+
+def _check_index(index: Any, index_path: str, path: str) -> int | None:
+    """metadata.total_size of a safetensors index, after checking its shape and its shards."""
+    if not isinstance(index, dict):
+        raise ConfigError(f"{index_path}: expected a JSON object, got {_show(index)}")
+    meta = index.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise ConfigError(f"{index_path}: metadata: expected an object, got {_show(meta)}")
+    total = (meta or {}).get("total_size")
+    if total is not None and (type(total) is not int or not 0 <= total <= MAX_CHECKPOINT_BYTES):
+        raise ConfigError(
+            f"{index_path}: metadata.total_size: expected a byte count from 0 to {MAX_CHECKPOINT_BYTES}, "
+            f"got {_show(total)}"
+        )
+    weight_map = index.get("weight_map")
+    if weight_map is None:
+        return total
+    if not isinstance(weight_map, dict):
+        raise ConfigError(f"{index_path}: weight_map: expected an object, got {_show(weight_map)}")
+    shards: set[str] = set()
+    for tensor, shard in weight_map.items():
+        if (
+            type(shard) is not str
+            or not shard
+            or os.path.isabs(shard)
+            or ".." in shard.split("/")
+            or "\x00" in shard
+        ):
+            raise ConfigError(
+                f"{index_path}: weight_map.{tensor}: expected a shard file name in the model folder, "
+                f"got {_show(shard)}"
+            )
+        shards.add(shard)
+    missing = sorted(s for s in shards if not os.path.isfile(os.path.join(path, s)))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConfigError(
+            f"{index_path}: weight_map names {len(missing)} shard file(s) missing from {path}: {shown} "
+            "(an incomplete download?)"
+        )
+    return total
 
 
 def hf_cache_dir() -> str:
@@ -233,7 +442,7 @@ def find_in_hf_cache(name: str, cache: str | os.PathLike[str] | None = None) -> 
             snap = os.path.join(snaps, f.read().strip())
         if os.path.isfile(os.path.join(snap, "config.json")):
             return snap
-    except OSError:
+    except (OSError, ValueError):  # unreadable, or not UTF-8
         pass
     try:
         candidates = [e for e in os.scandir(snaps) if os.path.isfile(os.path.join(e.path, "config.json"))]
@@ -273,6 +482,11 @@ def from_catalog(name: str) -> ModelFacts | None:
 
 def resolve_model(spec: str, what: str = "model") -> ModelFacts:
     """A directory, else a Hugging Face name found in the local cache, else a catalog name."""
+    if not spec or not spec.strip():
+        raise ConfigError(
+            f"--{what} {spec!r}: empty; give a model directory, a Hugging Face name or a catalog name "
+            "(or leave the option out for the profile's model)"
+        )
     p = os.path.expanduser(spec)
     if os.path.isdir(p):
         return read_model_dir(p, name=spec)

@@ -5,10 +5,11 @@ GPU table are package data)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from .._record import TYPE_CHECKING
-from ..config import Source
+from ..config import ConfigError, Source
 from ..config.layers import get
+from ..config.schema import with_defaults
 from ..model import ModelFacts
 from ..snapshot import Gpu, HostSnapshot
 from . import gpufacts
@@ -18,6 +19,7 @@ from .memory import (
     Fit,
     GiB,
     MiB,
+    active_weights_bytes,
     fit,
     kv_bytes_per_token,
     kv_tokens_in,
@@ -127,14 +129,19 @@ def build_plan(
     model: ModelFacts,
     draft: ModelFacts | None,
 ) -> dict[str, Any]:
-    r = Reasons(provenance)
+    # Every setting the layers left unset takes its schema default (the only default there is):
+    # below, settings are read without fallbacks, so an explicit 0 stays 0.
+    settings, filled = with_defaults(settings)
+    r = Reasons({**{p: Source("default", "schema") for p in filled}, **provenance})
     warnings: list[str] = []
     gpus = host.usable_gpus
     if any(g.lost for g in host.gpus):
         warnings.append(f"GPU(s) {[g.index for g in host.gpus if g.lost]} are lost and not planned for")
 
     model = _choose_checkpoint(model, settings, r, warnings, gpus)
-    spec_method, draft = _choose_speculator(model, draft, settings, r, warnings)
+    spec_method, draft = _choose_speculator(
+        model, draft, settings, r, warnings, _heterogeneous_vocab_ok(host.software.vllm_version)
+    )
 
     try:
         instances = _instances(host, settings, model, draft, spec_method, r, warnings)
@@ -152,12 +159,14 @@ def build_plan(
         )
         model = _choose_checkpoint(
             model,
-            {**settings, "engine": {**settings.get("engine", {}), "weights_bits": 4}},
+            {**settings, "engine": {**settings["engine"], "weights_bits": 4}},
             Reasons({}),
             warnings,
             gpus,
         )
-        spec_method, draft = _choose_speculator(model, draft, settings, r, warnings)
+        spec_method, draft = _choose_speculator(
+            model, draft, settings, r, warnings, _heterogeneous_vocab_ok(host.software.vllm_version)
+        )
         instances = _instances(host, settings, model, draft, spec_method, r, warnings)
     return {
         "schema": SCHEMA,
@@ -167,8 +176,10 @@ def build_plan(
         "model": _model_json(model),
         "draft": _model_json(draft) if draft else None,
         "instances": instances,
-        "supervise": dict(settings.get("supervise") or {}),
-        "logs": dict(settings.get("logs") or {}),
+        "supervise": dict(settings["supervise"]),
+        "logs": dict(settings["logs"]),
+        "watch": dict(settings["watch"]),
+        "degrade": dict(settings["degrade"]),
         "reasons": r.items,
         "provenance": {".".join(k): str(v) for k, v in sorted(provenance.items())},
         "warnings": warnings,
@@ -197,7 +208,7 @@ def _instances(
                 + " — planned separately, never tensor parallel across models"
             )
         replicas = _s(settings, "layout", "replicas")
-        strategy = _s(settings, "layout", "strategy") or "auto"
+        strategy = _s(settings, "layout", "strategy")
         for grp in groups:
             tp = _choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
             parts = _partition(host, grp, tp, warnings, nvlink=_nvlinked(host, grp))
@@ -216,11 +227,25 @@ def _instances(
             instances = instances[:replicas]
         elif isinstance(replicas, int) and replicas > len(instances):
             warnings.append(f"{replicas} replicas asked for, but the GPUs allow {len(instances)}")
+        _check_ports(settings, len(instances), r)
         instances = [
             _gpu_instance(host, i, inst["gpus"], inst["tp"], settings, model, draft, spec_method, r, warnings)
             for i, inst in enumerate(instances)
         ]
     return instances
+
+
+def _check_ports(settings: Mapping[str, Any], count: int, r: Reasons) -> None:
+    """Instances take consecutive ports from server.port: the last must still be a port."""
+    first = int(_s(settings, "server", "port"))
+    last = first + count - 1
+    if last > 65_535:
+        src = r.provenance.get(("server", "port"))
+        raise ConfigError(
+            f"server.port {first} ({src or 'default'}): {count} instances take ports {first}-{last}, "
+            f"and ports end at 65535; set server.port to at most {65_536 - count} "
+            "(or plan fewer instances with layout.replicas)"
+        )
 
 
 def _model_json(m: ModelFacts) -> dict[str, Any]:
@@ -280,10 +305,27 @@ def _draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:
     return sorted(out, key=lambda d: abs(d.params / 1e9 - want_b))
 
 
+def _heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
+    """vLLM 0.25+ runs a draft with another vocabulary (``use_heterogeneous_vocab``); older releases
+    refuse it (facts: shared/facts/vllm-flags.md, speculative config)."""
+    if not vllm_version:
+        return False
+    parts = vllm_version.split(".")
+    try:
+        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (0, 25)
+    except (ValueError, IndexError):
+        return False
+
+
 def _choose_speculator(
-    model: ModelFacts, draft: ModelFacts | None, settings: Mapping[str, Any], r: Reasons, warnings: list[str]
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    settings: Mapping[str, Any],
+    r: Reasons,
+    warnings: list[str],
+    hetero_ok: bool = False,
 ) -> tuple[str | None, ModelFacts | None]:
-    method = _s(settings, "speculative", "method") or "auto"
+    method = _s(settings, "speculative", "method")
     src = ("speculative", "method")
     if method == "none":
         r.add("speculative.method", None, "speculative decoding is off", src)
@@ -318,12 +360,23 @@ def _choose_speculator(
         )
         return "mtp", None
     # draft_model or auto
-    want_b = float(_s(settings, "speculative", "draft_params_b") or 1.5)
+    want_b = float(_s(settings, "speculative", "draft_params_b"))
     if draft is not None:
+        if draft.vocab_size != model.vocab_size and hetero_ok:
+            r.add(
+                "speculative.method",
+                "draft_model",
+                f"draft {draft.name} has vocab_size {draft.vocab_size}, the target {model.vocab_size}: the "
+                "installed vLLM (0.25+) runs it with use_heterogeneous_vocab (proposals mapped through the "
+                "shared tokens)",
+                ("speculative", "draft"),
+            )
+            return "draft_model", draft
         if draft.vocab_size != model.vocab_size:
             msg = (
                 f"draft {draft.name} has vocab_size {draft.vocab_size} but the target has {model.vocab_size}: "
-                "vLLM refuses a draft whose vocabulary differs (verify_equal_vocab_size)"
+                "vLLM before 0.25 refuses a draft whose vocabulary differs (0.25+ accepts it with "
+                "use_heterogeneous_vocab)"
             )
             warnings.append(msg + "; falling back to ngram")
             r.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
@@ -371,7 +424,7 @@ def _choose_speculator(
 def _kv_dtype(
     settings: Mapping[str, Any], gpu: Gpu | None, model: ModelFacts, r: Reasons, key: str
 ) -> tuple[str, int]:
-    want = _s(settings, "engine", "kv_cache_dtype") or "auto"
+    want = _s(settings, "engine", "kv_cache_dtype")
     src = ("engine", "kv_cache_dtype")
     if want == "fp8_if_supported":
         row = gpufacts.lookup(gpu.name, gpu.memory_total_gib) if gpu else None
@@ -403,10 +456,10 @@ def _kv_dtype(
 
 def _fit_args(settings: Mapping[str, Any], eager: bool) -> dict[str, Any]:
     return {
-        "context_bytes": _s(settings, "memory", "cuda_context_bytes") or 768 * MiB,
-        "graph_bytes": 0 if eager else (_s(settings, "memory", "cuda_graph_bytes") or 512 * MiB),
-        "margin_bytes": _s(settings, "memory", "margin_bytes") or 256 * MiB,
-        "activation_factor": _s(settings, "memory", "activation_factor") or 1.0,
+        "context_bytes": _s(settings, "memory", "cuda_context_bytes"),
+        "graph_bytes": 0 if eager else _s(settings, "memory", "cuda_graph_bytes"),
+        "margin_bytes": _s(settings, "memory", "margin_bytes"),
+        "activation_factor": _s(settings, "memory", "activation_factor"),
     }
 
 
@@ -422,7 +475,7 @@ def _choose_tp(
 ) -> int:
     want = _s(settings, "layout", "tensor_parallel_size")
     nvlink = _nvlinked(host, grp)
-    cap_pcie = _s(settings, "layout", "max_pcie_tensor_parallel") or 2
+    cap_pcie = _s(settings, "layout", "max_pcie_tensor_parallel")
     usable = [t for t in TP_SIZES if t <= len(grp) and _tp_ok(model, t)]
     src = ("layout", "tensor_parallel_size")
     if strategy == "numa_pairs" and want == "auto":
@@ -477,17 +530,17 @@ def _choose_tp(
     # PCIe: the smallest TP that fits, at most the PCIe cap.
     gpu = grp[0]
     eager = bool(_s(settings, "engine", "enforce_eager"))
-    need = _s(settings, "engine", "min_model_len") or 2048
+    need = _s(settings, "engine", "min_model_len")
     for tp in [t for t in usable if t <= cap_pcie]:
         f = fit(
             gpu.memory_total_bytes or 0,
-            _s(settings, "engine", "gpu_memory_utilization") or 0.9,
+            _s(settings, "engine", "gpu_memory_utilization"),
             model,
             draft,
             tp,
             1 if str(_s(settings, "engine", "kv_cache_dtype")).startswith("fp8") else model.dtype_bytes,
-            _s(settings, "engine", "max_num_batched_tokens") or 2048,
-            _s(settings, "engine", "max_num_seqs") or 64,
+            _s(settings, "engine", "max_num_batched_tokens"),
+            _s(settings, "engine", "max_num_seqs"),
             **_fit_args(settings, eager),
         )
         if f.fits and f.kv_cache_bytes >= sequence_bytes(model, draft, tp, model.dtype_bytes, need):
@@ -516,7 +569,7 @@ def _gpu_instance(
 ) -> dict[str, Any]:
     name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
     key = f"instances[{i}]"
-    pp = _s(settings, "layout", "pipeline_parallel_size") or 1
+    pp = _s(settings, "layout", "pipeline_parallel_size")
     gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
     total = gpu.memory_total_bytes or 0
 
@@ -552,7 +605,7 @@ def _gpu_instance(
     cpus = next((n.cpus for n in host.numa_nodes if n.id == numa), None) if numa is not None else None
 
     # memory share, corrected for memory other processes already hold
-    util = float(_s(settings, "engine", "gpu_memory_utilization") or 0.9)
+    util = float(_s(settings, "engine", "gpu_memory_utilization"))
     r.add(
         f"{key}.engine.gpu_memory_utilization",
         util,
@@ -582,8 +635,8 @@ def _gpu_instance(
         else "CUDA graphs on: they work with speculative decoding and cut launch overhead",
         ("engine", "enforce_eager"),
     )
-    batched = int(_s(settings, "engine", "max_num_batched_tokens") or 2048)
-    seqs = int(_s(settings, "engine", "max_num_seqs") or 64)
+    batched = int(_s(settings, "engine", "max_num_batched_tokens"))
+    seqs = int(_s(settings, "engine", "max_num_seqs"))
 
     f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **_fit_args(settings, eager))
     if draft is not None and not f.fits:
@@ -608,8 +661,8 @@ def _gpu_instance(
         )
 
     # context length
-    want_len = int(_s(settings, "engine", "max_model_len") or 8192)
-    min_len = int(_s(settings, "engine", "min_model_len") or 2048)
+    want_len = int(_s(settings, "engine", "max_model_len"))
+    min_len = int(_s(settings, "engine", "min_model_len"))
     length = want_len
     if model.max_position_embeddings and length > model.max_position_embeddings:
         length = int(model.max_position_embeddings)
@@ -699,7 +752,7 @@ def _gpu_instance(
         "max_num_batched_tokens": batched,
         "kv_cache_dtype": kv_name,
         "quantization": quant,
-        "dtype": _s(settings, "engine", "dtype") or "auto",
+        "dtype": _s(settings, "engine", "dtype"),
         "enforce_eager": eager,
         "enable_prefix_caching": bool(_s(settings, "engine", "enable_prefix_caching")),
         "enable_chunked_prefill": chunked,
@@ -710,11 +763,13 @@ def _gpu_instance(
         f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
     )
     spec = _speculative(settings, spec_method, draft, tp, r, key)
-    port = int(_s(settings, "server", "port") or 8000) + i
+    port = int(_s(settings, "server", "port")) + i
     return {
         "name": name,
         "device": "cuda",
         "gpus": [g.index for g in gpus],
+        "gpu_uuids": [g.uuid for g in gpus],
+        "gpu_minors": [g.minor_number for g in gpus],
         "gpu_name": gpu.name,
         "numa_node": numa,
         "gpu_numa_nodes": [g.numa_node for g in gpus] if _s(settings, "layout", "numa_bind") else [],
@@ -731,15 +786,15 @@ def _gpu_instance(
 
 def _server(settings: Mapping[str, Any], port: int) -> dict[str, Any]:
     return {
-        "host": _s(settings, "server", "host") or "127.0.0.1",
+        "host": _s(settings, "server", "host"),
         "port": port,
         "served_model_name": _s(settings, "server", "served_model_name"),
         "api_key_env": _s(settings, "server", "api_key_env"),
-        "shutdown_timeout": int(_s(settings, "server", "shutdown_timeout") or 0),
+        "shutdown_timeout": int(_s(settings, "server", "shutdown_timeout")),
         "vllm_command": _s(settings, "server", "vllm_command"),
         "user": _s(settings, "server", "user"),
         "metrics": _s(settings, "server", "metrics") is not False,
-        "extra_args": list(_s(settings, "server", "extra_args") or []),
+        "extra_args": list(_s(settings, "server", "extra_args")),
     }
 
 
@@ -748,7 +803,7 @@ def _speculative(
 ) -> dict[str, Any] | None:
     if method is None:
         return None
-    k = int(_s(settings, "speculative", "num_speculative_tokens") or 3)
+    k = int(_s(settings, "speculative", "num_speculative_tokens"))
     r.add(
         f"{key}.speculative.num_speculative_tokens",
         k,
@@ -768,8 +823,8 @@ def _speculative(
             "vLLM (>= 0.15) requires the draft's TP to equal the target's",
         )
     if method == "ngram":
-        spec["prompt_lookup_max"] = int(_s(settings, "speculative", "prompt_lookup_max") or 4)
-        spec["prompt_lookup_min"] = int(_s(settings, "speculative", "prompt_lookup_min") or 2)
+        spec["prompt_lookup_max"] = int(_s(settings, "speculative", "prompt_lookup_max"))
+        spec["prompt_lookup_min"] = int(_s(settings, "speculative", "prompt_lookup_min"))
     table = _s(settings, "speculative", "by_batch_size")
     if table:
         spec["num_speculative_tokens_per_batch_size"] = table
@@ -815,21 +870,22 @@ def _estimate(
     if not bw:
         out["note"] = "no bandwidth figure for this GPU in the datasheet table"
         return out
-    bytes_per_gpu = model.weights_bytes / tp
+    bytes_per_gpu = active_weights_bytes(model) / tp  # MoE: only the routed experts are read
     base = bw * 1e9 / bytes_per_gpu
     out["bytes_read_per_token_per_gpu"] = int(bytes_per_gpu)
     out["decode_tok_s_ceiling_batch1"] = round(base, 1)
     if spec:
-        a = float(_s(settings, "speculative", "assumed_acceptance") or 0.6)
+        a = float(_s(settings, "speculative", "assumed_acceptance"))
         k = int(spec["num_speculative_tokens"])
         expected = (1 - a ** (k + 1)) / (1 - a)
-        draft_bytes = (draft.weights_bytes / tp) if draft else 0.0
+        draft_bytes = (active_weights_bytes(draft) / tp) if draft else 0.0
         step_bytes = bytes_per_gpu + k * draft_bytes
         out["assumed_acceptance"] = a
         out["expected_tokens_per_step"] = round(expected, 2)
         out["decode_tok_s_ceiling_batch1_speculative"] = round(expected * bw * 1e9 / step_bytes, 1)
     out["basis"] = (
-        "memory bandwidth / weight bytes read per token (batch 1, short context, no compute or communication cost)"
+        "memory bandwidth / weight bytes read per token (batch 1, short context, no compute or communication cost; "
+        "a mixture of experts reads its active parameters only: shared weights + the experts each token is routed to)"
     )
     return out
 
@@ -886,7 +942,7 @@ def _cpu_instance(
     warnings: list[str],
 ) -> dict[str, Any]:
     key = "instances[0]"
-    kv_gib = float(_s(settings, "cpu", "kv_cache_space_gib") or 4)
+    kv_gib = float(_s(settings, "cpu", "kv_cache_space_gib"))
     kv_space = int(kv_gib * GiB)
     r.add(
         f"{key}.cpu.kv_cache_space_gib",
@@ -904,7 +960,7 @@ def _cpu_instance(
                 f"a smaller KV space (--set cpu.kv_cache_space_gib={max(0.25, kv_gib / 4):g})",
             ],
         )
-    length = int(_s(settings, "engine", "max_model_len") or 2048)
+    length = int(_s(settings, "engine", "max_model_len"))
     if model.max_position_embeddings and length > model.max_position_embeddings:
         length = int(model.max_position_embeddings)
     per_tok = kv_bytes_per_token(model, 1, model.dtype_bytes) + (
@@ -930,14 +986,14 @@ def _cpu_instance(
             f"{kv_gib:g} GiB of KV space holds {tokens} tokens",
             ("engine", "max_model_len"),
         )
-    seqs = int(_s(settings, "engine", "max_num_seqs") or 4)
+    seqs = int(_s(settings, "engine", "max_num_seqs"))
     r.add(
         f"{key}.engine.max_num_seqs",
         seqs,
         "CPU backend: few concurrent sequences",
         ("engine", "max_num_seqs"),
     )
-    batched = max(seqs, int(_s(settings, "engine", "max_num_batched_tokens") or 2048))
+    batched = max(seqs, int(_s(settings, "engine", "max_num_batched_tokens")))
     eager = bool(_s(settings, "engine", "enforce_eager"))
     r.add(
         f"{key}.engine.enforce_eager",
@@ -959,9 +1015,7 @@ def _cpu_instance(
         "kv_cache_dtype": "auto",
         "kv_cache_memory_bytes": kv_space,
         "quantization": model.quant_method,
-        "dtype": "bfloat16"
-        if (_s(settings, "engine", "dtype") or "auto") == "auto"
-        else _s(settings, "engine", "dtype"),
+        "dtype": "bfloat16" if _s(settings, "engine", "dtype") == "auto" else _s(settings, "engine", "dtype"),
         "enforce_eager": eager,
         "enable_prefix_caching": bool(_s(settings, "engine", "enable_prefix_caching")),
         "enable_chunked_prefill": bool(_s(settings, "engine", "enable_chunked_prefill")),
@@ -976,7 +1030,7 @@ def _cpu_instance(
         "cpus": cpus,
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
-        "server": _server(settings, int(_s(settings, "server", "port") or 8000)),
+        "server": _server(settings, int(_s(settings, "server", "port"))),
         "engine": engine,
         "speculative": spec,
         "memory": {

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import re
 from functools import lru_cache
-
-from .._record import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any

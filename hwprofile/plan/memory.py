@@ -3,11 +3,17 @@
 vLLM's rule (``--gpu-memory-utilization``): the instance may use ``total × utilization`` of each
 GPU's memory; weights, activations, non-torch allocations and (since 0.20) CUDA graphs come out of
 that, and the KV cache gets the rest.
+
+KV per token and layer follows the attention kind (ordinary K+V per KV head, or one MLA latent);
+sliding-window layers hold only their window; :func:`vllm_kv_cache` reproduces the capacity vLLM
+logs (``KV cache size: N tokens``), hybrid full/sliding models included. Checked against real
+vLLM per family in tests/test_vllm_kv_arch.py.
 """
 
 from __future__ import annotations
 
-from .._record import Record
+from typing import NamedTuple
+
 from ..model import ModelFacts
 
 BLOCK_TOKENS = 16  # vLLM's default KV block size on GPUs (tokens per block)
@@ -21,29 +27,118 @@ def kv_heads_per_gpu(model: ModelFacts, tp: int) -> int:
     return max(1, model.num_kv_heads // tp)
 
 
+def kv_bytes_per_token_layer(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> int:
+    """KV bytes one token takes in one attention layer on one GPU.
+
+    Ordinary attention (MHA/GQA/MQA; vLLM ``AttentionSpec``): K and V, for each KV head on this GPU:
+    2 × heads per GPU × ``head_dim`` × element bytes. MLA (DeepSeek-V2/V3; ``MLAAttentionSpec``):
+    one latent vector of ``kv_lora_rank + qk_rope_head_dim`` elements, not split across TP ranks
+    (``num_kv_heads=1, max_tp_shards=1`` in ``vllm/model_executor/layers/attention/mla_attention.py``).
+    """
+    if model.kv_lora_rank:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * kv_dtype_bytes
+    return 2 * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
+
+
 def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding: bool = True) -> int:
-    """Per GPU: 2 (K and V) × layers × KV heads per GPU × head size × element bytes.
+    """Per GPU: layers × :func:`kv_bytes_per_token_layer` (2 × KV heads per GPU × head size × element
+    bytes for ordinary attention; one latent per layer for MLA).
 
     With ``sliding=False`` only full-attention layers count (sliding-window layers hold at most
     ``window`` tokens per sequence; see :func:`kv_bytes_per_sequence`).
     """
     layers = model.num_layers if sliding else model.full_layers
-    return 2 * layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
+    return layers * kv_bytes_per_token_layer(model, tp, kv_dtype_bytes)
+
+
+def sliding_window_blocks(model: ModelFacts, length: int, block: int, in_flight: int = 0) -> int:
+    """Blocks a sliding-window layer holds for one request of ``length`` tokens (vLLM
+    ``SlidingWindowSpec.max_admission_blocks_per_request``, v1/kv_cache_interface.py): the last
+    ``window - 1`` tokens plus the ``in_flight`` tokens being scheduled (``max_num_batched_tokens``
+    × concurrent batches), at most ``length``, plus one block (the window need not start a block)."""
+    window = model.sliding_window or length
+    return -(-min(window - 1 + in_flight, length) // block) + 1
 
 
 def kv_bytes_per_sequence(
-    model: ModelFacts, tp: int, kv_dtype_bytes: int, length: int, block: int = BLOCK_TOKENS
+    model: ModelFacts,
+    tp: int,
+    kv_dtype_bytes: int,
+    length: int,
+    block: int = BLOCK_TOKENS,
+    in_flight: int = 0,
 ) -> int:
-    """KV bytes one sequence of ``length`` tokens needs: full-attention layers hold every token,
-    sliding-window layers at most the window. Rounded up to whole blocks of ``block`` tokens."""
+    """KV bytes one sequence of ``length`` tokens holds: full-attention layers every token,
+    sliding-window layers at most the window (:func:`sliding_window_blocks`), never more than the
+    sequence's own blocks. Whole blocks of ``block`` tokens. (vLLM's admission cap, used for the
+    logged capacity in :func:`vllm_kv_cache`, keeps the extra window block even for short requests.)"""
     blocks = -(-length // block)
     tokens = blocks * block
-    per_layer = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
+    per_layer = kv_bytes_per_token_layer(model, tp, kv_dtype_bytes)
     full = model.full_layers * per_layer * tokens
     if model.sliding_layers and model.sliding_window:
-        window_tokens = min(tokens, -(-(model.sliding_window + block) // block) * block)
+        window_tokens = min(tokens, sliding_window_blocks(model, length, block, in_flight) * block)
         return full + model.sliding_layers * per_layer * window_tokens
     return full + model.sliding_layers * per_layer * tokens
+
+
+def kv_cache_groups(model: ModelFacts) -> list[tuple[str, int]]:
+    """vLLM's KV cache groups for this model: ``[(kind, layers per group), ...]``, kind ``"full"``
+    or ``"sliding"`` (``_get_kv_cache_groups_uniform_page_size``, v1/core/kv_cache_utils.py).
+
+    A model with one attention kind has one group of every layer. A hybrid one (Gemma 2/3,
+    gpt-oss) is cut into groups of equal size: the smaller kind's layer count, or the larger
+    kind's when it is less than 1.5 × the smaller (the last group of a kind padded). Every group
+    takes a page of each of its layers per block from one shared pool.
+    """
+    sliding = model.sliding_layers if model.sliding_window else 0
+    full = model.num_layers - sliding
+    buckets = [(k, n) for k, n in (("full", full), ("sliding", sliding)) if n]
+    if len(buckets) == 1:
+        return buckets
+    lo = min(n for _, n in buckets)
+    hi = max(n for _, n in buckets)
+    size = hi if hi < lo * 1.5 else lo
+    return [(k, size) for k, n in buckets for _ in range(-(-n // size))]
+
+
+def vllm_kv_cache(
+    model: ModelFacts,
+    kv_cache_bytes: int,
+    max_model_len: int,
+    block: int = BLOCK_TOKENS,
+    kv_dtype_bytes: int | None = None,
+    tp: int = 1,
+    in_flight: int = 0,
+) -> tuple[int, int]:
+    """``(num_blocks, logged tokens)``: vLLM's arithmetic for a KV cache of ``kv_cache_bytes``.
+
+    ``num_blocks = bytes // (layers per group × page)`` (``get_kv_cache_config_from_groups``), and
+    the ``KV cache size: N tokens`` line is ``int(num_blocks / blocks per request × max_model_len)``
+    (``get_kv_cache_capacity``), where a request of ``max_model_len`` tokens takes
+    ``cdiv(max_model_len, block)`` blocks in each full-attention group and
+    :func:`sliding_window_blocks` in each sliding-window group. ``in_flight``:
+    ``max_num_batched_tokens`` × concurrent batches (one on the CPU: no async scheduling).
+    """
+    dtype_bytes = kv_dtype_bytes or model.dtype_bytes
+    page = kv_bytes_per_token_layer(model, tp, dtype_bytes) * block
+    groups = kv_cache_groups(model)
+    num_blocks = max(0, kv_cache_bytes) // (max(n for _, n in groups) * page)
+    full_blocks = -(-max_model_len // block)
+    per_request = sum(
+        full_blocks if kind == "full" else sliding_window_blocks(model, max_model_len, block, in_flight)
+        for kind, _ in groups
+    )
+    return num_blocks, int(num_blocks / per_request * max_model_len)
+
+
+def active_weights_bytes(model: ModelFacts) -> int:
+    """Weight bytes read to decode one token: all of a dense model; for a mixture of experts, the
+    shared part plus the ``experts_per_token`` routed experts (``active_params / params`` of the
+    checkpoint), since every expert sits in memory but only the routed ones are read."""
+    if not model.active_params or model.active_params >= model.params:
+        return model.weights_bytes
+    return int(model.weights_bytes * model.active_params / model.params)
 
 
 def activation_bytes(
@@ -60,7 +155,7 @@ def activation_bytes(
     return int(factor * (batched_tokens * per_token + logits))
 
 
-class Fit(Record):
+class Fit(NamedTuple):
     budget_bytes: int  # total × utilization
     weights_bytes: int  # target weights on this GPU
     draft_weights_bytes: int
@@ -146,9 +241,10 @@ def vllm_reported_kv_tokens(kv_tokens: int, max_model_len: int, block: int = BLO
     """What vLLM logs as ``KV cache size: N tokens`` for a cache of ``kv_tokens`` (whole blocks).
 
     vLLM (v1 ``kv_cache_utils.get_kv_cache_capacity``) reports ``max_concurrency × max_model_len``,
-    where ``max_concurrency = num_blocks // blocks_per_request``, not the raw block capacity. When
-    ``max_model_len`` equals the block size the two coincide.
+    where ``max_concurrency = num_blocks / blocks_per_request`` (a float), not the raw block
+    capacity. When ``max_model_len`` equals the block size the two coincide. Models with one
+    attention kind only; :func:`vllm_kv_cache` covers sliding-window and hybrid models.
     """
     blocks = kv_tokens // block
     per_request = -(-max_model_len // block)
-    return blocks // per_request * max_model_len
+    return int(blocks / per_request * max_model_len)

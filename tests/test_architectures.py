@@ -1,0 +1,188 @@
+"""Architecture families: weights (all experts), active parameters, KV bytes per token and vLLM's
+KV capacity arithmetic, from the families' real config.json fields (catalog entries and tiny models
+saved by transformers). Source references are to vLLM 0.32 (``.venv/.../site-packages/vllm``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from hwprofile.model import from_catalog, parse_config, read_model_dir
+from hwprofile.plan.memory import (
+    CPU_BLOCK_TOKENS,
+    active_weights_bytes,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_cache_groups,
+    vllm_kv_cache,
+    vllm_reported_kv_tokens,
+)
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("name", "total_b", "active_b"),
+    [
+        # published sizes; "active" as the model cards count it (embeddings and LM head included,
+        # except gpt-oss, whose card leaves out the input embedding: 3.6B / 5.1B)
+        ("Qwen/Qwen3-30B-A3B", 30.5, 3.3),
+        ("Qwen/Qwen3-235B-A22B", 235.0, 22.0),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9),
+        ("deepseek-ai/DeepSeek-V2-Lite-Chat", 15.7, 2.4 + 0.2),
+        ("openai/gpt-oss-20b", 20.9, 3.6 + 0.58),
+        ("openai/gpt-oss-120b", 116.8, 5.1 + 0.58),
+        ("google/gemma-3-27b-it", 27.0, 27.0),  # text model only (the vision tower is ~0.4B)
+        ("Qwen/Qwen3-8B", 8.2, 8.2),
+    ],
+)
+def test_params_include_every_expert_and_active_only_the_routed(
+    name: str, total_b: float, active_b: float
+) -> None:
+    m = from_catalog(name)
+    assert m is not None
+    assert m.params / 1e9 == pytest.approx(total_b, rel=0.03)
+    assert (m.active_params or m.params) / 1e9 == pytest.approx(active_b, rel=0.05)
+
+
+def test_moe_facts_read_from_each_family_keys() -> None:
+    q = from_catalog("Qwen/Qwen3-30B-A3B")
+    x = from_catalog("mistralai/Mixtral-8x7B-Instruct-v0.1")
+    d = from_catalog("deepseek-ai/DeepSeek-V2-Lite-Chat")
+    g = from_catalog("openai/gpt-oss-20b")
+    assert q and x and d and g
+    assert (q.num_experts, q.experts_per_token) == (128, 8)  # num_experts
+    assert (x.num_experts, x.experts_per_token) == (8, 2)  # num_local_experts
+    assert (d.num_experts, d.experts_per_token) == (64, 6)  # n_routed_experts (+2 shared)
+    assert (g.num_experts, g.experts_per_token) == (32, 4)
+    assert g.quant_method == "mxfp4" and g.quant_bits == 4
+    # weights in memory: every expert (MXFP4 for gpt-oss: ~4 bits per weight, embeddings in 16)
+    assert q.weights_bytes == q.params * 2
+    assert 11 * GiB < g.weights_bytes < 14 * GiB
+    # the decode ceiling reads the active share of the weights only
+    assert active_weights_bytes(q) == int(q.weights_bytes * q.active_params / q.params)
+    assert active_weights_bytes(from_catalog("Qwen/Qwen3-8B")) == from_catalog("Qwen/Qwen3-8B").weights_bytes
+
+
+def test_kv_bytes_per_token_per_family() -> None:
+    q3 = from_catalog("Qwen/Qwen3-8B")  # explicit head_dim 128
+    q2 = from_catalog("Qwen/Qwen2.5-7B-Instruct")  # GQA 28:4, head_dim = 3584 / 28
+    moe = from_catalog("Qwen/Qwen3-30B-A3B")  # experts do not touch the KV cache
+    assert q3 and q2 and moe
+    assert kv_bytes_per_token(q3, 1, 2) == 2 * 36 * 8 * 128 * 2
+    assert kv_bytes_per_token(q2, 1, 2) == 2 * 28 * 4 * 128 * 2
+    assert kv_bytes_per_token(q2, 4, 2) == 2 * 28 * 1 * 128 * 2
+    assert kv_bytes_per_token(moe, 1, 2) == 2 * 48 * 4 * 128 * 2
+
+
+def test_mla_one_latent_per_layer_not_split_across_tp() -> None:
+    """MLA (DeepSeek-V2): the cache holds one latent of kv_lora_rank + qk_rope_head_dim per token and
+    layer (vllm/model_executor/layers/attention/mla_attention.py:479 ``head_size = kv_lora_rank +
+    qk_rope_head_dim``), one "head", replicated on every TP rank (mla_attention.py:1356-1357
+    ``num_kv_heads=1, max_tp_shards=1``). Checked against real vLLM in test_vllm_kv_arch.py."""
+    d = from_catalog("deepseek-ai/DeepSeek-V2-Lite-Chat")
+    assert d is not None
+    assert (d.kv_lora_rank, d.qk_rope_head_dim) == (512, 64)
+    per_token = 27 * (512 + 64) * 2
+    for tp in (1, 2, 8):
+        assert kv_bytes_per_token(d, tp, 2) == per_token
+    assert per_token * 7 < 2 * 27 * 16 * 128 * 2  # 7x smaller than 2 x heads x head_dim
+    assert kv_bytes_per_token(d, 1, 1) == 27 * 576  # fp8 KV cache
+
+
+def test_gemma3_groups_and_capacity() -> None:
+    """Gemma 3: 5 sliding-window layers per full one. vLLM groups layers by the smaller kind's
+    count (v1/core/kv_cache_utils.py:1467-1478), pads the last group, takes a page per layer of a
+    group per block (:1627), and logs int(num_blocks / blocks per request x max_model_len) (:1221,
+    :2308); a sliding layer's request takes cdiv(min(window - 1 + in-flight, len), block) + 1 blocks
+    (v1/kv_cache_interface.py:879-885)."""
+    g = from_catalog("google/gemma-3-27b-it")
+    assert g is not None
+    assert (g.full_layers, g.sliding_layers, g.sliding_window) == (10, 52, 1024)
+    assert kv_cache_groups(g) == [("full", 10)] + [("sliding", 10)] * 6
+    page = 2 * 16 * 128 * 2 * 16  # K+V x KV heads x head_dim x bytes x 16-token block
+    budget = 20 * GiB
+    blocks, logged = vllm_kv_cache(g, budget, 32768, 16, 2, 1, in_flight=8192)
+    assert blocks == budget // (10 * page)
+    per_request = 2048 + 6 * (math.ceil((1023 + 8192) / 16) + 1)
+    assert logged == int(blocks / per_request * 32768)
+    # the 52 sliding layers hold ~9k tokens of a 32k request, not 32k: 40 % of full attention
+    assert kv_bytes_per_sequence(g, 1, 2, 32768, 16, 8192) < kv_bytes_per_token(g, 1, 2) * 32768 * 0.41
+
+
+def test_gpt_oss_alternating_window_with_sinks() -> None:
+    """gpt-oss: even layers have the 128-token window (vllm/model_executor/models/gpt_oss.py:176),
+    odd layers full attention; attention sinks are per-head weights (gpt_oss.py:130), not KV. 12 and
+    12 layers make two groups of 12 (kv_cache_utils.py:1478). The KV layout is checked on real vLLM
+    with a bf16 tiny gpt-oss (test_vllm_kv_arch.py); MXFP4 weights are not served by the CPU backend."""
+    g = from_catalog("openai/gpt-oss-20b")
+    assert g is not None
+    assert (g.full_layers, g.sliding_layers, g.sliding_window) == (12, 12, 128)
+    assert kv_cache_groups(g) == [("full", 12), ("sliding", 12)]
+    page = 2 * 8 * 64 * 2 * 16
+    blocks, logged = vllm_kv_cache(g, 10 * GiB, 131072, 16, 2, 1, in_flight=8192)
+    assert blocks == 10 * GiB // (12 * page)
+    assert logged == int(blocks / (8192 + math.ceil((127 + 8192) / 16) + 1) * 131072)
+
+
+def test_uniform_sliding_window_mistral_v01() -> None:
+    """Mistral 7B v0.1 (sliding_window 4096 on every layer): one group of sliding layers
+    (model-level window, vllm/model_executor/layers/attention/attention.py:269-271)."""
+    m = parse_config(
+        {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "vocab_size": 32000, "sliding_window": 4096},
+        "m", "dir", None,
+    )  # fmt: skip
+    assert kv_cache_groups(m) == [("sliding", 32)]
+    blocks, logged = vllm_kv_cache(m, 8 * GiB, 32768, 16, 2, 1, in_flight=2048)
+    assert blocks == 8 * GiB // (32 * 2 * 8 * 128 * 2 * 16)
+    assert logged == int(blocks / (math.ceil((4095 + 2048) / 16) + 1) * 32768)
+    v3 = from_catalog("mistralai/Mistral-7B-Instruct-v0.3")  # no window: full attention
+    assert v3 is not None and kv_cache_groups(v3) == [("full", 32)]
+
+
+def test_uniform_models_agree_with_the_old_reporting_rule() -> None:
+    q = from_catalog("Qwen/Qwen3-8B")
+    assert q is not None
+    per_token = kv_bytes_per_token(q, 1, 2)
+    for budget, max_len in ((GiB, 4096), (3 * GiB + 12345, 1000), (64 << 20, 128)):
+        blocks, logged = vllm_kv_cache(q, budget, max_len, CPU_BLOCK_TOKENS)
+        assert blocks == budget // (per_token * CPU_BLOCK_TOKENS)
+        assert logged == vllm_reported_kv_tokens(blocks * CPU_BLOCK_TOKENS, max_len, CPU_BLOCK_TOKENS)
+
+
+def test_moe_decode_ceiling_uses_active_parameters(host_of, empty_root) -> None:
+    from hwprofile.pipeline import make_plan
+
+    p = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}, model="Qwen/Qwen3-30B-A3B")
+    m = from_catalog("Qwen/Qwen3-30B-A3B")
+    assert m is not None
+    inst = p["instances"][0] if isinstance(p, dict) else p.plan["instances"][0]
+    est = inst["estimate"]
+    tp = inst["tensor_parallel_size"]
+    assert est["bytes_read_per_token_per_gpu"] == int(active_weights_bytes(m) / tp)
+    assert est["bytes_read_per_token_per_gpu"] < m.weights_bytes / tp / 5
+
+
+def test_tiny_models_params_equal_the_saved_tensors(tmp_path: Path) -> None:
+    """The parameter count read from config.json equals the element count of the weights
+    transformers saves, for every family of test_vllm_kv_arch.py (all experts, MLA projections,
+    q/k norms, biases)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    safetensors = pytest.importorskip("safetensors")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_vllm_kv_arch import FAMILIES, make_family_model
+
+    for fam in FAMILIES:
+        d = make_family_model(tmp_path / fam, fam, tmp_path)
+        with safetensors.safe_open(str(d / "model.safetensors"), "pt") as f:
+            n = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
+        facts = read_model_dir(d)
+        assert facts.params == n, fam
+        assert facts.active_params <= facts.params

@@ -1,0 +1,157 @@
+"""The planner's KV arithmetic equals what real vLLM (CPU) logs, per architecture family.
+
+For each family a tiny random-weight model is saved with transformers' own config and model
+classes (so config.json has the family's real keys), served by vLLM with a fixed
+``--kv-cache-memory-bytes``, and vLLM's ``KV cache size: N tokens`` line is compared with
+:func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that config.json.
+Head sizes are ones vLLM's CPU attention supports (MLA: 512 + 64, what its AMX MLA kernel takes).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
+
+from hwprofile.model import read_model_dir
+from hwprofile.plan.memory import CPU_BLOCK_TOKENS, vllm_kv_cache
+
+BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
+BATCHED = 128  # --max-num-batched-tokens: the in-flight tokens a sliding window layer also holds
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+COMMON: dict[str, Any] = {"vocab_size": 2048, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+# name: (transformers config class, model class, config kwargs, max_model_len)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
+    # explicit head_dim (64) != hidden / heads (32)
+    "qwen3": (
+        "Qwen3Config", "Qwen3ForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64},
+        256,
+    ),
+    # GQA 4:1, qkv bias, no sliding window
+    "qwen2": (
+        "Qwen2Config", "Qwen2ForCausalLM",
+        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3, "num_attention_heads": 4,
+         "num_key_value_heads": 1, "use_sliding_window": False},
+        384,
+    ),
+    # 8 experts, 2 per token, one dense layer
+    "qwen3_moe": (
+        "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 3,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
+         "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0]},
+        256,
+    ),
+    # MLA: kv_lora_rank 512 + qk_rope_head_dim 64 = one 576-element latent per token and layer
+    "deepseek_v2": (
+        "DeepseekV2Config", "DeepseekV2ForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None,
+         "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
+         "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "topk_method": "greedy",
+         "n_group": 1, "topk_group": 1},
+        256,
+    ),
+    # 5 sliding-window layers (window 128) per full-attention layer
+    "gemma3": (
+        "Gemma3TextConfig", "Gemma3ForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 128, "sliding_window_pattern": 6},
+        1024,
+    ),
+    # a model-level sliding window (128) on every layer: one group of sliding-window layers
+    "mistral": (
+        "MistralConfig", "MistralForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 128},
+        1024,
+    ),
+    # mixture of experts under Mixtral's keys (num_local_experts, intermediate_size per expert)
+    "mixtral": (
+        "MixtralConfig", "MixtralForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "sliding_window": None},
+        256,
+    ),
+    # gpt-oss in bf16 (no MXFP4 on the CPU): alternating 128-token window / full, attention sinks
+    "gpt_oss": (
+        "GptOssConfig", "GptOssForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "sliding_window": 128},
+        1024,
+    ),
+}  # fmt: skip
+
+# two servers at a time (2 CPU cores); select one pair with -k, e.g. -k gemma3
+PAIRS = [("qwen3", "qwen2"), ("qwen3_moe", "deepseek_v2"), ("gemma3", "mistral"), ("mixtral", "gpt_oss")]
+
+
+def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
+    """A random-weight bf16 model of ``family`` (transformers' classes) with the tiny tokenizer."""
+    import torch
+    import transformers
+
+    cfg_cls, model_cls, kwargs, _ = FAMILIES[family]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_cls)(
+        **COMMON, **kwargs, bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16"
+    )
+    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
+def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tuple[str, str]) -> None:
+    require_vllm()
+    from hwprofile.tinymodel import make_tiny_model
+
+    tok = make_tiny_model(tmp_path / "tok")
+    rows: list[tuple[str, int, int, int]] = []
+    running = []
+    try:
+        for fam in pair:
+            model_dir = make_family_model(tmp_path / fam, fam, tok)
+            max_len = FAMILIES[fam][3]
+            # sliding-window families: fewer batched tokens than max_model_len (chunked prefill), so
+            # that the window, not the request length, bounds what a sliding layer holds
+            batched = BATCHED if max_len > BATCHED * 4 else max(BATCHED, max_len)
+            args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes",
+                    str(BUDGET), "--max-num-batched-tokens", str(batched)]  # fmt: skip
+            proc, log = serve(model_dir, free_port(), args, tmp_path / f"run-{fam}")
+            running.append((fam, model_dir, max_len, batched, proc, log))
+        for fam, model_dir, max_len, batched, proc, log in running:
+            m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
+            logged = int(m.group(1).replace(",", ""))
+            facts = read_model_dir(model_dir)
+            # in flight: max_num_batched_tokens x 1 batch (no async scheduling on the CPU,
+            # vllm/platforms/cpu.py:331)
+            _, planned = vllm_kv_cache(
+                facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, in_flight=batched
+            )
+            rows.append((fam, max_len, planned, logged))
+    finally:
+        for *_, proc, _ in running:
+            stop(proc)
+    bad = [r for r in rows if r[2] != r[3]]
+    table = "\n".join(f"{f:12} max_len {n:5}  planned {p:7}  vLLM {v:7}" for f, n, p, v in rows)
+    print(table)
+    assert not bad, table
