@@ -13,7 +13,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .supervise.state import pid_alive, read_state
+from .supervise.state import (
+    ALIVE,
+    LAST_FILE,
+    STATE_FILE,
+    AlreadySupervising,
+    Identity,
+    already_message,
+    check,
+    group_members,
+    identity_of,
+    lock_held,
+    read_state,
+    remove_state,
+    signal_process,
+    wait_gone,
+)
 
 log = logging.getLogger("hwprofile")
 
@@ -73,12 +88,16 @@ def options(plan: dict[str, Any], tmpfs: str | None, runtime: Path, progress: An
 
 
 def check_not_running(runtime: Path) -> None:
-    state = read_state(runtime / "state.json")
-    if state and pid_alive(state.get("supervisor_pid")) and state.get("supervisor_pid") != os.getpid():
-        raise LaunchError(
-            f"hwprofile is already supervising in {runtime} (pid {state['supervisor_pid']}): "
-            "`hwprofile stop` first, or use another --runtime-dir",
-            2,
+    """Refuse when a supervisor holds this runtime directory's lock (the supervisor takes the lock
+    itself too, so two launches racing past this check cannot both supervise)."""
+    if lock_held(runtime):
+        raise LaunchError(already_message(runtime), 2)
+    state = read_state(runtime / STATE_FILE)
+    if state is not None:
+        print(
+            f"hwprofile: note: {runtime / STATE_FILE} is stale (supervisor pid {state.get('supervisor_pid')} "
+            "is gone); it is replaced",
+            file=sys.stderr,
         )
 
 
@@ -97,11 +116,16 @@ def check_ports(plan: dict[str, Any]) -> None:
 def run_foreground(
     plan: dict[str, Any], rel: Any, vllm_cmd: str, numactl: str | None, tmpfs: str | None, runtime: Path
 ) -> int:
+    from .supervise.lifecycle import State
     from .supervise.supervisor import Supervisor
 
-    sup = Supervisor(
-        plan, rel, vllm_cmd, numactl, options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m))
-    )
+    try:
+        sup = Supervisor(
+            plan, rel, vllm_cmd, numactl, options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m))
+        )
+    except AlreadySupervising as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return 2
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: stopping instances", signal.Signals(signum).name)
@@ -113,9 +137,17 @@ def run_foreground(
     sup.start()
     while not sup.all_done:
         time.sleep(0.3)
-    sup.save()
-    failed = [i.name for i in sup.instances if i.state == "failed"]
+    sup.close()  # the last instance thread closed already; this covers a supervisor with none
+    failed = [i.name for i in sup.instances if i.state == State.FAILED]
     return 1 if failed else 0
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def run_detached(argv: list[str], runtime: Path, timeout: float) -> int:
@@ -132,24 +164,31 @@ def run_detached(argv: list[str], runtime: Path, timeout: float) -> int:
     end = time.monotonic() + timeout
     last = ""
     while time.monotonic() < end:
-        state = read_state(runtime / "state.json")
+        state = read_state(runtime / STATE_FILE)
         if state and state.get("supervisor_pid") == proc.pid:
             states = [i["state"] for i in state["instances"]]
             line = ", ".join(f"{i['name']} {i['state']}" for i in state["instances"])
             if line != last:
                 print(f"hwprofile: {line}", file=sys.stderr)
                 last = line
-            if all(s == "ready" for s in states):
-                print(format_status(state), end="")
+            if states and all(s == "ready" for s in states):
+                print(format_status(status(runtime)), end="")
                 return 0
             if "failed" in states:
-                print(format_status(state), end="")
+                print(format_status(status(runtime)), end="")
                 return 1
         if proc.poll() is not None:
+            ended = read_state(runtime / LAST_FILE)
+            if ended and ended.get("supervisor_pid") == proc.pid:  # it ended on its own: how
+                print(format_status(status(runtime)), end="")
+                return 1
             print(
                 f"hwprofile: the supervisor exited ({proc.returncode}); see {runtime / 'supervisor.out'}",
                 file=sys.stderr,
             )
+            tail = _tail(runtime / "supervisor.out")
+            if tail:
+                print(tail, file=sys.stderr)
             return 1
         time.sleep(0.5)
     print(
@@ -160,30 +199,62 @@ def run_detached(argv: list[str], runtime: Path, timeout: float) -> int:
 
 
 def status(runtime: Path) -> dict[str, Any]:
-    state = read_state(runtime / "state.json")
+    """What runs, from the state file, trusted only as far as it can be checked: the supervisor is
+    running only if its PID still has the recorded start time; otherwise the file is stale (the
+    supervisor ended without cleaning up) and every instance it left is ``stale``, with what became of
+    its process. Without a state file, how the last run ended (``last.json``), if there was one."""
+    state = read_state(runtime / STATE_FILE)
     if state is None:
-        return {"running": False, "runtime_dir": str(runtime), "instances": []}
-    alive = pid_alive(state.get("supervisor_pid"))
+        ended = read_state(runtime / LAST_FILE)
+        if ended is None:
+            return {"running": False, "runtime_dir": str(runtime), "instances": []}
+        for inst in ended.get("instances") or []:
+            inst["uptime_s"] = None
+        return {**ended, "running": False, "ended": True, "runtime_dir": str(runtime)}
+    sup = identity_of(state.get("supervisor"))
+    verdict = check(sup)
+    alive = verdict == ALIVE
     now = time.time()
-    for inst in state["instances"]:
+    for inst in state.get("instances") or []:
+        proc = identity_of(inst.get("process"))
+        inst["process_check"] = check(proc) if proc else None
         inst["uptime_s"] = (
-            round(now - inst["ready_at"], 1) if inst.get("ready_at") and inst["state"] == "ready" else None
+            round(now - inst["ready_at"], 1)
+            if alive and inst.get("ready_at") and inst["state"] == "ready"
+            else None
         )
         if not alive and inst["state"] not in ("stopped", "failed"):
             inst["state"] = "stale"  # the supervisor is gone without recording a stop
-    return {"running": alive, "runtime_dir": str(runtime), **state}
+    out = {**state, "running": alive, "runtime_dir": str(runtime)}
+    if not alive:
+        out["stale"] = True
+        out["stale_reason"] = f"supervisor pid {state.get('supervisor_pid')}: {verdict}"
+    return out
 
 
 def format_status(state: dict[str, Any]) -> str:
     if not state.get("instances"):
         return "hwprofile: nothing is running\n"
+    if state.get("ended"):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.get("ended_at") or 0))
+        head = f"nothing is running; the last run (supervisor pid {state.get('supervisor_pid')}) ended {when}"
+    elif state.get("stale"):
+        head = (
+            f"STALE state file: {state.get('stale_reason')} (it ended without cleaning up; "
+            "`hwprofile stop` ends what it left)"
+        )
+    else:
+        head = f"supervisor pid {state.get('supervisor_pid')} (running)"
     out = [
-        f"supervisor pid {state.get('supervisor_pid')} ({'running' if state.get('running', True) else 'not running'}), profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
+        f"{head}, profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
     ]
     for i in state["instances"]:
         up = f", up {i['uptime_s']:.0f} s" if i.get("uptime_s") else ""
+        pid = f"pid {i['pid']}" if i.get("pid") else "no pid"
+        if i.get("process_check") and i["state"] == "stale":
+            pid += f" ({i['process_check']})"
         out.append(
-            f"  {i['name']}: {i['state']}{up}, pid {i['pid']}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
+            f"  {i['name']}: {i['state']}{up}, {pid}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
         )
         for step in i.get("ladder") or []:
             out.append(f"    ladder: {step['change']} (after: {step['because']})")
@@ -193,41 +264,79 @@ def format_status(state: dict[str, Any]) -> str:
                 f"    last failure: {f['kind']}: {f['evidence']}"
                 + (f" -> {f['fix']}" if f.get("fix") else "")
             )
+        if i.get("log_dropped_lines"):
+            out.append(f"    log: {i['log_dropped_lines']} lines dropped ({i.get('log_error')})")
         for w in i.get("warnings") or []:
             out.append(f"    warning: {w}")
     return "\n".join(out) + "\n"
 
 
+def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
+    """End an instance its supervisor left behind: SIGTERM to the verified leader, then SIGKILL to
+    its group while the leader still lives; members outliving a leader are killed one by one, each
+    verified (a group is never signalled once its leader may have been reaped)."""
+    signal_process(ident, signal.SIGTERM)
+    if not wait_gone(ident, grace) and signal_process(ident, signal.SIGKILL, group=True):
+        return f"{name}: process group {ident.pid} killed after {grace:.0f} s"
+    left = [m for m in group_members(ident.pid, not_before=ident.start) if m.pid != ident.pid]
+    killed = sum(signal_process(m, signal.SIGKILL) for m in left)
+    return f"{name}: pid {ident.pid} stopped" + (f"; {killed} leftover processes killed" if killed else "")
+
+
 def stop(runtime: Path, timeout: float = 120) -> list[str]:
-    """Ask the supervisor to stop (SIGTERM); without one, end the recorded process groups."""
-    state = read_state(runtime / "state.json")
+    """Ask the supervisor to stop (SIGTERM); without one, end the recorded processes. Nothing is
+    signalled unless its PID still has the start time recorded for it."""
+    state = read_state(runtime / STATE_FILE)
     if state is None:
         return ["nothing to stop"]
     done: list[str] = []
     pid = state.get("supervisor_pid")
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + timeout
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.3)
-        done.append(f"supervisor {pid} {'stopped' if not pid_alive(pid) else 'did not stop in time'}")
-    for inst in state["instances"]:
-        pgid = inst.get("pgid")
-        if pgid and pid_alive(pgid):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-                done.append(f"{inst['name']}: process group {pgid} killed")
-            except ProcessLookupError:
-                pass
-    return done or ["nothing was running"]
+    sup = identity_of(state.get("supervisor"))
+    verdict = check(sup)
+    if verdict == ALIVE and sup is not None:
+        signal_process(sup, signal.SIGTERM)
+        if wait_gone(sup, timeout):
+            done.append(f"supervisor {pid} stopped")
+        else:
+            signal_process(sup, signal.SIGKILL)
+            wait_gone(sup, 10)
+            done.append(f"supervisor {pid} did not stop in {timeout:.0f} s: killed")
+        state = read_state(runtime / STATE_FILE)  # a clean stop removed it
+        if state is None:
+            return done
+    else:
+        done.append(f"stale state file: supervisor pid {pid}: {verdict}; not signalled")
+    for inst in state.get("instances") or []:
+        ident = identity_of(inst.get("process"))
+        what = check(ident)
+        if what == ALIVE and ident is not None:
+            grace = float(inst.get("stop_grace_s") or 20)
+            done.append(_end_unsupervised(inst["name"], ident, grace))
+        elif ident is not None:
+            done.append(f"{inst['name']}: pid {ident.pid}: {what}; not signalled")
+    remove_state(runtime / STATE_FILE)  # everything it names is checked and ended: the file is done
+    return done
 
 
-def demo_completion(url: str, model: str) -> dict[str, Any]:
+def demo_completion(
+    url: str, model: str, prompt: str = "hwprofile plans vLLM launches", max_tokens: int = 16
+) -> dict[str, Any]:
+    """One greedy completion; with ``return_token_ids`` (vLLM 0.32 has it) the reply carries the
+    prompt's and the generated token ids (``choices[0].prompt_token_ids``, ``.token_ids``); a reply
+    without them is shown without ids. The prompt is added to the reply as ``prompt``."""
     body = json.dumps(
-        {"model": model, "prompt": "hwprofile plans vLLM launches", "max_tokens": 16, "temperature": 0}
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
     ).encode()
     req = urllib.request.Request(
         url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
+        reply: dict[str, Any] = json.loads(resp.read())
+    reply["prompt"] = prompt
+    return reply

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -23,7 +24,11 @@ def private_dir(path: Path) -> Path:
 class RotatingLog:
     """Writes lines to ``dir/vllm.log``; past ``max_bytes / files`` bytes the file becomes
     ``vllm.log.1`` (older ones shift up, the oldest beyond ``files`` is deleted). Files are 0600.
-    Keeps the last lines in memory for progress messages and failure reports."""
+    Keeps the last lines in memory for progress messages and failure reports.
+
+    Writing never raises and never waits on a full disk: a line that cannot be written (a full tmpfs,
+    a removed directory) is dropped and counted (``dropped``, ``last_error``), so the child's pipe
+    keeps being drained; the in-memory tail still gets it."""
 
     def __init__(self, directory: Path, max_bytes: int, files: int = 4, name: str = "vllm.log") -> None:
         self.dir = private_dir(directory)
@@ -32,17 +37,24 @@ class RotatingLog:
         self.limit = max(4096, max_bytes // self.files)
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
         self.lock = threading.Lock()
-        self._f: IO[str] | None = None
+        self.dropped = 0
+        self.last_error: str | None = None
+        self._fd: int | None = None
+        self._size = 0
         self._open()
 
     def _open(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         os.fchmod(fd, 0o600)
-        self._f = os.fdopen(fd, "a", encoding="utf-8", errors="replace")
+        self._fd, self._size = fd, os.fstat(fd).st_size
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _rotate(self) -> None:
-        assert self._f is not None
-        self._f.close()
+        self._close_fd()
         oldest = self.dir / f"{self.path.name}.{self.files - 1}"
         if oldest.exists():
             oldest.unlink()
@@ -53,14 +65,29 @@ class RotatingLog:
         self.path.replace(self.dir / f"{self.path.name}.1")
         self._open()
 
+    def _emit(self, data: bytes) -> None:
+        """One write of the whole line (unbuffered: nothing half-written is kept for later)."""
+        if self._fd is None:
+            self._open()
+        if self._size + len(data) > self.limit:
+            self._rotate()
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+            self._size += n
+
     def write(self, line: str) -> None:
         with self.lock:
-            assert self._f is not None
-            if self._f.tell() + len(line) > self.limit:
-                self._rotate()
-            self._f.write(line)
-            self._f.flush()
             self.tail.append(line.rstrip("\n"))
+            try:
+                self._emit(line.encode("utf-8", "replace"))
+            except OSError as e:
+                self.dropped += 1
+                self.last_error = f"{e.strerror or e} ({self.path})"
+                with contextlib.suppress(OSError):
+                    self._close_fd()  # reopened on the next line: the disk may have room again
 
     def mark(self, text: str) -> None:
         self.write(f"--- hwprofile: {text}\n")
@@ -76,25 +103,28 @@ class RotatingLog:
             )
 
     def close(self) -> None:
-        with self.lock:
-            if self._f:
-                self._f.close()
-                self._f = None
+        with self.lock, contextlib.suppress(OSError):
+            self._close_fd()
 
 
 def pump(stream: IO[bytes], sink: RotatingLog, logger: logging.Logger, instance: str) -> threading.Thread:
     """Copy ``stream`` into ``sink`` line by line on a thread; WARNING/ERROR lines also go to hwprofile's
-    log (the ``hwprofile.vllm`` logger: the log file, not the terminal)."""
+    log (the ``hwprofile.vllm`` logger: the log file, not the terminal). It keeps reading whatever
+    happens to the sink, so the child never blocks on a full pipe; the stream is read to its end."""
     forwarded = logger.getChild("vllm")
 
     def run() -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            sink.write(line)
-            m = _LEVEL.search(line)
-            if m:
-                forwarded.log(getattr(logging, m.group(1)), "%s: %s", instance, line.rstrip())
-        stream.close()
+        try:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", "replace")
+                sink.write(line)
+                m = _LEVEL.search(line)
+                if m:
+                    with contextlib.suppress(Exception):  # a broken log handler must not stop the pump
+                        forwarded.log(getattr(logging, m.group(1)), "%s: %s", instance, line.rstrip())
+        finally:
+            with contextlib.suppress(OSError):
+                stream.close()
 
     t = threading.Thread(target=run, name=f"log-{instance}", daemon=True)
     t.start()

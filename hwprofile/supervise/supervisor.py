@@ -1,5 +1,11 @@
 """Run planned vLLM instances: own process group each, readiness, verification, restarts, the
-out-of-memory ladder, graceful stop. One thread per instance; the state file mirrors every change."""
+out-of-memory ladder, graceful stop. One thread per instance; the state file mirrors every change.
+
+Trust: the supervisor holds ``<runtime>/supervisor.lock`` for its whole life (a second supervisor is
+refused), records each process as PID plus start time, and removes ``state.json`` when it ends
+cleanly. A child is reaped only after its process group has been ended: until then its PID (and so
+the group's number) cannot be reused, so the group signalled is always ours. Each instance's state
+has one writer (:class:`.lifecycle.Machine`); an instance thread that breaks marks it failed."""
 
 from __future__ import annotations
 
@@ -14,17 +20,26 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
+from . import http
 from .failures import Failure, classify, next_step
+from .lifecycle import TERMINAL, Machine, State
 from .logs import RotatingLog, private_dir, pump
-from .state import pid_alive, write_state
+from .state import (
+    LAST_FILE,
+    STATE_FILE,
+    Identity,
+    RuntimeLock,
+    group_members,
+    identify,
+    remove_state,
+    write_state,
+)
 from .verify import compare, parse_startup
 
 log = logging.getLogger("hwprofile")
@@ -72,6 +87,8 @@ class Options(NamedTuple):
     backoff_initial: float = 2.0
     backoff_max: float = 60.0
     progress: Callable[[str], None] | None = None
+    poll_interval: float = 0.5  # seconds between /health polls and exit checks
+    stop_margin: float = 10.0  # seconds beyond server.shutdown_timeout before SIGKILL
 
 
 def port_free(host: str, port: int) -> bool:
@@ -94,8 +111,9 @@ class Instance:
         self.plan = plan
         self.inst = copy.deepcopy(inst)
         self.name = inst["name"]
-        self.state = "starting"
-        self.pid: int | None = None
+        self.machine = Machine(self.name, on_change=self._changed)
+        self.pid: int | None = None  # the last process started (kept for status after it ended)
+        self.ident: Identity | None = None  # the process running now (None once it is reaped)
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.ladder: list[dict[str, str]] = []
@@ -109,10 +127,20 @@ class Instance:
         self.tmp = short_tmpdir(base / "tmp", self.name)
         self.cache = private_dir(base / "cache")
         self.log = RotatingLog(sup.opts.log_root / self.name, sup.opts.log_max_bytes, sup.opts.log_files)
-        self.thread = threading.Thread(target=self._run, name=f"instance-{self.name}", daemon=True)
+        self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked = threading.Event()
+        self._replace_lock = threading.Lock()
+        self._replacement: dict[str, Any] | None = None  # a new plan for this instance, not yet applied
+        self._replace_asked = threading.Event()
+        self.replacements = 0  # planned restarts with new settings (the daemon's degrade/recover)
+        self._pump: threading.Thread | None = None
+        self._saved_dropped = 0
 
     # -- public ---------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
     @property
     def url(self) -> str:
         s = self.inst["server"]
@@ -122,9 +150,10 @@ class Instance:
     def snapshot(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "state": self.state,
+            "state": self.state.value,
             "pid": self.pid,
             "pgid": self.pid,
+            "process": self.ident.to_json() if self.ident else None,
             "url": self.url,
             "gpus": self.inst["gpus"],
             "numa_node": self.inst.get("numa_node"),
@@ -135,7 +164,11 @@ class Instance:
             "failure": self.failure,
             "log_dir": str(self.log.dir),
             "log_file": str(self.log.path),
+            "stop_grace_s": self._grace(),
+            "log_dropped_lines": self.log.dropped,
+            "log_error": self.log.last_error,
             "argv": self.argv,
+            "replacements": self.replacements,
             "engine": self.inst["engine"],
             "speculative": self.inst.get("speculative"),
             "warnings": self.render_warnings + self.verify_warnings,
@@ -144,15 +177,39 @@ class Instance:
     def stop(self) -> None:
         self._stop_asked.set()
 
+    def replace(self, inst: dict[str, Any]) -> None:
+        """Restart this instance with ``inst`` (the same instance, re-planned): once it is ready, the
+        running process drains (SIGTERM, --shutdown-timeout), is stopped, and the new one starts.
+        Not a failure: no backoff, no restart counted. A later call before it is applied wins."""
+        if inst["name"] != self.name:
+            raise ValueError(f"a plan for {inst['name']} cannot replace {self.name}")
+        with self._replace_lock:
+            self._replacement = copy.deepcopy(inst)
+        self._replace_asked.set()
+
+    @property
+    def replacing(self) -> bool:
+        return self._replace_asked.is_set()
+
+    def _take_replacement(self) -> dict[str, Any] | None:
+        with self._replace_lock:
+            new, self._replacement = self._replacement, None
+            self._replace_asked.clear()
+        return new
+
     # -- the life cycle ---------------------------------------------------------------------
-    def _set(self, state: str) -> None:
-        self.state = state
+    def _changed(self, old: State, new: State) -> None:
+        if old != new:
+            log.info("%s: %s -> %s", self.name, old, new)
         self.sup.save()
 
+    def _set(self, state: State) -> None:
+        self.machine.change(state)
+
     def _render(self) -> Rendered:
-        return render_instance(
-            self.plan, self.inst, self.sup.release, self.sup.vllm_command, self.sup.numactl
-        )
+        # server.vllm_command, when set, is the executable: the same one render and --dry-run show
+        command = self.inst["server"].get("vllm_command") or self.sup.vllm_command
+        return render_instance(self.plan, self.inst, self.sup.release, command, self.sup.numactl)
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         env = {**os.environ, **r.env}
@@ -180,33 +237,58 @@ class Instance:
             cwd=str(self.tmp),
             start_new_session=True,  # its own session and process group: we signal the whole group
         )
-        self.proc, self.pid = proc, proc.pid
+        # Not reaped until _end: the PID and its start time stay this process's until then.
+        self.proc, self.pid, self.ident = proc, proc.pid, identify(proc.pid)
         assert proc.stdout is not None
         self._pump = pump(proc.stdout, self.log, log, self.name)
         return proc
 
-    def _kill_group(self, proc: subprocess.Popen[bytes], grace: float) -> None:
+    @staticmethod
+    def _exited(proc: subprocess.Popen[bytes]) -> bool:
+        """Whether the child has exited, without reaping it (WNOWAIT): a zombie keeps its PID, so its
+        process group number cannot go to anyone else before :meth:`_end` has signalled it."""
+        if proc.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def _end(self, proc: subprocess.Popen[bytes], grace: float) -> None:
         """Graceful stop: SIGTERM to vLLM's API server (the group leader) only, so vLLM shuts its
         engine and workers down in order and drains requests (--shutdown-timeout); after ``grace``
-        seconds, or once the leader is gone, SIGKILL whatever is left of the process group."""
-        if proc.poll() is None:
+        seconds, or once the leader is gone, SIGKILL whatever is left of the process group. The leader
+        is reaped last, so every signal here reaches our own processes."""
+        if proc.returncode is None:
+            if not self._exited(proc):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+                end = time.monotonic() + grace
+                while not self._exited(proc) and time.monotonic() < end:
+                    time.sleep(0.1)
+                if not self._exited(proc):
+                    log.warning(
+                        "%s: still running %.0f s after SIGTERM: SIGKILL to its process group",
+                        self.name,
+                        grace,
+                    )
+            end = time.monotonic() + min(5.0, grace)
+            while group_members(proc.pid) and time.monotonic() < end:  # vLLM's children leave on their own
+                time.sleep(0.1)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "%s: still running %.0f s after SIGTERM: SIGKILL to its process group", self.name, grace
-                )
-        end = time.monotonic() + min(5.0, grace)
-        while (
-            pid_alive(proc.pid, group=True) and time.monotonic() < end
-        ):  # vLLM's children leave on their own
-            time.sleep(0.1)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)  # the leader is alive or a zombie: the group is ours
         proc.wait()
-        self._pump.join(5)
+        self.ident = None
+        if self._pump is not None:
+            self._pump.join(5)
+
+    def _grace(self) -> float:
+        return float(self.inst["server"].get("shutdown_timeout") or 0) + self.sup.opts.stop_margin
+
+    def _note_dropped(self) -> None:
+        if self.log.dropped != self._saved_dropped:
+            self._saved_dropped = self.log.dropped
+            self.sup.save()
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> str:
         """'ready', 'exited', 'stopping' or 'timeout'."""
@@ -215,14 +297,10 @@ class Instance:
         while True:
             if self._stop_asked.is_set():
                 return "stopping"
-            if proc.poll() is not None:
+            if self._exited(proc):
                 return "exited"
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return "ready"
-            except (urllib.error.URLError, OSError, TimeoutError):
-                pass
+            if http.healthy(self.url):
+                return "ready"
             now = time.monotonic()
             if now > deadline:
                 return "timeout"
@@ -232,7 +310,36 @@ class Instance:
                 self.sup.opts.progress(
                     f"{self.name}: starting, {elapsed:.0f} s | {self.log.last_line()[-160:]}"
                 )
-            self._stop_asked.wait(0.5)
+            self._note_dropped()
+            self._stop_asked.wait(self.sup.opts.poll_interval)
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # whatever breaks, the instance must not look alive
+            self._crashed(e)
+        finally:
+            self.sup._instance_done()
+
+    def _crashed(self, e: BaseException) -> None:
+        log.error("%s: the supervisor thread broke: %s: %s", self.name, type(e).__name__, e, exc_info=e)
+        self.failure = {
+            "kind": "supervisor error",
+            "evidence": f"{type(e).__name__}: {e}"[:300],
+            "fix": f"a fault in hwprofile itself: see {self.sup.opts.runtime / 'hwprofile.log'}",
+        }
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            try:
+                self._end(proc, self._grace())
+            except Exception as again:
+                log.error("%s: could not end process %s: %s", self.name, proc.pid, again)
+        self.machine.fail()
+
+    def _stopping(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self._set(State.STOPPING)
+        if proc is not None:
+            self._end(proc, self._grace())
 
     def _run(self) -> None:
         backoff = self.sup.opts.backoff_initial
@@ -240,7 +347,7 @@ class Instance:
             r = self._render()
             self.render_warnings = r.warnings
             s = self.inst["server"]
-            if self.restarts or self.ladder:
+            if self.restarts or self.ladder or self.replacements:
                 end = time.monotonic() + 15  # after a failure: let the old process's socket go
                 while (
                     not port_free(s["host"], s["port"])
@@ -252,15 +359,17 @@ class Instance:
                 self.failure = {"kind": "port in use", "evidence": f"{s['host']}:{s['port']} is taken before start",
                                 "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
                 self.log.mark(f"port {s['port']} taken; not started")
-                self._set("failed")
+                self._set(State.FAILED)
                 return
+            if self._stop_asked.is_set():
+                break
             self.started_at, self.ready_at = time.time(), None
             self.log.mark(f"start {self.name} (restart {self.restarts}): {' '.join(r.argv)}")
             proc = self._spawn(r)
-            self._set("starting" if not self.restarts else "restarting")
+            self._set(State.STARTING if not (self.restarts or self.replacements) else State.RESTARTING)
             outcome = self._wait_ready(proc)
             if outcome == "stopping":
-                self._kill_group(proc, float(s.get("shutdown_timeout") or 0) + 10)
+                self._stopping(proc)
                 break
             if outcome == "ready":
                 self.ready_at = time.time()
@@ -268,26 +377,41 @@ class Instance:
                 for w in self.verify_warnings:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.sup.opts.backoff_initial
-                self._set("ready")
-                while proc.poll() is None and not self._stop_asked.wait(0.5):
-                    pass
+                self._set(State.READY)
+                while (
+                    not self._exited(proc)
+                    and not self._replace_asked.is_set()
+                    and not self._stop_asked.wait(self.sup.opts.poll_interval)
+                ):
+                    self._note_dropped()
                 if self._stop_asked.is_set():
-                    self._kill_group(proc, float(s.get("shutdown_timeout") or 0) + 10)
+                    self._stopping(proc)
                     break
+                if self._replace_asked.is_set() and not self._exited(proc):
+                    new = self._take_replacement()
+                    if new is not None:
+                        self._set(State.RESTARTING)
+                        self.log.mark(f"planned restart with new settings ({self.replacements + 1})")
+                        log.info("%s: planned restart with new settings: draining", self.name)
+                        self._end(proc, self._grace())
+                        self.inst, self.ladder, self.failure = new, [], None
+                        self.replacements += 1
+                        continue
                 # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
+                self._end(proc, 0)
                 code = proc.returncode
-                self._kill_group(proc, 0)
                 self.failure = {
                     "kind": "unplanned exit",
                     "evidence": f"exit code {code}: {self.log.last_line()[-300:]}",
                 }
                 log.error("%s: exited with code %s without being asked to", self.name, code)
             elif outcome == "timeout":
-                self._kill_group(proc, 10)
-                self.failure = {"kind": "readiness timeout", "evidence": self.log.last_line()[-300:]}
+                evidence = self.log.last_line()[-300:]  # before the stop adds its own lines
+                self._end(proc, 10)
+                self.failure = {"kind": "readiness timeout", "evidence": evidence}
                 log.error("%s: not ready after %.0f s", self.name, self.sup.opts.ready_timeout)
             else:  # exited during start-up
-                self._kill_group(proc, 0)
+                self._end(proc, 0)
                 f: Failure = classify(self.log.text())
                 self.failure = {"kind": f.kind, "evidence": f.evidence}
                 log.error("%s: failed to start (%s): %s", self.name, f.kind, f.evidence)
@@ -297,7 +421,7 @@ class Instance:
                         self.failure["fix"] = (
                             "every ladder step taken; a smaller model, a 4-bit checkpoint or another GPU"
                         )
-                        self._set("failed")
+                        self._set(State.FAILED)
                         return
                     self.inst, step = nxt
                     self.ladder.append({"rung": step.rung, "change": step.change, "because": f.kind})
@@ -308,7 +432,7 @@ class Instance:
                     continue
                 if not f.retry:
                     self.failure["fix"] = "a configuration error: fix it and launch again (not retried)"
-                    self._set("failed")
+                    self._set(State.FAILED)
                     return
             self.restarts += 1
             if self.restarts > self.sup.opts.max_restarts:
@@ -316,17 +440,23 @@ class Instance:
                     **(self.failure or {}),
                     "fix": f"gave up after {self.sup.opts.max_restarts} restarts",
                 }
-                self._set("failed")
+                self._set(State.FAILED)
                 return
-            self._set("restarting")
+            self._set(State.RESTARTING)
             log.warning("%s: restart %d in %.0f s", self.name, self.restarts, backoff)
             if self._stop_asked.wait(backoff):
                 break
             backoff = min(backoff * 2, self.sup.opts.backoff_max)
-        self._set("stopped")
+        if self.state != State.STOPPING:
+            self._stopping(None)
+        self._set(State.STOPPED)
 
 
 class Supervisor:
+    """The instances of one plan. Creating it takes the runtime directory's lock
+    (:class:`.state.AlreadySupervising` when another supervisor holds it); when the last instance
+    ends, the state file is replaced by ``last.json`` and the lock is let go (also :meth:`close`)."""
+
     def __init__(
         self, plan: dict[str, Any], release: Release, vllm_command: str, numactl: str | None, opts: Options
     ) -> None:
@@ -335,35 +465,81 @@ class Supervisor:
         self.vllm_command = vllm_command
         self.numactl = numactl
         self.opts = opts
-        self.state_path = opts.runtime / "state.json"
+        self.state_path = opts.runtime / STATE_FILE
         self.started_at = time.time()
         self._lock = threading.Lock()
+        self._closed = False
+        self._save_failed = False
         private_dir(opts.runtime)
+        self.runtime_lock = RuntimeLock(opts.runtime)
+        self.runtime_lock.acquire()
+        self.ident = identify(os.getpid())
+        remove_state(opts.runtime / LAST_FILE)
         private_dir(opts.log_root)
         self.instances = [Instance(self, plan, i) for i in plan["instances"]]
+        self._running = 0
+
+    def _document(self) -> dict[str, Any]:
+        return {
+            "supervisor_pid": os.getpid(),
+            "supervisor": self.ident.to_json() if self.ident else None,
+            "started_at": self.started_at,
+            "profile": self.plan["profile"],
+            "model": self.plan["model"]["path"] or self.plan["model"]["name"],
+            "vllm_version": self.release.target,
+            "instances": [i.snapshot() for i in self.instances],
+        }
 
     def save(self) -> None:
         with self._lock:
-            write_state(
-                self.state_path,
-                {
-                    "supervisor_pid": os.getpid(),
-                    "started_at": self.started_at,
-                    "profile": self.plan["profile"],
-                    "model": self.plan["model"]["path"] or self.plan["model"]["name"],
-                    "vllm_version": self.release.target,
-                    "instances": [i.snapshot() for i in self.instances],
-                },
-            )
+            if self._closed:
+                return
+            try:
+                write_state(self.state_path, self._document())
+                self._save_failed = False
+            except OSError as e:  # a full disk must not stop supervision; say so once
+                if not self._save_failed:
+                    log.error("cannot write %s: %s", self.state_path, e)
+                self._save_failed = True
 
     def start(self) -> None:
         self.save()
+        with self._lock:
+            self._running = len(self.instances)
         for i in self.instances:
             i.thread.start()
 
     def stop(self) -> None:
         for i in self.instances:
             i.stop()
+
+    def _instance_done(self) -> None:
+        with self._lock:
+            self._running -= 1
+            last = self._running <= 0
+        if last:
+            self.close()
+
+    def close(self) -> None:
+        """The end of supervision: no process of ours is left (every instance thread has reaped its
+        child), so ``state.json`` goes; ``last.json`` says how each instance ended, with no process
+        to signal. Then the lock is released. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._running > 0:
+                return  # still supervising: the last instance to end closes
+            self._closed = True
+            doc = self._document()
+            doc["ended_at"] = time.time()
+            for inst in doc["instances"]:
+                inst["process"] = None
+            try:
+                write_state(self.opts.runtime / LAST_FILE, doc)
+            except OSError as e:
+                log.error("cannot write %s: %s", self.opts.runtime / LAST_FILE, e)
+            remove_state(self.state_path)
+            self.runtime_lock.release()
 
     def wait(self, timeout: float | None = None) -> None:
         end = None if timeout is None else time.monotonic() + timeout
@@ -375,9 +551,9 @@ class Supervisor:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             states = {i.state for i in self.instances}
-            if states == {"ready"}:
+            if states == {State.READY}:
                 return True
-            if "failed" in states or "stopped" in states:
+            if states & TERMINAL:
                 return False
             time.sleep(0.3)
         return False

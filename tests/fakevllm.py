@@ -1,0 +1,498 @@
+#!/usr/bin/env python3
+"""A fake ``vllm serve`` for fast tests: stdlib only, starts in well under a second.
+
+Run it as ``fakevllm.py serve MODEL --host H --port P [vLLM flags...]`` (the argv shape hwprofile
+renders; ``server.vllm_command`` can name it, through a two-line shell shim). It imitates what
+hwprofile relies on in the real server (vLLM 0.32, CPU build):
+
+- the startup log: ``non-default args: {...}`` built from its own argv, ``CPU KV cache size: N tokens``
+  computed from the model's config.json and ``--kv-cache-memory-bytes`` like vLLM does, ``Starting
+  vLLM API server``, ``Application startup complete.``; vLLM's own error lines for an unknown flag
+  (any ``--bogus*`` flag, exit 2), a missing model (exit 1), a port in use (exit 1) and a KV cache too
+  small for ``--max-model-len`` (exit 1);
+- ``/health`` and ``/ping``: 503 while "loading", 200 once loaded (after the ready delay); ``/version``,
+  ``/v1/models``, ``/v1/completions`` (also streamed, one token per ``token delay``) and ``/metrics``
+  in vLLM's Prometheus text format (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``,
+  token counters with their ``_created`` gauges, spec-decode counters when ``--speculative-config``
+  is given);
+- SIGTERM: stop accepting, drain in-flight requests for up to ``--shutdown-timeout`` seconds (0: wait
+  for them forever, as vLLM does), exit 0. An "engine" child process sits in its process group.
+
+Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment (``FAKEVLLM_*``):
+
+- ``--fake-mode`` / ``FAKEVLLM_MODE``: comma-separated; ``oom`` (print a CUDA out-of-memory traceback
+  and exit 1 while starting), ``crash`` (exit ``--fake-exit-code``, default 1, ``--fake-crash-after``
+  seconds after becoming ready), ``hang`` (never healthy), ``ignore-term`` (ignore SIGTERM),
+  ``die`` (exit 1 while starting, with an error hwprofile does not know), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting);
+- ``--fake-ready-delay`` / ``FAKEVLLM_READY_DELAY``: seconds of "loading" (default 0.3);
+- ``--fake-fail-times N`` / ``FAKEVLLM_FAIL_TIMES`` with ``--fake-counter FILE`` / ``FAKEVLLM_COUNTER``:
+  only the first N starts (counted in FILE) use the modes; later starts are healthy;
+- ``--fake-token-delay`` / ``FAKEVLLM_TOKEN_DELAY``: seconds per generated token (default 0.01);
+- ``FAKEVLLM_ARGV_LOG``: append this start (``{"t": time, "pid": PID, "argv": [...]}``, one JSON
+  line) to that file.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+VERSION = "0.32.0+cpu"
+PID = os.getpid()
+
+# vLLM flags that take no value (the ones hwprofile renders, and a few more)
+BOOLEAN = {
+    "enforce-eager", "enable-prefix-caching", "no-enable-prefix-caching", "enable-chunked-prefill",
+    "no-enable-chunked-prefill", "trust-remote-code", "disable-log-stats", "disable-log-requests",
+    "enable-server-load-tracking", "numa-bind", "disable-custom-all-reduce", "async-scheduling",
+    "no-async-scheduling", "enable-log-requests", "disable-uvicorn-access-log",
+}  # fmt: skip
+# The "engine": ignores SIGTERM (only a group SIGKILL or its server ends it), and dies with its server
+# (parent-death signal), so a test that fails half-way leaves nothing behind.
+ENGINE = (
+    "import ctypes,os,signal,sys,time;"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0);"
+    "os.getppid() == int(sys.argv[1]) or sys.exit(0);"
+    "time.sleep(86400)"
+)
+MULTI = {"numa-bind-nodes", "numa-bind-cpus"}  # vLLM flags that take several values
+FAKE = {"fake-mode", "fake-ready-delay", "fake-crash-after", "fake-exit-code", "fake-fail-times",
+        "fake-counter", "fake-token-delay"}  # fmt: skip
+
+
+def say(text: str, who: str = "APIServer", level: str = "INFO", where: str = "api_server.py:1") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    sys.stdout.write(f"({who} pid={PID}) {level} {stamp} [{where}] {text}\n")
+    sys.stdout.flush()
+
+
+def value_of(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse(argv: list[str]) -> tuple[str | None, dict[str, Any], dict[str, str], list[str]]:
+    """(model, vLLM args by dest name, fake options, unknown flags)."""
+    if not argv or argv[0] != "serve":
+        print("usage: vllm serve [model_tag] [options]", file=sys.stderr)
+        sys.exit(2)
+    model: str | None = None
+    args: dict[str, Any] = {}
+    fake: dict[str, str] = {}
+    unknown: list[str] = []
+    words = argv[1:]
+    i = 0
+    while i < len(words):
+        w = words[i]
+        i += 1
+        if not w.startswith("--"):
+            if model is None:
+                model = w
+            else:
+                unknown.append(w)
+            continue
+        name, eq, val = w[2:].partition("=")
+        if name in MULTI and not eq:  # nargs='+': every value up to the next flag
+            values = []
+            while i < len(words) and not words[i].startswith("--"):
+                values.append(value_of(words[i]))
+                i += 1
+            args[name.replace("-", "_")] = values
+            continue
+        if not eq and name not in BOOLEAN and i < len(words) and not words[i].startswith("--"):
+            val, eq = words[i], "="
+            i += 1
+        if name.startswith("bogus"):
+            unknown.append(w if not eq or "=" in w else f"{w} {val}")
+        elif name in FAKE:
+            fake[name[5:]] = val
+        elif name.startswith("no-") and not eq:
+            args[name[3:].replace("-", "_")] = False
+        elif name == "model":
+            model = val
+        else:
+            args[name.replace("-", "_")] = value_of(val) if eq else True
+    return model, args, fake, unknown
+
+
+def option(fake: dict[str, str], name: str, default: str) -> str:
+    return fake.get(name) or os.environ.get("FAKEVLLM_" + name.upper().replace("-", "_")) or default
+
+
+def size_of(text: Any) -> int:
+    s = str(text).strip()
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+    for suffix in sorted(units, key=len, reverse=True):
+        if s.lower().endswith(suffix):
+            return int(float(s[: -len(suffix)]) * units[suffix])
+    return int(float(s))
+
+
+class Server:
+    def __init__(self, model: str, args: dict[str, Any], token_delay: float) -> None:
+        self.model = model
+        self.args = args
+        self.token_delay = token_delay
+        names = args.get("served_model_name")
+        self.name = (names.split()[0] if isinstance(names, str) else None) or model
+        self.loaded = False
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.accepting = True
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.kv_usage = 0.0
+        self.created = time.time()
+        self.spec = (
+            args.get("speculative_config") if isinstance(args.get("speculative_config"), dict) else None
+        )
+        self.drafts = self.draft_tokens = self.accepted = 0
+
+    # -- metrics ------------------------------------------------------------------------------
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.name}"'
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_: str, samples: list[tuple[str, str, float]]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            for suffix, extra, value in samples:
+                out.append(f"{name}{suffix}{{{labels}{extra}}} {float(value)!r}")
+
+        def counter(name: str, help_: str, value: float, extra: str = "") -> None:
+            family(name, "counter", help_, [("_total", extra, value)])
+            family(name + "_created", "gauge", help_, [("", extra, self.created)])
+
+        with self.lock:
+            family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                   [("", "", self.in_flight)])  # fmt: skip
+            family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                   [("", "", 0)])  # fmt: skip
+            family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                   [("", "", self.kv_usage)])  # fmt: skip
+            counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0)
+            counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+            counter(
+                "vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens
+            )
+            out.append("# HELP vllm:request_success_total Count of successfully processed requests.")
+            out.append("# TYPE vllm:request_success_total counter")
+            for reason, n in self.finished.items():
+                out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(n)!r}')
+            if self.spec:
+                counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", self.drafts)
+                counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", self.draft_tokens)
+                counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", self.accepted)
+                k = int(self.spec.get("num_speculative_tokens") or 1)
+                out.append(
+                    "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per position."
+                )
+                out.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+                for pos in range(k):
+                    n = self.drafts if pos < 1 and self.accepted else 0
+                    out.append(
+                        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} {float(n)!r}'
+                    )
+        return "\n".join(out) + "\n"
+
+    # -- generation --------------------------------------------------------------------------
+    def begin(self, prompt_tokens: int) -> bool:
+        with self.lock:
+            if not self.accepting:
+                return False
+            self.in_flight += 1
+            self.prompt_tokens += prompt_tokens
+            self.kv_usage = min(1.0, self.in_flight * 0.01)
+            return True
+
+    def token(self) -> None:
+        time.sleep(self.token_delay)
+        with self.lock:
+            self.generation_tokens += 1
+            if self.spec:
+                k = int(self.spec.get("num_speculative_tokens") or 1)
+                self.drafts += 1
+                self.draft_tokens += k
+                self.accepted += 1
+
+    def end(self, reason: str) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            self.finished[reason] = self.finished.get(reason, 0) + 1
+            self.kv_usage = min(1.0, self.in_flight * 0.01)
+
+
+def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def reply(self, code: int, body: bytes = b"", kind: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path in ("/health", "/ping"):
+                self.reply(200 if srv.loaded else 503)
+            elif path == "/version":
+                self.reply(200, json.dumps({"version": VERSION}).encode())
+            elif path == "/metrics":
+                self.reply(200, srv.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/v1/models" and srv.loaded:
+                self.reply(
+                    200,
+                    json.dumps({"object": "list", "data": [{"id": srv.name, "object": "model"}]}).encode(),
+                )
+            else:
+                self.reply(404, b'{"detail":"Not Found"}')
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self.reply(400, b'{"error":"bad json"}')
+                return
+            if self.path not in ("/v1/completions", "/v1/chat/completions") or not srv.loaded:
+                self.reply(404, b'{"detail":"Not Found"}')
+                return
+            prompt = str(body.get("prompt") or body.get("messages") or "")
+            n = int(body.get("max_tokens") or 16)
+            if not srv.begin(len(prompt.split())):
+                self.reply(503, b'{"error":"shutting down"}')
+                return
+            reason = "length"
+            try:
+                if body.get("stream"):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for i in range(n):
+                        srv.token()
+                        chunk = {"id": "cmpl-fake", "object": "text_completion", "model": srv.name,
+                                 "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}  # fmt: skip
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    self.close_connection = True
+                else:
+                    for _ in range(n):
+                        srv.token()
+                    text = "".join(f" t{i}" for i in range(n))
+                    reply = {"id": "cmpl-fake", "object": "text_completion", "model": srv.name,
+                             "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
+                                       "total_tokens": len(prompt.split()) + n}}  # fmt: skip
+                    self.reply(200, json.dumps(reply).encode())
+            except OSError:
+                reason = "abort"
+            finally:
+                srv.end(reason)
+
+    return Handler
+
+
+def kv_check(model_dir: str, args: dict[str, Any]) -> tuple[int, int, float]:
+    """(KV tokens vLLM reports, max_model_len, max concurrency); exits like vLLM when the cache cannot
+    hold one request of max_model_len."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    layers = int(cfg.get("num_hidden_layers", 2))
+    heads = int(cfg.get("num_attention_heads", 4))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 128)) // heads)
+    dtype = str(args.get("kv_cache_dtype", "auto"))
+    width = 1 if dtype.startswith("fp8") else 4 if str(args.get("dtype")) == "float32" else 2
+    per_token = 2 * layers * kv_heads * head_dim * width
+    if "kv_cache_memory_bytes" in args:
+        kv_bytes = size_of(args["kv_cache_memory_bytes"])
+    else:
+        kv_bytes = int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4) * 2**30)
+    block = int(args.get("block_size") or os.environ.get("FAKEVLLM_BLOCK_SIZE") or 128)
+    max_len = int(args.get("max_model_len") or cfg.get("max_position_embeddings", 2048))
+    blocks = kv_bytes // (block * per_token)
+    usable = max(0, blocks - 1) * block  # one block is vLLM's null block
+    if usable < max_len:
+        need, have = max_len * per_token / 2**30, usable * per_token / 2**30
+        say(
+            f"ValueError: To serve at least one request with the models's max seq len ({max_len}), "
+            f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({have:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+            f"{usable}. Try increasing `kv_cache_memory_bytes` or decreasing `max_model_len` when "
+            "initializing the engine.",
+            "EngineCore", "ERROR", "core.py:1000",
+        )  # fmt: skip
+        print(
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+        )
+        sys.exit(1)
+    per_request = -(-max_len // block)
+    concurrency = blocks // per_request
+    return concurrency * max_len, max_len, blocks * block / max_len
+
+
+def count_start(fake: dict[str, str]) -> int:
+    """How many starts came before this one (0 without a counter file)."""
+    path = option(fake, "counter", "")
+    if not path:
+        return 0
+    try:
+        with open(path) as f:
+            n = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        n = 0
+    with open(path, "w") as f:
+        f.write(str(n + 1))
+    return n
+
+
+def main(argv: list[str]) -> int:
+    model, args, fake, unknown = parse(argv)
+    log_argv = os.environ.get("FAKEVLLM_ARGV_LOG")
+    if log_argv:
+        with open(log_argv, "a") as f:
+            f.write(json.dumps({"t": time.time(), "pid": PID, "argv": argv}) + "\n")
+    modes = {m.strip() for m in option(fake, "mode", "").split(",") if m.strip()}
+    if "crash-after" in fake or os.environ.get("FAKEVLLM_CRASH_AFTER"):
+        modes.add("crash")
+    fail_times = option(fake, "fail-times", "")
+    if fail_times and count_start(fake) >= int(fail_times):
+        modes = set()  # this start is past the failing ones: healthy
+    if "ignore-term" in modes:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    say(f"vLLM API server version {VERSION}", where="utils.py:299")
+    if unknown:
+        print("usage: vllm serve [model_tag] [options]")
+        print(f"vllm: error: unrecognized arguments: {' '.join(unknown)}")
+        return 2
+    host, port = str(args.get("host") or "0.0.0.0"), int(args.get("port") or 8000)
+    shown = {"model_tag": model, **args}
+    say(f"non-default args: {shown}", where="api_utils.py:286")
+    ast.literal_eval(repr(shown))  # what hwprofile parses must parse
+    if not model or not os.path.isfile(os.path.join(model, "config.json")):
+        print("Traceback (most recent call last):")
+        print(
+            f"huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+            f"'namespace/repo_name': '{model}'. Use `repo_type` argument if needed."
+        )
+        return 1
+    try:
+        httpd = ThreadingHTTPServer((host, port), None)  # type: ignore[arg-type]
+    except OSError as e:
+        print(
+            f"OSError: [Errno {e.errno}] error while attempting to bind on address ('{host}', {port}): {e.strerror.lower()}"
+        )
+        return 1
+    srv = Server(model, args, float(option(fake, "token-delay", "0.01")))
+    httpd.RequestHandlerClass = handler_for(srv)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if "ignore-term" not in modes:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    engine = subprocess.Popen(  # an "EngineCore" child in our process group, as vLLM has
+        [sys.executable, "-c", ENGINE, str(PID), "fakevllm-EngineCore"],
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def leave(code: int) -> int:
+        engine.kill()
+        engine.wait()
+        return code
+
+    if "noisy" in modes:
+        for i in range(int(os.environ.get("FAKEVLLM_NOISE_LINES") or 20000)):
+            say(f"loading shard {i}: " + "x" * 60, "EngineCore", where="loader.py:1")
+    if "oom" in modes:
+        say("EngineCore failed to start.", "EngineCore", "ERROR", "core.py:1000")
+        print("Traceback (most recent call last):")
+        print(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 23.64 GiB of which 1.02 GiB is free."
+        )
+        return leave(1)
+    if "die" in modes:
+        say("EngineCore failed to start.", "EngineCore", "ERROR", "core.py:1000")
+        print(
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+        )
+        return leave(1)
+    try:
+        tokens, max_len, concurrency = kv_check(model, args)
+    except SystemExit as e:
+        return leave(int(e.code or 1))
+    delay = float(option(fake, "ready-delay", "0.3"))
+    end = time.monotonic() + delay
+    while "hang" in modes or time.monotonic() < end:
+        if stop.wait(min(0.5, max(0.01, end - time.monotonic())) if "hang" not in modes else 0.5):
+            say("Shutting down while loading.")
+            return leave(0)
+        if "hang" in modes:
+            say("Loading weights ... (still)", "EngineCore", where="loader.py:2")
+    say(
+        f"CPU KV cache size: {tokens:,} tokens, Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x",
+        "EngineCore", where="kv_cache_utils.py:2327",
+    )  # fmt: skip
+    say(f"Starting vLLM API server 0 on http://{host}:{port}", where="api_server.py:2000")
+    print("INFO:     Application startup complete.", flush=True)
+    srv.loaded = True
+    if "crash" in modes:
+        after = float(option(fake, "crash-after", "0.5"))
+        code = int(option(fake, "exit-code", "1"))
+
+        def crash() -> None:
+            time.sleep(after)
+            say("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.", level="ERROR",
+                where="core_client.py:600")  # fmt: skip
+            sys.stdout.flush()
+            engine.kill()
+            os._exit(code)
+
+        threading.Thread(target=crash, daemon=True).start()
+    while not stop.wait(0.2):
+        pass
+    say("Shutting down FastAPI HTTP server.", where="launcher.py:100")
+    with srv.lock:
+        srv.accepting = False
+    httpd.shutdown()
+    timeout = float(args.get("shutdown_timeout") or 0)
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    while srv.in_flight and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.05)
+    if srv.in_flight:
+        say(f"{srv.in_flight} requests still running after {timeout:.0f} s: aborted", level="WARNING")
+    httpd.server_close()
+    return leave(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

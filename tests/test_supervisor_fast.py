@@ -1,0 +1,621 @@
+"""The supervisor against a fake vLLM (tests/fakevllm.py): seconds per test, no real engine.
+
+Readiness, readiness timeout, unplanned exits restarted with backoff, giving up, the out-of-memory
+ladder, configuration errors, draining stop, SIGKILL of what ignores SIGTERM, a broken supervisor
+thread, a log sink that cannot be written, a proxy in the environment, the runtime lock, and
+``status``/``stop`` over state files whose processes are gone or whose PIDs were reused."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile import launch
+from hwprofile.supervise import http
+from hwprofile.supervise.lifecycle import ALLOWED, IllegalTransition, Machine, State
+from hwprofile.supervise.state import (
+    LAST_FILE,
+    STATE_FILE,
+    AlreadySupervising,
+    Identity,
+    check,
+    group_members,
+    identify,
+    lock_held,
+    read_state,
+    signal_process,
+    write_state,
+)
+from hwprofile.supervise.supervisor import Options, Supervisor
+
+FAKE = Path(__file__).resolve().parent / "fakevllm.py"
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "max_position_embeddings": 2048, "vocab_size": 2048,
+          "torch_dtype": "bfloat16"}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A model directory (config.json and a token safetensors file), a `vllm` shim running the fake,
+    the host snapshot and the vLLM release to render for."""
+    from hwprofile.detect import detect_host
+    from hwprofile.render.versions import release
+
+    base = tmp_path_factory.mktemp("fake")
+    model = base / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    shim = base / "vllm"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    shim.chmod(0o755)
+    return {"model": model, "shim": shim, "host": detect_host(), "release": release("0.32.0"), "base": base}
+
+
+@pytest.fixture
+def rt() -> Iterator[Path]:
+    """A short runtime directory (vLLM's IPC socket paths must fit in 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="hwpt-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch, rt: Path) -> Iterator[Path]:
+    """No FAKEVLLM_* or proxy leaks in from outside; every start is logged to the returned file. After
+    the test, whatever is left of a fake server's process group (a test that failed half-way) is killed."""
+    for k in list(os.environ):
+        if k.startswith("FAKEVLLM_") or k.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(k)
+    log = rt / "starts.jsonl"
+    monkeypatch.setenv("FAKEVLLM_ARGV_LOG", str(log))
+    monkeypatch.setenv("FAKEVLLM_READY_DELAY", "0.2")
+    yield log
+    for start in starts(log):
+        for member in group_members(start["pid"]):
+            try:
+                if b"fakevllm" in Path(f"/proc/{member.pid}/cmdline").read_bytes():
+                    signal_process(member, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def sets_for(world: dict[str, Any], port: int, *extra: str) -> list[str]:
+    return ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
+            "server.shutdown_timeout=2", f"server.port={port}", f"server.vllm_command={world['shim']}",
+            *extra]  # fmt: skip
+
+
+def make_supervisor(world: dict[str, Any], rt: Path, *extra: str, **opts: Any) -> Supervisor:
+    from hwprofile.pipeline import make_plan
+
+    (rt / "etc").mkdir(exist_ok=True)
+    plan = make_plan(
+        world["host"], rt / "etc", sets=sets_for(world, free_port(), *extra), model=str(world["model"])
+    )
+    defaults: dict[str, Any] = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1,
+                                "backoff_max": 1.0, "poll_interval": 0.05, "stop_margin": 3.0}  # fmt: skip
+    options = Options(runtime=rt / "run", log_root=rt / "logs", **{**defaults, **opts})
+    return Supervisor(plan, world["release"], "/nonexistent/vllm", None, options)
+
+
+def wait_for(pred: Any, what: str, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def starts(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def finish(sup: Supervisor) -> None:
+    sup.stop()
+    sup.wait(30)
+    assert sup.all_done
+
+
+def gone(pid: int) -> bool:
+    return not group_members(pid)
+
+
+# -- the state machine -----------------------------------------------------------------------
+
+
+def test_state_machine_allows_only_listed_moves() -> None:
+    seen: list[tuple[State, State]] = []
+    m = Machine("x", on_change=lambda a, b: seen.append((a, b)))
+    m.change(State.READY)
+    with pytest.raises(IllegalTransition, match="ready -> stopped"):
+        m.change(State.STOPPED)  # a stop always goes through STOPPING
+    m.change(State.STOPPING)
+    m.change(State.STOPPED)
+    assert not m.fail()  # terminal stays terminal
+    assert seen == [
+        (State.STARTING, State.READY),
+        (State.READY, State.STOPPING),
+        (State.STOPPING, State.STOPPED),
+    ]
+    assert ALLOWED[State.FAILED] == ALLOWED[State.STOPPED] == frozenset()
+    assert json.dumps({"s": State.READY}) == '{"s": "ready"}' and State.READY == "ready"
+
+
+# -- readiness and verification --------------------------------------------------------------
+
+
+def test_ready_verified_and_clean_stop(world, rt, fake_env) -> None:
+    sup = make_supervisor(world, rt)
+    sup.start()
+    assert sup.wait_ready(20), sup.instances[0].snapshot()
+    inst = sup.instances[0]
+    st = launch.status(rt / "run")
+    assert st["running"] and not st.get("stale")
+    i = st["instances"][0]
+    assert i["state"] == "ready" and i["process"] == {"pid": inst.pid, "start_time": identify(inst.pid).start}
+    assert st["supervisor"] == {"pid": os.getpid(), "start_time": identify(os.getpid()).start}
+    assert not [w for w in i["warnings"] if "planned" in w], i["warnings"]  # what started is the plan
+    assert i["argv"][0] == str(world["shim"])  # server.vllm_command is what runs
+    assert starts(fake_env)[0]["argv"][:2] == ["serve", str(world["model"])]
+    text = http.metrics_text(inst.url)
+    assert text and "vllm:num_requests_running{" in text and "vllm:kv_cache_usage_perc{" in text
+    assert lock_held(rt / "run")
+    pid = inst.pid
+    finish(sup)
+    assert inst.state == State.STOPPED and gone(pid)
+    assert not (rt / "run" / STATE_FILE).exists()  # a clean stop leaves no PIDs behind
+    last = read_state(rt / "run" / LAST_FILE)
+    assert last and last["instances"][0]["state"] == "stopped" and last["instances"][0]["process"] is None
+    assert not lock_held(rt / "run")
+    st = launch.status(rt / "run")
+    assert not st["running"] and st["ended"] and st["instances"][0]["state"] == "stopped"
+    assert "nothing is running; the last run" in launch.format_status(st)
+    assert launch.stop(rt / "run") == ["nothing to stop"]
+
+
+def test_fake_metrics_parse_as_prometheus_text(world, rt, fake_env) -> None:
+    parser = pytest.importorskip("prometheus_client.parser")
+    sup = make_supervisor(world, rt, "speculative.method=ngram", "speculative.num_speculative_tokens=3")
+    sup.start()
+    try:
+        assert sup.wait_ready(20)
+        url = sup.instances[0].url
+        body = json.dumps({"model": "m", "prompt": "a b c", "max_tokens": 5}).encode()
+        req = urllib.request.Request(
+            url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with http.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 5
+        samples = {
+            s.name: s.value
+            for f in parser.text_string_to_metric_families(http.metrics_text(url))
+            for s in f.samples
+        }
+        assert samples["vllm:generation_tokens_total"] == 5 and samples["vllm:prompt_tokens_total"] == 3
+        assert (
+            samples["vllm:spec_decode_num_draft_tokens_total"] == 15 and "vllm:kv_cache_usage_perc" in samples
+        )
+    finally:
+        finish(sup)
+
+
+def test_readiness_timeout(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "hang")
+    sup = make_supervisor(world, rt, ready_timeout=1.0, max_restarts=0)
+    sup.start()
+    sup.wait(20)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED
+    assert inst.failure["kind"] == "readiness timeout" and "Loading weights" in inst.failure["evidence"]
+    assert "gave up after 0 restarts" in inst.failure["fix"]
+    assert gone(inst.pid)
+
+
+def test_health_polls_never_use_a_proxy(world, rt, fake_env, monkeypatch) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for k in ("http_proxy", "HTTP_PROXY", "all_proxy"):
+        monkeypatch.setenv(k, dead)
+    sup = make_supervisor(world, rt, ready_timeout=10)
+    sup.start()
+    try:
+        assert sup.wait_ready(15), sup.instances[0].failure
+        url = sup.instances[0].url
+        with pytest.raises(OSError):  # what urlopen does with that environment: the dead proxy
+            urllib.request.urlopen(url + "/health", timeout=2)
+        assert http.healthy(url)
+    finally:
+        finish(sup)
+
+
+# -- failures, restarts, the ladder ----------------------------------------------------------
+
+
+def test_unplanned_exits_restart_with_backoff_and_the_group_is_signalled_before_reaping(
+    world, rt, fake_env, monkeypatch
+) -> None:
+    monkeypatch.setenv("FAKEVLLM_CRASH_AFTER", "0.2")
+    monkeypatch.setenv("FAKEVLLM_EXIT_CODE", "0")  # vLLM exits 0 after its engine died: still a failure
+    monkeypatch.setenv("FAKEVLLM_FAIL_TIMES", "2")
+    monkeypatch.setenv("FAKEVLLM_COUNTER", str(rt / "count"))
+    unreaped: list[bool] = []
+    real_killpg = os.killpg
+
+    def killpg(pgid: int, sig: int) -> None:
+        try:  # WNOWAIT: looks without reaping; ChildProcessError would mean the leader was reaped
+            os.waitid(os.P_PID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            unreaped.append(True)
+        except ChildProcessError:
+            unreaped.append(False)
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    sup = make_supervisor(world, rt, backoff_initial=0.6, backoff_max=5)
+    sup.start()
+    inst = sup.instances[0]
+    try:
+        wait_for(lambda: inst.restarts == 2 and inst.state == State.READY, "the third start ready")
+        time.sleep(0.5)  # the third start is healthy: it stays up
+        assert inst.state == State.READY and inst.restarts == 2
+        assert inst.failure["kind"] == "unplanned exit" and "exit code 0" in inst.failure["evidence"]
+        t = [s["t"] for s in starts(fake_env)]
+        assert len(t) == 3 and len({s["pid"] for s in starts(fake_env)}) == 3
+        first, second = t[1] - t[0], t[2] - t[1]
+        assert abs(second - first) < 0.4, (first, second)  # each start got ready: the backoff starts over
+    finally:
+        finish(sup)
+    assert unreaped and all(unreaped), unreaped
+
+
+def test_failed_starts_back_off_exponentially(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "die")  # exits while starting, with an error nobody classified
+    monkeypatch.setenv("FAKEVLLM_FAIL_TIMES", "3")
+    monkeypatch.setenv("FAKEVLLM_COUNTER", str(rt / "count"))
+    sup = make_supervisor(world, rt, backoff_initial=0.3, backoff_max=0.6)
+    sup.start()
+    inst = sup.instances[0]
+    try:
+        wait_for(lambda: inst.state == State.READY, "ready after three failed starts")
+        assert inst.restarts == 3 and inst.failure["kind"] == "unknown"
+        assert "Engine core initialization failed" in inst.failure["evidence"]
+        t = [s["t"] for s in starts(fake_env)]
+        gaps = [b - a for a, b in itertools.pairwise(t)]
+        assert len(gaps) == 3
+        assert gaps[1] - gaps[0] > 0.15 and abs(gaps[2] - gaps[1]) < 0.25, gaps  # 0.3, 0.6, 0.6 (the cap)
+    finally:
+        finish(sup)
+
+
+def test_gives_up_after_max_restarts(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_CRASH_AFTER", "0.05")
+    sup = make_supervisor(world, rt, max_restarts=2, backoff_initial=0.05)
+    sup.start()
+    sup.wait(30)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and inst.restarts == 3 and len(starts(fake_env)) == 3
+    assert inst.failure["kind"] == "unplanned exit" and inst.failure["fix"] == "gave up after 2 restarts"
+    assert not (rt / "run" / STATE_FILE).exists()
+    st = launch.status(rt / "run")
+    assert st["instances"][0]["state"] == "failed" and "gave up after 2 restarts" in launch.format_status(st)
+
+
+def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "oom")
+    monkeypatch.setenv("FAKEVLLM_FAIL_TIMES", "2")
+    monkeypatch.setenv("FAKEVLLM_COUNTER", str(rt / "count"))
+    sup = make_supervisor(world, rt, "engine.max_model_len=1024")
+    sup.start()
+    try:
+        assert sup.wait_ready(20), sup.instances[0].failure
+        inst = sup.instances[0]
+        assert [s["change"] for s in inst.ladder] == ["max_model_len 1024 -> 512", "max_model_len 512 -> 256"]
+        assert all(s["because"] == "out of memory" for s in inst.ladder) and inst.restarts == 0
+        argvs = [s["argv"] for s in starts(fake_env)]
+        assert [a[a.index("--max-model-len") + 1] for a in argvs] == ["1024", "512", "256"]
+        human = launch.format_status(launch.status(rt / "run"))
+        assert "ladder: max_model_len 1024 -> 512 (after: out of memory)" in human
+    finally:
+        finish(sup)
+
+
+def test_kv_cache_too_small_walks_the_ladder_until_it_fits(world, rt, fake_env) -> None:
+    # as in test_launch.py with real vLLM: 300000 bytes hold 4 blocks of 128 tokens, one is the null block
+    sup = make_supervisor(
+        world, rt, "engine.max_model_len=2048", "server.extra_args=--kv-cache-memory-bytes 300000"
+    )
+    sup.start()
+    try:
+        assert sup.wait_ready(30), sup.instances[0].failure
+        inst = sup.instances[0]
+        assert [s["change"] for s in inst.ladder] == [
+            "max_model_len 2048 -> 1024", "max_model_len 1024 -> 512", "max_model_len 512 -> 256"]  # fmt: skip
+        assert {s["because"] for s in inst.ladder} == {"no memory left for the KV cache"}
+        assert any("kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in w
+                   for w in inst.verify_warnings)  # fmt: skip
+    finally:
+        finish(sup)
+
+
+def test_ladder_bottom_fails(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "oom")
+    sup = make_supervisor(world, rt, "engine.max_model_len=256", "engine.max_num_seqs=1")
+    sup.start()
+    sup.wait(30)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and "every ladder step taken" in inst.failure["fix"]
+
+
+def test_configuration_error_is_not_retried(world, rt, fake_env) -> None:
+    sup = make_supervisor(world, rt, "server.extra_args=--bogus-flag 3")
+    sup.start()
+    sup.wait(20)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and inst.restarts == 0 and len(starts(fake_env)) == 1
+    assert inst.failure["kind"] == "unknown flag" and "--bogus-flag 3" in inst.failure["evidence"]
+    assert "not retried" in inst.failure["fix"]
+
+
+# -- stopping ------------------------------------------------------------------------------------
+
+
+def test_stop_drains_in_flight_requests(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_TOKEN_DELAY", "0.05")
+    sup = make_supervisor(world, rt)
+    sup.start()
+    assert sup.wait_ready(20)
+    inst = sup.instances[0]
+    chunks: list[str] = []
+
+    def stream() -> None:
+        body = json.dumps({"model": "m", "prompt": "x", "max_tokens": 30, "stream": True}).encode()
+        req = urllib.request.Request(
+            inst.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with http.urlopen(req, timeout=30) as r:
+            chunks.extend(line.decode() for line in r)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_for(lambda: chunks, "a first chunk")
+    pid = inst.pid
+    sup.stop()
+    wait_for(lambda: inst.state == State.STOPPING, "stopping")
+    t.join(30)
+    sup.wait(30)
+    assert any("[DONE]" in c for c in chunks) and len([c for c in chunks if c.startswith("data: {")]) == 30
+    assert inst.state == State.STOPPED and gone(pid)
+    assert "Shutting down FastAPI HTTP server." in inst.log.path.read_text()
+
+
+def test_what_ignores_sigterm_is_killed_with_its_group(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "ignore-term")
+    sup = make_supervisor(world, rt, "server.shutdown_timeout=0", stop_margin=0.5)
+    sup.start()
+    assert sup.wait_ready(20)
+    pid = sup.instances[0].pid
+    assert len(group_members(pid)) == 2  # the server and its "engine"
+    t0 = time.monotonic()
+    finish(sup)
+    assert gone(pid) and time.monotonic() - t0 < 8
+    assert sup.instances[0].state == State.STOPPED
+
+
+# -- trust: a broken thread, a full log, the lock, stale state files ------------------------------
+
+
+def test_a_broken_supervisor_thread_marks_its_instance_failed(world, rt, fake_env, monkeypatch) -> None:
+    import hwprofile.supervise.supervisor as supervisor
+
+    def broken(*_a: Any) -> list[str]:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(supervisor, "compare", broken)  # breaks right after /health said 200
+    sup = make_supervisor(world, rt)
+    sup.start()
+    sup.wait(20)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and inst.failure["kind"] == "supervisor error"
+    assert "KeyError" in inst.failure["evidence"] and gone(inst.pid)
+    assert launch.status(rt / "run")["instances"][0]["state"] == "failed"
+
+
+def test_foreground_launch_exits_1_when_a_thread_breaks(world, rt, fake_env, monkeypatch) -> None:
+    import hwprofile.supervise.supervisor as supervisor
+    from hwprofile.pipeline import make_plan
+
+    monkeypatch.setattr(supervisor, "compare", lambda *_a: 1 / 0)
+    (rt / "etc").mkdir()
+    plan = make_plan(world["host"], rt / "etc", sets=sets_for(world, free_port()), model=str(world["model"]))
+    monkeypatch.setattr(signal, "signal", lambda *_a: None)  # keep pytest's own handlers
+    assert launch.run_foreground(plan, world["release"], "/nonexistent/vllm", None, None, rt / "run") == 1
+
+
+def test_log_pump_drops_lines_it_cannot_write_instead_of_blocking_vllm(
+    world, rt, fake_env, monkeypatch
+) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "noisy")
+    monkeypatch.setenv("FAKEVLLM_NOISE_LINES", "20000")  # ~1.7 MB: far beyond a 64 KiB pipe
+    sup = make_supervisor(world, rt, ready_timeout=30)
+    log = sup.instances[0].log
+
+    def full(_data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log, "_emit", full)
+    sup.start()
+    try:
+        assert sup.wait_ready(30), sup.instances[0].failure
+        assert log.dropped >= 20000 and "No space left on device" in log.last_error
+        wait_for(lambda: (read_state(rt / "run" / STATE_FILE) or {}).get("instances", [{}])[0].get("log_dropped_lines"),
+                 "the count in the state file")  # fmt: skip
+        human = launch.format_status(launch.status(rt / "run"))
+        assert "lines dropped (No space left on device" in human
+        assert "Application startup complete." in log.text()  # the tail still has it
+    finally:
+        finish(sup)
+
+
+def test_a_second_supervisor_is_refused(world, rt, fake_env) -> None:
+    first = make_supervisor(world, rt)
+    with pytest.raises(AlreadySupervising, match="already supervising in"):
+        make_supervisor(world, rt)
+    with pytest.raises(launch.LaunchError) as e:
+        launch.check_not_running(rt / "run")
+    assert e.value.code == 2
+    first.close()
+    make_supervisor(world, rt).close()  # once released, a new one may start
+
+
+def _dead_identity() -> Identity:
+    p = subprocess.Popen(["sleep", "30"])
+    ident = identify(p.pid)
+    p.kill()
+    p.wait()
+    assert ident is not None
+    return ident
+
+
+def _state(supervisor: Identity, process: Identity | None, **extra: Any) -> dict[str, Any]:
+    inst = {"name": "vllm-cpu", "state": "ready", "pid": process.pid if process else None,
+            "pgid": process.pid if process else None, "process": process.to_json() if process else None,
+            "url": "http://127.0.0.1:1", "restarts": 0, "ready_at": time.time(), "log_file": "/dev/null",
+            "stop_grace_s": 0.5, **extra}  # fmt: skip
+    return {"supervisor_pid": supervisor.pid, "supervisor": supervisor.to_json(), "profile": "cpu-only",
+            "model": "m", "vllm_version": "0.32.0", "instances": [inst]}  # fmt: skip
+
+
+def test_status_of_a_stale_state_file_and_stop_never_signals_a_reused_pid(rt) -> None:
+    me = identify(os.getpid())
+    reused = Identity(me.pid, me.start + 1)  # our PID, another start time: "someone else" now
+    write_state(rt / STATE_FILE, _state(_dead_identity(), reused))
+    st = launch.status(rt)
+    assert not st["running"] and st["stale"] and "gone" in st["stale_reason"]
+    assert st["instances"][0]["state"] == "stale" and st["instances"][0]["process_check"] == "pid reused"
+    assert st["instances"][0]["uptime_s"] is None
+    human = launch.format_status(st)
+    assert "STALE state file" in human and "(pid reused)" in human
+    done = launch.stop(rt)  # would SIGTERM this very test process if it trusted the file
+    assert any("not signalled" in d for d in done) and "pid reused" in done[-1]
+    assert not (rt / STATE_FILE).exists()
+
+
+def test_a_supervisor_pid_reused_by_another_process_is_not_trusted(rt) -> None:
+    me = identify(os.getpid())
+    write_state(rt / STATE_FILE, _state(Identity(me.pid, me.start - 1), None))
+    st = launch.status(rt)
+    assert not st["running"] and "pid reused" in st["stale_reason"]
+    assert launch.stop(rt)[0].startswith("stale state file: supervisor pid")
+
+
+def test_stop_with_a_dead_supervisor_ends_the_orphan_it_left(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "ignore-term")
+    port = free_port()
+    out = open(rt / "fake.out", "wb")  # noqa: SIM115
+    orphan = subprocess.Popen(
+        [str(world["shim"]), "serve", str(world["model"]), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    out.close()
+    try:
+        wait_for(lambda: http.healthy(f"http://127.0.0.1:{port}"), "the orphan ready")
+        ident = identify(orphan.pid)
+        assert len(group_members(orphan.pid)) == 2
+        write_state(rt / STATE_FILE, _state(_dead_identity(), ident))
+        assert launch.status(rt)["instances"][0]["process_check"] == "alive"
+        done = launch.stop(rt)
+        assert "not signalled" in done[0] and f"process group {orphan.pid} killed" in done[1]
+        orphan.wait(5)
+        assert gone(orphan.pid) and check(ident) == "gone"
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_launch_status_refusal_stop(world, rt, fake_env) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
+    env.update(HWPROFILE_RUNTIME_DIR=str(rt / "run"), HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
+               HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"))  # fmt: skip
+    args = ["--model", str(world["model"])]
+    for s in sets_for(world, free_port(), f"logs.dir={rt / 'logs'}", "supervise.backoff_initial=0.1"):
+        args += ["--set", s]
+
+    def hw(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hwprofile", *a], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    dry = hw("launch", "--dry-run", *args)
+    assert dry.returncode == 0 and f"{world['shim']} serve {world['model']}" in dry.stdout
+    up = hw("launch", *args)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "vllm-cpu: ready" in up.stdout
+    st = json.loads(hw("status", "--json").stdout)
+    assert st["running"] and st["instances"][0]["state"] == "ready"
+    pid, sup_pid = st["instances"][0]["pid"], st["supervisor_pid"]
+    again = hw("launch", *args)
+    assert again.returncode == 2 and f"already supervising in {rt / 'run'} (pid {sup_pid})" in again.stderr
+    stopped = hw("stop")
+    assert stopped.returncode == 0 and f"supervisor {sup_pid} stopped" in stopped.stdout
+    assert gone(pid) and check(identify(pid) or Identity(pid, 0)) != "alive"
+    assert not (rt / "run" / STATE_FILE).exists()
+    human = hw("status").stdout
+    assert "nothing is running; the last run" in human and "vllm-cpu: stopped" in human
+    assert "nothing to stop" in hw("stop").stdout
+
+
+def test_cli_status_and_stop_after_the_supervisor_was_killed(world, rt, fake_env) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
+    env.update(HWPROFILE_RUNTIME_DIR=str(rt / "run"), HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
+               HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"))  # fmt: skip
+    args = ["--model", str(world["model"])]
+    for s in sets_for(world, free_port(), f"logs.dir={rt / 'logs'}"):
+        args += ["--set", s]
+    sup = subprocess.Popen([sys.executable, "-m", "hwprofile", "launch", "--foreground", *args], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: ((read_state(rt / "run" / STATE_FILE) or {}).get("instances") or [{}])[0].get("state") == "ready",
+                 "ready", 30)  # fmt: skip
+        pid = read_state(rt / "run" / STATE_FILE)["instances"][0]["pid"]
+        sup.kill()  # hwprofile dies abruptly; vLLM gets SIGTERM from the kernel (parent-death signal)
+        sup.wait()
+        wait_for(lambda: gone(pid), "vLLM gone after its supervisor", 15)
+        run = lambda *a: subprocess.run([sys.executable, "-m", "hwprofile", *a], env=env,  # noqa: E731
+                                        capture_output=True, text=True, timeout=60)  # fmt: skip
+        st = json.loads(run("status", "--json").stdout)
+        assert not st["running"] and st["stale"] and st["instances"][0]["state"] == "stale"
+        assert st["instances"][0]["process_check"] == "gone"
+        out = run("stop").stdout
+        assert "stale state file" in out and "gone; not signalled" in out
+        assert not lock_held(rt / "run") and not (rt / "run" / STATE_FILE).exists()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
