@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from . import __version__
-from ._record import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -119,6 +119,92 @@ def _args_doctor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _args_daemon(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    _add_runtime(p)
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    """Launch every planned instance, then watch and act by policy until SIGTERM/SIGINT."""
+    from .config.layers import config_root
+    from .daemon.main import run_daemon
+    from .launch import LaunchError, check_not_running, check_ports, setup_logging
+    from .pipeline import make_plan, vllm_command
+    from .supervise.state import runtime_dir
+
+    host = load_host(args)
+    rel = _release(args, host, "vLLM is not installed here (pip install 'hwprofile[vllm]', then hwprofile doctor --fix)")
+    try:
+        plan = _plan_or_report(args, host)
+    except _Refused:
+        return EXIT_FAILED
+    runtime = runtime_dir(args.runtime_dir)
+    try:
+        check_not_running(runtime)
+        check_ports(plan)
+    except LaunchError as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return e.code
+    root = config_root(args.config_root)
+
+    def replan(extra: list[str]) -> dict:
+        return make_plan(
+            host, root, profile=args.profile, overrides=args.overrides, sets=[*args.sets, *extra],
+            model=args.model, draft=args.draft,
+        )  # fmt: skip
+
+    setup_logging(runtime, to_stderr=True)
+    return run_daemon(plan, replan, rel, vllm_command(None), host.software.numactl_path, host.software.tmpfs_path, runtime)
+
+
+def _args_watch(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a vLLM server to watch (its /metrics), e.g. http://127.0.0.1:8000; repeat for several",
+    )
+    p.add_argument("--once", action="store_true", help="one evaluation (two samples an interval apart), then exit")
+    p.add_argument("--json", action="store_true", help="JSON: one object per evaluation, one per line")
+    p.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default watch.interval)")
+    p.add_argument(
+        "--draft-cost",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="one proposal's cost relative to a target step, for the k advice (default 0: ngram)",
+    )
+    p.add_argument(
+        "--max-num-seqs", type=int, metavar="N", help="the servers' --max-num-seqs, for the batch load in the k advice"
+    )
+    _add_config_root(p)
+    p.add_argument("--profile", metavar="NAME", help="take watch.* from this profile instead of the matched one")
+    p.add_argument("--overrides", action="append", default=[], metavar="FILE", help="an override file (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set watch.hot_c=80")
+    _add_host_source(p)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from .daemon.watchcmd import run_watch
+
+    if args.interval is not None and not (0.05 <= args.interval <= 3600):
+        raise CliError("--interval must be between 0.05 and 3600 seconds", EXIT_USAGE)
+    return run_watch(args.url, _watch_settings(args), args.once, args.json, args.interval, args.draft_cost, args.max_num_seqs)
+
+
+def _watch_settings(args: argparse.Namespace):  # -> WatchSettings
+    from .daemon.policy import WatchSettings
+    from .pipeline import resolve_settings
+
+    host = load_host(args)
+    from .pipeline import config_root
+
+    res = resolve_settings(host, args.config_root or config_root(), args.profile, args.overrides, args.set, None)
+    return WatchSettings.from_settings(res.settings.get("watch") or {})
+
+
 def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
     """Every subcommand: name, one-line help, its arguments, its handler."""
     return (
@@ -164,6 +250,18 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             "check what stands between this host and a working vLLM; --fix repairs what it can",
             _args_doctor,
             cmd_doctor,
+        ),
+        (
+            "daemon",
+            "launch every planned instance, then watch GPUs and vLLM and act by policy (degrade, recover)",
+            _args_daemon,
+            cmd_daemon,
+        ),
+        (
+            "watch",
+            "watch GPUs and running vLLM servers: thermal state, throttling, acceptance, latency, advice",
+            _args_watch,
+            cmd_watch,
         ),
     )
 
@@ -374,7 +472,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     from .pipeline import vllm_command
     from .render.check import check_args
-    from .render.output import render
+    from .render.output import UnsafeValue, render
     from .render.translate import flatten, render_instance
 
     host = load_host(args)
@@ -403,7 +501,10 @@ def cmd_render(args: argparse.Namespace) -> int:
                         f"server.api_key_env names ${source}, which is not set: export it, then render again"
                     )
                 secrets[target] = os.environ[source]
-        text = render(r, args.format, plan, inst, env_file=args.env_file, secret_values=secrets)
+        try:
+            text = render(r, args.format, plan, inst, env_file=args.env_file, secret_values=secrets)
+        except UnsafeValue as e:
+            raise CliError(f"cannot render --format {args.format}: {e}") from None
         if args.output:
             _write_output(args.output, r.name, args.format, text)
         else:
@@ -432,25 +533,31 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _write_output(directory: str, name: str, fmt: str, text: str) -> None:
+    """One rendered file into ``--output DIR``, atomically, never through a link (env files 0600)."""
+    import errno
     import os
 
-    suffix = {
-        "argv": ".argv.json",
-        "shell": ".sh",
-        "yaml": ".yaml",
-        "env": ".env",
-        "systemd": ".service",
-        "json": ".json",
-    }[fmt]
+    from .render.output import UnsafeValue, output_path
+    from .runtime.files import WriteError, atomic_write
+
     d = os.path.abspath(directory)
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, f"{name}{suffix}")
-    mode = 0o600 if fmt == "env" else 0o644
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path + ".tmp", mode)
-    os.replace(path + ".tmp", path)
+    if os.path.islink(d) and not os.path.exists(d):
+        raise CliError(f"--output {directory}: a symbolic link to nothing ({os.readlink(d)})")
+    if os.path.lexists(d) and not os.path.isdir(d):
+        raise CliError(f"--output {directory}: not a directory")
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        why = "a part of it is not a directory" if e.errno in (errno.ENOTDIR, errno.EEXIST) else e.strerror
+        raise CliError(f"--output {directory}: cannot create the directory: {why}", EXIT_FAILED) from None
+    try:
+        path = output_path(d, name, fmt)
+    except UnsafeValue as e:
+        raise CliError(f"--output {directory}: {e}") from None
+    try:
+        atomic_write(path, text, 0o600 if fmt == "env" else 0o644)
+    except WriteError as e:
+        raise CliError(str(e), EXIT_FAILED) from None
     print(path)
 
 
@@ -549,8 +656,22 @@ def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
         print(f"hwprofile: demo: {inst.name} ready at {inst.url} after {time.monotonic() - t0:.0f} s")
         served = plan["model"]["path"] or plan["model"]["name"]
         reply = demo_completion(inst.url, served)
+        choice = reply["choices"][0]
+        prompt_ids, ids = choice.get("prompt_token_ids"), choice.get("token_ids")
         print(
-            f"hwprofile: demo: completion: {reply['usage']['completion_tokens']} tokens: {reply['choices'][0]['text']!r}"
+            f"hwprofile: demo: prompt: {reply['prompt']!r}"
+            + (f" ({len(prompt_ids)} tokens: {prompt_ids})" if prompt_ids else "")
+        )
+        n = reply["usage"]["completion_tokens"]
+        print(
+            f"hwprofile: demo: generated {n} tokens: {ids}"
+            if ids is not None
+            else f"hwprofile: demo: generated {n} tokens (this vLLM does not return token ids)"
+        )
+        print(f"hwprofile: demo: decoded text: {choice['text']!r}")
+        print(
+            "hwprofile: demo: the tiny model's weights are random by design (made offline, nothing "
+            "downloaded): the text is gibberish on purpose; what counts is that a real vLLM served a real request"
         )
         print(format_status(status(runtime)), end="")
     finally:
@@ -559,7 +680,14 @@ def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
         sup.wait(120)
     left = [p for p in pids if p and pid_alive(p)]
     print(f"hwprofile: demo: stopped cleanly{'' if not left else f'; still running: {left}'}")
-    return EXIT_OK if not left else EXIT_FAILED
+    if left:
+        return EXIT_FAILED
+    print(
+        "hwprofile: demo: next, on a GPU host: pip install 'hwprofile[vllm]', then "
+        "`hwprofile plan --model NAME --explain` (the plan and the reason for every value) and "
+        "`hwprofile launch --model NAME` (NAME: a local model directory or a Hugging Face model name)"
+    )
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -586,29 +714,22 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import check, fix
+    from .doctor import check, exit_code, fix, format_text, to_json
 
     host = load_host(args)
     findings = check(host)
-    done: list[str] = []
+    fixed = None
     if args.fix:
-        done = fix(findings)
-        if done:
-            findings = check(host)
+        fixed = fix(findings)
+        if fixed.done or fixed.failed:
+            findings = check(host)  # the exit status reflects the state after the fix
     if args.json:
         import json
 
-        out = {"ok": all(f.ok for f in findings), "fixed": done, "findings": [f._asdict() for f in findings]}
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        sys.stdout.write(json.dumps(to_json(findings, fixed), indent=2) + "\n")
     else:
-        for line in done:
-            print(f"fixed: {line}")
-        for f in findings:
-            print(
-                f"{'ok ' if f.ok else 'BAD'} {f.check}: {f.detail}"
-                + (f" (--fix: {f.fix})" if f.fix and not f.ok else "")
-            )
-    return EXIT_OK if all(f.ok for f in findings) else EXIT_FAILED
+        sys.stdout.write(format_text(findings, fixed, fix_requested=args.fix))
+    return exit_code(findings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -645,39 +766,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-# Commands that only read and print: nothing of theirs outlives ``main`` (no threads, no children).
-QUICK_EXIT = frozenset({"detect", "profiles", "plan", "render", "status"})
-
-
 def run() -> int:
-    """The console script: ``main``, then, for a command in ``QUICK_EXIT``, leave without tearing
-    the interpreter down. Module teardown and garbage collection at exit are 10-20 ms of work nobody
-    needs once the answer is written (a sixth of ``detect``'s budget on small VMs). Output is flushed
-    and the atexit handlers (logging's flush among them) run first; a thread still alive, or any other
-    command, exits the normal way."""
-    import contextlib
+    """The console script (``sys.exit(run())``): ``main``, then the output flushed here, where a
+    failure can still be reported. A reader that left (``| head``) is not an error, as in ``main``;
+    a full disk is (exit 1). Either way stdout then points at /dev/null, so the interpreter's own
+    flush at exit finds nothing left to fail on."""
     import os
 
     code = main()
-    words = sys.argv[1:]
-    if not words or words[0] not in QUICK_EXIT:
-        return code
-    threading = sys.modules.get("threading")
-    if threading is not None and threading.active_count() > 1:
-        return code
     try:
         sys.stdout.flush()
-    except BrokenPipeError:  # the reader left (`| head`): like main, not an error
-        pass
-    except OSError as e:  # e.g. a full disk: the answer did not get out
-        print(f"hwprofile: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
-        code = code or EXIT_FAILED
-    with contextlib.suppress(OSError):
-        sys.stderr.flush()
-    import atexit
-
-    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
-    if run_exitfuncs is None:  # another Python: keep the normal exit
-        return code
-    run_exitfuncs()
-    os._exit(code)
+    except OSError as e:
+        if not isinstance(e, BrokenPipeError):
+            print(f"hwprofile: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+            code = code or EXIT_FAILED
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
