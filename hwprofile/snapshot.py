@@ -1,8 +1,7 @@
 """The host snapshot: a frozen, plain-data picture of one machine.
 
-Records are ``NamedTuple``s (:class:`hwprofile._record.Record`): immutable, cheap to define (the
-CLI's start-up time matters: a frozen dataclass costs ~1 ms each to create at import on these
-machines, a NamedTuple ~0.2 ms, and this module imports neither ``typing`` nor ``pathlib``).
+Records are ``typing.NamedTuple``s: immutable, and cheap to define (a frozen dataclass costs ~1 ms
+each to create at import on these machines, a NamedTuple ~0.2 ms; ``detect`` has a 100 ms budget).
 
 Detection (``hwprofile.detect``) is the only code that produces it from the live host; everything
 downstream (matching, planning, rendering) reads only this. It serialises to JSON under the schema
@@ -17,8 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-
-from ._record import TYPE_CHECKING, Record
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from typing import Any
@@ -56,7 +54,7 @@ def decode_clock_event_reasons(mask: int | None) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-class PcieLink(Record):
+class PcieLink(NamedTuple):
     gen: int | None = None
     width: int | None = None
     max_gen: int | None = None
@@ -70,7 +68,7 @@ class PcieLink(Record):
         )
 
 
-class Gpu(Record):
+class Gpu(NamedTuple):
     index: int
     name: str | None = None
     uuid: str | None = None
@@ -102,33 +100,33 @@ class Gpu(Record):
         return None if self.memory_total_bytes is None else self.memory_total_bytes / 2**30
 
 
-class GpuLink(Record):
+class GpuLink(NamedTuple):
     a: int
     b: int
     link: str | None  # NV<n>, PIX, PXB, PHB, NODE, SYS; None when unknown
     p2p: bool | None = None
 
 
-class NumaNode(Record):
+class NumaNode(NamedTuple):
     id: int
     cpus: str
     memory_bytes: int | None = None
 
 
-class Cpu(Record):
+class Cpu(NamedTuple):
     model: str | None = None
     logical_cpus: int | None = None
     sockets: int | None = None
     flags: tuple[str, ...] = ()
 
 
-class Driver(Record):
+class Driver(NamedTuple):
     version: str | None = None
     cuda_version: str | None = None
     nvml_library: str | None = None
 
 
-class Software(Record):
+class Software(NamedTuple):
     vllm_version: str | None = None
     vllm_distribution: str | None = None
     numactl_path: str | None = None
@@ -136,12 +134,12 @@ class Software(Record):
     tmpfs_free_bytes: int | None = None
 
 
-class DetectError(Record):
+class DetectError(NamedTuple):
     where: str
     message: str
 
 
-class HostSnapshot(Record):
+class HostSnapshot(NamedTuple):
     hostname: str | None = None
     kernel: str | None = None
     cpu: Cpu = Cpu()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._record import TYPE_CHECKING
+from typing import TYPE_CHECKING
+
 from .snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:

@@ -11,19 +11,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fakehost import FakeHost, build, compile_fake_nvml
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _own_parse_cache(tmp_path_factory: pytest.TempPathFactory):
-    """hwprofile's YAML parse cache in a folder of this test session (subprocesses inherit it),
-    never the user's ~/.cache."""
-    old = os.environ.get("HWPROFILE_CACHE_DIR")
-    os.environ["HWPROFILE_CACHE_DIR"] = str(tmp_path_factory.mktemp("hwprofile-cache"))
-    yield
-    if old is None:
-        os.environ.pop("HWPROFILE_CACHE_DIR", None)
-    else:
-        os.environ["HWPROFILE_CACHE_DIR"] = old
-
-
 @pytest.fixture(scope="session")
 def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding the compiled fake libnvidia-ml.so.1 (built once per test session)."""

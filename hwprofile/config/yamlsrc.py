@@ -1,16 +1,5 @@
 """Safe YAML loading that remembers the file and line of every key.
 
-Files are parsed once: what ``load_file`` parses is kept as JSON in a cache (like Python's
-``__pycache__``), so later runs neither parse YAML nor import PyYAML (30-40 ms at every start on
-small VMs, a fifth of ``hwprofile plan``'s budget). An entry is used only while the file has the same
-path, inode, size, mtime and ctime (ctime cannot be set back by hand), and is written only for a
-file that has not changed for two seconds (a file rewritten within one timestamp tick could
-otherwise keep a stale entry). Data that JSON cannot carry exactly (dates, non-string keys) is
-never cached. The cache is ``$HWPROFILE_CACHE_DIR`` or ``$XDG_CACHE_HOME/hwprofile`` or
-``~/.cache/hwprofile``, subfolder ``yaml``; ``HWPROFILE_CACHE_DIR=off`` disables it. Cache files are
-JSON (never pickle), written atomically, 0600 in a 0700 folder; an entry another user owns or could
-write is ignored (a shared cache folder cannot inject settings); any unreadable entry is a miss.
-
 Hostile files are refused, each with its file and line: only regular files are read (a FIFO or a
 device is never opened for reading: checked before opening, and opened non-blocking so a swap in
 between cannot hang), at most ``MAX_BYTES``; duplicate keys (naming both lines), anchors and aliases
@@ -20,13 +9,10 @@ than ``MAX_DEPTH`` are errors.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import time
-import zlib
+from typing import TYPE_CHECKING
 
-from .._record import TYPE_CHECKING
 from . import ConfigError, Source
 
 if TYPE_CHECKING:
@@ -36,8 +22,6 @@ if TYPE_CHECKING:
 
 Locations = dict[tuple[str, ...], int]  # key path (list items by index) → 1-based line
 
-CACHE_FORMAT = 3  # 3: parses checked for duplicate keys, aliases and depth
-SETTLE_NS = 2_000_000_000  # a file must be this old (ctime) before its parse is cached
 MAX_BYTES = 1 << 20  # a configuration file larger than this is refused (1 MiB)
 MAX_DEPTH = 32  # mappings/lists nested deeper than this are refused (settings are 2 deep)
 MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -83,8 +67,8 @@ def load_text(text: str, filename: str) -> tuple[Any, Locations]:
 
 
 def load_file(path: str | os.PathLike[str]) -> tuple[Any, Locations]:
-    """``load_text`` of a file, through the parse cache. Only a regular file of at most
-    ``MAX_BYTES`` is read (a FIFO, a device or a directory is a ConfigError, never a hang)."""
+    """``load_text`` of a file. Only a regular file of at most ``MAX_BYTES`` is read (a FIFO, a
+    device or a directory is a ConfigError, never a hang)."""
     name = os.fspath(path)
     try:
         st = os.stat(name)
@@ -104,11 +88,6 @@ def load_file(path: str | os.PathLike[str]) -> tuple[Any, Locations]:
                 raise ConfigError(
                     f"{name}: not a regular file ({_kind(st.st_mode)}); only regular files are read"
                 )
-            stamp = [os.path.abspath(name), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-            entry = _cache_entry(stamp[0])
-            hit = _cache_read(entry, stamp) if entry else None
-            if hit is not None:
-                return hit
             raw = f.read(MAX_BYTES + 1)  # a file that grows while read is still capped
     except OSError as e:
         raise ConfigError(f"{name}: cannot read: {e.strerror or e}") from None
@@ -118,10 +97,7 @@ def load_file(path: str | os.PathLike[str]) -> tuple[Any, Locations]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{name}: not UTF-8 text (byte {e.start})") from None
-    data, locs = load_text(text, name)
-    if entry and time.time_ns() - st.st_ctime_ns > SETTLE_NS and _json_exact(data):
-        _cache_write(entry, stamp, data, locs)
-    return data, locs
+    return load_text(text, name)
 
 
 def _failing_line(loader: Any, root: yaml.Node) -> int:
@@ -252,68 +228,3 @@ def source_of(kind: str, filename: str, locs: Locations, path: tuple[str, ...]) 
         if line is not None:
             return Source(kind, filename, line)
     return Source(kind, filename, None)
-
-
-# -- the parse cache -----------------------------------------------------------------------------
-
-
-def cache_root() -> str | None:
-    """hwprofile's cache folder (``None`` when disabled)."""
-    explicit = os.environ.get("HWPROFILE_CACHE_DIR")
-    if explicit:
-        return None if explicit == "off" else explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hwprofile")
-
-
-def _cache_entry(abspath: str) -> str | None:
-    root = cache_root()
-    if root is None:
-        return None
-    base = os.path.basename(abspath)[:64]
-    return os.path.join(root, "yaml", f"{zlib.crc32(abspath.encode()):08x}-{base}.json")
-
-
-def _cache_read(entry: str, stamp: list[Any]) -> tuple[Any, Locations] | None:
-    try:
-        with open(entry, encoding="utf-8") as f:
-            st = os.fstat(f.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o022:
-                return None  # only entries this user wrote and nobody else can change
-            d = json.load(f)
-        if d["format"] != CACHE_FORMAT or d["stamp"] != stamp:
-            return None
-        return d["data"], {tuple(k): line for k, line in d["locations"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _cache_write(entry: str, stamp: list[Any], data: Any, locs: Locations) -> None:
-    from ..runtime.files import atomic_write  # only here: a cache write is rare, the import is not free
-
-    doc = {
-        "format": CACHE_FORMAT,
-        "stamp": stamp,
-        "data": data,
-        "locations": [[list(k), v] for k, v in locs.items()],
-    }
-    try:
-        os.makedirs(os.path.dirname(entry), mode=0o700, exist_ok=True)
-        atomic_write(entry, json.dumps(doc, separators=(",", ":")), 0o600)
-    except (OSError, ValueError):  # a read-only or full cache folder only costs speed
-        pass
-
-
-def _json_exact(v: Any) -> bool:
-    """True when JSON gives back exactly ``v`` (string keys, plain scalars, lists, mappings)."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v.bit_length() <= 63  # huge integers: json.dumps refuses those past 4300 digits
-    if v is None or isinstance(v, str | bool):
-        return True
-    if isinstance(v, float):
-        return v == v and v not in (float("inf"), float("-inf"))
-    if isinstance(v, list):
-        return all(_json_exact(x) for x in v)
-    if isinstance(v, dict):
-        return all(isinstance(k, str) and _json_exact(x) for k, x in v.items())
-    return False

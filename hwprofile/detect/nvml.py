@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from typing import TYPE_CHECKING
 
-from .._record import TYPE_CHECKING
 from ..snapshot import (
     MAX_DEVICE_MINOR,
     DetectError,

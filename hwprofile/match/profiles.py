@@ -5,8 +5,8 @@ inheritance resolves to a list of layers, ancestors first."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, NamedTuple
 
-from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError, Source
 from ..config.layers import Layer
 from ..config.schema import PROFILE_ONLY, suggest, validate
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class ProfileFile(Record):
+class ProfileFile(NamedTuple):
     name: str
     path: str
     kind: str  # builtin or etc-profile

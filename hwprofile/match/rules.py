@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import TYPE_CHECKING, NamedTuple
 
-from .._record import TYPE_CHECKING, Record
 from ..config import ConfigError
 from ..config.schema import suggest
 from ..config.yamlsrc import Locations, load_file, yaml_files
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class HostFacts(Record):
+class HostFacts(NamedTuple):
     """What rules can test, derived from a snapshot (usable GPUs only)."""
 
     gpu_count: int
@@ -74,7 +74,7 @@ def _cc(text: str | None) -> tuple[int, int]:
         return (0, 0)
 
 
-class Rule(Record):
+class Rule(NamedTuple):
     profile: str
     when: dict[str, Any]  # as written (shown by `hwprofile profiles`)
     why: str
@@ -83,13 +83,13 @@ class Rule(Record):
     tests: dict[str, Any] | None = None  # `when` checked and converted at load (None: on use)
 
 
-class Check(Record):
+class Check(NamedTuple):
     predicate: str
     ok: bool
     detail: str
 
 
-class RuleResult(Record):
+class RuleResult(NamedTuple):
     rule: Rule
     matched: bool
     checks: tuple[Check, ...]
