@@ -35,8 +35,14 @@ def _describe(path: str) -> str | None:
     return None
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically (see the module doc). ``str`` is written as UTF-8."""
+def atomic_write(
+    path: str | os.PathLike[str], data: str | bytes, mode: int = 0o644, durable: bool = True
+) -> None:
+    """Replace ``path`` with ``data`` atomically (see the module doc). ``str`` is written as UTF-8.
+
+    ``durable=False`` skips the two fsyncs: still atomic (a reader sees the old file or the new
+    one), not necessarily on disk after a power cut; for files rewritten every second and useless
+    after a reboot (the daemon's live view on a tmpfs)."""
     path = os.fspath(path)
     why = _describe(path)
     if why:
@@ -58,7 +64,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -66,6 +73,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise WriteError(e.errno, f"cannot write {path}: {e.strerror}") from e
+    if not durable:
+        return
     try:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:

@@ -24,16 +24,20 @@ CHECKED = {
 
 
 def parse_startup(log_text: str) -> dict[str, Any]:
+    """What the LAST start in ``log_text`` reported (an instance's log holds every start it had:
+    after a restart with new settings, the earlier start's lines must not be compared)."""
     out: dict[str, Any] = {}
-    m = _NON_DEFAULT.search(log_text)
-    if m:
+    starts = list(_NON_DEFAULT.finditer(log_text))
+    if starts:
+        m = starts[-1]
         try:
             out["non_default_args"] = ast.literal_eval(m.group(1))
         except (ValueError, SyntaxError):
             out["non_default_args_text"] = m.group(1)
-    m = _KV.search(log_text)
-    if m:
-        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+        log_text = log_text[m.start() :]
+    kv = list(_KV.finditer(log_text))
+    if kv:
+        out["kv_cache_tokens"] = int(kv[-1].group(1).replace(",", ""))
     return out
 
 

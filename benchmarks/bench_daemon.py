@@ -1,0 +1,160 @@
+"""What the daemon costs at steady state, and how fast it acts, against a peer in the same run.
+
+    python benchmarks/bench_daemon.py [--seconds 30] [--host h100-sxm-8x]
+
+- Steady state: `hwprofile daemon` at watch.interval 1 s on a fake 8-GPU host (through the fake
+  libnvidia-ml.so.1) supervising 2 instances (tests/fakevllm.py, TP 4 each) whose /metrics it
+  scrapes every tick: CPU time of the daemon process itself (its threads, not the servers) per
+  second of wall time, and its resident memory. Peer, same host, same seconds: `gpustat -i 1`
+  (an NVML watcher that only prints). Targets: CPU <= 0.5 % of one core, RSS <= 60 MB.
+- Reaction: with the defaults (poll 1 s, dwell 3 s), from the moment a card's state file says it is
+  hot to the daemon starting the degrade (its daemon.json history). Target <= 6 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fakehost import build, compile_fake_nvml
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE = ROOT / "tests" / "fakevllm.py"
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+}  # fmt: skip
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime, this process only
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def free_port(n: int) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65535:
+            return base
+
+
+def measure(pid: int, seconds: float) -> tuple[float, float]:
+    """(CPU % of one core, RSS MB at the end) over ``seconds``."""
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    c1, t1 = cpu_seconds(pid), time.monotonic()
+    return 100 * (c1 - c0) / (t1 - t0), rss_mb(pid)
+
+
+def daemon_doc(runtime: Path) -> dict:
+    try:
+        return json.loads((runtime / "daemon.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--host", default="h100-sxm-8x")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="hwpb-", dir="/tmp"))
+    try:
+        lib = compile_fake_nvml(tmp / "lib")
+        host = build(args.host, tmp / "host")
+        model = tmp / "model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(CONFIG))
+        (model / "model.safetensors").write_bytes(b"\0" * 4096)
+        shim = tmp / "vllm"
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+        shim.chmod(0o755)
+        (tmp / "etc").mkdir()
+        env = {
+            **host.env(lib.parent),
+            "HWPROFILE_CONFIG_ROOT": str(tmp / "etc"),
+            "HWPROFILE_RUNTIME_DIR": str(tmp / "rt"),
+            "FAKEVLLM_READY_DELAY": "0.2",
+        }
+        port = free_port(2)
+        sets = [
+            "layout.tensor_parallel_size=4", "speculative.method=ngram", "server.shutdown_timeout=1",
+            f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp / 'logs'}",
+            "watch.metrics_port=0", "watch.hot_c=82",
+        ]  # fmt: skip
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "hwprofile", "daemon", "--model", str(model), *[f"--set={s}" for s in sets]],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            d = daemon_doc(tmp / "rt")
+            if d.get("instances") and all(i["status"] == "ok" for i in d["instances"]) and len(d["instances"]) == 2:
+                break
+            time.sleep(0.2)
+        else:
+            print("the daemon's instances did not become ready")
+            return 1
+        time.sleep(3)  # past start-up
+        gpustat = shutil.which("gpustat", path=str(Path(sys.executable).parent)) or "gpustat"
+        peer = subprocess.Popen(
+            [gpustat, "-i", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(3)
+        # the two take turns in the same seconds: each measured over the same window
+        d_cpu, d_rss = measure(daemon.pid, args.seconds)
+        p_cpu, p_rss = measure(peer.pid, args.seconds)
+        peer.send_signal(signal.SIGINT)
+        peer.wait(10)
+        doc = daemon_doc(tmp / "rt")
+        ticks, missed, tick_s = doc.get("ticks"), doc.get("missed_ticks"), doc.get("tick_seconds") or 0
+        print(f"host fixture {args.host} (8 GPUs), 2 instances scraped, watch.interval 1 s, {args.seconds:.0f} s each")
+        print(f"  hwprofile daemon   CPU {d_cpu:5.2f} % of one core   RSS {d_rss:5.1f} MB   (target <= 0.5 %, <= 60 MB)")
+        print(f"  gpustat -i 1       CPU {p_cpu:5.2f} % of one core   RSS {p_rss:5.1f} MB")
+        print(f"  ratio gpustat / daemon CPU: {p_cpu / d_cpu if d_cpu else float('inf'):.1f}x")
+        print(f"  daemon ticks {ticks}, missed {missed}, last tick {tick_s * 1000:.1f} ms")
+        # reaction: defaults (dwell 3 s, 1 s ticks) from the first hot reading to the action
+        before = len(doc.get("actions") or [])
+        heated = time.time()
+        host.set_state(**{"dev4.temperature": 86})
+        end = time.monotonic() + 30
+        started = None
+        while time.monotonic() < end and started is None:
+            acts = daemon_doc(tmp / "rt").get("actions") or []
+            started = next((a["at"] for a in acts[before:] if a["outcome"] == "started"), None)
+            time.sleep(0.05)
+        if started is None:
+            print("  reaction: no action within 30 s")
+        else:
+            print(f"  reaction: first hot reading -> degrade started in {started - heated:.2f} s (target <= 6 s)")
+        daemon.send_signal(signal.SIGTERM)
+        code = daemon.wait(60)
+        print(f"  daemon exit on SIGTERM: {code}")
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
