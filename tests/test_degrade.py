@@ -15,7 +15,8 @@ def test_seed_000_degrade_256_to_192_through_the_planner(host_of, empty_root) ->
     full = make_plan(host, empty_root, sets=base_sets, environ={})
     inst = full["instances"][0]
     assert inst["engine"]["max_num_seqs"] == 256 and inst["speculative"]["num_speculative_tokens"] == 5
-    sets, why = degrade_sets(inst, 1, full["degrade"] if "degrade" in full else DEGRADE)
+    assert full["degrade"] == DEGRADE  # the schema defaults, carried by the plan
+    sets, why = degrade_sets(inst, 1, full["degrade"])
     assert "engine.max_num_seqs=192" in sets and any("256 -> 192" in w for w in why)
     hot = make_plan(host, empty_root, sets=[*base_sets, *sets], environ={})
     d = hot["instances"][0]

@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from vllmtools import free_port, require_vllm
+
+pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 def _processes_mentioning(text: str) -> list[int]:

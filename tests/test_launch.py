@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 from vllmtools import free_port, require_vllm
 
+pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+
+
 READY_TIMEOUT = 420
 
 

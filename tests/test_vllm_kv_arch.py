@@ -19,6 +19,8 @@ from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
 from hwprofile.model import read_model_dir
 from hwprofile.plan.memory import CPU_BLOCK_TOKENS, vllm_kv_cache
 
+pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 BATCHED = 128  # --max-num-batched-tokens: the in-flight tokens a sliding window layer also holds
 TOKENIZER_FILES = (
