@@ -140,6 +140,12 @@ def test_hot_card_degrades_its_instance_then_recovers(daemon_env) -> None:
         acts = [(a["kind"], a["instance"], a["level"], a["outcome"]) for a in doc["actions"]]
         assert acts[-2:] == [("degrade", "vllm-gpu2-3", 1, "started"), ("degrade", "vllm-gpu2-3", 1, "done")]
         assert "84 °C" in doc["actions"][-1]["reason"]
+        # the live view of `hwprofile status`: the card, its thresholds, the action and why
+        text = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
+        ).stdout
+        assert "GPU 2: hot, 84 °C (slowdown" in text and "degrade step 1" in text, text
+        assert "action" in text and "degrade vllm-gpu2-3 to step 1 done" in text, text
         # cools: after watch.recover_s below 82 - 3 °C, back to the full profile
         e["host"].set_state(**{"dev2.temperature": 60})
         back = wait_for(lambda: len(starts_of(e["starts"], port + 1)) >= 3 and starts_of(e["starts"], port + 1), "recovery")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -104,6 +105,15 @@ class Daemon:
         self.ticks = 0
         self.missed = 0
         self.levels: dict[str, int] = {i["name"]: 0 for i in plan["instances"]}  # degrade step running
+        # reload (SIGHUP, `hwprofile reload`, an edited override): one flag, handled at the next tick
+        self.per_batch = per_batch
+        self.reload_requested: str | None = None  # why; set from a signal handler: a plain store
+        self.poll_changes: Callable[[float], str | None] | None = None  # the overrides watcher
+        self.on_reloading: Callable[[Daemon], None] | None = None  # RELOADING=1
+        self.on_reloaded: Callable[[Daemon], None] | None = None  # READY=1, in a finally
+        self.reload_error: str | None = None  # the last reload's error, while its plan is refused
+        self.last_reload: dict[str, Any] | None = None
+        self.pending: deque[tuple[str, dict[str, Any]]] = deque()  # instances to restart for a reload
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -112,6 +122,13 @@ class Daemon:
     def tick(self) -> Report:
         t0 = time.perf_counter()
         now = self.clock()
+        if self.poll_changes is not None:
+            why = self.poll_changes(now)
+            if why:
+                self.request_reload(why)
+        if self.reload_requested:
+            why, self.reload_requested = self.reload_requested, None
+            self.reload(why)
         insts = self.instances()
         scrapes = {
             name: self.scraper(name, spec.url, now)
@@ -170,6 +187,32 @@ class Daemon:
                 self.current = None
             else:
                 return
+        while self.pending and self.current is None:  # a reload's restarts first, one at a time
+            name, new = self.pending[0]
+            inst = insts.get(name)
+            if inst is None or inst.state.value in ("failed", "stopped"):
+                self.pending.popleft()
+                msg = f"reload: {name} is {inst.state.value if inst else 'gone'}: its new settings are not applied"
+                log.error("%s", msg)
+                self.errors.append(msg)
+                continue
+            if inst.state.value != "ready":
+                return  # wait until it is ready
+            self.pending.popleft()
+            a = Action(
+                "reload",
+                name,
+                self.levels.get(name, 0),
+                "the configuration changed",
+                tuple(new.get("gpus") or ()),
+            )
+            log.warning(
+                "action: reload %s: the configuration changed; restarting it (drain, then the new settings)",
+                name,
+            )
+            self.current = Restart(a, now, inst.replacements, [])
+            self._record(a, "started", "the configuration changed")
+            inst.replace(new)
         while self.queue and self.current is None:
             a = self.queue.popleft()
             inst = insts.get(a.instance)
@@ -183,6 +226,18 @@ class Daemon:
         if base is None:
             return
         sets, why = degrade_sets(base, a.level, self.degrade)
+        advice = next(
+            (i.advice for i in (self.report.instances if self.report else ()) if i.name == a.instance), None
+        )
+        if self.settings.apply_k_advice and advice is not None and advice.k != advice.current_k:
+            # watch.apply_k_advice: the advised k rides along with this restart (never on its own)
+            sets = [s for s in sets if not s.startswith("speculative.num_speculative_tokens=")]
+            sets.append(
+                "speculative.method=none"
+                if advice.k == 0
+                else f"speculative.num_speculative_tokens={advice.k}"
+            )
+            why.append(f"k advice applied: {advice.reason}")
         try:
             new_plan = self.replan(sets)
         except Exception as e:  # a refused re-plan keeps the instance as it runs
@@ -213,6 +268,105 @@ class Daemon:
         self._record(a, "started", "; ".join(why) or "the full profile")
         inst.replace(new)
 
+    # -- reload ---------------------------------------------------------------------------------
+    def request_reload(self, why: str) -> None:
+        """Ask for a reload at the next tick (safe from a signal handler: one store)."""
+        self.reload_requested = why
+
+    def reload(self, why: str) -> None:
+        """Re-plan from the same inputs and apply the difference; an invalid configuration keeps the
+        last good plan (error in the log, STATUS= and daemon.json). ``on_reloaded`` runs in a finally."""
+        log.info("reload (%s): re-planning", why)
+        if self.on_reloading:
+            self.on_reloading(self)
+        try:
+            try:
+                new_plan = self.replan([])
+            except Exception as e:
+                self.reload_error = " ".join(str(e).split()) or type(e).__name__
+                msg = f"reload ({why}): the configuration is invalid, the last good plan is kept: {self.reload_error}"
+                log.error("%s", msg)
+                self.errors.append(msg)
+                self.last_reload = {
+                    "at": time.time(),
+                    "reason": why,
+                    "outcome": "failed",
+                    "detail": self.reload_error,
+                }
+                return
+            self.reload_error = None
+            detail = self.apply_plan(new_plan)
+            self.last_reload = {"at": time.time(), "reason": why, "outcome": "applied", "detail": detail}
+            log.warning("reload (%s): %s", why, detail)
+        except Exception as e:
+            self.reload_error = f"{type(e).__name__}: {e}"
+            self.errors.append(f"reload ({why}) failed: {self.reload_error}")
+            log.error("reload (%s) failed: %s", why, self.reload_error, exc_info=e)
+            self.last_reload = {
+                "at": time.time(),
+                "reason": why,
+                "outcome": "failed",
+                "detail": self.reload_error,
+            }
+        finally:
+            if self.on_reloaded:
+                self.on_reloaded(self)
+
+    def apply_plan(self, new_plan: dict[str, Any]) -> str:
+        """Make ``new_plan`` the running plan: unchanged instances keep running; watch.* and degrade.*
+        take effect at once; each changed instance is queued for a restart (one at a time, each
+        waiting for /health, at its degrade step). A different set of instances is refused."""
+        old = {i["name"]: i for i in self.plan["instances"]}
+        new = {i["name"]: i for i in new_plan["instances"]}
+        if old.keys() != new.keys():
+            raise ValueError(
+                f"the planned instances changed ({', '.join(sorted(old))} -> {', '.join(sorted(new))}): "
+                "restart the daemon to apply that"
+            )
+        changed = [
+            n for n in new if self._fingerprint(new_plan, new[n]) != self._fingerprint(self.plan, old[n])
+        ]
+        degrade = dict(new_plan.get("degrade") or {})
+        replacements = []  # everything that can fail comes before the first change of state
+        for n in changed:
+            inst = new[n]
+            level = self.levels.get(n, 0)
+            if level:  # keep its degrade step: re-plan it with that step's settings
+                sets, _ = degrade_sets(inst, level, degrade)
+                inst = next(i for i in self.replan(sets)["instances"] if i["name"] == n)
+            replacements.append((n, inst))
+        settings = WatchSettings.from_settings(new_plan.get("watch") or {})
+        notes = []
+        if (new_plan.get("watch") or {}) != (self.plan.get("watch") or {}):
+            self.settings = settings
+            self.watcher.settings = settings
+            notes.append("watch.* applied")
+        self.degrade = degrade
+        self.plan = new_plan
+        for n, inst in replacements:
+            self.pending = deque(p for p in self.pending if p[0] != n)
+            self.pending.append((n, inst))
+            self.watcher.instances[n] = instance_spec(new_plan, new[n], self.per_batch)
+        notes.append(f"restarting {', '.join(changed)} one at a time" if changed else "no instance changed")
+        return "; ".join(notes)
+
+    def _fingerprint(self, plan: Mapping[str, Any], inst: Mapping[str, Any]) -> str:
+        """What a running instance is made of: its rendered argv and environment (so a comment, a
+        provenance line or a daemon-only setting restarts nothing), plus the supervisor's settings."""
+        extra = {k: inst.get(k) for k in ("gpus", "numa_node", "supervise", "logs")}
+        try:
+            from ..render.translate import render_instance
+
+            command = inst["server"].get("vllm_command") or self.sup.vllm_command
+            r = render_instance(plan, inst, self.sup.release, command, self.sup.numactl)
+            return json.dumps([r.argv, r.env, r.secrets, extra], sort_keys=True, default=str)
+        except Exception:  # fakes in tests: the instance's settings themselves
+            return json.dumps(
+                {k: v for k, v in inst.items() if k not in ("sources", "reasons")},
+                sort_keys=True,
+                default=str,
+            )
+
     def _record(self, a: Action, outcome: str, detail: str) -> None:
         self.history.append(
             {
@@ -241,6 +395,10 @@ class Daemon:
             "queued": [{"kind": a.kind, "instance": a.instance, "level": a.level} for a in self.queue],
             "restarting": self.current.action.instance if self.current else None,
             "degrade_levels": dict(self.levels),
+            "pid": os.getpid(),
+            "reload": self.last_reload,
+            "reload_error": self.reload_error,
+            "pending_restarts": [n for n, _ in self.pending],
             "errors": list(self.errors) + rep.get("errors", []),
         }
 
@@ -251,7 +409,7 @@ class Daemon:
         p.restarts = {i.name: i.restarts for i in self.sup.instances}
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         try:
-            atomic_write(self.runtime / DAEMON_FILE, json.dumps(self.document(), default=str), 0o600)
+            atomic_write(self.runtime / DAEMON_FILE, json.dumps(self.document(), default=str), 0o600, durable=False)
         except OSError as e:
             msg = f"cannot write {self.runtime / DAEMON_FILE}: {e}"
             if not self.errors or self.errors[-1] != msg:
@@ -262,9 +420,9 @@ class Daemon:
     def run(self, stop: threading.Event) -> None:
         """Tick every ``watch.interval`` on monotonic deadlines until ``stop`` is set (a tick that
         ends after the next deadline is counted as missed and the schedule moves on)."""
-        step = self.settings.interval
         deadline = self.clock()
         while not stop.is_set():
+            step = self.settings.interval  # a reload may change it
             try:
                 self.tick()
             except Exception as e:  # a broken tick is logged with its traceback; the loop goes on

@@ -4,6 +4,8 @@ Tests build :class:`~.loop.Daemon` themselves with fakes; this wires the real pa
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -11,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .loop import Daemon
+from .loop import DAEMON_FILE, Daemon
+from .notify import Notifier, status_line
 from .policy import WatchSettings
 
 log = logging.getLogger("hwprofile")
@@ -28,12 +31,22 @@ def run_daemon(
     on_tick: Callable[[Daemon, Any], None] | None = None,
     on_ready: Callable[[Daemon], None] | None = None,
     on_stopping: Callable[[Daemon], None] | None = None,
+    notifier: Notifier | None = None,
+    watch_root: Path | None = None,
+    watch_quiet_s: float = 0.5,
 ) -> int:
+    """``notifier``: sd_notify (default: from $NOTIFY_SOCKET, which is then removed from the
+    environment vLLM inherits); ``watch_root``: the config root to watch for live overrides."""
+    notifier = notifier if notifier is not None else Notifier.from_environ()
+    from .journal import attach
+
+    if attach():  # stderr is the journal: structured records instead of plain lines
+        log.info("logging to the journal")
     from ..launch import options
     from ..supervise.lifecycle import State
     from ..supervise.supervisor import Supervisor
     from .exporter import serve
-    from .telemetry import GpuSampler
+    from .telemetry import GpuSampler, Scraper
 
     settings = WatchSettings.from_settings(plan.get("watch") or {})
     sup = Supervisor(
@@ -57,7 +70,28 @@ def run_daemon(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    daemon = Daemon(plan, replan, sup, sampler, settings, plan.get("degrade") or {}, runtime, on_tick=on_tick)
+    scraper = Scraper()
+    daemon = Daemon(
+        plan,
+        replan,
+        sup,
+        sampler,
+        settings,
+        plan.get("degrade") or {},
+        runtime,
+        scraper=scraper,
+        on_tick=on_tick,
+    )
+    signal.signal(signal.SIGHUP, lambda _s, _f: daemon.request_reload("SIGHUP"))  # the loop reloads
+    cwatch = None
+    if watch_root is not None:
+        from .overrides import ConfigWatch
+
+        try:
+            cwatch = ConfigWatch(watch_root, watch_quiet_s, daemon.clock)
+            daemon.poll_changes = cwatch.poll
+        except OSError as e:
+            log.error("cannot watch %s: %s (edits apply on SIGHUP / hwprofile reload)", watch_root, e)
     server = thread = None
     if settings.metrics_port:
         try:
@@ -67,29 +101,46 @@ def run_daemon(
             log.error("metrics on 127.0.0.1:%d not served: %s (watch.metrics_port)", settings.metrics_port, e)
     sup.start()
     ready_said = False
+    # RELOADING=1 ... READY=1 only once the unit is ready (before that, READY=1 would start it early)
+    daemon.on_reloading = lambda d: ready_said and notifier.reloading()
+    daemon.on_reloaded = lambda d: ready_said and notifier.ready(status_line(d))
 
     def tick_hook(d: Daemon, rep: Any) -> None:
         nonlocal ready_said
         if not ready_said and d.sup.instances and all(i.state == State.READY for i in d.sup.instances):
             ready_said = True
             log.info("every instance is ready")
+            notifier.ready(status_line(d))
             if on_ready:
                 on_ready(d)
+        elif notifier.enabled:
+            notifier.status(status_line(d))
+        notifier.watchdog()  # after each completed tick, at most every WATCHDOG_USEC / 2
         if on_tick:
             on_tick(d, rep)
         if sup.all_done:
             stop.set()  # every instance ended on its own (failed): nothing left to watch
 
     daemon.on_tick = tick_hook
+    # Everything built so far lives as long as the daemon: out of the collector's sight, so that the
+    # garbage of each tick's scrapes does not make it walk every long-lived object again.
+    gc.collect()
+    gc.freeze()
     try:
         daemon.run(stop)
     finally:
+        notifier.stopping()
+        if cwatch is not None:
+            cwatch.close()
         if on_stopping:
             on_stopping(daemon)
         sup.stop()
         sup.wait()
         sup.close()
         sampler.close()
+        scraper.close()
+        with contextlib.suppress(OSError):
+            (runtime / DAEMON_FILE).unlink()  # nothing is watched any more: no stale live view
         if server is not None:
             server.shutdown()
             server.server_close()

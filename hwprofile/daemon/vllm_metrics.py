@@ -65,9 +65,37 @@ class VllmMetrics:
         return out
 
 
+WANTED = (
+    RUNNING, WAITING, *KV_USAGE, *COUNTERS, PER_POS, TTFT, *ITL, "vllm:spec_decode_",
+)  # fmt: skip
+
+
+def _wanted(text: str) -> str:
+    """Only the samples read here, so the parser does no work for the rest of a real server's few
+    hundred lines: no HELP/TYPE comments (samples are read by their own names, so untyped families
+    do), no ``_created`` timestamps, no other family. One other ``vllm:`` sample is kept: it proves
+    a server with stats even when none of the wanted ones is there yet."""
+    keep: list[str] = []
+    other = False
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name.endswith("_created"):
+            continue
+        if name.startswith(WANTED):
+            keep.append(line)
+        elif not other and name.startswith("vllm:"):
+            keep.append(line)
+            other = True
+    return "\n".join(keep) + "\n"
+
+
 def parse(text: str) -> VllmMetrics:
     """Parse one /metrics body (raises :class:`MetricsError` on text that is not Prometheus')."""
     from prometheus_client.parser import text_string_to_metric_families
+
+    text = _wanted(text)
 
     gauges: dict[str, float] = {}
     counters: dict[str, float] = {}

@@ -3,26 +3,42 @@ the way Prometheus' ``increase()`` does (a drop means the process restarted from
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Mapping
 
 
 class CounterWindow:
-    """Samples of named counters (monotonic between resets) over the last ``window_s`` seconds."""
+    """Samples of named counters (monotonic between resets) over the last ``window_s`` seconds.
+
+    Each sample stores, per counter, its reset-adjusted running total (the sum of its increases
+    since it was first seen), so an increase over the window is one subtraction, whatever the
+    number of samples.
+    """
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._samples: deque[tuple[float, dict[str, float]]] = deque()
+        self._raw: dict[str, float] = {}  # the last raw value of each counter
+        self._adjusted: dict[str, float] = {}  # its running total with resets undone
 
     def add(self, now: float, values: Mapping[str, float]) -> None:
-        self._samples.append((now, dict(values)))
+        raw, adj = self._raw, self._adjusted
+        for name, v in values.items():
+            last = raw.get(name)
+            if last is None:
+                adj[name] = 0.0
+            else:
+                adj[name] += v - last if v >= last else v  # a drop: the counter began again from 0
+            raw[name] = v
+        self._samples.append((now, {n: adj[n] for n in values}))
         # keep one sample at or before the window's start, so the increase spans the whole window
         while len(self._samples) >= 2 and now - self._samples[1][0] >= self.window_s:
             self._samples.popleft()
 
     def reset(self) -> None:
         self._samples.clear()
+        self._raw.clear()
+        self._adjusted.clear()
 
     @property
     def span_s(self) -> float:
@@ -30,21 +46,23 @@ class CounterWindow:
 
     def increase(self, name: str) -> float | None:
         """The counter's increase over the window (None until two samples carry it)."""
-        points = [(t, v[name]) for t, v in self._samples if name in v]
-        if len(points) < 2:
+        if len(self._samples) < 2 or name not in self._samples[-1][1]:
             return None
-        total = 0.0
-        for (_, a), (_, b) in itertools.pairwise(points):
-            total += b - a if b >= a else b  # a reset: the counter began again from 0
-        return total
+        first = next((v[name] for _, v in self._samples if name in v), None)
+        last = self._samples[-1][1][name]
+        if first is None or (first == last and sum(1 for _, v in self._samples if name in v) < 2):
+            return None
+        return last - first
 
     def increases(self, prefix: str) -> dict[str, float]:
-        names = {n for _, v in self._samples for n in v if n.startswith(prefix)}
+        if not self._samples:
+            return {}
         out = {}
-        for n in names:
-            inc = self.increase(n)
-            if inc is not None:
-                out[n] = inc
+        for n in self._samples[-1][1]:
+            if n.startswith(prefix):
+                inc = self.increase(n)
+                if inc is not None:
+                    out[n] = inc
         return out
 
 

@@ -1,0 +1,167 @@
+"""``hwprofile install-service`` and the unit it writes: this installation's ExecStart, Type=notify with
+a watchdog and ExecReload, a stop that drains before anything is killed, hardening scored by
+``systemd-analyze security --offline=true`` (≤ 3.0) and ``systemd-analyze verify`` with empty stderr,
+the tmpfiles.d entry applied by ``systemd-tmpfiles``, and systemd/ in the repository kept in step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwprofile.service import (
+    example_unit,
+    hwprofile_command,
+    render_tmpfiles,
+    render_unit,
+    shutdown_of,
+    systemd_quote,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+ANALYZE = shutil.which("systemd-analyze")
+
+
+def keys(unit: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in unit.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            k, v = line.split("=", 1)
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def install(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hwprofile", "install-service", *extra],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_install_service_writes_this_installations_unit(tmp_path) -> None:
+    model = tmp_path / "my model"
+    r = install(
+        tmp_path,
+        "--prefix",
+        str(tmp_path / "out"),
+        "--",
+        "--model",
+        str(model),
+        "--set",
+        "server.shutdown_timeout=60",
+    )
+    assert r.returncode == 0, r.stderr
+    unit = (tmp_path / "out" / "hwprofile.service").read_text()
+    k = keys(unit)
+    exe = Path(sys.executable).parent / "hwprofile"
+    assert k["ExecStart"] == [f'{exe} daemon --model "{model}" --set server.shutdown_timeout=60']
+    assert k["Type"] == ["notify"] and k["NotifyAccess"] == ["main"]
+    assert k["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert k["Restart"] == ["on-failure"] and k["KillMode"] == ["mixed"]
+    assert int(k["TimeoutStopSec"][0]) == 60 + 10 + 30  # drain + the supervisor's SIGKILL margin + slack
+    assert int(k["WatchdogSec"][0]) >= 10
+    assert k["DynamicUser"] == ["yes"] and k["WantedBy"] == ["multi-user.target"]
+    assert "DeviceAllow=char-nvidia* rw" in unit and "DevicePolicy=closed" in unit
+    assert "wrote " + str(tmp_path / "out" / "hwprofile.service") in r.stdout
+    assert "systemd not reloaded: --prefix" in r.stdout
+    tmpfiles = (tmp_path / "out" / "tmpfiles.d" / "hwprofile.conf").read_text()
+    assert "d /etc/hwprofile/overrides.d 0755" in tmpfiles
+
+
+def test_user_unit_and_daemon_reload_without_a_manager(tmp_path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+           "XDG_RUNTIME_DIR": str(tmp_path / "nonexistent-run")}  # fmt: skip
+    r = install(tmp_path, "--user", "--", "--model", "/srv/m", env=env)
+    assert r.returncode == 0, r.stderr
+    unit = (tmp_path / "cfg" / "systemd" / "user" / "hwprofile.service").read_text()
+    k = keys(unit)
+    assert "DynamicUser" not in k and "User" not in k and k["WantedBy"] == ["default.target"]
+    assert (tmp_path / "cfg" / "user-tmpfiles.d" / "hwprofile.conf").exists()
+    assert re.search(
+        r"systemd not reloaded: (systemctl is not installed|the manager is not available)", r.stdout
+    ), r.stdout
+
+
+def test_quoting_and_shutdown_parsing() -> None:
+    assert systemd_quote("/srv/models/x") == "/srv/models/x"
+    assert systemd_quote("a b") == '"a b"'
+    assert systemd_quote("50%") == "50%%"
+    assert systemd_quote("$HOME") == "$$HOME"
+    assert systemd_quote('say "hi"') == '"say \\"hi\\""'
+    assert shutdown_of(["--set=server.shutdown_timeout=5"]) == 5
+    assert shutdown_of(["--model", "x"]) == 10
+    assert hwprofile_command()[0].startswith(str(Path(sys.executable).parent))
+
+
+def test_the_repository_copy_is_the_rendered_example() -> None:
+    assert (ROOT / "systemd" / "hwprofile.service").read_text() == example_unit()
+    assert (ROOT / "systemd" / "hwprofile.tmpfiles.conf").read_text() == render_tmpfiles()
+
+
+@pytest.mark.skipif(not ANALYZE, reason="systemd-analyze not installed")
+@pytest.mark.parametrize("user", [False, True])
+def test_unit_passes_verify_and_security(tmp_path, user) -> None:
+    unit = tmp_path / "hwprofile.service"
+    unit.write_text(render_unit(["--model", str(tmp_path)], user=user))
+    v = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stderr == "", v.stderr
+    sec = subprocess.run([ANALYZE, "security", "--offline=true", str(unit)], capture_output=True, text=True)
+    m = re.search(r"Overall exposure level for .*: ([\d.]+)", sec.stdout)
+    assert m and float(m.group(1)) <= 3.0, sec.stdout[-3000:]
+
+
+@pytest.mark.skipif(not shutil.which("systemd-tmpfiles"), reason="systemd-tmpfiles not installed")
+def test_tmpfiles_entry_creates_the_watched_config_root(tmp_path) -> None:
+    conf = tmp_path / "hwprofile.conf"
+    conf.write_text(render_tmpfiles())
+    r = subprocess.run(
+        ["systemd-tmpfiles", "--create", f"--root={tmp_path / 'root'}", str(conf)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    for d in ("profiles", "overrides.d", "rules.d"):
+        assert (tmp_path / "root" / "etc" / "hwprofile" / d).is_dir()
+
+
+def test_reload_without_a_daemon_says_so(tmp_path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "reload", "--runtime-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and f"no daemon runs with runtime directory {tmp_path}" in r.stderr
+    from hwprofile.supervise.state import start_time
+
+    def state(pid: int, start: int | None) -> None:
+        (tmp_path / "state.json").write_text(
+            json.dumps(
+                {
+                    "schema": "hwprofile.state/1",
+                    "supervisor_pid": pid,
+                    "supervisor": {"pid": pid, "start_time": start},
+                }
+            )
+        )
+
+    def reload() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hwprofile", "reload", "--runtime-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+        )
+
+    state(os.getpid(), 1)  # a PID whose start time is not the recorded one: never signalled
+    r = reload()
+    assert r.returncode == 1 and "not signalled" in r.stderr, r.stderr
+    state(os.getpid(), start_time(os.getpid()))  # alive, but no daemon.json names it: a `launch`, no SIGHUP
+    r = reload()
+    assert r.returncode == 1 and "not a daemon" in r.stderr, r.stderr
