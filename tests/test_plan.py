@@ -332,3 +332,91 @@ def test_vllm_reporting_rule() -> None:
     assert vllm_reported_kv_tokens(682 * 128, 256, 128) == 87_296
     assert vllm_reported_kv_tokens(682 * 128, 16, 128) == 10_912
     assert vllm_reported_kv_tokens(5461 * 16, 16) == 5461 * 16  # GPU blocks of 16
+
+
+# -- issue 9: defects fixed while splitting the planner ----------------------------------------
+
+
+def _gpu_copies(host: HostSnapshot, count: int) -> HostSnapshot:
+    """``host`` with its GPU 0 copied into ``count`` GPUs (edited through the snapshot's JSON form)."""
+    data = host.to_dict()
+    g0 = data["gpus"][0]
+    data["gpus"] = [
+        {**g0, "index": i, "minor_number": i, "uuid": f"{g0['uuid'][:-2]}{i:02d}", "pci_bus_id": f"00000000:{i + 1:02x}:00.0"}
+        for i in range(count)
+    ]  # fmt: skip
+    return HostSnapshot.from_dict(data)
+
+
+def test_four_bit_retry_starts_over_without_the_first_attempts_warnings(host_of, empty_root) -> None:
+    host = _gpu_copies(host_of("rtx4090-1x"), 3)
+    p = make_plan(host, empty_root, environ={})  # Qwen3-32B at 16 bits fits no layout: the 4-bit retry
+    assert p["model"]["name"] == "Qwen/Qwen3-32B-AWQ"
+    assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0, 1], 2)]
+    assert [w for w in p["warnings"] if "left idle" in w] == [
+        "GPU(s) [2] left idle: not enough GPUs for another TP=2 group"
+    ]
+    assert len(p["warnings"]) == len(set(p["warnings"]))
+    assert [r["key"] for r in p["reasons"]].count("tensor_parallel_size") == 1
+
+
+def test_top_level_draft_only_while_an_instance_runs_it(host_of, empty_root) -> None:
+    p = plan_for(host_of, empty_root, "rtx4090-1x")
+    (inst,) = p["instances"]
+    assert inst["speculative"]["method"] == "ngram"  # the catalog draft does not fit beside the target
+    assert p["draft"] is None
+    kept = plan_for(host_of, empty_root, "a800-pcie-4x-2numa")
+    assert kept["draft"]["name"] == "Qwen/Qwen3-1.7B"
+    assert {i["speculative"]["model"] for i in kept["instances"]} == {"Qwen/Qwen3-1.7B"}
+
+
+def test_tp_choice_counts_fp8_if_supported_as_the_model_dtype_without_fp8(
+    host_of, empty_root, monkeypatch
+) -> None:
+    from hwprofile.plan import memory
+
+    kv_bytes: list[int] = []
+    real = memory.fit
+
+    def spy(*args, **kwargs):
+        kv_bytes.append(args[5])  # fit(total, utilization, model, draft, tp, kv_dtype_bytes, ...)
+        return real(*args, **kwargs)
+
+    for name, mod in list(sys.modules.items()):  # every planner module that calls fit
+        if (
+            name.split(".")[:2] == ["hwprofile", "plan"]
+            and mod is not memory
+            and getattr(mod, "fit", None) is real
+        ):
+            monkeypatch.setattr(mod, "fit", spy)
+    ampere = _gpu_copies(host_of("rtx3060-12g-1x"), 3)  # PCIe only: TP chosen by fit; no FP8 hardware
+    p = make_plan(ampere, empty_root, environ={}, model="Qwen/Qwen3-14B")
+    assert p["profile"] == "geforce-12g" and p["instances"][0]["tensor_parallel_size"] == 2
+    assert p["instances"][0]["engine"]["kv_cache_dtype"] == "auto"
+    assert kv_bytes and set(kv_bytes) == {2}  # the TP choice's fits too, not only the instance's
+    kv_bytes.clear()
+    ada = _gpu_copies(host_of("rtx4070-12g-1x"), 3)  # FP8 hardware: fp8 in both
+    p = make_plan(ada, empty_root, environ={}, model="Qwen/Qwen3-14B")
+    assert p["instances"][0]["engine"]["kv_cache_dtype"] == "fp8"
+    assert kv_bytes and set(kv_bytes) == {1}
+
+
+def test_smaller_model_suggestions_sorted_by_size_not_by_their_text(empty_root, monkeypatch) -> None:
+    import hwprofile.model
+    from hwprofile.pipeline import resolve_settings
+
+    base = parse_config({**TINY, "model_type": "acme"}, "acme/big", "dir", None)
+    big = base._replace(params=70 * 10**9, weights_bytes=140 * GiB)
+
+    def small(name: str, weights: float):
+        return base._replace(name=name, params=20 * 10**9, weights_bytes=int(weights * GiB))
+
+    # listed smallest first; A and B both print as "10.0 GiB", B is the larger
+    catalog = (small("acme/A", 10.01), small("acme/B", 10.04), small("acme/C", 12.0))
+    monkeypatch.setattr(hwprofile.model, "catalog_models", lambda: catalog)
+    host = _host({"count": 1, "gib": 24, "nvlink": False, "numa": 1, "used_gib": 0})
+    res = resolve_settings(host, empty_root, sets=["speculative.method=none"], environ={})
+    with pytest.raises(PlanRefused) as e:
+        build_plan(host, res.settings, res.provenance, res.profile, [], big, None)
+    (smaller,) = [s for s in e.value.suggestions if s.startswith("a smaller model")]
+    assert smaller == "a smaller model that fits: acme/C (12.0 GiB), acme/B (10.0 GiB), acme/A (10.0 GiB)"

@@ -16,7 +16,9 @@ MIN_SEQS = 1
 MIN_BATCHED_TOKENS = 256
 
 
-def degrade_sets(inst: Mapping[str, Any], level: int, degrade: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+def degrade_sets(
+    inst: Mapping[str, Any], level: int, degrade: Mapping[str, Any]
+) -> tuple[list[str], list[str]]:
     """(``--set`` overrides, one reason per override) for degrade step ``level`` of ``inst``
     (the instance of the full plan). Step 0 is the full profile: no overrides."""
     if level <= 0:
@@ -48,7 +50,9 @@ def degrade_sets(inst: Mapping[str, Any], level: int, degrade: Mapping[str, Any]
         if table:
             rows = [[lo, hi, max(1, kk - cut)] for lo, hi, kk in table]
             if rows != [list(r) for r in table]:
-                text = "[" + ",".join(f"[{lo},{'null' if hi is None else hi},{kk}]" for lo, hi, kk in rows) + "]"
+                text = (
+                    "[" + ",".join(f"[{lo},{'null' if hi is None else hi},{kk}]" for lo, hi, kk in rows) + "]"
+                )
                 sets.append(f"speculative.by_batch_size={text}")
                 why.append(f"k by batch size {table} -> {rows} (degrade step {level})")
     return sets, why

@@ -1,0 +1,87 @@
+"""Which checkpoint runs: the one asked for, its quantized variant when ``engine.weights_bits``
+asks for fewer bits, or (``weights_bits: auto``) its 4-bit variant when the full-precision one
+does not fit any GPU layout; and the model's description in the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..model import ModelFacts
+from ..snapshot import Gpu
+from .reasons import Reasons, setting
+from .refusal import PlanRefused
+
+
+def choose_checkpoint(model: ModelFacts, settings: Mapping[str, Any], r: Reasons) -> ModelFacts:
+    """Honour ``engine.weights_bits``: a catalog model switches to its quantized checkpoint; a local
+    checkpoint cannot be re-quantized here."""
+    bits = setting(settings, "engine", "weights_bits")
+    if not isinstance(bits, int) or bits >= model.bits:
+        return model
+    variant = model.quantized_variants.get(bits)
+    if variant:
+        r.add(
+            "model.name",
+            variant,
+            f"engine.weights_bits={bits}: the {bits}-bit checkpoint of {model.name}",
+            ("engine", "weights_bits"),
+        )
+        return quantized(model, variant, bits)
+    raise PlanRefused(
+        f"engine.weights_bits={bits} asks for a {bits}-bit checkpoint, but {model.name} is {model.bits}-bit "
+        "and hwprofile does not re-quantize weights",
+        [
+            f"point --model at a {bits}-bit (AWQ/GPTQ) checkpoint of this model",
+            "or remove engine.weights_bits",
+        ],
+    )
+
+
+def quantized(model: ModelFacts, variant: str, bits: int) -> ModelFacts:
+    """The facts of ``model``'s ``bits``-bit (AWQ) checkpoint ``variant``."""
+    return model._replace(
+        name=variant, quant_method="awq", quant_bits=bits, weights_bytes=model.weights_bytes_at_bits(bits)
+    )
+
+
+def four_bit_fallback(model: ModelFacts, settings: Mapping[str, Any], gpus: tuple[Gpu, ...]) -> str | None:
+    """The 4-bit checkpoint to plan instead of ``model`` when ``model`` does not fit, or None:
+    only with ``engine.weights_bits: auto``, on GPUs (4-bit AWQ checkpoints need GPU kernels: no
+    automatic switch for the CPU backend), for a model above 4 bits that has a 4-bit variant."""
+    variant = model.quantized_variants.get(4)
+    if variant and gpus and model.bits > 4 and setting(settings, "engine", "weights_bits") == "auto":
+        return variant
+    return None
+
+
+def use_four_bit(model: ModelFacts, variant: str, r: Reasons) -> ModelFacts:
+    """Switch to the 4-bit ``variant`` (see :func:`four_bit_fallback`), with its reason."""
+    r.add(
+        "model.name",
+        variant,
+        f"{model.name} at {model.bits} bits does not fit this host; its 4-bit checkpoint {variant} does (engine.weights_bits: auto)",
+        ("engine", "weights_bits"),
+    )
+    return quantized(model, variant, 4)
+
+
+def model_json(m: ModelFacts) -> dict[str, Any]:
+    """A model's facts as the plan shows them."""
+    return {
+        "name": m.name,
+        "source": m.source,
+        "path": m.path,
+        "architecture": m.architecture,
+        "params": m.params,
+        "weights_bytes": m.weights_bytes,
+        "weights_bytes_source": m.weights_bytes_source,
+        "bits": m.bits,
+        "quantization": m.quant_method,
+        "layers": m.num_layers,
+        "kv_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "vocab_size": m.vocab_size,
+        "sliding_window": m.sliding_window,
+        "sliding_layers": m.sliding_layers,
+    }

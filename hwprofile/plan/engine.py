@@ -1,0 +1,245 @@
+"""The engine settings of a GPU instance: memory share (lowered for memory others hold), KV cache
+dtype, CUDA graphs or eager, context length, concurrent sequences, tokens per step; and the
+server section every instance shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..model import ModelFacts
+from ..snapshot import Gpu
+from . import gpufacts
+from .memory import BLOCK_TOKENS, Fit, GiB, MiB, longest_context, sequence_bytes
+from .reasons import Reasons, setting
+
+AVERAGE_FILL = 0.5  # assumed share of max_model_len an average request occupies (concurrency cap)
+
+
+class ContextTooShort(Exception):
+    """The KV cache left after the weights holds less than ``engine.min_model_len`` tokens (the
+    caller refuses the plan with what would fit)."""
+
+
+def fit_args(settings: Mapping[str, Any], eager: bool) -> dict[str, Any]:
+    """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes (no CUDA graphs when eager)."""
+    return {
+        "context_bytes": setting(settings, "memory", "cuda_context_bytes"),
+        "graph_bytes": 0 if eager else setting(settings, "memory", "cuda_graph_bytes"),
+        "margin_bytes": setting(settings, "memory", "margin_bytes"),
+        "activation_factor": setting(settings, "memory", "activation_factor"),
+    }
+
+
+def memory_share(
+    gpus: list[Gpu],
+    gpu: Gpu,
+    settings: Mapping[str, Any],
+    r: Reasons,
+    warnings: list[str],
+    key: str,
+    name: str,
+) -> float:
+    """``gpu_memory_utilization``: as configured, lowered where other processes already hold memory
+    (vLLM fails when free memory < total × share). ``gpu`` is the instance's smallest GPU."""
+    total = gpu.memory_total_bytes or 0
+    util = float(setting(settings, "engine", "gpu_memory_utilization"))
+    r.add(
+        f"{key}.engine.gpu_memory_utilization",
+        util,
+        f"{util:.2f} of each GPU's {total / GiB:.1f} GiB for this instance",
+        ("engine", "gpu_memory_utilization"),
+    )
+    used = max((g.memory_used_bytes or 0) + (g.memory_reserved_bytes or 0) for g in gpus)
+    if total and used > total * (1 - util):
+        new = round(max(0.05, (total - used - 256 * MiB) / total), 3)
+        warnings.append(
+            f"{name}: {used / GiB:.1f} GiB already in use on GPU {gpu.index}; memory share lowered to {new}"
+        )
+        r.add(
+            f"{key}.engine.gpu_memory_utilization",
+            new,
+            f"vLLM fails when free memory < total × share; {used / GiB:.1f} GiB is taken by other processes",
+        )
+        util = new
+    return util
+
+
+def kv_cache_dtype(want: str, gpu: Gpu | None, model: ModelFacts) -> tuple[str, int, str]:
+    """``(kv_cache_dtype, bytes per element, reason)`` for ``engine.kv_cache_dtype`` ``want`` on
+    ``gpu``: ``fp8_if_supported`` is FP8 only where the datasheet table says the GPU has FP8
+    hardware, else the model's dtype."""
+    if want == "fp8_if_supported":
+        row = gpufacts.lookup(gpu.name, gpu.memory_total_gib) if gpu else None
+        if row and row.get("fp8_support"):
+            return (
+                "fp8",
+                1,
+                f"8-bit KV cache: {gpu.name if gpu else '?'} has FP8 hardware (datasheet table); halves KV bytes per token",
+            )
+        return (
+            "auto",
+            model.dtype_bytes,
+            f"KV cache in the model's dtype ({model.dtype}): {gpu.name if gpu else 'this device'} has no FP8 hardware",
+        )
+    if want.startswith("fp8"):
+        return want, 1, "8-bit KV cache as configured"
+    if want in ("bfloat16", "float16"):
+        return want, 2, "KV cache dtype as configured"
+    return "auto", model.dtype_bytes, f"KV cache in the model's dtype ({model.dtype})"
+
+
+def choose_kv_dtype(
+    settings: Mapping[str, Any], gpu: Gpu | None, model: ModelFacts, r: Reasons, key: str
+) -> tuple[str, int]:
+    """:func:`kv_cache_dtype` for this instance's GPU, with its reason: ``(dtype, element bytes)``."""
+    name, nbytes, why = kv_cache_dtype(setting(settings, "engine", "kv_cache_dtype"), gpu, model)
+    r.add(key, name, why, ("engine", "kv_cache_dtype"))
+    return name, nbytes
+
+
+def choose_eager(settings: Mapping[str, Any], r: Reasons, key: str) -> bool:
+    """``enforce_eager`` as configured (CUDA graphs on unless asked off)."""
+    eager = bool(setting(settings, "engine", "enforce_eager"))
+    r.add(
+        f"{key}.engine.enforce_eager",
+        eager,
+        "CUDA graphs off (eager)"
+        if eager
+        else "CUDA graphs on: they work with speculative decoding and cut launch overhead",
+        ("engine", "enforce_eager"),
+    )
+    return eager
+
+
+def context_length(
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    tp: int,
+    kv_bytes: int,
+    f: Fit,
+    settings: Mapping[str, Any],
+    r: Reasons,
+    key: str,
+) -> int:
+    """``max_model_len``: as configured, at most the model's ``max_position_embeddings``, shortened
+    to the longest one request whose KV fits the cache; :class:`ContextTooShort` below
+    ``engine.min_model_len``."""
+    length = int(setting(settings, "engine", "max_model_len"))
+    min_len = int(setting(settings, "engine", "min_model_len"))
+    if model.max_position_embeddings and length > model.max_position_embeddings:
+        length = int(model.max_position_embeddings)
+        r.add(
+            f"{key}.engine.max_model_len",
+            length,
+            f"capped at the model's max_position_embeddings ({length})",
+            ("engine", "max_model_len"),
+        )
+    one = sequence_bytes(model, draft, tp, kv_bytes, length)
+    # vLLM keeps one block of the pool as its null block: a request gets the others.
+    usable = f.kv_cache_bytes - f.kv_bytes_per_token * BLOCK_TOKENS
+    if one <= usable:
+        r.add(
+            f"{key}.engine.max_model_len",
+            length,
+            f"one {length}-token request needs {one / GiB:.2f} GiB of the {f.kv_cache_bytes / GiB:.2f} GiB KV cache",
+            ("engine", "max_model_len"),
+        )
+        return length
+    fits_len = longest_context(model, draft, tp, kv_bytes, usable)
+    if fits_len < min_len:
+        raise ContextTooShort(
+            f"after weights the KV cache gets {f.kv_cache_bytes / GiB:.2f} GiB, "
+            f"enough for {fits_len} tokens of context; the profile needs at least {min_len}"
+        )
+    r.add(
+        f"{key}.engine.max_model_len",
+        fits_len,
+        f"{length} tokens would need {one / GiB:.2f} GiB of KV cache, {f.kv_cache_bytes / GiB:.2f} GiB is left: shortened to the longest that fits",
+        ("engine", "max_model_len"),
+    )
+    return fits_len
+
+
+def concurrency(
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    tp: int,
+    kv_bytes: int,
+    length: int,
+    f: Fit,
+    settings: Mapping[str, Any],
+    r: Reasons,
+    warnings: list[str],
+    key: str,
+    name: str,
+) -> int:
+    """``max_num_seqs`` as configured. vLLM preallocates the KV cache, so more sequences than it
+    holds queue or get preempted rather than run out of memory: said so, not silently lowered."""
+    seqs = int(setting(settings, "engine", "max_num_seqs"))
+    full_len = f.kv_cache_bytes // max(1, sequence_bytes(model, draft, tp, kv_bytes, length))
+    half = max(
+        1,
+        int(
+            f.kv_cache_bytes
+            // max(1, sequence_bytes(model, draft, tp, kv_bytes, max(16, int(length * AVERAGE_FILL))))
+        ),
+    )
+    holds = f"the KV cache holds {half} requests at {int(AVERAGE_FILL * 100)}% of max_model_len, {full_len} at full length"
+    if seqs > half:
+        warnings.append(
+            f"{name}: max_num_seqs {seqs} > {half} ({holds}); under long requests vLLM will queue or preempt"
+        )
+        r.add(
+            f"{key}.engine.max_num_seqs",
+            seqs,
+            f"{seqs} as configured; {holds} (more queue or are preempted)",
+            ("engine", "max_num_seqs"),
+        )
+    else:
+        r.add(f"{key}.engine.max_num_seqs", seqs, holds, ("engine", "max_num_seqs"))
+    return seqs
+
+
+def batched_tokens(settings: Mapping[str, Any], seqs: int, length: int, r: Reasons, key: str) -> int:
+    """``max_num_batched_tokens``: as configured, raised to what vLLM requires (at least
+    ``max_num_seqs``; without chunked prefill, at least ``max_model_len``)."""
+    batched = int(setting(settings, "engine", "max_num_batched_tokens"))
+    chunked = bool(setting(settings, "engine", "enable_chunked_prefill"))
+    if batched < seqs:
+        batched = seqs
+        r.add(
+            f"{key}.engine.max_num_batched_tokens",
+            batched,
+            "raised to max_num_seqs (vLLM requires max_num_batched_tokens >= max_num_seqs)",
+        )
+    elif not chunked and batched < length:
+        batched = length
+        r.add(
+            f"{key}.engine.max_num_batched_tokens",
+            batched,
+            "raised to max_model_len: without chunked prefill a whole prompt must fit one step",
+        )
+    else:
+        r.add(
+            f"{key}.engine.max_num_batched_tokens",
+            batched,
+            "tokens per scheduler step",
+            ("engine", "max_num_batched_tokens"),
+        )
+    return batched
+
+
+def server_settings(settings: Mapping[str, Any], port: int) -> dict[str, Any]:
+    """The server section of an instance listening on ``port``."""
+    return {
+        "host": setting(settings, "server", "host"),
+        "port": port,
+        "served_model_name": setting(settings, "server", "served_model_name"),
+        "api_key_env": setting(settings, "server", "api_key_env"),
+        "shutdown_timeout": int(setting(settings, "server", "shutdown_timeout")),
+        "vllm_command": setting(settings, "server", "vllm_command"),
+        "user": setting(settings, "server", "user"),
+        "metrics": setting(settings, "server", "metrics") is not False,
+        "extra_args": list(setting(settings, "server", "extra_args")),
+    }

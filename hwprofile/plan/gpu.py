@@ -1,0 +1,121 @@
+"""One GPU instance, assembled from the decisions in order: NUMA binding (layout), memory share,
+KV dtype and eager (engine), the fit with or without the draft (speculative), or a refusal with
+what would fit; then context, concurrency and tokens per step (engine), the speculative config,
+the memory breakdown and the decode ceiling (estimate)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..model import ModelFacts
+from ..snapshot import Gpu, HostSnapshot
+from . import engine
+from .estimate import estimate
+from .layout import numa_binding
+from .memory import BLOCK_TOKENS, Fit, GiB, kv_bytes_per_token, sequence_bytes
+from .reasons import Reasons, setting
+from .refusal import PlanRefused, suggestions
+from .speculative import fit_beside_draft, speculative_config
+
+
+def gpu_instance(
+    host: HostSnapshot,
+    i: int,
+    gpus: list[Gpu],
+    tp: int,
+    settings: Mapping[str, Any],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    r: Reasons,
+    warnings: list[str],
+) -> tuple[dict[str, Any], ModelFacts | None]:
+    """Instance ``i`` over ``gpus`` at tensor parallel ``tp`` (the smallest GPU bounds its memory),
+    and the draft it runs (None where it runs none, or dropped it for want of memory)."""
+    name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
+    key = f"instances[{i}]"
+    gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
+    total = gpu.memory_total_bytes or 0
+
+    numa, cpus = numa_binding(host, gpus, settings, r, warnings, key, name)
+    util = engine.memory_share(gpus, gpu, settings, r, warnings, key, name)
+    kv_name, kv_bytes = engine.choose_kv_dtype(settings, gpu, model, r, f"{key}.engine.kv_cache_dtype")
+    eager = engine.choose_eager(settings, r, key)
+    f, draft, spec_method = fit_beside_draft(
+        total, util, model, draft, spec_method, tp, kv_bytes, settings, eager, r, warnings, key, name
+    )
+    if not f.fits:
+        raise PlanRefused(
+            f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
+            f"+ activations {f.activation_bytes / GiB:.1f} GiB + overhead {f.overhead_bytes / GiB:.1f} GiB "
+            f"exceed the {f.budget_bytes / GiB:.1f} GiB budget ({util:.2f} of {total / GiB:.1f} GiB)",
+            suggestions(host, model, tp, f, util),
+        )
+    try:
+        length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key)
+    except engine.ContextTooShort as e:
+        raise PlanRefused(
+            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
+        ) from None
+    seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name)
+    batched = engine.batched_tokens(settings, seqs, length, r, key)
+
+    quant = model.quant_method
+    engine_settings = {
+        "gpu_memory_utilization": util,
+        "max_model_len": length,
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": batched,
+        "kv_cache_dtype": kv_name,
+        "quantization": quant,
+        "dtype": setting(settings, "engine", "dtype"),
+        "enforce_eager": eager,
+        "enable_prefix_caching": bool(setting(settings, "engine", "enable_prefix_caching")),
+        "enable_chunked_prefill": bool(setting(settings, "engine", "enable_chunked_prefill")),
+    }
+    r.add(
+        f"{key}.engine.quantization",
+        quant,
+        f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
+    )
+    spec = speculative_config(settings, spec_method, draft, tp, r, key)
+    instance = {
+        "name": name,
+        "device": "cuda",
+        "gpus": [g.index for g in gpus],
+        "gpu_uuids": [g.uuid for g in gpus],
+        "gpu_minors": [g.minor_number for g in gpus],
+        "gpu_name": gpu.name,
+        "numa_node": numa,
+        "gpu_numa_nodes": [g.numa_node for g in gpus] if setting(settings, "layout", "numa_bind") else [],
+        "cpus": cpus,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": setting(settings, "layout", "pipeline_parallel_size"),
+        "server": engine.server_settings(settings, int(setting(settings, "server", "port")) + i),
+        "engine": engine_settings,
+        "speculative": spec,
+        "memory": memory_json(f, model, draft, tp, kv_bytes, length),
+        "estimate": estimate(gpu, model, draft, tp, spec, settings),
+    }
+    return instance, draft
+
+
+def memory_json(
+    f: Fit, model: ModelFacts, draft: ModelFacts | None, tp: int, kv_bytes: int, length: int
+) -> dict[str, Any]:
+    """The instance's memory breakdown per GPU."""
+    return {
+        "budget_bytes": f.budget_bytes,
+        "weights_bytes": f.weights_bytes,
+        "draft_weights_bytes": f.draft_weights_bytes,
+        "activation_bytes": f.activation_bytes,
+        "overhead_bytes": f.overhead_bytes,
+        "kv_cache_bytes": f.kv_cache_bytes,
+        "kv_bytes_per_token": f.kv_bytes_per_token,
+        "kv_bytes_per_token_target": kv_bytes_per_token(model, tp, kv_bytes),
+        "kv_bytes_per_token_draft": kv_bytes_per_token(draft, tp, kv_bytes) if draft else 0,
+        "kv_tokens": f.kv_tokens,
+        "block_size": BLOCK_TOKENS,
+        "kv_bytes_per_max_len_request": sequence_bytes(model, draft, tp, kv_bytes, length),
+    }

@@ -1,0 +1,260 @@
+"""Layout: which GPUs form which instance. GPUs grouped by model (never tensor parallel across
+models), the tensor-parallel size per group, groups cut along NUMA nodes, the replica count, the
+instances' ports, and each instance's NUMA binding."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import ConfigError
+from ..model import ModelFacts
+from ..snapshot import Gpu, HostSnapshot
+from .engine import fit_args, kv_cache_dtype
+from .memory import GiB, fit, sequence_bytes
+from .reasons import Reasons, setting
+from .refusal import PlanRefused
+
+TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def layout(
+    host: HostSnapshot,
+    settings: Mapping[str, Any],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    r: Reasons,
+    warnings: list[str],
+) -> list[tuple[list[Gpu], int]]:
+    """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them."""
+    groups = group_by_model(host.usable_gpus)
+    if len(groups) > 1:
+        warnings.append(
+            "mixed GPU models: "
+            + "; ".join(f"{grp[0].name} x{len(grp)}" for grp in groups)
+            + " — planned separately, never tensor parallel across models"
+        )
+    replicas = setting(settings, "layout", "replicas")
+    strategy = setting(settings, "layout", "strategy")
+    instances: list[tuple[list[Gpu], int]] = []
+    for grp in groups:
+        tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
+        instances += [(part, tp) for part in partition(host, grp, tp, warnings, nvlink=nvlinked(host, grp))]
+    if strategy == "single":
+        replicas = 1
+    if isinstance(replicas, int) and replicas < len(instances):
+        idle = [g.index for gpus, _ in instances[replicas:] for g in gpus]
+        r.add(
+            "layout.replicas",
+            replicas,
+            f"{replicas} instance(s) asked for; GPU(s) {idle} stay free",
+            ("layout", "replicas"),
+        )
+        instances = instances[:replicas]
+    elif isinstance(replicas, int) and replicas > len(instances):
+        warnings.append(f"{replicas} replicas asked for, but the GPUs allow {len(instances)}")
+    check_ports(settings, len(instances), r)
+    return instances
+
+
+def group_by_model(gpus: tuple[Gpu, ...]) -> list[list[Gpu]]:
+    """GPUs of one model and memory size together, in first-seen order."""
+    groups: dict[tuple[str | None, int], list[Gpu]] = {}
+    for g in gpus:
+        groups.setdefault((g.name, round((g.memory_total_bytes or 0) / GiB)), []).append(g)
+    return list(groups.values())
+
+
+def nvlinked(host: HostSnapshot, gpus: list[Gpu]) -> bool:
+    """Every pair of ``gpus`` linked by NVLink (one GPU: it has active NVLink links)."""
+    if len(gpus) < 2:
+        return bool(gpus and gpus[0].nvlink_active_links)
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1 :]:
+            lk = host.link(a.index, b.index)
+            if not (lk and lk.link and lk.link.startswith("NV")):
+                return False
+    return True
+
+
+def tp_ok(model: ModelFacts, tp: int) -> bool:
+    """``tp`` divides the attention heads, and divides or is a multiple of the KV heads."""
+    kv = model.num_kv_heads
+    return model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+def partition(
+    host: HostSnapshot, gpus: list[Gpu], tp: int, warnings: list[str], nvlink: bool = False
+) -> list[list[Gpu]]:
+    """Split into groups of ``tp``: GPUs of one NUMA node together, best-linked pairs first."""
+    by_node: dict[int | None, list[Gpu]] = {}
+    for g in sorted(gpus, key=lambda g: (g.numa_node if g.numa_node is not None else -1, g.index)):
+        by_node.setdefault(g.numa_node, []).append(g)
+    out: list[list[Gpu]] = []
+    leftovers: list[Gpu] = []
+    for node_gpus in by_node.values():
+        while len(node_gpus) >= tp:
+            out.append(node_gpus[:tp])
+            node_gpus = node_gpus[tp:]
+        leftovers += node_gpus
+    while len(leftovers) >= tp:
+        grp, leftovers = leftovers[:tp], leftovers[tp:]
+        if not nvlink:
+            warnings.append(
+                f"GPUs {[g.index for g in grp]} share a tensor-parallel group across NUMA nodes (over PCIe)"
+            )
+        out.append(grp)
+    if leftovers:
+        warnings.append(
+            f"GPU(s) {[g.index for g in leftovers]} left idle: not enough GPUs for another TP={tp} group"
+        )
+    return sorted(out, key=lambda grp: grp[0].index)
+
+
+def choose_tp(
+    host: HostSnapshot,
+    grp: list[Gpu],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    settings: Mapping[str, Any],
+    strategy: str,
+    r: Reasons,
+    warnings: list[str],
+) -> int:
+    """Tensor-parallel size for one group of same-model GPUs: as configured; all of them where
+    NVLink joins them; else (PCIe) the smallest that fits, at most ``layout.max_pcie_tensor_parallel``."""
+    want = setting(settings, "layout", "tensor_parallel_size")
+    nvlink = nvlinked(host, grp)
+    cap_pcie = setting(settings, "layout", "max_pcie_tensor_parallel")
+    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
+    src = ("layout", "tensor_parallel_size")
+    if strategy == "numa_pairs" and want == "auto":
+        want = 2
+    if strategy == "replicas" and want == "auto":
+        want = 1
+    if isinstance(want, int):
+        if want > len(grp):
+            raise PlanRefused(
+                f"tensor_parallel_size={want} needs {want} GPUs of one model; this host has {len(grp)} {grp[0].name}",
+                [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
+            )
+        if not tp_ok(model, want):
+            raise PlanRefused(
+                f"tensor_parallel_size={want} does not divide {model.name}'s {model.num_heads} attention heads "
+                f"({model.num_kv_heads} KV heads)",
+                [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
+            )
+        if want > cap_pcie and not nvlink:
+            warnings.append(
+                f"tensor parallel {want} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
+            )
+        r.add(
+            "tensor_parallel_size",
+            want,
+            f"tensor parallel {want} as configured" + (" (NVLink)" if nvlink else " (PCIe)"),
+            src,
+        )
+        return want
+    if nvlink and len(grp) > 1 and strategy in ("auto", "tensor_parallel"):
+        tp = max(usable)
+        r.add(
+            "tensor_parallel_size",
+            tp,
+            f"all {len(grp)} GPUs are NVLink-connected: one tensor-parallel instance over {tp}",
+            src,
+        )
+        return tp
+    if strategy == "tensor_parallel":
+        tp = max(usable)
+        if tp > cap_pcie:
+            warnings.append(
+                f"tensor parallel {tp} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
+            )
+        r.add(
+            "tensor_parallel_size",
+            tp,
+            f"strategy tensor_parallel: one instance over {tp} GPUs",
+            ("layout", "strategy"),
+        )
+        return tp
+    # PCIe: the smallest TP that fits, at most the PCIe cap.
+    gpu = grp[0]
+    eager = bool(setting(settings, "engine", "enforce_eager"))
+    need = setting(settings, "engine", "min_model_len")
+    # the KV dtype the instance will get on this GPU (fp8_if_supported is FP8 only with FP8 hardware)
+    _, kv_bytes, _ = kv_cache_dtype(setting(settings, "engine", "kv_cache_dtype"), gpu, model)
+    for tp in [t for t in usable if t <= cap_pcie]:
+        f = fit(
+            gpu.memory_total_bytes or 0,
+            setting(settings, "engine", "gpu_memory_utilization"),
+            model,
+            draft,
+            tp,
+            kv_bytes,
+            setting(settings, "engine", "max_num_batched_tokens"),
+            setting(settings, "engine", "max_num_seqs"),
+            **fit_args(settings, eager),
+        )
+        if f.fits and f.kv_cache_bytes >= sequence_bytes(model, draft, tp, model.dtype_bytes, need):
+            why = "fits on one GPU" if tp == 1 else f"needs {tp} GPUs' memory"
+            r.add(
+                "tensor_parallel_size",
+                tp,
+                f"{model.name} {why}; PCIe-only GPUs: as little tensor parallelism as fits, the rest become replicas",
+                src,
+            )
+            return tp
+    return max([t for t in usable if t <= cap_pcie] or [1])
+
+
+def check_ports(settings: Mapping[str, Any], count: int, r: Reasons) -> None:
+    """Instances take consecutive ports from server.port: the last must still be a port."""
+    first = int(setting(settings, "server", "port"))
+    last = first + count - 1
+    if last > 65_535:
+        src = r.provenance.get(("server", "port"))
+        raise ConfigError(
+            f"server.port {first} ({src or 'default'}): {count} instances take ports {first}-{last}, "
+            f"and ports end at 65535; set server.port to at most {65_536 - count} "
+            "(or plan fewer instances with layout.replicas)"
+        )
+
+
+def numa_binding(
+    host: HostSnapshot,
+    gpus: list[Gpu],
+    settings: Mapping[str, Any],
+    r: Reasons,
+    warnings: list[str],
+    key: str,
+    name: str,
+) -> tuple[int | None, str | None]:
+    """``(numa node, its cpus)`` an instance is bound to: the node all its GPUs share, else none
+    (ranks on several known nodes are bound per rank where vLLM can)."""
+    nodes = {g.numa_node for g in gpus}
+    numa = next(iter(nodes)) if len(nodes) == 1 else None
+    src = ("layout", "numa_bind")
+    if not setting(settings, "layout", "numa_bind"):
+        r.add(f"{key}.numa_node", None, "NUMA binding is off", src)
+        numa = None
+    elif numa is None and None not in nodes:
+        r.add(
+            f"{key}.numa_node",
+            None,
+            f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(nodes)}: each rank bound to its own "
+            "GPU's node where vLLM binds per rank (0.20+, --numa-bind-nodes), else not bound",
+            src,
+        )
+    elif numa is None:
+        warnings.append(f"{name}: NUMA node unknown or mixed ({sorted(map(str, nodes))}); no binding")
+        r.add(f"{key}.numa_node", None, "GPUs' NUMA node unknown or not shared: not bound", src)
+    else:
+        source = min(gpus, key=lambda g: g.memory_total_bytes or 0).numa_node_source
+        r.add(
+            f"{key}.numa_node",
+            numa,
+            f"GPU(s) {[g.index for g in gpus]} sit on NUMA node {numa} (from {source})",
+            src,
+        )
+    cpus = next((n.cpus for n in host.numa_nodes if n.id == numa), None) if numa is not None else None
+    return numa, cpus

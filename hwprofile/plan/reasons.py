@@ -1,0 +1,30 @@
+"""The Reasons collector: every planned value with why it is what it is and where it came from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import Source
+from ..config.layers import get
+
+
+class Reasons:
+    """Collects ``(key, value, reason, source)`` for every planned value."""
+
+    def __init__(self, provenance: Mapping[tuple[str, ...], Source]) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.provenance = provenance
+
+    def add(self, key: str, value: Any, reason: str, setting: tuple[str, ...] | None = None) -> Any:
+        """Record ``value`` for ``key``; its source is the layer that set ``setting`` (else the planner)."""
+        src = self.provenance.get(setting) if setting else None
+        self.items.append(
+            {"key": key, "value": value, "reason": reason, "source": str(src) if src else "planner"}
+        )
+        return value
+
+
+def setting(settings: Mapping[str, Any], *path: str) -> Any:
+    """One merged setting (every setting has a value: the schema default fills the gaps)."""
+    return get(settings, path)

@@ -1,0 +1,233 @@
+"""Speculative decoding: the method and the draft (asked for, the model's own MTP layers, a
+catalog draft of the same family and vocabulary, or ngram prompt lookup), the per-instance
+fallback to ngram when the draft does not fit beside the target, and the speculative config.
+
+Catalog drafts come from the model catalog (``hwprofile/data/models.yaml``, read once per
+process by :func:`hwprofile.model.catalog_models`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..model import ModelFacts
+from .engine import fit_args
+from .memory import Fit, GiB, fit
+from .reasons import Reasons, setting
+from .refusal import PlanRefused
+
+
+def heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
+    """vLLM 0.25+ runs a draft with another vocabulary (``use_heterogeneous_vocab``); older releases
+    refuse it (facts: shared/facts/vllm-flags.md, speculative config)."""
+    if not vllm_version:
+        return False
+    parts = vllm_version.split(".")
+    try:
+        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (0, 25)
+    except (ValueError, IndexError):
+        return False
+
+
+def draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:
+    """Catalog models of the target's family at most a quarter its size, closest to ``want_b``
+    billion parameters first."""
+    from ..model import catalog_models
+
+    out = [d for d in catalog_models() if d.model_type == model.model_type and d.params * 4 <= model.params]
+    return sorted(out, key=lambda d: abs(d.params / 1e9 - want_b))
+
+
+def choose_speculator(
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    settings: Mapping[str, Any],
+    r: Reasons,
+    warnings: list[str],
+    hetero_ok: bool = False,
+) -> tuple[str | None, ModelFacts | None]:
+    """``(method, draft)`` from ``speculative.method`` (and ``speculative.draft`` as ``draft``)."""
+    method = setting(settings, "speculative", "method")
+    src = ("speculative", "method")
+    if method == "none":
+        r.add("speculative.method", None, "speculative decoding is off", src)
+        return None, None
+    if method in ("ngram", "suffix"):
+        r.add(
+            "speculative.method",
+            method,
+            f"{method} asked for: proposals from the prompt, no draft model",
+            src,
+        )
+        return method, None
+    if method in ("eagle", "eagle3"):
+        if draft is None:
+            raise PlanRefused(
+                f"speculative.method={method} needs speculative.draft (an EAGLE head for this model)",
+                ["set speculative.draft to the EAGLE checkpoint", "or use speculative.method=ngram"],
+            )
+        r.add("speculative.method", method, f"{method} head {draft.name}", src)
+        return method, draft
+    if method == "mtp" or (method == "auto" and model.mtp_layers and draft is None):
+        if not model.mtp_layers:
+            raise PlanRefused(
+                f"speculative.method=mtp, but {model.name} ships no multi-token-prediction layers",
+                ["use speculative.method=draft_model or ngram"],
+            )
+        r.add(
+            "speculative.method",
+            "mtp",
+            f"{model.name} ships {model.mtp_layers} MTP layer(s): no separate draft needed",
+            src,
+        )
+        return "mtp", None
+    # draft_model or auto
+    if draft is not None:
+        return _given_draft(model, draft, r, warnings, hetero_ok)
+    return _catalog_draft(model, method, float(setting(settings, "speculative", "draft_params_b")), r)
+
+
+def _given_draft(
+    model: ModelFacts, draft: ModelFacts, r: Reasons, warnings: list[str], hetero_ok: bool
+) -> tuple[str | None, ModelFacts | None]:
+    """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary."""
+    if draft.vocab_size != model.vocab_size and hetero_ok:
+        r.add(
+            "speculative.method",
+            "draft_model",
+            f"draft {draft.name} has vocab_size {draft.vocab_size}, the target {model.vocab_size}: the "
+            "installed vLLM (0.25+) runs it with use_heterogeneous_vocab (proposals mapped through the "
+            "shared tokens)",
+            ("speculative", "draft"),
+        )
+        return "draft_model", draft
+    if draft.vocab_size != model.vocab_size:
+        msg = (
+            f"draft {draft.name} has vocab_size {draft.vocab_size} but the target has {model.vocab_size}: "
+            "vLLM before 0.25 refuses a draft whose vocabulary differs (0.25+ accepts it with "
+            "use_heterogeneous_vocab)"
+        )
+        warnings.append(msg + "; falling back to ngram")
+        r.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
+        return "ngram", None
+    r.add(
+        "speculative.method",
+        "draft_model",
+        f"draft {draft.name} ({draft.params / 1e9:.1f}B) shares the target's vocabulary ({model.vocab_size})",
+        ("speculative", "draft"),
+    )
+    return "draft_model", draft
+
+
+def _catalog_draft(
+    model: ModelFacts, method: str, want_b: float, r: Reasons
+) -> tuple[str | None, ModelFacts | None]:
+    """The catalog draft closest to the profile's draft class; else ngram (``auto``) or a refusal
+    (``draft_model``)."""
+    rejected = []
+    for cand in draft_candidates(model, want_b):
+        if cand.params > 3 * want_b * 1e9:
+            rejected.append(
+                f"{cand.name} ({cand.params / 1e9:.1f}B) is far above the ~{want_b:g}B draft class"
+            )
+            continue
+        if cand.vocab_size != model.vocab_size:
+            rejected.append(f"{cand.name}: vocab_size {cand.vocab_size} != {model.vocab_size}")
+            continue
+        r.add(
+            "speculative.method",
+            "draft_model",
+            f"catalog draft {cand.name} ({cand.params / 1e9:.1f}B, same family, same vocab_size {model.vocab_size}) "
+            f"is the closest to the profile's ~{want_b:g}B draft class",
+            ("speculative", "draft_params_b"),
+        )
+        return "draft_model", cand
+    why = "; ".join(rejected[:3]) or f"no catalog draft of the {model.model_type or 'unknown'} family"
+    if method == "draft_model":
+        raise PlanRefused(
+            f"speculative.method=draft_model but no compatible draft: {why}",
+            ["set speculative.draft to a model with the same vocabulary", "or use speculative.method=ngram"],
+        )
+    r.add(
+        "speculative.method",
+        "ngram",
+        f"no compatible draft model ({why}); ngram prompt lookup needs none",
+        ("speculative", "method"),
+    )
+    return "ngram", None
+
+
+def fit_beside_draft(
+    total: int,
+    util: float,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    tp: int,
+    kv_bytes: int,
+    settings: Mapping[str, Any],
+    eager: bool,
+    r: Reasons,
+    warnings: list[str],
+    key: str,
+    name: str,
+) -> tuple[Fit, ModelFacts | None, str | None]:
+    """``(fit, draft, method)`` of one instance: with its draft where target and draft fit; ngram
+    instead where only the target does; else the target's own (failing) fit, for the refusal."""
+    batched = int(setting(settings, "engine", "max_num_batched_tokens"))
+    seqs = int(setting(settings, "engine", "max_num_seqs"))
+    f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
+    if draft is None or f.fits:
+        return f, draft, spec_method
+    no_draft = fit(total, util, model, None, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
+    if no_draft.fits:
+        warnings.append(
+            f"{name}: the draft {draft.name} does not fit beside the target; ngram speculation instead"
+        )
+        r.add(
+            f"{key}.speculative.method",
+            "ngram",
+            f"draft {draft.name} ({draft.weights_bytes / GiB:.1f} GiB) leaves no room for the KV cache",
+        )
+        return no_draft, None, "ngram"
+    return no_draft, draft, spec_method  # refused (by the caller) on the target's own needs
+
+
+def speculative_config(
+    settings: Mapping[str, Any], method: str | None, draft: ModelFacts | None, tp: int, r: Reasons, key: str
+) -> dict[str, Any] | None:
+    """The instance's speculative section: method, draft, k (fixed, or by batch size), ngram window."""
+    if method is None:
+        return None
+    k = int(setting(settings, "speculative", "num_speculative_tokens"))
+    r.add(
+        f"{key}.speculative.num_speculative_tokens",
+        k,
+        f"{k} tokens proposed per step",
+        ("speculative", "num_speculative_tokens"),
+    )
+    spec: dict[str, Any] = {
+        "method": method,
+        "model": draft.path or draft.name if draft else None,
+        "num_speculative_tokens": k,
+    }
+    if draft is not None:
+        spec["draft_tensor_parallel_size"] = tp
+        r.add(
+            f"{key}.speculative.draft_tensor_parallel_size",
+            tp,
+            "vLLM (>= 0.15) requires the draft's TP to equal the target's",
+        )
+    if method == "ngram":
+        spec["prompt_lookup_max"] = int(setting(settings, "speculative", "prompt_lookup_max"))
+        spec["prompt_lookup_min"] = int(setting(settings, "speculative", "prompt_lookup_min"))
+    table = setting(settings, "speculative", "by_batch_size")
+    if table:
+        spec["num_speculative_tokens_per_batch_size"] = table
+        r.add(
+            f"{key}.speculative.num_speculative_tokens_per_batch_size",
+            table,
+            "k chosen by the running batch size (vLLM has no per-request k): fewer proposals as load grows",
+            ("speculative", "by_batch_size"),
+        )
+    return spec
