@@ -186,3 +186,20 @@ def test_tiny_models_params_equal_the_saved_tensors(tmp_path: Path) -> None:
         facts = read_model_dir(d)
         assert facts.params == n, fam
         assert facts.active_params <= facts.params
+
+
+def test_startup_check_expects_vllms_own_figure_for_sliding_window_models(host_of, empty_root) -> None:
+    """A CPU plan of Gemma 3 (5 sliding : 1 full) carries what vLLM will log; the startup check
+    compares with that, not with the all-layers-full formula (which would warn falsely)."""
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.memory import vllm_reported_kv_tokens
+    from hwprofile.supervise.verify import compare
+
+    plan = make_plan(host_of("no-driver"), empty_root, model="google/gemma-3-1b-it",
+                     sets=["speculative.method=none"], environ={})  # fmt: skip
+    inst = plan["instances"][0]
+    mem = inst["memory"]
+    naive = vllm_reported_kv_tokens(mem["kv_tokens"], inst["engine"]["max_model_len"], mem["block_size"])
+    assert mem["vllm_logged_kv_tokens"] != naive  # vLLM groups sliding and full layers (kv_cache_utils)
+    assert not [w for w in compare(inst, {"kv_cache_tokens": mem["vllm_logged_kv_tokens"]}) if "KV cache" in w]
+    assert [w for w in compare(inst, {"kv_cache_tokens": naive}) if "KV cache" in w]

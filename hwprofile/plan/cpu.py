@@ -9,7 +9,15 @@ from typing import Any
 from ..model import ModelFacts
 from ..snapshot import HostSnapshot
 from .engine import server_settings
-from .memory import CPU_BLOCK_TOKENS, GiB, kv_bytes_per_token, kv_tokens_in, longest_context, sequence_bytes
+from .memory import (
+    CPU_BLOCK_TOKENS,
+    GiB,
+    kv_bytes_per_token,
+    kv_tokens_in,
+    longest_context,
+    sequence_bytes,
+    vllm_kv_cache,
+)
 from .reasons import Reasons, setting
 from .refusal import PlanRefused
 from .speculative import speculative_config
@@ -125,6 +133,13 @@ def cpu_instance(
             "kv_tokens": tokens,
             "block_size": block,
             "kv_bytes_per_max_len_request": sequence_bytes(model, draft, 1, model.dtype_bytes, length, block),
+            # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
+            # with a draft the cache is shared in ways this does not model: then no figure
+            "vllm_logged_kv_tokens": None
+            if draft
+            else vllm_kv_cache(
+                model, kv_space, length, block, model.dtype_bytes, 1, int(engine["max_num_batched_tokens"])
+            )[1],
         },
         "estimate": {"note": "CPU backend: no datasheet bandwidth figure"},
     }

@@ -66,9 +66,11 @@ def compare(inst: dict[str, Any], started: dict[str, Any]) -> list[str]:
     logged = started.get("kv_cache_tokens")
     mem = inst.get("memory") or {}
     if logged is not None and mem.get("kv_tokens"):
-        expected = vllm_reported_kv_tokens(
-            mem["kv_tokens"], int(e["max_model_len"]), int(mem.get("block_size", 16))
-        )
+        expected = mem.get("vllm_logged_kv_tokens")  # the planner's copy of vLLM's own arithmetic
+        if expected is None:
+            expected = vllm_reported_kv_tokens(
+                mem["kv_tokens"], int(e["max_model_len"]), int(mem.get("block_size", 16))
+            )
         if expected != logged:
             warnings.append(f"KV cache: planned {expected} tokens, vLLM reports {logged} tokens")
     return warnings
