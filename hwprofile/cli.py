@@ -11,17 +11,15 @@ from . import __version__
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
 
 
-class CliError(Exception):
-    """A user-facing error: printed without a traceback, with an exit code."""
+class CliError(HwprofileError):
+    """A user-facing error of the command line itself, with its exit code."""
 
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = self.exit_code = code
 
 
 def _add_host_source(p: argparse.ArgumentParser) -> None:
@@ -55,6 +53,11 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
     _add_plan_options(p)
     p.add_argument("--explain", action="store_true", help="show every value's reason and source")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
+    p.add_argument(
+        "--advice-from",
+        metavar="URL",
+        help="apply the speculative k advised from a running vLLM server's own acceptance counters",
+    )
 
 
 def _args_render(p: argparse.ArgumentParser) -> None:
@@ -97,6 +100,7 @@ def _args_launch(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--foreground", action="store_true", help="supervise in this process until SIGTERM/SIGINT")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
+    p.add_argument("--plan-file", metavar="FILE", help=argparse.SUPPRESS)  # the detached supervisor's plan
     p.add_argument(
         "--demo",
         action="store_true",
@@ -123,14 +127,26 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     _add_runtime(p)
+    p.add_argument(
+        "--no-watch-config",
+        dest="watch_config",
+        action="store_false",
+        help="do not watch the config root for edits (reload only on SIGHUP / hwprofile reload)",
+    )
+    p.add_argument(
+        "--watch-quiet", type=float, default=0.5, metavar="S",
+        help="seconds without file events before edits are applied (default 0.5)",
+    )  # fmt: skip
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     """Launch every planned instance, then watch and act by policy until SIGTERM/SIGINT."""
+    from pathlib import Path
+
     from .config.layers import config_root
     from .daemon.main import run_daemon
-    from .launch import LaunchError, check_not_running, check_ports, setup_logging
-    from .pipeline import make_plan, vllm_command
+    from .launch import LaunchError, PlanInputs, check_not_running, check_ports, prepare_dirs, setup_logging
+    from .pipeline import vllm_command
     from .supervise.state import runtime_dir
 
     host = load_host(args)
@@ -143,19 +159,20 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     try:
         check_not_running(runtime)
         check_ports(plan)
+        prepare_dirs(plan, host.software.tmpfs_path, runtime)
     except LaunchError as e:
         print(f"hwprofile: error: {e}", file=sys.stderr)
         return e.code
     root = config_root(args.config_root)
-
-    def replan(extra: list[str]) -> dict:
-        return make_plan(
-            host, root, profile=args.profile, overrides=args.overrides, sets=[*args.sets, *extra],
-            model=args.model, draft=args.draft,
-        )  # fmt: skip
-
+    inputs = PlanInputs(
+        host, root, args.profile, tuple(args.overrides), tuple(args.sets), args.model, args.draft
+    )  # the same inputs for every re-plan: degrade steps, the memory ladder, reloads
     setup_logging(runtime, to_stderr=True)
-    return run_daemon(plan, replan, rel, vllm_command(None), host.software.numactl_path, host.software.tmpfs_path, runtime)
+    return run_daemon(
+        plan, inputs.replan, rel, vllm_command(None), host.software.numactl_path, host.software.tmpfs_path, runtime,
+        watch_root=Path(root) if args.watch_config and root else None, watch_quiet_s=args.watch_quiet,
+        min_model_len=inputs.min_model_len(),
+    )  # fmt: skip
 
 
 def _args_watch(p: argparse.ArgumentParser) -> None:
@@ -263,6 +280,13 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             _args_watch,
             cmd_watch,
         ),
+        (
+            "install-service",
+            "write the systemd unit for `hwprofile daemon` (this installation's ExecStart), then daemon-reload",
+            _args_install_service,
+            cmd_install_service,
+        ),
+        ("reload", "ask the running daemon to re-plan and apply what changed (SIGHUP)", _add_runtime, cmd_reload),
     )
 
 
@@ -421,6 +445,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
             for s in e.suggestions:
                 print(f"  - {s}", file=sys.stderr)
         return EXIT_FAILED
+    if args.advice_from:
+        from .daemon.advice import AdviceError, advice_from
+        from .daemon.policy import WatchSettings
+
+        try:
+            advice, extra = advice_from(args.advice_from, plan, WatchSettings.from_settings(plan.get("watch") or {}))
+        except AdviceError as e:
+            raise CliError(str(e), EXIT_FAILED) from None
+        print(f"hwprofile: advice from {args.advice_from}: {advice.reason}", file=sys.stderr)
+        print(f"hwprofile: applied as --set {' --set '.join(extra)}", file=sys.stderr)
+        plan = make_plan(
+            host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
+            sets=[*args.sets, *extra], model=args.model, draft=args.draft,
+        )  # fmt: skip
     if args.json:
         sys.stdout.write(json.dumps(plan, indent=2) + "\n")
     else:
@@ -562,20 +600,27 @@ def _write_output(directory: str, name: str, fmt: str, text: str) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    import os
     import shlex
 
+    from .config.layers import config_root
     from .launch import (
         LaunchError,
+        PlanInputs,
         check_not_running,
         check_ports,
+        prepare_dirs,
         run_detached,
         run_foreground,
         setup_logging,
+        write_launch_file,
     )
     from .pipeline import vllm_command
     from .render.translate import render_instance
     from .supervise.state import runtime_dir
 
+    if args.plan_file:  # the detached supervisor: the plan its parent validated, not planned again
+        return _launch_from_file(args)
     host = load_host(args)
     rel = _release(
         args,
@@ -599,6 +644,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except _Refused:
         return EXIT_FAILED
     numactl = host.software.numactl_path
+    inputs = PlanInputs(
+        host, config_root(args.config_root), args.profile, tuple(os.path.abspath(f) for f in args.overrides),
+        tuple(sets), model, args.draft,
+    )  # fmt: skip
     if args.dry_run:
         for inst in plan["instances"]:
             r = render_instance(plan, inst, rel, vllm_command(inst["server"].get("vllm_command")), numactl)
@@ -613,22 +662,55 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return EXIT_OK
     runtime = runtime_dir(args.runtime_dir)
     try:
+        prepare_dirs(plan, host.software.tmpfs_path, runtime)
         check_not_running(runtime)
         check_ports(plan)
     except LaunchError as e:
         print(f"hwprofile: error: {e}", file=sys.stderr)
         return e.code
     if args.demo:
-        return _demo(plan, rel, numactl, host.software.tmpfs_path, runtime)
+        return _demo(plan, rel, numactl, host.software.tmpfs_path, runtime, inputs)
     if args.foreground:
         setup_logging(runtime, to_stderr=True)
-        return run_foreground(plan, rel, vllm_command(None), numactl, host.software.tmpfs_path, runtime)
-    argv = [a for a in sys.argv[1:] if a != "--foreground"] if args.argv is None else args.argv
+        return run_foreground(
+            plan, rel, vllm_command(None), numactl, host.software.tmpfs_path, runtime,
+            replan=inputs.replan, min_model_len=inputs.min_model_len(),
+        )  # fmt: skip
+    plan_file = write_launch_file(runtime, plan, inputs, rel.target)
     timeout = float((plan.get("supervise") or {}).get("ready_timeout", 900)) + 30
-    return run_detached(argv, runtime, timeout)
+    return run_detached(
+        ["launch", "--plan-file", str(plan_file), "--runtime-dir", str(runtime)], runtime, timeout
+    )
 
 
-def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
+def _launch_from_file(args: argparse.Namespace) -> int:
+    """``launch --plan-file FILE``: supervise, in this process, the plan (and its inputs, for the
+    memory ladder's re-plans) that a detached ``launch`` wrote; no detection, no second planning."""
+    from .launch import LaunchError, read_launch_file, run_foreground, setup_logging
+    from .pipeline import vllm_command
+    from .render.versions import UnknownVersion, release
+    from .supervise.state import UnsafeDirectory, runtime_dir
+
+    try:
+        plan, inputs, version = read_launch_file(args.plan_file)
+        rel = release(version)
+    except (LaunchError, UnknownVersion) as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return getattr(e, "code", EXIT_USAGE)
+    runtime = runtime_dir(args.runtime_dir)
+    try:
+        setup_logging(runtime, to_stderr=True)
+    except UnsafeDirectory as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    sw = inputs.host.software
+    return run_foreground(
+        plan, rel, vllm_command(None), sw.numactl_path, sw.tmpfs_path, runtime,
+        replan=inputs.replan, min_model_len=inputs.min_model_len(),
+    )  # fmt: skip
+
+
+def _demo(plan, rel, numactl, tmpfs, runtime, inputs=None) -> int:
     import time
 
     from .launch import demo_completion, format_status, setup_logging, status
@@ -644,7 +726,14 @@ def _demo(plan, rel, numactl, tmpfs, runtime) -> int:
         rel,
         vllm_command(None),
         numactl,
-        options(plan, tmpfs, runtime, progress=lambda m: print(f"hwprofile: {m}", file=sys.stderr)),
+        options(
+            plan,
+            tmpfs,
+            runtime,
+            progress=lambda m: print(f"hwprofile: {m}", file=sys.stderr),
+            min_model_len=inputs.min_model_len() if inputs else None,
+        ),
+        replan=inputs.replan if inputs else None,
     )
     t0 = time.monotonic()
     sup.start()
@@ -732,6 +821,48 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return exit_code(findings)
 
 
+def _args_install_service(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--user", action="store_true", help="a unit for the user's manager (systemctl --user)")
+    p.add_argument(
+        "--prefix", metavar="DIR",
+        help="write into DIR (DIR/hwprofile.service, DIR/tmpfiles.d/hwprofile.conf) and do not reload systemd",
+    )  # fmt: skip
+    p.add_argument("--stop-timeout", type=int, metavar="S", help="TimeoutStopSec (default: drain time + margins)")
+    p.add_argument("--run-as", metavar="USER", help="User= of the system unit (default: DynamicUser=yes)")
+    p.add_argument(
+        "daemon_args", nargs=argparse.REMAINDER, metavar="-- DAEMON ARGS",
+        help="arguments for `hwprofile daemon` in ExecStart, e.g. -- --model /srv/models/x",
+    )  # fmt: skip
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    from .service import install
+
+    extra = args.daemon_args[1:] if args.daemon_args[:1] == ["--"] else args.daemon_args
+    try:
+        lines = install(extra, args.prefix, args.user, args.stop_timeout, args.run_as)
+    except OSError as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for line in lines:
+        print(f"hwprofile: {line}")
+    return EXIT_OK
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    from .service import ReloadError, signal_reload
+    from .supervise.state import runtime_dir
+
+    try:
+        lines = signal_reload(runtime_dir(args.runtime_dir))
+    except ReloadError as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for line in lines:
+        print(f"hwprofile: {line}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     # The first word names the command (the top level takes no option with a value); anything
@@ -742,9 +873,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(argv) if argv is not None else None
     try:
         return int(args.func(args))
-    except CliError as e:
-        print(f"hwprofile: error: {e}", file=sys.stderr)
-        return e.code
+    except HwprofileError as e:  # the one place an error becomes an exit code (hwprofile/errors.py)
+        for line in e.messages():
+            print(f"hwprofile: error: {line}", file=sys.stderr)
+        return e.exit_code
     except BrokenPipeError:
         return EXIT_OK
     except OSError as e:
@@ -754,14 +886,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"hwprofile: error: cannot write the output: {e.strerror}", file=sys.stderr)
         return EXIT_FAILED
-    except Exception as e:
-        from .config import ConfigError  # imported here: not every command reads configuration
-
-        if not isinstance(e, ConfigError):
-            raise
-        for problem in e.problems:
-            print(f"hwprofile: error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

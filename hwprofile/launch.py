@@ -10,38 +10,43 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import OperationError
 from .supervise.state import (
     ALIVE,
     LAST_FILE,
     STATE_FILE,
     AlreadySupervising,
     Identity,
+    UnsafeDirectory,
     already_message,
     check,
     group_members,
     identity_of,
     lock_held,
+    private_dir,
     read_state,
     remove_state,
     signal_process,
+    user_dirname,
     wait_gone,
 )
 
 log = logging.getLogger("hwprofile")
 
 
-class LaunchError(Exception):
+class LaunchError(OperationError):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
 
 
 def setup_logging(runtime: Path, to_stderr: bool) -> None:
-    runtime.mkdir(parents=True, exist_ok=True)
-    os.chmod(runtime, 0o700)
+    private_dir(runtime)
     handlers: list[logging.Handler] = [logging.FileHandler(runtime / "hwprofile.log")]
     if to_stderr:
         console = logging.StreamHandler(sys.stderr)
@@ -60,16 +65,35 @@ def setup_logging(runtime: Path, to_stderr: bool) -> None:
 
 
 def log_root(plan: dict[str, Any], tmpfs: str | None, runtime: Path) -> Path:
+    """Where the instances' logs go: hwprofile's own per-user directory (:func:`user_dirname`) inside
+    ``logs.dir`` or the tmpfs, never the given directory itself (whose mode hwprofile leaves alone);
+    the runtime directory's ``logs`` without either."""
     configured = (plan.get("logs") or {}).get("dir")
     if configured:
-        return Path(configured)
+        return Path(configured) / user_dirname()
     if tmpfs:
-        return Path(tmpfs) / "hwprofile"
+        return Path(tmpfs) / user_dirname()
     log.warning("no tmpfs found: instance logs go to %s (on disk)", runtime / "logs")
     return runtime / "logs"
 
 
-def options(plan: dict[str, Any], tmpfs: str | None, runtime: Path, progress: Any = None):  # -> Options
+def prepare_dirs(plan: dict[str, Any], tmpfs: str | None, runtime: Path) -> None:
+    """Create (or check) the runtime and log directories before anything starts, so that one hwprofile
+    may not use (a link, another user's, writable by others) is refused here, with the reason."""
+    try:
+        private_dir(runtime)
+        private_dir(log_root(plan, tmpfs, runtime))
+    except UnsafeDirectory as e:
+        raise LaunchError(str(e)) from None
+
+
+def options(
+    plan: dict[str, Any],
+    tmpfs: str | None,
+    runtime: Path,
+    progress: Any = None,
+    min_model_len: int | None = None,
+):  # -> Options
     from .config.schema import parse_size
     from .supervise.supervisor import Options
 
@@ -84,7 +108,101 @@ def options(plan: dict[str, Any], tmpfs: str | None, runtime: Path, progress: An
         backoff_initial=float(sup.get("backoff_initial", 2)),
         backoff_max=float(sup.get("backoff_max", 60)),
         progress=progress,
+        min_model_len=min_model_len,
     )
+
+
+# -- what a plan was made from, and the file a detached supervisor starts from ---------------------
+
+LAUNCH_FILE = "launch.json"
+LAUNCH_SCHEMA = "hwprofile.launch/1"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is made from: a re-plan (the memory ladder's) starts from the same inputs with
+    more ``--set`` overrides. The environment's ``HWPROFILE_*`` layer is read again at each re-plan."""
+
+    host: Any  # HostSnapshot
+    config_root: str
+    profile: str | None = None
+    overrides: tuple[str, ...] = ()
+    sets: tuple[str, ...] = ()
+    model: str | None = None
+    draft: str | None = None
+
+    def replan(self, extra: Sequence[str] = ()) -> dict[str, Any]:
+        from .pipeline import make_plan
+
+        return make_plan(
+            self.host, self.config_root, profile=self.profile, overrides=list(self.overrides),
+            sets=[*self.sets, *extra], model=self.model, draft=self.draft,
+        )  # fmt: skip
+
+    def min_model_len(self) -> int | None:
+        """The profile's ``engine.min_model_len`` (the ladder's context floor), as these inputs set it."""
+        from .pipeline import resolve_settings
+
+        try:
+            res = resolve_settings(
+                self.host, self.config_root, self.profile, list(self.overrides), list(self.sets)
+            )
+            return int(res.settings["engine"]["min_model_len"])
+        except Exception as e:  # a floor unknown is the ladder's own default, not a failed launch
+            log.warning("engine.min_model_len not known (%s): the ladder uses its own floor", e)
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host.to_dict(), "config_root": self.config_root, "profile": self.profile,
+            "overrides": list(self.overrides), "sets": list(self.sets), "model": self.model, "draft": self.draft,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str) -> PlanInputs:
+        from .snapshot import HostSnapshot
+
+        return cls(
+            HostSnapshot.from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
+            tuple(data.get("overrides") or ()), tuple(data.get("sets") or ()), data.get("model"), data.get("draft"),
+        )  # fmt: skip
+
+
+def write_launch_file(runtime: Path, plan: dict[str, Any], inputs: PlanInputs, vllm_version: str) -> Path:
+    """The validated plan, its inputs (for re-plans) and the vLLM release, for the detached
+    supervisor: ``<runtime>/launch.json``, written atomically, 0600."""
+    from .runtime.files import atomic_write
+
+    path = private_dir(runtime) / LAUNCH_FILE
+    doc = {"schema": LAUNCH_SCHEMA, "vllm_version": vllm_version, "plan": plan, "inputs": inputs.to_json()}
+    atomic_write(path, json.dumps(doc, indent=1), 0o600)
+    return path
+
+
+def read_launch_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], PlanInputs, str]:
+    """(plan, inputs, vLLM version) from :func:`write_launch_file`'s file; it must be a regular file
+    of this user's (not followed if it is a link)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise LaunchError(f"--plan-file {path}: {e.strerror}", 2) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise LaunchError(f"--plan-file {path}: not a regular file of this user's", 2)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("schema") != LAUNCH_SCHEMA:
+            raise ValueError(f"schema is not {LAUNCH_SCHEMA}")
+        return doc["plan"], PlanInputs.from_json(doc["inputs"], str(path)), str(doc["vllm_version"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise LaunchError(f"--plan-file {path}: not a launch file: {e}", 2) from None
 
 
 def check_not_running(runtime: Path) -> None:
@@ -114,18 +232,31 @@ def check_ports(plan: dict[str, Any]) -> None:
 
 
 def run_foreground(
-    plan: dict[str, Any], rel: Any, vllm_cmd: str, numactl: str | None, tmpfs: str | None, runtime: Path
+    plan: dict[str, Any],
+    rel: Any,
+    vllm_cmd: str,
+    numactl: str | None,
+    tmpfs: str | None,
+    runtime: Path,
+    replan: Callable[[list[str]], dict[str, Any]] | None = None,
+    min_model_len: int | None = None,
 ) -> int:
+    """Supervise ``plan`` here until SIGTERM/SIGINT/SIGHUP; ``replan`` (from the plan's inputs) is
+    how the memory ladder's steps are planned."""
     from .supervise.lifecycle import State
     from .supervise.supervisor import Supervisor
 
     try:
-        sup = Supervisor(
-            plan, rel, vllm_cmd, numactl, options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m))
+        opts = options(
+            plan, tmpfs, runtime, progress=lambda m: log.info("%s", m), min_model_len=min_model_len
         )
+        sup = Supervisor(plan, rel, vllm_cmd, numactl, opts, replan=replan)
     except AlreadySupervising as e:
         print(f"hwprofile: error: {e}", file=sys.stderr)
         return 2
+    except UnsafeDirectory as e:
+        print(f"hwprofile: error: {e}", file=sys.stderr)
+        return 1
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: stopping instances", signal.Signals(signum).name)
@@ -151,9 +282,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def run_detached(argv: list[str], runtime: Path, timeout: float) -> int:
-    """Start the supervisor in its own session, wait for every instance to be ready (or fail)."""
-    from .supervise.logs import private_dir
-
+    """Start the supervisor (``hwprofile <argv> --foreground``) in its own session, wait for every
+    instance to be ready (or fail)."""
     private_dir(runtime)
     out = open(runtime / "supervisor.out", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
@@ -229,6 +359,89 @@ def status(runtime: Path) -> dict[str, Any]:
     if not alive:
         out["stale"] = True
         out["stale_reason"] = f"supervisor pid {state.get('supervisor_pid')}: {verdict}"
+    elif (live := _daemon_view(runtime)) is not None:
+        out["daemon"] = live
+        by_name = {i["name"]: i for i in live.get("instances") or []}
+        for inst in out.get("instances") or []:
+            if inst["name"] in by_name:
+                inst["live"] = by_name[inst["name"]]
+    return out
+
+
+def _daemon_view(runtime: Path) -> dict[str, Any] | None:
+    """The daemon's last published tick (``daemon.json``), when a daemon runs this supervisor; a
+    file older than ten ticks is reported as such, not shown as current."""
+    from .daemon.loop import DAEMON_FILE
+
+    try:
+        doc = json.loads((runtime / DAEMON_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.daemon/1":
+        return None
+    age = time.time() - float(doc.get("updated_at") or 0)
+    interval = float((doc.get("watch") or {}).get("interval") or 1.0)
+    doc["age_s"] = round(age, 1)
+    doc["current"] = age <= 10 * interval + 5
+    return doc
+
+
+def _fmt_gpu(g: dict[str, Any]) -> str:
+    parts = [f"GPU {g['index']}: {g['thermal_state']}"]
+    if g.get("temperature_c") is not None:
+        limits = [
+            f"slowdown {g['temperature_slowdown_c']:.0f}"
+            if g.get("temperature_slowdown_c") is not None
+            else "",
+            f"shutdown {g['temperature_shutdown_c']:.0f}"
+            if g.get("temperature_shutdown_c") is not None
+            else "",
+        ]
+        lim = ", ".join(x for x in limits if x)
+        parts.append(f"{g['temperature_c']:.0f} °C" + (f" ({lim} °C)" if lim else ""))
+    if g.get("sm_clock_mhz") is not None:
+        top = f" of {g['sm_clock_max_mhz']}" if g.get("sm_clock_max_mhz") else ""
+        parts.append(f"SM {g['sm_clock_mhz']}{top} MHz")
+    active = {k: v for k, v in (g.get("clocks_event_reasons") or {}).items() if k != "gpu_idle"}
+    if active:
+        parts.append("clock events " + ", ".join(f"{k} for {v:.0f} s" for k, v in active.items()))
+    if g.get("power_draw_watts") is not None:
+        top = f" of {g['power_limit_watts']:.0f}" if g.get("power_limit_watts") else ""
+        parts.append(f"{g['power_draw_watts']:.0f}{top} W")
+    line = ", ".join(parts)
+    if g["thermal_state"] != "ok" or g.get("pending"):
+        line += f" — {g.get('reason')}"
+    return line
+
+
+def _fmt_live(i: dict[str, Any]) -> list[str]:
+    if i.get("status") != "ok":
+        return [f"    live: {i.get('status')}" + (f" ({i['error']})" if i.get("error") else "")]
+    bits = []
+    if i.get("running") is not None:
+        bits.append(f"running {i['running']:.0f}, waiting {i.get('waiting') or 0:.0f}")
+    if i.get("kv_usage") is not None:
+        bits.append(f"KV {i['kv_usage']:.0%}")
+    if i.get("preemptions"):
+        bits.append(f"preemptions {i['preemptions']:.0f}")
+    if i.get("acceptance_rate") is not None:
+        bits.append(
+            f"acceptance {i['acceptance_rate']:.0%} (mean length {i.get('mean_acceptance_length') or 0:.2f})"
+        )
+    for key, label in (("ttft", "TTFT"), ("itl", "ITL")):
+        p50, p99 = i.get(f"{key}_p50_s"), i.get(f"{key}_p99_s")
+        if p50 is not None and p99 is not None:
+            bits.append(f"{label} p50/p99 {p50 * 1000:.0f}/{p99 * 1000:.0f} ms")
+    out = [
+        f"    live ({i.get('window_s') or 0:.0f} s window): " + ", ".join(bits)
+        if bits
+        else "    live: no data yet"
+    ]
+    out.append(f"    thermal {i.get('thermal_state')}, degrade step {i.get('degrade_level')}")
+    if i.get("warning"):
+        out.append(f"    warning: {i['warning']}")
+    if i.get("advice"):
+        out.append(f"    advice: {i['advice']['reason']}")
     return out
 
 
@@ -268,6 +481,26 @@ def format_status(state: dict[str, Any]) -> str:
             out.append(f"    log: {i['log_dropped_lines']} lines dropped ({i.get('log_error')})")
         for w in i.get("warnings") or []:
             out.append(f"    warning: {w}")
+        if i.get("live"):
+            out += _fmt_live(i["live"])
+    live = state.get("daemon")
+    if live:
+        age = (
+            ""
+            if live.get("current")
+            else f" (last update {live.get('age_s')} s ago: the daemon is not ticking)"
+        )
+        out.append(f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}")
+        out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
+        for a in (live.get("actions") or [])[-5:]:
+            when = time.strftime("%H:%M:%S", time.localtime(a.get("at") or 0))
+            out.append(
+                f"  action {when}: {a['kind']} {a['instance']} to step {a['level']} {a['outcome']}: {a['reason']}"
+            )
+        for q in live.get("queued") or []:
+            out.append(f"  queued: {q['kind']} {q['instance']} to step {q['level']}")
+        for e in (live.get("errors") or [])[-3:]:
+            out.append(f"  error: {e}")
     return "\n".join(out) + "\n"
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import OperationError
+
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
 STOP_MARGIN_S = 10  # the supervisor's SIGKILL margin beyond server.shutdown_timeout
@@ -248,7 +250,7 @@ def daemon_reload(scope: list[str]) -> str:
     return f"ran systemctl {' '.join([*scope, 'daemon-reload'])}"
 
 
-class ReloadError(Exception):
+class ReloadError(OperationError):
     pass
 
 

@@ -18,6 +18,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, NamedTuple
 
+from .errors import InputError
+
 if TYPE_CHECKING:
     from typing import Any
 
@@ -40,7 +42,7 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 LINK_KINDS = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
-class SnapshotError(ValueError):
+class SnapshotError(InputError, ValueError):
     """A saved snapshot that cannot be read; the message says which file and what is wrong."""
 
 

@@ -155,7 +155,8 @@ def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
     assert url == f"http://127.0.0.1:{env.port}"
     # logs on tmpfs, private
     log_dir = Path(inst["log_dir"])
-    assert log_dir.parent == env.logs and stat.S_IMODE(log_dir.stat().st_mode) == 0o700
+    # hwprofile's own subdirectory of logs.dir (never chmod on a directory it did not create)
+    assert log_dir.parent.parent == env.logs and stat.S_IMODE(log_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE(Path(inst["log_file"]).stat().st_mode) == 0o600
     assert "non-default args" in Path(inst["log_file"]).read_text()
     # what started is what was planned: no verification warnings (KV tokens included)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import stat
 
 import pytest
 
-from hwprofile.supervise.failures import classify, next_step
+from hwprofile.supervise.failures import Rung, classify, ladder_sets, next_rung
 from hwprofile.supervise.logs import RotatingLog
 from hwprofile.supervise.state import read_state, write_state
 from hwprofile.supervise.verify import compare, parse_startup
@@ -61,25 +62,80 @@ def _inst(device: str = "cuda") -> dict:
     }  # fmt: skip
 
 
+def _apply(inst: dict, step: Rung) -> dict:
+    """What a re-plan with the step's override gives, for these tests (the planner follows it)."""
+    new = copy.deepcopy(inst)
+    key, _, value = step.set.partition("=")
+    section, name = key.split(".")
+    if section == "speculative":
+        new["speculative"] = None
+    else:
+        new["engine"][name] = True if value == "true" else float(value) if "." in value else int(value)
+    return new
+
+
+def _walk(inst: dict, min_model_len: int = 256) -> tuple[dict, list[Rung]]:
+    taken: list[Rung] = []
+    while (step := next_rung(inst, taken, min_model_len)) is not None:
+        inst = _apply(inst, step)
+        taken.append(step)
+    return inst, taken
+
+
 def test_ladder_goes_down_one_step_at_a_time_then_stops() -> None:
-    inst, rungs = _inst(), []
-    while (nxt := next_step(inst)) is not None:
-        inst, step = nxt
-        rungs.append(step.rung)
-    assert rungs == ["memory share", "memory share", "context length", "context length",
-                     "concurrent sequences", "concurrent sequences", "eager mode", "speculative decoding"]  # fmt: skip
+    original = _inst()
+    inst, taken = _walk(original)
+    assert [t.rung for t in taken] == ["memory share", "memory share", "context length", "context length",
+                                       "concurrent sequences", "concurrent sequences", "eager mode",
+                                       "speculative decoding"]  # fmt: skip
+    assert [t.set for t in taken] == [
+        "engine.gpu_memory_utilization=0.55", "engine.gpu_memory_utilization=0.5", "engine.max_model_len=512",
+        "engine.max_model_len=256", "engine.max_num_seqs=2", "engine.max_num_seqs=1", "engine.enforce_eager=true",
+        "speculative.method=none"]  # fmt: skip
+    assert [t.change for t in taken][:3] == [
+        "gpu_memory_utilization 0.6 -> 0.55", "gpu_memory_utilization 0.55 -> 0.5", "max_model_len 1024 -> 512"]  # fmt: skip
+    assert taken[-1].change == "ngram speculation dropped (draft weights and KV freed)"
     assert inst["engine"]["gpu_memory_utilization"] == 0.5 and inst["engine"]["max_model_len"] == 256
     assert (
         inst["engine"]["max_num_seqs"] == 1
         and inst["engine"]["enforce_eager"]
         and inst["speculative"] is None
     )
-    assert _inst()["engine"]["max_model_len"] == 1024  # the input is not modified
+    assert original == _inst()  # the input is not modified
+    assert ladder_sets(taken)[-1] == "speculative.method=none" and len(ladder_sets(taken)) == 8
+
+
+def test_ladder_never_halves_the_context_below_min_model_len() -> None:
+    inst = _inst("cpu")
+    inst["engine"]["max_model_len"] = 8192
+    _, taken = _walk(inst, min_model_len=3000)
+    assert [t.set for t in taken if t.rung == "context length"] == [
+        "engine.max_model_len=4096", "engine.max_model_len=3000"]  # fmt: skip
+    inst["engine"]["max_model_len"] = 2048  # already below the floor: the rung is skipped
+    assert next_rung(inst, [], 3000).rung == "concurrent sequences"
+
+
+def test_ladder_never_climbs_back_and_skips_an_override_the_replan_did_not_follow() -> None:
+    inst = _inst()
+    first = next_rung(inst, [], 256)
+    assert first.set == "engine.gpu_memory_utilization=0.55"
+    # the re-plan did not follow (the instance still says 0.6): the same override is not taken again
+    assert next_rung(inst, [first], 256).rung == "context length"
+    # once on the context rung, a memory share still above the floor is left alone
+    ctx = Rung("context length", "engine.max_model_len=512", "")
+    assert next_rung(_apply(inst, ctx), [ctx], 256).set == "engine.max_model_len=256"
 
 
 def test_ladder_on_cpu_skips_the_memory_share() -> None:
-    _, step = next_step(_inst("cpu"))
+    step = next_rung(_inst("cpu"), [], 256)
     assert step.rung == "context length" and step.change == "max_model_len 1024 -> 512"
+    assert step.set == "engine.max_model_len=512"
+
+
+def test_ladder_bottom_is_none() -> None:
+    inst = {"device": "cuda", "engine": {"gpu_memory_utilization": 0.5, "max_model_len": 256, "max_num_seqs": 1,
+                                         "enforce_eager": True}, "speculative": None}  # fmt: skip
+    assert next_rung(inst, [], 256) is None
 
 
 NON_DEFAULT = "(APIServer pid=1) INFO 11-29 [api_utils.py:286] non-default args: {'model_tag': '/m', 'max_model_len': 512, 'enforce_eager': True, 'kv_cache_memory_bytes': 300000, 'max_num_seqs': 4}\n"
@@ -111,6 +167,9 @@ def test_rotating_log_caps_size_and_drops_the_oldest(tmp_path) -> None:
     assert "line 01999" in (tmp_path / "inst" / "vllm.log").read_text()
     assert "line 00000" not in "".join(p.read_text() for p in (tmp_path / "inst").iterdir())
     assert log.last_line().startswith("line 01999")
+    mark = log.count
+    log.write("after the mark\n")
+    assert log.text_since(mark) == "after the mark" and log.text_since(log.count) == ""
 
 
 def test_state_file_is_atomic_and_private(tmp_path) -> None:

@@ -7,6 +7,7 @@ thread, a log sink that cannot be written, a proxy in the environment, the runti
 
 from __future__ import annotations
 
+import copy
 import errno
 import itertools
 import json
@@ -14,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ from hwprofile.supervise.state import (
     lock_held,
     read_state,
     signal_process,
+    user_dirname,
     write_state,
 )
 from hwprofile.supervise.supervisor import Options, Supervisor
@@ -109,17 +112,37 @@ def sets_for(world: dict[str, Any], port: int, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
-def make_supervisor(world: dict[str, Any], rt: Path, *extra: str, **opts: Any) -> Supervisor:
-    from hwprofile.pipeline import make_plan
-
+def plan_inputs(world: dict[str, Any], rt: Path, *extra: str, host: Any = None) -> launch.PlanInputs:
     (rt / "etc").mkdir(exist_ok=True)
-    plan = make_plan(
-        world["host"], rt / "etc", sets=sets_for(world, free_port(), *extra), model=str(world["model"])
-    )
+    sets = tuple(sets_for(world, free_port(), *extra))
+    return launch.PlanInputs(host or world["host"], str(rt / "etc"), sets=sets, model=str(world["model"]))
+
+
+def make_supervisor(
+    world: dict[str, Any], rt: Path, *extra: str, host: Any = None, replan: bool = True, **opts: Any
+) -> Supervisor:
+    """A supervisor wired as ``launch`` wires it: the plan and its re-plans from the same inputs."""
+    inputs = plan_inputs(world, rt, *extra, host=host)
     defaults: dict[str, Any] = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1,
-                                "backoff_max": 1.0, "poll_interval": 0.05, "stop_margin": 3.0}  # fmt: skip
+                                "backoff_max": 1.0, "poll_interval": 0.05, "stop_margin": 3.0,
+                                "min_model_len": inputs.min_model_len()}  # fmt: skip
     options = Options(runtime=rt / "run", log_root=rt / "logs", **{**defaults, **opts})
-    return Supervisor(plan, world["release"], "/nonexistent/vllm", None, options)
+    return Supervisor(
+        inputs.replan(), world["release"], "/nonexistent/vllm", None, options,
+        replan=inputs.replan if replan else None,
+    )  # fmt: skip
+
+
+def flag_values(path: Path, name: str) -> list[str | None]:
+    """The value of ``name`` in every start's argv (None where it is absent; "" for a bare flag)."""
+    out: list[str | None] = []
+    for a in (s["argv"] for s in starts(path)):
+        if name not in a:
+            out.append(None)
+        else:
+            nxt = a[a.index(name) + 1] if a.index(name) + 1 < len(a) else ""
+            out.append("" if nxt.startswith("--") else nxt)
+    return out
 
 
 def wait_for(pred: Any, what: str, timeout: float = 20) -> None:
@@ -245,8 +268,8 @@ def test_health_polls_never_use_a_proxy(world, rt, fake_env, monkeypatch) -> Non
     try:
         assert sup.wait_ready(15), sup.instances[0].failure
         url = sup.instances[0].url
-        with pytest.raises(OSError):  # what urlopen does with that environment: the dead proxy
-            urllib.request.urlopen(url + "/health", timeout=2)
+        with pytest.raises(OSError):  # what a default opener does with that environment: the dead proxy
+            urllib.request.build_opener().open(url + "/health", timeout=2)
         assert http.healthy(url)
     finally:
         finish(sup)
@@ -327,19 +350,101 @@ def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env
     monkeypatch.setenv("FAKEVLLM_MODE", "oom")
     monkeypatch.setenv("FAKEVLLM_FAIL_TIMES", "2")
     monkeypatch.setenv("FAKEVLLM_COUNTER", str(rt / "count"))
-    sup = make_supervisor(world, rt, "engine.max_model_len=1024")
+    sup = make_supervisor(world, rt, "engine.max_model_len=1024", backoff_initial=0.4, backoff_max=5)
     sup.start()
     try:
         assert sup.wait_ready(20), sup.instances[0].failure
         inst = sup.instances[0]
         assert [s["change"] for s in inst.ladder] == ["max_model_len 1024 -> 512", "max_model_len 512 -> 256"]
-        assert all(s["because"] == "out of memory" for s in inst.ladder) and inst.restarts == 0
-        argvs = [s["argv"] for s in starts(fake_env)]
-        assert [a[a.index("--max-model-len") + 1] for a in argvs] == ["1024", "512", "256"]
+        assert [s["set"] for s in inst.ladder] == ["engine.max_model_len=512", "engine.max_model_len=256"]
+        assert all(s["because"] == "out of memory" for s in inst.ladder)
+        assert inst.restarts == 2  # a ladder step is a restart: it counts toward max_restarts
+        assert flag_values(fake_env, "--max-model-len") == ["1024", "512", "256"]
+        t = [s["t"] for s in starts(fake_env)]
+        gaps = [b - a for a, b in itertools.pairwise(t)]
+        assert gaps[0] >= 0.4 and gaps[1] >= 0.8, gaps  # each step waited the backoff, doubling
+        # the instance is the re-planned one: its memory figures are the planner's for 256 tokens,
+        # and the startup check against them (and this start's own log only) finds nothing to say
+        fresh = sup.replan(["engine.max_model_len=512", "engine.max_model_len=256"])["instances"][0]
+        assert inst.inst["memory"] == fresh["memory"] and inst.inst["engine"] == fresh["engine"]
+        assert inst.verify_warnings == [], inst.verify_warnings
         human = launch.format_status(launch.status(rt / "run"))
         assert "ladder: max_model_len 1024 -> 512 (after: out of memory)" in human
+        assert "planned" not in human  # no "started differently from the plan" warning
     finally:
         finish(sup)
+
+
+def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch, host_of) -> None:
+    """memory share -0.05 (twice, to 0.5), the context halved to engine.min_model_len, sequences
+    halved, eager mode, no speculative decoding; then the bottom: each start with the re-planned
+    instance, memory figures included."""
+    host = host_of("rtx4090-1x")
+    monkeypatch.setenv("FAKEVLLM_MODE", "oom")
+    sets = ("engine.gpu_memory_utilization=0.6", "engine.max_model_len=1024", "engine.min_model_len=512",
+            "engine.max_num_seqs=2", "engine.enforce_eager=false", "speculative.method=ngram",
+            "speculative.num_speculative_tokens=3")  # fmt: skip
+    sup = make_supervisor(world, rt, *sets, host=host, max_restarts=10, backoff_initial=0.05)
+    first = copy.deepcopy(sup.instances[0].inst)
+    assert first["device"] == "cuda" and first["speculative"]
+    sup.start()
+    sup.wait(60)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and "every ladder step taken" in inst.failure["fix"]
+    assert [s["set"] for s in inst.ladder] == [
+        "engine.gpu_memory_utilization=0.55", "engine.gpu_memory_utilization=0.5", "engine.max_model_len=512",
+        "engine.max_num_seqs=1", "engine.enforce_eager=true", "speculative.method=none"]  # fmt: skip
+    assert [s["rung"] for s in inst.ladder] == ["memory share", "memory share", "context length",
+                                                "concurrent sequences", "eager mode", "speculative decoding"]  # fmt: skip
+    assert inst.restarts == 6 and len(starts(fake_env)) == 7
+    assert flag_values(fake_env, "--gpu-memory-utilization") == ["0.6", "0.55"] + ["0.5"] * 5
+    assert flag_values(fake_env, "--max-model-len") == ["1024"] * 3 + ["512"] * 4  # never below min_model_len
+    assert flag_values(fake_env, "--max-num-seqs") == ["2"] * 4 + ["1"] * 3
+    assert [v is not None for v in flag_values(fake_env, "--enforce-eager")] == [False] * 5 + [True] * 2
+    assert [v is not None for v in flag_values(fake_env, "--speculative-config")] == [True] * 6 + [False]
+    fresh = sup.replan([s["set"] for s in inst.ladder])["instances"][0]
+    assert inst.inst["memory"] == fresh["memory"] and inst.inst["memory"] != first["memory"]
+    assert inst.inst["memory"]["budget_bytes"] < first["memory"]["budget_bytes"]
+    human = launch.format_status(launch.status(rt / "run"))
+    assert "ladder: gpu_memory_utilization 0.6 -> 0.55 (after: out of memory)" in human
+    assert "ladder: ngram speculation dropped" in human
+
+
+def test_the_ladder_context_floor_is_min_model_len(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "oom")
+    sup = make_supervisor(world, rt, "engine.max_model_len=2048", "engine.min_model_len=1024", max_restarts=10,
+                          backoff_initial=0.05)  # fmt: skip
+    sup.start()
+    sup.wait(30)
+    inst = sup.instances[0]
+    assert [s["change"] for s in inst.ladder] == [
+        "max_model_len 2048 -> 1024", "max_num_seqs 4 -> 2", "max_num_seqs 2 -> 1"]  # fmt: skip
+    assert flag_values(fake_env, "--max-model-len") == ["2048", "1024", "1024", "1024"]
+    assert inst.state == State.FAILED and "every ladder step taken" in inst.failure["fix"]
+
+
+def test_ladder_steps_count_toward_max_restarts(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "oom")
+    sup = make_supervisor(world, rt, "engine.max_model_len=1024", max_restarts=1, backoff_initial=0.05)
+    sup.start()
+    sup.wait(30)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and len(starts(fake_env)) == 2 and inst.restarts == 2
+    assert [s["change"] for s in inst.ladder] == ["max_model_len 1024 -> 512"]
+    assert inst.failure["kind"] == "out of memory"
+    assert inst.failure["fix"] == (
+        "gave up after 1 restarts (the next ladder step would have been --set engine.max_model_len=256)"
+    )
+
+
+def test_without_a_replan_a_memory_failure_says_the_next_step(world, rt, fake_env, monkeypatch) -> None:
+    monkeypatch.setenv("FAKEVLLM_MODE", "oom")
+    sup = make_supervisor(world, rt, "engine.max_model_len=1024", replan=False)
+    sup.start()
+    sup.wait(30)
+    inst = sup.instances[0]
+    assert inst.state == State.FAILED and len(starts(fake_env)) == 1 and not inst.ladder
+    assert "--set engine.max_model_len=512" in inst.failure["fix"]
 
 
 def test_kv_cache_too_small_walks_the_ladder_until_it_fits(world, rt, fake_env) -> None:
@@ -354,6 +459,7 @@ def test_kv_cache_too_small_walks_the_ladder_until_it_fits(world, rt, fake_env) 
         assert [s["change"] for s in inst.ladder] == [
             "max_model_len 2048 -> 1024", "max_model_len 1024 -> 512", "max_model_len 512 -> 256"]  # fmt: skip
         assert {s["because"] for s in inst.ladder} == {"no memory left for the KV cache"}
+        assert inst.restarts == 3
         assert any("kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in w
                    for w in inst.verify_warnings)  # fmt: skip
     finally:
@@ -580,6 +686,14 @@ def test_cli_launch_status_refusal_stop(world, rt, fake_env) -> None:
     st = json.loads(hw("status", "--json").stdout)
     assert st["running"] and st["instances"][0]["state"] == "ready"
     pid, sup_pid = st["instances"][0]["pid"], st["supervisor_pid"]
+    # the detached supervisor runs the plan launch validated (a 0600 file), not a second detection
+    plan_file = rt / "run" / launch.LAUNCH_FILE
+    cmdline = Path(f"/proc/{sup_pid}/cmdline").read_bytes().split(b"\0")
+    assert b"--plan-file" in cmdline and str(plan_file).encode() in cmdline and b"--model" not in cmdline
+    assert stat.S_IMODE(plan_file.stat().st_mode) == 0o600
+    planned = json.loads(plan_file.read_text())["plan"]["instances"][0]
+    assert st["instances"][0]["url"].endswith(f":{planned['server']['port']}")
+    assert Path(st["instances"][0]["log_dir"]).parent == rt / "logs" / user_dirname()
     again = hw("launch", *args)
     assert again.returncode == 2 and f"already supervising in {rt / 'run'} (pid {sup_pid})" in again.stderr
     stopped = hw("stop")

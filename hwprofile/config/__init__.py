@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..errors import InputError
+
 
 class Source(NamedTuple):
     """Where a value came from: ``kind`` is builtin, etc-profile, overrides.d, overrides, env, cli,
@@ -22,9 +24,12 @@ class Source(NamedTuple):
         return self.kind
 
 
-class ConfigError(Exception):
+class ConfigError(InputError):
     """Invalid user input: one or more problems, each naming the file and line where it can."""
 
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(self.problems))
+
+    def messages(self) -> list[str]:
+        return list(self.problems)

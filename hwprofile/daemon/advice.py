@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import OperationError
 from .policy import KAdvice, SpecWindow, WatchSettings, advise_k
 from .telemetry import scrape
 from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 
 
-class AdviceError(ValueError):
+class AdviceError(OperationError, ValueError):
     """No advice can be had from that server; the message says why."""
 
 

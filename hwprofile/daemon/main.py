@@ -31,6 +31,7 @@ def run_daemon(
     on_tick: Callable[[Daemon, Any], None] | None = None,
     on_ready: Callable[[Daemon], None] | None = None,
     on_stopping: Callable[[Daemon], None] | None = None,
+    min_model_len: int | None = None,
     notifier: Notifier | None = None,
     watch_root: Path | None = None,
     watch_quiet_s: float = 0.5,
@@ -54,7 +55,8 @@ def run_daemon(
         release,
         vllm_command,
         numactl,
-        options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m)),
+        options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m), min_model_len=min_model_len),
+        replan=replan,  # the memory ladder's steps are re-plans too
     )
     gpus = sorted({g for i in plan["instances"] for g in i.get("gpus") or ()})
     sampler = GpuSampler(gpus if gpus else None)

@@ -6,12 +6,13 @@ process by :func:`hwprofile.model.catalog_models`)."""
 
 from __future__ import annotations
 
+from ..errors import RefusedError
 from ..model import ModelFacts
 from ..snapshot import HostSnapshot
 from .memory import Fit, GiB
 
 
-class PlanRefused(Exception):
+class PlanRefused(RefusedError):
     """The model cannot run on this host under these settings; ``suggestions`` say what would."""
 
     def __init__(self, message: str, suggestions: list[str]) -> None:

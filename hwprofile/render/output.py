@@ -21,6 +21,7 @@ from typing import Any
 
 import jinja2
 
+from ..errors import InputError
 from ..snapshot import MAX_DEVICE_MINOR
 from .translate import Rendered, flatten
 
@@ -49,7 +50,7 @@ _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
 
 
-class UnsafeValue(ValueError):
+class UnsafeValue(InputError, ValueError):
     """A value cannot be represented in the requested format; the message says which and why."""
 
 

@@ -9,8 +9,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..errors import InputError
 
-class UnknownVersion(ValueError):
+
+class UnknownVersion(InputError, ValueError):
     pass
 
 

@@ -15,8 +15,10 @@ import os
 import secrets
 import stat
 
+from ..errors import OperationError
 
-class WriteError(OSError):
+
+class WriteError(OperationError, OSError):
     """A file could not be written; the message says which and why, in words."""
 
 

@@ -1,11 +1,12 @@
 """What a failed start means (from vLLM's own log), and the ladder that answers memory failures.
 
-Pure functions: log text in, a kind out; a planned instance in, the next, smaller one out."""
+Pure functions: log text in, a kind out; a planned instance and the steps taken in, the next step
+out, as a settings override the supervisor re-plans with."""
 
 from __future__ import annotations
 
-import copy
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 
@@ -87,48 +88,84 @@ def _line_of(text: str, pos: int) -> str:
     return text[start : end if end >= 0 else len(text)].strip()
 
 
-class Step(NamedTuple):
-    rung: str
-    change: str  # human readable: what changed, from what to what
+class Rung(NamedTuple):
+    """One ladder step as a settings override: the supervisor re-plans with it (and every step
+    taken before), so the instance it starts next is planned, memory figures included."""
+
+    rung: str  # one of RUNGS
+    set: str  # the override, as --set takes it: "engine.max_model_len=512"
+    change: str  # human readable: what changes, from what to what
 
 
+RUNGS = ("memory share", "context length", "concurrent sequences", "eager mode", "speculative decoding")
 MIN_UTILIZATION = 0.5
-MIN_CONTEXT = 256
+MIN_CONTEXT = 256  # the context floor when the profile's engine.min_model_len is not known
+UTILIZATION_STEP = 0.05
 ROUND = 128  # context steps stay whole multiples of vLLM's largest default block
 
 
-def next_step(inst: dict[str, Any]) -> tuple[dict[str, Any], Step] | None:
-    """The next rung down from ``inst`` after a memory-like failure, or None at the bottom.
-
-    Rungs, in order, each taken one step at a time and again while it still can go lower:
-    lower the memory share (GPU), halve the context, halve concurrent sequences, eager mode
-    (no CUDA graphs, no torch.compile), drop speculative decoding.
-    """
-    new = copy.deepcopy(inst)
-    e = new["engine"]
-    util = e.get("gpu_memory_utilization")
-    if new.get("device") == "cuda" and util is not None and util - 0.05 >= MIN_UTILIZATION - 1e-9:
-        e["gpu_memory_utilization"] = round(util - 0.05, 3)
-        return new, Step("memory share", f"gpu_memory_utilization {util} -> {e['gpu_memory_utilization']}")
-    length = int(e["max_model_len"])
-    if length > MIN_CONTEXT:
-        shorter = max(MIN_CONTEXT, (length // 2) // ROUND * ROUND or MIN_CONTEXT)
-        e["max_model_len"] = shorter
-        e["max_num_batched_tokens"] = (
-            max(int(e["max_num_batched_tokens"]), int(e["max_num_seqs"]))
-            if e.get("enable_chunked_prefill", True)
-            else max(shorter, int(e["max_num_seqs"]))
+def _candidate(rung: str, inst: Mapping[str, Any], min_model_len: int) -> Rung | None:
+    """The override of ``rung`` one step below ``inst``, or None when that rung is at its bottom."""
+    e = inst["engine"]
+    if rung == "memory share":
+        util = e.get("gpu_memory_utilization")
+        if inst.get("device") != "cuda" or util is None:
+            return None
+        lower = round(float(util) - UTILIZATION_STEP, 3)
+        if lower < MIN_UTILIZATION - 1e-9:
+            return None
+        return Rung(
+            rung, f"engine.gpu_memory_utilization={lower:g}", f"gpu_memory_utilization {util} -> {lower:g}"
         )
-        return new, Step("context length", f"max_model_len {length} -> {shorter}")
-    seqs = int(e["max_num_seqs"])
-    if seqs > 1:
-        e["max_num_seqs"] = max(1, seqs // 2)
-        return new, Step("concurrent sequences", f"max_num_seqs {seqs} -> {e['max_num_seqs']}")
-    if not e.get("enforce_eager"):
-        e["enforce_eager"] = True
-        return new, Step("eager mode", "enforce_eager false -> true (no CUDA graph or compile memory)")
-    if new.get("speculative"):
-        method = new["speculative"]["method"]
-        new["speculative"] = None
-        return new, Step("speculative decoding", f"{method} speculation dropped (draft weights and KV freed)")
+    if rung == "context length":
+        length = int(e["max_model_len"])
+        half = length // 2
+        shorter = max(int(min_model_len), half // ROUND * ROUND or half)
+        if shorter >= length:
+            return None
+        return Rung(rung, f"engine.max_model_len={shorter}", f"max_model_len {length} -> {shorter}")
+    if rung == "concurrent sequences":
+        seqs = int(e["max_num_seqs"])
+        if seqs <= 1:
+            return None
+        return Rung(rung, f"engine.max_num_seqs={seqs // 2}", f"max_num_seqs {seqs} -> {seqs // 2}")
+    if rung == "eager mode":
+        if e.get("enforce_eager"):
+            return None
+        return Rung(
+            rung, "engine.enforce_eager=true", "enforce_eager false -> true (no CUDA graph or compile memory)"
+        )
+    if rung == "speculative decoding":
+        spec = inst.get("speculative")
+        if not spec:
+            return None
+        return Rung(
+            rung,
+            "speculative.method=none",
+            f"{spec.get('method')} speculation dropped (draft weights and KV freed)",
+        )
+    raise ValueError(f"unknown ladder rung {rung!r}")
+
+
+def next_rung(inst: Mapping[str, Any], taken: Sequence[Rung], min_model_len: int) -> Rung | None:
+    """The next ladder step for ``inst`` (the instance as planned with the steps ``taken`` so far,
+    tried or refused) after a memory-like failure, or None at the bottom. Pure: data in, override out.
+
+    Rungs, in order (:data:`RUNGS`): lower the memory share by 0.05 (GPU, not below 0.5), halve the
+    context (never below ``min_model_len``, the profile's ``engine.min_model_len``), halve concurrent
+    sequences, eager mode (no CUDA graphs, no torch.compile), no speculative decoding. Each rung is
+    taken one step at a time, again while it can still go lower; the ladder never climbs back to an
+    earlier rung, and an override already taken (one the re-plan did not follow) is not taken again.
+    """
+    tried = {r.set for r in taken}
+    start = max((RUNGS.index(r.rung) for r in taken), default=0)
+    for rung in RUNGS[start:]:
+        step = _candidate(rung, inst, min_model_len)
+        if step is not None and step.set not in tried:
+            return step
     return None
+
+
+def ladder_sets(taken: Sequence[Rung]) -> list[str]:
+    """The overrides for a re-plan with every step in ``taken`` (a later one of a key wins)."""
+    return [r.set for r in taken]

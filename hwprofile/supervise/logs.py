@@ -11,14 +11,11 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from .state import private_dir
+
+__all__ = ["RotatingLog", "private_dir", "pump"]
+
 _LEVEL = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b")
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) with mode 0700 for the last component; fix the mode if it exists."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 class RotatingLog:
@@ -39,12 +36,13 @@ class RotatingLog:
         self.lock = threading.Lock()
         self.dropped = 0
         self.last_error: str | None = None
+        self.count = 0  # lines written so far: a start notes it, and reads only its own lines back
         self._fd: int | None = None
         self._size = 0
         self._open()
 
     def _open(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         os.fchmod(fd, 0o600)
         self._fd, self._size = fd, os.fstat(fd).st_size
 
@@ -81,6 +79,7 @@ class RotatingLog:
     def write(self, line: str) -> None:
         with self.lock:
             self.tail.append(line.rstrip("\n"))
+            self.count += 1
             try:
                 self._emit(line.encode("utf-8", "replace"))
             except OSError as e:
@@ -95,6 +94,13 @@ class RotatingLog:
     def text(self) -> str:
         with self.lock:
             return "\n".join(self.tail)
+
+    def text_since(self, count: int) -> str:
+        """The lines of the tail written after the first ``count`` (a start's own lines, not the
+        earlier starts' that the tail still holds)."""
+        with self.lock:
+            n = self.count - count
+            return "\n".join(list(self.tail)[-n:]) if n > 0 else ""
 
     def last_line(self) -> str:
         with self.lock:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
 from . import http
-from .failures import Failure, classify, next_step
+from .failures import MIN_CONTEXT, Failure, Rung, classify, ladder_sets, next_rung
 from .lifecycle import TERMINAL, Machine, State
 from .logs import RotatingLog, private_dir, pump
 from .state import (
@@ -89,6 +89,7 @@ class Options(NamedTuple):
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks
     stop_margin: float = 10.0  # seconds beyond server.shutdown_timeout before SIGKILL
+    min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
 
 
 def port_free(host: str, port: int) -> bool:
@@ -116,7 +117,9 @@ class Instance:
         self.ident: Identity | None = None  # the process running now (None once it is reaped)
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
-        self.ladder: list[dict[str, str]] = []
+        self.ladder: list[dict[str, str]] = []  # the steps taken, for status (rung, change, because, set)
+        self._taken: list[Rung] = []  # the same steps: their overrides are the re-plan's
+        self._refused: list[Rung] = []  # steps whose re-plan was refused: not tried again
         self.failure: dict[str, str] | None = None
         self.verify_warnings: list[str] = []
         self.render_warnings: list[str] = []
@@ -341,9 +344,61 @@ class Instance:
         if proc is not None:
             self._end(proc, self._grace())
 
+    # -- the memory ladder --------------------------------------------------------------------
+    def _min_model_len(self) -> int:
+        known = self.inst["engine"].get("min_model_len") or self.sup.opts.min_model_len
+        return int(known) if known else MIN_CONTEXT
+
+    def _ladder_step(self) -> tuple[Rung, dict[str, Any], dict[str, Any]] | str:
+        """The next ladder step, re-planned: (step, the new plan, this instance in it); or, when there
+        is none, what to do instead. A step whose re-plan is refused, or moves this instance to other
+        GPUs or another port, is skipped for the next one."""
+        while True:
+            step = next_rung(self.inst, [*self._taken, *self._refused], self._min_model_len())
+            if step is None:
+                return "every ladder step taken; a smaller model, a 4-bit checkpoint or another GPU"
+            if self.sup.replan is None:
+                return f"the next ladder step is --set {step.set}; this supervisor cannot re-plan: launch again with it"
+            sets = ladder_sets([*self._taken, step])
+            try:
+                plan = self.sup.replan(sets)
+            except Exception as e:  # a refused re-plan: this step cannot be taken
+                why = f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
+            else:
+                new = next((i for i in plan.get("instances") or [] if i.get("name") == self.name), None)
+                if new is None:
+                    why = "the re-plan has no instance of this name"
+                elif any(new.get(k) != self.inst.get(k) for k in ("gpus", "tensor_parallel_size")) or (
+                    new["server"]["host"],
+                    new["server"]["port"],
+                ) != (self.inst["server"]["host"], self.inst["server"]["port"]):
+                    why = "the re-plan moves this instance to other GPUs or another port"
+                else:
+                    return step, plan, new
+            log.warning("%s: ladder step %s skipped: %s", self.name, step.set, str(why)[:300])
+            self._refused.append(step)
+
+    def _take_step(self, step: Rung, plan: dict[str, Any], new: dict[str, Any], because: str) -> None:
+        """Run the next start as ``new``, the instance re-planned with every step so far: its engine
+        settings and memory figures are the planner's, so the startup check compares fresh ones."""
+        section, _, rest = step.set.partition(".")
+        key, _, wanted = rest.partition("=")
+        change = step.change
+        if section == "engine":
+            got = new["engine"].get(key)
+            if str(got).lower() != wanted.lower():
+                change += f" (planned: {got})"
+        self.plan, self.inst = plan, copy.deepcopy(new)
+        self._taken.append(step)
+        self.ladder.append({"rung": step.rung, "change": change, "because": because, "set": step.set})
+        log.warning("%s: ladder step %d: %s (%s)", self.name, len(self.ladder), change, because)
+        self.log.mark(f"ladder: {change} (--set {step.set})")
+
     def _run(self) -> None:
         backoff = self.sup.opts.backoff_initial
         while not self._stop_asked.is_set():
+            step: tuple[Rung, dict[str, Any], dict[str, Any]] | None = None  # a ladder step, re-planned
+            because = ""  # the failure that step answers
             r = self._render()
             self.render_warnings = r.warnings
             s = self.inst["server"]
@@ -365,6 +420,7 @@ class Instance:
                 break
             self.started_at, self.ready_at = time.time(), None
             self.log.mark(f"start {self.name} (restart {self.restarts}): {' '.join(r.argv)}")
+            since = self.log.count  # this start's own lines: earlier starts' stay out of its verdicts
             proc = self._spawn(r)
             self._set(State.STARTING if not (self.restarts or self.replacements) else State.RESTARTING)
             outcome = self._wait_ready(proc)
@@ -373,7 +429,7 @@ class Instance:
                 break
             if outcome == "ready":
                 self.ready_at = time.time()
-                self.verify_warnings = compare(self.inst, parse_startup(self.log.text()))
+                self.verify_warnings = compare(self.inst, parse_startup(self.log.text_since(since)))
                 for w in self.verify_warnings:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.sup.opts.backoff_initial
@@ -395,6 +451,7 @@ class Instance:
                         log.info("%s: planned restart with new settings: draining", self.name)
                         self._end(proc, self._grace())
                         self.inst, self.ladder, self.failure = new, [], None
+                        self._taken, self._refused = [], []
                         self.replacements += 1
                         continue
                 # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
@@ -412,36 +469,32 @@ class Instance:
                 log.error("%s: not ready after %.0f s", self.name, self.sup.opts.ready_timeout)
             else:  # exited during start-up
                 self._end(proc, 0)
-                f: Failure = classify(self.log.text())
+                f: Failure = classify(self.log.text_since(since))
                 self.failure = {"kind": f.kind, "evidence": f.evidence}
                 log.error("%s: failed to start (%s): %s", self.name, f.kind, f.evidence)
                 if f.memory_like:
-                    nxt = next_step(self.inst)
-                    if nxt is None:
-                        self.failure["fix"] = (
-                            "every ladder step taken; a smaller model, a 4-bit checkpoint or another GPU"
-                        )
+                    got = self._ladder_step()
+                    if isinstance(got, str):
+                        self.failure["fix"] = got
                         self._set(State.FAILED)
                         return
-                    self.inst, step = nxt
-                    self.ladder.append({"rung": step.rung, "change": step.change, "because": f.kind})
-                    log.warning(
-                        "%s: ladder step %d: %s (%s)", self.name, len(self.ladder), step.change, f.kind
-                    )
-                    self.log.mark(f"ladder: {step.change}")
-                    continue
-                if not f.retry:
+                    step, because = got, f.kind
+                elif not f.retry:
                     self.failure["fix"] = "a configuration error: fix it and launch again (not retried)"
                     self._set(State.FAILED)
                     return
+            # A ladder step is a restart too: it counts toward max_restarts and waits the backoff.
             self.restarts += 1
             if self.restarts > self.sup.opts.max_restarts:
                 self.failure = {
                     **(self.failure or {}),
-                    "fix": f"gave up after {self.sup.opts.max_restarts} restarts",
+                    "fix": f"gave up after {self.sup.opts.max_restarts} restarts"
+                    + (f" (the next ladder step would have been --set {step[0].set})" if step else ""),
                 }
                 self._set(State.FAILED)
                 return
+            if step is not None:
+                self._take_step(*step, because=because)
             self._set(State.RESTARTING)
             log.warning("%s: restart %d in %.0f s", self.name, self.restarts, backoff)
             if self._stop_asked.wait(backoff):
@@ -458,9 +511,18 @@ class Supervisor:
     ends, the state file is replaced by ``last.json`` and the lock is let go (also :meth:`close`)."""
 
     def __init__(
-        self, plan: dict[str, Any], release: Release, vllm_command: str, numactl: str | None, opts: Options
+        self,
+        plan: dict[str, Any],
+        release: Release,
+        vllm_command: str,
+        numactl: str | None,
+        opts: Options,
+        replan: Callable[[list[str]], dict[str, Any]] | None = None,
     ) -> None:
+        """``replan(extra_sets)`` plans again from the inputs of ``plan`` with more ``--set``
+        overrides: the memory ladder's steps go through it. Without it a memory failure is final."""
         self.plan = plan
+        self.replan = replan
         self.release = release
         self.vllm_command = vllm_command
         self.numactl = numactl
