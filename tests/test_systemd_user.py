@@ -101,6 +101,8 @@ def test_user_manager_starts_reloads_and_stops_the_daemon(daemon_env, user_manag
     lines = [f'Environment="{k}={e["env"][k]}"' for k in keep if k in e["env"]]
     (dropin / "test.conf").write_text(
         "[Service]\nPrivateTmp=no\n" + f"ReadWritePaths={tmp_path} /tmp\n" + "\n".join(lines) + "\n"
+        # a short watchdog and restart delay, so that a hung loop is seen within seconds
+        + "WatchdogSec=4\nRestartSec=1\n"
     )
     assert ctl("daemon-reload").returncode == 0
     # hardening lines this sandbox cannot apply (a container may refuse to remount /proc/sys or
@@ -139,6 +141,23 @@ def test_user_manager_starts_reloads_and_stops_the_daemon(daemon_env, user_manag
         len(starts_of(e["starts"], port)) == 1
         and ctl("is-active", "hwprofile.service").stdout.strip() == "active"
     )
+    # a loop that hangs (SIGSTOP: it can neither tick nor send WATCHDOG=1) is killed by systemd's
+    # watchdog and restarted (Restart=on-failure), its vLLM processes with it (KillMode=mixed)
+    os.kill(main_pid, signal.SIGSTOP)
+
+    def restarted() -> dict[str, str] | None:
+        out = ctl("show", "-p", "MainPID", "-p", "NRestarts", "-p", "ActiveState", "hwprofile.service").stdout
+        d = dict(x.split("=", 1) for x in out.splitlines() if "=" in x)
+        moved = d.get("MainPID") not in ("0", str(main_pid))
+        return d if d.get("NRestarts", "0") != "0" and d.get("ActiveState") == "active" and moved else None
+
+    d = wait_for(restarted, "the watchdog's restart", timeout=120)
+    # (a stopped process exits by nothing of its own: only the watchdog can have ended it)
+    assert not Path(f"/proc/{main_pid}").exists() or "zombie" in Path(f"/proc/{main_pid}/status").read_text()
+    wait_for(lambda: _health(port) and _health(port + 1), "the instances back after the restart", timeout=60)
+    main_pid = int(d["MainPID"])
+    children = [json.loads(x)["pid"] for x in e["starts"].read_text().splitlines()]
+    assert len(children) == 4  # the first daemon's two, then the restarted daemon's two
     # stop: drains, then nothing of the unit is left
     assert ctl("stop", "hwprofile.service", timeout=120).returncode == 0
     assert ctl("is-active", "hwprofile.service").stdout.strip() == "inactive"
