@@ -6,7 +6,9 @@
 - :mod:`.running`: ``launch``, ``status``, ``stop``, ``daemon``, ``watch``, ``reload``, ``install-service``;
 - :mod:`.common`: what they share (:class:`CliError`, the host snapshot, the release, the plan).
 
-:func:`main` is the one place an error becomes an exit code; :func:`run` is the console script.
+:func:`main` holds the one handler that turns a :class:`hwprofile.errors.HwprofileError` into its
+exit code (a few commands still catch their own errors: ``launch``, ``daemon``, ``reload``,
+``install-service``); :func:`run` is the console script.
 """
 
 from __future__ import annotations
