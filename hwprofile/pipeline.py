@@ -1,5 +1,7 @@
 """From inputs to a plan: load profiles and rules, match, stack the override layers, read the model,
-and call the pure planner. The file reading happens here, so matching and planning stay pure."""
+and call the planner. The reading is driven from here (profiles and rules through ``match``, override
+files through ``config``, the model through ``model``); the rule matching is pure, and the planner
+probes nothing and reads only the two tables shipped in the package (gpus.yaml, models.yaml)."""
 
 from __future__ import annotations
 

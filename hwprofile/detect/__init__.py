@@ -1,4 +1,5 @@
-"""Detection: the only layer with side effects on the host. It returns a frozen HostSnapshot.
+"""Detection: reads the host (procfs, sysfs, NVML, the installed software) and changes nothing on it.
+It returns a frozen HostSnapshot.
 
 Roots are parameters (``proc_root``, ``sys_root``) so that tests and replays can point detection at
 fake procfs/sysfs trees; the NVML library is whatever ``libnvidia-ml.so.1`` the process loads (or

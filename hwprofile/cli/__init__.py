@@ -1,0 +1,71 @@
+"""Command-line interface. Kept light: no vLLM or torch import on any path here.
+
+- :mod:`.parser`: the argparse tree (one builder per command, shared option groups);
+- :mod:`.host`: ``detect``, ``profiles``, ``doctor``;
+- :mod:`.planning`: ``plan``, ``render``;
+- :mod:`.running`: ``launch``, ``status``, ``stop``, ``daemon``, ``watch``, ``reload``, ``install-service``;
+- :mod:`.common`: what they share (:class:`CliError`, the host snapshot, the release, the plan).
+
+:func:`main` holds the one handler that turns a :class:`hwprofile.errors.HwprofileError` into its
+exit code (a few commands still catch their own errors: ``launch``, ``daemon``, ``reload``,
+``install-service``); :func:`run` is the console script.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from ..errors import EXIT_FAILED, EXIT_OK, HwprofileError
+from .common import CliError
+from .parser import _commands, build_parser
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["CliError", "_commands", "build_parser", "main", "run"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    # The first word names the command (the top level takes no option with a value); anything
+    # else (help, --version, a typo) gets the whole parser and argparse's own messages.
+    only = words[0] if words and words[0] in {c[0] for c in _commands()} else None
+    parser = build_parser(only)
+    args = parser.parse_args(words)
+    args.argv = list(argv) if argv is not None else None
+    try:
+        return int(args.func(args))
+    except HwprofileError as e:  # the one place an error becomes an exit code (hwprofile/errors.py)
+        for line in e.messages():
+            print(f"hwprofile: error: {line}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:
+        return EXIT_OK
+    except OSError as e:
+        import errno
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise
+        print(f"hwprofile: error: cannot write the output: {e.strerror}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> int:
+    """The console script (``sys.exit(run())``): ``main``, then the output flushed here, where a
+    failure can still be reported. A reader that left (``| head``) is not an error, as in ``main``;
+    a full disk is (exit 1). Either way stdout then points at /dev/null, so the interpreter's own
+    flush at exit finds nothing left to fail on."""
+    import os
+
+    code = main()
+    try:
+        sys.stdout.flush()
+    except OSError as e:
+        if not isinstance(e, BrokenPipeError):
+            print(f"hwprofile: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+            code = code or EXIT_FAILED
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code

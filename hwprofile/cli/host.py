@@ -1,0 +1,86 @@
+"""``hwprofile detect``, ``profiles`` and ``doctor``: what this host is, which profile it gets, what
+stands between it and a working vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import EXIT_OK
+from .common import load_host
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    host = load_host(args)
+    if args.json:
+        sys.stdout.write(host.to_json() + "\n")
+    else:
+        from ..views import format_host
+
+        sys.stdout.write(format_host(host))
+    return EXIT_OK
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from ..config.layers import config_root
+    from ..match import profiles as prof
+    from ..match.rules import host_facts, load_rules, match
+
+    host = load_host(args)
+    root = config_root(args.config_root)
+    profiles = prof.load_profiles(root)
+    winner, results = match(load_rules(root), host_facts(host))
+    if args.json:
+        import json
+
+        out = {
+            "chosen": winner.rule.profile if winner else None,
+            "profiles": [
+                {
+                    "name": p.name,
+                    "file": p.path,
+                    "kind": p.kind,
+                    "extends": p.parent,
+                    "description": p.description,
+                }
+                for p in sorted(profiles.values(), key=lambda p: p.name)
+            ],
+            "rules": [
+                {
+                    "profile": res.rule.profile,
+                    "rule": f"{res.rule.file}:{res.rule.line}",
+                    "why": res.rule.why,
+                    "matched": res.matched,
+                    "chosen": res is winner,
+                    "checks": [
+                        {"predicate": c.predicate, "ok": c.ok, "detail": c.detail} for c in res.checks
+                    ],
+                }
+                for res in results
+            ],
+        }
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return EXIT_OK
+    from ..views import format_profiles
+
+    sys.stdout.write(format_profiles(profiles, results, winner))
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ..doctor import check, exit_code, fix, format_text, to_json
+
+    host = load_host(args)
+    findings = check(host)
+    fixed = None
+    if args.fix:
+        fixed = fix(findings)
+        if fixed.done or fixed.failed:
+            findings = check(host)  # the exit status reflects the state after the fix
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(to_json(findings, fixed), indent=2) + "\n")
+    else:
+        sys.stdout.write(format_text(findings, fixed, fix_requested=args.fix))
+    return exit_code(findings)

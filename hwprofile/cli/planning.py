@@ -1,0 +1,154 @@
+"""``hwprofile plan`` and ``render``: the launch plan, and the plan for the vLLM release that will run it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import EXIT_FAILED, EXIT_OK
+from .common import CliError, _plan_or_report, _Refused, _release, load_host
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from ..config.layers import config_root
+    from ..pipeline import make_plan
+    from ..plan import SCHEMA, PlanRefused
+
+    host = load_host(args)
+    try:
+        plan = make_plan(
+            host,
+            config_root(args.config_root),
+            profile=args.profile,
+            overrides=args.overrides,
+            sets=args.sets,
+            model=args.model,
+            draft=args.draft,
+        )
+    except PlanRefused as e:
+        if args.json:
+            out = {"schema": SCHEMA, "refused": {"reason": e.message, "suggestions": e.suggestions}}
+            sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        else:
+            print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
+            print("What would work:", file=sys.stderr)
+            for s in e.suggestions:
+                print(f"  - {s}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.advice_from:
+        from ..daemon.advice import AdviceError, advice_from
+        from ..daemon.policy import WatchSettings
+
+        try:
+            advice, extra = advice_from(args.advice_from, plan, WatchSettings.from_settings(plan.get("watch") or {}))
+        except AdviceError as e:
+            raise CliError(str(e), EXIT_FAILED) from None
+        print(f"hwprofile: advice from {args.advice_from}: {advice.reason}", file=sys.stderr)
+        print(f"hwprofile: applied as --set {' --set '.join(extra)}", file=sys.stderr)
+        plan = make_plan(
+            host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
+            sets=[*args.sets, *extra], model=args.model, draft=args.draft,
+        )  # fmt: skip
+    if args.json:
+        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+    else:
+        from ..views import format_plan
+
+        sys.stdout.write(format_plan(plan, explain=args.explain))
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    import os
+
+    from ..pipeline import vllm_command
+    from ..render.check import check_args
+    from ..render.output import UnsafeValue, render
+    from ..render.translate import flatten, render_instance
+
+    host = load_host(args)
+    rel = _release(
+        args, host, "no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)"
+    )
+    version = rel.target
+    try:
+        plan = _plan_or_report(args, host)
+    except _Refused:
+        return EXIT_FAILED
+    instances = [i for i in plan["instances"] if args.instance in (None, i["name"])]
+    if not instances:
+        names = ", ".join(i["name"] for i in plan["instances"])
+        raise CliError(f"--instance {args.instance}: no such instance; this plan has: {names}")
+    status = EXIT_OK
+    for inst in instances:
+        r = render_instance(
+            plan, inst, rel, vllm_command(inst["server"].get("vllm_command")), host.software.numactl_path
+        )
+        secrets = {}
+        if args.output and args.format == "env":
+            for target, source in r.secrets.items():
+                if source not in os.environ:
+                    raise CliError(
+                        f"server.api_key_env names ${source}, which is not set: export it, then render again"
+                    )
+                secrets[target] = os.environ[source]
+        try:
+            text = render(r, args.format, plan, inst, env_file=args.env_file, secret_values=secrets)
+        except UnsafeValue as e:
+            raise CliError(f"cannot render --format {args.format}: {e}") from None
+        if args.output:
+            _write_output(args.output, r.name, args.format, text)
+        else:
+            if len(instances) > 1 and args.format in ("yaml", "env", "systemd"):
+                sys.stdout.write(f"# --- {r.name}\n")
+            sys.stdout.write(text)
+        for w in r.warnings:
+            print(f"hwprofile: warning: {r.name}: {w}", file=sys.stderr)
+        if args.check:
+            model = plan["model"]["path"] or plan["model"]["name"]
+            res = check_args(flatten(r.args), model, version, r.env)
+            where = f"vLLM {res.vllm_version or version}"
+            if res.ok:
+                print(
+                    f"hwprofile: check: {r.name}: accepted by {where}'s parser and engine config"
+                    + (" (cached)" if res.cached else ""),
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    f"hwprofile: check: {r.name}: rejected by {where} ({res.stage}): {res.message}",
+                    file=sys.stderr,
+                )
+                status = EXIT_FAILED
+    return status
+
+
+def _write_output(directory: str, name: str, fmt: str, text: str) -> None:
+    """One rendered file into ``--output DIR``, atomically, never through a link (env files 0600)."""
+    import errno
+    import os
+
+    from ..render.output import UnsafeValue, output_path
+    from ..runtime.files import WriteError, atomic_write
+
+    d = os.path.abspath(directory)
+    if os.path.islink(d) and not os.path.exists(d):
+        raise CliError(f"--output {directory}: a symbolic link to nothing ({os.readlink(d)})")
+    if os.path.lexists(d) and not os.path.isdir(d):
+        raise CliError(f"--output {directory}: not a directory")
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        why = "a part of it is not a directory" if e.errno in (errno.ENOTDIR, errno.EEXIST) else e.strerror
+        raise CliError(f"--output {directory}: cannot create the directory: {why}", EXIT_FAILED) from None
+    try:
+        path = output_path(d, name, fmt)
+    except UnsafeValue as e:
+        raise CliError(f"--output {directory}: {e}") from None
+    try:
+        atomic_write(path, text, 0o600 if fmt == "env" else 0o644)
+    except WriteError as e:
+        raise CliError(str(e), EXIT_FAILED) from None
+    print(path)
