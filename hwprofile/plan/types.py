@@ -328,6 +328,8 @@ class Plan(_Json):
 
 __all__ = [
     "ABSENT",
+    "as_instance",
+    "as_plan",
     "Estimate",
     "EngineSettings",
     "HostSummary",
@@ -339,3 +341,14 @@ __all__ = [
     "ServerSettings",
     "SpeculativeConfig",
 ]
+
+
+def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
+    """``plan`` as a :class:`Plan` (a JSON document is read with :meth:`Plan.from_json`): consumers
+    take either while callers move to the typed plan."""
+    return plan if isinstance(plan, Plan) else Plan.from_json(plan)
+
+
+def as_instance(inst: InstancePlan | Mapping[str, Any]) -> InstancePlan:
+    """``inst`` as an :class:`InstancePlan` (see :func:`as_plan`)."""
+    return inst if isinstance(inst, InstancePlan) else InstancePlan.from_json(inst)
