@@ -141,14 +141,27 @@ def test_ladder_bottom_is_none() -> None:
 NON_DEFAULT = "(APIServer pid=1) INFO 11-29 [api_utils.py:286] non-default args: {'model_tag': '/m', 'max_model_len': 512, 'enforce_eager': True, 'kv_cache_memory_bytes': 300000, 'max_num_seqs': 4}\n"
 
 
-def test_startup_verification_reports_both_values() -> None:
+def test_startup_verification_reports_both_values(host_of, empty_root) -> None:
+    import dataclasses
+
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.types import as_instance
+
     started = parse_startup(
         NON_DEFAULT
         + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n"
     )
     assert started["kv_cache_tokens"] == 512 and started["non_default_args"]["max_model_len"] == 512
-    inst = {"engine": {"max_model_len": 512, "max_num_seqs": 4, "enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20},
-            "memory": {"kv_tokens": 131072, "block_size": 128}, "tensor_parallel_size": 1}  # fmt: skip
+    real = as_instance(
+        make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", sets=["speculative.method=none"],
+                  environ={})["instances"][0]
+    )  # fmt: skip
+    inst = dataclasses.replace(
+        real,
+        engine=dataclasses.replace(real.engine, max_model_len=512, max_num_seqs=4, enforce_eager=True,
+                                   kv_cache_memory_bytes=64 * 2**20),
+        memory=dataclasses.replace(real.memory, kv_tokens=131072, block_size=128, vllm_logged_kv_tokens=None),
+    )  # fmt: skip
     warnings = compare(inst, started)
     assert "kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in warnings
     assert "KV cache: planned 131072 tokens, vLLM reports 512 tokens" in warnings
