@@ -328,10 +328,8 @@ class Plan(_Json):
 
 __all__ = [
     "ABSENT",
-    "as_instance",
-    "as_plan",
-    "Estimate",
     "EngineSettings",
+    "Estimate",
     "HostSummary",
     "InstancePlan",
     "MemoryFit",
@@ -340,6 +338,8 @@ __all__ = [
     "Reason",
     "ServerSettings",
     "SpeculativeConfig",
+    "as_instance",
+    "as_plan",
 ]
 
 

@@ -16,8 +16,8 @@ import os
 import re
 import shlex
 import unicodedata
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jinja2
