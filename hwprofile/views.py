@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING
 from .snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
+
+    from .plan.types import Plan
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -168,60 +171,64 @@ def format_profiles(profiles: dict[str, Any], results: list[Any], winner: Any) -
     return "\n".join(out) + "\n"
 
 
-def format_plan(plan: dict[str, Any], explain: bool = False) -> str:
-    m = plan["model"]
-    out = [f"Profile {plan['profile']}"]
-    out += [f"  {b}" for b in plan["matched_because"]]
+def format_plan(plan: Plan | Mapping[str, Any], explain: bool = False) -> str:
+    from .plan.types import ABSENT, as_plan
+
+    plan = as_plan(plan)
+    m = plan.model
+    out = [f"Profile {plan.profile}"]
+    out += [f"  {b}" for b in plan.matched_because]
     out.append(
-        f"Model {m['name']} ({m['source']}): {m['params'] / 1e9:.1f}B params, {human_bytes(m['weights_bytes'])} of weights, {m['bits']}-bit"
+        f"Model {m.name} ({m.source}): {m.params / 1e9:.1f}B params, {human_bytes(m.weights_bytes)} of weights, {m.bits}-bit"
     )
-    if plan.get("draft"):
-        d = plan["draft"]
+    if plan.draft:
+        d = plan.draft
         out.append(
-            f"Draft {d['name']} ({d['source']}): {d['params'] / 1e9:.1f}B params, {human_bytes(d['weights_bytes'])}"
+            f"Draft {d.name} ({d.source}): {d.params / 1e9:.1f}B params, {human_bytes(d.weights_bytes)}"
         )
-    for inst in plan["instances"]:
-        e, mem, est = inst["engine"], inst["memory"], inst["estimate"]
-        where = f"GPU {','.join(map(str, inst['gpus']))} ({inst['gpu_name']})" if inst["gpus"] else "CPU"
+    for inst in plan.instances:
+        e, mem, est = inst.engine.to_json(), inst.memory, inst.estimate
+        where = f"GPU {','.join(map(str, inst.gpus))} ({inst.gpu_name})" if inst.gpus else "CPU"
         out.append("")
         out.append(
-            f"Instance {inst['name']}: {where}, TP {inst['tensor_parallel_size']}, PP {inst['pipeline_parallel_size']}, "
-            f"NUMA {inst['numa_node'] if inst['numa_node'] is not None else '-'}, http://{inst['server']['host']}:{inst['server']['port']}"
+            f"Instance {inst.name}: {where}, TP {inst.tensor_parallel_size}, PP {inst.pipeline_parallel_size}, "
+            f"NUMA {inst.numa_node if inst.numa_node is not None else '-'}, http://{inst.server.host}:{inst.server.port}"
         )
         for k, v in e.items():
             out.append(f"  {k:24s} {v}")
-        spec = inst["speculative"]
+        spec = inst.speculative
         if spec:
             out.append(
-                f"  speculative              {spec['method']}"
-                + (f" {spec['model']}" if spec.get("model") else "")
-                + f", k={spec['num_speculative_tokens']}"
+                f"  speculative              {spec.method}"
+                + (f" {spec.model}" if spec.model else "")
+                + f", k={spec.num_speculative_tokens}"
             )
-            if spec.get("num_speculative_tokens_per_batch_size"):
-                out.append(f"  k by batch size          {spec['num_speculative_tokens_per_batch_size']}")
+            if spec.num_speculative_tokens_per_batch_size:
+                table = spec.to_json()["num_speculative_tokens_per_batch_size"]  # printed as the JSON lists
+                out.append(f"  k by batch size          {table}")
         else:
             out.append("  speculative              off")
         out.append(
-            f"  memory per GPU           budget {human_bytes(mem['budget_bytes'])} = weights {human_bytes(mem['weights_bytes'])}"
-            f" + draft {human_bytes(mem['draft_weights_bytes'])} + activations {human_bytes(mem['activation_bytes'])}"
-            f" + overhead {human_bytes(mem['overhead_bytes'])} + KV {human_bytes(mem['kv_cache_bytes'])}"
+            f"  memory per GPU           budget {human_bytes(mem.budget_bytes)} = weights {human_bytes(mem.weights_bytes)}"
+            f" + draft {human_bytes(mem.draft_weights_bytes)} + activations {human_bytes(mem.activation_bytes)}"
+            f" + overhead {human_bytes(mem.overhead_bytes)} + KV {human_bytes(mem.kv_cache_bytes)}"
         )
         out.append(
-            f"  KV cache                 {mem['kv_bytes_per_token']} B/token, {mem['kv_tokens']} tokens"
+            f"  KV cache                 {mem.kv_bytes_per_token} B/token, {mem.kv_tokens} tokens"
         )
-        if "decode_tok_s_ceiling_batch1" in est:
-            line = f"  decode ceiling (batch 1) {est['decode_tok_s_ceiling_batch1']} tok/s ({est['gpu_datasheet']}, {est['memory_bandwidth_gbs']} GB/s)"
-            if "decode_tok_s_ceiling_batch1_speculative" in est:
-                line += f"; with speculation {est['decode_tok_s_ceiling_batch1_speculative']} tok/s at acceptance {est['assumed_acceptance']}"
+        if est.decode_tok_s_ceiling_batch1 is not ABSENT:
+            line = f"  decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
+            if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
+                line += f"; with speculation {est.decode_tok_s_ceiling_batch1_speculative} tok/s at acceptance {est.assumed_acceptance}"
             out.append(line)
-    if plan["warnings"]:
+    if plan.warnings:
         out.append("")
         out.append("Warnings")
-        out += [f"  - {w}" for w in plan["warnings"]]
+        out += [f"  - {w}" for w in plan.warnings]
     if explain:
         out.append("")
         out.append("Reasons")
-        for r in plan["reasons"]:
-            out.append(f"  {r['key']} = {r['value']}")
-            out.append(f"      {r['reason']}  [{r['source']}]")
+        for r in plan.reasons:
+            out.append(f"  {r.key} = {r.value}")
+            out.append(f"      {r.reason}  [{r.source}]")
     return "\n".join(out) + "\n"

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import os
 import stat
 
 import pytest
 
+from hwprofile.plan.types import (
+    EngineSettings,
+    Estimate,
+    InstancePlan,
+    MemoryFit,
+    ServerSettings,
+    SpeculativeConfig,
+)
 from hwprofile.supervise.failures import Rung, classify, ladder_sets, next_rung
 from hwprofile.supervise.logs import RotatingLog
 from hwprofile.supervise.state import read_state, write_state
@@ -53,28 +61,35 @@ def test_classify(text: str) -> None:
     )  # the last line
 
 
-def _inst(device: str = "cuda") -> dict:
-    return {
-        "device": device,
-        "engine": {"gpu_memory_utilization": 0.6 if device == "cuda" else None, "max_model_len": 1024, "max_num_seqs": 4,
-                   "max_num_batched_tokens": 2048, "enforce_eager": False, "enable_chunked_prefill": True},
-        "speculative": {"method": "ngram", "num_speculative_tokens": 3},
-    }  # fmt: skip
+def _inst(device: str = "cuda") -> InstancePlan:
+    cuda = device == "cuda"
+    return InstancePlan(
+        name="vllm-gpu0" if cuda else "vllm-cpu", device=device, gpus=(0,) if cuda else (), gpu_name=None,
+        numa_node=None, cpus=None, tensor_parallel_size=1, pipeline_parallel_size=1,
+        server=ServerSettings("127.0.0.1", 8000, None, None, 10, None, None, True, ()),
+        engine=EngineSettings(gpu_memory_utilization=0.6 if cuda else None, max_model_len=1024, max_num_seqs=4,
+                              max_num_batched_tokens=2048, kv_cache_dtype="auto", quantization=None, dtype="auto",
+                              enforce_eager=False, enable_prefix_caching=True, enable_chunked_prefill=True),
+        speculative=SpeculativeConfig("ngram", None, 3),
+        memory=MemoryFit(*[0] * 12),
+        estimate=Estimate(),
+    )  # fmt: skip
 
 
-def _apply(inst: dict, step: Rung) -> dict:
+def _with(inst: InstancePlan, **engine) -> InstancePlan:
+    return dataclasses.replace(inst, engine=dataclasses.replace(inst.engine, **engine))
+
+
+def _apply(inst: InstancePlan, step: Rung) -> InstancePlan:
     """What a re-plan with the step's override gives, for these tests (the planner follows it)."""
-    new = copy.deepcopy(inst)
     key, _, value = step.set.partition("=")
     section, name = key.split(".")
     if section == "speculative":
-        new["speculative"] = None
-    else:
-        new["engine"][name] = True if value == "true" else float(value) if "." in value else int(value)
-    return new
+        return dataclasses.replace(inst, speculative=None)
+    return _with(inst, **{name: True if value == "true" else float(value) if "." in value else int(value)})
 
 
-def _walk(inst: dict, min_model_len: int = 256) -> tuple[dict, list[Rung]]:
+def _walk(inst: InstancePlan, min_model_len: int = 256) -> tuple[InstancePlan, list[Rung]]:
     taken: list[Rung] = []
     while (step := next_rung(inst, taken, min_model_len)) is not None:
         inst = _apply(inst, step)
@@ -95,23 +110,18 @@ def test_ladder_goes_down_one_step_at_a_time_then_stops() -> None:
     assert [t.change for t in taken][:3] == [
         "gpu_memory_utilization 0.6 -> 0.55", "gpu_memory_utilization 0.55 -> 0.5", "max_model_len 1024 -> 512"]  # fmt: skip
     assert taken[-1].change == "ngram speculation dropped (draft weights and KV freed)"
-    assert inst["engine"]["gpu_memory_utilization"] == 0.5 and inst["engine"]["max_model_len"] == 256
-    assert (
-        inst["engine"]["max_num_seqs"] == 1
-        and inst["engine"]["enforce_eager"]
-        and inst["speculative"] is None
-    )
+    assert inst.engine.gpu_memory_utilization == 0.5 and inst.engine.max_model_len == 256
+    assert inst.engine.max_num_seqs == 1 and inst.engine.enforce_eager and inst.speculative is None
     assert original == _inst()  # the input is not modified
     assert ladder_sets(taken)[-1] == "speculative.method=none" and len(ladder_sets(taken)) == 8
 
 
 def test_ladder_never_halves_the_context_below_min_model_len() -> None:
-    inst = _inst("cpu")
-    inst["engine"]["max_model_len"] = 8192
+    inst = _with(_inst("cpu"), max_model_len=8192)
     _, taken = _walk(inst, min_model_len=3000)
     assert [t.set for t in taken if t.rung == "context length"] == [
         "engine.max_model_len=4096", "engine.max_model_len=3000"]  # fmt: skip
-    inst["engine"]["max_model_len"] = 2048  # already below the floor: the rung is skipped
+    inst = _with(inst, max_model_len=2048)  # already below the floor: the rung is skipped
     assert next_rung(inst, [], 3000).rung == "concurrent sequences"
 
 
@@ -133,22 +143,37 @@ def test_ladder_on_cpu_skips_the_memory_share() -> None:
 
 
 def test_ladder_bottom_is_none() -> None:
-    inst = {"device": "cuda", "engine": {"gpu_memory_utilization": 0.5, "max_model_len": 256, "max_num_seqs": 1,
-                                         "enforce_eager": True}, "speculative": None}  # fmt: skip
+    inst = dataclasses.replace(
+        _with(_inst(), gpu_memory_utilization=0.5, max_model_len=256, max_num_seqs=1, enforce_eager=True),
+        speculative=None,
+    )
     assert next_rung(inst, [], 256) is None
 
 
 NON_DEFAULT = "(APIServer pid=1) INFO 11-29 [api_utils.py:286] non-default args: {'model_tag': '/m', 'max_model_len': 512, 'enforce_eager': True, 'kv_cache_memory_bytes': 300000, 'max_num_seqs': 4}\n"
 
 
-def test_startup_verification_reports_both_values() -> None:
+def test_startup_verification_reports_both_values(host_of, empty_root) -> None:
+    import dataclasses
+
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.types import as_instance
+
     started = parse_startup(
         NON_DEFAULT
         + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n"
     )
     assert started["kv_cache_tokens"] == 512 and started["non_default_args"]["max_model_len"] == 512
-    inst = {"engine": {"max_model_len": 512, "max_num_seqs": 4, "enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20},
-            "memory": {"kv_tokens": 131072, "block_size": 128}, "tensor_parallel_size": 1}  # fmt: skip
+    real = as_instance(
+        make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", sets=["speculative.method=none"],
+                  environ={})["instances"][0]
+    )  # fmt: skip
+    inst = dataclasses.replace(
+        real,
+        engine=dataclasses.replace(real.engine, max_model_len=512, max_num_seqs=4, enforce_eager=True,
+                                   kv_cache_memory_bytes=64 * 2**20),
+        memory=dataclasses.replace(real.memory, kv_tokens=131072, block_size=128, vllm_logged_kv_tokens=None),
+    )  # fmt: skip
     warnings = compare(inst, started)
     assert "kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in warnings
     assert "KV cache: planned 131072 tokens, vLLM reports 512 tokens" in warnings

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import OperationError
+from ..plan.types import Plan, as_plan
 from .policy import KAdvice, SpecWindow, WatchSettings, advise_k
 from .telemetry import scrape
 from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
@@ -31,7 +32,7 @@ def lifetime_window(counters: Mapping[str, float]) -> SpecWindow | None:
     )
 
 
-def advice_from(url: str, plan: Mapping[str, Any], settings: WatchSettings) -> tuple[KAdvice, list[str]]:
+def advice_from(url: str, plan: Plan | Mapping[str, Any], settings: WatchSettings) -> tuple[KAdvice, list[str]]:
     """The advice for ``plan``'s first speculating instance from the server at ``url``, and the
     ``--set`` overrides that apply it."""
     r = scrape("advice", url, 0.0, timeout=5.0)
@@ -40,22 +41,23 @@ def advice_from(url: str, plan: Mapping[str, Any], settings: WatchSettings) -> t
     w = lifetime_window(r.metrics.counters)
     if w is None:
         raise AdviceError(f"--advice-from {url}: the server does not speculate (no spec_decode_* counters)")
-    inst = next((i for i in plan["instances"] if i.get("speculative")), None)
-    if inst is None:
+    typed = as_plan(plan)
+    inst = next((i for i in typed.instances if i.speculative), None)
+    if inst is None or inst.speculative is None:
         raise AdviceError("--advice-from: this plan does not speculate (speculative.method is none)")
-    spec = inst["speculative"]
+    spec = inst.speculative
     cost = 0.0
-    if spec.get("method") == "draft_model" and plan.get("draft") and plan["model"].get("params"):
-        cost = plan["draft"]["params"] / plan["model"]["params"]
-    seqs = inst["engine"].get("max_num_seqs") or 1
+    if spec.method == "draft_model" and typed.draft and typed.draft.params and typed.model.params:
+        cost = typed.draft.params / typed.model.params
+    seqs = inst.engine.max_num_seqs or 1
     load = (r.metrics.running or 0.0) / seqs
-    a = advise_k(w, int(spec["num_speculative_tokens"]), cost, load, settings)
+    a = advise_k(w, int(spec.num_speculative_tokens), cost, load, settings)
     if a is None:
         raise AdviceError(
             f"--advice-from {url}: {w.draft_tokens:.0f} draft tokens so far, fewer than "
             f"watch.min_draft_tokens ({settings.min_draft_tokens}): send it traffic first"
         )
     sets = ["speculative.method=none"] if a.k == 0 else [f"speculative.num_speculative_tokens={a.k}"]
-    if a.k and spec.get("num_speculative_tokens_per_batch_size"):
+    if a.k and spec.num_speculative_tokens_per_batch_size:  # ABSENT is falsy
         sets.append("speculative.by_batch_size=null")  # one advised k replaces the table
     return a, sets

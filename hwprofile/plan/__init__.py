@@ -27,7 +27,7 @@ from ..config import Source
 from ..config.schema import with_defaults
 from ..model import ModelFacts
 from ..snapshot import HostSnapshot
-from .checkpoint import choose_checkpoint, four_bit_fallback, model_json, use_four_bit
+from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use_four_bit
 from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
@@ -35,8 +35,9 @@ from .layout import TP_SIZES, layout
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .speculative import choose_speculator, heterogeneous_vocab_ok
+from .types import HostSummary, InstancePlan, Plan
 
-__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "PlanRefused", "Reasons", "build_plan"]
+__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Plan", "PlanRefused", "Reasons", "build_plan", "build_typed_plan"]
 
 SCHEMA = "hwprofile.plan/1"
 
@@ -50,6 +51,19 @@ def build_plan(
     model: ModelFacts,
     draft: ModelFacts | None,
 ) -> dict[str, Any]:
+    """The plan of :func:`build_typed_plan` as its JSON document (``hwprofile.plan/1``)."""
+    return build_typed_plan(host, settings, provenance, profile, matched_because, model, draft).to_json()
+
+
+def build_typed_plan(
+    host: HostSnapshot,
+    settings: Mapping[str, Any],
+    provenance: Mapping[tuple[str, ...], Source],
+    profile: str,
+    matched_because: list[str],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+) -> Plan:
     """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host``; raises
     :class:`PlanRefused` with suggestions when nothing fits."""
     # Every setting the layers left unset takes its schema default (the only default there is):
@@ -82,22 +96,22 @@ def build_plan(
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)
-    return {
-        "schema": SCHEMA,
-        "profile": profile,
-        "matched_because": matched_because,
-        "host": {"hostname": host.hostname, "gpus": len(gpus), "vllm_version": host.software.vllm_version},
-        "model": model_json(model),
-        "draft": model_json(used_draft) if used_draft else None,
-        "instances": [inst for inst, _ in planned],
-        "supervise": dict(settings["supervise"]),
-        "logs": dict(settings["logs"]),
-        "watch": dict(settings["watch"]),
-        "degrade": dict(settings["degrade"]),
-        "reasons": r.items,
-        "provenance": {".".join(k): str(v) for k, v in sorted(provenance.items())},
-        "warnings": warnings,
-    }
+    return Plan(
+        schema=SCHEMA,
+        profile=profile,
+        matched_because=tuple(matched_because),
+        host=HostSummary(hostname=host.hostname, gpus=len(gpus), vllm_version=host.software.vllm_version),
+        model=model_summary(model),
+        draft=model_summary(used_draft) if used_draft else None,
+        instances=tuple(inst for inst, _ in planned),
+        supervise=dict(settings["supervise"]),
+        logs=dict(settings["logs"]),
+        watch=dict(settings["watch"]),
+        degrade=dict(settings["degrade"]),
+        reasons=tuple(r.items),
+        provenance={".".join(k): str(v) for k, v in sorted(provenance.items())},
+        warnings=tuple(warnings),
+    )
 
 
 def _instances(
@@ -108,7 +122,7 @@ def _instances(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
-) -> list[tuple[dict[str, Any], ModelFacts | None]]:
+) -> list[tuple[InstancePlan, ModelFacts | None]]:
     """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one."""
     if not host.usable_gpus:
         return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings), draft)]

@@ -11,6 +11,7 @@ from ..model import ModelFacts
 from ..snapshot import Gpu
 from .reasons import Reasons, setting
 from .refusal import PlanRefused
+from .types import ModelSummary
 
 
 def choose_checkpoint(model: ModelFacts, settings: Mapping[str, Any], r: Reasons) -> ModelFacts:
@@ -66,22 +67,22 @@ def use_four_bit(model: ModelFacts, variant: str, r: Reasons) -> ModelFacts:
     return quantized(model, variant, 4)
 
 
-def model_json(m: ModelFacts) -> dict[str, Any]:
+def model_summary(m: ModelFacts) -> ModelSummary:
     """A model's facts as the plan shows them."""
-    return {
-        "name": m.name,
-        "source": m.source,
-        "path": m.path,
-        "architecture": m.architecture,
-        "params": m.params,
-        "weights_bytes": m.weights_bytes,
-        "weights_bytes_source": m.weights_bytes_source,
-        "bits": m.bits,
-        "quantization": m.quant_method,
-        "layers": m.num_layers,
-        "kv_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-        "vocab_size": m.vocab_size,
-        "sliding_window": m.sliding_window,
-        "sliding_layers": m.sliding_layers,
-    }
+    return ModelSummary(
+        name=m.name,
+        source=m.source,
+        path=m.path,
+        architecture=m.architecture,
+        params=m.params,
+        weights_bytes=m.weights_bytes,
+        weights_bytes_source=m.weights_bytes_source,
+        bits=m.bits,
+        quantization=m.quant_method,
+        layers=m.num_layers,
+        kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        vocab_size=m.vocab_size,
+        sliding_window=m.sliding_window,
+        sliding_layers=m.sliding_layers,
+    )

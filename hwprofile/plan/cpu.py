@@ -21,6 +21,7 @@ from .memory import (
 from .reasons import Reasons, setting
 from .refusal import PlanRefused
 from .speculative import speculative_config
+from .types import EngineSettings, Estimate, InstancePlan, MemoryFit
 
 
 def cpu_instance(
@@ -31,7 +32,7 @@ def cpu_instance(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
-) -> dict[str, Any]:
+) -> InstancePlan:
     key = "instances[0]"
     kv_gib = float(setting(settings, "cpu", "kv_cache_space_gib"))
     kv_space = int(kv_gib * GiB)
@@ -94,7 +95,7 @@ def cpu_instance(
     if len(host.numa_nodes) > 1:
         warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
     dtype = setting(settings, "engine", "dtype")
-    engine = {
+    engine = EngineSettings(**{
         "gpu_memory_utilization": None,
         "max_model_len": length,
         "max_num_seqs": seqs,
@@ -106,12 +107,12 @@ def cpu_instance(
         "enforce_eager": eager,
         "enable_prefix_caching": bool(setting(settings, "engine", "enable_prefix_caching")),
         "enable_chunked_prefill": bool(setting(settings, "engine", "enable_chunked_prefill")),
-    }
+    })
     spec = speculative_config(settings, spec_method, draft, 1, r, key)
-    return {
+    return InstancePlan(**{
         "name": "vllm-cpu",
         "device": "cpu",
-        "gpus": [],
+        "gpus": (),
         "gpu_name": None,
         "numa_node": numa,
         "cpus": cpus,
@@ -120,7 +121,7 @@ def cpu_instance(
         "server": server_settings(settings, int(setting(settings, "server", "port"))),
         "engine": engine,
         "speculative": spec,
-        "memory": {
+        "memory": MemoryFit(**{
             "budget_bytes": kv_space + model.weights_bytes,
             "weights_bytes": model.weights_bytes,
             "draft_weights_bytes": draft.weights_bytes if draft else 0,
@@ -138,8 +139,8 @@ def cpu_instance(
             "vllm_logged_kv_tokens": None
             if draft
             else vllm_kv_cache(
-                model, kv_space, length, block, model.dtype_bytes, 1, int(engine["max_num_batched_tokens"])
+                model, kv_space, length, block, model.dtype_bytes, 1, int(engine.max_num_batched_tokens)
             )[1],
-        },
-        "estimate": {"note": "CPU backend: no datasheet bandwidth figure"},
-    }
+        }),
+        "estimate": Estimate(note="CPU backend: no datasheet bandwidth figure"),
+    })

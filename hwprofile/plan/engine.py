@@ -12,6 +12,7 @@ from ..snapshot import Gpu
 from . import gpufacts
 from .memory import BLOCK_TOKENS, Fit, GiB, MiB, longest_context, sequence_bytes
 from .reasons import Reasons, setting
+from .types import ServerSettings
 
 AVERAGE_FILL = 0.5  # assumed share of max_model_len an average request occupies (concurrency cap)
 
@@ -230,16 +231,16 @@ def batched_tokens(settings: Mapping[str, Any], seqs: int, length: int, r: Reaso
     return batched
 
 
-def server_settings(settings: Mapping[str, Any], port: int) -> dict[str, Any]:
+def server_settings(settings: Mapping[str, Any], port: int) -> ServerSettings:
     """The server section of an instance listening on ``port``."""
-    return {
-        "host": setting(settings, "server", "host"),
-        "port": port,
-        "served_model_name": setting(settings, "server", "served_model_name"),
-        "api_key_env": setting(settings, "server", "api_key_env"),
-        "shutdown_timeout": int(setting(settings, "server", "shutdown_timeout")),
-        "vllm_command": setting(settings, "server", "vllm_command"),
-        "user": setting(settings, "server", "user"),
-        "metrics": setting(settings, "server", "metrics") is not False,
-        "extra_args": list(setting(settings, "server", "extra_args")),
-    }
+    return ServerSettings(
+        host=setting(settings, "server", "host"),
+        port=port,
+        served_model_name=setting(settings, "server", "served_model_name"),
+        api_key_env=setting(settings, "server", "api_key_env"),
+        shutdown_timeout=int(setting(settings, "server", "shutdown_timeout")),
+        vllm_command=setting(settings, "server", "vllm_command"),
+        user=setting(settings, "server", "user"),
+        metrics=setting(settings, "server", "metrics") is not False,
+        extra_args=tuple(setting(settings, "server", "extra_args")),
+    )

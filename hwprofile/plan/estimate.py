@@ -11,6 +11,7 @@ from ..snapshot import Gpu
 from . import gpufacts
 from .memory import active_weights_bytes
 from .reasons import setting
+from .types import Estimate, SpeculativeConfig
 
 
 def estimate(
@@ -18,23 +19,23 @@ def estimate(
     model: ModelFacts,
     draft: ModelFacts | None,
     tp: int,
-    spec: dict[str, Any] | None,
+    spec: SpeculativeConfig | None,
     settings: Mapping[str, Any],
-) -> dict[str, Any]:
+) -> Estimate:
     """Batch-1 decode ceiling on ``gpu`` at TP ``tp`` (an upper bound: no compute or communication)."""
     row = gpufacts.lookup(gpu.name, gpu.memory_total_gib)
     bw = row.get("memory_bandwidth_gbs") if row else None
     out: dict[str, Any] = {"gpu_datasheet": row["name"] if row else None, "memory_bandwidth_gbs": bw}
     if not bw:
         out["note"] = "no bandwidth figure for this GPU in the datasheet table"
-        return out
+        return Estimate(**out)
     bytes_per_gpu = active_weights_bytes(model) / tp  # MoE: only the routed experts are read
     base = bw * 1e9 / bytes_per_gpu
     out["bytes_read_per_token_per_gpu"] = int(bytes_per_gpu)
     out["decode_tok_s_ceiling_batch1"] = round(base, 1)
     if spec:
         a = float(setting(settings, "speculative", "assumed_acceptance"))
-        k = int(spec["num_speculative_tokens"])
+        k = int(spec.num_speculative_tokens)
         expected = (1 - a ** (k + 1)) / (1 - a)
         draft_bytes = (active_weights_bytes(draft) / tp) if draft else 0.0
         step_bytes = bytes_per_gpu + k * draft_bytes
@@ -45,4 +46,4 @@ def estimate(
         "memory bandwidth / weight bytes read per token (batch 1, short context, no compute or communication cost; "
         "a mixture of experts reads its active parameters only: shared weights + the experts each token is routed to)"
     )
-    return out
+    return Estimate(**out)

@@ -17,6 +17,7 @@ from .memory import BLOCK_TOKENS, Fit, GiB, kv_bytes_per_token, sequence_bytes
 from .reasons import Reasons, setting
 from .refusal import PlanRefused, suggestions
 from .speculative import fit_beside_draft, speculative_config
+from .types import EngineSettings, InstancePlan, MemoryFit
 
 
 def gpu_instance(
@@ -30,7 +31,7 @@ def gpu_instance(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
-) -> tuple[dict[str, Any], ModelFacts | None]:
+) -> tuple[InstancePlan, ModelFacts | None]:
     """Instance ``i`` over ``gpus`` at tensor parallel ``tp`` (the smallest GPU bounds its memory),
     and the draft it runs (None where it runs none, or dropped it for want of memory)."""
     name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
@@ -62,50 +63,50 @@ def gpu_instance(
     batched = engine.batched_tokens(settings, seqs, length, r, key)
 
     quant = model.quant_method
-    engine_settings = {
-        "gpu_memory_utilization": util,
-        "max_model_len": length,
-        "max_num_seqs": seqs,
-        "max_num_batched_tokens": batched,
-        "kv_cache_dtype": kv_name,
-        "quantization": quant,
-        "dtype": setting(settings, "engine", "dtype"),
-        "enforce_eager": eager,
-        "enable_prefix_caching": bool(setting(settings, "engine", "enable_prefix_caching")),
-        "enable_chunked_prefill": bool(setting(settings, "engine", "enable_chunked_prefill")),
-    }
+    engine_settings = EngineSettings(
+        gpu_memory_utilization=util,
+        max_model_len=length,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        kv_cache_dtype=kv_name,
+        quantization=quant,
+        dtype=setting(settings, "engine", "dtype"),
+        enforce_eager=eager,
+        enable_prefix_caching=bool(setting(settings, "engine", "enable_prefix_caching")),
+        enable_chunked_prefill=bool(setting(settings, "engine", "enable_chunked_prefill")),
+    )
     r.add(
         f"{key}.engine.quantization",
         quant,
         f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
     )
     spec = speculative_config(settings, spec_method, draft, tp, r, key)
-    instance = {
-        "name": name,
-        "device": "cuda",
-        "gpus": [g.index for g in gpus],
-        "gpu_uuids": [g.uuid for g in gpus],
-        "gpu_minors": [g.minor_number for g in gpus],
-        "gpu_name": gpu.name,
-        "numa_node": numa,
-        "gpu_numa_nodes": [g.numa_node for g in gpus] if setting(settings, "layout", "numa_bind") else [],
-        "cpus": cpus,
-        "tensor_parallel_size": tp,
-        "pipeline_parallel_size": setting(settings, "layout", "pipeline_parallel_size"),
-        "server": engine.server_settings(settings, int(setting(settings, "server", "port")) + i),
-        "engine": engine_settings,
-        "speculative": spec,
-        "memory": memory_json(f, model, draft, tp, kv_bytes, length),
-        "estimate": estimate(gpu, model, draft, tp, spec, settings),
-    }
+    instance = InstancePlan(
+        name=name,
+        device="cuda",
+        gpus=tuple(g.index for g in gpus),
+        gpu_uuids=tuple(g.uuid for g in gpus),
+        gpu_minors=tuple(g.minor_number for g in gpus),
+        gpu_name=gpu.name,
+        numa_node=numa,
+        gpu_numa_nodes=tuple(g.numa_node for g in gpus) if setting(settings, "layout", "numa_bind") else (),
+        cpus=cpus,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=setting(settings, "layout", "pipeline_parallel_size"),
+        server=engine.server_settings(settings, int(setting(settings, "server", "port")) + i),
+        engine=engine_settings,
+        speculative=spec,
+        memory=memory_fit(f, model, draft, tp, kv_bytes, length),
+        estimate=estimate(gpu, model, draft, tp, spec, settings),
+    )
     return instance, draft
 
 
-def memory_json(
+def memory_fit(
     f: Fit, model: ModelFacts, draft: ModelFacts | None, tp: int, kv_bytes: int, length: int
-) -> dict[str, Any]:
+) -> MemoryFit:
     """The instance's memory breakdown per GPU."""
-    return {
+    return MemoryFit(**{
         "budget_bytes": f.budget_bytes,
         "weights_bytes": f.weights_bytes,
         "draft_weights_bytes": f.draft_weights_bytes,
@@ -118,4 +119,4 @@ def memory_json(
         "kv_tokens": f.kv_tokens,
         "block_size": BLOCK_TOKENS,
         "kv_bytes_per_max_len_request": sequence_bytes(model, draft, tp, kv_bytes, length),
-    }
+    })

@@ -7,21 +7,20 @@ from typing import Any
 
 from ..config import Source
 from ..config.layers import get
+from .types import Reason
 
 
 class Reasons:
     """Collects ``(key, value, reason, source)`` for every planned value."""
 
     def __init__(self, provenance: Mapping[tuple[str, ...], Source]) -> None:
-        self.items: list[dict[str, Any]] = []
+        self.items: list[Reason] = []
         self.provenance = provenance
 
     def add(self, key: str, value: Any, reason: str, setting: tuple[str, ...] | None = None) -> Any:
         """Record ``value`` for ``key``; its source is the layer that set ``setting`` (else the planner)."""
         src = self.provenance.get(setting) if setting else None
-        self.items.append(
-            {"key": key, "value": value, "reason": reason, "source": str(src) if src else "planner"}
-        )
+        self.items.append(Reason(key, value, reason, str(src) if src else "planner"))
         return value
 
 

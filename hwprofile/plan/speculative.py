@@ -15,6 +15,7 @@ from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons, setting
 from .refusal import PlanRefused
+from .types import SpeculativeConfig, _freeze
 
 
 def heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
@@ -195,7 +196,7 @@ def fit_beside_draft(
 
 def speculative_config(
     settings: Mapping[str, Any], method: str | None, draft: ModelFacts | None, tp: int, r: Reasons, key: str
-) -> dict[str, Any] | None:
+) -> SpeculativeConfig | None:
     """The instance's speculative section: method, draft, k (fixed, or by batch size), ngram window."""
     if method is None:
         return None
@@ -230,4 +231,4 @@ def speculative_config(
             "k chosen by the running batch size (vLLM has no per-request k): fewer proposals as load grows",
             ("speculative", "by_batch_size"),
         )
-    return spec
+    return SpeculativeConfig(**_freeze(spec))

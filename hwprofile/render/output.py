@@ -16,12 +16,14 @@ import os
 import re
 import shlex
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from ..errors import InputError
+from ..plan.types import ABSENT, InstancePlan, Plan, as_instance, as_plan
 from ..snapshot import MAX_DEVICE_MINOR
 from .translate import Rendered, flatten
 
@@ -270,11 +272,13 @@ def device_allow(minors: Any, gpus: int) -> list[str]:
 
 
 def _context(
-    r: Rendered, plan: dict[str, Any], inst: dict[str, Any], env_file: str, secret_values: dict[str, str]
+    r: Rendered, plan: Plan, inst: InstancePlan, env_file: str, secret_values: dict[str, str]
 ) -> dict[str, Any]:
     gpus = r.gpus
-    devices = device_allow(inst.get("gpu_minors"), len(gpus)) if r.device == "cuda" else []
-    user = inst["server"].get("user")
+    minors = inst.gpu_minors
+    minors = None if minors is ABSENT else list(minors) if isinstance(minors, tuple) else minors
+    devices = device_allow(minors, len(gpus)) if r.device == "cuda" else []
+    user = inst.server.user
     if user is not None and not _USER.fullmatch(str(user)):
         raise UnsafeValue(f"server.user {_show(str(user))} is not a user name systemd accepts")
     if r.cpus and not _CPUS.fullmatch(r.cpus):
@@ -285,8 +289,8 @@ def _context(
         "name": r.name,
         "vllm_version": r.vllm_version,
         "flag_table": r.flag_table,
-        "model": plan["model"]["path"] or plan["model"]["name"],
-        "profile": plan["profile"],
+        "model": plan.model.path or plan.model.name,
+        "profile": plan.profile,
         "argv": r.argv,
         "config": r.config(),
         "env": r.env,
@@ -306,8 +310,8 @@ def _context(
 def render(
     r: Rendered,
     fmt: str,
-    plan: dict[str, Any],
-    inst: dict[str, Any],
+    plan: Plan | Mapping[str, Any],
+    inst: InstancePlan | Mapping[str, Any],
     env_file: str = "/etc/hwprofile/env/{name}.env",
     secret_values: dict[str, str] | None = None,
 ) -> str:
@@ -346,7 +350,7 @@ def render(
     if fmt == "systemd":
         path = systemd_path(path, "--env-file")
     tpl = environment().get_template(names[fmt])
-    text = tpl.render(**_context(r, plan, inst, path, secret_values or {}))
+    text = tpl.render(**_context(r, as_plan(plan), as_instance(inst), path, secret_values or {}))
     if fmt == "yaml":
         _same_yaml(text, r.config())
     return text

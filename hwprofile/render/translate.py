@@ -8,8 +8,10 @@ argv list; nothing here builds a shell string, and the API key is carried by ref
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan, as_instance, as_plan
 from .versions import Release
 
 Pair = tuple[str, Any]
@@ -65,16 +67,22 @@ def flatten(args: list[Pair]) -> list[str]:
 
 
 def render_instance(
-    plan: dict[str, Any], inst: dict[str, Any], rel: Release, vllm_command: str, numactl: str | None
+    plan: Plan | Mapping[str, Any],
+    inst: InstancePlan | Mapping[str, Any],
+    rel: Release,
+    vllm_command: str,
+    numactl: str | None,
 ) -> Rendered:
+    """``inst`` of ``plan`` as the vLLM release ``rel`` takes it (either typed, or its JSON)."""
+    plan, inst = as_plan(plan), as_instance(inst)
     warnings: list[str] = []
     if rel.note:
         warnings.append(rel.note)
-    e, srv = inst["engine"], inst["server"]
-    cuda = inst["device"] == "cuda"
-    args: list[Pair] = [("--host", srv["host"]), ("--port", srv["port"])]
-    if srv.get("served_model_name"):
-        args.append(("--served-model-name", srv["served_model_name"]))
+    e, srv = inst.engine, inst.server
+    cuda = inst.device == "cuda"
+    args: list[Pair] = [("--host", srv.host), ("--port", srv.port)]
+    if srv.served_model_name:
+        args.append(("--served-model-name", srv.served_model_name))
 
     def add(flag: str, value: Any = None, why_missing: str | None = None) -> bool:
         if rel.has(flag):
@@ -95,25 +103,25 @@ def render_instance(
         )
         return None
 
-    if cuda and e.get("gpu_memory_utilization") is not None:
-        add("--gpu-memory-utilization", e["gpu_memory_utilization"])
-    add("--max-model-len", e["max_model_len"])
-    add("--max-num-seqs", e["max_num_seqs"])
-    add("--max-num-batched-tokens", e["max_num_batched_tokens"])
-    if inst["tensor_parallel_size"] > 1:
-        add("--tensor-parallel-size", inst["tensor_parallel_size"])
-    if inst["pipeline_parallel_size"] > 1:
-        add("--pipeline-parallel-size", inst["pipeline_parallel_size"])
-    if e.get("dtype") and e["dtype"] != "auto":
-        dt = choice("--dtype", e["dtype"], "left to the model's own dtype")
+    if cuda and e.gpu_memory_utilization is not None:
+        add("--gpu-memory-utilization", e.gpu_memory_utilization)
+    add("--max-model-len", e.max_model_len)
+    add("--max-num-seqs", e.max_num_seqs)
+    add("--max-num-batched-tokens", e.max_num_batched_tokens)
+    if inst.tensor_parallel_size > 1:
+        add("--tensor-parallel-size", inst.tensor_parallel_size)
+    if inst.pipeline_parallel_size > 1:
+        add("--pipeline-parallel-size", inst.pipeline_parallel_size)
+    if e.dtype and e.dtype != "auto":
+        dt = choice("--dtype", e.dtype, "left to the model's own dtype")
         if dt:
             add("--dtype", dt)
-    if e.get("kv_cache_dtype") and e["kv_cache_dtype"] != "auto":
-        kv = choice("--kv-cache-dtype", e["kv_cache_dtype"], "KV cache stays in the model's dtype (auto)")
+    if e.kv_cache_dtype and e.kv_cache_dtype != "auto":
+        kv = choice("--kv-cache-dtype", e.kv_cache_dtype, "KV cache stays in the model's dtype (auto)")
         if kv:
             add("--kv-cache-dtype", kv)
     table = rel.spec_table()
-    quant = e.get("quantization")
+    quant = e.quantization
     if quant == "awq" and table["awq_forces_legacy_kernel"]:
         warnings.append(
             f"--quantization awq not emitted: on vLLM {rel.table} it forces the legacy AWQ kernel; left to "
@@ -128,26 +136,26 @@ def render_instance(
         )
         if q:
             add("--quantization", q)
-    if e.get("enforce_eager"):
+    if e.enforce_eager:
         add("--enforce-eager")
     spec_args, speculating = _speculative(plan, inst, e, rel, warnings)
-    chunked = bool(e.get("enable_chunked_prefill"))
+    chunked = bool(e.enable_chunked_prefill)
     if chunked and speculating and table["chunked_prefill"] == "refused":
         chunked = False
         warnings.append(
             f"vLLM {rel.table} refuses chunked prefill together with speculative decoding "
             "('mutually exclusive'): chunked prefill left off"
         )
-        need = max(e["max_model_len"], e["max_num_seqs"])
-        if e["max_num_batched_tokens"] < need:
+        need = max(e.max_model_len, e.max_num_seqs)
+        if e.max_num_batched_tokens < need:
             i = next(n for n, (f, _) in enumerate(args) if f == "--max-num-batched-tokens")
             args[i] = ("--max-num-batched-tokens", need)
             warnings.append(
-                f"--max-num-batched-tokens raised from {e['max_num_batched_tokens']} to {need}: without "
+                f"--max-num-batched-tokens raised from {e.max_num_batched_tokens} to {need}: without "
                 f"chunked prefill vLLM {rel.table} needs it >= --max-model-len and >= --max-num-seqs"
             )
     for key, flag, on in (
-        ("enable_prefix_caching", "--enable-prefix-caching", bool(e.get("enable_prefix_caching"))),
+        ("enable_prefix_caching", "--enable-prefix-caching", bool(e.enable_prefix_caching)),
         ("enable_chunked_prefill", "--enable-chunked-prefill", chunked),
     ):
         if on:
@@ -167,23 +175,23 @@ def render_instance(
         "VLLM_CONFIGURE_LOGGING": "1",
         "VLLM_LOGGING_LEVEL": "INFO",
     }
-    if plan["model"].get("source") in ("dir", "hf-cache"):
+    if plan.model.source in ("dir", "hf-cache"):
         env["HF_HUB_OFFLINE"] = "1"  # the weights are local: never reach for the hub
     if cuda:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
-        uuids = inst.get("gpu_uuids") or []
+        uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance
         if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
             # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
             # (0.32.0 platforms/cuda.py:751-756; older releases call int() on each entry)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst["gpus"])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
     else:
         # No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
         # leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one
         # thread per physical core of the node the process may use (numactl below) and reserves
         # cores for them (vllm/utils/ompmultiprocessing.py).
-        kv_bytes = e.get("kv_cache_memory_bytes")
+        kv_bytes = e.kv_cache_memory_bytes or None  # ABSENT on GPU instances
         if kv_bytes:
             if rel.has("--kv-cache-memory-bytes"):
                 args.append(("--kv-cache-memory-bytes", kv_bytes))
@@ -198,23 +206,23 @@ def render_instance(
     args += spec_args
 
     # Logs and metrics: keep vLLM's stats (they feed /metrics); keep health polls out of the access log.
-    if not srv.get("metrics", True):
+    if not srv.metrics:
         add("--disable-log-stats")
     if rel.has("--disable-access-log-for-endpoints"):
         args.append(("--disable-access-log-for-endpoints", "/health,/metrics,/ping"))
-    if srv.get("shutdown_timeout"):
+    if srv.shutdown_timeout:
         if rel.has("--shutdown-timeout"):
-            args.append(("--shutdown-timeout", srv["shutdown_timeout"]))
+            args.append(("--shutdown-timeout", srv.shutdown_timeout))
         else:
             warnings.append(
                 f"--shutdown-timeout does not exist in vLLM {rel.table}: on SIGTERM it does not drain; "
-                f"the supervisor escalates to SIGKILL after {srv['shutdown_timeout']} s"
+                f"the supervisor escalates to SIGKILL after {srv.shutdown_timeout} s"
             )
 
     # NUMA binding: vLLM's own flags where they exist (GPU workers), else numactl in front.
     prefix: list[str] = []
-    node = inst.get("numa_node")
-    per_gpu = inst.get("gpu_numa_nodes") or []
+    node = inst.numa_node
+    per_gpu = inst.gpu_numa_nodes or ()
     vllm_binds = cuda and rel.has("--numa-bind") and rel.has("--numa-bind-nodes")
     if (
         vllm_binds
@@ -230,9 +238,9 @@ def render_instance(
                 "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
             )
     elif node is None:
-        warnings.append(f"{inst['name']}: NUMA node unknown or not shared by its GPUs: not bound")
+        warnings.append(f"{inst.name}: NUMA node unknown or not shared by its GPUs: not bound")
     elif vllm_binds:
-        args += [("--numa-bind", None), ("--numa-bind-nodes", [node] * len(inst["gpus"]))]
+        args += [("--numa-bind", None), ("--numa-bind-nodes", [node] * len(inst.gpus))]
         if not numactl:
             warnings.append(
                 "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
@@ -241,18 +249,18 @@ def render_instance(
         prefix = [numactl, f"--cpunodebind={node}", f"--membind={node}", "--"]
     else:
         warnings.append(
-            f"{inst['name']}: numactl not found: NUMA node {node} not bound (apt-get install numactl)"
+            f"{inst.name}: numactl not found: NUMA node {node} not bound (apt-get install numactl)"
         )
 
-    if srv.get("extra_args"):
+    if srv.extra_args:
         warnings.append(
-            f"server.extra_args appended as given (not checked against the plan): {' '.join(srv['extra_args'])}"
+            f"server.extra_args appended as given (not checked against the plan): {' '.join(srv.extra_args)}"
         )
-        args += [(a, None) for a in srv["extra_args"]]
-    secrets = {"VLLM_API_KEY": srv["api_key_env"]} if srv.get("api_key_env") else {}
-    model = plan["model"]["path"] or plan["model"]["name"]
+        args += [(a, None) for a in srv.extra_args]
+    secrets = {"VLLM_API_KEY": srv.api_key_env} if srv.api_key_env else {}
+    model = plan.model.path or plan.model.name
     return Rendered(
-        name=inst["name"],
+        name=inst.name,
         vllm_version=rel.target,
         flag_table=rel.table,
         prefix=prefix,
@@ -261,10 +269,10 @@ def render_instance(
         env=env,
         secrets=secrets,
         numa_node=node,
-        cpus=inst.get("cpus"),
-        gpus=list(inst["gpus"]),
-        device=inst["device"],
-        stop_timeout_s=int(srv.get("shutdown_timeout") or 0) + 20,
+        cpus=inst.cpus,
+        gpus=list(inst.gpus),
+        device=inst.device,
+        stop_timeout_s=int(srv.shutdown_timeout or 0) + 20,
         warnings=warnings,
     )
 
@@ -281,24 +289,25 @@ def _fixed_k(by_batch: list[list[Any]], max_seqs: int, k: int) -> int:
 
 
 def _speculative(
-    plan: dict[str, Any], inst: dict[str, Any], e: dict[str, Any], rel: Release, warnings: list[str]
+    plan: Plan, inst: InstancePlan, e: EngineSettings, rel: Release, warnings: list[str]
 ) -> tuple[list[Pair], bool]:
     """The speculative-decoding arguments this release accepts and honours, and whether the
     instance speculates at all once the release's refusals are applied."""
-    spec = inst.get("speculative")
+    spec = inst.speculative
     if not spec:
         return [], False
     table = rel.spec_table()
-    method, model, k = spec["method"], spec.get("model"), int(spec["num_speculative_tokens"])
-    lookup_max, lookup_min = spec.get("prompt_lookup_max", 4), spec.get("prompt_lookup_min", 2)
-    draft = plan.get("draft") or {}
+    method, model, k = spec.method, spec.model, int(spec.num_speculative_tokens)
+    lookup_max = 4 if spec.prompt_lookup_max is ABSENT else spec.prompt_lookup_max
+    lookup_min = 2 if spec.prompt_lookup_min is ABSENT else spec.prompt_lookup_min
+    draft = plan.draft
     if method == "draft_model" and not table["draft_model"]:
         warnings.append(
             f"vLLM {rel.table} (V1 engine) has no draft-model speculation (NotImplementedError until 0.15.0): "
             f"ngram prompt lookup instead of {model}"
         )
         method, model = "ngram", None
-    target_vocab, draft_vocab = plan["model"].get("vocab_size"), draft.get("vocab_size")
+    target_vocab, draft_vocab = plan.model.vocab_size, draft.vocab_size if draft else None
     other_vocab = bool(target_vocab and draft_vocab and target_vocab != draft_vocab)
     if method == "draft_model" and other_vocab and not table["heterogeneous_vocab"]:
         warnings.append(
@@ -308,8 +317,8 @@ def _speculative(
         method, model = "ngram", None
     if (
         method == "draft_model"
-        and plan["model"].get("source") in ("dir", "hf-cache")
-        and draft.get("source") not in ("dir", "hf-cache")
+        and plan.model.source in ("dir", "hf-cache")
+        and (draft.source if draft else None) not in ("dir", "hf-cache")
     ):
         warnings.append(
             f"the draft {model} is not on this host and the target is served offline (HF_HUB_OFFLINE=1): "
@@ -318,7 +327,7 @@ def _speculative(
         )
         method, model = "ngram", None
     if (
-        inst["device"] == "cpu"
+        inst.device == "cpu"
         and table["cpu"] != "ok"
         and not (table["cpu"] == "draft_model_only" and method == "draft_model")
     ):
@@ -337,7 +346,7 @@ def _speculative(
         )
         return [], False
 
-    by_batch = spec.get("num_speculative_tokens_per_batch_size")
+    by_batch = spec.num_speculative_tokens_per_batch_size or None  # ABSENT: none
     disable_by_batch: int | None = None
     per_batch: list[list[int]] | None = None
     protection = table["disable_by_batch_size"]
@@ -346,7 +355,7 @@ def _speculative(
     if by_batch:
         if table["per_batch_size"]:
             per_batch = [
-                [lo, hi if hi is not None else max(lo, e["max_num_seqs"]), kk] for lo, hi, kk in by_batch
+                [lo, hi if hi is not None else max(lo, e.max_num_seqs), kk] for lo, hi, kk in by_batch
             ]
         else:
             off = next((row[0] for row in by_batch if row[2] <= 1), None)
@@ -358,7 +367,7 @@ def _speculative(
                     f"from batch size {off} (disable_by_batch_size), the nearest it offers"
                 )
             else:
-                k = _fixed_k(by_batch, e["max_num_seqs"], k)
+                k = _fixed_k(by_batch, e.max_num_seqs, k)
                 why = (
                     "accepts disable_by_batch_size but never reads it (V1 engine)"
                     if protection == "ignored"
@@ -374,8 +383,8 @@ def _speculative(
     if (
         method == "draft_model"
         and table["chunked_prefill"] == "draft_tp_1"
-        and e.get("enable_chunked_prefill")
-        and inst["tensor_parallel_size"] > 1
+        and e.enable_chunked_prefill
+        and inst.tensor_parallel_size > 1
     ):
         draft_tp = 1
         warnings.append(

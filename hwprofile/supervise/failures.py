@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ..plan.types import InstancePlan, as_instance
+
 
 class Failure(NamedTuple):
     kind: str  # see PATTERNS
@@ -104,12 +106,12 @@ UTILIZATION_STEP = 0.05
 ROUND = 128  # context steps stay whole multiples of vLLM's largest default block
 
 
-def _candidate(rung: str, inst: Mapping[str, Any], min_model_len: int) -> Rung | None:
+def _candidate(rung: str, inst: InstancePlan, min_model_len: int) -> Rung | None:
     """The override of ``rung`` one step below ``inst``, or None when that rung is at its bottom."""
-    e = inst["engine"]
+    e = inst.engine
     if rung == "memory share":
-        util = e.get("gpu_memory_utilization")
-        if inst.get("device") != "cuda" or util is None:
+        util = e.gpu_memory_utilization
+        if inst.device != "cuda" or util is None:
             return None
         lower = round(float(util) - UTILIZATION_STEP, 3)
         if lower < MIN_UTILIZATION - 1e-9:
@@ -118,36 +120,38 @@ def _candidate(rung: str, inst: Mapping[str, Any], min_model_len: int) -> Rung |
             rung, f"engine.gpu_memory_utilization={lower:g}", f"gpu_memory_utilization {util} -> {lower:g}"
         )
     if rung == "context length":
-        length = int(e["max_model_len"])
+        length = int(e.max_model_len)
         half = length // 2
         shorter = max(int(min_model_len), half // ROUND * ROUND or half)
         if shorter >= length:
             return None
         return Rung(rung, f"engine.max_model_len={shorter}", f"max_model_len {length} -> {shorter}")
     if rung == "concurrent sequences":
-        seqs = int(e["max_num_seqs"])
+        seqs = int(e.max_num_seqs)
         if seqs <= 1:
             return None
         return Rung(rung, f"engine.max_num_seqs={seqs // 2}", f"max_num_seqs {seqs} -> {seqs // 2}")
     if rung == "eager mode":
-        if e.get("enforce_eager"):
+        if e.enforce_eager:
             return None
         return Rung(
             rung, "engine.enforce_eager=true", "enforce_eager false -> true (no CUDA graph or compile memory)"
         )
     if rung == "speculative decoding":
-        spec = inst.get("speculative")
+        spec = inst.speculative
         if not spec:
             return None
         return Rung(
             rung,
             "speculative.method=none",
-            f"{spec.get('method')} speculation dropped (draft weights and KV freed)",
+            f"{spec.method} speculation dropped (draft weights and KV freed)",
         )
     raise ValueError(f"unknown ladder rung {rung!r}")
 
 
-def next_rung(inst: Mapping[str, Any], taken: Sequence[Rung], min_model_len: int) -> Rung | None:
+def next_rung(
+    inst: InstancePlan | Mapping[str, Any], taken: Sequence[Rung], min_model_len: int
+) -> Rung | None:
     """The next ladder step for ``inst`` (the instance as planned with the steps ``taken`` so far,
     tried or refused) after a memory-like failure, or None at the bottom. Pure: data in, override out.
 
@@ -157,6 +161,7 @@ def next_rung(inst: Mapping[str, Any], taken: Sequence[Rung], min_model_len: int
     taken one step at a time, again while it can still go lower; the ladder never climbs back to an
     earlier rung, and an override already taken (one the re-plan did not follow) is not taken again.
     """
+    inst = as_instance(inst)
     tried = {r.set for r in taken}
     start = max((RUNGS.index(r.rung) for r in taken), default=0)
     for rung in RUNGS[start:]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ..plan.memory import vllm_reported_kv_tokens
+from ..plan.types import ABSENT, InstancePlan, as_instance
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _KV = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -41,36 +43,32 @@ def parse_startup(log_text: str) -> dict[str, Any]:
     return out
 
 
-def compare(inst: dict[str, Any], started: dict[str, Any]) -> list[str]:
-    """Differences between the plan and what vLLM reports, each with both values."""
+def compare(inst: InstancePlan | Mapping[str, Any], started: dict[str, Any]) -> list[str]:
+    """Differences between the planned instance and what vLLM reports, each with both values."""
+    inst = as_instance(inst)
     warnings: list[str] = []
     args = started.get("non_default_args") or {}
-    e = inst["engine"]
+    e = inst.engine
     for key, arg in CHECKED.items():
-        planned = e.get(key)
+        planned = getattr(e, key)
         if (
             planned is None
+            or planned is ABSENT
             or (key == "kv_cache_dtype" and planned == "auto")
             or (key == "enforce_eager" and not planned)
         ):
             continue
         if arg in args and args[arg] != planned:
             warnings.append(f"{key}: planned {planned}, vLLM started with {args[arg]}")
-    if inst.get("tensor_parallel_size", 1) > 1 and args.get("tensor_parallel_size") not in (
-        None,
-        inst["tensor_parallel_size"],
-    ):
-        warnings.append(
-            f"tensor_parallel_size: planned {inst['tensor_parallel_size']}, vLLM started with {args['tensor_parallel_size']}"
-        )
+    tp = inst.tensor_parallel_size
+    if tp > 1 and args.get("tensor_parallel_size") not in (None, tp):
+        warnings.append(f"tensor_parallel_size: planned {tp}, vLLM started with {args['tensor_parallel_size']}")
     logged = started.get("kv_cache_tokens")
-    mem = inst.get("memory") or {}
-    if logged is not None and mem.get("kv_tokens"):
-        expected = mem.get("vllm_logged_kv_tokens")  # the planner's copy of vLLM's own arithmetic
-        if expected is None:
-            expected = vllm_reported_kv_tokens(
-                mem["kv_tokens"], int(e["max_model_len"]), int(mem.get("block_size", 16))
-            )
+    mem = inst.memory
+    if logged is not None and mem.kv_tokens:
+        expected = mem.vllm_logged_kv_tokens  # the planner's copy of vLLM's own arithmetic
+        if expected is None or expected is ABSENT:
+            expected = vllm_reported_kv_tokens(mem.kv_tokens, int(e.max_model_len), int(mem.block_size))
         if expected != logged:
             warnings.append(f"KV cache: planned {expected} tokens, vLLM reports {logged} tokens")
     return warnings

@@ -1,0 +1,354 @@
+"""The plan as frozen, typed data (contract ``hwprofile.plan/1``).
+
+The planner builds a :class:`Plan`; :meth:`Plan.to_json` gives exactly the JSON document of the
+contract (``schemas/hwprofile.plan-1.schema.json``: same keys, same order, same values), and
+:meth:`Plan.from_json` reads such a document back (a detached launch stores the plan as JSON).
+
+Sequences are tuples and every class is frozen: a changed instance is a new one
+(``dataclasses.replace``). A key the contract leaves out in some plans (the CPU instance has no
+``gpu_uuids``; the speculative ``prompt_lookup_*`` exist for ngram only; the estimate's figures
+exist where the datasheet has a bandwidth) is :data:`ABSENT` here, and absent from the JSON.
+The top-level ``supervise``, ``logs``, ``watch`` and ``degrade`` sections stay mappings (the
+merged settings of those sections, as the schema of settings defines them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+
+class _Absent:
+    """The value of a field whose key is not in the JSON document."""
+
+    _instance: ClassVar[_Absent | None] = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __copy__(self) -> _Absent:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> _Absent:
+        return self
+
+    def __reduce__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+T = TypeVar("T", bound="_Json")
+
+
+def _dump(v: Any) -> Any:
+    if isinstance(v, _Json):
+        return v.to_json()
+    if isinstance(v, (list, tuple)):
+        return [_dump(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _dump(x) for k, x in v.items()}
+    return v
+
+
+def _freeze(v: Any) -> Any:
+    """JSON lists as tuples, all the way down (JSON objects stay dicts)."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, Mapping):
+        return {k: _freeze(x) for k, x in v.items()}
+    return v
+
+
+class _Json:
+    """to_json/from_json by field order; fields named in ``_nested`` hold one of these classes (or a
+    tuple of them, or None); list-valued fields become tuples."""
+
+    _nested: ClassVar[dict[str, type[_Json]]] = {}
+    _mappings: ClassVar[frozenset[str]] = frozenset()
+    _raw: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if v is ABSENT:
+                continue
+            out[f.name] = _dump(v)
+        return out
+
+    @classmethod
+    def from_json(cls: type[T], doc: Mapping[str, Any]) -> T:
+        if not isinstance(doc, Mapping):
+            raise TypeError(f"{cls.__name__}: expected an object, got {type(doc).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = sorted(set(doc) - set(names))
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}")
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in doc:
+                if f.default is dataclasses.MISSING:
+                    raise ValueError(f"{cls.__name__}: missing key {f.name!r}")
+                continue
+            v = doc[f.name]
+            sub = cls._nested.get(f.name)
+            if sub is not None and v is not None:
+                v = tuple(sub.from_json(x) for x in v) if isinstance(v, (list, tuple)) else sub.from_json(v)
+            elif f.name in cls._mappings:
+                v = dict(v)
+            elif f.name in cls._raw:
+                pass
+            else:
+                v = _freeze(v)
+            kw[f.name] = v
+        return cls(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason(_Json):
+    """Why one planned value is what it is, and which layer set it (``planner`` when none)."""
+
+    key: str
+    value: Any
+    reason: str
+    source: str
+    _raw: ClassVar[frozenset[str]] = frozenset({"value"})
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSummary(_Json):
+    hostname: str | None
+    gpus: int
+    vllm_version: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSummary(_Json):
+    """A model's facts as the plan shows them (``model`` and ``draft``)."""
+
+    name: str
+    source: str | None
+    path: str | None
+    architecture: str | None
+    params: int | None
+    weights_bytes: int | None
+    weights_bytes_source: str | None
+    bits: int | None
+    quantization: str | None
+    layers: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    vocab_size: int | None
+    sliding_window: int | None
+    sliding_layers: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings(_Json):
+    host: str
+    port: int
+    served_model_name: str | None
+    api_key_env: str | None
+    shutdown_timeout: int
+    vllm_command: str | None
+    user: str | None
+    metrics: bool
+    extra_args: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings(_Json):
+    """vLLM engine arguments; ``gpu_memory_utilization`` is None and ``kv_cache_memory_bytes`` is set
+    on the CPU instance only."""
+
+    gpu_memory_utilization: float | None
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_dtype: str
+    quantization: str | None
+    dtype: str
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    kv_cache_memory_bytes: int = ABSENT
+
+    def to_json(self) -> dict[str, Any]:
+        # The contract's order puts kv_cache_memory_bytes right after kv_cache_dtype.
+        out: dict[str, Any] = {}
+        for k, v in super().to_json().items():
+            if k == "kv_cache_memory_bytes":
+                continue
+            out[k] = v
+            if k == "kv_cache_dtype" and self.kv_cache_memory_bytes is not ABSENT:
+                out["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig(_Json):
+    """``num_speculative_tokens_per_batch_size``: ``((lo, hi or None, k), ...)``."""
+
+    method: str
+    model: str | None
+    num_speculative_tokens: int
+    draft_tensor_parallel_size: int = ABSENT
+    prompt_lookup_max: int = ABSENT
+    prompt_lookup_min: int = ABSENT
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int | None, int], ...] = ABSENT
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryFit(_Json):
+    """The instance's memory breakdown per GPU (the CPU instance: its RAM; ``vllm_logged_kv_tokens``
+    on the CPU instance only, None with a draft)."""
+
+    budget_bytes: int
+    weights_bytes: int
+    draft_weights_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes_per_token_target: int
+    kv_bytes_per_token_draft: int
+    kv_tokens: int
+    block_size: int
+    kv_bytes_per_max_len_request: int
+    vllm_logged_kv_tokens: int | None = ABSENT
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate(_Json):
+    """The batch-1 decode ceiling; only ``note`` on the CPU instance and where the datasheet has no
+    bandwidth figure."""
+
+    gpu_datasheet: str | None = ABSENT
+    memory_bandwidth_gbs: float | None = ABSENT
+    note: str = ABSENT
+    bytes_read_per_token_per_gpu: int = ABSENT
+    decode_tok_s_ceiling_batch1: float = ABSENT
+    assumed_acceptance: float = ABSENT
+    expected_tokens_per_step: float = ABSENT
+    decode_tok_s_ceiling_batch1_speculative: float = ABSENT
+    basis: str = ABSENT
+
+
+@dataclasses.dataclass(frozen=True)
+class InstancePlan(_Json):
+    """One vLLM server: where it runs (``device`` ``cuda`` or ``cpu``) and with what."""
+
+    name: str
+    device: str
+    gpus: tuple[int, ...]
+    gpu_name: str | None
+    numa_node: int | None
+    cpus: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    server: ServerSettings
+    engine: EngineSettings
+    speculative: SpeculativeConfig | None
+    memory: MemoryFit
+    estimate: Estimate
+    gpu_uuids: tuple[str | None, ...] = ABSENT
+    gpu_minors: tuple[int | None, ...] = ABSENT
+    gpu_numa_nodes: tuple[int | None, ...] = ABSENT
+
+    _nested: ClassVar[dict[str, type[_Json]]] = {
+        "server": ServerSettings,
+        "engine": EngineSettings,
+        "speculative": SpeculativeConfig,
+        "memory": MemoryFit,
+        "estimate": Estimate,
+    }
+    _ORDER: ClassVar[tuple[str, ...]] = (
+        "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
+        "cpus", "tensor_parallel_size", "pipeline_parallel_size", "server", "engine", "speculative",
+        "memory", "estimate",
+    )  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        d = super().to_json()
+        return {k: d[k] for k in self._ORDER if k in d}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(_Json):
+    """The launch plan: what runs where, with a reason for every value."""
+
+    schema: str
+    profile: str
+    matched_because: tuple[str, ...]
+    host: HostSummary
+    model: ModelSummary
+    draft: ModelSummary | None
+    instances: tuple[InstancePlan, ...]
+    supervise: Mapping[str, Any]
+    logs: Mapping[str, Any]
+    watch: Mapping[str, Any]
+    degrade: Mapping[str, Any]
+    reasons: tuple[Reason, ...]
+    provenance: Mapping[str, str]
+    warnings: tuple[str, ...]
+
+    _nested: ClassVar[dict[str, type[_Json]]] = {
+        "host": HostSummary,
+        "model": ModelSummary,
+        "draft": ModelSummary,
+        "instances": InstancePlan,
+        "reasons": Reason,
+    }
+    _mappings: ClassVar[frozenset[str]] = frozenset({"supervise", "logs", "watch", "degrade", "provenance"})
+
+    def instance(self, name: str) -> InstancePlan:
+        """The instance called ``name`` (KeyError when there is none)."""
+        for inst in self.instances:
+            if inst.name == name:
+                return inst
+        raise KeyError(name)
+
+    def with_instance(self, new: InstancePlan) -> Plan:
+        """This plan with the instance of ``new``'s name replaced by ``new``."""
+        self.instance(new.name)
+        return dataclasses.replace(
+            self, instances=tuple(new if i.name == new.name else i for i in self.instances)
+        )
+
+
+__all__ = [
+    "ABSENT",
+    "EngineSettings",
+    "Estimate",
+    "HostSummary",
+    "InstancePlan",
+    "MemoryFit",
+    "ModelSummary",
+    "Plan",
+    "Reason",
+    "ServerSettings",
+    "SpeculativeConfig",
+    "as_instance",
+    "as_plan",
+]
+
+
+def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
+    """``plan`` as a :class:`Plan` (a JSON document is read with :meth:`Plan.from_json`): consumers
+    take either while callers move to the typed plan."""
+    return plan if isinstance(plan, Plan) else Plan.from_json(plan)
+
+
+def as_instance(inst: InstancePlan | Mapping[str, Any]) -> InstancePlan:
+    """``inst`` as an :class:`InstancePlan` (see :func:`as_plan`)."""
+    return inst if isinstance(inst, InstancePlan) else InstancePlan.from_json(inst)
