@@ -40,6 +40,39 @@ def _non_default_args(log: Path) -> list[dict]:
     return [ast.literal_eval(m.group(1)) for m in _NON_DEFAULT.finditer(log.read_text(errors="replace"))]
 
 
+def _daemon(host_env: dict, root: Path, tiny: Path, tmp_path: Path, tag: str):
+    """``hwprofile daemon`` on the fake host with the config root ``root``: the process, its
+    environment, its runtime dir, a reader of daemon.json and a wait that fails if the daemon exits."""
+    runtime = Path(f"/tmp/{tag}-{os.getpid()}")
+    env = {**host_env, "HWPROFILE_CONFIG_ROOT": str(root), "HWPROFILE_RUNTIME_DIR": str(runtime)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(tiny), "--set", f"server.port={free_port()}",
+         "--set", f"logs.dir={tmp_path / 'logs'}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+    def doc() -> dict:
+        try:
+            return json.loads((runtime / "daemon.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait(pred, what, timeout=READY):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise AssertionError(f"the daemon exited {proc.returncode}: {proc.stderr.read()[-3000:]}")
+            got = pred()
+            if got:
+                return got
+            time.sleep(0.5)
+        raise AssertionError(
+            f"timed out: {what}; stderr: {proc.stderr.read()[-3000:] if proc.stderr else ''}"
+        )
+
+    return proc, env, runtime, doc, wait
+
+
 def test_watch_once_json_against_a_vllm_started_elsewhere(tiny, tmp_path, fake_nvml_dir, empty_root) -> None:
     port = free_port()
     proc, log = serve(
@@ -87,37 +120,7 @@ def test_daemon_degrades_real_vllm_when_the_card_heats_and_recovers(tiny, tmp_pa
         "server: {shutdown_timeout: 5, extra_args: ['--kv-cache-memory-bytes', '64M']}\n"
         "watch: {hot_c: 80, interval: 0.5, dwell_s: 1, recover_s: 3, metrics_port: 0}\n"
     )
-    runtime = Path(f"/tmp/hwpv-{os.getpid()}")
-    port = free_port()
-    env = {
-        **{k: v for k, v in host.env(fake_nvml_dir).items()},
-        "HWPROFILE_CONFIG_ROOT": str(root),
-        "HWPROFILE_RUNTIME_DIR": str(runtime),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(tiny), "--set", f"server.port={port}",
-         "--set", f"logs.dir={tmp_path / 'logs'}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-
-    def doc() -> dict:
-        try:
-            return json.loads((runtime / "daemon.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def wait(pred, what, timeout=READY):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise AssertionError(f"the daemon exited {proc.returncode}: {proc.stderr.read()[-3000:]}")
-            got = pred()
-            if got:
-                return got
-            time.sleep(0.5)
-        raise AssertionError(
-            f"timed out: {what}; stderr: {proc.stderr.read()[-3000:] if proc.stderr else ''}"
-        )
+    proc, env, runtime, doc, wait = _daemon(host.env(fake_nvml_dir), root, tiny, tmp_path, "hwpv")
 
     try:
         wait(lambda: (i := doc().get("instances")) and i[0]["status"] == "ok", "vLLM ready and scraped")
@@ -159,35 +162,7 @@ def test_live_overrides_against_real_vllm(tiny, tmp_path, fake_nvml_dir) -> None
     )
     site = root / "overrides.d" / "10-site.yaml"
     site.write_text(base)
-    runtime = Path(f"/tmp/hwpo-{os.getpid()}")
-    port = free_port()
-    env = {
-        **host.env(fake_nvml_dir),
-        "HWPROFILE_CONFIG_ROOT": str(root),
-        "HWPROFILE_RUNTIME_DIR": str(runtime),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(tiny), "--set", f"server.port={port}",
-         "--set", f"logs.dir={tmp_path / 'logs'}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-
-    def doc() -> dict:
-        try:
-            return json.loads((runtime / "daemon.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def wait(pred, what, timeout=READY):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise AssertionError(f"the daemon exited {proc.returncode}: {proc.stderr.read()[-3000:]}")
-            got = pred()
-            if got:
-                return got
-            time.sleep(0.5)
-        raise AssertionError(f"timed out: {what}")
+    proc, env, _runtime, doc, wait = _daemon(host.env(fake_nvml_dir), root, tiny, tmp_path, "hwpo")
 
     try:
         wait(lambda: (i := doc().get("instances")) and i[0]["status"] == "ok", "vLLM ready and scraped")

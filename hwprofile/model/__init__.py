@@ -270,28 +270,6 @@ def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
     return layers
 
 
-def estimate_params(
-    cfg: dict[str, Any],
-    hidden: int,
-    inter: int,
-    layers: int,
-    heads: int,
-    kv: int,
-    head_dim: int,
-    vocab: int,
-    tie: bool,
-) -> int:
-    attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
-    experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0)
-    if experts:
-        moe_inter = int(cfg.get("moe_intermediate_size") or inter)
-        shared = int(cfg.get("n_shared_experts") or 0) * 3 * hidden * moe_inter
-        mlp = experts * 3 * hidden * moe_inter + shared + hidden * experts
-    else:
-        mlp = 3 * hidden * inter
-    return layers * (attn + mlp + 2 * hidden) + embed_params(vocab, hidden, tie) + hidden
-
-
 def embed_params(vocab: int, hidden: int, tie: bool) -> int:
     """Input embedding plus LM head (one matrix when tied)."""
     return vocab * hidden * (1 if tie else 2)
