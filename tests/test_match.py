@@ -53,7 +53,8 @@ def test_single_a800_sxm_board_is_not_the_pcie_class(empty_root) -> None:
         gpus=(_gpu(0, "NVIDIA A800-SXM4-80GB", 80, links=8),), numa_nodes=(NumaNode(0, "0-15"),)
     )
     winner, _ = match(load_rules(empty_root), host_facts(host))
-    assert winner.rule.profile != "a800-80g-pcie"
+    # one 80 GB board with NVLink but no peer: the generic large-memory class, not the PCIe seed's
+    assert winner.rule.profile == "generic-large"
 
 
 def test_mixed_gpus_get_the_mixed_profile(empty_root) -> None:

@@ -34,19 +34,14 @@ HOSTS = {  # seed-class fixture host → model planned on it
 
 
 def _facts() -> tuple[dict, dict]:
-    """The flag table straight from the shared facts (read off each release's parser) when present,
-    else the copy shipped in the package."""
+    """The flag table straight from the shared facts (read off each release's parser)."""
     shared = ROOT.parent / "shared" / "facts"
-    if (shared / "vllm-options.json").is_file():
-        opts = json.loads((shared / "vllm-options.json").read_text())["options"]
-        flags = json.loads((shared / "vllm-flags.json").read_text())
-        return opts, flags
-    data = json.loads((ROOT / "hwprofile" / "data" / "vllm.json").read_text())
-    return data["options"], {
-        "flags": data["values"],
-        "speculative_config": data["speculative"],
-        "validated_values": {},
-    }
+    if not (shared / "vllm-options.json").is_file():
+        # the renderer's own table would be an oracle that cannot disagree with the renderer
+        pytest.skip("../shared/facts is not beside this checkout: no independent oracle")
+    opts = json.loads((shared / "vllm-options.json").read_text())["options"]
+    flags = json.loads((shared / "vllm-flags.json").read_text())
+    return opts, flags
 
 
 def _render_all(host, empty_root, model) -> dict:

@@ -28,5 +28,3 @@ def test_agrees_with_importlib_metadata_on_this_environment() -> None:
         except metadata.PackageNotFoundError:
             continue
     assert vllm_version() == expected
-    # and it reads real dist-info names the same way importlib does (checked on pyyaml)
-    assert metadata.version("pyyaml") in {d.version for d in metadata.distributions(name="PyYAML")}
