@@ -410,3 +410,52 @@ def test_smaller_model_suggestions_sorted_by_size_not_by_their_text(empty_root, 
         build_plan(host, res.settings, res.provenance, res.profile, [], big, None)
     (smaller,) = [s for s in e.value.suggestions if s.startswith("a smaller model")]
     assert smaller == "a smaller model that fits: acme/C (12.0 GiB), acme/B (10.0 GiB), acme/A (10.0 GiB)"
+
+
+# -- layouts that had no test --------------------------------------------------------------------
+
+
+def test_mixed_gpus_are_planned_separately_never_tp_across_models(host_of, empty_root) -> None:
+    """A 4090 beside a 3060: one instance per model, each on its own card, said so."""
+    a = host_of("rtx4090-1x").to_dict()
+    b = host_of("rtx3060-12g-1x").to_dict()
+    g1 = {**b["gpus"][0], "index": 1, "minor_number": 1, "pci_bus_id": "00000000:02:00.0"}
+    a["gpus"] = [a["gpus"][0], g1]
+    host = HostSnapshot.from_dict(a)
+    p = make_plan(host, empty_root, model="Qwen/Qwen3-1.7B", sets=["speculative.method=none"], environ={})
+    assert p["profile"] == "generic-mixed"
+    got = sorted((i["gpus"], i["gpu_name"], i["tensor_parallel_size"]) for i in p["instances"])
+    assert [g for g, _, _ in got] == [[0], [1]] and all(tp == 1 for _, _, tp in got)
+    assert {n for _, n, _ in got} == {a["gpus"][0]["name"], b["gpus"][0]["name"]}
+    assert any("mixed GPU models" in w and "never tensor parallel across models" in w for w in p["warnings"])
+
+
+def test_strategy_single_plans_one_instance(host_of, empty_root) -> None:
+    p = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.strategy=single"], environ={})
+    assert len(p["instances"]) == 1 and p["instances"][0]["gpus"] == [0, 1]
+
+
+def test_strategy_tensor_parallel_takes_every_gpu_and_warns_over_pcie(host_of, empty_root) -> None:
+    p = make_plan(
+        host_of("a800-pcie-4x-2numa"),
+        empty_root,
+        sets=["layout.strategy=tensor_parallel", "layout.tensor_parallel_size=auto"],
+        environ={},
+    )
+    (inst,) = p["instances"]
+    assert inst["tensor_parallel_size"] == 4 and inst["gpus"] == [0, 1, 2, 3]
+    assert any("custom all-reduce" in w for w in p["warnings"])
+    assert inst["numa_node"] is None and inst["gpu_numa_nodes"] == [0, 0, 1, 1]  # bound per rank on 0.20+
+
+
+def test_pipeline_parallel_is_carried_to_the_render(host_of, empty_root) -> None:
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    p = make_plan(
+        host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.pipeline_parallel_size=2"], environ={}
+    )
+    inst = p["instances"][0]
+    assert inst["pipeline_parallel_size"] == 2
+    argv = render_instance(p, inst, release("0.33.0"), "vllm", None).argv
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
