@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OperationError
+from .plan.types import Plan, as_plan
 from .supervise.state import (
     ALIVE,
     LAST_FILE,
@@ -64,11 +65,11 @@ def setup_logging(runtime: Path, to_stderr: bool) -> None:
     log.propagate = False
 
 
-def log_root(plan: dict[str, Any], tmpfs: str | None, runtime: Path) -> Path:
+def log_root(plan: Plan | dict[str, Any], tmpfs: str | None, runtime: Path) -> Path:
     """Where the instances' logs go: hwprofile's own per-user directory (:func:`user_dirname`) inside
     ``logs.dir`` or the tmpfs, never the given directory itself (whose mode hwprofile leaves alone);
     the runtime directory's ``logs`` without either."""
-    configured = (plan.get("logs") or {}).get("dir")
+    configured = as_plan(plan).logs.get("dir")
     if configured:
         return Path(configured) / user_dirname()
     if tmpfs:
@@ -77,7 +78,7 @@ def log_root(plan: dict[str, Any], tmpfs: str | None, runtime: Path) -> Path:
     return runtime / "logs"
 
 
-def prepare_dirs(plan: dict[str, Any], tmpfs: str | None, runtime: Path) -> None:
+def prepare_dirs(plan: Plan | dict[str, Any], tmpfs: str | None, runtime: Path) -> None:
     """Create (or check) the runtime and log directories before anything starts, so that one hwprofile
     may not use (a link, another user's, writable by others) is refused here, with the reason."""
     try:
@@ -88,7 +89,7 @@ def prepare_dirs(plan: dict[str, Any], tmpfs: str | None, runtime: Path) -> None
 
 
 def options(
-    plan: dict[str, Any],
+    plan: Plan | dict[str, Any],
     tmpfs: str | None,
     runtime: Path,
     progress: Any = None,
@@ -97,7 +98,8 @@ def options(
     from .config.schema import parse_size
     from .supervise.supervisor import Options
 
-    sup, logs = plan.get("supervise") or {}, plan.get("logs") or {}
+    plan = as_plan(plan)
+    sup, logs = plan.supervise, plan.logs
     return Options(
         runtime=runtime,
         log_root=log_root(plan, tmpfs, runtime),
@@ -168,18 +170,25 @@ class PlanInputs:
         )  # fmt: skip
 
 
-def write_launch_file(runtime: Path, plan: dict[str, Any], inputs: PlanInputs, vllm_version: str) -> Path:
+def write_launch_file(
+    runtime: Path, plan: Plan | dict[str, Any], inputs: PlanInputs, vllm_version: str
+) -> Path:
     """The validated plan, its inputs (for re-plans) and the vLLM release, for the detached
     supervisor: ``<runtime>/launch.json``, written atomically, 0600."""
     from .runtime.files import atomic_write
 
     path = private_dir(runtime) / LAUNCH_FILE
-    doc = {"schema": LAUNCH_SCHEMA, "vllm_version": vllm_version, "plan": plan, "inputs": inputs.to_json()}
+    doc = {
+        "schema": LAUNCH_SCHEMA,
+        "vllm_version": vllm_version,
+        "plan": as_plan(plan).to_json(),
+        "inputs": inputs.to_json(),
+    }
     atomic_write(path, json.dumps(doc, indent=1), 0o600)
     return path
 
 
-def read_launch_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], PlanInputs, str]:
+def read_launch_file(path: str | os.PathLike[str]) -> tuple[Plan, PlanInputs, str]:
     """(plan, inputs, vLLM version) from :func:`write_launch_file`'s file; it must be a regular file
     of this user's (not followed if it is a link)."""
     import stat
@@ -200,7 +209,11 @@ def read_launch_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Plan
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("schema") != LAUNCH_SCHEMA:
             raise ValueError(f"schema is not {LAUNCH_SCHEMA}")
-        return doc["plan"], PlanInputs.from_json(doc["inputs"], str(path)), str(doc["vllm_version"])
+        return (
+            Plan.from_json(doc["plan"]),
+            PlanInputs.from_json(doc["inputs"], str(path)),
+            str(doc["vllm_version"]),
+        )
     except (ValueError, KeyError, TypeError) as e:
         raise LaunchError(f"--plan-file {path}: not a launch file: {e}", 2) from None
 
@@ -219,20 +232,20 @@ def check_not_running(runtime: Path) -> None:
         )
 
 
-def check_ports(plan: dict[str, Any]) -> None:
+def check_ports(plan: Plan | dict[str, Any]) -> None:
     from .supervise.supervisor import port_free
 
-    for inst in plan["instances"]:
-        s = inst["server"]
-        if not port_free(s["host"], s["port"]):
+    for inst in as_plan(plan).instances:
+        s = inst.server
+        if not port_free(s.host, s.port):
             raise LaunchError(
-                f"{inst['name']}: port {s['port']} on {s['host']} is already in use. Stop what holds it "
-                f"(`ss -ltnp 'sport = :{s['port']}'`), or choose another: --set server.port=<free port>"
+                f"{inst.name}: port {s.port} on {s.host} is already in use. Stop what holds it "
+                f"(`ss -ltnp 'sport = :{s.port}'`), or choose another: --set server.port=<free port>"
             )
 
 
 def run_foreground(
-    plan: dict[str, Any],
+    plan: Plan | dict[str, Any],
     rel: Any,
     vllm_cmd: str,
     numactl: str | None,
@@ -246,6 +259,7 @@ def run_foreground(
     from .supervise.lifecycle import State
     from .supervise.supervisor import Supervisor
 
+    plan = as_plan(plan)
     try:
         opts = options(
             plan, tmpfs, runtime, progress=lambda m: log.info("%s", m), min_model_len=min_model_len

@@ -218,10 +218,10 @@ class _Inst:
             False,
             0,
         )
-        self.got: list[dict] = []
+        self.got: list = []  # the InstancePlans it was asked to restart with
         self.failure = None
 
-    def replace(self, inst: dict) -> None:
+    def replace(self, inst) -> None:
         self.got.append(inst)
         self.replacing = True
 
@@ -236,14 +236,36 @@ class _Sampler:
         return []
 
 
-def _plan(seqs: dict[str, int], hot: float = 82.0) -> dict:
-    return {
-        "model": {}, "watch": {"hot_c": hot}, "degrade": {},
-        "instances": [
-            {"name": n, "gpus": [i], "server": {"host": "127.0.0.1", "port": 9000 + i}, "engine": {"max_num_seqs": s}}
-            for i, (n, s) in enumerate(seqs.items())
-        ],
-    }  # fmt: skip
+def _plan(seqs: dict[str, int], hot: float = 82.0):  # -> Plan
+    from hwprofile.plan.types import (
+        EngineSettings,
+        Estimate,
+        HostSummary,
+        InstancePlan,
+        MemoryFit,
+        ModelSummary,
+        Plan,
+        ServerSettings,
+    )  # fmt: skip
+
+    def inst(i: int, name: str, seqs: int) -> InstancePlan:
+        return InstancePlan(
+            name=name, device="cuda", gpus=(i,), gpu_name=None, numa_node=None, cpus=None,
+            tensor_parallel_size=1, pipeline_parallel_size=1,
+            server=ServerSettings("127.0.0.1", 9000 + i, None, None, 10, None, None, True, ()),
+            engine=EngineSettings(gpu_memory_utilization=0.9, max_model_len=1024, max_num_seqs=seqs,
+                                  max_num_batched_tokens=2048, kv_cache_dtype="auto", quantization=None,
+                                  dtype="auto", enforce_eager=False, enable_prefix_caching=True,
+                                  enable_chunked_prefill=True),
+            speculative=None, memory=MemoryFit(*[0] * 12), estimate=Estimate(),
+        )
+
+    return Plan(
+        schema="hwprofile.plan/1", profile="test", matched_because=(), host=HostSummary(None, 2, None),
+        model=ModelSummary("m", *[None] * 14), draft=None,
+        instances=tuple(inst(i, n, s) for i, (n, s) in enumerate(seqs.items())),
+        supervise={}, logs={}, watch={"hot_c": hot}, degrade={}, reasons=(), provenance={}, warnings=(),
+    )  # fmt: skip
 
 
 def _daemon(tmp_path, plans: list):
@@ -252,14 +274,14 @@ def _daemon(tmp_path, plans: list):
 
     seq = iter(plans)
 
-    def replan(extra: list[str]) -> dict:
+    def replan(extra: list[str]):  # -> Plan
         p = next(seq)
         if isinstance(p, Exception):
             raise p
         return p
 
     first = _plan({"a": 256, "b": 256})
-    d = Daemon(first, replan, _Sup(["a", "b"]), _Sampler(), WatchSettings.from_settings(first["watch"]), {}, tmp_path,
+    d = Daemon(first, replan, _Sup(["a", "b"]), _Sampler(), WatchSettings.from_settings(first.watch), {}, tmp_path,
                clock=lambda: 0.0)  # fmt: skip
     calls: list[str] = []
     d.on_reloading = lambda _d: calls.append("RELOADING")
@@ -273,7 +295,7 @@ def test_reload_restarts_only_changed_instances_one_at_a_time(tmp_path) -> None:
     d.tick()
     assert calls == ["RELOADING", "READY"] and d.settings.hot_c == 79.0 and d.watcher.settings.hot_c == 79.0
     a, b = d.sup.instances
-    assert a.got == [] and [i["engine"]["max_num_seqs"] for i in b.got] == [128]  # only b
+    assert a.got == [] and [i.engine.max_num_seqs for i in b.got] == [128]  # only b
     assert "watch.* applied" in d.last_reload["detail"]
     b.replacements, b.replacing = 1, False  # b is ready again
     d.tick()

@@ -14,7 +14,6 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -115,12 +114,16 @@ def test_a_missing_directory_is_created_0700_with_its_parents(tmp_path: Path) ->
     assert d.is_dir() and mode(d) == 0o700 and os.lstat(d).st_uid == os.geteuid()
 
 
-def test_per_user_names(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_per_user_names(monkeypatch: pytest.MonkeyPatch, inputs: launch.PlanInputs) -> None:
+    import dataclasses
+
+    from hwprofile.plan.types import as_plan
+
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert user_dirname() == "hwprofile"
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert user_dirname() == "hwprofile-1000"
-    plan: dict[str, Any] = {"logs": {"dir": None}}
+    plan = dataclasses.replace(as_plan(inputs.replan()), logs={"dir": None})
     assert launch.log_root(plan, "/dev/shm", Path("/run/x")) == Path("/dev/shm/hwprofile-1000")
     assert launch.log_root(plan, None, Path("/run/x")) == Path("/run/x/logs")
 
@@ -204,7 +207,7 @@ def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, input
     assert path == tmp_path / "run" / launch.LAUNCH_FILE and mode(path) == 0o600
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     got, again, version = launch.read_launch_file(path)
-    assert version == "0.32.0" and got == json.loads(json.dumps(plan))
+    assert version == "0.32.0" and got.to_json() == json.loads(json.dumps(plan))  # a typed Plan
     assert again.sets == inputs.sets and again.model == inputs.model
     assert again.host.to_dict() == inputs.host.to_dict()  # no second detection: the same host
     extra = ["engine.max_model_len=256"]

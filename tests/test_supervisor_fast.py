@@ -7,7 +7,6 @@ thread, a log sink that cannot be written, a proxy in the environment, the runti
 
 from __future__ import annotations
 
-import copy
 import errno
 import itertools
 import json
@@ -366,7 +365,7 @@ def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env
         # the instance is the re-planned one: its memory figures are the planner's for 256 tokens,
         # and the startup check against them (and this start's own log only) finds nothing to say
         fresh = sup.replan(["engine.max_model_len=512", "engine.max_model_len=256"])["instances"][0]
-        assert inst.inst["memory"] == fresh["memory"] and inst.inst["engine"] == fresh["engine"]
+        assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["engine"] == fresh["engine"]
         assert inst.verify_warnings == [], inst.verify_warnings
         human = launch.format_status(launch.status(rt / "run"))
         assert "ladder: max_model_len 1024 -> 512 (after: out of memory)" in human
@@ -385,7 +384,7 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
             "engine.max_num_seqs=2", "engine.enforce_eager=false", "speculative.method=ngram",
             "speculative.num_speculative_tokens=3")  # fmt: skip
     sup = make_supervisor(world, rt, *sets, host=host, max_restarts=10, backoff_initial=0.05)
-    first = copy.deepcopy(sup.instances[0].inst)
+    first = sup.instances[0].inst.to_json()
     assert first["device"] == "cuda" and first["speculative"]
     sup.start()
     sup.wait(60)
@@ -403,8 +402,8 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
     assert [v is not None for v in flag_values(fake_env, "--enforce-eager")] == [False] * 5 + [True] * 2
     assert [v is not None for v in flag_values(fake_env, "--speculative-config")] == [True] * 6 + [False]
     fresh = sup.replan([s["set"] for s in inst.ladder])["instances"][0]
-    assert inst.inst["memory"] == fresh["memory"] and inst.inst["memory"] != first["memory"]
-    assert inst.inst["memory"]["budget_bytes"] < first["memory"]["budget_bytes"]
+    assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["memory"] != first["memory"]
+    assert inst.inst.to_json()["memory"]["budget_bytes"] < first["memory"]["budget_bytes"]
     human = launch.format_status(launch.status(rt / "run"))
     assert "ladder: gpu_memory_utilization 0.6 -> 0.55 (after: out of memory)" in human
     assert "ladder: ngram speculation dropped" in human

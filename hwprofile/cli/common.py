@@ -49,17 +49,19 @@ class _Refused(Exception):
 
 def _plan_or_report(
     args: argparse.Namespace, host, model: str | None = None, sets: list[str] | None = None
-) -> dict:
-    """The plan for the command's options; a refusal is printed with what would fit (raises _Refused)."""
+):  # -> Plan
+    """The plan for the command's options, typed; a refusal is printed with what would fit (raises
+    _Refused)."""
     from ..config.layers import config_root
     from ..pipeline import make_plan
     from ..plan import PlanRefused
+    from ..plan.types import as_plan
 
     try:
-        return make_plan(
+        return as_plan(make_plan(
             host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
             sets=args.sets if sets is None else sets, model=args.model if model is None else model, draft=args.draft,
-        )  # fmt: skip
+        ))  # fmt: skip
     except PlanRefused as e:
         print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
         for s in e.suggestions:

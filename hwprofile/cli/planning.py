@@ -15,10 +15,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..config.layers import config_root
     from ..pipeline import make_plan
     from ..plan import SCHEMA, PlanRefused
+    from ..plan.types import as_plan
 
     host = load_host(args)
     try:
-        plan = make_plan(
+        plan = as_plan(make_plan(
             host,
             config_root(args.config_root),
             profile=args.profile,
@@ -26,7 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             sets=args.sets,
             model=args.model,
             draft=args.draft,
-        )
+        ))
     except PlanRefused as e:
         if args.json:
             out = {"schema": SCHEMA, "refused": {"reason": e.message, "suggestions": e.suggestions}}
@@ -42,17 +43,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from ..daemon.policy import WatchSettings
 
         try:
-            advice, extra = advice_from(args.advice_from, plan, WatchSettings.from_settings(plan.get("watch") or {}))
+            advice, extra = advice_from(args.advice_from, plan, WatchSettings.from_settings(plan.watch))
         except AdviceError as e:
             raise CliError(str(e), EXIT_FAILED) from None
         print(f"hwprofile: advice from {args.advice_from}: {advice.reason}", file=sys.stderr)
         print(f"hwprofile: applied as --set {' --set '.join(extra)}", file=sys.stderr)
-        plan = make_plan(
+        plan = as_plan(make_plan(
             host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
             sets=[*args.sets, *extra], model=args.model, draft=args.draft,
-        )  # fmt: skip
+        ))  # fmt: skip
     if args.json:
-        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     else:
         from ..views import format_plan
 
@@ -77,14 +78,14 @@ def cmd_render(args: argparse.Namespace) -> int:
         plan = _plan_or_report(args, host)
     except _Refused:
         return EXIT_FAILED
-    instances = [i for i in plan["instances"] if args.instance in (None, i["name"])]
+    instances = [i for i in plan.instances if args.instance in (None, i.name)]
     if not instances:
-        names = ", ".join(i["name"] for i in plan["instances"])
+        names = ", ".join(i.name for i in plan.instances)
         raise CliError(f"--instance {args.instance}: no such instance; this plan has: {names}")
     status = EXIT_OK
     for inst in instances:
         r = render_instance(
-            plan, inst, rel, vllm_command(inst["server"].get("vllm_command")), host.software.numactl_path
+            plan, inst, rel, vllm_command(inst.server.vllm_command), host.software.numactl_path
         )
         secrets = {}
         if args.output and args.format == "env":
@@ -107,7 +108,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         for w in r.warnings:
             print(f"hwprofile: warning: {r.name}: {w}", file=sys.stderr)
         if args.check:
-            model = plan["model"]["path"] or plan["model"]["name"]
+            model = plan.model.path or plan.model.name
             res = check_args(flatten(r.args), model, version, r.env)
             where = f"vLLM {res.vllm_version or version}"
             if res.ok:

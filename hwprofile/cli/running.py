@@ -60,8 +60,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         tuple(sets), model, args.draft,
     )  # fmt: skip
     if args.dry_run:
-        for inst in plan["instances"]:
-            r = render_instance(plan, inst, rel, vllm_command(inst["server"].get("vllm_command")), numactl)
+        for inst in plan.instances:
+            r = render_instance(plan, inst, rel, vllm_command(inst.server.vllm_command), numactl)
             print(f"# {r.name}: vLLM {r.vllm_version}, GPUs {r.gpus or '-'}, NUMA node {r.numa_node}")
             for k, v in sorted(r.env.items()):
                 print(f"{k}={shlex.quote(v)}")
@@ -88,7 +88,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             replan=inputs.replan, min_model_len=inputs.min_model_len(),
         )  # fmt: skip
     plan_file = write_launch_file(runtime, plan, inputs, rel.target)
-    timeout = float((plan.get("supervise") or {}).get("ready_timeout", 900)) + 30
+    timeout = float(plan.supervise.get("ready_timeout", 900)) + 30
     return run_detached(
         ["launch", "--plan-file", str(plan_file), "--runtime-dir", str(runtime)], runtime, timeout
     )
@@ -126,12 +126,14 @@ def _demo(plan, rel, numactl, tmpfs, runtime, inputs=None) -> int:
 
     from ..launch import demo_completion, format_status, setup_logging, status
     from ..pipeline import vllm_command
+    from ..plan.types import as_plan
     from ..supervise.state import pid_alive
     from ..supervise.supervisor import Supervisor
 
     setup_logging(runtime, to_stderr=True)
     from ..launch import options
 
+    plan = as_plan(plan)
     sup = Supervisor(
         plan,
         rel,
@@ -149,12 +151,12 @@ def _demo(plan, rel, numactl, tmpfs, runtime, inputs=None) -> int:
     t0 = time.monotonic()
     sup.start()
     try:
-        if not sup.wait_ready(float((plan.get("supervise") or {}).get("ready_timeout", 900))):
+        if not sup.wait_ready(float(plan.supervise.get("ready_timeout", 900))):
             print(format_status(status(runtime)), end="")
             return EXIT_FAILED
         inst = sup.instances[0]
         print(f"hwprofile: demo: {inst.name} ready at {inst.url} after {time.monotonic() - t0:.0f} s")
-        served = plan["model"]["path"] or plan["model"]["name"]
+        served = plan.model.path or plan.model.name
         reply = demo_completion(inst.url, served)
         choice = reply["choices"][0]
         prompt_ids, ids = choice.get("prompt_token_ids"), choice.get("token_ids")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plan.degrade import degrade_sets
+from ..plan.types import InstancePlan, Plan, as_instance, as_plan
 from ..runtime.files import atomic_write
 from .exporter import Published
 from .policy import Action, WatchSettings
@@ -35,26 +36,28 @@ HISTORY = 50
 
 
 def instance_spec(
-    plan: Mapping[str, Any], inst: Mapping[str, Any], per_batch_honoured: bool = False
+    plan: Plan | Mapping[str, Any], inst: InstancePlan | Mapping[str, Any], per_batch_honoured: bool = False
 ) -> InstanceSpec:
     """What the watcher needs to know of a planned instance."""
-    s = inst["server"]
-    host = "127.0.0.1" if s["host"] in ("0.0.0.0", "", "::") else s["host"]
-    spec = inst.get("speculative") or {}
-    k = spec.get("num_speculative_tokens")
+    plan, inst = as_plan(plan), as_instance(inst)
+    s = inst.server
+    host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
+    spec = inst.speculative
+    method = spec.method if spec else None
+    k = spec.num_speculative_tokens if spec else None
     cost = 0.0
-    if spec.get("method") == "draft_model" and plan.get("draft") and plan["model"].get("params"):
-        cost = plan["draft"]["params"] / plan["model"]["params"]
-    elif spec.get("method") in ("mtp", "eagle", "eagle3") and plan["model"].get("layers"):
-        cost = 1 / plan["model"]["layers"]  # about one extra decoder layer per proposal
+    if method == "draft_model" and plan.draft and plan.model.params:
+        cost = plan.draft.params / plan.model.params
+    elif method in ("mtp", "eagle", "eagle3") and plan.model.layers:
+        cost = 1 / plan.model.layers  # about one extra decoder layer per proposal
     return InstanceSpec(
-        inst["name"],
-        f"http://{host}:{s['port']}",
-        tuple(inst.get("gpus") or ()),
+        inst.name,
+        f"http://{host}:{s.port}",
+        tuple(inst.gpus or ()),
         int(k) if k else None,
         round(cost, 4),
-        inst["engine"].get("max_num_seqs"),
-        per_batch_honoured and bool(spec.get("num_speculative_tokens_per_batch_size")),
+        inst.engine.max_num_seqs,
+        per_batch_honoured and bool(spec and spec.num_speculative_tokens_per_batch_size),
     )
 
 
@@ -71,7 +74,7 @@ class Daemon:
 
     def __init__(
         self,
-        plan: dict[str, Any],
+        plan: Plan | dict[str, Any],
         replan: Callable[[list[str]], dict[str, Any]],
         supervisor: Any,
         sampler: GpuSampler | Any,
@@ -82,7 +85,9 @@ class Daemon:
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
         on_tick: Callable[[Daemon, Report], None] | None = None,
     ) -> None:
-        self.plan = plan
+        """``plan`` is a :class:`Plan` or its JSON; ``replan`` returns a plan's JSON
+        (``pipeline.make_plan``'s) or a :class:`Plan`: each is read once, with ``as_plan``."""
+        self.plan = plan = as_plan(plan)
         self.replan = replan
         self.sup = supervisor
         self.sampler = sampler
@@ -95,7 +100,7 @@ class Daemon:
         per_batch = bool(getattr(getattr(supervisor, "release", None), "spec_table", None)) and bool(
             supervisor.release.spec_table().get("per_batch_size")
         )
-        self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan["instances"]])
+        self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
         self.queue: deque[Action] = deque()
         self.current: Restart | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
@@ -104,7 +109,7 @@ class Daemon:
         self.report: Report | None = None
         self.ticks = 0
         self.missed = 0
-        self.levels: dict[str, int] = {i["name"]: 0 for i in plan["instances"]}  # degrade step running
+        self.levels: dict[str, int] = {i.name: 0 for i in plan.instances}  # degrade step running
         # reload (SIGHUP, `hwprofile reload`, an edited override): one flag, handled at the next tick
         self.per_batch = per_batch
         self.reload_requested: str | None = None  # why; set from a signal handler: a plain store
@@ -113,7 +118,7 @@ class Daemon:
         self.on_reloaded: Callable[[Daemon], None] | None = None  # READY=1, in a finally
         self.reload_error: str | None = None  # the last reload's error, while its plan is refused
         self.last_reload: dict[str, Any] | None = None
-        self.pending: deque[tuple[str, dict[str, Any]]] = deque()  # instances to restart for a reload
+        self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -204,7 +209,7 @@ class Daemon:
                 name,
                 self.levels.get(name, 0),
                 "the configuration changed",
-                tuple(new.get("gpus") or ()),
+                tuple(new.gpus or ()),
             )
             log.warning(
                 "action: reload %s: the configuration changed; restarting it (drain, then the new settings)",
@@ -222,7 +227,7 @@ class Daemon:
             self._apply(a, inst, now)
 
     def _apply(self, a: Action, inst: Any, now: float) -> None:
-        base = next((i for i in self.plan["instances"] if i["name"] == a.instance), None)
+        base = next((i for i in self.plan.instances if i.name == a.instance), None)
         if base is None:
             return
         sets, why = degrade_sets(base, a.level, self.degrade)
@@ -239,7 +244,7 @@ class Daemon:
             )
             why.append(f"k advice applied: {advice.reason}")
         try:
-            new_plan = self.replan(sets)
+            new_plan = as_plan(self.replan(sets))
         except Exception as e:  # a refused re-plan keeps the instance as it runs
             msg = f"{a.kind} {a.instance}: re-plan with {sets} failed: {e}"
             log.error("%s", msg)
@@ -247,7 +252,7 @@ class Daemon:
             self._record(a, "failed", msg)
             self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
             return
-        new = next((i for i in new_plan["instances"] if i["name"] == a.instance), None)
+        new = next((i for i in new_plan.instances if i.name == a.instance), None)
         if new is None:
             msg = f"{a.kind} {a.instance}: the re-plan has no instance of that name: not applied"
             log.error("%s", msg)
@@ -281,7 +286,7 @@ class Daemon:
             self.on_reloading(self)
         try:
             try:
-                new_plan = self.replan([])
+                new_plan = as_plan(self.replan([]))
             except Exception as e:
                 self.reload_error = " ".join(str(e).split()) or type(e).__name__
                 msg = f"reload ({why}): the configuration is invalid, the last good plan is kept: {self.reload_error}"
@@ -312,12 +317,13 @@ class Daemon:
             if self.on_reloaded:
                 self.on_reloaded(self)
 
-    def apply_plan(self, new_plan: dict[str, Any]) -> str:
+    def apply_plan(self, new_plan: Plan | dict[str, Any]) -> str:
         """Make ``new_plan`` the running plan: unchanged instances keep running; watch.* and degrade.*
         take effect at once; each changed instance is queued for a restart (one at a time, each
         waiting for /health, at its degrade step). A different set of instances is refused."""
-        old = {i["name"]: i for i in self.plan["instances"]}
-        new = {i["name"]: i for i in new_plan["instances"]}
+        new_plan = as_plan(new_plan)
+        old = {i.name: i for i in self.plan.instances}
+        new = {i.name: i for i in new_plan.instances}
         if old.keys() != new.keys():
             raise ValueError(
                 f"the planned instances changed ({', '.join(sorted(old))} -> {', '.join(sorted(new))}): "
@@ -326,18 +332,18 @@ class Daemon:
         changed = [
             n for n in new if self._fingerprint(new_plan, new[n]) != self._fingerprint(self.plan, old[n])
         ]
-        degrade = dict(new_plan.get("degrade") or {})
+        degrade = dict(new_plan.degrade)
         replacements = []  # everything that can fail comes before the first change of state
         for n in changed:
             inst = new[n]
             level = self.levels.get(n, 0)
             if level:  # keep its degrade step: re-plan it with that step's settings
                 sets, _ = degrade_sets(inst, level, degrade)
-                inst = next(i for i in self.replan(sets)["instances"] if i["name"] == n)
+                inst = next(i for i in as_plan(self.replan(sets)).instances if i.name == n)
             replacements.append((n, inst))
-        settings = WatchSettings.from_settings(new_plan.get("watch") or {})
+        settings = WatchSettings.from_settings(new_plan.watch)
         notes = []
-        if (new_plan.get("watch") or {}) != (self.plan.get("watch") or {}):
+        if dict(new_plan.watch) != dict(self.plan.watch):
             self.settings = settings
             self.watcher.settings = settings
             notes.append("watch.* applied")
@@ -350,19 +356,20 @@ class Daemon:
         notes.append(f"restarting {', '.join(changed)} one at a time" if changed else "no instance changed")
         return "; ".join(notes)
 
-    def _fingerprint(self, plan: Mapping[str, Any], inst: Mapping[str, Any]) -> str:
+    def _fingerprint(self, plan: Plan, inst: InstancePlan) -> str:
         """What a running instance is made of: its rendered argv and environment (so a comment, a
         provenance line or a daemon-only setting restarts nothing), plus the supervisor's settings."""
-        extra = {k: inst.get(k) for k in ("gpus", "numa_node", "supervise", "logs")}
+        doc = inst.to_json()
+        extra = {k: doc.get(k) for k in ("gpus", "numa_node", "supervise", "logs")}
         try:
             from ..render.translate import render_instance
 
-            command = inst["server"].get("vllm_command") or self.sup.vllm_command
+            command = inst.server.vllm_command or self.sup.vllm_command
             r = render_instance(plan, inst, self.sup.release, command, self.sup.numactl)
             return json.dumps([r.argv, r.env, r.secrets, extra], sort_keys=True, default=str)
         except Exception:  # fakes in tests: the instance's settings themselves
             return json.dumps(
-                {k: v for k, v in inst.items() if k not in ("sources", "reasons")},
+                {k: v for k, v in doc.items() if k not in ("sources", "reasons")},
                 sort_keys=True,
                 default=str,
             )

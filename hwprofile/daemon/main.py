@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..plan.types import Plan, as_plan
 from .loop import DAEMON_FILE, Daemon
 from .notify import Notifier, status_line
 from .policy import WatchSettings
@@ -21,7 +22,7 @@ log = logging.getLogger("hwprofile")
 
 
 def run_daemon(
-    plan: dict[str, Any],
+    plan: Plan | dict[str, Any],
     replan: Callable[[list[str]], dict[str, Any]],
     release: Any,
     vllm_command: str,
@@ -49,7 +50,8 @@ def run_daemon(
     from .exporter import serve
     from .telemetry import GpuSampler, Scraper
 
-    settings = WatchSettings.from_settings(plan.get("watch") or {})
+    plan = as_plan(plan)  # the daemon's plan is typed; replan's JSON is read where it is used
+    settings = WatchSettings.from_settings(plan.watch)
     sup = Supervisor(
         plan,
         release,
@@ -58,7 +60,7 @@ def run_daemon(
         options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m), min_model_len=min_model_len),
         replan=replan,  # the memory ladder's steps are re-plans too
     )
-    gpus = sorted({g for i in plan["instances"] for g in i.get("gpus") or ()})
+    gpus = sorted({g for i in plan.instances for g in i.gpus or ()})
     sampler = GpuSampler(gpus if gpus else None)
     if sampler.error and gpus:
         log.error("NVML: %s: GPUs are not watched (the instances still run)", sampler.error)
@@ -79,7 +81,7 @@ def run_daemon(
         sup,
         sampler,
         settings,
-        plan.get("degrade") or {},
+        plan.degrade,
         runtime,
         scraper=scraper,
         on_tick=on_tick,

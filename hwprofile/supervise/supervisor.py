@@ -10,7 +10,6 @@ has one writer (:class:`.lifecycle.Machine`); an instance thread that breaks mar
 from __future__ import annotations
 
 import contextlib
-import copy
 import errno
 import logging
 import os
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..plan.types import InstancePlan, Plan, as_instance, as_plan
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
 from . import http
@@ -107,11 +107,11 @@ def port_free(host: str, port: int) -> bool:
 
 
 class Instance:
-    def __init__(self, sup: Supervisor, plan: dict[str, Any], inst: dict[str, Any]) -> None:
+    def __init__(self, sup: Supervisor, plan: Plan, inst: InstancePlan) -> None:
         self.sup = sup
         self.plan = plan
-        self.inst = copy.deepcopy(inst)
-        self.name = inst["name"]
+        self.inst = inst  # frozen: a re-plan or a replacement is a new InstancePlan
+        self.name = inst.name
         self.machine = Machine(self.name, on_change=self._changed)
         self.pid: int | None = None  # the last process started (kept for status after it ended)
         self.ident: Identity | None = None  # the process running now (None once it is reaped)
@@ -133,7 +133,7 @@ class Instance:
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked = threading.Event()
         self._replace_lock = threading.Lock()
-        self._replacement: dict[str, Any] | None = None  # a new plan for this instance, not yet applied
+        self._replacement: InstancePlan | None = None  # a new plan for this instance, not yet applied
         self._replace_asked = threading.Event()
         self.replacements = 0  # planned restarts with new settings (the daemon's degrade/recover)
         self._pump: threading.Thread | None = None
@@ -146,11 +146,12 @@ class Instance:
 
     @property
     def url(self) -> str:
-        s = self.inst["server"]
-        host = "127.0.0.1" if s["host"] in ("0.0.0.0", "", "::") else s["host"]
-        return f"http://{host}:{s['port']}"
+        s = self.inst.server
+        host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
+        return f"http://{host}:{s.port}"
 
     def snapshot(self) -> dict[str, Any]:
+        inst = self.inst.to_json()  # the state file holds the plan's JSON, as before
         return {
             "name": self.name,
             "state": self.state.value,
@@ -158,8 +159,8 @@ class Instance:
             "pgid": self.pid,
             "process": self.ident.to_json() if self.ident else None,
             "url": self.url,
-            "gpus": self.inst["gpus"],
-            "numa_node": self.inst.get("numa_node"),
+            "gpus": inst["gpus"],
+            "numa_node": inst.get("numa_node"),
             "started_at": self.started_at,
             "ready_at": self.ready_at,
             "restarts": self.restarts,
@@ -172,29 +173,30 @@ class Instance:
             "log_error": self.log.last_error,
             "argv": self.argv,
             "replacements": self.replacements,
-            "engine": self.inst["engine"],
-            "speculative": self.inst.get("speculative"),
+            "engine": inst["engine"],
+            "speculative": inst.get("speculative"),
             "warnings": self.render_warnings + self.verify_warnings,
         }
 
     def stop(self) -> None:
         self._stop_asked.set()
 
-    def replace(self, inst: dict[str, Any]) -> None:
+    def replace(self, inst: InstancePlan | dict[str, Any]) -> None:
         """Restart this instance with ``inst`` (the same instance, re-planned): once it is ready, the
         running process drains (SIGTERM, --shutdown-timeout), is stopped, and the new one starts.
         Not a failure: no backoff, no restart counted. A later call before it is applied wins."""
-        if inst["name"] != self.name:
-            raise ValueError(f"a plan for {inst['name']} cannot replace {self.name}")
+        inst = as_instance(inst)
+        if inst.name != self.name:
+            raise ValueError(f"a plan for {inst.name} cannot replace {self.name}")
         with self._replace_lock:
-            self._replacement = copy.deepcopy(inst)
+            self._replacement = inst
         self._replace_asked.set()
 
     @property
     def replacing(self) -> bool:
         return self._replace_asked.is_set()
 
-    def _take_replacement(self) -> dict[str, Any] | None:
+    def _take_replacement(self) -> InstancePlan | None:
         with self._replace_lock:
             new, self._replacement = self._replacement, None
             self._replace_asked.clear()
@@ -211,7 +213,7 @@ class Instance:
 
     def _render(self) -> Rendered:
         # server.vllm_command, when set, is the executable: the same one render and --dry-run show
-        command = self.inst["server"].get("vllm_command") or self.sup.vllm_command
+        command = self.inst.server.vllm_command or self.sup.vllm_command
         return render_instance(self.plan, self.inst, self.sup.release, command, self.sup.numactl)
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
@@ -286,7 +288,7 @@ class Instance:
             self._pump.join(5)
 
     def _grace(self) -> float:
-        return float(self.inst["server"].get("shutdown_timeout") or 0) + self.sup.opts.stop_margin
+        return float(self.inst.server.shutdown_timeout or 0) + self.sup.opts.stop_margin
 
     def _note_dropped(self) -> None:
         if self.log.dropped != self._saved_dropped:
@@ -346,10 +348,10 @@ class Instance:
 
     # -- the memory ladder --------------------------------------------------------------------
     def _min_model_len(self) -> int:
-        known = self.inst["engine"].get("min_model_len") or self.sup.opts.min_model_len
+        known = self.sup.opts.min_model_len  # the plan's engine section has no min_model_len
         return int(known) if known else MIN_CONTEXT
 
-    def _ladder_step(self) -> tuple[Rung, dict[str, Any], dict[str, Any]] | str:
+    def _ladder_step(self) -> tuple[Rung, Plan, InstancePlan] | str:
         """The next ladder step, re-planned: (step, the new plan, this instance in it); or, when there
         is none, what to do instead. A step whose re-plan is refused, or moves this instance to other
         GPUs or another port, is skipped for the next one."""
@@ -361,34 +363,36 @@ class Instance:
                 return f"the next ladder step is --set {step.set}; this supervisor cannot re-plan: launch again with it"
             sets = ladder_sets([*self._taken, step])
             try:
-                plan = self.sup.replan(sets)
+                plan = as_plan(self.sup.replan(sets))
             except Exception as e:  # a refused re-plan: this step cannot be taken
                 why = f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
             else:
-                new = next((i for i in plan.get("instances") or [] if i.get("name") == self.name), None)
+                new = next((i for i in plan.instances if i.name == self.name), None)
                 if new is None:
                     why = "the re-plan has no instance of this name"
-                elif any(new.get(k) != self.inst.get(k) for k in ("gpus", "tensor_parallel_size")) or (
-                    new["server"]["host"],
-                    new["server"]["port"],
-                ) != (self.inst["server"]["host"], self.inst["server"]["port"]):
+                elif (new.gpus, new.tensor_parallel_size, new.server.host, new.server.port) != (
+                    self.inst.gpus,
+                    self.inst.tensor_parallel_size,
+                    self.inst.server.host,
+                    self.inst.server.port,
+                ):
                     why = "the re-plan moves this instance to other GPUs or another port"
                 else:
                     return step, plan, new
             log.warning("%s: ladder step %s skipped: %s", self.name, step.set, str(why)[:300])
             self._refused.append(step)
 
-    def _take_step(self, step: Rung, plan: dict[str, Any], new: dict[str, Any], because: str) -> None:
+    def _take_step(self, step: Rung, plan: Plan, new: InstancePlan, because: str) -> None:
         """Run the next start as ``new``, the instance re-planned with every step so far: its engine
         settings and memory figures are the planner's, so the startup check compares fresh ones."""
         section, _, rest = step.set.partition(".")
         key, _, wanted = rest.partition("=")
         change = step.change
         if section == "engine":
-            got = new["engine"].get(key)
+            got = getattr(new.engine, key, None)
             if str(got).lower() != wanted.lower():
                 change += f" (planned: {got})"
-        self.plan, self.inst = plan, copy.deepcopy(new)
+        self.plan, self.inst = plan, new
         self._taken.append(step)
         self.ladder.append({"rung": step.rung, "change": change, "because": because, "set": step.set})
         log.warning("%s: ladder step %d: %s (%s)", self.name, len(self.ladder), change, because)
@@ -397,23 +401,23 @@ class Instance:
     def _run(self) -> None:
         backoff = self.sup.opts.backoff_initial
         while not self._stop_asked.is_set():
-            step: tuple[Rung, dict[str, Any], dict[str, Any]] | None = None  # a ladder step, re-planned
+            step: tuple[Rung, Plan, InstancePlan] | None = None  # a ladder step, re-planned
             because = ""  # the failure that step answers
             r = self._render()
             self.render_warnings = r.warnings
-            s = self.inst["server"]
+            s = self.inst.server
             if self.restarts or self.ladder or self.replacements:
                 end = time.monotonic() + 15  # after a failure: let the old process's socket go
                 while (
-                    not port_free(s["host"], s["port"])
+                    not port_free(s.host, s.port)
                     and time.monotonic() < end
                     and not self._stop_asked.wait(0.5)
                 ):
                     pass
-            elif not port_free(s["host"], s["port"]):
-                self.failure = {"kind": "port in use", "evidence": f"{s['host']}:{s['port']} is taken before start",
+            elif not port_free(s.host, s.port):
+                self.failure = {"kind": "port in use", "evidence": f"{s.host}:{s.port} is taken before start",
                                 "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
-                self.log.mark(f"port {s['port']} taken; not started")
+                self.log.mark(f"port {s.port} taken; not started")
                 self._set(State.FAILED)
                 return
             if self._stop_asked.is_set():
@@ -512,7 +516,7 @@ class Supervisor:
 
     def __init__(
         self,
-        plan: dict[str, Any],
+        plan: Plan | dict[str, Any],
         release: Release,
         vllm_command: str,
         numactl: str | None,
@@ -520,8 +524,9 @@ class Supervisor:
         replan: Callable[[list[str]], dict[str, Any]] | None = None,
     ) -> None:
         """``replan(extra_sets)`` plans again from the inputs of ``plan`` with more ``--set``
-        overrides: the memory ladder's steps go through it. Without it a memory failure is final."""
-        self.plan = plan
+        overrides: the memory ladder's steps go through it. Without it a memory failure is final.
+        ``plan`` is a :class:`Plan` or its JSON (``pipeline.make_plan``'s), read once here."""
+        self.plan = plan = as_plan(plan)
         self.replan = replan
         self.release = release
         self.vllm_command = vllm_command
@@ -538,7 +543,7 @@ class Supervisor:
         self.ident = identify(os.getpid())
         remove_state(opts.runtime / LAST_FILE)
         private_dir(opts.log_root)
-        self.instances = [Instance(self, plan, i) for i in plan["instances"]]
+        self.instances = [Instance(self, plan, i) for i in plan.instances]
         self._running = 0
 
     def _document(self) -> dict[str, Any]:
@@ -546,8 +551,8 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "supervisor": self.ident.to_json() if self.ident else None,
             "started_at": self.started_at,
-            "profile": self.plan["profile"],
-            "model": self.plan["model"]["path"] or self.plan["model"]["name"],
+            "profile": self.plan.profile,
+            "model": self.plan.model.path or self.plan.model.name,
             "vllm_version": self.release.target,
             "instances": [i.snapshot() for i in self.instances],
         }
