@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_render import _flags  # one argv splitter for both render tests
 
 from hwprofile.pipeline import make_plan
 from hwprofile.render.translate import render_instance
@@ -46,17 +47,6 @@ def _facts() -> tuple[dict, dict]:
     options = json.loads((FACTS / "vllm-options.json").read_text())["options"]
     flags = json.loads((FACTS / "vllm-flags.json").read_text())
     return options, flags
-
-
-def _flags(argv: list[str]) -> list[tuple[str, list[str]]]:
-    i = argv.index("serve") + 2  # after: vllm serve MODEL
-    out: list[tuple[str, list[str]]] = []
-    for tok in argv[i:]:
-        if tok.startswith("--"):
-            out.append((tok, []))
-        else:
-            out[-1][1].append(tok)
-    return out
 
 
 def oracle(version: str, argv: list[str], env: dict[str, str], inst: dict) -> tuple[list[str], int]:
