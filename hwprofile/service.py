@@ -264,7 +264,8 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
     import time
 
     from .daemon.loop import DAEMON_FILE
-    from .supervise.state import ALIVE, STATE_FILE, check, identity_of, read_state, signal_process
+    from .runtime.processes import ALIVE, check, identity_of, signal_process
+    from .supervise.state import STATE_FILE, read_state
 
     state = read_state(runtime / STATE_FILE)
     if state is None:

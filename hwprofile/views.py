@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .snapshot import Gpu, HostSnapshot
+from .host.snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -46,7 +46,7 @@ def cli_env(host: FakeHost | None, lib_dir: Path | None) -> dict[str, str]:
 @pytest.fixture
 def host_of(fake_host):
     """``host_of(name)``: the HostSnapshot of a fixture host, detected through the fake NVML."""
-    from hwprofile.detect import detect_host
+    from hwprofile.host.detect import detect_host
 
     def make(name: str):
         fake_host(name)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fakehost import MIB, build, fixture_names, gpus_of, load_spec
 
-from hwprofile.detect import detect_host
-from hwprofile.snapshot import HostSnapshot
+from hwprofile.host.detect import detect_host
+from hwprofile.host.snapshot import HostSnapshot
 
 GPU_HOSTS = [n for n in fixture_names() if gpus_of(load_spec(n))]
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from hwprofile.detect import detect_host
+from hwprofile.host.detect import detect_host
+from hwprofile.host.snapshot import HostSnapshot, SnapshotError
 from hwprofile.pipeline import make_plan
 from hwprofile.render.output import NVIDIA_CONTROL_DEVICES, NVIDIA_DEVICE_GROUPS, device_allow, render
 from hwprofile.render.translate import render_instance
 from hwprofile.render.versions import release
-from hwprofile.snapshot import HostSnapshot, SnapshotError
 
 HERE = Path(__file__).resolve().parent
 SCHEMA_FILE = HERE.parent / "schemas" / "hwprofile.host-1.schema.json"

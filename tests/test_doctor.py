@@ -22,7 +22,7 @@ from fakehost import build
 
 from hwprofile import doctor
 from hwprofile.doctor import ADVICE, BLOCKING, KINDS, OK, Finding, exit_code
-from hwprofile.snapshot import Gpu, HostSnapshot, NumaNode, PcieLink, Software
+from hwprofile.host.snapshot import Gpu, HostSnapshot, NumaNode, PcieLink, Software
 
 MAIN_SITE = Path(sysconfig.get_paths()["purelib"])
 

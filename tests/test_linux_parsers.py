@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hwprofile.detect import linux
+from hwprofile.host import linux
 
 
 def test_cpulist_round_trip_examples() -> None:

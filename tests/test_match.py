@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from hwprofile.host.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
 from hwprofile.match.rules import host_facts, load_rules, match
-from hwprofile.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
 
 EXPECTED = {
     "a800-pcie-4x-2numa": "a800-80g-pcie",

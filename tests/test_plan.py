@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hwprofile.host.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
 from hwprofile.model import parse_config
 from hwprofile.pipeline import make_plan
 from hwprofile.plan import PlanRefused, build_plan
 from hwprofile.plan.memory import kv_bytes_per_sequence, kv_bytes_per_token
-from hwprofile.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
 
 GiB = 2**30
 

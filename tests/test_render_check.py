@@ -17,7 +17,7 @@ def test_check_accepts_what_hwprofile_renders_and_rejects_planted_values(
     tmp_path: Path, fake_nvml_dir: Path
 ) -> None:
     require_vllm()
-    from hwprofile.detect.software import vllm_version
+    from hwprofile.host.software import vllm_version
     from hwprofile.render.check import check_args
     from hwprofile.tinymodel import make_tiny_model
 

@@ -19,8 +19,8 @@ import pytest
 
 from hwprofile import launch
 from hwprofile.render.versions import release
+from hwprofile.runtime.dirs import UnsafeDirectory, private_dir, user_dirname
 from hwprofile.supervise.logs import RotatingLog
-from hwprofile.supervise.state import UnsafeDirectory, private_dir, user_dirname
 from hwprofile.supervise.supervisor import Supervisor
 
 NOBODY = 65534
@@ -45,7 +45,7 @@ def shared(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> launch.PlanInputs:
-    from hwprofile.detect import detect_host
+    from hwprofile.host.detect import detect_host
 
     base = tmp_path_factory.mktemp("dirs")
     model = base / "model"

@@ -139,7 +139,7 @@ def test_reload_without_a_daemon_says_so(tmp_path) -> None:
         text=True,
     )
     assert r.returncode == 1 and f"no daemon runs with runtime directory {tmp_path}" in r.stderr
-    from hwprofile.supervise.state import start_time
+    from hwprofile.runtime.processes import start_time
 
     def state(pid: int, start: int | None) -> None:
         (tmp_path / "state.json").write_text(

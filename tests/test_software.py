@@ -3,7 +3,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from hwprofile.detect.software import vllm_version
+from hwprofile.host.software import vllm_version
 
 
 def test_vllm_version_from_dist_info(tmp_path: Path) -> None:

@@ -28,20 +28,16 @@ from typing import Any
 import pytest
 
 from hwprofile import launch
+from hwprofile.runtime.dirs import user_dirname
+from hwprofile.runtime.processes import Identity, check, group_members, identify, signal_process
 from hwprofile.supervise import http
 from hwprofile.supervise.lifecycle import ALLOWED, IllegalTransition, Machine, State
 from hwprofile.supervise.state import (
     LAST_FILE,
     STATE_FILE,
     AlreadySupervising,
-    Identity,
-    check,
-    group_members,
-    identify,
     lock_held,
     read_state,
-    signal_process,
-    user_dirname,
     write_state,
 )
 from hwprofile.supervise.supervisor import Options, Supervisor
@@ -63,7 +59,7 @@ def free_port() -> int:
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A model directory (config.json and a token safetensors file), a `vllm` shim running the fake,
     the host snapshot and the vLLM release to render for."""
-    from hwprofile.detect import detect_host
+    from hwprofile.host.detect import detect_host
     from hwprofile.render.versions import release
 
     base = tmp_path_factory.mktemp("fake")

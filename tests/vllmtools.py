@@ -18,7 +18,7 @@ VLLM = Path(sys.executable).parent / "vllm"
 
 
 def have_vllm() -> bool:
-    from hwprofile.detect.software import vllm_version
+    from hwprofile.host.software import vllm_version
 
     return VLLM.exists() and vllm_version()[0] is not None
 

@@ -18,14 +18,14 @@ class CliError(HwprofileError):
 
 
 def load_host(args: argparse.Namespace):  # -> HostSnapshot
-    from ..snapshot import HostSnapshot, SnapshotError
+    from ..host.snapshot import HostSnapshot, SnapshotError
 
     if args.from_file:
         try:
             return HostSnapshot.load(args.from_file)
         except SnapshotError as e:
             raise CliError(str(e)) from None
-    from ..detect import detect_host
+    from ..host.detect import detect_host
 
     return detect_host(proc_root=args.proc_root, sys_root=args.sys_root)
 

@@ -28,7 +28,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     from ..pipeline import vllm_command
     from ..render.translate import render_instance
-    from ..supervise.state import runtime_dir
+    from ..runtime.dirs import runtime_dir
 
     if args.plan_file:  # the detached supervisor: the plan its parent validated, not planned again
         return _launch_from_file(args)
@@ -100,7 +100,7 @@ def _launch_from_file(args: argparse.Namespace) -> int:
     from ..launch import LaunchError, read_launch_file, run_foreground, setup_logging
     from ..pipeline import vllm_command
     from ..render.versions import UnknownVersion, release
-    from ..supervise.state import UnsafeDirectory, runtime_dir
+    from ..runtime.dirs import UnsafeDirectory, runtime_dir
 
     try:
         plan, inputs, version = read_launch_file(args.plan_file)
@@ -127,7 +127,7 @@ def _demo(plan, rel, numactl, tmpfs, runtime, inputs=None) -> int:
     from ..launch import demo_completion, format_status, setup_logging, status
     from ..pipeline import vllm_command
     from ..plan.types import as_plan
-    from ..supervise.state import pid_alive
+    from ..runtime.processes import pid_alive
     from ..supervise.supervisor import Supervisor
 
     setup_logging(runtime, to_stderr=True)
@@ -196,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import json
 
     from ..launch import format_status, status
-    from ..supervise.state import runtime_dir
+    from ..runtime.dirs import runtime_dir
 
     st = status(runtime_dir(args.runtime_dir))
     if args.json:
@@ -208,7 +208,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from ..launch import stop
-    from ..supervise.state import runtime_dir
+    from ..runtime.dirs import runtime_dir
 
     for line in stop(runtime_dir(args.runtime_dir)):
         print(f"hwprofile: {line}")
@@ -223,7 +223,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from ..daemon.main import run_daemon
     from ..launch import LaunchError, PlanInputs, check_not_running, check_ports, prepare_dirs, setup_logging
     from ..pipeline import vllm_command
-    from ..supervise.state import runtime_dir
+    from ..runtime.dirs import runtime_dir
 
     host = load_host(args)
     rel = _release(args, host, "vLLM is not installed here (pip install 'hwprofile[vllm]', then hwprofile doctor --fix)")
@@ -285,8 +285,8 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    from ..runtime.dirs import runtime_dir
     from ..service import ReloadError, signal_reload
-    from ..supervise.state import runtime_dir
 
     try:
         lines = signal_reload(runtime_dir(args.runtime_dir))

@@ -274,6 +274,26 @@ SETTINGS: dict[tuple[str, ...], Field] = {
     ("degrade", "num_speculative_tokens_step"): Field(
         "int", "proposals per step taken off per degrade step (never below 1)", 0, 16, default=1
     ),
+    # -- proving a profile: hwprofile bench and verify ------------------------------------
+    ("bench", "concurrency"): Field(
+        "int", "concurrent requests of the seed workload (seed: 16)", 1, 65_536, default=16
+    ),
+    ("bench", "input_len"): Field("int", "prompt tokens per request of the seed workload", 1, 1_048_576, default=512),
+    ("bench", "output_len"): Field("int", "output tokens per request of the seed workload", 1, 1_048_576, default=256),
+    ("bench", "num_prompts"): Field(
+        "int", "requests per benchmark point (at least the concurrency is sent)", 1, 10**6, default=64
+    ),
+    ("bench", "sweep_max"): Field(
+        "int", "highest concurrency of the saturation sweep (powers of two from 1)", 1, 65_536, default=64
+    ),
+    ("bench", "ttft_p99_target_ms"): Field(
+        "float", "p99 time to first token the sweep's knee is judged against (seed: 120 ms)", 1, 10**7, default=120.0
+    ),
+    ("bench", "rounds"): Field("int", "alternating rounds per plan of --compare", 1, 100, default=3),
+    ("verify", "min_similarity"): Field(
+        "float", "similarity to the baseline a tuned plan's greedy answers must reach (seed: 0.992)", 0, 1, default=0.992
+    ),
+    ("verify", "max_tokens"): Field("int", "tokens generated per reference prompt", 1, 65_536, default=128),
     # -- CPU backend -----------------------------------------------------------------------
     ("cpu", "kv_cache_space_gib"): Field(
         "float", "KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)", 0.01, 4096, default=4.0

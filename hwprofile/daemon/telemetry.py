@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..detect.nvml import GpuLost, Nvml, Unavailable
-from ..snapshot import decode_clock_event_reasons
+from ..host.nvml import GpuLost, Nvml, Unavailable
+from ..host.snapshot import decode_clock_event_reasons
 from .policy import GpuReading
 from .vllm_metrics import MetricsError, VllmMetrics, parse
 

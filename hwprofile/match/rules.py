@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..config import ConfigError
 from ..config.schema import suggest
 from ..config.yamlsrc import Locations, load_file, yaml_files
-from ..snapshot import HostSnapshot
+from ..host.snapshot import HostSnapshot
 from .profiles import builtin_dir, profile_names
 
 if TYPE_CHECKING:

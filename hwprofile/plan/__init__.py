@@ -25,8 +25,8 @@ from typing import Any
 
 from ..config import Source
 from ..config.schema import with_defaults
+from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
-from ..snapshot import HostSnapshot
 from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use_four_bit
 from .cpu import cpu_instance
 from .engine import AVERAGE_FILL

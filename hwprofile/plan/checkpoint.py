@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..host.snapshot import Gpu
 from ..model import ModelFacts
-from ..snapshot import Gpu
 from .reasons import Reasons, setting
 from .refusal import PlanRefused
 from .types import ModelSummary

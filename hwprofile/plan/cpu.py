@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
-from ..snapshot import HostSnapshot
 from .engine import server_settings
 from .memory import (
     CPU_BLOCK_TOKENS,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..host.snapshot import Gpu
 from ..model import ModelFacts
-from ..snapshot import Gpu
 from . import gpufacts
 from .memory import BLOCK_TOKENS, Fit, GiB, MiB, longest_context, sequence_bytes
 from .reasons import Reasons, setting

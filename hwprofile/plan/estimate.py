@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..host.snapshot import Gpu
 from ..model import ModelFacts
-from ..snapshot import Gpu
 from . import gpufacts
 from .memory import active_weights_bytes
 from .reasons import setting

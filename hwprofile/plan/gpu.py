@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
-from ..snapshot import Gpu, HostSnapshot
 from . import engine
 from .estimate import estimate
 from .layout import numa_binding

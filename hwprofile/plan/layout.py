@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ConfigError
+from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
-from ..snapshot import Gpu, HostSnapshot
 from .engine import fit_args, kv_cache_dtype
 from .memory import GiB, fit, sequence_bytes
 from .reasons import Reasons, setting

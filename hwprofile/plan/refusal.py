@@ -7,8 +7,8 @@ process by :func:`hwprofile.model.catalog_models`)."""
 from __future__ import annotations
 
 from ..errors import RefusedError
+from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
-from ..snapshot import HostSnapshot
 from .memory import Fit, GiB
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import jinja2
 
 from ..errors import InputError
+from ..host.snapshot import MAX_DEVICE_MINOR
 from ..plan.types import ABSENT, InstancePlan, Plan, as_instance, as_plan
-from ..snapshot import MAX_DEVICE_MINOR
 from .translate import Rendered, flatten
 
 FORMATS = ("argv", "shell", "yaml", "env", "systemd", "json")

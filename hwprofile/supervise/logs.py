@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from .state import private_dir
+from ..runtime.dirs import private_dir
 
 __all__ = ["RotatingLog", "private_dir", "pump"]
 

@@ -26,20 +26,12 @@ from typing import Any, NamedTuple
 from ..plan.types import InstancePlan, Plan, as_instance, as_plan
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
+from ..runtime.processes import Identity, group_members, identify
 from . import http
 from .failures import MIN_CONTEXT, Failure, Rung, classify, ladder_sets, next_rung
 from .lifecycle import TERMINAL, Machine, State
 from .logs import RotatingLog, private_dir, pump
-from .state import (
-    LAST_FILE,
-    STATE_FILE,
-    Identity,
-    RuntimeLock,
-    group_members,
-    identify,
-    remove_state,
-    write_state,
-)
+from .state import LAST_FILE, STATE_FILE, RuntimeLock, remove_state, write_state
 from .verify import compare, parse_startup
 
 log = logging.getLogger("hwprofile")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from ..snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
 from . import linux, software
 from .nvml import GpuLost, Nvml, Unavailable
+from .snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
 
 DEFAULT_PROC_ROOT = "/proc"
 DEFAULT_SYS_ROOT = "/sys"

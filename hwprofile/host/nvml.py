@@ -13,7 +13,8 @@ import ctypes
 import os
 from typing import TYPE_CHECKING
 
-from ..snapshot import (
+from .linux import cpulist_from_masks
+from .snapshot import (
     MAX_DEVICE_MINOR,
     DetectError,
     Driver,
@@ -22,7 +23,6 @@ from ..snapshot import (
     PcieLink,
     decode_clock_event_reasons,
 )
-from .linux import cpulist_from_masks
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NamedTuple
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
     from typing import Any

@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from ..snapshot import Cpu, DetectError, NumaNode
+from .snapshot import Cpu, DetectError, NumaNode
 
 # -- cpulist helpers ---------------------------------------------------------------------------
 

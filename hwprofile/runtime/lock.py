@@ -1,0 +1,56 @@
+"""An exclusive ``flock`` held for a process's whole life (the kernel drops it when the process
+ends, however it ends). The lock file itself stays empty."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import OperationError
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path``; :meth:`acquire` raises what ``busy()`` returns when another
+    process holds it after ``wait`` seconds."""
+
+    def __init__(self, path: Path, busy: Callable[[], OperationError]) -> None:
+        self.path = path
+        self.busy = busy
+        self.fd: int | None = None
+
+    def acquire(self, wait: float = 1.0) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        end = time.monotonic() + wait  # a moment's patience: `status` probes the lock briefly
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    os.close(fd)
+                    raise self.busy() from None
+                time.sleep(0.05)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def held(path: Path) -> bool:
+    """Whether some process holds an exclusive lock on ``path`` now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a shared lock we may have taken
+    return False

@@ -1,0 +1,152 @@
+"""Processes named by what identifies them, not by a PID alone.
+
+A PID names a process only while it lives: once it is gone the number can belong to anything. So
+every process hwprofile records is an :class:`Identity`, its PID plus its start time
+(``/proc/PID/stat`` field 22, clock ticks since boot), and nothing read back from a file is trusted
+or signalled before both match again. Signals go through a pidfd opened before the check, so the
+process checked is the process signalled."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# pidfd_send_signal: signal the process group of the target (Linux 6.9+); older kernels say EINVAL.
+PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
+
+
+def pid_alive(pid: int | None, group: bool = False) -> bool:
+    """Whether process ``pid`` (or, with ``group``, any process of group ``pid``) exists now. Says
+    nothing about *which* process that is: for PIDs read back from a file use :func:`check`."""
+    if not pid:
+        return False
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- identities ------------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from field 3 on (the command name, in parentheses, may hold anything)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat``: when the process started, in clock ticks since boot."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+class Identity(NamedTuple):
+    pid: int
+    start: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"pid": self.pid, "start_time": self.start}
+
+
+def identify(pid: int) -> Identity | None:
+    start = start_time(pid)
+    return Identity(pid, start) if start is not None else None
+
+
+def identity_of(data: Any) -> Identity | None:
+    """The identity recorded in a state file (``{"pid": N, "start_time": T}``), or None."""
+    if not isinstance(data, dict):
+        return None
+    pid, start = data.get("pid"), data.get("start_time")
+    if isinstance(pid, int) and pid > 0 and isinstance(start, int):
+        return Identity(pid, start)
+    return None
+
+
+ALIVE, GONE, REUSED, UNKNOWN = "alive", "gone", "pid reused", "not recorded"
+
+
+def check(ident: Identity | None) -> str:
+    """``alive`` (that very process runs), ``gone``, ``pid reused`` (another process has the number now),
+    or ``not recorded``. A zombie counts as gone."""
+    if ident is None:
+        return UNKNOWN
+    fields = _stat_fields(ident.pid)
+    if not fields or len(fields) <= 19:
+        return GONE
+    if int(fields[19]) != ident.start:
+        return REUSED
+    return GONE if fields[0] in ("Z", "X") else ALIVE
+
+
+def _pidfd(ident: Identity) -> int | None:
+    """A pidfd for exactly ``ident`` (None when that process is gone or the number was reused)."""
+    try:
+        fd = os.pidfd_open(ident.pid)
+    except OSError:
+        return None
+    if check(ident) != ALIVE:  # checked after opening: the pidfd now pins the process we checked
+        os.close(fd)
+        return None
+    return fd
+
+
+def signal_process(ident: Identity, sig: int, group: bool = False) -> bool:
+    """Send ``sig`` to the process ``ident`` (with ``group``, to its whole process group) only if it is
+    still that process and alive; True when sent. The group is signalled only while its leader lives."""
+    fd = _pidfd(ident)
+    if fd is None:
+        return False
+    try:
+        if not group:
+            signal.pidfd_send_signal(fd, sig)
+            return True
+        try:
+            signal.pidfd_send_signal(fd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+            return True
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: an older kernel without group signals
+                raise
+        signal.pidfd_send_signal(fd, 0)  # the leader still exists (ESRCH otherwise), so its group number does
+        os.killpg(ident.pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def group_members(pgid: int, not_before: int | None = None) -> list[Identity]:
+    """Processes whose process group is ``pgid`` and, with ``not_before``, that started no earlier
+    (processes of a group cannot predate its leader)."""
+    out: list[Identity] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        fields = _stat_fields(int(d.name))
+        if not fields or len(fields) <= 19 or fields[0] in ("Z", "X") or int(fields[2]) != pgid:
+            continue
+        start = int(fields[19])
+        if not_before is None or start >= not_before:
+            out.append(Identity(int(d.name), start))
+    return out
+
+
+def wait_gone(ident: Identity, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while check(ident) == ALIVE:
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.1)
+    return True
