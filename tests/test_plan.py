@@ -112,9 +112,33 @@ def test_cpu_only_host(host_of, empty_root, tmp_path) -> None:
     (model / "config.json").write_text(json.dumps(TINY))
     p = plan_for(host_of, empty_root, "no-driver", model=str(model))
     (inst,) = p["instances"]
-    assert inst["device"] == "cpu" and inst["gpus"] == [] and inst["numa_node"] == 0
+    # one NUMA node: nothing to bind, so numactl is not needed (doctor says the same)
+    assert inst["device"] == "cpu" and inst["gpus"] == [] and inst["numa_node"] is None
+    (why,) = [r["reason"] for r in p["reasons"] if r["key"] == "instances[0].numa_node"]
+    assert "one NUMA node" in why and "numactl is not needed" in why
     assert inst["engine"]["kv_cache_memory_bytes"] == 1 * GiB and inst["engine"]["enforce_eager"] is True
     assert inst["speculative"]["method"] == "ngram"
+
+
+def test_one_numa_node_gpu_host_renders_no_numactl(host_of, empty_root) -> None:
+    """A one-node GPU host is neither bound nor warned about numactl (doctor: not needed here);
+    a two-node host still is."""
+    from hwprofile.plan.types import as_plan
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    host = host_of("rtx4090-1x")
+    assert len(host.numa_nodes) == 1
+    plan = as_plan(plan_for(host_of, empty_root, "rtx4090-1x", model="Qwen/Qwen2.5-7B-Instruct"))
+    (inst,) = plan.instances
+    assert inst.numa_node is None
+    for numactl in ("/usr/bin/numactl", None):
+        r = render_instance(plan, inst, release("0.11.0"), "vllm", numactl)
+        assert "numactl" not in " ".join(r.argv) and not [w for w in r.warnings if "numactl" in w]
+    two = as_plan(plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-7B-Instruct"))
+    assert [i.numa_node for i in two.instances] and None not in [i.numa_node for i in two.instances]
+    r = render_instance(two, two.instances[0], release("0.11.0"), "vllm", None)
+    assert [w for w in r.warnings if "numactl not found" in w]
 
 
 TINY = {

@@ -9,6 +9,7 @@ from typing import Any
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from .engine import server_settings
+from .layout import ONE_NODE
 from .memory import (
     CPU_BLOCK_TOKENS,
     GiB,
@@ -90,8 +91,12 @@ def cpu_instance(
         else "torch.compile on the CPU",
         ("engine", "enforce_eager"),
     )
-    numa = host.numa_nodes[0].id if host.numa_nodes and setting(settings, "layout", "numa_bind") else None
+    bind = setting(settings, "layout", "numa_bind") and len(host.numa_nodes) > 1
+    numa = host.numa_nodes[0].id if bind else None
     cpus = host.numa_nodes[0].cpus if numa is not None else None
+    if not bind:
+        why = ONE_NODE if setting(settings, "layout", "numa_bind") else "NUMA binding is off"
+        r.add(f"{key}.numa_node", None, why, ("layout", "numa_bind"))
     if len(host.numa_nodes) > 1:
         warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
     dtype = setting(settings, "engine", "dtype")

@@ -89,7 +89,9 @@ def gpu_instance(
         gpu_minors=tuple(g.minor_number for g in gpus),
         gpu_name=gpu.name,
         numa_node=numa,
-        gpu_numa_nodes=tuple(g.numa_node for g in gpus) if setting(settings, "layout", "numa_bind") else (),
+        gpu_numa_nodes=tuple(g.numa_node for g in gpus)
+        if setting(settings, "layout", "numa_bind") and len(host.numa_nodes) > 1
+        else (),  # empty: the planner binds nothing (binding off, or one NUMA node)
         cpus=cpus,
         tensor_parallel_size=tp,
         pipeline_parallel_size=setting(settings, "layout", "pipeline_parallel_size"),

@@ -16,6 +16,7 @@ from .reasons import Reasons, setting
 from .refusal import PlanRefused
 
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+ONE_NODE = "this host has one NUMA node (or none read): binding would change nothing, numactl is not needed"
 
 
 def layout(
@@ -236,6 +237,9 @@ def numa_binding(
     src = ("layout", "numa_bind")
     if not setting(settings, "layout", "numa_bind"):
         r.add(f"{key}.numa_node", None, "NUMA binding is off", src)
+        numa = None
+    elif len(host.numa_nodes) <= 1:
+        r.add(f"{key}.numa_node", None, ONE_NODE, src)
         numa = None
     elif numa is None and None not in nodes:
         r.add(

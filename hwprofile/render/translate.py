@@ -238,7 +238,8 @@ def render_instance(
                 "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
             )
     elif node is None:
-        warnings.append(f"{inst.name}: NUMA node unknown or not shared by its GPUs: not bound")
+        if per_gpu:  # the planner asked for binding (empty: binding off, or one NUMA node)
+            warnings.append(f"{inst.name}: NUMA node unknown or not shared by its GPUs: not bound")
     elif vllm_binds:
         args += [("--numa-bind", None), ("--numa-bind-nodes", [node] * len(inst.gpus))]
         if not numactl:
