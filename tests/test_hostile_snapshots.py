@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hwprofile.host.snapshot import MAX_SNAPSHOT_BYTES, HostSnapshot, SnapshotError, json_schema
+from hwprofile.host.snapshot import MAX_SNAPSHOT_BYTES, HostSnapshot, SnapshotError
+from hwprofile.host.snapshot_schema import json_schema
 
 HERE = Path(__file__).resolve().parent
 HOSTILE = HERE / "hostile"
@@ -141,7 +142,7 @@ def test_hostile_snapshot_is_one_clear_error(
 def test_schema_file_is_the_loader_contract() -> None:
     published = json.loads(SCHEMA_FILE.read_text())
     assert published == json_schema(), (
-        'regenerate it: python -c "import json, hwprofile.host.snapshot as s; '
+        'regenerate it: python -c "import json, hwprofile.host.snapshot_schema as s; '
         'print(json.dumps(s.json_schema(), indent=2, ensure_ascii=False))" > schemas/hwprofile.host-1.schema.json'
     )
     assert published["$schema"] == "https://json-schema.org/draft/2020-12/schema"

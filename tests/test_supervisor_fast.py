@@ -529,12 +529,12 @@ def test_what_ignores_sigterm_is_killed_with_its_group(world, rt, fake_env, monk
 
 
 def test_a_broken_supervisor_thread_marks_its_instance_failed(world, rt, fake_env, monkeypatch) -> None:
-    import hwprofile.supervise.supervisor as supervisor
+    import hwprofile.supervise.instance as instance
 
     def broken(*_a: Any) -> list[str]:
         raise KeyError("boom")
 
-    monkeypatch.setattr(supervisor, "compare", broken)  # breaks right after /health said 200
+    monkeypatch.setattr(instance, "compare", broken)  # breaks right after /health said 200
     sup = make_supervisor(world, rt)
     sup.start()
     sup.wait(20)
@@ -545,10 +545,10 @@ def test_a_broken_supervisor_thread_marks_its_instance_failed(world, rt, fake_en
 
 
 def test_foreground_launch_exits_1_when_a_thread_breaks(world, rt, fake_env, monkeypatch) -> None:
-    import hwprofile.supervise.supervisor as supervisor
+    import hwprofile.supervise.instance as instance
     from hwprofile.pipeline import make_plan
 
-    monkeypatch.setattr(supervisor, "compare", lambda *_a: 1 / 0)
+    monkeypatch.setattr(instance, "compare", lambda *_a: 1 / 0)
     (rt / "etc").mkdir()
     plan = make_plan(world["host"], rt / "etc", sets=sets_for(world, free_port()), model=str(world["model"]))
     monkeypatch.setattr(signal, "signal", lambda *_a: None)  # keep pytest's own handlers

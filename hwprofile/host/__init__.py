@@ -2,6 +2,9 @@
 
 - :mod:`.detect` (with :mod:`.linux`, :mod:`.nvml`, :mod:`.software`): detection, the only code that
   reads the host (procfs, sysfs, NVML, the installed software); it changes nothing there.
-- :mod:`.snapshot`: the frozen ``HostSnapshot`` detection returns, saved and replayed as
-  ``hwprofile.host/1`` JSON; everything downstream (match, plan, render) reads only this.
+- :mod:`.snapshot`: the frozen ``HostSnapshot`` detection returns and its ``hwprofile.host/1`` JSON;
+  everything downstream (match, plan, render) reads only this.
+- :mod:`.snapshot_io`: a saved snapshot read back (``--from FILE``), checked by :mod:`.snapshot_check`
+  (the field table, in the rule vocabulary of :mod:`.snapshot_rules`); :mod:`.snapshot_schema`
+  publishes the same table as JSON Schema. Detection imports none of these.
 """

@@ -1,0 +1,214 @@
+"""The ``hwprofile.host/1`` contract, checked when a saved snapshot is loaded.
+
+One table (:data:`HOST`, in the vocabulary of :mod:`.snapshot_rules`) says what every field may hold;
+:func:`validate` walks a parsed snapshot against it, and :func:`.snapshot_schema.json_schema`
+publishes the same table as JSON Schema (schemas/hwprofile.host-1.schema.json, kept equal by a test).
+Then ``_consistency`` checks what JSON Schema cannot say: unique GPU indexes, device minors and NUMA
+node ids, links between existing GPUs, GPUs on listed NUMA nodes, used ≤ total memory.
+Plain Python, no imports: a snapshot of eight GPUs checks in well under a millisecond.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .snapshot import MAX_CPUS, MAX_DEVICE_MINOR, MAX_GPUS, MAX_NUMA_NODES, SCHEMA
+from .snapshot_rules import Bool, Const, Int, Invalid, List, Num, Obj, Str
+
+if TYPE_CHECKING:
+    from typing import Any
+
+_TIB = 1 << 40
+_PIB = 1 << 50
+_CPULIST = "^([0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*)?$"
+_LINK = "NV([1-9][0-9]?)|PIX|PXB|PHB|NODE|SYS"
+_PATH = Str(4096, pattern="/[^\\u0000-\\u001f\\u007f]*", like="an absolute path without control characters")
+_VERSION = Str(64, pattern="[0-9A-Za-z][0-9A-Za-z.+_!-]*", like="a version string like 0.11.0")
+
+HOST = Obj(
+    {
+        "schema": Const(SCHEMA),
+        "hostname": Str(253),
+        "kernel": Str(256),
+        "cpu": Obj(
+            {
+                "model": Str(256),
+                "logical_cpus": Int(1, MAX_CPUS),
+                "sockets": Int(1, 1024),
+                "flags": List(Str(64, null=False, pattern="[A-Za-z0-9_.-]+", like="a CPU flag name"), 4096),
+            }
+        ),
+        "memory_bytes": Int(0, _PIB, unit=" (1 PiB)"),
+        "numa_nodes": List(
+            Obj(
+                {
+                    "id": Int(0, MAX_NUMA_NODES - 1, null=False),
+                    "cpus": Str(65536, null=False, pattern=_CPULIST, like='a CPU list like "0-27,56-83"'),
+                    "memory_bytes": Int(0, _PIB, unit=" (1 PiB)"),
+                },
+                required=("id", "cpus"),
+            ),
+            MAX_NUMA_NODES,
+        ),
+        "gpus": List(
+            Obj(
+                {
+                    "index": Int(0, MAX_GPUS - 1, null=False),
+                    "name": Str(256),
+                    "uuid": Str(128),
+                    "pci_bus_id": Str(
+                        32,
+                        pattern="[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\\.[0-7]",
+                        like='a PCI bus id like "00000000:21:00.0"',
+                    ),
+                    "pci_device_id": Str(
+                        10, pattern="0x[0-9A-Fa-f]{8}", like='a PCI device id like "0x268410de"'
+                    ),
+                    "minor_number": Int(0, MAX_DEVICE_MINOR),
+                    "memory_total_bytes": Int(0, _TIB, unit=" (1 TiB)"),
+                    "memory_used_bytes": Int(0, _TIB, unit=" (1 TiB)"),
+                    "memory_reserved_bytes": Int(0, _TIB, unit=" (1 TiB)"),
+                    "compute_capability": Str(
+                        5, pattern="[0-9]{1,2}\\.[0-9]{1,2}", like='a string like "8.9"'
+                    ),
+                    "numa_node": Int(0, MAX_NUMA_NODES - 1),
+                    "numa_node_source": Str(
+                        16,
+                        pattern="nvml|sysfs|only_node|cpu_affinity",
+                        like="nvml, sysfs, only_node or cpu_affinity",
+                    ),
+                    "cpu_affinity": Str(65536, pattern=_CPULIST, like='a CPU list like "0-27,56-83"'),
+                    "pcie": Obj(
+                        {
+                            "gen": Int(1, 16),
+                            "width": Int(1, 64),
+                            "max_gen": Int(1, 16),
+                            "max_width": Int(1, 64),
+                            "degraded": Bool(null=True),
+                        }
+                    ),
+                    "nvlink_active_links": Int(0, 64),
+                    "power_limit_watts": Num(0, 10000, unit=" W"),
+                    "power_draw_watts": Num(0, 10000, unit=" W"),
+                    "temperature_c": Int(-50, 150, unit=" °C"),
+                    "temperature_slowdown_c": Int(-50, 150, unit=" °C"),
+                    "temperature_shutdown_c": Int(-50, 150, unit=" °C"),
+                    "sm_clock_mhz": Int(0, 10000, unit=" MHz"),
+                    "sm_clock_max_mhz": Int(0, 10000, unit=" MHz"),
+                    "clocks_event_reasons": List(
+                        Str(64, null=False, pattern="[a-z0-9_]+", like="a reason name like sw_power_cap"),
+                        64,
+                        null=True,
+                    ),
+                    "clocks_event_reasons_mask": Int(0, 2**64 - 1),
+                    "lost": Bool(),
+                },
+                required=("index",),
+            ),
+            MAX_GPUS,
+        ),
+        "gpu_links": List(
+            Obj(
+                {
+                    "a": Int(0, MAX_GPUS - 1, null=False),
+                    "b": Int(0, MAX_GPUS - 1, null=False),
+                    "link": Str(8, pattern=_LINK, like="NV<n>, PIX, PXB, PHB, NODE or SYS"),
+                    "p2p": Bool(null=True),
+                },
+                required=("a", "b", "link"),
+            ),
+            MAX_GPUS * (MAX_GPUS - 1) // 2,
+        ),
+        "driver": Obj({"version": _VERSION, "cuda_version": _VERSION, "nvml_library": _PATH}),
+        "software": Obj(
+            {
+                "vllm_version": _VERSION,
+                "vllm_distribution": Str(
+                    128, pattern="[A-Za-z0-9][A-Za-z0-9._-]*", like="a distribution name"
+                ),
+                "numactl_path": _PATH,
+                "tmpfs_path": _PATH,
+                "tmpfs_free_bytes": Int(0, _PIB, unit=" (1 PiB)"),
+            }
+        ),
+        "errors": List(
+            Obj(
+                {"where": Str(256, null=False), "message": Str(4096, null=False, lines=True)},
+                required=("where", "message"),
+            ),
+            10000,
+        ),
+    },
+    required=("schema",),
+)
+
+
+def _consistency(data: dict[str, Any]) -> None:
+    """What the per-field rules cannot see: the snapshot's parts must agree with each other."""
+    node_ids: set[int] = set()
+    seen_cpus: dict[int, int] = {}
+    for i, n in enumerate(data.get("numa_nodes", ())):
+        if n["id"] in node_ids:
+            raise Invalid(f"numa_nodes[{i}].id", f"NUMA node {n['id']} is listed twice")
+        node_ids.add(n["id"])
+        for part in filter(None, n["cpus"].split(",")):
+            lo, _, hi = part.partition("-")
+            first, last = int(lo), int(hi or lo)
+            if last < first or last >= MAX_CPUS:
+                raise Invalid(
+                    f"numa_nodes[{i}].cpus", f"bad CPU range {part!r} (CPUs are 0 to {MAX_CPUS - 1})"
+                )
+            for c in range(first, last + 1):
+                if seen_cpus.setdefault(c, n["id"]) != n["id"]:
+                    raise Invalid(f"numa_nodes[{i}].cpus", f"CPU {c} is also on NUMA node {seen_cpus[c]}")
+    indexes: set[int] = set()
+    minors: dict[int, int] = {}
+    for i, g in enumerate(data.get("gpus", ())):
+        w = f"gpus[{i}]"
+        if g["index"] in indexes:
+            raise Invalid(f"{w}.index", f"GPU index {g['index']} is listed twice")
+        indexes.add(g["index"])
+        minor = g.get("minor_number")
+        if minor is not None:
+            if minor in minors:
+                raise Invalid(
+                    f"{w}.minor_number",
+                    f"device minor {minor} is also GPU {minors[minor]}'s (/dev/nvidia{minor})",
+                )
+            minors[minor] = g["index"]
+        node = g.get("numa_node")
+        if node is not None and node_ids and node not in node_ids:
+            raise Invalid(f"{w}.numa_node", f"NUMA node {node} is not in numa_nodes (ids {sorted(node_ids)})")
+        aff = g.get("cpu_affinity")
+        for part in filter(None, (aff or "").split(",")):
+            lo, _, hi = part.partition("-")
+            if int(hi or lo) < int(lo) or int(hi or lo) >= MAX_CPUS:
+                raise Invalid(f"{w}.cpu_affinity", f"bad CPU range {part!r} (CPUs are 0 to {MAX_CPUS - 1})")
+        total = g.get("memory_total_bytes")
+        for k in ("memory_used_bytes", "memory_reserved_bytes"):
+            v = g.get(k)
+            if v is not None and total is not None and v > total:
+                raise Invalid(f"{w}.{k}", f"{v} is more than memory_total_bytes ({total})")
+        pcie = g.get("pcie") or {}
+        for cur, top in (("gen", "max_gen"), ("width", "max_width")):
+            if pcie.get(cur) is not None and pcie.get(top) is not None and pcie[cur] > pcie[top]:
+                raise Invalid(f"{w}.pcie.{cur}", f"{pcie[cur]} is above pcie.{top} ({pcie[top]})")
+    pairs: set[frozenset[int]] = set()
+    for i, lk in enumerate(data.get("gpu_links", ())):
+        for end in ("a", "b"):
+            if lk[end] not in indexes:
+                raise Invalid(f"gpu_links[{i}].{end}", f"no GPU with index {lk[end]} in gpus")
+        if lk["a"] == lk["b"]:
+            raise Invalid(f"gpu_links[{i}]", f"links GPU {lk['a']} to itself")
+        pair = frozenset((lk["a"], lk["b"]))
+        if pair in pairs:
+            raise Invalid(f"gpu_links[{i}]", f"GPUs {lk['a']} and {lk['b']} are linked twice")
+        pairs.add(pair)
+
+
+def validate(data: Any) -> None:
+    """Raise :class:`Invalid` (with the JSON path) unless ``data`` is a valid ``hwprofile.host/1`` snapshot."""
+    if not HOST.valid(data):
+        HOST.check(data, "")  # finds the path of the first bad value and raises
+        raise Invalid("snapshot", "not valid")  # unreachable while valid() and check() agree
+    _consistency(data)

@@ -1,0 +1,143 @@
+"""Reading a saved host snapshot back: the capped, strict JSON reader (``--from FILE``), then the
+``hwprofile.host/1`` checks (:mod:`.snapshot_check`) and the records built from checked data.
+
+Reads files (or standard input); imported only when a snapshot is loaded, never by detection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .snapshot import (
+    MAX_SNAPSHOT_BYTES,
+    SCHEMA,
+    Cpu,
+    DetectError,
+    Driver,
+    Gpu,
+    GpuLink,
+    NumaNode,
+    PcieLink,
+    SnapshotError,
+    Software,
+)
+from .snapshot_check import validate
+from .snapshot_rules import Invalid
+
+if TYPE_CHECKING:
+    from .snapshot import HostSnapshot
+
+
+def snapshot_from_dict(cls: type[HostSnapshot], data: dict[str, Any], source: str) -> HostSnapshot:
+    """:meth:`HostSnapshot.from_dict`: check ``data``, then build the snapshot; any problem is a
+    :class:`SnapshotError` naming ``source`` and the JSON path of the value."""
+    if not isinstance(data, dict):
+        raise SnapshotError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != SCHEMA or type(schema) is not str:
+        raise SnapshotError(
+            f"{source}: schema is {schema!r}, expected {SCHEMA!r} "
+            "(save it again with `hwprofile detect --json > FILE`)"
+        )
+    try:
+        validate(data)
+    except Invalid as e:
+        raise SnapshotError(f"{source}: not a valid host snapshot: {e}") from None
+    try:
+        return _build(cls, data)
+    except (TypeError, ValueError, KeyError) as e:
+        raise SnapshotError(f"{source}: not a valid host snapshot: {e}") from None
+
+
+def load_snapshot(cls: type[HostSnapshot], path: str | os.PathLike[str]) -> HostSnapshot:
+    """:meth:`HostSnapshot.load`: at most :data:`MAX_SNAPSHOT_BYTES` of ``path`` (``-`` = standard
+    input), UTF-8, strict JSON (no duplicate keys, NaN or Infinity), then :meth:`HostSnapshot.from_dict`."""
+    try:
+        raw = read_capped(path, MAX_SNAPSHOT_BYTES)
+    except OSError as e:
+        raise SnapshotError(f"{path}: cannot read snapshot: {e.strerror or e}") from None
+    if len(raw) > MAX_SNAPSHOT_BYTES:
+        raise SnapshotError(
+            f"{path}: larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a host snapshot "
+            "(save one with `hwprofile detect --json > FILE`)"
+        )
+    if raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark some editors write
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SnapshotError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+            "save it again with `hwprofile detect --json > FILE`"
+        ) from None
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise SnapshotError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except Invalid as e:
+        raise SnapshotError(f"{path}: invalid JSON: {e}") from None
+    except RecursionError:
+        raise SnapshotError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise SnapshotError(f"{path}: invalid JSON: {e}") from None
+    return cls.from_dict(data, source=str(path))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise Invalid(f"key {json.dumps(dup)}", "appears twice in one object")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise Invalid(name, "not a JSON number (NaN and Infinity are not allowed)")
+
+
+def read_capped(path: str | os.PathLike[str], cap: int) -> bytes:
+    """The bytes of ``path`` (``-`` = standard input), at most ``cap + 1`` of them (more means too big)."""
+    if os.fspath(path) == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream put in place of stdin (tests)
+            return sys.stdin.read(cap + 1).encode("utf-8", "surrogateescape")
+        return stream.read(cap + 1)
+    with open(path, "rb") as f:
+        return f.read(cap + 1)
+
+
+_NESTED: dict[str, type] = {
+    "cpu": Cpu,
+    "driver": Driver,
+    "software": Software,
+    "pcie": PcieLink,
+}
+_SEQUENCES: dict[str, type] = {
+    "numa_nodes": NumaNode,
+    "gpus": Gpu,
+    "gpu_links": GpuLink,
+    "errors": DetectError,
+}
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    """Build record ``cls`` from ``data``: unknown keys are ignored (newer writers may add some)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be an object, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for name in cls._fields:  # type: ignore[attr-defined]
+        if name not in data:
+            continue
+        v = data[name]
+        if name in _NESTED and v is not None:
+            v = _build(_NESTED[name], v)
+        elif name in _SEQUENCES:
+            v = tuple(_build(_SEQUENCES[name], x) for x in (v or ()))
+        elif name in ("flags", "clocks_event_reasons") and v is not None:
+            v = tuple(v)
+        kwargs[name] = v
+    return cls(**kwargs)

@@ -1,0 +1,76 @@
+"""What hwprofile knows about a model (:class:`ModelFacts`), wherever it came from, and the weight
+arithmetic it shares with the planner (bytes per dtype, embeddings, checkpoint size at a bit width).
+
+Pure: no files, no imports beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
+
+
+class ModelFacts(NamedTuple):
+    name: str
+    source: str  # "dir", "hf-cache" or "catalog"
+    path: str | None
+    architecture: str | None
+    model_type: str | None
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    dtype: str
+    tie_word_embeddings: bool
+    sliding_window: int | None
+    sliding_layers: int  # layers with a sliding window (the rest are full attention)
+    quant_method: str | None
+    quant_bits: int | None
+    params: int  # estimated from the architecture
+    weights_bytes: int  # on-disk checkpoint size where known, else estimated from params and bits
+    weights_bytes_source: str  # "safetensors index", "safetensors files", "estimate"
+    mtp_layers: int  # multi-token-prediction heads shipped with the model (usable as speculator)
+    quantized_variants: dict[int, str]  # catalog: bits → checkpoint name
+    # architecture facts (hwprofile.model.arch); defaults describe a dense model with ordinary attention
+    active_params: int = 0  # weights read per decoded token (MoE: routed experts only); 0 = params
+    num_experts: int = 0  # MoE: routed experts per MoE layer
+    experts_per_token: int = 0  # MoE: experts each token is routed to
+    kv_lora_rank: int = 0  # MLA: one latent of kv_lora_rank + qk_rope_head_dim per token and layer
+    qk_rope_head_dim: int = 0
+
+    @property
+    def full_layers(self) -> int:
+        return self.num_layers - self.sliding_layers
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.dtype, 2)
+
+    @property
+    def bits(self) -> int:
+        return self.quant_bits or 8 * min(self.dtype_bytes, 2)
+
+    def weights_bytes_at_bits(self, bits: int) -> int:
+        """Estimated checkpoint size of this model at ``bits`` per weight."""
+        return weights_bytes_at(
+            self.params, embed_params(self.vocab_size, self.hidden_size, self.tie_word_embeddings), bits
+        )
+
+
+def embed_params(vocab: int, hidden: int, tie: bool) -> int:
+    """Input embedding plus LM head (one matrix when tied)."""
+    return vocab * hidden * (1 if tie else 2)
+
+
+def weights_bytes_at(params: int, embed: int, bits: int) -> int:
+    """Checkpoint size at ``bits`` per weight. Quantized checkpoints keep embeddings and the LM head
+    in 16 bits and add ~4 % for group scales and zero points (group size 128)."""
+    if bits >= 16:
+        return params * 2
+    body = params - embed
+    return int(body * bits / 8 * 1.04) + embed * 2

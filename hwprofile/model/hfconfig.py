@@ -1,0 +1,214 @@
+"""config.json parsing: :func:`parse_config` turns a Hugging Face config dict (a multimodal model's
+``text_config`` included) into :class:`.facts.ModelFacts`, checking the type and range of every key
+it reads; the architecture-specific parts (MoE, MLA) come from :mod:`.arch`.
+
+Pure: takes a dict, reads no files (:mod:`.files` reads config.json).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from .arch import read_arch
+from .facts import DTYPE_BYTES, ModelFacts, embed_params, weights_bytes_at
+
+if TYPE_CHECKING:
+    from typing import Any
+
+# Bounds of the config.json keys hwprofile reads: far above any real model, far below nonsense.
+_LIMITS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 10_000),
+    "hidden_size": (1, 1 << 20),
+    "num_attention_heads": (1, 1 << 14),
+    "num_key_value_heads": (1, 1 << 14),
+    "head_dim": (1, 1 << 14),
+    "intermediate_size": (1, 1 << 24),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 32),
+    "sliding_window": (0, 1 << 32),
+    "sliding_window_pattern": (1, 10_000),
+    "num_experts": (0, 1 << 16),
+    "n_routed_experts": (0, 1 << 16),
+    "num_local_experts": (0, 1 << 16),
+    "moe_intermediate_size": (1, 1 << 24),
+    "n_shared_experts": (0, 1 << 16),
+    "num_nextn_predict_layers": (0, 1000),
+    "mtp_num_hidden_layers": (0, 1000),
+}
+
+
+def show_value(v: Any) -> str:
+    """``v`` as an error message shows it: JSON, cut at 60 characters; objects and lists by kind."""
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "a list"
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Keys:
+    """Typed reads of config.json keys; every problem is a ``ValueError`` naming the key
+    (``text_config.`` in front when it came from a multimodal model's text config)."""
+
+    def __init__(
+        self, cfg: dict[str, Any], text_keys: frozenset[str] = frozenset(), prefix: str = ""
+    ) -> None:
+        self.cfg, self.text_keys, self.prefix = cfg, text_keys, prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}text_config.{key}" if key in self.text_keys else f"{self.prefix}{key}"
+
+    def bad(self, key: str, expected: str, v: Any) -> ValueError:
+        return ValueError(f"{self.name(key)}: expected {expected}, got {show_value(v)}")
+
+    def integer(self, key: str, default: int | None = None) -> int | None:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        lo, hi = _LIMITS[key]
+        if type(v) is not int or not lo <= v <= hi:
+            what = "a positive integer" if lo == 1 else "a non-negative integer"
+            raise self.bad(key, f"{what} (at most {hi})", v)
+        return v
+
+    def need(self, key: str) -> int:
+        v = self.integer(key)
+        if v is None:
+            raise ValueError(
+                f"{self.name(key)}: missing (needed to size the model; not a decoder language model?)"
+            )
+        return v
+
+    def text(self, key: str) -> str | None:
+        v = self.cfg.get(key)
+        if v is not None and type(v) is not str:
+            raise self.bad(key, "a string", v)
+        return v
+
+    def flag(self, key: str) -> bool | None:
+        v = self.cfg.get(key)
+        if v is not None and type(v) is not bool:
+            raise self.bad(key, "true/false", v)
+        return v
+
+
+def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) -> ModelFacts:
+    """ModelFacts from a config.json dict (text config of multimodal models included). Every key
+    read is type- and range-checked: a ``ValueError`` names the key and what it holds."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"expected a JSON object, got {show_value(cfg)}")
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError(f"text_config: expected an object, got {show_value(text)}")
+    text_keys: frozenset[str] = frozenset()
+    if text:  # multimodal wrappers keep the LM in text_config
+        cfg = {**cfg, **text}
+        text_keys = frozenset(text)
+    k = _Keys(cfg, text_keys)
+    layers = k.need("num_hidden_layers")
+    hidden = k.need("hidden_size")
+    heads = k.need("num_attention_heads")
+    kv = k.integer("num_key_value_heads") or heads
+    if kv > heads or heads % kv:
+        raise ValueError(
+            f"{k.name('num_key_value_heads')}: {kv} does not divide {k.name('num_attention_heads')} ({heads})"
+        )
+    head_dim = k.integer("head_dim")
+    if head_dim is None:
+        if hidden < heads:
+            raise ValueError(
+                f"{k.name('hidden_size')}: {hidden} is less than {k.name('num_attention_heads')} ({heads}) "
+                "and there is no head_dim"
+            )
+        head_dim = hidden // heads
+    inter = k.integer("intermediate_size") or 4 * hidden
+    vocab = k.integer("vocab_size", 0) or 0
+    dtype = k.text("torch_dtype") or k.text("dtype") or "bfloat16"
+    tie = bool(k.flag("tie_word_embeddings"))
+    # some configs write false for "no window"
+    window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
+    k.flag("use_sliding_window")
+    k.integer("sliding_window_pattern")
+    types = cfg.get("layer_types")
+    if types is not None and (type(types) is not list or not all(type(t) is str for t in types)):
+        raise k.bad("layer_types", "a list of strings", types)
+    k.text("model_type")
+    archs = cfg.get("architectures")
+    if archs is not None and (type(archs) is not list or not all(type(a) is str for a in archs)):
+        raise k.bad("architectures", "a list of strings", archs)
+    sliding = _sliding_layers(cfg, layers)
+    if sliding > layers:
+        raise ValueError(f"{k.name('layer_types')}: {sliding} sliding layers, but only {layers} layers")
+    q = cfg.get("quantization_config")
+    if q is None:
+        q = {}
+    elif type(q) is not dict:
+        raise k.bad("quantization_config", "an object", q)
+    qk = _Keys(q, prefix=k.name("quantization_config") + ".")
+    qmethod_raw = qk.text("quant_method")
+    qmethod = qmethod_raw.lower() if qmethod_raw else None
+    qbits: int | None = None
+    for key in ("bits", "w_bit"):
+        v = q.get(key)
+        if v is not None and (type(v) is not int or not 1 <= v <= 32):
+            raise qk.bad(key, "an integer from 1 to 32", v)
+        qbits = qbits or v
+    qbits = qbits or {"fp8": 8, "mxfp4": 4}.get(qmethod or "")
+    for key in (
+        "num_experts",
+        "n_routed_experts",
+        "num_local_experts",
+        "moe_intermediate_size",
+        "n_shared_experts",
+    ):
+        k.integer(key)
+    arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
+    params = arch.params
+    bits = qbits if qbits else 8 * min(DTYPE_BYTES.get(dtype, 2), 2)
+    return ModelFacts(
+        name=name,
+        source=source,
+        path=path,
+        architecture=(archs or [None])[0],
+        model_type=cfg.get("model_type"),
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=k.integer("max_position_embeddings"),
+        dtype=dtype,
+        tie_word_embeddings=tie,
+        sliding_window=window if window and sliding else None,
+        sliding_layers=sliding,
+        quant_method=qmethod,
+        quant_bits=qbits,
+        params=params,
+        weights_bytes=weights_bytes_at(params, embed_params(vocab, hidden, tie), bits),
+        weights_bytes_source="estimate",
+        mtp_layers=k.integer("num_nextn_predict_layers") or k.integer("mtp_num_hidden_layers") or 0,
+        quantized_variants={},
+        active_params=arch.active_params,
+        num_experts=arch.num_experts,
+        experts_per_token=arch.experts_per_token,
+        kv_lora_rank=arch.kv_lora_rank,
+        qk_rope_head_dim=arch.qk_rope_head_dim,
+    )
+
+
+def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return sum(1 for t in types if "sliding" in str(t))
+    if not cfg.get("sliding_window") or cfg.get("use_sliding_window") is False:
+        return 0
+    if cfg.get("model_type") == "gemma2":  # alternating local/global layers
+        return layers // 2
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 1:  # gemma3: every pattern-th layer is global
+        return layers - layers // pattern
+    return layers

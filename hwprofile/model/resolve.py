@@ -1,0 +1,105 @@
+"""Finding a model by what the user typed: a local directory, else a name in the local Hugging Face
+cache (``HF_HUB_CACHE``, ``HF_HOME``), else a name in the built-in catalog
+(``hwprofile/data/models.yaml``, parsed once per process).
+
+Reads the file system (the cache, the catalog file); downloads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from ..config import ConfigError
+from .files import read_model_dir
+from .hfconfig import parse_config
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .facts import ModelFacts
+
+
+def hf_cache_dir() -> str:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def find_in_hf_cache(name: str, cache: str | os.PathLike[str] | None = None) -> str | None:
+    """The snapshot directory of ``org/name`` in the local Hugging Face cache (refs/main first)."""
+    base = os.path.join(cache or hf_cache_dir(), "models--" + name.replace("/", "--"))
+    snaps = os.path.join(base, "snapshots")
+    if not os.path.isdir(snaps):
+        return None
+    try:
+        with open(os.path.join(base, "refs", "main"), encoding="utf-8") as f:
+            snap = os.path.join(snaps, f.read().strip())
+        if os.path.isfile(os.path.join(snap, "config.json")):
+            return snap
+    except (OSError, ValueError):  # unreadable, or not UTF-8
+        pass
+    try:
+        candidates = [e for e in os.scandir(snaps) if os.path.isfile(os.path.join(e.path, "config.json"))]
+    except OSError:
+        return None
+    return max(candidates, key=lambda e: e.stat().st_mtime).path if candidates else None
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> dict[str, dict[str, Any]]:
+    from ..config.yamlsrc import load_file
+
+    data = load_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "models.yaml"))[0]
+    return {m["name"].lower(): m for m in data["models"]}
+
+
+@lru_cache(maxsize=1)
+def catalog_models() -> tuple[ModelFacts, ...]:
+    """Every catalog model's facts (parsed once per process)."""
+    return tuple(f for f in (from_catalog(m["name"]) for m in _catalog().values()) if f is not None)
+
+
+def catalog_names() -> list[str]:
+    return sorted(m["name"] for m in _catalog().values())
+
+
+def from_catalog(name: str) -> ModelFacts | None:
+    key = name.lower()
+    entry = _catalog().get(key) or next((m for k, m in _catalog().items() if k.split("/")[-1] == key), None)
+    if entry is None:
+        return None
+    facts = parse_config(entry["config"], entry["name"], "catalog", None)
+    return facts._replace(
+        quantized_variants={int(q["bits"]): q["name"] for q in entry.get("quantized") or ()}
+    )
+
+
+def resolve_model(spec: str, what: str = "model") -> ModelFacts:
+    """A directory, else a Hugging Face name found in the local cache, else a catalog name."""
+    if not spec or not spec.strip():
+        raise ConfigError(
+            f"--{what} {spec!r}: empty; give a model directory, a Hugging Face name or a catalog name "
+            "(or leave the option out for the profile's model)"
+        )
+    p = os.path.expanduser(spec)
+    if os.path.isdir(p):
+        return read_model_dir(p, name=spec)
+    looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.exists(p)
+    if looks_like_path:
+        raise ConfigError(f"{what} {spec}: no such model directory")
+    snap = find_in_hf_cache(spec)
+    if snap is not None:
+        return read_model_dir(snap, name=spec, source="hf-cache")
+    facts = from_catalog(spec)
+    if facts is not None:
+        return facts
+    from ..config.schema import suggest
+
+    raise ConfigError(
+        f"{what} '{spec}': not a local directory, not in the Hugging Face cache ({hf_cache_dir()}), "
+        f"and not in the built-in catalog{suggest(spec, catalog_names())}. "
+        f"Give a model directory, or one of: {', '.join(catalog_names())}"
+    )

@@ -1,0 +1,141 @@
+"""One vLLM process as the operating system sees it: the argv that ties it to our life, a TMPDIR
+short enough for its IPC sockets, whether its port is free, whether it has exited (without reaping
+it), and the graceful stop of its process group.
+
+Side effects: processes, signals, directories. The instance life cycle around these is
+:class:`.instance.Instance`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..runtime.processes import group_members
+from .logs import private_dir
+
+if TYPE_CHECKING:
+    from ..render.translate import Rendered
+
+log = logging.getLogger("hwprofile")
+
+# The child asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG = 1), checks the parent
+# did not die already, then execs vLLM in place (same PID, so the signal setting stays). Done by a
+# tiny interpreter rather than preexec_fn: Python code between fork and exec in a threaded parent can
+# deadlock on a lock another thread held at fork time.
+_EXEC_WRAPPER = (
+    "import ctypes,os,signal,sys;"
+    "ctypes.CDLL(None).prctl(1,signal.SIGTERM,0,0,0);"
+    "os.getppid()==int(sys.argv[1]) or sys.exit(70);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run through the wrapper above: the child gets SIGTERM when this process dies."""
+    return [sys.executable, "-I", "-S", "-c", _EXEC_WRAPPER, str(os.getpid()), *argv]
+
+
+def spawn(r: Rendered, tmp: Path, cache: Path, name: str) -> subprocess.Popen[bytes]:
+    """Start ``r`` (an instance rendered for this release) in its own session and process group,
+    tied to our life (:func:`die_with_parent`), in ``tmp`` with private caches under ``cache``, its
+    output on one pipe; the API key, when ``server.api_key_env`` names one, from our environment.
+    Not reaped here: the caller ends it with :func:`end_group`."""
+    env = {**os.environ, **r.env}
+    env.update(
+        TMPDIR=str(tmp),
+        VLLM_CACHE_ROOT=str(cache / "vllm"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        XDG_CACHE_HOME=str(cache),
+        PYTHONUNBUFFERED="1",
+    )
+    for target, source in r.secrets.items():
+        if source in os.environ:
+            env[target] = os.environ[source]
+        else:
+            log.warning("%s: $%s (server.api_key_env) is not set: serving without an API key", name, source)
+    return subprocess.Popen(
+        die_with_parent(r.argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=str(tmp),
+        start_new_session=True,  # its own session and process group: we signal the whole group
+    )
+
+
+# vLLM puts ZMQ IPC sockets in TMPDIR ("<dir>/<uuid4>"): a Unix socket path holds at most 107 bytes.
+MAX_TMPDIR = 107 - 1 - 36 - 8
+
+
+def short_tmpdir(preferred: Path, name: str) -> Path:
+    """``preferred`` when its path is short enough for vLLM's IPC sockets, else a private dir in /tmp."""
+    if len(str(preferred)) <= MAX_TMPDIR:
+        return private_dir(preferred)
+    import tempfile
+
+    link = Path(tempfile.mkdtemp(prefix=f"hwp-{name[:20]}-", dir="/tmp"))  # 0700 from mkdtemp
+    log.info("%s: TMPDIR %s is too long for vLLM's IPC sockets; using %s", name, preferred, link)
+    return link
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now (with SO_REUSEADDR, as uvicorn does, so a
+    socket of a previous run in TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the child has exited, without reaping it (WNOWAIT): a zombie keeps its PID, so its
+    process group number cannot go to anyone else before :func:`end_group` has signalled it."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def end_group(proc: subprocess.Popen[bytes], grace: float, name: str) -> None:
+    """Graceful stop: SIGTERM to vLLM's API server (the group leader) only, so vLLM shuts its
+    engine and workers down in order and drains requests (--shutdown-timeout); after ``grace``
+    seconds, or once the leader is gone, SIGKILL whatever is left of the process group. The leader
+    is reaped last, so every signal here reaches our own processes. ``name`` is the instance's, for
+    the log."""
+    if proc.returncode is None:
+        if not exited(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            end = time.monotonic() + grace
+            while not exited(proc) and time.monotonic() < end:
+                time.sleep(0.1)
+            if not exited(proc):
+                log.warning(
+                    "%s: still running %.0f s after SIGTERM: SIGKILL to its process group",
+                    name,
+                    grace,
+                )
+        end = time.monotonic() + min(5.0, grace)
+        while group_members(proc.pid) and time.monotonic() < end:  # vLLM's children leave on their own
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the leader is alive or a zombie: the group is ours
+    proc.wait()
