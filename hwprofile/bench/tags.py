@@ -113,6 +113,7 @@ class HardwareSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sampler: Any = None
+        self._failed = False
         self.started_at: float | None = None
         self.ended_at: float | None = None
 
@@ -144,18 +145,21 @@ class HardwareSampler:
         self._thread.start()
 
     def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval_s):
-                self._sample_once()
-        except Exception as e:  # the thread's death is visible in the tags
-            self.error = f"the GPU sampler failed mid-run: {type(e).__name__}: {e}"
+        while not self._stop.wait(self.interval_s) and self._sample_once():
+            pass
 
-    def _sample_once(self) -> None:
-        if self._sampler is None:
-            return
-        for r in self._sampler.sample(self._clock()):
-            track = self.tracks.setdefault(r.index, GpuTrack(r.index))
-            track.add(r)
+    def _sample_once(self) -> bool:
+        """One reading of every GPU; False (and ``error`` set) once the sampler has failed."""
+        if self._sampler is None or self._failed:
+            return False
+        try:
+            for r in self._sampler.sample(self._clock()):
+                self.tracks.setdefault(r.index, GpuTrack(r.index)).add(r)
+        except Exception as e:  # the sampler's death is visible in the tags, never a failed benchmark
+            self._failed = True
+            self.error = f"the GPU sampler failed: {type(e).__name__}: {e}"
+            return False
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -164,8 +168,7 @@ class HardwareSampler:
             if self._thread.is_alive() and not self.error:
                 self.error = "the GPU sampler did not stop within 5 s"
         if self._sampler is not None:
-            if not self.error:
-                self._sample_once()  # the last reading covers the run's end
+            self._sample_once()  # the last reading covers the run's end
             close = getattr(self._sampler, "close", None)
             if close is not None:
                 close()
