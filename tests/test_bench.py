@@ -77,7 +77,9 @@ def test_workloads_come_from_the_settings() -> None:
     assert workload("latency", s).concurrencies == (1,)
     sweep = workload("sweep", s)
     assert sweep.concurrencies == (1, 2, 4, 8, 16, 32, 64) and sweep.primary == 16
-    changed = bench_settings(with_defaults({"bench": {"sweep_max": 12, "concurrency": 3, "num_prompts": 2}})[0])
+    changed = bench_settings(
+        with_defaults({"bench": {"sweep_max": 12, "concurrency": 3, "num_prompts": 2}})[0]
+    )
     sw = workload("sweep", changed)
     assert sw.concurrencies == (1, 2, 4, 8, 12) and sw.primary == 12  # 3 is not a sweep point
     assert sw.prompts_at(8) == 8 and sw.prompts_at(1) == 2  # never fewer requests than slots
@@ -202,7 +204,9 @@ def _point(c: int = 4, thr: float = 10.0, ttft: float = 50.0) -> Point:
 
 def _plan_with_hardware(tags: dict[str, Any]) -> BenchPlan:
     p = BenchPlan("p", "url", "http://x", None)
-    p.runs.append({"round": 1, "order": 1, "url": "http://x", "started": "", "points": [_point()], "hardware": [tags]})
+    p.runs.append(
+        {"round": 1, "order": 1, "url": "http://x", "started": "", "points": [_point()], "hardware": [tags]}
+    )
     return p
 
 
@@ -222,14 +226,28 @@ def test_non_default_settings_name_their_source() -> None:
 
 def test_argv_is_the_seed_shape(tmp_path) -> None:
     wl = workload("seed", bench_settings(with_defaults({})[0]))
-    argv = bench_argv(Target("http://127.0.0.1:8000", "m", "/models/m", "/venv/bin/vllm"), wl, 16, tmp_path, "r.json")
+    argv = bench_argv(
+        Target("http://127.0.0.1:8000", "m", "/models/m", "/venv/bin/vllm"), wl, 16, tmp_path, "r.json"
+    )
     assert argv[:3] == ["/venv/bin/vllm", "bench", "serve"]
     flags = dict(itertools.pairwise(argv))
-    assert flags["--base-url"] == "http://127.0.0.1:8000" and flags["--model"] == "m" and flags["--tokenizer"] == "/models/m"
+    assert (
+        flags["--base-url"] == "http://127.0.0.1:8000"
+        and flags["--model"] == "m"
+        and flags["--tokenizer"] == "/models/m"
+    )
     assert flags["--dataset-name"] == "random" and flags["--random-input-len"] == "512"
-    assert flags["--random-output-len"] == "256" and flags["--num-prompts"] == "64" and flags["--max-concurrency"] == "16"
+    assert (
+        flags["--random-output-len"] == "256"
+        and flags["--num-prompts"] == "64"
+        and flags["--max-concurrency"] == "16"
+    )
     assert flags["--metric-percentiles"] == "50,99" and flags["--percentile-metrics"] == "ttft,tpot,itl,e2el"
-    assert flags["--result-dir"] == str(tmp_path) and flags["--result-filename"] == "r.json" and flags["--seed"] == "0"
+    assert (
+        flags["--result-dir"] == str(tmp_path)
+        and flags["--result-filename"] == "r.json"
+        and flags["--seed"] == "0"
+    )
     assert "--ignore-eos" in argv and "--save-result" in argv
 
 
@@ -241,7 +259,10 @@ def test_a_real_vllm_result_reads_into_a_point(tmp_path) -> None:
     assert p.output_throughput == pytest.approx(112.9968562)
     assert p.latency_ms["ttft"] == {"mean": pytest.approx(54.804176), "p50": pytest.approx(56.376323),
                                     "p99": pytest.approx(90.414277)}  # fmt: skip
-    assert p.metric("p99_itl_ms") == pytest.approx(37.255815) and p.metric("output_throughput") == p.output_throughput
+    assert (
+        p.metric("p99_itl_ms") == pytest.approx(37.255815)
+        and p.metric("output_throughput") == p.output_throughput
+    )
     rep = p.vllm_bench["spec_decode_reported"]
     assert rep["acceptance_rate"] == pytest.approx(0.07) and rep["mean_acceptance_length"] == 1.21
     bad = tmp_path / "bad.json"
@@ -258,7 +279,9 @@ def test_spec_delta_uses_the_documented_formulas_and_survives_a_reset() -> None:
              "vllm:spec_decode_num_accepted_tokens_total": 230, f"{pp}{{position=0}}": 125, f"{pp}{{position=1}}": 105}  # fmt: skip
     d = spec_delta(before, after)
     assert d["num_drafts"] == 50 and d["draft_tokens"] == 150 and d["accepted_tokens"] == 80
-    assert d["acceptance_rate"] == pytest.approx(80 / 150) and d["mean_acceptance_length"] == pytest.approx(1 + 80 / 50)
+    assert d["acceptance_rate"] == pytest.approx(80 / 150) and d["mean_acceptance_length"] == pytest.approx(
+        1 + 80 / 50
+    )
     assert d["per_position_acceptance"] == [pytest.approx(45 / 50), pytest.approx(35 / 50)]
     restarted = {k: v / 10 for k, v in after.items()}  # the server restarted: counters began again
     assert spec_delta(before, restarted)["num_drafts"] == 15
@@ -279,7 +302,11 @@ def test_plot_is_a_png_with_the_axes_and_lines_it_reports(tmp_path) -> None:
     img = matplotlib.image.imread(tmp_path / "x.png")
     assert img.shape[:2] == (rec["height_px"], rec["width_px"]) == (450, 1100)
     assert [a["ylabel"] for a in rec["axes"]] == ["output tokens/s", "p99 TTFT (ms)"]
-    assert rec["axes"][0]["lines"] == ["A", "B"] and sorted(rec["axes"][1]["lines"]) == ["A", "B", "target 120 ms"]
+    assert rec["axes"][0]["lines"] == ["A", "B"] and sorted(rec["axes"][1]["lines"]) == [
+        "A",
+        "B",
+        "target 120 ms",
+    ]
 
 
 # -- the command, against the fake vLLM -----------------------------------------------------------
@@ -311,15 +338,34 @@ def world(tmp_path: Path):
     sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "server.shutdown_timeout=2",
             f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}",
             "bench.input_len=8", "bench.output_len=6", "bench.num_prompts=4"]  # fmt: skip
-    yield {"tmp": tmp_path, "model": model, "shim": shim, "env": env, "sets": sets, "port": port, "runtime": runtime}
+    yield {
+        "tmp": tmp_path,
+        "model": model,
+        "shim": shim,
+        "env": env,
+        "sets": sets,
+        "port": port,
+        "runtime": runtime,
+    }
     shutil.rmtree(runtime, ignore_errors=True)
 
 
 def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, sets: list[str] | None = None):
-    cmd = [sys.executable, "-m", "hwprofile", "bench", "--model", str(world["model"]), "--runtime-dir", str(world["runtime"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hwprofile",
+        "bench",
+        "--model",
+        str(world["model"]),
+        "--runtime-dir",
+        str(world["runtime"]),
+    ]
     for s in world["sets"] if sets is None else sets:
         cmd += ["--set", s]
-    return subprocess.run([*cmd, *args], env={**world["env"], **(env or {})}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*cmd, *args], env={**world["env"], **(env or {})}, capture_output=True, text=True, timeout=300
+    )
 
 
 def validate(doc: dict[str, Any]) -> None:
@@ -349,7 +395,9 @@ def test_sweep_compare_profile_with_baseline(world) -> None:
             assert all(pt["hardware"]["status"] == "no_gpu" and pt["completed"] == 4 for pt in run["points"])
     # the fake's speculation counts one accepted token per step of 3 proposals
     spec = a["runs"][0]["points"][0]["spec_decode"]
-    assert spec["acceptance_rate"] == pytest.approx(1 / 3) and spec["mean_acceptance_length"] == pytest.approx(2.0)
+    assert spec["acceptance_rate"] == pytest.approx(1 / 3) and spec[
+        "mean_acceptance_length"
+    ] == pytest.approx(2.0)
     assert b["runs"][0]["points"][0]["spec_decode"] is None
     # p99 TTFT ~ 100 ms per slot + the fake's own: 1 and 2 meet 300 ms, 4 does not
     for p in (a, b):
@@ -401,7 +449,9 @@ def test_url_mode_json_and_errors(world) -> None:
         assert pt["vllm_bench"]["argv"][pt["vllm_bench"]["argv"].index("--model") + 1] == str(world["model"])
         # vllm bench serve failing: exit 1, its own message shown
         r = hw(world, "--url", url, "--output", str(out), env={"FAKEVLLM_BENCH_FAIL": "tokenizer exploded"})
-        assert r.returncode == 1 and "tokenizer exploded" in r.stderr and "vllm bench serve exited 1" in r.stderr
+        assert (
+            r.returncode == 1 and "tokenizer exploded" in r.stderr and "vllm bench serve exited 1" in r.stderr
+        )
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(30)
@@ -418,14 +468,29 @@ def test_a_throttling_gpu_is_the_first_line(world, fake_nvml_dir) -> None:
 
     host = build("rtx4090-1x", world["tmp"] / "host")
     host.set_state(**{"dev0.clocks_event_reasons": 0x20, "dev0.temperature": 89})
-    env = {**host.env(fake_nvml_dir), **{k: v for k, v in world["env"].items() if k.startswith(("HWPROFILE_", "FAKEVLLM_"))}}
+    env = {
+        **host.env(fake_nvml_dir),
+        **{k: v for k, v in world["env"].items() if k.startswith(("HWPROFILE_", "FAKEVLLM_"))},
+    }
     out = world["tmp"] / "g"
-    r = hw(world, "--output", str(out), "--set", "speculative.method=none", "--set", "bench.concurrency=2", env=env)
+    r = hw(
+        world,
+        "--output",
+        str(out),
+        "--set",
+        "speculative.method=none",
+        "--set",
+        "bench.concurrency=2",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "bench.json").read_text())
     validate(doc)
     first = r.stdout.splitlines()[0]
-    assert first.startswith("THROTTLED: GPU 0 (NVIDIA GeForce RTX 4090) sw_thermal_slowdown") and doc["throttled"]
+    assert (
+        first.startswith("THROTTLED: GPU 0 (NVIDIA GeForce RTX 4090) sw_thermal_slowdown")
+        and doc["throttled"]
+    )
     (g,) = doc["plans"][0]["runs"][0]["points"][0]["hardware"]["gpus"]
     assert g["temperature_c"] == {"min": 89, "max": 89} and g["throttled_s"] > 0
     assert doc["host"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"

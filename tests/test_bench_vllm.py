@@ -20,7 +20,9 @@ from vllmtools import VLLM, free_port, require_vllm
 
 pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "hwprofile.bench-1.schema.json").read_text())
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parent.parent / "schemas" / "hwprofile.bench-1.schema.json").read_text()
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,11 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
     logs = Path("/dev/shm") / f"hwprofile-test-bench-{os.getpid()}"
     (tmp_path / "etc").mkdir()
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML", "LD_LIBRARY_PATH"))},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("HWPROFILE_", "FAKE_NVML", "LD_LIBRARY_PATH"))
+        },
         "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
     }
     sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=draft_model",
@@ -58,7 +64,11 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
     errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc)]
     assert not errors, errors[:5]
     # a CPU host: the first line says there is nothing to sample, and every point carries that tag
-    assert r.stdout.splitlines()[0] == doc["headline"] == "CPU host: no GPU clock/throttle tags (no NVIDIA GPU here, nothing to sample)"
+    assert (
+        r.stdout.splitlines()[0]
+        == doc["headline"]
+        == "CPU host: no GPU clock/throttle tags (no NVIDIA GPU here, nothing to sample)"
+    )
     assert not doc["throttled"] and doc["host"]["cpu"]["error"] is None and doc["host"]["cpu"]["brand"]
     assert doc["host"]["vllm_version"].startswith("0.32")
     (plan,) = doc["plans"]
@@ -71,7 +81,9 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
         assert p["completed"] == 4 and p["failed"] == 0 and p["output_throughput"] > 0
         assert p["hardware"]["status"] == "no_gpu"
         lat = p["latency_ms"]
-        assert 0 < lat["ttft"]["p50"] <= lat["ttft"]["p99"] and lat["tpot"]["p99"] > 0 and lat["itl"]["p99"] > 0
+        assert (
+            0 < lat["ttft"]["p50"] <= lat["ttft"]["p99"] and lat["tpot"]["p99"] > 0 and lat["itl"]["p99"] > 0
+        )
         # vLLM's own result file is what was read
         raw = json.loads(Path(p["vllm_bench"]["result_file"]).read_text())
         assert raw["p99_ttft_ms"] == lat["ttft"]["p99"] and raw["max_concurrency"] == p["concurrency"]
@@ -79,7 +91,9 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
         # so at least what vllm bench serve counted over its measured window
         spec, theirs = p["spec_decode"], p["vllm_bench"]["spec_decode_reported"]
         assert spec is not None and theirs is not None, p
-        assert spec["draft_tokens"] >= theirs["draft_tokens"] > 0 and spec["num_drafts"] >= theirs["num_drafts"]
+        assert (
+            spec["draft_tokens"] >= theirs["draft_tokens"] > 0 and spec["num_drafts"] >= theirs["num_drafts"]
+        )
         assert 0 <= spec["acceptance_rate"] <= 1 and 1 <= spec["mean_acceptance_length"] <= 4
         assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["draft_tokens"])
         assert len(spec["per_position_acceptance"]) == 3
@@ -92,7 +106,9 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
     assert img.shape[:2] == (doc["plot"]["height_px"], doc["plot"]["width_px"])
     thr, ttft = doc["plot"]["axes"]
     assert thr["lines"] == ["profile"] and thr["ylabel"] == "output tokens/s"
-    assert sorted(ttft["lines"]) == ["profile", "target 100000 ms"] and ttft["xlabel"] == "concurrent requests"
+    assert (
+        sorted(ttft["lines"]) == ["profile", "target 100000 ms"] and ttft["xlabel"] == "concurrent requests"
+    )
     # every flag hwprofile gave vllm bench serve is one the installed tool lists
     helptext = subprocess.run(
         [str(VLLM), "bench", "serve", "--help=all"], capture_output=True, text=True, timeout=300

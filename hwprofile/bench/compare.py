@@ -82,7 +82,9 @@ class MetricComparison:
         )
 
 
-def compare(rounds_a: Sequence[Mapping[str, float]], rounds_b: Sequence[Mapping[str, float]]) -> list[MetricComparison]:
+def compare(
+    rounds_a: Sequence[Mapping[str, float]], rounds_b: Sequence[Mapping[str, float]]
+) -> list[MetricComparison]:
     """Per metric of :data:`METRICS` present in every round of both: the paired ratios B/A. Rounds
     pair up in order; a metric missing or zero on A's side in some round is left out."""
     if len(rounds_a) != len(rounds_b) or not rounds_a:
@@ -96,5 +98,9 @@ def compare(rounds_a: Sequence[Mapping[str, float]], rounds_b: Sequence[Mapping[
             continue
         if any(x == 0 for x in a):
             continue
-        out.append(MetricComparison(name, label, higher, spread(a), spread(b), spread([y / x for x, y in zip(a, b, strict=True)])))
+        out.append(
+            MetricComparison(
+                name, label, higher, spread(a), spread(b), spread([y / x for x, y in zip(a, b, strict=True)])
+            )
+        )
     return out

@@ -37,7 +37,9 @@ class Knee:
         }
 
 
-def find_knee(points: Sequence[SweepPoint], target_ms: float, planned_max_num_seqs: int | None = None) -> Knee:
+def find_knee(
+    points: Sequence[SweepPoint], target_ms: float, planned_max_num_seqs: int | None = None
+) -> Knee:
     """The knee of a sweep (points in any order; one per concurrency). ``planned_max_num_seqs``, the
     plan's value, is compared with the recommendation in the verdict."""
     if not points:
@@ -53,7 +55,9 @@ def find_knee(points: Sequence[SweepPoint], target_ms: float, planned_max_num_se
     first_bad = next((p for p in pts if p.p99_ttft_ms > target_ms), None)
     good = [p for p in pts if first_bad is None or p.concurrency < first_bad.concurrency]
     if first_bad is not None:
-        later_ok = [p.concurrency for p in pts if p.concurrency > first_bad.concurrency and p.p99_ttft_ms <= target_ms]
+        later_ok = [
+            p.concurrency for p in pts if p.concurrency > first_bad.concurrency and p.p99_ttft_ms <= target_ms
+        ]
         if later_ok:
             evidence.append(
                 f"concurrency {', '.join(map(str, later_ok))} met the target again after {first_bad.concurrency} "
@@ -91,4 +95,6 @@ def find_knee(points: Sequence[SweepPoint], target_ms: float, planned_max_num_se
             verdict += f"; the plan has {planned_max_num_seqs} (--set engine.max_num_seqs={knee.concurrency})"
         else:
             verdict += f"; the plan has {planned_max_num_seqs}"
-    return Knee(target_ms, knee.concurrency, first_bad.concurrency if first_bad else None, verdict, tuple(evidence))
+    return Knee(
+        target_ms, knee.concurrency, first_bad.concurrency if first_bad else None, verdict, tuple(evidence)
+    )

@@ -34,7 +34,9 @@ def headline(plans: Sequence[BenchPlan]) -> tuple[str, bool]:
     for label, rnd, conc, hw in tags:
         for g in hw["gpus"]:
             if g["throttled"]:
-                t = throttled.setdefault(g["index"], {"name": g["name"], "reasons": set(), "s": 0.0, "where": []})
+                t = throttled.setdefault(
+                    g["index"], {"name": g["name"], "reasons": set(), "s": 0.0, "where": []}
+                )
                 t["reasons"] |= set(g["throttle_reasons_seen"])
                 t["s"] += g["throttled_s"]
                 t["where"].append(f"{label} round {rnd} concurrency {conc}")
@@ -58,7 +60,11 @@ def headline(plans: Sequence[BenchPlan]) -> tuple[str, bool]:
     seen = "; ".join(
         f"GPU {i} {r['name'] or ''} "
         + (f"{min(r['t']):.0f}-{max(r['t']):.0f} °C" if r["t"] else "temperature unread")
-        + (f", SM clock {min(r['c'])}-{max(r['c'])} of {r['max'] or '?'} MHz" if r["c"] else ", SM clock unread")
+        + (
+            f", SM clock {min(r['c'])}-{max(r['c'])} of {r['max'] or '?'} MHz"
+            if r["c"]
+            else ", SM clock unread"
+        )
         for i, r in sorted(ranges.items())
     )
     if errors:
@@ -101,7 +107,12 @@ def plan_table(p: BenchPlan, rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def verdict(plans: Sequence[BenchPlan], wl: Workload, knees: dict[str, dict[str, Any] | None], cmp: dict[str, Any] | None) -> list[str]:
+def verdict(
+    plans: Sequence[BenchPlan],
+    wl: Workload,
+    knees: dict[str, dict[str, Any] | None],
+    cmp: dict[str, Any] | None,
+) -> list[str]:
     """One line per judgement: each plan against the p99 TTFT target at the primary concurrency,
     each sweep's knee, the comparison's headline ratio."""
     out = []

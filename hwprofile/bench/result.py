@@ -44,7 +44,11 @@ class BenchPlan:
             "max_num_seqs": inst.engine.max_num_seqs if inst is not None else None,
             "max_model_len": inst.engine.max_model_len if inst is not None else None,
             "speculative": (
-                {"method": spec.method, "model": spec.model, "num_speculative_tokens": spec.num_speculative_tokens}
+                {
+                    "method": spec.method,
+                    "model": spec.model,
+                    "num_speculative_tokens": spec.num_speculative_tokens,
+                }
                 if spec is not None
                 else None
             ),
@@ -68,7 +72,11 @@ def summary(plan: BenchPlan) -> list[dict[str, Any]]:
             vals = [v for v in (p.metric(name) for p in pts) if v is not None]
             if vals:
                 metrics[name] = spread(vals).to_json()
-        rates = [p.spec_decode["acceptance_rate"] for p in pts if p.spec_decode and p.spec_decode["acceptance_rate"] is not None]
+        rates = [
+            p.spec_decode["acceptance_rate"]
+            for p in pts
+            if p.spec_decode and p.spec_decode["acceptance_rate"] is not None
+        ]
         lens = [
             p.spec_decode["mean_acceptance_length"]
             for p in pts
@@ -92,8 +100,12 @@ def knee_of(plan: BenchPlan, wl: Workload) -> dict[str, Any] | None:
     for row in summary(plan):
         m = row["metrics"]
         if "p99_ttft_ms" in m and "output_throughput" in m:
-            pts.append(SweepPoint(row["concurrency"], m["p99_ttft_ms"]["median"], m["output_throughput"]["median"]))
-    planned = plan.plan.instances[0].engine.max_num_seqs if plan.plan is not None and plan.plan.instances else None
+            pts.append(
+                SweepPoint(row["concurrency"], m["p99_ttft_ms"]["median"], m["output_throughput"]["median"])
+            )
+    planned = (
+        plan.plan.instances[0].engine.max_num_seqs if plan.plan is not None and plan.plan.instances else None
+    )
     return find_knee(pts, wl.ttft_p99_target_ms, planned).to_json()
 
 
@@ -120,7 +132,9 @@ def comparison(a: BenchPlan, b: BenchPlan, wl: Workload) -> dict[str, Any]:
     return {"a": a.label, "b": b.label, "primary_concurrency": wl.primary, "per_concurrency": per_c}
 
 
-def plot_series(plans: Sequence[BenchPlan]) -> dict[str, list[tuple[int, tuple[float, float, float], tuple[float, float, float]]]]:
+def plot_series(
+    plans: Sequence[BenchPlan],
+) -> dict[str, list[tuple[int, tuple[float, float, float], tuple[float, float, float]]]]:
     out = {}
     for p in plans:
         rows = []
@@ -128,7 +142,9 @@ def plot_series(plans: Sequence[BenchPlan]) -> dict[str, list[tuple[int, tuple[f
             m = row["metrics"]
             if "output_throughput" in m and "p99_ttft_ms" in m:
                 t, f = m["output_throughput"], m["p99_ttft_ms"]
-                rows.append((row["concurrency"], (t["median"], t["min"], t["max"]), (f["median"], f["min"], f["max"])))
+                rows.append(
+                    (row["concurrency"], (t["median"], t["min"], t["max"]), (f["median"], f["min"], f["max"]))
+                )
         if rows:
             out[p.label] = rows
     return out
@@ -183,5 +199,9 @@ def document(
 
 
 def primary_spread(plan: BenchPlan, wl: Workload, metric: str) -> Spread | None:
-    vals = [v for v in (p.metric(metric) for p in plan.points_by_concurrency().get(wl.primary, [])) if v is not None]
+    vals = [
+        v
+        for v in (p.metric(metric) for p in plan.points_by_concurrency().get(wl.primary, []))
+        if v is not None
+    ]
     return spread(vals) if vals else None

@@ -43,7 +43,9 @@ class Target:
     vllm: str = "vllm"
 
 
-def bench_argv(target: Target, wl: Workload, concurrency: int, result_dir: Path, result_filename: str) -> list[str]:
+def bench_argv(
+    target: Target, wl: Workload, concurrency: int, result_dir: Path, result_filename: str
+) -> list[str]:
     """The ``vllm bench serve`` command of one point (flags as in vLLM 0.32's ``--help``)."""
     return [
         target.vllm, "bench", "serve",
@@ -82,7 +84,9 @@ def discover(url: str, vllm: str, tokenizer: str | None = None, timeout: float =
             data = json.loads(r.read(1 << 20))
         first = data["data"][0]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise BenchFailed(f"{base}/v1/models: no model to benchmark ({e}); is a vLLM server running there?") from None
+        raise BenchFailed(
+            f"{base}/v1/models: no model to benchmark ({e}); is a vLLM server running there?"
+        ) from None
     model = str(first["id"])
     return Target(base, model, tokenizer or str(first.get("root") or model), vllm)
 
@@ -236,9 +240,13 @@ def run_point(
                 env={**os.environ, **(env or {})}, timeout=timeout_s, check=False,
             )  # fmt: skip
     except FileNotFoundError:
-        raise BenchFailed(f"{target.vllm}: not found (vLLM is not installed here: pip install 'hwprofile[vllm]')") from None
+        raise BenchFailed(
+            f"{target.vllm}: not found (vLLM is not installed here: pip install 'hwprofile[vllm]')"
+        ) from None
     except subprocess.TimeoutExpired:
-        raise BenchFailed(f"vllm bench serve ran past {timeout_s:g} s at concurrency {concurrency}; log {log}") from None
+        raise BenchFailed(
+            f"vllm bench serve ran past {timeout_s:g} s at concurrency {concurrency}; log {log}"
+        ) from None
     if proc.returncode != 0 or not result.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
         raise BenchFailed(

@@ -62,7 +62,9 @@ class GpuTrack:
         c = r.sm_clock_mhz
         if c is not None:
             self.sm_clock_min_mhz = c if self.sm_clock_min_mhz is None else min(self.sm_clock_min_mhz, c)
-            self.sm_clock_max_seen_mhz = c if self.sm_clock_max_seen_mhz is None else max(self.sm_clock_max_seen_mhz, c)
+            self.sm_clock_max_seen_mhz = (
+                c if self.sm_clock_max_seen_mhz is None else max(self.sm_clock_max_seen_mhz, c)
+            )
         if r.sm_clock_max_mhz is not None:
             self.sm_clock_max_mhz = r.sm_clock_max_mhz
         reasons = set(r.reasons or ())
@@ -82,7 +84,11 @@ class GpuTrack:
             "name": name,
             "samples": self.samples,
             "temperature_c": {"min": self.temperature_min_c, "max": self.temperature_max_c},
-            "sm_clock_mhz": {"min": self.sm_clock_min_mhz, "max": self.sm_clock_max_seen_mhz, "card_max": self.sm_clock_max_mhz},
+            "sm_clock_mhz": {
+                "min": self.sm_clock_min_mhz,
+                "max": self.sm_clock_max_seen_mhz,
+                "card_max": self.sm_clock_max_mhz,
+            },
             "clock_event_reasons_seen": sorted(self.reasons_seen),
             "throttle_reasons_seen": sorted(self.throttle_reasons_seen),
             "throttled": bool(self.throttle_reasons_seen),
@@ -239,7 +245,9 @@ def host_tags(host: Any, cpu: Mapping[str, Any] | None = None) -> dict[str, Any]
     }
 
 
-def non_default_settings(settings: Mapping[str, Any], provenance: Mapping[tuple[str, ...], Any]) -> list[dict[str, Any]]:
+def non_default_settings(
+    settings: Mapping[str, Any], provenance: Mapping[tuple[str, ...], Any]
+) -> list[dict[str, Any]]:
     """Every setting whose resolved value differs from its schema default: key, value, default,
     and the layer it came from (a profile file and line, an overrides file, the environment, --set)."""
     from ..config.schema import SETTINGS, with_defaults
@@ -254,5 +262,12 @@ def non_default_settings(settings: Mapping[str, Any], provenance: Mapping[tuple[
         value = list(node) if isinstance(node, tuple) else node
         if value != default:
             src = provenance.get(path)
-            out.append({"key": ".".join(path), "value": value, "default": default, "source": str(src) if src else None})
+            out.append(
+                {
+                    "key": ".".join(path),
+                    "value": value,
+                    "default": default,
+                    "source": str(src) if src else None,
+                }
+            )
     return out

@@ -34,7 +34,9 @@ def _progress(msg: str) -> None:
     print(f"hwprofile: bench: {msg}", file=sys.stderr, flush=True)
 
 
-def _side(word: str, sets: list[str], overrides: list[str]) -> tuple[str, str, str | None, list[str], list[str]]:
+def _side(
+    word: str, sets: list[str], overrides: list[str]
+) -> tuple[str, str, str | None, list[str], list[str]]:
     """One ``--compare`` operand: (label, kind, source, sets, overrides)."""
     if word == "profile":
         return "profile", "profile", None, sets, overrides
@@ -42,7 +44,9 @@ def _side(word: str, sets: list[str], overrides: list[str]) -> tuple[str, str, s
         return "baseline", "baseline", None, [*sets, "speculative.method=none"], overrides
     if os.path.isfile(word):
         return Path(word).stem, "overrides", os.path.abspath(word), sets, [*overrides, os.path.abspath(word)]
-    raise CliError(f"--compare {word}: neither 'profile', 'baseline' nor an overrides file (no such file)", EXIT_USAGE)
+    raise CliError(
+        f"--compare {word}: neither 'profile', 'baseline' nor an overrides file (no such file)", EXIT_USAGE
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -67,7 +71,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.demo:
         from ..tinymodel import make_tiny_model
 
-        _progress("demo: the tiny model made offline (first run only); a short workload (--set bench.* to change)")
+        _progress(
+            "demo: the tiny model made offline (first run only); a short workload (--set bench.* to change)"
+        )
         model = str(make_tiny_model())
         sets = [*DEMO_SETS, *sets]
     res = resolve_settings(host, root, args.profile, args.overrides, sets)
@@ -82,7 +88,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rel = None
     else:
         rel = _release(
-            args, host, "vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU)"
+            args,
+            host,
+            "vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU)",
         )
         sides = [_side(w, sets, list(args.overrides)) for w in args.compare] if args.compare else [
             ("profile", "profile", None, sets, list(args.overrides))
@@ -96,7 +104,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 ))  # fmt: skip
             except PlanRefused as e:
                 raise CliError(
-                    f"cannot plan {label}: {e.message}" + "".join(f"\n  - {x}" for x in e.suggestions), EXIT_FAILED
+                    f"cannot plan {label}: {e.message}" + "".join(f"\n  - {x}" for x in e.suggestions),
+                    EXIT_FAILED,
                 ) from None
             r = resolve_settings(host, root, args.profile, s_over, s_sets)
             plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
@@ -121,7 +130,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         inst = bp.plan.instances[0]
         if len(bp.plan.instances) > 1:
-            _progress(f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}")
+            _progress(
+                f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
+            )
         own = args.runtime_dir is None  # a private runtime dir: never the one of a running `hwprofile launch`
         runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(args.runtime_dir)
         vllm = vllm_command(inst.server.vllm_command)
@@ -135,7 +146,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     def gpus_of(bp: BenchPlan | None) -> dict[int, str | None]:
         names = {g.index: g.name for g in host.gpus if not g.lost}
-        used = {i for inst in bp.plan.instances for i in inst.gpus} if bp is not None and bp.plan is not None else set()
+        used = (
+            {i for inst in bp.plan.instances for i in inst.gpus}
+            if bp is not None and bp.plan is not None
+            else set()
+        )
         return {i: n for i, n in names.items() if not used or i in used}
 
     current: list[BenchPlan] = []
@@ -160,7 +175,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ran = any(p.runs for p in plans)
     if error is not None and not ran:
         raise error
-    doc, report = finish(plans, wl, htags, out_dir, command, error="; ".join(error.messages()) if error else None)
+    doc, report = finish(
+        plans, wl, htags, out_dir, command, error="; ".join(error.messages()) if error else None
+    )
     if args.json:
         import json
 
