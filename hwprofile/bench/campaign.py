@@ -97,6 +97,8 @@ def finish(
                 plot_rec = plot(
                     series, wl.ttft_p99_target_ms, out_dir / "bench.png",
                     f"hwprofile bench {wl.name}: {wl.input_len} in / {wl.output_len} out, {host.get('hostname') or ''}",
+                    {k: v["recommended_max_num_seqs"] for k, v in knees.items()
+                     if v and v["breaks_at"] is not None and v["recommended_max_num_seqs"] is not None},
                 )  # fmt: skip
             except ImportError:
                 plot_err = "matplotlib is not installed (pip install 'hwprofile[bench]')"

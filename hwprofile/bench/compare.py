@@ -73,12 +73,12 @@ class MetricComparison:
     def sentence(self, a_name: str, b_name: str) -> str:
         r = self.ratio
         if r.min <= 1 <= r.max:
-            how = "no clear difference (the rounds' ratios straddle 1)"
+            how = "no clear difference: the rounds' ratios straddle 1"
         else:
-            how = "better" if (r.median > 1) == self.higher_is_better else "worse"
+            how = f"{b_name} {'better' if (r.median > 1) == self.higher_is_better else 'worse'}"
         return (
             f"{self.label}: {b_name}/{a_name} = {r.median:.3f} (median of {len(r.values)} rounds, "
-            f"range {r.min:.3f}-{r.max:.3f}, spread {r.relative_spread:.1%}); {b_name} {how}"
+            f"range {r.min:.3f}-{r.max:.3f}, spread {r.relative_spread:.1%}); {how}"
         )
 
 

@@ -19,9 +19,13 @@ Series = Mapping[str, Sequence[tuple[int, tuple[float, float, float], tuple[floa
 WIDTH_IN, HEIGHT_IN, DPI = 11.0, 4.5, 100
 
 
-def plot(series: Series, target_ms: float, path: Path, title: str) -> dict[str, Any]:
+def plot(
+    series: Series, target_ms: float, path: Path, title: str, knees: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """Write the PNG to ``path`` (``atomic_write``); return its record:
-    file, pixel size, and per axis its title, axis labels and line labels as the figure has them."""
+    file, pixel size, and per axis its title, axis labels and line labels as the figure has them.
+    ``knees``: plan label -> the recommended concurrency of a sweep that broke the target, drawn as a
+    dotted vertical line on both axes in the plan's colour."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -36,7 +40,11 @@ def plot(series: Series, target_ms: float, path: Path, title: str) -> dict[str, 
         for ax, k in ((thr, 1), (ttft, 2)):
             med = [p[k][0] for p in pts]
             err = [[p[k][0] - p[k][1] for p in pts], [p[k][2] - p[k][0] for p in pts]]
-            ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label)
+            bars = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label)
+            knee = (knees or {}).get(label)
+            if knee is not None:
+                colour = bars.lines[0].get_color()
+                ax.axvline(knee, linestyle=":", color=colour, label=f"knee {label}: {knee}")
     ttft.axhline(target_ms, linestyle="--", color="red", label=f"target {target_ms:g} ms")
     for ax, ylabel, name in (
         (thr, "output tokens/s", "throughput vs concurrency"),

@@ -166,6 +166,10 @@ def text(doc: dict[str, Any], plans: Sequence[BenchPlan]) -> str:
     by_label = {p["label"]: p for p in doc["plans"]}
     for p in plans:
         lines += plan_table(p, by_label[p.label]["summary"])
+        if any(row["rounds"] > 1 for row in by_label[p.label]["summary"]):
+            lines.append(
+                "  (medians over the rounds; ± = half the rounds' range of output tokens/s, of the median)"
+            )
         nd = by_label[p.label]["non_default_settings"]
         if nd:
             shown = ", ".join(f"{s['key']}={s['value']}" for s in nd[:12])

@@ -112,7 +112,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
 
     out_dir = Path(args.output) if args.output else Path.cwd() / f"hwprofile-bench-{_stamp()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"--output {out_dir}: cannot create it: {e.strerror}", EXIT_FAILED) from None
     _progress(f"results go to {out_dir}")
     sw = host.software
     configured_vllm = (settings.get("server") or {}).get("vllm_command")
