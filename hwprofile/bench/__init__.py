@@ -9,5 +9,7 @@ result tagged with what the hardware did during the run.
 - :mod:`.compare` (pure): per-round ratios of two plans, median and spread;
 - :mod:`.plot`: throughput and p99 TTFT against concurrency, one line per plan (PNG);
 - :mod:`.report`: the text report, its first line about throttling, the verdict against the target;
-- :mod:`.result`: the ``hwprofile.bench/1`` document (schemas/hwprofile.bench-1.schema.json).
+- :mod:`.result`: the ``hwprofile.bench/1`` document (schemas/hwprofile.bench-1.schema.json);
+- :mod:`.campaign`: rounds x plans x concurrencies (launching and the point runner passed in), then
+  the document, the plot and the report.
 """
