@@ -30,6 +30,13 @@ Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment
 - ``--fake-token-delay`` / ``FAKEVLLM_TOKEN_DELAY``: seconds per generated token (default 0.01);
 - ``FAKEVLLM_ARGV_LOG``: append this start (``{"t": time, "pid": PID, "argv": [...]}``, one JSON
   line) to that file.
+
+``fakevllm.py bench serve --base-url URL ...`` imitates ``vllm bench serve`` (0.32) for fast tests: it
+sends ``--num-prompts`` streamed completions, at most ``--max-concurrency`` at a time, measures
+TTFT/TPOT/ITL/E2EL, takes the spec-decode counter deltas from ``/metrics`` as vLLM's does, and with
+``--save-result`` writes vLLM's result JSON keys to ``--result-dir``/``--result-filename``. An unknown
+flag exits 2. ``FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY`` adds that many ms per concurrent slot to every
+TTFT (a server that saturates); ``FAKEVLLM_BENCH_FAIL`` makes it exit 1 with that text.
 """
 
 from __future__ import annotations
@@ -494,5 +501,135 @@ def main(argv: list[str]) -> int:
     return leave(0)
 
 
+# -- `vllm bench serve` -----------------------------------------------------------------------------
+BENCH_VALUED = {
+    "backend", "endpoint", "base-url", "model", "tokenizer", "dataset-name", "random-input-len",
+    "random-output-len", "num-prompts", "max-concurrency", "request-rate", "temperature",
+    "percentile-metrics", "metric-percentiles", "seed", "result-dir", "result-filename", "input-len", "output-len",
+}  # fmt: skip
+BENCH_FLAGS = {"ignore-eos", "disable-tqdm", "save-result"}
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    v = sorted(values)
+    k = (len(v) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _spec_counters(base: str) -> dict[str, float] | None:
+    import urllib.request
+
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:spec_decode") and line.split("{", 1)[0].endswith("_total"):
+            name = line.split("{", 1)[0]
+            if "per_pos" in name:
+                name += "[" + line.split('position="', 1)[1].split('"', 1)[0] + "]"
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out or None
+
+
+def bench_main(argv: list[str]) -> int:
+    import http.client
+    import itertools
+    import urllib.parse
+    from concurrent.futures import ThreadPoolExecutor
+
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        name = argv[i][2:] if argv[i].startswith("--") else ""
+        if name in BENCH_FLAGS:
+            opts[name] = "1"
+            i += 1
+        elif name in BENCH_VALUED and i + 1 < len(argv):
+            opts[name] = argv[i + 1]
+            i += 2
+        else:
+            print(f"vllm: error: unrecognized arguments: {argv[i]}", file=sys.stderr)
+            return 2
+    if os.environ.get("FAKEVLLM_BENCH_FAIL"):
+        print(f"RuntimeError: {os.environ['FAKEVLLM_BENCH_FAIL']}", file=sys.stderr)
+        return 1
+    base = opts["base-url"].rstrip("/")
+    parts = urllib.parse.urlsplit(base)
+    n, conc = int(opts.get("num-prompts", 1000)), int(opts.get("max-concurrency") or 10**6)
+    in_len, out_len = int(opts.get("random-input-len", 1024)), int(opts.get("random-output-len", 128))
+    extra_ttft = float(os.environ.get("FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY") or 0) * min(conc, n) / 1000
+
+    def one(_: int) -> tuple[float, list[float], float]:
+        body = json.dumps({"model": opts.get("model"), "prompt": " ".join(["w"] * in_len), "max_tokens": out_len,
+                           "stream": True, "ignore_eos": True, "temperature": 0}).encode()  # fmt: skip
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        stamps: list[float] = []
+        for line in resp:
+            if line.startswith(b"data: {"):
+                stamps.append(time.perf_counter())
+        conn.close()
+        ttft = stamps[0] - t0 + extra_ttft
+        itl = [b - a for a, b in itertools.pairwise(stamps)]
+        return ttft, itl, stamps[-1] - t0 + extra_ttft
+
+    before = _spec_counters(base)
+    one(0)  # vLLM's "initial single prompt test run"
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=min(conc, n)) as pool:
+        outs = list(pool.map(one, range(n)))
+    duration = time.perf_counter() - t0
+    after = _spec_counters(base)
+    ttfts = [o[0] for o in outs]
+    itls = [x for o in outs for x in o[1]]
+    tpots = [(o[2] - o[0]) / (out_len - 1) for o in outs] if out_len > 1 else [0.0]
+    e2els = [o[2] for o in outs]
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y%m%d-%H%M%S"), "endpoint_type": opts.get("backend", "openai"),
+        "backend": opts.get("backend", "openai"), "label": None, "model_id": opts.get("model"),
+        "tokenizer_id": opts.get("tokenizer"), "num_prompts": n, "request_rate": "inf", "burstiness": 1.0,
+        "max_concurrency": int(opts["max-concurrency"]) if "max-concurrency" in opts else None,
+        "duration": duration, "completed": n, "failed": 0, "total_input_tokens": n * in_len,
+        "total_output_tokens": n * out_len, "request_throughput": n / duration, "request_goodput": None,
+        "output_throughput": n * out_len / duration, "total_token_throughput": n * (in_len + out_len) / duration,
+        "max_output_tokens_per_s": float(out_len), "max_concurrent_requests": min(conc, n), "rtfx": 0.0,
+    }  # fmt: skip
+    if before is not None and after is not None:
+        d = {k: after[k] - before.get(k, 0.0) for k in after}
+        drafts = d.get("vllm:spec_decode_num_drafts_total", 0.0)
+        acc = d.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+        tokens = d.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
+        res.update({
+            "spec_decode_acceptance_rate": acc / tokens * 100 if tokens else 0.0,
+            "spec_decode_acceptance_length": 1 + acc / drafts if drafts else 1.0,
+            "spec_decode_num_drafts": int(drafts), "spec_decode_draft_tokens": int(tokens),
+            "spec_decode_accepted_tokens": int(acc),
+        })  # fmt: skip
+    pcts = [float(p) for p in opts.get("metric-percentiles", "99").split(",")]
+    for metric, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        if metric not in opts.get("percentile-metrics", "ttft,tpot,itl").split(","):
+            continue
+        ms = [v * 1000 for v in values] or [0.0]
+        res[f"mean_{metric}_ms"] = sum(ms) / len(ms)
+        res[f"median_{metric}_ms"] = _percentile(ms, 50)
+        res[f"std_{metric}_ms"] = 0.0
+        for p in pcts:
+            res[f"p{int(p) if int(p) == p else p}_{metric}_ms"] = _percentile(ms, p)
+    print(f"Successful requests: {n}\nOutput token throughput (tok/s): {res['output_throughput']:.2f}")
+    if "save-result" in opts:
+        path = os.path.join(opts.get("result-dir") or ".", opts.get("result-filename") or "result.json")
+        with open(path, "w") as f:
+            json.dump(res, f)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:3] == ["bench", "serve"]:
+        sys.exit(bench_main(sys.argv[3:]))
     sys.exit(main(sys.argv[1:]))

@@ -220,6 +220,49 @@ def _args_install_service(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+# -- hwprofile bench ----------------------------------------------------------------------------
+def _args_bench(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    p.add_argument(
+        "--url", metavar="URL",
+        help="benchmark this running vLLM server (e.g. http://127.0.0.1:8000) instead of launching the plan",
+    )  # fmt: skip
+    p.add_argument(
+        "--workload", choices=("seed", "latency", "sweep"), default="seed",
+        help="seed: bench.concurrency (16) concurrent, 512 in / 256 out; latency: one at a time; "
+        "sweep: concurrency 1, 2, 4 ... bench.sweep_max, and its knee against bench.ttft_p99_target_ms",
+    )  # fmt: skip
+    p.add_argument(
+        "--compare", nargs=2, metavar=("A", "B"),
+        help="two plans run alternately: each 'profile' (as matched), 'baseline' (speculative.method=none) "
+        "or an overrides file; prints the ratio B/A with its spread",
+    )  # fmt: skip
+    p.add_argument("--rounds", type=int, metavar="N", help="rounds per plan (default bench.rounds with --compare, else 1)")
+    p.add_argument("--json", action="store_true", help="print the result document (schema hwprofile.bench/1)")
+    p.add_argument(
+        "--output", metavar="DIR",
+        help="where bench.json, bench.png and vllm bench serve's own results go (default ./hwprofile-bench-<time>)",
+    )  # fmt: skip
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
+    _add_runtime(p)
+    p.add_argument(
+        "--demo", action="store_true",
+        help="benchmark the tiny model made offline, with a short workload (a first try on a CPU)",
+    )  # fmt: skip
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    # imported when run, so that matplotlib and py-cpuinfo stay off the other commands' paths
+    from .bench import cmd_bench
+
+    return cmd_bench(args)
+
+
+_BENCH = ("bench", "vllm bench serve against the plan (or --url): throughput, TTFT/TPOT/ITL, throttling, knee, --compare", _args_bench, _cmd_bench)
+# -- end of hwprofile bench ---------------------------------------------------------------------
+
+
 def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
     """Every subcommand: name, one-line help, its arguments, its handler."""
     return (
@@ -285,6 +328,7 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             cmd_install_service,
         ),
         ("reload", "ask the running daemon to re-plan and apply what changed (SIGHUP)", _add_runtime, cmd_reload),
+        _BENCH,
     )
 
 

@@ -1,0 +1,261 @@
+"""One benchmark point: ``vllm bench serve`` (the installed vLLM's own load generator) against a
+server, run as a subprocess with an argv list, its saved result JSON read back into a
+:class:`Point`; the server's speculative-decoding counters scraped from ``/metrics`` before and
+after and turned into the acceptance rate and mean acceptance length
+(shared/facts/vllm-metrics.md §2: rate = Δaccepted / Δdraft_tokens, mean length = 1 + Δaccepted /
+Δdrafts, per position = Δper_pos[i] / Δdrafts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..daemon.telemetry import scrape
+from ..daemon.vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
+from ..daemon.window import CounterWindow
+from ..errors import OperationError
+from .workloads import Workload
+
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = (50, 99)
+LOG_TAIL_LINES = 25
+
+
+class BenchFailed(OperationError):
+    """``vllm bench serve`` failed or left no result (the message has its last output lines)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a benchmark talks to: the server's base URL, the model name it serves, the tokenizer
+    (a local directory or a hub name) that ``vllm bench serve`` counts tokens with, and the ``vllm``
+    executable that runs the benchmark (the one that serves the plan)."""
+
+    url: str
+    model: str
+    tokenizer: str
+    vllm: str = "vllm"
+
+
+def bench_argv(
+    target: Target, wl: Workload, concurrency: int, result_dir: Path, result_filename: str
+) -> list[str]:
+    """The ``vllm bench serve`` command of one point (flags as in vLLM 0.32's ``--help``)."""
+    return [
+        target.vllm, "bench", "serve",
+        "--backend", "openai",
+        "--endpoint", "/v1/completions",
+        "--base-url", target.url,
+        "--model", target.model,
+        "--tokenizer", target.tokenizer,
+        "--dataset-name", wl.dataset,
+        "--random-input-len", str(wl.input_len),
+        "--random-output-len", str(wl.output_len),
+        "--num-prompts", str(wl.prompts_at(concurrency)),
+        "--max-concurrency", str(concurrency),
+        "--request-rate", "inf",
+        "--ignore-eos",
+        "--temperature", repr(float(wl.temperature)),
+        "--percentile-metrics", ",".join(PERCENTILE_METRICS),
+        "--metric-percentiles", ",".join(map(str, PERCENTILES)),
+        "--seed", str(wl.seed),
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir", str(result_dir),
+        "--result-filename", result_filename,
+    ]  # fmt: skip
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def discover(url: str, vllm: str, tokenizer: str | None = None, timeout: float = 10) -> Target:
+    """The target of a running server: its first model from ``/v1/models`` (vLLM's ``root`` is the
+    model path it loaded, used as the tokenizer unless one is given). Raises :class:`BenchFailed`."""
+    base = url.rstrip("/")
+    try:
+        with _NO_PROXY.open(base + "/v1/models", timeout=timeout) as r:
+            data = json.loads(r.read(1 << 20))
+        first = data["data"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise BenchFailed(
+            f"{base}/v1/models: no model to benchmark ({e}); is a vLLM server running there?"
+        ) from None
+    model = str(first["id"])
+    return Target(base, model, tokenizer or str(first.get("root") or model), vllm)
+
+
+def spec_counters(url: str) -> tuple[dict[str, float] | None, str | None]:
+    """The spec-decode counters of one scrape (None without speculation), and an error if the scrape failed."""
+    r = scrape("bench", url, time.monotonic(), timeout=10)
+    if r.status != "ok" or r.metrics is None:
+        return None, r.error or r.status
+    if not r.metrics.spec_decode:
+        return None, None
+    return {k: v for k, v in r.metrics.counters.items() if k.startswith("vllm:spec_decode_")}, None
+
+
+def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+    """Acceptance from two scrapes of the counters (reset-aware, like the daemon's window)."""
+    w = CounterWindow(float("inf"))
+    w.add(0.0, before)
+    w.add(1.0, after)
+    drafts, tokens, acc = w.increase(DRAFTS), w.increase(DRAFT_TOKENS), w.increase(ACCEPTED)
+    if drafts is None or tokens is None or acc is None:
+        return None
+    positions = sorted(
+        (int(k.split("position=", 1)[1].rstrip("}")), k) for k in after if k.startswith(PER_POS + "{")
+        if k.split("position=", 1)[1].rstrip("}").isdigit()
+    )  # fmt: skip
+    per_pos = [(w.increase(k) or 0.0) / drafts if drafts else None for _, k in positions]
+    return {
+        "num_drafts": drafts,
+        "draft_tokens": tokens,
+        "accepted_tokens": acc,
+        "acceptance_rate": acc / tokens if tokens else None,
+        "mean_acceptance_length": 1 + acc / drafts if drafts else None,
+        "per_position_acceptance": per_pos,
+    }
+
+
+@dataclass(frozen=True)
+class Point:
+    """One concurrency of one run, from ``vllm bench serve``'s saved result."""
+
+    concurrency: int
+    num_prompts: int
+    completed: int
+    failed: int
+    duration_s: float
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    latency_ms: dict[str, dict[str, float | None]]  # ttft/tpot/itl/e2el -> mean, p50, p99
+    spec_decode: dict[str, Any] | None
+    spec_decode_error: str | None
+    vllm_bench: dict[str, Any]  # argv, result file, what it reported itself
+
+    def metric(self, name: str) -> float | None:
+        """``output_throughput``, ``p99_ttft_ms`` and the like (the comparison's metric names)."""
+        if name.endswith("_ms"):
+            stat, _, rest = name.partition("_")
+            return self.latency_ms.get(rest[: -len("_ms")], {}).get(stat)
+        v = getattr(self, name, None)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "num_prompts": self.num_prompts,
+            "completed": self.completed,
+            "failed": self.failed,
+            "duration_s": self.duration_s,
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+            "latency_ms": self.latency_ms,
+            "spec_decode": self.spec_decode,
+            "spec_decode_error": self.spec_decode_error,
+            "vllm_bench": self.vllm_bench,
+        }
+
+
+def read_result(path: Path, concurrency: int, argv: list[str]) -> Point:
+    """A :class:`Point` from the JSON ``vllm bench serve --save-result`` wrote (vLLM 0.32's keys)."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BenchFailed(f"vllm bench serve left no readable result {path}: {e}") from None
+
+    def num(key: str) -> float:
+        v = d.get(key)
+        if not isinstance(v, (int, float)):
+            raise BenchFailed(f"{path}: no number under {key!r} (is this vLLM's bench result format?)")
+        return float(v)
+
+    lat = {
+        m: {
+            "mean": _opt(d.get(f"mean_{m}_ms")),
+            **{f"p{p}": _opt(d.get(f"p{p}_{m}_ms")) for p in PERCENTILES},
+        }
+        for m in PERCENTILE_METRICS
+    }
+    reported = None
+    if "spec_decode_acceptance_rate" in d:
+        rate = _opt(d.get("spec_decode_acceptance_rate"))
+        reported = {
+            "acceptance_rate": rate / 100 if rate is not None else None,  # vLLM reports per cent
+            "mean_acceptance_length": _opt(d.get("spec_decode_acceptance_length")),
+            "num_drafts": _opt(d.get("spec_decode_num_drafts")),
+            "draft_tokens": _opt(d.get("spec_decode_draft_tokens")),
+            "accepted_tokens": _opt(d.get("spec_decode_accepted_tokens")),
+        }
+    return Point(
+        concurrency=concurrency,
+        num_prompts=int(num("num_prompts")),
+        completed=int(num("completed")),
+        failed=int(d.get("failed") or 0),
+        duration_s=num("duration"),
+        request_throughput=num("request_throughput"),
+        output_throughput=num("output_throughput"),
+        total_token_throughput=num("total_token_throughput"),
+        latency_ms=lat,
+        spec_decode=None,
+        spec_decode_error=None,
+        vllm_bench={"argv": argv, "result_file": str(path), "spec_decode_reported": reported},
+    )
+
+
+def _opt(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def run_point(
+    target: Target,
+    wl: Workload,
+    concurrency: int,
+    out_dir: Path,
+    tag: str,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+) -> Point:
+    """Run ``vllm bench serve`` for one concurrency; its output goes to ``out_dir/<tag>.log``, its
+    result to ``out_dir/<tag>.json``. Raises :class:`BenchFailed` with the log's last lines."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{tag}.json"
+    result, log = out_dir / name, out_dir / f"{tag}.log"
+    result.unlink(missing_ok=True)
+    argv = bench_argv(target, wl, concurrency, out_dir, name)
+    before, err_before = spec_counters(target.url)
+    try:
+        with log.open("wb") as out:
+            proc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})}, timeout=timeout_s, check=False,
+            )  # fmt: skip
+    except FileNotFoundError:
+        raise BenchFailed(
+            f"{target.vllm}: not found (vLLM is not installed here: pip install 'hwprofile[vllm]')"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise BenchFailed(
+            f"vllm bench serve ran past {timeout_s:g} s at concurrency {concurrency}; log {log}"
+        ) from None
+    if proc.returncode != 0 or not result.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+        raise BenchFailed(
+            f"vllm bench serve exited {proc.returncode} at concurrency {concurrency} "
+            f"(log {log}); its last lines:\n{tail}"
+        )
+    after, err_after = spec_counters(target.url)
+    point = read_result(result, concurrency, argv)
+    spec, err = None, err_before or err_after
+    if before is not None and after is not None:
+        spec = spec_delta(before, after)
+    return replace(point, spec_decode=spec, spec_decode_error=err)

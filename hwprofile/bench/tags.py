@@ -1,0 +1,273 @@
+"""What the hardware did during a run, and what the host is.
+
+:class:`HardwareSampler` is a thread that reads every GPU through the daemon's NVML sampler (the
+NVML chokepoint, handles kept) about every 0.5 s while a benchmark runs: per GPU the temperature's
+minimum and maximum, the SM clock's minimum and maximum against the card's maximum clock, every
+clock-event reason seen, and the seconds a throttling reason (thermal or power: the daemon policy's
+``THERMAL_REASONS`` and ``POWER_REASONS``) was on. A failure (no NVML, a lost GPU, a failing read)
+is kept in the tags, never raised. A host without GPUs gets ``status: "no_gpu"``: there is nothing
+to sample.
+
+:func:`host_tags` describes the host: GPU names, driver, CPU model and cache sizes (``py-cpuinfo``,
+imported here only), vLLM version. :func:`non_default_settings` lists every resolved setting that
+differs from its schema default, with where it came from.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..daemon.policy import POWER_REASONS, THERMAL_REASONS
+
+THROTTLE_REASONS = THERMAL_REASONS + POWER_REASONS
+INTERVAL_S = 0.5
+
+
+@dataclass
+class GpuTrack:
+    """One GPU over a run."""
+
+    index: int
+    samples: int = 0
+    temperature_min_c: float | None = None
+    temperature_max_c: float | None = None
+    sm_clock_min_mhz: int | None = None
+    sm_clock_max_seen_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None  # the card's maximum
+    reasons_seen: set[str] = field(default_factory=set)
+    throttle_reasons_seen: set[str] = field(default_factory=set)
+    throttled_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    lost: bool = False
+    _last_at: float | None = None
+
+    def add(self, r: Any) -> None:  # r: daemon.policy.GpuReading
+        dt = r.at - self._last_at if self._last_at is not None else 0.0
+        self._last_at = r.at
+        if r.status == "lost":
+            self.lost = True
+            self._error(r.error or "GPU lost")
+            return
+        self.samples += 1
+        if r.error:
+            self._error(r.error)
+        t = r.temperature_c
+        if t is not None:
+            self.temperature_min_c = t if self.temperature_min_c is None else min(self.temperature_min_c, t)
+            self.temperature_max_c = t if self.temperature_max_c is None else max(self.temperature_max_c, t)
+        c = r.sm_clock_mhz
+        if c is not None:
+            self.sm_clock_min_mhz = c if self.sm_clock_min_mhz is None else min(self.sm_clock_min_mhz, c)
+            self.sm_clock_max_seen_mhz = (
+                c if self.sm_clock_max_seen_mhz is None else max(self.sm_clock_max_seen_mhz, c)
+            )
+        if r.sm_clock_max_mhz is not None:
+            self.sm_clock_max_mhz = r.sm_clock_max_mhz
+        reasons = set(r.reasons or ())
+        self.reasons_seen |= reasons
+        hit = reasons & set(THROTTLE_REASONS)
+        if hit:
+            self.throttle_reasons_seen |= hit
+            self.throttled_s += dt  # the interval that ended with this reading: an estimate to +-1 interval
+
+    def _error(self, text: str) -> None:
+        if text not in self.errors and len(self.errors) < 10:
+            self.errors.append(text)
+
+    def to_json(self, name: str | None = None) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": name,
+            "samples": self.samples,
+            "temperature_c": {"min": self.temperature_min_c, "max": self.temperature_max_c},
+            "sm_clock_mhz": {
+                "min": self.sm_clock_min_mhz,
+                "max": self.sm_clock_max_seen_mhz,
+                "card_max": self.sm_clock_max_mhz,
+            },
+            "clock_event_reasons_seen": sorted(self.reasons_seen),
+            "throttle_reasons_seen": sorted(self.throttle_reasons_seen),
+            "throttled": bool(self.throttle_reasons_seen),
+            "throttled_s": round(self.throttled_s, 3),
+            "lost": self.lost,
+            "errors": list(self.errors),
+        }
+
+
+class HardwareSampler:
+    """``with HardwareSampler(gpu_names) as s: ...`` samples every GPU in a thread; :meth:`tags`
+    afterwards. ``gpu_names``: index -> name of the GPUs the host snapshot has (empty: a CPU host,
+    nothing is sampled). ``make_sampler`` builds the NVML sampler (tests give a fake)."""
+
+    def __init__(
+        self,
+        gpu_names: Mapping[int, str | None],
+        interval_s: float = INTERVAL_S,
+        make_sampler: Callable[[list[int]], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.names = dict(gpu_names)
+        self.interval_s = interval_s
+        self._make = make_sampler
+        self._clock = clock
+        self.tracks: dict[int, GpuTrack] = {i: GpuTrack(i) for i in self.names}
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sampler: Any = None
+        self._failed = False
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+
+    def __enter__(self) -> HardwareSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.started_at = self._clock()
+        if not self.names:
+            return
+        try:
+            if self._make is not None:
+                self._sampler = self._make(sorted(self.names))
+            else:
+                from ..daemon.telemetry import GpuSampler
+
+                self._sampler = GpuSampler(sorted(self.names))
+        except Exception as e:  # a sampler that cannot start is a tag, not a failed benchmark
+            self.error = f"the GPU sampler did not start: {e}"
+            return
+        if getattr(self._sampler, "error", None):
+            self.error = f"NVML: {self._sampler.error}"
+        self._sample_once()
+        self._thread = threading.Thread(target=self._run, name="hwprofile-bench-nvml", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s) and self._sample_once():
+            pass
+
+    def _sample_once(self) -> bool:
+        """One reading of every GPU; False (and ``error`` set) once the sampler has failed."""
+        if self._sampler is None or self._failed:
+            return False
+        try:
+            for r in self._sampler.sample(self._clock()):
+                self.tracks.setdefault(r.index, GpuTrack(r.index)).add(r)
+        except Exception as e:  # the sampler's death is visible in the tags, never a failed benchmark
+            self._failed = True
+            self.error = f"the GPU sampler failed: {type(e).__name__}: {e}"
+            return False
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            if self._thread.is_alive() and not self.error:
+                self.error = "the GPU sampler did not stop within 5 s"
+        if self._sampler is not None:
+            self._sample_once()  # the last reading covers the run's end
+            close = getattr(self._sampler, "close", None)
+            if close is not None:
+                close()
+            self._sampler = None
+        self.ended_at = self._clock()
+
+    def tags(self) -> dict[str, Any]:
+        """The run's hardware tags (schema ``hardware`` of a run)."""
+        gpus = [t.to_json(self.names.get(i)) for i, t in sorted(self.tracks.items())]
+        if not self.names:
+            status = "no_gpu"
+        elif self.error or any(g["samples"] == 0 for g in gpus):
+            status = "error"
+        elif any(g["errors"] for g in gpus):
+            status = "partial"
+        else:
+            status = "ok"
+        return {
+            "status": status,
+            "error": self.error or (None if status != "error" else "a GPU gave no reading"),
+            "interval_s": self.interval_s,
+            "seconds": round((self.ended_at or self._clock()) - (self.started_at or 0.0), 3)
+            if self.started_at is not None
+            else 0.0,
+            "throttled": any(g["throttled"] for g in gpus),
+            "gpus": gpus,
+        }
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU brand and cache sizes in bytes from ``py-cpuinfo`` (``error`` when it is missing or fails)."""
+    try:
+        import cpuinfo  # py-cpuinfo: the `bench` extra
+    except ImportError:
+        return {"error": "py-cpuinfo is not installed (pip install 'hwprofile[bench]')"}
+    try:
+        info = cpuinfo.get_cpu_info()
+    except Exception as e:
+        return {"error": f"py-cpuinfo failed: {e}"}
+
+    def size(key: str) -> int | None:
+        v = info.get(key)
+        return int(v) if isinstance(v, int) else None
+
+    return {
+        "brand": info.get("brand_raw") or None,
+        "arch": info.get("arch") or None,
+        "logical_cpus": info.get("count") if isinstance(info.get("count"), int) else None,
+        "l1_data_cache_bytes": size("l1_data_cache_size"),
+        "l1_instruction_cache_bytes": size("l1_instruction_cache_size"),
+        "l2_cache_bytes": size("l2_cache_size"),
+        "l3_cache_bytes": size("l3_cache_size"),
+        "error": None,
+    }
+
+
+def host_tags(host: Any, cpu: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The host of a benchmark: GPUs, driver, CPU (``cpu`` or :func:`cpu_info`), vLLM."""
+    return {
+        "hostname": host.hostname,
+        "kernel": host.kernel,
+        "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in host.gpus],
+        "driver": host.driver.version,
+        "cuda": host.driver.cuda_version,
+        "cpu": {"model": host.cpu.model, **(dict(cpu) if cpu is not None else cpu_info())},
+        "memory_bytes": host.memory_bytes,
+        "vllm_version": host.software.vllm_version,
+    }
+
+
+def non_default_settings(
+    settings: Mapping[str, Any], provenance: Mapping[tuple[str, ...], Any]
+) -> list[dict[str, Any]]:
+    """Every setting whose resolved value differs from its schema default: key, value, default,
+    and the layer it came from (a profile file and line, an overrides file, the environment, --set)."""
+    from ..config.schema import SETTINGS, with_defaults
+
+    full, _ = with_defaults(settings)
+    out = []
+    for path, f in SETTINGS.items():
+        node: Any = full
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        value = list(node) if isinstance(node, tuple) else node
+        if value != default:
+            src = provenance.get(path)
+            out.append(
+                {
+                    "key": ".".join(path),
+                    "value": value,
+                    "default": default,
+                    "source": str(src) if src else None,
+                }
+            )
+    return out

@@ -1,0 +1,98 @@
+"""The named workloads of ``hwprofile bench`` as data, built from the resolved ``bench.*`` settings.
+
+- ``seed``: the seed's shape: ``bench.concurrency`` (16) concurrent requests of ``bench.input_len`` (512)
+  random prompt tokens and ``bench.output_len`` (256) output tokens;
+- ``latency``: the same requests one at a time (concurrency 1);
+- ``sweep``: the saturation sweep, concurrency 1, 2, 4, … up to ``bench.sweep_max`` (64; itself
+  included when it is not a power of two), judged against ``bench.ttft_p99_target_ms``.
+
+Every point sends ``bench.num_prompts`` requests, and never fewer than its concurrency. Output is
+greedy (temperature 0) and the prompts come from a fixed seed, so two plans see the same requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NAMES = ("seed", "latency", "sweep")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The ``bench.*`` settings (schema defaults already filled in)."""
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int
+    sweep_max: int
+    ttft_p99_target_ms: float
+    rounds: int
+
+
+def bench_settings(settings: Mapping[str, Any]) -> BenchSettings:
+    """The ``bench`` section of resolved settings (``with_defaults`` applied): the one place that reads it."""
+    b = settings["bench"]
+    return BenchSettings(
+        concurrency=int(b["concurrency"]),
+        input_len=int(b["input_len"]),
+        output_len=int(b["output_len"]),
+        num_prompts=int(b["num_prompts"]),
+        sweep_max=int(b["sweep_max"]),
+        ttft_p99_target_ms=float(b["ttft_p99_target_ms"]),
+        rounds=int(b["rounds"]),
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    concurrencies: tuple[int, ...]
+    input_len: int
+    output_len: int
+    num_prompts: int
+    ttft_p99_target_ms: float
+    primary: int  # the concurrency a comparison's headline ratio and the verdict are taken at
+    dataset: str = "random"
+    temperature: float = 0.0
+    seed: int = 0
+
+    def prompts_at(self, concurrency: int) -> int:
+        """Requests sent at one point: ``num_prompts``, at least one per concurrent slot."""
+        return max(self.num_prompts, concurrency)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["concurrencies"] = list(self.concurrencies)
+        return d
+
+
+def sweep_points(top: int) -> tuple[int, ...]:
+    """1, 2, 4, … up to ``top``, and ``top`` itself."""
+    out: list[int] = []
+    c = 1
+    while c < top:
+        out.append(c)
+        c *= 2
+    out.append(top)
+    return tuple(out)
+
+
+def workload(name: str, s: BenchSettings) -> Workload:
+    """The named workload from the settings (``ValueError`` for an unknown name)."""
+    common = {
+        "input_len": s.input_len,
+        "output_len": s.output_len,
+        "num_prompts": s.num_prompts,
+        "ttft_p99_target_ms": s.ttft_p99_target_ms,
+    }
+    if name == "seed":
+        return Workload("seed", (s.concurrency,), primary=s.concurrency, **common)
+    if name == "latency":
+        return Workload("latency", (1,), primary=1, **common)
+    if name == "sweep":
+        pts = sweep_points(s.sweep_max)
+        return Workload("sweep", pts, primary=s.concurrency if s.concurrency in pts else pts[-1], **common)
+    raise ValueError(f"unknown workload {name!r}: one of {', '.join(NAMES)}")

@@ -1,0 +1,200 @@
+"""``hwprofile bench``: vLLM's own ``vllm bench serve`` against a running server (``--url``) or the
+plan of the command's options, launched here (one server at a time); ``--compare A B`` runs two
+plans alternately for ``bench.rounds`` rounds. Results as JSON (schema ``hwprofile.bench/1``) and a
+PNG under ``--output DIR``; the report's first line says whether a GPU throttled."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
+from .common import CliError, _release, load_host
+
+COMPARE_WORDS = ("profile", "baseline")
+# the tiny demo model: a short context, a small KV space, eager mode (as `launch --demo`), and a
+# workload it answers in about a minute on two cores; later --set options win
+DEMO_SETS = (
+    "engine.max_model_len=512",
+    "cpu.kv_cache_space_gib=0.0625",
+    "engine.enforce_eager=true",
+    "bench.input_len=64",
+    "bench.output_len=32",
+    "bench.num_prompts=16",
+)
+POINT_TIMEOUT_S = 7200.0
+
+
+def _progress(msg: str) -> None:
+    print(f"hwprofile: bench: {msg}", file=sys.stderr, flush=True)
+
+
+def _side(
+    word: str, sets: list[str], overrides: list[str]
+) -> tuple[str, str, str | None, list[str], list[str]]:
+    """One ``--compare`` operand: (label, kind, source, sets, overrides)."""
+    if word == "profile":
+        return "profile", "profile", None, sets, overrides
+    if word == "baseline":
+        return "baseline", "baseline", None, [*sets, "speculative.method=none"], overrides
+    if os.path.isfile(word):
+        return Path(word).stem, "overrides", os.path.abspath(word), sets, [*overrides, os.path.abspath(word)]
+    raise CliError(
+        f"--compare {word}: neither 'profile', 'baseline' nor an overrides file (no such file)", EXIT_USAGE
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..bench.campaign import finish, run_campaign
+    from ..bench.result import BenchPlan
+    from ..bench.runner import BenchFailed, Point, Target, discover, run_point
+    from ..bench.tags import HardwareSampler, host_tags, non_default_settings
+    from ..bench.workloads import Workload, bench_settings, workload
+    from ..config.layers import config_root
+    from ..config.schema import with_defaults
+    from ..pipeline import make_plan, resolve_settings, vllm_command
+    from ..plan import PlanRefused
+    from ..plan.types import as_plan
+
+    if args.url and args.compare:
+        raise CliError("--compare launches both plans itself: give it without --url", EXIT_USAGE)
+    if args.rounds is not None and args.rounds < 1:
+        raise CliError("--rounds must be at least 1", EXIT_USAGE)
+    host = load_host(args)
+    root = config_root(args.config_root)
+    model, sets = args.model, list(args.sets)
+    if args.demo:
+        from ..tinymodel import make_tiny_model
+
+        _progress(
+            "demo: the tiny model made offline (first run only); a short workload (--set bench.* to change)"
+        )
+        model = str(make_tiny_model())
+        sets = [*DEMO_SETS, *sets]
+    res = resolve_settings(host, root, args.profile, args.overrides, sets)
+    settings, _ = with_defaults(res.settings)
+    bs = bench_settings(settings)
+    wl = workload(args.workload, bs)
+    rounds = args.rounds or (bs.rounds if args.compare else 1)
+
+    plans: list[BenchPlan] = []
+    if args.url:
+        plans.append(BenchPlan("server", "url", args.url, None, url=args.url))
+        rel = None
+    else:
+        rel = _release(
+            args,
+            host,
+            "vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU)",
+        )
+        sides = [_side(w, sets, list(args.overrides)) for w in args.compare] if args.compare else [
+            ("profile", "profile", None, sets, list(args.overrides))
+        ]  # fmt: skip
+        if len(sides) == 2 and sides[0][0] == sides[1][0]:
+            sides = [(f"{s[0]}-{i}", *s[1:]) for i, s in enumerate(sides, start=1)]
+        for label, kind, source, s_sets, s_over in sides:
+            try:
+                plan = as_plan(make_plan(
+                    host, root, profile=args.profile, overrides=s_over, sets=s_sets, model=model, draft=args.draft,
+                ))  # fmt: skip
+            except PlanRefused as e:
+                raise CliError(
+                    f"cannot plan {label}: {e.message}" + "".join(f"\n  - {x}" for x in e.suggestions),
+                    EXIT_FAILED,
+                ) from None
+            r = resolve_settings(host, root, args.profile, s_over, s_sets)
+            plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
+                                   non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
+
+    out_dir = Path(args.output) if args.output else Path.cwd() / f"hwprofile-bench-{_stamp()}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"--output {out_dir}: cannot create it: {e.strerror}", EXIT_FAILED) from None
+    _progress(f"results go to {out_dir}")
+    sw = host.software
+    configured_vllm = (settings.get("server") or {}).get("vllm_command")
+
+    @contextlib.contextmanager
+    def serve(bp: BenchPlan) -> Iterator[Any]:
+        if bp.url:
+            yield discover(bp.url, vllm_command(configured_vllm))
+            return
+        import shutil
+        import tempfile
+
+        from ..runtime.dirs import runtime_dir
+        from ..supervise.session import serving
+
+        inst = bp.plan.instances[0]
+        if len(bp.plan.instances) > 1:
+            _progress(
+                f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
+            )
+        own = args.runtime_dir is None  # a private runtime dir: never the one of a running `hwprofile launch`
+        runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(args.runtime_dir)
+        vllm = vllm_command(inst.server.vllm_command)
+        try:
+            with serving(bp.plan, rel, vllm, sw.numactl_path, sw.tmpfs_path, runtime, _progress) as urls:
+                served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
+                yield Target(urls[0], served, bp.plan.model.path or bp.plan.model.name, vllm)
+        finally:
+            if own:
+                shutil.rmtree(runtime, ignore_errors=True)
+
+    def gpus_of(bp: BenchPlan | None) -> dict[int, str | None]:
+        names = {g.index: g.name for g in host.gpus if not g.lost}
+        used = (
+            {i for inst in bp.plan.instances for i in inst.gpus}
+            if bp is not None and bp.plan is not None
+            else set()
+        )
+        return {i: n for i, n in names.items() if not used or i in used}
+
+    current: list[BenchPlan] = []
+
+    def sampler() -> HardwareSampler:
+        return HardwareSampler(gpus_of(current[0] if current else None))
+
+    def point(target: Target, wl_: Workload, c: int, d: Path, tag: str) -> Point:
+        return run_point(target, wl_, c, d, tag, timeout_s=POINT_TIMEOUT_S)
+
+    def serve_tracked(bp: BenchPlan) -> contextlib.AbstractContextManager[Target]:
+        current[:] = [bp]
+        return serve(bp)
+
+    htags = host_tags(host)
+    command = ["hwprofile", *(args.argv if args.argv is not None else sys.argv[1:])]
+    error: HwprofileError | None = None
+    try:
+        run_campaign(plans, wl, rounds, out_dir, serve_tracked, point, sampler, _progress)
+    except (HwprofileError, BenchFailed) as e:
+        error = e
+    ran = any(p.runs for p in plans)
+    if error is not None and not ran:
+        raise error
+    doc, report = finish(
+        plans, wl, htags, out_dir, command, error="; ".join(error.messages()) if error else None
+    )
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(report)
+    if error is not None:
+        for line in error.messages():
+            print(f"hwprofile: error: {line}", file=sys.stderr)
+        return error.exit_code
+    return EXIT_OK if doc["plans"] else EXIT_FAILED
+
+
+def _stamp() -> str:
+    import time
+
+    return time.strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,497 @@
+"""hwprofile bench, fast: the workloads from settings, the knee, the paired comparison, the NVML
+sampler against the fake NVML (a card that throttles mid-run), the vllm bench serve argv and result
+reading (a result vLLM 0.32 really wrote), the /metrics deltas, the plot read back, and the whole
+command against tests/fakevllm.py (its `bench serve` imitation), validated against
+schemas/hwprofile.bench-1.schema.json. Real `vllm bench serve` against real vLLM: test_bench_vllm.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from hwprofile.bench.compare import compare, spread
+from hwprofile.bench.knee import SweepPoint, find_knee
+from hwprofile.bench.report import headline
+from hwprofile.bench.result import BenchPlan
+from hwprofile.bench.runner import Point, Target, bench_argv, read_result, spec_delta
+from hwprofile.bench.tags import HardwareSampler, non_default_settings
+from hwprofile.bench.workloads import bench_settings, sweep_points, workload
+from hwprofile.config.schema import with_defaults
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE = Path(__file__).resolve().parent / "fakevllm.py"
+SCHEMA = json.loads((ROOT / "schemas" / "hwprofile.bench-1.schema.json").read_text())
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "max_position_embeddings": 2048, "vocab_size": 2048,
+          "torch_dtype": "bfloat16"}  # fmt: skip
+
+# What `vllm bench serve --save-result` of vLLM 0.32.0 wrote against the tiny model with a self-draft
+# (8 prompts, 32 in / 16 out, concurrency 2; latencies and queue times cut short).
+REAL_RESULT = {
+    "date": "20261201-111025", "endpoint_type": "openai", "backend": "openai", "label": None,
+    "model_id": "/root/.cache/hwprofile/tiny-llama", "tokenizer_id": "/root/.cache/hwprofile/tiny-llama",
+    "num_prompts": 8, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
+    "duration": 1.1327748779985995, "completed": 8, "failed": 0, "total_input_tokens": 256,
+    "total_output_tokens": 128, "request_throughput": 7.062303512710749, "request_goodput": None,
+    "output_throughput": 112.99685620337199, "total_token_throughput": 338.990568610116,
+    "latencies": [0.3422969200000807], "queue_times": [0.00022166800044942647],
+    "max_output_tokens_per_s": 91.0, "max_concurrent_requests": 8, "rtfx": 0.0,
+    "spec_decode_acceptance_rate": 7.000000000000001, "spec_decode_acceptance_length": 1.21,
+    "spec_decode_num_drafts": 100, "spec_decode_draft_tokens": 300, "spec_decode_accepted_tokens": 21,
+    "spec_decode_per_position_acceptance_rates": [0.19, 0.01, 0.01],
+    "mean_ttft_ms": 54.80417612511701, "median_ttft_ms": 56.37632300022233, "std_ttft_ms": 20.024685318492505,
+    "p50_ttft_ms": 56.37632300022233, "p99_ttft_ms": 90.41427743992243, "mean_tpot_ms": 14.543861383314532,
+    "median_tpot_ms": 14.942978099982913, "std_tpot_ms": 3.2287924589184858, "p50_tpot_ms": 14.942978099982913,
+    "p99_tpot_ms": 19.481915836668726, "mean_itl_ms": 17.452633659977437, "median_itl_ms": 14.257619000090926,
+    "std_itl_ms": 8.24325679495028, "p50_itl_ms": 14.257619000090926, "p99_itl_ms": 37.25581491011326,
+    "mean_e2el_ms": 272.96209687483497, "median_e2el_ms": 274.5218349991774, "std_e2el_ms": 53.96358979608522,
+    "p50_e2el_ms": 274.5218349991774, "p99_e2el_ms": 342.26119690014457,
+}  # fmt: skip
+
+
+def test_the_schema_is_a_valid_json_schema() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+# -- workloads ----------------------------------------------------------------------------------
+
+
+def test_workloads_come_from_the_settings() -> None:
+    s = bench_settings(with_defaults({})[0])
+    seed = workload("seed", s)
+    assert (seed.concurrencies, seed.input_len, seed.output_len, seed.num_prompts) == ((16,), 512, 256, 64)
+    assert seed.ttft_p99_target_ms == 120 and s.rounds == 3
+    assert workload("latency", s).concurrencies == (1,)
+    sweep = workload("sweep", s)
+    assert sweep.concurrencies == (1, 2, 4, 8, 16, 32, 64) and sweep.primary == 16
+    changed = bench_settings(
+        with_defaults({"bench": {"sweep_max": 12, "concurrency": 3, "num_prompts": 2}})[0]
+    )
+    sw = workload("sweep", changed)
+    assert sw.concurrencies == (1, 2, 4, 8, 12) and sw.primary == 12  # 3 is not a sweep point
+    assert sw.prompts_at(8) == 8 and sw.prompts_at(1) == 2  # never fewer requests than slots
+    assert sweep_points(1) == (1,)
+    with pytest.raises(ValueError, match="one of seed, latency, sweep"):
+        workload("soak", s)
+
+
+# -- knee -----------------------------------------------------------------------------------------
+
+
+def pts(*rows: tuple[int, float, float]) -> list[SweepPoint]:
+    return [SweepPoint(c, t, thr) for c, t, thr in rows]
+
+
+def test_knee_is_the_last_concurrency_before_the_first_break() -> None:
+    k = find_knee(pts((8, 118, 800), (1, 40, 100), (2, 60, 190), (4, 90, 400), (16, 300, 900)), 120, 256)
+    assert k.recommended_max_num_seqs == 8 and k.breaks_at == 16
+    assert "recommended max_num_seqs 8" in k.verdict and "--set engine.max_num_seqs=8" in k.verdict
+    assert k.evidence[0].startswith("concurrency 1: p99 TTFT 40.0 ms <= 120 ms")
+    assert any("16: p99 TTFT 300.0 ms > 120 ms" in e for e in k.evidence)
+    assert any("89% of the sweep's peak" in e for e in k.evidence)
+
+
+def test_knee_ignores_a_later_point_that_meets_the_target_again() -> None:
+    k = find_knee(pts((1, 50, 1), (2, 130, 2), (4, 110, 3)), 120)
+    assert k.recommended_max_num_seqs == 1 and k.breaks_at == 2
+    assert any("met the target again" in e for e in k.evidence)
+
+
+def test_knee_when_nothing_or_everything_breaks() -> None:
+    never = find_knee(pts((1, 10, 1), (2, 20, 2)), 120, 2)
+    assert never.recommended_max_num_seqs == 2 and never.breaks_at is None
+    assert "raise bench.sweep_max" in never.verdict and "--set" not in never.verdict
+    at_once = find_knee(pts((1, 200, 1), (2, 400, 2)), 120)
+    assert at_once.recommended_max_num_seqs is None and at_once.breaks_at == 1
+    assert "no max_num_seqs meets it" in at_once.verdict
+    assert find_knee([], 120).recommended_max_num_seqs is None
+
+
+# -- compare --------------------------------------------------------------------------------------
+
+
+def test_compare_pairs_rounds_and_reports_median_and_spread() -> None:
+    a = [{"output_throughput": 100.0, "p99_ttft_ms": 50.0}, {"output_throughput": 80.0, "p99_ttft_ms": 60.0},
+         {"output_throughput": 90.0, "p99_ttft_ms": 55.0}]  # fmt: skip
+    b = [{"output_throughput": 150.0, "p99_ttft_ms": 40.0}, {"output_throughput": 100.0, "p99_ttft_ms": 66.0},
+         {"output_throughput": 117.0, "p99_ttft_ms": 55.0}]  # fmt: skip
+    thr, ttft = compare(a, b)
+    assert thr.metric == "output_throughput" and thr.ratio.values == (1.5, 1.25, 1.3)
+    assert thr.ratio.median == 1.3 and thr.ratio.min == 1.25 and thr.ratio.max == 1.5
+    assert thr.ratio.relative_spread == pytest.approx(0.25 / 1.3)
+    assert "B/A = 1.300 (median of 3 rounds, range 1.250-1.500" in thr.sentence("A", "B")
+    assert thr.sentence("A", "B").endswith("B better")
+    assert ttft.ratio.values == (0.8, 1.1, 1.0) and "no clear difference" in ttft.sentence("A", "B")
+    with pytest.raises(ValueError, match="pair up"):
+        compare(a, b[:2])
+    assert compare([{"output_throughput": 0.0}], [{"output_throughput": 5.0}]) == []  # no ratio over 0
+    assert spread([3.0]).relative_spread == 0
+
+
+# -- NVML tags ------------------------------------------------------------------------------------
+
+
+def test_sampler_sees_a_card_throttle_mid_run(fake_host) -> None:
+    host = fake_host("a100-80g-pcie-1x")
+    s = HardwareSampler({0: "A100"}, interval_s=0.05)
+    with s:
+        time.sleep(0.3)
+        host.set_state(**{"dev0.temperature": 91, "dev0.clocks_event_reasons": 0x20, "dev0.sm_clock": 900})
+        time.sleep(0.4)
+    tags = s.tags()
+    assert tags["status"] == "ok" and tags["throttled"]
+    (g,) = tags["gpus"]
+    assert g["name"] == "A100" and g["samples"] >= 5
+    assert g["temperature_c"]["max"] == 91 and g["temperature_c"]["min"] < 91
+    assert g["sm_clock_mhz"]["min"] == 900 and g["sm_clock_mhz"]["card_max"] > 900
+    assert g["throttle_reasons_seen"] == ["sw_thermal_slowdown"]
+    assert 0.15 < g["throttled_s"] < 0.7  # about the 0.4 s it was on, to one interval
+    first, thr = headline([_plan_with_hardware(tags)])
+    assert thr and first.startswith("THROTTLED: GPU 0 (A100) sw_thermal_slowdown for")
+
+
+def test_sampler_on_a_quiet_card_and_on_a_cpu_host(fake_host) -> None:
+    fake_host("rtx4090-1x")
+    with HardwareSampler({0: "RTX 4090"}, interval_s=0.05) as s:
+        time.sleep(0.15)
+    tags = s.tags()
+    assert tags["status"] == "ok" and not tags["throttled"] and tags["gpus"][0]["throttled_s"] == 0
+    first, thr = headline([_plan_with_hardware(tags)])
+    assert not thr and first.startswith("no throttling seen: GPU 0 RTX 4090")
+    with HardwareSampler({}) as cpu:
+        pass
+    assert cpu.tags()["status"] == "no_gpu" and cpu.tags()["gpus"] == []
+    assert headline([_plan_with_hardware(cpu.tags())])[0].startswith("CPU host: no GPU clock/throttle tags")
+
+
+def test_sampler_failures_are_tags(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HWPROFILE_NVML_LIBRARY", str(tmp_path / "missing.so"))
+    with HardwareSampler({0: "A100"}) as s:
+        pass
+    tags = s.tags()
+    assert tags["status"] == "error" and "cannot be loaded" in tags["error"]
+    assert headline([_plan_with_hardware(tags)])[0].startswith("GPU tags incomplete (NVML: ")
+
+    class Broken:
+        error = None
+
+        def sample(self, now: float) -> tuple[()]:
+            raise RuntimeError("driver went away")
+
+    with HardwareSampler({0: "x"}, make_sampler=lambda idx: Broken()) as s2:
+        pass
+    assert s2.tags()["status"] == "error" and "driver went away" in s2.tags()["error"]
+
+
+def _point(c: int = 4, thr: float = 10.0, ttft: float = 50.0) -> Point:
+    lat = {m: {"mean": ttft, "p50": ttft, "p99": ttft} for m in ("ttft", "tpot", "itl", "e2el")}
+    return Point(c, 8, 8, 0, 1.0, 1.0, thr, thr, lat, None, None, {"argv": ["vllm", "bench", "serve"],
+                 "result_file": "x.json", "spec_decode_reported": None})  # fmt: skip
+
+
+def _plan_with_hardware(tags: dict[str, Any]) -> BenchPlan:
+    p = BenchPlan("p", "url", "http://x", None)
+    p.runs.append(
+        {"round": 1, "order": 1, "url": "http://x", "started": "", "points": [_point()], "hardware": [tags]}
+    )
+    return p
+
+
+def test_non_default_settings_name_their_source() -> None:
+    from hwprofile.config import Source
+
+    settings = {"engine": {"max_num_seqs": 7}, "bench": {"rounds": 3}}
+    prov = {("engine", "max_num_seqs"): Source("cli", "--set engine.max_num_seqs=7")}
+    nd = non_default_settings(settings, prov)
+    assert {"key": "engine.max_num_seqs", "value": 7, "default": with_defaults({})[0]["engine"]["max_num_seqs"],
+            "source": "cli --set engine.max_num_seqs=7"} in nd  # fmt: skip
+    assert all(s["key"] != "bench.rounds" for s in nd)  # 3 is the default
+
+
+# -- runner ---------------------------------------------------------------------------------------
+
+
+def test_argv_is_the_seed_shape(tmp_path) -> None:
+    wl = workload("seed", bench_settings(with_defaults({})[0]))
+    argv = bench_argv(
+        Target("http://127.0.0.1:8000", "m", "/models/m", "/venv/bin/vllm"), wl, 16, tmp_path, "r.json"
+    )
+    assert argv[:3] == ["/venv/bin/vllm", "bench", "serve"]
+    flags = dict(itertools.pairwise(argv))
+    assert (
+        flags["--base-url"] == "http://127.0.0.1:8000"
+        and flags["--model"] == "m"
+        and flags["--tokenizer"] == "/models/m"
+    )
+    assert flags["--dataset-name"] == "random" and flags["--random-input-len"] == "512"
+    assert (
+        flags["--random-output-len"] == "256"
+        and flags["--num-prompts"] == "64"
+        and flags["--max-concurrency"] == "16"
+    )
+    assert flags["--metric-percentiles"] == "50,99" and flags["--percentile-metrics"] == "ttft,tpot,itl,e2el"
+    assert (
+        flags["--result-dir"] == str(tmp_path)
+        and flags["--result-filename"] == "r.json"
+        and flags["--seed"] == "0"
+    )
+    assert "--ignore-eos" in argv and "--save-result" in argv
+
+
+def test_a_real_vllm_result_reads_into_a_point(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(REAL_RESULT))
+    p = read_result(f, 2, ["vllm"])
+    assert (p.completed, p.num_prompts, p.failed) == (8, 8, 0)
+    assert p.output_throughput == pytest.approx(112.9968562)
+    assert p.latency_ms["ttft"] == {"mean": pytest.approx(54.804176), "p50": pytest.approx(56.376323),
+                                    "p99": pytest.approx(90.414277)}  # fmt: skip
+    assert (
+        p.metric("p99_itl_ms") == pytest.approx(37.255815)
+        and p.metric("output_throughput") == p.output_throughput
+    )
+    rep = p.vllm_bench["spec_decode_reported"]
+    assert rep["acceptance_rate"] == pytest.approx(0.07) and rep["mean_acceptance_length"] == 1.21
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({k: v for k, v in REAL_RESULT.items() if k != "output_throughput"}))
+    with pytest.raises(Exception, match="no number under 'output_throughput'"):
+        read_result(bad, 2, [])
+
+
+def test_spec_delta_uses_the_documented_formulas_and_survives_a_reset() -> None:
+    pp = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    before = {"vllm:spec_decode_num_drafts_total": 100, "vllm:spec_decode_num_draft_tokens_total": 300,
+              "vllm:spec_decode_num_accepted_tokens_total": 150, f"{pp}{{position=0}}": 80, f"{pp}{{position=1}}": 70}  # fmt: skip
+    after = {"vllm:spec_decode_num_drafts_total": 150, "vllm:spec_decode_num_draft_tokens_total": 450,
+             "vllm:spec_decode_num_accepted_tokens_total": 230, f"{pp}{{position=0}}": 125, f"{pp}{{position=1}}": 105}  # fmt: skip
+    d = spec_delta(before, after)
+    assert d["num_drafts"] == 50 and d["draft_tokens"] == 150 and d["accepted_tokens"] == 80
+    assert d["acceptance_rate"] == pytest.approx(80 / 150) and d["mean_acceptance_length"] == pytest.approx(
+        1 + 80 / 50
+    )
+    assert d["per_position_acceptance"] == [pytest.approx(45 / 50), pytest.approx(35 / 50)]
+    restarted = {k: v / 10 for k, v in after.items()}  # the server restarted: counters began again
+    assert spec_delta(before, restarted)["num_drafts"] == 15
+    assert spec_delta(before, {}) is None
+
+
+# -- plot -----------------------------------------------------------------------------------------
+
+
+def test_plot_is_a_png_with_the_axes_and_lines_it_reports(tmp_path) -> None:
+    import matplotlib.image
+
+    from hwprofile.bench.plot import plot
+
+    series = {"A": [(1, (10, 9, 11), (40, 38, 42)), (2, (19, 18, 20), (70, 60, 80))],
+              "B": [(1, (12, 12, 12), (30, 30, 30)), (2, (25, 24, 26), (150, 140, 160))]}  # fmt: skip
+    rec = plot(series, 120, tmp_path / "x.png", "t")
+    img = matplotlib.image.imread(tmp_path / "x.png")
+    assert img.shape[:2] == (rec["height_px"], rec["width_px"]) == (450, 1100)
+    assert [a["ylabel"] for a in rec["axes"]] == ["output tokens/s", "p99 TTFT (ms)"]
+    assert rec["axes"][0]["lines"] == ["A", "B"] and sorted(rec["axes"][1]["lines"]) == [
+        "A",
+        "B",
+        "target 120 ms",
+    ]
+
+
+# -- the command, against the fake vLLM -----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    shim = tmp_path / "vllm"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    shim.chmod(0o755)
+    (tmp_path / "etc").mkdir()
+    runtime = Path(tempfile.mkdtemp(prefix="hwpbt-", dir="/tmp"))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FAKEVLLM_", "HWPROFILE_", "FAKE_NVML"))
+           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")},
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "FAKEVLLM_READY_DELAY": "0.2",
+    }  # fmt: skip
+    port = free_port()
+    sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "server.shutdown_timeout=2",
+            f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}",
+            "bench.input_len=8", "bench.output_len=6", "bench.num_prompts=4"]  # fmt: skip
+    yield {
+        "tmp": tmp_path,
+        "model": model,
+        "shim": shim,
+        "env": env,
+        "sets": sets,
+        "port": port,
+        "runtime": runtime,
+    }
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, sets: list[str] | None = None):
+    cmd = [
+        sys.executable,
+        "-m",
+        "hwprofile",
+        "bench",
+        "--model",
+        str(world["model"]),
+        "--runtime-dir",
+        str(world["runtime"]),
+    ]
+    for s in world["sets"] if sets is None else sets:
+        cmd += ["--set", s]
+    return subprocess.run(
+        [*cmd, *args], env={**world["env"], **(env or {})}, capture_output=True, text=True, timeout=300
+    )
+
+
+def validate(doc: dict[str, Any]) -> None:
+    errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc)]
+    assert not errors, errors[:5]
+
+
+def test_sweep_compare_profile_with_baseline(world) -> None:
+    out = world["tmp"] / "out"
+    r = hw(world, "--workload", "sweep", "--compare", "profile", "baseline", "--rounds", "2", "--output", str(out),
+           "--set", "bench.sweep_max=4", "--set", "bench.ttft_p99_target_ms=300",
+           env={"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "100"})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "bench.json").read_text())
+    validate(doc)
+    assert r.stdout.splitlines()[0] == doc["headline"] and doc["headline"].startswith("CPU host: no GPU")
+    a, b = doc["plans"]
+    assert (a["label"], b["label"]) == ("profile", "baseline")
+    assert a["speculative"]["method"] == "ngram" and b["speculative"] is None
+    assert any(s["key"] == "speculative.method" and s["value"] == "none" for s in b["non_default_settings"])
+    # rounds alternate A B, B A; each run has one point per sweep concurrency, each with its tags
+    assert [(run["round"], run["order"]) for run in a["runs"]] == [(1, 1), (2, 4)]
+    assert [(run["round"], run["order"]) for run in b["runs"]] == [(1, 2), (2, 3)]
+    for p in (a, b):
+        for run in p["runs"]:
+            assert [pt["concurrency"] for pt in run["points"]] == [1, 2, 4]
+            assert all(pt["hardware"]["status"] == "no_gpu" and pt["completed"] == 4 for pt in run["points"])
+    # the fake's speculation counts one accepted token per step of 3 proposals
+    spec = a["runs"][0]["points"][0]["spec_decode"]
+    assert spec["acceptance_rate"] == pytest.approx(1 / 3) and spec[
+        "mean_acceptance_length"
+    ] == pytest.approx(2.0)
+    assert b["runs"][0]["points"][0]["spec_decode"] is None
+    # p99 TTFT ~ 100 ms per slot + the fake's own: 1 and 2 meet 300 ms, 4 does not
+    for p in (a, b):
+        assert p["knee"]["recommended_max_num_seqs"] == 2 and p["knee"]["breaks_at"] == 4, p["knee"]
+        assert "recommended max_num_seqs 2" in r.stdout
+    cmp = doc["compare"]
+    assert cmp["a"] == "profile" and cmp["b"] == "baseline"
+    row = next(x for x in cmp["per_concurrency"] if x["concurrency"] == 4)
+    thr = next(m for m in row["metrics"] if m["metric"] == "output_throughput")
+    assert len(thr["ratio_b_over_a"]["values"]) == 2
+    assert thr["ratio_b_over_a"]["values"][0] == pytest.approx(thr["b"]["values"][0] / thr["a"]["values"][0])
+    # the plot: the PNG has the size and the lines the JSON says, one line per plan
+    import matplotlib.image
+
+    img = matplotlib.image.imread(out / doc["plot"]["file"])
+    assert img.shape[:2] == (doc["plot"]["height_px"], doc["plot"]["width_px"])
+    knees = ["knee baseline: 2", "knee profile: 2"]  # the sweeps broke the target: their knees drawn
+    assert sorted(doc["plot"]["axes"][0]["lines"]) == ["baseline", *knees, "profile"]
+    assert sorted(doc["plot"]["axes"][1]["lines"]) == ["baseline", *knees, "profile", "target 300 ms"]
+    # vllm bench serve's own results are kept beside
+    assert (out / "vllm-bench" / "profile-r1-c4.json").exists()
+
+
+def test_url_mode_json_and_errors(world) -> None:
+    port = world["port"]
+    proc = subprocess.Popen(
+        [str(world["shim"]), "serve", str(world["model"]), "--host", "127.0.0.1", "--port", str(port),
+         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+        env=world["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), 0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(0.4)  # past the fake's loading delay
+        out = world["tmp"] / "u"
+        r = hw(world, "--url", url, "--workload", "latency", "--json", "--output", str(out),
+               "--set", f"server.vllm_command={world['shim']}")  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        doc = json.loads(r.stdout)
+        validate(doc)
+        (p,) = doc["plans"]
+        assert p["kind"] == "url" and p["source"] == url and doc["compare"] is None
+        (pt,) = p["runs"][0]["points"]
+        assert pt["concurrency"] == 1 and pt["spec_decode"]["acceptance_rate"] == pytest.approx(0.5)
+        assert pt["vllm_bench"]["argv"][pt["vllm_bench"]["argv"].index("--model") + 1] == str(world["model"])
+        # vllm bench serve failing: exit 1, its own message shown
+        r = hw(world, "--url", url, "--output", str(out), env={"FAKEVLLM_BENCH_FAIL": "tokenizer exploded"})
+        assert (
+            r.returncode == 1 and "tokenizer exploded" in r.stderr and "vllm bench serve exited 1" in r.stderr
+        )
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+    r = hw(world, "--url", "http://127.0.0.1:1", "--compare", "profile", "baseline")
+    assert r.returncode == 2 and "--compare launches both plans itself" in r.stderr
+    r = hw(world, "--compare", "profile", str(world["tmp"] / "nope.yaml"))
+    assert r.returncode == 2 and "neither 'profile', 'baseline' nor an overrides file" in r.stderr
+    r = hw(world, "--url", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode == 1 and "no model to benchmark" in r.stderr
+
+
+def test_a_throttling_gpu_is_the_first_line(world, fake_nvml_dir) -> None:
+    from fakehost import build
+
+    host = build("rtx4090-1x", world["tmp"] / "host")
+    host.set_state(**{"dev0.clocks_event_reasons": 0x20, "dev0.temperature": 89})
+    env = {
+        **host.env(fake_nvml_dir),
+        **{k: v for k, v in world["env"].items() if k.startswith(("HWPROFILE_", "FAKEVLLM_"))},
+    }
+    out = world["tmp"] / "g"
+    r = hw(
+        world,
+        "--output",
+        str(out),
+        "--set",
+        "speculative.method=none",
+        "--set",
+        "bench.concurrency=2",
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "bench.json").read_text())
+    validate(doc)
+    first = r.stdout.splitlines()[0]
+    assert (
+        first.startswith("THROTTLED: GPU 0 (NVIDIA GeForce RTX 4090) sw_thermal_slowdown")
+        and doc["throttled"]
+    )
+    (g,) = doc["plans"][0]["runs"][0]["points"][0]["hardware"]["gpus"]
+    assert g["temperature_c"] == {"min": 89, "max": 89} and g["throttled_s"] > 0
+    assert doc["host"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"
