@@ -104,7 +104,9 @@ class _Json:
                 continue
             v = doc[f.name]
             sub = cls._nested.get(f.name)
-            if sub is not None and v is not None:
+            if sub is not None and v is not None and issubclass(sub, Section):
+                v = sub.from_json(v, f.name)  # a section of settings: each value checked, named
+            elif sub is not None and v is not None:
                 v = tuple(sub.from_json(x) for x in v) if isinstance(v, (list, tuple)) else sub.from_json(v)
             elif f.name in cls._mappings:
                 v = dict(v)
