@@ -128,6 +128,22 @@ def test_typed_settings_check_what_they_are_built_from() -> None:
     assert Settings.from_tree({"server": {"extra_args": ["--a", "1"]}})[0].server.extra_args == ("--a", "1")
 
 
+def test_sections_are_frozen_values() -> None:
+    import dataclasses
+
+    from hwprofile.config.settings import Watch
+
+    w = Watch(hot_c=80.0)
+    assert (w.hot_c, w.warm_c) == (80.0, SETTINGS[("watch", "warm_c")].default)  # the rest at its default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.hot_c = 90.0  # type: ignore[misc]
+    cooler = dataclasses.replace(w, hot_c=78.0)
+    assert cooler.hot_c == 78.0 and w.hot_c == 80.0 and cooler != w and w == Watch(hot_c=80.0)
+    assert hash(w) == hash(Watch(hot_c=80.0)) and w.to_json()["hot_c"] == 80.0
+    with pytest.raises(TypeError, match="hot"):
+        Watch(hot=1)  # type: ignore[call-arg]
+
+
 # Fallbacks of their own (`x or 64`, `.get("ready_timeout", 900)`) in the code that reads settings.
 _KEYS = "|".join(sorted({p[-1] for p in SETTINGS}))
 _FALLBACK = re.compile(r"settings\.\w+(?:\.\w+)*\s+or\s+\S|\.get\(\s*[\"'](?:" + _KEYS + r")[\"']\s*,")

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-from .section import Section, setting
+from .section import Section, section, setting
 
 KTable = tuple[tuple[int, int | None, int], ...]  # speculative.by_batch_size: (lo, hi or None, k) rows
 
@@ -22,7 +21,7 @@ MiB = 2**20
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
-@dataclass(frozen=True)
+@section
 class Engine(Section):
     """``engine.*``: vLLM's engine arguments as the profile asks for them (the planner may lower some to fit)."""
 
@@ -59,7 +58,7 @@ class Engine(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Layout(Section):
     """``layout.*``: how the GPUs are split into instances."""
 
@@ -79,7 +78,7 @@ class Layout(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Speculative(Section):
     """``speculative.*``: speculative decoding."""
 
@@ -94,7 +93,7 @@ class Speculative(Section):
         "float", "preferred draft size in billions of parameters (catalog pick)", 0.01, 100, default=1.5
     )
     num_speculative_tokens: int = setting("int", "tokens proposed per step (k)", 1, 16, default=5)
-    by_batch_size: KTable | None = setting(  # noqa: RUF009 - a field specifier; its default is None
+    by_batch_size: KTable | None = setting(
         "k_table",
         "k by running batch size: [[lo, hi, k], ...] (hi null = no limit)",
         nullable=True,
@@ -107,7 +106,7 @@ class Speculative(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Memory(Section):
     """``memory.*``: the memory model's per-GPU overheads."""
 
@@ -123,7 +122,7 @@ class Memory(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Server(Section):
     """``server.*``: each instance's OpenAI-compatible server."""
 
@@ -159,7 +158,7 @@ class Server(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Cpu(Section):
     """``cpu.*``: vLLM's CPU backend."""
 

@@ -4,14 +4,12 @@ setting's declaration and its one default (sizes in bytes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .section import Section, setting
+from .section import Section, section, setting
 
 MiB = 2**20
 
 
-@dataclass(frozen=True)
+@section
 class Logs(Section):
     """``logs.*``: where the instances' logs go and how much of them is kept."""
 
@@ -29,7 +27,7 @@ class Logs(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Supervise(Section):
     """``supervise.*``: starting and restarting the instances."""
 
@@ -43,7 +41,7 @@ class Supervise(Section):
     backoff_max: float = setting("float", "longest restart delay in seconds", 0.1, 86400, default=60.0)
 
 
-@dataclass(frozen=True)
+@section
 class Watch(Section):
     """``watch.*``: what the daemon samples, and its thermal and acceptance thresholds."""
 
@@ -115,7 +113,7 @@ class Watch(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Degrade(Section):
     """``degrade.*``: what one degrade step takes off a hot GPU's instances."""
 
@@ -130,7 +128,7 @@ class Degrade(Section):
     )
 
 
-@dataclass(frozen=True)
+@section
 class Bench(Section):
     """``bench.*``: the seed workload and sweep of ``hwprofile bench``."""
 
@@ -159,7 +157,7 @@ class Bench(Section):
     rounds: int = setting("int", "alternating rounds per plan of --compare", 1, 100, default=3)
 
 
-@dataclass(frozen=True)
+@section
 class Verify(Section):
     """``verify.*``: how close a tuned plan's answers must stay to the baseline's."""
 

@@ -6,8 +6,8 @@ The sections themselves are declared in :mod:`.plan_sections` and :mod:`.run_sec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import FrozenInstanceError, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 from .fields import Field, check
 
@@ -65,18 +65,59 @@ def checked(spec: Field, value: Any, path: Path_) -> Any:
         raise ValueError(f"{'.'.join(path)}: {e}") from None
 
 
-@dataclass(frozen=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(setting,))
+def section(cls: type[S]) -> type[S]:
+    """Declare a section: a dataclass of :func:`setting` fields, frozen. Its ``__init__`` (keywords,
+    each at its declared default when not given), immutability, equality, hash and repr are
+    :class:`Section`'s, shared rather than generated per class: every start imports every section,
+    and the generated methods were most of that cost."""
+    cls = dataclass(init=False, repr=False, eq=False)(cls)
+    cls._defaults = {f.name: f.default for f in fields(cls)}  # type: ignore[attr-defined]
+    return cls
+
+
 class Section:
-    """A section of settings; every field is a setting (:func:`setting`)."""
+    """A section of settings (declared with :func:`section`); every field is a setting
+    (:func:`setting`). Frozen: a changed section is a new one (``dataclasses.replace``)."""
+
+    _defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        unknown = values.keys() - self._defaults.keys()
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown setting(s) {sorted(unknown)}")
+        for name, default in self._defaults.items():
+            object.__setattr__(self, name, values.get(name, default))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._defaults)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._values()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._defaults)
+        return f"{type(self).__name__}({inner})"
 
     @classmethod
     def specs(cls) -> dict[str, Field]:
         """The section's settings by name, in declaration order."""
-        return {f.name: spec_of(f) for f in fields(cls)}
+        return {f.name: spec_of(f) for f in fields(cls)}  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, Any]:
         """The section as JSON (tuples as lists), every setting in declaration order."""
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        return {name: _plain(getattr(self, name)) for name in self._defaults}
 
     @classmethod
     def from_json(cls: type[S], doc: Mapping[str, Any], name: str = "") -> S:
