@@ -352,8 +352,8 @@ __all__ = [
 
 
 def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
-    """``plan`` as a :class:`Plan` (a JSON document is read with :meth:`Plan.from_json`): consumers
-    take either while callers move to the typed plan."""
+    """``plan`` as a :class:`Plan` (a JSON document, such as ``plan --json``'s or a launch file's, is
+    read with :meth:`Plan.from_json`): render, the views and the supervisor take either."""
     return plan if isinstance(plan, Plan) else Plan.from_json(plan)
 
 
