@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
+from .config.settings import Settings
 from .host.snapshot import HostSnapshot
 from .match import profiles as prof
 from .match.rules import RuleResult, host_facts, load_rules, match
@@ -19,16 +20,21 @@ from .model import ModelFacts, resolve_model
 if TYPE_CHECKING:
     from typing import Any
 
-DEFAULT_MODEL = "Qwen/Qwen3-32B"
+    from .plan.types import Plan
 
 
 class Resolution(NamedTuple):
+    """The profile chosen (and why), and the settings: ``merged`` as the layers set them (no
+    defaults), ``settings`` typed, built once from them, every setting they leave unset at its
+    declared default; ``provenance``: the layer that set each setting the layers set."""
+
     profile: str
     chain: list[prof.ProfileFile]
     matched_because: list[str]
     results: list[RuleResult]
-    settings: dict[str, Any]
+    settings: Settings
     provenance: dict[tuple[str, ...], Source]
+    merged: dict[str, Any]
 
 
 def user_layers(
@@ -78,16 +84,19 @@ def resolve_settings(
             f"{c.predicate}: {c.detail}" for c in winner.checks
         ]
     chain = prof.resolve(name, profiles, asked_at="--profile" if profile else "matched rule")
-    settings, provenance = merge([*prof.layers(chain), *upper])
-    return Resolution(name, chain, because, results, settings, provenance)
+    merged, provenance = merge([*prof.layers(chain), *upper])
+    settings, _ = Settings.from_tree(merged)
+    return Resolution(name, chain, because, results, settings, provenance, merged)
 
 
 def load_models(
-    settings: Mapping[str, Any], model: str | None, draft: str | None
+    settings: Settings, model: str | None, draft: str | None
 ) -> tuple[ModelFacts, ModelFacts | None]:
-    # An empty --model/--draft is an error (resolve_model says so), not "use the default".
-    target = resolve_model(model if model is not None else settings.get("model") or DEFAULT_MODEL, "model")
-    draft_spec = draft if draft is not None else (settings.get("speculative") or {}).get("draft") or None
+    """The target (``--model``, else the ``model`` setting) and the draft (``--draft``, else
+    ``speculative.draft``; None when neither names one). An empty name is an error (resolve_model
+    says so), not "use the default"."""
+    target = resolve_model(model if model is not None else settings.model, "model")
+    draft_spec = draft if draft is not None else settings.speculative.draft
     return target, resolve_model(draft_spec, "draft") if draft_spec is not None else None
 
 
@@ -100,7 +109,9 @@ def make_plan(
     model: str | None = None,
     draft: str | None = None,
     environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Plan:
+    """The typed plan for ``host`` from these inputs (``plan.to_json()`` is ``plan --json``); raises
+    :class:`~.plan.PlanRefused` when nothing fits, :class:`~.config.ConfigError` on bad input."""
     from .plan import build_plan
 
     res = resolve_settings(host, root or config_root(), profile, overrides, sets, environ)

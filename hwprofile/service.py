@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config.settings import Server
 from .errors import OperationError
 
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
 STOP_MARGIN_S = 10  # the supervisor's SIGKILL margin beyond server.shutdown_timeout
 STOP_SLACK_S = 30  # beyond that: the daemon's own exit, last.json, the exporter
-DEFAULT_SHUTDOWN_S = 10  # server.shutdown_timeout's default
+DEFAULT_SHUTDOWN_S: int = Server().shutdown_timeout  # server.shutdown_timeout's declared default
 
 UNIT = """\
 # hwprofile daemon: launches every vLLM instance planned for this host, watches the GPUs and vLLM,

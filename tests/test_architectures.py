@@ -160,11 +160,11 @@ def test_moe_decode_ceiling_uses_active_parameters(host_of, empty_root) -> None:
     p = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}, model="Qwen/Qwen3-30B-A3B")
     m = from_catalog("Qwen/Qwen3-30B-A3B")
     assert m is not None
-    inst = p["instances"][0] if isinstance(p, dict) else p.plan["instances"][0]
-    est = inst["estimate"]
-    tp = inst["tensor_parallel_size"]
-    assert est["bytes_read_per_token_per_gpu"] == int(active_weights_bytes(m) / tp)
-    assert est["bytes_read_per_token_per_gpu"] < m.weights_bytes / tp / 5
+    inst = p.instances[0]
+    est = inst.estimate
+    tp = inst.tensor_parallel_size
+    assert est.bytes_read_per_token_per_gpu == int(active_weights_bytes(m) / tp)
+    assert est.bytes_read_per_token_per_gpu < m.weights_bytes / tp / 5
 
 
 def test_tiny_models_params_equal_the_saved_tensors(tmp_path: Path) -> None:
@@ -197,9 +197,9 @@ def test_startup_check_expects_vllms_own_figure_for_sliding_window_models(host_o
 
     plan = make_plan(host_of("no-driver"), empty_root, model="google/gemma-3-1b-it",
                      sets=["speculative.method=none"], environ={})  # fmt: skip
-    inst = plan["instances"][0]
-    mem = inst["memory"]
-    naive = vllm_reported_kv_tokens(mem["kv_tokens"], inst["engine"]["max_model_len"], mem["block_size"])
-    assert mem["vllm_logged_kv_tokens"] != naive  # vLLM groups sliding and full layers (kv_cache_utils)
-    assert not [w for w in compare(inst, {"kv_cache_tokens": mem["vllm_logged_kv_tokens"]}) if "KV cache" in w]
+    inst = plan.instances[0]
+    mem = inst.memory
+    naive = vllm_reported_kv_tokens(mem.kv_tokens, inst.engine.max_model_len, mem.block_size)
+    assert mem.vllm_logged_kv_tokens != naive  # vLLM groups sliding and full layers (kv_cache_utils)
+    assert not [w for w in compare(inst, {"kv_cache_tokens": mem.vllm_logged_kv_tokens}) if "KV cache" in w]
     assert [w for w in compare(inst, {"kv_cache_tokens": naive}) if "KV cache" in w]

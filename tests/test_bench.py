@@ -28,7 +28,7 @@ from hwprofile.bench.result import BenchPlan
 from hwprofile.bench.runner import Point, Target, bench_argv, read_result, spec_delta
 from hwprofile.bench.tags import HardwareSampler, non_default_settings
 from hwprofile.bench.workloads import bench_settings, sweep_points, workload
-from hwprofile.config.schema import with_defaults
+from hwprofile.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = Path(__file__).resolve().parent / "fakevllm.py"
@@ -70,7 +70,7 @@ def test_the_schema_is_a_valid_json_schema() -> None:
 
 
 def test_workloads_come_from_the_settings() -> None:
-    s = bench_settings(with_defaults({})[0])
+    s = bench_settings(Settings.from_tree({})[0])
     seed = workload("seed", s)
     assert (seed.concurrencies, seed.input_len, seed.output_len, seed.num_prompts) == ((16,), 512, 256, 64)
     assert seed.ttft_p99_target_ms == 120 and s.rounds == 3
@@ -78,7 +78,7 @@ def test_workloads_come_from_the_settings() -> None:
     sweep = workload("sweep", s)
     assert sweep.concurrencies == (1, 2, 4, 8, 16, 32, 64) and sweep.primary == 16
     changed = bench_settings(
-        with_defaults({"bench": {"sweep_max": 12, "concurrency": 3, "num_prompts": 2}})[0]
+        Settings.from_tree({"bench": {"sweep_max": 12, "concurrency": 3, "num_prompts": 2}})[0]
     )
     sw = workload("sweep", changed)
     assert sw.concurrencies == (1, 2, 4, 8, 12) and sw.primary == 12  # 3 is not a sweep point
@@ -215,8 +215,8 @@ def test_non_default_settings_name_their_source() -> None:
 
     settings = {"engine": {"max_num_seqs": 7}, "bench": {"rounds": 3}}
     prov = {("engine", "max_num_seqs"): Source("cli", "--set engine.max_num_seqs=7")}
-    nd = non_default_settings(settings, prov)
-    assert {"key": "engine.max_num_seqs", "value": 7, "default": with_defaults({})[0]["engine"]["max_num_seqs"],
+    nd = non_default_settings(Settings.from_tree(settings)[0], prov)
+    assert {"key": "engine.max_num_seqs", "value": 7, "default": Settings().engine.max_num_seqs,
             "source": "cli --set engine.max_num_seqs=7"} in nd  # fmt: skip
     assert all(s["key"] != "bench.rounds" for s in nd)  # 3 is the default
 
@@ -225,7 +225,7 @@ def test_non_default_settings_name_their_source() -> None:
 
 
 def test_argv_is_the_seed_shape(tmp_path) -> None:
-    wl = workload("seed", bench_settings(with_defaults({})[0]))
+    wl = workload("seed", bench_settings(Settings.from_tree({})[0]))
     argv = bench_argv(
         Target("http://127.0.0.1:8000", "m", "/models/m", "/venv/bin/vllm"), wl, 16, tmp_path, "r.json"
     )

@@ -40,11 +40,11 @@ def test_every_layer_in_order_with_provenance(host_of, empty_root, tmp_path) -> 
         sets=["speculative.method=none", "kv_cache_dtype=fp8"],
         environ=env,
     )
-    e = res.settings["engine"]
+    e = res.settings.engine
     assert res.profile == "rtx4090-24g" and res.chain[-1].kind == "etc-profile"
-    assert (e["max_model_len"], e["max_num_seqs"], e["max_num_batched_tokens"]) == (3000, 4, 1600)
-    assert (e["enforce_eager"], e["gpu_memory_utilization"], e["kv_cache_dtype"]) == (False, 0.87, "fp8")
-    assert res.settings["speculative"]["method"] == "none"
+    assert (e.max_model_len, e.max_num_seqs, e.max_num_batched_tokens) == (3000, 4, 1600)
+    assert (e.enforce_eager, e.gpu_memory_utilization, e.kv_cache_dtype) == (False, 0.87, "fp8")
+    assert res.settings.speculative.method == "none"
     p = {".".join(k): str(v) for k, v in res.provenance.items()}
     assert p["engine.max_model_len"] == f"etc-profile {empty_root}/profiles/rtx4090-24g.yaml:4"
     assert p["engine.max_num_seqs"] == f"overrides.d {empty_root}/overrides.d/10-a.yaml:2"
@@ -66,10 +66,13 @@ def test_replace_and_drop(host_of, empty_root) -> None:
         "extends: rtx4090-24g\nspeculative:\n  _replace: true\n  method: ngram\nengine:\n  _drop: [kv_cache_dtype]\n"
     )
     res = resolve_settings(host_of("rtx4090-1x"), empty_root, profile="site", environ={})
-    assert res.settings["speculative"] == {"method": "ngram"}  # the parents' section is gone
-    assert "kv_cache_dtype" not in res.settings["engine"]
-    assert res.settings["engine"]["max_num_seqs"] == 6  # the rest still merges
+    assert res.merged["speculative"] == {"method": "ngram"}  # the parents' section is gone
+    assert "kv_cache_dtype" not in res.merged["engine"]
+    assert res.merged["engine"]["max_num_seqs"] == 6  # the rest still merges
     assert ("speculative", "num_speculative_tokens") not in res.provenance
+    # typed, what the layers left out is at its declared default
+    assert res.settings.speculative.num_speculative_tokens == 5 and res.settings.engine.kv_cache_dtype == "auto"
+    assert res.settings.engine.max_num_seqs == 6
 
 
 def test_sizes() -> None:

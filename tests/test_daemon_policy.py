@@ -7,18 +7,18 @@ import random
 
 import pytest
 
+from hwprofile.config.settings import Watch
 from hwprofile.daemon import policy
 from hwprofile.daemon.policy import (
     GpuReading,
     InstanceActionState,
     SpecWindow,
     ThermalState,
-    WatchSettings,
     advise_k,
     expected_gain,
 )
 
-S = WatchSettings(hot_c=82, warm_c=75, critical_c=88, hysteresis_c=3, dwell_s=3, throttle_s=5, recover_s=120)
+S = Watch(hot_c=82, warm_c=75, critical_c=88, hysteresis_c=3, dwell_s=3, throttle_s=5, recover_s=120)
 A800 = {"slowdown_c": 95.0, "shutdown_c": 100.0}  # far above the profile's thresholds: they decide
 
 
@@ -127,7 +127,7 @@ def test_a_lost_gpu_is_reported_once_and_never_acted_on() -> None:
 
 
 def test_actions_are_rate_limited_per_hour_with_the_reason() -> None:
-    s = WatchSettings(**{**S.__dict__, "max_actions_per_hour": 1, "recover_s": 10})
+    s = Watch(**{**S.__dict__, "max_actions_per_hour": 1, "recover_s": 10})
     trace = [85] * 10 + [70] * 30 + [85] * 10
     _, actions, deferred = run(trace, settings=s)
     assert [k for _, k, _ in actions] == ["degrade"]

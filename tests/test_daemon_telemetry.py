@@ -11,9 +11,9 @@ import urllib.request
 
 import pytest
 
+from hwprofile.config.settings import Watch
 from hwprofile.daemon import vllm_metrics
 from hwprofile.daemon.exporter import NAMES, HwprofileCollector, Published
-from hwprofile.daemon.policy import WatchSettings
 from hwprofile.daemon.telemetry import GpuSampler, scrape
 from hwprofile.daemon.watcher import InstanceSpec, Watcher
 
@@ -166,7 +166,7 @@ def test_watcher_window_figures_and_exporter_names() -> None:
     srv = _Server()
     try:
         w = Watcher(
-            WatchSettings(min_draft_tokens=10),
+            Watch(min_draft_tokens=10),
             [InstanceSpec("vllm-gpu0", srv.url, (0,), num_speculative_tokens=5, max_num_seqs=64)],
         )
         srv.body = vllm_text(drafts=0, per_pos=(0, 0, 0, 0, 0), ttft=())  # V1 creates them at 0

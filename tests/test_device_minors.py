@@ -166,7 +166,7 @@ def test_old_snapshot_without_minor_number_loads() -> None:
 
 def test_plan_carries_the_minors_and_the_unit_allows_exactly_them(fake_host, empty_root) -> None:
     fake_host(HOST)
-    plan = make_plan(detect_host(), empty_root, sets=["server.vllm_command=vllm"], environ={})
+    plan = make_plan(detect_host(), empty_root, sets=["server.vllm_command=vllm"], environ={}).to_json()
     insts = {i["name"]: i for i in plan["instances"]}
     assert insts, plan
     for inst in insts.values():
@@ -191,7 +191,7 @@ def test_old_snapshot_plans_with_the_device_group_fallback(fake_host, empty_root
         del g["minor_number"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    plan = make_plan(HostSnapshot.load(path), empty_root, sets=["server.vllm_command=vllm"], environ={})
+    plan = make_plan(HostSnapshot.load(path), empty_root, sets=["server.vllm_command=vllm"], environ={}).to_json()
     assert plan["instances"] and all(i["gpu_minors"] == [None] * len(i["gpus"]) for i in plan["instances"])
     for name, unit in _units(plan).items():
         lines = _device_lines(unit)
@@ -202,7 +202,7 @@ def test_old_snapshot_plans_with_the_device_group_fallback(fake_host, empty_root
 def test_one_unknown_minor_falls_back_for_the_instance(fake_host, empty_root) -> None:
     host = fake_host(HOST)
     host.set_state(**{"dev1.err.nvmlDeviceGetMinorNumber": NOT_SUPPORTED})
-    plan = make_plan(detect_host(), empty_root, sets=["server.vllm_command=vllm"], environ={})
+    plan = make_plan(detect_host(), empty_root, sets=["server.vllm_command=vllm"], environ={}).to_json()
     units = _units(plan)
     for inst in plan["instances"]:
         lines = _device_lines(units[inst["name"]])

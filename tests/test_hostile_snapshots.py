@@ -301,7 +301,7 @@ def test_fuzz_accepted_snapshots_plan_or_refuse(edits: list[tuple[str, bool, Any
     except SnapshotError:
         return
     try:
-        plan = make_plan(host, empty_root, model="Qwen/Qwen3-8B", environ={})
+        plan = make_plan(host, empty_root, model="Qwen/Qwen3-8B", environ={}).to_json()
     except PlanRefused as e:
         assert e.message
         return

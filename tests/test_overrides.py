@@ -237,6 +237,7 @@ class _Sampler:
 
 
 def _plan(seqs: dict[str, int], hot: float = 82.0):  # -> Plan
+    from hwprofile.config.settings import Degrade, Logs, Supervise, Watch
     from hwprofile.plan.types import (
         EngineSettings,
         Estimate,
@@ -264,13 +265,13 @@ def _plan(seqs: dict[str, int], hot: float = 82.0):  # -> Plan
         schema="hwprofile.plan/1", profile="test", matched_because=(), host=HostSummary(None, 2, None),
         model=ModelSummary("m", *[None] * 14), draft=None,
         instances=tuple(inst(i, n, s) for i, (n, s) in enumerate(seqs.items())),
-        supervise={}, logs={}, watch={"hot_c": hot}, degrade={}, reasons=(), provenance={}, warnings=(),
+        supervise=Supervise(), logs=Logs(), watch=Watch(hot_c=hot), degrade=Degrade(), reasons=(), provenance={},
+        warnings=(),
     )  # fmt: skip
 
 
 def _daemon(tmp_path, plans: list):
     from hwprofile.daemon.loop import Daemon
-    from hwprofile.daemon.policy import WatchSettings
 
     seq = iter(plans)
 
@@ -281,7 +282,7 @@ def _daemon(tmp_path, plans: list):
         return p
 
     first = _plan({"a": 256, "b": 256})
-    d = Daemon(first, replan, _Sup(["a", "b"]), _Sampler(), WatchSettings.from_settings(first.watch), {}, tmp_path,
+    d = Daemon(first, replan, _Sup(["a", "b"]), _Sampler(), first.watch, first.degrade, tmp_path,
                clock=lambda: 0.0)  # fmt: skip
     calls: list[str] = []
     d.on_reloading = lambda _d: calls.append("RELOADING")

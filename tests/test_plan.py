@@ -20,7 +20,7 @@ GiB = 2**30
 
 
 def plan_for(host_of, root, name, **kw):
-    return make_plan(host_of(name), root, environ={}, **kw)
+    return make_plan(host_of(name), root, environ={}, **kw).to_json()
 
 
 def test_a800_four_pcie_gpus_two_numa_pairs(host_of, empty_root) -> None:
@@ -193,7 +193,7 @@ def test_draft_with_another_vocabulary_by_installed_vllm(host_of, empty_root) ->
             environ={},
             model="Qwen/Qwen2.5-32B-Instruct",
             draft="Qwen/Qwen2.5-1.5B-Instruct",
-        )
+        ).to_json()
 
     old = plan_with("0.22.0")  # refuses a draft with another vocabulary
     assert old["instances"][0]["speculative"]["method"] == "ngram" and old["draft"] is None
@@ -319,7 +319,7 @@ def test_plan_never_exceeds_budget(h, s, empty_root) -> None:
     host = _host(h)
     res = resolve_settings(host, empty_root, environ={})
     try:
-        plan = build_plan(host, res.settings, res.provenance, res.profile, [], model, None)
+        plan = build_plan(host, res.settings, res.provenance, res.profile, [], model, None).to_json()
     except PlanRefused as e:
         assert e.message and e.suggestions
         return
@@ -364,7 +364,7 @@ def _gpu_copies(host: HostSnapshot, count: int) -> HostSnapshot:
 
 def test_four_bit_retry_starts_over_without_the_first_attempts_warnings(host_of, empty_root) -> None:
     host = _gpu_copies(host_of("rtx4090-1x"), 3)
-    p = make_plan(host, empty_root, environ={})  # Qwen3-32B at 16 bits fits no layout: the 4-bit retry
+    p = make_plan(host, empty_root, environ={}).to_json()  # Qwen3-32B at 16 bits fits no layout: the 4-bit retry
     assert p["model"]["name"] == "Qwen/Qwen3-32B-AWQ"
     assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0, 1], 2)]
     assert [w for w in p["warnings"] if "left idle" in w] == [
@@ -404,13 +404,13 @@ def test_tp_choice_counts_fp8_if_supported_as_the_model_dtype_without_fp8(
         ):
             monkeypatch.setattr(mod, "fit", spy)
     ampere = _gpu_copies(host_of("rtx3060-12g-1x"), 3)  # PCIe only: TP chosen by fit; no FP8 hardware
-    p = make_plan(ampere, empty_root, environ={}, model="Qwen/Qwen3-14B")
+    p = make_plan(ampere, empty_root, environ={}, model="Qwen/Qwen3-14B").to_json()
     assert p["profile"] == "geforce-12g" and p["instances"][0]["tensor_parallel_size"] == 2
     assert p["instances"][0]["engine"]["kv_cache_dtype"] == "auto"
     assert kv_bytes and set(kv_bytes) == {2}  # the TP choice's fits too, not only the instance's
     kv_bytes.clear()
     ada = _gpu_copies(host_of("rtx4070-12g-1x"), 3)  # FP8 hardware: fp8 in both
-    p = make_plan(ada, empty_root, environ={}, model="Qwen/Qwen3-14B")
+    p = make_plan(ada, empty_root, environ={}, model="Qwen/Qwen3-14B").to_json()
     assert p["instances"][0]["engine"]["kv_cache_dtype"] == "fp8"
     assert kv_bytes and set(kv_bytes) == {1}
 
@@ -446,7 +446,7 @@ def test_mixed_gpus_are_planned_separately_never_tp_across_models(host_of, empty
     g1 = {**b["gpus"][0], "index": 1, "minor_number": 1, "pci_bus_id": "00000000:02:00.0"}
     a["gpus"] = [a["gpus"][0], g1]
     host = HostSnapshot.from_dict(a)
-    p = make_plan(host, empty_root, model="Qwen/Qwen3-1.7B", sets=["speculative.method=none"], environ={})
+    p = make_plan(host, empty_root, model="Qwen/Qwen3-1.7B", sets=["speculative.method=none"], environ={}).to_json()
     assert p["profile"] == "generic-mixed"
     got = sorted((i["gpus"], i["gpu_name"], i["tensor_parallel_size"]) for i in p["instances"])
     assert [g for g, _, _ in got] == [[0], [1]] and all(tp == 1 for _, _, tp in got)
@@ -455,7 +455,7 @@ def test_mixed_gpus_are_planned_separately_never_tp_across_models(host_of, empty
 
 
 def test_strategy_single_plans_one_instance(host_of, empty_root) -> None:
-    p = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.strategy=single"], environ={})
+    p = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.strategy=single"], environ={}).to_json()
     assert len(p["instances"]) == 1 and p["instances"][0]["gpus"] == [0, 1]
 
 
@@ -465,7 +465,7 @@ def test_strategy_tensor_parallel_takes_every_gpu_and_warns_over_pcie(host_of, e
         empty_root,
         sets=["layout.strategy=tensor_parallel", "layout.tensor_parallel_size=auto"],
         environ={},
-    )
+    ).to_json()
     (inst,) = p["instances"]
     assert inst["tensor_parallel_size"] == 4 and inst["gpus"] == [0, 1, 2, 3]
     assert any("custom all-reduce" in w for w in p["warnings"])
@@ -478,7 +478,7 @@ def test_pipeline_parallel_is_carried_to_the_render(host_of, empty_root) -> None
 
     p = make_plan(
         host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.pipeline_parallel_size=2"], environ={}
-    )
+    ).to_json()
     inst = p["instances"][0]
     assert inst["pipeline_parallel_size"] == 2
     argv = render_instance(p, inst, release("0.33.0"), "vllm", None).argv

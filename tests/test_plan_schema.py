@@ -35,7 +35,7 @@ def test_real_plans_validate(name, host_of, empty_root) -> None:
         ("Qwen/Qwen3-30B-A3B", ["speculative.method=none"]),
     ]:
         try:
-            plan = make_plan(host, empty_root, model=model, sets=sets, environ={})
+            plan = make_plan(host, empty_root, model=model, sets=sets, environ={}).to_json()
         except PlanRefused:
             continue
         jsonschema.validate(json.loads(json.dumps(plan)), SCHEMA)
@@ -44,11 +44,11 @@ def test_real_plans_validate(name, host_of, empty_root) -> None:
 
 
 def test_a_broken_plan_does_not_validate(host_of, empty_root) -> None:
-    plan = json.loads(json.dumps(make_plan(host_of("rtx4090-1x"), empty_root, environ={})))
+    plan = json.loads(json.dumps(make_plan(host_of("rtx4090-1x"), empty_root, environ={}).to_json()))
     plan["instances"][0]["engine"]["max_num_seqs"] = "many"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(plan, SCHEMA)
-    plan = json.loads(json.dumps(make_plan(host_of("rtx4090-1x"), empty_root, environ={})))
+    plan = json.loads(json.dumps(make_plan(host_of("rtx4090-1x"), empty_root, environ={}).to_json()))
     plan["instances"][0]["surprise"] = 1  # a new key must be added to the contract first
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(plan, SCHEMA)

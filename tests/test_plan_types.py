@@ -74,3 +74,18 @@ def test_unknown_keys_are_refused(host_of, empty_root) -> None:
     doc["instances"][0]["surprise"] = 1
     with pytest.raises(ValueError, match="surprise"):
         Plan.from_json(doc)
+
+
+def test_settings_sections_are_typed_and_checked_when_read_back(host_of, empty_root) -> None:
+    from hwprofile.config.settings import Supervise
+
+    plan = make_plan(host_of("rtx4090-1x"), empty_root, sets=["supervise.max_restarts=0"], environ={})
+    assert isinstance(plan.supervise, Supervise) and plan.supervise.max_restarts == 0  # an explicit 0
+    doc = json.loads(json.dumps(plan.to_json()))
+    assert Plan.from_json(doc).supervise == plan.supervise
+    doc["supervise"]["ready_timeout"] = "soon"
+    with pytest.raises(ValueError, match=r"supervise.ready_timeout: expected a number"):
+        Plan.from_json(doc)
+    doc["supervise"] = {"ready_timout": 10}
+    with pytest.raises(ValueError, match="ready_timout"):
+        Plan.from_json(doc)

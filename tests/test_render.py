@@ -51,9 +51,9 @@ def _render_all(host, empty_root, model) -> dict:
     for v in VERSIONS:
         rel = release(v)
         out[v] = {}
-        for inst in plan["instances"]:
+        for inst in plan.instances:
             r = render_instance(plan, inst, rel, "vllm", "/usr/bin/numactl")
-            out[v][inst["name"]] = {"argv": r.argv, "env": r.env, "warnings": r.warnings}
+            out[v][inst.name] = {"argv": r.argv, "env": r.env, "warnings": r.warnings}
     return out
 
 
@@ -161,8 +161,8 @@ def test_kv_dtype_only_from_the_release_choices(host_of, empty_root) -> None:
     plan = make_plan(
         host, empty_root, model="Qwen/Qwen3-8B", sets=["engine.kv_cache_dtype=float16"], environ={}
     )
-    old = render_instance(plan, plan["instances"][0], release("0.15.0"), "vllm", None)
-    new = render_instance(plan, plan["instances"][0], release("0.20.0"), "vllm", None)
+    old = render_instance(plan, plan.instances[0], release("0.15.0"), "vllm", None)
+    new = render_instance(plan, plan.instances[0], release("0.20.0"), "vllm", None)
     assert "--kv-cache-dtype" not in old.argv and any(
         "float16 is not accepted by vLLM 0.15.0" in w for w in old.warnings
     )

@@ -173,7 +173,7 @@ def _render_everything(host_of, empty_root, name: str, model: str | None, sets: 
     host = host._replace(software=host.software._replace(numactl_path="/usr/bin/numactl"))
     plan = make_plan(
         host, empty_root, model=model, sets=["server.vllm_command=vllm", *(sets or [])], environ={}
-    )
+    ).to_json()
     for version in known_versions():
         rel = release(version)
         assert rel.table == version
@@ -310,7 +310,7 @@ def test_a_draft_with_another_vocabulary(host_of, empty_root, installed) -> None
         draft="meta-llama/Llama-3.2-1B-Instruct",
         sets=["server.vllm_command=vllm"],
         environ={},
-    )
+    ).to_json()
     inst = plan["instances"][0]
     assert plan["model"]["vocab_size"] != plan["draft"]["vocab_size"] if plan["draft"] else True
     for version in known_versions():

@@ -117,13 +117,12 @@ def test_a_missing_directory_is_created_0700_with_its_parents(tmp_path: Path) ->
 def test_per_user_names(monkeypatch: pytest.MonkeyPatch, inputs: launch.PlanInputs) -> None:
     import dataclasses
 
-    from hwprofile.plan.types import as_plan
-
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert user_dirname() == "hwprofile"
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert user_dirname() == "hwprofile-1000"
-    plan = dataclasses.replace(as_plan(inputs.replan()), logs={"dir": None})
+    plan = inputs.replan()
+    plan = dataclasses.replace(plan, logs=dataclasses.replace(plan.logs, dir=None))
     assert launch.log_root(plan, "/dev/shm", Path("/run/x")) == Path("/dev/shm/hwprofile-1000")
     assert launch.log_root(plan, None, Path("/run/x")) == Path("/run/x/logs")
 
@@ -207,7 +206,8 @@ def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, input
     assert path == tmp_path / "run" / launch.LAUNCH_FILE and mode(path) == 0o600
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     got, again, version = launch.read_launch_file(path)
-    assert version == "0.32.0" and got.to_json() == json.loads(json.dumps(plan))  # a typed Plan
+    assert version == "0.32.0" and got == plan  # the typed Plan back, its settings sections too
+    assert got.to_json() == json.loads(json.dumps(plan.to_json()))
     assert again.sets == inputs.sets and again.model == inputs.model
     assert again.host.to_dict() == inputs.host.to_dict()  # no second detection: the same host
     extra = ["engine.max_model_len=256"]

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from hwprofile.config import ConfigError
-from hwprofile.config.schema import SETTINGS, _check, defaults, validate, with_defaults
+from hwprofile.config.fields import check
+from hwprofile.config.schema import SETTINGS, defaults, validate
+from hwprofile.config.settings import SECTIONS, Settings
 from hwprofile.config.yamlsrc import load_file, source_of
 from hwprofile.match.profiles import builtin_dir
 from hwprofile.pipeline import make_plan
@@ -20,7 +22,8 @@ MODEL = "Qwen/Qwen3-8B"  # a catalog model that fits a 24 GB card at 16 bits
 
 
 def _plan(host: Any, root: Path, *sets: str, profile: str | None = None) -> dict[str, Any]:
-    return make_plan(host, root, profile=profile, sets=list(sets), model=MODEL, environ={})
+    """The plan's JSON (``plan --json``)."""
+    return make_plan(host, root, profile=profile, sets=list(sets), model=MODEL, environ={}).to_json()
 
 
 def _reason(plan: dict[str, Any], key: str) -> dict[str, Any]:
@@ -37,7 +40,7 @@ def test_every_setting_has_a_valid_default() -> None:
         for p in path:
             node = node[p]
         if node is not None or not field.nullable:
-            assert _check(field, node) == node, path
+            assert check(field, node) == node, path
 
 
 def test_base_profile_agrees_with_the_schema() -> None:
@@ -99,18 +102,61 @@ def test_dropped_setting_falls_back_to_the_schema_default(host_of: Any, empty_ro
     assert _reason(plan, "instances[0].engine.max_num_seqs")["source"] == "default schema"
 
 
-def test_with_defaults_fills_only_what_is_missing() -> None:
-    filled, paths = with_defaults({"engine": {"max_num_seqs": 3}})
-    assert filled["engine"]["max_num_seqs"] == 3 and ("engine", "max_num_seqs") not in paths
-    assert filled["supervise"]["ready_timeout"] == 900.0 and ("supervise", "ready_timeout") in paths
-    assert len(paths) == len(SETTINGS) - 1
+def test_typed_settings_fill_only_what_is_missing() -> None:
+    settings, paths = Settings.from_tree({"engine": {"max_num_seqs": 3}, "memory": {"margin_bytes": 0}})
+    assert settings.engine.max_num_seqs == 3 and ("engine", "max_num_seqs") not in paths
+    assert settings.memory.margin_bytes == 0 and ("memory", "margin_bytes") not in paths  # 0 stays 0
+    assert settings.supervise.ready_timeout == 900.0 and ("supervise", "ready_timeout") in paths
+    assert len(paths) == len(SETTINGS) - 2
 
 
-def test_planner_reads_settings_without_fallbacks() -> None:
-    code = (Path(__file__).parents[1] / "hwprofile" / "plan" / "__init__.py").read_text()
-    fallbacks = re.findall(r"_s\(settings, [^)]*\)\s+or\s+\S+", code)
-    assert fallbacks == []
-    assert not re.findall(r"settings\.get\([^)]*,", code)
+def test_the_table_of_settings_is_the_typed_declarations() -> None:
+    """One declaration per setting: the table validation uses is derived from the dataclasses."""
+    typed = Settings()
+    for path, field in SETTINGS.items():
+        value: Any = typed
+        for part in path:
+            value = getattr(value, part)
+        want = field.default
+        assert value == want, path
+    assert set(SECTIONS) == {p[0] for p in SETTINGS if len(p) == 2}
+
+
+def test_typed_settings_check_what_they_are_built_from() -> None:
+    with pytest.raises(ConfigError, match=r"engine.max_num_seqs: 0 is out of range"):
+        Settings.from_tree({"engine": {"max_num_seqs": 0}})
+    assert Settings.from_tree({"server": {"extra_args": ["--a", "1"]}})[0].server.extra_args == ("--a", "1")
+
+
+def test_sections_are_frozen_values() -> None:
+    import dataclasses
+
+    from hwprofile.config.settings import Watch
+
+    w = Watch(hot_c=80.0)
+    assert (w.hot_c, w.warm_c) == (80.0, SETTINGS[("watch", "warm_c")].default)  # the rest at its default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.hot_c = 90.0  # type: ignore[misc]
+    cooler = dataclasses.replace(w, hot_c=78.0)
+    assert cooler.hot_c == 78.0 and w.hot_c == 80.0 and cooler != w and w == Watch(hot_c=80.0)
+    assert hash(w) == hash(Watch(hot_c=80.0)) and w.to_json()["hot_c"] == 80.0
+    with pytest.raises(TypeError, match="hot"):
+        Watch(hot=1)  # type: ignore[call-arg]
+
+
+# Fallbacks of their own (`x or 64`, `.get("ready_timeout", 900)`) in the code that reads settings.
+_KEYS = "|".join(sorted({p[-1] for p in SETTINGS}))
+_FALLBACK = re.compile(r"settings\.\w+(?:\.\w+)*\s+or\s+\S|\.get\(\s*[\"'](?:" + _KEYS + r")[\"']\s*,")
+
+
+def test_code_reads_settings_without_fallbacks() -> None:
+    pkg = Path(__file__).parents[1] / "hwprofile"
+    files = [*pkg.glob("plan/*.py"), *pkg.glob("launch/*.py"), *pkg.glob("cli/*.py"), *pkg.glob("daemon/*.py"),
+             pkg / "pipeline.py", pkg / "service.py"]  # fmt: skip
+    found = [f"{f.name}: {m.group()}" for f in files for m in _FALLBACK.finditer(f.read_text())]
+    assert found == []
+    assert _FALLBACK.search('timeout = float(plan.supervise.get("ready_timeout", 900))')  # what it finds
+    assert _FALLBACK.search("seqs = settings.engine.max_num_seqs or 64")
 
 
 # -- an explicit zero is honoured (or refused by the schema's range) ------------------------------

@@ -157,17 +157,14 @@ def test_startup_verification_reports_both_values(host_of, empty_root) -> None:
     import dataclasses
 
     from hwprofile.pipeline import make_plan
-    from hwprofile.plan.types import as_instance
 
     started = parse_startup(
         NON_DEFAULT
         + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n"
     )
     assert started["kv_cache_tokens"] == 512 and started["non_default_args"]["max_model_len"] == 512
-    real = as_instance(
-        make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", sets=["speculative.method=none"],
-                  environ={})["instances"][0]
-    )  # fmt: skip
+    real = make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", sets=["speculative.method=none"],
+                     environ={}).instances[0]  # fmt: skip
     inst = dataclasses.replace(
         real,
         engine=dataclasses.replace(real.engine, max_model_len=512, max_num_seqs=4, enforce_eager=True,

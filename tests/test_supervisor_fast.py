@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from hwprofile import launch
+from hwprofile.config.settings import Logs, Supervise
 from hwprofile.runtime.dirs import user_dirname
 from hwprofile.runtime.processes import Identity, check, group_members, identify, signal_process
 from hwprofile.supervise import http
@@ -118,10 +119,11 @@ def make_supervisor(
 ) -> Supervisor:
     """A supervisor wired as ``launch`` wires it: the plan and its re-plans from the same inputs."""
     inputs = plan_inputs(world, rt, *extra, host=host)
-    defaults: dict[str, Any] = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1,
-                                "backoff_max": 1.0, "poll_interval": 0.05, "stop_margin": 3.0,
-                                "min_model_len": inputs.min_model_len()}  # fmt: skip
-    options = Options(runtime=rt / "run", log_root=rt / "logs", **{**defaults, **opts})
+    supervise = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1, "backoff_max": 1.0}
+    rest: dict[str, Any] = {"poll_interval": 0.05, "stop_margin": 3.0, "min_model_len": inputs.min_model_len()}
+    for k, v in opts.items():
+        (supervise if k in supervise else rest)[k] = v
+    options = Options.from_settings(Supervise(**supervise), Logs(), rt / "run", rt / "logs", **rest)
     return Supervisor(
         inputs.replan(), world["release"], "/nonexistent/vllm", None, options,
         replan=inputs.replan if replan else None,
@@ -360,7 +362,7 @@ def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env
         assert gaps[0] >= 0.4 and gaps[1] >= 0.8, gaps  # each step waited the backoff, doubling
         # the instance is the re-planned one: its memory figures are the planner's for 256 tokens,
         # and the startup check against them (and this start's own log only) finds nothing to say
-        fresh = sup.replan(["engine.max_model_len=512", "engine.max_model_len=256"])["instances"][0]
+        fresh = sup.replan(["engine.max_model_len=512", "engine.max_model_len=256"]).to_json()["instances"][0]
         assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["engine"] == fresh["engine"]
         assert inst.verify_warnings == [], inst.verify_warnings
         human = launch.format_status(launch.status(rt / "run"))
@@ -397,7 +399,7 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
     assert flag_values(fake_env, "--max-num-seqs") == ["2"] * 4 + ["1"] * 3
     assert [v is not None for v in flag_values(fake_env, "--enforce-eager")] == [False] * 5 + [True] * 2
     assert [v is not None for v in flag_values(fake_env, "--speculative-config")] == [True] * 6 + [False]
-    fresh = sup.replan([s["set"] for s in inst.ladder])["instances"][0]
+    fresh = sup.replan([s["set"] for s in inst.ladder]).to_json()["instances"][0]
     assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["memory"] != first["memory"]
     assert inst.inst.to_json()["memory"]["budget_bytes"] < first["memory"]["budget_bytes"]
     human = launch.format_status(launch.status(rt / "run"))

@@ -19,9 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..daemon.policy import POWER_REASONS, THERMAL_REASONS
+
+if TYPE_CHECKING:
+    from ..config.settings import Settings
 
 THROTTLE_REASONS = THERMAL_REASONS + POWER_REASONS
 INTERVAL_S = 0.5
@@ -246,18 +249,17 @@ def host_tags(host: Any, cpu: Mapping[str, Any] | None = None) -> dict[str, Any]
 
 
 def non_default_settings(
-    settings: Mapping[str, Any], provenance: Mapping[tuple[str, ...], Any]
+    settings: Settings, provenance: Mapping[tuple[str, ...], Any]
 ) -> list[dict[str, Any]]:
     """Every setting whose resolved value differs from its schema default: key, value, default,
     and the layer it came from (a profile file and line, an overrides file, the environment, --set)."""
-    from ..config.schema import SETTINGS, with_defaults
+    from ..config.schema import SETTINGS
 
-    full, _ = with_defaults(settings)
     out = []
     for path, f in SETTINGS.items():
-        node: Any = full
+        node: Any = settings
         for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
+            node = getattr(node, part, None)
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         value = list(node) if isinstance(node, tuple) else node
         if value != default:

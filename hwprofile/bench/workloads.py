@@ -12,38 +12,18 @@ greedy (temperature 0) and the prompts come from a fixed seed, so two plans see 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config.settings import Bench, Settings
 
 NAMES = ("seed", "latency", "sweep")
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    """The ``bench.*`` settings (schema defaults already filled in)."""
-
-    concurrency: int
-    input_len: int
-    output_len: int
-    num_prompts: int
-    sweep_max: int
-    ttft_p99_target_ms: float
-    rounds: int
-
-
-def bench_settings(settings: Mapping[str, Any]) -> BenchSettings:
-    """The ``bench`` section of resolved settings (``with_defaults`` applied): the one place that reads it."""
-    b = settings["bench"]
-    return BenchSettings(
-        concurrency=int(b["concurrency"]),
-        input_len=int(b["input_len"]),
-        output_len=int(b["output_len"]),
-        num_prompts=int(b["num_prompts"]),
-        sweep_max=int(b["sweep_max"]),
-        ttft_p99_target_ms=float(b["ttft_p99_target_ms"]),
-        rounds=int(b["rounds"]),
-    )
+def bench_settings(settings: Settings) -> Bench:
+    """The ``bench`` section of the resolved settings: the one place bench reads them."""
+    return settings.bench
 
 
 @dataclass(frozen=True)
@@ -80,7 +60,7 @@ def sweep_points(top: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def workload(name: str, s: BenchSettings) -> Workload:
+def workload(name: str, s: Bench) -> Workload:
     """The named workload from the settings (``ValueError`` for an unknown name)."""
     common = {
         "input_len": s.input_len,

@@ -56,7 +56,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.tags import HardwareSampler, host_tags, non_default_settings
     from ..bench.workloads import Workload, bench_settings, workload
     from ..config.layers import config_root
-    from ..config.schema import with_defaults
     from ..pipeline import make_plan, resolve_settings, vllm_command
     from ..plan import PlanRefused
     from ..plan.types import as_plan
@@ -77,8 +76,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model = str(make_tiny_model())
         sets = [*DEMO_SETS, *sets]
     res = resolve_settings(host, root, args.profile, args.overrides, sets)
-    settings, _ = with_defaults(res.settings)
-    bs = bench_settings(settings)
+    bs = bench_settings(res.settings)
     wl = workload(args.workload, bs)
     rounds = args.rounds or (bs.rounds if args.compare else 1)
 
@@ -118,7 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError(f"--output {out_dir}: cannot create it: {e.strerror}", EXIT_FAILED) from None
     _progress(f"results go to {out_dir}")
     sw = host.software
-    configured_vllm = (settings.get("server") or {}).get("vllm_command")
+    configured_vllm = res.settings.server.vllm_command
 
     @contextlib.contextmanager
     def serve(bp: BenchPlan) -> Iterator[Any]:

@@ -55,13 +55,12 @@ def _plan_or_report(
     from ..config.layers import config_root
     from ..pipeline import make_plan
     from ..plan import PlanRefused
-    from ..plan.types import as_plan
 
     try:
-        return as_plan(make_plan(
+        return make_plan(
             host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
             sets=args.sets if sets is None else sets, model=args.model if model is None else model, draft=args.draft,
-        ))  # fmt: skip
+        )  # fmt: skip
     except PlanRefused as e:
         print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
         for s in e.suggestions:

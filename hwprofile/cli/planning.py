@@ -15,11 +15,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..config.layers import config_root
     from ..pipeline import make_plan
     from ..plan import SCHEMA, PlanRefused
-    from ..plan.types import as_plan
 
     host = load_host(args)
     try:
-        plan = as_plan(make_plan(
+        plan = make_plan(
             host,
             config_root(args.config_root),
             profile=args.profile,
@@ -27,7 +26,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             sets=args.sets,
             model=args.model,
             draft=args.draft,
-        ))
+        )
     except PlanRefused as e:
         if args.json:
             out = {"schema": SCHEMA, "refused": {"reason": e.message, "suggestions": e.suggestions}}
@@ -40,18 +39,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if args.advice_from:
         from ..daemon.advice import AdviceError, advice_from
-        from ..daemon.policy import WatchSettings
 
         try:
-            advice, extra = advice_from(args.advice_from, plan, WatchSettings.from_settings(plan.watch))
+            advice, extra = advice_from(args.advice_from, plan, plan.watch)
         except AdviceError as e:
             raise CliError(str(e), EXIT_FAILED) from None
         print(f"hwprofile: advice from {args.advice_from}: {advice.reason}", file=sys.stderr)
         print(f"hwprofile: applied as --set {' --set '.join(extra)}", file=sys.stderr)
-        plan = as_plan(make_plan(
+        plan = make_plan(
             host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
             sets=[*args.sets, *extra], model=args.model, draft=args.draft,
-        ))  # fmt: skip
+        )  # fmt: skip
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     else:

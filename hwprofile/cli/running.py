@@ -88,7 +88,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             replan=inputs.replan, min_model_len=inputs.min_model_len(),
         )  # fmt: skip
     plan_file = write_launch_file(runtime, plan, inputs, rel.target)
-    timeout = float(plan.supervise.get("ready_timeout", 900)) + 30
+    timeout = plan.supervise.ready_timeout + 30
     return run_detached(
         ["launch", "--plan-file", str(plan_file), "--runtime-dir", str(runtime)], runtime, timeout
     )
@@ -124,16 +124,12 @@ def _launch_from_file(args: argparse.Namespace) -> int:
 def _demo(plan, rel, numactl, tmpfs, runtime, inputs=None) -> int:
     import time
 
-    from ..launch import demo_completion, format_status, setup_logging, status
+    from ..launch import demo_completion, format_status, options, setup_logging, status
     from ..pipeline import vllm_command
-    from ..plan.types import as_plan
     from ..runtime.processes import pid_alive
     from ..supervise.supervisor import Supervisor
 
     setup_logging(runtime, to_stderr=True)
-    from ..launch import options
-
-    plan = as_plan(plan)
     sup = Supervisor(
         plan,
         rel,
@@ -151,7 +147,7 @@ def _demo(plan, rel, numactl, tmpfs, runtime, inputs=None) -> int:
     t0 = time.monotonic()
     sup.start()
     try:
-        if not sup.wait_ready(float(plan.supervise.get("ready_timeout", 900))):
+        if not sup.wait_ready(plan.supervise.ready_timeout):
             print(format_status(status(runtime)), end="")
             return EXIT_FAILED
         inst = sup.instances[0]
@@ -259,15 +255,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return run_watch(args.url, _watch_settings(args), args.once, args.json, args.interval, args.draft_cost, args.max_num_seqs)
 
 
-def _watch_settings(args: argparse.Namespace):  # -> WatchSettings
-    from ..daemon.policy import WatchSettings
-    from ..pipeline import resolve_settings
+def _watch_settings(args: argparse.Namespace):  # -> Watch
+    """The ``watch`` settings of the profile this host matches (and the command's overrides)."""
+    from ..pipeline import config_root, resolve_settings
 
     host = load_host(args)
-    from ..pipeline import config_root
-
     res = resolve_settings(host, args.config_root or config_root(), args.profile, args.overrides, args.set, None)
-    return WatchSettings.from_settings(res.settings.get("watch") or {})
+    return res.settings.watch
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:

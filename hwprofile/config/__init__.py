@@ -1,5 +1,7 @@
-"""Configuration: YAML read with file and line for every value, a schema of the settings, and the
-override layers (built-in profile < /etc profile < overrides.d < --overrides < env < --set)."""
+"""Configuration: YAML read with file and line for every value, the settings declared as typed
+frozen dataclasses (one default each) with the table and validation derived from them, and the
+override layers (built-in profile < /etc profile < overrides.d < --overrides < env < --set), merged
+once into :class:`~.settings.Settings`."""
 
 from __future__ import annotations
 

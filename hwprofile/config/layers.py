@@ -194,15 +194,6 @@ def _forget(prov: dict[Path_, Source], path: Path_) -> None:
         del prov[p]
 
 
-def get(settings: Mapping[str, Any], path: Path_, default: Any = None) -> Any:
-    cur: Any = settings
-    for p in path:
-        if not isinstance(cur, Mapping) or p not in cur:
-            return default
-        cur = cur[p]
-    return cur
-
-
 def require_file(path: str, what: str) -> None:
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: {what} file not found")

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..config.settings import Watch
 from ..errors import OperationError
 from ..plan.types import Plan, as_plan
-from .policy import KAdvice, SpecWindow, WatchSettings, advise_k
+from .policy import KAdvice, SpecWindow, advise_k
 from .telemetry import scrape
 from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 
@@ -32,7 +33,7 @@ def lifetime_window(counters: Mapping[str, float]) -> SpecWindow | None:
     )
 
 
-def advice_from(url: str, plan: Plan | Mapping[str, Any], settings: WatchSettings) -> tuple[KAdvice, list[str]]:
+def advice_from(url: str, plan: Plan | Mapping[str, Any], settings: Watch) -> tuple[KAdvice, list[str]]:
     """The advice for ``plan``'s first speculating instance from the server at ``url``, and the
     ``--set`` overrides that apply it."""
     r = scrape("advice", url, 0.0, timeout=5.0)
@@ -49,7 +50,7 @@ def advice_from(url: str, plan: Plan | Mapping[str, Any], settings: WatchSetting
     cost = 0.0
     if spec.method == "draft_model" and typed.draft and typed.draft.params and typed.model.params:
         cost = typed.draft.params / typed.model.params
-    seqs = inst.engine.max_num_seqs or 1
+    seqs = inst.engine.max_num_seqs
     load = (r.metrics.running or 0.0) / seqs
     a = advise_k(w, int(spec.num_speculative_tokens), cost, load, settings)
     if a is None:

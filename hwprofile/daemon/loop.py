@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.settings import Degrade, Watch
 from ..plan.degrade import degrade_sets
 from ..plan.types import InstancePlan, Plan, as_instance, as_plan
 from ..runtime.files import atomic_write
 from .exporter import Published
-from .policy import Action, WatchSettings
+from .policy import Action
 from .telemetry import GpuSampler, InstanceReading, scrape
 from .watcher import InstanceSpec, Report, Watcher
 
@@ -75,24 +76,25 @@ class Daemon:
     def __init__(
         self,
         plan: Plan | dict[str, Any],
-        replan: Callable[[list[str]], dict[str, Any]],
+        replan: Callable[[list[str]], Plan],
         supervisor: Any,
         sampler: GpuSampler | Any,
-        settings: WatchSettings,
-        degrade: Mapping[str, Any],
+        settings: Watch,
+        degrade: Degrade,
         runtime: Path,
         clock: Callable[[], float] = time.monotonic,
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
         on_tick: Callable[[Daemon, Report], None] | None = None,
     ) -> None:
-        """``plan`` is a :class:`Plan` or its JSON; ``replan`` returns a plan's JSON
-        (``pipeline.make_plan``'s) or a :class:`Plan`: each is read once, with ``as_plan``."""
+        """``plan`` is a :class:`Plan` or its JSON (read once, with ``as_plan``); ``replan`` returns a
+        :class:`Plan` (``pipeline.make_plan``'s); ``settings`` and ``degrade``: the plan's ``watch``
+        and ``degrade`` sections (a test may give others)."""
         self.plan = plan = as_plan(plan)
         self.replan = replan
         self.sup = supervisor
         self.sampler = sampler
         self.settings = settings
-        self.degrade = dict(degrade)
+        self.degrade = degrade
         self.runtime = runtime
         self.clock = clock
         self.scraper = scraper
@@ -244,7 +246,7 @@ class Daemon:
             )
             why.append(f"k advice applied: {advice.reason}")
         try:
-            new_plan = as_plan(self.replan(sets))
+            new_plan = self.replan(sets)
         except Exception as e:  # a refused re-plan keeps the instance as it runs
             msg = f"{a.kind} {a.instance}: re-plan with {sets} failed: {e}"
             log.error("%s", msg)
@@ -286,7 +288,7 @@ class Daemon:
             self.on_reloading(self)
         try:
             try:
-                new_plan = as_plan(self.replan([]))
+                new_plan = self.replan([])
             except Exception as e:
                 self.reload_error = " ".join(str(e).split()) or type(e).__name__
                 msg = f"reload ({why}): the configuration is invalid, the last good plan is kept: {self.reload_error}"
@@ -332,18 +334,18 @@ class Daemon:
         changed = [
             n for n in new if self._fingerprint(new_plan, new[n]) != self._fingerprint(self.plan, old[n])
         ]
-        degrade = dict(new_plan.degrade)
+        degrade = new_plan.degrade
         replacements = []  # everything that can fail comes before the first change of state
         for n in changed:
             inst = new[n]
             level = self.levels.get(n, 0)
             if level:  # keep its degrade step: re-plan it with that step's settings
                 sets, _ = degrade_sets(inst, level, degrade)
-                inst = next(i for i in as_plan(self.replan(sets)).instances if i.name == n)
+                inst = self.replan(sets).instance(n)
             replacements.append((n, inst))
-        settings = WatchSettings.from_settings(new_plan.watch)
+        settings = new_plan.watch
         notes = []
-        if dict(new_plan.watch) != dict(self.plan.watch):
+        if settings != self.plan.watch:
             self.settings = settings
             self.watcher.settings = settings
             notes.append("watch.* applied")
@@ -396,7 +398,7 @@ class Daemon:
             "ticks": self.ticks,
             "missed_ticks": self.missed,
             "tick_seconds": self.published.tick_seconds,
-            "watch": {k: getattr(self.settings, k) for k in self.settings.__dataclass_fields__},
+            "watch": self.settings.to_json(),
             **rep,
             "actions": list(self.history),
             "queued": [{"kind": a.kind, "instance": a.instance, "level": a.level} for a in self.queue],

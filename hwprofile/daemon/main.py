@@ -16,14 +16,13 @@ from typing import Any
 from ..plan.types import Plan, as_plan
 from .loop import DAEMON_FILE, Daemon
 from .notify import Notifier, status_line
-from .policy import WatchSettings
 
 log = logging.getLogger("hwprofile")
 
 
 def run_daemon(
     plan: Plan | dict[str, Any],
-    replan: Callable[[list[str]], dict[str, Any]],
+    replan: Callable[[list[str]], Plan],
     release: Any,
     vllm_command: str,
     numactl: str | None,
@@ -50,8 +49,8 @@ def run_daemon(
     from .exporter import serve
     from .telemetry import GpuSampler, Scraper
 
-    plan = as_plan(plan)  # the daemon's plan is typed; replan's JSON is read where it is used
-    settings = WatchSettings.from_settings(plan.watch)
+    plan = as_plan(plan)  # a plan file's JSON is read once, here
+    settings = plan.watch
     sup = Supervisor(
         plan,
         release,

@@ -27,47 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+
+from ..config.settings import Watch
 
 LEVELS = ("ok", "warm", "hot", "critical")
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
-
-
-def _default(name: str) -> Any:
-    """The schema's default of ``watch.<name>``: the one default there is."""
-    from ..config.schema import SETTINGS
-
-    return SETTINGS[("watch", name)].default
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    """The ``watch.*`` settings; field defaults are the schema's (tests override single fields)."""
-
-    interval: float = _default("interval")
-    window_s: float = _default("window_s")
-    warm_c: float = _default("warm_c")
-    hot_c: float = _default("hot_c")
-    critical_c: float = _default("critical_c")
-    warm_margin_c: float = _default("warm_margin_c")
-    hot_margin_c: float = _default("hot_margin_c")
-    critical_margin_c: float = _default("critical_margin_c")
-    hysteresis_c: float = _default("hysteresis_c")
-    dwell_s: float = _default("dwell_s")
-    throttle_s: float = _default("throttle_s")
-    recover_s: float = _default("recover_s")
-    max_actions_per_hour: int = _default("max_actions_per_hour")
-    acceptance_low: float = _default("acceptance_low")
-    acceptance_high: float = _default("acceptance_high")
-    min_draft_tokens: int = _default("min_draft_tokens")
-    apply_k_advice: bool = _default("apply_k_advice")
-    metrics_port: int = _default("metrics_port")
-
-    @classmethod
-    def from_settings(cls, watch: Mapping[str, Any]) -> WatchSettings:
-        known = {k: watch[k] for k in cls.__dataclass_fields__ if k in watch and watch[k] is not None}
-        return cls(**known)
 
 
 @dataclass(frozen=True)
@@ -120,7 +85,7 @@ def _rank(level: str) -> int:
 
 
 def _temp_level(
-    temp: float | None, headroom: float | None, s: WatchSettings, slack: float
+    temp: float | None, headroom: float | None, s: Watch, slack: float
 ) -> tuple[int, str]:
     """Level of a reading against the thresholds lowered by ``slack`` (0 to go up, the hysteresis to
     go down), with the threshold that decided it."""
@@ -145,7 +110,7 @@ def _temp_level(
 
 
 def thermal_step(
-    state: ThermalState, r: GpuReading, s: WatchSettings, now: float
+    state: ThermalState, r: GpuReading, s: Watch, now: float
 ) -> tuple[ThermalState, str | None]:
     """Advance one GPU's thermal state by one reading. Returns the new state and, when the
     committed level changed, a one-line description of the change (else None)."""
@@ -252,7 +217,7 @@ def decide_actions(
     instances: Mapping[str, Sequence[int]],
     thermal: Mapping[int, ThermalState],
     prev: Mapping[str, InstanceActionState],
-    s: WatchSettings,
+    s: Watch,
     now: float,
 ) -> Decisions:
     """What to do for each instance given its GPUs' thermal states (pure)."""
@@ -320,7 +285,7 @@ class SpecWindow:
         return tuple(min(1.0, p / self.drafts) for p in self.per_position)
 
 
-def acceptance_health(w: SpecWindow | None, s: WatchSettings) -> str | None:
+def acceptance_health(w: SpecWindow | None, s: Watch) -> str | None:
     """A warning when the window's acceptance rate is outside the profile's band, else None."""
     if w is None or w.draft_tokens < s.min_draft_tokens or w.acceptance_rate is None:
         return None
@@ -372,7 +337,7 @@ def advise_k(
     current_k: int,
     draft_cost: float,
     load: float,
-    s: WatchSettings,
+    s: Watch,
     k_max: int = 8,
     adaptive: bool = False,
 ) -> KAdvice | None:

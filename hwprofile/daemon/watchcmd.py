@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from .policy import WatchSettings, describe
+from ..config.settings import Watch
+from .policy import describe
 from .telemetry import GpuSampler, scrape
 from .watcher import InstanceSpec, Report, Watcher
 
@@ -75,7 +76,7 @@ def format_text(rep: Report) -> str:
 
 def run_watch(
     urls: Sequence[str],
-    settings: WatchSettings,
+    settings: Watch,
     once: bool,
     as_json: bool,
     interval: float | None = None,

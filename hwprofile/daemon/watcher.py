@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.settings import Watch
 from . import policy
-from .policy import GpuReading, InstanceActionState, SpecWindow, ThermalState, WatchSettings
+from .policy import GpuReading, InstanceActionState, SpecWindow, ThermalState
 from .telemetry import InstanceReading
 from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_POS, PREEMPTIONS
 from .window import CounterWindow, histogram_quantile
@@ -131,7 +132,7 @@ class Report:
 
 
 class Watcher:
-    def __init__(self, settings: WatchSettings, instances: Sequence[InstanceSpec]) -> None:
+    def __init__(self, settings: Watch, instances: Sequence[InstanceSpec]) -> None:
         self.settings = settings
         self.instances = {i.name: i for i in instances}
         self.thermal: dict[int, ThermalState] = {}

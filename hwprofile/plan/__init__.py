@@ -1,4 +1,4 @@
-"""The planner: host snapshot + merged settings + model facts → a launch plan, every value with its
+"""The planner: host snapshot + typed settings + model facts → a launch plan, every value with its
 reason and where it came from.
 
 It probes nothing and reads nothing from the host; the only files it reads are two tables shipped
@@ -21,10 +21,10 @@ One module per decision, in the order :func:`build_plan` takes them:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ..config import Source
-from ..config.schema import with_defaults
+from ..config.schema import SETTINGS
+from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use_four_bit
@@ -37,27 +37,14 @@ from .refusal import PlanRefused
 from .speculative import choose_speculator, heterogeneous_vocab_ok
 from .types import HostSummary, InstancePlan, Plan
 
-__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Plan", "PlanRefused", "Reasons", "build_plan", "build_typed_plan"]
+__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Plan", "PlanRefused", "Reasons", "build_plan"]
 
 SCHEMA = "hwprofile.plan/1"
 
 
 def build_plan(
     host: HostSnapshot,
-    settings: Mapping[str, Any],
-    provenance: Mapping[tuple[str, ...], Source],
-    profile: str,
-    matched_because: list[str],
-    model: ModelFacts,
-    draft: ModelFacts | None,
-) -> dict[str, Any]:
-    """The plan of :func:`build_typed_plan` as its JSON document (``hwprofile.plan/1``)."""
-    return build_typed_plan(host, settings, provenance, profile, matched_because, model, draft).to_json()
-
-
-def build_typed_plan(
-    host: HostSnapshot,
-    settings: Mapping[str, Any],
+    settings: Settings,
     provenance: Mapping[tuple[str, ...], Source],
     profile: str,
     matched_because: list[str],
@@ -65,11 +52,10 @@ def build_typed_plan(
     draft: ModelFacts | None,
 ) -> Plan:
     """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host``; raises
-    :class:`PlanRefused` with suggestions when nothing fits."""
-    # Every setting the layers left unset takes its schema default (the only default there is):
-    # below, settings are read without fallbacks, so an explicit 0 stays 0.
-    settings, filled = with_defaults(settings)
-    r = Reasons({**{p: Source("default", "schema") for p in filled}, **provenance})
+    :class:`PlanRefused` with suggestions when nothing fits. ``provenance``: the layer that set each
+    setting the layers set; every other setting is at its declared default (``settings`` holds it)."""
+    default = Source("default", "schema")
+    r = Reasons({p: provenance.get(p, default) for p in SETTINGS})
     gpus = host.usable_gpus
     host_warnings: list[str] = []
     if any(g.lost for g in host.gpus):
@@ -104,10 +90,10 @@ def build_typed_plan(
         model=model_summary(model),
         draft=model_summary(used_draft) if used_draft else None,
         instances=tuple(inst for inst, _ in planned),
-        supervise=dict(settings["supervise"]),
-        logs=dict(settings["logs"]),
-        watch=dict(settings["watch"]),
-        degrade=dict(settings["degrade"]),
+        supervise=settings.supervise,
+        logs=settings.logs,
+        watch=settings.watch,
+        degrade=settings.degrade,
         reasons=tuple(r.items),
         provenance={".".join(k): str(v) for k, v in sorted(provenance.items())},
         warnings=tuple(warnings),
@@ -116,7 +102,7 @@ def build_typed_plan(
 
 def _instances(
     host: HostSnapshot,
-    settings: Mapping[str, Any],
+    settings: Settings,
     model: ModelFacts,
     draft: ModelFacts | None,
     spec_method: str | None,

@@ -4,20 +4,18 @@ does not fit any GPU layout; and the model's description in the plan."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
-from .reasons import Reasons, setting
+from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import ModelSummary
 
 
-def choose_checkpoint(model: ModelFacts, settings: Mapping[str, Any], r: Reasons) -> ModelFacts:
+def choose_checkpoint(model: ModelFacts, settings: Settings, r: Reasons) -> ModelFacts:
     """Honour ``engine.weights_bits``: a catalog model switches to its quantized checkpoint; a local
     checkpoint cannot be re-quantized here."""
-    bits = setting(settings, "engine", "weights_bits")
+    bits = settings.engine.weights_bits
     if not isinstance(bits, int) or bits >= model.bits:
         return model
     variant = model.quantized_variants.get(bits)
@@ -46,12 +44,12 @@ def quantized(model: ModelFacts, variant: str, bits: int) -> ModelFacts:
     )
 
 
-def four_bit_fallback(model: ModelFacts, settings: Mapping[str, Any], gpus: tuple[Gpu, ...]) -> str | None:
+def four_bit_fallback(model: ModelFacts, settings: Settings, gpus: tuple[Gpu, ...]) -> str | None:
     """The 4-bit checkpoint to plan instead of ``model`` when ``model`` does not fit, or None:
     only with ``engine.weights_bits: auto``, on GPUs (4-bit AWQ checkpoints need GPU kernels: no
     automatic switch for the CPU backend), for a model above 4 bits that has a 4-bit variant."""
     variant = model.quantized_variants.get(4)
-    if variant and gpus and model.bits > 4 and setting(settings, "engine", "weights_bits") == "auto":
+    if variant and gpus and model.bits > 4 and settings.engine.weights_bits == "auto":
         return variant
     return None
 

@@ -3,9 +3,7 @@ sequences, eager or compiled, NUMA node 0."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from .engine import server_settings
@@ -19,7 +17,7 @@ from .memory import (
     sequence_bytes,
     vllm_kv_cache,
 )
-from .reasons import Reasons, setting
+from .reasons import Reasons
 from .refusal import PlanRefused
 from .speculative import speculative_config
 from .types import EngineSettings, Estimate, InstancePlan, MemoryFit
@@ -27,7 +25,7 @@ from .types import EngineSettings, Estimate, InstancePlan, MemoryFit
 
 def cpu_instance(
     host: HostSnapshot,
-    settings: Mapping[str, Any],
+    settings: Settings,
     model: ModelFacts,
     draft: ModelFacts | None,
     spec_method: str | None,
@@ -35,7 +33,7 @@ def cpu_instance(
     warnings: list[str],
 ) -> InstancePlan:
     key = "instances[0]"
-    kv_gib = float(setting(settings, "cpu", "kv_cache_space_gib"))
+    kv_gib = settings.cpu.kv_cache_space_gib
     kv_space = int(kv_gib * GiB)
     r.add(
         f"{key}.cpu.kv_cache_space_gib",
@@ -55,7 +53,7 @@ def cpu_instance(
         )
 
     # context length: what the KV space holds, at most the model's max_position_embeddings
-    length = int(setting(settings, "engine", "max_model_len"))
+    length = settings.engine.max_model_len
     if model.max_position_embeddings and length > model.max_position_embeddings:
         length = int(model.max_position_embeddings)
     per_tok = kv_bytes_per_token(model, 1, model.dtype_bytes) + (
@@ -74,15 +72,15 @@ def cpu_instance(
         ("engine", "max_model_len"),
     )
 
-    seqs = int(setting(settings, "engine", "max_num_seqs"))
+    seqs = settings.engine.max_num_seqs
     r.add(
         f"{key}.engine.max_num_seqs",
         seqs,
         "CPU backend: few concurrent sequences",
         ("engine", "max_num_seqs"),
     )
-    batched = max(seqs, int(setting(settings, "engine", "max_num_batched_tokens")))
-    eager = bool(setting(settings, "engine", "enforce_eager"))
+    batched = max(seqs, settings.engine.max_num_batched_tokens)
+    eager = settings.engine.enforce_eager
     r.add(
         f"{key}.engine.enforce_eager",
         eager,
@@ -91,15 +89,15 @@ def cpu_instance(
         else "torch.compile on the CPU",
         ("engine", "enforce_eager"),
     )
-    bind = setting(settings, "layout", "numa_bind") and len(host.numa_nodes) > 1
+    bind = settings.layout.numa_bind and len(host.numa_nodes) > 1
     numa = host.numa_nodes[0].id if bind else None
     cpus = host.numa_nodes[0].cpus if numa is not None else None
     if not bind:
-        why = ONE_NODE if setting(settings, "layout", "numa_bind") else "NUMA binding is off"
+        why = ONE_NODE if settings.layout.numa_bind else "NUMA binding is off"
         r.add(f"{key}.numa_node", None, why, ("layout", "numa_bind"))
     if len(host.numa_nodes) > 1:
         warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
-    dtype = setting(settings, "engine", "dtype")
+    dtype = settings.engine.dtype
     engine = EngineSettings(**{
         "gpu_memory_utilization": None,
         "max_model_len": length,
@@ -110,8 +108,8 @@ def cpu_instance(
         "quantization": model.quant_method,
         "dtype": "bfloat16" if dtype == "auto" else dtype,
         "enforce_eager": eager,
-        "enable_prefix_caching": bool(setting(settings, "engine", "enable_prefix_caching")),
-        "enable_chunked_prefill": bool(setting(settings, "engine", "enable_chunked_prefill")),
+        "enable_prefix_caching": settings.engine.enable_prefix_caching,
+        "enable_chunked_prefill": settings.engine.enable_chunked_prefill,
     })
     spec = speculative_config(settings, spec_method, draft, 1, r, key)
     return InstancePlan(**{
@@ -123,7 +121,7 @@ def cpu_instance(
         "cpus": cpus,
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
-        "server": server_settings(settings, int(setting(settings, "server", "port"))),
+        "server": server_settings(settings, settings.server.port),
         "engine": engine,
         "speculative": spec,
         "memory": MemoryFit(**{

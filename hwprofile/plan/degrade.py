@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..config.settings import Degrade
 from .types import InstancePlan, as_instance
 
 MIN_SEQS = 1
@@ -20,7 +21,7 @@ MIN_BATCHED_TOKENS = 256
 
 
 def degrade_sets(
-    inst: InstancePlan | Mapping[str, Any], level: int, degrade: Mapping[str, Any]
+    inst: InstancePlan | Mapping[str, Any], level: int, degrade: Degrade
 ) -> tuple[list[str], list[str]]:
     """(``--set`` overrides, one reason per override) for degrade step ``level`` of ``inst``
     (the instance of the full plan). Step 0 is the full profile: no overrides."""
@@ -30,12 +31,12 @@ def degrade_sets(
     e = typed.engine
     sets: list[str] = []
     why: list[str] = []
-    f_seqs = float(degrade["max_num_seqs_factor"]) ** level
+    f_seqs = degrade.max_num_seqs_factor ** level
     seqs = max(MIN_SEQS, int(e.max_num_seqs * f_seqs))
     if seqs != e.max_num_seqs:
         sets.append(f"engine.max_num_seqs={seqs}")
         why.append(f"max_num_seqs {e.max_num_seqs} -> {seqs} (degrade step {level}: x{f_seqs:.3g})")
-    f_tok = float(degrade["max_num_batched_tokens_factor"]) ** level
+    f_tok = degrade.max_num_batched_tokens_factor ** level
     tokens = max(MIN_BATCHED_TOKENS, int(e.max_num_batched_tokens * f_tok))
     if tokens != e.max_num_batched_tokens:
         sets.append(f"engine.max_num_batched_tokens={tokens}")
@@ -43,7 +44,7 @@ def degrade_sets(
             f"max_num_batched_tokens {e.max_num_batched_tokens} -> {tokens} (degrade step {level}: x{f_tok:.3g})"
         )
     spec = typed.speculative
-    cut = int(degrade["num_speculative_tokens_step"]) * level
+    cut = degrade.num_speculative_tokens_step * level
     if spec and cut:
         k = int(spec.num_speculative_tokens)
         new_k = max(1, k - cut)

@@ -4,14 +4,14 @@ server section every instance shares."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from . import gpufacts
 from .memory import BLOCK_TOKENS, Fit, GiB, MiB, longest_context, sequence_bytes
-from .reasons import Reasons, setting
+from .reasons import Reasons
 from .types import ServerSettings
 
 AVERAGE_FILL = 0.5  # assumed share of max_model_len an average request occupies (concurrency cap)
@@ -22,20 +22,20 @@ class ContextTooShort(Exception):
     caller refuses the plan with what would fit)."""
 
 
-def fit_args(settings: Mapping[str, Any], eager: bool) -> dict[str, Any]:
+def fit_args(settings: Settings, eager: bool) -> dict[str, Any]:
     """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes (no CUDA graphs when eager)."""
     return {
-        "context_bytes": setting(settings, "memory", "cuda_context_bytes"),
-        "graph_bytes": 0 if eager else setting(settings, "memory", "cuda_graph_bytes"),
-        "margin_bytes": setting(settings, "memory", "margin_bytes"),
-        "activation_factor": setting(settings, "memory", "activation_factor"),
+        "context_bytes": settings.memory.cuda_context_bytes,
+        "graph_bytes": 0 if eager else settings.memory.cuda_graph_bytes,
+        "margin_bytes": settings.memory.margin_bytes,
+        "activation_factor": settings.memory.activation_factor,
     }
 
 
 def memory_share(
     gpus: list[Gpu],
     gpu: Gpu,
-    settings: Mapping[str, Any],
+    settings: Settings,
     r: Reasons,
     warnings: list[str],
     key: str,
@@ -44,7 +44,7 @@ def memory_share(
     """``gpu_memory_utilization``: as configured, lowered where other processes already hold memory
     (vLLM fails when free memory < total × share). ``gpu`` is the instance's smallest GPU."""
     total = gpu.memory_total_bytes or 0
-    util = float(setting(settings, "engine", "gpu_memory_utilization"))
+    util = settings.engine.gpu_memory_utilization
     r.add(
         f"{key}.engine.gpu_memory_utilization",
         util,
@@ -91,17 +91,17 @@ def kv_cache_dtype(want: str, gpu: Gpu | None, model: ModelFacts) -> tuple[str, 
 
 
 def choose_kv_dtype(
-    settings: Mapping[str, Any], gpu: Gpu | None, model: ModelFacts, r: Reasons, key: str
+    settings: Settings, gpu: Gpu | None, model: ModelFacts, r: Reasons, key: str
 ) -> tuple[str, int]:
     """:func:`kv_cache_dtype` for this instance's GPU, with its reason: ``(dtype, element bytes)``."""
-    name, nbytes, why = kv_cache_dtype(setting(settings, "engine", "kv_cache_dtype"), gpu, model)
+    name, nbytes, why = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu, model)
     r.add(key, name, why, ("engine", "kv_cache_dtype"))
     return name, nbytes
 
 
-def choose_eager(settings: Mapping[str, Any], r: Reasons, key: str) -> bool:
+def choose_eager(settings: Settings, r: Reasons, key: str) -> bool:
     """``enforce_eager`` as configured (CUDA graphs on unless asked off)."""
-    eager = bool(setting(settings, "engine", "enforce_eager"))
+    eager = settings.engine.enforce_eager
     r.add(
         f"{key}.engine.enforce_eager",
         eager,
@@ -119,15 +119,15 @@ def context_length(
     tp: int,
     kv_bytes: int,
     f: Fit,
-    settings: Mapping[str, Any],
+    settings: Settings,
     r: Reasons,
     key: str,
 ) -> int:
     """``max_model_len``: as configured, at most the model's ``max_position_embeddings``, shortened
     to the longest one request whose KV fits the cache; :class:`ContextTooShort` below
     ``engine.min_model_len``."""
-    length = int(setting(settings, "engine", "max_model_len"))
-    min_len = int(setting(settings, "engine", "min_model_len"))
+    length = settings.engine.max_model_len
+    min_len = settings.engine.min_model_len
     if model.max_position_embeddings and length > model.max_position_embeddings:
         length = int(model.max_position_embeddings)
         r.add(
@@ -169,7 +169,7 @@ def concurrency(
     kv_bytes: int,
     length: int,
     f: Fit,
-    settings: Mapping[str, Any],
+    settings: Settings,
     r: Reasons,
     warnings: list[str],
     key: str,
@@ -177,7 +177,7 @@ def concurrency(
 ) -> int:
     """``max_num_seqs`` as configured. vLLM preallocates the KV cache, so more sequences than it
     holds queue or get preempted rather than run out of memory: said so, not silently lowered."""
-    seqs = int(setting(settings, "engine", "max_num_seqs"))
+    seqs = settings.engine.max_num_seqs
     full_len = f.kv_cache_bytes // max(1, sequence_bytes(model, draft, tp, kv_bytes, length))
     half = max(
         1,
@@ -202,11 +202,11 @@ def concurrency(
     return seqs
 
 
-def batched_tokens(settings: Mapping[str, Any], seqs: int, length: int, r: Reasons, key: str) -> int:
+def batched_tokens(settings: Settings, seqs: int, length: int, r: Reasons, key: str) -> int:
     """``max_num_batched_tokens``: as configured, raised to what vLLM requires (at least
     ``max_num_seqs``; without chunked prefill, at least ``max_model_len``)."""
-    batched = int(setting(settings, "engine", "max_num_batched_tokens"))
-    chunked = bool(setting(settings, "engine", "enable_chunked_prefill"))
+    batched = settings.engine.max_num_batched_tokens
+    chunked = settings.engine.enable_chunked_prefill
     if batched < seqs:
         batched = seqs
         r.add(
@@ -231,16 +231,16 @@ def batched_tokens(settings: Mapping[str, Any], seqs: int, length: int, r: Reaso
     return batched
 
 
-def server_settings(settings: Mapping[str, Any], port: int) -> ServerSettings:
+def server_settings(settings: Settings, port: int) -> ServerSettings:
     """The server section of an instance listening on ``port``."""
     return ServerSettings(
-        host=setting(settings, "server", "host"),
+        host=settings.server.host,
         port=port,
-        served_model_name=setting(settings, "server", "served_model_name"),
-        api_key_env=setting(settings, "server", "api_key_env"),
-        shutdown_timeout=int(setting(settings, "server", "shutdown_timeout")),
-        vllm_command=setting(settings, "server", "vllm_command"),
-        user=setting(settings, "server", "user"),
-        metrics=setting(settings, "server", "metrics") is not False,
-        extra_args=tuple(setting(settings, "server", "extra_args")),
+        served_model_name=settings.server.served_model_name,
+        api_key_env=settings.server.api_key_env,
+        shutdown_timeout=settings.server.shutdown_timeout,
+        vllm_command=settings.server.vllm_command,
+        user=settings.server.user,
+        metrics=settings.server.metrics,
+        extra_args=settings.server.extra_args,
     )

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from . import gpufacts
 from .memory import active_weights_bytes
-from .reasons import setting
 from .types import Estimate, SpeculativeConfig
 
 
@@ -20,7 +19,7 @@ def estimate(
     draft: ModelFacts | None,
     tp: int,
     spec: SpeculativeConfig | None,
-    settings: Mapping[str, Any],
+    settings: Settings,
 ) -> Estimate:
     """Batch-1 decode ceiling on ``gpu`` at TP ``tp`` (an upper bound: no compute or communication)."""
     row = gpufacts.lookup(gpu.name, gpu.memory_total_gib)
@@ -34,7 +33,7 @@ def estimate(
     out["bytes_read_per_token_per_gpu"] = int(bytes_per_gpu)
     out["decode_tok_s_ceiling_batch1"] = round(base, 1)
     if spec:
-        a = float(setting(settings, "speculative", "assumed_acceptance"))
+        a = settings.speculative.assumed_acceptance
         k = int(spec.num_speculative_tokens)
         expected = (1 - a ** (k + 1)) / (1 - a)
         draft_bytes = (active_weights_bytes(draft) / tp) if draft else 0.0

@@ -5,16 +5,14 @@ the memory breakdown and the decode ceiling (estimate)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from . import engine
 from .estimate import estimate
 from .layout import numa_binding
 from .memory import BLOCK_TOKENS, Fit, GiB, kv_bytes_per_token, sequence_bytes
-from .reasons import Reasons, setting
+from .reasons import Reasons
 from .refusal import PlanRefused, suggestions
 from .speculative import fit_beside_draft, speculative_config
 from .types import EngineSettings, InstancePlan, MemoryFit
@@ -25,7 +23,7 @@ def gpu_instance(
     i: int,
     gpus: list[Gpu],
     tp: int,
-    settings: Mapping[str, Any],
+    settings: Settings,
     model: ModelFacts,
     draft: ModelFacts | None,
     spec_method: str | None,
@@ -70,10 +68,10 @@ def gpu_instance(
         max_num_batched_tokens=batched,
         kv_cache_dtype=kv_name,
         quantization=quant,
-        dtype=setting(settings, "engine", "dtype"),
+        dtype=settings.engine.dtype,
         enforce_eager=eager,
-        enable_prefix_caching=bool(setting(settings, "engine", "enable_prefix_caching")),
-        enable_chunked_prefill=bool(setting(settings, "engine", "enable_chunked_prefill")),
+        enable_prefix_caching=settings.engine.enable_prefix_caching,
+        enable_chunked_prefill=settings.engine.enable_chunked_prefill,
     )
     r.add(
         f"{key}.engine.quantization",
@@ -90,12 +88,12 @@ def gpu_instance(
         gpu_name=gpu.name,
         numa_node=numa,
         gpu_numa_nodes=tuple(g.numa_node for g in gpus)
-        if setting(settings, "layout", "numa_bind") and len(host.numa_nodes) > 1
+        if settings.layout.numa_bind and len(host.numa_nodes) > 1
         else (),  # empty: the planner binds nothing (binding off, or one NUMA node)
         cpus=cpus,
         tensor_parallel_size=tp,
-        pipeline_parallel_size=setting(settings, "layout", "pipeline_parallel_size"),
-        server=engine.server_settings(settings, int(setting(settings, "server", "port")) + i),
+        pipeline_parallel_size=settings.layout.pipeline_parallel_size,
+        server=engine.server_settings(settings, settings.server.port + i),
         engine=engine_settings,
         speculative=spec,
         memory=memory_fit(f, model, draft, tp, kv_bytes, length),

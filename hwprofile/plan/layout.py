@@ -4,15 +4,13 @@ instances' ports, and each instance's NUMA binding."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ..config import ConfigError
+from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from .engine import fit_args, kv_cache_dtype
 from .memory import GiB, fit, sequence_bytes
-from .reasons import Reasons, setting
+from .reasons import Reasons
 from .refusal import PlanRefused
 
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -21,7 +19,7 @@ ONE_NODE = "this host has one NUMA node (or none read): binding would change not
 
 def layout(
     host: HostSnapshot,
-    settings: Mapping[str, Any],
+    settings: Settings,
     model: ModelFacts,
     draft: ModelFacts | None,
     r: Reasons,
@@ -35,8 +33,8 @@ def layout(
             + "; ".join(f"{grp[0].name} x{len(grp)}" for grp in groups)
             + " — planned separately, never tensor parallel across models"
         )
-    replicas = setting(settings, "layout", "replicas")
-    strategy = setting(settings, "layout", "strategy")
+    replicas = settings.layout.replicas
+    strategy = settings.layout.strategy
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
         tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
@@ -117,16 +115,16 @@ def choose_tp(
     grp: list[Gpu],
     model: ModelFacts,
     draft: ModelFacts | None,
-    settings: Mapping[str, Any],
+    settings: Settings,
     strategy: str,
     r: Reasons,
     warnings: list[str],
 ) -> int:
     """Tensor-parallel size for one group of same-model GPUs: as configured; all of them where
     NVLink joins them; else (PCIe) the smallest that fits, at most ``layout.max_pcie_tensor_parallel``."""
-    want = setting(settings, "layout", "tensor_parallel_size")
+    want = settings.layout.tensor_parallel_size
     nvlink = nvlinked(host, grp)
-    cap_pcie = setting(settings, "layout", "max_pcie_tensor_parallel")
+    cap_pcie = settings.layout.max_pcie_tensor_parallel
     usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
     src = ("layout", "tensor_parallel_size")
     if strategy == "numa_pairs" and want == "auto":
@@ -180,20 +178,20 @@ def choose_tp(
         return tp
     # PCIe: the smallest TP that fits, at most the PCIe cap.
     gpu = grp[0]
-    eager = bool(setting(settings, "engine", "enforce_eager"))
-    need = setting(settings, "engine", "min_model_len")
+    eager = settings.engine.enforce_eager
+    need = settings.engine.min_model_len
     # the KV dtype the instance will get on this GPU (fp8_if_supported is FP8 only with FP8 hardware)
-    _, kv_bytes, _ = kv_cache_dtype(setting(settings, "engine", "kv_cache_dtype"), gpu, model)
+    _, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu, model)
     for tp in [t for t in usable if t <= cap_pcie]:
         f = fit(
             gpu.memory_total_bytes or 0,
-            setting(settings, "engine", "gpu_memory_utilization"),
+            settings.engine.gpu_memory_utilization,
             model,
             draft,
             tp,
             kv_bytes,
-            setting(settings, "engine", "max_num_batched_tokens"),
-            setting(settings, "engine", "max_num_seqs"),
+            settings.engine.max_num_batched_tokens,
+            settings.engine.max_num_seqs,
             **fit_args(settings, eager),
         )
         if f.fits and f.kv_cache_bytes >= sequence_bytes(model, draft, tp, model.dtype_bytes, need):
@@ -208,9 +206,9 @@ def choose_tp(
     return max([t for t in usable if t <= cap_pcie] or [1])
 
 
-def check_ports(settings: Mapping[str, Any], count: int, r: Reasons) -> None:
+def check_ports(settings: Settings, count: int, r: Reasons) -> None:
     """Instances take consecutive ports from server.port: the last must still be a port."""
-    first = int(setting(settings, "server", "port"))
+    first = settings.server.port
     last = first + count - 1
     if last > 65_535:
         src = r.provenance.get(("server", "port"))
@@ -224,7 +222,7 @@ def check_ports(settings: Mapping[str, Any], count: int, r: Reasons) -> None:
 def numa_binding(
     host: HostSnapshot,
     gpus: list[Gpu],
-    settings: Mapping[str, Any],
+    settings: Settings,
     r: Reasons,
     warnings: list[str],
     key: str,
@@ -235,7 +233,7 @@ def numa_binding(
     nodes = {g.numa_node for g in gpus}
     numa = next(iter(nodes)) if len(nodes) == 1 else None
     src = ("layout", "numa_bind")
-    if not setting(settings, "layout", "numa_bind"):
+    if not settings.layout.numa_bind:
         r.add(f"{key}.numa_node", None, "NUMA binding is off", src)
         numa = None
     elif len(host.numa_nodes) <= 1:

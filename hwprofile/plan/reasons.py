@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import Source
-from ..config.layers import get
 from .types import Reason
 
 
@@ -22,8 +21,3 @@ class Reasons:
         src = self.provenance.get(setting) if setting else None
         self.items.append(Reason(key, value, reason, str(src) if src else "planner"))
         return value
-
-
-def setting(settings: Mapping[str, Any], *path: str) -> Any:
-    """One merged setting (every setting has a value: the schema default fills the gaps)."""
-    return get(settings, path)

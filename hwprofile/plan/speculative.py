@@ -7,13 +7,13 @@ process by :func:`hwprofile.model.catalog_models`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from ..config.settings import Settings
 from ..model import ModelFacts
 from .engine import fit_args
 from .memory import Fit, GiB, fit
-from .reasons import Reasons, setting
+from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import SpeculativeConfig, _freeze
 
@@ -42,13 +42,13 @@ def draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:
 def choose_speculator(
     model: ModelFacts,
     draft: ModelFacts | None,
-    settings: Mapping[str, Any],
+    settings: Settings,
     r: Reasons,
     warnings: list[str],
     hetero_ok: bool = False,
 ) -> tuple[str | None, ModelFacts | None]:
     """``(method, draft)`` from ``speculative.method`` (and ``speculative.draft`` as ``draft``)."""
-    method = setting(settings, "speculative", "method")
+    method = settings.speculative.method
     src = ("speculative", "method")
     if method == "none":
         r.add("speculative.method", None, "speculative decoding is off", src)
@@ -85,7 +85,7 @@ def choose_speculator(
     # draft_model or auto
     if draft is not None:
         return _given_draft(model, draft, r, warnings, hetero_ok)
-    return _catalog_draft(model, method, float(setting(settings, "speculative", "draft_params_b")), r)
+    return _catalog_draft(model, method, settings.speculative.draft_params_b, r)
 
 
 def _given_draft(
@@ -166,7 +166,7 @@ def fit_beside_draft(
     spec_method: str | None,
     tp: int,
     kv_bytes: int,
-    settings: Mapping[str, Any],
+    settings: Settings,
     eager: bool,
     r: Reasons,
     warnings: list[str],
@@ -175,8 +175,8 @@ def fit_beside_draft(
 ) -> tuple[Fit, ModelFacts | None, str | None]:
     """``(fit, draft, method)`` of one instance: with its draft where target and draft fit; ngram
     instead where only the target does; else the target's own (failing) fit, for the refusal."""
-    batched = int(setting(settings, "engine", "max_num_batched_tokens"))
-    seqs = int(setting(settings, "engine", "max_num_seqs"))
+    batched = settings.engine.max_num_batched_tokens
+    seqs = settings.engine.max_num_seqs
     f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
     if draft is None or f.fits:
         return f, draft, spec_method
@@ -195,12 +195,12 @@ def fit_beside_draft(
 
 
 def speculative_config(
-    settings: Mapping[str, Any], method: str | None, draft: ModelFacts | None, tp: int, r: Reasons, key: str
+    settings: Settings, method: str | None, draft: ModelFacts | None, tp: int, r: Reasons, key: str
 ) -> SpeculativeConfig | None:
     """The instance's speculative section: method, draft, k (fixed, or by batch size), ngram window."""
     if method is None:
         return None
-    k = int(setting(settings, "speculative", "num_speculative_tokens"))
+    k = settings.speculative.num_speculative_tokens
     r.add(
         f"{key}.speculative.num_speculative_tokens",
         k,
@@ -220,9 +220,9 @@ def speculative_config(
             "vLLM (>= 0.15) requires the draft's TP to equal the target's",
         )
     if method == "ngram":
-        spec["prompt_lookup_max"] = int(setting(settings, "speculative", "prompt_lookup_max"))
-        spec["prompt_lookup_min"] = int(setting(settings, "speculative", "prompt_lookup_min"))
-    table = setting(settings, "speculative", "by_batch_size")
+        spec["prompt_lookup_max"] = settings.speculative.prompt_lookup_max
+        spec["prompt_lookup_min"] = settings.speculative.prompt_lookup_min
+    table = settings.speculative.by_batch_size
     if table:
         spec["num_speculative_tokens_per_batch_size"] = table
         r.add(

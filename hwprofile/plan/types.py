@@ -8,8 +8,8 @@ Sequences are tuples and every class is frozen: a changed instance is a new one
 (``dataclasses.replace``). A key the contract leaves out in some plans (the CPU instance has no
 ``gpu_uuids``; the speculative ``prompt_lookup_*`` exist for ngram only; the estimate's figures
 exist where the datasheet has a bandwidth) is :data:`ABSENT` here, and absent from the JSON.
-The top-level ``supervise``, ``logs``, ``watch`` and ``degrade`` sections stay mappings (the
-merged settings of those sections, as the schema of settings defines them).
+The top-level ``supervise``, ``logs``, ``watch`` and ``degrade`` are those sections of the typed
+settings (:mod:`hwprofile.config.settings`), every setting in them, each at its value or default.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
+
+from ..config.settings import Degrade, Logs, Section, Supervise, Watch
 
 
 class _Absent:
@@ -51,7 +53,7 @@ T = TypeVar("T", bound="_Json")
 
 
 def _dump(v: Any) -> Any:
-    if isinstance(v, _Json):
+    if isinstance(v, _Json | Section):
         return v.to_json()
     if isinstance(v, (list, tuple)):
         return [_dump(x) for x in v]
@@ -70,10 +72,10 @@ def _freeze(v: Any) -> Any:
 
 
 class _Json:
-    """to_json/from_json by field order; fields named in ``_nested`` hold one of these classes (or a
-    tuple of them, or None); list-valued fields become tuples."""
+    """to_json/from_json by field order; fields named in ``_nested`` hold one of these classes or a
+    section of settings (or a tuple of them, or None); list-valued fields become tuples."""
 
-    _nested: ClassVar[dict[str, type[_Json]]] = {}
+    _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {}
     _mappings: ClassVar[frozenset[str]] = frozenset()
     _raw: ClassVar[frozenset[str]] = frozenset()
 
@@ -102,7 +104,9 @@ class _Json:
                 continue
             v = doc[f.name]
             sub = cls._nested.get(f.name)
-            if sub is not None and v is not None:
+            if sub is not None and v is not None and issubclass(sub, Section):
+                v = sub.from_json(v, f.name)  # a section of settings: each value checked, named
+            elif sub is not None and v is not None:
                 v = tuple(sub.from_json(x) for x in v) if isinstance(v, (list, tuple)) else sub.from_json(v)
             elif f.name in cls._mappings:
                 v = dict(v)
@@ -265,7 +269,7 @@ class InstancePlan(_Json):
     gpu_minors: tuple[int | None, ...] = ABSENT
     gpu_numa_nodes: tuple[int | None, ...] = ABSENT
 
-    _nested: ClassVar[dict[str, type[_Json]]] = {
+    _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
         "server": ServerSettings,
         "engine": EngineSettings,
         "speculative": SpeculativeConfig,
@@ -294,22 +298,26 @@ class Plan(_Json):
     model: ModelSummary
     draft: ModelSummary | None
     instances: tuple[InstancePlan, ...]
-    supervise: Mapping[str, Any]
-    logs: Mapping[str, Any]
-    watch: Mapping[str, Any]
-    degrade: Mapping[str, Any]
+    supervise: Supervise
+    logs: Logs
+    watch: Watch
+    degrade: Degrade
     reasons: tuple[Reason, ...]
     provenance: Mapping[str, str]
     warnings: tuple[str, ...]
 
-    _nested: ClassVar[dict[str, type[_Json]]] = {
+    _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
         "host": HostSummary,
         "model": ModelSummary,
         "draft": ModelSummary,
         "instances": InstancePlan,
+        "supervise": Supervise,
+        "logs": Logs,
+        "watch": Watch,
+        "degrade": Degrade,
         "reasons": Reason,
     }
-    _mappings: ClassVar[frozenset[str]] = frozenset({"supervise", "logs", "watch", "degrade", "provenance"})
+    _mappings: ClassVar[frozenset[str]] = frozenset({"provenance"})
 
     def instance(self, name: str) -> InstancePlan:
         """The instance called ``name`` (KeyError when there is none)."""
@@ -344,8 +352,8 @@ __all__ = [
 
 
 def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
-    """``plan`` as a :class:`Plan` (a JSON document is read with :meth:`Plan.from_json`): consumers
-    take either while callers move to the typed plan."""
+    """``plan`` as a :class:`Plan` (a JSON document, such as ``plan --json``'s or a launch file's, is
+    read with :meth:`Plan.from_json`): render, the views and the supervisor take either."""
     return plan if isinstance(plan, Plan) else Plan.from_json(plan)
 
 

@@ -273,7 +273,7 @@ def render_instance(
         cpus=inst.cpus,
         gpus=list(inst.gpus),
         device=inst.device,
-        stop_timeout_s=int(srv.shutdown_timeout or 0) + 20,
+        stop_timeout_s=srv.shutdown_timeout + 20,
         warnings=warnings,
     )
 

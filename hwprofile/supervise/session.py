@@ -42,7 +42,7 @@ def serving(
     sup = Supervisor(plan, rel, vllm_cmd, numactl, options(plan, tmpfs, runtime, progress=progress))
     sup.start()
     try:
-        if not sup.wait_ready(float(plan.supervise["ready_timeout"])):
+        if not sup.wait_ready(plan.supervise.ready_timeout):
             bad = [
                 f"{i.name} ({i.state.value}; log {i.log.path})"
                 for i in sup.instances

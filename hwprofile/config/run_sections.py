@@ -1,0 +1,171 @@
+"""The sections of settings launch, the supervisor, the daemon, ``bench`` and ``verify`` read:
+``logs``, ``supervise``, ``watch``, ``degrade``, ``bench`` and ``verify``. Each field is one
+setting's declaration and its one default (sizes in bytes)."""
+
+from __future__ import annotations
+
+from .section import Section, section, setting
+
+MiB = 2**20
+
+
+@section
+class Logs(Section):
+    """``logs.*``: where the instances' logs go and how much of them is kept."""
+
+    dir: str | None = setting(
+        "str",
+        "per-instance log directories go under this (default: tmpfs /dev/shm/hwprofile)",
+        nullable=True,
+        default=None,
+    )
+    max_bytes: int = setting(
+        "size", "cap on each instance's logs (tmpfs is RAM); oldest file dropped first", default=64 * MiB
+    )
+    files: int = setting(
+        "int", "log files kept per instance (the cap is split among them)", 2, 100, default=4
+    )
+
+
+@section
+class Supervise(Section):
+    """``supervise.*``: starting and restarting the instances."""
+
+    ready_timeout: float = setting(
+        "float", "seconds to wait for /health before a start counts as failed", 5, 86400, default=900.0
+    )
+    max_restarts: int = setting("int", "restarts after failures before giving up", 0, 1000, default=5)
+    backoff_initial: float = setting(
+        "float", "first restart delay in seconds (doubles each time)", 0.1, 3600, default=2.0
+    )
+    backoff_max: float = setting("float", "longest restart delay in seconds", 0.1, 86400, default=60.0)
+
+
+@section
+class Watch(Section):
+    """``watch.*``: what the daemon samples, and its thermal and acceptance thresholds."""
+
+    interval: float = setting("float", "seconds between telemetry samples", 0.1, 60, default=1.0)
+    window_s: float = setting(
+        "float", "window of counter rates, acceptance and latency quantiles (seconds)", 5, 3600, default=60.0
+    )
+    warm_c: float = setting("float", "GPU temperature at which a card is warm (°C)", 20, 120, default=75.0)
+    hot_c: float = setting(
+        "float", "GPU temperature at which a card is hot: its instances degrade (°C)", 20, 120, default=83.0
+    )
+    critical_c: float = setting(
+        "float", "GPU temperature at which a card is critical: a deeper degrade (°C)", 20, 125, default=88.0
+    )
+    warm_margin_c: float = setting(
+        "float", "warm when the card is this close to its own slowdown threshold (°C)", 0, 60, default=12.0
+    )
+    hot_margin_c: float = setting(
+        "float", "hot when the card is this close to its own slowdown threshold (°C)", 0, 60, default=6.0
+    )
+    critical_margin_c: float = setting(
+        "float", "critical when the card is this close to its own slowdown threshold (°C)", 0, 60, default=2.0
+    )
+    hysteresis_c: float = setting(
+        "float", "degrees below a threshold before a state is left (°C)", 0, 30, default=3.0
+    )
+    dwell_s: float = setting(
+        "float",
+        "seconds a new thermal state must hold before it counts (one spike never acts)",
+        0,
+        600,
+        default=3.0,
+    )
+    throttle_s: float = setting(
+        "float",
+        "seconds of thermal clock-event reasons that count as hot whatever the temperature",
+        0,
+        600,
+        default=5.0,
+    )
+    recover_s: float = setting(
+        "float",
+        "seconds below hot minus the hysteresis before the full profile comes back",
+        0,
+        86400,
+        default=300.0,
+    )
+    max_actions_per_hour: int = setting(
+        "int", "restarts for degrade or recover per instance and hour", 0, 3600, default=6
+    )
+    acceptance_low: float = setting(
+        "float", "speculative acceptance rate below which the daemon warns", 0, 1, default=0.65
+    )
+    acceptance_high: float = setting(
+        "float",
+        "speculative acceptance rate above which the daemon says more proposals may pay",
+        0,
+        1,
+        default=0.85,
+    )
+    min_draft_tokens: int = setting(
+        "int", "draft tokens in the window before acceptance is judged", 1, 10**9, default=200
+    )
+    apply_k_advice: bool = setting(
+        "bool", "use the advised k at the next restart (otherwise advice only)", default=False
+    )
+    metrics_port: int = setting(
+        "int", "port of hwprofile's own Prometheus metrics on 127.0.0.1 (0: off)", 0, 65535, default=9464
+    )
+
+
+@section
+class Degrade(Section):
+    """``degrade.*``: what one degrade step takes off a hot GPU's instances."""
+
+    max_num_seqs_factor: float = setting(
+        "float", "max_num_seqs multiplied by this per degrade step (seed: 256 -> 192)", 0.05, 1, default=0.75
+    )
+    max_num_batched_tokens_factor: float = setting(
+        "float", "max_num_batched_tokens multiplied by this per degrade step", 0.05, 1, default=0.75
+    )
+    num_speculative_tokens_step: int = setting(
+        "int", "proposals per step taken off per degrade step (never below 1)", 0, 16, default=1
+    )
+
+
+@section
+class Bench(Section):
+    """``bench.*``: the seed workload and sweep of ``hwprofile bench``."""
+
+    concurrency: int = setting(
+        "int", "concurrent requests of the seed workload (seed: 16)", 1, 65_536, default=16
+    )
+    input_len: int = setting(
+        "int", "prompt tokens per request of the seed workload", 1, 1_048_576, default=512
+    )
+    output_len: int = setting(
+        "int", "output tokens per request of the seed workload", 1, 1_048_576, default=256
+    )
+    num_prompts: int = setting(
+        "int", "requests per benchmark point (at least the concurrency is sent)", 1, 10**6, default=64
+    )
+    sweep_max: int = setting(
+        "int", "highest concurrency of the saturation sweep (powers of two from 1)", 1, 65_536, default=64
+    )
+    ttft_p99_target_ms: float = setting(
+        "float",
+        "p99 time to first token the sweep's knee is judged against (seed: 120 ms)",
+        1,
+        10**7,
+        default=120.0,
+    )
+    rounds: int = setting("int", "alternating rounds per plan of --compare", 1, 100, default=3)
+
+
+@section
+class Verify(Section):
+    """``verify.*``: how close a tuned plan's answers must stay to the baseline's."""
+
+    min_similarity: float = setting(
+        "float",
+        "similarity to the baseline a tuned plan's greedy answers must reach (seed: 0.992)",
+        0,
+        1,
+        default=0.992,
+    )
+    max_tokens: int = setting("int", "tokens generated per reference prompt", 1, 65_536, default=128)

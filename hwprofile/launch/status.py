@@ -1,0 +1,192 @@
+"""``hwprofile status``: what runs, from the state file, trusted only as far as it can be checked,
+with the daemon's last published tick; and its text for a person."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..runtime.processes import ALIVE, check, identity_of
+from ..supervise.state import LAST_FILE, STATE_FILE, read_state
+
+
+def status(runtime: Path) -> dict[str, Any]:
+    """What runs, from the state file, trusted only as far as it can be checked: the supervisor is
+    running only if its PID still has the recorded start time; otherwise the file is stale (the
+    supervisor ended without cleaning up) and every instance it left is ``stale``, with what became of
+    its process. Without a state file, how the last run ended (``last.json``), if there was one."""
+    state = read_state(runtime / STATE_FILE)
+    if state is None:
+        ended = read_state(runtime / LAST_FILE)
+        if ended is None:
+            return {"running": False, "runtime_dir": str(runtime), "instances": []}
+        for inst in ended.get("instances") or []:
+            inst["uptime_s"] = None
+        return {**ended, "running": False, "ended": True, "runtime_dir": str(runtime)}
+    sup = identity_of(state.get("supervisor"))
+    verdict = check(sup)
+    alive = verdict == ALIVE
+    now = time.time()
+    for inst in state.get("instances") or []:
+        proc = identity_of(inst.get("process"))
+        inst["process_check"] = check(proc) if proc else None
+        inst["uptime_s"] = (
+            round(now - inst["ready_at"], 1)
+            if alive and inst.get("ready_at") and inst["state"] == "ready"
+            else None
+        )
+        if not alive and inst["state"] not in ("stopped", "failed"):
+            inst["state"] = "stale"  # the supervisor is gone without recording a stop
+    out = {**state, "running": alive, "runtime_dir": str(runtime)}
+    if not alive:
+        out["stale"] = True
+        out["stale_reason"] = f"supervisor pid {state.get('supervisor_pid')}: {verdict}"
+    elif (live := _daemon_view(runtime)) is not None:
+        out["daemon"] = live
+        by_name = {i["name"]: i for i in live.get("instances") or []}
+        for inst in out.get("instances") or []:
+            if inst["name"] in by_name:
+                inst["live"] = by_name[inst["name"]]
+    return out
+
+
+def _daemon_view(runtime: Path) -> dict[str, Any] | None:
+    """The daemon's last published tick (``daemon.json``), when a daemon runs this supervisor; a
+    file older than ten ticks is reported as such, not shown as current."""
+    from ..daemon.loop import DAEMON_FILE
+
+    try:
+        doc = json.loads((runtime / DAEMON_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.daemon/1":
+        return None
+    try:  # the daemon writes both with every tick
+        age = time.time() - float(doc["updated_at"])
+        interval = float(doc["watch"]["interval"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    doc["age_s"] = round(age, 1)
+    doc["current"] = age <= 10 * interval + 5
+    return doc
+
+
+def _fmt_gpu(g: dict[str, Any]) -> str:
+    parts = [f"GPU {g['index']}: {g['thermal_state']}"]
+    if g.get("temperature_c") is not None:
+        limits = [
+            f"slowdown {g['temperature_slowdown_c']:.0f}"
+            if g.get("temperature_slowdown_c") is not None
+            else "",
+            f"shutdown {g['temperature_shutdown_c']:.0f}"
+            if g.get("temperature_shutdown_c") is not None
+            else "",
+        ]
+        lim = ", ".join(x for x in limits if x)
+        parts.append(f"{g['temperature_c']:.0f} °C" + (f" ({lim} °C)" if lim else ""))
+    if g.get("sm_clock_mhz") is not None:
+        top = f" of {g['sm_clock_max_mhz']}" if g.get("sm_clock_max_mhz") else ""
+        parts.append(f"SM {g['sm_clock_mhz']}{top} MHz")
+    active = {k: v for k, v in (g.get("clocks_event_reasons") or {}).items() if k != "gpu_idle"}
+    if active:
+        parts.append("clock events " + ", ".join(f"{k} for {v:.0f} s" for k, v in active.items()))
+    if g.get("power_draw_watts") is not None:
+        top = f" of {g['power_limit_watts']:.0f}" if g.get("power_limit_watts") else ""
+        parts.append(f"{g['power_draw_watts']:.0f}{top} W")
+    line = ", ".join(parts)
+    if g["thermal_state"] != "ok" or g.get("pending"):
+        line += f" — {g.get('reason')}"
+    return line
+
+
+def _fmt_live(i: dict[str, Any]) -> list[str]:
+    if i.get("status") != "ok":
+        return [f"    live: {i.get('status')}" + (f" ({i['error']})" if i.get("error") else "")]
+    bits = []
+    if i.get("running") is not None:
+        bits.append(f"running {i['running']:.0f}, waiting {i.get('waiting') or 0:.0f}")
+    if i.get("kv_usage") is not None:
+        bits.append(f"KV {i['kv_usage']:.0%}")
+    if i.get("preemptions"):
+        bits.append(f"preemptions {i['preemptions']:.0f}")
+    if i.get("acceptance_rate") is not None:
+        bits.append(
+            f"acceptance {i['acceptance_rate']:.0%} (mean length {i.get('mean_acceptance_length') or 0:.2f})"
+        )
+    for key, label in (("ttft", "TTFT"), ("itl", "ITL")):
+        p50, p99 = i.get(f"{key}_p50_s"), i.get(f"{key}_p99_s")
+        if p50 is not None and p99 is not None:
+            bits.append(f"{label} p50/p99 {p50 * 1000:.0f}/{p99 * 1000:.0f} ms")
+    out = [
+        f"    live ({i.get('window_s') or 0:.0f} s window): " + ", ".join(bits)
+        if bits
+        else "    live: no data yet"
+    ]
+    out.append(f"    thermal {i.get('thermal_state')}, degrade step {i.get('degrade_level')}")
+    if i.get("warning"):
+        out.append(f"    warning: {i['warning']}")
+    if i.get("advice"):
+        out.append(f"    advice: {i['advice']['reason']}")
+    return out
+
+
+def format_status(state: dict[str, Any]) -> str:
+    """:func:`status`'s answer for a person: a line per instance, then the daemon's view."""
+    if not state.get("instances"):
+        return "hwprofile: nothing is running\n"
+    if state.get("ended"):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.get("ended_at") or 0))
+        head = f"nothing is running; the last run (supervisor pid {state.get('supervisor_pid')}) ended {when}"
+    elif state.get("stale"):
+        head = (
+            f"STALE state file: {state.get('stale_reason')} (it ended without cleaning up; "
+            "`hwprofile stop` ends what it left)"
+        )
+    else:
+        head = f"supervisor pid {state.get('supervisor_pid')} (running)"
+    out = [
+        f"{head}, profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
+    ]
+    for i in state["instances"]:
+        up = f", up {i['uptime_s']:.0f} s" if i.get("uptime_s") else ""
+        pid = f"pid {i['pid']}" if i.get("pid") else "no pid"
+        if i.get("process_check") and i["state"] == "stale":
+            pid += f" ({i['process_check']})"
+        out.append(
+            f"  {i['name']}: {i['state']}{up}, {pid}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
+        )
+        for step in i.get("ladder") or []:
+            out.append(f"    ladder: {step['change']} (after: {step['because']})")
+        if i.get("failure"):
+            f = i["failure"]
+            out.append(
+                f"    last failure: {f['kind']}: {f['evidence']}"
+                + (f" -> {f['fix']}" if f.get("fix") else "")
+            )
+        if i.get("log_dropped_lines"):
+            out.append(f"    log: {i['log_dropped_lines']} lines dropped ({i.get('log_error')})")
+        for w in i.get("warnings") or []:
+            out.append(f"    warning: {w}")
+        if i.get("live"):
+            out += _fmt_live(i["live"])
+    live = state.get("daemon")
+    if live:
+        age = (
+            ""
+            if live.get("current")
+            else f" (last update {live.get('age_s')} s ago: the daemon is not ticking)"
+        )
+        out.append(f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}")
+        out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
+        for a in (live.get("actions") or [])[-5:]:
+            when = time.strftime("%H:%M:%S", time.localtime(a.get("at") or 0))
+            out.append(
+                f"  action {when}: {a['kind']} {a['instance']} to step {a['level']} {a['outcome']}: {a['reason']}"
+            )
+        for q in live.get("queued") or []:
+            out.append(f"  queued: {q['kind']} {q['instance']} to step {q['level']}")
+        for e in (live.get("errors") or [])[-3:]:
+            out.append(f"  error: {e}")
+    return "\n".join(out) + "\n"

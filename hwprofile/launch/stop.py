@@ -1,0 +1,57 @@
+"""``hwprofile stop``: the supervisor asked to stop; without one, what it left ended, each process
+verified by its start time before it is signalled."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from ..runtime.processes import ALIVE, Identity, check, group_members, identity_of, signal_process, wait_gone
+from ..supervise.state import STATE_FILE, read_state, remove_state
+
+
+def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
+    """End an instance its supervisor left behind: SIGTERM to the verified leader, then SIGKILL to
+    its group while the leader still lives; members outliving a leader are killed one by one, each
+    verified (a group is never signalled once its leader may have been reaped)."""
+    signal_process(ident, signal.SIGTERM)
+    if not wait_gone(ident, grace) and signal_process(ident, signal.SIGKILL, group=True):
+        return f"{name}: process group {ident.pid} killed after {grace:.0f} s"
+    left = [m for m in group_members(ident.pid, not_before=ident.start) if m.pid != ident.pid]
+    killed = sum(signal_process(m, signal.SIGKILL) for m in left)
+    return f"{name}: pid {ident.pid} stopped" + (f"; {killed} leftover processes killed" if killed else "")
+
+
+def stop(runtime: Path, timeout: float = 120) -> list[str]:
+    """Ask the supervisor to stop (SIGTERM); without one, end the recorded processes. Nothing is
+    signalled unless its PID still has the start time recorded for it."""
+    state = read_state(runtime / STATE_FILE)
+    if state is None:
+        return ["nothing to stop"]
+    done: list[str] = []
+    pid = state.get("supervisor_pid")
+    sup = identity_of(state.get("supervisor"))
+    verdict = check(sup)
+    if verdict == ALIVE and sup is not None:
+        signal_process(sup, signal.SIGTERM)
+        if wait_gone(sup, timeout):
+            done.append(f"supervisor {pid} stopped")
+        else:
+            signal_process(sup, signal.SIGKILL)
+            wait_gone(sup, 10)
+            done.append(f"supervisor {pid} did not stop in {timeout:.0f} s: killed")
+        state = read_state(runtime / STATE_FILE)  # a clean stop removed it
+        if state is None:
+            return done
+    else:
+        done.append(f"stale state file: supervisor pid {pid}: {verdict}; not signalled")
+    for inst in state.get("instances") or []:
+        ident = identity_of(inst.get("process"))
+        what = check(ident)
+        if what == ALIVE and ident is not None:
+            grace = float(inst["stop_grace_s"])  # the supervisor records it for every instance
+            done.append(_end_unsupervised(inst["name"], ident, grace))
+        elif ident is not None:
+            done.append(f"{inst['name']}: pid {ident.pid}: {what}; not signalled")
+    remove_state(runtime / STATE_FILE)  # everything it names is checked and ended: the file is done
+    return done
