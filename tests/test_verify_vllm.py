@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "hwprofile.verify-1.schema.json").read_text())
-LIMIT, MAX_TOKENS = "12", "32"  # 12 prompts (zh and en) of the 50, 32 tokens each
+PER_KIND, MAX_TOKENS = 3, "32"  # 3 prompts of each kind (15 of the 50), 32 tokens each
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,21 @@ class Env:
         assert r.returncode == 0, r.stderr[-3000:]
         return f"http://127.0.0.1:{port}"
 
+    def subset(self) -> Path:
+        """The first PER_KIND shipped prompts of each kind, as a --prompts file."""
+        import yaml
+
+        from hwprofile.verify.prompts import KINDS, load_prompts
+
+        shipped = load_prompts().prompts
+        chosen = [p for k in KINDS for p in [q for q in shipped if q.kind == k][:PER_KIND]]
+        f = self.base / "subset.yaml"
+        f.write_text(yaml.safe_dump({"prompts": [{"id": p.id, "kind": p.kind, "text": p.text} for p in chosen]},
+                                    allow_unicode=True))  # fmt: skip
+        return f
+
     def verify(self, *args: str) -> tuple[int, dict, str]:
-        r = self.hw("verify", "--limit", LIMIT, "--max-tokens", MAX_TOKENS, "--json", *args)
+        r = self.hw("verify", "--prompts", str(self.subset()), "--max-tokens", MAX_TOKENS, "--json", *args)
         assert r.stdout, r.stderr[-3000:]
         doc = json.loads(r.stdout)
         jsonschema.validate(doc, SCHEMA)
@@ -84,9 +97,10 @@ class Env:
 
 
 def summary(doc: dict) -> str:
-    spec = (doc["candidate"].get("plan") or {}).get("speculative")
+    plan = doc["candidate"].get("plan")
+    what = "a running server" if plan is None else (plan["speculative"] or {}).get("method", "no speculation")
     return (
-        f"verify: candidate {doc['candidate']['url']} ({spec['method'] if spec else 'no speculation'}): exact "
+        f"verify: candidate {doc['candidate']['url']} ({what}): exact "
         f"{doc['exact_matches']}/{doc['prompts']}, similarity {doc['similarity']['value']:.4f}, passed {doc['passed']}"
     )
 
@@ -111,7 +125,7 @@ def test_self_draft_answers_exactly_as_the_baseline(env: Env) -> None:
     }  # fmt: skip
     assert doc["baseline"]["plan"]["speculative"] is None
     assert doc["baseline"]["plan"]["dtype"] == doc["candidate"]["plan"]["dtype"] == "bfloat16"
-    assert doc["exact_matches"] == doc["prompts"] == int(LIMIT), summary(doc)
+    assert doc["exact_matches"] == doc["prompts"] == 5 * PER_KIND, summary(doc)
     assert doc["similarity"]["value"] == 1.0 and doc["passed"]
     assert all(r["baseline_tokens"] > 0 for r in doc["results"])
 
@@ -126,7 +140,7 @@ def test_ngram_answers_exactly_as_the_baseline(env: Env, baseline_url: str) -> N
     url = env.launch("rt-ngram", "speculative.method=ngram")
     code, doc, err = env.verify("--baseline-url", baseline_url, "--url", url)
     assert code == 0, err[-3000:]
-    assert doc["exact_matches"] == doc["prompts"] == int(LIMIT), summary(doc)
+    assert doc["exact_matches"] == doc["prompts"] == 5 * PER_KIND, summary(doc)
     assert doc["similarity"]["value"] == 1.0
     env.hw("stop", runtime=env.base / "rt-ngram", timeout=120)
 

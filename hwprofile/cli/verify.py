@@ -93,6 +93,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..verify.report import format_text, to_json
     from ..verify.runner import SEED, TOP_LOGPROBS
 
+    if args.demo:
+        notes.append(
+            "demo: the tiny model's weights are random (made offline), so its answers are gibberish by design; "
+            "what counts is that the tuned plan gives the same tokens. On a GPU host: hwprofile verify --model NAME"
+        )
     settings = {**request, "seed": SEED, "concurrency": 1, "baseline_top_logprobs": TOP_LOGPROBS,
                 "prompts_file": prompts.source}  # fmt: skip
     doc = to_json(verdict, base, cand, settings, notes)
