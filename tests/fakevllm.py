@@ -37,11 +37,23 @@ TTFT/TPOT/ITL/E2EL, takes the spec-decode counter deltas from ``/metrics`` as vL
 ``--save-result`` writes vLLM's result JSON keys to ``--result-dir``/``--result-filename``. An unknown
 flag exits 2. ``FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY`` adds that many ms per concurrent slot to every
 TTFT (a server that saturates); ``FAKEVLLM_BENCH_FAIL`` makes it exit 1 with that text.
+
+Greedy answers with token ids (what ``hwprofile verify`` compares): a non-streamed completion that asks
+for ``return_token_ids`` gets ``token_ids`` (ids a hash of the prompt and the position picks, the same
+on every server and every run), ``prompt_token_ids`` and the text of those ids (token ``N`` is the
+text ``" wN"``, which ``POST /detokenize`` also gives); with ``logprobs: K`` and
+``return_tokens_as_token_ids`` each position's ``top_logprobs`` (``token_id:N`` keys): the greedy
+token at -0.5, the token a diverging server would emit 0.002 below it, then the rest further down.
+A planted difference: ``--fake-diverge-after N`` / ``FAKEVLLM_DIVERGE_AFTER`` makes the answer leave
+the greedy ids from position N on (another token there, then another continuation), for every
+prompt, or with ``--fake-diverge-match TEXT`` / ``FAKEVLLM_DIVERGE_MATCH`` only for prompts that
+contain TEXT.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import signal
@@ -73,7 +85,8 @@ ENGINE = (
 )
 MULTI = {"numa-bind-nodes", "numa-bind-cpus"}  # vLLM flags that take several values
 FAKE = {"fake-mode", "fake-ready-delay", "fake-crash-after", "fake-exit-code", "fake-fail-times",
-        "fake-counter", "fake-token-delay"}  # fmt: skip
+        "fake-counter", "fake-token-delay", "fake-diverge-after", "fake-diverge-match"}  # fmt: skip
+VOCAB = 2048  # the token ids greedy answers are drawn from (the tiny model's vocabulary size)
 
 
 def say(text: str, who: str = "APIServer", level: str = "INFO", where: str = "api_server.py:1") -> None:
@@ -153,6 +166,51 @@ def size_of(text: Any) -> int:
     return int(float(s))
 
 
+def hashed_ids(salt: str, text: str, n: int) -> list[int]:
+    """``n`` token ids picked by a hash of ``salt``, ``text`` and the position: stable everywhere."""
+    return [
+        int.from_bytes(hashlib.sha256(f"{salt}|{text}|{i}".encode()).digest()[:4], "big") % VOCAB
+        for i in range(n)
+    ]
+
+
+def piece(token_id: int) -> str:
+    """The text of one token id."""
+    return f" w{token_id}"
+
+
+def greedy_answer(prompt: str, n: int, diverge_after: int | None) -> tuple[list[int], list[int]]:
+    """(the ids this server answers ``prompt`` with, the greedy ids): equal unless ``diverge_after``
+    is set, then they part from that position on (a different token there, another continuation)."""
+    greedy = hashed_ids("greedy", prompt, n)
+    if diverge_after is None or diverge_after >= n:
+        return greedy, greedy
+    other = hashed_ids("diverged", prompt, n)
+    ids = greedy[:diverge_after] + other[diverge_after:]
+    if ids[diverge_after] == greedy[diverge_after]:
+        ids[diverge_after] = (ids[diverge_after] + 1) % VOCAB
+    return ids, greedy
+
+
+def top_logprobs(ids: list[int], greedy: list[int], prompt: str, k: int) -> list[dict[str, float]]:
+    """Per position: the greedy token at -0.5, the diverging server's token (or another) 0.002 below,
+    then more tokens further down; ``k`` entries, plus the emitted token where it is not among them."""
+    alts = hashed_ids("diverged", prompt, len(ids))
+    out = []
+    for i, emitted in enumerate(ids):
+        top: dict[int, float] = {greedy[i]: -0.5}
+        runner_up = alts[i] if alts[i] != greedy[i] else (alts[i] + 1) % VOCAB
+        top.setdefault(runner_up, -0.502)
+        j = 0
+        while len(top) < max(k, 2):
+            top.setdefault((greedy[i] + 7 * (j + 1)) % VOCAB, -3.0 - j)
+            j += 1
+        top = dict(list(top.items())[: max(k, 1)])
+        top.setdefault(emitted, -0.502 if emitted != greedy[i] else -0.5)
+        out.append({f"token_id:{t}": lp for t, lp in top.items()})
+    return out
+
+
 class Server:
     def __init__(self, model: str, args: dict[str, Any], token_delay: float) -> None:
         self.model = model
@@ -173,6 +231,7 @@ class Server:
             args.get("speculative_config") if isinstance(args.get("speculative_config"), dict) else None
         )
         self.drafts = self.draft_tokens = self.accepted = 0
+        self.fake: dict[str, str] = {}
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self) -> str:
@@ -241,6 +300,28 @@ class Server:
                 self.draft_tokens += k
                 self.accepted += 1
 
+    def with_token_ids(self, choice: dict[str, Any], body: dict[str, Any], prompt: str, n: int) -> None:
+        """Fill ``choice`` as vLLM 0.32 does for ``return_token_ids`` (and ``logprobs``)."""
+        match = option(self.fake, "diverge-match", "")
+        after = option(self.fake, "diverge-after", "")
+        diverge = int(after) if after and (not match or match in prompt) else None
+        ids, greedy = greedy_answer(prompt, n, diverge)
+        choice["token_ids"] = ids
+        choice["prompt_token_ids"] = hashed_ids("prompt", prompt, max(1, len(prompt.split())))
+        choice["text"] = "".join(piece(t) for t in ids)
+        k = body.get("logprobs")
+        if isinstance(k, int) and not isinstance(k, bool) and k >= 0:
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            tops = top_logprobs(ids, greedy, prompt, k)
+            if not as_ids:
+                tops = [{piece(int(key[9:])): lp for key, lp in t.items()} for t in tops]
+            choice["logprobs"] = {
+                "tokens": [f"token_id:{t}" if as_ids else piece(t) for t in ids],
+                "token_logprobs": [t[f"token_id:{i}" if as_ids else piece(i)] for t, i in zip(tops, ids, strict=True)],
+                "top_logprobs": tops,
+                "text_offset": [len(piece(0)) * j for j in range(len(ids))],
+            }
+
     def end(self, reason: str) -> None:
         with self.lock:
             self.in_flight -= 1
@@ -285,6 +366,13 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self.reply(400, b'{"error":"bad json"}')
                 return
+            if self.path == "/detokenize" and srv.loaded:
+                tokens = body.get("tokens")
+                if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
+                    self.reply(400, b'{"error":"tokens must be a list of token ids"}')
+                    return
+                self.reply(200, json.dumps({"prompt": "".join(piece(t) for t in tokens)}).encode())
+                return
             if self.path not in ("/v1/completions", "/v1/chat/completions") or not srv.loaded:
                 self.reply(404, b'{"detail":"Not Found"}')
                 return
@@ -317,6 +405,8 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                              "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
                              "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
                                        "total_tokens": len(prompt.split()) + n}}  # fmt: skip
+                    if body.get("return_token_ids"):
+                        srv.with_token_ids(reply["choices"][0], body, prompt, n)
                     self.reply(200, json.dumps(reply).encode())
             except OSError:
                 reason = "abort"
@@ -418,6 +508,7 @@ def main(argv: list[str]) -> int:
         )
         return 1
     srv = Server(model, args, float(option(fake, "token-delay", "0.01")))
+    srv.fake = fake
     httpd.RequestHandlerClass = handler_for(srv)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

@@ -206,6 +206,40 @@ def _args_watch(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
 
 
+# -- hwprofile verify -------------------------------------------------------------------------------
+def _args_verify(p: argparse.ArgumentParser) -> None:
+    _add_host_source(p)
+    _add_plan_options(p)
+    p.add_argument(
+        "--runtime-dir", metavar="DIR",
+        help="the supervisor's directory while serving (default: verify/ in launch's runtime directory)",
+    )  # fmt: skip
+    p.add_argument(
+        "--baseline-url", metavar="URL",
+        help="compare two running servers instead of serving both: the baseline (with --url)",
+    )  # fmt: skip
+    p.add_argument("--url", metavar="URL", help="the candidate server to compare with --baseline-url")
+    p.add_argument(
+        "--prompts", metavar="FILE",
+        help="reference prompts YAML (a `prompts:` list of {id, kind, text}); default: the 50 shipped ones",
+    )  # fmt: skip
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N prompts")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="tokens generated per prompt (default verify.max_tokens)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (schema hwprofile.verify/1)")
+    p.add_argument(
+        "--demo", action="store_true",
+        help="the tiny model made offline, as `launch --demo`: baseline and tuned plan served here, compared",
+    )  # fmt: skip
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import cmd_verify
+
+    return cmd_verify(args)
+
+
+# -- end of hwprofile verify ------------------------------------------------------------------------
+
 def _args_install_service(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user", action="store_true", help="a unit for the user's manager (systemctl --user)")
     p.add_argument(
@@ -320,6 +354,12 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             "watch GPUs and running vLLM servers: thermal state, throttling, acceptance, latency, advice",
             _args_watch,
             cmd_watch,
+        ),
+        (
+            "verify",
+            "greedy answers of the tuned plan against a baseline without speculative decoding: exact match, similarity",
+            _args_verify,
+            _cmd_verify,
         ),
         (
             "install-service",
