@@ -68,10 +68,25 @@ class Env:
             timeout=timeout,
         )
 
-    def foreground(self, *extra_args: str, model_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    def two_node_snapshot(self) -> Path:
+        """This host's own snapshot with a second, empty NUMA node: on one node the planner binds
+        nothing (binding changes nothing there), so real numactl binding is shown on "two" nodes,
+        node 0 being this machine's real one."""
+        r = self.hw("detect", "--json")
+        assert r.returncode == 0, r.stderr
+        snap = json.loads(r.stdout)
+        assert len(snap["numa_nodes"]) == 1, "this test assumes a one-node machine"
+        snap["numa_nodes"].append({"id": 1, "cpus": "", "memory_bytes": None})
+        path = self.tmp / "two-nodes.json"
+        path.write_text(json.dumps(snap))
+        return path
+
+    def foreground(
+        self, *extra_args: str, model_args: tuple[str, ...] = (), host_args: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         out = open(self.tmp / "hwprofile.out", "ab")  # noqa: SIM115
         return subprocess.Popen(
-            [sys.executable, "-m", "hwprofile", "launch", "--foreground", "--model", str(self.model), *model_args, *self.sets(*extra_args)],
+            [sys.executable, "-m", "hwprofile", "launch", "--foreground", *host_args, "--model", str(self.model), *model_args, *self.sets(*extra_args)],
             env=self.env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -149,7 +164,7 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
-    proc = env.foreground()
+    proc = env.foreground(host_args=("--from", str(env.two_node_snapshot())))
     inst = env.wait(lambda i: i["state"] == "ready", "ready")
     url, pid = inst["url"], inst["pid"]
     assert url == f"http://127.0.0.1:{env.port}"
@@ -163,6 +178,7 @@ def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
     assert not [w for w in inst["warnings"] if "planned" in w], inst["warnings"]
     # NUMA binding of the server process (numactl in front: vLLM 0.32 has no --numa-bind for the CPU path)
     node = inst["numa_node"]
+    assert node == 0
     assert inst["argv"][1:4] == [f"--cpunodebind={node}", f"--membind={node}", "--"]
     st = Path(f"/proc/{pid}/status").read_text()
     cpus = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip()
@@ -340,5 +356,10 @@ def test_dry_run_shows_the_command_and_its_environment(env: Env) -> None:
     assert r.returncode == 0, r.stderr
     assert "VLLM_NO_USAGE_STATS=1" in r.stdout and "--kv-cache-memory-bytes 67108864" in r.stdout
     assert "VLLM_CPU_OMP_THREADS_BIND" not in r.stdout  # vLLM's own "auto" keeps its reserved cores
-    assert "numactl --cpunodebind=" in r.stdout and f"--port {env.port}" in r.stdout
+    assert f"--port {env.port}" in r.stdout
+    # this one-node machine: nothing to bind, no numactl, no warning about it
+    assert "numactl" not in r.stdout and "numactl" not in r.stderr
+    two = env.hw("launch", "--dry-run", "--from", str(env.two_node_snapshot()), "--model", str(env.model), *env.sets())
+    assert two.returncode == 0, two.stderr
+    assert "numactl --cpunodebind=0 --membind=0 --" in two.stdout
     assert not (env.runtime / "state.json").exists()  # nothing started
