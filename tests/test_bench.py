@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from vllmtools import fake_model, fake_vllm_shim, free_port
 
 from hwprofile.bench.compare import compare, spread
 from hwprofile.bench.knee import SweepPoint, find_knee
@@ -31,12 +32,7 @@ from hwprofile.bench.workloads import bench_settings, sweep_points, workload
 from hwprofile.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE = Path(__file__).resolve().parent / "fakevllm.py"
 SCHEMA = json.loads((ROOT / "schemas" / "hwprofile.bench-1.schema.json").read_text())
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "max_position_embeddings": 2048, "vocab_size": 2048,
-          "torch_dtype": "bfloat16"}  # fmt: skip
 
 # What `vllm bench serve --save-result` of vLLM 0.32.0 wrote against the tiny model with a self-draft
 # (8 prompts, 32 in / 16 out, concurrency 2; latencies and queue times cut short).
@@ -312,21 +308,10 @@ def test_plot_is_a_png_with_the_axes_and_lines_it_reports(tmp_path) -> None:
 # -- the command, against the fake vLLM -----------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def world(tmp_path: Path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(CONFIG))
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
-    shim = tmp_path / "vllm"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    shim.chmod(0o755)
+    model = fake_model(tmp_path / "model")
+    shim = fake_vllm_shim(tmp_path / "vllm")
     (tmp_path / "etc").mkdir()
     runtime = Path(tempfile.mkdtemp(prefix="hwpbt-", dir="/tmp"))
     env = {

@@ -17,13 +17,9 @@ from pathlib import Path
 
 import pytest
 from fakehost import build
+from vllmtools import FAKE_VLLM, fake_model, fake_vllm_shim
 
-FAKE = Path(__file__).resolve().parent / "fakevllm.py"
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+FAKE = FAKE_VLLM
 
 
 def free_ports(n: int) -> int:
@@ -46,13 +42,8 @@ def free_ports(n: int) -> int:
 
 @pytest.fixture
 def daemon_env(tmp_path, fake_nvml_dir):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(CONFIG))
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
-    shim = tmp_path / "vllm"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    shim.chmod(0o755)
+    model = fake_model(tmp_path / "model")
+    shim = fake_vllm_shim(tmp_path / "vllm")
     host = build("a800-pcie-4x-2numa", tmp_path / "host")
     runtime = Path(os.path.join("/tmp", f"hwpd-{os.getpid()}-{tmp_path.name[-6:]}"))
     starts = tmp_path / "starts.jsonl"

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllmtools import fake_model, fake_vllm_shim, free_port
 
 from hwprofile import launch
 from hwprofile.config.settings import Logs, Supervise
@@ -43,18 +43,6 @@ from hwprofile.supervise.state import (
 )
 from hwprofile.supervise.supervisor import Options, Supervisor
 
-FAKE = Path(__file__).resolve().parent / "fakevllm.py"
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "max_position_embeddings": 2048, "vocab_size": 2048,
-          "torch_dtype": "bfloat16"}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -64,13 +52,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from hwprofile.render.versions import release
 
     base = tmp_path_factory.mktemp("fake")
-    model = base / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(CONFIG))
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
-    shim = base / "vllm"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    shim.chmod(0o755)
+    model = fake_model(base / "model")
+    shim = fake_vllm_shim(base / "vllm")
     return {"model": model, "shim": shim, "host": detect_host(), "release": release("0.32.0"), "base": base}
 
 

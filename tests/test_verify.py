@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from vllmtools import FAKE_VLLM, fake_model, fake_vllm_shim, free_port
 
 from hwprofile.config import ConfigError
 from hwprofile.verify.compare import Answer, Verdict, compare, divergence, first_difference, similarity
@@ -25,12 +25,8 @@ from hwprofile.verify.prompts import KINDS, Prompt, load_prompts
 from hwprofile.verify.report import format_text, to_json
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE = Path(__file__).resolve().parent / "fakevllm.py"
+FAKE = FAKE_VLLM
 SCHEMA = json.loads((ROOT / "schemas" / "hwprofile.verify-1.schema.json").read_text())
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "max_position_embeddings": 2048, "vocab_size": 2048,
-          "torch_dtype": "bfloat16"}  # fmt: skip
 
 
 # -- the comparison ----------------------------------------------------------------------------------
@@ -226,21 +222,12 @@ def test_report_json_follows_the_schema_and_the_text_says_the_verdict() -> None:
 # -- the command against fake servers ----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def world() -> Iterator[dict]:
     """A short scratch directory (vLLM's IPC socket paths fit 107 bytes) with a fake model, an empty
     config root and the environment for hwprofile (no proxies, no FAKEVLLM_* from outside)."""
     base = Path(tempfile.mkdtemp(prefix="hwpv-", dir="/tmp"))
-    model = base / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(CONFIG))
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    model = fake_model(base / "model")
     (base / "etc").mkdir()
     env = {
         k: v for k, v in os.environ.items()
@@ -380,9 +367,7 @@ def _shim(world: dict, diverge_speculative: bool) -> Path:
     """``server.vllm_command``: the fake, with a planted difference only in a server that speculates."""
     shim = world["base"] / ("vllm-diverging" if diverge_speculative else "vllm")
     plant = 'case "$*" in *--speculative-config*) export FAKEVLLM_DIVERGE_AFTER=2;; esac\n'
-    shim.write_text(f'#!/bin/sh\n{plant if diverge_speculative else ""}exec "{sys.executable}" "{FAKE}" "$@"\n')
-    shim.chmod(0o755)
-    return shim
+    return fake_vllm_shim(shim, plant if diverge_speculative else "")
 
 
 @pytest.mark.parametrize("diverge", [False, True])

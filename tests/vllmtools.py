@@ -15,6 +15,30 @@ from pathlib import Path
 import pytest
 
 VLLM = Path(sys.executable).parent / "vllm"
+FAKE_VLLM = Path(__file__).resolve().parent / "fakevllm.py"  # the fake vLLM server of the fast tests
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def fake_model(directory: Path) -> Path:
+    """A model directory the planner reads (TINY_CONFIG and a token safetensors file) for the fake server."""
+    import json
+
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (directory / "model.safetensors").write_bytes(b"\0" * 4096)
+    return directory
+
+
+def fake_vllm_shim(path: Path, prelude: str = "") -> Path:
+    """An executable ``vllm`` (for ``server.vllm_command``) that runs the fake server; ``prelude``:
+    shell lines run first."""
+    path.write_text(f'#!/bin/sh\n{prelude}exec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 def have_vllm() -> bool:
