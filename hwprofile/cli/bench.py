@@ -14,19 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
-from .common import CliError, _release, load_host
+from .common import CliError, _release, demo_model, load_host
 
 COMPARE_WORDS = ("profile", "baseline")
-# the tiny demo model: a short context, a small KV space, eager mode (as `launch --demo`), and a
-# workload it answers in about a minute on two cores; later --set options win
-DEMO_SETS = (
-    "engine.max_model_len=512",
-    "cpu.kv_cache_space_gib=0.0625",
-    "engine.enforce_eager=true",
-    "bench.input_len=64",
-    "bench.output_len=32",
-    "bench.num_prompts=16",
-)
+# `--demo`: besides the demo plan (cli.common.DEMO_SETS), a workload the tiny model answers in about
+# a minute on two cores; later --set options win
+DEMO_BENCH_SETS = ("bench.input_len=64", "bench.output_len=32", "bench.num_prompts=16")
 POINT_TIMEOUT_S = 7200.0
 
 
@@ -68,13 +61,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     root = config_root(args.config_root)
     model, sets = args.model, list(args.sets)
     if args.demo:
-        from ..tinymodel import make_tiny_model
-
-        _progress(
-            "demo: the tiny model made offline (first run only); a short workload (--set bench.* to change)"
-        )
-        model = str(make_tiny_model())
-        sets = [*DEMO_SETS, *sets]
+        _progress("demo: a short workload (--set bench.* to change)")
+        model, sets = demo_model(sets, DEMO_BENCH_SETS)
     res = resolve_settings(host, root, args.profile, args.overrides, sets)
     bs = bench_settings(res.settings)
     wl = workload(args.workload, bs)

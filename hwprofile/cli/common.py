@@ -66,3 +66,17 @@ def _plan_or_report(
         for s in e.suggestions:
             print(f"  - {s}", file=sys.stderr)
         raise _Refused from None
+
+
+# What every `--demo` plans (launch, bench, verify): the tiny model made offline, a short context, a
+# small CPU KV space and eager mode; the user's own --set options come after, so they win.
+DEMO_SETS = ("engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "engine.enforce_eager=true")
+
+
+def demo_model(sets: list[str], extra: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+    """``(model, sets)`` of a ``--demo``: the tiny model (generated on first use) and DEMO_SETS, then
+    the command's own ``extra`` defaults, then ``sets``."""
+    from ..tinymodel import make_tiny_model
+
+    print("hwprofile: demo: generating a tiny model offline (first run only) ...", file=sys.stderr)
+    return str(make_tiny_model()), [*DEMO_SETS, *extra, *sets]

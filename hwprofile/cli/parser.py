@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from .. import __version__
+from .bench import cmd_bench
 from .host import cmd_detect, cmd_doctor, cmd_profiles
 from .planning import cmd_plan, cmd_render
 from .running import (
@@ -18,6 +19,7 @@ from .running import (
     cmd_stop,
     cmd_watch,
 )
+from .verify import cmd_verify
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -206,7 +208,6 @@ def _args_watch(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
 
 
-# -- hwprofile verify -------------------------------------------------------------------------------
 def _args_verify(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
@@ -232,14 +233,6 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import cmd_verify
-
-    return cmd_verify(args)
-
-
-# -- end of hwprofile verify ------------------------------------------------------------------------
-
 def _args_install_service(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user", action="store_true", help="a unit for the user's manager (systemctl --user)")
     p.add_argument(
@@ -254,7 +247,6 @@ def _args_install_service(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-# -- hwprofile bench ----------------------------------------------------------------------------
 def _args_bench(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
@@ -284,17 +276,6 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         "--demo", action="store_true",
         help="benchmark the tiny model made offline, with a short workload (a first try on a CPU)",
     )  # fmt: skip
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    # imported when run, so that matplotlib and py-cpuinfo stay off the other commands' paths
-    from .bench import cmd_bench
-
-    return cmd_bench(args)
-
-
-_BENCH = ("bench", "vllm bench serve against the plan (or --url): throughput, TTFT/TPOT/ITL, throttling, knee, --compare", _args_bench, _cmd_bench)
-# -- end of hwprofile bench ---------------------------------------------------------------------
 
 
 def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
@@ -359,7 +340,13 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             "verify",
             "greedy answers of the tuned plan against a baseline without speculative decoding: exact match, similarity",
             _args_verify,
-            _cmd_verify,
+            cmd_verify,
+        ),
+        (
+            "bench",
+            "vllm bench serve against the plan (or --url): throughput, TTFT/TPOT/ITL, throttling, knee, --compare",
+            _args_bench,
+            cmd_bench,
         ),
         (
             "install-service",
@@ -368,7 +355,6 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             cmd_install_service,
         ),
         ("reload", "ask the running daemon to re-plan and apply what changed (SIGHUP)", _add_runtime, cmd_reload),
-        _BENCH,
     )
 
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from .common import CliError, _plan_or_report, _Refused, _release, load_host
+from .common import CliError, _plan_or_report, _Refused, _release, demo_model, load_host
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -40,16 +40,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     model, sets = args.model, list(args.sets)
     if args.demo:
-        from ..tinymodel import make_tiny_model
-
-        print("hwprofile: demo: generating a tiny model offline (first run only) ...", file=sys.stderr)
-        model = str(make_tiny_model())
-        sets = [
-            "engine.max_model_len=512",
-            "cpu.kv_cache_space_gib=0.0625",
-            "engine.enforce_eager=true",
-            *sets,
-        ]
+        model, sets = demo_model(sets)
     try:
         plan = _plan_or_report(args, host, model=model, sets=sets)
     except _Refused:

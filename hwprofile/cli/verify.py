@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FAILED, EXIT_OK
-from .common import CliError, _plan_or_report, _Refused, _release, load_host
+from .common import CliError, _plan_or_report, _Refused, _release, demo_model, load_host
 
 if TYPE_CHECKING:
     from ..config.settings import Settings
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from ..verify.compare import Verdict
 
 BASELINE_SET = "speculative.method=none"
-DEMO_SETS = ("engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "engine.enforce_eager=true")
 
 
 def verify_settings(settings: Settings) -> tuple[float, int]:
@@ -68,11 +67,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     host = load_host(args)
     model, sets = args.model, list(args.sets)
     if args.demo:
-        from ..tinymodel import make_tiny_model
-
-        _say("demo: generating a tiny model offline (first run only) ...")
-        model = str(make_tiny_model())
-        sets = [*DEMO_SETS, *sets]
+        model, sets = demo_model(sets)
     res = resolve_settings(host, config_root(args.config_root), args.profile, args.overrides, sets)
     bar, max_tokens = verify_settings(res.settings)
     max_tokens = args.max_tokens or max_tokens
