@@ -251,6 +251,10 @@ def test_health_polls_never_use_a_proxy(world, rt, fake_env, monkeypatch) -> Non
         with pytest.raises(OSError):  # what a default opener does with that environment: the dead proxy
             urllib.request.build_opener().open(url + "/health", timeout=2)
         assert http.healthy(url)
+        # the demo's completion (launch --demo) goes around the proxy as well
+        from hwprofile.launch import demo_completion
+
+        assert demo_completion(url, str(world["model"]), max_tokens=2)["usage"]["completion_tokens"] == 2
     finally:
         finish(sup)
 

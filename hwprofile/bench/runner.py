@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from ..daemon.telemetry import scrape
 from ..daemon.vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 from ..daemon.window import CounterWindow
 from ..errors import OperationError
+from ..supervise.http import urlopen
 from .workloads import Workload
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -72,15 +72,12 @@ def bench_argv(
     ]  # fmt: skip
 
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def discover(url: str, vllm: str, tokenizer: str | None = None, timeout: float = 10) -> Target:
     """The target of a running server: its first model from ``/v1/models`` (vLLM's ``root`` is the
     model path it loaded, used as the tokenizer unless one is given). Raises :class:`BenchFailed`."""
     base = url.rstrip("/")
     try:
-        with _NO_PROXY.open(base + "/v1/models", timeout=timeout) as r:
+        with urlopen(base + "/v1/models", timeout=timeout) as r:
             data = json.loads(r.read(1 << 20))
         first = data["data"][0]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..host.nvml import GpuLost, Nvml, Unavailable
 from ..host.snapshot import decode_clock_event_reasons
+from ..supervise.http import urlopen
 from .policy import GpuReading
 from .vllm_metrics import MetricsError, VllmMetrics, parse
 
@@ -141,7 +142,6 @@ class GpuSampler:
 
 # -- vLLM /metrics --------------------------------------------------------------------------------
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def scrape(
         if get is not None:
             body = get(url)
         else:
-            with _NO_PROXY.open(target, timeout=timeout) as resp:
+            with urlopen(target, timeout=timeout) as resp:
                 body = resp.read(MAX_METRICS_BYTES + 1)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)

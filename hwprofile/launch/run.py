@@ -3,12 +3,10 @@ this waits for until every instance is ready or one failed; and the demo's one c
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,19 +122,9 @@ def demo_completion(
     """One greedy completion; with ``return_token_ids`` (vLLM 0.32 has it) the reply carries the
     prompt's and the generated token ids (``choices[0].prompt_token_ids``, ``.token_ids``); a reply
     without them is shown without ids. The prompt is added to the reply as ``prompt``."""
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "return_token_ids": True,
-        }
-    ).encode()
-    req = urllib.request.Request(
-        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        reply: dict[str, Any] = json.loads(resp.read())
+    from ..supervise.http import post_json
+
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+    reply = post_json(url + "/v1/completions", body, timeout=120)
     reply["prompt"] = prompt
     return reply

@@ -6,6 +6,7 @@ time out). The opener here has an empty ProxyHandler: no proxy at all, whatever 
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 from typing import Any
@@ -37,3 +38,12 @@ def healthy(base_url: str, timeout: float = 2.0) -> bool:
 def metrics_text(base_url: str, timeout: float = 5.0) -> str | None:
     got = get(base_url + "/metrics", timeout)
     return got[1].decode("utf-8", "replace") if got and got[0] == 200 else None
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
+    """POST ``body`` as JSON to ``url`` without any proxy and return the JSON reply (an HTTP error
+    raises ``urllib.error.HTTPError``, nothing answering ``URLError``/``OSError``)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with _DIRECT.open(req, timeout=timeout) as resp:
+        reply: dict[str, Any] = json.loads(resp.read())
+    return reply

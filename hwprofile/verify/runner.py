@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OperationError
-from ..supervise.http import get, urlopen
+from ..supervise.http import get, post_json
 from .compare import Answer
 from .prompts import Prompt
 
@@ -42,15 +42,6 @@ def served_model(url: str, timeout: float = 10.0) -> str:
         return str(models[0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise VerifyError(f"{url}/v1/models: HTTP {status}, no model listed: {body[:200]!r}") from None
-
-
-def _post(url: str, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    req = urllib.request.Request(
-        url.rstrip("/") + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urlopen(req, timeout=timeout) as resp:
-        reply: dict[str, Any] = json.loads(resp.read())
-    return reply
 
 
 def _http_detail(e: urllib.error.HTTPError) -> str:
@@ -115,7 +106,7 @@ class Client:
     def answer(self, prompt: Prompt) -> Answer:
         """The server's greedy answer to ``prompt``."""
         try:
-            reply = _post(self.url, ENDPOINT, self.request(prompt.text), self.timeout)
+            reply = post_json(self.url.rstrip("/") + ENDPOINT, self.request(prompt.text), self.timeout)
         except urllib.error.HTTPError as e:
             detail = _http_detail(e)
             if self.logprobs and e.code == 400:  # a server that refuses log-probabilities: ask without
@@ -154,7 +145,7 @@ class Client:
         """The text of one token through the server's ``/detokenize`` (None where it has none)."""
         if token_id not in self._texts:
             try:
-                reply = _post(self.url, "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0)
+                reply = post_json(self.url.rstrip("/") + "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0)
                 text = reply.get("prompt")
                 self._texts[token_id] = text if isinstance(text, str) else None
             except (urllib.error.URLError, OSError, ValueError, AttributeError):
