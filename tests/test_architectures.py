@@ -203,3 +203,74 @@ def test_startup_check_expects_vllms_own_figure_for_sliding_window_models(host_o
     assert mem.vllm_logged_kv_tokens != naive  # vLLM groups sliding and full layers (kv_cache_utils)
     assert not [w for w in compare(inst, {"kv_cache_tokens": mem.vllm_logged_kv_tokens}) if "KV cache" in w]
     assert [w for w in compare(inst, {"kv_cache_tokens": naive}) if "KV cache" in w]
+
+
+# the tiny DeepSeek-V2 (MLA) of tests/test_vllm_kv_arch.py: 2 layers, one 512 + 64 latent per token
+TINY_MLA = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 128,
+    "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "vocab_size": 2048,
+    "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
+}  # fmt: skip
+AVX512_NO_AMX = ("fpu", "avx2", "avx512f", "avx512_bf16", "avx512_vnni")
+SAPPHIRE_RAPIDS = (*AVX512_NO_AMX, "amx_bf16", "amx_tile", "amx_int8")
+
+
+def test_cpu_attention_follows_vllms_isa_rule() -> None:
+    """vLLM 0.32 ``CpuPlatform``: MLA takes the AMX kernel (128-token blocks) where the CPU has AMX
+    tiles, else the reference CPU_MLA kernel (16-token blocks, chunked prefill off); other models
+    CPU_ATTN with 128; DeepSeek-V4 256."""
+    from hwprofile.plan.cpu import cpu_attention
+
+    mla = parse_config(TINY_MLA, "mla", "dir", None)
+    dense = from_catalog("Qwen/Qwen3-8B")
+    assert dense is not None
+    assert cpu_attention(mla, SAPPHIRE_RAPIDS)[:3] == ("AMX_MLA", 128, True)
+    assert cpu_attention(mla, AVX512_NO_AMX)[:3] == ("CPU_MLA", 16, False)
+    assert cpu_attention(mla, ("fp", "asimd", "sve"))[:3] == ("CPU_MLA", 16, False)  # Arm: no AMX
+    assert "no CPU flags" in cpu_attention(mla, ()).reason
+    for flags in (SAPPHIRE_RAPIDS, AVX512_NO_AMX, ()):
+        assert cpu_attention(dense, flags)[:3] == ("CPU_ATTN", 128, True)
+    v4 = parse_config({**TINY_MLA, "model_type": "deepseek_v4"}, "v4", "dir", None)
+    assert cpu_attention(v4, SAPPHIRE_RAPIDS).block_size == 256
+
+
+def test_mla_logged_kv_on_cpus_with_and_without_amx() -> None:
+    """What real vLLM 0.32 logged for the tiny MLA model at 64 MiB, max_model_len 256: 29,056 tokens
+    on an AMX CPU (stop 15), 29,120 on an AVX-512 CPU without AMX (this machine, CI's kind): the
+    same arithmetic with the block each CPU gets."""
+    from hwprofile.plan.cpu import cpu_attention
+
+    mla = parse_config(TINY_MLA, "mla", "dir", None)
+    logged = {
+        name: vllm_kv_cache(mla, 64 * 2**20, 256, cpu_attention(mla, flags).block_size, 2, 1, 128)[1]
+        for name, flags in (("amx", SAPPHIRE_RAPIDS), ("avx512", AVX512_NO_AMX))
+    }
+    assert logged == {"amx": 29056, "avx512": 29120}
+
+
+def test_cpu_plan_of_an_mla_model_uses_the_cpus_block(host_of, empty_root, tmp_path) -> None:
+    import json
+
+    from hwprofile.pipeline import make_plan
+
+    model = tmp_path / "mla"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_MLA))
+    host = host_of("no-driver")
+    got = {}
+    for name, flags in (("amx", SAPPHIRE_RAPIDS), ("avx512", AVX512_NO_AMX)):
+        h = host._replace(cpu=host.cpu._replace(flags=flags))
+        p = make_plan(h, empty_root, environ={}, model=str(model), sets=["speculative.method=none"]).to_json()
+        (inst,) = p["instances"]
+        why = {r["key"]: r["reason"] for r in p["reasons"]}
+        got[name] = (
+            inst["memory"]["block_size"],
+            inst["engine"]["enable_chunked_prefill"],
+            inst["engine"]["enable_prefix_caching"],
+            inst["engine"]["max_num_batched_tokens"] >= 2048,
+        )
+        assert ("AMX" if name == "amx" else "CPU_MLA") in why["instances[0].memory.block_size"]
+    assert got["amx"][0] == 128 and got["avx512"] == (16, False, False, True)

@@ -5,10 +5,14 @@ classes (so config.json has the family's real keys), served by vLLM with a fixed
 ``--kv-cache-memory-bytes``, and vLLM's ``KV cache size: N tokens`` line is compared with
 :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that config.json.
 Head sizes are ones vLLM's CPU attention supports (MLA: 512 + 64, what its AMX MLA kernel takes).
+The KV block size is not assumed: it is what :func:`hwprofile.plan.cpu.cpu_attention` (vLLM's
+own rule) says for each model on this machine's CPU, as the planner does from a snapshot's flags
+(MLA: 128-token blocks on the AMX MLA kernel, 16 on the reference CPU_MLA kernel without AMX).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,8 +21,10 @@ from typing import Any
 import pytest
 from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
 
+from hwprofile.host.linux import parse_cpuinfo
 from hwprofile.model import read_model_dir
-from hwprofile.plan.memory import CPU_BLOCK_TOKENS, vllm_kv_cache
+from hwprofile.plan.cpu import cpu_attention
+from hwprofile.plan.memory import vllm_kv_cache
 
 pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
@@ -128,7 +134,8 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
     from hwprofile.tinymodel import make_tiny_model
 
     tok = make_tiny_model(tmp_path / "tok")
-    rows: list[tuple[str, int, int, int]] = []
+    rows: list[tuple[str, int, Any, int, int]] = []
+    flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
     running = []
     runs: list[Path] = []
     try:
@@ -149,18 +156,25 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
             m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
             logged = int(m.group(1).replace(",", ""))
             facts = read_model_dir(model_dir)
+            attn = cpu_attention(facts, flags)  # this CPU's backend and block, by vLLM's rule
+            if facts.kv_lora_rank:  # the MLA backend vLLM chose is the one the rule names
+                used = re.search(r"Using (\w+) backend", log.read_text(errors="replace"))
+                assert used and used.group(1) == attn.backend, (attn, used and used.group(0))
             # in flight: max_num_batched_tokens x 1 batch (no async scheduling on the CPU,
             # vllm/platforms/cpu.py:331)
             _, planned = vllm_kv_cache(
-                facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, in_flight=batched
+                facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, in_flight=batched
             )
-            rows.append((fam, max_len, planned, logged))
+            rows.append((fam, max_len, attn, planned, logged))
     finally:
         for *_, proc, _ in running:
             stop(proc)
         for run in runs:
             shutil.rmtree(run, ignore_errors=True)
-    bad = [r for r in rows if r[2] != r[3]]
-    table = "\n".join(f"{f:12} max_len {n:5}  planned {p:7}  vLLM {v:7}" for f, n, p, v in rows)
+    bad = [r for r in rows if r[3] != r[4]]
+    table = "\n".join(
+        f"{f:12} max_len {n:5}  {a.backend} block {a.block_size:3}  planned {p:7}  vLLM {v:7}"
+        for f, n, a, p, v in rows
+    )
     print(table)
     assert not bad, table

@@ -1,7 +1,10 @@
 """The CPU instance (no usable GPU): a fixed KV space in RAM, the context that fits it, few
-sequences, eager or compiled, NUMA node 0."""
+sequences, eager or compiled, NUMA node 0; and the attention backend and KV block size vLLM's CPU
+platform picks from the model and the CPU's instruction set (:func:`cpu_attention`)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
@@ -21,6 +24,46 @@ from .reasons import Reasons
 from .refusal import PlanRefused
 from .speculative import speculative_config
 from .types import EngineSettings, Estimate, InstancePlan, MemoryFit
+
+VLLM_DEFAULT_BATCHED_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS (vLLM 0.32)
+
+
+class CpuAttention(NamedTuple):
+    """What vLLM's CPU platform chooses for a model on a CPU (vLLM 0.32, ``platforms/cpu.py``)."""
+
+    backend: str  # CPU_ATTN, AMX_MLA, CPU_MLA or DeepSeek-V4's own
+    block_size: int  # KV tokens per block
+    chunked_prefill: bool  # False where the platform forces chunked prefill and prefix caching off
+    reason: str
+
+
+def cpu_attention(model: ModelFacts, cpu_flags: tuple[str, ...]) -> CpuAttention:
+    """vLLM 0.32's CPU attention backend and KV block size for ``model`` on a CPU with ``cpu_flags``.
+
+    ``CpuPlatform.get_attn_backend_cls`` and ``check_and_update_config``: an MLA model runs on the
+    AMX MLA kernel where the CPU has AMX tiles (``torch.cpu._is_amx_tile_supported()``, which
+    Linux shows as the ``amx_tile`` flag only where the kernel enabled the tile state), else on the
+    reference ``CPU_MLA`` kernel, whose decode kernel only compiles with 16-token blocks (forced even
+    over a user's ``--block-size``) and which forces chunked prefill and prefix caching off;
+    DeepSeek-V4's kernels take 256-token blocks; everything else ``CPU_ATTN`` with 128-token blocks.
+    Arm's ``Features`` never list ``amx_tile``, as vLLM's x86-only AMX check says."""
+    amx = "amx_tile" in cpu_flags
+    has = "has AMX tiles (amx_tile)" if amx else (
+        "has no AMX tiles (no amx_tile flag)" if cpu_flags else "reports no CPU flags (AMX not assumed)"
+    )
+    if model.model_type == "deepseek_v4":
+        return CpuAttention("DEEPSEEK_V4", 256, amx, f"DeepSeek-V4 on the CPU takes 256-token KV blocks; this CPU {has}")
+    if model.kv_lora_rank:
+        if amx:
+            return CpuAttention("AMX_MLA", CPU_BLOCK_TOKENS, True, f"MLA on the AMX MLA kernel: this CPU {has}")
+        return CpuAttention(
+            "CPU_MLA",
+            16,
+            False,
+            f"MLA on vLLM's reference CPU_MLA kernel (16-token blocks, no chunked prefill or prefix "
+            f"caching): this CPU {has}",
+        )
+    return CpuAttention("CPU_ATTN", CPU_BLOCK_TOKENS, True, "CPU_ATTN: vLLM's CPU default of 128-token KV blocks")
 
 
 def cpu_instance(
@@ -59,7 +102,8 @@ def cpu_instance(
     per_tok = kv_bytes_per_token(model, 1, model.dtype_bytes) + (
         kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0
     )
-    block = CPU_BLOCK_TOKENS
+    attn = cpu_attention(model, host.cpu.flags)
+    block = r.add(f"{key}.memory.block_size", attn.block_size, attn.reason)
     tokens = kv_tokens_in(kv_space, per_tok, block)
     if tokens - block < length:  # one block is vLLM's null block
         length = longest_context(
@@ -80,6 +124,20 @@ def cpu_instance(
         ("engine", "max_num_seqs"),
     )
     batched = max(seqs, settings.engine.max_num_batched_tokens)
+    chunked = settings.engine.enable_chunked_prefill
+    prefix = settings.engine.enable_prefix_caching
+    if not attn.chunked_prefill:
+        # what vLLM does on its own for this backend: the plan says it rather than hides it
+        why = f"{attn.backend} on the CPU: vLLM turns it off"
+        chunked = r.add(f"{key}.engine.enable_chunked_prefill", False, why, ("engine", "enable_chunked_prefill"))
+        prefix = r.add(f"{key}.engine.enable_prefix_caching", False, why, ("engine", "enable_prefix_caching"))
+        batched = r.add(
+            f"{key}.engine.max_num_batched_tokens",
+            max(batched, length, VLLM_DEFAULT_BATCHED_TOKENS),
+            f"{attn.backend} on the CPU without chunked prefill: vLLM raises it to max(max_model_len, "
+            f"{VLLM_DEFAULT_BATCHED_TOKENS})",
+            ("engine", "max_num_batched_tokens"),
+        )
     eager = settings.engine.enforce_eager
     r.add(
         f"{key}.engine.enforce_eager",
@@ -108,8 +166,8 @@ def cpu_instance(
         "quantization": model.quant_method,
         "dtype": "bfloat16" if dtype == "auto" else dtype,
         "enforce_eager": eager,
-        "enable_prefix_caching": settings.engine.enable_prefix_caching,
-        "enable_chunked_prefill": settings.engine.enable_chunked_prefill,
+        "enable_prefix_caching": prefix,
+        "enable_chunked_prefill": chunked,
     })
     spec = speculative_config(settings, spec_method, draft, 1, r, key)
     return InstancePlan(**{
