@@ -470,6 +470,24 @@ def count_start(fake: dict[str, str]) -> int:
     return n
 
 
+class Flag:
+    """Set by a signal handler, waited for by the main thread. Not a ``threading.Event``: its
+    ``set()`` takes the lock its ``wait()`` holds between bytecodes, so a handler that runs in the
+    main thread at that moment deadlocks it (a process that never exits on SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.up = False
+
+    def set(self) -> None:
+        self.up = True  # one store: safe in a handler
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while not self.up and time.monotonic() < end:
+            time.sleep(min(0.02, max(0.0, end - time.monotonic())))
+        return self.up
+
+
 def main(argv: list[str]) -> int:
     model, args, fake, unknown = parse(argv)
     log_argv = os.environ.get("FAKEVLLM_ARGV_LOG")
@@ -512,7 +530,7 @@ def main(argv: list[str]) -> int:
     httpd.RequestHandlerClass = handler_for(srv)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    stop = threading.Event()
+    stop = Flag()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if "ignore-term" not in modes:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

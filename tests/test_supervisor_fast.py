@@ -125,13 +125,14 @@ def flag_values(path: Path, name: str) -> list[str | None]:
     return out
 
 
-def wait_for(pred: Any, what: str, timeout: float = 20) -> None:
+def wait_for(pred: Any, what: str, timeout: float = 20, why: Any = None) -> None:
+    """Wait for ``pred()``; ``why()``, when given, says what is left if it never comes."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f":\n{why()}" if why else ""))
 
 
 def starts(path: Path) -> list[dict[str, Any]]:
@@ -146,6 +147,25 @@ def finish(sup: Supervisor) -> None:
 
 def gone(pid: int) -> bool:
     return not group_members(pid)
+
+
+def comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def members(pgid: int) -> str:
+    """What is left of a process group, for a failure's message: PID, state, name, the signals it
+    blocks, ignores, catches and has pending, and its command line."""
+    rows = []
+    for m in group_members(pgid):
+        try:
+            st = dict(ln.split(":\t", 1) for ln in Path(f"/proc/{m.pid}/status").read_text().splitlines() if ":\t" in ln)
+            cmd = Path(f"/proc/{m.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        sig = " ".join(f"{k}={st.get(k, '?').strip()}" for k in ("SigBlk", "SigIgn", "SigCgt", "ShdPnd", "SigPnd"))
+        rows.append(f"{m.pid} {st.get('State', '?').strip()} {st.get('Name', '?').strip()} {sig} {cmd[:200]}")
+    return "\n".join(rows) or "(none)"
 
 
 # -- the state machine -----------------------------------------------------------------------
@@ -507,7 +527,9 @@ def test_what_ignores_sigterm_is_killed_with_its_group(world, rt, fake_env, monk
     sup.start()
     assert sup.wait_ready(20)
     pid = sup.instances[0].pid
-    assert len(group_members(pid)) == 2  # the server and its "engine"
+    # the server, its "engine" and the keeper (supervise/tether.py)
+    names = [comm(m.pid) for m in group_members(pid)]
+    assert len(names) == 3 and names.count("hwprofile-keep") == 1, names
     t0 = time.monotonic()
     finish(sup)
     assert gone(pid) and time.monotonic() - t0 < 8
@@ -704,7 +726,7 @@ def test_cli_status_and_stop_after_the_supervisor_was_killed(world, rt, fake_env
         pid = read_state(rt / "run" / STATE_FILE)["instances"][0]["pid"]
         sup.kill()  # hwprofile dies abruptly; vLLM gets SIGTERM from the kernel (parent-death signal)
         sup.wait()
-        wait_for(lambda: gone(pid), "vLLM gone after its supervisor", 15)
+        wait_for(lambda: gone(pid), "vLLM gone after its supervisor", 15, lambda: members(pid))
         run = lambda *a: subprocess.run([sys.executable, "-m", "hwprofile", *a], env=env,  # noqa: E731
                                         capture_output=True, text=True, timeout=60)  # fmt: skip
         st = json.loads(run("status", "--json").stdout)
@@ -713,6 +735,36 @@ def test_cli_status_and_stop_after_the_supervisor_was_killed(world, rt, fake_env
         out = run("stop").stdout
         assert "stale state file" in out and "gone; not signalled" in out
         assert not lock_held(rt / "run") and not (rt / "run" / STATE_FILE).exists()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+
+
+def test_a_vllm_ignoring_sigterm_dies_one_drain_after_its_supervisor_was_killed(world, rt, fake_env) -> None:
+    """The parent-death signal is SIGTERM, which a hung or deaf vLLM ignores: its keeper
+    (supervise/tether.py) SIGKILLs the group once the drain (shutdown_timeout + the stop margin) is over."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
+    env.update(HWPROFILE_RUNTIME_DIR=str(rt / "run"), HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
+               HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"), FAKEVLLM_MODE="ignore-term")  # fmt: skip
+    args = ["--model", str(world["model"])]
+    for s in sets_for(world, free_port(), f"logs.dir={rt / 'logs'}", "server.shutdown_timeout=0"):
+        args += ["--set", s]
+    sup = subprocess.Popen([sys.executable, "-m", "hwprofile", "launch", "--foreground", *args], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: ((read_state(rt / "run" / STATE_FILE) or {}).get("instances") or [{}])[0].get("state") == "ready",
+                 "ready", 30)  # fmt: skip
+        inst = read_state(rt / "run" / STATE_FILE)["instances"][0]
+        pid, grace = inst["pid"], inst["stop_grace_s"]
+        assert grace == 10  # server.shutdown_timeout=0 + the supervisor's stop margin (10 s)
+        sup.kill()
+        sup.wait()
+        t0 = time.monotonic()
+        time.sleep(1)
+        assert not gone(pid), "the fake ignores SIGTERM: it is still there during its drain"
+        wait_for(lambda: gone(pid), "vLLM gone one drain after its supervisor", grace + 10, lambda: members(pid))
+        assert time.monotonic() - t0 >= 1
     finally:
         if sup.poll() is None:
             sup.kill()

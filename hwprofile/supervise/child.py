@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,26 +29,38 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hwprofile")
 
-# The child asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG = 1), checks the parent
-# did not die already, then execs vLLM in place (same PID, so the signal setting stays). Done by a
-# tiny interpreter rather than preexec_fn: Python code between fork and exec in a threaded parent can
-# deadlock on a lock another thread held at fork time.
-_EXEC_WRAPPER = (
-    "import ctypes,os,signal,sys;"
-    "ctypes.CDLL(None).prctl(1,signal.SIGTERM,0,0,0);"
-    "os.getppid()==int(sys.argv[1]) or sys.exit(70);"
-    "os.execvp(sys.argv[2],sys.argv[2:])"
-)
+# vLLM runs through tether.py (see there): SIGTERM from the kernel when its parent dies, and a keeper
+# that SIGKILLs its process group once the drain is over when this process is gone. The keeper learns
+# that from the end of file of a pipe whose write end only this process holds (non-inheritable, so
+# no other child keeps it open); one pipe for the life of the process, created at the first spawn.
+# A script run by path in a bare interpreter rather than preexec_fn: Python code between fork and
+# exec in a threaded parent can deadlock on a lock another thread held at fork time.
+TETHER = Path(__file__).with_name("tether.py")
+_life: tuple[int, int, int] | None = None  # (the process that made it, read end, write end)
+_life_lock = threading.Lock()
 
 
-def die_with_parent(argv: list[str]) -> list[str]:
-    """``argv`` run through the wrapper above: the child gets SIGTERM when this process dies."""
-    return [sys.executable, "-I", "-S", "-c", _EXEC_WRAPPER, str(os.getpid()), *argv]
+def _life_pipe() -> tuple[int, int]:
+    """This process's life pipe (read end, write end); a forked child makes its own."""
+    global _life
+    with _life_lock:
+        if _life is None or _life[0] != os.getpid():
+            _life = (os.getpid(), *os.pipe())
+        return _life[1], _life[2]
 
 
-def spawn(r: Rendered, tmp: Path, cache: Path, name: str) -> subprocess.Popen[bytes]:
+def die_with_parent(argv: list[str], grace: float) -> tuple[list[str], int]:
+    """``argv`` run through :mod:`.tether`: SIGTERM when this process dies, and its whole process
+    group SIGKILLed ``grace`` seconds later; and the fd the child must inherit (``pass_fds``)."""
+    life, _ = _life_pipe()
+    tether = [sys.executable, "-I", "-S", str(TETHER), str(os.getpid()), str(life), f"{grace:g}", "--"]
+    return [*tether, *argv], life
+
+
+def spawn(r: Rendered, tmp: Path, cache: Path, name: str, grace: float) -> subprocess.Popen[bytes]:
     """Start ``r`` (an instance rendered for this release) in its own session and process group,
-    tied to our life (:func:`die_with_parent`), in ``tmp`` with private caches under ``cache``, its
+    tied to our life (:func:`die_with_parent`: its group is SIGKILLed ``grace`` seconds after this
+    process dies, however it dies), in ``tmp`` with private caches under ``cache``, its
     output on one pipe; the API key, when ``server.api_key_env`` names one, from our environment.
     Not reaped here: the caller ends it with :func:`end_group`."""
     env = {**os.environ, **r.env}
@@ -63,8 +76,10 @@ def spawn(r: Rendered, tmp: Path, cache: Path, name: str) -> subprocess.Popen[by
             env[target] = os.environ[source]
         else:
             log.warning("%s: $%s (server.api_key_env) is not set: serving without an API key", name, source)
+    argv, life = die_with_parent(r.argv, grace)
     return subprocess.Popen(
-        die_with_parent(r.argv),
+        argv,
+        pass_fds=(life,),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

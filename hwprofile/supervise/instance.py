@@ -150,7 +150,7 @@ class Instance:
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         self.argv = r.argv
-        proc = spawn(r, self.tmp, self.cache, self.name)
+        proc = spawn(r, self.tmp, self.cache, self.name, self._grace())
         # Not reaped until _end: the PID and its start time stay this process's until then.
         self.proc, self.pid, self.ident = proc, proc.pid, identify(proc.pid)
         assert proc.stdout is not None
