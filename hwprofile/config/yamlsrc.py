@@ -10,7 +10,6 @@ than ``MAX_DEPTH`` are errors.
 from __future__ import annotations
 
 import os
-import stat
 from typing import TYPE_CHECKING
 
 from . import ConfigError, Source
@@ -67,32 +66,22 @@ def load_text(text: str, filename: str) -> tuple[Any, Locations]:
 
 
 def load_file(path: str | os.PathLike[str]) -> tuple[Any, Locations]:
-    """``load_text`` of a file. Only a regular file of at most ``MAX_BYTES`` is read (a FIFO, a
-    device or a directory is a ConfigError, never a hang)."""
+    """``load_text`` of a file, read by :func:`hwprofile.runtime.files.read_bounded`: only a regular
+    file of at most ``MAX_BYTES`` (a FIFO, a device or a directory is a ConfigError, never a hang)."""
+    import errno
+
+    from ..runtime.files import UnsafeFile, read_bounded
+
     name = os.fspath(path)
     try:
-        st = os.stat(name)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(
-                f"{name}: not a regular file ({_kind(st.st_mode)}); only regular files are read"
-            )
-        if st.st_size > MAX_BYTES:
-            raise ConfigError(
-                f"{name}: {st.st_size} bytes; configuration files are limited to {MAX_BYTES} bytes"
-            )
-        # O_NONBLOCK: if the path became a FIFO since the stat, opening does not wait for a writer.
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
-        with open(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(
-                    f"{name}: not a regular file ({_kind(st.st_mode)}); only regular files are read"
-                )
-            raw = f.read(MAX_BYTES + 1)  # a file that grows while read is still capped
+        raw = read_bounded(name, MAX_BYTES)
+    except UnsafeFile as e:
+        if e.errno != errno.EFBIG:
+            raise ConfigError(f"{name}: {e.strerror}; only regular files are read") from None
+        size = f"{e.size} bytes" if e.size is not None else f"more than {MAX_BYTES} bytes"
+        raise ConfigError(f"{name}: {size}; configuration files are limited to {MAX_BYTES} bytes") from None
     except OSError as e:
         raise ConfigError(f"{name}: cannot read: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise ConfigError(f"{name}: more than {MAX_BYTES} bytes; configuration files are limited to that")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -117,19 +106,6 @@ def _failing_line(loader: Any, root: yaml.Node) -> int:
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(reversed(node.value))
     return root.start_mark.line + 1
-
-
-def _kind(mode: int) -> str:
-    for test, what in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return what
-    return "not a file"
 
 
 def yaml_files(directory: str | os.PathLike[str], what: str = "configuration") -> list[str]:

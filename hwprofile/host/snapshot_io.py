@@ -55,11 +55,17 @@ def snapshot_from_dict(cls: type[HostSnapshot], data: dict[str, Any], source: st
 def load_snapshot(cls: type[HostSnapshot], path: str | os.PathLike[str]) -> HostSnapshot:
     """:meth:`HostSnapshot.load`: at most :data:`MAX_SNAPSHOT_BYTES` of ``path`` (``-`` = standard
     input), UTF-8, strict JSON (no duplicate keys, NaN or Infinity), then :meth:`HostSnapshot.from_dict`."""
+    import errno
+
+    raw = b""
     try:
         raw = read_capped(path, MAX_SNAPSHOT_BYTES)
+        too_big = len(raw) > MAX_SNAPSHOT_BYTES  # standard input is read up to one byte more
     except OSError as e:
-        raise SnapshotError(f"{path}: cannot read snapshot: {e.strerror or e}") from None
-    if len(raw) > MAX_SNAPSHOT_BYTES:
+        if e.errno != errno.EFBIG:
+            raise SnapshotError(f"{path}: cannot read snapshot: {e.strerror or e}") from None
+        too_big = True
+    if too_big:
         raise SnapshotError(
             f"{path}: larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a host snapshot "
             "(save one with `hwprofile detect --json > FILE`)"
@@ -106,8 +112,9 @@ def read_capped(path: str | os.PathLike[str], cap: int) -> bytes:
         if stream is None:  # a text stream put in place of stdin (tests)
             return sys.stdin.read(cap + 1).encode("utf-8", "surrogateescape")
         return stream.read(cap + 1)
-    with open(path, "rb") as f:
-        return f.read(cap + 1)
+    from ..runtime.files import read_bounded
+
+    return read_bounded(path, cap)
 
 
 _NESTED: dict[str, type] = {

@@ -26,15 +26,15 @@ MAX_INDEX_BYTES = 64 << 20
 def _read_json(path: str, cap: int, what: str) -> Any:
     """Parse the JSON file ``path`` (at most ``cap`` bytes, UTF-8); problems are ``ConfigError``s
     naming the file. ``FileNotFoundError`` passes through (the caller knows what a missing file means)."""
+    from ..runtime.files import read_bounded
+
     try:
-        with open(path, "rb") as f:
-            raw = f.read(cap + 1)
+        raw = read_bounded(path, cap)
     except FileNotFoundError:
         raise
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
-    if len(raw) > cap:
-        raise ConfigError(f"{path}: larger than {cap >> 20} MiB: not a {what}")
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e} (a {what} is a regular file of at most "
+                          f"{cap >> 20} MiB)") from None  # fmt: skip
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

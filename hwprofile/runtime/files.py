@@ -87,3 +87,68 @@ def atomic_write(
         pass
     finally:
         os.close(dfd)
+
+
+# -- the one way to read a file ------------------------------------------------------------------
+
+
+class UnsafeFile(OSError):
+    """A file hwprofile will not read (not a regular file, a link where none is taken, another user's,
+    too large); ``strerror`` says why in words, ``filename`` names it; ``size``: the bytes seen when
+    too large (``errno.EFBIG``), None when only the read (not the size) showed it."""
+
+    size: int | None = None
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))  # fmt: skip
+
+
+def read_bounded(
+    path: str | os.PathLike[str],
+    cap: int,
+    *,
+    follow: bool = True,
+    owner: int | None = None,
+) -> bytes:
+    """The bytes of the regular file ``path``, at most ``cap`` of them, never blocking and never
+    endless: opened with ``O_NONBLOCK`` (a FIFO cannot hang the open or the read), refused unless
+    ``fstat`` of what was opened says a regular file (not a FIFO, ``/dev/zero``, a socket), read up
+    to ``cap + 1`` bytes (procfs files report size 0: the read, not the size, decides).
+
+    ``follow=False``: a symbolic link is refused (``O_NOFOLLOW``), for files hwprofile wrote itself.
+    ``owner``: the file must belong to that uid (the run-time files: this user's own).
+    Raises ``FileNotFoundError`` when missing, :class:`UnsafeFile` when refused, ``OSError`` else."""
+    path = os.fspath(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise UnsafeFile(errno.ELOOP, "a symbolic link (not followed)", path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), "an unknown kind")
+            raise UnsafeFile(errno.EINVAL, f"not a regular file ({kind})", path)
+        if owner is not None and st.st_uid != owner:
+            raise UnsafeFile(errno.EPERM, f"owned by uid {st.st_uid}, not by this user (uid {owner})", path)
+        if st.st_size > cap:
+            e = UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, more than the {cap} allowed", path)
+            e.size = st.st_size
+            raise e
+        chunks: list[bytes] = []
+        left = cap + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise UnsafeFile(errno.EFBIG, f"more than the {cap} bytes allowed", path)
+    return data
