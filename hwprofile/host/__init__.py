@@ -5,6 +5,6 @@
 - :mod:`.snapshot`: the frozen ``HostSnapshot`` detection returns and its ``hwprofile.host/1`` JSON;
   everything downstream (match, plan, render) reads only this.
 - :mod:`.snapshot_io`: a saved snapshot read back (``--from FILE``), checked by :mod:`.snapshot_check`
-  (the field table, in the rule vocabulary of :mod:`.snapshot_rules`); :mod:`.snapshot_schema`
+  (the field table, in the rule vocabulary of :mod:`hwprofile.contracts`); :mod:`.snapshot_schema`
   publishes the same table as JSON Schema. Detection imports none of these.
 """

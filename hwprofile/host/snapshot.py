@@ -10,7 +10,7 @@ replayed on another (``--from FILE``).
 
 This module is what detection needs: the records, their JSON form, the contract's limits. Reading a
 saved snapshot back (:mod:`.snapshot_io`), the load-time checks (:mod:`.snapshot_check`, in the rule
-vocabulary of :mod:`.snapshot_rules`) and the published JSON Schema (:mod:`.snapshot_schema`) are
+vocabulary of :mod:`hwprofile.contracts`) and the published JSON Schema (:mod:`.snapshot_schema`) are
 imported only when a snapshot is loaded or the schema is asked for.
 
 Unknown values are ``None``; what could not be read, and why, is listed in ``errors``.

@@ -1,6 +1,6 @@
 """The ``hwprofile.host/1`` contract, checked when a saved snapshot is loaded.
 
-One table (:data:`HOST`, in the vocabulary of :mod:`.snapshot_rules`) says what every field may hold;
+One table (:data:`HOST`, in the vocabulary of :mod:`hwprofile.contracts`) says what every field may hold;
 :func:`validate` walks a parsed snapshot against it, and :func:`.snapshot_schema.json_schema`
 publishes the same table as JSON Schema (schemas/hwprofile.host-1.schema.json, kept equal by a test).
 Then ``_consistency`` checks what JSON Schema cannot say: unique GPU indexes, device minors and NUMA
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..contracts import Bool, Const, Int, Invalid, List, Num, Obj, Str
 from .snapshot import MAX_CPUS, MAX_DEVICE_MINOR, MAX_GPUS, MAX_NUMA_NODES, SCHEMA
-from .snapshot_rules import Bool, Const, Int, Invalid, List, Num, Obj, Str
 
 if TYPE_CHECKING:
     from typing import Any

@@ -6,11 +6,11 @@ Reads files (or standard input); imported only when a snapshot is loaded, never 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..contracts import BadJson, Invalid, parse_json
 from .snapshot import (
     MAX_SNAPSHOT_BYTES,
     SCHEMA,
@@ -25,7 +25,6 @@ from .snapshot import (
     Software,
 )
 from .snapshot_check import validate
-from .snapshot_rules import Invalid
 
 if TYPE_CHECKING:
     from .snapshot import HostSnapshot
@@ -70,39 +69,12 @@ def load_snapshot(cls: type[HostSnapshot], path: str | os.PathLike[str]) -> Host
             f"{path}: larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a host snapshot "
             "(save one with `hwprofile detect --json > FILE`)"
         )
-    if raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark some editors write
-        raw = raw[3:]
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SnapshotError(
-            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-            "save it again with `hwprofile detect --json > FILE`"
-        ) from None
-    try:
-        data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except json.JSONDecodeError as e:
-        raise SnapshotError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    except Invalid as e:
-        raise SnapshotError(f"{path}: invalid JSON: {e}") from None
-    except RecursionError:
-        raise SnapshotError(f"{path}: invalid JSON: nested too deeply") from None
-    except ValueError as e:  # e.g. an integer of more than 4300 digits
-        raise SnapshotError(f"{path}: invalid JSON: {e}") from None
+        data = parse_json(raw)
+    except BadJson as e:
+        hint = "; save it again with `hwprofile detect --json > FILE`" if "UTF-8" in e.message else ""
+        raise SnapshotError(f"{path}{e.where}: {e.message}{hint}") from None
     return cls.from_dict(data, source=str(path))
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise Invalid(f"key {json.dumps(dup)}", "appears twice in one object")
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise Invalid(name, "not a JSON number (NaN and Infinity are not allowed)")
 
 
 def read_capped(path: str | os.PathLike[str], cap: int) -> bytes:

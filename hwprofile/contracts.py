@@ -1,11 +1,12 @@
-"""The rule vocabulary of the ``hwprofile.host/1`` contract: integers and numbers in a range,
-true/false, bounded text (optionally matching a pattern), bounded lists, objects with required
-fields, constants.
+"""The rule vocabulary of hwprofile's JSON contracts (the ``hwprofile.host/1`` snapshot, the
+run-time files of :mod:`hwprofile.runfiles`): integers and numbers in a range, true/false, bounded
+text (optionally matching a pattern), bounded lists, objects with required fields, constants.
 
 Each rule answers three questions about a value: ``valid`` (the fast yes/no a load of a good snapshot
 takes), ``check`` (the JSON path of the first bad value, as :class:`Invalid`, asked only when
 ``valid`` said no) and ``schema`` (the same rule as JSON Schema, for :mod:`.snapshot_schema`).
-The table of which field holds what is :data:`.snapshot_check.HOST`. Plain Python, no imports but
+The tables of which field holds what: :data:`hwprofile.host.snapshot_check.HOST`, and the run-time
+documents' in :mod:`hwprofile.runfiles`. Plain Python, no imports but
 ``json`` (and ``re`` once a pattern is first used).
 """
 
@@ -234,3 +235,50 @@ class Const(Kind):
 
     def schema(self) -> dict[str, Any]:
         return {"const": self.value}
+
+
+# -- strict JSON ---------------------------------------------------------------------------------
+
+
+class BadJson(ValueError):
+    """Bytes that are not one strict JSON document; ``where`` is ``:line:column`` when known (to
+    follow a file name), ``message`` says what is wrong."""
+
+    def __init__(self, message: str, where: str = "") -> None:
+        super().__init__(f"{where.lstrip(':')}{': ' if where else ''}{message}")
+        self.where, self.message = where, message
+
+
+def parse_json(raw: bytes) -> Any:
+    """One strict JSON document from ``raw``: UTF-8 (a leading byte-order mark is dropped), no
+    duplicate keys, no NaN or Infinity (they are not JSON, and a NaN compares false with every
+    bound). Raises :class:`BadJson`."""
+    if raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark some editors write
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadJson(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise BadJson(f"invalid JSON: {e.msg}", f":{e.lineno}:{e.colno}") from None
+    except Invalid as e:
+        raise BadJson(f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise BadJson("invalid JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise BadJson(f"invalid JSON: {e}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise Invalid(f"key {json.dumps(dup)}", "appears twice in one object")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise Invalid(name, "not a JSON number (NaN and Infinity are not allowed)")
