@@ -66,6 +66,21 @@ class Kind:
     def typed(self, t: str) -> dict[str, Any]:
         return {"type": [t, "null"] if self.null else t}
 
+    def nullable(self) -> Kind:
+        """The same rule, null allowed."""
+        return self._with(True)
+
+    def required(self) -> Kind:
+        """The same rule, null not allowed."""
+        return self._with(False)
+
+    def _with(self, null: bool) -> Kind:
+        import copy
+
+        other = copy.copy(self)
+        other.null = null
+        return other
+
 
 class Int(Kind):
     def __init__(self, lo: int, hi: int, null: bool = True, unit: str = "") -> None:
@@ -186,8 +201,10 @@ class Obj(Kind):
     """An object with these fields; ``required`` ones must be there; other keys are ignored
     (a newer writer may add some)."""
 
-    def __init__(self, fields: dict[str, Kind], required: tuple[str, ...] = (), doc: str = "") -> None:
-        self.fields, self.required, self.doc = fields, required, doc
+    def __init__(
+        self, fields: dict[str, Kind], required: tuple[str, ...] = (), doc: str = "", null: bool = False
+    ) -> None:
+        self.fields, self.needed, self.doc, self.null = fields, required, doc, null
 
     def what(self) -> str:
         return "an object"
@@ -196,17 +213,21 @@ class Obj(Kind):
         return type(v) is dict
 
     def valid(self, v: Any) -> bool:
+        if v is None:
+            return self.null
         if type(v) is not dict:
             return False
-        for name in self.required:
+        for name in self.needed:
             if name not in v:
                 return False
         return all(kind.valid(v[name]) for name, kind in self.fields.items() if name in v)
 
     def check(self, v: Any, path: str) -> None:
         super().check(v, path)
+        if v is None:
+            return
         prefix = f"{path}." if path else ""
-        for name in self.required:
+        for name in self.needed:
             if name not in v:
                 raise Invalid(f"{prefix}{name}", "required, missing")
         for name, kind in self.fields.items():
@@ -214,12 +235,12 @@ class Obj(Kind):
                 kind.check(v[name], prefix + name)
 
     def schema(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "object"}
+        out: dict[str, Any] = self.typed("object")
         if self.doc:
             out["description"] = self.doc
         out["properties"] = {k: f.schema() for k, f in self.fields.items()}
-        if self.required:
-            out["required"] = list(self.required)
+        if self.needed:
+            out["required"] = list(self.needed)
         return out
 
 

@@ -5,9 +5,11 @@ probes nothing and reads only the two tables shipped in the package (gpus.yaml, 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
@@ -18,9 +20,9 @@ from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from .plan.types import Plan
+
+log = logging.getLogger("hwprofile")
 
 
 class Resolution(NamedTuple):
@@ -119,6 +121,61 @@ def make_plan(
     return build_plan(
         host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts
     )
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is made from: a re-plan (the memory ladder's, a degrade step's, a reload's)
+    starts from the same inputs with more ``--set`` overrides. The environment's ``HWPROFILE_*``
+    layer is read again at each re-plan. A model given as a relative directory is kept absolute, so a
+    re-plan (or a supervisor in another working directory) finds the same one."""
+
+    host: HostSnapshot
+    config_root: str
+    profile: str | None = None
+    overrides: tuple[str, ...] = ()
+    sets: tuple[str, ...] = ()
+    model: str | None = None
+    draft: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model", "draft"):
+            value = getattr(self, name)
+            if value and not os.path.isabs(value) and os.path.isdir(value):
+                object.__setattr__(self, name, os.path.abspath(value))
+        object.__setattr__(self, "overrides", tuple(os.path.abspath(f) for f in self.overrides))
+
+    def replan(self, extra: Sequence[str] = ()) -> Plan:
+        """The plan of these inputs, with ``extra`` ``--set`` overrides after their own."""
+        return make_plan(
+            self.host, self.config_root, profile=self.profile, overrides=list(self.overrides),
+            sets=[*self.sets, *extra], model=self.model, draft=self.draft,
+        )  # fmt: skip
+
+    def min_model_len(self) -> int | None:
+        """The profile's ``engine.min_model_len`` (the ladder's context floor), as these inputs set it."""
+        try:
+            res = resolve_settings(
+                self.host, self.config_root, self.profile, list(self.overrides), list(self.sets)
+            )
+            return res.settings.engine.min_model_len
+        except Exception as e:  # a floor unknown is the ladder's own default, not a failed launch
+            log.warning("engine.min_model_len not known (%s): the ladder uses its own floor", e)
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host.to_dict(), "config_root": self.config_root, "profile": self.profile,
+            "overrides": list(self.overrides), "sets": list(self.sets), "model": self.model, "draft": self.draft,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str) -> PlanInputs:
+        """The inputs of :meth:`to_json` (checked by the caller's contract: strings and lists of them)."""
+        return cls(
+            HostSnapshot.from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
+            tuple(data.get("overrides") or ()), tuple(data.get("sets") or ()), data.get("model"), data.get("draft"),
+        )  # fmt: skip
 
 
 def vllm_command(configured: str | None) -> str:

@@ -10,13 +10,13 @@ import pytest
 from hwprofile.config.settings import Watch
 from hwprofile.daemon import policy
 from hwprofile.daemon.policy import (
-    GpuReading,
     InstanceActionState,
     SpecWindow,
     ThermalState,
     advise_k,
     expected_gain,
 )
+from hwprofile.host.sampler import GpuReading
 
 S = Watch(hot_c=82, warm_c=75, critical_c=88, hysteresis_c=3, dwell_s=3, throttle_s=5, recover_s=120)
 A800 = {"slowdown_c": 95.0, "shutdown_c": 100.0}  # far above the profile's thresholds: they decide
@@ -199,7 +199,7 @@ def test_advised_k_within_five_percent_of_the_best_fixed_k_in_hindsight(decay, d
 
 def test_advice_follows_a_phase_change_in_acceptance() -> None:
     """High acceptance, then low (e.g. a switch from code to chat): the window's advice moves."""
-    from hwprofile.daemon.window import CounterWindow
+    from hwprofile.telemetry.window import CounterWindow
 
     win = CounterWindow(60)
     totals = {"drafts": 0.0, "p0": 0.0, "p1": 0.0, "p2": 0.0}
@@ -223,7 +223,7 @@ def test_advice_follows_a_phase_change_in_acceptance() -> None:
 
 
 def test_counter_window_handles_resets() -> None:
-    from hwprofile.daemon.window import CounterWindow
+    from hwprofile.telemetry.window import CounterWindow
 
     w = CounterWindow(60)
     for t, v in [(0, 100), (10, 150), (20, 5), (30, 25)]:  # a restart between 10 and 20
@@ -232,7 +232,7 @@ def test_counter_window_handles_resets() -> None:
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:
-    from hwprofile.daemon.window import histogram_quantile
+    from hwprofile.telemetry.window import histogram_quantile
 
     b = {0.1: 50.0, 0.2: 90.0, 0.5: 100.0, float("inf"): 100.0}
     assert histogram_quantile(0.5, b) == pytest.approx(0.1)

@@ -12,10 +12,11 @@ import urllib.request
 import pytest
 
 from hwprofile.config.settings import Watch
-from hwprofile.daemon import vllm_metrics
 from hwprofile.daemon.exporter import NAMES, HwprofileCollector, Published
-from hwprofile.daemon.telemetry import GpuSampler, scrape
 from hwprofile.daemon.watcher import InstanceSpec, Watcher
+from hwprofile.host.sampler import GpuSampler
+from hwprofile.telemetry import metrics as vllm_metrics
+from hwprofile.telemetry.scrape import scrape
 
 
 def _touch_later(path):

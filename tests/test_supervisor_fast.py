@@ -31,7 +31,6 @@ from hwprofile import launch
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.runtime.dirs import user_dirname
 from hwprofile.runtime.processes import Identity, check, group_members, identify, signal_process
-from hwprofile.supervise import http
 from hwprofile.supervise.lifecycle import ALLOWED, IllegalTransition, Machine, State
 from hwprofile.supervise.state import (
     LAST_FILE,
@@ -42,6 +41,7 @@ from hwprofile.supervise.state import (
     write_state,
 )
 from hwprofile.supervise.supervisor import Options, Supervisor
+from hwprofile.telemetry import http
 
 
 @pytest.fixture(scope="module")

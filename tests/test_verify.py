@@ -256,7 +256,7 @@ def fake_server(world: dict, *flags: str) -> str:
     )  # fmt: skip
     world["procs"].append(proc)
     url = f"http://127.0.0.1:{port}"
-    from hwprofile.supervise.http import healthy
+    from hwprofile.telemetry.http import healthy
 
     end = time.monotonic() + 20
     while not healthy(url):

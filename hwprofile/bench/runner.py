@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..daemon.telemetry import scrape
-from ..daemon.vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
-from ..daemon.window import CounterWindow
 from ..errors import OperationError
-from ..supervise.http import urlopen
+from ..telemetry.http import urlopen
+from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
+from ..telemetry.scrape import scrape
+from ..telemetry.window import CounterWindow
 from .workloads import Workload
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..daemon.policy import POWER_REASONS, THERMAL_REASONS
+from ..host.sampler import POWER_REASONS, THERMAL_REASONS
 
 if TYPE_CHECKING:
     from ..config.settings import Settings
@@ -141,7 +141,7 @@ class HardwareSampler:
             if self._make is not None:
                 self._sampler = self._make(sorted(self.names))
             else:
-                from ..daemon.telemetry import GpuSampler
+                from ..host.sampler import GpuSampler
 
                 self._sampler = GpuSampler(sorted(self.names))
         except Exception as e:  # a sampler that cannot start is a tag, not a failed benchmark

@@ -10,9 +10,9 @@ from typing import Any
 from ..config.settings import Watch
 from ..errors import OperationError
 from ..plan.types import Plan, as_plan
+from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
+from ..telemetry.scrape import scrape
 from .policy import KAdvice, SpecWindow, advise_k
-from .telemetry import scrape
-from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 
 
 class AdviceError(OperationError, ValueError):

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import Degrade, Watch
+from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
 from ..plan.types import InstancePlan, Plan, as_instance, as_plan
 from ..runtime.files import atomic_write
+from ..telemetry.scrape import InstanceReading, scrape
 from .exporter import Published
 from .policy import Action
-from .telemetry import GpuSampler, InstanceReading, scrape
 from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")

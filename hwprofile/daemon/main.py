@@ -43,11 +43,12 @@ def run_daemon(
 
     if attach():  # stderr is the journal: structured records instead of plain lines
         log.info("logging to the journal")
+    from ..host.sampler import GpuSampler
     from ..launch import options
     from ..supervise.lifecycle import State
     from ..supervise.supervisor import Supervisor
+    from ..telemetry.scrape import Scraper
     from .exporter import serve
-    from .telemetry import GpuSampler, Scraper
 
     plan = as_plan(plan)  # a plan file's JSON is read once, here
     settings = plan.watch

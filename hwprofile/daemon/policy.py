@@ -29,38 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config.settings import Watch
+from ..host.sampler import THERMAL_REASONS, GpuReading
 
 LEVELS = ("ok", "warm", "hot", "critical")
-THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
-POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU at one tick. ``status``: ok, lost, error (then the values may be None)."""
-
-    index: int
-    at: float
-    status: str = "ok"
-    temperature_c: float | None = None
-    margin_c: float | None = None  # NVML's headroom to the slowdown threshold, where the driver has it
-    slowdown_c: float | None = None
-    shutdown_c: float | None = None
-    sm_clock_mhz: int | None = None
-    sm_clock_max_mhz: int | None = None
-    reasons: tuple[str, ...] | None = None
-    power_draw_watts: float | None = None
-    power_limit_watts: float | None = None
-    memory_used_bytes: int | None = None
-    error: str | None = None
-
-    @property
-    def headroom_c(self) -> float | None:
-        if self.margin_c is not None:
-            return self.margin_c
-        if self.slowdown_c is not None and self.temperature_c is not None:
-            return self.slowdown_c - self.temperature_c
-        return None
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ..config.settings import Watch
+from ..host.sampler import GpuSampler
+from ..telemetry.scrape import scrape
 from .policy import describe
-from .telemetry import GpuSampler, scrape
 from .watcher import InstanceSpec, Report, Watcher
 
 

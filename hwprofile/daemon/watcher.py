@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import Watch
+from ..host.sampler import GpuReading
+from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_POS, PREEMPTIONS
+from ..telemetry.scrape import InstanceReading
+from ..telemetry.window import CounterWindow, histogram_quantile
 from . import policy
-from .policy import GpuReading, InstanceActionState, SpecWindow, ThermalState
-from .telemetry import InstanceReading
-from .vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_POS, PREEMPTIONS
-from .window import CounterWindow, histogram_quantile
+from .policy import InstanceActionState, SpecWindow, ThermalState
 
 
 @dataclass(frozen=True)

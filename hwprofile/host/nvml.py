@@ -205,6 +205,39 @@ class Nvml:
             clocks_event_reasons_mask=reasons,
         )
 
+    # -- what the daemon's sampler reads at every tick (host/sampler.py) ------------------------
+    def limits(self, index: int, handle: Any) -> tuple[int | None, int | None, int | None]:
+        """``(slowdown °C, shutdown °C, maximum SM clock MHz)`` of one GPU: read once per GPU, quiet
+        (a board without a threshold answers NOT SUPPORTED, which is an answer)."""
+        n, w = self._n, f"gpu[{index}]"
+        return (
+            self.call(f"{w}.temperature_slowdown", "nvmlDeviceGetTemperatureThreshold", handle,
+                      n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, quiet=True),
+            self.call(f"{w}.temperature_shutdown", "nvmlDeviceGetTemperatureThreshold", handle,
+                      n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, quiet=True),
+            self.call(f"{w}.sm_clock_max", "nvmlDeviceGetMaxClockInfo", handle, n.NVML_CLOCK_SM, quiet=True),
+        )  # fmt: skip
+
+    def live(self, index: int, handle: Any, margin: bool = True) -> dict[str, Any]:
+        """What changes every tick: temperature (and NVML's margin to the slowdown threshold when
+        ``margin``: None where the driver has none), the clock-event reason mask, SM clock, power
+        draw and limit (mW), memory used. Failures are recorded in ``errors``; raises
+        :class:`GpuLost` for a lost device."""
+        n, w, call = self._n, f"gpu[{index}]", self.call
+        mem = call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
+        return {
+            "temperature": call(f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU),
+            "margin": call(f"{w}.temperature_margin", "nvmlDeviceGetMarginTemperature", handle, quiet=True)
+            if margin else None,
+            "reasons": call(f"{w}.clocks_event_reasons", ("nvmlDeviceGetCurrentClocksEventReasons",
+                                                          "nvmlDeviceGetCurrentClocksThrottleReasons"), handle),
+            "sm_clock": call(f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM),
+            "power_draw": call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle),
+            "power_limit": call(f"{w}.power_limit", ("nvmlDeviceGetEnforcedPowerLimit",
+                                                     "nvmlDeviceGetPowerManagementLimit"), handle),
+            "memory_used": int(mem.used) if mem is not None else None,
+        }  # fmt: skip
+
     def _minor(self, where: str, handle: Any) -> int | None:
         """The device minor number: N of ``/dev/nvidiaN`` (``nvidia-smi``'s "Minor Number"), which
         need not equal the NVML index. NOT_SUPPORTED, a driver without the call or a value outside

@@ -122,7 +122,7 @@ def demo_completion(
     """One greedy completion; with ``return_token_ids`` (vLLM 0.32 has it) the reply carries the
     prompt's and the generated token ids (``choices[0].prompt_token_ids``, ``.token_ids``); a reply
     without them is shown without ids. The prompt is added to the reply as ``prompt``."""
-    from ..supervise.http import post_json
+    from ..telemetry.http import post_json
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
     reply = post_json(url + "/v1/completions", body, timeout=120)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..plan.types import InstancePlan, Plan, as_instance
 from ..render.translate import Rendered, render_instance
 from ..runtime.processes import Identity, identify
-from . import http
+from ..telemetry import http
 from .child import end_group, exited, port_free, short_tmpdir, spawn
 from .failures import MIN_CONTEXT, Failure, Rung, classify
 from .ladder import replan_step, step_change

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OperationError
-from ..supervise.http import get, post_json
+from ..telemetry.http import get, post_json
 from .compare import Answer
 from .prompts import Prompt
 

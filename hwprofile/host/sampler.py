@@ -1,0 +1,122 @@
+"""The GPUs' readings at every tick of the daemon (and of ``bench``'s sampler thread): NVML kept
+open, one handle per GPU, through the one NVML chokepoint (:class:`.nvml.Nvml`). Failures are data:
+a GPU lost mid-run or NVML failing gives a reading with a status and a reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .nvml import GpuLost, Nvml, Unavailable
+from .snapshot import decode_clock_event_reasons
+
+THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
+POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one tick. ``status``: ok, lost, error (then the values may be None)."""
+
+    index: int
+    at: float
+    status: str = "ok"
+    temperature_c: float | None = None
+    margin_c: float | None = None  # NVML's headroom to the slowdown threshold, where the driver has it
+    slowdown_c: float | None = None
+    shutdown_c: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    reasons: tuple[str, ...] | None = None
+    power_draw_watts: float | None = None
+    power_limit_watts: float | None = None
+    memory_used_bytes: int | None = None
+    error: str | None = None
+
+    @property
+    def headroom_c(self) -> float | None:
+        if self.margin_c is not None:
+            return self.margin_c
+        if self.slowdown_c is not None and self.temperature_c is not None:
+            return self.slowdown_c - self.temperature_c
+        return None
+
+
+
+class GpuSampler:
+    """Keeps NVML open and one handle per GPU; :meth:`sample` reads what changes every tick.
+
+    Thresholds and maximum clocks are read once per GPU. A driver function that answers NOT
+    SUPPORTED once (the temperature margin on boards before Ada) is not asked again.
+    """
+
+    def __init__(self, indexes: Iterable[int] | None = None) -> None:
+        self.nvml = Nvml()
+        self.error: str | None = None
+        self.handles: dict[int, Any] = {}
+        self.lost: dict[int, str] = {}
+        self._limits: dict[int, tuple[int | None, int | None, int | None]] = {}
+        self._no_margin: set[int] = set()
+        try:
+            self.nvml.open()
+        except Unavailable as e:
+            self.error = str(e)
+            return
+        count = self.nvml.count()
+        for i in indexes if indexes is not None else range(count):
+            try:
+                h = self.nvml.handle(i)
+            except GpuLost:
+                self.lost[i] = "NVML says the GPU is lost"
+                continue
+            if h is not None:
+                self.handles[i] = h
+        self.nvml.errors.clear()
+
+    def close(self) -> None:
+        self.nvml.close()
+
+    def sample(self, now: float) -> tuple[GpuReading, ...]:
+        """Every GPU's reading at ``now`` (monotonic seconds, from the caller's clock)."""
+        out: list[GpuReading] = []
+        for i, why in sorted(self.lost.items()):
+            out.append(GpuReading(i, now, status="lost", error=why))
+        if self.error:
+            return tuple(out)
+        for i, h in sorted(self.handles.items()):
+            try:
+                out.append(self._read(i, h, now))
+            except GpuLost:
+                self.lost[i] = "NVML answered GPU_IS_LOST"
+                del self.handles[i]
+                out.append(GpuReading(i, now, status="lost", error=self.lost[i]))
+        return tuple(sorted(out, key=lambda r: r.index))
+
+    def _read(self, i: int, h: Any, now: float) -> GpuReading:
+        self.nvml.errors.clear()
+        if i not in self._limits:
+            self._limits[i] = self.nvml.limits(i, h)
+        slowdown, shutdown, sm_max = self._limits[i]
+        v = self.nvml.live(i, h, margin=i not in self._no_margin)
+        if v["margin"] is None:
+            self._no_margin.add(i)
+        errors = "; ".join(f"{e.where}: {e.message}" for e in self.nvml.errors) or None
+        self.nvml.errors.clear()
+        draw, limit = v["power_draw"], v["power_limit"]
+        return GpuReading(
+            index=i,
+            at=now,
+            status="ok" if errors is None else "partial",
+            temperature_c=float(v["temperature"]) if v["temperature"] is not None else None,
+            margin_c=float(v["margin"]) if v["margin"] is not None else None,
+            slowdown_c=float(slowdown) if slowdown is not None else None,
+            shutdown_c=float(shutdown) if shutdown is not None else None,
+            sm_clock_mhz=v["sm_clock"],
+            sm_clock_max_mhz=sm_max,
+            reasons=decode_clock_event_reasons(v["reasons"]),
+            power_draw_watts=draw / 1000 if draw is not None else None,
+            power_limit_watts=limit / 1000 if limit is not None else None,
+            memory_used_bytes=v["memory_used"],
+            error=errors,
+        )

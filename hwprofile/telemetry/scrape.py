@@ -1,0 +1,105 @@
+"""vLLM's ``/metrics`` scraped: one path for every user (the daemon's tick, ``watch``, ``bench``'s
+counter deltas, ``plan --advice-from``), :class:`Scraper`, over one kept-alive connection per server
+(a new TCP connection and urllib's handler chain every second cost more CPU than the parse), never
+through a proxy, bounded in time and size. Failures are data: an unreachable or metrics-less server
+gives a reading with a status and a reason."""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+from .metrics import MetricsError, VllmMetrics, parse
+
+# A scrape must finish well inside one tick (the loop's watchdog ping waits for it).
+SCRAPE_TIMEOUT_S = 0.5
+MAX_METRICS_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class InstanceReading:
+    """One scrape of one server. ``status``: ok, metrics_disabled, unreachable, error."""
+
+    name: str
+    url: str
+    at: float
+    status: str
+    metrics: VllmMetrics | None = None
+    error: str | None = None
+    scrape_s: float | None = None
+
+
+class Scraper:
+    """``/metrics`` GETs over one kept-alive HTTP connection per server; :meth:`__call__` is one
+    scrape (an :class:`InstanceReading`, never an exception). :func:`scrape` is a one-off."""
+
+    def __init__(self, timeout: float = SCRAPE_TIMEOUT_S) -> None:
+        self.timeout = timeout
+        self._conns: dict[str, http.client.HTTPConnection] = {}
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def _get(self, url: str) -> bytes:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"only http:// and https:// URLs are scraped, not {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        key = f"{parts.scheme}://{parts.hostname}:{port}"
+        path = (parts.path.rstrip("/") or "") + "/metrics"
+        for attempt in (0, 1):  # a kept connection the server closed meanwhile: one fresh try
+            conn = self._conns.get(key)
+            if conn is None:
+                kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+                conn = self._conns[key] = kind(parts.hostname, port, timeout=self.timeout)
+            try:
+                conn.request("GET", path, headers={"Accept": "text/plain"})
+                resp = conn.getresponse()
+                body = resp.read(MAX_METRICS_BYTES + 1)
+                if resp.will_close:
+                    conn.close()
+                    del self._conns[key]
+                if resp.status != 200:
+                    raise OSError(f"HTTP {resp.status}")
+                return body
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                self._conns.pop(key, None)
+                if attempt:
+                    raise
+        raise OSError("unreachable")  # not reached
+
+    def __call__(self, name: str, url: str, now: float) -> InstanceReading:
+        """One scrape of ``url``/metrics at ``now`` (the caller's clock)."""
+        t0 = time.perf_counter()
+        target = url.rstrip("/") + "/metrics"
+        try:
+            body = self._get(url)
+        except (http.client.HTTPException, OSError, ValueError) as e:
+            return InstanceReading(name, url, now, "unreachable", error=f"{target}: {e}")
+        if len(body) > MAX_METRICS_BYTES:
+            return InstanceReading(
+                name, url, now, "error", error=f"{target}: more than {MAX_METRICS_BYTES} bytes"
+            )
+        try:
+            m = parse(body.decode("utf-8", "replace"))
+        except MetricsError as e:
+            return InstanceReading(name, url, now, "error", error=f"{target}: {e}")
+        took = time.perf_counter() - t0
+        if m.metrics_disabled:
+            why = f"{target} has no vllm:* series (the server runs with --disable-log-stats): nothing to judge"
+            return InstanceReading(name, url, now, "metrics_disabled", m, why, took)
+        return InstanceReading(name, url, now, "ok", m, None, took)
+
+
+def scrape(name: str, url: str, now: float, timeout: float = SCRAPE_TIMEOUT_S) -> InstanceReading:
+    """One scrape on a connection of its own (``watch --once``, ``plan --advice-from``, bench)."""
+    scraper = Scraper(timeout)
+    try:
+        return scraper(name, url, now)
+    finally:
+        scraper.close()
