@@ -6,8 +6,10 @@
   fits this host); the message says what would.
 - :class:`OperationError` (exit 1): the host said no while doing it (a write, a launch, a reload).
 
-The CLI prints :meth:`HwprofileError.messages` and exits with :attr:`HwprofileError.exit_code`; no
-other exception is turned into an exit code anywhere else.
+The CLI (``hwprofile.cli.main``) prints :meth:`HwprofileError.report` on stderr and exits with
+:attr:`HwprofileError.exit_code`; no command turns an error into an exit code itself. A refusal to
+start a plan (another supervisor, a port taken, no vLLM) is a :class:`RefusedError` like a plan that
+does not fit: exit 1 from every command that starts one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ class HwprofileError(Exception):
     def messages(self) -> list[str]:
         """One line per problem (most errors have one)."""
         return [str(self)]
+
+    def report(self) -> list[str]:
+        """The lines a person reads on stderr."""
+        return [f"hwprofile: error: {m}" for m in self.messages()]
 
 
 class InputError(HwprofileError):

@@ -9,7 +9,6 @@ line is there, and each hardening line left out, is said in the unit's comments.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 
 from .config.settings import Server
 from .errors import OperationError
+from .render.output import systemd_quote
+from .runtime.files import atomic_write
 
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
@@ -132,14 +133,6 @@ def hwprofile_command() -> list[str]:
     return [sys.executable, "-m", "hwprofile"]
 
 
-def systemd_quote(arg: str) -> str:
-    """One ExecStart word: ``%`` and ``$`` escaped, quoted when it has blanks, quotes or backslashes."""
-    word = arg.replace("%", "%%").replace("$", "$$")
-    if word and not re.search(r"[\s\"'\\;]", word):
-        return word
-    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def shutdown_of(daemon_args: Sequence[str]) -> int:
     """server.shutdown_timeout from ``--set`` in the daemon's arguments (else its default)."""
     value = None
@@ -175,7 +168,7 @@ def render_unit(
         user_lines = "DynamicUser=yes\n"
     return UNIT.format(
         origin=origin,
-        exec_start=" ".join(systemd_quote(a) for a in argv),
+        exec_start=" ".join(systemd_quote(a, "an argument of the daemon") for a in argv),
         shutdown=shutdown,
         margin=STOP_MARGIN_S,
         slack=STOP_SLACK_S,
@@ -214,11 +207,11 @@ def install(
     unit = render_unit(daemon_args, user, stop_timeout=stop_timeout, run_as=run_as)
     paths.unit_dir.mkdir(parents=True, exist_ok=True)
     target = paths.unit_dir / UNIT_NAME
-    target.write_text(unit)
+    atomic_write(target, unit, 0o644)  # never through a link planted where the unit goes
     done.append(f"wrote {target}")
     paths.tmpfiles_dir.mkdir(parents=True, exist_ok=True)
     tmp = paths.tmpfiles_dir / TMPFILES_NAME
-    tmp.write_text(render_tmpfiles(user))
+    atomic_write(tmp, render_tmpfiles(user), 0o644)
     done.append(f"wrote {tmp}")
     scope = ["--user"] if user else []
     if prefix:
@@ -259,44 +252,39 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
     """``hwprofile reload``: SIGHUP to the daemon recorded in the runtime directory, after checking
     its PID still has the recorded start time (like ``hwprofile stop``) and that the supervisor
     there is a daemon (``daemon.json`` names the same PID: a plain ``hwprofile launch`` would die
-    of SIGHUP). Then wait up to ``wait_s`` for the daemon to say how the reload went."""
-    import json
+    of SIGHUP). Then wait up to ``wait_s`` for the daemon to say how the reload went. Both files are
+    read by :func:`hwprofile.runfiles.read_doc` (nothing planted is trusted)."""
     import signal
     import time
 
-    from .daemon.loop import DAEMON_FILE
-    from .runtime.processes import ALIVE, check, identity_of, signal_process
-    from .supervise.state import STATE_FILE, read_state
+    from .runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
+    from .runtime.processes import ALIVE, check, signal_process
 
-    state = read_state(runtime / STATE_FILE)
+    state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     if state is None:
         raise ReloadError(f"no daemon runs with runtime directory {runtime}")
-    ident = identity_of(state.get("supervisor"))
+    ident = state.supervisor
     verdict = check(ident)
-    if verdict != ALIVE or ident is None:
-        raise ReloadError(
-            f"stale state file: supervisor pid {state.get('supervisor_pid')}: {verdict}; not signalled"
-        )
+    if verdict != ALIVE:
+        raise ReloadError(f"stale state file: supervisor pid {state.supervisor_pid}: {verdict}; not signalled")
 
-    def doc() -> dict:
-        try:
-            d = json.loads((runtime / DAEMON_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        return d if isinstance(d, dict) else {}
+    def reload_of() -> tuple[int | None, dict]:
+        doc = read_doc(runtime / DAEMON_FILE, DaemonDoc)
+        if doc is None:
+            return None, {}
+        rel = doc.body.get("reload")
+        return doc.pid, rel if isinstance(rel, dict) else {}
 
-    before = doc()
-    if before.get("pid") != ident.pid:
-        raise ReloadError(
-            f"pid {ident.pid} is a `hwprofile launch` supervisor, not a daemon: it has no reload"
-        )
-    last = (before.get("reload") or {}).get("at")
+    pid, before = reload_of()
+    if pid != ident.pid:
+        raise ReloadError(f"pid {ident.pid} is a `hwprofile launch` supervisor, not a daemon: it has no reload")
+    last = before.get("at")
     if not signal_process(ident, signal.SIGHUP):
         raise ReloadError(f"pid {ident.pid}: SIGHUP not delivered")
     done = [f"daemon {ident.pid}: reload requested (SIGHUP)"]
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
-        rel = doc().get("reload") or {}
+        _, rel = reload_of()
         if rel.get("at") and rel.get("at") != last:
             if rel.get("outcome") != "applied":
                 raise ReloadError(f"reload failed, the last good plan is kept: {rel.get('detail')}")

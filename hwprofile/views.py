@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 from .host.snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
     from .plan.types import Plan
@@ -171,10 +170,9 @@ def format_profiles(profiles: dict[str, Any], results: list[Any], winner: Any) -
     return "\n".join(out) + "\n"
 
 
-def format_plan(plan: Plan | Mapping[str, Any], explain: bool = False) -> str:
-    from .plan.types import ABSENT, as_plan
+def format_plan(plan: Plan, explain: bool = False) -> str:
+    from .plan.types import ABSENT
 
-    plan = as_plan(plan)
     m = plan.model
     out = [f"Profile {plan.profile}"]
     out += [f"  {b}" for b in plan.matched_because]

@@ -739,6 +739,9 @@ def bench_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] in (["--version"], ["-v"]):  # `vllm --version` prints the version alone
+        print(VERSION)
+        sys.exit(0)
     if sys.argv[1:3] == ["bench", "serve"]:
         sys.exit(bench_main(sys.argv[3:]))
     sys.exit(main(sys.argv[1:]))

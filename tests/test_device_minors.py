@@ -46,10 +46,13 @@ def _gpu_nodes(lines: set[str]) -> set[str]:
 
 
 def _units(plan: dict[str, Any]) -> dict[str, str]:
+    from hwprofile.plan.types import Plan
+
+    typed = Plan.from_json(plan)  # the plan read back from its JSON, as a launch file is
     out = {}
-    for inst in plan["instances"]:
-        r = render_instance(plan, inst, release("0.33.0"), "vllm", "/usr/bin/numactl")
-        out[inst["name"]] = render(r, "systemd", plan, inst)
+    for inst in typed.instances:
+        r = render_instance(typed, inst, release("0.33.0"), "vllm", "/usr/bin/numactl")
+        out[inst.name] = render(r, "systemd", typed, inst)
     return out
 
 

@@ -227,8 +227,18 @@ class _Inst:
 
 
 class _Sup:
+    """The supervisor as the daemon sees it: its instances, its release, its render."""
+
     def __init__(self, names: list[str]) -> None:
+        from hwprofile.render.versions import release
+
         self.instances = [_Inst(n) for n in names]
+        self.release = release("0.32.0")
+
+    def render(self, plan, inst):  # -> Rendered
+        from hwprofile.render.translate import render_instance
+
+        return render_instance(plan, inst, self.release, "vllm", None)
 
 
 class _Sampler:

@@ -123,19 +123,19 @@ def test_cpu_only_host(host_of, empty_root, tmp_path) -> None:
 def test_one_numa_node_gpu_host_renders_no_numactl(host_of, empty_root) -> None:
     """A one-node GPU host is neither bound nor warned about numactl (doctor: not needed here);
     a two-node host still is."""
-    from hwprofile.plan.types import as_plan
+    from hwprofile.plan.types import Plan
     from hwprofile.render.translate import render_instance
     from hwprofile.render.versions import release
 
     host = host_of("rtx4090-1x")
     assert len(host.numa_nodes) == 1
-    plan = as_plan(plan_for(host_of, empty_root, "rtx4090-1x", model="Qwen/Qwen2.5-7B-Instruct"))
+    plan = Plan.from_json(plan_for(host_of, empty_root, "rtx4090-1x", model="Qwen/Qwen2.5-7B-Instruct"))
     (inst,) = plan.instances
     assert inst.numa_node is None
     for numactl in ("/usr/bin/numactl", None):
         r = render_instance(plan, inst, release("0.11.0"), "vllm", numactl)
         assert "numactl" not in " ".join(r.argv) and not [w for w in r.warnings if "numactl" in w]
-    two = as_plan(plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-7B-Instruct"))
+    two = Plan.from_json(plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-7B-Instruct"))
     assert [i.numa_node for i in two.instances] and None not in [i.numa_node for i in two.instances]
     r = render_instance(two, two.instances[0], release("0.11.0"), "vllm", None)
     assert [w for w in r.warnings if "numactl not found" in w]
@@ -478,8 +478,8 @@ def test_pipeline_parallel_is_carried_to_the_render(host_of, empty_root) -> None
 
     p = make_plan(
         host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.pipeline_parallel_size=2"], environ={}
-    ).to_json()
-    inst = p["instances"][0]
-    assert inst["pipeline_parallel_size"] == 2
+    )
+    inst = p.instances[0]
+    assert inst.pipeline_parallel_size == 2
     argv = render_instance(p, inst, release("0.33.0"), "vllm", None).argv
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"

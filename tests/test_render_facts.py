@@ -171,14 +171,13 @@ def oracle(version: str, argv: list[str], env: dict[str, str], inst: dict) -> tu
 def _render_everything(host_of, empty_root, name: str, model: str | None, sets: list[str] | None = None):
     host = host_of(name)
     host = host._replace(software=host.software._replace(numactl_path="/usr/bin/numactl"))
-    plan = make_plan(
-        host, empty_root, model=model, sets=["server.vllm_command=vllm", *(sets or [])], environ={}
-    ).to_json()
+    typed = make_plan(host, empty_root, model=model, sets=["server.vllm_command=vllm", *(sets or [])], environ={})
+    plan = typed.to_json()  # the oracle reads the plan's contract
     for version in known_versions():
         rel = release(version)
         assert rel.table == version
-        for inst in plan["instances"]:
-            yield version, inst, render_instance(plan, inst, rel, "vllm", "/usr/bin/numactl")
+        for inst, ti in zip(plan["instances"], typed.instances, strict=True):
+            yield version, inst, render_instance(typed, ti, rel, "vllm", "/usr/bin/numactl")
 
 
 def test_facts_cover_the_shipped_releases() -> None:
@@ -303,18 +302,19 @@ def test_a_draft_with_another_vocabulary(host_of, empty_root, installed) -> None
     host = host._replace(
         software=host.software._replace(vllm_version=installed, numactl_path="/usr/bin/numactl")
     )
-    plan = make_plan(
+    typed = make_plan(
         host,
         empty_root,
         model="Qwen/Qwen2.5-32B-Instruct",
         draft="meta-llama/Llama-3.2-1B-Instruct",
         sets=["server.vllm_command=vllm"],
         environ={},
-    ).to_json()
+    )
+    plan = typed.to_json()
     inst = plan["instances"][0]
     assert plan["model"]["vocab_size"] != plan["draft"]["vocab_size"] if plan["draft"] else True
     for version in known_versions():
-        r = render_instance(plan, inst, release(version), "vllm", "/usr/bin/numactl")
+        r = render_instance(typed, typed.instances[0], release(version), "vllm", "/usr/bin/numactl")
         assert not oracle(version, r.argv, r.env, inst)[0]
         a = r.argv
         spec = json.loads(a[a.index("--speculative-config") + 1]) if "--speculative-config" in a else None

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile import launch
+from hwprofile.launch.detached import read_launch_file, write_launch_file
+from hwprofile.launch.start import Launch, log_root, preflight, supervisor
+from hwprofile.pipeline import PlanInputs
 from hwprofile.render.versions import release
+from hwprofile.runfiles import LAUNCH_FILE, RunFileError
 from hwprofile.runtime.dirs import UnsafeDirectory, private_dir, user_dirname
 from hwprofile.supervise.logs import RotatingLog
-from hwprofile.supervise.supervisor import Supervisor
 
 NOBODY = 65534
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
@@ -44,7 +46,7 @@ def shared(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> launch.PlanInputs:
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> PlanInputs:
     from hwprofile.host.detect import detect_host
 
     base = tmp_path_factory.mktemp("dirs")
@@ -54,7 +56,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> launch.PlanInputs:
     (model / "model.safetensors").write_bytes(b"\0" * 4096)
     (base / "etc").mkdir()
     sets = ("engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none")
-    return launch.PlanInputs(detect_host(), str(base / "etc"), sets=sets, model=str(model))
+    return PlanInputs(detect_host(), str(base / "etc"), sets=sets, model=str(model))
 
 
 @pytest.fixture
@@ -77,15 +79,15 @@ def other_users_dir() -> Iterator[Path]:
 
 
 def test_a_given_logs_dir_keeps_its_mode_and_gets_hwprofiles_own_subdirectory(
-    shared: Path, tmp_path: Path, inputs: launch.PlanInputs
+    shared: Path, tmp_path: Path, inputs: PlanInputs
 ) -> None:
     plan = inputs.replan([f"logs.dir={shared}"])
     runtime = tmp_path / "run"
-    root = launch.log_root(plan, "/dev/shm", runtime)
+    root = log_root(plan, "/dev/shm", runtime)
     assert root == shared / user_dirname()  # the given dir, not the tmpfs, and never the dir itself
-    launch.prepare_dirs(plan, "/dev/shm", runtime)
-    opts = launch.options(plan, "/dev/shm", runtime)
-    sup = Supervisor(plan, release("0.32.0"), "/nonexistent/vllm", None, opts)
+    launch = Launch(plan, release("0.32.0"), "/nonexistent/vllm", None, "/dev/shm", runtime)
+    preflight(launch)
+    sup = supervisor(launch)
     try:
         log_dir = Path(sup.instances[0].log.dir)
         assert log_dir.parent == root and mode(log_dir) == 0o700 and mode(root) == 0o700
@@ -114,7 +116,7 @@ def test_a_missing_directory_is_created_0700_with_its_parents(tmp_path: Path) ->
     assert d.is_dir() and mode(d) == 0o700 and os.lstat(d).st_uid == os.geteuid()
 
 
-def test_per_user_names(monkeypatch: pytest.MonkeyPatch, inputs: launch.PlanInputs) -> None:
+def test_per_user_names(monkeypatch: pytest.MonkeyPatch, inputs: PlanInputs) -> None:
     import dataclasses
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
@@ -123,8 +125,8 @@ def test_per_user_names(monkeypatch: pytest.MonkeyPatch, inputs: launch.PlanInpu
     assert user_dirname() == "hwprofile-1000"
     plan = inputs.replan()
     plan = dataclasses.replace(plan, logs=dataclasses.replace(plan.logs, dir=None))
-    assert launch.log_root(plan, "/dev/shm", Path("/run/x")) == Path("/dev/shm/hwprofile-1000")
-    assert launch.log_root(plan, None, Path("/run/x")) == Path("/run/x/logs")
+    assert log_root(plan, "/dev/shm", Path("/run/x")) == Path("/dev/shm/hwprofile-1000")
+    assert log_root(plan, None, Path("/run/x")) == Path("/run/x/logs")
 
 
 # -- refusals ----------------------------------------------------------------------------------------
@@ -182,7 +184,7 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_cli_refuses_with_the_reason(
-    tmp_path: Path, inputs: launch.PlanInputs, other_users_dir: Path
+    tmp_path: Path, inputs: PlanInputs, other_users_dir: Path
 ) -> None:
     victim = other_users_dir
     logs = tmp_path / "logs"
@@ -200,12 +202,13 @@ def test_the_cli_refuses_with_the_reason(
 # -- the launch file ------------------------------------------------------------------------------------
 
 
-def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, inputs: launch.PlanInputs) -> None:
+def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, inputs: PlanInputs) -> None:
     plan = inputs.replan()
-    path = launch.write_launch_file(tmp_path / "run", plan, inputs, "0.32.0")
-    assert path == tmp_path / "run" / launch.LAUNCH_FILE and mode(path) == 0o600
+    path = write_launch_file(Launch(plan, release("0.32.0"), "vllm", None, None, tmp_path / "run", inputs))
+    assert path == tmp_path / "run" / LAUNCH_FILE and mode(path) == 0o600
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    got, again, version = launch.read_launch_file(path)
+    doc = read_launch_file(path)
+    got, again, version = doc.plan, doc.inputs, doc.vllm_version
     assert version == "0.32.0" and got == plan  # the typed Plan back, its settings sections too
     assert got.to_json() == json.loads(json.dumps(plan.to_json()))
     assert again.sets == inputs.sets and again.model == inputs.model
@@ -214,9 +217,9 @@ def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, input
     assert again.replan(extra) == inputs.replan(extra) and again.min_model_len() == 256
     link = tmp_path / "link.json"
     link.symlink_to(path)
-    with pytest.raises(launch.LaunchError, match="--plan-file"):
-        launch.read_launch_file(link)
+    with pytest.raises(RunFileError, match="--plan-file .*a symbolic link"):
+        read_launch_file(link)
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "something else"}')
-    with pytest.raises(launch.LaunchError, match="not a launch file"):
-        launch.read_launch_file(bad)
+    with pytest.raises(RunFileError, match="not a hwprofile.launch/1 document: schema"):
+        read_launch_file(bad)

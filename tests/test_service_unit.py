@@ -15,14 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile.service import (
-    example_unit,
-    hwprofile_command,
-    render_tmpfiles,
-    render_unit,
-    shutdown_of,
-    systemd_quote,
-)
+from hwprofile.render.output import systemd_quote
+from hwprofile.service import example_unit, hwprofile_command, render_tmpfiles, render_unit, shutdown_of
 
 ROOT = Path(__file__).resolve().parent.parent
 ANALYZE = shutil.which("systemd-analyze")
@@ -93,12 +87,23 @@ def test_user_unit_and_daemon_reload_without_a_manager(tmp_path) -> None:
 def test_quoting_and_shutdown_parsing() -> None:
     assert systemd_quote("/srv/models/x") == "/srv/models/x"
     assert systemd_quote("a b") == '"a b"'
-    assert systemd_quote("50%") == "50%%"
-    assert systemd_quote("$HOME") == "$$HOME"
+    assert systemd_quote("50%") == '"50%%"'
+    assert systemd_quote("$HOME") == '"$$HOME"'
     assert systemd_quote('say "hi"') == '"say \\"hi\\""'
     assert shutdown_of(["--set=server.shutdown_timeout=5"]) == 5
     assert shutdown_of(["--model", "x"]) == 10
     assert hwprofile_command()[0].startswith(str(Path(sys.executable).parent))
+
+
+def test_a_newline_in_a_daemon_argument_cannot_add_a_unit_line() -> None:
+    """One quoting function for every ExecStart= (render/output.py): a daemon argument with a newline
+    stays one word of the one ExecStart= line (the old copy in service.py wrote the newline as it is,
+    so the unit got an ExecStartPre= of the argument's choosing)."""
+    unit = render_unit(["--model", "x\nExecStartPre=/bin/true", "--set", "a=b\rc"], command=("/opt/hw",))
+    lines = unit.splitlines()
+    assert not [ln for ln in lines if ln.startswith("ExecStartPre")], unit
+    (start,) = [ln for ln in lines if ln.startswith("ExecStart=")]
+    assert '"x\\nExecStartPre=/bin/true"' in start and '"a=b\\rc"' in start
 
 
 def test_the_repository_copy_is_the_rendered_example() -> None:
@@ -148,6 +153,7 @@ def test_reload_without_a_daemon_says_so(tmp_path) -> None:
                     "schema": "hwprofile.state/1",
                     "supervisor_pid": pid,
                     "supervisor": {"pid": pid, "start_time": start},
+                    "instances": [],
                 }
             )
         )

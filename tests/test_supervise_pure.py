@@ -18,7 +18,8 @@ from hwprofile.plan.types import (
 )
 from hwprofile.supervise.failures import Rung, classify, ladder_sets, next_rung
 from hwprofile.supervise.logs import RotatingLog
-from hwprofile.supervise.state import read_state, write_state
+from hwprofile.runfiles import RunFileError, SupervisorDoc, read_doc, write_doc
+from hwprofile.runtime.processes import identify
 from hwprofile.supervise.verify import compare, parse_startup
 
 LOGS = {
@@ -195,9 +196,13 @@ def test_rotating_log_caps_size_and_drops_the_oldest(tmp_path) -> None:
 
 
 def test_state_file_is_atomic_and_private(tmp_path) -> None:
-    path = tmp_path / "rt" / "state.json"
-    write_state(path, {"supervisor_pid": os.getpid(), "instances": []})
-    assert read_state(path)["supervisor_pid"] == os.getpid()
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    path = rt / "state.json"
+    write_doc(path, SupervisorDoc(identify(os.getpid())))
+    doc = read_doc(path, SupervisorDoc)
+    assert doc is not None and doc.supervisor_pid == os.getpid()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     path.write_text("{broken")
-    assert read_state(path) is None
+    with pytest.raises(RunFileError, match="state.json:1:2: invalid JSON"):
+        read_doc(path, SupervisorDoc)

@@ -27,21 +27,29 @@ from typing import Any
 import pytest
 from vllmtools import fake_model, fake_vllm_shim, free_port
 
-from hwprofile import launch
 from hwprofile.config.settings import Logs, Supervise
+from hwprofile.launch.start import Launch, Refused, foreground, supervisor
+from hwprofile.launch.status import format_status, status
+from hwprofile.launch.stop import stop
+from hwprofile.pipeline import PlanInputs
+from hwprofile.runfiles import (
+    LAST_FILE,
+    LAUNCH_FILE,
+    STATE_FILE,
+    STATE_SCHEMA,
+    AlreadySupervising,
+    SupervisorDoc,
+    lock_held,
+    read_doc,
+    write_doc,
+)
 from hwprofile.runtime.dirs import user_dirname
 from hwprofile.runtime.processes import Identity, check, group_members, identify, signal_process
 from hwprofile.supervise.lifecycle import ALLOWED, IllegalTransition, Machine, State
-from hwprofile.supervise.state import (
-    LAST_FILE,
-    STATE_FILE,
-    AlreadySupervising,
-    lock_held,
-    read_state,
-    write_state,
-)
-from hwprofile.supervise.supervisor import Options, Supervisor
+from hwprofile.supervise.options import Options
+from hwprofile.supervise.supervisor import Supervisor
 from hwprofile.telemetry import http
+from hwprofile.telemetry.scrape import scrape
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +99,10 @@ def sets_for(world: dict[str, Any], port: int, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
-def plan_inputs(world: dict[str, Any], rt: Path, *extra: str, host: Any = None) -> launch.PlanInputs:
+def plan_inputs(world: dict[str, Any], rt: Path, *extra: str, host: Any = None) -> PlanInputs:
     (rt / "etc").mkdir(exist_ok=True)
     sets = tuple(sets_for(world, free_port(), *extra))
-    return launch.PlanInputs(host or world["host"], str(rt / "etc"), sets=sets, model=str(world["model"]))
+    return PlanInputs(host or world["host"], str(rt / "etc"), sets=sets, model=str(world["model"]))
 
 
 def make_supervisor(
@@ -123,6 +131,23 @@ def flag_values(path: Path, name: str) -> list[str | None]:
             nxt = a[a.index(name) + 1] if a.index(name) + 1 < len(a) else ""
             out.append("" if nxt.startswith("--") else nxt)
     return out
+
+
+def metrics_body(url: str) -> str:
+    got = http.get(url + "/metrics")
+    assert got is not None and got[0] == 200, got
+    return got[1].decode()
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """A state file's document as JSON (None when there is none): through the one trusted reader."""
+    doc = read_doc(path, SupervisorDoc)
+    return doc.to_json() if doc else None
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` (a state file's JSON, without its schema) through the one writer."""
+    write_doc(path, SupervisorDoc.from_json({"schema": STATE_SCHEMA, **state}))
 
 
 def wait_for(pred: Any, what: str, timeout: float = 20, why: Any = None) -> None:
@@ -197,7 +222,7 @@ def test_ready_verified_and_clean_stop(world, rt, fake_env) -> None:
     sup.start()
     assert sup.wait_ready(20), sup.instances[0].snapshot()
     inst = sup.instances[0]
-    st = launch.status(rt / "run")
+    st = status(rt / "run")
     assert st["running"] and not st.get("stale")
     i = st["instances"][0]
     assert i["state"] == "ready" and i["process"] == {"pid": inst.pid, "start_time": identify(inst.pid).start}
@@ -205,8 +230,9 @@ def test_ready_verified_and_clean_stop(world, rt, fake_env) -> None:
     assert not [w for w in i["warnings"] if "planned" in w], i["warnings"]  # what started is the plan
     assert i["argv"][0] == str(world["shim"])  # server.vllm_command is what runs
     assert starts(fake_env)[0]["argv"][:2] == ["serve", str(world["model"])]
-    text = http.metrics_text(inst.url)
-    assert text and "vllm:num_requests_running{" in text and "vllm:kv_cache_usage_perc{" in text
+    r = scrape(inst.name, inst.url, 0.0)  # the one /metrics path
+    assert r.status == "ok" and r.metrics is not None
+    assert r.metrics.running is not None and r.metrics.kv_usage is not None
     assert lock_held(rt / "run")
     pid = inst.pid
     finish(sup)
@@ -215,10 +241,10 @@ def test_ready_verified_and_clean_stop(world, rt, fake_env) -> None:
     last = read_state(rt / "run" / LAST_FILE)
     assert last and last["instances"][0]["state"] == "stopped" and last["instances"][0]["process"] is None
     assert not lock_held(rt / "run")
-    st = launch.status(rt / "run")
+    st = status(rt / "run")
     assert not st["running"] and st["ended"] and st["instances"][0]["state"] == "stopped"
-    assert "nothing is running; the last run" in launch.format_status(st)
-    assert launch.stop(rt / "run") == ["nothing to stop"]
+    assert "nothing is running; the last run" in format_status(st)
+    assert stop(rt / "run") == ["nothing to stop"]
 
 
 def test_fake_metrics_parse_as_prometheus_text(world, rt, fake_env) -> None:
@@ -236,7 +262,7 @@ def test_fake_metrics_parse_as_prometheus_text(world, rt, fake_env) -> None:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 5
         samples = {
             s.name: s.value
-            for f in parser.text_string_to_metric_families(http.metrics_text(url))
+            for f in parser.text_string_to_metric_families(metrics_body(url))
             for s in f.samples
         }
         assert samples["vllm:generation_tokens_total"] == 5 and samples["vllm:prompt_tokens_total"] == 3
@@ -272,7 +298,7 @@ def test_health_polls_never_use_a_proxy(world, rt, fake_env, monkeypatch) -> Non
             urllib.request.build_opener().open(url + "/health", timeout=2)
         assert http.healthy(url)
         # the demo's completion (launch --demo) goes around the proxy as well
-        from hwprofile.launch import demo_completion
+        from hwprofile.launch.demo import demo_completion
 
         assert demo_completion(url, str(world["model"]), max_tokens=2)["usage"]["completion_tokens"] == 2
     finally:
@@ -346,8 +372,8 @@ def test_gives_up_after_max_restarts(world, rt, fake_env, monkeypatch) -> None:
     assert inst.state == State.FAILED and inst.restarts == 3 and len(starts(fake_env)) == 3
     assert inst.failure["kind"] == "unplanned exit" and inst.failure["fix"] == "gave up after 2 restarts"
     assert not (rt / "run" / STATE_FILE).exists()
-    st = launch.status(rt / "run")
-    assert st["instances"][0]["state"] == "failed" and "gave up after 2 restarts" in launch.format_status(st)
+    st = status(rt / "run")
+    assert st["instances"][0]["state"] == "failed" and "gave up after 2 restarts" in format_status(st)
 
 
 def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env, monkeypatch) -> None:
@@ -372,7 +398,7 @@ def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env
         fresh = sup.replan(["engine.max_model_len=512", "engine.max_model_len=256"]).to_json()["instances"][0]
         assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["engine"] == fresh["engine"]
         assert inst.verify_warnings == [], inst.verify_warnings
-        human = launch.format_status(launch.status(rt / "run"))
+        human = format_status(status(rt / "run"))
         assert "ladder: max_model_len 1024 -> 512 (after: out of memory)" in human
         assert "planned" not in human  # no "started differently from the plan" warning
     finally:
@@ -409,7 +435,7 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
     fresh = sup.replan([s["set"] for s in inst.ladder]).to_json()["instances"][0]
     assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["memory"] != first["memory"]
     assert inst.inst.to_json()["memory"]["budget_bytes"] < first["memory"]["budget_bytes"]
-    human = launch.format_status(launch.status(rt / "run"))
+    human = format_status(status(rt / "run"))
     assert "ladder: gpu_memory_utilization 0.6 -> 0.55 (after: out of memory)" in human
     assert "ladder: ngram speculation dropped" in human
 
@@ -552,7 +578,7 @@ def test_a_broken_supervisor_thread_marks_its_instance_failed(world, rt, fake_en
     inst = sup.instances[0]
     assert inst.state == State.FAILED and inst.failure["kind"] == "supervisor error"
     assert "KeyError" in inst.failure["evidence"] and gone(inst.pid)
-    assert launch.status(rt / "run")["instances"][0]["state"] == "failed"
+    assert status(rt / "run")["instances"][0]["state"] == "failed"
 
 
 def test_foreground_launch_exits_1_when_a_thread_breaks(world, rt, fake_env, monkeypatch) -> None:
@@ -563,7 +589,7 @@ def test_foreground_launch_exits_1_when_a_thread_breaks(world, rt, fake_env, mon
     (rt / "etc").mkdir()
     plan = make_plan(world["host"], rt / "etc", sets=sets_for(world, free_port()), model=str(world["model"]))
     monkeypatch.setattr(signal, "signal", lambda *_a: None)  # keep pytest's own handlers
-    assert launch.run_foreground(plan, world["release"], "/nonexistent/vllm", None, None, rt / "run") == 1
+    assert foreground(Launch(plan, world["release"], "/nonexistent/vllm", None, None, rt / "run")) == 1
 
 
 def test_log_pump_drops_lines_it_cannot_write_instead_of_blocking_vllm(
@@ -584,7 +610,7 @@ def test_log_pump_drops_lines_it_cannot_write_instead_of_blocking_vllm(
         assert log.dropped >= 20000 and "No space left on device" in log.last_error
         wait_for(lambda: (read_state(rt / "run" / STATE_FILE) or {}).get("instances", [{}])[0].get("log_dropped_lines"),
                  "the count in the state file")  # fmt: skip
-        human = launch.format_status(launch.status(rt / "run"))
+        human = format_status(status(rt / "run"))
         assert "lines dropped (No space left on device" in human
         assert "Application startup complete." in log.text()  # the tail still has it
     finally:
@@ -595,9 +621,10 @@ def test_a_second_supervisor_is_refused(world, rt, fake_env) -> None:
     first = make_supervisor(world, rt)
     with pytest.raises(AlreadySupervising, match="already supervising in"):
         make_supervisor(world, rt)
-    with pytest.raises(launch.LaunchError) as e:
-        launch.check_not_running(rt / "run")
-    assert e.value.code == 2
+    plan = first.plan
+    with pytest.raises(Refused, match="already supervising in") as e:  # the one door refuses it too
+        supervisor(Launch(plan, world["release"], "/nonexistent/vllm", None, None, rt / "run"))
+    assert e.value.exit_code == 1  # a refusal, as a port taken: exit 1 from every command
     first.close()
     make_supervisor(world, rt).close()  # once released, a new one may start
 
@@ -615,6 +642,7 @@ def _state(supervisor: Identity, process: Identity | None, **extra: Any) -> dict
     inst = {"name": "vllm-cpu", "state": "ready", "pid": process.pid if process else None,
             "pgid": process.pid if process else None, "process": process.to_json() if process else None,
             "url": "http://127.0.0.1:1", "restarts": 0, "ready_at": time.time(), "log_file": "/dev/null",
+            "log_dir": "/dev",
             "stop_grace_s": 0.5, **extra}  # fmt: skip
     return {"supervisor_pid": supervisor.pid, "supervisor": supervisor.to_json(), "profile": "cpu-only",
             "model": "m", "vllm_version": "0.32.0", "instances": [inst]}  # fmt: skip
@@ -624,13 +652,13 @@ def test_status_of_a_stale_state_file_and_stop_never_signals_a_reused_pid(rt) ->
     me = identify(os.getpid())
     reused = Identity(me.pid, me.start + 1)  # our PID, another start time: "someone else" now
     write_state(rt / STATE_FILE, _state(_dead_identity(), reused))
-    st = launch.status(rt)
+    st = status(rt)
     assert not st["running"] and st["stale"] and "gone" in st["stale_reason"]
     assert st["instances"][0]["state"] == "stale" and st["instances"][0]["process_check"] == "pid reused"
     assert st["instances"][0]["uptime_s"] is None
-    human = launch.format_status(st)
+    human = format_status(st)
     assert "STALE state file" in human and "(pid reused)" in human
-    done = launch.stop(rt)  # would SIGTERM this very test process if it trusted the file
+    done = stop(rt)  # would SIGTERM this very test process if it trusted the file
     assert any("not signalled" in d for d in done) and "pid reused" in done[-1]
     assert not (rt / STATE_FILE).exists()
 
@@ -638,9 +666,9 @@ def test_status_of_a_stale_state_file_and_stop_never_signals_a_reused_pid(rt) ->
 def test_a_supervisor_pid_reused_by_another_process_is_not_trusted(rt) -> None:
     me = identify(os.getpid())
     write_state(rt / STATE_FILE, _state(Identity(me.pid, me.start - 1), None))
-    st = launch.status(rt)
+    st = status(rt)
     assert not st["running"] and "pid reused" in st["stale_reason"]
-    assert launch.stop(rt)[0].startswith("stale state file: supervisor pid")
+    assert stop(rt)[0].startswith("stale state file: supervisor pid")
 
 
 def test_stop_with_a_dead_supervisor_ends_the_orphan_it_left(world, rt, fake_env, monkeypatch) -> None:
@@ -657,8 +685,8 @@ def test_stop_with_a_dead_supervisor_ends_the_orphan_it_left(world, rt, fake_env
         ident = identify(orphan.pid)
         assert len(group_members(orphan.pid)) == 2
         write_state(rt / STATE_FILE, _state(_dead_identity(), ident))
-        assert launch.status(rt)["instances"][0]["process_check"] == "alive"
-        done = launch.stop(rt)
+        assert status(rt)["instances"][0]["process_check"] == "alive"
+        done = stop(rt)
         assert "not signalled" in done[0] and f"process group {orphan.pid} killed" in done[1]
         orphan.wait(5)
         assert gone(orphan.pid) and check(ident) == "gone"
@@ -693,7 +721,7 @@ def test_cli_launch_status_refusal_stop(world, rt, fake_env) -> None:
     assert st["running"] and st["instances"][0]["state"] == "ready"
     pid, sup_pid = st["instances"][0]["pid"], st["supervisor_pid"]
     # the detached supervisor runs the plan launch validated (a 0600 file), not a second detection
-    plan_file = rt / "run" / launch.LAUNCH_FILE
+    plan_file = rt / "run" / LAUNCH_FILE
     cmdline = Path(f"/proc/{sup_pid}/cmdline").read_bytes().split(b"\0")
     assert b"--plan-file" in cmdline and str(plan_file).encode() in cmdline and b"--model" not in cmdline
     assert stat.S_IMODE(plan_file.stat().st_mode) == 0o600
@@ -701,7 +729,7 @@ def test_cli_launch_status_refusal_stop(world, rt, fake_env) -> None:
     assert st["instances"][0]["url"].endswith(f":{planned['server']['port']}")
     assert Path(st["instances"][0]["log_dir"]).parent == rt / "logs" / user_dirname()
     again = hw("launch", *args)
-    assert again.returncode == 2 and f"already supervising in {rt / 'run'} (pid {sup_pid})" in again.stderr
+    assert again.returncode == 1 and f"already supervising in {rt / 'run'} (pid {sup_pid})" in again.stderr
     stopped = hw("stop")
     assert stopped.returncode == 0 and f"supervisor {sup_pid} stopped" in stopped.stdout
     assert gone(pid) and check(identify(pid) or Identity(pid, 0)) != "alive"

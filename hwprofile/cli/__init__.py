@@ -4,11 +4,12 @@
 - :mod:`.host`: ``detect``, ``profiles``, ``doctor``;
 - :mod:`.planning`: ``plan``, ``render``;
 - :mod:`.running`: ``launch``, ``status``, ``stop``, ``daemon``, ``watch``, ``reload``, ``install-service``;
-- :mod:`.common`: what they share (:class:`CliError`, the host snapshot, the release, the plan).
+- :mod:`.bench`: ``bench``; :mod:`.verify`: ``verify``;
+- :mod:`.common`: what they share (:class:`CliError`, the host snapshot, the plan and its inputs,
+  the launch of a plan).
 
 :func:`main` holds the one handler that turns a :class:`hwprofile.errors.HwprofileError` into its
-exit code (a few commands still catch their own errors: ``launch``, ``daemon``, ``reload``,
-``install-service``); :func:`run` is the console script.
+exit code and its report on stderr; no command catches its own; :func:`run` is the console script.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except HwprofileError as e:  # the one place an error becomes an exit code (hwprofile/errors.py)
-        for line in e.messages():
-            print(f"hwprofile: error: {line}", file=sys.stderr)
+        for line in e.report():
+            print(line, file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:
         return EXIT_OK

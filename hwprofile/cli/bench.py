@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
-from .common import CliError, _release, demo_model, load_host
+from .common import CliError, demo_model, launch_of, load_host, plan_of
 
 COMPARE_WORDS = ("profile", "baseline")
 # `--demo`: besides the demo plan (cli.common.DEMO_SETS), a workload the tiny model answers in about
@@ -49,9 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.tags import HardwareSampler, host_tags, non_default_settings
     from ..bench.workloads import Workload, bench_settings, workload
     from ..config.layers import config_root
-    from ..pipeline import make_plan, resolve_settings, vllm_command
-    from ..plan import PlanRefused
-    from ..plan.types import as_plan
+    from ..pipeline import resolve_settings, vllm_command
 
     if args.url and args.compare:
         raise CliError("--compare launches both plans itself: give it without --url", EXIT_USAGE)
@@ -63,37 +62,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.demo:
         _progress("demo: a short workload (--set bench.* to change)")
         model, sets = demo_model(sets, DEMO_BENCH_SETS)
-    res = resolve_settings(host, root, args.profile, args.overrides, sets)
+    resolved: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
+
+    def settings_of(s_over: list[str], s_sets: list[str]) -> Any:  # each side's settings, resolved once
+        key = (tuple(s_over), tuple(s_sets))
+        if key not in resolved:
+            resolved[key] = resolve_settings(host, root, args.profile, s_over, s_sets)
+        return resolved[key]
+
+    res = settings_of(list(args.overrides), sets)
     bs = bench_settings(res.settings)
     wl = workload(args.workload, bs)
     rounds = args.rounds or (bs.rounds if args.compare else 1)
 
     plans: list[BenchPlan] = []
+    launches: dict[str, Any] = {}  # label -> the plan's launch (refused here, before anything runs)
     if args.url:
         plans.append(BenchPlan("server", "url", args.url, None, url=args.url))
-        rel = None
     else:
-        rel = _release(
-            args,
-            host,
-            "vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU)",
-        )
         sides = [_side(w, sets, list(args.overrides)) for w in args.compare] if args.compare else [
             ("profile", "profile", None, sets, list(args.overrides))
         ]  # fmt: skip
         if len(sides) == 2 and sides[0][0] == sides[1][0]:
             sides = [(f"{s[0]}-{i}", *s[1:]) for i, s in enumerate(sides, start=1)]
         for label, kind, source, s_sets, s_over in sides:
-            try:
-                plan = as_plan(make_plan(
-                    host, root, profile=args.profile, overrides=s_over, sets=s_sets, model=model, draft=args.draft,
-                ))  # fmt: skip
-            except PlanRefused as e:
-                raise CliError(
-                    f"cannot plan {label}: {e.message}" + "".join(f"\n  - {x}" for x in e.suggestions),
-                    EXIT_FAILED,
-                ) from None
-            r = resolve_settings(host, root, args.profile, s_over, s_sets)
+            over_args = argparse.Namespace(**{**vars(args), "overrides": s_over})
+            plan, inputs = plan_of(over_args, host, model=model, sets=s_sets)
+            launches[label] = launch_of(args, host, plan, inputs, Path(), _progress)
+            r = settings_of(s_over, s_sets)
             plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
                                    non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
 
@@ -103,7 +99,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"--output {out_dir}: cannot create it: {e.strerror}", EXIT_FAILED) from None
     _progress(f"results go to {out_dir}")
-    sw = host.software
     configured_vllm = res.settings.server.vllm_command
 
     @contextlib.contextmanager
@@ -114,8 +109,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         import shutil
         import tempfile
 
+        from ..launch.start import serving
         from ..runtime.dirs import runtime_dir
-        from ..supervise.session import serving
 
         inst = bp.plan.instances[0]
         if len(bp.plan.instances) > 1:
@@ -126,9 +121,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(args.runtime_dir)
         vllm = vllm_command(inst.server.vllm_command)
         try:
-            with serving(bp.plan, rel, vllm, sw.numactl_path, sw.tmpfs_path, runtime, _progress) as urls:
+            with serving(dataclasses.replace(launches[bp.label], runtime=runtime)) as sup:
                 served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
-                yield Target(urls[0], served, bp.plan.model.path or bp.plan.model.name, vllm)
+                yield Target(sup.instances[0].url, served, bp.plan.model.path or bp.plan.model.name, vllm)
         finally:
             if own:
                 shutil.rmtree(runtime, ignore_errors=True)

@@ -30,42 +30,36 @@ def load_host(args: argparse.Namespace):  # -> HostSnapshot
     return detect_host(proc_root=args.proc_root, sys_root=args.sys_root)
 
 
-def _release(args: argparse.Namespace, host, missing: str):  # -> Release
-    """The vLLM release to render for: --vllm-version, else the installed one."""
-    from ..render.versions import UnknownVersion, release
+def render_release(args: argparse.Namespace, host, missing: str):  # -> Release
+    """The vLLM release ``render`` formats for: --vllm-version, else the installed one."""
+    from ..render.versions import release
 
     version = getattr(args, "vllm_version", None) or host.software.vllm_version
     if not version:
         raise CliError(missing, EXIT_FAILED)
-    try:
-        return release(version)
-    except UnknownVersion as e:
-        raise CliError(str(e)) from None
+    return release(version)
 
 
-class _Refused(Exception):
-    pass
-
-
-def _plan_or_report(
-    args: argparse.Namespace, host, model: str | None = None, sets: list[str] | None = None
-):  # -> Plan
-    """The plan for the command's options, typed; a refusal is printed with what would fit (raises
-    _Refused)."""
+def plan_of(args: argparse.Namespace, host, model: str | None = None, sets: list[str] | None = None):
+    """``(plan, inputs)`` of the command's options: the inputs a re-plan starts from, and the plan
+    made from them (a relative model directory is made absolute first). A refused plan raises
+    :class:`hwprofile.plan.PlanRefused`, which ``main`` prints the one way."""
     from ..config.layers import config_root
-    from ..pipeline import make_plan
-    from ..plan import PlanRefused
+    from ..pipeline import PlanInputs
 
-    try:
-        return make_plan(
-            host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
-            sets=args.sets if sets is None else sets, model=args.model if model is None else model, draft=args.draft,
-        )  # fmt: skip
-    except PlanRefused as e:
-        print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
-        for s in e.suggestions:
-            print(f"  - {s}", file=sys.stderr)
-        raise _Refused from None
+    inputs = PlanInputs(
+        host, config_root(args.config_root), args.profile, tuple(args.overrides),
+        tuple(args.sets if sets is None else sets), args.model if model is None else model, args.draft,
+    )  # fmt: skip
+    return inputs.replan(), inputs
+
+
+def launch_of(args: argparse.Namespace, host, plan, inputs, runtime, progress=None):  # -> Launch
+    """The :class:`hwprofile.launch.start.Launch` of a plan: the release is ``--vllm-version``, else
+    what the configured ``server.vllm_command`` is, else the installed vLLM."""
+    from ..launch.start import Launch
+
+    return Launch.of(plan, host.software, runtime, inputs, getattr(args, "vllm_version", None), progress)
 
 
 # What every `--demo` plans (launch, bench, verify): the tiny model made offline, a short context, a

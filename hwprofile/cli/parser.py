@@ -178,6 +178,7 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
         "--watch-quiet", type=float, default=0.5, metavar="S",
         help="seconds without file events before edits are applied (default 0.5)",
     )  # fmt: skip
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
 
 
 def _args_watch(p: argparse.ArgumentParser) -> None:
@@ -220,6 +221,7 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
         help="compare two running servers instead of serving both: the baseline (with --url)",
     )  # fmt: skip
     p.add_argument("--url", metavar="URL", help="the candidate server to compare with --baseline-url")
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     p.add_argument(
         "--prompts", metavar="FILE",
         help="reference prompts YAML (a `prompts:` list of {id, kind, text}); default: the 50 shipped ones",

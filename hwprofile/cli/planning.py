@@ -6,36 +6,22 @@ import argparse
 import sys
 
 from ..errors import EXIT_FAILED, EXIT_OK
-from .common import CliError, _plan_or_report, _Refused, _release, load_host
+from .common import CliError, load_host, plan_of, render_release
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
-    from ..config.layers import config_root
-    from ..pipeline import make_plan
     from ..plan import SCHEMA, PlanRefused
 
     host = load_host(args)
     try:
-        plan = make_plan(
-            host,
-            config_root(args.config_root),
-            profile=args.profile,
-            overrides=args.overrides,
-            sets=args.sets,
-            model=args.model,
-            draft=args.draft,
-        )
+        plan, inputs = plan_of(args, host)
     except PlanRefused as e:
-        if args.json:
-            out = {"schema": SCHEMA, "refused": {"reason": e.message, "suggestions": e.suggestions}}
-            sys.stdout.write(json.dumps(out, indent=2) + "\n")
-        else:
-            print(f"hwprofile: cannot plan: {e.message}", file=sys.stderr)
-            print("What would work:", file=sys.stderr)
-            for s in e.suggestions:
-                print(f"  - {s}", file=sys.stderr)
+        if not args.json:
+            raise  # printed as every command prints a refused plan
+        out = {"schema": SCHEMA, "refused": {"reason": e.message, "suggestions": e.suggestions}}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return EXIT_FAILED
     if args.advice_from:
         from ..daemon.advice import AdviceError, advice_from
@@ -46,10 +32,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise CliError(str(e), EXIT_FAILED) from None
         print(f"hwprofile: advice from {args.advice_from}: {advice.reason}", file=sys.stderr)
         print(f"hwprofile: applied as --set {' --set '.join(extra)}", file=sys.stderr)
-        plan = make_plan(
-            host, config_root(args.config_root), profile=args.profile, overrides=args.overrides,
-            sets=[*args.sets, *extra], model=args.model, draft=args.draft,
-        )  # fmt: skip
+        plan = inputs.replan(extra)
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     else:
@@ -68,14 +51,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     from ..render.translate import flatten, render_instance
 
     host = load_host(args)
-    rel = _release(
+    rel = render_release(
         args, host, "no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)"
     )
     version = rel.target
-    try:
-        plan = _plan_or_report(args, host)
-    except _Refused:
-        return EXIT_FAILED
+    plan, _ = plan_of(args, host)
     instances = [i for i in plan.instances if args.instance in (None, i.name)]
     if not instances:
         names = ", ".join(i.name for i in plan.instances)

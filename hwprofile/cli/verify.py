@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FAILED, EXIT_OK
-from .common import CliError, _plan_or_report, _Refused, _release, demo_model, load_host
+from .common import CliError, demo_model, launch_of, load_host, plan_of
 
 if TYPE_CHECKING:
     from ..config.settings import Settings
@@ -75,11 +75,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.url:
         verdict, base, cand, notes = _compare_urls(args.baseline_url, args.url, prompts.prompts, max_tokens, bar)
     else:
-        try:
-            served = _serve_both(args, host, model, sets, prompts.prompts, max_tokens, bar)
-        except _Refused:
-            return EXIT_FAILED
-        verdict, base, cand, notes = served
+        verdict, base, cand, notes = _serve_both(args, host, model, sets, prompts.prompts, max_tokens, bar)
     from ..verify.report import format_text, to_json
     from ..verify.runner import SEED, TOP_LOGPROBS
 
@@ -129,20 +125,13 @@ def _serve_both(
 ) -> tuple[Verdict, dict[str, Any], dict[str, Any], list[str]]:
     """Serve the baseline plan, ask it, stop it; then the same for the tuned plan (never both at
     once), and compare while the tuned plan still serves (its ``/detokenize`` names the tokens)."""
-    from ..launch import setup_logging
-    from ..pipeline import vllm_command
+    from ..launch.start import serving, setup_logging
     from ..runtime.dirs import runtime_dir
-    from ..supervise.session import serving
     from ..verify.compare import compare
     from ..verify.runner import TOP_LOGPROBS, Client
 
-    rel = _release(
-        args, host,
-        "vLLM is not installed here (pip install 'hwprofile[vllm]', or 'hwprofile[cpu]' without a GPU, then "
-        "hwprofile doctor --fix); or compare two running servers with --baseline-url URL --url URL",
-    )  # fmt: skip
-    tuned = _plan_or_report(args, host, model=model, sets=sets)
-    baseline = _plan_or_report(args, host, model=model, sets=[*sets, BASELINE_SET])
+    tuned, tuned_inputs = plan_of(args, host, model=model, sets=sets)
+    baseline, base_inputs = plan_of(args, host, model=model, sets=[*sets, BASELINE_SET])
     notes: list[str] = []
     if tuned.instances[0].speculative is None:
         notes.append("the tuned plan does not speculate: it is compared with a baseline of the same settings")
@@ -153,17 +142,17 @@ def _serve_both(
             f"dtype differs: baseline {baseline.instances[0].engine.dtype}, tuned {tuned.instances[0].engine.dtype}"
         )
     runtime = Path(args.runtime_dir) if args.runtime_dir else runtime_dir(None) / "verify"
+    first = launch_of(args, host, baseline, base_inputs, runtime, _say)
+    second = launch_of(args, host, tuned, tuned_inputs, runtime, _say)
     setup_logging(runtime, to_stderr=True)
-    sw = host.software
-    exe = vllm_command(None)
     _say(f"serving the baseline ({_served_name(baseline)}, speculative decoding off) ...")
-    with serving(baseline, rel, exe, sw.numactl_path, sw.tmpfs_path, runtime, _say) as urls:
-        base = Client(urls[0], _served_name(baseline), max_tokens, logprobs=TOP_LOGPROBS)
+    with serving(first) as sup:
+        base = Client(sup.instances[0].url, _served_name(baseline), max_tokens, logprobs=TOP_LOGPROBS)
         b, b_s = base.answers(prompts, _say, "baseline")
     spec = tuned.instances[0].speculative
     _say(f"serving the tuned plan (speculative {spec.method if spec else 'off'}) ...")
-    with serving(tuned, rel, exe, sw.numactl_path, sw.tmpfs_path, runtime, _say) as urls:
-        cand = Client(urls[0], _served_name(tuned), max_tokens)
+    with serving(second) as sup:
+        cand = Client(sup.instances[0].url, _served_name(tuned), max_tokens)
         c, c_s = cand.answers(prompts, _say, "tuned")
         verdict = compare(prompts, b, c, bar, cand.decode)
     notes += base.notes + cand.notes

@@ -5,11 +5,11 @@ gives, turned into the setting that applies it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ..config.settings import Watch
 from ..errors import OperationError
-from ..plan.types import Plan, as_plan
+from ..plan.speculative import draft_cost
+from ..plan.types import Plan
 from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 from ..telemetry.scrape import scrape
 from .policy import KAdvice, SpecWindow, advise_k
@@ -33,7 +33,7 @@ def lifetime_window(counters: Mapping[str, float]) -> SpecWindow | None:
     )
 
 
-def advice_from(url: str, plan: Plan | Mapping[str, Any], settings: Watch) -> tuple[KAdvice, list[str]]:
+def advice_from(url: str, plan: Plan, settings: Watch) -> tuple[KAdvice, list[str]]:
     """The advice for ``plan``'s first speculating instance from the server at ``url``, and the
     ``--set`` overrides that apply it."""
     r = scrape("advice", url, 0.0, timeout=5.0)
@@ -42,14 +42,11 @@ def advice_from(url: str, plan: Plan | Mapping[str, Any], settings: Watch) -> tu
     w = lifetime_window(r.metrics.counters)
     if w is None:
         raise AdviceError(f"--advice-from {url}: the server does not speculate (no spec_decode_* counters)")
-    typed = as_plan(plan)
-    inst = next((i for i in typed.instances if i.speculative), None)
+    inst = next((i for i in plan.instances if i.speculative), None)
     if inst is None or inst.speculative is None:
         raise AdviceError("--advice-from: this plan does not speculate (speculative.method is none)")
     spec = inst.speculative
-    cost = 0.0
-    if spec.method == "draft_model" and typed.draft and typed.draft.params and typed.model.params:
-        cost = typed.draft.params / typed.model.params
+    cost = draft_cost(plan, inst)
     seqs = inst.engine.max_num_seqs
     load = (r.metrics.running or 0.0) / seqs
     a = advise_k(w, int(spec.num_speculative_tokens), cost, load, settings)

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,39 +25,30 @@ from typing import Any
 from ..config.settings import Degrade, Watch
 from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
-from ..plan.types import InstancePlan, Plan, as_instance, as_plan
-from ..runtime.files import atomic_write
+from ..plan.speculative import draft_cost
+from ..plan.types import InstancePlan, Plan
+from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
 from .exporter import Published
 from .policy import Action
 from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
-DAEMON_FILE = "daemon.json"
 HISTORY = 50
 
 
-def instance_spec(
-    plan: Plan | Mapping[str, Any], inst: InstancePlan | Mapping[str, Any], per_batch_honoured: bool = False
-) -> InstanceSpec:
+def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = False) -> InstanceSpec:
     """What the watcher needs to know of a planned instance."""
-    plan, inst = as_plan(plan), as_instance(inst)
     s = inst.server
     host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
     spec = inst.speculative
-    method = spec.method if spec else None
     k = spec.num_speculative_tokens if spec else None
-    cost = 0.0
-    if method == "draft_model" and plan.draft and plan.model.params:
-        cost = plan.draft.params / plan.model.params
-    elif method in ("mtp", "eagle", "eagle3") and plan.model.layers:
-        cost = 1 / plan.model.layers  # about one extra decoder layer per proposal
     return InstanceSpec(
         inst.name,
         f"http://{host}:{s.port}",
         tuple(inst.gpus or ()),
         int(k) if k else None,
-        round(cost, 4),
+        draft_cost(plan, inst),
         inst.engine.max_num_seqs,
         per_batch_honoured and bool(spec and spec.num_speculative_tokens_per_batch_size),
     )
@@ -76,7 +67,7 @@ class Daemon:
 
     def __init__(
         self,
-        plan: Plan | dict[str, Any],
+        plan: Plan,
         replan: Callable[[list[str]], Plan],
         supervisor: Any,
         sampler: GpuSampler | Any,
@@ -87,10 +78,11 @@ class Daemon:
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
         on_tick: Callable[[Daemon, Report], None] | None = None,
     ) -> None:
-        """``plan`` is a :class:`Plan` or its JSON (read once, with ``as_plan``); ``replan`` returns a
-        :class:`Plan` (``pipeline.make_plan``'s); ``settings`` and ``degrade``: the plan's ``watch``
-        and ``degrade`` sections (a test may give others)."""
-        self.plan = plan = as_plan(plan)
+        """``replan(extra_sets)`` returns a :class:`Plan` (``PlanInputs.replan``); ``supervisor``: a
+        :class:`~hwprofile.supervise.supervisor.Supervisor` or a fake with its ``instances``,
+        ``release`` and ``render``; ``settings`` and ``degrade``: the plan's ``watch`` and
+        ``degrade`` sections (a test may give others)."""
+        self.plan = plan
         self.replan = replan
         self.sup = supervisor
         self.sampler = sampler
@@ -100,9 +92,7 @@ class Daemon:
         self.clock = clock
         self.scraper = scraper
         self.on_tick = on_tick
-        per_batch = bool(getattr(getattr(supervisor, "release", None), "spec_table", None)) and bool(
-            supervisor.release.spec_table().get("per_batch_size")
-        )
+        per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
         self.queue: deque[Action] = deque()
         self.current: Restart | None = None
@@ -320,11 +310,10 @@ class Daemon:
             if self.on_reloaded:
                 self.on_reloaded(self)
 
-    def apply_plan(self, new_plan: Plan | dict[str, Any]) -> str:
+    def apply_plan(self, new_plan: Plan) -> str:
         """Make ``new_plan`` the running plan: unchanged instances keep running; watch.* and degrade.*
         take effect at once; each changed instance is queued for a restart (one at a time, each
         waiting for /health, at its degrade step). A different set of instances is refused."""
-        new_plan = as_plan(new_plan)
         old = {i.name: i for i in self.plan.instances}
         new = {i.name: i for i in new_plan.instances}
         if old.keys() != new.keys():
@@ -364,18 +353,8 @@ class Daemon:
         provenance line or a daemon-only setting restarts nothing), plus the supervisor's settings."""
         doc = inst.to_json()
         extra = {k: doc.get(k) for k in ("gpus", "numa_node", "supervise", "logs")}
-        try:
-            from ..render.translate import render_instance
-
-            command = inst.server.vllm_command or self.sup.vllm_command
-            r = render_instance(plan, inst, self.sup.release, command, self.sup.numactl)
-            return json.dumps([r.argv, r.env, r.secrets, extra], sort_keys=True, default=str)
-        except Exception:  # fakes in tests: the instance's settings themselves
-            return json.dumps(
-                {k: v for k, v in doc.items() if k not in ("sources", "reasons")},
-                sort_keys=True,
-                default=str,
-            )
+        r = self.sup.render(plan, inst)
+        return json.dumps([r.argv, r.env, r.secrets, extra], sort_keys=True, default=str)
 
     def _record(self, a: Action, outcome: str, detail: str) -> None:
         self.history.append(
@@ -394,7 +373,7 @@ class Daemon:
     def document(self) -> dict[str, Any]:
         rep = self.report.to_json() if self.report else {}
         return {
-            "schema": "hwprofile.daemon/1",
+            "schema": DAEMON_SCHEMA,
             "updated_at": time.time(),
             "ticks": self.ticks,
             "missed_ticks": self.missed,
@@ -419,7 +398,7 @@ class Daemon:
         p.restarts = {i.name: i.restarts for i in self.sup.instances}
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         try:
-            atomic_write(self.runtime / DAEMON_FILE, json.dumps(self.document(), default=str), 0o600, durable=False)
+            write_doc(self.runtime / DAEMON_FILE, DaemonDoc.from_json(self.document()), durable=False)
         except OSError as e:
             msg = f"cannot write {self.runtime / DAEMON_FILE}: {e}"
             if not self.errors or self.errors[-1] != msg:

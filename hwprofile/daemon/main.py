@@ -1,6 +1,7 @@
-"""The composition root of ``hwprofile daemon``: build the supervisor, the sampler, the exporter
-and the loop from one validated plan, run until SIGTERM/SIGINT, then drain and stop everything.
-Tests build :class:`~.loop.Daemon` themselves with fakes; this wires the real parts."""
+"""The composition root of ``hwprofile daemon``: the supervisor (through the one door,
+:func:`hwprofile.launch.start.supervisor`), the sampler, the exporter and the loop from one
+validated launch, run until SIGTERM/SIGINT, then drain and stop everything. Tests build
+:class:`~.loop.Daemon` themselves with fakes; this wires the real parts."""
 
 from __future__ import annotations
 
@@ -11,27 +12,23 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..plan.types import Plan, as_plan
-from .loop import DAEMON_FILE, Daemon
+from ..runfiles import DAEMON_FILE
+from .loop import Daemon
 from .notify import Notifier, status_line
+
+if TYPE_CHECKING:
+    from ..launch.start import Launch
 
 log = logging.getLogger("hwprofile")
 
 
 def run_daemon(
-    plan: Plan | dict[str, Any],
-    replan: Callable[[list[str]], Plan],
-    release: Any,
-    vllm_command: str,
-    numactl: str | None,
-    tmpfs: str | None,
-    runtime: Path,
+    launch: Launch,
     on_tick: Callable[[Daemon, Any], None] | None = None,
     on_ready: Callable[[Daemon], None] | None = None,
     on_stopping: Callable[[Daemon], None] | None = None,
-    min_model_len: int | None = None,
     notifier: Notifier | None = None,
     watch_root: Path | None = None,
     watch_quiet_s: float = 0.5,
@@ -44,22 +41,16 @@ def run_daemon(
     if attach():  # stderr is the journal: structured records instead of plain lines
         log.info("logging to the journal")
     from ..host.sampler import GpuSampler
-    from ..launch import options
+    from ..launch.start import supervisor
     from ..supervise.lifecycle import State
-    from ..supervise.supervisor import Supervisor
     from ..telemetry.scrape import Scraper
     from .exporter import serve
 
-    plan = as_plan(plan)  # a plan file's JSON is read once, here
+    plan, runtime, replan = launch.plan, launch.runtime, launch.replan
+    if replan is None:
+        raise ValueError("the daemon re-plans (degrade steps, reloads): its launch needs the plan's inputs")
     settings = plan.watch
-    sup = Supervisor(
-        plan,
-        release,
-        vllm_command,
-        numactl,
-        options(plan, tmpfs, runtime, progress=lambda m: log.info("%s", m), min_model_len=min_model_len),
-        replan=replan,  # the memory ladder's steps are re-plans too
-    )
+    sup = supervisor(launch)  # the memory ladder's steps are re-plans too
     gpus = sorted({g for i in plan.instances for g in i.gpus or ()})
     sampler = GpuSampler(gpus if gpus else None)
     if sampler.error and gpus:

@@ -47,3 +47,38 @@ def vllm_version(path: Iterable[str] | None = None) -> tuple[str | None, str | N
 
 def numactl_path() -> str | None:
     return shutil.which("numactl")
+
+
+def command_vllm_version(command: str, timeout: float = 120.0) -> tuple[str | None, str]:
+    """``(version, how)`` of the vLLM that ``command`` (``server.vllm_command``) runs: from the
+    ``site-packages`` of the environment it lives in when it is a virtual environment's script (no
+    process started), else what ``command --version`` prints last (vLLM prints its version; this
+    takes seconds with a real one). ``(None, why)`` when neither says."""
+    import subprocess
+
+    exe = shutil.which(command) or command
+    if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
+        return None, f"{command}: no such executable"
+    env_root = os.path.dirname(os.path.dirname(os.path.abspath(exe)))
+    libs = [os.path.join(env_root, "lib", d, "site-packages") for d in _listdir(os.path.join(env_root, "lib"))]
+    version, dist = vllm_version(libs)
+    if version:
+        return version, f"{dist} {version} in {env_root}"
+    try:
+        out = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{command} --version: {e}"
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    if out.returncode == 0 and re.match(r"^v?\d+\.\d+", last):
+        return last.lstrip("v"), f"{command} --version"
+    return None, f"{command} --version exited {out.returncode} without a version"
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []

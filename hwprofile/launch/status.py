@@ -3,74 +3,84 @@ with the daemon's last published tick; and its text for a person."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from ..runtime.processes import ALIVE, check, identity_of
-from ..supervise.state import LAST_FILE, STATE_FILE, read_state
+from ..runfiles import (
+    DAEMON_FILE,
+    LAST_FILE,
+    STATE_FILE,
+    DaemonDoc,
+    RunFileError,
+    SupervisorDoc,
+    lock_held,
+    read_doc,
+)
+from ..runtime.processes import ALIVE, check
 
 
 def status(runtime: Path) -> dict[str, Any]:
     """What runs, from the state file, trusted only as far as it can be checked: the supervisor is
     running only if its PID still has the recorded start time; otherwise the file is stale (the
     supervisor ended without cleaning up) and every instance it left is ``stale``, with what became of
-    its process. Without a state file, how the last run ended (``last.json``), if there was one."""
-    state = read_state(runtime / STATE_FILE)
+    its process. Without a state file, how the last run ended (``last.json``), if there was one. A
+    state file that cannot be trusted is a :class:`~hwprofile.runfiles.RunFileError` (exit 2)."""
+    try:
+        state = read_doc(runtime / STATE_FILE, SupervisorDoc)
+    except RunFileError as e:
+        if lock_held(runtime):
+            raise RunFileError(f"{e} (a supervisor holds the lock of {runtime}: something runs, but what "
+                               "cannot be said)") from None  # fmt: skip
+        raise
     if state is None:
-        ended = read_state(runtime / LAST_FILE)
+        ended = read_doc(runtime / LAST_FILE, SupervisorDoc)
+        out: dict[str, Any] = {"running": False, "runtime_dir": str(runtime), "instances": []}
+        if lock_held(runtime):
+            out["note"] = f"a supervisor holds the lock of {runtime} but has written no state yet (starting)"
         if ended is None:
-            return {"running": False, "runtime_dir": str(runtime), "instances": []}
-        for inst in ended.get("instances") or []:
+            return out
+        doc = ended.to_json()
+        for inst in doc["instances"]:
             inst["uptime_s"] = None
-        return {**ended, "running": False, "ended": True, "runtime_dir": str(runtime)}
-    sup = identity_of(state.get("supervisor"))
-    verdict = check(sup)
+        return {**doc, **out, "instances": doc["instances"], "ended": True}
+    verdict = check(state.supervisor)
     alive = verdict == ALIVE
     now = time.time()
-    for inst in state.get("instances") or []:
-        proc = identity_of(inst.get("process"))
-        inst["process_check"] = check(proc) if proc else None
+    out = {**state.to_json(), "running": alive, "runtime_dir": str(runtime)}
+    for rec, inst in zip(state.instances, out["instances"], strict=True):
+        inst["process_check"] = check(rec.process) if rec.process else None
         inst["uptime_s"] = (
-            round(now - inst["ready_at"], 1)
-            if alive and inst.get("ready_at") and inst["state"] == "ready"
-            else None
+            round(now - rec.ready_at, 1) if alive and rec.ready_at and rec.state == "ready" else None
         )
-        if not alive and inst["state"] not in ("stopped", "failed"):
+        if not alive and rec.state not in ("stopped", "failed"):
             inst["state"] = "stale"  # the supervisor is gone without recording a stop
-    out = {**state, "running": alive, "runtime_dir": str(runtime)}
     if not alive:
         out["stale"] = True
-        out["stale_reason"] = f"supervisor pid {state.get('supervisor_pid')}: {verdict}"
-    elif (live := _daemon_view(runtime)) is not None:
+        out["stale_reason"] = f"supervisor pid {state.supervisor_pid}: {verdict}"
+    elif (live := _daemon_view(runtime, now)) is not None:
         out["daemon"] = live
         by_name = {i["name"]: i for i in live.get("instances") or []}
-        for inst in out.get("instances") or []:
+        for inst in out["instances"]:
             if inst["name"] in by_name:
                 inst["live"] = by_name[inst["name"]]
     return out
 
 
-def _daemon_view(runtime: Path) -> dict[str, Any] | None:
+def _daemon_view(runtime: Path, now: float) -> dict[str, Any] | None:
     """The daemon's last published tick (``daemon.json``), when a daemon runs this supervisor; a
-    file older than ten ticks is reported as such, not shown as current."""
-    from ..daemon.loop import DAEMON_FILE
-
+    file older than ten ticks is reported as such, not shown as current; one that cannot be
+    trusted is said, not shown."""
     try:
-        doc = json.loads((runtime / DAEMON_FILE).read_text())
-    except (OSError, ValueError):
+        doc = read_doc(runtime / DAEMON_FILE, DaemonDoc)
+    except RunFileError as e:
+        return {"current": False, "age_s": None, "errors": [str(e)]}
+    if doc is None:
         return None
-    if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.daemon/1":
-        return None
-    try:  # the daemon writes both with every tick
-        age = time.time() - float(doc["updated_at"])
-        interval = float(doc["watch"]["interval"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    doc["age_s"] = round(age, 1)
-    doc["current"] = age <= 10 * interval + 5
-    return doc
+    out = doc.to_json()
+    out["age_s"] = round(now - doc.updated_at, 1)
+    out["current"] = doc.current(now)
+    return out
 
 
 def _fmt_gpu(g: dict[str, Any]) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from ..runtime.processes import ALIVE, Identity, check, group_members, identity_of, signal_process, wait_gone
-from ..supervise.state import STATE_FILE, read_state, remove_state
+from ..runfiles import STATE_FILE, SupervisorDoc, read_doc, remove
+from ..runtime.processes import ALIVE, Identity, check, group_members, signal_process, wait_gone
 
 
 def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
@@ -24,15 +24,15 @@ def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
 
 def stop(runtime: Path, timeout: float = 120) -> list[str]:
     """Ask the supervisor to stop (SIGTERM); without one, end the recorded processes. Nothing is
-    signalled unless its PID still has the start time recorded for it."""
-    state = read_state(runtime / STATE_FILE)
+    signalled unless its PID still has the start time recorded for it, and nothing is read from a
+    state file that :func:`hwprofile.runfiles.read_doc` does not trust (exit 2 naming it)."""
+    state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     if state is None:
         return ["nothing to stop"]
     done: list[str] = []
-    pid = state.get("supervisor_pid")
-    sup = identity_of(state.get("supervisor"))
+    pid, sup = state.supervisor_pid, state.supervisor
     verdict = check(sup)
-    if verdict == ALIVE and sup is not None:
+    if verdict == ALIVE:
         signal_process(sup, signal.SIGTERM)
         if wait_gone(sup, timeout):
             done.append(f"supervisor {pid} stopped")
@@ -40,18 +40,17 @@ def stop(runtime: Path, timeout: float = 120) -> list[str]:
             signal_process(sup, signal.SIGKILL)
             wait_gone(sup, 10)
             done.append(f"supervisor {pid} did not stop in {timeout:.0f} s: killed")
-        state = read_state(runtime / STATE_FILE)  # a clean stop removed it
+        state = read_doc(runtime / STATE_FILE, SupervisorDoc)  # a clean stop removed it
         if state is None:
             return done
     else:
         done.append(f"stale state file: supervisor pid {pid}: {verdict}; not signalled")
-    for inst in state.get("instances") or []:
-        ident = identity_of(inst.get("process"))
+    for inst in state.instances:
+        ident = inst.process
         what = check(ident)
         if what == ALIVE and ident is not None:
-            grace = float(inst["stop_grace_s"])  # the supervisor records it for every instance
-            done.append(_end_unsupervised(inst["name"], ident, grace))
+            done.append(_end_unsupervised(inst.name, ident, inst.stop_grace_s))
         elif ident is not None:
-            done.append(f"{inst['name']}: pid {ident.pid}: {what}; not signalled")
-    remove_state(runtime / STATE_FILE)  # everything it names is checked and ended: the file is done
+            done.append(f"{inst.name}: pid {ident.pid}: {what}; not signalled")
+    remove(runtime / STATE_FILE)  # everything it names is checked and ended: the file is done
     return done

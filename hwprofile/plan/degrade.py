@@ -10,25 +10,21 @@ Step ``n`` multiplies ``max_num_seqs`` and ``max_num_batched_tokens`` by the pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ..config.settings import Degrade
-from .types import InstancePlan, as_instance
+from .types import InstancePlan
 
 MIN_SEQS = 1
 MIN_BATCHED_TOKENS = 256
 
 
 def degrade_sets(
-    inst: InstancePlan | Mapping[str, Any], level: int, degrade: Degrade
+    inst: InstancePlan, level: int, degrade: Degrade
 ) -> tuple[list[str], list[str]]:
     """(``--set`` overrides, one reason per override) for degrade step ``level`` of ``inst``
     (the instance of the full plan). Step 0 is the full profile: no overrides."""
     if level <= 0:
         return [], []
-    typed = as_instance(inst)
-    e = typed.engine
+    e = inst.engine
     sets: list[str] = []
     why: list[str] = []
     f_seqs = degrade.max_num_seqs_factor ** level
@@ -43,7 +39,7 @@ def degrade_sets(
         why.append(
             f"max_num_batched_tokens {e.max_num_batched_tokens} -> {tokens} (degrade step {level}: x{f_tok:.3g})"
         )
-    spec = typed.speculative
+    spec = inst.speculative
     cut = degrade.num_speculative_tokens_step * level
     if spec and cut:
         k = int(spec.num_speculative_tokens)

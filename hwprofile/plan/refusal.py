@@ -20,6 +20,11 @@ class PlanRefused(RefusedError):
         self.message = message
         self.suggestions = suggestions
 
+    def report(self) -> list[str]:
+        """How every command prints a refused plan: the reason, then what would work."""
+        more = ["What would work:", *(f"  - {s}" for s in self.suggestions)] if self.suggestions else []
+        return [f"hwprofile: cannot plan: {self.message}", *more]
+
 
 def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: float) -> list[str]:
     """What would fit, for a model whose fit ``f`` (per GPU, at TP ``tp``) fails."""

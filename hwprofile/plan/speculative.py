@@ -15,7 +15,7 @@ from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
 from .refusal import PlanRefused
-from .types import SpeculativeConfig, _freeze
+from .types import InstancePlan, Plan, SpeculativeConfig, _freeze
 
 
 def heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
@@ -232,3 +232,17 @@ def speculative_config(
             ("speculative", "by_batch_size"),
         )
     return SpeculativeConfig(**_freeze(spec))
+
+
+def draft_cost(plan: Plan, inst: InstancePlan) -> float:
+    """What one proposed token costs beside one target step, as a fraction of the target's: a draft
+    model its parameters over the target's, MTP and EAGLE heads about one extra decoder layer of the
+    target's, n-gram matching nothing. The one formula the daemon's k advice, ``watch`` and
+    ``plan --advice-from`` use."""
+    spec = inst.speculative
+    method = spec.method if spec else None
+    if method == "draft_model" and plan.draft and plan.draft.params and plan.model.params:
+        return round(plan.draft.params / plan.model.params, 4)
+    if method in ("mtp", "eagle", "eagle3") and plan.model.layers:
+        return round(1 / plan.model.layers, 4)
+    return 0.0

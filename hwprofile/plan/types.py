@@ -346,17 +346,4 @@ __all__ = [
     "Reason",
     "ServerSettings",
     "SpeculativeConfig",
-    "as_instance",
-    "as_plan",
 ]
-
-
-def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
-    """``plan`` as a :class:`Plan` (a JSON document, such as ``plan --json``'s or a launch file's, is
-    read with :meth:`Plan.from_json`): render, the views and the supervisor take either."""
-    return plan if isinstance(plan, Plan) else Plan.from_json(plan)
-
-
-def as_instance(inst: InstancePlan | Mapping[str, Any]) -> InstancePlan:
-    """``inst`` as an :class:`InstancePlan` (see :func:`as_plan`)."""
-    return inst if isinstance(inst, InstancePlan) else InstancePlan.from_json(inst)

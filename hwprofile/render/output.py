@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import unicodedata
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import jinja2
 
 from ..errors import InputError
 from ..host.snapshot import MAX_DEVICE_MINOR
-from ..plan.types import ABSENT, InstancePlan, Plan, as_instance, as_plan
+from ..plan.types import ABSENT, InstancePlan, Plan
 from .translate import Rendered, flatten
 
 FORMATS = ("argv", "shell", "yaml", "env", "systemd", "json")
@@ -310,8 +309,8 @@ def _context(
 def render(
     r: Rendered,
     fmt: str,
-    plan: Plan | Mapping[str, Any],
-    inst: InstancePlan | Mapping[str, Any],
+    plan: Plan,
+    inst: InstancePlan,
     env_file: str = "/etc/hwprofile/env/{name}.env",
     secret_values: dict[str, str] | None = None,
 ) -> str:
@@ -350,7 +349,7 @@ def render(
     if fmt == "systemd":
         path = systemd_path(path, "--env-file")
     tpl = environment().get_template(names[fmt])
-    text = tpl.render(**_context(r, as_plan(plan), as_instance(inst), path, secret_values or {}))
+    text = tpl.render(**_context(r, plan, inst, path, secret_values or {}))
     if fmt == "yaml":
         _same_yaml(text, r.config())
     return text

@@ -8,10 +8,9 @@ argv list; nothing here builds a shell string, and the API key is carried by ref
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan, as_instance, as_plan
+from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan
 from .versions import Release
 
 Pair = tuple[str, Any]
@@ -67,14 +66,13 @@ def flatten(args: list[Pair]) -> list[str]:
 
 
 def render_instance(
-    plan: Plan | Mapping[str, Any],
-    inst: InstancePlan | Mapping[str, Any],
+    plan: Plan,
+    inst: InstancePlan,
     rel: Release,
     vllm_command: str,
     numactl: str | None,
 ) -> Rendered:
     """``inst`` of ``plan`` as the vLLM release ``rel`` takes it (either typed, or its JSON)."""
-    plan, inst = as_plan(plan), as_instance(inst)
     warnings: list[str] = []
     if rel.note:
         warnings.append(rel.note)

@@ -6,10 +6,10 @@ out, as a settings override the supervisor re-plans with."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
-from ..plan.types import InstancePlan, as_instance
+from ..plan.types import InstancePlan
 
 
 class Failure(NamedTuple):
@@ -150,7 +150,7 @@ def _candidate(rung: str, inst: InstancePlan, min_model_len: int) -> Rung | None
 
 
 def next_rung(
-    inst: InstancePlan | Mapping[str, Any], taken: Sequence[Rung], min_model_len: int
+    inst: InstancePlan, taken: Sequence[Rung], min_model_len: int
 ) -> Rung | None:
     """The next ladder step for ``inst`` (the instance as planned with the steps ``taken`` so far,
     tried or refused) after a memory-like failure, or None at the bottom. Pure: data in, override out.
@@ -161,7 +161,6 @@ def next_rung(
     taken one step at a time, again while it can still go lower; the ladder never climbs back to an
     earlier rung, and an override already taken (one the re-plan did not follow) is not taken again.
     """
-    inst = as_instance(inst)
     tried = {r.set for r in taken}
     start = max((RUNGS.index(r.rung) for r in taken), default=0)
     for rung in RUNGS[start:]:

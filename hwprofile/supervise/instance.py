@@ -14,10 +14,12 @@ import logging
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..plan.types import InstancePlan, Plan, as_instance
-from ..render.translate import Rendered, render_instance
+from ..plan.types import InstancePlan, Plan
+from ..render.translate import Rendered
+from ..runfiles import LOG_FILE, InstanceRecord
 from ..runtime.processes import Identity, identify
 from ..telemetry import http
 from .child import end_group, exited, port_free, short_tmpdir, spawn
@@ -28,7 +30,7 @@ from .logs import RotatingLog, private_dir, pump
 from .verify import compare, parse_startup
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .options import Options
 
 log = logging.getLogger("hwprofile")
 
@@ -36,11 +38,28 @@ log = logging.getLogger("hwprofile")
 class Instance:
     """One planned vLLM instance: its process (one at a time, in its own process group), readiness,
     the startup check against the plan, restarts with backoff, the memory ladder, planned
-    replacement, graceful stop. Runs in its own thread; every state change is saved through its
-    :class:`.supervisor.Supervisor`."""
+    replacement, graceful stop. Runs in its own thread; every state change is reported through ``on_change``
+    (its :class:`.supervisor.Supervisor` saves the state file)."""
 
-    def __init__(self, sup: Supervisor, plan: Plan, inst: InstancePlan) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        plan: Plan,
+        inst: InstancePlan,
+        opts: Options,
+        render: Callable[[Plan, InstancePlan], Rendered],
+        on_change: Callable[[], None],
+        on_done: Callable[[], None],
+        replan: Callable[[list[str]], Plan] | None = None,
+    ) -> None:
+        """``render(plan, inst)``: the instance's argv and environment for the installed release;
+        ``on_change()``: after every change of its state (the supervisor saves its state file);
+        ``on_done()``: once, when its thread ends; ``replan(extra_sets)``: the memory ladder's steps
+        (without it a memory failure is final)."""
+        self.opts = opts
+        self.render = render
+        self.on_change = on_change
+        self.on_done = on_done
+        self.replan = replan
         self.plan = plan
         self.inst = inst  # frozen: a re-plan or a replacement is a new InstancePlan
         self.name = inst.name
@@ -58,10 +77,10 @@ class Instance:
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.argv: list[str] = []
-        base = private_dir(sup.opts.runtime / self.name)
+        base = private_dir(opts.runtime / self.name)
         self.tmp = short_tmpdir(base / "tmp", self.name)
         self.cache = private_dir(base / "cache")
-        self.log = RotatingLog(sup.opts.log_root / self.name, sup.opts.log_max_bytes, sup.opts.log_files)
+        self.log = RotatingLog(opts.log_root / self.name, opts.log_max_bytes, opts.log_files)
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked = threading.Event()
         self._replace_lock = threading.Lock()
@@ -82,42 +101,27 @@ class Instance:
         host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
         return f"http://{host}:{s.port}"
 
-    def snapshot(self) -> dict[str, Any]:
-        inst = self.inst.to_json()  # the state file holds the plan's JSON, as before
-        return {
-            "name": self.name,
-            "state": self.state.value,
-            "pid": self.pid,
-            "pgid": self.pid,
-            "process": self.ident.to_json() if self.ident else None,
-            "url": self.url,
-            "gpus": inst["gpus"],
-            "numa_node": inst.get("numa_node"),
-            "started_at": self.started_at,
-            "ready_at": self.ready_at,
-            "restarts": self.restarts,
-            "ladder": self.ladder,
-            "failure": self.failure,
-            "log_dir": str(self.log.dir),
-            "log_file": str(self.log.path),
-            "stop_grace_s": self._grace(),
-            "log_dropped_lines": self.log.dropped,
-            "log_error": self.log.last_error,
-            "argv": self.argv,
-            "replacements": self.replacements,
-            "engine": inst["engine"],
-            "speculative": inst.get("speculative"),
-            "warnings": self.render_warnings + self.verify_warnings,
-        }
+    def record(self) -> InstanceRecord:
+        """This instance as the state file records it."""
+        return InstanceRecord(
+            name=self.name, state=self.state.value, pid=self.pid, process=self.ident, url=self.url,
+            stop_grace_s=self._grace(), log_dir=str(self.log.dir), log_file=str(self.log.path),
+            restarts=self.restarts, replacements=self.replacements, gpus=tuple(self.inst.gpus or ()),
+            numa_node=self.inst.numa_node, started_at=self.started_at, ready_at=self.ready_at,
+            ladder=tuple(self.ladder), failure=self.failure, log_dropped_lines=self.log.dropped,
+            log_error=self.log.last_error, argv=tuple(self.argv),
+            engine=self.inst.engine.to_json(),
+            speculative=self.inst.speculative.to_json() if self.inst.speculative else None,
+            warnings=tuple(self.render_warnings + self.verify_warnings),
+        )  # fmt: skip
 
     def stop(self) -> None:
         self._stop_asked.set()
 
-    def replace(self, inst: InstancePlan | dict[str, Any]) -> None:
+    def replace(self, inst: InstancePlan) -> None:
         """Restart this instance with ``inst`` (the same instance, re-planned): once it is ready, the
         running process drains (SIGTERM, --shutdown-timeout), is stopped, and the new one starts.
         Not a failure: no backoff, no restart counted. A later call before it is applied wins."""
-        inst = as_instance(inst)
         if inst.name != self.name:
             raise ValueError(f"a plan for {inst.name} cannot replace {self.name}")
         with self._replace_lock:
@@ -138,15 +142,13 @@ class Instance:
     def _changed(self, old: State, new: State) -> None:
         if old != new:
             log.info("%s: %s -> %s", self.name, old, new)
-        self.sup.save()
+        self.on_change()
 
     def _set(self, state: State) -> None:
         self.machine.change(state)
 
     def _render(self) -> Rendered:
-        # server.vllm_command, when set, is the executable: the same one render and --dry-run show
-        command = self.inst.server.vllm_command or self.sup.vllm_command
-        return render_instance(self.plan, self.inst, self.sup.release, command, self.sup.numactl)
+        return self.render(self.plan, self.inst)
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         self.argv = r.argv
@@ -166,16 +168,16 @@ class Instance:
             self._pump.join(5)
 
     def _grace(self) -> float:
-        return float(self.inst.server.shutdown_timeout or 0) + self.sup.opts.stop_margin
+        return float(self.inst.server.shutdown_timeout or 0) + self.opts.stop_margin
 
     def _note_dropped(self) -> None:
         if self.log.dropped != self._saved_dropped:
             self._saved_dropped = self.log.dropped
-            self.sup.save()
+            self.on_change()
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> str:
         """'ready', 'exited', 'stopping' or 'timeout'."""
-        deadline = time.monotonic() + self.sup.opts.ready_timeout
+        deadline = time.monotonic() + self.opts.ready_timeout
         last_note = 0.0
         while True:
             if self._stop_asked.is_set():
@@ -187,14 +189,14 @@ class Instance:
             now = time.monotonic()
             if now > deadline:
                 return "timeout"
-            if self.sup.opts.progress and now - last_note >= 5:
+            if self.opts.progress and now - last_note >= 5:
                 last_note = now
                 elapsed = time.time() - (self.started_at or time.time())
-                self.sup.opts.progress(
+                self.opts.progress(
                     f"{self.name}: starting, {elapsed:.0f} s | {self.log.last_line()[-160:]}"
                 )
             self._note_dropped()
-            self._stop_asked.wait(self.sup.opts.poll_interval)
+            self._stop_asked.wait(self.opts.poll_interval)
 
     def _main(self) -> None:
         try:
@@ -202,14 +204,14 @@ class Instance:
         except BaseException as e:  # whatever breaks, the instance must not look alive
             self._crashed(e)
         finally:
-            self.sup._instance_done()
+            self.on_done()
 
     def _crashed(self, e: BaseException) -> None:
         log.error("%s: the supervisor thread broke: %s: %s", self.name, type(e).__name__, e, exc_info=e)
         self.failure = {
             "kind": "supervisor error",
             "evidence": f"{type(e).__name__}: {e}"[:300],
-            "fix": f"a fault in hwprofile itself: see {self.sup.opts.runtime / 'hwprofile.log'}",
+            "fix": f"a fault in hwprofile itself: see {self.opts.runtime / LOG_FILE}",
         }
         proc = self.proc
         if proc is not None and proc.returncode is None:
@@ -226,13 +228,13 @@ class Instance:
 
     # -- the memory ladder --------------------------------------------------------------------
     def _min_model_len(self) -> int:
-        known = self.sup.opts.min_model_len  # the plan's engine section has no min_model_len
+        known = self.opts.min_model_len  # the plan's engine section has no min_model_len
         return int(known) if known else MIN_CONTEXT
 
     def _ladder_step(self) -> tuple[Rung, Plan, InstancePlan] | str:
         """The next ladder step, re-planned (:func:`.ladder.replan_step`), or what to do instead."""
         return replan_step(
-            self.name, self.inst, self._taken, self._refused, self._min_model_len(), self.sup.replan
+            self.name, self.inst, self._taken, self._refused, self._min_model_len(), self.replan
         )
 
     def _take_step(self, step: Rung, plan: Plan, new: InstancePlan, because: str) -> None:
@@ -246,7 +248,7 @@ class Instance:
         self.log.mark(f"ladder: {change} (--set {step.set})")
 
     def _run(self) -> None:
-        backoff = self.sup.opts.backoff_initial
+        backoff = self.opts.backoff_initial
         while not self._stop_asked.is_set():
             step: tuple[Rung, Plan, InstancePlan] | None = None  # a ladder step, re-planned
             because = ""  # the failure that step answers
@@ -283,12 +285,12 @@ class Instance:
                 self.verify_warnings = compare(self.inst, parse_startup(self.log.text_since(since)))
                 for w in self.verify_warnings:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
-                backoff = self.sup.opts.backoff_initial
+                backoff = self.opts.backoff_initial
                 self._set(State.READY)
                 while (
                     not exited(proc)
                     and not self._replace_asked.is_set()
-                    and not self._stop_asked.wait(self.sup.opts.poll_interval)
+                    and not self._stop_asked.wait(self.opts.poll_interval)
                 ):
                     self._note_dropped()
                 if self._stop_asked.is_set():
@@ -317,7 +319,7 @@ class Instance:
                 evidence = self.log.last_line()[-300:]  # before the stop adds its own lines
                 self._end(proc, 10)
                 self.failure = {"kind": "readiness timeout", "evidence": evidence}
-                log.error("%s: not ready after %.0f s", self.name, self.sup.opts.ready_timeout)
+                log.error("%s: not ready after %.0f s", self.name, self.opts.ready_timeout)
             else:  # exited during start-up
                 self._end(proc, 0)
                 f: Failure = classify(self.log.text_since(since))
@@ -336,10 +338,10 @@ class Instance:
                     return
             # A ladder step is a restart too: it counts toward max_restarts and waits the backoff.
             self.restarts += 1
-            if self.restarts > self.sup.opts.max_restarts:
+            if self.restarts > self.opts.max_restarts:
                 self.failure = {
                     **(self.failure or {}),
-                    "fix": f"gave up after {self.sup.opts.max_restarts} restarts"
+                    "fix": f"gave up after {self.opts.max_restarts} restarts"
                     + (f" (the next ladder step would have been --set {step[0].set})" if step else ""),
                 }
                 self._set(State.FAILED)
@@ -350,7 +352,7 @@ class Instance:
             log.warning("%s: restart %d in %.0f s", self.name, self.restarts, backoff)
             if self._stop_asked.wait(backoff):
                 break
-            backoff = min(backoff * 2, self.sup.opts.backoff_max)
+            backoff = min(backoff * 2, self.opts.backoff_max)
         if self.state != State.STOPPING:
             self._stopping(None)
         self._set(State.STOPPED)

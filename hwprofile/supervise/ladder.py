@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
-from ..plan.types import InstancePlan, Plan, as_plan
+from ..plan.types import InstancePlan, Plan
 from .failures import Rung, ladder_sets, next_rung
 
 log = logging.getLogger("hwprofile")
@@ -23,7 +22,7 @@ def replan_step(
     taken: list[Rung],
     refused: list[Rung],
     min_model_len: int,
-    replan: Callable[[list[str]], dict[str, Any]] | None,
+    replan: Callable[[list[str]], Plan] | None,
 ) -> tuple[Rung, Plan, InstancePlan] | str:
     """The next ladder step for instance ``name`` (planned as ``inst``, after the steps ``taken``),
     re-planned: (step, the new plan, this instance in it); or, when there is none, what to do
@@ -36,7 +35,7 @@ def replan_step(
             return f"the next ladder step is --set {step.set}; this supervisor cannot re-plan: launch again with it"
         sets = ladder_sets([*taken, step])
         try:
-            plan = as_plan(replan(sets))
+            plan = replan(sets)
         except Exception as e:  # a refused re-plan: this step cannot be taken
             why = f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
         else:

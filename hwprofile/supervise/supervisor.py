@@ -3,11 +3,10 @@ and thread each), the runtime directory's lock and the state file that mirrors e
 
 Trust: the supervisor holds ``<runtime>/supervisor.lock`` for its whole life (a second supervisor is
 refused), records each process as PID plus start time, and removes ``state.json`` when it ends
-cleanly, leaving ``last.json``. How one instance is run, restarted and stopped is
-:mod:`.instance` (its process: :mod:`.child`; its memory ladder: :mod:`.ladder`).
-
-This module is the supervisor's public face: ``Supervisor``, ``Options``, and, from the modules
-above, ``Instance``, ``port_free``, ``short_tmpdir``, ``die_with_parent``, ``MAX_TMPDIR``."""
+cleanly, leaving ``last.json`` (both :mod:`hwprofile.runfiles` documents). How one instance is run,
+restarted and stopped is :mod:`.instance` (its process: :mod:`.child`; its memory ladder:
+:mod:`.ladder`). A supervisor is built in one place only: :func:`hwprofile.launch.start.supervisor`,
+after the checks every start passes."""
 
 from __future__ import annotations
 
@@ -16,68 +15,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..plan.types import Plan, as_plan
+from ..plan.types import InstancePlan, Plan
+from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
+from ..runfiles import LAST_FILE, STATE_FILE, RuntimeLock, SupervisorDoc, remove, write_doc
 from ..runtime.processes import identify
-from .child import MAX_TMPDIR, die_with_parent, port_free, short_tmpdir
 from .instance import Instance
 from .lifecycle import TERMINAL, State
 from .logs import private_dir
-from .state import LAST_FILE, STATE_FILE, RuntimeLock, remove_state, write_state
-
-__all__ = [
-    "MAX_TMPDIR",
-    "Instance",
-    "Options",
-    "Supervisor",
-    "die_with_parent",
-    "port_free",
-    "short_tmpdir",
-]
-
-if TYPE_CHECKING:
-    from ..config.settings import Logs, Supervise
+from .options import Options
 
 log = logging.getLogger("hwprofile")
-
-
-class Options(NamedTuple):
-    """What the supervisor needs beyond the plan: the paths the caller decided, and the plan's
-    ``supervise`` and ``logs`` settings, read in one place (:meth:`from_settings`). No setting has a
-    default here: its default is its declaration's (:mod:`hwprofile.config.run_sections`)."""
-
-    runtime: Path
-    log_root: Path
-    log_max_bytes: int
-    log_files: int
-    ready_timeout: float
-    max_restarts: int
-    backoff_initial: float
-    backoff_max: float
-    progress: Callable[[str], None] | None = None
-    poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
-    stop_margin: float = 10.0  # seconds beyond server.shutdown_timeout before SIGKILL (not a setting)
-    min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
-
-    @classmethod
-    def from_settings(
-        cls, supervise: Supervise, logs: Logs, runtime: Path, log_root: Path, **rest: Any
-    ) -> Options:
-        """The options for ``supervise`` and ``logs`` (a plan's sections); ``rest``: the other fields."""
-        return cls(
-            runtime=runtime,
-            log_root=log_root,
-            log_max_bytes=logs.max_bytes,
-            log_files=logs.files,
-            ready_timeout=supervise.ready_timeout,
-            max_restarts=supervise.max_restarts,
-            backoff_initial=supervise.backoff_initial,
-            backoff_max=supervise.backoff_max,
-            **rest,
-        )
 
 
 class Supervisor:
@@ -87,17 +36,16 @@ class Supervisor:
 
     def __init__(
         self,
-        plan: Plan | dict[str, Any],
+        plan: Plan,
         release: Release,
         vllm_command: str,
         numactl: str | None,
         opts: Options,
-        replan: Callable[[list[str]], dict[str, Any]] | None = None,
+        replan: Callable[[list[str]], Plan] | None = None,
     ) -> None:
         """``replan(extra_sets)`` plans again from the inputs of ``plan`` with more ``--set``
-        overrides: the memory ladder's steps go through it. Without it a memory failure is final.
-        ``plan`` is a :class:`Plan` or its JSON (``pipeline.make_plan``'s), read once here."""
-        self.plan = plan = as_plan(plan)
+        overrides: the memory ladder's steps go through it. Without it a memory failure is final."""
+        self.plan = plan
         self.replan = replan
         self.release = release
         self.vllm_command = vllm_command
@@ -111,29 +59,38 @@ class Supervisor:
         private_dir(opts.runtime)
         self.runtime_lock = RuntimeLock(opts.runtime)
         self.runtime_lock.acquire()
-        self.ident = identify(os.getpid())
-        remove_state(opts.runtime / LAST_FILE)
+        ident = identify(os.getpid())
+        assert ident is not None  # this process exists
+        self.ident = ident
+        remove(opts.runtime / LAST_FILE)
         private_dir(opts.log_root)
-        self.instances = [Instance(self, plan, i) for i in plan.instances]
+        self.instances = [
+            Instance(plan, i, opts, self.render, self.save, self._instance_done, replan) for i in plan.instances
+        ]
         self._running = 0
 
-    def _document(self) -> dict[str, Any]:
-        return {
-            "supervisor_pid": os.getpid(),
-            "supervisor": self.ident.to_json() if self.ident else None,
-            "started_at": self.started_at,
-            "profile": self.plan.profile,
-            "model": self.plan.model.path or self.plan.model.name,
-            "vllm_version": self.release.target,
-            "instances": [i.snapshot() for i in self.instances],
-        }
+    def render(self, plan: Plan, inst: InstancePlan) -> Rendered:
+        """``inst`` of ``plan`` rendered for this supervisor's release: ``server.vllm_command``, when
+        set, is the executable (the same one render and ``--dry-run`` show), else ours."""
+        command = inst.server.vllm_command or self.vllm_command
+        return render_instance(plan, inst, self.release, command, self.numactl)
+
+    def document(self) -> SupervisorDoc:
+        return SupervisorDoc(
+            supervisor=self.ident,
+            instances=tuple(i.record() for i in self.instances),
+            started_at=self.started_at,
+            profile=self.plan.profile,
+            model=self.plan.model.path or self.plan.model.name,
+            vllm_version=self.release.target,
+        )
 
     def save(self) -> None:
         with self._lock:
             if self._closed:
                 return
             try:
-                write_state(self.state_path, self._document())
+                write_doc(self.state_path, self.document())
                 self._save_failed = False
             except OSError as e:  # a full disk must not stop supervision; say so once
                 if not self._save_failed:
@@ -168,15 +125,11 @@ class Supervisor:
             if self._running > 0:
                 return  # still supervising: the last instance to end closes
             self._closed = True
-            doc = self._document()
-            doc["ended_at"] = time.time()
-            for inst in doc["instances"]:
-                inst["process"] = None
             try:
-                write_state(self.opts.runtime / LAST_FILE, doc)
+                write_doc(self.opts.runtime / LAST_FILE, self.document().ended(time.time()))
             except OSError as e:
                 log.error("cannot write %s: %s", self.opts.runtime / LAST_FILE, e)
-            remove_state(self.state_path)
+            remove(self.state_path)
             self.runtime_lock.release()
 
     def wait(self, timeout: float | None = None) -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from ..plan.memory import vllm_reported_kv_tokens
-from ..plan.types import ABSENT, InstancePlan, as_instance
+from ..plan.types import ABSENT, InstancePlan
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _KV = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -43,9 +42,8 @@ def parse_startup(log_text: str) -> dict[str, Any]:
     return out
 
 
-def compare(inst: InstancePlan | Mapping[str, Any], started: dict[str, Any]) -> list[str]:
+def compare(inst: InstancePlan, started: dict[str, Any]) -> list[str]:
     """Differences between the planned instance and what vLLM reports, each with both values."""
-    inst = as_instance(inst)
     warnings: list[str] = []
     args = started.get("non_default_args") or {}
     e = inst.engine

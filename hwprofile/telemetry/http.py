@@ -35,11 +35,6 @@ def healthy(base_url: str, timeout: float = 2.0) -> bool:
     return got is not None and got[0] == 200
 
 
-def metrics_text(base_url: str, timeout: float = 5.0) -> str | None:
-    got = get(base_url + "/metrics", timeout)
-    return got[1].decode("utf-8", "replace") if got and got[0] == 200 else None
-
-
 def post_json(url: str, body: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
     """POST ``body`` as JSON to ``url`` without any proxy and return the JSON reply (an HTTP error
     raises ``urllib.error.HTTPError``, nothing answering ``URLError``/``OSError``)."""

@@ -8,5 +8,5 @@
 - :mod:`.report`: the ``hwprofile.verify/1`` JSON document and its text form (pure).
 
 Serving the two plans one after the other is the command's job (``hwprofile/cli/verify.py``, through
-:func:`hwprofile.supervise.session.serving`).
+:func:`hwprofile.launch.start.serving`).
 """

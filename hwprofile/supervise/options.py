@@ -1,0 +1,47 @@
+"""What a supervisor and its instances need beyond the plan (:class:`Options`): the paths the caller
+decided and the plan's ``supervise`` and ``logs`` settings, read in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from ..config.settings import Logs, Supervise
+
+
+class Options(NamedTuple):
+    """What the supervisor needs beyond the plan: the paths the caller decided, and the plan's
+    ``supervise`` and ``logs`` settings, read in one place (:meth:`from_settings`). No setting has a
+    default here: its default is its declaration's (:mod:`hwprofile.config.run_sections`)."""
+
+    runtime: Path
+    log_root: Path
+    log_max_bytes: int
+    log_files: int
+    ready_timeout: float
+    max_restarts: int
+    backoff_initial: float
+    backoff_max: float
+    progress: Callable[[str], None] | None = None
+    poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
+    stop_margin: float = 10.0  # seconds beyond server.shutdown_timeout before SIGKILL (not a setting)
+    min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
+
+    @classmethod
+    def from_settings(
+        cls, supervise: Supervise, logs: Logs, runtime: Path, log_root: Path, **rest: Any
+    ) -> Options:
+        """The options for ``supervise`` and ``logs`` (a plan's sections); ``rest``: the other fields."""
+        return cls(
+            runtime=runtime,
+            log_root=log_root,
+            log_max_bytes=logs.max_bytes,
+            log_files=logs.files,
+            ready_timeout=supervise.ready_timeout,
+            max_restarts=supervise.max_restarts,
+            backoff_initial=supervise.backoff_initial,
+            backoff_max=supervise.backoff_max,
+            **rest,
+        )
