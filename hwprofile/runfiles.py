@@ -378,19 +378,19 @@ def remove(path: Path) -> None:
 
 def json_schema(kind: type) -> dict[str, Any]:
     """The contract of ``kind`` as JSON Schema (draft 2020-12): what ``schemas/`` holds (a test
-    keeps the files equal to this)."""
+    keeps the files equal to this). Regenerate them with ``python -m hwprofile.runfiles``."""
     table, schema = _CONTRACTS[kind]
     name = schema.replace("/", "-")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://github.com/hwprofile/hwprofile/schemas/{name}.schema.json",
         "title": f"hwprofile run-time file ({schema})",
+        **table.schema(),
         "description": (
             f"{table.doc}. Read by hwprofile only from a directory and a file of the reading user's own, "
             f"not through a link, at most {MAX_BYTES} bytes, strict JSON (no NaN, Infinity or duplicate "
             "keys). Keys not listed here are ignored."
         ),
-        **table.schema(),
     }
 
 
@@ -421,3 +421,13 @@ def already_message(runtime: Path) -> str:
     except RunFileError as e:
         who = f" (its state file cannot be read: {e})"
     return f"hwprofile is already supervising in {runtime}{who}: `hwprofile stop` first, or use another --runtime-dir"
+
+
+if __name__ == "__main__":  # python -m hwprofile.runfiles: write schemas/hwprofile.{state,launch,daemon}-1.schema.json
+    import sys
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas")
+    for doc_kind, (_, doc_schema) in _CONTRACTS.items():
+        target = out / f"{doc_schema.replace('/', '-')}.schema.json"
+        target.write_text(json.dumps(json_schema(doc_kind), indent=2, ensure_ascii=False) + "\n")
+        print(target)
