@@ -1,6 +1,6 @@
 """sd_notify for ``hwprofile daemon``, on an AF_UNIX datagram socket the test creates (a path and an
-abstract ``@`` name), through both paths: systemd-python's ``systemd.daemon.notify`` (skipped where it
-is not installed) and the protocol spoken by hwprofile itself. End to end with the fake vLLM: READY=1
+abstract ``@`` name), spoken by hwprofile itself (the one implementation: no systemd-python). End to
+end with the fake vLLM: READY=1
 only once both instances answer /health, STATUS= lines, WATCHDOG=1 paced by WATCHDOG_USEC,
 RELOADING=1 (MONOTONIC_USEC) then READY=1 on SIGHUP, STOPPING=1 on SIGTERM, and no vLLM child sees
 NOTIFY_SOCKET or WATCHDOG_*."""
@@ -23,14 +23,6 @@ import pytest
 from test_daemon_fast import daemon_doc, daemon_env, starts_of, wait_for  # noqa: F401 (fixture)
 
 from hwprofile.daemon.notify import Notifier, send_datagram
-
-try:
-    from systemd import daemon as _sd  # type: ignore[import-not-found]
-
-    HAVE_LIB = hasattr(_sd, "notify")
-except ImportError:
-    HAVE_LIB = False
-
 
 class Listener:
     """A bound SOCK_DGRAM socket; datagrams collected with their arrival time on a thread."""
@@ -85,7 +77,7 @@ def listener():
 @pytest.mark.parametrize("abstract", [False, True])
 def test_builtin_protocol_sends_one_datagram_per_message(listener, abstract) -> None:
     lis = listener(abstract)
-    n = Notifier(lis.address, library=None)
+    n = Notifier(lis.address)
     assert n.ready("2/2 ready") and n.status("2/2 ready · GPU2 hot 84 °C")
     assert not n.status("2/2 ready · GPU2 hot 84 °C")  # unchanged: not sent again
     assert n.reloading() and n.stopping()
@@ -106,7 +98,7 @@ def test_outside_systemd_everything_is_a_no_op() -> None:
 
 
 def test_a_failed_send_is_logged_not_raised(caplog) -> None:
-    n = Notifier("/nonexistent/hwprofile-notify.sock", library=None)
+    n = Notifier("/nonexistent/hwprofile-notify.sock")
     assert n.ready() is False and n.ready() is False
     assert sum("sd_notify" in r.message for r in caplog.records) == 1  # once per kind of failure
     with pytest.raises(OSError):
@@ -117,7 +109,7 @@ def test_watchdog_pacing_and_pid(listener) -> None:
     lis = listener()
     now = [100.0]
     env = {"NOTIFY_SOCKET": lis.address, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": str(os.getpid())}
-    n = Notifier.from_environ(env, use_library=False, clock=lambda: now[0])
+    n = Notifier.from_environ(env, clock=lambda: now[0])
     assert env == {}  # read, then removed: no child inherits them
     sent = []
     for _ in range(10):  # ticks 0.25 s apart over 2.5 s: a ping at most every 1 s (half of 2 s)
@@ -125,32 +117,26 @@ def test_watchdog_pacing_and_pid(listener) -> None:
         now[0] += 0.25
     assert sent == [True, False, False, False, True, False, False, False, True, False]
     other = Notifier.from_environ(
-        {"NOTIFY_SOCKET": lis.address, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}, use_library=False
+        {"NOTIFY_SOCKET": lis.address, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}
     )
     assert other.watchdog_usec is None and not other.watchdog()  # the watchdog is not ours
     wait_for(lambda: len(lis.having("WATCHDOG")) == 3, "3 pings", 5)
 
 
-@pytest.mark.skipif(not HAVE_LIB, reason="systemd-python is not installed (pip install 'hwprofile[systemd]')")
-def test_systemd_python_path_keeps_os_environ_clean(listener, monkeypatch) -> None:
+def test_os_environ_is_clean_after_reading_the_socket(listener, monkeypatch) -> None:
     lis = listener()
     monkeypatch.setenv("NOTIFY_SOCKET", lis.address)
     monkeypatch.setenv("WATCHDOG_USEC", "1000000")
-    try:
-        n = Notifier.from_environ()
-        assert n.library is not None
-        assert "NOTIFY_SOCKET" not in os.environ and "WATCHDOG_USEC" not in os.environ
-        assert n.ready("via libsystemd") and n.watchdog()
-        wait_for(lambda: len(lis.got) == 2, "2 datagrams", 5)
-        assert lis.got[0][1]["STATUS"] == "via libsystemd" and lis.got[1][1] == {"WATCHDOG": "1"}
-        # what a child gets: an environment built from os.environ, without the socket
-        out = subprocess.run(
-            [sys.executable, "-c", "import os; print(os.environ.get('NOTIFY_SOCKET'))"],
-            env=dict(os.environ), capture_output=True, text=True,
-        )  # fmt: skip
-        assert out.stdout.strip() == "None"
-    finally:
-        os.unsetenv("NOTIFY_SOCKET")
+    n = Notifier.from_environ()
+    assert "NOTIFY_SOCKET" not in os.environ and "WATCHDOG_USEC" not in os.environ
+    assert n.ready("up") and n.watchdog()
+    wait_for(lambda: len(lis.got) == 2, "2 datagrams", 5)
+    assert lis.got[0][1]["STATUS"] == "up" and lis.got[1][1] == {"WATCHDOG": "1"}
+    out = subprocess.run(  # what a child gets: an environment built from os.environ, without the socket
+        [sys.executable, "-c", "import os; print(os.environ.get('NOTIFY_SOCKET'))"],
+        env=dict(os.environ), capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "None"
 
 
 def _health(port: int) -> bool:
@@ -161,25 +147,11 @@ def _health(port: int) -> bool:
         return False
 
 
-PATHS = [
-    "builtin",
-    pytest.param("systemd-python", marks=pytest.mark.skipif(not HAVE_LIB, reason="no systemd-python")),
-]
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_daemon_notifies_systemd(daemon_env, listener, tmp_path, path) -> None:  # noqa: F811
+@pytest.mark.parametrize("abstract", [True, False], ids=["abstract-socket", "path-socket"])
+def test_daemon_notifies_systemd(daemon_env, listener, abstract) -> None:  # noqa: F811
     e = daemon_env
-    lis = listener(abstract=path == "builtin")
+    lis = listener(abstract=abstract)
     env = {**e["env"], "NOTIFY_SOCKET": lis.address, "WATCHDOG_USEC": "600000", "FAKEVLLM_READY_DELAY": "1.5"}
-    if (
-        path == "builtin"
-    ):  # a `systemd` package without notify shadows systemd-python: hwprofile speaks itself
-        shadow = tmp_path / "shadow" / "systemd"
-        shadow.mkdir(parents=True)
-        (shadow / "__init__.py").write_text("")
-        (shadow / "daemon.py").write_text("")
-        env["PYTHONPATH"] = str(shadow.parent)
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in e["sets"]]],
@@ -253,7 +225,7 @@ def test_journal_handler_sends_fields_over_the_native_protocol(tmp_path) -> None
     sock.bind(path)
     sock.settimeout(5)
     try:
-        h = JournalHandler(path, library=None)
+        h = JournalHandler(path)
         logger = logging.getLogger("hwprofile.test-journal")
         logger.addHandler(h)
         logger.propagate = False

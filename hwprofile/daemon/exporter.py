@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..supervise.lifecycle import State
 from .policy import LEVELS
 
-STATES = ("starting", "ready", "restarting", "draining", "stopping", "failed", "stopped")
+STATES = tuple(s.value for s in State)  # the instance state machine's own states, no other
 
 
 class Published:

@@ -4,9 +4,10 @@ record over journald's native protocol, so ``journalctl -u hwprofile PRIORITY=3`
 work. Fields: MESSAGE, PRIORITY (syslog level), SYSLOG_IDENTIFIER=hwprofile, LOGGER, CODE_FILE,
 CODE_LINE, CODE_FUNC, and every UPPERCASE attribute a record carries (``extra={"INSTANCE": name}``).
 
-systemd-python's ``systemd.journal.send`` is used when it imports; else one datagram per record is
-written here to ``/run/systemd/journal/socket`` (values with a newline in the binary form of
-``sd_journal_sendv``). A failed send falls back to stderr for that record, never raises.
+One datagram per record to ``/run/systemd/journal/socket``, in journald's native protocol
+(documented as stable: systemd.io/JOURNAL_NATIVE_PROTOCOL; values with a newline in its binary
+form), spoken here with the standard library as sd_notify is (:mod:`.notify`). A failed send falls
+back to stderr for that record, never raises.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
@@ -50,19 +51,10 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None) -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-def _library() -> Callable[..., Any] | None:
-    try:
-        from systemd import journal  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return getattr(journal, "send", None)
-
-
 class JournalHandler(logging.Handler):
-    def __init__(self, address: str = JOURNAL_SOCKET, library: Callable[..., Any] | None = None) -> None:
+    def __init__(self, address: str = JOURNAL_SOCKET) -> None:
         super().__init__()
         self.address = address
-        self.library = library
         self.sock: socket.socket | None = None
 
     def fields(self, record: logging.LogRecord) -> dict[str, Any]:
@@ -83,10 +75,6 @@ class JournalHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             f = self.fields(record)
-            if self.library is not None:
-                msg = f.pop("MESSAGE")
-                self.library(msg, **{k: str(v) for k, v in f.items()})
-                return
             if self.sock is None:
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
             self.sock.sendto(encode(f), self.address)
@@ -108,7 +96,7 @@ def attach(logger: logging.Logger | None = None, environ: Mapping[str, str] | No
     if not stderr_is_journal(environ):
         return False
     logger = logger or logging.getLogger("hwprofile")
-    handler = JournalHandler(library=_library())
+    handler = JournalHandler()
     olds = [
         h
         for h in logger.handlers

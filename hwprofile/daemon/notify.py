@@ -2,16 +2,16 @@
 STOPPING=1 and WATCHDOG=1, all sent from the loop thread.
 
 The protocol is one datagram of ``KEY=VALUE`` lines to the AF_UNIX socket named by
-``$NOTIFY_SOCKET`` (a leading ``@`` is the abstract namespace). systemd-python's
-``systemd.daemon.notify`` is used when it imports, else the datagram is sent here; both paths are
-tested against a socket the test creates. Outside systemd (no ``$NOTIFY_SOCKET``) every call is a
-no-op. A failed notification is logged once per kind of failure, never raised.
+``$NOTIFY_SOCKET`` (a leading ``@`` is the abstract namespace), which sd_notify(3) documents as a
+stable interface; it is spoken here, with the standard library, so the unit works without a
+compiled extra (systemd-python has no wheels: it needs a compiler, ``libsystemd-dev`` and
+``pkg-config``). Tested against a socket the test creates and against a real ``systemd --user``
+manager. Outside systemd (no ``$NOTIFY_SOCKET``) every call is a no-op. A failed notification is
+logged once per kind of failure, never raised.
 
 vLLM must not inherit ``NOTIFY_SOCKET`` or ``WATCHDOG_*`` (it would then speak for the unit):
 :meth:`Notifier.from_environ` removes them from ``os.environ`` — the mapping the supervisor copies
-into every child's environment. For systemd-python, whose libsystemd reads the C environment at
-each call, ``NOTIFY_SOCKET`` is put back into the C environment only (``os.putenv`` does not touch
-``os.environ``); children get an explicit environment built from ``os.environ``, so they never see it.
+into every child's environment.
 """
 
 from __future__ import annotations
@@ -27,14 +27,6 @@ log = logging.getLogger("hwprofile")
 ENV_KEYS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
-def _library() -> Callable[..., Any] | None:
-    try:
-        from systemd import daemon as sd_daemon  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return getattr(sd_daemon, "notify", None)
-
-
 def send_datagram(address: str, message: str) -> None:
     """One sd_notify datagram to ``address`` (``@name`` = abstract socket). Raises OSError."""
     if not address or address[0] not in "/@":
@@ -45,19 +37,17 @@ def send_datagram(address: str, message: str) -> None:
 
 
 class Notifier:
-    """What the daemon tells systemd. ``library`` is systemd-python's ``notify`` (or ``None`` for the
-    datagram written here); ``clock`` is the loop's monotonic clock, for the watchdog's pacing."""
+    """What the daemon tells systemd; ``clock`` is the loop's monotonic clock, for the watchdog's
+    pacing."""
 
     def __init__(
         self,
         socket_path: str | None,
         watchdog_usec: int | None = None,
-        library: Callable[..., Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.socket_path = socket_path or None
         self.watchdog_usec = watchdog_usec if socket_path else None
-        self.library = library
         self.clock = clock
         self.last_ping: float | None = None
         self.last_status: str | None = None
@@ -68,7 +58,6 @@ class Notifier:
     def from_environ(
         cls,
         environ: MutableMapping[str, str] | None = None,
-        use_library: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> Notifier:
         """Read NOTIFY_SOCKET and WATCHDOG_USEC/WATCHDOG_PID (sd_watchdog_enabled(3): the watchdog
@@ -79,10 +68,7 @@ class Notifier:
         usec = _watchdog_usec(env)
         for k in ENV_KEYS:
             env.pop(k, None)
-        library = _library() if use_library and path else None
-        if library is not None and environ is None and path:
-            os.putenv("NOTIFY_SOCKET", path)  # libsystemd reads the C environment; os.environ stays clean
-        return cls(path, usec, library, clock)
+        return cls(path, usec, clock)
 
     @property
     def enabled(self) -> bool:
@@ -95,13 +81,7 @@ class Notifier:
             return False
         message = "\n".join(f"{k.upper()}={_one_line(v)}" for k, v in fields.items())
         try:
-            if self.library is not None:
-                if not self.library(message):
-                    raise OSError(
-                        "systemd.daemon.notify returned False (no NOTIFY_SOCKET in the C environment)"
-                    )
-            else:
-                send_datagram(self.socket_path, message)
+            send_datagram(self.socket_path, message)
         except OSError as e:
             kind = f"{type(e).__name__}:{getattr(e, 'errno', '')}"
             if kind not in self.failures:
