@@ -22,10 +22,13 @@ import pytest
 from test_daemon_fast import FAKE, daemon_env, starts_of, wait_for  # noqa: F401 (fixture)
 
 SYSTEMD = "/lib/systemd/systemd"
-pytestmark = pytest.mark.skipif(
-    not (os.path.exists(SYSTEMD) and shutil.which("systemctl") and shutil.which("unshare")),
-    reason="needs systemd (the manager binary), systemctl and unshare",
-)
+pytestmark = [
+    pytest.mark.slow,  # a real systemd manager: what only the real thing can show
+    pytest.mark.skipif(
+        not (os.path.exists(SYSTEMD) and shutil.which("systemctl") and shutil.which("unshare")),
+        reason="needs systemd (the manager binary), systemctl and unshare",
+    ),
+]
 
 
 def _health(port: int) -> bool:

@@ -24,9 +24,9 @@ class Options(NamedTuple):
     max_restarts: int
     backoff_initial: float
     backoff_max: float
+    stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
-    stop_margin: float = 10.0  # seconds beyond server.shutdown_timeout before SIGKILL (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
 
     @classmethod
@@ -43,5 +43,6 @@ class Options(NamedTuple):
             max_restarts=supervise.max_restarts,
             backoff_initial=supervise.backoff_initial,
             backoff_max=supervise.backoff_max,
+            stop_margin=supervise.stop_margin,
             **rest,
         )
