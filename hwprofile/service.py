@@ -157,8 +157,14 @@ def render_unit(
     stop_timeout: int | None = None,
     run_as: str | None = None,
     origin: str = "",
+    drain: tuple[float, float] | None = None,
 ) -> str:
-    shutdown = shutdown_of(daemon_args)
+    """The unit; ``drain``, the resolved ``(server.shutdown_timeout, supervise.stop_margin)``, sets
+    TimeoutStopSec, else the shutdown timeout on the daemon's ``--set`` and the default margin. The
+    daemon also asks systemd for the time its running plan's drain needs when it stops
+    (EXTEND_TIMEOUT_USEC): an override changed after the unit was written is covered too."""
+    shutdown, margin = drain if drain is not None else (shutdown_of(daemon_args), STOP_MARGIN_S)
+    shutdown, margin = int(-(-shutdown // 1)), int(-(-margin // 1))
     argv = [*(command or hwprofile_command()), "daemon", *daemon_args]
     if user:
         user_lines = ""  # a user manager runs it as that user
@@ -170,9 +176,9 @@ def render_unit(
         origin=origin,
         exec_start=" ".join(systemd_quote(a, "an argument of the daemon") for a in argv),
         shutdown=shutdown,
-        margin=STOP_MARGIN_S,
+        margin=margin,
         slack=STOP_SLACK_S,
-        stop_timeout=stop_timeout if stop_timeout is not None else shutdown + STOP_MARGIN_S + STOP_SLACK_S,
+        stop_timeout=stop_timeout if stop_timeout is not None else shutdown + margin + STOP_SLACK_S,
         config_root="%E/hwprofile",  # /etc/hwprofile for the system manager, ~/.config/hwprofile for a user's
         user_lines=user_lines,
         wanted_by="default.target" if user else "multi-user.target",
@@ -197,6 +203,7 @@ def install(
     user: bool = False,
     stop_timeout: int | None = None,
     run_as: str | None = None,
+    drain: tuple[float, float] | None = None,
 ) -> list[str]:
     """Write the unit and the tmpfiles entry, then ``systemctl [--user] daemon-reload``; returns
     what was done, one line each. With ``prefix`` both go into that directory (the unit as
@@ -204,7 +211,7 @@ def install(
     not reloaded (the files are outside its search path)."""
     paths = Paths(Path(prefix), Path(prefix) / "tmpfiles.d") if prefix else default_paths(user)
     done: list[str] = []
-    unit = render_unit(daemon_args, user, stop_timeout=stop_timeout, run_as=run_as)
+    unit = render_unit(daemon_args, user, stop_timeout=stop_timeout, run_as=run_as, drain=drain)
     paths.unit_dir.mkdir(parents=True, exist_ok=True)
     target = paths.unit_dir / UNIT_NAME
     atomic_write(target, unit, 0o644)  # never through a link planted where the unit goes

@@ -194,6 +194,9 @@ def test_daemon_notifies_systemd(daemon_env, listener, abstract) -> None:  # noq
     err = proc.stderr.read() if proc.stderr else ""
     assert code == 0, err[-3000:]
     wait_for(lambda: lis.having("STOPPING"), "STOPPING=1", 5)
+    # the stop's time comes from the running plan (shutdown_timeout 1 s + stop margin 10 s + 30 s),
+    # whatever TimeoutStopSec the unit has
+    assert lis.having("STOPPING")[0][1]["EXTEND_TIMEOUT_USEC"] == str(41_000_000)
     assert "sd_notify" not in err, err[-2000:]
 
 

@@ -171,3 +171,50 @@ def test_reload_without_a_daemon_says_so(tmp_path) -> None:
     state(os.getpid(), start_time(os.getpid()))  # alive, but no daemon.json names it: a `launch`, no SIGHUP
     r = reload()
     assert r.returncode == 1 and "not a daemon" in r.stderr, r.stderr
+
+
+def _install(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = {**os.environ, "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), **(env or {})}
+    (tmp_path / "etc").mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "hwprofile", "install-service", "--prefix", str(tmp_path / "out"),
+                           *args], env=e, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--run-as", "vllm\nExecStartPre=+/bin/sh -c id"], "--run-as"),
+        (["--run-as", "a;b$c"], "not a user name"),
+        (["--", "--model", "x\nExecStartPre=/bin/true"], "control characters"),
+        (["--", "--modle", "X"], "would not start: hwprofile: error: unrecognized arguments: --modle X"),
+        (["--stop-timeout", "-5"], "more than the planned drain (20 s"),
+        (["--stop-timeout", "0"], "more than the planned drain"),
+        (["--stop-timeout", "1"], "more than the planned drain"),
+        (["--stop-timeout", "100000"], "at most 86400"),
+    ],
+    ids=["run-as-newline", "run-as-shell", "arg-newline", "typo", "negative", "zero", "one", "huge"],
+)
+def test_install_service_refuses_what_would_make_a_bad_unit(tmp_path: Path, args: list[str], says: str) -> None:
+    r = _install(tmp_path, *args)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_install_service_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("theirs\n")
+    (out / "hwprofile.service").symlink_to(victim)
+    r = _install(tmp_path, "--", "--model", "/srv/m")
+    assert r.returncode == 1 and "symbolic link" in r.stderr, r.stderr
+    assert victim.read_text() == "theirs\n"
+
+
+def test_the_stop_timeout_covers_a_drain_set_in_overrides_d(tmp_path: Path) -> None:
+    (tmp_path / "etc" / "overrides.d").mkdir(parents=True)
+    (tmp_path / "etc" / "overrides.d" / "10-drain.yaml").write_text("server:\n  shutdown_timeout: 60\n")
+    r = _install(tmp_path, "--", "--model", "/srv/m")
+    assert r.returncode == 0, r.stderr
+    unit = (tmp_path / "out" / "hwprofile.service").read_text()
+    assert "TimeoutStopSec=100\n" in unit  # 60 + stop margin 10 + 30; the old unit said 50 and was killed

@@ -4,9 +4,10 @@ running vLLM under supervision, watching it, and the systemd service around the 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
-from ..errors import EXIT_OK, EXIT_USAGE
+from ..errors import EXIT_OK, EXIT_USAGE, HwprofileError
 from .common import CliError, demo_model, launch_of, load_host, plan_of, render_release
 
 
@@ -146,9 +147,60 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     from ..service import install
 
     extra = args.daemon_args[1:] if args.daemon_args[:1] == ["--"] else args.daemon_args
-    for line in install(extra, args.prefix, args.user, args.stop_timeout, args.run_as):
+    daemon = _check_daemon_args(extra)
+    if args.run_as is not None and not USER_NAME.fullmatch(args.run_as):
+        raise CliError(
+            f"--run-as {args.run_as!r}: not a user name (letters, digits, '_' and '-', a letter or '_' first, "
+            "at most 32; systemd's User= takes nothing else)"
+        )
+    drain = _drain_of(daemon)
+    if args.stop_timeout is not None and not sum(drain) < args.stop_timeout <= 86400:
+        raise CliError(
+            f"--stop-timeout {args.stop_timeout}: must be more than the planned drain ({sum(drain):g} s: "
+            "server.shutdown_timeout + supervise.stop_margin) and at most 86400"
+        )
+    for line in install(extra, args.prefix, args.user, args.stop_timeout, args.run_as, drain):
         print(f"hwprofile: {line}")
     return EXIT_OK
+
+
+# a user name systemd's User= accepts and useradd would make: no shell or unit syntax can hide in it
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,30}[$]?")
+
+
+def _check_daemon_args(extra: list[str]) -> argparse.Namespace:
+    """The arguments ExecStart will give ``hwprofile daemon``, parsed by the daemon's own parser
+    here (a typo would make a unit whose daemon refuses to start), without control characters (a
+    newline would be a new unit line if anything ever wrote it unquoted)."""
+    import contextlib
+    import io
+
+    from .parser import build_parser
+
+    for a in extra:
+        if any(ord(c) < 32 or ord(c) == 127 for c in a):
+            raise CliError(f"daemon argument {a!r}: control characters are not allowed in ExecStart")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser("daemon").parse_args(["daemon", *extra])
+    except SystemExit:
+        why = err.getvalue().strip().splitlines()
+        raise CliError(f"`hwprofile daemon {' '.join(extra)}` would not start: {why[-1] if why else 'invalid'}") from None
+
+
+def _drain_of(daemon: argparse.Namespace) -> tuple[float, float]:
+    """``(server.shutdown_timeout, supervise.stop_margin)`` as the daemon will resolve them on this
+    host, the config root's overrides included."""
+    from ..config.layers import config_root
+    from ..pipeline import resolve_settings
+
+    try:
+        host = load_host(daemon)
+        res = resolve_settings(host, config_root(daemon.config_root), daemon.profile, daemon.overrides, daemon.sets)
+    except HwprofileError as e:
+        raise CliError(f"the daemon's settings: {'; '.join(e.messages())}") from None
+    return float(res.settings.server.shutdown_timeout), res.settings.supervise.stop_margin
 
 
 def cmd_reload(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..launch.start import Launch
 
 log = logging.getLogger("hwprofile")
+STOP_SLACK_S = 30  # beyond the drain and its margin: last.json, the exporter, the daemon's own exit
 
 
 def run_daemon(
@@ -124,7 +125,9 @@ def run_daemon(
     try:
         daemon.run(stop)
     finally:
-        notifier.stopping()
+        # the instances drain at once: the longest drain, the SIGKILL margin and the daemon's own exit
+        drain = max((float(i.inst.server.shutdown_timeout) for i in sup.instances), default=0.0)
+        notifier.stopping(drain + launch.plan.supervise.stop_margin + STOP_SLACK_S)
         if cwatch is not None:
             cwatch.close()
         if on_stopping:

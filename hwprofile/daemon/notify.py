@@ -113,9 +113,15 @@ class Notifier:
         self.last_status = "reloading the configuration"
         return self.send(reloading=1, monotonic_usec=usec, status=self.last_status)
 
-    def stopping(self) -> bool:
+    def stopping(self, drain_s: float | None = None) -> bool:
+        """STOPPING=1; with ``drain_s`` also EXTEND_TIMEOUT_USEC (systemd 236+): the stop may take
+        that long from now, whatever TimeoutStopSec the unit was written with (an override that
+        lengthened ``server.shutdown_timeout`` after install-service is covered)."""
         self.last_status = "draining and stopping every instance"
-        return self.send(stopping=1, status=self.last_status)
+        fields: dict[str, Any] = {"stopping": 1, "status": self.last_status}
+        if drain_s is not None:
+            fields["extend_timeout_usec"] = int(drain_s * 1e6)
+        return self.send(**fields)
 
     def watchdog(self) -> bool:
         """WATCHDOG=1, at most every half of WATCHDOG_USEC (call it after each completed tick)."""
