@@ -24,6 +24,7 @@ from test_daemon_fast import daemon_doc, daemon_env, starts_of, wait_for  # noqa
 
 from hwprofile.daemon.notify import Notifier, send_datagram
 
+
 class Listener:
     """A bound SOCK_DGRAM socket; datagrams collected with their arrival time on a thread."""
 

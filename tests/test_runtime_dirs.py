@@ -217,9 +217,9 @@ def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, input
     assert again.replan(extra) == inputs.replan(extra) and again.min_model_len() == 256
     link = tmp_path / "link.json"
     link.symlink_to(path)
-    with pytest.raises(RunFileError, match="--plan-file .*a symbolic link"):
+    with pytest.raises(RunFileError, match=r"--plan-file .*a symbolic link"):
         read_launch_file(link)
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "something else"}')
-    with pytest.raises(RunFileError, match="not a hwprofile.launch/1 document: schema"):
+    with pytest.raises(RunFileError, match=r"not a hwprofile\.launch/1 document: schema"):
         read_launch_file(bad)

@@ -16,10 +16,10 @@ from hwprofile.plan.types import (
     ServerSettings,
     SpeculativeConfig,
 )
-from hwprofile.supervise.failures import Rung, classify, ladder_sets, next_rung
-from hwprofile.supervise.logs import RotatingLog
 from hwprofile.runfiles import RunFileError, SupervisorDoc, read_doc, write_doc
 from hwprofile.runtime.processes import identify
+from hwprofile.supervise.failures import Rung, classify, ladder_sets, next_rung
+from hwprofile.supervise.logs import RotatingLog
 from hwprofile.supervise.verify import compare, parse_startup
 
 LOGS = {
@@ -204,5 +204,5 @@ def test_state_file_is_atomic_and_private(tmp_path) -> None:
     assert doc is not None and doc.supervisor_pid == os.getpid()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     path.write_text("{broken")
-    with pytest.raises(RunFileError, match="state.json:1:2: invalid JSON"):
+    with pytest.raises(RunFileError, match=r"state\.json:1:2: invalid JSON"):
         read_doc(path, SupervisorDoc)

@@ -133,6 +133,9 @@ def flag_values(path: Path, name: str) -> list[str | None]:
     return out
 
 
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the test's own client, no proxy
+
+
 def metrics_body(url: str) -> str:
     got = http.get(url + "/metrics")
     assert got is not None and got[0] == 200, got
@@ -258,7 +261,7 @@ def test_fake_metrics_parse_as_prometheus_text(world, rt, fake_env) -> None:
         req = urllib.request.Request(
             url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
         )
-        with http.urlopen(req, timeout=10) as r:
+        with _direct.open(req, timeout=10) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 5
         samples = {
             s.name: s.value
@@ -531,7 +534,7 @@ def test_stop_drains_in_flight_requests(world, rt, fake_env, monkeypatch) -> Non
         req = urllib.request.Request(
             inst.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
         )
-        with http.urlopen(req, timeout=30) as r:
+        with _direct.open(req, timeout=30) as r:
             chunks.extend(line.decode() for line in r)
 
     t = threading.Thread(target=stream)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OperationError
-from ..telemetry.http import urlopen
+from ..telemetry.http import get_json
 from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 from ..telemetry.scrape import scrape
 from ..telemetry.window import CounterWindow
@@ -77,8 +77,7 @@ def discover(url: str, vllm: str, tokenizer: str | None = None, timeout: float =
     model path it loaded, used as the tokenizer unless one is given). Raises :class:`BenchFailed`."""
     base = url.rstrip("/")
     try:
-        with urlopen(base + "/v1/models", timeout=timeout) as r:
-            data = json.loads(r.read(1 << 20))
+        data = get_json(base + "/v1/models", timeout=timeout)
         first = data["data"][0]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise BenchFailed(

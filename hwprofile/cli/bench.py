@@ -54,8 +54,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.url and args.compare:
         raise CliError("--compare launches both plans itself: give it without --url", EXIT_USAGE)
-    if args.rounds is not None and args.rounds < 1:
-        raise CliError("--rounds must be at least 1", EXIT_USAGE)
     host = load_host(args)
     root = config_root(args.config_root)
     model, sets = args.model, list(args.sets)

@@ -25,6 +25,49 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
+# -- value types: a bad value is argparse's exit 2 naming the option -----------------------------
+
+
+def server_url(value: str) -> str:
+    """A vLLM server's base URL, by the one URL rule (:func:`hwprofile.telemetry.http.check_url`)."""
+    from ..telemetry.http import BadUrl, check_url
+
+    try:
+        return check_url(value, "")
+    except BadUrl as e:
+        raise argparse.ArgumentTypeError(str(e).lstrip()) from None
+
+
+def number(lo: float, hi: float) -> Callable[[str], float]:
+    """A finite number from ``lo`` to ``hi`` (NaN and infinities refused: they pass no bound check)."""
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not lo <= x <= hi:  # NaN fails both
+            raise argparse.ArgumentTypeError(f"{value} is not a number from {lo:g} to {hi:g}")
+        return x
+
+    return parse
+
+
+def count(lo: int, hi: int) -> Callable[[str], int]:
+    """A whole number from ``lo`` to ``hi``."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is not from {lo} to {hi}")
+        return n
+
+    return parse
+
+
 def _add_host_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
@@ -97,6 +140,7 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--advice-from",
         metavar="URL",
+        type=server_url,
         help="apply the speculative k advised from a running vLLM server's own acceptance counters",
     )
 
@@ -175,7 +219,7 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
         help="do not watch the config root for edits (reload only on SIGHUP / hwprofile reload)",
     )
     p.add_argument(
-        "--watch-quiet", type=float, default=0.5, metavar="S",
+        "--watch-quiet", type=number(0, 60), default=0.5, metavar="S",
         help="seconds without file events before edits are applied (default 0.5)",
     )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
@@ -186,21 +230,22 @@ def _args_watch(p: argparse.ArgumentParser) -> None:
         "--url",
         action="append",
         default=[],
+        type=server_url,
         metavar="URL",
         help="a vLLM server to watch (its /metrics), e.g. http://127.0.0.1:8000; repeat for several",
     )
     p.add_argument("--once", action="store_true", help="one evaluation (two samples an interval apart), then exit")
     p.add_argument("--json", action="store_true", help="JSON: one object per evaluation, one per line")
-    p.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default watch.interval)")
+    p.add_argument("--interval", type=number(0.05, 3600), metavar="S", help="seconds between samples (default watch.interval)")
     p.add_argument(
         "--draft-cost",
-        type=float,
+        type=number(0, 10),
         default=0.0,
         metavar="R",
         help="one proposal's cost relative to a target step, for the k advice (default 0: ngram)",
     )
     p.add_argument(
-        "--max-num-seqs", type=int, metavar="N", help="the servers' --max-num-seqs, for the batch load in the k advice"
+        "--max-num-seqs", type=count(1, 1 << 20), metavar="N", help="the servers' --max-num-seqs, for the batch load in the k advice"
     )
     _add_config_root(p)
     p.add_argument("--profile", metavar="NAME", help="take watch.* from this profile instead of the matched one")
@@ -217,17 +262,17 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
         help="the supervisor's directory while serving (default: verify/ in launch's runtime directory)",
     )  # fmt: skip
     p.add_argument(
-        "--baseline-url", metavar="URL",
+        "--baseline-url", metavar="URL", type=server_url,
         help="compare two running servers instead of serving both: the baseline (with --url)",
     )  # fmt: skip
-    p.add_argument("--url", metavar="URL", help="the candidate server to compare with --baseline-url")
+    p.add_argument("--url", metavar="URL", type=server_url, help="the candidate server to compare with --baseline-url")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     p.add_argument(
         "--prompts", metavar="FILE",
         help="reference prompts YAML (a `prompts:` list of {id, kind, text}); default: the 50 shipped ones",
     )  # fmt: skip
-    p.add_argument("--limit", type=int, metavar="N", help="only the first N prompts")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="tokens generated per prompt (default verify.max_tokens)")
+    p.add_argument("--limit", type=count(1, 1 << 20), metavar="N", help="only the first N prompts")
+    p.add_argument("--max-tokens", type=count(1, 65_536), metavar="N", help="tokens generated per prompt (default verify.max_tokens)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (schema hwprofile.verify/1)")
     p.add_argument(
         "--demo", action="store_true",
@@ -253,7 +298,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument(
-        "--url", metavar="URL",
+        "--url", metavar="URL", type=server_url,
         help="benchmark this running vLLM server (e.g. http://127.0.0.1:8000) instead of launching the plan",
     )  # fmt: skip
     p.add_argument(
@@ -266,7 +311,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         help="two plans run alternately: each 'profile' (as matched), 'baseline' (speculative.method=none) "
         "or an overrides file; prints the ratio B/A with its spread",
     )  # fmt: skip
-    p.add_argument("--rounds", type=int, metavar="N", help="rounds per plan (default bench.rounds with --compare, else 1)")
+    p.add_argument("--rounds", type=count(1, 1000), metavar="N", help="rounds per plan (default bench.rounds with --compare, else 1)")
     p.add_argument("--json", action="store_true", help="print the result document (schema hwprofile.bench/1)")
     p.add_argument(
         "--output", metavar="DIR",

@@ -57,12 +57,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise CliError("--baseline-url and --url go together: both servers, or neither (hwprofile serves both)")
     if args.demo and args.url:
         raise CliError("--demo serves the tiny model itself: leave out --baseline-url and --url")
-    if args.max_tokens is not None and not 1 <= args.max_tokens <= 65_536:
-        raise CliError("--max-tokens must be between 1 and 65536")
     prompts = load_prompts(args.prompts)
     if args.limit is not None:
-        if args.limit < 1:
-            raise CliError("--limit must be at least 1")
         prompts = prompts._replace(prompts=prompts.prompts[: args.limit])
     host = load_host(args)
     model, sets = args.model, list(args.sets)

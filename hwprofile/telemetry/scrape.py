@@ -11,6 +11,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from .http import TooLarge, connection, exchange, redact
 from .metrics import MetricsError, VllmMetrics, parse
 
 # A scrape must finish well inside one tick (the loop's watchdog ping waits for it).
@@ -46,32 +47,34 @@ class Scraper:
 
     def _get(self, url: str) -> bytes:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"only http:// and https:// URLs are scraped, not {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        key = f"{parts.scheme}://{parts.hostname}:{port}"
-        path = (parts.path.rstrip("/") or "") + "/metrics"
+        key = f"{parts.scheme}://{parts.netloc}"
+        target = url.rstrip("/") + "/metrics"
         for attempt in (0, 1):  # a kept connection the server closed meanwhile: one fresh try
             conn = self._conns.get(key)
             if conn is None:
-                kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-                conn = self._conns[key] = kind(parts.hostname, port, timeout=self.timeout)
+                conn = self._conns[key] = connection(url, self.timeout)
             try:
-                conn.request("GET", path, headers={"Accept": "text/plain"})
-                resp = conn.getresponse()
-                body = resp.read(MAX_METRICS_BYTES + 1)
-                if resp.will_close:
-                    conn.close()
-                    del self._conns[key]
-                if resp.status != 200:
-                    raise OSError(f"HTTP {resp.status}")
-                return body
+                status, body, keep = exchange(conn, target, headers={"Accept": "text/plain"},
+                                              timeout=self.timeout, cap=MAX_METRICS_BYTES)  # fmt: skip
+            except (TimeoutError, TooLarge):
+                self._drop(key)
+                raise  # no second try: the deadline is the scrape's, not each attempt's
             except (http.client.HTTPException, OSError):
-                conn.close()
-                self._conns.pop(key, None)
+                self._drop(key)
                 if attempt:
                     raise
+                continue
+            if not keep:
+                self._drop(key)
+            if status != 200:
+                raise OSError(f"HTTP {status}")
+            return body
         raise OSError("unreachable")  # not reached
+
+    def _drop(self, key: str) -> None:
+        conn = self._conns.pop(key, None)
+        if conn is not None:
+            conn.close()
 
     def __call__(self, name: str, url: str, now: float) -> InstanceReading:
         """One scrape of ``url``/metrics at ``now`` (the caller's clock)."""
@@ -79,12 +82,10 @@ class Scraper:
         target = url.rstrip("/") + "/metrics"
         try:
             body = self._get(url)
+        except TooLarge:
+            return InstanceReading(name, url, now, "error", error=f"{target}: more than {MAX_METRICS_BYTES} bytes")
         except (http.client.HTTPException, OSError, ValueError) as e:
-            return InstanceReading(name, url, now, "unreachable", error=f"{target}: {e}")
-        if len(body) > MAX_METRICS_BYTES:
-            return InstanceReading(
-                name, url, now, "error", error=f"{target}: more than {MAX_METRICS_BYTES} bytes"
-            )
+            return InstanceReading(name, url, now, "unreachable", error=f"{redact(target)}: {e}")
         try:
             m = parse(body.decode("utf-8", "replace"))
         except MetricsError as e:

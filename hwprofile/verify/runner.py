@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OperationError
-from ..telemetry.http import get, post_json
+from ..telemetry.http import HttpError, get, post_json
 from .compare import Answer
 from .prompts import Prompt
 
@@ -44,11 +42,8 @@ def served_model(url: str, timeout: float = 10.0) -> str:
         raise VerifyError(f"{url}/v1/models: HTTP {status}, no model listed: {body[:200]!r}") from None
 
 
-def _http_detail(e: urllib.error.HTTPError) -> str:
-    try:
-        return e.read()[:500].decode("utf-8", "replace")
-    except OSError:
-        return ""
+def _http_detail(e: HttpError) -> str:
+    return e.body[:500].decode("utf-8", "replace")
 
 
 def _top_logprobs(choice: dict[str, Any]) -> tuple[dict[int, float], ...] | None:
@@ -107,14 +102,14 @@ class Client:
         """The server's greedy answer to ``prompt``."""
         try:
             reply = post_json(self.url.rstrip("/") + ENDPOINT, self.request(prompt.text), self.timeout)
-        except urllib.error.HTTPError as e:
+        except HttpError as e:
             detail = _http_detail(e)
             if self.logprobs and e.code == 400:  # a server that refuses log-probabilities: ask without
                 self.notes.append(f"{self.url} refused logprobs ({detail[:200]}); asked without them")
                 self.logprobs = None
                 return self.answer(prompt)
             raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        except (OSError, ValueError) as e:
             raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): {getattr(e, 'reason', e)}") from None
         try:
             choice = reply["choices"][0]
@@ -148,6 +143,6 @@ class Client:
                 reply = post_json(self.url.rstrip("/") + "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0)
                 text = reply.get("prompt")
                 self._texts[token_id] = text if isinstance(text, str) else None
-            except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError):
                 self._texts[token_id] = None
         return self._texts[token_id]
