@@ -61,3 +61,12 @@ def empty_root(tmp_path: Path) -> Path:
     root = tmp_path / "etc-hwprofile"
     root.mkdir()
     return root
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test marked slow (real vLLM, a real systemd manager) runs in one xdist worker, one
+    after another, as it always has: two real vLLM servers at once would not fit two cores. The fast
+    tests spread over the other workers (``-n 4 --dist loadgroup`` in pyproject.toml)."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("real"))

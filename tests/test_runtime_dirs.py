@@ -191,7 +191,11 @@ def test_the_cli_refuses_with_the_reason(
     logs.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
     env.update(HWPROFILE_CONFIG_ROOT=inputs.config_root)
-    args = ["--model", str(inputs.model), *(f"--set={s}" for s in inputs.sets), f"--set=logs.dir={logs}"]
+    from vllmtools import fake_vllm_shim
+
+    shim = fake_vllm_shim(tmp_path / "vllm")  # a vLLM to run, so that the directory is what refuses
+    args = ["--model", str(inputs.model), *(f"--set={s}" for s in inputs.sets), f"--set=logs.dir={logs}",
+            f"--set=server.vllm_command={shim}"]  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "hwprofile", "launch", "--runtime-dir", str(victim), *args],
                        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 1, r.stderr

@@ -340,8 +340,8 @@ def test_a_user_prompts_file_and_the_limit(world: dict) -> None:
     [
         (["--url", "http://127.0.0.1:1"], "--baseline-url and --url go together"),
         (["--demo", "--baseline-url", "http://127.0.0.1:1", "--url", "http://127.0.0.1:2"], "--demo serves"),
-        (["--max-tokens", "0"], "--max-tokens must be between 1 and 65536"),
-        (["--limit", "0"], "--limit must be at least 1"),
+        (["--max-tokens", "0"], "argument --max-tokens: 0 is not from 1 to 65536"),
+        (["--limit", "0"], "argument --limit: 0 is not from 1"),
         (["--set", "verify.min_similarity=2"], "verify.min_similarity"),
     ],
 )

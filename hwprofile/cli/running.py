@@ -8,7 +8,7 @@ import re
 import sys
 
 from ..errors import EXIT_OK, HwprofileError
-from .common import CliError, demo_model, launch_of, load_host, plan_of, render_release
+from .common import CliError, demo_model, launch_of, load_host, plan_of
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -26,10 +26,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         model, sets = demo_model(sets)
     plan, inputs = plan_of(args, host, model=model, sets=sets)
     if args.dry_run:
+        from ..launch.start import release_for
         from ..pipeline import vllm_command
         from ..render.translate import render_instance
 
-        rel = render_release(args, host, NO_VLLM_TO_RENDER)
+        configured = {i.server.vllm_command for i in plan.instances if i.server.vllm_command}
+        rel = release_for(host.software, configured, args.vllm_version)  # the release that would run
         for inst in plan.instances:
             r = render_instance(plan, inst, rel, vllm_command(inst.server.vllm_command), host.software.numactl_path)
             print(f"# {r.name}: vLLM {r.vllm_version}, GPUs {r.gpus or '-'}, NUMA node {r.numa_node}")
@@ -61,9 +63,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     preflight(launch)  # the detached supervisor checks again; refusals are said here, before it starts
     return run_detached(launch, plan.supervise.ready_timeout + 30)
-
-
-NO_VLLM_TO_RENDER = "no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.32.0)"
 
 
 def _launch_from_file(args: argparse.Namespace, runtime) -> int:
