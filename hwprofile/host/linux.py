@@ -10,20 +10,27 @@ import os
 import re
 from collections.abc import Iterable
 
-from .snapshot import Cpu, DetectError, NumaNode
+from .snapshot import MAX_CPUS, Cpu, DetectError, NumaNode
 
 # -- cpulist helpers ---------------------------------------------------------------------------
 
 
 def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` → ``[0, 1, 2, 3, 8, 10, 11]``. Empty text → ``[]``."""
+    """``"0-3,8,10-11"`` → ``[0, 1, 2, 3, 8, 10, 11]``. Empty text → ``[]``. A CPU number at or
+    above :data:`~.snapshot.MAX_CPUS`, or a range running backwards, is a ``ValueError`` (a
+    ``0-4000000000`` would otherwise build a list of four billion numbers)."""
     cpus: list[int] = []
     for part in text.strip().split(","):
         part = part.strip()
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
+        first, last = int(lo), int(hi or lo)
+        if not 0 <= first <= last < MAX_CPUS:
+            raise ValueError(f"CPU range {part!r}: CPUs are numbered 0 to {MAX_CPUS - 1}, ascending")
+        cpus.extend(range(first, last + 1))
+        if len(cpus) > MAX_CPUS:
+            raise ValueError(f"more than {MAX_CPUS} CPUs listed")
     return cpus
 
 
@@ -110,9 +117,15 @@ def sysfs_pci_name(nvml_bus_id: str) -> str:
 # -- readers (paths in, data + errors out) ----------------------------------------------------
 
 
+MAX_PROC_BYTES = 16 << 20  # /proc/cpuinfo of 1024 CPUs is ~1.5 MB
+
+
 def _read(*parts: str | os.PathLike[str]) -> str:
-    with open(os.path.join(*parts), encoding="utf-8", errors="replace") as f:
-        return f.read()
+    """A procfs or sysfs file (under a real or a fake root), through the one bounded reader: a FIFO
+    or a device planted in a ``--proc-root`` tree is refused, never waited on or read forever."""
+    from ..runtime.files import read_bounded
+
+    return read_bounded(os.path.join(*parts), MAX_PROC_BYTES).decode("utf-8", "replace")
 
 
 def read_cpu(proc_root: str | os.PathLike[str], errors: list[DetectError]) -> Cpu:

@@ -187,15 +187,30 @@ def _rule(f: str, locs: Locations, i: int, item: Any, known: list[str], problems
     return Rule(profile, dict(when), str(why), f, line, tests)
 
 
+def gpu_name_pattern(text: str) -> Any:
+    """A ``gpu_name`` rule's pattern, compiled by RE2 (google-re2): matching takes time linear in the
+    name whatever the pattern, so a site rule like ``^(([\\w ]+)+)+X$`` cannot hang every plan and the
+    daemon's live reload the way a backtracking engine would. Case-insensitive; what RE2 cannot
+    say (back-references, look-around) is an invalid expression, with RE2's reason."""
+    import re2
+
+    opts = re2.Options()
+    opts.case_sensitive = False
+    opts.log_errors = False  # the reason goes into the error, not onto stderr
+    try:
+        return re2.compile(text, opts)
+    except re2.error as e:
+        why = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(f"invalid regular expression {text!r}: {why} (RE2 syntax: no back-references "
+                         "or look-around)") from None  # fmt: skip
+
+
 def predicate(key: str, want: Any) -> Any:
     """A predicate's value checked and converted for ``evaluate``; a ValueError says what is expected."""
     if key == "gpu_name":
         if not isinstance(want, str | int) or isinstance(want, bool) or not str(want):
             raise ValueError(f"expected a regular expression (text), got {want!r}")
-        try:
-            return re.compile(str(want), re.I)
-        except re.error as e:
-            raise ValueError(f"invalid regular expression {str(want)!r}: {e}") from None
+        return gpu_name_pattern(str(want))
     if key in BOOL_PREDICATES:
         if not isinstance(want, bool):
             raise ValueError(f"expected true or false (unquoted), got {want!r}")

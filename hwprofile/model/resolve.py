@@ -35,8 +35,10 @@ def find_in_hf_cache(name: str, cache: str | os.PathLike[str] | None = None) -> 
     if not os.path.isdir(snaps):
         return None
     try:
-        with open(os.path.join(base, "refs", "main"), encoding="utf-8") as f:
-            snap = os.path.join(snaps, f.read().strip())
+        from ..runtime.files import read_bounded
+
+        ref = read_bounded(os.path.join(base, "refs", "main"), 4096).decode("utf-8").strip()
+        snap = os.path.join(snaps, os.path.basename(ref))  # a commit hash, never a path out of the cache
         if os.path.isfile(os.path.join(snap, "config.json")):
             return snap
     except (OSError, ValueError):  # unreadable, or not UTF-8

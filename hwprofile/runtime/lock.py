@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import OperationError
+from ..errors import InputError, OperationError
 
 
 class FileLock:
@@ -22,7 +23,7 @@ class FileLock:
         self.fd: int | None = None
 
     def acquire(self, wait: float = 1.0) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = _open(self.path, os.O_RDWR | os.O_CREAT)
         end = time.monotonic() + wait  # a moment's patience: `status` probes the lock briefly
         while True:
             try:
@@ -41,11 +42,28 @@ class FileLock:
             self.fd = None
 
 
+def _open(path: Path, flags: int) -> int:
+    """The lock file, never through a link, never waiting (a FIFO planted as the lock would block an
+    open), and only a regular file of this user's (else :class:`LockFileError`)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
+        raise LockFileError(f"{path}: {what}: not used as hwprofile's lock (remove it)")
+    return fd
+
+
+class LockFileError(InputError):
+    """The lock file is not one hwprofile made (exit 2)."""
+
+
 def held(path: Path) -> bool:
-    """Whether some process holds an exclusive lock on ``path`` now."""
+    """Whether some process holds an exclusive lock on ``path`` now (:class:`LockFileError` when
+    the file there is not a lock file of this user's)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = _open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

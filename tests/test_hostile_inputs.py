@@ -1,0 +1,87 @@
+"""Inputs that used to hang or exhaust hwprofile: a FIFO or a device in a ``--proc-root`` tree, a
+cpulist of four billion CPUs, a FIFO planted as the supervisor's lock, a site rule whose pattern a
+backtracking engine needs forever for. Each is refused or bounded, with the reason, in time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwprofile.host.linux import parse_cpulist, read_cpu, read_numa_nodes
+from hwprofile.runfiles import LOCK_FILE, lock_held
+from hwprofile.runtime.lock import LockFileError
+
+
+def hw(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hwprofile", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_a_cpulist_of_billions_is_an_error_not_a_list() -> None:
+    with pytest.raises(ValueError, match="numbered 0 to 16383"):
+        parse_cpulist("0-4000000000")
+    with pytest.raises(ValueError, match="ascending"):
+        parse_cpulist("8-3")
+    assert parse_cpulist("0-3,8") == [0, 1, 2, 3, 8]
+
+
+def test_procfs_and_sysfs_fifos_and_devices_are_refused_not_waited_on(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    os.mkfifo(proc / "cpuinfo")  # nobody writes: a plain open() would wait forever
+    errors: list = []
+    cpu = read_cpu(proc, errors)
+    assert cpu.logical_cpus == os.cpu_count() and "a FIFO" in errors[0].message, errors
+    node = tmp_path / "sys" / "devices" / "system" / "node" / "node0"
+    node.mkdir(parents=True)
+    (node / "cpulist").write_text("0-4000000000\n")
+    errors = []
+    assert read_numa_nodes(tmp_path / "sys", errors) == () and "numbered 0 to" in errors[0].message
+    if os.geteuid() == 0:
+        (node / "cpulist").unlink()
+        os.mknod(node / "cpulist", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero: no end
+        errors = []
+        assert read_numa_nodes(tmp_path / "sys", errors) == () and "character device" in errors[0].message
+
+
+def test_detect_and_plan_with_a_fifo_in_the_proc_root_finish(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    shutil.copytree("/proc/sys/kernel", proc / "sys" / "kernel", dirs_exist_ok=True,
+                    ignore=lambda d, names: [n for n in names if n not in ("hostname", "osrelease")])  # fmt: skip
+    os.mkfifo(proc / "cpuinfo")
+    os.mkfifo(proc / "meminfo")
+    r = hw("detect", "--json", "--proc-root", str(proc), env={"HWPROFILE_NVML_LIBRARY": "/nonexistent.so"}, timeout=30)
+    assert r.returncode == 0 and "a FIFO" in r.stdout, r.stderr
+
+
+def test_a_fifo_planted_as_the_lock_is_refused(tmp_path: Path) -> None:
+    rt = tmp_path / "run"
+    rt.mkdir(mode=0o700)
+    os.mkfifo(rt / LOCK_FILE)
+    with pytest.raises(LockFileError, match="not a regular file"):
+        lock_held(rt)
+    r = hw("status", "--runtime-dir", str(rt), timeout=20)
+    assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_a_catastrophic_site_rule_cannot_hang_planning(tmp_path: Path) -> None:
+    """``^(([\\w ]+)+)+X$`` against a GPU name takes a backtracking engine about 2^len(name) steps
+    (every plan, and the daemon's live reload, hung on it); RE2, the rule patterns' engine, answers
+    in linear time. Run in a child with a deadline, so that a hang fails the test."""
+    code = (
+        "from hwprofile.match.rules import predicate\n"
+        "p = predicate('gpu_name', r'^(([\\w ]+)+)+X$')\n"
+        "print(bool(p.search('NVIDIA GeForce RTX 4090 with a long board name here')))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+    with pytest.raises(ValueError, match="no back-references"):
+        from hwprofile.match.rules import predicate
+
+        predicate("gpu_name", r"(RTX)\1")
