@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
-from .config.settings import Settings
+from .config.settings import Settings, broken_relations
 from .host.snapshot import HostSnapshot
 from .match import profiles as prof
 from .match.rules import RuleResult, host_facts, load_rules, match
@@ -88,6 +88,13 @@ def resolve_settings(
     chain = prof.resolve(name, profiles, asked_at="--profile" if profile else "matched rule")
     merged, provenance = merge([*prof.layers(chain), *upper])
     settings, _ = Settings.from_tree(merged)
+    broken = broken_relations(settings)
+    if broken:
+        def where(key: str) -> str:
+            src = provenance.get(tuple(key.split(".")))
+            return f"{key} from {src}" if src else f"{key} by default"
+
+        raise ConfigError("; ".join(f"{what} ({where(lo)}, {where(hi)})" for lo, hi, what in broken))
     return Resolution(name, chain, because, results, settings, provenance, merged)
 
 

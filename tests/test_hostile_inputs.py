@@ -85,3 +85,23 @@ def test_a_catastrophic_site_rule_cannot_hang_planning(tmp_path: Path) -> None:
         from hwprofile.match.rules import predicate
 
         predicate("gpu_name", r"(RTX)\1")
+
+
+def test_thresholds_out_of_order_are_refused_naming_both_sources(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    r = hw("plan", "--config-root", str(tmp_path / "etc"), "--model", "Qwen/Qwen2.5-7B-Instruct",
+           "--set", "watch.warm_c=100", "--set", "watch.hot_c=95", "--set", "watch.critical_c=90")  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "watch.warm_c = 100 must be below watch.hot_c = 95" in r.stderr
+    assert "watch.hot_c from cli --set watch.hot_c=95" in r.stderr and "watch.critical_c = 90" in r.stderr
+
+
+def test_a_draft_that_is_the_target_is_said(host_of, empty_root) -> None:
+    from hwprofile.pipeline import make_plan
+
+    p = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
+                  draft="Qwen/Qwen2.5-7B-Instruct")  # fmt: skip
+    assert any("is the target itself" in w for w in p.warnings), p.warnings
+    q = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
+                  draft="Qwen/Qwen2.5-0.5B-Instruct")  # fmt: skip
+    assert not any("is the target itself" in w for w in q.warnings), q.warnings

@@ -177,3 +177,19 @@ def test_an_endless_body_is_capped_not_read_into_memory(server) -> None:
 def test_option_values_that_are_not_finite_numbers_in_range(args: list[str], flag: str) -> None:
     r = hw(*args)
     assert r.returncode == 2 and f"argument {flag}:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-3"])
+def test_counters_that_are_not_counts_make_the_scrape_an_error(value: str) -> None:
+    """A server exporting NaN, infinite or negative counters gives no figures at all: before, `watch
+    --json` printed NaN (not JSON) and k advice from all-NaN counters was applied to a plan."""
+    from hwprofile.telemetry.metrics import MetricsError, parse
+
+    text = vllm_text(draft_tokens=5.0)
+    bad = "\n".join(
+        ln.rsplit(" ", 1)[0] + f" {value}" if ln.startswith("vllm:spec_decode_num_draft_tokens_total") else ln
+        for ln in text.splitlines()
+    )
+    assert "vllm:spec_decode_num_draft_tokens_total" in text
+    with pytest.raises(MetricsError, match="not a count"):
+        parse(bad)

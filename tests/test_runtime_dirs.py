@@ -227,3 +227,15 @@ def test_the_launch_file_is_private_atomic_and_round_trips(tmp_path: Path, input
     bad.write_text('{"schema": "something else"}')
     with pytest.raises(RunFileError, match=r"not a hwprofile\.launch/1 document: schema"):
         read_launch_file(bad)
+
+
+def test_a_launch_file_whose_plan_was_edited_is_not_used(tmp_path: Path, inputs: PlanInputs) -> None:
+    """The detached supervisor hands vLLM the plan of the launch file: one edited there (a negative
+    max_num_seqs) is refused, because it is not what the file's own inputs plan."""
+    plan = inputs.replan()
+    path = write_launch_file(Launch(plan, release("0.32.0"), "vllm", None, None, tmp_path / "run", inputs))
+    doc = json.loads(path.read_text())
+    doc["plan"]["instances"][0]["engine"]["max_num_seqs"] = -5
+    path.write_text(json.dumps(doc))
+    with pytest.raises(RunFileError, match=r"plan\.instances\[0\]\.engine\.max_num_seqs: -5 in the file"):
+        read_launch_file(path)

@@ -77,6 +77,30 @@ class Settings:
         return cls(**kw), filled
 
 
+# Settings that must keep an order between them: (lower, upper, strict). Each value is in its own
+# range (its declaration); these say what one setting's range cannot: a warm threshold above the hot
+# one would make the policy skip states, a floor above the ceiling would leave the ladder nowhere.
+RELATIONS: tuple[tuple[str, str, bool], ...] = (
+    ("watch.warm_c", "watch.hot_c", True),
+    ("watch.hot_c", "watch.critical_c", True),
+    ("watch.critical_margin_c", "watch.hot_margin_c", True),
+    ("watch.hot_margin_c", "watch.warm_margin_c", True),
+    ("supervise.backoff_initial", "supervise.backoff_max", False),
+    ("engine.min_model_len", "engine.max_model_len", False),
+)
+
+
+def broken_relations(settings: Settings) -> list[tuple[str, str, str]]:
+    """``(lower, upper, what)`` for every :data:`RELATIONS` pair these settings break."""
+    out = []
+    for lo, hi, strict in RELATIONS:
+        a = getattr(getattr(settings, lo.split(".")[0]), lo.split(".")[1])
+        b = getattr(getattr(settings, hi.split(".")[0]), hi.split(".")[1])
+        if a > b or (strict and a == b):
+            out.append((lo, hi, f"{lo} = {a:g} must be {'below' if strict else 'at most'} {hi} = {b:g}"))
+    return out
+
+
 SECTIONS: dict[str, type[Section]] = {
     f.name: f.default_factory  # type: ignore[misc]
     for f in fields(Settings)

@@ -4,11 +4,13 @@ this waits until every instance is ready, or one failed, or the supervisor ended
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..errors import HwprofileError
 from ..runfiles import (
     LAST_FILE,
     LAUNCH_FILE,
@@ -35,14 +37,35 @@ def write_launch_file(launch: Launch) -> Path:
 
 
 def read_launch_file(path: Path) -> LaunchDoc:
-    """:func:`write_launch_file`'s document; a regular file of this user's, not through a link."""
+    """:func:`write_launch_file`'s document; a regular file of this user's, not through a link, whose
+    plan is the one its inputs give (planned again from the snapshot it carries: pure, no second
+    detection): a plan edited in the file (``max_num_seqs: -5``) is never handed to vLLM."""
     try:
         doc = read_doc(path, LaunchDoc, check_dir=False)
     except RunFileError as e:
         raise RunFileError(f"--plan-file {e}") from None
     if doc is None:
         raise RunFileError(f"--plan-file {path}: no such file")
+    try:
+        again = doc.inputs.replan()
+    except HwprofileError as e:
+        raise RunFileError(f"--plan-file {path}: its inputs do not plan: {'; '.join(e.messages())}") from None
+    if again.to_json() != doc.plan.to_json():
+        changed = _first_difference(doc.plan.to_json(), again.to_json())
+        raise RunFileError(f"--plan-file {path}: the plan is not what its inputs plan ({changed}): not used")
     return doc
+
+
+def _first_difference(a: object, b: object, where: str = "plan") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{where}.{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return _first_difference(x, y, f"{where}[{i}]")
+    return f"{where}: {json.dumps(a, default=str)[:80]} in the file, {json.dumps(b, default=str)[:80]} planned"
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -92,6 +92,15 @@ def _given_draft(
     model: ModelFacts, draft: ModelFacts, r: Reasons, warnings: list[str], hetero_ok: bool
 ) -> tuple[str | None, ModelFacts | None]:
     """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary."""
+    if (draft.path == model.path and draft.name == model.name) or (
+        draft.params == model.params and draft.num_layers == model.num_layers
+        and draft.hidden_size == model.hidden_size and draft.vocab_size == model.vocab_size
+    ):  # fmt: skip
+        warnings.append(
+            f"the draft {draft.name} is the target itself (or the same architecture and size): each "
+            "proposed token costs a whole target step, so speculation cannot be faster than none "
+            "(only a test of the mechanism); use speculative.method=ngram or a much smaller draft"
+        )
     if draft.vocab_size != model.vocab_size and hetero_ok:
         r.add(
             "speculative.method",

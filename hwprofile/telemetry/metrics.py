@@ -118,6 +118,11 @@ def parse(text: str) -> VllmMetrics:
             v1 = v1 or "engine" in labels
             if name.startswith("vllm:spec_decode_"):
                 spec = True
+            read = name in (PER_POS, *COUNTERS, RUNNING, WAITING, *KV_USAGE, TTFT + "_bucket") or (
+                name.endswith("_bucket") and name[: -len("_bucket")] in ITL
+            )
+            if read and not 0 <= value < float("inf"):  # NaN fails too: no count is that
+                raise MetricsError(f"{name}{labels or ''} = {sample.value}: not a count (finite, not negative)")
             if name == PER_POS:
                 key = f"{PER_POS}{{position={labels.get('position', '?')}}}"
                 counters[key] = counters.get(key, 0.0) + value
