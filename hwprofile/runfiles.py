@@ -103,6 +103,8 @@ INSTANCE = Obj(
         "engine": Obj({}).nullable(),
         "speculative": Obj({}).nullable(),
         "warnings": List(_TEXT.required(), 1024),
+        "health_failing_since": _TIME,
+        "unresponsive": Int(0, 1 << 31),
     },
     required=("name", "state", "pid", "process", "url", "restarts", "stop_grace_s", "log_dir", "log_file"),
 )
@@ -196,6 +198,8 @@ class InstanceRecord:
     engine: Mapping[str, Any] | None = None
     speculative: Mapping[str, Any] | None = None
     warnings: tuple[str, ...] = ()
+    health_failing_since: float | None = None  # /health has failed since (wall time); None: it answers
+    unresponsive: int = 0  # restarts because /health kept failing while the process lived
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,7 +211,8 @@ class InstanceRecord:
             "log_file": self.log_file, "stop_grace_s": self.stop_grace_s,
             "log_dropped_lines": self.log_dropped_lines, "log_error": self.log_error, "argv": list(self.argv),
             "replacements": self.replacements, "engine": self.engine, "speculative": self.speculative,
-            "warnings": list(self.warnings),
+            "warnings": list(self.warnings), "health_failing_since": self.health_failing_since,
+            "unresponsive": self.unresponsive,
         }  # fmt: skip
 
     @classmethod
@@ -222,7 +227,8 @@ class InstanceRecord:
             ready_at=d.get("ready_at"), ladder=tuple(d.get("ladder") or ()), failure=d.get("failure"),
             log_dropped_lines=d.get("log_dropped_lines") or 0, log_error=d.get("log_error"),
             argv=tuple(d.get("argv") or ()), engine=d.get("engine"), speculative=d.get("speculative"),
-            warnings=tuple(d.get("warnings") or ()),
+            warnings=tuple(d.get("warnings") or ()), health_failing_since=d.get("health_failing_since"),
+            unresponsive=d.get("unresponsive") or 0,
         )  # fmt: skip
 
 

@@ -23,7 +23,9 @@ Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment
 - ``--fake-mode`` / ``FAKEVLLM_MODE``: comma-separated; ``oom`` (print a CUDA out-of-memory traceback
   and exit 1 while starting), ``crash`` (exit ``--fake-exit-code``, default 1, ``--fake-crash-after``
   seconds after becoming ready), ``hang`` (never healthy), ``ignore-term`` (ignore SIGTERM),
-  ``die`` (exit 1 while starting, with an error hwprofile does not know), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting);
+  ``die`` (exit 1 while starting, with an error hwprofile does not know), ``sick`` (``--fake-sick-after`` /
+  ``FAKEVLLM_SICK_AFTER`` seconds, default 0.5, after becoming ready the engine dies and the API server stays up, answering 503 on
+  ``/health`` for good, as a server whose engine is gone does), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting);
 - ``--fake-ready-delay`` / ``FAKEVLLM_READY_DELAY``: seconds of "loading" (default 0.3);
 - ``--fake-fail-times N`` / ``FAKEVLLM_FAIL_TIMES`` with ``--fake-counter FILE`` / ``FAKEVLLM_COUNTER``:
   only the first N starts (counted in FILE) use the modes; later starts are healthy;
@@ -84,7 +86,7 @@ ENGINE = (
     "time.sleep(86400)"
 )
 MULTI = {"numa-bind-nodes", "numa-bind-cpus"}  # vLLM flags that take several values
-FAKE = {"fake-mode", "fake-ready-delay", "fake-crash-after", "fake-exit-code", "fake-fail-times",
+FAKE = {"fake-mode", "fake-ready-delay", "fake-crash-after", "fake-sick-after", "fake-exit-code", "fake-fail-times",
         "fake-counter", "fake-token-delay", "fake-diverge-after", "fake-diverge-match"}  # fmt: skip
 VOCAB = 2048  # the token ids greedy answers are drawn from (the tiny model's vocabulary size)
 
@@ -594,6 +596,16 @@ def main(argv: list[str]) -> int:
             os._exit(code)
 
         threading.Thread(target=crash, daemon=True).start()
+    if "sick" in modes:
+        after = float(option(fake, "sick-after", "0.5"))
+
+        def sicken() -> None:
+            time.sleep(after)
+            say("Engine core proc EngineCore_DP0 died unexpectedly.", level="ERROR", where="core_client.py:600")
+            engine.kill()
+            srv.loaded = False  # /health 503 from now on; the process stays
+
+        threading.Thread(target=sicken, daemon=True).start()
     while not stop.wait(0.2):
         pass
     say("Shutting down FastAPI HTTP server.", where="launcher.py:100")

@@ -110,7 +110,8 @@ def make_supervisor(
 ) -> Supervisor:
     """A supervisor wired as ``launch`` wires it: the plan and its re-plans from the same inputs."""
     inputs = plan_inputs(world, rt, *extra, host=host)
-    supervise = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1, "backoff_max": 1.0, "stop_margin": 3.0}
+    supervise = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1, "backoff_max": 1.0,
+                 "stop_margin": 3.0, "unhealthy_s": 30.0}  # fmt: skip
     rest: dict[str, Any] = {"poll_interval": 0.05, "min_model_len": inputs.min_model_len()}
     for k, v in opts.items():
         (supervise if k in supervise else rest)[k] = v
@@ -801,3 +802,43 @@ def test_a_vllm_ignoring_sigterm_dies_one_drain_after_its_supervisor_was_killed(
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+
+
+# -- a ready instance that stops serving -------------------------------------------------------------
+
+
+def test_an_api_server_answering_503_after_its_engine_died_is_restarted(world, rt, fake_env, monkeypatch) -> None:
+    """Real vLLM 0.32 exits once its engine dies; a server that stays up answering 503 used to stay
+    `ready` forever. Now /health failing for supervise.unhealthy_s restarts it, said and counted."""
+    monkeypatch.setenv("FAKEVLLM_MODE", "sick")
+    monkeypatch.setenv("FAKEVLLM_FAIL_TIMES", "1")  # the second start is healthy
+    monkeypatch.setenv("FAKEVLLM_COUNTER", str(rt / "count"))
+    monkeypatch.setenv("FAKEVLLM_SICK_AFTER", "0.3")
+    sup = make_supervisor(world, rt, unhealthy_s=2)
+    sup.start()
+    try:
+        inst = sup.instances[0]
+        wait_for(lambda: inst.health_failing_since is not None, "/health failing noticed", 10)
+        assert inst.state == State.READY  # not yet restarted: within supervise.unhealthy_s
+        assert "/health FAILING for" in format_status(status(rt / "run"))
+        wait_for(lambda: inst.unresponsive == 1 and inst.state == State.READY, "restarted and ready again", 20)
+        assert inst.failure["kind"] == "unresponsive" and "HTTP 503" in inst.failure["evidence"]
+        assert inst.restarts == 1 and len(starts(fake_env)) == 2 and inst.health_failing_since is None
+        assert "restarted 1 times for a /health that kept failing" in format_status(status(rt / "run"))
+    finally:
+        finish(sup)
+
+
+def test_a_hung_server_is_restarted(world, rt, fake_env) -> None:
+    """SIGSTOP (a hang): no answer at all. It used to stay `ready` in status while clients failed."""
+    sup = make_supervisor(world, rt, "server.shutdown_timeout=1", unhealthy_s=2, stop_margin=0.5)
+    sup.start()
+    try:
+        assert sup.wait_ready(20)
+        inst = sup.instances[0]
+        first = inst.pid
+        os.kill(first, signal.SIGSTOP)
+        wait_for(lambda: inst.unresponsive == 1 and inst.state == State.READY and inst.pid != first, "restarted", 30)
+        assert "no answer" in inst.failure["evidence"] and gone(first)  # the stopped group was killed
+    finally:
+        finish(sup)

@@ -39,6 +39,11 @@ class Supervise(Section):
         "float", "first restart delay in seconds (doubles each time)", 0.1, 3600, default=2.0
     )
     backoff_max: float = setting("float", "longest restart delay in seconds", 0.1, 86400, default=60.0)
+    unhealthy_s: float = setting(
+        "float", "seconds a ready instance may fail /health (no answer, or an error status) before it is "
+        "restarted: a hung server, or one whose engine died behind an API server still up", 2, 3600,
+        default=30.0,
+    )  # fmt: skip
     stop_margin: float = setting(
         "float", "seconds beyond server.shutdown_timeout (the drain) before what is left of an instance is "
         "SIGKILLed, when it is stopped or when its supervisor died", 0, 3600, default=10.0,

@@ -167,6 +167,11 @@ def format_status(state: dict[str, Any]) -> str:
         out.append(
             f"  {i['name']}: {i['state']}{up}, {pid}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
         )
+        if i.get("health_failing_since") and i["state"] == "ready":
+            since = time.time() - i["health_failing_since"]
+            out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")
+        if i.get("unresponsive"):
+            out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
         for step in i.get("ladder") or []:
             out.append(f"    ladder: {step['change']} (after: {step['because']})")
         if i.get("failure"):

@@ -87,6 +87,8 @@ class Instance:
         self._replacement: InstancePlan | None = None  # a new plan for this instance, not yet applied
         self._replace_asked = threading.Event()
         self.replacements = 0  # planned restarts with new settings (the daemon's degrade/recover)
+        self.unresponsive = 0  # restarts because /health kept failing while the process lived
+        self.health_failing_since: float | None = None  # wall time /health began failing (None: it answers)
         self._pump: threading.Thread | None = None
         self._saved_dropped = 0
 
@@ -113,6 +115,7 @@ class Instance:
             engine=self.inst.engine.to_json(),
             speculative=self.inst.speculative.to_json() if self.inst.speculative else None,
             warnings=tuple(self.render_warnings + self.verify_warnings),
+            health_failing_since=self.health_failing_since, unresponsive=self.unresponsive,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -197,6 +200,37 @@ class Instance:
                 )
             self._note_dropped()
             self._stop_asked.wait(self.opts.poll_interval)
+
+    def _serve(self, proc: subprocess.Popen[bytes]) -> str | None:
+        """While ready: watch the process and its ``/health`` until it exits, a replacement or a stop
+        is asked, or ``/health`` has failed for ``supervise.unhealthy_s`` seconds (a hung server, or
+        an API server whose engine died): then the reason. A failing ``/health`` is recorded (status
+        shows it) from its first failure; an answer again clears it."""
+        poll = self.opts.poll_interval
+        every = max(poll, min(2.0, self.opts.unhealthy_s / 4))
+        next_check = time.monotonic() + every
+        self.health_failing_since, last = None, ""
+        while not exited(proc) and not self._replace_asked.is_set() and not self._stop_asked.wait(poll):
+            self._note_dropped()
+            now = time.monotonic()
+            if now < next_check:
+                continue
+            next_check = now + every
+            got = http.get(self.url + "/health", timeout=min(5.0, self.opts.unhealthy_s / 2))
+            if got is not None and got[0] == 200:
+                if self.health_failing_since is not None:
+                    log.warning("%s: /health answers again after %.0f s", self.name, time.time() - self.health_failing_since)
+                    self.health_failing_since = None
+                    self.on_change()
+                continue
+            last = "no answer" if got is None else f"HTTP {got[0]}"
+            if self.health_failing_since is None:
+                self.health_failing_since = time.time()
+                log.warning("%s: /health failing (%s)", self.name, last)
+                self.on_change()
+            elif time.time() - self.health_failing_since >= self.opts.unhealthy_s:
+                return f"/health failing for {time.time() - self.health_failing_since:.0f} s ({last})"
+        return None
 
     def _main(self) -> None:
         try:
@@ -287,12 +321,7 @@ class Instance:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.opts.backoff_initial
                 self._set(State.READY)
-                while (
-                    not exited(proc)
-                    and not self._replace_asked.is_set()
-                    and not self._stop_asked.wait(self.opts.poll_interval)
-                ):
-                    self._note_dropped()
+                unresponsive = self._serve(proc)
                 if self._stop_asked.is_set():
                     self._stopping(proc)
                     break
@@ -307,14 +336,22 @@ class Instance:
                         self._taken, self._refused = [], []
                         self.replacements += 1
                         continue
-                # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
-                self._end(proc, 0)
-                code = proc.returncode
-                self.failure = {
-                    "kind": "unplanned exit",
-                    "evidence": f"exit code {code}: {self.log.last_line()[-300:]}",
-                }
-                log.error("%s: exited with code %s without being asked to", self.name, code)
+                if unresponsive:  # alive, but not serving: drained as far as it still can, then restarted
+                    log.error("%s: %s; restarting it", self.name, unresponsive)
+                    self.log.mark(f"unresponsive: {unresponsive}")
+                    self._end(proc, self._grace())
+                    self.failure = {"kind": "unresponsive", "evidence": unresponsive}
+                    self.unresponsive += 1
+                    self.health_failing_since = None
+                else:
+                    # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
+                    self._end(proc, 0)
+                    code = proc.returncode
+                    self.failure = {
+                        "kind": "unplanned exit",
+                        "evidence": f"exit code {code}: {self.log.last_line()[-300:]}",
+                    }
+                    log.error("%s: exited with code %s without being asked to", self.name, code)
             elif outcome == "timeout":
                 evidence = self.log.last_line()[-300:]  # before the stop adds its own lines
                 self._end(proc, 10)

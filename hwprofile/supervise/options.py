@@ -25,6 +25,7 @@ class Options(NamedTuple):
     backoff_initial: float
     backoff_max: float
     stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
+    unhealthy_s: float  # seconds of failing /health before a ready instance is restarted
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
@@ -44,5 +45,6 @@ class Options(NamedTuple):
             backoff_initial=supervise.backoff_initial,
             backoff_max=supervise.backoff_max,
             stop_margin=supervise.stop_margin,
+            unhealthy_s=supervise.unhealthy_s,
             **rest,
         )
