@@ -181,6 +181,38 @@ def test_a_lost_gpu_is_reported_and_the_daemon_keeps_running(daemon_env) -> None
     assert code == 0, (proc.stderr.read() if proc.stderr else "")[-3000:]
 
 
+def test_a_gpu_gone_from_the_bus_is_lost_not_ok(daemon_env) -> None:
+    """The kept handle of a GPU that left answers "invalid argument" to every call (the fake: the
+    device count drops). It used to be reported `partial` with `thermal_state: ok`; now it is
+    `unknown` at once and `gpu_lost` after three samples, with the reason, and its instance says so."""
+    e = daemon_env
+    args = ["--set=" + s for s in e["sets"]]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
+        e["host"].set_state(device_count=3)  # GPU 3 is gone: its handle's calls are INVALID_ARGUMENT
+        doc = wait_for(
+            lambda: (d := daemon_doc(e["runtime"])).get("gpus")
+            and {g["index"]: g for g in d["gpus"]}[3]["thermal_state"] == "gpu_lost" and d,
+            "GPU 3 lost",
+        )
+        gpu3 = {g["index"]: g for g in doc["gpus"]}[3]
+        assert "nothing could be read for 3 samples" in gpu3["reason"] and "Invalid Argument" in gpu3["reason"]
+        (inst,) = [i for i in doc["instances"] if 3 in _gpus_of(e, i["name"])]
+        assert inst["thermal_state"] == "gpu_lost" and "GPU 3 lost" in (inst["warning"] or ""), inst
+        assert proc.poll() is None
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+def _gpus_of(e, name: str) -> list[int]:
+    return next(i["gpus"] for i in _status(e) if i["name"] == name)
+
+
 def _status(e) -> list[dict]:
     r = subprocess.run(
         [sys.executable, "-m", "hwprofile", "status", "--json"], env=e["env"], capture_output=True, text=True

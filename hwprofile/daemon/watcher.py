@@ -85,7 +85,8 @@ class GpuReport:
         return {
             "index": r.index,
             "status": "gpu_lost" if s.lost else r.status,
-            "thermal_state": "gpu_lost" if s.lost else s.level,
+            # a GPU that cannot be read is not reported at the level it last had
+            "thermal_state": "gpu_lost" if s.lost else ("unknown" if r.status == "unreadable" else s.level),
             "reason": s.reason,
             "pending": s.pending,
             "temperature_c": r.temperature_c,
@@ -176,12 +177,18 @@ class Watcher:
         s = self.settings
         level = self.actions.get(spec.name, InstanceActionState()).level
         states = [self.thermal[g] for g in spec.gpus if g in self.thermal]
-        thermal = max((t.level for t in states), key=policy.LEVELS.index, default="ok")
+        lost = [g for g in spec.gpus if g in self.thermal and self.thermal[g].lost]
+        thermal = "gpu_lost" if lost else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
         base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level}
+        gone = (
+            f"GPU {', '.join(map(str, lost))} lost: this instance cannot be served there; no degrade helps "
+            "(fix the host, then restart the daemon: the plan leaves lost GPUs out)"
+            if lost else None
+        )  # fmt: skip
         if r is None:
-            return InstanceReport(status="not scraped", **base)
+            return InstanceReport(status="not scraped", warning=gone, **base)
         if r.status != "ok" or r.metrics is None:
-            return InstanceReport(status=r.status, error=r.error, **base)
+            return InstanceReport(status=r.status, error=r.error, warning=gone, **base)
         m = r.metrics
         win = self.windows.setdefault(spec.name, CounterWindow(s.window_s))
         win.add(now, m.window_values())
@@ -222,7 +229,7 @@ class Watcher:
             itl_p50_s=histogram_quantile(0.5, itl),
             itl_p99_s=histogram_quantile(0.99, itl),
             window_s=span,
-            warning=policy.acceptance_health(sw, s),
+            warning=gone or policy.acceptance_health(sw, s),
             advice=advice,
             **base,
         )

@@ -11,13 +11,15 @@ from typing import Any
 from .nvml import GpuLost, Nvml, Unavailable
 from .snapshot import decode_clock_event_reasons
 
+LOST_AFTER = 3  # samples in a row in which nothing of a GPU could be read: it is gone
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
 
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One GPU at one tick. ``status``: ok, lost, error (then the values may be None)."""
+    """One GPU at one tick. ``status``: ok; partial (some values could not be read: those are None);
+    unreadable (none could: not fine, not yet lost); lost."""
 
     index: int
     at: float
@@ -48,7 +50,10 @@ class GpuSampler:
     """Keeps NVML open and one handle per GPU; :meth:`sample` reads what changes every tick.
 
     Thresholds and maximum clocks are read once per GPU. A driver function that answers NOT
-    SUPPORTED once (the temperature margin on boards before Ada) is not asked again.
+    SUPPORTED once (the temperature margin on boards before Ada) is not asked again. A GPU of which
+    nothing can be read for :data:`LOST_AFTER` samples in a row (its kept handle answers "invalid
+    argument" once the device left the bus, or every call fails) is lost, with the last error: a GPU
+    that cannot be read is never reported as fine.
     """
 
     def __init__(self, indexes: Iterable[int] | None = None) -> None:
@@ -58,6 +63,7 @@ class GpuSampler:
         self.lost: dict[int, str] = {}
         self._limits: dict[int, tuple[int | None, int | None, int | None]] = {}
         self._no_margin: set[int] = set()
+        self._unread: dict[int, int] = {}  # samples in a row that read nothing of the GPU
         try:
             self.nvml.open()
         except Unavailable as e:
@@ -86,12 +92,23 @@ class GpuSampler:
             return tuple(out)
         for i, h in sorted(self.handles.items()):
             try:
-                out.append(self._read(i, h, now))
+                r = self._read(i, h, now)
             except GpuLost:
-                self.lost[i] = "NVML answered GPU_IS_LOST"
-                del self.handles[i]
-                out.append(GpuReading(i, now, status="lost", error=self.lost[i]))
+                r = self._lose(i, now, "NVML answered GPU_IS_LOST")
+            else:
+                nothing = all(v is None for v in (r.temperature_c, r.sm_clock_mhz, r.power_draw_watts, r.memory_used_bytes))
+                self._unread[i] = self._unread.get(i, 0) + 1 if nothing else 0
+                if self._unread[i] >= LOST_AFTER:
+                    r = self._lose(i, now, f"nothing could be read for {LOST_AFTER} samples in a row: {r.error}")
+                elif nothing:
+                    r = GpuReading(i, now, status="unreadable", error=r.error)
+            out.append(r)
         return tuple(sorted(out, key=lambda r: r.index))
+
+    def _lose(self, i: int, now: float, why: str) -> GpuReading:
+        self.lost[i] = why
+        del self.handles[i]
+        return GpuReading(i, now, status="lost", error=why)
 
     def _read(self, i: int, h: Any, now: float) -> GpuReading:
         self.nvml.errors.clear()
