@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from test_daemon_telemetry import vllm_text
@@ -193,3 +194,38 @@ def test_counters_that_are_not_counts_make_the_scrape_an_error(value: str) -> No
     assert "vllm:spec_decode_num_draft_tokens_total" in text
     with pytest.raises(MetricsError, match="not a count"):
         parse(bad)
+
+
+def test_one_hung_server_does_not_hold_the_others_or_the_tick(server) -> None:
+    """A /metrics trickling one byte every 0.2 s held a whole daemon tick for 30 s (no WATCHDOG=1:
+    systemd killed the daemon). Scrapes run at once, each with its own deadline, off the loop."""
+    from hwprofile.telemetry.scrape import ScrapePool
+
+    slow, fast = server("trickle"), server("ok")
+    pool = ScrapePool(timeout=0.5)
+    try:
+        for tick in range(3):
+            t0 = time.monotonic()
+            got = pool.collect({"slow": slow.url, "fast": fast.url, "also": fast.url}, float(tick))
+            took = time.monotonic() - t0
+            assert took < 1.5, took  # one deadline for all of them, not one after another
+            assert got["fast"].status == "ok" and got["also"].status == "ok"
+            assert got["slow"].status == "unreachable", got["slow"]
+    finally:
+        pool.close()
+
+
+def test_a_deferred_action_is_logged_once_not_at_every_tick(caplog) -> None:
+    from test_overrides import _plan, _Sampler, _Sup
+
+    from hwprofile.daemon.loop import Daemon
+    from hwprofile.daemon.watcher import Report
+
+    plan = _plan({"a": 64})
+    d = Daemon(plan, lambda sets: plan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent"))
+    note = "a: degrade to step 1 deferred: 6 actions in the last hour (watch.max_actions_per_hour 6)"
+    d.watcher.tick = lambda now, gpus, scrapes, act=True: Report(now, (), (), (), (note,))  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="hwprofile"):
+        for _ in range(20):
+            d.tick()
+    assert sum(note in r.getMessage() for r in caplog.records) == 1

@@ -76,6 +76,7 @@ class Daemon:
         runtime: Path,
         clock: Callable[[], float] = time.monotonic,
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
+        collect: Callable[[dict[str, str], float], dict[str, InstanceReading]] | None = None,
         on_tick: Callable[[Daemon, Report], None] | None = None,
     ) -> None:
         """``replan(extra_sets)`` returns a :class:`Plan` (``PlanInputs.replan``); ``supervisor``: a
@@ -91,6 +92,9 @@ class Daemon:
         self.runtime = runtime
         self.clock = clock
         self.scraper = scraper
+        # every ready instance's /metrics: off the loop's thread in the daemon (ScrapePool.collect),
+        # one after another with a test's fake scraper
+        self.collect = collect or (lambda targets, now: {n: scraper(n, u, now) for n, u in targets.items()})
         self.on_tick = on_tick
         per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
@@ -112,6 +116,7 @@ class Daemon:
         self.reload_error: str | None = None  # the last reload's error, while its plan is refused
         self.last_reload: dict[str, Any] | None = None
         self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
+        self._deferred_said: set[str] = set()  # deferred actions already logged (said once each)
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -128,16 +133,21 @@ class Daemon:
             why, self.reload_requested = self.reload_requested, None
             self.reload(why)
         insts = self.instances()
-        scrapes = {
-            name: self.scraper(name, spec.url, now)
-            for name, spec in self.watcher.instances.items()
-            if name in insts and insts[name].state.value == "ready"
-        }
+        scrapes = self.collect(
+            {
+                name: spec.url
+                for name, spec in self.watcher.instances.items()
+                if name in insts and insts[name].state.value == "ready"
+            },
+            now,
+        )
         rep = self.watcher.tick(now, self.sampler.sample(now), scrapes)
         for change in rep.changes:
             log.warning("%s", change)
-        for note in rep.deferred:
-            log.warning("%s", note)
+        for note in rep.deferred:  # said once while it stands, not at every tick
+            if note not in self._deferred_said:
+                log.warning("%s", note)
+        self._deferred_said = set(rep.deferred)
         for a in rep.actions:
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
             self.queue.append(a)

@@ -44,7 +44,7 @@ def run_daemon(
     from ..host.sampler import GpuSampler
     from ..launch.start import supervisor
     from ..supervise.lifecycle import State
-    from ..telemetry.scrape import Scraper
+    from ..telemetry.scrape import ScrapePool
     from .exporter import serve
 
     plan, runtime, replan = launch.plan, launch.runtime, launch.replan
@@ -66,7 +66,7 @@ def run_daemon(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    scraper = Scraper()
+    scrapes = ScrapePool()
     daemon = Daemon(
         plan,
         replan,
@@ -75,7 +75,7 @@ def run_daemon(
         settings,
         plan.degrade,
         runtime,
-        scraper=scraper,
+        collect=scrapes.collect,
         on_tick=on_tick,
     )
     signal.signal(signal.SIGHUP, lambda _s, _f: daemon.request_reload("SIGHUP"))  # the loop reloads
@@ -94,7 +94,9 @@ def run_daemon(
             server, thread = serve(daemon.published, settings.metrics_port)
             log.info("hwprofile metrics on http://127.0.0.1:%d/metrics", settings.metrics_port)
         except OSError as e:
-            log.error("metrics on 127.0.0.1:%d not served: %s (watch.metrics_port)", settings.metrics_port, e)
+            msg = f"metrics on 127.0.0.1:{settings.metrics_port} not served: {e} (watch.metrics_port)"
+            log.error("%s", msg)
+            daemon.errors.append(msg)  # in daemon.json, so `hwprofile status` says it too
     sup.start()
     ready_said = False
     # RELOADING=1 ... READY=1 only once the unit is ready (before that, READY=1 would start it early)
@@ -136,7 +138,7 @@ def run_daemon(
         sup.wait()
         sup.close()
         sampler.close()
-        scraper.close()
+        scrapes.close()
         with contextlib.suppress(OSError):
             (runtime / DAEMON_FILE).unlink()  # nothing is watched any more: no stale live view
         if server is not None:

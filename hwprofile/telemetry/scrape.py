@@ -10,6 +10,7 @@ import http.client
 import time
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 from .http import TooLarge, connection, exchange, redact
 from .metrics import MetricsError, VllmMetrics, parse
@@ -104,3 +105,51 @@ def scrape(name: str, url: str, now: float, timeout: float = SCRAPE_TIMEOUT_S) -
         return scraper(name, url, now)
     finally:
         scraper.close()
+
+
+class ScrapePool:
+    """Every instance's ``/metrics`` at once, each on a thread and a kept connection of its own:
+    one slow or hung server never delays the others, the GPU readings or the loop's watchdog ping.
+
+    :meth:`collect` starts a scrape for each target whose previous one has finished, waits at most
+    ``wait_s`` (a little more than one scrape's own deadline), and answers for every target: the
+    scrapes that finished, and for one still running a reading that says so (status
+    ``unreachable``); that scrape is not started again until it ended."""
+
+    def __init__(self, timeout: float = SCRAPE_TIMEOUT_S, wait_s: float | None = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.timeout = timeout
+        self.wait_s = wait_s if wait_s is not None else timeout + 0.2
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="scrape")
+        self._scrapers: dict[str, Scraper] = {}
+        self._running: dict[str, tuple[Any, float]] = {}  # name -> (future, when it started)
+
+    def collect(self, targets: dict[str, str], now: float) -> dict[str, InstanceReading]:
+        import concurrent.futures as cf
+
+        for name, url in targets.items():
+            if name not in self._running:
+                scraper = self._scrapers.setdefault(name, Scraper(self.timeout))
+                self._running[name] = (self._pool.submit(scraper, name, url, now), time.monotonic())
+        futures = [self._running[n][0] for n in targets]
+        cf.wait(futures, timeout=self.wait_s)
+        out: dict[str, InstanceReading] = {}
+        for name, url in targets.items():
+            future, started = self._running[name]
+            if not future.done():
+                waited = time.monotonic() - started
+                out[name] = InstanceReading(name, url, now, "unreachable",
+                                            error=f"{redact(url)}/metrics: still no answer after {waited:.1f} s")  # fmt: skip
+                continue
+            del self._running[name]
+            try:
+                out[name] = future.result()
+            except Exception as e:  # a scrape never raises; if it ever does, it is a reading too
+                out[name] = InstanceReading(name, url, now, "error", error=f"scrape failed: {type(e).__name__}: {e}")
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for s in self._scrapers.values():
+            s.close()
