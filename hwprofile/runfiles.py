@@ -1,18 +1,16 @@
-"""Every file hwprofile keeps in its runtime directory: the names, the typed documents, the one
-writer and the one trusted reader.
+"""Every file hwprofile keeps in its runtime directory (and the one it keeps in its state
+directory): the names, the typed documents, the one writer and the one trusted reader.
 
-=================  ==========================================  ===========================  ==========================
-file               written by                                  read by                      document
-=================  ==========================================  ===========================  ==========================
-state.json         the supervisor, at every change             status, stop, launch         :class:`SupervisorDoc`
-last.json          the supervisor, when it ends cleanly        status                       :class:`SupervisorDoc`
-launch.json        a detached ``launch``, for its supervisor   ``launch --plan-file``       :class:`LaunchDoc`
-daemon.json        the daemon, at every tick                   status, reload               :class:`DaemonDoc`
-supervisor.lock    (empty: an ``flock`` held for the           launch, status               —
-                   supervisor's life, :class:`RuntimeLock`)
-hwprofile.log      hwprofile's own log                         a person                     —
-supervisor.out     a detached supervisor's output              launch (its tail)            —
-=================  ==========================================  ===========================  ==========================
+- ``state.json`` (:class:`SupervisorDoc`): written by the supervisor at every change; read by
+  ``status``, ``stop``, ``reload`` and a waiting ``launch``.
+- ``last.json`` (:class:`SupervisorDoc`, with ``ended_at`` and why): written when a supervisor ends
+  cleanly; read by ``status`` and by the next start.
+- ``launch.json`` (:class:`LaunchDoc`): a detached ``launch`` hands its supervisor the plan.
+- ``daemon.json`` (:class:`DaemonDoc`): the daemon's last tick; read by ``status`` and ``reload``.
+- ``supervisor.lock``: empty, an ``flock`` held for the supervisor's life (:class:`RuntimeLock`).
+- ``hwprofile.log``, ``supervisor.out``: logs, not documents.
+- ``last-good-plan.json`` (:class:`LaunchDoc`, in the state directory): the plan the daemon last ran
+  well; a daemon whose configuration is invalid starts from it, saying why.
 
 Writing: :func:`write_doc`, the atomic write of :mod:`hwprofile.runtime.files` (never through a
 link, mode 0600 before any byte). Reading: :func:`read_doc`, which trusts nothing it did not check:
@@ -52,6 +50,7 @@ LAST_FILE = "last.json"
 LAUNCH_FILE = "launch.json"
 DAEMON_FILE = "daemon.json"
 LOCK_FILE = "supervisor.lock"
+LAST_GOOD_FILE = "last-good-plan.json"  # in the state directory: a LaunchDoc the daemon ran
 LOG_FILE = "hwprofile.log"
 SUPERVISOR_OUT = "supervisor.out"
 

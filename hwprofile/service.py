@@ -42,8 +42,10 @@ Wants=network-online.target
 Type=notify
 NotifyAccess=main
 ExecStart={exec_start}
-# SIGHUP = re-plan from the same inputs; only changed instances restart, one at a time.
-ExecReload=/bin/kill -HUP $MAINPID
+# `hwprofile reload`: SIGHUP to the daemon (re-plan from the same inputs; only changed instances
+# restart, one at a time), then its answer: `systemctl reload` fails when the configuration is invalid
+# (the last good plan keeps running).
+ExecReload={exec_reload}
 WatchdogSec=30
 Restart=on-failure
 RestartSec=10
@@ -56,13 +58,16 @@ KillMode=mixed
 KillSignal=SIGTERM
 TimeoutStopSec={stop_timeout}
 Environment=HWPROFILE_RUNTIME_DIR=%t/hwprofile
+Environment=HWPROFILE_STATE_DIR=%S/hwprofile
 Environment=HWPROFILE_CONFIG_ROOT={config_root}
 Environment=HWPROFILE_LOGS__DIR=%t/hwprofile/logs
-Environment=HOME=%C/hwprofile
-Environment=XDG_CACHE_HOME=%C/hwprofile
-Environment=HF_HOME=%C/hwprofile/huggingface
+{home_lines}# the runtime directory outlives a restart (why the last run ended is read there), not a stop;
+# the state directory keeps the last good plan, which a restart with an invalid override starts from
 RuntimeDirectory=hwprofile
 RuntimeDirectoryMode=0700
+RuntimeDirectoryPreserve=restart
+StateDirectory=hwprofile
+StateDirectoryMode=0700
 CacheDirectory=hwprofile
 CacheDirectoryMode=0700
 {user_lines}LimitNOFILE=65536
@@ -165,7 +170,9 @@ def render_unit(
     (EXTEND_TIMEOUT_USEC): an override changed after the unit was written is covered too."""
     shutdown, margin = drain if drain is not None else (shutdown_of(daemon_args), STOP_MARGIN_S)
     shutdown, margin = int(-(-shutdown // 1)), int(-(-margin // 1))
-    argv = [*(command or hwprofile_command()), "daemon", *daemon_args]
+    command = list(command or hwprofile_command())
+    argv = [*command, "daemon", *daemon_args]
+    reload = [*command, "reload", "--runtime-dir", "%t/hwprofile"]
     if user:
         user_lines = ""  # a user manager runs it as that user
     elif run_as:
@@ -175,19 +182,35 @@ def render_unit(
     return UNIT.format(
         origin=origin,
         exec_start=" ".join(systemd_quote(a, "an argument of the daemon") for a in argv),
+        # the specifier stays a specifier: systemd expands %t itself
+        exec_reload=" ".join(a if a == "%t/hwprofile" else systemd_quote(a, "the reload command") for a in reload),
         shutdown=shutdown,
         margin=margin,
         slack=STOP_SLACK_S,
         stop_timeout=stop_timeout if stop_timeout is not None else shutdown + margin + STOP_SLACK_S,
-        config_root="%E/hwprofile",  # /etc/hwprofile for the system manager, ~/.config/hwprofile for a user's
+        # the system manager: /etc/hwprofile; a user's: the config home resolved here, where the
+        # tmpfiles entry (which has no %E) creates it too
+        config_root=str(user_config_root()) if user else "%E/hwprofile",
+        # a system unit runs as a dynamic user without a home: caches go to its cache directory; a
+        # user unit keeps the user's HOME and Hugging Face cache, so a model that plans in the shell
+        # is found under the unit too
+        home_lines="" if user else (
+            "Environment=HOME=%C/hwprofile\nEnvironment=XDG_CACHE_HOME=%C/hwprofile\n"
+            "Environment=HF_HOME=%C/hwprofile/huggingface\n"
+        ),
         user_lines=user_lines,
         wanted_by="default.target" if user else "multi-user.target",
     )
 
 
+def user_config_root() -> Path:
+    """``$XDG_CONFIG_HOME/hwprofile`` (default ``~/.config/hwprofile``) of the user installing."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hwprofile"
+
+
 def render_tmpfiles(user: bool = False) -> str:
-    # tmpfiles.d has no %E; a user's config home is taken as ~/.config (XDG's default)
-    return TMPFILES.format(config_root="%h/.config/hwprofile" if user else "/etc/hwprofile")
+    # the same directory the unit's HWPROFILE_CONFIG_ROOT names (tmpfiles.d has no %E)
+    return TMPFILES.format(config_root=str(user_config_root()) if user else "/etc/hwprofile")
 
 
 def default_paths(user: bool) -> Paths:

@@ -209,6 +209,45 @@ def test_a_gpu_gone_from_the_bus_is_lost_not_ok(daemon_env) -> None:
         proc.wait(60)
 
 
+def test_a_restart_with_an_invalid_override_starts_from_the_last_good_plan(daemon_env, tmp_path) -> None:
+    """An invalid override plus any restart of the unit took every instance down (exit 2 every 10 s:
+    the last good plan was only in memory). It is kept in the state directory and started from."""
+    e = daemon_env
+    env = {**e["env"], "HWPROFILE_STATE_DIR": str(tmp_path / "state")}
+    args = [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in e["sets"]]]
+
+    def run() -> subprocess.Popen[str]:
+        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    def ready() -> bool:
+        st = _status({**e, "env": env})
+        return len(st) == 2 and all(i["state"] == "ready" for i in st)
+
+    proc = run()
+    try:
+        wait_for(ready, "ready")
+        wait_for(lambda: (tmp_path / "state" / "last-good-plan.json").exists(), "the last good plan kept")
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+    bad = Path(e["env"]["HWPROFILE_CONFIG_ROOT"]) / "overrides.d"
+    bad.mkdir(parents=True, exist_ok=True)
+    (bad / "50-typo.yaml").write_text("engine:\n  max_num_seq: 12\n")  # a misspelt key
+    proc = run()
+    try:
+        wait_for(ready, "ready again, from the kept plan")
+        doc = daemon_doc(e["runtime"])
+        assert "started from the last good plan" in (doc.get("reload_error") or ""), doc.get("reload_error")
+        assert "50-typo.yaml" in doc["reload_error"]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    (tmp_path / "state" / "last-good-plan.json").unlink()
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "max_num_seq" in r.stderr  # nothing kept: the error stands
+
+
 def _gpus_of(e, name: str) -> list[int]:
     return next(i["gpus"] for i in _status(e) if i["name"] == name)
 

@@ -284,11 +284,15 @@ def test_status_line_reads_the_loop_state() -> None:
         current=None,
         reload_error=None,
     )
-    assert status_line(d) == "2/2 ready · GPU2 hot 84 °C, degraded · acceptance 71 %"
+    assert status_line(d) == "2/2 ready (1 degraded: vllm-gpu2-3) · GPU2 hot 84 °C, degraded · acceptance 71 %"
+    d.report.gpus[1] = gpu(2, "ok", 70.0)  # cooled, not yet recovered: still said degraded
+    assert status_line(d) == "2/2 ready (1 degraded: vllm-gpu2-3) · acceptance 71 %"
+    d.report.gpus[1] = gpu(2, "hot", 84.2)
     d.sup.instances[1].state = NS(value="restarting")
     d.current = NS(action=NS(instance="vllm-gpu2-3"))
     d.reload_error = "/etc/hwprofile/overrides.d/a.yaml:2: invalid YAML"
     assert status_line(d) == (
-        "1/2 ready · GPU2 hot 84 °C, degraded · acceptance 71 % · restarting vllm-gpu2-3"
+        "1/2 ready (1 degraded: vllm-gpu2-3) · GPU2 hot 84 °C, degraded · acceptance 71 %"
+        " · restarting vllm-gpu2-3"
         " · reload failed, last good plan kept: /etc/hwprofile/overrides.d/a.yaml:2: invalid YAML"
     )

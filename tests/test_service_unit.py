@@ -58,7 +58,11 @@ def test_install_service_writes_this_installations_unit(tmp_path) -> None:
     exe = Path(sys.executable).parent / "hwprofile"
     assert k["ExecStart"] == [f'{exe} daemon --model "{model}" --set server.shutdown_timeout=60']
     assert k["Type"] == ["notify"] and k["NotifyAccess"] == ["main"]
-    assert k["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    # hwprofile's own reload: `systemctl reload` fails when the configuration is invalid
+    assert k["ExecReload"] == [f"{exe} reload --runtime-dir %t/hwprofile"]
+    assert k["StateDirectory"] == ["hwprofile"] and k["RuntimeDirectoryPreserve"] == ["restart"]
+    assert k["Environment"][:2] == ["HWPROFILE_RUNTIME_DIR=%t/hwprofile", "HWPROFILE_STATE_DIR=%S/hwprofile"]
+    assert "HF_HOME=%C/hwprofile/huggingface" in k["Environment"]  # a dynamic user has no home
     assert k["Restart"] == ["on-failure"] and k["KillMode"] == ["mixed"]
     assert int(k["TimeoutStopSec"][0]) == 60 + 10 + 30  # drain + the supervisor's SIGKILL margin + slack
     assert int(k["WatchdogSec"][0]) >= 10
@@ -78,7 +82,12 @@ def test_user_unit_and_daemon_reload_without_a_manager(tmp_path) -> None:
     unit = (tmp_path / "cfg" / "systemd" / "user" / "hwprofile.service").read_text()
     k = keys(unit)
     assert "DynamicUser" not in k and "User" not in k and k["WantedBy"] == ["default.target"]
-    assert (tmp_path / "cfg" / "user-tmpfiles.d" / "hwprofile.conf").exists()
+    # the user's own HOME and Hugging Face cache (a model that plans in the shell is found), and the
+    # config root the tmpfiles entry creates is the one the unit watches ($XDG_CONFIG_HOME's)
+    assert not [v for v in k["Environment"] if v.startswith(("HOME=", "HF_HOME=", "XDG_CACHE_HOME="))]
+    assert f"HWPROFILE_CONFIG_ROOT={tmp_path / 'cfg' / 'hwprofile'}" in k["Environment"]
+    tmpfiles = (tmp_path / "cfg" / "user-tmpfiles.d" / "hwprofile.conf").read_text()
+    assert f"d {tmp_path / 'cfg' / 'hwprofile'}/overrides.d 0755" in tmpfiles
     assert re.search(
         r"systemd not reloaded: (systemctl is not installed|the manager is not available)", r.stdout
     ), r.stdout

@@ -222,6 +222,11 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
         "--watch-quiet", type=number(0, 60), default=0.5, metavar="S",
         help="seconds without file events before edits are applied (default 0.5)",
     )  # fmt: skip
+    p.add_argument(
+        "--state-dir", metavar="DIR",
+        help="where the last good plan is kept (default $HWPROFILE_STATE_DIR, $XDG_STATE_HOME/hwprofile, "
+        "/var/lib/hwprofile as root)",
+    )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
 
 

@@ -110,19 +110,47 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..daemon.main import run_daemon
+    from ..errors import InputError
     from ..launch.start import preflight, setup_logging
-    from ..runtime.dirs import runtime_dir
+    from ..runfiles import LAST_GOOD_FILE
+    from ..runtime.dirs import runtime_dir, state_dir
 
     host = load_host(args)
-    plan, inputs = plan_of(args, host)  # the same inputs for every re-plan: degrade steps, the ladder, reloads
     runtime = runtime_dir(args.runtime_dir)
-    launch = launch_of(args, host, plan, inputs, runtime)
+    state = state_dir(args.state_dir)
+    started_from = None
+    try:
+        plan, inputs = plan_of(args, host)  # the same inputs for every re-plan: degrade steps, the ladder, reloads
+        launch = launch_of(args, host, plan, inputs, runtime)
+    except InputError as e:  # an invalid configuration: the plan that last ran well, if one is kept
+        kept = _last_good(state)
+        if kept is None:
+            raise
+        started_from = (
+            f"the configuration is invalid ({'; '.join(e.messages())}): started from the last good plan "
+            f"({state / LAST_GOOD_FILE}); fix it, then `hwprofile reload`"
+        )
+        inputs = kept.inputs
+        launch = launch_of(args, kept.inputs.host, kept.plan, inputs, runtime)
     preflight(launch)
     setup_logging(runtime, to_stderr=True)
     root = inputs.config_root
     return run_daemon(
-        launch, watch_root=Path(root) if args.watch_config and root else None, watch_quiet_s=args.watch_quiet
-    )
+        launch, watch_root=Path(root) if args.watch_config and root else None, watch_quiet_s=args.watch_quiet,
+        state_dir=state, started_from=started_from,
+    )  # fmt: skip
+
+
+def _last_good(state):  # -> LaunchDoc | None
+    """The daemon's last good plan in ``state``, when one is kept and can be trusted; None (the
+    error stands) otherwise."""
+    from ..runfiles import LAST_GOOD_FILE, LaunchDoc, RunFileError, read_doc
+
+    try:
+        return read_doc(state / LAST_GOOD_FILE, LaunchDoc)
+    except RunFileError as e:
+        print(f"hwprofile: the last good plan is not used: {e}", file=sys.stderr)
+        return None
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

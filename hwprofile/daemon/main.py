@@ -14,7 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..runfiles import DAEMON_FILE
+from ..errors import HwprofileError
+from ..runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
+from ..runtime.dirs import private_dir
 from .loop import Daemon
 from .notify import Notifier, status_line
 
@@ -33,9 +35,13 @@ def run_daemon(
     notifier: Notifier | None = None,
     watch_root: Path | None = None,
     watch_quiet_s: float = 0.5,
+    state_dir: Path | None = None,
+    started_from: str | None = None,
 ) -> int:
     """``notifier``: sd_notify (default: from $NOTIFY_SOCKET, which is then removed from the
-    environment vLLM inherits); ``watch_root``: the config root to watch for live overrides."""
+    environment vLLM inherits); ``watch_root``: the config root to watch for live overrides;
+    ``state_dir``: where the last good plan is kept; ``started_from``: why this start runs a kept
+    plan rather than the configuration's (said in the log, STATUS= and daemon.json)."""
     notifier = notifier if notifier is not None else Notifier.from_environ()
     from .journal import attach
 
@@ -78,6 +84,10 @@ def run_daemon(
         collect=scrapes.collect,
         on_tick=on_tick,
     )
+    if started_from:  # the configuration is invalid: the kept plan runs, and everyone is told why
+        log.error("%s", started_from)
+        daemon.reload_error = started_from
+        daemon.errors.append(started_from)
     signal.signal(signal.SIGHUP, lambda _s, _f: daemon.request_reload("SIGHUP"))  # the loop reloads
     cwatch = None
     if watch_root is not None:
@@ -99,15 +109,33 @@ def run_daemon(
             daemon.errors.append(msg)  # in daemon.json, so `hwprofile status` says it too
     sup.start()
     ready_said = False
+
+    def keep_good(d: Daemon) -> None:
+        """The plan running well, kept in the state directory: a restart whose configuration is
+        invalid starts from it (cli.running.cmd_daemon)."""
+        if state_dir is None or launch.inputs is None:
+            return
+        try:
+            write_doc(private_dir(state_dir) / LAST_GOOD_FILE, LaunchDoc(d.plan, launch.inputs, launch.release.target))
+        except (OSError, HwprofileError) as e:
+            log.error("cannot keep the last good plan in %s: %s", state_dir, e)
+
+    def reloaded(d: Daemon) -> None:
+        if ready_said:
+            notifier.ready(status_line(d))
+            if (d.last_reload or {}).get("outcome") == "applied":
+                keep_good(d)
+
     # RELOADING=1 ... READY=1 only once the unit is ready (before that, READY=1 would start it early)
     daemon.on_reloading = lambda d: ready_said and notifier.reloading()
-    daemon.on_reloaded = lambda d: ready_said and notifier.ready(status_line(d))
+    daemon.on_reloaded = reloaded
 
     def tick_hook(d: Daemon, rep: Any) -> None:
         nonlocal ready_said
         if not ready_said and d.sup.instances and all(i.state == State.READY for i in d.sup.instances):
             ready_said = True
             log.info("every instance is ready")
+            keep_good(d)
             notifier.ready(status_line(d))
             if on_ready:
                 on_ready(d)

@@ -161,7 +161,9 @@ def status_line(daemon: Any) -> str:
     ``2/2 ready · GPU2 hot 84 °C, degraded · acceptance 71 %``."""
     insts = list(daemon.sup.instances)
     ready = sum(1 for i in insts if i.state.value == "ready")
-    parts = [f"{ready}/{len(insts)} ready"]
+    degraded = sorted(n for n, level in daemon.levels.items() if level)
+    # "2/2 ready" alone while one of them runs at a degrade step would say the profile is in full force
+    parts = [f"{ready}/{len(insts)} ready" + (f" ({len(degraded)} degraded: {', '.join(degraded)})" if degraded else "")]
     rep = daemon.report
     degraded_gpus: set[int] = set()
     for name, level in daemon.levels.items():

@@ -36,6 +36,19 @@ def runtime_dir(flag: str | None = None) -> Path:
     return Path(tempfile.gettempdir()) / f"hwprofile-{os.geteuid()}"
 
 
+def state_dir(flag: str | None = None) -> Path:
+    """Where what outlives a run is kept (the daemon's last good plan): ``--state-dir``, else
+    ``$HWPROFILE_STATE_DIR`` (the unit's ``StateDirectory``), else ``$XDG_STATE_HOME/hwprofile``, else
+    ``/var/lib/hwprofile`` as root, else ``~/.local/state/hwprofile``. Only the path."""
+    if flag or os.environ.get("HWPROFILE_STATE_DIR"):
+        return Path(flag or os.environ["HWPROFILE_STATE_DIR"])
+    if os.environ.get("XDG_STATE_HOME"):
+        return Path(os.environ["XDG_STATE_HOME"]) / "hwprofile"
+    if os.geteuid() == 0:
+        return Path("/var/lib/hwprofile")
+    return Path.home() / ".local" / "state" / "hwprofile"
+
+
 class UnsafeDirectory(InputError):
     """A directory hwprofile would use exists but is not safely its own (the message says why)."""
 
