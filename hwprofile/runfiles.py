@@ -114,6 +114,8 @@ SUPERVISOR = Obj(
         "supervisor": IDENTITY.nullable(),
         "started_at": _TIME,
         "ended_at": _TIME,
+        "end_reason": _TEXT,
+        "previous": _TEXT,
         "profile": Str(256),
         "model": Str(4096),
         "vllm_version": Str(64),
@@ -243,14 +245,29 @@ class SupervisorDoc:
     model: str | None = None
     vllm_version: str | None = None
     ended_at: float | None = None
+    end_reason: str | None = None  # last.json: why the supervisor ended
+    previous: str | None = None  # how the run before this one in the same runtime directory ended
 
     @property
     def supervisor_pid(self) -> int:
         return self.supervisor.pid
 
-    def ended(self, at: float) -> SupervisorDoc:
-        """This document as ``last.json``: ended at ``at``, no process left to signal."""
-        return replace(self, ended_at=at, instances=tuple(replace(i, process=None) for i in self.instances))
+    def ended(self, at: float, reason: str) -> SupervisorDoc:
+        """This document as ``last.json``: ended at ``at`` for ``reason``, no process left to signal."""
+        return replace(
+            self, ended_at=at, end_reason=reason, instances=tuple(replace(i, process=None) for i in self.instances)
+        )
+
+    def how_it_ended(self) -> str:
+        """One line for the next run: when and why this one ended (or that it did not say)."""
+        import time as _time
+
+        names = ", ".join(f"{i.name} {i.state}" for i in self.instances) or "no instance"
+        if self.ended_at is None:
+            return (f"supervisor pid {self.supervisor_pid} ended without cleaning up (killed or crashed; "
+                    f"its last record: {names})")  # fmt: skip
+        when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(self.ended_at))
+        return f"supervisor pid {self.supervisor_pid} ended at {when}: {self.end_reason or 'no reason recorded'} ({names})"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -260,6 +277,9 @@ class SupervisorDoc:
         }  # fmt: skip
         if self.ended_at is not None:
             out["ended_at"] = self.ended_at
+            out["end_reason"] = self.end_reason
+        if self.previous is not None:
+            out["previous"] = self.previous
         return out
 
     @classmethod
@@ -270,6 +290,7 @@ class SupervisorDoc:
         return cls(
             Identity(s["pid"], s["start_time"]), tuple(InstanceRecord.from_json(i) for i in d["instances"]),
             d.get("started_at"), d.get("profile"), d.get("model"), d.get("vllm_version"), d.get("ended_at"),
+            d.get("end_reason"), d.get("previous"),
         )  # fmt: skip
 
 

@@ -96,8 +96,10 @@ def test_documents_round_trip_and_validate_against_their_schema(rt: Path, victim
     back = read_doc(rt / STATE_FILE, SupervisorDoc)
     assert back == doc and back.instances[0].process == victim
     jsonschema.validate(json.loads((rt / STATE_FILE).read_text()), runfiles.json_schema(SupervisorDoc))
-    last = doc.ended(123.0)
+    last = doc.ended(123.0, "stopped by SIGTERM")
     assert last.ended_at == 123.0 and all(i.process is None for i in last.instances)
+    assert "ended at" in last.how_it_ended() and "stopped by SIGTERM" in last.how_it_ended()
+    assert "ended without cleaning up" in doc.how_it_ended()
     d = {"schema": runfiles.DAEMON_SCHEMA, "updated_at": time.time(), "pid": 1, "ticks": 3, "missed_ticks": 0,
          "watch": {"interval": 1.0}, "gpus": [{"index": 0, "thermal_state": "ok"}], "instances": []}  # fmt: skip
     write_doc(rt / DAEMON_FILE, DaemonDoc.from_json(d))

@@ -842,3 +842,23 @@ def test_a_hung_server_is_restarted(world, rt, fake_env) -> None:
         assert "no answer" in inst.failure["evidence"] and gone(first)  # the stopped group was killed
     finally:
         finish(sup)
+
+
+def test_a_new_run_says_how_the_previous_one_ended(world, rt, fake_env) -> None:
+    """A restarted daemon kept no record of why the previous one ended. The state file a killed
+    supervisor left, or the last.json of a clean end, is read at the next start and kept."""
+    (rt / "run").mkdir(mode=0o700)
+    write_state(rt / "run" / STATE_FILE, _state(_dead_identity(), None))
+    sup = make_supervisor(world, rt)
+    assert sup.previous and "ended without cleaning up" in sup.previous and "vllm-cpu ready" in sup.previous
+    sup.start()
+    assert sup.wait_ready(20)
+    assert "the run before: supervisor pid" in format_status(status(rt / "run"))
+    sup.end_reason = "stopped by SIGTERM"
+    finish(sup)
+    assert read_state(rt / "run" / LAST_FILE)["end_reason"] == "stopped by SIGTERM"
+    again = make_supervisor(world, rt)
+    try:
+        assert again.previous and "stopped by SIGTERM" in again.previous and "vllm-cpu stopped" in again.previous
+    finally:
+        again.close()

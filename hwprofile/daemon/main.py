@@ -67,6 +67,7 @@ def run_daemon(
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: draining and stopping every instance", signal.Signals(signum).name)
+        sup.end_reason = f"the daemon was stopped by {signal.Signals(signum).name}"
         stopped_by_signal.set()
         stop.set()
 

@@ -242,6 +242,7 @@ def foreground(launch: Launch) -> int:
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: stopping instances", signal.Signals(signum).name)
+        sup.end_reason = f"stopped by {signal.Signals(signum).name}"
         sup.stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

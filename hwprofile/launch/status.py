@@ -148,7 +148,8 @@ def format_status(state: dict[str, Any]) -> str:
         return "hwprofile: nothing is running\n"
     if state.get("ended"):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.get("ended_at") or 0))
-        head = f"nothing is running; the last run (supervisor pid {state.get('supervisor_pid')}) ended {when}"
+        why = f" ({state['end_reason']})" if state.get("end_reason") else ""
+        head = f"nothing is running; the last run (supervisor pid {state.get('supervisor_pid')}) ended {when}{why}"
     elif state.get("stale"):
         head = (
             f"STALE state file: {state.get('stale_reason')} (it ended without cleaning up; "
@@ -159,6 +160,8 @@ def format_status(state: dict[str, Any]) -> str:
     out = [
         f"{head}, profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
     ]
+    if state.get("previous") and not state.get("ended"):
+        out.append(f"  the run before: {state['previous']}")
     for i in state["instances"]:
         up = f", up {i['uptime_s']:.0f} s" if i.get("uptime_s") else ""
         pid = f"pid {i['pid']}" if i.get("pid") else "no pid"

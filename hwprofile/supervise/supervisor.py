@@ -19,7 +19,16 @@ from collections.abc import Callable
 from ..plan.types import InstancePlan, Plan
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
-from ..runfiles import LAST_FILE, STATE_FILE, RuntimeLock, SupervisorDoc, remove, write_doc
+from ..runfiles import (
+    LAST_FILE,
+    STATE_FILE,
+    RunFileError,
+    RuntimeLock,
+    SupervisorDoc,
+    read_doc,
+    remove,
+    write_doc,
+)
 from ..runtime.processes import identify
 from .instance import Instance
 from .lifecycle import TERMINAL, State
@@ -62,12 +71,28 @@ class Supervisor:
         ident = identify(os.getpid())
         assert ident is not None  # this process exists
         self.ident = ident
+        self.end_reason: str | None = None  # set by whoever asks it to stop (a signal, the daemon)
+        self.previous = self._previous_run()
+        if self.previous:
+            log.info("the previous run here: %s", self.previous)
         remove(opts.runtime / LAST_FILE)
         private_dir(opts.log_root)
         self.instances = [
             Instance(plan, i, opts, self.render, self.save, self._instance_done, replan) for i in plan.instances
         ]
         self._running = 0
+
+    def _previous_run(self) -> str | None:
+        """How the last run in this runtime directory ended: its ``last.json``, or a ``state.json``
+        left behind by a supervisor that could not clean up. Unreadable records are said, not trusted."""
+        for name in (STATE_FILE, LAST_FILE):
+            try:
+                doc = read_doc(self.opts.runtime / name, SupervisorDoc)
+            except RunFileError as e:
+                return f"its record cannot be read: {e}"
+            if doc is not None:
+                return doc.how_it_ended()
+        return None
 
     def render(self, plan: Plan, inst: InstancePlan) -> Rendered:
         """``inst`` of ``plan`` rendered for this supervisor's release: ``server.vllm_command``, when
@@ -83,6 +108,7 @@ class Supervisor:
             profile=self.plan.profile,
             model=self.plan.model.path or self.plan.model.name,
             vllm_version=self.release.target,
+            previous=self.previous,
         )
 
     def save(self) -> None:
@@ -125,8 +151,12 @@ class Supervisor:
             if self._running > 0:
                 return  # still supervising: the last instance to end closes
             self._closed = True
+            failed = [i.name for i in self.instances if i.state == State.FAILED]
+            reason = self.end_reason or (
+                f"instances failed: {', '.join(failed)}" if failed else "every instance stopped"
+            )
             try:
-                write_doc(self.opts.runtime / LAST_FILE, self.document().ended(time.time()))
+                write_doc(self.opts.runtime / LAST_FILE, self.document().ended(time.time(), reason))
             except OSError as e:
                 log.error("cannot write %s: %s", self.opts.runtime / LAST_FILE, e)
             remove(self.state_path)
