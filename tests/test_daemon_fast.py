@@ -248,6 +248,30 @@ def test_a_restart_with_an_invalid_override_starts_from_the_last_good_plan(daemo
     assert r.returncode == 2 and "max_num_seq" in r.stderr  # nothing kept: the error stands
 
 
+def test_a_daemon_started_while_a_card_is_hot_starts_that_instance_degraded(daemon_env) -> None:
+    """It used to start at the full profile, say READY, then restart the instance degraded a dwell
+    later. A card hot at start (its reading now, no dwell) starts its instances at their step."""
+    e = daemon_env
+    e["host"].set_state(**{"dev2.temperature": 84})  # past the A800 profile's hot_c (82 °C)
+    port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in e["sets"]]],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
+        time.sleep(1.5)  # longer than watch.dwell_s (0.6 s): no restart follows
+        assert [flag(a, "--max-num-seqs") for a in starts_of(e["starts"], port + 1)] == ["192"]
+        assert [flag(a, "--max-num-seqs") for a in starts_of(e["starts"], port)] == ["256"]
+        doc = daemon_doc(e["runtime"])
+        assert doc["degrade_levels"] == {"vllm-gpu0-1": 0, "vllm-gpu2-3": 1}
+        (act,) = doc["actions"]
+        assert act["instance"] == "vllm-gpu2-3" and act["detail"] == "at start" and "GPU 2 is hot at start" in act["reason"]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
 def _gpus_of(e, name: str) -> list[int]:
     return next(i["gpus"] for i in _status(e) if i["name"] == name)
 

@@ -79,14 +79,13 @@ class Settings:
 
 # Settings that must keep an order between them: (lower, upper, strict). Each value is in its own
 # range (its declaration); these say what one setting's range cannot: a warm threshold above the hot
-# one would make the policy skip states, a floor above the ceiling would leave the ladder nowhere.
+# one would make the policy skip states, a backoff that starts above its cap never grows.
 RELATIONS: tuple[tuple[str, str, bool], ...] = (
     ("watch.warm_c", "watch.hot_c", True),
     ("watch.hot_c", "watch.critical_c", True),
     ("watch.critical_margin_c", "watch.hot_margin_c", True),
     ("watch.hot_margin_c", "watch.warm_margin_c", True),
     ("supervise.backoff_initial", "supervise.backoff_max", False),
-    ("engine.min_model_len", "engine.max_model_len", False),
 )
 
 

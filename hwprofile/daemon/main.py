@@ -6,6 +6,7 @@ validated launch, run until SIGTERM/SIGINT, then drain and stop everything. Test
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -15,10 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HwprofileError
+from ..plan.degrade import degrade_sets
 from ..runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from ..runtime.dirs import private_dir
 from .loop import Daemon
 from .notify import Notifier, status_line
+from .policy import Action, start_levels
 
 if TYPE_CHECKING:
     from ..launch.start import Launch
@@ -57,11 +60,26 @@ def run_daemon(
     if replan is None:
         raise ValueError("the daemon re-plans (degrade steps, reloads): its launch needs the plan's inputs")
     settings = plan.watch
-    sup = supervisor(launch)  # the memory ladder's steps are re-plans too
     gpus = sorted({g for i in plan.instances for g in i.gpus or ()})
     sampler = GpuSampler(gpus if gpus else None)
     if sampler.error and gpus:
         log.error("NVML: %s: GPUs are not watched (the instances still run)", sampler.error)
+    # a card already hot: its instances start degraded, not at the full profile a dwell from a restart
+    levels = start_levels({i.name: i.gpus for i in plan.instances if i.gpus}, sampler.sample(0.0), settings)
+    start_plan = plan
+    for name, (step, why) in levels.items():
+        sets, what = degrade_sets(plan.instance(name), step, plan.degrade)
+        try:
+            degraded = replan(sets).instance(name)
+        except Exception as e:  # a refused re-plan: it starts at the full profile and the loop acts
+            log.error("%s: %s, but its degrade step %d cannot be planned (%s): started at the full profile",
+                      name, why, step, e)  # fmt: skip
+            continue
+        log.warning("%s: %s: starting at degrade step %d (%s)", name, why, step, "; ".join(what))
+        start_plan = dataclasses.replace(
+            start_plan, instances=tuple(degraded if i.name == name else i for i in start_plan.instances)
+        )
+    sup = supervisor(dataclasses.replace(launch, plan=start_plan))  # the ladder's steps are re-plans too
     stop = threading.Event()
     stopped_by_signal = threading.Event()
 
@@ -85,6 +103,11 @@ def run_daemon(
         collect=scrapes.collect,
         on_tick=on_tick,
     )
+    for name, (step, why) in levels.items():
+        if start_plan.instance(name) is not plan.instance(name):
+            daemon.levels[name] = step
+            daemon.watcher.set_level(name, step)
+            daemon._record(Action("degrade", name, step, why, plan.instance(name).gpus), "done", "at start")
     if started_from:  # the configuration is invalid: the kept plan runs, and everyone is told why
         log.error("%s", started_from)
         daemon.reload_error = started_from

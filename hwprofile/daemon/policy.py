@@ -135,6 +135,39 @@ def thermal_step(
     return new, f"GPU {r.index} {state.level} -> {want}: {why} ({describe(r)})"
 
 
+def instant_level(r: GpuReading, s: Watch) -> tuple[str, str]:
+    """What the card is in this one reading, without the dwell a decision waits for: the level of
+    its temperature and headroom, at least ``hot`` while a thermal clock-event reason is on (the
+    card is slowing down now). For a one-shot look (``watch --once``) and a start (a daemon that
+    starts while a card is hot starts its instances degraded)."""
+    if r.status == "lost":
+        return "gpu_lost", r.error or "NVML says the GPU is lost"
+    if r.temperature_c is None and r.headroom_c is None and r.reasons is None:
+        return "unknown", f"no reading ({r.error or r.status})"
+    level, why = _temp_level(r.temperature_c, r.headroom_c, s, 0.0)
+    thermal = [n for n in r.reasons or () if n in THERMAL_REASONS]
+    if thermal and level < 2:
+        level, why = 2, f"{', '.join(thermal)} active now (the card is slowing itself down)"
+    return LEVELS[level], why if level else f"ok: {describe(r)}"
+
+
+def start_levels(
+    instances: Mapping[str, Sequence[int]], readings: Sequence[GpuReading], s: Watch
+) -> dict[str, tuple[int, str]]:
+    """The degrade step each instance starts at: a card hot or critical right now (its
+    :func:`instant_level`) starts its instances at step 1 or 2 rather than at the full profile
+    (which would be degraded a dwell later, a restart after the first start)."""
+    now = {r.index: instant_level(r, s) for r in readings}
+    out: dict[str, tuple[int, str]] = {}
+    for name, gpus in instances.items():
+        worst = max(((now[g][0], g) for g in gpus if g in now and now[g][0] in LEVELS),
+                    key=lambda x: _rank(x[0]), default=None)  # fmt: skip
+        step = {"critical": 2, "hot": 1}.get(worst[0], 0) if worst else 0
+        if step and worst:
+            out[name] = (step, f"GPU {worst[1]} is {worst[0]} at start: {now[worst[1]][1]}")
+    return out
+
+
 def _hold_reason(state: ThermalState, r: GpuReading, why: str) -> str:
     return f"{state.level}: {why}" if state.level != "ok" else f"ok: {describe(r)}"
 

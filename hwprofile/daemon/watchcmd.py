@@ -14,7 +14,7 @@ from typing import IO, Any
 from ..config.settings import Watch
 from ..host.sampler import GpuSampler
 from ..telemetry.scrape import scrape
-from .policy import describe
+from .policy import describe, instant_level
 from .watcher import InstanceSpec, Report, Watcher
 
 
@@ -40,12 +40,18 @@ def _with_k(w: Watcher, rep_scrapes: dict[str, Any]) -> None:
             )
 
 
-def format_text(rep: Report) -> str:
+def format_text(rep: Report, settings: Watch | None = None) -> str:
+    """The report for a person; with ``settings`` (``--once``) each GPU's state is what its reading
+    is now (:func:`~.policy.instant_level`), not what the dwell timer has confirmed so far."""
     lines = []
     for g in rep.gpus:
         st = g.state
-        state = "gpu_lost" if st.lost else st.level
-        why = f"; {st.reason}" if st.level != "ok" or st.pending or st.lost else ""
+        if settings is not None:
+            state, reason = instant_level(g.reading, settings)
+            why = f"; {reason}" if state != "ok" else ""
+        else:
+            state = "gpu_lost" if st.lost else st.level
+            why = f"; {st.reason}" if st.level != "ok" or st.pending or st.lost else ""
         lines.append(f"GPU {g.reading.index}: {state} — {describe(g.reading)}{why}")
     for i in rep.instances:
         head = f"{i.name}: {i.status}"
@@ -109,13 +115,17 @@ def run_watch(
             first = once and ticks == 1 and urls
             if not first:  # --once: a second sample one interval later gives the window figures
                 doc = rep.to_json()
+                if once:  # a one-shot look reports what each card is, not what a dwell confirmed
+                    for g, gj in zip(rep.gpus, doc["gpus"], strict=True):
+                        gj["thermal_state"], gj["reason"] = instant_level(g.reading, settings)
+                        gj["pending"] = None
                 doc["tick_seconds"] = round(took, 6)
                 if sampler.error:
                     doc["errors"] = [*doc["errors"], f"nvml: {sampler.error}"]
                 if as_json:
                     out.write(json.dumps(doc, separators=(",", ":")) + "\n")
                 else:
-                    text = format_text(rep)
+                    text = format_text(rep, settings if once else None)
                     if sampler.error:
                         text = f"GPUs: none read ({sampler.error})\n" + text
                     out.write(text + "\n\n")
