@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from fakehost import MIB, build, fixture_names, gpus_of, load_spec
+from fakehost import FAKE_SOURCE, MIB, build, fixture_names, gpus_of, load_spec, nvml_include_dir
 
 from hwprofile.host.detect import detect_host
 from hwprofile.host.snapshot import HostSnapshot
@@ -282,3 +283,34 @@ def test_memory_v1_on_drivers_without_v2(fake_host) -> None:
     assert v1.memory_total_bytes == v2.memory_total_bytes
     assert v1.memory_used_bytes == 305 * MIB and v1.memory_reserved_bytes == 0  # v1 folds it into used
     assert not snap.errors
+
+
+def test_a_library_that_crashes_in_init_is_said_not_fatal(tmp_path) -> None:
+    """An HWPROFILE_NVML_LIBRARY that crashes in nvmlInit killed `detect` with SIGSEGV and no word:
+    it is tried in a child first, and detect says why it was not used (exit 0, no GPUs)."""
+    src = tmp_path / "crash.c"
+    src.write_text("int nvmlInitWithFlags(unsigned f) { (void)f; *(volatile int *)0 = 1; return 0; }\n"
+                   "int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }\n")  # fmt: skip
+    lib = tmp_path / "libcrash.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    r = subprocess.run([sys.executable, "-m", "hwprofile", "detect", "--json"], capture_output=True, text=True,
+                       env={**os.environ, "HWPROFILE_NVML_LIBRARY": str(lib)}, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["gpus"] == [] and any("crashed in nvmlInit (SIGSEGV" in e["message"] for e in doc["errors"]), doc["errors"]
+
+
+def test_a_library_with_another_soname_is_not_reported_as_used(tmp_path, fake_nvml_dir, fake_host) -> None:
+    """pynvml opens libnvidia-ml.so.1 by name: a library of another soname named by
+    HWPROFILE_NVML_LIBRARY is loaded beside it but not used. Detect says which one answered."""
+    host = fake_host("rtx4090-1x")
+    other = tmp_path / "libnvidia-ml-custom.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml-custom.so", "-Wno-deprecated-declarations",
+                    f"-I{nvml_include_dir()}", "-o", str(other), str(FAKE_SOURCE)], check=True)  # fmt: skip
+    env = {**host.env(fake_nvml_dir), "HWPROFILE_NVML_LIBRARY": str(other),
+           "LD_LIBRARY_PATH": str(fake_nvml_dir)}  # the default libnvidia-ml.so.1 is the fake in the test's dir
+    r = subprocess.run([sys.executable, "-m", "hwprofile", "detect", "--json"], capture_output=True, text=True,
+                       env=env, timeout=60)  # fmt: skip
+    doc = json.loads(r.stdout)
+    assert doc["driver"]["nvml_library"] == str(fake_nvml_dir / "libnvidia-ml.so.1"), doc["driver"]
+    assert any("is not what pynvml uses" in e["message"] for e in doc["errors"]), doc["errors"]

@@ -60,6 +60,11 @@ class Nvml:
         """Load the library and initialise NVML, or raise :class:`Unavailable` with the reason."""
         lib = os.environ.get("HWPROFILE_NVML_LIBRARY")
         if lib:
+            # A library named by hand is tried in a child first: one that crashes in nvmlInit would
+            # otherwise take this process with it, with no word (SIGSEGV).
+            crash = probe_library(lib)
+            if crash:
+                raise Unavailable(crash)
             # Loading by full path first makes pynvml's later CDLL("libnvidia-ml.so.1") reuse it.
             try:
                 ctypes.CDLL(lib)
@@ -72,7 +77,16 @@ class Nvml:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
             raise Unavailable(_describe_init_error(pynvml, e)) from None
-        self.library = lib or _loaded_path(pynvml)
+        loaded = _loaded_path(pynvml)
+        self.library = loaded or lib
+        if lib and loaded and os.path.realpath(loaded) != os.path.realpath(lib):
+            # pynvml opens "libnvidia-ml.so.1" by name: a library whose soname is another one was
+            # loaded beside it, not used; what NVML answers is the default library's, and is said so
+            self.errors.append(DetectError(
+                "driver.nvml_library",
+                f"HWPROFILE_NVML_LIBRARY={lib} is not what pynvml uses ({loaded} is): its soname is not "
+                "libnvidia-ml.so.1",
+            ))  # fmt: skip
 
     def close(self) -> None:
         if self._n is not None:
@@ -356,6 +370,43 @@ def _describe_init_error(n: Any, e: Exception) -> str:
     if isinstance(e, n.NVMLError_NoPermission):
         return "no permission to open the NVIDIA devices (/dev/nvidia*)"
     return f"NVML initialisation failed: {_err_text(n, e)}"
+
+
+_PROBE = (
+    "import ctypes,sys\n"
+    "lib = ctypes.CDLL(sys.argv[1])\n"
+    "init = getattr(lib, 'nvmlInitWithFlags', None)\n"
+    "r = init(0) if init else lib.nvmlInit_v2()\n"
+    "r == 0 and lib.nvmlShutdown()\n"
+)
+_probed: dict[tuple[str, int, int], str | None] = {}
+
+
+def probe_library(lib: str) -> str | None:
+    """Why ``lib`` cannot be used (it crashed, or hung, in ``nvmlInit`` in a child process), or
+    None. Asked once per file (path, size, time) in a process."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        st = os.stat(lib)
+    except OSError as e:
+        return f"HWPROFILE_NVML_LIBRARY={lib} cannot be loaded: {e.strerror}"
+    key = (os.path.realpath(lib), st.st_size, st.st_mtime_ns)
+    if key not in _probed:
+        try:
+            r = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, lib], capture_output=True, timeout=30,
+                               env={**os.environ, "PYTHONFAULTHANDLER": ""})  # fmt: skip
+            died = -r.returncode if r.returncode < 0 else None
+            _probed[key] = (
+                f"HWPROFILE_NVML_LIBRARY={lib} crashed in nvmlInit ({signal.Signals(died).name}, in a test "
+                "process): not used; is it an NVML library of this architecture and driver?"
+                if died else None
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            _probed[key] = f"HWPROFILE_NVML_LIBRARY={lib}: nvmlInit did not return within 30 s (in a test process): not used"
+    return _probed[key]
 
 
 def _loaded_path(n: Any) -> str | None:
