@@ -480,3 +480,21 @@ def test_a_throttling_gpu_is_the_first_line(world, fake_nvml_dir) -> None:
     (g,) = doc["plans"][0]["runs"][0]["points"][0]["hardware"]["gpus"]
     assert g["temperature_c"] == {"min": 89, "max": 89} and g["throttled_s"] > 0
     assert doc["host"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"
+
+
+def test_point_logs_are_never_written_through_a_planted_link(tmp_path) -> None:
+    """`bench --output` wrote its per-point logs with a plain open(): a link planted at the log's
+    name wrote into its target. The log is opened without following links, the raw directory is a
+    private one, and a point with a planted link fails with the reason instead."""
+    from hwprofile.bench.runner import BenchFailed, Target, run_point
+    from hwprofile.bench.workloads import Workload
+
+    raw = tmp_path / "out" / "vllm-bench"
+    raw.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("theirs\n")
+    (raw / "p-c1.log").symlink_to(victim)
+    wl = Workload("seed", (1,), 64, 32, 4, 120.0, 1)
+    with pytest.raises(BenchFailed, match="cannot write the point's log"):
+        run_point(Target("http://127.0.0.1:9", "m", "m", "/bin/true"), wl, 1, raw, "p-c1")
+    assert victim.read_text() == "theirs\n"

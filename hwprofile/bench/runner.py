@@ -223,14 +223,21 @@ def run_point(
 ) -> Point:
     """Run ``vllm bench serve`` for one concurrency; its output goes to ``out_dir/<tag>.log``, its
     result to ``out_dir/<tag>.json``. Raises :class:`BenchFailed` with the log's last lines."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from ..runtime.dirs import private_dir
+
+    private_dir(out_dir)  # never a link or another user's directory: vllm bench serve writes into it
     name = f"{tag}.json"
     result, log = out_dir / name, out_dir / f"{tag}.log"
-    result.unlink(missing_ok=True)
+    result.unlink(missing_ok=True)  # a link planted there goes, its target stays
     argv = bench_argv(target, wl, concurrency, out_dir, name)
     before, err_before = spec_counters(target.url)
     try:
-        with log.open("wb") as out:
+        # the log is created, never opened through a link a planted name points with
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise BenchFailed(f"{log}: cannot write the point's log: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
             proc = subprocess.run(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})}, timeout=timeout_s, check=False,
