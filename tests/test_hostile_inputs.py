@@ -105,3 +105,27 @@ def test_a_draft_that_is_the_target_is_said(host_of, empty_root) -> None:
     q = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
                   draft="Qwen/Qwen2.5-0.5B-Instruct")  # fmt: skip
     assert not any("is the target itself" in w for w in q.warnings), q.warnings
+
+
+def test_careless_operator_inputs(tmp_path: Path) -> None:
+    """A relative --model DIR is planned as an absolute path (vLLM runs in another directory); a
+    server.vllm_command that does not exist is refused at once, not retried with backoff."""
+    import json
+
+    model = tmp_path / "work" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+        "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+    }))  # fmt: skip
+    (tmp_path / "etc").mkdir()
+    env = {**os.environ, "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "HWPROFILE_RUNTIME_DIR": str(tmp_path / "run")}
+    r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--json", "--model", "tiny"], cwd=model.parent,
+                       env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["path"] == str(model)
+    r = subprocess.run([sys.executable, "-m", "hwprofile", "launch", "--foreground", "--model", str(model),
+                        "--set", "server.vllm_command=/nonexistent/vllm"], env=env, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert r.returncode == 1 and "server.vllm_command /nonexistent/vllm: no such executable" in r.stderr, r.stderr

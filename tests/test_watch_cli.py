@@ -140,3 +140,20 @@ def test_watch_settings_are_validated_like_every_setting(tmp_path, fake_nvml_dir
     assert r.returncode == 0
     doc = json.loads(r.stdout.splitlines()[0])
     assert doc["instances"][0]["status"] == "unreachable"
+
+
+def test_watch_leaves_on_sigterm_while_it_waits(tmp_path, fake_nvml_dir, empty_root) -> None:
+    host = build("rtx4090-1x", tmp_path / "host")
+    env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "watch", "--json", "--url", "http://127.0.0.1:1", "--interval", "60"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and json.loads(proc.stdout.readline())["gpus"]  # the first tick, then a wait
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(5) == 0  # within the 60 s wait, not after it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
