@@ -272,6 +272,32 @@ def test_a_daemon_started_while_a_card_is_hot_starts_that_instance_degraded(daem
         proc.wait(60)
 
 
+def test_a_taken_metrics_port_is_said_in_status(daemon_env) -> None:
+    """The metrics port being taken was said only on stderr; it is in daemon.json and status."""
+    import socket
+
+    e = daemon_env
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    sets = [s for s in e["sets"] if not s.startswith("watch.metrics_port=")] + [f"watch.metrics_port={taken}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in sets]],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        doc = wait_for(lambda: (d := daemon_doc(e["runtime"])).get("ticks") and d, "a tick")
+        assert any(f"metrics on 127.0.0.1:{taken} not served" in x for x in doc["errors"]), doc["errors"]
+        text = subprocess.run([sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True,
+                              text=True).stdout  # fmt: skip
+        assert f"metrics on 127.0.0.1:{taken} not served" in text, text
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        holder.close()
+
+
 def _gpus_of(e, name: str) -> list[int]:
     return next(i["gpus"] for i in _status(e) if i["name"] == name)
 
