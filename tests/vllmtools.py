@@ -63,6 +63,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_SHORT: list[str] = []
+
+
+def _short_tmp(workdir: Path) -> str:
+    """``workdir``, or a short directory in /tmp when it is too long for vLLM's IPC socket paths
+    (``TMPDIR/<uuid4>`` must fit in 107 bytes; pytest-xdist's tmp paths do not), removed at exit."""
+    if len(str(workdir)) <= 60:
+        return str(workdir)
+    import atexit
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="hwpv-", dir="/tmp")
+    if not _SHORT:
+        atexit.register(lambda: [shutil.rmtree(x, ignore_errors=True) for x in _SHORT])
+    _SHORT.append(d)
+    return d
+
+
 def cpu_env(workdir: Path) -> dict[str, str]:
     workdir.mkdir(parents=True, exist_ok=True)
     return {
@@ -73,7 +92,7 @@ def cpu_env(workdir: Path) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "auto",
-        "TMPDIR": str(workdir),
+        "TMPDIR": _short_tmp(workdir),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"),
     }
