@@ -63,10 +63,13 @@ def empty_root(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test marked slow (real vLLM, a real systemd manager) runs in one xdist worker, one
-    after another, as it always has: two real vLLM servers at once would not fit two cores. The fast
-    tests spread over the other workers (``-n 4 --dist loadgroup`` in pyproject.toml)."""
+    """The tests marked slow (real vLLM, a real systemd manager) go to two xdist groups, a test file
+    to each in turn: at most two of them run at once (a real vLLM CPU server needs a core; two
+    fit two cores), each group one test after another. The fast tests spread over the other workers
+    (``-n 4 --dist loadgroup`` in pyproject.toml)."""
+    files = sorted({item.path.name for item in items if item.get_closest_marker("slow")})
     for item in items:
         if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("real"))
+            item.add_marker(pytest.mark.xdist_group(f"real-{files.index(item.path.name) % 2}"))
