@@ -116,6 +116,7 @@ SUPERVISOR = Obj(
         "ended_at": _TIME,
         "end_reason": _TEXT,
         "previous": _TEXT,
+        "endpoint": Obj({"url": Str(2048, null=False), "via": Str(16, null=False)}, required=("url", "via")).nullable(),
         "profile": Str(256),
         "model": Str(4096),
         "vllm_version": Str(64),
@@ -247,6 +248,7 @@ class SupervisorDoc:
     ended_at: float | None = None
     end_reason: str | None = None  # last.json: why the supervisor ended
     previous: str | None = None  # how the run before this one in the same runtime directory ended
+    endpoint: Mapping[str, Any] | None = None  # the plan's one URL for clients (plan.endpoint's JSON)
 
     @property
     def supervisor_pid(self) -> int:
@@ -280,6 +282,8 @@ class SupervisorDoc:
             out["end_reason"] = self.end_reason
         if self.previous is not None:
             out["previous"] = self.previous
+        if self.endpoint is not None:
+            out["endpoint"] = dict(self.endpoint)
         return out
 
     @classmethod
@@ -290,7 +294,7 @@ class SupervisorDoc:
         return cls(
             Identity(s["pid"], s["start_time"]), tuple(InstanceRecord.from_json(i) for i in d["instances"]),
             d.get("started_at"), d.get("profile"), d.get("model"), d.get("vllm_version"), d.get("ended_at"),
-            d.get("end_reason"), d.get("previous"),
+            d.get("end_reason"), d.get("previous"), d.get("endpoint"),
         )  # fmt: skip
 
 

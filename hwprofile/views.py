@@ -189,8 +189,9 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
         where = f"GPU {','.join(map(str, inst.gpus))} ({inst.gpu_name})" if inst.gpus else "CPU"
         out.append("")
         out.append(
-            f"Instance {inst.name}: {where}, TP {inst.tensor_parallel_size}, PP {inst.pipeline_parallel_size}, "
-            f"NUMA {inst.numa_node if inst.numa_node is not None else '-'}, http://{inst.server.host}:{inst.server.port}"
+            f"Instance {inst.name}: {where}, TP {inst.tensor_parallel_size}, PP {inst.pipeline_parallel_size}"
+            + (f", DP {inst.ranks}" if inst.ranks > 1 else "")
+            + f", NUMA {inst.numa_node if inst.numa_node is not None else '-'}, http://{inst.server.host}:{inst.server.port}"
         )
         for k, v in e.items():
             out.append(f"  {k:24s} {v}")
@@ -219,6 +220,9 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
             if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
                 line += f"; with speculation {est.decode_tok_s_ceiling_batch1_speculative} tok/s at acceptance {est.assumed_acceptance}"
             out.append(line)
+    if plan.endpoint is not None:
+        out.append("")
+        out.append(f"Clients: {plan.endpoint.url} ({plan.endpoint.how})")
     if plan.warnings:
         out.append("")
         out.append("Warnings")

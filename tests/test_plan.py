@@ -335,7 +335,7 @@ def test_plan_never_exceeds_budget(h, s, empty_root) -> None:
         assert m["kv_bytes_per_max_len_request"] <= m["kv_cache_bytes"]  # one full-length request fits
         assert e["max_num_batched_tokens"] >= e["max_num_seqs"]
         tp = inst["tensor_parallel_size"]
-        assert heads % tp == 0 and len(inst["gpus"]) == tp
+        assert heads % tp == 0 and len(inst["gpus"]) == tp * inst.get("data_parallel_size", 1)
 
 
 def test_vllm_reporting_rule() -> None:

@@ -151,8 +151,8 @@ def _args_render(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
         required=True,
-        choices=("argv", "shell", "yaml", "env", "systemd", "json"),
-        help="what to render",
+        choices=("argv", "shell", "yaml", "env", "systemd", "json", "nginx"),
+        help="what to render (nginx: the one URL in front of separate servers, for nginx's conf.d/)",
     )
     p.add_argument("--instance", metavar="NAME", help="only this instance (default: all)")
     p.add_argument(

@@ -56,6 +56,18 @@ def cmd_render(args: argparse.Namespace) -> int:
     )
     version = rel.target
     plan, _ = plan_of(args, host)
+    if args.format == "nginx":  # one file for the whole plan, not one per instance
+        from ..render.output import render_nginx
+
+        try:
+            text = render_nginx(plan)
+        except UnsafeValue as e:
+            raise CliError(f"cannot render --format nginx: {e}") from None
+        if args.output:
+            _write_output(args.output, "hwprofile", "nginx", text)
+        else:
+            sys.stdout.write(text)
+        return EXIT_OK
     instances = [i for i in plan.instances if args.instance in (None, i.name)]
     if not instances:
         names = ", ".join(i.name for i in plan.instances)

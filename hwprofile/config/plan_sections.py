@@ -16,6 +16,7 @@ QUANTIZATIONS = (
 )  # fmt: skip
 SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
+SHAPES = ("auto", "servers", "data_parallel")
 
 MiB = 2**20
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -76,6 +77,17 @@ class Layout(Section):
     numa_bind: bool = setting(
         "bool", "bind each instance's CPUs and memory to its GPUs' NUMA node", default=True
     )
+    shape: str = setting(
+        "choice",
+        "several GPU groups as separate servers (fault isolation; one URL through nginx) or as one "
+        "data-parallel vLLM server (one URL, vLLM balances); auto decides by what the release and plan allow",
+        choices=SHAPES,
+        default="auto",
+    )
+    endpoint_port: int = setting(
+        "int", "the one port clients use in front of separate servers (nginx: render --format nginx)",
+        1, 65_535, default=8080,
+    )  # fmt: skip
 
 
 @section

@@ -86,7 +86,7 @@ def read_capped(path: str | os.PathLike[str], cap: int) -> bytes:
         return stream.read(cap + 1)
     from ..runtime.files import read_bounded
 
-    return read_bounded(path, cap)
+    return read_bounded(path, cap, pipe=True)  # --from <(hwprofile detect --json) is a pipe
 
 
 _NESTED: dict[str, type] = {

@@ -160,6 +160,10 @@ def format_status(state: dict[str, Any]) -> str:
     out = [
         f"{head}, profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
     ]
+    ep = state.get("endpoint")
+    if ep and not state.get("ended"):
+        via = "its own API server" if ep.get("via") == "vllm" else "nginx (hwprofile render --format nginx)"
+        out.append(f"  clients: {ep['url']} ({via})")
     if state.get("previous") and not state.get("ended"):
         out.append(f"  the run before: {state['previous']}")
     for i in state["instances"]:

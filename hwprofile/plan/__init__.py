@@ -34,6 +34,7 @@ from .gpu import gpu_instance
 from .layout import TP_SIZES, layout
 from .reasons import Reasons
 from .refusal import PlanRefused
+from .shape import shape
 from .speculative import choose_speculator, heterogeneous_vocab_ok
 from .types import HostSummary, InstancePlan, Plan
 
@@ -82,6 +83,7 @@ def build_plan(
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)
+    instances, endpoint = shape(host, settings, [inst for inst, _ in planned], r, warnings)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -89,7 +91,7 @@ def build_plan(
         host=HostSummary(hostname=host.hostname, gpus=len(gpus), vllm_version=host.software.vllm_version),
         model=model_summary(model),
         draft=model_summary(used_draft) if used_draft else None,
-        instances=tuple(inst for inst, _ in planned),
+        instances=tuple(instances),
         supervise=settings.supervise,
         logs=settings.logs,
         watch=settings.watch,
@@ -97,6 +99,7 @@ def build_plan(
         reasons=tuple(r.items),
         provenance={".".join(k): str(v) for k, v in sorted(provenance.items())},
         warnings=tuple(warnings),
+        endpoint=endpoint,
     )
 
 
@@ -111,7 +114,11 @@ def _instances(
 ) -> list[tuple[InstancePlan, ModelFacts | None]]:
     """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one."""
     if not host.usable_gpus:
-        return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings), draft)]
+        # layout.replicas on a CPU host: that many CPU servers (or data-parallel ranks, by layout.shape)
+        n = settings.layout.replicas if isinstance(settings.layout.replicas, int) else 1
+        if n > 1:
+            r.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
+        return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft) for i in range(n)]
     return [
         gpu_instance(host, i, gpus, tp, settings, model, draft, spec_method, r, warnings)
         for i, (gpus, tp) in enumerate(layout(host, settings, model, draft, r, warnings))

@@ -74,8 +74,11 @@ def cpu_instance(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
+    index: int = 0,
+    count: int = 1,
 ) -> InstancePlan:
-    key = "instances[0]"
+    """CPU instance ``index`` of ``count`` (each with its own KV space, on its own port)."""
+    key = f"instances[{index}]"
     kv_gib = settings.cpu.kv_cache_space_gib
     kv_space = int(kv_gib * GiB)
     r.add(
@@ -85,10 +88,11 @@ def cpu_instance(
         ("cpu", "kv_cache_space_gib"),
     )
     ram = host.memory_bytes or 0
-    need = model.weights_bytes + (draft.weights_bytes if draft else 0) + kv_space + 2 * GiB
+    need = count * (model.weights_bytes + (draft.weights_bytes if draft else 0) + kv_space) + 2 * GiB
     if ram and need > ram:
         raise PlanRefused(
-            f"{model.name} on the CPU needs about {need / GiB:.1f} GiB of RAM (weights + KV + 2 GiB), the host has {ram / GiB:.1f}",
+            f"{model.name} on the CPU needs about {need / GiB:.1f} GiB of RAM ({count} x (weights + KV) + 2 GiB), "
+            f"the host has {ram / GiB:.1f}",
             [
                 "a smaller model",
                 f"a smaller KV space (--set cpu.kv_cache_space_gib={max(0.25, kv_gib / 4):g})",
@@ -171,7 +175,7 @@ def cpu_instance(
     })
     spec = speculative_config(settings, spec_method, draft, 1, r, key)
     return InstancePlan(**{
-        "name": "vllm-cpu",
+        "name": "vllm-cpu" if count == 1 else f"vllm-cpu{index}",
         "device": "cpu",
         "gpus": (),
         "gpu_name": None,
@@ -179,7 +183,7 @@ def cpu_instance(
         "cpus": cpus,
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
-        "server": server_settings(settings, settings.server.port),
+        "server": server_settings(settings, settings.server.port + index),
         "engine": engine,
         "speculative": spec,
         "memory": MemoryFit(**{

@@ -268,6 +268,13 @@ class InstancePlan(_Json):
     gpu_uuids: tuple[str | None, ...] = ABSENT
     gpu_minors: tuple[int | None, ...] = ABSENT
     gpu_numa_nodes: tuple[int | None, ...] = ABSENT
+    # data-parallel ranks behind this one API server (absent: 1); each rank has tensor_parallel_size
+    # GPUs, in the order of ``gpus``, and its own scheduler with these engine settings
+    data_parallel_size: int = ABSENT
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.data_parallel_size is ABSENT else int(self.data_parallel_size)
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
         "server": ServerSettings,
@@ -278,13 +285,25 @@ class InstancePlan(_Json):
     }
     _ORDER: ClassVar[tuple[str, ...]] = (
         "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
-        "cpus", "tensor_parallel_size", "pipeline_parallel_size", "server", "engine", "speculative",
-        "memory", "estimate",
+        "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "server", "engine",
+        "speculative", "memory", "estimate",
     )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         d = super().to_json()
         return {k: d[k] for k in self._ORDER if k in d}
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint(_Json):
+    """The one URL clients use for this plan, and what serves it: the one instance itself (a single
+    server, or a data-parallel one: vLLM balances its ranks), or nginx in front of separate servers
+    (``hwprofile render --format nginx`` writes its configuration)."""
+
+    url: str
+    via: str  # "vllm" (the instance's own API server) or "nginx"
+    instances: tuple[str, ...]
+    how: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,8 +324,10 @@ class Plan(_Json):
     reasons: tuple[Reason, ...]
     provenance: Mapping[str, str]
     warnings: tuple[str, ...]
+    endpoint: Endpoint | None = None
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
+        "endpoint": Endpoint,
         "host": HostSummary,
         "model": ModelSummary,
         "draft": ModelSummary,
@@ -336,6 +357,7 @@ class Plan(_Json):
 
 __all__ = [
     "ABSENT",
+    "Endpoint",
     "EngineSettings",
     "Estimate",
     "HostSummary",

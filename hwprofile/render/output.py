@@ -34,6 +34,7 @@ SUFFIXES = {
     "env": ".env",
     "systemd": ".service",
     "json": ".json",
+    "nginx": ".nginx.conf",
 }
 
 # A word systemd and a shell both take as it is (no quotes, specifiers, variables or escapes).
@@ -353,6 +354,38 @@ def render(
     if fmt == "yaml":
         _same_yaml(text, r.config())
     return text
+
+
+_NGINX_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+def render_nginx(plan: Plan) -> str:
+    """nginx's ``conf.d/`` file for the plan's endpoint: one upstream of every instance, one server on
+    ``layout.endpoint_port``. Only for a plan whose endpoint is nginx (several separate servers)."""
+    ep = plan.endpoint
+    if ep is None or ep.via != "nginx":
+        how = ep.how if ep is not None else "no endpoint"
+        raise UnsafeValue(f"this plan needs no nginx: its one URL is {ep.url if ep else '?'} ({how})")
+    by_name = {i.name: i for i in plan.instances}
+
+    def address(host: str, port: int, what: str) -> str:
+        h = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        if not _NGINX_HOST.fullmatch(h):
+            raise UnsafeValue(f"{what} {_show(h)} cannot be written into an nginx configuration")
+        return f"{h}:{int(port)}"
+
+    servers = [
+        {"name": label(n), "address": address(by_name[n].server.host, by_name[n].server.port, "server.host")}
+        for n in ep.instances
+    ]
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(ep.url)
+    listen = address(parts.hostname or "127.0.0.1", parts.port or 80, "the endpoint's host")
+    longest = max((int(by_name[n].server.shutdown_timeout) for n in ep.instances), default=0)
+    return environment().get_template("nginx.conf.j2").render(
+        url=label(ep.url), servers=servers, listen=listen, read_timeout_s=max(3600, longest),
+    )
 
 
 def _same_yaml(text: str, config: dict[str, Any]) -> None:

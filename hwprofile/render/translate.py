@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+from ..errors import RefusedError
 from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan
 from .versions import Release
 
@@ -65,6 +66,10 @@ def flatten(args: list[Pair]) -> list[str]:
     return out
 
 
+class Unrenderable(RefusedError):
+    """A planned instance this release cannot run as planned (exit 1, with the fix)."""
+
+
 def render_instance(
     plan: Plan,
     inst: InstancePlan,
@@ -110,6 +115,11 @@ def render_instance(
         add("--tensor-parallel-size", inst.tensor_parallel_size)
     if inst.pipeline_parallel_size > 1:
         add("--pipeline-parallel-size", inst.pipeline_parallel_size)
+    if inst.ranks > 1 and not add("--data-parallel-size", inst.ranks):
+        raise Unrenderable(
+            f"{inst.name} is one data-parallel server of {inst.ranks} ranks, and vLLM {rel.table} has no "
+            "--data-parallel-size (0.8.3+): plan it with --set layout.shape=servers"
+        )
     if e.dtype and e.dtype != "auto":
         dt = choice("--dtype", e.dtype, "left to the model's own dtype")
         if dt:

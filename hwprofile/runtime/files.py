@@ -110,6 +110,7 @@ def read_bounded(
     *,
     follow: bool = True,
     owner: int | None = None,
+    pipe: bool = False,
 ) -> bytes:
     """The bytes of the regular file ``path``, at most ``cap`` of them, never blocking and never
     endless: opened with ``O_NONBLOCK`` (a FIFO cannot hang the open or the read), refused unless
@@ -118,6 +119,8 @@ def read_bounded(
 
     ``follow=False``: a symbolic link is refused (``O_NOFOLLOW``), for files hwprofile wrote itself.
     ``owner``: the file must belong to that uid (the run-time files: this user's own).
+    ``pipe``: a pipe is read too, to its end (a file the user named on the command line, such as
+    ``--from <(hwprofile detect --json)``; one without a writer reads as empty at once).
     Raises ``FileNotFoundError`` when missing, :class:`UnsafeFile` when refused, ``OSError`` else."""
     path = os.fspath(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
@@ -129,7 +132,9 @@ def read_bounded(
         raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if pipe and stat.S_ISFIFO(st.st_mode):
+            os.set_blocking(fd, True)  # opened without waiting for a writer; now read what it writes
+        elif not stat.S_ISREG(st.st_mode):
             kind = next((k for test, k in _KINDS if test(st.st_mode)), "an unknown kind")
             raise UnsafeFile(errno.EINVAL, f"not a regular file ({kind})", path)
         if owner is not None and st.st_uid != owner:

@@ -109,6 +109,7 @@ class Supervisor:
             model=self.plan.model.path or self.plan.model.name,
             vllm_version=self.release.target,
             previous=self.previous,
+            endpoint=self.plan.endpoint.to_json() if self.plan.endpoint is not None else None,
         )
 
     def save(self) -> None:

@@ -1,0 +1,159 @@
+"""Shape: a host's instances as separate servers, or as one data-parallel vLLM server; and the one URL
+clients use either way.
+
+Separate servers (one per GPU group): a fault or a degrade restarts one group while the others serve;
+their one URL is nginx in front of them (``hwprofile render --format nginx``; least connections,
+a server that fails is skipped), not anything hwprofile proxies itself. One data-parallel server
+(``--data-parallel-size N``, vLLM 0.8.3+): one API server, vLLM balances the ranks (its internal load
+balancing), its own URL is the one; a degrade restarts every rank. ``layout.shape=auto`` takes data
+parallel unless the plan or the release rules it out, each reason said:
+
+- the groups differ (GPU model, tensor parallel size, engine settings): ranks are identical copies;
+- the plan uses ``speculative.by_batch_size``: vLLM drops the k-by-batch-size table when
+  ``data_parallel_size > 1`` (config/vllm.py, 0.25+: "static k" warning), and the table is the tuning;
+- the release has no ``--data-parallel-size`` (before 0.8.3);
+- the ranks sit on several NUMA nodes that are bound and the release cannot bind each rank to its node
+  (``--numa-bind-nodes`` is 0.20+): one numactl cannot bind two ranks to two nodes.
+
+Pure: instances in, instances and the endpoint out, reasons attached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config.settings import Settings
+from ..host.snapshot import HostSnapshot
+from .reasons import Reasons
+from .refusal import PlanRefused
+from .types import ABSENT, Endpoint, InstancePlan
+
+DP_SINCE = (0, 8, 3)  # --data-parallel-size
+NUMA_BIND_NODES_SINCE = (0, 20, 0)  # --numa-bind-nodes
+
+
+def _version(text: str | None) -> tuple[int, int, int] | None:
+    """``"0.32.0+cpu"`` → ``(0, 32, 0)``; None when there is no version (no vLLM in the snapshot)."""
+    import re
+
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]) -> list[str]:
+    """Every reason these instances cannot be one data-parallel server (none: they can)."""
+    out: list[str] = []
+    first = instances[0]
+    same = all(
+        i.device == first.device and i.gpu_name == first.gpu_name
+        and i.tensor_parallel_size == first.tensor_parallel_size
+        and i.pipeline_parallel_size == first.pipeline_parallel_size
+        and i.engine == first.engine and i.speculative == first.speculative
+        for i in instances[1:]
+    )  # fmt: skip
+    if not same:
+        out.append("the groups differ (GPU model, tensor parallel size or engine settings); ranks are identical")
+    if any(i.speculative and i.speculative.num_speculative_tokens_per_batch_size for i in instances):
+        out.append(
+            "speculative.by_batch_size is set, and vLLM drops the k-by-batch-size table when "
+            "data_parallel_size > 1 (a static k instead)"
+        )
+    v = _version(host.software.vllm_version)
+    if v is not None and v < DP_SINCE:
+        out.append(f"vLLM {host.software.vllm_version} has no --data-parallel-size (0.8.3+)")
+    nodes = {n for i in instances for n in (i.gpu_numa_nodes or ()) if n is not None}
+    if len(nodes) > 1 and v is not None and v < NUMA_BIND_NODES_SINCE:
+        out.append(
+            f"the ranks are on NUMA nodes {sorted(nodes)} and vLLM {host.software.vllm_version} cannot bind "
+            "each rank to its own node (--numa-bind-nodes is 0.20+)"
+        )
+    return out
+
+
+def shape(
+    host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons, warnings: list[str]
+) -> tuple[list[InstancePlan], Endpoint]:
+    """The instances as planned (``servers``) or merged into one data-parallel instance, and the
+    endpoint clients use."""
+    want = settings.layout.shape
+    src = ("layout", "shape")
+    if len(instances) < 2:
+        return instances, _own(instances[0], "one server: its own URL")
+    against = why_not_data_parallel(host, settings, instances)
+    if want == "servers" or (want == "auto" and against):
+        why = ("layout.shape=servers" if want == "servers" else "not one data-parallel server: " + "; ".join(against))
+        r.add("layout.shape", "servers", f"{len(instances)} separate servers (fault isolation): {why}", src)
+        return instances, _nginx(settings, instances, r)
+    if want == "data_parallel" and against:
+        fixable = [a for a in against if a.startswith("speculative.by_batch_size")]
+        if len(fixable) != len(against):
+            raise PlanRefused(
+                "layout.shape=data_parallel: these groups cannot be one data-parallel server: "
+                + "; ".join(a for a in against if a not in fixable),
+                ["--set layout.shape=servers (separate servers, one URL through nginx)"],
+            )
+        warnings.append("speculative.by_batch_size dropped: vLLM ignores it with data_parallel_size > 1 (static k)")
+        instances = [_static_k(i) for i in instances]
+    merged = merge(instances)
+    r.add(
+        "layout.shape", "data_parallel",
+        f"one data-parallel server of {merged.ranks} ranks x TP {merged.tensor_parallel_size}: one URL, vLLM "
+        "balances the ranks; a degrade restarts every rank",
+        src,
+    )  # fmt: skip
+    return [merged], _own(merged, f"one API server in front of {merged.ranks} data-parallel ranks")
+
+
+def merge(instances: list[InstancePlan]) -> InstancePlan:
+    """One instance whose ranks are ``instances`` (identical but for their GPUs), on the first's port."""
+    first = instances[0]
+    gpus = tuple(g for i in instances for g in i.gpus)
+
+    def joined(field: str) -> tuple | object:
+        parts = [getattr(i, field) for i in instances]
+        return ABSENT if any(p is ABSENT for p in parts) else tuple(x for p in parts for x in p)
+
+    nodes = {i.numa_node for i in instances}
+    one = next(iter(nodes)) if len(nodes) == 1 else None
+    return dataclasses.replace(
+        first,
+        name="vllm-dp-gpu" + "-".join(str(g) for g in gpus) if first.device == "cuda" else f"vllm-cpu-dp{len(instances)}",
+        gpus=gpus,
+        gpu_uuids=joined("gpu_uuids"),
+        gpu_minors=joined("gpu_minors"),
+        gpu_numa_nodes=joined("gpu_numa_nodes"),
+        numa_node=one,
+        cpus=first.cpus if one is not None else None,
+        data_parallel_size=len(instances),
+    )
+
+
+def _static_k(i: InstancePlan) -> InstancePlan:
+    if not i.speculative or not i.speculative.num_speculative_tokens_per_batch_size:
+        return i
+    return dataclasses.replace(i, speculative=dataclasses.replace(i.speculative, num_speculative_tokens_per_batch_size=ABSENT))
+
+
+def _url(host: str, port: int) -> str:
+    h = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"http://{h}:{port}"
+
+
+def _own(inst: InstancePlan, how: str) -> Endpoint:
+    return Endpoint(_url(inst.server.host, inst.server.port), "vllm", (inst.name,), how)
+
+
+def _nginx(settings: Settings, instances: list[InstancePlan], r: Reasons) -> Endpoint:
+    port = settings.layout.endpoint_port
+    taken = {i.server.port for i in instances}
+    if port in taken:
+        raise PlanRefused(
+            f"layout.endpoint_port {port} is one of the instances' ports {sorted(taken)}",
+            [f"--set layout.endpoint_port={max(taken) + 1}"],
+        )
+    r.add("layout.endpoint_port", port, "the one port of nginx in front of the servers", ("layout", "endpoint_port"))
+    return Endpoint(
+        _url(settings.server.host, port), "nginx", tuple(i.name for i in instances),
+        "nginx in front of the servers (least connections; one that fails or restarts is skipped): "
+        "hwprofile render --format nginx --output /etc/nginx/conf.d (hwprofile.nginx.conf), then nginx -s reload",
+    )  # fmt: skip
