@@ -250,13 +250,19 @@ class Server:
             family(name, "counter", help_, [("_total", extra, value)])
             family(name + "_created", "gauge", help_, [("", extra, self.created)])
 
+        ranks = int(self.args.get("data_parallel_size") or 1)  # one series per rank, as vLLM labels them
+
+        def per_rank(name: str, help_: str, total: float, share: bool = True) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} gauge")
+            for e in range(ranks):
+                v = (total // ranks + (1 if e < total % ranks else 0)) if share else total
+                out.append(f'{name}{{engine="{e}",model_name="{self.name}"}} {float(v)!r}')
+
         with self.lock:
-            family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-                   [("", "", self.in_flight)])  # fmt: skip
-            family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                   [("", "", 0)])  # fmt: skip
-            family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-                   [("", "", self.kv_usage)])  # fmt: skip
+            per_rank("vllm:num_requests_running", "Number of requests in model execution batches.", self.in_flight)
+            per_rank("vllm:num_requests_waiting", "Number of requests waiting to be processed.", 0)
+            per_rank("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage, False)
             counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0)
             counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
             counter(

@@ -299,6 +299,36 @@ def test_a_taken_metrics_port_is_said_in_status(daemon_env) -> None:
         holder.close()
 
 
+def test_a_hot_card_under_a_data_parallel_server_degrades_the_whole_server(daemon_env) -> None:
+    """One data-parallel server over the host's two GPU pairs: a hot card restarts it (every rank,
+    drained first), at the degrade step, and the action says so with the downtime; never nothing."""
+    e = daemon_env
+    sets = [s for s in e["sets"] if s != "layout.shape=servers"] + ["layout.shape=data_parallel"]
+    port = int(next(s.split("=")[1] for s in sets if s.startswith("server.port=")))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in sets]],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(_status(e)) == 1 and _status(e)[0]["state"] == "ready", "the DP server ready")
+        (first,) = starts_of(e["starts"], port)
+        assert flag(first, "--data-parallel-size") == "2" and flag(first, "--max-num-seqs") == "256"
+        e["host"].set_state(**{"dev2.temperature": 84})
+        again = wait_for(lambda: len(starts_of(e["starts"], port)) >= 2 and starts_of(e["starts"], port), "a restart")
+        assert flag(again[-1], "--max-num-seqs") == "192" and flag(again[-1], "--data-parallel-size") == "2"
+        doc = wait_for(
+            lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d,
+            "the degrade done",
+        )
+        started, done = doc["actions"][-2:]
+        assert "all 2 ranks restart" in started["detail"] and "downtime of the data-parallel server" in done["detail"]
+        live = {i["name"]: i for i in doc["instances"]}["vllm-dp-gpu0-1-2-3"]
+        assert sorted(live["engines"]) == ["0", "1"], live  # each rank's own series
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
 def _gpus_of(e, name: str) -> list[int]:
     return next(i["gpus"] for i in _status(e) if i["name"] == name)
 

@@ -173,14 +173,17 @@ class Daemon:
             ):
                 a = self.current.action
                 took = now - self.current.started
+                ranks = self._ranks(a.instance)
+                whole = f" (downtime of the data-parallel server: all {ranks} ranks)" if ranks > 1 else ""
                 log.warning(
-                    "done: %s %s at degrade step %d, ready again after %.0f s",
+                    "done: %s %s at degrade step %d, ready again after %.0f s%s",
                     a.kind,
                     a.instance,
                     a.level,
                     took,
+                    whole,
                 )
-                self._record(a, "done", f"ready again after {took:.0f} s")
+                self._record(a, "done", f"ready again after {took:.0f} s{whole}")
                 self.levels[a.instance] = a.level
                 self.current = None
             elif state in ("failed", "stopped"):
@@ -263,6 +266,9 @@ class Daemon:
             self._record(a, "failed", msg)
             self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
             return
+        ranks = self._ranks(a.instance)
+        if ranks > 1:  # one API server: its ranks restart together, the URL is down meanwhile
+            why.append(f"a data-parallel server: all {ranks} ranks restart (layout.shape=servers isolates them)")
         log.warning(
             "action: %s %s to degrade step %d (%s): %s; restarting it (drain, then the new settings)",
             a.kind,
@@ -275,6 +281,10 @@ class Daemon:
         self.published.actions_total[a.kind] = self.published.actions_total.get(a.kind, 0) + 1
         self._record(a, "started", "; ".join(why) or "the full profile")
         inst.replace(new)
+
+    def _ranks(self, name: str) -> int:
+        inst = next((i for i in self.plan.instances if i.name == name), None)
+        return inst.ranks if inst is not None else 1
 
     # -- reload ---------------------------------------------------------------------------------
     def request_reload(self, why: str) -> None:

@@ -56,6 +56,7 @@ class InstanceReport:
     degrade_level: int = 0
     warning: str | None = None
     advice: policy.KAdvice | None = None
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)  # data-parallel ranks, by engine label
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "advice"}
@@ -231,6 +232,7 @@ class Watcher:
             window_s=span,
             warning=gone or policy.acceptance_health(sw, s),
             advice=advice,
+            engines=dict(m.engines),
             **base,
         )
 

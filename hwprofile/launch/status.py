@@ -119,6 +119,10 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         bits.append(f"running {i['running']:.0f}, waiting {i.get('waiting') or 0:.0f}")
     if i.get("kv_usage") is not None:
         bits.append(f"KV {i['kv_usage']:.0%}")
+    if i.get("engines"):  # a data-parallel server: each rank
+        bits.append("ranks " + ", ".join(
+            f"{e}: {v.get('running', 0):.0f} running, KV {v.get('kv_usage', 0):.0%}" for e, v in sorted(i["engines"].items())
+        ))  # fmt: skip
     if i.get("preemptions"):
         bits.append(f"preemptions {i['preemptions']:.0f}")
     if i.get("acceptance_rate") is not None:

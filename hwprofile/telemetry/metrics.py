@@ -2,8 +2,10 @@
 and the status view read. Names and formulas per release: shared/facts/vllm-metrics.md.
 
 Only ``_total`` samples of counters are read (in single-process mode every counter also exports
-``X_created`` as a gauge), series are summed over the ``engine`` label (data-parallel ranks), and the
-per-position counter is kept apart from the accepted-tokens total.
+``X_created`` as a gauge). A data-parallel server labels each rank's series with ``engine``: counters
+and the running and waiting gauges are summed over the ranks, the KV usage is the fullest rank's (a
+sum of fractions means nothing), and each rank's own running, waiting and KV usage are kept apart
+(:attr:`VllmMetrics.engines`). The per-position counter is kept apart from the accepted-tokens total.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class VllmMetrics:
     ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
     itl_buckets: dict[float, float] = field(default_factory=dict)
     spec_decode: bool = False  # the spec_decode_* families exist (a speculative config is set)
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)  # engine label -> running, waiting, kv_usage
 
     @property
     def metrics_disabled(self) -> bool:
@@ -103,6 +106,7 @@ def parse(text: str) -> VllmMetrics:
     itl: dict[float, float] = {}
     any_vllm, v1, spec = False, False, False
     itl_name: str | None = None
+    engines: dict[str, dict[str, float]] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as e:  # the parser is lax and fails midway
@@ -129,7 +133,14 @@ def parse(text: str) -> VllmMetrics:
             elif name in COUNTERS:
                 counters[name] = counters.get(name, 0.0) + value
             elif name in (RUNNING, WAITING, *KV_USAGE):
-                gauges[name] = gauges.get(name, 0.0) + value if name in (RUNNING, WAITING) else value
+                if name in (RUNNING, WAITING):
+                    gauges[name] = gauges.get(name, 0.0) + value
+                else:
+                    gauges[name] = max(gauges.get(name, 0.0), value)  # the fullest rank
+                if "engine" in labels:
+                    key = {RUNNING: "running", WAITING: "waiting"}.get(name, "kv_usage")
+                    rank = engines.setdefault(labels["engine"], {})
+                    rank[key] = rank.get(key, 0.0) + value if key != "kv_usage" else max(rank.get(key, 0.0), value)
             elif name == TTFT + "_bucket":
                 le = float(labels.get("le", "inf"))
                 ttft[le] = ttft.get(le, 0.0) + value
@@ -141,4 +152,5 @@ def parse(text: str) -> VllmMetrics:
                     itl_name = base
                     le = float(labels.get("le", "inf"))
                     itl[le] = itl.get(le, 0.0) + value
-    return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), gauges, counters, ttft, itl, spec)
+    return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), gauges, counters, ttft, itl, spec,
+                       engines if len(engines) > 1 else {})  # fmt: skip
