@@ -70,7 +70,7 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     ]
     assert (
         len([p for p in data if p.suffix == ".yaml"]) >= 13
-        and len([p for p in data if p.suffix == ".j2"]) == 4
+        and len([p for p in data if p.suffix == ".j2"]) == 5  # shell, config YAML, env file, systemd unit, nginx
     )
     for p in data:
         assert f"hwprofile/{p.parent.name}/{p.name}" in names, p
