@@ -173,3 +173,13 @@ def next_rung(
 def ladder_sets(taken: Sequence[Rung]) -> list[str]:
     """The overrides for a re-plan with every step in ``taken`` (a later one of a key wins)."""
     return [r.set for r in taken]
+
+
+_DEATH = re.compile(r"(Engine core proc \S+ died[^\n]*|EngineDeadError[^\n]*|RuntimeError: Engine[^\n]*)")
+
+
+def exit_evidence(log_text: str) -> str | None:
+    """The line of a running server's log that says why it left (an engine rank that died: a
+    data-parallel server ends with one), else None (the caller falls back to the last line)."""
+    found = _DEATH.findall(log_text[-200_000:])
+    return found[-1][:300] if found else None

@@ -23,7 +23,7 @@ from ..runfiles import LOG_FILE, InstanceRecord
 from ..runtime.processes import Identity, identify
 from ..telemetry import http
 from .child import end_group, exited, port_free, short_tmpdir, spawn
-from .failures import MIN_CONTEXT, Failure, Rung, classify
+from .failures import MIN_CONTEXT, Failure, Rung, classify, exit_evidence
 from .ladder import replan_step, step_change
 from .lifecycle import Machine, State
 from .logs import RotatingLog, private_dir, pump
@@ -155,6 +155,7 @@ class Instance:
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         self.argv = r.argv
+        self.health_failing_since = None  # a new process: the last one's failing /health is not its
         proc = spawn(r, self.tmp, self.cache, self.name, self._grace())
         # Not reaped until _end: the PID and its start time stay this process's until then.
         self.proc, self.pid, self.ident = proc, proc.pid, identify(proc.pid)
@@ -347,10 +348,8 @@ class Instance:
                     # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
                     self._end(proc, 0)
                     code = proc.returncode
-                    self.failure = {
-                        "kind": "unplanned exit",
-                        "evidence": f"exit code {code}: {self.log.last_line()[-300:]}",
-                    }
+                    why = exit_evidence(self.log.text_since(since)) or self.log.last_line()[-300:]
+                    self.failure = {"kind": "unplanned exit", "evidence": f"exit code {code}: {why}"}
                     log.error("%s: exited with code %s without being asked to", self.name, code)
             elif outcome == "timeout":
                 evidence = self.log.last_line()[-300:]  # before the stop adds its own lines
