@@ -118,16 +118,21 @@ def make_plan(
     model: str | None = None,
     draft: str | None = None,
     environ: Mapping[str, str] | None = None,
+    nodes: Sequence[HostSnapshot] = (),
+    addresses: Sequence[str] = (),
 ) -> Plan:
-    """The typed plan for ``host`` from these inputs (``plan.to_json()`` is ``plan --json``); raises
-    :class:`~.plan.PlanRefused` when nothing fits, :class:`~.config.ConfigError` on bad input."""
+    """The typed plan for ``host`` from these inputs (``plan.to_json()`` is ``plan --json``); with
+    ``nodes`` (the other hosts' snapshots, at ``addresses``, node 0's first), a plan over several
+    hosts. Raises :class:`~.plan.PlanRefused` when nothing fits, :class:`~.config.ConfigError` on bad
+    input. The profile is the one node 0 matches."""
     from .plan import build_plan
 
     res = resolve_settings(host, root or config_root(), profile, overrides, sets, environ)
     target, draft_facts = load_models(res.settings, model, draft)
     return build_plan(
-        host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts
-    )
+        host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
+        tuple(nodes), tuple(addresses),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,8 @@ class PlanInputs:
     sets: tuple[str, ...] = ()
     model: str | None = None
     draft: str | None = None
+    nodes: tuple[HostSnapshot, ...] = ()  # the other hosts of a multi-node plan
+    addresses: tuple[str, ...] = ()  # every node's address, node 0's first (empty: their hostnames)
 
     def __post_init__(self) -> None:
         for name in ("model", "draft"):
@@ -156,7 +163,8 @@ class PlanInputs:
         """The plan of these inputs, with ``extra`` ``--set`` overrides after their own."""
         return make_plan(
             self.host, self.config_root, profile=self.profile, overrides=list(self.overrides),
-            sets=[*self.sets, *extra], model=self.model, draft=self.draft,
+            sets=[*self.sets, *extra], model=self.model, draft=self.draft, nodes=self.nodes,
+            addresses=self.addresses,
         )  # fmt: skip
 
     def min_model_len(self) -> int | None:
@@ -174,6 +182,7 @@ class PlanInputs:
         return {
             "host": self.host.to_dict(), "config_root": self.config_root, "profile": self.profile,
             "overrides": list(self.overrides), "sets": list(self.sets), "model": self.model, "draft": self.draft,
+            "nodes": [n.to_dict() for n in self.nodes], "addresses": list(self.addresses),
         }  # fmt: skip
 
     @classmethod
@@ -182,6 +191,8 @@ class PlanInputs:
         return cls(
             HostSnapshot.from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
             tuple(data.get("overrides") or ()), tuple(data.get("sets") or ()), data.get("model"), data.get("draft"),
+            tuple(HostSnapshot.from_dict(n, source) for n in data.get("nodes") or ()),
+            tuple(data.get("addresses") or ()),
         )  # fmt: skip
 
 

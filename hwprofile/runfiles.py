@@ -139,6 +139,8 @@ LAUNCH = Obj(
                 "sets": List(Str(65536, null=False), 4096),
                 "model": Str(4096),
                 "draft": Str(4096),
+                "nodes": List(Obj({}, doc="a hwprofile.host/1 snapshot"), 64),
+                "addresses": List(Str(256, null=False), 64),
             },
             required=("host", "config_root"),
         ),

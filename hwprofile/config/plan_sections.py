@@ -17,6 +17,7 @@ QUANTIZATIONS = (
 SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
 SHAPES = ("auto", "servers", "data_parallel")
+MULTINODE_BACKENDS = ("mp", "ray")
 
 MiB = 2**20
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -87,6 +88,23 @@ class Layout(Section):
     endpoint_port: int = setting(
         "int", "the one port clients use in front of separate servers (nginx: render --format nginx)",
         1, 65_535, default=8080,
+    )  # fmt: skip
+    nodes: int | Literal["auto"] = setting(
+        "int_or_auto", "hosts one model runs over (with several --from snapshots): auto = the fewest that fit",
+        1, 64, default="auto",
+    )  # fmt: skip
+    master_addr: str | None = setting(
+        "str", "address the other nodes reach node 0 at (default: node 0's address in the inventory)",
+        nullable=True, default=None, pattern=r"[A-Za-z0-9.:_\[\]-]+", pattern_doc="a host name or an IP address",
+    )  # fmt: skip
+    master_port: int = setting("int", "node 0's port for the group's rendezvous", 1024, 65_535, default=29501)
+    internode_gbps: float = setting(
+        "float", "the link between nodes, Gb/s (100: 100 GbE or InfiniBand EDR; 25, 200, 400 are common)",
+        1, 3200, default=100.0,
+    )  # fmt: skip
+    multinode_backend: str = setting(
+        "choice", "how nodes form one vLLM: mp (--nnodes, --headless workers, 0.12+) or ray (a Ray cluster)",
+        choices=MULTINODE_BACKENDS, default="mp",
     )  # fmt: skip
 
 

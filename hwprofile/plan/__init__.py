@@ -20,7 +20,7 @@ One module per decision, in the order :func:`build_plan` takes them:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..config import Source
 from ..config.schema import SETTINGS
@@ -32,11 +32,12 @@ from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .layout import TP_SIZES, layout
+from .nodes import plan_nodes
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .shape import shape
 from .speculative import choose_speculator, heterogeneous_vocab_ok
-from .types import HostSummary, InstancePlan, Plan
+from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan
 
 __all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Plan", "PlanRefused", "Reasons", "build_plan"]
 
@@ -51,8 +52,11 @@ def build_plan(
     matched_because: list[str],
     model: ModelFacts,
     draft: ModelFacts | None,
+    nodes: Sequence[HostSnapshot] = (),
+    addresses: Sequence[str] = (),
 ) -> Plan:
-    """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host``; raises
+    """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host`` (and on
+    ``nodes``, the other hosts of a multi-node plan, at ``addresses``: node 0's first); raises
     :class:`PlanRefused` with suggestions when nothing fits. ``provenance``: the layer that set each
     setting the layers set; every other setting is at its declared default (``settings`` holds it)."""
     default = Source("default", "schema")
@@ -67,6 +71,23 @@ def build_plan(
     model = choose_checkpoint(model, settings, r)
     warnings = list(host_warnings)
     spec_method, chosen_draft = choose_speculator(model, draft, settings, r, warnings, hetero_ok)
+    if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
+        hosts = [host, *nodes]
+        addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
+
+        def one_host(h: HostSnapshot, s: Settings, m: ModelFacts) -> list[InstancePlan]:
+            return [i for i, _ in _instances(h, s, m, chosen_draft, spec_method, r, warnings)]
+
+        group = plan_nodes(hosts, addrs, settings, model, r, warnings, one_host)
+        if group[0].nnodes is ABSENT:  # one node fits: that node's plan as it would be alone
+            group, endpoint = shape(host, settings, group, r, warnings)
+        else:
+            head = group[0]
+            h = addrs[0] if head.server.host in ("0.0.0.0", "", "::", "127.0.0.1") else head.server.host
+            endpoint = Endpoint(f"http://{h}:{head.server.port}", "vllm", (head.name,),
+                                f"node 0's API server in front of {head.nnodes} nodes")  # fmt: skip
+        return _assemble(host, settings, provenance, profile, matched_because, model, chosen_draft, r,
+                         warnings, group, endpoint)  # fmt: skip
     try:
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     except PlanRefused:
@@ -84,6 +105,24 @@ def build_plan(
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)
     instances, endpoint = shape(host, settings, [inst for inst, _ in planned], r, warnings)
+    return _assemble(host, settings, provenance, profile, matched_because, model, used_draft, r, warnings,
+                     instances, endpoint)  # fmt: skip
+
+
+def _assemble(
+    host: HostSnapshot,
+    settings: Settings,
+    provenance: Mapping[tuple[str, ...], Source],
+    profile: str,
+    matched_because: list[str],
+    model: ModelFacts,
+    used_draft: ModelFacts | None,
+    r: Reasons,
+    warnings: list[str],
+    instances: list[InstancePlan],
+    endpoint: Endpoint,
+) -> Plan:
+    gpus = host.usable_gpus
     return Plan(
         schema=SCHEMA,
         profile=profile,

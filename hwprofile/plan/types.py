@@ -271,10 +271,27 @@ class InstancePlan(_Json):
     # data-parallel ranks behind this one API server (absent: 1); each rank has tensor_parallel_size
     # GPUs, in the order of ``gpus``, and its own scheduler with these engine settings
     data_parallel_size: int = ABSENT
+    # one of several hosts running one vLLM (absent: one host): this instance is node ``node_rank``
+    # of ``nnodes``, at ``node_address``; node 0 has the API server, the others run headless
+    node_rank: int = ABSENT
+    nnodes: int = ABSENT
+    node_address: str = ABSENT
+    master_addr: str = ABSENT
+    master_port: int = ABSENT
 
     @property
     def ranks(self) -> int:
         return 1 if self.data_parallel_size is ABSENT else int(self.data_parallel_size)
+
+    @property
+    def node(self) -> int:
+        """The node this instance runs on (0 on a one-host plan)."""
+        return 0 if self.node_rank is ABSENT else int(self.node_rank)
+
+    @property
+    def headless(self) -> bool:
+        """A worker node of a multi-node group: no API server of its own."""
+        return self.node > 0
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
         "server": ServerSettings,
@@ -285,8 +302,8 @@ class InstancePlan(_Json):
     }
     _ORDER: ClassVar[tuple[str, ...]] = (
         "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
-        "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "server", "engine",
-        "speculative", "memory", "estimate",
+        "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "node_rank", "nnodes",
+        "node_address", "master_addr", "master_port", "server", "engine", "speculative", "memory", "estimate",
     )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:

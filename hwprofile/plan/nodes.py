@@ -1,0 +1,173 @@
+"""Models larger than one host: a plan over several hosts' snapshots (``--from A --from B ...``).
+
+``layout.nodes`` (auto: the fewest that fit) decides how many hosts one vLLM runs over, and how:
+
+- **one node fits**: that node alone (the others are not used; ``layout.nodes=N`` instead makes them
+  data-parallel ranks of one server: one rank per node, the API server on node 0);
+- **it does not**: pipeline parallel across nodes, tensor parallel inside each (never tensor
+  parallel across the inter-node link when avoidable: an all-reduce per layer would cross it, where a
+  pipeline boundary sends one hidden vector per token); each node holds one stage, about
+  ``layers / nodes`` of the layers (the first and last also the embeddings), planned on that node's
+  GPUs like a one-host plan of that stage;
+- ``layout.tensor_parallel_size`` larger than one node's devices: tensor parallel across nodes, as
+  asked, with a warning.
+
+Every node's instance carries its rank, the group size and the rendezvous (``layout.master_addr``,
+default node 0's address; ``layout.master_port``); node 0 runs the API server, the others run
+headless. The inter-node link (``layout.internode_gbps``) is in each instance's estimate. When even
+every node given does not fit, the refusal says what would. Pure: snapshots in, instances out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from ..config.settings import Settings
+from ..host.snapshot import HostSnapshot
+from ..model import ModelFacts
+from ..model.facts import embed_params
+from .reasons import Reasons
+from .refusal import PlanRefused
+from .types import InstancePlan
+
+# one host's instances for (host, settings, model): the planner's own one-host path
+Plan1 = Callable[[HostSnapshot, Settings, ModelFacts], list[InstancePlan]]
+
+
+def stage_of(model: ModelFacts, stages: int) -> ModelFacts:
+    """The largest pipeline stage of ``model`` split in ``stages``: its share of the decoder layers
+    (rounded up) and of their weights, plus the embeddings (the first stage holds the input
+    embedding, the last the LM head: counted whole, to be safe)."""
+    if stages <= 1:
+        return model
+    layers = -(-model.num_layers // stages)
+    sliding = -(-model.sliding_layers // stages)
+    embed_bytes = embed_params(model.vocab_size, model.hidden_size, model.tie_word_embeddings) * model.dtype_bytes
+    body = max(0, model.weights_bytes - embed_bytes)
+    return model._replace(
+        name=f"{model.name} (stage of {stages})",
+        num_layers=layers,
+        sliding_layers=min(sliding, layers),
+        weights_bytes=-(-body // stages) + embed_bytes,
+        params=-(-model.params // stages),
+        active_params=-(-(model.active_params or model.params) // stages),
+    )
+
+
+def _with(settings: Settings, **layout: object) -> Settings:
+    return dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, **layout))
+
+
+def plan_nodes(
+    hosts: Sequence[HostSnapshot],
+    addresses: Sequence[str],
+    settings: Settings,
+    model: ModelFacts,
+    r: Reasons,
+    warnings: list[str],
+    one_host: Plan1,
+) -> list[InstancePlan]:
+    """The instances of a plan over ``hosts`` (node 0 first), each marked with its node."""
+    n = len(hosts)
+    want = settings.layout.nodes
+    src = ("layout", "nodes")
+    if isinstance(want, int) and want > n:
+        raise PlanRefused(f"layout.nodes={want}, but {n} host snapshots were given", [f"--set layout.nodes={n}"])
+    devices = [len(h.usable_gpus) or 1 for h in hosts]  # a CPU host is one device
+    tp = settings.layout.tensor_parallel_size
+    if isinstance(tp, int) and tp > devices[0]:  # tensor parallel across nodes, as asked
+        per = devices[0]
+        k = -(-tp // per)
+        if k > n or tp % per:
+            raise PlanRefused(f"tensor_parallel_size={tp} over nodes of {per} devices needs {k} of them, {n} given",
+                              [f"--set layout.tensor_parallel_size={per * n}"])  # fmt: skip
+        warnings.append(
+            f"tensor parallel {tp} across {k} nodes: an all-reduce per layer crosses the {settings.layout.internode_gbps:g} "
+            "Gb/s link between them (pipeline parallel across nodes sends far less)"
+        )
+        r.add("layout.nodes", k, f"tensor_parallel_size={tp} is more than one node's {per} device(s)", src)
+        node0 = one_host(hosts[0], _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
+                         _shard(model, k))  # fmt: skip
+        insts = [dataclasses.replace(node0[0], tensor_parallel_size=tp)] * k
+        return _mark(insts, addresses, settings)
+    first_error: PlanRefused | None = None
+    marks = (len(r.items), len(warnings))
+
+    def forget() -> None:  # a try that did not fit leaves no reason or warning behind
+        del r.items[marks[0]:]
+        del warnings[marks[1]:]
+
+    if want in ("auto", 1):
+        try:
+            alone = one_host(hosts[0], settings, model)
+        except PlanRefused as e:
+            if want == 1:
+                raise
+            forget()
+            first_error = e
+        else:
+            if n > 1:
+                warnings.append(f"{model.name} fits one node: nodes 1-{n - 1} are not used "
+                                f"(--set layout.nodes={n}: one data-parallel rank on each)")  # fmt: skip
+            r.add("layout.nodes", 1, f"{model.name} fits one node", src)
+            return alone
+    if isinstance(want, int) and want > 1:
+        try:  # one node suffices: a data-parallel rank per node
+            each = one_host(hosts[0], _with(settings, replicas=1, shape="servers"), model)
+            if len(each) == 1:
+                r.add("layout.nodes", want, f"layout.nodes={want}; one node holds the model: one data-parallel rank "
+                                            "on each, one API server on node 0", src)  # fmt: skip
+                insts = [dataclasses.replace(each[0], data_parallel_size=want)] * want
+                return _mark(insts, addresses, settings)
+        except PlanRefused as e:
+            forget()
+            first_error = e
+    for k in range(2, n + 1) if want == "auto" else [want]:
+        stage = stage_of(model, k)
+        try:
+            per_node = [
+                one_host(h, _with(settings, strategy="tensor_parallel", replicas=1, shape="servers",
+                                  pipeline_parallel_size=k), stage)
+                for h in hosts[:k]
+            ]  # fmt: skip
+        except PlanRefused as e:
+            forget()
+            first_error = e
+            continue
+        tps = {p[0].tensor_parallel_size for p in per_node}
+        if len(tps) > 1 or any(len(p) != 1 for p in per_node):
+            raise PlanRefused(f"the nodes differ (tensor parallel {sorted(tps)}): a pipeline needs the same on each",
+                              ["snapshots of hosts with the same GPUs"])  # fmt: skip
+        r.add("layout.nodes", k, f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
+                                 f"(tensor parallel {tps.pop()} inside each), about {stage.num_layers} layers a node",
+              src)  # fmt: skip
+        return _mark([p[0] for p in per_node], addresses, settings)
+    raise PlanRefused(
+        f"{model.name} does not fit even {n} node(s): {first_error.message if first_error else 'no layout'}",
+        [*(first_error.suggestions if first_error else []), "more nodes (another --from snapshot)"],
+    )
+
+
+def _shard(model: ModelFacts, ways: int) -> ModelFacts:
+    """One node's share of a model tensor-parallel across ``ways`` nodes (weights split, KV heads too)."""
+    if ways <= 1:
+        return model
+    return model._replace(weights_bytes=-(-model.weights_bytes // ways), num_kv_heads=max(1, model.num_kv_heads // ways),
+                          num_heads=max(1, model.num_heads // ways))  # fmt: skip
+
+
+def _mark(insts: list[InstancePlan], addresses: Sequence[str], settings: Settings) -> list[InstancePlan]:
+    """Each node's instance with its rank, the group and the rendezvous; one name for the group."""
+    k = len(insts)
+    given = settings.layout.master_addr  # None: node 0's own address
+    master = given if given is not None else addresses[0]
+    base = insts[0].name
+    return [
+        dataclasses.replace(
+            inst, name=f"{base}-node{rank}", node_rank=rank, nnodes=k, node_address=addr, master_addr=master,
+            master_port=settings.layout.master_port,
+            server=inst.server if rank == 0 else dataclasses.replace(inst.server, port=insts[0].server.port),
+        )
+        for rank, (inst, addr) in enumerate(zip(insts, addresses, strict=False))
+    ]  # fmt: skip
