@@ -151,6 +151,7 @@ class PlanInputs:
     draft: str | None = None
     nodes: tuple[HostSnapshot, ...] = ()  # the other hosts of a multi-node plan
     addresses: tuple[str, ...] = ()  # every node's address, node 0's first (empty: their hostnames)
+    node_rank: int = 0  # the node that runs this plan (launch/daemon --node-rank): its instances only
 
     def __post_init__(self) -> None:
         for name in ("model", "draft"):
@@ -160,7 +161,13 @@ class PlanInputs:
         object.__setattr__(self, "overrides", tuple(os.path.abspath(f) for f in self.overrides))
 
     def replan(self, extra: Sequence[str] = ()) -> Plan:
-        """The plan of these inputs, with ``extra`` ``--set`` overrides after their own."""
+        """The plan of these inputs, with ``extra`` ``--set`` overrides after their own (on a node of
+        a multi-node plan: that node's instances)."""
+        plan = self.whole_plan(extra)
+        return plan.for_node(self.node_rank) if plan.nodes > 1 or self.node_rank else plan
+
+    def whole_plan(self, extra: Sequence[str] = ()) -> Plan:
+        """The plan of these inputs, every node's instances."""
         return make_plan(
             self.host, self.config_root, profile=self.profile, overrides=list(self.overrides),
             sets=[*self.sets, *extra], model=self.model, draft=self.draft, nodes=self.nodes,
@@ -183,6 +190,7 @@ class PlanInputs:
             "host": self.host.to_dict(), "config_root": self.config_root, "profile": self.profile,
             "overrides": list(self.overrides), "sets": list(self.sets), "model": self.model, "draft": self.draft,
             "nodes": [n.to_dict() for n in self.nodes], "addresses": list(self.addresses),
+            "node_rank": self.node_rank,
         }  # fmt: skip
 
     @classmethod
@@ -192,7 +200,7 @@ class PlanInputs:
             HostSnapshot.from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
             tuple(data.get("overrides") or ()), tuple(data.get("sets") or ()), data.get("model"), data.get("draft"),
             tuple(HostSnapshot.from_dict(n, source) for n in data.get("nodes") or ()),
-            tuple(data.get("addresses") or ()),
+            tuple(data.get("addresses") or ()), int(data.get("node_rank") or 0),
         )  # fmt: skip
 
 

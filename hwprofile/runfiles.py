@@ -104,6 +104,7 @@ INSTANCE = Obj(
         "warnings": List(_TEXT.required(), 1024),
         "health_failing_since": _TIME,
         "unresponsive": Int(0, 1 << 31),
+        "node": Str(64),
     },
     required=("name", "state", "pid", "process", "url", "restarts", "stop_grace_s", "log_dir", "log_file"),
 )
@@ -141,6 +142,7 @@ LAUNCH = Obj(
                 "draft": Str(4096),
                 "nodes": List(Obj({}, doc="a hwprofile.host/1 snapshot"), 64),
                 "addresses": List(Str(256, null=False), 64),
+                "node_rank": Int(0, 63),
             },
             required=("host", "config_root"),
         ),
@@ -204,6 +206,7 @@ class InstanceRecord:
     warnings: tuple[str, ...] = ()
     health_failing_since: float | None = None  # /health has failed since (wall time); None: it answers
     unresponsive: int = 0  # restarts because /health kept failing while the process lived
+    node: str | None = None  # a node of a multi-node group: "K of N" (None: a one-host instance)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -216,7 +219,7 @@ class InstanceRecord:
             "log_dropped_lines": self.log_dropped_lines, "log_error": self.log_error, "argv": list(self.argv),
             "replacements": self.replacements, "engine": self.engine, "speculative": self.speculative,
             "warnings": list(self.warnings), "health_failing_since": self.health_failing_since,
-            "unresponsive": self.unresponsive,
+            "unresponsive": self.unresponsive, "node": self.node,
         }  # fmt: skip
 
     @classmethod
@@ -232,7 +235,7 @@ class InstanceRecord:
             log_dropped_lines=d.get("log_dropped_lines") or 0, log_error=d.get("log_error"),
             argv=tuple(d.get("argv") or ()), engine=d.get("engine"), speculative=d.get("speculative"),
             warnings=tuple(d.get("warnings") or ()), health_failing_since=d.get("health_failing_since"),
-            unresponsive=d.get("unresponsive") or 0,
+            unresponsive=d.get("unresponsive") or 0, node=d.get("node"),
         )  # fmt: skip
 
 

@@ -18,16 +18,57 @@ class CliError(HwprofileError):
 
 
 def load_host(args: argparse.Namespace):  # -> HostSnapshot
-    from ..host.snapshot import HostSnapshot, SnapshotError
-
-    if args.from_file:
-        try:
-            return HostSnapshot.load(args.from_file)
-        except SnapshotError as e:
-            raise CliError(str(e)) from None
+    """Node 0's snapshot: the first ``--from``, the inventory's first node, or this host, detected."""
+    hosts, _ = load_hosts(args)
+    if hosts:
+        return hosts[0]
     from ..host.detect import detect_host
 
     return detect_host(proc_root=args.proc_root, sys_root=args.sys_root)
+
+
+def load_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
+    """Every host of the command (``--from`` given again for each, or ``--inventory``), node 0
+    first, and their addresses (the inventory's; else each snapshot's hostname); empty without."""
+    from ..host.snapshot import HostSnapshot, SnapshotError
+
+    files = list(getattr(args, "from_file", None) or [])
+    addresses: list[str] = []
+    inventory = getattr(args, "inventory", None)
+    if inventory:
+        if files:
+            raise CliError("--inventory and --from name the hosts two ways: give one")
+        files, addresses = _inventory(inventory)
+    hosts = []
+    for f in files:
+        try:
+            hosts.append(HostSnapshot.load(f))
+        except SnapshotError as e:
+            raise CliError(str(e)) from None
+    if not addresses:
+        addresses = [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
+    return hosts, addresses
+
+
+def _inventory(path: str) -> tuple[list[str], list[str]]:
+    """``nodes: [{snapshot: FILE, address: ADDR}, ...]`` (snapshot paths relative to the file)."""
+    import os
+
+    from ..config.yamlsrc import load_file
+
+    data, _ = load_file(path)
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, list) or not nodes:
+        raise CliError(f"{path}: expected `nodes:` with a list of {{snapshot: FILE, address: ADDR}}")
+    files, addresses = [], []
+    for i, n in enumerate(nodes):
+        if not isinstance(n, dict) or not isinstance(n.get("snapshot"), str) or not isinstance(n.get("address"), str):
+            raise CliError(f"{path}: nodes[{i}]: expected {{snapshot: FILE, address: ADDR}}")
+        if not n["address"] or any(c.isspace() for c in n["address"]):
+            raise CliError(f"{path}: nodes[{i}].address {n['address']!r}: a host name or an address")
+        files.append(os.path.join(os.path.dirname(os.path.abspath(path)), n["snapshot"]))
+        addresses.append(n["address"])
+    return files, addresses
 
 
 def render_release(args: argparse.Namespace, host, missing: str):  # -> Release
@@ -47,11 +88,14 @@ def plan_of(args: argparse.Namespace, host, model: str | None = None, sets: list
     from ..config.layers import config_root
     from ..pipeline import PlanInputs
 
+    hosts, addresses = load_hosts(args)
+    rank = getattr(args, "node_rank", None)  # launch and daemon run one node's part; plan and render show all
     inputs = PlanInputs(
         host, config_root(args.config_root), args.profile, tuple(args.overrides),
         tuple(args.sets if sets is None else sets), args.model if model is None else model, args.draft,
+        tuple(hosts[1:]), tuple(addresses) if len(hosts) > 1 else (), rank or 0,
     )  # fmt: skip
-    return inputs.replan(), inputs
+    return (inputs.whole_plan() if rank is None else inputs.replan()), inputs
 
 
 def launch_of(args: argparse.Namespace, host, plan, inputs, runtime, progress=None):  # -> Launch

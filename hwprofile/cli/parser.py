@@ -73,7 +73,15 @@ def _add_host_source(p: argparse.ArgumentParser) -> None:
         "--from",
         dest="from_file",
         metavar="FILE",
-        help="read a saved host snapshot (from `hwprofile detect --json`) instead of probing; - for stdin",
+        action="append",
+        help="read a saved host snapshot (from `hwprofile detect --json`) instead of probing; - for stdin; "
+        "again for each further host of a plan over several hosts (node 0 first)",
+    )
+    p.add_argument(
+        "--inventory",
+        metavar="FILE",
+        help="the hosts of a plan over several hosts: YAML `nodes: [{snapshot: FILE, address: ADDR}, ...]` "
+        "(node 0 first; instead of --from)",
     )
     p.add_argument(
         "--proc-root", metavar="DIR", help="procfs root to read (default /proc; env HWPROFILE_PROC_ROOT)"
@@ -184,6 +192,10 @@ def _args_launch(p: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="print what would run (environment and command per instance)"
     )
     p.add_argument("--foreground", action="store_true", help="supervise in this process until SIGTERM/SIGINT")
+    p.add_argument(
+        "--node-rank", type=count(0, 63), default=0, metavar="K",
+        help="on a plan over several hosts: run this node's part (default 0: the API server)",
+    )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     p.add_argument("--plan-file", metavar="FILE", help=argparse.SUPPRESS)  # the detached supervisor's plan
     p.add_argument(

@@ -177,7 +177,7 @@ def preflight(launch: Launch) -> None:
                     stale.supervisor_pid)  # fmt: skip
     for inst in launch.plan.instances:
         s = inst.server
-        if not port_free(s.host, s.port):
+        if not inst.headless and not port_free(s.host, s.port):  # a headless node serves no port
             raise Refused(
                 f"{inst.name}: port {s.port} on {s.host} is already in use. Stop what holds it "
                 f"(`ss -ltnp 'sport = :{s.port}'`), or choose another: --set server.port=<free port>"

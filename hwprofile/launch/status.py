@@ -178,6 +178,8 @@ def format_status(state: dict[str, Any]) -> str:
         out.append(
             f"  {i['name']}: {i['state']}{up}, {pid}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
         )
+        if i.get("node"):
+            out.append(f"    node {i['node']}")
         if i.get("health_failing_since") and i["state"] == "ready":
             since = time.time() - i["health_failing_since"]
             out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")

@@ -166,7 +166,7 @@ def _mark(insts: list[InstancePlan], addresses: Sequence[str], settings: Setting
     return [
         dataclasses.replace(
             inst, name=f"{base}-node{rank}", node_rank=rank, nnodes=k, node_address=addr, master_addr=master,
-            master_port=settings.layout.master_port,
+            master_port=settings.layout.master_port, node_backend=settings.layout.multinode_backend,
             server=inst.server if rank == 0 else dataclasses.replace(inst.server, port=insts[0].server.port),
         )
         for rank, (inst, addr) in enumerate(zip(insts, addresses, strict=False))

@@ -278,6 +278,7 @@ class InstancePlan(_Json):
     node_address: str = ABSENT
     master_addr: str = ABSENT
     master_port: int = ABSENT
+    node_backend: str = ABSENT  # how the nodes form one vLLM: mp (--nnodes, headless workers) or ray
 
     @property
     def ranks(self) -> int:
@@ -303,7 +304,7 @@ class InstancePlan(_Json):
     _ORDER: ClassVar[tuple[str, ...]] = (
         "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
         "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "node_rank", "nnodes",
-        "node_address", "master_addr", "master_port", "server", "engine", "speculative", "memory", "estimate",
+        "node_address", "master_addr", "master_port", "node_backend", "server", "engine", "speculative", "memory", "estimate",
     )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -363,6 +364,18 @@ class Plan(_Json):
             if inst.name == name:
                 return inst
         raise KeyError(name)
+
+    @property
+    def nodes(self) -> int:
+        """How many hosts this plan runs on (1 unless it is a multi-node plan)."""
+        return max((inst.node for inst in self.instances), default=0) + 1
+
+    def for_node(self, rank: int) -> Plan:
+        """This plan as node ``rank`` runs it: its own instances only (a one-host plan is node 0's)."""
+        mine = tuple(i for i in self.instances if i.node == rank)
+        if not mine:
+            raise KeyError(f"node {rank}: this plan runs on {self.nodes} node(s)")
+        return dataclasses.replace(self, instances=mine)
 
     def with_instance(self, new: InstancePlan) -> Plan:
         """This plan with the instance of ``new``'s name replaced by ``new``."""

@@ -70,6 +70,53 @@ class Unrenderable(RefusedError):
     """A planned instance this release cannot run as planned (exit 1, with the fix)."""
 
 
+RAY_PORT = 6379  # `ray start --head`'s default
+
+
+def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
+    """The flags that make this node's vLLM one of the group (vLLM's own multi-node launch).
+
+    Data parallel across nodes: ``--data-parallel-size N --data-parallel-size-local 1
+    --data-parallel-address A --data-parallel-rpc-port P`` and, on the other nodes, ``--headless
+    --data-parallel-start-rank K`` (0.9.2+). Tensor or pipeline parallel across nodes (the ``mp``
+    backend, 0.12+): ``--nnodes N --node-rank K --master-addr A --master-port P``, ``--headless`` on
+    the other nodes. The Ray backend (``layout.multinode_backend=ray``, or a release without
+    ``--nnodes``): ``--distributed-executor-backend ray`` on node 0, the Ray cluster started first
+    (the commands are said; hwprofile does not run Ray)."""
+    k, n = inst.node, int(inst.nnodes)
+    addr, port = str(inst.master_addr), int(inst.master_port)
+    out: list[Pair] = []
+    if inst.ranks > 1:  # one data-parallel rank per node
+        need = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-address",
+                "--data-parallel-rpc-port", "--headless", "--data-parallel-start-rank")  # fmt: skip
+        missing = [f for f in need if not rel.has(f)]
+        if missing:
+            raise Unrenderable(f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} (0.9.2+): data parallel "
+                               "across nodes needs them; plan each node alone instead")  # fmt: skip
+        out += [("--data-parallel-size", inst.ranks), ("--data-parallel-size-local", 1),
+                ("--data-parallel-address", addr), ("--data-parallel-rpc-port", port)]  # fmt: skip
+        if k:
+            out += [("--headless", None), ("--data-parallel-start-rank", k)]
+        return out
+    backend = str(inst.node_backend) if inst.node_backend is not ABSENT else "mp"
+    if backend == "mp" and all(rel.has(f) for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")):
+        out += [("--nnodes", n), ("--node-rank", k), ("--master-addr", addr), ("--master-port", port)]
+        if k:
+            out.append(("--headless", None))
+        return out
+    if not rel.has("--distributed-executor-backend"):
+        raise Unrenderable(f"{inst.name}: vLLM {rel.table} cannot run one model over several nodes")
+    why = "layout.multinode_backend=ray" if backend == "ray" else f"vLLM {rel.table} has no --nnodes (0.12+)"
+    warnings.append(
+        f"{inst.name}: the Ray backend ({why}): start the cluster first — on node 0 `ray start --head "
+        f"--node-ip-address {addr} --port {RAY_PORT}`, on every other node `ray start --address {addr}:{RAY_PORT}`"
+        " — then only node 0 runs vLLM"
+    )
+    if k == 0:
+        out.append(("--distributed-executor-backend", "ray"))
+    return out
+
+
 def render_instance(
     plan: Plan,
     inst: InstancePlan,
@@ -115,11 +162,14 @@ def render_instance(
         add("--tensor-parallel-size", inst.tensor_parallel_size)
     if inst.pipeline_parallel_size > 1:
         add("--pipeline-parallel-size", inst.pipeline_parallel_size)
-    if inst.ranks > 1 and not add("--data-parallel-size", inst.ranks):
+    multinode = inst.nnodes is not ABSENT and int(inst.nnodes) > 1
+    if inst.ranks > 1 and not multinode and not add("--data-parallel-size", inst.ranks):
         raise Unrenderable(
             f"{inst.name} is one data-parallel server of {inst.ranks} ranks, and vLLM {rel.table} has no "
             "--data-parallel-size (0.8.3+): plan it with --set layout.shape=servers"
         )
+    if multinode:
+        args += _nodes(inst, rel, warnings)
     if e.dtype and e.dtype != "auto":
         dt = choice("--dtype", e.dtype, "left to the model's own dtype")
         if dt:
@@ -185,6 +235,8 @@ def render_instance(
     }
     if plan.model.source in ("dir", "hf-cache"):
         env["HF_HUB_OFFLINE"] = "1"  # the weights are local: never reach for the hub
+    if multinode and inst.node_address is not ABSENT:
+        env["VLLM_HOST_IP"] = str(inst.node_address)  # the address the other nodes reach this one at
     if cuda:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
         uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance

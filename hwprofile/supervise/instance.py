@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..plan.types import InstancePlan, Plan
+from ..plan.types import ABSENT, InstancePlan, Plan
 from ..render.translate import Rendered
 from ..runfiles import LOG_FILE, InstanceRecord
 from ..runtime.processes import Identity, identify
@@ -99,7 +99,11 @@ class Instance:
 
     @property
     def url(self) -> str:
+        """Where this instance answers: its own server, or, for a headless node of a group, node 0's
+        (the group is ready, and well, when node 0 answers: it only does with every node joined)."""
         s = self.inst.server
+        if self.inst.headless:
+            return f"http://{self.inst.master_addr}:{s.port}"
         host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
         return f"http://{host}:{s.port}"
 
@@ -116,6 +120,8 @@ class Instance:
             speculative=self.inst.speculative.to_json() if self.inst.speculative else None,
             warnings=tuple(self.render_warnings + self.verify_warnings),
             health_failing_since=self.health_failing_since, unresponsive=self.unresponsive,
+            node=(f"{self.inst.node} of {self.inst.nnodes}" + (" (headless: the group answers at node 0)"
+                  if self.inst.headless else " (the group's API server)")) if self.inst.nnodes is not ABSENT else None,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -290,7 +296,7 @@ class Instance:
             r = self._render()
             self.render_warnings = r.warnings
             s = self.inst.server
-            if self.restarts or self.ladder or self.replacements:
+            if (self.restarts or self.ladder or self.replacements) and not self.inst.headless:
                 end = time.monotonic() + 15  # after a failure: let the old process's socket go
                 while (
                     not port_free(s.host, s.port)
@@ -298,7 +304,7 @@ class Instance:
                     and not self._stop_asked.wait(0.5)
                 ):
                     pass
-            elif not port_free(s.host, s.port):
+            elif not self.inst.headless and not port_free(s.host, s.port):
                 self.failure = {"kind": "port in use", "evidence": f"{s.host}:{s.port} is taken before start",
                                 "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
                 self.log.mark(f"port {s.port} taken; not started")
