@@ -105,6 +105,8 @@ INSTANCE = Obj(
         "health_failing_since": _TIME,
         "unresponsive": Int(0, 1 << 31),
         "node": Str(64),
+        "group_wait": _TEXT,
+        "rejoins": Int(0, 1 << 31),
     },
     required=("name", "state", "pid", "process", "url", "restarts", "stop_grace_s", "log_dir", "log_file"),
 )
@@ -207,6 +209,8 @@ class InstanceRecord:
     health_failing_since: float | None = None  # /health has failed since (wall time); None: it answers
     unresponsive: int = 0  # restarts because /health kept failing while the process lived
     node: str | None = None  # a node of a multi-node group: "K of N" (None: a one-host instance)
+    group_wait: str | None = None  # a headless node not ready yet: what it waits for (supervise.group)
+    rejoins: int = 0  # new processes a headless node started to join node 0's next group
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -219,7 +223,8 @@ class InstanceRecord:
             "log_dropped_lines": self.log_dropped_lines, "log_error": self.log_error, "argv": list(self.argv),
             "replacements": self.replacements, "engine": self.engine, "speculative": self.speculative,
             "warnings": list(self.warnings), "health_failing_since": self.health_failing_since,
-            "unresponsive": self.unresponsive, "node": self.node,
+            "unresponsive": self.unresponsive, "node": self.node, "group_wait": self.group_wait,
+            "rejoins": self.rejoins,
         }  # fmt: skip
 
     @classmethod
@@ -235,7 +240,8 @@ class InstanceRecord:
             log_dropped_lines=d.get("log_dropped_lines") or 0, log_error=d.get("log_error"),
             argv=tuple(d.get("argv") or ()), engine=d.get("engine"), speculative=d.get("speculative"),
             warnings=tuple(d.get("warnings") or ()), health_failing_since=d.get("health_failing_since"),
-            unresponsive=d.get("unresponsive") or 0, node=d.get("node"),
+            unresponsive=d.get("unresponsive") or 0, node=d.get("node"), group_wait=d.get("group_wait"),
+            rejoins=d.get("rejoins") or 0,
         )  # fmt: skip
 
 

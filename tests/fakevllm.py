@@ -59,6 +59,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,13 +69,14 @@ from typing import Any
 
 VERSION = "0.32.0+cpu"
 PID = os.getpid()
+STARTED = time.time()  # process_start_time_seconds on /metrics (prometheus-client's process collector)
 
 # vLLM flags that take no value (the ones hwprofile renders, and a few more)
 BOOLEAN = {
     "enforce-eager", "enable-prefix-caching", "no-enable-prefix-caching", "enable-chunked-prefill",
     "no-enable-chunked-prefill", "trust-remote-code", "disable-log-stats", "disable-log-requests",
     "enable-server-load-tracking", "numa-bind", "disable-custom-all-reduce", "async-scheduling",
-    "no-async-scheduling", "enable-log-requests", "disable-uvicorn-access-log",
+    "no-async-scheduling", "enable-log-requests", "disable-uvicorn-access-log", "headless",
 }  # fmt: skip
 # The "engine": ignores SIGTERM (only a group SIGKILL or its server ends it), and dies with its server
 # (parent-death signal), so a test that fails half-way leaves nothing behind.
@@ -234,11 +236,17 @@ class Server:
         )
         self.drafts = self.draft_tokens = self.accepted = 0
         self.fake: dict[str, str] = {}
+        self.group: Group | None = None  # node 0 of a multi-node group: its members' connections
+        self.engine_dead = False  # a step found a member gone: the API server exits (code 0), as vLLM's does
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self) -> str:
         labels = f'engine="0",model_name="{self.name}"'
-        out: list[str] = []
+        out: list[str] = [
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {STARTED!r}",
+        ]
 
         def family(name: str, kind: str, help_: str, samples: list[tuple[str, str, float]]) -> None:
             out.append(f"# HELP {name} {help_}")
@@ -384,6 +392,14 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
             if self.path not in ("/v1/completions", "/v1/chat/completions") or not srv.loaded:
                 self.reply(404, b'{"detail":"Not Found"}')
                 return
+            if srv.group is not None and srv.group.lost():  # the engine's next step finds a member gone
+                say("AsyncLLM output_handler failed.", level="ERROR", where="async_llm.py:906")
+                say("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+                    "trace (above) for the root cause.", level="ERROR", where="async_llm.py:906")  # fmt: skip
+                self.reply(500, json.dumps({"error": {"message": "EngineCore encountered an issue. See stack "
+                           "trace (above) for the root cause.", "type": "InternalServerError", "code": 500}}).encode())  # fmt: skip
+                srv.engine_dead = True
+                return
             prompt = str(body.get("prompt") or body.get("messages") or "")
             n = int(body.get("max_tokens") or 16)
             if not srv.begin(len(prompt.split())):
@@ -424,6 +440,88 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Group:
+    """A multi-node group as vLLM's mp backend forms one (``--nnodes N``), over plain TCP at
+    ``--master-addr``:``--master-port``. Node 0 listens and takes the first N-1 members that connect
+    (each is welcomed with one byte); it keeps listening without taking more, so a member that comes
+    later waits at the rendezvous for good. Node 0 only finds a member gone when its engine takes a
+    step (:meth:`lost`, at the next completion); a member whose node 0 has gone stays alive, joined to
+    nothing. What real vLLM 0.32 does (supervise/group.py)."""
+
+    def __init__(self, addr: str, port: int, n: int) -> None:
+        self.addr, self.port, self.n = addr, port, n
+        self.members: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+
+    def form(self, stop: Flag) -> bool:
+        """Node 0: wait for the other N-1 nodes (False when asked to stop first)."""
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((self.addr, self.port))
+        ls.listen(16)
+        ls.settimeout(0.2)
+        self.listener = ls
+        while len(self.members) < self.n - 1:
+            if stop.up:
+                return False
+            try:
+                conn, _ = ls.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            try:
+                conn.recv(16)  # the member's rank: read, so that only its going is left to see
+            except OSError:
+                conn.close()
+                continue
+            conn.settimeout(None)  # blocking again: lost() peeks with MSG_DONTWAIT
+            conn.sendall(b"W")
+            self.members.append(conn)
+            say(f"world_size={self.n} rank={len(self.members)} joined", "Worker", where="parallel_state.py:1906")
+        return True
+
+    def lost(self) -> bool:
+        for conn in self.members:
+            try:
+                if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    return True
+            except BlockingIOError:
+                continue
+            except OSError:
+                return True
+        return False
+
+    def join(self, rank: int, stop: Flag) -> bool:
+        """A headless node: connect and wait to be welcomed (False when asked to stop first)."""
+        conn: socket.socket | None = None
+        while conn is None:
+            if stop.up:
+                return False
+            try:
+                conn = socket.create_connection((self.addr, self.port), timeout=0.5)
+            except OSError:
+                stop.wait(0.2)
+        conn.sendall(str(rank).encode())
+        conn.settimeout(0.2)
+        while not stop.up:
+            try:
+                got = conn.recv(1)
+            except TimeoutError:
+                continue
+            except OSError:
+                got = b""
+            if got == b"W":
+                self.members.append(conn)  # held open: node 0 sees this process go when it does
+                say(f"world_size={self.n} rank={rank} distributed_init_method=tcp://{self.addr}:{self.port}",
+                    "Worker", where="parallel_state.py:1906")  # fmt: skip
+                return True
+            if got == b"":  # node 0 went: joined to nothing, and it stays so (as vLLM's does)
+                while not stop.wait(0.5):
+                    pass
+                return False
+        return False
+
+
 def kv_check(model_dir: str, args: dict[str, Any]) -> tuple[int, int, float]:
     """(KV tokens vLLM reports, max_model_len, max concurrency); exits like vLLM when the cache cannot
     hold one request of max_model_len."""
@@ -432,6 +530,7 @@ def kv_check(model_dir: str, args: dict[str, Any]) -> tuple[int, int, float]:
     layers = int(cfg.get("num_hidden_layers", 2))
     heads = int(cfg.get("num_attention_heads", 4))
     kv_heads = int(cfg.get("num_key_value_heads", heads))
+    kv_heads = max(1, kv_heads // int(args.get("tensor_parallel_size") or 1))  # each worker holds its share
     head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 128)) // heads)
     dtype = str(args.get("kv_cache_dtype", "auto"))
     width = 1 if dtype.startswith("fp8") else 4 if str(args.get("dtype")) == "float32" else 2
@@ -496,6 +595,22 @@ class Flag:
         return self.up
 
 
+def headless(group: Group, rank: int) -> int:
+    """``--headless``: no API server; this node's workers join node 0's group and serve in it."""
+    stop = Flag()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(PID), "fakevllm-Worker"], stdin=subprocess.DEVNULL)
+    say(f"Launching vLLM (v{VERSION}) headless multiproc executor, with head node address "
+        f"{group.addr}:{group.port} for torch.distributed process group.", "MainProcess", where="serve.py:224")  # fmt: skip
+    group.join(rank, stop)
+    while not stop.wait(0.2):
+        pass
+    engine.kill()
+    engine.wait()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     model, args, fake, unknown = parse(argv)
     log_argv = os.environ.get("FAKEVLLM_ARGV_LOG")
@@ -526,6 +641,13 @@ def main(argv: list[str]) -> int:
             f"'namespace/repo_name': '{model}'. Use `repo_type` argument if needed."
         )
         return 1
+    nnodes = int(args.get("nnodes") or 1)
+    group = None
+    if nnodes > 1:
+        group = Group(str(args.get("master_addr") or "127.0.0.1"), int(args.get("master_port") or 29501), nnodes)
+    if args.get("headless"):
+        assert group is not None, "--headless needs --nnodes > 1"
+        return headless(group, int(args.get("node_rank") or 0))
     try:
         httpd = ThreadingHTTPServer((host, port), None)  # type: ignore[arg-type]
     except OSError as e:
@@ -582,6 +704,10 @@ def main(argv: list[str]) -> int:
             return leave(0)
         if "hang" in modes:
             say("Loading weights ... (still)", "EngineCore", where="loader.py:2")
+    if group is not None and not group.form(stop):
+        say("Shutting down while loading.")
+        return leave(0)
+    srv.group = group
     say(
         f"CPU KV cache size: {tokens:,} tokens, Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x",
         "EngineCore", where="kv_cache_utils.py:2327",
@@ -613,7 +739,11 @@ def main(argv: list[str]) -> int:
 
         threading.Thread(target=sicken, daemon=True).start()
     while not stop.wait(0.2):
-        pass
+        if srv.engine_dead:
+            time.sleep(0.2)  # the 500 goes out first
+            httpd.shutdown()
+            httpd.server_close()
+            return leave(0)
     say("Shutting down FastAPI HTTP server.", where="launcher.py:100")
     with srv.lock:
         srv.accepting = False

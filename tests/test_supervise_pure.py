@@ -206,3 +206,35 @@ def test_state_file_is_atomic_and_private(tmp_path) -> None:
     path.write_text("{broken")
     with pytest.raises(RunFileError, match=r"state\.json:1:2: invalid JSON"):
         read_doc(path, SupervisorDoc)
+
+
+# -- a headless node of a multi-node group (supervise/group.py) -------------------------------------
+
+
+def test_a_headless_node_is_ready_only_with_the_group_it_could_join() -> None:
+    from hwprofile.supervise.group import Head, judge
+
+    down, up, up_again = Head(False), Head(True, 1000.0), Head(True, 2000.0)
+    # node 0 was not serving when this process started: node 0 answering means the group formed with it
+    assert judge(down, down).why == "waiting for node 0 to form the group" and not judge(down, down).ready
+    assert judge(down, up).ready and judge(None, up).ready
+    # node 0 already served a group then (this node's last process was in it): not ready; probe it
+    v = judge(up, up)
+    assert not v.ready and v.probe and not v.rejoin and "formed before this node's process started" in v.why
+    assert judge(Head(True), Head(True)).probe  # no start time known: the same server, to be safe
+    # that group ended: start a process that can join the next one
+    v = judge(up, down)
+    assert v.rejoin and not v.ready and not v.probe
+    # node 0 answers from a new API server: the new group formed, with this node in it
+    assert judge(up, up_again).ready
+
+
+def test_start_time_is_read_off_metrics_text() -> None:
+    from hwprofile.telemetry.metrics import start_time
+
+    body = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.79618485127e+09\nvllm:x 1\n"
+    assert start_time(body) == 1.79618485127e09
+    assert start_time("vllm:x 1\n") is None
+    assert start_time("process_start_time_seconds NaN\n") is None
+    assert start_time("process_start_time_seconds 1\nprocess_start_time_seconds 2\n") is None  # which one?
+    assert start_time("process_start_time_seconds {{{\n") is None

@@ -862,3 +862,113 @@ def test_a_new_run_says_how_the_previous_one_ended(world, rt, fake_env) -> None:
         assert again.previous and "stopped by SIGTERM" in again.previous and "vllm-cpu stopped" in again.previous
     finally:
         again.close()
+
+
+# -- a two-node group (tests/fakevllm.py's Group: vLLM 0.32's mp backend as measured) -------------------
+
+
+def node_supervisors(world: dict[str, Any], rt: Path, **opts: Any) -> list[Supervisor]:
+    """Node 0 and node 1 of one group on this host (tensor parallel 2 across two CPU "nodes" at
+    127.0.0.1, as the real two-node test runs vLLM), each with its own runtime directory."""
+    (rt / "etc").mkdir(exist_ok=True)
+    sets = tuple(sets_for(world, free_port(), "layout.tensor_parallel_size=2", "layout.master_addr=127.0.0.1",
+                          f"layout.master_port={free_port()}"))  # fmt: skip
+    out = []
+    unhealthy_s = opts.pop("unhealthy_s", 30.0)
+    for rank in (0, 1):
+        inputs = PlanInputs(world["host"], str(rt / "etc"), sets=sets, model=str(world["model"]),
+                            nodes=(world["host"],), addresses=("127.0.0.1", "127.0.0.1"), node_rank=rank)  # fmt: skip
+        supervise = {"ready_timeout": 20, "max_restarts": 5, "backoff_initial": 0.1, "backoff_max": 0.5,
+                     "stop_margin": 2.0, "unhealthy_s": unhealthy_s}  # fmt: skip
+        options = Options.from_settings(Supervise(**supervise), Logs(), rt / f"run{rank}", rt / f"logs{rank}",
+                                        poll_interval=0.05)  # fmt: skip
+        out.append(Supervisor(inputs.replan(), world["release"], "/nonexistent/vllm", None, options))
+    return out
+
+
+def test_a_two_node_group_is_ready_only_when_it_formed_and_its_status_shows_each_node(world, rt, fake_env) -> None:
+    s0, s1 = node_supervisors(world, rt)
+    n0, n1 = s0.instances[0], s1.instances[0]
+    assert not n0.inst.headless and n1.inst.headless and n1.url == n0.url
+    s1.start()  # the headless node first: it waits for node 0 to form the group
+    try:
+        wait_for(lambda: n1.group_wait == "waiting for node 0 to form the group", "node 1 waiting", 10)
+        time.sleep(0.5)
+        assert n1.state == State.STARTING
+        s0.start()
+        assert s0.wait_ready(20) and s1.wait_ready(20)
+        argv1 = starts(fake_env)[0]["argv"]
+        assert "--headless" in argv1 and argv1[argv1.index("--node-rank") + 1] == "1"
+        text = format_status(status(rt / "run1"))
+        assert "node 1 of 2 (headless: the group answers at node 0)" in text and "ready" in text
+        assert "node 0 of 2 (the group's API server)" in format_status(status(rt / "run0"))
+        reply = http.post_json(n0.url + "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})
+        assert reply["choices"][0]["text"]
+    finally:
+        for s in (s1, s0):
+            finish(s)
+
+
+def test_a_killed_headless_node_brings_the_group_back_without_a_client_request(world, rt, fake_env) -> None:
+    """Real vLLM: node 0's /health stays 200 when a headless node dies (it finds out at its next
+    request), and a headless process started then joins nothing. Measured by hand before this:
+    a group stayed half-dead until a client's request failed. Now node 1's new process sees node 0
+    serving a group formed without it, asks node 0 one token (node 0's engine finds the member gone
+    and exits), starts again when node 0's old group has ended, and the group forms anew."""
+    s0, s1 = node_supervisors(world, rt)
+    n0, n1 = s0.instances[0], s1.instances[0]
+    s0.start()
+    s1.start()
+    try:
+        assert s0.wait_ready(20) and s1.wait_ready(20)
+        first0, first1 = n0.pid, n1.pid
+        os.killpg(first1, signal.SIGKILL)
+        wait_for(lambda: n1.restarts == 1, "node 1 restarted", 10)
+        wait_for(lambda: n0.restarts == 1, "node 0 found its member gone and exited", 20,
+                 why=lambda: format_status(status(rt / "run1")))  # fmt: skip
+        assert "unplanned exit" in n0.failure["kind"] and "exit code 0" in n0.failure["evidence"]
+        wait_for(lambda: n0.state == n1.state == State.READY and n1.rejoins == 1, "the group formed again", 20,
+                 why=lambda: format_status(status(rt / "run1")))  # fmt: skip
+        assert n0.pid != first0 and n1.pid != first1
+        log1 = n1.log.path.read_text()
+        assert "probe of node 0" in log1 and "HTTP 500" in log1 and "rejoin: node 0's old group has ended" in log1
+        assert "started again 1 times to join node 0's next group" in format_status(status(rt / "run1"))
+        reply = http.post_json(n0.url + "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})
+        assert reply["choices"][0]["text"]
+    finally:
+        for s in (s1, s0):
+            finish(s)
+
+
+def test_a_restarted_node_0_makes_the_headless_node_join_its_new_group(world, rt, fake_env) -> None:
+    """Real vLLM: a headless node whose node 0 died stays alive, joined to nothing. When node 0
+    answers again from a new API server (another process_start_time_seconds), node 1 starts anew at
+    once; when node 0 stays away, supervise.unhealthy_s restarts it as for any server."""
+    s0, s1 = node_supervisors(world, rt, unhealthy_s=30.0)
+    n0, n1 = s0.instances[0], s1.instances[0]
+    s0.start()
+    s1.start()
+    try:
+        assert s0.wait_ready(20) and s1.wait_ready(20)
+        first1 = n1.pid
+        os.killpg(n0.pid, signal.SIGKILL)
+        # node 0 comes back waiting for members; node 1's health watch notices /health failing ...
+        wait_for(lambda: n1.health_failing_since is not None, "node 1 sees node 0 gone", 10)
+        assert n1.state == State.READY and n1.pid == first1  # within supervise.unhealthy_s: no restart yet
+        # ... and restarts its process only after supervise.unhealthy_s (30 s here): node 0 waits
+        # for it meanwhile. With a short unhealthy_s the group forms again by itself:
+    finally:
+        for s in (s1, s0):
+            finish(s)
+    s0, s1 = node_supervisors(world, rt, unhealthy_s=1.0)
+    n0, n1 = s0.instances[0], s1.instances[0]
+    s0.start()
+    s1.start()
+    try:
+        assert s0.wait_ready(20) and s1.wait_ready(20)
+        os.killpg(n0.pid, signal.SIGKILL)
+        wait_for(lambda: n0.restarts == 1 and n0.state == n1.state == State.READY and n1.unresponsive == 1,
+                 "the group formed again", 30, why=lambda: format_status(status(rt / "run1")))  # fmt: skip
+    finally:
+        for s in (s1, s0):
+            finish(s)

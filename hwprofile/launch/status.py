@@ -185,6 +185,10 @@ def format_status(state: dict[str, Any]) -> str:
             out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")
         if i.get("unresponsive"):
             out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
+        if i.get("group_wait") and i["state"] in ("starting", "restarting"):
+            out.append(f"    waiting: {i['group_wait']}")
+        if i.get("rejoins"):
+            out.append(f"    started again {i['rejoins']} times to join node 0's next group")
         for step in i.get("ladder") or []:
             out.append(f"    ladder: {step['change']} (after: {step['because']})")
         if i.get("failure"):

@@ -11,6 +11,7 @@ breaks marks it failed. The instances of a plan, the state file and the lock are
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -24,6 +25,7 @@ from ..runtime.processes import Identity, identify
 from ..telemetry import http
 from .child import end_group, exited, port_free, short_tmpdir, spawn
 from .failures import MIN_CONTEXT, Failure, Rung, classify, exit_evidence
+from .group import Head, judge, look, probe
 from .ladder import replan_step, step_change
 from .lifecycle import Machine, State
 from .logs import RotatingLog, private_dir, pump
@@ -89,6 +91,11 @@ class Instance:
         self.replacements = 0  # planned restarts with new settings (the daemon's degrade/recover)
         self.unresponsive = 0  # restarts because /health kept failing while the process lived
         self.health_failing_since: float | None = None  # wall time /health began failing (None: it answers)
+        # A headless node of a group (.group): node 0 as seen before this process started, why it
+        # waits, and how often it started again to join node 0's next group.
+        self._head_at_start: Head | None = None
+        self.group_wait: str | None = None
+        self.rejoins = 0
         self._pump: threading.Thread | None = None
         self._saved_dropped = 0
 
@@ -120,6 +127,7 @@ class Instance:
             speculative=self.inst.speculative.to_json() if self.inst.speculative else None,
             warnings=tuple(self.render_warnings + self.verify_warnings),
             health_failing_since=self.health_failing_since, unresponsive=self.unresponsive,
+            group_wait=self.group_wait, rejoins=self.rejoins,
             node=(f"{self.inst.node} of {self.inst.nnodes}" + (" (headless: the group answers at node 0)"
                   if self.inst.headless else " (the group's API server)")) if self.inst.nnodes is not ABSENT else None,
         )  # fmt: skip
@@ -186,16 +194,34 @@ class Instance:
             self.on_change()
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> str:
-        """'ready', 'exited', 'stopping' or 'timeout'."""
+        """'ready', 'exited', 'stopping', 'timeout' or (a headless node, :mod:`.group`) 'rejoin'."""
         deadline = time.monotonic() + self.opts.ready_timeout
         last_note = 0.0
+        probed = False
         while True:
             if self._stop_asked.is_set():
                 return "stopping"
             if exited(proc):
                 return "exited"
-            if http.healthy(self.url):
-                return "ready"
+            if not self.inst.headless:
+                if http.healthy(self.url):
+                    return "ready"
+            else:
+                head = look(self.url)
+                v = judge(self._head_at_start, head)
+                if not v.ready and v.why != self.group_wait:
+                    self.group_wait = v.why
+                    log.info("%s: %s", self.name, v.why)
+                    self.on_change()
+                if v.ready:
+                    return "ready"
+                if v.rejoin:
+                    return "rejoin"
+                if v.probe and not probed:
+                    probed = True
+                    said = probe(self.url, self._api_key())
+                    log.warning("%s: asked node 0 for one token, so that it finds this node gone: %s", self.name, said)
+                    self.log.mark(f"probe of node 0 ({self.url}): {said}")
             now = time.monotonic()
             if now > deadline:
                 return "timeout"
@@ -210,9 +236,10 @@ class Instance:
 
     def _serve(self, proc: subprocess.Popen[bytes]) -> str | None:
         """While ready: watch the process and its ``/health`` until it exits, a replacement or a stop
-        is asked, or ``/health`` has failed for ``supervise.unhealthy_s`` seconds (a hung server, or
-        an API server whose engine died): then the reason. A failing ``/health`` is recorded (status
-        shows it) from its first failure; an answer again clears it."""
+        is asked, or ``/health`` has failed for ``supervise.unhealthy_s`` seconds (a hung server, an
+        API server whose engine died, or, for a headless node, node 0 gone: its process joined to
+        nothing from then on): then the reason. A failing ``/health`` is recorded (status shows it)
+        from its first failure; an answer again clears it."""
         poll = self.opts.poll_interval
         every = max(poll, min(2.0, self.opts.unhealthy_s / 4))
         next_check = time.monotonic() + every
@@ -223,7 +250,8 @@ class Instance:
             if now < next_check:
                 continue
             next_check = now + every
-            got = http.get(self.url + "/health", timeout=min(5.0, self.opts.unhealthy_s / 2))
+            timeout = min(5.0, self.opts.unhealthy_s / 2)
+            got = http.get(self.url + "/health", timeout=timeout)
             if got is not None and got[0] == 200:
                 if self.health_failing_since is not None:
                     log.warning("%s: /health answers again after %.0f s", self.name, time.time() - self.health_failing_since)
@@ -261,6 +289,20 @@ class Instance:
             except Exception as again:
                 log.error("%s: could not end process %s: %s", self.name, proc.pid, again)
         self.machine.fail()
+
+    def _rejoin(self, proc: subprocess.Popen[bytes], why: str) -> None:
+        """A headless process that belongs to no group (:mod:`.group`): stop it (a few seconds: it
+        serves nothing to drain) and start a new one at once. Not a failure: no backoff, no restart
+        counted; node 0's own restarts bound how often this happens."""
+        log.warning("%s: %s: starting a new process to join node 0's next group", self.name, why)
+        self.log.mark(f"rejoin: {why}")
+        self._end(proc, min(self._grace(), 5.0))
+        self.rejoins += 1
+        self.group_wait = None
+
+    def _api_key(self) -> str | None:
+        source = self.inst.server.api_key_env
+        return os.environ.get(source) if source else None
 
     def _stopping(self, proc: subprocess.Popen[bytes] | None) -> None:
         self._set(State.STOPPING)
@@ -315,12 +357,17 @@ class Instance:
             self.started_at, self.ready_at = time.time(), None
             self.log.mark(f"start {self.name} (restart {self.restarts}): {' '.join(r.argv)}")
             since = self.log.count  # this start's own lines: earlier starts' stay out of its verdicts
+            if self.inst.headless:  # node 0 before this process: did a group form without it?
+                self._head_at_start = look(self.url)
             proc = self._spawn(r)
-            self._set(State.STARTING if not (self.restarts or self.replacements) else State.RESTARTING)
+            self._set(State.STARTING if not (self.restarts or self.replacements or self.rejoins) else State.RESTARTING)
             outcome = self._wait_ready(proc)
             if outcome == "stopping":
                 self._stopping(proc)
                 break
+            if outcome == "rejoin":
+                self._rejoin(proc, self.group_wait or "node 0's group ended")
+                continue
             if outcome == "ready":
                 self.ready_at = time.time()
                 self.verify_warnings = compare(self.inst, parse_startup(self.log.text_since(since)))
@@ -328,6 +375,7 @@ class Instance:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.opts.backoff_initial
                 self._set(State.READY)
+                self.group_wait = None
                 unresponsive = self._serve(proc)
                 if self._stop_asked.is_set():
                     self._stopping(proc)

@@ -154,3 +154,25 @@ def parse(text: str) -> VllmMetrics:
                     itl[le] = itl.get(le, 0.0) + value
     return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), gauges, counters, ttft, itl, spec,
                        engines if len(engines) > 1 else {})  # fmt: skip
+
+
+START_TIME = "process_start_time_seconds"
+
+
+def start_time(text: str) -> float | None:
+    """When the process behind a ``/metrics`` body started (prometheus-client's process collector,
+    which vLLM's API server exports: Unix seconds); None when the body does not say or is not
+    Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    lines = [line for line in text.splitlines() if line.startswith(START_TIME + " ")]
+    if len(lines) != 1:
+        return None
+    try:
+        for fam in text_string_to_metric_families(lines[0] + "\n"):
+            for sample in fam.samples:
+                if sample.name == START_TIME and 0 < float(sample.value) < float("inf"):
+                    return float(sample.value)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
