@@ -220,6 +220,17 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
             if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
                 line += f"; with speculation {est.decode_tok_s_ceiling_batch1_speculative} tok/s at acceptance {est.assumed_acceptance}"
             out.append(line)
+        if inst.nnodes is not ABSENT:
+            label = f"node {inst.node} of {inst.nnodes}"
+            line = (f"  {label:24s} {inst.node_address}, {'API server' if not inst.headless else 'headless'}, "
+                    f"rendezvous {inst.master_addr}:{inst.master_port}")
+            out.append(line)
+        if est.nodes_parallel is not ABSENT:
+            line = (f"  link between nodes       {est.nodes_parallel} parallel: {est.internode_bytes_per_token} B/token at "
+                    f"{est.internode_gbps:g} Gb/s, {est.internode_latency_us:g} µs: {est.internode_ms_per_token} ms/token")
+            if est.decode_tok_s_ceiling_batch1_group is not ABSENT:
+                line += f"; the group's decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1_group} tok/s"
+            out.append(line)
     if plan.endpoint is not None:
         out.append("")
         out.append(f"Clients: {plan.endpoint.url} ({plan.endpoint.how})")

@@ -102,6 +102,10 @@ class Layout(Section):
         "float", "the link between nodes, Gb/s (100: 100 GbE or InfiniBand EDR; 25, 200, 400 are common)",
         1, 3200, default=100.0,
     )  # fmt: skip
+    internode_latency_us: float = setting(
+        "float", "one message's latency across the link between nodes, µs (typical: InfiniBand 2-5, RoCE 5-10, "
+        "TCP over Ethernet 20-50)", 0.1, 10_000, default=20.0,
+    )  # fmt: skip
     multinode_backend: str = setting(
         "choice", "how nodes form one vLLM: mp (--nnodes, --headless workers, 0.12+) or ray (a Ray cluster)",
         choices=MULTINODE_BACKENDS, default="mp",

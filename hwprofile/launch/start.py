@@ -8,7 +8,8 @@ after the same checks in the same order (:func:`preflight`):
 2. the runtime and log directories: this user's own (made 0700 when missing), refused otherwise;
 3. no supervisor holds the runtime directory (the supervisor takes the lock itself too, so two
    starts racing past this check cannot both supervise);
-4. every planned port is free.
+4. every planned instance renders for that release (what it cannot run, such as node 1 of a Ray
+   group, is refused here, not found broken in a supervisor thread), and its port is free.
 
 A check that fails raises :class:`Refused` (exit 1, decided where every error becomes an exit code:
 :mod:`hwprofile.errors`). On top of :func:`supervisor`: :func:`foreground` (supervise here until a
@@ -159,6 +160,7 @@ def log_root(plan: Plan, tmpfs: str | None, runtime: Path) -> Path:
 def preflight(launch: Launch) -> None:
     """Checks 2-4 of the module doc (check 1 is :meth:`Launch.of`'s), in that order; raises
     :class:`Refused` with the reason and the fix."""
+    from ..render.translate import render_instance
     from ..supervise.child import port_free
 
     try:
@@ -176,6 +178,9 @@ def preflight(launch: Launch) -> None:
         log.warning("%s is stale (supervisor pid %s is gone); it is replaced", launch.runtime / STATE_FILE,
                     stale.supervisor_pid)  # fmt: skip
     for inst in launch.plan.instances:
+        # what the supervisor's thread renders at each start: refused here, not found broken there
+        render_instance(launch.plan, inst, launch.release, inst.server.vllm_command or launch.vllm_command,
+                        launch.numactl)  # fmt: skip
         s = inst.server
         if not inst.headless and not port_free(s.host, s.port):  # a headless node serves no port
             raise Refused(

@@ -137,7 +137,7 @@ def _assemble(
         degrade=settings.degrade,
         reasons=tuple(r.items),
         provenance={".".join(k): str(v) for k, v in sorted(provenance.items())},
-        warnings=tuple(warnings),
+        warnings=tuple(dict.fromkeys(warnings)),  # each once (the nodes of a group plan alike)
         endpoint=endpoint,
     )
 

@@ -14,8 +14,9 @@
 
 Every node's instance carries its rank, the group size and the rendezvous (``layout.master_addr``,
 default node 0's address; ``layout.master_port``); node 0 runs the API server, the others run
-headless. The inter-node link (``layout.internode_gbps``) is in each instance's estimate. When even
-every node given does not fit, the refusal says what would. Pure: snapshots in, instances out.
+headless. The inter-node link (``layout.internode_gbps``, ``internode_latency_us``) is in each
+instance's estimate, with the group's decode ceiling over it (:func:`link_cost`). When even every
+node given does not fit, the refusal says what would. Pure: snapshots in, instances out.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def stage_of(model: ModelFacts, stages: int) -> ModelFacts:
     )
 
 
+USER_LAYERS = frozenset({"cli", "env", "overrides", "overrides.d"})  # what a person set (a profile is not)
+
+
+def _user_set(r: Reasons, key: tuple[str, ...]) -> bool:
+    src = r.provenance.get(key)
+    return src is not None and src.kind in USER_LAYERS
+
+
 def _with(settings: Settings, **layout: object) -> Settings:
     return dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, **layout))
 
@@ -90,7 +99,7 @@ def plan_nodes(
         node0 = one_host(hosts[0], _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
                          _shard(model, k))  # fmt: skip
         insts = [dataclasses.replace(node0[0], tensor_parallel_size=tp)] * k
-        return _mark(insts, addresses, settings)
+        return _mark(_link(insts, "tensor", model, settings), addresses, settings)
     first_error: PlanRefused | None = None
     marks = (len(r.items), len(warnings))
 
@@ -119,21 +128,30 @@ def plan_nodes(
                 r.add("layout.nodes", want, f"layout.nodes={want}; one node holds the model: one data-parallel rank "
                                             "on each, one API server on node 0", src)  # fmt: skip
                 insts = [dataclasses.replace(each[0], data_parallel_size=want)] * want
-                return _mark(insts, addresses, settings)
+                return _mark(_link(insts, "data", model, settings), addresses, settings)
         except PlanRefused as e:
             forget()
             first_error = e
+    # Inside a node, a profile's tensor parallel size may grow to the node's devices for a stage to fit
+    # (a profile sizes one-host servers); one the user set is kept.
+    tries: list[int | str] = [tp]
+    if not _user_set(r, ("layout", "tensor_parallel_size")):
+        tries += [t for t in (2, 4, 8, 16) if t <= min(devices) and (not isinstance(tp, int) or t > tp)]
     for k in range(2, n + 1) if want == "auto" else [want]:
         stage = stage_of(model, k)
-        try:
-            per_node = [
-                one_host(h, _with(settings, strategy="tensor_parallel", replicas=1, shape="servers",
-                                  pipeline_parallel_size=k), stage)
-                for h in hosts[:k]
-            ]  # fmt: skip
-        except PlanRefused as e:
-            forget()
-            first_error = e
+        per_node = None
+        for t in tries:
+            try:
+                per_node = [
+                    one_host(h, _with(settings, strategy="tensor_parallel", replicas=1, shape="servers",
+                                      pipeline_parallel_size=k, tensor_parallel_size=t), stage)
+                    for h in hosts[:k]
+                ]  # fmt: skip
+                break
+            except PlanRefused as e:
+                forget()
+                first_error = e
+        if per_node is None:
             continue
         tps = {p[0].tensor_parallel_size for p in per_node}
         if len(tps) > 1 or any(len(p) != 1 for p in per_node):
@@ -142,7 +160,7 @@ def plan_nodes(
         r.add("layout.nodes", k, f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
                                  f"(tensor parallel {tps.pop()} inside each), about {stage.num_layers} layers a node",
               src)  # fmt: skip
-        return _mark([p[0] for p in per_node], addresses, settings)
+        return _mark(_link([p[0] for p in per_node], "pipeline", model, settings), addresses, settings)
     raise PlanRefused(
         f"{model.name} does not fit even {n} node(s): {first_error.message if first_error else 'no layout'}",
         [*(first_error.suggestions if first_error else []), "more nodes (another --from snapshot)"],
@@ -155,6 +173,56 @@ def _shard(model: ModelFacts, ways: int) -> ModelFacts:
         return model
     return model._replace(weights_bytes=-(-model.weights_bytes // ways), num_kv_heads=max(1, model.num_kv_heads // ways),
                           num_heads=max(1, model.num_heads // ways))  # fmt: skip
+
+
+ACTIVATION_BYTES = 2  # a token's hidden state crosses the link in 16-bit (bf16/fp16 activations)
+
+
+def link_cost(kind: str, nodes: int, model: ModelFacts) -> tuple[int, int]:
+    """(bytes each node sends, messages in sequence) over the link between nodes per decoded token at
+    batch 1. Pipeline: the hidden state once per stage boundary. Tensor: two all-reduces of it per
+    decoder layer (after attention, after the MLP), each a ring over the nodes: 2(k-1) steps of
+    1/k of it. Data: the ranks serve apart, nothing per token."""
+    vec = model.hidden_size * ACTIVATION_BYTES
+    if nodes <= 1 or kind == "data":
+        return 0, 0
+    if kind == "pipeline":
+        return (nodes - 1) * vec, nodes - 1
+    steps = 2 * (nodes - 1)
+    return 2 * model.num_layers * steps * vec // nodes, 2 * model.num_layers * steps
+
+
+def _link(insts: list[InstancePlan], kind: str, model: ModelFacts, settings: Settings) -> list[InstancePlan]:
+    """Each node's instance with the group's link figures in its estimate (layout.internode_gbps and
+    internode_latency_us), and the whole group's batch-1 decode ceiling with the link's time added:
+    a pipeline's stages run one after another for one token, so their times add up."""
+    k = len(insts)
+    gbps, lat = settings.layout.internode_gbps, settings.layout.internode_latency_us
+    sent, messages = link_cost(kind, k, model)
+    secs = sent * 8 / (gbps * 1e9) + messages * lat * 1e-6
+    ceilings = [i.estimate.decode_tok_s_ceiling_batch1 for i in insts]
+    group: float | None = None
+    if all(isinstance(c, (int, float)) and c > 0 for c in ceilings):
+        compute = sum(1 / c for c in ceilings) if kind == "pipeline" else 1 / ceilings[0]
+        group = round(1 / (compute + secs), 1)
+    basis = {
+        "pipeline": f"{k} stages in turn for each token, the hidden state ({model.hidden_size} x {ACTIVATION_BYTES} "
+                    f"bytes) crossing {k - 1} stage boundaries",
+        "tensor": f"2 all-reduces per layer x {model.num_layers} layers, each a ring over {k} nodes "
+                  f"({2 * (k - 1)} steps of 1/{k} of the hidden state)",
+        "data": f"{k} data-parallel ranks serve apart: nothing crosses the link per token (batch 1 is one "
+                f"rank's speed; {k} ranks carry {k} times the load)",
+    }[kind]  # fmt: skip
+    out = []
+    for inst in insts:
+        est = dataclasses.replace(
+            inst.estimate, nodes_parallel=kind, internode_gbps=gbps, internode_latency_us=lat,
+            internode_bytes_per_token=sent, internode_ms_per_token=round(secs * 1e3, 4),
+            internode_basis=basis + f"; bytes / {gbps:g} Gb/s + messages x {lat:g} µs (no overlap assumed)",
+            **({"decode_tok_s_ceiling_batch1_group": group} if group is not None else {}),
+        )  # fmt: skip
+        out.append(dataclasses.replace(inst, estimate=est))
+    return out
 
 
 def _mark(insts: list[InstancePlan], addresses: Sequence[str], settings: Settings) -> list[InstancePlan]:

@@ -246,6 +246,14 @@ class Estimate(_Json):
     expected_tokens_per_step: float = ABSENT
     decode_tok_s_ceiling_batch1_speculative: float = ABSENT
     basis: str = ABSENT
+    # a group over several nodes (plan/nodes.py): what crosses the link between them per token
+    nodes_parallel: str = ABSENT  # pipeline, tensor or data (how the group splits over the nodes)
+    internode_gbps: float = ABSENT
+    internode_latency_us: float = ABSENT
+    internode_bytes_per_token: int = ABSENT
+    internode_ms_per_token: float = ABSENT
+    decode_tok_s_ceiling_batch1_group: float = ABSENT  # the whole group's, link included
+    internode_basis: str = ABSENT
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,13 +107,17 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
     if not rel.has("--distributed-executor-backend"):
         raise Unrenderable(f"{inst.name}: vLLM {rel.table} cannot run one model over several nodes")
     why = "layout.multinode_backend=ray" if backend == "ray" else f"vLLM {rel.table} has no --nnodes (0.12+)"
+    if k:
+        raise Unrenderable(
+            f"{inst.name}: node {k} of a Ray group runs no vLLM ({why}): on this node run "
+            f"`ray start --address {addr}:{RAY_PORT}`; node 0's vLLM serves the whole group"
+        )
     warnings.append(
-        f"{inst.name}: the Ray backend ({why}): start the cluster first — on node 0 `ray start --head "
+        f"{inst.name}: the Ray backend ({why}): start the cluster first — here `ray start --head "
         f"--node-ip-address {addr} --port {RAY_PORT}`, on every other node `ray start --address {addr}:{RAY_PORT}`"
-        " — then only node 0 runs vLLM"
+        " — then only this node runs vLLM"
     )
-    if k == 0:
-        out.append(("--distributed-executor-backend", "ray"))
+    out.append(("--distributed-executor-backend", "ray"))
     return out
 
 
