@@ -140,6 +140,16 @@ def test_the_worst_gpu_of_an_instance_decides() -> None:
     assert [(a.kind, a.level) for a in d.actions] == [("degrade", 2)] and "GPU 1" in d.actions[0].reason
 
 
+def test_a_node_of_a_multi_node_group_is_never_degraded_alone_and_says_why() -> None:
+    thermal = {0: ThermalState(level="critical", reason="critical: 90 °C")}
+    held = {"vllm-gpu0-node1": "node 1 of a group over 2 nodes: ..."}
+    d = policy.decide_actions({"vllm-gpu0-node1": (0,)}, thermal, {}, S, 100.0, held)
+    assert d.actions == () and d.states["vllm-gpu0-node1"].level == 0
+    assert d.deferred == ("vllm-gpu0-node1: degrade to step 2 not done: node 1 of a group over 2 nodes: ...",)
+    # the same host, one server: degraded as before
+    assert [a.kind for a in policy.decide_actions({"vllm-gpu0": (0,)}, thermal, {}, S, 100.0, held).actions] == ["degrade"]
+
+
 # -- speculative decoding -------------------------------------------------------------------------
 
 

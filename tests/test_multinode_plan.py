@@ -199,3 +199,14 @@ def test_launching_node_1_of_a_ray_group_is_refused_before_anything_starts(fake_
     assert not (tmp_path / "rt" / "state.json").exists()
     out = subprocess.run([*base, "--node-rank", "2", "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode != 0 and "node 2" in out.stderr
+
+
+def test_the_daemon_holds_every_node_of_a_group_and_no_one_host_server(host_of, empty_root) -> None:
+    from hwprofile.daemon.loop import instance_spec
+
+    p = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 3)
+    assert [instance_spec(p, i).held.split(":")[0] for i in p.instances] == [
+        "node 0 of a group over 3 nodes", "node 1 of a group over 3 nodes", "node 2 of a group over 3 nodes"]
+    assert "every node must restart together" in instance_spec(p, p.instances[0]).held
+    alone = plan_over(host_of, empty_root, "a800-pcie-4x-2numa", 2)
+    assert all(instance_spec(alone, i).held is None for i in alone.instances)

@@ -26,7 +26,7 @@ from ..config.settings import Degrade, Watch
 from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
 from ..plan.speculative import draft_cost
-from ..plan.types import InstancePlan, Plan
+from ..plan.types import ABSENT, InstancePlan, Plan
 from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
 from .exporter import Published
@@ -35,6 +35,14 @@ from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
 HISTORY = 50
+# A node of a group cannot be degraded alone: every node runs the same engine settings, and a restart of
+# one node takes the whole group down (supervise/group.py). The card is left to the driver's own throttling.
+GROUP_HELD = (
+    "node {node} of a group over {n} nodes: every node must restart together with the same settings "
+    "(a degrade of one node alone would take the group down and mismatch it); the card is left to the "
+    "driver's own clock throttling. To degrade the group: the same override on every node (overrides.d), "
+    "then a restart of the group"
+)
 
 
 def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = False) -> InstanceSpec:
@@ -51,6 +59,7 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
         draft_cost(plan, inst),
         inst.engine.max_num_seqs,
         per_batch_honoured and bool(spec and spec.num_speculative_tokens_per_batch_size),
+        held=GROUP_HELD.format(node=inst.node, n=inst.nnodes) if inst.nnodes is not ABSENT and int(inst.nnodes) > 1 else None,
     )
 
 

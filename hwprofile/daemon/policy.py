@@ -223,8 +223,11 @@ def decide_actions(
     prev: Mapping[str, InstanceActionState],
     s: Watch,
     now: float,
+    held: Mapping[str, str] | None = None,
 ) -> Decisions:
-    """What to do for each instance given its GPUs' thermal states (pure)."""
+    """What to do for each instance given its GPUs' thermal states (pure). ``held``: instances this
+    daemon cannot restart on its own, with why (a node of a group over several nodes): what they
+    would need is deferred, with that reason, and their step stays."""
     actions: list[Action] = []
     deferred: list[str] = []
     states: dict[str, InstanceActionState] = {}
@@ -248,6 +251,11 @@ def decide_actions(
             why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
         if kind is None:
             states[name] = st
+            continue
+        if held and name in held:
+            msg = f"{name}: {kind} to step {want} not done: {held[name]}"
+            deferred.append(msg)
+            states[name] = replace(st, deferred=msg)
             continue
         if len(recent) >= s.max_actions_per_hour:
             msg = (

@@ -31,6 +31,7 @@ class InstanceSpec:
     draft_cost: float = 0.0  # one proposal's cost relative to a target step
     max_num_seqs: int | None = None
     adaptive_k: bool = False  # this vLLM picks k by batch size itself
+    held: str | None = None  # why this daemon cannot restart it alone (a node of a multi-node group)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ class Watcher:
         decisions = policy.Decisions()
         if act:
             decisions = policy.decide_actions(
-                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.thermal, self.actions, s, now
+                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.thermal, self.actions, s, now,
+                {n: i.held for n, i in self.instances.items() if i.held},
             )
             self.actions.update(decisions.states)
         inst_reports = [self._instance(now, spec, scrapes.get(spec.name)) for spec in self.instances.values()]
