@@ -498,3 +498,32 @@ def test_point_logs_are_never_written_through_a_planted_link(tmp_path) -> None:
     with pytest.raises(BenchFailed, match="cannot write the point's log"):
         run_point(Target("http://127.0.0.1:9", "m", "m", "/bin/true"), wl, 1, raw, "p-c1")
     assert victim.read_text() == "theirs\n"
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
+                    reason="nginx is not installed (apt-get install nginx)")  # fmt: skip
+def test_compare_the_two_shapes_of_one_host_each_through_its_one_url(world) -> None:
+    """Separate servers are measured through nginx in front of them (the URL their clients use), one
+    data-parallel server through its own."""
+    servers, dp = world["tmp"] / "servers.yaml", world["tmp"] / "dp.yaml"
+    servers.write_text("layout:\n  shape: servers\n  replicas: 2\n")
+    dp.write_text("layout:\n  shape: data_parallel\n  replicas: 2\n")
+    front = free_port()
+    out = world["tmp"] / "out"
+    log = world["tmp"] / "starts.jsonl"
+    r = hw(world, "--compare", str(servers), str(dp), "--rounds", "1", "--output", str(out),
+           "--set", f"layout.endpoint_port={front}", "--set", "bench.num_prompts=8",
+           env={"FAKEVLLM_ARGV_LOG": str(log)})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"their one URL http://127.0.0.1:{front} (nginx in front" in r.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    validate(doc)
+    a, b = doc["plans"]
+    assert (a["label"], b["label"], a["instances"], b["instances"]) == ("servers", "dp", 2, 1)
+    assert a["runs"][0]["url"] == f"http://127.0.0.1:{front}"
+    assert b["runs"][0]["url"] == f"http://127.0.0.1:{world['port']}"
+    starts = [json.loads(ln)["argv"] for ln in log.read_text().splitlines()]
+    ports = sorted(a_[a_.index("--port") + 1] for a_ in starts if "--data-parallel-size" not in a_)
+    assert ports == [str(world["port"]), str(world["port"] + 1)]
+    assert any("--data-parallel-size" in a_ for a_ in starts)
+    assert doc["compare"]["a"] == "servers" and doc["compare"]["b"] == "dp"

@@ -40,7 +40,7 @@ def test_a_model_too_big_for_two_nodes_is_a_pipeline_over_three(host_of, empty_r
     with pytest.raises(PlanRefused, match="does not fit even 2 node"):
         plan_over(host_of, empty_root, "a100-80g-pcie-1x", 2)  # 70 GiB a stage: over 0.92 of 80 GiB
     p = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 3)
-    n0, n1, n2 = p.instances
+    n0, _n1, n2 = p.instances
     assert (p.nodes, [i.node for i in p.instances], n0.nnodes) == (3, [0, 1, 2], 3)
     assert (n0.pipeline_parallel_size, n0.tensor_parallel_size) == (3, 1)
     assert "does not fit one node: pipeline parallel over 3 nodes" in reason(p, "layout.nodes")
@@ -108,7 +108,7 @@ def test_two_4x_a800_hosts_pipeline_a_235b_model_with_tensor_parallel_inside_eac
 
 def test_tensor_parallel_across_nodes_only_when_asked_and_with_a_warning(host_of, empty_root) -> None:
     p = plan_over(host_of, empty_root, "a800-pcie-4x-2numa", 2, model=HUGE, sets=["layout.tensor_parallel_size=8"])
-    n0, n1 = p.instances
+    n0, _n1 = p.instances
     assert n0.tensor_parallel_size == 8 and n0.pipeline_parallel_size == 1
     assert any("tensor parallel 8 across 2 nodes" in w for w in p.warnings)
     est = n0.estimate
@@ -127,7 +127,7 @@ def test_refused_with_the_fix_when_even_every_node_does_not_fit(host_of, empty_r
         plan_over(host_of, empty_root, "rtx3060-12g-1x", 2, model="Qwen/Qwen3-235B-A22B")
     assert "does not fit even 2 node(s)" in e.value.message
     assert "more nodes (another --from snapshot)" in e.value.suggestions
-    with pytest.raises(PlanRefused, match="layout.nodes=3, but 2 host snapshots"):
+    with pytest.raises(PlanRefused, match=r"layout\.nodes=3, but 2 host snapshots"):
         plan_over(host_of, empty_root, "a100-80g-pcie-1x", 2, sets=["layout.nodes=3"])
 
 
@@ -210,3 +210,31 @@ def test_the_daemon_holds_every_node_of_a_group_and_no_one_host_server(host_of, 
     assert "every node must restart together" in instance_spec(p, p.instances[0]).held
     alone = plan_over(host_of, empty_root, "a800-pcie-4x-2numa", 2)
     assert all(instance_spec(alone, i).held is None for i in alone.instances)
+
+
+def test_every_release_renders_each_node_with_flags_it_has_or_says_why_not(host_of, empty_root) -> None:
+    """The 26 releases' own parsers (data/vllm.json): --nnodes and friends from 0.12, data parallel
+    across nodes from 0.9.2, the Ray backend before; never a flag the release lacks."""
+    from hwprofile.render.versions import known_versions, parse_version
+
+    pipe = plan_over(host_of, empty_root, "a800-pcie-4x-2numa", 2, model=HUGE)
+    dp = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 2, model="Qwen/Qwen2.5-32B-Instruct", sets=["layout.nodes=2"])
+    for v in known_versions():
+        rel = release(v)
+        for p in (pipe, dp):
+            for inst in p.instances:
+                try:
+                    r = render_instance(p, inst, rel, "vllm", None)
+                except Unrenderable as e:
+                    if p is dp:
+                        assert parse_version(v) < (0, 9, 2) and "0.9.2+" in str(e), (v, str(e))
+                    else:
+                        assert parse_version(v) < (0, 12) and inst.node == 1 and "ray start" in str(e), (v, str(e))
+                    continue
+                flags = [a for a in r.argv if a.startswith("--")]
+                assert all(rel.has(f) for f in flags), (v, [f for f in flags if not rel.has(f)])
+                if p is pipe:
+                    assert ("--nnodes" in flags) == (parse_version(v) >= (0, 12)), v
+                    assert ("--distributed-executor-backend" in flags) == (parse_version(v) < (0, 12)), v
+                else:
+                    assert "--data-parallel-address" in flags and ("--headless" in flags) == (inst.node == 1), v

@@ -111,7 +111,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from ..runtime.dirs import runtime_dir
 
         inst = bp.plan.instances[0]
-        if len(bp.plan.instances) > 1:
+        ep = bp.plan.endpoint
+        front = ep is not None and ep.via == "nginx"  # separate servers: measured through their one URL
+        if front:
+            _progress(f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
+                      f"{ep.url} (nginx in front, as clients reach them)")  # fmt: skip
+        elif len(bp.plan.instances) > 1:
             _progress(
                 f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
             )
@@ -121,7 +126,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             with serving(dataclasses.replace(launches[bp.label], runtime=runtime)) as sup:
                 served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
-                yield Target(sup.instances[0].url, served, bp.plan.model.path or bp.plan.model.name, vllm)
+                tokenizer = bp.plan.model.path or bp.plan.model.name
+                if front:
+                    from ..supervise.front import nginx_front
+
+                    with nginx_front(bp.plan, runtime / "nginx") as url:
+                        yield Target(url, served, tokenizer, vllm)
+                else:
+                    yield Target(sup.instances[0].url, served, tokenizer, vllm)
         finally:
             if own:
                 shutil.rmtree(runtime, ignore_errors=True)
