@@ -349,7 +349,8 @@ def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, set
     for s in world["sets"] if sets is None else sets:
         cmd += ["--set", s]
     return subprocess.run(
-        [*cmd, *args], env={**world["env"], **(env or {})}, capture_output=True, text=True, timeout=300
+        [*cmd, *args], env={**world["env"], **(env or {})}, capture_output=True, text=True, timeout=300,
+        cwd=world["tmp"],  # a bench without --output writes ./hwprofile-bench-<time> here, not in the checkout
     )
 
 
@@ -527,3 +528,16 @@ def test_compare_the_two_shapes_of_one_host_each_through_its_one_url(world) -> N
     assert ports == [str(world["port"]), str(world["port"] + 1)]
     assert any("--data-parallel-size" in a_ for a_ in starts)
     assert doc["compare"]["a"] == "servers" and doc["compare"]["b"] == "dp"
+
+
+def test_a_bench_that_never_ran_leaves_no_results_directory_behind(world) -> None:
+    dead = world["tmp"] / "dead-vllm"
+    dead.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo 0.32.0; exit 0; }\nexit 3\n')  # dies serving
+    dead.chmod(0o755)
+    kept = world["tmp"] / "kept"
+    kept.mkdir()
+    for output in ([], ["--output", str(world["tmp"] / "new")], ["--output", str(kept)]):
+        r = hw(world, *output, sets=[*world["sets"], f"server.vllm_command={dead}", "supervise.max_restarts=0"])
+        assert r.returncode != 0 and "not ready: vllm-cpu" in r.stderr, r.stdout + r.stderr
+        assert not list(world["tmp"].glob("hwprofile-bench-*")) and not (world["tmp"] / "new").exists(), r.stderr
+    assert kept.is_dir()  # a directory the user named and that was there stays

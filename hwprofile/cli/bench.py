@@ -92,6 +92,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
 
     out_dir = Path(args.output) if args.output else Path.cwd() / f"hwprofile-bench-{_stamp()}"
+    made = not out_dir.exists()  # ours to take away again if nothing ran
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -168,6 +169,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         error = e
     ran = any(p.runs for p in plans)
     if error is not None and not ran:
+        if made:
+            _remove_empty(out_dir)
         raise error
     doc, report = finish(
         plans, wl, htags, out_dir, command, error="; ".join(error.messages()) if error else None
@@ -183,6 +186,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"hwprofile: error: {line}", file=sys.stderr)
         return error.exit_code
     return EXIT_OK if doc["plans"] else EXIT_FAILED
+
+
+def _remove_empty(top: Path) -> None:
+    """Take away the directories a failed bench made, if they hold no file: a refusal leaves nothing."""
+    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()
 
 
 def _stamp() -> str:
