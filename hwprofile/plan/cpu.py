@@ -173,7 +173,7 @@ def cpu_instance(
         "enable_prefix_caching": prefix,
         "enable_chunked_prefill": chunked,
     })
-    spec = speculative_config(settings, spec_method, draft, 1, r, key)
+    spec = speculative_config(settings, spec_method, draft, 1, r, key, model)
     return InstancePlan(**{
         "name": "vllm-cpu" if count == 1 else f"vllm-cpu{index}",
         "device": "cpu",

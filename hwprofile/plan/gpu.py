@@ -78,7 +78,7 @@ def gpu_instance(
         quant,
         f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
     )
-    spec = speculative_config(settings, spec_method, draft, tp, r, key)
+    spec = speculative_config(settings, spec_method, draft, tp, r, key, model)
     instance = InstancePlan(
         name=name,
         device="cuda",

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config.settings import Settings
 from ..model import ModelFacts
+from ..model.tokenizer_check import TokenizerCheck, check_pair
 from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
@@ -84,14 +85,29 @@ def choose_speculator(
         return "mtp", None
     # draft_model or auto
     if draft is not None:
-        return _given_draft(model, draft, r, warnings, hetero_ok)
+        return _given_draft(model, draft, r, warnings, hetero_ok, method)
     return _catalog_draft(model, method, settings.speculative.draft_params_b, r)
 
 
+def tokenizer_check(model: ModelFacts, draft: ModelFacts) -> TokenizerCheck:
+    """The target's and the draft's tokenizers compared (:mod:`hwprofile.model.tokenizer_check`):
+    local directories only, each ``tokenizer.json`` read once per process."""
+    return check_pair(model.path, draft.path)
+
+
+def needs_vocab_mapping(model: ModelFacts, draft: ModelFacts | None) -> bool:
+    """The draft runs with vLLM's heterogeneous-vocabulary mapping: another ``vocab_size``, or the
+    same size with ids that mean other tokens (the planner only chooses this on vLLM 0.25+)."""
+    if draft is None:
+        return False
+    return draft.vocab_size != model.vocab_size or tokenizer_check(model, draft).ids_differ
+
+
 def _given_draft(
-    model: ModelFacts, draft: ModelFacts, r: Reasons, warnings: list[str], hetero_ok: bool
+    model: ModelFacts, draft: ModelFacts, r: Reasons, warnings: list[str], hetero_ok: bool, method: str
 ) -> tuple[str | None, ModelFacts | None]:
-    """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary."""
+    """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary or its
+    tokenizer is not the target's (then refused for ``draft_model``, ngram for ``auto``)."""
     if (draft.path == model.path and draft.name == model.name) or (
         draft.params == model.params and draft.num_layers == model.num_layers
         and draft.hidden_size == model.hidden_size and draft.vocab_size == model.vocab_size
@@ -101,13 +117,15 @@ def _given_draft(
             "proposed token costs a whole target step, so speculation cannot be faster than none "
             "(only a test of the mechanism); use speculative.method=ngram or a much smaller draft"
         )
+    check = tokenizer_check(model, draft)
     if draft.vocab_size != model.vocab_size and hetero_ok:
+        shared = f" ({check.common_tokens} token strings in common)" if check.checked else ""
         r.add(
             "speculative.method",
             "draft_model",
             f"draft {draft.name} has vocab_size {draft.vocab_size}, the target {model.vocab_size}: the "
             "installed vLLM (0.25+) runs it with use_heterogeneous_vocab (proposals mapped through the "
-            "shared tokens)",
+            f"shared tokens{shared})",
             ("speculative", "draft"),
         )
         return "draft_model", draft
@@ -120,10 +138,50 @@ def _given_draft(
         warnings.append(msg + "; falling back to ngram")
         r.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
         return "ngram", None
+    if check.ids_differ and hetero_ok:
+        r.add(
+            "speculative.method",
+            "draft_model",
+            f"draft {draft.name}: {check.summary()}; the installed vLLM (0.25+) maps the two vocabularies "
+            f"through their {check.common_tokens} common token strings (use_heterogeneous_vocab)",
+            ("speculative", "draft"),
+        )
+        warnings.append(
+            f"the draft {draft.name} shares the target's vocab_size but not its tokens ({check.differing_ids} "
+            f"of {check.shared_ids} ids differ): planned with use_heterogeneous_vocab, proposals outside the "
+            f"{check.common_tokens} common tokens are never accepted"
+        )
+        return "draft_model", draft
+    if check.ids_differ:
+        msg = (
+            f"draft {draft.name} has the target's vocab_size ({model.vocab_size}) but not its tokenizer: "
+            f"{check.summary()}; vLLM before 0.25 passes token ids between them unmapped, so the draft's "
+            "proposals mean other text and are rejected"
+        )
+        if method == "draft_model":
+            raise PlanRefused(
+                f"speculative.method=draft_model: {msg}",
+                [
+                    "a draft trained with the target's tokenizer (same family and release)",
+                    "vLLM 0.25+ (maps the vocabularies with use_heterogeneous_vocab)",
+                    "or speculative.method=ngram",
+                ],
+            )
+        warnings.append(msg + "; falling back to ngram")
+        r.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
+        return "ngram", None
+    if check.special_diffs:
+        warnings.append(
+            f"the draft {draft.name} maps every shared id to the target's token, but "
+            + "; ".join(check.special_diffs[:4])
+            + ": proposals are valid, expect fewer accepted around those tokens (chat turns, ends)"
+        )
+    note = check.summary() if check.checked else f"tokenizers not compared: {check.why}"
     r.add(
         "speculative.method",
         "draft_model",
-        f"draft {draft.name} ({draft.params / 1e9:.1f}B) shares the target's vocabulary ({model.vocab_size})",
+        f"draft {draft.name} ({draft.params / 1e9:.1f}B) shares the target's vocabulary "
+        f"({model.vocab_size}); {note}",
         ("speculative", "draft"),
     )
     return "draft_model", draft
@@ -204,9 +262,16 @@ def fit_beside_draft(
 
 
 def speculative_config(
-    settings: Settings, method: str | None, draft: ModelFacts | None, tp: int, r: Reasons, key: str
+    settings: Settings,
+    method: str | None,
+    draft: ModelFacts | None,
+    tp: int,
+    r: Reasons,
+    key: str,
+    model: ModelFacts | None = None,
 ) -> SpeculativeConfig | None:
-    """The instance's speculative section: method, draft, k (fixed, or by batch size), ngram window."""
+    """The instance's speculative section: method, draft, k (fixed, or by batch size), ngram window;
+    ``use_heterogeneous_vocab`` where the draft's ids are not the target's (``model``)."""
     if method is None:
         return None
     k = settings.speculative.num_speculative_tokens
@@ -227,6 +292,13 @@ def speculative_config(
             f"{key}.speculative.draft_tensor_parallel_size",
             tp,
             "vLLM (>= 0.15) requires the draft's TP to equal the target's",
+        )
+    if method == "draft_model" and model is not None and needs_vocab_mapping(model, draft):
+        spec["use_heterogeneous_vocab"] = True
+        r.add(
+            f"{key}.speculative.use_heterogeneous_vocab",
+            True,
+            "the draft's token ids are not the target's: vLLM maps them through the shared tokens",
         )
     if method == "ngram":
         spec["prompt_lookup_max"] = settings.speculative.prompt_lookup_max

@@ -210,6 +210,7 @@ class SpeculativeConfig(_Json):
     prompt_lookup_max: int = ABSENT
     prompt_lookup_min: int = ABSENT
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int | None, int], ...] = ABSENT
+    use_heterogeneous_vocab: bool = ABSENT  # draft ids mapped through shared tokens (vLLM 0.25+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +258,23 @@ class Estimate(_Json):
 
 
 @dataclasses.dataclass(frozen=True)
+class InstancePrediction(_Json):
+    """The performance model's figures for this instance at the plan's workload (plan/predict.py):
+    ``output_tokens_per_s`` of this instance (all its ranks), with its share of the workload's
+    requests; ``terms``: each part of the figures and its source (datasheet, snapshot, model,
+    calibration)."""
+
+    workload: Mapping[str, int]
+    concurrency: int  # this instance's requests in flight
+    ttft_ms: float
+    tpot_ms: float
+    output_tokens_per_s: float
+    source: str  # "datasheet", or the calibration file it came from
+    terms: tuple[Mapping[str, Any], ...]
+    _raw: ClassVar[frozenset[str]] = frozenset({"terms", "workload"})
+
+
+@dataclasses.dataclass(frozen=True)
 class InstancePlan(_Json):
     """One vLLM server: where it runs (``device`` ``cuda`` or ``cpu``) and with what."""
 
@@ -287,6 +305,7 @@ class InstancePlan(_Json):
     master_addr: str = ABSENT
     master_port: int = ABSENT
     node_backend: str = ABSENT  # how the nodes form one vLLM: mp (--nnodes, headless workers) or ray
+    prediction: InstancePrediction = ABSENT  # plan/predict.py at layout.workload_*; absent: no model (CPU, no datasheet)
 
     @property
     def ranks(self) -> int:
@@ -308,11 +327,13 @@ class InstancePlan(_Json):
         "speculative": SpeculativeConfig,
         "memory": MemoryFit,
         "estimate": Estimate,
+        "prediction": InstancePrediction,
     }
     _ORDER: ClassVar[tuple[str, ...]] = (
         "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
         "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "node_rank", "nnodes",
         "node_address", "master_addr", "master_port", "node_backend", "server", "engine", "speculative", "memory", "estimate",
+        "prediction",
     )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -351,6 +372,8 @@ class Plan(_Json):
     provenance: Mapping[str, str]
     warnings: tuple[str, ...]
     endpoint: Endpoint | None = None
+    # the candidates the performance model compared, per group of GPUs, and the winner (plan/candidates.py)
+    prediction: Mapping[str, Any] = ABSENT
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
         "endpoint": Endpoint,
@@ -365,6 +388,7 @@ class Plan(_Json):
         "reasons": Reason,
     }
     _mappings: ClassVar[frozenset[str]] = frozenset({"provenance"})
+    _raw: ClassVar[frozenset[str]] = frozenset({"prediction"})
 
     def instance(self, name: str) -> InstancePlan:
         """The instance called ``name`` (KeyError when there is none)."""
@@ -400,6 +424,7 @@ __all__ = [
     "Estimate",
     "HostSummary",
     "InstancePlan",
+    "InstancePrediction",
     "MemoryFit",
     "ModelSummary",
     "Plan",

@@ -374,6 +374,7 @@ def _speculative(
         method, model = "ngram", None
     target_vocab, draft_vocab = plan.model.vocab_size, draft.vocab_size if draft else None
     other_vocab = bool(target_vocab and draft_vocab and target_vocab != draft_vocab)
+    other_vocab = other_vocab or spec.use_heterogeneous_vocab is True  # same size, other tokens
     if method == "draft_model" and other_vocab and not table["heterogeneous_vocab"]:
         warnings.append(
             f"the draft {model} has another vocabulary ({draft_vocab} vs {target_vocab}): vLLM {rel.table} "
