@@ -106,9 +106,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    """Launch every planned instance, then watch and act by policy until SIGTERM/SIGINT."""
+    """Launch every planned instance, then watch and act by policy until SIGTERM/SIGINT. As PID 1 (a
+    container's entrypoint) the process first splits in two: PID 1 reaps and forwards signals, its
+    child runs the daemon (:mod:`hwprofile.runtime.init`)."""
     from pathlib import Path
 
+    from ..runtime.init import become_init
+
+    become_init()  # returns at once unless this is PID 1; there, only in the child
     from ..daemon.main import run_daemon
     from ..errors import InputError
     from ..launch.start import preflight, setup_logging

@@ -25,6 +25,10 @@ class Logs(Section):
     files: int = setting(
         "int", "log files kept per instance (the cap is split among them)", 2, 100, default=4
     )
+    stdout: bool = setting(
+        "bool", "also copy every line of the instances' output to hwprofile's stdout, prefixed with the "
+        "instance's name (a container's log collection; the log files are kept as well)", default=False,
+    )  # fmt: skip
 
 
 @section
@@ -118,8 +122,19 @@ class Watch(Section):
         "bool", "use the advised k at the next restart (otherwise advice only)", default=False
     )
     metrics_port: int = setting(
-        "int", "port of hwprofile's own Prometheus metrics on 127.0.0.1 (0: off)", 0, 65535, default=9464
-    )
+        "int", "port of hwprofile's own Prometheus metrics, /health and /livez (0: off)", 0, 65535,
+        default=9464,
+    )  # fmt: skip
+    metrics_host: str = setting(
+        "str", "address of the metrics port: 127.0.0.1, or 0.0.0.0 in a pod (the kubelet's probes and "
+        "Prometheus reach it by the pod's IP)", default="127.0.0.1", pattern=r"[A-Za-z0-9.:_\[\]-]+",
+        pattern_doc="an IP address or host name (0.0.0.0 for every interface)",
+    )  # fmt: skip
+    unready_s: float = setting(
+        "float", "seconds the metrics port's /health answers 503 before a degrade, recover or reload drains "
+        "an instance, so that a load balancer stops sending first (in a pod: the readiness probe's "
+        "periodSeconds x failureThreshold)", 0, 600, default=0.0,
+    )  # fmt: skip
 
 
 @section

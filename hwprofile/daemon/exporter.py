@@ -28,6 +28,27 @@ class Published:
         self.ticks_total = 0
         self.missed_ticks_total = 0
         self.tick_seconds = 0.0
+        # /health and /livez: why the instances are not to be sent requests (None: they are), and
+        # when the last tick ended (time.monotonic; None before the first) with the tick's interval
+        self.unready: str | None = "starting"
+        self.last_tick_at: float | None = None
+        self.interval = 1.0
+
+
+def readiness(p: Published) -> tuple[bool, str]:
+    """``/health`` of the metrics port: ready while every instance serves and none is about to be
+    drained (a restart in its ``watch.unready_s`` lead, or under way, or the daemon stopping)."""
+    return (True, "ready") if p.unready is None else (False, p.unready)
+
+
+def liveness(p: Published, now: float) -> tuple[bool, str]:
+    """``/livez``: alive while the loop ticks (its last tick ended within ten intervals, at least 30 s;
+    before the first tick, alive: the startup probe covers the start)."""
+    if p.last_tick_at is None:
+        return True, "no tick yet"
+    late = now - p.last_tick_at
+    limit = max(30.0, 10 * p.interval)
+    return (late <= limit, f"last tick {late:.0f} s ago" + ("" if late <= limit else f" (over {limit:.0f} s)"))
 
 
 class HwprofileCollector:
@@ -119,13 +140,51 @@ class HwprofileCollector:
         yield from (inst_state, degrade, accept, restarts, actions, ticks, missed, tick_s)
 
 
-def serve(published: Published, port: int, host: str = "127.0.0.1") -> tuple[Any, Any]:
-    """Start the exporter on its own thread; returns (server, thread) so that it can be shut down."""
-    from prometheus_client import CollectorRegistry, start_http_server
+def app(published: Published, clock: Any = None) -> Any:
+    """The WSGI application of the metrics port: ``/metrics`` (prometheus_client's own application),
+    ``/health`` (:func:`readiness`: 200 or 503 with the reason) and ``/livez`` (:func:`liveness`)."""
+    import time
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HwprofileCollector(published))
-    return start_http_server(port, addr=host, registry=registry)
+    metrics = make_wsgi_app(registry)
+    now = clock or time.monotonic
+
+    def route(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO") or "/"
+        if path in ("/health", "/livez"):
+            ok, why = readiness(published) if path == "/health" else liveness(published, now())
+            body = (why + "\n").encode()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])  # fmt: skip
+            return [body]
+        return metrics(environ, start_response)
+
+    return route
+
+
+def serve(published: Published, port: int, host: str = "127.0.0.1") -> tuple[Any, Any]:
+    """Start the metrics port (:func:`app`) on its own thread; returns (server, thread) so that it can
+    be shut down. Each request on a thread of its own (a slow scraper never holds the probes up)."""
+    import socket
+    import socketserver
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: not logged
+            pass
+
+    server = make_server(host, port, app(published), Server, Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="hwprofile-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 NAMES = (

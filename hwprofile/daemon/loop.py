@@ -65,10 +65,16 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
 
 @dataclass
 class Restart:
+    """The one restart in flight. ``new``: the instance to start, while the restart is still in its
+    ``watch.unready_s`` lead (``/health`` of the metrics port answers 503; the drain begins at
+    ``drain_at``); None once the supervisor was told."""
+
     action: Action
     started: float
     replacements_before: int
     sets: list[str]
+    new: InstancePlan | None = None
+    drain_at: float = 0.0
 
 
 class Daemon:
@@ -126,6 +132,7 @@ class Daemon:
         self.last_reload: dict[str, Any] | None = None
         self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
         self._deferred_said: set[str] = set()  # deferred actions already logged (said once each)
+        self.stopping = False  # set when the daemon was asked to stop: /health answers 503 at once
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -175,6 +182,12 @@ class Daemon:
         if self.current is not None:
             inst = insts.get(self.current.action.instance)
             state = inst.state.value if inst is not None else "failed"
+            if self.current.new is not None and state not in ("failed", "stopped"):
+                if now < self.current.drain_at:
+                    return  # /health of the metrics port says 503: the load balancer stops sending
+                inst.replace(self.current.new)
+                self.current.new = None
+                return
             if (
                 state == "ready"
                 and inst.replacements > self.current.replacements_before
@@ -230,9 +243,8 @@ class Daemon:
                 "action: reload %s: the configuration changed; restarting it (drain, then the new settings)",
                 name,
             )
-            self.current = Restart(a, now, inst.replacements, [])
             self._record(a, "started", "the configuration changed")
-            inst.replace(new)
+            self._begin(a, inst, new, now, [])
         while self.queue and self.current is None:
             a = self.queue.popleft()
             inst = insts.get(a.instance)
@@ -286,10 +298,36 @@ class Daemon:
             a.reason,
             "; ".join(why) or "the full profile",
         )
-        self.current = Restart(a, now, inst.replacements, sets)
         self.published.actions_total[a.kind] = self.published.actions_total.get(a.kind, 0) + 1
         self._record(a, "started", "; ".join(why) or "the full profile")
-        inst.replace(new)
+        self._begin(a, inst, new, now, sets)
+
+    def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[str]) -> None:
+        """The restart of ``inst`` as ``new``: at once, or after ``watch.unready_s`` of 503 on the
+        metrics port's ``/health`` (a pod's readiness probe fails first, so its Service routes
+        elsewhere before the drain)."""
+        lead = self.settings.unready_s
+        self.current = Restart(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
+        if lead > 0:
+            log.warning("%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
+                        a.kind, a.instance, lead)  # fmt: skip
+        else:
+            inst.replace(new)
+
+    def unready(self) -> str | None:
+        """Why the instances are not to be sent requests now (``/health`` of the metrics port), or None."""
+        if self.stopping:
+            return "the daemon is stopping: draining"
+        if self.current is not None:
+            a = self.current.action
+            if self.current.new is not None:
+                return f"{a.kind} of {a.instance}: its drain begins in {max(0.0, self.current.drain_at - self.clock()):.0f} s"
+            return f"{a.kind} of {a.instance}: restarting"
+        insts = list(self.sup.instances)
+        if not insts:
+            return "no instance"
+        waiting = [f"{i.name} is {i.state.value}" for i in insts if i.state.value != "ready"]
+        return ", ".join(waiting) or None
 
     def _ranks(self, name: str) -> int:
         inst = next((i for i in self.plan.instances if i.name == name), None)
@@ -426,6 +464,7 @@ class Daemon:
         p.instance_states = {i.name: i.state.value for i in self.sup.instances}
         p.restarts = {i.name: i.restarts for i in self.sup.instances}
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
+        p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
         try:
             write_doc(self.runtime / DAEMON_FILE, DaemonDoc.from_json(self.document()), durable=False)
         except OSError as e:

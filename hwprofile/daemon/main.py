@@ -86,11 +86,11 @@ def run_daemon(
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: draining and stopping every instance", signal.Signals(signum).name)
         sup.end_reason = f"the daemon was stopped by {signal.Signals(signum).name}"
+        daemon.stopping = True
+        daemon.published.unready = "the daemon is stopping: draining"  # at once, not at the next tick
         stopped_by_signal.set()
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
     scrapes = ScrapePool()
     daemon = Daemon(
         plan,
@@ -112,6 +112,8 @@ def run_daemon(
         log.error("%s", started_from)
         daemon.reload_error = started_from
         daemon.errors.append(started_from)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     signal.signal(signal.SIGHUP, lambda _s, _f: daemon.request_reload("SIGHUP"))  # the loop reloads
     cwatch = None
     if watch_root is not None:
@@ -125,10 +127,12 @@ def run_daemon(
     server = thread = None
     if settings.metrics_port:
         try:
-            server, thread = serve(daemon.published, settings.metrics_port)
-            log.info("hwprofile metrics on http://127.0.0.1:%d/metrics", settings.metrics_port)
+            server, thread = serve(daemon.published, settings.metrics_port, settings.metrics_host)
+            log.info("hwprofile metrics on http://%s:%d/metrics (/health, /livez)", settings.metrics_host,
+                     settings.metrics_port)  # fmt: skip
         except OSError as e:
-            msg = f"metrics on 127.0.0.1:{settings.metrics_port} not served: {e} (watch.metrics_port)"
+            msg = (f"metrics on {settings.metrics_host}:{settings.metrics_port} not served: {e} "
+                   "(watch.metrics_host, watch.metrics_port)")  # fmt: skip
             log.error("%s", msg)
             daemon.errors.append(msg)  # in daemon.json, so `hwprofile status` says it too
     sup.start()

@@ -82,7 +82,8 @@ class Instance:
         base = private_dir(opts.runtime / self.name)
         self.tmp = short_tmpdir(base / "tmp", self.name)
         self.cache = private_dir(base / "cache")
-        self.log = RotatingLog(opts.log_root / self.name, opts.log_max_bytes, opts.log_files)
+        self.log = RotatingLog(opts.log_root / self.name, opts.log_max_bytes, opts.log_files,
+                               echo=f"[{self.name}] " if opts.log_stdout else None)  # fmt: skip
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked = threading.Event()
         self._replace_lock = threading.Lock()

@@ -16,6 +16,7 @@ from ..runtime.dirs import private_dir
 __all__ = ["RotatingLog", "private_dir", "pump"]
 
 _LEVEL = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b")
+_STDOUT = threading.Lock()  # one writer of fd 1 at a time: the lines of two instances never mix
 
 
 class RotatingLog:
@@ -27,8 +28,11 @@ class RotatingLog:
     a removed directory) is dropped and counted (``dropped``, ``last_error``), so the child's pipe
     keeps being drained; the in-memory tail still gets it."""
 
-    def __init__(self, directory: Path, max_bytes: int, files: int = 4, name: str = "vllm.log") -> None:
+    def __init__(
+        self, directory: Path, max_bytes: int, files: int = 4, name: str = "vllm.log", echo: str | None = None
+    ) -> None:
         self.dir = private_dir(directory)
+        self.echo = echo  # logs.stdout: each line also to fd 1 with this prefix (a container's log)
         self.path = self.dir / name
         self.files = max(2, files)
         self.limit = max(4096, max_bytes // self.files)
@@ -80,13 +84,30 @@ class RotatingLog:
         with self.lock:
             self.tail.append(line.rstrip("\n"))
             self.count += 1
+            data = line.encode("utf-8", "replace")
+            if self.echo is not None:
+                self._echo(data)
             try:
-                self._emit(line.encode("utf-8", "replace"))
+                self._emit(data)
             except OSError as e:
                 self.dropped += 1
                 self.last_error = f"{e.strerror or e} ({self.path})"
                 with contextlib.suppress(OSError):
                     self._close_fd()  # reopened on the next line: the disk may have room again
+
+    def _echo(self, data: bytes) -> None:
+        """The line to stdout, whole (under :data:`_STDOUT`: lines of two instances never mix); a
+        closed stdout drops it, as a full disk does for the file."""
+        assert self.echo is not None
+        out = self.echo.encode() + (data if data.endswith(b"\n") else data + b"\n")
+        try:
+            view = memoryview(out)
+            with _STDOUT:
+                while view:
+                    view = view[os.write(1, view) :]
+        except OSError as e:
+            self.dropped += 1
+            self.last_error = f"stdout: {e.strerror or e}"
 
     def mark(self, text: str) -> None:
         self.write(f"--- hwprofile: {text}\n")

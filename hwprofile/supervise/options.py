@@ -26,6 +26,7 @@ class Options(NamedTuple):
     backoff_max: float
     stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
     unhealthy_s: float  # seconds of failing /health before a ready instance is restarted
+    log_stdout: bool  # logs.stdout: every output line to hwprofile's stdout too, prefixed with the instance
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
@@ -46,5 +47,6 @@ class Options(NamedTuple):
             backoff_max=supervise.backoff_max,
             stop_margin=supervise.stop_margin,
             unhealthy_s=supervise.unhealthy_s,
+            log_stdout=logs.stdout,
             **rest,
         )
