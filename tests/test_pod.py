@@ -238,3 +238,49 @@ def test_as_pid_1_it_exits_with_vllms_fate(pod) -> None:
     err = proc.stderr.read() if proc.stderr else ""
     # vLLM died and no restart was left: the daemon ends failed, and so does the pod (1, through PID 1)
     assert code == 1 and "PID 1: the daemon runs as PID" in err and "instances that failed" in err, err[-2000:]
+
+
+# -- the image -----------------------------------------------------------------------------------
+
+CONTAINERFILE = Path(__file__).resolve().parent.parent / "Containerfile"
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Containerfile, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    joined = text.replace("\\\n", " ")
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_the_image_runs_the_daemon_with_settings_that_plan(tmp_path, fake_nvml_dir) -> None:
+    steps = instructions(CONTAINERFILE.read_text())
+    (entry,) = [json.loads(a) for w, a in steps if w == "ENTRYPOINT"]  # exec form: hwprofile is PID 1
+    assert entry[:2] == ["hwprofile", "daemon"]
+    assert steps[-1][0] == "ENTRYPOINT" or "CMD" not in {w for w, _ in steps}  # the model comes as args
+    env = dict(kv.split("=", 1) for w, a in steps if w == "ENV" for kv in a.split())
+    made = " ".join(a for w, a in steps if w == "RUN")
+    for key in ("HF_HOME", "VLLM_CACHE_ROOT", "HWPROFILE_RUNTIME_DIR", "HWPROFILE_STATE_DIR"):
+        assert env[key].startswith(("/cache", "/run/hwprofile", "/var/lib/hwprofile")), key
+    for d in ("/cache", "/run/hwprofile", "/var/lib/hwprofile"):
+        assert "chown 1000:1000" in made and d in made  # writable by the image's user
+    assert ("USER", "1000:1000") in steps
+    # the entrypoint's settings are valid ones and mean what the comments say: a plan with them
+    model = fake_model(tmp_path / "model")
+    host = build("rtx4090-1x", tmp_path / "host")
+    (tmp_path / "etc").mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "plan", "--model", str(model), "--json", *entry[2:]],
+        capture_output=True, text=True, timeout=120,
+        env={**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    inst = plan["instances"][0]
+    assert inst["server"]["host"] == "0.0.0.0"
+    assert plan["watch"]["metrics_host"] == "0.0.0.0" and plan["watch"]["unready_s"] > 0
+    assert plan["logs"]["stdout"] is True
