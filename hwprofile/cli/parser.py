@@ -68,6 +68,15 @@ def count(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def dns_label(value: str) -> str:
+    """A Kubernetes name (RFC 1123 label: lower case, digits, '-', 63 at most)."""
+    import re
+
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Kubernetes name (a-z, 0-9, '-'; 63 at most)")
+    return value
+
+
 def _add_host_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
@@ -159,9 +168,23 @@ def _args_render(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
         required=True,
-        choices=("argv", "shell", "yaml", "env", "systemd", "json", "nginx"),
-        help="what to render (nginx: the one URL in front of separate servers, for nginx's conf.d/)",
+        choices=("argv", "shell", "yaml", "env", "systemd", "json", "nginx", "k8s"),
+        help="what to render (nginx: the one URL in front of separate servers, for nginx's conf.d/; "
+        "k8s: Kubernetes manifests, one workload per GPU class)",
     )
+    p.add_argument(
+        "--nodes", metavar="FILE",
+        help="k8s: the cluster's nodes (`kubectl get nodes -o json` saved to FILE; - for stdin): one "
+        "workload per GPU class, by GPU Feature Discovery's labels (instead of --from)",
+    )  # fmt: skip
+    p.add_argument(
+        "--image", metavar="IMAGE", help="k8s: the container image (default vllm/vllm-openai:v<release>)"
+    )
+    p.add_argument("--namespace", type=dns_label, metavar="NS", help="k8s: the manifests' namespace")
+    p.add_argument(
+        "--api-key-secret", type=dns_label, default="hwprofile-api-key", metavar="NAME",
+        help="k8s: the Secret holding the API key under `api-key` (when server.api_key_env is set)",
+    )  # fmt: skip
     p.add_argument("--instance", metavar="NAME", help="only this instance (default: all)")
     p.add_argument(
         "--vllm-version", metavar="X.Y.Z", help="render for this vLLM release instead of the installed one"
@@ -360,7 +383,7 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
         ),
         (
             "render",
-            "render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json",
+            "render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json, nginx, k8s",
             _args_render,
             cmd_render,
         ),

@@ -50,6 +50,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     from ..render.output import UnsafeValue, render
     from ..render.translate import flatten, render_instance
 
+    if args.format == "k8s":
+        return _render_k8s(args)
+    if args.nodes:
+        raise CliError("--nodes is for --format k8s")
     host = load_host(args)
     rel = render_release(
         args, host, "no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)"
@@ -114,6 +118,81 @@ def cmd_render(args: argparse.Namespace) -> int:
                 )
                 status = EXIT_FAILED
     return status
+
+
+def _render_k8s(args: argparse.Namespace) -> int:
+    """``render --format k8s``: the manifests of the one GPU class of the snapshot (``--from``, or
+    this host), or of every GPU class of a cluster's nodes (``--nodes FILE``)."""
+    from ..config.layers import config_root
+    from ..pipeline import PlanInputs
+    from ..render.k8s import Options, Target, render_k8s, snapshot_target
+    from ..render.versions import known_versions, parse_version, release
+
+    if args.check or args.instance:
+        raise CliError("--format k8s renders every instance and has no --check (render --format argv "
+                       "--check checks the same arguments)")  # fmt: skip
+    header: list[str] = []
+    if args.nodes:
+        if args.from_file or args.inventory:
+            raise CliError("--nodes and --from/--inventory name the hosts two ways: give one")
+        from ..kubenodes import node_classes
+
+        version = args.vllm_version or max(known_versions(), key=parse_version)
+        if not args.vllm_version:
+            print(f"hwprofile: k8s: no --vllm-version: rendering for vLLM {version}, the newest release "
+                  "hwprofile knows", file=sys.stderr)  # fmt: skip
+        rel = release(version)
+        try:
+            classes, notes = node_classes(_read_nodes(args.nodes), rel.target)
+        except ValueError as e:
+            raise CliError(f"--nodes {args.nodes}: {e}") from None
+        if not classes:
+            raise CliError(f"--nodes {args.nodes}: no node with GPU Feature Discovery's nvidia.com/gpu.product "
+                           "label and an allocatable nvidia.com/gpu" + "".join(f"; {n}" for n in notes))  # fmt: skip
+        root = config_root(args.config_root)
+        targets = [
+            Target(c.product, c.selector, c.nodes, len(c.nodes),
+                   PlanInputs(c.snapshot, root, args.profile, tuple(args.overrides), tuple(args.sets),
+                              args.model, args.draft), c.assumed)
+            for c in classes
+        ]  # fmt: skip
+        header = [f"from the nodes of {args.nodes}: {len(classes)} GPU class(es)"] + [
+            f"{c.product}: {c.gpu_count} GPU(s) x {c.memory_mib} MiB on {len(c.nodes)} node(s)" for c in classes
+        ] + list(notes)
+    else:
+        host = load_host(args)
+        rel = render_release(
+            args, host, "no vLLM is installed here to render for: pass --vllm-version X.Y.Z (e.g. 0.11.0)"
+        )
+        _, inputs = plan_of(args, host)
+        targets = [snapshot_target(inputs)]
+        notes = []
+    text, warnings = render_k8s(targets, Options(rel, args.image, args.namespace, args.api_key_secret), header)
+    if args.output:
+        _write_output(args.output, "hwprofile", "k8s", text)
+    else:
+        sys.stdout.write(text)
+    for w in [*notes, *warnings]:
+        print(f"hwprofile: warning: k8s: {w}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _read_nodes(path: str):  # -> the parsed JSON document
+    """``--nodes FILE``: at most 64 MiB of strict JSON (a file, a pipe, or - for standard input)."""
+    from ..contracts import BadJson, parse_json
+    from ..runtime.files import read_bounded
+
+    cap = 64 << 20
+    try:
+        raw = sys.stdin.buffer.read(cap + 1) if path == "-" else read_bounded(path, cap, pipe=True)
+    except OSError as e:
+        raise CliError(f"--nodes {path}: {e.strerror or e}") from None
+    if len(raw) > cap:
+        raise CliError(f"--nodes {path}: more than {cap} bytes")
+    try:
+        return parse_json(raw)
+    except BadJson as e:
+        raise CliError(f"--nodes {path}: {e}") from None
 
 
 def _write_output(directory: str, name: str, fmt: str, text: str) -> None:

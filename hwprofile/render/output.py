@@ -35,6 +35,7 @@ SUFFIXES = {
     "systemd": ".service",
     "json": ".json",
     "nginx": ".nginx.conf",
+    "k8s": ".k8s.yaml",
 }
 
 # A word systemd and a shell both take as it is (no quotes, specifiers, variables or escapes).
