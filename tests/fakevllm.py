@@ -235,6 +235,9 @@ class Server:
             args.get("speculative_config") if isinstance(args.get("speculative_config"), dict) else None
         )
         self.drafts = self.draft_tokens = self.accepted = 0
+        # vLLM's latency histograms (0.8+ bucket edges): time to first token, per-step inter-token
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
         self.fake: dict[str, str] = {}
         self.group: Group | None = None  # node 0 of a multi-node group: its members' connections
         self.engine_dead = False  # a step found a member gone: the API server exits (code 0), as vLLM's does
@@ -280,6 +283,16 @@ class Server:
             out.append("# TYPE vllm:request_success_total counter")
             for reason, n in self.finished.items():
                 out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(n)!r}')
+            for name, help_, h in (
+                ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
+                ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl),
+            ):
+                out.append(f"# HELP {name} {help_}")
+                out.append(f"# TYPE {name} histogram")
+                for edge, n in h.cumulative():
+                    out.append(f'{name}_bucket{{{labels},le="{edge}"}} {float(n)!r}')
+                out.append(f"{name}_count{{{labels}}} {float(h.count)!r}")
+                out.append(f"{name}_sum{{{labels}}} {h.sum!r}")
             if self.spec:
                 counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", self.drafts)
                 counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", self.draft_tokens)
@@ -306,9 +319,15 @@ class Server:
             self.kv_usage = min(1.0, self.in_flight * 0.01)
             return True
 
-    def token(self) -> None:
+    def token(self, since: list[float] | None = None) -> None:
+        """One generated token; ``since``: ``[arrival, last token or None]`` of its request, for the
+        latency histograms (TTFT from the arrival, then one inter-token sample per token)."""
         time.sleep(self.token_delay)
+        now = time.monotonic()
         with self.lock:
+            if since is not None:
+                (self.ttft if since[1] is None else self.itl).observe(now - (since[1] or since[0]))
+                since[1] = now
             self.generation_tokens += 1
             if self.spec:
                 k = int(self.spec.get("num_speculative_tokens") or 1)
@@ -402,6 +421,7 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                 return
             prompt = str(body.get("prompt") or body.get("messages") or "")
             n = int(body.get("max_tokens") or 16)
+            since: list[Any] = [time.monotonic(), None]
             if not srv.begin(len(prompt.split())):
                 self.reply(503, b'{"error":"shutting down"}')
                 return
@@ -413,7 +433,7 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                     self.send_header("Connection", "close")
                     self.end_headers()
                     for i in range(n):
-                        srv.token()
+                        srv.token(since)
                         chunk = {"id": "cmpl-fake", "object": "text_completion", "model": srv.name,
                                  "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}  # fmt: skip
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -423,7 +443,7 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
                 else:
                     for _ in range(n):
-                        srv.token()
+                        srv.token(since)
                     text = "".join(f" t{i}" for i in range(n))
                     reply = {"id": "cmpl-fake", "object": "text_completion", "model": srv.name,
                              "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
@@ -438,6 +458,37 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                 srv.end(reason)
 
     return Handler
+
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)  # fmt: skip
+
+
+class Histogram:
+    """A Prometheus histogram's state: counts per bucket edge, the count and the sum."""
+
+    def __init__(self, edges: tuple[float, ...]) -> None:
+        self.edges = edges
+        self.counts = [0] * len(edges)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.count += 1
+        self.sum += v
+        for i, edge in enumerate(self.edges):
+            if v <= edge:
+                self.counts[i] += 1
+                break
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for edge, n in zip(self.edges, self.counts, strict=True):
+            total += n
+            out.append((repr(float(edge)), total))
+        return [*out, ("+Inf", self.count)]
 
 
 class Group:

@@ -157,3 +157,33 @@ def test_watch_leaves_on_sigterm_while_it_waits(tmp_path, fake_nvml_dir, empty_r
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_watch_reads_the_latency_histograms_the_server_exports(tmp_path, fake_nvml_dir, empty_root, fake_server) -> None:
+    """TTFT and inter-token latency from vLLM's histograms over the window (the fake exports them with
+    vLLM's bucket edges and measures each request's first token and the gaps after it)."""
+    url, opener, model = fake_server
+    host = build("rtx4090-1x", tmp_path / "host")
+    env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "watch", "--json", "--url", url, "--interval", "0.3"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    body = json.dumps({"model": model, "prompt": "one two three", "max_tokens": 12}).encode()
+    seen = None
+    try:
+        assert proc.stdout is not None
+        for n, line in enumerate(proc.stdout):
+            (inst,) = json.loads(line)["instances"]
+            if inst.get("ttft_p99_s") is not None:
+                seen = inst
+                break
+            assert n < 40, inst
+            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            opener.open(req, timeout=10).read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert seen is not None
+    # the fake answers at once with ~1 ms a token: under vLLM's smallest buckets
+    assert 0 < seen["ttft_p99_s"] <= 0.02 and 0 < seen["itl_p99_s"] <= 0.05, seen
