@@ -88,6 +88,10 @@ def quantity(text: object) -> float | None:
     return number * 10 ** int(exp) if exp else number
 
 
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _count(value: object, lo: int, hi: int) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
         n = int(value)
@@ -143,8 +147,8 @@ def class_snapshot(
         )
     else:
         assumed.append("no NVLink and no PCIe topology: labels say nothing of how the GPUs are linked")
-    cpus = quantity((status.get("capacity") or {}).get("cpu"))
-    mem = quantity((status.get("capacity") or {}).get("memory"))
+    cpus = quantity(_map(status.get("capacity")).get("cpu"))
+    mem = quantity(_map(status.get("capacity")).get("memory"))
     gpu_list = tuple(
         Gpu(index=i, name=name, memory_total_bytes=memory_mib * 2**20, compute_capability=cc,
             pcie=PcieLink(gen=row.get("pcie_gen") if row else None, width=row.get("pcie_lanes") if row else None),
@@ -180,11 +184,10 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
     warnings: list[str] = []
     groups: dict[tuple[str, int, int], list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]] = {}
     for n, item in enumerate(items):
-        meta = item.get("metadata") if isinstance(item, Mapping) else None
-        meta = meta if isinstance(meta, Mapping) else {}
+        meta = _map(_map(item).get("metadata"))
         node = meta.get("name") if isinstance(meta.get("name"), str) else f"items[{n}]"
-        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
-        status = item.get("status") if isinstance(item, Mapping) and isinstance(item.get("status"), Mapping) else {}
+        labels = _map(meta.get("labels"))
+        status = _map(_map(item).get("status"))
         product = labels.get(PRODUCT)
         if product is None:
             continue  # no GPU Feature Discovery labels: not a GPU node (or GFD does not run there)
@@ -203,7 +206,7 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
         if memory is None:
             warnings.append(f"node {node}: {MEMORY} {labels.get(MEMORY)!r} is not a size in MiB: left out")
             continue
-        alloc = _count((status.get("allocatable") or {}).get(RESOURCE), 0, MAX_GPUS_PER_NODE)
+        alloc = _count(_map(status.get("allocatable")).get(RESOURCE), 0, MAX_GPUS_PER_NODE)
         count = _count(labels.get(COUNT), 0, MAX_GPUS_PER_NODE)
         gpus = alloc if alloc is not None else count
         if not gpus:

@@ -436,6 +436,21 @@ def test_node_labels_become_a_class_snapshot() -> None:
     assert "MIG" in warnings[1] and "time-slicing" in warnings[2]
 
 
+def test_malformed_nodes_are_left_out_not_crashed_on() -> None:
+    good = json.loads(NODES_MIXED.read_text())["items"][3]  # ws-4090
+    junk: list[Any] = ["a string", 7, None, {"metadata": []}, {"metadata": {"labels": "x"}},
+                       {"metadata": {"name": 5, "labels": {"nvidia.com/gpu.product": ["list"]}}},
+                       {"metadata": {"labels": {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090",
+                                                "nvidia.com/gpu.memory": "24564", "nvidia.com/gpu.count": "99999"}},
+                        "status": {"capacity": [], "allocatable": "4"}}]  # fmt: skip
+    classes, warnings = node_classes({"items": [*junk, good]}, "0.33.0")
+    assert [c.nodes for c in classes] == [("ws-4090",)]
+    assert any("not a valid label value" in w for w in warnings)
+    assert any("no allocatable" in w for w in warnings)
+    with pytest.raises(ValueError, match="items"):
+        node_classes(["not", "a", "list", "document"], "0.33.0")
+
+
 def test_pod_view_numbers_the_pods_gpus_from_zero(host_of, clean_env) -> None:
     host = host_of("a800-pcie-4x-2numa")
     view = pod_view(host, (2, 3))
