@@ -179,6 +179,8 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
     out.append(
         f"Model {m.name} ({m.source}): {m.params / 1e9:.1f}B params, {human_bytes(m.weights_bytes)} of weights, {m.bits}-bit"
     )
+    if explain and m.origin:
+        out.append(f"  from {m.origin}")
     if plan.draft:
         d = plan.draft
         out.append(

@@ -89,6 +89,10 @@ def plan_of(args: argparse.Namespace, host, model: str | None = None, sets: list
     from ..pipeline import PlanInputs
 
     hosts, addresses = load_hosts(args)
+    if getattr(args, "revision", None):
+        from ..model.hub import with_revision
+
+        model = with_revision(args.model if model is None else model, args.revision)
     rank = getattr(args, "node_rank", None)  # launch and daemon run one node's part; plan and render show all
     inputs = PlanInputs(
         host, config_root(args.config_root), args.profile, tuple(args.overrides),

@@ -113,7 +113,12 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         metavar="DIR|NAME",
-        help="target model: a local directory, a Hugging Face name, or a catalog name",
+        help="target model: a local directory, a Hugging Face name (ORG/NAME[@REV]), or a catalog name",
+    )
+    p.add_argument(
+        "--revision",
+        metavar="REV",
+        help="the Hub revision of --model (a branch, a tag or a commit; same as NAME@REV)",
     )
     p.add_argument("--draft", metavar="DIR|NAME", help="draft model for speculative decoding")
     p.add_argument("--profile", metavar="NAME", help="use this profile instead of the matched one")

@@ -1,11 +1,15 @@
 """Model facts: architecture and weight sizes from a local model directory (config.json, safetensors),
-the local Hugging Face cache, or the built-in catalog of well-known models.
+the local Hugging Face cache, the built-in catalog of well-known models, or the Hugging Face Hub.
 
 - :mod:`.facts`: :class:`ModelFacts` and the weight arithmetic (pure).
 - :mod:`.hfconfig`: config.json dict → :class:`ModelFacts`, every key checked (pure); :mod:`.arch`
   adds what differs per architecture (MoE, MLA).
 - :mod:`.files`: a model folder's config.json and safetensors index or shards (reads files).
-- :mod:`.resolve`: directory, else Hugging Face cache, else catalog (reads the cache and the catalog).
+- :mod:`.resolve`: directory, else Hugging Face cache, else catalog, else the Hub (reads the cache and
+  the catalog).
+- :mod:`.hub`: a Hub model before its download: config.json, the file list with sizes, the safetensors
+  index and headers through ``huggingface_hub`` (imported lazily), kept in the Hugging Face cache; the
+  one module here that reaches the network or writes (the cache).
 
 Parsers take dicts; readers take paths. Nothing here imports torch or transformers. The names below
 are this package's interface: import them from ``hwprofile.model``.

@@ -13,7 +13,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
 
 class ModelFacts(NamedTuple):
     name: str
-    source: str  # "dir", "hf-cache" or "catalog"
+    source: str  # "dir", "hf-cache", "hub" (config and file list from the Hub) or "catalog"
     path: str | None
     architecture: str | None
     model_type: str | None
@@ -42,6 +42,9 @@ class ModelFacts(NamedTuple):
     experts_per_token: int = 0  # MoE: experts each token is routed to
     kv_lora_rank: int = 0  # MLA: one latent of kv_lora_rank + qk_rope_head_dim per token and layer
     qk_rope_head_dim: int = 0
+    # where it came from (hwprofile.model.resolve): the commit of a Hub or cache model, and a sentence
+    revision: str | None = None
+    origin: str = ""
 
     @property
     def full_layers(self) -> int:

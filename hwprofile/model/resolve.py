@@ -1,8 +1,10 @@
-"""Finding a model by what the user typed: a local directory, else a name in the local Hugging Face
-cache (``HF_HUB_CACHE``, ``HF_HOME``), else a name in the built-in catalog
-(``hwprofile/data/models.yaml``, parsed once per process).
+"""Finding a model by what the user typed: a local directory, else a name (``ORG/NAME``, or
+``ORG/NAME@REVISION``) whose weights are in the local Hugging Face cache (``HF_HUB_CACHE``,
+``HF_HOME``), else a name in the built-in catalog (``hwprofile/data/models.yaml``, parsed once per
+process; a name with a revision skips it), else the Hub (:mod:`.hub`: config and file list, never
+the weights; with ``HF_HUB_OFFLINE``, only what an earlier look-up left in the cache).
 
-Reads the file system (the cache, the catalog file); downloads nothing.
+Reads the file system (the cache, the catalog file); only :mod:`.hub` reaches the network.
 """
 
 from __future__ import annotations
@@ -28,23 +30,44 @@ def hf_cache_dir() -> str:
     return os.path.join(home, "hub")
 
 
-def find_in_hf_cache(name: str, cache: str | os.PathLike[str] | None = None) -> str | None:
-    """The snapshot directory of ``org/name`` in the local Hugging Face cache (refs/main first)."""
-    base = os.path.join(cache or hf_cache_dir(), "models--" + name.replace("/", "--"))
+def find_in_hf_cache(
+    name: str, cache: str | os.PathLike[str] | None = None, revision: str | None = None
+) -> str | None:
+    """The snapshot directory of ``org/name`` in the local Hugging Face cache (refs/main first, or
+    the snapshot of ``revision``: a commit, or a branch or tag the cache has a ref of). A snapshot
+    where hwprofile fetched only the config (:mod:`.hub`: its file list names weights the snapshot
+    lacks) is no downloaded model: it is left to the Hub look-up."""
+    from .hub import COMMIT, load_record, weights_missing
+
+    cache_dir = os.fspath(cache or hf_cache_dir())
+    base = os.path.join(cache_dir, "models--" + name.replace("/", "--"))
     snaps = os.path.join(base, "snapshots")
     if not os.path.isdir(snaps):
         return None
+
+    def usable(snap: str) -> bool:
+        if not os.path.isfile(os.path.join(snap, "config.json")):
+            return False
+        record = load_record(cache_dir, name, os.path.basename(snap))
+        return record is None or not weights_missing(snap, record)
+
     try:
         from ..runtime.files import read_bounded
 
-        ref = read_bounded(os.path.join(base, "refs", "main"), 4096).decode("utf-8").strip()
+        if revision and COMMIT.match(revision):
+            ref = revision
+        else:
+            parts = (revision or "main").split("/")
+            ref = read_bounded(os.path.join(base, "refs", *parts), 4096).decode("utf-8").strip()
         snap = os.path.join(snaps, os.path.basename(ref))  # a commit hash, never a path out of the cache
-        if os.path.isfile(os.path.join(snap, "config.json")):
+        if usable(snap):
             return snap
     except (OSError, ValueError):  # unreadable, or not UTF-8
         pass
+    if revision:
+        return None  # a named revision is that snapshot or none
     try:
-        candidates = [e for e in os.scandir(snaps) if os.path.isfile(os.path.join(e.path, "config.json"))]
+        candidates = [e for e in os.scandir(snaps) if usable(e.path)]
     except OSError:
         return None
     return max(candidates, key=lambda e: e.stat().st_mtime).path if candidates else None
@@ -75,12 +98,14 @@ def from_catalog(name: str) -> ModelFacts | None:
         return None
     facts = parse_config(entry["config"], entry["name"], "catalog", None)
     return facts._replace(
-        quantized_variants={int(q["bits"]): q["name"] for q in entry.get("quantized") or ()}
+        quantized_variants={int(q["bits"]): q["name"] for q in entry.get("quantized") or ()},
+        origin="the built-in catalog (hwprofile/data/models.yaml): no Hub look-up",
     )
 
 
 def resolve_model(spec: str, what: str = "model") -> ModelFacts:
-    """A directory, else a Hugging Face name found in the local cache, else a catalog name."""
+    """A directory, else a Hugging Face name whose weights are in the local cache, else a catalog
+    name, else the Hub (``ORG/NAME`` or ``ORG/NAME@REVISION``; a revision skips the catalog)."""
     if not spec or not spec.strip():
         raise ConfigError(
             f"--{what} {spec!r}: empty; give a model directory, a Hugging Face name or a catalog name "
@@ -88,20 +113,31 @@ def resolve_model(spec: str, what: str = "model") -> ModelFacts:
         )
     p = os.path.expanduser(spec)
     if os.path.isdir(p):
-        return read_model_dir(p, name=spec)
+        facts = read_model_dir(p, name=spec)
+        return facts._replace(origin=f"the local directory {os.path.abspath(p)}")
     looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.exists(p)
     if looks_like_path:
         raise ConfigError(f"{what} {spec}: no such model directory")
-    snap = find_in_hf_cache(spec)
+    from . import hub
+
+    name, revision = hub.split_revision(spec) if hub.is_repo_id(spec.partition("@")[0]) else (spec, None)
+    snap = find_in_hf_cache(name, revision=revision)
     if snap is not None:
-        return read_model_dir(snap, name=spec, source="hf-cache")
-    facts = from_catalog(spec)
+        facts = read_model_dir(snap, name=name, source="hf-cache")
+        commit = os.path.basename(snap)
+        return facts._replace(
+            revision=commit if hub.COMMIT.match(commit) else None,
+            origin=f"the Hugging Face cache: {snap} (downloaded; commit {commit})",
+        )
+    facts = from_catalog(spec) if revision is None else None
     if facts is not None:
         return facts
+    if hub.is_repo_id(name):
+        return hub.resolve_hub(name, revision, hf_cache_dir(), what)
     from ..config.schema import suggest
 
     raise ConfigError(
         f"{what} '{spec}': not a local directory, not in the Hugging Face cache ({hf_cache_dir()}), "
-        f"and not in the built-in catalog{suggest(spec, catalog_names())}. "
-        f"Give a model directory, or one of: {', '.join(catalog_names())}"
+        f"not in the built-in catalog{suggest(spec, catalog_names())}, and not a Hub name (ORG/NAME). "
+        f"Give a model directory, a Hub name, or one of: {', '.join(catalog_names())}"
     )

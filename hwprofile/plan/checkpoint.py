@@ -9,7 +9,7 @@ from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from .reasons import Reasons
 from .refusal import PlanRefused
-from .types import ModelSummary
+from .types import ABSENT, ModelSummary
 
 
 def choose_checkpoint(model: ModelFacts, settings: Settings, r: Reasons) -> ModelFacts:
@@ -83,4 +83,6 @@ def model_summary(m: ModelFacts) -> ModelSummary:
         vocab_size=m.vocab_size,
         sliding_window=m.sliding_window,
         sliding_layers=m.sliding_layers,
+        revision=m.revision or ABSENT,
+        origin=m.origin or ABSENT,
     )

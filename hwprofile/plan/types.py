@@ -155,6 +155,8 @@ class ModelSummary(_Json):
     vocab_size: int | None
     sliding_window: int | None
     sliding_layers: int | None
+    revision: str | None = ABSENT  # the commit, for a model from the Hub or the Hugging Face cache
+    origin: str = ABSENT  # where the facts came from: the Hub, the cache, the catalog, a directory
 
 
 @dataclasses.dataclass(frozen=True)

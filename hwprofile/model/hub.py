@@ -1,0 +1,543 @@
+"""A Hugging Face Hub model planned before its download: its ``config.json`` (and the small files
+beside it), the repository's file list with sizes, the safetensors index and, where the sizes alone
+are ambiguous, the dtypes of the safetensors headers (range requests) -- never the weights.
+
+Everything goes through ``huggingface_hub`` (imported here, lazily, only when the Hub is asked; it
+comes with vLLM): ``HfApi.model_info(files_metadata=True)`` for the commit and the sizes,
+``hf_hub_download`` for the small files (so they land in the Hugging Face cache layout, where vLLM and
+a later plan find them), ``HfApi.parse_safetensors_file_metadata`` for a header. What the planner
+needs beyond the files (the file list, the weight files chosen and their bytes, the dtypes) is kept
+beside them, in ``<cache>/models--ORG--NAME/hwprofile/<commit>.json`` (:func:`record_path`), so a
+second plan needs no network: ``HF_HUB_OFFLINE=1`` plans from there.
+
+Honours ``HF_ENDPOINT``, ``HF_HOME``/``HF_HUB_CACHE``, ``HF_TOKEN`` (sent by ``huggingface_hub``; never
+printed: every message is scrubbed of it), ``HF_HUB_OFFLINE`` and ``HF_HUB_ETAG_TIMEOUT`` (each request;
+the whole look-up is bounded at :data:`DEADLINE_FACTOR` times it). Reads the network and writes the
+cache; every failure is a :mod:`hwprofile.errors` error saying the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..config import ConfigError
+from ..errors import HwprofileError, OperationError, RefusedError
+
+if TYPE_CHECKING:
+    from .facts import ModelFacts
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_TIMEOUT_S = 10.0  # huggingface_hub's own default for HF_HUB_ETAG_TIMEOUT
+DEADLINE_FACTOR = 4  # the whole look-up: at most this many request timeouts
+RECORD_SCHEMA = "hwprofile.hub-files/1"
+RECORD_DIR = "hwprofile"  # inside the cache's models--ORG--NAME folder (scan-cache ignores it)
+INDEX = "model.safetensors.index.json"
+# the small files fetched beside config.json where the repository has them: the planner's
+# quantization config (older GPTQ/AWQ/ModelOpt checkpoints keep it apart), and what vLLM and the
+# draft check read next (generation defaults, the tokenizer's roles)
+SMALL_FILES = (
+    "quantize_config.json",
+    "quant_config.json",
+    "hf_quant_config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+)
+PICKLE = re.compile(r"\.(bin|pt|pth|ckpt|pkl)$")
+MAX_HEADERS = 8  # safetensors headers read when the dtypes are needed (a sample of the shards)
+MAX_RECORD_BYTES = 16 << 20
+# the Hub's own rules: ORG/NAME of letters, digits, '-', '_', '.'; no '--' or '..'
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# safetensors dtypes → config.json's torch_dtype (the float ones a checkpoint is served in)
+_TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+
+def is_repo_id(name: str) -> bool:
+    """``ORG/NAME`` as the Hub spells repository names (no path, no scheme)."""
+    return bool(_REPO_ID.match(name)) and "--" not in name and ".." not in name
+
+
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """``NAME@REV`` → ``(NAME, REV)``; a spec without ``@`` has no revision."""
+    name, at, rev = spec.partition("@")
+    if not at:
+        return spec, None
+    if not rev or not _REVISION.match(rev) or ".." in rev.split("/") or rev.endswith("/"):
+        raise ConfigError(
+            f"{spec!r}: the revision after '@' must be a branch, a tag or a commit (e.g. main, v1.0, "
+            "refs/pr/1, a 40-hex commit)"
+        )
+    return name, rev
+
+
+def with_revision(spec: str | None, revision: str | None) -> str | None:
+    """The model spec with ``--revision`` applied (``NAME@REV``); a spec naming another revision
+    already, or a directory, is an error."""
+    if not revision:
+        return spec
+    if spec is None:
+        raise ConfigError("--revision needs --model NAME (a Hugging Face name), or write NAME@REVISION")
+    name, rev = split_revision(spec)
+    if rev is not None and rev != revision:
+        raise ConfigError(f"--model {spec} and --revision {revision} name two revisions: give one")
+    if os.path.isdir(os.path.expanduser(name)) or not is_repo_id(name):
+        raise ConfigError(f"--revision {revision}: applies to a Hugging Face name (ORG/NAME), not {name!r}")
+    split_revision(f"{name}@{revision}")  # checks the revision's spelling
+    return f"{name}@{revision}"
+
+
+# -- the environment -----------------------------------------------------------------------------
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set: the Hub is not asked."""
+    return _true(os.environ.get("HF_HUB_OFFLINE")) or _true(os.environ.get("TRANSFORMERS_OFFLINE"))
+
+
+def endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def timeout_s() -> float:
+    """Each request's timeout: ``HF_HUB_ETAG_TIMEOUT`` (seconds), else 10."""
+    try:
+        t = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        t = DEFAULT_TIMEOUT_S
+    return t if t > 0 else DEFAULT_TIMEOUT_S
+
+
+def _scrub(text: str) -> str:
+    """``text`` without the token (no message of hwprofile's ever shows it)."""
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    if token and len(token) >= 4:
+        text = text.replace(token, "***")
+    return re.sub(r"(?i)(bearer\s+)\S+", r"\1***", text)
+
+
+# -- the cache -----------------------------------------------------------------------------------
+
+
+def repo_folder(cache: str, repo: str) -> str:
+    return os.path.join(cache, "models--" + repo.replace("/", "--"))
+
+
+def record_path(cache: str, repo: str, commit: str) -> str:
+    """Where hwprofile keeps the Hub's file list of one commit, beside the cached files."""
+    return os.path.join(repo_folder(cache, repo), RECORD_DIR, commit + ".json")
+
+
+def commit_of(cache: str, repo: str, revision: str | None) -> str | None:
+    """The commit the cache knows ``revision`` (default main) as: itself when a commit, else its ref."""
+    rev = revision or "main"
+    if COMMIT.match(rev):
+        return rev
+    from ..runtime.files import read_bounded
+
+    try:
+        sha = read_bounded(os.path.join(repo_folder(cache, repo), "refs", rev), 4096).decode("utf-8").strip()
+    except (OSError, ValueError):
+        return None
+    return sha if COMMIT.match(sha) else None
+
+
+def load_record(cache: str, repo: str, commit: str) -> dict[str, Any] | None:
+    """The saved file list of ``commit``, if there is one of this schema (else None: fetch again)."""
+    from ..runtime.files import read_bounded
+
+    try:
+        doc = json.loads(read_bounded(record_path(cache, repo, commit), MAX_RECORD_BYTES).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = (
+        isinstance(doc, dict)
+        and doc.get("schema") == RECORD_SCHEMA
+        and doc.get("commit") == commit
+        and isinstance(doc.get("files"), dict)
+        and isinstance(doc.get("weights"), dict)
+        and isinstance(doc["weights"].get("files"), list)
+    )
+    return doc if ok else None
+
+
+def weights_missing(snapshot: str, record: dict[str, Any]) -> bool:
+    """Whether the snapshot lacks any weight file the record names (only the config was fetched)."""
+    return any(not os.path.isfile(os.path.join(snapshot, f)) for f in record["weights"]["files"])
+
+
+def _write_ref(cache: str, repo: str, revision: str, commit: str) -> None:
+    """refs/REV → commit, as huggingface_hub writes it (hf_hub_download at a commit writes none)."""
+    if COMMIT.match(revision):
+        return
+    from ..runtime.files import atomic_write
+
+    path = os.path.join(repo_folder(cache, repo), "refs", *revision.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, commit, 0o644, durable=False)
+
+
+# -- facts ---------------------------------------------------------------------------------------
+
+
+def facts_from_record(
+    repo: str, cache: str, commit: str, record: dict[str, Any], how: str
+) -> ModelFacts:
+    """ModelFacts from the cached config.json (and quantization config) and the saved file list."""
+    from .files import MAX_CONFIG_BYTES, _read_json
+    from .hfconfig import parse_config
+
+    snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
+    cfg_path = os.path.join(snap, "config.json")
+    try:
+        cfg = _read_json(cfg_path, MAX_CONFIG_BYTES, "model config")
+    except FileNotFoundError:
+        raise ConfigError(f"{cfg_path}: missing from the cache (removed?): plan again online") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{cfg_path}:1: expected a JSON object")
+    cfg = dict(cfg)
+    if "quantization_config" not in cfg:
+        for name in SMALL_FILES[:3]:
+            p = os.path.join(snap, name)
+            if os.path.isfile(p):
+                q = _read_json(p, MAX_CONFIG_BYTES, "quantization config")
+                if isinstance(q, dict):
+                    cfg["quantization_config"] = _modelopt(q) if name == "hf_quant_config.json" else q
+                break
+    dtypes = record.get("dtypes") or {}
+    dominant = max(dtypes, key=dtypes.get) if isinstance(dtypes, dict) and dtypes else None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    has_dtype = any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype"))
+    if dominant in _TORCH_DTYPE and not has_dtype:
+        cfg["torch_dtype"] = _TORCH_DTYPE[dominant]
+    try:
+        facts = parse_config(cfg, repo, "hub", None)
+    except ValueError as e:
+        raise ConfigError(f"{cfg_path} (from {record.get('endpoint', 'the Hub')}/{repo}): {e}") from None
+    w = record["weights"]
+    if isinstance(w.get("bytes"), int) and w["bytes"] > 0:
+        facts = facts._replace(weights_bytes=w["bytes"], weights_bytes_source=str(w.get("source") or "hub"))
+    rev = record.get("revision") or "main"
+    origin = (
+        f"the Hub ({record.get('endpoint')}/{repo}, revision {rev} = commit {commit}, {how}); "
+        f"config in {snap}, file list in {record_path(cache, repo, commit)}"
+    )
+    return facts._replace(revision=commit, origin=origin)
+
+
+def _modelopt(doc: dict[str, Any]) -> dict[str, Any]:
+    """NVIDIA ModelOpt's hf_quant_config.json as a quantization_config (its method and bits)."""
+    q = doc.get("quantization") if isinstance(doc.get("quantization"), dict) else {}
+    algo = str(q.get("quant_algo") or "").upper()
+    bits = 8 if "FP8" in algo or "INT8" in algo else 4 if "FP4" in algo or "INT4" in algo else None
+    return {"quant_method": "modelopt", **({"bits": bits} if bits else {})}
+
+
+def _choose_weights(files: dict[str, int | None], index: dict[str, Any] | None, repo: str) -> list[str]:
+    """The safetensors files vLLM loads: the index's shards, else the top-level ``*.safetensors``
+    (Mistral's ``consolidated*`` left out where the Hugging Face layout is there too)."""
+    if index is not None:
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            raise ConfigError(f"{repo}: {INDEX} on the Hub has no weight_map object")
+        shards = set()
+        for tensor, shard in wm.items():
+            if type(shard) is not str or not shard or shard.startswith("/") or ".." in shard.split("/"):
+                raise ConfigError(f"{repo}: {INDEX}: weight_map.{tensor}: not a shard file name")
+            shards.add(shard)
+        missing = sorted(shards - set(files))
+        if missing:
+            raise ConfigError(
+                f"{repo}: {INDEX} names {len(missing)} shard(s) the repository does not have: "
+                + ", ".join(missing[:5])
+            )
+        return sorted(shards)
+    top = sorted(f for f in files if f.endswith(".safetensors") and "/" not in f)
+    hf = [f for f in top if not f.startswith("consolidated")]
+    return hf or top
+
+
+def _no_weights(files: dict[str, int | None], repo: str, ep: str) -> HwprofileError:
+    pickles = sorted(f for f in files if PICKLE.search(f) and "/" not in f)
+    if pickles:
+        return RefusedError(
+            f"{repo}: the repository ships only pickle weights ({', '.join(pickles[:3])}), no safetensors: "
+            "hwprofile plans from safetensors, whose sizes and dtypes the Hub gives without a download "
+            f"(and which run no code when loaded). Look for a safetensors version of it on {ep} (or a "
+            "'refs/pr/N' of the repository adding one: --revision refs/pr/N), or download and convert it "
+            "and give the directory"
+        )
+    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    what = f"only GGUF files ({', '.join(ggufs[:3])})" if ggufs else "no weight files"
+    return RefusedError(
+        f"{repo}: the repository has {what}, no safetensors: give the original model's name, or a "
+        "local directory with safetensors weights"
+    )
+
+
+def _header_dtypes(api: Any, repo: str, commit: str, shards: list[str], t: float) -> dict[str, int]:
+    """Parameters per safetensors dtype over a sample of the shards (their headers only)."""
+    counts: dict[str, int] = {}
+    for shard in shards[:MAX_HEADERS]:
+        meta = api.parse_safetensors_file_metadata(repo, shard, revision=commit, timeout=t)
+        for dtype, n in (meta.parameter_count or {}).items():
+            counts[str(dtype)] = counts.get(str(dtype), 0) + int(n)
+    return counts
+
+
+def _ambiguous(cfg: dict[str, Any], weights_bytes: int, repo: str) -> bool:
+    """The sizes alone do not say the dtype: config.json names none, or its estimate at the
+    config's dtype and bits is far from the files' bytes (a float32 checkpoint, a quantization
+    config.json does not declare)."""
+    from .hfconfig import parse_config
+
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    if not any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype")) and "quantization_config" not in cfg:
+        return True
+    try:
+        estimate = parse_config(cfg, repo, "hub", None).weights_bytes
+    except ValueError:
+        return False  # parse_config says what is wrong, later
+    return bool(estimate) and not 0.6 <= weights_bytes / estimate <= 1.5
+
+
+def _fetch(
+    repo: str, revision: str | None, cache: str, ep: str, t: float, cancelled: threading.Event, label: str
+) -> str:
+    """Ask the Hub; keep the small files and the file list in the cache; return the commit.
+    ``label`` names the model in messages (``model ORG/NAME@REV``)."""
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.utils import disable_progress_bars
+    from huggingface_hub.utils import logging as hf_logging
+
+    disable_progress_bars()  # hwprofile says what it fetched itself
+    hf_logging.set_verbosity_error()
+    api = HfApi(endpoint=ep)
+    info = api.model_info(repo, revision=revision, files_metadata=True, timeout=t)
+    commit = str(info.sha or "")
+    if not COMMIT.match(commit):
+        raise OperationError(f"{label}: {ep} answered without a commit for revision {revision or 'main'}")
+    files: dict[str, int | None] = {}
+    for s in info.siblings or ():
+        files[s.rfilename] = s.lfs.size if s.lfs is not None else s.size
+    if "config.json" not in files:
+        raise ConfigError(
+            f"{label}: the repository on {ep} has no config.json (not a Transformers model, or only GGUF "
+            "or adapter files?): give the base model's name, or a local directory with a config.json"
+        )
+
+    def get(name: str) -> str:
+        return str(hf_hub_download(repo, name, revision=commit, cache_dir=cache, endpoint=ep, etag_timeout=t))
+
+    cfg_file = get("config.json")
+    for name in SMALL_FILES:
+        if name in files:
+            get(name)
+    index = None
+    if INDEX in files:
+        with open(get(INDEX), encoding="utf-8") as f:
+            try:
+                index = json.load(f)
+            except ValueError as e:
+                raise ConfigError(f"{label}: {INDEX} on the Hub is not JSON: {e}") from None
+    weights = _choose_weights(files, index, label)
+    if not weights:
+        raise _no_weights(files, label, ep)
+    sizes = [files.get(w) for w in weights]
+    known = all(isinstance(s, int) and s > 0 for s in sizes)
+    total = sum(s for s in sizes if isinstance(s, int)) if known else 0
+    source = ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
+    with open(cfg_file, encoding="utf-8") as f:
+        try:
+            cfg = json.load(f)
+        except ValueError as e:
+            raise ConfigError(f"{label}: config.json on the Hub is not JSON: {e}") from None
+    dtypes: dict[str, int] | None = None
+    if isinstance(cfg, dict) and known and _ambiguous(cfg, total, repo):
+        dtypes = _header_dtypes(api, repo, commit, weights, t)
+        byte_count = sum(n * _DTYPE_BYTES.get(d, 2) for d, n in dtypes.items())
+        f32 = dtypes.get("F32", 0) * 4
+        if byte_count and f32 * 2 > byte_count:  # float32 on disk is served in 16 bits (vLLM's auto)
+            total -= int(total * f32 / byte_count / 2)
+            source += ", float32 served as 16-bit"
+        source += f" (dtypes from {min(len(weights), MAX_HEADERS)} safetensors header(s))"
+    if cancelled.is_set():
+        return commit  # past the deadline: the caller has already said so; leave no record
+    record = {
+        "schema": RECORD_SCHEMA,
+        "repo": repo,
+        "revision": revision or "main",
+        "commit": commit,
+        "endpoint": ep,
+        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gated": bool(info.gated),
+        "files": files,
+        "weights": {"files": weights, "bytes": total, "source": source},
+        "dtypes": dtypes,
+    }
+    from ..runtime.files import atomic_write
+
+    path = record_path(cache, repo, commit)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, json.dumps(record, indent=1, sort_keys=True) + "\n", 0o644, durable=False)
+    _write_ref(cache, repo, revision or "main", commit)
+    return commit
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what: str) -> HwprofileError:
+    """The hwprofile error, with the fix, of what huggingface_hub or the network raised."""
+    if isinstance(e, HwprofileError):
+        return e
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub import errors as hf
+
+    name = f"{what} {repo}" + (f"@{revision}" if revision else "")
+    first = _scrub(str(e).strip().split("\n")[0])[:300]
+    try:  # HF_TOKEN, else the token file of `hf auth login`: whether there is one, never what
+        from huggingface_hub import get_token
+
+        token = bool(get_token())
+    except Exception:
+        token = bool(os.environ.get("HF_TOKEN"))
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, hf.GatedRepoError) or (status in (401, 403) and not isinstance(e, hf.RepositoryNotFoundError)):
+        why = "the token given (HF_TOKEN) has no access to it" if token else "no token was given"
+        return RefusedError(
+            f"{name}: gated on the Hub (HTTP {status or 403}): {why}. Accept the license on {ep}/{repo} "
+            "and set HF_TOKEN to a read token of that account (huggingface.co/settings/tokens)"
+        )
+    if isinstance(e, hf.RepositoryNotFoundError):
+        private = " (private: set HF_TOKEN to a token that can read it)" if not token else ""
+        return ConfigError(f"{name}: no such model on the Hub at {ep}{private}")
+    if isinstance(e, hf.RevisionNotFoundError):
+        return ConfigError(f"{name}: no revision {revision or 'main'} in {ep}/{repo} (a branch, a tag or a commit)")
+    if isinstance(e, hf.RemoteEntryNotFoundError):
+        return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
+    if status == 429:
+        retry = (getattr(e, "response", None).headers or {}).get("Retry-After")  # type: ignore[union-attr]
+        when = f", retry after {retry} s" if retry else ""
+        return OperationError(
+            f"{name}: the Hub at {ep} is rate limiting this host (HTTP 429{when}): wait and plan again"
+            + ("" if token else ", or set HF_TOKEN (signed-in requests get a higher limit)")
+        )
+    if isinstance(status, int) and status >= 500:
+        return OperationError(f"{name}: the Hub at {ep} answered HTTP {status}: plan again later")
+    if isinstance(e, httpx2.TimeoutException):
+        return OperationError(_timeout_message(name, ep))
+    if isinstance(e, hf.OfflineModeIsEnabled):
+        return OperationError(f"{name}: HF_HUB_OFFLINE is set: the Hub is not asked")
+    if isinstance(e, httpx2.HTTPError | hf.LocalEntryNotFoundError | OSError):
+        return OperationError(
+            f"{name}: cannot reach the Hub at {ep} ({first}): check the network and proxy (HTTPS_PROXY), "
+            "set HF_ENDPOINT to a mirror, or download the model on a connected host and give its directory; "
+            "HF_HUB_OFFLINE=1 plans from the cache and the built-in catalog only"
+        )
+    return OperationError(f"{name}: the Hub look-up at {ep} failed: {type(e).__name__}: {first}")
+
+
+def _timeout_message(name: str, ep: str) -> str:
+    t = timeout_s()
+    return (
+        f"{name}: the Hub at {ep} did not answer in time ({t:g} s a request, {DEADLINE_FACTOR * t:g} s "
+        "in all): check the network or HF_ENDPOINT; a slow link can raise HF_HUB_ETAG_TIMEOUT (seconds); "
+        "HF_HUB_OFFLINE=1 plans from the cache and the built-in catalog only"
+    )
+
+
+# -- the entry -----------------------------------------------------------------------------------
+
+_MEMO: dict[tuple[str, str, str, str | None], ModelFacts] = {}  # one look-up per process and name
+
+
+def from_cache(repo: str, revision: str | None, cache: str, how: str) -> ModelFacts | None:
+    """The facts of an earlier look-up, from the cache alone (None: none was saved)."""
+    commit = commit_of(cache, repo, revision)
+    record = load_record(cache, repo, commit) if commit else None
+    if commit is None or record is None:
+        return None
+    return facts_from_record(repo, cache, commit, record, how)
+
+
+def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model") -> ModelFacts:
+    """The facts of ``repo`` at ``revision`` (default main): from the Hub, or from the cache where
+    the Hub is not to be asked (``HF_HUB_OFFLINE``) or the revision is a commit already looked up."""
+    ep = endpoint()
+    key = (ep, cache, repo, revision)
+    if key in _MEMO:
+        return _MEMO[key]
+    name = f"{what} {repo}" + (f"@{revision}" if revision else "")
+    if offline():
+        facts = from_cache(repo, revision, cache, "from the cache: HF_HUB_OFFLINE is set, the Hub not asked")
+        if facts is None:
+            raise ConfigError(
+                f"{name}: HF_HUB_OFFLINE is set, so only the cache ({cache}) and the built-in catalog are "
+                "read, and neither has it: plan once online (it fetches the config and the file list, no "
+                "weights), or give a local directory or a catalog name"
+            )
+        _MEMO[key] = facts
+        return facts
+    if revision and COMMIT.match(revision):
+        facts = from_cache(repo, revision, cache, "from the cache: a commit does not change")
+        if facts is not None:
+            _MEMO[key] = facts
+            return facts
+    try:
+        import httpx2  # noqa: F401
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        raise RefusedError(
+            f"{name}: not in the cache or the catalog, and asking the Hub needs huggingface_hub, which is "
+            "not installed: pip install huggingface_hub (it comes with vLLM), or give a local directory"
+        ) from None
+    t = timeout_s()
+    out: dict[str, Any] = {}
+    cancelled = threading.Event()
+
+    def work() -> None:
+        try:
+            out["commit"] = _fetch(repo, revision, cache, ep, t, cancelled, name)
+        except BaseException as e:  # handed to the caller, which says it the one way
+            out["error"] = e
+
+    worker = threading.Thread(target=work, name="hwprofile-hub", daemon=True)
+    worker.start()
+    worker.join(DEADLINE_FACTOR * t)
+    if worker.is_alive():
+        cancelled.set()
+        err: HwprofileError = OperationError(_timeout_message(name, ep))
+    elif "error" in out:
+        err = _hub_error(out["error"], repo, revision, ep, what)
+    else:
+        commit = out["commit"]
+        record = load_record(cache, repo, commit)
+        if record is None:
+            raise OperationError(f"{name}: the file list fetched could not be read back from {cache}")
+        facts = facts_from_record(repo, cache, commit, record, "asked now")
+        _MEMO[key] = facts
+        return facts
+    if isinstance(err, OperationError):  # the Hub not reached: an earlier look-up still plans, said so
+        facts = from_cache(repo, revision, cache, f"from the cache: {ep} did not answer")
+        if facts is not None:
+            import logging
+
+            logging.getLogger("hwprofile").warning("%s: planned from the cache: %s", name, err)
+            _MEMO[key] = facts
+            return facts
+    raise err
