@@ -8,6 +8,7 @@ from typing import Any
 
 from ..plan.memory import vllm_reported_kv_tokens
 from ..plan.types import ABSENT, InstancePlan
+from .numalog import numa_differences, parse_numa
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _KV = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -39,6 +40,9 @@ def parse_startup(log_text: str) -> dict[str, Any]:
     kv = list(_KV.finditer(log_text))
     if kv:
         out["kv_cache_tokens"] = int(kv[-1].group(1).replace(",", ""))
+    numa = parse_numa(log_text)
+    if any(numa):
+        out["numa"] = numa
     return out
 
 
@@ -69,4 +73,7 @@ def compare(inst: InstancePlan, started: dict[str, Any]) -> list[str]:
             expected = vllm_reported_kv_tokens(mem.kv_tokens, int(e.max_model_len), int(mem.block_size))
         if expected != logged:
             warnings.append(f"KV cache: planned {expected} tokens, vLLM reports {logged} tokens")
+    if "numa" in started:  # vLLM's own binding (--numa-bind): a fallback or another node than planned
+        nodes = () if inst.gpu_numa_nodes is ABSENT else tuple(inst.gpu_numa_nodes or ())
+        warnings += numa_differences(started["numa"], nodes, inst.numa_node)
     return warnings
