@@ -1,7 +1,8 @@
 """monitoring/ for real: promtool checks the shipped scrape config and alerting rules and runs the
 rules' unit tests; a real Prometheus scrapes two ``hwprofile daemon`` exporters on two fake GPU hosts
-of different classes and their (fake) vLLM servers' /metrics, evaluates every query of
-dashboards/hwprofile.json, and puts the hot-card alert in pending when a card heats up.
+of different classes and their (fake) vLLM servers' /metrics (TTFT from their own histograms, which
+the test's completions fill), evaluates every query of dashboards/hwprofile.json and the p99-TTFT
+alert's quantile, and puts the hot-card alert in pending when a card heats up.
 
 Prometheus and promtool come from Debian's ``prometheus`` package (.ci/run installs it). Without
 them the tests fail in CI (CI=true) and are skipped elsewhere, saying what to install.
@@ -10,7 +11,6 @@ them the tests fail in CI (CI=true) and are skipped elsewhere, saying what to in
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import re
@@ -265,7 +265,8 @@ class Host:
 
 
 class Traffic:
-    """Completions sent to every vLLM server until stopped, so that counters move between scrapes."""
+    """Completions sent to every vLLM server until stopped, so that counters and the TTFT histograms
+    move between scrapes: a few requests a second to each server, dozens within a 15 s rate window."""
 
     def __init__(self, hosts: list[Host]) -> None:
         self.targets = [(f"http://{t}/v1/completions", h.model) for h in hosts for t in h.vllm]
@@ -289,47 +290,7 @@ class Traffic:
         self.thread.join(30)
 
 
-class RecordedTtft:
-    """A /metrics body with vLLM's TTFT histogram as vLLM 0.32 writes it (prometheus_client, labels
-    model_name and engine), one more request observed at every scrape. tests/fakevllm.py does not
-    export ``vllm:time_to_first_token_seconds``; this target stands in for that one family."""
-
-    def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
-        reg = CollectorRegistry()
-        h = Histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            ["model_name", "engine"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0), registry=reg,
-        ).labels("recorded", "0")  # fmt: skip
-        n = [0]
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                n[0] += 1
-                h.observe(0.02 + 0.03 * (n[0] % 5))
-                data = generate_latest(reg)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.target = f"127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
-
-
-def prometheus_config(tmp: Path, hosts: list[Host], recorded: RecordedTtft) -> Path:
+def prometheus_config(tmp: Path, hosts: list[Host]) -> Path:
     """The shipped monitoring/prometheus.yml with this test's targets files, 1 s scrapes and rule
     evaluations, and the shipped rules (unchanged, from their own path)."""
     doc = yaml.safe_load(CONFIG.read_text())
@@ -339,8 +300,7 @@ def prometheus_config(tmp: Path, hosts: list[Host], recorded: RecordedTtft) -> P
     targets.mkdir()
     groups = {
         "hwprofile": [{"targets": [h.exporter], "labels": {"host": h.name}} for h in hosts],
-        "vllm": [{"targets": h.vllm, "labels": {"host": h.name}} for h in hosts]
-        + [{"targets": [recorded.target], "labels": {"host": "recorded"}}],
+        "vllm": [{"targets": h.vllm, "labels": {"host": h.name}} for h in hosts],
     }
     for job in doc["scrape_configs"]:
         name = job["job_name"]
@@ -370,7 +330,6 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tm
     # of active reasons has a series without any card being throttled
     for h in hosts:
         h.fake.set_state(**{"dev0.clocks_event_reasons": 0x1})
-    recorded = RecordedTtft()
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/v1"
     plog = tmp_path / "prometheus.log"
@@ -379,14 +338,14 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tm
     try:
         for h in hosts:
             h.start()
-        config = prometheus_config(tmp_path, hosts, recorded)
+        config = prometheus_config(tmp_path, hosts)
         started = time.monotonic()
         prom = subprocess.Popen(
             [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=plog.open("wb"), start_new_session=True,
         )  # fmt: skip
-        expected = {h.exporter for h in hosts} | {t for h in hosts for t in h.vllm} | {recorded.target}
+        expected = {h.exporter for h in hosts} | {t for h in hosts for t in h.vllm}
 
         def all_up() -> bool:
             active = get_json(api + "/targets?state=active")["data"]["activeTargets"]
@@ -410,21 +369,25 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tm
         answers: dict[str, list[dict[str, Any]]] = {}
         exprs = dashboard_queries()
         exporters = {h.exporter for h in hosts}
+        servers = {t for h in hosts for t in h.vllm}
 
         def hosts_wanted(expr: str) -> set[str]:
-            """Both hosts on every query but speculation's (only the RTX host speculates), TTFT's
-            (the recorded target's) and the targets' `up` (every target)."""
-            names = metric_names(expr)
-            if "spec" in expr:
-                return {"rtx4090"}
-            if "vllm:time_to_first_token_seconds_bucket" in names:
-                return {"recorded"}
-            return {"a800", "rtx4090", "recorded"} if names == {"up"} else {"a800", "rtx4090"}
+            """Both hosts on every query but speculation's (only the RTX host speculates)."""
+            return {"rtx4090"} if "spec" in expr else {"a800", "rtx4090"}
+
+        def measured(result: list[dict[str, Any]]) -> bool:
+            """A quantile per vLLM server, from requests observed in the rate window (no requests
+            there: NaN)."""
+            instances = {s["metric"].get("instance") for s in result}
+            return instances == servers and all(0 < float(s["value"][1]) < 1e9 for s in result)
 
         def complete(expr: str) -> bool:
             result = answers.get(expr) or []
             if {s["metric"].get("host") for s in result} != hosts_wanted(expr):
                 return False
+            # TTFT from the fake vLLM servers' own histograms, which Traffic's completions fill
+            if expr.startswith("histogram_quantile("):
+                return measured(result)
             # hwprofile's own series: both exporters, by the target's `instance` label
             if metric_names(expr) <= set(NAMES) and "spec" not in expr:
                 return {s["metric"].get("instance") for s in result} == exporters
@@ -453,6 +416,13 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tm
         groups = get_json(api + "/rules")["data"]["groups"]
         evaluated = [r for g in groups for r in g["rules"]]
         assert len(evaluated) == len(rules()) and all(r["health"] == "ok" for r in evaluated), evaluated
+        # and VllmTtftP99High's p99 has a value per vLLM server (the threshold left out)
+        (ttft_rule,) = [r for r in rules() if r["alert"] == "VllmTtftP99High"]
+        p99 = re.sub(r"\s*>\s*[0-9.]+\s*$", "", ttft_rule["expr"])
+        assert p99 != ttft_rule["expr"], ttft_rule["expr"]
+        p99_result = query(p99)
+        assert measured(p99_result), p99_result
+        assert {s["metric"]["host"] for s in p99_result} == {"a800", "rtx4090"}, p99_result
 
         # GPU 2 of the A800 host past its profile's hot_c (82 °C): HwprofileGpuHot goes pending
         heated = time.monotonic()
@@ -491,7 +461,6 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tm
             end(prom)
         for h in hosts:
             h.stop()
-        recorded.close()
     for h in hosts:  # each daemon stopped cleanly, its vLLM servers with it
         assert h.code == 0, h.log.read_text()[-3000:]
         assert not h.leftovers(), h.leftovers()
