@@ -340,6 +340,9 @@ def test_float32_without_a_dtype_reads_a_safetensors_header(hub: Hub, snapshot: 
     assert abs(m["weights_bytes"] - size // 2) < 4096  # F32 on disk, 16-bit in memory
     reads = [r for r in hub.sent()[before:] if r["path"].endswith("model.safetensors")]
     assert reads and all(r["method"] == "GET" and r["range"] == "bytes=0-100000" for r in reads)
+    before = len(hub.sent())
+    assert model_of(plan(snapshot, env, "--model", "acme/f32")) == m  # the header's answer was kept
+    assert [r["kind"] for r in hub.sent()[before:]] == ["api"]
 
 
 def test_a_revision_by_flag_or_after_an_at(hub: Hub, snapshot: Path, env) -> None:

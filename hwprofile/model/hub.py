@@ -195,7 +195,7 @@ def _write_ref(cache: str, repo: str, revision: str, commit: str) -> None:
 
 
 def facts_from_record(
-    repo: str, cache: str, commit: str, record: dict[str, Any], how: str
+    repo: str, cache: str, commit: str, record: dict[str, Any], how: str, revision: str | None = None
 ) -> ModelFacts:
     """ModelFacts from the cached config.json (and quantization config) and the saved file list."""
     from .files import MAX_CONFIG_BYTES, _read_json
@@ -231,7 +231,7 @@ def facts_from_record(
     w = record["weights"]
     if isinstance(w.get("bytes"), int) and w["bytes"] > 0:
         facts = facts._replace(weights_bytes=w["bytes"], weights_bytes_source=str(w.get("source") or "hub"))
-    rev = record.get("revision") or "main"
+    rev = revision or "main"
     origin = (
         f"the Hub ({record.get('endpoint')}/{repo}, revision {rev} = commit {commit}, {how}); "
         f"config in {snap}, file list in {record_path(cache, repo, commit)}"
@@ -331,6 +331,11 @@ def _fetch(
     commit = str(info.sha or "")
     if not COMMIT.match(commit):
         raise OperationError(f"{label}: {ep} answered without a commit for revision {revision or 'main'}")
+    snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
+    if load_record(cache, repo, commit) is not None and os.path.isfile(os.path.join(snap, "config.json")):
+        if not cancelled.is_set():
+            _write_ref(cache, repo, revision or "main", commit)
+        return commit  # this commit was looked up before: its files are in the cache
     files: dict[str, int | None] = {}
     for s in info.siblings or ():
         files[s.rfilename] = s.lfs.size if s.lfs is not None else s.size
@@ -472,7 +477,7 @@ def from_cache(repo: str, revision: str | None, cache: str, how: str) -> ModelFa
     record = load_record(cache, repo, commit) if commit else None
     if commit is None or record is None:
         return None
-    return facts_from_record(repo, cache, commit, record, how)
+    return facts_from_record(repo, cache, commit, record, how, revision)
 
 
 def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model") -> ModelFacts:
@@ -529,7 +534,7 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
         record = load_record(cache, repo, commit)
         if record is None:
             raise OperationError(f"{name}: the file list fetched could not be read back from {cache}")
-        facts = facts_from_record(repo, cache, commit, record, "asked now")
+        facts = facts_from_record(repo, cache, commit, record, "asked now", revision)
         _MEMO[key] = facts
         return facts
     if isinstance(err, OperationError):  # the Hub not reached: an earlier look-up still plans, said so
@@ -537,7 +542,7 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
         if facts is not None:
             import logging
 
-            logging.getLogger("hwprofile").warning("%s: planned from the cache: %s", name, err)
+            logging.getLogger("hwprofile").warning("%s; planned from the cache, from an earlier look-up", err)
             _MEMO[key] = facts
             return facts
     raise err
