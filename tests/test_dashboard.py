@@ -14,7 +14,7 @@ DASHBOARD = Path(__file__).resolve().parent.parent / "dashboards" / "hwprofile.j
 
 # vLLM's /metrics names the dashboard and monitoring/rules use, as vLLM 0.32 exports them (counters
 # with _total, a histogram's _bucket): shared/facts/vllm-metrics.md, table 1; tests/fakevllm.py
-# serves all of them but the TTFT histogram.
+# serves all of them.
 VLLM_NAMES = frozenset({
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:num_preemptions_total",

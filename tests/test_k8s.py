@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from hwprofile.cli import main
+from hwprofile.cli.parser import build_parser
 from hwprofile.kubenodes import node_classes, pod_view
 from hwprofile.render.k8s import PROBE_PERIOD_S
 
@@ -151,7 +152,11 @@ def check_workload(docs: list[dict[str, Any]], workload: dict[str, Any]) -> None
     supervise, drain = plans[0]["supervise"], plans[0]["instances"][0]["server"]["shutdown_timeout"]
     for pod in _pods(workload):
         (c,) = pod["containers"]
-        assert c["command"] == ["hwprofile"] and c["args"][:2] == ["launch", "--foreground"]
+        # the image's entrypoint, PID 1 of the pod: the daemon (its thermal policy in the pod), with args
+        # its own parser takes (the rank of a group's worker comes from the environment)
+        assert c["command"] == ["hwprofile"] and c["args"][0] == "daemon"
+        parsed = build_parser().parse_args([a.replace("$(HWPROFILE_NODE_RANK)", "1") for a in c["args"]])
+        assert parsed.command == "daemon" and parsed.state_dir == "/var/lib/hwprofile"
         # resources: the instance's GPUs, CPU and memory requested
         gpus = len(plans[0]["instances"][0]["gpus"])
         assert c["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
@@ -165,7 +170,7 @@ def check_workload(docs: list[dict[str, Any]], workload: dict[str, Any]) -> None
         assert sc["capabilities"] == {"drop": ["ALL"]} and pod["securityContext"]["runAsNonRoot"] is True
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
-        for path in ("/tmp", "/cache", "/run/hwprofile", "/var/log/hwprofile", "/dev/shm"):
+        for path in ("/tmp", "/cache", "/run/hwprofile", "/var/lib/hwprofile", "/var/log/hwprofile", "/dev/shm"):
             assert "emptyDir" in volumes[mounts[path]], path
         assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
         env = {e["name"]: e for e in c["env"]}
@@ -173,14 +178,25 @@ def check_workload(docs: list[dict[str, Any]], workload: dict[str, Any]) -> None
         # drain: the grace period covers the preStop pause and vLLM's drain with room to spare
         assert pod["terminationGracePeriodSeconds"] > drain + int(c["lifecycle"]["preStop"]["exec"]["command"][1])
         assert "--shutdown-timeout" not in c["args"]  # vLLM's flag, in the shown args only
-        # probes: sized to the planned load time, on /health, on pods with an API server
+        # the daemon's metrics port on the pod's address, vLLM's lines on stdout
+        sets = _sets(c)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert sets["watch.metrics_host"] == "0.0.0.0" and int(sets["watch.metrics_port"]) == ports["hwprofile"]
+        assert sets["logs.stdout"] == "true"
+        # liveness: the daemon's loop (it restarts vLLM itself), on every pod
+        lp = c["livenessProbe"]
+        assert lp["httpGet"] == {"path": "/livez", "port": "hwprofile"}
+        assert lp["failureThreshold"] * lp["periodSeconds"] > supervise["unhealthy_s"]
+        # probes: sized to the planned load time, on the daemon's /health, on pods with an API server
         if "startupProbe" in c:
             sp = c["startupProbe"]
-            assert sp["httpGet"]["path"] == "/health" and sp["periodSeconds"] == PROBE_PERIOD_S
+            assert sp["httpGet"] == {"path": "/health", "port": "hwprofile"} and sp["periodSeconds"] == PROBE_PERIOD_S
             assert sp["failureThreshold"] * sp["periodSeconds"] >= supervise["ready_timeout"]
-            assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] > supervise["unhealthy_s"]
-            assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-            assert _sets(c)["server.host"] == "0.0.0.0"
+            rp = c["readinessProbe"]
+            assert rp["httpGet"] == {"path": "/health", "port": "hwprofile"}
+            # /health says 503 before a degrade drains for as long as this probe needs to notice it
+            assert float(sets["watch.unready_s"]) >= rp["periodSeconds"] * rp["failureThreshold"]
+            assert sets["server.host"] == "0.0.0.0"
         else:
             assert _sets(c)["layout.nodes"] != "1", "only a group's headless workers go without probes"
     # what runs is readable: the annotation is the ConfigMap's command line

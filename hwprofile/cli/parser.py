@@ -267,6 +267,10 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
         help="where the last good plan is kept (default $HWPROFILE_STATE_DIR, $XDG_STATE_HOME/hwprofile, "
         "/var/lib/hwprofile as root)",
     )  # fmt: skip
+    p.add_argument(
+        "--node-rank", type=count(0, 63), default=0, metavar="K",
+        help="on a plan over several hosts: run and watch this node's part (default 0: the API server)",
+    )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
 
 

@@ -4,9 +4,13 @@ One workload per GPU class and instance shape: a Deployment whose pods each run 
 instance (``replicas`` = how many such instances the class's nodes hold), or, for a model larger than
 one node, a LeaderWorkerSet group (leader = node 0 with the API server, workers = headless ranks).
 Each comes with a ConfigMap (the pod's snapshot, the vLLM command line, the pod's plan), a Service
-and a PodMonitor. The container runs ``hwprofile launch --foreground`` from the pod's snapshot in
-the ConfigMap, with the plan's inputs (model, profile, the user's settings as ``--set``) and the
-settings that make the pod's plan the one shown (``server.host``, the layout); vLLM is its child.
+and a PodMonitor. The container runs ``hwprofile daemon`` (the image's entrypoint, see
+``Containerfile``: PID 1, the thermal policy in the pod) from the pod's snapshot in the ConfigMap, with
+the plan's inputs (model, profile, the user's settings as ``--set``) and the settings that make the
+pod's plan the one shown (``server.host``, the layout) and make it a pod's (the metrics port on the
+pod's address, vLLM's lines on stdout, ``watch.unready_s`` = the readiness probe's period times its
+failure threshold); vLLM is its child. The probes ask the daemon's metrics port: ``/health`` (ready
+while every instance serves, 503 first when a degrade is about to drain) and ``/livez``.
 
 Everything is built as Python data and dumped with ``yaml.safe_dump``: a value from a label, a
 node name or a setting is always a quoted scalar, never YAML syntax. Comments (what was assumed,
@@ -25,7 +29,6 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ..config.schema import SETTINGS
 from ..errors import RefusedError
 from ..kubenodes import gfd_product, pod_view, valid_label_value
 from ..pipeline import PlanInputs, resolve_settings
@@ -39,10 +42,13 @@ GiB, MiB = 2**30, 2**20
 # Where the pod keeps what it writes: the root filesystem is read-only.
 POD_ROOT = "/etc/hwprofile/k8s"  # the ConfigMap; also the pod's --config-root (no profiles/ in it)
 RUNTIME_DIR = "/run/hwprofile"
+STATE_DIR = "/var/lib/hwprofile"  # the daemon's last good plan (it outlives a container restart)
 LOG_DIR = "/var/log/hwprofile"
 CACHE_DIR = "/cache"
 PRESTOP_S = 5  # the Service stops sending before vLLM stops accepting (endpoints propagate)
 PROBE_PERIOD_S = 10
+READY_PERIOD_S, READY_FAILURES = 5, 2  # the readiness probe; watch.unready_s is their product
+METRICS_PORT = 9464  # the daemon's port when the plan turned it off (the probes need it)
 API_KEY_ITEM = "api-key"  # the key of the API key in its Secret
 HF_TOKEN_SECRET = "hf-token"  # optional Secret with key `token`, for gated models
 LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -55,7 +61,7 @@ MAX_NAME = 40
 # These settings are how the pod differs from the host the plan was made for: pinned, not the user's.
 POD_KEYS = ("server.host", "server.port", "layout.numa_bind", "logs.dir", "layout.tensor_parallel_size",
             "layout.pipeline_parallel_size", "layout.replicas", "layout.shape", "layout.nodes",
-            "watch.metrics_host")  # fmt: skip
+            "watch.metrics_host", "watch.metrics_port", "watch.unready_s", "logs.stdout")  # fmt: skip
 
 
 class K8sError(RefusedError):
@@ -75,7 +81,7 @@ class Target(NamedTuple):
 
 class Options(NamedTuple):
     release: Release
-    image: str | None = None  # default: vllm/vllm-openai:v<release>
+    image: str | None = None  # default: hwprofile-vllm:v<release>, as Containerfile builds it
     namespace: str | None = None
     api_key_secret: str = "hwprofile-api-key"
 
@@ -99,7 +105,7 @@ def image_of(opts: Options) -> str:
     if opts.image:
         return opts.image
     major, minor, patch = parse_version(opts.release.target)
-    return f"vllm/vllm-openai:v{major}.{minor}.{patch}"
+    return f"hwprofile-vllm:v{major}.{minor}.{patch}"  # podman build -t hwprofile-vllm:vX.Y.Z -f Containerfile .
 
 
 def k8s_name(*parts: str) -> str:
@@ -151,12 +157,14 @@ def _shape(inst: InstancePlan) -> tuple[Any, ...]:
             inst.pipeline_parallel_size, inst.ranks)  # fmt: skip
 
 
-def _pins(inst: InstancePlan, port: int, nnodes: int) -> list[str]:
+def _pins(inst: InstancePlan, port: int, nnodes: int, metrics_port: int) -> list[str]:
     pins = ["server.host=0.0.0.0", f"server.port={port}", "layout.numa_bind=false", f"logs.dir={LOG_DIR}",
             f"layout.tensor_parallel_size={inst.tensor_parallel_size}",
             f"layout.pipeline_parallel_size={inst.pipeline_parallel_size}"]  # fmt: skip
-    if ("watch", "metrics_host") in SETTINGS:  # hwprofile's own port, reached by the pod's address
-        pins.append("watch.metrics_host=0.0.0.0")
+    # the daemon's port on the pod's address (probes, PodMonitor), vLLM's lines for `kubectl logs`, and
+    # /health 503 for as long as the readiness probe takes to see it before a restart drains
+    pins += ["watch.metrics_host=0.0.0.0", f"watch.metrics_port={metrics_port}", "logs.stdout=true",
+             f"watch.unready_s={READY_PERIOD_S * READY_FAILURES}"]  # fmt: skip
     if nnodes > 1:
         pins.append(f"layout.nodes={nnodes}")
     elif inst.ranks > 1:
@@ -237,7 +245,7 @@ def plan_workloads(
     for insts in shapes.values():
         inst = insts[0]
         name = base if len(shapes) == 1 else k8s_name(base, f"tp{inst.tensor_parallel_size}x{len(inst.gpus)}")
-        pins = _pins(inst, port, 1)
+        pins = _pins(inst, port, 1, int(plan.watch.metrics_port) or METRICS_PORT)
         pod_inputs = dataclasses.replace(
             inputs, host=pod_view(inputs.host, inst.gpus), config_root=POD_ROOT, profile=plan.profile,
             overrides=(), sets=(*sets, *pins), nodes=(), addresses=(), node_rank=0,
@@ -272,7 +280,7 @@ def _group(
     name = group_name(target.product)
     hosts = (inputs.host, *inputs.nodes)
     views = tuple(pod_view(hosts[k], by_node[k].gpus) for k in range(nnodes))
-    pins = _pins(insts[0], port, nnodes)
+    pins = _pins(insts[0], port, nnodes, int(plan.watch.metrics_port) or METRICS_PORT)
     pod_inputs = dataclasses.replace(
         inputs, host=views[0], config_root=POD_ROOT, profile=plan.profile, overrides=(), sets=(*sets, *pins),
         nodes=views[1:], addresses=tuple(lws_address(name, k) for k in range(nnodes)), node_rank=0,
@@ -393,7 +401,7 @@ def config_data(w: Workload) -> dict[str, str]:
 def _launch_args(w: Workload, rank: int | None) -> list[str]:
     plan = w.pod_plans[0]
     model = plan.model.path if plan.model.source == "dir" and plan.model.path else plan.model.name
-    args = ["launch", "--foreground", "--config-root", POD_ROOT, "--runtime-dir", RUNTIME_DIR]
+    args = ["daemon", "--config-root", POD_ROOT, "--runtime-dir", RUNTIME_DIR, "--state-dir", STATE_DIR]
     if len(w.pod_plans) == 1:
         args += ["--from", f"{POD_ROOT}/pod.json"]
     else:
@@ -408,7 +416,9 @@ def _launch_args(w: Workload, rank: int | None) -> list[str]:
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 5,
+    """A probe of the daemon's metrics port (``/health``: every instance serves and none is about to
+    be drained; ``/livez``: the daemon's loop ticks)."""
+    return {"httpGet": {"path": path, "port": "hwprofile"}, "periodSeconds": period, "timeoutSeconds": 5,
             "failureThreshold": failures}  # fmt: skip
 
 
@@ -456,6 +466,7 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "runtime", "mountPath": RUNTIME_DIR},
+            {"name": "state", "mountPath": STATE_DIR},
             {"name": "logs", "mountPath": LOG_DIR},
             {"name": "plan", "mountPath": POD_ROOT, "readOnly": True},
         ],
@@ -472,8 +483,10 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
         container["ports"] = ports
     if not headless:
         container["startupProbe"] = _probe("/health", PROBE_PERIOD_S, s.startup_failures)
-        container["readinessProbe"] = _probe("/health", 5, 2)
-        container["livenessProbe"] = _probe("/health", PROBE_PERIOD_S, s.liveness_failures)
+        container["readinessProbe"] = _probe("/health", READY_PERIOD_S, READY_FAILURES)
+    # the daemon restarts vLLM itself (failures, degrades): the kubelet restarts the container only when
+    # the daemon's own loop stops ticking (a headless rank's daemon too)
+    container["livenessProbe"] = _probe("/livez", PROBE_PERIOD_S, s.liveness_failures)
     return {
         "nodeSelector": dict(w.target.selector),
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -493,6 +506,7 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
             {"name": "tmp", "emptyDir": {"sizeLimit": quantity(s.tmp)}},
             {"name": "cache", "emptyDir": {"sizeLimit": quantity(s.cache)}},
             {"name": "runtime", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+            {"name": "state", "emptyDir": {"sizeLimit": "16Mi"}},
             {"name": "logs", "emptyDir": {"sizeLimit": quantity(s.logs)}},
             {"name": "plan", "configMap": {"name": f"{w.name}-plan"}},
         ],
@@ -598,11 +612,13 @@ def _workload_comments(w: Workload, s: Sizes) -> list[str]:
         f"{ASSUMED_DOWNLOAD_BYTES_S / 1e6:.0f} MB/s: about {s.estimate_s} s",
         f"stop: preStop {PRESTOP_S} s, then SIGTERM; vLLM drains {s.drain_s} s (server.shutdown_timeout); "
         f"terminationGracePeriodSeconds {s.grace_s}",
-        f"liveness: {s.liveness_failures} x {PROBE_PERIOD_S} s, longer than the supervisor's own restart of a "
-        "hung vLLM (supervise.unhealthy_s + supervise.ready_timeout + supervise.backoff_max)",
+        f"liveness: the daemon's loop (/livez), {s.liveness_failures} x {PROBE_PERIOD_S} s, longer than the "
+        "supervisor's own restart of a hung vLLM (supervise.unhealthy_s + supervise.ready_timeout + supervise.backoff_max)",
+        f"readiness: the daemon's /health every {READY_PERIOD_S} s; it answers 503 for watch.unready_s "
+        f"({READY_PERIOD_S * READY_FAILURES} s) before a degrade drains vLLM, so the Service routes elsewhere first",
         "runAsNonRoot: vLLM needs no root; the official image's default user is root, so UID 1000 is set "
-        f"and everything written goes to emptyDirs (/tmp, {CACHE_DIR}, {RUNTIME_DIR}, {LOG_DIR}, /dev/shm)",
-        f"the image must have hwprofile installed (FROM vllm/vllm-openai, pip install hwprofile); "
+        f"and everything written goes to emptyDirs (/tmp, {CACHE_DIR}, {RUNTIME_DIR}, {STATE_DIR}, {LOG_DIR}, /dev/shm)",
+        "the image is the repository's Containerfile (hwprofile on the official vLLM image, the daemon as PID 1); "
         f"{CACHE_DIR} is an emptyDir: a PersistentVolumeClaim keeps the weights across restarts",
     ]
     if s.estimate_s > s.load_s:
