@@ -167,6 +167,7 @@ def test_fuzz_model_dir_only_raises_config_error(config: bytes, index: bytes | N
 @given(spec=st.text(max_size=12))
 def test_fuzz_model_spec_only_raises_config_error(spec: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # an ORG/NAME spec ('0/0') is a Hub name: never ask the real Hub
     try:
         resolve_model(spec)
     except ConfigError as e:
