@@ -582,10 +582,19 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
     }))  # fmt: skip
-    endpoints: list[dict[str, Any]] = [{"port": "http", "path": "/metrics", "interval": "15s"}]
-    comments = [f"{w.name}: vLLM's /metrics on the http port (every pod with an API server)"]
+    def relabel(job: str) -> list[dict[str, Any]]:
+        """The labels monitoring/rules and the dashboard group by: ``job`` as in
+        monitoring/prometheus.yml (a PodMonitor's own would be <namespace>/<name>), ``host`` = the node."""
+        return [{"targetLabel": "job", "replacement": job},
+                {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host"}]  # fmt: skip
+
+    endpoints: list[dict[str, Any]] = [
+        {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel("vllm")}
+    ]
+    comments = [f"{w.name}: vLLM's /metrics on the http port (every pod with an API server); job and host "
+                "labelled as monitoring/prometheus.yml does, for monitoring/rules and the dashboard"]  # fmt: skip
     if int(w.pod_plans[0].watch.metrics_port):
-        endpoints.append({"port": "hwprofile", "path": "/metrics", "interval": "15s"})
+        endpoints.append({"port": "hwprofile", "path": "/metrics", "interval": "15s", "relabelings": relabel("hwprofile")})
         comments.append(
             f"and hwprofile's exporter (watch.metrics_port {int(w.pod_plans[0].watch.metrics_port)}, on the "
             "pod's address: watch.metrics_host=0.0.0.0)"
