@@ -127,12 +127,87 @@ def make_plan(
     input. The profile is the one node 0 matches."""
     from .plan import build_plan
 
-    res = resolve_settings(host, root or config_root(), profile, overrides, sets, environ)
+    root = root or config_root()
+    res = resolve_settings(host, root, profile, overrides, sets, environ)
     target, draft_facts = load_models(res.settings, model, draft)
     return build_plan(
         host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
-        tuple(nodes), tuple(addresses),
+        tuple(nodes), tuple(addresses), calibration=load_calibration(root, host),
     )  # fmt: skip
+
+
+CALIBRATION_CAP = 16 * 2**20  # a bench.json of many rounds and points stays far below this
+
+
+def calibration_path(root: str | os.PathLike[str], host: HostSnapshot) -> str:
+    """``<root>/calibration/<fingerprint>.json``: where this host's measured calibration is read from."""
+    from .plan.candidates import host_fingerprint
+
+    return os.path.join(os.fspath(root), "calibration", host_fingerprint(host) + ".json")
+
+
+def load_calibration(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
+    """This host's calibration (a ``hwprofile bench`` result, ``hwprofile.bench/1``, copied to
+    :func:`calibration_path`), or None when there is none. A file that is not such a result, or one
+    measured on other GPUs (their UUIDs differ), is an input error: it names the file."""
+    import json
+
+    from .runtime.files import UnsafeFile, read_bounded
+
+    path = calibration_path(root, host)
+    try:
+        data = read_bounded(path, CALIBRATION_CAP)
+    except FileNotFoundError:
+        return None
+    except (UnsafeFile, OSError) as e:
+        raise ConfigError(f"{path}: cannot read the calibration: {e}") from None
+    if len(data) > CALIBRATION_CAP:
+        raise ConfigError(f"{path}: larger than {CALIBRATION_CAP} bytes; not a hwprofile bench result")
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not JSON ({e})") from None
+    return calibration_from_bench(doc, path, host)
+
+
+def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
+    """The :class:`~.plan.predict.Calibration` in a ``hwprofile.bench/1`` document: its first plan's
+    median TPOT, TTFT and output tokens/s per concurrency, the workload's lengths, and the TP its
+    settings name (``layout.tensor_parallel_size`` among its non-default settings; else None: the
+    plan hwprofile makes on this host)."""
+    from .plan.predict import Calibration
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{path}: not a usable hwprofile bench result: {why}")
+
+    if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.bench/1":
+        raise bad("schema is not hwprofile.bench/1")
+    wl, plans = doc.get("workload"), doc.get("plans")
+    if not isinstance(wl, dict) or not isinstance(plans, list) or not plans or not isinstance(plans[0], dict):
+        raise bad("no workload or no plans")
+    theirs = {g.get("uuid") for g in (doc.get("host") or {}).get("gpus") or [] if isinstance(g, dict)} - {None}
+    ours = {g.uuid for g in host.usable_gpus} - {None}
+    if theirs and ours and not theirs <= ours:
+        raise bad(f"measured on GPUs {sorted(theirs)}, this host has {sorted(ours)}")
+    plan = plans[0]
+    points = []
+    for row in plan.get("summary") or []:
+        m = row.get("metrics") if isinstance(row, dict) else None
+        try:
+            points.append((int(row["concurrency"]), float(m["p50_tpot_ms"]["median"]),
+                           float(m["p50_ttft_ms"]["median"]), float(m["output_throughput"]["median"])))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not points:
+        raise bad("no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
+    tp = next((s.get("value") for s in plan.get("non_default_settings") or []
+               if isinstance(s, dict) and s.get("key") == "layout.tensor_parallel_size"), None)  # fmt: skip
+    try:
+        return Calibration(path, doc.get("created") if isinstance(doc.get("created"), str) else None,
+                           int(wl["input_len"]), int(wl["output_len"]), int(plan.get("instances") or 1),
+                           tp if isinstance(tp, int) else None, tuple(sorted(points)))  # fmt: skip
+    except (KeyError, TypeError, ValueError) as e:
+        raise bad(f"workload lengths: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,8 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
         out.append("")
         out.append("Warnings")
         out += [f"  - {w}" for w in plan.warnings]
+    if explain and plan.prediction:
+        out += _predictions(plan)
     if explain:
         out.append("")
         out.append("Reasons")
@@ -247,3 +249,35 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
             out.append(f"  {r.key} = {r.value}")
             out.append(f"      {r.reason}  [{r.source}]")
     return "\n".join(out) + "\n"
+
+
+def _predictions(plan: Plan) -> list[str]:
+    """``plan --explain``: the candidates the performance model compared, and each instance's figures."""
+    pr = plan.prediction
+    w = pr["workload"]
+    cal = pr["calibration"]
+    out = ["", f"Predictions at {w['input_len']} in / {w['output_len']} out, {w['concurrency']} requests in flight "
+               f"(objective {pr['objective']}: TTFT <= {pr['ttft_target_ms']:g} ms, TPOT <= {pr['tpot_target_ms']:g} ms)"]  # fmt: skip
+    out.append(f"  calibration: {cal['path']} (bench {cal['created']})" if cal["path"] else
+               f"  calibration: none (hwprofile bench results copied to <config root>/calibration/{cal['fingerprint']}.json "
+               "are used instead of the datasheet)")  # fmt: skip
+    for g in pr["groups"]:
+        out.append(f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}")
+        rows = [["", "layout", "TTFT ms", "TPOT ms", "out tok/s", "capacity tok/s", "at", "source"]]
+        for c in g["candidates"]:
+            rows.append([
+                "=>" if c["chosen"] else ("x" if not c["fits"] else ""), c["layout"], f"{c['ttft_ms']:g}",
+                f"{c['tpot_ms']:g}", f"{c['output_tokens_per_s']:g}", f"{c['capacity_output_tokens_per_s']:g}",
+                str(c["capacity_concurrency"]), c.get("why_not") or c["source"],
+            ])  # fmt: skip
+        out += ["  " + line for line in _table(rows)]
+        out.append(f"      {g['reason']}")
+    for inst in plan.instances:
+        p = inst.prediction
+        if not p:
+            continue
+        out.append(f"  {inst.name}: TTFT {p.ttft_ms:g} ms, TPOT {p.tpot_ms:g} ms, {p.output_tokens_per_s:g} output tok/s "
+                   f"at {p.concurrency} requests ({p.source})")  # fmt: skip
+        for t in p.terms:
+            out.append(f"      {t['term']}: {t['ms']:g} ms  [{t['source']}]")
+    return out

@@ -37,9 +37,11 @@ def argv(p, inst, version="0.32.0"):
 
 
 def test_a_model_too_big_for_two_nodes_is_a_pipeline_over_three(host_of, empty_root) -> None:
+    # a 16384-token step (the a100-80g profile's before it took vLLM's 2048): 2 nodes just too small
+    big_step = ["engine.max_num_batched_tokens=16384"]
     with pytest.raises(PlanRefused, match="does not fit even 2 node"):
-        plan_over(host_of, empty_root, "a100-80g-pcie-1x", 2)  # 70 GiB a stage: over 0.92 of 80 GiB
-    p = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 3)
+        plan_over(host_of, empty_root, "a100-80g-pcie-1x", 2, sets=big_step)  # 70 GiB a stage: over 0.92 of 80 GiB
+    p = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 3, sets=big_step)
     n0, _n1, n2 = p.instances
     assert (p.nodes, [i.node for i in p.instances], n0.nnodes) == (3, [0, 1, 2], 3)
     assert (n0.pipeline_parallel_size, n0.tensor_parallel_size) == (3, 1)
@@ -204,7 +206,7 @@ def test_launching_node_1_of_a_ray_group_is_refused_before_anything_starts(fake_
 def test_the_daemon_holds_every_node_of_a_group_and_no_one_host_server(host_of, empty_root) -> None:
     from hwprofile.daemon.loop import instance_spec
 
-    p = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 3)
+    p = plan_over(host_of, empty_root, "a100-80g-pcie-1x", 3, sets=["engine.max_num_batched_tokens=16384"])
     assert [instance_spec(p, i).held.split(":")[0] for i in p.instances] == [
         "node 0 of a group over 3 nodes", "node 1 of a group over 3 nodes", "node 2 of a group over 3 nodes"]
     assert "every node must restart together" in instance_spec(p, p.instances[0]).held

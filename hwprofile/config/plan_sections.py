@@ -18,6 +18,7 @@ SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp"
 LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
 SHAPES = ("auto", "servers", "data_parallel")
 MULTINODE_BACKENDS = ("mp", "ray")
+OBJECTIVES = ("throughput", "latency")
 
 MiB = 2**20
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -109,6 +110,29 @@ class Layout(Section):
     multinode_backend: str = setting(
         "choice", "how nodes form one vLLM: mp (--nnodes, --headless workers, 0.12+) or ray (a Ray cluster)",
         choices=MULTINODE_BACKENDS, default="mp",
+    )  # fmt: skip
+    objective: str = setting(
+        "choice", "what the predicted choice of layout maximises: throughput (the most output tokens/s within "
+        "the TTFT and TPOT targets) or latency (the lowest TPOT at the workload)",
+        choices=OBJECTIVES, default="throughput",
+    )  # fmt: skip
+    ttft_target_ms: float = setting(
+        "float", "time-to-first-token target of the throughput objective, ms (the seeds: 500)",
+        1, 600_000, default=500.0,
+    )  # fmt: skip
+    tpot_target_ms: float = setting(
+        "float", "time-per-output-token target of the throughput objective, ms (the seeds: 120)",
+        0.1, 60_000, default=120.0,
+    )  # fmt: skip
+    workload_input_len: int = setting(
+        "int", "prompt tokens per request of the workload the layouts are predicted at", 1, 10_485_760, default=512
+    )
+    workload_output_len: int = setting(
+        "int", "output tokens per request of the workload the layouts are predicted at", 1, 10_485_760, default=256
+    )
+    workload_concurrency: int = setting(
+        "int", "requests in flight on the host in the workload the layouts are predicted at", 1, 1_048_576,
+        default=16,
     )  # fmt: skip
 
 

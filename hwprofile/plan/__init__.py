@@ -12,34 +12,42 @@ One module per decision, in the order :func:`build_plan` takes them:
 - :mod:`.checkpoint`: which checkpoint (``engine.weights_bits``; the 4-bit retry);
 - :mod:`.speculative`: speculation method and draft; per instance, ngram when the draft does not fit;
 - :mod:`.layout`: GPU groups, tensor parallel size, NUMA-aware partition, replicas, ports, NUMA binding;
+  where the layout is ``auto``, the candidate ``layout.objective`` prefers (:mod:`.candidates`, every
+  TP of a group predicted by :mod:`.predict`, the performance model: TTFT, TPOT, output tokens/s at the
+  workload ``layout.workload_*``, from the datasheet, the snapshot's links and a host's calibration);
 - :mod:`.gpu`: one GPU instance, from :mod:`.engine` (memory share, KV dtype, eager, context,
   sequences, tokens per step), :mod:`.memory` (the fit) and :mod:`.estimate` (decode ceiling);
+- then each GPU instance's own prediction (:func:`.candidates.instance_prediction`);
 - :mod:`.cpu`: the CPU instance when no GPU is usable;
 - :mod:`.refusal`: :class:`PlanRefused` and what would fit; :mod:`.reasons`: the reasons collector.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..config import Source
 from ..config.schema import SETTINGS
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
+from .candidates import host_fingerprint, instance_prediction, workload
 from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use_four_bit
 from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .layout import TP_SIZES, layout
 from .nodes import plan_nodes
+from .predict import Calibration
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .shape import shape
 from .speculative import choose_speculator, heterogeneous_vocab_ok
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan
 
-__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Plan", "PlanRefused", "Reasons", "build_plan"]
+__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Calibration", "Plan", "PlanRefused", "Reasons", "build_plan"]
 
 SCHEMA = "hwprofile.plan/1"
 
@@ -54,6 +62,7 @@ def build_plan(
     draft: ModelFacts | None,
     nodes: Sequence[HostSnapshot] = (),
     addresses: Sequence[str] = (),
+    calibration: Calibration | None = None,
 ) -> Plan:
     """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host`` (and on
     ``nodes``, the other hosts of a multi-node plan, at ``addresses``: node 0's first); raises
@@ -61,6 +70,7 @@ def build_plan(
     setting the layers set; every other setting is at its declared default (``settings`` holds it)."""
     default = Source("default", "schema")
     r = Reasons({p: provenance.get(p, default) for p in SETTINGS})
+    r.calibration = calibration
     gpus = host.usable_gpus
     host_warnings: list[str] = []
     if any(g.lost for g in host.gpus):
@@ -81,7 +91,11 @@ def build_plan(
         group = plan_nodes(hosts, addrs, settings, model, r, warnings, one_host)
         if group[0].nnodes is ABSENT:  # one node fits: that node's plan as it would be alone
             group, endpoint = shape(host, settings, group, r, warnings)
+            # the last try's candidates per group of GPUs (plan_nodes may have planned node 0 more than once)
+            r.predictions[:] = list({(g["gpus"], g["gpu_name"]): g for g in r.predictions}.values())
+            group = _predicted(host, settings, model, chosen_draft, group, r)
         else:
+            r.predictions.clear()  # a group over several nodes: not predicted (its link is in the estimate)
             head = group[0]
             h = addrs[0] if head.server.host in ("0.0.0.0", "", "::", "127.0.0.1") else head.server.host
             endpoint = Endpoint(f"http://{h}:{head.server.port}", "vllm", (head.name,),
@@ -96,6 +110,7 @@ def build_plan(
             raise
         # Start over with the 4-bit checkpoint: the first attempt's reasons and warnings are void.
         r.items.clear()
+        r.predictions.clear()
         warnings = list(host_warnings)
         model = use_four_bit(model, variant, r)
         # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
@@ -105,6 +120,7 @@ def build_plan(
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)
     instances, endpoint = shape(host, settings, [inst for inst, _ in planned], r, warnings)
+    instances = _predicted(host, settings, model, used_draft, instances, r)
     return _assemble(host, settings, provenance, profile, matched_because, model, used_draft, r, warnings,
                      instances, endpoint)  # fmt: skip
 
@@ -139,7 +155,37 @@ def _assemble(
         provenance={".".join(k): str(v) for k, v in sorted(provenance.items())},
         warnings=tuple(dict.fromkeys(warnings)),  # each once (the nodes of a group plan alike)
         endpoint=endpoint,
+        prediction=_prediction_summary(host, settings, r),
     )
+
+
+def _predicted(
+    host: HostSnapshot, settings: Settings, model: ModelFacts, draft: ModelFacts | None,
+    instances: list[InstancePlan], r: Reasons,
+) -> list[InstancePlan]:  # fmt: skip
+    """Each GPU instance with its predicted TTFT, TPOT and output tokens/s at the workload."""
+    total = sum(i.ranks for i in instances)
+    rule_tp = instances[0].tensor_parallel_size if instances else 1
+    out = []
+    for inst in instances:
+        p = instance_prediction(host, inst, total, model, draft if inst.speculative else None, settings,
+                                r.calibration, rule_tp)  # fmt: skip
+        out.append(dataclasses.replace(inst, prediction=p) if p is not None else inst)
+    return out
+
+
+def _prediction_summary(host: HostSnapshot, settings: Settings, r: Reasons) -> dict[str, Any]:
+    lay = settings.layout
+    cal = r.calibration
+    return {
+        "workload": workload(settings).to_json(),
+        "objective": lay.objective,
+        "ttft_target_ms": lay.ttft_target_ms,
+        "tpot_target_ms": lay.tpot_target_ms,
+        "calibration": {"fingerprint": host_fingerprint(host), "path": cal.path if cal else None,
+                        "created": cal.created if cal else None},
+        "groups": tuple(r.predictions),
+    }
 
 
 def _instances(
@@ -160,5 +206,5 @@ def _instances(
         return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft) for i in range(n)]
     return [
         gpu_instance(host, i, gpus, tp, settings, model, draft, spec_method, r, warnings)
-        for i, (gpus, tp) in enumerate(layout(host, settings, model, draft, r, warnings))
+        for i, (gpus, tp) in enumerate(layout(host, settings, model, draft, r, warnings, spec_method))
     ]

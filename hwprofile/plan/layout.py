@@ -24,6 +24,7 @@ def layout(
     draft: ModelFacts | None,
     r: Reasons,
     warnings: list[str],
+    spec_method: str | None = None,
 ) -> list[tuple[list[Gpu], int]]:
     """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them."""
     groups = group_by_model(host.usable_gpus)
@@ -38,6 +39,7 @@ def layout(
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
         tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
+        tp = predicted_tp(host, grp, model, draft, spec_method, settings, strategy, tp, r)
         instances += [(part, tp) for part in partition(host, grp, tp, warnings, nvlink=nvlinked(host, grp))]
     if strategy == "single":
         replicas = 1
@@ -204,6 +206,65 @@ def choose_tp(
             )
             return tp
     return max([t for t in usable if t <= cap_pcie] or [1])
+
+
+def predicted_tp(
+    host: HostSnapshot,
+    grp: list[Gpu],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    settings: Settings,
+    strategy: str,
+    rule_tp: int,
+    r: Reasons,
+) -> int:
+    """Every TP of this group predicted at the workload (plan/candidates.py). Where neither the TP nor
+    the strategy is set (both ``auto``), the candidate ``layout.objective`` prefers wins; otherwise the
+    configured rule's TP stays, and the prediction only says what it would have chosen."""
+    from . import candidates
+    from . import predict as pm
+
+    nvlink = nvlinked(host, grp)
+    cap = settings.layout.max_pcie_tensor_parallel
+    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
+    parts = {t: partition(host, grp, t, [], nvlink=nvlink) for t in usable}
+    allowed = {t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink" for t in usable if t > cap and not nvlink}
+    preds = candidates.predict_group(host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp)
+    if not preds:
+        return rule_tp
+    lay = settings.layout
+    best, why = pm.choose(preds, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms)
+    best_tp = preds[best].tp if best >= 0 else None
+    by_prediction = (
+        settings.layout.tensor_parallel_size == "auto" and strategy == "auto" and len(grp) > 1 and best_tp is not None
+    )
+    src = ("layout", "objective")
+    label = next((p.label for p in preds if p.tp == rule_tp), f"TP{rule_tp}")
+    if by_prediction and best_tp != rule_tp:
+        why = f"{why}; the rule alone would take {label}"
+        tp = int(best_tp)  # type: ignore[arg-type]
+        for i in range(len(r.items) - 1, -1, -1):  # the rule's reason gives way to the prediction's
+            if r.items[i].key == "tensor_parallel_size":
+                del r.items[i]
+                break
+        r.add("tensor_parallel_size", tp, f"predicted: {why}", src)
+    elif by_prediction:
+        tp = rule_tp
+        why = f"{why} (the rule agrees)"
+    else:
+        tp = rule_tp
+        set_by = "layout.tensor_parallel_size" if settings.layout.tensor_parallel_size != "auto" else f"layout.strategy={strategy}"
+        if len(grp) < 2:
+            why = f"one GPU: {label}"
+        elif best_tp is not None and best_tp != rule_tp:
+            why = f"{label} as {set_by} says; the prediction would choose: {why}"
+        else:
+            why = f"{label} as {set_by} says; the prediction agrees: {why}"
+    chosen = next((p.label for p in preds if p.tp == tp), f"TP{tp}")
+    r.add(f"layout.objective[{','.join(str(g.index) for g in grp)}]", chosen, why, src)
+    candidates.record(r.predictions, grp, preds, tp, "prediction" if by_prediction else "rule", best_tp, why)
+    return tp
 
 
 def check_ports(settings: Settings, count: int, r: Reasons) -> None:

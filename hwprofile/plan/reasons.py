@@ -15,6 +15,10 @@ class Reasons:
     def __init__(self, provenance: Mapping[tuple[str, ...], Source]) -> None:
         self.items: list[Reason] = []
         self.provenance = provenance
+        # the performance model's candidates per GPU group (plan/candidates.py), and the measured
+        # calibration of this host the pipeline handed in (None: the datasheet model alone)
+        self.predictions: list[dict[str, Any]] = []
+        self.calibration: Any = None
 
     def add(self, key: str, value: Any, reason: str, setting: tuple[str, ...] | None = None) -> Any:
         """Record ``value`` for ``key``; its source is the layer that set ``setting`` (else the planner)."""

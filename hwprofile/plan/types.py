@@ -273,7 +273,6 @@ class InstancePrediction(_Json):
     output_tokens_per_s: float
     source: str  # "datasheet", or the calibration file it came from
     terms: tuple[Mapping[str, Any], ...]
-    _raw: ClassVar[frozenset[str]] = frozenset({"terms", "workload"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,7 +389,6 @@ class Plan(_Json):
         "reasons": Reason,
     }
     _mappings: ClassVar[frozenset[str]] = frozenset({"provenance"})
-    _raw: ClassVar[frozenset[str]] = frozenset({"prediction"})
 
     def instance(self, name: str) -> InstancePlan:
         """The instance called ``name`` (KeyError when there is none)."""

@@ -1,0 +1,236 @@
+"""Candidates: every way the layout could split a group of GPUs (each tensor-parallel size the model's
+heads allow, as separate servers or one data-parallel server: the model predicts them alike), each
+predicted at the workload by :mod:`.predict` from the datasheet, the snapshot's links and the model;
+the winner by ``layout.objective``; and each planned instance's own prediction.
+
+Pure: the datasheet row comes from :mod:`.gpufacts`, the calibration (``hwprofile bench`` results)
+is handed in by the pipeline, which reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..config.settings import Settings
+from ..host.snapshot import Gpu, HostSnapshot
+from ..model import ModelFacts
+from . import gpufacts
+from . import predict as pm
+from .engine import fit_args, kv_cache_dtype
+from .memory import active_weights_bytes, fit, kv_bytes_per_token, sequence_bytes
+from .types import InstancePlan, InstancePrediction
+
+
+def host_fingerprint(host: HostSnapshot) -> str:
+    """The name of this host's calibration file: 16 hex digits of a hash of its GPUs (UUIDs where
+    known, else model, memory and bus id) and, without any GPU UUID, its hostname."""
+    gpus = sorted(host.usable_gpus, key=lambda g: g.index)
+    if gpus and all(g.uuid for g in gpus):
+        text = "|".join(sorted(str(g.uuid) for g in gpus))
+    else:
+        text = (host.hostname or "?") + "|" + "|".join(
+            f"{g.name}/{g.memory_total_bytes}/{g.pci_bus_id}" for g in gpus
+        )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def workload(settings: Settings) -> pm.Workload:
+    lay = settings.layout
+    return pm.Workload(lay.workload_input_len, lay.workload_output_len, lay.workload_concurrency)
+
+
+def model_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape:
+    return pm.ModelShape(
+        name=model.name,
+        weights_bytes=model.weights_bytes,
+        active_bytes=active_weights_bytes(model),
+        active_params=model.active_params or model.params,
+        layers=model.num_layers,
+        hidden=model.hidden_size,
+        heads=model.num_heads,
+        head_dim=model.head_dim,
+        kv_bytes_per_token=kv_bytes_per_token(model, 1, kv_dtype_bytes),
+        kv_heads=max(1, model.num_kv_heads),
+        num_experts=model.num_experts,
+        experts_per_token=model.experts_per_token,
+    )
+
+
+def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
+    row = gpufacts.lookup(gpu.name, gpu.memory_total_gib)
+    if not row or not row.get("memory_bandwidth_gbs"):
+        return None, row
+    g = pm.Gpu(str(row["name"]), float(row["memory_bandwidth_gbs"]),
+               float(row["fp16_bf16_tensor_tflops_dense"]) if row.get("fp16_bf16_tensor_tflops_dense") else None,
+               gpu.memory_total_bytes or 0, f"hwprofile/data/gpus.yaml ({row['name']})")  # fmt: skip
+    return g, row
+
+
+def link_for(host: HostSnapshot, gpus: Sequence[Gpu], tp: int, row: Mapping[str, Any] | None) -> pm.Link:
+    """The slowest path inside the first TP group of ``gpus`` (as the snapshot has it)."""
+    grp = list(gpus)[:tp]
+    pairs: list[tuple[str | None, bool | None]] = []
+    for i, a in enumerate(grp):
+        for b in grp[i + 1 :]:
+            lk = host.link(a.index, b.index)
+            pairs.append((lk.link, lk.p2p) if lk else (None, None))
+    pcie = [(g.pcie.gen, g.pcie.width) for g in grp]
+    return pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp)
+
+
+def speculation(settings: Settings, method: str | None, draft: ModelFacts | None, kv_bytes: int) -> pm.Speculation | None:
+    if not method or method == "none":
+        return None
+    s = settings.speculative
+    d = model_shape(draft, kv_bytes) if (draft is not None and method == "draft_model") else None
+    return pm.Speculation(method, tuple(s.by_batch_size or ()), s.num_speculative_tokens, s.assumed_acceptance, d,
+                          "speculative.assumed_acceptance")  # fmt: skip
+
+
+def _calibrate(
+    preds: list[pm.Prediction], gpu: pm.Gpu, shape: pm.ModelShape, cands: list[pm.Candidate], wl: pm.Workload,
+    specs: list[pm.Speculation | None], cal: pm.Calibration | None, default_tp: int,
+) -> list[pm.Prediction]:  # fmt: skip
+    """Each prediction from the measurement where there is one (the measured configuration's TP:
+    ``cal.tp``, else the TP the rules give without a prediction)."""
+    if cal is None or not cal.points:
+        return preds
+    tp = cal.tp or default_tp
+    at_tp = [i for i, c in enumerate(cands) if c.tp == tp]
+    if not at_tp:
+        return preds
+    bench = cands[at_tp[0]]
+    c0 = min(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
+    at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), specs[at_tp[0]])
+    return [pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp)) if c.fits else p for p, c in zip(preds, cands, strict=True)]
+
+
+def predict_group(
+    host: HostSnapshot,
+    parts_by_tp: Mapping[int, list[list[Gpu]]],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    settings: Settings,
+    allowed: Mapping[int, str],
+    calibration: pm.Calibration | None,
+    default_tp: int,
+) -> list[pm.Prediction]:
+    """One prediction per TP of ``parts_by_tp`` (its instances' GPU groups); ``allowed``: TP → why it
+    is not allowed (empty: allowed). Empty where the GPU has no bandwidth figure."""
+    any_parts = next((p for p in parts_by_tp.values() if p), None)
+    if not any_parts:
+        return []
+    gpu0 = min(any_parts[0], key=lambda g: g.memory_total_bytes or 0)
+    pgpu, row = gpu_of(gpu0)
+    if pgpu is None:
+        return []
+    _, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu0, model)
+    shape = model_shape(model, kv_bytes)
+    wl = workload(settings)
+    eng = settings.engine
+    lay = settings.layout
+    def fits(d: ModelFacts | None, tp: int) -> tuple[bool, int]:
+        f = fit(gpu0.memory_total_bytes or 0, eng.gpu_memory_utilization, model, d, tp, kv_bytes,
+                eng.max_num_batched_tokens, eng.max_num_seqs, **fit_args(settings, eng.enforce_eager))  # fmt: skip
+        return f.fits and f.kv_cache_bytes >= sequence_bytes(model, d, tp, model.dtype_bytes, eng.min_model_len), f.kv_tokens
+
+    # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the
+    # instance then drops it: plan/speculative.py).
+    d = draft if draft is not None and any(fits(draft, t)[0] for t in parts_by_tp) else None
+    cands: list[pm.Candidate] = []
+    specs: list[pm.Speculation | None] = []
+    for tp, parts in sorted(parts_by_tp.items()):
+        ok, kv_tokens = fits(d, tp)
+        d_tp, only_without = d, False
+        if not ok and d is not None:  # predicted as the instance would run (ngram), but not a layout that fits
+            only_without, kv_tokens = fits(None, tp)
+            d_tp = None if only_without else d
+        method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
+        specs.append(speculation(settings, method, d_tp, kv_bytes))
+        if isinstance(lay.replicas, int) or lay.strategy == "single":
+            parts = parts[: 1 if lay.strategy == "single" else int(lay.replicas)]
+        why = allowed.get(tp, "")
+        if not parts:
+            why = why or f"not enough GPUs for a TP={tp} group"
+        elif only_without:
+            why = why or "fits only without the draft (an instance would drop it for ngram), as the layout rule counts it"
+        elif not ok:
+            why = why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
+        batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
+        cands.append(pm.Candidate(tp, max(1, len(parts)), 1, eng.max_num_seqs, batched, eng.enable_chunked_prefill,
+                                  max(0, kv_tokens), link_for(host, parts[0] if parts else [], tp, row),
+                                  fits=not why, why_not=why))  # fmt: skip
+    preds = []
+    for c, spec in zip(cands, specs, strict=True):
+        p = pm.predict(pgpu, shape, c, wl, spec)
+        p.fits, p.why_not = c.fits, c.why_not
+        if c.fits:
+            p.capacity_output_tokens_per_s, p.capacity_concurrency = pm.capacity(
+                pgpu, shape, c, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms
+            )
+        p.meets_targets = p.ttft_ms <= lay.ttft_target_ms and p.tpot_ms <= lay.tpot_target_ms
+        preds.append(p)
+    return _calibrate(preds, pgpu, shape, cands, wl, specs, calibration, default_tp)
+
+
+def record(
+    store: list[dict[str, Any]], gpus: Sequence[Gpu], preds: list[pm.Prediction], chosen_tp: int, how: str,
+    predicted_tp: int | None, why: str,
+) -> None:  # fmt: skip
+    """One group's candidates into the plan's ``prediction.groups`` (JSON-shaped, tuples for lists)."""
+    store.append({
+        "gpus": tuple(g.index for g in gpus),
+        "gpu_name": gpus[0].name if gpus else None,
+        "candidates": tuple(p.to_json() | {"chosen": p.tp == chosen_tp} for p in preds),
+        "chosen": next((p.label for p in preds if p.tp == chosen_tp), f"TP{chosen_tp}"),
+        "chosen_by": how,  # "prediction" or "rule"
+        "predicted_best": next((p.label for p in preds if p.tp == predicted_tp), None),
+        "reason": why,
+    })  # fmt: skip
+
+
+def instance_prediction(
+    host: HostSnapshot, inst: InstancePlan, instances: int, model: ModelFacts, draft: ModelFacts | None,
+    settings: Settings, calibration: pm.Calibration | None, rule_tp: int,
+) -> InstancePrediction | None:  # fmt: skip
+    """This instance's figures with its own engine settings (each rank gets its share of the workload)."""
+    gpus = [g for g in host.usable_gpus if g.index in inst.gpus]
+    if not gpus or inst.device != "cuda":
+        return None
+    gpu0 = min(gpus, key=lambda g: g.memory_total_bytes or 0)
+    pgpu, row = gpu_of(gpu0)
+    if pgpu is None:
+        return None
+    tp, ranks = inst.tensor_parallel_size, inst.ranks
+    kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, tp, 1)))
+    shape = model_shape(model, kv_bytes)
+    wl = workload(settings)
+    spec = None
+    if inst.speculative is not None:
+        sp = inst.speculative
+        table = tuple(sp.num_speculative_tokens_per_batch_size or ())
+        d = model_shape(draft, kv_bytes) if (draft is not None and sp.method == "draft_model") else None
+        spec = pm.Speculation(sp.method, table, sp.num_speculative_tokens, settings.speculative.assumed_acceptance,
+                              d, "speculative.assumed_acceptance")  # fmt: skip
+    total = instances  # every rank of every instance shares the workload
+    cand = pm.Candidate(tp, total, inst.pipeline_parallel_size, inst.engine.max_num_seqs,
+                        inst.engine.max_num_batched_tokens, inst.engine.enable_chunked_prefill, inst.memory.kv_tokens,
+                        link_for(host, gpus, tp, row))  # fmt: skip
+    p = pm.predict(pgpu, shape, cand, wl, spec)
+    if calibration is not None and calibration.points:
+        btp = calibration.tp or rule_tp
+        c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
+        bench = cand if btp == tp else pm.Candidate(btp, max(1, len(host.usable_gpus) // btp), 1, cand.max_num_seqs,
+                                                    cand.max_num_batched_tokens, cand.chunked_prefill, cand.kv_tokens,
+                                                    link_for(host, host.usable_gpus, btp, row))  # fmt: skip
+        at = pm.predict(pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec)
+        p = pm.calibrated(p, at, calibration, wl, same_config=(btp == tp))
+    per = p.output_tokens_per_s / total * ranks
+    return InstancePrediction(
+        workload=wl.to_json(), concurrency=p.per_instance_concurrency * ranks, ttft_ms=round(p.ttft_ms, 1),
+        tpot_ms=round(p.tpot_ms, 2), output_tokens_per_s=round(per, 1), source=p.source,
+        terms=tuple({k: v for k, v in t.items()} for t in p.terms),
+    )  # fmt: skip

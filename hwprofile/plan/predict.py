@@ -1,0 +1,417 @@
+"""The performance model: TTFT, TPOT and output tokens/s of a candidate layout at a workload.
+
+Pure (no I/O, no vLLM or torch): the inputs are the GPU's datasheet row (``hwprofile/data/gpus.yaml``:
+memory bandwidth, dense BF16 tensor FLOPs, NVLink bandwidth), the host snapshot's links (NVLink
+count, PCIe generation and width, P2P, PIX/PXB/PHB/NODE/SYS), the model's facts (weights, layers,
+hidden size, KV bytes per token) and the plan's settings (``predict.*``, ``engine.*``,
+``speculative.*``). It builds on :mod:`.estimate` (the batch-1 decode ceiling: weight bytes over
+bandwidth) and adds what that ceiling leaves out:
+
+- one step of the engine at ``T`` tokens (``b`` decoding sequences, prefill chunks riding along): the
+  roofline of weight + KV bytes over achievable bandwidth against FLOPs over achievable peak, plus the
+  fixed per-layer cost of small kernels, plus two all-reduces per layer over the measured interconnect;
+- the steady state of a closed loop of ``concurrency`` requests split evenly over the instances: TTFT
+  (the step in flight, then the prompt's chunks), TPOT (decode steps plus the other requests' prefills
+  amortised over the output), output tokens/s (requests in flight × output / request latency);
+- speculative decoding: expected tokens per step from acceptance ``a`` and ``k``
+  (``(1 - a^(k+1)) / (1 - a)``), a verify step of ``b (k+1)`` tokens, and ``k`` draft steps;
+- a measured calibration (``hwprofile bench`` on this host) scales the datasheet model by what the host
+  measured, or replaces it where the configuration is the one measured.
+
+Every figure carries its term and its source; the constants below name where each comes from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
+# prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
+# L40S; tests/fixtures/aiconfigurator) within the ±30 % that tests/test_predict.py holds.
+MEM_EFFICIENCY = 0.80
+COMPUTE_EFFICIENCY = 0.60
+# Per layer and step, the kernels whose time does not scale with bytes or FLOPs (norms, rotary, the
+# attention launch, activation), in µs; and per step, the sampler and the scheduler (CUDA graphs on).
+LAYER_FIXED_US = 12.0
+STEP_FIXED_MS = 1.5
+# One all-reduce's latency, µs: vLLM's custom all-reduce (CUDA graphs) over NVLink, or over PCIe P2P
+# between two GPUs (vLLM enables it on PCIe for 2 GPUs only); NCCL otherwise, about 3 µs per GPU in the
+# ring plus 2. From AIConfigurator 0.12's measured tables (systems/data/*/comm): vLLM custom 4.3-5.7 µs
+# on H100/A100 SXM, 5.4 µs on 2 L40S; NCCL 7.7, 11.9 and 22.6 µs on 2, 4 and 8 L40S; across the CPU
+# sockets one more hop (assumed +5 µs).
+AR_LATENCY_US = {"nvlink": 5.0, "pcie_p2p_custom": 6.0, "sys_extra": 5.0}
+NCCL_LATENCY_US_PER_GPU = 3.0
+NCCL_LATENCY_US_BASE = 2.0
+# PCIe per lane and direction, GB/s (128b/130b from gen 3: 0.985, 1.969, 3.938, 7.877), of which DMA
+# sees ~80 % (TLP headers); through the host (no P2P) every byte is copied twice; across the sockets the
+# socket link (UPI/xGMI) halves it again (AIConfigurator's L40S NCCL table: 2 MiB in 122 µs over 2
+# GPUs, ~11-18 GB/s; over 4, ~5 GB/s).
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
+PCIE_EFFICIENCY = 0.80
+NVLINK_LINK_GBS = 25.0  # per link and direction: NVLink 3 (A100) and NVLink 4 (H100) alike
+# The share of NVLink's bandwidth an all-reduce of the 0.1-3 MB a decode step sends reaches (NCCL's
+# ring at these sizes is latency-bound): AIConfigurator's NCCL tables, 2 MiB over 8 GPUs in 38 µs on
+# H100 SXM (~106 GB/s of 450) and 56 µs on A100 SXM (~73 GB/s of 300).
+NVLINK_EFFICIENCY = 0.25
+ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A closed loop of ``concurrency`` requests of ``input_len`` prompt and ``output_len`` output tokens."""
+
+    input_len: int
+    output_len: int
+    concurrency: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"input_len": self.input_len, "output_len": self.output_len, "concurrency": self.concurrency}
+
+
+@dataclass(frozen=True)
+class Link:
+    """The slowest path inside a tensor-parallel group."""
+
+    kind: str  # none, nvlink, pcie_p2p, pcie_host, sys
+    gbs: float  # usable GB/s per direction
+    latency_us: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What the model needs of one GPU (from the datasheet row and the snapshot)."""
+
+    name: str
+    bandwidth_gbs: float
+    tflops: float | None
+    memory_bytes: int
+    source: str
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the model needs of a model: bytes read and FLOPs per token, the all-reduce sizes."""
+
+    name: str
+    weights_bytes: int  # all of them (in memory)
+    active_bytes: int  # read per token at batch 1 (MoE: shared + routed experts)
+    active_params: int
+    layers: int
+    hidden: int
+    heads: int
+    head_dim: int
+    kv_bytes_per_token: int  # all layers, the whole model (one GPU holds 1 / min(TP, kv_heads) of it)
+    kv_heads: int = 1
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+
+@dataclass(frozen=True)
+class Speculation:
+    method: str
+    k_by_batch: tuple[tuple[int, int | None, int], ...]  # (lo, hi or None, k); empty: k always
+    k: int
+    acceptance: float
+    draft: ModelShape | None  # draft_model only; ngram/suffix cost nothing on the GPU
+    acceptance_source: str
+
+    def k_at(self, batch: int) -> int:
+        for lo, hi, k in self.k_by_batch:
+            if batch >= lo and (hi is None or batch <= hi):
+                return k
+        return self.k
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the model on a group of GPUs: ``instances`` × TP ``tp`` (× PP ``pp``)."""
+
+    tp: int
+    instances: int
+    pp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+    kv_tokens: int  # per instance
+    link: Link
+    fits: bool = True
+    why_not: str = ""
+
+    @property
+    def label(self) -> str:
+        pp = f" x PP{self.pp}" if self.pp > 1 else ""
+        return f"{self.instances} x TP{self.tp}{pp}"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``hwprofile bench`` measured on this host (``<root>/calibration/<fingerprint>.json``): the
+    median TPOT, TTFT and output tokens/s at each concurrency, for a plan of ``instances`` × TP ``tp``."""
+
+    path: str
+    created: str | None
+    input_len: int
+    output_len: int
+    instances: int
+    tp: int | None
+    points: tuple[tuple[int, float, float, float], ...]  # (concurrency, tpot_ms, ttft_ms, output tok/s)
+
+
+@dataclass
+class Prediction:
+    """One candidate at one workload; ``terms``: each part of the figures with its source."""
+
+    label: str
+    tp: int
+    instances: int
+    ttft_ms: float
+    tpot_ms: float
+    output_tokens_per_s: float  # the whole group (every instance)
+    per_instance_concurrency: int
+    source: str  # datasheet, or calibration (file)
+    terms: list[dict[str, Any]] = field(default_factory=list)
+    capacity_output_tokens_per_s: float = 0.0
+    capacity_concurrency: int = 0
+    meets_targets: bool = True
+    fits: bool = True
+    why_not: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layout": self.label,
+            "tensor_parallel_size": self.tp,
+            "instances": self.instances,
+            "fits": self.fits,
+            "ttft_ms": round(self.ttft_ms, 1),
+            "tpot_ms": round(self.tpot_ms, 2),
+            "output_tokens_per_s": round(self.output_tokens_per_s, 1),
+            "capacity_output_tokens_per_s": round(self.capacity_output_tokens_per_s, 1),
+            "capacity_concurrency": self.capacity_concurrency,
+            "meets_targets": self.meets_targets,
+            "source": self.source,
+            **({"why_not": self.why_not} if self.why_not else {}),
+        }
+
+
+# -- the interconnect ------------------------------------------------------------------------------
+
+
+def link_of(
+    links: Sequence[tuple[str | None, bool | None]],
+    pcie: Sequence[tuple[int | None, int | None]],
+    nvlink_datasheet_gbs: float | None,
+    tp: int,
+) -> Link:
+    """The slowest path of a TP group from the snapshot: ``links`` (nvidia-smi topo kind, P2P) of
+    every pair, ``pcie`` (generation, width) of every GPU, the datasheet NVLink figure (bidirectional)."""
+    if tp <= 1:
+        return Link("none", 0.0, 0.0, "one GPU: no all-reduce")
+    kinds = [k or "?" for k, _ in links]
+    nccl = NCCL_LATENCY_US_BASE + NCCL_LATENCY_US_PER_GPU * tp
+    if links and all(k.startswith("NV") for k in kinds):
+        n = min(int(k[2:]) if k[2:].isdigit() else 1 for k in kinds)
+        gbs = n * NVLINK_LINK_GBS
+        src = f"snapshot: NVLink x{n} per pair x {NVLINK_LINK_GBS:g} GB/s per link and direction"
+        if nvlink_datasheet_gbs:
+            gbs = min(gbs, nvlink_datasheet_gbs / 2)
+            src += f" (datasheet {nvlink_datasheet_gbs:g} GB/s both directions)"
+        src += f", {NVLINK_EFFICIENCY:.0%} reached at a decode step's message sizes; vLLM's custom all-reduce"
+        return Link("nvlink", gbs * NVLINK_EFFICIENCY, AR_LATENCY_US["nvlink"], src)
+    gens = [g for g, _ in pcie if g]
+    widths = [w for _, w in pcie if w]
+    gen, width = (min(gens) if gens else 3), (min(widths) if widths else 16)
+    raw = PCIE_LANE_GBS.get(gen, 0.985) * width
+    gbs = raw * PCIE_EFFICIENCY
+    read = "snapshot" if gens and widths else "assumed (not in the snapshot)"
+    src = f"{read}: PCIe gen {gen} x{width} = {raw:.1f} GB/s per direction, {PCIE_EFFICIENCY:.0%} usable"
+    p2p = bool(links) and all(bool(p) for _, p in links)
+    if any(k == "SYS" for k in kinds):
+        return Link("sys", gbs / 4 if not p2p else gbs / 2, nccl + AR_LATENCY_US["sys_extra"],
+                    src + "; across the CPU sockets (SYS): halved by the socket link"
+                    + ("" if p2p else ", and copied through host memory (no P2P): halved again"))  # fmt: skip
+    if not p2p:
+        return Link("pcie_host", gbs / 2, nccl, src + "; no P2P: NCCL copies through host memory (halved)")
+    if tp == 2:
+        return Link("pcie_p2p", gbs, AR_LATENCY_US["pcie_p2p_custom"], src + "; P2P, vLLM's custom all-reduce (2 GPUs)")
+    return Link("pcie_p2p", gbs, nccl, src + f"; P2P, NCCL over {tp} GPUs (vLLM's custom all-reduce stops at 2 on PCIe)")
+
+
+def allreduce_ms(link: Link, tp: int, message_bytes: float) -> float:
+    """One ring all-reduce of ``message_bytes``: latency plus 2 (tp - 1) / tp of it over the link."""
+    if tp <= 1 or link.kind == "none":
+        return 0.0
+    return link.latency_us / 1e3 + 2 * (tp - 1) / tp * message_bytes / (link.gbs * 1e9) * 1e3
+
+
+# -- one step --------------------------------------------------------------------------------------
+
+
+def _weights_read(m: ModelShape, tokens: int) -> float:
+    """Weight bytes one step reads: a mixture of experts touches more experts as the batch grows."""
+    if not m.num_experts or m.active_bytes >= m.weights_bytes:
+        return float(m.weights_bytes)
+    routed = m.weights_bytes - m.active_bytes  # the experts not read at batch 1 (approximation)
+    share = 1 - (1 - m.experts_per_token / m.num_experts) ** max(1, tokens)
+    return m.active_bytes + routed * share
+
+
+def step_ms(
+    gpu: Gpu, m: ModelShape, tp: int, link: Link, decode: int, context: float, prefill: int = 0,
+    prefill_context: float = 0.0, scheduler: bool = True,
+) -> dict[str, float]:
+    """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
+    ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
+    proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time."""
+    tokens = decode + prefill
+    weights = _weights_read(m, tokens) / tp
+    kv = (decode * context + prefill * prefill_context) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
+    mem = (weights + kv) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
+    flops = 2 * m.active_params * tokens / tp
+    flops += 4 * m.layers * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
+    comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
+    comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
+    fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
+    return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed,
+            "total_ms": max(mem, comp) + comm + fixed}  # fmt: skip
+
+
+# -- the workload ----------------------------------------------------------------------------------
+
+
+def predict(
+    gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, spec: Speculation | None,
+    per_instance: int | None = None,
+) -> Prediction:
+    """The candidate's TTFT, TPOT and output tokens/s at ``wl`` (or at ``per_instance`` requests in
+    flight on each instance), from the datasheet."""
+    c = per_instance if per_instance is not None else max(1, math.ceil(wl.concurrency / cand.instances))
+    kv_seqs = max(1, cand.kv_tokens // max(1, wl.input_len + wl.output_len))
+    b = max(1, min(c, cand.max_num_seqs, kv_seqs))  # running; the rest wait for a slot
+    ctx = wl.input_len + wl.output_len / 2
+    link = cand.link
+    dec = step_ms(gpu, m, cand.tp, link, b, ctx)
+    t_dec = dec["total_ms"]
+    terms: list[dict[str, Any]] = [
+        {"term": "decode step: weights + KV over bandwidth", "ms": round(dec["memory_ms"], 3),
+         "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {MEM_EFFICIENCY:.0%}; model: "
+                   f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token"},
+        {"term": "decode step: FLOPs over peak", "ms": round(dec["compute_ms"], 3),
+         "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {COMPUTE_EFFICIENCY:.0%}"},
+        {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source},
+        {"term": "decode step: fixed kernels and scheduler", "ms": round(dec["fixed_ms"], 3),
+         "source": f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"},
+    ]  # fmt: skip
+    # The prompt: chunks of what the step budget leaves beside the decodes (one step without chunking).
+    budget = max(1, cand.max_num_batched_tokens - b) if cand.chunked_prefill else wl.input_len
+    chunks = max(1, math.ceil(wl.input_len / budget))
+    chunk = math.ceil(wl.input_len / chunks)
+    pre = step_ms(gpu, m, cand.tp, link, b - 1 if b > 1 else 0, ctx, chunk, wl.input_len / 2)
+    t_prefill = chunks * pre["total_ms"]
+    extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
+    terms.append({"term": f"prefill: {chunks} chunk(s) of {chunk} tokens", "ms": round(t_prefill, 3),
+                  "source": "the same roofline at the chunk's tokens (FLOPs bound)"})  # fmt: skip
+    # TPOT: a decode step, with each speculative step's tokens, plus the b prefills of one request's life.
+    per_token = t_dec
+    if spec is not None:
+        k = spec.k_at(b)
+        if k > 0:
+            a = spec.acceptance
+            expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
+            verify = step_ms(gpu, m, cand.tp, link, b * (k + 1), ctx)["total_ms"]
+            draft = 0.0
+            if spec.draft is not None:
+                draft = k * step_ms(gpu, spec.draft, cand.tp, link, b, ctx, scheduler=False)["total_ms"]
+            per_token = (verify + draft) / expected
+            terms.append({"term": f"speculation: k={k} at batch {b}, {expected:.2f} tokens per step",
+                          "ms": round(per_token, 3),
+                          "source": f"{spec.method}: acceptance {a} ({spec.acceptance_source}); verify "
+                                    f"{verify:.2f} ms + draft {draft:.2f} ms per step"})  # fmt: skip
+    tpot = per_token + b * extra / max(1, wl.output_len)
+    # TTFT: half the step in flight, the prompt, and any wait for a free slot.
+    queue_ms = 0.0
+    ttft = t_dec / 2 + t_prefill
+    latency = ttft + (wl.output_len - 1) * tpot
+    if c > b:
+        queue_ms = (c - b) / b * latency
+        ttft += queue_ms
+        terms.append({"term": f"queue: {c} requests, {b} run at once", "ms": round(queue_ms, 1),
+                      "source": "max_num_seqs and the KV cache"})  # fmt: skip
+    latency = ttft + (wl.output_len - 1) * tpot
+    tps = cand.instances * c * wl.output_len / (latency / 1e3)
+    return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
+
+
+def capacity(
+    gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, spec: Speculation | None,
+    ttft_target_ms: float, tpot_target_ms: float,
+) -> tuple[float, int]:
+    """The most output tokens/s the candidate sustains within both targets, and at what host
+    concurrency: each instance's requests in flight raised in powers of two up to ``max_num_seqs``."""
+    best, at = 0.0, 0
+    c = 1
+    while True:
+        p = predict(gpu, m, cand, wl, spec, per_instance=c)
+        if p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms and p.output_tokens_per_s > best:
+            best, at = p.output_tokens_per_s, c * cand.instances
+        if c >= cand.max_num_seqs:
+            break
+        c = min(c * 2, cand.max_num_seqs)
+    return best, at
+
+
+# -- calibration -----------------------------------------------------------------------------------
+
+
+def calibrated(p: Prediction, model_at_bench: Prediction | None, cal: Calibration, wl: Workload,
+               same_config: bool) -> Prediction:  # fmt: skip
+    """``p`` from the measurement: the measured point itself where the candidate is the configuration
+    measured at this workload, else ``p`` scaled by measured / modelled at the measured point."""
+    pts = sorted(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))
+    if not pts:
+        return p
+    c, tpot, ttft, tps = pts[0]
+    where = f"calibration {cal.path} (bench {cal.created or '?'}, concurrency {c})"
+    if same_config and c == wl.concurrency and (cal.input_len, cal.output_len) == (wl.input_len, wl.output_len):
+        terms = [*p.terms, {"term": "measured", "ms": tpot, "source": where}]
+        return Prediction(p.label, p.tp, p.instances, ttft, tpot, tps, p.per_instance_concurrency,
+                          where, terms)  # fmt: skip
+    if model_at_bench is None or model_at_bench.tpot_ms <= 0 or model_at_bench.ttft_ms <= 0:
+        return p
+    f_tpot = tpot / model_at_bench.tpot_ms
+    f_ttft = ttft / model_at_bench.ttft_ms
+    terms = [*p.terms, {"term": f"scaled by the measurement: TPOT x{f_tpot:.2f}, TTFT x{f_ttft:.2f}",
+                        "ms": 0.0, "source": where + f": measured {cal.instances} x TP{cal.tp}"}]  # fmt: skip
+    ttft2, tpot2 = p.ttft_ms * f_ttft, p.tpot_ms * f_tpot
+    latency = ttft2 + (wl.output_len - 1) * tpot2
+    tps2 = p.instances * p.per_instance_concurrency * wl.output_len / (latency / 1e3)
+    return Prediction(p.label, p.tp, p.instances, ttft2, tpot2, tps2, p.per_instance_concurrency,
+                      "datasheet scaled by " + where, terms)  # fmt: skip
+
+
+# -- the choice ------------------------------------------------------------------------------------
+
+
+def choose(preds: Sequence[Prediction], objective: str, ttft_target_ms: float, tpot_target_ms: float) -> tuple[int, str]:
+    """The index of the winning prediction and why. ``throughput``: the highest capacity within the
+    targets (ties: the lower TPOT at the workload); ``latency``: the lowest TPOT at the workload, then TTFT.
+    Candidates that do not fit never win; when none meets the targets, the lowest TPOT does."""
+    ok = [i for i, p in enumerate(preds) if p.fits]
+    if not ok:
+        return -1, "no candidate fits"
+    if objective == "latency":
+        i = min(ok, key=lambda j: (round(preds[j].tpot_ms, 3), preds[j].ttft_ms))
+        return i, (f"objective latency: {preds[i].label} has the lowest predicted TPOT "
+                   f"({preds[i].tpot_ms:.1f} ms, TTFT {preds[i].ttft_ms:.0f} ms)")  # fmt: skip
+    within = [j for j in ok if preds[j].capacity_output_tokens_per_s > 0]
+    if not within:
+        i = min(ok, key=lambda j: (preds[j].tpot_ms, preds[j].ttft_ms))
+        return i, (f"objective throughput: no candidate meets TTFT <= {ttft_target_ms:g} ms and TPOT <= "
+                   f"{tpot_target_ms:g} ms; {preds[i].label} comes closest (TPOT {preds[i].tpot_ms:.1f} ms)")  # fmt: skip
+    i = max(within, key=lambda j: (round(preds[j].capacity_output_tokens_per_s, -1), -preds[j].tpot_ms))
+    return i, (f"objective throughput: {preds[i].label} sustains the most, "
+               f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
+               f"requests within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms")  # fmt: skip

@@ -1,0 +1,350 @@
+"""The performance model (hwprofile/plan/predict.py) against AIConfigurator, and its use in the plan.
+
+AIConfigurator 0.12.0 (NVIDIA, `pip install aiconfigurator`, run offline from its measured kernel
+tables; vLLM backend, Qwen/Qwen3-32B, 512 in / 256 out) made the fixtures in
+tests/fixtures/aiconfigurator/: `make_fixtures.sh` (the exact commands; `cases.json` keeps each run's
+command line) and `parse.py`. It is far too large for CI; these tests only read what it printed.
+
+For each `cli estimate` case (system, TP, sequences per instance) hwprofile predicts the same
+configuration from the datasheet (hwprofile/data/gpus.yaml) and the host's links (H100 SXM: NV18,
+A100 SXM: NV12; L40S: the links AIConfigurator's own L40S NCCL table implies, PCIe through the host
+for 2 GPUs and across the CPU sockets for 4). TPOT and output tokens/s must agree within ±30 %; the best
+layout at each of the host's concurrencies (16, 64, 256, 1024 requests split over the instances) must
+agree. Agreement on 38 of 40 points; TPOT within 25 % everywhere on H100/A100 SXM.
+
+Disagreements (each asserted below, so a new one or a fixed one is noticed):
+
+- L40S x4, one TP4 server at 64 and 256 sequences: AIConfigurator predicts TPOT 136.8 ms and 488.4 ms,
+  hwprofile 96.2 ms (-30 %) and 302.6 ms (-38 %); throughput +44 % and +63 %. AIConfigurator is backed by
+  its measured NCCL table on that system (2 MiB all-reduce over 4 L40S in 620 µs, ~3.4 GB/s);
+  hwprofile's across-the-sockets PCIe figure (a quarter of PCIe gen 4 x16, ~6.3 GB/s) is an assumption.
+  The best layout still agrees (two TP2 servers), and on a real host the snapshot's links decide.
+- TTFT (not compared): AIConfigurator's aggregated TTFT is 2-7x hwprofile's on NVLink systems (e.g. one
+  TP8 H100 at 16 sequences: 103 ms vs 24 ms). hwprofile's TTFT is a prompt's chunk riding in the step
+  (512 tokens of prefill FLOPs); AIConfigurator's includes its own scheduling model of mixed
+  batches. No published vLLM measurement at this point was found to decide it; `hwprofile bench` on
+  the host (calibration) is the way to settle it for a host.
+- The best layout at 16 requests on 4 x L40S: AIConfigurator two TP2 servers (295 tok/s) by 5 % over one
+  TP4 (280), hwprofile one TP4 (348 vs 288): the same all-reduce cost as above; AIConfigurator's side is
+  the measured one. At 64 and 256 requests both take two TP2.
+- The SLA search (`cli default`, TTFT <= 500 ms, TPOT <= 120 ms, default_*.txt) agrees on the winner on
+  all four hosts, and on the whole order on 8 x H100 SXM: AIConfigurator 4 x TP2 2586 tok/s/GPU >
+  2 x TP4 2173 > 1 x TP8 1602 > 8 x TP1 1193; hwprofile (sequences capped at max_num_seqs 256, the
+  generic-nvlink profile's draft with its k-by-batch table) 2337 > 1694 > 1093 > 787, 10-34 % lower (8
+  x TP1: -34 %, its KV space holds fewer sequences in hwprofile's memory model). The issue's stated
+  figures (four TP2 ~1,940 tok/s per GPU vs one TP8 ~1,560) are the same order. 4 x L40S: two TP2 358
+  tok/s/GPU vs one TP4 37.5 (AIConfigurator), 232 vs 165 (hwprofile, same all-reduce gap as above).
+
+The constants of hwprofile/plan/predict.py (bandwidth and FLOPs efficiency, per-layer fixed cost,
+all-reduce latencies, NVLink efficiency) were set from AIConfigurator's own measured tables, so the
+agreement on the points is partly by construction: it checks the model's shape (how TP, batch and
+link scale it), not an independent measurement.
+
+Comparison (`cli estimate`, TPOT ms and output tok/s per instance, AIConfigurator vs hwprofile):
+
+    system    GPUs TP seqs |   TPOT AIC     hw       | tok/s AIC      hw       | agree
+    h100_sxm   8    1    2 |     25.7    27.1 ( +5%) |       76       73 ( -4%) | yes
+    h100_sxm   8    1   32 |     32.4    33.0 ( +2%) |      967      965 ( -0%) | yes
+    h100_sxm   8    2   16 |     16.2    17.2 ( +6%) |      958      922 ( -4%) | yes
+    h100_sxm   8    2  256 |     51.4    54.7 ( +7%) |     4908     4675 ( -5%) | yes
+    h100_sxm   8    4  128 |     20.6    22.6 (+10%) |     6055     5653 ( -7%) | yes
+    h100_sxm   8    8   16 |      6.9     7.3 ( +6%) |     2178     2164 ( -1%) | yes
+    h100_sxm   8    8  256 |     23.7    29.3 (+24%) |    10547     8741 (-17%) | yes
+    a100_sxm   8    1    8 |     48.0    47.7 ( -1%) |      163      166 ( +1%) | yes
+    a100_sxm   8    2    4 |     29.6    24.5 (-17%) |      132      161 (+22%) | yes
+    a100_sxm   8    2  256 |    145.3   152.2 ( +5%) |     1743     1681 ( -4%) | yes
+    a100_sxm   8    8   16 |     11.8    10.7 ( -9%) |     1303     1472 (+13%) | yes
+    a100_sxm   8    8  256 |     61.9    60.3 ( -2%) |     4079     4240 ( +4%) | yes
+    h100_sxm   4    2  128 |     31.0    33.3 ( +7%) |     4036     3831 ( -5%) | yes
+    h100_sxm   4    4  256 |     33.3    37.7 (+13%) |     7543     6776 (-10%) | yes
+    l40s       4    2    8 |     53.3    55.1 ( +3%) |      147      144 ( -2%) | yes
+    l40s       4    2   32 |     68.8    68.5 ( -1%) |      457      465 ( +2%) | yes
+    l40s       4    4   16 |     54.8    45.3 (-17%) |      280      348 (+24%) | yes
+    l40s       4    4   64 |    136.8    96.2 (-30%) |      458      661 (+44%) | NO
+    l40s       4    4  256 |    488.4   302.6 (-38%) |      520      845 (+63%) | NO
+    (all 40 points: `comparison()` below; 8 more cases AIConfigurator refused: out of memory at TP1)
+
+Seed hosts: the predicted best agrees with the rule on the A800 4x PCIe (2 x TP2), the single 4090,
+3060/4070 12G and A100 80G (one GPU: one candidate); it disagrees on the dual 3090 (it would take one
+TP2 over the two cards, for its larger KV space at 16 requests; the rule's TP1 stays: the profile sets
+it, and the evidence, a closed-loop estimate with a queue, is not clear) and on NVLink hosts under the
+generic-nvlink profile (4 x TP2 under the throughput objective; the profile's tensor_parallel strategy
+stays, `--set layout.strategy=auto` lets the objective decide).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hwprofile.host.snapshot import Gpu
+from hwprofile.model import resolve_model
+from hwprofile.pipeline import calibration_path, make_plan
+from hwprofile.plan import candidates
+from hwprofile.plan import predict as pm
+
+FIXTURES = Path(__file__).parent / "fixtures" / "aiconfigurator"
+NVML = {"h100_sxm": "NVIDIA H100 80GB HBM3", "a100_sxm": "NVIDIA A100-SXM4-80GB", "l40s": "NVIDIA L40S"}
+TOLERANCE = 0.30
+# (system, gpus, tp, sequences per instance): the points where the two disagree by more than 30 %
+DISAGREE = {("l40s", 4, 4, 64), ("l40s", 4, 4, 256)}
+# (system, gpus, host concurrency): the best layout differs, (AIConfigurator's TP, hwprofile's TP)
+BEST_DISAGREE = {("l40s", 4, 16): (2, 4)}
+MEMORY_GB = {"h100_sxm": 80, "a100_sxm": 80, "l40s": 48}
+
+
+def _cases() -> list[dict]:
+    return json.loads((FIXTURES / "cases.json").read_text())["cases"]
+
+
+def _link(system: str, tp: int, row: dict) -> pm.Link:
+    if system == "h100_sxm":
+        pairs = [("NV18", True)]
+    elif system == "a100_sxm":
+        pairs = [("NV12", True)]
+    else:  # what AIConfigurator's L40S NCCL table implies: through the host; 4 GPUs across the sockets
+        pairs = [("PHB", False)] if tp <= 2 else [("PHB", False), ("SYS", False)]
+    return pm.link_of(pairs, [(4, 16)] * tp, row.get("nvlink_bandwidth_gbs"), tp)
+
+
+def hwprofile_at(case: dict) -> pm.Prediction:
+    """hwprofile's prediction of one AIConfigurator case (same model, lengths, TP, sequences)."""
+    gpu, row = candidates.gpu_of(Gpu(0, NVML[case["system"]], memory_total_bytes=MEMORY_GB[case["system"]] * 2**30))
+    assert gpu is not None and row is not None
+    shape = candidates.model_shape(resolve_model("Qwen/Qwen3-32B", "model"), 2)
+    cand = pm.Candidate(case["tp"], case["instances"], 1, 256, 8192, True, 10**7, _link(case["system"], case["tp"], row))
+    wl = pm.Workload(512, 256, case["instances"] * case["batch_per_instance"])
+    return pm.predict(gpu, shape, cand, wl, None, per_instance=case["batch_per_instance"])
+
+
+def comparison() -> list[dict]:
+    """Each case with both predictions (tests and the table in the docstring)."""
+    out = []
+    for c in _cases():
+        if c["aiconfigurator"] is None:
+            continue
+        p = hwprofile_at(c)
+        a = c["aiconfigurator"]
+        mine_tps = p.output_tokens_per_s / c["instances"]
+        out.append({
+            "key": (c["system"], c["gpus"], c["tp"], c["batch_per_instance"]), "case": c,
+            "aic_tpot": a["tpot_ms"], "hw_tpot": p.tpot_ms, "aic_tps": a["output_tokens_per_s_per_instance"],
+            "hw_tps": mine_tps, "tpot_err": p.tpot_ms / a["tpot_ms"] - 1,
+            "tps_err": mine_tps / a["output_tokens_per_s_per_instance"] - 1,
+        })  # fmt: skip
+    return out
+
+
+def test_fixtures_were_recorded_with_their_commands() -> None:
+    cases = _cases()
+    assert len(cases) >= 40
+    for c in cases:
+        assert c["command"].startswith("/tmp/aic/bin/aiconfigurator cli estimate --model-path Qwen/Qwen3-32B")
+        assert f"--tp-size {c['tp']}" in c["command"] and f"--batch-size {c['batch_per_instance']}" in c["command"]
+        assert c["aiconfigurator"] is not None or c["error"].startswith("RuntimeError: OOM")
+    assert (FIXTURES / "make_fixtures.sh").is_file() and (FIXTURES / "parse.py").is_file()
+
+
+def test_tpot_and_throughput_within_30_percent_of_aiconfigurator() -> None:
+    rows = comparison()
+    off = {r["key"] for r in rows if abs(r["tpot_err"]) > TOLERANCE or abs(r["tps_err"]) > TOLERANCE}
+    assert off == DISAGREE, [(r["key"], round(r["tpot_err"], 2), round(r["tps_err"], 2)) for r in rows if r["key"] in off]
+    nvlink = [r for r in rows if r["key"][0] != "l40s"]
+    assert max(abs(r["tpot_err"]) for r in nvlink) < 0.25
+
+
+def test_best_layout_agrees_with_aiconfigurator_at_every_concurrency() -> None:
+    """At each host concurrency, the TP whose instances give the most output tokens/s in total."""
+    best: dict[tuple[str, int, int], dict[str, tuple[float, int]]] = {}
+    for r in comparison():
+        c = r["case"]
+        key = (c["system"], c["gpus"], c["instances"] * c["batch_per_instance"])
+        b = best.setdefault(key, {"aic": (0.0, 0), "hw": (0.0, 0)})
+        for who, tps in (("aic", r["aic_tps"]), ("hw", r["hw_tps"])):
+            total = tps * c["instances"]
+            if total > b[who][0]:
+                b[who] = (total, c["tp"])
+    compared = {k: v for k, v in best.items() if v["aic"][1]}
+    assert len(compared) >= 12
+    assert {k: (v["aic"][1], v["hw"][1]) for k, v in compared.items() if v["aic"][1] != v["hw"][1]} == BEST_DISAGREE
+
+
+def capacity_best(system: str, gpus: int, seqs: int = 512) -> list[tuple[int, float]]:
+    """hwprofile's capacity per TP on ``gpus`` of ``system`` within TTFT <= 500 ms and TPOT <= 120 ms
+    (AIConfigurator's SLA search: up to 512 sequences per instance, no speculation), best first."""
+    gpu, row = candidates.gpu_of(Gpu(0, NVML[system], memory_total_bytes=MEMORY_GB[system] * 2**30))
+    assert gpu is not None and row is not None
+    model = resolve_model("Qwen/Qwen3-32B", "model")
+    shape = candidates.model_shape(model, 2)
+    out = []
+    for tp in (1, 2, 4, 8):
+        if tp > gpus:
+            continue
+        free = MEMORY_GB[system] * 1e9 * 0.9 - model.weights_bytes / tp - 4e9  # AIConfigurator's ~3.5 GB other memory
+        if free <= 0:
+            continue
+        kv_tokens = int(free / (shape.kv_bytes_per_token / min(tp, shape.kv_heads)))
+        cand = pm.Candidate(tp, gpus // tp, 1, seqs, 8192, True, kv_tokens, _link(system, tp, row))
+        cap, _ = pm.capacity(gpu, shape, cand, pm.Workload(512, 256, 16), None, 500, 120)
+        out.append((tp, cap / gpus))
+    return sorted(out, key=lambda x: -x[1])
+
+
+@pytest.mark.parametrize("system,gpus", [("h100_sxm", 8), ("a100_sxm", 8), ("h100_sxm", 4), ("l40s", 4)])
+def test_sla_search_best_layout_agrees(system: str, gpus: int) -> None:
+    text = (FIXTURES / f"default_{system}_{gpus}.txt").read_text()
+    rank1 = next(line for line in text.splitlines() if line.startswith("|  1 "))
+    aic_tp = int(rank1.split("tp")[-1].split("pp")[0])
+    ours = capacity_best(system, gpus)
+    assert ours[0][0] == aic_tp, ours
+
+
+def test_sla_search_and_the_issue_figures_rank_four_tp2_first_on_8_h100(host_of, empty_root) -> None:
+    text = (FIXTURES / "default_h100_sxm_8.txt").read_text()
+    rank1 = next(line for line in text.splitlines() if line.startswith("|  1 "))
+    assert "tp2pp1" in rank1 and "(=384x4)" in rank1  # AIConfigurator: four TP2 servers win
+    # the issue's figures: four TP2 ~1,940 output tok/s per GPU against ~1,560 for one TP8
+    plan = make_plan(host_of("h100-sxm-8x"), empty_root, environ={}, sets=["layout.strategy=auto"]).to_json()
+    group = plan["prediction"]["groups"][0]
+    cap = {c["layout"]: c["capacity_output_tokens_per_s"] for c in group["candidates"]}
+    assert cap["4 x TP2"] > cap["1 x TP8"]
+    assert group["chosen"] == "4 x TP2" and group["chosen_by"] == "prediction"
+    assert plan["instances"][0]["tensor_parallel_size"] == 2
+
+
+def test_the_objective_decides_where_the_layout_is_auto(host_of, empty_root) -> None:
+    host = host_of("h100-sxm-8x")
+    lat = make_plan(host, empty_root, environ={}, sets=["layout.strategy=auto", "layout.objective=latency"]).to_json()
+    assert [i["tensor_parallel_size"] for i in lat["instances"]] == [8]
+    assert "objective latency" in lat["prediction"]["groups"][0]["reason"]
+    # the generic-nvlink profile's own strategy stays, and the plan says what the objective would take
+    rule = make_plan(host, empty_root, environ={}).to_json()
+    g = rule["prediction"]["groups"][0]
+    assert (g["chosen"], g["chosen_by"], g["predicted_best"]) == ("1 x TP8", "rule", "4 x TP2")
+    assert any(r["key"].startswith("layout.objective[") and "would choose" in r["reason"] for r in rule["reasons"])
+
+
+@pytest.mark.parametrize("name", ["a800-pcie-4x-2numa", "rtx4090-1x", "a100-80g-pcie-1x", "h100-sxm-8x"])
+def test_every_gpu_instance_has_its_prediction_at_the_workload(host_of, empty_root, name) -> None:
+    plan = make_plan(host_of(name), empty_root, environ={}).to_json()
+    assert plan["prediction"]["workload"] == {"input_len": 512, "output_len": 256, "concurrency": 16}
+    for inst in plan["instances"]:
+        p = inst["prediction"]
+        assert p["ttft_ms"] > 0 and p["tpot_ms"] > 0 and p["output_tokens_per_s"] > 0
+        assert p["source"] == "datasheet" and any("gpus.yaml" in t["source"] for t in p["terms"])
+    chosen = [c for g in plan["prediction"]["groups"] for c in g["candidates"] if c["chosen"]]
+    assert len(chosen) == len(plan["prediction"]["groups"])
+
+
+def test_a800_seed_host_two_tp2_agrees_and_pcie_tp4_is_not_allowed(host_of, empty_root) -> None:
+    plan = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}).to_json()
+    g = plan["prediction"]["groups"][0]
+    assert (g["chosen"], g["predicted_best"]) == ("2 x TP2", "2 x TP2")
+    tp4 = next(c for c in g["candidates"] if c["tensor_parallel_size"] == 4)
+    assert not tp4["fits"] and "max_pcie_tensor_parallel" in tp4["why_not"]
+    # the workload's 16 requests split over the two servers: 8 each, and each server's own tokens/s
+    assert [i["prediction"]["concurrency"] for i in plan["instances"]] == [8, 8]
+    total = sum(i["prediction"]["output_tokens_per_s"] for i in plan["instances"])
+    assert total == pytest.approx(next(c for c in g["candidates"] if c["chosen"])["output_tokens_per_s"], rel=0.01)
+
+
+def test_workload_settings_move_the_prediction(host_of, empty_root) -> None:
+    host = host_of("a100-80g-pcie-1x")
+    short = make_plan(host, empty_root, environ={}).to_json()["instances"][0]["prediction"]
+    long = make_plan(host, empty_root, environ={}, sets=["layout.workload_input_len=4096"]).to_json()
+    p = long["instances"][0]["prediction"]
+    assert p["workload"]["input_len"] == 4096 and p["ttft_ms"] > short["ttft_ms"] * 4
+
+
+def test_links_read_from_the_snapshot() -> None:
+    nv = pm.link_of([("NV18", True)], [(5, 16)], 900, 8)
+    pcie2 = pm.link_of([("PIX", True)], [(4, 16), (4, 16)], None, 2)
+    pcie4 = pm.link_of([("PIX", True)] * 6, [(4, 16)] * 4, None, 4)
+    host = pm.link_of([("PHB", False)], [(4, 16)] * 2, None, 2)
+    sys_ = pm.link_of([("SYS", False)], [(4, 16)] * 2, None, 2)
+    narrow = pm.link_of([("PIX", True)], [(3, 8), (4, 16)], None, 2)
+    assert nv.kind == "nvlink" and "NVLink x18" in nv.source
+    assert pcie2.kind == "pcie_p2p" and "custom all-reduce" in pcie2.source
+    assert pcie4.latency_us > pcie2.latency_us and "NCCL" in pcie4.source
+    assert host.gbs == pytest.approx(pcie2.gbs / 2) and sys_.gbs < host.gbs
+    assert narrow.gbs < pcie2.gbs / 3 and "gen 3 x8" in narrow.source
+    assert pm.allreduce_ms(pm.link_of([], [], None, 1), 1, 1e6) == 0.0
+
+
+def test_speculation_pays_at_batch_one_and_not_at_a_large_batch() -> None:
+    gpu, _ = candidates.gpu_of(Gpu(0, NVML["h100_sxm"], memory_total_bytes=80 * 2**30))
+    assert gpu is not None
+    shape = candidates.model_shape(resolve_model("Qwen/Qwen3-32B", "model"), 2)
+    draft = candidates.model_shape(resolve_model("Qwen/Qwen3-1.7B", "model"), 2)
+    cand = pm.Candidate(2, 1, 1, 256, 8192, True, 10**7, pm.link_of([("NV18", True)], [], 900, 2))
+    spec = pm.Speculation("draft_model", (), 5, 0.7, draft, "test")
+    wl = pm.Workload(512, 256, 1)
+    plain1, spec1 = pm.predict(gpu, shape, cand, wl, None), pm.predict(gpu, shape, cand, wl, spec)
+    assert spec1.tpot_ms < plain1.tpot_ms
+    wl = pm.Workload(512, 256, 256)
+    assert pm.predict(gpu, shape, cand, wl, spec).tpot_ms > pm.predict(gpu, shape, cand, wl, None).tpot_ms
+    table = pm.Speculation("draft_model", ((1, 16, 5), (17, None, 0)), 5, 0.7, draft, "test")
+    assert pm.predict(gpu, shape, cand, wl, table).tpot_ms == pytest.approx(pm.predict(gpu, shape, cand, wl, None).tpot_ms)
+
+
+def _bench_doc(host, tpot: float, ttft: float, tps: float, concurrency: int = 16) -> dict:
+    def spread(v: float) -> dict:
+        return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
+
+    return {
+        "schema": "hwprofile.bench/1", "created": "2026-12-01T10:00:00Z",
+        "workload": {"input_len": 512, "output_len": 256},
+        "host": {"gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in host.usable_gpus]},
+        "plans": [{"instances": 2, "non_default_settings": [], "summary": [{
+            "concurrency": concurrency, "rounds": 1, "metrics": {
+                "p50_tpot_ms": spread(tpot), "p50_ttft_ms": spread(ttft), "output_throughput": spread(tps)}}]}],
+    }  # fmt: skip
+
+
+def test_calibration_from_bench_replaces_the_datasheet_on_that_host(host_of, empty_root) -> None:
+    host = host_of("a800-pcie-4x-2numa")
+    before = make_plan(host, empty_root, environ={}).to_json()
+    path = Path(calibration_path(empty_root, host))
+    assert before["prediction"]["calibration"] == {"fingerprint": path.stem, "path": None, "created": None}
+    path.parent.mkdir()
+    path.write_text(json.dumps(_bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)))
+    after = make_plan(host, empty_root, environ={}).to_json()
+    assert after["prediction"]["calibration"]["path"] == str(path)
+    for inst in after["instances"]:  # the measured configuration at the measured workload: the measurement
+        p = inst["prediction"]
+        assert (p["tpot_ms"], p["ttft_ms"], p["output_tokens_per_s"]) == (30.0, 250.0, 240.0)
+        assert str(path) in p["source"]
+    # another workload: the datasheet model scaled by what was measured
+    other = make_plan(host, empty_root, environ={}, sets=["layout.workload_concurrency=64"]).to_json()
+    base = make_plan(host, Path(str(empty_root) + "-none"), environ={}, sets=["layout.workload_concurrency=64"])
+    ratio = 30.0 / before["instances"][0]["prediction"]["tpot_ms"]
+    got = other["instances"][0]["prediction"]
+    assert got["source"].startswith("datasheet scaled by calibration")
+    assert got["tpot_ms"] == pytest.approx(base.instances[0].prediction.tpot_ms * ratio, rel=0.02)
+
+
+def test_a_calibration_from_other_gpus_or_not_a_bench_result_is_refused(host_of, empty_root) -> None:
+    from hwprofile.config import ConfigError
+
+    host = host_of("a800-pcie-4x-2numa")
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, 30.0, 250.0, 480.0)
+    doc["host"]["gpus"] = [{"index": 0, "name": "x", "uuid": "GPU-not-this-one"}]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="measured on GPUs"):
+        make_plan(host, empty_root, environ={})
+    path.write_text('{"schema": "hwprofile.plan/1"}')
+    with pytest.raises(ConfigError, match="not a usable hwprofile bench result"):
+        make_plan(host, empty_root, environ={})
+
+
+def test_explain_shows_the_candidates(host_of, empty_root, capsys) -> None:
+    from hwprofile.views import format_plan
+
+    text = format_plan(make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}), explain=True)
+    assert "Predictions at 512 in / 256 out, 16 requests in flight (objective throughput" in text
+    assert "=>  2 x TP2" in text and "x   1 x TP4" in text
+    assert "calibration: none" in text and "vllm-gpu0-1: TTFT" in text
