@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# No test reaches the real Hugging Face Hub: a model name that is neither a directory nor in the catalog
+# is an offline error here (tests/test_hub.py serves its own stand-in Hub and sets its own environment).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fakehost import FakeHost, build, compile_fake_nvml
 

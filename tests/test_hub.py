@@ -16,6 +16,7 @@ never sends whole. Fast and offline.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -357,6 +358,16 @@ def test_a_revision_by_flag_or_after_an_at(hub: Hub, snapshot: Path, env) -> Non
     assert missing.returncode == 2 and "no revision nope" in missing.stderr
     clash = plan(snapshot, env, "--model", "acme/small@v2", "--revision", "main")
     assert clash.returncode == 2 and "two revisions" in clash.stderr
+    # vLLM is given the commit that was planned, for the weights and the tokenizer: not main's
+    for release in ("0.6.3", "0.33.0"):
+        r = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "render", "--from", str(snapshot), "--model", "acme/small@v2",
+             "--format", "argv", "--vllm-version", release], env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        words = r.stdout.replace('"', " ").replace(",", " ").replace("[", " ").replace("]", " ").split()
+        pairs = set(itertools.pairwise(words))
+        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, r.stdout
 
 
 def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Path, env) -> None:

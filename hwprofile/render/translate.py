@@ -137,6 +137,10 @@ def render_instance(
     args: list[Pair] = [("--host", srv.host), ("--port", srv.port)]
     if srv.served_model_name:
         args.append(("--served-model-name", srv.served_model_name))
+    rev = plan.model.revision
+    if not plan.model.path and isinstance(rev, str) and rev:
+        # a model served by name: the commit that was planned, not whatever main is when vLLM starts
+        args += [("--revision", rev), ("--tokenizer-revision", rev)]
 
     def add(flag: str, value: Any = None, why_missing: str | None = None) -> bool:
         if rel.has(flag):
