@@ -87,6 +87,34 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
          "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 128},
         1024,
     ),
+    # window - 1 = 128, the CPU's block: the window spans three blocks (two plus the unaligned one)
+    "mistral_w129": (
+        "MistralConfig", "MistralForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 129},
+        1024,
+    ),
+    # window = max_model_len: the request's own blocks plus one
+    "mistral_len": (
+        "MistralConfig", "MistralForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 1024},
+        1024,
+    ),
+    # max_model_len = one 128-token block: 2 blocks per request where full attention takes 1
+    "mistral_blk": (
+        "MistralConfig", "MistralForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 4096},
+        128,
+    ),
+    # hybrid, window (2048) past max_model_len
+    "gemma3_past": (
+        "Gemma3TextConfig", "Gemma3ForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 2048, "sliding_window_pattern": 6},
+        1024,
+    ),
     # mixture of experts under Mixtral's keys (num_local_experts, intermediate_size per expert)
     "mixtral": (
         "MixtralConfig", "MixtralForCausalLM",
@@ -106,7 +134,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
 }  # fmt: skip
 
 # two servers at a time (2 CPU cores); select one pair with -k, e.g. -k gemma3
-PAIRS = [("qwen3", "qwen2"), ("qwen3_moe", "deepseek_v2"), ("gemma3", "mistral"), ("mixtral", "gpt_oss")]
+PAIRS = [("qwen3", "qwen2"), ("qwen3_moe", "deepseek_v2"), ("gemma3", "mistral"), ("mixtral", "gpt_oss"),
+         ("mistral_w129", "mistral_len"), ("mistral_blk", "gemma3_past")]  # windows near a block / max_model_len
 
 
 def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
@@ -166,6 +195,9 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
                 facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, in_flight=batched
             )
             rows.append((fam, max_len, attn, planned, logged))
+            blocks = vllm_kv_cache(facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, batched)[0]
+            full = int(blocks / -(-max_len // attn.block_size) * max_len)  # the full-attention rule
+            print(f"{fam}: vLLM {logged}, planned {planned}, full-attention rule {full}")
     finally:
         for *_, proc, _ in running:
             stop(proc)

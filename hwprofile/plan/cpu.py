@@ -198,7 +198,9 @@ def cpu_instance(
             "kv_bytes_per_token_draft": kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0,
             "kv_tokens": tokens,
             "block_size": block,
-            "kv_bytes_per_max_len_request": sequence_bytes(model, draft, 1, model.dtype_bytes, length, block),
+            "kv_bytes_per_max_len_request": sequence_bytes(
+                model, draft, 1, model.dtype_bytes, length, block, int(engine.max_num_batched_tokens), reserve=True
+            ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
             # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
             # with a draft the cache is shared in ways this does not model: then no figure
             "vllm_logged_kv_tokens": None

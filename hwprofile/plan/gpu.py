@@ -11,7 +11,15 @@ from ..model import ModelFacts
 from . import engine
 from .estimate import estimate
 from .layout import numa_binding
-from .memory import BLOCK_TOKENS, Fit, GiB, kv_bytes_per_token, sequence_bytes
+from .memory import (
+    BLOCK_TOKENS,
+    Fit,
+    GiB,
+    in_flight_tokens,
+    kv_bytes_per_token,
+    sequence_bytes,
+    vllm_kv_cache,
+)
 from .reasons import Reasons
 from .refusal import PlanRefused, suggestions
 from .speculative import fit_beside_draft, speculative_config
@@ -79,6 +87,9 @@ def gpu_instance(
         f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
     )
     spec = speculative_config(settings, spec_method, draft, tp, r, key, model)
+    pp = settings.layout.pipeline_parallel_size
+    method = spec.method if spec else None
+    in_flight = in_flight_tokens(host.software.vllm_version, batched, "cuda", pp, method)
     instance = InstancePlan(
         name=name,
         device="cuda",
@@ -96,17 +107,26 @@ def gpu_instance(
         server=engine.server_settings(settings, settings.server.port + i),
         engine=engine_settings,
         speculative=spec,
-        memory=memory_fit(f, model, draft, tp, kv_bytes, length),
+        memory=memory_fit(f, model, draft, tp, kv_bytes, length, in_flight),
         estimate=estimate(gpu, model, draft, tp, spec, settings),
     )
     return instance, draft
 
 
 def memory_fit(
-    f: Fit, model: ModelFacts, draft: ModelFacts | None, tp: int, kv_bytes: int, length: int
+    f: Fit, model: ModelFacts, draft: ModelFacts | None, tp: int, kv_bytes: int, length: int, in_flight: int = 0
 ) -> MemoryFit:
-    """The instance's memory breakdown per GPU."""
-    return MemoryFit(**{
+    """The instance's memory breakdown per GPU. A max-length request costs what vLLM reserves for it
+    (sliding-window layers: the window plus ``in_flight`` tokens and one block, see
+    :func:`~.memory.sliding_window_blocks`); a sliding-window model without a draft also gets the
+    ``KV cache size`` line vLLM will log for these bytes (:func:`~.memory.vllm_kv_cache`), which the
+    start-up verification compares with the log."""
+    sliding: dict[str, int] = {}
+    if model.sliding_layers and model.sliding_window and draft is None:
+        sliding["vllm_logged_kv_tokens"] = vllm_kv_cache(
+            model, f.kv_cache_bytes, length, BLOCK_TOKENS, kv_bytes, tp, in_flight
+        )[1]
+    return MemoryFit(**sliding, **{
         "budget_bytes": f.budget_bytes,
         "weights_bytes": f.weights_bytes,
         "draft_weights_bytes": f.draft_weights_bytes,
@@ -118,5 +138,7 @@ def memory_fit(
         "kv_bytes_per_token_draft": kv_bytes_per_token(draft, tp, kv_bytes) if draft else 0,
         "kv_tokens": f.kv_tokens,
         "block_size": BLOCK_TOKENS,
-        "kv_bytes_per_max_len_request": sequence_bytes(model, draft, tp, kv_bytes, length),
+        "kv_bytes_per_max_len_request": sequence_bytes(
+            model, draft, tp, kv_bytes, length, in_flight=in_flight, reserve=True
+        ),
     })

@@ -12,6 +12,7 @@ vLLM per family in tests/test_vllm_kv_arch.py.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from ..model import ModelFacts
@@ -54,10 +55,36 @@ def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding:
 def sliding_window_blocks(model: ModelFacts, length: int, block: int, in_flight: int = 0) -> int:
     """Blocks a sliding-window layer holds for one request of ``length`` tokens (vLLM
     ``SlidingWindowSpec.max_admission_blocks_per_request``, v1/kv_cache_interface.py): the last
-    ``window - 1`` tokens plus the ``in_flight`` tokens being scheduled (``max_num_batched_tokens``
-    × concurrent batches), at most ``length``, plus one block (the window need not start a block)."""
+    ``window - 1`` tokens plus the ``in_flight`` tokens being scheduled (:func:`in_flight_tokens`),
+    at most ``length``, plus one block (the window need not start a block):
+    ``cdiv(min(window - 1 + in_flight, length), block) + 1``. So a window near the block size, or
+    near or past ``length``, costs one block more than the request's own blocks: with
+    ``length == block`` twice them."""
     window = model.sliding_window or length
     return -(-min(window - 1 + in_flight, length) // block) + 1
+
+
+def in_flight_tokens(
+    vllm_version: str | None,
+    batched_tokens: int,
+    device: str = "cuda",
+    pipeline_parallel: int = 1,
+    spec_method: str | None = None,
+) -> int:
+    """Tokens scheduled but not yet settled, which each sliding-window layer also holds per request
+    (vLLM ``VllmConfig.max_in_flight_tokens``): up to 0.25 one ``max_num_batched_tokens`` batch
+    (0.25.0 ``SlidingWindowSpec.max_memory_usage_bytes``); from 0.29 ``max_concurrent_batches`` of
+    them (0.32.0 config/vllm.py ``max_in_flight_tokens``): 2 with async scheduling (pipeline
+    parallel + 1 with PP), else the PP size. Async scheduling is on by default on GPUs, off on the
+    CPU (platforms/cpu.py) and with speculation that does not support it (ngram, suffix: 0.32.0
+    config/vllm.py, "Async scheduling not supported with ...")."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)", vllm_version or "")
+    if m and (int(m.group(1)), int(m.group(2))) < (0, 29):
+        return batched_tokens
+    pp = max(1, pipeline_parallel)
+    async_on = device == "cuda" and spec_method not in ("ngram", "suffix")
+    batches = (pp + 1 if pp > 1 else 2) if async_on else pp
+    return batches * batched_tokens
 
 
 def kv_bytes_per_sequence(
@@ -67,17 +94,25 @@ def kv_bytes_per_sequence(
     length: int,
     block: int = BLOCK_TOKENS,
     in_flight: int = 0,
+    reserve: bool = False,
 ) -> int:
     """KV bytes one sequence of ``length`` tokens holds: full-attention layers every token,
     sliding-window layers at most the window (:func:`sliding_window_blocks`), never more than the
-    sequence's own blocks. Whole blocks of ``block`` tokens. (vLLM's admission cap, used for the
-    logged capacity in :func:`vllm_kv_cache`, keeps the extra window block even for short requests.)"""
+    sequence's own blocks (vLLM's runtime clamp, ``get_num_blocks_to_allocate``). Whole blocks of
+    ``block`` tokens.
+
+    ``reserve``: what vLLM reserves for a request of ``length = max_model_len`` instead (its
+    ``max_memory_usage_bytes``, behind the logged capacity and the start-up check that one such
+    request fits): the sliding-window layers' admission cap with ``in_flight``, extra block
+    included, even where it exceeds the request's own blocks."""
     blocks = -(-length // block)
     tokens = blocks * block
     per_layer = kv_bytes_per_token_layer(model, tp, kv_dtype_bytes)
     full = model.full_layers * per_layer * tokens
     if model.sliding_layers and model.sliding_window:
-        window_tokens = min(tokens, sliding_window_blocks(model, length, block, in_flight) * block)
+        window_tokens = sliding_window_blocks(model, length, block, in_flight) * block
+        if not reserve:
+            window_tokens = min(tokens, window_tokens)
         return full + model.sliding_layers * per_layer * window_tokens
     return full + model.sliding_layers * per_layer * tokens
 
@@ -206,9 +241,12 @@ def sequence_bytes(
     kv_dtype_bytes: int,
     length: int,
     block: int = BLOCK_TOKENS,
+    in_flight: int = 0,
+    reserve: bool = False,
 ) -> int:
-    return kv_bytes_per_sequence(model, tp, kv_dtype_bytes, length, block) + (
-        kv_bytes_per_sequence(draft, tp, kv_dtype_bytes, length, block) if draft else 0
+    """:func:`kv_bytes_per_sequence` of the target plus the draft's."""
+    return kv_bytes_per_sequence(model, tp, kv_dtype_bytes, length, block, in_flight, reserve) + (
+        kv_bytes_per_sequence(draft, tp, kv_dtype_bytes, length, block, in_flight, reserve) if draft else 0
     )
 
 
