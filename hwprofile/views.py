@@ -272,6 +272,12 @@ def _predictions(plan: Plan) -> list[str]:
             ])  # fmt: skip
         out += ["  " + line for line in _table(rows)]
         out.append(f"      {g['reason']}")
+        if g.get("batching"):
+            out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TPOT ms, out tok/s):")
+            cells = [f"{b['max_num_seqs']}/{b['max_num_batched_tokens']}{'*' if b['planned'] else ''}: "
+                     f"{b['tpot_ms']:g}, {b['output_tokens_per_s']:g}" + ("" if b["fits"] else " (does not fit)")
+                     for b in g["batching"]]  # fmt: skip
+            out += ["      " + "; ".join(cells[i : i + 3]) for i in range(0, len(cells), 3)]
     for inst in plan.instances:
         p = inst.prediction
         if not p:

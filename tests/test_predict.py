@@ -348,3 +348,16 @@ def test_explain_shows_the_candidates(host_of, empty_root, capsys) -> None:
     assert "Predictions at 512 in / 256 out, 16 requests in flight (objective throughput" in text
     assert "=>  2 x TP2" in text and "x   1 x TP4" in text
     assert "calibration: none" in text and "vllm-gpu0-1: TTFT" in text
+
+
+def test_batching_alternatives_show_what_a_bigger_step_costs_on_one_a100(host_of, empty_root) -> None:
+    """The a100-80g profile's choice of 2048 tokens per step: at 64 requests the KV space a 16384-token
+    step's activations take costs output tokens/s (vLLM PR #17885 measured the same on A100)."""
+    plan = make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, sets=["layout.workload_concurrency=64"])
+    rows = plan.to_json()["prediction"]["groups"][0]["batching"]
+    at = {(b["max_num_seqs"], b["max_num_batched_tokens"]): b for b in rows}
+    planned = next(b for b in rows if b["planned"])
+    assert (planned["max_num_seqs"], planned["max_num_batched_tokens"]) == (256, 2048)
+    assert at[(256, 16384)]["kv_tokens"] < at[(256, 2048)]["kv_tokens"]
+    assert at[(256, 16384)]["output_tokens_per_s"] < 0.9 * at[(256, 2048)]["output_tokens_per_s"]
+

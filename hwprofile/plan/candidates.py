@@ -9,6 +9,7 @@ is handed in by the pipeline, which reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -107,6 +108,35 @@ def _calibrate(
     return [pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp)) if c.fits else p for p, c in zip(preds, cands, strict=True)]
 
 
+BATCHED_TOKENS = (2048, 8192, 16384)  # vLLM's own defaults: A100 and smaller, H100-class API server, large cards
+
+
+def _batching(
+    gpu: pm.Gpu, shape: pm.ModelShape, c: pm.Candidate, wl: pm.Workload, spec: pm.Speculation | None,
+    settings: Settings, fits: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The candidate at other batching: ``max_num_batched_tokens`` at vLLM's defaults and the planned
+    value, ``max_num_seqs`` halved, planned, doubled; each with the KV space its activations leave
+    (shown, not chosen: the profile's batching stays)."""
+    lay, eng = settings.layout, settings.engine
+    out = []
+    for seqs in sorted({max(1, eng.max_num_seqs // 2), eng.max_num_seqs, min(65_536, eng.max_num_seqs * 2)}):
+        for batched in sorted({*BATCHED_TOKENS, eng.max_num_batched_tokens}):
+            budget = max(batched, seqs)
+            ok, kv_tokens = fits(budget, seqs)
+            alt = dataclasses.replace(c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens))
+            p = pm.predict(gpu, shape, alt, wl, spec)
+            cap, at = pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms) if ok else (0.0, 0)
+            out.append({
+                "max_num_seqs": seqs, "max_num_batched_tokens": budget, "fits": ok, "kv_tokens": max(0, kv_tokens),
+                "ttft_ms": round(p.ttft_ms, 1), "tpot_ms": round(p.tpot_ms, 2),
+                "output_tokens_per_s": round(p.output_tokens_per_s, 1),
+                "capacity_output_tokens_per_s": round(cap, 1), "capacity_concurrency": at,
+                "planned": seqs == eng.max_num_seqs and batched == eng.max_num_batched_tokens,
+            })  # fmt: skip
+    return out
+
+
 def predict_group(
     host: HostSnapshot,
     parts_by_tp: Mapping[int, list[list[Gpu]]],
@@ -132,9 +162,10 @@ def predict_group(
     wl = workload(settings)
     eng = settings.engine
     lay = settings.layout
-    def fits(d: ModelFacts | None, tp: int) -> tuple[bool, int]:
+    def fits(d: ModelFacts | None, tp: int, batched: int | None = None, seqs: int | None = None) -> tuple[bool, int]:
         f = fit(gpu0.memory_total_bytes or 0, eng.gpu_memory_utilization, model, d, tp, kv_bytes,
-                eng.max_num_batched_tokens, eng.max_num_seqs, **fit_args(settings, eng.enforce_eager))  # fmt: skip
+                batched or eng.max_num_batched_tokens, seqs or eng.max_num_seqs,
+                **fit_args(settings, eng.enforce_eager))  # fmt: skip
         return f.fits and f.kv_cache_bytes >= sequence_bytes(model, d, tp, model.dtype_bytes, eng.min_model_len), f.kv_tokens
 
     # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the
@@ -142,6 +173,7 @@ def predict_group(
     d = draft if draft is not None and any(fits(draft, t)[0] for t in parts_by_tp) else None
     cands: list[pm.Candidate] = []
     specs: list[pm.Speculation | None] = []
+    drafts: list[ModelFacts | None] = []
     for tp, parts in sorted(parts_by_tp.items()):
         ok, kv_tokens = fits(d, tp)
         d_tp, only_without = d, False
@@ -150,6 +182,7 @@ def predict_group(
             d_tp = None if only_without else d
         method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
         specs.append(speculation(settings, method, d_tp, kv_bytes))
+        drafts.append(d_tp)
         if isinstance(lay.replicas, int) or lay.strategy == "single":
             parts = parts[: 1 if lay.strategy == "single" else int(lay.replicas)]
         why = allowed.get(tp, "")
@@ -164,7 +197,7 @@ def predict_group(
                                   max(0, kv_tokens), link_for(host, parts[0] if parts else [], tp, row),
                                   fits=not why, why_not=why))  # fmt: skip
     preds = []
-    for c, spec in zip(cands, specs, strict=True):
+    for c, spec, dr in zip(cands, specs, drafts, strict=True):
         p = pm.predict(pgpu, shape, c, wl, spec)
         p.fits, p.why_not = c.fits, c.why_not
         if c.fits:
@@ -172,6 +205,9 @@ def predict_group(
                 pgpu, shape, c, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms
             )
         p.meets_targets = p.ttft_ms <= lay.ttft_target_ms and p.tpot_ms <= lay.tpot_target_ms
+        if c.fits:
+            p.batching = _batching(pgpu, shape, c, wl, spec, settings,
+                                   lambda b, q, tp=c.tp, dd=dr: fits(dd, tp, b, q))  # fmt: skip
         preds.append(p)
     return _calibrate(preds, pgpu, shape, cands, wl, specs, calibration, default_tp)
 
@@ -189,6 +225,7 @@ def record(
         "chosen_by": how,  # "prediction" or "rule"
         "predicted_best": next((p.label for p in preds if p.tp == predicted_tp), None),
         "reason": why,
+        "batching": tuple(next((p.batching for p in preds if p.tp == chosen_tp), [])),
     })  # fmt: skip
 
 

@@ -179,6 +179,7 @@ class Prediction:
     meets_targets: bool = True
     fits: bool = True
     why_not: str = ""
+    batching: list[dict[str, Any]] = field(default_factory=list)  # the same layout at other batching
 
     def to_json(self) -> dict[str, Any]:
         return {
