@@ -116,3 +116,28 @@ def test_gpu_plan_of_a_sliding_window_model_carries_vllms_figure(host_of, empty_
     assert not [w for w in compare(inst, started) if w.startswith("KV cache")]
     assert mem.kv_bytes_per_max_len_request == 8 * 65 * kv_bytes_per_token_layer(facts, 1, kvb) * 16
     print(f"mistral-like window 1024, max_model_len 1024: planned before {before}, now {want} (vLLM's rule)")
+
+
+
+def test_context_is_shortened_to_what_vllms_start_up_check_accepts() -> None:
+    """vLLM refuses to start unless the cache holds one max_model_len request as it reserves it
+    (``check_enough_kv_cache_memory``): a cache that holds the window at run time but not window +
+    in-flight gets a shorter max_model_len, not a failed start."""
+    from hwprofile.config.settings import Settings
+    from hwprofile.plan.engine import context_length
+    from hwprofile.plan.memory import Fit, kv_bytes_per_token
+    from hwprofile.plan.reasons import Reasons
+
+    m = mistral(4096)
+    per_token = kv_bytes_per_token(m, 1, 2)
+    kv = 6000 * per_token  # 6,000 tokens in every layer
+    f = Fit(1 << 40, 0, 0, 0, 0, kv, per_token, kv // per_token)
+    settings = Settings()
+    assert settings.engine.max_model_len == 8192
+    usable = kv - per_token * 16  # the null block
+    assert kv_bytes_per_sequence(m, 1, 2, 8192) <= usable  # at run time: 4095 window tokens + a block
+    flight = 2 * 8192  # two batches of 8192 in flight (vLLM 0.32 on a GPU)
+    assert kv_bytes_per_sequence(m, 1, 2, 8192, 16, flight, reserve=True) > usable  # vLLM: 513 blocks
+    planned = context_length(m, None, 1, 2, f, settings, Reasons({}), "i", flight)
+    assert planned == 5888  # 369 blocks of 16 per layer fit the 374 usable; 6144 (385) would not
+    assert context_length(m, None, 1, 2, f, settings, Reasons({}), "i") == 8192  # the old count

@@ -109,9 +109,18 @@ def cpu_instance(
     attn = cpu_attention(model, host.cpu.flags)
     block = r.add(f"{key}.memory.block_size", attn.block_size, attn.reason)
     tokens = kv_tokens_in(kv_space, per_tok, block)
-    if tokens - block < length:  # one block is vLLM's null block
+    # vLLM starts only if one max_model_len request fits as it reserves it: sliding-window layers
+    # also hold the tokens in flight (one batch on the CPU; the whole prompt without chunked prefill)
+    flight = max(settings.engine.max_num_seqs, settings.engine.max_num_batched_tokens)
+    if not (attn.chunked_prefill and settings.engine.enable_chunked_prefill):
+        flight = max(flight, length, VLLM_DEFAULT_BATCHED_TOKENS)
+    usable = kv_space - per_tok * block  # one block is vLLM's null block
+    sliding = bool(model.sliding_layers and model.sliding_window)
+    if tokens - block < length or (
+        sliding and sequence_bytes(model, draft, 1, model.dtype_bytes, length, block, flight, True) > usable
+    ):
         length = longest_context(
-            model, draft, 1, model.dtype_bytes, kv_space - per_tok * block, step=block, block=block
+            model, draft, 1, model.dtype_bytes, usable, step=block, block=block, in_flight=flight, reserve=sliding
         )
     r.add(
         f"{key}.engine.max_model_len",

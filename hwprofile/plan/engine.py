@@ -122,10 +122,14 @@ def context_length(
     settings: Settings,
     r: Reasons,
     key: str,
+    in_flight: int | None = None,
 ) -> int:
     """``max_model_len``: as configured, at most the model's ``max_position_embeddings``, shortened
     to the longest one request whose KV fits the cache; :class:`ContextTooShort` below
-    ``engine.min_model_len``."""
+    ``engine.min_model_len``. ``in_flight`` (:func:`~.memory.in_flight_tokens`): one request counted
+    as vLLM's start-up check counts it (sliding-window layers: window + in-flight + a block)."""
+    reserve = in_flight is not None
+    flight = in_flight or 0
     length = settings.engine.max_model_len
     min_len = settings.engine.min_model_len
     if model.max_position_embeddings and length > model.max_position_embeddings:
@@ -136,7 +140,7 @@ def context_length(
             f"capped at the model's max_position_embeddings ({length})",
             ("engine", "max_model_len"),
         )
-    one = sequence_bytes(model, draft, tp, kv_bytes, length)
+    one = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=flight, reserve=reserve)
     # vLLM keeps one block of the pool as its null block: a request gets the others.
     usable = f.kv_cache_bytes - f.kv_bytes_per_token * BLOCK_TOKENS
     if one <= usable:
@@ -147,7 +151,7 @@ def context_length(
             ("engine", "max_model_len"),
         )
         return length
-    fits_len = longest_context(model, draft, tp, kv_bytes, usable)
+    fits_len = longest_context(model, draft, tp, kv_bytes, usable, in_flight=flight, reserve=reserve)
     if fits_len < min_len:
         raise ContextTooShort(
             f"after weights the KV cache gets {f.kv_cache_bytes / GiB:.2f} GiB, "
@@ -174,11 +178,15 @@ def concurrency(
     warnings: list[str],
     key: str,
     name: str,
+    in_flight: int | None = None,
 ) -> int:
     """``max_num_seqs`` as configured. vLLM preallocates the KV cache, so more sequences than it
-    holds queue or get preempted rather than run out of memory: said so, not silently lowered."""
+    holds queue or get preempted rather than run out of memory: said so, not silently lowered.
+    Requests at full length are counted as vLLM counts its maximum concurrency where ``in_flight``
+    is given (:func:`context_length`)."""
     seqs = settings.engine.max_num_seqs
-    full_len = f.kv_cache_bytes // max(1, sequence_bytes(model, draft, tp, kv_bytes, length))
+    whole = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=in_flight or 0, reserve=in_flight is not None)
+    full_len = f.kv_cache_bytes // max(1, whole)
     half = max(
         1,
         int(

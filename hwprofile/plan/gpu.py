@@ -59,13 +59,21 @@ def gpu_instance(
             f"exceed the {f.budget_bytes / GiB:.1f} GiB budget ({util:.2f} of {total / GiB:.1f} GiB)",
             suggestions(host, model, tp, f, util),
         )
+    # vLLM's own count of one max-length request: sliding-window layers also hold the tokens in
+    # flight (max_num_batched_tokens x the batches it keeps scheduled; the whole prompt without
+    # chunked prefill)
+    pp = settings.layout.pipeline_parallel_size
+    step_tokens = max(settings.engine.max_num_batched_tokens, settings.engine.max_num_seqs)
+    if not settings.engine.enable_chunked_prefill:
+        step_tokens = max(step_tokens, settings.engine.max_model_len)
+    flight = in_flight_tokens(host.software.vllm_version, step_tokens, "cuda", pp, spec_method)
     try:
-        length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key)
+        length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight)
     except engine.ContextTooShort as e:
         raise PlanRefused(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
         ) from None
-    seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name)
+    seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight)
     batched = engine.batched_tokens(settings, seqs, length, r, key)
 
     quant = model.quant_method
@@ -87,7 +95,6 @@ def gpu_instance(
         f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
     )
     spec = speculative_config(settings, spec_method, draft, tp, r, key, model)
-    pp = settings.layout.pipeline_parallel_size
     method = spec.method if spec else None
     in_flight = in_flight_tokens(host.software.vllm_version, batched, "cuda", pp, method)
     instance = InstancePlan(

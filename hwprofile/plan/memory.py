@@ -263,12 +263,16 @@ def longest_context(
     kv_cache_bytes: int,
     step: int = 256,
     block: int = BLOCK_TOKENS,
+    in_flight: int = 0,
+    reserve: bool = False,
 ) -> int:
-    """The longest context (a multiple of ``step``) whose KV fits in ``kv_cache_bytes``; 0 if none."""
+    """The longest context (a multiple of ``step``) whose KV fits in ``kv_cache_bytes``; 0 if none.
+    ``reserve``: as vLLM's start-up check counts one such request (:func:`kv_bytes_per_sequence`)."""
     lo, hi = 0, 1 << 24
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sequence_bytes(model, draft, tp, kv_dtype_bytes, mid * step, block) <= kv_cache_bytes:
+        need = sequence_bytes(model, draft, tp, kv_dtype_bytes, mid * step, block, in_flight, reserve)
+        if need <= kv_cache_bytes:
             lo = mid
         else:
             hi = mid - 1
