@@ -148,8 +148,8 @@ def _given_draft(
         )
         warnings.append(
             f"the draft {draft.name} shares the target's vocab_size but not its tokens ({check.differing_ids} "
-            f"of {check.shared_ids} ids differ): planned with use_heterogeneous_vocab, proposals outside the "
-            f"{check.common_tokens} common tokens are never accepted"
+            f"of {check.shared_ids} ids differ): planned with use_heterogeneous_vocab, so the draft proposes only "
+            f"the {check.common_tokens} tokens both have (the target's others are never proposed)"
         )
         return "draft_model", draft
     if check.ids_differ:
