@@ -106,7 +106,14 @@ def load_models(
     says so), not "use the default"."""
     target = resolve_model(model if model is not None else settings.model, "model")
     draft_spec = draft if draft is not None else settings.speculative.draft
-    return target, resolve_model(draft_spec, "draft") if draft_spec is not None else None
+    if draft_spec is None:
+        return target, None
+    from .model.tokenizer_check import tokenizer_of
+
+    drafted = resolve_model(draft_spec, "draft")
+    # both tokenizers read here, for the planner's comparison (a draft whose ids mean other tokens)
+    return (target._replace(tokenizer=tokenizer_of(target.path, "target")),
+            drafted._replace(tokenizer=tokenizer_of(drafted.path, "draft")))  # fmt: skip
 
 
 def make_plan(

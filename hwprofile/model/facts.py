@@ -6,7 +6,7 @@ Pure: no files, no imports beyond the standard library.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 
@@ -45,6 +45,9 @@ class ModelFacts(NamedTuple):
     # where it came from (hwprofile.model.resolve): the commit of a Hub or cache model, and a sentence
     revision: str | None = None
     origin: str = ""
+    # the tokenizer's facts (model.tokenizer_check.TokenizerFacts), or why none: read by the pipeline
+    # only when a draft is planned beside the model, so that the planner compares without reading
+    tokenizer: Any = None
 
     @property
     def full_layers(self) -> int:

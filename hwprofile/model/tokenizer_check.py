@@ -226,17 +226,28 @@ def compare(target: TokenizerFacts, draft: TokenizerFacts) -> TokenizerCheck:
     )
 
 
+def tokenizer_of(model_dir: str | None, role: str) -> TokenizerFacts | str:
+    """The facts of a model's tokenizer (a local directory's ``tokenizer.json``), or why there are
+    none: what the pipeline reads for the planner, which compares (:func:`check_facts`)."""
+    if not model_dir or not os.path.isdir(model_dir):
+        return f"the {role} is not a local directory ({model_dir or 'no path'})"
+    t = read_tokenizer(model_dir)
+    return f"{t} ({role})" if isinstance(t, str) else t
+
+
+def check_facts(target: TokenizerFacts | str | None, draft: TokenizerFacts | str | None) -> TokenizerCheck:
+    """The comparison of two tokenizers read before (pure); ``checked`` false with why where either
+    could not be read (a string) or was not (None)."""
+    for t in (target, draft):
+        if t is None:
+            return TokenizerCheck(False, "the tokenizers were not read")
+        if isinstance(t, str):
+            return TokenizerCheck(False, t)
+    assert isinstance(target, TokenizerFacts) and isinstance(draft, TokenizerFacts)
+    return compare(target, draft)
+
+
 def check_pair(target_dir: str | None, draft_dir: str | None) -> TokenizerCheck:
     """Read both models' tokenizers and compare them; ``checked`` false (with why) where either
     has no local ``tokenizer.json`` or the library is missing."""
-    for role, d in (("target", target_dir), ("draft", draft_dir)):
-        if not d or not os.path.isdir(d):
-            return TokenizerCheck(False, f"the {role} is not a local directory ({d or 'no path'})")
-    assert target_dir is not None and draft_dir is not None
-    t = read_tokenizer(target_dir)
-    if isinstance(t, str):
-        return TokenizerCheck(False, f"{t} (target)")
-    d = read_tokenizer(draft_dir)
-    if isinstance(d, str):
-        return TokenizerCheck(False, f"{d} (draft)")
-    return compare(t, d)
+    return check_facts(tokenizer_of(target_dir, "target"), tokenizer_of(draft_dir, "draft"))

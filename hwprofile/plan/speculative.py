@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config.settings import Settings
 from ..model import ModelFacts
-from ..model.tokenizer_check import TokenizerCheck, check_pair
+from ..model.tokenizer_check import TokenizerCheck, check_facts
 from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
@@ -90,9 +90,9 @@ def choose_speculator(
 
 
 def tokenizer_check(model: ModelFacts, draft: ModelFacts) -> TokenizerCheck:
-    """The target's and the draft's tokenizers compared (:mod:`hwprofile.model.tokenizer_check`):
-    local directories only, each ``tokenizer.json`` read once per process."""
-    return check_pair(model.path, draft.path)
+    """The target's and the draft's tokenizers compared (:mod:`hwprofile.model.tokenizer_check`),
+    from the facts the pipeline read into each (``ModelFacts.tokenizer``): nothing is read here."""
+    return check_facts(model.tokenizer, draft.tokenizer)
 
 
 def needs_vocab_mapping(model: ModelFacts, draft: ModelFacts | None) -> bool:

@@ -217,8 +217,9 @@ class SpeculativeConfig(_Json):
 
 @dataclasses.dataclass(frozen=True)
 class MemoryFit(_Json):
-    """The instance's memory breakdown per GPU (the CPU instance: its RAM; ``vllm_logged_kv_tokens``
-    on the CPU instance only, None with a draft)."""
+    """The instance's memory breakdown per GPU (the CPU instance: its RAM). ``vllm_logged_kv_tokens``:
+    the KV cache size vLLM will log, where hwprofile can say it (the CPU instance; a GPU instance of a
+    sliding-window model); None with a draft."""
 
     budget_bytes: int
     weights_bytes: int
