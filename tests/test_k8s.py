@@ -98,8 +98,10 @@ def validate(doc: dict[str, Any], crds: dict[tuple[str, str], jsonschema.Draft7V
 
 
 def render(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[list[dict[str, Any]], str, str]:
-    """``hwprofile render --format k8s ARGV`` in this process: (documents, YAML text, stderr)."""
-    rc = main(["render", "--format", "k8s", *argv])
+    """``hwprofile render --format k8s ARGV`` in this process: (documents, YAML text, stderr); for vLLM
+    0.33.0 unless ARGV names a release (the fast loop has no vLLM installed to render for)."""
+    release = [] if "--vllm-version" in argv else ["--vllm-version", "0.33.0"]
+    rc = main(["render", "--format", "k8s", *argv, *release])
     out, err = capsys.readouterr()
     assert rc == 0, err
     return [d for d in yaml.safe_load_all(out) if d is not None], out, err
@@ -481,7 +483,7 @@ def test_cli_output_file_and_refusals(snapshot, empty_root, capsys, tmp_path) ->
     out = tmp_path / "out"
     assert main(["render", "--format", "k8s", "--from", snap, "--config-root", str(empty_root),
                  "--output", str(out), "--image", "registry.example/hwprofile-vllm:v0.32.0",
-                 "--namespace", "llm"]) == 0  # fmt: skip
+                 "--namespace", "llm", "--vllm-version", "0.32.0"]) == 0  # fmt: skip
     capsys.readouterr()
     docs = list(yaml.safe_load_all((out / "hwprofile.k8s.yaml").read_text()))
     assert {d["metadata"]["namespace"] for d in docs} == {"llm"}
