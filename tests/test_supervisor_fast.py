@@ -820,7 +820,8 @@ def test_an_api_server_answering_503_after_its_engine_died_is_restarted(world, r
         inst = sup.instances[0]
         wait_for(lambda: inst.health_failing_since is not None, "/health failing noticed", 10)
         assert inst.state == State.READY  # not yet restarted: within supervise.unhealthy_s
-        assert "/health FAILING for" in format_status(status(rt / "run"))
+        # the state file follows the attribute (the change is saved right after it is noticed)
+        wait_for(lambda: "/health FAILING for" in format_status(status(rt / "run")), "status says it", 10)
         wait_for(lambda: inst.unresponsive == 1 and inst.state == State.READY, "restarted and ready again", 20)
         assert inst.failure["kind"] == "unresponsive" and "HTTP 503" in inst.failure["evidence"]
         assert inst.restarts == 1 and len(starts(fake_env)) == 2 and inst.health_failing_since is None
