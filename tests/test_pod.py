@@ -116,7 +116,8 @@ def pod(tmp_path, fake_nvml_dir):
     def start(*extra: str) -> subprocess.Popen:
         out = open(tmp_path / "stdout", "w")  # noqa: SIM115 (the child holds it)
         proc = subprocess.Popen(
-            [UNSHARE, "--pid", "--fork", "--mount-proc", sys.executable, "-m", "hwprofile", "daemon",
+            # --kill-child: however the test ends, unshare's death ends the namespace (SIGKILL to PID 1)
+            [UNSHARE, "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "hwprofile", "daemon",
              "--model", str(model), *[f"--set={s}" for s in (*sets, *extra)]],
             env=env, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
@@ -127,9 +128,7 @@ def pod(tmp_path, fake_nvml_dir):
     yield {"start": start, "host": host, "port": port, "metrics": metrics, "starts": starts, "tmp": tmp_path}
     for proc in procs:
         if proc.poll() is None:
-            with_pid1 = init_of(proc)
-            if with_pid1:
-                os.kill(with_pid1, signal.SIGKILL)  # PID 1 gone: the kernel ends its whole namespace
+            proc.kill()  # unshare --kill-child SIGKILLs PID 1: the kernel ends its whole namespace
             proc.wait(30)
     shutil.rmtree(runtime, ignore_errors=True)
 
