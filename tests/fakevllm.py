@@ -22,7 +22,8 @@ Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment
 
 - ``--fake-mode`` / ``FAKEVLLM_MODE``: comma-separated; ``oom`` (print a CUDA out-of-memory traceback
   and exit 1 while starting), ``crash`` (exit ``--fake-exit-code``, default 1, ``--fake-crash-after``
-  seconds after becoming ready), ``hang`` (never healthy), ``ignore-term`` (ignore SIGTERM),
+  seconds after its ``/health`` first answered 200: after a supervisor saw it ready, however loaded
+  the machine), ``hang`` (never healthy), ``ignore-term`` (ignore SIGTERM),
   ``die`` (exit 1 while starting, with an error hwprofile does not know), ``sick`` (``--fake-sick-after`` /
   ``FAKEVLLM_SICK_AFTER`` seconds, default 0.5, after becoming ready the engine dies and the API server stays up, answering 503 on
   ``/health`` for good, as a server whose engine is gone does), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting);
@@ -240,6 +241,7 @@ class Server:
         self.itl = Histogram(ITL_BUCKETS)
         self.fake: dict[str, str] = {}
         self.group: Group | None = None  # node 0 of a multi-node group: its members' connections
+        self.seen_healthy = threading.Event()  # /health answered 200 once (crash mode counts from it)
         self.engine_dead = False  # a step found a member gone: the API server exits (code 0), as vLLM's does
 
     # -- metrics ------------------------------------------------------------------------------
@@ -382,6 +384,8 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             if path in ("/health", "/ping"):
                 self.reply(200 if srv.loaded else 503)
+                if srv.loaded:
+                    srv.seen_healthy.set()
             elif path == "/version":
                 self.reply(200, json.dumps({"version": VERSION}).encode())
             elif path == "/metrics":
@@ -771,6 +775,7 @@ def main(argv: list[str]) -> int:
         code = int(option(fake, "exit-code", "1"))
 
         def crash() -> None:
+            srv.seen_healthy.wait(60)  # a crash of a ready server: one its supervisor saw ready
             time.sleep(after)
             say("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.", level="ERROR",
                 where="core_client.py:600")  # fmt: skip

@@ -348,7 +348,7 @@ def test_unplanned_exits_restart_with_backoff_and_the_group_is_signalled_before_
     assert unreaped and all(unreaped), unreaped
 
 
-def test_failed_starts_back_off_exponentially(world, rt, fake_env, monkeypatch) -> None:
+def test_failed_starts_back_off_exponentially(world, rt, fake_env, monkeypatch, caplog) -> None:
     monkeypatch.setenv("FAKEVLLM_MODE", "die")  # exits while starting, with an error nobody classified
     monkeypatch.setenv("FAKEVLLM_FAIL_TIMES", "3")
     monkeypatch.setenv("FAKEVLLM_COUNTER", str(rt / "count"))
@@ -359,10 +359,14 @@ def test_failed_starts_back_off_exponentially(world, rt, fake_env, monkeypatch) 
         wait_for(lambda: inst.state == State.READY, "ready after three failed starts")
         assert inst.restarts == 3 and inst.failure["kind"] == "unknown"
         assert "Engine core initialization failed" in inst.failure["evidence"]
+        # the delays the supervisor waited: doubling from supervise.backoff_initial up to backoff_max
+        delays = [r.args[2] for r in caplog.records if r.msg == "%s: restart %d in %.1f s"]
+        assert delays == [0.3, 0.6, 0.6], delays
+        # and each start came no sooner than its delay after the one before (a lower bound: a loaded
+        # machine only adds to it)
         t = [s["t"] for s in starts(fake_env)]
         gaps = [b - a for a, b in itertools.pairwise(t)]
-        assert len(gaps) == 3
-        assert gaps[1] - gaps[0] > 0.15 and abs(gaps[2] - gaps[1]) < 0.25, gaps  # 0.3, 0.6, 0.6 (the cap)
+        assert len(gaps) == 3 and all(g >= d - 0.02 for g, d in zip(gaps, delays, strict=True)), (gaps, delays)
     finally:
         finish(sup)
 

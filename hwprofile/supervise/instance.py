@@ -440,7 +440,7 @@ class Instance:
             if step is not None:
                 self._take_step(*step, because=because)
             self._set(State.RESTARTING)
-            log.warning("%s: restart %d in %.0f s", self.name, self.restarts, backoff)
+            log.warning("%s: restart %d in %.1f s", self.name, self.restarts, backoff)
             if self._stop_asked.wait(backoff):
                 break
             backoff = min(backoff * 2, self.opts.backoff_max)
