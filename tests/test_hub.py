@@ -438,6 +438,34 @@ def test_a_downloaded_model_is_the_cache_not_the_hub(hub: Hub, snapshot: Path, e
     assert m["source"] == "hf-cache" and m["path"] == str(snap)
 
 
+@pytest.mark.parametrize("repo,label,name,plant", [
+    ("acme/small", "small-main", "config.json", "fifo"),
+    ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
+])
+def test_a_planted_cache_file_is_an_error_not_a_hang(hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant) -> None:
+    """The cache is a place others write: a FIFO or a link to /dev/zero where a JSON file belongs is a
+    clear error (exit 2), read by the bounded reader, not a plan that blocks or fills memory."""
+    model_of(plan(snapshot, env, "--model", repo))
+    owner, short = repo.split("/")
+    f = tmp_path / "hf" / "hub" / f"models--{owner}--{short}" / "snapshots" / commit(label) / name
+    assert f.exists()
+    f.unlink()
+    if plant == "fifo":
+        os.mkfifo(f)
+    else:
+        f.symlink_to("/dev/zero")
+    def refused(e: dict[str, str]) -> None:
+        r = plan(snapshot, e, "--model", repo)
+        assert r.returncode == 2 and name in r.stderr and "cannot read" in r.stderr, r.stderr
+
+    if name == "config.json":  # with the file list hwprofile kept: the config is still read, online or not
+        refused(env)
+        refused({**env, "HF_HUB_OFFLINE": "1"})
+    for rec in (f.parents[2] / "hwprofile").glob("*.json"):
+        rec.unlink()
+    refused(env)  # without it: every file is read again
+
+
 def test_without_huggingface_hub_the_fix_is_named(monkeypatch, tmp_path) -> None:
     from hwprofile.errors import RefusedError
     from hwprofile.model import resolve_model

@@ -136,8 +136,19 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
         with opener.open(req, timeout=10) as r:
             return r.status
 
+    def healthy(port: int) -> bool:
+        try:
+            with opener.open(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
     try:
+        # Both servers answer /health before the first request through nginx: one not yet listening
+        # would be marked failed by nginx (max_fails) and skipped for its fail_timeout.
         end = time.monotonic() + 20
+        while time.monotonic() < end and not all(healthy(base + i) for i in range(2)):
+            time.sleep(0.1)
         while time.monotonic() < end:
             try:
                 if ask() == 200:

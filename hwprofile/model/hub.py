@@ -247,6 +247,19 @@ def _modelopt(doc: dict[str, Any]) -> dict[str, Any]:
     return {"quant_method": "modelopt", **({"bits": bits} if bits else {})}
 
 
+JSON_CAP = 64 * 2**20  # a config or a safetensors index; a planted FIFO or /dev/zero in the cache is an error
+
+
+def _read_json(path: str, what: str) -> Any:
+    """A small JSON file fetched into the cache, through the bounded reader (a regular file, capped)."""
+    from ..runtime.files import read_bounded
+
+    try:
+        return json.loads(read_bounded(path, JSON_CAP).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{what}: cannot read it as JSON: {e}") from None
+
+
 def _choose_weights(files: dict[str, int | None], index: dict[str, Any] | None, repo: str) -> list[str]:
     """The safetensors files vLLM loads: the index's shards, else the top-level ``*.safetensors``
     (Mistral's ``consolidated*`` left out where the Hugging Face layout is there too)."""
@@ -354,11 +367,7 @@ def _fetch(
             get(name)
     index = None
     if INDEX in files:
-        with open(get(INDEX), encoding="utf-8") as f:
-            try:
-                index = json.load(f)
-            except ValueError as e:
-                raise ConfigError(f"{label}: {INDEX} on the Hub is not JSON: {e}") from None
+        index = _read_json(get(INDEX), f"{label}: {INDEX} on the Hub")
     weights = _choose_weights(files, index, label)
     if not weights:
         raise _no_weights(files, label, ep)
@@ -366,11 +375,7 @@ def _fetch(
     known = all(isinstance(s, int) and s > 0 for s in sizes)
     total = sum(s for s in sizes if isinstance(s, int)) if known else 0
     source = ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
-    with open(cfg_file, encoding="utf-8") as f:
-        try:
-            cfg = json.load(f)
-        except ValueError as e:
-            raise ConfigError(f"{label}: config.json on the Hub is not JSON: {e}") from None
+    cfg = _read_json(cfg_file, f"{label}: config.json on the Hub")
     dtypes: dict[str, int] | None = None
     if isinstance(cfg, dict) and known and _ambiguous(cfg, total, repo):
         dtypes = _header_dtypes(api, repo, commit, weights, t)
