@@ -15,9 +15,21 @@ from fakehost import FakeHost, build, compile_fake_nvml
 
 
 @pytest.fixture(scope="session")
-def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding the compiled fake libnvidia-ml.so.1 (built once per test session)."""
-    return compile_fake_nvml(tmp_path_factory.mktemp("fakenvml")).parent
+def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A directory holding the compiled fake libnvidia-ml.so.1, built once per run: under xdist the
+    first worker compiles it into the run's shared temporary root while holding a lock, the others
+    wait for it (gcc is most of a second of CPU, four times over on two cores)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # xdist: pytest-N/popen-gwK -> pytest-N
+    out = shared / "fakenvml"
+    with open(shared / "fakenvml.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "built").exists():
+            compile_fake_nvml(out)
+            (out / "built").touch()
+    return out
 
 
 @pytest.fixture

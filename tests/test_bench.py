@@ -335,7 +335,10 @@ def world(tmp_path: Path):
     shutil.rmtree(runtime, ignore_errors=True)
 
 
-def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, sets: list[str] | None = None):
+def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, sets: list[str] | None = None,
+       plot: bool = False):  # fmt: skip
+    """``hwprofile bench`` with the world's model and runtime; no plot unless the test reads it (one is
+    a second of CPU, matplotlib's import)."""
     cmd = [
         sys.executable,
         "-m",
@@ -349,7 +352,8 @@ def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, set
     for s in world["sets"] if sets is None else sets:
         cmd += ["--set", s]
     return subprocess.run(
-        [*cmd, *args], env={**world["env"], **(env or {})}, capture_output=True, text=True, timeout=300,
+        [*cmd, *args, *([] if plot else ["--no-plot"])], env={**world["env"], **(env or {})}, capture_output=True,
+        text=True, timeout=300,
         cwd=world["tmp"],  # a bench without --output writes ./hwprofile-bench-<time> here, not in the checkout
     )
 
@@ -363,7 +367,7 @@ def test_sweep_compare_profile_with_baseline(world) -> None:
     out = world["tmp"] / "out"
     r = hw(world, "--workload", "sweep", "--compare", "profile", "baseline", "--rounds", "2", "--output", str(out),
            "--set", "bench.sweep_max=4", "--set", "bench.ttft_p99_target_ms=300",
-           env={"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "100"})  # fmt: skip
+           env={"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "100"}, plot=True)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "bench.json").read_text())
     validate(doc)
@@ -431,6 +435,7 @@ def test_url_mode_json_and_errors(world) -> None:
         validate(doc)
         (p,) = doc["plans"]
         assert p["kind"] == "url" and p["source"] == url and doc["compare"] is None
+        assert doc["plot"] is None and doc["plot_error"] == "not drawn (--no-plot)" and not (out / "bench.png").exists()
         (pt,) = p["runs"][0]["points"]
         assert pt["concurrency"] == 1 and pt["spec_decode"]["acceptance_rate"] == pytest.approx(0.5)
         assert pt["vllm_bench"]["argv"][pt["vllm_bench"]["argv"].index("--model") + 1] == str(world["model"])
@@ -541,3 +546,30 @@ def test_a_bench_that_never_ran_leaves_no_results_directory_behind(world) -> Non
         assert r.returncode != 0 and "not ready: vllm-cpu" in r.stderr, r.stdout + r.stderr
         assert not list(world["tmp"].glob("hwprofile-bench-*")) and not (world["tmp"] / "new").exists(), r.stderr
     assert kept.is_dir()  # a directory the user named and that was there stays
+
+
+def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:
+    """py-cpuinfo times the clock in a second Python (about a second of CPU): its answer is kept in
+    the user's cache for this boot; another boot's, a malformed or a linked cache is probed again."""
+    import cpuinfo
+
+    from hwprofile.bench import tags
+
+    calls = []
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: calls.append(1) or {"brand_raw": "Acme 9", "l2_cache_size": 2 << 20,
+                                                                           "flags": ["avx"]})  # fmt: skip
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "hwprofile" / tags.CPUINFO_CACHE
+    first = tags.cpu_info()
+    assert first["brand"] == "Acme 9" and first["l2_cache_bytes"] == 2 << 20 and first["error"] is None
+    assert tags.cpu_info() == first and len(calls) == 1 and oct(cache.stat().st_mode & 0o777) == "0o600"
+    doc = json.loads(cache.read_text())
+    assert doc["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    for planted in (json.dumps({**doc, "boot_id": "another-boot"}), "{not json", json.dumps({"boot_id": doc["boot_id"]})):
+        cache.write_text(planted)
+        assert tags.cpu_info() == first
+    assert len(calls) == 4
+    cache.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(doc))
+    cache.symlink_to(tmp_path / "elsewhere.json")
+    assert tags.cpu_info() == first and len(calls) == 5

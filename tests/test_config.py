@@ -4,9 +4,9 @@ the file and line, exit code 2, no traceback."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
+import inproc
 import pytest
 
 from hwprofile.config.schema import parse_size
@@ -86,9 +86,7 @@ def test_sizes() -> None:
 
 
 def _plan(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hwprofile", "plan", *args], env=env, capture_output=True, text=True
-    )
+    return inproc.hwprofile(["plan", *args], env)
 
 
 @pytest.fixture

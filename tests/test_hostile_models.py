@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,12 +90,24 @@ def test_hostile_model_is_one_clear_error(case: dict[str, Any], env: dict[str, s
     args = case.get("args") or []
     if "--model" not in args:
         args = ["--model", str(model), *args]
-    r = _cli(["plan", "--from", str(HOST), *args, "--json"], env)
+    r = inproc.hwprofile(["plan", "--from", str(HOST), *args, "--json"], env)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:], r.stdout[-500:])
     assert "Traceback" not in r.stderr
     assert r.stdout == "", "nothing half-done on stdout"
     assert r.stderr.startswith("hwprofile: error: ") and r.stderr.count("hwprofile: error:") == 1, r.stderr
     assert case["expect"] in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", CASES[::10], ids=[c["id"] for c in CASES[::10]])
+def test_the_in_process_cli_is_the_cli(case: dict[str, Any], env: dict[str, str], tmp_path: Path) -> None:
+    """The corpus runs in this process (tests/inproc.py); a sample of it run both ways says the same."""
+    make_model(case, tmp_path / "m")
+    args = case.get("args") or []
+    if "--model" not in args:
+        args = ["--model", str(tmp_path / "m"), *args]
+    args = ["plan", "--from", str(HOST), *args, "--json"]
+    a, b = _cli(args, env), inproc.hwprofile(args, env)
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
 
 
 def test_catalog_still_parses() -> None:

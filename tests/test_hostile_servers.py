@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socketserver
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import inproc
 import pytest
 from test_daemon_telemetry import vllm_text
 
@@ -94,7 +95,7 @@ def server() -> Iterator[object]:
 
 
 def hw(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], capture_output=True, text=True, timeout=timeout)
+    return inproc.hwprofile(args, os.environ, timeout=timeout)
 
 
 # -- one URL rule ------------------------------------------------------------------------------------

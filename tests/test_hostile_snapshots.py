@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -128,12 +129,27 @@ def test_hostile_snapshot_is_one_clear_error(
         path = tmp_path / "host.json"
         path.write_bytes(case_bytes(case))
         source, stdin = str(path), None
-    r = _cli(["plan", "--from", source, "--json"], env, stdin)
+    r = inproc.hwprofile(["plan", "--from", source, "--json"], env, stdin)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr
     assert r.stdout == "", "nothing half-done on stdout"
     assert r.stderr.startswith("hwprofile: error: ") and r.stderr.count("hwprofile: error:") == 1, r.stderr
     assert case["expect"] in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", CASES[::15], ids=[c["id"] for c in CASES[::15]])
+def test_the_in_process_cli_is_the_cli(case: dict[str, Any], env: dict[str, str], tmp_path: Path) -> None:
+    """The corpus runs in this process (tests/inproc.py); a sample of it run both ways says the same."""
+    if case.get("gen") == "directory":
+        source, stdin = str(tmp_path), None
+    elif case.get("stdin"):
+        source, stdin = "-", case_bytes(case)
+    else:
+        (tmp_path / "host.json").write_bytes(case_bytes(case))
+        source, stdin = str(tmp_path / "host.json"), None
+    args = ["plan", "--from", source, "--json"]
+    a, b = _cli(args, env, stdin), inproc.hwprofile(args, env, stdin)
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
 
 
 # -- the published JSON Schema -----------------------------------------------------------------

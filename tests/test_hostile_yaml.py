@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -207,16 +208,20 @@ def _materialize(root: Path, files: dict[str, Any]) -> None:
             p.write_text(content)
 
 
-def run_plan(
-    snapshots: dict[str, Path], root: Path, args: list[str], env: dict[str, str], cwd: Path
-) -> subprocess.CompletedProcess[str]:
+def plan_args(snapshots: dict[str, Path], args: list[str]) -> list[str]:
     host = "rtx4090"
     if "--host" in args:
         i = args.index("--host")
         host = args[i + 1]
         args = args[:i] + args[i + 2 :]
-    cmd = [sys.executable, "-m", "hwprofile", "plan", "--from", str(snapshots[host]), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
+    return ["plan", "--from", str(snapshots[host]), *args]
+
+
+def run_plan(
+    snapshots: dict[str, Path], root: Path, args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hwprofile", *plan_args(snapshots, args)], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=cwd)  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "files", "args", "expect", "extra_env"), CASES, ids=[c[0] for c in CASES])
@@ -238,7 +243,7 @@ def test_hostile_input_exits_2(
     env = _clean_env(HWPROFILE_CONFIG_ROOT=str(root), HWPROFILE_CACHE_DIR=str(cache), **extra_env)
     before = _tree(root, cwd)
     try:
-        r = run_plan(snapshots, root, args, env, cwd)
+        r = inproc.hwprofile(plan_args(snapshots, args), env, cwd=cwd)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{name}: hwprofile plan hung (killed after 60 s)")
     assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
@@ -251,6 +256,23 @@ def test_hostile_input_exits_2(
     hostile = {os.path.basename(rel) for rel in files}
     entries = [p.name for p in (cache / "yaml").glob("*.json")] if (cache / "yaml").is_dir() else []
     assert not [e for e in entries if e.split("-", 1)[1][: -len(".json")] in hostile]
+
+
+@pytest.mark.parametrize(("name", "files", "args", "expect", "extra_env"), CASES[::12], ids=[c[0] for c in CASES[::12]])
+def test_the_in_process_cli_is_the_cli(
+    tmp_path: Path, snapshots: dict[str, Path], name: str, files: dict[str, Any], args: list[str],
+    expect: list[str], extra_env: dict[str, str],
+) -> None:  # fmt: skip
+    """The corpus runs in this process (tests/inproc.py); a sample of it run both ways says the same."""
+    root, cwd = tmp_path / "etc", tmp_path / "cwd"
+    for d in (root, cwd, tmp_path / "cache"):
+        d.mkdir()
+    _materialize(root, files)
+    args = [a.replace("{root}", str(root)) for a in args]
+    env = _clean_env(HWPROFILE_CONFIG_ROOT=str(root), HWPROFILE_CACHE_DIR=str(tmp_path / "cache"), **extra_env)
+    a = run_plan(snapshots, root, args, env, cwd)
+    b = inproc.hwprofile(plan_args(snapshots, args), env, cwd=cwd)
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
 
 
 TEXT_WORDS = (

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import inproc
 import pytest
 
 from hwprofile.host.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
@@ -122,16 +121,12 @@ def test_profiles_command(tmp_path, fake_nvml_dir, empty_root) -> None:
 
     host = build("a800-pcie-4x-2numa", tmp_path / "h")
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
-    r = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "profiles", "--json"], env=env, capture_output=True, text=True
-    )
+    r = inproc.hwprofile(["profiles", "--json"], env)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["chosen"] == "a800-80g-pcie"
     chosen = [x for x in out["rules"] if x["chosen"]]
     assert len(chosen) == 1 and all(c["ok"] for c in chosen[0]["checks"])
     assert {p["name"] for p in out["profiles"]} >= {"base", "cpu-only", "a800-80g-pcie", "rtx3090-dual"}
-    human = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "profiles"], env=env, capture_output=True, text=True
-    ).stdout
+    human = inproc.hwprofile(["profiles"], env).stdout
     assert "=> a800-80g-pcie" in human and "Chosen: a800-80g-pcie" in human

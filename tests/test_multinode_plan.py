@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import inproc
 import pytest
 
 from hwprofile.pipeline import PlanInputs, make_plan
@@ -166,18 +167,18 @@ def test_cli_plan_over_an_inventory_and_one_node_part(host_of, empty_root, tmp_p
     snap.write_text(json.dumps(detect_host().to_dict()))
     inv = tmp_path / "nodes.yaml"
     inv.write_text(f"nodes:\n  - {{snapshot: {snap}, address: 10.0.0.1}}\n  - {{snapshot: {snap}, address: 10.0.0.2}}\n")
-    run = [sys.executable, "-m", "hwprofile", "plan", "--model", HUGE, "--set", "speculative.method=none"]
+    run = ["plan", "--model", HUGE, "--set", "speculative.method=none"]
     env = {**os.environ, "HWPROFILE_CONFIG_ROOT": str(empty_root)}
-    out = subprocess.run([*run, "--inventory", str(inv), "--json"], capture_output=True, text=True, env=env)
+    out = inproc.hwprofile([*run, "--inventory", str(inv), "--json"], env)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert [i["node_rank"] for i in doc["instances"]] == [0, 1]
-    text = subprocess.run([*run, "--from", str(snap), "--from", str(snap)], capture_output=True, text=True, env=env)
+    text = inproc.hwprofile([*run, "--from", str(snap), "--from", str(snap)], env)
     assert text.returncode == 0, text.stderr
     assert "link between nodes       pipeline parallel" in text.stdout and "the group's decode ceiling" in text.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("nodes:\n  - {snapshot: /nonexistent.json, address: 10.0.0.1}\n")
-    out = subprocess.run([*run, "--inventory", str(bad)], capture_output=True, text=True, env=env)
+    out = inproc.hwprofile([*run, "--inventory", str(bad)], env)
     assert out.returncode != 0 and "nonexistent.json" in out.stderr
 
 

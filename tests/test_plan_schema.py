@@ -4,10 +4,9 @@ fixture host with several models, a refusal, and the CLI's own --json output."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import inproc
 import jsonschema
 import pytest
 
@@ -59,15 +58,9 @@ def test_cli_json_and_refusal_validate(tmp_path, fake_nvml_dir, empty_root) -> N
 
     host = build("no-driver", tmp_path / "h")
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
-    ok = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "plan", "--json", "--model", "Qwen/Qwen3-0.6B"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    ok = inproc.hwprofile(["plan", "--json", "--model", "Qwen/Qwen3-0.6B"], env)
     assert ok.returncode == 0, ok.stderr
     jsonschema.validate(json.loads(ok.stdout), SCHEMA)
-    refused = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "plan", "--json", "--model", "Qwen/Qwen2.5-72B-Instruct"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    refused = inproc.hwprofile(["plan", "--json", "--model", "Qwen/Qwen2.5-72B-Instruct"], env)
     assert refused.returncode == 1
     jsonschema.validate(json.loads(refused.stdout), SCHEMA)

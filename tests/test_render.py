@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import inproc
 import pytest
 
 from hwprofile.pipeline import make_plan
@@ -176,7 +177,7 @@ def test_version_between_tables_uses_the_older(host_of) -> None:
 
 
 def _cli(args, env):
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], env=env, capture_output=True, text=True)
+    return inproc.hwprofile(args, env)
 
 
 @pytest.fixture

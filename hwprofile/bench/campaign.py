@@ -104,6 +104,8 @@ def finish(
                 plot_err = "matplotlib is not installed (pip install 'hwprofile[bench]')"
         else:
             plot_err = "no point with throughput and p99 TTFT"
+    else:
+        plot_err = "not drawn (--no-plot)"
     doc = document(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         version=__version__, command=command, headline=head, throttled=throttled, wl=wl, host=host,

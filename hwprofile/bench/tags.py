@@ -207,14 +207,64 @@ class HardwareSampler:
         }
 
 
-def cpu_info() -> dict[str, Any]:
-    """CPU brand and cache sizes in bytes from ``py-cpuinfo`` (``error`` when it is missing or fails)."""
+CPUINFO_CACHE = "bench-cpuinfo.json"  # in $XDG_CACHE_HOME/hwprofile: py-cpuinfo's answer for this boot
+CPUINFO_CACHE_CAP = 1 << 20
+
+
+def _boot_id() -> str | None:
+    from ..runtime.files import read_bounded
+
     try:
-        import cpuinfo  # py-cpuinfo: the `bench` extra
+        return read_bounded("/proc/sys/kernel/random/boot_id", 64).decode().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _cpuinfo_cache() -> str:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hwprofile", CPUINFO_CACHE)
+
+
+def _probe_cpuinfo() -> dict[str, Any]:
+    """``py-cpuinfo``'s answer, kept for the rest of this boot: it runs a second Python that times the
+    clock (about a second of CPU), and the brand and cache sizes it reports do not change until the
+    machine restarts. A cache that is unreadable, another boot's or malformed is probed again."""
+    import json
+    import os
+
+    from ..runtime.files import atomic_write, read_bounded
+
+    boot, path = _boot_id(), _cpuinfo_cache()
+    if boot is not None:
+        try:
+            doc = json.loads(read_bounded(path, CPUINFO_CACHE_CAP, follow=False, owner=os.getuid()).decode())
+            if isinstance(doc, dict) and doc.get("boot_id") == boot and isinstance(doc.get("info"), dict):
+                return doc["info"]
+        except (OSError, UnicodeDecodeError, ValueError):
+            pass
+    import cpuinfo  # py-cpuinfo: the `bench` extra
+
+    info = {k: v for k, v in cpuinfo.get_cpu_info().items() if isinstance(v, (str, int, float, bool, type(None)))}
+    if boot is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, json.dumps({"boot_id": boot, "info": info}) + "\n", 0o600, durable=False)
+        except OSError:
+            pass  # no cache: the next bench probes again
+    return info
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU brand and cache sizes in bytes from ``py-cpuinfo`` (``error`` when it is missing or fails);
+    probed once per boot (:func:`_probe_cpuinfo`)."""
+    try:
+        import cpuinfo  # noqa: F401  py-cpuinfo: the `bench` extra
     except ImportError:
         return {"error": "py-cpuinfo is not installed (pip install 'hwprofile[bench]')"}
     try:
-        info = cpuinfo.get_cpu_info()
+        info = _probe_cpuinfo()
     except Exception as e:
         return {"error": f"py-cpuinfo failed: {e}"}
 

@@ -173,8 +173,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             _remove_empty(out_dir)
         raise error
     doc, report = finish(
-        plans, wl, htags, out_dir, command, error="; ".join(error.messages()) if error else None
-    )
+        plans, wl, htags, out_dir, command, make_plot=not args.no_plot,
+        error="; ".join(error.messages()) if error else None,
+    )  # fmt: skip
     if args.json:
         import json
 

@@ -366,6 +366,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         "--output", metavar="DIR",
         help="where bench.json, bench.png and vllm bench serve's own results go (default ./hwprofile-bench-<time>)",
     )  # fmt: skip
+    p.add_argument("--no-plot", action="store_true", help="no bench.png (matplotlib is not imported): the JSON and the report only")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     _add_runtime(p)
     p.add_argument(
