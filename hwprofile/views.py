@@ -273,11 +273,14 @@ def _predictions(plan: Plan) -> list[str]:
         out += ["  " + line for line in _table(rows)]
         out.append(f"      {g['reason']}")
         if g.get("batching"):
-            out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TPOT ms, out tok/s):")
-            cells = [f"{b['max_num_seqs']}/{b['max_num_batched_tokens']}{'*' if b['planned'] else ''}: "
-                     f"{b['tpot_ms']:g}, {b['output_tokens_per_s']:g}" + ("" if b["fits"] else " (does not fit)")
-                     for b in g["batching"]]  # fmt: skip
+            out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, TPOT ms, "
+                       "out tok/s; * configured, => run):")  # fmt: skip
+            cells = [f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
+                     f"{'*' if b['planned'] else ''}: {b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
+                     + ("" if b["fits"] else " (does not fit)") for b in g["batching"]]  # fmt: skip
             out += ["      " + "; ".join(cells[i : i + 3]) for i in range(0, len(cells), 3)]
+            if g.get("batching_reason"):
+                out.append(f"      batching ({g.get('batching_chosen_by')}): {g['batching_reason']}")
     for inst in plan.instances:
         p = inst.prediction
         if not p:

@@ -186,10 +186,11 @@ def test_live_overrides_end_to_end(daemon_env, tmp_path) -> None:  # noqa: F811
         reloads = [x for x in doc["actions"] if x["kind"] == "reload"]
         # one at a time: the second started only after the first was done (ready again)
         assert reloads[1]["at"] <= reloads[2]["at"] and reloads[0]["instance"] != reloads[2]["instance"]
-        # the deleted override is a change too: back to the profile's own value (192 on the A800)
+        # the deleted override is a change too: back to what the plan chooses without it (the A800
+        # profile's 192, doubled by layout.objective for this model: layout.batching=predicted)
         site.unlink()
         wait_for(lambda: _starts(e, port) == (3, 3), "restarted after the delete", 60)
-        assert flag(starts_of(e["starts"], port)[-1], "--max-num-seqs") == "192"
+        assert flag(starts_of(e["starts"], port)[-1], "--max-num-seqs") == "384"
         wait_for(lambda: all(i["state"] == "ready" for i in _status(e)) and not daemon_doc(e["runtime"])["restarting"]
                  and not daemon_doc(e["runtime"])["pending_restarts"], "settled", 60)  # fmt: skip
         # `hwprofile reload` with nothing changed: applied, no restart

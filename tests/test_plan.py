@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import inproc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -61,7 +61,17 @@ def test_rtx4090_needs_a_4bit_target_and_fp8_kv(host_of, empty_root) -> None:
     assert p["model"]["name"] == "Qwen/Qwen3-32B-AWQ" and p["model"]["bits"] == 4
     (inst,) = p["instances"]
     e = inst["engine"]
-    assert (e["kv_cache_dtype"], e["max_model_len"], e["max_num_seqs"]) == ("fp8", 4096, 6)
+    assert (e["kv_cache_dtype"], e["max_model_len"]) == ("fp8", 4096)
+    # the profile's 6 sequences queue the workload's 16 requests (predicted TTFT 9.6 s): the
+    # throughput objective takes 16, said in the reason; layout.batching=configured keeps the 6
+    assert e["max_num_seqs"] == 16 and inst["prediction"]["ttft_ms"] < 500
+    seqs = next(r for r in p["reasons"] if r["key"] == "instances[0].engine.max_num_seqs")
+    assert seqs["reason"].startswith("predicted: objective throughput: max_num_seqs 16") and "configured max_num_seqs 6" in seqs["reason"]
+    (grp,) = p["prediction"]["groups"]
+    assert grp["batching_chosen_by"] == "prediction" and [b["max_num_seqs"] for b in grp["batching"] if b["chosen"]] == [16]
+    kept = plan_for(host_of, empty_root, "rtx4090-1x", sets=["layout.batching=configured"])
+    assert kept["instances"][0]["engine"]["max_num_seqs"] == 6 and kept["instances"][0]["prediction"]["ttft_ms"] > 5000
+    assert kept["prediction"]["groups"][0]["batching_chosen_by"] == "configured"
     assert inst["speculative"]["num_speculative_tokens"] == 6
     reasons = {r["key"]: r for r in p["reasons"]}
     assert "does not fit" in reasons["model.name"]["reason"]
@@ -78,8 +88,15 @@ def test_12g_cards_fp8_only_where_the_hardware_has_it(host_of, empty_root) -> No
     assert p4070["instances"][0]["engine"]["kv_cache_dtype"] == "fp8"  # Ada: FP8
     for p in (p3060, p4070):
         e = p["instances"][0]["engine"]
-        assert e["gpu_memory_utilization"] == 0.85 and e["max_num_seqs"] == 4
+        assert e["gpu_memory_utilization"] == 0.85
         assert p["instances"][0]["speculative"]["num_speculative_tokens"] == 3
+    # the profile's 4 sequences against 16 requests: none meets the targets, the shortest request wins
+    e = p3060["instances"][0]["engine"]
+    assert e["max_num_seqs"] == 16 and "as no batching meets TTFT <= 500 ms" in p3060["prediction"]["groups"][0]["batching_reason"]
+    # an operator's value is never replaced
+    own = plan_for(host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-8B", sets=["engine.max_num_seqs=4"])
+    assert own["instances"][0]["engine"]["max_num_seqs"] == 4
+    assert "set by cli --set engine.max_num_seqs=4" in own["prediction"]["groups"][0]["batching_reason"]
 
 
 def test_dual_3090_one_card_then_a_second_replica_when_asked(host_of, empty_root) -> None:
@@ -224,9 +241,7 @@ def test_plan_cli_exit_codes_and_json(tmp_path, fake_nvml_dir, empty_root) -> No
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
 
     def run(*a):
-        return subprocess.run(
-            [sys.executable, "-m", "hwprofile", "plan", *a], env=env, capture_output=True, text=True
-        )
+        return inproc.hwprofile(["plan", *a], env)
 
     bad = run("--json", "--model", "Qwen/Qwen3-32B")
     assert bad.returncode == 1

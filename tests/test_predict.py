@@ -361,3 +361,30 @@ def test_batching_alternatives_show_what_a_bigger_step_costs_on_one_a100(host_of
     assert at[(256, 16384)]["kv_tokens"] < at[(256, 2048)]["kv_tokens"]
     assert at[(256, 16384)]["output_tokens_per_s"] < 0.9 * at[(256, 2048)]["output_tokens_per_s"]
 
+
+
+def _row(seqs: int, ttft: float, tpot: float, cap: float, planned: bool = False, fits: bool = True) -> dict:
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": 2048, "fits": fits, "kv_tokens": 1000, "ttft_ms": ttft,
+            "tpot_ms": tpot, "output_tokens_per_s": cap, "capacity_output_tokens_per_s": cap,
+            "capacity_concurrency": seqs, "planned": planned}  # fmt: skip
+
+
+def test_the_objective_chooses_the_batching_by_a_margin() -> None:
+    from hwprofile.plan.candidates import BATCHING_MARGIN, choose_batching
+
+    planned = _row(6, 9500, 20, 278, planned=True)
+    # throughput: the most tok/s within the targets, when it beats the configured one by the margin
+    i, why = choose_batching([planned, _row(16, 370, 45, 348), _row(32, 900, 60, 0)], "throughput", 500, 120, 256)
+    assert i == 1 and why.startswith("objective throughput: max_num_seqs 16") and "configured max_num_seqs 6" in why
+    close = _row(12, 300, 30, 278 * (1 + BATCHING_MARGIN) - 1)
+    assert choose_batching([planned, close], "throughput", 500, 120, 256) == (
+        -1, "objective throughput: max_num_seqs 12, max_num_batched_tokens 2048 are predicted less than 10% "
+        "better than the configured batching, which stays")  # fmt: skip
+    # a row that does not fit never wins; none within the targets: the shortest request
+    i, why = choose_batching([_row(4, 18600, 21, 0, planned=True), _row(16, 590, 67, 0), _row(64, 10, 1, 0, fits=False)],
+                             "throughput", 500, 120, 256)  # fmt: skip
+    assert i == 1 and "as no batching meets TTFT <= 500 ms" in why
+    # latency: the shortest request, not the lowest TPOT (fewer sequences only make requests wait)
+    rows = [_row(6, 9500, 20, 278, planned=True), _row(3, 20000, 15, 100), _row(16, 370, 45, 348)]
+    assert choose_batching(rows, "latency", 500, 120, 256)[0] == 2
+    assert choose_batching([_row(6, 100, 10, 0, planned=True, fits=False)], "latency", 500, 120, 256) == (-1, "no batching fits")

@@ -19,6 +19,7 @@ LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
 SHAPES = ("auto", "servers", "data_parallel")
 MULTINODE_BACKENDS = ("mp", "ray")
 OBJECTIVES = ("throughput", "latency")
+BATCHING = ("predicted", "configured")
 
 MiB = 2**20
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -115,6 +116,12 @@ class Layout(Section):
         "choice", "what the predicted choice of layout maximises: throughput (the most output tokens/s within "
         "the TTFT and TPOT targets) or latency (the lowest TPOT at the workload)",
         choices=OBJECTIVES, default="throughput",
+    )  # fmt: skip
+    batching: str = setting(
+        "choice", "who sets max_num_seqs and max_num_batched_tokens: predicted (the candidate batching the "
+        "objective prefers, where neither value was set by an operator's file, --set or the environment) or "
+        "configured (the profile's values as they are)",
+        choices=BATCHING, default="predicted",
     )  # fmt: skip
     ttft_target_ms: float = setting(
         "float", "time-to-first-token target of the throughput objective, ms (the seeds: 500)",

@@ -111,6 +111,7 @@ def build_plan(
         # Start over with the 4-bit checkpoint: the first attempt's reasons and warnings are void.
         r.items.clear()
         r.predictions.clear()
+        r.batching.clear()
         warnings = list(host_warnings)
         model = use_four_bit(model, variant, r)
         # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
@@ -204,7 +205,12 @@ def _instances(
         if n > 1:
             r.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
         return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft) for i in range(n)]
+    groups = layout(host, settings, model, draft, r, warnings, spec_method)
+
+    def batching(gpus: list[Any]) -> tuple[int, int, str] | None:  # what layout.objective chose for their group
+        return next((b for grp, b in r.batching.items() if gpus[0].index in grp), None)
+
     return [
-        gpu_instance(host, i, gpus, tp, settings, model, draft, spec_method, r, warnings)
-        for i, (gpus, tp) in enumerate(layout(host, settings, model, draft, r, warnings, spec_method))
+        gpu_instance(host, i, gpus, tp, settings, model, draft, spec_method, r, warnings, batching(gpus))
+        for i, (gpus, tp) in enumerate(groups)
     ]

@@ -116,11 +116,13 @@ def _batching(
     settings: Settings, fits: Any,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The candidate at other batching: ``max_num_batched_tokens`` at vLLM's defaults and the planned
-    value, ``max_num_seqs`` halved, planned, doubled; each with the KV space its activations leave
-    (shown, not chosen: the profile's batching stays)."""
+    value, ``max_num_seqs`` halved, planned, doubled and the requests of the workload each instance
+    takes; each with the KV space its activations leave (:func:`choose_batching` picks one)."""
     lay, eng = settings.layout, settings.engine
+    share = max(1, -(-wl.concurrency // max(1, c.instances)))  # the workload's requests per instance
     out = []
-    for seqs in sorted({max(1, eng.max_num_seqs // 2), eng.max_num_seqs, min(65_536, eng.max_num_seqs * 2)}):
+    for seqs in sorted({max(1, eng.max_num_seqs // 2), eng.max_num_seqs, min(65_536, eng.max_num_seqs * 2),
+                        min(65_536, share)}):  # fmt: skip
         for batched in sorted({*BATCHED_TOKENS, eng.max_num_batched_tokens}):
             budget = max(batched, seqs)
             ok, kv_tokens = fits(budget, seqs)
@@ -135,6 +137,64 @@ def _batching(
                 "planned": seqs == eng.max_num_seqs and batched == eng.max_num_batched_tokens,
             })  # fmt: skip
     return out
+
+
+# The configured batching gives way only to one predicted this much better (output tokens/s within the
+# targets, or a request's time): the model's own error is larger than a few per cent (tests/test_predict.py
+# holds it to ±30 % of AIConfigurator), so a smaller gain is no evidence for a change.
+BATCHING_MARGIN = 0.10
+
+
+def _better(b: Mapping[str, Any], planned: Mapping[str, Any], objective: str, output_len: int) -> bool:
+    if objective == "latency":
+        ms = lambda row: row["ttft_ms"] + (output_len - 1) * row["tpot_ms"]  # noqa: E731
+        return ms(b) < (1 - BATCHING_MARGIN) * ms(planned)
+    return b["capacity_output_tokens_per_s"] > (1 + BATCHING_MARGIN) * planned["capacity_output_tokens_per_s"]
+
+
+def choose_batching(
+    rows: Sequence[Mapping[str, Any]], objective: str, ttft_target_ms: float, tpot_target_ms: float,
+    output_len: int,
+) -> tuple[int, str]:  # fmt: skip
+    """The index of the batching row (:func:`_batching`) the objective prefers, and why; -1 with the
+    reason where the planned row stays. ``throughput``: the most output tokens/s sustained within the
+    targets, and where no row meets them, the shortest request; ``latency``: the shortest request at
+    the workload (TTFT + (output - 1) x TPOT: fewer sequences lower TPOT only by making requests
+    wait). A row that does not fit never wins; the planned row stays unless the winner is predicted
+    :data:`BATCHING_MARGIN` better."""
+    ok = [i for i, b in enumerate(rows) if b["fits"]]
+    planned = next((i for i, b in enumerate(rows) if b["planned"]), None)
+    if not ok:
+        return -1, "no batching fits"
+    def request_ms(j: int) -> float:
+        return rows[j]["ttft_ms"] + (output_len - 1) * rows[j]["tpot_ms"]
+
+    within = [j for j in ok if rows[j]["capacity_output_tokens_per_s"] > 0]
+    by = objective if objective == "latency" or within else "latency"  # none within the targets: the closest
+    if by == "latency":
+        i = min(ok, key=lambda j: (round(request_ms(j)), j != planned))
+        what = (f"the shortest predicted request ({request_ms(i) / 1e3:.2f} s: TTFT {rows[i]['ttft_ms']:.0f} ms, "
+                f"TPOT {rows[i]['tpot_ms']:.1f} ms)")  # fmt: skip
+        if by != objective:
+            what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
+    else:
+        i = max(within, key=lambda j: (round(rows[j]["capacity_output_tokens_per_s"], -1), j == planned,
+                                       -rows[j]["tpot_ms"]))  # fmt: skip
+        what = (f"the most output tokens/s within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms "
+                f"({rows[i]['capacity_output_tokens_per_s']:.0f} at {rows[i]['capacity_concurrency']} requests)")  # fmt: skip
+    b = rows[i]
+    if i == planned:
+        return -1, f"objective {objective}: the configured batching has {what}"
+    if planned is not None and rows[planned]["fits"] and not _better(b, rows[planned], by, output_len):
+        return -1, (f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
+                    f"{b['max_num_batched_tokens']} are predicted less than {BATCHING_MARGIN:.0%} better "
+                    "than the configured batching, which stays")  # fmt: skip
+    was = rows[planned] if planned is not None else None
+    then = (f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
+            f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms, "
+            f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets") if was else ""  # fmt: skip
+    return i, (f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
+               f"{b['max_num_batched_tokens']} have {what}{then}")
 
 
 def predict_group(
@@ -174,6 +234,7 @@ def predict_group(
     cands: list[pm.Candidate] = []
     specs: list[pm.Speculation | None] = []
     drafts: list[ModelFacts | None] = []
+    runs: list[bool] = []  # an instance would run it (it fits, or fits once it drops the draft)
     for tp, parts in sorted(parts_by_tp.items()):
         ok, kv_tokens = fits(d, tp)
         d_tp, only_without = d, False
@@ -192,12 +253,13 @@ def predict_group(
             why = why or "fits only without the draft (an instance would drop it for ngram), as the layout rule counts it"
         elif not ok:
             why = why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
+        runs.append(bool(parts) and (ok or only_without))
         batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
         cands.append(pm.Candidate(tp, max(1, len(parts)), 1, eng.max_num_seqs, batched, eng.enable_chunked_prefill,
                                   max(0, kv_tokens), link_for(host, parts[0] if parts else [], tp, row),
                                   fits=not why, why_not=why))  # fmt: skip
     preds = []
-    for c, spec, dr in zip(cands, specs, drafts, strict=True):
+    for c, spec, dr, run in zip(cands, specs, drafts, runs, strict=True):
         p = pm.predict(pgpu, shape, c, wl, spec)
         p.fits, p.why_not = c.fits, c.why_not
         if c.fits:
@@ -205,7 +267,7 @@ def predict_group(
                 pgpu, shape, c, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms
             )
         p.meets_targets = p.ttft_ms <= lay.ttft_target_ms and p.tpot_ms <= lay.tpot_target_ms
-        if c.fits:
+        if run:  # as the instance would run: a rule may still take it (the layout choice never does unless it fits)
             p.batching = _batching(pgpu, shape, c, wl, spec, settings,
                                    lambda b, q, tp=c.tp, dd=dr: fits(dd, tp, b, q))  # fmt: skip
         preds.append(p)
@@ -214,9 +276,12 @@ def predict_group(
 
 def record(
     store: list[dict[str, Any]], gpus: Sequence[Gpu], preds: list[pm.Prediction], chosen_tp: int, how: str,
-    predicted_tp: int | None, why: str,
+    predicted_tp: int | None, why: str, batching_pick: int = -1, batching_why: str = "",
 ) -> None:  # fmt: skip
-    """One group's candidates into the plan's ``prediction.groups`` (JSON-shaped, tuples for lists)."""
+    """One group's candidates into the plan's ``prediction.groups`` (JSON-shaped, tuples for lists);
+    ``batching_pick``: the batching row the objective took (-1: the configured one stayed)."""
+    rows = next((p.batching for p in preds if p.tp == chosen_tp), [])
+    rows = [b | {"chosen": (i == batching_pick) if batching_pick >= 0 else b["planned"]} for i, b in enumerate(rows)]
     store.append({
         "gpus": tuple(g.index for g in gpus),
         "gpu_name": gpus[0].name if gpus else None,
@@ -225,7 +290,9 @@ def record(
         "chosen_by": how,  # "prediction" or "rule"
         "predicted_best": next((p.label for p in preds if p.tp == predicted_tp), None),
         "reason": why,
-        "batching": tuple(next((p.batching for p in preds if p.tp == chosen_tp), [])),
+        "batching": tuple(rows),
+        "batching_chosen_by": "prediction" if batching_pick >= 0 else "configured",
+        "batching_reason": batching_why,
     })  # fmt: skip
 
 

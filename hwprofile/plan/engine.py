@@ -179,12 +179,15 @@ def concurrency(
     key: str,
     name: str,
     in_flight: int | None = None,
+    chosen_by: str | None = None,
 ) -> int:
-    """``max_num_seqs`` as configured. vLLM preallocates the KV cache, so more sequences than it
-    holds queue or get preempted rather than run out of memory: said so, not silently lowered.
-    Requests at full length are counted as vLLM counts its maximum concurrency where ``in_flight``
-    is given (:func:`context_length`)."""
+    """``max_num_seqs`` as configured (or as ``layout.objective`` chose it: ``chosen_by`` says why).
+    vLLM preallocates the KV cache, so more sequences than it holds queue or get preempted rather
+    than run out of memory: said so, not silently lowered. Requests at full length are counted as
+    vLLM counts its maximum concurrency where ``in_flight`` is given (:func:`context_length`)."""
     seqs = settings.engine.max_num_seqs
+    src: tuple[str, ...] = ("layout", "objective") if chosen_by else ("engine", "max_num_seqs")
+    why = f"predicted: {chosen_by}; " if chosen_by else ""
     whole = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=in_flight or 0, reserve=in_flight is not None)
     full_len = f.kv_cache_bytes // max(1, whole)
     half = max(
@@ -202,17 +205,19 @@ def concurrency(
         r.add(
             f"{key}.engine.max_num_seqs",
             seqs,
-            f"{seqs} as configured; {holds} (more queue or are preempted)",
-            ("engine", "max_num_seqs"),
+            f"{why or f'{seqs} as configured; '}{holds} (more queue or are preempted)",
+            src,
         )
     else:
-        r.add(f"{key}.engine.max_num_seqs", seqs, holds, ("engine", "max_num_seqs"))
+        r.add(f"{key}.engine.max_num_seqs", seqs, why + holds, src)
     return seqs
 
 
-def batched_tokens(settings: Settings, seqs: int, length: int, r: Reasons, key: str) -> int:
-    """``max_num_batched_tokens``: as configured, raised to what vLLM requires (at least
-    ``max_num_seqs``; without chunked prefill, at least ``max_model_len``)."""
+def batched_tokens(
+    settings: Settings, seqs: int, length: int, r: Reasons, key: str, chosen_by: str | None = None
+) -> int:
+    """``max_num_batched_tokens``: as configured (or as ``layout.objective`` chose it), raised to what
+    vLLM requires (at least ``max_num_seqs``; without chunked prefill, at least ``max_model_len``)."""
     batched = settings.engine.max_num_batched_tokens
     chunked = settings.engine.enable_chunked_prefill
     if batched < seqs:
@@ -233,8 +238,8 @@ def batched_tokens(settings: Settings, seqs: int, length: int, r: Reasons, key: 
         r.add(
             f"{key}.engine.max_num_batched_tokens",
             batched,
-            "tokens per scheduler step",
-            ("engine", "max_num_batched_tokens"),
+            f"predicted: {chosen_by}" if chosen_by else "tokens per scheduler step",
+            ("layout", "objective") if chosen_by else ("engine", "max_num_batched_tokens"),
         )
     return batched
 

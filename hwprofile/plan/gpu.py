@@ -5,6 +5,8 @@ the memory breakdown and the decode ceiling (estimate)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
@@ -37,9 +39,17 @@ def gpu_instance(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
+    batching: tuple[int, int, str] | None = None,
 ) -> tuple[InstancePlan, ModelFacts | None]:
     """Instance ``i`` over ``gpus`` at tensor parallel ``tp`` (the smallest GPU bounds its memory),
-    and the draft it runs (None where it runs none, or dropped it for want of memory)."""
+    and the draft it runs (None where it runs none, or dropped it for want of memory). ``batching``:
+    ``(max_num_seqs, max_num_batched_tokens, why)`` where ``layout.objective`` chose them."""
+    chosen_by = None
+    if batching is not None:
+        seqs_, batched_, chosen_by = batching
+        settings = dataclasses.replace(
+            settings, engine=dataclasses.replace(settings.engine, max_num_seqs=seqs_, max_num_batched_tokens=batched_)
+        )
     name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
     key = f"instances[{i}]"
     gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
@@ -73,8 +83,9 @@ def gpu_instance(
         raise PlanRefused(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
         ) from None
-    seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight)
-    batched = engine.batched_tokens(settings, seqs, length, r, key)
+    seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight,
+                              chosen_by)  # fmt: skip
+    batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
 
     quant = model.quant_method
     engine_settings = EngineSettings(

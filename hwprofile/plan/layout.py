@@ -4,6 +4,8 @@ instances' ports, and each instance's NUMA binding."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..config import ConfigError
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
@@ -263,8 +265,38 @@ def predicted_tp(
             why = f"{label} as {set_by} says; the prediction agrees: {why}"
     chosen = next((p.label for p in preds if p.tp == tp), f"TP{tp}")
     r.add(f"layout.objective[{','.join(str(g.index) for g in grp)}]", chosen, why, src)
-    candidates.record(r.predictions, grp, preds, tp, "prediction" if by_prediction else "rule", best_tp, why)
+    rows = next((p.batching for p in preds if p.tp == tp), [])
+    pick, batching_why = predicted_batching(rows, settings, r)
+    if pick >= 0:
+        r.batching[frozenset(g.index for g in grp)] = (
+            rows[pick]["max_num_seqs"], rows[pick]["max_num_batched_tokens"], batching_why
+        )
+    candidates.record(r.predictions, grp, preds, tp, "prediction" if by_prediction else "rule", best_tp, why,
+                      pick, batching_why)  # fmt: skip
     return tp
+
+
+RULE_KINDS = ("builtin", "default")  # a shipped profile's value or the schema's: the prediction may replace it
+
+
+def predicted_batching(rows: list[dict[str, Any]], settings: Settings, r: Reasons) -> tuple[int, str]:
+    """The batching row ``layout.objective`` takes for the chosen candidate (-1: the configured one
+    stays), and why. Only where ``layout.batching`` is ``predicted`` and neither ``max_num_seqs`` nor
+    ``max_num_batched_tokens`` was set by an operator (a file under the config root, --set, the
+    environment, or a degrade step): a shipped profile's values are rules the prediction may replace."""
+    from . import candidates
+
+    lay = settings.layout
+    if not rows:
+        return -1, "no batching predicted"
+    if lay.batching != "predicted":
+        return -1, "layout.batching=configured: the configured batching stays"
+    for key in (("engine", "max_num_seqs"), ("engine", "max_num_batched_tokens")):
+        src = r.provenance.get(key)
+        if src is not None and src.kind not in RULE_KINDS:
+            return -1, f"engine.{key[1]} is set by {src}: the configured batching stays"
+    return candidates.choose_batching(rows, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms,
+                                      lay.workload_output_len)  # fmt: skip
 
 
 def check_ports(settings: Settings, count: int, r: Reasons) -> None:

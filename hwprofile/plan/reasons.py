@@ -19,6 +19,9 @@ class Reasons:
         # calibration of this host the pipeline handed in (None: the datasheet model alone)
         self.predictions: list[dict[str, Any]] = []
         self.calibration: Any = None
+        # per GPU group (its indices): the batching layout.objective took (max_num_seqs,
+        # max_num_batched_tokens, why), where it replaced the configured one (plan/layout.py)
+        self.batching: dict[frozenset[int], tuple[int, int, str]] = {}
 
     def add(self, key: str, value: Any, reason: str, setting: tuple[str, ...] | None = None) -> Any:
         """Record ``value`` for ``key``; its source is the layer that set ``setting`` (else the planner)."""
