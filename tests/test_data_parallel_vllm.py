@@ -186,13 +186,14 @@ def test_the_daemon_degrades_a_data_parallel_server_when_a_card_heats(tiny, tmp_
     try:
         wait(lambda: (s := status(env)).get("instances") and s["instances"][0]["state"] == "ready", "ready")
         (first,) = starts()
-        assert flag(first, "--data-parallel-size") == "2" and flag(first, "--max-num-seqs") == "192"
+        # the A800 profile's 192 sequences, doubled by layout.objective for this model (layout.batching=predicted)
+        assert flag(first, "--data-parallel-size") == "2" and flag(first, "--max-num-seqs") == "384"
         url = status(env)["endpoint"]["url"]
         assert complete(url, str(tiny)) == 200
         host.set_state(**{"dev2.temperature": 84})  # past the A800 profile's hot_c (82 °C)
         t0 = time.monotonic()
         wait(lambda: len(starts()) >= 2, "the degraded start", 120)
-        assert flag(starts()[-1], "--max-num-seqs") == "144"  # 192 x 0.75: the whole server, both ranks
+        assert flag(starts()[-1], "--max-num-seqs") == "288"  # 384 x 0.75: the whole server, both ranks
         wait(lambda: (s := status(env))["instances"][0]["state"] == "ready" and s["instances"][0]["replacements"] == 1,
              "ready again at the degrade step")  # fmt: skip
         downtime = time.monotonic() - t0
