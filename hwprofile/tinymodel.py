@@ -15,7 +15,9 @@ import os
 import shutil
 from pathlib import Path
 
-DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hwprofile" / "tiny-llama"
+from .runtime.dirs import cache_dir
+
+DEFAULT_DIR = cache_dir() / "tiny-llama"
 
 # Shape: 2 layers, hidden 128, 4 heads of 32 (vLLM's CPU attention supports head size 32),
 # 2 KV heads, so KV bytes per token = 2 x 2 layers x 2 heads x 32 x 2 bytes = 512.

@@ -573,3 +573,8 @@ def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:
     (tmp_path / "elsewhere.json").write_text(json.dumps(doc))
     cache.symlink_to(tmp_path / "elsewhere.json")
     assert tags.cpu_info() == first and len(calls) == 5
+    for plant in ("fifo", "zero"):  # never a blocking or endless read: probed again
+        cache.unlink()
+        os.mkfifo(cache) if plant == "fifo" else cache.symlink_to("/dev/zero")
+        assert tags.cpu_info() == first
+    assert len(calls) == 7

@@ -220,13 +220,6 @@ def _boot_id() -> str | None:
         return None
 
 
-def _cpuinfo_cache() -> str:
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hwprofile", CPUINFO_CACHE)
-
-
 def _probe_cpuinfo() -> dict[str, Any]:
     """``py-cpuinfo``'s answer, kept for the rest of this boot: it runs a second Python that times the
     clock (about a second of CPU), and the brand and cache sizes it reports do not change until the
@@ -234,9 +227,10 @@ def _probe_cpuinfo() -> dict[str, Any]:
     import json
     import os
 
+    from ..runtime.dirs import cache_dir
     from ..runtime.files import atomic_write, read_bounded
 
-    boot, path = _boot_id(), _cpuinfo_cache()
+    boot, path = _boot_id(), str(cache_dir() / CPUINFO_CACHE)
     if boot is not None:
         try:
             doc = json.loads(read_bounded(path, CPUINFO_CACHE_CAP, follow=False, owner=os.getuid()).decode())

@@ -145,10 +145,14 @@ def _batching(
 BATCHING_MARGIN = 0.10
 
 
+def _request_ms(row: Mapping[str, Any], output_len: int) -> float:
+    """One request's predicted time at the workload: TTFT, then (output - 1) tokens at TPOT."""
+    return row["ttft_ms"] + (output_len - 1) * row["tpot_ms"]
+
+
 def _better(b: Mapping[str, Any], planned: Mapping[str, Any], objective: str, output_len: int) -> bool:
     if objective == "latency":
-        ms = lambda row: row["ttft_ms"] + (output_len - 1) * row["tpot_ms"]  # noqa: E731
-        return ms(b) < (1 - BATCHING_MARGIN) * ms(planned)
+        return _request_ms(b, output_len) < (1 - BATCHING_MARGIN) * _request_ms(planned, output_len)
     return b["capacity_output_tokens_per_s"] > (1 + BATCHING_MARGIN) * planned["capacity_output_tokens_per_s"]
 
 
@@ -167,7 +171,7 @@ def choose_batching(
     if not ok:
         return -1, "no batching fits"
     def request_ms(j: int) -> float:
-        return rows[j]["ttft_ms"] + (output_len - 1) * rows[j]["tpot_ms"]
+        return _request_ms(rows[j], output_len)
 
     within = [j for j in ok if rows[j]["capacity_output_tokens_per_s"] > 0]
     by = objective if objective == "latency" or within else "latency"  # none within the targets: the closest

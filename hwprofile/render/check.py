@@ -72,8 +72,9 @@ class CheckResult(NamedTuple):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hwprofile" / "check"
+    from ..runtime.dirs import cache_dir as hwprofile_cache
+
+    return hwprofile_cache() / "check"
 
 
 def check_args(

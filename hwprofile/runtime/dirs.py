@@ -49,6 +49,13 @@ def state_dir(flag: str | None = None) -> Path:
     return Path.home() / ".local" / "state" / "hwprofile"
 
 
+def cache_dir() -> Path:
+    """What can be made again, kept to save the work: ``$XDG_CACHE_HOME/hwprofile``, else
+    ``~/.cache/hwprofile`` (the unit sets ``XDG_CACHE_HOME`` to its ``CacheDirectory``). Only the path."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hwprofile"
+
+
 class UnsafeDirectory(InputError):
     """A directory hwprofile would use exists but is not safely its own (the message says why)."""
 
