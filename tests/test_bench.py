@@ -20,7 +20,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from vllmtools import fake_model, fake_vllm_shim, free_port
+from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
 from hwprofile.bench.compare import compare, spread
 from hwprofile.bench.knee import SweepPoint, find_knee
@@ -319,7 +319,7 @@ def world(tmp_path: Path):
            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")},
         "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "FAKEVLLM_READY_DELAY": "0.2",
     }  # fmt: skip
-    port = free_port()
+    port = free_ports(2)  # the two-server shape takes port and port + 1
     sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "server.shutdown_timeout=2",
             f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}",
             "bench.input_len=8", "bench.output_len=6", "bench.num_prompts=4"]  # fmt: skip

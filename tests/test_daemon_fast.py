@@ -17,27 +17,9 @@ from pathlib import Path
 
 import pytest
 from fakehost import build
-from vllmtools import FAKE_VLLM, fake_model, fake_vllm_shim
+from vllmtools import FAKE_VLLM, fake_model, fake_vllm_shim, free_ports
 
 FAKE = FAKE_VLLM
-
-
-def free_ports(n: int) -> int:
-    """A first port with n free ports after it (instances take consecutive ports)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-        if ok and base + n < 65535:
-            return base
-    raise RuntimeError("no free ports")
 
 
 @pytest.fixture
@@ -275,7 +257,6 @@ def test_a_daemon_started_while_a_card_is_hot_starts_that_instance_degraded(daem
 
 def test_a_taken_metrics_port_is_said_in_status(daemon_env) -> None:
     """The metrics port being taken was said only on stderr; it is in daemon.json and status."""
-    import socket
 
     e = daemon_env
     holder = socket.socket()

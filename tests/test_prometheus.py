@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ import pytest
 import yaml
 from fakehost import build
 from test_dashboard import DASHBOARD, VLLM_NAMES, metric_names
-from vllmtools import fake_model, fake_vllm_shim
+from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
 from hwprofile.config.run_sections import Bench, Watch
 from hwprofile.daemon.exporter import NAMES
@@ -147,39 +146,6 @@ def grafana_to_promql(expr: str) -> str:
         expr = expr.replace(var, value)
     assert "$" not in expr, f"a Grafana variable this test does not replace: {expr}"
     return expr
-
-
-_TAKEN: set[int] = set()  # ports handed out and not bound yet (the daemons start after all are picked)
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _TAKEN:
-            _TAKEN.add(port)
-            return port
-
-
-def free_ports(n: int) -> int:
-    """A first port with n free ports after it (a host's instances take consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        ok = base + n < 65535
-        for p in range(base, base + n):
-            if p != base and p in _TAKEN:
-                ok = False
-                continue
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-        if ok:
-            _TAKEN.update(range(base, base + n))
-            return base
-    raise RuntimeError("no free ports")
 
 
 def get_json(url: str) -> Any:

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from vllmtools import fake_model, fake_vllm_shim, free_port
+from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
 from hwprofile.pipeline import make_plan
 from hwprofile.plan import PlanRefused
@@ -109,7 +109,7 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
     URL still answers (nginx skips it)."""
     model = fake_model(tmp_path / "model")
     shim = fake_vllm_shim(tmp_path / "vllm")
-    base, front = free_port(), free_port()
+    base, front = free_ports(2), free_port()
     p = plan(host_of, empty_root, sets=[f"server.port={base}", f"layout.endpoint_port={front}"])
     conf = tmp_path / "nginx"
     (conf / "conf.d").mkdir(parents=True)
@@ -149,6 +149,7 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
         end = time.monotonic() + 20
         while time.monotonic() < end and not all(healthy(base + i) for i in range(2)):
             time.sleep(0.1)
+        assert all(healthy(base + i) for i in range(2)), [s.poll() for s in servers]  # exit codes, if any
         while time.monotonic() < end:
             try:
                 if ask() == 200:

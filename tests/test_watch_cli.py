@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fakehost import build
+from vllmtools import free_port
 
 FAKE = Path(__file__).resolve().parent / "fakevllm.py"
 CONFIG = {
@@ -23,12 +23,6 @@ CONFIG = {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
     "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -57,10 +57,48 @@ def require_vllm() -> None:
     pytest.skip(msg)
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections and ``bind(0)`` (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_TAKEN: set[int] = set()  # ports this worker handed out (a test may pick several before binding any)
+
+
+def free_ports(n: int = 1) -> int:
+    """A first port with ``n`` free consecutive ports after it (a host's instances take consecutive
+    ports), picked at random below the kernel's ephemeral range: a port from ``bind(0)`` is in that
+    range, where another worker's outgoing connection can take it (or the port after it) before the
+    server under test binds it."""
+    import random
+
+    high = _ephemeral_low() - n
+    for _ in range(200):
+        base = random.randrange(10000, high) if high > 11000 else 0
+        if base == 0:  # no room below the range: let the kernel choose
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                base = s.getsockname()[1]
+        ports = range(base, base + n)
+        if base + n >= 65535 or any(q in _TAKEN for q in ports):
+            continue
+        try:
+            for q in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        _TAKEN.update(ports)
+        return base
+    raise RuntimeError(f"no {n} free consecutive ports on 127.0.0.1")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """One free port on 127.0.0.1 (see free_ports)."""
+    return free_ports(1)
 
 
 _SHORT: list[str] = []
