@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from .host.snapshot import Cpu, Driver, Gpu, GpuLink, HostSnapshot, PcieLink, Software
+from .host.snapshot_io import snapshot_from_dict
 from .plan import gpufacts
 
 PRODUCT = "nvidia.com/gpu.product"
@@ -167,7 +168,7 @@ def class_snapshot(
         driver=_driver(labels),
         software=Software(vllm_version=vllm_version),
     )
-    return HostSnapshot.from_dict(snap.to_dict(), f"the labels of {hostname}"), tuple(assumed)
+    return snapshot_from_dict(snap.to_dict(), f"the labels of {hostname}"), tuple(assumed)
 
 
 def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass], list[str]]:

@@ -15,6 +15,7 @@ from .config import ConfigError, Source
 from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
 from .config.settings import Settings, broken_relations
 from .host.snapshot import HostSnapshot
+from .host.snapshot_io import snapshot_from_dict
 from .match import profiles as prof
 from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
@@ -279,9 +280,9 @@ class PlanInputs:
     def from_json(cls, data: Mapping[str, Any], source: str) -> PlanInputs:
         """The inputs of :meth:`to_json` (checked by the caller's contract: strings and lists of them)."""
         return cls(
-            HostSnapshot.from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
+            snapshot_from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
             tuple(data.get("overrides") or ()), tuple(data.get("sets") or ()), data.get("model"), data.get("draft"),
-            tuple(HostSnapshot.from_dict(n, source) for n in data.get("nodes") or ()),
+            tuple(snapshot_from_dict(n, source) for n in data.get("nodes") or ()),
             tuple(data.get("addresses") or ()), int(data.get("node_rank") or 0),
         )  # fmt: skip
 

@@ -12,7 +12,7 @@ import pytest
 from fakehost import FAKE_SOURCE, MIB, build, fixture_names, gpus_of, load_spec, nvml_include_dir
 
 from hwprofile.host.detect import detect_host
-from hwprofile.host.snapshot import HostSnapshot
+from hwprofile.host.snapshot_io import snapshot_from_dict
 
 GPU_HOSTS = [n for n in fixture_names() if gpus_of(load_spec(n))]
 
@@ -87,7 +87,7 @@ def test_fixture_host_is_detected_as_described(name: str, fake_host) -> None:
 def test_json_round_trip_is_lossless(fake_host) -> None:
     fake_host("a800-pcie-4x-2numa")
     snap = detect_host()
-    again = HostSnapshot.from_dict(json.loads(snap.to_json()))
+    again = snapshot_from_dict(json.loads(snap.to_json()))
     assert again == snap
     data = snap.to_dict()
     assert data["schema"] == "hwprofile.host/1"

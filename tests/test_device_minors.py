@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from hwprofile.host.detect import detect_host
-from hwprofile.host.snapshot import HostSnapshot, SnapshotError
+from hwprofile.host.snapshot import SnapshotError
+from hwprofile.host.snapshot_io import load_snapshot, snapshot_from_dict
 from hwprofile.pipeline import make_plan
 from hwprofile.render.output import NVIDIA_CONTROL_DEVICES, NVIDIA_DEVICE_GROUPS, device_allow, render
 from hwprofile.render.translate import render_instance
@@ -82,7 +83,7 @@ def test_detect_reads_the_minor_numbers_not_the_indexes(fake_host) -> None:
     assert [g.index for g in snap.gpus] == [0, 1, 2, 3]
     assert [g.minor_number for g in snap.gpus] == MINORS
     assert not [e for e in snap.errors if "minor" in e.where]
-    again = HostSnapshot.from_dict(json.loads(snap.to_json()))
+    again = snapshot_from_dict(json.loads(snap.to_json()))
     assert [g.minor_number for g in again.gpus] == MINORS
 
 
@@ -101,7 +102,7 @@ def test_unsupported_or_bad_minor_is_unknown_and_recorded(fake_host) -> None:
     where = {e.where: e.message for e in snap.errors}
     assert "Not Supported" in where["gpu[1].minor_number"]
     assert "300 is not a device minor" in where["gpu[3].minor_number"]
-    HostSnapshot.from_dict(json.loads(snap.to_json()))  # still a valid snapshot
+    snapshot_from_dict(json.loads(snap.to_json()))  # still a valid snapshot
 
 
 def test_driver_without_the_function_is_unknown(fake_host, monkeypatch) -> None:
@@ -144,23 +145,23 @@ def test_minor_out_of_range_is_refused(fake_host, bad) -> None:
     data = _snapshot(fake_host)
     data["gpus"][1]["minor_number"] = bad
     with pytest.raises(SnapshotError, match=r"gpus\[1\]\.minor_number: expected an integer from 0 to 255"):
-        HostSnapshot.from_dict(data)
+        snapshot_from_dict(data)
 
 
 def test_two_gpus_with_one_minor_are_refused(fake_host) -> None:
     data = _snapshot(fake_host)
     data["gpus"][3]["minor_number"] = 2
     with pytest.raises(SnapshotError, match=r"gpus\[3\]\.minor_number: device minor 2 is also GPU 0's"):
-        HostSnapshot.from_dict(data)
+        snapshot_from_dict(data)
     data["gpus"][3]["minor_number"] = None  # unknown twice is fine
     data["gpus"][2]["minor_number"] = None
-    HostSnapshot.from_dict(data)
+    snapshot_from_dict(data)
 
 
 def test_old_snapshot_without_minor_number_loads() -> None:
     base = json.loads((HERE / "hostile" / "host-base.json").read_text())
     assert base["gpus"] and all("minor_number" not in g for g in base["gpus"])
-    snap = HostSnapshot.from_dict(base)
+    snap = snapshot_from_dict(base)
     assert all(g.minor_number is None for g in snap.gpus)
 
 
@@ -194,7 +195,7 @@ def test_old_snapshot_plans_with_the_device_group_fallback(fake_host, empty_root
         del g["minor_number"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    plan = make_plan(HostSnapshot.load(path), empty_root, sets=["server.vllm_command=vllm"], environ={}).to_json()
+    plan = make_plan(load_snapshot(path), empty_root, sets=["server.vllm_command=vllm"], environ={}).to_json()
     assert plan["instances"] and all(i["gpu_minors"] == [None] * len(i["gpus"]) for i in plan["instances"])
     for name, unit in _units(plan).items():
         lines = _device_lines(unit)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hwprofile.host.snapshot import Gpu, GpuLink, HostSnapshot, NumaNode
+from hwprofile.host.snapshot_io import snapshot_from_dict
 from hwprofile.model import parse_config
 from hwprofile.pipeline import make_plan
 from hwprofile.plan import PlanRefused, build_plan
@@ -375,7 +376,7 @@ def _gpu_copies(host: HostSnapshot, count: int) -> HostSnapshot:
         {**g0, "index": i, "minor_number": i, "uuid": f"{g0['uuid'][:-2]}{i:02d}", "pci_bus_id": f"00000000:{i + 1:02x}:00.0"}
         for i in range(count)
     ]  # fmt: skip
-    return HostSnapshot.from_dict(data)
+    return snapshot_from_dict(data)
 
 
 def test_four_bit_retry_starts_over_without_the_first_attempts_warnings(host_of, empty_root) -> None:
@@ -461,7 +462,7 @@ def test_mixed_gpus_are_planned_separately_never_tp_across_models(host_of, empty
     b = host_of("rtx3060-12g-1x").to_dict()
     g1 = {**b["gpus"][0], "index": 1, "minor_number": 1, "pci_bus_id": "00000000:02:00.0"}
     a["gpus"] = [a["gpus"][0], g1]
-    host = HostSnapshot.from_dict(a)
+    host = snapshot_from_dict(a)
     p = make_plan(host, empty_root, model="Qwen/Qwen3-1.7B", sets=["speculative.method=none"], environ={}).to_json()
     assert p["profile"] == "generic-mixed"
     got = sorted((i["gpus"], i["gpu_name"], i["tensor_parallel_size"]) for i in p["instances"])

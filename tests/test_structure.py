@@ -1,6 +1,6 @@
 """The structure the redesign of the running wing promised, read off the code's own syntax trees:
 one place builds a Supervisor, the instance does not reach into it, NVML is spoken only inside
-host/, requests to an instance go through telemetry/http.py. (The layer order itself is checked
+host/, requests to an instance go through telemetry/http.py, no import circle. (The layer order is checked
 against docs/architecture.md by test_docs.py.)"""
 
 from __future__ import annotations
@@ -66,3 +66,59 @@ def test_run_time_files_are_named_in_one_module() -> None:
         p for p in (PACKAGE.rglob("*.py")) for name in names if name in p.read_text()
     }
     assert {str(p.relative_to(PACKAGE.parent)) for p in where} == {"hwprofile/runfiles.py"}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the package's modules it imports (at the top or inside a function), relative
+    imports resolved; ``from pkg import name`` is the submodule ``pkg.name`` where one exists."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = graph.setdefault(name, set())
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                out.update(a.name for a in n.names if a.name in names)
+            elif isinstance(n, ast.ImportFrom):
+                base = package.rsplit(".", n.level - 1)[0] if n.level > 1 else package if n.level else ""
+                target = ".".join(p for p in (base, n.module or "") if p)
+                subs = {f"{target}.{a.name}" for a in n.names} & names.keys()
+                out.update(subs or ({target} & names.keys()))
+        out.discard(name)
+    return graph
+
+
+def test_no_import_circle() -> None:
+    """No two modules of the package import each other, directly or round a circle (Tarjan's
+    strongly connected components of the import graph, lazy imports included)."""
+    graph, index, low, stack, on, circles = import_graph(), {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert len(graph) > 100 and any(graph.values())  # the graph was read
+    assert not circles, circles

@@ -30,7 +30,8 @@ def load_host(args: argparse.Namespace):  # -> HostSnapshot
 def load_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
     """Every host of the command (``--from`` given again for each, or ``--inventory``), node 0
     first, and their addresses (the inventory's; else each snapshot's hostname); empty without."""
-    from ..host.snapshot import HostSnapshot, SnapshotError
+    from ..host.snapshot import SnapshotError
+    from ..host.snapshot_io import load_snapshot
 
     files = list(getattr(args, "from_file", None) or [])
     addresses: list[str] = []
@@ -42,7 +43,7 @@ def load_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
     hosts = []
     for f in files:
         try:
-            hosts.append(HostSnapshot.load(f))
+            hosts.append(load_snapshot(f))
         except SnapshotError as e:
             raise CliError(str(e)) from None
     if not addresses:

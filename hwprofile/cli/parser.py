@@ -341,6 +341,12 @@ def _args_install_service(p: argparse.ArgumentParser) -> None:
         "daemon_args", nargs=argparse.REMAINDER, metavar="-- DAEMON ARGS",
         help="arguments for `hwprofile daemon` in ExecStart, e.g. -- --model /srv/models/x",
     )  # fmt: skip
+    # the daemon's own parser checks those arguments before they are written into the unit
+    p.set_defaults(daemon_parser=_daemon_parser)
+
+
+def _daemon_parser() -> argparse.ArgumentParser:
+    return build_parser("daemon")
 
 
 def _args_bench(p: argparse.ArgumentParser) -> None:

@@ -177,7 +177,7 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     from ..service import install
 
     extra = args.daemon_args[1:] if args.daemon_args[:1] == ["--"] else args.daemon_args
-    daemon = _check_daemon_args(extra)
+    daemon = _check_daemon_args(extra, args.daemon_parser())
     if args.run_as is not None and not USER_NAME.fullmatch(args.run_as):
         raise CliError(
             f"--run-as {args.run_as!r}: not a user name (letters, digits, '_' and '-', a letter or '_' first, "
@@ -198,14 +198,12 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,30}[$]?")
 
 
-def _check_daemon_args(extra: list[str]) -> argparse.Namespace:
-    """The arguments ExecStart will give ``hwprofile daemon``, parsed by the daemon's own parser
+def _check_daemon_args(extra: list[str], parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments ExecStart will give ``hwprofile daemon``, parsed by the daemon's own ``parser``
     here (a typo would make a unit whose daemon refuses to start), without control characters (a
     newline would be a new unit line if anything ever wrote it unquoted)."""
     import contextlib
     import io
-
-    from .parser import build_parser
 
     for a in extra:
         if any(ord(c) < 32 or ord(c) == 127 for c in a):
@@ -213,7 +211,7 @@ def _check_daemon_args(extra: list[str]) -> argparse.Namespace:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return build_parser("daemon").parse_args(["daemon", *extra])
+            return parser.parse_args(["daemon", *extra])
     except SystemExit:
         why = err.getvalue().strip().splitlines()
         raise CliError(f"`hwprofile daemon {' '.join(extra)}` would not start: {why[-1] if why else 'invalid'}") from None

@@ -9,9 +9,10 @@ schema ``hwprofile.host/1`` and loads back unchanged, so a snapshot can be saved
 replayed on another (``--from FILE``).
 
 This module is what detection needs: the records, their JSON form, the contract's limits. Reading a
-saved snapshot back (:mod:`.snapshot_io`), the load-time checks (:mod:`.snapshot_check`, in the rule
-vocabulary of :mod:`hwprofile.contracts`) and the published JSON Schema (:mod:`.snapshot_schema`) are
-imported only when a snapshot is loaded or the schema is asked for.
+saved snapshot back (:mod:`.snapshot_io`: :func:`~.snapshot_io.load_snapshot` for a file,
+:func:`~.snapshot_io.snapshot_from_dict` for parsed JSON), the load-time checks (:mod:`.snapshot_check`,
+in the rule vocabulary of :mod:`hwprofile.contracts`) and the published JSON Schema
+(:mod:`.snapshot_schema`) stand above it: detection never imports them.
 
 Unknown values are ``None``; what could not be read, and why, is listed in ``errors``.
 """
@@ -19,7 +20,6 @@ Unknown values are ``None``; what could not be read, and why, is listed in ``err
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
@@ -187,22 +187,6 @@ class HostSnapshot(NamedTuple):
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<snapshot>") -> HostSnapshot:
-        """Check ``data`` against the ``hwprofile.host/1`` contract, then build the snapshot; any
-        problem is a :class:`SnapshotError` naming ``source`` and the JSON path of the value."""
-        from .snapshot_io import snapshot_from_dict
-
-        return snapshot_from_dict(cls, data, source)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> HostSnapshot:
-        """Read a saved snapshot (``-`` = standard input): at most :data:`MAX_SNAPSHOT_BYTES`,
-        UTF-8, strict JSON (no duplicate keys, NaN or Infinity), then :meth:`from_dict`."""
-        from .snapshot_io import load_snapshot
-
-        return load_snapshot(cls, path)
 
 
 def _plain(obj: Any) -> Any:

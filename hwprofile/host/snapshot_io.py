@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contracts import BadJson, Invalid, parse_json
 from .snapshot import (
@@ -19,6 +19,7 @@ from .snapshot import (
     Driver,
     Gpu,
     GpuLink,
+    HostSnapshot,
     NumaNode,
     PcieLink,
     SnapshotError,
@@ -26,13 +27,10 @@ from .snapshot import (
 )
 from .snapshot_check import validate
 
-if TYPE_CHECKING:
-    from .snapshot import HostSnapshot
 
-
-def snapshot_from_dict(cls: type[HostSnapshot], data: dict[str, Any], source: str) -> HostSnapshot:
-    """:meth:`HostSnapshot.from_dict`: check ``data``, then build the snapshot; any problem is a
-    :class:`SnapshotError` naming ``source`` and the JSON path of the value."""
+def snapshot_from_dict(data: dict[str, Any], source: str = "<snapshot>") -> HostSnapshot:
+    """Check ``data`` against the ``hwprofile.host/1`` contract, then build the snapshot; any
+    problem is a :class:`SnapshotError` naming ``source`` and the JSON path of the value."""
     if not isinstance(data, dict):
         raise SnapshotError(f"{source}: expected a JSON object, got {type(data).__name__}")
     schema = data.get("schema")
@@ -46,14 +44,14 @@ def snapshot_from_dict(cls: type[HostSnapshot], data: dict[str, Any], source: st
     except Invalid as e:
         raise SnapshotError(f"{source}: not a valid host snapshot: {e}") from None
     try:
-        return _build(cls, data)
+        return _build(HostSnapshot, data)
     except (TypeError, ValueError, KeyError) as e:
         raise SnapshotError(f"{source}: not a valid host snapshot: {e}") from None
 
 
-def load_snapshot(cls: type[HostSnapshot], path: str | os.PathLike[str]) -> HostSnapshot:
-    """:meth:`HostSnapshot.load`: at most :data:`MAX_SNAPSHOT_BYTES` of ``path`` (``-`` = standard
-    input), UTF-8, strict JSON (no duplicate keys, NaN or Infinity), then :meth:`HostSnapshot.from_dict`."""
+def load_snapshot(path: str | os.PathLike[str]) -> HostSnapshot:
+    """A saved snapshot: at most :data:`MAX_SNAPSHOT_BYTES` of ``path`` (``-`` = standard input),
+    UTF-8, strict JSON (no duplicate keys, NaN or Infinity), then :func:`snapshot_from_dict`."""
     import errno
 
     raw = b""
@@ -74,7 +72,7 @@ def load_snapshot(cls: type[HostSnapshot], path: str | os.PathLike[str]) -> Host
     except BadJson as e:
         hint = "; save it again with `hwprofile detect --json > FILE`" if "UTF-8" in e.message else ""
         raise SnapshotError(f"{path}{e.where}: {e.message}{hint}") from None
-    return cls.from_dict(data, source=str(path))
+    return snapshot_from_dict(data, source=str(path))
 
 
 def read_capped(path: str | os.PathLike[str], cap: int) -> bytes:
