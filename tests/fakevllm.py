@@ -216,6 +216,13 @@ def top_logprobs(ids: list[int], greedy: list[int], prompt: str, k: int) -> list
     return out
 
 
+class _Listener(ThreadingHTTPServer):
+    """The fake's HTTP server. socketserver's listen backlog is 5: bench's 16 concurrent clients
+    overflowed it and a connection was reset now and then; uvicorn (vLLM's server) listens with 2048."""
+
+    request_queue_size = 2048
+
+
 class Server:
     def __init__(self, model: str, args: dict[str, Any], token_delay: float) -> None:
         self.model = model
@@ -704,7 +711,7 @@ def main(argv: list[str]) -> int:
         assert group is not None, "--headless needs --nnodes > 1"
         return headless(group, int(args.get("node_rank") or 0))
     try:
-        httpd = ThreadingHTTPServer((host, port), None)  # type: ignore[arg-type]
+        httpd = _Listener((host, port), None)  # type: ignore[arg-type]
     except OSError as e:
         print(
             f"OSError: [Errno {e.errno}] error while attempting to bind on address ('{host}', {port}): {e.strerror.lower()}"
