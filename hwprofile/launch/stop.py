@@ -7,16 +7,29 @@ import signal
 from pathlib import Path
 
 from ..runfiles import STATE_FILE, SupervisorDoc, read_doc, remove
-from ..runtime.processes import ALIVE, Identity, check, group_members, signal_process, wait_gone
+from ..runtime.processes import (
+    ALIVE,
+    Identity,
+    check,
+    group_members,
+    signal_process,
+    wait_gone,
+    wait_group_gone,
+)
+
+KILL_WAIT_S = 10.0  # how long a SIGKILLed group may take to be torn down before stop says so
 
 
 def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
     """End an instance its supervisor left behind: SIGTERM to the verified leader, then SIGKILL to
     its group while the leader still lives; members outliving a leader are killed one by one, each
-    verified (a group is never signalled once its leader may have been reaped)."""
+    verified (a group is never signalled once its leader may have been reaped). It returns once the
+    kill has taken effect (the port and the memory are free), or says what outlived it."""
     signal_process(ident, signal.SIGTERM)
     if not wait_gone(ident, grace) and signal_process(ident, signal.SIGKILL, group=True):
-        return f"{name}: process group {ident.pid} killed after {grace:.0f} s"
+        left = wait_group_gone(ident, KILL_WAIT_S)
+        still = f"; {len(left)} still there after {KILL_WAIT_S:.0f} s: {[m.pid for m in left]}" if left else ""
+        return f"{name}: process group {ident.pid} killed after {grace:.0f} s{still}"
     left = [m for m in group_members(ident.pid, not_before=ident.start) if m.pid != ident.pid]
     killed = sum(signal_process(m, signal.SIGKILL) for m in left)
     return f"{name}: pid {ident.pid} stopped" + (f"; {killed} leftover processes killed" if killed else "")

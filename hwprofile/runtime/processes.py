@@ -143,6 +143,15 @@ def group_members(pgid: int, not_before: int | None = None) -> list[Identity]:
     return out
 
 
+def wait_group_gone(leader: Identity, timeout: float) -> list[Identity]:
+    """Wait until no process of ``leader``'s group (started no earlier than it) is left; what is
+    still there after ``timeout``. A SIGKILLed process lingers until the kernel has torn it down."""
+    end = time.monotonic() + timeout
+    while (left := group_members(leader.pid, not_before=leader.start)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
 def wait_gone(ident: Identity, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while check(ident) == ALIVE:
