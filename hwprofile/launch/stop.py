@@ -27,7 +27,7 @@ def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
     kill has taken effect (the port and the memory are free), or says what outlived it."""
     signal_process(ident, signal.SIGTERM)
     if not wait_gone(ident, grace) and signal_process(ident, signal.SIGKILL, group=True):
-        left = wait_group_gone(ident, KILL_WAIT_S)
+        left = wait_group_gone(ident.pid, KILL_WAIT_S, not_before=ident.start)
         still = f"; {len(left)} still there after {KILL_WAIT_S:.0f} s: {[m.pid for m in left]}" if left else ""
         return f"{name}: process group {ident.pid} killed after {grace:.0f} s{still}"
     left = [m for m in group_members(ident.pid, not_before=ident.start) if m.pid != ident.pid]

@@ -143,11 +143,11 @@ def group_members(pgid: int, not_before: int | None = None) -> list[Identity]:
     return out
 
 
-def wait_group_gone(leader: Identity, timeout: float) -> list[Identity]:
-    """Wait until no process of ``leader``'s group (started no earlier than it) is left; what is
-    still there after ``timeout``. A SIGKILLed process lingers until the kernel has torn it down."""
+def wait_group_gone(pgid: int, timeout: float, not_before: int | None = None) -> list[Identity]:
+    """Wait until no process of group ``pgid`` (see :func:`group_members`) is left; what is still
+    there after ``timeout``. A SIGKILLed process lingers until the kernel has torn it down."""
     end = time.monotonic() + timeout
-    while (left := group_members(leader.pid, not_before=leader.start)) and time.monotonic() < end:
+    while (left := group_members(pgid, not_before)) and time.monotonic() < end:
         time.sleep(0.05)
     return left
 

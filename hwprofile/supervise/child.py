@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime.processes import group_members
+from ..runtime.processes import group_members, wait_group_gone
 from .logs import private_dir
 
 if TYPE_CHECKING:
@@ -153,4 +153,7 @@ def end_group(proc: subprocess.Popen[bytes], grace: float, name: str) -> None:
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the leader is alive or a zombie: the group is ours
+        # returns once the kill has taken effect: a restart finds the port and the memory free
+        if left := wait_group_gone(proc.pid, 10.0):
+            log.warning("%s: %d processes of its group outlived SIGKILL: %s", name, len(left), [m.pid for m in left])
     proc.wait()
