@@ -24,7 +24,7 @@ from .runtime.files import atomic_write
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
 STOP_MARGIN_S = 10  # the supervisor's SIGKILL margin beyond server.shutdown_timeout
-STOP_SLACK_S = 30  # beyond that: the daemon's own exit, last.json, the exporter
+STOP_SLACK_S = 30  # beyond that: the group's teardown (up to 10 s), the daemon's own exit, last.json
 DEFAULT_SHUTDOWN_S: int = Server().shutdown_timeout  # server.shutdown_timeout's declared default
 
 UNIT = """\
@@ -52,7 +52,8 @@ RestartSec=10
 # a model load can take many minutes (supervise.ready_timeout is 900 s by default)
 TimeoutStartSec=1200
 # SIGTERM to the daemon only: it drains every instance (server.shutdown_timeout = {shutdown}s, then
-# SIGKILL to each process group {margin}s later); whatever is left of the unit is SIGKILLed after
+# SIGKILL to each process group {margin}s later, and waits until it is torn down); whatever is left
+# of the unit is SIGKILLed after
 # TimeoutStopSec = {shutdown} + {margin} + {slack} s, so no vLLM outlives the daemon.
 KillMode=mixed
 KillSignal=SIGTERM

@@ -7,6 +7,7 @@ thread, a log sink that cannot be written, a proxy in the environment, the runti
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
@@ -44,7 +45,15 @@ from hwprofile.runfiles import (
     write_doc,
 )
 from hwprofile.runtime.dirs import user_dirname
-from hwprofile.runtime.processes import Identity, check, group_members, identify, signal_process
+from hwprofile.runtime.processes import (
+    Identity,
+    check,
+    group_left,
+    group_members,
+    identify,
+    signal_process,
+    wait_group_gone,
+)
 from hwprofile.supervise.lifecycle import ALLOWED, IllegalTransition, Machine, State
 from hwprofile.supervise.options import Options
 from hwprofile.supervise.supervisor import Supervisor
@@ -702,6 +711,53 @@ def test_stop_with_a_dead_supervisor_ends_the_orphan_it_left(world, rt, fake_env
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
+
+
+def test_stop_ends_what_a_zombie_leader_left_running(rt) -> None:
+    """The recorded leader has exited but was never reaped (a zombie: its number is still its own);
+    its child runs on in its group. stop signals no PID it cannot verify, yet ends that child."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & exit 0"], start_new_session=True)
+    try:
+        ident = identify(leader.pid)
+        assert ident is not None
+        wait_for(lambda: check(ident) == "gone" and len(group_members(leader.pid)) == 1, "the leader a zombie")
+        (child,) = group_members(leader.pid)
+        write_state(rt / STATE_FILE, _state(_dead_identity(), ident))
+        done = stop(rt)
+        assert done[1] == f"vllm-cpu: pid {leader.pid}: gone; not signalled; 1 leftover processes killed", done
+        assert check(child) == "gone" and not group_left(ident)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+_MAIN_THREAD_EXITS = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(300,)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_zombie_main_thread_with_live_threads_is_still_being_torn_down() -> None:
+    """A threaded process whose main thread has exited shows as a zombie (``Zl``) while its other
+    threads still hold its sockets and memory: group_left counts it until they are gone too."""
+    proc = subprocess.Popen([sys.executable, "-c", _MAIN_THREAD_EXITS], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        ident = identify(proc.pid)
+        assert ident is not None
+        wait_for(lambda: check(ident) == "gone", "the main thread a zombie")
+        assert group_members(proc.pid) == []  # a zombie: not a member that can be signalled
+        assert group_left(ident) == [ident]  # but its sleeping thread is still there
+        assert wait_group_gone(ident, 0.3) == [ident]  # and does not leave on its own
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert wait_group_gone(ident) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 # -- the command line ------------------------------------------------------------------------------

@@ -9,30 +9,42 @@ from pathlib import Path
 from ..runfiles import STATE_FILE, SupervisorDoc, read_doc, remove
 from ..runtime.processes import (
     ALIVE,
+    GONE,
+    TEARDOWN_S,
     Identity,
     check,
-    group_members,
+    group_left,
     signal_process,
+    start_time,
     wait_gone,
     wait_group_gone,
 )
 
-KILL_WAIT_S = 10.0  # how long a SIGKILLed group may take to be torn down before stop says so
+
+def _outlived(leader: Identity) -> str:
+    """Wait until what was killed of ``leader``'s group is torn down; what outlived that, said."""
+    left = wait_group_gone(leader)
+    return f"; {len(left)} still there after {TEARDOWN_S:.0f} s: {[m.pid for m in left]}" if left else ""
+
+
+def _end_leftovers(leader: Identity) -> str:
+    """Kill, one by one and each verified, the members of a group whose leader is gone (a group is
+    never signalled once its leader may have been reaped), and wait until they are torn down."""
+    left = [m for m in group_left(leader) if m.pid != leader.pid]
+    if not left:
+        return ""
+    killed = sum(signal_process(m, signal.SIGKILL) for m in left)
+    return (f"; {killed} leftover processes killed" if killed else "") + _outlived(leader)
 
 
 def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
     """End an instance its supervisor left behind: SIGTERM to the verified leader, then SIGKILL to
-    its group while the leader still lives; members outliving a leader are killed one by one, each
-    verified (a group is never signalled once its leader may have been reaped). It returns once the
+    its group while the leader still lives, or to each member outliving it. It returns once the
     kill has taken effect (the port and the memory are free), or says what outlived it."""
     signal_process(ident, signal.SIGTERM)
     if not wait_gone(ident, grace) and signal_process(ident, signal.SIGKILL, group=True):
-        left = wait_group_gone(ident.pid, KILL_WAIT_S, not_before=ident.start)
-        still = f"; {len(left)} still there after {KILL_WAIT_S:.0f} s: {[m.pid for m in left]}" if left else ""
-        return f"{name}: process group {ident.pid} killed after {grace:.0f} s{still}"
-    left = [m for m in group_members(ident.pid, not_before=ident.start) if m.pid != ident.pid]
-    killed = sum(signal_process(m, signal.SIGKILL) for m in left)
-    return f"{name}: pid {ident.pid} stopped" + (f"; {killed} leftover processes killed" if killed else "")
+        return f"{name}: process group {ident.pid} killed after {grace:.0f} s" + _outlived(ident)
+    return f"{name}: pid {ident.pid} stopped" + _end_leftovers(ident)
 
 
 def stop(runtime: Path, timeout: float = 120) -> list[str]:
@@ -64,6 +76,10 @@ def stop(runtime: Path, timeout: float = 120) -> list[str]:
         if what == ALIVE and ident is not None:
             done.append(_end_unsupervised(inst.name, ident, inst.stop_grace_s))
         elif ident is not None:
-            done.append(f"{inst.name}: pid {ident.pid}: {what}; not signalled")
+            # A zombie leader pins its number, so what is in its group is its own: ended too. A
+            # leader long gone names nothing: its number may lead another group by now.
+            zombie = what == GONE and start_time(ident.pid) == ident.start
+            done.append(f"{inst.name}: pid {ident.pid}: {what}; not signalled"
+                        + (_end_leftovers(ident) if zombie else ""))  # fmt: skip
     remove(runtime / STATE_FILE)  # everything it names is checked and ended: the file is done
     return done

@@ -127,27 +127,52 @@ def signal_process(ident: Identity, sig: int, group: bool = False) -> bool:
         os.close(fd)
 
 
-def group_members(pgid: int, not_before: int | None = None) -> list[Identity]:
+def _threads_left(pid: int) -> bool:
+    """Whether threads of ``pid`` other than its main one are still there (``/proc/PID/task``)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
+def group_members(pgid: int, not_before: int | None = None, exiting: bool = False) -> list[Identity]:
     """Processes whose process group is ``pgid`` and, with ``not_before``, that started no earlier
-    (processes of a group cannot predate its leader)."""
+    (processes of a group cannot predate its leader). A zombie is left out; with ``exiting``, not
+    one whose other threads are still being torn down (the main thread of a killed threaded process
+    turns zombie first, and the last thread out closes its sockets and frees its memory)."""
     out: list[Identity] = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
-        fields = _stat_fields(int(d.name))
-        if not fields or len(fields) <= 19 or fields[0] in ("Z", "X") or int(fields[2]) != pgid:
+        pid = int(d.name)
+        fields = _stat_fields(pid)
+        if not fields or len(fields) <= 19 or int(fields[2]) != pgid:
+            continue
+        if fields[0] in ("Z", "X") and not (exiting and _threads_left(pid)):
             continue
         start = int(fields[19])
         if not_before is None or start >= not_before:
-            out.append(Identity(int(d.name), start))
+            out.append(Identity(pid, start))
     return out
 
 
-def wait_group_gone(pgid: int, timeout: float, not_before: int | None = None) -> list[Identity]:
-    """Wait until no process of group ``pgid`` (see :func:`group_members`) is left; what is still
-    there after ``timeout``. A SIGKILLed process lingers until the kernel has torn it down."""
+TEARDOWN_S = 10.0  # how long a SIGKILLed process group may take to be torn down before it is reported
+
+
+def group_left(leader: Identity) -> list[Identity]:
+    """What of ``leader``'s process group still holds anything (:func:`group_members` with
+    ``exiting``); nothing once its number belongs to another process (the kernel hands out a number
+    again only when no process of the group is left)."""
+    start = start_time(leader.pid)
+    if start is not None and start != leader.start:
+        return []
+    return group_members(leader.pid, not_before=leader.start, exiting=True)
+
+
+def wait_group_gone(leader: Identity, timeout: float = TEARDOWN_S) -> list[Identity]:
+    """Wait until :func:`group_left` is empty; what is still there after ``timeout``."""
     end = time.monotonic() + timeout
-    while (left := group_members(pgid, not_before)) and time.monotonic() < end:
+    while (left := group_left(leader)) and time.monotonic() < end:
         time.sleep(0.05)
     return left
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime.processes import group_members, wait_group_gone
+from ..runtime.processes import TEARDOWN_S, identify, wait_group_gone
 from .logs import private_dir
 
 if TYPE_CHECKING:
@@ -132,10 +132,12 @@ def exited(proc: subprocess.Popen[bytes]) -> bool:
 def end_group(proc: subprocess.Popen[bytes], grace: float, name: str) -> None:
     """Graceful stop: SIGTERM to vLLM's API server (the group leader) only, so vLLM shuts its
     engine and workers down in order and drains requests (--shutdown-timeout); after ``grace``
-    seconds, or once the leader is gone, SIGKILL whatever is left of the process group. The leader
-    is reaped last, so every signal here reaches our own processes. ``name`` is the instance's, for
-    the log."""
+    seconds, or once the leader is gone and its children had up to 5 s to follow, SIGKILL whatever
+    is left of the process group, and wait (up to :data:`TEARDOWN_S`) until the kernel has torn it
+    down, so that a restart finds the port and the memory free. The leader is reaped last, so every
+    signal here reaches our own processes. ``name`` is the instance's, for the log."""
     if proc.returncode is None:
+        leader = identify(proc.pid)  # not reaped yet: the number is still this process's
         if not exited(proc):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
@@ -148,12 +150,11 @@ def end_group(proc: subprocess.Popen[bytes], grace: float, name: str) -> None:
                     name,
                     grace,
                 )
-        end = time.monotonic() + min(5.0, grace)
-        while group_members(proc.pid) and time.monotonic() < end:  # vLLM's children leave on their own
-            time.sleep(0.1)
+        if leader is not None and exited(proc):
+            wait_group_gone(leader, min(5.0, grace))  # vLLM's children leave on their own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the leader is alive or a zombie: the group is ours
-        # returns once the kill has taken effect: a restart finds the port and the memory free
-        if left := wait_group_gone(proc.pid, 10.0):
-            log.warning("%s: %d processes of its group outlived SIGKILL: %s", name, len(left), [m.pid for m in left])
+        if leader is not None and (left := wait_group_gone(leader)):
+            log.warning("%s: %d processes of its group outlived SIGKILL by %.0f s: %s",
+                        name, len(left), TEARDOWN_S, [m.pid for m in left])  # fmt: skip
     proc.wait()

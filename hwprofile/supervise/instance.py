@@ -180,7 +180,8 @@ class Instance:
 
     def _end(self, proc: subprocess.Popen[bytes], grace: float) -> None:
         """Stop ``proc`` gracefully and reap it (:func:`.child.end_group`: SIGTERM to the leader, after
-        ``grace`` seconds SIGKILL to what is left of its group), then let its log pump finish."""
+        ``grace`` seconds SIGKILL to what is left of its group, until it is torn down), then let its
+        log pump finish."""
         end_group(proc, grace, self.name)
         self.ident = None
         if self._pump is not None:

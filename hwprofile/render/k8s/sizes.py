@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
+from ...runtime.processes import TEARDOWN_S
+
 if TYPE_CHECKING:
     from ...host.snapshot import HostSnapshot
     from ...plan.types import Plan
@@ -59,7 +61,8 @@ def sizes(plan: Plan, pod_plan: Plan, rendered: Rendered, host: HostSnapshot) ->
     load_s = math.ceil(pod_plan.supervise.ready_timeout)
     estimate_s = int(weights / ASSUMED_DOWNLOAD_BYTES_S) + ASSUMED_ENGINE_START_S
     drain = int(pod.server.shutdown_timeout)
-    grace = PRESTOP_S + int(rendered.stop_timeout_s) + math.ceil(pod_plan.supervise.stop_margin)
+    # the preStop pause, vLLM's drain with its room, the SIGKILL margin, the kernel's teardown of the group
+    grace = PRESTOP_S + int(rendered.stop_timeout_s) + math.ceil(pod_plan.supervise.stop_margin) + int(TEARDOWN_S)
     unhealthy = pod_plan.supervise.unhealthy_s + pod_plan.supervise.ready_timeout + pod_plan.supervise.backoff_max
     return Sizes(
         gpus=gpus, cpu=cpu, memory=memory, shm=shm, cache=int(weights * 1.1) + 10 * GiB, tmp=8 * GiB,
