@@ -69,8 +69,9 @@ def test_run_time_files_are_named_in_one_module() -> None:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module → the package's modules it imports (at the top or inside a function), relative
-    imports resolved; ``from pkg import name`` is the submodule ``pkg.name`` where one exists."""
+    """Module → the package's modules it imports (at the top or inside a function, or only for type
+    checking: on the safe side), relative imports resolved; ``from pkg import name`` is the submodule
+    ``pkg.name`` where one exists, and every package above an imported module counts as imported."""
     names = {}
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -87,6 +88,9 @@ def import_graph() -> dict[str, set[str]]:
                 target = ".".join(p for p in (base, n.module or "") if p)
                 subs = {f"{target}.{a.name}" for a in n.names} & names.keys()
                 out.update(subs or ({target} & names.keys()))
+        # importing a.b.c runs the __init__ of a.b first (but a module's own packages are already running)
+        own = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)}
+        out.update({t.rsplit(".", i)[0] for t in out for i in range(1, t.count(".") + 1)} & names.keys() - own)
         out.discard(name)
     return graph
 

@@ -1,7 +1,7 @@
 """Reading a saved host snapshot back: the capped, strict JSON reader (``--from FILE``), then the
 ``hwprofile.host/1`` checks (:mod:`.snapshot_check`) and the records built from checked data.
 
-Reads files (or standard input); imported only when a snapshot is loaded, never by detection.
+Reads files (or standard input); it stands above the records it builds, and detection never imports it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The manifests of a workload, built as Python data and dumped with ``yaml.safe_dump``: the
 ConfigMap (the pod's snapshot, the vLLM command line, the pod's plan), the Deployment or
 LeaderWorkerSet, the Service and the PodMonitor. A value from a label, a node name or a setting is
-always a quoted scalar, never YAML syntax; comments go through :func:`..output.label` (one line
-each, control characters escaped). Every number comes from :mod:`.sizes`."""
+always a quoted scalar, never YAML syntax; comments go through :func:`hwprofile.render.output.label`
+(one line each, control characters escaped). Every number decided per plan (resources, probes, grace
+periods) comes from :mod:`.sizes`; what is fixed here (a probe's 5 s timeout, the small emptyDirs,
+the scrape interval, the pod's user) is the same for every pod."""
 
 from __future__ import annotations
 
