@@ -32,7 +32,7 @@ UNIT = """\
 # degrades and recovers by policy. Written by `hwprofile install-service`{origin}.
 [Unit]
 Description=hwprofile: vLLM instances planned for this host, watched and kept within policy
-Documentation=man:systemd.service(5) man:sd_notify(3)
+Documentation=man:systemd.service(5) https://www.freedesktop.org/software/systemd/man/latest/sd_notify.html
 After=network-online.target
 Wants=network-online.target
 

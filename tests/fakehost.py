@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from system import need
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures" / "hosts"
@@ -51,7 +52,7 @@ def compile_fake_nvml(out_dir: Path) -> Path:
     lib = out_dir / "libnvidia-ml.so.1"
     subprocess.run(
         [
-            "gcc",
+            need("gcc"),
             "-O2",
             "-Wall",
             "-Wextra",

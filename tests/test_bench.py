@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from system import need
 from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
 from hwprofile.bench.compare import compare, spread
@@ -352,9 +353,14 @@ def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, set
     for s in world["sets"] if sets is None else sets:
         cmd += ["--set", s]
     return subprocess.run(
-        [*cmd, *args, *([] if plot else ["--no-plot"])], env={**world["env"], **(env or {})}, capture_output=True,
-        text=True, timeout=300,
-        cwd=world["tmp"],  # a bench without --output writes ./hwprofile-bench-<time> here, not in the checkout
+        [*cmd, *args, *([] if plot else ["--no-plot"])],
+        env={**world["env"], **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=world[
+            "tmp"
+        ],  # a bench without --output writes ./hwprofile-bench-<time> here, not in the checkout
     )
 
 
@@ -435,7 +441,11 @@ def test_url_mode_json_and_errors(world) -> None:
         validate(doc)
         (p,) = doc["plans"]
         assert p["kind"] == "url" and p["source"] == url and doc["compare"] is None
-        assert doc["plot"] is None and doc["plot_error"] == "not drawn (--no-plot)" and not (out / "bench.png").exists()
+        assert (
+            doc["plot"] is None
+            and doc["plot_error"] == "not drawn (--no-plot)"
+            and not (out / "bench.png").exists()
+        )
         (pt,) = p["runs"][0]["points"]
         assert pt["concurrency"] == 1 and pt["spec_decode"]["acceptance_rate"] == pytest.approx(0.5)
         assert pt["vllm_bench"]["argv"][pt["vllm_bench"]["argv"].index("--model") + 1] == str(world["model"])
@@ -506,11 +516,10 @@ def test_point_logs_are_never_written_through_a_planted_link(tmp_path) -> None:
     assert victim.read_text() == "theirs\n"
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
-                    reason="nginx is not installed (apt-get install nginx)")  # fmt: skip
 def test_compare_the_two_shapes_of_one_host_each_through_its_one_url(world) -> None:
     """Separate servers are measured through nginx in front of them (the URL their clients use), one
     data-parallel server through its own."""
+    need("nginx")
     servers, dp = world["tmp"] / "servers.yaml", world["tmp"] / "dp.yaml"
     servers.write_text("layout:\n  shape: servers\n  replicas: 2\n")
     dp.write_text("layout:\n  shape: data_parallel\n  replicas: 2\n")
@@ -542,9 +551,13 @@ def test_a_bench_that_never_ran_leaves_no_results_directory_behind(world) -> Non
     kept = world["tmp"] / "kept"
     kept.mkdir()
     for output in ([], ["--output", str(world["tmp"] / "new")], ["--output", str(kept)]):
-        r = hw(world, *output, sets=[*world["sets"], f"server.vllm_command={dead}", "supervise.max_restarts=0"])
+        r = hw(
+            world, *output, sets=[*world["sets"], f"server.vllm_command={dead}", "supervise.max_restarts=0"]
+        )
         assert r.returncode != 0 and "not ready: vllm-cpu" in r.stderr, r.stdout + r.stderr
-        assert not list(world["tmp"].glob("hwprofile-bench-*")) and not (world["tmp"] / "new").exists(), r.stderr
+        assert not list(world["tmp"].glob("hwprofile-bench-*")) and not (world["tmp"] / "new").exists(), (
+            r.stderr
+        )
     assert kept.is_dir()  # a directory the user named and that was there stays
 
 
@@ -565,7 +578,11 @@ def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:
     assert tags.cpu_info() == first and len(calls) == 1 and oct(cache.stat().st_mode & 0o777) == "0o600"
     doc = json.loads(cache.read_text())
     assert doc["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    for planted in (json.dumps({**doc, "boot_id": "another-boot"}), "{not json", json.dumps({"boot_id": doc["boot_id"]})):
+    for planted in (
+        json.dumps({**doc, "boot_id": "another-boot"}),
+        "{not json",
+        json.dumps({"boot_id": doc["boot_id"]}),
+    ):
         cache.write_text(planted)
         assert tags.cpu_info() == first
     assert len(calls) == 4

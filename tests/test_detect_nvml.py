@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakehost import FAKE_SOURCE, MIB, build, fixture_names, gpus_of, load_spec, nvml_include_dir
+from system import need
 
 from hwprofile.host.detect import detect_host
 from hwprofile.host.snapshot_io import snapshot_from_dict
@@ -292,12 +293,14 @@ def test_a_library_that_crashes_in_init_is_said_not_fatal(tmp_path) -> None:
     src.write_text("int nvmlInitWithFlags(unsigned f) { (void)f; *(volatile int *)0 = 1; return 0; }\n"
                    "int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }\n")  # fmt: skip
     lib = tmp_path / "libcrash.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    subprocess.run([need("gcc"), "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     r = subprocess.run([sys.executable, "-m", "hwprofile", "detect", "--json"], capture_output=True, text=True,
                        env={**os.environ, "HWPROFILE_NVML_LIBRARY": str(lib)}, timeout=60)  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["gpus"] == [] and any("crashed in nvmlInit (SIGSEGV" in e["message"] for e in doc["errors"]), doc["errors"]
+    assert doc["gpus"] == [] and any("crashed in nvmlInit (SIGSEGV" in e["message"] for e in doc["errors"]), (
+        doc["errors"]
+    )
 
 
 def test_a_library_with_another_soname_is_not_reported_as_used(tmp_path, fake_nvml_dir, fake_host) -> None:
@@ -305,10 +308,13 @@ def test_a_library_with_another_soname_is_not_reported_as_used(tmp_path, fake_nv
     HWPROFILE_NVML_LIBRARY is loaded beside it but not used. Detect says which one answered."""
     host = fake_host("rtx4090-1x")
     other = tmp_path / "libnvidia-ml-custom.so"
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml-custom.so", "-Wno-deprecated-declarations",
+    subprocess.run([need("gcc"), "-O1", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml-custom.so", "-Wno-deprecated-declarations",
                     f"-I{nvml_include_dir()}", "-o", str(other), str(FAKE_SOURCE)], check=True)  # fmt: skip
-    env = {**host.env(fake_nvml_dir), "HWPROFILE_NVML_LIBRARY": str(other),
-           "LD_LIBRARY_PATH": str(fake_nvml_dir)}  # the default libnvidia-ml.so.1 is the fake in the test's dir
+    env = {
+        **host.env(fake_nvml_dir),
+        "HWPROFILE_NVML_LIBRARY": str(other),
+        "LD_LIBRARY_PATH": str(fake_nvml_dir),
+    }  # the default libnvidia-ml.so.1 is the fake in the test's dir
     r = subprocess.run([sys.executable, "-m", "hwprofile", "detect", "--json"], capture_output=True, text=True,
                        env=env, timeout=60)  # fmt: skip
     doc = json.loads(r.stdout)

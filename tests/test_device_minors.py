@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from system import analyze_verify, need
 
 from hwprofile.host.detect import detect_host
 from hwprofile.host.snapshot import SnapshotError
@@ -31,9 +31,6 @@ MINORS = [2, 3, 0, 1]
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 CONTROL = {f"DeviceAllow={d} rw" for d in NVIDIA_CONTROL_DEVICES}
 GROUPS = {f"DeviceAllow={g} rw" for g in NVIDIA_DEVICE_GROUPS}
-has_systemd_analyze = pytest.mark.skipif(
-    not shutil.which("systemd-analyze"), reason="systemd-analyze not installed"
-)
 
 
 def _device_lines(unit: str) -> set[str]:
@@ -259,24 +256,22 @@ def _verify(env: dict[str, str], tmp_path: Path, extra: list[str]) -> list[Path]
     units = sorted(out.glob("*.service"))
     assert units
     for unit in units:
-        v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        v = analyze_verify(unit)
         assert v.returncode == 0 and v.stderr == "", (unit.read_text(), v.stderr)
         sec = subprocess.run(
-            ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True
+            [need("systemd-analyze"), "security", "--offline=true", str(unit)], capture_output=True, text=True
         )
         m = re.search(r"Overall exposure level for .*: ([\d.]+)", sec.stdout)
         assert m and float(m.group(1)) <= 4.0, sec.stdout[-3000:]
     return units
 
 
-@has_systemd_analyze
 def test_units_with_minors_pass_systemd_analyze(cli_env, tmp_path) -> None:
     units = _verify(cli_env(HOST), tmp_path, [])
     nodes = {u.stem: _gpu_nodes(_device_lines(u.read_text())) for u in units}
     assert set().union(*nodes.values()) == {f"/dev/nvidia{m}" for m in MINORS}, nodes
 
 
-@has_systemd_analyze
 def test_fallback_units_pass_systemd_analyze(cli_env, tmp_path, fake_host) -> None:
     data = _snapshot(fake_host)
     for g in data["gpus"]:

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from fakehost import build
+from system import need
 from test_dashboard import DASHBOARD, VLLM_NAMES, metric_names
 from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
@@ -44,13 +45,7 @@ NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def tool(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
-    if path:
-        return path
-    msg = f"{name} is not installed: apt-get install --no-install-recommends prometheus (.ci/run does)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
+    return need(name)
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -216,7 +211,11 @@ class Host:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"), start_new_session=True
+            self.argv,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+            start_new_session=True,
         )
 
     def stop(self) -> None:
@@ -244,7 +243,9 @@ class Traffic:
     def run(self) -> None:
         while not self.stop_.is_set():
             for url, model in self.targets:
-                body = json.dumps({"model": model, "prompt": "the cat sat on the mat", "max_tokens": 8}).encode()
+                body = json.dumps(
+                    {"model": model, "prompt": "the cat sat on the mat", "max_tokens": 8}
+                ).encode()
                 req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
                 with contextlib.suppress(OSError, ValueError):
                     NO_PROXY.open(req, timeout=10).read()
@@ -280,7 +281,9 @@ def prometheus_config(tmp: Path, hosts: list[Host]) -> Path:
 
 
 @pytest.mark.slow
-def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tmp_path, fake_nvml_dir) -> None:
+def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
+    tmp_path, fake_nvml_dir
+) -> None:
     prometheus = tool("prometheus")
     tool("promtool")
     hosts = [
@@ -412,7 +415,9 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(tm
         assert levels[("a800", "2")] == 2 and levels[("rtx4090", "0")] == 0, levels
         # no GPU alert on the RTX host, whose card stayed cool
         alerts = get_json(api + "/alerts")["data"]["alerts"]
-        cool = [a for a in alerts if a["labels"].get("host") == "rtx4090" and "Gpu" in a["labels"]["alertname"]]
+        cool = [
+            a for a in alerts if a["labels"].get("host") == "rtx4090" and "Gpu" in a["labels"]["alertname"]
+        ]
         assert not cool, cool
         print(
             f"\nPrometheus saw {len(expected)} targets up {targets_up_s:.1f} s after its start; all "

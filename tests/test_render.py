@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import inproc
 import pytest
+from system import analyze_verify, need
 
 from hwprofile.pipeline import make_plan
 from hwprofile.render.translate import render_instance
@@ -128,7 +128,11 @@ def test_translations_by_release(host_of, empty_root) -> None:
     assert spec["0.15.0"]["method"] == "draft_model" and spec["0.15.0"]["model"] == "Qwen/Qwen3-1.7B"
     # 0.20 has neither k by batch size nor disable_by_batch_size (gone in 0.18, unknown keys rejected):
     # a fixed k, the k of the widest band that still speculates ([9, 64] -> 3)
-    assert spec["0.20.0"] == {"method": "draft_model", "num_speculative_tokens": 3, "model": "Qwen/Qwen3-1.7B"}
+    assert spec["0.20.0"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "model": "Qwen/Qwen3-1.7B",
+    }
     # 0.15 accepts disable_by_batch_size but never reads it: not emitted, a fixed k, and said so
     assert "disable_by_batch_size" not in spec["0.15.0"] and spec["0.15.0"]["num_speculative_tokens"] == 3
     assert any("never reads it" in w for w in got["0.15.0"]["vllm-gpu0-1"]["warnings"])
@@ -231,7 +235,6 @@ def test_templates_fail_on_undefined_values(host_of, empty_root) -> None:
         environment().get_template("vllm-instance.service.j2").render(name="x")
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
 @pytest.mark.parametrize(
     ("host", "version"),
     [
@@ -267,12 +270,12 @@ def test_units_pass_systemd_analyze_verify(cli_env, tmp_path, host, version) -> 
     units = sorted((tmp_path / "units").glob("*.service"))
     assert units
     for unit in units:
-        v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        v = analyze_verify(unit)
         assert v.returncode == 0 and v.stderr == "", (unit.read_text(), v.stderr)
         # The overall exposure (0 safe ... 10 unsafe) from the text: --threshold's scale differs by
         # systemd release (0-100 on 252), the printed figure does not.
         sec = subprocess.run(
-            ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True
+            [need("systemd-analyze"), "security", "--offline=true", str(unit)], capture_output=True, text=True
         )
         m = re.search(r"Overall exposure level for .*: ([\d.]+)", sec.stdout)
         assert m and float(m.group(1)) <= 4.0, sec.stdout[-3000:]

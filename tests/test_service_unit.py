@@ -8,18 +8,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from system import analyze_verify, need
 
 from hwprofile.render.output import systemd_quote
 from hwprofile.service import example_unit, hwprofile_command, render_tmpfiles, render_unit, shutdown_of
 
 ROOT = Path(__file__).resolve().parent.parent
-ANALYZE = shutil.which("systemd-analyze")
 
 
 def keys(unit: str) -> dict[str, list[str]]:
@@ -120,24 +119,43 @@ def test_the_repository_copy_is_the_rendered_example() -> None:
     assert (ROOT / "systemd" / "hwprofile.tmpfiles.conf").read_text() == render_tmpfiles()
 
 
-@pytest.mark.skipif(not ANALYZE, reason="systemd-analyze not installed")
 @pytest.mark.parametrize("user", [False, True])
 def test_unit_passes_verify_and_security(tmp_path, user) -> None:
     unit = tmp_path / "hwprofile.service"
     unit.write_text(render_unit(["--model", str(tmp_path)], user=user))
-    v = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True)
+    v = analyze_verify(unit)
     assert v.returncode == 0 and v.stderr == "", v.stderr
-    sec = subprocess.run([ANALYZE, "security", "--offline=true", str(unit)], capture_output=True, text=True)
+    sec = subprocess.run(
+        [need("systemd-analyze"), "security", "--offline=true", str(unit)], capture_output=True, text=True
+    )
     m = re.search(r"Overall exposure level for .*: ([\d.]+)", sec.stdout)
     assert m and float(m.group(1)) <= 3.0, sec.stdout[-3000:]
 
 
-@pytest.mark.skipif(not shutil.which("systemd-tmpfiles"), reason="systemd-tmpfiles not installed")
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("Type=notify", "Type=bogus"),
+        ("KillMode=mixed", "KillMode=sometimes"),
+        ("WatchdogSec=30", "WatchdogSecs=30"),
+    ],
+)
+def test_verify_still_fails_on_a_real_unit_error(tmp_path, line, said) -> None:
+    """Without the man-page look-up, verify still reports what is wrong with the unit itself."""
+    unit = tmp_path / "hwprofile.service"
+    text = render_unit(["--model", str(tmp_path)])
+    assert line in text
+    unit.write_text(text.replace(line, said))
+    v = analyze_verify(unit)
+    (word,) = {k for k in said.split("=") if k not in line}  # the bad value, or the unknown key
+    assert f"{unit}:" in v.stderr and word in v.stderr, v.stderr
+
+
 def test_tmpfiles_entry_creates_the_watched_config_root(tmp_path) -> None:
     conf = tmp_path / "hwprofile.conf"
     conf.write_text(render_tmpfiles())
     r = subprocess.run(
-        ["systemd-tmpfiles", "--create", f"--root={tmp_path / 'root'}", str(conf)],
+        [need("systemd-tmpfiles"), "--create", f"--root={tmp_path / 'root'}", str(conf)],
         capture_output=True,
         text=True,
     )
@@ -182,7 +200,9 @@ def test_reload_without_a_daemon_says_so(tmp_path) -> None:
     assert r.returncode == 1 and "not a daemon" in r.stderr, r.stderr
 
 
-def _install(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _install(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     e = {**os.environ, "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), **(env or {})}
     (tmp_path / "etc").mkdir(exist_ok=True)
     return subprocess.run([sys.executable, "-m", "hwprofile", "install-service", "--prefix", str(tmp_path / "out"),
@@ -203,7 +223,9 @@ def _install(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> s
     ],
     ids=["run-as-newline", "run-as-shell", "arg-newline", "typo", "negative", "zero", "one", "huge"],
 )
-def test_install_service_refuses_what_would_make_a_bad_unit(tmp_path: Path, args: list[str], says: str) -> None:
+def test_install_service_refuses_what_would_make_a_bad_unit(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
     r = _install(tmp_path, *args)
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()  # nothing written

@@ -5,13 +5,12 @@ package) in front of separate servers, tested against two fake vLLM servers."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from system import need
 from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
 from hwprofile.pipeline import make_plan
@@ -21,7 +20,6 @@ from hwprofile.render.translate import Unrenderable, render_instance
 from hwprofile.render.versions import release
 
 MODEL = "Qwen/Qwen2.5-32B-Instruct"
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
 
 def plan(host_of, root, name="a800-pcie-4x-2numa", version="0.32.0", sets=()):
@@ -37,10 +35,16 @@ def shape_reason(p) -> str:
 def test_the_seed_host_runs_two_servers_behind_one_url(host_of, empty_root) -> None:
     """The A800 profile's k-by-batch-size table is the reason: vLLM drops it with data parallel."""
     p = plan(host_of, empty_root)
-    assert [(i.name, i.server.port, i.ranks) for i in p.instances] == [("vllm-gpu0-1", 8000, 1), ("vllm-gpu2-3", 8001, 1)]
+    assert [(i.name, i.server.port, i.ranks) for i in p.instances] == [
+        ("vllm-gpu0-1", 8000, 1),
+        ("vllm-gpu2-3", 8001, 1),
+    ]
     assert "drops the k-by-batch-size table" in shape_reason(p)
     assert (p.endpoint.url, p.endpoint.via, p.endpoint.instances) == (
-        "http://127.0.0.1:8080", "nginx", ("vllm-gpu0-1", "vllm-gpu2-3"))
+        "http://127.0.0.1:8080",
+        "nginx",
+        ("vllm-gpu0-1", "vllm-gpu2-3"),
+    )
     j = p.to_json()
     assert j["endpoint"]["url"] == "http://127.0.0.1:8080" and "render --format nginx" in j["endpoint"]["how"]
 
@@ -48,12 +52,19 @@ def test_the_seed_host_runs_two_servers_behind_one_url(host_of, empty_root) -> N
 def test_without_the_table_the_host_is_one_data_parallel_server(host_of, empty_root) -> None:
     p = plan(host_of, empty_root, sets=["speculative.method=none"])
     (dp,) = p.instances
-    assert dp.ranks == 2 and dp.tensor_parallel_size == 2 and dp.gpus == (0, 1, 2, 3) and dp.server.port == 8000
+    assert (
+        dp.ranks == 2 and dp.tensor_parallel_size == 2 and dp.gpus == (0, 1, 2, 3) and dp.server.port == 8000
+    )
     assert dp.gpu_numa_nodes == (0, 0, 1, 1) and dp.numa_node is None
     assert p.endpoint.url == "http://127.0.0.1:8000" and p.endpoint.via == "vllm"
     argv = render_instance(p, dp, release("0.32.0"), "vllm", "/usr/bin/numactl").argv
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
-    assert argv[argv.index("--numa-bind-nodes") + 1: argv.index("--numa-bind-nodes") + 5] == ["0", "0", "1", "1"]
+    assert argv[argv.index("--numa-bind-nodes") + 1 : argv.index("--numa-bind-nodes") + 5] == [
+        "0",
+        "0",
+        "1",
+        "1",
+    ]
     with pytest.raises(Unrenderable, match="no --data-parallel-size"):
         render_instance(p, dp, release("0.6.3"), "vllm", None)
 
@@ -84,7 +95,9 @@ def test_cpu_replicas_as_servers_or_data_parallel(host_of, empty_root, tmp_path)
     two = make_plan(host, empty_root, environ={}, model=str(model),
                     sets=["layout.replicas=2", "layout.shape=servers", "speculative.method=none"])  # fmt: skip
     assert [(i.name, i.server.port) for i in two.instances] == [("vllm-cpu0", 8000), ("vllm-cpu1", 8001)]
-    dp = make_plan(host, empty_root, environ={}, model=str(model), sets=["layout.replicas=2", "speculative.method=none"])
+    dp = make_plan(
+        host, empty_root, environ={}, model=str(model), sets=["layout.replicas=2", "speculative.method=none"]
+    )
     (inst,) = dp.instances
     assert inst.ranks == 2 and inst.device == "cpu" and inst.name == "vllm-cpu-dp2"
 
@@ -102,11 +115,11 @@ def test_nginx_is_rendered_only_for_separate_servers_and_refuses_hostile_hosts(h
         render_nginx(plan(host_of, empty_root, sets=["server.host=a;include/etc/shadow"]))
 
 
-@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")
 def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> None:
     """Two fake vLLM servers on the plan's ports, Debian's nginx with the rendered conf.d file: every
     request through the one URL is answered, both servers take some, and with one server stopped the
     URL still answers (nginx skips it)."""
+    nginx = need("nginx")
     model = fake_model(tmp_path / "model")
     shim = fake_vllm_shim(tmp_path / "vllm")
     base, front = free_ports(2), free_port()
@@ -120,19 +133,41 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
         f"http {{ access_log off; client_body_temp_path {conf}/tmp; proxy_temp_path {conf}/tmp;\n"
         f"  include {conf}/conf.d/*.conf; }}\n"
     )  # fmt: skip
-    assert subprocess.run([NGINX, "-t", "-p", str(conf), "-c", str(conf / "nginx.conf")], capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            [nginx, "-t", "-p", str(conf), "-c", str(conf / "nginx.conf")], capture_output=True
+        ).returncode
+        == 0
+    )
     servers = [
-        subprocess.Popen([str(shim), "serve", str(model), "--host", "127.0.0.1", "--port", str(base + i),
-                          "--fake-ready-delay", "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.Popen(
+            [
+                str(shim),
+                "serve",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(base + i),
+                "--fake-ready-delay",
+                "0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         for i in range(2)
     ]
-    proxy = subprocess.Popen([NGINX, "-p", str(conf), "-c", str(conf / "nginx.conf")], stderr=subprocess.DEVNULL)
+    proxy = subprocess.Popen(
+        [nginx, "-p", str(conf), "-c", str(conf / "nginx.conf")], stderr=subprocess.DEVNULL
+    )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def ask() -> int:
         body = json.dumps({"model": str(model), "prompt": "a b", "max_tokens": 2}).encode()
-        req = urllib.request.Request(p.endpoint.url + "/v1/completions", body, {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            p.endpoint.url + "/v1/completions", body, {"Content-Type": "application/json"}
+        )
         with opener.open(req, timeout=10) as r:
             return r.status
 
@@ -157,7 +192,9 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
             except OSError:
                 time.sleep(0.1)
         assert all(ask() == 200 for _ in range(8))
-        metrics = [opener.open(f"http://127.0.0.1:{base + i}/metrics", timeout=5).read().decode() for i in range(2)]
+        metrics = [
+            opener.open(f"http://127.0.0.1:{base + i}/metrics", timeout=5).read().decode() for i in range(2)
+        ]
         served = [sum(float(ln.rsplit(" ", 1)[1]) for ln in m.splitlines()
                       if ln.startswith("vllm:request_success_total")) for m in metrics]  # fmt: skip
         assert all(n >= 1 for n in served), served  # both servers took requests
