@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from clock import ManualClock
 from system import need
 from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
 
@@ -142,12 +143,25 @@ def test_compare_pairs_rounds_and_reports_median_and_spread() -> None:
 
 
 def test_sampler_sees_a_card_throttle_mid_run(fake_host) -> None:
+    """The sampler's clock is the test's (tests/clock.py): each 0.05 s step is taken only once the
+    thread has sampled at the step before, so the throttled time is the test's, not the scheduler's."""
     host = fake_host("a100-80g-pcie-1x")
-    s = HardwareSampler({0: "A100"}, interval_s=0.05)
+    clock = ManualClock(0.0)
+    s = HardwareSampler({0: "A100"}, interval_s=0.01, clock=clock)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            seen = s.tracks[0].samples
+            end = time.monotonic() + 60
+            while s.tracks[0].samples < seen + 2 and time.monotonic() < end:  # one sampled at this time
+                time.sleep(0.005)
+            assert s.tracks[0].samples >= seen + 2, "the sampler thread took no reading for 60 s"
+            clock.advance(0.05)
+
     with s:
-        time.sleep(0.3)
+        steps(6)  # 0.3 s
         host.set_state(**{"dev0.temperature": 91, "dev0.clocks_event_reasons": 0x20, "dev0.sm_clock": 900})
-        time.sleep(0.4)
+        steps(8)  # 0.4 s
     tags = s.tags()
     assert tags["status"] == "ok" and tags["throttled"]
     (g,) = tags["gpus"]
@@ -155,7 +169,7 @@ def test_sampler_sees_a_card_throttle_mid_run(fake_host) -> None:
     assert g["temperature_c"]["max"] == 91 and g["temperature_c"]["min"] < 91
     assert g["sm_clock_mhz"]["min"] == 900 and g["sm_clock_mhz"]["card_max"] > 900
     assert g["throttle_reasons_seen"] == ["sw_thermal_slowdown"]
-    assert 0.15 < g["throttled_s"] < 0.7  # about the 0.4 s it was on, to one interval
+    assert abs(g["throttled_s"] - 0.4) <= 0.05 + 1e-9, g  # the 0.4 s it was on, to one step
     first, thr = headline([_plan_with_hardware(tags)])
     assert thr and first.startswith("THROTTLED: GPU 0 (A100) sw_thermal_slowdown for")
 

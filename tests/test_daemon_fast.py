@@ -125,7 +125,10 @@ def test_hot_card_degrades_its_instance_then_recovers(daemon_env) -> None:
         back = wait_for(lambda: len(starts_of(e["starts"], port + 1)) >= 3 and starts_of(e["starts"], port + 1), "recovery")
         assert flag(back[-1], "--max-num-seqs") == "256"
         assert len(starts_of(e["starts"], port)) == 1
-        assert reaction < 10  # dwell 0.6 s at 0.2 s ticks; measured for real in benchmarks/bench_daemon.py
+        # dwell 0.6 s at 0.2 s ticks (about 2 s with the restart); a bound a loaded machine keeps. The
+        # dwell itself is timed exactly in tests/test_daemon_policy.py (injected times); measured for
+        # real in benchmarks/bench_daemon.py
+        assert reaction < 60
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(60)

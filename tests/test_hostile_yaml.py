@@ -343,7 +343,7 @@ def test_alias_bomb_is_refused_fast() -> None:
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match="anchors and aliases"):
         load_text(ALIAS_BOMB, "bomb.yaml")
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10  # refused at once (milliseconds); expanded, it would not end
 
 
 # -- what the rules mean now ---------------------------------------------------------------------

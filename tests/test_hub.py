@@ -406,7 +406,9 @@ def test_a_hung_server_is_a_clear_error_quickly(hub: Hub, snapshot: Path, env, r
     r = plan(snapshot, {**env, "HF_HUB_ETAG_TIMEOUT": "1"}, "--model", repo)
     took = time.monotonic() - t0
     assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, r.stderr
-    assert took < 4 + 4, took  # 4 x 1 s at most, plus the interpreter
+    # 4 x 1 s at most, plus the interpreter: a bound that a loaded machine keeps (a hung server that
+    # was waited on without the timeout would hold it until the test's own timeout)
+    assert took < 4 + 40, took
 
 
 def test_offline_plans_from_the_cache_or_the_catalog(hub: Hub, snapshot: Path, env, tmp_path) -> None:

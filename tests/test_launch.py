@@ -164,7 +164,10 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
-    proc = env.foreground(host_args=("--from", str(env.two_node_snapshot())))
+    # The drain window is far above the stream's normal length (300 tokens of the tiny model: seconds):
+    # on a loaded machine the default 10 s could end before the stream does, and the test is about a
+    # drain that finishes the stream, not about its speed.
+    proc = env.foreground("server.shutdown_timeout=300", host_args=("--from", str(env.two_node_snapshot())))
     inst = env.wait(lambda i: i["state"] == "ready", "ready")
     url, pid = inst["url"], inst["pid"]
     assert url == f"http://127.0.0.1:{env.port}"
@@ -225,8 +228,9 @@ def test_launch_complete_verify_bind_and_drain_on_sigterm(env: Env) -> None:
         time.sleep(0.05)
     assert chunks, "no streamed chunk"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(120) == 0
-    assert done.wait(60) and any("[DONE]" in c for c in chunks)  # drained, not cut
+    assert proc.wait(420) == 0
+    assert done.wait(60), "the stream did not end"
+    assert any("[DONE]" in c for c in chunks), chunks[-3:]  # drained, not cut
     assert wait_gone(pid), f"orphans: {group_members(pid)}"
     assert env.status()["instances"][0]["state"] == "stopped"
 

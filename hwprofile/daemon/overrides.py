@@ -116,6 +116,11 @@ class ConfigWatch:
             return f"{self.root} is gone"
         return f"{self.root} is back" if self._schedule() else None
 
+    def pending(self) -> int:
+        """Events delivered since the last :meth:`poll` (what a test waits on before it polls)."""
+        with self._lock:
+            return len(self._events)
+
     def poll(self, now: float) -> str | None:
         """Called by the loop each tick: the reason once events stopped for ``quiet_s``."""
         came = self._check_root()

@@ -197,7 +197,8 @@ class Instance:
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> str:
         """'ready', 'exited', 'stopping', 'timeout' or (a headless node, :mod:`.group`) 'rejoin'."""
-        deadline = time.monotonic() + self.opts.ready_timeout
+        clock = self.opts.clock
+        deadline = clock() + self.opts.ready_timeout
         last_note = 0.0
         probed = False
         while True:
@@ -224,9 +225,9 @@ class Instance:
                     said = probe(self.url, self._api_key())
                     log.warning("%s: asked node 0 for one token, so that it finds this node gone: %s", self.name, said)
                     self.log.mark(f"probe of node 0 ({self.url}): {said}")
-            now = time.monotonic()
-            if now > deadline:
+            if clock() > deadline:
                 return "timeout"
+            now = time.monotonic()
             if self.opts.progress and now - last_note >= 5:
                 last_note = now
                 elapsed = time.time() - (self.started_at or time.time())
@@ -246,6 +247,7 @@ class Instance:
         every = max(poll, min(2.0, self.opts.unhealthy_s / 4))
         next_check = time.monotonic() + every
         self.health_failing_since, last = None, ""
+        failing_from = 0.0  # opts.clock() at the first failure: unhealthy_s is measured on it
         while not exited(proc) and not self._replace_asked.is_set() and not self._stop_asked.wait(poll):
             self._note_dropped()
             now = time.monotonic()
@@ -262,11 +264,11 @@ class Instance:
                 continue
             last = "no answer" if got is None else f"HTTP {got[0]}"
             if self.health_failing_since is None:
-                self.health_failing_since = time.time()
+                self.health_failing_since, failing_from = time.time(), self.opts.clock()
                 log.warning("%s: /health failing (%s)", self.name, last)
                 self.on_change()
-            elif time.time() - self.health_failing_since >= self.opts.unhealthy_s:
-                return f"/health failing for {time.time() - self.health_failing_since:.0f} s ({last})"
+            elif (failing := self.opts.clock() - failing_from) >= self.opts.unhealthy_s:
+                return f"/health failing for {failing:.0f} s ({last})"
         return None
 
     def _main(self) -> None:

@@ -3,6 +3,7 @@ decided and the plan's ``supervise`` and ``logs`` settings, read in one place.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -30,6 +31,9 @@ class Options(NamedTuple):
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
+    # what the readiness deadline and supervise.unhealthy_s are measured by (tests inject their own, so
+    # that a deadline passes when the test says so, not when a loaded machine happens to be slow)
+    clock: Callable[[], float] = time.monotonic
 
     @classmethod
     def from_settings(
