@@ -20,6 +20,7 @@ from .config.settings import Server
 from .errors import OperationError
 from .render.output import systemd_quote
 from .runtime.files import atomic_write
+from .runtime.processes import module_command
 
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
@@ -132,11 +133,11 @@ class Paths:
 
 def hwprofile_command() -> list[str]:
     """This installation's ``hwprofile``: the console script next to ``sys.executable`` (a venv's
-    ``bin/``, symlinks not resolved), else ``python -m hwprofile``."""
+    ``bin/``, symlinks not resolved), else ``python -P -m hwprofile``."""
     script = Path(sys.executable).parent / "hwprofile"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-m", "hwprofile"]
+    return module_command()
 
 
 def shutdown_of(daemon_args: Sequence[str]) -> int:

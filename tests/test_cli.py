@@ -86,3 +86,25 @@ def test_quick_exit_keeps_exit_codes_and_errors(tmp_path: Path) -> None:
                 text=True,
             )
         assert r.returncode == 1 and "cannot write the output" in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("command", ["detect", "profiles", "plan", "render", "launch"])
+def test_a_snapshot_on_standard_input_is_read_once(tmp_path: Path, fake_nvml_dir: Path, command: str) -> None:
+    """``--from -`` (documented: a snapshot on stdin) failed for plan, render and launch ("-:1:1:
+    invalid JSON"): the snapshot was read twice, the second time from an empty stdin."""
+    host = build("rtx4090-1x", tmp_path / "h")
+    env = cli_env(host, fake_nvml_dir)
+    snap = subprocess.run([_script(), "detect", "--json"], env=env, capture_output=True, text=True)
+    assert snap.returncode == 0, snap.stderr
+    extra = {
+        "plan": ["--json"],
+        "render": ["--vllm-version", "0.32.0", "--format", "json"],
+        "launch": ["--dry-run"],
+        "profiles": ["--json"],
+        "detect": ["--json"],
+    }[command]
+    r = subprocess.run(
+        [_script(), command, "--from", "-", *extra], input=snap.stdout, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "invalid JSON" not in r.stderr and r.stdout.strip()

@@ -105,3 +105,28 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     assert (Path(profiles) / "base.yaml").is_file() and (
         Path(templates) / "vllm-instance.service.j2"
     ).is_file()
+
+
+def test_processes_hwprofile_starts_of_itself_ignore_a_checkout_in_the_working_directory(tmp_path: Path) -> None:
+    """A newcomer installs non-editable and runs commands inside the clone: the detached supervisor
+    (``python -m hwprofile``) imported the clone's ``hwprofile/`` instead of the installed package, and
+    refused the plan as "not what its inputs plan". Here the working directory holds a decoy package
+    that exits "shadowed" when imported: the command hwprofile starts itself with runs the real one."""
+    from hwprofile.runtime.processes import module_command
+
+    decoy = tmp_path / "checkout" / "hwprofile"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise SystemExit('shadowed by the checkout')\n")
+    (decoy / "__main__.py").write_text("")
+    plain = subprocess.run([sys.executable, "-m", "hwprofile", "--version"], cwd=decoy.parent,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "shadowed" in plain.stderr  # what `python -m` does: the decoy is imported
+    r = subprocess.run([*module_command(), "--version"], cwd=decoy.parent, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("hwprofile "), r.stderr
+    # and no process hwprofile starts of itself is spelled another way
+    spelled = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "hwprofile").rglob("*.py")
+        if 'sys.executable, "-m", "hwprofile"' in p.read_text()
+    ]
+    assert spelled == [], spelled

@@ -29,7 +29,18 @@ def load_host(args: argparse.Namespace):  # -> HostSnapshot
 
 def load_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
     """Every host of the command (``--from`` given again for each, or ``--inventory``), node 0
-    first, and their addresses (the inventory's; else each snapshot's hostname); empty without."""
+    first, and their addresses (the inventory's; else each snapshot's hostname); empty without.
+    Read once per command: a later call gets the same hosts (``--from -`` is standard input, which
+    a second read would find empty)."""
+    loaded = getattr(args, "_loaded_hosts", None)
+    if loaded is not None:
+        return loaded
+    loaded = _read_hosts(args)
+    args._loaded_hosts = loaded
+    return loaded
+
+
+def _read_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
     from ..host.snapshot import SnapshotError
     from ..host.snapshot_io import load_snapshot
 

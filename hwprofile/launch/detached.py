@@ -23,6 +23,7 @@ from ..runfiles import (
     write_doc,
 )
 from ..runtime.dirs import private_dir
+from ..runtime.processes import module_command
 from .start import Launch, Refused
 from .status import format_status, status
 
@@ -86,7 +87,7 @@ def run_detached(launch: Launch, timeout: float) -> int:
     plan_file = write_launch_file(launch)
     out = open(runtime / SUPERVISOR_OUT, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "launch", "--plan-file", str(plan_file), "--runtime-dir", str(runtime)],
+        [*module_command(), "launch", "--plan-file", str(plan_file), "--runtime-dir", str(runtime)],
         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     out.close()

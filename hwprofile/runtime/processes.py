@@ -11,12 +11,21 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 # pidfd_send_signal: signal the process group of the target (Linux 6.9+); older kernels say EINVAL.
 PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
+
+
+def module_command() -> list[str]:
+    """This interpreter running this installation's hwprofile as a module, for the processes hwprofile
+    starts of itself (the detached supervisor, a unit without the console script). ``-P``: the
+    working directory is not put first on the import path, so a checkout's ``hwprofile/`` folder where
+    the command runs does not shadow the installed package (a newcomer runs commands from the clone)."""
+    return [sys.executable, "-P", "-m", "hwprofile"]
 
 
 def pid_alive(pid: int | None, group: bool = False) -> bool:
