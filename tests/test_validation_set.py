@@ -1,0 +1,81 @@
+"""The Qwen3.8-27B validation set (benchmarks/data/validation_qwen38*.yaml) is well formed and
+benchmarks/bench_predict.py can plan its points: every point names its source, a host fixture, a
+release, a workload and measured figures in the units bench_predict reads; held-out points stay apart."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_predict  # noqa: E402
+
+FILES = [bench_predict.MAIN, bench_predict.HELD_OUT]
+FIGURES = {
+    "decode_tok_s",
+    "prefill_tok_s",
+    "decode_active_tok_s",
+    "output_tok_s_shared_window",
+    "output_tok_s",
+    "ttft_ms",
+    "tpot_ms",
+}
+FLAGS = {
+    "tensor_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "speculative", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "enable_prefix_caching", "language_model_only",
+}  # fmt: skip
+
+
+def _points(path: Path) -> list[dict]:
+    return bench_predict.load_points(path)
+
+
+def test_the_main_set_has_at_least_20_points_and_the_held_out_set_is_apart() -> None:
+    main, held = _points(FILES[0]), _points(FILES[1])
+    assert len(main) >= 20 and len(held) >= 3
+    ids = [p["id"] for p in main + held]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_point_is_traced_and_readable(path: Path) -> None:
+    hosts = {p.stem for p in (ROOT / "tests" / "fixtures" / "hosts").glob("*.yaml")}
+    for p in _points(path):
+        where = p["id"]
+        assert p["source"]["url"].startswith("https://github.com/") and p["source"]["where"], where
+        assert p["hardware"]["host"] in hosts and p["hardware"]["count"] >= 1, where
+        assert re.fullmatch(r"\d+\.\d+\.\d+", str(p["vllm"])), where
+        example = p["checkpoint"].get("example")
+        assert example is None or (ROOT / example / "config.json").is_file(), where
+        assert set(p.get("flags") or {}) <= FLAGS, where
+        w = p["workload"]
+        assert all(isinstance(w[k], int) and w[k] > 0 for k in ("input_len", "output_len", "concurrency")), (
+            where
+        )
+        assert p["measured"] and set(p["measured"]) <= FIGURES, where
+        assert bench_predict.measured_rows(p), where  # at least one figure bench_predict compares
+
+
+def test_a_point_is_planned_with_its_own_settings(fake_nvml_dir: Path, tmp_path: Path) -> None:
+    """The FP8 TP4 point on the 4x3090 fixture: planned at TP 4 with the point's KV dtype, context and
+    sequences (what the prediction is worth is the report's question, not this test's)."""
+    point = next(p for p in _points(FILES[0]) if p["id"] == "3090x4-fp8-tp4-bf16kv-8k-c1")
+    res = bench_predict.plan_point(point, fake_nvml_dir, tmp_path)
+    assert "instance" in res, res
+    inst = res["instance"]
+    assert inst["tensor_parallel_size"] == 4 and len(inst["gpus"]) == 4
+    engine = inst["engine"]
+    # max_model_len is not compared: the point's 262,144 fit real vLLM, and the plan may shrink it
+    # while its KV accounting counts every layer as attention (issue 38)
+    assert (engine["kv_cache_dtype"], engine["max_num_seqs"]) == ("bfloat16", 16)
+    assert res["prediction"]["workload"] == {"input_len": 8218, "output_len": 128, "concurrency": 1}
+
+
+def test_a_point_without_a_model_copy_is_reported_not_planned(fake_nvml_dir: Path, tmp_path: Path) -> None:
+    point = next(p for p in _points(FILES[0]) if p["checkpoint"].get("example") is None)
+    assert "no config-only copy" in bench_predict.plan_point(point, fake_nvml_dir, tmp_path)["refused"]
