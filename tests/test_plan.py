@@ -270,6 +270,9 @@ def test_local_model_dir_and_hf_cache(tmp_path, monkeypatch) -> None:
         "awq",
         4,
     )
+    # a whole byte count written as a float (Qwen3.8-27B's index does) is the same count
+    (d / "model.safetensors.index.json").write_text('{"metadata": {"total_size": 55562855904.0}}')
+    assert resolve_model(str(d)).weights_bytes == 55562855904
     cache = tmp_path / "hub"
     snap = cache / "models--acme--tiny" / "snapshots" / "abc123"
     snap.mkdir(parents=True)

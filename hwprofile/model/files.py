@@ -104,6 +104,10 @@ def _check_index(index: Any, index_path: str, path: str) -> int | None:
     if meta is not None and not isinstance(meta, dict):
         raise ConfigError(f"{index_path}: metadata: expected an object, got {show_value(meta)}")
     total = (meta or {}).get("total_size")
+    # Some real indexes write the byte count as a float (Qwen3.8-27B's: 55562855904.0): a whole,
+    # finite one is the same count; a fraction, NaN or infinity is not a byte count.
+    if type(total) is float and total.is_integer() and 0 <= total <= MAX_CHECKPOINT_BYTES:
+        total = int(total)
     if total is not None and (type(total) is not int or not 0 <= total <= MAX_CHECKPOINT_BYTES):
         raise ConfigError(
             f"{index_path}: metadata.total_size: expected a byte count from 0 to {MAX_CHECKPOINT_BYTES}, "
