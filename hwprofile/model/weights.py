@@ -44,6 +44,7 @@ Pure: dicts in, numbers out; nothing from torch or transformers.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -137,6 +138,8 @@ def layer_kinds(cfg: dict[str, Any]) -> list[LayerKind]:
     c = flat_config(cfg)
     pattern = c.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:  # nemotron_h: one mixer or one MLP per layer
+        if len(pattern) > 10_000:
+            raise ValueError(f"hybrid_override_pattern: {len(pattern)} layers (at most 10000)")
         kinds = {"M": ("mamba2", "none"), "*": ("full", "none"), "E": ("none", "moe"), "-": ("none", "dense")}
         bad = sorted(set(pattern) - set(kinds))
         if bad:
@@ -496,6 +499,8 @@ def _mtp(c: dict[str, Any], s: _Shape, names: _Names) -> list[Tensor]:
     n = _int(c, "mtp_num_hidden_layers") or _int(c, "num_nextn_predict_layers")
     if not n:
         return []
+    if n > 1000:
+        raise ValueError(f"mtp_num_hidden_layers / num_nextn_predict_layers: {n} (at most 1000)")
     h = s.hidden
     moe = bool(
         next((_int(c, k) for k in ("num_experts", "n_routed_experts", "num_local_experts") if _int(c, k)), 0)
@@ -701,27 +706,55 @@ def _re2(pattern: str) -> Any:
         return None  # RE2 cannot say it (look-around): it matches nothing here
 
 
-def _matches(name: str, patterns: Sequence[str], mode: str) -> bool:
-    for pat in patterns:
-        if mode == "ct":  # compressed-tensors: exact, or "re:" matched from the start (vLLM re.match)
-            if pat.startswith("re:"):
+class _Matcher:
+    """A list of module names and patterns compiled once: exact names in a set (checkpoints list
+    tens of thousands), patterns as RE2 expressions (linear time whatever a config holds).
+
+    Modes: ``ct`` (compressed-tensors and vLLM's ``is_equal_or_regex_match``: the exact name, or
+    ``re:`` matched from the name's start; the class name ``Linear`` matches every linear layer),
+    ``fnmatch`` (ModelOpt: shell patterns over the whole name), ``boundary`` (FP8, AWQ, GPTQ,
+    bitsandbytes skip lists: a run of whole dotted components of the name, e.g. ``lm_head`` or
+    ``model.visual``; ``re:`` searched anywhere)."""
+
+    def __init__(self, patterns: tuple[str, ...], mode: str) -> None:
+        self.mode = mode
+        self.exact: set[str] = set()
+        self.regexes: list[Any] = []
+        self.every = False
+        for pat in patterns:
+            if pat.startswith("re:") and mode != "fnmatch":
                 rx = _re2(pat[3:])
-                if rx is not None and rx.match(name):
-                    return True
-            elif pat == name or (pat == "Linear"):
-                return True
-        elif mode == "fnmatch":
-            if fnmatch.fnmatchcase(name, pat) or pat == name:
-                return True
-        elif pat.startswith("re:"):  # GPTQModel / AutoRound patterns: searched anywhere in the name
-            rx = _re2(pat[3:])
-            if rx is not None and rx.search(name):
-                return True
-        elif (
-            pat == name or name.startswith(pat + ".") or name.endswith("." + pat) or ("." + pat + ".") in name
-        ):
+                if rx is not None:
+                    self.regexes.append(rx)
+            elif mode == "ct" and pat == "Linear":
+                self.every = True
+            elif mode == "fnmatch" and any(ch in pat for ch in "*?["):
+                rx = _re2(fnmatch.translate(pat).replace("\\Z", "\\z"))
+                if rx is not None:
+                    self.regexes.append(rx)
+            else:
+                self.exact.add(pat)
+
+    def __call__(self, name: str) -> bool:
+        if self.every or name in self.exact:
             return True
-    return False
+        if self.mode == "boundary" and self.exact:
+            parts = name.split(".")
+            n = len(parts)
+            if any(".".join(parts[i:j]) in self.exact for i in range(n) for j in range(i + 1, n + 1)):
+                return True
+        if self.mode == "ct" or self.mode == "fnmatch":
+            return any(rx.match(name) for rx in self.regexes)
+        return any(rx.search(name) for rx in self.regexes)
+
+
+@functools.lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...], mode: str) -> _Matcher:
+    return _Matcher(patterns, mode)
+
+
+def _matches(name: str, patterns: tuple[str, ...], mode: str) -> bool:
+    return _matcher(patterns, mode)(name)
 
 
 def _qint(q: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int | None:
