@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
 MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
 MLPS = ("dense", "moe", "none")
+MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")
 
 
 # integrator: import from .layers
@@ -159,9 +160,12 @@ def layer_kinds(cfg: dict[str, Any]) -> list[LayerKind]:
             elif "chunk" in t:
                 mixers.append("chunked")
             elif "mamba" in t:
-                mixers.append("mamba2" if "2" in t or mt in ("nemotron_h", "granitemoehybrid") else "mamba")
-            elif "linear" in t:
-                mixers.append("gdn" if _is_qwen_next(mt) else "kda" if "kimi" in mt else "linear")
+                mixers.append("mamba2" if "2" in t or mt in MAMBA2_TYPES else "mamba")
+            elif "linear" in t:  # transformers 5 writes Granite-4's "mamba" as "linear_attention"
+                mixers.append(
+                    "gdn" if _is_qwen_next(mt) else "kda" if "kimi" in mt else "mamba2" if mt in MAMBA2_TYPES
+                    else "mamba" if mt == "jamba" else "linear"
+                )  # fmt: skip
             else:
                 mixers.append("full")
     elif _is_qwen_next(mt) and _int(c, "full_attention_interval"):
@@ -453,6 +457,8 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
         out += _mlp(
             s, f"{box}.shared_experts", part, _int(c, "moe_shared_expert_intermediate_size") * n_shared
         )
+    elif _int(c, "shared_intermediate_size"):  # granite: one shared MLP, no gate
+        out += _mlp(s, f"{box}.shared_mlp", part, _int(c, "shared_intermediate_size"))
     elif shared_inter:  # qwen2-moe / qwen3-next: one shared expert and its gate
         out += _mlp(s, f"{box}.shared_expert", part, shared_inter)
         out.append(_lin(f"{box}.shared_expert_gate", part, 1, h))
@@ -470,6 +476,8 @@ def _layer(c: dict[str, Any], s: _Shape, kind: Any, p: str, part: str) -> list[T
     out: list[Tensor] = []
     if mixer in ("full", "sliding", "chunked", "mla"):
         out += _attention(c, s, kind, m if nemo else f"{p}.self_attn", part)
+        if s.mt == "falcon_h1":  # parallel hybrid: attention and a Mamba2 mixer side by side
+            out += _mamba2(c, s, f"{p}.mamba", part)
     elif mixer == "gdn":
         out += _gdn(c, s, f"{p}.linear_attn", part)
     elif mixer == "mamba2":
@@ -681,9 +689,11 @@ class Quant(NamedTuple):
     ignore_mode: str  # "ct" (exact or re:), "fnmatch", "boundary" (exact, prefix or suffix at a dot)
     experts_only: bool = False  # MXFP4 (gpt-oss): only the experts are quantized
     notes: tuple[str, ...] = ()
+    lm_head: bool = False  # the LM head quantized too (GPTQ/AutoRound ``lm_head: true``): vLLM's
+    # ParallelLMHead is no LinearBase, so no other method quantizes it
 
     def scheme(self, t: Tensor) -> Scheme:
-        if not t.linear or not self.method:
+        if not t.linear or not self.method or (t.part == "lm_head" and not self.lm_head):
             return BF16
         if self.experts_only and t.count == 1:
             return BF16
@@ -859,7 +869,8 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
                 ignore.append("re:" + pat[2:])
         keep = [p if p.startswith("re:") or not any(ch in p for ch in "*[(\\") else "re:" + p for p in ignore]
         name = "gptq" if gptq else "auto-round" if "round" in method else method
-        return Quant(name, bits, (*rules, ("ct", (), scheme)), tuple(keep), "boundary")
+        head = q.get("lm_head") is True
+        return Quant(name, bits, (*rules, ("ct", (), scheme)), tuple(keep), "boundary", lm_head=head)
     if method == "bitsandbytes":
         skip = _strs(q.get("llm_int8_skip_modules"))
         if q.get("load_in_8bit") is True:
