@@ -43,8 +43,8 @@ Pure: dicts in, numbers out; nothing from torch or transformers.
 
 from __future__ import annotations
 
-import fnmatch
 import functools
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -716,6 +716,29 @@ def _re2(pattern: str) -> Any:
         return None  # RE2 cannot say it (look-around): it matches nothing here
 
 
+def _glob(pat: str) -> str:
+    """A shell pattern (``*``, ``?``, ``[...]``) as an RE2 expression over the whole name
+    (``fnmatch.translate`` writes atomic groups, which RE2 does not have)."""
+    out: list[str] = []
+    i = 0
+    while i < len(pat):
+        ch = pat[i]
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[" and pat.find("]", i + 2) > 0:
+            j = pat.find("]", i + 2)
+            body = pat[i + 1 : j]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = j
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "(?s:" + "".join(out) + ")\\z"
+
+
 class _Matcher:
     """A list of module names and patterns compiled once: exact names in a set (checkpoints list
     tens of thousands), patterns as RE2 expressions (linear time whatever a config holds).
@@ -739,7 +762,7 @@ class _Matcher:
             elif mode == "ct" and pat == "Linear":
                 self.every = True
             elif mode == "fnmatch" and any(ch in pat for ch in "*?["):
-                rx = _re2(fnmatch.translate(pat).replace("\\Z", "\\z"))
+                rx = _re2(_glob(pat))
                 if rx is not None:
                     self.regexes.append(rx)
             else:
