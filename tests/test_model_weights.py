@@ -405,3 +405,22 @@ def test_unknown_layer_symbols_are_a_clear_refusal(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(gdn))
     with pytest.raises(ConfigError, match=r"Qwen3_5ForConditionalGeneration: .*linear_num_value_heads"):
         read_model_dir(tmp_path)
+
+
+def test_modelopt_config_groups_export_and_a_bad_vision_config(tmp_path: Path) -> None:
+    """ModelOpt's config.json export (compressed-tensors-like groups, shell-pattern ignore list)."""
+    cfg = {**_base(), "quantization_config": {
+        "quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head", "model.layers.0.*"],
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float",
+                                                                    "group_size": 16, "strategy": "tensor_group"}}}}}  # fmt: skip
+    q = read_quant(cfg)
+    got = {t.name: q.scheme(t) for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
+    assert got["model.layers.0.mlp.up_proj"].bits == 16
+    assert (got["model.layers.1.mlp.up_proj"].bits, got["model.layers.1.mlp.up_proj"].group) == (4, 16)
+    from hwprofile.config import ConfigError
+
+    bad = {**_cfg("qwen3.8-27b")}
+    bad["vision_config"] = {**bad["vision_config"], "depth": "27"}
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(ConfigError, match=r"vision_config\.depth: expected a non-negative integer"):
+        read_model_dir(tmp_path)

@@ -623,7 +623,10 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[Any]) -> list[Tensor]:
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
     out += _mtp(c, s, names)
-    out += _vision(cfg, s.hidden, names)
+    try:
+        out += _vision(cfg, s.hidden, names)
+    except ValueError as e:
+        raise ValueError(f"vision_config.{e}") from None
     return out
 
 
@@ -956,7 +959,8 @@ def _compressed_tensors(q: dict[str, Any], method: str) -> Quant:
             targets = _strs(g.get("targets")) or ("Linear",)
             rules.append(("ct", targets, scheme))
             widest = max(widest, scheme.bits)
-    return Quant(method, widest or None, tuple(rules), _strs(q.get("ignore")), "ct")
+    mode = "fnmatch" if method.startswith("modelopt") else "ct"  # ModelOpt's own export: shell patterns
+    return Quant(method, widest or None, tuple(rules), _strs(q.get("ignore")), mode)
 
 
 class WeightBytes(NamedTuple):
