@@ -43,7 +43,6 @@ Pure: dicts in, numbers out; nothing from torch or transformers.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -696,16 +695,22 @@ class Quant(NamedTuple):
     # ParallelLMHead is no LinearBase, so no other method quantizes it
 
     def scheme(self, t: Tensor) -> Scheme:
-        if not t.linear or not self.method or (t.part == "lm_head" and not self.lm_head):
-            return BF16
-        if self.experts_only and t.count == 1:
-            return BF16
-        if _matches(t.name, self.ignore, self.ignore_mode):
-            return BF16
-        for mode, patterns, scheme in self.rules:
-            if not patterns or _matches(t.name, patterns, mode):
-                return scheme
-        return BF16
+        """How ``t`` is stored (for many tensors, :meth:`chooser` compiles the lists once)."""
+        return self.chooser()(t)
+
+    def chooser(self) -> Any:
+        """``f(tensor) -> Scheme`` with the ignore list and the targets compiled once."""
+        ignore = _Matcher(self.ignore, self.ignore_mode)
+        rules = [(_Matcher(p, mode) if p else None, scheme) for mode, p, scheme in self.rules]
+
+        def choose(t: Tensor) -> Scheme:
+            if not t.linear or not self.method or (t.part == "lm_head" and not self.lm_head):
+                return BF16
+            if (self.experts_only and t.count == 1) or ignore(t.name):
+                return BF16
+            return next((scheme for m, scheme in rules if m is None or m(t.name)), BF16)
+
+        return choose
 
 
 def _re2(pattern: str) -> Any:
@@ -782,15 +787,6 @@ class _Matcher:
         if self.mode == "ct" or self.mode == "fnmatch":
             return any(rx.match(name) for rx in self.regexes)
         return any(rx.search(name) for rx in self.regexes)
-
-
-@functools.lru_cache(maxsize=64)
-def _matcher(patterns: tuple[str, ...], mode: str) -> _Matcher:
-    return _Matcher(patterns, mode)
-
-
-def _matches(name: str, patterns: tuple[str, ...], mode: str) -> bool:
-    return _matcher(patterns, mode)(name)
 
 
 def _qint(q: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int | None:
@@ -981,10 +977,11 @@ def weights_bytes(cfg: dict[str, Any], kinds: Sequence[Any], *, language_only: b
     """Bytes of every tensor at the checkpoint's quantization; ``language_only`` leaves the vision
     tower out of ``total`` (and of ``by_part``)."""
     q = read_quant(cfg)
+    choose = q.chooser()
     by = dict.fromkeys(PARTS, 0.0)
     for t in tensors(cfg, kinds):
         if language_only and t.part == "vision":
             continue
-        by[t.part] += q.scheme(t).nbytes(t)
+        by[t.part] += choose(t).nbytes(t)
     parts = {k: int(v) for k, v in by.items()}
     return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes)
