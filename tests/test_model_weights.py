@@ -424,3 +424,28 @@ def test_modelopt_config_groups_export_and_a_bad_vision_config(tmp_path: Path) -
     (tmp_path / "config.json").write_text(json.dumps(bad))
     with pytest.raises(ConfigError, match=r"vision_config\.depth: expected a non-negative integer"):
         read_model_dir(tmp_path)
+
+
+def test_deepseek_v3_mla_moe_and_its_mtp_layer() -> None:
+    """DeepSeek-V3's config.json (MLA, 256 routed + 1 shared expert, 3 dense layers, noaux_tc router
+    bias, one MTP layer with its own embedding and head copies): the model card's 671 B main model +
+    14 B MTP module = 685 B, 37 B activated; the FP8 block checkpoint holds ~1 byte per parameter."""
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+           "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+           "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+           "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 512,
+           "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+           "topk_method": "noaux_tc", "vocab_size": 129280, "num_nextn_predict_layers": 1,
+           "tie_word_embeddings": False, "quantization_config": {
+               "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+               "weight_block_size": [128, 128]}}  # fmt: skip
+    kinds = layer_kinds(cfg)
+    assert [k.mlp for k in kinds[:4]] == ["dense", "dense", "dense", "moe"] and {k.mixer for k in kinds} == {
+        "mla"
+    }
+    p = count_params(cfg, kinds)
+    assert (p.total - p.mtp) / 1e9 == pytest.approx(671, rel=0.01)
+    assert p.total / 1e9 == pytest.approx(685, rel=0.01)
+    assert p.active / 1e9 == pytest.approx(37, rel=0.03)
+    w = weights_bytes(cfg, kinds)
+    assert w.total == pytest.approx(p.total, rel=0.01)  # fp8 experts and projections, bf16 embeddings
