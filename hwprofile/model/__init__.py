@@ -3,7 +3,8 @@ the local Hugging Face cache, the built-in catalog of well-known models, or the 
 
 - :mod:`.facts`: :class:`ModelFacts` and the weight arithmetic (pure).
 - :mod:`.hfconfig`: config.json dict → :class:`ModelFacts`, every key checked (pure); :mod:`.arch`
-  adds what differs per architecture (MoE, MLA).
+  adds what differs per architecture (MoE, MLA); :mod:`.weights` counts every parameter tensor per
+  layer kind and sizes it under the checkpoint's quantization (pure).
 - :mod:`.files`: a model folder's config.json and safetensors index or shards (reads files).
 - :mod:`.resolve`: directory, else Hugging Face cache, else catalog, else the Hub (reads the cache and
   the catalog).
@@ -28,6 +29,7 @@ from .resolve import (
     hf_cache_dir,
     resolve_model,
 )
+from .weights import ParamBreakdown, WeightBytes, count_params, weights_bytes
 
 __all__ = [
     "DTYPE_BYTES",
@@ -35,9 +37,12 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_INDEX_BYTES",
     "ModelFacts",
+    "ParamBreakdown",
+    "WeightBytes",
     "catalog_models",
     "catalog_names",
     "checkpoint_bytes",
+    "count_params",
     "embed_params",
     "find_in_hf_cache",
     "from_catalog",
@@ -45,5 +50,6 @@ __all__ = [
     "parse_config",
     "read_model_dir",
     "resolve_model",
+    "weights_bytes",
     "weights_bytes_at",
 ]

@@ -48,6 +48,11 @@ class ModelFacts(NamedTuple):
     # the tokenizer's facts (model.tokenizer_check.TokenizerFacts), or why none: read by the pipeline
     # only when a draft is planned beside the model, so that the planner compares without reading
     tokenizer: Any = None
+    # parts of weights_bytes vLLM loads only sometimes (hwprofile.model.weights, estimated even where
+    # weights_bytes is the checkpoint's own size): the vision tower (not with --language-model-only)
+    # and the MTP layers (only with MTP speculation: the target model skips the "mtp." weights)
+    vision_bytes: int = 0
+    mtp_bytes: int = 0
 
     @property
     def full_layers(self) -> int:

@@ -11,7 +11,8 @@ import json
 from typing import TYPE_CHECKING
 
 from .arch import read_arch
-from .facts import DTYPE_BYTES, ModelFacts, embed_params, weights_bytes_at
+from .facts import ModelFacts
+from .weights import count_params, layer_kinds, weights_bytes
 
 if TYPE_CHECKING:
     from typing import Any
@@ -102,6 +103,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     text = cfg.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ValueError(f"text_config: expected an object, got {show_value(text)}")
+    raw = cfg
     text_keys: frozenset[str] = frozenset()
     if text:  # multimodal wrappers keep the LM in text_config
         cfg = {**cfg, **text}
@@ -155,18 +157,27 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         if v is not None and (type(v) is not int or not 1 <= v <= 32):
             raise qk.bad(key, "an integer from 1 to 32", v)
         qbits = qbits or v
-    qbits = qbits or {"fp8": 8, "mxfp4": 4}.get(qmethod or "")
     for key in (
         "num_experts",
         "n_routed_experts",
         "num_local_experts",
         "moe_intermediate_size",
         "n_shared_experts",
+        "num_nextn_predict_layers",
+        "mtp_num_hidden_layers",
     ):
         k.integer(key)
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
-    params = arch.params
-    bits = qbits if qbits else 8 * min(DTYPE_BYTES.get(dtype, 2), 2)
+    # parameters and bytes tensor by tensor, per layer kind, at the checkpoint's quantization
+    try:
+        kinds = layer_kinds(raw)
+        counted = count_params(raw, kinds)
+        loaded = weights_bytes(raw, kinds)
+    except ValueError as e:
+        what = (archs or [None])[0] or cfg.get("model_type") or "this architecture"
+        raise ValueError(f"{what}: {e}") from None
+    qmethod = qmethod or loaded.method
+    qbits = qbits or loaded.bits
     return ModelFacts(
         name=name,
         source=source,
@@ -187,16 +198,18 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         sliding_layers=sliding,
         quant_method=qmethod,
         quant_bits=qbits,
-        params=params,
-        weights_bytes=weights_bytes_at(params, embed_params(vocab, hidden, tie), bits),
+        params=counted.total,
+        weights_bytes=loaded.total,
         weights_bytes_source="estimate",
         mtp_layers=k.integer("num_nextn_predict_layers") or k.integer("mtp_num_hidden_layers") or 0,
         quantized_variants={},
-        active_params=arch.active_params,
+        active_params=counted.active,
         num_experts=arch.num_experts,
         experts_per_token=arch.experts_per_token,
         kv_lora_rank=arch.kv_lora_rank,
         qk_rope_head_dim=arch.qk_rope_head_dim,
+        vision_bytes=loaded.by_part["vision"],
+        mtp_bytes=loaded.by_part["mtp"],
     )
 
 

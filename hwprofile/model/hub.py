@@ -240,11 +240,20 @@ def facts_from_record(
 
 
 def _modelopt(doc: dict[str, Any]) -> dict[str, Any]:
-    """NVIDIA ModelOpt's hf_quant_config.json as a quantization_config (its method and bits)."""
+    """NVIDIA ModelOpt's hf_quant_config.json as a quantization_config: its method and bits, and what
+    :mod:`.weights` sizes the checkpoint from (the algorithm, its group size, the excluded modules)."""
     q = doc.get("quantization") if isinstance(doc.get("quantization"), dict) else {}
     algo = str(q.get("quant_algo") or "").upper()
     bits = 8 if "FP8" in algo or "INT8" in algo else 4 if "FP4" in algo or "INT4" in algo else None
-    return {"quant_method": "modelopt", **({"bits": bits} if bits else {})}
+    out: dict[str, Any] = {"quant_method": "modelopt", **({"bits": bits} if bits else {})}
+    if algo:
+        out["quant_algo"] = algo
+    if type(q.get("group_size")) is int:
+        out["group_size"] = q["group_size"]
+    exclude = q.get("exclude_modules")
+    if isinstance(exclude, list):
+        out["exclude_modules"] = [m for m in exclude if isinstance(m, str)]
+    return out
 
 
 JSON_CAP = 64 * 2**20  # a config or a safetensors index; a planted FIFO or /dev/zero in the cache is an error
@@ -319,7 +328,10 @@ def _ambiguous(cfg: dict[str, Any], weights_bytes: int, repo: str) -> bool:
     from .hfconfig import parse_config
 
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    if not any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype")) and "quantization_config" not in cfg:
+    if (
+        not any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype"))
+        and "quantization_config" not in cfg
+    ):
         return True
     try:
         estimate = parse_config(cfg, repo, "hub", None).weights_bytes
@@ -374,7 +386,9 @@ def _fetch(
     sizes = [files.get(w) for w in weights]
     known = all(isinstance(s, int) and s > 0 for s in sizes)
     total = sum(s for s in sizes if isinstance(s, int)) if known else 0
-    source = ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
+    source = (
+        ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
+    )
     cfg = _read_json(cfg_file, f"{label}: config.json on the Hub")
     dtypes: dict[str, int] | None = None
     if isinstance(cfg, dict) and known and _ambiguous(cfg, total, repo):
@@ -427,7 +441,9 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
     except Exception:
         token = bool(os.environ.get("HF_TOKEN"))
     status = getattr(getattr(e, "response", None), "status_code", None)
-    if isinstance(e, hf.GatedRepoError) or (status in (401, 403) and not isinstance(e, hf.RepositoryNotFoundError)):
+    if isinstance(e, hf.GatedRepoError) or (
+        status in (401, 403) and not isinstance(e, hf.RepositoryNotFoundError)
+    ):
         why = "the token given (HF_TOKEN) has no access to it" if token else "no token was given"
         return RefusedError(
             f"{name}: gated on the Hub (HTTP {status or 403}): {why}. Accept the license on {ep}/{repo} "
@@ -437,7 +453,9 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
         private = " (private: set HF_TOKEN to a token that can read it)" if not token else ""
         return ConfigError(f"{name}: no such model on the Hub at {ep}{private}")
     if isinstance(e, hf.RevisionNotFoundError):
-        return ConfigError(f"{name}: no revision {revision or 'main'} in {ep}/{repo} (a branch, a tag or a commit)")
+        return ConfigError(
+            f"{name}: no revision {revision or 'main'} in {ep}/{repo} (a branch, a tag or a commit)"
+        )
     if isinstance(e, hf.RemoteEntryNotFoundError):
         return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
     if status == 429:

@@ -1,0 +1,987 @@
+"""Weights as vLLM loads them: every parameter tensor of a model, layer by layer and per layer kind,
+and the bytes each takes under the checkpoint's quantization.
+
+A model is a list of :class:`Tensor` records (:func:`tensors`), named as the Hugging Face checkpoint
+names its modules (``model.language_model.layers.3.self_attn.q_proj``), so that a quantization
+config's ``ignore`` list matches them the way vLLM matches it. From those records:
+
+- :func:`count_params`: decoder, embedding, LM head, vision tower and MTP head, the total, and the
+  parameters read per decoded token (routed experts only).
+- :func:`weights_bytes`: bytes per part, each linear weight at its quantized width plus its scales
+  and zero points, the rest (embeddings, norms, convolutions, the ignore list) at 16 bits;
+  ``language_only`` drops the vision tower (vLLM's ``--language-model-only``).
+
+Per layer kind, as vLLM 0.33 builds them (``vllm/model_executor``):
+
+- full / sliding / chunked attention: q, k, v, o (``attn_output_gate`` of Qwen3-Next/3.5 doubles q:
+  ``models/qwen3_next.py`` ``Qwen3NextAttention``), q/k norms, biases, gpt-oss sinks; MLA as DeepSeek.
+- Gated DeltaNet (``layers/mamba/gdn/qwen_gdn_linear_attn.py``): in_proj_qkvz (q, k, v, z), in_proj_ba,
+  conv1d (no bias), dt_bias, A_log, a gated norm over one V head, out_proj.
+- Mamba2 (``layers/mamba/mamba_mixer2.py``): in_proj (x, z, B, C, dt), conv1d (+ bias), A, D, dt_bias,
+  a gated norm over the inner width, out_proj. Mamba1 (``mamba_mixer.py``): in_proj, conv1d, x_proj,
+  dt_proj, A, D, out_proj.
+- MoE: router (+ ``e_score_correction_bias`` where the router has one), every expert, shared experts
+  and the shared-expert gate (``qwen3_next.py`` ``Qwen3NextSparseMoeBlock``; ``nemotron_h.py``
+  ``NemotronHMoE``: ungated relu2 experts). Dense MLPs: gate/up/down (up/down for relu2).
+- MTP (``qwen3_5_mtp.py``): one full-attention decoder layer per MTP layer, fc 2H→H and three norms;
+  DeepSeek-V3 style heads also carry their own embedding and LM head. vLLM's target model skips the
+  ``mtp.`` weights (``WeightsMapper(orig_to_new_prefix={"mtp.": None})``): they load only with MTP
+  speculation.
+- Vision towers from ``vision_config``: Qwen3-VL/3.5 (exact), Qwen2.5-VL, and a generic ViT (SigLIP
+  style) with its projector, to a few per cent.
+
+Quantization formats (:func:`read_quant`): compressed-tensors (pack-quantized / int-quantized /
+float-quantized / nvfp4, ``config_groups`` with targets, ``ignore`` with ``re:`` regexes matched by
+RE2 the way vLLM's ``is_equal_or_regex_match`` matches: from the name's start), FP8 (per tensor or
+``weight_block_size`` blocks; ``modules_to_not_convert``/``ignored_layers``), ModelOpt NVFP4 / FP8
+(``quant_algo``, ``exclude_modules`` as shell patterns), MXFP4 (gpt-oss: the experts only, 4 bits and
+one uint8 scale per 32), AWQ, GPTQ (packed zeros, ``g_idx``), AutoRound's own format (``bits``,
+``group_size``, ``extra_config`` per layer) and bitsandbytes (4-bit nf4/fp4, 8-bit).
+
+Pure: dicts in, numbers out; nothing from torch or transformers.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
+MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
+MLPS = ("dense", "moe", "none")
+MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")
+
+
+# integrator: import from .layers
+class LayerKind(NamedTuple):
+    """One decoder layer: its token mixer and its MLP (``hwprofile.model.layers`` defines the real one;
+    per-layer shapes such as ``head_dim`` / ``num_kv_heads`` are read with ``getattr`` when present)."""
+
+    mixer: str
+    mlp: str
+
+
+class Tensor(NamedTuple):
+    """One parameter tensor (``count`` copies of it: the experts of a layer)."""
+
+    name: str  # the checkpoint's module name (what a quantization ignore list names)
+    part: str  # one of PARTS
+    rows: int  # output features (1 for a vector)
+    cols: int  # input features (the vector's length for a vector)
+    count: int = 1  # identical copies (routed experts)
+    active: int = -1  # copies read per decoded token (-1: all of them)
+    linear: bool = True  # a Linear weight a quantization method may quantize
+    vector: bool = False  # a bias, norm, scale or other small non-matrix parameter
+
+    @property
+    def params(self) -> int:
+        return self.rows * self.cols * self.count
+
+    @property
+    def active_params(self) -> int:
+        return self.rows * self.cols * (self.count if self.active < 0 else self.active)
+
+
+class ParamBreakdown(NamedTuple):
+    decoder: int  # decoder layers and the final norm
+    embed: int  # input embedding (0 where tied: counted once, as the embedding)
+    lm_head: int  # output head where untied
+    vision: int  # vision tower and its projector into the language model
+    mtp: int  # multi-token-prediction layers (their own embedding/head where they carry one)
+    total: int  # everything the checkpoint holds
+    active: int  # read per decoded token: language model with only the routed experts
+
+
+# --------------------------------------------------------------------------- config reading
+
+
+def _int(cfg: dict[str, Any], *keys: str, default: int = 0) -> int:
+    for key in keys:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if type(v) is not int or v < 0 or v > 1 << 32:
+            raise ValueError(f"{key}: expected a non-negative integer, got {v!r}"[:120])
+        return v
+    return default
+
+
+def _str(cfg: dict[str, Any], key: str) -> str:
+    v = cfg.get(key)
+    return v if type(v) is str else ""
+
+
+def flat_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's keys at the top (a multimodal wrapper's ``text_config`` merged over it)."""
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
+
+
+def _mtype(cfg: dict[str, Any]) -> str:
+    return _str(cfg, "model_type")
+
+
+def _is_qwen_next(mt: str) -> bool:
+    return mt.startswith(("qwen3_next", "qwen3_5"))
+
+
+def layer_kinds(cfg: dict[str, Any]) -> list[LayerKind]:
+    """Each decoder layer's kind from the config's own schema (``hybrid_override_pattern``,
+    ``layer_types``, ``full_attention_interval``, ``kv_lora_rank``, the MoE layer rules). A stand-in
+    for ``hwprofile.model.layers``; the integrator passes that module's list to :func:`count_params`."""
+    from .arch import EXPERT_KEYS, moe_layer_indices
+
+    c = flat_config(cfg)
+    pattern = c.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:  # nemotron_h: one mixer or one MLP per layer
+        if len(pattern) > 10_000:
+            raise ValueError(f"hybrid_override_pattern: {len(pattern)} layers (at most 10000)")
+        kinds = {"M": ("mamba2", "none"), "*": ("full", "none"), "E": ("none", "moe"), "-": ("none", "dense")}
+        bad = sorted(set(pattern) - set(kinds))
+        if bad:
+            raise ValueError(f"hybrid_override_pattern: unknown layer symbol(s) {''.join(bad)!r}")
+        return [LayerKind(*kinds[s]) for s in pattern]
+    layers = _int(c, "num_hidden_layers")
+    experts = next((_int(c, k) for k in EXPERT_KEYS if _int(c, k)), 0)
+    moe = set(moe_layer_indices(c, layers, experts))
+    mt = _mtype(c)
+    types = c.get("layer_types")
+    mixers: list[str] = []
+    if isinstance(types, list) and len(types) == layers:
+        for t in types:
+            t = str(t)
+            if "sliding" in t:
+                mixers.append("sliding")
+            elif "chunk" in t:
+                mixers.append("chunked")
+            elif "mamba" in t:
+                mixers.append("mamba2" if "2" in t or mt in MAMBA2_TYPES else "mamba")
+            elif "linear" in t:  # transformers 5 writes Granite-4's "mamba" as "linear_attention"
+                mixers.append(
+                    "gdn" if _is_qwen_next(mt) else "kda" if "kimi" in mt else "mamba2" if mt in MAMBA2_TYPES
+                    else "mamba" if mt == "jamba" else "linear"
+                )  # fmt: skip
+            else:
+                mixers.append("full")
+    elif _is_qwen_next(mt) and _int(c, "full_attention_interval"):
+        n = _int(c, "full_attention_interval")
+        mixers = ["full" if (i + 1) % n == 0 else "gdn" for i in range(layers)]
+    else:
+        mixers = ["full"] * layers
+    if _int(c, "kv_lora_rank"):
+        mixers = ["mla" if m == "full" else m for m in mixers]
+    return [LayerKind(m, "moe" if i in moe else "dense") for i, m in enumerate(mixers)]
+
+
+class _Shape(NamedTuple):
+    mt: str
+    hidden: int
+    heads: int
+    kv: int
+    head_dim: int
+    inter: int
+    vocab: int
+    tie: bool
+    gated_mlp: bool  # gate+up+down (SwiGLU) rather than up+down (relu2)
+
+
+def _shape(c: dict[str, Any]) -> _Shape:
+    hidden = _int(c, "hidden_size")
+    heads = _int(c, "num_attention_heads") or 1
+    kv = _int(c, "num_key_value_heads") or heads
+    head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)
+    act = _str(c, "mlp_hidden_act") or _str(c, "hidden_act")
+    return _Shape(
+        mt=_mtype(c),
+        hidden=hidden,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        inter=_int(c, "intermediate_size") or 4 * hidden,
+        vocab=_int(c, "vocab_size"),
+        tie=c.get("tie_word_embeddings") is True,
+        gated_mlp=act not in ("relu2", "gelu_new_no_gate"),
+    )
+
+
+class _Names(NamedTuple):
+    layer: str  # format with the layer index
+    embed: str
+    lm_head: str
+    final_norm: str
+    vision: str
+    mtp: str
+
+
+def _names(cfg: dict[str, Any], s: _Shape) -> _Names:
+    if s.mt == "nemotron_h":
+        return _Names("backbone.layers.{}", "backbone.embeddings", "lm_head", "backbone.norm_f", "", "mtp")
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrapper (transformers' naming)
+        return _Names(
+            "model.language_model.layers.{}", "model.language_model.embed_tokens", "lm_head",
+            "model.language_model.norm", "model.visual", "mtp",
+        )  # fmt: skip
+    return _Names("model.layers.{}", "model.embed_tokens", "lm_head", "model.norm", "model.visual", "mtp")
+
+
+# --------------------------------------------------------------------------- per layer kind
+
+
+def _lin(name: str, part: str, rows: int, cols: int, count: int = 1, active: int = -1) -> Tensor:
+    return Tensor(name, part, rows, cols, count, active)
+
+
+def _vec(name: str, part: str, n: int, count: int = 1, active: int = -1) -> Tensor:
+    return Tensor(name, part, 1, n, count, active, linear=False, vector=True)
+
+
+def _attention(c: dict[str, Any], s: _Shape, kind: Any, p: str, part: str) -> list[Tensor]:
+    """Softmax attention (full, sliding, chunked) or MLA; ``p`` is the module prefix."""
+    h = s.hidden
+    heads = getattr(kind, "num_heads", None) or s.heads
+    kv = getattr(kind, "num_kv_heads", None) or s.kv
+    hd = getattr(kind, "head_dim", None) or s.head_dim
+    rank = _int(c, "kv_lora_rank")
+    if rank:  # DeepSeek MLA (deepseek_v2.py DeepseekV2MLAAttention)
+        rope = _int(c, "qk_rope_head_dim")
+        nope = _int(c, "qk_nope_head_dim")
+        v_dim = _int(c, "v_head_dim") or nope
+        q_rank = _int(c, "q_lora_rank")
+        out: list[Tensor] = []
+        if q_rank:
+            out += [
+                _lin(f"{p}.q_a_proj", part, q_rank, h),
+                _vec(f"{p}.q_a_layernorm", part, q_rank),
+                _lin(f"{p}.q_b_proj", part, heads * (nope + rope), q_rank),
+            ]
+        else:
+            out.append(_lin(f"{p}.q_proj", part, heads * (nope + rope), h))
+        return [
+            *out,
+            _lin(f"{p}.kv_a_proj_with_mqa", part, rank + rope, h),
+            _vec(f"{p}.kv_a_layernorm", part, rank),
+            _lin(f"{p}.kv_b_proj", part, heads * (nope + v_dim), rank),
+            _lin(f"{p}.o_proj", part, h, heads * v_dim),
+        ]
+    gate = c.get("attn_output_gate", True) is not False if _is_qwen_next(s.mt) else False
+    out = [
+        _lin(f"{p}.q_proj", part, heads * hd * (2 if gate else 1), h),
+        _lin(f"{p}.k_proj", part, kv * hd, h),
+        _lin(f"{p}.v_proj", part, kv * hd, h),
+        _lin(f"{p}.o_proj", part, h, heads * hd),
+    ]
+    if c.get("attention_bias") is True:  # llama-style: q, k, v and o
+        out += [_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd), _vec(f"{p}.o_proj.bias", part, h)]
+    elif s.mt in ("qwen2", "qwen2_moe") or (_is_qwen_next(s.mt) and c.get("qkv_bias") is True):
+        out.append(_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd))
+    if s.mt in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") or _is_qwen_next(s.mt):
+        out += [_vec(f"{p}.q_norm", part, hd), _vec(f"{p}.k_norm", part, hd)]
+    if s.mt == "gpt_oss":
+        out.append(_vec(f"{p}.sinks", part, heads))
+    return out
+
+
+def _gdn(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6/3.8)."""
+    h = s.hidden
+    nk = _int(c, "linear_num_key_heads")
+    nv = _int(c, "linear_num_value_heads")
+    dk = _int(c, "linear_key_head_dim")
+    dv = _int(c, "linear_value_head_dim")
+    conv = _int(c, "linear_conv_kernel_dim", default=4)
+    if not (nk and nv and dk and dv):
+        raise ValueError(
+            "linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim: "
+            "needed to size the Gated DeltaNet layers"
+        )
+    key, value = nk * dk, nv * dv
+    if s.mt.startswith("qwen3_next"):  # one fused, interleaved tensor each
+        proj = [
+            _lin(f"{p}.in_proj_qkvz", part, 2 * key + 2 * value, h),
+            _lin(f"{p}.in_proj_ba", part, 2 * nv, h),
+        ]
+    else:
+        proj = [
+            _lin(f"{p}.in_proj_qkv", part, 2 * key + value, h),
+            _lin(f"{p}.in_proj_z", part, value, h),
+            _lin(f"{p}.in_proj_b", part, nv, h),
+            _lin(f"{p}.in_proj_a", part, nv, h),
+        ]
+    return [
+        *proj,
+        Tensor(f"{p}.conv1d", part, 2 * key + value, conv, linear=False),
+        _vec(f"{p}.dt_bias", part, nv),
+        _vec(f"{p}.A_log", part, nv),
+        _vec(f"{p}.norm", part, dv),
+        _lin(f"{p}.out_proj", part, h, value),
+    ]
+
+
+def _mamba2(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
+    """Mamba2 mixer (Nemotron-H, Granite-4 hybrid, Falcon-H1, Zamba2, Mamba2)."""
+    h = s.hidden
+    heads = _int(c, "mamba_num_heads", "mamba_n_heads", "mamba_nheads")
+    head_dim = _int(c, "mamba_head_dim", "mamba_d_head", "head_dim" if s.mt == "mamba2" else "_")
+    expand = _int(c, "mamba_expand", "expand", default=2)
+    inter = heads * head_dim if heads and head_dim else _int(c, "mamba_d_ssm") or expand * h
+    if not heads:
+        heads = _int(c, "num_heads") if s.mt == "mamba2" else 0
+        heads = heads or inter // (head_dim or 64)
+    state = _int(c, "ssm_state_size", "mamba_d_state", "state_size", default=128)
+    groups = _int(c, "n_groups", "mamba_n_groups", default=1)
+    conv = _int(c, "conv_kernel", "mamba_d_conv", default=4)
+    conv_bias = c.get("use_conv_bias", c.get("mamba_conv_bias", True)) is not False
+    proj_bias = c.get("use_bias", c.get("mamba_proj_bias", False)) is True
+    conv_dim = inter + 2 * groups * state
+    out = [
+        _lin(f"{p}.in_proj", part, 2 * inter + 2 * groups * state + heads, h),
+        Tensor(f"{p}.conv1d", part, conv_dim, conv, linear=False),
+        _vec(f"{p}.A_log", part, heads),
+        _vec(f"{p}.D", part, heads),
+        _vec(f"{p}.dt_bias", part, heads),
+        _vec(f"{p}.norm", part, inter),
+        _lin(f"{p}.out_proj", part, h, inter),
+    ]
+    if conv_bias:
+        out.append(_vec(f"{p}.conv1d.bias", part, conv_dim))
+    if proj_bias:
+        out += [
+            _vec(f"{p}.in_proj.bias", part, 2 * inter + 2 * groups * state + heads),
+            _vec(f"{p}.out_proj.bias", part, h),
+        ]
+    return out
+
+
+def _mamba1(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
+    """Mamba1 mixer (Jamba, Falcon-Mamba, Mamba)."""
+    h = s.hidden
+    inter = _int(c, "mamba_expand", "expand", default=2) * h
+    state = _int(c, "mamba_d_state", "state_size", default=16)
+    conv = _int(c, "mamba_d_conv", "conv_kernel", default=4)
+    dt_rank = c.get("mamba_dt_rank", c.get("time_step_rank"))
+    rank = dt_rank if type(dt_rank) is int and dt_rank > 0 else -(-h // 16)
+    out = [
+        _lin(f"{p}.in_proj", part, 2 * inter, h),
+        Tensor(f"{p}.conv1d", part, inter, conv, linear=False),
+        _vec(f"{p}.conv1d.bias", part, inter),
+        _lin(f"{p}.x_proj", part, rank + 2 * state, inter),
+        _lin(f"{p}.dt_proj", part, inter, rank),
+        _vec(f"{p}.dt_proj.bias", part, inter),
+        Tensor(f"{p}.A_log", part, inter, state, linear=False),
+        _vec(f"{p}.D", part, inter),
+        _lin(f"{p}.out_proj", part, h, inter),
+    ]
+    if s.mt == "jamba":  # dt / B / C layer norms
+        out.append(_vec(f"{p}.dt_layernorm+b+c", part, rank + 2 * state))
+    return out
+
+
+def _linear_attention(c: dict[str, Any], s: _Shape, p: str, part: str, kda: bool) -> list[Tensor]:
+    """Linear attention: MiniMax lightning attention (qkv, output gate, out, norm) or Kimi Delta
+    Attention (q, k, v, o, low-rank decay and gate projections, beta, short convolutions)."""
+    h = s.hidden
+    la = c.get("linear_attn_config") if isinstance(c.get("linear_attn_config"), dict) else {}
+    n = _int(la, "num_heads") or s.heads
+    d = _int(la, "head_dim") or s.head_dim
+    if not kda:
+        return [
+            _lin(f"{p}.qkv_proj", part, 3 * n * d, h),
+            _lin(f"{p}.output_gate", part, n * d, h),
+            _lin(f"{p}.out_proj", part, h, n * d),
+            _vec(f"{p}.norm", part, n * d),
+        ]
+    conv = _int(la, "short_conv_kernel_size", default=4)
+    return [
+        _lin(f"{p}.q_proj", part, n * d, h),
+        _lin(f"{p}.k_proj", part, n * d, h),
+        _lin(f"{p}.v_proj", part, n * d, h),
+        Tensor(f"{p}.qkv_conv1d", part, 3 * n * d, conv, linear=False),
+        _lin(f"{p}.f_a_proj", part, d, h),
+        _lin(f"{p}.f_b_proj", part, n * d, d),
+        _lin(f"{p}.g_a_proj", part, d, h),
+        _lin(f"{p}.g_b_proj", part, n * d, d),
+        _lin(f"{p}.b_proj", part, n, h),
+        _vec(f"{p}.A_log", part, n),
+        _vec(f"{p}.dt_bias", part, n * d),
+        _vec(f"{p}.o_norm", part, d),
+        _lin(f"{p}.o_proj", part, h, n * d),
+    ]
+
+
+def _mlp(s: _Shape, p: str, part: str, inter: int, count: int = 1, active: int = -1) -> list[Tensor]:
+    h = s.hidden
+    if s.mt == "mixtral":  # block_sparse_moe.experts.N.w1 / w2 / w3
+        return [
+            _lin(f"{p}.w1", part, inter, h, count, active),
+            _lin(f"{p}.w3", part, inter, h, count, active),
+            _lin(f"{p}.w2", part, h, inter, count, active),
+        ]
+    gate = [_lin(f"{p}.gate_proj", part, inter, h, count, active)] if s.gated_mlp else []
+    return [
+        *gate,
+        _lin(f"{p}.up_proj", part, inter, h, count, active),
+        _lin(f"{p}.down_proj", part, h, inter, count, active),
+    ]
+
+
+def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
+    from .arch import EXPERT_KEYS, TOPK_KEYS
+
+    h = s.hidden
+    experts = next((_int(c, k) for k in EXPERT_KEYS if _int(c, k)), 0)
+    topk = next((_int(c, k) for k in TOPK_KEYS if _int(c, k)), 0) or experts
+    topk = min(topk, experts)
+    inter = _int(c, "moe_intermediate_size") or s.inter
+    if s.mt == "gpt_oss":  # fused gate_up with biases, router with bias (gpt_oss.py)
+        return [
+            _lin(f"{p}.router", part, experts, h),
+            _vec(f"{p}.router.bias", part, experts),
+            _lin(f"{p}.experts.gate_up_proj", part, 2 * inter, h, experts, topk),
+            _vec(f"{p}.experts.gate_up_proj_bias", part, 2 * inter, experts, topk),
+            _lin(f"{p}.experts.down_proj", part, h, inter, experts, topk),
+            _vec(f"{p}.experts.down_proj_bias", part, h, experts, topk),
+        ]
+    box = p.rsplit(".", 1)[0] + ".block_sparse_moe" if s.mt == "mixtral" else p
+    out = [_lin(f"{box}.gate", part, experts, h)]
+    if s.mt == "nemotron_h" or _str(c, "topk_method") == "noaux_tc":
+        out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
+    out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
+    n_shared = _int(c, "n_shared_experts")
+    shared_inter = _int(c, "shared_expert_intermediate_size")
+    if s.mt == "nemotron_h" and n_shared:
+        out += _mlp(
+            s, f"{box}.shared_experts", part, _int(c, "moe_shared_expert_intermediate_size") * n_shared
+        )
+    elif _int(c, "shared_intermediate_size"):  # granite: one shared MLP, no gate
+        out += _mlp(s, f"{box}.shared_mlp", part, _int(c, "shared_intermediate_size"))
+    elif shared_inter:  # qwen2-moe / qwen3-next: one shared expert and its gate
+        out += _mlp(s, f"{box}.shared_expert", part, shared_inter)
+        out.append(_lin(f"{box}.shared_expert_gate", part, 1, h))
+    elif n_shared:  # deepseek: n_shared experts of moe_intermediate_size as one MLP
+        out += _mlp(s, f"{box}.shared_experts", part, n_shared * inter)
+    return out
+
+
+def _layer(c: dict[str, Any], s: _Shape, kind: Any, p: str, part: str) -> list[Tensor]:
+    mixer, mlp = kind.mixer, kind.mlp
+    if mixer not in MIXERS or mlp not in MLPS:
+        raise ValueError(f"unknown layer kind {mixer!r}/{mlp!r}")
+    nemo = s.mt == "nemotron_h"  # one block per layer under "mixer", one norm
+    m = f"{p}.mixer" if nemo else p
+    out: list[Tensor] = []
+    if mixer in ("full", "sliding", "chunked", "mla"):
+        out += _attention(c, s, kind, m if nemo else f"{p}.self_attn", part)
+        if s.mt == "falcon_h1":  # parallel hybrid: attention and a Mamba2 mixer side by side
+            out += _mamba2(c, s, f"{p}.mamba", part)
+    elif mixer == "gdn":
+        out += _gdn(c, s, f"{p}.linear_attn", part)
+    elif mixer == "mamba2":
+        out += _mamba2(c, s, m if nemo else f"{p}.mamba", part)
+    elif mixer == "mamba":
+        out += _mamba1(c, s, f"{p}.mamba", part)
+    elif mixer in ("kda", "linear"):
+        out += _linear_attention(c, s, f"{p}.self_attn", part, kda=mixer == "kda")
+    if mlp == "moe":
+        out += _moe(c, s, m if nemo else f"{p}.mlp", part)
+    elif mlp == "dense":
+        out += _mlp(s, m if nemo else f"{p}.mlp", part, s.inter)
+    h = s.hidden
+    norms = 1 if nemo else 4 if s.mt.startswith("gemma") else 2
+    if mixer == "none" and mlp != "none" and not nemo:
+        norms -= 1
+    if mlp == "none" and mixer != "none" and not nemo:
+        norms -= 1
+    out.append(_vec(f"{p}.norms", part, norms * h))
+    return out
+
+
+# --------------------------------------------------------------------------- MTP and vision
+
+
+def _mtp(c: dict[str, Any], s: _Shape, names: _Names) -> list[Tensor]:
+    n = _int(c, "mtp_num_hidden_layers") or _int(c, "num_nextn_predict_layers")
+    if not n:
+        return []
+    if n > 1000:
+        raise ValueError(f"mtp_num_hidden_layers / num_nextn_predict_layers: {n} (at most 1000)")
+    h = s.hidden
+    moe = bool(
+        next((_int(c, k) for k in ("num_experts", "n_routed_experts", "num_local_experts") if _int(c, k)), 0)
+    )
+    kind = LayerKind("mla" if _int(c, "kv_lora_rank") else "full", "moe" if moe else "dense")
+    out: list[Tensor] = []
+    for i in range(n):
+        p = f"{names.mtp}.layers.{i}"
+        out += _layer(c, s, kind, p, "mtp")
+        out.append(_lin(f"{names.mtp}.fc" if i == 0 else f"{p}.fc", "mtp", h, 2 * h))
+        out.append(_vec(f"{p}.pre_fc_norms", "mtp", 2 * h))
+        if s.mt == "deepseek_v3":  # each MTP layer ships its embedding and head copies
+            out.append(Tensor(f"{p}.embed_tokens", "mtp", s.vocab, h, linear=False))
+            out.append(_lin(f"{p}.shared_head.head", "mtp", s.vocab, h))
+    out.append(_vec(f"{names.mtp}.norm", "mtp", n * h))
+    return out
+
+
+def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor]:
+    v = cfg.get("vision_config")
+    if not isinstance(v, dict) or not v:
+        return []
+    p, part = names.vision, "vision"
+    h = _int(v, "hidden_size", "embed_dim", "width")
+    inter = _int(v, "intermediate_size") or 4 * h
+    depth = _int(v, "depth", "num_hidden_layers", "num_layers")
+    if not (h and depth):
+        return []
+    patch = _int(v, "patch_size", default=14)
+    chans = _int(v, "in_channels", "in_chans", "num_channels", default=3)
+    tpatch = _int(v, "temporal_patch_size", default=1)
+    out_h = _int(v, "out_hidden_size") or text_hidden
+    merge = _int(v, "spatial_merge_size", default=1)
+    qwen = "temporal_patch_size" in v or "spatial_merge_size" in v
+    out: list[Tensor] = []
+    if qwen:
+        qwen25 = "fullatt_block_indexes" in v or "window_size" in v  # Qwen2.5-VL: gated MLP, RMSNorm
+        conv_bias = not qwen25
+        out.append(Tensor(f"{p}.patch_embed", part, h, chans * tpatch * patch * patch, linear=False))
+        if conv_bias:
+            out.append(_vec(f"{p}.patch_embed.bias", part, h))
+        pos = _int(v, "num_position_embeddings")
+        if pos:
+            out.append(Tensor(f"{p}.pos_embed", part, pos, h, linear=False))
+        b = f"{p}.blocks.0"
+        norm = (1 if qwen25 else 2) * 2 * h
+        mlp = (
+            [_lin(f"{b}.mlp.gate_proj", part, inter, h, depth), _lin(f"{b}.mlp.up_proj", part, inter, h, depth),
+             _lin(f"{b}.mlp.down_proj", part, h, inter, depth), _vec(f"{b}.mlp.bias", part, 2 * inter + h, depth)]
+            if qwen25
+            else [_lin(f"{b}.mlp.linear_fc1", part, inter, h, depth), _lin(f"{b}.mlp.linear_fc2", part, h, inter, depth),
+                  _vec(f"{b}.mlp.bias", part, inter + h, depth)]
+        )  # fmt: skip
+        out += [
+            _vec(f"{b}.norms", part, norm, depth),
+            _lin(f"{b}.attn.qkv", part, 3 * h, h, depth),
+            _vec(f"{b}.attn.qkv.bias", part, 3 * h, depth),
+            _lin(f"{b}.attn.proj", part, h, h, depth),
+            _vec(f"{b}.attn.proj.bias", part, h, depth),
+            *mlp,
+        ]
+        wide = h * merge * merge
+        deep = v.get("deepstack_visual_indexes")
+        mergers = 1 + (len(deep) if isinstance(deep, list) else 0)
+        for j in range(mergers):
+            m = f"{p}.merger" if j == 0 else f"{p}.deepstack_merger_list.{j - 1}"
+            norm_w = (1 if qwen25 else 2) * (
+                h if j == 0 else wide
+            )  # deepstack mergers norm after the shuffle
+            out += [
+                _vec(f"{m}.norm", part, norm_w),
+                _lin(f"{m}.linear_fc1", part, wide, wide),
+                _vec(f"{m}.linear_fc1.bias", part, wide),
+                _lin(f"{m}.linear_fc2", part, out_h, wide),
+                _vec(f"{m}.linear_fc2.bias", part, out_h),
+            ]
+        return out
+    # a generic ViT (SigLIP / CLIP style) and a linear projector into the language model
+    image = _int(v, "image_size", default=224)
+    b = f"{p}.encoder.layers.0"
+    out += [
+        Tensor(f"{p}.embeddings.patch_embedding", part, h, chans * patch * patch, linear=False),
+        _vec(f"{p}.embeddings.patch_embedding.bias", part, h),
+        Tensor(f"{p}.embeddings.position_embedding", part, (image // max(patch, 1)) ** 2, h, linear=False),
+        _lin(f"{b}.self_attn.qkv_proj", part, 3 * h, h, depth),
+        _lin(f"{b}.self_attn.out_proj", part, h, h, depth),
+        _lin(f"{b}.mlp.fc1", part, inter, h, depth),
+        _lin(f"{b}.mlp.fc2", part, h, inter, depth),
+        _vec(f"{b}.biases_norms", part, 3 * h + h + inter + h + 4 * h, depth),
+        _vec(f"{p}.post_layernorm", part, 2 * h),
+        _lin("model.multi_modal_projector", part, text_hidden, h),
+    ]
+    return out
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def tensors(cfg: dict[str, Any], kinds: Sequence[Any]) -> list[Tensor]:
+    """Every parameter tensor of the model whose config.json is ``cfg`` (multimodal wrapper
+    included) and whose decoder layers are ``kinds``."""
+    c = flat_config(cfg)
+    s = _shape(c)
+    if not s.hidden:
+        raise ValueError("hidden_size: missing (needed to size the model)")
+    names = _names(cfg, s)
+    out: list[Tensor] = []
+    for i, kind in enumerate(kinds):
+        out += _layer(c, s, kind, names.layer.format(i), "decoder")
+    out.append(_vec(names.final_norm, "decoder", s.hidden))
+    out.append(Tensor(names.embed, "embed", s.vocab, s.hidden, linear=False))
+    if not s.tie:
+        out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
+    out += _mtp(c, s, names)
+    try:
+        out += _vision(cfg, s.hidden, names)
+    except ValueError as e:
+        raise ValueError(f"vision_config.{e}") from None
+    return out
+
+
+def breakdown(ts: Sequence[Tensor]) -> ParamBreakdown:
+    by = dict.fromkeys(PARTS, 0)
+    for t in ts:
+        by[t.part] += t.params
+    active = sum(t.active_params for t in ts if t.part in ("decoder", "embed", "lm_head"))
+    return ParamBreakdown(**by, total=sum(by.values()), active=active)
+
+
+def count_params(cfg: dict[str, Any], kinds: Sequence[Any]) -> ParamBreakdown:
+    """Parameters per part (decoder, embedding, LM head, vision, MTP), the total, and those read per
+    decoded token (the language model with only the routed experts)."""
+    return breakdown(tensors(cfg, kinds))
+
+
+# --------------------------------------------------------------------------- quantization
+
+
+class Scheme(NamedTuple):
+    """How one linear weight is stored."""
+
+    bits: int  # weight bits (16: not quantized)
+    group: int = 0  # weights per scale along the input (0: per output channel)
+    scale_bytes: float = 2.0  # bytes per scale
+    zero_bits: int = 0  # bits per zero point (0: symmetric)
+    block: tuple[int, int] | None = None  # 2-D blocks (FP8 block): one scale per block
+    per_tensor: bool = False  # one scale per tensor
+    g_idx: bool = False  # GPTQ: one int32 group index per input column
+    second_scale: float = 0.0  # NVFP4: one fp32 global scale per tensor
+
+    def nbytes(self, t: Tensor) -> float:
+        n = t.rows * t.cols
+        if self.bits >= 16:
+            return 2.0 * n * t.count
+        b = n * self.bits / 8
+        if self.block:
+            b += -(-t.rows // self.block[0]) * -(-t.cols // self.block[1]) * self.scale_bytes
+        elif self.per_tensor:
+            b += self.scale_bytes
+        elif self.group:
+            groups = t.rows * -(-t.cols // self.group)
+            b += groups * (self.scale_bytes + self.zero_bits / 8)
+        else:
+            b += t.rows * (self.scale_bytes + self.zero_bits / 8)
+        if self.g_idx:
+            b += 4 * t.cols
+        b += self.second_scale
+        return b * t.count
+
+
+BF16 = Scheme(16)
+
+
+class Quant(NamedTuple):
+    """A checkpoint's quantization: which linear weights it quantizes and how."""
+
+    method: str | None  # quant_method as vLLM names it (None: unquantized)
+    bits: int | None  # bits of the quantized linear weights (the widest group where mixed)
+    rules: tuple[tuple[str, tuple[str, ...], Scheme], ...]  # (match mode, patterns, scheme), first wins
+    ignore: tuple[str, ...]  # names/patterns that stay 16-bit
+    ignore_mode: str  # "ct" (exact or re:), "fnmatch", "boundary" (exact, prefix or suffix at a dot)
+    experts_only: bool = False  # MXFP4 (gpt-oss): only the experts are quantized
+    notes: tuple[str, ...] = ()
+    lm_head: bool = False  # the LM head quantized too (GPTQ/AutoRound ``lm_head: true``): vLLM's
+    # ParallelLMHead is no LinearBase, so no other method quantizes it
+
+    def scheme(self, t: Tensor) -> Scheme:
+        """How ``t`` is stored (for many tensors, :meth:`chooser` compiles the lists once)."""
+        return self.chooser()(t)
+
+    def chooser(self) -> Any:
+        """``f(tensor) -> Scheme`` with the ignore list and the targets compiled once."""
+        ignore = _Matcher(self.ignore, self.ignore_mode)
+        rules = [(_Matcher(p, mode) if p else None, scheme) for mode, p, scheme in self.rules]
+
+        def choose(t: Tensor) -> Scheme:
+            if not t.linear or not self.method or (t.part == "lm_head" and not self.lm_head):
+                return BF16
+            if (self.experts_only and t.count == 1) or ignore(t.name):
+                return BF16
+            return next((scheme for m, scheme in rules if m is None or m(t.name)), BF16)
+
+        return choose
+
+
+def _re2(pattern: str) -> Any:
+    import re2
+
+    opts = re2.Options()
+    opts.log_errors = False
+    try:
+        return re2.compile(pattern, opts)
+    except re2.error:
+        return None  # RE2 cannot say it (look-around): it matches nothing here
+
+
+def _glob(pat: str) -> str:
+    """A shell pattern (``*``, ``?``, ``[...]``) as an RE2 expression over the whole name
+    (``fnmatch.translate`` writes atomic groups, which RE2 does not have)."""
+    out: list[str] = []
+    i = 0
+    while i < len(pat):
+        ch = pat[i]
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[" and pat.find("]", i + 2) > 0:
+            j = pat.find("]", i + 2)
+            body = pat[i + 1 : j]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = j
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "(?s:" + "".join(out) + ")\\z"
+
+
+class _Matcher:
+    """A list of module names and patterns compiled once: exact names in a set (checkpoints list
+    tens of thousands), patterns as RE2 expressions (linear time whatever a config holds).
+
+    Modes: ``ct`` (compressed-tensors and vLLM's ``is_equal_or_regex_match``: the exact name, or
+    ``re:`` matched from the name's start; the class name ``Linear`` matches every linear layer),
+    ``fnmatch`` (ModelOpt: shell patterns over the whole name), ``boundary`` (FP8, AWQ, GPTQ,
+    bitsandbytes skip lists: a run of whole dotted components of the name, e.g. ``lm_head`` or
+    ``model.visual``; ``re:`` searched anywhere)."""
+
+    def __init__(self, patterns: tuple[str, ...], mode: str) -> None:
+        self.mode = mode
+        self.exact: set[str] = set()
+        self.regexes: list[Any] = []
+        self.every = False
+        for pat in patterns:
+            if pat.startswith("re:") and mode != "fnmatch":
+                rx = _re2(pat[3:])
+                if rx is not None:
+                    self.regexes.append(rx)
+            elif mode == "ct" and pat == "Linear":
+                self.every = True
+            elif mode == "fnmatch" and any(ch in pat for ch in "*?["):
+                rx = _re2(_glob(pat))
+                if rx is not None:
+                    self.regexes.append(rx)
+            else:
+                self.exact.add(pat)
+
+    def __call__(self, name: str) -> bool:
+        if self.every or name in self.exact:
+            return True
+        if self.mode == "boundary" and self.exact:
+            parts = name.split(".")
+            n = len(parts)
+            if any(".".join(parts[i:j]) in self.exact for i in range(n) for j in range(i + 1, n + 1)):
+                return True
+        if self.mode == "ct" or self.mode == "fnmatch":
+            return any(rx.match(name) for rx in self.regexes)
+        return any(rx.search(name) for rx in self.regexes)
+
+
+def _qint(q: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    v = q.get(key)
+    if v is None:
+        return default
+    if type(v) is not int or not lo <= v <= hi:
+        raise ValueError(f"quantization_config.{key}: expected an integer from {lo} to {hi}, got {v!r}"[:160])
+    return v
+
+
+def _strs(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return (v,)
+    if isinstance(v, list):
+        return tuple(x for x in v if isinstance(x, str))
+    return ()
+
+
+def read_quant(cfg: dict[str, Any]) -> Quant:
+    """The checkpoint's quantization from ``quantization_config`` (the text config's, or the
+    wrapper's). Unknown methods: linear weights at ``bits`` (or 16) with group-128 scales, noted."""
+    q = cfg.get("quantization_config")
+    text = cfg.get("text_config")
+    if not isinstance(q, dict) and isinstance(text, dict):
+        q = text.get("quantization_config")
+    if not isinstance(q, dict) or not q:
+        return Quant(None, None, (), (), "ct")
+    raw = q.get("quant_method")
+    method = raw.lower() if isinstance(raw, str) else ""
+    if method == "compressed-tensors" or "config_groups" in q:
+        return _compressed_tensors(q, method or "compressed-tensors")
+    if method == "fp8" or method == "fbgemm_fp8":
+        block = q.get("weight_block_size")
+        ignore = _strs(q.get("ignored_layers")) or _strs(q.get("modules_to_not_convert"))
+        if isinstance(block, list) and len(block) == 2 and all(type(x) is int and x > 0 for x in block):
+            scheme = Scheme(8, block=(block[0], block[1]), scale_bytes=4)
+        else:
+            scheme = Scheme(8, per_tensor=True, scale_bytes=4)
+        return Quant(method, 8, (("ct", (), scheme),), ignore, "boundary")
+    if method == "mxfp4":  # gpt-oss: experts in MXFP4, one uint8 (E8M0) scale per 32 weights
+        return Quant(
+            method, 4, (("ct", (), Scheme(4, group=32, scale_bytes=1)),), (), "ct", experts_only=True
+        )
+    if method == "modelopt" or method == "modelopt_fp4" or "quant_algo" in q:
+        algo = str(q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo") or "").upper()
+        ignore = _strs(q.get("exclude_modules")) or _strs(q.get("ignore"))
+        if "FP4" in algo or method == "modelopt_fp4":
+            group = _qint(q, "group_size", 1, 1 << 20, 16) or 16
+            scheme = Scheme(4, group=group, scale_bytes=1, second_scale=8)
+            return Quant(
+                "modelopt_fp4" if method == "modelopt_fp4" else method,
+                4,
+                (("ct", (), scheme),),
+                ignore,
+                "fnmatch",
+            )
+        if "FP8" in algo or "INT8" in algo:
+            return Quant(
+                method, 8, (("ct", (), Scheme(8, per_tensor=True, scale_bytes=4)),), ignore, "fnmatch"
+            )
+        bits = _qint(q, "bits", 1, 16)
+        if bits:
+            return Quant(method, bits, (("ct", (), Scheme(bits, group=128)),), ignore, "fnmatch")
+        return Quant(
+            method, None, (), (), "ct", notes=(f"ModelOpt algorithm {algo or '?'} not read: 16-bit assumed",)
+        )
+    if method in ("awq", "awq_marlin"):
+        bits = _qint(q, "bits", 1, 16) or _qint(q, "w_bit", 1, 16) or 4
+        group = _qint(q, "group_size", -1, 1 << 20) or _qint(q, "q_group_size", -1, 1 << 20) or 128
+        zero = bits if q.get("zero_point", True) is not False else 0
+        scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=zero)
+        return Quant(method, bits, (("ct", (), scheme),), _strs(q.get("modules_to_not_convert")), "boundary")
+    if method in ("gptq", "gptq_marlin", "auto-round", "intel/auto-round", "autoround", "inc"):
+        bits = _qint(q, "bits", 1, 16) or 4
+        group = _qint(q, "group_size", -1, 1 << 20, 128) or 128
+        gptq = method.startswith("gptq")
+        scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=bits, g_idx=gptq)
+        rules: list[tuple[str, tuple[str, ...], Scheme]] = []
+        extra = q.get("extra_config") if isinstance(q.get("extra_config"), dict) else {}
+        ignore: list[str] = []
+        for name, over in extra.items():  # AutoRound: per-layer bits (16 = kept in 16 bits)
+            if not isinstance(over, dict):
+                continue
+            b = over.get("bits")
+            if type(b) is int and b >= 16:
+                ignore.append(name)
+            elif type(b) is int and 1 <= b < 16:
+                g = over.get("group_size")
+                rules.append(
+                    (
+                        "boundary",
+                        (name,),
+                        scheme._replace(
+                            bits=b, zero_bits=b, group=g if type(g) is int and g > 0 else scheme.group
+                        ),
+                    )
+                )
+        dyn = q.get("dynamic") if isinstance(q.get("dynamic"), dict) else {}
+        for pat in dyn:  # GPTQModel: "-:regex" skips, "+:regex" overrides
+            if isinstance(pat, str) and pat.startswith("-:"):
+                ignore.append("re:" + pat[2:])
+        keep = [p if p.startswith("re:") or not any(ch in p for ch in "*[(\\") else "re:" + p for p in ignore]
+        name = "gptq" if gptq else "auto-round" if "round" in method else method
+        head = q.get("lm_head") is True
+        return Quant(name, bits, (*rules, ("ct", (), scheme)), tuple(keep), "boundary", lm_head=head)
+    if method == "bitsandbytes":
+        skip = _strs(q.get("llm_int8_skip_modules"))
+        if q.get("load_in_8bit") is True:
+            return Quant(method, 8, (("ct", (), Scheme(8, scale_bytes=4)),), skip, "boundary")
+        # 4-bit (nf4/fp4): one fp32 absmax per 64 weights, or an 8-bit one (+ small fp32 tables)
+        double = q.get("bnb_4bit_use_double_quant") is True
+        scheme = Scheme(4, group=64, scale_bytes=1.0 + 4 / 256 if double else 4.0)
+        return Quant(method, 4, (("ct", (), scheme),), skip, "boundary")
+    bits = _qint(q, "bits", 1, 16) or _qint(q, "w_bit", 1, 16)
+    if bits:
+        note = (
+            f"quant_method {method or '?'}: linear weights taken at {bits} bits with group-128 16-bit scales"
+        )
+        return Quant(method or None, bits, (("ct", (), Scheme(bits, group=128)),), (), "ct", notes=(note,))
+    return Quant(
+        method or None,
+        None,
+        (),
+        (),
+        "ct",
+        notes=(f"quant_method {method or '?'}: weight width unknown: 16 bits assumed",),
+    )
+
+
+def _ct_scheme(w: dict[str, Any], fmt: str) -> Scheme:
+    bits = w.get("num_bits")
+    if type(bits) is not int or not 1 <= bits <= 16:
+        raise ValueError(
+            f"quantization_config.config_groups.*.weights.num_bits: expected 1 to 16, got {bits!r}"[:160]
+        )
+    strategy = str(w.get("strategy") or "tensor").lower()
+    typ = str(w.get("type") or "int").lower()
+    group = w.get("group_size")
+    group = group if type(group) is int and group > 0 else 0
+    sym = w.get("symmetric", True) is not False
+    fp4 = typ == "float" and bits == 4  # nvfp4 / mxfp4: fp8 (or E8M0) scales
+    scale = 1.0 if fp4 else 2.0
+    zero = 0 if sym or typ == "float" else 8 if "pack" not in fmt else bits
+    if strategy == "block":
+        blk = w.get("block_structure")
+        if isinstance(blk, list) and len(blk) == 2 and all(type(x) is int and x > 0 for x in blk):
+            return Scheme(bits, block=(blk[0], blk[1]), scale_bytes=4)
+    if strategy == "tensor":
+        return Scheme(bits, per_tensor=True, scale_bytes=4)
+    if strategy == "channel":
+        return Scheme(bits, scale_bytes=scale, zero_bits=zero)
+    return Scheme(bits, group=group or 128, scale_bytes=scale, zero_bits=zero, second_scale=4 if fp4 else 0)
+
+
+def _compressed_tensors(q: dict[str, Any], method: str) -> Quant:
+    groups = q.get("config_groups")
+    fmt = str(q.get("format") or "").lower()
+    rules: list[tuple[str, tuple[str, ...], Scheme]] = []
+    widest = 0
+    if isinstance(groups, dict):
+        for g in groups.values():
+            if not isinstance(g, dict) or not isinstance(g.get("weights"), dict):
+                continue
+            scheme = _ct_scheme(g["weights"], str(g.get("format") or fmt))
+            targets = _strs(g.get("targets")) or ("Linear",)
+            rules.append(("ct", targets, scheme))
+            widest = max(widest, scheme.bits)
+    mode = "fnmatch" if method.startswith("modelopt") else "ct"  # ModelOpt's own export: shell patterns
+    return Quant(method, widest or None, tuple(rules), _strs(q.get("ignore")), mode)
+
+
+class WeightBytes(NamedTuple):
+    total: int  # every part (what the checkpoint holds)
+    by_part: dict[str, int]  # PARTS → bytes
+    method: str | None
+    bits: int | None
+    notes: tuple[str, ...]
+
+    def loaded(self, *, language_only: bool = False, mtp: bool = True) -> int:
+        """Bytes vLLM loads: without the vision tower under ``--language-model-only``, without
+        the MTP layers unless MTP speculation is on."""
+        drop = (self.by_part["vision"] if language_only else 0) + (0 if mtp else self.by_part["mtp"])
+        return self.total - drop
+
+
+def weights_bytes(cfg: dict[str, Any], kinds: Sequence[Any], *, language_only: bool = False) -> WeightBytes:
+    """Bytes of every tensor at the checkpoint's quantization; ``language_only`` leaves the vision
+    tower out of ``total`` (and of ``by_part``)."""
+    q = read_quant(cfg)
+    choose = q.chooser()
+    by = dict.fromkeys(PARTS, 0.0)
+    for t in tensors(cfg, kinds):
+        if language_only and t.part == "vision":
+            continue
+        by[t.part] += choose(t).nbytes(t)
+    parts = {k: int(v) for k, v in by.items()}
+    return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes)

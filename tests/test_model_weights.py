@@ -1,0 +1,451 @@
+"""Weights as vLLM loads them (hwprofile.model.weights): parameters per layer kind and bytes per
+quantization format, on config-only copies of current models (tests/fixtures/models, SOURCE.md
+there says where each config and each expected number comes from), and against the parameter
+tensors transformers itself builds for the same configs (on the meta device: no memory, no weights).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile.model import read_model_dir
+from hwprofile.model.weights import (
+    LayerKind,
+    count_params,
+    layer_kinds,
+    read_quant,
+    tensors,
+    weights_bytes,
+)
+
+GiB = 1 << 30
+MODELS = Path(__file__).parent / "fixtures" / "models"
+
+
+def _cfg(name: str) -> dict[str, Any]:
+    return json.loads((MODELS / name / "config.json").read_text())
+
+
+def _kinds_from_layer_types(cfg: dict[str, Any]) -> list[LayerKind]:
+    """The test's own reading of a Qwen3.5-style layer list (independent of weights.layer_kinds)."""
+    types = cfg["text_config"]["layer_types"]
+    return [LayerKind("gdn" if t == "linear_attention" else "full", "dense") for t in types]
+
+
+# --------------------------------------------------------------------------- Qwen3.8-27B
+
+
+def test_qwen38_layer_kinds_from_its_layer_types() -> None:
+    cfg = _cfg("qwen3.8-27b")
+    kinds = layer_kinds(cfg)
+    assert kinds == _kinds_from_layer_types(cfg)
+    assert [k.mixer for k in kinds].count("gdn") == 48 and [k.mixer for k in kinds].count("full") == 16
+    # without layer_types, full_attention_interval says the same
+    text = {k: v for k, v in cfg["text_config"].items() if k != "layer_types"}
+    assert layer_kinds({**cfg, "text_config": text}) == kinds
+
+
+def test_qwen38_params_per_part_equal_the_published_breakdown() -> None:
+    """hybrid.md: 27,781,427,952 parameters = decoder 24.35 B + embedding 1.27 B + LM head 1.27 B
+    (untied) + vision 0.46 B (460.7 M) + MTP 0.42 B."""
+    cfg = _cfg("qwen3.8-27b")
+    p = count_params(cfg, _kinds_from_layer_types(cfg))
+    assert p.total == 27_781_427_952
+    assert p.embed == p.lm_head == 248_320 * 5120
+    assert p.vision == 460_730_096
+    assert p.decoder / 1e9 == pytest.approx(24.35, abs=0.005)
+    assert p.mtp / 1e9 == pytest.approx(0.42, abs=0.005)
+    assert p.total == p.decoder + p.embed + p.lm_head + p.vision + p.mtp
+    assert p.active == p.decoder + p.embed + p.lm_head  # dense: everything but vision and MTP
+    facts = read_model_dir(MODELS / "qwen3.8-27b")
+    assert facts.params == p.total and facts.active_params == p.active
+    assert facts.weights_bytes_source == "estimate"
+
+
+def test_qwen38_bf16_weights() -> None:
+    """vLLM loads 51.75 GiB (27.78 B parameters at 2 bytes) with the vision tower (0.858 GiB) and
+    the MTP layer; --language-model-only leaves the tower out."""
+    cfg = _cfg("qwen3.8-27b")
+    kinds = _kinds_from_layer_types(cfg)
+    w = weights_bytes(cfg, kinds)
+    assert w.total == 2 * 27_781_427_952
+    assert w.total / GiB == pytest.approx(51.75, rel=0.05)
+    assert w.by_part["vision"] / GiB == pytest.approx(0.858, rel=0.01)
+    lang = weights_bytes(cfg, kinds, language_only=True)
+    assert lang.total == w.total - w.by_part["vision"] and lang.by_part["vision"] == 0
+    assert w.loaded(language_only=True) == lang.total
+    assert w.method is None and w.bits is None
+    facts = read_model_dir(MODELS / "qwen3.8-27b")
+    assert facts.weights_bytes == w.total
+    assert (facts.vision_bytes, facts.mtp_bytes) == (w.by_part["vision"], w.by_part["mtp"])
+    assert facts.quant_method is None and facts.bits == 16
+
+
+def test_qwen38_int4_compressed_tensors_pack_quantized() -> None:
+    """The W4A16 checkpoint people serve on 24 GB cards: ~16.6 GiB loaded language-only."""
+    cfg = _cfg("qwen3.8-27b-int4-autoround")
+    kinds = _kinds_from_layer_types(cfg)
+    w = weights_bytes(cfg, kinds)
+    assert w.method == "compressed-tensors" and w.bits == 4
+    assert w.loaded(language_only=True, mtp=False) / GiB == pytest.approx(16.6, rel=0.05)
+    facts = read_model_dir(MODELS / "qwen3.8-27b-int4-autoround")
+    assert (facts.quant_method, facts.quant_bits, facts.bits) == ("compressed-tensors", 4, 4)
+    assert facts.weights_bytes == w.total
+    assert facts.weights_bytes < 0.36 * read_model_dir(MODELS / "qwen3.8-27b").weights_bytes
+    # the ignore list: lm_head, the vision tower, the MTP head and every in_proj_a/b stay 16-bit
+    q = read_quant(cfg)
+    by_name = {t.name: t for t in tensors(cfg, kinds)}
+    bits = {n: q.scheme(t).bits for n, t in by_name.items() if t.linear}
+    assert bits["lm_head"] == 16
+    assert bits["model.language_model.layers.0.linear_attn.in_proj_a"] == 16
+    assert bits["model.language_model.layers.62.linear_attn.in_proj_b"] == 16
+    assert bits["model.language_model.layers.0.linear_attn.in_proj_qkv"] == 4
+    assert bits["model.language_model.layers.3.self_attn.q_proj"] == 4
+    assert bits["model.language_model.layers.63.mlp.down_proj"] == 4
+    assert {b for n, b in bits.items() if n.startswith(("model.visual", "mtp."))} == {16}
+    # group 128, bf16 scales: 4.125 bits per quantized weight
+    t = by_name["model.language_model.layers.0.mlp.gate_proj"]
+    assert q.scheme(t).nbytes(t) == t.params * (0.5 + 2 / 128)
+
+
+def test_qwen38_fp8_block() -> None:
+    cfg = _cfg("qwen3.8-27b-fp8")
+    kinds = _kinds_from_layer_types(cfg)
+    w = weights_bytes(cfg, kinds)
+    assert (w.method, w.bits) == ("fp8", 8)
+    assert w.loaded(language_only=True, mtp=False) / GiB == pytest.approx(27.6, rel=0.05)
+    # one float32 scale per 128x128 block on top of one byte per weight
+    q = read_quant(cfg)
+    t = next(t for t in tensors(cfg, kinds) if t.name.endswith("layers.0.mlp.up_proj"))
+    assert q.scheme(t).nbytes(t) == t.params + math.ceil(17408 / 128) * (5120 // 128) * 4
+    facts = read_model_dir(MODELS / "qwen3.8-27b-fp8")
+    assert (facts.quant_method, facts.quant_bits) == ("fp8", 8)
+
+
+def test_the_three_checkpoints_rank_as_their_bits() -> None:
+    sizes = [
+        read_model_dir(MODELS / n).weights_bytes
+        for n in ("qwen3.8-27b-int4-autoround", "qwen3.8-27b-fp8", "qwen3.8-27b")
+    ]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 3
+
+
+# --------------------------------------------------------------------------- other current models
+
+
+def test_nemotron_h_hybrid_pattern_mamba2_moe_attention() -> None:
+    """Nemotron-3-Nano-30B-A3B: 31.6 B total, 3.6 B active with embeddings, ~59 GiB in bf16 (it was
+    estimated at 190.6 GiB when its layer pattern was not read)."""
+    cfg = _cfg("nemotron-3-nano-30b-a3b")
+    kinds = layer_kinds(cfg)
+    pattern = cfg["hybrid_override_pattern"]
+    assert len(kinds) == len(pattern) == 52
+    assert sum(k.mixer == "mamba2" for k in kinds) == pattern.count("M") == 23
+    assert sum(k.mlp == "moe" for k in kinds) == pattern.count("E") == 23
+    assert sum(k.mixer == "full" for k in kinds) == pattern.count("*") == 6
+    p = count_params(cfg, kinds)
+    assert p.total / 1e9 == pytest.approx(31.6, rel=0.01)
+    assert p.active / 1e9 == pytest.approx(3.6, rel=0.05)
+    facts = read_model_dir(MODELS / "nemotron-3-nano-30b-a3b")
+    assert facts.params == p.total and facts.active_params == p.active
+    assert facts.weights_bytes / GiB == pytest.approx(59, rel=0.10)
+    assert facts.weights_bytes / GiB < 62  # one A100 80G holds it
+
+
+def test_gpt_oss_mxfp4_experts_with_their_scales() -> None:
+    """openai/gpt-oss-20b: 20.9 B parameters; its safetensors index says total_size 13,761,264,768:
+    the experts at 4 bits plus one uint8 scale per 32, attention/router/embeddings in bf16."""
+    facts = read_model_dir(MODELS / "gpt-oss-20b")
+    assert facts.params / 1e9 == pytest.approx(20.9, rel=0.01)
+    assert facts.weights_bytes == pytest.approx(13_761_264_768, rel=0.10)
+    assert facts.weights_bytes == 13_761_264_768  # every tensor as the checkpoint stores it
+    assert (facts.quant_method, facts.quant_bits) == ("mxfp4", 4)
+    cfg = _cfg("gpt-oss-20b")
+    q = read_quant(cfg)
+    ts = tensors(cfg, layer_kinds(cfg))
+    attn = next(t for t in ts if t.name.endswith("layers.0.self_attn.q_proj"))
+    expert = next(t for t in ts if t.name.endswith("layers.0.mlp.experts.down_proj"))
+    assert q.scheme(attn).bits == 16
+    assert q.scheme(expert).nbytes(expert) == expert.params * (0.5 + 1 / 32)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b-instruct-awq", "qwen2.5-7b-instruct-gptq-int4"])
+def test_awq_gptq_params_and_method(name: str) -> None:
+    facts = read_model_dir(MODELS / name)
+    assert facts.params / 1e9 == pytest.approx(7.61, rel=0.01)  # Qwen2.5-7B's published 7.61 B
+    assert facts.quant_bits == 4 and facts.quant_method in ("awq", "gptq")
+    # 4-bit decoder, 16-bit embedding and LM head (1.09 B parameters each)
+    assert 5.0 * GiB < facts.weights_bytes < 5.4 * GiB
+
+
+def _packed_layout_bytes(model: Any, method: str, group: int, bits: int) -> int:
+    """An AutoAWQ (WQLinear_GEMM) or AutoGPTQ (QuantLinear) checkpoint's bytes, from the modules
+    transformers builds: per nn.Linear of the decoder qweight int32 [in, out*bits/32] (AWQ) or
+    [in*bits/32, out] (GPTQ), qzeros int32 [in/group, out*bits/32], scales fp16 [in/group, out],
+    GPTQ's g_idx int32 [in], biases fp16; everything else (embeddings, norms, lm_head) fp16."""
+    import torch
+
+    total = 0
+    linear_params = set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
+            i, o = mod.in_features, mod.out_features
+            groups = i // group
+            total += i * o * bits // 8 + groups * o * bits // 8 + groups * o * 2
+            total += 4 * i if method == "gptq" else 0
+            total += 2 * o if mod.bias is not None else 0
+            linear_params |= {f"{name}.weight", f"{name}.bias"}
+    total += sum(2 * p.numel() for n, p in model.named_parameters() if n not in linear_params)
+    return total
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b-instruct-awq", "qwen2.5-7b-instruct-gptq-int4"])
+def test_awq_gptq_bytes_equal_their_tensor_layout(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = _cfg(name)
+    q = cfg["quantization_config"]
+    plain = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    with torch.device("meta"):
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**plain))
+    want = _packed_layout_bytes(model, q["quant_method"], q["group_size"], q["bits"])
+    got = weights_bytes(cfg, layer_kinds(cfg)).total
+    assert got == pytest.approx(want, rel=0.001)
+
+
+# --------------------------------------------------------------------------- transformers as the oracle
+
+
+def _hf_count(cfg_cls: str, model_cls: str, cfg: dict[str, Any]) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, model_cls):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_cls}")
+    conf = getattr(transformers, cfg_cls)(**cfg) if cfg_cls else transformers.AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = getattr(transformers, model_cls)._from_config(conf)
+    n = sum(p.numel() for p in model.parameters())
+    # router biases transformers keeps as buffers but checkpoints (and vLLM) hold as weights
+    return n + sum(b.numel() for k, b in model.named_buffers() if k.endswith("e_score_correction_bias"))
+
+
+def test_qwen38_against_transformers_own_modules() -> None:
+    """transformers' Qwen3_5ForConditionalGeneration built from the fixture: every parameter but
+    the MTP layer (transformers has no MTP module; vLLM's qwen3_5_mtp.py builds it)."""
+    cfg = _cfg("qwen3.8-27b")
+    p = count_params(cfg, layer_kinds(cfg))
+    assert _hf_count("", "Qwen3_5ForConditionalGeneration", cfg) == p.total - p.mtp
+
+
+def test_nemotron_against_transformers_own_modules() -> None:
+    cfg = _cfg("nemotron-3-nano-30b-a3b")
+    assert _hf_count("", "NemotronHForCausalLM", cfg) == count_params(cfg, layer_kinds(cfg)).total
+
+
+TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # GDN (fused in_proj_qkvz / in_proj_ba) + gated attention + MoE with a gated shared expert
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 96, "num_hidden_layers": 8, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2,
+        "vocab_size": 1000}),
+    # Qwen3.5 dense and MoE text models (split in_proj_qkv / z / b / a)
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "vocab_size": 1000}),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", {
+        "hidden_size": 128, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1000}),
+    # Granite-4 hybrid: Mamba2 + attention, every layer MoE with an ungated-router shared MLP
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "layer_types": ["mamba", "mamba", "attention", "mamba"], "mamba_n_heads": 8,
+        "mamba_d_head": 32, "mamba_d_state": 16, "mamba_n_groups": 1, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 96, "vocab_size": 1000}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_hybrid_families_equal_transformers_parameter_count(family: str) -> None:
+    pytest.importorskip("transformers")
+    import transformers
+
+    cfg_cls, model_cls, kw = TINY[family]
+    d = getattr(transformers, cfg_cls)(**kw).to_dict()
+    d.pop("mtp_num_hidden_layers", None)  # transformers builds no MTP layers
+    p = count_params(d, layer_kinds(d))
+    assert p.total == _hf_count(cfg_cls, model_cls, kw)
+    moe = any(k.mlp == "moe" for k in layer_kinds(d))
+    assert (p.active < p.total) == moe
+
+
+# --------------------------------------------------------------------------- quantization formats
+
+
+def _base() -> dict[str, Any]:
+    return {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 2,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 4096}  # fmt: skip
+
+
+def _bytes(q: dict[str, Any] | None) -> int:
+    cfg = {**_base(), **({"quantization_config": q} if q else {})}
+    return weights_bytes(cfg, layer_kinds(cfg)).total
+
+
+def test_formats_order_by_their_bits_and_scales() -> None:
+    bf16 = _bytes(None)
+    nvfp4 = _bytes(
+        {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}
+    )
+    w4 = _bytes({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    w8 = _bytes(
+        {
+            "quant_method": "compressed-tensors",
+            "format": "int-quantized",
+            "config_groups": {
+                "g": {"targets": ["Linear"], "weights": {"num_bits": 8, "strategy": "channel"}}
+            },
+        }
+    )
+    fp8 = _bytes({"quant_method": "fp8", "activation_scheme": "dynamic"})
+    bnb4 = _bytes({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})
+    assert w4 < nvfp4 < w8 < bf16 and w4 < bnb4 < w8 and fp8 < bf16
+    # 4.5 bits either way: an fp8 scale per 16 (NVFP4), an fp32 absmax per 64 (nf4)
+    assert bnb4 == pytest.approx(nvfp4, rel=0.001)
+    assert abs(w8 - fp8) < 0.01 * fp8  # one byte per weight either way; channel vs tensor scales
+
+
+def test_compressed_tensors_groups_targets_and_regex_ignore() -> None:
+    """Mixed precision: the first config group whose targets match a layer decides; ``re:``
+    patterns match from the name's start (vLLM's re.match), exact names exactly."""
+    cfg = {**_base(), "quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {
+            "attn": {"targets": ["re:.*self_attn\\..*"], "weights": {"num_bits": 8, "strategy": "channel"}},
+            "rest": {"targets": ["Linear"], "weights": {"num_bits": 4, "strategy": "group", "group_size": 64}}},
+        "ignore": ["model.layers.1.mlp.down_proj", "re:.*up_proj$", "re:mlp"]}}  # fmt: skip
+    q = read_quant(cfg)
+    bits = {t.name: q.scheme(t).bits for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
+    assert bits["model.layers.0.self_attn.q_proj"] == 8
+    assert bits["model.layers.0.mlp.gate_proj"] == 4
+    assert bits["model.layers.0.mlp.down_proj"] == 4 and bits["model.layers.1.mlp.down_proj"] == 16
+    assert bits["model.layers.0.mlp.up_proj"] == 16
+    assert q.bits == 8  # the widest group
+
+
+def test_autoround_extra_config_and_gptq_dynamic() -> None:
+    cfg = {**_base(), "quantization_config": {
+        "quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+        "extra_config": {"model.layers.0.self_attn.q_proj": {"bits": 16},
+                         "model.layers.1.mlp.down_proj": {"bits": 8, "group_size": 32}}}}  # fmt: skip
+    q = read_quant(cfg)
+    got = {t.name: q.scheme(t) for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
+    assert got["model.layers.0.self_attn.q_proj"].bits == 16
+    assert (got["model.layers.1.mlp.down_proj"].bits, got["model.layers.1.mlp.down_proj"].group) == (8, 32)
+    assert got["model.layers.1.mlp.up_proj"].bits == 4
+    gptq = {**_base(), "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                                "dynamic": {"-:.*mlp\\.gate_proj": {}}}}  # fmt: skip
+    q = read_quant(gptq)
+    got = {t.name: q.scheme(t).bits for t in tensors(gptq, layer_kinds(gptq)) if t.linear}
+    assert got["model.layers.0.mlp.gate_proj"] == 16 and got["model.layers.0.mlp.up_proj"] == 4
+
+
+def test_modelopt_fnmatch_exclusions_and_fp8_skip_lists() -> None:
+    cfg = {**_base(), "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                               "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]}}  # fmt: skip
+    q = read_quant(cfg)
+    got = {t.name: q.scheme(t).bits for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
+    assert got["model.layers.1.self_attn.o_proj"] == 16 and got["model.layers.1.mlp.up_proj"] == 4
+    fp8 = {**_base(), "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                               "modules_to_not_convert": ["model.layers.0.mlp"]}}  # fmt: skip
+    q = read_quant(fp8)
+    got = {t.name: q.scheme(t).bits for t in tensors(fp8, layer_kinds(fp8)) if t.linear}
+    assert got["model.layers.0.mlp.up_proj"] == 16 and got["model.layers.1.mlp.up_proj"] == 8
+
+
+def test_hostile_patterns_and_huge_ignore_lists_stay_fast() -> None:
+    """A regex RE2 cannot compile matches nothing (no crash); a catastrophic-backtracking pattern
+    runs in linear time; tens of thousands of exact names are a set look-up."""
+    names = [f"model.layers.{i}.mlp.experts.{e}.up_proj" for i in range(400) for e in range(100)]
+    cfg = {**_base(), "quantization_config": {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": 128,
+                                                                    "strategy": "group"}}},
+        "ignore": [*names, "re:(?=lookahead)", "re:(a+)+$" + "x" * 10, "re:^model\\.layers\\.0\\..*"]}}  # fmt: skip
+    start = time.process_time()
+    w = weights_bytes(cfg, layer_kinds(cfg))
+    assert time.process_time() - start < 20  # measured well under a second
+    q = read_quant(cfg)
+    got = {t.name: q.scheme(t).bits for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
+    assert got["model.layers.0.mlp.up_proj"] == 16 and got["model.layers.1.mlp.up_proj"] == 4
+    assert w.bits == 4
+
+
+def test_unknown_layer_symbols_are_a_clear_refusal(tmp_path: Path) -> None:
+    from hwprofile.config import ConfigError
+
+    cfg = {**_cfg("nemotron-3-nano-30b-a3b"), "hybrid_override_pattern": "M*EQ" * 13}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        ConfigError, match="NemotronHForCausalLM: hybrid_override_pattern: unknown layer symbol"
+    ):
+        read_model_dir(tmp_path)
+    gdn = _cfg("qwen3.8-27b")
+    gdn["text_config"] = {k: v for k, v in gdn["text_config"].items() if k != "linear_num_value_heads"}
+    (tmp_path / "config.json").write_text(json.dumps(gdn))
+    with pytest.raises(ConfigError, match=r"Qwen3_5ForConditionalGeneration: .*linear_num_value_heads"):
+        read_model_dir(tmp_path)
+
+
+def test_modelopt_config_groups_export_and_a_bad_vision_config(tmp_path: Path) -> None:
+    """ModelOpt's config.json export (compressed-tensors-like groups, shell-pattern ignore list)."""
+    cfg = {**_base(), "quantization_config": {
+        "quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head", "model.layers.0.*"],
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float",
+                                                                    "group_size": 16, "strategy": "tensor_group"}}}}}  # fmt: skip
+    q = read_quant(cfg)
+    got = {t.name: q.scheme(t) for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
+    assert got["model.layers.0.mlp.up_proj"].bits == 16
+    assert (got["model.layers.1.mlp.up_proj"].bits, got["model.layers.1.mlp.up_proj"].group) == (4, 16)
+    from hwprofile.config import ConfigError
+
+    bad = {**_cfg("qwen3.8-27b")}
+    bad["vision_config"] = {**bad["vision_config"], "depth": "27"}
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(ConfigError, match=r"vision_config\.depth: expected a non-negative integer"):
+        read_model_dir(tmp_path)
+
+
+def test_deepseek_v3_mla_moe_and_its_mtp_layer() -> None:
+    """DeepSeek-V3's config.json (MLA, 256 routed + 1 shared expert, 3 dense layers, noaux_tc router
+    bias, one MTP layer with its own embedding and head copies): the model card's 671 B main model +
+    14 B MTP module = 685 B, 37 B activated; the FP8 block checkpoint holds ~1 byte per parameter."""
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+           "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+           "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+           "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 512,
+           "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+           "topk_method": "noaux_tc", "vocab_size": 129280, "num_nextn_predict_layers": 1,
+           "tie_word_embeddings": False, "quantization_config": {
+               "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+               "weight_block_size": [128, 128]}}  # fmt: skip
+    kinds = layer_kinds(cfg)
+    assert [k.mlp for k in kinds[:4]] == ["dense", "dense", "dense", "moe"] and {k.mixer for k in kinds} == {
+        "mla"
+    }
+    p = count_params(cfg, kinds)
+    assert (p.total - p.mtp) / 1e9 == pytest.approx(671, rel=0.01)
+    assert p.total / 1e9 == pytest.approx(685, rel=0.01)
+    assert p.active / 1e9 == pytest.approx(37, rel=0.03)
+    w = weights_bytes(cfg, kinds)
+    assert w.total == pytest.approx(p.total, rel=0.01)  # fp8 experts and projections, bf16 embeddings
