@@ -31,6 +31,20 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _as_loaded(env: Mapping[str, str]) -> Mapping[str, str]:
+    """A new process finds ``libnvidia-ml.so.1`` on ``LD_LIBRARY_PATH`` (the fake NVML, tests/fakehost.py);
+    this process read that variable when it started, so the library is named by its full path instead
+    (``HWPROFILE_NVML_LIBRARY``, which detection loads first). Without it, whether the call saw the fake
+    GPUs depended on whether an earlier test in the same worker had loaded the library."""
+    if "HWPROFILE_NVML_LIBRARY" in env:
+        return env
+    for d in (env.get("LD_LIBRARY_PATH") or "").split(":"):
+        lib = Path(d) / "libnvidia-ml.so.1"
+        if d and lib.is_file():
+            return {**env, "HWPROFILE_NVML_LIBRARY": str(lib)}
+    return env
+
+
 @contextlib.contextmanager
 def _deadline(seconds: float, cmd: list[str]) -> Iterator[None]:
     """``subprocess.TimeoutExpired`` raised into the call after ``seconds`` (a hang is a failure,
@@ -57,6 +71,7 @@ def hwprofile(
     from hwprofile.cli import main
 
     cmd = [sys.executable, "-m", "hwprofile", *args]
+    env = _as_loaded(env)
     out, err = io.StringIO(), io.StringIO()
     fake_in = io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8")
     here = os.getcwd()
