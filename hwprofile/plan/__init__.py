@@ -19,6 +19,7 @@ One module per decision, in the order :func:`build_plan` takes them:
   sequences, tokens per step), :mod:`.memory` (the fit) and :mod:`.estimate` (decode ceiling);
 - then each GPU instance's own prediction (:func:`.candidates.instance_prediction`);
 - :mod:`.cpu`: the CPU instance when no GPU is usable;
+- :mod:`.specpath`: a refusal where vLLM would pick another speculative method from a model's path;
 - :mod:`.refusal`: :class:`PlanRefused` and what would fit; :mod:`.reasons`: the reasons collector.
 """
 
@@ -44,6 +45,7 @@ from .predict import Calibration
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .shape import shape
+from .specpath import check as check_speculative_paths
 from .speculative import choose_speculator, heterogeneous_vocab_ok
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan
 
@@ -140,6 +142,8 @@ def _assemble(
     endpoint: Endpoint,
 ) -> Plan:
     gpus = host.usable_gpus
+    # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
+    check_speculative_paths(instances, model.path or model.name, r)
     return Plan(
         schema=SCHEMA,
         profile=profile,
