@@ -52,6 +52,12 @@ class Supervise(Section):
         "float", "seconds beyond server.shutdown_timeout (the drain) before what is left of an instance is "
         "SIGKILLed, when it is stopped or when its supervisor died", 0, 3600, default=10.0,
     )  # fmt: skip
+    gpu_free_timeout: float = setting(
+        "float", "seconds a start of a GPU instance waits at most for its GPUs' memory to be back (used "
+        "memory at its level before the first start, free memory at least what vLLM asks): vLLM measures "
+        "free memory once, and a start onto memory still being released gets a smaller KV cache; "
+        "after this it starts anyway, with a warning; 0: look once, never wait", 0, 3600, default=60.0,
+    )  # fmt: skip
 
 
 @section

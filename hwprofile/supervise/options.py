@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ..config.settings import Logs, Supervise
+    from .gate import Reader
 
 
 class Options(NamedTuple):
@@ -27,9 +28,14 @@ class Options(NamedTuple):
     stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
     unhealthy_s: float  # seconds of failing /health before a ready instance is restarted
     log_stdout: bool  # logs.stdout: every output line to hwprofile's stdout too, prefixed with the instance
+    gpu_free_timeout: float  # the start gate's bound (supervise.gate)
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
+    # the GPUs' memory now (hwprofile.host.gpumem.GpuMemory, given by launch.start): the start gate's
+    # readings; None: GPU instances start without the gate
+    gpu_memory: Reader | None = None
+    clock: Callable[[], float] | None = None  # the start gate's clock (None: time.monotonic)
 
     @classmethod
     def from_settings(
@@ -48,5 +54,6 @@ class Options(NamedTuple):
             stop_margin=supervise.stop_margin,
             unhealthy_s=supervise.unhealthy_s,
             log_stdout=logs.stdout,
+            gpu_free_timeout=supervise.gpu_free_timeout,
             **rest,
         )
