@@ -58,6 +58,12 @@ class Supervise(Section):
         "free memory once, and a start onto memory still being released gets a smaller KV cache; "
         "after this it starts anyway, with a warning; 0: look once, never wait", 0, 3600, default=60.0,
     )  # fmt: skip
+    pin_kv_pool: bool = setting(
+        "bool", "record the KV cache pool vLLM measures at each profiled start of a GPU instance (per host, "
+        "GPUs, release, model and settings) and pin it in bytes (--kv-cache-memory-bytes) on later plans of "
+        "the same instance: the profiled pool varies by ~1 GiB between starts and is smaller on a cold "
+        "compile cache", default=False,
+    )  # fmt: skip
 
 
 @section

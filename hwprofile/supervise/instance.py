@@ -30,6 +30,7 @@ from .group import Head, judge, look, probe
 from .ladder import replan_step, step_change
 from .lifecycle import Machine, State
 from .logs import RotatingLog, private_dir, pump
+from .pools import record as record_pool
 from .verify import compare, parse_startup
 
 if TYPE_CHECKING:
@@ -417,7 +418,10 @@ class Instance:
                 continue
             if outcome == "ready":
                 self.ready_at = time.time()
-                self.verify_warnings = compare(self.inst, parse_startup(self.log.text_since(since)))
+                started = parse_startup(self.log.text_since(since))
+                self.verify_warnings = compare(self.inst, started)
+                if self.opts.kv_pools is not None:  # supervise.pin_kv_pool: the pool vLLM measured
+                    record_pool(self.opts.kv_pools, self.plan, self.inst, started)
                 for w in self.verify_warnings:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.opts.backoff_initial

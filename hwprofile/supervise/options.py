@@ -36,6 +36,7 @@ class Options(NamedTuple):
     # readings; None: GPU instances start without the gate
     gpu_memory: Reader | None = None
     clock: Callable[[], float] | None = None  # the start gate's clock (None: time.monotonic)
+    kv_pools: Path | None = None  # where the KV pools vLLM measured are recorded (supervise.pin_kv_pool)
 
     @classmethod
     def from_settings(
