@@ -38,6 +38,12 @@ def test_the_substrings_and_their_order_are_vllms() -> None:
     assert method_from_path("/m/deepseek-ai/dspark_qwen3_8b") == ("dspark", "dspark")
     assert method_from_path("/srv/models/Qwen3.8-27B") is None
     assert method_from_path("/m/eagle") is None  # "eagle" alone is none of them: vLLM keeps the method
+    # a release without the method cannot pick it (hwprofile's flag table: dflash from 0.20, dspark from 0.25)
+    assert method_from_path("/m/qwen-dflash", "0.18.0") is None
+    assert method_from_path("/m/qwen-dflash", "0.20.0") == ("dflash", "dflash")
+    assert method_from_path("/m/dspark-x", "0.22.0") is None and method_from_path("/m/dspark-x", "0.33.0+cpu")
+    assert method_from_path("/m/EAGLE-x", "0.6.3") == ("eagle-", "eagle")
+    assert method_from_path("/m/qwen-dflash", None) == ("dflash", "dflash")  # an unknown release: every one
 
 
 def test_mtp_on_a_target_whose_path_names_dflash_is_refused(host_of, empty_root, tmp_path: Path) -> None:

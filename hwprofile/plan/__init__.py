@@ -167,7 +167,7 @@ def _assemble(
 ) -> Plan:
     gpus = host.usable_gpus
     # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
-    check_speculative_paths(instances, model.path or model.name, r)
+    check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
     return Plan(
         schema=SCHEMA,
         profile=profile,
