@@ -225,6 +225,29 @@ def test_a_replacement_waits_for_memory_still_held_then_starts(world, rt, fake_e
         mem.close()
 
 
+def test_a_first_start_waits_for_a_previous_runs_leftovers(world, rt, fake_env, host_of) -> None:  # noqa: F811
+    """A launch right after a stop: the old run's memory is in the first start's baseline, so the
+    gate's other rule holds the start: free memory below what vLLM asks (total x 0.6)."""
+    host = host_of("rtx4090-1x")
+    state = Path(os.environ["FAKE_NVML_STATE"])
+    with state.open("a") as f:
+        f.write(f"dev0.memory_used={20000 * MiB}\n")  # 4 GiB free of 24: vLLM would refuse to start
+    mem = GpuMemory()
+    sup = gpu_supervisor(world, rt, host, mem, 600.0)
+    try:
+        sup.start()
+        inst = sup.instances[0]
+        why = wait_for(lambda: inst.gpu_wait, "the start gate waiting")
+        assert "GPU 0: " in why and "vLLM asks" in why and inst.state == State.STARTING
+        assert starts(fake_env) == []
+        with state.open("a") as f:
+            f.write(f"dev0.memory_used={5 * MiB}\n")
+        assert sup.wait_ready(30) and len(starts(fake_env)) == 1 and not inst.gate_warnings
+    finally:
+        finish(sup)
+        mem.close()
+
+
 def test_memory_never_released_starts_after_the_bound_with_a_warning(world, rt, fake_env, host_of) -> None:  # noqa: F811
     host = host_of("rtx4090-1x")
     state = Path(os.environ["FAKE_NVML_STATE"])
