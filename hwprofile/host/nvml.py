@@ -79,7 +79,8 @@ class Nvml:
 
         self._n = pynvml
         try:
-            pynvml.nvmlInit()
+            with _CALL_LOCK:
+                pynvml.nvmlInit()
         except pynvml.NVMLError as e:
             raise Unavailable(_describe_init_error(pynvml, e)) from None
         loaded = _loaded_path(pynvml)
@@ -95,7 +96,7 @@ class Nvml:
 
     def close(self) -> None:
         if self._n is not None:
-            with contextlib.suppress(self._n.NVMLError):
+            with contextlib.suppress(self._n.NVMLError), _CALL_LOCK:
                 self._n.nvmlShutdown()
 
     # -- the chokepoint ---------------------------------------------------------------------
