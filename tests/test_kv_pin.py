@@ -15,6 +15,7 @@ from test_supervisor_fast import fake_env, plan_inputs, rt, starts, world  # noq
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.pipeline import kv_pools_path, load_kv_pools, make_plan
 from hwprofile.plan.kvpin import GiB, add_record, choose, measured_bytes, parse_pools, pool_key
+from hwprofile.plan.types import Plan
 from hwprofile.render.translate import render_instance
 from hwprofile.supervise.lifecycle import State
 from hwprofile.supervise.options import Options
@@ -65,6 +66,9 @@ def test_the_key_names_the_gpus_the_release_and_every_setting(host_of, empty_roo
     a = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model=model, sets=SETS)
     again = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model=model, sets=SETS)
     assert pool_key(a, a.instances[0]) == pool_key(again, again.instances[0])
+    # the detached supervisor and the daemon hold the plan as launch.json saved it: the same key
+    back = Plan.from_json(json.loads(json.dumps(a.to_json())))
+    assert pool_key(back, back.instances[0]) == pool_key(a, a.instances[0])
     other_setting = make_plan(
         host_of("rtx4090-1x"), empty_root, environ={}, model=model, sets=[*SETS, "engine.max_num_seqs=3"]
     )
