@@ -93,7 +93,7 @@ def path_conflicts(inst: InstancePlan, target_path: str, version: str | None = N
     return (
         f"{inst.name}: speculative method {planned} is planned, but vLLM would run {method}: the {which} "
         f"model's path {path!r} contains {sub!r}, and vLLM picks the method from the path ({SOURCE}). "
-        f"Rename the directory, or point at it through a symlink whose name has none of "
+        f"Rename the directory, or point at it through a symlink whose whole path has none of "
         f"{', '.join(repr(s) for s, _ in PATH_METHODS)}"
     )
 
