@@ -138,10 +138,37 @@ def make_plan(
     root = root or config_root()
     res = resolve_settings(host, root, profile, overrides, sets, environ)
     target, draft_facts = load_models(res.settings, model, draft)
+    pools = load_kv_pools() if res.settings.supervise.pin_kv_pool else None
     return build_plan(
         host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
-        tuple(nodes), tuple(addresses), calibration=load_calibration(root, host),
+        tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
     )  # fmt: skip
+
+
+KV_POOLS_FILE = "kv-pools.json"  # in the state directory (runtime.dirs.state_dir): plan.kvpin's records
+KV_POOLS_CAP = 4 * 2**20
+
+
+def kv_pools_path() -> str:
+    """Where the KV pools vLLM measured are recorded: ``<state dir>/kv-pools.json``."""
+    from .runtime.dirs import state_dir
+
+    return os.path.join(state_dir(), KV_POOLS_FILE)
+
+
+def load_kv_pools(path: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The recorded KV pools (:func:`hwprofile.plan.kvpin.parse_pools`); none where the file is
+    missing, unreadable or not such a document (a pin is an optimisation: its absence is no error)."""
+    import json
+
+    from .plan.kvpin import parse_pools
+    from .runtime.files import UnsafeFile, read_bounded
+
+    try:
+        data = read_bounded(path or kv_pools_path(), KV_POOLS_CAP)
+        return parse_pools(json.loads(data))
+    except (OSError, UnsafeFile, ValueError, UnicodeDecodeError):
+        return {}
 
 
 CALIBRATION_CAP = 16 * 2**20  # a bench.json of many rounds and points stays far below this

@@ -107,6 +107,7 @@ INSTANCE = Obj(
         "node": Str(64),
         "group_wait": _TEXT,
         "rejoins": Int(0, 1 << 31),
+        "gpu_wait": _TEXT,
     },
     required=("name", "state", "pid", "process", "url", "restarts", "stop_grace_s", "log_dir", "log_file"),
 )
@@ -211,6 +212,7 @@ class InstanceRecord:
     node: str | None = None  # a node of a multi-node group: "K of N" (None: a one-host instance)
     group_wait: str | None = None  # a headless node not ready yet: what it waits for (supervise.group)
     rejoins: int = 0  # new processes a headless node started to join node 0's next group
+    gpu_wait: str | None = None  # the start gate (supervise.gate): what memory the next start waits for
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -224,7 +226,7 @@ class InstanceRecord:
             "replacements": self.replacements, "engine": self.engine, "speculative": self.speculative,
             "warnings": list(self.warnings), "health_failing_since": self.health_failing_since,
             "unresponsive": self.unresponsive, "node": self.node, "group_wait": self.group_wait,
-            "rejoins": self.rejoins,
+            "rejoins": self.rejoins, "gpu_wait": self.gpu_wait,
         }  # fmt: skip
 
     @classmethod
@@ -241,7 +243,7 @@ class InstanceRecord:
             argv=tuple(d.get("argv") or ()), engine=d.get("engine"), speculative=d.get("speculative"),
             warnings=tuple(d.get("warnings") or ()), health_failing_since=d.get("health_failing_since"),
             unresponsive=d.get("unresponsive") or 0, node=d.get("node"), group_wait=d.get("group_wait"),
-            rejoins=d.get("rejoins") or 0,
+            rejoins=d.get("rejoins") or 0, gpu_wait=d.get("gpu_wait"),
         )  # fmt: skip
 
 

@@ -28,6 +28,9 @@ Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment
   ``FAKEVLLM_SICK_AFTER`` seconds, default 0.5, after becoming ready the engine dies and the API server stays up, answering 503 on
   ``/health`` for good, as a server whose engine is gone does), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting);
 - ``--fake-ready-delay`` / ``FAKEVLLM_READY_DELAY``: seconds of "loading" (default 0.3);
+- ``FAKEVLLM_KV_POOL_GIB``: log a GPU worker's profiled pool (``Available KV cache memory: X GiB``),
+  after ``FAKEVLLM_COMPILE`` ``cold`` or ``warm``'s compile line; with ``--kv-cache-memory-bytes``
+  vLLM's "reserved ... as specified by kv_cache_memory_bytes" line instead;
 - ``--fake-fail-times N`` / ``FAKEVLLM_FAIL_TIMES`` with ``--fake-counter FILE`` / ``FAKEVLLM_COUNTER``:
   only the first N starts (counted in FILE) use the modes; later starts are healthy;
 - ``--fake-token-delay`` / ``FAKEVLLM_TOKEN_DELAY``: seconds per generated token (default 0.01);
@@ -770,6 +773,19 @@ def main(argv: list[str]) -> int:
         say("Shutting down while loading.")
         return leave(0)
     srv.group = group
+    pool = os.environ.get("FAKEVLLM_KV_POOL_GIB")  # a GPU worker's profiled pool (vLLM 0.33 gpu_worker.py)
+    if pool and "kv_cache_memory_bytes" not in args:
+        compiled = os.environ.get("FAKEVLLM_COMPILE", "")
+        if compiled == "cold":
+            say("Compiling a graph for compile range (1, 8192) takes 41.20 s", "EngineCore", where="backends.py:418")
+        elif compiled == "warm":
+            say("Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 3.101 s",
+                "EngineCore", where="backends.py:311")  # fmt: skip
+        say(f"Available KV cache memory: {pool} GiB", "EngineCore", where="gpu_worker.py:775")
+    elif pool:
+        say(f"Initial free memory 23.10 GiB, reserved {size_of(args['kv_cache_memory_bytes']) / 2**30:.2f} GiB memory "
+            "for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.",
+            "EngineCore", where="gpu_worker.py:676")  # fmt: skip
     say(
         f"CPU KV cache size: {tokens:,} tokens, Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x",
         "EngineCore", where="kv_cache_utils.py:2327",

@@ -193,7 +193,7 @@ def check_workload(docs: list[dict[str, Any]], workload: dict[str, Any]) -> None
         if "startupProbe" in c:
             sp = c["startupProbe"]
             assert sp["httpGet"] == {"path": "/health", "port": "hwprofile"} and sp["periodSeconds"] == PROBE_PERIOD_S
-            assert sp["failureThreshold"] * sp["periodSeconds"] >= supervise["ready_timeout"]
+            assert sp["failureThreshold"] * sp["periodSeconds"] >= supervise["ready_timeout"] + supervise["gpu_free_timeout"]
             rp = c["readinessProbe"]
             assert rp["httpGet"] == {"path": "/health", "port": "hwprofile"}
             # /health says 503 before a degrade drains for as long as this probe needs to notice it

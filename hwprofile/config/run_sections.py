@@ -52,6 +52,18 @@ class Supervise(Section):
         "float", "seconds beyond server.shutdown_timeout (the drain) before what is left of an instance is "
         "SIGKILLed, when it is stopped or when its supervisor died", 0, 3600, default=10.0,
     )  # fmt: skip
+    gpu_free_timeout: float = setting(
+        "float", "seconds a start of a GPU instance waits at most for its GPUs' memory to be back (used "
+        "memory at its level before the first start, free memory at least what vLLM asks): vLLM measures "
+        "free memory once, and a start onto memory still being released gets a smaller KV cache; "
+        "after this it starts anyway, with a warning; 0: look once, never wait", 0, 3600, default=60.0,
+    )  # fmt: skip
+    pin_kv_pool: bool = setting(
+        "bool", "record the KV cache pool vLLM measures at each profiled start of a GPU instance (per host, "
+        "GPUs, release, model and settings) and pin it in bytes (--kv-cache-memory-bytes) on later plans of "
+        "the same instance: the profiled pool varies by ~1 GiB between starts and is smaller on a cold "
+        "compile cache", default=False,
+    )  # fmt: skip
 
 
 @section

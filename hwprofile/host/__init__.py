@@ -7,4 +7,6 @@
 - :mod:`.snapshot_io`: a saved snapshot read back (``--from FILE``), checked by :mod:`.snapshot_check`
   (the field table, in the rule vocabulary of :mod:`hwprofile.contracts`); :mod:`.snapshot_schema`
   publishes the same table as JSON Schema. Detection imports none of these.
+- :mod:`.sampler` (the daemon's and bench's GPU readings at every tick) and :mod:`.gpumem` (the GPUs'
+  memory before each start of an instance: the start gate's readings) read NVML through :mod:`.nvml`.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from .linux import cpulist_from_masks
@@ -36,6 +37,10 @@ MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 # (a trailing comma), which ctypes rejects, so the value from nvml.h is used here.
 P2P_CAPS_INDEX_READ = 0
 NVSWITCH = "nvswitch"  # far end of a link that goes to an NVSwitch
+# One NVML call at a time in this process: the daemon's sampler (its main thread) and the start gate
+# (each instance's thread, host/gpumem.py) read the same library; NVML is thread-safe, a test's fake
+# library re-reading its state file is not.
+_CALL_LOCK = threading.RLock()
 
 
 class GpuLost(Exception):
@@ -74,7 +79,8 @@ class Nvml:
 
         self._n = pynvml
         try:
-            pynvml.nvmlInit()
+            with _CALL_LOCK:
+                pynvml.nvmlInit()
         except pynvml.NVMLError as e:
             raise Unavailable(_describe_init_error(pynvml, e)) from None
         loaded = _loaded_path(pynvml)
@@ -90,7 +96,7 @@ class Nvml:
 
     def close(self) -> None:
         if self._n is not None:
-            with contextlib.suppress(self._n.NVMLError):
+            with contextlib.suppress(self._n.NVMLError), _CALL_LOCK:
                 self._n.nvmlShutdown()
 
     # -- the chokepoint ---------------------------------------------------------------------
@@ -109,7 +115,8 @@ class Nvml:
                 last = f"{name}: not in this nvidia-ml-py"
                 continue
             try:
-                return fn(*args)
+                with _CALL_LOCK:
+                    return fn(*args)
             except n.NVMLError_FunctionNotFound:
                 last = f"{name}: the installed driver does not have this function"
                 continue
@@ -251,6 +258,16 @@ class Nvml:
                                                      "nvmlDeviceGetPowerManagementLimit"), handle),
             "memory_used": int(mem.used) if mem is not None else None,
         }  # fmt: skip
+
+    def memory(self, index: int, handle: Any) -> tuple[int, int] | None:
+        """``(total, free)`` bytes of one GPU (v2 where the driver has it, as :meth:`gpu` reads it:
+        its free excludes the driver's reservation, as CUDA's does), or None when it cannot be read
+        (recorded in ``errors``). Raises :class:`GpuLost` for a lost device."""
+        w = f"gpu[{index}].memory"
+        mem = self.call(w, "nvmlDeviceGetMemoryInfo", handle, self._n.nvmlMemory_v2, quiet=True)
+        if mem is None:
+            mem = self.call(w, "nvmlDeviceGetMemoryInfo", handle)
+        return (int(mem.total), int(mem.free)) if mem is not None else None
 
     def _minor(self, where: str, handle: Any) -> int | None:
         """The device minor number: N of ``/dev/nvidiaN`` (``nvidia-smi``'s "Minor Number"), which

@@ -191,14 +191,22 @@ def preflight(launch: Launch) -> None:
 
 def options(launch: Launch) -> Options:
     """The supervisor's options: the plan's ``supervise`` and ``logs`` settings, the log root, the
-    progress callback, the ladder's context floor (the profile's ``engine.min_model_len``)."""
+    progress callback, the ladder's context floor (the profile's ``engine.min_model_len``), and for a
+    plan with GPU instances the start gate's reader of their memory (:class:`~hwprofile.host.gpumem.GpuMemory`)."""
+    from ..pipeline import kv_pools_path
     from ..supervise.options import Options
 
     progress = launch.progress or (lambda m: log.info("%s", m))
+    gpu_memory = None
+    if any(i.device == "cuda" and i.gpus for i in launch.plan.instances):
+        from ..host.gpumem import GpuMemory
+
+        gpu_memory = GpuMemory()  # the start gate's readings (supervise.gate); NVML opened at the first
     return Options.from_settings(
         launch.plan.supervise, launch.plan.logs, launch.runtime,
         log_root(launch.plan, launch.tmpfs, launch.runtime), progress=progress,
-        min_model_len=launch.inputs.min_model_len() if launch.inputs else None,
+        min_model_len=launch.inputs.min_model_len() if launch.inputs else None, gpu_memory=gpu_memory,
+        kv_pools=Path(kv_pools_path()) if launch.plan.supervise.pin_kv_pool else None,
     )  # fmt: skip
 
 

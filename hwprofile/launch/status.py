@@ -187,6 +187,8 @@ def format_status(state: dict[str, Any]) -> str:
             out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
         if i.get("group_wait") and i["state"] in ("starting", "restarting"):
             out.append(f"    waiting: {i['group_wait']}")
+        if i.get("gpu_wait") and i["state"] in ("starting", "restarting"):
+            out.append(f"    waiting for GPU memory (supervise.gpu_free_timeout): {i['gpu_wait']}")
         if i.get("rejoins"):
             out.append(f"    started again {i['rejoins']} times to join node 0's next group")
         for step in i.get("ladder") or []:

@@ -19,6 +19,8 @@ One module per decision, in the order :func:`build_plan` takes them:
   sequences, tokens per step), :mod:`.memory` (the fit) and :mod:`.estimate` (decode ceiling);
 - then each GPU instance's own prediction (:func:`.candidates.instance_prediction`);
 - :mod:`.cpu`: the CPU instance when no GPU is usable;
+- :mod:`.specpath`: a refusal where vLLM would pick another speculative method from a model's path;
+- :mod:`.kvpin`: the KV pool pinned in bytes where an earlier start measured it (``supervise.pin_kv_pool``);
 - :mod:`.refusal`: :class:`PlanRefused` and what would fit; :mod:`.reasons`: the reasons collector.
 """
 
@@ -38,12 +40,14 @@ from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use
 from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
+from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
 from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .shape import shape
+from .specpath import check as check_speculative_paths
 from .speculative import choose_speculator, heterogeneous_vocab_ok
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan
 
@@ -63,11 +67,33 @@ def build_plan(
     nodes: Sequence[HostSnapshot] = (),
     addresses: Sequence[str] = (),
     calibration: Calibration | None = None,
+    kv_pools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> Plan:
     """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host`` (and on
     ``nodes``, the other hosts of a multi-node plan, at ``addresses``: node 0's first); raises
     :class:`PlanRefused` with suggestions when nothing fits. ``provenance``: the layer that set each
-    setting the layers set; every other setting is at its declared default (``settings`` holds it)."""
+    setting the layers set; every other setting is at its declared default (``settings`` holds it).
+    ``kv_pools``: the KV pools vLLM measured on earlier starts (:mod:`.kvpin`), where
+    ``supervise.pin_kv_pool`` is on: each GPU instance with one recorded is pinned to it."""
+    plan = _build_plan(host, settings, provenance, profile, matched_because, model, draft, nodes, addresses,
+                       calibration)  # fmt: skip
+    if settings.supervise.pin_kv_pool:
+        plan = pin_kv_pools(plan, kv_pools or {})
+    return plan
+
+
+def _build_plan(
+    host: HostSnapshot,
+    settings: Settings,
+    provenance: Mapping[tuple[str, ...], Source],
+    profile: str,
+    matched_because: list[str],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    nodes: Sequence[HostSnapshot],
+    addresses: Sequence[str],
+    calibration: Calibration | None,
+) -> Plan:
     default = Source("default", "schema")
     r = Reasons({p: provenance.get(p, default) for p in SETTINGS})
     r.calibration = calibration
@@ -140,6 +166,8 @@ def _assemble(
     endpoint: Endpoint,
 ) -> Plan:
     gpus = host.usable_gpus
+    # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
+    check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
     return Plan(
         schema=SCHEMA,
         profile=profile,

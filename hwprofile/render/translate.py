@@ -254,6 +254,12 @@ def render_instance(
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+        pinned = e.kv_cache_memory_bytes or None  # ABSENT unless supervise.pin_kv_pool pinned the pool
+        if pinned and rel.has("--kv-cache-memory-bytes"):
+            args.append(("--kv-cache-memory-bytes", pinned))
+        elif pinned:
+            warnings.append(f"vLLM {rel.table} has no --kv-cache-memory-bytes (0.10.2+): the calibrated KV pool "
+                            f"of {pinned} bytes is not pinned; vLLM profiles it")  # fmt: skip
     else:
         # No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
         # leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one

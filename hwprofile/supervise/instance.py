@@ -25,10 +25,12 @@ from ..runtime.processes import Identity, identify
 from ..telemetry import http
 from .child import end_group, exited, port_free, short_tmpdir, spawn
 from .failures import MIN_CONTEXT, Failure, Rung, classify, exit_evidence
+from .gate import StartGate
 from .group import Head, judge, look, probe
 from .ladder import replan_step, step_change
 from .lifecycle import Machine, State
 from .logs import RotatingLog, private_dir, pump
+from .pools import record as record_pool
 from .verify import compare, parse_startup
 
 if TYPE_CHECKING:
@@ -99,6 +101,15 @@ class Instance:
         self.rejoins = 0
         self._pump: threading.Thread | None = None
         self._saved_dropped = 0
+        # The start gate (.gate): before each start, its GPUs' memory back (what they held before its
+        # first start, and what vLLM asks); what it waits for now (status), the last start's warning.
+        self.gate = (
+            StartGate(opts.gpu_memory, opts.gpu_free_timeout, clock=opts.clock,
+                      sleep=self._stop_asked.wait)
+            if opts.gpu_memory is not None else None
+        )  # fmt: skip
+        self.gpu_wait: str | None = None
+        self.gate_warnings: list[str] = []
 
     # -- public ---------------------------------------------------------------------------
     @property
@@ -126,9 +137,9 @@ class Instance:
             log_error=self.log.last_error, argv=tuple(self.argv),
             engine=self.inst.engine.to_json(),
             speculative=self.inst.speculative.to_json() if self.inst.speculative else None,
-            warnings=tuple(self.render_warnings + self.verify_warnings),
+            warnings=tuple(self.render_warnings + self.gate_warnings + self.verify_warnings),
             health_failing_since=self.health_failing_since, unresponsive=self.unresponsive,
-            group_wait=self.group_wait, rejoins=self.rejoins,
+            group_wait=self.group_wait, rejoins=self.rejoins, gpu_wait=self.gpu_wait,
             node=(f"{self.inst.node} of {self.inst.nnodes}" + (" (headless: the group answers at node 0)"
                   if self.inst.headless else " (the group's API server)")) if self.inst.nnodes is not ABSENT else None,
         )  # fmt: skip
@@ -313,6 +324,41 @@ class Instance:
         if proc is not None:
             self._end(proc, self._grace())
 
+    # -- the start gate -----------------------------------------------------------------------
+    def _gate(self) -> bool:
+        """Before a start of a GPU instance: wait (bounded) until its GPUs' memory is back
+        (:mod:`.gate`), logged, and shown in status while it waits; a start that did not find it
+        back carries a warning. False when a stop was asked while it waited."""
+        self.gate_warnings = []
+        gpus = list(self.inst.gpus or ())
+        if self.gate is None or self.inst.device != "cuda" or not gpus:
+            return True  # a CPU instance has no GPU memory to wait for
+        if not self.gate.baseline and not (self.restarts or self.replacements or self.rejoins or self.ladder):
+            self.gate.take_baseline(gpus)  # before its first start: nothing hwprofile started is there
+
+        def note(why: str) -> None:
+            log.warning("%s: waiting up to %.0f s for GPU memory before the start: %s", self.name,
+                        self.opts.gpu_free_timeout, why)  # fmt: skip
+            self.log.mark(f"start gate: waiting for GPU memory: {why}")
+            self.gpu_wait = why
+            self.on_change()
+
+        util = self.inst.engine.gpu_memory_utilization
+        passed = self.gate.wait(gpus, util if isinstance(util, float) else None, note)
+        self.gpu_wait = None
+        if passed.outcome == "stopped":
+            return False
+        if passed.outcome == "free" and passed.why:
+            log.info("%s: GPU memory back after %.1f s: starting", self.name, passed.waited_s)
+            self.log.mark(f"start gate: GPU memory back after {passed.waited_s:.1f} s")
+        warning = passed.warning
+        if warning:
+            log.warning("%s: %s", self.name, warning)
+            self.log.mark(f"start gate: {warning}")
+            self.gate_warnings = [warning]
+        self.on_change()
+        return True
+
     # -- the memory ladder --------------------------------------------------------------------
     def _min_model_len(self) -> int:
         known = self.opts.min_model_len  # the plan's engine section has no min_model_len
@@ -356,7 +402,7 @@ class Instance:
                 self.log.mark(f"port {s.port} taken; not started")
                 self._set(State.FAILED)
                 return
-            if self._stop_asked.is_set():
+            if self._stop_asked.is_set() or not self._gate():
                 break
             self.started_at, self.ready_at = time.time(), None
             self.log.mark(f"start {self.name} (restart {self.restarts}): {' '.join(r.argv)}")
@@ -374,7 +420,10 @@ class Instance:
                 continue
             if outcome == "ready":
                 self.ready_at = time.time()
-                self.verify_warnings = compare(self.inst, parse_startup(self.log.text_since(since)))
+                started = parse_startup(self.log.text_since(since))
+                self.verify_warnings = compare(self.inst, started)
+                if self.opts.kv_pools is not None:  # supervise.pin_kv_pool: the pool vLLM measured
+                    record_pool(self.opts.kv_pools, self.plan, self.inst, started)
                 for w in self.verify_warnings:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.opts.backoff_initial

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ..config.settings import Logs, Supervise
+    from .gate import Reader
 
 
 class Options(NamedTuple):
@@ -28,12 +29,17 @@ class Options(NamedTuple):
     stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
     unhealthy_s: float  # seconds of failing /health before a ready instance is restarted
     log_stdout: bool  # logs.stdout: every output line to hwprofile's stdout too, prefixed with the instance
+    gpu_free_timeout: float  # the start gate's bound (supervise.gate)
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
-    # what the readiness deadline and supervise.unhealthy_s are measured by (tests inject their own, so
-    # that a deadline passes when the test says so, not when a loaded machine happens to be slow)
+    # the GPUs' memory now (hwprofile.host.gpumem.GpuMemory, given by launch.start): the start gate's
+    # readings; None: GPU instances start without the gate
+    gpu_memory: Reader | None = None
+    # what the start gate, the readiness deadline and supervise.unhealthy_s are measured by (tests inject
+    # their own, so that a deadline passes when the test says so, not when a loaded machine is slow)
     clock: Callable[[], float] = time.monotonic
+    kv_pools: Path | None = None  # where the KV pools vLLM measured are recorded (supervise.pin_kv_pool)
 
     @classmethod
     def from_settings(
@@ -52,5 +58,6 @@ class Options(NamedTuple):
             stop_margin=supervise.stop_margin,
             unhealthy_s=supervise.unhealthy_s,
             log_stdout=logs.stdout,
+            gpu_free_timeout=supervise.gpu_free_timeout,
             **rest,
         )

@@ -12,6 +12,13 @@ from .numalog import numa_differences, parse_numa
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _KV = re.compile(r"KV cache size: ([\d,]+) tokens")
+# the pool vLLM profiled (GPU workers; ``format_gib``: GiB with two decimals); absent where the start
+# was pinned (--kv-cache-memory-bytes: "reserved ... as specified by kv_cache_memory_bytes") and on CPU
+_POOL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+# torch.compile's graphs: compiled now (a cold compile cache) or loaded from the cache (vLLM 0.33
+# compilation/backends.py; "dynamic shape" in older releases)
+_COLD = re.compile(r"Compiling a graph for (?:compile range|dynamic shape)")
+_WARM = re.compile(r"Directly load the compiled graph\(s\) for")
 
 # plan engine key → vLLM's argument name
 CHECKED = {
@@ -40,6 +47,10 @@ def parse_startup(log_text: str) -> dict[str, Any]:
     kv = list(_KV.finditer(log_text))
     if kv:
         out["kv_cache_tokens"] = int(kv[-1].group(1).replace(",", ""))
+    pool = list(_POOL.finditer(log_text))
+    if pool:
+        out["kv_pool_gib"] = pool[-1].group(1)
+        out["compile"] = "cold" if _COLD.search(log_text) else "warm" if _WARM.search(log_text) else "eager"
     numa = parse_numa(log_text)
     if any(numa):
         out["numa"] = numa

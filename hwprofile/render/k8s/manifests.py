@@ -317,7 +317,8 @@ def _workload_comments(w: Workload, s: Sizes) -> list[str]:
         f"each pod: {s.gpus} GPU(s), tensor parallel {pod.tensor_parallel_size}, pipeline parallel "
         f"{pod.pipeline_parallel_size}, max_num_seqs {e.max_num_seqs}, max_model_len {e.max_model_len}",
         f"startup: {s.startup_failures} x {PROBE_PERIOD_S} s >= the planned load time {s.load_s} s "
-        f"(supervise.ready_timeout) + 30 s; a first start's download and engine start at "
+        f"(supervise.ready_timeout) + the start gate's {w.pod_plans[0].supervise.gpu_free_timeout:.0f} s "
+        f"(supervise.gpu_free_timeout) + 30 s; a first start's download and engine start at "
         f"{ASSUMED_DOWNLOAD_BYTES_S / 1e6:.0f} MB/s: about {s.estimate_s} s",
         f"stop: preStop {PRESTOP_S} s, then SIGTERM; vLLM drains {s.drain_s} s (server.shutdown_timeout); "
         f"terminationGracePeriodSeconds {s.grace_s}",

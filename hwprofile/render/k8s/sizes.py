@@ -67,7 +67,8 @@ def sizes(plan: Plan, pod_plan: Plan, rendered: Rendered, host: HostSnapshot) ->
     return Sizes(
         gpus=gpus, cpu=cpu, memory=memory, shm=shm, cache=int(weights * 1.1) + 10 * GiB, tmp=8 * GiB,
         logs=int(pod_plan.logs.max_bytes) + 64 * MiB, load_s=load_s, estimate_s=estimate_s,
-        startup_failures=math.ceil((load_s + 30) / PROBE_PERIOD_S),
+        # the start gate (supervise.gate) may wait for a previous pod's GPU memory before the first start
+        startup_failures=math.ceil((load_s + math.ceil(pod_plan.supervise.gpu_free_timeout) + 30) / PROBE_PERIOD_S),
         liveness_failures=math.ceil(unhealthy / PROBE_PERIOD_S), grace_s=grace, drain_s=drain,
         progress_deadline_s=load_s + 300,
     )  # fmt: skip
