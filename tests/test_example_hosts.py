@@ -131,3 +131,12 @@ def test_the_model_copies_plan_or_refuse_with_a_reason(name: str, host: str, emp
         assert "does not fit" in plan["refused"]["reason"], plan
     else:
         assert plan["instances"], plan
+
+
+def test_the_example_model_configs_are_the_catalog_s_shipped_copies() -> None:
+    """examples/models/*/config.json (for --model DIR) and hwprofile/data/catalog/*.json (what the catalog
+    plans for the Hub names) are the same files: one edited without the other fails here."""
+    root = Path(__file__).resolve().parent.parent
+    for name in ("qwen3.8-27b", "qwen3.8-27b-int4", "qwen3.8-27b-fp8"):
+        shipped = (root / "hwprofile" / "data" / "catalog" / f"{name}.json").read_bytes()
+        assert (root / "examples" / "models" / name / "config.json").read_bytes() == shipped, name

@@ -28,6 +28,7 @@ from .resolve import (
     from_catalog,
     hf_cache_dir,
     resolve_model,
+    variant_facts,
 )
 from .weights import ParamBreakdown, WeightBytes, count_params, weights_bytes
 
@@ -50,6 +51,7 @@ __all__ = [
     "parse_config",
     "read_model_dir",
     "resolve_model",
+    "variant_facts",
     "weights_bytes",
     "weights_bytes_at",
 ]

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from .files import read_model_dir
+from .files import MAX_CONFIG_BYTES, _read_json, read_model_dir
 from .hfconfig import parse_config
 
 if TYPE_CHECKING:
@@ -73,12 +73,30 @@ def find_in_hf_cache(
     return max(candidates, key=lambda e: e.stat().st_mtime).path if candidates else None
 
 
+CATALOG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
+
+
+def _catalog_config(entry: dict[str, Any]) -> dict[str, Any]:
+    """A catalog entry's config.json: inline (``config``), or a whole shipped copy
+    (``config_file``, under ``hwprofile/data/``: a model whose config is too large to transcribe)."""
+    if "config_file" in entry:
+        return _read_json(os.path.join(CATALOG_DIR, entry["config_file"]), MAX_CONFIG_BYTES, "catalog config")
+    return entry["config"]
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict[str, Any]]:
+    """Every catalog model by lower-cased name. A quantized checkpoint listed with its own
+    ``config_file`` is a catalog model too: planned from its own quantization config, not estimated."""
     from ..config.yamlsrc import load_file
 
-    data = load_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "models.yaml"))[0]
-    return {m["name"].lower(): m for m in data["models"]}
+    data = load_file(os.path.join(CATALOG_DIR, "models.yaml"))[0]
+    out = {m["name"].lower(): m for m in data["models"]}
+    for m in data["models"]:
+        for q in m.get("quantized") or ():
+            if "config_file" in q:
+                out[q["name"].lower()] = {"name": q["name"], "config_file": q["config_file"], "variant_of": m["name"]}
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -96,10 +114,21 @@ def from_catalog(name: str) -> ModelFacts | None:
     entry = _catalog().get(key) or next((m for k, m in _catalog().items() if k.split("/")[-1] == key), None)
     if entry is None:
         return None
-    facts = parse_config(entry["config"], entry["name"], "catalog", None)
+    facts = parse_config(_catalog_config(entry), entry["name"], "catalog", None)
     return facts._replace(
         quantized_variants={int(q["bits"]): q["name"] for q in entry.get("quantized") or ()},
         origin="the built-in catalog (hwprofile/data/models.yaml): no Hub look-up",
+    )
+
+
+def variant_facts(model: ModelFacts, variant: str, bits: int) -> ModelFacts:
+    """The facts of ``model``'s ``bits``-bit checkpoint ``variant``: read from its own config where the
+    catalog ships it (its quantization format, what it keeps in 16 bits), else estimated as AWQ."""
+    own = from_catalog(variant)
+    if own is not None and own.quant_bits == bits:
+        return own._replace(origin=f"{model.origin}; its {bits}-bit checkpoint from the catalog's own config")
+    return model._replace(
+        name=variant, quant_method="awq", quant_bits=bits, weights_bytes=model.weights_bytes_at_bits(bits)
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
-from ..model import ModelFacts
+from ..model import ModelFacts, variant_facts
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import ABSENT, ModelSummary
@@ -38,10 +38,8 @@ def choose_checkpoint(model: ModelFacts, settings: Settings, r: Reasons) -> Mode
 
 
 def quantized(model: ModelFacts, variant: str, bits: int) -> ModelFacts:
-    """The facts of ``model``'s ``bits``-bit (AWQ) checkpoint ``variant``."""
-    return model._replace(
-        name=variant, quant_method="awq", quant_bits=bits, weights_bytes=model.weights_bytes_at_bits(bits)
-    )
+    """The facts of ``model``'s ``bits``-bit checkpoint ``variant`` (:func:`hwprofile.model.variant_facts`)."""
+    return variant_facts(model, variant, bits)
 
 
 def four_bit_fallback(model: ModelFacts, settings: Settings, gpus: tuple[Gpu, ...]) -> str | None:

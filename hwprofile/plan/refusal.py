@@ -32,8 +32,10 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
     need = f.weights_bytes + f.draft_weights_bytes + f.activation_bytes + f.overhead_bytes + 2 * GiB
     fixed = f.budget_bytes - f.kv_cache_bytes  # everything but the KV cache
     if model.bits > 4:
-        w4 = model.weights_bytes_at_bits(4) / tp
+        from ..model import variant_facts
+
         variant = model.quantized_variants.get(4)
+        w4 = (variant_facts(model, variant, 4).weights_bytes if variant else model.weights_bytes_at_bits(4)) / tp
         out.append(
             f"a 4-bit checkpoint ({variant or 'AWQ/GPTQ'}): ~{w4 / GiB:.1f} GiB of weights per GPU instead of {f.weights_bytes / GiB:.1f}"
             + (f" (--model {variant} or --set engine.weights_bits=4)" if variant else "")
