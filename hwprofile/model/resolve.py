@@ -54,7 +54,7 @@ def find_in_hf_cache(
     try:
         from ..runtime.files import read_bounded
 
-        if revision and COMMIT.match(revision):
+        if revision and COMMIT.fullmatch(revision):
             ref = revision
         else:
             parts = (revision or "main").split("/")
@@ -126,7 +126,7 @@ def resolve_model(spec: str, what: str = "model") -> ModelFacts:
         facts = read_model_dir(snap, name=name, source="hf-cache")
         commit = os.path.basename(snap)
         return facts._replace(
-            revision=commit if hub.COMMIT.match(commit) else None,
+            revision=commit if hub.COMMIT.fullmatch(commit) else None,
             origin=f"the Hugging Face cache: {snap} (downloaded; commit {commit})",
         )
     facts = from_catalog(spec) if revision is None else None
