@@ -40,6 +40,7 @@ CONFIG = {
     "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
 }  # fmt: skip
+INDEX_NAME = "model.safetensors.index.json"
 ESTIMATE = parse_config(CONFIG, "x", "hub", None).weights_bytes  # ~2.6 GB at 16 bits
 
 
@@ -53,7 +54,11 @@ def safetensors_header(dtype: str, count: int, tensors: int = 4) -> tuple[bytes,
     per = count // tensors
     meta, offset = {}, 0
     for i in range(tensors):
-        meta[f"layers.{i}.weight"] = {"dtype": dtype, "shape": [per], "data_offsets": [offset, offset + per * width]}
+        meta[f"layers.{i}.weight"] = {
+            "dtype": dtype,
+            "shape": [per],
+            "data_offsets": [offset, offset + per * width],
+        }
         offset += per * width
     raw = json.dumps(meta).encode()
     raw += b" " * (-len(raw) % 8)
@@ -87,7 +92,10 @@ def build_repos() -> dict[str, dict[str, Any]]:
     third = n // 3
     sharded_names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     shards = {name: shard("BF16", third) for name in sharded_names}
-    index = {"metadata": {"total_size": 3 * third * 2}, "weight_map": {f"t{i}": name for i, name in enumerate(sharded_names)}}
+    index = {
+        "metadata": {"total_size": 3 * third * 2},
+        "weight_map": {f"t{i}": name for i, name in enumerate(sharded_names)},
+    }
     v2 = {**CONFIG, "num_hidden_layers": 32}
     f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
     small = {"config.json": json_file(CONFIG), "generation_config.json": json_file({"temperature": 0.6}),
@@ -103,8 +111,13 @@ def build_repos() -> dict[str, dict[str, Any]]:
         },
         "acme/sharded": {
             "refs": {"main": commit("sharded")},
-            "commits": {commit("sharded"): {"config.json": json_file(CONFIG),
-                                            "model.safetensors.index.json": json_file(index), **shards}},
+            "commits": {
+                commit("sharded"): {
+                    "config.json": json_file(CONFIG),
+                    "model.safetensors.index.json": json_file(index),
+                    **shards,
+                }
+            },
         },
         "acme/f32": {
             "refs": {"main": commit("f32")},
@@ -113,12 +126,18 @@ def build_repos() -> dict[str, dict[str, Any]]:
         "acme/gated": {
             "gated": True,
             "refs": {"main": commit("gated")},
-            "commits": {commit("gated"): {"config.json": json_file(CONFIG), "model.safetensors": shard("BF16", n)}},
+            "commits": {
+                commit("gated"): {"config.json": json_file(CONFIG), "model.safetensors": shard("BF16", n)}
+            },
         },
         "acme/pickle": {
             "refs": {"main": commit("pickle")},
-            "commits": {commit("pickle"): {"config.json": json_file(CONFIG),
-                                           "pytorch_model.bin": File(b"\x80\x02", 2 * n, lfs=True)}},
+            "commits": {
+                commit("pickle"): {
+                    "config.json": json_file(CONFIG),
+                    "pytorch_model.bin": File(b"\x80\x02", 2 * n, lfs=True),
+                }
+            },
         },
         "acme/noconfig": {
             "refs": {"main": commit("noconfig")},
@@ -126,8 +145,44 @@ def build_repos() -> dict[str, dict[str, Any]]:
         },
         "acme/busy": {"busy": True, "refs": {"main": commit("busy")}, "commits": {commit("busy"): {}}},
         "acme/slow": {"slow_api": True, "refs": {"main": commit("slow")}, "commits": {commit("slow"): small}},
-        "acme/slowfile": {"slow_file": True, "refs": {"main": commit("slowf")}, "commits": {commit("slowf"): small}},
+        "acme/slowfile": {
+            "slow_file": True,
+            "refs": {"main": commit("slowf")},
+            "commits": {commit("slowf"): small},
+        },
+        # hostile answers (tests/test_hostile_hub.py): each flag names what the stand-in does instead
+        **{
+            f"acme/{flag}": {
+                flag: True,
+                "refs": {"main": commit(flag)},
+                "commits": {commit(flag): hostile_files(flag)},
+            }
+            for flag in HOSTILE
+        },
     }
+
+
+# how a hostile stand-in answers: an endless file list, an endless file (its listed size a lie),
+# a file trickled a byte at a time past every deadline, endless safetensors headers, a redirect loop,
+# a config nested 20,000 deep, a file list naming a config of 1 GB
+HOSTILE = ("endless_api", "endless_file", "endless_index", "trickle_file", "endless_header", "redirect_loop",
+           "deep_config", "huge_config")  # fmt: skip
+
+
+def hostile_files(flag: str) -> dict[str, File]:
+    n = ESTIMATE // 2
+    f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
+    files = {
+        "config.json": json_file(f32 if flag == "endless_header" else CONFIG),
+        "model.safetensors": shard("BF16", n),
+    }
+    if flag == "endless_index":
+        files["model.safetensors.index.json"] = json_file({"weight_map": {"t": "model.safetensors"}})
+    if flag == "deep_config":
+        files["config.json"] = File(b"[" * 20000 + b"]" * 20000)
+    if flag == "huge_config":
+        files["config.json"] = File(b"{}", 1 << 30)
+    return files
 
 
 class Hub:
@@ -136,6 +191,7 @@ class Hub:
     def __init__(self) -> None:
         self.repos = build_repos()
         self.requests: list[dict[str, Any]] = []
+        self.sent_bytes: dict[str, int] = {}
         self.lock = threading.Lock()
         hub = self
 
@@ -171,7 +227,9 @@ class Hub:
         path = urlsplit(h.path).path
         auth = h.headers.get("Authorization") or ""
         parts = path.strip("/").split("/")
-        kind = "api" if parts[0] == "api" else "resolve" if len(parts) > 3 and parts[2] == "resolve" else "other"
+        kind = (
+            "api" if parts[0] == "api" else "resolve" if len(parts) > 3 and parts[2] == "resolve" else "other"
+        )
         with self.lock:
             self.requests.append({"kind": kind, "method": h.command, "path": path, "auth": auth,
                                   "range": h.headers.get("Range")})  # fmt: skip
@@ -195,6 +253,31 @@ class Hub:
         if body:
             h.wfile.write(data)
 
+    def endless(self, h: BaseHTTPRequestHandler, code: int, headers: dict[str, str], first: bytes,
+                chunk: bytes = b"a" * 65536, delay: float = 0.0, limit: int = 8 << 30) -> None:  # fmt: skip
+        """An answer without end (no Content-Length, the connection closed after it): ``first``, then
+        ``chunk`` after ``chunk`` (``delay`` apart) until the client goes or ``limit`` is sent. The
+        bytes sent are counted in ``self.sent_bytes[path]``."""
+        h.close_connection = True
+        h.send_response(code)
+        for k, v in headers.items():
+            if k.lower() != "content-length":
+                h.send_header(k, v)
+        h.send_header("Connection", "close")
+        h.end_headers()
+        sent = 0
+        try:
+            h.wfile.write(first)
+            while sent < limit:
+                h.wfile.write(chunk)
+                h.wfile.flush()
+                sent += len(chunk)
+                if delay:
+                    time.sleep(delay)
+        finally:
+            with self.lock:
+                self.sent_bytes[urlsplit(h.path).path] = sent
+
     def lookup(self, repo: str, rev: str) -> tuple[dict[str, Any] | None, str | None]:
         r = self.repos.get(repo)
         if r is None:
@@ -207,16 +290,26 @@ class Hub:
         rev = unquote("/".join(rest[3:])) if len(rest) > 3 and rest[2] == "revision" else "main"
         r, sha = self.lookup(repo, rev)
         if r is None:
-            return self.reply(h, 404, b'{"error":"Repository not found"}', body, {"X-Error-Code": "RepoNotFound"})
+            return self.reply(
+                h, 404, b'{"error":"Repository not found"}', body, {"X-Error-Code": "RepoNotFound"}
+            )
         if r.get("busy"):
             return self.reply(h, 429, b'{"error":"rate limited"}', body, {"Retry-After": "30"})
         if r.get("slow_api"):
             time.sleep(6)
+        if r.get("endless_api"):
+            return self.endless(
+                h, 200, {"Content-Type": "application/json"}, b'{"id": "' + repo.encode() + b'", "x": "'
+            )
         if sha is None:
             return self.reply(h, 404, b"{}", body, {"X-Error-Code": "RevisionNotFound"})
         siblings = []
         for name, f in r["commits"][sha].items():
-            s: dict[str, Any] = {"rfilename": name, "size": f.size, "blobId": hashlib.sha1(f.head).hexdigest()}
+            s: dict[str, Any] = {
+                "rfilename": name,
+                "size": f.size,
+                "blobId": hashlib.sha1(f.head).hexdigest(),
+            }
             if f.lfs:
                 s["lfs"] = {"size": f.size, "sha256": f.etag, "pointerSize": 134}
             siblings.append(s)
@@ -224,7 +317,9 @@ class Hub:
                "gated": "manual" if r.get("gated") else False, "siblings": siblings}  # fmt: skip
         self.reply(h, 200, json.dumps(doc).encode(), body, {"Content-Type": "application/json"})
 
-    def resolve(self, h: BaseHTTPRequestHandler, repo: str, rev: str, name: str, body: bool, auth: str) -> None:
+    def resolve(
+        self, h: BaseHTTPRequestHandler, repo: str, rev: str, name: str, body: bool, auth: str
+    ) -> None:
         r, sha = self.lookup(repo, rev)
         if r is None:
             return self.reply(h, 404, b"", body, {"X-Error-Code": "RepoNotFound"})
@@ -236,6 +331,8 @@ class Hub:
                                                    "X-Repo-Commit": sha})  # fmt: skip
         if r.get("slow_file"):
             time.sleep(8)
+        if r.get("redirect_loop"):
+            return self.reply(h, 302, b"", body, {"Location": h.path, "X-Repo-Commit": sha})
         f = r["commits"][sha].get(name)
         if f is None:
             return self.reply(h, 404, b"", body, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha})
@@ -243,6 +340,14 @@ class Hub:
         if f.lfs:
             headers.update({"X-Linked-Size": str(f.size), "X-Linked-Etag": f'"{f.etag}"'})
         rng = h.headers.get("Range")
+        endless = "config.json" if r.get("endless_file") else INDEX_NAME if r.get("endless_index") else None
+        if body and name == endless:
+            return self.endless(h, 200, headers, f.head)
+        if body and name == "config.json" and r.get("trickle_file"):
+            return self.endless(h, 200, headers, b"{", chunk=b" ", delay=0.2, limit=600)
+        if body and rng and r.get("endless_header") and name.endswith(".safetensors"):
+            return self.endless(h, 206, {**headers, "Content-Range": f"bytes 0-{f.size - 1}/{f.size}"},
+                                struct.pack("<Q", 20_000_000) + b'{"a": "')  # fmt: skip
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) + 1 if b else f.size, f.size)
@@ -278,9 +383,13 @@ def env(hub: Hub, tmp_path: Path, empty_root: Path) -> dict[str, str]:
     return e
 
 
-def plan(snapshot: Path, env: dict[str, str], *args: str, json_out: bool = True) -> subprocess.CompletedProcess[str]:
+def plan(
+    snapshot: Path, env: dict[str, str], *args: str, json_out: bool = True
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "hwprofile", "plan", "--from", str(snapshot), *args]
-    return subprocess.run(cmd + (["--json"] if json_out else []), env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        cmd + (["--json"] if json_out else []), env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def model_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -337,7 +446,10 @@ def test_float32_without_a_dtype_reads_a_safetensors_header(hub: Hub, snapshot: 
     before = len(hub.sent())
     m = model_of(plan(snapshot, env, "--model", "acme/f32"))
     size = files_of(hub, "acme/f32")["model.safetensors"].size
-    assert "float32 served as 16-bit" in m["weights_bytes_source"] and "1 safetensors header" in m["weights_bytes_source"]
+    assert (
+        "float32 served as 16-bit" in m["weights_bytes_source"]
+        and "1 safetensors header" in m["weights_bytes_source"]
+    )
     assert abs(m["weights_bytes"] - size // 2) < 4096  # F32 on disk, 16-bit in memory
     reads = [r for r in hub.sent()[before:] if r["path"].endswith("model.safetensors")]
     assert reads and all(r["method"] == "GET" and r["range"] == "bytes=0-100000" for r in reads)
@@ -367,7 +479,9 @@ def test_a_revision_by_flag_or_after_an_at(hub: Hub, snapshot: Path, env) -> Non
         assert r.returncode == 0, r.stderr
         words = r.stdout.replace('"', " ").replace(",", " ").replace("[", " ").replace("]", " ").split()
         pairs = set(itertools.pairwise(words))
-        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, r.stdout
+        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, (
+            r.stdout
+        )
 
 
 def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Path, env) -> None:
@@ -376,7 +490,9 @@ def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Pat
     assert "accept the license" in without.stderr.lower() and "HF_TOKEN" in without.stderr
     assert "no token was given" in without.stderr
     wrong = plan(snapshot, {**env, "HF_TOKEN": "hf_wrongWRONGwrong"}, "--model", "acme/gated")
-    assert wrong.returncode == 1 and "has no access" in wrong.stderr and "hf_wrongWRONGwrong" not in wrong.stderr
+    assert (
+        wrong.returncode == 1 and "has no access" in wrong.stderr and "hf_wrongWRONGwrong" not in wrong.stderr
+    )
     ok = plan(snapshot, {**env, "HF_TOKEN": TOKEN}, "--model", "acme/gated", "--explain", json_out=False)
     assert ok.returncode == 0, ok.stderr
     assert any(r["auth"] == f"Bearer {TOKEN}" for r in hub.sent("resolve"))  # huggingface_hub sent it
@@ -394,7 +510,9 @@ def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Pat
         ("acme/small", "http://127.0.0.1:9", 1, "cannot reach the Hub at http://127.0.0.1:9"),
     ],
 )
-def test_repositories_that_cannot_be_planned_say_why(hub: Hub, snapshot: Path, env, repo, endpoint, code, says) -> None:
+def test_repositories_that_cannot_be_planned_say_why(
+    hub: Hub, snapshot: Path, env, repo, endpoint, code, says
+) -> None:
     r = plan(snapshot, {**env, "HF_ENDPOINT": endpoint or env["HF_ENDPOINT"]}, "--model", repo)
     assert r.returncode == code and says in r.stderr, r.stderr
     assert r.stderr.startswith(f"hwprofile: error: model {repo}") and "Traceback" not in r.stderr
@@ -405,7 +523,9 @@ def test_a_hung_server_is_a_clear_error_quickly(hub: Hub, snapshot: Path, env, r
     t0 = time.monotonic()
     r = plan(snapshot, {**env, "HF_HUB_ETAG_TIMEOUT": "1"}, "--model", repo)
     took = time.monotonic() - t0
-    assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, r.stderr
+    assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, (
+        r.stderr
+    )
     # 4 x 1 s at most, plus the interpreter: a bound that a loaded machine keeps (a hung server that
     # was waited on without the timeout would hold it until the test's own timeout)
     assert took < 4 + 40, took
@@ -427,7 +547,9 @@ def test_offline_plans_from_the_cache_or_the_catalog(hub: Hub, snapshot: Path, e
     fresh = {**off, "HF_HOME": str(tmp_path / "fresh")}
     assert model_of(plan(snapshot, fresh, "--model", "Qwen/Qwen3-8B"))["source"] == "catalog"
     unknown = plan(snapshot, fresh, "--model", "acme/small")
-    assert unknown.returncode == 2 and "HF_HUB_OFFLINE is set" in unknown.stderr and "catalog" in unknown.stderr
+    assert (
+        unknown.returncode == 2 and "HF_HUB_OFFLINE is set" in unknown.stderr and "catalog" in unknown.stderr
+    )
     assert len(hub.sent()) == before
 
 
@@ -440,11 +562,16 @@ def test_a_downloaded_model_is_the_cache_not_the_hub(hub: Hub, snapshot: Path, e
     assert m["source"] == "hf-cache" and m["path"] == str(snap)
 
 
-@pytest.mark.parametrize("repo,label,name,plant", [
-    ("acme/small", "small-main", "config.json", "fifo"),
-    ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
-])
-def test_a_planted_cache_file_is_an_error_not_a_hang(hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant) -> None:
+@pytest.mark.parametrize(
+    "repo,label,name,plant",
+    [
+        ("acme/small", "small-main", "config.json", "fifo"),
+        ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
+    ],
+)
+def test_a_planted_cache_file_is_an_error_not_a_hang(
+    hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant
+) -> None:
     """The cache is a place others write: a FIFO or a link to /dev/zero where a JSON file belongs is a
     clear error (exit 2), read by the bounded reader, not a plan that blocks or fills memory."""
     model_of(plan(snapshot, env, "--model", repo))
@@ -456,6 +583,7 @@ def test_a_planted_cache_file_is_an_error_not_a_hang(hub: Hub, snapshot: Path, e
         os.mkfifo(f)
     else:
         f.symlink_to("/dev/zero")
+
     def refused(e: dict[str, str]) -> None:
         r = plan(snapshot, e, "--model", repo)
         assert r.returncode == 2 and name in r.stderr and "cannot read" in r.stderr, r.stderr

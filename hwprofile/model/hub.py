@@ -625,6 +625,8 @@ def _remove_incomplete(blobs: str, before: set[str]) -> None:
 
 def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what: str) -> HwprofileError:
     """The hwprofile error, with the fix, of what huggingface_hub or the network raised."""
+    if isinstance(e, AnswerTooLarge):
+        return OperationError(f"{what} {repo}" + (f"@{revision}" if revision else "") + f": {e}")
     if isinstance(e, HwprofileError):
         return e
     import httpx2  # huggingface_hub's HTTP client

@@ -37,7 +37,7 @@ def find_in_hf_cache(
     the snapshot of ``revision``: a commit, or a branch or tag the cache has a ref of). A snapshot
     where hwprofile fetched only the config (:mod:`.hub`: its file list names weights the snapshot
     lacks) is no downloaded model: it is left to the Hub look-up."""
-    from .hub import COMMIT, load_record, weights_missing
+    from .hub import COMMIT, load_record, record_path, weights_missing
 
     cache_dir = os.fspath(cache or hf_cache_dir())
     base = os.path.join(cache_dir, "models--" + name.replace("/", "--"))
@@ -49,7 +49,9 @@ def find_in_hf_cache(
         if not os.path.isfile(os.path.join(snap, "config.json")):
             return False
         record = load_record(cache_dir, name, os.path.basename(snap))
-        return record is None or not weights_missing(snap, record)
+        if record is None:  # none kept (downloaded by vLLM or huggingface_hub), or one not trusted
+            return not os.path.lexists(record_path(cache_dir, name, os.path.basename(snap)))
+        return not weights_missing(snap, record)
 
     try:
         from ..runtime.files import read_bounded
