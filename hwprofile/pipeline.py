@@ -314,7 +314,20 @@ class PlanInputs:
         """The plan of these inputs, with ``extra`` ``--set`` overrides after their own (on a node of
         a multi-node plan: that node's instances)."""
         plan = self.whole_plan(extra)
-        return plan.for_node(self.node_rank) if plan.nodes > 1 or self.node_rank else plan
+        if not (plan.nodes > 1 or self.node_rank):
+            return plan
+        if not 0 <= self.node_rank < plan.nodes:
+            raise ConfigError(
+                f"--node-rank {self.node_rank}: node {self.node_rank} is not in this plan, which runs on {plan.nodes} "
+                f"node(s), ranks 0 to "
+                f"{plan.nodes - 1} (the host's place in --nodes, node 0 first)"
+            )
+        try:
+            return plan.for_node(self.node_rank)
+        except KeyError:
+            raise ConfigError(
+                f"--node-rank {self.node_rank}: the plan gives that node no instance of its own"
+            ) from None
 
     def whole_plan(self, extra: Sequence[str] = ()) -> Plan:
         """The plan of these inputs, every node's instances."""

@@ -55,3 +55,64 @@ def test_a_good_calibration_still_plans(host_of, empty_root) -> None:
     plan = make_plan(host, empty_root, environ={}).to_json()
     assert plan["prediction"]["calibration"]["path"] == str(path)
     assert plan["instances"][0]["prediction"]["tpot_ms"] == 30.0
+
+
+# -- verify given malformed answers ---------------------------------------------------------------
+
+ANSWERS = json.loads((Path(__file__).parent / "hostile" / "answers.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="module")
+def answering() -> Any:
+    """A loopback server answering every POST with ``answering.reply`` (JSON)."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps(srv.reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.reply = None  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("case", ANSWERS, ids=[c["id"] for c in ANSWERS])
+def test_verify_given_a_malformed_answer_says_so(answering, case) -> None:
+    from hwprofile.verify.prompts import Prompt
+    from hwprofile.verify.runner import Client, VerifyError
+
+    answering.reply = case["reply"]
+    url = f"http://127.0.0.1:{answering.server_address[1]}"
+    client = Client(url, "m", 4, logprobs=5, timeout=30.0)
+    prompt = Prompt("p1", "text", "hello")
+    if "error" in case:
+        with pytest.raises(VerifyError) as e:
+            client.answer(prompt)
+        assert case["error"] in str(e.value) and url in str(e.value)
+    else:
+        assert client.answer(prompt).top_logprobs is None
+
+
+# -- --node-rank beyond the plan's nodes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("rank", [1, 5, 63])
+def test_a_node_rank_beyond_the_plan_is_an_input_error(host_of, empty_root, rank) -> None:
+    from hwprofile.pipeline import PlanInputs
+
+    inputs = PlanInputs(host_of("a100-80g-pcie-1x"), str(empty_root), node_rank=rank)
+    with pytest.raises(ConfigError, match=f"--node-rank {rank}: node {rank} is not in this plan"):
+        inputs.replan()
