@@ -91,7 +91,6 @@ def resolve_settings(
     settings, _ = Settings.from_tree(merged)
     broken = broken_relations(settings)
     if broken:
-
         def where(key: str) -> str:
             src = provenance.get(tuple(key.split(".")))
             return f"{key} from {src}" if src else f"{key} by default"

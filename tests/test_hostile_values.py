@@ -116,3 +116,61 @@ def test_a_node_rank_beyond_the_plan_is_an_input_error(host_of, empty_root, rank
     inputs = PlanInputs(host_of("a100-80g-pcie-1x"), str(empty_root), node_rank=rank)
     with pytest.raises(ConfigError, match=f"--node-rank {rank}: node {rank} is not in this plan"):
         inputs.replan()
+
+
+# -- --image and node addresses -------------------------------------------------------------------
+
+OPTIONS = json.loads((Path(__file__).parent / "hostile" / "options.json").read_text())
+
+
+@pytest.fixture
+def snap_file(host_of, tmp_path: Path) -> Path:
+    p = tmp_path / "node.json"
+    p.write_text(host_of("a800-pcie-4x-2numa").to_json())
+    return p
+
+
+@pytest.mark.parametrize("case", OPTIONS["image"], ids=[c["id"] for c in OPTIONS["image"]])
+def test_an_image_that_is_no_image_reference_is_refused(snap_file, empty_root, tmp_path, case) -> None:
+    import inproc
+
+    image = case["image"] + "a" * case.get("repeat", 0)
+    env = {"HWPROFILE_CONFIG_ROOT": str(empty_root)}
+    out = tmp_path / "k8s"
+    r = inproc.hwprofile(["render", "--from", str(snap_file), "--format", "k8s", "--output", str(out),
+                          f"--image={image}", "--vllm-version", "0.32.0"], env)  # fmt: skip
+    assert r.returncode == 2 and "--image" in r.stderr and "container image reference" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_a_good_image_reference_is_taken(snap_file, empty_root, tmp_path) -> None:
+    import inproc
+
+    image = "registry.example.com:5000/team/vllm-openai:v0.32.0@sha256:" + "0" * 64
+    out = tmp_path / "k8s"
+    r = inproc.hwprofile(["render", "--from", str(snap_file), "--format", "k8s", "--output", str(out),
+                          "--image", image, "--vllm-version", "0.32.0"], {"HWPROFILE_CONFIG_ROOT": str(empty_root)})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert any(image in p.read_text() for p in out.rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("case", OPTIONS["addresses"], ids=[c["id"] for c in OPTIONS["addresses"]])
+def test_an_address_that_is_no_host_is_refused(snap_file, empty_root, tmp_path, case) -> None:
+    import inproc
+
+    env = {"HWPROFILE_CONFIG_ROOT": str(empty_root)}
+    if "inventory" in case:
+        addrs = case["inventory"]
+        if len(addrs) == 3:  # [first, label, length]: a label repeated past 253 characters
+            addrs = [addrs[0], (addrs[1] * addrs[2])[: addrs[2]]]
+        inv = tmp_path / "nodes.yaml"
+        inv.write_text(
+            "nodes:\n" + "".join(f"  - {{snapshot: {snap_file}, address: {json.dumps(a)}}}\n" for a in addrs)
+        )
+        args = ["plan", "--inventory", str(inv)]
+        says = "address"
+    else:
+        args = ["plan", "--from", str(snap_file), "--from", str(snap_file), "--set", case["set"]]
+        says = "layout.master_addr"
+    r = inproc.hwprofile(args, env)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -54,11 +54,7 @@ def safetensors_header(dtype: str, count: int, tensors: int = 4) -> tuple[bytes,
     per = count // tensors
     meta, offset = {}, 0
     for i in range(tensors):
-        meta[f"layers.{i}.weight"] = {
-            "dtype": dtype,
-            "shape": [per],
-            "data_offsets": [offset, offset + per * width],
-        }
+        meta[f"layers.{i}.weight"] = {"dtype": dtype, "shape": [per], "data_offsets": [offset, offset + per * width]}
         offset += per * width
     raw = json.dumps(meta).encode()
     raw += b" " * (-len(raw) % 8)
@@ -92,10 +88,7 @@ def build_repos() -> dict[str, dict[str, Any]]:
     third = n // 3
     sharded_names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     shards = {name: shard("BF16", third) for name in sharded_names}
-    index = {
-        "metadata": {"total_size": 3 * third * 2},
-        "weight_map": {f"t{i}": name for i, name in enumerate(sharded_names)},
-    }
+    index = {"metadata": {"total_size": 3 * third * 2}, "weight_map": {f"t{i}": name for i, name in enumerate(sharded_names)}}
     v2 = {**CONFIG, "num_hidden_layers": 32}
     f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
     small = {"config.json": json_file(CONFIG), "generation_config.json": json_file({"temperature": 0.6}),
@@ -111,13 +104,8 @@ def build_repos() -> dict[str, dict[str, Any]]:
         },
         "acme/sharded": {
             "refs": {"main": commit("sharded")},
-            "commits": {
-                commit("sharded"): {
-                    "config.json": json_file(CONFIG),
-                    "model.safetensors.index.json": json_file(index),
-                    **shards,
-                }
-            },
+            "commits": {commit("sharded"): {"config.json": json_file(CONFIG),
+                                            "model.safetensors.index.json": json_file(index), **shards}},
         },
         "acme/f32": {
             "refs": {"main": commit("f32")},
@@ -126,18 +114,12 @@ def build_repos() -> dict[str, dict[str, Any]]:
         "acme/gated": {
             "gated": True,
             "refs": {"main": commit("gated")},
-            "commits": {
-                commit("gated"): {"config.json": json_file(CONFIG), "model.safetensors": shard("BF16", n)}
-            },
+            "commits": {commit("gated"): {"config.json": json_file(CONFIG), "model.safetensors": shard("BF16", n)}},
         },
         "acme/pickle": {
             "refs": {"main": commit("pickle")},
-            "commits": {
-                commit("pickle"): {
-                    "config.json": json_file(CONFIG),
-                    "pytorch_model.bin": File(b"\x80\x02", 2 * n, lfs=True),
-                }
-            },
+            "commits": {commit("pickle"): {"config.json": json_file(CONFIG),
+                                           "pytorch_model.bin": File(b"\x80\x02", 2 * n, lfs=True)}},
         },
         "acme/noconfig": {
             "refs": {"main": commit("noconfig")},
@@ -145,20 +127,10 @@ def build_repos() -> dict[str, dict[str, Any]]:
         },
         "acme/busy": {"busy": True, "refs": {"main": commit("busy")}, "commits": {commit("busy"): {}}},
         "acme/slow": {"slow_api": True, "refs": {"main": commit("slow")}, "commits": {commit("slow"): small}},
-        "acme/slowfile": {
-            "slow_file": True,
-            "refs": {"main": commit("slowf")},
-            "commits": {commit("slowf"): small},
-        },
+        "acme/slowfile": {"slow_file": True, "refs": {"main": commit("slowf")}, "commits": {commit("slowf"): small}},
         # hostile answers (tests/test_hostile_hub.py): each flag names what the stand-in does instead
-        **{
-            f"acme/{flag}": {
-                flag: True,
-                "refs": {"main": commit(flag)},
-                "commits": {commit(flag): hostile_files(flag)},
-            }
-            for flag in HOSTILE
-        },
+        **{f"acme/{flag}": {flag: True, "refs": {"main": commit(flag)}, "commits": {commit(flag): hostile_files(flag)}}
+           for flag in HOSTILE},
     }
 
 
@@ -172,10 +144,7 @@ HOSTILE = ("endless_api", "endless_file", "endless_index", "trickle_file", "endl
 def hostile_files(flag: str) -> dict[str, File]:
     n = ESTIMATE // 2
     f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
-    files = {
-        "config.json": json_file(f32 if flag == "endless_header" else CONFIG),
-        "model.safetensors": shard("BF16", n),
-    }
+    files = {"config.json": json_file(f32 if flag == "endless_header" else CONFIG), "model.safetensors": shard("BF16", n)}
     if flag == "endless_index":
         files["model.safetensors.index.json"] = json_file({"weight_map": {"t": "model.safetensors"}})
     if flag == "deep_config":
@@ -227,9 +196,7 @@ class Hub:
         path = urlsplit(h.path).path
         auth = h.headers.get("Authorization") or ""
         parts = path.strip("/").split("/")
-        kind = (
-            "api" if parts[0] == "api" else "resolve" if len(parts) > 3 and parts[2] == "resolve" else "other"
-        )
+        kind = "api" if parts[0] == "api" else "resolve" if len(parts) > 3 and parts[2] == "resolve" else "other"
         with self.lock:
             self.requests.append({"kind": kind, "method": h.command, "path": path, "auth": auth,
                                   "range": h.headers.get("Range")})  # fmt: skip
@@ -290,9 +257,7 @@ class Hub:
         rev = unquote("/".join(rest[3:])) if len(rest) > 3 and rest[2] == "revision" else "main"
         r, sha = self.lookup(repo, rev)
         if r is None:
-            return self.reply(
-                h, 404, b'{"error":"Repository not found"}', body, {"X-Error-Code": "RepoNotFound"}
-            )
+            return self.reply(h, 404, b'{"error":"Repository not found"}', body, {"X-Error-Code": "RepoNotFound"})
         if r.get("busy"):
             return self.reply(h, 429, b'{"error":"rate limited"}', body, {"Retry-After": "30"})
         if r.get("slow_api"):
@@ -305,11 +270,7 @@ class Hub:
             return self.reply(h, 404, b"{}", body, {"X-Error-Code": "RevisionNotFound"})
         siblings = []
         for name, f in r["commits"][sha].items():
-            s: dict[str, Any] = {
-                "rfilename": name,
-                "size": f.size,
-                "blobId": hashlib.sha1(f.head).hexdigest(),
-            }
+            s: dict[str, Any] = {"rfilename": name, "size": f.size, "blobId": hashlib.sha1(f.head).hexdigest()}
             if f.lfs:
                 s["lfs"] = {"size": f.size, "sha256": f.etag, "pointerSize": 134}
             siblings.append(s)
@@ -317,9 +278,7 @@ class Hub:
                "gated": "manual" if r.get("gated") else False, "siblings": siblings}  # fmt: skip
         self.reply(h, 200, json.dumps(doc).encode(), body, {"Content-Type": "application/json"})
 
-    def resolve(
-        self, h: BaseHTTPRequestHandler, repo: str, rev: str, name: str, body: bool, auth: str
-    ) -> None:
+    def resolve(self, h: BaseHTTPRequestHandler, repo: str, rev: str, name: str, body: bool, auth: str) -> None:
         r, sha = self.lookup(repo, rev)
         if r is None:
             return self.reply(h, 404, b"", body, {"X-Error-Code": "RepoNotFound"})
@@ -383,13 +342,9 @@ def env(hub: Hub, tmp_path: Path, empty_root: Path) -> dict[str, str]:
     return e
 
 
-def plan(
-    snapshot: Path, env: dict[str, str], *args: str, json_out: bool = True
-) -> subprocess.CompletedProcess[str]:
+def plan(snapshot: Path, env: dict[str, str], *args: str, json_out: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "hwprofile", "plan", "--from", str(snapshot), *args]
-    return subprocess.run(
-        cmd + (["--json"] if json_out else []), env=env, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run(cmd + (["--json"] if json_out else []), env=env, capture_output=True, text=True, timeout=60)
 
 
 def model_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -446,10 +401,7 @@ def test_float32_without_a_dtype_reads_a_safetensors_header(hub: Hub, snapshot: 
     before = len(hub.sent())
     m = model_of(plan(snapshot, env, "--model", "acme/f32"))
     size = files_of(hub, "acme/f32")["model.safetensors"].size
-    assert (
-        "float32 served as 16-bit" in m["weights_bytes_source"]
-        and "1 safetensors header" in m["weights_bytes_source"]
-    )
+    assert "float32 served as 16-bit" in m["weights_bytes_source"] and "1 safetensors header" in m["weights_bytes_source"]
     assert abs(m["weights_bytes"] - size // 2) < 4096  # F32 on disk, 16-bit in memory
     reads = [r for r in hub.sent()[before:] if r["path"].endswith("model.safetensors")]
     assert reads and all(r["method"] == "GET" and r["range"] == "bytes=0-100000" for r in reads)
@@ -479,9 +431,7 @@ def test_a_revision_by_flag_or_after_an_at(hub: Hub, snapshot: Path, env) -> Non
         assert r.returncode == 0, r.stderr
         words = r.stdout.replace('"', " ").replace(",", " ").replace("[", " ").replace("]", " ").split()
         pairs = set(itertools.pairwise(words))
-        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, (
-            r.stdout
-        )
+        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, r.stdout
 
 
 def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Path, env) -> None:
@@ -490,9 +440,7 @@ def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Pat
     assert "accept the license" in without.stderr.lower() and "HF_TOKEN" in without.stderr
     assert "no token was given" in without.stderr
     wrong = plan(snapshot, {**env, "HF_TOKEN": "hf_wrongWRONGwrong"}, "--model", "acme/gated")
-    assert (
-        wrong.returncode == 1 and "has no access" in wrong.stderr and "hf_wrongWRONGwrong" not in wrong.stderr
-    )
+    assert wrong.returncode == 1 and "has no access" in wrong.stderr and "hf_wrongWRONGwrong" not in wrong.stderr
     ok = plan(snapshot, {**env, "HF_TOKEN": TOKEN}, "--model", "acme/gated", "--explain", json_out=False)
     assert ok.returncode == 0, ok.stderr
     assert any(r["auth"] == f"Bearer {TOKEN}" for r in hub.sent("resolve"))  # huggingface_hub sent it
@@ -510,9 +458,7 @@ def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Pat
         ("acme/small", "http://127.0.0.1:9", 1, "cannot reach the Hub at http://127.0.0.1:9"),
     ],
 )
-def test_repositories_that_cannot_be_planned_say_why(
-    hub: Hub, snapshot: Path, env, repo, endpoint, code, says
-) -> None:
+def test_repositories_that_cannot_be_planned_say_why(hub: Hub, snapshot: Path, env, repo, endpoint, code, says) -> None:
     r = plan(snapshot, {**env, "HF_ENDPOINT": endpoint or env["HF_ENDPOINT"]}, "--model", repo)
     assert r.returncode == code and says in r.stderr, r.stderr
     assert r.stderr.startswith(f"hwprofile: error: model {repo}") and "Traceback" not in r.stderr
@@ -523,9 +469,7 @@ def test_a_hung_server_is_a_clear_error_quickly(hub: Hub, snapshot: Path, env, r
     t0 = time.monotonic()
     r = plan(snapshot, {**env, "HF_HUB_ETAG_TIMEOUT": "1"}, "--model", repo)
     took = time.monotonic() - t0
-    assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, (
-        r.stderr
-    )
+    assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, r.stderr
     # 4 x 1 s at most, plus the interpreter: a bound that a loaded machine keeps (a hung server that
     # was waited on without the timeout would hold it until the test's own timeout)
     assert took < 4 + 40, took
@@ -547,9 +491,7 @@ def test_offline_plans_from_the_cache_or_the_catalog(hub: Hub, snapshot: Path, e
     fresh = {**off, "HF_HOME": str(tmp_path / "fresh")}
     assert model_of(plan(snapshot, fresh, "--model", "Qwen/Qwen3-8B"))["source"] == "catalog"
     unknown = plan(snapshot, fresh, "--model", "acme/small")
-    assert (
-        unknown.returncode == 2 and "HF_HUB_OFFLINE is set" in unknown.stderr and "catalog" in unknown.stderr
-    )
+    assert unknown.returncode == 2 and "HF_HUB_OFFLINE is set" in unknown.stderr and "catalog" in unknown.stderr
     assert len(hub.sent()) == before
 
 
@@ -562,16 +504,11 @@ def test_a_downloaded_model_is_the_cache_not_the_hub(hub: Hub, snapshot: Path, e
     assert m["source"] == "hf-cache" and m["path"] == str(snap)
 
 
-@pytest.mark.parametrize(
-    "repo,label,name,plant",
-    [
-        ("acme/small", "small-main", "config.json", "fifo"),
-        ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
-    ],
-)
-def test_a_planted_cache_file_is_an_error_not_a_hang(
-    hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant
-) -> None:
+@pytest.mark.parametrize("repo,label,name,plant", [
+    ("acme/small", "small-main", "config.json", "fifo"),
+    ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
+])
+def test_a_planted_cache_file_is_an_error_not_a_hang(hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant) -> None:
     """The cache is a place others write: a FIFO or a link to /dev/zero where a JSON file belongs is a
     clear error (exit 2), read by the bounded reader, not a plan that blocks or fills memory."""
     model_of(plan(snapshot, env, "--model", repo))
@@ -583,7 +520,6 @@ def test_a_planted_cache_file_is_an_error_not_a_hang(
         os.mkfifo(f)
     else:
         f.symlink_to("/dev/zero")
-
     def refused(e: dict[str, str]) -> None:
         r = plan(snapshot, e, "--model", repo)
         assert r.returncode == 2 and name in r.stderr and "cannot read" in r.stderr, r.stderr

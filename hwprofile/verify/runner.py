@@ -161,9 +161,7 @@ class Client:
         """The text of one token through the server's ``/detokenize`` (None where it has none)."""
         if token_id not in self._texts:
             try:
-                reply = post_json(
-                    self.url.rstrip("/") + "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0
-                )
+                reply = post_json(self.url.rstrip("/") + "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0)
                 text = reply.get("prompt")
                 self._texts[token_id] = text if isinstance(text, str) else None
             except (OSError, ValueError, AttributeError):
