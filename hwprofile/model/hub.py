@@ -717,6 +717,16 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
         if facts is not None:
             _MEMO[key] = facts
             return facts
+    t = timeout_s()  # before huggingface_hub's import, which reads it with int() and fails unnamed
+    raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
+    if raw:
+        try:
+            int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"HF_HUB_DOWNLOAD_TIMEOUT={raw[:40]!r}: expected a whole number of seconds (huggingface_hub "
+                "reads it with int()); unset it for the default"
+            ) from None
     try:
         import httpx2  # noqa: F401
         import huggingface_hub  # noqa: F401
@@ -725,7 +735,8 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
             f"{name}: not in the cache or the catalog, and asking the Hub needs huggingface_hub, which is "
             "not installed: pip install huggingface_hub (it comes with vLLM), or give a local directory"
         ) from None
-    t = timeout_s()
+    except ValueError as e:  # a setting huggingface_hub reads at its import
+        raise ConfigError(f"{name}: huggingface_hub refused a setting of the environment (HF_*): {e}") from None
     out: dict[str, Any] = {}
     cancelled = threading.Event()
     blobs = os.path.join(repo_folder(cache, repo), "blobs")
