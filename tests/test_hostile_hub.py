@@ -135,7 +135,19 @@ def test_nothing_is_written_through_another_users_cache_folder(
             (locks / name).symlink_to(tmp_path / target)
             os.lchown(locks / name, NOBODY, -1)
         own(locks, case["locks_owner"], case["locks_mode"])
+    for rel, target in case.get("files", {}).items():  # a file of hwprofile's a link, in this user's folder
+        link = repo / rel.replace("RECORD", f"{commit('small-main')}.json")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(tmp_path / target)
+    for name, target in case.get("cache_links", {}).items():
+        (cache / name).symlink_to(tmp_path / target)
     own(cache, case.get("cache_owner"), case.get("cache_mode"))
+    if case.get("cache_is_link_to_nobody"):
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, NOBODY, -1)
+        cache.rmdir()
+        cache.symlink_to(theirs)
     r = plan(snapshot, env, "--model", "acme/small")
     assert list(victim.iterdir()) == []  # nothing written through a link
     if case.get("code", 2) == 0:

@@ -234,12 +234,18 @@ def _write_ref(cache: str, repo: str, revision: str, commit: str, label: str) ->
 def _cache_write(cache: str, parts: tuple[str, ...], name: str, data: str, label: str) -> None:
     """A file hwprofile keeps in the cache, written by :func:`trusted_write` (no link followed, no
     folder of another user's or writable by others on the way)."""
-    from ..runtime.files import UnsafeDirectory, trusted_write
+    import errno
+
+    from ..runtime.files import UnsafeDirectory, WriteError, trusted_write
 
     try:
         trusted_write(cache, parts, name, data, 0o644, durable=False)
     except UnsafeDirectory as e:
         raise _unsafe_cache(cache, label, e) from None
+    except WriteError as e:
+        if e.errno == errno.EEXIST:  # the file itself a link, a folder, not a regular file
+            raise _unsafe_cache(cache, label, e) from None
+        raise
 
 
 def _unsafe_cache(cache: str, label: str, e: OSError) -> ConfigError:
