@@ -242,6 +242,8 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         raise bad("plans[0].summary: expected a list")
     if settings is not None and not isinstance(settings, list):
         raise bad("plans[0].non_default_settings: expected a list")
+    instances = plan.get("instances")
+    n_instances = 1 if instances is None else number(instances, "instances", "plans[0].instances", True)
     points: dict[int, tuple[int, float, float, float]] = {}
     for i, row in enumerate(summary or []):
         m = row.get("metrics") if isinstance(row, dict) else None
@@ -258,6 +260,14 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         )
         if c in points:
             raise bad(f"{where}.concurrency: {c} measured twice")
+        # c requests in flight, each a token every tpot ms, on each instance: the most tokens/s there
+        # can be (4x slack for medians of different rounds); more is no measurement of this plan
+        ceiling = 4 * n_instances * c * 1000.0 / tpot
+        if tps > ceiling:
+            raise bad(
+                f"{where}: output_throughput {tps:g} tok/s with {c} requests at TPOT {tpot:g} ms on "
+                f"{n_instances} instance(s): more than {ceiling:g} tok/s can be (not a measurement)"
+            )
         points[c] = (c, tpot, ttft, tps)
     if not points:
         raise bad("no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
@@ -272,13 +282,12 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         )
     if "input_len" not in wl or "output_len" not in wl:
         raise bad("workload lengths: input_len and output_len are required")
-    instances = plan.get("instances")
     return Calibration(
         path,
         doc.get("created") if isinstance(doc.get("created"), str) else None,
         number(wl["input_len"], "input_len", "workload.input_len", True),
         number(wl["output_len"], "output_len", "workload.output_len", True),
-        1 if instances is None else number(instances, "instances", "plans[0].instances", True),
+        n_instances,
         tp,
         tuple(sorted(points.values())),
     )
