@@ -753,6 +753,8 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
             out["commit"] = _fetch(repo, revision, cache, ep, t, cancelled, name)
         except BaseException as e:  # handed to the caller, which says it the one way
             out["error"] = e
+        finally:
+            _CANCEL.pop(threading.get_ident(), None)
 
     worker = threading.Thread(target=work, name="hwprofile-hub", daemon=True)
     worker.start()
