@@ -254,6 +254,9 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
             continue  # not measured (a round that failed): left out
         where = f"plans[0].summary[{i}]"
         c = number(conc, "concurrency", f"{where}.concurrency", whole=True)
+        if all(type(v) in (int, float) and v == 0 for v in raw):  # nothing served at this concurrency
+            log.warning("%s: %s (concurrency %d): every median is 0 (nothing served): left out", path, where, c)
+            continue
         tpot, ttft, tps = (
             float(number(v, k, f"{where}.metrics.{k}.median"))
             for v, k in zip(raw, ("p50_tpot_ms", "p50_ttft_ms", "output_throughput"), strict=True)

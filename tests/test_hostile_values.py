@@ -51,6 +51,8 @@ def test_a_good_calibration_still_plans(host_of, empty_root) -> None:
     path.parent.mkdir()
     doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
     doc["plans"][0]["summary"].append({"concurrency": 32, "rounds": 1})  # a round that failed: left out
+    zero = {k: {"median": 0.0} for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")}
+    doc["plans"][0]["summary"].append({"concurrency": 64, "rounds": 1, "metrics": zero})  # nothing served: left out
     path.write_text(json.dumps(doc))
     plan = make_plan(host, empty_root, environ={}).to_json()
     assert plan["prediction"]["calibration"]["path"] == str(path)
