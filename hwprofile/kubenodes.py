@@ -49,8 +49,18 @@ class NodeClass(NamedTuple):
 
     @property
     def selector(self) -> dict[str, str]:
-        """The node selector of this class: GFD's product and count labels."""
-        return {PRODUCT: self.product, COUNT: str(self.gpu_count)}
+        """The node selector of this class: GFD's product, count and memory labels (one product in
+        two memory sizes is two classes: their pods must not land on the other's nodes)."""
+        return {PRODUCT: self.product, COUNT: str(self.gpu_count), MEMORY: str(self.memory_mib)}
+
+
+# a Node's name as the API server takes it: a DNS-1123 subdomain (lower case, digits, '-', '.';
+# labels of 63 at most, 253 in all)
+_NODE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)*")
+
+
+def valid_node_name(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= 253 and _NODE_NAME.fullmatch(value) is not None
 
 
 def valid_label_value(value: object) -> bool:
@@ -186,7 +196,8 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
     groups: dict[tuple[str, int, int], list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]] = {}
     for n, item in enumerate(items):
         meta = _map(_map(item).get("metadata"))
-        node = meta.get("name") if isinstance(meta.get("name"), str) else f"items[{n}]"
+        name = meta.get("name")
+        node = name if valid_node_name(name) else f"items[{n}]"  # never a name the API server refuses
         labels = _map(meta.get("labels"))
         status = _map(_map(item).get("status"))
         product = labels.get(PRODUCT)
@@ -215,6 +226,11 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
             continue
         if count is not None and alloc is not None and alloc != count:
             warnings.append(f"node {node}: {alloc} of its {count} GPUs allocatable: planned with {alloc}")
+        if not valid_node_name(name):
+            shown = repr(name)[:80] + ("..." if len(repr(name)) > 80 else "")
+            warnings.append(f"items[{n}]: metadata.name {shown}: not a Kubernetes node name (DNS-1123: a-z, "
+                            "0-9, '-', '.'; 253 characters at most): left out")  # fmt: skip
+            continue
         groups.setdefault((product, gpus, memory), []).append((node, labels, status))
     classes = []
     for (product, gpus, memory), members in groups.items():

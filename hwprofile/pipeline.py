@@ -198,51 +198,129 @@ def load_calibration(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
         raise ConfigError(f"{path}: cannot read the calibration: {e}") from None
     if len(data) > CALIBRATION_CAP:
         raise ConfigError(f"{path}: larger than {CALIBRATION_CAP} bytes; not a hwprofile bench result")
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON has")
+
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=constant)
+    except RecursionError:
+        raise ConfigError(f"{path}: not JSON (nested too deeply)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not JSON ({e})") from None
     return calibration_from_bench(doc, path, host)
+
+
+# what a measurement can be: anything outside is a file damaged or not measured (a bound, not a guess)
+_PLAUSIBLE = {
+    "concurrency": (1, 1_000_000),
+    "p50_tpot_ms": (1e-3, 600_000.0),  # a microsecond to ten minutes a token
+    "p50_ttft_ms": (1e-3, 86_400_000.0),  # to a day
+    "output_throughput": (1e-3, 1e8),  # tokens/s of one plan
+    "input_len": (1, 100_000_000),
+    "output_len": (1, 100_000_000),
+    "instances": (1, 65_536),
+    "layout.tensor_parallel_size": (1, 4096),
+}
 
 
 def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     """The :class:`~.plan.predict.Calibration` in a ``hwprofile.bench/1`` document: its first plan's
     median TPOT, TTFT and output tokens/s per concurrency, the workload's lengths, and the TP its
     settings name (``layout.tensor_parallel_size`` among its non-default settings; else None: the
-    plan hwprofile makes on this host)."""
+    plan hwprofile makes on this host). A calibration is a measurement: every value is checked as
+    one (its type, finite, positive, within :data:`_PLAUSIBLE`); one that is not is an error naming
+    the file and the value (a row without the three medians, a round that failed, is left out)."""
+    import math
+
     from .plan.predict import Calibration
 
     def bad(why: str) -> ConfigError:
         return ConfigError(f"{path}: not a usable hwprofile bench result: {why}")
+
+    def number(value: Any, key: str, where: str, whole: bool = False) -> Any:
+        lo, hi = _PLAUSIBLE[key]
+        ok_type = type(value) is int or (not whole and type(value) is float)
+        if not ok_type or not math.isfinite(value) or not lo <= value <= hi:
+            kind = "a whole number" if whole else "a number"
+            raise bad(f"{where}: {value!r:.60}: expected {kind} from {lo:g} to {hi:g} (a measurement)")
+        return value
 
     if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.bench/1":
         raise bad("schema is not hwprofile.bench/1")
     wl, plans = doc.get("workload"), doc.get("plans")
     if not isinstance(wl, dict) or not isinstance(plans, list) or not plans or not isinstance(plans[0], dict):
         raise bad("no workload or no plans")
-    theirs = {g.get("uuid") for g in (doc.get("host") or {}).get("gpus") or [] if isinstance(g, dict)} - {None}
+    hostdoc = doc.get("host")
+    if hostdoc is not None and not isinstance(hostdoc, dict):
+        raise bad("host: expected an object")
+    gpus = (hostdoc or {}).get("gpus")
+    if gpus is not None and not isinstance(gpus, list):
+        raise bad("host.gpus: expected a list")
+    theirs = {g.get("uuid") for g in gpus or [] if isinstance(g, dict)} - {None}
+    if not all(isinstance(u, str) for u in theirs):
+        raise bad("host.gpus[].uuid: expected text")
     ours = {g.uuid for g in host.usable_gpus} - {None}
     if theirs and ours and not theirs <= ours:
         raise bad(f"measured on GPUs {sorted(theirs)}, this host has {sorted(ours)}")
     plan = plans[0]
-    points = []
-    for row in plan.get("summary") or []:
+    summary, settings = plan.get("summary"), plan.get("non_default_settings")
+    if summary is not None and not isinstance(summary, list):
+        raise bad("plans[0].summary: expected a list")
+    if settings is not None and not isinstance(settings, list):
+        raise bad("plans[0].non_default_settings: expected a list")
+    instances = plan.get("instances")
+    n_instances = 1 if instances is None else number(instances, "instances", "plans[0].instances", True)
+    points: dict[int, tuple[int, float, float, float]] = {}
+    for i, row in enumerate(summary or []):
         m = row.get("metrics") if isinstance(row, dict) else None
         try:
-            points.append((int(row["concurrency"]), float(m["p50_tpot_ms"]["median"]),
-                           float(m["p50_ttft_ms"]["median"]), float(m["output_throughput"]["median"])))  # fmt: skip
-        except (KeyError, TypeError, ValueError):
+            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]
+            conc = row["concurrency"]
+        except (KeyError, TypeError, IndexError):
+            continue  # not measured (a round that failed): left out
+        where = f"plans[0].summary[{i}]"
+        c = number(conc, "concurrency", f"{where}.concurrency", whole=True)
+        if all(type(v) in (int, float) and v == 0 for v in raw):  # nothing served at this concurrency
+            log.warning("%s: %s (concurrency %d): every median is 0 (nothing served): left out", path, where, c)
             continue
+        tpot, ttft, tps = (
+            float(number(v, k, f"{where}.metrics.{k}.median"))
+            for v, k in zip(raw, ("p50_tpot_ms", "p50_ttft_ms", "output_throughput"), strict=True)
+        )
+        if c in points:
+            raise bad(f"{where}.concurrency: {c} measured twice")
+        # c requests in flight, each a token every tpot ms, on each instance: the most tokens/s there
+        # can be (4x slack for medians of different rounds); more is no measurement of this plan
+        ceiling = 4 * n_instances * c * 1000.0 / tpot
+        if tps > ceiling:
+            raise bad(
+                f"{where}: output_throughput {tps:g} tok/s with {c} requests at TPOT {tpot:g} ms on "
+                f"{n_instances} instance(s): more than {ceiling:g} tok/s can be (not a measurement)"
+            )
+        points[c] = (c, tpot, ttft, tps)
     if not points:
         raise bad("no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
-    tp = next((s.get("value") for s in plan.get("non_default_settings") or []
+    tp = next((s.get("value") for s in settings or []
                if isinstance(s, dict) and s.get("key") == "layout.tensor_parallel_size"), None)  # fmt: skip
-    try:
-        return Calibration(path, doc.get("created") if isinstance(doc.get("created"), str) else None,
-                           int(wl["input_len"]), int(wl["output_len"]), int(plan.get("instances") or 1),
-                           tp if isinstance(tp, int) else None, tuple(sorted(points)))  # fmt: skip
-    except (KeyError, TypeError, ValueError) as e:
-        raise bad(f"workload lengths: {e}") from None
+    if tp is not None:
+        tp = number(
+            tp,
+            "layout.tensor_parallel_size",
+            "plans[0].non_default_settings layout.tensor_parallel_size",
+            True,
+        )
+    if "input_len" not in wl or "output_len" not in wl:
+        raise bad("workload lengths: input_len and output_len are required")
+    return Calibration(
+        path,
+        doc.get("created") if isinstance(doc.get("created"), str) else None,
+        number(wl["input_len"], "input_len", "workload.input_len", True),
+        number(wl["output_len"], "output_len", "workload.output_len", True),
+        n_instances,
+        tp,
+        tuple(sorted(points.values())),
+    )
 
 
 @dataclass(frozen=True)
@@ -274,7 +352,20 @@ class PlanInputs:
         """The plan of these inputs, with ``extra`` ``--set`` overrides after their own (on a node of
         a multi-node plan: that node's instances)."""
         plan = self.whole_plan(extra)
-        return plan.for_node(self.node_rank) if plan.nodes > 1 or self.node_rank else plan
+        if not (plan.nodes > 1 or self.node_rank):
+            return plan
+        if not 0 <= self.node_rank < plan.nodes:
+            raise ConfigError(
+                f"--node-rank {self.node_rank}: node {self.node_rank} is not in this plan, which runs on {plan.nodes} "
+                f"node(s), ranks 0 to "
+                f"{plan.nodes - 1} (the host's place in --nodes, node 0 first)"
+            )
+        try:
+            return plan.for_node(self.node_rank)
+        except KeyError:
+            raise ConfigError(
+                f"--node-rank {self.node_rank}: the plan gives that node no instance of its own"
+            ) from None
 
     def whole_plan(self, extra: Sequence[str] = ()) -> Plan:
         """The plan of these inputs, every node's instances."""

@@ -40,6 +40,7 @@ CONFIG = {
     "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
 }  # fmt: skip
+INDEX_NAME = "model.safetensors.index.json"
 ESTIMATE = parse_config(CONFIG, "x", "hub", None).weights_bytes  # ~2.6 GB at 16 bits
 
 
@@ -127,7 +128,30 @@ def build_repos() -> dict[str, dict[str, Any]]:
         "acme/busy": {"busy": True, "refs": {"main": commit("busy")}, "commits": {commit("busy"): {}}},
         "acme/slow": {"slow_api": True, "refs": {"main": commit("slow")}, "commits": {commit("slow"): small}},
         "acme/slowfile": {"slow_file": True, "refs": {"main": commit("slowf")}, "commits": {commit("slowf"): small}},
+        # hostile answers (tests/test_hostile_hub.py): each flag names what the stand-in does instead
+        **{f"acme/{flag}": {flag: True, "refs": {"main": commit(flag)}, "commits": {commit(flag): hostile_files(flag)}}
+           for flag in HOSTILE},
     }
+
+
+# how a hostile stand-in answers: an endless file list, an endless file (its listed size a lie),
+# a file trickled a byte at a time past every deadline, endless safetensors headers, a redirect loop,
+# a config nested 20,000 deep, a file list naming a config of 1 GB
+HOSTILE = ("endless_api", "endless_file", "endless_index", "trickle_file", "endless_header", "redirect_loop",
+           "deep_config", "huge_config")  # fmt: skip
+
+
+def hostile_files(flag: str) -> dict[str, File]:
+    n = ESTIMATE // 2
+    f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
+    files = {"config.json": json_file(f32 if flag == "endless_header" else CONFIG), "model.safetensors": shard("BF16", n)}
+    if flag == "endless_index":
+        files["model.safetensors.index.json"] = json_file({"weight_map": {"t": "model.safetensors"}})
+    if flag == "deep_config":
+        files["config.json"] = File(b"[" * 20000 + b"]" * 20000)
+    if flag == "huge_config":
+        files["config.json"] = File(b"{}", 1 << 30)
+    return files
 
 
 class Hub:
@@ -136,6 +160,7 @@ class Hub:
     def __init__(self) -> None:
         self.repos = build_repos()
         self.requests: list[dict[str, Any]] = []
+        self.sent_bytes: dict[str, int] = {}
         self.lock = threading.Lock()
         hub = self
 
@@ -195,6 +220,31 @@ class Hub:
         if body:
             h.wfile.write(data)
 
+    def endless(self, h: BaseHTTPRequestHandler, code: int, headers: dict[str, str], first: bytes,
+                chunk: bytes = b"a" * 65536, delay: float = 0.0, limit: int = 8 << 30) -> None:  # fmt: skip
+        """An answer without end (no Content-Length, the connection closed after it): ``first``, then
+        ``chunk`` after ``chunk`` (``delay`` apart) until the client goes or ``limit`` is sent. The
+        bytes sent are counted in ``self.sent_bytes[path]``."""
+        h.close_connection = True
+        h.send_response(code)
+        for k, v in headers.items():
+            if k.lower() != "content-length":
+                h.send_header(k, v)
+        h.send_header("Connection", "close")
+        h.end_headers()
+        sent = 0
+        try:
+            h.wfile.write(first)
+            while sent < limit:
+                h.wfile.write(chunk)
+                h.wfile.flush()
+                sent += len(chunk)
+                if delay:
+                    time.sleep(delay)
+        finally:
+            with self.lock:
+                self.sent_bytes[urlsplit(h.path).path] = sent
+
     def lookup(self, repo: str, rev: str) -> tuple[dict[str, Any] | None, str | None]:
         r = self.repos.get(repo)
         if r is None:
@@ -212,6 +262,10 @@ class Hub:
             return self.reply(h, 429, b'{"error":"rate limited"}', body, {"Retry-After": "30"})
         if r.get("slow_api"):
             time.sleep(6)
+        if r.get("endless_api"):
+            return self.endless(
+                h, 200, {"Content-Type": "application/json"}, b'{"id": "' + repo.encode() + b'", "x": "'
+            )
         if sha is None:
             return self.reply(h, 404, b"{}", body, {"X-Error-Code": "RevisionNotFound"})
         siblings = []
@@ -236,6 +290,8 @@ class Hub:
                                                    "X-Repo-Commit": sha})  # fmt: skip
         if r.get("slow_file"):
             time.sleep(8)
+        if r.get("redirect_loop"):
+            return self.reply(h, 302, b"", body, {"Location": h.path, "X-Repo-Commit": sha})
         f = r["commits"][sha].get(name)
         if f is None:
             return self.reply(h, 404, b"", body, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha})
@@ -243,6 +299,14 @@ class Hub:
         if f.lfs:
             headers.update({"X-Linked-Size": str(f.size), "X-Linked-Etag": f'"{f.etag}"'})
         rng = h.headers.get("Range")
+        endless = "config.json" if r.get("endless_file") else INDEX_NAME if r.get("endless_index") else None
+        if body and name == endless:
+            return self.endless(h, 200, headers, f.head)
+        if body and name == "config.json" and r.get("trickle_file"):
+            return self.endless(h, 200, headers, b"{", chunk=b" ", delay=0.2, limit=600)
+        if body and rng and r.get("endless_header") and name.endswith(".safetensors"):
+            return self.endless(h, 206, {**headers, "Content-Range": f"bytes 0-{f.size - 1}/{f.size}"},
+                                struct.pack("<Q", 20_000_000) + b'{"a": "')  # fmt: skip
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) + 1 if b else f.size, f.size)

@@ -298,7 +298,7 @@ def test_mixed_cluster_one_workload_per_class(empty_root, capsys, clean_env, crd
     assert a800["spec"]["replicas"] == 4  # two TP2 pods on each of the two nodes
     assert a800["metadata"]["annotations"]["hwprofile.io/nodes"] == "gpu-a800-1,gpu-a800-2"
     assert a800["spec"]["template"]["spec"]["nodeSelector"] == {
-        "nvidia.com/gpu.product": "NVIDIA-A800-80GB-PCIe", "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.product": "NVIDIA-A800-80GB-PCIe", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "81920",
     }  # fmt: skip
     assert rtx["spec"]["replicas"] == 1
     args = {k: d["metadata"]["annotations"]["hwprofile.io/vllm-args"] for k, d in deps.items()}
@@ -365,9 +365,10 @@ def _hostile_nodes() -> dict[str, Any]:
     bad_mem["metadata"]["name"] = "evil-memory"
     bad_mem["metadata"]["labels"]["nvidia.com/gpu.memory"] = "24564\n---\nkind: Secret"
     named = copy.deepcopy(a800)
-    named["metadata"]["name"] = HOSTILE  # a node name is data too: an annotation, a comment
-    named["metadata"]["labels"]["nvidia.com/gpu.machine"] = HOSTILE
-    doc["items"] = [named, bad, bad_mem, rtx]
+    named["metadata"]["name"] = HOSTILE  # no node name the API server takes (DNS-1123): left out, said so
+    machine = copy.deepcopy(a800)
+    machine["metadata"]["labels"]["nvidia.com/gpu.machine"] = HOSTILE  # a label is data: an annotation, a comment
+    doc["items"] = [named, machine, bad, bad_mem, rtx]
     return doc
 
 
@@ -387,9 +388,10 @@ def test_a_hostile_label_value_injects_no_yaml(empty_root, capsys, clean_env, tm
     assert {s["nvidia.com/gpu.product"] for s in selectors} == {"NVIDIA-A800-80GB-PCIe", "NVIDIA-GeForce-RTX-4090"}
     assert "node evil-product" in err and "not a valid label value" in err
     assert "node evil-memory" in err and "not a size in MiB" in err
-    # the hostile node name survives as data, byte for byte
+    # the hostile node name is no node name: left out, said so (escaped), never in a manifest
+    assert "not a Kubernetes node name" in err and HOSTILE not in text
     a800 = next(d for d in _of(docs, "Deployment") if "a800" in d["metadata"]["name"])
-    assert a800["metadata"]["annotations"]["hwprofile.io/nodes"] == HOSTILE
+    assert a800["metadata"]["annotations"]["hwprofile.io/nodes"] == "gpu-a800-1"
     assert a800["spec"]["replicas"] == 2  # one node of this class here
     for d in docs:
         validate(d, crd_validators)

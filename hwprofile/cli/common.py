@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..config.fields import address_problem
 from ..errors import EXIT_FAILED, EXIT_USAGE, HwprofileError
 
 
@@ -59,6 +60,10 @@ def _read_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
             raise CliError(str(e)) from None
     if not addresses:
         addresses = [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
+        for f, a in zip(files, addresses, strict=False):
+            why = address_problem(a) if len(hosts) > 1 else None
+            if why:
+                raise CliError(f"{f}: hostname: {why} (give --inventory with each node's address)")
     return hosts, addresses
 
 
@@ -76,8 +81,9 @@ def _inventory(path: str) -> tuple[list[str], list[str]]:
     for i, n in enumerate(nodes):
         if not isinstance(n, dict) or not isinstance(n.get("snapshot"), str) or not isinstance(n.get("address"), str):
             raise CliError(f"{path}: nodes[{i}]: expected {{snapshot: FILE, address: ADDR}}")
-        if not n["address"] or any(c.isspace() for c in n["address"]):
-            raise CliError(f"{path}: nodes[{i}].address {n['address']!r}: a host name or an address")
+        why = address_problem(n["address"])
+        if why:
+            raise CliError(f"{path}: nodes[{i}].address: {why}")
         files.append(os.path.join(os.path.dirname(os.path.abspath(path)), n["snapshot"]))
         addresses.append(n["address"])
     return files, addresses

@@ -77,6 +77,27 @@ def dns_label(value: str) -> str:
     return value
 
 
+_IMAGE_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# an OCI image reference as the container runtimes parse it: [host[:port]/]path[:tag][@digest]
+IMAGE_REF = (
+    rf"(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    rf"|\[[0-9A-Fa-f:]+\])(?::[0-9]{{1,5}})?/)?{_IMAGE_NAME}(?:/{_IMAGE_NAME})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,128})?"
+)
+
+
+def image_ref(value: str) -> str:
+    """A container image reference (``registry/path:tag`` or ``@sha256:...``; 512 characters at most)."""
+    import re
+
+    if len(value) > 512 or not re.fullmatch(IMAGE_REF, value):
+        raise argparse.ArgumentTypeError(
+            f"{value[:80]!r} is not a container image reference (e.g. registry.example.com/vllm/vllm-openai:v0.33.0; "
+            "lower-case path, no spaces or control characters, 512 characters at most)"
+        )
+    return value
+
+
 def _add_host_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
@@ -183,7 +204,10 @@ def _args_render(p: argparse.ArgumentParser) -> None:
         "workload per GPU class, by GPU Feature Discovery's labels (instead of --from)",
     )  # fmt: skip
     p.add_argument(
-        "--image", metavar="IMAGE", help="k8s: the container image (default vllm/vllm-openai:v<release>)"
+        "--image",
+        type=image_ref,
+        metavar="IMAGE",
+        help="k8s: the container image (default vllm/vllm-openai:v<release>)",
     )
     p.add_argument("--namespace", type=dns_label, metavar="NS", help="k8s: the manifests' namespace")
     p.add_argument(

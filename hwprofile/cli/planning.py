@@ -150,10 +150,12 @@ def _render_k8s(args: argparse.Namespace) -> int:
             raise CliError(f"--nodes {args.nodes}: no node with GPU Feature Discovery's nvidia.com/gpu.product "
                            "label and an allocatable nvidia.com/gpu" + "".join(f"; {n}" for n in notes))  # fmt: skip
         root = config_root(args.config_root)
+        products = [c.product for c in classes]  # one product in two classes: the count and memory name them
         targets = [
             Target(c.product, c.selector, c.nodes, len(c.nodes),
                    PlanInputs(c.snapshot, root, args.profile, tuple(args.overrides), tuple(args.sets),
-                              args.model, args.draft), c.assumed)
+                              args.model, args.draft), c.assumed,
+                   f"{c.gpu_count}x{c.memory_mib}mib" if products.count(c.product) > 1 else "")
             for c in classes
         ]  # fmt: skip
         header = [f"from the nodes of {args.nodes}: {len(classes)} GPU class(es)"] + [

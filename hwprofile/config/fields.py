@@ -146,6 +146,28 @@ def check(field: Field, value: Any) -> Any:
 
 CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
+# a host name (RFC 1123 labels of letters, digits, '-' and '_', none starting or ending with '-'),
+# an IPv4 address, or an IPv6 one (bare or in brackets): never an option ("-oProxyCommand=...")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+HOST_ADDRESS = rf"{_LABEL}(?:\.{_LABEL})*\.?|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*"
+_HOST_ADDRESS = re.compile(HOST_ADDRESS)
+
+
+def address_problem(value: object) -> str | None:
+    """Why ``value`` is not a host name or an IP address another host can be reached at, or None."""
+    if not isinstance(value, str) or not value:
+        return "expected a host name or an IP address"
+    if len(value) > 253 or not _HOST_ADDRESS.fullmatch(value):
+        return f"{value[:80]!r} is not a host name or an IP address (letters, digits, '.', '-', at most 253)"
+    if ":" in value:
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(value.strip("[]"))
+        except ValueError:
+            return f"{value[:80]!r} is not an IPv6 address"
+    return None
+
 
 def plain_text(text: str) -> None:
     """Refuse control characters (newline, tab, escape, NUL, ...): they would break, or add lines

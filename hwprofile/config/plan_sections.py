@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from .fields import HOST_ADDRESS
 from .section import Section, section, setting
 
 KTable = tuple[tuple[int, int | None, int], ...]  # speculative.by_batch_size: (lo, hi or None, k) rows
@@ -97,7 +98,7 @@ class Layout(Section):
     )  # fmt: skip
     master_addr: str | None = setting(
         "str", "address the other nodes reach node 0 at (default: node 0's address in the inventory)",
-        nullable=True, default=None, pattern=r"[A-Za-z0-9.:_\[\]-]+", pattern_doc="a host name or an IP address",
+        nullable=True, default=None, pattern=HOST_ADDRESS, pattern_doc="a host name or an IP address",
     )  # fmt: skip
     master_port: int = setting("int", "node 0's port for the group's rendezvous", 1024, 65_535, default=29501)
     internode_gbps: float = setting(

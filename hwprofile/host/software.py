@@ -36,7 +36,7 @@ def vllm_version(path: Iterable[str] | None = None) -> tuple[str | None, str | N
             continue
         found: dict[str, str] = {}
         for n in names:
-            m = _DIST_INFO.match(n)
+            m = _DIST_INFO.fullmatch(n)
             if m and _normalise(m["name"]) in wanted:
                 found[wanted[_normalise(m["name"])]] = m["version"]
         for dist in VLLM_DISTRIBUTIONS:

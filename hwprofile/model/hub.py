@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -47,13 +48,18 @@ SMALL_FILES = (
     "generation_config.json",
     "tokenizer_config.json",
 )
-PICKLE = re.compile(r"\.(bin|pt|pth|ckpt|pkl)$")
+PICKLE = re.compile(r"\.(bin|pt|pth|ckpt|pkl)\Z")
 MAX_HEADERS = 8  # safetensors headers read when the dtypes are needed (a sample of the shards)
 MAX_RECORD_BYTES = 16 << 20
 # the Hub's own rules: ORG/NAME of letters, digits, '-', '_', '.'; no '--' or '..'
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# (full-match patterns: ``$`` would also match before a trailing newline)
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+MAX_TIMEOUT_S = 3600  # HF_HUB_ETAG_TIMEOUT above an hour is a mistake, not a slow link
+API_CAP = 32 << 20  # an API answer (the file list of a large repository is a few MiB)
+SMALL_CAP = 64 << 20  # a config or an index file downloaded; the file list's size bounds it further
+HEADER_CAP = 26 << 20  # a safetensors header answer (huggingface_hub's own limit is 25 MB)
 # safetensors dtypes → config.json's torch_dtype (the float ones a checkpoint is served in)
 _TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
 _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -65,7 +71,7 @@ _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16
 
 def is_repo_id(name: str) -> bool:
     """``ORG/NAME`` as the Hub spells repository names (no path, no scheme)."""
-    return bool(_REPO_ID.match(name)) and "--" not in name and ".." not in name
+    return bool(_REPO_ID.fullmatch(name)) and "--" not in name and ".." not in name
 
 
 def split_revision(spec: str) -> tuple[str, str | None]:
@@ -73,7 +79,7 @@ def split_revision(spec: str) -> tuple[str, str | None]:
     name, at, rev = spec.partition("@")
     if not at:
         return spec, None
-    if not rev or not _REVISION.match(rev) or ".." in rev.split("/") or rev.endswith("/"):
+    if not rev or not _REVISION.fullmatch(rev) or ".." in rev.split("/") or rev.endswith("/"):
         raise ConfigError(
             f"{spec!r}: the revision after '@' must be a branch, a tag or a commit (e.g. main, v1.0, "
             "refs/pr/1, a 40-hex commit)"
@@ -114,12 +120,23 @@ def endpoint() -> str:
 
 
 def timeout_s() -> float:
-    """Each request's timeout: ``HF_HUB_ETAG_TIMEOUT`` (seconds), else 10."""
+    """Each request's timeout: ``HF_HUB_ETAG_TIMEOUT`` (whole seconds, 1 to an hour), else 10.
+
+    Parsed as ``huggingface_hub`` parses it (``int()``, at its import): ``2.5`` or ``inf`` would make
+    every look-up fail there without naming the variable, so it is an error here that names it."""
+    raw = os.environ.get("HF_HUB_ETAG_TIMEOUT")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
     try:
-        t = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or DEFAULT_TIMEOUT_S)
+        t = int(raw)
     except ValueError:
-        t = DEFAULT_TIMEOUT_S
-    return t if t > 0 else DEFAULT_TIMEOUT_S
+        t = None
+    if t is None or not 1 <= t <= MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"HF_HUB_ETAG_TIMEOUT={raw[:40]!r}: expected a whole number of seconds from 1 to {MAX_TIMEOUT_S} "
+            "(huggingface_hub reads it with int()); unset it for the default of 10"
+        )
+    return float(t)
 
 
 def _scrub(text: str) -> str:
@@ -127,7 +144,13 @@ def _scrub(text: str) -> str:
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
     if token and len(token) >= 4:
         text = text.replace(token, "***")
-    return re.sub(r"(?i)(bearer\s+)\S+", r"\1***", text)
+    text = re.sub(r"(?i)(bearer\s+)\S+", r"\1***", text)
+    return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@", r"\1***@", text)  # a password in a URL
+
+
+def shown(ep: str) -> str:
+    """The endpoint as messages and records show it: without a user or password."""
+    return _scrub(ep)
 
 
 # -- the cache -----------------------------------------------------------------------------------
@@ -145,7 +168,7 @@ def record_path(cache: str, repo: str, commit: str) -> str:
 def commit_of(cache: str, repo: str, revision: str | None) -> str | None:
     """The commit the cache knows ``revision`` (default main) as: itself when a commit, else its ref."""
     rev = revision or "main"
-    if COMMIT.match(rev):
+    if COMMIT.fullmatch(rev):
         return rev
     from ..runtime.files import read_bounded
 
@@ -153,7 +176,7 @@ def commit_of(cache: str, repo: str, revision: str | None) -> str | None:
         sha = read_bounded(os.path.join(repo_folder(cache, repo), "refs", rev), 4096).decode("utf-8").strip()
     except (OSError, ValueError):
         return None
-    return sha if COMMIT.match(sha) else None
+    return sha if COMMIT.fullmatch(sha) else None
 
 
 def load_record(cache: str, repo: str, commit: str) -> dict[str, Any] | None:
@@ -164,15 +187,35 @@ def load_record(cache: str, repo: str, commit: str) -> dict[str, Any] | None:
         doc = json.loads(read_bounded(record_path(cache, repo, commit), MAX_RECORD_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
-    ok = (
-        isinstance(doc, dict)
-        and doc.get("schema") == RECORD_SCHEMA
-        and doc.get("commit") == commit
-        and isinstance(doc.get("files"), dict)
-        and isinstance(doc.get("weights"), dict)
-        and isinstance(doc["weights"].get("files"), list)
+    return doc if _record_ok(doc, commit) else None
+
+
+def _count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _record_ok(doc: Any, commit: str) -> bool:
+    """A record of this schema and commit whose every value has its type (one that does not is
+    fetched again, not trusted: the cache is a place others may write)."""
+    if not (isinstance(doc, dict) and doc.get("schema") == RECORD_SCHEMA and doc.get("commit") == commit):
+        return False
+    files, w, dtypes = doc.get("files"), doc.get("weights"), doc.get("dtypes")
+    return (
+        isinstance(files, dict)
+        and all(isinstance(k, str) and (v is None or _count(v)) for k, v in files.items())
+        and isinstance(w, dict)
+        and isinstance(w.get("files"), list)
+        and all(
+            type(f) is str and f and not f.startswith("/") and ".." not in f.split("/") for f in w["files"]
+        )
+        and _count(w.get("bytes", 0))
+        and isinstance(w.get("source", ""), str)
+        and (
+            dtypes is None
+            or (isinstance(dtypes, dict) and all(isinstance(k, str) and _count(v) for k, v in dtypes.items()))
+        )
+        and isinstance(doc.get("endpoint", ""), str)
     )
-    return doc if ok else None
 
 
 def weights_missing(snapshot: str, record: dict[str, Any]) -> bool:
@@ -180,15 +223,68 @@ def weights_missing(snapshot: str, record: dict[str, Any]) -> bool:
     return any(not os.path.isfile(os.path.join(snapshot, f)) for f in record["weights"]["files"])
 
 
-def _write_ref(cache: str, repo: str, revision: str, commit: str) -> None:
+def _write_ref(cache: str, repo: str, revision: str, commit: str, label: str) -> None:
     """refs/REV → commit, as huggingface_hub writes it (hf_hub_download at a commit writes none)."""
-    if COMMIT.match(revision):
+    if COMMIT.fullmatch(revision):
         return
-    from ..runtime.files import atomic_write
+    *dirs, name = revision.split("/")
+    _cache_write(cache, (os.path.basename(repo_folder(cache, repo)), "refs", *dirs), name, commit, label)
 
-    path = os.path.join(repo_folder(cache, repo), "refs", *revision.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, commit, 0o644, durable=False)
+
+def _cache_write(cache: str, parts: tuple[str, ...], name: str, data: str, label: str) -> None:
+    """A file hwprofile keeps in the cache, written by :func:`trusted_write` (no link followed, no
+    folder of another user's or writable by others on the way)."""
+    import errno
+
+    from ..runtime.files import UnsafeDirectory, WriteError, trusted_write
+
+    try:
+        trusted_write(cache, parts, name, data, 0o644, durable=False)
+    except UnsafeDirectory as e:
+        raise _unsafe_cache(cache, label, e) from None
+    except WriteError as e:
+        if e.errno == errno.EEXIST:  # the file itself a link, a folder, not a regular file
+            raise _unsafe_cache(cache, label, e) from None
+        raise
+
+
+def _unsafe_cache(cache: str, label: str, e: OSError) -> ConfigError:
+    return ConfigError(
+        f"{label}: will not write into the Hugging Face cache {cache}: {e.strerror}; another user could "
+        "redirect what is written there (a link to a file of this user's). Set HF_HUB_CACHE (or HF_HOME) "
+        "to a folder of this user's own, or make the folder this user's (chown) and not writable by others "
+        "(chmod go-w)"
+    )
+
+
+def check_cache(cache: str, repo: str, commit: str | None, revision: str | None, label: str) -> None:
+    """Before anything is written into ``cache`` for ``repo`` (by huggingface_hub or hwprofile): every
+    folder on the way that exists is this user's alone, none a link (:func:`check_trusted_dirs`).
+    huggingface_hub follows links as it writes; so a folder that another user can change is refused
+    here, before the first request that writes (an error, exit 2: planning without the cache would
+    leave vLLM to download into the same folder)."""
+    from ..runtime.files import UnsafeDirectory, WriteError, check_trusted_dirs
+
+    folder = os.path.basename(repo_folder(cache, repo))
+    trees: list[tuple[str, ...]] = [
+        (".locks", folder),
+        (folder, "blobs"),
+        (folder, RECORD_DIR),
+        (folder, ".no_exist"),
+    ]
+    if commit:
+        trees += [(folder, "snapshots", commit), (folder, ".no_exist", commit)]
+    else:
+        trees.append((folder, "snapshots"))
+    rev = revision or "main"
+    if not COMMIT.fullmatch(rev):
+        trees.append((folder, "refs", *rev.split("/")[:-1]))
+    try:
+        check_trusted_dirs(cache, *trees)
+    except UnsafeDirectory as e:
+        raise _unsafe_cache(cache, label, e) from None
+    except WriteError:
+        pass  # not a folder of another user's: huggingface_hub says what else is wrong
 
 
 # -- facts ---------------------------------------------------------------------------------------
@@ -265,6 +361,8 @@ def _read_json(path: str, what: str) -> Any:
 
     try:
         return json.loads(read_bounded(path, JSON_CAP).decode("utf-8"))
+    except RecursionError:
+        raise ConfigError(f"{what}: cannot read it as JSON: nested too deeply") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{what}: cannot read it as JSON: {e}") from None
 
@@ -299,7 +397,7 @@ def _no_weights(files: dict[str, int | None], repo: str, ep: str) -> HwprofileEr
         return RefusedError(
             f"{repo}: the repository ships only pickle weights ({', '.join(pickles[:3])}), no safetensors: "
             "hwprofile plans from safetensors, whose sizes and dtypes the Hub gives without a download "
-            f"(and which run no code when loaded). Look for a safetensors version of it on {ep} (or a "
+            f"(and which run no code when loaded). Look for a safetensors version of it on {shown(ep)} (or a "
             "'refs/pr/N' of the repository adding one: --revision refs/pr/N), or download and convert it "
             "and give the directory"
         )
@@ -315,7 +413,8 @@ def _header_dtypes(api: Any, repo: str, commit: str, shards: list[str], t: float
     """Parameters per safetensors dtype over a sample of the shards (their headers only)."""
     counts: dict[str, int] = {}
     for shard in shards[:MAX_HEADERS]:
-        meta = api.parse_safetensors_file_metadata(repo, shard, revision=commit, timeout=t)
+        with _bounded(HEADER_CAP, f"the safetensors header of {shard}"):
+            meta = api.parse_safetensors_file_metadata(repo, shard, revision=commit, timeout=t)
         for dtype, n in (meta.parameter_count or {}).items():
             counts[str(dtype)] = counts.get(str(dtype), 0) + int(n)
     return counts
@@ -351,27 +450,51 @@ def _fetch(
 
     disable_progress_bars()  # hwprofile says what it fetched itself
     hf_logging.set_verbosity_error()
+    _install_bounds(cancelled)
     api = HfApi(endpoint=ep)
-    info = api.model_info(repo, revision=revision, files_metadata=True, timeout=t)
+    with _bounded(API_CAP, "the model's file list"):
+        info = api.model_info(repo, revision=revision, files_metadata=True, timeout=t)
     commit = str(info.sha or "")
-    if not COMMIT.match(commit):
-        raise OperationError(f"{label}: {ep} answered without a commit for revision {revision or 'main'}")
+    if not COMMIT.fullmatch(commit):
+        raise OperationError(
+            f"{label}: {shown(ep)} answered without a commit for revision {revision or 'main'}"
+        )
+    check_cache(cache, repo, commit, revision, label)
     snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
     if load_record(cache, repo, commit) is not None and os.path.isfile(os.path.join(snap, "config.json")):
         if not cancelled.is_set():
-            _write_ref(cache, repo, revision or "main", commit)
+            _write_ref(cache, repo, revision or "main", commit, label)
         return commit  # this commit was looked up before: its files are in the cache
     files: dict[str, int | None] = {}
     for s in info.siblings or ():
-        files[s.rfilename] = s.lfs.size if s.lfs is not None else s.size
+        size = s.lfs.size if s.lfs is not None else s.size
+        if not isinstance(s.rfilename, str):
+            raise OperationError(f"{label}: {shown(ep)} answered a file list with a name that is not text")
+        files[s.rfilename] = size if type(size) is int and size >= 0 else None
     if "config.json" not in files:
         raise ConfigError(
-            f"{label}: the repository on {ep} has no config.json (not a Transformers model, or only GGUF "
+            f"{label}: the repository on {shown(ep)} has no config.json (not a Transformers model, or only GGUF "
             "or adapter files?): give the base model's name, or a local directory with a config.json"
         )
 
     def get(name: str) -> str:
-        return str(hf_hub_download(repo, name, revision=commit, cache_dir=cache, endpoint=ep, etag_timeout=t))
+        size = files.get(name)
+        if size is not None and size > SMALL_CAP:
+            raise ConfigError(
+                f"{label}: {name} is {size} bytes by the repository's file list, more than the {SMALL_CAP} "
+                "bytes hwprofile reads of a configuration file"
+            )
+        cap = SMALL_CAP if size is None else size
+        blobs = os.path.join(repo_folder(cache, repo), "blobs")
+        before = _incomplete(blobs)
+        try:
+            with _bounded(cap, f"{name} (the file list says {size} bytes)" if size is not None else name):
+                return str(
+                    hf_hub_download(repo, name, revision=commit, cache_dir=cache, endpoint=ep, etag_timeout=t)
+                )
+        except BaseException:
+            _remove_incomplete(blobs, before)  # a failed download leaves nothing behind
+            raise
 
     cfg_file = get("config.json")
     for name in SMALL_FILES:
@@ -406,20 +529,110 @@ def _fetch(
         "repo": repo,
         "revision": revision or "main",
         "commit": commit,
-        "endpoint": ep,
+        "endpoint": shown(ep),
         "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gated": bool(info.gated),
         "files": files,
         "weights": {"files": weights, "bytes": total, "source": source},
         "dtypes": dtypes,
     }
-    from ..runtime.files import atomic_write
-
-    path = record_path(cache, repo, commit)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, json.dumps(record, indent=1, sort_keys=True) + "\n", 0o644, durable=False)
-    _write_ref(cache, repo, revision or "main", commit)
+    folder = os.path.basename(repo_folder(cache, repo))
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    _cache_write(cache, (folder, RECORD_DIR), commit + ".json", text, label)
+    _write_ref(cache, repo, revision or "main", commit, label)
     return commit
+
+
+# -- every answer bounded ------------------------------------------------------------------------
+
+
+class AnswerTooLarge(OperationError):
+    """The Hub sent more than hwprofile reads of that answer."""
+
+
+class _LookUpCancelled(OperationError):
+    """The look-up's deadline passed: the transfer stops at its next bytes."""
+
+
+_BOUND = threading.local()  # the cap of the answers this thread reads now (None: not hwprofile's)
+_CANCEL: dict[int, threading.Event] = {}  # thread id → its look-up's cancel event
+
+
+class _bounded:
+    """Within it, every answer huggingface_hub reads on this thread is cut at ``cap`` bytes."""
+
+    def __init__(self, cap: int, what: str) -> None:
+        self.cap, self.what = cap, what
+
+    def __enter__(self) -> None:
+        self.saved = getattr(_BOUND, "cap", None)
+        _BOUND.cap = (self.cap, self.what)
+
+    def __exit__(self, *exc: object) -> None:
+        _BOUND.cap = self.saved
+
+
+def _install_bounds(cancelled: threading.Event) -> None:
+    """A response hook on huggingface_hub's one HTTP client: the body of each answer read on a
+    thread inside :class:`_bounded` is counted as it arrives and cut past the cap, or at the next
+    bytes after the look-up's deadline (an endless or trickling answer)."""
+    import httpx2
+    from huggingface_hub.utils import get_session
+
+    _CANCEL[threading.get_ident()] = cancelled
+
+    class Capped(httpx2.SyncByteStream):
+        def __init__(self, inner: Any, cap: int, what: str, event: threading.Event | None) -> None:
+            self.inner, self.cap, self.what, self.event = inner, cap, what, event
+
+        def __iter__(self) -> Any:
+            n = 0
+            for chunk in self.inner:
+                n += len(chunk)
+                if self.event is not None and self.event.is_set():
+                    raise _LookUpCancelled(f"{self.what}: the look-up's deadline passed")
+                if n > self.cap:
+                    raise AnswerTooLarge(
+                        f"the Hub sent more than {self.cap} bytes for {self.what}: refused (an endless or "
+                        "lying answer; check HF_ENDPOINT)"
+                    )
+                yield chunk
+
+        def close(self) -> None:
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
+
+    def hook(response: Any) -> None:
+        bound = getattr(_BOUND, "cap", None)
+        if bound is None or not isinstance(response.stream, httpx2.SyncByteStream):
+            return
+        response.stream = Capped(response.stream, bound[0], bound[1], _CANCEL.get(threading.get_ident()))
+
+    session = get_session()
+    hooks = session.event_hooks
+    if not any(getattr(h, "__name__", "") == "hwprofile_bound" for h in hooks["response"]):
+        hook.__name__ = "hwprofile_bound"
+        hooks["response"].append(hook)
+        session.event_hooks = hooks
+
+
+def _incomplete(blobs: str) -> set[str]:
+    try:
+        return {n for n in os.listdir(blobs) if n.endswith(".incomplete")}
+    except OSError:
+        return set()
+
+
+def _remove_incomplete(blobs: str, before: set[str]) -> None:
+    """The partial downloads that appeared since ``before`` (huggingface_hub keeps them to resume)."""
+    for name in _incomplete(blobs) - before:
+        try:
+            st = os.lstat(os.path.join(blobs, name))
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(os.path.join(blobs, name))
+        except OSError:
+            pass
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -427,6 +640,8 @@ def _fetch(
 
 def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what: str) -> HwprofileError:
     """The hwprofile error, with the fix, of what huggingface_hub or the network raised."""
+    if isinstance(e, AnswerTooLarge):
+        return OperationError(f"{what} {repo}" + (f"@{revision}" if revision else "") + f": {e}")
     if isinstance(e, HwprofileError):
         return e
     import httpx2  # huggingface_hub's HTTP client
@@ -446,44 +661,42 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
     ):
         why = "the token given (HF_TOKEN) has no access to it" if token else "no token was given"
         return RefusedError(
-            f"{name}: gated on the Hub (HTTP {status or 403}): {why}. Accept the license on {ep}/{repo} "
+            f"{name}: gated on the Hub (HTTP {status or 403}): {why}. Accept the license on {shown(ep)}/{repo} "
             "and set HF_TOKEN to a read token of that account (huggingface.co/settings/tokens)"
         )
     if isinstance(e, hf.RepositoryNotFoundError):
         private = " (private: set HF_TOKEN to a token that can read it)" if not token else ""
-        return ConfigError(f"{name}: no such model on the Hub at {ep}{private}")
+        return ConfigError(f"{name}: no such model on the Hub at {shown(ep)}{private}")
     if isinstance(e, hf.RevisionNotFoundError):
-        return ConfigError(
-            f"{name}: no revision {revision or 'main'} in {ep}/{repo} (a branch, a tag or a commit)"
-        )
+        return ConfigError(f"{name}: no revision {revision or 'main'} in {shown(ep)}/{repo} (a branch, a tag or a commit)")
     if isinstance(e, hf.RemoteEntryNotFoundError):
         return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
     if status == 429:
         retry = (getattr(e, "response", None).headers or {}).get("Retry-After")  # type: ignore[union-attr]
         when = f", retry after {retry} s" if retry else ""
         return OperationError(
-            f"{name}: the Hub at {ep} is rate limiting this host (HTTP 429{when}): wait and plan again"
+            f"{name}: the Hub at {shown(ep)} is rate limiting this host (HTTP 429{when}): wait and plan again"
             + ("" if token else ", or set HF_TOKEN (signed-in requests get a higher limit)")
         )
     if isinstance(status, int) and status >= 500:
-        return OperationError(f"{name}: the Hub at {ep} answered HTTP {status}: plan again later")
+        return OperationError(f"{name}: the Hub at {shown(ep)} answered HTTP {status}: plan again later")
     if isinstance(e, httpx2.TimeoutException):
         return OperationError(_timeout_message(name, ep))
     if isinstance(e, hf.OfflineModeIsEnabled):
         return OperationError(f"{name}: HF_HUB_OFFLINE is set: the Hub is not asked")
     if isinstance(e, httpx2.HTTPError | hf.LocalEntryNotFoundError | OSError):
         return OperationError(
-            f"{name}: cannot reach the Hub at {ep} ({first}): check the network and proxy (HTTPS_PROXY), "
+            f"{name}: cannot reach the Hub at {shown(ep)} ({first}): check the network and proxy (HTTPS_PROXY), "
             "set HF_ENDPOINT to a mirror, or download the model on a connected host and give its directory; "
             "HF_HUB_OFFLINE=1 plans from the cache and the built-in catalog only"
         )
-    return OperationError(f"{name}: the Hub look-up at {ep} failed: {type(e).__name__}: {first}")
+    return OperationError(f"{name}: the Hub look-up at {shown(ep)} failed: {type(e).__name__}: {first}")
 
 
 def _timeout_message(name: str, ep: str) -> str:
     t = timeout_s()
     return (
-        f"{name}: the Hub at {ep} did not answer in time ({t:g} s a request, {DEADLINE_FACTOR * t:g} s "
+        f"{name}: the Hub at {shown(ep)} did not answer in time ({t:g} s a request, {DEADLINE_FACTOR * t:g} s "
         "in all): check the network or HF_ENDPOINT; a slow link can raise HF_HUB_ETAG_TIMEOUT (seconds); "
         "HF_HUB_OFFLINE=1 plans from the cache and the built-in catalog only"
     )
@@ -521,11 +734,21 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
             )
         _MEMO[key] = facts
         return facts
-    if revision and COMMIT.match(revision):
+    if revision and COMMIT.fullmatch(revision):
         facts = from_cache(repo, revision, cache, "from the cache: a commit does not change")
         if facts is not None:
             _MEMO[key] = facts
             return facts
+    t = timeout_s()  # before huggingface_hub's import, which reads it with int() and fails unnamed
+    raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
+    if raw:
+        try:
+            int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"HF_HUB_DOWNLOAD_TIMEOUT={raw[:40]!r}: expected a whole number of seconds (huggingface_hub "
+                "reads it with int()); unset it for the default"
+            ) from None
     try:
         import httpx2  # noqa: F401
         import huggingface_hub  # noqa: F401
@@ -534,21 +757,27 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
             f"{name}: not in the cache or the catalog, and asking the Hub needs huggingface_hub, which is "
             "not installed: pip install huggingface_hub (it comes with vLLM), or give a local directory"
         ) from None
-    t = timeout_s()
+    except ValueError as e:  # a setting huggingface_hub reads at its import
+        raise ConfigError(f"{name}: huggingface_hub refused a setting of the environment (HF_*): {e}") from None
     out: dict[str, Any] = {}
     cancelled = threading.Event()
+    blobs = os.path.join(repo_folder(cache, repo), "blobs")
+    partial = _incomplete(blobs)
 
     def work() -> None:
         try:
             out["commit"] = _fetch(repo, revision, cache, ep, t, cancelled, name)
         except BaseException as e:  # handed to the caller, which says it the one way
             out["error"] = e
+        finally:
+            _CANCEL.pop(threading.get_ident(), None)
 
     worker = threading.Thread(target=work, name="hwprofile-hub", daemon=True)
     worker.start()
     worker.join(DEADLINE_FACTOR * t)
     if worker.is_alive():
-        cancelled.set()
+        cancelled.set()  # the transfer stops at its next bytes; what it left is removed now
+        _remove_incomplete(blobs, partial)
         err: HwprofileError = OperationError(_timeout_message(name, ep))
     elif "error" in out:
         err = _hub_error(out["error"], repo, revision, ep, what)
@@ -561,7 +790,7 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
         _MEMO[key] = facts
         return facts
     if isinstance(err, OperationError):  # the Hub not reached: an earlier look-up still plans, said so
-        facts = from_cache(repo, revision, cache, f"from the cache: {ep} did not answer")
+        facts = from_cache(repo, revision, cache, f"from the cache: {shown(ep)} did not answer")
         if facts is not None:
             import logging
 

@@ -37,7 +37,7 @@ def find_in_hf_cache(
     the snapshot of ``revision``: a commit, or a branch or tag the cache has a ref of). A snapshot
     where hwprofile fetched only the config (:mod:`.hub`: its file list names weights the snapshot
     lacks) is no downloaded model: it is left to the Hub look-up."""
-    from .hub import COMMIT, load_record, weights_missing
+    from .hub import COMMIT, load_record, record_path, weights_missing
 
     cache_dir = os.fspath(cache or hf_cache_dir())
     base = os.path.join(cache_dir, "models--" + name.replace("/", "--"))
@@ -49,12 +49,14 @@ def find_in_hf_cache(
         if not os.path.isfile(os.path.join(snap, "config.json")):
             return False
         record = load_record(cache_dir, name, os.path.basename(snap))
-        return record is None or not weights_missing(snap, record)
+        if record is None:  # none kept (downloaded by vLLM or huggingface_hub), or one not trusted
+            return not os.path.lexists(record_path(cache_dir, name, os.path.basename(snap)))
+        return not weights_missing(snap, record)
 
     try:
         from ..runtime.files import read_bounded
 
-        if revision and COMMIT.match(revision):
+        if revision and COMMIT.fullmatch(revision):
             ref = revision
         else:
             parts = (revision or "main").split("/")
@@ -155,7 +157,7 @@ def resolve_model(spec: str, what: str = "model") -> ModelFacts:
         facts = read_model_dir(snap, name=name, source="hf-cache")
         commit = os.path.basename(snap)
         return facts._replace(
-            revision=commit if hub.COMMIT.match(commit) else None,
+            revision=commit if hub.COMMIT.fullmatch(commit) else None,
             origin=f"the Hugging Face cache: {snap} (downloaded; commit {commit})",
         )
     facts = from_catalog(spec) if revision is None else None

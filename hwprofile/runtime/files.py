@@ -52,13 +52,36 @@ def atomic_write(
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise WriteError(errno.ENOENT, f"cannot write {path}: {directory} is not a directory")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(tmp, flags, 0o600)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise WriteError(e.errno, f"cannot write {path}: {e.strerror}") from e
+    try:
+        _write_in(dfd, os.path.basename(path), path, data, mode, durable)
+    finally:
+        os.close(dfd)
+
+
+def _write_in(dfd: int, name: str, label: str, data: str | bytes, mode: int, durable: bool) -> None:
+    """The atomic write of ``name`` inside the open directory ``dfd`` (``label``: its path, for messages)."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = (
+            "a symbolic link (hwprofile does not write through links)"
+            if stat.S_ISLNK(st.st_mode)
+            else ("a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+        )
+        raise WriteError(errno.EEXIST, f"{label} is {what}")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+    except OSError as e:
+        raise WriteError(e.errno, f"cannot write {label}: {e.strerror}") from e
     try:
         try:
             os.fchmod(fd, mode)
@@ -70,23 +93,142 @@ def atomic_write(
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError as e:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise WriteError(e.errno, f"cannot write {path}: {e.strerror}") from e
-    if not durable:
-        return
+            os.unlink(tmp, dir_fd=dfd)
+        raise WriteError(e.errno, f"cannot write {label}: {e.strerror}") from e
+    if durable:
+        with contextlib.suppress(OSError):
+            os.fsync(dfd)
+
+
+# -- writing where another user may write: walk, never follow ------------------------------------
+
+
+class UnsafeDirectory(WriteError):
+    """A directory on the way to a write is not this user's alone: another user's, writable by others
+    (without the sticky bit), a symbolic link, or not a directory; the message names it and says why."""
+
+
+def _untrusted(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with this ``stat`` may be changed by another user than ``uid`` (or root), or None."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid not in (uid, 0):
+        return f"owned by another user (uid {st.st_uid}; this process runs as uid {uid})"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"writable by other users (mode {stat.S_IMODE(st.st_mode):04o}, without the sticky bit)"
+    return None
+
+
+def _open_below(dfd: int, name: str, label: str, uid: int, create: bool, dmode: int) -> int | None:
+    """The directory ``name`` in ``dfd``, opened without following a link and checked; None when
+    missing and not to be created."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    for attempt in (0, 1):
+        try:
+            fd = os.open(name, flags, dir_fd=dfd)
+        except FileNotFoundError:
+            if not create or attempt:
+                return None
+            try:
+                os.mkdir(name, dmode, dir_fd=dfd)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise WriteError(e.errno, f"cannot create {label}: {e.strerror}") from e
+            continue
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                try:
+                    link = stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+                except OSError:
+                    link = False
+                why = (
+                    "a symbolic link (hwprofile does not write through links)" if link else "not a directory"
+                )
+                raise UnsafeDirectory(errno.ELOOP, f"{label} is {why}") from None
+            raise WriteError(e.errno, f"cannot open {label}: {e.strerror}") from e
+        why = _untrusted(os.fstat(fd), uid)
+        if why:
+            os.close(fd)
+            raise UnsafeDirectory(errno.EPERM, f"{label} is {why}")
+        return fd
+    return None
+
+
+def open_trusted_dir(
+    base: str | os.PathLike[str], parts: tuple[str, ...] = (), *, create: bool = True, mode: int = 0o755
+) -> int | None:
+    """An open descriptor of ``base/parts...``, reached from ``/`` one directory at a time with
+    ``O_NOFOLLOW|O_DIRECTORY`` (``base`` is resolved first: a link the user configured is taken,
+    but nothing on the resolved way may be a link, another user's, or writable by other users
+    without the sticky bit; the same holds for ``parts``, created with ``mode`` where missing and
+    ``create``). None when a directory is missing and not created. Raises :class:`UnsafeDirectory`
+    naming the directory that is not this user's alone, :class:`WriteError` else. The caller closes
+    the descriptor."""
+    uid = os.geteuid()
+    real = os.path.realpath(os.fspath(base))
+    chain = [p for p in real.split(os.sep) if p]
+    for p in parts:
+        if not p or p in (".", "..") or os.sep in p:
+            raise WriteError(errno.EINVAL, f"{p!r}: not a single folder name")
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    why = _untrusted(os.fstat(fd), uid)
+    if why:
+        os.close(fd)
+        raise UnsafeDirectory(errno.EPERM, f"/ is {why}")
+    where = ""
     try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
+        for i, name in enumerate([*chain, *parts]):
+            where = f"{where}/{name}"
+            below = i >= len(chain)
+            nxt = _open_below(fd, name, where, uid, create, mode if below else 0o755)
+            os.close(fd)
+            fd = -1
+            if nxt is None:
+                return None
+            fd = nxt
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd
+
+
+def check_trusted_dirs(base: str | os.PathLike[str], *trees: tuple[str, ...]) -> None:
+    """Every existing directory of each path ``base/tree...`` is this user's alone (see
+    :func:`open_trusted_dir`); none is created. Raises :class:`UnsafeDirectory` naming the first
+    that is not."""
+    for tree in ((), *trees):
+        fd = open_trusted_dir(base, tree, create=False)
+        if fd is not None:
+            os.close(fd)
+
+
+def trusted_write(
+    base: str | os.PathLike[str],
+    parts: tuple[str, ...],
+    name: str,
+    data: str | bytes,
+    mode: int = 0o644,
+    durable: bool = True,
+) -> str:
+    """Write ``base/parts.../name`` atomically where other users might otherwise redirect it: every
+    directory on the way checked and opened without following links (:func:`open_trusted_dir`,
+    the missing ones created), the file written through a temporary one in that verified directory
+    and renamed over ``name`` there. Returns the path written."""
+    label = os.path.join(os.fspath(base), *parts, name)
+    if not name or name in (".", "..") or os.sep in name:
+        raise WriteError(errno.EINVAL, f"{label}: not a file name")
+    dfd = open_trusted_dir(base, parts, create=True)
+    assert dfd is not None
     try:
-        os.fsync(dfd)
-    except OSError:
-        pass
+        _write_in(dfd, name, label, data, mode, durable)
     finally:
         os.close(dfd)
+    return label
 
 
 # -- the one way to read a file ------------------------------------------------------------------

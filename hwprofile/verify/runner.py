@@ -11,6 +11,7 @@ ask. Loopback HTTP never goes through a proxy (:mod:`hwprofile.supervise.http`).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,14 +56,20 @@ def _top_logprobs(choice: dict[str, Any]) -> tuple[dict[int, float], ...] | None
         return None
     out: list[dict[int, float]] = []
     for step in tops:
+        if step is None:
+            step = {}
+        if not isinstance(step, dict):
+            return None  # not vLLM's shape (a list, a number): no log-probabilities, not a traceback
         ids: dict[int, float] = {}
-        for key, value in (step or {}).items():
+        for key, value in step.items():
             if not (isinstance(key, str) and key.startswith("token_id:")):
                 return None
-            try:
-                ids[int(key[len("token_id:") :])] = float(value)
-            except (ValueError, TypeError):
+            digits = key[len("token_id:") :]
+            if not (digits.isascii() and digits.isdigit() and len(digits) <= 12):
                 return None
+            if type(value) not in (int, float) or math.isnan(value) or value > 0:
+                return None  # a log-probability is a number at most 0 (-inf: impossible)
+            ids[int(digits)] = float(value)
         out.append(ids)
     return tuple(out)
 
@@ -110,19 +117,33 @@ class Client:
                 return self.answer(prompt)
             raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): HTTP {e.code}: {detail}") from None
         except (OSError, ValueError) as e:
-            raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): {getattr(e, 'reason', e)}") from None
-        try:
-            choice = reply["choices"][0]
-            ids = choice.get("token_ids")
-            text = str(choice.get("text") or "")
-        except (KeyError, IndexError, TypeError):
-            raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): no choices in {str(reply)[:300]}") from None
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise VerifyError(
+                f"{self.url}{ENDPOINT} (prompt {prompt.id}): {getattr(e, 'reason', e)}"
+            ) from None
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            raise VerifyError(
+                f"{self.url}{ENDPOINT} (prompt {prompt.id}): no choice object in the reply: {str(reply)[:300]}"
+            )
+        ids = choice.get("token_ids")
+        text = choice.get("text")
+        if not isinstance(text, str | None):
+            raise VerifyError(
+                f"{self.url}{ENDPOINT} (prompt {prompt.id}): choices[0].text is not text: {text!r:.100}"
+            )
+        text = text or ""
+        finish = choice.get("finish_reason")
+        if not isinstance(finish, str | None):
+            raise VerifyError(
+                f"{self.url}{ENDPOINT} (prompt {prompt.id}): choices[0].finish_reason is not text"
+            )
+        if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 2**40 for i in ids):
             raise VerifyError(
                 f"{self.url}{ENDPOINT} (prompt {prompt.id}): the reply has no generated token ids; "
                 "hwprofile verify needs a vLLM that returns them with return_token_ids (vLLM 0.32 does)"
             )
-        return Answer(tuple(ids), text, choice.get("finish_reason"), _top_logprobs(choice))
+        return Answer(tuple(ids), text, finish, _top_logprobs(choice))
 
     def answers(
         self, prompts: Sequence[Prompt], progress: Callable[[str], None] | None = None, label: str = ""

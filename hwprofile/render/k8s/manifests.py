@@ -40,6 +40,25 @@ HF_TOKEN_SECRET = "hf-token"  # optional Secret with key `token`, for gated mode
 LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
+MAX_NODES_ANNOTATION = 4096  # bytes; the API server takes 256 KiB of annotations per object in all
+
+
+def nodes_annotation(nodes: Sequence[str]) -> str:
+    """The class's node names, joined; past :data:`MAX_NODES_ANNOTATION` a summary: their count, the
+    SHA-256 of the whole list and the first names (10,000 nodes must not fill an object's annotations)."""
+    joined = ",".join(nodes)
+    if len(joined) <= MAX_NODES_ANNOTATION:
+        return joined
+    digest = hashlib.sha256(joined.encode()).hexdigest()
+    head, used = [], 0
+    for n in nodes:
+        if used + len(n) + 1 > MAX_NODES_ANNOTATION // 2:
+            break
+        head.append(n)
+        used += len(n) + 1
+    return f"{len(nodes)} nodes, sha256 {digest} of their names joined by ',': {','.join(head)},..."
+
+
 def image_of(opts: Options) -> str:
     if opts.image:
         return opts.image
@@ -234,7 +253,7 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
         "hwprofile.io/gpu-class": w.target.product,
     }
     if w.target.nodes:
-        annotations["hwprofile.io/nodes"] = ",".join(w.target.nodes)
+        annotations["hwprofile.io/nodes"] = nodes_annotation(w.target.nodes)
     digest = _digest(data, image_of(opts), _launch_args(w, 0))
     template_meta = {"labels": labels, "annotations": {**annotations, "hwprofile.io/plan-sha256": digest}}
     s = _sizes(w, 0)

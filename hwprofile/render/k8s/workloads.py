@@ -45,6 +45,7 @@ class Target(NamedTuple):
     node_count: int  # nodes of the class (from a snapshot: 1)
     inputs: PlanInputs
     assumed: tuple[str, ...] = ()  # what a snapshot from labels assumed
+    variant: str = ""  # beside the product in its workloads' names: one product in two classes (count, memory)
 
 
 class Options(NamedTuple):
@@ -152,8 +153,8 @@ def _same(a: InstancePlan, b: InstancePlan) -> list[str]:
     return out
 
 
-def group_name(product: str) -> str:
-    return k8s_name("vllm", product, "group")
+def group_name(product: str, variant: str = "") -> str:
+    return k8s_name("vllm", product, variant, "group")
 
 
 def lws_address(name: str, rank: int) -> str:
@@ -174,13 +175,13 @@ def plan_workloads(
             return render_instance(p, i, rel, i.server.vllm_command or "vllm", None)
 
     inputs = target.inputs
-    base = k8s_name("vllm", target.product)
+    base = k8s_name("vllm", target.product, target.variant)
     try:
         plan = inputs.whole_plan()
     except PlanRefused:
         if target.node_count < 2 or inputs.nodes:
             raise
-        name = group_name(target.product)
+        name = group_name(target.product, target.variant)
         others = (inputs.host,) * (target.node_count - 1)
         addresses = tuple(lws_address(name, k) for k in range(target.node_count))
         inputs = dataclasses.replace(inputs, nodes=others, addresses=addresses)
@@ -238,7 +239,7 @@ def _group(
     if len({len(i.gpus) for i in insts}) != 1:
         raise K8sError(f"{target.product}: the group's nodes use different GPU counts "
                        f"({', '.join(str(len(i.gpus)) for i in insts)}): a LeaderWorkerSet's workers share one pod template")  # fmt: skip
-    name = group_name(target.product)
+    name = group_name(target.product, target.variant)
     hosts = (inputs.host, *inputs.nodes)
     views = tuple(pod_view(hosts[k], by_node[k].gpus) for k in range(nnodes))
     pins = _pins(insts[0], port, nnodes, int(plan.watch.metrics_port) or METRICS_PORT)
