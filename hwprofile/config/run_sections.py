@@ -102,6 +102,14 @@ class Watch(Section):
         86400,
         default=300.0,
     )
+    unknown_s: float = setting(
+        "float",
+        "seconds a GPU without a temperature reading keeps its last known state; then it is unknown (never "
+        "cool: no recover is decided on a reading that was not made)",
+        0,
+        3600,
+        default=15.0,
+    )
     max_actions_per_hour: int = setting(
         "int", "restarts for degrade or recover per instance and hour", 0, 3600, default=6
     )

@@ -119,8 +119,8 @@ class HwprofileCollector:
                 for name, held in st.reason_active_s(g.now).items():
                     reason.add_metric([label, name], 1)
                     reason_s.add_metric([label, name], held)
-                current = "gpu_lost" if st.lost else st.level
-                for lv in (*LEVELS, "gpu_lost"):
+                current = st.shown
+                for lv in (*LEVELS, "unknown", "gpu_lost"):
                     thermal.add_metric([label, lv], 1 if lv == current else 0)
             for i in rep.instances:
                 degrade.add_metric([i.name], i.degrade_level)

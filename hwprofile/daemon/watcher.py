@@ -87,8 +87,8 @@ class GpuReport:
         return {
             "index": r.index,
             "status": "gpu_lost" if s.lost else r.status,
-            # a GPU that cannot be read is not reported at the level it last had
-            "thermal_state": "gpu_lost" if s.lost else ("unknown" if r.status == "unreadable" else s.level),
+            # its last level for watch.unknown_s while reads fail (the reason says so), then unknown
+            "thermal_state": s.shown,
             "reason": s.reason,
             "pending": s.pending,
             "temperature_c": r.temperature_c,
@@ -181,7 +181,12 @@ class Watcher:
         level = self.actions.get(spec.name, InstanceActionState()).level
         states = [self.thermal[g] for g in spec.gpus if g in self.thermal]
         lost = [g for g in spec.gpus if g in self.thermal and self.thermal[g].lost]
-        thermal = "gpu_lost" if lost else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
+        unknown = any(t.unknown for t in states)
+        thermal = (
+            "gpu_lost" if lost
+            else "unknown" if unknown
+            else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
+        )  # fmt: skip
         base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level}
         gone = (
             f"GPU {', '.join(map(str, lost))} lost: this instance cannot be served there; no degrade helps "
