@@ -63,6 +63,28 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
     )
 
 
+def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
+    """What an operator must see of each instance in trouble, by name (STATUS=, the metrics port's
+    ``/health``, ``daemon.json``): failed (with when it is tried again, or that it is not), or ready
+    while its ``/health`` fails (for how long). ``now``: wall time (the supervisor records wall times)."""
+    now = time.time() if now is None else now
+    out: dict[str, str] = {}
+    for i in instances:
+        name, state = getattr(i, "name", "?"), i.state.value
+        if state == "failed":
+            kind = (getattr(i, "failure", None) or {}).get("kind", "unknown")
+            retry = getattr(i, "retry_at", None)
+            when = (
+                f"tried again in {max(0.0, retry - now):.0f} s"
+                if retry is not None
+                else "not tried again: see `hwprofile status`"
+            )
+            out[name] = f"{name} FAILED ({kind}; {when})"
+        elif state == "ready" and (since := getattr(i, "health_failing_since", None)) is not None:
+            out[name] = f"{name} failing /health for {max(0.0, now - since):.0f} s"
+    return out
+
+
 @dataclass
 class Restart:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
@@ -326,7 +348,9 @@ class Daemon:
         insts = list(self.sup.instances)
         if not insts:
             return "no instance"
-        waiting = [f"{i.name} is {i.state.value}" for i in insts if i.state.value != "ready"]
+        troubles = instance_troubles(insts)
+        waiting = [troubles.get(i.name) or f"{i.name} is {i.state.value}" for i in insts
+                   if i.state.value != "ready" or i.name in troubles]  # fmt: skip
         return ", ".join(waiting) or None
 
     def _ranks(self, name: str) -> int:
@@ -455,6 +479,7 @@ class Daemon:
             "reload": self.last_reload,
             "reload_error": self.reload_error,
             "pending_restarts": [n for n, _ in self.pending],
+            "troubles": list(instance_troubles(self.sup.instances).values()),
             "errors": list(self.errors) + rep.get("errors", []),
         }
 
@@ -463,6 +488,11 @@ class Daemon:
         p.report = rep
         p.instance_states = {i.name: i.state.value for i in self.sup.instances}
         p.restarts = {i.name: i.restarts for i in self.sup.instances}
+        wall = time.time()
+        p.retry_in = {i.name: max(0.0, i.retry_at - wall) for i in self.sup.instances
+                      if getattr(i, "retry_at", None) is not None}  # fmt: skip
+        p.health_failing_s = {i.name: max(0.0, wall - i.health_failing_since) for i in self.sup.instances
+                              if getattr(i, "health_failing_since", None) is not None}  # fmt: skip
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
         try:

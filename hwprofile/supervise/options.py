@@ -22,7 +22,10 @@ class Options(NamedTuple):
     log_max_bytes: int
     log_files: int
     ready_timeout: float
-    max_restarts: int
+    max_restarts: int  # failures within restart_window_s before giving up
+    restart_window_s: float
+    retry_failed_s: float  # cool-off after giving up before trying again (0: never), doubling
+    retry_failed_max_s: float
     backoff_initial: float
     backoff_max: float
     stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
@@ -31,7 +34,7 @@ class Options(NamedTuple):
     progress: Callable[[str], None] | None = None
     poll_interval: float = 0.5  # seconds between /health polls and exit checks (not a setting)
     min_model_len: int | None = None  # the profile's engine.min_model_len: the ladder's context floor
-    # what the readiness deadline and supervise.unhealthy_s are measured by (tests inject their own, so
+    # what the readiness deadline, supervise.unhealthy_s, the restart window and the cool-off are measured by (tests inject their own, so
     # that a deadline passes when the test says so, not when a loaded machine happens to be slow)
     clock: Callable[[], float] = time.monotonic
 
@@ -47,6 +50,9 @@ class Options(NamedTuple):
             log_files=logs.files,
             ready_timeout=supervise.ready_timeout,
             max_restarts=supervise.max_restarts,
+            restart_window_s=supervise.restart_window_s,
+            retry_failed_s=supervise.retry_failed_s,
+            retry_failed_max_s=supervise.retry_failed_max_s,
             backoff_initial=supervise.backoff_initial,
             backoff_max=supervise.backoff_max,
             stop_margin=supervise.stop_margin,
