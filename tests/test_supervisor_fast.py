@@ -975,6 +975,36 @@ def test_a_hung_server_is_restarted(world, rt, fake_env) -> None:
         finish(sup)
 
 
+def test_a_frozen_server_fails_its_probes_at_once_and_is_restarting_while_it_drains(world, rt, fake_env) -> None:
+    """The whole server SIGSTOPped: each probe ends at its own deadline (shorter than unhealthy_s) and
+    counts as failing at once; past unhealthy_s (the test's clock) it is `restarting`, not `ready`, for
+    the whole drain (a stopped process takes its SIGTERM only once it runs again)."""
+    clock = ManualClock()
+    sup = make_supervisor(world, rt, "server.shutdown_timeout=60", unhealthy_s=4, clock=clock)
+    sup.start()
+    inst = sup.instances[0]
+    first = None
+    try:
+        assert sup.wait_ready(60), inst.failure
+        first = inst.pid
+        assert first is not None
+        os.killpg(first, signal.SIGSTOP)
+        wait_for(lambda: inst.health_failing_since is not None, "a timed-out probe counted as failing", 30)
+        assert inst.state == State.READY and inst.unresponsive == 0  # the clock stands: within unhealthy_s
+        wait_for(lambda: "/health FAILING for" in format_status(status(rt / "run")), "status says it", 30)
+        clock.advance(5)
+        wait_for(lambda: inst.state == State.RESTARTING, "restarting while the frozen server drains", 30)
+        assert not gone(first)  # still draining: its SIGTERM waits until it runs again
+        os.killpg(first, signal.SIGCONT)
+        wait_for(lambda: inst.state == State.READY and inst.pid != first, "ready again", 60)
+        assert inst.unresponsive == 1 and "no answer" in inst.failure["evidence"] and gone(first)
+    finally:
+        if first is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first, signal.SIGCONT)
+        finish(sup)
+
+
 def test_a_new_run_says_how_the_previous_one_ended(world, rt, fake_env) -> None:
     """A restarted daemon kept no record of why the previous one ended. The state file a killed
     supervisor left, or the last.json of a clean end, is read at the next start and kept."""

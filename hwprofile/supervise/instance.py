@@ -447,6 +447,7 @@ class Instance:
                 if unresponsive:  # alive, but not serving: drained as far as it still can, then restarted
                     log.error("%s: %s; restarting it", self.name, unresponsive)
                     self.log.mark(f"unresponsive: {unresponsive}")
+                    self._set(State.RESTARTING)  # not "ready" while it drains (a frozen one: the whole grace)
                     self._end(proc, self._grace())
                     self.failure = {"kind": "unresponsive", "evidence": unresponsive}
                     self.unresponsive += 1
