@@ -375,3 +375,41 @@ def test_a_frozen_server_under_the_daemon_is_said_failing_then_restarted(daemon_
         proc.wait(120)
     err = proc.stderr.read() if proc.stderr else ""
     assert "vllm-gpu2-3: /health failing (no answer)" in err, err[-3000:]
+
+
+def test_a_hung_engine_that_still_answers_health_is_drained_and_restarted_and_an_idle_one_never(
+    daemon_env, tmp_path
+) -> None:
+    """The fake vLLM on GPUs 2-3 hangs its engine (2 requests waiting for good, counters frozen, /health
+    200): after watch.stall_s the daemon restarts it, with the reason, at the step in force; the
+    instance on GPUs 0-1 sits idle (counters frozen too, nothing running or waiting) and is never
+    restarted — watched for many times watch.stall_s, counted in the daemon's own ticks."""
+    e = daemon_env
+    port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
+    env = {**e["env"], "FAKEVLLM_MODE": "stall", "FAKEVLLM_STALL_PORT": str(port + 1),
+           "FAKEVLLM_STALL_ONCE": str(tmp_path / "stalled-once"), "FAKEVLLM_STALL_AFTER": "0.5"}  # fmt: skip
+    args = ["--set=" + s for s in (*e["sets"], "watch.stall_s=3")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        doc = wait_for(
+            lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d,
+            "the hung engine restarted", 120,
+        )  # fmt: skip
+        acts = [(a["kind"], a["instance"], a["level"], a["outcome"]) for a in doc["actions"]]
+        assert acts == [("restart", "vllm-gpu2-3", 0, "started"), ("restart", "vllm-gpu2-3", 0, "done")], acts
+        assert "no progress for 3 s with 2 request(s) running or waiting" in doc["actions"][-1]["reason"]
+        assert len(starts_of(e["starts"], port + 1)) == 2
+        # the idle one, and the restarted one (healthy now, idle too): never restarted, however long
+        ticks = doc["ticks"]
+        more = lambda: daemon_doc(e["runtime"]).get("ticks", 0) >= ticks + 60  # noqa: E731
+        wait_for(more, "60 more ticks (4 x stall_s)", 120)
+        assert len(starts_of(e["starts"], port)) == 1 and len(starts_of(e["starts"], port + 1)) == 2
+        assert [a["kind"] for a in daemon_doc(e["runtime"])["actions"]] == ["restart", "restart"]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(120)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "decided: restart vllm-gpu2-3 (drain, then the same settings): no progress for" in err, err[-3000:]

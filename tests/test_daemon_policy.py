@@ -346,3 +346,69 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
     assert histogram_quantile(0.7, b) == pytest.approx(0.1 + 0.1 * 20 / 40)
     assert histogram_quantile(0.99, b) == pytest.approx(0.2 + 0.3 * 9 / 10)
     assert histogram_quantile(0.5, {}) is None
+
+
+# -- liveness ---------------------------------------------------------------------------------------
+
+L = Watch(**{**S.__dict__, "stall_s": 30})
+
+
+def live(trace, settings=L, step=1.0):
+    """Replay (work, counters) readings (None: a scrape not made) one per ``step`` seconds; the times of
+    the restarts decided, with their reasons."""
+    st, out = policy.LivenessState(), []
+    for i, point in enumerate(trace):
+        p = None if point is None else policy.Progress(*point)
+        st, why = policy.liveness_step(st, p, settings, i * step)
+        if why:
+            out.append((i * step, why))
+    return out
+
+
+def test_a_hung_engine_with_work_is_restarted_once_after_stall_s() -> None:
+    # progress until t=10, then 3 requests waiting/running and the counters stand
+    trace = [(2, 100 + 10 * i) for i in range(10)] + [(3, 190)] * 100
+    got = live(trace)
+    assert [t for t, _ in got] == [9.0 + 30]  # the last progress at t=9, stalled from there
+    assert "no progress for 30 s with 3 request(s)" in got[0][1] and "watch.stall_s 30 s" in got[0][1]
+
+
+def test_an_idle_server_is_never_restarted_however_long_its_counters_stand() -> None:
+    assert live([(0, 500)] * 10_000) == []
+    assert live([(0, 0)] * 10_000) == []  # a server that never served anything
+    # work that comes and goes within stall_s each time, counters standing while idle
+    trace = ([(2, 10)] * 20 + [(0, 10)] * 50) * 20
+    assert live(trace) == []
+
+
+def test_progress_or_an_empty_engine_ends_a_stall_and_a_new_stall_acts_again() -> None:
+    trace = [(1, 50)] * 40 + [(1, 51)] + [(1, 51)] * 40 + [(0, 51)] + [(1, 51)] * 40
+    assert [t for t, _ in live(trace)] == [30.0, 40.0 + 30, 82.0 + 30]
+
+
+def test_liveness_decides_nothing_on_a_reading_not_made_nor_when_off() -> None:
+    assert live([None] * 100) == [] and live([(None, 10)] * 100) == [] and live([(3, None)] * 100) == []
+    assert live([(3, 10)] * 100, settings=Watch(**{**S.__dict__, "stall_s": 0})) == []
+
+
+WORK = st.sampled_from([0, 0, 1, 4])
+STEP = st.sampled_from([0, 0, 0, 1, 25])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=st.lists(st.one_of(st.none(), st.tuples(WORK, STEP)), min_size=1, max_size=200))
+def test_property_a_restart_follows_only_stall_s_of_work_without_progress(seq) -> None:
+    """Any sequence of readings: a restart is decided only when, over the last watch.stall_s seconds,
+    every reading made had work and the same counters; in particular never for an idle server."""
+    counters, trace = 0, []
+    for point in seq:
+        if point is None:
+            trace.append(None)
+        else:
+            counters += point[1]
+            trace.append((point[0], counters))
+    for t, _why in live(trace, step=5.0):
+        i = int(t // 5)
+        window = [w for j, w in enumerate(trace) if t - L.stall_s <= j * 5.0 <= t and w is not None]
+        now = trace[i]
+        assert now is not None and window and all(w[0] > 0 and w[1] == now[1] for w in window), (t, window)

@@ -117,6 +117,15 @@ class Watch(Section):
         86400,
         default=300.0,
     )
+    stall_s: float = setting(
+        "float",
+        "seconds an instance may hold requests (running or waiting) while vLLM's token counters stay "
+        "unchanged before it is drained and restarted: an engine hung behind a /health that still answers 200 (0: off; "
+        "keep it above the longest prefill of one prompt)",
+        0,
+        86400,
+        default=120.0,
+    )
     unknown_s: float = setting(
         "float",
         "seconds a GPU without a temperature reading keeps its last known state; then it is unknown (never "

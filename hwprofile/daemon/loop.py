@@ -187,9 +187,14 @@ class Daemon:
                 log.warning("%s", note)
         self._deferred_said = set(rep.deferred)
         for a in rep.actions:
+            if a.kind == "restart" and any(q.instance == a.instance for q in self.queue):
+                continue  # the action queued for it restarts it anyway, and at the step it decided
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
             self.queue.append(a)
-            log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason)
+            if a.kind == "restart":
+                log.warning("decided: restart %s (drain, then the same settings): %s", a.instance, a.reason)
+            else:
+                log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason)
         self._progress(now)
         self.ticks += 1
         self.report = rep

@@ -244,7 +244,7 @@ def describe(r: GpuReading) -> str:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # degrade, recover
+    kind: str  # degrade, recover (thermal); restart (liveness: at the step in force)
     instance: str
     level: int  # the degrade step after the action (0 = full profile)
     reason: str
@@ -322,6 +322,52 @@ def decide_actions(
         actions.append(Action(kind, name, want, why, tuple(gpus)))
         states[name] = replace(st, level=want, actions_at=(*recent, now))
     return Decisions(tuple(actions), tuple(deferred), states)
+
+
+# -- liveness ------------------------------------------------------------------------------------
+# /health answers from vLLM's API server, which can say 200 while its engine makes no progress. Progress
+# is judged from vLLM's own counters: requests running or waiting while the prompt and generation token
+# counters stay unchanged for watch.stall_s is a hung engine. An idle server (nothing running or waiting)
+# is never stalled, however long its counters stand; a reading not made decides nothing.
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One instance's progress in one scrape: ``work``, the requests running plus waiting (None: not
+    reported), and ``counters``, the sum of its token counters (None: none reported)."""
+
+    work: float | None
+    counters: float | None
+
+
+@dataclass(frozen=True)
+class LivenessState:
+    counters: float | None = None  # the counters' value at the last reading
+    stalled_since: float | None = None  # work pending and the counters unchanged since
+    acted: bool = False  # a restart was decided for this stall: not again until it moves or empties
+
+
+def liveness_step(
+    state: LivenessState, p: Progress | None, s: Watch, now: float
+) -> tuple[LivenessState, str | None]:
+    """Advance one instance's liveness by one reading; returns the new state and, once per stall, the
+    reason to drain and restart it: work pending and no progress for ``watch.stall_s``. ``p`` None, or
+    without work or counters: nothing is decided and nothing changes (a reading not made)."""
+    if s.stall_s <= 0 or p is None or p.work is None or p.counters is None:
+        return state, None
+    if state.counters is None or p.counters != state.counters:  # progress (or a new process's counters)
+        return LivenessState(p.counters, now if p.work > 0 else None), None
+    if p.work <= 0:
+        return LivenessState(p.counters), None  # idle: never stalled
+    since = state.stalled_since if state.stalled_since is not None else now
+    state = replace(state, stalled_since=since)
+    if state.acted or now - since < s.stall_s:
+        return state, None
+    why = (
+        f"no progress for {now - since:.0f} s with {p.work:.0f} request(s) running or waiting: vLLM's token "
+        f"counters unchanged at {p.counters:.0f} (watch.stall_s {s.stall_s:g} s); /health may still answer"
+    )
+    return replace(state, acted=True), why
 
 
 # -- speculative decoding ------------------------------------------------------------------------

@@ -139,6 +139,10 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         else "    live: no data yet"
     ]
     out.append(f"    thermal {i.get('thermal_state')}, degrade step {i.get('degrade_level')}")
+    if i.get("stalled_s") is not None:
+        out.append(
+            f"    NO PROGRESS for {i['stalled_s']:.0f} s with requests pending (restarted after watch.stall_s)"
+        )
     if i.get("warning"):
         out.append(f"    warning: {i['warning']}")
     if i.get("advice"):
