@@ -63,6 +63,12 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
     )
 
 
+def fields(a: Action) -> dict[str, Any]:
+    """The journal fields of an action's log lines (:class:`.journal.JournalHandler` sends a record's
+    UPPERCASE attributes): ``journalctl INSTANCE=vllm-gpu2-3``, ``ACTION=degrade``, ``GPU=2``."""
+    return {"INSTANCE": a.instance, "ACTION": a.kind, "GPU": ",".join(map(str, a.gpus)) or None}
+
+
 def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
     """What an operator must see of each instance in trouble, by name (STATUS=, the metrics port's
     ``/health``, ``daemon.json``): failed (with when it is tried again, or that it is not), or ready
@@ -180,8 +186,8 @@ class Daemon:
             now,
         )
         rep = self.watcher.tick(now, self.sampler.sample(now), scrapes)
-        for change in rep.changes:
-            log.warning("%s", change)
+        for change, gpu in zip(rep.changes, rep.changed_gpus, strict=True):
+            log.warning("%s", change, extra={"GPU": gpu})
         for note in rep.deferred:  # said once while it stands, not at every tick
             if note not in self._deferred_said:
                 log.warning("%s", note)
@@ -192,9 +198,11 @@ class Daemon:
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
             self.queue.append(a)
             if a.kind == "restart":
-                log.warning("decided: restart %s (drain, then the same settings): %s", a.instance, a.reason)
+                log.warning("decided: restart %s (drain, then the same settings): %s", a.instance, a.reason,
+                            extra=fields(a))  # fmt: skip
             else:
-                log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason)
+                log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason,
+                            extra=fields(a))  # fmt: skip
         self._progress(now)
         self.ticks += 1
         self.report = rep
@@ -231,6 +239,7 @@ class Daemon:
                     a.level,
                     took,
                     whole,
+                    extra=fields(a),
                 )
                 self._record(a, "done", f"ready again after {took:.0f} s{whole}")
                 self.levels[a.instance] = a.level
@@ -240,7 +249,7 @@ class Daemon:
                 msg = (
                     f"{a.kind} {a.instance}: the instance is {state} ({(inst.failure or {}) if inst else ''})"
                 )
-                log.error("%s", msg)
+                log.error("%s", msg, extra=fields(a))
                 self.errors.append(msg)
                 self._record(a, "failed", msg)
                 self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
@@ -301,7 +310,7 @@ class Daemon:
             new_plan = self.replan(sets)
         except Exception as e:  # a refused re-plan keeps the instance as it runs
             msg = f"{a.kind} {a.instance}: re-plan with {sets} failed: {e}"
-            log.error("%s", msg)
+            log.error("%s", msg, extra=fields(a))
             self.errors.append(msg)
             self._record(a, "failed", msg)
             self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
@@ -309,7 +318,7 @@ class Daemon:
         new = next((i for i in new_plan.instances if i.name == a.instance), None)
         if new is None:
             msg = f"{a.kind} {a.instance}: the re-plan has no instance of that name: not applied"
-            log.error("%s", msg)
+            log.error("%s", msg, extra=fields(a))
             self.errors.append(msg)
             self._record(a, "failed", msg)
             self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
@@ -324,6 +333,7 @@ class Daemon:
             a.level,
             a.reason,
             "; ".join(why) or "the full profile",
+            extra=fields(a),
         )
         self.published.actions_total[a.kind] = self.published.actions_total.get(a.kind, 0) + 1
         self._record(a, "started", "; ".join(why) or "the full profile")
@@ -337,7 +347,7 @@ class Daemon:
         self.current = Restart(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
         if lead > 0:
             log.warning("%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
-                        a.kind, a.instance, lead)  # fmt: skip
+                        a.kind, a.instance, lead, extra=fields(a))  # fmt: skip
         else:
             inst.replace(new)
 

@@ -114,6 +114,7 @@ class Report:
     actions: tuple[policy.Action, ...] = ()
     deferred: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()  # thermal state changes this tick
+    changed_gpus: tuple[int, ...] = ()  # the GPU of each change
     errors: tuple[str, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
@@ -159,12 +160,14 @@ class Watcher:
     ) -> Report:
         s = self.settings
         changes: list[str] = []
+        changed: list[int] = []
         reports: list[GpuReport] = []
         for r in gpus:
             new, change = policy.thermal_step(self.thermal.get(r.index, ThermalState()), r, s, now)
             self.thermal[r.index] = new
             if change:
                 changes.append(change)
+                changed.append(r.index)
             reports.append(GpuReport(r, new, now))
         decisions = policy.Decisions()
         if act:
@@ -177,7 +180,7 @@ class Watcher:
         inst_reports = [self._instance(now, spec, scrapes.get(spec.name)) for spec in self.instances.values()]
         return Report(
             now, tuple(reports), tuple(inst_reports), (*decisions.actions, *restarts),
-            (*decisions.deferred, *held), tuple(changes),
+            (*decisions.deferred, *held), tuple(changes), changed_gpus=tuple(changed),
         )  # fmt: skip
 
     def _liveness(
