@@ -442,9 +442,11 @@ def test_failures_are_counted_in_a_window_and_a_failed_instance_is_tried_again(w
         n = len(starts(fake_env))
         time.sleep(0.5)
         assert len(starts(fake_env)) == n and inst.state == State.FAILED  # the clock stands: no retry yet
+        inst.replace(sup.replan(["engine.max_num_seqs=7"]).instance(inst.name))  # new settings while failed
         clock.advance(51)
         wait_for(lambda: inst.state == State.READY, "ready again after the cool-off", 60)
         assert inst.retry_at is None and len(starts(fake_env)) == n + 1
+        assert flag_values(fake_env, "--max-num-seqs")[-1] == "7"  # the retry started with them
         kill_and_wait(State.READY)  # a fresh window after the retry: the first failure restarts
         pid = inst.pid
         assert pid is not None

@@ -259,6 +259,13 @@ class Daemon:
         while self.pending and self.current is None:  # a reload's restarts first, one at a time
             name, new = self.pending[0]
             inst = insts.get(name)
+            retry_at = getattr(inst, "retry_at", None) if inst is not None else None
+            if inst is not None and inst.state.value == "failed" and retry_at is not None:
+                self.pending.popleft()  # failed, to be tried again: it starts with the new settings then
+                inst.replace(new)
+                log.warning("reload: %s is failed and tried again in %.0f s: with its new settings", name,
+                            max(0.0, retry_at - time.time()), extra={"INSTANCE": name, "ACTION": "reload"})
+                continue
             if inst is None or inst.state.value in ("failed", "stopped"):
                 self.pending.popleft()
                 msg = f"reload: {name} is {inst.state.value if inst else 'gone'}: its new settings are not applied"

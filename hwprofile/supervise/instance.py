@@ -493,6 +493,8 @@ class Instance:
                 if not self._cool_off():
                     return
                 backoff = self.opts.backoff_initial
+                if (new := self._take_replacement()) is not None:  # new settings came while it was failed
+                    self.inst, self.ladder, self._taken, self._refused = new, [], [], []
                 continue  # a fresh window: the same settings again (a ladder step waits for its failures)
             if step is not None:
                 self._take_step(*step, because=because)
