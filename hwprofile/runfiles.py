@@ -108,6 +108,8 @@ INSTANCE = Obj(
         "group_wait": _TEXT,
         "rejoins": Int(0, 1 << 31),
         "gpu_wait": _TEXT,
+        "retry_at": _TIME,
+        "gave_up": Int(0, 1 << 31),
     },
     required=("name", "state", "pid", "process", "url", "restarts", "stop_grace_s", "log_dir", "log_file"),
 )
@@ -171,6 +173,7 @@ DAEMON = Obj(
         "reload": Obj({}).nullable(),
         "reload_error": _TEXT,
         "pending_restarts": List(Str(128, null=False), MAX_INSTANCES),
+        "troubles": List(_TEXT.required(), MAX_INSTANCES),
         "errors": List(_TEXT.required(), 10000),
     },
     required=("schema", "updated_at", "pid", "ticks", "missed_ticks", "watch"),
@@ -213,6 +216,8 @@ class InstanceRecord:
     group_wait: str | None = None  # a headless node not ready yet: what it waits for (supervise.group)
     rejoins: int = 0  # new processes a headless node started to join node 0's next group
     gpu_wait: str | None = None  # the start gate (supervise.gate): what memory the next start waits for
+    retry_at: float | None = None  # failed: when it is tried again (wall time); None: never, or not failed
+    gave_up: int = 0  # give-ups in a row (too many failures in supervise.restart_window_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -227,6 +232,7 @@ class InstanceRecord:
             "warnings": list(self.warnings), "health_failing_since": self.health_failing_since,
             "unresponsive": self.unresponsive, "node": self.node, "group_wait": self.group_wait,
             "rejoins": self.rejoins, "gpu_wait": self.gpu_wait,
+            "retry_at": self.retry_at, "gave_up": self.gave_up,
         }  # fmt: skip
 
     @classmethod
@@ -244,6 +250,7 @@ class InstanceRecord:
             warnings=tuple(d.get("warnings") or ()), health_failing_since=d.get("health_failing_since"),
             unresponsive=d.get("unresponsive") or 0, node=d.get("node"), group_wait=d.get("group_wait"),
             rejoins=d.get("rejoins") or 0, gpu_wait=d.get("gpu_wait"),
+            retry_at=d.get("retry_at"), gave_up=d.get("gave_up") or 0,
         )  # fmt: skip
 
 

@@ -26,7 +26,12 @@ Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment
   the machine), ``hang`` (never healthy), ``ignore-term`` (ignore SIGTERM),
   ``die`` (exit 1 while starting, with an error hwprofile does not know), ``sick`` (``--fake-sick-after`` /
   ``FAKEVLLM_SICK_AFTER`` seconds, default 0.5, after becoming ready the engine dies and the API server stays up, answering 503 on
-  ``/health`` for good, as a server whose engine is gone does), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting);
+  ``/health`` for good, as a server whose engine is gone does), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting),
+  ``stall`` (``--fake-stall-after`` seconds, default 0.5, after its ``/health`` first answered 200 the
+  engine hangs behind an API server that still answers: ``--fake-stall-waiting`` requests, default 2,
+  wait for good, no token is generated any more, every counter stands, ``/health`` stays 200; with
+  ``--fake-stall-port P`` only a server on port P, with ``--fake-stall-once FILE`` only the first
+  server that creates FILE);
 - ``--fake-ready-delay`` / ``FAKEVLLM_READY_DELAY``: seconds of "loading" (default 0.3);
 - ``FAKEVLLM_KV_POOL_GIB``: log a GPU worker's profiled pool (``Available KV cache memory: X GiB``),
   after ``FAKEVLLM_COMPILE`` ``cold`` or ``warm``'s compile line; with ``--kv-cache-memory-bytes``
@@ -93,7 +98,8 @@ ENGINE = (
 )
 MULTI = {"numa-bind-nodes", "numa-bind-cpus"}  # vLLM flags that take several values
 FAKE = {"fake-mode", "fake-ready-delay", "fake-crash-after", "fake-sick-after", "fake-exit-code", "fake-fail-times",
-        "fake-counter", "fake-token-delay", "fake-diverge-after", "fake-diverge-match"}  # fmt: skip
+        "fake-counter", "fake-token-delay", "fake-diverge-after", "fake-diverge-match", "fake-stall-after",
+        "fake-stall-waiting", "fake-stall-port", "fake-stall-once"}  # fmt: skip
 VOCAB = 2048  # the token ids greedy answers are drawn from (the tiny model's vocabulary size)
 
 
@@ -159,6 +165,21 @@ def parse(argv: list[str]) -> tuple[str | None, dict[str, Any], dict[str, str], 
         else:
             args[name.replace("-", "_")] = value_of(val) if eq else True
     return model, args, fake, unknown
+
+
+def _stalls(fake: dict[str, str], port: int) -> bool:
+    """Stall mode applies to this server: its port (``stall-port``, when given), and the first to create
+    the ``stall-once`` file (when given)."""
+    only = option(fake, "stall-port", "")
+    if only and int(only) != port:
+        return False
+    once = option(fake, "stall-once", "")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return False
+    return True
 
 
 def option(fake: dict[str, str], name: str, default: str) -> str:
@@ -253,6 +274,8 @@ class Server:
         self.group: Group | None = None  # node 0 of a multi-node group: its members' connections
         self.seen_healthy = threading.Event()  # /health answered 200 once (crash mode counts from it)
         self.engine_dead = False  # a step found a member gone: the API server exits (code 0), as vLLM's does
+        self.stalled = threading.Event()  # the engine hangs: no token any more (stall mode)
+        self.stuck = 0  # requests waiting for good once stalled
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self) -> str:
@@ -284,7 +307,7 @@ class Server:
 
         with self.lock:
             per_rank("vllm:num_requests_running", "Number of requests in model execution batches.", self.in_flight)
-            per_rank("vllm:num_requests_waiting", "Number of requests waiting to be processed.", 0)
+            per_rank("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.stuck)
             per_rank("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage, False)
             counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0)
             counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
@@ -335,6 +358,8 @@ class Server:
         """One generated token; ``since``: ``[arrival, last token or None]`` of its request, for the
         latency histograms (TTFT from the arrival, then one inter-token sample per token)."""
         time.sleep(self.token_delay)
+        while self.stalled.is_set():  # a hung engine: this request never gets its next token
+            time.sleep(3600)
         now = time.monotonic()
         with self.lock:
             if since is not None:
@@ -807,6 +832,17 @@ def main(argv: list[str]) -> int:
             os._exit(code)
 
         threading.Thread(target=crash, daemon=True).start()
+    if "stall" in modes and _stalls(fake, port):
+        after = float(option(fake, "stall-after", "0.5"))
+
+        def stall() -> None:
+            srv.seen_healthy.wait(60)
+            time.sleep(after)
+            with srv.lock:
+                srv.stuck = int(option(fake, "stall-waiting", "2"))
+                srv.stalled.set()
+
+        threading.Thread(target=stall, daemon=True).start()
     if "sick" in modes:
         after = float(option(fake, "sick-after", "0.5"))
 

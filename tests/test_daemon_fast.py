@@ -6,6 +6,7 @@ serving; cooled → it comes back at 256."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -327,3 +329,87 @@ def _status(e) -> list[dict]:
         return json.loads(r.stdout).get("instances") or []
     except ValueError:
         return []
+
+
+def test_a_frozen_server_under_the_daemon_is_said_failing_then_restarted(daemon_env) -> None:
+    """The soak: the whole vLLM SIGSTOPped with supervise.unhealthy_s=5 stayed `ready`, restarts 0, no
+    log line. Each /health probe has its own deadline (shorter than unhealthy_s); a probe that times out
+    counts as failing; status, STATUS= (daemon.json's troubles) and the exporter say "failing /health
+    for N s" while it lasts, and the instance is restarted, `restarting` (not `ready`) while it drains.
+    unhealthy_s is 20 s here so that a loaded machine's slow `status` calls see the failing stretch."""
+    e = daemon_env
+    metrics = free_ports(1)
+    sets = [s for s in e["sets"] if not s.startswith("watch.metrics_port=")]
+    args = ["--set=" + s for s in (*sets, "supervise.unhealthy_s=20", f"watch.metrics_port={metrics}")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    frozen = None
+    try:
+        wait_for(lambda: {i["state"] for i in _status(e)} == {"ready"} and len(_status(e)) == 2, "both ready", 60)
+        inst = next(i for i in _status(e) if i["name"] == "vllm-gpu2-3")
+        frozen = inst["pid"]
+        os.killpg(frozen, signal.SIGSTOP)  # the whole server: API server and engine alike
+        said = wait_for(
+            lambda: next((i for i in _status(e) if i["name"] == "vllm-gpu2-3" and i.get("health_failing_since")), None),
+            "/health failing noticed", 60,
+        )  # fmt: skip
+        assert said["state"] == "ready"  # within supervise.unhealthy_s: said, not yet restarted
+        doc = wait_for(lambda: (d := daemon_doc(e["runtime"])).get("troubles") and d, "daemon.json says it", 30)
+        assert any("vllm-gpu2-3 failing /health for" in t for t in doc["troubles"]), doc["troubles"]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30).read().decode()
+        assert 'hwprofile_instance_health_failing_seconds{instance="vllm-gpu2-3"}' in body
+        again = wait_for(
+            lambda: next((i for i in _status(e) if i["name"] == "vllm-gpu2-3" and i.get("unresponsive") == 1
+                          and i["state"] == "ready" and i["pid"] != frozen), None),
+            "restarted and ready again", 120,
+        )  # fmt: skip
+        assert "no answer" in again["failure"]["evidence"] and again["restarts"] >= 1
+        assert again["health_failing_since"] is None
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(frozen, signal.SIGCONT)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(120)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "vllm-gpu2-3: /health failing (no answer)" in err, err[-3000:]
+
+
+def test_a_hung_engine_that_still_answers_health_is_drained_and_restarted_and_an_idle_one_never(
+    daemon_env, tmp_path
+) -> None:
+    """The fake vLLM on GPUs 2-3 hangs its engine (2 requests waiting for good, counters frozen, /health
+    200): after watch.stall_s the daemon restarts it, with the reason, at the step in force; the
+    instance on GPUs 0-1 sits idle (counters frozen too, nothing running or waiting) and is never
+    restarted — watched for many times watch.stall_s, counted in the daemon's own ticks."""
+    e = daemon_env
+    port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
+    env = {**e["env"], "FAKEVLLM_MODE": "stall", "FAKEVLLM_STALL_PORT": str(port + 1),
+           "FAKEVLLM_STALL_ONCE": str(tmp_path / "stalled-once"), "FAKEVLLM_STALL_AFTER": "0.5"}  # fmt: skip
+    args = ["--set=" + s for s in (*e["sets"], "watch.stall_s=3")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        doc = wait_for(
+            lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d,
+            "the hung engine restarted", 120,
+        )  # fmt: skip
+        acts = [(a["kind"], a["instance"], a["level"], a["outcome"]) for a in doc["actions"]]
+        assert acts == [("restart", "vllm-gpu2-3", 0, "started"), ("restart", "vllm-gpu2-3", 0, "done")], acts
+        assert "no progress for 3 s with 2 request(s) running or waiting" in doc["actions"][-1]["reason"]
+        assert len(starts_of(e["starts"], port + 1)) == 2
+        # the idle one, and the restarted one (healthy now, idle too): never restarted, however long
+        ticks = doc["ticks"]
+        more = lambda: daemon_doc(e["runtime"]).get("ticks", 0) >= ticks + 60  # noqa: E731
+        wait_for(more, "60 more ticks (4 x stall_s)", 120)
+        assert len(starts_of(e["starts"], port)) == 1 and len(starts_of(e["starts"], port + 1)) == 2
+        assert [a["kind"] for a in daemon_doc(e["runtime"])["actions"]] == ["restart", "restart"]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(120)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "decided: restart vllm-gpu2-3 (drain, then the same settings): no progress for" in err, err[-3000:]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hwprofile.config.settings import Watch
 from hwprofile.daemon import policy
@@ -112,6 +114,101 @@ def test_no_reading_holds_the_state() -> None:
     trace = [85] * 10 + [{"temperature_c": None, "status": "error"}] * 300
     levels, actions, _ = run(trace, extra={"slowdown_c": None})
     assert levels[-1] == "hot" and [k for _, k, _ in actions] == ["degrade"]
+
+
+# A temperature read that failed while the other calls answered (the sampler's "partial": the clock-event
+# reasons read as none), one of which nothing could be read, and a GPU gone from the bus.
+FAIL = {"temperature_c": None, "status": "partial", "reasons": (), "sm_clock_mhz": 1410,
+        "error": "gpu[0].temperature: nvmlDeviceGetTemperature: Unknown Error"}  # fmt: skip
+UNREAD = {"temperature_c": None, "status": "unreadable", "error": "every call failed"}
+LOST = {"status": "lost", "error": "NVML answered GPU_IS_LOST"}
+
+
+def states_of(trace, settings=S, gpus=(0,)):
+    """Like :func:`run`, also the thermal states of the first GPU per tick."""
+    thermal: dict[int, ThermalState] = {}
+    acts: dict[str, InstanceActionState] = {}
+    out, actions = [], []
+    for i, point in enumerate(trace):
+        now = float(i)
+        per_gpu = point if isinstance(point, tuple) else (point,) * len(gpus)
+        for g, p in zip(gpus, per_gpu, strict=True):
+            fields = p if isinstance(p, dict) else {"temperature_c": float(p)}
+            r = GpuReading(g, now, **{**A800, **fields})
+            thermal[g], _ = policy.thermal_step(thermal.get(g, ThermalState()), r, settings, now)
+        d = policy.decide_actions({"inst": gpus}, thermal, acts, settings, now)
+        acts.update(d.states)
+        actions += [(now, a.kind, a.level, a.reason) for a in d.actions]
+        out.append(thermal[gpus[0]])
+    return out, actions
+
+
+def test_one_failed_read_in_three_neither_resets_the_hot_dwell_nor_counts_as_cool() -> None:
+    """86 °C with every third temperature read failing degrades when steady reads do (within a tick):
+    the failed read held the pending level and its start instead of reading as 'cool'."""
+    _, steady = states_of([86] * 40)
+    _, flaky = states_of([86, 86, FAIL] * 14)
+    assert [a[:3] for a in steady] == [(3.0, "degrade", 1)]
+    assert [a[1:3] for a in flaky] == [("degrade", 1)] and flaky[0][0] <= steady[0][0] + 1
+
+
+def test_a_degraded_gpu_whose_reads_fail_for_good_is_never_recovered_and_turns_unknown() -> None:
+    s = Watch(**{**S.__dict__, "recover_s": 10, "unknown_s": 15})
+    states, actions = states_of([86] * 10 + [FAIL] * 400, settings=s)
+    assert [a[1] for a in actions] == ["degrade"]  # no recover while still (for all we know) at 86
+    assert states[10 + 14].level == "hot" and not states[10 + 14].unknown  # held for unknown_s
+    assert states[10 + 15].unknown and states[10 + 15].shown == "unknown"
+    assert "no temperature reading for 15 s" in states[25].reason and "last known hot" in states[-1].reason
+    # readings back, cool: recover_s of made readings, then the recover
+    states, actions = states_of([86] * 10 + [FAIL] * 100 + [70] * 30, settings=s)
+    assert [a[:2] for a in actions][-1] == (110.0 + 10, "recover")
+
+
+def test_a_gpu_lost_while_degraded_is_never_recovered() -> None:
+    """An instance over GPUs 2 and 3, degraded by GPU 2; GPU 2 falls off the bus while GPU 3 is cool:
+    lost must never read as 'below hot'."""
+    s = Watch(**{**S.__dict__, "recover_s": 5})
+    trace = [(86, 70)] * 10 + [(LOST, 70)] * 100
+    states, actions = states_of(trace, settings=s, gpus=(2, 3))
+    assert [a[1] for a in actions] == ["degrade"]
+    assert states[-1].lost and states[-1].shown == "gpu_lost"
+    # nor when everything of it stopped answering (the sampler's "unreadable"), past unknown_s
+    _, actions = states_of([(86, 70)] * 10 + [(UNREAD, 70)] * 100, settings=s, gpus=(2, 3))
+    assert [a[1] for a in actions] == ["degrade"]
+
+
+def test_a_failed_read_within_a_cool_stretch_defers_the_recover_to_the_next_made_reading() -> None:
+    s = Watch(**{**S.__dict__, "recover_s": 10})
+    trace = [86] * 10 + [70] * 9 + [FAIL] * 3 + [70] * 5
+    _, actions = states_of(trace, settings=s)
+    # cool from t=10; t=20 (recover_s) is a failed read: the recover waits for the reading at t=22
+    assert [a[:2] for a in actions] == [(3.0, "degrade"), (22.0, "recover")]
+
+
+READINGS = st.sampled_from([70, 79, 86, 90, "fail", "unread", "lost"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=st.lists(st.tuples(READINGS, READINGS), min_size=1, max_size=120))
+def test_property_no_recover_is_decided_on_a_reading_that_was_not_made(trace) -> None:
+    """Any interleaving of cool, warm, hot, critical, failed, unreadable and lost readings of an instance's
+    two GPUs: a recover is decided only at a tick where both GPUs were read, and read below hot minus the
+    hysteresis."""
+    s = Watch(**{**S.__dict__, "recover_s": 4, "unknown_s": 3, "dwell_s": 2})
+    kinds = {"fail": FAIL, "unread": UNREAD, "lost": LOST}
+    lost: set[int] = set()
+    readings = []
+    for pair in trace:  # a lost GPU stays lost (as the sampler reports it)
+        row = []
+        for g, p in enumerate(pair):
+            lost |= {g} if p == "lost" else set()
+            row.append(LOST if g in lost else kinds[p] if isinstance(p, str) else p)
+        readings.append(tuple(row))
+    _, actions = states_of(readings, settings=s, gpus=(0, 1))
+    for at, kind, _level, _why in actions:
+        if kind == "recover":
+            row = readings[int(at)]
+            assert all(isinstance(p, int) and p < s.hot_c - s.hysteresis_c for p in row), (at, row)
 
 
 def test_a_lost_gpu_is_reported_once_and_never_acted_on() -> None:
@@ -249,3 +346,69 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
     assert histogram_quantile(0.7, b) == pytest.approx(0.1 + 0.1 * 20 / 40)
     assert histogram_quantile(0.99, b) == pytest.approx(0.2 + 0.3 * 9 / 10)
     assert histogram_quantile(0.5, {}) is None
+
+
+# -- liveness ---------------------------------------------------------------------------------------
+
+L = Watch(**{**S.__dict__, "stall_s": 30})
+
+
+def live(trace, settings=L, step=1.0):
+    """Replay (work, counters) readings (None: a scrape not made) one per ``step`` seconds; the times of
+    the restarts decided, with their reasons."""
+    st, out = policy.LivenessState(), []
+    for i, point in enumerate(trace):
+        p = None if point is None else policy.Progress(*point)
+        st, why = policy.liveness_step(st, p, settings, i * step)
+        if why:
+            out.append((i * step, why))
+    return out
+
+
+def test_a_hung_engine_with_work_is_restarted_once_after_stall_s() -> None:
+    # progress until t=10, then 3 requests waiting/running and the counters stand
+    trace = [(2, 100 + 10 * i) for i in range(10)] + [(3, 190)] * 100
+    got = live(trace)
+    assert [t for t, _ in got] == [9.0 + 30]  # the last progress at t=9, stalled from there
+    assert "no progress for 30 s with 3 request(s)" in got[0][1] and "watch.stall_s 30 s" in got[0][1]
+
+
+def test_an_idle_server_is_never_restarted_however_long_its_counters_stand() -> None:
+    assert live([(0, 500)] * 10_000) == []
+    assert live([(0, 0)] * 10_000) == []  # a server that never served anything
+    # work that comes and goes within stall_s each time, counters standing while idle
+    trace = ([(2, 10)] * 20 + [(0, 10)] * 50) * 20
+    assert live(trace) == []
+
+
+def test_progress_or_an_empty_engine_ends_a_stall_and_a_new_stall_acts_again() -> None:
+    trace = [(1, 50)] * 40 + [(1, 51)] + [(1, 51)] * 40 + [(0, 51)] + [(1, 51)] * 40
+    assert [t for t, _ in live(trace)] == [30.0, 40.0 + 30, 82.0 + 30]
+
+
+def test_liveness_decides_nothing_on_a_reading_not_made_nor_when_off() -> None:
+    assert live([None] * 100) == [] and live([(None, 10)] * 100) == [] and live([(3, None)] * 100) == []
+    assert live([(3, 10)] * 100, settings=Watch(**{**S.__dict__, "stall_s": 0})) == []
+
+
+WORK = st.sampled_from([0, 0, 1, 4])
+STEP = st.sampled_from([0, 0, 0, 1, 25])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=st.lists(st.one_of(st.none(), st.tuples(WORK, STEP)), min_size=1, max_size=200))
+def test_property_a_restart_follows_only_stall_s_of_work_without_progress(seq) -> None:
+    """Any sequence of readings: a restart is decided only when, over the last watch.stall_s seconds,
+    every reading made had work and the same counters; in particular never for an idle server."""
+    counters, trace = 0, []
+    for point in seq:
+        if point is None:
+            trace.append(None)
+        else:
+            counters += point[1]
+            trace.append((point[0], counters))
+    for t, _why in live(trace, step=5.0):
+        i = int(t // 5)
+        window = [w for j, w in enumerate(trace) if t - L.stall_s <= j * 5.0 <= t and w is not None]
+        now = trace[i]
+        assert now is not None and window and all(w[0] > 0 and w[1] == now[1] for w in window), (t, window)

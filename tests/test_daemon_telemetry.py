@@ -224,3 +224,40 @@ def test_exporter_serves_on_loopback_only() -> None:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_failing_temperature_reads_through_the_real_nvml_path_hold_then_turn_unknown(fake_host) -> None:
+    """GPU 2 at 86 °C with one temperature read in three failing (NVML_ERROR_UNKNOWN from the fake
+    libnvidia-ml, the other calls answering): degraded as with steady reads; then every read failing
+    while degraded: held, then unknown, never recovered (the issue's `GPU 2 hot -> ok` at 86 °C)."""
+    host = fake_host("a800-pcie-4x-2numa")
+    base = host.state.read_text() + "dev2.temperature=86\n"
+    s = Watch(hot_c=82, dwell_s=3, recover_s=10, unknown_s=15)
+
+    def tick(w: Watcher, sampler: GpuSampler, now: float, fail: bool):
+        host.state.write_text(base + ("dev2.err.nvmlDeviceGetTemperature=999\n" if fail else ""))
+        _touch_later(host.state)
+        return w.tick(now, sampler.sample(now), {})
+
+    steady = 3.0  # steady reads: hot pending at 0, held for dwell_s
+    for pattern in ((False,), (False, False, True)):
+        sampler = GpuSampler()
+        try:
+            w = Watcher(s, [InstanceSpec("vllm-gpu2", "http://127.0.0.1:1", (2,))])
+            acts = []
+            for t in range(12):
+                rep = tick(w, sampler, float(t), pattern[t % len(pattern)])
+                if pattern[t % len(pattern)]:
+                    g2 = rep.gpus[2].reading
+                    assert g2.temperature_c is None and g2.status == "partial"
+                acts += [(t, a.kind) for a in rep.actions]
+            assert [k for _, k in acts] == ["degrade"] and acts[0][0] <= steady + 1, (pattern, acts)
+            # every read failing from now on: no recover, ever; unknown after watch.unknown_s
+            for t in range(12, 60):
+                rep = tick(w, sampler, float(t), True)
+                assert [a.kind for a in rep.actions] == [], t
+            g2 = rep.to_json()["gpus"][2]
+            assert g2["thermal_state"] == "unknown" and "last known hot" in g2["reason"]
+            assert rep.to_json()["instances"][0]["thermal_state"] == "unknown"
+        finally:
+            sampler.close()

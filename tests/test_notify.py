@@ -296,3 +296,45 @@ def test_status_line_reads_the_loop_state() -> None:
         " · restarting vllm-gpu2-3"
         " · reload failed, last good plan kept: /etc/hwprofile/overrides.d/a.yaml:2: invalid YAML"
     )
+
+
+def test_a_failed_instance_and_a_failing_health_are_said_where_operators_look() -> None:
+    """STATUS=, the metrics port's /health and /metrics: a failed instance with when it is tried again
+    (the soak's "active at half capacity" said nothing), a ready one failing /health for how long."""
+    import time
+    from types import SimpleNamespace as NS
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hwprofile.daemon.exporter import HwprofileCollector, Published
+    from hwprofile.daemon.loop import instance_troubles
+    from hwprofile.daemon.notify import status_line
+
+    now = time.time()
+    insts = [
+        NS(name="vllm-gpu0-1", state=NS(value="failed"), failure={"kind": "unplanned exit"}, retry_at=now + 240.4,
+           health_failing_since=None),
+        NS(name="vllm-gpu2-3", state=NS(value="ready"), failure=None, retry_at=None, health_failing_since=now - 7),
+    ]  # fmt: skip
+    troubles = instance_troubles(insts, now)
+    assert troubles == {
+        "vllm-gpu0-1": "vllm-gpu0-1 FAILED (unplanned exit; tried again in 240 s)",
+        "vllm-gpu2-3": "vllm-gpu2-3 failing /health for 7 s",
+    }
+    insts[0].retry_at = None  # retries off, or a configuration error
+    assert "not tried again" in instance_troubles(insts, now)["vllm-gpu0-1"]
+    d = NS(sup=NS(instances=insts), levels={}, watcher=NS(instances={}), report=None, current=None, reload_error=None)
+    line = status_line(d)
+    assert line.startswith("1/2 ready · vllm-gpu0-1 FAILED (unplanned exit; not tried again")
+    assert "vllm-gpu2-3 failing /health for 7 s" in line
+    pub = Published()
+    pub.instance_states = {"vllm-gpu0-1": "failed", "vllm-gpu2-3": "ready"}
+    pub.retry_in = {"vllm-gpu0-1": 240.0}
+    pub.health_failing_s = {"vllm-gpu2-3": 7.0}
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(HwprofileCollector(pub))
+    text = generate_latest(reg).decode()
+    assert 'hwprofile_instance_retry_in_seconds{instance="vllm-gpu0-1"} 240.0' in text
+    assert 'hwprofile_instance_health_failing_seconds{instance="vllm-gpu2-3"} 7.0' in text
+    assert 'hwprofile_instance_health_failing_seconds{instance="vllm-gpu0-1"} 0.0' in text
+    assert 'hwprofile_instance_state{instance="vllm-gpu0-1",state="failed"} 1.0' in text

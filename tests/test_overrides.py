@@ -330,6 +330,25 @@ def test_reload_restarts_only_changed_instances_one_at_a_time(tmp_path) -> None:
     assert len(b.got) == 2 and not d.pending
 
 
+def test_a_reload_reaches_a_failed_instance_that_is_tried_again(tmp_path) -> None:
+    """The soak: a failed instance refused every later override ("is failed: its new settings are not
+    applied"). One that is tried again after its cool-off gets them for that try; one that is not (no
+    retry) is said, as before."""
+    import time
+
+    from hwprofile.supervise.lifecycle import State
+
+    d, _ = _daemon(tmp_path, [_plan({"a": 128, "b": 128}), _plan({"a": 64, "b": 64})])
+    a, b = d.sup.instances
+    a.state, a.retry_at = State.FAILED, time.time() + 200
+    b.state, b.retry_at = State.FAILED, None
+    d.request_reload("test")
+    d.tick()
+    assert [i.engine.max_num_seqs for i in a.got] == [128] and b.got == []
+    assert not any("a is failed" in e for e in d.errors)
+    assert any("reload: b is failed: its new settings are not applied" in e for e in d.errors)
+
+
 def test_a_refused_reload_keeps_the_plan_and_still_says_ready(tmp_path) -> None:
     from hwprofile.config import ConfigError
 

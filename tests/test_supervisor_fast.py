@@ -121,7 +121,8 @@ def make_supervisor(
     """A supervisor wired as ``launch`` wires it: the plan and its re-plans from the same inputs."""
     inputs = plan_inputs(world, rt, *extra, host=host)
     supervise = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1, "backoff_max": 1.0,
-                 "stop_margin": 3.0, "unhealthy_s": 30.0}  # fmt: skip
+                 "stop_margin": 3.0, "unhealthy_s": 30.0, "restart_window_s": 600.0, "retry_failed_s": 0.0,
+                 "retry_failed_max_s": 3600.0}  # fmt: skip
     rest: dict[str, Any] = {"poll_interval": 0.05, "min_model_len": inputs.min_model_len()}
     for k, v in opts.items():
         (supervise if k in supervise else rest)[k] = v
@@ -224,7 +225,8 @@ def test_state_machine_allows_only_listed_moves() -> None:
         (State.READY, State.STOPPING),
         (State.STOPPING, State.STOPPED),
     ]
-    assert ALLOWED[State.FAILED] == ALLOWED[State.STOPPED] == frozenset()
+    assert ALLOWED[State.STOPPED] == frozenset()
+    assert ALLOWED[State.FAILED] == {State.RESTARTING}  # only its own retry after the cool-off
     assert json.dumps({"s": State.READY}) == '{"s": "ready"}' and State.READY == "ready"
 
 
@@ -395,10 +397,66 @@ def test_gives_up_after_max_restarts(world, rt, fake_env, monkeypatch) -> None:
     sup.wait(30)
     inst = sup.instances[0]
     assert inst.state == State.FAILED and inst.restarts == 3 and len(starts(fake_env)) == 3
-    assert inst.failure["kind"] == "unplanned exit" and inst.failure["fix"] == "gave up after 2 restarts"
+    assert inst.failure["kind"] == "unplanned exit"
+    assert inst.failure["fix"] == "gave up after 2 restarts within supervise.restart_window_s (600 s)"
     assert not (rt / "run" / STATE_FILE).exists()
     st = status(rt / "run")
     assert st["instances"][0]["state"] == "failed" and "gave up after 2 restarts" in format_status(st)
+
+
+def test_failures_are_counted_in_a_window_and_a_failed_instance_is_tried_again(world, rt, fake_env) -> None:
+    """The soak's "gave up after 5 restarts" after 6 SIGKILLs 180 s apart: failures now count only within
+    supervise.restart_window_s (systemd's StartLimitBurst/IntervalSec), and an instance that gave up is
+    tried again after supervise.retry_failed_s, doubling with each give-up in a row. Time is the test's
+    clock: the window and the cool-off pass when it says so."""
+    clock = ManualClock()
+    sup = make_supervisor(world, rt, "server.shutdown_timeout=1", max_restarts=1, restart_window_s=300,
+                          retry_failed_s=50, retry_failed_max_s=80, stop_margin=0.5, clock=clock)  # fmt: skip
+    sup.start()
+    inst = sup.instances[0]
+
+    def kill_and_wait(expect: State) -> None:
+        pid = inst.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        wait_for(lambda: inst.pid != pid and inst.state == expect, f"{expect} after the kill", 60)
+
+    try:
+        assert sup.wait_ready(60), inst.failure
+        for _ in range(3):  # one failure per window: never gives up, however many over its life
+            kill_and_wait(State.READY)
+            clock.advance(400)
+        assert inst.restarts == 3 and inst.state == State.READY and inst.retry_at is None
+        # two in one window: gives up, failed, visible with when it is tried again
+        kill_and_wait(State.READY)
+        pid = inst.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        wait_for(lambda: inst.state == State.FAILED and inst.retry_at is not None, "gave up", 60)
+        assert inst.failure["fix"] == (
+            "gave up after 1 restarts within supervise.restart_window_s (300 s); "
+            "tried again in 50 s (give-up 1 in a row, supervise.retry_failed_s)"
+        )
+        wait_for(lambda: "tried again in 50 s" in format_status(status(rt / "run")), "status says it", 30)
+        assert status(rt / "run")["instances"][0]["retry_at"] == pytest.approx(time.time() + 50, abs=30)
+        n = len(starts(fake_env))
+        time.sleep(0.5)
+        assert len(starts(fake_env)) == n and inst.state == State.FAILED  # the clock stands: no retry yet
+        inst.replace(sup.replan(["engine.max_num_seqs=7"]).instance(inst.name))  # new settings while failed
+        clock.advance(51)
+        wait_for(lambda: inst.state == State.READY, "ready again after the cool-off", 60)
+        assert inst.retry_at is None and len(starts(fake_env)) == n + 1
+        assert flag_values(fake_env, "--max-num-seqs")[-1] == "7"  # the retry started with them
+        kill_and_wait(State.READY)  # a fresh window after the retry: the first failure restarts
+        pid = inst.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)  # a second give-up in a row: a longer cool-off, capped
+        wait_for(lambda: inst.state == State.FAILED and inst.gave_up == 2, "gave up again", 60)
+        assert "tried again in 80 s (give-up 2 in a row" in inst.failure["fix"]
+    finally:
+        finish(sup)
+    assert inst.state == State.FAILED  # stopped while cooling off: it ended failed, with nothing running
+    assert gone(inst.pid)
 
 
 def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env, monkeypatch) -> None:
@@ -488,7 +546,8 @@ def test_ladder_steps_count_toward_max_restarts(world, rt, fake_env, monkeypatch
     assert [s["change"] for s in inst.ladder] == ["max_model_len 1024 -> 512"]
     assert inst.failure["kind"] == "out of memory"
     assert inst.failure["fix"] == (
-        "gave up after 1 restarts (the next ladder step would have been --set engine.max_model_len=256)"
+        "gave up after 1 restarts within supervise.restart_window_s (600 s) "
+        "(the next ladder step would have been --set engine.max_model_len=256)"
     )
 
 
@@ -915,6 +974,36 @@ def test_a_hung_server_is_restarted(world, rt, fake_env) -> None:
         wait_for(lambda: inst.unresponsive == 1 and inst.state == State.READY and inst.pid != first, "restarted", 30)
         assert "no answer" in inst.failure["evidence"] and gone(first)  # the stopped group was killed
     finally:
+        finish(sup)
+
+
+def test_a_frozen_server_fails_its_probes_at_once_and_is_restarting_while_it_drains(world, rt, fake_env) -> None:
+    """The whole server SIGSTOPped: each probe ends at its own deadline (shorter than unhealthy_s) and
+    counts as failing at once; past unhealthy_s (the test's clock) it is `restarting`, not `ready`, for
+    the whole drain (a stopped process takes its SIGTERM only once it runs again)."""
+    clock = ManualClock()
+    sup = make_supervisor(world, rt, "server.shutdown_timeout=60", unhealthy_s=4, clock=clock)
+    sup.start()
+    inst = sup.instances[0]
+    first = None
+    try:
+        assert sup.wait_ready(60), inst.failure
+        first = inst.pid
+        assert first is not None
+        os.killpg(first, signal.SIGSTOP)
+        wait_for(lambda: inst.health_failing_since is not None, "a timed-out probe counted as failing", 30)
+        assert inst.state == State.READY and inst.unresponsive == 0  # the clock stands: within unhealthy_s
+        wait_for(lambda: "/health FAILING for" in format_status(status(rt / "run")), "status says it", 30)
+        clock.advance(5)
+        wait_for(lambda: inst.state == State.RESTARTING, "restarting while the frozen server drains", 30)
+        assert not gone(first)  # still draining: its SIGTERM waits until it runs again
+        os.killpg(first, signal.SIGCONT)
+        wait_for(lambda: inst.state == State.READY and inst.pid != first, "ready again", 60)
+        assert inst.unresponsive == 1 and "no answer" in inst.failure["evidence"] and gone(first)
+    finally:
+        if first is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first, signal.SIGCONT)
         finish(sup)
 
 

@@ -113,7 +113,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     from ..runtime.init import become_init
 
-    become_init()  # returns at once unless this is PID 1; there, only in the child
+    in_container = become_init()  # returns at once unless this is PID 1; there, only in the child
     from ..daemon.main import run_daemon
     from ..errors import InputError
     from ..launch.start import preflight, setup_logging
@@ -142,7 +142,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     root = inputs.config_root
     return run_daemon(
         launch, watch_root=Path(root) if args.watch_config and root else None, watch_quiet_s=args.watch_quiet,
-        state_dir=state, started_from=started_from,
+        state_dir=state, started_from=started_from, in_container=in_container,
     )  # fmt: skip
 
 

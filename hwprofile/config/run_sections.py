@@ -38,7 +38,22 @@ class Supervise(Section):
     ready_timeout: float = setting(
         "float", "seconds to wait for /health before a start counts as failed", 5, 86400, default=900.0
     )
-    max_restarts: int = setting("int", "restarts after failures before giving up", 0, 1000, default=5)
+    max_restarts: int = setting(
+        "int", "restarts after failures within supervise.restart_window_s before giving up (systemd's "
+        "StartLimitBurst)", 0, 1000, default=5,
+    )  # fmt: skip
+    restart_window_s: float = setting(
+        "float", "seconds in which failures are counted against supervise.max_restarts (systemd's "
+        "StartLimitIntervalSec): older ones no longer count", 1, 10**7, default=600.0,
+    )  # fmt: skip
+    retry_failed_s: float = setting(
+        "float", "seconds after giving up before a failed instance is tried again, doubling with each give-up "
+        "in a row up to supervise.retry_failed_max_s (0: never, the instance stays failed)", 0, 86400,
+        default=300.0,
+    )  # fmt: skip
+    retry_failed_max_s: float = setting(
+        "float", "longest wait before a failed instance is tried again", 1, 10**6, default=3600.0,
+    )  # fmt: skip
     backoff_initial: float = setting(
         "float", "first restart delay in seconds (doubles each time)", 0.1, 3600, default=2.0
     )
@@ -113,6 +128,23 @@ class Watch(Section):
         0,
         86400,
         default=300.0,
+    )
+    stall_s: float = setting(
+        "float",
+        "seconds an instance may hold requests (running or waiting) while vLLM's token counters stay "
+        "unchanged before it is drained and restarted: an engine hung behind a /health that still answers 200 (0: off; "
+        "keep it above the longest prefill of one prompt)",
+        0,
+        86400,
+        default=120.0,
+    )
+    unknown_s: float = setting(
+        "float",
+        "seconds a GPU without a temperature reading keeps its last known state; then it is unknown (never "
+        "cool: no recover is decided on a reading that was not made)",
+        0,
+        3600,
+        default=15.0,
     )
     max_actions_per_hour: int = setting(
         "int", "restarts for degrade or recover per instance and hour", 0, 3600, default=6

@@ -24,6 +24,8 @@ class Published:
         self.report: Any = None  # watcher.Report
         self.instance_states: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
+        self.retry_in: dict[str, float] = {}  # failed instances: seconds until they are tried again
+        self.health_failing_s: dict[str, float] = {}  # ready instances whose /health fails: for how long
         self.actions_total: dict[str, int] = {}
         self.ticks_total = 0
         self.missed_ticks_total = 0
@@ -119,8 +121,8 @@ class HwprofileCollector:
                 for name, held in st.reason_active_s(g.now).items():
                     reason.add_metric([label, name], 1)
                     reason_s.add_metric([label, name], held)
-                current = "gpu_lost" if st.lost else st.level
-                for lv in (*LEVELS, "gpu_lost"):
+                current = st.shown
+                for lv in (*LEVELS, "unknown", "gpu_lost"):
                     thermal.add_metric([label, lv], 1 if lv == current else 0)
             for i in rep.instances:
                 degrade.add_metric([i.name], i.degrade_level)
@@ -131,13 +133,27 @@ class HwprofileCollector:
                 inst_state.add_metric([name, s], 1 if s == state else 0)
         for name, n in p.restarts.items():
             restarts.add_metric([name], n)
-        for kind in ("degrade", "recover"):
+        retry = GaugeMetricFamily(
+            "hwprofile_instance_retry_in_seconds",
+            "a failed instance: seconds until it is tried again (absent: not failed, or never retried)",
+            labels=["instance"],
+        )
+        for name, v in p.retry_in.items():
+            retry.add_metric([name], v)
+        failing = GaugeMetricFamily(
+            "hwprofile_instance_health_failing_seconds",
+            "how long the instance's /health has been failing (0: it answers)",
+            labels=["instance"],
+        )
+        for name in p.instance_states:
+            failing.add_metric([name], p.health_failing_s.get(name, 0.0))
+        for kind in ("degrade", "recover", "restart"):
             actions.add_metric([kind], p.actions_total.get(kind, 0))
         ticks.add_metric([], p.ticks_total)
         missed.add_metric([], p.missed_ticks_total)
         tick_s.add_metric([], p.tick_seconds)
         yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal)
-        yield from (inst_state, degrade, accept, restarts, actions, ticks, missed, tick_s)
+        yield from (inst_state, degrade, accept, restarts, retry, failing, actions, ticks, missed, tick_s)
 
 
 def app(published: Published, clock: Any = None) -> Any:
@@ -200,6 +216,8 @@ NAMES = (
     "hwprofile_instance_degrade_level",
     "hwprofile_instance_spec_acceptance_ratio",
     "hwprofile_instance_restarts_total",
+    "hwprofile_instance_retry_in_seconds",
+    "hwprofile_instance_health_failing_seconds",
     "hwprofile_actions_total",
     "hwprofile_ticks_total",
     "hwprofile_missed_ticks_total",

@@ -80,7 +80,8 @@ class JournalHandler(logging.Handler):
             self.sock.sendto(encode(f), self.address)
         except Exception:
             with contextlib.suppress(Exception):  # nothing left to say it to
-                sys.stderr.write(self.format(record) + "\n")
+                # stderr is the journal's stream: "<N>" sets the line's priority (sd-daemon(3))
+                sys.stderr.write(f"<{PRIORITY.get(record.levelno, 6)}>{self.format(record)}\n")
 
     def close(self) -> None:
         if self.sock is not None:

@@ -63,6 +63,34 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
     )
 
 
+def fields(a: Action) -> dict[str, Any]:
+    """The journal fields of an action's log lines (:class:`.journal.JournalHandler` sends a record's
+    UPPERCASE attributes): ``journalctl INSTANCE=vllm-gpu2-3``, ``ACTION=degrade``, ``GPU=2``."""
+    return {"INSTANCE": a.instance, "ACTION": a.kind, "GPU": ",".join(map(str, a.gpus)) or None}
+
+
+def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
+    """What an operator must see of each instance in trouble, by name (STATUS=, the metrics port's
+    ``/health``, ``daemon.json``): failed (with when it is tried again, or that it is not), or ready
+    while its ``/health`` fails (for how long). ``now``: wall time (the supervisor records wall times)."""
+    now = time.time() if now is None else now
+    out: dict[str, str] = {}
+    for i in instances:
+        name, state = getattr(i, "name", "?"), i.state.value
+        if state == "failed":
+            kind = (getattr(i, "failure", None) or {}).get("kind", "unknown")
+            retry = getattr(i, "retry_at", None)
+            when = (
+                f"tried again in {max(0.0, retry - now):.0f} s"
+                if retry is not None
+                else "not tried again: see `hwprofile status`"
+            )
+            out[name] = f"{name} FAILED ({kind}; {when})"
+        elif state == "ready" and (since := getattr(i, "health_failing_since", None)) is not None:
+            out[name] = f"{name} failing /health for {max(0.0, now - since):.0f} s"
+    return out
+
+
 @dataclass
 class Restart:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
@@ -158,16 +186,23 @@ class Daemon:
             now,
         )
         rep = self.watcher.tick(now, self.sampler.sample(now), scrapes)
-        for change in rep.changes:
-            log.warning("%s", change)
+        for change, gpu in zip(rep.changes, rep.changed_gpus, strict=True):
+            log.warning("%s", change, extra={"GPU": gpu})
         for note in rep.deferred:  # said once while it stands, not at every tick
             if note not in self._deferred_said:
                 log.warning("%s", note)
         self._deferred_said = set(rep.deferred)
         for a in rep.actions:
+            if a.kind == "restart" and any(q.instance == a.instance for q in self.queue):
+                continue  # the action queued for it restarts it anyway, and at the step it decided
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
             self.queue.append(a)
-            log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason)
+            if a.kind == "restart":
+                log.warning("decided: restart %s (drain, then the same settings): %s", a.instance, a.reason,
+                            extra=fields(a))  # fmt: skip
+            else:
+                log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason,
+                            extra=fields(a))  # fmt: skip
         self._progress(now)
         self.ticks += 1
         self.report = rep
@@ -204,6 +239,7 @@ class Daemon:
                     a.level,
                     took,
                     whole,
+                    extra=fields(a),
                 )
                 self._record(a, "done", f"ready again after {took:.0f} s{whole}")
                 self.levels[a.instance] = a.level
@@ -213,7 +249,7 @@ class Daemon:
                 msg = (
                     f"{a.kind} {a.instance}: the instance is {state} ({(inst.failure or {}) if inst else ''})"
                 )
-                log.error("%s", msg)
+                log.error("%s", msg, extra=fields(a))
                 self.errors.append(msg)
                 self._record(a, "failed", msg)
                 self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
@@ -223,6 +259,13 @@ class Daemon:
         while self.pending and self.current is None:  # a reload's restarts first, one at a time
             name, new = self.pending[0]
             inst = insts.get(name)
+            retry_at = getattr(inst, "retry_at", None) if inst is not None else None
+            if inst is not None and inst.state.value == "failed" and retry_at is not None:
+                self.pending.popleft()  # failed, to be tried again: it starts with the new settings then
+                inst.replace(new)
+                log.warning("reload: %s is failed and tried again in %.0f s: with its new settings", name,
+                            max(0.0, retry_at - time.time()), extra={"INSTANCE": name, "ACTION": "reload"})
+                continue
             if inst is None or inst.state.value in ("failed", "stopped"):
                 self.pending.popleft()
                 msg = f"reload: {name} is {inst.state.value if inst else 'gone'}: its new settings are not applied"
@@ -274,7 +317,7 @@ class Daemon:
             new_plan = self.replan(sets)
         except Exception as e:  # a refused re-plan keeps the instance as it runs
             msg = f"{a.kind} {a.instance}: re-plan with {sets} failed: {e}"
-            log.error("%s", msg)
+            log.error("%s", msg, extra=fields(a))
             self.errors.append(msg)
             self._record(a, "failed", msg)
             self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
@@ -282,7 +325,7 @@ class Daemon:
         new = next((i for i in new_plan.instances if i.name == a.instance), None)
         if new is None:
             msg = f"{a.kind} {a.instance}: the re-plan has no instance of that name: not applied"
-            log.error("%s", msg)
+            log.error("%s", msg, extra=fields(a))
             self.errors.append(msg)
             self._record(a, "failed", msg)
             self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
@@ -297,6 +340,7 @@ class Daemon:
             a.level,
             a.reason,
             "; ".join(why) or "the full profile",
+            extra=fields(a),
         )
         self.published.actions_total[a.kind] = self.published.actions_total.get(a.kind, 0) + 1
         self._record(a, "started", "; ".join(why) or "the full profile")
@@ -310,7 +354,7 @@ class Daemon:
         self.current = Restart(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
         if lead > 0:
             log.warning("%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
-                        a.kind, a.instance, lead)  # fmt: skip
+                        a.kind, a.instance, lead, extra=fields(a))  # fmt: skip
         else:
             inst.replace(new)
 
@@ -326,7 +370,9 @@ class Daemon:
         insts = list(self.sup.instances)
         if not insts:
             return "no instance"
-        waiting = [f"{i.name} is {i.state.value}" for i in insts if i.state.value != "ready"]
+        troubles = instance_troubles(insts)
+        waiting = [troubles.get(i.name) or f"{i.name} is {i.state.value}" for i in insts
+                   if i.state.value != "ready" or i.name in troubles]  # fmt: skip
         return ", ".join(waiting) or None
 
     def _ranks(self, name: str) -> int:
@@ -455,6 +501,7 @@ class Daemon:
             "reload": self.last_reload,
             "reload_error": self.reload_error,
             "pending_restarts": [n for n, _ in self.pending],
+            "troubles": list(instance_troubles(self.sup.instances).values()),
             "errors": list(self.errors) + rep.get("errors", []),
         }
 
@@ -463,6 +510,11 @@ class Daemon:
         p.report = rep
         p.instance_states = {i.name: i.state.value for i in self.sup.instances}
         p.restarts = {i.name: i.restarts for i in self.sup.instances}
+        wall = time.time()
+        p.retry_in = {i.name: max(0.0, i.retry_at - wall) for i in self.sup.instances
+                      if getattr(i, "retry_at", None) is not None}  # fmt: skip
+        p.health_failing_s = {i.name: max(0.0, wall - i.health_failing_since) for i in self.sup.instances
+                              if getattr(i, "health_failing_since", None) is not None}  # fmt: skip
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
         try:

@@ -40,11 +40,14 @@ def run_daemon(
     watch_quiet_s: float = 0.5,
     state_dir: Path | None = None,
     started_from: str | None = None,
+    in_container: bool = False,
 ) -> int:
     """``notifier``: sd_notify (default: from $NOTIFY_SOCKET, which is then removed from the
     environment vLLM inherits); ``watch_root``: the config root to watch for live overrides;
     ``state_dir``: where the last good plan is kept; ``started_from``: why this start runs a kept
-    plan rather than the configuration's (said in the log, STATUS= and daemon.json)."""
+    plan rather than the configuration's (said in the log, STATUS= and daemon.json); ``in_container``:
+    the daemon is a container's init (PID 1's child): an instance that gave up is not tried again here,
+    the daemon ends failed and the pod's restart policy takes over."""
     notifier = notifier if notifier is not None else Notifier.from_environ()
     from .journal import attach
 
@@ -79,7 +82,9 @@ def run_daemon(
         start_plan = dataclasses.replace(
             start_plan, instances=tuple(degraded if i.name == name else i for i in start_plan.instances)
         )
-    sup = supervisor(dataclasses.replace(launch, plan=start_plan))  # the ladder's steps are re-plans too
+    # the ladder's steps are re-plans too; as a container's init, the pod's restart policy retries a
+    # failed instance (the daemon ends failed)
+    sup = supervisor(dataclasses.replace(launch, plan=start_plan), retry_failed=not in_container)
     stop = threading.Event()
     stopped_by_signal = threading.Event()
 

@@ -184,6 +184,9 @@ def status_line(daemon: Any) -> str:
         acc = [i.acceptance_rate for i in rep.instances if i.acceptance_rate is not None]
         if acc:
             parts.append(f"acceptance {100 * sum(acc) / len(acc):.0f} %")
+    from .loop import instance_troubles
+
+    parts.extend(instance_troubles(insts).values())  # failed, or failing /health: what needs a look
     if daemon.current is not None:
         parts.append(f"restarting {daemon.current.action.instance}")
     err = getattr(daemon, "reload_error", None)

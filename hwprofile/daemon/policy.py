@@ -15,11 +15,16 @@ Thermal states per GPU, ``ok`` < ``warm`` < ``hot`` < ``critical``:
   reported, never acted on.
 - Up: a higher level must hold for ``watch.dwell_s`` (one spike never acts). Down: the reading must
   stay below the level's thresholds by ``watch.hysteresis_c`` for ``dwell_s``.
-- A reading without a value holds the state (no decision without a value).
+- A reading without a temperature (nor a headroom) was not made: it holds the committed level,
+  what is pending and since when, and the cool time for ``watch.unknown_s`` (so a read that fails
+  now and then neither resets the hot dwell nor counts as cool); past that the GPU is ``unknown``
+  (its own state; the level it last had is kept beside it). A lost GPU is ``lost``. Neither is
+  ever cool: a level goes down, and an instance recovers, only on readings that were made.
 
 Actions per instance (the instance's level is the worst of its GPUs): ``hot`` → degrade step 1,
 ``critical`` → step 2, cool (below ``hot`` by the hysteresis, no thermal throttling) for
-``watch.recover_s`` → recover to the full profile. Each instance acts at most
+``watch.recover_s`` → recover to the full profile, decided only on a tick at which every GPU of the
+instance was read (none unread, unknown or lost). Each instance acts at most
 ``watch.max_actions_per_hour`` times an hour; an action over the limit is deferred, with the reason.
 """
 
@@ -46,9 +51,21 @@ class ThermalState:
     cool_since: float | None = None  # below hot by the hysteresis, no thermal throttle, since
     reason: str = "no reading yet"
     lost: bool = False
+    unread_since: float | None = None  # first of the readings in a row that were not made
+    unknown: bool = False  # not read for watch.unknown_s: ``level`` is the last known
 
     def reason_active_s(self, now: float) -> dict[str, float]:
         return {name: now - t for name, t in self.reasons_since}
+
+    @property
+    def read(self) -> bool:
+        """The last reading was made (a temperature or a headroom): decisions down may use it."""
+        return self.unread_since is None and not self.unknown and not self.lost
+
+    @property
+    def shown(self) -> str:
+        """The state as reported: ``gpu_lost``, ``unknown``, or the level."""
+        return "gpu_lost" if self.lost else ("unknown" if self.unknown else self.level)
 
 
 def _rank(level: str) -> int:
@@ -88,9 +105,12 @@ def thermal_step(
     if r.status == "lost":
         if state.lost:
             return state, None
-        return replace(state, lost=True, reason=f"gpu_lost: {r.error or 'NVML says the GPU is lost'}"), (
-            f"GPU {r.index} lost: {r.error or 'NVML says the GPU is lost'}"
+        why = r.error or "NVML says the GPU is lost"
+        # nothing pending and nothing cool survives: a lost GPU is never cool
+        lost = replace(
+            state, lost=True, pending=None, pending_since=None, cool_since=None, reason=f"gpu_lost: {why}"
         )
+        return lost, f"GPU {r.index} lost: {why}"
     if state.lost:
         state = replace(state, lost=False)
     # how long each clock-event reason has been on
@@ -101,8 +121,14 @@ def thermal_step(
         old = dict(state.reasons_since)
         reasons_since = tuple((n, old.get(n, now)) for n in active)
     state = replace(state, reasons_since=reasons_since)
-    if r.temperature_c is None and r.headroom_c is None and active is None:
-        return replace(state, reason=f"no reading ({r.error or r.status}): holding {state.level}"), None
+    if r.temperature_c is None and r.headroom_c is None:
+        return _unread(state, r, s, now)
+    change_back = None
+    if state.unread_since is not None or state.unknown:
+        if state.unknown:
+            gap = now - (state.unread_since or now)
+            change_back = f"GPU {r.index} unknown -> read again after {gap:.0f} s ({describe(r)})"
+        state = replace(state, unread_since=None, unknown=False)
 
     up, up_why = _temp_level(r.temperature_c, r.headroom_c, s, 0.0)
     down, _ = _temp_level(r.temperature_c, r.headroom_c, s, s.hysteresis_c)
@@ -121,18 +147,40 @@ def thermal_step(
     cur = _rank(state.level)
     target = up if up > cur else (down if down < cur else cur)
     if target == cur:
-        return replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why)), None
+        held = replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why))
+        return held, change_back
     want = LEVELS[target]
     if state.pending != want:
         state = replace(state, pending=want, pending_since=now, reason=f"{want} pending: {up_why}")
     assert state.pending_since is not None
     if now - state.pending_since < s.dwell_s:
         if state.pending_since == now:
-            return state, None
-        return replace(state, reason=f"{want} pending for {now - state.pending_since:.0f} s: {up_why}"), None
+            return state, change_back
+        pending = replace(state, reason=f"{want} pending for {now - state.pending_since:.0f} s: {up_why}")
+        return pending, change_back
     why = up_why if target > cur else f"below {state.level} by the hysteresis ({s.hysteresis_c:g} °C)"
     new = replace(state, level=want, since=now, pending=None, pending_since=None, reason=f"{want}: {why}")
     return new, f"GPU {r.index} {state.level} -> {want}: {why} ({describe(r)})"
+
+
+def _unread(state: ThermalState, r: GpuReading, s: Watch, now: float) -> tuple[ThermalState, str | None]:
+    """A reading without a temperature or headroom: hold everything (level, pending and its start, cool
+    time) for ``watch.unknown_s``, then the GPU is unknown, with nothing pending and nothing cool."""
+    since = state.unread_since if state.unread_since is not None else now
+    err = r.error or r.status
+    if now - since < s.unknown_s:
+        hold = (
+            f"no reading ({err}) for {now - since:.0f} s: holding {state.level} "
+            f"(unknown after watch.unknown_s {s.unknown_s:g} s)"
+        )
+        return replace(state, unread_since=since, reason=hold), None
+    why = (
+        f"no temperature reading for {now - since:.0f} s (watch.unknown_s {s.unknown_s:g} s): {err}; "
+        f"last known {state.level}"
+    )
+    new = replace(state, unread_since=since, unknown=True, pending=None, pending_since=None, cool_since=None,
+                  reason=f"unknown: {why}")  # fmt: skip
+    return new, (None if state.unknown else f"GPU {r.index} {state.level} -> unknown: {why}")
 
 
 def instant_level(r: GpuReading, s: Watch) -> tuple[str, str]:
@@ -196,7 +244,7 @@ def describe(r: GpuReading) -> str:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # degrade, recover
+    kind: str  # degrade, recover (thermal); restart (liveness: at the step in force)
     instance: str
     level: int  # the degrade step after the action (0 = full profile)
     reason: str
@@ -217,6 +265,13 @@ class Decisions:
     states: Mapping[str, InstanceActionState] = field(default_factory=dict)
 
 
+def _cool_for(t: ThermalState | None, now: float) -> float:
+    """Seconds a GPU has been cool, or -1 when it was not read at this tick (unread, unknown, lost)."""
+    if t is None or not t.read or t.cool_since is None:
+        return -1.0
+    return now - t.cool_since
+
+
 def decide_actions(
     instances: Mapping[str, Sequence[int]],
     thermal: Mapping[int, ThermalState],
@@ -235,18 +290,17 @@ def decide_actions(
         st = prev.get(name, InstanceActionState())
         recent = tuple(t for t in st.actions_at if now - t < 3600)
         st = replace(st, actions_at=recent, deferred=None)
-        known = [thermal[g] for g in gpus if g in thermal and not thermal[g].lost]
+        known = [(g, thermal[g]) for g in gpus if g in thermal and not thermal[g].lost]
         if not known:
             states[name] = st
             continue
-        worst = max(known, key=lambda t: _rank(t.level))
+        worst_gpu, worst = max(known, key=lambda gt: _rank(gt[1].level))
         want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
         kind = None
         if want > st.level:
-            kind, why = "degrade", f"GPU {gpus[known.index(worst)]} {worst.reason}"
-        elif st.level > 0 and all(
-            t.cool_since is not None and now - t.cool_since >= s.recover_s for t in known
-        ):
+            kind, why = "degrade", f"GPU {worst_gpu} {worst.reason}"
+        elif st.level > 0 and all(_cool_for(thermal.get(g), now) >= s.recover_s for g in gpus):
+            # every GPU read at this tick and cool long enough: never on a reading that was not made
             want, kind = 0, "recover"
             why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
         if kind is None:
@@ -268,6 +322,52 @@ def decide_actions(
         actions.append(Action(kind, name, want, why, tuple(gpus)))
         states[name] = replace(st, level=want, actions_at=(*recent, now))
     return Decisions(tuple(actions), tuple(deferred), states)
+
+
+# -- liveness ------------------------------------------------------------------------------------
+# /health answers from vLLM's API server, which can say 200 while its engine makes no progress. Progress
+# is judged from vLLM's own counters: requests running or waiting while the prompt and generation token
+# counters stay unchanged for watch.stall_s is a hung engine. An idle server (nothing running or waiting)
+# is never stalled, however long its counters stand; a reading not made decides nothing.
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One instance's progress in one scrape: ``work``, the requests running plus waiting (None: not
+    reported), and ``counters``, the sum of its token counters (None: none reported)."""
+
+    work: float | None
+    counters: float | None
+
+
+@dataclass(frozen=True)
+class LivenessState:
+    counters: float | None = None  # the counters' value at the last reading
+    stalled_since: float | None = None  # work pending and the counters unchanged since
+    acted: bool = False  # a restart was decided for this stall: not again until it moves or empties
+
+
+def liveness_step(
+    state: LivenessState, p: Progress | None, s: Watch, now: float
+) -> tuple[LivenessState, str | None]:
+    """Advance one instance's liveness by one reading; returns the new state and, once per stall, the
+    reason to drain and restart it: work pending and no progress for ``watch.stall_s``. ``p`` None, or
+    without work or counters: nothing is decided and nothing changes (a reading not made)."""
+    if s.stall_s <= 0 or p is None or p.work is None or p.counters is None:
+        return state, None
+    if state.counters is None or p.counters != state.counters:  # progress (or a new process's counters)
+        return LivenessState(p.counters, now if p.work > 0 else None), None
+    if p.work <= 0:
+        return LivenessState(p.counters), None  # idle: never stalled
+    since = state.stalled_since if state.stalled_since is not None else now
+    state = replace(state, stalled_since=since)
+    if state.acted or now - since < s.stall_s:
+        return state, None
+    why = (
+        f"no progress for {now - since:.0f} s with {p.work:.0f} request(s) running or waiting: vLLM's token "
+        f"counters unchanged at {p.counters:.0f} (watch.stall_s {s.stall_s:g} s); /health may still answer"
+    )
+    return replace(state, acted=True), why
 
 
 # -- speculative decoding ------------------------------------------------------------------------

@@ -13,11 +13,11 @@ from typing import Any
 
 from ..config.settings import Watch
 from ..host.sampler import GpuReading
-from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_POS, PREEMPTIONS
+from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_POS, PREEMPTIONS, PROMPT
 from ..telemetry.scrape import InstanceReading
 from ..telemetry.window import CounterWindow, histogram_quantile
 from . import policy
-from .policy import InstanceActionState, SpecWindow, ThermalState
+from .policy import InstanceActionState, LivenessState, Progress, SpecWindow, ThermalState
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class InstanceReport:
     warning: str | None = None
     advice: policy.KAdvice | None = None
     engines: dict[str, dict[str, float]] = field(default_factory=dict)  # data-parallel ranks, by engine label
+    stalled_s: float | None = None  # requests pending and vLLM's token counters unchanged this long
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "advice"}
@@ -87,8 +88,8 @@ class GpuReport:
         return {
             "index": r.index,
             "status": "gpu_lost" if s.lost else r.status,
-            # a GPU that cannot be read is not reported at the level it last had
-            "thermal_state": "gpu_lost" if s.lost else ("unknown" if r.status == "unreadable" else s.level),
+            # its last level for watch.unknown_s while reads fail (the reason says so), then unknown
+            "thermal_state": s.shown,
             "reason": s.reason,
             "pending": s.pending,
             "temperature_c": r.temperature_c,
@@ -113,6 +114,7 @@ class Report:
     actions: tuple[policy.Action, ...] = ()
     deferred: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()  # thermal state changes this tick
+    changed_gpus: tuple[int, ...] = ()  # the GPU of each change
     errors: tuple[str, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +144,7 @@ class Watcher:
         self.thermal: dict[int, ThermalState] = {}
         self.windows: dict[str, CounterWindow] = {}
         self.actions: dict[str, InstanceActionState] = {}
+        self.liveness: dict[str, LivenessState] = {}
 
     def set_level(self, instance: str, level: int) -> None:
         """The loop says which degrade step an instance really runs (after a failed restart...)."""
@@ -157,12 +160,14 @@ class Watcher:
     ) -> Report:
         s = self.settings
         changes: list[str] = []
+        changed: list[int] = []
         reports: list[GpuReport] = []
         for r in gpus:
             new, change = policy.thermal_step(self.thermal.get(r.index, ThermalState()), r, s, now)
             self.thermal[r.index] = new
             if change:
                 changes.append(change)
+                changed.append(r.index)
             reports.append(GpuReport(r, new, now))
         decisions = policy.Decisions()
         if act:
@@ -171,17 +176,49 @@ class Watcher:
                 {n: i.held for n, i in self.instances.items() if i.held},
             )
             self.actions.update(decisions.states)
+        restarts, held = self._liveness(now, scrapes, {a.instance for a in decisions.actions}, act)
         inst_reports = [self._instance(now, spec, scrapes.get(spec.name)) for spec in self.instances.values()]
         return Report(
-            now, tuple(reports), tuple(inst_reports), decisions.actions, decisions.deferred, tuple(changes)
-        )
+            now, tuple(reports), tuple(inst_reports), (*decisions.actions, *restarts),
+            (*decisions.deferred, *held), tuple(changes), changed_gpus=tuple(changed),
+        )  # fmt: skip
+
+    def _liveness(
+        self, now: float, scrapes: Mapping[str, InstanceReading], acting: set[str], act: bool
+    ) -> tuple[list[policy.Action], list[str]]:
+        """The liveness policy per instance (:func:`policy.liveness_step`): a restart, at the step in
+        force, for an engine with work and no progress for ``watch.stall_s``; none for an instance a
+        thermal action restarts anyway, or one this daemon cannot restart alone (deferred, with why)."""
+        actions: list[policy.Action] = []
+        deferred: list[str] = []
+        for name, spec in self.instances.items():
+            r = scrapes.get(name)
+            if r is None:  # not scraped: not ready (starting, restarting): a new process is judged afresh
+                self.liveness.pop(name, None)
+                continue
+            old = self.liveness.get(name, LivenessState())
+            st, why = policy.liveness_step(old, _progress(r), self.settings, now)
+            self.liveness[name] = st
+            if why is None or not act or name in acting:
+                continue
+            if spec.held:
+                deferred.append(f"{name}: restart not done: {why}; {spec.held}")
+                continue
+            level = self.actions.get(name, InstanceActionState()).level
+            actions.append(policy.Action("restart", name, level, why, spec.gpus))
+        return actions, deferred
 
     def _instance(self, now: float, spec: InstanceSpec, r: InstanceReading | None) -> InstanceReport:
         s = self.settings
         level = self.actions.get(spec.name, InstanceActionState()).level
         states = [self.thermal[g] for g in spec.gpus if g in self.thermal]
         lost = [g for g in spec.gpus if g in self.thermal and self.thermal[g].lost]
-        thermal = "gpu_lost" if lost else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
+        unknown = any(t.unknown for t in states)
+        thermal = (
+            "gpu_lost" if lost
+            else "unknown" if unknown
+            else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
+        )  # fmt: skip
         base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level}
         gone = (
             f"GPU {', '.join(map(str, lost))} lost: this instance cannot be served there; no degrade helps "
@@ -235,8 +272,24 @@ class Watcher:
             warning=gone or policy.acceptance_health(sw, s),
             advice=advice,
             engines=dict(m.engines),
+            stalled_s=_stalled(self.liveness.get(spec.name), now),
             **base,
         )
+
+
+def _stalled(st: LivenessState | None, now: float) -> float | None:
+    return now - st.stalled_since if st is not None and st.stalled_since is not None else None
+
+
+def _progress(r: InstanceReading) -> Progress | None:
+    """What the liveness policy reads of one scrape: requests running plus waiting, and the prompt and
+    generation token counters summed (None: the scrape failed, or the server exports no stats)."""
+    m = r.metrics
+    if r.status != "ok" or m is None:
+        return None
+    work = None if m.running is None and m.waiting is None else (m.running or 0.0) + (m.waiting or 0.0)
+    seen = [m.counters[n] for n in (GENERATION, PROMPT) if n in m.counters]
+    return Progress(work, sum(seen) if seen else None)
 
 
 def _buckets(inc: Mapping[str, float]) -> dict[float, float]:

@@ -189,10 +189,12 @@ def preflight(launch: Launch) -> None:
             )
 
 
-def options(launch: Launch) -> Options:
+def options(launch: Launch, retry_failed: bool = True) -> Options:
     """The supervisor's options: the plan's ``supervise`` and ``logs`` settings, the log root, the
     progress callback, the ladder's context floor (the profile's ``engine.min_model_len``), and for a
-    plan with GPU instances the start gate's reader of their memory (:class:`~hwprofile.host.gpumem.GpuMemory`)."""
+    plan with GPU instances the start gate's reader of their memory (:class:`~hwprofile.host.gpumem.GpuMemory`).
+    ``retry_failed=False``: an instance that gave up stays failed whatever ``supervise.retry_failed_s``
+    says (a container's init: the pod's restart policy is the retry)."""
     from ..pipeline import kv_pools_path
     from ..supervise.options import Options
 
@@ -202,15 +204,16 @@ def options(launch: Launch) -> Options:
         from ..host.gpumem import GpuMemory
 
         gpu_memory = GpuMemory()  # the start gate's readings (supervise.gate); NVML opened at the first
-    return Options.from_settings(
+    opts = Options.from_settings(
         launch.plan.supervise, launch.plan.logs, launch.runtime,
         log_root(launch.plan, launch.tmpfs, launch.runtime), progress=progress,
         min_model_len=launch.inputs.min_model_len() if launch.inputs else None, gpu_memory=gpu_memory,
         kv_pools=Path(kv_pools_path()) if launch.plan.supervise.pin_kv_pool else None,
     )  # fmt: skip
+    return opts if retry_failed else opts._replace(retry_failed_s=0.0)
 
 
-def supervisor(launch: Launch) -> Supervisor:
+def supervisor(launch: Launch, retry_failed: bool = True) -> Supervisor:
     """The checks, then the supervisor of ``launch`` (holding the runtime directory's lock), not yet
     started: the only place one is built."""
     from ..supervise.supervisor import Supervisor
@@ -218,7 +221,8 @@ def supervisor(launch: Launch) -> Supervisor:
     preflight(launch)
     try:
         return Supervisor(
-            launch.plan, launch.release, launch.vllm_command, launch.numactl, options(launch), replan=launch.replan
+            launch.plan, launch.release, launch.vllm_command, launch.numactl, options(launch, retry_failed),
+            replan=launch.replan,
         )
     except AlreadySupervising as e:  # another start was faster than the check
         raise Refused(str(e)) from None

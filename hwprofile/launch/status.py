@@ -139,6 +139,10 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         else "    live: no data yet"
     ]
     out.append(f"    thermal {i.get('thermal_state')}, degrade step {i.get('degrade_level')}")
+    if i.get("stalled_s") is not None:
+        out.append(
+            f"    NO PROGRESS for {i['stalled_s']:.0f} s with requests pending (restarted after watch.stall_s)"
+        )
     if i.get("warning"):
         out.append(f"    warning: {i['warning']}")
     if i.get("advice"):
@@ -183,6 +187,9 @@ def format_status(state: dict[str, Any]) -> str:
         if i.get("health_failing_since") and i["state"] == "ready":
             since = time.time() - i["health_failing_since"]
             out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")
+        if i.get("retry_at") and i["state"] == "failed":
+            out.append(f"    FAILED: tried again in {max(0.0, i['retry_at'] - time.time()):.0f} s "
+                       f"(give-up {i.get('gave_up') or 1} in a row; supervise.retry_failed_s)")  # fmt: skip
         if i.get("unresponsive"):
             out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
         if i.get("group_wait") and i["state"] in ("starting", "restarting"):

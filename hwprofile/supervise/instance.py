@@ -15,6 +15,7 @@ import os
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,12 @@ class Instance:
         self.pid: int | None = None  # the last process started (kept for status after it ended)
         self.ident: Identity | None = None  # the process running now (None once it is reaped)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
+        self.restarts = 0  # every restart after a failure, over the instance's life (status)
+        # the failures within supervise.restart_window_s (opts.clock() times): what max_restarts counts
+        self.crashes: deque[float] = deque()
+        self.gave_up = 0  # give-ups in a row: the cool-off before the next try doubles with each
+        self.retry_at: float | None = None  # failed, cooling off: when it is tried again (wall time)
+        self._ready_since: float | None = None  # opts.clock() when it last became ready
         self.ladder: list[dict[str, str]] = []  # the steps taken, for status (rung, change, because, set)
         self._taken: list[Rung] = []  # the same steps: their overrides are the re-plan's
         self._refused: list[Rung] = []  # steps whose re-plan was refused: not tried again
@@ -140,6 +146,7 @@ class Instance:
             warnings=tuple(self.render_warnings + self.gate_warnings + self.verify_warnings),
             health_failing_since=self.health_failing_since, unresponsive=self.unresponsive,
             group_wait=self.group_wait, rejoins=self.rejoins, gpu_wait=self.gpu_wait,
+            retry_at=self.retry_at, gave_up=self.gave_up,
             node=(f"{self.inst.node} of {self.inst.nnodes}" + (" (headless: the group answers at node 0)"
                   if self.inst.headless else " (the group's API server)")) if self.inst.nnodes is not ABSENT else None,
         )  # fmt: skip
@@ -380,6 +387,48 @@ class Instance:
         log.warning("%s: ladder step %d: %s (%s)", self.name, len(self.ladder), change, because)
         self.log.mark(f"ladder: {change} (--set {step.set})")
 
+    def _count_failure(self) -> bool:
+        """Count a failure in the window (systemd's StartLimitBurst within StartLimitIntervalSec): True
+        when it is one more than ``supervise.max_restarts`` within ``supervise.restart_window_s``. A
+        failure after a whole window of serving starts the give-ups in a row again."""
+        now, window = self.opts.clock(), self.opts.restart_window_s
+        if self._ready_since is not None and now - self._ready_since >= window:
+            self.gave_up = 0
+        self._ready_since = None
+        self.crashes.append(now)
+        while self.crashes and now - self.crashes[0] >= window:
+            self.crashes.popleft()
+        return len(self.crashes) > self.opts.max_restarts
+
+    def _cool_off(self) -> bool:
+        """After giving up: wait ``supervise.retry_failed_s`` (doubling with each give-up in a row, at most
+        ``supervise.retry_failed_max_s``) in state failed, then True to try again with a fresh window;
+        False at once when retries are off (0), or when a stop is asked meanwhile (it stays failed)."""
+        if self.opts.retry_failed_s <= 0:
+            return False
+        wait = min(self.opts.retry_failed_s * 2**self.gave_up, self.opts.retry_failed_max_s)
+        self.gave_up += 1
+        clock = self.opts.clock
+        until = clock() + wait
+        self.retry_at = time.time() + wait
+        fix = (
+            f"{(self.failure or {}).get('fix', 'gave up')}; tried again in {wait:.0f} s "
+            f"(give-up {self.gave_up} in a row, supervise.retry_failed_s)"
+        )
+        self.failure = {**(self.failure or {}), "fix": fix}
+        log.error("%s: %s", self.name, self.failure["fix"])
+        self.on_change()
+        while clock() < until:
+            if self._stop_asked.wait(self.opts.poll_interval):
+                self.retry_at = None
+                self.on_change()
+                return False
+        self.retry_at = None
+        self.crashes.clear()
+        self.log.mark(f"retry after a cool-off of {wait:.0f} s (give-up {self.gave_up} in a row)")
+        log.warning("%s: trying again after a cool-off of %.0f s", self.name, wait)
+        return True
+
     def _run(self) -> None:
         backoff = self.opts.backoff_initial
         while not self._stop_asked.is_set():
@@ -427,6 +476,7 @@ class Instance:
                 for w in self.verify_warnings:
                     log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.opts.backoff_initial
+                self._ready_since = self.opts.clock()
                 self._set(State.READY)
                 self.group_wait = None
                 unresponsive = self._serve(proc)
@@ -447,6 +497,7 @@ class Instance:
                 if unresponsive:  # alive, but not serving: drained as far as it still can, then restarted
                     log.error("%s: %s; restarting it", self.name, unresponsive)
                     self.log.mark(f"unresponsive: {unresponsive}")
+                    self._set(State.RESTARTING)  # not "ready" while it drains (a frozen one: the whole grace)
                     self._end(proc, self._grace())
                     self.failure = {"kind": "unresponsive", "evidence": unresponsive}
                     self.unresponsive += 1
@@ -481,14 +532,20 @@ class Instance:
                     return
             # A ladder step is a restart too: it counts toward max_restarts and waits the backoff.
             self.restarts += 1
-            if self.restarts > self.opts.max_restarts:
+            if self._count_failure():
                 self.failure = {
                     **(self.failure or {}),
-                    "fix": f"gave up after {self.opts.max_restarts} restarts"
+                    "fix": f"gave up after {self.opts.max_restarts} restarts within "
+                    f"supervise.restart_window_s ({self.opts.restart_window_s:g} s)"
                     + (f" (the next ladder step would have been --set {step[0].set})" if step else ""),
                 }
                 self._set(State.FAILED)
-                return
+                if not self._cool_off():
+                    return
+                backoff = self.opts.backoff_initial
+                if (new := self._take_replacement()) is not None:  # new settings came while it was failed
+                    self.inst, self.ladder, self._taken, self._refused = new, [], [], []
+                continue  # a fresh window: the same settings again (a ladder step waits for its failures)
             if step is not None:
                 self._take_step(*step, because=because)
             self._set(State.RESTARTING)
@@ -496,6 +553,8 @@ class Instance:
             if self._stop_asked.wait(backoff):
                 break
             backoff = min(backoff * 2, self.opts.backoff_max)
+        if self.state == State.FAILED:
+            return  # asked to stop while cooling off: nothing runs, and it ended failed
         if self.state != State.STOPPING:
             self._stopping(None)
         self._set(State.STOPPED)

@@ -15,7 +15,9 @@ class State(enum.StrEnum):
     RESTARTING = "restarting"  # after a failure: waiting out the backoff, or starting again
     STOPPING = "stopping"  # asked to stop: draining, then the process group is ended
     STOPPED = "stopped"  # stopped because we asked (terminal)
-    FAILED = "failed"  # gave up, a configuration error, or the supervisor itself broke (terminal)
+    FAILED = "failed"  # gave up, a configuration error, or the supervisor itself broke (terminal, except
+    # that an instance that gave up after too many failures in a row is tried again after a cool-off:
+    # supervise.retry_failed_s)
 
 
 TERMINAL = frozenset({State.STOPPED, State.FAILED})
@@ -28,7 +30,7 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.RESTARTING: frozenset({State.RESTARTING, State.READY, State.STOPPING, State.FAILED}),
     State.STOPPING: frozenset({State.STOPPED, State.FAILED}),
     State.STOPPED: frozenset(),
-    State.FAILED: frozenset(),
+    State.FAILED: frozenset({State.RESTARTING}),  # only its own retry after the cool-off
 }
 
 

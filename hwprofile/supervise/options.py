@@ -23,7 +23,10 @@ class Options(NamedTuple):
     log_max_bytes: int
     log_files: int
     ready_timeout: float
-    max_restarts: int
+    max_restarts: int  # failures within restart_window_s before giving up
+    restart_window_s: float
+    retry_failed_s: float  # cool-off after giving up before trying again (0: never), doubling
+    retry_failed_max_s: float
     backoff_initial: float
     backoff_max: float
     stop_margin: float  # seconds beyond server.shutdown_timeout before SIGKILL
@@ -36,8 +39,9 @@ class Options(NamedTuple):
     # the GPUs' memory now (hwprofile.host.gpumem.GpuMemory, given by launch.start): the start gate's
     # readings; None: GPU instances start without the gate
     gpu_memory: Reader | None = None
-    # what the start gate, the readiness deadline and supervise.unhealthy_s are measured by (tests inject
-    # their own, so that a deadline passes when the test says so, not when a loaded machine is slow)
+    # what the start gate, the readiness deadline, supervise.unhealthy_s, the restart window and the
+    # cool-off are measured by (tests inject their own, so that a deadline passes when the test says
+    # so, not when a loaded machine happens to be slow)
     clock: Callable[[], float] = time.monotonic
     kv_pools: Path | None = None  # where the KV pools vLLM measured are recorded (supervise.pin_kv_pool)
 
@@ -53,6 +57,9 @@ class Options(NamedTuple):
             log_files=logs.files,
             ready_timeout=supervise.ready_timeout,
             max_restarts=supervise.max_restarts,
+            restart_window_s=supervise.restart_window_s,
+            retry_failed_s=supervise.retry_failed_s,
+            retry_failed_max_s=supervise.retry_failed_max_s,
             backoff_initial=supervise.backoff_initial,
             backoff_max=supervise.backoff_max,
             stop_margin=supervise.stop_margin,

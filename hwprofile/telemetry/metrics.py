@@ -17,6 +17,7 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # 0.9+ / before 0.12
 PREEMPTIONS = "vllm:num_preemptions_total"
 GENERATION = "vllm:generation_tokens_total"
+PROMPT = "vllm:prompt_tokens_total"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -24,7 +25,7 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")  # 0.10.1+ / before 0.15
 
-COUNTERS = (PREEMPTIONS, GENERATION, DRAFTS, DRAFT_TOKENS, ACCEPTED, "vllm:prompt_tokens_total")
+COUNTERS = (PREEMPTIONS, GENERATION, DRAFTS, DRAFT_TOKENS, ACCEPTED, PROMPT)
 
 
 class MetricsError(ValueError):
