@@ -48,6 +48,9 @@ class ModelFacts(NamedTuple):
     # the tokenizer's facts (model.tokenizer_check.TokenizerFacts), or why none: read by the pipeline
     # only when a draft is planned beside the model, so that the planner compares without reading
     tokenizer: Any = None
+    # the layer stack (hwprofile.model.layers.LayerStack): each layer's mixer and MLP, each attention
+    # kind's shape, the recurrent state's dimensions; None where not read (catalog entries)
+    stack: Any = None
 
     @property
     def full_layers(self) -> int:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .arch import read_arch
 from .facts import DTYPE_BYTES, ModelFacts, embed_params, weights_bytes_at
+from .layers import layer_stack
 
 if TYPE_CHECKING:
     from typing import Any
@@ -197,6 +198,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         experts_per_token=arch.experts_per_token,
         kv_lora_rank=arch.kv_lora_rank,
         qk_rope_head_dim=arch.qk_rope_head_dim,
+        stack=layer_stack(cfg),
     )
 
 
