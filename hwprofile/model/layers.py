@@ -251,9 +251,14 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
             raise ValueError(f"{name}: layer_types lists {len(types)} layers, num_hidden_layers is {n}")
         out = []
         for t in types[:n]:
-            if t not in _TYPE_NAMES:
+            if t in _TYPE_NAMES:
+                out.append(_TYPE_NAMES[t])
+            elif "sliding" in t or "local" in t:
+                out.append("sliding")
+            elif "attention" in t and "linear" not in t:
+                out.append("full")
+            else:
                 raise ValueError(f"{name}: layer_types has {t!r}, a layer kind hwprofile does not know")
-            out.append(_TYPE_NAMES[t])
         if "mla" not in out and cfg.get("kv_lora_rank"):
             out = ["mla" if m == "full" else m for m in out]
         return out

@@ -154,6 +154,11 @@ def context_length(
     one = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=flight, reserve=reserve, hybrid=hybrid)
     # vLLM keeps one block of the pool as its null block: a request gets the others.
     usable = f.kv_cache_bytes - f.kv_bytes_per_token * BLOCK_TOKENS
+    if hybrid is not None and is_hybrid(model):  # the null block: one page in each layer of a group
+        h = hybrid_kv_cache(
+            model, f.kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict()
+        )
+        usable = f.kv_cache_bytes - h.group_size * h.page_bytes
     if one <= usable:
         r.add(
             f"{key}.engine.max_model_len",

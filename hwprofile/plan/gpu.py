@@ -22,6 +22,7 @@ from .memory import (
     hybrid_kv_cache,
     in_flight_tokens,
     is_hybrid,
+    is_plain,
     kv_bytes_per_token,
     logs_kv_tokens,
     sequence_bytes,
@@ -166,8 +167,7 @@ def memory_fit(
         sliding = hybrid_memory(model, f.kv_cache_bytes, length, tp, kv_bytes, hybrid, draft, r, key)
         block = sliding.pop("block_size")
     elif (
-        model.sliding_layers
-        and model.sliding_window
+        ((model.sliding_layers and model.sliding_window) or not is_plain(model))
         and draft is None
         and logs_kv_tokens(model, tp, kv_bytes)
     ):
