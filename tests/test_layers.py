@@ -225,3 +225,28 @@ def test_plain_models_keep_their_arithmetic() -> None:
 def test_configs_that_do_not_say_enough_are_refused_by_name(cfg: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         layer_stack(cfg)
+
+
+def test_hopper_on_033_adds_the_gdn_checkpoint_page_and_its_grid() -> None:
+    """vLLM 0.33 runs GDN prefill on FlashInfer on Hopper; in align mode (prefix caching) each layer
+    then exports a prefill checkpoint: one page more per request, blocks on a 64-token grid."""
+    from hwprofile.config.settings import Settings
+    from hwprofile.host.snapshot import Gpu
+    from hwprofile.plan.engine import hybrid_opts
+
+    m = parse_config(qwen38(), "qwen3.8-27b", "dir", None)
+    import dataclasses
+
+    s = Settings()
+    s = dataclasses.replace(s, engine=dataclasses.replace(s.engine, enable_prefix_caching=True))
+    h100 = Gpu(index=0, name="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+    a100 = Gpu(index=0, name="NVIDIA A100 80GB PCIe", compute_capability="8.0")
+    hop = hybrid_opts(m, s, None, "0.33.0", h100)
+    amp = hybrid_opts(m, s, None, "0.33.0", a100)
+    old = hybrid_opts(m, s, None, "0.32.0", h100)
+    assert hop is not None and amp is not None and old is not None
+    assert (hop.prefill_checkpoint, hop.checkpoint_align) == (True, 64)
+    assert not amp.prefill_checkpoint and not old.prefill_checkpoint
+    h = hybrid_kv_cache(m, 40 << 30, 8192, **hop._asdict())
+    assert h.block_size == 832 and h.state_slots == 3  # 64 x cdiv(3,207,168, 64 x 4096); 2 + 1
+    assert hybrid_kv_cache(m, 40 << 30, 8192, **amp._asdict()).block_size == 784

@@ -345,9 +345,9 @@ def hybrid_opts(
 
     State pages per request follow ``num_speculative_tokens`` for any speculative method (ngram
     included: ``vllm_config.num_speculative_tokens``), prefix caching (``mamba_cache_mode align``:
-    one page more) and, from vLLM 0.33 on Hopper, the GDN prefill checkpoint page FlashInfer's
-    prefill kernel exports in align mode (``qwen_gdn_linear_attn.py``); a resident MTP head adds
-    its attention layers. The SSM state's dtype is vLLM's default (``auto``: the model's rule)."""
+    one page more) and the prefill checkpoint page a Mamba2 mixer, or from vLLM 0.33 on Hopper a
+    GDN layer on FlashInfer's prefill kernel (``qwen_gdn_linear_attn.py``: its blocks then on a
+    64-token grid), exports in align mode; a resident MTP head adds its attention layers. The SSM state's dtype is vLLM's default (``auto``: the model's rule)."""
     if not is_hybrid(model):
         return None
     from .shape import _version
@@ -357,7 +357,11 @@ def hybrid_opts(
     v = _version(vllm_version)
     cc = (gpu.compute_capability or "") if gpu is not None else ""
     hopper = cc.split(".")[0] == "9"
-    gdn = model.stack.state.kind == "gdn"
+    kind = model.stack.state.kind
+    # align mode's extra prefill-checkpoint page: Mamba2 mixers (mamba_mixer2.py, 0.32 and 0.33);
+    # GDN from 0.33 where FlashInfer's prefill kernel runs it (Hopper), on a 64-token grid
+    flashinfer_gdn = kind == "gdn" and hopper and device == "cuda" and v is not None and v >= (0, 33, 0)
+    checkpoint = prefix and (flashinfer_gdn or (kind == "mamba2" and (v is None or v >= (0, 32, 0))))
     if device == "cpu":
         from .memory import CPU_BLOCK_TOKENS, CPU_KERNEL_BLOCK
 
@@ -370,9 +374,8 @@ def hybrid_opts(
         num_spec=k,
         mtp_attention_layers=model.mtp_layers if spec_method == "mtp" else 0,
         prefix_caching=prefix,
-        prefill_checkpoint=bool(
-            prefix and gdn and hopper and device == "cuda" and v is not None and v >= (0, 33, 0)
-        ),
+        prefill_checkpoint=checkpoint,
         cache_block=block,
         kernel_block=kernel,
+        checkpoint_align=64 if prefix and flashinfer_gdn else 1,
     )

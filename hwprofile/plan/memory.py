@@ -402,6 +402,7 @@ class HybridOpts(NamedTuple):
     prefill_checkpoint: bool = False
     cache_block: int = BLOCK_TOKENS
     kernel_block: int = GPU_KERNEL_BLOCK
+    checkpoint_align: int = 1  # tokens the prefill checkpoints land on (0.33 GDN on FlashInfer: 64)
 
 
 class HybridCache(NamedTuple):
@@ -485,13 +486,15 @@ def hybrid_kv_cache(
     prefill_checkpoint: bool = False,
     cache_block: int = BLOCK_TOKENS,
     kernel_block: int = GPU_KERNEL_BLOCK,
+    checkpoint_align: int = 1,
 ) -> HybridCache:
     """vLLM's layout of a hybrid model's KV cache of ``kv_cache_bytes`` per GPU, and the
     ``KV cache size: N tokens`` it logs (vLLM 0.32/0.33).
 
     - Block size (``platforms/interface.py`` ``_align_hybrid_block_size``): with
       ``align = max(kernel_block, cache_block)`` (16 and 16 on CUDA's FlashAttention, 32 and 128
-      on the CPU), ``block = align x cdiv(state, align x attention bytes per token)``, never below
+      on the CPU; at least 128 beside MLA; with prefix caching, a multiple of ``checkpoint_align``
+      in 0.33), ``block = align x cdiv(state, align x attention bytes per token)``, never below
       ``cache_block``; the state page is padded to ``block x attention bytes per token``.
     - Groups (``v1/core/kv_cache_utils.py`` ``_get_kv_cache_groups_uniform_page_size``): the
       attention and the state layers each cut into groups of the smaller count's layers (the larger
@@ -500,7 +503,7 @@ def hybrid_kv_cache(
     - Per request (``MambaSpec.max_memory_usage_bytes``): ``cdiv(max_model_len, block)`` blocks per
       attention group; per state group ``1 + k`` pages, or ``2 + k`` with prefix caching (vLLM
       sets ``mamba_cache_mode align``), one more where the layer exports prefill checkpoints
-      (0.33's GDN on FlashInfer's prefill kernel: Hopper; ``prefill_checkpoint``); ``k``:
+      (Mamba2 mixers; 0.33's GDN on FlashInfer's prefill kernel: Hopper; ``prefill_checkpoint``); ``k``:
       ``num_speculative_tokens`` of any method, ngram included, which also widen the conv state.
     - Logged: ``int(num_blocks / per-request blocks x max_model_len)`` (``get_kv_cache_capacity``).
 
@@ -510,6 +513,10 @@ def hybrid_kv_cache(
     attn_tok = hybrid_attn_bytes_per_token_layer(model, tp, kv_b)
     state = state_bytes_per_layer(model, tp, num_spec, ssm_dtype)
     align = max(kernel_block, cache_block)
+    if "mla" in stack.attention:  # FlashInfer/TRTLLM MLA kernels: manager blocks a multiple of 128
+        align = max(align, 128)
+    if prefix_caching:  # mamba_cache_mode align: prefill checkpoints land on block boundaries (0.33)
+        align = math.lcm(align, checkpoint_align)
     block = align * -(-state // (align * attn_tok))
     block = max(cache_block, kernel_block * -(-block // kernel_block))
     page = block * attn_tok
