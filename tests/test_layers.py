@@ -250,3 +250,29 @@ def test_hopper_on_033_adds_the_gdn_checkpoint_page_and_its_grid() -> None:
     h = hybrid_kv_cache(m, 40 << 30, 8192, **hop._asdict())
     assert h.block_size == 832 and h.state_slots == 3  # 64 x cdiv(3,207,168, 64 x 4096); 2 + 1
     assert hybrid_kv_cache(m, 40 << 30, 8192, **amp._asdict()).block_size == 784
+
+
+def test_transformers_5_spellings_of_mamba2_hybrids() -> None:
+    """transformers 5 writes Nemotron-H's layers as ``layers_block_type`` and Granite-4's Mamba2
+    layers as ``linear_attention``: read as the Mamba2 hybrids they are, not as GDN."""
+    nemo = {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        "layers_block_type": ["mamba", "mlp", "attention", "moe"], "hidden_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1,
+        "ssm_state_size": 16, "conv_kernel": 4, "n_routed_experts": 4,
+    }  # fmt: skip
+    assert [tuple(k) for k in layer_kinds(nemo)] == [("mamba2", "none"), ("none", "dense"), ("full", "none"),
+                                                     ("none", "moe")]  # fmt: skip
+    assert parse_config(nemo, "n", "dir", None).num_layers == 4
+    granite = {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["attention"], "hidden_size": 64, "num_attention_heads": 4,
+        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 32, "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    }  # fmt: skip
+    st = layer_stack(granite)
+    assert [k.mixer for k in st.kinds] == ["mamba2"] * 3 + ["full"]
+    assert state_shapes(st.state, 1, 1) == ((128 + 2 * 32, 4), (8, 16, 32))
+    pure = {**granite, "layer_types": ["linear_attention"] * 4}
+    with pytest.raises(ValueError, match="GraniteMoeHybridForCausalLM: an attention-free state model"):
+        layer_stack(pure)

@@ -107,6 +107,9 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     if text:  # multimodal wrappers keep the LM in text_config
         cfg = {**cfg, **text}
         text_keys = frozenset(text)
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("num_hidden_layers") is None and type(blocks) is list and blocks:
+        cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H: one entry a layer
     k = _Keys(cfg, text_keys)
     layers = k.need("num_hidden_layers")
     hidden = k.need("hidden_size")

@@ -181,7 +181,7 @@ _TYPE_NAMES = {
     "sliding": "sliding",
     "chunked_attention": "chunked",
     "chunked_local_attention": "chunked",
-    "linear_attention": "gdn",  # Qwen3-Next / Qwen3.5: Gated DeltaNet
+    "linear_attention": "linear_attention",  # GDN (Qwen3-Next/3.5) or Mamba2 (Granite-4, Nemotron-H): by the dims
     "mamba": "mamba2",  # Granite-4: Mamba2 mixers
     "mamba2": "mamba2",
     "kda": "kda",
@@ -208,6 +208,9 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
             f"{name}: a {mtype} layer runs attention and Mamba side by side (or shares blocks); "
             "hwprofile does not model that stack yet"
         )
+    blocks = cfg.get("layers_block_type")
+    if pattern_of_blocks(blocks) is not None and cfg.get("hybrid_override_pattern") is None:
+        cfg = {**cfg, "hybrid_override_pattern": pattern_of_blocks(blocks)}
     pattern = cfg.get("hybrid_override_pattern")
     if pattern is not None:  # Nemotron-H
         if type(pattern) is not str or len(pattern) != n or set(pattern) - set("M*-E"):
@@ -259,6 +262,19 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
                 out.append("full")
             else:
                 raise ValueError(f"{name}: layer_types has {t!r}, a layer kind hwprofile does not know")
+        if "linear_attention" in out:
+            if "linear_num_value_heads" in cfg:
+                linear = "gdn"
+            elif any(
+                k in cfg for k in ("mamba_n_heads", "mamba_num_heads", "mamba_d_state", "ssm_state_size")
+            ):
+                linear = "mamba2"
+            else:
+                raise ValueError(
+                    f"{name}: layer_types has linear_attention layers, but neither GDN (linear_num_value_heads) "
+                    "nor Mamba2 (mamba_n_heads) dimensions"
+                )
+            out = [linear if m == "linear_attention" else m for m in out]
         if "mla" not in out and cfg.get("kv_lora_rank"):
             out = ["mla" if m == "full" else m for m in out]
         return out
@@ -293,15 +309,40 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
     return ["sliding"] * sliding + ["full"] * (n - sliding)
 
 
+_BLOCK_CHARS = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def pattern_of_blocks(blocks: Any) -> str | None:
+    """Nemotron-H's ``layers_block_type`` (transformers 5: ``mamba``/``linear_attention``,
+    ``attention``/``full_attention``, ``mlp``, ``moe`` per layer) as a ``hybrid_override_pattern``."""
+    if (
+        type(blocks) is not list
+        or not blocks
+        or not all(type(b) is str and b in _BLOCK_CHARS for b in blocks)
+    ):
+        return None
+    return "".join(_BLOCK_CHARS[b] for b in blocks)
+
+
 def layer_kinds(cfg: dict[str, Any]) -> tuple[LayerKind, ...]:
     """Every decoder layer's :class:`LayerKind`, in order, from a config.json dict (a multimodal
     model's ``text_config`` merged over it first, as :func:`hwprofile.model.parse_config` does).
     ``ValueError`` naming the architecture where the config does not say enough."""
     cfg = _merged(cfg)
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("num_hidden_layers") is None and pattern_of_blocks(blocks) is not None:
+        cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H derives it
     n = _need(cfg, "num_hidden_layers", "the layer stack")
     mixers = _mixers(cfg, n)
     mlps = _mlp_kinds(cfg, n)
-    pattern = cfg.get("hybrid_override_pattern")
+    pattern = cfg.get("hybrid_override_pattern") or pattern_of_blocks(cfg.get("layers_block_type"))
     if isinstance(pattern, str):  # Nemotron-H: mixer-only and MLP-only layers
         mlps = [{"M": "none", "*": "none", "-": "dense", "E": "moe"}[c] for c in pattern]
     return tuple(LayerKind(m, p) for m, p in zip(mixers, mlps, strict=True))
@@ -361,7 +402,7 @@ def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims 
             ssm_dtype=ssm_dtype,
         )
     if kind == "mamba2":
-        if "hybrid_override_pattern" in cfg:  # Nemotron-H
+        if "mamba_num_heads" in cfg:  # Nemotron-H
             heads = _need(cfg, "mamba_num_heads", why)
             hd = _need(cfg, "mamba_head_dim", why)
             return StateDims(
@@ -420,6 +461,10 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
     """:func:`layer_kinds` with each attention kind's shape and the state dimensions."""
     cfg = _merged(cfg)
     kinds = layer_kinds(cfg)
+    if cfg.get("num_hidden_layers") is None:
+        cfg = {**cfg, "num_hidden_layers": len(kinds)}
+    if not any(k.mixer in ATTENTION_MIXERS for k in kinds) and any(k.mixer in STATE_MIXERS for k in kinds):
+        raise ValueError(f"{_name(cfg)}: an attention-free state model (no attention layer): not modelled")
     shared_n = _int(cfg, "num_kv_shared_layers", 0) or 0
     shared = frozenset(range(len(kinds) - shared_n, len(kinds))) if shared_n else frozenset()
     return LayerStack(kinds, _attention_shapes(cfg, kinds), _state_dims(cfg, kinds), shared)
