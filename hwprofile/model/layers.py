@@ -83,6 +83,9 @@ class LayerStack(NamedTuple):
     attention: dict[str, AttentionShape]
     state: StateDims | None = None
     kv_shared: frozenset[int] = frozenset()
+    # config.json's layer_types lists "linear_attention" (vLLM's CPU platform keys its accelerated
+    # state backend, and so the SSM dtype it keeps, on that: platforms/cpu.py _cpu_mamba_backend)
+    linear_attention_types: bool = False
 
     def count(self, mixer: str) -> int:
         return sum(1 for k in self.kinds if k.mixer == mixer)
@@ -467,7 +470,9 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
         raise ValueError(f"{_name(cfg)}: an attention-free state model (no attention layer): not modelled")
     shared_n = _int(cfg, "num_kv_shared_layers", 0) or 0
     shared = frozenset(range(len(kinds) - shared_n, len(kinds))) if shared_n else frozenset()
-    return LayerStack(kinds, _attention_shapes(cfg, kinds), _state_dims(cfg, kinds), shared)
+    types = cfg.get("layer_types")
+    linear = isinstance(types, list) and "linear_attention" in types
+    return LayerStack(kinds, _attention_shapes(cfg, kinds), _state_dims(cfg, kinds), shared, linear)
 
 
 def _divide(a: int, b: int, what: str) -> int:

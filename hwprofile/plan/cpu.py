@@ -79,15 +79,18 @@ def cpu_attention(model: ModelFacts, cpu_flags: tuple[str, ...]) -> CpuAttention
     )
 
 
-def cpu_ssm_dtype(requested: str, cpu_flags: tuple[str, ...]) -> str:
+def cpu_ssm_dtype(requested: str, cpu_flags: tuple[str, ...], linear_attention_types: bool = True) -> str:
     """The SSM state dtype vLLM's CPU platform serves a state model with (vLLM 0.32
     ``platforms/cpu.py``): on a CPU with AVX512-BF16 (its accelerated GDN kernels) anything but an
-    explicit ``float16``/``bfloat16`` becomes ``float32`` ("Reset SSM cache type to float32");
-    elsewhere as requested. (For a GDN model ``float16``/``bfloat16`` stay only where they are the
-    model's own state dtype under that setting, which they are for Qwen3-Next and Qwen3.5.)"""
-    if "avx512_bf16" in cpu_flags and requested not in ("float16", "bfloat16"):
-        return "float32"
-    return requested
+    explicit ``float16``/``bfloat16`` becomes ``float32`` ("Reset SSM cache type to float32"), and
+    those two stay only for a model whose ``layer_types`` lists ``linear_attention`` (its
+    ``_cpu_mamba_backend`` is then ``gdn``: the model's own state dtype under that setting is the
+    one asked for, as for Qwen3-Next, Qwen3.5 and Granite-4); elsewhere as requested."""
+    if "avx512_bf16" not in cpu_flags:
+        return requested
+    if requested in ("float16", "bfloat16") and linear_attention_types:
+        return requested
+    return "float32"
 
 
 def cpu_instance(
@@ -144,7 +147,7 @@ def cpu_instance(
     if hybrid is not None:  # the state's dtype by the CPU platform's rule; blocks aligned to the state page
         ssm = r.add(
             f"{key}.memory.mamba_ssm_cache_dtype",
-            cpu_ssm_dtype(hybrid.ssm_dtype, host.cpu.flags),
+            cpu_ssm_dtype(hybrid.ssm_dtype, host.cpu.flags, model.stack.linear_attention_types),
             "vLLM's CPU platform keeps the SSM state in float32 on an AVX512-BF16 CPU unless float16/bfloat16 "
             "is asked for (platforms/cpu.py); elsewhere the model's own (--mamba-ssm-cache-dtype auto)",
         )
