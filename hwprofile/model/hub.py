@@ -319,10 +319,7 @@ def _ambiguous(cfg: dict[str, Any], weights_bytes: int, repo: str) -> bool:
     from .hfconfig import parse_config
 
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    if (
-        not any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype"))
-        and "quantization_config" not in cfg
-    ):
+    if not any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype")) and "quantization_config" not in cfg:
         return True
     try:
         estimate = parse_config(cfg, repo, "hub", None).weights_bytes
@@ -377,9 +374,7 @@ def _fetch(
     sizes = [files.get(w) for w in weights]
     known = all(isinstance(s, int) and s > 0 for s in sizes)
     total = sum(s for s in sizes if isinstance(s, int)) if known else 0
-    source = (
-        ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
-    )
+    source = ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
     cfg = _read_json(cfg_file, f"{label}: config.json on the Hub")
     dtypes: dict[str, int] | None = None
     if isinstance(cfg, dict) and known and _ambiguous(cfg, total, repo):
@@ -432,9 +427,7 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
     except Exception:
         token = bool(os.environ.get("HF_TOKEN"))
     status = getattr(getattr(e, "response", None), "status_code", None)
-    if isinstance(e, hf.GatedRepoError) or (
-        status in (401, 403) and not isinstance(e, hf.RepositoryNotFoundError)
-    ):
+    if isinstance(e, hf.GatedRepoError) or (status in (401, 403) and not isinstance(e, hf.RepositoryNotFoundError)):
         why = "the token given (HF_TOKEN) has no access to it" if token else "no token was given"
         return RefusedError(
             f"{name}: gated on the Hub (HTTP {status or 403}): {why}. Accept the license on {ep}/{repo} "
@@ -444,9 +437,7 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
         private = " (private: set HF_TOKEN to a token that can read it)" if not token else ""
         return ConfigError(f"{name}: no such model on the Hub at {ep}{private}")
     if isinstance(e, hf.RevisionNotFoundError):
-        return ConfigError(
-            f"{name}: no revision {revision or 'main'} in {ep}/{repo} (a branch, a tag or a commit)"
-        )
+        return ConfigError(f"{name}: no revision {revision or 'main'} in {ep}/{repo} (a branch, a tag or a commit)")
     if isinstance(e, hf.RemoteEntryNotFoundError):
         return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
     if status == 429:
