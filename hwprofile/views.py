@@ -217,6 +217,11 @@ def format_plan(plan: Plan, explain: bool = False) -> str:
         out.append(
             f"  KV cache                 {mem.kv_bytes_per_token} B/token, {mem.kv_tokens} tokens"
         )
+        if mem.state_bytes_per_sequence is not ABSENT:
+            out.append(
+                f"  recurrent state          {human_bytes(mem.state_bytes_per_sequence)} per running sequence, "
+                f"{mem.state_sequences} sequences' state fit; attention blocks of {mem.block_size} tokens"
+            )
         if est.decode_tok_s_ceiling_batch1 is not ABSENT:
             line = f"  decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
             if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:

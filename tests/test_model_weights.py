@@ -397,7 +397,7 @@ def test_unknown_layer_symbols_are_a_clear_refusal(tmp_path: Path) -> None:
     cfg = {**_cfg("nemotron-3-nano-30b-a3b"), "hybrid_override_pattern": "M*EQ" * 13}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(
-        ConfigError, match="NemotronHForCausalLM: hybrid_override_pattern: unknown layer symbol"
+        ConfigError, match=r"json: NemotronHForCausalLM: hybrid_override_pattern must be 52 characters of M, \*, - and E"
     ):
         read_model_dir(tmp_path)
     gdn = _cfg("qwen3.8-27b")

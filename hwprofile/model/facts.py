@@ -53,6 +53,9 @@ class ModelFacts(NamedTuple):
     # and the MTP layers (only with MTP speculation: the target model skips the "mtp." weights)
     vision_bytes: int = 0
     mtp_bytes: int = 0
+    # the layer stack (hwprofile.model.layers.LayerStack): each layer's mixer and MLP, each attention
+    # kind's shape, the recurrent state's dimensions; None where not read (catalog entries)
+    stack: Any = None
 
     @property
     def full_layers(self) -> int:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from .arch import read_arch
 from .facts import ModelFacts
-from .weights import count_params, layer_kinds, weights_bytes
+from .layers import layer_stack
+from .weights import count_params, weights_bytes
 
 if TYPE_CHECKING:
     from typing import Any
@@ -108,6 +109,9 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     if text:  # multimodal wrappers keep the LM in text_config
         cfg = {**cfg, **text}
         text_keys = frozenset(text)
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("num_hidden_layers") is None and type(blocks) is list and blocks:
+        cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H: one entry a layer
     k = _Keys(cfg, text_keys)
     layers = k.need("num_hidden_layers")
     hidden = k.need("hidden_size")
@@ -170,12 +174,13 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
     # parameters and bytes tensor by tensor, per layer kind, at the checkpoint's quantization
     try:
-        kinds = layer_kinds(raw)
+        stack = layer_stack(raw)
+        kinds = list(stack.kinds)
         counted = count_params(raw, kinds)
         loaded = weights_bytes(raw, kinds)
     except ValueError as e:
         what = (archs or [None])[0] or cfg.get("model_type") or "this architecture"
-        raise ValueError(f"{what}: {e}") from None
+        raise ValueError(str(e) if str(e).startswith(f"{what}:") else f"{what}: {e}") from None
     qmethod = qmethod or loaded.method
     qbits = qbits or loaded.bits
     return ModelFacts(
@@ -210,6 +215,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         qk_rope_head_dim=arch.qk_rope_head_dim,
         vision_bytes=loaded.by_part["vision"],
         mtp_bytes=loaded.by_part["mtp"],
+        stack=stack,
     )
 
 

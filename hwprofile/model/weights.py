@@ -46,23 +46,15 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
+from .layers import MIXERS, MLPS, LayerKind
+from .layers import layer_kinds as read_layer_kinds
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
-MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
-MLPS = ("dense", "moe", "none")
 MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")
-
-
-# integrator: import from .layers
-class LayerKind(NamedTuple):
-    """One decoder layer: its token mixer and its MLP (``hwprofile.model.layers`` defines the real one;
-    per-layer shapes such as ``head_dim`` / ``num_kv_heads`` are read with ``getattr`` when present)."""
-
-    mixer: str
-    mlp: str
 
 
 class Tensor(NamedTuple):
@@ -130,51 +122,9 @@ def _is_qwen_next(mt: str) -> bool:
 
 
 def layer_kinds(cfg: dict[str, Any]) -> list[LayerKind]:
-    """Each decoder layer's kind from the config's own schema (``hybrid_override_pattern``,
-    ``layer_types``, ``full_attention_interval``, ``kv_lora_rank``, the MoE layer rules). A stand-in
-    for ``hwprofile.model.layers``; the integrator passes that module's list to :func:`count_params`."""
-    from .arch import EXPERT_KEYS, moe_layer_indices
-
-    c = flat_config(cfg)
-    pattern = c.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:  # nemotron_h: one mixer or one MLP per layer
-        if len(pattern) > 10_000:
-            raise ValueError(f"hybrid_override_pattern: {len(pattern)} layers (at most 10000)")
-        kinds = {"M": ("mamba2", "none"), "*": ("full", "none"), "E": ("none", "moe"), "-": ("none", "dense")}
-        bad = sorted(set(pattern) - set(kinds))
-        if bad:
-            raise ValueError(f"hybrid_override_pattern: unknown layer symbol(s) {''.join(bad)!r}")
-        return [LayerKind(*kinds[s]) for s in pattern]
-    layers = _int(c, "num_hidden_layers")
-    experts = next((_int(c, k) for k in EXPERT_KEYS if _int(c, k)), 0)
-    moe = set(moe_layer_indices(c, layers, experts))
-    mt = _mtype(c)
-    types = c.get("layer_types")
-    mixers: list[str] = []
-    if isinstance(types, list) and len(types) == layers:
-        for t in types:
-            t = str(t)
-            if "sliding" in t:
-                mixers.append("sliding")
-            elif "chunk" in t:
-                mixers.append("chunked")
-            elif "mamba" in t:
-                mixers.append("mamba2" if "2" in t or mt in MAMBA2_TYPES else "mamba")
-            elif "linear" in t:  # transformers 5 writes Granite-4's "mamba" as "linear_attention"
-                mixers.append(
-                    "gdn" if _is_qwen_next(mt) else "kda" if "kimi" in mt else "mamba2" if mt in MAMBA2_TYPES
-                    else "mamba" if mt == "jamba" else "linear"
-                )  # fmt: skip
-            else:
-                mixers.append("full")
-    elif _is_qwen_next(mt) and _int(c, "full_attention_interval"):
-        n = _int(c, "full_attention_interval")
-        mixers = ["full" if (i + 1) % n == 0 else "gdn" for i in range(layers)]
-    else:
-        mixers = ["full"] * layers
-    if _int(c, "kv_lora_rank"):
-        mixers = ["mla" if m == "full" else m for m in mixers]
-    return [LayerKind(m, "moe" if i in moe else "dense") for i, m in enumerate(mixers)]
+    """Each decoder layer's kind (:func:`hwprofile.model.layers.layer_kinds`, the one reading of every
+    layer schema), as the list :func:`count_params` and :func:`weights_bytes` take."""
+    return list(read_layer_kinds(cfg))
 
 
 class _Shape(NamedTuple):

@@ -46,6 +46,7 @@ from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
 from .refusal import PlanRefused
+from .releases import refuse_old_release
 from .shape import shape
 from .specpath import check as check_speculative_paths
 from .speculative import choose_speculator, heterogeneous_vocab_ok
@@ -105,6 +106,7 @@ def _build_plan(
     hetero_ok = heterogeneous_vocab_ok(host.software.vllm_version)
 
     model = choose_checkpoint(model, settings, r)
+    refuse_old_release(model, host.software.vllm_version)
     warnings = list(host_warnings)
     spec_method, chosen_draft = choose_speculator(model, draft, settings, r, warnings, hetero_ok)
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)

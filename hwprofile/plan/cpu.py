@@ -9,13 +9,16 @@ from typing import NamedTuple
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
-from .engine import server_settings
+from .engine import hybrid_opts, server_settings
 from .layout import ONE_NODE
 from .memory import (
     CPU_BLOCK_TOKENS,
     GiB,
+    hybrid_kv_cache,
+    is_plain,
     kv_bytes_per_token,
     kv_tokens_in,
+    logs_kv_tokens,
     longest_context,
     sequence_bytes,
     vllm_kv_cache,
@@ -48,14 +51,22 @@ def cpu_attention(model: ModelFacts, cpu_flags: tuple[str, ...]) -> CpuAttention
     DeepSeek-V4's kernels take 256-token blocks; everything else ``CPU_ATTN`` with 128-token blocks.
     Arm's ``Features`` never list ``amx_tile``, as vLLM's x86-only AMX check says."""
     amx = "amx_tile" in cpu_flags
-    has = "has AMX tiles (amx_tile)" if amx else (
-        "has no AMX tiles (no amx_tile flag)" if cpu_flags else "reports no CPU flags (AMX not assumed)"
+    has = (
+        "has AMX tiles (amx_tile)"
+        if amx
+        else (
+            "has no AMX tiles (no amx_tile flag)" if cpu_flags else "reports no CPU flags (AMX not assumed)"
+        )
     )
     if model.model_type == "deepseek_v4":
-        return CpuAttention("DEEPSEEK_V4", 256, amx, f"DeepSeek-V4 on the CPU takes 256-token KV blocks; this CPU {has}")
+        return CpuAttention(
+            "DEEPSEEK_V4", 256, amx, f"DeepSeek-V4 on the CPU takes 256-token KV blocks; this CPU {has}"
+        )
     if model.kv_lora_rank:
         if amx:
-            return CpuAttention("AMX_MLA", CPU_BLOCK_TOKENS, True, f"MLA on the AMX MLA kernel: this CPU {has}")
+            return CpuAttention(
+                "AMX_MLA", CPU_BLOCK_TOKENS, True, f"MLA on the AMX MLA kernel: this CPU {has}"
+            )
         return CpuAttention(
             "CPU_MLA",
             16,
@@ -63,7 +74,23 @@ def cpu_attention(model: ModelFacts, cpu_flags: tuple[str, ...]) -> CpuAttention
             f"MLA on vLLM's reference CPU_MLA kernel (16-token blocks, no chunked prefill or prefix "
             f"caching): this CPU {has}",
         )
-    return CpuAttention("CPU_ATTN", CPU_BLOCK_TOKENS, True, "CPU_ATTN: vLLM's CPU default of 128-token KV blocks")
+    return CpuAttention(
+        "CPU_ATTN", CPU_BLOCK_TOKENS, True, "CPU_ATTN: vLLM's CPU default of 128-token KV blocks"
+    )
+
+
+def cpu_ssm_dtype(requested: str, cpu_flags: tuple[str, ...], linear_attention_types: bool = True) -> str:
+    """The SSM state dtype vLLM's CPU platform serves a state model with (vLLM 0.32
+    ``platforms/cpu.py``): on a CPU with AVX512-BF16 (its accelerated GDN kernels) anything but an
+    explicit ``float16``/``bfloat16`` becomes ``float32`` ("Reset SSM cache type to float32"), and
+    those two stay only for a model whose ``layer_types`` lists ``linear_attention`` (its
+    ``_cpu_mamba_backend`` is then ``gdn``: the model's own state dtype under that setting is the
+    one asked for, as for Qwen3-Next, Qwen3.5 and Granite-4); elsewhere as requested."""
+    if "avx512_bf16" not in cpu_flags:
+        return requested
+    if requested in ("float16", "bfloat16") and linear_attention_types:
+        return requested
+    return "float32"
 
 
 def cpu_instance(
@@ -115,12 +142,41 @@ def cpu_instance(
     if not (attn.chunked_prefill and settings.engine.enable_chunked_prefill):
         flight = max(flight, length, VLLM_DEFAULT_BATCHED_TOKENS)
     usable = kv_space - per_tok * block  # one block is vLLM's null block
-    sliding = bool(model.sliding_layers and model.sliding_window)
+    sliding = bool(model.sliding_layers and model.sliding_window) or not is_plain(model)
+    hybrid = hybrid_opts(model, settings, spec_method, host.software.vllm_version, None, device="cpu")
+    if hybrid is not None:  # the state's dtype by the CPU platform's rule; blocks aligned to the state page
+        ssm = r.add(
+            f"{key}.memory.mamba_ssm_cache_dtype",
+            cpu_ssm_dtype(hybrid.ssm_dtype, host.cpu.flags, model.stack.linear_attention_types),
+            "vLLM's CPU platform keeps the SSM state in float32 on an AVX512-BF16 CPU unless float16/bfloat16 "
+            "is asked for (platforms/cpu.py); elsewhere the model's own (--mamba-ssm-cache-dtype auto)",
+        )
+        hybrid = hybrid._replace(ssm_dtype=ssm, cache_block=block)
+        h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
+        block = r.add(
+            f"{key}.memory.block_size",
+            h.block_size,
+            f"vLLM raises the attention block so one page ({h.page_bytes} B) holds a state layer's "
+            f"{h.state_bytes} B (_align_hybrid_block_size)",
+        )
+        hybrid = hybrid._replace(cache_block=block)
+        tokens = kv_tokens_in(kv_space, per_tok, block)
+        usable = kv_space - h.group_size * h.page_bytes  # the null block
     if tokens - block < length or (
-        sliding and sequence_bytes(model, draft, 1, model.dtype_bytes, length, block, flight, True) > usable
+        sliding
+        and sequence_bytes(model, draft, 1, model.dtype_bytes, length, block, flight, True, hybrid) > usable
     ):
         length = longest_context(
-            model, draft, 1, model.dtype_bytes, usable, step=block, block=block, in_flight=flight, reserve=sliding
+            model,
+            draft,
+            1,
+            model.dtype_bytes,
+            usable,
+            step=block,
+            block=block,
+            in_flight=flight,
+            reserve=sliding,
+            hybrid=hybrid,
         )
     r.add(
         f"{key}.engine.max_model_len",
@@ -136,13 +192,29 @@ def cpu_instance(
         "CPU backend: few concurrent sequences",
         ("engine", "max_num_seqs"),
     )
+    state: dict[str, int] = {}
+    if hybrid is not None:
+        h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
+        state = {"state_bytes_per_sequence": h.state_bytes_per_sequence, "state_sequences": h.state_blocks}
+        if seqs > h.state_blocks:
+            warnings.append(
+                f"{key}: max_num_seqs {seqs} lowered to {h.state_blocks}: the state of more does not fit"
+            )
+            seqs = r.add(
+                f"{key}.engine.max_num_seqs",
+                max(1, h.state_blocks),
+                f"each running sequence holds {h.state_groups} state groups x {h.state_slots} pages "
+                f"({h.state_bytes_per_sequence / 2**20:.1f} MiB); the KV space holds {h.state_blocks} sequences' state",
+            )
     batched = max(seqs, settings.engine.max_num_batched_tokens)
     chunked = settings.engine.enable_chunked_prefill
     prefix = settings.engine.enable_prefix_caching
     if not attn.chunked_prefill:
         # what vLLM does on its own for this backend: the plan says it rather than hides it
         why = f"{attn.backend} on the CPU: vLLM turns it off"
-        chunked = r.add(f"{key}.engine.enable_chunked_prefill", False, why, ("engine", "enable_chunked_prefill"))
+        chunked = r.add(
+            f"{key}.engine.enable_chunked_prefill", False, why, ("engine", "enable_chunked_prefill")
+        )
         prefix = r.add(f"{key}.engine.enable_prefix_caching", False, why, ("engine", "enable_prefix_caching"))
         batched = r.add(
             f"{key}.engine.max_num_batched_tokens",
@@ -169,54 +241,78 @@ def cpu_instance(
     if len(host.numa_nodes) > 1:
         warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
     dtype = settings.engine.dtype
-    engine = EngineSettings(**{
-        "gpu_memory_utilization": None,
-        "max_model_len": length,
-        "max_num_seqs": seqs,
-        "max_num_batched_tokens": batched,
-        "kv_cache_dtype": "auto",
-        "kv_cache_memory_bytes": kv_space,
-        "quantization": model.quant_method,
-        "dtype": "bfloat16" if dtype == "auto" else dtype,
-        "enforce_eager": eager,
-        "enable_prefix_caching": prefix,
-        "enable_chunked_prefill": chunked,
-    })
+    engine = EngineSettings(
+        **{
+            "gpu_memory_utilization": None,
+            "max_model_len": length,
+            "max_num_seqs": seqs,
+            "max_num_batched_tokens": batched,
+            "kv_cache_dtype": "auto",
+            "kv_cache_memory_bytes": kv_space,
+            "quantization": model.quant_method,
+            "dtype": "bfloat16" if dtype == "auto" else dtype,
+            "enforce_eager": eager,
+            "enable_prefix_caching": prefix,
+            "enable_chunked_prefill": chunked,
+        }
+    )
     spec = speculative_config(settings, spec_method, draft, 1, r, key, model)
-    return InstancePlan(**{
-        "name": "vllm-cpu" if count == 1 else f"vllm-cpu{index}",
-        "device": "cpu",
-        "gpus": (),
-        "gpu_name": None,
-        "numa_node": numa,
-        "cpus": cpus,
-        "tensor_parallel_size": 1,
-        "pipeline_parallel_size": 1,
-        "server": server_settings(settings, settings.server.port + index),
-        "engine": engine,
-        "speculative": spec,
-        "memory": MemoryFit(**{
-            "budget_bytes": kv_space + model.weights_bytes,
-            "weights_bytes": model.weights_bytes,
-            "draft_weights_bytes": draft.weights_bytes if draft else 0,
-            "activation_bytes": 0,
-            "overhead_bytes": 0,
-            "kv_cache_bytes": kv_space,
-            "kv_bytes_per_token": per_tok,
-            "kv_bytes_per_token_target": kv_bytes_per_token(model, 1, model.dtype_bytes),
-            "kv_bytes_per_token_draft": kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0,
-            "kv_tokens": tokens,
-            "block_size": block,
-            "kv_bytes_per_max_len_request": sequence_bytes(
-                model, draft, 1, model.dtype_bytes, length, block, int(engine.max_num_batched_tokens), reserve=True
-            ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
-            # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
-            # with a draft the cache is shared in ways this does not model: then no figure
-            "vllm_logged_kv_tokens": None
-            if draft
-            else vllm_kv_cache(
-                model, kv_space, length, block, model.dtype_bytes, 1, int(engine.max_num_batched_tokens)
-            )[1],
-        }),
-        "estimate": Estimate(note="CPU backend: no datasheet bandwidth figure"),
-    })
+    return InstancePlan(
+        **{
+            "name": "vllm-cpu" if count == 1 else f"vllm-cpu{index}",
+            "device": "cpu",
+            "gpus": (),
+            "gpu_name": None,
+            "numa_node": numa,
+            "cpus": cpus,
+            "tensor_parallel_size": 1,
+            "pipeline_parallel_size": 1,
+            "server": server_settings(settings, settings.server.port + index),
+            "engine": engine,
+            "speculative": spec,
+            "memory": MemoryFit(
+                **{
+                    "budget_bytes": kv_space + model.weights_bytes,
+                    "weights_bytes": model.weights_bytes,
+                    "draft_weights_bytes": draft.weights_bytes if draft else 0,
+                    "activation_bytes": 0,
+                    "overhead_bytes": 0,
+                    "kv_cache_bytes": kv_space,
+                    "kv_bytes_per_token": per_tok,
+                    "kv_bytes_per_token_target": kv_bytes_per_token(model, 1, model.dtype_bytes),
+                    "kv_bytes_per_token_draft": kv_bytes_per_token(draft, 1, model.dtype_bytes)
+                    if draft
+                    else 0,
+                    "kv_tokens": tokens,
+                    "block_size": block,
+                    "kv_bytes_per_max_len_request": sequence_bytes(
+                        model,
+                        draft,
+                        1,
+                        model.dtype_bytes,
+                        length,
+                        block,
+                        int(engine.max_num_batched_tokens),
+                        reserve=True,
+                        hybrid=hybrid,
+                    ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
+                    # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
+                    # with a draft the cache is shared in ways this does not model: then no figure
+                    "vllm_logged_kv_tokens": None
+                    if draft or not logs_kv_tokens(model, 1, model.dtype_bytes)
+                    else vllm_kv_cache(
+                        model,
+                        kv_space,
+                        length,
+                        block,
+                        model.dtype_bytes,
+                        1,
+                        int(engine.max_num_batched_tokens),
+                        hybrid,
+                    )[1],
+                    **state,
+                }
+            ),
+            "estimate": Estimate(note="CPU backend: no datasheet bandwidth figure"),
+        }
+    )

@@ -10,7 +10,17 @@ from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from . import gpufacts
-from .memory import BLOCK_TOKENS, Fit, GiB, MiB, longest_context, sequence_bytes
+from .memory import (
+    BLOCK_TOKENS,
+    Fit,
+    GiB,
+    HybridOpts,
+    MiB,
+    hybrid_kv_cache,
+    is_hybrid,
+    longest_context,
+    sequence_bytes,
+)
 from .reasons import Reasons
 from .types import ServerSettings
 
@@ -123,6 +133,7 @@ def context_length(
     r: Reasons,
     key: str,
     in_flight: int | None = None,
+    hybrid: HybridOpts | None = None,
 ) -> int:
     """``max_model_len``: as configured, at most the model's ``max_position_embeddings``, shortened
     to the longest one request whose KV fits the cache; :class:`ContextTooShort` below
@@ -140,9 +151,14 @@ def context_length(
             f"capped at the model's max_position_embeddings ({length})",
             ("engine", "max_model_len"),
         )
-    one = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=flight, reserve=reserve)
+    one = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=flight, reserve=reserve, hybrid=hybrid)
     # vLLM keeps one block of the pool as its null block: a request gets the others.
     usable = f.kv_cache_bytes - f.kv_bytes_per_token * BLOCK_TOKENS
+    if hybrid is not None and is_hybrid(model):  # the null block: one page in each layer of a group
+        h = hybrid_kv_cache(
+            model, f.kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict()
+        )
+        usable = f.kv_cache_bytes - h.group_size * h.page_bytes
     if one <= usable:
         r.add(
             f"{key}.engine.max_model_len",
@@ -151,7 +167,9 @@ def context_length(
             ("engine", "max_model_len"),
         )
         return length
-    fits_len = longest_context(model, draft, tp, kv_bytes, usable, in_flight=flight, reserve=reserve)
+    fits_len = longest_context(
+        model, draft, tp, kv_bytes, usable, in_flight=flight, reserve=reserve, hybrid=hybrid
+    )
     if fits_len < min_len:
         raise ContextTooShort(
             f"after weights the KV cache gets {f.kv_cache_bytes / GiB:.2f} GiB, "
@@ -180,6 +198,7 @@ def concurrency(
     name: str,
     in_flight: int | None = None,
     chosen_by: str | None = None,
+    hybrid: HybridOpts | None = None,
 ) -> int:
     """``max_num_seqs`` as configured (or as ``layout.objective`` chose it: ``chosen_by`` says why).
     vLLM preallocates the KV cache, so more sequences than it holds queue or get preempted rather
@@ -188,13 +207,27 @@ def concurrency(
     seqs = settings.engine.max_num_seqs
     src: tuple[str, ...] = ("layout", "objective") if chosen_by else ("engine", "max_num_seqs")
     why = f"predicted: {chosen_by}; " if chosen_by else ""
-    whole = sequence_bytes(model, draft, tp, kv_bytes, length, in_flight=in_flight or 0, reserve=in_flight is not None)
+    whole = sequence_bytes(
+        model,
+        draft,
+        tp,
+        kv_bytes,
+        length,
+        in_flight=in_flight or 0,
+        reserve=in_flight is not None,
+        hybrid=hybrid,
+    )
     full_len = f.kv_cache_bytes // max(1, whole)
     half = max(
         1,
         int(
             f.kv_cache_bytes
-            // max(1, sequence_bytes(model, draft, tp, kv_bytes, max(16, int(length * AVERAGE_FILL))))
+            // max(
+                1,
+                sequence_bytes(
+                    model, draft, tp, kv_bytes, max(16, int(length * AVERAGE_FILL)), hybrid=hybrid
+                ),
+            )
         ),
     )
     holds = f"the KV cache holds {half} requests at {int(AVERAGE_FILL * 100)}% of max_model_len, {full_len} at full length"
@@ -210,7 +243,48 @@ def concurrency(
         )
     else:
         r.add(f"{key}.engine.max_num_seqs", seqs, why + holds, src)
+    if hybrid is not None and is_hybrid(model):
+        seqs = state_cap(model, tp, kv_bytes, length, f, hybrid, seqs, r, warnings, key, name)
     return seqs
+
+
+def state_cap(
+    model: ModelFacts,
+    tp: int,
+    kv_bytes: int,
+    length: int,
+    f: Fit,
+    hybrid: HybridOpts,
+    seqs: int,
+    r: Reasons,
+    warnings: list[str],
+    key: str,
+    name: str,
+) -> int:
+    """A hybrid model's ``max_num_seqs`` at most the sequences whose recurrent state the pool holds
+    at once (each holds its state pages in every state group: 1 + k, or 2 + k with prefix caching).
+    vLLM itself refuses to start under full CUDA graphs when ``max_num_seqs`` exceeds the pool's
+    blocks (``config/compilation.py``: "max_num_seqs exceeds available Mamba cache blocks"), and
+    sequences beyond the state pages could not run anyway."""
+    h = hybrid_kv_cache(model, f.kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict())
+    if h.state_blocks < 1:
+        raise ContextTooShort(
+            f"the {f.kv_cache_bytes / GiB:.2f} GiB KV cache holds {h.num_blocks} blocks, less than one "
+            f"sequence's recurrent state ({h.state_groups} state groups x {h.state_slots} pages)"
+        )
+    if seqs <= h.state_blocks:
+        return seqs
+    per_seq = h.state_bytes_per_sequence
+    why = (
+        f"lowered from {seqs}: each running sequence holds {h.state_groups} state groups x {h.state_slots} pages "
+        f"({per_seq / MiB:.1f} MiB of recurrent state per GPU); the {h.num_blocks} blocks of the pool hold "
+        f"{h.state_blocks} sequences' state (vLLM refuses to start under full CUDA graphs when max_num_seqs "
+        "exceeds its state blocks)"
+    )
+    warnings.append(
+        f"{name}: max_num_seqs {seqs} lowered to {h.state_blocks}: the recurrent state of more does not fit"
+    )
+    return r.add(f"{key}.engine.max_num_seqs", h.state_blocks, why)
 
 
 def batched_tokens(
@@ -256,4 +330,52 @@ def server_settings(settings: Settings, port: int) -> ServerSettings:
         user=settings.server.user,
         metrics=settings.server.metrics,
         extra_args=settings.server.extra_args,
+    )
+
+
+def hybrid_opts(
+    model: ModelFacts,
+    settings: Settings,
+    spec_method: str | None,
+    vllm_version: str | None,
+    gpu: Gpu | None,
+    device: str = "cuda",
+) -> HybridOpts | None:
+    """How vLLM will lay out a hybrid model's cache on this instance (None: not a hybrid).
+
+    State pages per request follow ``num_speculative_tokens`` for any speculative method (ngram
+    included: ``vllm_config.num_speculative_tokens``), prefix caching (``mamba_cache_mode align``:
+    one page more) and the prefill checkpoint page a Mamba2 mixer, or from vLLM 0.33 on Hopper a
+    GDN layer on FlashInfer's prefill kernel (``qwen_gdn_linear_attn.py``: its blocks then on a
+    64-token grid), exports in align mode; a resident MTP head adds its attention layers. The SSM state's dtype is vLLM's default (``auto``: the model's rule)."""
+    if not is_hybrid(model):
+        return None
+    from .shape import _version
+
+    k = settings.speculative.num_speculative_tokens if spec_method else 0
+    prefix = bool(settings.engine.enable_prefix_caching)
+    v = _version(vllm_version)
+    cc = (gpu.compute_capability or "") if gpu is not None else ""
+    hopper = cc.split(".")[0] == "9"
+    kind = model.stack.state.kind
+    # align mode's extra prefill-checkpoint page: Mamba2 mixers (mamba_mixer2.py, 0.32 and 0.33);
+    # GDN from 0.33 where FlashInfer's prefill kernel runs it (Hopper), on a 64-token grid
+    flashinfer_gdn = kind == "gdn" and hopper and device == "cuda" and v is not None and v >= (0, 33, 0)
+    checkpoint = prefix and (flashinfer_gdn or (kind == "mamba2" and (v is None or v >= (0, 32, 0))))
+    if device == "cpu":
+        from .memory import CPU_BLOCK_TOKENS, CPU_KERNEL_BLOCK
+
+        block, kernel = CPU_BLOCK_TOKENS, CPU_KERNEL_BLOCK
+    else:
+        from .memory import GPU_KERNEL_BLOCK
+
+        block, kernel = BLOCK_TOKENS, GPU_KERNEL_BLOCK
+    return HybridOpts(
+        num_spec=k,
+        mtp_attention_layers=model.mtp_layers if spec_method == "mtp" else 0,
+        prefix_caching=prefix,
+        prefill_checkpoint=checkpoint,
+        cache_block=block,
+        kernel_block=kernel,
+        checkpoint_align=64 if prefix and flashinfer_gdn else 1,
     )

@@ -17,8 +17,14 @@ from .memory import (
     BLOCK_TOKENS,
     Fit,
     GiB,
+    HybridOpts,
+    MiB,
+    hybrid_kv_cache,
     in_flight_tokens,
+    is_hybrid,
+    is_plain,
     kv_bytes_per_token,
+    logs_kv_tokens,
     sequence_bytes,
     vllm_kv_cache,
 )
@@ -48,7 +54,8 @@ def gpu_instance(
     if batching is not None:
         seqs_, batched_, chosen_by = batching
         settings = dataclasses.replace(
-            settings, engine=dataclasses.replace(settings.engine, max_num_seqs=seqs_, max_num_batched_tokens=batched_)
+            settings,
+            engine=dataclasses.replace(settings.engine, max_num_seqs=seqs_, max_num_batched_tokens=batched_),
         )
     name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
     key = f"instances[{i}]"
@@ -77,14 +84,20 @@ def gpu_instance(
     if not settings.engine.enable_chunked_prefill:
         step_tokens = max(step_tokens, settings.engine.max_model_len)
     flight = in_flight_tokens(host.software.vllm_version, step_tokens, "cuda", pp, spec_method)
+    hybrid = engine.hybrid_opts(model, settings, spec_method, host.software.vllm_version, gpu)
     try:
-        length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight)
+        length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
     except engine.ContextTooShort as e:
         raise PlanRefused(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
         ) from None
-    seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight,
-                              chosen_by)  # fmt: skip
+    try:
+        seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight,
+                                  chosen_by, hybrid)  # fmt: skip
+    except engine.ContextTooShort as e:
+        raise PlanRefused(
+            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
+        ) from None
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
 
     quant = model.quant_method
@@ -125,14 +138,23 @@ def gpu_instance(
         server=engine.server_settings(settings, settings.server.port + i),
         engine=engine_settings,
         speculative=spec,
-        memory=memory_fit(f, model, draft, tp, kv_bytes, length, in_flight),
+        memory=memory_fit(f, model, draft, tp, kv_bytes, length, in_flight, hybrid, r, key),
         estimate=estimate(gpu, model, draft, tp, spec, settings),
     )
     return instance, draft
 
 
 def memory_fit(
-    f: Fit, model: ModelFacts, draft: ModelFacts | None, tp: int, kv_bytes: int, length: int, in_flight: int = 0
+    f: Fit,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    tp: int,
+    kv_bytes: int,
+    length: int,
+    in_flight: int = 0,
+    hybrid: HybridOpts | None = None,
+    r: Reasons | None = None,
+    key: str = "instances[0]",
 ) -> MemoryFit:
     """The instance's memory breakdown per GPU. A max-length request costs what vLLM reserves for it
     (sliding-window layers: the window plus ``in_flight`` tokens and one block, see
@@ -140,23 +162,78 @@ def memory_fit(
     ``KV cache size`` line vLLM will log for these bytes (:func:`~.memory.vllm_kv_cache`), which the
     start-up verification compares with the log."""
     sliding: dict[str, int] = {}
-    if model.sliding_layers and model.sliding_window and draft is None:
+    block = BLOCK_TOKENS
+    if hybrid is not None and is_hybrid(model):
+        sliding = hybrid_memory(model, f.kv_cache_bytes, length, tp, kv_bytes, hybrid, draft, r, key)
+        block = sliding.pop("block_size")
+    elif (
+        ((model.sliding_layers and model.sliding_window) or not is_plain(model))
+        and draft is None
+        and logs_kv_tokens(model, tp, kv_bytes)
+    ):
         sliding["vllm_logged_kv_tokens"] = vllm_kv_cache(
             model, f.kv_cache_bytes, length, BLOCK_TOKENS, kv_bytes, tp, in_flight
         )[1]
-    return MemoryFit(**sliding, **{
-        "budget_bytes": f.budget_bytes,
-        "weights_bytes": f.weights_bytes,
-        "draft_weights_bytes": f.draft_weights_bytes,
-        "activation_bytes": f.activation_bytes,
-        "overhead_bytes": f.overhead_bytes,
-        "kv_cache_bytes": f.kv_cache_bytes,
-        "kv_bytes_per_token": f.kv_bytes_per_token,
-        "kv_bytes_per_token_target": kv_bytes_per_token(model, tp, kv_bytes),
-        "kv_bytes_per_token_draft": kv_bytes_per_token(draft, tp, kv_bytes) if draft else 0,
-        "kv_tokens": f.kv_tokens,
-        "block_size": BLOCK_TOKENS,
-        "kv_bytes_per_max_len_request": sequence_bytes(
-            model, draft, tp, kv_bytes, length, in_flight=in_flight, reserve=True
-        ),
-    })
+    return MemoryFit(
+        **sliding,
+        **{
+            "budget_bytes": f.budget_bytes,
+            "weights_bytes": f.weights_bytes,
+            "draft_weights_bytes": f.draft_weights_bytes,
+            "activation_bytes": f.activation_bytes,
+            "overhead_bytes": f.overhead_bytes,
+            "kv_cache_bytes": f.kv_cache_bytes,
+            "kv_bytes_per_token": f.kv_bytes_per_token,
+            "kv_bytes_per_token_target": kv_bytes_per_token(model, tp, kv_bytes),
+            "kv_bytes_per_token_draft": kv_bytes_per_token(draft, tp, kv_bytes) if draft else 0,
+            "kv_tokens": f.kv_tokens,
+            "block_size": block,
+            "kv_bytes_per_max_len_request": sequence_bytes(
+                model, draft, tp, kv_bytes, length, in_flight=in_flight, reserve=True, hybrid=hybrid
+            ),
+        },
+    )
+
+
+def hybrid_memory(
+    model: ModelFacts,
+    kv_cache_bytes: int,
+    length: int,
+    tp: int,
+    kv_bytes: int,
+    hybrid: HybridOpts,
+    draft: ModelFacts | None,
+    r: Reasons | None,
+    key: str,
+) -> dict[str, int]:
+    """A hybrid model's part of the memory breakdown (:func:`~.memory.hybrid_kv_cache`): the
+    attention block vLLM aligns to the state page, the recurrent state one sequence holds, the
+    sequences whose state the pool holds, and the ``KV cache size`` line vLLM will log (not with a
+    separate draft model, whose layers join the groups in ways this does not model)."""
+    h = hybrid_kv_cache(model, kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict())
+    out = {
+        "block_size": h.block_size,
+        "state_bytes_per_sequence": h.state_bytes_per_sequence,
+        "state_sequences": h.state_blocks,
+    }
+    if draft is None:
+        out["vllm_logged_kv_tokens"] = h.logged_tokens
+    if r is not None:
+        st = model.stack.state
+        r.add(
+            f"{key}.memory.block_size",
+            h.block_size,
+            f"vLLM raises the attention block so one page ({h.page_bytes} B) holds a {st.kind} layer's state "
+            f"({h.state_bytes} B per sequence, padded): _align_hybrid_block_size",
+        )
+        r.add(
+            f"{key}.memory.state_bytes_per_sequence",
+            h.state_bytes_per_sequence,
+            f"{h.state_layers} {st.kind} state layers in {h.state_groups} groups of {h.group_size}, "
+            f"{h.state_slots} page(s) each per running sequence "
+            f"(1{' + 1 for prefix caching' if hybrid.prefix_caching else ''}"
+            f"{f' + {hybrid.num_spec} speculative' if hybrid.num_spec else ''}"
+            f"{' + 1 prefill checkpoint' if hybrid.prefill_checkpoint else ''}): "
+            f"{h.state_bytes_per_sequence / MiB:.1f} MiB per GPU",
+        )
+    return out

@@ -12,6 +12,7 @@ vLLM per family in tests/test_vllm_kv_arch.py.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import NamedTuple
 
@@ -48,8 +49,42 @@ def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding:
     With ``sliding=False`` only full-attention layers count (sliding-window layers hold at most
     ``window`` tokens per sequence; see :func:`kv_bytes_per_sequence`).
     """
+    if not is_plain(model):
+        return sum(
+            n * b
+            for kind, (n, b) in attention_bytes_by_kind(model, tp, kv_dtype_bytes).items()
+            if sliding or kind in ("full", "mla")
+        )
     layers = model.num_layers if sliding else model.full_layers
     return layers * kv_bytes_per_token_layer(model, tp, kv_dtype_bytes)
+
+
+def is_plain(model: ModelFacts) -> bool:
+    """Every layer an attention layer of one shape (full, sliding-window or MLA): the arithmetic
+    hwprofile had before the layer stack, kept as it was. Hybrids with recurrent state, chunked-local
+    attention, layers of several shapes and layers that reuse another's KV go by the stack."""
+    st = model.stack
+    if st is None:
+        return True
+    if st.state_layers or st.kv_shared or "chunked" in st.attention or st.count("none"):
+        return False
+    shapes = {(a.num_kv_heads, a.head_dim) for k, a in st.attention.items() if k != "mla"}
+    return len(shapes) <= 1
+
+
+def attention_bytes_by_kind(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> dict[str, tuple[int, int]]:
+    """``{kind: (layers with their own KV, bytes per token and layer on one GPU)}`` from the stack."""
+    st = model.stack
+    out: dict[str, tuple[int, int]] = {}
+    for _, kind in st.attention_layers():
+        shape = st.attention[kind]
+        if kind == "mla":
+            b = shape.head_dim * kv_dtype_bytes
+        else:
+            b = 2 * max(1, shape.num_kv_heads // tp) * shape.head_dim * kv_dtype_bytes
+        n, _ = out.get(kind, (0, b))
+        out[kind] = (n + 1, b)
+    return out
 
 
 def sliding_window_blocks(model: ModelFacts, length: int, block: int, in_flight: int = 0) -> int:
@@ -95,6 +130,7 @@ def kv_bytes_per_sequence(
     block: int = BLOCK_TOKENS,
     in_flight: int = 0,
     reserve: bool = False,
+    hybrid: HybridOpts | None = None,
 ) -> int:
     """KV bytes one sequence of ``length`` tokens holds: full-attention layers every token,
     sliding-window layers at most the window (:func:`sliding_window_blocks`), never more than the
@@ -104,7 +140,18 @@ def kv_bytes_per_sequence(
     ``reserve``: what vLLM reserves for a request of ``length = max_model_len`` instead (its
     ``max_memory_usage_bytes``, behind the logged capacity and the start-up check that one such
     request fits): the sliding-window layers' admission cap with ``in_flight``, extra block
-    included, even where it exceeds the request's own blocks."""
+    included, even where it exceeds the request's own blocks.
+
+    A hybrid model (:func:`is_hybrid`): its attention layers' blocks at vLLM's hybrid block size
+    plus its state pages (:func:`hybrid_kv_cache`, with ``hybrid``'s serving options)."""
+    if is_hybrid(model):
+        h = hybrid_kv_cache(
+            model, 0, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **(hybrid or HybridOpts())._asdict()
+        )
+        tokens = -(-length // h.block_size) * h.block_size
+        return h.attention_layers * h.attn_bytes_per_token_layer * tokens + h.state_bytes_per_sequence
+    if not is_plain(model):
+        return _stack_sequence_bytes(model, tp, kv_dtype_bytes, length, block, in_flight, reserve)
     blocks = -(-length // block)
     tokens = blocks * block
     per_layer = kv_bytes_per_token_layer(model, tp, kv_dtype_bytes)
@@ -126,9 +173,12 @@ def kv_cache_groups(model: ModelFacts) -> list[tuple[str, int]]:
     kind's when it is less than 1.5 × the smaller (the last group of a kind padded). Every group
     takes a page of each of its layers per block from one shared pool.
     """
-    sliding = model.sliding_layers if model.sliding_window else 0
-    full = model.num_layers - sliding
-    buckets = [(k, n) for k, n in (("full", full), ("sliding", sliding)) if n]
+    if is_plain(model):
+        sliding = model.sliding_layers if model.sliding_window else 0
+        full = model.num_layers - sliding
+        buckets = [(k, n) for k, n in (("full", full), ("sliding", sliding)) if n]
+    else:  # one bucket per attention kind (all of one page size: see uniform_pages)
+        buckets = [(k, n) for k, (n, _) in attention_bytes_by_kind(model, 1, 1).items()]
     if len(buckets) == 1:
         return buckets
     lo = min(n for _, n in buckets)
@@ -145,8 +195,11 @@ def vllm_kv_cache(
     kv_dtype_bytes: int | None = None,
     tp: int = 1,
     in_flight: int = 0,
+    hybrid: HybridOpts | None = None,
 ) -> tuple[int, int]:
     """``(num_blocks, logged tokens)``: vLLM's arithmetic for a KV cache of ``kv_cache_bytes``.
+    A hybrid model's by :func:`hybrid_kv_cache` (``hybrid``: how it is served; ``block`` its
+    cache block before alignment); chunked-local layers hold their chunk plus ``in_flight``.
 
     ``num_blocks = bytes // (layers per group × page)`` (``get_kv_cache_config_from_groups``), and
     the ``KV cache size: N tokens`` line is ``int(num_blocks / blocks per request × max_model_len)``
@@ -156,15 +209,47 @@ def vllm_kv_cache(
     ``max_num_batched_tokens`` × concurrent batches (one on the CPU: no async scheduling).
     """
     dtype_bytes = kv_dtype_bytes or model.dtype_bytes
-    page = kv_bytes_per_token_layer(model, tp, dtype_bytes) * block
+    if is_hybrid(model):
+        h = hybrid_kv_cache(
+            model, kv_cache_bytes, max_model_len, tp=tp, kv_dtype_bytes=dtype_bytes,
+            **(hybrid or HybridOpts(cache_block=block))._asdict(),
+        )  # fmt: skip
+        return h.num_blocks, h.logged_tokens
+    if is_plain(model):
+        page = kv_bytes_per_token_layer(model, tp, dtype_bytes) * block
+    else:
+        pages = {b for _, b in attention_bytes_by_kind(model, tp, dtype_bytes).values()}
+        if len(pages) != 1:
+            raise ValueError(
+                f"{model.name}: attention layers of several page sizes (vLLM packs them; not modelled)"
+            )
+        page = pages.pop() * block
     groups = kv_cache_groups(model)
     num_blocks = max(0, kv_cache_bytes) // (max(n for _, n in groups) * page)
     full_blocks = -(-max_model_len // block)
-    per_request = sum(
-        full_blocks if kind == "full" else sliding_window_blocks(model, max_model_len, block, in_flight)
-        for kind, _ in groups
+    chunk = (
+        model.stack.attention["chunked"].window
+        if model.stack and "chunked" in model.stack.attention
+        else None
     )
+
+    def blocks_of(kind: str) -> int:
+        if kind == "sliding":
+            return sliding_window_blocks(model, max_model_len, block, in_flight)
+        if kind == "chunked" and chunk:
+            return -(-min(chunk + in_flight, max_model_len) // block)
+        return full_blocks
+
+    per_request = sum(blocks_of(kind) for kind, _ in groups)
     return num_blocks, int(num_blocks / per_request * max_model_len)
+
+
+def logs_kv_tokens(model: ModelFacts, tp: int = 1, kv_dtype_bytes: int = 2) -> bool:
+    """Whether :func:`vllm_kv_cache` can say what vLLM logs for this model: not where attention
+    layers of several page sizes share the pool (vLLM packs them into mixed blocks)."""
+    if is_plain(model) or is_hybrid(model):
+        return True
+    return len({b for _, b in attention_bytes_by_kind(model, tp, kv_dtype_bytes).values()}) == 1
 
 
 def active_weights_bytes(model: ModelFacts) -> int:
@@ -243,9 +328,10 @@ def sequence_bytes(
     block: int = BLOCK_TOKENS,
     in_flight: int = 0,
     reserve: bool = False,
+    hybrid: HybridOpts | None = None,
 ) -> int:
     """:func:`kv_bytes_per_sequence` of the target plus the draft's."""
-    return kv_bytes_per_sequence(model, tp, kv_dtype_bytes, length, block, in_flight, reserve) + (
+    return kv_bytes_per_sequence(model, tp, kv_dtype_bytes, length, block, in_flight, reserve, hybrid) + (
         kv_bytes_per_sequence(draft, tp, kv_dtype_bytes, length, block, in_flight, reserve) if draft else 0
     )
 
@@ -265,13 +351,14 @@ def longest_context(
     block: int = BLOCK_TOKENS,
     in_flight: int = 0,
     reserve: bool = False,
+    hybrid: HybridOpts | None = None,
 ) -> int:
     """The longest context (a multiple of ``step``) whose KV fits in ``kv_cache_bytes``; 0 if none.
     ``reserve``: as vLLM's start-up check counts one such request (:func:`kv_bytes_per_sequence`)."""
     lo, hi = 0, 1 << 24
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        need = sequence_bytes(model, draft, tp, kv_dtype_bytes, mid * step, block, in_flight, reserve)
+        need = sequence_bytes(model, draft, tp, kv_dtype_bytes, mid * step, block, in_flight, reserve, hybrid)
         if need <= kv_cache_bytes:
             lo = mid
         else:
@@ -290,3 +377,194 @@ def vllm_reported_kv_tokens(kv_tokens: int, max_model_len: int, block: int = BLO
     blocks = kv_tokens // block
     per_request = -(-max_model_len // block)
     return int(blocks / per_request * max_model_len)
+
+
+# --- hybrid models: attention layers beside recurrent-state layers (Gated DeltaNet, Mamba, ...) ---
+
+STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}
+GPU_KERNEL_BLOCK = 16  # FlashAttention's kernel block multiple (flash_attn.py: MultipleOf(16))
+CPU_KERNEL_BLOCK = 32  # CPU_ATTN's (cpu_attn.py: MultipleOf(32))
+
+
+def is_hybrid(model: ModelFacts) -> bool:
+    """The model has recurrent-state layers beside its attention (vLLM ``is_hybrid``)."""
+    return model.stack is not None and model.stack.is_hybrid_state
+
+
+class HybridOpts(NamedTuple):
+    """How vLLM serves a hybrid model, as far as its cache layout depends on it (the keyword
+    arguments of :func:`hybrid_kv_cache` besides the model, bytes and lengths)."""
+
+    ssm_dtype: str = "auto"  # --mamba-ssm-cache-dtype
+    num_spec: int = 0  # num_speculative_tokens, any method
+    mtp_attention_layers: int = 0  # a resident MTP head's attention layers
+    prefix_caching: bool = False
+    prefill_checkpoint: bool = False
+    cache_block: int = BLOCK_TOKENS
+    kernel_block: int = GPU_KERNEL_BLOCK
+    checkpoint_align: int = 1  # tokens the prefill checkpoints land on (0.33 GDN on FlashInfer: 64)
+
+
+class HybridCache(NamedTuple):
+    """vLLM's KV cache of a hybrid model, per GPU (TP rank), as its start-up arithmetic lays it out."""
+
+    block_size: int  # attention tokens per block (raised so that a page holds one state)
+    attn_bytes_per_token_layer: int
+    attention_layers: int  # with their own KV (a resident MTP layer's included)
+    state_layers: int
+    state_bytes: int  # one state layer's state per sequence, unpadded (conv + SSM)
+    page_bytes: int  # one layer's page: block_size x attention bytes; the state padded to it
+    group_size: int  # layers per KV cache group
+    attention_groups: int
+    state_groups: int
+    state_slots: int  # state pages a request holds per state group (1 + k; 2 + k with prefix caching)
+    num_blocks: int
+    per_request_blocks: int  # blocks one max_model_len request takes over all groups
+    logged_tokens: int  # vLLM's "KV cache size: N tokens"
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """State memory one running sequence holds: every state group's slots, padded pages."""
+        return self.state_groups * self.state_slots * self.group_size * self.page_bytes
+
+    @property
+    def state_blocks(self) -> int:
+        """Sequences whose state fits the pool at once (vLLM refuses max_num_seqs above this under
+        full CUDA graphs: ``max_num_seqs exceeds available Mamba cache blocks``)."""
+        return self.num_blocks // max(1, self.state_groups * self.state_slots)
+
+
+def state_bytes_per_layer(
+    model: ModelFacts,
+    tp: int = 1,
+    num_spec: int = 0,
+    ssm_dtype: str = "auto",
+    conv_dtype_bytes: int | None = None,
+) -> int:
+    """One state layer's state per sequence on one TP rank (vLLM ``MambaSpec.page_size_bytes``
+    before padding): the conv state in the model dtype (``--mamba-cache-dtype auto``), the SSM
+    state in ``ssm_dtype`` (``auto``: the model's own rule, :attr:`~hwprofile.model.layers.StateDims.ssm_dtype`,
+    else the conv dtype)."""
+    from ..model.layers import state_shapes
+
+    dims = model.stack.state
+    conv_b = conv_dtype_bytes or model.dtype_bytes
+    if ssm_dtype == "auto":
+        ssm_b = STATE_DTYPE_BYTES.get(dims.ssm_dtype or "", conv_b)
+    else:
+        ssm_b = STATE_DTYPE_BYTES[ssm_dtype]
+    shapes = state_shapes(dims, tp, num_spec)
+    # linear attention keeps one state, in the model dtype; the others a conv state, then the SSM's
+    dtypes = (conv_b,) if len(shapes) == 1 else (conv_b,) + (ssm_b,) * (len(shapes) - 1)
+    return sum(math.prod(shape) * b for shape, b in zip(shapes, dtypes, strict=True))
+
+
+def hybrid_attn_bytes_per_token_layer(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> int:
+    """Attention KV per token and layer of a hybrid model (one attention shape: vLLM aligns the
+    block to ``model_config.get_head_size()`` and ``get_num_kv_heads``)."""
+    shapes = model.stack.attention
+    if "mla" in shapes:
+        return shapes["mla"].head_dim * kv_dtype_bytes
+    kinds = {(s.num_kv_heads, s.head_dim) for s in shapes.values()}
+    if len(kinds) != 1:
+        raise ValueError(f"{model.name}: a hybrid with attention layers of several shapes is not modelled")
+    kv, head_dim = kinds.pop()
+    return 2 * max(1, kv // tp) * head_dim * kv_dtype_bytes
+
+
+def hybrid_kv_cache(
+    model: ModelFacts,
+    kv_cache_bytes: int,
+    max_model_len: int,
+    *,
+    tp: int = 1,
+    kv_dtype_bytes: int | None = None,
+    ssm_dtype: str = "auto",
+    num_spec: int = 0,
+    mtp_attention_layers: int = 0,
+    prefix_caching: bool = False,
+    prefill_checkpoint: bool = False,
+    cache_block: int = BLOCK_TOKENS,
+    kernel_block: int = GPU_KERNEL_BLOCK,
+    checkpoint_align: int = 1,
+) -> HybridCache:
+    """vLLM's layout of a hybrid model's KV cache of ``kv_cache_bytes`` per GPU, and the
+    ``KV cache size: N tokens`` it logs (vLLM 0.32/0.33).
+
+    - Block size (``platforms/interface.py`` ``_align_hybrid_block_size``): with
+      ``align = max(kernel_block, cache_block)`` (16 and 16 on CUDA's FlashAttention, 32 and 128
+      on the CPU; at least 128 beside MLA; with prefix caching, a multiple of ``checkpoint_align``
+      in 0.33), ``block = align x cdiv(state, align x attention bytes per token)``, never below
+      ``cache_block``; the state page is padded to ``block x attention bytes per token``.
+    - Groups (``v1/core/kv_cache_utils.py`` ``_get_kv_cache_groups_uniform_page_size``): the
+      attention and the state layers each cut into groups of the smaller count's layers (the larger
+      count when it is under 1.5x the smaller); a block is one page in each layer of a group, so
+      ``num_blocks = bytes // (group size x page)``.
+    - Per request (``MambaSpec.max_memory_usage_bytes``): ``cdiv(max_model_len, block)`` blocks per
+      attention group; per state group ``1 + k`` pages, or ``2 + k`` with prefix caching (vLLM
+      sets ``mamba_cache_mode align``), one more where the layer exports prefill checkpoints
+      (Mamba2 mixers; 0.33's GDN on FlashInfer's prefill kernel: Hopper; ``prefill_checkpoint``); ``k``:
+      ``num_speculative_tokens`` of any method, ngram included, which also widen the conv state.
+    - Logged: ``int(num_blocks / per-request blocks x max_model_len)`` (``get_kv_cache_capacity``).
+
+    ``mtp_attention_layers``: a resident MTP head's attention layers (one for Qwen3.5/3.8)."""
+    kv_b = kv_dtype_bytes or model.dtype_bytes
+    stack = model.stack
+    attn_tok = hybrid_attn_bytes_per_token_layer(model, tp, kv_b)
+    state = state_bytes_per_layer(model, tp, num_spec, ssm_dtype)
+    align = max(kernel_block, cache_block)
+    if "mla" in stack.attention:  # FlashInfer/TRTLLM MLA kernels: manager blocks a multiple of 128
+        align = max(align, 128)
+    if prefix_caching:  # mamba_cache_mode align: prefill checkpoints land on block boundaries (0.33)
+        align = math.lcm(align, checkpoint_align)
+    block = align * -(-state // (align * attn_tok))
+    block = max(cache_block, kernel_block * -(-block // kernel_block))
+    page = block * attn_tok
+    attn_layers = len(stack.attention_layers()) + mtp_attention_layers
+    state_layers = stack.state_layers
+    lo, hi = min(attn_layers, state_layers), max(attn_layers, state_layers)
+    size = hi if hi < lo * 1.5 else lo
+    attn_groups = -(-attn_layers // size)
+    state_groups = -(-state_layers // size)
+    slots = (2 + num_spec + (1 if prefill_checkpoint else 0)) if prefix_caching else 1 + num_spec
+    num_blocks = max(0, kv_cache_bytes) // (size * page)
+    per_request = attn_groups * -(-max_model_len // block) + state_groups * slots
+    return HybridCache(
+        block_size=block,
+        attn_bytes_per_token_layer=attn_tok,
+        attention_layers=attn_layers,
+        state_layers=state_layers,
+        state_bytes=state,
+        page_bytes=page,
+        group_size=size,
+        attention_groups=attn_groups,
+        state_groups=state_groups,
+        state_slots=slots,
+        num_blocks=num_blocks,
+        per_request_blocks=per_request,
+        logged_tokens=int(num_blocks / per_request * max_model_len),
+    )
+
+
+def _stack_sequence_bytes(
+    model: ModelFacts, tp: int, kv_dtype_bytes: int, length: int, block: int, in_flight: int, reserve: bool
+) -> int:
+    """KV bytes of one sequence over a stack of attention layers of several kinds and shapes:
+    full layers every token, sliding-window layers their window (:func:`sliding_window_blocks`),
+    chunked-local layers their chunk (vLLM ``ChunkedLocalAttentionSpec``: the current chunk,
+    ``cdiv(min(chunk + in_flight, length), block)`` blocks at most), whole blocks."""
+    st = model.stack
+    blocks = -(-length // block)
+    total = 0
+    for kind, (n, b) in attention_bytes_by_kind(model, tp, kv_dtype_bytes).items():
+        window = st.attention[kind].window
+        if kind == "sliding" and window:
+            cap = -(-min(window - 1 + in_flight, length) // block) + 1
+        elif kind == "chunked" and window:
+            cap = -(-min(window + in_flight, length) // block)
+        else:
+            cap = blocks
+        if not reserve:
+            cap = min(cap, blocks)
+        total += n * b * cap * block
+    return total

@@ -53,6 +53,7 @@ def stage_of(model: ModelFacts, stages: int) -> ModelFacts:
         weights_bytes=-(-body // stages) + embed_bytes,
         params=-(-model.params // stages),
         active_params=-(-(model.active_params or model.params) // stages),
+        stack=model.stack._replace(kinds=model.stack.kinds[:layers]) if model.stack is not None else None,
     )
 
 

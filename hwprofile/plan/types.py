@@ -234,6 +234,10 @@ class MemoryFit(_Json):
     block_size: int
     kv_bytes_per_max_len_request: int
     vllm_logged_kv_tokens: int | None = ABSENT
+    # a hybrid model (recurrent-state layers): the state one running sequence holds per GPU (its
+    # pages in every state group), and the sequences whose state the pool holds at once
+    state_bytes_per_sequence: int = ABSENT
+    state_sequences: int = ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +311,9 @@ class InstancePlan(_Json):
     master_addr: str = ABSENT
     master_port: int = ABSENT
     node_backend: str = ABSENT  # how the nodes form one vLLM: mp (--nnodes, headless workers) or ray
-    prediction: InstancePrediction = ABSENT  # plan/predict.py at layout.workload_*; absent: no model (CPU, no datasheet)
+    prediction: InstancePrediction = (
+        ABSENT  # plan/predict.py at layout.workload_*; absent: no model (CPU, no datasheet)
+    )
 
     @property
     def ranks(self) -> int:

