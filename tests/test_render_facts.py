@@ -18,6 +18,7 @@ import pytest
 from test_render import _flags  # one argv splitter for both render tests
 
 from hwprofile.pipeline import make_plan
+from hwprofile.plan.refusal import PlanRefused
 from hwprofile.render.translate import render_instance
 from hwprofile.render.versions import known_versions, release
 
@@ -260,7 +261,8 @@ def test_cpu_plans_do_not_speculate_where_the_cpu_backend_refuses(host_of, empty
 
 def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_path) -> None:
     """A target served from disk (HF_HUB_OFFLINE=1) with a draft only the catalog knows: vLLM would
-    fail to fetch the draft at start, so render proposes from the prompt instead and says how to get it."""
+    fail to fetch the draft at start, so the plan itself proposes from the prompt instead and says how to
+    get the draft (what plan shows is what runs: render no longer switches behind its back)."""
     target = tmp_path / "Qwen3-8B-local"
     target.mkdir()
     (target / "config.json").write_text(
@@ -280,6 +282,10 @@ def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_pat
             }
         )
     )
+    host = host_of("rtx4090-1x")
+    typed = make_plan(host, empty_root, model=str(target), sets=["speculative.draft=Qwen/Qwen3-0.6B"], environ={})
+    assert typed.draft is None and all(i.speculative.method == "ngram" for i in typed.instances if i.speculative)
+    assert any("hf download Qwen/Qwen3-0.6B" in w for w in typed.warnings), typed.warnings
     rendered = list(
         _render_everything(
             host_of, empty_root, "rtx4090-1x", str(target), ["speculative.draft=Qwen/Qwen3-0.6B"]
@@ -289,8 +295,10 @@ def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_pat
     for version, _inst, r in rendered:
         assert r.env.get("HF_HUB_OFFLINE") == "1"
         assert "Qwen/Qwen3-0.6B" not in " ".join(r.argv), version
-        if version in ("0.6.3", "0.8.5", "0.15.0", "0.20.0", "0.33.0"):  # releases with draft models
-            assert any("huggingface-cli download Qwen/Qwen3-0.6B" in w for w in r.warnings), version
+        assert not any("download" in w for w in r.warnings), version  # nothing left for render to switch
+    with pytest.raises(PlanRefused, match="hf download Qwen/Qwen3-0.6B"):
+        make_plan(host, empty_root, model=str(target), environ={},
+                  sets=["speculative.draft=Qwen/Qwen3-0.6B", "speculative.method=draft_model"])  # fmt: skip
 
 
 @pytest.mark.parametrize("installed", ["0.33.0", "0.22.0"])

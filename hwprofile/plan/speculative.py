@@ -85,8 +85,51 @@ def choose_speculator(
         return "mtp", None
     # draft_model or auto
     if draft is not None:
-        return _given_draft(model, draft, r, warnings, hetero_ok, method)
-    return _catalog_draft(model, method, settings.speculative.draft_params_b, r)
+        chosen = _given_draft(model, draft, r, warnings, hetero_ok, method)
+    else:
+        chosen = _catalog_draft(model, method, settings.speculative.draft_params_b, r)
+    return _draft_on_this_host(model, chosen, method, r, warnings)
+
+
+LOCAL_SOURCES = ("dir", "hf-cache")  # a model whose files are on this host
+
+
+def _draft_on_this_host(
+    model: ModelFacts,
+    chosen: tuple[str | None, ModelFacts | None],
+    method: str,
+    r: Reasons,
+    warnings: list[str],
+) -> tuple[str | None, ModelFacts | None]:
+    """A target served from this host's files runs offline (``HF_HUB_OFFLINE=1``): a draft that is not
+    on this host cannot be fetched at start, so the plan says so itself (ngram for ``auto``, a refusal
+    for ``draft_model``) rather than leaving ``render`` and ``launch`` to run something else."""
+    spec, draft = chosen
+    if (
+        spec != "draft_model"
+        or draft is None
+        or model.source not in LOCAL_SOURCES
+        or draft.source in LOCAL_SOURCES
+    ):
+        return chosen
+    fetch = f"hf download {draft.name}"
+    msg = (
+        f"the draft {draft.name} is not on this host and the target {model.name} is served from its files "
+        "offline (HF_HUB_OFFLINE=1), so vLLM could not fetch it at start"
+    )
+    if method == "draft_model":
+        raise PlanRefused(
+            f"speculative.method=draft_model: {msg} ({fetch} first)",
+            [f"download it first: {fetch}", "or use speculative.method=ngram"],
+        )
+    warnings.append(f"{msg}: ngram prompt lookup planned instead; to use the draft: {fetch}, then plan again")
+    r.add(
+        "speculative.method",
+        "ngram",
+        f"{msg}; ngram proposals instead (to use it: {fetch})",
+        ("speculative", "draft"),
+    )
+    return "ngram", None
 
 
 def tokenizer_check(model: ModelFacts, draft: ModelFacts) -> TokenizerCheck:

@@ -398,7 +398,7 @@ def _speculative(
     ):
         warnings.append(
             f"the draft {model} is not on this host and the target is served offline (HF_HUB_OFFLINE=1): "
-            f"ngram prompt lookup instead; download the draft (huggingface-cli download {model}) and re-plan "
+            f"ngram prompt lookup instead; download the draft (hf download {model}) and re-plan "
             "to use it"
         )
         method, model = "ngram", None
