@@ -133,16 +133,27 @@ def make_plan(
     ``nodes`` (the other hosts' snapshots, at ``addresses``, node 0's first), a plan over several
     hosts. Raises :class:`~.plan.PlanRefused` when nothing fits, :class:`~.config.ConfigError` on bad
     input. The profile is the one node 0 matches."""
-    from .plan import build_plan
+    from .plan import PlanRefused, build_plan
 
     root = root or config_root()
     res = resolve_settings(host, root, profile, overrides, sets, environ)
     target, draft_facts = load_models(res.settings, model, draft)
+    assumed = None
+    if model is None:  # no --model: say which model was planned, and where that name came from
+        src = res.provenance.get(("model",))
+        assumed = f"no --model given: the model setting{f' from {src}' if src else ' (its default)'}, {target.name}"
+        target = target._replace(origin=f"{assumed}; {target.origin}" if target.origin else assumed)
     pools = load_kv_pools() if res.settings.supervise.pin_kv_pool else None
-    return build_plan(
-        host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
-        tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
-    )  # fmt: skip
+    try:
+        return build_plan(
+            host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
+            tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
+        )  # fmt: skip
+    except PlanRefused as e:
+        if assumed:
+            e.message = f"{e.message} ({assumed})"
+            e.suggestions = [*e.suggestions, "or name the model to plan: --model DIR|NAME"]
+        raise
 
 
 KV_POOLS_FILE = "kv-pools.json"  # in the state directory (runtime.dirs.state_dir): plan.kvpin's records

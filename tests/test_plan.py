@@ -503,3 +503,25 @@ def test_pipeline_parallel_is_carried_to_the_render(host_of, empty_root) -> None
     assert inst.pipeline_parallel_size == 2
     argv = render_instance(p, inst, release("0.33.0"), "vllm", None).argv
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize(("ram_gib", "model"), [(23.5, "Qwen/Qwen3-32B"), (12, "Qwen/Qwen3-14B"), (3, "Qwen/Qwen3-8B")])
+def test_cpu_refusal_advice_is_computed_to_fit(host_of, empty_root, ram_gib, model) -> None:
+    """Every `--set` the refusal advises, applied as given, plans (advice that leads nowhere, such as a
+    KV space that still leaves the weights too large, is not given); without --model the refusal names
+    the model it assumed."""
+    import re
+
+    host = host_of("no-driver")
+    host = host._replace(memory_bytes=int(ram_gib * (1 << 30)))
+    with pytest.raises(PlanRefused) as e:
+        make_plan(host, empty_root, model=model, environ={})
+    advised = [s for s in e.value.suggestions if "--set" in s]
+    for s in advised:
+        sets = re.findall(r"--set (\S+)", s)
+        make_plan(host, empty_root, model=model, sets=sets, environ={})  # refused: the advice led nowhere
+    assert advised or any("host with at least" in s or "smaller model" in s for s in e.value.suggestions)
+    with pytest.raises(PlanRefused) as assumed:
+        make_plan(host, empty_root, sets=[f"model={model}"], environ={})
+    assert "no --model given: the model setting from" in assumed.value.message
+    assert any("--model DIR|NAME" in s for s in assumed.value.suggestions)

@@ -93,6 +93,42 @@ def cpu_ssm_dtype(requested: str, cpu_flags: tuple[str, ...], linear_attention_t
     return "float32"
 
 
+MIN_KV_GIB = 0.25  # the smallest KV space worth suggesting: a few thousand tokens of a small model
+
+
+def cpu_suggestions(model: ModelFacts, draft: ModelFacts | None, ram: int, count: int, kv_space: int) -> list[str]:
+    """What would fit in ``ram``, each computed to fit (advice that does not fit is not given): a
+    smaller KV space, the model's 4-bit checkpoint, no draft, a smaller model of the family."""
+    from ..model import variant_facts
+    from .refusal import smaller_models
+
+    def fits(weights: int, kv: int) -> bool:
+        return count * (weights + kv) + 2 * GiB <= ram
+
+    out: list[str] = []
+    weights = model.weights_bytes + (draft.weights_bytes if draft else 0)
+    room_kv = (ram - 2 * GiB) // count - weights  # the KV space left beside the weights
+    if room_kv >= MIN_KV_GIB * GiB:
+        gib = int(room_kv / GiB * 4) / 4  # down to a quarter GiB
+        out.append(f"a smaller KV space that fits: --set cpu.kv_cache_space_gib={gib:g}")
+    variant = model.quantized_variants.get(4)
+    if variant and model.bits > 4:
+        w4 = variant_facts(model, variant, 4).weights_bytes + (draft.weights_bytes if draft else 0)
+        for kv in (kv_space, int(MIN_KV_GIB * GiB)):
+            if fits(w4, kv):
+                kv_set = "" if kv == kv_space else f" --set cpu.kv_cache_space_gib={MIN_KV_GIB:g}"
+                out.append(f"its 4-bit checkpoint {variant} ({w4 / GiB:.1f} GiB): --set engine.weights_bits=4{kv_set}")
+                break
+    if draft is not None and fits(model.weights_bytes, int(MIN_KV_GIB * GiB)):
+        out.append(f"no draft model ({draft.name}, {draft.weights_bytes / GiB:.1f} GiB): --set speculative.method=ngram")
+    smaller = smaller_models(model, (ram - 2 * GiB) // count - int(MIN_KV_GIB * GiB))
+    if smaller:
+        out.append("a smaller model that fits: " + ", ".join(smaller))
+    if not out:
+        out.append(f"a host with at least {(count * (weights + int(MIN_KV_GIB * GiB)) + 2 * GiB) / GiB:.0f} GiB of RAM")
+    return out
+
+
 def cpu_instance(
     host: HostSnapshot,
     settings: Settings,
@@ -120,10 +156,7 @@ def cpu_instance(
         raise PlanRefused(
             f"{model.name} on the CPU needs about {need / GiB:.1f} GiB of RAM ({count} x (weights + KV) + 2 GiB), "
             f"the host has {ram / GiB:.1f}",
-            [
-                "a smaller model",
-                f"a smaller KV space (--set cpu.kv_cache_space_gib={max(0.25, kv_gib / 4):g})",
-            ],
+            cpu_suggestions(model, draft, ram, count, kv_space),
         )
 
     # context length: what the KV space holds, at most the model's max_position_embeddings
