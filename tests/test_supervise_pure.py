@@ -238,3 +238,16 @@ def test_start_time_is_read_off_metrics_text() -> None:
     assert start_time("process_start_time_seconds NaN\n") is None
     assert start_time("process_start_time_seconds 1\nprocess_start_time_seconds 2\n") is None  # which one?
     assert start_time("process_start_time_seconds {{{\n") is None
+
+
+def test_the_start_up_progress_note_is_vllm_s_message_cut_at_its_end() -> None:
+    """The demo's progress line repeated vLLM's last log line cut from the left ("ith error current
+    limit exceeds ..."): now the message without vLLM's prefix, cut at its end."""
+    from hwprofile.supervise.instance import progress_text
+
+    line = "(APIServer pid=1234) INFO 12-04 19:00:00 [api_server.py:12] Starting vLLM API server on http://127.0.0.1:8000"
+    assert progress_text(line) == "Starting vLLM API server on http://127.0.0.1:8000"
+    long = "(EngineCore_DP0 pid=9) WARNING 12-04 19:00:01 [cpu.py:3] with error current limit exceeds " + "x" * 200
+    said = progress_text(long, width=60)
+    assert said.startswith("with error current limit exceeds") and said.endswith("…") and len(said) == 60
+    assert progress_text("  a plain line ") == "a plain line"

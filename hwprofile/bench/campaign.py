@@ -101,7 +101,7 @@ def finish(
                      if v and v["breaks_at"] is not None and v["recommended_max_num_seqs"] is not None},
                 )  # fmt: skip
             except ImportError:
-                plot_err = "matplotlib is not installed (pip install 'hwprofile[bench]')"
+                plot_err = "matplotlib is not installed (pip install matplotlib)"
         else:
             plot_err = "no point with throughput and p99 TTFT"
     else:

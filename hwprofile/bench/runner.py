@@ -244,7 +244,7 @@ def run_point(
             )  # fmt: skip
     except FileNotFoundError:
         raise BenchFailed(
-            f"{target.vllm}: not found (vLLM is not installed here: pip install 'hwprofile[vllm]')"
+            f"{target.vllm}: not found (vLLM is not installed here: pip install vllm)"
         ) from None
     except subprocess.TimeoutExpired:
         raise BenchFailed(

