@@ -122,9 +122,14 @@ def verdict(
             out.append(f"{p.label}: no p99 TTFT at concurrency {wl.primary}")
             continue
         ok = s.median <= wl.ttft_p99_target_ms
+        cpu = p.plan is not None and bool(p.plan.instances) and all(i.device == "cpu" for i in p.plan.instances)
+        judged = (
+            "(a CPU server: the GPU serving target does not apply)"
+            if cpu
+            else f"{'meets' if ok else 'BREAKS'} the {wl.ttft_p99_target_ms:g} ms target"
+        )
         out.append(
-            f"{p.label}: p99 TTFT {s.median:.1f} ms at concurrency {wl.primary} "
-            f"{'meets' if ok else 'BREAKS'} the {wl.ttft_p99_target_ms:g} ms target"
+            f"{p.label}: p99 TTFT {s.median:.1f} ms at concurrency {wl.primary} {judged}"
             + (f" (rounds {s.min:.1f}-{s.max:.1f} ms)" if len(s.values) > 1 else "")
         )
         k = knees.get(p.label)
