@@ -95,3 +95,72 @@ def test_tiny_qwen3_next_cpu_plan_says_what_vllm_logs(host_of, empty_root, tmp_p
         got[name] = (mem.block_size, mem.vllm_logged_kv_tokens, mem.kv_bytes_per_token_target)
     assert got["bf16"] == (256, 37_449, 2 * 2 * 2 * 64 * 2)
     assert got["plain"] == (128, 47_662, 2 * 2 * 2 * 64 * 2)
+
+
+def _qwen38_plan(host_of, empty_root, tmp_path: Path, sets: list[str], version: str | None = None) -> Any:
+    from hwprofile.pipeline import make_plan
+
+    host = host_of("a100-80g-pcie-1x")
+    if version:
+        host = host._replace(software=host.software._replace(vllm_version=version))
+    d = qwen38_dir(tmp_path / "-".join([*sets, version or ""]).replace("=", "_").replace(".", "_"))
+    return make_plan(host, empty_root, environ={}, model=str(d), sets=["engine.max_model_len=8192", *sets])
+
+
+def _argv(plan: Any, version: str) -> list[str]:
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    return render_instance(plan, plan.instances[0], release(version), "vllm", None).argv
+
+
+def test_weights_as_vllm_loads_them_vision_and_mtp(host_of, empty_root, tmp_path) -> None:
+    """No MTP speculation: neither the vision tower (--language-model-only) nor the MTP layer is
+    loaded; with MTP the layer is; with engine.language_model_only=off the tower is, and no flag."""
+    from hwprofile.model import read_model_dir
+
+    facts = read_model_dir(qwen38_dir(tmp_path / "facts"))
+    assert facts.vision_bytes > 0.8 * 2**30 and facts.mtp_bytes > 0.4 * 2**30
+    plain = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none"])
+    assert plain.model.weights_bytes == facts.weights_bytes - facts.vision_bytes - facts.mtp_bytes
+    assert plain.instances[0].memory.weights_bytes == plain.model.weights_bytes
+    assert plain.instances[0].engine.language_model_only is True
+    why = {r.key: r.reason for r in plain.reasons}["model.weights_bytes"]
+    assert "vision tower" in why and "not loaded" in why and "mtp." in why
+    assert "--language-model-only" in _argv(plain, "0.33.0")
+
+    mtp = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"])
+    assert mtp.model.weights_bytes == facts.weights_bytes - facts.vision_bytes
+    why = {r.key: r.reason for r in mtp.reasons}["model.weights_bytes"]
+    assert "MTP speculation runs" in why and "shared" in why  # the head: 0.32+ frees its own copy
+
+    sets = ["speculative.method=none", "engine.language_model_only=off"]
+    full = _qwen38_plan(host_of, empty_root, tmp_path, sets)
+    assert full.model.weights_bytes == facts.weights_bytes - facts.mtp_bytes
+    assert full.instances[0].engine.language_model_only is False
+    assert "--language-model-only" not in _argv(full, "0.33.0")
+
+
+def test_language_model_only_needs_0_18_and_old_mtp_heads_are_counted(host_of, empty_root, tmp_path) -> None:
+    """vLLM 0.17 serves the architecture but has no --language-model-only: the tower is counted; a
+    release before 0.32 keeps the MTP drafter's own bf16 embedding and LM head (vllm#53887)."""
+    from hwprofile.model import read_model_dir
+
+    facts = read_model_dir(qwen38_dir(tmp_path / "facts"))
+    old = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none"], "0.17.0")
+    assert old.model.weights_bytes == facts.weights_bytes - facts.mtp_bytes
+    assert old.instances[0].engine.language_model_only is False
+    head = 2 * facts.vocab_size * facts.hidden_size * 2
+    before = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"], "0.29.0")
+    assert before.model.weights_bytes == facts.weights_bytes - facts.vision_bytes + head
+    assert "vllm#53887" in {r.key: r.reason for r in before.reasons}["model.weights_bytes"]
+    assert "--language-model-only" in _argv(before, "0.29.0")
+
+
+def test_a_plain_transformer_has_no_language_model_only(host_of, empty_root) -> None:
+    from hwprofile.pipeline import make_plan
+
+    p = make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
+                  sets=["speculative.method=none"])  # fmt: skip
+    assert "language_model_only" not in json.dumps(p.instances[0].engine.to_json())
+    assert not any(r.key == "model.weights_bytes" for r in p.reasons)

@@ -61,6 +61,13 @@ class Engine(Section):
     enable_chunked_prefill: bool = setting(
         "bool", "split long prefills into max_num_batched_tokens chunks", default=True
     )
+    language_model_only: str = setting(
+        "choice",
+        "text part only (--language-model-only, 0.18+): no vision tower; auto = on where the model has one "
+        "(hwprofile plans no image inputs)",
+        choices=("auto", "on", "off"),
+        default="auto",
+    )
 
 
 @section

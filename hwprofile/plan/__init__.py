@@ -11,6 +11,8 @@ One module per decision, in the order :func:`build_plan` takes them:
 
 - :mod:`.checkpoint`: which checkpoint (``engine.weights_bits``; the 4-bit retry);
 - :mod:`.speculative`: speculation method and draft; per instance, ngram when the draft does not fit;
+- :mod:`.loaded`: the weights as vLLM loads them (no vision tower under ``--language-model-only``, the
+  MTP layers only with MTP speculation);
 - :mod:`.layout`: GPU groups, tensor parallel size, NUMA-aware partition, replicas, ports, NUMA binding;
   where the layout is ``auto``, the candidate ``layout.objective`` prefers (:mod:`.candidates`, every
   TP of a group predicted by :mod:`.predict`, the performance model: TTFT, TPOT, output tokens/s at the
@@ -42,6 +44,7 @@ from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
+from .loaded import as_loaded
 from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
@@ -109,6 +112,8 @@ def _build_plan(
     refuse_old_release(model, host.software.vllm_version)
     warnings = list(host_warnings)
     spec_method, chosen_draft = choose_speculator(model, draft, settings, r, warnings, hetero_ok)
+    version = host.software.vllm_version
+    model = as_loaded(model, settings, spec_method, version, r)
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
         hosts = [host, *nodes]
         addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
@@ -145,6 +150,7 @@ def _build_plan(
         # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
         retry_draft = chosen_draft if chosen_draft is not None else draft
         spec_method, chosen_draft = choose_speculator(model, retry_draft, settings, r, warnings, hetero_ok)
+        model = as_loaded(model, settings, spec_method, version, r)
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)

@@ -13,6 +13,7 @@ from ..model import ModelFacts
 from . import engine
 from .estimate import estimate
 from .layout import numa_binding
+from .loaded import language_only
 from .memory import (
     BLOCK_TOKENS,
     Fit,
@@ -31,7 +32,7 @@ from .memory import (
 from .reasons import Reasons
 from .refusal import PlanRefused, suggestions
 from .speculative import fit_beside_draft, speculative_config
-from .types import EngineSettings, InstancePlan, MemoryFit
+from .types import ABSENT, EngineSettings, InstancePlan, MemoryFit
 
 
 def gpu_instance(
@@ -101,6 +102,7 @@ def gpu_instance(
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
 
     quant = model.quant_method
+    lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
     engine_settings = EngineSettings(
         gpu_memory_utilization=util,
         max_model_len=length,
@@ -112,6 +114,7 @@ def gpu_instance(
         enforce_eager=eager,
         enable_prefix_caching=settings.engine.enable_prefix_caching,
         enable_chunked_prefill=settings.engine.enable_chunked_prefill,
+        language_model_only=lm_only,
     )
     r.add(
         f"{key}.engine.quantization",

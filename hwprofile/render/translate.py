@@ -204,6 +204,8 @@ def render_instance(
             add("--quantization", q)
     if e.enforce_eager:
         add("--enforce-eager")
+    if e.language_model_only is True:  # the plan counted no vision tower (plan/loaded.py)
+        add("--language-model-only", None, "the vision tower will load: the plan did not count it")
     spec_args, speculating = _speculative(plan, inst, e, rel, warnings)
     chunked = bool(e.enable_chunked_prefill)
     if chunked and speculating and table["chunked_prefill"] == "refused":
