@@ -36,7 +36,8 @@ def qwen38_dir(tmp_path: Path) -> Path:
 def test_qwen38_on_an_a100_counts_attention_layers_and_caps_sequences(host_of, empty_root, tmp_path) -> None:
     from hwprofile.pipeline import make_plan
 
-    sets = ["speculative.method=none", "engine.max_num_seqs=1024", "engine.max_model_len=32768"]
+    sets = ["speculative.method=none", "engine.max_num_seqs=1024", "engine.max_model_len=32768",
+            "engine.mamba_ssm_cache_dtype=float32"]  # fmt: skip
     p = make_plan(
         host_of("a100-80g-pcie-1x"), empty_root, environ={}, model=str(qwen38_dir(tmp_path)), sets=sets
     )
@@ -164,3 +165,36 @@ def test_a_plain_transformer_has_no_language_model_only(host_of, empty_root) -> 
                   sets=["speculative.method=none"])  # fmt: skip
     assert "language_model_only" not in json.dumps(p.instances[0].engine.to_json())
     assert not any(r.key == "model.weights_bytes" for r in p.reasons)
+
+
+def test_float16_state_where_it_keeps_more_sequences_resident(host_of, empty_root, tmp_path) -> None:
+    """auto: float16 SSM state where the model's float32 holds fewer sequences than max_num_seqs asks
+    and float16 more (rendered as --mamba-ssm-cache-dtype float16); the model's own where enough fit;
+    --mamba-cache-mode as the plan assumes (align with prefix caching, else none; 0.15+)."""
+    many = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none", "engine.max_num_seqs=256"])
+    wide = _qwen38_plan(
+        host_of, empty_root, tmp_path,
+        ["speculative.method=none", "engine.max_num_seqs=256", "engine.mamba_ssm_cache_dtype=float32"],
+    )  # fmt: skip
+    assert many.instances[0].engine.mamba_ssm_cache_dtype == "float16"
+    assert many.instances[0].memory.state_sequences > wide.instances[0].memory.state_sequences
+    assert (
+        many.instances[0].memory.state_bytes_per_sequence < wide.instances[0].memory.state_bytes_per_sequence
+    )
+    why = {r.key: r.reason for r in many.reasons}["instances[0].engine.mamba_ssm_cache_dtype"]
+    assert "float16" in why and "64 instead of 37" in why
+    argv = _argv(many, "0.33.0")
+    assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == "float16"
+    mode = "align" if many.instances[0].engine.enable_prefix_caching else "none"
+    assert argv[argv.index("--mamba-cache-mode") + 1] == mode == many.instances[0].engine.mamba_cache_mode
+
+    few = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none", "engine.max_num_seqs=4"])
+    assert few.instances[0].engine.mamba_ssm_cache_dtype == "auto"
+    assert "--mamba-ssm-cache-dtype" not in _argv(few, "0.33.0")
+
+    nocache = _qwen38_plan(
+        host_of, empty_root, tmp_path,
+        ["speculative.method=none", "engine.max_num_seqs=4", "engine.enable_prefix_caching=false"],
+    )  # fmt: skip
+    assert nocache.instances[0].engine.mamba_cache_mode == "none"
+    assert "--mamba-cache-mode" not in _argv(nocache, "0.14.0")  # the flag is 0.15+

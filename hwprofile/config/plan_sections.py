@@ -68,6 +68,13 @@ class Engine(Section):
         choices=("auto", "on", "off"),
         default="auto",
     )
+    mamba_ssm_cache_dtype: str = setting(
+        "choice",
+        "a hybrid's SSM state dtype (--mamba-ssm-cache-dtype); auto = the model's, float16 where that "
+        "keeps more sequences resident",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        default="auto",
+    )
 
 
 @section

@@ -86,6 +86,9 @@ def gpu_instance(
         step_tokens = max(step_tokens, settings.engine.max_model_len)
     flight = in_flight_tokens(host.software.vllm_version, step_tokens, "cuda", pp, spec_method)
     hybrid = engine.hybrid_opts(model, settings, spec_method, host.software.vllm_version, gpu)
+    if hybrid is not None:
+        hybrid = engine.choose_ssm_dtype(model, settings, hybrid, f.kv_cache_bytes, tp, kv_bytes,
+                                         host.software.vllm_version, r, key)  # fmt: skip
     try:
         length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
     except engine.ContextTooShort as e:
@@ -115,6 +118,8 @@ def gpu_instance(
         enable_prefix_caching=settings.engine.enable_prefix_caching,
         enable_chunked_prefill=settings.engine.enable_chunked_prefill,
         language_model_only=lm_only,
+        mamba_ssm_cache_dtype=hybrid.ssm_dtype if hybrid is not None else ABSENT,
+        mamba_cache_mode=("align" if hybrid.prefix_caching else "none") if hybrid is not None else ABSENT,
     )
     r.add(
         f"{key}.engine.quantization",

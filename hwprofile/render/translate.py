@@ -204,6 +204,14 @@ def render_instance(
             add("--quantization", q)
     if e.enforce_eager:
         add("--enforce-eager")
+    if e.mamba_ssm_cache_dtype not in (ABSENT, "auto"):
+        ssm = choice("--mamba-ssm-cache-dtype", str(e.mamba_ssm_cache_dtype), "the model's own SSM state dtype")
+        if ssm:
+            add("--mamba-ssm-cache-dtype", ssm)
+    if e.mamba_cache_mode is not ABSENT and rel.has("--mamba-cache-mode"):
+        mode = choice("--mamba-cache-mode", str(e.mamba_cache_mode), "vLLM's own default for it")
+        if mode:
+            add("--mamba-cache-mode", mode)
     if e.language_model_only is True:  # the plan counted no vision tower (plan/loaded.py)
         add("--language-model-only", None, "the vision tower will load: the plan did not count it")
     spec_args, speculating = _speculative(plan, inst, e, rel, warnings)
