@@ -198,3 +198,28 @@ def test_float16_state_where_it_keeps_more_sequences_resident(host_of, empty_roo
     )  # fmt: skip
     assert nocache.instances[0].engine.mamba_cache_mode == "none"
     assert "--mamba-cache-mode" not in _argv(nocache, "0.14.0")  # the flag is 0.15+
+
+
+INT4 = Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen3.8-27b-int4"
+
+
+@pytest.mark.parametrize(
+    ("family", "want"),
+    [("Qwen3.8-27B-INT4", "fp8"), ("Qwen3.6-27B-INT4", "auto"), ("Hybrid-27B-INT4", "auto")],
+)
+def test_fp8_kv_only_where_verified_for_the_family(host_of, empty_root, tmp_path, family, want) -> None:
+    """An RTX 4090 has FP8 hardware (its profile asks fp8_if_supported): the Qwen3.8 int4 copy gets
+    fp8 KV (verified), the same config named Qwen3.6 does not (vllm#26646), an unknown hybrid neither."""
+    from hwprofile.pipeline import make_plan
+
+    d = tmp_path / family
+    shutil.copytree(INT4, d)
+    p = make_plan(
+        host_of("rtx4090-1x"), empty_root, environ={}, model=str(d), sets=["speculative.method=none"]
+    )
+    inst = p.instances[0]
+    assert inst.engine.kv_cache_dtype == want
+    why = {r.key: r.reason for r in p.reasons}["instances[0].engine.kv_cache_dtype"]
+    assert {"Qwen3.8-27B-INT4": "verified", "Qwen3.6-27B-INT4": "26646", "Hybrid-27B-INT4": "not verified"}[
+        family
+    ] in why

@@ -23,6 +23,7 @@ from .memory import (
     sequence_bytes,
 )
 from .reasons import Reasons
+from .releases import fp8_kv_verdict
 from .types import ServerSettings
 
 AVERAGE_FILL = 0.5  # assumed share of max_model_len an average request occupies (concurrency cap)
@@ -83,6 +84,12 @@ def kv_cache_dtype(want: str, gpu: Gpu | None, model: ModelFacts) -> tuple[str, 
     hardware, else the model's dtype."""
     if want == "fp8_if_supported":
         row = gpufacts.lookup(gpu.name, gpu.memory_total_gib) if gpu else None
+        if row and row.get("fp8_support") and is_hybrid(model):
+            verdict = fp8_kv_verdict(model)
+            if verdict is None or not verdict[0]:
+                why = verdict[1] if verdict else f"fp8 KV is not verified for {model.name} (a hybrid)"
+                return "auto", model.dtype_bytes, f"KV cache in the model's dtype ({model.dtype}): {why}"
+            return "fp8", 1, f"8-bit KV cache: {gpu.name if gpu else '?'} has FP8 hardware; {verdict[1]}"
         if row and row.get("fp8_support"):
             return (
                 "fp8",
