@@ -223,3 +223,29 @@ def test_fp8_kv_only_where_verified_for_the_family(host_of, empty_root, tmp_path
     assert {"Qwen3.8-27B-INT4": "verified", "Qwen3.6-27B-INT4": "26646", "Hybrid-27B-INT4": "not verified"}[
         family
     ] in why
+
+
+def test_speculation_by_load_and_its_state_cost(host_of, empty_root, tmp_path) -> None:
+    """speculative.method auto on a hybrid: MTP at one request in flight, with prefix caching off
+    (vllm#43559) and its state cost said; off above ~8 in flight, where more sequences stay resident."""
+    single = _qwen38_plan(host_of, empty_root, tmp_path, ["layout.workload_concurrency=1"])
+    inst = single.instances[0]
+    assert inst.speculative is not None and inst.speculative.method == "mtp"
+    assert inst.engine.enable_prefix_caching is False and inst.engine.mamba_cache_mode == "none"
+    why = {r.key: (r.value, r.reason) for r in single.reasons}
+    assert "vllm#43559" in why["instances[0].engine.enable_prefix_caching"][1]
+    with_spec, text = why["instances[0].speculative.state_cost"]
+    assert with_spec == inst.memory.state_sequences and "instead of" in text
+    loaded = _qwen38_plan(host_of, empty_root, tmp_path, ["layout.workload_concurrency=16"])
+    busy = loaded.instances[0]
+    assert busy.speculative is None
+    assert busy.memory.state_sequences > inst.memory.state_sequences
+    assert any(
+        r.key == "speculative.method" and r.value is None and "16 requests" in r.reason
+        for r in loaded.reasons
+    )
+    # asked for outright: kept at any load
+    asked = _qwen38_plan(
+        host_of, empty_root, tmp_path, ["layout.workload_concurrency=16", "speculative.method=mtp"]
+    )
+    assert asked.instances[0].speculative is not None

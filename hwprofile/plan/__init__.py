@@ -42,6 +42,7 @@ from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use
 from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
+from .hybridspec import by_load
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
 from .loaded import as_loaded
@@ -112,6 +113,7 @@ def _build_plan(
     refuse_old_release(model, host.software.vllm_version)
     warnings = list(host_warnings)
     spec_method, chosen_draft = choose_speculator(model, draft, settings, r, warnings, hetero_ok)
+    spec_method, chosen_draft = by_load(model, settings, spec_method, chosen_draft, r, warnings)
     version = host.software.vllm_version
     model = as_loaded(model, settings, spec_method, version, r)
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
@@ -150,6 +152,7 @@ def _build_plan(
         # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
         retry_draft = chosen_draft if chosen_draft is not None else draft
         spec_method, chosen_draft = choose_speculator(model, retry_draft, settings, r, warnings, hetero_ok)
+        spec_method, chosen_draft = by_load(model, settings, spec_method, chosen_draft, r, warnings)
         model = as_loaded(model, settings, spec_method, version, r)
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     # The top-level draft is the one some instance runs (None when every instance dropped it).

@@ -10,7 +10,7 @@ import dataclasses
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
-from . import engine
+from . import engine, hybridspec
 from .estimate import estimate
 from .layout import numa_binding
 from .loaded import language_only
@@ -70,6 +70,7 @@ def gpu_instance(
     f, draft, spec_method = fit_beside_draft(
         total, util, model, draft, spec_method, tp, kv_bytes, settings, eager, r, warnings, key, name
     )
+    settings = hybridspec.mtp_prefix_caching(model, settings, spec_method, r, warnings, key, name)
     if not f.fits:
         raise PlanRefused(
             f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
@@ -103,6 +104,8 @@ def gpu_instance(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
         ) from None
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
+    if hybrid is not None:
+        hybridspec.state_cost(model, hybrid, spec_method, f.kv_cache_bytes, length, tp, kv_bytes, r, key)
 
     quant = model.quant_method
     lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
