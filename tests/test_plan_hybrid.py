@@ -115,6 +115,13 @@ def _argv(plan: Any, version: str) -> list[str]:
     return render_instance(plan, plan.instances[0], release(version), "vllm", None).argv
 
 
+def _env(plan: Any, version: str) -> dict[str, str]:
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    return render_instance(plan, plan.instances[0], release(version), "vllm", None).env
+
+
 def test_weights_as_vllm_loads_them_vision_and_mtp(host_of, empty_root, tmp_path) -> None:
     """No MTP speculation: neither the vision tower (--language-model-only) nor the MTP layer is
     loaded; with MTP the layer is; with engine.language_model_only=off the tower is, and no flag."""
@@ -185,6 +192,7 @@ def test_float16_state_where_it_keeps_more_sequences_resident(host_of, empty_roo
     assert "float16" in why and "64 instead of 37" in why
     argv = _argv(many, "0.33.0")
     assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == "float16"
+    assert _env(many, "0.33.0")["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     mode = "align" if many.instances[0].engine.enable_prefix_caching else "none"
     assert argv[argv.index("--mamba-cache-mode") + 1] == mode == many.instances[0].engine.mamba_cache_mode
 

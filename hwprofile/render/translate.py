@@ -257,6 +257,8 @@ def render_instance(
         env["VLLM_HOST_IP"] = str(inst.node_address)  # the address the other nodes reach this one at
     if cuda:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
+        if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance
         if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
             # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
