@@ -257,3 +257,14 @@ def test_speculation_by_load_and_its_state_cost(host_of, empty_root, tmp_path) -
         host_of, empty_root, tmp_path, ["layout.workload_concurrency=16", "speculative.method=mtp"]
     )
     assert asked.instances[0].speculative is not None
+
+
+def test_a_12gb_card_refuses_the_seeds_model_saying_what_fits(host_of, empty_root) -> None:
+    """Neither the 16-bit nor the int4 checkpoint fits 12 GB: refused, naming models that do."""
+    from hwprofile.pipeline import make_plan
+
+    with pytest.raises(PlanRefused) as e:
+        make_plan(host_of("rtx3060-12g-1x"), empty_root, environ={}, model="Qwen/Qwen3.8-27B")
+    assert "Qwen3.8-27B-INT4" in e.value.message
+    fits = [s for s in e.value.suggestions if "other families" in s]
+    assert fits and "GiB" in fits[0]
