@@ -268,3 +268,34 @@ def test_a_12gb_card_refuses_the_seeds_model_saying_what_fits(host_of, empty_roo
     assert "Qwen3.8-27B-INT4" in e.value.message
     fits = [s for s in e.value.suggestions if "other families" in s]
     assert fits and "GiB" in fits[0]
+
+
+def test_hybrid_predictions_state_bandwidth_and_mtp_draft_cost() -> None:
+    """Each decode step reads and writes every running sequence's recurrent state (a term that grows
+    with the batch); the context's attention FLOPs count the attention layers only; a request's own
+    prompt is in its TTFT, not its TPOT; an MTP draft pays its layer and the LM head per proposal."""
+    from hwprofile.model import read_model_dir
+    from hwprofile.plan import predict as pm
+    from hwprofile.plan.candidates import model_shape, mtp_draft_shape
+
+    m = read_model_dir(INT4)
+    shape = model_shape(m, 2)
+    assert shape.attn_layers == 16 and m.stack.state_layers == 48
+    assert 140 * 2**20 < shape.state_bytes < 150 * 2**20  # 146.8 MiB at the config's float32 SSM state
+    assert model_shape(m, 2, "float16").state_bytes < 0.55 * shape.state_bytes
+    gpu = pm.Gpu("RTX 3090", 936.0, 71.2, 24 * 2**30, "test")
+    link = pm.Link("none", 0.0, 0.0, "one GPU")
+    one = pm.step_ms(gpu, shape, 1, link, 1, 4096)
+    eight = pm.step_ms(gpu, shape, 1, link, 8, 4096)
+    assert eight["state_ms"] == pytest.approx(8 * one["state_ms"]) and one["state_ms"] > 0.3
+    draft = mtp_draft_shape(m, 2)
+    assert draft is not None and draft.weights_bytes > m.vocab_size * m.hidden_size * 2
+    cand = pm.Candidate(1, 1, 1, 1, 2048, True, 100_000, link)
+    wl = pm.Workload(8192, 128, 1)
+    plain = pm.predict(gpu, shape, cand, wl, None)
+    one_step = pm.step_ms(gpu, shape, 1, link, 1, 8192 + 64)["total_ms"]
+    assert plain.tpot_ms == pytest.approx(one_step) and one_step < plain.ttft_ms
+    spec = pm.Speculation("mtp", (), 2, 0.6, draft, "test")
+    with_mtp = pm.predict(gpu, shape, cand, wl, spec)
+    term = next(t for t in with_mtp.terms if t["term"].startswith("speculation"))
+    assert "draft 0.00 ms" not in term["source"]
