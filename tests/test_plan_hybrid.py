@@ -299,3 +299,15 @@ def test_hybrid_predictions_state_bandwidth_and_mtp_draft_cost() -> None:
     with_mtp = pm.predict(gpu, shape, cand, wl, spec)
     term = next(t for t in with_mtp.terms if t["term"].startswith("speculation"))
     assert "draft 0.00 ms" not in term["source"]
+
+
+@pytest.mark.parametrize("version", ["0.18.0", "0.25.0", "0.33.0"])
+def test_mtp_is_named_mtp_on_every_release_serving_qwen3_5(host_of, empty_root, tmp_path, version) -> None:
+    """qwen3_5_mtp is a deprecated alias of mtp from 0.17 on (vllm/config/speculative.py): `mtp`."""
+    from hwprofile.plan.releases import MTP_METHOD_NAME
+
+    p = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"], version)
+    argv = _argv(p, version)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == MTP_METHOD_NAME == "mtp"
+    assert "--enable-prefix-caching" not in argv  # beside MTP on a hybrid (vllm#43559)

@@ -62,3 +62,10 @@ def fp8_kv_verdict(model: ModelFacts) -> tuple[bool, str] | None:
         if re.search(pattern, text):
             return ok, why
     return None
+
+
+# The MTP method's name for the qwen3_5 architecture: `mtp` in every release that serves it. Read in
+# vLLM 0.17.0, 0.18.0 and 0.32.0 (vllm/config/speculative.py): `qwen3_5_mtp` is in MTPModelTypes but
+# "method `%s` is deprecated and replaced with mtp"; the draft's model_type is rewritten to
+# qwen3_5_mtp from the target's whichever name is given. hwprofile renders `mtp`.
+MTP_METHOD_NAME = "mtp"
