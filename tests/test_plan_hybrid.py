@@ -140,7 +140,7 @@ def test_weights_as_vllm_loads_them_vision_and_mtp(host_of, empty_root, tmp_path
     mtp = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"])
     assert mtp.model.weights_bytes == facts.weights_bytes - facts.vision_bytes
     why = {r.key: r.reason for r in mtp.reasons}["model.weights_bytes"]
-    assert "MTP speculation runs" in why and "shared" in why  # the head: 0.32+ frees its own copy
+    assert "MTP speculation runs" in why and "shared" in why  # the head: 0.17+ frees its own copy
 
     sets = ["speculative.method=none", "engine.language_model_only=off"]
     full = _qwen38_plan(host_of, empty_root, tmp_path, sets)
@@ -150,19 +150,23 @@ def test_weights_as_vllm_loads_them_vision_and_mtp(host_of, empty_root, tmp_path
 
 
 def test_language_model_only_needs_0_18_and_old_mtp_heads_are_counted(host_of, empty_root, tmp_path) -> None:
-    """vLLM 0.17 serves the architecture but has no --language-model-only: the tower is counted; a
-    release before 0.32 keeps the MTP drafter's own bf16 embedding and LM head (vllm#53887)."""
+    """vLLM 0.17 serves the architecture but has no --language-model-only: the tower is counted; the
+    MTP drafter's own bf16 embedding and LM head (vllm#53887) are counted only before 0.17."""
     from hwprofile.model import read_model_dir
 
     facts = read_model_dir(qwen38_dir(tmp_path / "facts"))
     old = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none"], "0.17.0")
     assert old.model.weights_bytes == facts.weights_bytes - facts.mtp_bytes
     assert old.instances[0].engine.language_model_only is False
+    # 0.17 on frees the drafter's own head after load (read in 0.17, 0.18, 0.32): the pool pays nothing
+    before = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"], "0.18.0")
+    assert before.model.weights_bytes == facts.weights_bytes - facts.vision_bytes
+    assert "load's peak" in {r.key: r.reason for r in before.reasons}["model.weights_bytes"]
+    assert "--language-model-only" in _argv(before, "0.18.0")
+    from hwprofile.plan.loaded import mtp_head_bytes
+
     head = 2 * facts.vocab_size * facts.hidden_size * 2
-    before = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"], "0.29.0")
-    assert before.model.weights_bytes == facts.weights_bytes - facts.vision_bytes + head
-    assert "vllm#53887" in {r.key: r.reason for r in before.reasons}["model.weights_bytes"]
-    assert "--language-model-only" in _argv(before, "0.29.0")
+    assert mtp_head_bytes(facts, "mtp", "0.16.0") == head and mtp_head_bytes(facts, "mtp", "0.17.0") == 0
 
 
 def test_a_plain_transformer_has_no_language_model_only(host_of, empty_root) -> None:

@@ -10,12 +10,13 @@ A checkpoint holds parts vLLM loads only sometimes (:class:`hwprofile.model.Mode
 - the MTP layers: the target model skips the ``mtp.`` weights unless MTP speculation runs (vLLM's
   ``Qwen3_5ForConditionalGeneration.load_weights`` hands them to the drafter only).
 
-MTP's drafter builds its own embedding and LM head at load (vllm#53887). vLLM 0.32 (read in its
+MTP's drafter builds its own embedding and LM head at load (vllm#53887). vLLM deletes them after load
+and points the drafter at the target's (read in 0.17.0 and 0.18.0 ``v1/spec_decode/eagle.py``, 0.32.0
 ``v1/spec_decode/llm_base_proposer.py``: ``_maybe_share_embeddings``/``_maybe_share_lm_head``, "Detected
-MTP model. Sharing target model ...") deletes them after load and points the drafter at the target's,
-and its load profiler (``DeviceMemoryProfiler``: ``empty_cache`` then ``max_memory_allocated``) does
-not count what was freed: from 0.32 they cost nothing in the pool. Older releases are not verified
-here: their copy (bf16, vocab x hidden each) is counted.
+MTP model. Sharing target model ..."), and its load profiler (``DeviceMemoryProfiler``: ``empty_cache``
+then ``max_memory_allocated``) does not count what was freed: from 0.17 (the first release serving
+qwen3_5) they cost nothing in the pool, only the load's peak (bf16, vocab x hidden each). Releases
+before 0.17 are not verified here: their copy is counted.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from .reasons import Reasons
 from .shape import _version
 
 LANGUAGE_ONLY_FROM = (0, 18, 0)  # --language-model-only (vllm_options.json: absent in 0.16, present in 0.18)
-MTP_HEAD_SHARED_FROM = (0, 32, 0)  # the drafter's own embedding and LM head freed after load (read in 0.32)
+MTP_HEAD_SHARED_FROM = (
+    0,
+    17,
+    0,
+)  # the drafter's own embedding and LM head freed after load (0.17, 0.18, 0.32)
 
 
 def language_only(model: ModelFacts, settings: Settings, vllm_version: str | None) -> bool:
@@ -45,7 +50,7 @@ def language_only(model: ModelFacts, settings: Settings, vllm_version: str | Non
 
 def mtp_head_bytes(model: ModelFacts, spec_method: str | None, vllm_version: str | None) -> int:
     """The MTP drafter's own embedding and LM head where the release keeps them (bf16, vocab x hidden
-    each); 0 from 0.32 on (shared after load) and without MTP speculation."""
+    each); 0 from 0.17 on (shared after load) and without MTP speculation."""
     have = _version(vllm_version)
     if spec_method != "mtp" or not model.mtp_layers or (have is not None and have >= MTP_HEAD_SHARED_FROM):
         return 0
@@ -93,12 +98,14 @@ def as_loaded(
         weights += head
         parts.append(
             f"the MTP drafter's own bf16 embedding and LM head {head / GiB:.2f} GiB (vllm#53887; vLLM "
-            f"{vllm_version} is older than 0.32, which frees them after load: counted)"
+            f"{vllm_version} is older than 0.17, read to free them after load: counted)"
         )
     elif spec_method == "mtp" and model.mtp_layers:
+        peak = 2 * model.vocab_size * model.hidden_size * 2
         parts.append(
-            "the MTP drafter's own embedding and LM head: shared with the target's after load from vLLM "
-            "0.32 (llm_base_proposer.py _maybe_share_embeddings/_maybe_share_lm_head), not counted"
+            f"the MTP drafter's own bf16 embedding and LM head ({peak / GiB:.2f} GiB, vllm#53887): freed after "
+            "load and shared with the target's from vLLM 0.17 (_maybe_share_embeddings/_maybe_share_lm_head), "
+            "so only the load's peak holds them, not the pool"
         )
     r.add(
         "model.weights_bytes",
