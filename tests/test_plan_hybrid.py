@@ -256,6 +256,9 @@ def test_speculation_by_load_and_its_state_cost(host_of, empty_root, tmp_path) -
         r.key == "speculative.method" and r.value is None and "16 requests" in r.reason
         for r in loaded.reasons
     )
+    pays = why["instances[0].speculative.predicted"]
+    assert pays[0] is (inst.prediction.tpot_ms < float(pays[1].split("ms without")[0].split(", ")[-1]))
+    assert "predicted with it" in pays[1]
     # asked for outright: kept at any load
     asked = _qwen38_plan(
         host_of, empty_root, tmp_path, ["layout.workload_concurrency=16", "speculative.method=mtp"]
