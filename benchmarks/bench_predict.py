@@ -97,12 +97,31 @@ def measured_rows(point: dict[str, Any]) -> list[tuple[str, float, str]]:
     return rows
 
 
+def decode_step_ms(pred: dict[str, Any]) -> float | None:
+    """The predicted time per output token of a step with every running request decoding and no
+    prompt in it, from the prediction's own terms (the speculative step's where it speculates)."""
+    terms = {t["term"]: t["ms"] for t in pred.get("terms") or ()}
+    spec = next((ms for name, ms in terms.items() if name.startswith("speculation:")), None)
+    if spec is not None:
+        return spec
+    mem = terms.get("decode step: weights + KV over bandwidth")
+    if mem is None:
+        return pred.get("tpot_ms")
+    flops = terms.get("decode step: FLOPs over peak", 0.0)
+    return (
+        max(mem, flops)
+        + terms.get("decode step: 2 all-reduces per layer", 0.0)
+        + terms.get("decode step: fixed kernels and scheduler", 0.0)
+    )
+
+
 def predicted(kind: str, pred: dict[str, Any], concurrency: int) -> float | None:
     tpot = pred.get("tpot_ms")
     if kind == "decode":
         return 1000 / tpot if tpot else None
-    if kind == "decode_all":
-        return concurrency * 1000 / tpot if tpot else None
+    if kind == "decode_all":  # while all are decoding: the decode step alone, no prompt in it
+        step = decode_step_ms(pred)
+        return concurrency * 1000 / step if step else None
     if kind == "output":
         return pred.get("output_tokens_per_s")
     if kind == "ttft":

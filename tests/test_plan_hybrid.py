@@ -36,7 +36,8 @@ def qwen38_dir(tmp_path: Path) -> Path:
 def test_qwen38_on_an_a100_counts_attention_layers_and_caps_sequences(host_of, empty_root, tmp_path) -> None:
     from hwprofile.pipeline import make_plan
 
-    sets = ["speculative.method=none", "engine.max_num_seqs=1024", "engine.max_model_len=32768"]
+    sets = ["speculative.method=none", "engine.max_num_seqs=1024", "engine.max_model_len=32768",
+            "engine.mamba_ssm_cache_dtype=float32"]  # fmt: skip
     p = make_plan(
         host_of("a100-80g-pcie-1x"), empty_root, environ={}, model=str(qwen38_dir(tmp_path)), sets=sets
     )
@@ -95,3 +96,225 @@ def test_tiny_qwen3_next_cpu_plan_says_what_vllm_logs(host_of, empty_root, tmp_p
         got[name] = (mem.block_size, mem.vllm_logged_kv_tokens, mem.kv_bytes_per_token_target)
     assert got["bf16"] == (256, 37_449, 2 * 2 * 2 * 64 * 2)
     assert got["plain"] == (128, 47_662, 2 * 2 * 2 * 64 * 2)
+
+
+def _qwen38_plan(host_of, empty_root, tmp_path: Path, sets: list[str], version: str | None = None) -> Any:
+    from hwprofile.pipeline import make_plan
+
+    host = host_of("a100-80g-pcie-1x")
+    if version:
+        host = host._replace(software=host.software._replace(vllm_version=version))
+    d = qwen38_dir(tmp_path / "-".join([*sets, version or ""]).replace("=", "_").replace(".", "_"))
+    return make_plan(host, empty_root, environ={}, model=str(d), sets=["engine.max_model_len=8192", *sets])
+
+
+def _argv(plan: Any, version: str) -> list[str]:
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    return render_instance(plan, plan.instances[0], release(version), "vllm", None).argv
+
+
+def _env(plan: Any, version: str) -> dict[str, str]:
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    return render_instance(plan, plan.instances[0], release(version), "vllm", None).env
+
+
+def test_weights_as_vllm_loads_them_vision_and_mtp(host_of, empty_root, tmp_path) -> None:
+    """No MTP speculation: neither the vision tower (--language-model-only) nor the MTP layer is
+    loaded; with MTP the layer is; with engine.language_model_only=off the tower is, and no flag."""
+    from hwprofile.model import read_model_dir
+
+    facts = read_model_dir(qwen38_dir(tmp_path / "facts"))
+    assert facts.vision_bytes > 0.8 * 2**30 and facts.mtp_bytes > 0.4 * 2**30
+    plain = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none"])
+    assert plain.model.weights_bytes == facts.weights_bytes - facts.vision_bytes - facts.mtp_bytes
+    assert plain.instances[0].memory.weights_bytes == plain.model.weights_bytes
+    assert plain.instances[0].engine.language_model_only is True
+    why = {r.key: r.reason for r in plain.reasons}["model.weights_bytes"]
+    assert "vision tower" in why and "not loaded" in why and "mtp." in why
+    assert "--language-model-only" in _argv(plain, "0.33.0")
+
+    mtp = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"])
+    assert mtp.model.weights_bytes == facts.weights_bytes - facts.vision_bytes
+    why = {r.key: r.reason for r in mtp.reasons}["model.weights_bytes"]
+    assert "MTP speculation runs" in why and "shared" in why  # the head: 0.17+ frees its own copy
+
+    sets = ["speculative.method=none", "engine.language_model_only=off"]
+    full = _qwen38_plan(host_of, empty_root, tmp_path, sets)
+    assert full.model.weights_bytes == facts.weights_bytes - facts.mtp_bytes
+    assert full.instances[0].engine.language_model_only is False
+    assert "--language-model-only" not in _argv(full, "0.33.0")
+
+
+def test_language_model_only_needs_0_18_and_old_mtp_heads_are_counted(host_of, empty_root, tmp_path) -> None:
+    """vLLM 0.17 serves the architecture but has no --language-model-only: the tower is counted; the
+    MTP drafter's own bf16 embedding and LM head (vllm#53887) are counted only before 0.17."""
+    from hwprofile.model import read_model_dir
+
+    facts = read_model_dir(qwen38_dir(tmp_path / "facts"))
+    old = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none"], "0.17.0")
+    assert old.model.weights_bytes == facts.weights_bytes - facts.mtp_bytes
+    assert old.instances[0].engine.language_model_only is False
+    # 0.17 on frees the drafter's own head after load (read in 0.17, 0.18, 0.32): the pool pays nothing
+    before = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"], "0.18.0")
+    assert before.model.weights_bytes == facts.weights_bytes - facts.vision_bytes
+    assert "load's peak" in {r.key: r.reason for r in before.reasons}["model.weights_bytes"]
+    assert "--language-model-only" in _argv(before, "0.18.0")
+    from hwprofile.plan.loaded import mtp_head_bytes
+
+    head = 2 * facts.vocab_size * facts.hidden_size * 2
+    assert mtp_head_bytes(facts, "mtp", "0.16.0") == head and mtp_head_bytes(facts, "mtp", "0.17.0") == 0
+
+
+def test_a_plain_transformer_has_no_language_model_only(host_of, empty_root) -> None:
+    from hwprofile.pipeline import make_plan
+
+    p = make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
+                  sets=["speculative.method=none"])  # fmt: skip
+    assert "language_model_only" not in json.dumps(p.instances[0].engine.to_json())
+    assert not any(r.key == "model.weights_bytes" for r in p.reasons)
+
+
+def test_float16_state_where_it_keeps_more_sequences_resident(host_of, empty_root, tmp_path) -> None:
+    """auto: float16 SSM state where the model's float32 holds fewer sequences than max_num_seqs asks
+    and float16 more (rendered as --mamba-ssm-cache-dtype float16); the model's own where enough fit;
+    --mamba-cache-mode as the plan assumes (align with prefix caching, else none; 0.15+)."""
+    many = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none", "engine.max_num_seqs=256"])
+    wide = _qwen38_plan(
+        host_of, empty_root, tmp_path,
+        ["speculative.method=none", "engine.max_num_seqs=256", "engine.mamba_ssm_cache_dtype=float32"],
+    )  # fmt: skip
+    assert many.instances[0].engine.mamba_ssm_cache_dtype == "float16"
+    assert many.instances[0].memory.state_sequences > wide.instances[0].memory.state_sequences
+    assert (
+        many.instances[0].memory.state_bytes_per_sequence < wide.instances[0].memory.state_bytes_per_sequence
+    )
+    why = {r.key: r.reason for r in many.reasons}["instances[0].engine.mamba_ssm_cache_dtype"]
+    assert "float16" in why and "64 instead of 37" in why
+    argv = _argv(many, "0.33.0")
+    assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == "float16"
+    assert _env(many, "0.33.0")["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    mode = "align" if many.instances[0].engine.enable_prefix_caching else "none"
+    assert argv[argv.index("--mamba-cache-mode") + 1] == mode == many.instances[0].engine.mamba_cache_mode
+
+    few = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none", "engine.max_num_seqs=4"])
+    assert few.instances[0].engine.mamba_ssm_cache_dtype == "auto"
+    assert "--mamba-ssm-cache-dtype" not in _argv(few, "0.33.0")
+
+    nocache = _qwen38_plan(
+        host_of, empty_root, tmp_path,
+        ["speculative.method=none", "engine.max_num_seqs=4", "engine.enable_prefix_caching=false"],
+    )  # fmt: skip
+    assert nocache.instances[0].engine.mamba_cache_mode == "none"
+    assert "--mamba-cache-mode" not in _argv(nocache, "0.14.0")  # the flag is 0.15+
+
+
+INT4 = Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen3.8-27b-int4"
+
+
+@pytest.mark.parametrize(
+    ("family", "want"),
+    [("Qwen3.8-27B-INT4", "fp8"), ("Qwen3.6-27B-INT4", "auto"), ("Hybrid-27B-INT4", "auto")],
+)
+def test_fp8_kv_only_where_verified_for_the_family(host_of, empty_root, tmp_path, family, want) -> None:
+    """An RTX 4090 has FP8 hardware (its profile asks fp8_if_supported): the Qwen3.8 int4 copy gets
+    fp8 KV (verified), the same config named Qwen3.6 does not (vllm#26646), an unknown hybrid neither."""
+    from hwprofile.pipeline import make_plan
+
+    d = tmp_path / family
+    shutil.copytree(INT4, d)
+    p = make_plan(
+        host_of("rtx4090-1x"), empty_root, environ={}, model=str(d), sets=["speculative.method=none"]
+    )
+    inst = p.instances[0]
+    assert inst.engine.kv_cache_dtype == want
+    why = {r.key: r.reason for r in p.reasons}["instances[0].engine.kv_cache_dtype"]
+    assert {"Qwen3.8-27B-INT4": "verified", "Qwen3.6-27B-INT4": "26646", "Hybrid-27B-INT4": "not verified"}[
+        family
+    ] in why
+
+
+def test_speculation_by_load_and_its_state_cost(host_of, empty_root, tmp_path) -> None:
+    """speculative.method auto on a hybrid: MTP at one request in flight, with prefix caching off
+    (vllm#43559) and its state cost said; off above ~8 in flight, where more sequences stay resident."""
+    single = _qwen38_plan(host_of, empty_root, tmp_path, ["layout.workload_concurrency=1"])
+    inst = single.instances[0]
+    assert inst.speculative is not None and inst.speculative.method == "mtp"
+    assert inst.engine.enable_prefix_caching is False and inst.engine.mamba_cache_mode == "none"
+    why = {r.key: (r.value, r.reason) for r in single.reasons}
+    assert "vllm#43559" in why["instances[0].engine.enable_prefix_caching"][1]
+    with_spec, text = why["instances[0].speculative.state_cost"]
+    assert with_spec == inst.memory.state_sequences and "instead of" in text
+    loaded = _qwen38_plan(host_of, empty_root, tmp_path, ["layout.workload_concurrency=16"])
+    busy = loaded.instances[0]
+    assert busy.speculative is None
+    assert busy.memory.state_sequences > inst.memory.state_sequences
+    assert any(
+        r.key == "speculative.method" and r.value is None and "16 requests" in r.reason
+        for r in loaded.reasons
+    )
+    pays = why["instances[0].speculative.predicted"]
+    assert pays[0] is (inst.prediction.tpot_ms < float(pays[1].split("ms without")[0].split(", ")[-1]))
+    assert "predicted with it" in pays[1]
+    # asked for outright: kept at any load
+    asked = _qwen38_plan(
+        host_of, empty_root, tmp_path, ["layout.workload_concurrency=16", "speculative.method=mtp"]
+    )
+    assert asked.instances[0].speculative is not None
+
+
+def test_a_12gb_card_refuses_the_seeds_model_saying_what_fits(host_of, empty_root) -> None:
+    """Neither the 16-bit nor the int4 checkpoint fits 12 GB: refused, naming models that do."""
+    from hwprofile.pipeline import make_plan
+
+    with pytest.raises(PlanRefused) as e:
+        make_plan(host_of("rtx3060-12g-1x"), empty_root, environ={}, model="Qwen/Qwen3.8-27B")
+    assert "Qwen3.8-27B-INT4" in e.value.message
+    fits = [s for s in e.value.suggestions if "other families" in s]
+    assert fits and "GiB" in fits[0]
+
+
+def test_hybrid_predictions_state_bandwidth_and_mtp_draft_cost() -> None:
+    """Each decode step reads and writes every running sequence's recurrent state (a term that grows
+    with the batch); the context's attention FLOPs count the attention layers only; a request's own
+    prompt is in its TTFT, not its TPOT; an MTP draft pays its layer and the LM head per proposal."""
+    from hwprofile.model import read_model_dir
+    from hwprofile.plan import predict as pm
+    from hwprofile.plan.candidates import model_shape, mtp_draft_shape
+
+    m = read_model_dir(INT4)
+    shape = model_shape(m, 2)
+    assert shape.attn_layers == 16 and m.stack.state_layers == 48
+    assert 140 * 2**20 < shape.state_bytes < 150 * 2**20  # 146.8 MiB at the config's float32 SSM state
+    assert model_shape(m, 2, "float16").state_bytes < 0.55 * shape.state_bytes
+    gpu = pm.Gpu("RTX 3090", 936.0, 71.2, 24 * 2**30, "test")
+    link = pm.Link("none", 0.0, 0.0, "one GPU")
+    one = pm.step_ms(gpu, shape, 1, link, 1, 4096)
+    eight = pm.step_ms(gpu, shape, 1, link, 8, 4096)
+    assert eight["state_ms"] == pytest.approx(8 * one["state_ms"]) and one["state_ms"] > 0.3
+    draft = mtp_draft_shape(m, 2)
+    assert draft is not None and draft.weights_bytes > m.vocab_size * m.hidden_size * 2
+    cand = pm.Candidate(1, 1, 1, 1, 2048, True, 100_000, link)
+    wl = pm.Workload(8192, 128, 1)
+    plain = pm.predict(gpu, shape, cand, wl, None)
+    one_step = pm.step_ms(gpu, shape, 1, link, 1, 8192 + 64)["total_ms"]
+    assert plain.tpot_ms == pytest.approx(one_step) and one_step < plain.ttft_ms
+    spec = pm.Speculation("mtp", (), 2, 0.6, draft, "test")
+    with_mtp = pm.predict(gpu, shape, cand, wl, spec)
+    term = next(t for t in with_mtp.terms if t["term"].startswith("speculation"))
+    assert "draft 0.00 ms" not in term["source"]
+
+
+@pytest.mark.parametrize("version", ["0.18.0", "0.25.0", "0.33.0"])
+def test_mtp_is_named_mtp_on_every_release_serving_qwen3_5(host_of, empty_root, tmp_path, version) -> None:
+    """qwen3_5_mtp is a deprecated alias of mtp from 0.17 on (vllm/config/speculative.py): `mtp`."""
+    from hwprofile.plan.releases import MTP_METHOD_NAME
+
+    p = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=mtp"], version)
+    argv = _argv(p, version)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == MTP_METHOD_NAME == "mtp"
+    assert "--enable-prefix-caching" not in argv  # beside MTP on a hybrid (vllm#43559)

@@ -106,6 +106,8 @@ def check(field: Field, value: Any) -> Any:
             raise ValueError(f"{value} is out of range [{_num(field.lo)}, {_num(field.hi)}]")
         return value
     if k == "choice":
+        if isinstance(value, bool) and {"on", "off"} <= set(field.choices):
+            value = "on" if value else "off"  # YAML reads a bare on/off as a boolean
         if value not in field.choices:
             alias = ALIASES.get(str(value).lower())
             close = [alias] if alias in field.choices else _close(str(value), field.choices)

@@ -61,6 +61,20 @@ class Engine(Section):
     enable_chunked_prefill: bool = setting(
         "bool", "split long prefills into max_num_batched_tokens chunks", default=True
     )
+    language_model_only: str = setting(
+        "choice",
+        "text part only (--language-model-only, 0.18+): no vision tower; auto = on where the model has one "
+        "(hwprofile plans no image inputs)",
+        choices=("auto", "on", "off"),
+        default="auto",
+    )
+    mamba_ssm_cache_dtype: str = setting(
+        "choice",
+        "a hybrid's SSM state dtype (--mamba-ssm-cache-dtype); auto = the model's, float16 where that "
+        "keeps more sequences resident",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        default="auto",
+    )
 
 
 @section

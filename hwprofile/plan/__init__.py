@@ -11,6 +11,8 @@ One module per decision, in the order :func:`build_plan` takes them:
 
 - :mod:`.checkpoint`: which checkpoint (``engine.weights_bits``; the 4-bit retry);
 - :mod:`.speculative`: speculation method and draft; per instance, ngram when the draft does not fit;
+- :mod:`.loaded`: the weights as vLLM loads them (no vision tower under ``--language-model-only``, the
+  MTP layers only with MTP speculation);
 - :mod:`.layout`: GPU groups, tensor parallel size, NUMA-aware partition, replicas, ports, NUMA binding;
   where the layout is ``auto``, the candidate ``layout.objective`` prefers (:mod:`.candidates`, every
   TP of a group predicted by :mod:`.predict`, the performance model: TTFT, TPOT, output tokens/s at the
@@ -40,8 +42,10 @@ from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use
 from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
+from .hybridspec import by_load
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
+from .loaded import as_loaded
 from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
@@ -109,6 +113,9 @@ def _build_plan(
     refuse_old_release(model, host.software.vllm_version)
     warnings = list(host_warnings)
     spec_method, chosen_draft = choose_speculator(model, draft, settings, r, warnings, hetero_ok)
+    spec_method, chosen_draft = by_load(model, settings, spec_method, chosen_draft, r, warnings)
+    version = host.software.vllm_version
+    model = as_loaded(model, settings, spec_method, version, r)
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
         hosts = [host, *nodes]
         addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
@@ -121,7 +128,7 @@ def _build_plan(
             group, endpoint = shape(host, settings, group, r, warnings)
             # the last try's candidates per group of GPUs (plan_nodes may have planned node 0 more than once)
             r.predictions[:] = list({(g["gpus"], g["gpu_name"]): g for g in r.predictions}.values())
-            group = _predicted(host, settings, model, chosen_draft, group, r)
+            group = _predicted(host, settings, model, chosen_draft, group, r, warnings)
         else:
             r.predictions.clear()  # a group over several nodes: not predicted (its link is in the estimate)
             head = group[0]
@@ -145,11 +152,13 @@ def _build_plan(
         # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
         retry_draft = chosen_draft if chosen_draft is not None else draft
         spec_method, chosen_draft = choose_speculator(model, retry_draft, settings, r, warnings, hetero_ok)
+        spec_method, chosen_draft = by_load(model, settings, spec_method, chosen_draft, r, warnings)
+        model = as_loaded(model, settings, spec_method, version, r)
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)
     instances, endpoint = shape(host, settings, [inst for inst, _ in planned], r, warnings)
-    instances = _predicted(host, settings, model, used_draft, instances, r)
+    instances = _predicted(host, settings, model, used_draft, instances, r, warnings)
     return _assemble(host, settings, provenance, profile, matched_because, model, used_draft, r, warnings,
                      instances, endpoint)  # fmt: skip
 
@@ -192,15 +201,31 @@ def _assemble(
 
 def _predicted(
     host: HostSnapshot, settings: Settings, model: ModelFacts, draft: ModelFacts | None,
-    instances: list[InstancePlan], r: Reasons,
+    instances: list[InstancePlan], r: Reasons, warnings: list[str],
 ) -> list[InstancePlan]:  # fmt: skip
-    """Each GPU instance with its predicted TTFT, TPOT and output tokens/s at the workload."""
+    """Each GPU instance with its predicted TTFT, TPOT and output tokens/s at the workload; on a hybrid
+    that speculates, whether speculation is predicted to pay (a reason; a warning where it does not)."""
     total = sum(i.ranks for i in instances)
     rule_tp = instances[0].tensor_parallel_size if instances else 1
     out = []
-    for inst in instances:
+    for i, inst in enumerate(instances):
         p = instance_prediction(host, inst, total, model, draft if inst.speculative else None, settings,
                                 r.calibration, rule_tp)  # fmt: skip
+        if p is not None and inst.speculative is not None and inst.memory.state_sequences is not ABSENT:
+            # a hybrid: say whether speculation is predicted to pay here (its state cost is said in
+            # speculative.state_cost)
+            plain = instance_prediction(host, dataclasses.replace(inst, speculative=None), total, model, None,
+                                        settings, r.calibration, rule_tp)  # fmt: skip
+            if plain is not None:
+                pays = p.tpot_ms < plain.tpot_ms
+                r.add(f"instances[{i}].speculative.predicted", pays,
+                      f"{inst.speculative.method} k={inst.speculative.num_speculative_tokens}: TPOT {p.tpot_ms:.1f} ms "
+                      f"predicted with it, {plain.tpot_ms:.1f} ms without, at {p.concurrency} request(s) in flight"
+                      + ("" if pays else " (it does not pay here: its draft steps read the MTP layer and the LM "
+                         "head each; set speculative.method=none or a smaller speculative.num_speculative_tokens)"))  # fmt: skip
+                if not pays:
+                    warnings.append(f"{inst.name}: {inst.speculative.method} speculation is predicted slower than none "
+                                    f"(TPOT {p.tpot_ms:.1f} vs {plain.tpot_ms:.1f} ms)")  # fmt: skip
         out.append(dataclasses.replace(inst, prediction=p) if p is not None else inst)
     return out
 

@@ -20,7 +20,14 @@ from ..model import ModelFacts
 from . import gpufacts
 from . import predict as pm
 from .engine import fit_args, kv_cache_dtype
-from .memory import active_weights_bytes, fit, kv_bytes_per_token, sequence_bytes
+from .memory import (
+    active_weights_bytes,
+    fit,
+    is_hybrid,
+    kv_bytes_per_token,
+    sequence_bytes,
+    state_bytes_per_layer,
+)
 from .types import InstancePlan, InstancePrediction
 
 
@@ -42,7 +49,11 @@ def workload(settings: Settings) -> pm.Workload:
     return pm.Workload(lay.workload_input_len, lay.workload_output_len, lay.workload_concurrency)
 
 
-def model_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape:
+def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto") -> pm.ModelShape:
+    attn, state = 0, 0
+    if is_hybrid(model):
+        attn = len(model.stack.attention_layers())
+        state = state_bytes_per_layer(model, 1, 0, ssm_dtype) * model.stack.state_layers
     return pm.ModelShape(
         name=model.name,
         weights_bytes=model.weights_bytes,
@@ -56,6 +67,30 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape:
         kv_heads=max(1, model.num_kv_heads),
         num_experts=model.num_experts,
         experts_per_token=model.experts_per_token,
+        attn_layers=attn,
+        state_bytes=state,
+    )
+
+
+def mtp_draft_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape | None:
+    """The MTP head as a draft: each proposal runs its layer(s) and the LM head over the whole
+    vocabulary (the target's, shared: bf16 in the checkpoints people serve), reading both."""
+    if not model.mtp_layers or not model.mtp_bytes:
+        return None
+    head = model.vocab_size * model.hidden_size * 2
+    attn_kv = kv_bytes_per_token(model, 1, kv_dtype_bytes) // max(1, model.full_layers) if not is_hybrid(model) else (
+        2 * model.num_kv_heads * model.head_dim * kv_dtype_bytes)  # fmt: skip
+    return pm.ModelShape(
+        name=f"{model.name} MTP head",
+        weights_bytes=model.mtp_bytes + head,
+        active_bytes=model.mtp_bytes + head,
+        active_params=(model.mtp_bytes + head) // 2,
+        layers=model.mtp_layers,
+        hidden=model.hidden_size,
+        heads=model.num_heads,
+        head_dim=model.head_dim,
+        kv_bytes_per_token=attn_kv * model.mtp_layers,
+        kv_heads=max(1, model.num_kv_heads),
     )
 
 
@@ -81,11 +116,15 @@ def link_for(host: HostSnapshot, gpus: Sequence[Gpu], tp: int, row: Mapping[str,
     return pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp)
 
 
-def speculation(settings: Settings, method: str | None, draft: ModelFacts | None, kv_bytes: int) -> pm.Speculation | None:
+def speculation(
+    settings: Settings, method: str | None, draft: ModelFacts | None, kv_bytes: int, model: ModelFacts | None = None
+) -> pm.Speculation | None:
     if not method or method == "none":
         return None
     s = settings.speculative
     d = model_shape(draft, kv_bytes) if (draft is not None and method == "draft_model") else None
+    if method == "mtp" and model is not None:
+        d = mtp_draft_shape(model, kv_bytes)
     return pm.Speculation(method, tuple(s.by_batch_size or ()), s.num_speculative_tokens, s.assumed_acceptance, d,
                           "speculative.assumed_acceptance")  # fmt: skip
 
@@ -246,7 +285,7 @@ def predict_group(
             only_without, kv_tokens = fits(None, tp)
             d_tp = None if only_without else d
         method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
-        specs.append(speculation(settings, method, d_tp, kv_bytes))
+        specs.append(speculation(settings, method, d_tp, kv_bytes, model))
         drafts.append(d_tp)
         if isinstance(lay.replicas, int) or lay.strategy == "single":
             parts = parts[: 1 if lay.strategy == "single" else int(lay.replicas)]
@@ -314,13 +353,16 @@ def instance_prediction(
         return None
     tp, ranks = inst.tensor_parallel_size, inst.ranks
     kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, tp, 1)))
-    shape = model_shape(model, kv_bytes)
+    ssm = inst.engine.mamba_ssm_cache_dtype if isinstance(inst.engine.mamba_ssm_cache_dtype, str) else "auto"
+    shape = model_shape(model, kv_bytes, ssm)
     wl = workload(settings)
     spec = None
     if inst.speculative is not None:
         sp = inst.speculative
         table = tuple(sp.num_speculative_tokens_per_batch_size or ())
         d = model_shape(draft, kv_bytes) if (draft is not None and sp.method == "draft_model") else None
+        if sp.method == "mtp":
+            d = mtp_draft_shape(model, kv_bytes)
         spec = pm.Speculation(sp.method, table, sp.num_speculative_tokens, settings.speculative.assumed_acceptance,
                               d, "speculative.assumed_acceptance")  # fmt: skip
     total = instances  # every rank of every instance shares the workload

@@ -11,6 +11,7 @@ from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from .engine import hybrid_opts, server_settings
 from .layout import ONE_NODE
+from .loaded import language_only
 from .memory import (
     CPU_BLOCK_TOKENS,
     GiB,
@@ -26,7 +27,7 @@ from .memory import (
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .speculative import speculative_config
-from .types import EngineSettings, Estimate, InstancePlan, MemoryFit
+from .types import ABSENT, EngineSettings, Estimate, InstancePlan, MemoryFit
 
 VLLM_DEFAULT_BATCHED_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS (vLLM 0.32)
 
@@ -274,6 +275,7 @@ def cpu_instance(
     if len(host.numa_nodes) > 1:
         warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
     dtype = settings.engine.dtype
+    lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
     engine = EngineSettings(
         **{
             "gpu_memory_utilization": None,
@@ -287,7 +289,8 @@ def cpu_instance(
             "enforce_eager": eager,
             "enable_prefix_caching": prefix,
             "enable_chunked_prefill": chunked,
-        }
+        },
+        language_model_only=lm_only,
     )
     spec = speculative_config(settings, spec_method, draft, 1, r, key, model)
     return InstancePlan(

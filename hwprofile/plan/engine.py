@@ -12,6 +12,7 @@ from ..model import ModelFacts
 from . import gpufacts
 from .memory import (
     BLOCK_TOKENS,
+    STATE_DTYPE_BYTES,
     Fit,
     GiB,
     HybridOpts,
@@ -22,6 +23,7 @@ from .memory import (
     sequence_bytes,
 )
 from .reasons import Reasons
+from .releases import fp8_kv_verdict
 from .types import ServerSettings
 
 AVERAGE_FILL = 0.5  # assumed share of max_model_len an average request occupies (concurrency cap)
@@ -82,6 +84,12 @@ def kv_cache_dtype(want: str, gpu: Gpu | None, model: ModelFacts) -> tuple[str, 
     hardware, else the model's dtype."""
     if want == "fp8_if_supported":
         row = gpufacts.lookup(gpu.name, gpu.memory_total_gib) if gpu else None
+        if row and row.get("fp8_support") and is_hybrid(model):
+            verdict = fp8_kv_verdict(model)
+            if verdict is None or not verdict[0]:
+                why = verdict[1] if verdict else f"fp8 KV is not verified for {model.name} (a hybrid)"
+                return "auto", model.dtype_bytes, f"KV cache in the model's dtype ({model.dtype}): {why}"
+            return "fp8", 1, f"8-bit KV cache: {gpu.name if gpu else '?'} has FP8 hardware; {verdict[1]}"
         if row and row.get("fp8_support"):
             return (
                 "fp8",
@@ -379,3 +387,58 @@ def hybrid_opts(
         kernel_block=kernel,
         checkpoint_align=64 if prefix and flashinfer_gdn else 1,
     )
+
+
+SSM_FLOAT16_FROM = (0, 13, 0)  # --mamba-ssm-cache-dtype float16 (vllm_options.json: 0.13.0 adds the choice)
+
+
+def choose_ssm_dtype(
+    model: ModelFacts,
+    settings: Settings,
+    hybrid: HybridOpts,
+    kv_cache_bytes: int,
+    tp: int,
+    kv_dtype_bytes: int,
+    vllm_version: str | None,
+    r: Reasons,
+    key: str,
+) -> HybridOpts:
+    """The SSM state's dtype (``--mamba-ssm-cache-dtype``): ``engine.mamba_ssm_cache_dtype`` where set;
+    on ``auto`` the model's own (vLLM's ``auto``: Qwen3.5's config says float32) unless float16 lets
+    more sequences' state stay resident than the default does while fewer than ``max_num_seqs`` fit
+    (operators measured 64 instead of 37 resident requests on one RTX 3090 with Qwen3.8-27B int4:
+    ../shared/facts/hybrid.md), on a release that has float16 (0.13+)."""
+    from .shape import _version
+
+    asked = settings.engine.mamba_ssm_cache_dtype
+    path = f"{key}.engine.mamba_ssm_cache_dtype"
+    setting = ("engine", "mamba_ssm_cache_dtype")
+    if asked != "auto":
+        r.add(path, asked, f"engine.mamba_ssm_cache_dtype {asked}", setting)
+        return hybrid._replace(ssm_dtype=asked)
+    own = model.stack.state.ssm_dtype
+    length = settings.engine.max_model_len
+
+    def blocks(ssm: str) -> int:
+        opts = hybrid._replace(ssm_dtype=ssm)._asdict()
+        h = hybrid_kv_cache(model, kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **opts)
+        return h.state_blocks
+
+    have = _version(vllm_version)
+    wide = STATE_DTYPE_BYTES.get(own or "", 2) > 2
+    if model.stack.state.kind not in ("gdn", "mamba2") or not wide:
+        return hybrid
+    default, half = blocks("auto"), blocks("float16")
+    want = settings.engine.max_num_seqs
+    if default >= want or half <= default:
+        r.add(path, "auto", f"the model's own SSM state dtype ({own}): {default} sequences' state fit, "
+              f"max_num_seqs {want} asked; float16 would not add resident sequences that are wanted", setting)  # fmt: skip
+        return hybrid
+    if have is not None and have < SSM_FLOAT16_FROM:
+        r.add(path, "auto", f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
+              f"state (0.13+), which would hold {half} sequences' state instead of {default}", setting)  # fmt: skip
+        return hybrid
+    r.add(path, "float16", f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
+          f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "
+          "requests on one RTX 3090 with Qwen3.8-27B (../shared/facts/hybrid.md)", setting)  # fmt: skip
+    return hybrid._replace(ssm_dtype="float16")

@@ -10,9 +10,10 @@ import dataclasses
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
-from . import engine
+from . import engine, hybridspec
 from .estimate import estimate
 from .layout import numa_binding
+from .loaded import language_only
 from .memory import (
     BLOCK_TOKENS,
     Fit,
@@ -31,7 +32,7 @@ from .memory import (
 from .reasons import Reasons
 from .refusal import PlanRefused, suggestions
 from .speculative import fit_beside_draft, speculative_config
-from .types import EngineSettings, InstancePlan, MemoryFit
+from .types import ABSENT, EngineSettings, InstancePlan, MemoryFit
 
 
 def gpu_instance(
@@ -69,6 +70,7 @@ def gpu_instance(
     f, draft, spec_method = fit_beside_draft(
         total, util, model, draft, spec_method, tp, kv_bytes, settings, eager, r, warnings, key, name
     )
+    settings = hybridspec.mtp_prefix_caching(model, settings, spec_method, r, warnings, key, name)
     if not f.fits:
         raise PlanRefused(
             f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
@@ -85,6 +87,9 @@ def gpu_instance(
         step_tokens = max(step_tokens, settings.engine.max_model_len)
     flight = in_flight_tokens(host.software.vllm_version, step_tokens, "cuda", pp, spec_method)
     hybrid = engine.hybrid_opts(model, settings, spec_method, host.software.vllm_version, gpu)
+    if hybrid is not None:
+        hybrid = engine.choose_ssm_dtype(model, settings, hybrid, f.kv_cache_bytes, tp, kv_bytes,
+                                         host.software.vllm_version, r, key)  # fmt: skip
     try:
         length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
     except engine.ContextTooShort as e:
@@ -99,8 +104,14 @@ def gpu_instance(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
         ) from None
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
+    if hybrid is not None:
+        r.add(f"{key}.env.PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
+              "a hybrid's prefill kernels need expandable segments near full utilization (operators: "
+              "../shared/facts/hybrid.md)")  # fmt: skip
+        hybridspec.state_cost(model, hybrid, spec_method, f.kv_cache_bytes, length, tp, kv_bytes, r, key)
 
     quant = model.quant_method
+    lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
     engine_settings = EngineSettings(
         gpu_memory_utilization=util,
         max_model_len=length,
@@ -112,6 +123,9 @@ def gpu_instance(
         enforce_eager=eager,
         enable_prefix_caching=settings.engine.enable_prefix_caching,
         enable_chunked_prefill=settings.engine.enable_chunked_prefill,
+        language_model_only=lm_only,
+        mamba_ssm_cache_dtype=hybrid.ssm_dtype if hybrid is not None else ABSENT,
+        mamba_cache_mode=("align" if hybrid.prefix_caching else "none") if hybrid is not None else ABSENT,
     )
     r.add(
         f"{key}.engine.quantization",

@@ -108,6 +108,11 @@ class ModelShape:
     kv_heads: int = 1
     num_experts: int = 0
     experts_per_token: int = 0
+    # a hybrid: the layers with attention over the context (0: all of them), and the recurrent
+    # state one sequence holds over all its state layers (the whole model: a GPU holds 1 / TP), which
+    # every decode step reads and writes back (Gated DeltaNet / Mamba: the state is updated in place)
+    attn_layers: int = 0
+    state_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,13 +275,17 @@ def step_ms(
     tokens = decode + prefill
     weights = _weights_read(m, tokens) / tp
     kv = (decode * context + prefill * prefill_context) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
-    mem = (weights + kv) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
+    # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
+    state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
+    mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
     flops = 2 * m.active_params * tokens / tp
-    flops += 4 * m.layers * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
+    attn = m.attn_layers or m.layers
+    flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
     comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
     fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
-    return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed,
+    state_ms = state / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
+    return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed, "state_ms": state_ms,
             "total_ms": max(mem, comp) + comm + fixed}  # fmt: skip
 
 
@@ -306,6 +315,12 @@ def predict(
         {"term": "decode step: fixed kernels and scheduler", "ms": round(dec["fixed_ms"], 3),
          "source": f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"},
     ]  # fmt: skip
+    if m.state_bytes:
+        terms.insert(1, {
+            "term": f"decode step: recurrent state of {b} sequence(s) read and written (in the memory term)",
+            "ms": round(dec["state_ms"], 3),
+            "source": f"{m.state_bytes / 2**20:.1f} MiB of state per sequence / TP {cand.tp}, twice per step",
+        })  # fmt: skip
     # The prompt: chunks of what the step budget leaves beside the decodes (one step without chunking).
     budget = max(1, cand.max_num_batched_tokens - b) if cand.chunked_prefill else wl.input_len
     chunks = max(1, math.ceil(wl.input_len / budget))
@@ -315,7 +330,7 @@ def predict(
     extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
     terms.append({"term": f"prefill: {chunks} chunk(s) of {chunk} tokens", "ms": round(t_prefill, 3),
                   "source": "the same roofline at the chunk's tokens (FLOPs bound)"})  # fmt: skip
-    # TPOT: a decode step, with each speculative step's tokens, plus the b prefills of one request's life.
+    # TPOT: a decode step, with each speculative step's tokens, plus the other b - 1 requests' prefills.
     per_token = t_dec
     if spec is not None:
         k = spec.k_at(b)
@@ -331,7 +346,8 @@ def predict(
                           "ms": round(per_token, 3),
                           "source": f"{spec.method}: acceptance {a} ({spec.acceptance_source}); verify "
                                     f"{verify:.2f} ms + draft {draft:.2f} ms per step"})  # fmt: skip
-    tpot = per_token + b * extra / max(1, wl.output_len)
+    # the other running requests' prompts stall this one's steps (its own prompt is in its TTFT)
+    tpot = per_token + (b - 1) * extra / max(1, wl.output_len)
     # TTFT: half the step in flight, the prompt, and any wait for a free slot.
     queue_ms = 0.0
     ttft = t_dec / 2 + t_prefill

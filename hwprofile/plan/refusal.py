@@ -35,7 +35,9 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
         from ..model import variant_facts
 
         variant = model.quantized_variants.get(4)
-        w4 = (variant_facts(model, variant, 4).weights_bytes if variant else model.weights_bytes_at_bits(4)) / tp
+        w4 = (
+            variant_facts(model, variant, 4).weights_bytes if variant else model.weights_bytes_at_bits(4)
+        ) / tp
         out.append(
             f"a 4-bit checkpoint ({variant or 'AWQ/GPTQ'}): ~{w4 / GiB:.1f} GiB of weights per GPU instead of {f.weights_bytes / GiB:.1f}"
             + (f" (--model {variant} or --set engine.weights_bits=4)" if variant else "")
@@ -47,19 +49,27 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
     smaller = smaller_models(model, room * tp)
     if smaller:
         out.append("a smaller model that fits: " + ", ".join(smaller))
+    elif model.stack is not None and model.stack.state is not None:
+        # a hybrid whose family has no smaller model in the catalog: what does fit, of another family
+        other = smaller_models(model, room * tp, same_family=False)
+        if other:
+            out.append(
+                f"nothing smaller of {model.model_type} in the catalog; of other families: "
+                + ", ".join(other)
+            )
     if len(host.usable_gpus) > tp:
         out.append(f"--set layout.tensor_parallel_size={tp * 2} (spread the weights over {tp * 2} GPUs)")
     return out
 
 
-def smaller_models(model: ModelFacts, room_bytes: int, count: int = 3) -> list[str]:
-    """Up to ``count`` catalog models of the same family whose weights (16-bit, or their 4-bit
-    checkpoint) fit in ``room_bytes``, largest weights first."""
+def smaller_models(model: ModelFacts, room_bytes: int, count: int = 3, same_family: bool = True) -> list[str]:
+    """Up to ``count`` catalog models of the same family (any family: ``same_family`` False) whose
+    weights (16-bit, or their 4-bit checkpoint) fit in ``room_bytes``, largest weights first."""
     from ..model import catalog_models
 
     fitting: list[tuple[int, str]] = []  # (weight bytes, checkpoint name)
     for m in catalog_models():
-        if m.model_type != model.model_type or m.params >= model.params:
+        if (same_family and m.model_type != model.model_type) or m.params >= model.params:
             continue
         if m.weights_bytes <= room_bytes:
             fitting.append((m.weights_bytes, m.name))

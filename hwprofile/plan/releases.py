@@ -41,3 +41,31 @@ def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
             f"{model.name}: vLLM {vllm_version} does not serve {what}; the first release that does is {first}",
             [f"vLLM >= {first}"],
         )
+
+
+# 8-bit KV cache on hybrid models, by model family (the name or path, lower case): verified, or
+# known to corrupt output, with the evidence. A hybrid family not listed is not verified: its KV
+# stays in the model's dtype unless engine.kv_cache_dtype asks for fp8 outright.
+FP8_KV_FAMILIES: tuple[tuple[str, bool, str], ...] = (
+    (r"qwen3\.6", False, "corrupted output with fp8 KV on Qwen3.6 (vllm#26646)"),
+    (r"qwen3\.8", True, "verified on Qwen3.8 by operators' needle tests to ~52k tokens and a published "
+     "vLLM log at fp8 KV (../shared/facts/hybrid.md)"),
+)  # fmt: skip
+
+
+def fp8_kv_verdict(model: ModelFacts) -> tuple[bool, str] | None:
+    """``(verified, evidence)`` for fp8 KV on ``model``'s family; None where hwprofile knows nothing."""
+    import re
+
+    text = f"{model.name} {model.path or ''}".lower()
+    for pattern, ok, why in FP8_KV_FAMILIES:
+        if re.search(pattern, text):
+            return ok, why
+    return None
+
+
+# The MTP method's name for the qwen3_5 architecture: `mtp` in every release that serves it. Read in
+# vLLM 0.17.0, 0.18.0 and 0.32.0 (vllm/config/speculative.py): `qwen3_5_mtp` is in MTPModelTypes but
+# "method `%s` is deprecated and replaced with mtp"; the draft's model_type is rewritten to
+# qwen3_5_mtp from the target's whichever name is given. hwprofile renders `mtp`.
+MTP_METHOD_NAME = "mtp"

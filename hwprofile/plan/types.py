@@ -188,6 +188,12 @@ class EngineSettings(_Json):
     enable_prefix_caching: bool
     enable_chunked_prefill: bool
     kv_cache_memory_bytes: int = ABSENT
+    # --language-model-only: the vision tower not loaded (plan/loaded.py); absent for a model without one
+    language_model_only: bool = ABSENT
+    # a hybrid (recurrent-state layers): --mamba-ssm-cache-dtype and --mamba-cache-mode as the plan's
+    # accounting assumes them (plan/engine.py choose_ssm_dtype; align with prefix caching, else none)
+    mamba_ssm_cache_dtype: str = ABSENT
+    mamba_cache_mode: str = ABSENT
 
     def to_json(self) -> dict[str, Any]:
         # The contract's order puts kv_cache_memory_bytes right after kv_cache_dtype.

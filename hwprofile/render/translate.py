@@ -204,6 +204,16 @@ def render_instance(
             add("--quantization", q)
     if e.enforce_eager:
         add("--enforce-eager")
+    if e.mamba_ssm_cache_dtype not in (ABSENT, "auto"):
+        ssm = choice("--mamba-ssm-cache-dtype", str(e.mamba_ssm_cache_dtype), "the model's own SSM state dtype")
+        if ssm:
+            add("--mamba-ssm-cache-dtype", ssm)
+    if e.mamba_cache_mode is not ABSENT and rel.has("--mamba-cache-mode"):
+        mode = choice("--mamba-cache-mode", str(e.mamba_cache_mode), "vLLM's own default for it")
+        if mode:
+            add("--mamba-cache-mode", mode)
+    if e.language_model_only is True:  # the plan counted no vision tower (plan/loaded.py)
+        add("--language-model-only", None, "the vision tower will load: the plan did not count it")
     spec_args, speculating = _speculative(plan, inst, e, rel, warnings)
     chunked = bool(e.enable_chunked_prefill)
     if chunked and speculating and table["chunked_prefill"] == "refused":
@@ -247,6 +257,8 @@ def render_instance(
         env["VLLM_HOST_IP"] = str(inst.node_address)  # the address the other nodes reach this one at
     if cuda:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
+        if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance
         if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
             # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
