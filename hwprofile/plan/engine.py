@@ -440,5 +440,5 @@ def choose_ssm_dtype(
         return hybrid
     r.add(path, "float16", f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
           f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "
-          "requests on one RTX 3090 with Qwen3.8-27B (../shared/facts/hybrid.md)", setting)  # fmt: skip
+          "requests on one RTX 3090 with Qwen3.8-27B (syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)", setting)  # fmt: skip
     return hybrid._replace(ssm_dtype="float16")

@@ -106,8 +106,8 @@ def gpu_instance(
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
     if hybrid is not None:
         r.add(f"{key}.env.PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
-              "a hybrid's prefill kernels need expandable segments near full utilization (operators: "
-              "../shared/facts/hybrid.md)")  # fmt: skip
+              "a hybrid's prefill kernels need expandable segments near full utilization (operators' "
+              "reports: syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)")  # fmt: skip
         hybridspec.state_cost(model, hybrid, spec_method, f.kv_cache_bytes, length, tp, kv_bytes, r, key)
 
     quant = model.quant_method

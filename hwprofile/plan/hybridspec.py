@@ -44,7 +44,7 @@ def by_load(
         f"{spec_method} off: the workload has {load} requests in flight (layout.workload_concurrency), above "
         f"the ~{SPECULATION_PAYS_BELOW} where speculation pays on a hybrid; each running sequence would hold "
         f"{settings.speculative.num_speculative_tokens} more state pages per state group, fewer stay "
-        "resident (operators' measurements: ../shared/facts/hybrid.md)",
+        "resident (operators' measurements: docs/qwen3.8-27b.md)",
         ("layout", "workload_concurrency"),
     )
     return None, None

@@ -49,7 +49,7 @@ def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
 FP8_KV_FAMILIES: tuple[tuple[str, bool, str], ...] = (
     (r"qwen3\.6", False, "corrupted output with fp8 KV on Qwen3.6 (vllm#26646)"),
     (r"qwen3\.8", True, "verified on Qwen3.8 by operators' needle tests to ~52k tokens and a published "
-     "vLLM log at fp8 KV (../shared/facts/hybrid.md)"),
+     "vLLM log at fp8 KV (docs/qwen3.8-27b.md)"),
 )  # fmt: skip
 
 
