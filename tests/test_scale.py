@@ -72,3 +72,15 @@ def test_plan_of_a_large_host_places_every_gpu_once(n: int, tmp_path: Path) -> N
     plan = json.loads(out.getvalue())
     used = sorted(g for inst in plan["instances"] for g in inst["gpus"])
     assert used == list(range(n))
+
+
+def test_catalog_family_is_the_catalog_filtered_by_model_type() -> None:
+    """The draft and smaller-model searches parse only the target's family: the same models, in
+    the same order, as filtering every parsed catalog model."""
+    from hwprofile.model import catalog_family, catalog_models
+
+    every = catalog_models()
+    types = {m.model_type for m in every}
+    assert len(types) > 3
+    for t in [*types, "no-such-type"]:
+        assert catalog_family(t) == tuple(m for m in every if m.model_type == t), t

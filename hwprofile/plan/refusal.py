@@ -2,7 +2,7 @@
 bigger GPU, a smaller model of the same family, more tensor parallelism).
 
 The smaller models come from the model catalog (``hwprofile/data/models.yaml``, read once per
-process by :func:`hwprofile.model.catalog_models`)."""
+process by :func:`hwprofile.model.catalog_family`, the target's family only)."""
 
 from __future__ import annotations
 
@@ -55,11 +55,11 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
 def smaller_models(model: ModelFacts, room_bytes: int, count: int = 3) -> list[str]:
     """Up to ``count`` catalog models of the same family whose weights (16-bit, or their 4-bit
     checkpoint) fit in ``room_bytes``, largest weights first."""
-    from ..model import catalog_models
+    from ..model import catalog_family
 
     fitting: list[tuple[int, str]] = []  # (weight bytes, checkpoint name)
-    for m in catalog_models():
-        if m.model_type != model.model_type or m.params >= model.params:
+    for m in catalog_family(model.model_type):
+        if m.params >= model.params:
             continue
         if m.weights_bytes <= room_bytes:
             fitting.append((m.weights_bytes, m.name))
