@@ -102,8 +102,22 @@ def gpus_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**(spec.get("gpu") or {}), **g} for g in spec.get("gpus") or []]
 
 
-def build(name: str, root: Path) -> FakeHost:
+def scaled_spec(name: str, n: int) -> dict[str, Any]:
+    """Fixture ``name`` with its GPUs repeated up to ``n`` (each copy of the board set in its own PCI
+    domain, on the NUMA node its original sits on): a larger host of the same shape, for scaling."""
     spec = load_spec(name)
+    base = spec["gpus"]
+    spec["gpus"] = [
+        {**base[i % len(base)], "bus": f"{i // len(base):08x}{base[i % len(base)]['bus'][8:]}"}
+        for i in range(n)
+    ]
+    spec["hostname"] = f"{spec['hostname']}-{n}"
+    return spec
+
+
+def build(name: str, root: Path, spec: dict[str, Any] | None = None) -> FakeHost:
+    """The fake host of fixture ``name`` (or of ``spec``, e.g. :func:`scaled_spec`) under ``root``."""
+    spec = spec if spec is not None else load_spec(name)
     root.mkdir(parents=True, exist_ok=True)
     proc, sysfs = root / "proc", root / "sys"
     numa = spec["numa"]
