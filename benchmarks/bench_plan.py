@@ -8,6 +8,20 @@ Run through the console script, as users run it, taking turns; every run parses 
 and data (nothing is cached between runs). The first run after the install is reported on its own.
 Target: median <= 150 ms. Also checks that planning imports neither vllm nor torch.
 Scaling targets: interpreter + 100 ms of CPU at 8 GPUs, + 300 ms at 64; planning work at most O(N^2).
+
+Measured 2026-12-04 on the shared 2-core machine (CPU time, medians of 8 runs, before = 0dcba57 and
+after = issue 34's fixes, each tree against its own 8-GPU run; the machine was loaded, so compare
+ratios and same-run differences, not the absolute numbers):
+
+    GPUs | process - interpreter  before / after | planning work  before / after | x 8 GPUs (work) before / after
+       8 |          194.7 / 140.2 ms              |       17.9 /  16.4 ms         |   1.00 / 1.00
+      16 |          202.3 / 139.5 ms              |       26.4 /  19.4 ms         |   1.48 / 1.18
+      32 |          303.3 / 148.4 ms              |      118.3 /  25.5 ms         |   6.61 / 1.55
+      64 |         1687.0 / 169.8 ms              |     1578.1 /  44.1 ms         |  88.12 / 2.69
+
+Before: ``HostSnapshot.link()`` scanned the N^2/2 links for every pair asked (N^4 in all); after, a
+pair index built once per snapshot. Start-up: the draft search parsed all 34 catalog configs (now the
+target's family only); ``logging``, ``importlib.resources`` no longer imported on the plan path.
 """
 
 from __future__ import annotations
