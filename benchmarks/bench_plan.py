@@ -1,28 +1,116 @@
 """Time `hwprofile plan --json` as a whole process on the fake 4x A800 host (seed 000's machine),
-against `hwprofile detect --json` (its own first stage) and the bare interpreter, in one run.
+against `hwprofile detect --json` (its own first stage) and the bare interpreter, in one run; then
+at 8, 16, 32 and 64 GPUs (the HGX H100 fixture repeated), against 8 GPUs in the same run.
 
-    python benchmarks/bench_plan.py [--runs 20] [--installed]
+    python benchmarks/bench_plan.py [--runs 20] [--scaling-runs 10] [--installed]
 
 Run through the console script, as users run it, taking turns; every run parses the YAML profiles
 and data (nothing is cached between runs). The first run after the install is reported on its own.
 Target: median <= 150 ms. Also checks that planning imports neither vllm nor torch.
+Scaling targets: interpreter + 100 ms of CPU at 8 GPUs, + 300 ms at 64; planning work at most O(N^2).
+
+Measured 2026-12-04 on the shared 2-core machine (CPU time, medians of 8 runs, before = 0dcba57 and
+after = issue 34's fixes, each tree against its own 8-GPU run; the machine was loaded, so compare
+ratios and same-run differences, not the absolute numbers):
+
+    GPUs | process - interpreter  before / after | planning work  before / after | x 8 GPUs (work) before / after
+       8 |          194.7 / 140.2 ms              |       17.9 /  16.4 ms         |   1.00 / 1.00
+      16 |          202.3 / 139.5 ms              |       26.4 /  19.4 ms         |   1.48 / 1.18
+      32 |          303.3 / 148.4 ms              |      118.3 /  25.5 ms         |   6.61 / 1.55
+      64 |         1687.0 / 169.8 ms              |     1578.1 /  44.1 ms         |  88.12 / 2.69
+
+Before: ``HostSnapshot.link()`` scanned the N^2/2 links for every pair asked (N^4 in all); after, a
+pair index built once per snapshot. Start-up: the draft search parsed all 34 catalog configs (now the
+target's family only); ``logging``, ``importlib.resources`` no longer imported on the plan path.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import compile_package, first_run, installed_python, report, script, time_interleaved
-from fakehost import build, compile_fake_nvml
+from _common import (
+    compile_package,
+    cpu_interleaved,
+    first_run,
+    installed_python,
+    report,
+    script,
+    time_interleaved,
+)
+from fakehost import build, compile_fake_nvml, scaled_spec
+
+SIZES = (8, 16, 32, 64)
+SCALE_FIXTURE = "h100-sxm-8x"
+
+# In a process of its own: each snapshot planned once (imports, tables, caches), then the planning
+# alone timed, CPU time, taking turns; prints one "n ms" line per size.
+WORK_PROBE = """
+import sys, time
+from hwprofile.cli.common import load_host, plan_of
+from hwprofile.cli.parser import build_parser
+runs, files = int(sys.argv[1]), sys.argv[2:]
+def once(f):  # the snapshot read and checked, then planned: what `plan --from` does after start-up
+    args = build_parser("plan").parse_args(["plan", "--json", "--from", f])
+    plan_of(args, load_host(args))
+for f in files: once(f)
+out = {f: [] for f in files}
+for _ in range(runs):
+    for f in files:
+        t0 = time.process_time(); once(f); out[f].append(time.process_time() - t0)
+for f in files: print(f, sorted(out[f])[len(out[f]) // 2] * 1000)
+"""
+
+
+def scaling(py: str, hw: str, tmp: Path, lib: Path, runs: int) -> None:
+    """``plan --json --from`` snapshots of the HGX H100 fixture repeated to 8..64 GPUs (each detected
+    through the fake NVML): whole processes' CPU time beside the interpreter floor, the planning
+    work alone in one process, and each size's ratio to 8 GPUs (the peer in the same run)."""
+    snaps: dict[int, Path] = {}
+    for n in SIZES:
+        host = build(SCALE_FIXTURE, tmp / f"host{n}", scaled_spec(SCALE_FIXTURE, n))
+        snaps[n] = tmp / f"snap{n}.json"
+        snaps[n].write_text(
+            subprocess.run(
+                [hw, "detect", "--json"], env=host.env(lib.parent), capture_output=True, text=True, check=True
+            ).stdout
+        )
+    env = dict(os.environ)
+    cmds = {f"plan --json, {n} GPUs": [hw, "plan", "--json", "--from", str(snaps[n])] for n in SIZES}
+    cmds["python -c pass (interpreter floor)"] = [py, "-c", "pass"]
+    print(
+        f"\nscaling: {SCALE_FIXTURE} repeated to {', '.join(map(str, SIZES))} GPUs, CPU time, {runs} runs each, taking turns"
+    )
+    med = report(cpu_interleaved(cmds, env, runs))
+    floor = med["python -c pass (interpreter floor)"]
+    work = subprocess.run(
+        [py, "-c", WORK_PROBE, str(runs), *(str(snaps[n]) for n in SIZES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    work_ms = {n: float(work[2 * i + 1]) for i, n in enumerate(SIZES)}
+    print(f"  {'GPUs':>4}  {'process - floor':>16}  {'x 8 GPUs':>8}  {'planning work':>13}  {'x 8 GPUs':>8}")
+    base = med[f"plan --json, {SIZES[0]} GPUs"] - floor
+    for n in SIZES:
+        above = med[f"plan --json, {n} GPUs"] - floor
+        print(
+            f"  {n:4d}  {above:13.1f} ms  {above / base:8.2f}  {work_ms[n]:10.1f} ms  {work_ms[n] / work_ms[SIZES[0]]:8.2f}"
+        )
+    print(
+        "  (targets: interpreter + 100 ms at 8 GPUs, + 300 ms at 64; planning at most O(N^2): x64 at 64 GPUs)"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--scaling-runs", type=int, default=10, help="runs of each size (0: no scaling)")
     ap.add_argument(
         "--installed", action="store_true", help="time a fresh wheel install in a new venv (as users run it)"
     )
@@ -73,6 +161,9 @@ def main() -> int:
         f"  plan above the interpreter floor: {med['hwprofile plan --json (detects)'] - floor:.1f} ms; "
         f"heavy modules imported by plan: {heavy}"
     )
+    if args.scaling_runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            scaling(py, hw, Path(tmp), compile_fake_nvml(Path(tmp) / "lib"), args.scaling_runs)
     return 0
 
 

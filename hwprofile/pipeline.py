@@ -5,7 +5,6 @@ probes nothing and reads only the two tables shipped in the package (gpus.yaml, 
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,13 @@ from .model import ModelFacts, resolve_model
 if TYPE_CHECKING:
     from .plan.types import Plan
 
-log = logging.getLogger("hwprofile")
+
+def _warn(msg: str, *args: Any) -> None:
+    """A warning to the ``hwprofile`` logger (``logging`` is imported by the two rare paths that warn,
+    not by every plan)."""
+    import logging
+
+    logging.getLogger("hwprofile").warning(msg, *args)
 
 
 class Resolution(NamedTuple):
@@ -293,7 +298,7 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         where = f"plans[0].summary[{i}]"
         c = number(conc, "concurrency", f"{where}.concurrency", whole=True)
         if all(type(v) in (int, float) and v == 0 for v in raw):  # nothing served at this concurrency
-            log.warning("%s: %s (concurrency %d): every median is 0 (nothing served): left out", path, where, c)
+            _warn("%s: %s (concurrency %d): every median is 0 (nothing served): left out", path, where, c)
             continue
         tpot, ttft, tps = (
             float(number(v, k, f"{where}.metrics.{k}.median"))
@@ -394,7 +399,7 @@ class PlanInputs:
             )
             return res.settings.engine.min_model_len
         except Exception as e:  # a floor unknown is the ladder's own default, not a failed launch
-            log.warning("engine.min_model_len not known (%s): the ladder uses its own floor", e)
+            _warn("engine.min_model_len not known (%s): the ladder uses its own floor", e)
             return None
 
     def to_json(self) -> dict[str, Any]:

@@ -102,8 +102,22 @@ def gpus_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**(spec.get("gpu") or {}), **g} for g in spec.get("gpus") or []]
 
 
-def build(name: str, root: Path) -> FakeHost:
+def scaled_spec(name: str, n: int) -> dict[str, Any]:
+    """Fixture ``name`` with its GPUs repeated up to ``n`` (each copy of the board set in its own PCI
+    domain, on the NUMA node its original sits on): a larger host of the same shape, for scaling."""
     spec = load_spec(name)
+    base = spec["gpus"]
+    spec["gpus"] = [
+        {**base[i % len(base)], "bus": f"{i // len(base):08x}{base[i % len(base)]['bus'][8:]}"}
+        for i in range(n)
+    ]
+    spec["hostname"] = f"{spec['hostname']}-{n}"
+    return spec
+
+
+def build(name: str, root: Path, spec: dict[str, Any] | None = None) -> FakeHost:
+    """The fake host of fixture ``name`` (or of ``spec``, e.g. :func:`scaled_spec`) under ``root``."""
+    spec = spec if spec is not None else load_spec(name)
     root.mkdir(parents=True, exist_ok=True)
     proc, sysfs = root / "proc", root / "sys"
     numa = spec["numa"]
@@ -224,3 +238,41 @@ def _cpulist(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+def scaled_snapshot(n: int) -> dict[str, Any]:
+    """A ``hwprofile.host/1`` snapshot (parsed JSON) of ``n`` H100 SXM GPUs over two NUMA nodes, for
+    scaling checks beyond the fixtures' 8 GPUs: NVLink inside each board of 8, NODE between boards on
+    one NUMA node, SYS across nodes (what ``detect --json`` writes for h100-sxm-8x, repeated)."""
+    cpus = ("0-55,112-167", "56-111,168-223")
+    gpus = []
+    for i in range(n):
+        node = 0 if i < n // 2 else 1
+        gpus.append({
+            "index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            "pci_bus_id": f"0000{i >> 8:04x}:{(i & 0xFF):02x}:00.0", "pci_device_id": "0x233010de",
+            "minor_number": i, "memory_total_bytes": 85520809984, "memory_used_bytes": 5242880,
+            "memory_reserved_bytes": 314572800, "compute_capability": "9.0", "numa_node": node,
+            "numa_node_source": "nvml", "cpu_affinity": cpus[node],
+            "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "degraded": False},
+            "nvlink_active_links": 18, "power_limit_watts": 700.0, "power_draw_watts": 60.0,
+            "temperature_c": 29, "temperature_slowdown_c": 87, "temperature_shutdown_c": 92,
+            "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980, "clocks_event_reasons": [],
+            "clocks_event_reasons_mask": 0, "lost": False,
+        })  # fmt: skip
+    links = [
+        {"a": a, "b": b, "p2p": True,
+         "link": "NV18" if a // 8 == b // 8 else ("NODE" if gpus[a]["numa_node"] == gpus[b]["numa_node"] else "SYS")}
+        for a in range(n) for b in range(a + 1, n)
+    ]  # fmt: skip
+    return {
+        "schema": "hwprofile.host/1", "hostname": f"scaled-{n}", "kernel": "6.8.0",
+        "cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+", "logical_cpus": 224, "sockets": 2, "flags": ["avx512f"]},
+        "memory_bytes": 2 << 40,
+        "numa_nodes": [{"id": k, "cpus": c, "memory_bytes": 1 << 40} for k, c in enumerate(cpus)],
+        "gpus": gpus, "gpu_links": links,
+        "driver": {"version": "550.54.15", "cuda_version": "12.4", "nvml_library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"},
+        "software": {"vllm_version": "0.32.0", "vllm_distribution": "vllm", "numactl_path": "/usr/bin/numactl",
+                     "tmpfs_path": "/dev/shm", "tmpfs_free_bytes": 25 << 30},
+        "errors": [],
+    }  # fmt: skip

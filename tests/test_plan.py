@@ -448,7 +448,7 @@ def test_smaller_model_suggestions_sorted_by_size_not_by_their_text(empty_root, 
 
     # listed smallest first; A and B both print as "10.0 GiB", B is the larger
     catalog = (small("acme/A", 10.01), small("acme/B", 10.04), small("acme/C", 12.0))
-    monkeypatch.setattr(hwprofile.model, "catalog_models", lambda: catalog)
+    monkeypatch.setattr(hwprofile.model, "catalog_family", lambda t: tuple(m for m in catalog if m.model_type == t))
     host = _host({"count": 1, "gib": 24, "nvlink": False, "numa": 1, "used_gib": 0})
     res = resolve_settings(host, empty_root, sets=["speculative.method=none"], environ={})
     with pytest.raises(PlanRefused) as e:

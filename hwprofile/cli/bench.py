@@ -17,7 +17,6 @@ from typing import Any
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
 from .common import CliError, demo_model, launch_of, load_host, plan_of
 
-COMPARE_WORDS = ("profile", "baseline")
 # `--demo`: besides the demo plan (cli.common.DEMO_SETS), a workload the tiny model answers in about
 # a minute on two cores; later --set options win
 DEMO_BENCH_SETS = ("bench.input_len=64", "bench.output_len=32", "bench.num_prompts=16")

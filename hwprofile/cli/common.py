@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config.fields import address_problem
 from ..errors import EXIT_FAILED, EXIT_USAGE, HwprofileError
 
 
@@ -42,12 +41,15 @@ def load_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
 
 
 def _read_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
-    from ..host.snapshot import SnapshotError
-    from ..host.snapshot_io import load_snapshot
-
     files = list(getattr(args, "from_file", None) or [])
     addresses: list[str] = []
     inventory = getattr(args, "inventory", None)
+    if not files and not inventory:
+        return [], []  # this host, detected: the snapshot readers are not needed
+    from ..config.fields import address_problem
+    from ..host.snapshot import SnapshotError
+    from ..host.snapshot_io import load_snapshot
+
     if inventory:
         if files:
             raise CliError("--inventory and --from name the hosts two ways: give one")
@@ -71,6 +73,7 @@ def _inventory(path: str) -> tuple[list[str], list[str]]:
     """``nodes: [{snapshot: FILE, address: ADDR}, ...]`` (snapshot paths relative to the file)."""
     import os
 
+    from ..config.fields import address_problem
     from ..config.yamlsrc import load_file
 
     data, _ = load_file(path)

@@ -7,7 +7,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from .bench import cmd_bench
 from .host import cmd_detect, cmd_doctor, cmd_profiles
 from .planning import cmd_plan, cmd_render
 from .running import (
@@ -483,6 +482,13 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
         ),
         ("reload", "ask the running daemon to re-plan and apply what changed (SIGHUP)", _add_runtime, cmd_reload),
     )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``hwprofile bench``: its module (the launch side, dataclasses) loads for that command only."""
+    from .bench import cmd_bench as run
+
+    return run(args)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

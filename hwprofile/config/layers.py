@@ -192,8 +192,3 @@ def _merge_layer(
 def _forget(prov: dict[Path_, Source], path: Path_) -> None:
     for p in [p for p in prov if p[: len(path)] == path]:
         del prov[p]
-
-
-def require_file(path: str, what: str) -> None:
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: {what} file not found")

@@ -20,6 +20,7 @@ Unknown values are ``None``; what could not be read, and why, is listed in ``err
 from __future__ import annotations
 
 import json
+import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
@@ -171,10 +172,9 @@ class HostSnapshot(NamedTuple):
         return tuple(g for g in self.gpus if not g.lost)
 
     def link(self, a: int, b: int) -> GpuLink | None:
-        for lk in self.gpu_links:
-            if {lk.a, lk.b} == {a, b}:
-                return lk
-        return None
+        """The link between GPUs ``a`` and ``b`` (either order), the first listed; O(1) after the
+        snapshot's first look-up (see :func:`_link_index`)."""
+        return _link_index(self.gpu_links).get((a, b))
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -187,6 +187,32 @@ class HostSnapshot(NamedTuple):
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+
+# The pair index of a snapshot's link list, built once per list: a NamedTuple has no room for a
+# cached attribute, so the index lives here, keyed by the (immutable) list's identity; each entry
+# holds its list, so the identity cannot be reused while the entry lives. A few entries suffice
+# (a command plans one host; the daemon compares two snapshots).
+_LINK_INDEX: dict[int, tuple[tuple[GpuLink, ...], dict[tuple[int, int], GpuLink]]] = {}
+_LINK_INDEX_SIZE = 8
+_LINK_INDEX_LOCK = threading.Lock()
+
+
+def _link_index(links: tuple[GpuLink, ...]) -> dict[tuple[int, int], GpuLink]:
+    """``(a, b)`` and ``(b, a)`` → the first link listed between them."""
+    with _LINK_INDEX_LOCK:
+        hit = _LINK_INDEX.get(id(links))
+        if hit is not None and hit[0] is links:
+            return hit[1]
+    index: dict[tuple[int, int], GpuLink] = {}
+    for lk in links:
+        index.setdefault((lk.a, lk.b), lk)
+        index.setdefault((lk.b, lk.a), lk)
+    with _LINK_INDEX_LOCK:
+        while len(_LINK_INDEX) >= _LINK_INDEX_SIZE:
+            del _LINK_INDEX[next(iter(_LINK_INDEX))]
+        _LINK_INDEX[id(links)] = (links, index)
+    return index
 
 
 def _plain(obj: Any) -> Any:

@@ -22,6 +22,7 @@ from .facts import DTYPE_BYTES, ModelFacts, embed_params, weights_bytes_at
 from .files import MAX_CHECKPOINT_BYTES, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, checkpoint_bytes, read_model_dir
 from .hfconfig import parse_config
 from .resolve import (
+    catalog_family,
     catalog_models,
     catalog_names,
     find_in_hf_cache,
@@ -40,6 +41,7 @@ __all__ = [
     "ModelFacts",
     "ParamBreakdown",
     "WeightBytes",
+    "catalog_family",
     "catalog_models",
     "catalog_names",
     "checkpoint_bytes",

@@ -107,6 +107,21 @@ def catalog_models() -> tuple[ModelFacts, ...]:
     return tuple(f for f in (from_catalog(m["name"]) for m in _catalog().values()) if f is not None)
 
 
+@lru_cache(maxsize=8)
+def catalog_family(model_type: str | None) -> tuple[ModelFacts, ...]:
+    """The catalog models of one ``model_type`` (what :func:`catalog_models` holds of that type, in
+    catalog order), parsing only those: a plan's draft and smaller-model searches stay within the
+    target's family, and parsing all 34 configs costs more than the rest of a plan."""
+    same = (m for m in _catalog().values() if _model_type(_catalog_config(m)) == model_type)
+    return tuple(f for f in (from_catalog(m["name"]) for m in same) if f is not None)
+
+
+def _model_type(cfg: dict[str, Any]) -> Any:
+    """``model_type`` as :func:`~.hfconfig.parse_config` reads it: the text config's, where it has one."""
+    text = cfg.get("text_config")
+    return text["model_type"] if isinstance(text, dict) and "model_type" in text else cfg.get("model_type")
+
+
 def catalog_names() -> list[str]:
     return sorted(m["name"] for m in _catalog().values())
 

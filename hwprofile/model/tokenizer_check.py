@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-from importlib import resources
 from typing import Any, NamedTuple
 
 MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json (the largest real ones are ~30 MB)
@@ -88,6 +87,8 @@ class TokenizerCheck(NamedTuple):
 
 def probe_texts() -> dict[str, str]:
     """The shipped probe texts, by name."""
+    from importlib import resources  # with tempfile, shutil, random: only where a draft is compared
+
     text = resources.files("hwprofile.data").joinpath("tokenizer_probe.json").read_text(encoding="utf-8")
     return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
 

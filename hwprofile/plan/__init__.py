@@ -4,7 +4,7 @@ reason and where it came from.
 It probes nothing and reads nothing from the host; the only files it reads are two tables shipped
 in the package, each parsed once per process: the GPU datasheet table ``hwprofile/data/gpus.yaml``
 (:mod:`.gpufacts`: FP8 support for the KV dtype, bandwidth for the estimate) and the model catalog
-``hwprofile/data/models.yaml`` (through :func:`hwprofile.model.catalog_models`: catalog drafts and
+``hwprofile/data/models.yaml`` (through :func:`hwprofile.model.catalog_family`: catalog drafts and
 the smaller models a refusal suggests).
 
 One module per decision, in the order :func:`build_plan` takes them:

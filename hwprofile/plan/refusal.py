@@ -2,7 +2,7 @@
 bigger GPU, a smaller model of the same family, more tensor parallelism).
 
 The smaller models come from the model catalog (``hwprofile/data/models.yaml``, read once per
-process by :func:`hwprofile.model.catalog_models`)."""
+process by :func:`hwprofile.model.catalog_family`, the target's family only)."""
 
 from __future__ import annotations
 
@@ -64,12 +64,13 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
 
 def smaller_models(model: ModelFacts, room_bytes: int, count: int = 3, same_family: bool = True) -> list[str]:
     """Up to ``count`` catalog models of the same family (any family: ``same_family`` False) whose
-    weights (16-bit, or their 4-bit checkpoint) fit in ``room_bytes``, largest weights first."""
-    from ..model import catalog_models
+    weights (16-bit, or their 4-bit checkpoint) fit in ``room_bytes``, largest weights first. The
+    same family parses only that family's configs (:func:`hwprofile.model.catalog_family`)."""
+    from ..model import catalog_family, catalog_models
 
     fitting: list[tuple[int, str]] = []  # (weight bytes, checkpoint name)
-    for m in catalog_models():
-        if (same_family and m.model_type != model.model_type) or m.params >= model.params:
+    for m in catalog_family(model.model_type) if same_family else catalog_models():
+        if m.params >= model.params:
             continue
         if m.weights_bytes <= room_bytes:
             fitting.append((m.weights_bytes, m.name))

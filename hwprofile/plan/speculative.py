@@ -3,7 +3,7 @@ catalog draft of the same family and vocabulary, or ngram prompt lookup), the pe
 fallback to ngram when the draft does not fit beside the target, and the speculative config.
 
 Catalog drafts come from the model catalog (``hwprofile/data/models.yaml``, read once per
-process by :func:`hwprofile.model.catalog_models`)."""
+process by :func:`hwprofile.model.catalog_family`, the target's family only)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
 def draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:
     """Catalog models of the target's family at most a quarter its size, closest to ``want_b``
     billion parameters first."""
-    from ..model import catalog_models
+    from ..model import catalog_family
 
-    out = [d for d in catalog_models() if d.model_type == model.model_type and d.params * 4 <= model.params]
+    out = [d for d in catalog_family(model.model_type) if d.params * 4 <= model.params]
     return sorted(out, key=lambda d: abs(d.params / 1e9 - want_b))
 
 

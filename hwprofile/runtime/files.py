@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 
 from ..errors import OperationError
@@ -76,7 +75,7 @@ def _write_in(dfd: int, name: str, label: str, data: str | bytes, mode: int, dur
         )
         raise WriteError(errno.EEXIST, f"{label} is {what}")
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(tmp, flags, 0o600, dir_fd=dfd)

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 # pidfd_send_signal: signal the process group of the target (Linux 6.9+); older kernels say EINVAL.
 PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
@@ -71,16 +71,6 @@ class Identity(NamedTuple):
 def identify(pid: int) -> Identity | None:
     start = start_time(pid)
     return Identity(pid, start) if start is not None else None
-
-
-def identity_of(data: Any) -> Identity | None:
-    """The identity recorded in a state file (``{"pid": N, "start_time": T}``), or None."""
-    if not isinstance(data, dict):
-        return None
-    pid, start = data.get("pid"), data.get("start_time")
-    if isinstance(pid, int) and pid > 0 and isinstance(start, int):
-        return Identity(pid, start)
-    return None
 
 
 ALIVE, GONE, REUSED, UNKNOWN = "alive", "gone", "pid reused", "not recorded"

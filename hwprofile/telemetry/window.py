@@ -35,11 +35,6 @@ class CounterWindow:
         while len(self._samples) >= 2 and now - self._samples[1][0] >= self.window_s:
             self._samples.popleft()
 
-    def reset(self) -> None:
-        self._samples.clear()
-        self._raw.clear()
-        self._adjusted.clear()
-
     @property
     def span_s(self) -> float:
         return self._samples[-1][0] - self._samples[0][0] if len(self._samples) >= 2 else 0.0

@@ -400,7 +400,10 @@ def dump(docs: list[tuple[list[str], dict[str, Any]]], header: list[str]) -> str
                          allow_unicode=False)  # fmt: skip
         parts.append("---\n" + "".join(f"# {label(c)}\n" for c in comments) + text)
     out = "".join(parts)
-    if list(yaml.safe_load_all(out)) != [d for _, d in docs]:  # never: safe_dump quotes what it must
+    # read back by libyaml's safe loader where PyYAML has it (as config.yamlsrc does): the pure-Python
+    # one takes seconds over the manifests of thousands of nodes
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if list(yaml.load_all(out, Loader=loader)) != [d for _, d in docs]:  # never: safe_dump quotes what it must
         raise K8sError("the manifests do not read back as they were built")
     return out
 
