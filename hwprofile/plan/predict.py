@@ -24,7 +24,7 @@ Every figure carries its term and its source; the constants below name where eac
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -416,3 +416,17 @@ def choose(preds: Sequence[Prediction], objective: str, ttft_target_ms: float, t
     return i, (f"objective throughput: {preds[i].label} sustains the most, "
                f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
                f"requests within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms")  # fmt: skip
+
+
+# -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------
+
+
+def step_cost(gpu: Gpu, m: ModelShape, cand: Candidate) -> Callable[[int, int, float, float], float]:
+    """:func:`step_ms` as plan/simulate.py's per-step cost: (prefill tokens, decode sequences, their mean
+    context, the prefill tokens' mean attended context) → seconds of one step of one instance."""
+
+    def cost(prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float) -> float:
+        ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, prefill_context)
+        return ms["total_ms"] / 1e3
+
+    return cost
