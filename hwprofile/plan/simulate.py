@@ -272,6 +272,22 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
         chunks: list[tuple[_Req, int]] = []
         # running requests first: their next chunk or their next token, preempting for blocks if need be
         i = 0
+        if (
+            len(running) <= budget
+            and free_blocks >= len(running)
+            and all(r.computed >= r.input_len for r in running)
+        ):
+            # the common case: every running request decodes one token (a block at most each)
+            bs = engine.block_size
+            for r in running:
+                if r.prompt_left:
+                    break
+                if r.computed % bs == 0:
+                    free_blocks -= 1
+                    r.blocks += 1
+                decode.append(r)
+                i += 1
+            budget -= i
         while i < len(running) and budget > 0:
             r = running[i]
             left = r.prompt_left
@@ -350,9 +366,11 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
                 if r.generated == 0:
                     r.first_token = now
                 r.generated += 1
-        for r in [r for r in running if r.generated >= r.output_len]:
+        ended = [r for r in running if r.generated >= r.output_len]
+        if ended:
+            running = [r for r in running if r.generated < r.output_len]
+        for r in ended:
             r.finished = now
-            running.remove(r)
             free_blocks += r.blocks
             r.blocks = 0
             done.append(r)
