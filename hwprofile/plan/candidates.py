@@ -352,14 +352,23 @@ SIMULATED_CLIENTS_MAX = 128  # the simulation's events grow with clients x reque
 
 
 def simulated_figures(
-    gpu: pm.Gpu, shape: pm.ModelShape, cand: pm.Candidate, wl: pm.Workload, per_instance: int
-) -> dict[str, Any] | None:
+    gpu: pm.Gpu, shape: pm.ModelShape, cand: pm.Candidate, wl: pm.Workload, per_instance: int,
+    arrivals: Any = None,
+) -> dict[str, Any] | None:  # fmt: skip
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
-    serve --max-concurrency``) through plan/simulate.py with :func:`predict.step_cost`; None where the
+    serve --max-concurrency``, or ``arrivals``: a :class:`simulate.Arrivals`, as benchmarks/bench_predict.py
+    gives each measured point's) through plan/simulate.py with :func:`predict.step_cost`; None where the
     engine cannot take one request (the plan refuses or says so elsewhere)."""
     from . import simulate as sim
 
     c = max(1, per_instance)
+    if arrivals is not None:
+        eng = sim.Engine(cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill)
+        try:
+            res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arrivals)
+        except ValueError:
+            return None
+        return sim.figures(res, arrivals, f"plan/predict.py step_ms ({gpu.source})")
     if c > SIMULATED_CLIENTS_MAX:
         return {"not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
                                  "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"}  # fmt: skip
