@@ -77,7 +77,8 @@ def test_the_api_server_ceiling_limits_a_burst_of_short_requests() -> None:
     assert capped.duration_s == pytest.approx(300 / 30.0, rel=0.02)
     assert gpu_only.duration_s < capped.duration_s / 5
     # the default ceiling and overhead come with their sources
-    assert "issue 32" in sim.API_SERVER_SOURCE and "issue 32" in sim.REQUEST_OVERHEAD_SOURCE
+    assert sim.API_SERVER_MAX_RPS is None and "refuted" in sim.API_SERVER_SOURCE
+    assert "issue 32" in sim.REQUEST_OVERHEAD_SOURCE
 
 
 def test_poisson_arrivals_are_seeded_and_queue_more_as_the_rate_rises() -> None:

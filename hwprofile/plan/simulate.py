@@ -39,12 +39,14 @@ if TYPE_CHECKING:
 # 20-45 ms above a model of the engine's steps alone (HTTP, chat template, tokenization). The midpoint.
 REQUEST_OVERHEAD_S = 0.030
 REQUEST_OVERHEAD_SOURCE = "fitted: issue 32, low-load TTFT measured 20-45 ms above the step model (midpoint)"
-# Fitted: 1,000 requests of 128 in / 4 out at once on an H100 completed at ~30 requests/s at ~27 % of the
-# GPU's compute (issue 32): the API server's CPU work per request, one request at a time. That work is
-# part of the fixed per-request cost above (at low load a request pays the larger of the two).
-API_SERVER_MAX_RPS = 30.0
+# The API server's request-rate ceiling (a FIFO of per-request CPU work) is a mechanism the simulation
+# has, but no default: issue 32 read ~30 requests/s from a Qwen3 burst of 128 in / 4 out on an H100, while
+# the same lab's bursts of the same shape reached 184-212 requests/s with gpt-oss-20b on A100 and H100
+# (benchmarks/data/validation_serving*.yaml): the limit is not one per-request constant. Unknown: None.
+API_SERVER_MAX_RPS: float | None = None
 API_SERVER_SOURCE = (
-    "fitted: issue 32, a 1,000-request burst of 128 in / 4 out served at ~30 requests/s on H100"
+    "unknown: issue 32's ~30 requests/s (Qwen3 on H100) is refuted as a constant by gpt-oss-20b's "
+    "184-212 requests/s on the same lab's hosts (benchmarks/data/validation_serving*.yaml)"
 )
 
 
