@@ -224,7 +224,9 @@ def report(points: list[dict[str, Any]], title: str, lib_dir: Path, work: Path) 
                     if sv is not None:
                         sr = sv / meas
                         fig |= {"simulated": round(sv, 2), "sim_ratio": round(sr, 3)}
-                        line += f" | sim {sv:>9.1f}  x{sr:5.2f}  {'ok' if abs(sr - 1) <= BAR[kind] else 'OFF'}"
+                        line += (
+                            f" | sim {sv:>9.1f}  x{sr:5.2f}  {'ok' if abs(sr - 1) <= BAR[kind] else 'OFF'}"
+                        )
                     print(line)
                     row["figures"].append(fig)
                     continue
@@ -273,7 +275,9 @@ def summary(figs: list[dict[str, Any]]) -> None:
         pin = sum(1 for r in pr if abs(r - 1) <= bar)
         sin = sum(1 for r in sr if abs(r - 1) <= bar)
         sim_s = f"{sin:>3}/{len(sr):<3} ±{bar:.0%}  x{_median(sr):5.2f}" if sr else "   -"
-        print(f"    {kind:<11} {reg:<7} {len(fs):>3} | {pin:>3}/{len(pr):<3} ±{bar:.0%}  x{_median(pr):5.2f} | {sim_s}")
+        print(
+            f"    {kind:<11} {reg:<7} {len(fs):>3} | {pin:>3}/{len(pr):<3} ±{bar:.0%}  x{_median(pr):5.2f} | {sim_s}"
+        )
 
 
 def write_bands(figs: list[dict[str, Any]]) -> None:
@@ -296,7 +300,9 @@ def write_bands(figs: list[dict[str, Any]]) -> None:
                 "source": "benchmarks/bench_predict.py --write-bands: simulated/measured on benchmarks/data/"
                 "validation_serving.yaml and validation_qwen38.yaml (10th-90th percentile)",
             }  # fmt: skip
-    head = "# Written by benchmarks/bench_predict.py --write-bands (issue 32): the simulation's error bands.\n"
+    head = (
+        "# Written by benchmarks/bench_predict.py --write-bands (issue 32): the simulation's error bands.\n"
+    )
     BANDS.write_text(head + yaml.safe_dump(doc, sort_keys=True))
     print(f"\nwrote {BANDS.relative_to(ROOT)}")
 
@@ -334,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         lib = compile_fake_nvml(work / "lib")
         sets = [("validation set (benchmarks/data/validation_qwen38.yaml)", load_points(MAIN), "main")]
-        sets.append(("serving set (benchmarks/data/validation_serving.yaml)", load_points(SERVING), "serving"))
+        sets.append(
+            ("serving set (benchmarks/data/validation_serving.yaml)", load_points(SERVING), "serving")
+        )
         if args.held_out or args.only:
             sets.append(
                 (
@@ -362,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no point {args.only!r}", file=sys.stderr)
         return 2
     if args.write_bands:
-        write_bands([f for k in ("main", "serving") for r in results.get(k, []) for f in r["figures"] if "ratio" in f])
+        write_bands(
+            [f for k in ("main", "serving") for r in results.get(k, []) for f in r["figures"] if "ratio" in f]
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
