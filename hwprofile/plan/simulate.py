@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -170,6 +168,12 @@ class SimResult:
         }
 
 
+def median(values: Sequence[float]) -> float:
+    xs = sorted(values)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
@@ -189,6 +193,8 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
         raise ValueError("without chunked prefill a prompt must fit max_num_batched_tokens")
 
     # -- the clients: times at which requests are sent ---------------------------------------------
+    import random  # only Poisson arrivals draw
+
     rng = random.Random(a.seed)
     sends: list[tuple[float, int]] = []  # heap of (time, rid)
     in_flight_cap = a.concurrency if a.kind != "burst" else None
