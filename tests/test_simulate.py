@@ -123,3 +123,15 @@ def test_the_plan_carries_simulated_figures_with_their_sources() -> None:
         assert figs[name]["value"] > 0 and "simulated" in figs[name]["source"]
         assert figs[name]["band"] is not None or "no validation points" in figs[name]["band_unknown"]
     assert simulated_figures(gpu, shape, cand, pm.Workload(60_000, 128, 1), 1) is None  # beyond the KV cache
+
+
+def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> None:
+    from hwprofile.views import _simulated_lines
+
+    assert _simulated_lines(None) == []
+    assert "not run" in _simulated_lines({"not_simulated": "2048 clients"})[0]
+    fig = {"value": 1.0, "source": "simulated: x", "band": None, "band_unknown": "no validation points"}
+    banded = fig | {"band": {"ratio_lo": 0.9, "ratio_hi": 1.2, "points": 5}}
+    lines = _simulated_lines({"regime": "loaded", "preemptions": 0, "peak_running": 4, "ttft_ms": banded,
+                              "tpot_ms": fig, "output_tokens_per_s": fig})  # fmt: skip
+    assert "band x0.9-x1.2 of measured (5 points)" in lines[1] and "band unknown" in lines[2]

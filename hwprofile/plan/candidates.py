@@ -368,7 +368,7 @@ def simulated_figures(
             res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arrivals)
         except ValueError:
             return None
-        return sim.figures(res, arrivals, f"plan/predict.py step_ms ({gpu.source})")
+        return sim.figures(res, arrivals, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
     if c > SIMULATED_CLIENTS_MAX:
         return {"not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
                                  "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"}  # fmt: skip
@@ -378,4 +378,4 @@ def simulated_figures(
         res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arr)
     except ValueError:
         return None
-    return sim.figures(res, arr, f"plan/predict.py step_ms ({gpu.source})")
+    return sim.figures(res, arr, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
