@@ -305,8 +305,10 @@ def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
         return []
     if "not_simulated" in sim:
         return [f"      simulated: not run ({sim['not_simulated']})"]
-    out = [f"      simulated ({sim['regime']}): preemptions {sim['preemptions']}, peak running {sim['peak_running']}"]
-    for key, unit in (("ttft_ms", "ms TTFT"), ("tpot_ms", "ms TPOT"), ("output_tokens_per_s", "output tok/s")):
+    head = f"preemptions {sim['preemptions']}, peak running {sim['peak_running']}"
+    out = [f"      simulated ({sim['regime']}): {head}"]
+    units = {"ttft_ms": "ms TTFT", "tpot_ms": "ms TPOT", "output_tokens_per_s": "output tok/s"}
+    for key, unit in units.items():
         f = sim[key]
         b = f.get("band")
         band = (f"band x{b['ratio_lo']:g}-x{b['ratio_hi']:g} of measured ({b['points']} points)" if b
