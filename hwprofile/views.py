@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from .host.snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from .plan.types import Plan
@@ -294,4 +295,23 @@ def _predictions(plan: Plan) -> list[str]:
                    f"at {p.concurrency} requests ({p.source})")  # fmt: skip
         for t in p.terms:
             out.append(f"      {t['term']}: {t['ms']:g} ms  [{t['source']}]")
+        out += _simulated_lines(p.simulated)
+    return out
+
+
+def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
+    """plan/simulate.py's figures under an instance's prediction: each with its error band and source."""
+    if not sim:
+        return []
+    if "not_simulated" in sim:
+        return [f"      simulated: not run ({sim['not_simulated']})"]
+    head = f"preemptions {sim['preemptions']}, peak running {sim['peak_running']}"
+    out = [f"      simulated ({sim['regime']}): {head}"]
+    units = {"ttft_ms": "ms TTFT", "tpot_ms": "ms TPOT", "output_tokens_per_s": "output tok/s"}
+    for key, unit in units.items():
+        f = sim[key]
+        b = f.get("band")
+        band = (f"band x{b['ratio_lo']:g}-x{b['ratio_hi']:g} of measured ({b['points']} points)" if b
+                else f"band unknown: {f.get('band_unknown')}")  # fmt: skip
+        out.append(f"        {f['value']:g} {unit}; {band}  [{f['source']}]")
     return out

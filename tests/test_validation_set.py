@@ -79,3 +79,38 @@ def test_a_point_is_planned_with_its_own_settings(fake_nvml_dir: Path, tmp_path:
 def test_a_point_without_a_model_copy_is_reported_not_planned(fake_nvml_dir: Path, tmp_path: Path) -> None:
     point = next(p for p in _points(FILES[0]) if p["checkpoint"].get("example") is None)
     assert "no config-only copy" in bench_predict.plan_point(point, fake_nvml_dir, tmp_path)["refused"]
+
+
+# -- the serving set (issue 32): published `vllm bench serve` figures ---------------------------------
+
+SERVING = [bench_predict.SERVING, bench_predict.SERVING_HELD_OUT]
+
+
+def test_the_serving_sets_are_traced_apart_and_name_their_arrivals() -> None:
+    main, held = _points(SERVING[0]), _points(SERVING[1])
+    assert len(main) + len(held) >= 20 and len(held) >= 3
+    assert not {p["id"] for p in main} & {p["id"] for p in held}
+    hosts = {p.stem for p in (ROOT / "tests" / "fixtures" / "hosts").glob("*.yaml")}
+    for p in main + held:
+        where = p["id"]
+        assert p["source"]["url"].startswith("https://github.com/") and p["source"]["where"], where
+        assert p["hardware"]["host"] in hosts and p["checkpoint"].get("catalog") is True, where
+        assert set(p.get("flags") or {}) <= FLAGS, where
+        w = p["workload"]
+        assert w["arrival"] in ("burst", "concurrency") and w["num_prompts"] >= w["concurrency"] >= 1, where
+        if w["arrival"] == "burst":
+            assert w["concurrency"] == w["num_prompts"], where
+        assert set(p["measured"]) == {"output_tok_s", "ttft_ms", "tpot_ms"}, where
+
+
+def test_a_serving_point_is_simulated_with_its_own_arrivals(fake_nvml_dir: Path, tmp_path: Path) -> None:
+    point = next(p for p in _points(SERVING[0]) if p["id"] == "gs-q8-h100-sharegpt-c4")
+    res = bench_predict.plan_point(point, fake_nvml_dir, tmp_path)
+    assert "instance" in res, res
+    sim = res["prediction"]["simulated"]
+    assert sim["regime"] == "loaded" and "100 requests" in sim["ttft_ms"]["source"]
+    assert "a closed loop of 4 clients" in sim["ttft_ms"]["source"]
+    assert bench_predict.simulated("ttft", res["prediction"], 4) == sim["ttft_ms"]["value"]
+    burst = next(p for p in _points(SERVING[0]) if p["workload"]["arrival"] == "burst")
+    arr = bench_predict.arrivals_of(burst)
+    assert arr.kind == "burst" and arr.num_requests == burst["workload"]["num_prompts"]

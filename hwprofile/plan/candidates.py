@@ -383,4 +383,41 @@ def instance_prediction(
         workload=wl.to_json(), concurrency=p.per_instance_concurrency * ranks, ttft_ms=round(p.ttft_ms, 1),
         tpot_ms=round(p.tpot_ms, 2), output_tokens_per_s=round(per, 1), source=p.source,
         terms=tuple({k: v for k, v in t.items()} for t in p.terms),
+        simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency),
     )  # fmt: skip
+
+
+# -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------
+
+
+SIMULATED_CLIENTS_MAX = 128  # the simulation's events grow with clients x requests: keep `plan` fast
+
+
+def simulated_figures(
+    gpu: pm.Gpu, shape: pm.ModelShape, cand: pm.Candidate, wl: pm.Workload, per_instance: int,
+    arrivals: Any = None,
+) -> dict[str, Any] | None:  # fmt: skip
+    """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
+    serve --max-concurrency``, or ``arrivals``: a :class:`simulate.Arrivals`, as benchmarks/bench_predict.py
+    gives each measured point's) through plan/simulate.py with :func:`predict.step_cost`; None where the
+    engine cannot take one request (the plan refuses or says so elsewhere)."""
+    from . import simulate as sim
+
+    c = max(1, per_instance)
+    if arrivals is not None:
+        eng = sim.Engine(cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill)
+        try:
+            res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arrivals)
+        except ValueError:
+            return None
+        return sim.figures(res, arrivals, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
+    if c > SIMULATED_CLIENTS_MAX:
+        return {"not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
+                                 "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"}  # fmt: skip
+    arr = sim.Arrivals("concurrency", min(c + 64, max(8, 2 * c)), wl.input_len, wl.output_len, concurrency=c)
+    eng = sim.Engine(cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill)
+    try:
+        res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arr)
+    except ValueError:
+        return None
+    return sim.figures(res, arr, f"plan/predict.py step_cost ({gpu.source}; no speculation)")

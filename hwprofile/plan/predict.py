@@ -24,7 +24,7 @@ Every figure carries its term and its source; the constants below name where eac
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -432,3 +432,31 @@ def choose(preds: Sequence[Prediction], objective: str, ttft_target_ms: float, t
     return i, (f"objective throughput: {preds[i].label} sustains the most, "
                f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
                f"requests within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms")  # fmt: skip
+
+
+# -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------
+
+
+def step_cost(gpu: Gpu, m: ModelShape, cand: Candidate) -> Callable[[int, int, float, float], float]:
+    """:func:`step_ms` as plan/simulate.py's per-step cost: (prefill tokens, decode sequences, their mean
+    context, the prefill tokens' mean attended context) → seconds of one step of one instance.
+
+    A prompt chunk's attention reads the KV it attends once for the chunk (FlashAttention streams each KV
+    tile past a block of queries; the re-reads of the other query blocks hit L2), not once per prompt
+    token as :func:`step_ms` counts it; its FLOPs grow with tokens x context. So the chunk's attention is
+    added here to a :func:`step_ms` of the weights, the decodes and the chunk's linear layers."""
+    kv_div = max(1, min(cand.tp, m.kv_heads))
+    bw = gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY
+    peak = (gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY
+
+    def cost(prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float) -> float:
+        ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, 0.0)
+        mem, comp = ms["memory_ms"], ms["compute_ms"]
+        if prefill_tokens and prefill_context:
+            distinct = prefill_context + prefill_tokens / 2  # the cache before the chunk and the chunk
+            mem += distinct * m.kv_bytes_per_token / kv_div / bw * 1e3
+            if peak:
+                comp += 4 * m.layers * m.heads * m.head_dim * prefill_tokens * prefill_context / cand.tp / peak * 1e3
+        return (max(mem, comp) + ms["allreduce_ms"] + ms["fixed_ms"]) / 1e3
+
+    return cost

@@ -284,6 +284,8 @@ class InstancePrediction(_Json):
     output_tokens_per_s: float
     source: str  # "datasheet", or the calibration file it came from
     terms: tuple[Mapping[str, Any], ...]
+    # plan/simulate.py: the workload through a simulation of vLLM's scheduler (issue 32); None: not run
+    simulated: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

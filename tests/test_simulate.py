@@ -1,0 +1,137 @@
+"""plan/simulate.py: vLLM's scheduler simulated (issue 32). Each test drives the simulation with a per-step
+cost it can compute by hand and checks a mechanism: the fixed per-request cost, chunked prefill under the
+token budget, max_num_seqs queueing, KV preemption, the API server's rate ceiling, Poisson arrivals, the
+bounded event count, and the plan's hook (predict.step_cost through candidates.simulated_figures)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwprofile.plan import simulate as sim
+
+
+def flat(prefill_s_per_token: float = 0.0, decode_s: float = 0.010):
+    """A step costs ``decode_s`` plus ``prefill_s_per_token`` per prompt token."""
+
+    def cost(prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float) -> float:
+        return decode_s + prefill_s_per_token * prefill_tokens
+
+    return cost
+
+
+def engine(**kw: object) -> sim.Engine:
+    base: dict[str, object] = dict(
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        kv_tokens=1_000_000,
+        request_overhead_s=0.0,
+        api_max_rps=None,
+    )
+    return sim.Engine(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_single_request_ttft_is_overhead_plus_prefill_step_and_tpot_the_decode_step() -> None:
+    res = sim.simulate(
+        flat(1e-4), engine(request_overhead_s=0.03), sim.Arrivals("concurrency", 3, 1000, 11, concurrency=1)
+    )
+    assert res.ttft_ms() == pytest.approx(30 + 10 + 100)  # overhead, the step's fixed part, 1000 tokens
+    assert res.tpot_ms() == pytest.approx(10)
+    assert res.peak_running == 1 and res.preemptions == 0
+    assert res.output_tokens_per_s == pytest.approx(33 / (3 * (0.14 + 10 * 0.01)))
+
+
+def test_chunked_prefill_cuts_the_prompt_to_the_budget() -> None:
+    one = sim.simulate(flat(0.0), engine(max_num_batched_tokens=512), sim.Arrivals("burst", 1, 2048, 2))
+    assert one.ttft_ms() == pytest.approx(4 * 10)  # four chunks of 512, one step each
+    with pytest.raises(ValueError, match="chunked prefill"):
+        sim.simulate(
+            flat(),
+            engine(max_num_batched_tokens=512, chunked_prefill=False),
+            sim.Arrivals("burst", 1, 2048, 2),
+        )
+
+
+def test_max_num_seqs_makes_the_rest_wait() -> None:
+    arr = sim.Arrivals("burst", 8, 10, 101)
+    free = sim.simulate(flat(), engine(max_num_seqs=8), arr)
+    capped = sim.simulate(flat(), engine(max_num_seqs=4), arr)
+    assert free.peak_running == 8 and capped.peak_running == 4
+    assert free.ttft_ms("mean") == pytest.approx(10)
+    # the second four start when the first four end: 101 steps later
+    assert max(t.ttft_s for t in capped.requests) == pytest.approx(0.010 + 101 * 0.010, rel=0.02)
+
+
+def test_a_full_kv_cache_preempts_and_recomputes() -> None:
+    # 4 requests of 64 + 64 tokens need 32 blocks of 16 at their end; the cache holds 20
+    res = sim.simulate(flat(), engine(kv_tokens=320, block_size=16), sim.Arrivals("burst", 4, 64, 64))
+    assert res.preemptions > 0 and len(res.requests) == 4
+    roomy = sim.simulate(flat(), engine(kv_tokens=4096, block_size=16), sim.Arrivals("burst", 4, 64, 64))
+    assert roomy.preemptions == 0 and res.duration_s > roomy.duration_s
+    assert sim.regime(sim.Arrivals("burst", 4, 64, 64), res) == "kv-limited"
+
+
+def test_the_api_server_ceiling_limits_a_burst_of_short_requests() -> None:
+    arr = sim.Arrivals("burst", 300, 128, 4)
+    gpu_only = sim.simulate(flat(1e-6, 0.002), engine(max_num_seqs=256), arr)
+    capped = sim.simulate(flat(1e-6, 0.002), engine(max_num_seqs=256, api_max_rps=30.0), arr)
+    assert capped.duration_s == pytest.approx(300 / 30.0, rel=0.02)
+    assert gpu_only.duration_s < capped.duration_s / 5
+    # the default ceiling and overhead come with their sources
+    assert sim.API_SERVER_MAX_RPS is None and "refuted" in sim.API_SERVER_SOURCE
+    assert "issue 32" in sim.REQUEST_OVERHEAD_SOURCE
+
+
+def test_poisson_arrivals_are_seeded_and_queue_more_as_the_rate_rises() -> None:
+    def ttft(rate: float, seed: int = 1) -> float:
+        arr = sim.Arrivals("poisson", 200, 512, 64, rate=rate, seed=seed)
+        return sim.simulate(flat(2e-5, 0.010), engine(max_num_seqs=16), arr).ttft_ms("mean")
+
+    assert ttft(2.0) == ttft(2.0)
+    assert ttft(2.0) < ttft(20.0)
+
+
+def test_closed_loop_ttft_grows_with_concurrency_and_events_stay_bounded() -> None:
+    def run(c: int) -> sim.SimResult:
+        return sim.simulate(
+            flat(5e-5, 0.015),
+            engine(max_num_seqs=256),
+            sim.Arrivals("concurrency", 4 * c, 512, 256, concurrency=c),
+        )
+
+    r16, r48 = run(16), run(48)
+    assert r48.ttft_ms("mean") > r16.ttft_ms("mean") > run(1).ttft_ms("mean")
+    # decode-only stretches are advanced together: far fewer events than steps
+    assert r48.events < r48.steps / 5
+
+
+def test_the_plan_carries_simulated_figures_with_their_sources() -> None:
+    from hwprofile.plan import predict as pm
+
+    gpu = pm.Gpu("test", 1000.0, 100.0, 24 << 30, "test row")
+    shape = pm.ModelShape("m", 16 << 30, 16 << 30, 8_000_000_000, 32, 4096, 32, 128, 131072, 8)
+    link = pm.Link("none", 0.0, 0.0, "one GPU")
+    cand = pm.Candidate(1, 1, 1, 64, 2048, True, 50_000, link)
+    cost = pm.step_cost(gpu, shape, cand)
+    assert cost(0, 1, 100.0, 0.0) == pytest.approx(
+        pm.step_ms(gpu, shape, 1, link, 1, 100.0)["total_ms"] / 1e3
+    )
+    from hwprofile.plan.candidates import simulated_figures
+
+    figs = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 8), 8)
+    assert figs is not None and figs["regime"] == "loaded"
+    for name in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
+        assert figs[name]["value"] > 0 and "simulated" in figs[name]["source"]
+        assert figs[name]["band"] is not None or "no validation points" in figs[name]["band_unknown"]
+    assert simulated_figures(gpu, shape, cand, pm.Workload(60_000, 128, 1), 1) is None  # beyond the KV cache
+
+
+def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> None:
+    from hwprofile.views import _simulated_lines
+
+    assert _simulated_lines(None) == []
+    assert "not run" in _simulated_lines({"not_simulated": "2048 clients"})[0]
+    fig = {"value": 1.0, "source": "simulated: x", "band": None, "band_unknown": "no validation points"}
+    banded = fig | {"band": {"ratio_lo": 0.9, "ratio_hi": 1.2, "points": 5}}
+    lines = _simulated_lines({"regime": "loaded", "preemptions": 0, "peak_running": 4, "ttft_ms": banded,
+                              "tpot_ms": fig, "output_tokens_per_s": fig})  # fmt: skip
+    assert "band x0.9-x1.2 of measured (5 points)" in lines[1] and "band unknown" in lines[2]
