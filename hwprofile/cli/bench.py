@@ -91,7 +91,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
                                    non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
 
-    out_dir = Path(args.output) if args.output else Path.cwd() / f"hwprofile-bench-{_stamp()}"
+    if args.output:
+        out_dir = Path(args.output)
+    else:  # never the working directory (a clone would gain an untracked folder): the state directory
+        from ..runtime.dirs import state_dir
+
+        out_dir = state_dir() / "bench" / f"hwprofile-bench-{_stamp()}"
     made = not out_dir.exists()  # ours to take away again if nothing ran
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

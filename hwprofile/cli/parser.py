@@ -394,7 +394,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result document (schema hwprofile.bench/1)")
     p.add_argument(
         "--output", metavar="DIR",
-        help="where bench.json, bench.png and vllm bench serve's own results go (default ./hwprofile-bench-<time>)",
+        help="where bench.json, bench.png and vllm bench serve's own results go (default ~/.local/state/hwprofile/bench/hwprofile-bench-<time>: $XDG_STATE_HOME/hwprofile, or /var/lib/hwprofile as root)",
     )  # fmt: skip
     p.add_argument("--no-plot", action="store_true", help="no bench.png (matplotlib is not imported): the JSON and the report only")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
