@@ -586,6 +586,17 @@ def test_results_go_to_the_state_directory_not_the_working_directory(world) -> N
     assert not list(world["tmp"].glob("hwprofile-bench-*"))  # the working directory
 
 
+def test_vllms_own_warnings_stay_in_its_log_kept_beside_the_results(world) -> None:
+    """vLLM's WARNING lines are not hwprofile's progress: not on the terminal, in the log kept with the results."""
+    out = world["tmp"] / "out"
+    r = hw(world, "--output", str(out), env={"FAKEVLLM_MODE": "warn"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "a warning of vLLM's own" not in r.stderr + r.stdout, r.stderr
+    kept = out / "profile-vllm-cpu.vllm.log"
+    assert "a warning of vLLM's own" in kept.read_text()
+    assert f"vLLM's own output (warnings included) is in {kept}" in r.stderr
+
+
 def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:
     """py-cpuinfo times the clock in a second Python (about a second of CPU): its answer is kept in
     the user's cache for this boot; another boot's, a malformed or a linked cache is probed again."""

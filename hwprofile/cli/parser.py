@@ -178,7 +178,11 @@ def _args_profiles(p: argparse.ArgumentParser) -> None:
 def _args_plan(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
-    p.add_argument("--explain", action="store_true", help="show every value's reason and source")
+    p.add_argument(
+        "--explain", nargs="?", const="short", choices=("short", "all"), metavar="all",
+        help="how fast, and why: the prediction and the reasons for the values one asks about first; "
+        "--explain=all: every value's reason and source, the prediction's terms",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
     p.add_argument(
         "--advice-from",
