@@ -140,6 +140,9 @@ def run_watch(
         sampler.close()
     if once and down:  # a one-shot look at a server that is not there failed: say so, exit non-zero
         for name, why in down.items():
-            print(f"hwprofile watch: {name} is unreachable ({why}): is vLLM running at that URL?", file=sys.stderr)
+            print(
+                f"hwprofile watch: {name} is unreachable ({why}): is vLLM running at that URL?",
+                file=sys.stderr,
+            )
         return 1
     return 0
