@@ -237,6 +237,15 @@ def _human(value: object) -> str:
     return str(value)
 
 
+def _words(text: str) -> str:
+    """A rule check's ``want nvlink=False`` / ``P2P True`` (the JSON keeps them) as rules.yaml writes them."""
+    import re
+
+    return re.sub(r"(?<=[=\s])(True|False)\b", lambda m: m.group(1).lower(), text).replace("=false", ": false").replace(
+        "=true", ": true"
+    )
+
+
 def _k_table(table: Sequence[Sequence[int | None]]) -> str:
     """``[[1, 8, 5], [9, 64, 3], [65, None, 1]]`` → ``5 at 1-8 running sequences, 3 at 9-64, 1 at 65 and more``."""
     parts = [f"{k} at {lo}-{hi}" if hi is not None else f"{k} at {lo} and more" for lo, hi, k in table]
@@ -255,7 +264,7 @@ def _instance_body(inst: Any) -> list[str]:
 
     mem, est = inst.memory, inst.estimate
     gpu = bool(inst.gpus)
-    out = [f"  {'runs on':24s} {inst.gpu_name if gpu else 'CPU'}, tensor parallel {inst.tensor_parallel_size}"
+    out = [f"  {'runs on':24s} " + (f"{inst.gpu_name}, tensor parallel {inst.tensor_parallel_size}" if gpu else "CPU")
            + (f", pipeline parallel {inst.pipeline_parallel_size}" if inst.pipeline_parallel_size > 1 else "")
            + (f", data parallel {inst.ranks}" if inst.ranks > 1 else "")]  # fmt: skip
     for k, v in inst.engine.to_json().items():
@@ -292,7 +301,7 @@ def _instance_body(inst: Any) -> list[str]:
         if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
             line += (f"; {est.decode_tok_s_ceiling_batch1_speculative} tok/s with speculation at acceptance "
                      f"{est.assumed_acceptance}")  # fmt: skip
-        out.append(f"  {'decode ceiling, 1 request':24s} {line}")
+        out.append(f"  {'decode, 1 request':24s} at most {line}")
     if est.nodes_parallel is not ABSENT:
         line = (f"  {'link between nodes':24s} {est.nodes_parallel} parallel: {est.internode_bytes_per_token} B/token "
                 f"at {est.internode_gbps:g} Gb/s, {est.internode_latency_us:g} µs: {est.internode_ms_per_token} ms/token")  # fmt: skip
@@ -331,8 +340,9 @@ def format_plan(
     level = "short" if explain is True else (explain or None)
     r = _Roots(roots)
     m = plan.model
-    out = [f"Profile {plan.profile}"]
-    out += [f"  {r.short(b)}" for b in plan.matched_because]
+    out = _summary(plan)
+    out += ["", f"Profile {plan.profile}"]
+    out += [f"  {_words(r.short(b))}" for b in (plan.matched_because if level else plan.matched_because[:1])]
     out.append(
         f"Model {m.name} ({m.source}): {m.params / 1e9:.1f}B params, {human_bytes(m.weights_bytes)} of weights, {m.bits}-bit"
     )
@@ -349,9 +359,8 @@ def format_plan(
         if len(insts) == 1:
             out.append(f"Instance {_instance_where(insts[0])}")
         else:
-            out.append(f"{len(insts)} instances like this:")
+            out.append(f"{len(insts)} instances like this, each as below:")
             out += [f"  {_instance_where(i)}" for i in insts]
-            out.append("  each:")
         out += list(body)
     if plan.endpoint is not None:
         out.append("")
@@ -360,15 +369,10 @@ def format_plan(
     if plan.warnings:
         out.append("")
         out.append("Warnings")
-        names = [i.name for i in plan.instances]
-        split = []
-        for w in plan.warnings:
-            name = next((n for n in names if w.startswith(f"{n}: ")), None)
-            split.append((name or "", w[len(name) + 2 :] if name else w))
-        for who, text in _fold([(n, t) for n, t in split]):
+        for who, text in _warnings(plan):
             named = [n for n in who if n]
-            out.append(f"  - {r.short(text)}" + (f" ({_names(named, every)})" if named else ""))
-    if level and plan.prediction:
+            out.append(f"  - {r.short(text)}" + (f" ({_names(named, every)})" if named and every > 1 else ""))
+    if level and plan.prediction and (plan.prediction.get("groups") or any(i.prediction for i in plan.instances)):
         out += _predictions(plan, level, r)
     if level:
         out += _reasons(plan, level, r)
@@ -380,6 +384,58 @@ def format_plan(
         out.append("Where the sources are")
         out += [f"  {label:14s} {what}" for label, what in r.used.items()]
     return "\n".join(out) + "\n"
+
+
+def _warnings(plan: Plan) -> list[tuple[list[str], str]]:
+    """The warnings, one per text: ``vllm-gpu0: TEXT`` of several instances folded (names, TEXT)."""
+    names = [i.name for i in plan.instances]
+    split = []
+    for w in plan.warnings:
+        name = next((n for n in names if w.startswith(f"{n}: ")), None)
+        split.append((name or "", w[len(name) + 2 :] if name else w))
+    return _fold(split)
+
+
+def _summary(plan: Plan) -> list[str]:
+    """What a person asks first: what runs, where, does it fit, how fast, what to watch."""
+    m, insts = plan.model, plan.instances
+    what = f"{m.name} ({m.bits}-bit)" + (f" with draft {plan.draft.name}" if plan.draft else "")
+    gpus = sorted({g for i in insts for g in i.gpus})
+    names = sorted({i.gpu_name for i in insts if i.gpus})
+    n = len(insts)
+    servers = f"{n} vLLM server{'s' if n > 1 else ''}"
+    if gpus:
+        tps = sorted({i.tensor_parallel_size * i.pipeline_parallel_size for i in insts})
+        where = (f"{servers} on GPU {','.join(map(str, gpus))} ({', '.join(names)}), "
+                 f"{' or '.join(map(str, tps))} GPU{'s' if tps != [1] else ''}{' each' if n > 1 else ''}")  # fmt: skip
+    else:
+        where = f"{servers} on the CPU"
+    out = [f"Runs     {what}: {where}"]
+    if plan.endpoint is not None:
+        out.append(f"URL      {plan.endpoint.url}" + (" (nginx in front of the servers)" if n > 1 and
+                                                          plan.endpoint.url != f"http://{insts[0].server.host}:{insts[0].server.port}" else ""))  # fmt: skip
+    i0 = insts[0]
+    mem = i0.memory
+    per = "per GPU" if i0.gpus else "RAM"
+    out.append(f"Fits     {per} {human_bytes(mem.budget_bytes)}: weights {human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}"
+               f", KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
+               f"{' per server' if n > 1 else ''})")  # fmt: skip
+    pr = plan.prediction
+    preds = [i.prediction for i in insts if i.prediction]
+    if pr and preds:
+        p = preds[0]
+        ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
+        met = p.ttft_ms <= ttft_t and p.tpot_ms <= tpot_t
+        out.append(f"Speed    TTFT {p.ttft_ms:.0f} ms, TPOT {p.tpot_ms:.1f} ms, {p.output_tokens_per_s:.0f} output tok/s"
+                   f"{' per server' if n > 1 else ''} at {p.concurrency} requests, predicted ({p.source}); "
+                   f"{'within' if met else 'NOT within'} the targets TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms")  # fmt: skip
+    else:
+        out.append(f"Speed    not predicted for {'these GPUs (no datasheet figures)' if gpus else 'a CPU server'}: "
+                   "`hwprofile bench` measures it")  # fmt: skip
+    if plan.warnings:
+        k = len(_warnings(plan))
+        out.append(f"Watch    {k} warning{'s' if k > 1 else ''}, below")
+    return out
 
 
 def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
@@ -400,7 +456,7 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
     out = ["", "Reasons" if level == "all" else "Why (the values one asks about first)"]
     for who, (key, value, reason, source) in shown:
         named = [n for n in who if n]
-        out.append(f"  {key} = {value}" + (f"  ({_names(named, len(names))})" if named else "")
+        out.append(f"  {key} = {value}" + (f"  ({_names(named, len(names))})" if named and len(names) > 1 else "")
                    + f"  [{r.source(source)}]")  # fmt: skip
         out.append(f"      {r.short(reason)}")
     if len(shown) < len(folded):
@@ -460,6 +516,6 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
         terms = tuple(f"      {t['term']}: {t['ms']:g} ms  [{r.short(t['source'])}]" for t in p.terms)
         lines.append((inst.name, (head, terms if level == "all" else ())))
     for names, (head, terms) in _fold(lines):
-        out.append(f"  {_names(names, every)}{' (each)' if len(names) > 1 else ''}: {head}")
+        out.append(f"  {'each instance' if len(names) == every > 1 else ', '.join(names)}: {head}")
         out += list(terms)
     return out
