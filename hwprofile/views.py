@@ -241,8 +241,10 @@ def _words(text: str) -> str:
     """A rule check's ``want nvlink=False`` / ``P2P True`` (the JSON keeps them) as rules.yaml writes them."""
     import re
 
-    return re.sub(r"(?<=[=\s])(True|False)\b", lambda m: m.group(1).lower(), text).replace("=false", ": false").replace(
-        "=true", ": true"
+    return (
+        re.sub(r"(?<=[=\s])(True|False)\b", lambda m: m.group(1).lower(), text)
+        .replace("=false", ": false")
+        .replace("=true", ": true")
     )
 
 
@@ -279,7 +281,9 @@ def _instance_body(inst: Any) -> list[str]:
         out.append(f"  {k:24s} {shown}")
     spec = inst.speculative
     if spec:
-        line = f"{spec.method}" + (f" {spec.model}" if spec.model else "") + f", k={spec.num_speculative_tokens}"
+        line = (
+            f"{spec.method}" + (f" {spec.model}" if spec.model else "") + f", k={spec.num_speculative_tokens}"
+        )
         if spec.num_speculative_tokens_per_batch_size:
             line += f" (k by batch: {_k_table(spec.to_json()['num_speculative_tokens_per_batch_size'])})"
         out.append(f"  {'speculative':24s} {line}")
@@ -297,7 +301,9 @@ def _instance_body(inst: Any) -> list[str]:
             f"{mem.state_sequences} sequences' state fit; attention blocks of {mem.block_size} tokens"
         )
     if est.decode_tok_s_ceiling_batch1 is not ABSENT:
-        line = f"{est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
+        line = (
+            f"{est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
+        )
         if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
             line += (f"; {est.decode_tok_s_ceiling_batch1_speculative} tok/s with speculation at acceptance "
                      f"{est.assumed_acceptance}")  # fmt: skip
@@ -372,7 +378,11 @@ def format_plan(
         for who, text in _warnings(plan):
             named = [n for n in who if n]
             out.append(f"  - {r.short(text)}" + (f" ({_names(named, every)})" if named and every > 1 else ""))
-    if level and plan.prediction and (plan.prediction.get("groups") or any(i.prediction for i in plan.instances)):
+    if (
+        level
+        and plan.prediction
+        and (plan.prediction.get("groups") or any(i.prediction for i in plan.instances))
+    ):
         out += _predictions(plan, level, r)
     if level:
         out += _reasons(plan, level, r)
@@ -445,7 +455,9 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
     items: list[tuple[str, tuple[str, str, str, str]]] = []
     for x in plan.reasons:
         mt = re.match(r"instances\[(\d+)\]\.(.*)", x.key)
-        key, who = (mt.group(2), names[int(mt.group(1))]) if mt and int(mt.group(1)) < len(names) else (x.key, "")
+        key, who = (
+            (mt.group(2), names[int(mt.group(1))]) if mt and int(mt.group(1)) < len(names) else (x.key, "")
+        )
         value = _k_table(x.value) if key.endswith("per_batch_size") and x.value else _human(x.value)
         items.append((who, (key, value, x.reason, x.source)))
     folded = _fold(items)
@@ -480,7 +492,9 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
         out.append(f"  calibration: none: the GPU datasheet's figures (hwprofile bench results copied to "
                    f"{where}calibration/{cal['fingerprint']}.json would be used instead)")  # fmt: skip
     for g in pr["groups"]:
-        out.append(f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}")
+        out.append(
+            f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}"
+        )
         rows = [["", "layout", "TTFT ms", "TPOT ms", "out tok/s", "capacity tok/s", "at", "source"]]
         for c in g["candidates"]:
             rows.append([
@@ -500,7 +514,9 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
             for settings, figures in _fold(cells):
                 out.append(f"      {' '.join(settings)}: {figures}")
             if len(cells) > 1 and len(_fold(cells)) == 1:
-                out.append(f"      (no batching changes the prediction at {w['concurrency']} requests in flight)")
+                out.append(
+                    f"      (no batching changes the prediction at {w['concurrency']} requests in flight)"
+                )
         if g.get("batching_reason"):
             out.append(f"      batching ({g.get('batching_chosen_by')}): {g['batching_reason']}")
     every = len(plan.instances)

@@ -98,7 +98,9 @@ def test_the_json_is_not_the_views(env: dict[str, str]) -> None:
     host = str(HOSTS / "a800-pcie-4x.json")
     plain = json.loads(hw(env, "plan", "--from", host, "--json").stdout)
     explained = json.loads(hw(env, "plan", "--from", host, "--json", "--explain=all").stdout)
-    assert plain == explained and plain["reasons"] and plain["instances"][0]["engine"]["max_model_len"] == 8192
+    assert (
+        plain == explained and plain["reasons"] and plain["instances"][0]["engine"]["max_model_len"] == 8192
+    )
 
 
 def test_a_cpu_plan_has_no_gpu_lines(tmp_path: Path, env: dict[str, str]) -> None:
