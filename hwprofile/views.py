@@ -386,9 +386,8 @@ def format_plan(
         out += _predictions(plan, level, r)
     if level:
         out += _reasons(plan, level, r)
-        if level == "short":
-            out.append("")
-            out.append("Every value's reason and the prediction's terms: add --explain=all")
+        if level == "short" and "more, and the prediction's terms" not in out[-1]:
+            out.append("  (the prediction's terms: --explain=all)")
     if r.used:
         out.append("")
         out.append("Where the sources are")
@@ -472,7 +471,7 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
                    + f"  [{r.source(source)}]")  # fmt: skip
         out.append(f"      {r.short(reason)}")
     if len(shown) < len(folded):
-        out.append(f"  ... {len(folded) - len(shown)} more: --explain=all")
+        out.append(f"  ... {len(folded) - len(shown)} more, and the prediction's terms: --explain=all")
     return out
 
 
