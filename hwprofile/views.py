@@ -426,8 +426,9 @@ def _summary(plan: Plan) -> list[str]:
     i0 = insts[0]
     mem = i0.memory
     per = "per GPU" if i0.gpus else "RAM"
-    out.append(f"Fits     {per} {human_bytes(mem.budget_bytes)}: weights {human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}"
-               f", KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
+    draft = f" (draft {human_bytes(mem.draft_weights_bytes)} included)" if mem.draft_weights_bytes else ""
+    out.append(f"Fits     {per} {human_bytes(mem.budget_bytes)} planned: weights "
+               f"{human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}{draft}, KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
                f"{' per server' if n > 1 else ''})")  # fmt: skip
     pr = plan.prediction
     preds = [i.prediction for i in insts if i.prediction]
@@ -502,6 +503,10 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
                 str(c["capacity_concurrency"]), c.get("why_not") or c["source"],
             ])  # fmt: skip
         out += ["  " + line for line in _table(rows)]
+        if g.get("batching_chosen_by") == "prediction":
+            out.append(
+                "      (the layouts at the configured batching; the batching that runs, and its figures: below)"
+            )
         out.append(f"      {g['reason']}")
         if g.get("batching") and level == "all":
             out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, "

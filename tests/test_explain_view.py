@@ -113,7 +113,10 @@ def test_a_cpu_plan_has_no_gpu_lines(tmp_path: Path, env: dict[str, str]) -> Non
     text = r.stdout
     print(text)
     assert "Runs     Qwen/Qwen3-0.6B (16-bit): 1 vLLM server on the CPU" in text
-    assert "Fits     RAM " in text and "memory (RAM)" in text
+    assert (
+        "Fits     RAM 2.1 GiB planned: weights 1.1 GiB, KV cache 1.0 GiB (9344 tokens)" in text
+        and "memory (RAM)" in text
+    )
     assert "per GPU" not in text and "gpu_memory_utilization" not in text and "NUMA" not in text
     assert "Speed    not predicted for a CPU server" in text and "Predictions at" not in text
     assert not no_python_values(text), no_python_values(text)
