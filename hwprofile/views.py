@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .host.snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from .plan.types import Plan
@@ -171,104 +171,330 @@ def format_profiles(profiles: dict[str, Any], results: list[Any], winner: Any) -
     return "\n".join(out) + "\n"
 
 
-def format_plan(plan: Plan, explain: bool = False) -> str:
+# -- plan ---------------------------------------------------------------------------------------------
+#
+# What a person asks first comes first: what runs, where, does it fit, how fast, what to watch. The
+# details (every reason, the performance model's terms, the batching grid) on request: ``--explain``
+# adds the prediction and the reasons for the values one asks about, ``--explain=all`` every reason.
+# Identical instances are folded into one block, paths are shown relative to a legend of roots, and no
+# Python value (None, True, tuples) reaches the page.
+
+EXPLAIN_LEVELS = ("short", "all")
+# the reasons --explain (short) shows: the values a person asks about (an instance's key without its
+# ``instances[N].`` prefix, or a top-level key); every value a user set is shown too
+_HEADLINE = frozenset({
+    "model.name", "speculative.method", "tensor_parallel_size", "engine.max_model_len", "engine.max_num_seqs",
+    "engine.gpu_memory_utilization", "engine.kv_cache_dtype", "engine.quantization", "cpu.kv_cache_space_gib",
+    "speculative.num_speculative_tokens",
+})  # fmt: skip
+_USER_KINDS = ("etc-profile", "overrides.d", "overrides", "env", "cli")
+_SOURCE_WORDS = {
+    "default": "hwprofile's own default for the setting (no profile, file or --set names it)",
+    "planner": "computed by the planner from the host and the model",
+}
+
+
+class _Roots:
+    """Absolute paths shown relative to a short label, and the legend of the labels used."""
+
+    def __init__(self, roots: Sequence[tuple[str, str, str]]) -> None:
+        # the longest path first: a root inside another is named by its own label
+        self.roots = sorted(((lbl, path.rstrip("/") + "/", what) for lbl, path, what in roots if path),
+                            key=lambda r: -len(r[1]))  # fmt: skip
+        self.used: dict[str, str] = {}
+
+    def short(self, text: str) -> str:
+        for label, path, what in self.roots:
+            if path in text:
+                text = text.replace(path, label)
+                self.used[label] = f"{path.rstrip('/')} ({what})"
+        return text
+
+    def source(self, src: str) -> str:
+        """A reason's source: the file (relative), the --set, the variable; ``default``, ``planner``."""
+        if src == "default schema":
+            self.used["default"] = _SOURCE_WORDS["default"]
+            return "default"
+        if src == "planner":
+            self.used["planner"] = _SOURCE_WORDS["planner"]
+            return "planner"
+        kind, _, rest = src.partition(" ")
+        if kind == "builtin" or (kind in _USER_KINDS and rest):
+            return self.short(rest)
+        return self.short(src)
+
+
+def _human(value: object) -> str:
+    """A planned value as a person reads it: no None, True or tuple reprs."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return ", ".join(_human(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_human(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _words(text: str) -> str:
+    """A rule check's ``want nvlink=False`` / ``P2P True`` (the JSON keeps them) as rules.yaml writes them."""
+    import re
+
+    return (
+        re.sub(r"(?<=[=\s])(True|False)\b", lambda m: m.group(1).lower(), text)
+        .replace("=false", ": false")
+        .replace("=true", ": true")
+    )
+
+
+def _k_table(table: Sequence[Sequence[int | None]]) -> str:
+    """``[[1, 8, 5], [9, 64, 3], [65, None, 1]]`` → ``5 at 1-8 running sequences, 3 at 9-64, 1 at 65 and more``."""
+    parts = [f"{k} at {lo}-{hi}" if hi is not None else f"{k} at {lo} and more" for lo, hi, k in table]
+    if parts:
+        parts[0] += " running sequences"
+    return ", ".join(parts)
+
+
+def _names(names: Sequence[str], every: int) -> str:
+    return "every instance" if len(names) == every > 1 else ", ".join(names)
+
+
+def _instance_body(inst: Any) -> list[str]:
+    """Everything of one instance but where it is (its name, GPUs, NUMA node, URL): identical bodies fold."""
     from .plan.types import ABSENT
 
+    mem, est = inst.memory, inst.estimate
+    gpu = bool(inst.gpus)
+    out = [f"  {'runs on':24s} " + (f"{inst.gpu_name}, tensor parallel {inst.tensor_parallel_size}" if gpu else "CPU")
+           + (f", pipeline parallel {inst.pipeline_parallel_size}" if inst.pipeline_parallel_size > 1 else "")
+           + (f", data parallel {inst.ranks}" if inst.ranks > 1 else "")]  # fmt: skip
+    for k, v in inst.engine.to_json().items():
+        if k == "gpu_memory_utilization" and not gpu:
+            continue  # a CPU server has no GPU memory to share out
+        if v is None:
+            shown = "not set (vLLM decides)"
+        elif k.endswith("_bytes") and isinstance(v, int):
+            shown = f"{human_bytes(v)} ({v})"
+        else:
+            shown = _human(v)
+        out.append(f"  {k:24s} {shown}")
+    spec = inst.speculative
+    if spec:
+        line = (
+            f"{spec.method}" + (f" {spec.model}" if spec.model else "") + f", k={spec.num_speculative_tokens}"
+        )
+        if spec.num_speculative_tokens_per_batch_size:
+            line += f" (k by batch: {_k_table(spec.to_json()['num_speculative_tokens_per_batch_size'])})"
+        out.append(f"  {'speculative':24s} {line}")
+    else:
+        out.append(f"  {'speculative':24s} off")
+    terms = [("weights", mem.weights_bytes), ("draft", mem.draft_weights_bytes),
+             ("activations", mem.activation_bytes), ("overhead", mem.overhead_bytes), ("KV", mem.kv_cache_bytes)]  # fmt: skip
+    parts = " + ".join(f"{n} {human_bytes(b)}" for n, b in terms if b)
+    label = "memory per GPU" if gpu else "memory (RAM)"
+    out.append(f"  {label:24s} {human_bytes(mem.budget_bytes)} = {parts}")
+    out.append(f"  {'KV cache':24s} {mem.kv_tokens} tokens, {mem.kv_bytes_per_token} B per token")
+    if mem.state_bytes_per_sequence is not ABSENT:
+        out.append(
+            f"  {'recurrent state':24s} {human_bytes(mem.state_bytes_per_sequence)} per running sequence, "
+            f"{mem.state_sequences} sequences' state fit; attention blocks of {mem.block_size} tokens"
+        )
+    if est.decode_tok_s_ceiling_batch1 is not ABSENT:
+        line = (
+            f"{est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
+        )
+        if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
+            line += (f"; {est.decode_tok_s_ceiling_batch1_speculative} tok/s with speculation at acceptance "
+                     f"{est.assumed_acceptance}")  # fmt: skip
+        out.append(f"  {'decode, 1 request':24s} at most {line}")
+    if est.nodes_parallel is not ABSENT:
+        line = (f"  {'link between nodes':24s} {est.nodes_parallel} parallel: {est.internode_bytes_per_token} B/token "
+                f"at {est.internode_gbps:g} Gb/s, {est.internode_latency_us:g} µs: {est.internode_ms_per_token} ms/token")  # fmt: skip
+        if est.decode_tok_s_ceiling_batch1_group is not ABSENT:
+            line += f"; the group's decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1_group} tok/s"
+        out.append(line)
+    return out
+
+
+def _instance_where(inst: Any) -> str:
+    from .plan.types import ABSENT
+
+    where = f"GPU {','.join(map(str, inst.gpus))}" if inst.gpus else "CPU"
+    text = f"{inst.name}: {where}" + (f", NUMA node {inst.numa_node}" if inst.numa_node is not None else "")
+    text += f", http://{inst.server.host}:{inst.server.port}"
+    if inst.nnodes is not ABSENT:
+        text += (f", node {inst.node} of {inst.nnodes} ({inst.node_address}, "
+                 f"{'API server' if not inst.headless else 'headless'}, rendezvous {inst.master_addr}:{inst.master_port})")  # fmt: skip
+    return text
+
+
+def _fold(items: Sequence[tuple[str, Any]]) -> list[tuple[list[str], Any]]:
+    """``(name, key)`` pairs → ``(names, key)`` in first-seen order, equal keys together."""
+    groups: dict[Any, list[str]] = {}
+    for name, key in items:
+        groups.setdefault(key, []).append(name)
+    return [(names, key) for key, names in groups.items()]
+
+
+def format_plan(
+    plan: Plan, explain: str | bool | None = None, roots: Sequence[tuple[str, str, str]] = ()
+) -> str:
+    """The plan for a person. ``explain``: None (what runs), ``"short"`` (and how fast, and why the values
+    one asks about), ``"all"`` (every reason, the performance model's terms); ``roots``: (label, path,
+    what it is) shown as the label where a path starts with it, with a legend."""
+    level = "short" if explain is True else (explain or None)
+    r = _Roots(roots)
     m = plan.model
-    out = [f"Profile {plan.profile}"]
-    out += [f"  {b}" for b in plan.matched_because]
+    out = _summary(plan)
+    out += ["", f"Profile {plan.profile}"]
+    out += [f"  {_words(r.short(b))}" for b in (plan.matched_because if level else plan.matched_because[:1])]
     out.append(
         f"Model {m.name} ({m.source}): {m.params / 1e9:.1f}B params, {human_bytes(m.weights_bytes)} of weights, {m.bits}-bit"
     )
-    if explain and m.origin:
-        out.append(f"  from {m.origin}")
+    if level and m.origin:
+        out.append(f"  from {r.short(m.origin)}")
     if plan.draft:
         d = plan.draft
         out.append(
             f"Draft {d.name} ({d.source}): {d.params / 1e9:.1f}B params, {human_bytes(d.weights_bytes)}"
         )
-    for inst in plan.instances:
-        e, mem, est = inst.engine.to_json(), inst.memory, inst.estimate
-        where = f"GPU {','.join(map(str, inst.gpus))} ({inst.gpu_name})" if inst.gpus else "CPU"
+    for names, body in _fold([(inst.name, tuple(_instance_body(inst))) for inst in plan.instances]):
+        insts = [i for i in plan.instances if i.name in names]
         out.append("")
-        out.append(
-            f"Instance {inst.name}: {where}, TP {inst.tensor_parallel_size}, PP {inst.pipeline_parallel_size}"
-            + (f", DP {inst.ranks}" if inst.ranks > 1 else "")
-            + f", NUMA {inst.numa_node if inst.numa_node is not None else '-'}, http://{inst.server.host}:{inst.server.port}"
-        )
-        for k, v in e.items():
-            out.append(f"  {k:24s} {v}")
-        spec = inst.speculative
-        if spec:
-            out.append(
-                f"  speculative              {spec.method}"
-                + (f" {spec.model}" if spec.model else "")
-                + f", k={spec.num_speculative_tokens}"
-            )
-            if spec.num_speculative_tokens_per_batch_size:
-                table = spec.to_json()["num_speculative_tokens_per_batch_size"]  # printed as the JSON lists
-                out.append(f"  k by batch size          {table}")
+        if len(insts) == 1:
+            out.append(f"Instance {_instance_where(insts[0])}")
         else:
-            out.append("  speculative              off")
-        out.append(
-            f"  memory per GPU           budget {human_bytes(mem.budget_bytes)} = weights {human_bytes(mem.weights_bytes)}"
-            f" + draft {human_bytes(mem.draft_weights_bytes)} + activations {human_bytes(mem.activation_bytes)}"
-            f" + overhead {human_bytes(mem.overhead_bytes)} + KV {human_bytes(mem.kv_cache_bytes)}"
-        )
-        out.append(
-            f"  KV cache                 {mem.kv_bytes_per_token} B/token, {mem.kv_tokens} tokens"
-        )
-        if mem.state_bytes_per_sequence is not ABSENT:
-            out.append(
-                f"  recurrent state          {human_bytes(mem.state_bytes_per_sequence)} per running sequence, "
-                f"{mem.state_sequences} sequences' state fit; attention blocks of {mem.block_size} tokens"
-            )
-        if est.decode_tok_s_ceiling_batch1 is not ABSENT:
-            line = f"  decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
-            if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
-                line += f"; with speculation {est.decode_tok_s_ceiling_batch1_speculative} tok/s at acceptance {est.assumed_acceptance}"
-            out.append(line)
-        if inst.nnodes is not ABSENT:
-            label = f"node {inst.node} of {inst.nnodes}"
-            line = (f"  {label:24s} {inst.node_address}, {'API server' if not inst.headless else 'headless'}, "
-                    f"rendezvous {inst.master_addr}:{inst.master_port}")
-            out.append(line)
-        if est.nodes_parallel is not ABSENT:
-            line = (f"  link between nodes       {est.nodes_parallel} parallel: {est.internode_bytes_per_token} B/token at "
-                    f"{est.internode_gbps:g} Gb/s, {est.internode_latency_us:g} µs: {est.internode_ms_per_token} ms/token")
-            if est.decode_tok_s_ceiling_batch1_group is not ABSENT:
-                line += f"; the group's decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1_group} tok/s"
-            out.append(line)
+            out.append(f"{len(insts)} instances like this, each as below:")
+            out += [f"  {_instance_where(i)}" for i in insts]
+        out += list(body)
     if plan.endpoint is not None:
         out.append("")
         out.append(f"Clients: {plan.endpoint.url} ({plan.endpoint.how})")
+    every = len(plan.instances)
     if plan.warnings:
         out.append("")
         out.append("Warnings")
-        out += [f"  - {w}" for w in plan.warnings]
-    if explain and plan.prediction:
-        out += _predictions(plan)
-    if explain:
+        for who, text in _warnings(plan):
+            named = [n for n in who if n]
+            out.append(f"  - {r.short(text)}" + (f" ({_names(named, every)})" if named and every > 1 else ""))
+    if (
+        level
+        and plan.prediction
+        and (plan.prediction.get("groups") or any(i.prediction for i in plan.instances))
+    ):
+        out += _predictions(plan, level, r)
+    if level:
+        out += _reasons(plan, level, r)
+        if level == "short" and "more, and the prediction's terms" not in out[-1]:
+            out.append("  (the prediction's terms: --explain=all)")
+    if r.used:
         out.append("")
-        out.append("Reasons")
-        for r in plan.reasons:
-            out.append(f"  {r.key} = {r.value}")
-            out.append(f"      {r.reason}  [{r.source}]")
+        out.append("Where the sources are")
+        out += [f"  {label:14s} {what}" for label, what in r.used.items()]
     return "\n".join(out) + "\n"
 
 
-def _predictions(plan: Plan) -> list[str]:
-    """``plan --explain``: the candidates the performance model compared, and each instance's figures."""
+def _warnings(plan: Plan) -> list[tuple[list[str], str]]:
+    """The warnings, one per text: ``vllm-gpu0: TEXT`` of several instances folded (names, TEXT)."""
+    names = [i.name for i in plan.instances]
+    split = []
+    for w in plan.warnings:
+        name = next((n for n in names if w.startswith(f"{n}: ")), None)
+        split.append((name or "", w[len(name) + 2 :] if name else w))
+    return _fold(split)
+
+
+def _summary(plan: Plan) -> list[str]:
+    """What a person asks first: what runs, where, does it fit, how fast, what to watch."""
+    m, insts = plan.model, plan.instances
+    what = f"{m.name} ({m.bits}-bit)" + (f" with draft {plan.draft.name}" if plan.draft else "")
+    gpus = sorted({g for i in insts for g in i.gpus})
+    names = sorted({i.gpu_name for i in insts if i.gpus})
+    n = len(insts)
+    servers = f"{n} vLLM server{'s' if n > 1 else ''}"
+    if gpus:
+        tps = sorted({i.tensor_parallel_size * i.pipeline_parallel_size for i in insts})
+        where = (f"{servers} on GPU {','.join(map(str, gpus))} ({', '.join(names)}), "
+                 f"{' or '.join(map(str, tps))} GPU{'s' if tps != [1] else ''}{' each' if n > 1 else ''}")  # fmt: skip
+    else:
+        where = f"{servers} on the CPU"
+    out = [f"Runs     {what}: {where}"]
+    if plan.endpoint is not None:
+        out.append(f"URL      {plan.endpoint.url}" + (" (nginx in front of the servers)" if n > 1 and
+                                                          plan.endpoint.url != f"http://{insts[0].server.host}:{insts[0].server.port}" else ""))  # fmt: skip
+    i0 = insts[0]
+    mem = i0.memory
+    per = "per GPU" if i0.gpus else "RAM"
+    draft = f" (draft {human_bytes(mem.draft_weights_bytes)} included)" if mem.draft_weights_bytes else ""
+    out.append(f"Fits     {per} {human_bytes(mem.budget_bytes)} planned: weights "
+               f"{human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}{draft}, KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
+               f"{' per server' if n > 1 else ''})")  # fmt: skip
+    pr = plan.prediction
+    preds = [i.prediction for i in insts if i.prediction]
+    if pr and preds:
+        p = preds[0]
+        ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
+        met = p.ttft_ms <= ttft_t and p.tpot_ms <= tpot_t
+        out.append(f"Speed    TTFT {p.ttft_ms:.0f} ms, TPOT {p.tpot_ms:.1f} ms, {p.output_tokens_per_s:.0f} output tok/s"
+                   f"{' per server' if n > 1 else ''} at {p.concurrency} requests, predicted ({p.source}); "
+                   f"{'within' if met else 'NOT within'} the targets TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms")  # fmt: skip
+    else:
+        out.append(f"Speed    not predicted for {'these GPUs (no datasheet figures)' if gpus else 'a CPU server'}: "
+                   "`hwprofile bench` measures it")  # fmt: skip
+    if plan.warnings:
+        k = len(_warnings(plan))
+        out.append(f"Watch    {k} warning{'s' if k > 1 else ''}, below")
+    return out
+
+
+def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
+    import re
+
+    names = [i.name for i in plan.instances]
+    items: list[tuple[str, tuple[str, str, str, str]]] = []
+    for x in plan.reasons:
+        mt = re.match(r"instances\[(\d+)\]\.(.*)", x.key)
+        key, who = (
+            (mt.group(2), names[int(mt.group(1))]) if mt and int(mt.group(1)) < len(names) else (x.key, "")
+        )
+        value = _k_table(x.value) if key.endswith("per_batch_size") and x.value else _human(x.value)
+        items.append((who, (key, value, x.reason, x.source)))
+    folded = _fold(items)
+    shown = [
+        (who, k) for who, k in folded
+        if level == "all" or k[0] in _HEADLINE or k[0].startswith("layout.") or k[3].split(" ")[0] in _USER_KINDS
+    ]  # fmt: skip
+    out = ["", "Reasons" if level == "all" else "Why (the values one asks about first)"]
+    for who, (key, value, reason, source) in shown:
+        named = [n for n in who if n]
+        out.append(f"  {key} = {value}" + (f"  ({_names(named, len(names))})" if named and len(names) > 1 else "")
+                   + f"  [{r.source(source)}]")  # fmt: skip
+        out.append(f"      {r.short(reason)}")
+    if len(shown) < len(folded):
+        out.append(f"  ... {len(folded) - len(shown)} more, and the prediction's terms: --explain=all")
+    return out
+
+
+def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
+    """The candidates the performance model compared, and each instance's figures (``all``: the terms
+    and the batching grid)."""
     pr = plan.prediction
     w = pr["workload"]
     cal = pr["calibration"]
+    ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
     out = ["", f"Predictions at {w['input_len']} in / {w['output_len']} out, {w['concurrency']} requests in flight "
-               f"(objective {pr['objective']}: TTFT <= {pr['ttft_target_ms']:g} ms, TPOT <= {pr['tpot_target_ms']:g} ms)"]  # fmt: skip
-    out.append(f"  calibration: {cal['path']} (bench {cal['created']})" if cal["path"] else
-               f"  calibration: none (hwprofile bench results copied to <config root>/calibration/{cal['fingerprint']}.json "
-               "are used instead of the datasheet)")  # fmt: skip
+               f"(objective {pr['objective']}: TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms)"]  # fmt: skip
+    if cal["path"]:
+        out.append(f"  calibration: {r.short(cal['path'])} (bench {cal['created']})")
+    else:
+        where = r.short(next((p for lbl, p, _ in r.roots if lbl == "<config root>/"), "<config root>/"))
+        out.append(f"  calibration: none: the GPU datasheet's figures (hwprofile bench results copied to "
+                   f"{where}calibration/{cal['fingerprint']}.json would be used instead)")  # fmt: skip
     for g in pr["groups"]:
-        out.append(f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}")
+        out.append(
+            f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}"
+        )
         rows = [["", "layout", "TTFT ms", "TPOT ms", "out tok/s", "capacity tok/s", "at", "source"]]
         for c in g["candidates"]:
             rows.append([
@@ -277,25 +503,42 @@ def _predictions(plan: Plan) -> list[str]:
                 str(c["capacity_concurrency"]), c.get("why_not") or c["source"],
             ])  # fmt: skip
         out += ["  " + line for line in _table(rows)]
+        if g.get("batching_chosen_by") == "prediction":
+            out.append(
+                "      (the layouts at the configured batching; the batching that runs, and its figures: below)"
+            )
         out.append(f"      {g['reason']}")
-        if g.get("batching"):
-            out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, TPOT ms, "
-                       "out tok/s; * configured, => run):")  # fmt: skip
-            cells = [f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
-                     f"{'*' if b['planned'] else ''}: {b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
-                     + ("" if b["fits"] else " (does not fit)") for b in g["batching"]]  # fmt: skip
-            out += ["      " + "; ".join(cells[i : i + 3]) for i in range(0, len(cells), 3)]
-            if g.get("batching_reason"):
-                out.append(f"      batching ({g.get('batching_chosen_by')}): {g['batching_reason']}")
+        if g.get("batching") and level == "all":
+            out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, "
+                       "TPOT ms, out tok/s; * configured, => run; equal predictions together):")  # fmt: skip
+            cells = [(f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
+                      f"{'*' if b['planned'] else ''}",
+                      f"{b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
+                      + ("" if b["fits"] else " (does not fit)")) for b in g["batching"]]  # fmt: skip
+            for settings, figures in _fold(cells):
+                out.append(f"      {' '.join(settings)}: {figures}")
+            if len(cells) > 1 and len(_fold(cells)) == 1:
+                out.append(
+                    f"      (no batching changes the prediction at {w['concurrency']} requests in flight)"
+                )
+        if g.get("batching_reason"):
+            out.append(f"      batching ({g.get('batching_chosen_by')}): {g['batching_reason']}")
+    every = len(plan.instances)
+    lines = []
     for inst in plan.instances:
         p = inst.prediction
         if not p:
             continue
-        out.append(f"  {inst.name}: TTFT {p.ttft_ms:g} ms, TPOT {p.tpot_ms:g} ms, {p.output_tokens_per_s:g} output tok/s "
-                   f"at {p.concurrency} requests ({p.source})")  # fmt: skip
-        for t in p.terms:
-            out.append(f"      {t['term']}: {t['ms']:g} ms  [{t['source']}]")
-        out += _simulated_lines(p.simulated)
+        over = [f"TTFT over the {ttft_t:g} ms target"] if p.ttft_ms > ttft_t else []
+        over += [f"TPOT over the {tpot_t:g} ms target"] if p.tpot_ms > tpot_t else []
+        head = (f"TTFT {p.ttft_ms:g} ms, TPOT {p.tpot_ms:g} ms, {p.output_tokens_per_s:g} output tok/s "
+                f"at {p.concurrency} requests ({p.source})" + (f": {', '.join(over)}" if over else ""))  # fmt: skip
+        terms = tuple(f"      {t['term']}: {t['ms']:g} ms  [{r.short(t['source'])}]" for t in p.terms)
+        detail = (terms if level == "all" else ()) + tuple(_simulated_lines(p.simulated))
+        lines.append((inst.name, (head, detail)))
+    for names, (head, terms) in _fold(lines):
+        out.append(f"  {'each instance' if len(names) == every > 1 else ', '.join(names)}: {head}")
+        out += list(terms)
     return out
 
 

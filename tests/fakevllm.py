@@ -27,7 +27,7 @@ Modes, from flags (``--fake-*``, never reported as vLLM args) or the environment
   ``die`` (exit 1 while starting, with an error hwprofile does not know), ``sick`` (``--fake-sick-after`` /
   ``FAKEVLLM_SICK_AFTER`` seconds, default 0.5, after becoming ready the engine dies and the API server stays up, answering 503 on
   ``/health`` for good, as a server whose engine is gone does), ``noisy`` (write ``FAKEVLLM_NOISE_LINES`` lines, default 20000, while starting),
-  ``stall`` (``--fake-stall-after`` seconds, default 0.5, after its ``/health`` first answered 200 the
+  ``warn`` (one WARNING line while starting), ``stall`` (``--fake-stall-after`` seconds, default 0.5, after its ``/health`` first answered 200 the
   engine hangs behind an API server that still answers: ``--fake-stall-waiting`` requests, default 2,
   wait for good, no token is generated any more, every counter stands, ``/health`` stays 200; with
   ``--fake-stall-port P`` only a server on port P, with ``--fake-stall-once FILE`` only the first
@@ -765,6 +765,8 @@ def main(argv: list[str]) -> int:
         engine.wait()
         return code
 
+    if "warn" in modes:
+        say("a warning of vLLM's own, for its log file", "EngineCore", "WARNING", "fake.py:1")
     if "noisy" in modes:
         for i in range(int(os.environ.get("FAKEVLLM_NOISE_LINES") or 20000)):
             say(f"loading shard {i}: " + "x" * 60, "EngineCore", where="loader.py:1")

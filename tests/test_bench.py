@@ -333,6 +333,7 @@ def world(tmp_path: Path):
         **{k: v for k, v in os.environ.items() if not k.startswith(("FAKEVLLM_", "HWPROFILE_", "FAKE_NVML"))
            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")},
         "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "FAKEVLLM_READY_DELAY": "0.2",
+        "HWPROFILE_STATE_DIR": str(tmp_path / "state"),
     }  # fmt: skip
     port = free_ports(2)  # the two-server shape takes port and port + 1
     sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "server.shutdown_timeout=2",
@@ -372,9 +373,7 @@ def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, set
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=world[
-            "tmp"
-        ],  # a bench without --output writes ./hwprofile-bench-<time> here, not in the checkout
+        cwd=world["tmp"],  # were a bench to write into the working directory, here, not in the checkout
     )
 
 
@@ -572,7 +571,30 @@ def test_a_bench_that_never_ran_leaves_no_results_directory_behind(world) -> Non
         assert not list(world["tmp"].glob("hwprofile-bench-*")) and not (world["tmp"] / "new").exists(), (
             r.stderr
         )
+        assert not list((world["tmp"] / "state").glob("bench/hwprofile-bench-*")), r.stderr
     assert kept.is_dir()  # a directory the user named and that was there stays
+
+
+def test_results_go_to_the_state_directory_not_the_working_directory(world) -> None:
+    """Run from inside a checkout, a bench without --output leaves nothing there: its results go under
+    the state directory, and it says where."""
+    r = hw(world)
+    assert r.returncode == 0, r.stderr[-3000:]
+    made = list((world["tmp"] / "state" / "bench").glob("hwprofile-bench-*"))
+    assert len(made) == 1 and (made[0] / "bench.json").is_file(), r.stderr
+    assert f"results go to {made[0]}" in r.stderr
+    assert not list(world["tmp"].glob("hwprofile-bench-*"))  # the working directory
+
+
+def test_vllms_own_warnings_stay_in_its_log_kept_beside_the_results(world) -> None:
+    """vLLM's WARNING lines are not hwprofile's progress: not on the terminal, in the log kept with the results."""
+    out = world["tmp"] / "out"
+    r = hw(world, "--output", str(out), env={"FAKEVLLM_MODE": "warn"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "a warning of vLLM's own" not in r.stderr + r.stdout, r.stderr
+    kept = out / "profile-vllm-cpu.vllm.log"
+    assert "a warning of vLLM's own" in kept.read_text()
+    assert f"vLLM's own output (warnings included) is in {kept}" in r.stderr
 
 
 def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:

@@ -136,6 +136,19 @@ def test_a_redirect_is_an_answer_not_a_place_to_go(server) -> None:
     out = hw("watch", "--once", "--json", "--interval", "0.1", "--url", hop.url)
     line = json.loads(out.stdout.splitlines()[-1])
     assert line["instances"][0]["status"] == "unreachable", line
+    assert out.returncode == 1 and "is unreachable" in out.stderr, out.stderr
+
+
+def test_watch_once_on_a_dead_url_fails_and_says_why() -> None:
+    """A one-shot look at a server that is not there is a failure (exit 1), not a report that exits 0."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        r = hw("watch", "--once", "--interval", "0.1", "--url", url)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert f"{url} is unreachable" in r.stderr and "is vLLM running at that URL?" in r.stderr, r.stderr
 
 
 # -- every wait has a deadline, every body a cap --------------------------------------------------------

@@ -252,7 +252,9 @@ def test_plan_cli_exit_codes_and_json(tmp_path, fake_nvml_dir, empty_root) -> No
     assert human.returncode == 1 and "What would work:" in human.stderr and "Traceback" not in human.stderr
     ok = run("--model", "Qwen/Qwen3-8B", "--explain")
     assert ok.returncode == 0, ok.stderr
-    assert "Reasons" in ok.stdout and "profiles/geforce-12g.yaml:" in ok.stdout
+    assert "Why (the values one asks about first)" in ok.stdout and "profiles/geforce-12g.yaml:" in ok.stdout
+    every = run("--model", "Qwen/Qwen3-8B", "--explain=all")
+    assert every.returncode == 0 and "Reasons" in every.stdout, every.stderr
 
 
 def test_local_model_dir_and_hf_cache(tmp_path, monkeypatch) -> None:

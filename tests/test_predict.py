@@ -347,7 +347,7 @@ def test_explain_shows_the_candidates(host_of, empty_root, capsys) -> None:
     text = format_plan(make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}), explain=True)
     assert "Predictions at 512 in / 256 out, 16 requests in flight (objective throughput" in text
     assert "=>  2 x TP2" in text and "x   1 x TP4" in text
-    assert "calibration: none" in text and "vllm-gpu0-1: TTFT" in text
+    assert "calibration: none" in text and "each instance: TTFT" in text  # the two identical instances, folded
 
 
 def test_batching_alternatives_show_what_a_bigger_step_costs_on_one_a100(host_of, empty_root) -> None:
@@ -367,6 +367,22 @@ def _row(seqs: int, ttft: float, tpot: float, cap: float, planned: bool = False,
     return {"max_num_seqs": seqs, "max_num_batched_tokens": 2048, "fits": fits, "kv_tokens": 1000, "ttft_ms": ttft,
             "tpot_ms": tpot, "output_tokens_per_s": cap, "capacity_output_tokens_per_s": cap,
             "capacity_concurrency": seqs, "planned": planned}  # fmt: skip
+
+
+def test_a_configured_batching_over_the_ttft_target_is_never_called_within_it() -> None:
+    """issue 31: "configured max_num_seqs 6 ...: TTFT 7665 ms ... within the targets" with a 500 ms target."""
+    import re
+
+    from hwprofile.plan.candidates import choose_batching
+
+    planned = _row(6, 9500, 20, 278, planned=True)
+    i, why = choose_batching([planned, _row(16, 370, 45, 348)], "throughput", 500, 120, 256)
+    assert i == 1 and "TTFT 9500 ms, TPOT 20.0 ms at the workload (TTFT over 500 ms)" in why, why
+    assert not re.search(r"TTFT 9500 ms[^;]*within the targets", why), why
+    assert "278 tok/s within the targets at 6 requests" in why  # what it does meet, at the load it meets it
+    never = _row(6, 9500, 200, 0, planned=True)
+    _, why = choose_batching([never, _row(16, 370, 45, 348)], "throughput", 500, 120, 256)
+    assert "(TTFT over 500 ms, TPOT over 120 ms); no load within the targets" in why, why
 
 
 def test_the_objective_chooses_the_batching_by_a_margin() -> None:

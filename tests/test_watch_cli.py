@@ -131,7 +131,7 @@ def test_watch_settings_are_validated_like_every_setting(tmp_path, fake_nvml_dir
     r = _watch(env, "--once", "--interval", "0")
     assert r.returncode == 2 and "--interval" in r.stderr
     r = _watch(env, "--once", "--json", "--url", "http://127.0.0.1:9")
-    assert r.returncode == 0
+    assert r.returncode == 1 and "is unreachable" in r.stderr  # the report still comes, then the failure
     doc = json.loads(r.stdout.splitlines()[0])
     assert doc["instances"][0]["status"] == "unreachable"
 

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,11 @@ from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
 from .common import CliError, demo_model, launch_of, load_host, plan_of
 
 # `--demo`: besides the demo plan (cli.common.DEMO_SETS), a workload the tiny model answers in about
-# a minute on two cores; later --set options win
-DEMO_BENCH_SETS = ("bench.input_len=64", "bench.output_len=32", "bench.num_prompts=16")
+# a minute on two cores, most of it vLLM starting: one point of 8 short requests, 4 at a time (the demo
+# plan's max_num_seqs); later --set options win
+DEMO_BENCH_SETS = (
+    "bench.input_len=64", "bench.output_len=32", "bench.num_prompts=8", "bench.concurrency=4", "bench.sweep_max=4",
+)  # fmt: skip
 POINT_TIMEOUT_S = 7200.0
 
 
@@ -90,13 +94,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
             plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
                                    non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
 
-    out_dir = Path(args.output) if args.output else Path.cwd() / f"hwprofile-bench-{_stamp()}"
+    if args.output:
+        out_dir = Path(args.output)
+    else:  # never the working directory (a clone would gain an untracked folder): the state directory
+        from ..runtime.dirs import state_dir
+
+        out_dir = state_dir() / "bench" / f"hwprofile-bench-{_stamp()}"
     made = not out_dir.exists()  # ours to take away again if nothing ran
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(f"--output {out_dir}: cannot create it: {e.strerror}", EXIT_FAILED) from None
     _progress(f"results go to {out_dir}")
+    _quiet_vllm()
     configured_vllm = res.settings.server.vllm_command
 
     @contextlib.contextmanager
@@ -123,8 +133,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         own = args.runtime_dir is None  # a private runtime dir: never the one of a running `hwprofile launch`
         runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(args.runtime_dir)
         vllm = vllm_command(inst.server.vllm_command)
+        logs: list[tuple[str, Path]] = []
         try:
             with serving(dataclasses.replace(launches[bp.label], runtime=runtime)) as sup:
+                logs[:] = [(i.name, Path(i.log.path)) for i in sup.instances]
                 served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
                 tokenizer = bp.plan.model.path or bp.plan.model.name
                 if front:
@@ -135,6 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 else:
                     yield Target(sup.instances[0].url, served, tokenizer, vllm)
         finally:
+            _keep_logs(logs, out_dir, bp.label)
             if own:
                 shutil.rmtree(runtime, ignore_errors=True)
 
@@ -186,6 +199,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"hwprofile: error: {line}", file=sys.stderr)
         return error.exit_code
     return EXIT_OK if doc["plans"] else EXIT_FAILED
+
+
+def _quiet_vllm() -> None:
+    """hwprofile's own warnings on stderr, vLLM's lines not: they are in its log files, kept beside the
+    results (without a handler, Python's last resort printed every vLLM WARNING/ERROR line here)."""
+    import logging
+
+    log = logging.getLogger("hwprofile")
+    if log.handlers:  # set up by a caller (a test, the daemon): theirs
+        return
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)
+    console.addFilter(lambda record: not record.name.startswith("hwprofile.vllm"))
+    console.setFormatter(logging.Formatter("hwprofile: bench: %(message)s"))
+    log.addHandler(console)
+
+
+def _keep_logs(logs: list[tuple[str, Path]], out_dir: Path, label: str) -> None:
+    """Append each served instance's vLLM log to ``<out_dir>/<label>-<instance>.vllm.log`` (the runtime
+    directory that held it is taken away), and say where, once per file."""
+    for name, path in logs:
+        dest = out_dir / f"{label}-{name}.vllm.log"
+        first = not dest.exists()
+        try:
+            with path.open("rb") as src, dest.open("ab") as out:
+                shutil.copyfileobj(src, out)
+        except OSError as e:
+            _progress(f"{name}: vLLM's log {path} not kept: {e.strerror}")
+            continue
+        if first:
+            _progress(f"{label}: vLLM's own output (warnings included) is in {dest}")
 
 
 def _remove_empty(top: Path) -> None:

@@ -177,7 +177,11 @@ def _args_profiles(p: argparse.ArgumentParser) -> None:
 def _args_plan(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
-    p.add_argument("--explain", action="store_true", help="show every value's reason and source")
+    p.add_argument(
+        "--explain", nargs="?", const="short", choices=("short", "all"), metavar="all",
+        help="how fast, and why: the prediction and the reasons for the values one asks about first; "
+        "--explain=all: every value's reason and source, the prediction's terms",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
     p.add_argument(
         "--advice-from",
@@ -393,7 +397,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result document (schema hwprofile.bench/1)")
     p.add_argument(
         "--output", metavar="DIR",
-        help="where bench.json, bench.png and vllm bench serve's own results go (default ./hwprofile-bench-<time>)",
+        help="where bench.json, bench.png and vllm bench serve's own results go (default ~/.local/state/hwprofile/bench/hwprofile-bench-<time>: $XDG_STATE_HOME/hwprofile, or /var/lib/hwprofile as root)",
     )  # fmt: skip
     p.add_argument("--no-plot", action="store_true", help="no bench.png (matplotlib is not imported): the JSON and the report only")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)

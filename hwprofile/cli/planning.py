@@ -38,8 +38,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from ..views import format_plan
 
-        sys.stdout.write(format_plan(plan, explain=args.explain))
+        sys.stdout.write(format_plan(plan, explain=args.explain, roots=_roots(args)))
     return EXIT_OK
+
+
+def _roots(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The roots the human view shows paths relative to, each with what it is."""
+    import os
+
+    from ..config.layers import config_root
+    from ..match.profiles import builtin_dir
+
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return [
+        ("profiles/", builtin_dir(), "the built-in profiles"),
+        ("hwprofile/", package, "the installed hwprofile package"),
+        ("<config root>/", config_root(getattr(args, "config_root", None)),
+         "the site configuration: --config-root, else $HWPROFILE_CONFIG_ROOT, else /etc/hwprofile"),
+    ]  # fmt: skip
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -102,6 +102,7 @@ def run_watch(
     sampler = GpuSampler()
     watcher = Watcher(settings, instance_specs(urls, draft_cost, max_num_seqs))
     ticks = 0
+    down: dict[str, str] = {}
     try:
         deadline = clock()
         while not stop.is_set():
@@ -130,10 +131,18 @@ def run_watch(
                         text = f"GPUs: none read ({sampler.error})\n" + text
                     out.write(text + "\n\n")
                 out.flush()
+                down = {n: r.error or r.status for n, r in scrapes.items() if r.status == "unreachable"}
                 if once or (max_ticks is not None and ticks >= max_ticks):
                     break
             deadline += step
             stop.wait(max(0.0, deadline - clock()))
     finally:
         sampler.close()
+    if once and down:  # a one-shot look at a server that is not there failed: say so, exit non-zero
+        for name, why in down.items():
+            print(
+                f"hwprofile watch: {name} is unreachable ({why}): is vLLM running at that URL?",
+                file=sys.stderr,
+            )
+        return 1
     return 0

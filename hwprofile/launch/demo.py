@@ -55,7 +55,7 @@ def run_demo(launch: Launch) -> int:
         return 1
     print(
         "hwprofile: demo: next, on a GPU host: pip install '.[vllm]' (in the clone), then "
-        "`hwprofile plan --model NAME --explain` (the plan and the reason for every value) and "
+        "`hwprofile plan --model NAME --explain` (the plan, how fast, and why; --explain=all: every value's reason) and "
         "`hwprofile launch --model NAME` (NAME: a local model directory or a Hugging Face model name)",
         file=sys.stdout,
     )

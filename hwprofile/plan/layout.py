@@ -348,7 +348,7 @@ def numa_binding(
         r.add(
             f"{key}.numa_node",
             numa,
-            f"GPU(s) {[g.index for g in gpus]} sit on NUMA node {numa} (from {source})",
+            f"GPU(s) {[g.index for g in gpus]} sit on NUMA node {numa}" + (f" (from {source})" if source else ""),
             src,
         )
     cpus = next((n.cpus for n in host.numa_nodes if n.id == numa), None) if numa is not None else None
