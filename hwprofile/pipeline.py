@@ -91,6 +91,7 @@ def resolve_settings(
     settings, _ = Settings.from_tree(merged)
     broken = broken_relations(settings)
     if broken:
+
         def where(key: str) -> str:
             src = provenance.get(tuple(key.split(".")))
             return f"{key} from {src}" if src else f"{key} by default"
@@ -220,6 +221,51 @@ def load_calibration(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not JSON ({e})") from None
     return calibration_from_bench(doc, path, host)
+
+
+INTERCONNECT_CAP = 1 << 20
+
+
+def interconnect_path(root: str | os.PathLike[str], host: HostSnapshot) -> str:
+    """``<root>/interconnect/<fingerprint>.json``: this host's recorded interconnect check
+    (``hwprofile doctor --interconnect`` writes it; plans read it)."""
+    from .plan.candidates import host_fingerprint
+
+    return os.path.join(os.fspath(root), "interconnect", host_fingerprint(host) + ".json")
+
+
+def load_interconnect(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
+    """This host's recorded :class:`~.plan.interconnect.Report`, or None when the check has not run
+    here. A file that is not such a result, or one recorded for another host (its fingerprint
+    differs), is an input error naming the file."""
+    import json
+
+    from .plan.candidates import host_fingerprint
+    from .plan.interconnect import report_from_dict
+    from .runtime.files import UnsafeFile, read_bounded
+
+    path = interconnect_path(root, host)
+    try:
+        data = read_bounded(path, INTERCONNECT_CAP)
+    except FileNotFoundError:
+        return None
+    except (UnsafeFile, OSError) as e:
+        raise ConfigError(f"{path}: cannot read the interconnect check: {e}") from None
+    if len(data) > INTERCONNECT_CAP:
+        raise ConfigError(
+            f"{path}: larger than {INTERCONNECT_CAP} bytes; not a hwprofile interconnect result"
+        )
+    try:
+        report = report_from_dict(json.loads(data), path)
+    except RecursionError:
+        raise ConfigError(f"{path}: not JSON (nested too deeply)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: {e}" if str(e).startswith(path) else f"{path}: not JSON ({e})") from None
+    if report.fingerprint != host_fingerprint(host):
+        raise ConfigError(
+            f"{path}: recorded for host {report.fingerprint}, not this one ({host_fingerprint(host)})"
+        )
+    return report
 
 
 # what a measurement can be: anything outside is a file damaged or not measured (a bound, not a guess)

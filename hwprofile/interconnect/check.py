@@ -56,7 +56,9 @@ def run_group(
         HWPROFILE_IC_BACKEND=backend,
         HWPROFILE_IC_SIZES=",".join(str(max(1, b // 4)) for b in sizes_bytes),
         HWPROFILE_IC_ITERS=str(iters),
-        HWPROFILE_IC_TIMEOUT_S=str(max(1, int(deadline_s))),
+        HWPROFILE_IC_TIMEOUT_S=str(
+            int(2 * deadline_s + 60)
+        ),  # our deadline fires first: a hang, not an error
         PYTHONUNBUFFERED="1",
     )
     if backend == "nccl":
@@ -155,7 +157,11 @@ def _summarise(
         bus = 2 * (world - 1) / world * real / seconds / 1e9 if seconds > 0 else 0.0
         sizes.append(SizeResult(real, exact, seconds, bus))
         if not exact:
-            bad = [f"rank {g['rank']}: {g['mismatches']} of {g['elements']} elements" for g in got if not g["exact"]]
+            bad = [
+                f"rank {g['rank']}: {g['mismatches']} of {g['elements']} elements"
+                for g in got
+                if not g["exact"]
+            ]
             wrong.append(f"{nbytes} B: " + "; ".join(bad))
     if hung:
         stuck = [r for r, p in enumerate(procs) if len(rows[r]) < len(sizes_bytes)]

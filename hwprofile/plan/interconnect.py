@@ -56,7 +56,8 @@ class Report(NamedTuple):
             "measured_at": self.measured_at,
             "torch_version": self.torch_version,
             "runs": [
-                {**r._asdict(), "group": list(r.group), "sizes": [s._asdict() for s in r.sizes]} for r in self.runs
+                {**r._asdict(), "group": list(r.group), "sizes": [s._asdict() for s in r.sizes]}
+                for r in self.runs
             ],
         }
 
@@ -159,10 +160,16 @@ def decide(report: Report | None, group: Sequence[int]) -> Decision:
     on = next((r for r in runs if r.p2p), None)
     off = next((r for r in runs if not r.p2p), None)
     if on is None and off is None:
-        why = "no interconnect check recorded for this host" if report is None else "the check did not cover GPUs "
+        why = (
+            "no interconnect check recorded for this host"
+            if report is None
+            else "the check did not cover GPUs "
+        )
         if report is not None:
             why += ",".join(map(str, g))
-        return Decision(g, None, False, False, False, None, (why + ": run `hwprofile doctor --interconnect`",))
+        return Decision(
+            g, None, False, False, False, None, (why + ": run `hwprofile doctor --interconnect`",)
+        )
 
     def large_gbs(r: Run | None) -> float | None:
         return max(r.sizes, key=lambda s: s.bytes).bus_gbs if r and r.sizes else None
