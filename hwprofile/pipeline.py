@@ -146,7 +146,7 @@ def make_plan(
         target = target._replace(origin=f"{assumed}; {target.origin}" if target.origin else assumed)
     pools = load_kv_pools() if res.settings.supervise.pin_kv_pool else None
     try:
-        return build_plan(
+        plan = build_plan(
             host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
             tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
         )  # fmt: skip
@@ -155,6 +155,9 @@ def make_plan(
             e.message = f"{e.message} ({assumed})"
             e.suggestions = [*e.suggestions, "or name the model to plan: --model DIR|NAME"]
         raise
+    from .plan.interconnect import apply
+
+    return apply(plan, load_interconnect(root, host), interconnect_path(root, host))
 
 
 KV_POOLS_FILE = "kv-pools.json"  # in the state directory (runtime.dirs.state_dir): plan.kvpin's records

@@ -18,7 +18,7 @@ from hwprofile.host.interconnect import parse_acs, read_acs, read_iommu
 from hwprofile.host.snapshot import Gpu, HostSnapshot
 from hwprofile.host.snapshot_io import snapshot_from_dict
 from hwprofile.interconnect.store import save_report
-from hwprofile.pipeline import interconnect_path, load_interconnect
+from hwprofile.pipeline import interconnect_path, load_interconnect, make_plan
 from hwprofile.plan.interconnect import Report, Run, SizeResult, decide, report_from_dict
 
 GPUS = (
@@ -222,3 +222,45 @@ def test_a_damaged_record_is_refused_naming_the_field(change, message: str) -> N
     change(doc)
     with pytest.raises(ValueError, match=message):
         report_from_dict(doc, "x.json")
+
+
+def test_a_plan_takes_the_recorded_decision_and_render_says_it(host_of, empty_root: Path) -> None:
+    """A800 PCIe box, two TP-2 groups; the record says group 0,1 is wrong with P2P and exact
+    without it, 2,3 hangs in both modes: 0,1 runs with NCCL_P2P_DISABLE=1 and without vLLM's custom
+    all-reduce, 2,3 is flagged unsafe. Without a record the plan is what it was."""
+    import jsonschema
+
+    from hwprofile.plan.candidates import host_fingerprint
+    from hwprofile.plan.types import Plan
+    from hwprofile.render.translate import render_instance
+    from hwprofile.render.versions import release
+
+    host = host_of("a800-pcie-4x-2numa")
+    before = make_plan(host, empty_root, environ={})
+    assert [i.gpus for i in before.instances] == [(0, 1), (2, 3)]
+    assert all(not i.interconnect for i in before.instances)
+    report = Report(host_fingerprint(host), "nccl", (
+        run((0, 1), True, "wrong"), run((0, 1), False, "ok", 11.0), run((2, 3), True, "hang"), run((2, 3), False, "hang"),
+    ))  # fmt: skip
+    save_report(empty_root, host, report)
+    plan = make_plan(host, empty_root, environ={})
+    a, b = plan.instances
+    assert (a.interconnect["nccl_p2p_disable"], a.interconnect["disable_custom_all_reduce"]) == (True, True)
+    assert a.interconnect["link_gbs"] == 11.0 and a.interconnect["source"] == interconnect_path(
+        empty_root, host
+    )
+    assert b.interconnect["tp_unsafe"] is True
+    assert any("smaller tensor_parallel_size" in w and "2,3" in w for w in plan.warnings)
+    keys = {r.key: r for r in plan.reasons}
+    assert "NCCL_P2P_DISABLE=1" in keys[f"instances.{a.name}.interconnect"].reason
+    doc = plan.to_json()
+    schema = json.loads(
+        (Path(__file__).resolve().parent.parent / "schemas" / "hwprofile.plan-1.schema.json").read_text()
+    )
+    jsonschema.validate(doc, schema)
+    assert Plan.from_json(json.loads(json.dumps(doc))).to_json() == doc
+    r = render_instance(plan, a, release("0.32.0"), "vllm", None)
+    assert r.env["NCCL_P2P_DISABLE"] == "1"
+    assert ("--disable-custom-all-reduce", None) in r.args
+    r0 = render_instance(before, before.instances[0], release("0.32.0"), "vllm", None)
+    assert "NCCL_P2P_DISABLE" not in r0.env and ("--disable-custom-all-reduce", None) not in r0.args

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from .types import Plan
+
 SCHEMA = "hwprofile.interconnect/1"
 OUTCOMES = ("ok", "wrong", "hang", "error")
 
@@ -190,3 +192,45 @@ def decide(report: Report | None, group: Sequence[int]) -> Decision:
         "no mode gave the exact sum in time: do not run TP across these GPUs (a smaller TP or replicas)"
     )
     return Decision(g, False, True, False, True, None, tuple(reasons))
+
+
+def apply(plan: Plan, report: Report | None, source: str) -> Plan:
+    """``plan`` with the recorded check's decision on each GPU instance of TP > 1: the instance's
+    ``interconnect`` (what render turns into ``--disable-custom-all-reduce`` and
+    ``NCCL_P2P_DISABLE=1``), a reason per instance, and a warning where TP is not safe. Without a
+    recorded check (``report`` None) the plan is unchanged."""
+    import dataclasses
+
+    from .types import Reason
+
+    if report is None:
+        return plan
+    instances = []
+    reasons = list(plan.reasons)
+    warnings = list(plan.warnings)
+    for inst in plan.instances:
+        if inst.device != "cuda" or inst.tensor_parallel_size * max(1, int(inst.pipeline_parallel_size)) <= 1:
+            instances.append(inst)
+            continue
+        d = decide(report, inst.gpus)
+        record = {
+            "proven": d.proven,
+            "disable_custom_all_reduce": d.disable_custom_all_reduce,
+            "nccl_p2p_disable": d.nccl_p2p_disable,
+            "tp_unsafe": d.tp_unsafe,
+            "link_gbs": d.link_gbs,
+            "reasons": d.reasons,
+            "source": source,
+        }
+        instances.append(dataclasses.replace(inst, interconnect=record))
+        reasons.append(
+            Reason(f"instances.{inst.name}.interconnect", record["proven"], "; ".join(d.reasons), source)
+        )
+        if d.tp_unsafe:
+            warnings.append(
+                f"{inst.name}: the all-reduce across GPUs {','.join(map(str, inst.gpus))} was wrong or hung in "
+                f"every mode ({source}): use a smaller tensor_parallel_size or replicas"
+            )
+    return dataclasses.replace(
+        plan, instances=tuple(instances), reasons=tuple(reasons), warnings=tuple(warnings)
+    )
