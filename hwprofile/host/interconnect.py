@@ -67,7 +67,8 @@ def read_iommu(
     try:
         units = tuple(sorted(os.listdir(os.path.join(sys_root, "class", "iommu"))))
     except FileNotFoundError:
-        units = ()  # no IOMMU driver registered any unit
+        units = None
+        evidence.append("no /sys/class/iommu")
     except OSError as e:
         units = None
         evidence.append(f"/sys/class/iommu unreadable ({e.strerror or e})")
