@@ -264,3 +264,15 @@ def test_a_plan_takes_the_recorded_decision_and_render_says_it(host_of, empty_ro
     assert ("--disable-custom-all-reduce", None) in r.args
     r0 = render_instance(before, before.instances[0], release("0.32.0"), "vllm", None)
     assert "NCCL_P2P_DISABLE" not in r0.env and ("--disable-custom-all-reduce", None) not in r0.args
+
+
+def test_the_measured_bandwidth_replaces_the_datasheet_link() -> None:
+    from hwprofile.plan import predict as pm
+    from hwprofile.plan.interconnect import measured_link
+
+    sheet = pm.link_of([("PXB", True)], [(4, 16), (4, 16)], None, 2)
+    report = Report("f", "nccl", (run((0, 1), True, "wrong"), run((0, 1), False, "ok", 6.5)))
+    got = measured_link(sheet, decide(report, (0, 1)))
+    assert got.gbs == 6.5 and got.kind == sheet.kind and got.source.startswith("measured: 6.50 GB/s")
+    assert pm.allreduce_ms(got, 2, 1 << 20) > pm.allreduce_ms(sheet, 2, 1 << 20)  # slower than the sheet
+    assert measured_link(sheet, decide(None, (0, 1))) == sheet

@@ -234,3 +234,17 @@ def apply(plan: Plan, report: Report | None, source: str) -> Plan:
     return dataclasses.replace(
         plan, instances=tuple(instances), reasons=tuple(reasons), warnings=tuple(warnings)
     )
+
+
+def measured_link(link: Any, decision: Decision) -> Any:
+    """The performance model's :class:`~.predict.Link` of a TP group with the bandwidth the check
+    measured (NCCL's bus bandwidth of the large all-reduce is what a ring moves per link and
+    direction, the unit of ``Link.gbs``); the datasheet link where nothing was measured. For
+    ``candidates.link_for`` (the wiring is the integrator's: build_plan does not take the record yet)."""
+    import dataclasses
+
+    if decision.link_gbs is None or decision.link_gbs <= 0 or link.kind == "none":
+        return link
+    mode = "P2P off" if decision.nccl_p2p_disable else "P2P on"
+    src = f"measured: {decision.link_gbs:.2f} GB/s bus bandwidth of the large all-reduce ({mode}; hwprofile doctor --interconnect); was {link.source}"
+    return dataclasses.replace(link, gbs=decision.link_gbs, source=src)
