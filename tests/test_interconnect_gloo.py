@@ -87,3 +87,12 @@ def test_doctor_interconnect_records_the_result_for_plans(tmp_path: Path) -> Non
     )
     assert text.returncode == 1
     assert "NOT SAFE" in text.stdout and "wrong" in text.stdout
+
+
+def test_a_rank_that_dies_is_an_error_at_once_not_a_hang() -> None:
+    run = run_group(
+        (0, 1), p2p=True, backend="gloo", sizes_bytes=SIZES, deadline_s=GENEROUS_S, env=env_with("exit:1")
+    )
+    assert run.outcome == "error", run
+    assert run.detail.startswith("rank 1 exited with status 3")
+    assert run.wall_s is not None and run.wall_s < GENEROUS_S  # the survivor was not waited for

@@ -102,17 +102,18 @@ def run_group(
     return _summarise(tuple(group), p2p, sizes_bytes, procs, rows, errs, hung, wall, deadline_s)
 
 
-def _wait_all(procs: Sequence[subprocess.Popen[bytes]], until: float, clock: Callable[[], float]) -> bool:
-    """Wait for every rank until ``until``; True when some rank was still running then."""
-    for p in procs:
-        left = until - clock()
-        try:
-            p.wait(timeout=max(0.0, left))
-        except subprocess.TimeoutExpired:
+def _wait_all(
+    procs: Sequence[subprocess.Popen[bytes]], until: float, clock: Callable[[], float], poll_s: float = 0.05
+) -> bool:
+    """Wait for every rank until ``until``; True when some rank was still running then. A rank that
+    fails ends the wait at once: the others would wait for it until their own timeout."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            return False
+        if clock() >= until:
             return True
-        if p.returncode != 0:
-            return False  # one rank failed: the others would wait for it until their own timeout
-    return False
+        time.sleep(poll_s)
 
 
 def _rows(path: str) -> list[dict[str, object]]:
@@ -168,6 +169,7 @@ def _summarise(
         detail = f"no result within {deadline_s:g} s; killed (ranks not done: {', '.join(map(str, stuck))})"
         return Run(group, p2p, "hang", detail, tuple(sizes), wall)
     failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+    failed.sort(key=lambda f: f[1] == -signal.SIGKILL)  # the rank that failed first; the killed ones after
     if wrong:
         return Run(group, p2p, "wrong", "wrong sum at " + " / ".join(wrong), tuple(sizes), wall)
     if failed or len(sizes) < len(sizes_bytes):

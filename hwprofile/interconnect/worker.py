@@ -4,7 +4,8 @@ Environment (set by :mod:`.check`): ``RANK``, ``WORLD_SIZE``, ``HWPROFILE_IC_INI
 ``tcp://host:port`` rendezvous), ``HWPROFILE_IC_BACKEND`` (``nccl`` or ``gloo``),
 ``HWPROFILE_IC_SIZES`` (comma-separated element counts of float32), ``HWPROFILE_IC_ITERS``.
 ``HWPROFILE_IC_PLANT`` plants a fault for the tests: ``wrong:<rank>`` (that rank adds 1 to its
-tensor) or ``hang:<rank>`` (that rank sleeps instead of joining the all-reduce).
+tensor), ``hang:<rank>`` (that rank sleeps instead of joining the all-reduce) or ``exit:<rank>``
+(that rank exits with status 3 before the rendezvous).
 
 Prints one JSON line per size: ``{"rank", "elements", "bytes", "exact", "mismatches", "seconds"}``.
 Each rank fills ``(arange(n) % 1024) * (rank + 1)``: small integers, exact in float32, so the sum
@@ -31,6 +32,8 @@ def main() -> int:
     iters = int(os.environ.get("HWPROFILE_IC_ITERS", "3"))
     plant, _, plant_rank = os.environ.get("HWPROFILE_IC_PLANT", "").partition(":")
     planted = plant_rank.strip() == str(rank)
+    if planted and plant == "exit":
+        return 3  # a rank that dies before the rendezvous
     timeout = timedelta(seconds=float(os.environ.get("HWPROFILE_IC_TIMEOUT_S", "600")))
     dist.init_process_group(
         backend, init_method=os.environ["HWPROFILE_IC_INIT"], rank=rank, world_size=world, timeout=timeout
