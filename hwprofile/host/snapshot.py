@@ -118,7 +118,29 @@ class GpuLink(NamedTuple):
     a: int
     b: int
     link: str | None  # NV<n>, PIX, PXB, PHB, NODE, SYS; None when unknown
-    p2p: bool | None = None
+    p2p: bool | None = None  # NVML P2P read status OK
+    p2p_write: bool | None = None  # NVML P2P write status OK
+    p2p_atomics: bool | None = None  # NVML P2P atomics status OK
+
+
+class AcsPort(NamedTuple):
+    """ACS control of one PCIe port between GPUs (see :mod:`.interconnect`)."""
+
+    bdf: str  # sysfs name, 0000:00:01.0
+    gpu_indexes: tuple[int, ...]  # the GPUs below it whose peer traffic crosses it
+    acs_ctrl: int | None  # the ACS control register; 0 where the port has no ACS capability
+    redirect: bool | None  # P2P request or completion redirect on: peer traffic goes via the root complex
+    unknown: str | None = None  # why acs_ctrl is None
+
+
+class Interconnect(NamedTuple):
+    """What the host says about peer-to-peer traffic between GPUs; None is unknown, with the reason."""
+
+    iommu: str | None = None  # off, passthrough, translated
+    iommu_evidence: str | None = None  # what it was read from, or why it is unknown
+    iommu_units: tuple[str, ...] | None = None  # /sys/class/iommu entries
+    acs_ports: tuple[AcsPort, ...] = ()
+    acs_unknown: str | None = None  # why no port was read
 
 
 class NumaNode(NamedTuple):
@@ -165,6 +187,7 @@ class HostSnapshot(NamedTuple):
     software: Software = Software()
     errors: tuple[DetectError, ...] = ()
     schema: str = SCHEMA
+    interconnect: Interconnect = Interconnect()
 
     # -- derived facts, for matching and planning ---------------------------------------------
     @property

@@ -114,6 +114,8 @@ HOST = Obj(
                     "b": Int(0, MAX_GPUS - 1, null=False),
                     "link": Str(8, pattern=_LINK, like="NV<n>, PIX, PXB, PHB, NODE or SYS"),
                     "p2p": Bool(null=True),
+                    "p2p_write": Bool(null=True),
+                    "p2p_atomics": Bool(null=True),
                 },
                 required=("a", "b", "link"),
             ),
@@ -129,6 +131,32 @@ HOST = Obj(
                 "numactl_path": _PATH,
                 "tmpfs_path": _PATH,
                 "tmpfs_free_bytes": Int(0, _PIB, unit=" (1 PiB)"),
+            }
+        ),
+        "interconnect": Obj(
+            {
+                "iommu": Str(16, pattern="off|passthrough|translated", like="off, passthrough or translated"),
+                "iommu_evidence": Str(4096),
+                "iommu_units": List(Str(64, null=False), 1024, null=True),
+                "acs_ports": List(
+                    Obj(
+                        {
+                            "bdf": Str(
+                                16,
+                                null=False,
+                                pattern="[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]",
+                                like='a sysfs PCI name like "0000:00:01.0"',
+                            ),
+                            "gpu_indexes": List(Int(0, MAX_GPUS - 1, null=False), MAX_GPUS),
+                            "acs_ctrl": Int(0, 0xFFFF),
+                            "redirect": Bool(null=True),
+                            "unknown": Str(4096),
+                        },
+                        required=("bdf",),
+                    ),
+                    4096,
+                ),
+                "acs_unknown": Str(4096),
             }
         ),
         "errors": List(

@@ -14,12 +14,14 @@ from ..contracts import BadJson, Invalid, parse_json
 from .snapshot import (
     MAX_SNAPSHOT_BYTES,
     SCHEMA,
+    AcsPort,
     Cpu,
     DetectError,
     Driver,
     Gpu,
     GpuLink,
     HostSnapshot,
+    Interconnect,
     NumaNode,
     PcieLink,
     SnapshotError,
@@ -92,12 +94,14 @@ _NESTED: dict[str, type] = {
     "driver": Driver,
     "software": Software,
     "pcie": PcieLink,
+    "interconnect": Interconnect,
 }
 _SEQUENCES: dict[str, type] = {
     "numa_nodes": NumaNode,
     "gpus": Gpu,
     "gpu_links": GpuLink,
     "errors": DetectError,
+    "acs_ports": AcsPort,
 }
 
 
@@ -114,7 +118,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             v = _build(_NESTED[name], v)
         elif name in _SEQUENCES:
             v = tuple(_build(_SEQUENCES[name], x) for x in (v or ()))
-        elif name in ("flags", "clocks_event_reasons") and v is not None:
+        elif name in ("flags", "clocks_event_reasons", "iommu_units", "gpu_indexes") and v is not None:
             v = tuple(v)
         kwargs[name] = v
     return cls(**kwargs)

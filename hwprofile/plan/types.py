@@ -322,6 +322,9 @@ class InstancePlan(_Json):
     prediction: InstancePrediction = (
         ABSENT  # plan/predict.py at layout.workload_*; absent: no model (CPU, no datasheet)
     )
+    # the recorded interconnect check's decision for this TP group (plan/interconnect.py); absent:
+    # TP 1, or no check recorded on this host
+    interconnect: Mapping[str, Any] = ABSENT
 
     @property
     def ranks(self) -> int:
@@ -349,7 +352,7 @@ class InstancePlan(_Json):
         "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
         "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "node_rank", "nnodes",
         "node_address", "master_addr", "master_port", "node_backend", "server", "engine", "speculative", "memory", "estimate",
-        "prediction",
+        "prediction", "interconnect",
     )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:

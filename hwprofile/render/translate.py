@@ -266,6 +266,14 @@ def render_instance(
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+        ic = inst.interconnect or {}  # the recorded interconnect check's decision (plan/interconnect.py)
+        if ic.get("nccl_p2p_disable"):
+            env["NCCL_P2P_DISABLE"] = "1"
+        if ic.get("disable_custom_all_reduce"):
+            if rel.has("--disable-custom-all-reduce"):
+                add("--disable-custom-all-reduce")
+            else:
+                warnings.append(f"vLLM {rel.table} has no --disable-custom-all-reduce: the check asked for it")
         pinned = e.kv_cache_memory_bytes or None  # ABSENT unless supervise.pin_kv_pool pinned the pool
         if pinned and rel.has("--kv-cache-memory-bytes"):
             args.append(("--kv-cache-memory-bytes", pinned))

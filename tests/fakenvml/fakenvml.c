@@ -23,6 +23,7 @@
  *   dev<i>.nvlink_switch=1            every active link ends at an NVSwitch (HGX/DGX boards)
  *   topo.<i>.<j>=<level>              nvmlGpuTopologyLevel between i and j (0,10,20,30,40,50)
  *   p2p.<i>.<j>=<status>              nvmlGpuP2PStatus for i,j (0 = OK), any caps index
+ *   p2p.<i>.<j>.<cap>=<status>        the same for one caps index only (0 READ .. 4 PCI)
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
@@ -70,6 +71,8 @@ static struct injected errs[MAX_ERR];
 static int n_errs;
 static int topo[MAX_DEV][MAX_DEV];
 static int p2p[MAX_DEV][MAX_DEV];
+#define MAX_P2P_CAP 6
+static int p2pcap[MAX_DEV][MAX_DEV][MAX_P2P_CAP]; /* -1: as p2p[i][j] */
 static char driver_version[80] = "550.54.15";
 static int cuda_version = 12040;
 static int initialized;
@@ -82,6 +85,7 @@ static void reset(void) {
         for (int j = 0; j < MAX_DEV; j++) {
             topo[i][j] = -1;
             p2p[i][j] = NVML_P2P_STATUS_OK;
+            for (int c = 0; c < MAX_P2P_CAP; c++) p2pcap[i][j][c] = -1;
         }
     for (int i = 0; i < MAX_DEV; i++) devs[i].numa_node = -2; /* -2: not given */
     strcpy(driver_version, "550.54.15");
@@ -180,10 +184,12 @@ static nvmlReturn_t load_state(void) {
         else if (!strncmp(k, "err.", 4)) add_err(-1, k + 4, v);
         else if (!strncmp(k, "topo.", 5) || !strncmp(k, "p2p.", 4)) {
             int is_topo = k[0] == 't';
-            int i, j;
-            if (sscanf(k + (is_topo ? 5 : 4), "%d.%d", &i, &j) == 2 && i >= 0 && j >= 0 && i < MAX_DEV && j < MAX_DEV) {
+            int i, j, c = -1;
+            int got = sscanf(k + (is_topo ? 5 : 4), "%d.%d.%d", &i, &j, &c);
+            if (got >= 2 && i >= 0 && j >= 0 && i < MAX_DEV && j < MAX_DEV) {
                 if (is_topo) topo[i][j] = topo[j][i] = atoi(v);
-                else p2p[i][j] = p2p[j][i] = atoi(v);
+                else if (got == 3 && c >= 0 && c < MAX_P2P_CAP) p2pcap[i][j][c] = p2pcap[j][i][c] = atoi(v);
+                else if (got == 2) p2p[i][j] = p2p[j][i] = atoi(v);
             }
         }
         else if (!strncmp(k, "dev", 3)) {
@@ -467,12 +473,13 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevic
 }
 
 nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex, nvmlGpuP2PStatus_t *p2pStatus) {
-    (void)p2pIndex;
     DEV_CALL(device1, "nvmlDeviceGetP2PStatus");
     int j = dev_index(device2);
     if (j < 0) return NVML_ERROR_INVALID_ARGUMENT;
     if (devs[j].lost) return NVML_ERROR_GPU_IS_LOST;
-    *p2pStatus = (nvmlGpuP2PStatus_t)p2p[idx][j];
+    int c = (int)p2pIndex;
+    int cap = c >= 0 && c < MAX_P2P_CAP ? p2pcap[idx][j][c] : -1;
+    *p2pStatus = (nvmlGpuP2PStatus_t)(cap >= 0 ? cap : p2p[idx][j]);
     return NVML_SUCCESS;
 }
 

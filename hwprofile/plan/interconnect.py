@@ -1,0 +1,250 @@
+"""The interconnect check's result as plain data, and what the planner decides from it (pure).
+
+:mod:`hwprofile.interconnect` runs the check (an all-reduce of a known tensor across each planned TP
+group, small and large, P2P on and off, each a short-lived process under a hard deadline) and
+records a :class:`Report` per host fingerprint; :func:`decide` reads that record (never runs it)
+and says, with reasons: whether vLLM's custom all-reduce must be disabled, whether NCCL must run
+without P2P (``NCCL_P2P_DISABLE=1``), whether this TP group cannot be trusted at all (a smaller TP
+or replicas), and the measured link bandwidth for the performance model.
+
+Outcomes of one run: ``ok`` (every size exact on every rank), ``wrong`` (a rank saw a number other
+than the known sum), ``hang`` (the deadline passed; the process group was killed), ``error`` (a rank
+exited non-zero before a result).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from .types import Plan
+
+SCHEMA = "hwprofile.interconnect/1"
+OUTCOMES = ("ok", "wrong", "hang", "error")
+
+
+class SizeResult(NamedTuple):
+    bytes: int
+    exact: bool  # every rank saw the known sum, element for element
+    seconds: float  # median all-reduce time, slowest rank
+    bus_gbs: float  # NCCL's bus bandwidth: 2 (n - 1) / n * bytes / seconds, in GB/s
+
+
+class Run(NamedTuple):
+    group: tuple[int, ...]  # GPU indexes (NVML) of the TP group; ranks of a CPU group on gloo
+    p2p: bool  # False: run with NCCL_P2P_DISABLE=1
+    outcome: str  # one of OUTCOMES
+    detail: str  # what went wrong, in words ("" when ok)
+    sizes: tuple[SizeResult, ...] = ()
+    wall_s: float | None = None
+
+
+class Report(NamedTuple):
+    fingerprint: str
+    backend: str  # nccl or gloo
+    runs: tuple[Run, ...]
+    measured_at: str | None = None  # ISO 8601 UTC
+    torch_version: str | None = None
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "fingerprint": self.fingerprint,
+            "backend": self.backend,
+            "measured_at": self.measured_at,
+            "torch_version": self.torch_version,
+            "runs": [
+                {**r._asdict(), "group": list(r.group), "sizes": [s._asdict() for s in r.sizes]}
+                for r in self.runs
+            ],
+        }
+
+
+def report_from_dict(doc: Any, where: str) -> Report:
+    """A :class:`Report` from parsed JSON; ``ValueError`` naming ``where`` and the field otherwise."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{where}: not a hwprofile interconnect result: {why}")
+
+    def num(v: Any, key: str, lo: float, hi: float, whole: bool = False) -> Any:
+        ok = type(v) is int or (not whole and type(v) is float)
+        if not ok or not lo <= v <= hi:
+            raise bad(f"{key}: {v!r:.40} is not a {'whole ' if whole else ''}number from {lo:g} to {hi:g}")
+        return v
+
+    def text(v: Any, key: str, null: bool = False) -> Any:
+        if v is None and null:
+            return None
+        if not isinstance(v, str) or len(v) > 4096:
+            raise bad(f"{key}: expected a string")
+        return v
+
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise bad(f"schema is not {SCHEMA}")
+    runs_in = doc.get("runs")
+    if not isinstance(runs_in, list) or len(runs_in) > 4096:
+        raise bad("runs: expected a list")
+    runs: list[Run] = []
+    for i, r in enumerate(runs_in):
+        k = f"runs[{i}]"
+        if not isinstance(r, dict):
+            raise bad(f"{k}: expected an object")
+        group = r.get("group")
+        if not isinstance(group, list) or not 1 <= len(group) <= 256:
+            raise bad(f"{k}.group: expected a list of GPU indexes")
+        if type(r.get("p2p")) is not bool:
+            raise bad(f"{k}.p2p: expected true or false")
+        if r.get("outcome") not in OUTCOMES:
+            raise bad(f"{k}.outcome: expected one of {', '.join(OUTCOMES)}")
+        sizes_in = r.get("sizes", [])
+        if not isinstance(sizes_in, list) or len(sizes_in) > 64:
+            raise bad(f"{k}.sizes: expected a list")
+        sizes = []
+        for j, s in enumerate(sizes_in):
+            sk = f"{k}.sizes[{j}]"
+            if not isinstance(s, dict) or type(s.get("exact")) is not bool:
+                raise bad(f"{sk}: expected an object with exact true or false")
+            sizes.append(
+                SizeResult(
+                    num(s.get("bytes"), f"{sk}.bytes", 1, 1 << 40, whole=True),
+                    s["exact"],
+                    num(s.get("seconds"), f"{sk}.seconds", 0, 86400),
+                    num(s.get("bus_gbs"), f"{sk}.bus_gbs", 0, 1e6),
+                )
+            )
+        wall = r.get("wall_s")
+        runs.append(
+            Run(
+                tuple(num(g, f"{k}.group", 0, 255, whole=True) for g in group),
+                r["p2p"],
+                r["outcome"],
+                text(r.get("detail", ""), f"{k}.detail"),
+                tuple(sizes),
+                None if wall is None else num(wall, f"{k}.wall_s", 0, 86400),
+            )
+        )
+    return Report(
+        text(doc.get("fingerprint"), "fingerprint"),
+        text(doc.get("backend"), "backend"),
+        tuple(runs),
+        text(doc.get("measured_at"), "measured_at", null=True),
+        text(doc.get("torch_version"), "torch_version", null=True),
+    )
+
+
+class Decision(NamedTuple):
+    """What the plan takes from the recorded check for one TP group; every field has its reason."""
+
+    group: tuple[int, ...]
+    proven: bool | None  # None: no run of this group recorded (the check has not run here)
+    disable_custom_all_reduce: bool
+    nccl_p2p_disable: bool
+    tp_unsafe: bool  # neither mode gave the right result in time: a smaller TP or replicas
+    link_gbs: float | None  # measured bus bandwidth of the large all-reduce in the mode chosen
+    reasons: tuple[str, ...]
+
+
+def _describe(run: Run) -> str:
+    mode = "P2P on" if run.p2p else "P2P off (NCCL_P2P_DISABLE=1)"
+    return f"{mode}: {run.outcome}" + (f" ({run.detail})" if run.detail else "")
+
+
+def decide(report: Report | None, group: Sequence[int]) -> Decision:
+    """The decision for the TP group ``group`` (GPU indexes) from ``report``."""
+    g = tuple(sorted(group))
+    if len(g) <= 1:
+        return Decision(g, True, False, False, False, None, ("TP 1: no all-reduce between GPUs",))
+    runs = [r for r in (report.runs if report else ()) if tuple(sorted(r.group)) == g]
+    on = next((r for r in runs if r.p2p), None)
+    off = next((r for r in runs if not r.p2p), None)
+    if on is None and off is None:
+        why = (
+            "no interconnect check recorded for this host"
+            if report is None
+            else "the check did not cover GPUs "
+        )
+        if report is not None:
+            why += ",".join(map(str, g))
+        return Decision(
+            g, None, False, False, False, None, (why + ": run `hwprofile doctor --interconnect`",)
+        )
+
+    def large_gbs(r: Run | None) -> float | None:
+        return max(r.sizes, key=lambda s: s.bytes).bus_gbs if r and r.sizes else None
+
+    ok_on = on is not None and on.outcome == "ok"
+    ok_off = off is not None and off.outcome == "ok"
+    reasons = [_describe(r) for r in (on, off) if r is not None]
+    if ok_on:
+        reasons.append("the all-reduce is exact and in time with P2P: custom all-reduce and NCCL P2P stay on")
+        return Decision(g, True, False, False, False, large_gbs(on), tuple(reasons))
+    if ok_off:
+        reasons.append(
+            "with P2P the all-reduce is wrong or hangs, without it it is exact: NCCL_P2P_DISABLE=1 and "
+            "disable_custom_all_reduce (vLLM's custom all-reduce needs P2P) — check ACS/IOMMU"
+        )
+        return Decision(g, True, True, True, False, large_gbs(off), tuple(reasons))
+    reasons.append(
+        "no mode gave the exact sum in time: do not run TP across these GPUs (a smaller TP or replicas)"
+    )
+    return Decision(g, False, True, False, True, None, tuple(reasons))
+
+
+def apply(plan: Plan, report: Report | None, source: str) -> Plan:
+    """``plan`` with the recorded check's decision on each GPU instance of TP > 1: the instance's
+    ``interconnect`` (what render turns into ``--disable-custom-all-reduce`` and
+    ``NCCL_P2P_DISABLE=1``), a reason per instance, and a warning where TP is not safe. Without a
+    recorded check (``report`` None) the plan is unchanged."""
+    import dataclasses
+
+    from .types import Reason
+
+    if report is None:
+        return plan
+    instances = []
+    reasons = list(plan.reasons)
+    warnings = list(plan.warnings)
+    for inst in plan.instances:
+        if inst.device != "cuda" or inst.tensor_parallel_size * max(1, int(inst.pipeline_parallel_size)) <= 1:
+            instances.append(inst)
+            continue
+        d = decide(report, inst.gpus)
+        record = {
+            "proven": d.proven,
+            "disable_custom_all_reduce": d.disable_custom_all_reduce,
+            "nccl_p2p_disable": d.nccl_p2p_disable,
+            "tp_unsafe": d.tp_unsafe,
+            "link_gbs": d.link_gbs,
+            "reasons": d.reasons,
+            "source": source,
+        }
+        instances.append(dataclasses.replace(inst, interconnect=record))
+        reasons.append(
+            Reason(f"instances.{inst.name}.interconnect", record["proven"], "; ".join(d.reasons), source)
+        )
+        if d.tp_unsafe:
+            warnings.append(
+                f"{inst.name}: the all-reduce across GPUs {','.join(map(str, inst.gpus))} was wrong or hung in "
+                f"every mode ({source}): use a smaller tensor_parallel_size or replicas"
+            )
+    return dataclasses.replace(
+        plan, instances=tuple(instances), reasons=tuple(reasons), warnings=tuple(warnings)
+    )
+
+
+def measured_link(link: Any, decision: Decision) -> Any:
+    """The performance model's :class:`~.predict.Link` of a TP group with the bandwidth the check
+    measured (NCCL's bus bandwidth of the large all-reduce is what a ring moves per link and
+    direction, the unit of ``Link.gbs``); the datasheet link where nothing was measured. For
+    ``candidates.link_for`` (the wiring is the integrator's: build_plan does not take the record yet)."""
+    import dataclasses
+
+    if decision.link_gbs is None or decision.link_gbs <= 0 or link.kind == "none":
+        return link
+    mode = "P2P off" if decision.nccl_p2p_disable else "P2P on"
+    src = f"measured: {decision.link_gbs:.2f} GB/s bus bandwidth of the large all-reduce ({mode}; hwprofile doctor --interconnect); was {link.source}"
+    return dataclasses.replace(link, gbs=decision.link_gbs, source=src)
