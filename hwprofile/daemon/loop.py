@@ -30,7 +30,7 @@ from ..plan.types import ABSENT, InstancePlan, Plan
 from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
 from .exporter import Published
-from .policy import Action
+from .policy import Action, fault_kinds
 from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
@@ -193,6 +193,9 @@ class Daemon:
                 log.warning("%s", note)
         self._deferred_said = set(rep.deferred)
         for a in rep.actions:
+            if a.kind == "drain":
+                self._drain(a, insts.get(a.instance))
+                continue
             if a.kind == "restart" and any(q.instance == a.instance for q in self.queue):
                 continue  # the action queued for it restarts it anyway, and at the step it decided
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
@@ -210,6 +213,22 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    def _drain(self, a: Action, inst: Any) -> None:
+        """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests
+        within its shutdown timeout), drop what was queued for it, never restart it there."""
+        self.queue = deque(q for q in self.queue if q.instance != a.instance)
+        self.pending = deque(p for p in self.pending if p[0] != a.instance)
+        kinds = dict.fromkeys(k for g in a.gpus if g in self.watcher.faults for k in fault_kinds(self.watcher.faults[g]))
+        f = {**fields(a), "FAULT": ",".join(kinds) or None}  # journalctl FAULT=xid_79
+        log.error("drain %s: hardware fault on GPU %s: %s", a.instance, ",".join(map(str, a.gpus)), a.reason,
+                  extra=f)  # fmt: skip
+        self.published.actions_total["drain"] = self.published.actions_total.get("drain", 0) + 1
+        if inst is None:
+            self._record(a, "failed", "no such instance under the supervisor")
+            return
+        inst.stop()
+        self._record(a, "done", "stopped; not restarted on this GPU")
 
     def _progress(self, now: float) -> None:
         """Finish the restart in flight, or start the next one (one instance at a time)."""

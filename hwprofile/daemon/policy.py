@@ -493,3 +493,98 @@ def advise_k(
 
 def _fmt(rates: Sequence[float]) -> str:
     return "[" + ", ".join(f"{r:.2f}" for r in rates) + "]"
+
+
+# -- hardware faults -----------------------------------------------------------------------------
+# NVML's fault signals, apart from heat: an uncorrectable ECC error (volatile count, since the driver
+# loaded), retired pages or remapped rows waiting for a GPU reset, a row remap that failed, an XID critical
+# error NVIDIA's XID catalogue says needs a reset or the node drained, a GPU lost from the bus. Any of them
+# is fatal for the GPU: the instances on it are drained and not restarted there (a restart on a card that
+# corrupts memory or is gone serves wrong answers or nothing); it stays so until the daemon restarts (after
+# the GPU was reset or replaced). Other XIDs (an application's own fault: 13, 31, 43, ...) are noted only.
+
+# XID -> what NVIDIA's XID catalogue says of it; each needs a GPU reset (or more) before the card is trusted.
+FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded (reset to apply)",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+
+
+@dataclass(frozen=True)
+class FaultState:
+    """Per GPU: the fatal faults seen (sticky: a reset of the GPU and a restart of the daemon clear them),
+    since when, and the faults noted but not acted on."""
+
+    fatal: tuple[str, ...] = ()
+    since: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def faulted(self) -> bool:
+        return bool(self.fatal)
+
+
+def read_faults(r: GpuReading) -> tuple[list[str], list[str]]:
+    """The fatal faults and the noted ones in one reading (pure)."""
+    fatal: list[str] = []
+    notes: list[str] = []
+    if r.status == "lost":
+        fatal.append(f"gpu_lost: {r.error or 'NVML says the GPU is lost'} (fallen off the bus or hung)")
+    if r.ecc_uncorrected:
+        fatal.append(f"ecc_uncorrectable: {r.ecc_uncorrected} uncorrectable ECC error(s) since the driver loaded")
+    if r.row_remap_failure:
+        fatal.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")
+    if r.remapped_rows_pending:
+        fatal.append("row_remap_pending: remapped rows wait for a GPU reset")
+    if r.retired_pages_pending:
+        fatal.append("retired_pages_pending: retired pages wait for a GPU reset")
+    for x in dict.fromkeys(r.xids):
+        if x in FATAL_XIDS:
+            fatal.append(f"xid_{x}: XID {x} ({FATAL_XIDS[x]})")
+        else:
+            notes.append(f"XID {x} (an application or driver fault: noted, not acted on)")
+    return fatal, notes
+
+
+def fault_step(state: FaultState, r: GpuReading, now: float) -> tuple[FaultState, str | None]:
+    """Advance one GPU's fault state by one reading; returns the new state and, when a new fatal fault
+    appeared, a line that says so (else None). Faults never clear within a run."""
+    fatal, notes = read_faults(r)
+    new = tuple(f for f in fatal if f not in state.fatal)
+    allnotes = (*state.notes, *(n for n in notes if n not in state.notes))
+    if not new:
+        return (replace(state, notes=allnotes) if allnotes != state.notes else state), None
+    st = FaultState((*state.fatal, *new), state.since if state.since is not None else now, allnotes)
+    return st, f"GPU {r.index} hardware fault: {'; '.join(new)}"
+
+
+def fault_kinds(state: FaultState) -> tuple[str, ...]:
+    """The kind of each fatal fault (``ecc_uncorrectable``, ``xid_79``, ``gpu_lost``...): the exporter's label."""
+    return tuple(f.split(":", 1)[0] for f in state.fatal)
+
+
+def decide_drains(
+    instances: Mapping[str, Sequence[int]], faults: Mapping[int, FaultState], drained: Mapping[str, str]
+) -> list[Action]:
+    """A drain for each instance not yet drained that runs on a GPU with a fatal fault (pure): it is
+    stopped (SIGTERM, vLLM's own drain) and not restarted there."""
+    out: list[Action] = []
+    for name, gpus in instances.items():
+        if name in drained:
+            continue
+        bad = [g for g in gpus if g in faults and faults[g].faulted]
+        if not bad:
+            continue
+        why = "; ".join(f"GPU {g}: {', '.join(faults[g].fatal)}" for g in bad)
+        out.append(Action("drain", name, 0, f"{why}: not restarted there (reset or replace the GPU, then restart "
+                          "the daemon)", tuple(gpus)))  # fmt: skip
+    return out

@@ -108,12 +108,17 @@ def _fmt_gpu(g: dict[str, Any]) -> str:
     line = ", ".join(parts)
     if g["thermal_state"] != "ok" or g.get("pending"):
         line += f" — {g.get('reason')}"
+    if g.get("faults"):
+        line += " — HARDWARE FAULT: " + "; ".join(g["faults"]) + " (its instances are drained, not restarted there)"
+    if g.get("fault_notes"):
+        line += " — noted: " + "; ".join(g["fault_notes"])
     return line
 
 
 def _fmt_live(i: dict[str, Any]) -> list[str]:
+    drained = [f"    DRAINED for a hardware fault: {i['drained']}"] if i.get("drained") else []
     if i.get("status") != "ok":
-        return [f"    live: {i.get('status')}" + (f" ({i['error']})" if i.get("error") else "")]
+        return [f"    live: {i.get('status')}" + (f" ({i['error']})" if i.get("error") else ""), *drained]
     bits = []
     if i.get("running") is not None:
         bits.append(f"running {i['running']:.0f}, waiting {i.get('waiting') or 0:.0f}")
@@ -139,6 +144,7 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         else "    live: no data yet"
     ]
     out.append(f"    thermal {i.get('thermal_state')}, degrade step {i.get('degrade_level')}")
+    out += drained
     if i.get("stalled_s") is not None:
         out.append(
             f"    NO PROGRESS for {i['stalled_s']:.0f} s with requests pending (restarted after watch.stall_s)"
