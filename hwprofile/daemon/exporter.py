@@ -90,7 +90,6 @@ class HwprofileCollector:
         )
         degrade = GaugeMetricFamily(
             "hwprofile_instance_degrade_level",
-    "hwprofile_instance_drained",
             "degrade step in force (0 = full profile)",
             labels=["instance"],
         )

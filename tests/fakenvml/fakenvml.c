@@ -38,7 +38,8 @@
  * Power limit (nvmlDeviceSetPowerManagementLimit and its constraints):
  *   dev<i>.power_limit_min_mw / power_limit_max_mw / power_limit_default_mw
  *   dev<i>.err.nvmlDeviceSetPowerManagementLimit=4   (NO_PERMISSION: not root)
- *   A limit set through the library is kept across re-reads of the state file (as on a card).
+ *   A limit set through the library is kept across re-reads of the state file (as on a card),
+ *   as are the XIDs already delivered; another state file at nvmlInit (another host) clears both.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
@@ -293,8 +294,17 @@ static nvmlReturn_t put_string(char *buf, unsigned int length, const char *s) {
 
 /* ---- init / system ---- */
 
+static char session_path[1024];
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    /* another state file is another host: what the last one's caller set or was told goes */
+    const char *path = getenv("FAKE_NVML_STATE");
+    if (path && strcmp(path, session_path)) {
+        copy(session_path, sizeof session_path, path);
+        memset(set_limit_mw, 0, sizeof set_limit_mw);
+        memset(xids_delivered, 0, sizeof xids_delivered);
+    }
     nvmlReturn_t r = load_state();
     if (r) { initialized = 0; return r; }
     initialized++;

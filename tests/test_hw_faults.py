@@ -1,0 +1,144 @@
+"""Hardware faults drain, not just heat: NVML's uncorrectable ECC count, retired pages and remapped rows
+pending a reset, a failed row remap, XID critical errors (an NVML event set) and a GPU lost from the bus,
+read through pynvml's real path against the fake libnvidia-ml; the pure fault policy; the watcher that
+drains an instance on a faulted GPU and never degrades, recovers or restarts it; the exporter and status."""
+
+from __future__ import annotations
+
+import time
+
+from hwprofile.config.settings import Watch
+from hwprofile.daemon import policy
+from hwprofile.daemon.exporter import NAMES, HwprofileCollector, Published
+from hwprofile.daemon.policy import FaultState
+from hwprofile.daemon.watcher import InstanceSpec, Watcher
+from hwprofile.host.sampler import GpuReading, GpuSampler
+from hwprofile.launch.status import _fmt_gpu, _fmt_live
+
+S = Watch(hot_c=82, warm_c=75, critical_c=88, hysteresis_c=3, dwell_s=3, throttle_s=5, recover_s=120)
+
+
+def _later() -> None:
+    time.sleep(0.01)  # the next write changes the state file's stamp
+
+
+def test_the_sampler_reads_every_fault_through_pynvml(fake_host) -> None:
+    host = fake_host("a100-80g-pcie-1x")
+    sampler = GpuSampler()
+    try:
+        (r,) = sampler.sample(0.0)
+        assert r.ecc_uncorrected == 0 and r.ecc_corrected == 0
+        assert r.retired_pages_pending is False and r.remapped_rows_pending is False and r.row_remap_failure is False
+        assert r.xids == () and policy.read_faults(r) == ([], [])
+        assert sampler.events is not None  # an event set registered for XID critical errors
+        _later()
+        host.set_state(**{"dev0.ecc_uncorrected": 2, "dev0.ecc_corrected": 7, "dev0.remap_pending": 1,
+                          "dev0.xid": "13,79"})  # fmt: skip
+        (r,) = sampler.sample(1.0)
+        assert (r.ecc_uncorrected, r.ecc_corrected, r.remapped_rows_pending) == (2, 7, True)
+        assert r.xids == (13, 79)
+        fatal, notes = policy.read_faults(r)
+        kinds = [f.split(":")[0] for f in fatal]
+        assert kinds == ["ecc_uncorrectable", "row_remap_pending", "xid_79"], fatal
+        assert notes == ["XID 13 (an application or driver fault: noted, not acted on)"]
+        (r,) = sampler.sample(2.0)
+        assert r.xids == (13, 79)  # each event delivered once, kept by the sampler
+        _later()
+        host.set_state(**{"dev0.retired_pending": 1, "dev0.remap_failure": 1})
+        (r,) = sampler.sample(3.0)
+        assert r.retired_pages_pending is True and r.row_remap_failure is True
+    finally:
+        sampler.close()
+
+
+def test_a_board_without_ecc_is_not_asked_again_and_a_lost_gpu_is_a_fault(fake_host) -> None:
+    host = fake_host("rtx4090-1x")
+    host.set_state(**{"dev0.ecc_supported": 0})
+    sampler = GpuSampler()
+    try:
+        (r,) = sampler.sample(0.0)
+        assert r.status == "ok" and r.ecc_uncorrected is None and r.remapped_rows_pending is None
+        assert 0 in sampler._no_faults  # NOT SUPPORTED is an answer, not an error of every tick
+        assert r.error is None
+        _later()
+        host.set_state(**{"dev0.lost": 1})
+        (r,) = sampler.sample(1.0)
+        fatal, _ = policy.read_faults(r)
+        assert r.status == "lost" and fatal and fatal[0].startswith("gpu_lost:")
+    finally:
+        sampler.close()
+
+
+def _r(i: int, now: float, **kw) -> GpuReading:
+    return GpuReading(i, now, temperature_c=60.0, slowdown_c=95.0, **kw)
+
+
+def test_the_fault_policy_is_sticky_and_says_each_new_fault_once() -> None:
+    st = FaultState()
+    st, said = policy.fault_step(st, _r(0, 0.0, ecc_uncorrected=0), 0.0)
+    assert not st.faulted and said is None
+    st, said = policy.fault_step(st, _r(0, 1.0, xids=(48,)), 1.0)
+    assert st.faulted and st.since == 1.0 and said and "XID 48 (double-bit ECC error)" in said
+    st2, said = policy.fault_step(st, _r(0, 2.0, xids=(48,)), 2.0)
+    assert st2 == st and said is None  # said once
+    st3, said = policy.fault_step(st, _r(0, 3.0), 3.0)  # the reading no longer shows it: still faulted
+    assert st3.faulted and said is None
+    st4, said = policy.fault_step(st3, _r(0, 4.0, xids=(48,), ecc_uncorrected=1), 4.0)
+    assert policy.fault_kinds(st4) == ("xid_48", "ecc_uncorrectable") and st4.since == 1.0
+
+
+def test_decide_drains_only_the_instances_on_a_faulted_gpu_once() -> None:
+    faults = {0: FaultState(), 2: FaultState(("xid_79: XID 79 (GPU has fallen off the bus)",), 5.0)}
+    inst = {"a": (0, 1), "b": (2, 3)}
+    (d,) = policy.decide_drains(inst, faults, {})
+    assert (d.kind, d.instance, d.gpus) == ("drain", "b", (2, 3)) and "GPU 2: xid_79" in d.reason
+    assert policy.decide_drains(inst, faults, {"b": d.reason}) == []
+
+
+def test_the_watcher_drains_and_then_never_degrades_or_restarts_the_instance() -> None:
+    w = Watcher(S, [InstanceSpec("a", "http://x", (0,)), InstanceSpec("b", "http://y", (1,))])
+    rep = w.tick(0.0, [_r(0, 0.0), _r(1, 0.0, ecc_uncorrected=3)], {})
+    assert [(a.kind, a.instance) for a in rep.actions] == [("drain", "b")]
+    assert rep.changes == ("GPU 1 hardware fault: ecc_uncorrectable: 3 uncorrectable ECC error(s) since the "
+                           "driver loaded",) and rep.changed_gpus == (1,)  # fmt: skip
+    # GPU 1 now runs hot for long: a thermal degrade would be decided for an instance still on it
+    acts = []
+    for t in range(1, 20):
+        rep = w.tick(float(t), [_r(0, float(t)), GpuReading(1, float(t), temperature_c=90.0, slowdown_c=95.0)], {})
+        acts += [(a.kind, a.instance) for a in rep.actions]
+    assert acts == []  # drained: no second drain, no degrade
+    (b,) = [i for i in rep.instances if i.name == "b"]
+    assert b.drained and "ecc_uncorrectable" in b.drained
+    g1 = next(g for g in rep.gpus if g.reading.index == 1).to_json()
+    assert g1["faults"] and g1["faults"][0].startswith("ecc_uncorrectable") and g1["faulted_since"] == 0.0
+    # the thermal policy of the healthy GPU still acts: heat on GPU 0 degrades instance a
+    acts = []
+    for t in range(20, 30):
+        rep = w.tick(float(t), [GpuReading(0, float(t), temperature_c=85.0, slowdown_c=95.0), _r(1, float(t))], {})
+        acts += [(a.kind, a.instance, a.level) for a in rep.actions]
+    assert acts == [("degrade", "a", 1)]
+
+
+def test_exporter_and_status_show_the_fault_and_the_drain() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    w = Watcher(S, [InstanceSpec("a", "http://x", (0,))])
+    rep = w.tick(0.0, [_r(0, 0.0, ecc_uncorrected=1, xids=(79,))], {})
+    pub = Published()
+    pub.report = rep
+    pub.instance_states = {"a": "stopped"}
+    pub.actions_total = {"drain": 1}
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(HwprofileCollector(pub))
+    text = generate_latest(reg).decode()
+    assert 'hwprofile_gpu_fault{gpu="0",kind="ecc_uncorrectable"} 1.0' in text
+    assert 'hwprofile_gpu_fault{gpu="0",kind="xid_79"} 1.0' in text
+    assert 'hwprofile_gpu_ecc_uncorrected_errors{gpu="0"} 1.0' in text
+    assert 'hwprofile_instance_drained{instance="a"} 1.0' in text
+    assert 'hwprofile_actions_total{kind="drain"} 1.0' in text
+    assert {"hwprofile_gpu_fault", "hwprofile_instance_drained"} <= set(NAMES)
+    doc = rep.to_json()
+    line = _fmt_gpu(doc["gpus"][0])
+    assert "HARDWARE FAULT: ecc_uncorrectable" in line and "xid_79: XID 79 (GPU has fallen off the bus)" in line
+    live = _fmt_live(doc["instances"][0])
+    assert any(s.startswith("    DRAINED for a hardware fault: GPU 0: ecc_uncorrectable") for s in live), live
