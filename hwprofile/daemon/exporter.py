@@ -165,7 +165,7 @@ class HwprofileCollector:
         )
         for name in p.instance_states:
             failing.add_metric([name], p.health_failing_s.get(name, 0.0))
-        for kind in ("degrade", "recover", "restart", "drain"):
+        for kind in ("degrade", "recover", "restart", "drain", "power"):
             actions.add_metric([kind], p.actions_total.get(kind, 0))
         ticks.add_metric([], p.ticks_total)
         missed.add_metric([], p.missed_ticks_total)

@@ -256,6 +256,24 @@ class InstanceActionState:
     level: int = 0  # degrade step in force (or being applied)
     actions_at: tuple[float, ...] = ()  # when its last actions were taken (for the hourly limit)
     deferred: str | None = None
+    power_at: float | None = None  # when its GPUs' power limit was lowered (None: at their own limit)
+
+
+@dataclass(frozen=True)
+class PowerLever:
+    """The power limit as the first degrade step (``degrade.power_limit_factor`` > 0): the instances whose
+    GPUs take it (not those where setting it failed: not root, no constraints), and how long a lowered limit
+    is given before the batch steps follow (``degrade.power_limit_hold_s``)."""
+
+    instances: frozenset[str]
+    hold_s: float
+    factor: float
+
+
+def power_target(limit_mw: int, minimum_mw: int, factor: float) -> int:
+    """The lowered power limit: ``factor`` of the card's limit, never below its minimum (NVML's
+    constraints), never above the limit it has."""
+    return min(limit_mw, max(minimum_mw, int(limit_mw * factor)))
 
 
 @dataclass(frozen=True)
@@ -279,10 +297,13 @@ def decide_actions(
     s: Watch,
     now: float,
     held: Mapping[str, str] | None = None,
+    lever: PowerLever | None = None,
 ) -> Decisions:
     """What to do for each instance given its GPUs' thermal states (pure). ``held``: instances this
     daemon cannot restart on its own, with why (a node of a group over several nodes): what they
-    would need is deferred, with that reason, and their step stays."""
+    would need is deferred, with that reason, and their step stays. ``lever``: a hot (not critical)
+    instance at the full profile first has its GPUs' power limit lowered (``power``: no restart), and
+    the batch steps follow only if it is still hot ``lever.hold_s`` later; a recover restores it."""
     actions: list[Action] = []
     deferred: list[str] = []
     states: dict[str, InstanceActionState] = {}
@@ -297,14 +318,32 @@ def decide_actions(
         worst_gpu, worst = max(known, key=lambda gt: _rank(gt[1].level))
         want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
         kind = None
+        can_power = lever is not None and name in lever.instances
+        if want == 1 and st.level == 0 and can_power and st.power_at is None:
+            assert lever is not None
+            why = (f"GPU {worst_gpu} {worst.reason}: power limit lowered to {lever.factor:.0%} first "
+                   f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)")  # fmt: skip
+            actions.append(Action("power", name, 0, why, tuple(gpus)))
+            states[name] = replace(st, power_at=now)
+            continue
+        if want == 1 and st.level == 0 and can_power and st.power_at is not None and lever is not None \
+                and now - st.power_at < lever.hold_s:  # fmt: skip
+            states[name] = st  # the lowered limit is given its time
+            continue
         if want > st.level:
             kind, why = "degrade", f"GPU {worst_gpu} {worst.reason}"
-        elif st.level > 0 and all(_cool_for(thermal.get(g), now) >= s.recover_s for g in gpus):
+        elif (st.level > 0 or st.power_at is not None) and all(
+            _cool_for(thermal.get(g), now) >= s.recover_s for g in gpus
+        ):
             # every GPU read at this tick and cool long enough: never on a reading that was not made
             want, kind = 0, "recover"
             why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
         if kind is None:
             states[name] = st
+            continue
+        if kind == "recover" and st.level == 0:  # only the power limit to restore: no restart
+            actions.append(Action(kind, name, 0, why, tuple(gpus)))
+            states[name] = replace(st, power_at=None)
             continue
         if held and name in held:
             msg = f"{name}: {kind} to step {want} not done: {held[name]}"
@@ -320,7 +359,8 @@ def decide_actions(
             states[name] = replace(st, deferred=msg)
             continue
         actions.append(Action(kind, name, want, why, tuple(gpus)))
-        states[name] = replace(st, level=want, actions_at=(*recent, now))
+        states[name] = replace(st, level=want, actions_at=(*recent, now),
+                               power_at=None if kind == "recover" else st.power_at)  # fmt: skip
     return Decisions(tuple(actions), tuple(deferred), states)
 
 

@@ -8,7 +8,7 @@ is driven by one owner; everything it decides comes from the pure functions in `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.settings import Watch
@@ -159,11 +159,20 @@ class Watcher:
         self.liveness: dict[str, LivenessState] = {}
         self.faults: dict[int, FaultState] = {}
         self.drained: dict[str, str] = {}  # instance -> why it was drained (a hardware fault)
+        self.power: tuple[float, float] | None = None  # (factor, hold s) of the power lever; None: off
+        self.no_power: dict[str, str] = {}  # instances where the power limit could not be set, why
 
     def set_level(self, instance: str, level: int) -> None:
         """The loop says which degrade step an instance really runs (after a failed restart...)."""
         st = self.actions.get(instance, InstanceActionState())
-        self.actions[instance] = InstanceActionState(level, st.actions_at, st.deferred)
+        self.actions[instance] = replace(st, level=level)
+
+    def power_failed(self, instance: str, why: str) -> None:
+        """The power limit could not be lowered for ``instance`` (not root, no constraints): the lever
+        is off for it from now on, and the batch steps decide at the next tick."""
+        self.no_power[instance] = why
+        st = self.actions.get(instance, InstanceActionState())
+        self.actions[instance] = replace(st, power_at=None)
 
     def tick(
         self,
@@ -200,6 +209,7 @@ class Watcher:
                 {n: i.gpus for n, i in self.instances.items() if i.gpus and n not in self.drained},
                 self.thermal, self.actions, s, now,
                 {n: i.held for n, i in self.instances.items() if i.held},
+                self._lever(),
             )  # fmt: skip
             self.actions.update(decisions.states)
         acting = {a.instance for a in decisions.actions} | set(self.drained)
@@ -209,6 +219,12 @@ class Watcher:
             now, tuple(reports), tuple(inst_reports), (*drains, *decisions.actions, *restarts),
             (*decisions.deferred, *held), tuple(changes), changed_gpus=tuple(changed),
         )  # fmt: skip
+
+    def _lever(self) -> policy.PowerLever | None:
+        if self.power is None or self.power[0] <= 0:
+            return None
+        ok = frozenset(n for n, i in self.instances.items() if i.gpus and n not in self.no_power)
+        return policy.PowerLever(ok, self.power[1], self.power[0])
 
     def _liveness(
         self, now: float, scrapes: Mapping[str, InstanceReading], acting: set[str], act: bool

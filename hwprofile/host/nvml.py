@@ -281,6 +281,23 @@ class Nvml:
             "remap_failure": bool(rows[3]) if rows is not None else None,
         }  # fmt: skip
 
+    def power_limits(self, index: int, handle: Any) -> tuple[int | None, int | None, int | None]:
+        """``(limit, minimum, maximum)`` of one GPU's power management limit, mW (None: not read,
+        recorded in ``errors``; a board without constraints answers NOT SUPPORTED)."""
+        w = f"gpu[{index}]"
+        limit = self.call(f"{w}.power_limit", "nvmlDeviceGetPowerManagementLimit", handle)
+        lo_hi = self.call(f"{w}.power_limit_constraints", "nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        lo, hi = (int(lo_hi[0]), int(lo_hi[1])) if lo_hi is not None else (None, None)
+        return (int(limit) if limit is not None else None), lo, hi
+
+    def set_power_limit(self, index: int, handle: Any, milliwatts: int) -> str | None:
+        """Set one GPU's power management limit (root only); the error, or None once it is set."""
+        before = len(self.errors)
+        self.call(f"gpu[{index}].set_power_limit", "nvmlDeviceSetPowerManagementLimit", handle, int(milliwatts))
+        if len(self.errors) > before:
+            return self.errors[-1].message
+        return None
+
     def xid_events(self, handles: dict[int, Any]) -> Any:
         """An event set registered for XID critical errors on each of ``handles`` that supports them,
         or None (the driver has no events for these boards: recorded in ``errors``)."""

@@ -102,6 +102,32 @@ class GpuSampler:
             self.events = None
         self.nvml.close()
 
+    def power_limits(self, i: int) -> tuple[int | None, int | None, int | None, str | None]:
+        """``(limit, minimum, maximum, error)`` of GPU ``i``'s power limit in mW."""
+        h = self.handles.get(i)
+        if h is None:
+            return None, None, None, self.lost.get(i) or self.error or f"GPU {i} is not watched"
+        self.nvml.errors.clear()
+        try:
+            limit, lo, hi = self.nvml.power_limits(i, h)
+        except GpuLost:
+            return None, None, None, "NVML answered GPU_IS_LOST"
+        err = "; ".join(f"{e.where}: {e.message}" for e in self.nvml.errors) or None
+        self.nvml.errors.clear()
+        return limit, lo, hi, err
+
+    def set_power_limit(self, i: int, milliwatts: int) -> str | None:
+        """Set GPU ``i``'s power limit; the error, or None."""
+        h = self.handles.get(i)
+        if h is None:
+            return self.lost.get(i) or self.error or f"GPU {i} is not watched"
+        try:
+            err = self.nvml.set_power_limit(i, h, milliwatts)
+        except GpuLost:
+            err = "NVML answered GPU_IS_LOST"
+        self.nvml.errors.clear()
+        return err
+
     def _poll_xids(self) -> None:
         if self.events is None:
             return
