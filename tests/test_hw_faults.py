@@ -28,7 +28,11 @@ def test_the_sampler_reads_every_fault_through_pynvml(fake_host) -> None:
     try:
         (r,) = sampler.sample(0.0)
         assert r.ecc_uncorrected == 0 and r.ecc_corrected == 0
-        assert r.retired_pages_pending is False and r.remapped_rows_pending is False and r.row_remap_failure is False
+        assert (
+            r.retired_pages_pending is False
+            and r.remapped_rows_pending is False
+            and r.row_remap_failure is False
+        )
         assert r.xids == () and policy.read_faults(r) == ([], [])
         assert sampler.events is not None  # an event set registered for XID critical errors
         _later()
@@ -104,7 +108,9 @@ def test_the_watcher_drains_and_then_never_degrades_or_restarts_the_instance() -
     # GPU 1 now runs hot for long: a thermal degrade would be decided for an instance still on it
     acts = []
     for t in range(1, 20):
-        rep = w.tick(float(t), [_r(0, float(t)), GpuReading(1, float(t), temperature_c=90.0, slowdown_c=95.0)], {})
+        rep = w.tick(
+            float(t), [_r(0, float(t)), GpuReading(1, float(t), temperature_c=90.0, slowdown_c=95.0)], {}
+        )
         acts += [(a.kind, a.instance) for a in rep.actions]
     assert acts == []  # drained: no second drain, no degrade
     (b,) = [i for i in rep.instances if i.name == "b"]
@@ -114,7 +120,9 @@ def test_the_watcher_drains_and_then_never_degrades_or_restarts_the_instance() -
     # the thermal policy of the healthy GPU still acts: heat on GPU 0 degrades instance a
     acts = []
     for t in range(20, 30):
-        rep = w.tick(float(t), [GpuReading(0, float(t), temperature_c=85.0, slowdown_c=95.0), _r(1, float(t))], {})
+        rep = w.tick(
+            float(t), [GpuReading(0, float(t), temperature_c=85.0, slowdown_c=95.0), _r(1, float(t))], {}
+        )
         acts += [(a.kind, a.instance, a.level) for a in rep.actions]
     assert acts == [("degrade", "a", 1)]
 
@@ -139,6 +147,8 @@ def test_exporter_and_status_show_the_fault_and_the_drain() -> None:
     assert {"hwprofile_gpu_fault", "hwprofile_instance_drained"} <= set(NAMES)
     doc = rep.to_json()
     line = _fmt_gpu(doc["gpus"][0])
-    assert "HARDWARE FAULT: ecc_uncorrectable" in line and "xid_79: XID 79 (GPU has fallen off the bus)" in line
+    assert (
+        "HARDWARE FAULT: ecc_uncorrectable" in line and "xid_79: XID 79 (GPU has fallen off the bus)" in line
+    )
     live = _fmt_live(doc["instances"][0])
     assert any(s.startswith("    DRAINED for a hardware fault: GPU 0: ecc_uncorrectable") for s in live), live

@@ -56,7 +56,7 @@ def test_the_power_limit_set_and_get_path_through_pynvml(fake_host) -> None:
     host = fake_host("rtx4090-1x")
     sampler = GpuSampler()
     try:
-        limit, lo, hi, err = sampler.power_limits(0)
+        limit, lo, _hi, err = sampler.power_limits(0)
         assert limit == 450_000 and lo is None and "Not Supported" in (err or "")  # no constraints
         time.sleep(0.01)
         host.set_state(**{"dev0.power_limit_min_mw": 150_000, "dev0.power_limit_max_mw": 600_000})
@@ -71,3 +71,46 @@ def test_the_power_limit_set_and_get_path_through_pynvml(fake_host) -> None:
         assert "Insufficient Permissions" in (sampler.set_power_limit(0, 450_000) or "")
     finally:
         sampler.close()
+
+
+class _Sampler:
+    """A sampler that answers readings at the times the test's clock gives (no thread timing involved)."""
+
+    def __init__(self, draws: list[tuple[float, float]]) -> None:
+        self.draws = draws
+        self.error = None
+
+    def sample(self, now: float) -> tuple[GpuReading, ...]:
+        draw = next(w for t, w in reversed(self.draws) if now >= t)
+        return (GpuReading(0, now, temperature_c=60.0, power_draw_watts=draw, power_limit_watts=300.0),)
+
+
+def test_bench_records_energy_and_tokens_per_second_per_watt() -> None:
+    from hwprofile.bench.tags import GpuTrack, per_watt
+
+    track = GpuTrack(0)
+    sampler = _Sampler([(0.0, 100.0), (2.0, 300.0)])
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0):  # 1 s at 100 W, then (the interval ending at 2) 300 W for 3 s
+        track.add(sampler.sample(t)[0])
+    j = track.to_json("A100")
+    assert j["energy_j"] == 100 + 300 * 3 and j["power_w"] == {"mean": 250.0, "max": 300.0, "limit_min": 300.0,
+                                                               "limit_max": 300.0}  # fmt: skip
+    hw = {"power_w_mean": 250.0}
+    assert per_watt(1000.0, hw) == 4.0 and per_watt(1000.0, {"power_w_mean": None}) is None
+
+
+def test_bench_hardware_tags_sum_the_gpus_draw(fake_host) -> None:
+    from clock import ManualClock
+
+    from hwprofile.bench.tags import HardwareSampler
+
+    fake_host("a800-pcie-4x-2numa")
+    clock = ManualClock(0.0)
+    s = HardwareSampler({i: "A800" for i in range(4)}, interval_s=600, clock=clock)
+    with s:  # a reading at the start (t=0) and one at the end (t=2): the thread's next is 600 s away
+        clock.advance(2.0)
+    tags = s.tags()
+    assert tags["status"] == "ok"
+    # the fixture's cards draw 60 W each over the 2 s between the readings
+    assert [g["energy_j"] for g in tags["gpus"]] == [120.0] * 4 and tags["power_w_mean"] == 240.0
+    assert all(g["power_w"]["max"] == 60.0 and g["power_w"]["limit_max"] == 300.0 for g in tags["gpus"])
