@@ -42,6 +42,7 @@ from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
+from .moetune import moe_tuning
 from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
@@ -170,6 +171,7 @@ def _assemble(
     gpus = host.usable_gpus
     # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
     check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
+    _moe_kernels(host, model, instances, r, warnings)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -188,6 +190,29 @@ def _assemble(
         endpoint=endpoint,
         prediction=_prediction_summary(host, settings, r),
     )
+
+
+def _moe_kernels(
+    host: HostSnapshot, model: ModelFacts, instances: list[InstancePlan], r: Reasons, warnings: list[str]
+) -> None:
+    """For a MoE model: the fused-MoE config vLLM will look up on each instance's GPU at its TP, whether
+    the release (or VLLM_TUNED_CONFIG_FOLDER) has it, and the command that tunes it when not (.moetune)."""
+    said: set[str] = set()
+    for i, inst in enumerate(instances):
+        t = moe_tuning(model, inst.gpu_name, int(inst.tensor_parallel_size), str(inst.device), host.software,
+                       model.path or model.name)  # fmt: skip
+        if t is None:
+            return
+        state = {True: "tuned", False: "NOT tuned", None: "unknown"}[t.tuned]
+        r.add(f"instances[{i}].kernels.fused_moe_config", t.file_name,
+              f"{state}: {t.reason}" + (f"; to tune: {t.command}" if t.command and t.tuned is not True else ""))  # fmt: skip
+        if t.tuned is False and t.file_name not in said:
+            said.add(t.file_name or "")
+            warnings.append(
+                f"MoE kernel not tuned for {inst.gpu_name} at TP {inst.tensor_parallel_size}: {t.file_name} is "
+                f"not shipped with vLLM {host.software.vllm_version} (default config: up to ~2x slower). "
+                f"Tune it: {t.command}"
+            )
 
 
 def _predicted(
