@@ -152,3 +152,33 @@ def test_exporter_and_status_show_the_fault_and_the_drain() -> None:
     )
     live = _fmt_live(doc["instances"][0])
     assert any(s.startswith("    DRAINED for a hardware fault: GPU 0: ecc_uncorrectable") for s in live), live
+
+
+def test_doctor_says_the_faults_and_whether_the_power_limit_is_a_lever(tmp_path, fake_nvml_dir) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+    from fakehost import build
+
+    host = build("a800-pcie-4x-2numa", tmp_path / "host")
+    env = {**cli_env(host, fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}
+
+    def doctor() -> tuple[int, dict[str, dict]]:
+        r = subprocess.run([sys.executable, "-m", "hwprofile", "doctor", "--json"], env=env, capture_output=True,
+                           text=True)  # fmt: skip
+        return r.returncode, {f["check"]: f for f in json.loads(r.stdout)["findings"]}
+
+    _, found = doctor()
+    assert found["faults"]["kind"] == "ok" and "no hardware fault on 4 GPU(s)" in found["faults"]["detail"]
+    assert found["power_limit"]["kind"] == "advice" and "Not Supported" in found["power_limit"]["detail"]
+    host.set_state(**{"dev1.remap_failure": 1, "dev2.xid": 79, **{f"dev{g}.power_limit_min_mw": 100_000 for g in range(4)},
+                      **{f"dev{g}.power_limit_max_mw": 300_000 for g in range(4)}})  # fmt: skip
+    code, found = doctor()
+    assert code == 1 and found["faults"]["kind"] == "blocking", found["faults"]
+    assert (
+        "GPU 1: row_remap_failure" in found["faults"]["detail"]
+        and "GPU 2: xid_79" in found["faults"]["detail"]
+    )
+    assert "GPU 0 300 -> 255 W (range 100-300 W)" in found["power_limit"]["detail"]

@@ -35,6 +35,8 @@
  *   dev<i>.remap_uncorrectable=<n>    rows remapped for uncorrectable errors
  *   dev<i>.xid=<x>[,<x>...]           XID critical errors; each is delivered once by nvmlEventSetWait_v2
  *                                     to an event set registered for nvmlEventTypeXidCriticalError
+ *                                     (also those written before it registered: a real driver
+ *                                     delivers only the XIDs that happen after)
  * Power limit (nvmlDeviceSetPowerManagementLimit and its constraints):
  *   dev<i>.power_limit_min_mw / power_limit_max_mw / power_limit_default_mw
  *   dev<i>.err.nvmlDeviceSetPowerManagementLimit=4   (NO_PERMISSION: not root)
