@@ -479,6 +479,11 @@ def test_a_hot_card_gets_a_lower_power_limit_first_and_it_is_restored(daemon_env
         wait_for(lambda: limits().get(2) == 255 and limits().get(3) == 255, "the lowered power limit")
         doc = daemon_doc(e["runtime"])
         assert doc["power_limits_lowered"] == {"2": 300, "3": 300} and limits()[0] == 300
+        text = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
+        ).stdout
+        assert "power limit lowered by the daemon (degrade.power_limit_factor) on GPU 2 (restores 300 W)" in text
+        assert "GPU 2: hot, 84 °C" in text and "of 255 W" in text, text
         e["host"].set_state(**{"dev2.temperature": 60})
         wait_for(lambda: limits().get(2) == 300 and limits().get(3) == 300, "the restored power limit")
         acts = [(a["kind"], a["outcome"]) for a in daemon_doc(e["runtime"])["actions"]]

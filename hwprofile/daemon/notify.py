@@ -183,6 +183,9 @@ def status_line(daemon: Any) -> str:
                 parts.append(text)
             if j.get("faults"):
                 parts.append(f"GPU{j['index']} FAULT " + ", ".join(f.split(":", 1)[0] for f in j["faults"]))
+        lowered = getattr(daemon, "power_saved", {}) or {}
+        if lowered:
+            parts.append("power limit lowered on GPU " + ",".join(map(str, sorted(lowered))))
         drained = [i.name for i in rep.instances if i.drained]
         if drained:
             parts.append(f"drained for a hardware fault: {', '.join(drained)}")

@@ -227,6 +227,12 @@ def format_status(state: dict[str, Any]) -> str:
         )
         out.append(f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}")
         out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
+        lowered = live.get("power_limits_lowered") or {}
+        if lowered:
+            out.append("  power limit lowered by the daemon (degrade.power_limit_factor) on " + ", ".join(
+                f"GPU {g} (restores {w:.0f} W)" for g, w in sorted(lowered.items())))  # fmt: skip
+        for name, why in sorted((live.get("power_lever_off") or {}).items()):
+            out.append(f"  power limit not a lever for {name}: {why}")
         for a in (live.get("actions") or [])[-5:]:
             when = time.strftime("%H:%M:%S", time.localtime(a.get("at") or 0))
             out.append(
