@@ -182,3 +182,19 @@ def test_doctor_says_the_faults_and_whether_the_power_limit_is_a_lever(tmp_path,
         and "GPU 2: xid_79" in found["faults"]["detail"]
     )
     assert "GPU 0 300 -> 255 W (range 100-300 W)" in found["power_limit"]["detail"]
+
+
+def test_the_status_line_says_the_fault_and_the_drain() -> None:
+    from types import SimpleNamespace
+
+    from hwprofile.daemon.notify import status_line
+
+    w = Watcher(S, [InstanceSpec("a", "http://x", (0,)), InstanceSpec("b", "http://y", (1,))])
+    rep = w.tick(0.0, [_r(0, 0.0), _r(1, 0.0, xids=(79,))], {})
+    inst = [SimpleNamespace(name="a", state=SimpleNamespace(value="ready")),
+            SimpleNamespace(name="b", state=SimpleNamespace(value="stopped"))]  # fmt: skip
+    d = SimpleNamespace(sup=SimpleNamespace(instances=inst), levels={}, report=rep, watcher=w, current=None,
+                        reload_error=None, power_saved={1: 300_000})  # fmt: skip
+    line = status_line(d)
+    assert line.startswith("1/2 ready") and "GPU1 FAULT xid_79" in line, line
+    assert "drained for a hardware fault: b" in line and "power limit lowered on GPU 1" in line, line

@@ -186,7 +186,7 @@ def status_line(daemon: Any) -> str:
         lowered = getattr(daemon, "power_saved", {}) or {}
         if lowered:
             parts.append("power limit lowered on GPU " + ",".join(map(str, sorted(lowered))))
-        drained = [i.name for i in rep.instances if i.drained]
+        drained = [i.name for i in rep.instances if getattr(i, "drained", None)]
         if drained:
             parts.append(f"drained for a hardware fault: {', '.join(drained)}")
         acc = [i.acceptance_rate for i in rep.instances if i.acceptance_rate is not None]
