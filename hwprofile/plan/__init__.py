@@ -172,6 +172,7 @@ def _assemble(
     # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
     check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
     _moe_kernels(host, model, instances, r, warnings)
+    _power_lever(host, settings, instances, r)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -190,6 +191,27 @@ def _assemble(
         endpoint=endpoint,
         prediction=_prediction_summary(host, settings, r),
     )
+
+
+def _power_lever(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> None:
+    """What the daemon's first degrade step does on this host's GPUs: their power limit lowered."""
+    gpus = {g.index: g for g in host.usable_gpus}
+    used = sorted({g for i in instances if str(i.device) == "cuda" for g in (i.gpus or ())})
+    if not used:
+        return
+    f = settings.degrade.power_limit_factor
+    if f <= 0:
+        r.add("degrade.power_limit_factor", f, "0: a hot card goes straight to the batch steps (the power limit "
+              "is left alone)", ("degrade", "power_limit_factor"))  # fmt: skip
+        return
+    each = sorted({(gpus[g].name, gpus[g].power_limit_watts) for g in used if g in gpus}, key=str)
+    limits = "; ".join(
+        f"{name}: {w:.0f} -> {w * f:.0f} W" if w else f"{name}: limit not read" for name, w in each
+    )
+    r.add("degrade.power_limit_factor", f, f"a hot (not critical) card's power limit is lowered first ({limits}; "
+          f"never below the card's minimum, which the daemon reads from NVML; root only), the batch steps after "
+          f"degrade.power_limit_hold_s {settings.degrade.power_limit_hold_s:g} s if it is still hot; restored on "
+          "recover and on exit", ("degrade", "power_limit_factor"))  # fmt: skip
 
 
 def _moe_kernels(
