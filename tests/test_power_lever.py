@@ -114,3 +114,22 @@ def test_bench_hardware_tags_sum_the_gpus_draw(fake_host) -> None:
     # the fixture's cards draw 60 W each over the 2 s between the readings
     assert [g["energy_j"] for g in tags["gpus"]] == [120.0] * 4 and tags["power_w_mean"] == 240.0
     assert all(g["power_w"]["max"] == 60.0 and g["power_w"]["limit_max"] == 300.0 for g in tags["gpus"])
+
+
+def test_plan_explain_says_what_the_power_step_does_here(tmp_path, fake_nvml_dir) -> None:
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+    from fakehost import build
+
+    host = build("rtx3090-1x", tmp_path / "host")
+    env = {**cli_env(host, fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}
+    out = {}
+    for f in ("0.85", "0"):
+        r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--model", "Qwen/Qwen3-0.6B", "--explain",
+                            f"--set=degrade.power_limit_factor={f}"], env=env, capture_output=True, text=True)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[f] = r.stdout
+    assert "degrade.power_limit_factor = 0.85" in out["0.85"] and "RTX 3090: 350 -> 298 W" in out["0.85"]
+    assert "0: a hot card goes straight to the batch steps" in out["0"]
