@@ -198,3 +198,45 @@ def test_the_status_line_says_the_fault_and_the_drain() -> None:
     line = status_line(d)
     assert line.startswith("1/2 ready") and "GPU1 FAULT xid_79" in line, line
     assert "drained for a hardware fault: b" in line and "power limit lowered on GPU 1" in line, line
+
+
+def test_the_loop_stops_the_instance_with_the_journal_fields_and_never_replaces_it(caplog) -> None:
+    from pathlib import Path
+
+    from test_overrides import _Inst, _plan, _Sup
+
+    from hwprofile.daemon.loop import Daemon
+    from hwprofile.supervise.lifecycle import State
+
+    class Inst(_Inst):
+        def stop(self) -> None:
+            self.state = State.STOPPED
+
+    class Sampler:
+        def __init__(self) -> None:
+            self.temp = 60.0
+
+        def sample(self, now: float) -> list[GpuReading]:
+            return [
+                GpuReading(0, now, temperature_c=self.temp, slowdown_c=95.0, xids=(79,) if now >= 2 else ())
+            ]
+
+    plan = _plan({"a": 64})
+    sup = _Sup(["a"])
+    sup.instances = [Inst("a")]
+    clock = iter(float(t) for t in range(100))
+    sampler = Sampler()
+    d = Daemon(plan, lambda sets: plan, sup, sampler, plan.watch, plan.degrade, Path("/nonexistent"),
+               clock=lambda: next(clock))  # fmt: skip
+    with caplog.at_level("WARNING", logger="hwprofile"):
+        for _ in range(4):
+            d.tick()
+        sampler.temp = 95.0  # hot and critical afterwards: nothing is decided for a drained instance
+        for _ in range(20):
+            d.tick()
+    (rec,) = [r for r in caplog.records if r.getMessage().startswith("drain a:")]
+    assert (rec.INSTANCE, rec.ACTION, rec.GPU, rec.FAULT) == ("a", "drain", "0", "xid_79")  # type: ignore[attr-defined]
+    assert sup.instances[0].state == State.STOPPED and sup.instances[0].got == []
+    assert [(h["kind"], h["outcome"]) for h in d.history] == [("drain", "done")]
+    doc = d.document()
+    assert doc["instances"][0]["drained"].startswith("GPU 0: xid_79") and doc["gpus"][0]["xids"] == [79]
