@@ -12,6 +12,7 @@ The exit status is decided in one place, :func:`exit_code`: 1 when anything bloc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -226,6 +227,54 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 f"pip uninstall {' '.join(bad)}" if bad else None,
             )
         )
+    return out
+
+
+def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
+    """One live look at the GPUs (``readings``: host.sampler.GpuReading per GPU; ``power``: GPU ->
+    ``(limit, minimum, maximum, error)`` mW): the hardware faults the daemon drains a GPU for, and whether
+    the power limit can be the first degrade step here (``factor``: ``degrade.power_limit_factor``)."""
+    from .daemon.policy import power_target, read_faults
+
+    out: list[Finding] = []
+    bad, noted = [], []
+    for r in readings:
+        fatal, notes = read_faults(r)
+        bad += [f"GPU {r.index}: {f}" for f in fatal]
+        noted += [f"GPU {r.index}: {n}" for n in notes]
+    if bad:
+        out.append(Finding("faults", BLOCKING, "hardware faults (the daemon drains the instances on these GPUs "
+                           "and does not restart them there): " + "; ".join(bad) + ". Reset the GPU "
+                           "(nvidia-smi -r, or a reboot) or replace it; `dmesg | grep -i xid` says more"))  # fmt: skip
+    elif readings:
+        ecc = [r.index for r in readings if r.ecc_uncorrected is not None]
+        out.append(Finding("faults", OK, f"no hardware fault on {len(readings)} GPU(s) (ECC counts read on "
+                           f"{len(ecc)}; XIDs seen since this look began: none fatal)"
+                           + (f"; noted: {'; '.join(noted)}" if noted else "")))  # fmt: skip
+    if factor <= 0:
+        out.append(
+            Finding("power_limit", OK, "degrade.power_limit_factor is 0: the power limit is not a lever")
+        )
+        return out
+    why, can = [], []
+    for i, (limit, lo, hi, err) in sorted(power.items()):
+        if err or limit is None or lo is None:
+            why.append(f"GPU {i}: {err or 'no answer'}")
+            continue
+        target = power_target(limit, lo, factor)
+        can.append(
+            f"GPU {i} {limit / 1000:.0f} -> {target / 1000:.0f} W (range {lo / 1000:.0f}-{(hi or 0) / 1000:.0f} W)"
+        )
+    if power:
+        root = os.geteuid() == 0
+        if why:
+            out.append(Finding("power_limit", ADVICE, "the daemon's first degrade step (a lower power limit) "
+                               "cannot be used on " + "; ".join(why) + ": a hot card goes straight to the batch "
+                               "steps (set degrade.power_limit_factor=0 to say so)"))  # fmt: skip
+        else:
+            out.append(Finding("power_limit", OK if root else ADVICE, "a hot card's power limit is lowered first: "
+                               + "; ".join(can) + ("" if root else ". This process is not root: NVML refuses to "
+                               "set a power limit, run the daemon as root for it")))  # fmt: skip
     return out
 
 

@@ -413,3 +413,88 @@ def test_a_hung_engine_that_still_answers_health_is_drained_and_restarted_and_an
         proc.wait(120)
     err = proc.stderr.read() if proc.stderr else ""
     assert "decided: restart vllm-gpu2-3 (drain, then the same settings): no progress for" in err, err[-3000:]
+
+
+def test_an_xid_on_a_card_drains_its_instance_and_it_is_not_restarted_there(daemon_env) -> None:
+    """XID 79 (fallen off the bus) arrives on GPU 3 through NVML's event set: the instance on GPUs 2-3 is
+    drained (stopped) and stays stopped, the fault is in daemon.json, `hwprofile status` and the log; the
+    instance on GPUs 0-1 keeps serving. A hot card afterwards degrades nothing on the drained instance."""
+    e = daemon_env
+    args = ["--set=" + s for s in e["sets"]]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
+    try:
+        wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
+        e["host"].set_state(**{"dev3.xid": 79})
+        wait_for(lambda: {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu2-3") == "stopped", "the drain")
+        e["host"].set_state(**{"dev2.temperature": 90})  # would degrade (a restart) an instance still there
+        ticks = daemon_doc(e["runtime"]).get("ticks", 0)
+        doc = wait_for(lambda: (d := daemon_doc(e["runtime"])).get("ticks", 0) > ticks + 10 and d, "more ticks")
+        gpu3 = {g["index"]: g for g in doc["gpus"]}[3]
+        assert gpu3["faults"] == ["xid_79: XID 79 (GPU has fallen off the bus)"] and gpu3["xids"] == [79]
+        inst = {i["name"]: i for i in doc["instances"]}
+        assert "GPU 3: xid_79" in inst["vllm-gpu2-3"]["drained"] and inst["vllm-gpu0-1"]["drained"] is None
+        assert [(a["kind"], a["instance"], a["outcome"]) for a in doc["actions"]] == [
+            ("drain", "vllm-gpu2-3", "done")
+        ]
+        assert len(starts_of(e["starts"], port + 1)) == 1 and len(starts_of(e["starts"], port)) == 1
+        assert {i["name"]: i["state"] for i in _status(e)} == {"vllm-gpu0-1": "ready", "vllm-gpu2-3": "stopped"}
+        text = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
+        ).stdout
+        assert "HARDWARE FAULT: xid_79" in text and "DRAINED for a hardware fault: GPU 3: xid_79" in text, text
+        assert proc.poll() is None
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(60)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err[-3000:]
+    assert "GPU 3 hardware fault: xid_79" in err and "drain vllm-gpu2-3: hardware fault on GPU 2,3" in err
+
+
+def test_a_hot_card_gets_a_lower_power_limit_first_and_it_is_restored(daemon_env) -> None:
+    """As root (the fake answers the set), card 2 at 84 °C: the power limit of GPUs 2-3 drops 300 -> 255 W
+    with no restart; cooled, it is restored, still no restart; the batch never cut. Lowered again and the
+    daemon stopped: it is restored on exit."""
+    e = daemon_env
+    e["host"].set_state(**{f"dev{g}.power_limit_{k}_mw": v for g in (2, 3) for k, v in (("min", 150000), ("max", 300000))})
+    sets = [s for s in e["sets"] if not s.startswith("watch.recover_s=")] + [
+        "watch.recover_s=1", "degrade.power_limit_hold_s=600",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in sets]],
+        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
+
+    def limits() -> dict[int, float]:
+        return {g["index"]: g.get("power_limit_watts") for g in daemon_doc(e["runtime"]).get("gpus") or []}
+
+    try:
+        wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
+        e["host"].set_state(**{"dev2.temperature": 84})
+        wait_for(lambda: limits().get(2) == 255 and limits().get(3) == 255, "the lowered power limit")
+        doc = daemon_doc(e["runtime"])
+        assert doc["power_limits_lowered"] == {"2": 300, "3": 300} and limits()[0] == 300
+        text = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
+        ).stdout
+        assert "power limit lowered by the daemon (degrade.power_limit_factor) on GPU 2 (restores 300 W)" in text
+        assert "GPU 2: hot, 84 °C" in text and "of 255 W" in text, text
+        e["host"].set_state(**{"dev2.temperature": 60})
+        wait_for(lambda: limits().get(2) == 300 and limits().get(3) == 300, "the restored power limit")
+        acts = [(a["kind"], a["outcome"]) for a in daemon_doc(e["runtime"])["actions"]]
+        assert acts == [("power", "done"), ("recover", "done")], acts
+        assert len(starts_of(e["starts"], port + 1)) == 1  # never restarted
+        e["host"].set_state(**{"dev2.temperature": 84})
+        wait_for(lambda: limits().get(2) == 255, "lowered again")
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(60)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err[-3000:]
+    assert "action: power vllm-gpu2-3" in err and "GPU 2 300 -> 255 W (minimum 150 W)" in err
+    assert err.count("GPU 2: power limit restored to 300 W") == 2, err[-3000:]  # on recover, then on exit

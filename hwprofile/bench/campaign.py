@@ -18,6 +18,7 @@ from ..runtime.files import atomic_write
 from .report import headline, text, verdict
 from .result import BenchPlan, comparison, document, knee_of, plot_series
 from .runner import Point, Target
+from .tags import per_watt
 from .workloads import Workload
 
 # serve(plan) -> context manager yielding the Target of its first instance
@@ -61,10 +62,14 @@ def run_campaign(
                 with s:
                     point = run_point(target, wl, c, raw, f"{_safe(plan.label)}-r{rnd}-c{c}")
                 run["points"].append(point)
-                run["hardware"].append(s.tags())
+                hw = s.tags()
+                hw["output_tokens_per_s_per_watt"] = per_watt(point.output_throughput, hw)
+                run["hardware"].append(hw)
+                eff = hw["output_tokens_per_s_per_watt"]
                 progress(
                     f"round {rnd}/{rounds}: {plan.label}: concurrency {c}: {point.output_throughput:.1f} tokens/s, "
                     f"p99 TTFT {point.latency_ms['ttft']['p99'] or 0:.1f} ms"
+                    + (f", {eff:.3f} tokens/s per W ({hw['power_w_mean']:.0f} W)" if eff is not None else "")
                 )
             plan.runs.append(run)
 

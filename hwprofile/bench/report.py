@@ -72,8 +72,22 @@ def headline(plans: Sequence[BenchPlan]) -> tuple[str, bool]:
     return f"no throttling seen: {seen}", False
 
 
+def per_watt_median(p: BenchPlan, concurrency: int) -> float | None:
+    """The median over rounds of a concurrency's output tokens/s per watt (None: power unread)."""
+    import statistics
+
+    vals = [hw.get("output_tokens_per_s_per_watt") for r in p.runs
+            for pt, hw in zip(r["points"], r["hardware"], strict=True) if pt.concurrency == concurrency]  # fmt: skip
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
 def _ms(v: float | None) -> str:
     return f"{v:.1f}" if v is not None else "-"
+
+
+def _eff(v: float | None) -> str:
+    return f"{v:.3f}" if v is not None else "-"
 
 
 def plan_table(p: BenchPlan, rows: list[dict[str, Any]]) -> list[str]:
@@ -87,7 +101,7 @@ def plan_table(p: BenchPlan, rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"plan {p.label}: " + ", ".join(w for w in what if w)]
     lines.append(
         f"  {'conc':>5} {'out tok/s':>10} {'req/s':>7} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>17} "
-        f"{'ITL p50/p99 ms':>16} {'accept':>7} {'len':>5} {'rounds':>6}"
+        f"{'ITL p50/p99 ms':>16} {'accept':>7} {'len':>5} {'rounds':>6} {'tok/s/W':>8}"
     )
     for row in rows:
         m = row["metrics"]
@@ -102,7 +116,7 @@ def plan_table(p: BenchPlan, rows: list[dict[str, Any]]) -> list[str]:
             f"{_ms(med.get('p50_tpot_ms')) + '/' + _ms(med.get('p99_tpot_ms')):>17} "
             f"{_ms(med.get('p50_itl_ms')) + '/' + _ms(med.get('p99_itl_ms')):>16} "
             f"{(format(acc['median'], '.0%') if acc else '-'):>7} {(format(ln['median'], '.2f') if ln else '-'):>5} "
-            f"{row['rounds']:>6}"
+            f"{row['rounds']:>6} {_eff(per_watt_median(p, row['concurrency'])):>8}"
         )
     return lines
 

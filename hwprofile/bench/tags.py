@@ -4,7 +4,9 @@
 NVML chokepoint, handles kept) about every 0.5 s while a benchmark runs: per GPU the temperature's
 minimum and maximum, the SM clock's minimum and maximum against the card's maximum clock, every
 clock-event reason seen, and the seconds a throttling reason (thermal or power: the daemon policy's
-``THERMAL_REASONS`` and ``POWER_REASONS``) was on. A failure (no NVML, a lost GPU, a failing read)
+``THERMAL_REASONS`` and ``POWER_REASONS``) was on, and the power: draw integrated over the run
+(energy, mean, maximum) and the enforced limit's range; tokens/s per watt of a point is its output
+throughput over the GPUs' summed mean draw (:func:`per_watt`). A failure (no NVML, a lost GPU, a failing read)
 is kept in the tags, never raised. A host without GPUs gets ``status: "no_gpu"``: there is nothing
 to sample.
 
@@ -46,6 +48,11 @@ class GpuTrack:
     throttled_s: float = 0.0
     errors: list[str] = field(default_factory=list)
     lost: bool = False
+    power_max_w: float | None = None
+    power_limit_min_w: float | None = None  # the lowest enforced limit seen (a daemon's power step shows)
+    power_limit_max_w: float | None = None
+    energy_j: float = 0.0  # power draw integrated over the intervals between readings
+    power_s: float = 0.0  # seconds the energy covers
     _last_at: float | None = None
 
     def add(self, r: Any) -> None:  # r: daemon.policy.GpuReading
@@ -70,6 +77,15 @@ class GpuTrack:
             )
         if r.sm_clock_max_mhz is not None:
             self.sm_clock_max_mhz = r.sm_clock_max_mhz
+        p = r.power_draw_watts
+        if p is not None:
+            self.power_max_w = p if self.power_max_w is None else max(self.power_max_w, p)
+            self.energy_j += p * dt  # the interval that ended with this reading, as the throttled time
+            self.power_s += dt
+        lim = r.power_limit_watts
+        if lim is not None:
+            self.power_limit_min_w = lim if self.power_limit_min_w is None else min(self.power_limit_min_w, lim)
+            self.power_limit_max_w = lim if self.power_limit_max_w is None else max(self.power_limit_max_w, lim)
         reasons = set(r.reasons or ())
         self.reasons_seen |= reasons
         hit = reasons & set(THROTTLE_REASONS)
@@ -98,6 +114,13 @@ class GpuTrack:
             "throttled_s": round(self.throttled_s, 3),
             "lost": self.lost,
             "errors": list(self.errors),
+            "power_w": {
+                "mean": round(self.energy_j / self.power_s, 3) if self.power_s > 0 else None,
+                "max": self.power_max_w,
+                "limit_min": self.power_limit_min_w,
+                "limit_max": self.power_limit_max_w,
+            },
+            "energy_j": round(self.energy_j, 3) if self.power_s > 0 else None,
         }
 
 
@@ -203,8 +226,21 @@ class HardwareSampler:
             if self.started_at is not None
             else 0.0,
             "throttled": any(g["throttled"] for g in gpus),
+            # the GPUs' mean power draw summed (None unless every GPU's draw was read): the watts of
+            # ``output_tokens_per_s_per_watt``, which the campaign adds beside the point's throughput
+            "power_w_mean": round(sum(g["power_w"]["mean"] for g in gpus), 3)
+            if gpus and all(g["power_w"]["mean"] is not None for g in gpus)
+            else None,
             "gpus": gpus,
         }
+
+
+def per_watt(output_tokens_per_s: float | None, hardware: Mapping[str, Any]) -> float | None:
+    """Output tokens/s per watt of the GPUs' mean draw during the point (None: a draw not read)."""
+    watts = hardware.get("power_w_mean")
+    if output_tokens_per_s is None or not watts:
+        return None
+    return round(output_tokens_per_s / watts, 4)
 
 
 CPUINFO_CACHE = "bench-cpuinfo.json"  # in $XDG_CACHE_HOME/hwprofile: py-cpuinfo's answer for this boot

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ..errors import EXIT_OK
 from .common import load_host
@@ -67,18 +68,40 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
+    """This host's GPUs read once more, live (not for a snapshot given with --from): faults, power limits."""
+    from ..doctor import check_hardware
+
+    given = (getattr(args, "_loaded_hosts", None) or ([], []))[0]
+    if given or not host.usable_gpus:
+        return []
+    from ..config.settings import Degrade
+    from ..host.sampler import GpuSampler
+
+    s = GpuSampler([g.index for g in host.usable_gpus])
+    try:
+        if s.error:
+            return []
+        readings = list(s.sample(0.0))
+        power = {g: s.power_limits(g) for g in sorted(s.handles)}
+    finally:
+        s.close()
+    return check_hardware(readings, power, Degrade().power_limit_factor)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..doctor import check, exit_code, fix, format_text, to_json
 
     host = load_host(args)
     if getattr(args, "interconnect", False):
         return _doctor_interconnect(args, host)
-    findings = check(host)
+    live = _live_hardware(args, host)
+    findings = check(host) + live
     fixed = None
     if args.fix:
         fixed = fix(findings)
         if fixed.done or fixed.failed:
-            findings = check(host)  # the exit status reflects the state after the fix
+            findings = check(host) + live  # the exit status reflects the state after the fix
     if args.json:
         import json
 

@@ -194,6 +194,15 @@ class Degrade(Section):
     num_speculative_tokens_step: int = setting(
         "int", "proposals per step taken off per degrade step (never below 1)", 0, 16, default=1
     )
+    power_limit_factor: float = setting(
+        "float", "a hot card's power limit is first lowered to this share of its limit, before the batch "
+        "steps (NVML, as root; never below the card's minimum; restored on recover and on exit; 0: off)",
+        0, 1, default=0.85,
+    )  # fmt: skip
+    power_limit_hold_s: float = setting(
+        "float", "seconds a lowered power limit is given to cool the card before the batch steps follow",
+        0, 3600, default=60.0,
+    )  # fmt: skip
 
 
 @section

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..supervise.lifecycle import State
-from .policy import LEVELS
+from .policy import LEVELS, fault_kinds
 
 STATES = tuple(s.value for s in State)  # the instance state machine's own states, no other
 
@@ -102,6 +102,19 @@ class HwprofileCollector:
             "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
         )
         actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
+        fault = GaugeMetricFamily(
+            "hwprofile_gpu_fault",
+            "1 for each fatal hardware fault of the GPU (its instances are drained, not restarted there)",
+            labels=["gpu", "kind"],
+        )
+        ecc = GaugeMetricFamily(
+            "hwprofile_gpu_ecc_uncorrected_errors",
+            "volatile uncorrectable ECC errors since the driver loaded (absent: no ECC)",
+            labels=["gpu"],
+        )
+        drained = GaugeMetricFamily(
+            "hwprofile_instance_drained", "1 while the instance is drained for a hardware fault", labels=["instance"]
+        )
         ticks = CounterMetricFamily("hwprofile_ticks", "main-loop ticks")
         missed = CounterMetricFamily("hwprofile_missed_ticks", "ticks that started late")
         tick_s = GaugeMetricFamily("hwprofile_tick_duration_seconds", "time the last tick took")
@@ -124,8 +137,13 @@ class HwprofileCollector:
                 current = st.shown
                 for lv in (*LEVELS, "unknown", "gpu_lost"):
                     thermal.add_metric([label, lv], 1 if lv == current else 0)
+                for kind in fault_kinds(g.faults):
+                    fault.add_metric([label, kind], 1)
+                if r.ecc_uncorrected is not None:
+                    ecc.add_metric([label], r.ecc_uncorrected)
             for i in rep.instances:
                 degrade.add_metric([i.name], i.degrade_level)
+                drained.add_metric([i.name], 1 if i.drained else 0)
                 if i.acceptance_rate is not None:
                     accept.add_metric([i.name], i.acceptance_rate)
         for name, state in p.instance_states.items():
@@ -147,13 +165,13 @@ class HwprofileCollector:
         )
         for name in p.instance_states:
             failing.add_metric([name], p.health_failing_s.get(name, 0.0))
-        for kind in ("degrade", "recover", "restart"):
+        for kind in ("degrade", "recover", "restart", "drain", "power"):
             actions.add_metric([kind], p.actions_total.get(kind, 0))
         ticks.add_metric([], p.ticks_total)
         missed.add_metric([], p.missed_ticks_total)
         tick_s.add_metric([], p.tick_seconds)
-        yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal)
-        yield from (inst_state, degrade, accept, restarts, retry, failing, actions, ticks, missed, tick_s)
+        yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
+        yield from (inst_state, degrade, drained, accept, restarts, retry, failing, actions, ticks, missed, tick_s)
 
 
 def app(published: Published, clock: Any = None) -> Any:
@@ -212,8 +230,11 @@ NAMES = (
     "hwprofile_gpu_clock_event_reason_active",
     "hwprofile_gpu_clock_event_reason_active_seconds",
     "hwprofile_gpu_thermal_state",
+    "hwprofile_gpu_fault",
+    "hwprofile_gpu_ecc_uncorrected_errors",
     "hwprofile_instance_state",
     "hwprofile_instance_degrade_level",
+    "hwprofile_instance_drained",
     "hwprofile_instance_spec_acceptance_ratio",
     "hwprofile_instance_restarts_total",
     "hwprofile_instance_retry_in_seconds",

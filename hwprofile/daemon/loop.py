@@ -30,7 +30,7 @@ from ..plan.types import ABSENT, InstancePlan, Plan
 from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
 from .exporter import Published
-from .policy import Action
+from .policy import Action, fault_kinds
 from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
@@ -161,6 +161,8 @@ class Daemon:
         self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
         self._deferred_said: set[str] = set()  # deferred actions already logged (said once each)
         self.stopping = False  # set when the daemon was asked to stop: /health answers 503 at once
+        self.watcher.power = (degrade.power_limit_factor, degrade.power_limit_hold_s)
+        self.power_saved: dict[int, int] = {}  # GPU -> its power limit (mW) before the daemon lowered it
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -193,6 +195,19 @@ class Daemon:
                 log.warning("%s", note)
         self._deferred_said = set(rep.deferred)
         for a in rep.actions:
+            if a.kind == "drain":
+                self._drain(a, insts.get(a.instance))
+                continue
+            if a.kind == "power":
+                self._power(a)
+                continue
+            if a.kind == "recover":
+                self.restore_power(a.gpus, a)
+                if a.level == 0 and self.levels.get(a.instance, 0) == 0 and not any(
+                    q.instance == a.instance for q in self.queue
+                ):
+                    self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
+                    continue
             if a.kind == "restart" and any(q.instance == a.instance for q in self.queue):
                 continue  # the action queued for it restarts it anyway, and at the step it decided
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
@@ -210,6 +225,74 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    def _drain(self, a: Action, inst: Any) -> None:
+        """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests
+        within its shutdown timeout), drop what was queued for it, never restart it there."""
+        self.queue = deque(q for q in self.queue if q.instance != a.instance)
+        self.pending = deque(p for p in self.pending if p[0] != a.instance)
+        kinds = dict.fromkeys(k for g in a.gpus if g in self.watcher.faults for k in fault_kinds(self.watcher.faults[g]))
+        f = {**fields(a), "FAULT": ",".join(kinds) or None}  # journalctl FAULT=xid_79
+        log.error("drain %s: hardware fault on GPU %s: %s", a.instance, ",".join(map(str, a.gpus)), a.reason,
+                  extra=f)  # fmt: skip
+        self.published.actions_total["drain"] = self.published.actions_total.get("drain", 0) + 1
+        if inst is None:
+            self._record(a, "failed", "no such instance under the supervisor")
+            return
+        inst.stop()
+        self._record(a, "done", "stopped; not restarted on this GPU")
+
+    def _power(self, a: Action) -> None:
+        """Lower the power limit of the action's GPUs to ``degrade.power_limit_factor`` of their limit (never
+        below the card's minimum); no restart. When it cannot be set (not root, a card without constraints,
+        a fake sampler) the lever is off for that instance and the batch steps decide at the next tick."""
+        from .policy import power_target
+
+        factor = self.degrade.power_limit_factor
+        done: list[str] = []
+        failed: str | None = None
+        if not hasattr(self.sampler, "set_power_limit"):
+            failed = "this sampler cannot set a power limit"
+        for g in a.gpus if failed is None else ():
+            if g in self.power_saved:
+                continue
+            limit, lo, _hi, err = self.sampler.power_limits(g)
+            if err or limit is None or lo is None:
+                failed = f"GPU {g}: its power limit and constraints cannot be read ({err or 'no answer'})"
+                break
+            target = power_target(limit, lo, factor)
+            if target >= limit:
+                failed = f"GPU {g}: already at its minimum power limit {lo / 1000:.0f} W"
+                break
+            err = self.sampler.set_power_limit(g, target)
+            if err:
+                failed = f"GPU {g}: {err} (setting a power limit needs root)"
+                break
+            self.power_saved[g] = limit
+            done.append(f"GPU {g} {limit / 1000:.0f} -> {target / 1000:.0f} W (minimum {lo / 1000:.0f} W)")
+        self.published.actions_total["power"] = self.published.actions_total.get("power", 0) + 1
+        if failed is None:
+            log.warning("action: power %s: %s: %s", a.instance, a.reason, "; ".join(done), extra=fields(a))
+            self._record(a, "done", "; ".join(done))
+            return
+        self.restore_power(a.gpus)
+        self.watcher.power_failed(a.instance, failed)
+        msg = f"power {a.instance}: the power limit is not lowered: {failed}; the batch steps decide"
+        log.warning("%s", msg, extra=fields(a))
+        self._record(a, "failed", msg)
+
+    def restore_power(self, gpus: Any = None, a: Action | None = None) -> None:
+        """Put back the power limit of ``gpus`` (all the daemon lowered: None), on recover and on exit."""
+        for g in sorted(self.power_saved if gpus is None else [g for g in gpus if g in self.power_saved]):
+            limit = self.power_saved.pop(g)
+            err = self.sampler.set_power_limit(g, limit)
+            if err:
+                msg = f"GPU {g}: the power limit {limit / 1000:.0f} W could not be restored: {err}"
+                log.error("%s", msg, extra={"GPU": str(g)})
+                self.errors.append(msg)
+            else:
+                log.warning("GPU %d: power limit restored to %.0f W%s", g, limit / 1000,
+                            f" ({a.kind} {a.instance})" if a else "", extra={"GPU": str(g), "ACTION": "power"})  # fmt: skip
 
     def _progress(self, now: float) -> None:
         """Finish the restart in flight, or start the next one (one instance at a time)."""
@@ -453,6 +536,7 @@ class Daemon:
             self.watcher.settings = settings
             notes.append("watch.* applied")
         self.degrade = degrade
+        self.watcher.power = (degrade.power_limit_factor, degrade.power_limit_hold_s)
         self.plan = new_plan
         for n, inst in replacements:
             self.pending = deque(p for p in self.pending if p[0] != n)
@@ -497,6 +581,9 @@ class Daemon:
             "queued": [{"kind": a.kind, "instance": a.instance, "level": a.level} for a in self.queue],
             "restarting": self.current.action.instance if self.current else None,
             "degrade_levels": dict(self.levels),
+            # GPUs whose power limit the daemon lowered (the power step), with the limit it restores
+            "power_limits_lowered": {str(g): mw / 1000 for g, mw in self.power_saved.items()},
+            "power_lever_off": dict(self.watcher.no_power),
             "pid": os.getpid(),
             "reload": self.last_reload,
             "reload_error": self.reload_error,

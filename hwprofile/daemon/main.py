@@ -198,6 +198,7 @@ def run_daemon(
         sup.stop()
         sup.wait()
         sup.close()
+        daemon.restore_power()  # a power limit the daemon lowered goes back before NVML closes
         sampler.close()
         scrapes.close()
         with contextlib.suppress(OSError):

@@ -181,6 +181,14 @@ def status_line(daemon: Any) -> str:
                 if j["index"] in degraded_gpus:
                     text += ", degraded"
                 parts.append(text)
+            if j.get("faults"):
+                parts.append(f"GPU{j['index']} FAULT " + ", ".join(f.split(":", 1)[0] for f in j["faults"]))
+        lowered = getattr(daemon, "power_saved", {}) or {}
+        if lowered:
+            parts.append("power limit lowered on GPU " + ",".join(map(str, sorted(lowered))))
+        drained = [i.name for i in rep.instances if getattr(i, "drained", None)]
+        if drained:
+            parts.append(f"drained for a hardware fault: {', '.join(drained)}")
         acc = [i.acceptance_rate for i in rep.instances if i.acceptance_rate is not None]
         if acc:
             parts.append(f"acceptance {100 * sum(acc) / len(acc):.0f} %")

@@ -256,6 +256,24 @@ class InstanceActionState:
     level: int = 0  # degrade step in force (or being applied)
     actions_at: tuple[float, ...] = ()  # when its last actions were taken (for the hourly limit)
     deferred: str | None = None
+    power_at: float | None = None  # when its GPUs' power limit was lowered (None: at their own limit)
+
+
+@dataclass(frozen=True)
+class PowerLever:
+    """The power limit as the first degrade step (``degrade.power_limit_factor`` > 0): the instances whose
+    GPUs take it (not those where setting it failed: not root, no constraints), and how long a lowered limit
+    is given before the batch steps follow (``degrade.power_limit_hold_s``)."""
+
+    instances: frozenset[str]
+    hold_s: float
+    factor: float
+
+
+def power_target(limit_mw: int, minimum_mw: int, factor: float) -> int:
+    """The lowered power limit: ``factor`` of the card's limit, never below its minimum (NVML's
+    constraints), never above the limit it has."""
+    return min(limit_mw, max(minimum_mw, int(limit_mw * factor)))
 
 
 @dataclass(frozen=True)
@@ -279,10 +297,13 @@ def decide_actions(
     s: Watch,
     now: float,
     held: Mapping[str, str] | None = None,
+    lever: PowerLever | None = None,
 ) -> Decisions:
     """What to do for each instance given its GPUs' thermal states (pure). ``held``: instances this
     daemon cannot restart on its own, with why (a node of a group over several nodes): what they
-    would need is deferred, with that reason, and their step stays."""
+    would need is deferred, with that reason, and their step stays. ``lever``: a hot (not critical)
+    instance at the full profile first has its GPUs' power limit lowered (``power``: no restart), and
+    the batch steps follow only if it is still hot ``lever.hold_s`` later; a recover restores it."""
     actions: list[Action] = []
     deferred: list[str] = []
     states: dict[str, InstanceActionState] = {}
@@ -297,14 +318,32 @@ def decide_actions(
         worst_gpu, worst = max(known, key=lambda gt: _rank(gt[1].level))
         want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
         kind = None
+        can_power = lever is not None and name in lever.instances
+        if want == 1 and st.level == 0 and can_power and st.power_at is None:
+            assert lever is not None
+            why = (f"GPU {worst_gpu} {worst.reason}: power limit lowered to {lever.factor:.0%} first "
+                   f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)")  # fmt: skip
+            actions.append(Action("power", name, 0, why, tuple(gpus)))
+            states[name] = replace(st, power_at=now)
+            continue
+        if want == 1 and st.level == 0 and can_power and st.power_at is not None and lever is not None \
+                and now - st.power_at < lever.hold_s:  # fmt: skip
+            states[name] = st  # the lowered limit is given its time
+            continue
         if want > st.level:
             kind, why = "degrade", f"GPU {worst_gpu} {worst.reason}"
-        elif st.level > 0 and all(_cool_for(thermal.get(g), now) >= s.recover_s for g in gpus):
+        elif (st.level > 0 or st.power_at is not None) and all(
+            _cool_for(thermal.get(g), now) >= s.recover_s for g in gpus
+        ):
             # every GPU read at this tick and cool long enough: never on a reading that was not made
             want, kind = 0, "recover"
             why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
         if kind is None:
             states[name] = st
+            continue
+        if kind == "recover" and st.level == 0:  # only the power limit to restore: no restart
+            actions.append(Action(kind, name, 0, why, tuple(gpus)))
+            states[name] = replace(st, power_at=None)
             continue
         if held and name in held:
             msg = f"{name}: {kind} to step {want} not done: {held[name]}"
@@ -320,7 +359,8 @@ def decide_actions(
             states[name] = replace(st, deferred=msg)
             continue
         actions.append(Action(kind, name, want, why, tuple(gpus)))
-        states[name] = replace(st, level=want, actions_at=(*recent, now))
+        states[name] = replace(st, level=want, actions_at=(*recent, now),
+                               power_at=None if kind == "recover" else st.power_at)  # fmt: skip
     return Decisions(tuple(actions), tuple(deferred), states)
 
 
@@ -493,3 +533,98 @@ def advise_k(
 
 def _fmt(rates: Sequence[float]) -> str:
     return "[" + ", ".join(f"{r:.2f}" for r in rates) + "]"
+
+
+# -- hardware faults -----------------------------------------------------------------------------
+# NVML's fault signals, apart from heat: an uncorrectable ECC error (volatile count, since the driver
+# loaded), retired pages or remapped rows waiting for a GPU reset, a row remap that failed, an XID critical
+# error NVIDIA's XID catalogue says needs a reset or the node drained, a GPU lost from the bus. Any of them
+# is fatal for the GPU: the instances on it are drained and not restarted there (a restart on a card that
+# corrupts memory or is gone serves wrong answers or nothing); it stays so until the daemon restarts (after
+# the GPU was reset or replaced). Other XIDs (an application's own fault: 13, 31, 43, ...) are noted only.
+
+# XID -> what NVIDIA's XID catalogue says of it; each needs a GPU reset (or more) before the card is trusted.
+FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded (reset to apply)",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+
+
+@dataclass(frozen=True)
+class FaultState:
+    """Per GPU: the fatal faults seen (sticky: a reset of the GPU and a restart of the daemon clear them),
+    since when, and the faults noted but not acted on."""
+
+    fatal: tuple[str, ...] = ()
+    since: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def faulted(self) -> bool:
+        return bool(self.fatal)
+
+
+def read_faults(r: GpuReading) -> tuple[list[str], list[str]]:
+    """The fatal faults and the noted ones in one reading (pure)."""
+    fatal: list[str] = []
+    notes: list[str] = []
+    if r.status == "lost":
+        fatal.append(f"gpu_lost: {r.error or 'NVML says the GPU is lost'} (fallen off the bus or hung)")
+    if r.ecc_uncorrected:
+        fatal.append(f"ecc_uncorrectable: {r.ecc_uncorrected} uncorrectable ECC error(s) since the driver loaded")
+    if r.row_remap_failure:
+        fatal.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")
+    if r.remapped_rows_pending:
+        fatal.append("row_remap_pending: remapped rows wait for a GPU reset")
+    if r.retired_pages_pending:
+        fatal.append("retired_pages_pending: retired pages wait for a GPU reset")
+    for x in dict.fromkeys(r.xids):
+        if x in FATAL_XIDS:
+            fatal.append(f"xid_{x}: XID {x} ({FATAL_XIDS[x]})")
+        else:
+            notes.append(f"XID {x} (an application or driver fault: noted, not acted on)")
+    return fatal, notes
+
+
+def fault_step(state: FaultState, r: GpuReading, now: float) -> tuple[FaultState, str | None]:
+    """Advance one GPU's fault state by one reading; returns the new state and, when a new fatal fault
+    appeared, a line that says so (else None). Faults never clear within a run."""
+    fatal, notes = read_faults(r)
+    new = tuple(f for f in fatal if f not in state.fatal)
+    allnotes = (*state.notes, *(n for n in notes if n not in state.notes))
+    if not new:
+        return (replace(state, notes=allnotes) if allnotes != state.notes else state), None
+    st = FaultState((*state.fatal, *new), state.since if state.since is not None else now, allnotes)
+    return st, f"GPU {r.index} hardware fault: {'; '.join(new)}"
+
+
+def fault_kinds(state: FaultState) -> tuple[str, ...]:
+    """The kind of each fatal fault (``ecc_uncorrectable``, ``xid_79``, ``gpu_lost``...): the exporter's label."""
+    return tuple(f.split(":", 1)[0] for f in state.fatal)
+
+
+def decide_drains(
+    instances: Mapping[str, Sequence[int]], faults: Mapping[int, FaultState], drained: Mapping[str, str]
+) -> list[Action]:
+    """A drain for each instance not yet drained that runs on a GPU with a fatal fault (pure): it is
+    stopped (SIGTERM, vLLM's own drain) and not restarted there."""
+    out: list[Action] = []
+    for name, gpus in instances.items():
+        if name in drained:
+            continue
+        bad = [g for g in gpus if g in faults and faults[g].faulted]
+        if not bad:
+            continue
+        why = "; ".join(f"GPU {g}: {', '.join(faults[g].fatal)}" for g in bad)
+        out.append(Action("drain", name, 0, f"{why}: not restarted there (reset or replace the GPU, then restart "
+                          "the daemon)", tuple(gpus)))  # fmt: skip
+    return out

@@ -8,7 +8,7 @@ is driven by one owner; everything it decides comes from the pure functions in `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.settings import Watch
@@ -17,7 +17,7 @@ from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_
 from ..telemetry.scrape import InstanceReading
 from ..telemetry.window import CounterWindow, histogram_quantile
 from . import policy
-from .policy import InstanceActionState, LivenessState, Progress, SpecWindow, ThermalState
+from .policy import FaultState, InstanceActionState, LivenessState, Progress, SpecWindow, ThermalState
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class InstanceReport:
     advice: policy.KAdvice | None = None
     engines: dict[str, dict[str, float]] = field(default_factory=dict)  # data-parallel ranks, by engine label
     stalled_s: float | None = None  # requests pending and vLLM's token counters unchanged this long
+    drained: str | None = None  # drained for a hardware fault of its GPU(s), not restarted there: why
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "advice"}
@@ -82,6 +83,7 @@ class GpuReport:
     reading: GpuReading
     state: ThermalState
     now: float
+    faults: FaultState = field(default_factory=FaultState)
 
     def to_json(self) -> dict[str, Any]:
         r, s = self.reading, self.state
@@ -103,6 +105,16 @@ class GpuReport:
             "power_limit_watts": r.power_limit_watts,
             "memory_used_bytes": r.memory_used_bytes,
             "error": r.error,
+            # hardware faults: fatal ones drain the GPU's instances (see the daemon docs)
+            "faults": list(self.faults.fatal),
+            "fault_notes": list(self.faults.notes),
+            "faulted_since": self.faults.since,
+            "ecc_uncorrected": r.ecc_uncorrected,
+            "ecc_corrected": r.ecc_corrected,
+            "retired_pages_pending": r.retired_pages_pending,
+            "remapped_rows_pending": r.remapped_rows_pending,
+            "row_remap_failure": r.row_remap_failure,
+            "xids": list(r.xids),
         }
 
 
@@ -145,11 +157,22 @@ class Watcher:
         self.windows: dict[str, CounterWindow] = {}
         self.actions: dict[str, InstanceActionState] = {}
         self.liveness: dict[str, LivenessState] = {}
+        self.faults: dict[int, FaultState] = {}
+        self.drained: dict[str, str] = {}  # instance -> why it was drained (a hardware fault)
+        self.power: tuple[float, float] | None = None  # (factor, hold s) of the power lever; None: off
+        self.no_power: dict[str, str] = {}  # instances where the power limit could not be set, why
 
     def set_level(self, instance: str, level: int) -> None:
         """The loop says which degrade step an instance really runs (after a failed restart...)."""
         st = self.actions.get(instance, InstanceActionState())
-        self.actions[instance] = InstanceActionState(level, st.actions_at, st.deferred)
+        self.actions[instance] = replace(st, level=level)
+
+    def power_failed(self, instance: str, why: str) -> None:
+        """The power limit could not be lowered for ``instance`` (not root, no constraints): the lever
+        is off for it from now on, and the batch steps decide at the next tick."""
+        self.no_power[instance] = why
+        st = self.actions.get(instance, InstanceActionState())
+        self.actions[instance] = replace(st, power_at=None)
 
     def tick(
         self,
@@ -168,20 +191,40 @@ class Watcher:
             if change:
                 changes.append(change)
                 changed.append(r.index)
-            reports.append(GpuReport(r, new, now))
+            fault, said = policy.fault_step(self.faults.get(r.index, FaultState()), r, now)
+            self.faults[r.index] = fault
+            if said:
+                changes.append(said)
+                changed.append(r.index)
+            reports.append(GpuReport(r, new, now, fault))
         decisions = policy.Decisions()
+        drains: list[policy.Action] = []
         if act:
-            decisions = policy.decide_actions(
-                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.thermal, self.actions, s, now,
-                {n: i.held for n, i in self.instances.items() if i.held},
+            drains = policy.decide_drains(
+                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.faults, self.drained
             )
+            self.drained.update({a.instance: a.reason for a in drains})
+            # a drained instance is neither degraded, recovered nor restarted: it is not served there
+            decisions = policy.decide_actions(
+                {n: i.gpus for n, i in self.instances.items() if i.gpus and n not in self.drained},
+                self.thermal, self.actions, s, now,
+                {n: i.held for n, i in self.instances.items() if i.held},
+                self._lever(),
+            )  # fmt: skip
             self.actions.update(decisions.states)
-        restarts, held = self._liveness(now, scrapes, {a.instance for a in decisions.actions}, act)
+        acting = {a.instance for a in decisions.actions} | set(self.drained)
+        restarts, held = self._liveness(now, scrapes, acting, act)
         inst_reports = [self._instance(now, spec, scrapes.get(spec.name)) for spec in self.instances.values()]
         return Report(
-            now, tuple(reports), tuple(inst_reports), (*decisions.actions, *restarts),
+            now, tuple(reports), tuple(inst_reports), (*drains, *decisions.actions, *restarts),
             (*decisions.deferred, *held), tuple(changes), changed_gpus=tuple(changed),
         )  # fmt: skip
+
+    def _lever(self) -> policy.PowerLever | None:
+        if self.power is None or self.power[0] <= 0:
+            return None
+        ok = frozenset(n for n, i in self.instances.items() if i.gpus and n not in self.no_power)
+        return policy.PowerLever(ok, self.power[1], self.power[0])
 
     def _liveness(
         self, now: float, scrapes: Mapping[str, InstanceReading], acting: set[str], act: bool
@@ -219,7 +262,8 @@ class Watcher:
             else "unknown" if unknown
             else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
         )  # fmt: skip
-        base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level}
+        base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level,
+                "drained": self.drained.get(spec.name)}  # fmt: skip
         gone = (
             f"GPU {', '.join(map(str, lost))} lost: this instance cannot be served there; no degrade helps "
             "(fix the host, then restart the daemon: the plan leaves lost GPUs out)"

@@ -57,6 +57,8 @@ def detect_host(
     interconnect = read_interconnect(str(proc), str(sysfs), gpus)
     tmpfs_path, tmpfs_free = linux.read_tmpfs(proc, tmpfs)
     vllm_version, vllm_dist = software.vllm_version()
+    moe_dir, moe_names = software.moe_configs()
+    tuned_dir, tuned_names = software.tuned_config_folder()
     return HostSnapshot(
         hostname=hostname,
         kernel=kernel,
@@ -72,6 +74,10 @@ def detect_host(
             numactl_path=software.numactl_path(),
             tmpfs_path=tmpfs_path,
             tmpfs_free_bytes=tmpfs_free,
+            moe_configs_dir=moe_dir,
+            moe_configs=moe_names,
+            tuned_config_folder=tuned_dir,
+            tuned_configs=tuned_names,
         ),
         errors=tuple(errors),
         interconnect=interconnect,

@@ -261,6 +261,87 @@ class Nvml:
             "memory_used": int(mem.used) if mem is not None else None,
         }  # fmt: skip
 
+    def faults(self, index: int, handle: Any) -> dict[str, Any]:
+        """The hardware-fault counters of one GPU, quiet (a board without ECC answers NOT SUPPORTED,
+        which is an answer: None): the volatile uncorrectable and correctable ECC counts (since the
+        last driver load), retired pages pending a reset (before Ampere), and remapped rows (Ampere
+        and later: uncorrectable rows, a remap pending a reset, a remap that failed). Raises
+        :class:`GpuLost` for a lost device."""
+        n, w, call = self._n, f"gpu[{index}]", self.call
+        unc = call(f"{w}.ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", handle,
+                   n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC, quiet=True)
+        corr = call(f"{w}.ecc_corrected", "nvmlDeviceGetTotalEccErrors", handle,
+                    n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC, quiet=True)
+        retired = call(f"{w}.retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle, quiet=True)
+        rows = call(f"{w}.remapped_rows", "nvmlDeviceGetRemappedRows", handle, quiet=True)
+        return {
+            "ecc_uncorrected": int(unc) if unc is not None else None,
+            "ecc_corrected": int(corr) if corr is not None else None,
+            "retired_pending": bool(retired) if retired is not None else None,
+            "remap_uncorrectable": int(rows[1]) if rows is not None else None,
+            "remap_pending": bool(rows[2]) if rows is not None else None,
+            "remap_failure": bool(rows[3]) if rows is not None else None,
+        }  # fmt: skip
+
+    def power_limits(self, index: int, handle: Any) -> tuple[int | None, int | None, int | None]:
+        """``(limit, minimum, maximum)`` of one GPU's power management limit, mW (None: not read,
+        recorded in ``errors``; a board without constraints answers NOT SUPPORTED)."""
+        w = f"gpu[{index}]"
+        limit = self.call(f"{w}.power_limit", "nvmlDeviceGetPowerManagementLimit", handle)
+        lo_hi = self.call(f"{w}.power_limit_constraints", "nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        lo, hi = (int(lo_hi[0]), int(lo_hi[1])) if lo_hi is not None else (None, None)
+        return (int(limit) if limit is not None else None), lo, hi
+
+    def set_power_limit(self, index: int, handle: Any, milliwatts: int) -> str | None:
+        """Set one GPU's power management limit (root only); the error, or None once it is set."""
+        before = len(self.errors)
+        self.call(f"gpu[{index}].set_power_limit", "nvmlDeviceSetPowerManagementLimit", handle, int(milliwatts))
+        if len(self.errors) > before:
+            return self.errors[-1].message
+        return None
+
+    def xid_events(self, handles: dict[int, Any]) -> Any:
+        """An event set registered for XID critical errors on each of ``handles`` that supports them,
+        or None (the driver has no events for these boards: recorded in ``errors``)."""
+        n = self._n
+        es = self.call("events", "nvmlEventSetCreate")
+        if es is None:
+            return None
+        registered = 0
+        for i, h in handles.items():
+            kinds = self.call(f"gpu[{i}].events", "nvmlDeviceGetSupportedEventTypes", h, quiet=True)
+            if kinds is None or not int(kinds) & n.nvmlEventTypeXidCriticalError:
+                continue
+            before = len(self.errors)  # the call answers None on success and on failure alike
+            self.call(f"gpu[{i}].events", "nvmlDeviceRegisterEvents", h, n.nvmlEventTypeXidCriticalError, es)
+            registered += len(self.errors) == before
+        if not registered:
+            self.call("events", "nvmlEventSetFree", es, quiet=True)
+            return None
+        return es
+
+    def poll_xids(self, events: Any, handles: dict[int, Any], limit: int = 64) -> list[tuple[int, int]]:
+        """Every XID event waiting in ``events`` now (no wait): ``(GPU index, XID)`` pairs."""
+        n, out = self._n, []
+        for _ in range(limit):
+            try:
+                with _CALL_LOCK:
+                    data = n.nvmlEventSetWait_v2(events, 0)
+            except n.NVMLError_Timeout:
+                break
+            except n.NVMLError as e:
+                self.errors.append(DetectError("events", f"nvmlEventSetWait_v2: {_err_text(n, e)}"))
+                break
+            if not data.eventType & n.nvmlEventTypeXidCriticalError:
+                continue
+            where = ctypes.cast(data.device, ctypes.c_void_p).value
+            index = next((i for i, h in handles.items() if ctypes.cast(h, ctypes.c_void_p).value == where), -1)
+            out.append((index, int(data.eventData)))
+        return out
+
+    def free_events(self, events: Any) -> None:
+        self.call("events", "nvmlEventSetFree", events, quiet=True)
+
     def memory(self, index: int, handle: Any) -> tuple[int, int] | None:
         """``(total, free)`` bytes of one GPU (v2 where the driver has it, as :meth:`gpu` reads it:
         its free excludes the driver's reservation, as CUDA's does), or None when it cannot be read

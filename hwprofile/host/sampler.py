@@ -35,6 +35,13 @@ class GpuReading:
     power_limit_watts: float | None = None
     memory_used_bytes: int | None = None
     error: str | None = None
+    # hardware faults (None: not read, or the board has no ECC): NVML's volatile counts and flags
+    ecc_uncorrected: int | None = None
+    ecc_corrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    xids: tuple[int, ...] = ()  # every XID critical error seen on this GPU since the sampler opened
 
     @property
     def headroom_c(self) -> float | None:
@@ -64,6 +71,9 @@ class GpuSampler:
         self._limits: dict[int, tuple[int | None, int | None, int | None]] = {}
         self._no_margin: set[int] = set()
         self._unread: dict[int, int] = {}  # samples in a row that read nothing of the GPU
+        self._no_faults: set[int] = set()  # boards that answer none of the fault counters (no ECC)
+        self.xids: dict[int, list[int]] = {}
+        self.events: Any = None
         try:
             self.nvml.open()
         except Unavailable as e:
@@ -79,17 +89,60 @@ class GpuSampler:
             if h is not None:
                 self.handles[i] = h
         self.nvml.errors.clear()
+        try:
+            self.events = self.nvml.xid_events(self.handles)
+        except GpuLost:
+            self.events = None
+        self.events_error = "; ".join(f"{e.where}: {e.message}" for e in self.nvml.errors) or None
+        self.nvml.errors.clear()
 
     def close(self) -> None:
+        if self.events is not None:
+            self.nvml.free_events(self.events)
+            self.events = None
         self.nvml.close()
+
+    def power_limits(self, i: int) -> tuple[int | None, int | None, int | None, str | None]:
+        """``(limit, minimum, maximum, error)`` of GPU ``i``'s power limit in mW."""
+        h = self.handles.get(i)
+        if h is None:
+            return None, None, None, self.lost.get(i) or self.error or f"GPU {i} is not watched"
+        self.nvml.errors.clear()
+        try:
+            limit, lo, hi = self.nvml.power_limits(i, h)
+        except GpuLost:
+            return None, None, None, "NVML answered GPU_IS_LOST"
+        err = "; ".join(f"{e.where}: {e.message}" for e in self.nvml.errors) or None
+        self.nvml.errors.clear()
+        return limit, lo, hi, err
+
+    def set_power_limit(self, i: int, milliwatts: int) -> str | None:
+        """Set GPU ``i``'s power limit; the error, or None."""
+        h = self.handles.get(i)
+        if h is None:
+            return self.lost.get(i) or self.error or f"GPU {i} is not watched"
+        try:
+            err = self.nvml.set_power_limit(i, h, milliwatts)
+        except GpuLost:
+            err = "NVML answered GPU_IS_LOST"
+        self.nvml.errors.clear()
+        return err
+
+    def _poll_xids(self) -> None:
+        if self.events is None:
+            return
+        for i, xid in self.nvml.poll_xids(self.events, self.handles):
+            self.xids.setdefault(i, []).append(xid)
 
     def sample(self, now: float) -> tuple[GpuReading, ...]:
         """Every GPU's reading at ``now`` (monotonic seconds, from the caller's clock)."""
         out: list[GpuReading] = []
         for i, why in sorted(self.lost.items()):
-            out.append(GpuReading(i, now, status="lost", error=why))
+            out.append(GpuReading(i, now, status="lost", error=why, xids=tuple(self.xids.get(i, ()))))
         if self.error:
             return tuple(out)
+        self._poll_xids()
+        self.nvml.errors.clear()
         for i, h in sorted(self.handles.items()):
             try:
                 r = self._read(i, h, now)
@@ -108,7 +161,7 @@ class GpuSampler:
     def _lose(self, i: int, now: float, why: str) -> GpuReading:
         self.lost[i] = why
         del self.handles[i]
-        return GpuReading(i, now, status="lost", error=why)
+        return GpuReading(i, now, status="lost", error=why, xids=tuple(self.xids.get(i, ())))
 
     def _read(self, i: int, h: Any, now: float) -> GpuReading:
         self.nvml.errors.clear()
@@ -118,6 +171,11 @@ class GpuSampler:
         v = self.nvml.live(i, h, margin=i not in self._no_margin)
         if v["margin"] is None:
             self._no_margin.add(i)
+        f: dict[str, Any] = {}
+        if i not in self._no_faults:
+            f = self.nvml.faults(i, h)
+            if all(x is None for x in f.values()):
+                self._no_faults.add(i)  # NOT SUPPORTED is an answer: not asked again
         errors = "; ".join(f"{e.where}: {e.message}" for e in self.nvml.errors) or None
         self.nvml.errors.clear()
         draw, limit = v["power_draw"], v["power_limit"]
@@ -136,4 +194,10 @@ class GpuSampler:
             power_limit_watts=limit / 1000 if limit is not None else None,
             memory_used_bytes=v["memory_used"],
             error=errors,
+            ecc_uncorrected=f.get("ecc_uncorrected"),
+            ecc_corrected=f.get("ecc_corrected"),
+            retired_pages_pending=f.get("retired_pending"),
+            remapped_rows_pending=f.get("remap_pending"),
+            row_remap_failure=f.get("remap_failure"),
+            xids=tuple(self.xids.get(i, ())),
         )

@@ -168,6 +168,12 @@ class Software(NamedTuple):
     numactl_path: str | None = None
     tmpfs_path: str | None = None
     tmpfs_free_bytes: int | None = None
+    # vLLM's fused-MoE kernel configs (``E=…,N=…,device_name=…[,dtype=…].json``): the directory the
+    # installed release ships and its file names, and VLLM_TUNED_CONFIG_FOLDER's (None: not read / not set)
+    moe_configs_dir: str | None = None
+    moe_configs: tuple[str, ...] | None = None
+    tuned_config_folder: str | None = None
+    tuned_configs: tuple[str, ...] | None = None
 
 
 class DetectError(NamedTuple):

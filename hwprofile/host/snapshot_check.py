@@ -23,6 +23,7 @@ _PIB = 1 << 50
 _CPULIST = "^([0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*)?$"
 _LINK = "NV([1-9][0-9]?)|PIX|PXB|PHB|NODE|SYS"
 _PATH = Str(4096, pattern="/[^\\u0000-\\u001f\\u007f]*", like="an absolute path without control characters")
+_CONFIG_NAME = Str(512, null=False, pattern="[^/\\u0000-\\u001f\\u007f]+", like="a file name")
 _VERSION = Str(64, pattern="[0-9A-Za-z][0-9A-Za-z.+_!-]*", like="a version string like 0.11.0")
 
 HOST = Obj(
@@ -131,6 +132,10 @@ HOST = Obj(
                 "numactl_path": _PATH,
                 "tmpfs_path": _PATH,
                 "tmpfs_free_bytes": Int(0, _PIB, unit=" (1 PiB)"),
+                "moe_configs_dir": _PATH,
+                "moe_configs": List(_CONFIG_NAME, 100_000, null=True),
+                "tuned_config_folder": _PATH,
+                "tuned_configs": List(_CONFIG_NAME, 100_000, null=True),
             }
         ),
         "interconnect": Obj(

@@ -118,7 +118,10 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             v = _build(_NESTED[name], v)
         elif name in _SEQUENCES:
             v = tuple(_build(_SEQUENCES[name], x) for x in (v or ()))
-        elif name in ("flags", "clocks_event_reasons", "iommu_units", "gpu_indexes") and v is not None:
+        elif (
+            name in ("flags", "clocks_event_reasons", "iommu_units", "gpu_indexes", "moe_configs", "tuned_configs")
+            and v is not None
+        ):
             v = tuple(v)
         kwargs[name] = v
     return cls(**kwargs)

@@ -82,3 +82,28 @@ def _listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except OSError:
         return []
+
+
+FUSED_MOE_CONFIGS = ("vllm", "model_executor", "layers", "fused_moe", "configs")  # vLLM's own tuned kernels
+
+
+def moe_configs(path: Iterable[str] | None = None) -> tuple[str | None, tuple[str, ...] | None]:
+    """``(directory, its *.json file names)`` of the fused-MoE kernel configs the installed vLLM ships
+    (the first ``vllm`` package on ``path``, default ``sys.path``, as the import system finds it);
+    ``(None, None)`` without one."""
+    for entry in sys.path if path is None else path:
+        d = os.path.join(entry or ".", *FUSED_MOE_CONFIGS)
+        if os.path.isdir(os.path.join(entry or ".", "vllm")):
+            if not os.path.isdir(d):
+                return None, None  # this vLLM has no such directory (a CPU-only build may lack it)
+            return os.path.abspath(d), tuple(n for n in _listdir(d) if n.endswith(".json"))
+    return None, None
+
+
+def tuned_config_folder(env: dict[str, str] | None = None) -> tuple[str | None, tuple[str, ...] | None]:
+    """``VLLM_TUNED_CONFIG_FOLDER`` as this environment sets it, and its *.json file names (vLLM looks
+    there first); ``(None, None)`` when it is not set; names ``()`` when the folder cannot be read."""
+    folder = (os.environ if env is None else env).get("VLLM_TUNED_CONFIG_FOLDER")
+    if not folder:
+        return None, None
+    return os.path.abspath(folder), tuple(n for n in _listdir(folder) if n.endswith(".json"))

@@ -108,12 +108,17 @@ def _fmt_gpu(g: dict[str, Any]) -> str:
     line = ", ".join(parts)
     if g["thermal_state"] != "ok" or g.get("pending"):
         line += f" — {g.get('reason')}"
+    if g.get("faults"):
+        line += " — HARDWARE FAULT: " + "; ".join(g["faults"]) + " (its instances are drained, not restarted there)"
+    if g.get("fault_notes"):
+        line += " — noted: " + "; ".join(g["fault_notes"])
     return line
 
 
 def _fmt_live(i: dict[str, Any]) -> list[str]:
+    drained = [f"    DRAINED for a hardware fault: {i['drained']}"] if i.get("drained") else []
     if i.get("status") != "ok":
-        return [f"    live: {i.get('status')}" + (f" ({i['error']})" if i.get("error") else "")]
+        return [f"    live: {i.get('status')}" + (f" ({i['error']})" if i.get("error") else ""), *drained]
     bits = []
     if i.get("running") is not None:
         bits.append(f"running {i['running']:.0f}, waiting {i.get('waiting') or 0:.0f}")
@@ -139,6 +144,7 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         else "    live: no data yet"
     ]
     out.append(f"    thermal {i.get('thermal_state')}, degrade step {i.get('degrade_level')}")
+    out += drained
     if i.get("stalled_s") is not None:
         out.append(
             f"    NO PROGRESS for {i['stalled_s']:.0f} s with requests pending (restarted after watch.stall_s)"
@@ -221,6 +227,12 @@ def format_status(state: dict[str, Any]) -> str:
         )
         out.append(f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}")
         out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
+        lowered = live.get("power_limits_lowered") or {}
+        if lowered:
+            out.append("  power limit lowered by the daemon (degrade.power_limit_factor) on " + ", ".join(
+                f"GPU {g} (restores {w:.0f} W)" for g, w in sorted(lowered.items())))  # fmt: skip
+        for name, why in sorted((live.get("power_lever_off") or {}).items()):
+            out.append(f"  power limit not a lever for {name}: {why}")
         for a in (live.get("actions") or [])[-5:]:
             when = time.strftime("%H:%M:%S", time.localtime(a.get("at") or 0))
             out.append(

@@ -40,6 +40,7 @@ class ModelFacts(NamedTuple):
     active_params: int = 0  # weights read per decoded token (MoE: routed experts only); 0 = params
     num_experts: int = 0  # MoE: routed experts per MoE layer
     experts_per_token: int = 0  # MoE: experts each token is routed to
+    moe_intermediate_size: int = 0  # MoE: one expert's intermediate size (vLLM's fused-MoE N before TP)
     kv_lora_rank: int = 0  # MLA: one latent of kv_lora_rank + qk_rope_head_dim per token and layer
     qk_rope_head_dim: int = 0
     # where it came from (hwprofile.model.resolve): the commit of a Hub or cache model, and a sentence

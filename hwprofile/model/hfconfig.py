@@ -211,6 +211,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         active_params=counted.active,
         num_experts=arch.num_experts,
         experts_per_token=arch.experts_per_token,
+        moe_intermediate_size=(k.integer("moe_intermediate_size") or inter) if arch.num_experts else 0,
         kv_lora_rank=arch.kv_lora_rank,
         qk_rope_head_dim=arch.qk_rope_head_dim,
         vision_bytes=loaded.by_part["vision"],

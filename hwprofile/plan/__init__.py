@@ -46,6 +46,7 @@ from .hybridspec import by_load
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
 from .loaded import as_loaded
+from .moetune import moe_tuning
 from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
@@ -179,6 +180,8 @@ def _assemble(
     gpus = host.usable_gpus
     # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
     check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
+    _moe_kernels(host, model, instances, r, warnings)
+    _power_lever(host, settings, instances, r)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -197,6 +200,50 @@ def _assemble(
         endpoint=endpoint,
         prediction=_prediction_summary(host, settings, r),
     )
+
+
+def _power_lever(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> None:
+    """What the daemon's first degrade step does on this host's GPUs: their power limit lowered."""
+    gpus = {g.index: g for g in host.usable_gpus}
+    used = sorted({g for i in instances if str(i.device) == "cuda" for g in (i.gpus or ())})
+    if not used:
+        return
+    f = settings.degrade.power_limit_factor
+    if f <= 0:
+        r.add("degrade.power_limit_factor", f, "0: a hot card goes straight to the batch steps (the power limit "
+              "is left alone)", ("degrade", "power_limit_factor"))  # fmt: skip
+        return
+    each = sorted({(gpus[g].name, gpus[g].power_limit_watts) for g in used if g in gpus}, key=str)
+    limits = "; ".join(
+        f"{name}: {w:.0f} -> {w * f:.0f} W" if w else f"{name}: limit not read" for name, w in each
+    )
+    r.add("degrade.power_limit_factor", f, f"a hot (not critical) card's power limit is lowered first ({limits}; "
+          f"never below the card's minimum, which the daemon reads from NVML; root only), the batch steps after "
+          f"degrade.power_limit_hold_s {settings.degrade.power_limit_hold_s:g} s if it is still hot; restored on "
+          "recover and on exit", ("degrade", "power_limit_factor"))  # fmt: skip
+
+
+def _moe_kernels(
+    host: HostSnapshot, model: ModelFacts, instances: list[InstancePlan], r: Reasons, warnings: list[str]
+) -> None:
+    """For a MoE model: the fused-MoE config vLLM will look up on each instance's GPU at its TP, whether
+    the release (or VLLM_TUNED_CONFIG_FOLDER) has it, and the command that tunes it when not (.moetune)."""
+    said: set[str] = set()
+    for i, inst in enumerate(instances):
+        t = moe_tuning(model, inst.gpu_name, int(inst.tensor_parallel_size), str(inst.device), host.software,
+                       model.path or model.name)  # fmt: skip
+        if t is None:
+            return
+        state = {True: "tuned", False: "NOT tuned", None: "unknown"}[t.tuned]
+        r.add(f"instances[{i}].kernels.fused_moe_config", t.file_name,
+              f"{state}: {t.reason}" + (f"; to tune: {t.command}" if t.command and t.tuned is not True else ""))  # fmt: skip
+        if t.tuned is False and t.file_name not in said:
+            said.add(t.file_name or "")
+            warnings.append(
+                f"MoE kernel not tuned for {inst.gpu_name} at TP {inst.tensor_parallel_size}: {t.file_name} is "
+                f"not shipped with vLLM {host.software.vllm_version} (default config: up to ~2x slower). "
+                f"Tune it: {t.command}"
+            )
 
 
 def _predicted(

@@ -24,6 +24,25 @@
  *   topo.<i>.<j>=<level>              nvmlGpuTopologyLevel between i and j (0,10,20,30,40,50)
  *   p2p.<i>.<j>=<status>              nvmlGpuP2PStatus for i,j (0 = OK), any caps index
  *   p2p.<i>.<j>.<cap>=<status>        the same for one caps index only (0 READ .. 4 PCI)
+ *
+ * Hardware faults (nvmlDeviceGetTotalEccErrors, GetRetiredPagesPendingStatus, GetRemappedRows,
+ * the event set's XID events):
+ *   dev<i>.ecc_uncorrected=<n>        volatile uncorrectable ECC count (aggregate: the same + ..._aggregate)
+ *   dev<i>.ecc_corrected=<n>          volatile correctable ECC count
+ *   dev<i>.ecc_supported=0            ECC calls answer NOT_SUPPORTED (GeForce boards)
+ *   dev<i>.retired_pending=1          retired pages wait for a reset
+ *   dev<i>.remap_pending=1            remapped rows wait for a reset (Ampere and later)
+ *   dev<i>.remap_failure=1            a row remapping failed
+ *   dev<i>.remap_uncorrectable=<n>    rows remapped for uncorrectable errors
+ *   dev<i>.xid=<x>[,<x>...]           XID critical errors; each is delivered once by nvmlEventSetWait_v2
+ *                                     to an event set registered for nvmlEventTypeXidCriticalError
+ *                                     (also those written before it registered: a real driver
+ *                                     delivers only the XIDs that happen after)
+ * Power limit (nvmlDeviceSetPowerManagementLimit and its constraints):
+ *   dev<i>.power_limit_min_mw / power_limit_max_mw / power_limit_default_mw
+ *   dev<i>.err.nvmlDeviceSetPowerManagementLimit=4   (NO_PERMISSION: not root)
+ *   A limit set through the library is kept across re-reads of the state file (as on a card),
+ *   as are the XIDs already delivered; another state file at nvmlInit (another host) clears both.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
@@ -61,7 +80,20 @@ struct nvmlDevice_st {
     unsigned int sm_clock, sm_clock_max;
     unsigned long long clocks_event_reasons;
     unsigned int fan, util_gpu, util_mem;
+    unsigned long long ecc_unc, ecc_corr, ecc_unc_aggr;
+    int ecc_unsupported;
+    int retired_pending, remap_pending, remap_failure;
+    unsigned int remap_unc;
+    unsigned long long xids[16];
+    int n_xids;
+    unsigned int power_min_mw, power_max_mw, power_default_mw;
 };
+
+/* Kept across re-reads of the state file: what the library's caller changed or was told. */
+static unsigned int set_limit_mw[MAX_DEV];  /* 0: never set */
+static int xids_delivered[MAX_DEV];
+struct nvmlEventSet_st { unsigned long long mask[MAX_DEV]; int used; };
+static struct nvmlEventSet_st event_sets[8];
 
 struct injected { int dev; char fn[80]; nvmlReturn_t code; };
 
@@ -142,6 +174,28 @@ static void set_field(struct nvmlDevice_st *d, const char *k, const char *v) {
     else if (!strcmp(k, "lost")) d->lost = (int)u;
     else if (!strcmp(k, "margin_temperature")) { d->margin_temp = atoi(v); d->has_margin = 1; }
     else if (!strcmp(k, "minor")) { d->minor = atoi(v); d->has_minor = 1; }
+    else if (!strcmp(k, "ecc_uncorrected")) d->ecc_unc = u;
+    else if (!strcmp(k, "ecc_uncorrected_aggregate")) d->ecc_unc_aggr = u;
+    else if (!strcmp(k, "ecc_corrected")) d->ecc_corr = u;
+    else if (!strcmp(k, "ecc_supported")) d->ecc_unsupported = !u;
+    else if (!strcmp(k, "retired_pending")) d->retired_pending = (int)u;
+    else if (!strcmp(k, "remap_pending")) d->remap_pending = (int)u;
+    else if (!strcmp(k, "remap_failure")) d->remap_failure = (int)u;
+    else if (!strcmp(k, "remap_uncorrectable")) d->remap_unc = (unsigned int)u;
+    else if (!strcmp(k, "power_limit_min_mw")) d->power_min_mw = (unsigned int)u;
+    else if (!strcmp(k, "power_limit_max_mw")) d->power_max_mw = (unsigned int)u;
+    else if (!strcmp(k, "power_limit_default_mw")) d->power_default_mw = (unsigned int)u;
+    else if (!strcmp(k, "xid")) {
+        const char *p = v;
+        d->n_xids = 0;
+        while (*p && d->n_xids < 16) {
+            char *end;
+            unsigned long long x = strtoull(p, &end, 0);
+            if (end == p) break;
+            d->xids[d->n_xids++] = x;
+            p = (*end == ',') ? end + 1 : end;
+        }
+    }
 }
 
 static void add_err(int dev, const char *fn, const char *code) {
@@ -248,8 +302,17 @@ static nvmlReturn_t put_string(char *buf, unsigned int length, const char *s) {
 
 /* ---- init / system ---- */
 
+static char session_path[1024];
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    /* another state file is another host: what the last one's caller set or was told goes */
+    const char *path = getenv("FAKE_NVML_STATE");
+    if (path && strcmp(path, session_path)) {
+        copy(session_path, sizeof session_path, path);
+        memset(set_limit_mw, 0, sizeof set_limit_mw);
+        memset(xids_delivered, 0, sizeof xids_delivered);
+    }
     nvmlReturn_t r = load_state();
     if (r) { initialized = 0; return r; }
     initialized++;
@@ -485,15 +548,129 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, 
 
 /* ---- power, thermals, clocks ---- */
 
+static unsigned int limit_of(int idx) {
+    return set_limit_mw[idx] ? set_limit_mw[idx] : devs[idx].power_limit_mw;
+}
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit) {
     DEV_CALL(device, "nvmlDeviceGetPowerManagementLimit");
-    *limit = d->power_limit_mw;
+    (void)d;
+    *limit = limit_of(idx);
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
     DEV_CALL(device, "nvmlDeviceGetEnforcedPowerLimit");
-    *limit = d->power_limit_mw;
+    (void)d;
+    *limit = limit_of(idx);
     return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *minLimit, unsigned int *maxLimit) {
+    DEV_CALL(device, "nvmlDeviceGetPowerManagementLimitConstraints");
+    if (!d->power_min_mw || !d->power_max_mw) return NVML_ERROR_NOT_SUPPORTED;
+    *minLimit = d->power_min_mw;
+    *maxLimit = d->power_max_mw;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *limit) {
+    DEV_CALL(device, "nvmlDeviceGetPowerManagementDefaultLimit");
+    *limit = d->power_default_mw ? d->power_default_mw : d->power_limit_mw;
+    return NVML_SUCCESS;
+}
+/* As the driver: NO_PERMISSION unless root (inject it with dev<i>.err...), INVALID_ARGUMENT
+ * outside the card's constraints. */
+nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit) {
+    DEV_CALL(device, "nvmlDeviceSetPowerManagementLimit");
+    if (!d->power_min_mw || !d->power_max_mw) return NVML_ERROR_NOT_SUPPORTED;
+    if (limit < d->power_min_mw || limit > d->power_max_mw) return NVML_ERROR_INVALID_ARGUMENT;
+    set_limit_mw[idx] = limit;
+    return NVML_SUCCESS;
+}
+
+/* ---- hardware faults ---- */
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType, nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
+    DEV_CALL(device, "nvmlDeviceGetTotalEccErrors");
+    if (d->ecc_unsupported) return NVML_ERROR_NOT_SUPPORTED;
+    if (!eccCounts) return NVML_ERROR_INVALID_ARGUMENT;
+    if (errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+        *eccCounts = counterType == NVML_AGGREGATE_ECC ? d->ecc_unc + d->ecc_unc_aggr : d->ecc_unc;
+    else if (errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED)
+        *eccCounts = d->ecc_corr;
+    else return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending) {
+    DEV_CALL(device, "nvmlDeviceGetRetiredPagesPendingStatus");
+    if (d->ecc_unsupported) return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = d->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows, unsigned int *isPending, unsigned int *failureOccurred) {
+    DEV_CALL(device, "nvmlDeviceGetRemappedRows");
+    if (d->ecc_unsupported) return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = 0;
+    *uncRows = d->remap_unc;
+    *isPending = (unsigned int)d->remap_pending;
+    *failureOccurred = (unsigned int)d->remap_failure;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    SYS_CALL("nvmlEventSetCreate");
+    for (int i = 0; i < 8; i++)
+        if (!event_sets[i].used) {
+            memset(&event_sets[i], 0, sizeof event_sets[i]);
+            event_sets[i].used = 1;
+            *set = &event_sets[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    SYS_CALL("nvmlEventSetFree");
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    set->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
+    DEV_CALL(device, "nvmlDeviceGetSupportedEventTypes");
+    (void)d;
+    *eventTypes = nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
+    DEV_CALL(device, "nvmlDeviceRegisterEvents");
+    (void)d;
+    if (!set || !set->used) return NVML_ERROR_INVALID_ARGUMENT;
+    set->mask[idx] |= eventTypes;
+    return NVML_SUCCESS;
+}
+
+/* The next XID not yet delivered on a device registered for it; TIMEOUT at once when none (the
+ * fake never waits: the caller's clock is the test's). */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    (void)timeoutms;
+    SYS_CALL("nvmlEventSetWait_v2");
+    maybe_reload();
+    if (!set || !set->used || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < dev_count; i++) {
+        if (!(set->mask[i] & nvmlEventTypeXidCriticalError)) continue;
+        if (xids_delivered[i] < devs[i].n_xids) {
+            memset(data, 0, sizeof *data);
+            data->device = &devs[i];
+            data->eventType = nvmlEventTypeXidCriticalError;
+            data->eventData = devs[i].xids[xids_delivered[i]++];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_TIMEOUT;
+}
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
 }
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     DEV_CALL(device, "nvmlDeviceGetPowerUsage");
