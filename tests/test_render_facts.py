@@ -296,7 +296,7 @@ def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_pat
         assert r.env.get("HF_HUB_OFFLINE") == "1"
         assert "Qwen/Qwen3-0.6B" not in " ".join(r.argv), version
         assert not any("download" in w for w in r.warnings), version  # nothing left for render to switch
-    with pytest.raises(PlanRefused, match="hf download Qwen/Qwen3-0.6B"):
+    with pytest.raises(PlanRefused, match=r"hf download Qwen/Qwen3-0\.6B"):
         make_plan(host, empty_root, model=str(target), environ={},
                   sets=["speculative.draft=Qwen/Qwen3-0.6B", "speculative.method=draft_model"])  # fmt: skip
 
