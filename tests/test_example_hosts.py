@@ -140,3 +140,22 @@ def test_the_example_model_configs_are_the_catalog_s_shipped_copies() -> None:
     for name in ("qwen3.8-27b", "qwen3.8-27b-int4", "qwen3.8-27b-fp8"):
         shipped = (root / "hwprofile" / "data" / "catalog" / f"{name}.json").read_bytes()
         assert (root / "examples" / "models" / name / "config.json").read_bytes() == shipped, name
+
+
+def test_the_readme_s_example_host_commands_run_on_any_machine() -> None:
+    """The README's commands on the example hosts (the `H=examples/hosts` block) run as written on a
+    machine without a GPU, from inside the checkout, as a newcomer runs them."""
+    import shlex
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    block = text[text.index("H=examples/hosts") :].split("```")[0]
+    cmds = [ln.split("#")[0].strip() for ln in block.splitlines() if ln.startswith("hwprofile ") and "$H/" in ln]
+    assert len(cmds) >= 4, cmds
+    for cmd in cmds:
+        argv = shlex.split(cmd.replace("$H", "examples/hosts"))
+        r = subprocess.run([sys.executable, "-P", "-m", *argv], cwd=root, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (cmd, r.stderr[-2000:])
+        assert r.stdout.strip(), cmd
