@@ -7,7 +7,8 @@ from hwprofile.config.settings import Degrade
 from hwprofile.pipeline import make_plan
 from hwprofile.plan.degrade import degrade_sets
 
-DEGRADE = {"max_num_seqs_factor": 0.75, "max_num_batched_tokens_factor": 0.75, "num_speculative_tokens_step": 1}
+DEGRADE = {"max_num_seqs_factor": 0.75, "max_num_batched_tokens_factor": 0.75, "num_speculative_tokens_step": 1,
+           "power_limit_factor": 0.85, "power_limit_hold_s": 60.0}  # fmt: skip
 
 
 def test_seed_000_degrade_256_to_192_through_the_planner(host_of, empty_root) -> None:

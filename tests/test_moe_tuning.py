@@ -101,7 +101,7 @@ def test_plan_explain_says_it_on_a_fake_host(tmp_path, fake_nvml_dir) -> None:
     env.pop("VLLM_TUNED_CONFIG_FOLDER", None)
     out = {}
     for tp in (2, 8):
-        r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--model", "Qwen/Qwen3-30B-A3B", "--explain",
+        r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--model", "Qwen/Qwen3-30B-A3B", "--explain=all",
                             f"--set=layout.tensor_parallel_size={tp}"], env=env, capture_output=True, text=True)  # fmt: skip
         assert r.returncode == 0, r.stderr[-2000:]
         out[tp] = r.stdout
