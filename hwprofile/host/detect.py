@@ -70,6 +70,7 @@ def detect_host(
             numactl_path=software.numactl_path(),
             tmpfs_path=tmpfs_path,
             tmpfs_free_bytes=tmpfs_free,
+            router_path=software.router_path(),
         ),
         errors=tuple(errors),
     )

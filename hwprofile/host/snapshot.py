@@ -145,6 +145,7 @@ class Software(NamedTuple):
     numactl_path: str | None = None
     tmpfs_path: str | None = None
     tmpfs_free_bytes: int | None = None
+    router_path: str | None = None  # vLLM's router (pip install vllm-router), None when not installed
 
 
 class DetectError(NamedTuple):

@@ -129,6 +129,7 @@ HOST = Obj(
                 "numactl_path": _PATH,
                 "tmpfs_path": _PATH,
                 "tmpfs_free_bytes": Int(0, _PIB, unit=" (1 PiB)"),
+                "router_path": _PATH,
             }
         ),
         "errors": List(
