@@ -10,6 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # No test reaches the real Hugging Face Hub: a model name that is neither a directory nor in the catalog
 # is an offline error here (tests/test_hub.py serves its own stand-in Hub and sets its own environment).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Detection finds vLLM's router where it is installed (the test environment may have it): a test host
+# has none unless a test says so, so that a plan's front (router or nginx) does not depend on the machine.
+os.environ.setdefault("HWPROFILE_ROUTER", "none")
 
 from fakehost import FakeHost, build, compile_fake_nvml
 

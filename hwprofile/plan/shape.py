@@ -180,6 +180,11 @@ def _front(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]
         )
         if want == "router" and not found:
             why += " (not installed on the planning host: pip install vllm-router where it runs)"
+        if port + 1 in taken or port + 1 > 65_535:
+            raise PlanRefused(
+                f"vLLM's router serves its metrics on layout.endpoint_port + 1 ({port + 1}), which is taken",
+                [f"--set layout.endpoint_port={max(taken) + 1}", "--set layout.front=nginx"],
+            )
         r.add(
             "layout.front",
             "router",
@@ -187,7 +192,8 @@ def _front(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]
             src,
         )
         r.add(
-            "layout.endpoint_port", port, "the one port of vLLM's router in front of the servers",
+            "layout.endpoint_port", port,
+            f"the one port of vLLM's router in front of the servers (its metrics: {port + 1}, loopback)",
             ("layout", "endpoint_port"),
         )  # fmt: skip
         r.add(
