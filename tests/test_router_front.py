@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import fake_model, fake_vllm_shim, free_port, free_ports
+from vllmtools import fake_model, fake_vllm_shim, free_ports
 
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.launch.start import Launch, Refused, preflight
@@ -80,9 +80,10 @@ def test_the_plan_says_which_front_and_why(world, rt) -> None:
     assert routed.to_json()["endpoint"]["policy"] == "cache_aware"
     # not installed: nginx, and the reason says how to get the router
     plain = inputs(world, rt, None).replan()
-    assert plain.endpoint.via == "nginx" and "pip install vllm-router" in {
-        r.key: r.reason for r in plain.reasons
-    }["layout.front"]
+    assert (
+        plain.endpoint.via == "nginx"
+        and "pip install vllm-router" in {r.key: r.reason for r in plain.reasons}["layout.front"]
+    )
     assert "policy" not in plain.to_json()["endpoint"]
     # the operator's choice wins either way
     assert inputs(world, rt, "/opt/r/bin/vllm-router", "layout.front=nginx").replan().endpoint.via == "nginx"
@@ -176,7 +177,10 @@ def test_the_supervisor_runs_restarts_and_stops_the_router(world, rt, monkeypatc
         sup.wait(60)
         sup.close()
     assert sup.front.state == "stopped" and not sup.front.thread.is_alive()
-    assert not Path(f"/proc/{second}").exists() or b"vllm-router" not in Path(f"/proc/{second}/cmdline").read_bytes()
+    assert (
+        not Path(f"/proc/{second}").exists()
+        or b"vllm-router" not in Path(f"/proc/{second}/cmdline").read_bytes()
+    )
     assert not (rt / "run" / STATE_FILE).exists()
     last = json.loads((rt / "run" / LAST_FILE).read_text())
     assert last["front"]["state"] == "stopped" and last["front"]["pid"] is None
