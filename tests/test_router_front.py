@@ -179,7 +179,7 @@ def test_the_supervisor_runs_restarts_and_stops_the_router(world, rt, monkeypatc
     assert sup.front.state == "stopped" and not sup.front.thread.is_alive()
     assert (
         not Path(f"/proc/{second}").exists()
-        or b"vllm-router" not in Path(f"/proc/{second}/cmdline").read_bytes()
+        or b"router" not in Path(f"/proc/{second}/cmdline").read_bytes()
     )
     assert not (rt / "run" / STATE_FILE).exists()
     last = json.loads((rt / "run" / LAST_FILE).read_text())

@@ -74,7 +74,9 @@ def test_two_servers_behind_the_router_and_behind_nginx(tiny, tmp_path) -> None:
         assert url == f"http://127.0.0.1:{front}"
         assert st["front"]["state"] == "ready" and st["front"]["servers"] == 2, st["front"]
         router_pid = st["front"]["pid"]
-        assert b"vllm-router" in Path(f"/proc/{router_pid}/cmdline").read_bytes()
+        assert (
+            b"router" in Path(f"/proc/{router_pid}/cmdline").read_bytes()
+        )  # it retitles itself vllm::router
         assert [chat(url, str(tiny)) for _ in range(6)] == [200] * 6
         text = hw(env, "status", timeout=60).stdout
         assert "vllm-router: ready" in text and "2 of 2 servers healthy" in text
@@ -103,5 +105,5 @@ def test_two_servers_behind_the_router_and_behind_nginx(tiny, tmp_path) -> None:
         time.sleep(0.2)
     assert (
         not Path(f"/proc/{router_pid}").exists()
-        or b"vllm-router" not in Path(f"/proc/{router_pid}/cmdline").read_bytes()
+        or b"router" not in Path(f"/proc/{router_pid}/cmdline").read_bytes()
     )
