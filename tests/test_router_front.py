@@ -178,8 +178,7 @@ def test_the_supervisor_runs_restarts_and_stops_the_router(world, rt, monkeypatc
         sup.close()
     assert sup.front.state == "stopped" and not sup.front.thread.is_alive()
     assert (
-        not Path(f"/proc/{second}").exists()
-        or b"router" not in Path(f"/proc/{second}/cmdline").read_bytes()
+        not Path(f"/proc/{second}").exists() or b"router" not in Path(f"/proc/{second}/cmdline").read_bytes()
     )
     assert not (rt / "run" / STATE_FILE).exists()
     last = json.loads((rt / "run" / LAST_FILE).read_text())
