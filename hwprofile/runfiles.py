@@ -78,7 +78,9 @@ INSTANCE = Obj(
     {
         "name": Str(128, null=False, pattern="[A-Za-z0-9][A-Za-z0-9._-]*", like="an instance name"),
         "state": Str(
-            16, null=False, pattern="starting|ready|restarting|stopping|stopped|failed",
+            16,
+            null=False,
+            pattern="starting|ready|restarting|stopping|stopped|failed",
             like="starting, ready, restarting, stopping, stopped or failed",
         ),
         "pid": Int(1, 1 << 22),
@@ -90,9 +92,16 @@ INSTANCE = Obj(
         "ready_at": _TIME,
         "restarts": Int(0, 1 << 31, null=False),
         "replacements": Int(0, 1 << 31),
-        "ladder": List(Obj({k: Str(4096, null=False) for k in ("rung", "change", "because", "set")},
-                           required=("rung", "change", "because", "set")), 64),
-        "failure": Obj({"kind": Str(256, null=False), "evidence": _TEXT, "fix": _TEXT}, required=("kind",)).nullable(),
+        "ladder": List(
+            Obj(
+                {k: Str(4096, null=False) for k in ("rung", "change", "because", "set")},
+                required=("rung", "change", "because", "set"),
+            ),
+            64,
+        ),
+        "failure": Obj(
+            {"kind": Str(256, null=False), "evidence": _TEXT, "fix": _TEXT}, required=("kind",)
+        ).nullable(),
         "log_dir": Str(4096, null=False),
         "log_file": Str(4096, null=False),
         "stop_grace_s": Num(0, MAX_GRACE_S, null=False, unit=" s"),
@@ -122,7 +131,18 @@ SUPERVISOR = Obj(
         "ended_at": _TIME,
         "end_reason": _TEXT,
         "previous": _TEXT,
-        "endpoint": Obj({"url": Str(2048, null=False), "via": Str(16, null=False)}, required=("url", "via")).nullable(),
+        "endpoint": Obj(
+            {"url": Str(2048, null=False), "via": Str(16, null=False)}, required=("url", "via")
+        ).nullable(),
+        "front": Obj(
+            {
+                "state": Str(16, null=False),
+                "url": Str(2048, null=False),
+                "pid": Int(1, 1 << 22),
+                "restarts": Int(0, 1 << 31),
+            },
+            required=("state", "url"),
+        ).nullable(),
         "profile": Str(256),
         "model": Str(4096),
         "vllm_version": Str(64),
@@ -269,6 +289,9 @@ class SupervisorDoc:
     end_reason: str | None = None  # last.json: why the supervisor ended
     previous: str | None = None  # how the run before this one in the same runtime directory ended
     endpoint: Mapping[str, Any] | None = None  # the plan's one URL for clients (plan.endpoint's JSON)
+    front: Mapping[str, Any] | None = (
+        None  # vLLM's router in front of the servers (supervise.router's record)
+    )
 
     @property
     def supervisor_pid(self) -> int:
@@ -276,9 +299,11 @@ class SupervisorDoc:
 
     def ended(self, at: float, reason: str) -> SupervisorDoc:
         """This document as ``last.json``: ended at ``at`` for ``reason``, no process left to signal."""
+        front = {**self.front, "pid": None, "process": None} if self.front is not None else None
         return replace(
-            self, ended_at=at, end_reason=reason, instances=tuple(replace(i, process=None) for i in self.instances)
-        )
+            self, ended_at=at, end_reason=reason, instances=tuple(replace(i, process=None) for i in self.instances),
+            front=front,
+        )  # fmt: skip
 
     def how_it_ended(self) -> str:
         """One line for the next run: when and why this one ended (or that it did not say)."""
@@ -304,6 +329,8 @@ class SupervisorDoc:
             out["previous"] = self.previous
         if self.endpoint is not None:
             out["endpoint"] = dict(self.endpoint)
+        if self.front is not None:
+            out["front"] = dict(self.front)
         return out
 
     @classmethod
@@ -314,7 +341,7 @@ class SupervisorDoc:
         return cls(
             Identity(s["pid"], s["start_time"]), tuple(InstanceRecord.from_json(i) for i in d["instances"]),
             d.get("started_at"), d.get("profile"), d.get("model"), d.get("vllm_version"), d.get("ended_at"),
-            d.get("end_reason"), d.get("previous"), d.get("endpoint"),
+            d.get("end_reason"), d.get("previous"), d.get("endpoint"), d.get("front"),
         )  # fmt: skip
 
 
@@ -339,7 +366,9 @@ class LaunchDoc:
         from .plan.types import Plan
 
         try:
-            return cls(Plan.from_json(d["plan"]), PlanInputs.from_json(d["inputs"], source), d["vllm_version"])
+            return cls(
+                Plan.from_json(d["plan"]), PlanInputs.from_json(d["inputs"], source), d["vllm_version"]
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise Invalid("plan", f"not a plan and its inputs: {e}") from None
 
@@ -473,7 +502,9 @@ def already_message(runtime: Path) -> str:
     return f"hwprofile is already supervising in {runtime}{who}: `hwprofile stop` first, or use another --runtime-dir"
 
 
-if __name__ == "__main__":  # python -m hwprofile.runfiles: write schemas/hwprofile.{state,launch,daemon}-1.schema.json
+if (
+    __name__ == "__main__"
+):  # python -m hwprofile.runfiles: write schemas/hwprofile.{state,launch,daemon}-1.schema.json
     import sys
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas")

@@ -56,6 +56,9 @@ TimeoutStartSec=1200
 # SIGKILL to each process group {margin}s later, and waits until it is torn down); whatever is left
 # of the unit is SIGKILLed after
 # TimeoutStopSec = {shutdown} + {margin} + {slack} s, so no vLLM outlives the daemon.
+# Separate servers behind one URL: vLLM's router (layout.front; pip install vllm-router) is the daemon's
+# child in this unit too, started once a server is ready, restarted when it exits, stopped first (its
+# log: vllm-router.log beside the instances'; `hwprofile status` and hwprofile_front_* show it).
 KillMode=mixed
 KillSignal=SIGTERM
 TimeoutStopSec={stop_timeout}

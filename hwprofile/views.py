@@ -61,6 +61,7 @@ def format_host(s: HostSnapshot) -> str:
         f"  numactl {sw.numactl_path or 'not found'};"
         f" tmpfs {sw.tmpfs_path or 'none'}"
         + (f" ({human_bytes(sw.tmpfs_free_bytes)} free)" if sw.tmpfs_free_bytes is not None else "")
+        + f"; vllm-router {sw.router_path or 'not installed'}"
     )
 
     out.append("")

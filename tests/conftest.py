@@ -10,6 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # No test reaches the real Hugging Face Hub: a model name that is neither a directory nor in the catalog
 # is an offline error here (tests/test_hub.py serves its own stand-in Hub and sets its own environment).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Detection finds vLLM's router where it is installed (the test environment may have it): a test host
+# has none unless a test says so, so that a plan's front (router or nginx) does not depend on the machine.
+os.environ.setdefault("HWPROFILE_ROUTER", "none")
 
 from fakehost import FakeHost, build, compile_fake_nvml
 
@@ -46,6 +49,9 @@ def fake_host(tmp_path: Path, fake_nvml_dir: Path, monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("FAKE_NVML_STATE", str(host.state))
         monkeypatch.setenv("HWPROFILE_PROC_ROOT", str(host.proc))
         monkeypatch.setenv("HWPROFILE_SYS_ROOT", str(host.sys))
+        monkeypatch.setenv(
+            "HWPROFILE_ROUTER", os.environ.get("HWPROFILE_ROUTER", "none")
+        )  # a fixture host has none
         return host
 
     return make

@@ -86,6 +86,7 @@ class FakeHost:
         env["FAKE_NVML_STATE"] = str(self.state)
         env["HWPROFILE_PROC_ROOT"] = str(self.proc)
         env["HWPROFILE_SYS_ROOT"] = str(self.sys)
+        env.setdefault("HWPROFILE_ROUTER", "none")  # a fixture host has no vLLM router unless a test says
         if lib_dir is not None:
             env["LD_LIBRARY_PATH"] = str(lib_dir)
         return env

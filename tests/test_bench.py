@@ -534,7 +534,7 @@ def test_compare_the_two_shapes_of_one_host_each_through_its_one_url(world) -> N
     data-parallel server through its own."""
     need("nginx")
     servers, dp = world["tmp"] / "servers.yaml", world["tmp"] / "dp.yaml"
-    servers.write_text("layout:\n  shape: servers\n  replicas: 2\n")
+    servers.write_text("layout:\n  shape: servers\n  replicas: 2\n  front: nginx\n")
     dp.write_text("layout:\n  shape: data_parallel\n  replicas: 2\n")
     front = free_port()
     out = world["tmp"] / "out"
@@ -631,3 +631,20 @@ def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:
         os.mkfifo(cache) if plant == "fifo" else cache.symlink_to("/dev/zero")
         assert tags.cpu_info() == first
     assert len(calls) == 7
+
+
+def test_separate_servers_behind_the_router_are_measured_through_it(world) -> None:
+    """With vLLM's router installed (layout.front=router), the supervisor runs it and the bench
+    measures the servers through it, the URL their clients use."""
+    if not (Path(sys.executable).parent / "vllm-router").is_file():
+        pytest.skip("vllm-router is not installed (the 'router' extra)")
+    servers = world["tmp"] / "routed.yaml"
+    servers.write_text("layout:\n  shape: servers\n  replicas: 2\n  front: router\n")
+    front = free_ports(2)
+    out = world["tmp"] / "out-router"
+    r = hw(world, "--compare", str(servers), str(servers), "--rounds", "1", "--output", str(out),
+           "--set", f"layout.endpoint_port={front}", "--set", "bench.num_prompts=8")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"their one URL http://127.0.0.1:{front} (vLLM's router in front" in r.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["plans"][0]["runs"][0]["url"] == f"http://127.0.0.1:{front}"

@@ -497,3 +497,29 @@ def test_cli_output_file_and_refusals(snapshot, empty_root, capsys, tmp_path) ->
     with pytest.raises(SystemExit):
         main(["render", "--format", "k8s", "--from", snap, "--namespace", "Not_A_Name"])
     capsys.readouterr()
+
+
+def test_the_router_in_front_of_a_mixed_cluster(empty_root, capsys, clean_env, crd_validators) -> None:
+    """--router-image: vLLM's router (a Deployment of one pod and its Service) in front of every
+    workload's Service, its argv the one hwprofile renders (cache_aware, /health checks), no API key."""
+    docs, text, _ = render(capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root),
+                           "--vllm-version", "0.33.0", "--router-image", "example.org/vllm-router:0.1.17")  # fmt: skip
+    router = next(d for d in _of(docs, "Deployment") if d["metadata"]["name"] == "hwprofile-router")
+    (svc,) = [d for d in _of(docs, "Service") if d["metadata"]["name"] == "hwprofile-router"]
+    workloads = [d for d in _of(docs, "Service") if d["metadata"]["name"] != "hwprofile-router"]
+    assert len(workloads) == 2 and len(docs) == 10
+    (c,) = router["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "example.org/vllm-router:0.1.17" and c["command"] == ["vllm-router"]
+    args = c["args"]
+    w = args.index("--worker-urls")
+    urls = args[w + 1 : w + 3]
+    assert sorted(urls) == sorted(f"http://{s['metadata']['name']}:{s['spec']['ports'][0]['port']}" for s in workloads)
+    assert args[args.index("--policy") + 1] == "cache_aware" and args[args.index("--host") + 1] == "0.0.0.0"
+    assert "--api-key" not in args and "cache_aware" in text
+    assert svc["spec"]["selector"] == router["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["port"] == int(args[args.index("--port") + 1])
+    for d in docs:
+        validate(d, crd_validators)
+    plain, _, _ = render(capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root),
+                         "--vllm-version", "0.33.0")  # fmt: skip
+    assert not [d for d in plain if d["metadata"]["name"] == "hwprofile-router"]

@@ -122,10 +122,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         inst = bp.plan.instances[0]
         ep = bp.plan.endpoint
-        front = ep is not None and ep.via == "nginx"  # separate servers: measured through their one URL
+        front = ep is not None and ep.via in ("nginx", "router")  # separate servers: through their one URL
         if front:
+            who = "vLLM's router" if ep.via == "router" else "nginx"
             _progress(f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
-                      f"{ep.url} (nginx in front, as clients reach them)")  # fmt: skip
+                      f"{ep.url} ({who} in front, as clients reach them)")  # fmt: skip
         elif len(bp.plan.instances) > 1:
             _progress(
                 f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
@@ -139,7 +140,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 logs[:] = [(i.name, Path(i.log.path)) for i in sup.instances]
                 served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
                 tokenizer = bp.plan.model.path or bp.plan.model.name
-                if front:
+                if front and ep.via == "router":  # the supervisor runs it (serving waited for it)
+                    yield Target(ep.url, served, tokenizer, vllm)
+                elif front:
                     from ..supervise.front import nginx_front
 
                     with nginx_front(bp.plan, runtime / "nginx") as url:

@@ -214,6 +214,11 @@ def _args_render(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--namespace", type=dns_label, metavar="NS", help="k8s: the manifests' namespace")
     p.add_argument(
+        "--router-image", type=image_ref, metavar="IMAGE",
+        help="k8s: put vLLM's router (cache_aware) in front of every workload: a Deployment and Service "
+        "hwprofile-router running IMAGE (one with `pip install vllm-router`)",
+    )  # fmt: skip
+    p.add_argument(
         "--api-key-secret", type=dns_label, default="hwprofile-api-key", metavar="NAME",
         help="k8s: the Secret holding the API key under `api-key` (when server.api_key_env is set)",
     )  # fmt: skip

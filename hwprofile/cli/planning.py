@@ -185,7 +185,7 @@ def _render_k8s(args: argparse.Namespace) -> int:
         _, inputs = plan_of(args, host)
         targets = [snapshot_target(inputs)]
         notes = []
-    text, warnings = render_k8s(targets, Options(rel, args.image, args.namespace, args.api_key_secret), header)
+    text, warnings = render_k8s(targets, Options(rel, args.image, args.namespace, args.api_key_secret, args.router_image), header)
     if args.output:
         _write_output(args.output, "hwprofile", "k8s", text)
     else:

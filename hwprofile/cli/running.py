@@ -77,8 +77,9 @@ def _launch_from_file(args: argparse.Namespace, runtime) -> int:
     sw = doc.inputs.host.software
     setup_logging(runtime, to_stderr=True)
     launch = Launch(
-        doc.plan, release(doc.vllm_version), vllm_command(None), sw.numactl_path, sw.tmpfs_path, runtime, doc.inputs
-    )
+        doc.plan, release(doc.vllm_version), vllm_command(None), sw.numactl_path, sw.tmpfs_path, runtime, doc.inputs,
+        router=sw.router_path,
+    )  # fmt: skip
     return foreground(launch)
 
 

@@ -18,6 +18,7 @@ QUANTIZATIONS = (
 SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
 SHAPES = ("auto", "servers", "data_parallel")
+FRONTS = ("auto", "router", "nginx")
 MULTINODE_BACKENDS = ("mp", "ray")
 OBJECTIVES = ("throughput", "latency")
 BATCHING = ("predicted", "configured")
@@ -106,6 +107,14 @@ class Layout(Section):
         "int", "the one port clients use in front of separate servers (nginx: render --format nginx)",
         1, 65_535, default=8080,
     )  # fmt: skip
+    front: str = setting(
+        "choice",
+        "what serves the one port in front of separate servers: vLLM's own router (pip install vllm-router; "
+        "cache-aware, started and supervised by hwprofile), nginx (the operator's, render --format nginx), or "
+        "auto (the router where it is installed, else nginx)",
+        choices=FRONTS,
+        default="auto",
+    )
     nodes: int | Literal["auto"] = setting(
         "int_or_auto", "hosts one model runs over (with several --from snapshots): auto = the fewest that fit",
         1, 64, default="auto",
@@ -147,10 +156,18 @@ class Layout(Section):
         0.1, 60_000, default=120.0,
     )  # fmt: skip
     workload_input_len: int = setting(
-        "int", "prompt tokens per request of the workload the layouts are predicted at", 1, 10_485_760, default=512
+        "int",
+        "prompt tokens per request of the workload the layouts are predicted at",
+        1,
+        10_485_760,
+        default=512,
     )
     workload_output_len: int = setting(
-        "int", "output tokens per request of the workload the layouts are predicted at", 1, 10_485_760, default=256
+        "int",
+        "output tokens per request of the workload the layouts are predicted at",
+        1,
+        10_485_760,
+        default=256,
     )
     workload_concurrency: int = setting(
         "int", "requests in flight on the host in the workload the layouts are predicted at", 1, 1_048_576,

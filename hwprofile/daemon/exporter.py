@@ -27,6 +27,9 @@ class Published:
         self.retry_in: dict[str, float] = {}  # failed instances: seconds until they are tried again
         self.health_failing_s: dict[str, float] = {}  # ready instances whose /health fails: for how long
         self.actions_total: dict[str, int] = {}
+        self.front: dict[str, Any] | None = (
+            None  # vLLM's router in front of the servers (its state.json record)
+        )
         self.ticks_total = 0
         self.missed_ticks_total = 0
         self.tick_seconds = 0.0
@@ -50,7 +53,10 @@ def liveness(p: Published, now: float) -> tuple[bool, str]:
         return True, "no tick yet"
     late = now - p.last_tick_at
     limit = max(30.0, 10 * p.interval)
-    return (late <= limit, f"last tick {late:.0f} s ago" + ("" if late <= limit else f" (over {limit:.0f} s)"))
+    return (
+        late <= limit,
+        f"last tick {late:.0f} s ago" + ("" if late <= limit else f" (over {limit:.0f} s)"),
+    )
 
 
 class HwprofileCollector:
@@ -170,8 +176,36 @@ class HwprofileCollector:
         ticks.add_metric([], p.ticks_total)
         missed.add_metric([], p.missed_ticks_total)
         tick_s.add_metric([], p.tick_seconds)
+        yield from _front(p.front)
         yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
         yield from (inst_state, degrade, drained, accept, restarts, retry, failing, actions, ticks, missed, tick_s)
+
+
+FRONT_STATES = ("waiting", "starting", "ready", "restarting", "stopped")  # supervise.router's states
+
+
+def _front(front: dict[str, Any] | None) -> Iterator[Any]:
+    """vLLM's router in front of the servers, where the plan has it: its state, restarts and how many
+    servers it sees healthy (its own request metrics are on its metrics port: ``metrics_url``)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if front is None:
+        return
+    state = GaugeMetricFamily(
+        "hwprofile_front_state", "1 for vLLM's router's state", labels=["front", "state"]
+    )
+    for s in FRONT_STATES:
+        state.add_metric(["vllm-router", s], 1 if s == front.get("state") else 0)
+    restarts = CounterMetricFamily("hwprofile_front_restarts", "restarts of vLLM's router", labels=["front"])
+    restarts.add_metric(["vllm-router"], int(front.get("restarts") or 0))
+    yield state
+    yield restarts
+    if front.get("healthy_servers") is not None:
+        healthy = GaugeMetricFamily(
+            "hwprofile_front_healthy_servers", "the servers vLLM's router sees healthy", labels=["front"]
+        )
+        healthy.add_metric(["vllm-router"], int(front["healthy_servers"]))
+        yield healthy
 
 
 def app(published: Published, clock: Any = None) -> Any:
@@ -240,6 +274,9 @@ NAMES = (
     "hwprofile_instance_retry_in_seconds",
     "hwprofile_instance_health_failing_seconds",
     "hwprofile_actions_total",
+    "hwprofile_front_state",
+    "hwprofile_front_restarts_total",
+    "hwprofile_front_healthy_servers",
     "hwprofile_ticks_total",
     "hwprofile_missed_ticks_total",
     "hwprofile_tick_duration_seconds",

@@ -597,6 +597,8 @@ class Daemon:
         p.report = rep
         p.instance_states = {i.name: i.state.value for i in self.sup.instances}
         p.restarts = {i.name: i.restarts for i in self.sup.instances}
+        front = getattr(self.sup, "front", None)
+        p.front = front.record() if front is not None else None
         wall = time.time()
         p.retry_in = {i.name: max(0.0, i.retry_at - wall) for i in self.sup.instances
                       if getattr(i, "retry_at", None) is not None}  # fmt: skip

@@ -78,6 +78,7 @@ def detect_host(
             moe_configs=moe_names,
             tuned_config_folder=tuned_dir,
             tuned_configs=tuned_names,
+            router_path=software.router_path(),
         ),
         errors=tuple(errors),
         interconnect=interconnect,

@@ -174,6 +174,7 @@ class Software(NamedTuple):
     moe_configs: tuple[str, ...] | None = None
     tuned_config_folder: str | None = None
     tuned_configs: tuple[str, ...] | None = None
+    router_path: str | None = None  # vLLM's router (pip install vllm-router), None when not installed
 
 
 class DetectError(NamedTuple):

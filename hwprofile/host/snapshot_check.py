@@ -136,6 +136,7 @@ HOST = Obj(
                 "moe_configs": List(_CONFIG_NAME, 100_000, null=True),
                 "tuned_config_folder": _PATH,
                 "tuned_configs": List(_CONFIG_NAME, 100_000, null=True),
+                "router_path": _PATH,
             }
         ),
         "interconnect": Obj(

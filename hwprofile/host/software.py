@@ -49,6 +49,20 @@ def numactl_path() -> str | None:
     return shutil.which("numactl")
 
 
+def router_path() -> str | None:
+    """vLLM's router (``pip install vllm-router``): on PATH, else beside this Python (a virtual
+    environment's ``bin`` that is not on PATH). ``HWPROFILE_ROUTER`` overrides both: the router's
+    path, or ``none`` for a host that must not use it (what a fixture host says)."""
+    given = os.environ.get("HWPROFILE_ROUTER")
+    if given is not None:
+        return None if given in ("", "none") else os.path.abspath(given)
+    found = shutil.which("vllm-router")
+    beside = os.path.join(os.path.dirname(sys.executable), "vllm-router")
+    if found is None and os.path.isfile(beside) and os.access(beside, os.X_OK):
+        found = beside
+    return os.path.abspath(found) if found else None
+
+
 def command_vllm_version(command: str, timeout: float = 120.0) -> tuple[str | None, str]:
     """``(version, how)`` of the vLLM that ``command`` (``server.vllm_command``) runs: from the
     ``site-packages`` of the environment it lives in when it is a virtual environment's script (no
@@ -60,7 +74,9 @@ def command_vllm_version(command: str, timeout: float = 120.0) -> tuple[str | No
     if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
         return None, f"{command}: no such executable"
     env_root = os.path.dirname(os.path.dirname(os.path.abspath(exe)))
-    libs = [os.path.join(env_root, "lib", d, "site-packages") for d in _listdir(os.path.join(env_root, "lib"))]
+    libs = [
+        os.path.join(env_root, "lib", d, "site-packages") for d in _listdir(os.path.join(env_root, "lib"))
+    ]
     version, dist = vllm_version(libs)
     if version:
         return version, f"{dist} {version} in {env_root}"

@@ -82,7 +82,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def run_detached(launch: Launch, timeout: float) -> int:
     """Write the launch file, start ``hwprofile launch --plan-file`` in its own session, and wait for
-    every instance to be ready (exit 0) or one to fail (1)."""
+    every instance (and vLLM's router in front, where planned) to be ready (exit 0) or one to fail (1)."""
     runtime = launch.runtime
     plan_file = write_launch_file(launch)
     out = open(runtime / SUPERVISOR_OUT, "ab")  # noqa: SIM115 - handed to the child
@@ -96,12 +96,15 @@ def run_detached(launch: Launch, timeout: float) -> int:
     while time.monotonic() < end:
         state = read_doc(runtime / STATE_FILE, SupervisorDoc)
         if state is not None and state.supervisor_pid == proc.pid:
-            line = ", ".join(f"{i.name} {i.state}" for i in state.instances)
+            front = state.front.get("state") if state.front else None  # vLLM's router in front, if planned
+            line = ", ".join(f"{i.name} {i.state}" for i in state.instances) + (
+                f", vllm-router {front}" if front else ""
+            )
             if line != last:
                 print(f"hwprofile: {line}", file=sys.stderr)
                 last = line
             states = [i.state for i in state.instances]
-            if states and all(s == "ready" for s in states):
+            if states and all(s == "ready" for s in states) and front in (None, "ready"):
                 print(format_status(status(runtime)), end="")
                 return 0
             if "failed" in states:

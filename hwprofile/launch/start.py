@@ -83,6 +83,7 @@ class Launch:
     runtime: Path
     inputs: PlanInputs | None = None
     progress: Callable[[str], None] | None = None
+    router: str | None = None  # vLLM's router (host.software.router_path): run when the plan's endpoint is it
 
     @classmethod
     def of(
@@ -106,7 +107,7 @@ class Launch:
                 raise Refused(f"{why}: no such executable. " + NO_VLLM)
         return cls(
             plan, release_for(software, configured, vllm_version), command,
-            software.numactl_path, software.tmpfs_path, runtime, inputs, progress,
+            software.numactl_path, software.tmpfs_path, runtime, inputs, progress, software.router_path,
         )  # fmt: skip
 
     @property
@@ -135,7 +136,9 @@ def release_for(software: Software, configured: set[str], flag: str | None = Non
                           "give --vllm-version or one executable")  # fmt: skip
         if not versions:
             why = "; ".join(how for _, how in found)
-            raise Refused(f"the vLLM release of server.vllm_command is not known ({why}): give --vllm-version")
+            raise Refused(
+                f"the vLLM release of server.vllm_command is not known ({why}): give --vllm-version"
+            )
         version = versions.pop()
     version = version or software.vllm_version
     if not version:
@@ -187,6 +190,35 @@ def preflight(launch: Launch) -> None:
                 f"{inst.name}: port {s.port} on {s.host} is already in use. Stop what holds it "
                 f"(`ss -ltnp 'sport = :{s.port}'`), or choose another: --set server.port=<free port>"
             )
+    ep = launch.plan.endpoint
+    if ep is not None and ep.via == "router":
+        _router_checks(launch)
+
+
+def _router_checks(launch: Launch) -> None:
+    """The plan's endpoint is vLLM's router: it is installed here, and its port and metrics port are free."""
+    import urllib.parse
+
+    from ..render.router import metrics_port
+    from ..supervise.child import port_free
+
+    assert launch.plan.endpoint is not None
+    if launch.router is None or not _executable(launch.router):
+        raise Refused(
+            "the plan puts vLLM's router in front of the servers (layout.front) and it is not installed here: "
+            "pip install vllm-router (or pip install 'hwprofile[router]'), or --set layout.front=nginx"
+        )
+    parts = urllib.parse.urlsplit(launch.plan.endpoint.url)
+    host = parts.hostname or "127.0.0.1"
+    for port, what in (
+        (parts.port or 80, "layout.endpoint_port"),
+        (metrics_port(launch.plan), "its metrics port"),
+    ):
+        if not port_free(host if what == "layout.endpoint_port" else "127.0.0.1", port):
+            raise Refused(
+                f"vLLM's router: port {port} ({what}) is already in use. Stop what holds it "
+                f"(`ss -ltnp 'sport = :{port}'`), or choose another: --set layout.endpoint_port=<free port>"
+            )
 
 
 def options(launch: Launch, retry_failed: bool = True) -> Options:
@@ -221,8 +253,13 @@ def supervisor(launch: Launch, retry_failed: bool = True) -> Supervisor:
     preflight(launch)
     try:
         return Supervisor(
-            launch.plan, launch.release, launch.vllm_command, launch.numactl, options(launch, retry_failed),
+            launch.plan,
+            launch.release,
+            launch.vllm_command,
+            launch.numactl,
+            options(launch, retry_failed),
             replan=launch.replan,
+            router=launch.router,
         )
     except AlreadySupervising as e:  # another start was faster than the check
         raise Refused(str(e)) from None
@@ -282,7 +319,11 @@ def serving(launch: Launch) -> Iterator[Supervisor]:
     sup.start()
     try:
         if not sup.wait_ready(launch.plan.supervise.ready_timeout):
-            bad = [f"{i.name} ({i.state.value}; log {i.log.path})" for i in sup.instances if i.state != State.READY]
+            bad = [
+                f"{i.name} ({i.state.value}; log {i.log.path})"
+                for i in sup.instances
+                if i.state != State.READY
+            ]
             raise NotReady(f"not ready: {', '.join(bad) or 'no instance'}")
         yield sup
     finally:

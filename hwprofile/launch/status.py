@@ -176,8 +176,22 @@ def format_status(state: dict[str, Any]) -> str:
     ]
     ep = state.get("endpoint")
     if ep and not state.get("ended"):
-        via = "its own API server" if ep.get("via") == "vllm" else "nginx (hwprofile render --format nginx)"
+        via = {
+            "vllm": "its own API server",
+            "router": f"vLLM's router, {ep.get('policy')}, supervised here",
+        }.get(str(ep.get("via")), "nginx (hwprofile render --format nginx)")
         out.append(f"  clients: {ep['url']} ({via})")
+    front = state.get("front")
+    if front:
+        pid = f"pid {front['pid']}" if front.get("pid") else "no pid"
+        servers = (
+            f", {front['healthy_servers']} of {front['servers']} servers healthy"
+            if front.get("servers") is not None else ""
+        )  # fmt: skip
+        out.append(
+            f"  vllm-router: {front['state']}, {pid}, {front['url']}{servers}, restarts {front.get('restarts', 0)}, "
+            f"metrics {front.get('metrics_url')}, logs {front.get('log_file')}"
+        )
     if state.get("previous") and not state.get("ended"):
         out.append(f"  the run before: {state['previous']}")
     for i in state["instances"]:

@@ -52,7 +52,9 @@ def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: lis
         for i in instances[1:]
     )  # fmt: skip
     if not same:
-        out.append("the groups differ (GPU model, tensor parallel size or engine settings); ranks are identical")
+        out.append(
+            "the groups differ (GPU model, tensor parallel size or engine settings); ranks are identical"
+        )
     if any(i.speculative and i.speculative.num_speculative_tokens_per_batch_size for i in instances):
         out.append(
             "speculative.by_batch_size is set, and vLLM drops the k-by-batch-size table when "
@@ -81,9 +83,13 @@ def shape(
         return instances, _own(instances[0], "one server: its own URL")
     against = why_not_data_parallel(host, settings, instances)
     if want == "servers" or (want == "auto" and against):
-        why = ("layout.shape=servers" if want == "servers" else "not one data-parallel server: " + "; ".join(against))
+        why = (
+            "layout.shape=servers"
+            if want == "servers"
+            else "not one data-parallel server: " + "; ".join(against)
+        )
         r.add("layout.shape", "servers", f"{len(instances)} separate servers (fault isolation): {why}", src)
-        return instances, _nginx(settings, instances, r)
+        return instances, _front(host, settings, instances, r)
     if want == "data_parallel" and against:
         fixable = [a for a in against if a.startswith("speculative.by_batch_size")]
         if len(fixable) != len(against):
@@ -92,7 +98,9 @@ def shape(
                 + "; ".join(a for a in against if a not in fixable),
                 ["--set layout.shape=servers (separate servers, one URL through nginx)"],
             )
-        warnings.append("speculative.by_batch_size dropped: vLLM ignores it with data_parallel_size > 1 (static k)")
+        warnings.append(
+            "speculative.by_batch_size dropped: vLLM ignores it with data_parallel_size > 1 (static k)"
+        )
         instances = [_static_k(i) for i in instances]
     merged = merge(instances)
     r.add(
@@ -117,7 +125,9 @@ def merge(instances: list[InstancePlan]) -> InstancePlan:
     one = next(iter(nodes)) if len(nodes) == 1 else None
     return dataclasses.replace(
         first,
-        name="vllm-dp-gpu" + "-".join(str(g) for g in gpus) if first.device == "cuda" else f"vllm-cpu-dp{len(instances)}",
+        name="vllm-dp-gpu" + "-".join(str(g) for g in gpus)
+        if first.device == "cuda"
+        else f"vllm-cpu-dp{len(instances)}",
         gpus=gpus,
         gpu_uuids=joined("gpu_uuids"),
         gpu_minors=joined("gpu_minors"),
@@ -131,7 +141,9 @@ def merge(instances: list[InstancePlan]) -> InstancePlan:
 def _static_k(i: InstancePlan) -> InstancePlan:
     if not i.speculative or not i.speculative.num_speculative_tokens_per_batch_size:
         return i
-    return dataclasses.replace(i, speculative=dataclasses.replace(i.speculative, num_speculative_tokens_per_batch_size=ABSENT))
+    return dataclasses.replace(
+        i, speculative=dataclasses.replace(i.speculative, num_speculative_tokens_per_batch_size=ABSENT)
+    )
 
 
 def _url(host: str, port: int) -> str:
@@ -143,6 +155,69 @@ def _own(inst: InstancePlan, how: str) -> Endpoint:
     return Endpoint(_url(inst.server.host, inst.server.port), "vllm", (inst.name,), how)
 
 
+ROUTER_POLICY = "cache_aware"
+
+
+def _front(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> Endpoint:
+    """The one URL in front of separate servers: vLLM's router where ``layout.front`` says so or,
+    with ``auto``, where it is installed (``host.software.router_path``); else nginx."""
+    port = settings.layout.endpoint_port
+    taken = {i.server.port for i in instances}
+    if port in taken:
+        raise PlanRefused(
+            f"layout.endpoint_port {port} is one of the instances' ports {sorted(taken)}",
+            [f"--set layout.endpoint_port={max(taken) + 1}"],
+        )
+    want = settings.layout.front
+    found = host.software.router_path
+    src = ("layout", "front")
+    names = tuple(i.name for i in instances)
+    if want == "router" or (want == "auto" and found):
+        why = (
+            "layout.front=router"
+            if want == "router"
+            else f"layout.front=auto and vLLM's router is installed ({found})"
+        )
+        if want == "router" and not found:
+            why += " (not installed on the planning host: pip install vllm-router where it runs)"
+        if port + 1 in taken or port + 1 > 65_535:
+            raise PlanRefused(
+                f"vLLM's router serves its metrics on layout.endpoint_port + 1 ({port + 1}), which is taken",
+                [f"--set layout.endpoint_port={max(taken) + 1}", "--set layout.front=nginx"],
+            )
+        r.add(
+            "layout.front",
+            "router",
+            f"vLLM's router in front of the servers, started and supervised by hwprofile: {why}",
+            src,
+        )
+        r.add(
+            "layout.endpoint_port", port,
+            f"the one port of vLLM's router in front of the servers (its metrics: {port + 1}, loopback)",
+            ("layout", "endpoint_port"),
+        )  # fmt: skip
+        r.add(
+            "router.policy", ROUTER_POLICY,
+            "cache_aware: each request goes to the server whose prefix cache already holds the longest part of "
+            "its prompt (a conversation's next turn, a shared system prompt), unless the servers' loads drift "
+            "apart, then to the least loaded; least connections would scatter a conversation's turns and "
+            "recompute their prefix on each server",
+            src,
+        )  # fmt: skip
+        return Endpoint(
+            _url(settings.server.host, port), "router", names,
+            f"vLLM's router ({ROUTER_POLICY}) in front of the servers, supervised by hwprofile with them; one "
+            "that fails its health checks is skipped and retried (circuit breaker)",
+            ROUTER_POLICY,
+        )  # fmt: skip
+    why = (
+        "layout.front=nginx" if want == "nginx"
+        else "layout.front=auto and vLLM's router is not installed (pip install vllm-router)"
+    )  # fmt: skip
+    r.add("layout.front", "nginx", f"nginx in front of the servers: {why}", src)
+    return _nginx(settings, instances, r)
+
+
 def _nginx(settings: Settings, instances: list[InstancePlan], r: Reasons) -> Endpoint:
     port = settings.layout.endpoint_port
     taken = {i.server.port for i in instances}
@@ -151,7 +226,12 @@ def _nginx(settings: Settings, instances: list[InstancePlan], r: Reasons) -> End
             f"layout.endpoint_port {port} is one of the instances' ports {sorted(taken)}",
             [f"--set layout.endpoint_port={max(taken) + 1}"],
         )
-    r.add("layout.endpoint_port", port, "the one port of nginx in front of the servers", ("layout", "endpoint_port"))
+    r.add(
+        "layout.endpoint_port",
+        port,
+        "the one port of nginx in front of the servers",
+        ("layout", "endpoint_port"),
+    )
     return Endpoint(
         _url(settings.server.host, port), "nginx", tuple(i.name for i in instances),
         "nginx in front of the servers (least connections; one that fails or restarts is skipped): "

@@ -363,13 +363,15 @@ class InstancePlan(_Json):
 @dataclasses.dataclass(frozen=True)
 class Endpoint(_Json):
     """The one URL clients use for this plan, and what serves it: the one instance itself (a single
-    server, or a data-parallel one: vLLM balances its ranks), or nginx in front of separate servers
-    (``hwprofile render --format nginx`` writes its configuration)."""
+    server, or a data-parallel one: vLLM balances its ranks), or vLLM's router (started and supervised
+    by hwprofile) or nginx (``hwprofile render --format nginx`` writes its configuration) in front of
+    separate servers."""
 
     url: str
-    via: str  # "vllm" (the instance's own API server) or "nginx"
+    via: str  # "vllm" (the instance's own API server), "router" (vLLM's router) or "nginx"
     instances: tuple[str, ...]
     how: str
+    policy: str = ABSENT  # via "router": its load-balancing policy (the reason is layout.front's)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ from .instance import Instance
 from .lifecycle import TERMINAL, State
 from .logs import private_dir
 from .options import Options
+from .router import RouterFront
 
 log = logging.getLogger("hwprofile")
 
@@ -51,9 +52,12 @@ class Supervisor:
         numactl: str | None,
         opts: Options,
         replan: Callable[[list[str]], Plan] | None = None,
+        router: str | None = None,
     ) -> None:
         """``replan(extra_sets)`` plans again from the inputs of ``plan`` with more ``--set``
-        overrides: the memory ladder's steps go through it. Without it a memory failure is final."""
+        overrides: the memory ladder's steps go through it. Without it a memory failure is final.
+        ``router``: vLLM's router executable, run in front of the servers when the plan's endpoint
+        is the router (:mod:`.router`)."""
         self.plan = plan
         self.replan = replan
         self.release = release
@@ -78,9 +82,17 @@ class Supervisor:
         remove(opts.runtime / LAST_FILE)
         private_dir(opts.log_root)
         self.instances = [
-            Instance(plan, i, opts, self.render, self.save, self._instance_done, replan) for i in plan.instances
+            Instance(plan, i, opts, self.render, self.save, self._instance_done, replan)
+            for i in plan.instances
         ]
         self._running = 0
+        self.front: RouterFront | None = None
+        if plan.endpoint is not None and plan.endpoint.via == "router":
+            if router is None:
+                raise ValueError("the plan's endpoint is vLLM's router and no router executable was given")
+            self.front = RouterFront(
+                plan, router, opts, lambda: any(i.state == State.READY for i in self.instances), self.save
+            )
 
     def _previous_run(self) -> str | None:
         """How the last run in this runtime directory ended: its ``last.json``, or a ``state.json``
@@ -110,6 +122,7 @@ class Supervisor:
             vllm_version=self.release.target,
             previous=self.previous,
             endpoint=self.plan.endpoint.to_json() if self.plan.endpoint is not None else None,
+            front=self.front.record() if self.front is not None else None,
         )
 
     def save(self) -> None:
@@ -130,8 +143,12 @@ class Supervisor:
             self._running = len(self.instances)
         for i in self.instances:
             i.thread.start()
+        if self.front is not None:
+            self.front.start()
 
     def stop(self) -> None:
+        if self.front is not None:  # first: no new request goes to a server that is stopping
+            self.front.stop()
         for i in self.instances:
             i.stop()
 
@@ -140,6 +157,9 @@ class Supervisor:
             self._running -= 1
             last = self._running <= 0
         if last:
+            if self.front is not None:  # nothing left to stand in front of
+                self.front.stop()
+                self.front.join(60)
             self.close()
 
     def close(self) -> None:
@@ -167,13 +187,15 @@ class Supervisor:
         end = None if timeout is None else time.monotonic() + timeout
         for i in self.instances:
             i.thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        if self.front is not None:
+            self.front.join(None if end is None else max(0.0, end - time.monotonic()))
 
     def wait_ready(self, timeout: float) -> bool:
         """True when every instance is ready; False as soon as one failed or time ran out."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             states = {i.state for i in self.instances}
-            if states == {State.READY}:
+            if states == {State.READY} and (self.front is None or self.front.state == "ready"):
                 return True
             if states & TERMINAL:
                 return False
@@ -182,4 +204,5 @@ class Supervisor:
 
     @property
     def all_done(self) -> bool:
-        return all(not i.thread.is_alive() for i in self.instances)
+        front = self.front is not None and self.front.thread.is_alive()
+        return not front and all(not i.thread.is_alive() for i in self.instances)

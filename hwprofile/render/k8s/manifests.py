@@ -63,7 +63,9 @@ def image_of(opts: Options) -> str:
     if opts.image:
         return opts.image
     major, minor, patch = parse_version(opts.release.target)
-    return f"hwprofile-vllm:v{major}.{minor}.{patch}"  # podman build -t hwprofile-vllm:vX.Y.Z -f Containerfile .
+    return (
+        f"hwprofile-vllm:v{major}.{minor}.{patch}"  # podman build -t hwprofile-vllm:vX.Y.Z -f Containerfile .
+    )
 
 
 def _sizes(w: Workload, rank: int) -> Sizes:
@@ -155,7 +157,10 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_TOKEN_SECRET, "key": "token", "optional": True}}},
+        {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": HF_TOKEN_SECRET, "key": "token", "optional": True}},
+        },
     ]
     for source in sorted(set(r.secrets.values())):
         env.append({"name": source, "valueFrom": {"secretKeyRef": {"name": opts.api_key_secret,
@@ -277,8 +282,14 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
         }))  # fmt: skip
         selector = dict(labels)
     else:
-        leader = {"labels": {**labels, "hwprofile.io/role": "leader"}, "annotations": template_meta["annotations"]}
-        worker = {"labels": {**labels, "hwprofile.io/role": "worker"}, "annotations": template_meta["annotations"]}
+        leader = {
+            "labels": {**labels, "hwprofile.io/role": "leader"},
+            "annotations": template_meta["annotations"],
+        }
+        worker = {
+            "labels": {**labels, "hwprofile.io/role": "worker"},
+            "annotations": template_meta["annotations"],
+        }
         out.append((_workload_comments(w, s), {
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
@@ -301,6 +312,7 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
     }))  # fmt: skip
+
     def relabel(job: str) -> list[dict[str, Any]]:
         """The labels monitoring/rules and the dashboard group by: ``job`` as in
         monitoring/prometheus.yml (a PodMonitor's own would be <namespace>/<name>), ``host`` = the node."""
@@ -313,7 +325,9 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
     comments = [f"{w.name}: vLLM's /metrics on the http port (every pod with an API server); job and host "
                 "labelled as monitoring/prometheus.yml does, for monitoring/rules and the dashboard"]  # fmt: skip
     if int(w.pod_plans[0].watch.metrics_port):
-        endpoints.append({"port": "hwprofile", "path": "/metrics", "interval": "15s", "relabelings": relabel("hwprofile")})
+        endpoints.append(
+            {"port": "hwprofile", "path": "/metrics", "interval": "15s", "relabelings": relabel("hwprofile")}
+        )
         comments.append(
             f"and hwprofile's exporter (watch.metrics_port {int(w.pod_plans[0].watch.metrics_port)}, on the "
             "pod's address: watch.metrics_host=0.0.0.0)"
@@ -329,7 +343,9 @@ def _workload_comments(w: Workload, s: Sizes) -> list[str]:
     pod = w.pod_plans[0].instances[0]
     e = pod.engine
     kind = "LeaderWorkerSet group" if len(w.pod_plans) > 1 else f"Deployment of {w.replicas} pod(s)"
-    where = f"{len(w.target.nodes)} node(s): {', '.join(w.target.nodes)}" if w.target.nodes else "from a snapshot"
+    where = (
+        f"{len(w.target.nodes)} node(s): {', '.join(w.target.nodes)}" if w.target.nodes else "from a snapshot"
+    )
     lines = [
         f"{w.name}: {kind} on {w.target.product} ({where}); profile {w.pod_plans[0].profile}, "
         f"model {w.pod_plans[0].model.name}",
@@ -354,7 +370,9 @@ def _workload_comments(w: Workload, s: Sizes) -> list[str]:
         lines.append(f"warning: the estimated first start ({s.estimate_s} s) is longer than supervise.ready_timeout "
                      f"({s.load_s} s): raise it (--set supervise.ready_timeout=...) or cache the weights")  # fmt: skip
     if not w.rendered[0].secrets:
-        lines.append("no API key (server.api_key_env unset): the server answers anyone who reaches the Service")
+        lines.append(
+            "no API key (server.api_key_env unset): the server answers anyone who reaches the Service"
+        )
     if len(w.pod_plans) > 1:
         lines.append(f"a headless rank (worker) serves no HTTP: no probes; restartPolicy re-forms the group "
                      f"when a pod restarts; node k is {lws_address(w.name, 1).replace('-0-1.', '-0-<k>.')}, "
@@ -408,6 +426,48 @@ def dump(docs: list[tuple[list[str], dict[str, Any]]], header: list[str]) -> str
     return out
 
 
+ROUTER_NAME = "hwprofile-router"
+ROUTER_PORT = 8080
+
+
+def router_manifests(workloads: Sequence[Workload], opts: Options) -> list[tuple[list[str], dict[str, Any]]]:
+    """vLLM's router in front of every workload's Service (one Deployment of one pod, one Service):
+    the cluster's one URL, cache-aware across the workloads. Each worker URL is a workload's Service,
+    so the router picks a workload and kube-proxy a pod within it (the router's own pod discovery,
+    --service-discovery, needs RBAC to watch pods; not rendered here)."""
+    from ..router import router_argv
+
+    urls = [f"http://{w.name}:{int(w.pod_plans[0].instances[0].server.port)}" for w in workloads]
+    argv = router_argv("vllm-router", "0.0.0.0", ROUTER_PORT, urls, "cache_aware", 900, 3600, ROUTER_PORT + 1)
+    labels = {"app.kubernetes.io/name": "vllm-router", "app.kubernetes.io/instance": ROUTER_NAME,
+              "app.kubernetes.io/managed-by": "hwprofile"}  # fmt: skip
+    meta: dict[str, Any] = {"name": ROUTER_NAME, "labels": labels}
+    if opts.namespace:
+        meta["namespace"] = opts.namespace
+    container = {
+        "name": "vllm-router", "image": opts.router_image, "command": [argv[0]], "args": argv[1:],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5,
+                           "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 6, "initialDelaySeconds": 10},
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }  # fmt: skip
+    deploy = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
+    }  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "spec": {"type": "ClusterIP", "selector": labels,
+                 "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}]},
+    }  # fmt: skip
+    note = (f"{ROUTER_NAME}: vLLM's router (cache_aware) in front of {', '.join(w.name for w in workloads)}: "
+            "the one URL for clients; the API key stays with vLLM (the router passes Authorization through)")  # fmt: skip
+    return [([note], deploy), ([f"{ROUTER_NAME}: its Service, port {ROUTER_PORT}"], service)]
+
+
 def render_k8s(targets: Sequence[Target], opts: Options, header: Sequence[str] = ()) -> tuple[str, list[str]]:
     """The YAML stream of every target's workloads, and the warnings to print."""
     from ...plan import PlanRefused
@@ -431,13 +491,17 @@ def render_k8s(targets: Sequence[Target], opts: Options, header: Sequence[str] =
     if dup:
         raise K8sError(f"two workloads would be called {', '.join(dup)}")
     docs = [d for w in workloads for d in manifests(w, opts)]
+    if opts.router_image:
+        docs += router_manifests(workloads, opts)
     lines = [
         f"hwprofile render --format k8s: {len(workloads)} workload(s), {len(docs)} manifests, "
         f"vLLM {opts.release.target}, image {image_of(opts)}",
         *header,
         *left_out,
     ]
-    warnings = left_out + [x for w in workloads for x in w.warnings] + [
-        f"{w.name}: {x}" for w in workloads for r in w.rendered for x in r.warnings
-    ]
+    warnings = (
+        left_out
+        + [x for w in workloads for x in w.warnings]
+        + [f"{w.name}: {x}" for w in workloads for r in w.rendered for x in r.warnings]
+    )
     return dump(docs, lines), warnings

@@ -53,6 +53,7 @@ class Options(NamedTuple):
     image: str | None = None  # default: hwprofile-vllm:v<release>, as Containerfile builds it
     namespace: str | None = None
     api_key_secret: str = "hwprofile-api-key"
+    router_image: str | None = None  # vLLM's router in front of every workload (a Deployment + Service)
 
 
 @dataclasses.dataclass
