@@ -318,3 +318,30 @@ def test_mtp_is_named_mtp_on_every_release_serving_qwen3_5(host_of, empty_root, 
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == MTP_METHOD_NAME == "mtp"
     assert "--enable-prefix-caching" not in argv  # beside MTP on a hybrid (vllm#43559)
+
+
+@pytest.mark.parametrize("copy", ["qwen3.8-27b", "qwen3.8-27b-fp8"])
+def test_a_local_copy_too_big_names_its_catalog_twins_int4_as_loaded(
+    host_of, empty_root, tmp_path, copy
+) -> None:
+    """A local BF16 or FP8 directory of the seeds' model (not in the catalog by name) that does not fit a
+    3090 is refused naming the catalog's int4 checkpoint of the same architecture, sized as the plan
+    would load it (no vision tower, no MTP layers): the int4 plan's own weights; on 12 GB it says that
+    it does not fit there either."""
+    from hwprofile.pipeline import make_plan
+
+    d = tmp_path / copy
+    shutil.copytree(Path(__file__).parents[1] / "examples" / "models" / copy, d)
+    int4 = make_plan(host_of("rtx3090-1x"), empty_root, environ={}, model=str(INT4))
+    want = f"~{int4.instances[0].memory.weights_bytes / 2**30:.1f} GiB"
+    for host, either in (("rtx3090-1x", False), ("rtx3060-12g-1x", True)):
+        with pytest.raises(PlanRefused) as e:
+            make_plan(host_of(host), empty_root, environ={}, model=str(d))
+        four = [s for s in e.value.suggestions if s.startswith("a 4-bit checkpoint")]
+        assert (
+            four
+            and "(RedHatAI/Qwen3.8-27B-INT4)" in four[0]
+            and "--model RedHatAI/Qwen3.8-27B-INT4" in four[0]
+        )
+        assert want in four[0], (want, four[0])
+        assert ("not enough here either" in four[0]) is either

@@ -76,7 +76,7 @@ def gpu_instance(
             f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
             f"+ activations {f.activation_bytes / GiB:.1f} GiB + overhead {f.overhead_bytes / GiB:.1f} GiB "
             f"exceed the {f.budget_bytes / GiB:.1f} GiB budget ({util:.2f} of {total / GiB:.1f} GiB)",
-            suggestions(host, model, tp, f, util),
+            suggestions(host, model, tp, f, util, settings, spec_method),
         )
     # vLLM's own count of one max-length request: sliding-window layers also hold the tokens in
     # flight (max_num_batched_tokens x the batches it keeps scheduled; the whole prompt without
@@ -94,14 +94,14 @@ def gpu_instance(
         length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
     except engine.ContextTooShort as e:
         raise PlanRefused(
-            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
+            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, settings, spec_method)
         ) from None
     try:
         seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight,
                                   chosen_by, hybrid)  # fmt: skip
     except engine.ContextTooShort as e:
         raise PlanRefused(
-            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util)
+            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, settings, spec_method)
         ) from None
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
     if hybrid is not None:

@@ -6,6 +6,7 @@ process by :func:`hwprofile.model.catalog_family`, the target's family only)."""
 
 from __future__ import annotations
 
+from ..config.settings import Settings
 from ..errors import RefusedError
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
@@ -26,8 +27,17 @@ class PlanRefused(RefusedError):
         return [f"hwprofile: cannot plan: {self.message}", *more]
 
 
-def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: float) -> list[str]:
-    """What would fit, for a model whose fit ``f`` (per GPU, at TP ``tp``) fails."""
+def suggestions(
+    host: HostSnapshot,
+    model: ModelFacts,
+    tp: int,
+    f: Fit,
+    util: float,
+    settings: Settings | None = None,
+    spec_method: str | None = None,
+) -> list[str]:
+    """What would fit, for a model whose fit ``f`` (per GPU, at TP ``tp``) fails. With ``settings``
+    (and the planned ``spec_method``), a 4-bit checkpoint is sized as this plan would load it."""
     out: list[str] = []
     need = f.weights_bytes + f.draft_weights_bytes + f.activation_bytes + f.overhead_bytes + 2 * GiB
     fixed = f.budget_bytes - f.kv_cache_bytes  # everything but the KV cache
@@ -35,12 +45,25 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
         from ..model import variant_facts
 
         variant = model.quantized_variants.get(4)
+        twin = None if variant else catalog_twin(model)
+        four = variant or (twin.quantized_variants.get(4) if twin else None)
+        base = model if variant else twin
         w4 = (
-            variant_facts(model, variant, 4).weights_bytes if variant else model.weights_bytes_at_bits(4)
+            loaded_bytes(variant_facts(base, four, 4), host, settings, spec_method)
+            if base is not None and four
+            else model.weights_bytes_at_bits(4)
         ) / tp
+        if variant:
+            how = f" (--model {variant} or --set engine.weights_bits=4)"
+        elif twin is not None and four:
+            how = f" (--model {four}: the catalog's 4-bit checkpoint of {twin.name}, whose architecture and size this checkpoint has)"
+        else:
+            how = ""
+        if w4 + f.activation_bytes + f.overhead_bytes > f.budget_bytes:
+            how += f"; not enough here either (the budget is {f.budget_bytes / GiB:.1f} GiB per GPU)"
         out.append(
-            f"a 4-bit checkpoint ({variant or 'AWQ/GPTQ'}): ~{w4 / GiB:.1f} GiB of weights per GPU instead of {f.weights_bytes / GiB:.1f}"
-            + (f" (--model {variant} or --set engine.weights_bits=4)" if variant else "")
+            f"a 4-bit checkpoint ({four or 'AWQ/GPTQ'}): ~{w4 / GiB:.1f} GiB of weights per GPU instead of {f.weights_bytes / GiB:.1f}"
+            + how
         )
     if fixed < f.budget_bytes:
         out.append("a shorter context (--set engine.max_model_len=... or engine.min_model_len=...)")
@@ -60,6 +83,39 @@ def suggestions(host: HostSnapshot, model: ModelFacts, tp: int, f: Fit, util: fl
     if len(host.usable_gpus) > tp:
         out.append(f"--set layout.tensor_parallel_size={tp * 2} (spread the weights over {tp * 2} GPUs)")
     return out
+
+
+def loaded_bytes(
+    checkpoint: ModelFacts, host: HostSnapshot, settings: Settings | None, spec_method: str | None
+) -> int:
+    """``checkpoint``'s weights as vLLM would load them under ``settings`` (:func:`as_loaded`: no
+    vision tower under --language-model-only, no MTP layers without MTP); the whole checkpoint
+    when the settings are not known."""
+    if settings is None:
+        return checkpoint.weights_bytes
+    from .loaded import as_loaded  # loaded -> shape -> refusal: imported when a refusal needs it
+    from .reasons import Reasons
+
+    return as_loaded(checkpoint, settings, spec_method, host.software.vllm_version, Reasons({})).weights_bytes
+
+
+def catalog_twin(model: ModelFacts) -> ModelFacts | None:
+    """The catalog model that ``model`` (a local or Hub checkpoint not in the catalog) is a copy of:
+    same family, architecture, layer count, widths and vocabulary, parameters within 2 %; or None.
+    Its 4-bit checkpoint is then what the refusal names, not a generic one."""
+    from ..model import catalog_family
+
+    for m in catalog_family(model.model_type):
+        if (
+            m.name != model.name
+            and m.architecture == model.architecture
+            and m.num_layers == model.num_layers
+            and m.hidden_size == model.hidden_size
+            and m.vocab_size == model.vocab_size
+            and abs(m.params - model.params) <= 0.02 * max(m.params, 1)
+        ):
+            return m
+    return None
 
 
 def smaller_models(model: ModelFacts, room_bytes: int, count: int = 3, same_family: bool = True) -> list[str]:
