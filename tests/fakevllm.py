@@ -880,6 +880,7 @@ BENCH_VALUED = {
     "backend", "endpoint", "base-url", "model", "tokenizer", "dataset-name", "random-input-len",
     "random-output-len", "num-prompts", "max-concurrency", "request-rate", "temperature",
     "percentile-metrics", "metric-percentiles", "seed", "result-dir", "result-filename", "input-len", "output-len",
+    "dataset-path", "sharegpt-output-len",
 }  # fmt: skip
 BENCH_FLAGS = {"ignore-eos", "disable-tqdm", "save-result"}
 
@@ -935,10 +936,16 @@ def bench_main(argv: list[str]) -> int:
     parts = urllib.parse.urlsplit(base)
     n, conc = int(opts.get("num-prompts", 1000)), int(opts.get("max-concurrency") or 10**6)
     in_len, out_len = int(opts.get("random-input-len", 1024)), int(opts.get("random-output-len", 128))
+    texts = [" ".join(["w"] * in_len)]
+    if opts.get("dataset-name") == "sharegpt":  # as vLLM's ShareGPTDataset: the first turn of each conversation
+        with open(opts["dataset-path"], encoding="utf-8") as f:
+            texts = [c["conversations"][0]["value"] for c in json.load(f) if len(c.get("conversations", ())) >= 2]
+        out_len = int(opts.get("sharegpt-output-len", 128))
+        in_len = sum(len(t.split()) for t in texts) // len(texts)
     extra_ttft = float(os.environ.get("FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY") or 0) * min(conc, n) / 1000
 
-    def one(_: int) -> tuple[float, list[float], float]:
-        body = json.dumps({"model": opts.get("model"), "prompt": " ".join(["w"] * in_len), "max_tokens": out_len,
+    def one(k: int) -> tuple[float, list[float], float]:
+        body = json.dumps({"model": opts.get("model"), "prompt": texts[k % len(texts)], "max_tokens": out_len,
                            "stream": True, "ignore_eos": True, "temperature": 0}).encode()  # fmt: skip
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
         t0 = time.perf_counter()

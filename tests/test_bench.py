@@ -236,7 +236,9 @@ def test_non_default_settings_name_their_source() -> None:
 
 
 def test_argv_is_the_seed_shape(tmp_path) -> None:
-    wl = workload("seed", bench_settings(Settings.from_tree({})[0]))
+    from hwprofile.bench.workloads import resolve_dataset
+
+    wl = resolve_dataset(workload("seed", bench_settings(Settings.from_tree({})[0])), False)
     argv = bench_argv(
         Target("http://127.0.0.1:8000", "m", "/models/m", "/venv/bin/vllm"), wl, 16, tmp_path, "r.json"
     )
@@ -377,6 +379,56 @@ def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, set
     )
 
 
+def test_speculating_plans_are_benchmarked_on_real_prompts(tmp_path) -> None:
+    """bench.dataset auto: real prompts (the shipped ShareGPT-format set) wherever a plan speculates,
+    random tokens where none does, real prompts when it is not known; an explicit choice is kept."""
+    from hwprofile.bench.workloads import prompts_path, resolve_dataset
+
+    wl = workload("seed", bench_settings(Settings.from_tree({})[0]))
+    assert wl.dataset == "auto"
+    spec, plain, unknown = (resolve_dataset(wl, s) for s in (True, False, None))
+    assert (spec.dataset, plain.dataset, unknown.dataset) == ("prompts", "random", "prompts")
+    assert "speculates" in spec.dataset_why and "not known" in unknown.dataset_why
+    forced = workload("seed", bench_settings(Settings.from_tree({"bench": {"dataset": "random"}})[0]))
+    assert resolve_dataset(forced, True).dataset == "random"
+    with pytest.raises(ValueError, match="not resolved"):
+        bench_argv(Target("http://h:1", "m", "t"), wl, 1, tmp_path, "r.json")
+    flags = dict(itertools.pairwise(bench_argv(Target("http://h:1", "m", "t"), spec, 4, tmp_path, "r.json")))
+    assert flags["--dataset-name"] == "sharegpt" and flags["--sharegpt-output-len"] == "256"
+    assert "--random-input-len" not in flags and flags["--dataset-path"] == prompts_path()
+    # the shipped set: ShareGPT conversations vLLM's reader keeps (two turns, a prompt of several words)
+    convs = json.loads(Path(prompts_path()).read_text(encoding="utf-8"))
+    prompts = [c["conversations"][0]["value"] for c in convs]
+    assert len(convs) >= 32 and len(set(prompts)) == len(prompts)
+    assert all(len(c["conversations"]) >= 2 and c["conversations"][0]["from"] == "human" for c in convs)
+    assert all(len(p) >= 20 for p in prompts) and max(len(p) for p in prompts) > 5 * min(
+        len(p) for p in prompts
+    )
+
+
+@pytest.mark.slow
+def test_vllms_own_sharegpt_reader_takes_the_shipped_prompts() -> None:
+    """vLLM's own ShareGPT dataset reader (what ``vllm bench serve --dataset-name sharegpt`` runs)
+    samples the shipped prompts with a real tokenizer: every request a real prompt, oversampled to
+    the number asked for, none dropped by its length rules."""
+    pytest.importorskip("vllm")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from vllm.benchmarks.datasets.datasets import ShareGPTDataset
+
+    from hwprofile.bench.workloads import prompts_path
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    convs = json.loads(Path(prompts_path()).read_text(encoding="utf-8"))
+    ds = ShareGPTDataset(dataset_path=prompts_path(), random_seed=0)
+    got = ds.sample(fast, num_requests=64, output_len=256)
+    assert len(got) == 64 and all(r.expected_output_len == 256 for r in got)
+    assert len({r.prompt for r in got}) == len(convs)  # each shipped prompt kept once, then oversampled
+    assert {r.prompt for r in got} == {c["conversations"][0]["value"] for c in convs}
+
+
 def validate(doc: dict[str, Any]) -> None:
     errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc)]
     assert not errors, errors[:5]
@@ -394,6 +446,9 @@ def test_sweep_compare_profile_with_baseline(world) -> None:
     a, b = doc["plans"]
     assert (a["label"], b["label"]) == ("profile", "baseline")
     assert a["speculative"]["method"] == "ngram" and b["speculative"] is None
+    # the profile speculates: both sides run on the same real prompts (the fake serves them as given)
+    assert doc["workload"]["dataset"] == "prompts" and "speculates" in doc["workload"]["dataset_why"]
+    assert "prompts dataset" in r.stdout
     assert any(s["key"] == "speculative.method" and s["value"] == "none" for s in b["non_default_settings"])
     # rounds alternate A B, B A; each run has one point per sweep concurrency, each with its tags
     assert [(run["round"], run["order"]) for run in a["runs"]] == [(1, 1), (2, 4)]

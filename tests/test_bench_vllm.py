@@ -73,6 +73,7 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
     assert doc["host"]["vllm_version"].startswith("0.32")
     (plan,) = doc["plans"]
     assert plan["speculative"]["method"] == "draft_model" and plan["speculative"]["model"] == str(tiny)
+    assert doc["workload"]["dataset"] == "prompts"  # a speculating plan: vLLM's reader sent the real prompts
     assert {"key": "speculative.method", "value": "draft_model", "default": "auto",
             "source": "cli --set speculative.method=draft_model"} in plan["non_default_settings"]  # fmt: skip
     (run,) = plan["runs"]

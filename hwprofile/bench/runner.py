@@ -20,7 +20,7 @@ from ..telemetry.http import get_json
 from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 from ..telemetry.scrape import scrape
 from ..telemetry.window import CounterWindow
-from .workloads import Workload
+from .workloads import Workload, prompts_path
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (50, 99)
@@ -54,9 +54,7 @@ def bench_argv(
         "--base-url", target.url,
         "--model", target.model,
         "--tokenizer", target.tokenizer,
-        "--dataset-name", wl.dataset,
-        "--random-input-len", str(wl.input_len),
-        "--random-output-len", str(wl.output_len),
+        *dataset_args(wl),
         "--num-prompts", str(wl.prompts_at(concurrency)),
         "--max-concurrency", str(concurrency),
         "--request-rate", "inf",
@@ -70,6 +68,18 @@ def bench_argv(
         "--result-dir", str(result_dir),
         "--result-filename", result_filename,
     ]  # fmt: skip
+
+
+def dataset_args(wl: Workload) -> list[str]:
+    """The dataset flags of one point: random tokens of ``input_len``, or the shipped real prompts
+    (vLLM's ``sharegpt`` dataset reader) each answered with ``output_len`` tokens."""
+    if wl.dataset == "prompts":
+        return ["--dataset-name", "sharegpt", "--dataset-path", prompts_path(),
+                "--sharegpt-output-len", str(wl.output_len)]  # fmt: skip
+    if wl.dataset == "random":
+        return ["--dataset-name", "random", "--random-input-len", str(wl.input_len),
+                "--random-output-len", str(wl.output_len)]  # fmt: skip
+    raise ValueError(f"bench dataset {wl.dataset!r} not resolved (one of random, prompts)")
 
 
 def discover(url: str, vllm: str, tokenizer: str | None = None, timeout: float = 10) -> Target:

@@ -8,17 +8,29 @@
 
 Every point sends ``bench.num_prompts`` requests, and never fewer than its concurrency. Output is
 greedy (temperature 0) and the prompts come from a fixed seed, so two plans see the same requests.
+
+The prompts (``bench.dataset``): random tokens of ``bench.input_len``, or real prompts, the shipped
+written set ``hwprofile/data/bench_prompts.json`` (ShareGPT format, read by ``vllm bench serve``'s
+``sharegpt`` dataset; each prompt its own length). ``auto`` takes real prompts wherever a plan
+speculates: a draft's (MTP, n-gram, EAGLE) acceptance on random tokens is no measure of real traffic.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config.settings import Bench, Settings
 
 NAMES = ("seed", "latency", "sweep")
+DATASETS = ("random", "prompts")
+
+
+def prompts_path() -> str:
+    """The shipped real prompts (ShareGPT format) ``bench.dataset: prompts`` sends."""
+    return str(files("hwprofile.data").joinpath("bench_prompts.json"))
 
 
 def bench_settings(settings: Settings) -> Bench:
@@ -35,9 +47,10 @@ class Workload:
     num_prompts: int
     ttft_p99_target_ms: float
     primary: int  # the concurrency a comparison's headline ratio and the verdict are taken at
-    dataset: str = "random"
+    dataset: str = "random"  # "random" or "prompts" (DATASETS); "auto" until resolve_dataset
     temperature: float = 0.0
     seed: int = 0
+    dataset_why: str = ""
 
     def prompts_at(self, concurrency: int) -> int:
         """Requests sent at one point: ``num_prompts``, at least one per concurrent slot."""
@@ -67,6 +80,7 @@ def workload(name: str, s: Bench) -> Workload:
         "output_len": s.output_len,
         "num_prompts": s.num_prompts,
         "ttft_p99_target_ms": s.ttft_p99_target_ms,
+        "dataset": s.dataset,
     }
     if name == "seed":
         return Workload("seed", (s.concurrency,), primary=s.concurrency, **common)
@@ -76,3 +90,19 @@ def workload(name: str, s: Bench) -> Workload:
         pts = sweep_points(s.sweep_max)
         return Workload("sweep", pts, primary=s.concurrency if s.concurrency in pts else pts[-1], **common)
     raise ValueError(f"unknown workload {name!r}: one of {', '.join(NAMES)}")
+
+
+def resolve_dataset(wl: Workload, speculates: bool | None) -> Workload:
+    """``wl`` with ``bench.dataset: auto`` decided, and why: real prompts where a plan speculates
+    (``speculates`` True), random tokens where none does (False); unknown (None: a server at --url
+    whose metrics did not say) takes real prompts, the choice that is right either way."""
+    if wl.dataset != "auto":
+        return replace(wl, dataset_why=f"bench.dataset: {wl.dataset}")
+    if speculates is False:
+        return replace(wl, dataset="random", dataset_why="bench.dataset auto: no plan speculates")
+    why = (
+        "a plan speculates: its draft's acceptance is measured on real prompts, never random tokens"
+        if speculates
+        else "whether the server speculates is not known: real prompts, right either way"
+    )
+    return replace(wl, dataset="prompts", dataset_why=f"bench.dataset auto: {why}")

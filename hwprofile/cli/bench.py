@@ -46,12 +46,29 @@ def _side(
     )
 
 
+def speculates(plans: list[Any]) -> bool | None:
+    """Whether any side of the benchmark speculates: from its plan, or for a server at --url from
+    its metrics (spec-decode counters present); None when a server's metrics cannot be read."""
+    from ..bench.runner import spec_counters
+
+    seen: list[bool | None] = []
+    for bp in plans:
+        if bp.plan is not None:
+            seen.append(any(i.speculative is not None for i in bp.plan.instances))
+        elif bp.url:
+            counters, error = spec_counters(bp.url)
+            seen.append(None if error else counters is not None)
+    if any(seen):
+        return True
+    return None if None in seen else False
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.campaign import finish, run_campaign
     from ..bench.result import BenchPlan
     from ..bench.runner import BenchFailed, Point, Target, discover, run_point
     from ..bench.tags import HardwareSampler, host_tags, non_default_settings
-    from ..bench.workloads import Workload, bench_settings, workload
+    from ..bench.workloads import Workload, bench_settings, prompts_path, resolve_dataset, workload
     from ..config.layers import config_root
     from ..pipeline import resolve_settings, vllm_command
 
@@ -93,6 +110,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             r = settings_of(s_over, s_sets)
             plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
                                    non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
+
+    wl = resolve_dataset(wl, speculates(plans))
+    _progress(f"prompts: {'real prompts (' + prompts_path() + ')' if wl.dataset == 'prompts' else 'random tokens'}"
+              f" ({wl.dataset_why})")  # fmt: skip
 
     if args.output:
         out_dir = Path(args.output)

@@ -232,6 +232,13 @@ class Bench(Section):
         default=120.0,
     )
     rounds: int = setting("int", "alternating rounds per plan of --compare", 1, 100, default=3)
+    dataset: str = setting(
+        "choice", "the requests' prompts: random tokens (bench.input_len each), or real prompts (hwprofile's "
+        "shipped set of written questions and tasks, data/bench_prompts.json, ShareGPT format; their own "
+        "lengths); auto: real prompts wherever a plan speculates (a draft's acceptance on random tokens says "
+        "nothing about real traffic), random tokens otherwise",
+        choices=("auto", "random", "prompts"), default="auto",
+    )  # fmt: skip
 
 
 @section
