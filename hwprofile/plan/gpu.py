@@ -65,6 +65,7 @@ def gpu_instance(
 
     numa, cpus = numa_binding(host, gpus, settings, r, warnings, key, name)
     util = engine.memory_share(gpus, gpu, settings, r, warnings, key, name)
+    util = hybridspec.speculation_headroom(model, util, spec_method, r, warnings, key, name)
     kv_name, kv_bytes = engine.choose_kv_dtype(settings, gpu, model, r, f"{key}.engine.kv_cache_dtype")
     eager = engine.choose_eager(settings, r, key)
     f, draft, spec_method = fit_beside_draft(

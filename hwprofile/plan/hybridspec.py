@@ -50,6 +50,37 @@ def by_load(
     return None, None
 
 
+SPEC_UTIL_CAP = 0.93  # hybrid.md, operators: a hybrid's decode workspace under speculation outgrows profiling
+SHIPPED_KINDS = ("builtin", "default")  # a shipped profile's value or the schema's (not the user's own)
+
+
+def speculation_headroom(
+    model: ModelFacts,
+    util: float,
+    spec_method: str | None,
+    r: Reasons,
+    warnings: list[str],
+    key: str,
+    name: str,
+) -> float:
+    """``gpu_memory_utilization`` for a hybrid that speculates: at most 0.93 where a shipped value asked
+    for more (the decode workspace with speculation grows past what vLLM's profiling run saw: the
+    operators of Qwen3.8 keep 0.93, hybrid.md); a user's own value is kept, with a warning."""
+    if not spec_method or not is_hybrid(model) or util <= SPEC_UTIL_CAP:
+        return util
+    src = r.provenance.get(("engine", "gpu_memory_utilization"))
+    why = (
+        f"speculation ({spec_method}) on a hybrid: its decode workspace grows past what vLLM's profiling "
+        f"run measured, so the pool must leave room (operators keep {SPEC_UTIL_CAP}, hybrid.md)"
+    )
+    if src is not None and src.kind not in SHIPPED_KINDS:
+        warnings.append(f"{name}: gpu_memory_utilization {util} ({src}) leaves no headroom for {why}")
+        return util
+    r.add(f"{key}.engine.gpu_memory_utilization", SPEC_UTIL_CAP, f"lowered from {util}: {why}",
+          ("engine", "gpu_memory_utilization"))  # fmt: skip
+    return SPEC_UTIL_CAP
+
+
 def mtp_prefix_caching(
     model: ModelFacts,
     settings: Settings,
