@@ -13,7 +13,7 @@ from ..model import ModelFacts
 from . import engine, hybridspec
 from .estimate import estimate
 from .layout import numa_binding
-from .loaded import language_only
+from .loaded import as_loaded, language_only
 from .memory import (
     BLOCK_TOKENS,
     Fit,
@@ -72,12 +72,17 @@ def gpu_instance(
         total, util, model, draft, spec_method, tp, kv_bytes, settings, eager, r, warnings, key, name
     )
     settings = hybridspec.mtp_prefix_caching(model, settings, spec_method, r, warnings, key, name)
+
+    def loaded(checkpoint: ModelFacts) -> int:  # another checkpoint as this plan would load it
+        version = host.software.vllm_version
+        return as_loaded(checkpoint, settings, spec_method, version, Reasons({})).weights_bytes
+
     if not f.fits:
         raise PlanRefused(
             f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
             f"+ activations {f.activation_bytes / GiB:.1f} GiB + overhead {f.overhead_bytes / GiB:.1f} GiB "
             f"exceed the {f.budget_bytes / GiB:.1f} GiB budget ({util:.2f} of {total / GiB:.1f} GiB)",
-            suggestions(host, model, tp, f, util, settings, spec_method),
+            suggestions(host, model, tp, f, util, loaded),
         )
     # vLLM's own count of one max-length request: sliding-window layers also hold the tokens in
     # flight (max_num_batched_tokens x the batches it keeps scheduled; the whole prompt without
@@ -95,14 +100,14 @@ def gpu_instance(
         length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
     except engine.ContextTooShort as e:
         raise PlanRefused(
-            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, settings, spec_method)
+            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, loaded)
         ) from None
     try:
         seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight,
                                   chosen_by, hybrid)  # fmt: skip
     except engine.ContextTooShort as e:
         raise PlanRefused(
-            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, settings, spec_method)
+            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, loaded)
         ) from None
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
     if hybrid is not None:

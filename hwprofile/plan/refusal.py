@@ -6,7 +6,8 @@ process by :func:`hwprofile.model.catalog_family`, the target's family only)."""
 
 from __future__ import annotations
 
-from ..config.settings import Settings
+from collections.abc import Callable
+
 from ..errors import RefusedError
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
@@ -33,11 +34,11 @@ def suggestions(
     tp: int,
     f: Fit,
     util: float,
-    settings: Settings | None = None,
-    spec_method: str | None = None,
+    loaded: Callable[[ModelFacts], int] | None = None,
 ) -> list[str]:
-    """What would fit, for a model whose fit ``f`` (per GPU, at TP ``tp``) fails. With ``settings``
-    (and the planned ``spec_method``), a 4-bit checkpoint is sized as this plan would load it."""
+    """What would fit, for a model whose fit ``f`` (per GPU, at TP ``tp``) fails. ``loaded`` sizes a
+    checkpoint as this plan would load it (:func:`hwprofile.plan.loaded.as_loaded`: no vision tower
+    under --language-model-only, no MTP layers without MTP); without it, the whole checkpoint."""
     out: list[str] = []
     need = f.weights_bytes + f.draft_weights_bytes + f.activation_bytes + f.overhead_bytes + 2 * GiB
     fixed = f.budget_bytes - f.kv_cache_bytes  # everything but the KV cache
@@ -49,7 +50,7 @@ def suggestions(
         four = variant or (twin.quantized_variants.get(4) if twin else None)
         base = model if variant else twin
         w4 = (
-            loaded_bytes(variant_facts(base, four, 4), host, settings, spec_method)
+            (loaded or _whole)(variant_facts(base, four, 4))
             if base is not None and four
             else model.weights_bytes_at_bits(4)
         ) / tp
@@ -85,18 +86,8 @@ def suggestions(
     return out
 
 
-def loaded_bytes(
-    checkpoint: ModelFacts, host: HostSnapshot, settings: Settings | None, spec_method: str | None
-) -> int:
-    """``checkpoint``'s weights as vLLM would load them under ``settings`` (:func:`as_loaded`: no
-    vision tower under --language-model-only, no MTP layers without MTP); the whole checkpoint
-    when the settings are not known."""
-    if settings is None:
-        return checkpoint.weights_bytes
-    from .loaded import as_loaded  # loaded -> shape -> refusal: imported when a refusal needs it
-    from .reasons import Reasons
-
-    return as_loaded(checkpoint, settings, spec_method, host.software.vllm_version, Reasons({})).weights_bytes
+def _whole(checkpoint: ModelFacts) -> int:
+    return checkpoint.weights_bytes
 
 
 def catalog_twin(model: ModelFacts) -> ModelFacts | None:
