@@ -26,6 +26,7 @@ from .snapshot import (
     PcieLink,
     SnapshotError,
     Software,
+    VllmP2p,
 )
 from .snapshot_check import validate
 
@@ -102,6 +103,7 @@ _SEQUENCES: dict[str, type] = {
     "gpu_links": GpuLink,
     "errors": DetectError,
     "acs_ports": AcsPort,
+    "vllm_p2p": VllmP2p,
 }
 
 
@@ -119,7 +121,8 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
         elif name in _SEQUENCES:
             v = tuple(_build(_SEQUENCES[name], x) for x in (v or ()))
         elif (
-            name in ("flags", "clocks_event_reasons", "iommu_units", "gpu_indexes", "moe_configs", "tuned_configs")
+            name in ("flags", "clocks_event_reasons", "iommu_units", "gpu_indexes", "moe_configs", "tuned_configs",
+                     "devices", "allowed", "denied")
             and v is not None
         ):
             v = tuple(v)
