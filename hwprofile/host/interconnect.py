@@ -244,13 +244,13 @@ def read_vllm_p2p(
         allowed: list[str] = []
         denied: list[str] = []
         try:
-            doc = json.loads(_read_bytes(os.path.join(root, name), P2P_CACHE_MAX_BYTES)[: P2P_CACHE_MAX_BYTES + 1])
+            doc = json.loads(_read_bytes(os.path.join(root, name), P2P_CACHE_MAX_BYTES))
             if not isinstance(doc, dict):
                 raise ValueError("not an object")
             for k, v in doc.items():
                 m = _PAIR.match(k) if isinstance(k, str) else None
                 if m is None or type(v) is not bool or max(int(m[1]), int(m[2])) >= len(devices):
-                    raise ValueError(f"entry {str(k)[:32]!r}: expected \"i->j\": true or false")
+                    raise ValueError(f'entry {str(k)[:32]!r}: expected "i->j": true or false')
                 if m[1] != m[2]:
                     (allowed if v else denied).append(k)
         except (OSError, UnsafeFile, ValueError, UnicodeDecodeError, RecursionError) as e:

@@ -125,9 +125,10 @@ class Gpu(NamedTuple):
         words, daemon/policy.py ``read_faults``): a GPU that has one is not planned for."""
         out = []
         if self.ecc_uncorrected:
-            out.append(f"ecc_uncorrectable: {self.ecc_uncorrected} uncorrectable ECC error(s) since the driver loaded")
+            n = self.ecc_uncorrected
+            out.append(f"ecc_uncorrectable: {n} uncorrectable ECC error(s) since the driver loaded")
         if self.row_remap_failure:
-            out.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")
+            out.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")  # fmt: skip
         if self.remapped_rows_pending:
             out.append("row_remap_pending: remapped rows wait for a GPU reset")
         if self.retired_pages_pending:

@@ -24,7 +24,7 @@ _CPULIST = "^([0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*)?$"
 _LINK = "NV([1-9][0-9]?)|PIX|PXB|PHB|NODE|SYS"
 _PATH = Str(4096, pattern="/[^\\u0000-\\u001f\\u007f]*", like="an absolute path without control characters")
 _CONFIG_NAME = Str(512, null=False, pattern="[^/\\u0000-\\u001f\\u007f]+", like="a file name")
-_P2P_PAIR = Str(16, null=False, pattern="[0-9]{1,4}->[0-9]{1,4}", like='a pair of device positions like "0->1"')
+_P2P_PAIR = Str(16, null=False, pattern="[0-9]{1,4}->[0-9]{1,4}", like='a pair of positions like "0->1"')
 _VERSION = Str(64, pattern="[0-9A-Za-z][0-9A-Za-z.+_!-]*", like="a version string like 0.11.0")
 
 HOST = Obj(
@@ -173,7 +173,9 @@ HOST = Obj(
                     Obj(
                         {
                             "file": Str(
-                                512, null=False, pattern="gpu_p2p_access_cache_for_[^/\\u0000-\\u001f\\u007f]*\\.json",
+                                512,
+                                null=False,
+                                pattern="gpu_p2p_access_cache_for_[^/\\u0000-\\u001f\\u007f]*\\.json",
                                 like="gpu_p2p_access_cache_for_<devices>.json",
                             ),
                             "devices": List(Str(128, null=False), MAX_GPUS),

@@ -210,7 +210,7 @@ def vllm_p2p(host: Any, group: Sequence[int]) -> tuple[bool | None, str]:
     covering them is evidence about the hardware."""
     ic = host.interconnect
     g = tuple(group)
-    covering = [c for c in ic.vllm_p2p if c.gpu_indexes and set(g) <= set(c.gpu_indexes) and c.unknown is None]
+    covering = [c for c in ic.vllm_p2p if c.unknown is None and c.gpu_indexes and set(g) <= set(c.gpu_indexes)]  # fmt: skip
     covering.sort(key=lambda c: set(c.gpu_indexes or ()) != set(g))  # the exact file first
     where = ic.vllm_cache_root or "VLLM_CACHE_ROOT"
     for c in covering:
@@ -230,9 +230,7 @@ def vllm_p2p(host: Any, group: Sequence[int]) -> tuple[bool | None, str]:
     return None, "vLLM has not cached a P2P test of these GPUs (it runs one at its first start)"
 
 
-def apply(
-    plan: Plan, report: Report | None, source: str, host: Any = None, note: Any = None
-) -> Plan:
+def apply(plan: Plan, report: Report | None, source: str, host: Any = None, note: Any = None) -> Plan:
     """``plan`` with, on each GPU instance of TP > 1, the recorded check's decision and what vLLM's
     own cached P2P test says (``host``'s snapshot): the instance's ``interconnect`` (what render turns
     into ``--disable-custom-all-reduce`` and ``NCCL_P2P_DISABLE=1``), a reason per instance, and a
