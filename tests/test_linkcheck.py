@@ -77,6 +77,27 @@ def test_unproven_groups_are_checked_recorded_and_planned_again(host_of, empty_r
     assert again.calls == []
 
 
+@pytest.mark.parametrize(("driver", "kept"), [(None, True), ("410.48", False)])
+def test_other_groups_of_the_record_are_kept_while_it_is_current(
+    host_of, empty_root: Path, dev: str, driver: str | None, kept: bool
+) -> None:
+    """A record of the TP 4 group (another layout) stays beside the new runs; a record made under
+    another driver does not: its runs would otherwise be relabelled with this driver."""
+    from hwprofile.interconnect.store import save_report
+    from hwprofile.plan.candidates import host_fingerprint
+
+    inputs, plan = inputs_of(host_of, empty_root)
+    host = inputs.host
+    old = Report(host_fingerprint(host), "nccl", (run((0, 1, 2, 3), True, "ok"), run((0, 1, 2, 3), False, "ok")),
+                 driver_version=driver or host.driver.version)  # fmt: skip
+    save_report(empty_root, host, old)
+    prove_links(plan, inputs, progress=lambda m: None, runner=Runner(lambda g, p2p: "ok"), dev_root=dev)
+    rec = load_interconnect(empty_root, host)
+    assert rec.driver_version == host.driver.version
+    groups = {r.group for r in rec.runs}
+    assert {(0, 1), (2, 3)} <= groups and ((0, 1, 2, 3) in groups) is kept
+
+
 def test_a_group_wrong_or_hung_in_every_mode_is_refused(host_of, empty_root: Path, dev: str) -> None:
     inputs, plan = inputs_of(host_of, empty_root)
     runner = Runner(lambda g, p2p: "hang" if g == (2, 3) else "ok")

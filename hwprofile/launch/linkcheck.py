@@ -103,7 +103,7 @@ def prove_links(
     from ..interconnect.store import save_report
     from ..pipeline import load_interconnect
     from ..plan.candidates import host_fingerprint
-    from ..plan.interconnect import Report, apply
+    from ..plan.interconnect import Report, apply, stale
     from ..runtime.files import WriteError
 
     run = runner or run_check
@@ -132,14 +132,15 @@ def prove_links(
         if missing:
             say(f"interconnect: the check cannot run here ({missing[:300]}): GPUs start unproven")
             return plan
-        # join the new runs to what the host has recorded (other groups' runs stay)
+        # join the new runs to what the host has recorded and is still current (other groups' runs stay)
         try:
             old = load_interconnect(inputs.config_root, host)
         except ConfigError:  # a damaged record is replaced by the new one
             old = None
+        if old is not None and stale(old, host, fresh.fingerprint):
+            old = None  # another driver or IOMMU mode: its runs no longer describe the links
         mine = {(tuple(sorted(r.group)), r.p2p) for r in fresh.runs}
-        kept = tuple(r for r in (old.runs if old and old.fingerprint == fresh.fingerprint else ())
-                     if (tuple(sorted(r.group)), r.p2p) not in mine)  # fmt: skip
+        kept = tuple(r for r in (old.runs if old else ()) if (tuple(sorted(r.group)), r.p2p) not in mine)
         report = fresh._replace(runs=kept + fresh.runs)
         try:
             path = save_report(inputs.config_root, host, report)
