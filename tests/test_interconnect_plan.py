@@ -212,3 +212,26 @@ def test_a_gpu_faulted_at_detection_is_not_planned_for(fake_host, empty_root: Pa
     from hwprofile.views import format_host
 
     assert f"FAULT: GPU 1: {kind}" in format_host(host) and "FAULT: GPU 0" not in format_host(host)
+
+
+def test_faulted_gpus_elsewhere_and_everywhere(host_of, empty_root: Path) -> None:
+    """A faulted GPU on another node of a multi-node plan is left out too, and the refusal says why
+    the node has fewer GPUs; a host whose every GPU is faulted is refused (never a CPU plan)."""
+    from hwprofile.plan import PlanRefused
+
+    host = host_of(HOST)
+    host = host._replace(software=host.software._replace(vllm_version="0.32.0"))
+    bad = host._replace(gpus=tuple(g._replace(ecc_uncorrected=2) if g.index == 3 else g for g in host.gpus))
+    big = "Qwen/Qwen3-235B-A22B"  # two 4x A800 hosts at TP 4 each; not with three GPUs on one of them
+    ok = make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[host],
+                   addresses=["10.0.0.1", "10.0.0.2"])  # fmt: skip
+    assert [i.gpus for i in ok.instances] == [(0, 1, 2, 3), (0, 1, 2, 3)]
+    with pytest.raises(PlanRefused) as refused:
+        make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[bad],
+                  addresses=["10.0.0.1", "10.0.0.2"])  # fmt: skip
+    assert "does not fit" in refused.value.message
+    assert "(node 1: GPU 3 is faulted (ecc_uncorrectable) and not planned for)" in refused.value.message
+    dead = host._replace(gpus=tuple(g._replace(remapped_rows_pending=True) for g in host.gpus))
+    with pytest.raises(PlanRefused, match="every GPU reported a hardware fault") as e:
+        make_plan(dead, empty_root, environ={})
+    assert "GPU 0 is faulted (row_remap_pending)" in e.value.message

@@ -91,8 +91,24 @@ def build_plan(
     one is ignored with the reason."""
     current, ic_reason = _current_interconnect(host, interconnect, interconnect_source)
     healthy, fault_reasons, fault_warnings = _without_faulted(host)
-    plan = _build_plan(healthy, settings, provenance, profile, matched_because, model, draft, nodes, addresses,
-                       calibration, current)  # fmt: skip
+    others = []
+    for k, node in enumerate(nodes, 1):  # the other hosts of a multi-node plan: their faulted GPUs too
+        ok, why, warn = _without_faulted(node, k)
+        others.append(ok)
+        fault_reasons += why
+        fault_warnings += warn
+    if host.usable_gpus and not healthy.usable_gpus:
+        raise PlanRefused("every GPU reported a hardware fault at detection: " + "; ".join(fault_warnings),
+                          ["reset the GPUs (nvidia-smi -r, a reboot) or replace them, then plan again",
+                           "`hwprofile doctor` reads the faults live"])  # fmt: skip
+    try:
+        plan = _build_plan(healthy, settings, provenance, profile, matched_because, model, draft, tuple(others),
+                           addresses, calibration, current)  # fmt: skip
+    except PlanRefused as e:  # with fewer GPUs than the host has: say why they are fewer
+        if fault_warnings:
+            e.message = f"{e.message} ({'; '.join(fault_warnings)})"
+            e.args = (e.message,)
+        raise
     if settings.supervise.pin_kv_pool:
         plan = pin_kv_pools(plan, kv_pools or {})
     if fault_reasons:
@@ -101,17 +117,19 @@ def build_plan(
     return apply_interconnect(plan, current, interconnect_source, healthy, ic_reason)
 
 
-def _without_faulted(host: HostSnapshot) -> tuple[HostSnapshot, list[Reason], list[str]]:
+def _without_faulted(host: HostSnapshot, node: int = 0) -> tuple[HostSnapshot, list[Reason], list[str]]:
     """``host`` without the GPUs that reported a fatal hardware fault at detection (uncorrectable ECC
     errors, retired pages or remapped rows pending a reset, a failed remap: :attr:`Gpu.faults`), with a
-    reason and a warning for each: an instance is not launched onto one to be drained at once."""
+    reason and a warning for each: an instance is not launched onto one to be drained at once.
+    ``node``: the host's rank in a multi-node plan (0: this host; the others are named)."""
     bad = {g.index: g.faults for g in host.gpus if not g.lost and g.faults}
     if not bad:
         return host, [], []
-    reasons = [Reason(f"gpus[{i}].excluded", True, f"GPU {i} reported a hardware fault at detection: "
+    key, who = (f"nodes[{node}].", f"node {node}: ") if node else ("", "")
+    reasons = [Reason(f"{key}gpus[{i}].excluded", True, f"{who}GPU {i} reported a hardware fault at detection: "
                       f"{'; '.join(f)}; not planned for (reset or replace it, then plan again)", "snapshot")
                for i, f in sorted(bad.items())]  # fmt: skip
-    warnings = [f"GPU {i} is faulted ({', '.join(x.split(':', 1)[0] for x in f)}) and not planned for"
+    warnings = [f"{who}GPU {i} is faulted ({', '.join(x.split(':', 1)[0] for x in f)}) and not planned for"
                 for i, f in sorted(bad.items())]  # fmt: skip
     return host._replace(gpus=tuple(g for g in host.gpus if g.index not in bad)), reasons, warnings
 
