@@ -154,15 +154,14 @@ def make_plan(
         plan = build_plan(
             host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
             tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
+            interconnect=load_interconnect(root, host), interconnect_source=interconnect_path(root, host),
         )  # fmt: skip
     except PlanRefused as e:
         if assumed:
             e.message = f"{e.message} ({assumed})"
             e.suggestions = [*e.suggestions, "or name the model to plan: --model DIR|NAME"]
         raise
-    from .plan.interconnect import apply
-
-    return apply(plan, load_interconnect(root, host), interconnect_path(root, host))
+    return plan
 
 
 KV_POOLS_FILE = "kv-pools.json"  # in the state directory (runtime.dirs.state_dir): plan.kvpin's records
@@ -244,11 +243,11 @@ def interconnect_path(root: str | os.PathLike[str], host: HostSnapshot) -> str:
 
 def load_interconnect(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
     """This host's recorded :class:`~.plan.interconnect.Report`, or None when the check has not run
-    here. A file that is not such a result, or one recorded for another host (its fingerprint
-    differs), is an input error naming the file."""
+    here. A file that is not such a result is an input error naming the file; one recorded for other
+    GPUs or under another driver is returned as it is: the planner ignores it with the reason
+    (:func:`~.plan.interconnect.stale`)."""
     import json
 
-    from .plan.candidates import host_fingerprint
     from .plan.interconnect import report_from_dict
     from .runtime.files import UnsafeFile, read_bounded
 
@@ -269,10 +268,6 @@ def load_interconnect(root: str | os.PathLike[str], host: HostSnapshot) -> Any:
         raise ConfigError(f"{path}: not JSON (nested too deeply)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: {e}" if str(e).startswith(path) else f"{path}: not JSON ({e})") from None
-    if report.fingerprint != host_fingerprint(host):
-        raise ConfigError(
-            f"{path}: recorded for host {report.fingerprint}, not this one ({host_fingerprint(host)})"
-        )
     return report
 
 

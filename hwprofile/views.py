@@ -108,6 +108,9 @@ def format_host(s: HostSnapshot) -> str:
                 ]
             )
         out.extend(_table(rows))
+        for g in s.usable_gpus:
+            if g.faults:
+                out.append(f"  FAULT: GPU {g.index}: {'; '.join(g.faults)} (not planned for: reset or replace it)")  # fmt: skip
         degraded = [g.index for g in s.usable_gpus if g.pcie.degraded]
         if degraded:
             out.append(
@@ -580,6 +583,12 @@ def format_interconnect(host: HostSnapshot, report: Any, decisions: Any, saved: 
             out.append(f"  port {p.bdf} (GPUs {','.join(map(str, p.gpu_indexes))}): {state}")
     else:
         out.append(f"  ACS: {ic.acs_unknown or 'no PCIe port between the GPUs'}")
+    for c in ic.vllm_p2p:  # vLLM's own P2P test, as its custom all-reduce cached it
+        gpus = ",".join(map(str, c.gpu_indexes)) if c.gpu_indexes else "?"
+        said = c.unknown or (f"no P2P for {', '.join(c.denied)}" if c.denied else "P2P between every pair")
+        out.append(f"  vLLM P2P cache {c.file} (GPUs {gpus}): {said}")
+    if not ic.vllm_p2p:
+        out.append(f"  vLLM P2P cache: {ic.vllm_p2p_unknown or 'none'}")
     for lk in host.gpu_links:
         caps = " ".join(
             f"{k}={_v(v)}"

@@ -49,6 +49,7 @@ def fake_host(tmp_path: Path, fake_nvml_dir: Path, monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("FAKE_NVML_STATE", str(host.state))
         monkeypatch.setenv("HWPROFILE_PROC_ROOT", str(host.proc))
         monkeypatch.setenv("HWPROFILE_SYS_ROOT", str(host.sys))
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / name / "vllm-cache"))  # not this user's own
         monkeypatch.setenv(
             "HWPROFILE_ROUTER", os.environ.get("HWPROFILE_ROUTER", "none")
         )  # a fixture host has none

@@ -87,6 +87,7 @@ class FakeHost:
         env["HWPROFILE_PROC_ROOT"] = str(self.proc)
         env["HWPROFILE_SYS_ROOT"] = str(self.sys)
         env.setdefault("HWPROFILE_ROUTER", "none")  # a fixture host has no vLLM router unless a test says
+        env.setdefault("VLLM_CACHE_ROOT", str(self.state.parent / "vllm-cache"))  # not this user's own
         if lib_dir is not None:
             env["LD_LIBRARY_PATH"] = str(lib_dir)
         return env

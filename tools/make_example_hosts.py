@@ -64,6 +64,7 @@ def detect(fixture: str, lib_dir: Path, work: Path) -> dict[str, Any]:
     host = build(fixture, work / fixture)
     env = host.env(lib_dir)
     env.pop("HWPROFILE_NVML_LIBRARY", None)
+    env["VLLM_CACHE_ROOT"] = "/nonexistent/.cache/vllm"  # vLLM's P2P cache: none, not this user's own
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
         [sys.executable, "-m", "hwprofile", "detect", "--json"],

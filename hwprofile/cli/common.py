@@ -125,10 +125,17 @@ def plan_of(args: argparse.Namespace, host, model: str | None = None, sets: list
 
 def launch_of(args: argparse.Namespace, host, plan, inputs, runtime, progress=None):  # -> Launch
     """The :class:`hwprofile.launch.start.Launch` of a plan: the release is ``--vllm-version``, else
-    what the configured ``server.vllm_command`` is, else the installed vLLM."""
+    what the configured ``server.vllm_command`` is, else the installed vLLM. A TP group whose links
+    were never proven is checked first (:func:`hwprofile.launch.linkcheck.prove_links`; its plan may
+    change, or the start be refused), unless ``--skip-link-check`` or ``supervise.link_check=false``."""
+    import dataclasses
+
+    from ..launch.linkcheck import prove_links
     from ..launch.start import Launch
 
-    return Launch.of(plan, host.software, runtime, inputs, getattr(args, "vllm_version", None), progress)
+    launch = Launch.of(plan, host.software, runtime, inputs, getattr(args, "vllm_version", None), progress)
+    proven = prove_links(plan, inputs, skip=getattr(args, "skip_link_check", False), progress=progress)
+    return launch if proven is plan else dataclasses.replace(launch, plan=proven)
 
 
 # What every `--demo` plans (launch, bench, verify): the tiny model made offline, a short context, a

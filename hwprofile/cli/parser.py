@@ -258,6 +258,7 @@ def _args_launch(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     p.add_argument("--plan-file", metavar="FILE", help=argparse.SUPPRESS)  # the detached supervisor's plan
+    _add_skip_link_check(p)
     p.add_argument(
         "--demo",
         action="store_true",
@@ -322,6 +323,15 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
         help="on a plan over several hosts: run and watch this node's part (default 0: the API server)",
     )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
+    _add_skip_link_check(p)
+
+
+def _add_skip_link_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-link-check", action="store_true",
+        help="start a TP group on GPUs whose links were never proven without checking them first "
+        "(supervise.link_check=false: always)",
+    )  # fmt: skip
 
 
 def _args_watch(p: argparse.ArgumentParser) -> None:

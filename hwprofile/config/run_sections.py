@@ -79,6 +79,17 @@ class Supervise(Section):
         "the same instance: the profiled pool varies by ~1 GiB between starts and is smaller on a cold "
         "compile cache", default=False,
     )  # fmt: skip
+    link_check: bool = setting(
+        "bool", "before the first start of an instance with tensor_parallel_size > 1 on GPUs whose links were "
+        "never proven (no interconnect check recorded for its group), run the check (`hwprofile doctor "
+        "--interconnect`: an all-reduce with P2P on and off) and record it: a group that is right only without "
+        "P2P starts with NCCL_P2P_DISABLE=1 and without vLLM's custom all-reduce, one wrong or hung in every "
+        "mode is refused (launch and daemon --skip-link-check: this once)", default=True,
+    )  # fmt: skip
+    link_check_deadline_s: float = setting(
+        "float", "seconds one run of the automatic interconnect check may take before its processes are killed "
+        "and the run counts as a hang", 5, 3600, default=120.0,
+    )  # fmt: skip
 
 
 @section

@@ -94,7 +94,12 @@ def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int
             if handle is None:
                 gpus.append(Gpu(index=index, lost=True))
                 continue
-            gpus.append(nvml.gpu(index, handle, logical_cpus))
+            gpu = nvml.gpu(index, handle, logical_cpus)
+            f = nvml.faults(index, handle)  # a GPU already faulted is not planned for (Gpu.faults)
+            gpus.append(gpu._replace(
+                ecc_uncorrected=f["ecc_uncorrected"], retired_pages_pending=f["retired_pending"],
+                remapped_rows_pending=f["remap_pending"], row_remap_failure=f["remap_failure"],
+            ))  # fmt: skip
             handles[index] = handle
         except GpuLost:
             nvml.errors.append(

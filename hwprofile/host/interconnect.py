@@ -21,10 +21,10 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from .snapshot import AcsPort, Interconnect
+from .snapshot import AcsPort, Interconnect, VllmP2p
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from .snapshot import Gpu
 
@@ -166,13 +166,99 @@ def read_acs(sys_root: str, gpus: Sequence[Gpu]) -> tuple[tuple[AcsPort, ...], s
     return tuple(out), None
 
 
-def read_interconnect(proc_root: str, sys_root: str, gpus: Sequence[Gpu]) -> Interconnect:
+def read_interconnect(
+    proc_root: str, sys_root: str, gpus: Sequence[Gpu], env: Mapping[str, str] | None = None
+) -> Interconnect:
     mode, why, units = read_iommu(proc_root, sys_root, gpus)
     usable = [g for g in gpus if not g.lost]
     acs, acs_why = read_acs(sys_root, usable) if len(usable) > 1 else ((), "fewer than two GPUs")
+    root, caches, p2p_why = read_vllm_p2p(gpus, env) if len(usable) > 1 else (None, (), "fewer than two GPUs")
     return Interconnect(
-        iommu=mode, iommu_evidence=why or None, iommu_units=units, acs_ports=acs, acs_unknown=acs_why
-    )
+        iommu=mode, iommu_evidence=why or None, iommu_units=units, acs_ports=acs, acs_unknown=acs_why,
+        vllm_cache_root=root, vllm_p2p=caches, vllm_p2p_unknown=p2p_why,
+    )  # fmt: skip
+
+
+# -- vLLM's own P2P test, as its custom all-reduce cached it ------------------------------------------
+
+P2P_CACHE_PREFIX = "gpu_p2p_access_cache_for_"
+P2P_CACHE_MAX_FILES = 64  # one per CUDA_VISIBLE_DEVICES set vLLM ran with; more are not read
+P2P_CACHE_MAX_BYTES = 1 << 16  # 8 GPUs: 64 pairs of ~15 bytes each
+_PAIR = re.compile(r"^([0-9]{1,4})->([0-9]{1,4})$")
+
+
+def vllm_cache_root(env: Mapping[str, str] | None = None) -> str:
+    """``VLLM_CACHE_ROOT`` as vLLM resolves it (vllm/envs.py): the variable, else
+    ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``; ``~`` expanded."""
+    e = os.environ if env is None else env
+    if e.get("VLLM_CACHE_ROOT"):
+        return os.path.expanduser(e["VLLM_CACHE_ROOT"])
+    xdg = e.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.expanduser(os.path.join(xdg, "vllm"))
+
+
+def read_vllm_p2p(
+    gpus: Sequence[Gpu], env: Mapping[str, str] | None = None
+) -> tuple[str | None, tuple[VllmP2p, ...], str | None]:
+    """``(cache root, its P2P cache files, why none)``: vLLM's custom all-reduce tests P2P between
+    every pair of its visible devices once and caches the answer in
+    ``<VLLM_CACHE_ROOT>/gpu_p2p_access_cache_for_<devices>.json`` (``{"0->1": true, ...}``, positions
+    in the device list; vllm/distributed/device_communicators/all_reduce_utils.py,
+    ``gpu_p2p_access_check``), and trusts that file on every later start. Read-only and bounded: at most
+    :data:`P2P_CACHE_MAX_FILES` files of :data:`P2P_CACHE_MAX_BYTES`, regular files only (a FIFO or a
+    device planted there is refused), a file that is not such a document is listed with ``unknown``."""
+    import json
+
+    from ..runtime.files import UnsafeFile
+
+    root = vllm_cache_root(env)
+    if not os.path.isabs(root):
+        return None, (), f"VLLM_CACHE_ROOT {root!r} is not an absolute path"
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(P2P_CACHE_PREFIX) and n.endswith(".json")
+                       and n.isprintable() and len(n) <= 512)  # fmt: skip
+    except FileNotFoundError:
+        return root, (), "no vLLM cache directory (vLLM has not run here as this user)"
+    except OSError as e:
+        return root, (), f"the vLLM cache directory is unreadable ({e.strerror or e})"
+    if not names:
+        return root, (), "no P2P cache file (vLLM's custom all-reduce has not started here as this user)"
+    by_uuid = {g.uuid: g.index for g in gpus if g.uuid}
+    indexes = {g.index for g in gpus}
+    out = []
+    for name in names[:P2P_CACHE_MAX_FILES]:
+        devices = tuple(d[:128] for d in name[len(P2P_CACHE_PREFIX) : -len(".json")].split(","))[:256]
+        mapped: list[int] = []
+        why = None
+        for d in devices:
+            if d.isdigit() and int(d) in indexes:
+                mapped.append(int(d))  # a physical id: NVML's index under CUDA_DEVICE_ORDER=PCI_BUS_ID
+            elif d in by_uuid:
+                mapped.append(by_uuid[d])
+            else:
+                why = f"device {d[:64]!r} is none of this host's GPUs"
+                break
+        gpu_indexes = tuple(mapped) if why is None and len(set(mapped)) == len(mapped) else None
+        if gpu_indexes is None and why is None:
+            why = "a device listed twice"
+        allowed: list[str] = []
+        denied: list[str] = []
+        try:
+            doc = json.loads(_read_bytes(os.path.join(root, name), P2P_CACHE_MAX_BYTES))
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+            for k, v in doc.items():
+                m = _PAIR.match(k) if isinstance(k, str) else None
+                if m is None or type(v) is not bool or max(int(m[1]), int(m[2])) >= len(devices):
+                    raise ValueError(f'entry {str(k)[:32]!r}: expected "i->j": true or false')
+                if m[1] != m[2]:
+                    (allowed if v else denied).append(k)
+        except (OSError, UnsafeFile, ValueError, UnicodeDecodeError, RecursionError) as e:
+            why = f"not read: {e}"[:400]
+            allowed, denied = [], []
+        out.append(VllmP2p(name, devices, gpu_indexes, tuple(allowed), tuple(denied), why))
+    extra = len(names) - P2P_CACHE_MAX_FILES
+    return root, tuple(out), (f"{extra} more P2P cache files not read" if extra > 0 else None)
 
 
 def acs_flags(ctrl: int | None) -> tuple[str, ...] | None:

@@ -108,10 +108,32 @@ class Gpu(NamedTuple):
     clocks_event_reasons: tuple[str, ...] | None = None
     clocks_event_reasons_mask: int | None = None
     lost: bool = False
+    # hardware faults at detection (NVML; None: not supported or not read): uncorrectable ECC errors
+    # since the driver loaded, retired pages or remapped rows waiting for a GPU reset, a failed remap
+    ecc_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    row_remap_failure: bool | None = None
 
     @property
     def memory_total_gib(self) -> float | None:
         return None if self.memory_total_bytes is None else self.memory_total_bytes / 2**30
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """The fatal hardware faults this GPU reported at detection, each ``kind: what`` (the daemon's
+        words, daemon/policy.py ``read_faults``): a GPU that has one is not planned for."""
+        out = []
+        if self.ecc_uncorrected:
+            n = self.ecc_uncorrected
+            out.append(f"ecc_uncorrectable: {n} uncorrectable ECC error(s) since the driver loaded")
+        if self.row_remap_failure:
+            out.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")  # fmt: skip
+        if self.remapped_rows_pending:
+            out.append("row_remap_pending: remapped rows wait for a GPU reset")
+        if self.retired_pages_pending:
+            out.append("retired_pages_pending: retired pages wait for a GPU reset")
+        return tuple(out)
 
 
 class GpuLink(NamedTuple):
@@ -133,6 +155,19 @@ class AcsPort(NamedTuple):
     unknown: str | None = None  # why acs_ctrl is None
 
 
+class VllmP2p(NamedTuple):
+    """One of vLLM's cached peer-to-peer tests (``gpu_p2p_access_cache_for_<devices>.json`` under
+    ``VLLM_CACHE_ROOT``, written by its custom all-reduce's first start on those devices and trusted
+    by every later one): which pairs of its devices reached each other."""
+
+    file: str  # the file's name
+    devices: tuple[str, ...]  # the devices its name lists (CUDA_VISIBLE_DEVICES entries or physical ids)
+    gpu_indexes: tuple[int, ...] | None  # their NVML indexes; None: not mapped (why in ``unknown``)
+    allowed: tuple[str, ...] = ()  # "i->j" (positions in ``devices``): P2P works
+    denied: tuple[str, ...] = ()  # "i->j": vLLM found no P2P (its custom all-reduce stays off)
+    unknown: str | None = None
+
+
 class Interconnect(NamedTuple):
     """What the host says about peer-to-peer traffic between GPUs; None is unknown, with the reason."""
 
@@ -141,6 +176,9 @@ class Interconnect(NamedTuple):
     iommu_units: tuple[str, ...] | None = None  # /sys/class/iommu entries
     acs_ports: tuple[AcsPort, ...] = ()
     acs_unknown: str | None = None  # why no port was read
+    vllm_cache_root: str | None = None  # where vLLM keeps its P2P cache files (VLLM_CACHE_ROOT)
+    vllm_p2p: tuple[VllmP2p, ...] = ()
+    vllm_p2p_unknown: str | None = None  # why none was read
 
 
 class NumaNode(NamedTuple):

@@ -24,6 +24,7 @@ _CPULIST = "^([0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*)?$"
 _LINK = "NV([1-9][0-9]?)|PIX|PXB|PHB|NODE|SYS"
 _PATH = Str(4096, pattern="/[^\\u0000-\\u001f\\u007f]*", like="an absolute path without control characters")
 _CONFIG_NAME = Str(512, null=False, pattern="[^/\\u0000-\\u001f\\u007f]+", like="a file name")
+_P2P_PAIR = Str(16, null=False, pattern="[0-9]{1,4}->[0-9]{1,4}", like='a pair of positions like "0->1"')
 _VERSION = Str(64, pattern="[0-9A-Za-z][0-9A-Za-z.+_!-]*", like="a version string like 0.11.0")
 
 HOST = Obj(
@@ -103,6 +104,10 @@ HOST = Obj(
                     ),
                     "clocks_event_reasons_mask": Int(0, 2**64 - 1),
                     "lost": Bool(),
+                    "ecc_uncorrected": Int(0, 2**63 - 1),
+                    "retired_pages_pending": Bool(null=True),
+                    "remapped_rows_pending": Bool(null=True),
+                    "row_remap_failure": Bool(null=True),
                 },
                 required=("index",),
             ),
@@ -163,6 +168,27 @@ HOST = Obj(
                     4096,
                 ),
                 "acs_unknown": Str(4096),
+                "vllm_cache_root": _PATH,
+                "vllm_p2p": List(
+                    Obj(
+                        {
+                            "file": Str(
+                                512,
+                                null=False,
+                                pattern="gpu_p2p_access_cache_for_[^/\\u0000-\\u001f\\u007f]*\\.json",
+                                like="gpu_p2p_access_cache_for_<devices>.json",
+                            ),
+                            "devices": List(Str(128, null=False), MAX_GPUS),
+                            "gpu_indexes": List(Int(0, MAX_GPUS - 1, null=False), MAX_GPUS, null=True),
+                            "allowed": List(_P2P_PAIR, MAX_GPUS * MAX_GPUS),
+                            "denied": List(_P2P_PAIR, MAX_GPUS * MAX_GPUS),
+                            "unknown": Str(4096),
+                        },
+                        required=("file", "devices"),
+                    ),
+                    64,
+                ),
+                "vllm_p2p_unknown": Str(4096),
             }
         ),
         "errors": List(

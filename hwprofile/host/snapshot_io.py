@@ -26,6 +26,7 @@ from .snapshot import (
     PcieLink,
     SnapshotError,
     Software,
+    VllmP2p,
 )
 from .snapshot_check import validate
 
@@ -102,7 +103,14 @@ _SEQUENCES: dict[str, type] = {
     "gpu_links": GpuLink,
     "errors": DetectError,
     "acs_ports": AcsPort,
+    "vllm_p2p": VllmP2p,
 }
+
+# the lists a record holds as tuples ("devices", "allowed", "denied": vLLM's P2P cache files, VllmP2p)
+_TUPLES = frozenset(
+    {"flags", "clocks_event_reasons", "iommu_units", "gpu_indexes", "moe_configs", "tuned_configs"}
+    | {"devices", "allowed", "denied"}
+)
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
@@ -118,10 +126,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             v = _build(_NESTED[name], v)
         elif name in _SEQUENCES:
             v = tuple(_build(_SEQUENCES[name], x) for x in (v or ()))
-        elif (
-            name in ("flags", "clocks_event_reasons", "iommu_units", "gpu_indexes", "moe_configs", "tuned_configs")
-            and v is not None
-        ):
+        elif name in _TUPLES and v is not None:
             v = tuple(v)
         kwargs[name] = v
     return cls(**kwargs)

@@ -185,9 +185,12 @@ def run_check(
     fingerprint: str,
     backend: str,
     modes: Sequence[bool] = (True, False),
+    driver_version: str | None = None,
+    iommu: str | None = None,
     **kw: object,
 ) -> Report:
-    """Every group in every P2P mode (on first), one after another."""
+    """Every group in every P2P mode (on first), one after another. ``driver_version`` and ``iommu``
+    (the host's, from its snapshot) are recorded: a later plan ignores the result once either changed."""
     runs = [run_group(g, p2p=p2p, backend=backend, **kw) for g in groups for p2p in modes]  # type: ignore[arg-type]
     return Report(
         fingerprint,
@@ -195,6 +198,8 @@ def run_check(
         tuple(runs),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         torch_version=_torch_version(),
+        driver_version=driver_version,
+        iommu=iommu,
     )
 
 

@@ -4,5 +4,7 @@
   (:func:`~.start.supervisor`), supervising in the foreground, serving for a ``with`` block;
 - :mod:`.detached`: a launch that returns once its plan is ready (the launch file, the detached
   supervisor); :mod:`.demo`: ``launch --demo``;
-- :mod:`.status`: what runs, checked, and its text; :mod:`.stop`: stopping it.
+- :mod:`.status`: what runs, checked, and its text; :mod:`.stop`: stopping it;
+- :mod:`.linkcheck`: the interconnect check before a TP group's first start on links never proven
+  (recorded, then planned again; refused where the all-reduce is wrong in every mode).
 """

@@ -43,6 +43,8 @@ from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .hybridspec import by_load
+from .interconnect import Report, stale
+from .interconnect import apply as apply_interconnect
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
 from .loaded import as_loaded
@@ -55,7 +57,7 @@ from .releases import refuse_old_release
 from .shape import shape
 from .specpath import check as check_speculative_paths
 from .speculative import choose_speculator, heterogeneous_vocab_ok
-from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan
+from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan, Reason
 
 __all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Calibration", "Plan", "PlanRefused", "Reasons", "build_plan"]
 
@@ -74,18 +76,81 @@ def build_plan(
     addresses: Sequence[str] = (),
     calibration: Calibration | None = None,
     kv_pools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    interconnect: Report | None = None,
+    interconnect_source: str = "interconnect record",
 ) -> Plan:
     """The plan for ``model`` (and ``draft``, from ``speculative.draft``) on ``host`` (and on
     ``nodes``, the other hosts of a multi-node plan, at ``addresses``: node 0's first); raises
     :class:`PlanRefused` with suggestions when nothing fits. ``provenance``: the layer that set each
     setting the layers set; every other setting is at its declared default (``settings`` holds it).
     ``kv_pools``: the KV pools vLLM measured on earlier starts (:mod:`.kvpin`), where
-    ``supervise.pin_kv_pool`` is on: each GPU instance with one recorded is pinned to it."""
-    plan = _build_plan(host, settings, provenance, profile, matched_because, model, draft, nodes, addresses,
-                       calibration)  # fmt: skip
+    ``supervise.pin_kv_pool`` is on: each GPU instance with one recorded is pinned to it.
+    ``interconnect``: this host's recorded interconnect check (read from ``interconnect_source`` by
+    the pipeline): where it is current (:func:`.interconnect.stale`), its measured link bandwidth
+    feeds the predictions and its decision each TP instance (:func:`.interconnect.apply`); a stale
+    one is ignored with the reason."""
+    current, ic_reason = _current_interconnect(host, interconnect, interconnect_source)
+    healthy, fault_reasons, fault_warnings = _without_faulted(host)
+    others = []
+    for k, node in enumerate(nodes, 1):  # the other hosts of a multi-node plan: their faulted GPUs too
+        ok, why, warn = _without_faulted(node, k)
+        others.append(ok)
+        fault_reasons += why
+        fault_warnings += warn
+    if host.usable_gpus and not healthy.usable_gpus:
+        raise PlanRefused("every GPU reported a hardware fault at detection: " + "; ".join(fault_warnings),
+                          ["reset the GPUs (nvidia-smi -r, a reboot) or replace them, then plan again",
+                           "`hwprofile doctor` reads the faults live"])  # fmt: skip
+    try:
+        plan = _build_plan(healthy, settings, provenance, profile, matched_because, model, draft, tuple(others),
+                           addresses, calibration, current)  # fmt: skip
+    except PlanRefused as e:  # with fewer GPUs than the host has: say why they are fewer
+        if fault_warnings:
+            e.message = f"{e.message} ({'; '.join(fault_warnings)})"
+            e.args = (e.message,)
+        raise
     if settings.supervise.pin_kv_pool:
         plan = pin_kv_pools(plan, kv_pools or {})
-    return plan
+    if fault_reasons:
+        plan = dataclasses.replace(plan, reasons=(*fault_reasons, *plan.reasons),
+                                   warnings=tuple(dict.fromkeys((*fault_warnings, *plan.warnings))))  # fmt: skip
+    return apply_interconnect(plan, current, interconnect_source, healthy, ic_reason)
+
+
+def _without_faulted(host: HostSnapshot, node: int = 0) -> tuple[HostSnapshot, list[Reason], list[str]]:
+    """``host`` without the GPUs that reported a fatal hardware fault at detection (uncorrectable ECC
+    errors, retired pages or remapped rows pending a reset, a failed remap: :attr:`Gpu.faults`), with a
+    reason and a warning for each: an instance is not launched onto one to be drained at once.
+    ``node``: the host's rank in a multi-node plan (0: this host; the others are named)."""
+    bad = {g.index: g.faults for g in host.gpus if not g.lost and g.faults}
+    if not bad:
+        return host, [], []
+    key, who = (f"nodes[{node}].", f"node {node}: ") if node else ("", "")
+    reasons = [Reason(f"{key}gpus[{i}].excluded", True, f"{who}GPU {i} reported a hardware fault at detection: "
+                      f"{'; '.join(f)}; not planned for (reset or replace it, then plan again)", "snapshot")
+               for i, f in sorted(bad.items())]  # fmt: skip
+    warnings = [f"{who}GPU {i} is faulted ({', '.join(x.split(':', 1)[0] for x in f)}) and not planned for"
+                for i, f in sorted(bad.items())]  # fmt: skip
+    return host._replace(gpus=tuple(g for g in host.gpus if g.index not in bad)), reasons, warnings
+
+
+def _current_interconnect(
+    host: HostSnapshot, report: Report | None, source: str
+) -> tuple[Report | None, Reason | None]:
+    """``report`` where it still describes ``host``, else None; and the reason saying which (None
+    where no check is recorded)."""
+    if report is None:
+        return None, None
+    why = stale(report, host, host_fingerprint(host))
+    if why:
+        return None, Reason("interconnect.measurement", None, f"ignored ({why}): the datasheet link is used; "
+                            "run `hwprofile doctor --interconnect` again", source)  # fmt: skip
+    at = f" at {report.measured_at}" if report.measured_at else ""
+    return report, Reason("interconnect.measurement", "measured",
+                          f"the interconnect check recorded{at} ({report.backend}"
+                          + (f", driver {report.driver_version}" if report.driver_version else "")
+                          + "): its measured link bandwidth replaces the datasheet's for the groups it covers",
+                          source)  # fmt: skip
 
 
 def _build_plan(
@@ -99,10 +164,12 @@ def _build_plan(
     nodes: Sequence[HostSnapshot],
     addresses: Sequence[str],
     calibration: Calibration | None,
+    interconnect: Report | None = None,
 ) -> Plan:
     default = Source("default", "schema")
     r = Reasons({p: provenance.get(p, default) for p in SETTINGS})
     r.calibration = calibration
+    r.interconnect = interconnect
     gpus = host.usable_gpus
     host_warnings: list[str] = []
     if any(g.lost for g in host.gpus):
@@ -257,12 +324,12 @@ def _predicted(
     out = []
     for i, inst in enumerate(instances):
         p = instance_prediction(host, inst, total, model, draft if inst.speculative else None, settings,
-                                r.calibration, rule_tp)  # fmt: skip
+                                r.calibration, rule_tp, r.interconnect)  # fmt: skip
         if p is not None and inst.speculative is not None and inst.memory.state_sequences is not ABSENT:
             # a hybrid: say whether speculation is predicted to pay here (its state cost is said in
             # speculative.state_cost)
             plain = instance_prediction(host, dataclasses.replace(inst, speculative=None), total, model, None,
-                                        settings, r.calibration, rule_tp)  # fmt: skip
+                                        settings, r.calibration, rule_tp, r.interconnect)  # fmt: skip
             if plain is not None:
                 pays = p.tpot_ms < plain.tpot_ms
                 r.add(f"instances[{i}].speculative.predicted", pays,

@@ -104,8 +104,14 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
     return g, row
 
 
-def link_for(host: HostSnapshot, gpus: Sequence[Gpu], tp: int, row: Mapping[str, Any] | None) -> pm.Link:
-    """The slowest path inside the first TP group of ``gpus`` (as the snapshot has it)."""
+def link_for(
+    host: HostSnapshot, gpus: Sequence[Gpu], tp: int, row: Mapping[str, Any] | None, measured: Any = None
+) -> pm.Link:
+    """The slowest path inside the first TP group of ``gpus`` (as the snapshot has it); its bandwidth
+    the one measured where ``measured`` (the host's current interconnect record,
+    :class:`~.interconnect.Report`) covers that group (:func:`.interconnect.link_source`)."""
+    from .interconnect import link_source
+
     grp = list(gpus)[:tp]
     pairs: list[tuple[str | None, bool | None]] = []
     for i, a in enumerate(grp):
@@ -113,7 +119,8 @@ def link_for(host: HostSnapshot, gpus: Sequence[Gpu], tp: int, row: Mapping[str,
             lk = host.link(a.index, b.index)
             pairs.append((lk.link, lk.p2p) if lk else (None, None))
     pcie = [(g.pcie.gen, g.pcie.width) for g in grp]
-    return pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp)
+    link = pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp)
+    return link_source(link, measured, [g.index for g in grp]) if len(grp) == tp else link
 
 
 def speculation(
@@ -257,9 +264,11 @@ def predict_group(
     allowed: Mapping[int, str],
     calibration: pm.Calibration | None,
     default_tp: int,
+    interconnect: Any = None,
 ) -> list[pm.Prediction]:
     """One prediction per TP of ``parts_by_tp`` (its instances' GPU groups); ``allowed``: TP → why it
-    is not allowed (empty: allowed). Empty where the GPU has no bandwidth figure."""
+    is not allowed (empty: allowed). Empty where the GPU has no bandwidth figure. ``interconnect``: the
+    host's current interconnect record (its measured link bandwidth replaces the datasheet's)."""
     any_parts = next((p for p in parts_by_tp.values() if p), None)
     if not any_parts:
         return []
@@ -306,7 +315,7 @@ def predict_group(
         runs.append(bool(parts) and (ok or only_without))
         batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
         cands.append(pm.Candidate(tp, max(1, len(parts)), 1, eng.max_num_seqs, batched, eng.enable_chunked_prefill,
-                                  max(0, kv_tokens), link_for(host, parts[0] if parts else [], tp, row),
+                                  max(0, kv_tokens), link_for(host, parts[0] if parts else [], tp, row, interconnect),
                                   fits=not why, why_not=why))  # fmt: skip
     preds = []
     for c, spec, dr, run in zip(cands, specs, drafts, runs, strict=True):
@@ -348,9 +357,10 @@ def record(
 
 def instance_prediction(
     host: HostSnapshot, inst: InstancePlan, instances: int, model: ModelFacts, draft: ModelFacts | None,
-    settings: Settings, calibration: pm.Calibration | None, rule_tp: int,
+    settings: Settings, calibration: pm.Calibration | None, rule_tp: int, interconnect: Any = None,
 ) -> InstancePrediction | None:  # fmt: skip
-    """This instance's figures with its own engine settings (each rank gets its share of the workload)."""
+    """This instance's figures with its own engine settings (each rank gets its share of the workload);
+    ``interconnect`` as :func:`predict_group` takes it."""
     gpus = [g for g in host.usable_gpus if g.index in inst.gpus]
     if not gpus or inst.device != "cuda":
         return None
@@ -375,14 +385,14 @@ def instance_prediction(
     total = instances  # every rank of every instance shares the workload
     cand = pm.Candidate(tp, total, inst.pipeline_parallel_size, inst.engine.max_num_seqs,
                         inst.engine.max_num_batched_tokens, inst.engine.enable_chunked_prefill, inst.memory.kv_tokens,
-                        link_for(host, gpus, tp, row))  # fmt: skip
+                        link_for(host, gpus, tp, row, interconnect))  # fmt: skip
     p = pm.predict(pgpu, shape, cand, wl, spec)
     if calibration is not None and calibration.points:
         btp = calibration.tp or rule_tp
         c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
         bench = cand if btp == tp else pm.Candidate(btp, max(1, len(host.usable_gpus) // btp), 1, cand.max_num_seqs,
                                                     cand.max_num_batched_tokens, cand.chunked_prefill, cand.kv_tokens,
-                                                    link_for(host, host.usable_gpus, btp, row))  # fmt: skip
+                                                    link_for(host, host.usable_gpus, btp, row, interconnect))  # fmt: skip
         at = pm.predict(pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec)
         p = pm.calibrated(p, at, calibration, wl, same_config=(btp == tp))
     per = p.output_tokens_per_s / total * ranks

@@ -49,6 +49,10 @@ class Report(NamedTuple):
     measured_at: str | None = None  # ISO 8601 UTC
     torch_version: str | None = None
     schema: str = SCHEMA
+    # what the result depends on beyond the GPUs (the fingerprint): a later driver or another IOMMU
+    # mode makes it stale (:func:`stale`); None: not recorded (a record from before these fields)
+    driver_version: str | None = None
+    iommu: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +61,8 @@ class Report(NamedTuple):
             "backend": self.backend,
             "measured_at": self.measured_at,
             "torch_version": self.torch_version,
+            "driver_version": self.driver_version,
+            "iommu": self.iommu,
             "runs": [
                 {**r._asdict(), "group": list(r.group), "sizes": [s._asdict() for s in r.sizes]}
                 for r in self.runs
@@ -133,6 +139,8 @@ def report_from_dict(doc: Any, where: str) -> Report:
         tuple(runs),
         text(doc.get("measured_at"), "measured_at", null=True),
         text(doc.get("torch_version"), "torch_version", null=True),
+        driver_version=text(doc.get("driver_version"), "driver_version", null=True),
+        iommu=text(doc.get("iommu"), "iommu", null=True),
     )
 
 
@@ -194,37 +202,77 @@ def decide(report: Report | None, group: Sequence[int]) -> Decision:
     return Decision(g, False, True, False, True, None, tuple(reasons))
 
 
-def apply(plan: Plan, report: Report | None, source: str) -> Plan:
-    """``plan`` with the recorded check's decision on each GPU instance of TP > 1: the instance's
-    ``interconnect`` (what render turns into ``--disable-custom-all-reduce`` and
-    ``NCCL_P2P_DISABLE=1``), a reason per instance, and a warning where TP is not safe. Without a
-    recorded check (``report`` None) the plan is unchanged."""
+def vllm_p2p(host: Any, group: Sequence[int]) -> tuple[bool | None, str]:
+    """What vLLM's own cached P2P test (:class:`~hwprofile.host.snapshot.VllmP2p`, in the snapshot)
+    says of every ordered pair of ``group`` (GPU indexes): False where some pair was denied, True
+    where every pair was allowed, None where no cache file covers the group; with the reason. The file
+    of exactly these GPUs (the one vLLM reads for this instance) decides; else a denial in any file
+    covering them is evidence about the hardware."""
+    ic = host.interconnect
+    g = tuple(group)
+    covering = [c for c in ic.vllm_p2p if c.unknown is None and c.gpu_indexes and set(g) <= set(c.gpu_indexes)]  # fmt: skip
+    covering.sort(key=lambda c: set(c.gpu_indexes or ()) != set(g))  # the exact file first
+    where = ic.vllm_cache_root or "VLLM_CACHE_ROOT"
+    for c in covering:
+        pos = {gpu: i for i, gpu in enumerate(c.gpu_indexes or ())}
+        pairs = [(a, b, f"{pos[a]}->{pos[b]}") for a in g for b in g if a != b]
+        denied = [(a, b) for a, b, k in pairs if k in c.denied]
+        if denied:
+            return False, (
+                f"vLLM's own P2P test ({where}/{c.file}) found no peer access for GPU pair(s) "
+                + ", ".join(f"{a}->{b}" for a, b in denied)
+                + ": its custom all-reduce cannot run there (disable_custom_all_reduce; NCCL carries the all-reduce)"
+            )
+        if set(c.gpu_indexes or ()) == set(g) and all(k in c.allowed for _, _, k in pairs):
+            return True, f"vLLM's own P2P test ({where}/{c.file}) found peer access between every pair"
+    if ic.vllm_p2p_unknown and not ic.vllm_p2p:
+        return None, f"vLLM's P2P cache not read: {ic.vllm_p2p_unknown}"
+    return None, "vLLM has not cached a P2P test of these GPUs (it runs one at its first start)"
+
+
+def apply(plan: Plan, report: Report | None, source: str, host: Any = None, note: Any = None) -> Plan:
+    """``plan`` with, on each GPU instance of TP > 1, the recorded check's decision and what vLLM's
+    own cached P2P test says (``host``'s snapshot): the instance's ``interconnect`` (what render turns
+    into ``--disable-custom-all-reduce`` and ``NCCL_P2P_DISABLE=1``), a reason per instance, and a
+    warning where TP is not safe; ``note`` (a :class:`~.types.Reason`: which record was used, or why
+    it was ignored) joins the reasons. Without a recorded check (``report`` None) and without a vLLM
+    P2P cache of the group, the instance is unchanged (``interconnect`` absent: never proven)."""
     import dataclasses
 
     from .types import Reason
 
-    if report is None:
-        return plan
     instances = []
-    reasons = list(plan.reasons)
+    reasons = list(plan.reasons) + ([note] if note is not None else [])
     warnings = list(plan.warnings)
     for inst in plan.instances:
         if inst.device != "cuda" or inst.tensor_parallel_size * max(1, int(inst.pipeline_parallel_size)) <= 1:
             instances.append(inst)
             continue
         d = decide(report, inst.gpus)
+        p2p, p2p_why = vllm_p2p(host, inst.gpus) if host is not None else (None, "")
+        if report is None and p2p is None:
+            instances.append(inst)
+            continue
+        why = list(d.reasons)
+        no_custom = d.disable_custom_all_reduce
+        if p2p is not None:
+            why.append(p2p_why)
+        if p2p is False and not no_custom:
+            no_custom = True
         record = {
             "proven": d.proven,
-            "disable_custom_all_reduce": d.disable_custom_all_reduce,
+            "disable_custom_all_reduce": no_custom,
             "nccl_p2p_disable": d.nccl_p2p_disable,
             "tp_unsafe": d.tp_unsafe,
             "link_gbs": d.link_gbs,
-            "reasons": d.reasons,
-            "source": source,
+            "link_source": "measured" if d.link_gbs is not None else "datasheet",
+            "vllm_p2p": p2p,
+            "reasons": tuple(why),
+            "source": source if report is not None else "vLLM's P2P cache",
         }
         instances.append(dataclasses.replace(inst, interconnect=record))
         reasons.append(
-            Reason(f"instances.{inst.name}.interconnect", record["proven"], "; ".join(d.reasons), source)
+            Reason(f"instances.{inst.name}.interconnect", record["proven"], "; ".join(why), record["source"])
         )
         if d.tp_unsafe:
             warnings.append(
@@ -239,8 +287,8 @@ def apply(plan: Plan, report: Report | None, source: str) -> Plan:
 def measured_link(link: Any, decision: Decision) -> Any:
     """The performance model's :class:`~.predict.Link` of a TP group with the bandwidth the check
     measured (NCCL's bus bandwidth of the large all-reduce is what a ring moves per link and
-    direction, the unit of ``Link.gbs``); the datasheet link where nothing was measured. For
-    ``candidates.link_for`` (the wiring is the integrator's: build_plan does not take the record yet)."""
+    direction, the unit of ``Link.gbs``); the datasheet link where nothing was measured. Through
+    :func:`link_source`, which ``candidates.link_for`` calls."""
     import dataclasses
 
     if decision.link_gbs is None or decision.link_gbs <= 0 or link.kind == "none":
@@ -248,3 +296,34 @@ def measured_link(link: Any, decision: Decision) -> Any:
     mode = "P2P off" if decision.nccl_p2p_disable else "P2P on"
     src = f"measured: {decision.link_gbs:.2f} GB/s bus bandwidth of the large all-reduce ({mode}; hwprofile doctor --interconnect); was {link.source}"
     return dataclasses.replace(link, gbs=decision.link_gbs, source=src)
+
+
+# -- which measurement a plan may use, and the bandwidth the performance model takes from it ------
+
+
+def stale(report: Report, host: Any, fp: str) -> str | None:
+    """Why the recorded ``report`` no longer describes ``host`` (a
+    :class:`~hwprofile.host.snapshot.HostSnapshot` whose fingerprint is ``fp``,
+    :func:`~.candidates.host_fingerprint`), or None when it still does: other GPUs (the fingerprint of
+    their UUIDs differs), another NVIDIA driver, another IOMMU mode. A record that did not note the
+    driver or the IOMMU mode is not judged on it."""
+    if report.fingerprint != fp:
+        return f"measured on other GPUs (host fingerprint {report.fingerprint}, this host {fp})"
+    drv = host.driver.version
+    if report.driver_version and drv and report.driver_version != drv:
+        return f"measured under NVIDIA driver {report.driver_version}, this host runs {drv}"
+    io = host.interconnect.iommu
+    if report.iommu and io and report.iommu != io:
+        return f"measured with the IOMMU {report.iommu}, now it is {io} (peer-to-peer routing changed)"
+    return None
+
+
+def link_source(link: Any, report: Report | None, group: Sequence[int]) -> Any:
+    """Where the performance model's link bandwidth of the TP group ``group`` comes from: the
+    measured bus bandwidth of the recorded check (provenance ``measured``, :func:`measured_link`)
+    where ``report`` (already judged current by :func:`stale`) covers this group with a run that
+    passed, else ``link`` as the datasheet and the snapshot give it. Only the bandwidth and its
+    source change: the latency and the kind stay the datasheet model's."""
+    if report is None or len(group) <= 1:
+        return link
+    return measured_link(link, decide(report, group))

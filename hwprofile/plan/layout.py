@@ -232,7 +232,8 @@ def predicted_tp(
     usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
     parts = {t: partition(host, grp, t, [], nvlink=nvlink) for t in usable}
     allowed = {t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink" for t in usable if t > cap and not nvlink}
-    preds = candidates.predict_group(host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp)
+    preds = candidates.predict_group(host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp,
+                                     r.interconnect)  # fmt: skip
     if not preds:
         return rule_tp
     lay = settings.layout

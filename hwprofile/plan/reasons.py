@@ -19,6 +19,9 @@ class Reasons:
         # calibration of this host the pipeline handed in (None: the datasheet model alone)
         self.predictions: list[dict[str, Any]] = []
         self.calibration: Any = None
+        # the host's interconnect check record (plan/interconnect.py) when current: its measured link
+        # bandwidth replaces the datasheet's in the predictions (None: none recorded, or stale)
+        self.interconnect: Any = None
         # per GPU group (its indices): the batching layout.objective took (max_num_seqs,
         # max_num_batched_tokens, why), where it replaced the configured one (plan/layout.py)
         self.batching: dict[frozenset[int], tuple[int, int, str]] = {}
