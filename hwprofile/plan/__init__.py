@@ -43,6 +43,7 @@ from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .hybridspec import by_load
+from .interconnect import by_links
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
 from .loaded import as_loaded
@@ -182,6 +183,7 @@ def _assemble(
     check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
     _moe_kernels(host, model, instances, r, warnings)
     _power_lever(host, settings, instances, r)
+    instances = _custom_all_reduce(host, instances, r)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -200,6 +202,21 @@ def _assemble(
         endpoint=endpoint,
         prediction=_prediction_summary(host, settings, r),
     )
+
+
+def _custom_all_reduce(host: HostSnapshot, instances: list[InstancePlan], r: Reasons) -> list[InstancePlan]:
+    """Each tensor-parallel GPU instance on this host: vLLM's custom all-reduce only over NVLink or P2P
+    (.interconnect.by_links); where it cannot run, the instance's ``interconnect`` asks render for
+    ``--disable-custom-all-reduce``. A group over several hosts is left to vLLM."""
+    out = []
+    for i, inst in enumerate(instances):
+        if str(inst.device) != "cuda" or int(inst.tensor_parallel_size) < 2 or inst.nnodes is not ABSENT:
+            out.append(inst)
+            continue
+        on, why, record = by_links(host, inst)
+        r.add(f"instances[{i}].custom_all_reduce", on, why)
+        out.append(dataclasses.replace(inst, interconnect=record) if record is not None else inst)
+    return out
 
 
 def _power_lever(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> None:

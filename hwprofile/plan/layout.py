@@ -46,7 +46,8 @@ def layout(
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
         tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
-        tp = predicted_tp(host, grp, model, draft, spec_method, free if shipped_cap else settings, strategy, tp, r)
+        lay_settings = free if shipped_cap else settings
+        tp = predicted_tp(host, grp, model, draft, spec_method, lay_settings, strategy, tp, r)
         instances += [(part, tp) for part in partition(host, grp, tp, warnings, nvlink=nvlinked(host, grp))]
     if strategy == "single":
         replicas = 1
