@@ -352,9 +352,9 @@ def layout_gain(best: Any, rule: Any, objective: str) -> tuple[bool, str]:
     sources, in words. ``throughput``: capacity within the targets (where the winner meets none, as
     :func:`predict.choose` then ranks: the TPOT); ``latency``: the TPOT at the workload. A rule
     candidate that does not fit or is not allowed always gives way."""
-    if not rule.fits:
-        return True, f"{rule.label} is not possible ({rule.why_not}); {_figure(best, objective, False)}"
     by_tpot = objective == "latency" or best.capacity_output_tokens_per_s <= 0
+    if not rule.fits:
+        return True, f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, objective, by_tpot)}"  # fmt: skip
     if by_tpot:
         ratio = rule.tpot_ms / best.tpot_ms if best.tpot_ms > 0 else 0.0
         better = best.tpot_ms <= (1 - LAYOUT_MARGIN) * rule.tpot_ms
