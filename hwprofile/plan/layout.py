@@ -5,6 +5,7 @@ instances' ports, and each instance's NUMA binding."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from ..config import ConfigError, Source
@@ -56,7 +57,7 @@ def layout(
         r.add(
             "layout.replicas",
             len(instances),
-            f"the shipped layout.replicas={replicas} ({r.provenance.get(('layout', 'replicas'))}) would leave "
+            f"the shipped layout.replicas={replicas} ({where(r.provenance.get(('layout', 'replicas')))}) would leave "
             f"GPU(s) {idle} idle, and a shipped value never idles a GPU: {len(instances)} instances, one per "
             f"TP={instances[0][1]} group (--set layout.replicas={replicas} keeps GPU(s) {idle} free)",
             ("layout", "replicas"),
@@ -330,12 +331,22 @@ def operator_layout(settings: Settings, r: Reasons) -> str:
     return "; ".join(out)
 
 
+def where(src: Source | None) -> str:
+    """A source in words, a shipped profile's file relative to the package (``builtin
+    profiles/x.yaml:10``): the reason reads the same on every machine."""
+    if src is None:
+        return "default"
+    if src.kind == "builtin" and src.file:
+        return f"builtin profiles/{os.path.basename(src.file)}" + (f":{src.line}" if src.line else "")
+    return str(src)
+
+
 def shipped_layout(settings: Settings, r: Reasons) -> str:
     """The shipped layout keys that fix the TP, with their sources (e.g. ``layout.tensor_parallel_size=1
     (builtin profiles/x.yaml:10)``)."""
-    src: dict[str, Source | None] = {k: r.provenance.get(("layout", k)) for k in LAYOUT_KEYS[:2]}
     keys = [k for k in LAYOUT_KEYS[:2] if getattr(settings.layout, k) != "auto"]
-    return ", ".join(f"layout.{k}={getattr(settings.layout, k)} ({src[k] or 'default'})" for k in keys)
+    return ", ".join(f"layout.{k}={getattr(settings.layout, k)} ({where(r.provenance.get(('layout', k)))})"
+                     for k in keys)  # fmt: skip
 
 
 def _figure(p: Any, objective: str, by_tpot: bool) -> str:
