@@ -123,7 +123,9 @@ def _build_plan(
         addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
 
         def one_host(h: HostSnapshot, s: Settings, m: ModelFacts) -> list[InstancePlan]:
-            return [i for i, _ in _instances(h, s, m, chosen_draft, spec_method, r, warnings)]
+            # plan/nodes.py sets the layout keys itself for a group over several hosts: they do not give way
+            fixed = "" if s is settings else "the layout of a plan over several hosts (plan/nodes.py)"
+            return [i for i, _ in _instances(h, s, m, chosen_draft, spec_method, r, warnings, fixed)]
 
         group = plan_nodes(hosts, addrs, settings, model, r, warnings, one_host)
         if group[0].nnodes is ABSENT:  # one node fits: that node's plan as it would be alone
@@ -316,15 +318,17 @@ def _instances(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
+    fixed: str = "",
 ) -> list[tuple[InstancePlan, ModelFacts | None]]:
-    """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one."""
+    """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one (``fixed``:
+    why the layout keys are the planner's own, plan/layout.py)."""
     if not host.usable_gpus:
         # layout.replicas on a CPU host: that many CPU servers (or data-parallel ranks, by layout.shape)
         n = settings.layout.replicas if isinstance(settings.layout.replicas, int) else 1
         if n > 1:
             r.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
         return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft) for i in range(n)]
-    groups = layout(host, settings, model, draft, r, warnings, spec_method)
+    groups = layout(host, settings, model, draft, r, warnings, spec_method, fixed)
 
     def batching(gpus: list[Any]) -> tuple[int, int, str] | None:  # what layout.objective chose for their group
         return next((b for grp, b in r.batching.items() if gpus[0].index in grp), None)

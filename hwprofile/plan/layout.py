@@ -29,8 +29,10 @@ def layout(
     r: Reasons,
     warnings: list[str],
     spec_method: str | None = None,
+    fixed: str = "",
 ) -> list[tuple[list[Gpu], int]]:
-    """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them."""
+    """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them. ``fixed``:
+    why the planner itself set the layout keys (a plan over several hosts): nothing gives way then."""
     groups = group_by_model(host.usable_gpus)
     if len(groups) > 1:
         warnings.append(
@@ -42,13 +44,14 @@ def layout(
     strategy = settings.layout.strategy
     # A shipped profile's replica count never leaves a GPU idle: its cap gives way to one instance per
     # TP group (the candidates are predicted so); an operator's cap stays (below, with its reason).
-    shipped_cap = isinstance(replicas, int) and strategy != "single" and shipped(r, ("layout", "replicas"))
+    capped = isinstance(replicas, int) and strategy != "single"
+    shipped_cap = capped and not fixed and shipped(r, ("layout", "replicas"))
     free = dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, replicas="auto"))
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
         tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
         lay_settings = free if shipped_cap else settings
-        tp = predicted_tp(host, grp, model, draft, spec_method, lay_settings, strategy, tp, r)
+        tp = predicted_tp(host, grp, model, draft, spec_method, lay_settings, strategy, tp, r, fixed)
         instances += [(part, tp) for part in partition(host, grp, tp, warnings, nvlink=nvlinked(host, grp))]
     if strategy == "single":
         replicas = 1
@@ -237,6 +240,7 @@ def predicted_tp(
     strategy: str,
     rule_tp: int,
     r: Reasons,
+    fixed: str = "",
 ) -> int:
     """Every TP of this group predicted at the workload (plan/candidates.py). Where neither the TP nor
     the strategy is set (both ``auto``), the candidate ``layout.objective`` prefers wins. Where a
@@ -264,7 +268,7 @@ def predicted_tp(
     src = ("layout", "objective")
     label = next((p.label for p in preds if p.tp == rule_tp), f"TP{rule_tp}")
     rule_pred = next((p for p in preds if p.tp == rule_tp), None)
-    pinned = operator_layout(settings, r)
+    pinned = fixed or operator_layout(settings, r)
     gives_way, than = False, ""
     if not by_prediction and not pinned and best_tp not in (None, rule_tp) and rule_pred is not None:
         gives_way, than = layout_gain(preds[best], rule_pred, lay.objective)
@@ -288,7 +292,8 @@ def predicted_tp(
         if len(grp) < 2:
             why = f"one GPU: {label}"
         elif best_tp is not None and best_tp != rule_tp and pinned:
-            why = f"{label} as {set_by} says ({pinned}: an operator's layout never gives way); the prediction would choose: {why}"
+            whose = "the planner's own layout" if fixed else "an operator's layout never gives way"
+            why = f"{label} as {set_by} says ({pinned}: {whose}); the prediction would choose: {why}"
         elif best_tp is not None and best_tp != rule_tp and than:
             why = f"{label} as {set_by} says; {than}, so the shipped value stays; the prediction would choose: {why}"
         elif best_tp is not None and best_tp != rule_tp:
