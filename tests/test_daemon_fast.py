@@ -45,6 +45,7 @@ def daemon_env(tmp_path, fake_nvml_dir):
         f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}",
         "watch.interval=0.2", "watch.dwell_s=0.6", "watch.recover_s=2", "watch.metrics_port=0",
         "layout.shape=servers",  # two instances, one per NUMA pair: what these tests watch
+        "layout.tensor_parallel_size=2",  # set by the operator: the profile's TP2 would give way on a tiny model
     ]  # fmt: skip
     yield {"env": env, "model": model, "sets": sets, "host": host, "runtime": runtime, "starts": starts}
     import shutil

@@ -168,7 +168,9 @@ def test_the_daemon_degrades_a_data_parallel_server_when_a_card_heats(tiny, tmp_
     env = {**host.env(fake_nvml_dir), "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"),
            "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "HF_HUB_OFFLINE": "1"}  # fmt: skip
     (tmp_path / "etc").mkdir()
-    sets = ["layout.shape=data_parallel", "speculative.method=none", f"server.port={port}",
+    # the operator's TP2 (a NUMA pair per rank): the profile's would give way to TP1 on a tiny model
+    sets = ["layout.shape=data_parallel", "layout.tensor_parallel_size=2", "speculative.method=none",
+            f"server.port={port}",
             f"server.vllm_command={wrapper}", "watch.interval=0.5", "watch.dwell_s=1", "watch.metrics_port=0",
             "server.shutdown_timeout=5", f"logs.dir={tmp_path / 'logs'}"]  # fmt: skip
     proc = subprocess.Popen(

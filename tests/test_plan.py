@@ -101,10 +101,13 @@ def test_12g_cards_fp8_only_where_the_hardware_has_it(host_of, empty_root) -> No
     assert "set by cli --set engine.max_num_seqs=4" in own["prediction"]["groups"][0]["batching_reason"]
 
 
-def test_dual_3090_one_card_then_a_second_replica_when_asked(host_of, empty_root) -> None:
+def test_dual_3090_the_shipped_tp1_gives_way_then_an_operator_s_replicas_stay(host_of, empty_root) -> None:
+    """The profile's TP1 (one card, the other idle) gives way to the TP2 predicted better (tests/
+    test_layout_gives_way.py holds the margin); an operator's layout.replicas=2 is never overruled."""
     p = plan_for(host_of, empty_root, "rtx3090-2x")
-    assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0], 1)]
-    assert any(r["key"] == "layout.replicas" and "[1] stay free" in r["reason"] for r in p["reasons"])
+    assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0, 1], 2)]
+    (why,) = [r["reason"] for r in p["reasons"] if r["key"] == "tensor_parallel_size"]
+    assert "rtx3090-dual.yaml" in why and "gives way" in why and "1 x TP2" in why
     p2 = plan_for(host_of, empty_root, "rtx3090-2x", sets=["layout.replicas=2"])
     assert [(i["gpus"], i["tensor_parallel_size"], i["server"]["port"]) for i in p2["instances"]] == [
         ([0], 1, 8000),
@@ -121,7 +124,12 @@ def test_a100_80g_aggressive_batching(host_of, empty_root) -> None:
 
 
 def test_nvlink_hosts_get_one_tensor_parallel_instance(host_of, empty_root) -> None:
-    p = plan_for(host_of, empty_root, "h100-sxm-8x", model="meta-llama/Llama-3.1-70B-Instruct")
+    # the shipped strategy tensor_parallel gives way to the 2 x TP4 predicted better at the workload;
+    # the operator's own strategy stays
+    auto = plan_for(host_of, empty_root, "h100-sxm-8x", model="meta-llama/Llama-3.1-70B-Instruct")
+    assert [(i["gpus"], i["tensor_parallel_size"]) for i in auto["instances"]] == [([0, 1, 2, 3], 4), ([4, 5, 6, 7], 4)]
+    p = plan_for(host_of, empty_root, "h100-sxm-8x", model="meta-llama/Llama-3.1-70B-Instruct",
+                 sets=["layout.strategy=tensor_parallel"])  # fmt: skip
     assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [(list(range(8)), 8)]
     assert not [w for w in p["warnings"] if "NUMA nodes (over PCIe)" in w]
 

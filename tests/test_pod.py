@@ -108,6 +108,7 @@ def pod(tmp_path, fake_nvml_dir):
     sets = [
         "engine.max_num_seqs=256", "speculative.method=none", "server.shutdown_timeout=1", f"server.port={port}",
         f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}", "layout.shape=servers",
+        "layout.tensor_parallel_size=2",  # the operator's two NUMA pairs (a profile's layout may give way)
         "watch.interval=0.2", "watch.dwell_s=0.6", f"watch.metrics_port={metrics}", "watch.unready_s=4",
         "logs.stdout=true",
     ]  # fmt: skip

@@ -219,8 +219,12 @@ def test_the_objective_decides_where_the_layout_is_auto(host_of, empty_root) -> 
     lat = make_plan(host, empty_root, environ={}, sets=["layout.strategy=auto", "layout.objective=latency"]).to_json()
     assert [i["tensor_parallel_size"] for i in lat["instances"]] == [8]
     assert "objective latency" in lat["prediction"]["groups"][0]["reason"]
-    # the generic-nvlink profile's own strategy stays, and the plan says what the objective would take
-    rule = make_plan(host, empty_root, environ={}).to_json()
+    # the generic-nvlink profile's own strategy gives way to the 4 x TP2 predicted >= 10 % better
+    shipped = make_plan(host, empty_root, environ={}).to_json()
+    g = shipped["prediction"]["groups"][0]
+    assert (g["chosen"], g["chosen_by"], g["predicted_best"]) == ("4 x TP2", "prediction", "4 x TP2")
+    # an operator's strategy stays, and the plan says what the objective would take
+    rule = make_plan(host, empty_root, environ={}, sets=["layout.strategy=tensor_parallel"]).to_json()
     g = rule["prediction"]["groups"][0]
     assert (g["chosen"], g["chosen_by"], g["predicted_best"]) == ("1 x TP8", "rule", "4 x TP2")
     assert any(r["key"].startswith("layout.objective[") and "would choose" in r["reason"] for r in rule["reasons"])

@@ -289,7 +289,7 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
     hosts = [
         # an A800 PCIe host, one server per NUMA pair (two instances), no speculation
         Host("a800", "a800-pcie-4x-2numa", tmp_path, fake_nvml_dir, 2,
-             ["layout.shape=servers", "speculative.method=none"]),
+             ["layout.shape=servers", "speculative.method=none", "layout.tensor_parallel_size=2"]),
         # an RTX 4090 host, one instance with ngram speculation (k=2: the fake accepts one of two)
         Host("rtx4090", "rtx4090-1x", tmp_path, fake_nvml_dir, 1,
              ["speculative.method=ngram", "speculative.num_speculative_tokens=2", "watch.window_s=5",

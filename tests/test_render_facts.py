@@ -236,7 +236,9 @@ def test_the_oracle_catches_what_the_old_renderer_emitted() -> None:
 
 
 def test_instances_spanning_numa_nodes_bind_each_rank(host_of, empty_root) -> None:
-    for version, _inst, r in _render_everything(host_of, empty_root, "h100-sxm-8x", None):
+    # one TP8 server over both sockets (the operator's strategy: the profile's gives way to 4 x TP2)
+    sets = ["layout.strategy=tensor_parallel"]
+    for version, _inst, r in _render_everything(host_of, empty_root, "h100-sxm-8x", None, sets):
         if version in ("0.20.0", "0.33.0"):
             a = r.argv
             i = a.index("--numa-bind-nodes")

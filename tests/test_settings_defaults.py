@@ -209,8 +209,9 @@ def test_zero_where_it_is_not_valid_is_refused(host_of: Any, empty_root: Path, a
 
 def test_consecutive_ports_must_stay_ports(host_of: Any, empty_root: Path) -> None:
     host = host_of("a800-pcie-4x-2numa")
-    plan = _plan(host, empty_root, "server.port=65534")
+    two = "layout.tensor_parallel_size=2"  # two servers, one per NUMA pair (the operator's layout stays)
+    plan = _plan(host, empty_root, "server.port=65534", two)
     ports = [i["server"]["port"] for i in plan["instances"]]
     assert ports == list(range(65534, 65534 + len(ports))) and ports[-1] <= 65535
     with pytest.raises(ConfigError, match=r"server.port 65535 \(cli --set server.port=65535\): 2 instances"):
-        _plan(host, empty_root, "server.port=65535")
+        _plan(host, empty_root, "server.port=65535", two)

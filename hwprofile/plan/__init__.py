@@ -43,7 +43,7 @@ from .cpu import cpu_instance
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .hybridspec import by_load
-from .interconnect import Report, stale
+from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
 from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
@@ -189,7 +189,9 @@ def _build_plan(
         addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
 
         def one_host(h: HostSnapshot, s: Settings, m: ModelFacts) -> list[InstancePlan]:
-            return [i for i, _ in _instances(h, s, m, chosen_draft, spec_method, r, warnings)]
+            # plan/nodes.py sets the layout keys itself for a group over several hosts: they do not give way
+            fixed = "" if s is settings else "the layout of a plan over several hosts (plan/nodes.py)"
+            return [i for i, _ in _instances(h, s, m, chosen_draft, spec_method, r, warnings, fixed)]
 
         group = plan_nodes(hosts, addrs, settings, model, r, warnings, one_host)
         if group[0].nnodes is ABSENT:  # one node fits: that node's plan as it would be alone
@@ -249,6 +251,7 @@ def _assemble(
     check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
     _moe_kernels(host, model, instances, r, warnings)
     _power_lever(host, settings, instances, r)
+    instances = _custom_all_reduce(host, instances, r)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -267,6 +270,21 @@ def _assemble(
         endpoint=endpoint,
         prediction=_prediction_summary(host, settings, r),
     )
+
+
+def _custom_all_reduce(host: HostSnapshot, instances: list[InstancePlan], r: Reasons) -> list[InstancePlan]:
+    """Each tensor-parallel GPU instance on this host: vLLM's custom all-reduce only over NVLink or P2P
+    (.interconnect.by_links); where it cannot run, the instance's ``interconnect`` asks render for
+    ``--disable-custom-all-reduce``. A group over several hosts is left to vLLM."""
+    out = []
+    for i, inst in enumerate(instances):
+        if str(inst.device) != "cuda" or int(inst.tensor_parallel_size) < 2 or inst.nnodes is not ABSENT:
+            out.append(inst)
+            continue
+        on, why, record = by_links(host, inst)
+        r.add(f"instances[{i}].custom_all_reduce", on, why)
+        out.append(dataclasses.replace(inst, interconnect=record) if record is not None else inst)
+    return out
 
 
 def _power_lever(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> None:
@@ -366,15 +384,17 @@ def _instances(
     spec_method: str | None,
     r: Reasons,
     warnings: list[str],
+    fixed: str = "",
 ) -> list[tuple[InstancePlan, ModelFacts | None]]:
-    """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one."""
+    """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one (``fixed``:
+    why the layout keys are the planner's own, plan/layout.py)."""
     if not host.usable_gpus:
         # layout.replicas on a CPU host: that many CPU servers (or data-parallel ranks, by layout.shape)
         n = settings.layout.replicas if isinstance(settings.layout.replicas, int) else 1
         if n > 1:
             r.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
         return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft) for i in range(n)]
-    groups = layout(host, settings, model, draft, r, warnings, spec_method)
+    groups = layout(host, settings, model, draft, r, warnings, spec_method, fixed)
 
     def batching(gpus: list[Any]) -> tuple[int, int, str] | None:  # what layout.objective chose for their group
         return next((b for grp, b in r.batching.items() if gpus[0].index in grp), None)

@@ -251,10 +251,11 @@ def apply(plan: Plan, report: Report | None, source: str, host: Any = None, note
         d = decide(report, inst.gpus)
         p2p, p2p_why = vllm_p2p(host, inst.gpus) if host is not None else (None, "")
         if report is None and p2p is None:
-            instances.append(inst)
+            instances.append(inst)  # as planned (by_links' record where the links rule custom all-reduce out)
             continue
-        why = list(d.reasons)
-        no_custom = d.disable_custom_all_reduce
+        links = inst.interconnect if isinstance(inst.interconnect, dict) else {}  # by_links' record
+        why = list(d.reasons) + list(links.get("reasons", ()))
+        no_custom = d.disable_custom_all_reduce or bool(links.get("disable_custom_all_reduce"))
         if p2p is not None:
             why.append(p2p_why)
         if p2p is False and not no_custom:
@@ -327,3 +328,64 @@ def link_source(link: Any, report: Report | None, group: Sequence[int]) -> Any:
     if report is None or len(group) <= 1:
         return link
     return measured_link(link, decide(report, group))
+
+
+# vLLM's custom all-reduce (0.32/0.33 vllm/distributed/device_communicators/custom_all_reduce.py
+# CustomAllreduce.__init__): world sizes 2, 4, 6, 8, 16; more than two GPUs only when NVLink joins every
+# pair (is_fully_connected); and P2P between every pair (_can_p2p: with VLLM_SKIP_P2P_CHECK=1, vLLM's
+# default, the driver's own P2P report).
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8, 16)
+LINKS_SOURCE = "the snapshot's GPU links (NVML topology and P2P status)"
+
+
+def custom_all_reduce(host: Any, group: Sequence[int]) -> tuple[bool | None, str]:
+    """Whether vLLM's custom all-reduce can run across the TP group ``group`` (GPU indexes) of
+    ``host`` (a :class:`~hwprofile.host.snapshot.HostSnapshot`), and why: True over NVLink (every pair)
+    or over PCIe with P2P (two GPUs); False where vLLM would disable it (PCIe without P2P, more than two
+    GPUs without NVLink, an unsupported size), so the plan renders ``--disable-custom-all-reduce``; None
+    where the links or their P2P status are not read (vLLM checks for itself)."""
+    g = tuple(sorted(group))
+    if len(g) <= 1:
+        return None, "TP 1: no all-reduce between GPUs"
+    pairs = [(a, b, host.link(a, b)) for i, a in enumerate(g) for b in g[i + 1 :]]
+    kinds = [lk.link if lk else None for _, _, lk in pairs]
+    nvlink = all(k is not None and k.startswith("NV") for k in kinds)
+    src = "vLLM's CustomAllreduce (vllm/distributed/device_communicators/custom_all_reduce.py)"
+    if len(g) not in CUSTOM_AR_WORLD_SIZES:
+        return False, (f"{len(g)} GPUs: vLLM's custom all-reduce runs on {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} "
+                       f"only ({src}); disabled explicitly, NCCL all-reduces")  # fmt: skip
+    if nvlink:
+        return True, f"NVLink between every pair of GPUs {list(g)}: vLLM's custom all-reduce runs"
+    if any(k is None for k in kinds):
+        return None, (f"the link between some GPUs of {list(g)} is not read: vLLM decides the custom all-reduce "
+                      "itself (from the driver's P2P report)")  # fmt: skip
+    if len(g) > 2:
+        return False, (f"GPUs {list(g)} are {len(g)} without NVLink between every pair ({', '.join(sorted(set(map(str, kinds))))}): "
+                       f"vLLM's custom all-reduce runs over PCIe for two GPUs only ({src}); disabled explicitly, "
+                       "NCCL all-reduces")  # fmt: skip
+    no_p2p = [f"{a}-{b}" for a, b, lk in pairs if lk is not None and lk.p2p is False]
+    if no_p2p:
+        return False, (f"GPUs {', '.join(no_p2p)} over PCIe ({kinds[0]}) without P2P (NVML P2P status): vLLM's custom "
+                       f"all-reduce needs P2P ({src}); --disable-custom-all-reduce, NCCL all-reduces through host memory")  # fmt: skip
+    if any(lk is None or lk.p2p is None for _, _, lk in pairs):
+        return None, (f"P2P between GPUs {list(g)} not read: vLLM decides the custom all-reduce itself (from the "
+                      "driver's P2P report)")  # fmt: skip
+    return True, f"GPUs {list(g)} over PCIe ({kinds[0]}) with P2P (NVML P2P status): custom all-reduce runs"
+
+
+def by_links(host: Any, inst: Any) -> tuple[bool | None, str, dict[str, Any] | None]:
+    """For one planned GPU instance: :func:`custom_all_reduce` over each of its TP groups (a
+    data-parallel server has one per rank), and the ``interconnect`` record render reads where it must
+    be disabled (None otherwise)."""
+    tp = int(inst.tensor_parallel_size)
+    gpus = list(inst.gpus or ())
+    groups = [gpus[i : i + tp] for i in range(0, len(gpus), tp)] or [[]]
+    verdicts = [custom_all_reduce(host, grp) for grp in groups]
+    off = next((v for v in verdicts if v[0] is False), None)
+    if off is not None:
+        record = {"proven": None, "disable_custom_all_reduce": True, "nccl_p2p_disable": False, "tp_unsafe": False,
+                  "link_gbs": None, "link_source": "datasheet", "vllm_p2p": None, "reasons": (off[1],),
+                  "source": LINKS_SOURCE}  # fmt: skip
+        return False, off[1], record
+    unknown = next((v for v in verdicts if v[0] is None), None)
+    return (None, unknown[1], None) if unknown is not None else (True, verdicts[0][1], None)

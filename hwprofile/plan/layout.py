@@ -4,9 +4,11 @@ instances' ports, and each instance's NUMA binding."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
-from ..config import ConfigError
+from ..config import ConfigError, Source
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
@@ -27,8 +29,10 @@ def layout(
     r: Reasons,
     warnings: list[str],
     spec_method: str | None = None,
+    fixed: str = "",
 ) -> list[tuple[list[Gpu], int]]:
-    """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them."""
+    """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them. ``fixed``:
+    why the planner itself set the layout keys (a plan over several hosts): nothing gives way then."""
     groups = group_by_model(host.usable_gpus)
     if len(groups) > 1:
         warnings.append(
@@ -38,14 +42,30 @@ def layout(
         )
     replicas = settings.layout.replicas
     strategy = settings.layout.strategy
+    # A shipped profile's replica count never leaves a GPU idle: its cap gives way to one instance per
+    # TP group (the candidates are predicted so); an operator's cap stays (below, with its reason).
+    capped = isinstance(replicas, int) and strategy != "single"
+    shipped_cap = capped and not fixed and shipped(r, ("layout", "replicas"))
+    free = dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, replicas="auto"))
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
         tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
-        tp = predicted_tp(host, grp, model, draft, spec_method, settings, strategy, tp, r)
+        lay_settings = free if shipped_cap else settings
+        tp = predicted_tp(host, grp, model, draft, spec_method, lay_settings, strategy, tp, r, fixed)
         instances += [(part, tp) for part in partition(host, grp, tp, warnings, nvlink=nvlinked(host, grp))]
     if strategy == "single":
         replicas = 1
-    if isinstance(replicas, int) and replicas < len(instances):
+    if shipped_cap and isinstance(replicas, int) and replicas < len(instances):
+        idle = [g.index for gpus, _ in instances[replicas:] for g in gpus]
+        r.add(
+            "layout.replicas",
+            len(instances),
+            f"the shipped layout.replicas={replicas} ({where(r.provenance.get(('layout', 'replicas')))}) would leave "
+            f"GPU(s) {idle} idle, and a shipped value never idles a GPU: {len(instances)} instances, one per "
+            f"TP={instances[0][1]} group (--set layout.replicas={replicas} keeps GPU(s) {idle} free)",
+            ("layout", "replicas"),
+        )
+    elif isinstance(replicas, int) and replicas < len(instances):
         idle = [g.index for gpus, _ in instances[replicas:] for g in gpus]
         r.add(
             "layout.replicas",
@@ -220,10 +240,14 @@ def predicted_tp(
     strategy: str,
     rule_tp: int,
     r: Reasons,
+    fixed: str = "",
 ) -> int:
     """Every TP of this group predicted at the workload (plan/candidates.py). Where neither the TP nor
-    the strategy is set (both ``auto``), the candidate ``layout.objective`` prefers wins; otherwise the
-    configured rule's TP stays, and the prediction only says what it would have chosen."""
+    the strategy is set (both ``auto``), the candidate ``layout.objective`` prefers wins. Where a
+    shipped profile (or the schema) fixes them, its TP gives way to a candidate predicted at least
+    :data:`LAYOUT_MARGIN` better on the objective (as :func:`predicted_batching` treats the batching);
+    where an operator set the TP, the strategy or the replica count, the configured rule's TP stays,
+    and the prediction only says what it would have chosen."""
     from . import candidates
     from . import predict as pm
 
@@ -244,8 +268,16 @@ def predicted_tp(
     )
     src = ("layout", "objective")
     label = next((p.label for p in preds if p.tp == rule_tp), f"TP{rule_tp}")
-    if by_prediction and best_tp != rule_tp:
-        why = f"{why}; the rule alone would take {label}"
+    rule_pred = next((p for p in preds if p.tp == rule_tp), None)
+    pinned = fixed or operator_layout(settings, r)
+    gives_way, than = False, ""
+    if not by_prediction and not pinned and best_tp not in (None, rule_tp) and rule_pred is not None:
+        gives_way, than = layout_gain(preds[best], rule_pred, lay.objective)
+    if (by_prediction and best_tp != rule_tp) or gives_way:
+        if gives_way:
+            why = f"{why}; {than}, so the shipped {shipped_layout(settings, r)} ({label}) gives way"
+        else:
+            why = f"{why}; the rule alone would take {label}"
         tp = int(best_tp)  # type: ignore[arg-type]
         for i in range(len(r.items) - 1, -1, -1):  # the rule's reason gives way to the prediction's
             if r.items[i].key == "tensor_parallel_size":
@@ -260,6 +292,11 @@ def predicted_tp(
         set_by = "layout.tensor_parallel_size" if settings.layout.tensor_parallel_size != "auto" else f"layout.strategy={strategy}"
         if len(grp) < 2:
             why = f"one GPU: {label}"
+        elif best_tp is not None and best_tp != rule_tp and pinned:
+            whose = "the planner's own layout" if fixed else "an operator's layout never gives way"
+            why = f"{label} as {set_by} says ({pinned}: {whose}); the prediction would choose: {why}"
+        elif best_tp is not None and best_tp != rule_tp and than:
+            why = f"{label} as {set_by} says; {than}, so the shipped value stays; the prediction would choose: {why}"
         elif best_tp is not None and best_tp != rule_tp:
             why = f"{label} as {set_by} says; the prediction would choose: {why}"
         else:
@@ -272,9 +309,80 @@ def predicted_tp(
         r.batching[frozenset(g.index for g in grp)] = (
             rows[pick]["max_num_seqs"], rows[pick]["max_num_batched_tokens"], batching_why
         )
-    candidates.record(r.predictions, grp, preds, tp, "prediction" if by_prediction else "rule", best_tp, why,
-                      pick, batching_why)  # fmt: skip
+    how = "prediction" if by_prediction or gives_way else "rule"
+    candidates.record(r.predictions, grp, preds, tp, how, best_tp, why, pick, batching_why)
     return tp
+
+
+# A shipped layout gives way only to a candidate predicted this much better on the objective: the
+# model's own error is larger than a few per cent (as candidates.BATCHING_MARGIN), an operator's never.
+LAYOUT_MARGIN = 0.10
+LAYOUT_KEYS = ("tensor_parallel_size", "strategy", "replicas")
+
+
+def shipped(r: Reasons, key: tuple[str, ...]) -> bool:
+    """``key`` holds a shipped profile's value or the schema's (:data:`RULE_KINDS`), not an operator's."""
+    src = r.provenance.get(key)
+    return src is None or src.kind in RULE_KINDS
+
+
+def operator_layout(settings: Settings, r: Reasons) -> str:
+    """The layout keys an operator set to a value other than ``auto`` (a file under the config root,
+    --set, the environment, a degrade step), with their sources; "" where none."""
+    out = []
+    for k in LAYOUT_KEYS:
+        v = getattr(settings.layout, k)
+        if v != "auto" and not shipped(r, ("layout", k)):
+            out.append(f"layout.{k}={v} set by {r.provenance.get(('layout', k))}")
+    return "; ".join(out)
+
+
+def where(src: Source | None) -> str:
+    """A source in words, a shipped profile's file relative to the package (``builtin
+    profiles/x.yaml:10``): the reason reads the same on every machine."""
+    if src is None:
+        return "default"
+    if src.kind == "builtin" and src.file:
+        return f"builtin profiles/{os.path.basename(src.file)}" + (f":{src.line}" if src.line else "")
+    return str(src)
+
+
+def shipped_layout(settings: Settings, r: Reasons) -> str:
+    """The shipped layout keys that fix the TP, with their sources (e.g. ``layout.tensor_parallel_size=1
+    (builtin profiles/x.yaml:10)``)."""
+    keys = [k for k in LAYOUT_KEYS[:2] if getattr(settings.layout, k) != "auto"]
+    return ", ".join(f"layout.{k}={getattr(settings.layout, k)} ({where(r.provenance.get(('layout', k)))})"
+                     for k in keys)  # fmt: skip
+
+
+def _figure(p: Any, objective: str, by_tpot: bool) -> str:
+    if objective == "latency" or by_tpot:
+        return f"{p.label}: TPOT {p.tpot_ms:.1f} ms at the workload ({p.source})"
+    if p.capacity_output_tokens_per_s <= 0:
+        return f"{p.label}: no load within the targets ({p.source})"
+    return f"{p.label}: {p.capacity_output_tokens_per_s:.0f} output tok/s within the targets ({p.source})"
+
+
+def layout_gain(best: Any, rule: Any, objective: str) -> tuple[bool, str]:
+    """Whether ``best`` (the objective's candidate, :func:`predict.choose`) is predicted at least
+    :data:`LAYOUT_MARGIN` better than ``rule`` (the shipped layout's), and both figures with their
+    sources, in words. ``throughput``: capacity within the targets (where the winner meets none, as
+    :func:`predict.choose` then ranks: the TPOT); ``latency``: the TPOT at the workload. A rule
+    candidate that does not fit or is not allowed always gives way."""
+    by_tpot = objective == "latency" or best.capacity_output_tokens_per_s <= 0
+    if not rule.fits:
+        return True, f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, objective, by_tpot)}"  # fmt: skip
+    if by_tpot:
+        ratio = rule.tpot_ms / best.tpot_ms if best.tpot_ms > 0 else 0.0
+        better = best.tpot_ms <= (1 - LAYOUT_MARGIN) * rule.tpot_ms
+    else:
+        cap = rule.capacity_output_tokens_per_s
+        ratio = best.capacity_output_tokens_per_s / cap if cap > 0 else float("inf")
+        better = best.capacity_output_tokens_per_s >= (1 + LAYOUT_MARGIN) * cap
+    gain = "" if ratio == float("inf") else f"x{ratio:.2f}, "
+    verdict = "at least" if better else "less than"
+    return better, (f"predicted {_figure(best, objective, by_tpot)} against {_figure(rule, objective, by_tpot)} "
+                    f"({gain}{verdict} the {LAYOUT_MARGIN:.0%} margin)")  # fmt: skip
 
 
 RULE_KINDS = ("builtin", "default")  # a shipped profile's value or the schema's: the prediction may replace it
