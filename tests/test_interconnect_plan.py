@@ -15,11 +15,17 @@ from hwprofile.host.interconnect import read_vllm_p2p, vllm_cache_root
 from hwprofile.host.snapshot import Gpu, HostSnapshot
 from hwprofile.host.snapshot_io import snapshot_from_dict
 from hwprofile.interconnect.store import save_report
-from hwprofile.pipeline import interconnect_path, make_plan
+from hwprofile.pipeline import interconnect_path
+from hwprofile.pipeline import make_plan as _make_plan
 from hwprofile.plan.candidates import host_fingerprint
 from hwprofile.plan.interconnect import Report, Run, SizeResult, vllm_p2p
 
 HOST = "a800-pcie-4x-2numa"  # four A800 PCIe, TP 2 twice: (0, 1) and (2, 3)
+PAIRS = "layout.tensor_parallel_size=2"  # the operator's TP 2 (the profile's gives way to 4 x TP 1 here)
+
+
+def make_plan(*args, sets=(), **kw):
+    return _make_plan(*args, sets=[PAIRS, *sets], **kw)
 
 
 def run(group: tuple[int, ...], p2p: bool, outcome: str, gbs: float) -> Run:
@@ -223,11 +229,11 @@ def test_faulted_gpus_elsewhere_and_everywhere(host_of, empty_root: Path) -> Non
     host = host._replace(software=host.software._replace(vllm_version="0.32.0"))
     bad = host._replace(gpus=tuple(g._replace(ecc_uncorrected=2) if g.index == 3 else g for g in host.gpus))
     big = "Qwen/Qwen3-235B-A22B"  # two 4x A800 hosts at TP 4 each; not with three GPUs on one of them
-    ok = make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[host],
+    ok = _make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[host],
                    addresses=["10.0.0.1", "10.0.0.2"])  # fmt: skip
     assert [i.gpus for i in ok.instances] == [(0, 1, 2, 3), (0, 1, 2, 3)]
     with pytest.raises(PlanRefused) as refused:
-        make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[bad],
+        _make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[bad],
                   addresses=["10.0.0.1", "10.0.0.2"])  # fmt: skip
     assert "does not fit" in refused.value.message
     assert "(node 1: GPU 3 is faulted (ecc_uncorrectable) and not planned for)" in refused.value.message

@@ -39,7 +39,8 @@ class Runner:
 
 
 def inputs_of(host_of, root: Path, sets: tuple[str, ...] = ()) -> tuple[PlanInputs, object]:
-    inputs = PlanInputs(host_of(HOST), str(root), sets=sets)
+    # the operator's TP 2 (the profile's gives way to 4 x TP 1 on this host)
+    inputs = PlanInputs(host_of(HOST), str(root), sets=("layout.tensor_parallel_size=2", *sets))
     return inputs, inputs.replan()
 
 
