@@ -35,6 +35,7 @@ from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
 HISTORY = 50
+RSS_EVERY_S = 30.0  # an instance's RSS is read this often (drift is judged over hours)
 # A node of a group cannot be degraded alone: every node runs the same engine settings, and a restart of
 # one node takes the whole group down (supervise/group.py). The card is left to the driver's own throttling.
 GROUP_HELD = (
@@ -91,6 +92,14 @@ def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str
     return out
 
 
+def instance_rss(inst: Any) -> float | None:
+    """The resident memory of an instance's processes (its API server and engines), or None."""
+    from ..runtime.processes import tree_rss
+
+    ident = getattr(inst, "ident", None)
+    return float(r) if ident is not None and (r := tree_rss(ident)) is not None else None
+
+
 @dataclass
 class Restart:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
@@ -121,6 +130,7 @@ class Daemon:
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
         collect: Callable[[dict[str, str], float], dict[str, InstanceReading]] | None = None,
         on_tick: Callable[[Daemon, Report], None] | None = None,
+        rss_reader: Callable[[Any], float | None] | None = None,
     ) -> None:
         """``replan(extra_sets)`` returns a :class:`Plan` (``PlanInputs.replan``); ``supervisor``: a
         :class:`~hwprofile.supervise.supervisor.Supervisor` or a fake with its ``instances``,
@@ -139,6 +149,8 @@ class Daemon:
         # one after another with a test's fake scraper
         self.collect = collect or (lambda targets, now: {n: scraper(n, u, now) for n, u in targets.items()})
         self.on_tick = on_tick
+        self.rss_reader = rss_reader or instance_rss  # a test gives its own readings
+        self._rss_at: dict[str, float] = {}
         per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
         self.queue: deque[Action] = deque()
@@ -178,6 +190,8 @@ class Daemon:
         if self.reload_requested:
             why, self.reload_requested = self.reload_requested, None
             self.reload(why)
+        # the GPUs first: a /metrics that hangs or trickles never delays a thermal reading
+        readings = self.sampler.sample(now)
         insts = self.instances()
         scrapes = self.collect(
             {
@@ -187,7 +201,11 @@ class Daemon:
             },
             now,
         )
-        rep = self.watcher.tick(now, self.sampler.sample(now), scrapes)
+        self._read_rss(now, insts, scrapes)
+        busy = {q.instance for q in self.queue} | {n for n, _ in self.pending}
+        if self.current is not None:
+            busy.add(self.current.action.instance)
+        rep = self.watcher.tick(now, readings, scrapes, busy=frozenset(busy))
         for change, gpu in zip(rep.changes, rep.changed_gpus, strict=True):
             log.warning("%s", change, extra={"GPU": gpu})
         for note in rep.deferred:  # said once while it stands, not at every tick
@@ -208,12 +226,12 @@ class Daemon:
                 ):
                     self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
                     continue
-            if a.kind == "restart" and any(q.instance == a.instance for q in self.queue):
+            if a.kind in ("restart", "recycle") and any(q.instance == a.instance for q in self.queue):
                 continue  # the action queued for it restarts it anyway, and at the step it decided
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
             self.queue.append(a)
-            if a.kind == "restart":
-                log.warning("decided: restart %s (drain, then the same settings): %s", a.instance, a.reason,
+            if a.kind in ("restart", "recycle"):
+                log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
                             extra=fields(a))  # fmt: skip
             else:
                 log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason,
@@ -225,6 +243,18 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    def _read_rss(self, now: float, insts: dict[str, Any], scrapes: dict[str, Any]) -> None:
+        """Each scraped instance's process RSS, every ``RSS_EVERY_S`` (the drift policy's slow reading)."""
+        for name in scrapes:
+            if now - self._rss_at.get(name, -RSS_EVERY_S) < RSS_EVERY_S or name not in insts:
+                continue
+            self._rss_at[name] = now
+            rss = self.rss_reader(insts[name])
+            if rss is None:
+                self.watcher.rss.pop(name, None)
+            else:
+                self.watcher.rss[name] = float(rss)
 
     def _drain(self, a: Action, inst: Any) -> None:
         """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests

@@ -149,6 +149,8 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         out.append(
             f"    NO PROGRESS for {i['stalled_s']:.0f} s with requests pending (restarted after watch.stall_s)"
         )
+    if i.get("drift"):
+        out.append(f"    SLOW DECAY: {i['drift']}")
     if i.get("warning"):
         out.append(f"    warning: {i['warning']}")
     if i.get("advice"):
