@@ -84,7 +84,7 @@ def test_a_hung_metrics_endpoint_never_delays_the_gpu_readings_nor_holds_every_t
         for i in range(2, 5):
             t[0] = float(i)
             done = threading.Event()
-            th = threading.Thread(target=lambda: (d.tick(), done.set()))
+            th = threading.Thread(target=lambda ev=done: (d.tick(), ev.set()))
             th.start()
             assert done.wait(60), "a tick waited for a scrape already known to hang"
             th.join()
