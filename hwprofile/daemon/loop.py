@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import Degrade, Watch
+from ..errors import HwprofileError
 from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
 from ..plan.speculative import draft_cost
@@ -90,6 +91,22 @@ def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str
         elif state == "ready" and (since := getattr(i, "health_failing_since", None)) is not None:
             out[name] = f"{name} failing /health for {max(0.0, now - since):.0f} s"
     return out
+
+
+def _dir_id(path: Path, missing_ok: bool = True) -> tuple[int, int] | None:
+    """The (device, inode) of the directory at ``path``, never through a link; None when it is not there
+    (or, with ``missing_ok`` False, FileNotFoundError) or is not a directory."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else (-1, -1)
 
 
 def instance_rss(inst: Any) -> float | None:
@@ -175,6 +192,10 @@ class Daemon:
         self.stopping = False  # set when the daemon was asked to stop: /health answers 503 at once
         self.watcher.power = (degrade.power_limit_factor, degrade.power_limit_hold_s)
         self.power_saved: dict[int, int] = {}  # GPU -> its power limit (mW) before the daemon lowered it
+        # the runtime directory as it was at start (None: not there): one deleted under the daemon is made
+        # again with its lock; another directory in its place (not made by this daemon) is never written into
+        self.runtime_id = _dir_id(runtime)
+        self.runtime_trouble: str | None = None
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -183,6 +204,7 @@ class Daemon:
     def tick(self) -> Report:
         t0 = time.perf_counter()
         now = self.clock()
+        self._guard_runtime()
         if self.poll_changes is not None:
             why = self.poll_changes(now)
             if why:
@@ -243,6 +265,62 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    def _guard_runtime(self) -> None:
+        """The runtime directory and the supervisor's lock in it, checked at each tick (two ``lstat``): a
+        directory deleted under the daemon (``/run/user/UID`` goes at logout without linger) is made again,
+        this user's and 0700, and the lock taken again in it, so that `status` and `reload` find the daemon
+        and a second daemon is refused; another directory in its place, or the lock held by another process,
+        is reported (log, STATUS=, ``/health``) and never written into."""
+        if self.runtime_id is None or self.runtime_id == (-1, -1):
+            return  # nothing of its own there at start (a test's daemon): nothing to keep
+        lock = getattr(self.sup, "runtime_lock", None)
+        try:
+            now_id = _dir_id(self.runtime, missing_ok=False)
+        except FileNotFoundError:
+            now_id = None
+        except OSError as e:
+            self._runtime_said(f"the runtime directory {self.runtime} cannot be checked: {e.strerror or e}")
+            return
+        remade = False
+        if now_id is None:
+            from ..runtime.dirs import private_dir
+
+            try:
+                private_dir(self.runtime)
+            except (OSError, HwprofileError) as e:
+                self._runtime_said(f"the runtime directory {self.runtime} was deleted and cannot be made "
+                                   f"again: {e}")  # fmt: skip
+                return
+            log.warning("the runtime directory %s was deleted under the daemon: made again (0700)", self.runtime)
+            self.runtime_id, remade = _dir_id(self.runtime), True
+        elif now_id != self.runtime_id:
+            self._runtime_said(
+                f"the runtime directory {self.runtime} was replaced by a directory this daemon did not make: "
+                "not written into (its state is not published there; restart the daemon to use it)"
+            )
+            return
+        if lock is not None and not lock.intact():
+            try:
+                lock.reacquire()
+            except (OSError, HwprofileError) as e:
+                self._runtime_said(f"the supervisor's lock in {self.runtime} cannot be taken again: {e}")
+                return
+            log.warning("the supervisor's lock %s was gone: taken again (a second daemon is refused)", lock.path)
+        if remade and hasattr(self.sup, "save"):
+            try:
+                self.sup.save()  # the state file again: `hwprofile status` finds what runs
+            except OSError as e:
+                log.error("cannot write the state file again in %s: %s", self.runtime, e)
+        if self.runtime_trouble is not None:
+            log.warning("the runtime directory %s is this daemon's again", self.runtime)
+        self.runtime_trouble = None
+
+    def _runtime_said(self, msg: str) -> None:
+        if msg != self.runtime_trouble:
+            log.error("%s", msg)
+            self.errors.append(msg)
+        self.runtime_trouble = msg
 
     def _read_rss(self, now: float, insts: dict[str, Any], scrapes: dict[str, Any]) -> None:
         """Each scraped instance's process RSS, every ``RSS_EVERY_S`` (the drift policy's slow reading)."""
@@ -636,6 +714,8 @@ class Daemon:
                               if getattr(i, "health_failing_since", None) is not None}  # fmt: skip
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
+        if self.runtime_trouble is not None:
+            return  # never into a directory this daemon did not make (the trouble is in the log and STATUS=)
         try:
             write_doc(self.runtime / DAEMON_FILE, DaemonDoc.from_json(self.document()), durable=False)
         except OSError as e:

@@ -200,6 +200,9 @@ def status_line(daemon: Any) -> str:
     parts.extend(instance_troubles(insts).values())  # failed, or failing /health: what needs a look
     if daemon.current is not None:
         parts.append(f"restarting {daemon.current.action.instance}")
+    trouble = getattr(daemon, "runtime_trouble", None)
+    if trouble:
+        parts.append(trouble)
     err = getattr(daemon, "reload_error", None)
     if err:
         parts.append(f"reload failed, last good plan kept: {err}")
