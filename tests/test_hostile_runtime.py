@@ -178,3 +178,76 @@ def test_a_non_numeric_position_label_is_an_error_for_advice_and_the_daemon() ->
             advice_from(srv.url, None, None)  # type: ignore[arg-type]
     finally:
         srv.close()
+
+
+def test_errors_carry_their_time_and_a_fixed_one_is_taken_off(tmp_path: Path) -> None:
+    import re
+
+    runtime = tmp_path / "rt"
+    d, sup = _daemon(runtime)
+    try:
+        d.tick()
+        # daemon.json cannot be written: a directory in its place
+        (runtime / DAEMON_FILE).unlink()
+        (runtime / DAEMON_FILE).mkdir()
+        d.tick()
+        d.tick()
+        (err,) = [e for e in d.errors if "cannot write" in e]
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ cannot write ", err), err
+        (runtime / DAEMON_FILE).rmdir()
+        d.tick()
+        assert not [e for e in d.errors if "cannot write" in e]  # fixed: no longer listed
+        doc = __import__("json").loads((runtime / DAEMON_FILE).read_text())
+        assert not [e for e in doc["errors"] if "cannot write" in e]
+    finally:
+        sup.runtime_lock.release()
+
+
+def test_status_tells_a_daemon_that_ticks_but_cannot_write_from_one_that_stopped(tmp_path: Path) -> None:
+    import json
+
+    from hwprofile.launch.status import _daemon_view
+
+    runtime = tmp_path / "rt"
+    d, sup = _daemon(runtime)
+    try:
+        d.tick()
+    finally:
+        sup.runtime_lock.release()
+    path = runtime / DAEMON_FILE
+    doc = json.loads(path.read_text())
+    doc["updated_at"] -= 3600  # its figures are an hour old
+    path.write_text(json.dumps(doc))
+    os.utime(path, (doc["updated_at"], doc["updated_at"]))
+    import time
+
+    view = _daemon_view(runtime, time.time())
+    assert view is not None and not view["current"] and not view["ticking"]  # not ticking
+    os.utime(path)  # what the daemon does when the write fails: a new time, the old figures
+    view = _daemon_view(runtime, time.time())
+    assert view is not None and not view["current"] and view["ticking"]
+
+
+def test_the_own_log_rotates_and_is_opened_again_when_deleted(tmp_path: Path) -> None:
+    import logging
+
+    from hwprofile.runtime import files
+
+    path = tmp_path / "hwprofile.log"
+    h = files.own_log_handler(path)
+    lg = logging.getLogger("hwprofile-test-own-log")
+    lg.addHandler(h)
+    lg.propagate = False
+    try:
+        line = "x" * 1000
+        for _ in range(files.OWN_LOG_BYTES // 1000 * 3):
+            lg.warning(line)
+        assert path.stat().st_size <= files.OWN_LOG_BYTES and (tmp_path / "hwprofile.log.1").exists()
+        assert not (tmp_path / "hwprofile.log.2").exists()
+        path.unlink()
+        (tmp_path / "hwprofile.log.1").unlink()
+        lg.warning("after the delete")
+        assert path.read_text().strip() == "after the delete" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    finally:
+        lg.removeHandler(h)
+        h.close()

@@ -11,6 +11,7 @@ degrade step's settings (``hwprofile.plan.degrade``), applied to that one instan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -117,6 +118,24 @@ def instance_rss(inst: Any) -> float | None:
     return float(r) if ident is not None and (r := tree_rss(ident)) is not None else None
 
 
+class Errors(deque[str]):
+    """The daemon's recent errors, each with its UTC time (``daemon.json``, ``hwprofile status``); one
+    that was fixed is taken off (:meth:`fixed`), so what is listed still stands or says when it stood."""
+
+    def __init__(self, maxlen: int = HISTORY) -> None:
+        super().__init__(maxlen=maxlen)
+
+    def append(self, msg: str) -> None:
+        super().append(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + msg)
+
+    def fixed(self, about: str) -> None:
+        """Take off every error whose text contains ``about`` (the trouble is over)."""
+        keep = [e for e in self if about not in e]
+        if len(keep) != len(self):
+            self.clear()
+            self.extend(keep)
+
+
 @dataclass
 class Restart:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
@@ -173,7 +192,8 @@ class Daemon:
         self.queue: deque[Action] = deque()
         self.current: Restart | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        self.errors: deque[str] = deque(maxlen=HISTORY)
+        self.errors = Errors()
+        self._write_failed: str | None = None  # daemon.json could not be written: why (said once)
         self.published = Published()
         self.report: Report | None = None
         self.ticks = 0
@@ -314,6 +334,7 @@ class Daemon:
                 log.error("cannot write the state file again in %s: %s", self.runtime, e)
         if self.runtime_trouble is not None:
             log.warning("the runtime directory %s is this daemon's again", self.runtime)
+            self.errors.fixed(str(self.runtime))
         self.runtime_trouble = None
 
     def _runtime_said(self, msg: str) -> None:
@@ -597,6 +618,8 @@ class Daemon:
                 }
                 return
             self.reload_error = None
+            self.errors.fixed("reload (")  # the configuration is valid again: the reload errors are over
+            self.errors.fixed("the configuration is invalid")
             detail = self.apply_plan(new_plan)
             self.last_reload = {"at": time.time(), "reason": why, "outcome": "applied", "detail": detail}
             log.warning("reload (%s): %s", why, detail)
@@ -716,13 +739,24 @@ class Daemon:
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
         if self.runtime_trouble is not None:
             return  # never into a directory this daemon did not make (the trouble is in the log and STATUS=)
+        path = self.runtime / DAEMON_FILE
         try:
-            write_doc(self.runtime / DAEMON_FILE, DaemonDoc.from_json(self.document()), durable=False)
+            write_doc(path, DaemonDoc.from_json(self.document()), durable=False)
         except OSError as e:
-            msg = f"cannot write {self.runtime / DAEMON_FILE}: {e}"
-            if not self.errors or self.errors[-1] != msg:
+            msg = f"cannot write {path}: {e}"
+            if self._write_failed != msg:
                 log.error("%s", msg)
                 self.errors.append(msg)
+                self._write_failed = msg
+            with contextlib.suppress(OSError):
+                os.utime(path)  # a full disk still takes a new time: `status` says the daemon ticks
+            return
+        if self._write_failed is not None:
+            log.warning("%s is written again", path)
+            self._write_failed = None
+            self.errors.fixed(f"cannot write {path}")
+            with contextlib.suppress(OSError):  # the figures again, without the error that is over
+                write_doc(path, DaemonDoc.from_json(self.document()), durable=False)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
