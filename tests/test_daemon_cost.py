@@ -94,3 +94,24 @@ def test_a_hung_metrics_endpoint_never_delays_the_gpu_readings_nor_holds_every_t
     finally:
         srv.close()
         pool.close()
+
+
+def test_compressed_churn_soak_keeps_the_invariants(tmp_path: Path) -> None:
+    """40 minutes of churn in simulated seconds (2400 ticks of the real loop on an injected clock): GPU 0
+    flips across hot every 40 s with a third of its reads failing, an instance killed every 3 min, an
+    override rewritten every 2 min, the runtime directory deleted every 10 min. No recover on a tick whose
+    reading was not made, exactly one degrade and one recover per hot episode, never two instances restarted
+    at once, no instance lost, one owner of the runtime directory, and nothing the daemon keeps grows."""
+    from soak import soak
+
+    res = soak(tmp_path / "rt", 2400, seed=7)
+    assert res.violations == [], res.violations[:5]
+    assert res.ticks == 2400 and res.crashes >= 10 and res.reloads == 19 and res.runtime_deleted == 3
+    assert res.episodes == 30 and len(res.per_episode) == 29
+    assert all(ep == (1, 1) for ep in res.per_episode), res.per_episode
+    # the last episode is still hot at the end: its recover is not due yet
+    assert res.actions["degrade"] == 30 and res.actions["recover"] == 29 and res.actions["restart"] == 0
+    assert res.max_in_flight == 1
+    assert res.fds[1] <= res.fds[0] + 2, res.fds
+    assert res.bounded["history"] <= 50 and res.bounded["errors"] <= 50 and res.bounded["queue"] == 0
+    assert res.bounded["window_samples"] <= 12
