@@ -224,6 +224,9 @@ class Daemon:
     def tick(self) -> Report:
         t0 = time.perf_counter()
         now = self.clock()
+        # the GPUs first: neither a re-plan (reload) nor a /metrics that hangs or trickles delays a
+        # thermal reading
+        readings = self.sampler.sample(now)
         self._guard_runtime()
         if self.poll_changes is not None:
             why = self.poll_changes(now)
@@ -232,8 +235,6 @@ class Daemon:
         if self.reload_requested:
             why, self.reload_requested = self.reload_requested, None
             self.reload(why)
-        # the GPUs first: a /metrics that hangs or trickles never delays a thermal reading
-        readings = self.sampler.sample(now)
         insts = self.instances()
         scrapes = self.collect(
             {
