@@ -5,8 +5,9 @@
 - Steady state: `hwprofile daemon` at watch.interval 1 s on a fake 8-GPU host (through the fake
   libnvidia-ml.so.1) supervising 2 instances (tests/fakevllm.py, TP 4 each) whose /metrics it
   scrapes every tick: CPU time of the daemon process itself (its threads, not the servers) per
-  second of wall time, and its resident memory. Peer, same host, same seconds: `gpustat -i 1`
-  (an NVML watcher that only prints). Targets: CPU <= 0.5 % of one core, RSS <= 60 MB.
+  second of wall time and per tick, and its resident memory (and how it moved over the window). Peer,
+  same host, measured over the same seconds: `gpustat -i 1` (an NVML watcher that only prints), and
+  the ratio of the two. Targets: CPU <= 0.5 % of one core and <= gpustat's, RSS <= 60 MB.
 - Reaction: with the defaults (poll 1 s, dwell 3 s), from the moment a card's state file says it is
   hot to the daemon starting the degrade (its daemon.json history). Target <= 6 s.
 """
@@ -59,12 +60,12 @@ def free_port(n: int) -> int:
             return base
 
 
-def measure(pid: int, seconds: float) -> tuple[float, float]:
-    """(CPU % of one core, RSS MB at the end) over ``seconds``."""
-    c0, t0 = cpu_seconds(pid), time.monotonic()
+def measure(pids: list[int], seconds: float) -> list[tuple[float, float, float]]:
+    """For each of ``pids``, over the same ``seconds``: (CPU % of one core, CPU seconds, RSS MB at the end)."""
+    c0, t0 = [cpu_seconds(p) for p in pids], time.monotonic()
     time.sleep(seconds)
-    c1, t1 = cpu_seconds(pid), time.monotonic()
-    return 100 * (c1 - c0) / (t1 - t0), rss_mb(pid)
+    c1, t1 = [cpu_seconds(p) for p in pids], time.monotonic()
+    return [(100 * (b - a) / (t1 - t0), b - a, rss_mb(p)) for p, a, b in zip(pids, c0, c1, strict=True)]
 
 
 def daemon_doc(runtime: Path) -> dict:
@@ -122,17 +123,21 @@ def main() -> int:
             [gpustat, "-i", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         time.sleep(3)
-        # the two take turns in the same seconds: each measured over the same window
-        d_cpu, d_rss = measure(daemon.pid, args.seconds)
-        p_cpu, p_rss = measure(peer.pid, args.seconds)
+        # both measured over the same window (the same seconds, the same load on the machine)
+        before = daemon_doc(tmp / "rt").get("ticks") or 0
+        rss0 = rss_mb(daemon.pid)
+        (d_cpu, d_s, d_rss), (p_cpu, p_s, p_rss) = measure([daemon.pid, peer.pid], args.seconds)
         peer.send_signal(signal.SIGINT)
         peer.wait(10)
         doc = daemon_doc(tmp / "rt")
-        ticks, missed, tick_s = doc.get("ticks"), doc.get("missed_ticks"), doc.get("tick_seconds") or 0
-        print(f"host fixture {args.host} (8 GPUs), 2 instances scraped, watch.interval 1 s, {args.seconds:.0f} s each")
-        print(f"  hwprofile daemon   CPU {d_cpu:5.2f} % of one core   RSS {d_rss:5.1f} MB   (target <= 0.5 %, <= 60 MB)")
-        print(f"  gpustat -i 1       CPU {p_cpu:5.2f} % of one core   RSS {p_rss:5.1f} MB")
-        print(f"  ratio gpustat / daemon CPU: {p_cpu / d_cpu if d_cpu else float('inf'):.1f}x")
+        ticks, missed, tick_s = doc.get("ticks") or 0, doc.get("missed_ticks"), doc.get("tick_seconds") or 0
+        n = max(1, ticks - before)
+        print(f"host fixture {args.host} (8 GPUs), 2 instances scraped, watch.interval 1 s, the same {args.seconds:.0f} s")
+        print(f"  hwprofile daemon   CPU {d_cpu:5.2f} % of one core   {1000 * d_s / n:6.2f} ms CPU per tick ({n} ticks)"
+              f"   RSS {d_rss:5.1f} MB ({d_rss - rss0:+.1f} over the window)   (target <= 0.5 %, <= 60 MB)")
+        print(f"  gpustat -i 1       CPU {p_cpu:5.2f} % of one core   {1000 * p_s / args.seconds:6.2f} ms CPU per second"
+              f"   RSS {p_rss:5.1f} MB")
+        print(f"  ratio daemon / gpustat CPU: {d_cpu / p_cpu if p_cpu else float('inf'):.2f}x (target <= 1)")
         print(f"  daemon ticks {ticks}, missed {missed}, last tick {tick_s * 1000:.1f} ms")
         # reaction: defaults (dwell 3 s, 1 s ticks) from the first hot reading to the action
         before = len(doc.get("actions") or [])

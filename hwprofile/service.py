@@ -248,6 +248,8 @@ def install(
     tmp = paths.tmpfiles_dir / TMPFILES_NAME
     atomic_write(tmp, render_tmpfiles(user), 0o644)
     done.append(f"wrote {tmp}")
+    if user and not prefix:  # the unit's HWPROFILE_CONFIG_ROOT exists at once (tmpfiles.d runs at login)
+        done.extend(make_config_root(user_config_root()))
     scope = ["--user"] if user else []
     if prefix:
         done.append("systemd not reloaded: --prefix writes outside systemd's search path")
@@ -258,6 +260,21 @@ def install(
         f"next: {how} enable --now hwprofile.service; {how} reload hwprofile.service after editing "
         "the configuration (or let the daemon pick up edits itself)"
     )
+    return done
+
+
+def make_config_root(root: Path) -> list[str]:
+    """The configuration root and its three directories, made where missing (0755, never through a link:
+    an existing one that is not a directory is an error naming it); what was made, one line each."""
+    from .runtime.files import WriteError
+
+    done = []
+    for d in (root, root / "profiles", root / "overrides.d", root / "rules.d"):
+        if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d)):
+            raise WriteError(f"{d}: exists and is not a directory (HWPROFILE_CONFIG_ROOT of the unit): not used")
+        if not d.exists():
+            d.mkdir(mode=0o755, parents=True)
+            done.append(f"made {d}")
     return done
 
 

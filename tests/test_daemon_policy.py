@@ -412,3 +412,27 @@ def test_property_a_restart_follows_only_stall_s_of_work_without_progress(seq) -
         window = [w for j, w in enumerate(trace) if t - L.stall_s <= j * 5.0 <= t and w is not None]
         now = trace[i]
         assert now is not None and window and all(w[0] > 0 and w[1] == now[1] for w in window), (t, window)
+
+
+def test_counter_window_increase_is_one_subtraction_never_a_scan() -> None:
+    """increase() on a window of thousands of samples reads the first and the last sample only, for a
+    counter that never moved as for one that did, and for one first seen inside the window."""
+    from collections import deque
+
+    from hwprofile.telemetry.window import CounterWindow
+
+    class NoScan(deque):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            raise AssertionError("the window was scanned")
+
+    w = CounterWindow(3600)
+    for t in range(5000):
+        w.add(float(t), {"still": 7.0, "moving": float(t), **({"late": float(t - 4000)} if t >= 4000 else {})})
+    w._samples = NoScan(w._samples)
+    assert w.increase("still") == 0.0 and w.increase("moving") == 3600.0 and w.increase("late") == 999.0
+    assert w.increase("absent") is None
+    w2 = CounterWindow(60)
+    w2.add(0.0, {"a": 1.0})
+    w2.add(1.0, {"a": 1.0, "b": 5.0})
+    w2._samples = NoScan(w2._samples)
+    assert w2.increase("a") == 0.0 and w2.increase("b") is None  # one sample carries b: no increase yet

@@ -243,7 +243,7 @@ def test_a_deferred_action_is_logged_once_not_at_every_tick(caplog) -> None:
     plan = _plan({"a": 64})
     d = Daemon(plan, lambda sets: plan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent"))
     note = "a: degrade to step 1 deferred: 6 actions in the last hour (watch.max_actions_per_hour 6)"
-    d.watcher.tick = lambda now, gpus, scrapes, act=True: Report(now, (), (), (), (note,))  # type: ignore[method-assign]
+    d.watcher.tick = lambda now, gpus, scrapes, act=True, **_: Report(now, (), (), (), (note,))  # type: ignore[method-assign]
     with caplog.at_level("WARNING", logger="hwprofile"):
         for _ in range(20):
             d.tick()

@@ -75,7 +75,8 @@ def test_install_service_writes_this_installations_unit(tmp_path) -> None:
 
 def test_user_unit_and_daemon_reload_without_a_manager(tmp_path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-           "XDG_RUNTIME_DIR": str(tmp_path / "nonexistent-run")}  # fmt: skip
+           "XDG_RUNTIME_DIR": str(tmp_path / "nonexistent-run"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
     r = install(tmp_path, "--user", "--", "--model", "/srv/m", env=env)
     assert r.returncode == 0, r.stderr
     unit = (tmp_path / "cfg" / "systemd" / "user" / "hwprofile.service").read_text()
@@ -87,6 +88,10 @@ def test_user_unit_and_daemon_reload_without_a_manager(tmp_path) -> None:
     assert f"HWPROFILE_CONFIG_ROOT={tmp_path / 'cfg' / 'hwprofile'}" in k["Environment"]
     tmpfiles = (tmp_path / "cfg" / "user-tmpfiles.d" / "hwprofile.conf").read_text()
     assert f"d {tmp_path / 'cfg' / 'hwprofile'}/overrides.d 0755" in tmpfiles
+    # and it exists at once: the unit's HWPROFILE_CONFIG_ROOT, before any login runs tmpfiles.d
+    for d in ("", "profiles", "overrides.d", "rules.d"):
+        assert (tmp_path / "cfg" / "hwprofile" / d).is_dir()
+    assert f"made {tmp_path / 'cfg' / 'hwprofile' / 'overrides.d'}" in r.stdout
     assert re.search(
         r"systemd not reloaded: (systemctl is not installed|the manager is not available)", r.stdout
     ), r.stdout

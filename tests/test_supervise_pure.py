@@ -251,3 +251,23 @@ def test_the_start_up_progress_note_is_vllm_s_message_cut_at_its_end() -> None:
     said = progress_text(long, width=60)
     assert said.startswith("with error current limit exceeds") and said.endswith("…") and len(said) == 60
     assert progress_text("  a plain line ") == "a plain line"
+
+
+def test_the_evidence_of_an_unknown_failure_is_the_line_that_says_what_went_wrong() -> None:
+    """Not the last line (vLLM's shutdown chatter after the error): the exception, the ERROR line or the
+    kill, and the last line only when nothing says more."""
+    from hwprofile.supervise.failures import exit_evidence
+
+    log = (
+        "INFO 12-04 19:00:00 [api_server.py:1] starting\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 3, in <module>\n'
+        "ZeroDivisionError: division by zero\n"
+        "INFO 12-04 19:00:01 [launcher.py:9] Shutting down FastAPI HTTP server.\n"
+        "INFO:     Application shutdown complete.\n"
+    )
+    assert classify(log).evidence == "ZeroDivisionError: division by zero"
+    assert exit_evidence(log) == "ZeroDivisionError: division by zero"
+    killed = "INFO loading\n/bin/sh: line 1:   123 Killed   vllm serve m\nINFO bye\n"
+    assert exit_evidence(killed) == "/bin/sh: line 1:   123 Killed   vllm serve m"
+    assert classify("INFO a\nINFO b\n").evidence == "INFO b" and exit_evidence("") is None

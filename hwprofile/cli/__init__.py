@@ -46,6 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         import errno
 
+        if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENXIO) and (
+            e.filename
+        ):  # a path of the host's that is not what it must be (a file in a directory's place...)
+            print(f"hwprofile: error: {e.filename}: {e.strerror}", file=sys.stderr)
+            return EXIT_FAILED
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
             raise
         print(f"hwprofile: error: cannot write the output: {e.strerror}", file=sys.stderr)

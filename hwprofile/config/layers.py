@@ -38,7 +38,15 @@ def config_root(flag: str | None = None) -> str:
             what = "not a directory" if os.path.exists(flag) else "no such directory"
             raise ConfigError(f"--config-root {flag}: {what}")
         return flag
-    return os.environ.get("HWPROFILE_CONFIG_ROOT") or DEFAULT_CONFIG_ROOT
+    env = os.environ.get("HWPROFILE_CONFIG_ROOT")
+    if env and os.path.lexists(env) and not os.path.isdir(env):
+        import stat
+
+        mode = os.stat(env).st_mode if os.path.exists(env) else 0
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a file" if stat.S_ISREG(mode) else "not a directory"
+        raise ConfigError(f"HWPROFILE_CONFIG_ROOT={env}: {kind}, not the site configuration directory "
+                          "(profiles/, overrides.d/, rules.d/): point it at a directory, or unset it")  # fmt: skip
+    return env or DEFAULT_CONFIG_ROOT
 
 
 def file_layer(path: str | os.PathLike[str], kind: str) -> Layer:
@@ -109,8 +117,9 @@ def cli_layer(assignments: Iterable[str]) -> Layer | None:
     problems: list[str] = []
     for a in assignments:
         key, sep, value = a.partition("=")
-        if not sep:
-            problems.append(f"--set {a}: expected key=value, e.g. --set engine.max_model_len=4096")
+        if not sep or not key.strip():
+            why = "no '='" if not sep else "no setting's name before '='"
+            problems.append(f"--set {a}: {why}: the syntax is --set KEY=VALUE, e.g. --set engine.max_model_len=4096")
             continue
         try:
             path = resolve_key(key)

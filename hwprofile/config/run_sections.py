@@ -160,6 +160,29 @@ class Watch(Section):
     max_actions_per_hour: int = setting(
         "int", "restarts for degrade or recover per instance and hour", 0, 3600, default=6
     )
+    drift_baseline_s: float = setting(
+        "float", "seconds of readings after an instance (re)starts that form its baseline of TPOT (per load band) "
+        "and process RSS, against which slow decay is judged", 60, 86400, default=1800.0,
+    )  # fmt: skip
+    drift_tpot_factor: float = setting(
+        "float", "TPOT at comparable load this many times its baseline is drift (0: TPOT not judged)", 0, 100,
+        default=1.5,
+    )  # fmt: skip
+    drift_rss_factor: float = setting(
+        "float", "process RSS this many times its baseline is drift (0: RSS not judged)", 0, 100, default=1.5,
+    )  # fmt: skip
+    drift_hold_s: float = setting(
+        "float", "seconds drift must hold, on readings made, before a planned recycle is decided", 0, 86400,
+        default=1800.0,
+    )  # fmt: skip
+    drift_recycle: bool = setting(
+        "bool", "recycle a drifting instance (drain, then the same settings; one at a time, off-peak); "
+        "otherwise drift is reported only", default=False,
+    )  # fmt: skip
+    recycle_max_load: float = setting(
+        "float", "a recycle waits while the instance's requests (running and waiting) exceed this share of "
+        "its max_num_seqs: never during a burst", 0, 1, default=0.25,
+    )  # fmt: skip
     acceptance_low: float = setting(
         "float", "speculative acceptance rate below which the daemon warns", 0, 1, default=0.65
     )

@@ -121,6 +121,14 @@ class HwprofileCollector:
         drained = GaugeMetricFamily(
             "hwprofile_instance_drained", "1 while the instance is drained for a hardware fault", labels=["instance"]
         )
+        drifting = GaugeMetricFamily(
+            "hwprofile_instance_drifting",
+            "1 while the instance drifts from its baseline (TPOT at comparable load, RSS): slow decay",
+            labels=["instance"],
+        )
+        rss = GaugeMetricFamily(
+            "hwprofile_instance_rss_bytes", "resident memory of the instance's processes", labels=["instance"]
+        )
         ticks = CounterMetricFamily("hwprofile_ticks", "main-loop ticks")
         missed = CounterMetricFamily("hwprofile_missed_ticks", "ticks that started late")
         tick_s = GaugeMetricFamily("hwprofile_tick_duration_seconds", "time the last tick took")
@@ -150,6 +158,9 @@ class HwprofileCollector:
             for i in rep.instances:
                 degrade.add_metric([i.name], i.degrade_level)
                 drained.add_metric([i.name], 1 if i.drained else 0)
+                drifting.add_metric([i.name], 1 if getattr(i, "drift", None) else 0)
+                if getattr(i, "rss_bytes", None) is not None:
+                    rss.add_metric([i.name], i.rss_bytes)
                 if i.acceptance_rate is not None:
                     accept.add_metric([i.name], i.acceptance_rate)
         for name, state in p.instance_states.items():
@@ -171,14 +182,15 @@ class HwprofileCollector:
         )
         for name in p.instance_states:
             failing.add_metric([name], p.health_failing_s.get(name, 0.0))
-        for kind in ("degrade", "recover", "restart", "drain", "power"):
+        for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
             actions.add_metric([kind], p.actions_total.get(kind, 0))
         ticks.add_metric([], p.ticks_total)
         missed.add_metric([], p.missed_ticks_total)
         tick_s.add_metric([], p.tick_seconds)
         yield from _front(p.front)
         yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
-        yield from (inst_state, degrade, drained, accept, restarts, retry, failing, actions, ticks, missed, tick_s)
+        yield from (inst_state, degrade, drained, drifting, rss, accept, restarts, retry, failing, actions)
+        yield from (ticks, missed, tick_s)
 
 
 FRONT_STATES = ("waiting", "starting", "ready", "restarting", "stopped")  # supervise.router's states
@@ -269,6 +281,8 @@ NAMES = (
     "hwprofile_instance_state",
     "hwprofile_instance_degrade_level",
     "hwprofile_instance_drained",
+    "hwprofile_instance_drifting",
+    "hwprofile_instance_rss_bytes",
     "hwprofile_instance_spec_acceptance_ratio",
     "hwprofile_instance_restarts_total",
     "hwprofile_instance_retry_in_seconds",

@@ -11,6 +11,7 @@ degrade step's settings (``hwprofile.plan.degrade``), applied to that one instan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import Degrade, Watch
+from ..errors import HwprofileError
 from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
 from ..plan.speculative import draft_cost
@@ -35,6 +37,7 @@ from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
 HISTORY = 50
+RSS_EVERY_S = 30.0  # an instance's RSS is read this often (drift is judged over hours)
 # A node of a group cannot be degraded alone: every node runs the same engine settings, and a restart of
 # one node takes the whole group down (supervise/group.py). The card is left to the driver's own throttling.
 GROUP_HELD = (
@@ -91,6 +94,48 @@ def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str
     return out
 
 
+def _dir_id(path: Path, missing_ok: bool = True) -> tuple[int, int] | None:
+    """The (device, inode) of the directory at ``path``, never through a link; None when it is not there
+    (or, with ``missing_ok`` False, FileNotFoundError) or is not a directory."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else (-1, -1)
+
+
+def instance_rss(inst: Any) -> float | None:
+    """The resident memory of an instance's processes (its API server and engines), or None."""
+    from ..runtime.processes import tree_rss
+
+    ident = getattr(inst, "ident", None)
+    return float(r) if ident is not None and (r := tree_rss(ident)) is not None else None
+
+
+class Errors(deque[str]):
+    """The daemon's recent errors, each with its UTC time (``daemon.json``, ``hwprofile status``); one
+    that was fixed is taken off (:meth:`fixed`), so what is listed still stands or says when it stood."""
+
+    def __init__(self, maxlen: int = HISTORY) -> None:
+        super().__init__(maxlen=maxlen)
+
+    def append(self, msg: str) -> None:
+        super().append(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + msg)
+
+    def fixed(self, about: str) -> None:
+        """Take off every error whose text contains ``about`` (the trouble is over)."""
+        keep = [e for e in self if about not in e]
+        if len(keep) != len(self):
+            self.clear()
+            self.extend(keep)
+
+
 @dataclass
 class Restart:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
@@ -121,6 +166,7 @@ class Daemon:
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
         collect: Callable[[dict[str, str], float], dict[str, InstanceReading]] | None = None,
         on_tick: Callable[[Daemon, Report], None] | None = None,
+        rss_reader: Callable[[Any], float | None] | None = None,
     ) -> None:
         """``replan(extra_sets)`` returns a :class:`Plan` (``PlanInputs.replan``); ``supervisor``: a
         :class:`~hwprofile.supervise.supervisor.Supervisor` or a fake with its ``instances``,
@@ -139,12 +185,15 @@ class Daemon:
         # one after another with a test's fake scraper
         self.collect = collect or (lambda targets, now: {n: scraper(n, u, now) for n, u in targets.items()})
         self.on_tick = on_tick
+        self.rss_reader = rss_reader or instance_rss  # a test gives its own readings
+        self._rss_at: dict[str, float] = {}
         per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
         self.queue: deque[Action] = deque()
         self.current: Restart | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        self.errors: deque[str] = deque(maxlen=HISTORY)
+        self.errors = Errors()
+        self._write_failed: str | None = None  # daemon.json could not be written: why (said once)
         self.published = Published()
         self.report: Report | None = None
         self.ticks = 0
@@ -163,6 +212,10 @@ class Daemon:
         self.stopping = False  # set when the daemon was asked to stop: /health answers 503 at once
         self.watcher.power = (degrade.power_limit_factor, degrade.power_limit_hold_s)
         self.power_saved: dict[int, int] = {}  # GPU -> its power limit (mW) before the daemon lowered it
+        # the runtime directory as it was at start (None: not there): one deleted under the daemon is made
+        # again with its lock; another directory in its place (not made by this daemon) is never written into
+        self.runtime_id = _dir_id(runtime)
+        self.runtime_trouble: str | None = None
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -171,6 +224,10 @@ class Daemon:
     def tick(self) -> Report:
         t0 = time.perf_counter()
         now = self.clock()
+        # the GPUs first: neither a re-plan (reload) nor a /metrics that hangs or trickles delays a
+        # thermal reading
+        readings = self.sampler.sample(now)
+        self._guard_runtime()
         if self.poll_changes is not None:
             why = self.poll_changes(now)
             if why:
@@ -187,7 +244,11 @@ class Daemon:
             },
             now,
         )
-        rep = self.watcher.tick(now, self.sampler.sample(now), scrapes)
+        self._read_rss(now, insts, scrapes)
+        busy = {q.instance for q in self.queue} | {n for n, _ in self.pending}
+        if self.current is not None:
+            busy.add(self.current.action.instance)
+        rep = self.watcher.tick(now, readings, scrapes, busy=frozenset(busy))
         for change, gpu in zip(rep.changes, rep.changed_gpus, strict=True):
             log.warning("%s", change, extra={"GPU": gpu})
         for note in rep.deferred:  # said once while it stands, not at every tick
@@ -208,12 +269,12 @@ class Daemon:
                 ):
                     self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
                     continue
-            if a.kind == "restart" and any(q.instance == a.instance for q in self.queue):
+            if a.kind in ("restart", "recycle") and any(q.instance == a.instance for q in self.queue):
                 continue  # the action queued for it restarts it anyway, and at the step it decided
             self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
             self.queue.append(a)
-            if a.kind == "restart":
-                log.warning("decided: restart %s (drain, then the same settings): %s", a.instance, a.reason,
+            if a.kind in ("restart", "recycle"):
+                log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
                             extra=fields(a))  # fmt: skip
             else:
                 log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason,
@@ -225,6 +286,75 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    def _guard_runtime(self) -> None:
+        """The runtime directory and the supervisor's lock in it, checked at each tick (two ``lstat``): a
+        directory deleted under the daemon (``/run/user/UID`` goes at logout without linger) is made again,
+        this user's and 0700, and the lock taken again in it, so that `status` and `reload` find the daemon
+        and a second daemon is refused; another directory in its place, or the lock held by another process,
+        is reported (log, STATUS=, ``/health``) and never written into."""
+        if self.runtime_id is None or self.runtime_id == (-1, -1):
+            return  # nothing of its own there at start (a test's daemon): nothing to keep
+        lock = getattr(self.sup, "runtime_lock", None)
+        try:
+            now_id = _dir_id(self.runtime, missing_ok=False)
+        except FileNotFoundError:
+            now_id = None
+        except OSError as e:
+            self._runtime_said(f"the runtime directory {self.runtime} cannot be checked: {e.strerror or e}")
+            return
+        remade = False
+        if now_id is None:
+            from ..runtime.dirs import private_dir
+
+            try:
+                private_dir(self.runtime)
+            except (OSError, HwprofileError) as e:
+                self._runtime_said(f"the runtime directory {self.runtime} was deleted and cannot be made "
+                                   f"again: {e}")  # fmt: skip
+                return
+            log.warning("the runtime directory %s was deleted under the daemon: made again (0700)", self.runtime)
+            self.runtime_id, remade = _dir_id(self.runtime), True
+        elif now_id != self.runtime_id:
+            self._runtime_said(
+                f"the runtime directory {self.runtime} was replaced by a directory this daemon did not make: "
+                "not written into (its state is not published there; restart the daemon to use it)"
+            )
+            return
+        if lock is not None and not lock.intact():
+            try:
+                lock.reacquire()
+            except (OSError, HwprofileError) as e:
+                self._runtime_said(f"the supervisor's lock in {self.runtime} cannot be taken again: {e}")
+                return
+            log.warning("the supervisor's lock %s was gone: taken again (a second daemon is refused)", lock.path)
+        if remade and hasattr(self.sup, "save"):
+            try:
+                self.sup.save()  # the state file again: `hwprofile status` finds what runs
+            except OSError as e:
+                log.error("cannot write the state file again in %s: %s", self.runtime, e)
+        if self.runtime_trouble is not None:
+            log.warning("the runtime directory %s is this daemon's again", self.runtime)
+            self.errors.fixed(str(self.runtime))
+        self.runtime_trouble = None
+
+    def _runtime_said(self, msg: str) -> None:
+        if msg != self.runtime_trouble:
+            log.error("%s", msg)
+            self.errors.append(msg)
+        self.runtime_trouble = msg
+
+    def _read_rss(self, now: float, insts: dict[str, Any], scrapes: dict[str, Any]) -> None:
+        """Each scraped instance's process RSS, every ``RSS_EVERY_S`` (the drift policy's slow reading)."""
+        for name in scrapes:
+            if now - self._rss_at.get(name, -RSS_EVERY_S) < RSS_EVERY_S or name not in insts:
+                continue
+            self._rss_at[name] = now
+            rss = self.rss_reader(insts[name])
+            if rss is None:
+                self.watcher.rss.pop(name, None)
+            else:
+                self.watcher.rss[name] = float(rss)
 
     def _drain(self, a: Action, inst: Any) -> None:
         """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests
@@ -489,6 +619,8 @@ class Daemon:
                 }
                 return
             self.reload_error = None
+            self.errors.fixed("reload (")  # the configuration is valid again: the reload errors are over
+            self.errors.fixed("the configuration is invalid")
             detail = self.apply_plan(new_plan)
             self.last_reload = {"at": time.time(), "reason": why, "outcome": "applied", "detail": detail}
             log.warning("reload (%s): %s", why, detail)
@@ -606,13 +738,26 @@ class Daemon:
                               if getattr(i, "health_failing_since", None) is not None}  # fmt: skip
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
+        if self.runtime_trouble is not None:
+            return  # never into a directory this daemon did not make (the trouble is in the log and STATUS=)
+        path = self.runtime / DAEMON_FILE
         try:
-            write_doc(self.runtime / DAEMON_FILE, DaemonDoc.from_json(self.document()), durable=False)
+            write_doc(path, DaemonDoc.from_json(self.document()), durable=False)
         except OSError as e:
-            msg = f"cannot write {self.runtime / DAEMON_FILE}: {e}"
-            if not self.errors or self.errors[-1] != msg:
+            msg = f"cannot write {path}: {e}"
+            if self._write_failed != msg:
                 log.error("%s", msg)
                 self.errors.append(msg)
+                self._write_failed = msg
+            with contextlib.suppress(OSError):
+                os.utime(path)  # a full disk still takes a new time: `status` says the daemon ticks
+            return
+        if self._write_failed is not None:
+            log.warning("%s is written again", path)
+            self._write_failed = None
+            self.errors.fixed(f"cannot write {path}")
+            with contextlib.suppress(OSError):  # the figures again, without the error that is over
+                write_doc(path, DaemonDoc.from_json(self.document()), durable=False)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -189,6 +189,9 @@ def status_line(daemon: Any) -> str:
         drained = [i.name for i in rep.instances if getattr(i, "drained", None)]
         if drained:
             parts.append(f"drained for a hardware fault: {', '.join(drained)}")
+        drifting = [i.name for i in rep.instances if getattr(i, "drift", None)]
+        if drifting:
+            parts.append(f"drifting from baseline: {', '.join(drifting)}")
         acc = [i.acceptance_rate for i in rep.instances if i.acceptance_rate is not None]
         if acc:
             parts.append(f"acceptance {100 * sum(acc) / len(acc):.0f} %")
@@ -197,6 +200,9 @@ def status_line(daemon: Any) -> str:
     parts.extend(instance_troubles(insts).values())  # failed, or failing /health: what needs a look
     if daemon.current is not None:
         parts.append(f"restarting {daemon.current.action.instance}")
+    trouble = getattr(daemon, "runtime_trouble", None)
+    if trouble:
+        parts.append(trouble)
     err = getattr(daemon, "reload_error", None)
     if err:
         parts.append(f"reload failed, last good plan kept: {err}")

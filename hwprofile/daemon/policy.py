@@ -244,7 +244,7 @@ def describe(r: GpuReading) -> str:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # degrade, recover (thermal); restart (liveness: at the step in force)
+    kind: str  # degrade, recover (thermal); restart (liveness), recycle (drift): at the step in force
     instance: str
     level: int  # the degrade step after the action (0 = full profile)
     reason: str
@@ -408,6 +408,134 @@ def liveness_step(
         f"counters unchanged at {p.counters:.0f} (watch.stall_s {s.stall_s:g} s); /health may still answer"
     )
     return replace(state, acted=True), why
+
+
+# -- slow decay (drift) --------------------------------------------------------------------------
+# vLLM servers are reported to slow down over hours and to grow in host memory. Per instance, its first
+# watch.drift_baseline_s of readings (after each start of its process) form a baseline: the mean TPOT in
+# each load band (the requests running, in powers of two: a TPOT is compared only with one at comparable
+# batch size) and the largest process RSS seen. Past the baseline, a reading whose TPOT is
+# watch.drift_tpot_factor times its band's baseline, or whose RSS is watch.drift_rss_factor times its
+# baseline, is drift; a reading made without drift ends it; a reading not made changes nothing. Drift that
+# held watch.drift_hold_s is reported, and with watch.drift_recycle a planned recycle (drain, then the same
+# settings) is decided once, never during a burst (requests over watch.recycle_max_load of max_num_seqs),
+# never for two instances at once (the loop passes ``busy``: another instance's restart is queued or in
+# flight, or another recycle was decided at this tick).
+
+MIN_BAND_READINGS = 5  # readings of a band in the baseline before its TPOT is a baseline
+
+
+def load_band(running: float) -> int:
+    """The load band of a reading: 0 for at most one request running, then one per power of two."""
+    n, band = max(1, int(running)), 0
+    while n > 1:
+        n //= 2
+        band += 1
+    return band
+
+
+@dataclass(frozen=True)
+class DriftReading:
+    """One instance at one tick: its TPOT (the window's median inter-token latency; None: no tokens in the
+    window or not scraped), the requests running and waiting, its process RSS (bytes; None: not read) and
+    its ``max_num_seqs`` (the burst threshold's base; None: unknown, so no recycle)."""
+
+    tpot_s: float | None
+    running: float | None
+    waiting: float | None
+    rss_bytes: float | None
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True)
+class DriftState:
+    started: float | None = None  # the first reading of this process
+    bands: tuple[tuple[int, float, int], ...] = ()  # (band, TPOT sum, readings) in the baseline
+    rss_base: float | None = None  # the largest RSS of the baseline
+    tpot_since: float | None = None  # TPOT drift on every TPOT reading made (at a comparable load) since
+    tpot_detail: str | None = None
+    rss_since: float | None = None  # RSS drift on every RSS reading made since
+    rss_detail: str | None = None
+    acted: bool = False  # a recycle was decided for this process
+
+    def baseline(self, band: int) -> float | None:
+        for b, total, n in self.bands:
+            if b == band and n >= MIN_BAND_READINGS:
+                return total / n
+        return None
+
+    @property
+    def since(self) -> float | None:
+        """Since when some signal has drifted (the earliest of those drifting), or None."""
+        held = [t for t in (self.tpot_since, self.rss_since) if t is not None]
+        return min(held) if held else None
+
+    @property
+    def detail(self) -> str | None:
+        return "; ".join(d for d in (self.tpot_detail, self.rss_detail) if d) or None
+
+
+def drift_step(
+    state: DriftState, r: DriftReading, s: Watch, now: float, busy: bool = False
+) -> tuple[DriftState, str | None]:
+    """Advance one instance's drift by one reading (pure). Returns the new state and, once per process and
+    only with ``watch.drift_recycle``, the reason for a planned recycle. ``busy``: another instance is being
+    restarted (or recycled) now: the recycle waits, so that never two go at once. Each signal (TPOT, RSS)
+    drifts on its own readings: one not made (no tokens, a load band without a baseline, RSS not read)
+    changes nothing of it."""
+    if state.started is None:
+        state = replace(state, started=now)
+    assert state.started is not None
+    if now - state.started < s.drift_baseline_s:  # still the baseline
+        bands = state.bands
+        if r.tpot_s is not None and r.running is not None and r.tpot_s > 0:
+            band = load_band(r.running)
+            old = {b: (t, n) for b, t, n in bands}
+            t, n = old.get(band, (0.0, 0))
+            old[band] = (t + r.tpot_s, n + 1)
+            bands = tuple(sorted((b, t, n) for b, (t, n) in old.items()))
+        rss = state.rss_base
+        if r.rss_bytes is not None:
+            rss = r.rss_bytes if rss is None else max(rss, r.rss_bytes)
+        return replace(state, bands=bands, rss_base=rss), None
+    base = state.baseline(load_band(r.running)) if r.running is not None else None
+    if s.drift_tpot_factor > 0 and r.tpot_s is not None and r.running is not None and base is not None:
+        if r.tpot_s >= base * s.drift_tpot_factor:
+            state = replace(
+                state, tpot_since=state.tpot_since if state.tpot_since is not None else now,
+                tpot_detail=(f"TPOT {r.tpot_s * 1000:.1f} ms is {r.tpot_s / base:.2f}x its baseline "
+                             f"{base * 1000:.1f} ms at {int(r.running)} request(s) running "
+                             f"(watch.drift_tpot_factor {s.drift_tpot_factor:g})"),
+            )  # fmt: skip
+        else:
+            state = replace(state, tpot_since=None, tpot_detail=None)
+    if s.drift_rss_factor > 0 and r.rss_bytes is not None and state.rss_base:
+        if r.rss_bytes >= state.rss_base * s.drift_rss_factor:
+            state = replace(
+                state, rss_since=state.rss_since if state.rss_since is not None else now,
+                rss_detail=(f"RSS {r.rss_bytes / 2**20:.0f} MiB is {r.rss_bytes / state.rss_base:.2f}x its "
+                            f"baseline {state.rss_base / 2**20:.0f} MiB (watch.drift_rss_factor "
+                            f"{s.drift_rss_factor:g})"),
+            )  # fmt: skip
+        else:
+            state = replace(state, rss_since=None, rss_detail=None)
+    since = state.since
+    if since is None or state.acted or not s.drift_recycle or busy or now - since < s.drift_hold_s:
+        return state, None
+    work = (r.running or 0.0) + (r.waiting or 0.0)
+    if r.max_num_seqs is None or r.running is None or work > s.recycle_max_load * r.max_num_seqs:
+        return state, None  # a burst (or a load not known): later, off-peak
+    why = (f"slow decay for {now - since:.0f} s (watch.drift_hold_s {s.drift_hold_s:g} s): {state.detail}; "
+           f"off-peak now ({work:.0f} request(s), at most {s.recycle_max_load:.0%} of max_num_seqs "
+           f"{r.max_num_seqs}): a planned recycle (drain, then the same settings)")  # fmt: skip
+    return replace(state, acted=True), why
+
+
+def drift_shown(state: DriftState | None, now: float) -> str | None:
+    """The drift of an instance as reported (status, STATUS=, the exporter), or None."""
+    if state is None or state.since is None or state.detail is None:
+        return None
+    return f"drifting for {now - state.since:.0f} s: {state.detail}"
 
 
 # -- speculative decoding ------------------------------------------------------------------------

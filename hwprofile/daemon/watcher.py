@@ -17,7 +17,16 @@ from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_
 from ..telemetry.scrape import InstanceReading
 from ..telemetry.window import CounterWindow, histogram_quantile
 from . import policy
-from .policy import FaultState, InstanceActionState, LivenessState, Progress, SpecWindow, ThermalState
+from .policy import (
+    DriftReading,
+    DriftState,
+    FaultState,
+    InstanceActionState,
+    LivenessState,
+    Progress,
+    SpecWindow,
+    ThermalState,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class InstanceReport:
     engines: dict[str, dict[str, float]] = field(default_factory=dict)  # data-parallel ranks, by engine label
     stalled_s: float | None = None  # requests pending and vLLM's token counters unchanged this long
     drained: str | None = None  # drained for a hardware fault of its GPU(s), not restarted there: why
+    drift: str | None = None  # slow decay against its baseline (TPOT at comparable load, RSS), while it holds
+    rss_bytes: float | None = None  # its processes' resident memory, when the daemon read it
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "advice"}
@@ -157,6 +168,8 @@ class Watcher:
         self.windows: dict[str, CounterWindow] = {}
         self.actions: dict[str, InstanceActionState] = {}
         self.liveness: dict[str, LivenessState] = {}
+        self.drift: dict[str, DriftState] = {}
+        self.rss: dict[str, float] = {}  # the last RSS read per instance (the loop reads it now and then)
         self.faults: dict[int, FaultState] = {}
         self.drained: dict[str, str] = {}  # instance -> why it was drained (a hardware fault)
         self.power: tuple[float, float] | None = None  # (factor, hold s) of the power lever; None: off
@@ -180,7 +193,10 @@ class Watcher:
         gpus: Sequence[GpuReading],
         scrapes: Mapping[str, InstanceReading],
         act: bool = True,
+        busy: frozenset[str] = frozenset(),
     ) -> Report:
+        """One evaluation. ``busy``: instances the loop is restarting or has queued (a recycle waits
+        while any instance is busy: one at a time)."""
         s = self.settings
         changes: list[str] = []
         changed: list[int] = []
@@ -215,8 +231,10 @@ class Watcher:
         acting = {a.instance for a in decisions.actions} | set(self.drained)
         restarts, held = self._liveness(now, scrapes, acting, act)
         inst_reports = [self._instance(now, spec, scrapes.get(spec.name)) for spec in self.instances.values()]
+        moving = {a.instance for a in (*drains, *decisions.actions, *restarts)}  # restarted or stopped now
+        inst_reports, recycles = self._drift(now, inst_reports, busy | moving, act)
         return Report(
-            now, tuple(reports), tuple(inst_reports), (*drains, *decisions.actions, *restarts),
+            now, tuple(reports), tuple(inst_reports), (*drains, *decisions.actions, *restarts, *recycles),
             (*decisions.deferred, *held), tuple(changes), changed_gpus=tuple(changed),
         )  # fmt: skip
 
@@ -250,6 +268,40 @@ class Watcher:
             level = self.actions.get(name, InstanceActionState()).level
             actions.append(policy.Action("restart", name, level, why, spec.gpus))
         return actions, deferred
+
+    def _drift(
+        self, now: float, reports: list[InstanceReport], busy: set[str] | frozenset[str], act: bool
+    ) -> tuple[list[InstanceReport], list[policy.Action]]:
+        """The drift policy per instance (:func:`policy.drift_step`) on this tick's figures: its report
+        says the drift while it holds; at most one recycle is decided, and none while another instance
+        is busy. An instance not scraped (starting, restarting) begins a new baseline when it is back."""
+        out: list[InstanceReport] = []
+        actions: list[policy.Action] = []
+        for rep in reports:
+            spec = self.instances[rep.name]
+            if rep.status == "not scraped":
+                self.drift.pop(rep.name, None)
+                self.rss.pop(rep.name, None)
+                out.append(rep)
+                continue
+            ok = rep.status == "ok"
+            reading = DriftReading(
+                rep.itl_p50_s if ok else None,
+                rep.running if ok else None,
+                rep.waiting if ok else None,
+                self.rss.get(rep.name),
+                spec.max_num_seqs,
+            )
+            others = bool(actions) or any(n != rep.name for n in busy)
+            blocked = others or not act or rep.name in busy or bool(spec.held) or rep.name in self.drained
+            st, why = policy.drift_step(self.drift.get(rep.name, DriftState()), reading, self.settings, now,
+                                        busy=blocked)  # fmt: skip
+            self.drift[rep.name] = st
+            if why is not None:
+                level = self.actions.get(rep.name, InstanceActionState()).level
+                actions.append(policy.Action("recycle", rep.name, level, why, spec.gpus))
+            out.append(replace(rep, drift=policy.drift_shown(st, now), rss_bytes=reading.rss_bytes))
+        return out, actions
 
     def _instance(self, now: float, spec: InstanceSpec, r: InstanceReading | None) -> InstanceReport:
         s = self.settings

@@ -269,10 +269,13 @@ def supervisor(launch: Launch, retry_failed: bool = True) -> Supervisor:
 
 
 def setup_logging(runtime: Path, to_stderr: bool) -> None:
-    """hwprofile's own log: ``<runtime>/hwprofile.log``, and stderr too (without vLLM's lines, which
+    """hwprofile's own log: ``<runtime>/hwprofile.log`` (rotated: 4 MiB and one older file; opened again
+    when deleted), and stderr too (without vLLM's lines, which
     are in the instances' log files) when ``to_stderr``."""
     private_dir(runtime)
-    handlers: list[logging.Handler] = [logging.FileHandler(runtime / LOG_FILE)]
+    from ..runtime.files import own_log_handler
+
+    handlers: list[logging.Handler] = [own_log_handler(runtime / LOG_FILE)]
     if to_stderr:
         console = logging.StreamHandler(sys.stderr)
         console.addFilter(lambda record: not record.name.startswith("hwprofile.vllm"))  # in the log files

@@ -3,6 +3,7 @@ with the daemon's last published tick; and its text for a person."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,12 @@ def _daemon_view(runtime: Path, now: float) -> dict[str, Any] | None:
     out = doc.to_json()
     out["age_s"] = round(now - doc.updated_at, 1)
     out["current"] = doc.current(now)
+    # a daemon that ticks but cannot write the file (a full disk) still gives it a new time
+    try:
+        touched = os.stat(runtime / DAEMON_FILE).st_mtime
+    except OSError:
+        touched = doc.updated_at
+    out["ticking"] = out["current"] or doc.current(now - max(0.0, touched - doc.updated_at))
     return out
 
 
@@ -149,6 +156,8 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
         out.append(
             f"    NO PROGRESS for {i['stalled_s']:.0f} s with requests pending (restarted after watch.stall_s)"
         )
+    if i.get("drift"):
+        out.append(f"    SLOW DECAY: {i['drift']}")
     if i.get("warning"):
         out.append(f"    warning: {i['warning']}")
     if i.get("advice"):
@@ -237,6 +246,9 @@ def format_status(state: dict[str, Any]) -> str:
         age = (
             ""
             if live.get("current")
+            else f" (figures of {live.get('age_s')} s ago: the daemon ticks but cannot write its daemon.json; "
+            "its log says why)"
+            if live.get("ticking")
             else f" (last update {live.get('age_s')} s ago: the daemon is not ticking)"
         )
         out.append(f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}")

@@ -74,7 +74,10 @@ def check_private(path: Path, st: os.stat_result | None = None) -> None:
     owned by another user, or writable by group or others without the sticky bit. Uses ``lstat``:
     a link is never followed, so what is checked is what is there."""
     if st is None:
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except NotADirectoryError:
+            raise UnsafeDirectory(f"{path}: a part of the path above it is a file, not a directory") from None
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeDirectory(f"{path} is a symbolic link: hwprofile does not use a directory through a link")
     if not stat.S_ISDIR(st.st_mode):
@@ -121,14 +124,20 @@ def private_dir(path: Path) -> Path:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
+    except NotADirectoryError:
+        raise UnsafeDirectory(f"{path}: a part of the path above it is a file, not a directory") from None
     if st is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        check_parent(path.parent, path.name)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            check_parent(path.parent, path.name)
             os.mkdir(path, 0o700)
         except FileExistsError:  # someone else was faster: check theirs
             check_private(path)
             return path
+        except NotADirectoryError:
+            raise UnsafeDirectory(f"{path}: a part of the path above it is a file, not a directory") from None
+        except OSError as e:  # /proc, /sys, a read-only mount, no permission
+            raise UnsafeDirectory(f"{path}: cannot be created ({e.strerror or e}): choose another directory") from None
         # Ours: a umask may have taken owner bits off 0700; the descriptor pins the directory made.
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:

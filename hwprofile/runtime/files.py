@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 
@@ -298,3 +299,38 @@ def read_bounded(
     if len(data) > cap:
         raise UnsafeFile(errno.EFBIG, f"more than the {cap} bytes allowed", path)
     return data
+
+
+OWN_LOG_BYTES = 4 * 2**20  # hwprofile's own log: on a tmpfs (RAM), so bounded: this, then one older file
+OWN_LOG_FILES = 2
+
+
+def own_log_handler(path: str | os.PathLike[str]) -> logging.Handler:
+    """hwprofile's own log file: rotated at ``OWN_LOG_BYTES`` (one older file kept, ``.1``), and opened
+    again, 0600, when it was deleted under the process (a runtime directory made again), so that lines
+    never go into a file nobody can read."""
+    import logging.handlers
+
+    class OwnLog(logging.handlers.RotatingFileHandler):
+        def _open(self):  # type: ignore[no-untyped-def]
+            fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)  # fmt: skip
+            return os.fdopen(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if self.stream is not None:
+                try:
+                    gone = os.fstat(self.stream.fileno()).st_nlink == 0
+                except (OSError, ValueError):
+                    gone = True
+                if gone:  # deleted: a new file (when its directory is there again)
+                    with contextlib.suppress(OSError):
+                        self.stream.close()
+                    self.stream = None  # type: ignore[assignment]
+                    try:
+                        self.stream = self._open()
+                    except OSError:
+                        return  # its directory is gone too: the line is lost, not the process
+            super().emit(record)
+
+    return OwnLog(os.fspath(path), maxBytes=OWN_LOG_BYTES, backupCount=OWN_LOG_FILES - 1, encoding="utf-8")

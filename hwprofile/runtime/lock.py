@@ -3,6 +3,7 @@ ends, however it ends). The lock file itself stays empty."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -41,11 +42,44 @@ class FileLock:
             os.close(self.fd)
             self.fd = None
 
+    def intact(self) -> bool:
+        """Whether the file at :attr:`path` is still the one locked (not deleted, not another in its place)."""
+        if self.fd is None:
+            return False
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def reacquire(self) -> None:
+        """The lock taken again at its path (the file, or the directory holding it, was deleted): a new
+        file, locked at once (what ``busy()`` returns when another process holds it: then the old lock is
+        kept, on its deleted file). The old descriptor is let go once the new one is held."""
+        old, self.fd = self.fd, None
+        try:
+            self.acquire(wait=0.0)
+        except BaseException:
+            self.fd = old
+            raise
+        if old is not None:
+            os.close(old)
+
 
 def _open(path: Path, flags: int) -> int:
     """The lock file, never through a link, never waiting (a FIFO planted as the lock would block an
     open), and only a regular file of this user's (else :class:`LockFileError`)."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a link (a loop of links too): never followed
+            raise LockFileError(f"{path}: a symbolic link: not used as hwprofile's lock (remove it)") from None
+        if e.errno == errno.ENOTDIR:
+            raise LockFileError(f"{path}: its directory is not a directory (a file is in its place)") from None
+        if e.errno in (errno.ENXIO, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR):
+            raise LockFileError(f"{path}: cannot be used as hwprofile's lock: {e.strerror}") from None
+        raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         os.close(fd)

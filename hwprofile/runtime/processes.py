@@ -183,3 +183,25 @@ def wait_gone(ident: Identity, timeout: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def tree_rss(ident: Identity, limit: int = 256) -> int | None:
+    """The resident memory (bytes) of ``ident`` and its descendants (``/proc/PID/task/TID/children``,
+    ``/proc/PID/statm``): an instance's API server and its engine processes. None when ``ident`` is not
+    that process any more (gone, or its number reused); at most ``limit`` processes are read."""
+    if check(ident) != ALIVE:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, todo, seen = 0, [ident.pid], set()
+    while todo and len(seen) < limit:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended between the reads: what it held is gone
+    return total

@@ -80,8 +80,25 @@ def classify(log_text: str) -> Failure:
         m = rx.search(log_text)
         if m:
             return Failure(kind, memory, retry, _line_of(log_text, m.start()))
-    tail = [ln for ln in log_text.strip().splitlines() if ln.strip()][-1:] or ["(empty log)"]
-    return Failure("unknown", False, True, tail[0].strip())
+    return Failure("unknown", False, True, telling_line(log_text) or "(empty log)")
+
+
+# A line that says something went wrong: an exception's last line (``ValueError: ...``), a log line at
+# ERROR or worse, the kernel's or the shell's words for a killed process.
+_TELLING = re.compile(
+    r"^(?:[\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*"
+    r"|.*\b(?:ERROR|CRITICAL|FATAL)\b.*|.*\b(?:Killed|Segmentation fault|core dumped|Aborted)\b.*)$"
+)
+
+
+def telling_line(log_text: str, scan: int = 200) -> str | None:
+    """The line of a log's last ``scan`` lines that best says why it ended: the last one that says
+    something went wrong (an exception, an error, a kill), else the last line; None for an empty log."""
+    lines = [ln.strip() for ln in log_text[-200_000:].splitlines() if ln.strip()][-scan:]
+    if not lines:
+        return None
+    found = next((ln for ln in reversed(lines) if _TELLING.match(ln)), None)
+    return (found or lines[-1])[:300]
 
 
 def _line_of(text: str, pos: int) -> str:
@@ -180,6 +197,7 @@ _DEATH = re.compile(r"(Engine core proc \S+ died[^\n]*|EngineDeadError[^\n]*|Run
 
 def exit_evidence(log_text: str) -> str | None:
     """The line of a running server's log that says why it left (an engine rank that died: a
-    data-parallel server ends with one), else None (the caller falls back to the last line)."""
+    data-parallel server ends with one), else the last line that says something went wrong
+    (:func:`telling_line`), else None (the caller falls back to the last line)."""
     found = _DEATH.findall(log_text[-200_000:])
-    return found[-1][:300] if found else None
+    return found[-1][:300] if found else telling_line(log_text)

@@ -99,6 +99,11 @@ def parse(text: str) -> VllmMetrics:
     """Parse one /metrics body (raises :class:`MetricsError` on text that is not Prometheus')."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    head = text.lstrip()
+    if head.startswith("<"):  # a web page (a proxy's, a UI's) answered on the URL: not a server's metrics
+        first = head.splitlines()[0][:60] if head else ""
+        raise MetricsError(f"an HTML or XML page, not Prometheus text (it begins {first!r}): is this URL a vLLM "
+                           "server?")  # fmt: skip
     text = _wanted(text)
 
     gauges: dict[str, float] = {}
@@ -129,7 +134,10 @@ def parse(text: str) -> VllmMetrics:
             if read and not 0 <= value < float("inf"):  # NaN fails too: no count is that
                 raise MetricsError(f"{name}{labels or ''} = {sample.value}: not a count (finite, not negative)")
             if name == PER_POS:
-                key = f"{PER_POS}{{position={labels.get('position', '?')}}}"
+                pos = labels.get("position", "")
+                if not pos.isdigit():
+                    raise MetricsError(f"{name}{labels}: position {pos!r} is not a number (0, 1, ...)")
+                key = f"{PER_POS}{{position={int(pos)}}}"
                 counters[key] = counters.get(key, 0.0) + value
             elif name in COUNTERS:
                 counters[name] = counters.get(name, 0.0) + value

@@ -128,12 +128,15 @@ class ScrapePool:
     def collect(self, targets: dict[str, str], now: float) -> dict[str, InstanceReading]:
         import concurrent.futures as cf
 
+        started = []
         for name, url in targets.items():
             if name not in self._running:
                 scraper = self._scrapers.setdefault(name, Scraper(self.timeout))
                 self._running[name] = (self._pool.submit(scraper, name, url, now), time.monotonic())
-        futures = [self._running[n][0] for n in targets]
-        cf.wait(futures, timeout=self.wait_s)
+                started.append(self._running[name][0])
+        # only the scrapes started now are waited for: one still running from an earlier call (a server
+        # that hangs or trickles) is known to be slow, and is not waited for again at every tick
+        cf.wait(started, timeout=self.wait_s)
         out: dict[str, InstanceReading] = {}
         for name, url in targets.items():
             future, started = self._running[name]

@@ -20,34 +20,45 @@ class CounterWindow:
         self._samples: deque[tuple[float, dict[str, float]]] = deque()
         self._raw: dict[str, float] = {}  # the last raw value of each counter
         self._adjusted: dict[str, float] = {}  # its running total with resets undone
+        self._carried: dict[str, int] = {}  # samples in the window that carry each counter
+        self._born: dict[str, float] = {}  # when each counter was first seen (its running total was 0)
 
     def add(self, now: float, values: Mapping[str, float]) -> None:
-        raw, adj = self._raw, self._adjusted
+        raw, adj, carried = self._raw, self._adjusted, self._carried
         for name, v in values.items():
             last = raw.get(name)
             if last is None:
                 adj[name] = 0.0
+                self._born.setdefault(name, now)
             else:
                 adj[name] += v - last if v >= last else v  # a drop: the counter began again from 0
             raw[name] = v
+            carried[name] = carried.get(name, 0) + 1
         self._samples.append((now, {n: adj[n] for n in values}))
         # keep one sample at or before the window's start, so the increase spans the whole window
         while len(self._samples) >= 2 and now - self._samples[1][0] >= self.window_s:
-            self._samples.popleft()
+            _, gone = self._samples.popleft()
+            for name in gone:
+                carried[name] -= 1
 
     @property
     def span_s(self) -> float:
         return self._samples[-1][0] - self._samples[0][0] if len(self._samples) >= 2 else 0.0
 
     def increase(self, name: str) -> float | None:
-        """The counter's increase over the window (None until two samples carry it)."""
-        if len(self._samples) < 2 or name not in self._samples[-1][1]:
+        """The counter's increase over the window (None until two samples carry it): one subtraction,
+        never a scan of the window (but for a counter that went missing at the window's first sample
+        after it had been seen, which vLLM's counters never do)."""
+        if len(self._samples) < 2 or name not in self._samples[-1][1] or self._carried.get(name, 0) < 2:
             return None
-        first = next((v[name] for _, v in self._samples if name in v), None)
-        last = self._samples[-1][1][name]
-        if first is None or (first == last and sum(1 for _, v in self._samples if name in v) < 2):
-            return None
-        return last - first
+        first_at, first = self._samples[0]
+        if name in first:
+            start = first[name]
+        elif self._born[name] > first_at:
+            start = 0.0  # first seen inside the window: its running total began at 0 then
+        else:
+            start = next(v[name] for _, v in self._samples if name in v)
+        return self._samples[-1][1][name] - start
 
     def increases(self, prefix: str) -> dict[str, float]:
         if not self._samples:
