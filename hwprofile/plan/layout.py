@@ -336,7 +336,7 @@ def numa_binding(
         r.add(
             f"{key}.numa_node",
             None,
-            f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(nodes)}: each rank bound to its own "
+            f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(n for n in nodes if n is not None)}: each rank bound to its own "
             "GPU's node where vLLM binds per rank (0.20+, --numa-bind-nodes), else not bound",
             src,
         )
