@@ -149,10 +149,10 @@ def _open_below(dfd: int, name: str, label: str, uid: int, create: bool, dmode: 
                 )
                 raise UnsafeDirectory(errno.ELOOP, f"{label} is {why}") from None
             raise WriteError(e.errno, f"cannot open {label}: {e.strerror}") from e
-        why = _untrusted(os.fstat(fd), uid)
-        if why:
+        untrusted = _untrusted(os.fstat(fd), uid)
+        if untrusted:
             os.close(fd)
-            raise UnsafeDirectory(errno.EPERM, f"{label} is {why}")
+            raise UnsafeDirectory(errno.EPERM, f"{label} is {untrusted}")
         return fd
     return None
 
@@ -281,9 +281,9 @@ def read_bounded(
         if owner is not None and st.st_uid != owner:
             raise UnsafeFile(errno.EPERM, f"owned by uid {st.st_uid}, not by this user (uid {owner})", path)
         if st.st_size > cap:
-            e = UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, more than the {cap} allowed", path)
-            e.size = st.st_size
-            raise e
+            big = UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, more than the {cap} allowed", path)
+            big.size = st.st_size
+            raise big
         chunks: list[bytes] = []
         left = cap + 1
         while left > 0:
