@@ -78,10 +78,9 @@ def run_group(
                 out = open(os.path.join(tmp, f"{rank}.out"), "wb")  # noqa: SIM115 - closed below
                 err = open(os.path.join(tmp, f"{rank}.err"), "wb")  # noqa: SIM115
                 outs.append((out, err))
-                kw: dict[str, object] = {"process_group": 0 if pgid is None else pgid}
                 p = subprocess.Popen(
                     cmd, env={**base_env, "RANK": str(rank)}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    **kw,  # type: ignore[arg-type]
+                    process_group=0 if pgid is None else pgid,
                 )  # fmt: skip
                 procs.append(p)
                 if pgid is None:
