@@ -83,6 +83,9 @@ class Kind:
 
 
 class Int(Kind):
+    lo: float  # an Int's bounds are integers, a Num's any numbers
+    hi: float
+
     def __init__(self, lo: int, hi: int, null: bool = True, unit: str = "") -> None:
         self.lo, self.hi, self.null, self.unit = lo, hi, null, unit
 
@@ -97,6 +100,9 @@ class Int(Kind):
 
 
 class Num(Int):
+    def __init__(self, lo: float, hi: float, null: bool = True, unit: str = "") -> None:
+        self.lo, self.hi, self.null, self.unit = lo, hi, null, unit
+
     def what(self) -> str:
         return f"a number from {self.lo} to {self.hi}{self.unit}"
 

@@ -322,10 +322,10 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     gpus = (hostdoc or {}).get("gpus")
     if gpus is not None and not isinstance(gpus, list):
         raise bad("host.gpus: expected a list")
-    theirs = {g.get("uuid") for g in gpus or [] if isinstance(g, dict)} - {None}
+    theirs = {u for g in gpus or [] if isinstance(g, dict) and (u := g.get("uuid")) is not None}
     if not all(isinstance(u, str) for u in theirs):
         raise bad("host.gpus[].uuid: expected text")
-    ours = {g.uuid for g in host.usable_gpus} - {None}
+    ours = {g.uuid for g in host.usable_gpus if g.uuid is not None}
     if theirs and ours and not theirs <= ours:
         raise bad(f"measured on GPUs {sorted(theirs)}, this host has {sorted(ours)}")
     plan = plans[0]
