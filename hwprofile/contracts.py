@@ -302,8 +302,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise Invalid(f"key {json.dumps(dup)}", "appears twice in one object")
+        for k, _ in pairs:
+            if k in seen:
+                raise Invalid(f"key {json.dumps(k)}", "appears twice in one object")
+            seen.add(k)
     return out
 
 

@@ -340,7 +340,7 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     for i, row in enumerate(summary or []):
         m = row.get("metrics") if isinstance(row, dict) else None
         try:
-            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]
+            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]  # None: TypeError, caught
             conc = row["concurrency"]
         except (KeyError, TypeError, IndexError):
             continue  # not measured (a round that failed): left out

@@ -23,6 +23,7 @@ from ..plan.interconnect import Report, Run, SizeResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
 SMALL_BYTES = 32 << 10  # a decode step's all-reduce is 0.1-3 MB; 32 KiB is its latency side
 LARGE_BYTES = 64 << 20  # large enough to reach the link's bandwidth on PCIe and NVLink
@@ -115,7 +116,7 @@ def _wait_all(
         time.sleep(poll_s)
 
 
-def _rows(path: str) -> list[dict[str, object]]:
+def _rows(path: str) -> list[dict[str, Any]]:
     out = []
     with open(path, "rb") as f:
         for line in f.read(1 << 20).splitlines():
@@ -138,7 +139,7 @@ def _summarise(
     p2p: bool,
     sizes_bytes: Sequence[int],
     procs: Sequence[subprocess.Popen[bytes]],
-    rows: list[list[dict[str, object]]],
+    rows: list[list[dict[str, Any]]],
     errs: list[str],
     hung: bool,
     wall: float,
@@ -151,9 +152,9 @@ def _summarise(
         got = [r[i] for r in rows if len(r) > i]
         if len(got) < world:
             break
-        seconds = max(float(g["seconds"]) for g in got)  # type: ignore[arg-type]
+        seconds = max(float(g["seconds"]) for g in got)
         exact = all(g.get("exact") is True for g in got)
-        real = int(got[0]["bytes"])  # type: ignore[call-overload]
+        real = int(got[0]["bytes"])
         bus = 2 * (world - 1) / world * real / seconds / 1e9 if seconds > 0 else 0.0
         sizes.append(SizeResult(real, exact, seconds, bus))
         if not exact:
@@ -184,10 +185,10 @@ def run_check(
     fingerprint: str,
     backend: str,
     modes: Sequence[bool] = (True, False),
-    **kw: object,
+    **kw: Any,
 ) -> Report:
     """Every group in every P2P mode (on first), one after another."""
-    runs = [run_group(g, p2p=p2p, backend=backend, **kw) for g in groups for p2p in modes]  # type: ignore[arg-type]
+    runs = [run_group(g, p2p=p2p, backend=backend, **kw) for g in groups for p2p in modes]
     return Report(
         fingerprint,
         backend,

@@ -672,7 +672,7 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
     if isinstance(e, hf.RemoteEntryNotFoundError):
         return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
     if status == 429:
-        retry = (getattr(e, "response", None).headers or {}).get("Retry-After")  # type: ignore[union-attr]
+        retry = (getattr(getattr(e, "response", None), "headers", None) or {}).get("Retry-After")
         when = f", retry after {retry} s" if retry else ""
         return OperationError(
             f"{name}: the Hub at {shown(ep)} is rate limiting this host (HTTP 429{when}): wait and plan again"

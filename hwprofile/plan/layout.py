@@ -243,9 +243,9 @@ def predicted_tp(
     )
     src = ("layout", "objective")
     label = next((p.label for p in preds if p.tp == rule_tp), f"TP{rule_tp}")
-    if by_prediction and best_tp != rule_tp:
+    if by_prediction and best_tp is not None and best_tp != rule_tp:
         why = f"{why}; the rule alone would take {label}"
-        tp = int(best_tp)  # type: ignore[arg-type]
+        tp = int(best_tp)
         for i in range(len(r.items) - 1, -1, -1):  # the rule's reason gives way to the prediction's
             if r.items[i].key == "tensor_parallel_size":
                 del r.items[i]
