@@ -83,6 +83,9 @@ class Kind:
 
 
 class Int(Kind):
+    lo: float  # an Int's bounds are integers, a Num's any numbers
+    hi: float
+
     def __init__(self, lo: int, hi: int, null: bool = True, unit: str = "") -> None:
         self.lo, self.hi, self.null, self.unit = lo, hi, null, unit
 
@@ -97,6 +100,9 @@ class Int(Kind):
 
 
 class Num(Int):
+    def __init__(self, lo: float, hi: float, null: bool = True, unit: str = "") -> None:
+        self.lo, self.hi, self.null, self.unit = lo, hi, null, unit
+
     def what(self) -> str:
         return f"a number from {self.lo} to {self.hi}{self.unit}"
 
@@ -296,8 +302,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise Invalid(f"key {json.dumps(dup)}", "appears twice in one object")
+        for k, _ in pairs:
+            if k in seen:
+                raise Invalid(f"key {json.dumps(k)}", "appears twice in one object")
+            seen.add(k)
     return out
 
 

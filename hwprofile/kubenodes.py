@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from .host.snapshot import Cpu, Driver, Gpu, GpuLink, HostSnapshot, PcieLink, Software
 from .host.snapshot_io import snapshot_from_dict
@@ -59,7 +59,7 @@ class NodeClass(NamedTuple):
 _NODE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)*")
 
 
-def valid_node_name(value: object) -> bool:
+def valid_node_name(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= 253 and _NODE_NAME.fullmatch(value) is not None
 
 

@@ -317,10 +317,10 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     gpus = (hostdoc or {}).get("gpus")
     if gpus is not None and not isinstance(gpus, list):
         raise bad("host.gpus: expected a list")
-    theirs = {g.get("uuid") for g in gpus or [] if isinstance(g, dict)} - {None}
+    theirs = {u for g in gpus or [] if isinstance(g, dict) and (u := g.get("uuid")) is not None}
     if not all(isinstance(u, str) for u in theirs):
         raise bad("host.gpus[].uuid: expected text")
-    ours = {g.uuid for g in host.usable_gpus} - {None}
+    ours = {g.uuid for g in host.usable_gpus if g.uuid is not None}
     if theirs and ours and not theirs <= ours:
         raise bad(f"measured on GPUs {sorted(theirs)}, this host has {sorted(ours)}")
     plan = plans[0]
@@ -335,7 +335,7 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     for i, row in enumerate(summary or []):
         m = row.get("metrics") if isinstance(row, dict) else None
         try:
-            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]
+            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]  # None: TypeError, caught
             conc = row["concurrency"]
         except (KeyError, TypeError, IndexError):
             continue  # not measured (a round that failed): left out

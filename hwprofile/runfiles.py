@@ -434,9 +434,9 @@ def read_doc(path: Path, kind: type[Doc], check_dir: bool = True) -> Doc | None:
             got = data.get("schema") if isinstance(data, dict) else None
             raise Invalid("schema", f"expected {schema!r}, got {got!r}")
         table.check(data, "")
-        if kind is LaunchDoc:
-            return kind.from_json(data, str(path))  # type: ignore[return-value]
-        return kind.from_json(data)  # type: ignore[return-value]
+        if issubclass(kind, LaunchDoc):
+            return kind.from_json(data, str(path))
+        return kind.from_json(data)
     except BadJson as e:
         raise RunFileError(f"{path}{e.where}: {e.message}") from None
     except Invalid as e:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from .runtime.dirs import cache_dir
 
@@ -75,7 +76,7 @@ def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str,
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    cfg = {**CONFIG, **(config or {})}
+    cfg: dict[str, Any] = {**CONFIG, **(config or {})}
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -99,9 +100,9 @@ def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
-    model = LlamaForCausalLM(lc).to(torch.bfloat16)
+    model = LlamaForCausalLM(lc).bfloat16()
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()

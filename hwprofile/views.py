@@ -260,6 +260,10 @@ def _k_table(table: Sequence[Sequence[int | None]]) -> str:
     return ", ".join(parts)
 
 
+def _billions(params: int | None) -> str:
+    return "unknown" if params is None else f"{params / 1e9:.1f}B"
+
+
 def _names(names: Sequence[str], every: int) -> str:
     return "every instance" if len(names) == every > 1 else ", ".join(names)
 
@@ -354,14 +358,14 @@ def format_plan(
     out += ["", f"Profile {plan.profile}"]
     out += [f"  {_words(r.short(b))}" for b in (plan.matched_because if level else plan.matched_because[:1])]
     out.append(
-        f"Model {m.name} ({m.source}): {m.params / 1e9:.1f}B params, {human_bytes(m.weights_bytes)} of weights, {m.bits}-bit"
+        f"Model {m.name} ({m.source}): {_billions(m.params)} params, {human_bytes(m.weights_bytes)} of weights, {m.bits}-bit"
     )
     if level and m.origin:
         out.append(f"  from {r.short(m.origin)}")
     if plan.draft:
         d = plan.draft
         out.append(
-            f"Draft {d.name} ({d.source}): {d.params / 1e9:.1f}B params, {human_bytes(d.weights_bytes)}"
+            f"Draft {d.name} ({d.source}): {_billions(d.params)} params, {human_bytes(d.weights_bytes)}"
         )
     for names, body in _fold([(inst.name, tuple(_instance_body(inst))) for inst in plan.instances]):
         insts = [i for i in plan.instances if i.name in names]
@@ -411,10 +415,12 @@ def _warnings(plan: Plan) -> list[tuple[list[str], str]]:
 
 def _summary(plan: Plan) -> list[str]:
     """What a person asks first: what runs, where, does it fit, how fast, what to watch."""
+    from .plan.types import ABSENT
+
     m, insts = plan.model, plan.instances
     what = f"{m.name} ({m.bits}-bit)" + (f" with draft {plan.draft.name}" if plan.draft else "")
     gpus = sorted({g for i in insts for g in i.gpus})
-    names = sorted({i.gpu_name for i in insts if i.gpus})
+    names = sorted({i.gpu_name or "unnamed GPU" for i in insts if i.gpus})
     n = len(insts)
     servers = f"{n} vLLM server{'s' if n > 1 else ''}"
     if gpus:
@@ -435,7 +441,7 @@ def _summary(plan: Plan) -> list[str]:
                f"{human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}{draft}, KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
                f"{' per server' if n > 1 else ''})")  # fmt: skip
     pr = plan.prediction
-    preds = [i.prediction for i in insts if i.prediction]
+    preds = [i.prediction for i in insts if i.prediction is not ABSENT]
     if pr and preds:
         p = preds[0]
         ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
@@ -470,8 +476,8 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
         if level == "all" or k[0] in _HEADLINE or k[0].startswith("layout.") or k[3].split(" ")[0] in _USER_KINDS
     ]  # fmt: skip
     out = ["", "Reasons" if level == "all" else "Why (the values one asks about first)"]
-    for who, (key, value, reason, source) in shown:
-        named = [n for n in who if n]
+    for whose, (key, value, reason, source) in shown:
+        named = [n for n in whose if n]
         out.append(f"  {key} = {value}" + (f"  ({_names(named, len(names))})" if named and len(names) > 1 else "")
                    + f"  [{r.source(source)}]")  # fmt: skip
         out.append(f"      {r.short(reason)}")
@@ -483,6 +489,8 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
 def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
     """The candidates the performance model compared, and each instance's figures (``all``: the terms
     and the batching grid)."""
+    from .plan.types import ABSENT
+
     pr = plan.prediction
     w = pr["workload"]
     cal = pr["calibration"]
@@ -531,7 +539,7 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
     lines = []
     for inst in plan.instances:
         p = inst.prediction
-        if not p:
+        if p is ABSENT:
             continue
         over = [f"TTFT over the {ttft_t:g} ms target"] if p.ttft_ms > ttft_t else []
         over += [f"TPOT over the {tpot_t:g} ms target"] if p.tpot_ms > tpot_t else []

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from fakehost import build
 from vllmtools import FAKE_VLLM, fake_model, fake_vllm_shim, free_ports
+from waiting import wait_for
 
 FAKE = FAKE_VLLM
 
@@ -66,16 +67,6 @@ def starts_of(path: Path, name_port: int) -> list[list[str]]:
 
 def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
-
-
-def wait_for(pred, what: str, timeout: float = 30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def daemon_doc(runtime: Path) -> dict:

@@ -1,5 +1,5 @@
 """The Hugging Face Hub and the shared Hugging Face cache as hostile inputs (tests/hostile/hub.json),
-against the stand-in Hub of tests/test_hub.py made to answer endlessly, trickle, redirect and lie:
+against the stand-in Hub of tests/hubstub.py made to answer endlessly, trickle, redirect and lie:
 every answer read to a bound (the file list, a safetensors header, each small file held to the size
 the file list gives), no partial download left behind, ``HF_HUB_ETAG_TIMEOUT`` read as
 huggingface_hub reads it, names matched whole, no password of ``HF_ENDPOINT`` shown; and, as root,
@@ -12,37 +12,28 @@ import json
 import os
 import pwd
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_hub import Hub, commit, model_of, plan
+from hubstub import Hub, commit, hub_env, model_of, plan, serve, write_snapshot
 
 CASES = json.loads((Path(__file__).parent / "hostile" / "hub.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def hub():
-    h = Hub()
-    yield h
-    h.close()
+def hub() -> Iterator[Hub]:
+    yield from serve()
 
 
 @pytest.fixture
 def snapshot(host_of, tmp_path: Path) -> Path:
-    p = tmp_path / "a100.json"
-    p.write_text(host_of("a100-80g-pcie-1x").to_json())
-    return p
+    return write_snapshot(host_of("a100-80g-pcie-1x"), tmp_path)
 
 
 @pytest.fixture
 def env(hub: Hub, tmp_path: Path, empty_root: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_")) and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}  # fmt: skip
-    e.update({
-        "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HWPROFILE_CONFIG_ROOT": str(empty_root),
-        "HF_HUB_ETAG_TIMEOUT": "10", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost",
-    })  # fmt: skip
-    return e
+    return hub_env(hub, tmp_path / "hf", empty_root, etag_timeout="10")
 
 
 def leftovers(root: Path) -> list[str]:

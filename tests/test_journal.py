@@ -18,7 +18,8 @@ import time
 
 import pytest
 from system import need
-from test_daemon_fast import daemon_doc, daemon_env, wait_for  # noqa: F401 (fixture)
+from test_daemon_fast import daemon_doc, daemon_env  # noqa: F401 (fixture)
+from waiting import wait_for
 
 JOURNALD = "/lib/systemd/systemd-journald"
 

@@ -6,11 +6,11 @@ plan on other GPUs, or with other settings, is never pinned to it."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from test_supervisor_fast import fake_env, plan_inputs, rt, starts, world  # noqa: F401 (fixtures)
+from waiting import wait_for
 
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.pipeline import kv_pools_path, load_kv_pools, make_plan
@@ -82,15 +82,6 @@ def supervisor(w: dict[str, Any], where: Path, host: Any, pools: Path) -> Superv
     opts = Options.from_settings(Supervise(ready_timeout=20, backoff_initial=0.1), Logs(), where / "run", where / "logs",
                                  poll_interval=0.05, kv_pools=pools)  # fmt: skip
     return Supervisor(inputs.replan(), w["release"], "/nonexistent/vllm", None, opts, replan=inputs.replan)
-
-
-def wait_for(pred: Any, what: str, timeout: float = 60.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if got := pred():
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_measured_then_pinned_on_the_same_gpus_only(world, rt, fake_env, host_of, monkeypatch) -> None:  # noqa: F811

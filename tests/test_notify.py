@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_daemon_fast import daemon_doc, daemon_env, starts_of, wait_for  # noqa: F401 (fixture)
+from test_daemon_fast import daemon_doc, daemon_env, starts_of  # noqa: F401 (fixture)
+from waiting import wait_for
 
 from hwprofile.daemon.notify import Notifier, send_datagram
 

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon_fast import _status, daemon_doc, daemon_env, flag, starts_of, wait_for  # noqa: F401
+from test_daemon_fast import _status, daemon_doc, daemon_env, flag, starts_of  # noqa: F401
+from waiting import wait_for
 
 from hwprofile.daemon.overrides import ConfigWatch, relevant
 

@@ -25,6 +25,7 @@ from wsgiref.util import setup_testing_defaults
 import pytest
 from fakehost import build
 from vllmtools import fake_model, fake_vllm_shim, free_port
+from waiting import wait_for
 
 from hwprofile.daemon.exporter import Published, app, liveness, readiness
 from hwprofile.runtime.init import exit_status
@@ -173,16 +174,6 @@ def get(url: str) -> int | None:
         return e.code
     except OSError:
         return None
-
-
-def wait_for(pred, what: str, timeout: float = 60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def starts_on(path: Path, port: int) -> list[list[str]]:

@@ -11,7 +11,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from vllmtools import fake_model, fake_vllm_shim, free_ports
+from waiting import wait_for
 
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.launch.start import Launch, Refused, preflight
@@ -131,16 +131,6 @@ def _ask(url: str, model: str) -> int:
         return r.status
 
 
-def _until(what, timeout: float = 60.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s")
-
-
 def test_the_supervisor_runs_restarts_and_stops_the_router(world, rt, monkeypatch) -> None:
     router = need_router()
     for k in list(os.environ):
@@ -167,7 +157,10 @@ def test_the_supervisor_runs_restarts_and_stops_the_router(world, rt, monkeypatc
         assert f"clients: {plan.endpoint.url} (vLLM's router, cache_aware" in text
         assert f"vllm-router: ready, pid {first}" in text
         os.kill(first, signal.SIGKILL)  # the router dies: the supervisor starts it again
-        _until(lambda: sup.front.restarts == 1 and sup.front.state == "ready" and sup.front.proc is not None)
+        wait_for(
+            lambda: sup.front.restarts == 1 and sup.front.state == "ready" and sup.front.proc is not None,
+            "the router started again and ready",
+        )
         assert sup.front.proc.pid != first
         assert _ask(plan.endpoint.url, str(world["model"])) == 200
         assert status(rt / "run")["front"]["restarts"] == 1

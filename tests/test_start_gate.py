@@ -7,13 +7,13 @@ started after the bound with a warning; a failed reading is unknown, not free; C
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_supervisor_fast import fake_env, plan_inputs, rt, starts, world  # noqa: F401 (fixtures)
+from waiting import wait_for
 
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.host.gpumem import GpuMemory, MemoryReading
@@ -177,16 +177,6 @@ def gpu_supervisor(w: dict[str, Any], where: Path, host: Any, read: Any, bound: 
         sup, Logs(), where / "run", where / "logs", poll_interval=0.05, gpu_memory=read
     )
     return Supervisor(inputs.replan(), w["release"], "/nonexistent/vllm", None, opts, replan=inputs.replan)
-
-
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def finish(sup: Supervisor) -> None:

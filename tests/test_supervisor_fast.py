@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from clock import ManualClock
 from vllmtools import fake_model, fake_vllm_shim, free_port
+from waiting import wait_for
 
 from hwprofile.config.settings import Logs, Supervise
 from hwprofile.launch.start import Launch, Refused, foreground, supervisor
@@ -163,16 +164,6 @@ def read_state(path: Path) -> dict[str, Any] | None:
 def write_state(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` (a state file's JSON, without its schema) through the one writer."""
     write_doc(path, SupervisorDoc.from_json({"schema": STATE_SCHEMA, **state}))
-
-
-def wait_for(pred: Any, what: str, timeout: float = 20, why: Any = None) -> None:
-    """Wait for ``pred()``; ``why()``, when given, says what is left if it never comes."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}" + (f":\n{why()}" if why else ""))
 
 
 def starts(path: Path) -> list[dict[str, Any]]:

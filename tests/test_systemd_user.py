@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from system import need
-from test_daemon_fast import FAKE, daemon_env, starts_of, wait_for  # noqa: F401 (fixture)
+from test_daemon_fast import FAKE, daemon_env, starts_of  # noqa: F401 (fixture)
+from waiting import wait_for
 
 SYSTEMD = "/lib/systemd/systemd"
 pytestmark = pytest.mark.slow  # a real systemd manager: what only the real thing can show

@@ -396,3 +396,50 @@ def test_serves_the_baseline_then_the_tuned_plan(world: dict, diverge: bool) -> 
     from hwprofile.runtime.processes import pid_alive
 
     assert not any(pid_alive(s["pid"]) for s in starts)  # both stopped
+
+
+# -- a server that refuses log-probabilities ---------------------------------------------------------
+
+
+def test_client_asks_again_without_logprobs_where_the_server_refuses_them() -> None:
+    """An HTTP 400 to a request with ``logprobs``: the client notes it and asks again without; another
+    error status is a VerifyError naming the status."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from hwprofile.verify.runner import Client, VerifyError
+
+    bodies: list[dict[str, object]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            if body.get("prompt") == "broken":
+                status, reply = 503, b"overloaded"
+            elif "logprobs" in body:
+                status, reply = 400, b"logprobs are not supported"
+            else:
+                choice = {"text": "hi", "token_ids": [7, 8], "finish_reason": "length"}
+                status, reply = 200, json.dumps({"choices": [choice]}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{server.server_port}", "m", 2, logprobs=5, timeout=30.0)
+        answer = client.answer(Prompt("p1", "code", "hello"))
+        assert answer.token_ids == (7, 8) and answer.text == "hi"
+        assert ["logprobs" in b for b in bodies] == [True, False]
+        assert client.logprobs is None and "refused logprobs (logprobs are not supported)" in client.notes[0]
+        with pytest.raises(VerifyError, match=r"HTTP 503: overloaded"):
+            client.answer(Prompt("p2", "code", "broken"))
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
+from vllmtools import free_port, make_transformers_model, require_vllm, serve, stop, wait_for_log
 
 from hwprofile.host.linux import parse_cpuinfo
 from hwprofile.model import read_model_dir
@@ -30,14 +30,6 @@ pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 BATCHED = 128  # --max-num-batched-tokens: the in-flight tokens a sliding window layer also holds
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-)
-
-COMMON: dict[str, Any] = {"vocab_size": 2048, "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
 # name: (transformers config class, model class, config kwargs, max_model_len)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
@@ -140,21 +132,8 @@ PAIRS = [("qwen3", "qwen2"), ("qwen3_moe", "deepseek_v2"), ("gemma3", "mistral")
 
 def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
     """A random-weight bf16 model of ``family`` (transformers' classes) with the tiny tokenizer."""
-    import torch
-    import transformers
-
     cfg_cls, model_cls, kwargs, _ = FAMILIES[family]
-    out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, out / name)
-    torch.manual_seed(seed)
-    cfg = getattr(transformers, cfg_cls)(
-        **COMMON, **kwargs, bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16"
-    )
-    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return make_transformers_model(out, cfg_cls, model_cls, kwargs, tokenizer_dir, seed)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])

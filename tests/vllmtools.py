@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +176,37 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 15) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+# -- random-weight models of real architectures (transformers' own classes) ----------------------
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+# every such model: the tiny tokenizer's vocabulary, room for the lengths the tests serve
+FAMILY_COMMON: dict[str, Any] = {"vocab_size": 2048, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+def make_transformers_model(
+    out: Path, cfg_cls: str, model_cls: str, kwargs: dict[str, Any], tokenizer_dir: Path, seed: int = 1234
+) -> Path:
+    """A random-weight bf16 model of transformers' ``cfg_cls``/``model_cls`` (so config.json has the
+    family's real keys) with ``kwargs`` over :data:`FAMILY_COMMON`, and the tiny tokenizer's files
+    from ``tokenizer_dir`` (:func:`hwprofile.tinymodel.make_tiny_model`), written to ``out``."""
+    import torch
+    import transformers
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_cls)(
+        **FAMILY_COMMON, **kwargs, bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16"
+    )
+    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return out

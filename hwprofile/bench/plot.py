@@ -37,9 +37,9 @@ def plot(
     for label, pts in series.items():
         pts = sorted(pts)
         xs = [c for c, _, _ in pts]
-        for ax, k in ((thr, 1), (ttft, 2)):
-            med = [p[k][0] for p in pts]
-            err = [[p[k][0] - p[k][1] for p in pts], [p[k][2] - p[k][0] for p in pts]]
+        for ax, vals in ((thr, [p[1] for p in pts]), (ttft, [p[2] for p in pts])):
+            med = [v[0] for v in vals]
+            err = [[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]]
             bars = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label)
             knee = (knees or {}).get(label)
             if knee is not None:

@@ -75,20 +75,26 @@ def sweep_points(top: int) -> tuple[int, ...]:
 
 def workload(name: str, s: Bench) -> Workload:
     """The named workload from the settings (``ValueError`` for an unknown name)."""
-    common = {
-        "input_len": s.input_len,
-        "output_len": s.output_len,
-        "num_prompts": s.num_prompts,
-        "ttft_p99_target_ms": s.ttft_p99_target_ms,
-        "dataset": s.dataset,
-    }
+
+    def make(kind: str, concurrencies: tuple[int, ...], primary: int) -> Workload:
+        return Workload(
+            kind,
+            concurrencies,
+            input_len=s.input_len,
+            output_len=s.output_len,
+            num_prompts=s.num_prompts,
+            ttft_p99_target_ms=s.ttft_p99_target_ms,
+            primary=primary,
+            dataset=s.dataset,
+        )
+
     if name == "seed":
-        return Workload("seed", (s.concurrency,), primary=s.concurrency, **common)
+        return make("seed", (s.concurrency,), s.concurrency)
     if name == "latency":
-        return Workload("latency", (1,), primary=1, **common)
+        return make("latency", (1,), 1)
     if name == "sweep":
         pts = sweep_points(s.sweep_max)
-        return Workload("sweep", pts, primary=s.concurrency if s.concurrency in pts else pts[-1], **common)
+        return make("sweep", pts, s.concurrency if s.concurrency in pts else pts[-1])
     raise ValueError(f"unknown workload {name!r}: one of {', '.join(NAMES)}")
 
 

@@ -72,7 +72,7 @@ def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
     """This host's GPUs read once more, live (not for a snapshot given with --from): faults, power limits."""
     from ..doctor import check_hardware
 
-    given = (getattr(args, "_loaded_hosts", None) or ([], []))[0]
+    given: list[Any] = (getattr(args, "_loaded_hosts", None) or ([], []))[0]  # snapshots from --from
     if given or not host.usable_gpus:
         return []
     from ..config.settings import Degrade

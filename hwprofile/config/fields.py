@@ -189,7 +189,7 @@ def _num(x: float | None) -> str:
 def _k_table(value: Any) -> list[list[int | None]]:
     if not isinstance(value, list) or not value:
         raise ValueError("expected a list of [lo, hi, k] rows")
-    rows: list[list[int | None]] = []
+    rows: list[tuple[int, int | None, int]] = []
     for row in value:
         if not (isinstance(row, list) and len(row) == 3):
             raise ValueError(f"row {row!r} is not [lo, hi, k]")
@@ -200,14 +200,14 @@ def _k_table(value: Any) -> list[list[int | None]]:
             raise ValueError(f"row {row!r}: need 1 <= lo <= hi (hi may be null)")
         if not isinstance(k, int) or not 0 <= k <= 16:
             raise ValueError(f"row {row!r}: k must be an integer 0..16")
-        rows.append([lo, hi, k])
+        rows.append((lo, hi, k))
     rows.sort(key=lambda r: r[0])
     if rows[0][0] != 1:
         raise ValueError("the first row must start at batch size 1 (vLLM needs a k for every batch size)")
     for a, b in itertools.pairwise(rows):
         if a[1] is None or a[1] >= b[0]:
-            raise ValueError(f"rows {a} and {b} overlap")
-    return rows
+            raise ValueError(f"rows {list(a)} and {list(b)} overlap")
+    return [list(r) for r in rows]
 
 
 def _close(word: str, valid: Iterable[str]) -> list[str]:

@@ -33,7 +33,7 @@ SETTINGS: dict[tuple[str, ...], Field] = {
 """Every setting by path (``("engine", "max_num_seqs")``, ``("model",)``), in declaration order."""
 
 SECTIONS = set(SECTION_TYPES)
-PROFILE_ONLY = {
+PROFILE_ONLY: dict[tuple[str, ...], Field] = {
     ("description",): Field("text", "what the profile is for"),
     ("extends",): Field("str", "parent profile"),
 }

@@ -6,6 +6,7 @@ The sections themselves are declared in :mod:`.plan_sections` and :mod:`.run_sec
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import Field as DataclassField
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar, dataclass_transform
 
@@ -72,7 +73,7 @@ def section(cls: type[S]) -> type[S]:
     :class:`Section`'s, shared rather than generated per class: every start imports every section,
     and the generated methods were most of that cost."""
     cls = dataclass(init=False, repr=False, eq=False)(cls)
-    cls._defaults = {f.name: f.default for f in fields(cls)}  # type: ignore[attr-defined]
+    cls._defaults = {f.name: f.default for f in fields(cls)}
     return cls
 
 
@@ -81,6 +82,8 @@ class Section:
     (:func:`setting`). Frozen: a changed section is a new one (``dataclasses.replace``)."""
 
     _defaults: ClassVar[dict[str, Any]] = {}
+    # declared, not set: :func:`section` makes every subclass a dataclass, and this says so to mypy
+    __dataclass_fields__: ClassVar[dict[str, DataclassField[Any]]]
 
     def __init__(self, **values: Any) -> None:
         unknown = values.keys() - self._defaults.keys()
@@ -101,7 +104,7 @@ class Section:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash((type(self), self._values()))
@@ -113,7 +116,7 @@ class Section:
     @classmethod
     def specs(cls) -> dict[str, Field]:
         """The section's settings by name, in declaration order."""
-        return {f.name: spec_of(f) for f in fields(cls)}  # type: ignore[arg-type]
+        return {f.name: spec_of(f) for f in fields(cls)}
 
     def to_json(self) -> dict[str, Any]:
         """The section as JSON (tuples as lists), every setting in declaration order."""

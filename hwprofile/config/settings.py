@@ -101,7 +101,7 @@ def broken_relations(settings: Settings) -> list[tuple[str, str, str]]:
 
 
 SECTIONS: dict[str, type[Section]] = {
-    f.name: f.default_factory  # type: ignore[misc]
+    f.name: f.default_factory  # type: ignore[misc]  # a section's field: its factory is the Section class
     for f in fields(Settings)
     if not is_setting(f)
 }

@@ -50,6 +50,7 @@ def load_text(text: str, filename: str) -> tuple[Any, Locations]:
         except yaml.YAMLError:
             raise
         except Exception as e:  # PyYAML's constructors: month 13, a 5000-digit integer, "!!int" alone
+            assert node is not None  # an empty document constructs to None without raising
             raise ConfigError(f"{filename}:{_failing_line(loader, node)}: invalid YAML value: {e}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark

@@ -430,14 +430,15 @@ class Daemon:
         if self.current is not None:
             inst = insts.get(self.current.action.instance)
             state = inst.state.value if inst is not None else "failed"
-            if self.current.new is not None and state not in ("failed", "stopped"):
+            if self.current.new is not None and inst is not None and state not in ("failed", "stopped"):
                 if now < self.current.drain_at:
                     return  # /health of the metrics port says 503: the load balancer stops sending
                 inst.replace(self.current.new)
                 self.current.new = None
                 return
             if (
-                state == "ready"
+                inst is not None
+                and state == "ready"
                 and inst.replacements > self.current.replacements_before
                 and not inst.replacing
             ):

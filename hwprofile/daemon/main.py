@@ -160,7 +160,11 @@ def run_daemon(
                 keep_good(d)
 
     # RELOADING=1 ... READY=1 only once the unit is ready (before that, READY=1 would start it early)
-    daemon.on_reloading = lambda d: ready_said and notifier.reloading()
+    def reloading(d: Daemon) -> None:
+        if ready_said:
+            notifier.reloading()
+
+    daemon.on_reloading = reloading
     daemon.on_reloaded = reloaded
 
     def tick_hook(d: Daemon, rep: Any) -> None:

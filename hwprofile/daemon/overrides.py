@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from watchdog.events import FileSystemEventHandler
+
 log = logging.getLogger("hwprofile")
 WATCHED = ("profiles", "overrides.d", "rules.d")
 SUFFIXES = (".yaml", ".yml")
@@ -67,7 +69,7 @@ class ConfigWatch:
             kind = getattr(event, "event_type", "")
             if kind not in CHANGES:  # opened, closed_no_write: our own re-plan reading the files
                 return
-            paths = [getattr(event, "src_path", None), getattr(event, "dest_path", None)]
+            paths = [p for p in (getattr(event, "src_path", None), getattr(event, "dest_path", None)) if p]
             hit = [os.fsdecode(p) for p in paths if relevant(self.root, p)]
             if kind == "modified" and getattr(event, "is_directory", False):
                 hit = []  # a directory's own mtime: the file events say what changed
@@ -143,10 +145,11 @@ class ConfigWatch:
         self.observer.join(10)
 
 
-class _Handler:
+class _Handler(FileSystemEventHandler):
     """The watchdog handler: everything goes to :meth:`ConfigWatch.dispatch`."""
 
     def __init__(self, watch: ConfigWatch) -> None:
+        super().__init__()
         self.watch = watch
 
     def dispatch(self, event: Any) -> None:

@@ -147,8 +147,8 @@ def thermal_step(
     cur = _rank(state.level)
     target = up if up > cur else (down if down < cur else cur)
     if target == cur:
-        held = replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why))
-        return held, change_back
+        kept = replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why))
+        return kept, change_back
     want = LEVELS[target]
     if state.pending != want:
         state = replace(state, pending=want, pending_since=now, reason=f"{want} pending: {up_why}")
@@ -642,7 +642,7 @@ def advise_k(
     mean_len = w.mean_acceptance_length or 1.0
     if best == 0:
         why = (
-            f"no speculation: at {load:.0%} batch load every k loses to none (best k={max(gains, key=gains.get)} "
+            f"no speculation: at {load:.0%} batch load every k loses to none (best k={max(gains, key=gains.__getitem__)} "
             f"{max(gains.values()):.2f}x; acceptance per position {_fmt(observed)})"
         )
     else:

@@ -314,7 +314,7 @@ class Watcher:
             else "unknown" if unknown
             else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
         )  # fmt: skip
-        base = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level,
+        base: dict[str, Any] = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level,
                 "drained": self.drained.get(spec.name)}  # fmt: skip
         gone = (
             f"GPU {', '.join(map(str, lost))} lost: this instance cannot be served there; no degrade helps "

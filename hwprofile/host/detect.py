@@ -9,11 +9,12 @@ fake procfs/sysfs trees; the NVML library is whatever ``libnvidia-ml.so.1`` the 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from . import linux, software
 from .interconnect import read_interconnect
 from .nvml import GpuLost, Nvml, Unavailable
-from .snapshot import DetectError, Driver, Gpu, HostSnapshot, NumaNode, Software
+from .snapshot import DetectError, Driver, Gpu, GpuLink, HostSnapshot, NumaNode, Software
 
 DEFAULT_PROC_ROOT = "/proc"
 DEFAULT_SYS_ROOT = "/sys"
@@ -36,7 +37,7 @@ def detect_host(
     numa_nodes = linux.read_numa_nodes(sysfs, errors)
 
     gpus: tuple[Gpu, ...] = ()
-    links = ()
+    links: tuple[GpuLink, ...] = ()
     driver = Driver()
     if use_nvml:
         nvml = Nvml()
@@ -114,7 +115,7 @@ def _complete(gpu: Gpu, sys_root: str | os.PathLike[str], numa_nodes: tuple[Numa
     means unknown), then the host's only node, then the node whose CPUs equal the GPU's affinity."""
     if gpu.lost or not gpu.pci_bus_id:
         return gpu
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}  # Gpu fields by name
     cpus = gpu.cpu_affinity
     if cpus is None:
         cpus = linux.read_pci_local_cpulist(sys_root, gpu.pci_bus_id)

@@ -83,7 +83,7 @@ class PcieLink(NamedTuple):
 
 
 class Gpu(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the NVML index; shadows tuple.index, which no caller uses
     name: str | None = None
     uuid: str | None = None
     pci_bus_id: str | None = None

@@ -118,7 +118,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__} must be an object, got {type(data).__name__}")
     kwargs: dict[str, Any] = {}
-    for name in cls._fields:  # type: ignore[attr-defined]
+    for name in cls._fields:  # type: ignore[attr-defined]  # cls: one of the snapshot's NamedTuples
         if name not in data:
             continue
         v = data[name]

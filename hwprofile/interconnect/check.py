@@ -23,6 +23,7 @@ from ..plan.interconnect import Report, Run, SizeResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
 SMALL_BYTES = 32 << 10  # a decode step's all-reduce is 0.1-3 MB; 32 KiB is its latency side
 LARGE_BYTES = 64 << 20  # large enough to reach the link's bandwidth on PCIe and NVLink
@@ -78,10 +79,9 @@ def run_group(
                 out = open(os.path.join(tmp, f"{rank}.out"), "wb")  # noqa: SIM115 - closed below
                 err = open(os.path.join(tmp, f"{rank}.err"), "wb")  # noqa: SIM115
                 outs.append((out, err))
-                kw: dict[str, object] = {"process_group": 0 if pgid is None else pgid}
                 p = subprocess.Popen(
                     cmd, env={**base_env, "RANK": str(rank)}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    **kw,  # type: ignore[arg-type]
+                    process_group=0 if pgid is None else pgid,
                 )  # fmt: skip
                 procs.append(p)
                 if pgid is None:
@@ -116,7 +116,7 @@ def _wait_all(
         time.sleep(poll_s)
 
 
-def _rows(path: str) -> list[dict[str, object]]:
+def _rows(path: str) -> list[dict[str, Any]]:
     out = []
     with open(path, "rb") as f:
         for line in f.read(1 << 20).splitlines():
@@ -139,7 +139,7 @@ def _summarise(
     p2p: bool,
     sizes_bytes: Sequence[int],
     procs: Sequence[subprocess.Popen[bytes]],
-    rows: list[list[dict[str, object]]],
+    rows: list[list[dict[str, Any]]],
     errs: list[str],
     hung: bool,
     wall: float,
@@ -152,9 +152,9 @@ def _summarise(
         got = [r[i] for r in rows if len(r) > i]
         if len(got) < world:
             break
-        seconds = max(float(g["seconds"]) for g in got)  # type: ignore[arg-type]
+        seconds = max(float(g["seconds"]) for g in got)
         exact = all(g.get("exact") is True for g in got)
-        real = int(got[0]["bytes"])  # type: ignore[call-overload]
+        real = int(got[0]["bytes"])
         bus = 2 * (world - 1) / world * real / seconds / 1e9 if seconds > 0 else 0.0
         sizes.append(SizeResult(real, exact, seconds, bus))
         if not exact:
@@ -187,11 +187,11 @@ def run_check(
     modes: Sequence[bool] = (True, False),
     driver_version: str | None = None,
     iommu: str | None = None,
-    **kw: object,
+    **kw: Any,
 ) -> Report:
     """Every group in every P2P mode (on first), one after another. ``driver_version`` and ``iommu``
     (the host's, from its snapshot) are recorded: a later plan ignores the result once either changed."""
-    runs = [run_group(g, p2p=p2p, backend=backend, **kw) for g in groups for p2p in modes]  # type: ignore[arg-type]
+    runs = [run_group(g, p2p=p2p, backend=backend, **kw) for g in groups for p2p in modes]
     return Report(
         fingerprint,
         backend,

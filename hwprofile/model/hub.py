@@ -315,8 +315,8 @@ def facts_from_record(
                     cfg["quantization_config"] = _modelopt(q) if name == "hf_quant_config.json" else q
                 break
     dtypes = record.get("dtypes") or {}
-    dominant = max(dtypes, key=dtypes.get) if isinstance(dtypes, dict) and dtypes else None
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    dominant = max(dtypes, key=dtypes.__getitem__) if isinstance(dtypes, dict) and dtypes else None
+    text = v if isinstance(v := cfg.get("text_config"), dict) else {}
     has_dtype = any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype"))
     if dominant in _TORCH_DTYPE and not has_dtype:
         cfg["torch_dtype"] = _TORCH_DTYPE[dominant]
@@ -338,7 +338,7 @@ def facts_from_record(
 def _modelopt(doc: dict[str, Any]) -> dict[str, Any]:
     """NVIDIA ModelOpt's hf_quant_config.json as a quantization_config: its method and bits, and what
     :mod:`.weights` sizes the checkpoint from (the algorithm, its group size, the excluded modules)."""
-    q = doc.get("quantization") if isinstance(doc.get("quantization"), dict) else {}
+    q = v if isinstance(v := doc.get("quantization"), dict) else {}
     algo = str(q.get("quant_algo") or "").upper()
     bits = 8 if "FP8" in algo or "INT8" in algo else 4 if "FP4" in algo or "INT4" in algo else None
     out: dict[str, Any] = {"quant_method": "modelopt", **({"bits": bits} if bits else {})}
@@ -426,7 +426,7 @@ def _ambiguous(cfg: dict[str, Any], weights_bytes: int, repo: str) -> bool:
     config.json does not declare)."""
     from .hfconfig import parse_config
 
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    text = v if isinstance(v := cfg.get("text_config"), dict) else {}
     if (
         not any(k in d for d in (cfg, text) for k in ("torch_dtype", "dtype"))
         and "quantization_config" not in cfg
@@ -672,7 +672,7 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
     if isinstance(e, hf.RemoteEntryNotFoundError):
         return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
     if status == 429:
-        retry = (getattr(e, "response", None).headers or {}).get("Retry-After")  # type: ignore[union-attr]
+        retry = (getattr(getattr(e, "response", None), "headers", None) or {}).get("Retry-After")
         when = f", retry after {retry} s" if retry else ""
         return OperationError(
             f"{name}: the Hub at {shown(ep)} is rate limiting this host (HTTP 429{when}): wait and plan again"

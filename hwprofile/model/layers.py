@@ -340,7 +340,7 @@ def layer_kinds(cfg: dict[str, Any]) -> tuple[LayerKind, ...]:
     ``ValueError`` naming the architecture where the config does not say enough."""
     cfg = _merged(cfg)
     blocks = cfg.get("layers_block_type")
-    if cfg.get("num_hidden_layers") is None and pattern_of_blocks(blocks) is not None:
+    if cfg.get("num_hidden_layers") is None and isinstance(blocks, list) and pattern_of_blocks(blocks):
         cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H derives it
     n = _need(cfg, "num_hidden_layers", "the layer stack")
     mixers = _mixers(cfg, n)

@@ -175,9 +175,9 @@ def resolve_model(spec: str, what: str = "model") -> ModelFacts:
             revision=commit if hub.COMMIT.fullmatch(commit) else None,
             origin=f"the Hugging Face cache: {snap} (downloaded; commit {commit})",
         )
-    facts = from_catalog(spec) if revision is None else None
-    if facts is not None:
-        return facts
+    listed = from_catalog(spec) if revision is None else None
+    if listed is not None:
+        return listed
     if hub.is_repo_id(name):
         return hub.resolve_hub(name, revision, hf_cache_dir(), what)
     from ..config.schema import suggest

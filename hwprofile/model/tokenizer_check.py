@@ -209,9 +209,9 @@ def compare(target: TokenizerFacts, draft: TokenizerFacts) -> TokenizerCheck:
         if t != d:
             specials.append(f"{content!r}: target {_where(t)}, draft {_where(d)}")
     for role in ROLES:
-        t, d = target.roles.get(role), draft.roles.get(role)
-        if t != d and t is not None and d is not None:
-            specials.append(f"{role}: target {t!r}, draft {d!r}")
+        tr, dr = target.roles.get(role), draft.roles.get(role)
+        if tr != dr and tr is not None and dr is not None:
+            specials.append(f"{role}: target {tr!r}, draft {dr!r}")
     t_norm = {_normalize(x) for x in target.tokens if x is not None}
     d_norm = {_normalize(x) for x in draft.tokens if x is not None}
     return TokenizerCheck(

@@ -64,7 +64,7 @@ class Tensor(NamedTuple):
     part: str  # one of PARTS
     rows: int  # output features (1 for a vector)
     cols: int  # input features (the vector's length for a vector)
-    count: int = 1  # identical copies (routed experts)
+    count: int = 1  # type: ignore[assignment]  # identical copies (routed experts); shadows tuple.count
     active: int = -1  # copies read per decoded token (-1: all of them)
     linear: bool = True  # a Linear weight a quantization method may quantize
     vector: bool = False  # a bias, norm, scale or other small non-matrix parameter
@@ -334,7 +334,7 @@ def _linear_attention(c: dict[str, Any], s: _Shape, p: str, part: str, kda: bool
     """Linear attention: MiniMax lightning attention (qkv, output gate, out, norm) or Kimi Delta
     Attention (q, k, v, o, low-rank decay and gate projections, beta, short convolutions)."""
     h = s.hidden
-    la = c.get("linear_attn_config") if isinstance(c.get("linear_attn_config"), dict) else {}
+    la = v if isinstance(v := c.get("linear_attn_config"), dict) else {}
     n = _int(la, "num_heads") or s.heads
     d = _int(la, "head_dim") or s.head_dim
     if not kda:
@@ -816,14 +816,14 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
         gptq = method.startswith("gptq")
         scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=bits, g_idx=gptq)
         rules: list[tuple[str, tuple[str, ...], Scheme]] = []
-        extra = q.get("extra_config") if isinstance(q.get("extra_config"), dict) else {}
-        ignore: list[str] = []
+        extra = v if isinstance(v := q.get("extra_config"), dict) else {}
+        kept16: list[str] = []
         for name, over in extra.items():  # AutoRound: per-layer bits (16 = kept in 16 bits)
             if not isinstance(over, dict):
                 continue
             b = over.get("bits")
             if type(b) is int and b >= 16:
-                ignore.append(name)
+                kept16.append(name)
             elif type(b) is int and 1 <= b < 16:
                 g = over.get("group_size")
                 rules.append(
@@ -835,11 +835,11 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
                         ),
                     )
                 )
-        dyn = q.get("dynamic") if isinstance(q.get("dynamic"), dict) else {}
+        dyn = v if isinstance(v := q.get("dynamic"), dict) else {}
         for pat in dyn:  # GPTQModel: "-:regex" skips, "+:regex" overrides
             if isinstance(pat, str) and pat.startswith("-:"):
-                ignore.append("re:" + pat[2:])
-        keep = [p if p.startswith("re:") or not any(ch in p for ch in "*[(\\") else "re:" + p for p in ignore]
+                kept16.append("re:" + pat[2:])
+        keep = [p if p.startswith("re:") or not any(ch in p for ch in "*[(\\") else "re:" + p for p in kept16]
         name = "gptq" if gptq else "auto-round" if "round" in method else method
         head = q.get("lm_head") is True
         return Quant(name, bits, (*rules, ("ct", (), scheme)), tuple(keep), "boundary", lm_head=head)

@@ -244,12 +244,12 @@ def choose_batching(
     if was:  # at the workload its figures may miss the targets: said so, never called within them
         missed = [f"TTFT over {ttft_target_ms:g} ms"] * (was["ttft_ms"] > ttft_target_ms) + [
             f"TPOT over {tpot_target_ms:g} ms"] * (was["tpot_ms"] > tpot_target_ms)  # fmt: skip
-        within = (f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets at "
+        held = (f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets at "
                   f"{was['capacity_concurrency']} requests" if was["capacity_output_tokens_per_s"] > 0
                   else "no load within the targets")  # fmt: skip
         then = (f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
                 f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms at the workload"
-                + (f" ({', '.join(missed)})" if missed else "") + f"; {within}")  # fmt: skip
+                + (f" ({', '.join(missed)})" if missed else "") + f"; {held}")  # fmt: skip
     return i, (f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
                f"{b['max_num_batched_tokens']} have {what}{then}")
 

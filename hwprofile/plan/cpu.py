@@ -277,78 +277,70 @@ def cpu_instance(
     dtype = settings.engine.dtype
     lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
     engine = EngineSettings(
-        **{
-            "gpu_memory_utilization": None,
-            "max_model_len": length,
-            "max_num_seqs": seqs,
-            "max_num_batched_tokens": batched,
-            "kv_cache_dtype": "auto",
-            "kv_cache_memory_bytes": kv_space,
-            "quantization": model.quant_method,
-            "dtype": "bfloat16" if dtype == "auto" else dtype,
-            "enforce_eager": eager,
-            "enable_prefix_caching": prefix,
-            "enable_chunked_prefill": chunked,
-        },
+        gpu_memory_utilization=None,
+        max_model_len=length,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        kv_cache_dtype="auto",
+        kv_cache_memory_bytes=kv_space,
+        quantization=model.quant_method,
+        dtype="bfloat16" if dtype == "auto" else dtype,
+        enforce_eager=eager,
+        enable_prefix_caching=prefix,
+        enable_chunked_prefill=chunked,
         language_model_only=lm_only,
     )
     spec = speculative_config(settings, spec_method, draft, 1, r, key, model)
     return InstancePlan(
-        **{
-            "name": "vllm-cpu" if count == 1 else f"vllm-cpu{index}",
-            "device": "cpu",
-            "gpus": (),
-            "gpu_name": None,
-            "numa_node": numa,
-            "cpus": cpus,
-            "tensor_parallel_size": 1,
-            "pipeline_parallel_size": 1,
-            "server": server_settings(settings, settings.server.port + index),
-            "engine": engine,
-            "speculative": spec,
-            "memory": MemoryFit(
-                **{
-                    "budget_bytes": kv_space + model.weights_bytes,
-                    "weights_bytes": model.weights_bytes,
-                    "draft_weights_bytes": draft.weights_bytes if draft else 0,
-                    "activation_bytes": 0,
-                    "overhead_bytes": 0,
-                    "kv_cache_bytes": kv_space,
-                    "kv_bytes_per_token": per_tok,
-                    "kv_bytes_per_token_target": kv_bytes_per_token(model, 1, model.dtype_bytes),
-                    "kv_bytes_per_token_draft": kv_bytes_per_token(draft, 1, model.dtype_bytes)
-                    if draft
-                    else 0,
-                    "kv_tokens": tokens,
-                    "block_size": block,
-                    "kv_bytes_per_max_len_request": sequence_bytes(
-                        model,
-                        draft,
-                        1,
-                        model.dtype_bytes,
-                        length,
-                        block,
-                        int(engine.max_num_batched_tokens),
-                        reserve=True,
-                        hybrid=hybrid,
-                    ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
-                    # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
-                    # with a draft the cache is shared in ways this does not model: then no figure
-                    "vllm_logged_kv_tokens": None
-                    if draft or not logs_kv_tokens(model, 1, model.dtype_bytes)
-                    else vllm_kv_cache(
-                        model,
-                        kv_space,
-                        length,
-                        block,
-                        model.dtype_bytes,
-                        1,
-                        int(engine.max_num_batched_tokens),
-                        hybrid,
-                    )[1],
-                    **state,
-                }
-            ),
-            "estimate": Estimate(note="CPU backend: no datasheet bandwidth figure"),
-        }
+        name="vllm-cpu" if count == 1 else f"vllm-cpu{index}",
+        device="cpu",
+        gpus=(),
+        gpu_name=None,
+        numa_node=numa,
+        cpus=cpus,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        server=server_settings(settings, settings.server.port + index),
+        engine=engine,
+        speculative=spec,
+        memory=MemoryFit(
+            budget_bytes=kv_space + model.weights_bytes,
+            weights_bytes=model.weights_bytes,
+            draft_weights_bytes=draft.weights_bytes if draft else 0,
+            activation_bytes=0,
+            overhead_bytes=0,
+            kv_cache_bytes=kv_space,
+            kv_bytes_per_token=per_tok,
+            kv_bytes_per_token_target=kv_bytes_per_token(model, 1, model.dtype_bytes),
+            kv_bytes_per_token_draft=kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0,
+            kv_tokens=tokens,
+            block_size=block,
+            kv_bytes_per_max_len_request=sequence_bytes(
+                model,
+                draft,
+                1,
+                model.dtype_bytes,
+                length,
+                block,
+                int(engine.max_num_batched_tokens),
+                reserve=True,
+                hybrid=hybrid,
+            ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
+            # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
+            # with a draft the cache is shared in ways this does not model: then no figure
+            vllm_logged_kv_tokens=None
+            if draft or not logs_kv_tokens(model, 1, model.dtype_bytes)
+            else vllm_kv_cache(
+                model,
+                kv_space,
+                length,
+                block,
+                model.dtype_bytes,
+                1,
+                int(engine.max_num_batched_tokens),
+                hybrid,
+            )[1],
+            **state,
+        ),
+        estimate=Estimate(note="CPU backend: no datasheet bandwidth figure"),
     )

@@ -273,7 +273,7 @@ def apply(plan: Plan, report: Report | None, source: str, host: Any = None, note
         }
         instances.append(dataclasses.replace(inst, interconnect=record))
         reasons.append(
-            Reason(f"instances.{inst.name}.interconnect", record["proven"], "; ".join(why), record["source"])
+            Reason(f"instances.{inst.name}.interconnect", d.proven, "; ".join(why), str(record["source"]))
         )
         if d.tp_unsafe:
             warnings.append(

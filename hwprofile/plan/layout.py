@@ -273,12 +273,12 @@ def predicted_tp(
     gives_way, than = False, ""
     if not by_prediction and not pinned and best_tp not in (None, rule_tp) and rule_pred is not None:
         gives_way, than = layout_gain(preds[best], rule_pred, lay.objective)
-    if (by_prediction and best_tp != rule_tp) or gives_way:
+    if best_tp is not None and ((by_prediction and best_tp != rule_tp) or gives_way):
         if gives_way:
             why = f"{why}; {than}, so the shipped {shipped_layout(settings, r)} ({label}) gives way"
         else:
             why = f"{why}; the rule alone would take {label}"
-        tp = int(best_tp)  # type: ignore[arg-type]
+        tp = int(best_tp)
         for i in range(len(r.items) - 1, -1, -1):  # the rule's reason gives way to the prediction's
             if r.items[i].key == "tensor_parallel_size":
                 del r.items[i]
@@ -445,7 +445,7 @@ def numa_binding(
         r.add(
             f"{key}.numa_node",
             None,
-            f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(nodes)}: each rank bound to its own "
+            f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(n for n in nodes if n is not None)}: each rank bound to its own "
             "GPU's node where vLLM binds per rank (0.20+, --numa-bind-nodes), else not bound",
             src,
         )

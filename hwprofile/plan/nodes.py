@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
@@ -65,7 +66,7 @@ def _user_set(r: Reasons, key: tuple[str, ...]) -> bool:
     return src is not None and src.kind in USER_LAYERS
 
 
-def _with(settings: Settings, **layout: object) -> Settings:
+def _with(settings: Settings, **layout: Any) -> Settings:
     return dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, **layout))
 
 
@@ -220,7 +221,7 @@ def _link(insts: list[InstancePlan], kind: str, model: ModelFacts, settings: Set
             inst.estimate, nodes_parallel=kind, internode_gbps=gbps, internode_latency_us=lat,
             internode_bytes_per_token=sent, internode_ms_per_token=round(secs * 1e3, 4),
             internode_basis=basis + f"; bytes / {gbps:g} Gb/s + messages x {lat:g} µs (no overlap assumed)",
-            **({"decode_tok_s_ceiling_batch1_group": group} if group is not None else {}),
+            decode_tok_s_ceiling_batch1_group=inst.estimate.decode_tok_s_ceiling_batch1_group if group is None else group,
         )  # fmt: skip
         out.append(dataclasses.replace(inst, estimate=est))
     return out

@@ -21,6 +21,7 @@ Pure: instances in, instances and the endpoint out, reasons attached.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
@@ -117,7 +118,7 @@ def merge(instances: list[InstancePlan]) -> InstancePlan:
     first = instances[0]
     gpus = tuple(g for i in instances for g in i.gpus)
 
-    def joined(field: str) -> tuple | object:
+    def joined(field: str) -> Any:  # a tuple, or ABSENT where an instance's is
         parts = [getattr(i, field) for i in instances]
         return ABSENT if any(p is ABSENT for p in parts) else tuple(x for p in parts for x in p)
 

@@ -53,7 +53,7 @@ class StepCost(Protocol):
     on average) beside ``decode_seqs`` decoding sequences (at ``decode_context`` tokens on average)."""
 
     def __call__(
-        self, prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float
+        self, prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float, /
     ) -> float: ...
 
 

@@ -78,10 +78,12 @@ class _Json:
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {}
     _mappings: ClassVar[frozenset[str]] = frozenset()
     _raw: ClassVar[frozenset[str]] = frozenset()
+    # declared, not set: every subclass is a dataclass, and this says so to mypy
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if v is ABSENT:
                 continue
@@ -92,12 +94,12 @@ class _Json:
     def from_json(cls: type[T], doc: Mapping[str, Any]) -> T:
         if not isinstance(doc, Mapping):
             raise TypeError(f"{cls.__name__}: expected an object, got {type(doc).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(doc) - set(names))
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}")
         kw: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        for f in dataclasses.fields(cls):
             if f.name not in doc:
                 if f.default is dataclasses.MISSING:
                     raise ValueError(f"{cls.__name__}: missing key {f.name!r}")

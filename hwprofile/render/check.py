@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 # Runs inside the vLLM environment. Module paths move between releases: probe, don't assume.
 CHECK_SCRIPT = r"""
@@ -107,7 +107,7 @@ def check_args(
     if line is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         return CheckResult(False, "run", f"the check did not complete: {tail[0]}", None, False)
-    d: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+    d = json.loads(line.split(" ", 1)[1])
     result = CheckResult(bool(d["ok"]), d["stage"], d["message"], d.get("vllm_version"), False)
     if d["stage"] != "import":  # an import failure is about the environment, not the arguments
         _store(path, json.dumps(d))

@@ -276,8 +276,8 @@ def _context(
     r: Rendered, plan: Plan, inst: InstancePlan, env_file: str, secret_values: dict[str, str]
 ) -> dict[str, Any]:
     gpus = r.gpus
-    minors = inst.gpu_minors
-    minors = None if minors is ABSENT else list(minors) if isinstance(minors, tuple) else minors
+    known = inst.gpu_minors
+    minors = None if known is ABSENT else list(known) if isinstance(known, tuple) else known
     devices = device_allow(minors, len(gpus)) if r.device == "cuda" else []
     user = inst.server.user
     if user is not None and not _USER.fullmatch(str(user)):

@@ -8,6 +8,7 @@ argv list; nothing here builds a shell string, and the API key is carried by ref
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..errors import RefusedError
@@ -263,7 +264,7 @@ def render_instance(
         if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
             # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
             # (0.32.0 platforms/cuda.py:751-756; older releases call int() on each entry)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(u for u in uuids if u)  # all(uuids): every one
         else:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
         ic = inst.interconnect or {}  # the recorded interconnect check's decision (plan/interconnect.py)
@@ -372,7 +373,7 @@ def render_instance(
     )
 
 
-def _fixed_k(by_batch: list[list[Any]], max_seqs: int, k: int) -> int:
+def _fixed_k(by_batch: Sequence[Sequence[Any]], max_seqs: int, k: int) -> int:
     """The k to run at every load where the release cannot vary it: the k of the band covering the
     most batch sizes in [1, max_num_seqs] among the bands that still speculate (k >= 2)."""
     best, width = None, 0

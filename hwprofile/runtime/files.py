@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import os
 import stat
@@ -150,10 +151,10 @@ def _open_below(dfd: int, name: str, label: str, uid: int, create: bool, dmode: 
                 )
                 raise UnsafeDirectory(errno.ELOOP, f"{label} is {why}") from None
             raise WriteError(e.errno, f"cannot open {label}: {e.strerror}") from e
-        why = _untrusted(os.fstat(fd), uid)
-        if why:
+        untrusted = _untrusted(os.fstat(fd), uid)
+        if untrusted:
             os.close(fd)
-            raise UnsafeDirectory(errno.EPERM, f"{label} is {why}")
+            raise UnsafeDirectory(errno.EPERM, f"{label} is {untrusted}")
         return fd
     return None
 
@@ -282,9 +283,9 @@ def read_bounded(
         if owner is not None and st.st_uid != owner:
             raise UnsafeFile(errno.EPERM, f"owned by uid {st.st_uid}, not by this user (uid {owner})", path)
         if st.st_size > cap:
-            e = UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, more than the {cap} allowed", path)
-            e.size = st.st_size
-            raise e
+            big = UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, more than the {cap} allowed", path)
+            big.size = st.st_size
+            raise big
         chunks: list[bytes] = []
         left = cap + 1
         while left > 0:
@@ -312,10 +313,10 @@ def own_log_handler(path: str | os.PathLike[str]) -> logging.Handler:
     import logging.handlers
 
     class OwnLog(logging.handlers.RotatingFileHandler):
-        def _open(self):  # type: ignore[no-untyped-def]
+        def _open(self) -> io.TextIOWrapper:
             fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)  # fmt: skip
-            return os.fdopen(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
+            return open(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
 
         def emit(self, record: logging.LogRecord) -> None:
             if self.stream is not None:
@@ -326,7 +327,7 @@ def own_log_handler(path: str | os.PathLike[str]) -> logging.Handler:
                 if gone:  # deleted: a new file (when its directory is there again)
                     with contextlib.suppress(OSError):
                         self.stream.close()
-                    self.stream = None  # type: ignore[assignment]
+                    self.stream = None
                     try:
                         self.stream = self._open()
                     except OSError:

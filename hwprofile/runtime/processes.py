@@ -192,7 +192,7 @@ def tree_rss(ident: Identity, limit: int = 256) -> int | None:
     if check(ident) != ALIVE:
         return None
     page = os.sysconf("SC_PAGE_SIZE")
-    total, todo, seen = 0, [ident.pid], set()
+    total, todo, seen = 0, [ident.pid], set[int]()
     while todo and len(seen) < limit:
         pid = todo.pop()
         if pid in seen:

@@ -130,6 +130,12 @@ class Passage:
         return None
 
 
+def _sleep(s: float) -> bool:
+    """``time.sleep``: never asked to stop."""
+    time.sleep(s)
+    return False
+
+
 @dataclass
 class StartGate:
     """The gate of one instance: ``read`` (the GPUs' memory, a callable from the detection layer),
@@ -139,7 +145,7 @@ class StartGate:
     read: Reader
     timeout_s: float
     clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], bool] = field(default=lambda s: (time.sleep(s), False)[1])
+    sleep: Callable[[float], bool] = field(default=_sleep)
     poll_s: float = POLL_S
     baseline: dict[int, MemoryReading] = field(default_factory=dict)
 

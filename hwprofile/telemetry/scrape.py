@@ -139,9 +139,9 @@ class ScrapePool:
         cf.wait(started, timeout=self.wait_s)
         out: dict[str, InstanceReading] = {}
         for name, url in targets.items():
-            future, started = self._running[name]
+            future, since = self._running[name]
             if not future.done():
-                waited = time.monotonic() - started
+                waited = time.monotonic() - since
                 out[name] = InstanceReading(name, url, now, "unreachable",
                                             error=f"{redact(url)}/metrics: still no answer after {waited:.1f} s")  # fmt: skip
                 continue

@@ -111,11 +111,11 @@ class Client:
             reply = post_json(self.url.rstrip("/") + ENDPOINT, self.request(prompt.text), self.timeout)
         except HttpError as e:
             detail = _http_detail(e)
-            if self.logprobs and e.code == 400:  # a server that refuses log-probabilities: ask without
+            if self.logprobs and e.status == 400:  # a server that refuses log-probabilities: ask without
                 self.notes.append(f"{self.url} refused logprobs ({detail[:200]}); asked without them")
                 self.logprobs = None
                 return self.answer(prompt)
-            raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): HTTP {e.code}: {detail}") from None
+            raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): HTTP {e.status}: {detail}") from None
         except (OSError, ValueError) as e:
             raise VerifyError(
                 f"{self.url}{ENDPOINT} (prompt {prompt.id}): {getattr(e, 'reason', e)}"
