@@ -12,14 +12,9 @@ from typing import Any, NamedTuple
 
 from ..errors import RefusedError
 from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan
-from .versions import Release
+from ..release import Release
 
-Pair = tuple[str, Any]
-UUID_DEVICES_FROM = (
-    0,
-    32,
-    0,
-)  # first release known to accept GPU UUIDs in CUDA_VISIBLE_DEVICES  # (flag, value); value None = a switch, list = several values
+Pair = tuple[str, Any]  # (flag, value); value None = a switch, list = several values
 
 
 class Rendered(NamedTuple):
@@ -260,9 +255,8 @@ def render_instance(
         if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance
-        if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
+        if rel.uuid_visible_devices() and uuids and all(uuids):
             # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
-            # (0.32.0 platforms/cuda.py:751-756; older releases call int() on each entry)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
