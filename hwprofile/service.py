@@ -328,13 +328,3 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
         time.sleep(0.1)
     done.append(f"no answer from the daemon in {wait_s:.0f} s (see hwprofile status)")
     return done
-
-
-# systemd/hwprofile.service in the repository: this, rendered (tests/test_service_unit.py checks it)
-EXAMPLE_COMMAND = ("/opt/hwprofile/.venv/bin/hwprofile",)
-EXAMPLE_ARGS = ("--model", "/srv/models/model")
-EXAMPLE_ORIGIN = " (this copy: an example; run it for one with this installation's ExecStart)"
-
-
-def example_unit() -> str:
-    return render_unit(EXAMPLE_ARGS, command=EXAMPLE_COMMAND, origin=EXAMPLE_ORIGIN)
