@@ -16,7 +16,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(host.to_json() + "\n")
     else:
-        from ..views import format_host
+        from .views import format_host
 
         sys.stdout.write(format_host(host))
     return EXIT_OK
@@ -62,7 +62,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return EXIT_OK
-    from ..views import format_profiles
+    from .views import format_profiles
 
     sys.stdout.write(format_profiles(profiles, results, winner))
     return EXIT_OK
@@ -121,7 +121,7 @@ def _doctor_interconnect(args: argparse.Namespace, host) -> int:  # host: HostSn
     from ..plan.candidates import host_fingerprint
     from ..plan.interconnect import decide
     from ..runtime.files import WriteError
-    from ..views import format_interconnect
+    from .views import format_interconnect
 
     usable = [g.index for g in host.usable_gpus]
     try:

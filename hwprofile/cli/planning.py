@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     else:
-        from ..views import format_plan
+        from .views import format_plan
 
         sys.stdout.write(format_plan(plan, explain=args.explain, roots=_roots(args)))
     return EXIT_OK
