@@ -21,7 +21,7 @@ from conftest import cli_env
 from fakehost import build
 
 from hwprofile import doctor
-from hwprofile.doctor import ADVICE, BLOCKING, KINDS, OK, Finding, exit_code
+from hwprofile.cli.doctor import ADVICE, BLOCKING, KINDS, OK, Finding, exit_code
 from hwprofile.host.snapshot import Gpu, HostSnapshot, NumaNode, PcieLink, Software
 
 MAIN_SITE = Path(sysconfig.get_paths()["purelib"])

@@ -70,7 +70,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
     """This host's GPUs read once more, live (not for a snapshot given with --from): faults, power limits."""
-    from ..doctor import check_hardware
+    from .doctor import check_hardware
 
     given = (getattr(args, "_loaded_hosts", None) or ([], []))[0]
     if given or not host.usable_gpus:
@@ -90,7 +90,7 @@ def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import check, exit_code, fix, format_text, to_json
+    from .doctor import check, exit_code, fix, format_text, to_json
 
     host = load_host(args)
     if getattr(args, "interconnect", False):
