@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import RefusedError
-from ...kubenodes import valid_label_value
 from ...release import parse_version
 from ..output import label
 from ..translate import Rendered
+from .nodes import valid_label_value
 from .sizes import (
     ASSUMED_DOWNLOAD_BYTES_S,
     PRESTOP_S,
