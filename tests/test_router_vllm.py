@@ -31,7 +31,7 @@ def tiny(tmp_path_factory) -> Path:
         if os.environ.get("CI"):
             pytest.fail("vllm-router is not installed: pip install -e '.[router]'")
         pytest.skip("vllm-router is not installed: pip install -e '.[router]'")
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 

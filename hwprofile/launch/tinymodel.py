@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .runtime.dirs import cache_dir
+from ..runtime.dirs import cache_dir
 
 DEFAULT_DIR = cache_dir() / "tiny-llama"
 
