@@ -288,12 +288,12 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
     its PID still has the recorded start time (like ``hwprofile stop``) and that the supervisor
     there is a daemon (``daemon.json`` names the same PID: a plain ``hwprofile launch`` would die
     of SIGHUP). Then wait up to ``wait_s`` for the daemon to say how the reload went. Both files are
-    read by :func:`hwprofile.runfiles.read_doc` (nothing planted is trusted)."""
+    read by :func:`hwprofile.supervise.runfiles.read_doc` (nothing planted is trusted)."""
     import signal
     import time
 
-    from .runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
     from .runtime.processes import ALIVE, check, signal_process
+    from .supervise.runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
 
     state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     if state is None:

@@ -118,8 +118,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from ..daemon.main import run_daemon
     from ..errors import InputError
     from ..launch.start import preflight, setup_logging
-    from ..runfiles import LAST_GOOD_FILE
     from ..runtime.dirs import runtime_dir, state_dir
+    from ..supervise.runfiles import LAST_GOOD_FILE
 
     host = load_host(args)
     runtime = runtime_dir(args.runtime_dir)
@@ -150,7 +150,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def _last_good(state):  # -> LaunchDoc | None
     """The daemon's last good plan in ``state``, when one is kept and can be trusted; None (the
     error stands) otherwise."""
-    from ..runfiles import LAST_GOOD_FILE, LaunchDoc, RunFileError, read_doc
+    from ..supervise.runfiles import LAST_GOOD_FILE, LaunchDoc, RunFileError, read_doc
 
     try:
         return read_doc(state / LAST_GOOD_FILE, LaunchDoc)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import HwprofileError
 from ..plan.degrade import degrade_sets
-from ..runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from ..runtime.dirs import private_dir
+from ..supervise.runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from .loop import Daemon
 from .notify import Notifier, status_line
 from .policy import Action, start_levels
