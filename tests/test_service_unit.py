@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from system import analyze_verify, need
 
+from hwprofile.daemon.service import hwprofile_command, render_tmpfiles, render_unit, shutdown_of
 from hwprofile.render.output import systemd_quote
-from hwprofile.service import hwprofile_command, render_tmpfiles, render_unit, shutdown_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -175,7 +175,7 @@ def _watch_settings(args: argparse.Namespace):  # -> Watch
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    from ..service import install
+    from ..daemon.service import install
 
     extra = args.daemon_args[1:] if args.daemon_args[:1] == ["--"] else args.daemon_args
     daemon = _check_daemon_args(extra, args.daemon_parser())
@@ -233,8 +233,8 @@ def _drain_of(daemon: argparse.Namespace) -> tuple[float, float]:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    from ..daemon.service import signal_reload
     from ..runtime.dirs import runtime_dir
-    from ..service import signal_reload
 
     for line in signal_reload(runtime_dir(args.runtime_dir)):
         print(f"hwprofile: {line}")

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config.settings import Server
-from .errors import OperationError
-from .render.output import systemd_quote
-from .runtime.files import atomic_write
-from .runtime.processes import module_command
+from ..config.settings import Server
+from ..errors import OperationError
+from ..render.output import systemd_quote
+from ..runtime.files import atomic_write
+from ..runtime.processes import module_command
 
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
@@ -292,8 +292,8 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
     import signal
     import time
 
-    from .runtime.processes import ALIVE, check, signal_process
-    from .supervise.runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
+    from ..runtime.processes import ALIVE, check, signal_process
+    from ..supervise.runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
 
     state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     if state is None:
