@@ -4,5 +4,6 @@
   (:func:`~.start.supervisor`), supervising in the foreground, serving for a ``with`` block;
 - :mod:`.detached`: a launch that returns once its plan is ready (the launch file, the detached
   supervisor); :mod:`.demo`: ``launch --demo``;
-- :mod:`.status`: what runs, checked, and its text; :mod:`.stop`: stopping it.
+- :mod:`.status`: what runs, checked, and its text; :mod:`.stop`: stopping it;
+- :mod:`.tinymodel`: the demo's tiny model, generated offline (``python -m hwprofile.launch.tinymodel``).
 """
