@@ -529,19 +529,20 @@ def _fixed_k(by_batch: list[list[Any]], max_seqs: int, k: int) -> int:
     return best if best is not None else k
 
 
-def _speculative(
-    plan: Plan, inst: InstancePlan, e: EngineSettings, rel: Release, warnings: list[str]
-) -> tuple[list[Pair], bool]:
-    """The speculative-decoding arguments this release accepts and honours, and whether the
-    instance speculates at all once the release's refusals are applied."""
-    spec = inst.speculative
-    if not spec:
-        return [], False
-    table = rel.spec_table()
-    method, model, k = spec.method, spec.model, int(spec.num_speculative_tokens)
-    lookup_max = 4 if spec.prompt_lookup_max is ABSENT else spec.prompt_lookup_max
-    lookup_min = 2 if spec.prompt_lookup_min is ABSENT else spec.prompt_lookup_min
-    draft = plan.draft
+class _Method(NamedTuple):
+    """The speculative method the release will run, after its refusals and fallbacks."""
+
+    method: str
+    model: str | None
+    other_vocab: bool  # a draft with another vocabulary (or other tokens at the same size)
+    ngram: str  # the name this release gives ngram
+
+
+def _spec_method(plan: Plan, inst: InstancePlan, rel: Release, warnings: list[str]) -> _Method | None:
+    """The planned method, or ngram where this release (or an offline host) cannot run the draft;
+    None where the release speculates not at all on this instance."""
+    spec, table, draft = inst.speculative, rel.spec_table(), plan.draft
+    method, model = spec.method, spec.model
     if method == "draft_model" and not table["draft_model"]:
         warnings.append(
             f"vLLM {rel.table} (V1 engine) has no draft-model speculation (NotImplementedError until 0.15.0): "
@@ -579,86 +580,118 @@ def _speculative(
             else "its CPU model runner refuses speculative decoding at start"
         )
         warnings.append(f"no speculative decoding on vLLM {rel.table}'s CPU backend ({why}): off")
-        return [], False
+        return None
     ngram = "[ngram]" if table["form"] == "legacy" and "[ngram]" in table["methods"] else "ngram"
     if (ngram if method == "ngram" else method) not in table["methods"]:
         warnings.append(
             f"speculative method {method} does not exist in vLLM {rel.table} "
             f"(has {', '.join(table['methods'])}): speculative decoding off"
         )
-        return [], False
+        return None
+    return _Method(method, model, other_vocab, ngram)
 
+
+class _Tokens(NamedTuple):
+    """How many tokens to propose: a fixed k, k by batch size, or k until a batch size."""
+
+    k: int
+    disable_by_batch: int | None
+    per_batch: list[list[int]] | None
+
+
+def _spec_tokens(inst: InstancePlan, method: str, rel: Release, warnings: list[str]) -> _Tokens:
+    """The plan's k (and its k-by-batch table) as this release can say it."""
+    spec, e, table = inst.speculative, inst.engine, rel.spec_table()
+    k = int(spec.num_speculative_tokens)
     by_batch = spec.num_speculative_tokens_per_batch_size or None  # ABSENT: none
-    disable_by_batch: int | None = None
-    per_batch: list[list[int]] | None = None
+    if not by_batch:
+        return _Tokens(k, None, None)
+    if table["per_batch_size"]:
+        per_batch = [[lo, hi if hi is not None else max(lo, e.max_num_seqs), kk] for lo, hi, kk in by_batch]
+        return _Tokens(k, None, per_batch)
     protection = table["disable_by_batch_size"]
     if protection == "draft_model_only":
         protection = "honoured" if method == "draft_model" else "ignored"
-    if by_batch:
-        if table["per_batch_size"]:
-            per_batch = [
-                [lo, hi if hi is not None else max(lo, e.max_num_seqs), kk] for lo, hi, kk in by_batch
-            ]
-        else:
-            off = next((row[0] for row in by_batch if row[2] <= 1), None)
-            if protection == "honoured" and off is not None:
-                k = by_batch[0][2] or k
-                disable_by_batch = off
-                warnings.append(
-                    f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off "
-                    f"from batch size {off} (disable_by_batch_size), the nearest it offers"
-                )
-            else:
-                k = _fixed_k(by_batch, e.max_num_seqs, k)
-                why = (
-                    "accepts disable_by_batch_size but never reads it (V1 engine)"
-                    if protection == "ignored"
-                    else "has neither k by batch size (0.25+) nor disable_by_batch_size"
-                )
-                warnings.append(
-                    f"vLLM {rel.table} {why}: speculation runs with a fixed k={k} at every load (the k of "
-                    "the widest band of the plan's k-by-batch table); at high load a fixed k can be slower "
-                    "than no speculation"
-                )
+    off = next((row[0] for row in by_batch if row[2] <= 1), None)
+    if protection == "honoured" and off is not None:
+        k = by_batch[0][2] or k
+        warnings.append(
+            f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off "
+            f"from batch size {off} (disable_by_batch_size), the nearest it offers"
+        )
+        return _Tokens(k, off, None)
+    k = _fixed_k(by_batch, e.max_num_seqs, k)
+    why = (
+        "accepts disable_by_batch_size but never reads it (V1 engine)"
+        if protection == "ignored"
+        else "has neither k by batch size (0.25+) nor disable_by_batch_size"
+    )
+    warnings.append(
+        f"vLLM {rel.table} {why}: speculation runs with a fixed k={k} at every load (the k of "
+        "the widest band of the plan's k-by-batch table); at high load a fixed k can be slower "
+        "than no speculation"
+    )
+    return _Tokens(k, None, None)
 
-    draft_tp: int | None = None
+
+def _draft_tp(inst: InstancePlan, method: str, rel: Release, warnings: list[str]) -> int | None:
+    """The draft's tensor parallel size where the release needs it said (None: left out)."""
     if (
         method == "draft_model"
-        and table["chunked_prefill"] == "draft_tp_1"
-        and e.enable_chunked_prefill
+        and rel.spec_table()["chunked_prefill"] == "draft_tp_1"
+        and inst.engine.enable_chunked_prefill
         and inst.tensor_parallel_size > 1
     ):
-        draft_tp = 1
         warnings.append(
             f"vLLM {rel.table} needs the draft on one GPU with chunked prefill: draft tensor parallel size 1"
         )
+        return 1
+    return None
 
-    args: list[Pair] = []
+
+def _speculative(
+    plan: Plan, inst: InstancePlan, e: EngineSettings, rel: Release, warnings: list[str]
+) -> tuple[list[Pair], bool]:
+    """The speculative-decoding arguments this release accepts and honours, and whether the
+    instance speculates at all once the release's refusals are applied."""
+    spec = inst.speculative
+    if not spec:
+        return [], False
+    chosen = _spec_method(plan, inst, rel, warnings)
+    if chosen is None:
+        return [], False
+    method, model = chosen.method, chosen.model
+    tokens = _spec_tokens(inst, method, rel, warnings)
+    draft_tp = _draft_tp(inst, method, rel, warnings)
+    lookup_max = 4 if spec.prompt_lookup_max is ABSENT else spec.prompt_lookup_max
+    lookup_min = 2 if spec.prompt_lookup_min is ABSENT else spec.prompt_lookup_min
+    table = rel.spec_table()
     if table["form"] == "legacy":
-        args.append(("--speculative-model", model if method == "draft_model" else ngram))
-        args.append(("--num-speculative-tokens", k))
+        args: list[Pair] = [
+            ("--speculative-model", model if method == "draft_model" else chosen.ngram),
+            ("--num-speculative-tokens", tokens.k),
+        ]
         if method == "ngram":
             args += [("--ngram-prompt-lookup-max", lookup_max), ("--ngram-prompt-lookup-min", lookup_min)]
         if draft_tp is not None:
             args.append(("--speculative-draft-tensor-parallel-size", draft_tp))
-        if disable_by_batch is not None:
-            args.append(("--speculative-disable-by-batch-size", disable_by_batch))
+        if tokens.disable_by_batch is not None:
+            args.append(("--speculative-disable-by-batch-size", tokens.disable_by_batch))
         return args, True
     # The draft's tensor parallel size is left out: unset means the target's, which every release
     # accepts (0.15+ requires it equal; 0.6.3 refuses anything but 1 when given).
-    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": tokens.k}
     if model:
         cfg["model"] = model
     if method == "ngram":
         cfg["prompt_lookup_max"], cfg["prompt_lookup_min"] = lookup_max, lookup_min
-    if method == "draft_model" and other_vocab:
+    if method == "draft_model" and chosen.other_vocab:
         cfg["use_heterogeneous_vocab"] = True  # needs greedy draft sampling, vLLM's default
-    if disable_by_batch is not None:
-        cfg["disable_by_batch_size"] = disable_by_batch
-    if per_batch:
-        cfg["num_speculative_tokens_per_batch_size"] = per_batch
+    if tokens.disable_by_batch is not None:
+        cfg["disable_by_batch_size"] = tokens.disable_by_batch
+    if tokens.per_batch:
+        cfg["num_speculative_tokens_per_batch_size"] = tokens.per_batch
     for key in [key for key in cfg if key not in table["keys"]]:
         warnings.append(f"speculative key {key} does not exist in vLLM {rel.table}: dropped")
         del cfg[key]
-    args.append(("--speculative-config", json.dumps(cfg, separators=(",", ":"))))
-    return args, True
+    return [("--speculative-config", json.dumps(cfg, separators=(",", ":")))], True
