@@ -280,7 +280,7 @@ def release_of(target: str | None) -> Release:
     """The release a plan is made for, never refused: unknown (None, unreadable) or older than every
     table gives a :class:`Release` whose named methods say what hwprofile assumes."""
     want = _read_version(target)
-    if want is None:
+    if target is None or want is None:
         return Release(target, None, f"vLLM {target or 'unknown'}: no release known")
     table = catalog().table_for(want)
     if table is None:

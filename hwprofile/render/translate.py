@@ -8,11 +8,11 @@ argv list; nothing here builds a shell string, and the API key is carried by ref
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import RefusedError
-from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan
+from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan, SpeculativeConfig
 from ..release import Release
 
 Pair = tuple[str, Any]  # (flag, value); value None = a switch, list = several values
@@ -344,8 +344,8 @@ def emit_gpu_devices(t: Target, out: Argv) -> None:
     out.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
     if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
         out.env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance
-    if rel.uuid_visible_devices() and uuids and all(uuids):
+    uuids = [u for u in inst.gpu_uuids or () if u]  # ABSENT on the CPU instance; None: unknown
+    if rel.uuid_visible_devices() and uuids and len(uuids) == len(inst.gpu_uuids):
         # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
         out.env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     else:
@@ -518,7 +518,7 @@ def render_instance(
     )
 
 
-def _fixed_k(by_batch: list[list[Any]], max_seqs: int, k: int) -> int:
+def _fixed_k(by_batch: Sequence[Sequence[Any]], max_seqs: int, k: int) -> int:
     """The k to run at every load where the release cannot vary it: the k of the band covering the
     most batch sizes in [1, max_num_seqs] among the bands that still speculate (k >= 2)."""
     best, width = None, 0
@@ -538,10 +538,12 @@ class _Method(NamedTuple):
     ngram: str  # the name this release gives ngram
 
 
-def _spec_method(plan: Plan, inst: InstancePlan, rel: Release, warnings: list[str]) -> _Method | None:
+def _spec_method(
+    plan: Plan, inst: InstancePlan, spec: SpeculativeConfig, rel: Release, warnings: list[str]
+) -> _Method | None:
     """The planned method, or ngram where this release (or an offline host) cannot run the draft;
     None where the release speculates not at all on this instance."""
-    spec, table, draft = inst.speculative, rel.spec_table(), plan.draft
+    table, draft = rel.spec_table(), plan.draft
     method, model = spec.method, spec.model
     if method == "draft_model" and not table["draft_model"]:
         warnings.append(
@@ -599,9 +601,11 @@ class _Tokens(NamedTuple):
     per_batch: list[list[int]] | None
 
 
-def _spec_tokens(inst: InstancePlan, method: str, rel: Release, warnings: list[str]) -> _Tokens:
+def _spec_tokens(
+    inst: InstancePlan, spec: SpeculativeConfig, method: str, rel: Release, warnings: list[str]
+) -> _Tokens:
     """The plan's k (and its k-by-batch table) as this release can say it."""
-    spec, e, table = inst.speculative, inst.engine, rel.spec_table()
+    e, table = inst.engine, rel.spec_table()
     k = int(spec.num_speculative_tokens)
     by_batch = spec.num_speculative_tokens_per_batch_size or None  # ABSENT: none
     if not by_batch:
@@ -657,11 +661,11 @@ def _speculative(
     spec = inst.speculative
     if not spec:
         return [], False
-    chosen = _spec_method(plan, inst, rel, warnings)
+    chosen = _spec_method(plan, inst, spec, rel, warnings)
     if chosen is None:
         return [], False
     method, model = chosen.method, chosen.model
-    tokens = _spec_tokens(inst, method, rel, warnings)
+    tokens = _spec_tokens(inst, spec, method, rel, warnings)
     draft_tp = _draft_tp(inst, method, rel, warnings)
     lookup_max = 4 if spec.prompt_lookup_max is ABSENT else spec.prompt_lookup_max
     lookup_min = 2 if spec.prompt_lookup_min is ABSENT else spec.prompt_lookup_min
