@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vllmtools import VLLM, cpu_env, free_ports
 
+from hwprofile.launch.tinymodel import make_tiny_model
 from hwprofile.render.output import environment
 from hwprofile.render.router import router_argv
 from hwprofile.supervise.front import main_conf, nginx_binary
-from hwprofile.tinymodel import make_tiny_model
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-KV_BYTES_PER_TOKEN = 512  # the tiny model: 2 x 2 layers x 2 KV heads x 32 x 2 bytes (hwprofile.tinymodel)
+KV_BYTES_PER_TOKEN = 512  # the tiny model: 2 x 2 layers x 2 KV heads x 32 x 2 bytes (hwprofile.launch.tinymodel)
 
 
 def http(url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> tuple[int, bytes]:

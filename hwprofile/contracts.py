@@ -1,12 +1,12 @@
 """The rule vocabulary of hwprofile's JSON contracts (the ``hwprofile.host/1`` snapshot, the
-run-time files of :mod:`hwprofile.runfiles`): integers and numbers in a range, true/false, bounded
+run-time files of :mod:`hwprofile.supervise.runfiles`): integers and numbers in a range, true/false, bounded
 text (optionally matching a pattern), bounded lists, objects with required fields, constants.
 
 Each rule answers three questions about a value: ``valid`` (the fast yes/no a load of a good snapshot
 takes), ``check`` (the JSON path of the first bad value, as :class:`Invalid`, asked only when
 ``valid`` said no) and ``schema`` (the same rule as JSON Schema, for :mod:`.snapshot_schema`).
 The tables of which field holds what: :data:`hwprofile.host.snapshot_check.HOST`, and the run-time
-documents' in :mod:`hwprofile.runfiles`. Plain Python, no imports but
+documents' in :mod:`hwprofile.supervise.runfiles`. Plain Python, no imports but
 ``json`` (and ``re`` once a pattern is first used).
 """
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwprofile.runfiles import RuntimeLock
+
 from hwprofile.config.settings import Watch
 from hwprofile.host.sampler import GpuReading
-from hwprofile.runfiles import RuntimeLock
 from hwprofile.runtime.dirs import private_dir
 from hwprofile.supervise.lifecycle import State
 from hwprofile.telemetry.metrics import GENERATION, RUNNING, WAITING, VllmMetrics

@@ -28,7 +28,7 @@ SCHEMA = json.loads(
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 

@@ -20,8 +20,8 @@ import pytest
 from conftest import cli_env
 from fakehost import build
 
-from hwprofile import doctor
-from hwprofile.doctor import ADVICE, BLOCKING, KINDS, OK, Finding, exit_code
+from hwprofile.cli import doctor
+from hwprofile.cli.doctor import ADVICE, BLOCKING, KINDS, OK, Finding, exit_code
 from hwprofile.host.snapshot import Gpu, HostSnapshot, NumaNode, PcieLink, Software
 
 MAIN_SITE = Path(sysconfig.get_paths()["purelib"])

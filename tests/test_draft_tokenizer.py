@@ -14,7 +14,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from hwprofile.model.tokenizer_check import check_pair, compare, probe_texts, read_tokenizer
+from hwprofile.model.tokenizer_check import (
+    TokenizerCheck,
+    check_facts,
+    compare,
+    probe_texts,
+    read_tokenizer,
+    tokenizer_of,
+)
 from hwprofile.pipeline import make_plan
 from hwprofile.plan.refusal import PlanRefused
 from hwprofile.render.translate import render_instance
@@ -68,9 +75,14 @@ def test_probe_is_the_gb2312_level_one_characters_plus_english_and_code() -> Non
     assert "def " in probes["code"] and "fox" in probes["english"]
 
 
+def check_pair(target: Path, draft: Path) -> TokenizerCheck:
+    """Both models' tokenizers read and compared, as the pipeline reads and the planner compares."""
+    return check_facts(tokenizer_of(str(target), "target"), tokenizer_of(str(draft), "draft"))
+
+
 def test_same_tokenizer_agrees(tmp_path: Path) -> None:
     a, b = make_model(tmp_path / "t"), make_model(tmp_path / "d")
-    check = check_pair(str(a), str(b))
+    check = check_pair(a, b)
     assert check.checked and not check.mismatch and check.shared_ids == len(SPECIALS) + len(WORDS)
     assert "tokenizers agree" in check.summary()
 
@@ -91,7 +103,7 @@ def test_a_different_id_map_is_counted_with_the_first_differing_probe(tmp_path: 
 def test_same_map_other_specials_is_a_difference_but_not_of_ids(tmp_path: Path) -> None:
     t = make_model(tmp_path / "t")
     d = make_model(tmp_path / "d", special=SPECIALS[:3], eos="<|im_end|>")
-    check = check_pair(str(t), str(d))
+    check = check_pair(t, d)
     assert check.checked and not check.ids_differ and check.mismatch
     assert "'<|im_end|>': target id 3, draft not special" in check.special_diffs
     assert "eos_token: target '</s>', draft '<|im_end|>'" in check.special_diffs
@@ -101,7 +113,7 @@ def test_no_tokenizer_json_says_what_was_not_checked(tmp_path: Path) -> None:
     t = make_model(tmp_path / "t")
     d = make_model(tmp_path / "d")
     (d / "tokenizer.json").unlink()
-    check = check_pair(str(t), str(d))
+    check = check_pair(t, d)
     assert not check.checked and "has no tokenizer.json (draft)" in check.summary()
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hwprofile.host.linux import parse_cpulist, read_cpu, read_numa_nodes
-from hwprofile.runfiles import LOCK_FILE, lock_held
 from hwprofile.runtime.lock import LockFileError
+from hwprofile.supervise.runfiles import LOCK_FILE, lock_held
 
 
 def hw(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from test_k8s import NODES_MIXED, clean_env, render  # noqa: F401 (the fixture is used by name)
 
-from hwprofile.kubenodes import node_classes, valid_node_name
+from hwprofile.render.k8s.nodes import node_classes, valid_node_name
 
 CASES = json.loads((Path(__file__).parent / "hostile" / "k8s.json").read_text())
 ANNOTATIONS_LIMIT = 256 * 1024

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile.runfiles import DAEMON_FILE, LOCK_FILE, RuntimeLock, lock_held
 from hwprofile.runtime.dirs import UnsafeDirectory, private_dir
+from hwprofile.supervise.runfiles import DAEMON_FILE, LOCK_FILE, RuntimeLock, lock_held
 
 
 def hw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -64,7 +64,7 @@ def test_a_runtime_directory_deleted_under_the_daemon_is_made_again_with_its_loc
         assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700 and os.lstat(runtime).st_uid == os.geteuid()
         assert (runtime / DAEMON_FILE).exists() and sup.saved == 1  # status and reload find it again
         assert lock_held(runtime)  # a second daemon is refused
-        from hwprofile.runfiles import AlreadySupervising
+        from hwprofile.supervise.runfiles import AlreadySupervising
 
         with pytest.raises(AlreadySupervising):
             RuntimeLock(runtime).acquire(wait=0.0)

@@ -254,8 +254,8 @@ def _mutate(edits: list[tuple[str, bool, Any]]) -> dict[str, Any]:
 
 def _use(host: HostSnapshot) -> None:
     """What the commands do with a loaded snapshot: print it, match it, save and load it again."""
+    from hwprofile.cli.views import format_host
     from hwprofile.match.rules import host_facts
-    from hwprofile.views import format_host
 
     format_host(host).encode("utf-8")
     host_facts(host)

@@ -28,8 +28,8 @@ import yaml
 
 from hwprofile.cli import main
 from hwprofile.cli.parser import build_parser
-from hwprofile.kubenodes import node_classes, pod_view
 from hwprofile.render.k8s import PROBE_PERIOD_S
+from hwprofile.render.k8s.nodes import node_classes, pod_view
 
 HERE = Path(__file__).resolve().parent
 CRDS = HERE / "fixtures" / "crds"

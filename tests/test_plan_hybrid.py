@@ -53,7 +53,7 @@ def test_qwen38_on_an_a100_counts_attention_layers_and_caps_sequences(host_of, e
     assert "state" in why["instances[0].engine.max_num_seqs"]
     assert "MiB per GPU" in why["instances[0].memory.state_bytes_per_sequence"]
     assert any("max_num_seqs 1024 lowered" in w for w in p.warnings)
-    from hwprofile.views import format_plan
+    from hwprofile.cli.views import format_plan
 
     text = format_plan(p, explain=True)
     print(text)

@@ -55,7 +55,7 @@ def test_frozen_and_replace(host_of, empty_root) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         inst.engine.max_num_seqs = 1  # type: ignore[misc]
     smaller = dataclasses.replace(inst, engine=dataclasses.replace(inst.engine, max_num_seqs=1))
-    new = plan.with_instance(smaller)
+    new = dataclasses.replace(plan, instances=(smaller, *plan.instances[1:]))
     assert new.instances[0].engine.max_num_seqs == 1 and plan.instances[0].engine.max_num_seqs != 1
     assert new.to_json()["instances"][0]["engine"]["max_num_seqs"] == 1
 

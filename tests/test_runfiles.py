@@ -1,4 +1,4 @@
-"""The run-time files (hwprofile/runfiles.py): one writer, one trusted reader, typed documents and
+"""The run-time files (hwprofile/supervise/runfiles.py): one writer, one trusted reader, typed documents and
 their published schemas. A file hwprofile did not write — planted by another user, a link, a FIFO,
 a device, oversized, malformed — is refused with the file's name, never trusted, never signalled.
 
@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from hwprofile import runfiles
-from hwprofile.runfiles import (
+from hwprofile.runtime.processes import Identity, identify
+from hwprofile.supervise import runfiles
+from hwprofile.supervise.runfiles import (
     DAEMON_FILE,
     STATE_FILE,
     STATE_SCHEMA,
@@ -31,7 +32,6 @@ from hwprofile.runfiles import (
     read_doc,
     write_doc,
 )
-from hwprofile.runtime.processes import Identity, identify
 
 ROOT = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -85,7 +85,7 @@ def hw(*args: str) -> subprocess.CompletedProcess[str]:
 def test_published_schemas_are_the_contracts(kind: type) -> None:
     name = runfiles._CONTRACTS[kind][1].replace("/", "-")
     published = json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text())
-    assert published == runfiles.json_schema(kind), "regenerate: python -m hwprofile.runfiles"
+    assert published == runfiles.json_schema(kind), "regenerate: python -m hwprofile.supervise.runfiles"
 
 
 def test_documents_round_trip_and_validate_against_their_schema(rt: Path, victim: Identity) -> None:
@@ -216,7 +216,7 @@ def test_a_nan_grace_cannot_make_stop_wait_forever(rt: Path, victim: Identity) -
 
 
 def test_status_says_when_the_lock_is_held_but_the_state_is_unreadable(rt: Path) -> None:
-    from hwprofile.runfiles import RuntimeLock
+    from hwprofile.supervise.runfiles import RuntimeLock
 
     lock = RuntimeLock(rt)
     lock.acquire()

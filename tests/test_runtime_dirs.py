@@ -21,9 +21,9 @@ from hwprofile.launch.detached import read_launch_file, write_launch_file
 from hwprofile.launch.start import Launch, log_root, preflight, supervisor
 from hwprofile.pipeline import PlanInputs
 from hwprofile.render.versions import release
-from hwprofile.runfiles import LAUNCH_FILE, RunFileError
 from hwprofile.runtime.dirs import UnsafeDirectory, private_dir, user_dirname
 from hwprofile.supervise.logs import RotatingLog
+from hwprofile.supervise.runfiles import LAUNCH_FILE, RunFileError
 
 NOBODY = 65534
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,

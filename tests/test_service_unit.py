@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from system import analyze_verify, need
 
+from hwprofile.daemon.service import hwprofile_command, render_tmpfiles, render_unit, shutdown_of
 from hwprofile.render.output import systemd_quote
-from hwprofile.service import example_unit, hwprofile_command, render_tmpfiles, render_unit, shutdown_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,7 +120,12 @@ def test_a_newline_in_a_daemon_argument_cannot_add_a_unit_line() -> None:
 
 
 def test_the_repository_copy_is_the_rendered_example() -> None:
-    assert (ROOT / "systemd" / "hwprofile.service").read_text() == example_unit()
+    """systemd/hwprofile.service is render_unit's text for an example installation."""
+    origin = " (this copy: an example; run it for one with this installation's ExecStart)"
+    example = render_unit(
+        ("--model", "/srv/models/model"), command=("/opt/hwprofile/.venv/bin/hwprofile",), origin=origin
+    )
+    assert (ROOT / "systemd" / "hwprofile.service").read_text() == example
     assert (ROOT / "systemd" / "hwprofile.tmpfiles.conf").read_text() == render_tmpfiles()
 
 

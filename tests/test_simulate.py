@@ -126,7 +126,7 @@ def test_the_plan_carries_simulated_figures_with_their_sources() -> None:
 
 
 def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> None:
-    from hwprofile.views import _simulated_lines
+    from hwprofile.cli.views import _simulated_lines
 
     assert _simulated_lines(None) == []
     assert "not run" in _simulated_lines({"not_simulated": "2048 clients"})[0]

@@ -65,7 +65,7 @@ def test_run_time_files_are_named_in_one_module() -> None:
     where = {
         p for p in (PACKAGE.rglob("*.py")) for name in names if name in p.read_text()
     }
-    assert {str(p.relative_to(PACKAGE.parent)) for p in where} == {"hwprofile/runfiles.py"}
+    assert {str(p.relative_to(PACKAGE.parent)) for p in where} == {"hwprofile/supervise/runfiles.py"}
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -16,10 +16,10 @@ from hwprofile.plan.types import (
     ServerSettings,
     SpeculativeConfig,
 )
-from hwprofile.runfiles import RunFileError, SupervisorDoc, read_doc, write_doc
 from hwprofile.runtime.processes import identify
 from hwprofile.supervise.failures import Rung, classify, ladder_sets, next_rung
 from hwprofile.supervise.logs import RotatingLog
+from hwprofile.supervise.runfiles import RunFileError, SupervisorDoc, read_doc, write_doc
 from hwprofile.supervise.verify import compare, parse_startup
 
 LOGS = {

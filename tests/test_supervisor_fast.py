@@ -35,17 +35,6 @@ from hwprofile.launch.start import Launch, Refused, foreground, supervisor
 from hwprofile.launch.status import format_status, status
 from hwprofile.launch.stop import stop
 from hwprofile.pipeline import PlanInputs
-from hwprofile.runfiles import (
-    LAST_FILE,
-    LAUNCH_FILE,
-    STATE_FILE,
-    STATE_SCHEMA,
-    AlreadySupervising,
-    SupervisorDoc,
-    lock_held,
-    read_doc,
-    write_doc,
-)
 from hwprofile.runtime.dirs import user_dirname
 from hwprofile.runtime.processes import (
     Identity,
@@ -58,6 +47,17 @@ from hwprofile.runtime.processes import (
 )
 from hwprofile.supervise.lifecycle import ALLOWED, IllegalTransition, Machine, State
 from hwprofile.supervise.options import Options
+from hwprofile.supervise.runfiles import (
+    LAST_FILE,
+    LAUNCH_FILE,
+    STATE_FILE,
+    STATE_SCHEMA,
+    AlreadySupervising,
+    SupervisorDoc,
+    lock_held,
+    read_doc,
+    write_doc,
+)
 from hwprofile.supervise.supervisor import Supervisor
 from hwprofile.telemetry import http
 from hwprofile.telemetry.scrape import scrape

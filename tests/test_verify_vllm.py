@@ -28,7 +28,7 @@ PER_KIND, MAX_TOKENS = 3, "32"  # 3 prompts of each kind (15 of the 50), 32 toke
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 

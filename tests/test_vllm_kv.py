@@ -32,7 +32,7 @@ SHAPES = {
 
 def test_planner_kv_tokens_match_vllm(tmp_path: Path, fake_nvml_dir: Path) -> None:
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     host = build("no-driver", tmp_path / "host")  # CPU-only: the plan uses a fixed KV space
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}

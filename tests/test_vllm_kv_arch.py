@@ -139,7 +139,7 @@ def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1
 @pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
 def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tuple[str, str]) -> None:
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     tok = make_tiny_model(tmp_path / "tok")
     rows: list[tuple[str, int, Any, int, int]] = []

@@ -123,7 +123,7 @@ def planned_opts(facts: Any, prefix: bool, ngram: int, ssm: str, flags: tuple[st
 @pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
 def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, str]) -> None:
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     tok = make_tiny_model(tmp_path / "tok")
     flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
@@ -182,7 +182,7 @@ def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path, max_len: int
     (``ChunkedLocalAttentionSpec``); the plan's figure must be vLLM's (the all-full-attention rule
     says 32,768 tokens where vLLM logs 83,886 for the first case)."""
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     model_dir = make_hybrid(tmp_path / "llama4", "llama4", make_tiny_model(tmp_path / "tok"))
     facts = read_model_dir(model_dir)

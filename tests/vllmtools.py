@@ -195,7 +195,7 @@ def make_transformers_model(
 ) -> Path:
     """A random-weight bf16 model of transformers' ``cfg_cls``/``model_cls`` (so config.json has the
     family's real keys) with ``kwargs`` over :data:`FAMILY_COMMON`, and the tiny tokenizer's files
-    from ``tokenizer_dir`` (:func:`hwprofile.tinymodel.make_tiny_model`), written to ``out``."""
+    from ``tokenizer_dir`` (:func:`hwprofile.launch.tinymodel.make_tiny_model`), written to ``out``."""
     import torch
     import transformers
 

@@ -6,7 +6,9 @@
 - :mod:`.running`: ``launch``, ``status``, ``stop``, ``daemon``, ``watch``, ``reload``, ``install-service``;
 - :mod:`.bench`: ``bench``; :mod:`.verify`: ``verify``;
 - :mod:`.common`: what they share (:class:`CliError`, the host snapshot, the plan and its inputs,
-  the launch of a plan).
+  the launch of a plan);
+- :mod:`.views`: the human-readable views (formatting only); :mod:`.doctor`: ``doctor``'s checks
+  and ``--fix``.
 
 :func:`main` holds the one handler that turns a :class:`hwprofile.errors.HwprofileError` into its
 exit code and its report on stderr; no command catches its own; :func:`run` is the console script.

@@ -146,7 +146,7 @@ DEMO_SETS = ("engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "engin
 def demo_model(sets: list[str], extra: tuple[str, ...] = ()) -> tuple[str, list[str]]:
     """``(model, sets)`` of a ``--demo``: the tiny model (generated on first use) and DEMO_SETS, then
     the command's own ``extra`` defaults, then ``sets``."""
-    from ..tinymodel import DEFAULT_DIR, make_tiny_model, tiny_model_ready
+    from ..launch.tinymodel import DEFAULT_DIR, make_tiny_model, tiny_model_ready
 
     if tiny_model_ready():
         print(f"hwprofile: demo: the tiny model made on the first run ({DEFAULT_DIR})", file=sys.stderr)

@@ -16,7 +16,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(host.to_json() + "\n")
     else:
-        from ..views import format_host
+        from .views import format_host
 
         sys.stdout.write(format_host(host))
     return EXIT_OK
@@ -62,7 +62,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return EXIT_OK
-    from ..views import format_profiles
+    from .views import format_profiles
 
     sys.stdout.write(format_profiles(profiles, results, winner))
     return EXIT_OK
@@ -70,7 +70,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
     """This host's GPUs read once more, live (not for a snapshot given with --from): faults, power limits."""
-    from ..doctor import check_hardware
+    from .doctor import check_hardware
 
     given: list[Any] = (getattr(args, "_loaded_hosts", None) or ([], []))[0]  # snapshots from --from
     if given or not host.usable_gpus:
@@ -90,7 +90,7 @@ def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import check, exit_code, fix, format_text, to_json
+    from .doctor import check, exit_code, fix, format_text, to_json
 
     host = load_host(args)
     if getattr(args, "interconnect", False):
@@ -121,7 +121,7 @@ def _doctor_interconnect(args: argparse.Namespace, host) -> int:  # host: HostSn
     from ..plan.candidates import host_fingerprint
     from ..plan.interconnect import decide
     from ..runtime.files import WriteError
-    from ..views import format_interconnect
+    from .views import format_interconnect
 
     usable = [g.index for g in host.usable_gpus]
     try:

@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     else:
-        from ..views import format_plan
+        from .views import format_plan
 
         sys.stdout.write(format_plan(plan, explain=args.explain, roots=_roots(args)))
     return EXIT_OK
@@ -151,7 +151,7 @@ def _render_k8s(args: argparse.Namespace) -> int:
     if args.nodes:
         if args.from_file or args.inventory:
             raise CliError("--nodes and --from/--inventory name the hosts two ways: give one")
-        from ..kubenodes import node_classes
+        from ..render.k8s.nodes import node_classes
 
         version = args.vllm_version or max(known_versions(), key=parse_version)
         if not args.vllm_version:

@@ -118,8 +118,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from ..daemon.main import run_daemon
     from ..errors import InputError
     from ..launch.start import preflight, setup_logging
-    from ..runfiles import LAST_GOOD_FILE
     from ..runtime.dirs import runtime_dir, state_dir
+    from ..supervise.runfiles import LAST_GOOD_FILE
 
     host = load_host(args)
     runtime = runtime_dir(args.runtime_dir)
@@ -150,7 +150,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def _last_good(state):  # -> LaunchDoc | None
     """The daemon's last good plan in ``state``, when one is kept and can be trusted; None (the
     error stands) otherwise."""
-    from ..runfiles import LAST_GOOD_FILE, LaunchDoc, RunFileError, read_doc
+    from ..supervise.runfiles import LAST_GOOD_FILE, LaunchDoc, RunFileError, read_doc
 
     try:
         return read_doc(state / LAST_GOOD_FILE, LaunchDoc)
@@ -175,7 +175,7 @@ def _watch_settings(args: argparse.Namespace):  # -> Watch
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    from ..service import install
+    from ..daemon.service import install
 
     extra = args.daemon_args[1:] if args.daemon_args[:1] == ["--"] else args.daemon_args
     daemon = _check_daemon_args(extra, args.daemon_parser())
@@ -233,8 +233,8 @@ def _drain_of(daemon: argparse.Namespace) -> tuple[float, float]:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    from ..daemon.service import signal_reload
     from ..runtime.dirs import runtime_dir
-    from ..service import signal_reload
 
     for line in signal_reload(runtime_dir(args.runtime_dir)):
         print(f"hwprofile: {line}")

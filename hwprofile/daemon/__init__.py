@@ -6,4 +6,5 @@
 - ``policy``: pure functions, readings in, decisions out, each with its reason and readings.
 - ``exporter``: hwprofile's own Prometheus metrics, read from one immutable published snapshot.
 - ``loop``: the main loop (one owner of all state) that ties them to the supervisor.
+- ``service``: the daemon's systemd unit (``install-service``) and the reload client.
 """

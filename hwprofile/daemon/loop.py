@@ -29,7 +29,7 @@ from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
 from ..plan.speculative import draft_cost
 from ..plan.types import ABSENT, InstancePlan, Plan
-from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
+from ..supervise.runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
 from .exporter import Published
 from .policy import Action, fault_kinds

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import HwprofileError
 from ..plan.degrade import degrade_sets
-from ..runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from ..runtime.dirs import private_dir
+from ..supervise.runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from .loop import Daemon
 from .notify import Notifier, status_line
 from .policy import Action, start_levels
@@ -149,7 +149,7 @@ def run_daemon(
         if state_dir is None or launch.inputs is None:
             return
         try:
-            write_doc(private_dir(state_dir) / LAST_GOOD_FILE, LaunchDoc(d.plan, launch.inputs, launch.release.target))
+            write_doc(private_dir(state_dir) / LAST_GOOD_FILE, LaunchDoc(d.plan, launch.inputs, launch.release.rendered_for))
         except (OSError, HwprofileError) as e:
             log.error("cannot keep the last good plan in %s: %s", state_dir, e)
 

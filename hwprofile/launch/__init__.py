@@ -7,4 +7,5 @@
 - :mod:`.status`: what runs, checked, and its text; :mod:`.stop`: stopping it;
 - :mod:`.linkcheck`: the interconnect check before a TP group's first start on links never proven
   (recorded, then planned again; refused where the all-reduce is wrong in every mode).
+- :mod:`.tinymodel`: the demo's tiny model, generated offline (``python -m hwprofile.launch.tinymodel``).
 """

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 from ..errors import HwprofileError
-from ..runfiles import (
+from ..runtime.dirs import private_dir
+from ..runtime.processes import module_command
+from ..supervise.runfiles import (
     LAST_FILE,
     LAUNCH_FILE,
     STATE_FILE,
@@ -22,8 +24,6 @@ from ..runfiles import (
     read_doc,
     write_doc,
 )
-from ..runtime.dirs import private_dir
-from ..runtime.processes import module_command
 from .start import Launch, Refused
 from .status import format_status, status
 
@@ -33,7 +33,7 @@ def write_launch_file(launch: Launch) -> Path:
     supervisor: ``<runtime>/launch.json``."""
     assert launch.inputs is not None  # a detached supervisor re-plans from the same inputs
     path = private_dir(launch.runtime) / LAUNCH_FILE
-    write_doc(path, LaunchDoc(launch.plan, launch.inputs, launch.release.target))
+    write_doc(path, LaunchDoc(launch.plan, launch.inputs, launch.release.rendered_for))
     return path
 
 

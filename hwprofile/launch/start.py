@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RefusedError
 from ..plan.types import Plan
 from ..render.versions import Release
-from ..runfiles import (
+from ..runtime.dirs import UnsafeDirectory, private_dir, user_dirname
+from ..supervise.runfiles import (
     LOG_FILE,
     STATE_FILE,
     AlreadySupervising,
@@ -43,7 +44,6 @@ from ..runfiles import (
     lock_held,
     read_doc,
 )
-from ..runtime.dirs import UnsafeDirectory, private_dir, user_dirname
 
 if TYPE_CHECKING:
     from ..host.snapshot import Software

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runfiles import (
+from ..runtime.processes import ALIVE, check
+from ..supervise.runfiles import (
     DAEMON_FILE,
     LAST_FILE,
     STATE_FILE,
@@ -18,7 +19,6 @@ from ..runfiles import (
     lock_held,
     read_doc,
 )
-from ..runtime.processes import ALIVE, check
 
 
 def status(runtime: Path) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def status(runtime: Path) -> dict[str, Any]:
     running only if its PID still has the recorded start time; otherwise the file is stale (the
     supervisor ended without cleaning up) and every instance it left is ``stale``, with what became of
     its process. Without a state file, how the last run ended (``last.json``), if there was one. A
-    state file that cannot be trusted is a :class:`~hwprofile.runfiles.RunFileError` (exit 2)."""
+    state file that cannot be trusted is a :class:`~hwprofile.supervise.runfiles.RunFileError` (exit 2)."""
     try:
         state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     except RunFileError as e:

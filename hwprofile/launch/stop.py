@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from ..runfiles import STATE_FILE, SupervisorDoc, read_doc, remove
 from ..runtime.processes import (
     ALIVE,
     GONE,
@@ -19,6 +18,7 @@ from ..runtime.processes import (
     wait_gone,
     wait_group_gone,
 )
+from ..supervise.runfiles import STATE_FILE, SupervisorDoc, read_doc, remove
 
 
 def _outlived(leader: Identity) -> str:
@@ -50,7 +50,7 @@ def _end_unsupervised(name: str, ident: Identity, grace: float) -> str:
 def stop(runtime: Path, timeout: float = 120) -> list[str]:
     """Ask the supervisor to stop (SIGTERM); without one, end the recorded processes. Nothing is
     signalled unless its PID still has the start time recorded for it, and nothing is read from a
-    state file that :func:`hwprofile.runfiles.read_doc` does not trust (exit 2 naming it)."""
+    state file that :func:`hwprofile.supervise.runfiles.read_doc` does not trust (exit 2 naming it)."""
     state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     if state is None:
         return ["nothing to stop"]

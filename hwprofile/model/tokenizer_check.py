@@ -246,9 +246,3 @@ def check_facts(target: TokenizerFacts | str | None, draft: TokenizerFacts | str
             return TokenizerCheck(False, t)
     assert isinstance(target, TokenizerFacts) and isinstance(draft, TokenizerFacts)
     return compare(target, draft)
-
-
-def check_pair(target_dir: str | None, draft_dir: str | None) -> TokenizerCheck:
-    """Read both models' tokenizers and compare them; ``checked`` false (with why) where either
-    has no local ``tokenizer.json`` or the library is missing."""
-    return check_facts(tokenizer_of(target_dir, "target"), tokenizer_of(draft_dir, "draft"))

@@ -9,6 +9,7 @@ from typing import Any
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
+from ..release import release_of
 from . import gpufacts
 from .memory import (
     BLOCK_TOKENS,
@@ -358,18 +359,16 @@ def hybrid_opts(
     64-token grid), exports in align mode; a resident MTP head adds its attention layers. The SSM state's dtype is vLLM's default (``auto``: the model's rule)."""
     if not is_hybrid(model):
         return None
-    from .shape import _version
-
     k = settings.speculative.num_speculative_tokens if spec_method else 0
     prefix = bool(settings.engine.enable_prefix_caching)
-    v = _version(vllm_version)
+    rel = release_of(vllm_version)
     cc = (gpu.compute_capability or "") if gpu is not None else ""
     hopper = cc.split(".")[0] == "9"
     kind = model.stack.state.kind
     # align mode's extra prefill-checkpoint page: Mamba2 mixers (mamba_mixer2.py, 0.32 and 0.33);
     # GDN from 0.33 where FlashInfer's prefill kernel runs it (Hopper), on a 64-token grid
-    flashinfer_gdn = kind == "gdn" and hopper and device == "cuda" and v is not None and v >= (0, 33, 0)
-    checkpoint = prefix and (flashinfer_gdn or (kind == "mamba2" and (v is None or v >= (0, 32, 0))))
+    flashinfer_gdn = kind == "gdn" and hopper and device == "cuda" and rel.flashinfer_gdn_prefill()
+    checkpoint = prefix and (flashinfer_gdn or (kind == "mamba2" and rel.mamba2_prefill_checkpoint()))
     if device == "cpu":
         from .memory import CPU_BLOCK_TOKENS, CPU_KERNEL_BLOCK
 
@@ -389,9 +388,6 @@ def hybrid_opts(
     )
 
 
-SSM_FLOAT16_FROM = (0, 13, 0)  # --mamba-ssm-cache-dtype float16 (vllm_options.json: 0.13.0 adds the choice)
-
-
 def choose_ssm_dtype(
     model: ModelFacts,
     settings: Settings,
@@ -408,8 +404,6 @@ def choose_ssm_dtype(
     more sequences' state stay resident than the default does while fewer than ``max_num_seqs`` fit
     (operators measured 64 instead of 37 resident requests on one RTX 3090 with Qwen3.8-27B int4:
     ../shared/facts/hybrid.md), on a release that has float16 (0.13+)."""
-    from .shape import _version
-
     asked = settings.engine.mamba_ssm_cache_dtype
     path = f"{key}.engine.mamba_ssm_cache_dtype"
     setting = ("engine", "mamba_ssm_cache_dtype")
@@ -424,7 +418,6 @@ def choose_ssm_dtype(
         h = hybrid_kv_cache(model, kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **opts)
         return h.state_blocks
 
-    have = _version(vllm_version)
     wide = STATE_DTYPE_BYTES.get(own or "", 2) > 2
     if model.stack.state.kind not in ("gdn", "mamba2") or not wide:
         return hybrid
@@ -434,7 +427,7 @@ def choose_ssm_dtype(
         r.add(path, "auto", f"the model's own SSM state dtype ({own}): {default} sequences' state fit, "
               f"max_num_seqs {want} asked; float16 would not add resident sequences that are wanted", setting)  # fmt: skip
         return hybrid
-    if have is not None and have < SSM_FLOAT16_FROM:
+    if not release_of(vllm_version).ssm_float16():
         r.add(path, "auto", f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
               f"state (0.13+), which would hold {half} sequences' state instead of {default}", setting)  # fmt: skip
         return hybrid

@@ -23,16 +23,9 @@ from __future__ import annotations
 
 from ..config.settings import Settings
 from ..model import ModelFacts
+from ..release import release_of
 from .memory import GiB
 from .reasons import Reasons
-from .shape import _version
-
-LANGUAGE_ONLY_FROM = (0, 18, 0)  # --language-model-only (vllm_options.json: absent in 0.16, present in 0.18)
-MTP_HEAD_SHARED_FROM = (
-    0,
-    17,
-    0,
-)  # the drafter's own embedding and LM head freed after load (0.17, 0.18, 0.32)
 
 
 def language_only(model: ModelFacts, settings: Settings, vllm_version: str | None) -> bool:
@@ -44,18 +37,14 @@ def language_only(model: ModelFacts, settings: Settings, vllm_version: str | Non
         return False
     if choice == "on":
         return True
-    have = _version(vllm_version)
-    return have is None or have >= LANGUAGE_ONLY_FROM
+    return release_of(vllm_version).language_model_only()
 
 
 def mtp_head_bytes(model: ModelFacts, spec_method: str | None, vllm_version: str | None) -> int:
     """The MTP drafter's own embedding and LM head where the release keeps them (bf16, vocab x hidden
     each); 0 from 0.17 on (shared after load) and without MTP speculation."""
-    have = _version(vllm_version)
-    if spec_method != "mtp" or not model.mtp_layers or (have is not None and have >= MTP_HEAD_SHARED_FROM):
-        return 0
-    if have is None:
-        return 0  # no release known: the newest behaviour (shared)
+    if spec_method != "mtp" or not model.mtp_layers or release_of(vllm_version).mtp_head_shared():
+        return 0  # (no release known: the newest behaviour, shared)
     return 2 * model.vocab_size * model.hidden_size * 2
 
 

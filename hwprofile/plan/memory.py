@@ -13,10 +13,10 @@ vLLM per family in tests/test_vllm_kv_arch.py.
 from __future__ import annotations
 
 import math
-import re
 from typing import NamedTuple
 
 from ..model import ModelFacts
+from ..release import release_of
 
 BLOCK_TOKENS = 16  # vLLM's default KV block size on GPUs (tokens per block)
 CPU_BLOCK_TOKENS = 128  # vLLM's CPU platform default (platforms/cpu.py), unless --block-size is given
@@ -113,8 +113,7 @@ def in_flight_tokens(
     parallel + 1 with PP), else the PP size. Async scheduling is on by default on GPUs, off on the
     CPU (platforms/cpu.py) and with speculation that does not support it (ngram, suffix: 0.32.0
     config/vllm.py, "Async scheduling not supported with ...")."""
-    m = re.match(r"^\s*v?(\d+)\.(\d+)", vllm_version or "")
-    if m and (int(m.group(1)), int(m.group(2))) < (0, 29):
+    if not release_of(vllm_version).several_batches_in_flight():
         return batched_tokens
     pp = max(1, pipeline_parallel)
     async_on = device == "cuda" and spec_method not in ("ngram", "suffix")

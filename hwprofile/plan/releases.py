@@ -1,45 +1,24 @@
-"""The first vLLM release that serves an architecture: a plan for an older release is refused,
-naming the first one that has it (pure: the model's facts and the snapshot's vLLM version in).
-
-Sources (../shared/facts/hybrid.md, checked against each release's ``model_executor/models``):
-``Qwen3_5ForConditionalGeneration`` / ``qwen3_5`` (Qwen3.5, Qwen3.6, Qwen3.8) from vLLM 0.17.0;
-0.16 refuses the architecture.
+"""A plan for a release older than the first serving the model's architecture is refused, naming
+the first one that has it (the floors: :data:`hwprofile.release.ARCHITECTURES`); what hwprofile
+knows of hybrid model families (fp8 KV, the MTP method's name).
 """
 
 from __future__ import annotations
 
 from ..model import ModelFacts
+from ..release import release_of
 from .refusal import PlanRefused
-from .shape import _version
-
-# model_type prefix (the text config's, as hwprofile reads it): (first release, what it is)
-FIRST_RELEASE: dict[str, tuple[tuple[int, int, int], str]] = {
-    "qwen3_5": ((0, 17, 0), "the qwen3_5 architecture (Qwen3.5 / Qwen3.6 / Qwen3.8: Gated DeltaNet hybrid)"),
-}
-
-
-def first_release(model: ModelFacts) -> tuple[tuple[int, int, int], str] | None:
-    """The first vLLM release serving ``model``'s architecture, where hwprofile knows it."""
-    mtype = model.model_type or ""
-    for prefix, (since, what) in FIRST_RELEASE.items():
-        if mtype.startswith(prefix):
-            return since, what
-    return None
 
 
 def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
     """:class:`PlanRefused` where the snapshot's vLLM is older than the first release serving the
     model's architecture; nothing where either is unknown."""
-    known = first_release(model)
-    have = _version(vllm_version)
-    if known is None or have is None:
-        return
-    since, what = known
-    if have < since:
-        first = ".".join(map(str, since))
+    floor = release_of(vllm_version).missing_architecture(model.model_type)
+    if floor is not None:
         raise PlanRefused(
-            f"{model.name}: vLLM {vllm_version} does not serve {what}; the first release that does is {first}",
-            [f"vLLM >= {first}"],
+            f"{model.name}: vLLM {vllm_version} does not serve {floor.what}; the first release that does "
+            f"is {floor.text}",
+            [f"vLLM >= {floor.text}"],
         )
 
 

@@ -25,20 +25,10 @@ from typing import Any
 
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
+from ..release import release_of
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import ABSENT, Endpoint, InstancePlan
-
-DP_SINCE = (0, 8, 3)  # --data-parallel-size
-NUMA_BIND_NODES_SINCE = (0, 20, 0)  # --numa-bind-nodes
-
-
-def _version(text: str | None) -> tuple[int, int, int] | None:
-    """``"0.32.0+cpu"`` → ``(0, 32, 0)``; None when there is no version (no vLLM in the snapshot)."""
-    import re
-
-    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
 def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]) -> list[str]:
@@ -61,11 +51,11 @@ def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: lis
             "speculative.by_batch_size is set, and vLLM drops the k-by-batch-size table when "
             "data_parallel_size > 1 (a static k instead)"
         )
-    v = _version(host.software.vllm_version)
-    if v is not None and v < DP_SINCE:
+    rel = release_of(host.software.vllm_version)
+    if not rel.data_parallel():
         out.append(f"vLLM {host.software.vllm_version} has no --data-parallel-size (0.8.3+)")
     nodes = {n for i in instances for n in (i.gpu_numa_nodes or ()) if n is not None}
-    if len(nodes) > 1 and v is not None and v < NUMA_BIND_NODES_SINCE:
+    if len(nodes) > 1 and not rel.numa_bind_nodes():
         out.append(
             f"the ranks are on NUMA nodes {sorted(nodes)} and vLLM {host.software.vllm_version} cannot bind "
             "each rank to its own node (--numa-bind-nodes is 0.20+)"

@@ -17,16 +17,16 @@ explicitly are kept as they are. A planned ``mtp`` on a model at ``/models/Qwen-
 start as DFlash, silently: :func:`path_conflicts` says so, and the planner refuses it
 (:func:`check`). The list is encoded once, here (:data:`PATH_METHODS`).
 
-A release without a method cannot pick it: each substring carries the last release hwprofile's flag
-table (``hwprofile/data/vllm.json``, speculative methods read off each release's parser) shows without
-that method (``dflash`` first appears in 0.20.0, ``dspark`` in 0.25.0, ``eagle3`` in 0.9.2), and is not
-checked for releases up to it. An unknown release is checked against every substring."""
+A release without a method cannot pick it: a substring is not checked for releases up to the last
+one whose flag table (speculative methods read off each release's parser) lacks the method
+(:meth:`hwprofile.release.Release.may_pick_method`). An unknown release is checked against every
+substring."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
+from ..release import release_of
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import InstancePlan
@@ -38,29 +38,17 @@ PATH_METHODS: tuple[tuple[str, str], ...] = (
     ("dflash", "dflash"),
     ("dspark", "dspark"),
 )
-# method → the last release in hwprofile's flag table without it (none: every release has it)
-ABSENT_THROUGH: dict[str, tuple[int, int, int]] = {
-    "eagle3": (0, 8, 5),
-    "dflash": (0, 18, 0),
-    "dspark": (0, 22, 0),
-}
 # planned methods vLLM re-detects from the path (the others it keeps, or builds no draft for)
 REDETECTED = frozenset({"draft_model", "mtp"})
 SOURCE = "vLLM 0.32/0.33 vllm/config/speculative.py SpeculativeConfig.__post_init__"
 
 
-def _release(version: str | None) -> tuple[int, int, int] | None:
-    """``"0.33.0+cpu"`` → ``(0, 33, 0)``, ``"0.10.2rc1"`` → ``(0, 10, 2)``; None where it cannot be read."""
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
-
-
 def method_from_path(path: str, version: str | None = None) -> tuple[str, str] | None:
     """``(substring, method)`` vLLM ``version`` (None: any) would pick from ``path``, or None where
     the path says nothing to it."""
-    low, rel = path.lower(), _release(version)
+    low, rel = path.lower(), release_of(version)
     for sub, method in PATH_METHODS:
-        if rel is not None and method in ABSENT_THROUGH and rel <= ABSENT_THROUGH[method]:
+        if not rel.may_pick_method(method):
             continue  # this release has no such method: it cannot pick it
         if sub in low:
             return sub, method

@@ -12,6 +12,7 @@ from typing import Any
 from ..config.settings import Settings
 from ..model import ModelFacts
 from ..model.tokenizer_check import TokenizerCheck, check_facts
+from ..release import release_of
 from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
@@ -22,13 +23,7 @@ from .types import InstancePlan, Plan, SpeculativeConfig, _freeze
 def heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
     """vLLM 0.25+ runs a draft with another vocabulary (``use_heterogeneous_vocab``); older releases
     refuse it (facts: shared/facts/vllm-flags.md, speculative config)."""
-    if not vllm_version:
-        return False
-    parts = vllm_version.split(".")
-    try:
-        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (0, 25)
-    except (ValueError, IndexError):
-        return False
+    return release_of(vllm_version).heterogeneous_vocab()
 
 
 def draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:

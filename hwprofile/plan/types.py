@@ -431,13 +431,6 @@ class Plan(_Json):
             raise KeyError(f"node {rank}: this plan runs on {self.nodes} node(s)")
         return dataclasses.replace(self, instances=mine)
 
-    def with_instance(self, new: InstancePlan) -> Plan:
-        """This plan with the instance of ``new``'s name replaced by ``new``."""
-        self.instance(new.name)
-        return dataclasses.replace(
-            self, instances=tuple(new if i.name == new.name else i for i in self.instances)
-        )
-
 
 __all__ = [
     "ABSENT",

@@ -8,19 +8,14 @@ argv list; nothing here builds a shell string, and the API key is carried by ref
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import RefusedError
-from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan
-from .versions import Release
+from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan, SpeculativeConfig
+from ..release import Release
 
-Pair = tuple[str, Any]
-UUID_DEVICES_FROM = (
-    0,
-    32,
-    0,
-)  # first release known to accept GPU UUIDs in CUDA_VISIBLE_DEVICES  # (flag, value); value None = a switch, list = several values
+Pair = tuple[str, Any]  # (flag, value); value None = a switch, list = several values
 
 
 class Rendered(NamedTuple):
@@ -100,7 +95,9 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
             out += [("--headless", None), ("--data-parallel-start-rank", k)]
         return out
     backend = str(inst.node_backend) if inst.node_backend is not ABSENT else "mp"
-    if backend == "mp" and all(rel.has(f) for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")):
+    if backend == "mp" and all(
+        rel.has(f) for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")
+    ):
         out += [("--nnodes", n), ("--node-rank", k), ("--master-addr", addr), ("--master-port", port)]
         if k:
             out.append(("--headless", None))
@@ -122,112 +119,186 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
     return out
 
 
-def render_instance(
-    plan: Plan,
-    inst: InstancePlan,
-    rel: Release,
-    vllm_command: str,
-    numactl: str | None,
-) -> Rendered:
-    """``inst`` of ``plan`` as the vLLM release ``rel`` takes it (either typed, or its JSON)."""
-    warnings: list[str] = []
-    if rel.note:
-        warnings.append(rel.note)
-    e, srv = inst.engine, inst.server
-    cuda = inst.device == "cuda"
-    args: list[Pair] = [("--host", srv.host), ("--port", srv.port)]
-    if srv.served_model_name:
-        args.append(("--served-model-name", srv.served_model_name))
-    rev = plan.model.revision
-    if not plan.model.path and isinstance(rev, str) and rev:
-        # a model served by name: the commit that was planned, not whatever main is when vLLM starts
-        args += [("--revision", rev), ("--tokenizer-revision", rev)]
+class Argv:
+    """The one builder every emitter writes through: vLLM's flags in order, the environment, the
+    NUMA wrapper in front, and what had to be dropped or translated (the warnings)."""
 
-    def add(flag: str, value: Any = None, why_missing: str | None = None) -> bool:
-        if rel.has(flag):
-            args.append((flag, value))
+    def __init__(self, rel: Release) -> None:
+        self.rel = rel
+        self.args: list[Pair] = []
+        self.env: dict[str, str] = {}
+        self.prefix: list[str] = []
+        self.warnings: list[str] = []
+
+    def put(self, flag: str, value: Any = None) -> None:
+        """``flag`` as it is (the caller checked the release has it)."""
+        self.args.append((flag, value))
+
+    def add(self, flag: str, value: Any = None, why_missing: str | None = None) -> bool:
+        """``flag`` where the release has it, else a warning; whether it was emitted."""
+        if self.rel.has(flag):
+            self.put(flag, value)
             return True
-        warnings.append(
-            f"{flag} does not exist in vLLM {rel.table}: not emitted"
+        self.warn(
+            f"{flag} does not exist in vLLM {self.rel.table}: not emitted"
             + (f" ({why_missing})" if why_missing else "")
         )
         return False
 
-    def choice(flag: str, value: str, fallback: str) -> str | None:
-        allowed = rel.choices(flag)
+    def choice(self, flag: str, value: str, fallback: str) -> str | None:
+        """``value`` where the release accepts it for ``flag`` (or says nothing of its choices)."""
+        allowed = self.rel.choices(flag)
         if allowed is None or value in allowed:
             return value
-        warnings.append(
-            f"{flag} {value} is not accepted by vLLM {rel.table} (accepts {', '.join(allowed)}): {fallback}"
+        self.warn(
+            f"{flag} {value} is not accepted by vLLM {self.rel.table} (accepts {', '.join(allowed)}): {fallback}"
         )
         return None
 
-    if cuda and e.gpu_memory_utilization is not None:
-        add("--gpu-memory-utilization", e.gpu_memory_utilization)
-    add("--max-model-len", e.max_model_len)
-    add("--max-num-seqs", e.max_num_seqs)
-    add("--max-num-batched-tokens", e.max_num_batched_tokens)
+    def replace(self, flag: str, value: Any) -> None:
+        """The value of ``flag``, already emitted, changed in place."""
+        i = next(n for n, (f, _) in enumerate(self.args) if f == flag)
+        self.args[i] = (flag, value)
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+class Target(NamedTuple):
+    """What every emitter reads: the instance of the plan, the release, the host's numactl, and the
+    speculative decision (made once: the prefill emitter needs whether the instance speculates)."""
+
+    plan: Plan
+    inst: InstancePlan
+    rel: Release
+    numactl: str | None
+    spec_args: list[Pair]
+    speculating: bool
+    spec_warnings: list[str]
+
+    @property
+    def e(self) -> EngineSettings:
+        return self.inst.engine
+
+    @property
+    def cuda(self) -> bool:
+        return self.inst.device == "cuda"
+
+    @property
+    def multinode(self) -> bool:
+        return self.inst.nnodes is not ABSENT and int(self.inst.nnodes) > 1
+
+
+def emit_release_note(t: Target, out: Argv) -> None:
+    if t.rel.note:
+        out.warn(t.rel.note)
+
+
+def emit_server(t: Target, out: Argv) -> None:
+    """Where it listens, the name it serves, the model's revision."""
+    srv = t.inst.server
+    out.put("--host", srv.host)
+    out.put("--port", srv.port)
+    if srv.served_model_name:
+        out.put("--served-model-name", srv.served_model_name)
+    rev = t.plan.model.revision
+    if not t.plan.model.path and isinstance(rev, str) and rev:
+        # a model served by name: the commit that was planned, not whatever main is when vLLM starts
+        out.put("--revision", rev)
+        out.put("--tokenizer-revision", rev)
+
+
+def emit_batching(t: Target, out: Argv) -> None:
+    """Memory share, context length and the batch's bounds."""
+    e = t.e
+    if t.cuda and e.gpu_memory_utilization is not None:
+        out.add("--gpu-memory-utilization", e.gpu_memory_utilization)
+    out.add("--max-model-len", e.max_model_len)
+    out.add("--max-num-seqs", e.max_num_seqs)
+    out.add("--max-num-batched-tokens", e.max_num_batched_tokens)
+
+
+def emit_parallel(t: Target, out: Argv) -> None:
+    """Tensor, pipeline and data parallel sizes; the flags of a group over several nodes."""
+    inst = t.inst
     if inst.tensor_parallel_size > 1:
-        add("--tensor-parallel-size", inst.tensor_parallel_size)
+        out.add("--tensor-parallel-size", inst.tensor_parallel_size)
     if inst.pipeline_parallel_size > 1:
-        add("--pipeline-parallel-size", inst.pipeline_parallel_size)
-    multinode = inst.nnodes is not ABSENT and int(inst.nnodes) > 1
-    if inst.ranks > 1 and not multinode and not add("--data-parallel-size", inst.ranks):
+        out.add("--pipeline-parallel-size", inst.pipeline_parallel_size)
+    if inst.ranks > 1 and not t.multinode and not out.add("--data-parallel-size", inst.ranks):
         raise Unrenderable(
-            f"{inst.name} is one data-parallel server of {inst.ranks} ranks, and vLLM {rel.table} has no "
+            f"{inst.name} is one data-parallel server of {inst.ranks} ranks, and vLLM {t.rel.table} has no "
             "--data-parallel-size (0.8.3+): plan it with --set layout.shape=servers"
         )
-    if multinode:
-        args += _nodes(inst, rel, warnings)
+    if t.multinode:
+        out.args += _nodes(inst, t.rel, out.warnings)
+
+
+def emit_dtypes(t: Target, out: Argv) -> None:
+    """Weights' and KV cache's dtypes, the quantization, eager mode."""
+    e = t.e
     if e.dtype and e.dtype != "auto":
-        dt = choice("--dtype", e.dtype, "left to the model's own dtype")
+        dt = out.choice("--dtype", e.dtype, "left to the model's own dtype")
         if dt:
-            add("--dtype", dt)
+            out.add("--dtype", dt)
     if e.kv_cache_dtype and e.kv_cache_dtype != "auto":
-        kv = choice("--kv-cache-dtype", e.kv_cache_dtype, "KV cache stays in the model's dtype (auto)")
+        kv = out.choice("--kv-cache-dtype", e.kv_cache_dtype, "KV cache stays in the model's dtype (auto)")
         if kv:
-            add("--kv-cache-dtype", kv)
-    table = rel.spec_table()
+            out.add("--kv-cache-dtype", kv)
     quant = e.quantization
-    if quant == "awq" and table["awq_forces_legacy_kernel"]:
-        warnings.append(
-            f"--quantization awq not emitted: on vLLM {rel.table} it forces the legacy AWQ kernel; left to "
+    if quant == "awq" and t.rel.spec_table()["awq_forces_legacy_kernel"]:
+        out.warn(
+            f"--quantization awq not emitted: on vLLM {t.rel.table} it forces the legacy AWQ kernel; left to "
             "vLLM's own detection, which picks the faster awq_marlin kernel where the GPU allows it"
         )
         quant = None
     if quant:
-        q = choice(
-            "--quantization",
-            quant,
-            "not emitted; vLLM reads the checkpoint's quantization_config itself",
+        q = out.choice(
+            "--quantization", quant, "not emitted; vLLM reads the checkpoint's quantization_config itself"
         )
         if q:
-            add("--quantization", q)
+            out.add("--quantization", q)
     if e.enforce_eager:
-        add("--enforce-eager")
+        out.add("--enforce-eager")
+
+
+def emit_hybrid(t: Target, out: Argv) -> None:
+    """A hybrid model's state dtype and cache mode; the vision tower left out."""
+    e = t.e
     if e.mamba_ssm_cache_dtype not in (ABSENT, "auto"):
-        ssm = choice("--mamba-ssm-cache-dtype", str(e.mamba_ssm_cache_dtype), "the model's own SSM state dtype")
+        ssm = out.choice(
+            "--mamba-ssm-cache-dtype", str(e.mamba_ssm_cache_dtype), "the model's own SSM state dtype"
+        )
         if ssm:
-            add("--mamba-ssm-cache-dtype", ssm)
-    if e.mamba_cache_mode is not ABSENT and rel.has("--mamba-cache-mode"):
-        mode = choice("--mamba-cache-mode", str(e.mamba_cache_mode), "vLLM's own default for it")
+            out.add("--mamba-ssm-cache-dtype", ssm)
+    if e.mamba_cache_mode is not ABSENT and t.rel.has("--mamba-cache-mode"):
+        mode = out.choice("--mamba-cache-mode", str(e.mamba_cache_mode), "vLLM's own default for it")
         if mode:
-            add("--mamba-cache-mode", mode)
+            out.add("--mamba-cache-mode", mode)
     if e.language_model_only is True:  # the plan counted no vision tower (plan/loaded.py)
-        add("--language-model-only", None, "the vision tower will load: the plan did not count it")
-    spec_args, speculating = _speculative(plan, inst, e, rel, warnings)
+        out.add("--language-model-only", None, "the vision tower will load: the plan did not count it")
+
+
+def emit_speculative_notes(t: Target, out: Argv) -> None:
+    """What the release changed of the planned speculation (its flags come with the devices')."""
+    out.warnings += t.spec_warnings
+
+
+def emit_prefill(t: Target, out: Argv) -> None:
+    """Prefix caching and chunked prefill, on or said off; the batch bound chunked prefill's
+    absence needs."""
+    e, rel = t.e, t.rel
     chunked = bool(e.enable_chunked_prefill)
-    if chunked and speculating and table["chunked_prefill"] == "refused":
+    if chunked and t.speculating and rel.spec_table()["chunked_prefill"] == "refused":
         chunked = False
-        warnings.append(
+        out.warn(
             f"vLLM {rel.table} refuses chunked prefill together with speculative decoding "
             "('mutually exclusive'): chunked prefill left off"
         )
         need = max(e.max_model_len, e.max_num_seqs)
         if e.max_num_batched_tokens < need:
-            i = next(n for n, (f, _) in enumerate(args) if f == "--max-num-batched-tokens")
-            args[i] = ("--max-num-batched-tokens", need)
-            warnings.append(
+            out.replace("--max-num-batched-tokens", need)
+            out.warn(
                 f"--max-num-batched-tokens raised from {e.max_num_batched_tokens} to {need}: without "
                 f"chunked prefill vLLM {rel.table} needs it >= --max-model-len and >= --max-num-seqs"
             )
@@ -236,89 +307,126 @@ def render_instance(
         ("enable_chunked_prefill", "--enable-chunked-prefill", chunked),
     ):
         if on:
-            add(flag)
+            out.add(flag)
         elif rel.has("--no-" + flag[2:]):
-            args.append(("--no-" + flag[2:], None))
-        elif key == "enable_chunked_prefill" and not chunked and speculating:
+            out.put("--no-" + flag[2:])
+        elif key == "enable_chunked_prefill" and not chunked and t.speculating:
             pass  # this release does not turn chunked prefill on by itself while speculating
         else:
-            warnings.append(
+            out.warn(
                 f"{key}=false cannot be said to vLLM {rel.table} (no --no-{flag[2:]}); its default applies"
             )
 
-    env: dict[str, str] = {
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "VLLM_CONFIGURE_LOGGING": "1",
-        "VLLM_LOGGING_LEVEL": "INFO",
-    }
-    if plan.model.source in ("dir", "hf-cache"):
-        env["HF_HUB_OFFLINE"] = "1"  # the weights are local: never reach for the hub
-    if multinode and inst.node_address is not ABSENT:
-        env["VLLM_HOST_IP"] = str(inst.node_address)  # the address the other nodes reach this one at
-    if cuda:
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
-        if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
-            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        uuids = inst.gpu_uuids or ()  # ABSENT on the CPU instance
-        if rel.v >= UUID_DEVICES_FROM and uuids and all(uuids):
-            # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
-            # (0.32.0 platforms/cuda.py:751-756; older releases call int() on each entry)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(u for u in uuids if u)  # all(uuids): every one
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
-        ic = inst.interconnect or {}  # the recorded interconnect check's decision (plan/interconnect.py)
-        if ic.get("nccl_p2p_disable"):
-            env["NCCL_P2P_DISABLE"] = "1"
-        if ic.get("disable_custom_all_reduce"):
-            if rel.has("--disable-custom-all-reduce"):
-                add("--disable-custom-all-reduce")
-            else:
-                warnings.append(f"vLLM {rel.table} has no --disable-custom-all-reduce: the check asked for it")
-        pinned = e.kv_cache_memory_bytes or None  # ABSENT unless supervise.pin_kv_pool pinned the pool
-        if pinned and rel.has("--kv-cache-memory-bytes"):
-            args.append(("--kv-cache-memory-bytes", pinned))
-        elif pinned:
-            warnings.append(f"vLLM {rel.table} has no --kv-cache-memory-bytes (0.10.2+): the calibrated KV pool "
-                            f"of {pinned} bytes is not pinned; vLLM profiles it")  # fmt: skip
+
+def emit_environment(t: Target, out: Argv) -> None:
+    """The environment every instance gets: no usage stats, vLLM's logging, offline local weights,
+    the address other nodes reach this one at."""
+    out.env.update(
+        {
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CONFIGURE_LOGGING": "1",
+            "VLLM_LOGGING_LEVEL": "INFO",
+        }
+    )
+    if t.plan.model.source in ("dir", "hf-cache"):
+        out.env["HF_HUB_OFFLINE"] = "1"  # the weights are local: never reach for the hub
+    if t.multinode and t.inst.node_address is not ABSENT:
+        out.env["VLLM_HOST_IP"] = str(t.inst.node_address)  # the address the other nodes reach this one at
+
+
+def emit_gpu_devices(t: Target, out: Argv) -> None:
+    """A GPU instance's devices: their numbering, the allocator, what the interconnect check asked
+    for, the calibrated KV pool."""
+    if not t.cuda:
+        return
+    inst, e, rel = t.inst, t.e, t.rel
+    out.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
+    if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
+        out.env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    uuids = [u for u in inst.gpu_uuids or () if u]  # ABSENT on the CPU instance; None: unknown
+    if rel.uuid_visible_devices() and uuids and len(uuids) == len(inst.gpu_uuids):
+        # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
+        out.env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     else:
-        # No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
-        # leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one
-        # thread per physical core of the node the process may use (numactl below) and reserves
-        # cores for them (vllm/utils/ompmultiprocessing.py).
-        kv_bytes = e.kv_cache_memory_bytes or None  # ABSENT on GPU instances
-        if kv_bytes:
-            if rel.has("--kv-cache-memory-bytes"):
-                args.append(("--kv-cache-memory-bytes", kv_bytes))
-            else:
-                gib = max(1, -(-kv_bytes // 2**30))
-                env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
-                if gib * 2**30 != kv_bytes:
-                    warnings.append(
-                        f"vLLM {rel.table} sizes the CPU KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE={gib}); the plan's {kv_bytes} bytes rounded up"
-                    )
-
-    args += spec_args
-
-    # Logs and metrics: keep vLLM's stats (they feed /metrics); keep health polls out of the access log.
-    if not srv.metrics:
-        add("--disable-log-stats")
-    if rel.has("--disable-access-log-for-endpoints"):
-        args.append(("--disable-access-log-for-endpoints", "/health,/metrics,/ping"))
-    if srv.shutdown_timeout:
-        if rel.has("--shutdown-timeout"):
-            args.append(("--shutdown-timeout", srv.shutdown_timeout))
+        out.env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+    ic = inst.interconnect or {}  # the recorded interconnect check's decision (plan/interconnect.py)
+    if ic.get("nccl_p2p_disable"):
+        out.env["NCCL_P2P_DISABLE"] = "1"
+    if ic.get("disable_custom_all_reduce"):
+        if rel.has("--disable-custom-all-reduce"):
+            out.put("--disable-custom-all-reduce")
         else:
-            warnings.append(
-                f"--shutdown-timeout does not exist in vLLM {rel.table}: on SIGTERM it does not drain; "
-                f"the supervisor escalates to SIGKILL after {srv.shutdown_timeout} s"
-            )
+            out.warn(f"vLLM {rel.table} has no --disable-custom-all-reduce: the check asked for it")
+    pinned = e.kv_cache_memory_bytes or None  # ABSENT unless supervise.pin_kv_pool pinned the pool
+    if pinned and rel.has("--kv-cache-memory-bytes"):
+        out.put("--kv-cache-memory-bytes", pinned)
+    elif pinned:
+        out.warn(
+            f"vLLM {rel.table} has no --kv-cache-memory-bytes (0.10.2+): the calibrated KV pool "
+            f"of {pinned} bytes is not pinned; vLLM profiles it"
+        )
 
-    # NUMA binding: vLLM's own flags where they exist (GPU workers), else numactl in front.
-    prefix: list[str] = []
+
+def emit_cpu_kv(t: Target, out: Argv) -> None:
+    """A CPU instance's KV cache size: the flag, or vLLM's variable in whole GiB.
+
+    No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
+    leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one
+    thread per physical core of the node the process may use (numactl below) and reserves cores
+    for them (vllm/utils/ompmultiprocessing.py)."""
+    if t.cuda:
+        return
+    kv_bytes = t.e.kv_cache_memory_bytes or None  # ABSENT on GPU instances
+    if not kv_bytes:
+        return
+    if t.rel.has("--kv-cache-memory-bytes"):
+        out.put("--kv-cache-memory-bytes", kv_bytes)
+        return
+    gib = max(1, -(-kv_bytes // 2**30))
+    out.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+    if gib * 2**30 != kv_bytes:
+        out.warn(
+            f"vLLM {t.rel.table} sizes the CPU KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE={gib}); "
+            f"the plan's {kv_bytes} bytes rounded up"
+        )
+
+
+def emit_speculative_args(t: Target, out: Argv) -> None:
+    out.args += t.spec_args
+
+
+def emit_logging(t: Target, out: Argv) -> None:
+    """Keep vLLM's stats (they feed /metrics); keep health polls out of the access log."""
+    if not t.inst.server.metrics:
+        out.add("--disable-log-stats")
+    if t.rel.has("--disable-access-log-for-endpoints"):
+        out.put("--disable-access-log-for-endpoints", "/health,/metrics,/ping")
+
+
+def emit_shutdown(t: Target, out: Argv) -> None:
+    """How long vLLM drains on SIGTERM, where the release can."""
+    timeout = t.inst.server.shutdown_timeout
+    if not timeout:
+        return
+    if t.rel.has("--shutdown-timeout"):
+        out.put("--shutdown-timeout", timeout)
+    else:
+        out.warn(
+            f"--shutdown-timeout does not exist in vLLM {t.rel.table}: on SIGTERM it does not drain; "
+            f"the supervisor escalates to SIGKILL after {timeout} s"
+        )
+
+
+def emit_numa(t: Target, out: Argv) -> None:
+    """NUMA binding: vLLM's own flags where they exist (GPU workers), else numactl in front."""
+    inst, numactl = t.inst, t.numactl
     node = inst.numa_node
     per_gpu = inst.gpu_numa_nodes or ()
-    vllm_binds = cuda and rel.has("--numa-bind") and rel.has("--numa-bind-nodes")
+    vllm_binds = t.cuda and t.rel.has("--numa-bind") and t.rel.has("--numa-bind-nodes")
+    no_numactl = (
+        "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
+    )
     if (
         vllm_binds
         and per_gpu
@@ -327,49 +435,86 @@ def render_instance(
     ):
         # one node per visible GPU, in CUDA_VISIBLE_DEVICES order: an instance that spans nodes
         # binds each rank to its own GPU's node
-        args += [("--numa-bind", None), ("--numa-bind-nodes", list(per_gpu))]
+        out.put("--numa-bind")
+        out.put("--numa-bind-nodes", list(per_gpu))
         if not numactl:
-            warnings.append(
-                "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
-            )
+            out.warn(no_numactl)
     elif node is None:
         if per_gpu:  # the planner asked for binding (empty: binding off, or one NUMA node)
-            warnings.append(f"{inst.name}: NUMA node unknown or not shared by its GPUs: not bound")
+            out.warn(f"{inst.name}: NUMA node unknown or not shared by its GPUs: not bound")
     elif vllm_binds:
-        args += [("--numa-bind", None), ("--numa-bind-nodes", [node] * len(inst.gpus))]
+        out.put("--numa-bind")
+        out.put("--numa-bind-nodes", [node] * len(inst.gpus))
         if not numactl:
-            warnings.append(
-                "vLLM's --numa-bind runs workers under numactl, which is not on this host (apt-get install numactl)"
-            )
+            out.warn(no_numactl)
     elif numactl:
-        prefix = [numactl, f"--cpunodebind={node}", f"--membind={node}", "--"]
+        out.prefix = [numactl, f"--cpunodebind={node}", f"--membind={node}", "--"]
     else:
-        warnings.append(
-            f"{inst.name}: numactl not found: NUMA node {node} not bound (apt-get install numactl)"
-        )
+        out.warn(f"{inst.name}: numactl not found: NUMA node {node} not bound (apt-get install numactl)")
 
-    if srv.extra_args:
-        warnings.append(
-            f"server.extra_args appended as given (not checked against the plan): {' '.join(srv.extra_args)}"
-        )
-        args += [(a, None) for a in srv.extra_args]
-    secrets = {"VLLM_API_KEY": srv.api_key_env} if srv.api_key_env else {}
-    model = plan.model.path or plan.model.name
+
+def emit_extra_args(t: Target, out: Argv) -> None:
+    """``server.extra_args``, last, as given."""
+    extra = t.inst.server.extra_args
+    if extra:
+        out.warn(f"server.extra_args appended as given (not checked against the plan): {' '.join(extra)}")
+        out.args += [(a, None) for a in extra]
+
+
+# The emitters in the order their flags, variables and warnings appear: one concern each.
+EMITTERS: tuple[Callable[[Target, Argv], None], ...] = (
+    emit_release_note,
+    emit_server,
+    emit_batching,
+    emit_parallel,
+    emit_dtypes,
+    emit_hybrid,
+    emit_speculative_notes,
+    emit_prefill,
+    emit_environment,
+    emit_gpu_devices,
+    emit_cpu_kv,
+    emit_speculative_args,
+    emit_logging,
+    emit_shutdown,
+    emit_numa,
+    emit_extra_args,
+)
+
+
+def render_instance(
+    plan: Plan,
+    inst: InstancePlan,
+    rel: Release,
+    vllm_command: str,
+    numactl: str | None,
+) -> Rendered:
+    """``inst`` of ``plan`` as the vLLM release ``rel`` takes it: each emitter of :data:`EMITTERS`
+    in turn, writing through one :class:`Argv`."""
+    if rel.target is None or rel.table is None:
+        raise Unrenderable(f"{inst.name}: vLLM {rel.target or 'unknown'} has no flag table to render for")
+    spec_warnings: list[str] = []
+    spec_args, speculating = _speculative(plan, inst, inst.engine, rel, spec_warnings)
+    target = Target(plan, inst, rel, numactl, spec_args, speculating, spec_warnings)
+    out = Argv(rel)
+    for emit in EMITTERS:
+        emit(target, out)
+    srv = inst.server
     return Rendered(
         name=inst.name,
         vllm_version=rel.target,
         flag_table=rel.table,
-        prefix=prefix,
-        command=[vllm_command, "serve", model],
-        args=args,
-        env=env,
-        secrets=secrets,
-        numa_node=node,
+        prefix=out.prefix,
+        command=[vllm_command, "serve", plan.model.path or plan.model.name],
+        args=out.args,
+        env=out.env,
+        secrets={"VLLM_API_KEY": srv.api_key_env} if srv.api_key_env else {},
+        numa_node=inst.numa_node,
         cpus=inst.cpus,
         gpus=list(inst.gpus),
         device=inst.device,
         stop_timeout_s=srv.shutdown_timeout + 20,
-        warnings=warnings,
+        warnings=out.warnings,
     )
 
 
@@ -384,19 +529,22 @@ def _fixed_k(by_batch: Sequence[Sequence[Any]], max_seqs: int, k: int) -> int:
     return best if best is not None else k
 
 
-def _speculative(
-    plan: Plan, inst: InstancePlan, e: EngineSettings, rel: Release, warnings: list[str]
-) -> tuple[list[Pair], bool]:
-    """The speculative-decoding arguments this release accepts and honours, and whether the
-    instance speculates at all once the release's refusals are applied."""
-    spec = inst.speculative
-    if not spec:
-        return [], False
-    table = rel.spec_table()
-    method, model, k = spec.method, spec.model, int(spec.num_speculative_tokens)
-    lookup_max = 4 if spec.prompt_lookup_max is ABSENT else spec.prompt_lookup_max
-    lookup_min = 2 if spec.prompt_lookup_min is ABSENT else spec.prompt_lookup_min
-    draft = plan.draft
+class _Method(NamedTuple):
+    """The speculative method the release will run, after its refusals and fallbacks."""
+
+    method: str
+    model: str | None
+    other_vocab: bool  # a draft with another vocabulary (or other tokens at the same size)
+    ngram: str  # the name this release gives ngram
+
+
+def _spec_method(
+    plan: Plan, inst: InstancePlan, spec: SpeculativeConfig, rel: Release, warnings: list[str]
+) -> _Method | None:
+    """The planned method, or ngram where this release (or an offline host) cannot run the draft;
+    None where the release speculates not at all on this instance."""
+    table, draft = rel.spec_table(), plan.draft
+    method, model = spec.method, spec.model
     if method == "draft_model" and not table["draft_model"]:
         warnings.append(
             f"vLLM {rel.table} (V1 engine) has no draft-model speculation (NotImplementedError until 0.15.0): "
@@ -434,86 +582,120 @@ def _speculative(
             else "its CPU model runner refuses speculative decoding at start"
         )
         warnings.append(f"no speculative decoding on vLLM {rel.table}'s CPU backend ({why}): off")
-        return [], False
+        return None
     ngram = "[ngram]" if table["form"] == "legacy" and "[ngram]" in table["methods"] else "ngram"
     if (ngram if method == "ngram" else method) not in table["methods"]:
         warnings.append(
             f"speculative method {method} does not exist in vLLM {rel.table} "
             f"(has {', '.join(table['methods'])}): speculative decoding off"
         )
-        return [], False
+        return None
+    return _Method(method, model, other_vocab, ngram)
 
+
+class _Tokens(NamedTuple):
+    """How many tokens to propose: a fixed k, k by batch size, or k until a batch size."""
+
+    k: int
+    disable_by_batch: int | None
+    per_batch: list[list[int]] | None
+
+
+def _spec_tokens(
+    inst: InstancePlan, spec: SpeculativeConfig, method: str, rel: Release, warnings: list[str]
+) -> _Tokens:
+    """The plan's k (and its k-by-batch table) as this release can say it."""
+    e, table = inst.engine, rel.spec_table()
+    k = int(spec.num_speculative_tokens)
     by_batch = spec.num_speculative_tokens_per_batch_size or None  # ABSENT: none
-    disable_by_batch: int | None = None
-    per_batch: list[list[int]] | None = None
+    if not by_batch:
+        return _Tokens(k, None, None)
+    if table["per_batch_size"]:
+        per_batch = [[lo, hi if hi is not None else max(lo, e.max_num_seqs), kk] for lo, hi, kk in by_batch]
+        return _Tokens(k, None, per_batch)
     protection = table["disable_by_batch_size"]
     if protection == "draft_model_only":
         protection = "honoured" if method == "draft_model" else "ignored"
-    if by_batch:
-        if table["per_batch_size"]:
-            per_batch = [
-                [lo, hi if hi is not None else max(lo, e.max_num_seqs), kk] for lo, hi, kk in by_batch
-            ]
-        else:
-            off = next((row[0] for row in by_batch if row[2] <= 1), None)
-            if protection == "honoured" and off is not None:
-                k = by_batch[0][2] or k
-                disable_by_batch = off
-                warnings.append(
-                    f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off "
-                    f"from batch size {off} (disable_by_batch_size), the nearest it offers"
-                )
-            else:
-                k = _fixed_k(by_batch, e.max_num_seqs, k)
-                why = (
-                    "accepts disable_by_batch_size but never reads it (V1 engine)"
-                    if protection == "ignored"
-                    else "has neither k by batch size (0.25+) nor disable_by_batch_size"
-                )
-                warnings.append(
-                    f"vLLM {rel.table} {why}: speculation runs with a fixed k={k} at every load (the k of "
-                    "the widest band of the plan's k-by-batch table); at high load a fixed k can be slower "
-                    "than no speculation"
-                )
+    off = next((row[0] for row in by_batch if row[2] <= 1), None)
+    if protection == "honoured" and off is not None:
+        k = by_batch[0][2] or k
+        warnings.append(
+            f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off "
+            f"from batch size {off} (disable_by_batch_size), the nearest it offers"
+        )
+        return _Tokens(k, off, None)
+    k = _fixed_k(by_batch, e.max_num_seqs, k)
+    why = (
+        "accepts disable_by_batch_size but never reads it (V1 engine)"
+        if protection == "ignored"
+        else "has neither k by batch size (0.25+) nor disable_by_batch_size"
+    )
+    warnings.append(
+        f"vLLM {rel.table} {why}: speculation runs with a fixed k={k} at every load (the k of "
+        "the widest band of the plan's k-by-batch table); at high load a fixed k can be slower "
+        "than no speculation"
+    )
+    return _Tokens(k, None, None)
 
-    draft_tp: int | None = None
+
+def _draft_tp(inst: InstancePlan, method: str, rel: Release, warnings: list[str]) -> int | None:
+    """The draft's tensor parallel size where the release needs it said (None: left out)."""
     if (
         method == "draft_model"
-        and table["chunked_prefill"] == "draft_tp_1"
-        and e.enable_chunked_prefill
+        and rel.spec_table()["chunked_prefill"] == "draft_tp_1"
+        and inst.engine.enable_chunked_prefill
         and inst.tensor_parallel_size > 1
     ):
-        draft_tp = 1
         warnings.append(
             f"vLLM {rel.table} needs the draft on one GPU with chunked prefill: draft tensor parallel size 1"
         )
+        return 1
+    return None
 
-    args: list[Pair] = []
+
+def _speculative(
+    plan: Plan, inst: InstancePlan, e: EngineSettings, rel: Release, warnings: list[str]
+) -> tuple[list[Pair], bool]:
+    """The speculative-decoding arguments this release accepts and honours, and whether the
+    instance speculates at all once the release's refusals are applied."""
+    spec = inst.speculative
+    if not spec:
+        return [], False
+    chosen = _spec_method(plan, inst, spec, rel, warnings)
+    if chosen is None:
+        return [], False
+    method, model = chosen.method, chosen.model
+    tokens = _spec_tokens(inst, spec, method, rel, warnings)
+    draft_tp = _draft_tp(inst, method, rel, warnings)
+    lookup_max = 4 if spec.prompt_lookup_max is ABSENT else spec.prompt_lookup_max
+    lookup_min = 2 if spec.prompt_lookup_min is ABSENT else spec.prompt_lookup_min
+    table = rel.spec_table()
     if table["form"] == "legacy":
-        args.append(("--speculative-model", model if method == "draft_model" else ngram))
-        args.append(("--num-speculative-tokens", k))
+        args: list[Pair] = [
+            ("--speculative-model", model if method == "draft_model" else chosen.ngram),
+            ("--num-speculative-tokens", tokens.k),
+        ]
         if method == "ngram":
             args += [("--ngram-prompt-lookup-max", lookup_max), ("--ngram-prompt-lookup-min", lookup_min)]
         if draft_tp is not None:
             args.append(("--speculative-draft-tensor-parallel-size", draft_tp))
-        if disable_by_batch is not None:
-            args.append(("--speculative-disable-by-batch-size", disable_by_batch))
+        if tokens.disable_by_batch is not None:
+            args.append(("--speculative-disable-by-batch-size", tokens.disable_by_batch))
         return args, True
     # The draft's tensor parallel size is left out: unset means the target's, which every release
     # accepts (0.15+ requires it equal; 0.6.3 refuses anything but 1 when given).
-    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": tokens.k}
     if model:
         cfg["model"] = model
     if method == "ngram":
         cfg["prompt_lookup_max"], cfg["prompt_lookup_min"] = lookup_max, lookup_min
-    if method == "draft_model" and other_vocab:
+    if method == "draft_model" and chosen.other_vocab:
         cfg["use_heterogeneous_vocab"] = True  # needs greedy draft sampling, vLLM's default
-    if disable_by_batch is not None:
-        cfg["disable_by_batch_size"] = disable_by_batch
-    if per_batch:
-        cfg["num_speculative_tokens_per_batch_size"] = per_batch
+    if tokens.disable_by_batch is not None:
+        cfg["disable_by_batch_size"] = tokens.disable_by_batch
+    if tokens.per_batch:
+        cfg["num_speculative_tokens_per_batch_size"] = tokens.per_batch
     for key in [key for key in cfg if key not in table["keys"]]:
         warnings.append(f"speculative key {key} does not exist in vLLM {rel.table}: dropped")
         del cfg[key]
-    args.append(("--speculative-config", json.dumps(cfg, separators=(",", ":"))))
-    return args, True
+    return [("--speculative-config", json.dumps(cfg, separators=(",", ":")))], True

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from ..plan.types import ABSENT, InstancePlan, Plan
 from ..render.translate import Rendered
-from ..runfiles import LOG_FILE, InstanceRecord
 from ..runtime.processes import Identity, identify
 from ..telemetry import http
 from .child import end_group, exited, port_free, short_tmpdir, spawn
@@ -33,6 +32,7 @@ from .ladder import replan_step, step_change
 from .lifecycle import Machine, State
 from .logs import RotatingLog, private_dir, pump
 from .pools import record as record_pool
+from .runfiles import LOG_FILE, InstanceRecord
 from .verify import compare, parse_startup
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ and thread each), the runtime directory's lock and the state file that mirrors e
 
 Trust: the supervisor holds ``<runtime>/supervisor.lock`` for its whole life (a second supervisor is
 refused), records each process as PID plus start time, and removes ``state.json`` when it ends
-cleanly, leaving ``last.json`` (both :mod:`hwprofile.runfiles` documents). How one instance is run,
+cleanly, leaving ``last.json`` (both :mod:`hwprofile.supervise.runfiles` documents). How one instance is run,
 restarted and stopped is :mod:`.instance` (its process: :mod:`.child`; its memory ladder:
 :mod:`.ladder`). A supervisor is built in one place only: :func:`hwprofile.launch.start.supervisor`,
 after the checks every start passes."""
@@ -19,7 +19,13 @@ from collections.abc import Callable
 from ..plan.types import InstancePlan, Plan
 from ..render.translate import Rendered, render_instance
 from ..render.versions import Release
-from ..runfiles import (
+from ..runtime.processes import identify
+from .instance import Instance
+from .lifecycle import TERMINAL, State
+from .logs import private_dir
+from .options import Options
+from .router import RouterFront
+from .runfiles import (
     LAST_FILE,
     STATE_FILE,
     RunFileError,
@@ -29,12 +35,6 @@ from ..runfiles import (
     remove,
     write_doc,
 )
-from ..runtime.processes import identify
-from .instance import Instance
-from .lifecycle import TERMINAL, State
-from .logs import private_dir
-from .options import Options
-from .router import RouterFront
 
 log = logging.getLogger("hwprofile")
 

@@ -14,7 +14,8 @@ while every instance serves, 503 first when a degrade is about to drain) and ``/
 
 Three floors: :mod:`.workloads` (which pods a GPU class becomes, each re-planned as it sees
 itself), :mod:`.sizes` (their resources, probes and grace periods, decided) and :mod:`.manifests`
-(the YAML documents, formatted from those; nothing is computed in a template).
+(the YAML documents, formatted from those; nothing is computed in a template); under them
+:mod:`.nodes` (the cluster's nodes as one host snapshot per GPU class, by GPU Feature Discovery's labels).
 """
 
 from .manifests import render_k8s

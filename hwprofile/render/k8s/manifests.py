@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import RefusedError
-from ...kubenodes import valid_label_value
+from ...release import parse_version
 from ..output import label
 from ..translate import Rendered
-from ..versions import parse_version
+from .nodes import valid_label_value
 from .sizes import (
     ASSUMED_DOWNLOAD_BYTES_S,
     PRESTOP_S,
@@ -62,7 +62,7 @@ def nodes_annotation(nodes: Sequence[str]) -> str:
 def image_of(opts: Options) -> str:
     if opts.image:
         return opts.image
-    major, minor, patch = parse_version(opts.release.target)
+    major, minor, patch = parse_version(opts.release.target or "")
     return (
         f"hwprofile-vllm:v{major}.{minor}.{patch}"  # podman build -t hwprofile-vllm:vX.Y.Z -f Containerfile .
     )

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ...errors import RefusedError
-from ...kubenodes import gfd_product, pod_view
 from ...pipeline import PlanInputs, resolve_settings
 from ...plan.nodes import USER_LAYERS
 from ...plan.types import InstancePlan, Plan
 from ..translate import Rendered, render_instance
 from ..versions import Release
+from .nodes import gfd_product, pod_view
 from .sizes import READY_FAILURES, READY_PERIOD_S
 
 POD_ROOT = "/etc/hwprofile/k8s"  # the ConfigMap; also the pod's --config-root (no profiles/ in it)

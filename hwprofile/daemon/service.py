@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config.settings import Server
-from .errors import OperationError
-from .render.output import systemd_quote
-from .runtime.files import atomic_write
-from .runtime.processes import module_command
+from ..config.settings import Server
+from ..errors import OperationError
+from ..render.output import systemd_quote
+from ..runtime.files import atomic_write
+from ..runtime.processes import module_command
 
 UNIT_NAME = "hwprofile.service"
 TMPFILES_NAME = "hwprofile.conf"
@@ -266,7 +266,7 @@ def install(
 def make_config_root(root: Path) -> list[str]:
     """The configuration root and its three directories, made where missing (0755, never through a link:
     an existing one that is not a directory is an error naming it); what was made, one line each."""
-    from .runtime.files import WriteError
+    from ..runtime.files import WriteError
 
     done = []
     for d in (root, root / "profiles", root / "overrides.d", root / "rules.d"):
@@ -305,12 +305,12 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
     its PID still has the recorded start time (like ``hwprofile stop``) and that the supervisor
     there is a daemon (``daemon.json`` names the same PID: a plain ``hwprofile launch`` would die
     of SIGHUP). Then wait up to ``wait_s`` for the daemon to say how the reload went. Both files are
-    read by :func:`hwprofile.runfiles.read_doc` (nothing planted is trusted)."""
+    read by :func:`hwprofile.supervise.runfiles.read_doc` (nothing planted is trusted)."""
     import signal
     import time
 
-    from .runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
-    from .runtime.processes import ALIVE, check, signal_process
+    from ..runtime.processes import ALIVE, check, signal_process
+    from ..supervise.runfiles import DAEMON_FILE, STATE_FILE, DaemonDoc, SupervisorDoc, read_doc
 
     state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     if state is None:
@@ -345,13 +345,3 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
         time.sleep(0.1)
     done.append(f"no answer from the daemon in {wait_s:.0f} s (see hwprofile status)")
     return done
-
-
-# systemd/hwprofile.service in the repository: this, rendered (tests/test_service_unit.py checks it)
-EXAMPLE_COMMAND = ("/opt/hwprofile/.venv/bin/hwprofile",)
-EXAMPLE_ARGS = ("--model", "/srv/models/model")
-EXAMPLE_ORIGIN = " (this copy: an example; run it for one with this installation's ExecStart)"
-
-
-def example_unit() -> str:
-    return render_unit(EXAMPLE_ARGS, command=EXAMPLE_COMMAND, origin=EXAMPLE_ORIGIN)

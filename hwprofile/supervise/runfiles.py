@@ -35,15 +35,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .contracts import BadJson, Const, Int, Invalid, List, Num, Obj, Str, parse_json
-from .errors import InputError, OperationError
-from .runtime.files import atomic_write, read_bounded
-from .runtime.lock import FileLock, held
-from .runtime.processes import Identity
+from ..contracts import BadJson, Const, Int, Invalid, List, Num, Obj, Str, parse_json
+from ..errors import InputError, OperationError
+from ..runtime.files import atomic_write, read_bounded
+from ..runtime.lock import FileLock, held
+from ..runtime.processes import Identity
 
 if TYPE_CHECKING:
-    from .pipeline import PlanInputs
-    from .plan.types import Plan
+    from ..pipeline import PlanInputs
+    from ..plan.types import Plan
 
 STATE_FILE = "state.json"
 LAST_FILE = "last.json"
@@ -362,8 +362,8 @@ class LaunchDoc:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], source: str = LAUNCH_FILE) -> LaunchDoc:
-        from .pipeline import PlanInputs
-        from .plan.types import Plan
+        from ..pipeline import PlanInputs
+        from ..plan.types import Plan
 
         try:
             return cls(
@@ -412,7 +412,7 @@ def read_doc(path: Path, kind: type[Doc], check_dir: bool = True) -> Doc | None:
     """The document of ``kind`` in ``path`` (see the module doc for every check), or None when the
     file does not exist. ``check_dir``: the directory holding it must be this user's own, as the
     runtime directory is (a ``--plan-file`` elsewhere is checked as a file only)."""
-    from .runtime.dirs import UnsafeDirectory, check_private
+    from ..runtime.dirs import UnsafeDirectory, check_private
 
     if check_dir:
         try:
@@ -457,7 +457,7 @@ def remove(path: Path) -> None:
 
 def json_schema(kind: type) -> dict[str, Any]:
     """The contract of ``kind`` as JSON Schema (draft 2020-12): what ``schemas/`` holds (a test
-    keeps the files equal to this). Regenerate them with ``python -m hwprofile.runfiles``."""
+    keeps the files equal to this). Regenerate them with ``python -m hwprofile.supervise.runfiles``."""
     table, schema = _CONTRACTS[kind]
     name = schema.replace("/", "-")
     return {
@@ -504,7 +504,7 @@ def already_message(runtime: Path) -> str:
 
 if (
     __name__ == "__main__"
-):  # python -m hwprofile.runfiles: write schemas/hwprofile.{state,launch,daemon}-1.schema.json
+):  # python -m hwprofile.supervise.runfiles: write schemas/hwprofile.{state,launch,daemon}-1.schema.json
     import sys
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas")

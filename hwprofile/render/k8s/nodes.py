@@ -16,9 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeGuard
 
-from .host.snapshot import Cpu, Driver, Gpu, GpuLink, HostSnapshot, PcieLink, Software
-from .host.snapshot_io import snapshot_from_dict
-from .plan import gpufacts
+from ...host.snapshot import Cpu, Driver, Gpu, GpuLink, HostSnapshot, PcieLink, Software
+from ...host.snapshot_io import snapshot_from_dict
+from ...plan import gpufacts
 
 PRODUCT = "nvidia.com/gpu.product"
 COUNT = "nvidia.com/gpu.count"

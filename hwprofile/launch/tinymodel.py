@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .runtime.dirs import cache_dir
+from ..runtime.dirs import cache_dir
 
 DEFAULT_DIR = cache_dir() / "tiny-llama"
 

@@ -1,0 +1,30 @@
+"""vLLM's releases, one home: what each release accepts (its flag table, read off its own parser:
+``hwprofile/data/vllm.json``, rebuilt by ``tools/build_vllm_table.py``) and what it does (the named
+floors of :mod:`.facts`), as one typed :class:`Release` that planning and rendering both ask.
+
+Adding a release is one entry: its table in ``vllm.json``; a fact "from release X, vLLM does Y" is
+one :data:`~.facts.FLOORS` entry and one method of :class:`Release`."""
+
+from .facts import (
+    ARCHITECTURES,
+    FLOORS,
+    Floor,
+    Release,
+    UnknownVersion,
+    known_versions,
+    parse_version,
+    release,
+    release_of,
+)
+
+__all__ = [
+    "ARCHITECTURES",
+    "FLOORS",
+    "Floor",
+    "Release",
+    "UnknownVersion",
+    "known_versions",
+    "parse_version",
+    "release",
+    "release_of",
+]

@@ -1,0 +1,296 @@
+"""One vLLM release as planning and rendering see it: its flag table and its named behaviour floors.
+
+Two kinds of fact, both read here and nowhere else:
+
+- what a release *accepts*: every option, its choices, its ``--speculative-config`` keys and
+  methods (``hwprofile/data/vllm.json``, read off each release's own parser by
+  ``tools/build_vllm_table.py``). A release between two tables gets the older one's (flags are only
+  ever added or removed at releases, so the older table is the safe choice).
+- what a release *does* that no parser shows: :data:`FLOORS` (the first release with a behaviour)
+  and :data:`ARCHITECTURES` (the first release serving an architecture), each with its source.
+
+A :class:`Release` answers with named methods (``rel.data_parallel()``, ``rel.ssm_float16()``);
+where the release is unknown (no vLLM in the snapshot) each method says what hwprofile assumes,
+and why, in its docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+Version = tuple[int, int, int]
+
+
+class UnknownVersion(InputError, ValueError):
+    pass
+
+
+_VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> Version:
+    """``"0.32.0+cpu"`` → ``(0, 32, 0)``; ``"0.10.1.post1"`` → ``(0, 10, 1)``."""
+    m = _VERSION.match(text)
+    if not m:
+        raise UnknownVersion(f"'{text}' is not a vLLM version (expected e.g. 0.11.0)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def _read_version(text: str | None) -> Version | None:
+    """:func:`parse_version`, or None where there is no version or it cannot be read."""
+    try:
+        return parse_version(text) if text else None
+    except UnknownVersion:
+        return None
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The first release where vLLM does something, with where that was read."""
+
+    since: Version
+    what: str
+    source: str
+
+    @property
+    def text(self) -> str:
+        return ".".join(map(str, self.since))
+
+
+# Behaviour floors no parser shows (the flag table holds the rest): one entry per fact, one method
+# of Release reads each.
+FLOORS: dict[str, Floor] = {
+    "mtp_head_shared": Floor(
+        (0, 17, 0),
+        "the MTP drafter's own embedding and LM head are freed after load (shared with the target)",
+        "vllm#53887; read in 0.17, 0.18 and 0.32",
+    ),
+    "several_batches_in_flight": Floor(
+        (0, 29, 0),
+        "max_concurrent_batches batches in flight per sliding-window layer (before: one batch)",
+        "0.25.0 SlidingWindowSpec.max_memory_usage_bytes; 0.32.0 config/vllm.py max_in_flight_tokens",
+    ),
+    "flashinfer_gdn_prefill": Floor(
+        (0, 33, 0),
+        "GDN layers on FlashInfer's prefill kernel on Hopper (a prefill checkpoint page, 64-token grid)",
+        "0.33.0 qwen_gdn_linear_attn.py",
+    ),
+    "mamba2_prefill_checkpoint": Floor(
+        (0, 32, 0),
+        "Mamba2 mixers export a prefill checkpoint page in align mode",
+        "mamba_mixer2.py, 0.32 and 0.33",
+    ),
+    "uuid_visible_devices": Floor(
+        (0, 32, 0),
+        "GPU UUIDs accepted in CUDA_VISIBLE_DEVICES (mapped back to NVML indexes)",
+        "0.32.0 platforms/cuda.py:751-756; older releases call int() on each entry",
+    ),
+}
+
+# model_type prefix (the text config's, as hwprofile reads it) → the first release serving it.
+# Checked against each release's model_executor/models (../shared/facts/hybrid.md): 0.16 refuses it.
+ARCHITECTURES: dict[str, Floor] = {
+    "qwen3_5": Floor(
+        (0, 17, 0),
+        "the qwen3_5 architecture (Qwen3.5 / Qwen3.6 / Qwen3.8: Gated DeltaNet hybrid)",
+        "shared/facts/hybrid.md; Qwen3_5ForConditionalGeneration from vLLM 0.17.0",
+    ),
+}
+
+
+class Catalog:
+    """The flag table of every known release (``hwprofile/data/vllm.json``), read once."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.versions: list[str] = sorted(doc["versions"], key=parse_version)
+
+    def table_for(self, want: Version) -> str | None:
+        """The release whose table applies to ``want``: its own, else the nearest older one's; None
+        where ``want`` is older than every known release."""
+        older = [v for v in self.versions if parse_version(v) <= want]
+        return older[-1] if older else None
+
+    def last_without_method(self, method: str) -> Version | None:
+        """The last known release before the first that has speculative ``method`` (None: every
+        known release has it, or none does)."""
+        have = [i for i, v in enumerate(self.versions) if method in self.doc["speculative"][v]["methods"]]
+        if not have or have[0] == 0:
+            return None
+        return parse_version(self.versions[have[0] - 1])
+
+
+@lru_cache(maxsize=1)
+def _doc() -> dict[str, Any]:
+    return json.loads((Path(__file__).resolve().parent.parent / "data" / "vllm.json").read_text())
+
+
+@lru_cache(maxsize=1)
+def catalog() -> Catalog:
+    return Catalog(_doc())
+
+
+@dataclass(frozen=True)
+class Release:
+    """One vLLM release: ``target`` the version asked for (None: no vLLM known), ``table`` the
+    release whose flag table applies (None: unknown, or older than every table), ``note`` why they
+    differ where they do."""
+
+    target: str | None
+    table: str | None
+    note: str | None = None
+
+    # -- the flag table ------------------------------------------------------------------------
+
+    @property
+    def version(self) -> Version | None:
+        """The target's version (None: unknown or unreadable)."""
+        return _read_version(self.target)
+
+    @property
+    def known(self) -> bool:
+        return self.version is not None
+
+    @property
+    def rendered_for(self) -> str:
+        """The version a render was made for (:func:`release` always has one); a :class:`Release`
+        without a target (:func:`release_of` of an unknown vLLM) was never rendered for: ValueError."""
+        if self.target is None:
+            raise ValueError("no vLLM release: nothing was rendered for it")
+        return self.target
+
+    def has(self, flag: str) -> bool:
+        return self.table is not None and flag in catalog().doc["options"][self.table]
+
+    def choices(self, flag: str) -> list[str] | None:
+        """Values this release accepts for ``flag`` (enforced by argparse or checked by the engine)."""
+        if self.table is None:
+            return None
+        doc = catalog().doc
+        values = doc["values"].get(flag, {}).get(self.table)
+        if values is not None:
+            return list(values)
+        opt = doc["options"][self.table].get(flag)
+        return list(opt) if isinstance(opt, list) else None
+
+    def spec_table(self) -> dict[str, Any]:
+        """What this release does with speculative decoding: ``--speculative-config`` keys and
+        methods, whether unknown keys are rejected, which load-protection and vocabulary options
+        it honours, its refusals (tools/build_vllm_table.py derives it from the shared facts)."""
+        if self.table is None:
+            raise UnknownVersion(f"no flag table for vLLM {self.target}")
+        return catalog().doc["speculative"][self.table]
+
+    def options(self) -> dict[str, Any]:
+        return dict(catalog().doc["options"][self.table]) if self.table is not None else {}
+
+    def reaches(self, floor: Floor) -> bool | None:
+        """Whether this release is at or past ``floor`` (None: the release is unknown)."""
+        v = self.version
+        return None if v is None else v >= floor.since
+
+    def _flag(self, flag: str, unknown: bool) -> bool:
+        return unknown if not self.known else self.has(flag)
+
+    # -- named capabilities: what planning and rendering ask -----------------------------------
+
+    def data_parallel(self) -> bool:
+        """``--data-parallel-size`` (0.8.3+); an unknown release: assumed (the renderer refuses
+        where the flag is missing)."""
+        return self._flag("--data-parallel-size", True)
+
+    def numa_bind_nodes(self) -> bool:
+        """``--numa-bind-nodes``: each rank bound to its own node (0.20+); unknown: assumed."""
+        return self._flag("--numa-bind-nodes", True)
+
+    def language_model_only(self) -> bool:
+        """``--language-model-only`` (0.18+); unknown: assumed (the renderer's table decides, and
+        says so where the flag is missing)."""
+        return self._flag("--language-model-only", True)
+
+    def ssm_float16(self) -> bool:
+        """``--mamba-ssm-cache-dtype float16`` among the choices (0.13+); unknown: assumed."""
+        if not self.known:
+            return True
+        return "float16" in (self.choices("--mamba-ssm-cache-dtype") or [])
+
+    def heterogeneous_vocab(self) -> bool:
+        """A draft with another vocabulary (``use_heterogeneous_vocab``, 0.25+); unknown: not
+        assumed (older releases refuse the draft)."""
+        return self.table is not None and self.known and bool(self.spec_table()["heterogeneous_vocab"])
+
+    def may_pick_method(self, method: str) -> bool:
+        """Whether this release can pick speculative ``method`` (False only where it is known to
+        predate it: at or before the last table without it); unknown: it may."""
+        v, last = self.version, catalog().last_without_method(method)
+        return v is None or last is None or v > last
+
+    def mtp_head_shared(self) -> bool:
+        """:data:`FLOORS` ``mtp_head_shared``; unknown: the newest behaviour (shared)."""
+        return self.reaches(FLOORS["mtp_head_shared"]) is not False
+
+    def several_batches_in_flight(self) -> bool:
+        """:data:`FLOORS` ``several_batches_in_flight``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["several_batches_in_flight"]) is not False
+
+    def flashinfer_gdn_prefill(self) -> bool:
+        """:data:`FLOORS` ``flashinfer_gdn_prefill`` (the release's side of it; Hopper is the
+        caller's); unknown: not assumed."""
+        return self.reaches(FLOORS["flashinfer_gdn_prefill"]) is True
+
+    def mamba2_prefill_checkpoint(self) -> bool:
+        """:data:`FLOORS` ``mamba2_prefill_checkpoint``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["mamba2_prefill_checkpoint"]) is not False
+
+    def uuid_visible_devices(self) -> bool:
+        """:data:`FLOORS` ``uuid_visible_devices``; unknown: not assumed (indexes work everywhere)."""
+        return self.reaches(FLOORS["uuid_visible_devices"]) is True
+
+    def missing_architecture(self, model_type: str | None) -> Floor | None:
+        """The architecture floor this release is known to be below for ``model_type`` (None: it
+        serves it, hwprofile knows no floor, or the release is unknown)."""
+        mtype = model_type or ""
+        for prefix, floor in ARCHITECTURES.items():
+            if mtype.startswith(prefix):
+                return floor if self.reaches(floor) is False else None
+        return None
+
+
+def known_versions() -> list[str]:
+    return list(catalog().doc["versions"])
+
+
+def release(target: str) -> Release:
+    """The release to render for: ``target``'s own table, else the nearest older release's (an
+    :class:`UnknownVersion` where ``target`` is unreadable or older than every table)."""
+    want = parse_version(target)
+    cat = catalog()
+    table = cat.table_for(want)
+    if table is None:
+        raise UnknownVersion(
+            f"vLLM {target} is older than the oldest release hwprofile knows ({cat.versions[0]})"
+        )
+    if parse_version(table) == want:
+        return Release(target, table, None)
+    return Release(
+        target, table, f"no flag table for vLLM {target}; using {table}'s, the nearest older release"
+    )
+
+
+def release_of(target: str | None) -> Release:
+    """The release a plan is made for, never refused: unknown (None, unreadable) or older than every
+    table gives a :class:`Release` whose named methods say what hwprofile assumes."""
+    want = _read_version(target)
+    if target is None or want is None:
+        return Release(target, None, f"vLLM {target or 'unknown'}: no release known")
+    table = catalog().table_for(want)
+    if table is None:
+        return Release(target, None, f"vLLM {target} is older than every release hwprofile knows")
+    return release(target)

@@ -1,0 +1,170 @@
+"""vLLM's release facts have one home (hwprofile/release/): the named capabilities read the flag
+table as the floors hwprofile used to hard-code, a release added to the table changes the plan and
+the render together, and no module outside the home compares versions."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile.release import Release, facts, known_versions, parse_version, release, release_of
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hwprofile"
+QWEN38 = Path(__file__).parent / "fixtures" / "models" / "qwen3.8-27b"
+
+
+def first(capability: str, method: str | None = None) -> str | None:
+    """The first known release where ``Release.<capability>()`` holds, and it holds from there on."""
+    got = [getattr(release(v), capability)(*([method] if method else [])) for v in known_versions()]
+    assert True in got, capability
+    at = got.index(True)
+    assert all(got[at:]), (capability, got)
+    return known_versions()[at]
+
+
+def test_capabilities_read_off_the_table_are_the_floors_vllm_has() -> None:
+    """The floors hwprofile encoded by hand before (and read in each release's source) fall out of
+    the flag table: --data-parallel-size 0.8.3, --numa-bind-nodes 0.20, --language-model-only 0.18,
+    float16 SSM state 0.13, a draft with another vocabulary 0.25; eagle3 0.9.2, dflash 0.20, dspark 0.25."""
+    assert first("data_parallel") == "0.8.3"
+    assert first("numa_bind_nodes") == "0.20.0"
+    assert first("language_model_only") == "0.18.0"
+    assert first("ssm_float16") == "0.13.0"
+    assert first("heterogeneous_vocab") == "0.25.0"
+    assert first("may_pick_method", "eagle3") == "0.9.2"
+    assert first("may_pick_method", "dflash") == "0.20.0"
+    assert first("may_pick_method", "dspark") == "0.25.0"
+    assert first("may_pick_method", "eagle") == known_versions()[0]
+    # between two tables: a method counts as possibly there once the release is past the last without it
+    assert release_of("0.19.0").may_pick_method("dflash") and not release_of("0.18.0").may_pick_method(
+        "dflash"
+    )
+
+
+def test_an_unknown_release_says_what_is_assumed() -> None:
+    for text in (None, "", "nightly"):
+        rel = release_of(text)
+        assert not rel.known and rel.table is None
+        assert rel.data_parallel() and rel.language_model_only() and rel.ssm_float16()
+        assert rel.mtp_head_shared() and rel.several_batches_in_flight() and rel.mamba2_prefill_checkpoint()
+        assert (
+            not rel.heterogeneous_vocab()
+            and not rel.flashinfer_gdn_prefill()
+            and not rel.uuid_visible_devices()
+        )
+        assert rel.may_pick_method("dspark") and rel.missing_architecture("qwen3_5_text") is None
+    old = release_of("0.5.0")  # older than every table: known, with no flag at all
+    assert old.known and old.table is None and not old.data_parallel() and not old.uuid_visible_devices()
+    assert old.missing_architecture("qwen3_5") is facts.ARCHITECTURES["qwen3_5"]
+
+
+def test_floors_compare_the_target_release() -> None:
+    """0.17.0 has no table of its own (0.16.0's applies) but serves qwen3_5 and shares the MTP head."""
+    rel = release_of("0.17.0")
+    assert rel.table == "0.16.0" and rel.note and "0.16.0" in rel.note
+    assert rel.missing_architecture("qwen3_5") is None and release_of("0.16.0").missing_architecture(
+        "qwen3_5"
+    )
+    assert rel.mtp_head_shared() and not release_of("0.16.5").mtp_head_shared()
+    assert release("0.32.0").uuid_visible_devices() and not release("0.29.0").uuid_visible_devices()
+    assert release("0.33.0+cpu").flashinfer_gdn_prefill() and not release("0.32.9").flashinfer_gdn_prefill()
+
+
+def _with_release(doc: dict[str, Any], version: str, like: str, add_flags: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with one more release: ``like``'s table plus ``add_flags``, as the table tool writes it."""
+    out = copy.deepcopy(doc)
+    out["versions"] = sorted([*out["versions"], version], key=parse_version)
+    out["options"][version] = {**out["options"][like], **add_flags}
+    out["speculative"][version] = copy.deepcopy(out["speculative"][like])
+    for per_release in out["values"].values():
+        if like in per_release:
+            per_release[version] = copy.deepcopy(per_release[like])
+    return out
+
+
+def test_a_release_added_in_one_place_changes_the_plan_and_the_render(
+    host_of, empty_root, tmp_path, monkeypatch
+) -> None:
+    """vLLM 0.17.0 has no table: 0.16.0's applies, which has no --language-model-only, so the plan
+    counts Qwen3.8's vision tower and the render says nothing of it. A 0.17.0 table with the flag,
+    added to the data and nowhere else, makes the plan leave the tower out and the render emit the
+    flag from 0.17.0's own table."""
+    from hwprofile.pipeline import make_plan
+    from hwprofile.render.translate import render_instance
+
+    host = host_of("a100-80g-pcie-1x")
+    host = host._replace(software=host.software._replace(vllm_version="0.17.0"))
+    sets = ["engine.max_model_len=8192", "speculative.method=none"]
+
+    def plan_and_render(where: str) -> tuple[Any, Any]:
+        model = tmp_path / where / "Qwen3.8-27B"
+        shutil.copytree(QWEN38, model)
+        plan = make_plan(host, empty_root, environ={}, model=str(model), sets=sets)
+        return plan, render_instance(plan, plan.instances[0], release("0.17.0"), "vllm", None)
+
+    plan, rendered = plan_and_render("before")
+    assert plan.instances[0].engine.language_model_only is False
+    assert rendered.flag_table == "0.16.0" and "--language-model-only" not in rendered.argv
+    tower_counted = plan.model.weights_bytes
+
+    doc = _with_release(facts._doc(), "0.17.0", "0.16.0", {"--language-model-only": True})
+    monkeypatch.setattr(facts, "catalog", lambda: facts.Catalog(doc))
+    assert "0.17.0" in known_versions()
+
+    plan, rendered = plan_and_render("after")
+    assert plan.instances[0].engine.language_model_only is True
+    assert plan.model.weights_bytes < tower_counted  # the vision tower is no longer counted
+    assert rendered.flag_table == "0.17.0" and "--language-model-only" in rendered.argv
+    assert not any("0.16.0" in w for w in rendered.warnings)
+
+
+def _compares_a_version(node: ast.AST) -> bool:
+    """A comparison against a literal (0, N) or (0, N, M) tuple: a release number outside the home."""
+    if not isinstance(node, ast.Compare) or not any(
+        isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops
+    ):
+        return False
+    for side in (node.left, *node.comparators):
+        if (
+            isinstance(side, ast.Tuple)
+            and 2 <= len(side.elts) <= 3
+            and all(isinstance(e, ast.Constant) and type(e.value) is int for e in side.elts)
+            and side.elts[0].value == 0  # type: ignore[attr-defined]
+            and side.elts[1].value > 1  # type: ignore[attr-defined]
+        ):
+            return True
+    return False
+
+
+def test_no_module_outside_the_home_parses_or_compares_versions() -> None:
+    home = PACKAGE / "release"
+    found: list[str] = []
+    for path in PACKAGE.rglob("*.py"):
+        if home in path.parents:
+            continue
+        text = path.read_text()
+        where = path.relative_to(PACKAGE.parent)
+        if r"(\d+)\.(\d+)" in text:
+            found.append(f"{where}: a version pattern")
+        found += [
+            f"{where}:{n.lineno}: a version tuple"
+            for n in ast.walk(ast.parse(text))
+            if _compares_a_version(n)
+        ]
+    assert not found, found
+
+
+@pytest.mark.parametrize("target", ["0.33.0", "0.34.1", "0.9.0"])
+def test_the_render_release_is_the_plan_release(target: str) -> None:
+    """One constructor behind both: the renderer's release and the planner's agree on every answer."""
+    a, b = release(target), release_of(target)
+    assert a == b and isinstance(a, Release)
+    assert (a.table, a.note is None) == (
+        {"0.9.0": "0.8.5", "0.34.1": "0.33.0"}.get(target, target),
+        target == "0.33.0",
+    )
