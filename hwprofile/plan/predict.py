@@ -359,7 +359,85 @@ def predict(
                       "source": "max_num_seqs and the KV cache"})  # fmt: skip
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
+    if c > 1 and wl.output_len > 1:
+        rates = wave_decode_rates(gpu, m, cand, wl, c, per_token if spec is not None else None)
+        total = sum(rates)
+        terms.append({"term": f"wave: {len(rates)} requests sent together, the sum of their own decode rates "
+                              f"{total:.1f} tok/s (the first {rates[0]:.1f}, the last {rates[-1]:.1f})",
+                      "ms": round(1e3 * len(rates) / total, 3) if total else 0.0, "tok_s": round(total, 2),
+                      "source": "vLLM's scheduler: running requests first, the prompts behind fill the step budget; "
+                                "each request decodes a token per step while they prefill (its decode window "
+                                "holds those steps)"})  # fmt: skip
     return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
+
+
+def wave_decode_rates(
+    gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, n: int, per_token_ms: float | None = None
+) -> list[float]:
+    """Each request's own decode rate (tokens after its first / the time from its first token to its
+    last, tok/s) when ``n`` requests of ``wl`` reach one instance together, as vLLM's scheduler runs them:
+    every step serves the running requests first (a decode token each) and fills what the step budget
+    leaves with the waiting prompts, first come first served. A request that has its first token keeps
+    decoding one token per step while the prompts behind it are prefilled, so its decode window holds
+    those long steps: the early requests of a wave decode far slower than the last one, whose window is
+    decode steps alone. ``per_token_ms``: a decode step's time per token where it is not one plain
+    decode step (speculation); else :func:`step_ms` at the batch running."""
+    n = max(1, min(n, cand.max_num_seqs))
+    out = wl.output_len
+    budget = cand.max_num_batched_tokens
+    if not cand.chunked_prefill:
+        budget = max(budget, wl.input_len)
+    left = [wl.input_len] * n  # prompt tokens still to prefill
+    first: list[float | None] = [None] * n
+    made = [0] * n  # tokens generated
+    ended: list[float | None] = [None] * n
+    now = 0.0
+
+    def dec_ms(batch: int) -> float:
+        if per_token_ms is not None:
+            return per_token_ms
+        return step_ms(gpu, m, cand.tp, cand.link, batch, wl.input_len + out / 2)["total_ms"]
+
+    while any(x > 0 for x in left):  # the prefill phase: a step per chunk, decodes riding along
+        decoding = [i for i in range(n) if first[i] is not None and ended[i] is None]
+        room = budget - len(decoding)
+        chunks: list[tuple[int, int]] = []
+        for i in range(n):
+            if room <= 0:
+                break
+            if left[i] > 0:
+                take = min(left[i], room) if cand.chunked_prefill else left[i]
+                if take > room:
+                    break
+                chunks.append((i, take))
+                room -= take
+        tokens = sum(t for _, t in chunks)
+        ctx = wl.input_len + out / 2
+        now += step_ms(gpu, m, cand.tp, cand.link, len(decoding), ctx, tokens, wl.input_len / 2)["total_ms"]
+        for i in decoding:
+            made[i] += 1
+            if made[i] >= out:
+                ended[i] = now
+        for i, t in chunks:
+            left[i] -= t
+            if left[i] == 0:
+                first[i], made[i] = now, 1
+                if out <= 1:
+                    ended[i] = now
+    while any(e is None for e in ended):  # then decode steps alone, the batch shrinking as requests end
+        live = [i for i in range(n) if ended[i] is None]
+        steps = min(out - made[i] for i in live)
+        now += steps * dec_ms(len(live))
+        for i in live:
+            made[i] += steps
+            if made[i] >= out:
+                ended[i] = now
+    rates = []
+    for i in range(n):
+        f, e = first[i], ended[i]
+        if f is not None and e is not None and out > 1 and e > f:
+            rates.append((out - 1) / ((e - f) / 1e3))
+    return rates
 
 
 def capacity(
