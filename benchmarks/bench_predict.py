@@ -79,6 +79,7 @@ def settings_of(point: dict[str, Any]) -> list[str]:
             sets += [
                 f"speculative.method={spec['method']}",
                 f"speculative.num_speculative_tokens={spec['num_speculative_tokens']}",
+                "speculative.by_batch_size=null",  # the point's k at every batch (a profile's table is not it)
             ]
     return sets
 

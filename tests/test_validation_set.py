@@ -77,7 +77,8 @@ def test_a_point_is_planned_with_its_own_settings(fake_nvml_dir: Path, tmp_path:
 
 
 def test_a_point_without_a_model_copy_is_reported_not_planned(fake_nvml_dir: Path, tmp_path: Path) -> None:
-    point = next(p for p in _points(FILES[0]) if p["checkpoint"].get("example") is None)
+    point = _points(FILES[0])[0]
+    point = {**point, "checkpoint": {**point["checkpoint"], "example": None}}
     assert "no config-only copy" in bench_predict.plan_point(point, fake_nvml_dir, tmp_path)["refused"]
 
 
