@@ -113,6 +113,9 @@ class ModelShape:
     # every decode step reads and writes back (Gated DeltaNet / Mamba: the state is updated in place)
     attn_layers: int = 0
     state_bytes: int = 0
+    # a prompt token's FLOPs in the state layers beyond their projections (whole model; GDN's chunked
+    # delta rule: the state's readout and update and the chunk's own causal attention): 0 where unknown
+    state_prefill_flops_per_token: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,7 @@ def step_ms(
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
     mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
-    flops = 2 * m.active_params * tokens / tp
+    flops = 2 * m.active_params * tokens / tp + m.state_prefill_flops_per_token * prefill / tp
     attn = m.attn_layers or m.layers
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
@@ -328,8 +331,12 @@ def predict(
     pre = step_ms(gpu, m, cand.tp, link, b - 1 if b > 1 else 0, ctx, chunk, wl.input_len / 2)
     t_prefill = chunks * pre["total_ms"]
     extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
+    pre_src = "the same roofline at the chunk's tokens (FLOPs bound)"
+    if m.state_prefill_flops_per_token:
+        pre_src += (f"; the state layers' own {m.state_prefill_flops_per_token / 1e9:.2f} GFLOPs per prompt token "
+                    "(GDN's chunked delta rule) included")  # fmt: skip
     terms.append({"term": f"prefill: {chunks} chunk(s) of {chunk} tokens", "ms": round(t_prefill, 3),
-                  "source": "the same roofline at the chunk's tokens (FLOPs bound)"})  # fmt: skip
+                  "source": pre_src})  # fmt: skip
     # TPOT: a decode step, with each speculative step's tokens, plus the other b - 1 requests' prefills.
     per_token = t_dec
     if spec is not None:
