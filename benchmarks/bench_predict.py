@@ -79,6 +79,7 @@ def settings_of(point: dict[str, Any]) -> list[str]:
             sets += [
                 f"speculative.method={spec['method']}",
                 f"speculative.num_speculative_tokens={spec['num_speculative_tokens']}",
+                "speculative.by_batch_size=null",  # the point's k at every batch (a profile's table is not it)
             ]
     return sets
 
@@ -124,9 +125,9 @@ def predicted(kind: str, pred: dict[str, Any], concurrency: int) -> float | None
     tpot = pred.get("tpot_ms")
     if kind == "decode":
         return 1000 / tpot if tpot else None
-    if kind == "decode_all":  # while all are decoding: the decode step alone, no prompt in it
-        step = decode_step_ms(pred)
-        return concurrency * 1000 / step if step else None
+    if kind == "decode_all":  # a wave sent together: each request's own decode rate, summed
+        wave = next((t for t in pred.get("terms") or () if t["term"].startswith("wave:")), None)
+        return wave["tok_s"] if wave else None
     if kind == "output":
         return pred.get("output_tokens_per_s")
     if kind == "ttft":
@@ -141,6 +142,11 @@ def arrivals_of(point: dict[str, Any]) -> Any:
     from hwprofile.plan.simulate import Arrivals
 
     w = point["workload"]
+    if "decode_active_tok_s" in point["measured"] and not w.get("arrival"):
+        # the figure's protocol (QWEN38-FULL-COMPARISON.md, "Aggregate decode"; the server log sends the
+        # cell's `concurrency` requests in the same second): one wave sent together, each request's own
+        # decode rate summed
+        return Arrivals("burst", w["concurrency"], w["input_len"], w["output_len"])
     n = int(w.get("num_prompts") or max(8, 4 * w["concurrency"]))
     if w.get("arrival") == "burst":
         return Arrivals("burst", n, w["input_len"], w["output_len"])
@@ -174,8 +180,8 @@ def simulated(kind: str, pred: dict[str, Any], concurrency: int) -> float | None
     tpot = (sim.get("tpot_ms") or {}).get("value")
     if kind == "decode":
         return 1000 / tpot if tpot else None
-    if kind == "decode_all":
-        return concurrency * 1000 / tpot if tpot else None
+    if kind == "decode_all":  # the wave's per-request decode rates, summed (plan/simulate.py)
+        return (sim.get("decode_rate_sum_tok_s") or {}).get("value")
     if kind == "output":
         return (sim.get("output_tokens_per_s") or {}).get("value")
     if kind == "ttft":

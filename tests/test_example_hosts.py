@@ -74,7 +74,7 @@ def test_the_readme_names_every_example() -> None:
         assert f"models/{d}" in text, d
 
 
-QWEN38 = ["qwen3.8-27b", "qwen3.8-27b-int4", "qwen3.8-27b-fp8"]
+QWEN38 = ["qwen3.8-27b", "qwen3.8-27b-int4", "qwen3.8-27b-fp8", "qwen3.8-27b-nvfp4"]
 
 
 @pytest.mark.parametrize("name", QWEN38)
@@ -109,13 +109,17 @@ def test_the_quantized_copies_say_their_format() -> None:
     fp8 = json.loads((MODELS / "qwen3.8-27b-fp8" / "config.json").read_text())["quantization_config"]
     assert fp8["quant_method"] == "fp8" and fp8["weight_block_size"] == [128, 128]
     assert "quantization_config" not in json.loads((MODELS / "qwen3.8-27b" / "config.json").read_text())
+    fp4 = json.loads((MODELS / "qwen3.8-27b-nvfp4" / "config.json").read_text())["quantization_config"]
+    assert fp4["quant_method"] == "compressed-tensors" and fp4["format"] == "nvfp4-pack-quantized"
+    w = fp4["config_groups"]["group_0"]["weights"]
+    assert (w["type"], w["num_bits"], w["strategy"], w["group_size"]) == ("float", 4, "tensor_group", 16)
 
 
 def test_the_copies_differ_only_in_their_quantization() -> None:
     configs = [json.loads((MODELS / n / "config.json").read_text()) for n in QWEN38]
     for cfg in configs:
         cfg.pop("quantization_config", None)
-    assert configs[0] == configs[1] == configs[2]
+    assert all(cfg == configs[0] for cfg in configs[1:])
 
 
 @pytest.mark.parametrize("name", QWEN38)

@@ -74,6 +74,7 @@ stays, `--set layout.strategy=auto` lets the objective decide).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -408,3 +409,26 @@ def test_the_objective_chooses_the_batching_by_a_margin() -> None:
     rows = [_row(6, 9500, 20, 278, planned=True), _row(3, 20000, 15, 100), _row(16, 370, 45, 348)]
     assert choose_batching(rows, "latency", 500, 120, 256)[0] == 2
     assert choose_batching([_row(6, 100, 10, 0, planned=True, fits=False)], "latency", 500, 120, 256) == (-1, "no batching fits")
+
+
+def test_gdn_prefill_flops_are_counted_per_prompt_token() -> None:
+    """Issue 38: a GDN layer's chunked delta rule costs FLOPs of its own per prompt token (state readout
+    and update, the chunk's causal attention), beyond its projections: counted in a prefill step's
+    compute, not in a decode step's (there the state is a bandwidth term)."""
+    model = resolve_model(
+        str(Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen3.8-27b-fp8")
+    )
+    per_token = candidates.gdn_prefill_flops_per_token(model)
+    assert per_token == 48 * (6 * 128 * 128 + 4 * 64 * (128 + 128)) * 48  # 48 value heads x 48 GDN layers
+    assert per_token < 0.01 * 2 * model.params  # under 1 % of the matmuls: a small term, not a missing one
+    shape = candidates.model_shape(model, 1)
+    assert shape.state_prefill_flops_per_token == per_token
+    gpu, _ = candidates.gpu_of(Gpu(0, NVML["a100_sxm"], memory_total_bytes=80 * 2**30))
+    assert gpu is not None
+    link = pm.link_of([], [], None, 1)
+    without = dataclasses.replace(shape, state_prefill_flops_per_token=0.0)
+    a = pm.step_ms(gpu, shape, 1, link, 0, 0.0, 4096, 0.0)["compute_ms"]
+    b = pm.step_ms(gpu, without, 1, link, 0, 0.0, 4096, 0.0)["compute_ms"]
+    assert a - b == pytest.approx(per_token * 4096 / (gpu.tflops * 1e12 * pm.COMPUTE_EFFICIENCY) * 1e3)
+    decode = pm.step_ms(gpu, shape, 1, link, 8, 1024.0)["compute_ms"]
+    assert decode == pm.step_ms(gpu, without, 1, link, 8, 1024.0)["compute_ms"]

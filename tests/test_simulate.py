@@ -135,3 +135,65 @@ def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> Non
     lines = _simulated_lines({"regime": "loaded", "preemptions": 0, "peak_running": 4, "ttft_ms": banded,
                               "tpot_ms": fig, "output_tokens_per_s": fig})  # fmt: skip
     assert "band x0.9-x1.2 of measured (5 points)" in lines[1] and "band unknown" in lines[2]
+
+
+# -- a wave sent together (issue 38's loaded points: decode_active_tok_s) -----------------------------
+
+
+def test_a_wave_s_early_requests_decode_through_the_prompts_behind_them() -> None:
+    """Four prompts of one full step budget each, sent together: each request decodes one token per step
+    while the prompts behind it are prefilled, so its own decode rate (tokens after the first over its
+    window) is the slower the earlier it came; the last prompt's request decodes in decode steps alone.
+    The sum of the four rates is far below four times the plain decode rate."""
+    decode_s, per_token = 0.010, 1e-3  # a prompt step of 2048 tokens: 2.058 s
+    res = sim.simulate(flat(per_token, decode_s), engine(), sim.Arrivals("burst", 4, 2048, 101))
+    rates = [1 / r.tpot_s for r in res.requests]  # by rid: the order they were sent and admitted
+    assert rates == sorted(rates) and rates[0] < rates[-1] / 5
+    # the last two come out of the prefill together (the last prompt's tail is a few tokens): clean
+    assert rates[-1] == pytest.approx(1 / decode_s, rel=0.01)
+    # the first: its window holds three full prompt steps (the budget left beside its decode token goes
+    # to requests 2, 3 and 4 in turn), one token each, then decode steps
+    prompt_step = decode_s + per_token * 2048
+    assert 1 / rates[0] == pytest.approx((3 * prompt_step + 97 * decode_s) / 100, rel=0.02)
+    assert res.decode_rate_sum() == pytest.approx(sum(rates))
+    assert res.decode_rate_sum() < 0.65 * 4 / decode_s
+    figs = sim.figures(res, sim.Arrivals("burst", 4, 2048, 101), "test")
+    assert figs["decode_rate_sum_tok_s"]["value"] == pytest.approx(res.decode_rate_sum(), rel=1e-3)
+    loop = sim.Arrivals("concurrency", 8, 2048, 101, concurrency=4)
+    assert "decode_rate_sum_tok_s" not in sim.figures(sim.simulate(flat(per_token, decode_s), engine(), loop),
+                                                       loop, "test")  # fmt: skip
+
+
+def test_the_analytic_wave_agrees_with_the_simulated_scheduler() -> None:
+    """predict.wave_decode_rates (arithmetic over the prefill steps, then decode steps) against the
+    simulation of the same wave with predict.step_cost: the same scheduling, the same order of rates,
+    sums within 20 % (the two cost a prompt chunk's attention differently: step_ms reads the chunk's
+    attended KV per prompt token, step_cost once per chunk, so the analytic prompt steps are the longer)."""
+    from hwprofile.host.snapshot import Gpu
+    from hwprofile.model import resolve_model
+    from hwprofile.plan import candidates
+    from hwprofile.plan import predict as pm
+
+    gpu, _ = candidates.gpu_of(Gpu(0, "NVIDIA GeForce RTX 3090", memory_total_bytes=24 * 2**30))
+    assert gpu is not None
+    shape = candidates.model_shape(resolve_model("Qwen/Qwen3-8B", "model"), 2)
+    cand = pm.Candidate(1, 1, 1, 16, 8192, True, 10**6, pm.link_of([], [], None, 1))
+    for n in (2, 4, 8):
+        wl = pm.Workload(8192, 128, n)
+        rates = pm.wave_decode_rates(gpu, shape, cand, wl, n)
+        res = sim.simulate(pm.step_cost(gpu, shape, cand), engine(max_num_batched_tokens=8192),
+                           sim.Arrivals("burst", n, 8192, 128))  # fmt: skip
+        simulated = [1 / r.tpot_s for r in res.requests]
+        assert len(rates) == n and rates == sorted(rates), rates
+        assert sum(rates) == pytest.approx(sum(simulated), rel=0.20), (n, rates, simulated)
+        # more requests in the wave: more prompt steps in the early ones' windows, never a larger sum
+        # than n clean decoders
+        clean = 1e3 / pm.step_ms(gpu, shape, 1, cand.link, n, 8192 + 64)["total_ms"]
+        assert sum(rates) < n * clean
+    # the analytic prediction carries the wave as a term
+    p = pm.predict(gpu, shape, cand, pm.Workload(8192, 128, 4), None)
+    wave = next(t for t in p.terms if t["term"].startswith("wave:"))
+    assert wave["tok_s"] == pytest.approx(sum(pm.wave_decode_rates(gpu, shape, cand, pm.Workload(8192, 128, 4), 4)),
+                                          rel=1e-3)  # fmt: skip
+    single = pm.predict(gpu, shape, cand, pm.Workload(8192, 128, 1), None)
+    assert not any(t["term"].startswith("wave:") for t in single.terms)

@@ -113,6 +113,9 @@ class ModelShape:
     # every decode step reads and writes back (Gated DeltaNet / Mamba: the state is updated in place)
     attn_layers: int = 0
     state_bytes: int = 0
+    # a prompt token's FLOPs in the state layers beyond their projections (whole model; GDN's chunked
+    # delta rule: the state's readout and update and the chunk's own causal attention): 0 where unknown
+    state_prefill_flops_per_token: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,7 @@ def step_ms(
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
     mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
-    flops = 2 * m.active_params * tokens / tp
+    flops = 2 * m.active_params * tokens / tp + m.state_prefill_flops_per_token * prefill / tp
     attn = m.attn_layers or m.layers
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
@@ -328,8 +331,12 @@ def predict(
     pre = step_ms(gpu, m, cand.tp, link, b - 1 if b > 1 else 0, ctx, chunk, wl.input_len / 2)
     t_prefill = chunks * pre["total_ms"]
     extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
+    pre_src = "the same roofline at the chunk's tokens (FLOPs bound)"
+    if m.state_prefill_flops_per_token:
+        pre_src += (f"; the state layers' own {m.state_prefill_flops_per_token / 1e9:.2f} GFLOPs per prompt token "
+                    "(GDN's chunked delta rule) included")  # fmt: skip
     terms.append({"term": f"prefill: {chunks} chunk(s) of {chunk} tokens", "ms": round(t_prefill, 3),
-                  "source": "the same roofline at the chunk's tokens (FLOPs bound)"})  # fmt: skip
+                  "source": pre_src})  # fmt: skip
     # TPOT: a decode step, with each speculative step's tokens, plus the other b - 1 requests' prefills.
     per_token = t_dec
     if spec is not None:
@@ -339,13 +346,23 @@ def predict(
             expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
             verify = step_ms(gpu, m, cand.tp, link, b * (k + 1), ctx)["total_ms"]
             draft = 0.0
-            if spec.draft is not None:
+            if spec.draft is not None and spec.method == "mtp":
+                # MTP: k proposal passes, each its own forward as vLLM's proposer loop runs them (the first
+                # over the b (k + 1) verified positions, then one token per sequence) with its own
+                # launches, LM head and sampling over the whole vocabulary and attention metadata rebuilt
+                # for the next position: each pays a step's fixed cost. Read against issue 38's MTP
+                # points (4x3090, k=2); a separate draft model keeps the cost below until points of its own
+                first = step_ms(gpu, spec.draft, cand.tp, link, b * (k + 1), ctx)["total_ms"]
+                draft = first + (k - 1) * step_ms(gpu, spec.draft, cand.tp, link, b, ctx)["total_ms"]
+            elif spec.draft is not None:
                 draft = k * step_ms(gpu, spec.draft, cand.tp, link, b, ctx, scheduler=False)["total_ms"]
             per_token = (verify + draft) / expected
             terms.append({"term": f"speculation: k={k} at batch {b}, {expected:.2f} tokens per step",
                           "ms": round(per_token, 3),
                           "source": f"{spec.method}: acceptance {a} ({spec.acceptance_source}); verify "
-                                    f"{verify:.2f} ms + draft {draft:.2f} ms per step"})  # fmt: skip
+                                    f"{verify:.2f} ms + draft {draft:.2f} ms per step"
+                                    + (f" ({k} proposal passes, each with a step's fixed cost)"
+                                       if spec.method == "mtp" and spec.draft is not None else "")})  # fmt: skip
     # the other running requests' prompts stall this one's steps (its own prompt is in its TTFT)
     tpot = per_token + (b - 1) * extra / max(1, wl.output_len)
     # TTFT: half the step in flight, the prompt, and any wait for a free slot.
@@ -359,7 +376,85 @@ def predict(
                       "source": "max_num_seqs and the KV cache"})  # fmt: skip
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
+    if c > 1 and wl.output_len > 1:
+        rates = wave_decode_rates(gpu, m, cand, wl, c, per_token if spec is not None else None)
+        total = sum(rates)
+        terms.append({"term": f"wave: {len(rates)} requests sent together, the sum of their own decode rates "
+                              f"{total:.1f} tok/s (the first {rates[0]:.1f}, the last {rates[-1]:.1f})",
+                      "ms": round(1e3 * len(rates) / total, 3) if total else 0.0, "tok_s": round(total, 2),
+                      "source": "vLLM's scheduler: running requests first, the prompts behind fill the step budget; "
+                                "each request decodes a token per step while they prefill (its decode window "
+                                "holds those steps)"})  # fmt: skip
     return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
+
+
+def wave_decode_rates(
+    gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, n: int, per_token_ms: float | None = None
+) -> list[float]:
+    """Each request's own decode rate (tokens after its first / the time from its first token to its
+    last, tok/s) when ``n`` requests of ``wl`` reach one instance together, as vLLM's scheduler runs them:
+    every step serves the running requests first (a decode token each) and fills what the step budget
+    leaves with the waiting prompts, first come first served. A request that has its first token keeps
+    decoding one token per step while the prompts behind it are prefilled, so its decode window holds
+    those long steps: the early requests of a wave decode far slower than the last one, whose window is
+    decode steps alone. ``per_token_ms``: a decode step's time per token where it is not one plain
+    decode step (speculation); else :func:`step_ms` at the batch running."""
+    n = max(1, min(n, cand.max_num_seqs))
+    out = wl.output_len
+    budget = cand.max_num_batched_tokens
+    if not cand.chunked_prefill:
+        budget = max(budget, wl.input_len)
+    left = [wl.input_len] * n  # prompt tokens still to prefill
+    first: list[float | None] = [None] * n
+    made = [0] * n  # tokens generated
+    ended: list[float | None] = [None] * n
+    now = 0.0
+
+    def dec_ms(batch: int) -> float:
+        if per_token_ms is not None:
+            return per_token_ms
+        return step_ms(gpu, m, cand.tp, cand.link, batch, wl.input_len + out / 2)["total_ms"]
+
+    while any(x > 0 for x in left):  # the prefill phase: a step per chunk, decodes riding along
+        decoding = [i for i in range(n) if first[i] is not None and ended[i] is None]
+        room = budget - len(decoding)
+        chunks: list[tuple[int, int]] = []
+        for i in range(n):
+            if room <= 0:
+                break
+            if left[i] > 0:
+                take = min(left[i], room) if cand.chunked_prefill else left[i]
+                if take > room:
+                    break
+                chunks.append((i, take))
+                room -= take
+        tokens = sum(t for _, t in chunks)
+        ctx = wl.input_len + out / 2
+        now += step_ms(gpu, m, cand.tp, cand.link, len(decoding), ctx, tokens, wl.input_len / 2)["total_ms"]
+        for i in decoding:
+            made[i] += 1
+            if made[i] >= out:
+                ended[i] = now
+        for i, t in chunks:
+            left[i] -= t
+            if left[i] == 0:
+                first[i], made[i] = now, 1
+                if out <= 1:
+                    ended[i] = now
+    while any(e is None for e in ended):  # then decode steps alone, the batch shrinking as requests end
+        live = [i for i in range(n) if ended[i] is None]
+        steps = min(out - made[i] for i in live)
+        now += steps * dec_ms(len(live))
+        for i in live:
+            made[i] += steps
+            if made[i] >= out:
+                ended[i] = now
+    rates = []
+    for i in range(n):
+        f, e = first[i], ended[i]
+        if f is not None and e is not None and out > 1 and e > f:
+            rates.append((out - 1) / ((e - f) / 1e3))
+    return rates
 
 
 def capacity(

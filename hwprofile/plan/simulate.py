@@ -152,6 +152,14 @@ class SimResult:
     def e2e_ms(self, stat: str = "median") -> float:
         return 1e3 * self._stat([r.e2e_s for r in self.requests], stat)
 
+    def decode_rate_sum(self) -> float:
+        """The sum over the requests of each one's own decode rate, 1 / its TPOT (tokens after its first
+        one over the time from its first token to its last): what a benchmark that sends a wave of
+        requests together and adds up their per-request decode rates reports. Each request's window
+        holds the steps in which the prompts admitted after it are prefilled (a decode token rides on
+        each such step), so the early requests of a wave decode far slower than the last one."""
+        return sum(1.0 / r.tpot_s for r in self.requests if r.tpot_s)
+
     def to_json(self) -> dict[str, object]:
         return {
             "ttft_ms": {"median": round(self.ttft_ms(), 2), "mean": round(self.ttft_ms("mean"), 2)},
@@ -476,6 +484,17 @@ def figures(result: SimResult, arrivals: Arrivals, cost_source: str) -> dict[str
         "tpot_ms": fig("tpot_ms", result.tpot_ms()),
         "tpot_ms_mean": round(result.tpot_ms("mean"), 3),
         "output_tokens_per_s": fig("output_tokens_per_s", result.output_tokens_per_s),
+        **(
+            {
+                "decode_rate_sum_tok_s": fig(
+                    "decode_rate_sum_tok_s",
+                    result.decode_rate_sum(),
+                    "; the sum of each request's own decode rate (1 / its TPOT) over the wave",
+                )
+            }
+            if arrivals.kind == "burst"
+            else {}
+        ),
         "preemptions": result.preemptions,
         "peak_running": result.peak_running,
         "events": result.events,
