@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwprofile.runfiles import RuntimeLock
-
 from hwprofile.config.settings import Watch
 from hwprofile.host.sampler import GpuReading
 from hwprofile.runtime.dirs import private_dir
 from hwprofile.supervise.lifecycle import State
+from hwprofile.supervise.runfiles import RuntimeLock
 from hwprofile.telemetry.metrics import GENERATION, RUNNING, WAITING, VllmMetrics
 from hwprofile.telemetry.scrape import InstanceReading
 

@@ -176,7 +176,7 @@ def test_the_plan_turns_vllms_p2p_denial_into_no_custom_all_reduce(host_of, empt
     assert ("--disable-custom-all-reduce", None) in r.args
     rb = render_instance(plan, b, release("0.32.0"), "vllm", None)
     assert ("--disable-custom-all-reduce", None) not in rb.args
-    from hwprofile.views import format_interconnect
+    from hwprofile.cli.views import format_interconnect
 
     text = format_interconnect(host, Report("f", "nccl", ()), [], None)  # doctor --interconnect's view
     assert "vLLM P2P cache gpu_p2p_access_cache_for_0,1.json (GPUs 0,1): no P2P for 0->1, 1->0" in text
@@ -215,7 +215,7 @@ def test_a_gpu_faulted_at_detection_is_not_planned_for(fake_host, empty_root: Pa
     keys = {r.key: r for r in plan.reasons}
     assert kind in keys["gpus[1].excluded"].reason and keys["gpus[1].excluded"].source == "snapshot"
     assert any(w.startswith("GPU 1 is faulted") and kind in w for w in plan.warnings)
-    from hwprofile.views import format_host
+    from hwprofile.cli.views import format_host
 
     assert f"FAULT: GPU 1: {kind}" in format_host(host) and "FAULT: GPU 0" not in format_host(host)
 
