@@ -139,7 +139,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         name=name,
         source=source,
         path=path,
-        architecture=(archs or [None])[0],
+        architecture=archs[0] if archs else None,
         model_type=cfg.get("model_type"),
         num_layers=layers,
         hidden_size=hidden,
@@ -249,7 +249,7 @@ def _count_weights(
         counted = count_params(raw, kinds)
         loaded = weights_bytes(raw, kinds)
     except ValueError as e:
-        what = (archs or [None])[0] or cfg.get("model_type") or "this architecture"
+        what = (archs[0] if archs else None) or cfg.get("model_type") or "this architecture"
         raise ValueError(str(e) if str(e).startswith(f"{what}:") else f"{what}: {e}") from None
     return stack, counted, loaded
 

@@ -841,9 +841,9 @@ def _gptq_quant(q: dict[str, Any], method: str) -> Quant:
     group = _qint(q, "group_size", -1, 1 << 20, 128) or 128
     gptq = method.startswith("gptq")
     scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=bits, g_idx=gptq)
-    extra = q.get("extra_config") if isinstance(q.get("extra_config"), dict) else {}
+    extra: dict[str, Any] = q["extra_config"] if isinstance(q.get("extra_config"), dict) else {}
     rules, ignore = _autoround_overrides(extra, scheme)
-    dyn = q.get("dynamic") if isinstance(q.get("dynamic"), dict) else {}
+    dyn: dict[Any, Any] = q["dynamic"] if isinstance(q.get("dynamic"), dict) else {}
     for pat in dyn:  # GPTQModel: "-:regex" skips, "+:regex" overrides
         if isinstance(pat, str) and pat.startswith("-:"):
             ignore.append("re:" + pat[2:])
