@@ -121,16 +121,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     if sliding > layers:
         raise ValueError(f"{k.name('layer_types')}: {sliding} sliding layers, but only {layers} layers")
     qmethod, qbits = _declared_quant(k)
-    for key in (
-        "num_experts",
-        "n_routed_experts",
-        "num_local_experts",
-        "moe_intermediate_size",
-        "n_shared_experts",
-        "num_nextn_predict_layers",
-        "mtp_num_hidden_layers",
-    ):
-        k.integer(key)
+    _check_expert_keys(k)
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
     stack, counted, loaded = _count_weights(raw, archs, cfg)
     qmethod = qmethod or loaded.method
@@ -236,6 +227,20 @@ def _declared_quant(k: _Keys) -> tuple[str | None, int | None]:
             raise qk.bad(key, "an integer from 1 to 32", v)
         qbits = qbits or v
     return qmethod, qbits
+
+
+def _check_expert_keys(k: _Keys) -> None:
+    """The mixture-of-experts and multi-token-prediction sizes, range-checked (read later)."""
+    for key in (
+        "num_experts",
+        "n_routed_experts",
+        "num_local_experts",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "num_nextn_predict_layers",
+        "mtp_num_hidden_layers",
+    ):
+        k.integer(key)
 
 
 def _count_weights(

@@ -460,10 +460,7 @@ def _fetch(
             f"{label}: {shown(ep)} answered without a commit for revision {revision or 'main'}"
         )
     check_cache(cache, repo, commit, revision, label)
-    snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
-    if load_record(cache, repo, commit) is not None and os.path.isfile(os.path.join(snap, "config.json")):
-        if not cancelled.is_set():
-            _write_ref(cache, repo, revision or "main", commit, label)
+    if _looked_up_before(cache, repo, revision, commit, cancelled, label):
         return commit  # this commit was looked up before: its files are in the cache
     files = _file_list(info, label, ep)
 
@@ -480,12 +477,7 @@ def _fetch(
     weights = _choose_weights(files, index, label)
     if not weights:
         raise _no_weights(files, label, ep)
-    sizes = [files.get(w) for w in weights]
-    known = all(isinstance(s, int) and s > 0 for s in sizes)
-    total = sum(s for s in sizes if isinstance(s, int)) if known else 0
-    source = (
-        ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
-    )
+    known, total, source = _listed_bytes(files, weights, index)
     cfg = _read_json(cfg_file, f"{label}: config.json on the Hub")
     dtypes: dict[str, int] | None = None
     if isinstance(cfg, dict) and known and _ambiguous(cfg, total, repo):
@@ -505,11 +497,44 @@ def _fetch(
         "weights": {"files": weights, "bytes": total, "source": source},
         "dtypes": dtypes,
     }
+    _save_record(cache, repo, revision, commit, record, label)
+    return commit
+
+
+def _save_record(
+    cache: str, repo: str, revision: str | None, commit: str, record: dict[str, Any], label: str
+) -> None:
+    """Keep the look-up's record in the cache, and point the revision at its commit."""
     folder = os.path.basename(repo_folder(cache, repo))
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     _cache_write(cache, (folder, RECORD_DIR), commit + ".json", text, label)
     _write_ref(cache, repo, revision or "main", commit, label)
-    return commit
+
+
+def _looked_up_before(
+    cache: str, repo: str, revision: str | None, commit: str, cancelled: threading.Event, label: str
+) -> bool:
+    """Whether ``commit`` was looked up before (its record and config.json are in the cache); the
+    revision is then pointed at it, unless the look-up is past its deadline."""
+    snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
+    if load_record(cache, repo, commit) is not None and os.path.isfile(os.path.join(snap, "config.json")):
+        if not cancelled.is_set():
+            _write_ref(cache, repo, revision or "main", commit, label)
+        return True
+    return False
+
+
+def _listed_bytes(
+    files: dict[str, int | None], weights: list[str], index: dict[str, Any] | None
+) -> tuple[bool, int, str]:
+    """Whether the file list gives every weight file's size, their total (0 if not) and its source."""
+    sizes = [files.get(w) for w in weights]
+    known = all(isinstance(s, int) and s > 0 for s in sizes)
+    total = sum(s for s in sizes if isinstance(s, int)) if known else 0
+    source = (
+        ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
+    )
+    return known, total, source
 
 
 def _file_list(info: Any, label: str, ep: str) -> dict[str, int | None]:
