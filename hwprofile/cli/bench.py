@@ -13,10 +13,16 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwprofileError
 from .common import CliError, demo_model, launch_of, load_host, plan_of
+
+if TYPE_CHECKING:
+    from ..bench.result import BenchPlan
+    from ..bench.runner import Point, Target
+    from ..bench.tags import HardwareSampler
+    from ..bench.workloads import Workload
 
 # `--demo`: besides the demo plan (cli.common.DEMO_SETS), a workload the tiny model answers in about
 # a minute on two cores, most of it vLLM starting: one point of 8 short requests, 4 at a time (the demo
@@ -64,57 +70,98 @@ def speculates(plans: list[Any]) -> bool | None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..bench.campaign import finish, run_campaign
-    from ..bench.result import BenchPlan
-    from ..bench.runner import BenchFailed, Point, Target, discover, run_point
-    from ..bench.tags import HardwareSampler, host_tags, non_default_settings
-    from ..bench.workloads import Workload, bench_settings, prompts_path, resolve_dataset, workload
+    from ..bench.campaign import run_campaign
+    from ..bench.runner import BenchFailed
+    from ..bench.tags import host_tags
+    from ..bench.workloads import bench_settings, prompts_path, resolve_dataset, workload
     from ..config.layers import config_root
-    from ..pipeline import resolve_settings, vllm_command
 
     if args.url and args.compare:
         raise CliError("--compare launches both plans itself: give it without --url", EXIT_USAGE)
     host = load_host(args)
-    root = config_root(args.config_root)
     model, sets = args.model, list(args.sets)
     if args.demo:
         _progress("demo: a short workload (--set bench.* to change)")
         model, sets = demo_model(sets, DEMO_BENCH_SETS)
-    resolved: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
-
-    def settings_of(s_over: list[str], s_sets: list[str]) -> Any:  # each side's settings, resolved once
-        key = (tuple(s_over), tuple(s_sets))
-        if key not in resolved:
-            resolved[key] = resolve_settings(host, root, args.profile, s_over, s_sets)
-        return resolved[key]
-
+    settings_of = _SettingsOf(host, config_root(args.config_root), args.profile)
     res = settings_of(list(args.overrides), sets)
     bs = bench_settings(res.settings)
     wl = workload(args.workload, bs)
     rounds = args.rounds or (bs.rounds if args.compare else 1)
-
-    plans: list[BenchPlan] = []
-    launches: dict[str, Any] = {}  # label -> the plan's launch (refused here, before anything runs)
-    if args.url:
-        plans.append(BenchPlan("server", "url", args.url, None, url=args.url))
-    else:
-        sides = [_side(w, sets, list(args.overrides)) for w in args.compare] if args.compare else [
-            ("profile", "profile", None, sets, list(args.overrides))
-        ]  # fmt: skip
-        if len(sides) == 2 and sides[0][0] == sides[1][0]:
-            sides = [(f"{s[0]}-{i}", *s[1:]) for i, s in enumerate(sides, start=1)]
-        for label, kind, source, s_sets, s_over in sides:
-            over_args = argparse.Namespace(**{**vars(args), "overrides": s_over})
-            plan, inputs = plan_of(over_args, host, model=model, sets=s_sets)
-            launches[label] = launch_of(args, host, plan, inputs, Path(), _progress)
-            r = settings_of(s_over, s_sets)
-            plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
-                                   non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
+    plans, launches = _bench_plans(args, host, model, sets, settings_of)
 
     wl = resolve_dataset(wl, speculates(plans))
     _progress(f"prompts: {'real prompts (' + prompts_path() + ')' if wl.dataset == 'prompts' else 'random tokens'}"
               f" ({wl.dataset_why})")  # fmt: skip
 
+    out_dir, made = _output_dir(args)
+    _progress(f"results go to {out_dir}")
+    _quiet_vllm()
+    servers = _Servers(args, host, launches, out_dir, res.settings.server.vllm_command)
+    htags = host_tags(host)
+    command = ["hwprofile", *(args.argv if args.argv is not None else sys.argv[1:])]
+    error: HwprofileError | None = None
+    try:
+        run_campaign(
+            plans, wl, rounds, out_dir, servers.serve_tracked, servers.point, servers.sampler, _progress
+        )
+    except (HwprofileError, BenchFailed) as e:
+        error = e
+    ran = any(p.runs for p in plans)
+    if error is not None and not ran:
+        if made:
+            _remove_empty(out_dir)
+        raise error
+    return _report(args, plans, wl, htags, out_dir, command, error)
+
+
+class _SettingsOf:
+    """Each side's settings (its overrides files and ``--set`` options), resolved once."""
+
+    def __init__(self, host: Any, root: Any, profile: Any) -> None:
+        self.host, self.root, self.profile = host, root, profile
+        self.resolved: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
+
+    def __call__(self, s_over: list[str], s_sets: list[str]) -> Any:
+        from ..pipeline import resolve_settings
+
+        key = (tuple(s_over), tuple(s_sets))
+        if key not in self.resolved:
+            self.resolved[key] = resolve_settings(self.host, self.root, self.profile, s_over, s_sets)
+        return self.resolved[key]
+
+
+def _bench_plans(
+    args: argparse.Namespace, host: Any, model: Any, sets: list[str], settings_of: _SettingsOf
+) -> tuple[list[BenchPlan], dict[str, Any]]:
+    """What is measured: the server at ``--url``, or each side's plan with its launch (a launch
+    refused here, before anything runs), labelled apart where both sides have one name."""
+    from ..bench.result import BenchPlan
+    from ..bench.tags import non_default_settings
+
+    plans: list[BenchPlan] = []
+    launches: dict[str, Any] = {}  # label -> the plan's launch (refused here, before anything runs)
+    if args.url:
+        plans.append(BenchPlan("server", "url", args.url, None, url=args.url))
+        return plans, launches
+    sides = [_side(w, sets, list(args.overrides)) for w in args.compare] if args.compare else [
+        ("profile", "profile", None, sets, list(args.overrides))
+    ]  # fmt: skip
+    if len(sides) == 2 and sides[0][0] == sides[1][0]:
+        sides = [(f"{s[0]}-{i}", *s[1:]) for i, s in enumerate(sides, start=1)]
+    for label, kind, source, s_sets, s_over in sides:
+        over_args = argparse.Namespace(**{**vars(args), "overrides": s_over})
+        plan, inputs = plan_of(over_args, host, model=model, sets=s_sets)
+        launches[label] = launch_of(args, host, plan, inputs, Path(), _progress)
+        r = settings_of(s_over, s_sets)
+        plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
+                               non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
+    return plans, launches
+
+
+def _output_dir(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The results' directory, created, and whether it was made here (ours to take away again if
+    nothing ran)."""
     if args.output:
         out_dir = Path(args.output)
     else:  # never the working directory (a clone would gain an untracked folder): the state directory
@@ -126,88 +173,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(f"--output {out_dir}: cannot create it: {e.strerror}", EXIT_FAILED) from None
-    _progress(f"results go to {out_dir}")
-    _quiet_vllm()
-    configured_vllm = res.settings.server.vllm_command
+    return out_dir, made
 
-    @contextlib.contextmanager
-    def serve(bp: BenchPlan) -> Iterator[Any]:
-        if bp.url:
-            yield discover(bp.url, vllm_command(configured_vllm))
-            return
-        import shutil
-        import tempfile
 
-        from ..launch.start import serving
-        from ..runtime.dirs import runtime_dir
+def _report(
+    args: argparse.Namespace,
+    plans: list[BenchPlan],
+    wl: Workload,
+    htags: Any,
+    out_dir: Path,
+    command: list[str],
+    error: HwprofileError | None,
+) -> int:
+    """Write bench.json and the plot, print the report (or the JSON), say the error; the exit code."""
+    from ..bench.campaign import finish
 
-        inst = bp.plan.instances[0]
-        ep = bp.plan.endpoint
-        front = ep is not None and ep.via in ("nginx", "router")  # separate servers: through their one URL
-        if front:
-            who = "vLLM's router" if ep.via == "router" else "nginx"
-            _progress(f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
-                      f"{ep.url} ({who} in front, as clients reach them)")  # fmt: skip
-        elif len(bp.plan.instances) > 1:
-            _progress(
-                f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
-            )
-        own = args.runtime_dir is None  # a private runtime dir: never the one of a running `hwprofile launch`
-        runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(args.runtime_dir)
-        vllm = vllm_command(inst.server.vllm_command)
-        logs: list[tuple[str, Path]] = []
-        try:
-            with serving(dataclasses.replace(launches[bp.label], runtime=runtime)) as sup:
-                logs[:] = [(i.name, Path(i.log.path)) for i in sup.instances]
-                served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
-                tokenizer = bp.plan.model.path or bp.plan.model.name
-                if front and ep.via == "router":  # the supervisor runs it (serving waited for it)
-                    yield Target(ep.url, served, tokenizer, vllm)
-                elif front:
-                    from ..supervise.front import nginx_front
-
-                    with nginx_front(bp.plan, runtime / "nginx") as url:
-                        yield Target(url, served, tokenizer, vllm)
-                else:
-                    yield Target(sup.instances[0].url, served, tokenizer, vllm)
-        finally:
-            _keep_logs(logs, out_dir, bp.label)
-            if own:
-                shutil.rmtree(runtime, ignore_errors=True)
-
-    def gpus_of(bp: BenchPlan | None) -> dict[int, str | None]:
-        names = {g.index: g.name for g in host.gpus if not g.lost}
-        used = (
-            {i for inst in bp.plan.instances for i in inst.gpus}
-            if bp is not None and bp.plan is not None
-            else set()
-        )
-        return {i: n for i, n in names.items() if not used or i in used}
-
-    current: list[BenchPlan] = []
-
-    def sampler() -> HardwareSampler:
-        return HardwareSampler(gpus_of(current[0] if current else None))
-
-    def point(target: Target, wl_: Workload, c: int, d: Path, tag: str) -> Point:
-        return run_point(target, wl_, c, d, tag, timeout_s=POINT_TIMEOUT_S)
-
-    def serve_tracked(bp: BenchPlan) -> contextlib.AbstractContextManager[Target]:
-        current[:] = [bp]
-        return serve(bp)
-
-    htags = host_tags(host)
-    command = ["hwprofile", *(args.argv if args.argv is not None else sys.argv[1:])]
-    error: HwprofileError | None = None
-    try:
-        run_campaign(plans, wl, rounds, out_dir, serve_tracked, point, sampler, _progress)
-    except (HwprofileError, BenchFailed) as e:
-        error = e
-    ran = any(p.runs for p in plans)
-    if error is not None and not ran:
-        if made:
-            _remove_empty(out_dir)
-        raise error
     doc, report = finish(
         plans, wl, htags, out_dir, command, make_plot=not args.no_plot,
         error="; ".join(error.messages()) if error else None,
@@ -223,6 +203,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"hwprofile: error: {line}", file=sys.stderr)
         return error.exit_code
     return EXIT_OK if doc["plans"] else EXIT_FAILED
+
+
+class _Servers:
+    """The servers a campaign measures, one at a time: the one at ``--url``, or each plan's, launched
+    here; and what the campaign samples and runs against the one being served."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        host: Any,
+        launches: dict[str, Any],
+        out_dir: Path,
+        configured_vllm: Any,
+    ) -> None:
+        self.args, self.host, self.launches, self.out_dir = args, host, launches, out_dir
+        self.configured_vllm = configured_vllm
+        self.current: list[BenchPlan] = []
+
+    def gpus_of(self, bp: BenchPlan | None) -> dict[int, str | None]:
+        names = {g.index: g.name for g in self.host.gpus if not g.lost}
+        used = (
+            {i for inst in bp.plan.instances for i in inst.gpus}
+            if bp is not None and bp.plan is not None
+            else set()
+        )
+        return {i: n for i, n in names.items() if not used or i in used}
+
+    def sampler(self) -> HardwareSampler:
+        from ..bench.tags import HardwareSampler
+
+        return HardwareSampler(self.gpus_of(self.current[0] if self.current else None))
+
+    def point(self, target: Target, wl_: Workload, c: int, d: Path, tag: str) -> Point:
+        from ..bench.runner import run_point
+
+        return run_point(target, wl_, c, d, tag, timeout_s=POINT_TIMEOUT_S)
+
+    def serve_tracked(self, bp: BenchPlan) -> contextlib.AbstractContextManager[Target]:
+        self.current[:] = [bp]
+        return self.serve(bp)
+
+    @contextlib.contextmanager
+    def serve(self, bp: BenchPlan) -> Iterator[Any]:
+        from ..bench.runner import Target, discover
+        from ..pipeline import vllm_command
+
+        if bp.url:
+            yield discover(bp.url, vllm_command(self.configured_vllm))
+            return
+        import shutil
+        import tempfile
+
+        from ..launch.start import serving
+        from ..runtime.dirs import runtime_dir
+
+        inst = bp.plan.instances[0]
+        ep = bp.plan.endpoint
+        front = ep is not None and ep.via in ("nginx", "router")  # separate servers: through their one URL
+        _say_what_is_measured(bp, front)
+        # a private runtime dir: never the one of a running `hwprofile launch`
+        own = self.args.runtime_dir is None
+        runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(self.args.runtime_dir)
+        vllm = vllm_command(inst.server.vllm_command)
+        logs: list[tuple[str, Path]] = []
+        try:
+            with serving(dataclasses.replace(self.launches[bp.label], runtime=runtime)) as sup:
+                logs[:] = [(i.name, Path(i.log.path)) for i in sup.instances]
+                served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
+                tokenizer = bp.plan.model.path or bp.plan.model.name
+                if front and ep.via == "router":  # the supervisor runs it (serving waited for it)
+                    yield Target(ep.url, served, tokenizer, vllm)
+                elif front:
+                    from ..supervise.front import nginx_front
+
+                    with nginx_front(bp.plan, runtime / "nginx") as url:
+                        yield Target(url, served, tokenizer, vllm)
+                else:
+                    yield Target(sup.instances[0].url, served, tokenizer, vllm)
+        finally:
+            _keep_logs(logs, self.out_dir, bp.label)
+            if own:
+                shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _say_what_is_measured(bp: BenchPlan, front: bool) -> None:
+    """Where a plan of several servers is measured: their one URL, or its first instance."""
+    inst = bp.plan.instances[0]
+    ep = bp.plan.endpoint
+    if front:
+        who = "vLLM's router" if ep.via == "router" else "nginx"
+        _progress(f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
+                  f"{ep.url} ({who} in front, as clients reach them)")  # fmt: skip
+    elif len(bp.plan.instances) > 1:
+        _progress(
+            f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
+        )
 
 
 def _quiet_vllm() -> None:

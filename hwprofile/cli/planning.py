@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_FAILED, EXIT_OK
 from .common import CliError, load_host, plan_of, render_release
+
+if TYPE_CHECKING:
+    from ..plan.types import Plan
+    from ..render.translate import Rendered
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -59,12 +64,9 @@ def _roots(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    import os
-
     from ..pipeline import vllm_command
-    from ..render.check import check_args
     from ..render.output import UnsafeValue, render
-    from ..render.translate import flatten, render_instance
+    from ..render.translate import render_instance
 
     if args.format == "k8s":
         return _render_k8s(args)
@@ -77,17 +79,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     version = rel.target
     plan, _ = plan_of(args, host)
     if args.format == "nginx":  # one file for the whole plan, not one per instance
-        from ..render.output import render_nginx
-
-        try:
-            text = render_nginx(plan)
-        except UnsafeValue as e:
-            raise CliError(f"cannot render --format nginx: {e}") from None
-        if args.output:
-            _write_output(args.output, "hwprofile", "nginx", text)
-        else:
-            sys.stdout.write(text)
-        return EXIT_OK
+        return _render_nginx(args, plan)
     instances = [i for i in plan.instances if args.instance in (None, i.name)]
     if not instances:
         names = ", ".join(i.name for i in plan.instances)
@@ -97,14 +89,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         r = render_instance(
             plan, inst, rel, vllm_command(inst.server.vllm_command), host.software.numactl_path
         )
-        secrets = {}
-        if args.output and args.format == "env":
-            for target, source in r.secrets.items():
-                if source not in os.environ:
-                    raise CliError(
-                        f"server.api_key_env names ${source}, which is not set: export it, then render again"
-                    )
-                secrets[target] = os.environ[source]
+        secrets = _secret_values(args, r.secrets)
         try:
             text = render(r, args.format, plan, inst, env_file=args.env_file, secret_values=secrets)
         except UnsafeValue as e:
@@ -117,23 +102,63 @@ def cmd_render(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         for w in r.warnings:
             print(f"hwprofile: warning: {r.name}: {w}", file=sys.stderr)
-        if args.check:
-            model = plan.model.path or plan.model.name
-            res = check_args(flatten(r.args), model, version, r.env)
-            where = f"vLLM {res.vllm_version or version}"
-            if res.ok:
-                print(
-                    f"hwprofile: check: {r.name}: accepted by {where}'s parser and engine config"
-                    + (" (cached)" if res.cached else ""),
-                    file=sys.stderr,
-                )
-            else:
-                print(
-                    f"hwprofile: check: {r.name}: rejected by {where} ({res.stage}): {res.message}",
-                    file=sys.stderr,
-                )
-                status = EXIT_FAILED
+        if args.check and not _check_rendered(r, plan, version):
+            status = EXIT_FAILED
     return status
+
+
+def _render_nginx(args: argparse.Namespace, plan: Plan) -> int:
+    """``render --format nginx``: one file for the whole plan, not one per instance."""
+    from ..render.output import UnsafeValue, render_nginx
+
+    try:
+        text = render_nginx(plan)
+    except UnsafeValue as e:
+        raise CliError(f"cannot render --format nginx: {e}") from None
+    if args.output:
+        _write_output(args.output, "hwprofile", "nginx", text)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _secret_values(args: argparse.Namespace, wanted: dict[str, str]) -> dict[str, str]:
+    """The secrets an environment file written to ``--output`` holds (target -> the value of the
+    environment variable it names); none for any other output."""
+    import os
+
+    secrets = {}
+    if args.output and args.format == "env":
+        for target, source in wanted.items():
+            if source not in os.environ:
+                raise CliError(
+                    f"server.api_key_env names ${source}, which is not set: export it, then render again"
+                )
+            secrets[target] = os.environ[source]
+    return secrets
+
+
+def _check_rendered(r: Rendered, plan: Plan, version: str) -> bool:
+    """``render --check``: whether vLLM's parser and engine config accept the rendered arguments,
+    said on stderr."""
+    from ..render.check import check_args
+    from ..render.translate import flatten
+
+    model = plan.model.path or plan.model.name
+    res = check_args(flatten(r.args), model, version, r.env)
+    where = f"vLLM {res.vllm_version or version}"
+    if res.ok:
+        print(
+            f"hwprofile: check: {r.name}: accepted by {where}'s parser and engine config"
+            + (" (cached)" if res.cached else ""),
+            file=sys.stderr,
+        )
+        return True
+    print(
+        f"hwprofile: check: {r.name}: rejected by {where} ({res.stage}): {res.message}",
+        file=sys.stderr,
+    )
+    return False
 
 
 def _render_k8s(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 
@@ -68,82 +68,114 @@ def check(field: Field, value: Any) -> Any:
         raise ValueError("a value is required (null is not allowed here)")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"expected a finite number, got {value}")
-    k = field.kind
-    if k == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
-            return value.lower() in ("true", "yes", "on", "1")
-        raise ValueError(f"expected true or false, got {value!r}")
-    if k in ("int", "float", "int_or_auto"):
-        if k == "int_or_auto" and value == "auto":
-            return "auto"
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            if not isinstance(value, str):
-                value = repr(value)  # a list or mapping: refused below, with what was given
-            try:
-                value = float(value) if k == "float" else int(str(value), 10)
-            except ValueError:
-                expected = (
-                    "a number"
-                    if k == "float"
-                    else ("an integer or auto" if k == "int_or_auto" else "an integer")
-                )
-                raise ValueError(f"expected {expected}, got {value!r}") from None
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"expected a finite number, got {value}")
-        if k != "float":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(f"expected an integer, got {value!r}")
-            value = int(value)
-        else:
-            value = float(value)
-        if isinstance(value, int) and value.bit_length() > 63:
-            raise ValueError(
-                f"a {value.bit_length()}-bit number is out of range [{_num(field.lo)}, {_num(field.hi)}]"
-            )
-        if (field.lo is not None and value < field.lo) or (field.hi is not None and value > field.hi):
-            raise ValueError(f"{value} is out of range [{_num(field.lo)}, {_num(field.hi)}]")
-        return value
-    if k == "choice":
-        if isinstance(value, bool) and {"on", "off"} <= set(field.choices):
-            value = "on" if value else "off"  # YAML reads a bare on/off as a boolean
-        if value not in field.choices:
-            alias = ALIASES.get(str(value).lower())
-            close = [alias] if alias in field.choices else _close(str(value), field.choices)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{value!r} is not one of: {', '.join(field.choices)}{hint}")
-        return value
-    if k in ("str", "text"):
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ValueError(f"expected text, got {type(value).__name__}")
-        text = str(value)
-        if k == "text":  # several lines allowed, but no escape sequences for the terminal
-            plain_text(text.replace("\n", " ").replace("\t", " "))
-            return text
-        plain_text(text)
-        if field.pattern and not re.fullmatch(field.pattern, text):
-            raise ValueError(f"{text!r} is not {field.pattern_doc}")
-        return text
-    if k == "size":
-        return parse_size(value)
-    if k == "k_table":
-        return _k_table(value)
-    if k == "str_list":
-        if isinstance(value, str):
-            import shlex
+    checker = _CHECKERS.get(field.kind)
+    if checker is None:
+        raise AssertionError(field.kind)
+    return checker(field, value)
 
-            plain_text(value)
-            return shlex.split(value)
-        if not isinstance(value, list) or not all(
-            isinstance(v, str | int | float) and not isinstance(v, bool) for v in value
-        ):
-            raise ValueError("expected a list of strings")
-        items = [str(v) for v in value]
-        for item in items:
-            plain_text(item)
-        return items
-    raise AssertionError(k)
+
+def _check_bool(field: Field, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        return value.lower() in ("true", "yes", "on", "1")
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _parse_number_text(kind: str, value: Any) -> int | float:
+    """A value that is not already a number (text, or a list or mapping) read as ``kind``."""
+    if not isinstance(value, str):
+        value = repr(value)  # a list or mapping: refused below, with what was given
+    try:
+        return float(value) if kind == "float" else int(str(value), 10)
+    except ValueError:
+        expected = (
+            "a number"
+            if kind == "float"
+            else ("an integer or auto" if kind == "int_or_auto" else "an integer")
+        )
+        raise ValueError(f"expected {expected}, got {value!r}") from None
+
+
+def _check_number(field: Field, value: Any) -> int | float | str:
+    k = field.kind
+    if k == "int_or_auto" and value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        value = _parse_number_text(k, value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value}")
+    if k != "float":
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"expected an integer, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+    _check_range(field, value)
+    return value
+
+
+def _check_range(field: Field, value: int | float) -> None:
+    if isinstance(value, int) and value.bit_length() > 63:
+        raise ValueError(
+            f"a {value.bit_length()}-bit number is out of range [{_num(field.lo)}, {_num(field.hi)}]"
+        )
+    if (field.lo is not None and value < field.lo) or (field.hi is not None and value > field.hi):
+        raise ValueError(f"{value} is out of range [{_num(field.lo)}, {_num(field.hi)}]")
+
+
+def _check_choice(field: Field, value: Any) -> Any:
+    if isinstance(value, bool) and {"on", "off"} <= set(field.choices):
+        value = "on" if value else "off"  # YAML reads a bare on/off as a boolean
+    if value not in field.choices:
+        alias = ALIASES.get(str(value).lower())
+        close = [alias] if alias in field.choices else _close(str(value), field.choices)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{value!r} is not one of: {', '.join(field.choices)}{hint}")
+    return value
+
+
+def _check_text(field: Field, value: Any) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ValueError(f"expected text, got {type(value).__name__}")
+    text = str(value)
+    if field.kind == "text":  # several lines allowed, but no escape sequences for the terminal
+        plain_text(text.replace("\n", " ").replace("\t", " "))
+        return text
+    plain_text(text)
+    if field.pattern and not re.fullmatch(field.pattern, text):
+        raise ValueError(f"{text!r} is not {field.pattern_doc}")
+    return text
+
+
+def _check_str_list(field: Field, value: Any) -> list[str]:
+    if isinstance(value, str):
+        import shlex
+
+        plain_text(value)
+        return shlex.split(value)
+    if not isinstance(value, list) or not all(
+        isinstance(v, str | int | float) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError("expected a list of strings")
+    items = [str(v) for v in value]
+    for item in items:
+        plain_text(item)
+    return items
+
+
+_CHECKERS: dict[str, Callable[[Field, Any], Any]] = {
+    "bool": _check_bool,
+    "int": _check_number,
+    "float": _check_number,
+    "int_or_auto": _check_number,
+    "choice": _check_choice,
+    "str": _check_text,
+    "text": _check_text,
+    "size": lambda field, value: parse_size(value),
+    "k_table": lambda field, value: _k_table(value),
+    "str_list": _check_str_list,
+}
 
 
 CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")

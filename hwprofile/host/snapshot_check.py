@@ -16,6 +16,7 @@ from ..contracts import Bool, Const, Int, Invalid, List, Num, Obj, Str
 from .snapshot import MAX_CPUS, MAX_DEVICE_MINOR, MAX_GPUS, MAX_NUMA_NODES, SCHEMA
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
 _TIB = 1 << 40
@@ -205,9 +206,16 @@ HOST = Obj(
 
 def _consistency(data: dict[str, Any]) -> None:
     """What the per-field rules cannot see: the snapshot's parts must agree with each other."""
+    node_ids = _check_numa_nodes(data.get("numa_nodes", ()))
+    indexes = _check_gpus(data.get("gpus", ()), node_ids)
+    _check_links(data.get("gpu_links", ()), indexes)
+
+
+def _check_numa_nodes(nodes: Iterable[dict[str, Any]]) -> set[int]:
+    """NUMA node ids are unique and no CPU is on two nodes; returns the ids."""
     node_ids: set[int] = set()
     seen_cpus: dict[int, int] = {}
-    for i, n in enumerate(data.get("numa_nodes", ())):
+    for i, n in enumerate(nodes):
         if n["id"] in node_ids:
             raise Invalid(f"numa_nodes[{i}].id", f"NUMA node {n['id']} is listed twice")
         node_ids.add(n["id"])
@@ -221,9 +229,14 @@ def _consistency(data: dict[str, Any]) -> None:
             for c in range(first, last + 1):
                 if seen_cpus.setdefault(c, n["id"]) != n["id"]:
                     raise Invalid(f"numa_nodes[{i}].cpus", f"CPU {c} is also on NUMA node {seen_cpus[c]}")
+    return node_ids
+
+
+def _check_gpus(gpus: Iterable[dict[str, Any]], node_ids: set[int]) -> set[int]:
+    """GPU indexes and device minors are unique and each GPU agrees with itself; returns the indexes."""
     indexes: set[int] = set()
     minors: dict[int, int] = {}
-    for i, g in enumerate(data.get("gpus", ())):
+    for i, g in enumerate(gpus):
         w = f"gpus[{i}]"
         if g["index"] in indexes:
             raise Invalid(f"{w}.index", f"GPU index {g['index']} is listed twice")
@@ -236,25 +249,35 @@ def _consistency(data: dict[str, Any]) -> None:
                     f"device minor {minor} is also GPU {minors[minor]}'s (/dev/nvidia{minor})",
                 )
             minors[minor] = g["index"]
-        node = g.get("numa_node")
-        if node is not None and node_ids and node not in node_ids:
-            raise Invalid(f"{w}.numa_node", f"NUMA node {node} is not in numa_nodes (ids {sorted(node_ids)})")
-        aff = g.get("cpu_affinity")
-        for part in filter(None, (aff or "").split(",")):
-            lo, _, hi = part.partition("-")
-            if int(hi or lo) < int(lo) or int(hi or lo) >= MAX_CPUS:
-                raise Invalid(f"{w}.cpu_affinity", f"bad CPU range {part!r} (CPUs are 0 to {MAX_CPUS - 1})")
-        total = g.get("memory_total_bytes")
-        for k in ("memory_used_bytes", "memory_reserved_bytes"):
-            v = g.get(k)
-            if v is not None and total is not None and v > total:
-                raise Invalid(f"{w}.{k}", f"{v} is more than memory_total_bytes ({total})")
-        pcie = g.get("pcie") or {}
-        for cur, top in (("gen", "max_gen"), ("width", "max_width")):
-            if pcie.get(cur) is not None and pcie.get(top) is not None and pcie[cur] > pcie[top]:
-                raise Invalid(f"{w}.pcie.{cur}", f"{pcie[cur]} is above pcie.{top} ({pcie[top]})")
+        _check_gpu(w, g, node_ids)
+    return indexes
+
+
+def _check_gpu(w: str, g: dict[str, Any], node_ids: set[int]) -> None:
+    """One GPU's NUMA node is listed, its CPU ranges are sound and no reading exceeds its maximum."""
+    node = g.get("numa_node")
+    if node is not None and node_ids and node not in node_ids:
+        raise Invalid(f"{w}.numa_node", f"NUMA node {node} is not in numa_nodes (ids {sorted(node_ids)})")
+    aff = g.get("cpu_affinity")
+    for part in filter(None, (aff or "").split(",")):
+        lo, _, hi = part.partition("-")
+        if int(hi or lo) < int(lo) or int(hi or lo) >= MAX_CPUS:
+            raise Invalid(f"{w}.cpu_affinity", f"bad CPU range {part!r} (CPUs are 0 to {MAX_CPUS - 1})")
+    total = g.get("memory_total_bytes")
+    for k in ("memory_used_bytes", "memory_reserved_bytes"):
+        v = g.get(k)
+        if v is not None and total is not None and v > total:
+            raise Invalid(f"{w}.{k}", f"{v} is more than memory_total_bytes ({total})")
+    pcie = g.get("pcie") or {}
+    for cur, top in (("gen", "max_gen"), ("width", "max_width")):
+        if pcie.get(cur) is not None and pcie.get(top) is not None and pcie[cur] > pcie[top]:
+            raise Invalid(f"{w}.pcie.{cur}", f"{pcie[cur]} is above pcie.{top} ({pcie[top]})")
+
+
+def _check_links(links: Iterable[dict[str, Any]], indexes: set[int]) -> None:
+    """Each link joins two different listed GPUs, and no pair is linked twice."""
     pairs: set[frozenset[int]] = set()
-    for i, lk in enumerate(data.get("gpu_links", ())):
+    for i, lk in enumerate(links):
         for end in ("a", "b"):
             if lk[end] not in indexes:
                 raise Invalid(f"gpu_links[{i}].{end}", f"no GPU with index {lk[end]} in gpus")

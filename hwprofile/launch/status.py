@@ -169,103 +169,134 @@ def format_status(state: dict[str, Any]) -> str:
     """:func:`status`'s answer for a person: a line per instance, then the daemon's view."""
     if not state.get("instances"):
         return "hwprofile: nothing is running\n"
-    if state.get("ended"):
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.get("ended_at") or 0))
-        why = f" ({state['end_reason']})" if state.get("end_reason") else ""
-        head = f"nothing is running; the last run (supervisor pid {state.get('supervisor_pid')}) ended {when}{why}"
-    elif state.get("stale"):
-        head = (
-            f"STALE state file: {state.get('stale_reason')} (it ended without cleaning up; "
-            "`hwprofile stop` ends what it left)"
-        )
-    else:
-        head = f"supervisor pid {state.get('supervisor_pid')} (running)"
     out = [
-        f"{head}, profile {state.get('profile')}, model {state.get('model')}, vLLM {state.get('vllm_version')}"
+        f"{_status_head(state)}, profile {state.get('profile')}, model {state.get('model')}, "
+        f"vLLM {state.get('vllm_version')}"
     ]
-    ep = state.get("endpoint")
-    if ep and not state.get("ended"):
-        via = {
-            "vllm": "its own API server",
-            "router": f"vLLM's router, {ep.get('policy')}, supervised here",
-        }.get(str(ep.get("via")), "nginx (hwprofile render --format nginx)")
-        out.append(f"  clients: {ep['url']} ({via})")
-    front = state.get("front")
-    if front:
-        pid = f"pid {front['pid']}" if front.get("pid") else "no pid"
-        servers = (
-            f", {front['healthy_servers']} of {front['servers']} servers healthy"
-            if front.get("servers") is not None else ""
-        )  # fmt: skip
-        out.append(
-            f"  vllm-router: {front['state']}, {pid}, {front['url']}{servers}, restarts {front.get('restarts', 0)}, "
-            f"metrics {front.get('metrics_url')}, logs {front.get('log_file')}"
-        )
+    out += _fmt_clients(state)
+    if state.get("front"):
+        out += _fmt_front(state["front"])
     if state.get("previous") and not state.get("ended"):
         out.append(f"  the run before: {state['previous']}")
     for i in state["instances"]:
-        up = f", up {i['uptime_s']:.0f} s" if i.get("uptime_s") else ""
-        pid = f"pid {i['pid']}" if i.get("pid") else "no pid"
-        if i.get("process_check") and i["state"] == "stale":
-            pid += f" ({i['process_check']})"
-        out.append(
-            f"  {i['name']}: {i['state']}{up}, {pid}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
-        )
-        if i.get("node"):
-            out.append(f"    node {i['node']}")
-        if i.get("health_failing_since") and i["state"] == "ready":
-            since = time.time() - i["health_failing_since"]
-            out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")
-        if i.get("retry_at") and i["state"] == "failed":
-            out.append(f"    FAILED: tried again in {max(0.0, i['retry_at'] - time.time()):.0f} s "
-                       f"(give-up {i.get('gave_up') or 1} in a row; supervise.retry_failed_s)")  # fmt: skip
-        if i.get("unresponsive"):
-            out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
-        if i.get("group_wait") and i["state"] in ("starting", "restarting"):
-            out.append(f"    waiting: {i['group_wait']}")
-        if i.get("gpu_wait") and i["state"] in ("starting", "restarting"):
-            out.append(f"    waiting for GPU memory (supervise.gpu_free_timeout): {i['gpu_wait']}")
-        if i.get("rejoins"):
-            out.append(f"    started again {i['rejoins']} times to join node 0's next group")
-        for step in i.get("ladder") or []:
-            out.append(f"    ladder: {step['change']} (after: {step['because']})")
-        if i.get("failure"):
-            f = i["failure"]
-            out.append(
-                f"    last failure: {f['kind']}: {f['evidence']}"
-                + (f" -> {f['fix']}" if f.get("fix") else "")
-            )
-        if i.get("log_dropped_lines"):
-            out.append(f"    log: {i['log_dropped_lines']} lines dropped ({i.get('log_error')})")
-        for w in i.get("warnings") or []:
-            out.append(f"    warning: {w}")
-        if i.get("live"):
-            out += _fmt_live(i["live"])
-    live = state.get("daemon")
-    if live:
-        age = (
-            ""
-            if live.get("current")
-            else f" (figures of {live.get('age_s')} s ago: the daemon ticks but cannot write its daemon.json; "
-            "its log says why)"
-            if live.get("ticking")
-            else f" (last update {live.get('age_s')} s ago: the daemon is not ticking)"
-        )
-        out.append(f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}")
-        out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
-        lowered = live.get("power_limits_lowered") or {}
-        if lowered:
-            out.append("  power limit lowered by the daemon (degrade.power_limit_factor) on " + ", ".join(
-                f"GPU {g} (restores {w:.0f} W)" for g, w in sorted(lowered.items())))  # fmt: skip
-        for name, why in sorted((live.get("power_lever_off") or {}).items()):
-            out.append(f"  power limit not a lever for {name}: {why}")
-        for a in (live.get("actions") or [])[-5:]:
-            when = time.strftime("%H:%M:%S", time.localtime(a.get("at") or 0))
-            out.append(
-                f"  action {when}: {a['kind']} {a['instance']} to step {a['level']} {a['outcome']}: {a['reason']}"
-            )
-        for q in live.get("queued") or []:
-            out.append(f"  queued: {q['kind']} {q['instance']} to step {q['level']}")
-        for e in (live.get("errors") or [])[-3:]:
-            out.append(f"  error: {e}")
+        out += _fmt_instance(i)
+    if state.get("daemon"):
+        out += _fmt_daemon(state["daemon"])
     return "\n".join(out) + "\n"
+
+
+def _status_head(state: dict[str, Any]) -> str:
+    """Whether the run ended, left a stale state file, or is running."""
+    if state.get("ended"):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.get("ended_at") or 0))
+        why = f" ({state['end_reason']})" if state.get("end_reason") else ""
+        return f"nothing is running; the last run (supervisor pid {state.get('supervisor_pid')}) ended {when}{why}"
+    if state.get("stale"):
+        return (
+            f"STALE state file: {state.get('stale_reason')} (it ended without cleaning up; "
+            "`hwprofile stop` ends what it left)"
+        )
+    return f"supervisor pid {state.get('supervisor_pid')} (running)"
+
+
+def _fmt_clients(state: dict[str, Any]) -> list[str]:
+    """Where clients send requests, and through what."""
+    ep = state.get("endpoint")
+    if not ep or state.get("ended"):
+        return []
+    via = {
+        "vllm": "its own API server",
+        "router": f"vLLM's router, {ep.get('policy')}, supervised here",
+    }.get(str(ep.get("via")), "nginx (hwprofile render --format nginx)")
+    return [f"  clients: {ep['url']} ({via})"]
+
+
+def _fmt_front(front: dict[str, Any]) -> list[str]:
+    """The supervised vllm-router in front of the instances."""
+    pid = f"pid {front['pid']}" if front.get("pid") else "no pid"
+    servers = (
+        f", {front['healthy_servers']} of {front['servers']} servers healthy"
+        if front.get("servers") is not None else ""
+    )  # fmt: skip
+    return [
+        f"  vllm-router: {front['state']}, {pid}, {front['url']}{servers}, restarts {front.get('restarts', 0)}, "
+        f"metrics {front.get('metrics_url')}, logs {front.get('log_file')}"
+    ]
+
+
+def _fmt_instance(i: dict[str, Any]) -> list[str]:
+    """One instance's line, then what it waits for, why it failed and its live view."""
+    up = f", up {i['uptime_s']:.0f} s" if i.get("uptime_s") else ""
+    pid = f"pid {i['pid']}" if i.get("pid") else "no pid"
+    if i.get("process_check") and i["state"] == "stale":
+        pid += f" ({i['process_check']})"
+    out = [
+        f"  {i['name']}: {i['state']}{up}, {pid}, {i['url']}, restarts {i['restarts']}, logs {i['log_file']}"
+    ]
+    if i.get("node"):
+        out.append(f"    node {i['node']}")
+    out += _fmt_instance_waits(i)
+    if i.get("rejoins"):
+        out.append(f"    started again {i['rejoins']} times to join node 0's next group")
+    for step in i.get("ladder") or []:
+        out.append(f"    ladder: {step['change']} (after: {step['because']})")
+    if i.get("failure"):
+        f = i["failure"]
+        out.append(
+            f"    last failure: {f['kind']}: {f['evidence']}" + (f" -> {f['fix']}" if f.get("fix") else "")
+        )
+    if i.get("log_dropped_lines"):
+        out.append(f"    log: {i['log_dropped_lines']} lines dropped ({i.get('log_error')})")
+    for w in i.get("warnings") or []:
+        out.append(f"    warning: {w}")
+    if i.get("live"):
+        out += _fmt_live(i["live"])
+    return out
+
+
+def _fmt_instance_waits(i: dict[str, Any]) -> list[str]:
+    """A failing /health, a pending retry, and what a starting instance waits for."""
+    out = []
+    if i.get("health_failing_since") and i["state"] == "ready":
+        since = time.time() - i["health_failing_since"]
+        out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")
+    if i.get("retry_at") and i["state"] == "failed":
+        out.append(f"    FAILED: tried again in {max(0.0, i['retry_at'] - time.time()):.0f} s "
+                   f"(give-up {i.get('gave_up') or 1} in a row; supervise.retry_failed_s)")  # fmt: skip
+    if i.get("unresponsive"):
+        out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
+    if i.get("group_wait") and i["state"] in ("starting", "restarting"):
+        out.append(f"    waiting: {i['group_wait']}")
+    if i.get("gpu_wait") and i["state"] in ("starting", "restarting"):
+        out.append(f"    waiting for GPU memory (supervise.gpu_free_timeout): {i['gpu_wait']}")
+    return out
+
+
+def _fmt_daemon(live: dict[str, Any]) -> list[str]:
+    """The daemon's view: ticks, GPUs, power limits it lowered, its recent actions and errors."""
+    age = (
+        ""
+        if live.get("current")
+        else f" (figures of {live.get('age_s')} s ago: the daemon ticks but cannot write its daemon.json; "
+        "its log says why)"
+        if live.get("ticking")
+        else f" (last update {live.get('age_s')} s ago: the daemon is not ticking)"
+    )
+    out = [f"daemon: {live.get('ticks')} ticks, {live.get('missed_ticks')} missed{age}"]
+    out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
+    lowered = live.get("power_limits_lowered") or {}
+    if lowered:
+        out.append("  power limit lowered by the daemon (degrade.power_limit_factor) on " + ", ".join(
+            f"GPU {g} (restores {w:.0f} W)" for g, w in sorted(lowered.items())))  # fmt: skip
+    for name, why in sorted((live.get("power_lever_off") or {}).items()):
+        out.append(f"  power limit not a lever for {name}: {why}")
+    for a in (live.get("actions") or [])[-5:]:
+        when = time.strftime("%H:%M:%S", time.localtime(a.get("at") or 0))
+        out.append(
+            f"  action {when}: {a['kind']} {a['instance']} to step {a['level']} {a['outcome']}: {a['reason']}"
+        )
+    for q in live.get("queued") or []:
+        out.append(f"  queued: {q['kind']} {q['instance']} to step {q['level']}")
+    for e in (live.get("errors") or [])[-3:]:
+        out.append(f"  error: {e}")
+    return out

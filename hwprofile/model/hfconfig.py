@@ -18,6 +18,9 @@ from .weights import count_params, weights_bytes
 if TYPE_CHECKING:
     from typing import Any
 
+    from .layers import LayerStack
+    from .weights import ParamBreakdown, WeightBytes
+
 # Bounds of the config.json keys hwprofile reads: far above any real model, far below nonsense.
 _LIMITS: dict[str, tuple[int, int]] = {
     "num_hidden_layers": (1, 10_000),
@@ -99,36 +102,10 @@ class _Keys:
 def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) -> ModelFacts:
     """ModelFacts from a config.json dict (text config of multimodal models included). Every key
     read is type- and range-checked: a ``ValueError`` names the key and what it holds."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"expected a JSON object, got {show_value(cfg)}")
-    text = cfg.get("text_config")
-    if text is not None and not isinstance(text, dict):
-        raise ValueError(f"text_config: expected an object, got {show_value(text)}")
     raw = cfg
-    text_keys: frozenset[str] = frozenset()
-    if text:  # multimodal wrappers keep the LM in text_config
-        cfg = {**cfg, **text}
-        text_keys = frozenset(text)
-    blocks = cfg.get("layers_block_type")
-    if cfg.get("num_hidden_layers") is None and type(blocks) is list and blocks:
-        cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H: one entry a layer
+    cfg, text_keys = _language_config(cfg)
     k = _Keys(cfg, text_keys)
-    layers = k.need("num_hidden_layers")
-    hidden = k.need("hidden_size")
-    heads = k.need("num_attention_heads")
-    kv = k.integer("num_key_value_heads") or heads
-    if kv > heads or heads % kv:
-        raise ValueError(
-            f"{k.name('num_key_value_heads')}: {kv} does not divide {k.name('num_attention_heads')} ({heads})"
-        )
-    head_dim = k.integer("head_dim")
-    if head_dim is None:
-        if hidden < heads:
-            raise ValueError(
-                f"{k.name('hidden_size')}: {hidden} is less than {k.name('num_attention_heads')} ({heads}) "
-                "and there is no head_dim"
-            )
-        head_dim = hidden // heads
+    layers, hidden, heads, kv, head_dim = _attention_shape(k)
     inter = k.integer("intermediate_size") or 4 * hidden
     vocab = k.integer("vocab_size", 0) or 0
     dtype = k.text("torch_dtype") or k.text("dtype") or "bfloat16"
@@ -137,57 +114,23 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
     k.flag("use_sliding_window")
     k.integer("sliding_window_pattern")
-    types = cfg.get("layer_types")
-    if types is not None and (type(types) is not list or not all(type(t) is str for t in types)):
-        raise k.bad("layer_types", "a list of strings", types)
+    _string_list(k, "layer_types")
     k.text("model_type")
-    archs = cfg.get("architectures")
-    if archs is not None and (type(archs) is not list or not all(type(a) is str for a in archs)):
-        raise k.bad("architectures", "a list of strings", archs)
+    archs = _string_list(k, "architectures")
     sliding = _sliding_layers(cfg, layers)
     if sliding > layers:
         raise ValueError(f"{k.name('layer_types')}: {sliding} sliding layers, but only {layers} layers")
-    q = cfg.get("quantization_config")
-    if q is None:
-        q = {}
-    elif type(q) is not dict:
-        raise k.bad("quantization_config", "an object", q)
-    qk = _Keys(q, prefix=k.name("quantization_config") + ".")
-    qmethod_raw = qk.text("quant_method")
-    qmethod = qmethod_raw.lower() if qmethod_raw else None
-    qbits: int | None = None
-    for key in ("bits", "w_bit"):
-        v = q.get(key)
-        if v is not None and (type(v) is not int or not 1 <= v <= 32):
-            raise qk.bad(key, "an integer from 1 to 32", v)
-        qbits = qbits or v
-    for key in (
-        "num_experts",
-        "n_routed_experts",
-        "num_local_experts",
-        "moe_intermediate_size",
-        "n_shared_experts",
-        "num_nextn_predict_layers",
-        "mtp_num_hidden_layers",
-    ):
-        k.integer(key)
+    qmethod, qbits = _declared_quant(k)
+    _check_expert_keys(k)
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
-    # parameters and bytes tensor by tensor, per layer kind, at the checkpoint's quantization
-    try:
-        stack = layer_stack(raw)
-        kinds = list(stack.kinds)
-        counted = count_params(raw, kinds)
-        loaded = weights_bytes(raw, kinds)
-    except ValueError as e:
-        what = (archs or [None])[0] or cfg.get("model_type") or "this architecture"
-        raise ValueError(str(e) if str(e).startswith(f"{what}:") else f"{what}: {e}") from None
+    stack, counted, loaded = _count_weights(raw, archs, cfg)
     qmethod = qmethod or loaded.method
     qbits = qbits or loaded.bits
     return ModelFacts(
         name=name,
         source=source,
         path=path,
-        architecture=(archs or [None])[0],
+        architecture=archs[0] if archs else None,
         model_type=cfg.get("model_type"),
         num_layers=layers,
         hidden_size=hidden,
@@ -218,6 +161,102 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         mtp_bytes=loaded.by_part["mtp"],
         stack=stack,
     )
+
+
+def _language_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+    """The language model's keys (a multimodal wrapper's text_config over the top level), and which
+    of them came from text_config."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"expected a JSON object, got {show_value(cfg)}")
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError(f"text_config: expected an object, got {show_value(text)}")
+    text_keys: frozenset[str] = frozenset()
+    if text:  # multimodal wrappers keep the LM in text_config
+        cfg = {**cfg, **text}
+        text_keys = frozenset(text)
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("num_hidden_layers") is None and type(blocks) is list and blocks:
+        cfg = {**cfg, "num_hidden_layers": len(blocks)}  # transformers 5's Nemotron-H: one entry a layer
+    return cfg, text_keys
+
+
+def _attention_shape(k: _Keys) -> tuple[int, int, int, int, int]:
+    """Layers, hidden size, attention heads, KV heads and head size, checked against each other."""
+    layers = k.need("num_hidden_layers")
+    hidden = k.need("hidden_size")
+    heads = k.need("num_attention_heads")
+    kv = k.integer("num_key_value_heads") or heads
+    if kv > heads or heads % kv:
+        raise ValueError(
+            f"{k.name('num_key_value_heads')}: {kv} does not divide {k.name('num_attention_heads')} ({heads})"
+        )
+    head_dim = k.integer("head_dim")
+    if head_dim is None:
+        if hidden < heads:
+            raise ValueError(
+                f"{k.name('hidden_size')}: {hidden} is less than {k.name('num_attention_heads')} ({heads}) "
+                "and there is no head_dim"
+            )
+        head_dim = hidden // heads
+    return layers, hidden, heads, kv, head_dim
+
+
+def _string_list(k: _Keys, key: str) -> list[str] | None:
+    """``key``'s list of strings, or None when absent."""
+    v = k.cfg.get(key)
+    if v is not None and (type(v) is not list or not all(type(t) is str for t in v)):
+        raise k.bad(key, "a list of strings", v)
+    return v
+
+
+def _declared_quant(k: _Keys) -> tuple[str | None, int | None]:
+    """The quantization method (lower case) and bits quantization_config declares, each None if not."""
+    q = k.cfg.get("quantization_config")
+    if q is None:
+        q = {}
+    elif type(q) is not dict:
+        raise k.bad("quantization_config", "an object", q)
+    qk = _Keys(q, prefix=k.name("quantization_config") + ".")
+    qmethod_raw = qk.text("quant_method")
+    qmethod = qmethod_raw.lower() if qmethod_raw else None
+    qbits: int | None = None
+    for key in ("bits", "w_bit"):
+        v = q.get(key)
+        if v is not None and (type(v) is not int or not 1 <= v <= 32):
+            raise qk.bad(key, "an integer from 1 to 32", v)
+        qbits = qbits or v
+    return qmethod, qbits
+
+
+def _check_expert_keys(k: _Keys) -> None:
+    """The mixture-of-experts and multi-token-prediction sizes, range-checked (read later)."""
+    for key in (
+        "num_experts",
+        "n_routed_experts",
+        "num_local_experts",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "num_nextn_predict_layers",
+        "mtp_num_hidden_layers",
+    ):
+        k.integer(key)
+
+
+def _count_weights(
+    raw: dict[str, Any], archs: list[str] | None, cfg: dict[str, Any]
+) -> tuple[LayerStack, ParamBreakdown, WeightBytes]:
+    """Parameters and bytes tensor by tensor, per layer kind, at the checkpoint's quantization; an
+    error names the architecture."""
+    try:
+        stack = layer_stack(raw)
+        kinds = list(stack.kinds)
+        counted = count_params(raw, kinds)
+        loaded = weights_bytes(raw, kinds)
+    except ValueError as e:
+        what = (archs[0] if archs else None) or cfg.get("model_type") or "this architecture"
+        raise ValueError(str(e) if str(e).startswith(f"{what}:") else f"{what}: {e}") from None
+    return stack, counted, loaded
 
 
 def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:

@@ -444,7 +444,7 @@ def _fetch(
 ) -> str:
     """Ask the Hub; keep the small files and the file list in the cache; return the commit.
     ``label`` names the model in messages (``model ORG/NAME@REV``)."""
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import HfApi
     from huggingface_hub.utils import disable_progress_bars
     from huggingface_hub.utils import logging as hf_logging
 
@@ -460,41 +460,12 @@ def _fetch(
             f"{label}: {shown(ep)} answered without a commit for revision {revision or 'main'}"
         )
     check_cache(cache, repo, commit, revision, label)
-    snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
-    if load_record(cache, repo, commit) is not None and os.path.isfile(os.path.join(snap, "config.json")):
-        if not cancelled.is_set():
-            _write_ref(cache, repo, revision or "main", commit, label)
+    if _looked_up_before(cache, repo, revision, commit, cancelled, label):
         return commit  # this commit was looked up before: its files are in the cache
-    files: dict[str, int | None] = {}
-    for s in info.siblings or ():
-        size = s.lfs.size if s.lfs is not None else s.size
-        if not isinstance(s.rfilename, str):
-            raise OperationError(f"{label}: {shown(ep)} answered a file list with a name that is not text")
-        files[s.rfilename] = size if type(size) is int and size >= 0 else None
-    if "config.json" not in files:
-        raise ConfigError(
-            f"{label}: the repository on {shown(ep)} has no config.json (not a Transformers model, or only GGUF "
-            "or adapter files?): give the base model's name, or a local directory with a config.json"
-        )
+    files = _file_list(info, label, ep)
 
     def get(name: str) -> str:
-        size = files.get(name)
-        if size is not None and size > SMALL_CAP:
-            raise ConfigError(
-                f"{label}: {name} is {size} bytes by the repository's file list, more than the {SMALL_CAP} "
-                "bytes hwprofile reads of a configuration file"
-            )
-        cap = SMALL_CAP if size is None else size
-        blobs = os.path.join(repo_folder(cache, repo), "blobs")
-        before = _incomplete(blobs)
-        try:
-            with _bounded(cap, f"{name} (the file list says {size} bytes)" if size is not None else name):
-                return str(
-                    hf_hub_download(repo, name, revision=commit, cache_dir=cache, endpoint=ep, etag_timeout=t)
-                )
-        except BaseException:
-            _remove_incomplete(blobs, before)  # a failed download leaves nothing behind
-            raise
+        return _download_small(name, files.get(name), repo, commit, cache, ep, t, label)
 
     cfg_file = get("config.json")
     for name in SMALL_FILES:
@@ -506,22 +477,12 @@ def _fetch(
     weights = _choose_weights(files, index, label)
     if not weights:
         raise _no_weights(files, label, ep)
-    sizes = [files.get(w) for w in weights]
-    known = all(isinstance(s, int) and s > 0 for s in sizes)
-    total = sum(s for s in sizes if isinstance(s, int)) if known else 0
-    source = (
-        ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
-    )
+    known, total, source = _listed_bytes(files, weights, index)
     cfg = _read_json(cfg_file, f"{label}: config.json on the Hub")
     dtypes: dict[str, int] | None = None
     if isinstance(cfg, dict) and known and _ambiguous(cfg, total, repo):
         dtypes = _header_dtypes(api, repo, commit, weights, t)
-        byte_count = sum(n * _DTYPE_BYTES.get(d, 2) for d, n in dtypes.items())
-        f32 = dtypes.get("F32", 0) * 4
-        if byte_count and f32 * 2 > byte_count:  # float32 on disk is served in 16 bits (vLLM's auto)
-            total -= int(total * f32 / byte_count / 2)
-            source += ", float32 served as 16-bit"
-        source += f" (dtypes from {min(len(weights), MAX_HEADERS)} safetensors header(s))"
+        total, source = _served_bytes(dtypes, total, source, len(weights))
     if cancelled.is_set():
         return commit  # past the deadline: the caller has already said so; leave no record
     record = {
@@ -536,11 +497,98 @@ def _fetch(
         "weights": {"files": weights, "bytes": total, "source": source},
         "dtypes": dtypes,
     }
+    _save_record(cache, repo, revision, commit, record, label)
+    return commit
+
+
+def _save_record(
+    cache: str, repo: str, revision: str | None, commit: str, record: dict[str, Any], label: str
+) -> None:
+    """Keep the look-up's record in the cache, and point the revision at its commit."""
     folder = os.path.basename(repo_folder(cache, repo))
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     _cache_write(cache, (folder, RECORD_DIR), commit + ".json", text, label)
     _write_ref(cache, repo, revision or "main", commit, label)
-    return commit
+
+
+def _looked_up_before(
+    cache: str, repo: str, revision: str | None, commit: str, cancelled: threading.Event, label: str
+) -> bool:
+    """Whether ``commit`` was looked up before (its record and config.json are in the cache); the
+    revision is then pointed at it, unless the look-up is past its deadline."""
+    snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
+    if load_record(cache, repo, commit) is not None and os.path.isfile(os.path.join(snap, "config.json")):
+        if not cancelled.is_set():
+            _write_ref(cache, repo, revision or "main", commit, label)
+        return True
+    return False
+
+
+def _listed_bytes(
+    files: dict[str, int | None], weights: list[str], index: dict[str, Any] | None
+) -> tuple[bool, int, str]:
+    """Whether the file list gives every weight file's size, their total (0 if not) and its source."""
+    sizes = [files.get(w) for w in weights]
+    known = all(isinstance(s, int) and s > 0 for s in sizes)
+    total = sum(s for s in sizes if isinstance(s, int)) if known else 0
+    source = (
+        ("hub safetensors index" if index is not None else "hub safetensors files") if known else "estimate"
+    )
+    return known, total, source
+
+
+def _file_list(info: Any, label: str, ep: str) -> dict[str, int | None]:
+    """The repository's files and their sizes (None: not said) from the Hub's model info; it must
+    hold a config.json."""
+    files: dict[str, int | None] = {}
+    for s in info.siblings or ():
+        size = s.lfs.size if s.lfs is not None else s.size
+        if not isinstance(s.rfilename, str):
+            raise OperationError(f"{label}: {shown(ep)} answered a file list with a name that is not text")
+        files[s.rfilename] = size if type(size) is int and size >= 0 else None
+    if "config.json" not in files:
+        raise ConfigError(
+            f"{label}: the repository on {shown(ep)} has no config.json (not a Transformers model, or only GGUF "
+            "or adapter files?): give the base model's name, or a local directory with a config.json"
+        )
+    return files
+
+
+def _download_small(
+    name: str, size: int | None, repo: str, commit: str, cache: str, ep: str, t: float, label: str
+) -> str:
+    """Download one configuration file of at most ``SMALL_CAP`` bytes into the cache; return its
+    path. A failed download leaves nothing behind."""
+    from huggingface_hub import hf_hub_download
+
+    if size is not None and size > SMALL_CAP:
+        raise ConfigError(
+            f"{label}: {name} is {size} bytes by the repository's file list, more than the {SMALL_CAP} "
+            "bytes hwprofile reads of a configuration file"
+        )
+    cap = SMALL_CAP if size is None else size
+    blobs = os.path.join(repo_folder(cache, repo), "blobs")
+    before = _incomplete(blobs)
+    try:
+        with _bounded(cap, f"{name} (the file list says {size} bytes)" if size is not None else name):
+            return str(
+                hf_hub_download(repo, name, revision=commit, cache_dir=cache, endpoint=ep, etag_timeout=t)
+            )
+    except BaseException:
+        _remove_incomplete(blobs, before)  # a failed download leaves nothing behind
+        raise
+
+
+def _served_bytes(dtypes: dict[str, int], total: int, source: str, n_weights: int) -> tuple[int, str]:
+    """The weights' bytes as vLLM serves them, given the dtypes the safetensors headers name, and
+    the source that says so."""
+    byte_count = sum(n * _DTYPE_BYTES.get(d, 2) for d, n in dtypes.items())
+    f32 = dtypes.get("F32", 0) * 4
+    if byte_count and f32 * 2 > byte_count:  # float32 on disk is served in 16 bits (vLLM's auto)
+        total -= int(total * f32 / byte_count / 2)
+        source += ", float32 served as 16-bit"
+    source += f" (dtypes from {min(n_weights, MAX_HEADERS)} safetensors header(s))"
+    return total, source
 
 
 # -- every answer bounded ------------------------------------------------------------------------
@@ -724,6 +772,34 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
     if key in _MEMO:
         return _MEMO[key]
     name = f"{what} {repo}" + (f"@{revision}" if revision else "")
+    facts = _without_asking(repo, revision, cache, name)
+    if facts is not None:
+        _MEMO[key] = facts
+        return facts
+    t = timeout_s()  # before huggingface_hub's import, which reads it with int() and fails unnamed
+    _check_hub_client(name)
+    got = _fetch_within_deadline(repo, revision, cache, ep, t, name, what)
+    if isinstance(got, str):
+        record = load_record(cache, repo, got)
+        if record is None:
+            raise OperationError(f"{name}: the file list fetched could not be read back from {cache}")
+        facts = facts_from_record(repo, cache, got, record, "asked now", revision)
+        _MEMO[key] = facts
+        return facts
+    if isinstance(got, OperationError):  # the Hub not reached: an earlier look-up still plans, said so
+        facts = from_cache(repo, revision, cache, f"from the cache: {shown(ep)} did not answer")
+        if facts is not None:
+            import logging
+
+            logging.getLogger("hwprofile").warning("%s; planned from the cache, from an earlier look-up", got)
+            _MEMO[key] = facts
+            return facts
+    raise got
+
+
+def _without_asking(repo: str, revision: str | None, cache: str, name: str) -> ModelFacts | None:
+    """The facts from the cache where the Hub is not to be asked: ``HF_HUB_OFFLINE`` (refused when
+    the cache lacks them), or a commit already looked up; None: ask the Hub."""
     if offline():
         facts = from_cache(repo, revision, cache, "from the cache: HF_HUB_OFFLINE is set, the Hub not asked")
         if facts is None:
@@ -732,14 +808,15 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
                 "read, and neither has it: plan once online (it fetches the config and the file list, no "
                 "weights), or give a local directory or a catalog name"
             )
-        _MEMO[key] = facts
         return facts
     if revision and COMMIT.fullmatch(revision):
-        facts = from_cache(repo, revision, cache, "from the cache: a commit does not change")
-        if facts is not None:
-            _MEMO[key] = facts
-            return facts
-    t = timeout_s()  # before huggingface_hub's import, which reads it with int() and fails unnamed
+        return from_cache(repo, revision, cache, "from the cache: a commit does not change")
+    return None
+
+
+def _check_hub_client(name: str) -> None:
+    """Refuse, saying why, an ``HF_HUB_DOWNLOAD_TIMEOUT`` huggingface_hub cannot read, and a missing
+    huggingface_hub or one that refuses the environment's settings at its import."""
     raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
     if raw:
         try:
@@ -758,7 +835,16 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
             "not installed: pip install huggingface_hub (it comes with vLLM), or give a local directory"
         ) from None
     except ValueError as e:  # a setting huggingface_hub reads at its import
-        raise ConfigError(f"{name}: huggingface_hub refused a setting of the environment (HF_*): {e}") from None
+        raise ConfigError(
+            f"{name}: huggingface_hub refused a setting of the environment (HF_*): {e}"
+        ) from None
+
+
+def _fetch_within_deadline(
+    repo: str, revision: str | None, cache: str, ep: str, t: float, name: str, what: str
+) -> str | HwprofileError:
+    """:func:`_fetch` on a worker thread given ``DEADLINE_FACTOR * t`` seconds: the commit, or the
+    error to say (a look-up past its deadline is cancelled and its partial downloads removed)."""
     out: dict[str, Any] = {}
     cancelled = threading.Event()
     blobs = os.path.join(repo_folder(cache, repo), "blobs")
@@ -778,23 +864,7 @@ def resolve_hub(repo: str, revision: str | None, cache: str, what: str = "model"
     if worker.is_alive():
         cancelled.set()  # the transfer stops at its next bytes; what it left is removed now
         _remove_incomplete(blobs, partial)
-        err: HwprofileError = OperationError(_timeout_message(name, ep))
-    elif "error" in out:
-        err = _hub_error(out["error"], repo, revision, ep, what)
-    else:
-        commit = out["commit"]
-        record = load_record(cache, repo, commit)
-        if record is None:
-            raise OperationError(f"{name}: the file list fetched could not be read back from {cache}")
-        facts = facts_from_record(repo, cache, commit, record, "asked now", revision)
-        _MEMO[key] = facts
-        return facts
-    if isinstance(err, OperationError):  # the Hub not reached: an earlier look-up still plans, said so
-        facts = from_cache(repo, revision, cache, f"from the cache: {shown(ep)} did not answer")
-        if facts is not None:
-            import logging
-
-            logging.getLogger("hwprofile").warning("%s; planned from the cache, from an earlier look-up", err)
-            _MEMO[key] = facts
-            return facts
-    raise err
+        return OperationError(_timeout_message(name, ep))
+    if "error" in out:
+        return _hub_error(out["error"], repo, revision, ep, what)
+    return str(out["commit"])

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
@@ -204,6 +205,7 @@ def _sliding_count(cfg: dict[str, Any], layers: int) -> int:
 
 
 def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
+    """Each layer's token mixer, from the first of the config's ways of saying it that it uses."""
     name = _name(cfg)
     mtype = _mtype(cfg)
     if mtype in ("falcon_h1", "zamba", "zamba2"):
@@ -211,94 +213,152 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
             f"{name}: a {mtype} layer runs attention and Mamba side by side (or shares blocks); "
             "hwprofile does not model that stack yet"
         )
-    blocks = cfg.get("layers_block_type")
-    if pattern_of_blocks(blocks) is not None and cfg.get("hybrid_override_pattern") is None:
-        cfg = {**cfg, "hybrid_override_pattern": pattern_of_blocks(blocks)}
+    for read in _MIXER_READERS:
+        mixers = read(cfg, n, name, mtype)
+        if mixers is not None:
+            return mixers
+    return _sliding_mixers(cfg, n, mtype)
+
+
+def _hybrid_pattern_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Nemotron-H: ``hybrid_override_pattern`` (or transformers 5's ``layers_block_type``)."""
     pattern = cfg.get("hybrid_override_pattern")
-    if pattern is not None:  # Nemotron-H
-        if type(pattern) is not str or len(pattern) != n or set(pattern) - set("M*-E"):
-            raise ValueError(
-                f"{name}: hybrid_override_pattern must be {n} characters of M, *, - and E, got {pattern!r}"[
-                    :160
-                ]
-            )
-        return [{"M": "mamba2", "*": "full", "-": "none", "E": "none"}[c] for c in pattern]
+    if pattern is None:
+        pattern = pattern_of_blocks(cfg.get("layers_block_type"))
+    if pattern is None:
+        return None
+    if type(pattern) is not str or len(pattern) != n or set(pattern) - set("M*-E"):
+        raise ValueError(
+            f"{name}: hybrid_override_pattern must be {n} characters of M, *, - and E, got {pattern!r}"[:160]
+        )
+    return [{"M": "mamba2", "*": "full", "-": "none", "E": "none"}[c] for c in pattern]
+
+
+def _kimi_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Kimi-Linear: ``linear_attn_config`` lists the KDA and the full layers (1-based numbers)."""
     lac = cfg.get("linear_attn_config")
-    if isinstance(lac, dict):  # Kimi-Linear: 1-based layer numbers
-        kda = lac.get("kda_layers") or []
-        full = lac.get("full_attn_layers") or []
-        if type(kda) is not list or type(full) is not list:
-            raise ValueError(f"{name}: linear_attn_config.kda_layers/full_attn_layers must be lists")
-        attn = "mla" if cfg.get("kv_lora_rank") else "full"
-        out = []
-        for i in range(1, n + 1):
-            if i in kda:
-                out.append("kda")
-            elif i in full:
-                out.append(attn)
-            else:
-                raise ValueError(f"{name}: layer {i} is in neither kda_layers nor full_attn_layers")
-        return out
+    if not isinstance(lac, dict):
+        return None
+    kda = lac.get("kda_layers") or []
+    full = lac.get("full_attn_layers") or []
+    if type(kda) is not list or type(full) is not list:
+        raise ValueError(f"{name}: linear_attn_config.kda_layers/full_attn_layers must be lists")
+    attn = "mla" if cfg.get("kv_lora_rank") else "full"
+    out = []
+    for i in range(1, n + 1):
+        if i in kda:
+            out.append("kda")
+        elif i in full:
+            out.append(attn)
+        else:
+            raise ValueError(f"{name}: layer {i} is in neither kda_layers nor full_attn_layers")
+    return out
+
+
+def _minimax_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """MiniMax-Text-01: ``attn_type_list``, 0 linear and 1 softmax per layer."""
     atl = cfg.get("attn_type_list")
-    if atl is not None:  # MiniMax-Text-01
-        if type(atl) is not list or len(atl) != n or any(a not in (0, 1) for a in atl):
-            raise ValueError(f"{name}: attn_type_list must be {n} entries of 0 (linear) or 1 (softmax)")
-        return ["full" if a == 1 else "linear" for a in atl]
-    if "attn_layer_period" in cfg:  # Jamba
-        period = _need(cfg, "attn_layer_period", "Jamba's layer pattern")
-        offset = _int(cfg, "attn_layer_offset", 0) or 0
-        return ["full" if i % period == offset else "mamba" for i in range(n)]
+    if atl is None:
+        return None
+    if type(atl) is not list or len(atl) != n or any(a not in (0, 1) for a in atl):
+        raise ValueError(f"{name}: attn_type_list must be {n} entries of 0 (linear) or 1 (softmax)")
+    return ["full" if a == 1 else "linear" for a in atl]
+
+
+def _jamba_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Jamba: an attention layer every ``attn_layer_period``, from ``attn_layer_offset``; Mamba between."""
+    if "attn_layer_period" not in cfg:
+        return None
+    period = _need(cfg, "attn_layer_period", "Jamba's layer pattern")
+    offset = _int(cfg, "attn_layer_offset", 0) or 0
+    return ["full" if i % period == offset else "mamba" for i in range(n)]
+
+
+def _bamba_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Bamba: ``attn_layer_indices`` are attention, the others Mamba2."""
     indices = _int_list(cfg, "attn_layer_indices")
-    if indices is not None and "layer_types" not in cfg:  # Bamba
-        return ["full" if i in set(indices) else "mamba2" for i in range(n)]
+    if indices is None or "layer_types" in cfg:
+        return None
+    return ["full" if i in set(indices) else "mamba2" for i in range(n)]
+
+
+def _layer_types_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """``layer_types``, one name a layer; its linear_attention layers are GDN or Mamba2 by the
+    dimensions the config gives, and its full layers MLA where the config has a KV LoRA rank."""
     types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        if len(types) < n:
-            raise ValueError(f"{name}: layer_types lists {len(types)} layers, num_hidden_layers is {n}")
-        out = []
-        for t in types[:n]:
-            if t in _TYPE_NAMES:
-                out.append(_TYPE_NAMES[t])
-            elif "sliding" in t or "local" in t:
-                out.append("sliding")
-            elif "attention" in t and "linear" not in t:
-                out.append("full")
-            else:
-                raise ValueError(f"{name}: layer_types has {t!r}, a layer kind hwprofile does not know")
-        if "linear_attention" in out:
-            if "linear_num_value_heads" in cfg:
-                linear = "gdn"
-            elif any(
-                k in cfg for k in ("mamba_n_heads", "mamba_num_heads", "mamba_d_state", "ssm_state_size")
-            ):
-                linear = "mamba2"
-            else:
-                raise ValueError(
-                    f"{name}: layer_types has linear_attention layers, but neither GDN (linear_num_value_heads) "
-                    "nor Mamba2 (mamba_n_heads) dimensions"
-                )
-            out = [linear if m == "linear_attention" else m for m in out]
-        if "mla" not in out and cfg.get("kv_lora_rank"):
-            out = ["mla" if m == "full" else m for m in out]
-        return out
+    if not (isinstance(types, list) and types):
+        return None
+    if len(types) < n:
+        raise ValueError(f"{name}: layer_types lists {len(types)} layers, num_hidden_layers is {n}")
+    out = [_layer_type_mixer(t, name) for t in types[:n]]
+    if "linear_attention" in out:
+        linear = _linear_attention_kind(cfg, name)
+        out = [linear if m == "linear_attention" else m for m in out]
+    if "mla" not in out and cfg.get("kv_lora_rank"):
+        out = ["mla" if m == "full" else m for m in out]
+    return out
+
+
+def _layer_type_mixer(t: str, name: str) -> str:
+    if t in _TYPE_NAMES:
+        return _TYPE_NAMES[t]
+    if "sliding" in t or "local" in t:
+        return "sliding"
+    if "attention" in t and "linear" not in t:
+        return "full"
+    raise ValueError(f"{name}: layer_types has {t!r}, a layer kind hwprofile does not know")
+
+
+def _linear_attention_kind(cfg: dict[str, Any], name: str) -> str:
+    """What a ``linear_attention`` layer is: GDN or Mamba2, by the dimensions the config gives."""
+    if "linear_num_value_heads" in cfg:
+        return "gdn"
+    if any(k in cfg for k in ("mamba_n_heads", "mamba_num_heads", "mamba_d_state", "ssm_state_size")):
+        return "mamba2"
+    raise ValueError(
+        f"{name}: layer_types has linear_attention layers, but neither GDN (linear_num_value_heads) "
+        "nor Mamba2 (mamba_n_heads) dimensions"
+    )
+
+
+def _qwen3_next_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Qwen3-Next / Qwen3.5: a full attention layer every ``full_attention_interval``, GDN between."""
     interval = _int(cfg, "full_attention_interval")
     if interval and mtype.startswith(("qwen3_next", "qwen3_5")):
         return ["full" if (i + 1) % interval == 0 else "gdn" for i in range(n)]
+    return None
+
+
+def _llama4_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Llama 4: chunked attention, but global on its ``no_rope_layers``."""
     chunk = _int(cfg, "attention_chunk_size")
     nope = _int_list(cfg, "no_rope_layers")
-    if chunk and mtype.startswith("llama4"):
-        if nope is None:  # transformers' default: every no_rope_layer_interval-th layer is global
-            step = _int(cfg, "no_rope_layer_interval", 4, lo=1) or 4
-            nope = [0 if (i + 1) % step == 0 else 1 for i in range(n)]
-        if len(nope) < n:
-            raise ValueError(f"{name}: no_rope_layers lists {len(nope)} layers, num_hidden_layers is {n}")
-        return ["full" if nope[i] == 0 else "chunked" for i in range(n)]
+    if not (chunk and mtype.startswith("llama4")):
+        return None
+    if nope is None:  # transformers' default: every no_rope_layer_interval-th layer is global
+        step = _int(cfg, "no_rope_layer_interval", 4, lo=1) or 4
+        nope = [0 if (i + 1) % step == 0 else 1 for i in range(n)]
+    if len(nope) < n:
+        raise ValueError(f"{name}: no_rope_layers lists {len(nope)} layers, num_hidden_layers is {n}")
+    return ["full" if nope[i] == 0 else "chunked" for i in range(n)]
+
+
+def _unsaid_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Refuse a Qwen3-Next-style config with linear layers that does not say which layers they are."""
     if mtype.startswith(("qwen3_next", "qwen3_5")) and "linear_num_value_heads" in cfg:
         raise ValueError(
             f"{name}: neither layer_types nor full_attention_interval says which layers are linear"
         )
-    if cfg.get("kv_lora_rank"):
-        return ["mla"] * n
+    return None
+
+
+def _mla_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """A KV LoRA rank: every layer is MLA."""
+    return ["mla"] * n if cfg.get("kv_lora_rank") else None
+
+
+def _sliding_mixers(cfg: dict[str, Any], n: int, mtype: str) -> list[str]:
+    """Full and sliding-window layers by hwprofile's sliding-window count and the model's pattern."""
     sliding = _sliding_count(cfg, n)
     if not sliding:
         return ["full"] * n
@@ -310,6 +370,22 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
     if isinstance(pattern_n, int) and pattern_n > 1:
         return ["full" if (i + 1) % pattern_n == 0 else "sliding" for i in range(n)]
     return ["sliding"] * sliding + ["full"] * (n - sliding)
+
+
+# A config's ways of saying each layer's mixer, in the order they are asked: (cfg, layers, the
+# model's name for messages, model_type) -> the mixers, or None where the config does not say it so.
+_MIXER_READERS: tuple[Callable[[dict[str, Any], int, str, str], list[str] | None], ...] = (
+    _hybrid_pattern_mixers,
+    _kimi_linear_mixers,
+    _minimax_mixers,
+    _jamba_mixers,
+    _bamba_mixers,
+    _layer_types_mixers,
+    _qwen3_next_mixers,
+    _llama4_mixers,
+    _unsaid_linear_mixers,
+    _mla_mixers,
+)
 
 
 _BLOCK_CHARS = {

@@ -50,7 +50,7 @@ from .layers import MIXERS, MLPS, LayerKind
 from .layers import layer_kinds as read_layer_kinds
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
@@ -767,90 +767,132 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
         return Quant(None, None, (), (), "ct")
     raw = q.get("quant_method")
     method = raw.lower() if isinstance(raw, str) else ""
+    return _quant_reader(method, q)(q, method)
+
+
+def _quant_reader(method: str, q: dict[str, Any]) -> Callable[[dict[str, Any], str], Quant]:
+    """Which method's reader reads ``q``: compressed-tensors' ``config_groups`` first, then FP8 and
+    MXFP4 by name, then ModelOpt's ``quant_algo`` over any other name, then the name."""
     if method == "compressed-tensors" or "config_groups" in q:
-        return _compressed_tensors(q, method or "compressed-tensors")
-    if method == "fp8" or method == "fbgemm_fp8":
-        block = q.get("weight_block_size")
-        ignore = _strs(q.get("ignored_layers")) or _strs(q.get("modules_to_not_convert"))
-        if isinstance(block, list) and len(block) == 2 and all(type(x) is int and x > 0 for x in block):
-            scheme = Scheme(8, block=(block[0], block[1]), scale_bytes=4)
-        else:
-            scheme = Scheme(8, per_tensor=True, scale_bytes=4)
-        return Quant(method, 8, (("ct", (), scheme),), ignore, "boundary")
-    if method == "mxfp4":  # gpt-oss: experts in MXFP4, one uint8 (E8M0) scale per 32 weights
+        return _ct_quant
+    reader = _QUANT_READERS.get(method)
+    if "quant_algo" in q and reader not in (_fp8_quant, _mxfp4_quant):
+        return _modelopt_quant
+    return reader or _other_quant
+
+
+def _ct_quant(q: dict[str, Any], method: str) -> Quant:
+    return _compressed_tensors(q, method or "compressed-tensors")
+
+
+def _fp8_quant(q: dict[str, Any], method: str) -> Quant:
+    """FP8 (and FBGEMM's): block scales where ``weight_block_size`` says, else one per tensor."""
+    block = q.get("weight_block_size")
+    ignore = _strs(q.get("ignored_layers")) or _strs(q.get("modules_to_not_convert"))
+    if isinstance(block, list) and len(block) == 2 and all(type(x) is int and x > 0 for x in block):
+        scheme = Scheme(8, block=(block[0], block[1]), scale_bytes=4)
+    else:
+        scheme = Scheme(8, per_tensor=True, scale_bytes=4)
+    return Quant(method, 8, (("ct", (), scheme),), ignore, "boundary")
+
+
+def _mxfp4_quant(q: dict[str, Any], method: str) -> Quant:
+    """gpt-oss: experts in MXFP4, one uint8 (E8M0) scale per 32 weights."""
+    return Quant(method, 4, (("ct", (), Scheme(4, group=32, scale_bytes=1)),), (), "ct", experts_only=True)
+
+
+def _modelopt_quant(q: dict[str, Any], method: str) -> Quant:
+    """NVIDIA ModelOpt: NVFP4, FP8 or INT8 by ``quant_algo``, else ``bits``, else 16-bit noted."""
+    algo = str(q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo") or "").upper()
+    ignore = _strs(q.get("exclude_modules")) or _strs(q.get("ignore"))
+    if "FP4" in algo or method == "modelopt_fp4":
+        group = _qint(q, "group_size", 1, 1 << 20, 16) or 16
+        scheme = Scheme(4, group=group, scale_bytes=1, second_scale=8)
         return Quant(
-            method, 4, (("ct", (), Scheme(4, group=32, scale_bytes=1)),), (), "ct", experts_only=True
+            "modelopt_fp4" if method == "modelopt_fp4" else method,
+            4,
+            (("ct", (), scheme),),
+            ignore,
+            "fnmatch",
         )
-    if method == "modelopt" or method == "modelopt_fp4" or "quant_algo" in q:
-        algo = str(q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo") or "").upper()
-        ignore = _strs(q.get("exclude_modules")) or _strs(q.get("ignore"))
-        if "FP4" in algo or method == "modelopt_fp4":
-            group = _qint(q, "group_size", 1, 1 << 20, 16) or 16
-            scheme = Scheme(4, group=group, scale_bytes=1, second_scale=8)
-            return Quant(
-                "modelopt_fp4" if method == "modelopt_fp4" else method,
-                4,
-                (("ct", (), scheme),),
-                ignore,
-                "fnmatch",
-            )
-        if "FP8" in algo or "INT8" in algo:
-            return Quant(
-                method, 8, (("ct", (), Scheme(8, per_tensor=True, scale_bytes=4)),), ignore, "fnmatch"
-            )
-        bits = _qint(q, "bits", 1, 16)
-        if bits:
-            return Quant(method, bits, (("ct", (), Scheme(bits, group=128)),), ignore, "fnmatch")
-        return Quant(
-            method, None, (), (), "ct", notes=(f"ModelOpt algorithm {algo or '?'} not read: 16-bit assumed",)
-        )
-    if method in ("awq", "awq_marlin"):
-        bits = _qint(q, "bits", 1, 16) or _qint(q, "w_bit", 1, 16) or 4
-        group = _qint(q, "group_size", -1, 1 << 20) or _qint(q, "q_group_size", -1, 1 << 20) or 128
-        zero = bits if q.get("zero_point", True) is not False else 0
-        scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=zero)
-        return Quant(method, bits, (("ct", (), scheme),), _strs(q.get("modules_to_not_convert")), "boundary")
-    if method in ("gptq", "gptq_marlin", "auto-round", "intel/auto-round", "autoround", "inc"):
-        bits = _qint(q, "bits", 1, 16) or 4
-        group = _qint(q, "group_size", -1, 1 << 20, 128) or 128
-        gptq = method.startswith("gptq")
-        scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=bits, g_idx=gptq)
-        rules: list[tuple[str, tuple[str, ...], Scheme]] = []
-        extra = v if isinstance(v := q.get("extra_config"), dict) else {}
-        kept16: list[str] = []
-        for name, over in extra.items():  # AutoRound: per-layer bits (16 = kept in 16 bits)
-            if not isinstance(over, dict):
-                continue
-            b = over.get("bits")
-            if type(b) is int and b >= 16:
-                kept16.append(name)
-            elif type(b) is int and 1 <= b < 16:
-                g = over.get("group_size")
-                rules.append(
-                    (
-                        "boundary",
-                        (name,),
-                        scheme._replace(
-                            bits=b, zero_bits=b, group=g if type(g) is int and g > 0 else scheme.group
-                        ),
-                    )
+    if "FP8" in algo or "INT8" in algo:
+        return Quant(method, 8, (("ct", (), Scheme(8, per_tensor=True, scale_bytes=4)),), ignore, "fnmatch")
+    bits = _qint(q, "bits", 1, 16)
+    if bits:
+        return Quant(method, bits, (("ct", (), Scheme(bits, group=128)),), ignore, "fnmatch")
+    return Quant(
+        method, None, (), (), "ct", notes=(f"ModelOpt algorithm {algo or '?'} not read: 16-bit assumed",)
+    )
+
+
+def _awq_quant(q: dict[str, Any], method: str) -> Quant:
+    """AWQ: ``bits`` (or ``w_bit``) with zero points, group 128 unless said."""
+    bits = _qint(q, "bits", 1, 16) or _qint(q, "w_bit", 1, 16) or 4
+    group = _qint(q, "group_size", -1, 1 << 20) or _qint(q, "q_group_size", -1, 1 << 20) or 128
+    zero = bits if q.get("zero_point", True) is not False else 0
+    scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=zero)
+    return Quant(method, bits, (("ct", (), scheme),), _strs(q.get("modules_to_not_convert")), "boundary")
+
+
+def _gptq_quant(q: dict[str, Any], method: str) -> Quant:
+    """GPTQ and AutoRound: ``bits`` with zero points (and GPTQ's g_idx), AutoRound's per-layer
+    overrides, GPTQModel's skipped layers."""
+    bits = _qint(q, "bits", 1, 16) or 4
+    group = _qint(q, "group_size", -1, 1 << 20, 128) or 128
+    gptq = method.startswith("gptq")
+    scheme = Scheme(bits, group=max(group, 0), scale_bytes=2, zero_bits=bits, g_idx=gptq)
+    extra: dict[str, Any] = q["extra_config"] if isinstance(q.get("extra_config"), dict) else {}
+    rules, ignore = _autoround_overrides(extra, scheme)
+    dyn: dict[Any, Any] = q["dynamic"] if isinstance(q.get("dynamic"), dict) else {}
+    for pat in dyn:  # GPTQModel: "-:regex" skips, "+:regex" overrides
+        if isinstance(pat, str) and pat.startswith("-:"):
+            ignore.append("re:" + pat[2:])
+    keep = [p if p.startswith("re:") or not any(ch in p for ch in "*[(\\") else "re:" + p for p in ignore]
+    name = "gptq" if gptq else "auto-round" if "round" in method else method
+    head = q.get("lm_head") is True
+    return Quant(name, bits, (*rules, ("ct", (), scheme)), tuple(keep), "boundary", lm_head=head)
+
+
+def _autoround_overrides(
+    extra: dict[str, Any], scheme: Scheme
+) -> tuple[list[tuple[str, tuple[str, ...], Scheme]], list[str]]:
+    """AutoRound's ``extra_config``: per-layer bits (16 = kept in 16 bits) as rules, and the layers kept."""
+    rules: list[tuple[str, tuple[str, ...], Scheme]] = []
+    ignore: list[str] = []
+    for name, over in extra.items():
+        if not isinstance(over, dict):
+            continue
+        b = over.get("bits")
+        if type(b) is int and b >= 16:
+            ignore.append(name)
+        elif type(b) is int and 1 <= b < 16:
+            g = over.get("group_size")
+            rules.append(
+                (
+                    "boundary",
+                    (name,),
+                    scheme._replace(
+                        bits=b, zero_bits=b, group=g if type(g) is int and g > 0 else scheme.group
+                    ),
                 )
-        dyn = v if isinstance(v := q.get("dynamic"), dict) else {}
-        for pat in dyn:  # GPTQModel: "-:regex" skips, "+:regex" overrides
-            if isinstance(pat, str) and pat.startswith("-:"):
-                kept16.append("re:" + pat[2:])
-        keep = [p if p.startswith("re:") or not any(ch in p for ch in "*[(\\") else "re:" + p for p in kept16]
-        name = "gptq" if gptq else "auto-round" if "round" in method else method
-        head = q.get("lm_head") is True
-        return Quant(name, bits, (*rules, ("ct", (), scheme)), tuple(keep), "boundary", lm_head=head)
-    if method == "bitsandbytes":
-        skip = _strs(q.get("llm_int8_skip_modules"))
-        if q.get("load_in_8bit") is True:
-            return Quant(method, 8, (("ct", (), Scheme(8, scale_bytes=4)),), skip, "boundary")
-        # 4-bit (nf4/fp4): one fp32 absmax per 64 weights, or an 8-bit one (+ small fp32 tables)
-        double = q.get("bnb_4bit_use_double_quant") is True
-        scheme = Scheme(4, group=64, scale_bytes=1.0 + 4 / 256 if double else 4.0)
-        return Quant(method, 4, (("ct", (), scheme),), skip, "boundary")
+            )
+    return rules, ignore
+
+
+def _bnb_quant(q: dict[str, Any], method: str) -> Quant:
+    """bitsandbytes: 8-bit, or 4-bit (nf4/fp4) with one fp32 absmax per 64 weights, or an 8-bit
+    one (+ small fp32 tables)."""
+    skip = _strs(q.get("llm_int8_skip_modules"))
+    if q.get("load_in_8bit") is True:
+        return Quant(method, 8, (("ct", (), Scheme(8, scale_bytes=4)),), skip, "boundary")
+    double = q.get("bnb_4bit_use_double_quant") is True
+    scheme = Scheme(4, group=64, scale_bytes=1.0 + 4 / 256 if double else 4.0)
+    return Quant(method, 4, (("ct", (), scheme),), skip, "boundary")
+
+
+def _other_quant(q: dict[str, Any], method: str) -> Quant:
+    """A method hwprofile does not know: linear weights at ``bits`` with group-128 scales, noted;
+    16 bits where no width is said."""
     bits = _qint(q, "bits", 1, 16) or _qint(q, "w_bit", 1, 16)
     if bits:
         note = (
@@ -865,6 +907,21 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
         "ct",
         notes=(f"quant_method {method or '?'}: weight width unknown: 16 bits assumed",),
     )
+
+
+_QUANT_READERS: dict[str, Callable[[dict[str, Any], str], Quant]] = {
+    "fp8": _fp8_quant,
+    "fbgemm_fp8": _fp8_quant,
+    "mxfp4": _mxfp4_quant,
+    "modelopt": _modelopt_quant,
+    "modelopt_fp4": _modelopt_quant,
+    "awq": _awq_quant,
+    "awq_marlin": _awq_quant,
+    **dict.fromkeys(
+        ("gptq", "gptq_marlin", "auto-round", "intel/auto-round", "autoround", "inc"), _gptq_quant
+    ),
+    "bitsandbytes": _bnb_quant,
+}
 
 
 def _ct_scheme(w: dict[str, Any], fmt: str) -> Scheme:

@@ -82,91 +82,148 @@ def plan_nodes(
     """The instances of a plan over ``hosts`` (node 0 first), each marked with its node."""
     n = len(hosts)
     want = settings.layout.nodes
-    src = ("layout", "nodes")
     if isinstance(want, int) and want > n:
-        raise PlanRefused(f"layout.nodes={want}, but {n} host snapshots were given", [f"--set layout.nodes={n}"])
-    devices = [len(h.usable_gpus) or 1 for h in hosts]  # a CPU host is one device
+        raise PlanRefused(
+            f"layout.nodes={want}, but {n} host snapshots were given", [f"--set layout.nodes={n}"]
+        )
+    nodes = _Nodes(hosts, addresses, settings, model, r, warnings, one_host)
     tp = settings.layout.tensor_parallel_size
-    if isinstance(tp, int) and tp > devices[0]:  # tensor parallel across nodes, as asked
-        per = devices[0]
+    if isinstance(tp, int) and tp > nodes.devices[0]:  # tensor parallel across nodes, as asked
+        return nodes.tensor_across(tp)
+    if want in ("auto", 1):
+        alone = nodes.one_node(want)
+        if alone is not None:
+            return alone
+    if isinstance(want, int) and want > 1:
+        ranks = nodes.data_parallel(want)
+        if ranks is not None:
+            return ranks
+    return nodes.pipeline(want, tp)
+
+
+@dataclasses.dataclass
+class _Nodes:
+    """One multi-node plan's inputs and the layouts tried in turn; a try that does not fit leaves no
+    reason or warning behind, and its refusal is kept for the final one."""
+
+    hosts: Sequence[HostSnapshot]
+    addresses: Sequence[str]
+    settings: Settings
+    model: ModelFacts
+    r: Reasons
+    warnings: list[str]
+    one_host: Plan1
+    first_error: PlanRefused | None = None
+    devices: list[int] = dataclasses.field(init=False)  # each node's; a CPU host is one device
+    marks: tuple[int, int] = dataclasses.field(init=False)  # reasons and warnings before any try
+
+    def __post_init__(self) -> None:
+        self.devices = [len(h.usable_gpus) or 1 for h in self.hosts]  # a CPU host is one device
+        self.marks = (len(self.r.items), len(self.warnings))
+
+    def _failed(self, e: PlanRefused) -> None:
+        del self.r.items[self.marks[0] :]
+        del self.warnings[self.marks[1] :]
+        self.first_error = e
+
+    def _done(self, insts: list[InstancePlan], how: str) -> list[InstancePlan]:
+        return _mark(_link(insts, how, self.model, self.settings), self.addresses, self.settings)
+
+    def tensor_across(self, tp: int) -> list[InstancePlan]:
+        """Tensor parallel across nodes, as ``layout.tensor_parallel_size`` asks, with a warning."""
+        n, settings, model = len(self.hosts), self.settings, self.model
+        per = self.devices[0]
         k = -(-tp // per)
         if k > n or tp % per:
             raise PlanRefused(f"tensor_parallel_size={tp} over nodes of {per} devices needs {k} of them, {n} given",
                               [f"--set layout.tensor_parallel_size={per * n}"])  # fmt: skip
-        warnings.append(
+        self.warnings.append(
             f"tensor parallel {tp} across {k} nodes: an all-reduce per layer crosses the {settings.layout.internode_gbps:g} "
             "Gb/s link between them (pipeline parallel across nodes sends far less)"
         )
-        r.add("layout.nodes", k, f"tensor_parallel_size={tp} is more than one node's {per} device(s)", src)
-        node0 = one_host(hosts[0], _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
-                         _shard(model, k))  # fmt: skip
+        self.r.add(
+            "layout.nodes", k, f"tensor_parallel_size={tp} is more than one node's {per} device(s)", _SRC
+        )
+        node0 = self.one_host(self.hosts[0], _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
+                              _shard(model, k))  # fmt: skip
         insts = [dataclasses.replace(node0[0], tensor_parallel_size=tp)] * k
-        return _mark(_link(insts, "tensor", model, settings), addresses, settings)
-    first_error: PlanRefused | None = None
-    marks = (len(r.items), len(warnings))
+        return self._done(insts, "tensor")
 
-    def forget() -> None:  # a try that did not fit leaves no reason or warning behind
-        del r.items[marks[0]:]
-        del warnings[marks[1]:]
-
-    if want in ("auto", 1):
+    def one_node(self, want: int | str) -> list[InstancePlan] | None:
+        """Node 0 alone, where the model fits it (None: it does not, and ``layout.nodes`` is auto)."""
+        n, model = len(self.hosts), self.model
         try:
-            alone = one_host(hosts[0], settings, model)
+            alone = self.one_host(self.hosts[0], self.settings, model)
         except PlanRefused as e:
             if want == 1:
                 raise
-            forget()
-            first_error = e
-        else:
-            if n > 1:
-                warnings.append(f"{model.name} fits one node: nodes 1-{n - 1} are not used "
-                                f"(--set layout.nodes={n}: one data-parallel rank on each)")  # fmt: skip
-            r.add("layout.nodes", 1, f"{model.name} fits one node", src)
-            return alone
-    if isinstance(want, int) and want > 1:
+            self._failed(e)
+            return None
+        if n > 1:
+            self.warnings.append(f"{model.name} fits one node: nodes 1-{n - 1} are not used "
+                                 f"(--set layout.nodes={n}: one data-parallel rank on each)")  # fmt: skip
+        self.r.add("layout.nodes", 1, f"{model.name} fits one node", _SRC)
+        return alone
+
+    def data_parallel(self, want: int) -> list[InstancePlan] | None:
+        """One data-parallel rank per node, where one node holds the model (None: it does not)."""
         try:  # one node suffices: a data-parallel rank per node
-            each = one_host(hosts[0], _with(settings, replicas=1, shape="servers"), model)
+            each = self.one_host(self.hosts[0], _with(self.settings, replicas=1, shape="servers"), self.model)
             if len(each) == 1:
-                r.add("layout.nodes", want, f"layout.nodes={want}; one node holds the model: one data-parallel rank "
-                                            "on each, one API server on node 0", src)  # fmt: skip
+                self.r.add("layout.nodes", want, f"layout.nodes={want}; one node holds the model: one data-parallel "
+                                                 "rank on each, one API server on node 0", _SRC)  # fmt: skip
                 insts = [dataclasses.replace(each[0], data_parallel_size=want)] * want
-                return _mark(_link(insts, "data", model, settings), addresses, settings)
+                return self._done(insts, "data")
         except PlanRefused as e:
-            forget()
-            first_error = e
-    # Inside a node, a profile's tensor parallel size may grow to the node's devices for a stage to fit
-    # (a profile sizes one-host servers); one the user set is kept.
-    tries: list[int | str] = [tp]
-    if not _user_set(r, ("layout", "tensor_parallel_size")):
-        tries += [t for t in (2, 4, 8, 16) if t <= min(devices) and (not isinstance(tp, int) or t > tp)]
-    for k in range(2, n + 1) if want == "auto" else [want]:
-        stage = stage_of(model, k)
-        per_node = None
+            self._failed(e)
+        return None
+
+    def pipeline(self, want: int | str, tp: int | str) -> list[InstancePlan]:
+        """Pipeline parallel over the fewest nodes that fit (or ``layout.nodes``), tensor parallel
+        inside each; refused, with what would fit, when even every node does not."""
+        n, model = len(self.hosts), self.model
+        # Inside a node, a profile's tensor parallel size may grow to the node's devices for a stage to fit
+        # (a profile sizes one-host servers); one the user set is kept.
+        tries: list[int | str] = [tp]
+        if not _user_set(self.r, ("layout", "tensor_parallel_size")):
+            tries += [
+                t for t in (2, 4, 8, 16) if t <= min(self.devices) and (not isinstance(tp, int) or t > tp)
+            ]
+        for k in range(2, n + 1) if want == "auto" else [int(want)]:
+            stage = stage_of(model, k)
+            per_node = self._stages(k, tries, stage)
+            if per_node is None:
+                continue
+            tps = {p[0].tensor_parallel_size for p in per_node}
+            if len(tps) > 1 or any(len(p) != 1 for p in per_node):
+                raise PlanRefused(f"the nodes differ (tensor parallel {sorted(tps)}): a pipeline needs the same on "
+                                  "each", ["snapshots of hosts with the same GPUs"])  # fmt: skip
+            self.r.add("layout.nodes", k, f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
+                                          f"(tensor parallel {tps.pop()} inside each), about {stage.num_layers} "
+                                          "layers a node", _SRC)  # fmt: skip
+            return self._done([p[0] for p in per_node], "pipeline")
+        first_error = self.first_error
+        raise PlanRefused(
+            f"{model.name} does not fit even {n} node(s): {first_error.message if first_error else 'no layout'}",
+            [*(first_error.suggestions if first_error else []), "more nodes (another --from snapshot)"],
+        )
+
+    def _stages(self, k: int, tries: list[int | str], stage: ModelFacts) -> list[list[InstancePlan]] | None:
+        """Each of the first ``k`` nodes' instances for one pipeline stage, at the first tensor
+        parallel size of ``tries`` that fits (None: none does)."""
         for t in tries:
             try:
-                per_node = [
-                    one_host(h, _with(settings, strategy="tensor_parallel", replicas=1, shape="servers",
-                                      pipeline_parallel_size=k, tensor_parallel_size=t), stage)
-                    for h in hosts[:k]
+                return [
+                    self.one_host(h, _with(self.settings, strategy="tensor_parallel", replicas=1, shape="servers",
+                                           pipeline_parallel_size=k, tensor_parallel_size=t), stage)
+                    for h in self.hosts[:k]
                 ]  # fmt: skip
-                break
             except PlanRefused as e:
-                forget()
-                first_error = e
-        if per_node is None:
-            continue
-        tps = {p[0].tensor_parallel_size for p in per_node}
-        if len(tps) > 1 or any(len(p) != 1 for p in per_node):
-            raise PlanRefused(f"the nodes differ (tensor parallel {sorted(tps)}): a pipeline needs the same on each",
-                              ["snapshots of hosts with the same GPUs"])  # fmt: skip
-        r.add("layout.nodes", k, f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
-                                 f"(tensor parallel {tps.pop()} inside each), about {stage.num_layers} layers a node",
-              src)  # fmt: skip
-        return _mark(_link([p[0] for p in per_node], "pipeline", model, settings), addresses, settings)
-    raise PlanRefused(
-        f"{model.name} does not fit even {n} node(s): {first_error.message if first_error else 'no layout'}",
-        [*(first_error.suggestions if first_error else []), "more nodes (another --from snapshot)"],
-    )
+                self._failed(e)
+        return None
+
+
+_SRC = ("layout", "nodes")
 
 
 def _shard(model: ModelFacts, ways: int) -> ModelFacts:

@@ -106,13 +106,8 @@ def parse(text: str) -> VllmMetrics:
                            "server?")  # fmt: skip
     text = _wanted(text)
 
-    gauges: dict[str, float] = {}
-    counters: dict[str, float] = {}
-    ttft: dict[float, float] = {}
-    itl: dict[float, float] = {}
+    tally = _Tally()
     any_vllm, v1, spec = False, False, False
-    itl_name: str | None = None
-    engines: dict[str, dict[str, float]] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as e:  # the parser is lax and fails midway
@@ -128,41 +123,69 @@ def parse(text: str) -> VllmMetrics:
             v1 = v1 or "engine" in labels
             if name.startswith("vllm:spec_decode_"):
                 spec = True
-            read = name in (PER_POS, *COUNTERS, RUNNING, WAITING, *KV_USAGE, TTFT + "_bucket") or (
-                name.endswith("_bucket") and name[: -len("_bucket")] in ITL
-            )
-            if read and not 0 <= value < float("inf"):  # NaN fails too: no count is that
-                raise MetricsError(f"{name}{labels or ''} = {sample.value}: not a count (finite, not negative)")
-            if name == PER_POS:
-                pos = labels.get("position", "")
-                if not pos.isdigit():
-                    raise MetricsError(f"{name}{labels}: position {pos!r} is not a number (0, 1, ...)")
-                key = f"{PER_POS}{{position={int(pos)}}}"
-                counters[key] = counters.get(key, 0.0) + value
-            elif name in COUNTERS:
-                counters[name] = counters.get(name, 0.0) + value
-            elif name in (RUNNING, WAITING, *KV_USAGE):
-                if name in (RUNNING, WAITING):
-                    gauges[name] = gauges.get(name, 0.0) + value
-                else:
-                    gauges[name] = max(gauges.get(name, 0.0), value)  # the fullest rank
-                if "engine" in labels:
-                    key = {RUNNING: "running", WAITING: "waiting"}.get(name, "kv_usage")
-                    rank = engines.setdefault(labels["engine"], {})
-                    rank[key] = rank.get(key, 0.0) + value if key != "kv_usage" else max(rank.get(key, 0.0), value)
-            elif name == TTFT + "_bucket":
-                le = float(labels.get("le", "inf"))
-                ttft[le] = ttft.get(le, 0.0) + value
-            elif name.endswith("_bucket") and name[: -len("_bucket")] in ITL:
-                base = name[: -len("_bucket")]
-                if itl_name is None or base == ITL[0]:
-                    if itl_name != base:
-                        itl.clear()
-                    itl_name = base
-                    le = float(labels.get("le", "inf"))
-                    itl[le] = itl.get(le, 0.0) + value
-    return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), gauges, counters, ttft, itl, spec,
-                       engines if len(engines) > 1 else {})  # fmt: skip
+            if _is_read(name) and not 0 <= value < float("inf"):  # NaN fails too: no count is that
+                raise MetricsError(
+                    f"{name}{labels or ''} = {sample.value}: not a count (finite, not negative)"
+                )
+            tally.add(name, labels, value)
+    return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), tally.gauges, tally.counters, tally.ttft,
+                       tally.itl, spec, tally.engines if len(tally.engines) > 1 else {})  # fmt: skip
+
+
+def _is_read(name: str) -> bool:
+    """Whether :func:`parse` reads the sample: it must then be a count."""
+    return name in (PER_POS, *COUNTERS, RUNNING, WAITING, *KV_USAGE, TTFT + "_bucket") or (
+        name.endswith("_bucket") and name[: -len("_bucket")] in ITL
+    )
+
+
+@dataclass
+class _Tally:
+    """The samples :func:`parse` reads, summed over the engines (data-parallel ranks) of one body."""
+
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    ttft: dict[float, float] = field(default_factory=dict)
+    itl: dict[float, float] = field(default_factory=dict)
+    itl_name: str | None = None
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        if name == PER_POS:
+            pos = labels.get("position", "")
+            if not pos.isdigit():
+                raise MetricsError(f"{name}{labels}: position {pos!r} is not a number (0, 1, ...)")
+            key = f"{PER_POS}{{position={int(pos)}}}"
+            self.counters[key] = self.counters.get(key, 0.0) + value
+        elif name in COUNTERS:
+            self.counters[name] = self.counters.get(name, 0.0) + value
+        elif name in (RUNNING, WAITING, *KV_USAGE):
+            self._add_gauge(name, labels, value)
+        elif name == TTFT + "_bucket":
+            le = float(labels.get("le", "inf"))
+            self.ttft[le] = self.ttft.get(le, 0.0) + value
+        elif name.endswith("_bucket") and name[: -len("_bucket")] in ITL:
+            self._add_itl(name[: -len("_bucket")], labels, value)
+
+    def _add_gauge(self, name: str, labels: dict[str, str], value: float) -> None:
+        """Requests running and waiting add up over the ranks; KV cache usage is the fullest rank's."""
+        if name in (RUNNING, WAITING):
+            self.gauges[name] = self.gauges.get(name, 0.0) + value
+        else:
+            self.gauges[name] = max(self.gauges.get(name, 0.0), value)  # the fullest rank
+        if "engine" in labels:
+            key = {RUNNING: "running", WAITING: "waiting"}.get(name, "kv_usage")
+            rank = self.engines.setdefault(labels["engine"], {})
+            rank[key] = rank.get(key, 0.0) + value if key != "kv_usage" else max(rank.get(key, 0.0), value)
+
+    def _add_itl(self, base: str, labels: dict[str, str], value: float) -> None:
+        """One inter-token latency histogram: the first one named in ``ITL`` wins over the others."""
+        if self.itl_name is None or base == ITL[0]:
+            if self.itl_name != base:
+                self.itl.clear()
+            self.itl_name = base
+            le = float(labels.get("le", "inf"))
+            self.itl[le] = self.itl.get(le, 0.0) + value
 
 
 START_TIME = "process_start_time_seconds"

@@ -8,9 +8,12 @@ files only, size cap, no anchors, aliases, merge keys or duplicate keys); every 
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 KINDS = ("zh", "en", "code", "math", "json")
 SCHEMA = "hwprofile.verify-prompts/1"
@@ -45,21 +48,10 @@ def load_prompts(path: str | os.PathLike[str] | None = None) -> PromptSet:
 def parse_prompts(data: Any, locs: dict[tuple[str, ...], int], name: str) -> list[Prompt]:
     """Validate loaded YAML (``data`` with its key-path → line map) into prompts; every problem found
     is reported at once, each with ``name:line``."""
-    problems: list[str] = []
-
-    def at(*path: str) -> str:
-        for n in range(len(path), 0, -1):
-            if path[:n] in locs:
-                return f"{name}:{locs[path[:n]]}"
-        return f"{name}:1"
-
+    at = _locator(locs, name)
     if not isinstance(data, dict):
         raise ConfigError(f"{name}:1: expected a mapping with a `prompts:` list, found {_what(data)}")
-    for key in data:
-        if key not in ("schema", "prompts"):
-            problems.append(f"{at(str(key))}: unknown key {key!r}; a prompts file has `schema` and `prompts`")
-    if "schema" in data and data["schema"] != SCHEMA:
-        problems.append(f"{at('schema')}: schema {data['schema']!r}; this hwprofile reads {SCHEMA!r}")
+    problems = _file_problems(data, at)
     items = data.get("prompts")
     if not isinstance(items, list) or not items:
         problems.append(
@@ -75,39 +67,73 @@ def parse_prompts(data: Any, locs: dict[tuple[str, ...], int], name: str) -> lis
         if not isinstance(item, dict):
             problems.append(f"{where}: a prompt must be a mapping of id, kind, text; found {_what(item)}")
             continue
-        bad = False
-        for key in item:
-            if key not in _KEYS:
-                problems.append(f"{at('prompts', str(i), str(key))}: unknown key {key!r}; a prompt has id, kind, text")
-                bad = True
-        for key in _KEYS:
-            if key not in item:
-                problems.append(f"{where}: prompt {i + 1} has no {key!r}")
-                bad = True
-        if bad:
-            continue
-        pid, kind, text = item["id"], item["kind"], item["text"]
-        if not isinstance(pid, str) or not pid.strip():
-            problems.append(f"{at('prompts', str(i), 'id')}: id must be a non-empty string, found {_what(pid)}")
-            bad = True
-        elif pid in seen:
-            problems.append(f"{at('prompts', str(i), 'id')}: duplicate id {pid!r} (first at {seen[pid]})")
-            bad = True
-        else:
-            seen[pid] = at("prompts", str(i), "id")
-        if kind not in KINDS:
-            problems.append(
-                f"{at('prompts', str(i), 'kind')}: kind {kind!r} is not one of {', '.join(KINDS)}"
-            )
-            bad = True
-        if not isinstance(text, str) or not text.strip():
-            problems.append(f"{at('prompts', str(i), 'text')}: text must be a non-empty string, found {_what(text)}")
-            bad = True
-        if not bad:
-            out.append(Prompt(pid, kind, text, locs.get(("prompts", str(i)))))
+        found = _key_problems(i, item, at)
+        if not found:
+            found = _value_problems(i, item, at, seen)
+        problems += found
+        if not found:
+            out.append(Prompt(item["id"], item["kind"], item["text"], locs.get(("prompts", str(i)))))
     if problems:
         raise ConfigError(problems)
     return out
+
+
+def _locator(locs: dict[tuple[str, ...], int], name: str) -> Callable[..., str]:
+    """``name:line`` of a key path: the line of its longest prefix the file has, else line 1."""
+
+    def at(*path: str) -> str:
+        for n in range(len(path), 0, -1):
+            if path[:n] in locs:
+                return f"{name}:{locs[path[:n]]}"
+        return f"{name}:1"
+
+    return at
+
+
+def _file_problems(data: dict[Any, Any], at: Callable[..., str]) -> list[str]:
+    """Unknown top-level keys and a schema this hwprofile does not read."""
+    problems: list[str] = []
+    for key in data:
+        if key not in ("schema", "prompts"):
+            problems.append(f"{at(str(key))}: unknown key {key!r}; a prompts file has `schema` and `prompts`")
+    if "schema" in data and data["schema"] != SCHEMA:
+        problems.append(f"{at('schema')}: schema {data['schema']!r}; this hwprofile reads {SCHEMA!r}")
+    return problems
+
+
+def _key_problems(i: int, item: dict[Any, Any], at: Callable[..., str]) -> list[str]:
+    """Prompt ``i``'s unknown keys, then the keys it lacks."""
+    where = at("prompts", str(i))
+    problems: list[str] = []
+    for key in item:
+        if key not in _KEYS:
+            problems.append(
+                f"{at('prompts', str(i), str(key))}: unknown key {key!r}; a prompt has id, kind, text"
+            )
+    for key in _KEYS:
+        if key not in item:
+            problems.append(f"{where}: prompt {i + 1} has no {key!r}")
+    return problems
+
+
+def _value_problems(i: int, item: dict[Any, Any], at: Callable[..., str], seen: dict[str, str]) -> list[str]:
+    """Prompt ``i``'s id (non-empty, unique: ``seen`` maps each id to where it was first), kind and
+    text; a new id is added to ``seen``."""
+    pid, kind, text = item["id"], item["kind"], item["text"]
+    problems: list[str] = []
+    if not isinstance(pid, str) or not pid.strip():
+        problems.append(f"{at('prompts', str(i), 'id')}: id must be a non-empty string, found {_what(pid)}")
+    elif pid in seen:
+        problems.append(f"{at('prompts', str(i), 'id')}: duplicate id {pid!r} (first at {seen[pid]})")
+    else:
+        seen[pid] = at("prompts", str(i), "id")
+    if kind not in KINDS:
+        problems.append(f"{at('prompts', str(i), 'kind')}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    if not isinstance(text, str) or not text.strip():
+        problems.append(
+            f"{at('prompts', str(i), 'text')}: text must be a non-empty string, found {_what(text)}"
+        )
+    return problems
 
 
 def _what(v: Any) -> str:
