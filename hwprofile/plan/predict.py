@@ -297,10 +297,11 @@ def step_ms(
 
 def predict(
     gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, spec: Speculation | None,
-    per_instance: int | None = None,
+    per_instance: int | None = None, wave: bool = True,
 ) -> Prediction:
     """The candidate's TTFT, TPOT and output tokens/s at ``wl`` (or at ``per_instance`` requests in
-    flight on each instance), from the datasheet."""
+    flight on each instance), from the datasheet; ``wave``: with the term of those requests sent together
+    (:func:`wave_decode_rates`; a search over many candidates leaves it out: it changes no figure it ranks)."""
     c = per_instance if per_instance is not None else max(1, math.ceil(wl.concurrency / cand.instances))
     kv_seqs = max(1, cand.kv_tokens // max(1, wl.input_len + wl.output_len))
     b = max(1, min(c, cand.max_num_seqs, kv_seqs))  # running; the rest wait for a slot
@@ -376,7 +377,7 @@ def predict(
                       "source": "max_num_seqs and the KV cache"})  # fmt: skip
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
-    if c > 1 and wl.output_len > 1:
+    if wave and c > 1 and wl.output_len > 1:
         rates = wave_decode_rates(gpu, m, cand, wl, c, per_token if spec is not None else None)
         total = sum(rates)
         terms.append({"term": f"wave: {len(rates)} requests sent together, the sum of their own decode rates "
@@ -466,7 +467,7 @@ def capacity(
     best, at = 0.0, 0
     c = 1
     while True:
-        p = predict(gpu, m, cand, wl, spec, per_instance=c)
+        p = predict(gpu, m, cand, wl, spec, per_instance=c, wave=False)
         if p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms and p.output_tokens_per_s > best:
             best, at = p.output_tokens_per_s, c * cand.instances
         if c >= cand.max_num_seqs:
