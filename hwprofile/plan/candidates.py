@@ -69,6 +69,8 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto")
         experts_per_token=model.experts_per_token,
         attn_layers=attn,
         state_bytes=state,
+        lm_head_params=model.vocab_size * model.hidden_size,
+        embedding_params=0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size,
     )
 
 

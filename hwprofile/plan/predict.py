@@ -113,6 +113,11 @@ class ModelShape:
     # every decode step reads and writes back (Gated DeltaNet / Mamba: the state is updated in place)
     attn_layers: int = 0
     state_bytes: int = 0
+    # the LM head (vocabulary x hidden): vLLM computes logits only for the tokens it samples (each
+    # decode, a prompt's last), not for every prompt token; the input embedding when untied (a row
+    # looked up per token: neither read whole nor multiplied). Both bf16 in every checkpoint format.
+    lm_head_params: int = 0
+    embedding_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,14 +276,23 @@ def step_ms(
 ) -> dict[str, float]:
     """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
     ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
-    proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time."""
+    proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time.
+
+    Each decoding sequence reads its own KV; a prompt chunk reads the KV it attends once for the whole
+    chunk (FlashAttention streams each KV tile past a block of queries; the other query blocks' re-reads
+    hit L2): the cache before the chunk and the chunk itself, ``prefill_context + prefill / 2`` tokens
+    (the chunk's tokens attend ``prefill_context`` on average, causally). Its FLOPs still grow with
+    tokens x context (the compute term)."""
     tokens = decode + prefill
-    weights = _weights_read(m, tokens) / tp
-    kv = (decode * context + prefill * prefill_context) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
+    weights = max(0.0, _weights_read(m, tokens) - 2 * m.embedding_params) / tp
+    prefill_kv = prefill_context + prefill / 2 if prefill and prefill_context else 0.0
+    kv = (decode * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
     mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
-    flops = 2 * m.active_params * tokens / tp
+    logits = decode + (1 if prefill else 0)  # the sampled rows: the LM head runs on these only
+    body = max(0, m.active_params - m.lm_head_params - m.embedding_params)
+    flops = (2 * body * tokens + 2 * m.lm_head_params * logits) / tp
     attn = m.attn_layers or m.layers
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
@@ -441,22 +455,11 @@ def step_cost(gpu: Gpu, m: ModelShape, cand: Candidate) -> Callable[[int, int, f
     """:func:`step_ms` as plan/simulate.py's per-step cost: (prefill tokens, decode sequences, their mean
     context, the prefill tokens' mean attended context) → seconds of one step of one instance.
 
-    A prompt chunk's attention reads the KV it attends once for the chunk (FlashAttention streams each KV
-    tile past a block of queries; the re-reads of the other query blocks hit L2), not once per prompt
-    token as :func:`step_ms` counts it; its FLOPs grow with tokens x context. So the chunk's attention is
-    added here to a :func:`step_ms` of the weights, the decodes and the chunk's linear layers."""
-    kv_div = max(1, min(cand.tp, m.kv_heads))
-    bw = gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY
-    peak = (gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY
+    The prompt chunk's KV is read once per chunk and its attention FLOPs counted over the attention
+    layers, both in :func:`step_ms` itself (the analytic path and the simulation share one step)."""
 
     def cost(prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float) -> float:
-        ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, 0.0)
-        mem, comp = ms["memory_ms"], ms["compute_ms"]
-        if prefill_tokens and prefill_context:
-            distinct = prefill_context + prefill_tokens / 2  # the cache before the chunk and the chunk
-            mem += distinct * m.kv_bytes_per_token / kv_div / bw * 1e3
-            if peak:
-                comp += 4 * m.layers * m.heads * m.head_dim * prefill_tokens * prefill_context / cand.tp / peak * 1e3
-        return (max(mem, comp) + ms["allreduce_ms"] + ms["fixed_ms"]) / 1e3
+        ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, prefill_context)
+        return ms["total_ms"] / 1e3
 
     return cost

@@ -1,0 +1,75 @@
+"""One engine step of the performance model (hwprofile/plan/predict.py ``step_ms``), issue 32's known
+errors: a prompt chunk's KV read once per chunk (not once per prompt token), the LM head on the sampled
+rows only, the untied input embedding not read whole; the simulation's step the analytic one."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwprofile.host.snapshot import Gpu
+from hwprofile.model import resolve_model
+from hwprofile.plan import candidates
+from hwprofile.plan import predict as pm
+
+
+def _h100() -> pm.Gpu:
+    gpu, _ = candidates.gpu_of(Gpu(0, "NVIDIA H100 80GB HBM3", memory_total_bytes=80 * 2**30))
+    assert gpu is not None
+    return gpu
+
+
+def _qwen8b() -> pm.ModelShape:
+    return candidates.model_shape(resolve_model("Qwen/Qwen3-8B", "model"), 2)
+
+
+NONE = pm.Link("none", 0.0, 0.0, "one GPU")
+
+
+def test_a_prompt_chunk_reads_its_attended_kv_once_not_once_per_token() -> None:
+    gpu, m = _h100(), _qwen8b()
+    bw = gpu.bandwidth_gbs * 1e9 * pm.MEM_EFFICIENCY
+    chunk, ctx = 2048, 3072.0  # the chunk's tokens attend 3072 on average: 2048 cached + 1024 of its own
+    without = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, chunk, 0.0)
+    with_ctx = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, chunk, ctx)
+    read = (with_ctx["memory_ms"] - without["memory_ms"]) / 1e3 * bw / m.kv_bytes_per_token
+    assert read == pytest.approx(ctx + chunk / 2)  # the 4096 distinct tokens, not 2048 x 3072
+    # its FLOPs still grow with tokens x context
+    assert with_ctx["compute_ms"] > without["compute_ms"]
+    # decodes read their own KV, once per sequence
+    d = pm.step_ms(gpu, m, 1, NONE, 8, 1000.0)["memory_ms"] - pm.step_ms(gpu, m, 1, NONE, 8, 0.0)["memory_ms"]
+    assert d / 1e3 * bw / m.kv_bytes_per_token == pytest.approx(8 * 1000)
+
+
+def test_the_simulations_step_is_the_analytic_step() -> None:
+    gpu, m = _h100(), _qwen8b()
+    cand = pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE)
+    cost = pm.step_cost(gpu, m, cand)
+    for pre, dec, dctx, pctx in ((0, 16, 900.0, 0.0), (512, 0, 0.0, 256.0), (1500, 30, 2000.0, 1800.0)):
+        assert cost(pre, dec, dctx, pctx) * 1e3 == pytest.approx(
+            pm.step_ms(gpu, m, 1, NONE, dec, dctx, pre, pctx)["total_ms"]
+        )
+
+
+def test_the_lm_head_runs_on_sampled_rows_only() -> None:
+    gpu, m = _h100(), _qwen8b()
+    facts = resolve_model("Qwen/Qwen3-8B", "model")
+    assert m.lm_head_params == facts.vocab_size * facts.hidden_size
+    assert m.embedding_params == (0 if facts.tie_word_embeddings else m.lm_head_params)
+    peak = gpu.tflops * 1e12 * pm.COMPUTE_EFFICIENCY
+    # one more prompt token costs the body's FLOPs, not the LM head's
+    a = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 4096, 0.0)["compute_ms"]
+    b = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 8192, 0.0)["compute_ms"]
+    per_token = (b - a) / 1e3 * peak / 4096
+    assert per_token == pytest.approx(2 * (m.active_params - m.lm_head_params - m.embedding_params))
+    # one more decoding sequence samples: the LM head too
+    a = pm.step_ms(gpu, m, 1, NONE, 100, 0.0)["compute_ms"]
+    b = pm.step_ms(gpu, m, 1, NONE, 200, 0.0)["compute_ms"]
+    assert (b - a) / 1e3 * peak / 100 == pytest.approx(2 * (m.active_params - m.embedding_params))
+    # the untied input embedding is not read by a decode step
+    untied = pm.step_ms(gpu, m, 1, NONE, 1, 0.0)["memory_ms"]
+    plain = pm.step_ms(gpu, pm.ModelShape(**{**m.__dict__, "embedding_params": 0}), 1, NONE, 1, 0.0)[
+        "memory_ms"
+    ]
+    assert (plain - untied) / 1e3 * gpu.bandwidth_gbs * 1e9 * pm.MEM_EFFICIENCY == pytest.approx(
+        2 * m.embedding_params
+    )
