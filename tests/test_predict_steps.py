@@ -73,3 +73,68 @@ def test_the_lm_head_runs_on_sampled_rows_only() -> None:
     assert (plain - untied) / 1e3 * gpu.bandwidth_gbs * 1e9 * pm.MEM_EFFICIENCY == pytest.approx(
         2 * m.embedding_params
     )
+
+
+# -- collectives by link type (plan/interconnect.py COLLECTIVES) -------------------------------------
+
+
+def _links(tp: int) -> dict[str, pm.Link]:
+    pcie = [(4, 16)] * tp
+    return {
+        "nvlink": pm.link_of([("NV18", True)], pcie, 900, tp),
+        "pcie_p2p": pm.link_of([("PIX", True)], pcie, None, tp),
+        "pcie_host": pm.link_of([("PHB", False)], pcie, None, tp),
+        "sys": pm.link_of([("SYS", False)], pcie, None, tp),
+        "network": pm.network_link(200, tp, "test: a 200 Gb/s NIC"),
+    }
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_an_all_reduce_costs_latency_plus_bytes_by_link_type_within_its_band(tp: int) -> None:
+    links = _links(tp)
+    small, large = 16 * 1024, 4 << 20
+    for name, link in links.items():
+        assert link.kind == name and link.basis == "datasheet"
+        for nbytes in (small, large):
+            lo, hi = pm.allreduce_band_ms(link, tp, nbytes)
+            assert 0 < lo <= pm.allreduce_ms(link, tp, nbytes) <= hi, name
+    # small messages: latency-bound, NVLink's one-kernel all-reduce first, the network last
+    at = {k: pm.allreduce_ms(v, tp, small) for k, v in links.items()}
+    assert at["nvlink"] < at["pcie_p2p"] <= at["pcie_host"] < at["sys"] < at["network"]
+    # large ones: bandwidth-bound, NVLink first, through the host and across the sockets slower than P2P
+    at = {k: pm.allreduce_ms(v, tp, large) for k, v in links.items()}
+    assert at["nvlink"] < at["pcie_p2p"] < at["pcie_host"] < at["sys"]
+    # the source names the implementation and where its figures come from
+    assert "vLLM custom all-reduce" in links["nvlink"].source and "AIConfigurator" in links["nvlink"].source
+    assert ("custom all-reduce (2 GPUs)" in links["pcie_p2p"].source) == (tp == 2)
+
+
+def test_the_tp_decode_prediction_carries_the_all_reduce_band() -> None:
+    gpu = _h100()
+    m = candidates.model_shape(resolve_model("Qwen/Qwen3-32B", "model"), 2)
+    for link in _links(4).values():
+        cand = pm.Candidate(4, 1, 1, 256, 8192, True, 10**7, link)
+        p = pm.predict(gpu, m, cand, pm.Workload(512, 256, 64), None)
+        term = next(t for t in p.terms if t["term"] == "decode step: 2 all-reduces per layer")
+        lo, hi = term["band_ms"]
+        assert term["basis"] == "datasheet" and lo <= term["ms"] <= hi and lo < hi
+    one = pm.predict(gpu, m, pm.Candidate(1, 1, 1, 256, 8192, True, 10**7, pm.link_of([], [], None, 1)),
+                     pm.Workload(512, 256, 64), None)  # fmt: skip
+    term = next(t for t in one.terms if t["term"] == "decode step: 2 all-reduces per layer")
+    assert term["ms"] == 0 and term["band_ms"] == [0, 0]
+
+
+def test_a_measured_check_gives_the_link_its_latency_and_bandwidth() -> None:
+    from hwprofile.plan.interconnect import Report, Run, SizeResult, decide, measured_link
+
+    sheet = pm.link_of([("PXB", True)], [(4, 16), (4, 16)], None, 2)
+    sizes = (SizeResult(32768, True, 30e-6, 1.0), SizeResult(1 << 26, True, 0.01, 12.0))
+    report = Report("f", "nccl", (Run((0, 1), True, "ok", "", sizes),))
+    got = measured_link(sheet, decide(report, (0, 1)), report)
+    assert got.basis == "measured" and got.gbs == 12.0
+    assert got.latency_us == pytest.approx(30 - 32768 / 12.0 / 1e3)  # the small one less its bytes
+    assert "latency of the 32 KiB one" in got.source
+    lo, hi = pm.allreduce_band_ms(got, 2, 1 << 20)
+    assert lo <= pm.allreduce_ms(got, 2, 1 << 20) <= hi
+    # without the report: the bandwidth alone
+    assert measured_link(sheet, decide(report, (0, 1))).latency_us == sheet.latency_us

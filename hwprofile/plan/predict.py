@@ -37,25 +37,11 @@ COMPUTE_EFFICIENCY = 0.60
 # attention launch, activation), in µs; and per step, the sampler and the scheduler (CUDA graphs on).
 LAYER_FIXED_US = 12.0
 STEP_FIXED_MS = 1.5
-# One all-reduce's latency, µs: vLLM's custom all-reduce (CUDA graphs) over NVLink, or over PCIe P2P
-# between two GPUs (vLLM enables it on PCIe for 2 GPUs only); NCCL otherwise, about 3 µs per GPU in the
-# ring plus 2. From AIConfigurator 0.12's measured tables (systems/data/*/comm): vLLM custom 4.3-5.7 µs
-# on H100/A100 SXM, 5.4 µs on 2 L40S; NCCL 7.7, 11.9 and 22.6 µs on 2, 4 and 8 L40S; across the CPU
-# sockets one more hop (assumed +5 µs).
-AR_LATENCY_US = {"nvlink": 5.0, "pcie_p2p_custom": 6.0, "sys_extra": 5.0}
-NCCL_LATENCY_US_PER_GPU = 3.0
-NCCL_LATENCY_US_BASE = 2.0
-# PCIe per lane and direction, GB/s (128b/130b from gen 3: 0.985, 1.969, 3.938, 7.877), of which DMA
-# sees ~80 % (TLP headers); through the host (no P2P) every byte is copied twice; across the sockets the
-# socket link (UPI/xGMI) halves it again (AIConfigurator's L40S NCCL table: 2 MiB in 122 µs over 2
-# GPUs, ~11-18 GB/s; over 4, ~5 GB/s).
+# One all-reduce by link type (latency + bytes over the link's share, with the sources' spread as its error
+# band): plan/interconnect.py's COLLECTIVES. PCIe per lane and direction, GB/s (128b/130b from gen 3: 0.985,
+# 1.969, 3.938, 7.877); NVLink per link and direction, NVLink 3 (A100) and NVLink 4 (H100) alike.
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
-PCIE_EFFICIENCY = 0.80
-NVLINK_LINK_GBS = 25.0  # per link and direction: NVLink 3 (A100) and NVLink 4 (H100) alike
-# The share of NVLink's bandwidth an all-reduce of the 0.1-3 MB a decode step sends reaches (NCCL's
-# ring at these sizes is latency-bound): AIConfigurator's NCCL tables, 2 MiB over 8 GPUs in 38 µs on
-# H100 SXM (~106 GB/s of 450) and 56 µs on A100 SXM (~73 GB/s of 300).
-NVLINK_EFFICIENCY = 0.25
+NVLINK_LINK_GBS = 25.0
 ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
 
 
@@ -75,10 +61,16 @@ class Workload:
 class Link:
     """The slowest path inside a tensor-parallel group."""
 
-    kind: str  # none, nvlink, pcie_p2p, pcie_host, sys
+    kind: str  # none, nvlink, pcie_p2p, pcie_host, sys, network
     gbs: float  # usable GB/s per direction
     latency_us: float
     source: str
+    # the error band of one all-reduce: latency and usable GB/s at their bounds (0: the central value)
+    latency_lo_us: float = 0.0
+    latency_hi_us: float = 0.0
+    gbs_lo: float = 0.0
+    gbs_hi: float = 0.0
+    basis: str = "datasheet"  # datasheet (the link's rate x a measured share) or measured (this host's check)
 
 
 @dataclass(frozen=True)
@@ -218,37 +210,53 @@ def link_of(
     tp: int,
 ) -> Link:
     """The slowest path of a TP group from the snapshot: ``links`` (nvidia-smi topo kind, P2P) of
-    every pair, ``pcie`` (generation, width) of every GPU, the datasheet NVLink figure (bidirectional)."""
+    every pair, ``pcie`` (generation, width) of every GPU, the datasheet NVLink figure (bidirectional);
+    its all-reduce cost by link type from plan/interconnect.py's COLLECTIVES."""
+    from .interconnect import COLLECTIVES, collective_key
+
     if tp <= 1:
         return Link("none", 0.0, 0.0, "one GPU: no all-reduce")
     kinds = [k or "?" for k, _ in links]
-    nccl = NCCL_LATENCY_US_BASE + NCCL_LATENCY_US_PER_GPU * tp
     if links and all(k.startswith("NV") for k in kinds):
         n = min(int(k[2:]) if k[2:].isdigit() else 1 for k in kinds)
-        gbs = n * NVLINK_LINK_GBS
+        raw = n * NVLINK_LINK_GBS
         src = f"snapshot: NVLink x{n} per pair x {NVLINK_LINK_GBS:g} GB/s per link and direction"
         if nvlink_datasheet_gbs:
-            gbs = min(gbs, nvlink_datasheet_gbs / 2)
+            raw = min(raw, nvlink_datasheet_gbs / 2)
             src += f" (datasheet {nvlink_datasheet_gbs:g} GB/s both directions)"
-        src += f", {NVLINK_EFFICIENCY:.0%} reached at a decode step's message sizes; vLLM's custom all-reduce"
-        return Link("nvlink", gbs * NVLINK_EFFICIENCY, AR_LATENCY_US["nvlink"], src)
+        return _with_collective("nvlink", raw, COLLECTIVES["nvlink"], tp, src)
     gens = [g for g, _ in pcie if g]
     widths = [w for _, w in pcie if w]
     gen, width = (min(gens) if gens else 3), (min(widths) if widths else 16)
     raw = PCIE_LANE_GBS.get(gen, 0.985) * width
-    gbs = raw * PCIE_EFFICIENCY
     read = "snapshot" if gens and widths else "assumed (not in the snapshot)"
-    src = f"{read}: PCIe gen {gen} x{width} = {raw:.1f} GB/s per direction, {PCIE_EFFICIENCY:.0%} usable"
+    src = f"{read}: PCIe gen {gen} x{width} = {raw:.1f} GB/s per direction"
     p2p = bool(links) and all(bool(p) for _, p in links)
     if any(k == "SYS" for k in kinds):
-        return Link("sys", gbs / 4 if not p2p else gbs / 2, nccl + AR_LATENCY_US["sys_extra"],
-                    src + "; across the CPU sockets (SYS): halved by the socket link"
-                    + ("" if p2p else ", and copied through host memory (no P2P): halved again"))  # fmt: skip
-    if not p2p:
-        return Link("pcie_host", gbs / 2, nccl, src + "; no P2P: NCCL copies through host memory (halved)")
-    if tp == 2:
-        return Link("pcie_p2p", gbs, AR_LATENCY_US["pcie_p2p_custom"], src + "; P2P, vLLM's custom all-reduce (2 GPUs)")
-    return Link("pcie_p2p", gbs, nccl, src + f"; P2P, NCCL over {tp} GPUs (vLLM's custom all-reduce stops at 2 on PCIe)")
+        kind = "sys"
+        src += "; across the CPU sockets (SYS): halved by the socket link" + ("" if p2p else ", and copied through host memory (no P2P): halved again")
+    elif not p2p:
+        kind = "pcie_host"
+        src += "; no P2P: NCCL copies through host memory (halved)"
+    else:
+        kind = "pcie_p2p"
+        src += "; P2P" if tp == 2 else "; P2P (vLLM's custom all-reduce stops at 2 GPUs on PCIe)"
+    return _with_collective(kind, raw, COLLECTIVES[collective_key(kind, tp, p2p)], tp, src)
+
+
+def network_link(nic_gbps: float, tp: int, nic_source: str) -> Link:
+    """A TP group spanning hosts: NCCL over the network at the NIC's line rate (Gb/s)."""
+    from .interconnect import COLLECTIVES
+
+    return _with_collective("network", nic_gbps / 8, COLLECTIVES["network"], tp, f"{nic_source}: {nic_gbps:g} Gb/s NIC")
+
+
+def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str) -> Link:
+    per_gpu = c.per_gpu_us * tp
+    src += (f"; {c.implementation}: {c.latency_us + per_gpu:g} µs ({c.latency_lo_us + per_gpu:g}-{c.latency_hi_us + per_gpu:g})"
+            f" + bytes over {c.efficiency:.0%} ({c.efficiency_lo:.0%}-{c.efficiency_hi:.0%}) of the link [{c.source}]")
+    return Link(kind, raw_gbs * c.efficiency, c.latency_us + per_gpu, src, c.latency_lo_us + per_gpu,
+                c.latency_hi_us + per_gpu, raw_gbs * c.efficiency_lo, raw_gbs * c.efficiency_hi)
 
 
 def allreduce_ms(link: Link, tp: int, message_bytes: float) -> float:
@@ -256,6 +264,15 @@ def allreduce_ms(link: Link, tp: int, message_bytes: float) -> float:
     if tp <= 1 or link.kind == "none":
         return 0.0
     return link.latency_us / 1e3 + 2 * (tp - 1) / tp * message_bytes / (link.gbs * 1e9) * 1e3
+
+
+def allreduce_band_ms(link: Link, tp: int, message_bytes: float) -> tuple[float, float]:
+    """The all-reduce's error band: (fastest, slowest) over the link's latency and bandwidth bounds."""
+    if tp <= 1 or link.kind == "none":
+        return 0.0, 0.0
+    lo = Link(link.kind, link.gbs_hi or link.gbs, link.latency_lo_us or link.latency_us, link.source)
+    hi = Link(link.kind, link.gbs_lo or link.gbs, link.latency_hi_us or link.latency_us, link.source)
+    return allreduce_ms(lo, tp, message_bytes), allreduce_ms(hi, tp, message_bytes)
 
 
 # -- one step --------------------------------------------------------------------------------------
@@ -297,9 +314,11 @@ def step_ms(
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
     comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
+    comm_lo, comm_hi = (2 * m.layers * x for x in allreduce_band_ms(link, tp, tokens * m.hidden * ACT_BYTES))
     fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
     state_ms = state / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
     return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed, "state_ms": state_ms,
+            "allreduce_lo_ms": comm_lo, "allreduce_hi_ms": comm_hi,
             "total_ms": max(mem, comp) + comm + fixed}  # fmt: skip
 
 
@@ -325,7 +344,8 @@ def predict(
                    f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token"},
         {"term": "decode step: FLOPs over peak", "ms": round(dec["compute_ms"], 3),
          "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {COMPUTE_EFFICIENCY:.0%}"},
-        {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source},
+        {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source,
+         "basis": link.basis, "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)]},
         {"term": "decode step: fixed kernels and scheduler", "ms": round(dec["fixed_ms"], 3),
          "source": f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"},
     ]  # fmt: skip
