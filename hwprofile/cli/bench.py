@@ -197,11 +197,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     else:
         sys.stdout.write(report)
+    if getattr(args, "calibrate", False) and error is None and doc["plans"]:
+        _progress(f"calibration of this host: {store_calibration(doc, root, host)}")
     if error is not None:
         for line in error.messages():
             print(f"hwprofile: error: {line}", file=sys.stderr)
         return error.exit_code
     return EXIT_OK if doc["plans"] else EXIT_FAILED
+
+
+def store_calibration(doc: dict[str, Any], root: Any, host: Any) -> str:
+    """``doc`` (a bench result) as this host's calibration, ``<root>/calibration/<fingerprint>.json``,
+    after the same checks a plan makes when it reads it (an unusable result is refused, nothing stored);
+    the next plan's predictions are "calibrated" from it. Returns the path."""
+    import json
+
+    from ..pipeline import calibration_from_bench, calibration_path
+    from ..runtime.files import atomic_write
+
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    path = calibration_path(root, host)
+    calibration_from_bench(json.loads(text), path, host)  # ConfigError: not a usable measurement
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
+    return path
 
 
 def _quiet_vllm() -> None:

@@ -82,6 +82,14 @@ class Gpu:
     tflops: float | None
     memory_bytes: int
     source: str
+    # the share of the datasheet reached (hwprofile/data/gpu_efficiency.yaml, by architecture)
+    mem_efficiency: float = MEM_EFFICIENCY
+    compute_efficiency: float = COMPUTE_EFFICIENCY
+    efficiency_source: str = "default share (AIConfigurator 0.12's tables)"
+    efficiency_basis: str = "fitted"
+    # a device calibrated from this host's bench (:func:`calibrated_device`): the fixed time of a step
+    # (None: the per-layer and scheduler constants below)
+    step_fixed_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,9 @@ class Calibration:
     instances: int
     tp: int | None
     points: tuple[tuple[int, float, float, float], ...]  # (concurrency, tpot_ms, ttft_ms, output tok/s)
+    # the bench's engine settings where its result names them (None: as this plan has them)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass
@@ -306,17 +317,20 @@ def step_ms(
     kv = (decode * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
-    mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
+    mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
     logits = decode + (1 if prefill else 0)  # the sampled rows: the LM head runs on these only
     body = max(0, m.active_params - m.lm_head_params - m.embedding_params)
     flops = (2 * body * tokens + 2 * m.lm_head_params * logits) / tp
     attn = m.attn_layers or m.layers
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
-    comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
+    comp = flops / ((gpu.tflops or 0) * 1e12 * gpu.compute_efficiency) * 1e3 if gpu.tflops else 0.0
     comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
     comm_lo, comm_hi = (2 * m.layers * x for x in allreduce_band_ms(link, tp, tokens * m.hidden * ACT_BYTES))
-    fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
-    state_ms = state / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
+    if gpu.step_fixed_ms is not None:
+        fixed = gpu.step_fixed_ms if scheduler else gpu.step_fixed_ms * m.layers / max(1, m.layers + 8)
+    else:
+        fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
+    state_ms = state / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
     return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed, "state_ms": state_ms,
             "allreduce_lo_ms": comm_lo, "allreduce_hi_ms": comm_hi,
             "total_ms": max(mem, comp) + comm + fixed}  # fmt: skip
@@ -340,14 +354,18 @@ def predict(
     t_dec = dec["total_ms"]
     terms: list[dict[str, Any]] = [
         {"term": "decode step: weights + KV over bandwidth", "ms": round(dec["memory_ms"], 3),
-         "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {MEM_EFFICIENCY:.0%}; model: "
-                   f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token"},
+         "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {gpu.mem_efficiency:.0%} ({gpu.efficiency_source}); model: "
+                   f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token",
+         "basis": gpu.efficiency_basis},
         {"term": "decode step: FLOPs over peak", "ms": round(dec["compute_ms"], 3),
-         "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {COMPUTE_EFFICIENCY:.0%}"},
+         "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {gpu.compute_efficiency:.0%} ({gpu.efficiency_source})",
+         "basis": gpu.efficiency_basis},
         {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source,
          "basis": link.basis, "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)]},
         {"term": "decode step: fixed kernels and scheduler", "ms": round(dec["fixed_ms"], 3),
-         "source": f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"},
+         "source": (f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"
+                    if gpu.step_fixed_ms is None else gpu.efficiency_source),
+         "basis": "fitted" if gpu.step_fixed_ms is None else gpu.efficiency_basis},
     ]  # fmt: skip
     if m.state_bytes:
         terms.insert(1, {
@@ -441,6 +459,43 @@ def calibrated(p: Prediction, model_at_bench: Prediction | None, cal: Calibratio
     tps2 = p.instances * p.per_instance_concurrency * wl.output_len / (latency / 1e3)
     return Prediction(p.label, p.tp, p.instances, ttft2, tpot2, tps2, p.per_instance_concurrency,
                       "datasheet scaled by " + where, terms)  # fmt: skip
+
+
+def calibrated_device(m: ModelShape, cand: Candidate, cal: Calibration, name: str, base: Gpu | None = None) -> Gpu | None:
+    """A device whose step costs reproduce what ``hwprofile bench`` measured on this host, for a host
+    without a datasheet (a CPU) or to replace one: the fixed time of a step (the scheduler, the kernels'
+    launches and, where ``base`` is None, the weights' read: constant per step) and the effective FLOPs
+    of a token, fitted so that :func:`predict` at the bench's workload and lowest concurrency gives its
+    median TPOT and TTFT (each monotone in both: alternating bisections). ``base``: keep its bandwidth
+    (the KV and weight reads then stay a memory term). None where the bench has no point."""
+    if not cal.points:
+        return None
+    c0, tpot, ttft, _ = min(cal.points)
+    wl = Workload(cal.input_len, cal.output_len, c0)
+    src = f"calibrated: {cal.path} (bench {cal.created or '?'}, concurrency {c0}: TPOT {tpot:g} ms, TTFT {ttft:g} ms)"
+    bw = base.bandwidth_gbs if base is not None else 1e9  # no datasheet: the reads are in the fixed time
+
+    def dev(fixed: float, tflops: float) -> Gpu:
+        return Gpu(name, bw, tflops, base.memory_bytes if base else 0, src, base.mem_efficiency if base else 1.0,
+                   1.0, src, "calibrated", fixed)  # fmt: skip
+
+    def solve(f: Callable[[float], float], want: float, lo: float, hi: float, log: bool) -> float:
+        for _ in range(40):
+            mid = math.sqrt(lo * hi) if log else (lo + hi) / 2
+            if f(mid) < want:
+                lo = mid
+            else:
+                hi = mid
+        return math.sqrt(lo * hi) if log else (lo + hi) / 2
+
+    fixed, tflops = tpot / 2, 1.0
+    for _ in range(8):
+        # TPOT grows with the fixed time; TTFT falls as the FLOPs grow
+        fixed = solve(lambda x, t=tflops: predict(dev(x, t), m, cand, wl, None, per_instance=c0).tpot_ms,
+                      tpot, 0.0, tpot, False)  # fmt: skip
+        tflops = solve(lambda x, f=fixed: -predict(dev(f, x), m, cand, wl, None, per_instance=c0).ttft_ms,
+                       -ttft, 1e-6, 1e6, True)  # fmt: skip
+    return dev(fixed, tflops)
 
 
 # -- the choice ------------------------------------------------------------------------------------
