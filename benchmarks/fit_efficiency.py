@@ -31,11 +31,13 @@ MEMORY = (0.5, 0.6, 0.7, 0.8, 0.9)
 COMPUTE = (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7)
 
 
-def family_of(gpu_name: str) -> str | None:
+def family_of(gpu_name: str, by_chip: bool = False) -> str | None:
     from hwprofile.plan import gpufacts
 
     row = gpufacts.lookup(gpu_name)
-    return str(row["architecture"]).split(" (")[0] if row and row.get("architecture") else None
+    if not row or not row.get("architecture"):
+        return None
+    return str(row["architecture"]) if by_chip else str(row["architecture"]).split(" (")[0]
 
 
 def ratios(points: list[dict[str, Any]], lib: Path, work: Path) -> list[float]:
@@ -54,13 +56,15 @@ def ratios(points: list[dict[str, Any]], lib: Path, work: Path) -> list[float]:
     return out
 
 
-def fit(family: str, points: list[dict[str, Any]], lib: Path, work: Path) -> dict[str, Any]:
+def fit(
+    family: str, points: list[dict[str, Any]], lib: Path, work: Path, memory_only: bool = False
+) -> dict[str, Any]:
     from hwprofile.plan import gpufacts
 
     base = gpufacts.efficiency_table()
     best: tuple[float, float, float, list[float]] | None = None
     for mem in MEMORY:
-        for comp in COMPUTE:
+        for comp in (base["default"]["compute"],) if memory_only else COMPUTE:
             doc = {**base, "architectures": {**(base.get("architectures") or {}),
                                              family: {"memory": mem, "compute": comp, "basis": "fitted", "source": "fit"}}}  # fmt: skip
             gpufacts.efficiency_table = lambda d=doc: d  # type: ignore[assignment]
@@ -84,13 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"write {DATA.relative_to(ROOT)}")
     ap.add_argument("--family", help="one architecture family")
+    ap.add_argument(
+        "--by-chip", action="store_true", help="fit each chip (Ampere (GA100)) rather than each family"
+    )
+    ap.add_argument(
+        "--memory-only", action="store_true",
+        help="fit the memory share only; the compute share stays the default (AIConfigurator's measured kernels)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     from fakehost import compile_fake_nvml
 
     points = bp.load_points(bp.MAIN) + bp.load_points(bp.SERVING)  # never the held-out sets
     by: dict[str, list[dict[str, Any]]] = {}
     for p in points:
-        fam = family_of(p["hardware"]["gpu"])
+        fam = family_of(p["hardware"]["gpu"], args.by_chip)
         if fam:
             by.setdefault(fam, []).append(p)
     fits: dict[str, Any] = {}
@@ -100,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         for fam, pts in sorted(by.items()):
             if args.family and fam != args.family:
                 continue
-            f = fit(fam, pts, lib, work)
+            f = fit(fam, pts, lib, work, args.memory_only)
             gpus = sorted({p["hardware"]["gpu"] for p in pts})
             f["source"] = (f"fitted by benchmarks/fit_efficiency.py to {len(pts)} published vLLM measurements "
                            f"({', '.join(gpus)}; benchmarks/data/validation_serving.yaml, validation_qwen38.yaml)")  # fmt: skip

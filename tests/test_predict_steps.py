@@ -138,3 +138,42 @@ def test_a_measured_check_gives_the_link_its_latency_and_bandwidth() -> None:
     assert lo <= pm.allreduce_ms(got, 2, 1 << 20) <= hi
     # without the report: the bandwidth alone
     assert measured_link(sheet, decide(report, (0, 1))).latency_us == sheet.latency_us
+
+
+# -- the share of the datasheet per architecture (hwprofile/data/gpu_efficiency.yaml) ----------------
+
+
+def test_each_architecture_has_its_share_with_its_source_and_an_unapplied_fit_is_skipped(monkeypatch) -> None:
+    from hwprofile.plan import gpufacts
+
+    shipped = gpufacts.efficiency_table()
+    for fam, row in shipped["architectures"].items():  # every fit names its points and its residual band
+        assert (
+            row["points"] and row["residuals"]["lo"] <= row["residuals"]["median"] <= row["residuals"]["hi"]
+        ), fam
+        assert row["applied"] or row["why_not_applied"], fam
+    doc = {
+        "default": {"memory": 0.8, "compute": 0.6, "basis": "fitted", "source": "default"},
+        "architectures": {
+            "Ampere": {"memory": 0.7, "compute": 0.4, "basis": "fitted", "source": "the family's fit"},
+            "Ampere (GA102)": {"memory": 0.9, "compute": 0.5, "basis": "fitted", "source": "the chip's fit"},
+            "Hopper": {"memory": 0.9, "compute": 0.2, "basis": "fitted", "source": "x", "applied": False},
+        },
+    }
+    monkeypatch.setattr(gpufacts, "efficiency_table", lambda: doc)
+    assert gpufacts.efficiency("Ampere (GA100)")["key"] == "Ampere"  # the family
+    assert gpufacts.efficiency("Ampere (GA102)")["compute"] == 0.5  # the chip first
+    assert gpufacts.efficiency("Hopper (GH100)")["key"] == "default"  # not applied
+    a100, _ = candidates.gpu_of(Gpu(0, "NVIDIA A100-SXM4-80GB", memory_total_bytes=80 * 2**30))
+    assert a100 is not None and (a100.mem_efficiency, a100.compute_efficiency) == (0.7, 0.4)
+    m = _qwen8b()
+    p = pm.predict(
+        a100, m, pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE), pm.Workload(512, 128, 8), None
+    )
+    mem = next(t for t in p.terms if t["term"].startswith("decode step: weights"))
+    assert "x 70%" in mem["source"] and "the family's fit" in mem["source"] and mem["basis"] == "fitted"
+    # the step reads at 70 % of the datasheet
+    ms = pm.step_ms(a100, m, 1, NONE, 1, 0.0)["memory_ms"]
+    assert ms == pytest.approx(
+        max(0, m.weights_bytes - 2 * m.embedding_params) / (a100.bandwidth_gbs * 1e9 * 0.7) * 1e3
+    )

@@ -57,11 +57,12 @@ def efficiency_table() -> dict[str, Any]:
 
 def efficiency(architecture: str | None) -> dict[str, Any]:
     """The memory and compute shares for ``architecture`` (a gpus.yaml row's): the exact entry, else its
-    family (the text before " ("), else the default; with ``key`` saying which entry answered."""
+    family (the text before " ("), else the default; with ``key`` saying which entry answered. A row
+    with ``applied: false`` (a fit kept as evidence, contradicted elsewhere) is skipped."""
     doc = efficiency_table()
     rows = doc.get("architectures") or {}
     arch = (architecture or "").strip()
     for key in (arch, arch.split(" (")[0]):
-        if key and key in rows:
+        if key and key in rows and rows[key].get("applied", True):
             return {**doc["default"], **rows[key], "key": key}
     return {**doc["default"], "key": "default"}
