@@ -51,8 +51,8 @@ def efficiency_table() -> dict[str, Any]:
     """``hwprofile/data/gpu_efficiency.yaml``: the share of the datasheet each architecture reaches."""
     from ..config.yamlsrc import load_file
 
-    doc = load_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "gpu_efficiency.yaml"))[0]
-    return dict(doc)
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "gpu_efficiency.yaml")
+    return dict(load_file(path)[0])
 
 
 def efficiency(architecture: str | None) -> dict[str, Any]:
