@@ -372,6 +372,10 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         )
     if "input_len" not in wl or "output_len" not in wl:
         raise bad("workload lengths: input_len and output_len are required")
+    batched = plan.get("max_num_batched_tokens") or next(
+        (s.get("value") for s in settings or [] if isinstance(s, dict) and s.get("key") == "engine.max_num_batched_tokens"),
+        None)  # fmt: skip
+    seqs = plan.get("max_num_seqs")
     return Calibration(
         path,
         doc.get("created") if isinstance(doc.get("created"), str) else None,
@@ -380,6 +384,8 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         n_instances,
         tp,
         tuple(sorted(points.values())),
+        seqs if type(seqs) is int and 1 <= seqs <= 1_000_000 else None,
+        batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
     )
 
 

@@ -40,7 +40,7 @@ def test_a800_four_pcie_gpus_two_numa_pairs(host_of, empty_root) -> None:
             e["max_num_batched_tokens"],
             e["max_model_len"],
             e["max_num_seqs"],
-        ) == (0.92, 8192, 8192, 192)
+        ) == (0.92, 2048, 8192, 96)  # the batching the objective predicts best (Ampere's fitted 40 % compute share)
         s = inst["speculative"]
         assert (
             s["method"] == "draft_model"
@@ -92,9 +92,10 @@ def test_12g_cards_fp8_only_where_the_hardware_has_it(host_of, empty_root) -> No
         e = p["instances"][0]["engine"]
         assert e["gpu_memory_utilization"] == 0.85
         assert p["instances"][0]["speculative"]["num_speculative_tokens"] == 3
-    # the profile's 4 sequences against 16 requests: none meets the targets, the shortest request wins
+    # the profile's 4 sequences against 16 requests: no other batching is predicted 10 % better (Ampere's
+    # fitted 40 % compute share, hwprofile/data/gpu_efficiency.yaml), so the configured one stays
     e = p3060["instances"][0]["engine"]
-    assert e["max_num_seqs"] == 16 and "as no batching meets TTFT <= 500 ms" in p3060["prediction"]["groups"][0]["batching_reason"]
+    assert e["max_num_seqs"] == 4 and "which stays" in p3060["prediction"]["groups"][0]["batching_reason"]
     # an operator's value is never replaced
     own = plan_for(host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-8B", sets=["engine.max_num_seqs=4"])
     assert own["instances"][0]["engine"]["max_num_seqs"] == 4

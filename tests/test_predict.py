@@ -114,6 +114,9 @@ def hwprofile_at(case: dict) -> pm.Prediction:
     """hwprofile's prediction of one AIConfigurator case (same model, lengths, TP, sequences)."""
     gpu, row = candidates.gpu_of(Gpu(0, NVML[case["system"]], memory_total_bytes=MEMORY_GB[case["system"]] * 2**30))
     assert gpu is not None and row is not None
+    # the shares AIConfigurator's own kernel tables give (the default row of hwprofile/data/gpu_efficiency.yaml),
+    # not those fitted to served measurements per architecture: this compares the model's shape
+    gpu = dataclasses.replace(gpu, mem_efficiency=pm.MEM_EFFICIENCY, compute_efficiency=pm.COMPUTE_EFFICIENCY)
     shape = candidates.model_shape(resolve_model("Qwen/Qwen3-32B", "model"), 2)
     cand = pm.Candidate(case["tp"], case["instances"], 1, 256, 8192, True, 10**7, _link(case["system"], case["tp"], row))
     wl = pm.Workload(512, 256, case["instances"] * case["batch_per_instance"])

@@ -100,6 +100,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
          "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 4096},
         128,
     ),
+    # issue 32's case: every layer a 128-token window at max_model_len 128 (one CPU block): the window
+    # and the batch in flight reach max_model_len, 2 blocks per request; vLLM logs half the blocks' tokens
+    "mistral_w128_len128": (
+        "MistralConfig", "MistralForCausalLM",
+        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 128},
+        128,
+    ),
     # hybrid, window (2048) past max_model_len
     "gemma3_past": (
         "Gemma3TextConfig", "Gemma3ForCausalLM",
@@ -127,7 +135,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
 
 # two servers at a time (2 CPU cores); select one pair with -k, e.g. -k gemma3
 PAIRS = [("qwen3", "qwen2"), ("qwen3_moe", "deepseek_v2"), ("gemma3", "mistral"), ("mixtral", "gpt_oss"),
-         ("mistral_w129", "mistral_len"), ("mistral_blk", "gemma3_past")]  # windows near a block / max_model_len
+         ("mistral_w129", "mistral_len"), ("mistral_blk", "gemma3_past"),  # windows near a block / max_model_len
+         ("mistral_w128_len128",)]  # window = max_model_len = the CPU's block
 
 
 def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:

@@ -81,6 +81,21 @@ def test_logged_capacity_is_half_the_full_attention_figure_at_one_block() -> Non
     assert logged == int(1000 / 257 * 4096)  # window = max_model_len: 257 blocks, not 256
 
 
+def test_window_128_at_max_model_len_128_on_the_cpu_logs_65536_of_131072() -> None:
+    """Issue 32's case: every layer a 128-token window, ``max_model_len`` 128, the CPU's 128-token block,
+    one batch of 128 in flight. ``min(127 + 128, 128) = 128`` tokens, ``cdiv(128, 128) + 1 = 2`` blocks
+    per request, so the 1,024 blocks of the cache hold 512 requests: vLLM 0.32 logs 65,536 tokens where
+    the full-attention rule (1 block per request) said 131,072 (the real-vLLM run:
+    tests/test_vllm_kv_arch.py, mistral_w128_len128)."""
+    m = mistral(128)
+    assert sliding_window_blocks(m, 128, 128, 128) == 2
+    kv = 1024 * 32 * kv_bytes_per_token_layer(m, 1, 2) * 128  # 1,024 blocks in every layer
+    assert vllm_kv_cache(m, kv, 128, 128, 2, 1, in_flight=128) == (1024, 65536)
+    assert vllm_reported_kv_tokens(1024 * 128, 128, 128) == 131072
+    # at max_model_len 256 the window and the batch in flight, 255 tokens, take three blocks
+    assert vllm_kv_cache(m, kv, 256, 128, 2, 1, in_flight=128) == (1024, int(1024 / 3 * 256))
+
+
 def test_in_flight_tokens_by_release_and_device() -> None:
     assert in_flight_tokens("0.25.0", 2048) == 2048  # one batch up to 0.25
     assert in_flight_tokens("0.22.0", 2048, "cuda", 2) == 2048

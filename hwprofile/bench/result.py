@@ -42,6 +42,7 @@ class BenchPlan:
             "draft": (p.draft.path or p.draft.name) if p is not None and p.draft is not None else None,
             "instances": len(p.instances) if p is not None else None,
             "max_num_seqs": inst.engine.max_num_seqs if inst is not None else None,
+            "max_num_batched_tokens": inst.engine.max_num_batched_tokens if inst is not None else None,
             "max_model_len": inst.engine.max_model_len if inst is not None else None,
             "speculative": (
                 {

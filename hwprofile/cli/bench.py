@@ -112,7 +112,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if made:
             _remove_empty(out_dir)
         raise error
-    return _report(args, plans, wl, htags, out_dir, command, error)
+    code, doc = _report(args, plans, wl, htags, out_dir, command, error)
+    if getattr(args, "calibrate", False) and error is None and doc["plans"]:
+        _progress(f"calibration of this host: {store_calibration(doc, settings_of.root, host)}")
+    return code
 
 
 class _SettingsOf:
@@ -184,8 +187,9 @@ def _report(
     out_dir: Path,
     command: list[str],
     error: HwprofileError | None,
-) -> int:
-    """Write bench.json and the plot, print the report (or the JSON), say the error; the exit code."""
+) -> tuple[int, dict[str, Any]]:
+    """Write bench.json and the plot, print the report (or the JSON), say the error; the exit code
+    and the result document."""
     from ..bench.campaign import finish
 
     doc, report = finish(
@@ -201,8 +205,25 @@ def _report(
     if error is not None:
         for line in error.messages():
             print(f"hwprofile: error: {line}", file=sys.stderr)
-        return error.exit_code
-    return EXIT_OK if doc["plans"] else EXIT_FAILED
+        return error.exit_code, doc
+    return (EXIT_OK if doc["plans"] else EXIT_FAILED), doc
+
+
+def store_calibration(doc: dict[str, Any], root: Any, host: Any) -> str:
+    """``doc`` (a bench result) as this host's calibration, ``<root>/calibration/<fingerprint>.json``,
+    after the same checks a plan makes when it reads it (an unusable result is refused, nothing stored);
+    the next plan's predictions are "calibrated" from it. Returns the path."""
+    import json
+
+    from ..pipeline import calibration_from_bench, calibration_path
+    from ..runtime.files import atomic_write
+
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    path = calibration_path(root, host)
+    calibration_from_bench(json.loads(text), path, host)  # ConfigError: not a usable measurement
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
+    return path
 
 
 class _Servers:

@@ -433,6 +433,11 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         help="where bench.json, bench.png and vllm bench serve's own results go (default ~/.local/state/hwprofile/bench/hwprofile-bench-<time>: $XDG_STATE_HOME/hwprofile, or /var/lib/hwprofile as root)",
     )  # fmt: skip
     p.add_argument("--no-plot", action="store_true", help="no bench.png (matplotlib is not imported): the JSON and the report only")
+    p.add_argument(
+        "--calibrate", action="store_true",
+        help="store the result as this host's calibration (<config root>/calibration/<fingerprint>.json): the next "
+        "plan's predictions come from it, marked calibrated",
+    )  # fmt: skip
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     _add_runtime(p)
     p.add_argument(

@@ -545,13 +545,24 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
         over += [f"TPOT over the {tpot_t:g} ms target"] if p.tpot_ms > tpot_t else []
         head = (f"TTFT {p.ttft_ms:g} ms, TPOT {p.tpot_ms:g} ms, {p.output_tokens_per_s:g} output tok/s "
                 f"at {p.concurrency} requests ({p.source})" + (f": {', '.join(over)}" if over else ""))  # fmt: skip
-        terms = tuple(f"      {t['term']}: {t['ms']:g} ms  [{r.short(t['source'])}]" for t in p.terms)
+        terms = tuple(f"      {t['term']}: {t['ms']:g} ms{_band(t)}  [{r.short(t['source'])}]" for t in p.terms)
         detail = (terms if level == "all" else ()) + tuple(_simulated_lines(p.simulated))
         lines.append((inst.name, (head, detail)))
     for names, (head, terms) in _fold(lines):
         out.append(f"  {'each instance' if len(names) == every > 1 else ', '.join(names)}: {head}")
         out += list(terms)
     return out
+
+
+def _band(term: Mapping[str, Any]) -> str:
+    """A term's basis and error band, where it carries them (``(datasheet, 1.1-1.9 ms)``)."""
+    band = term.get("band_ms")
+    if not band and not term.get("basis"):
+        return ""
+    parts = [term["basis"]] if term.get("basis") else []
+    if band:
+        parts.append(f"{band[0]:g}-{band[1]:g} ms")
+    return f" ({', '.join(parts)})"
 
 
 def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:

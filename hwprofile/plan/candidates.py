@@ -88,6 +88,8 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto")
         attn_layers=attn,
         state_bytes=state,
         state_prefill_flops_per_token=state_flops,
+        lm_head_params=model.vocab_size * model.hidden_size,
+        embedding_params=0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size,
     )
 
 
@@ -117,9 +119,12 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
     row = gpufacts.lookup(gpu.name, gpu.memory_total_gib)
     if not row or not row.get("memory_bandwidth_gbs"):
         return None, row
+    eff = gpufacts.efficiency(row.get("architecture"))
     g = pm.Gpu(str(row["name"]), float(row["memory_bandwidth_gbs"]),
                float(row["fp16_bf16_tensor_tflops_dense"]) if row.get("fp16_bf16_tensor_tflops_dense") else None,
-               gpu.memory_total_bytes or 0, f"hwprofile/data/gpus.yaml ({row['name']})")  # fmt: skip
+               gpu.memory_total_bytes or 0, f"hwprofile/data/gpus.yaml ({row['name']})",
+               float(eff["memory"]), float(eff["compute"]),
+               f"hwprofile/data/gpu_efficiency.yaml {eff['key']}: {eff['source']}", str(eff["basis"]))  # fmt: skip
     return g, row
 
 
@@ -380,6 +385,8 @@ def instance_prediction(
 ) -> InstancePrediction | None:  # fmt: skip
     """This instance's figures with its own engine settings (each rank gets its share of the workload);
     ``interconnect`` as :func:`predict_group` takes it."""
+    if inst.device == "cpu":
+        return cpu_prediction(inst, instances, model, settings, calibration)
     gpus = [g for g in host.usable_gpus if g.index in inst.gpus]
     if not gpus or inst.device != "cuda":
         return None
@@ -457,3 +464,35 @@ def simulated_figures(
     except ValueError:
         return None
     return sim.figures(res, arr, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
+
+
+def cpu_prediction(
+    inst: InstancePlan, instances: int, model: ModelFacts, settings: Settings, calibration: pm.Calibration | None
+) -> InstancePrediction | None:
+    """A CPU instance's figures: a CPU has no datasheet here, so nothing is predicted (None: unknown)
+    until ``hwprofile calibrate`` stores a bench of this host; then a device fitted to it
+    (:func:`.predict.calibrated_device`: the fixed time of a step and the FLOPs of a token, from the
+    bench's TPOT and TTFT) predicts every workload and batching, each figure "calibrated"."""
+    if calibration is None or not calibration.points:
+        return None
+    kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, 1, 1)))
+    shape = model_shape(model, kv_bytes)
+    none = pm.link_of([], [], None, 1)
+    eng = inst.engine
+    cand = pm.Candidate(1, instances, 1, eng.max_num_seqs, eng.max_num_batched_tokens, eng.enable_chunked_prefill,
+                        inst.memory.kv_tokens, none)  # fmt: skip
+    bench = pm.Candidate(1, calibration.instances, 1, calibration.max_num_seqs or eng.max_num_seqs,
+                         calibration.max_num_batched_tokens or eng.max_num_batched_tokens, eng.enable_chunked_prefill,
+                         inst.memory.kv_tokens, none)  # fmt: skip
+    dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
+    if dev is None:
+        return None
+    wl = workload(settings)
+    p = pm.predict(dev, shape, cand, wl, None)
+    return InstancePrediction(
+        workload=wl.to_json(), concurrency=p.per_instance_concurrency, ttft_ms=round(p.ttft_ms, 1),
+        tpot_ms=round(p.tpot_ms, 2), output_tokens_per_s=round(p.output_tokens_per_s / instances, 1),
+        source=f"calibrated: {calibration.path}",
+        terms=tuple(dict(t) for t in p.terms),
+        simulated=simulated_figures(dev, shape, cand, wl, p.per_instance_concurrency),
+    )  # fmt: skip

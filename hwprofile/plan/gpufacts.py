@@ -44,3 +44,25 @@ def lookup(nvml_name: str | None, memory_gib: float | None = None) -> dict[str, 
         hits = close or hits
     hits.sort(key=lambda r: -len(str(r["name"])))
     return hits[0] if hits else None
+
+
+@lru_cache(maxsize=1)
+def efficiency_table() -> dict[str, Any]:
+    """``hwprofile/data/gpu_efficiency.yaml``: the share of the datasheet each architecture reaches."""
+    from ..config.yamlsrc import load_file
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "gpu_efficiency.yaml")
+    return dict(load_file(path)[0])
+
+
+def efficiency(architecture: str | None) -> dict[str, Any]:
+    """The memory and compute shares for ``architecture`` (a gpus.yaml row's): the exact entry, else its
+    family (the text before " ("), else the default; with ``key`` saying which entry answered. A row
+    with ``applied: false`` (a fit kept as evidence, contradicted elsewhere) is skipped."""
+    doc = efficiency_table()
+    rows = doc.get("architectures") or {}
+    arch = (architecture or "").strip()
+    for key in (arch, arch.split(" (")[0]):
+        if key and key in rows and rows[key].get("applied", True):
+            return {**doc["default"], **rows[key], "key": key}
+    return {**doc["default"], "key": "default"}

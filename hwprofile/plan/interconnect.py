@@ -26,6 +26,70 @@ SCHEMA = "hwprofile.interconnect/1"
 OUTCOMES = ("ok", "wrong", "hang", "error")
 
 
+# -- one all-reduce by link type (the performance model's collective cost) -------------------------
+
+
+class Collective(NamedTuple):
+    """One all-reduce over a link type: ``latency_us + 2 (n - 1) / n * bytes / bus`` where ``bus`` is the
+    link's per-direction GB/s times ``efficiency`` (what an all-reduce of a decode step's 16 KB-4 MB reaches).
+    The ``*_lo``/``*_hi`` bounds are the spread of the sources below: the all-reduce's error band."""
+
+    kind: str  # nvlink, pcie_p2p, pcie_host, sys, network
+    implementation: str
+    latency_us: float
+    latency_lo_us: float
+    latency_hi_us: float
+    per_gpu_us: float  # added per GPU in the group (NCCL's ring steps)
+    efficiency: float
+    efficiency_lo: float
+    efficiency_hi: float
+    source: str
+
+
+COLLECTIVES: dict[str, Collective] = {
+    # vLLM's custom all-reduce (one kernel, CUDA graphs) over NVLink. Latency: AIConfigurator 0.12's measured
+    # vLLM tables (systems/data/*/comm) 4.3-5.7 µs on H100/A100 SXM under CUDA graphs; 8.7-11.8 µs at 32 KB
+    # without graphs (H100, TP 2/4/8: sglang PR #2904's table of vLLM's kernel), the upper bound. Bus share:
+    # NCCL 2 MiB over 8 H100 in 38 µs (~106 GB/s of 450: 0.24; AIConfigurator), vLLM's kernel at 256 KB-1 MB
+    # on H100 TP4/TP8 ~48 GB/s of 450 (0.11; sglang PR #2904), the lower bound.
+    "nvlink": Collective("nvlink", "vLLM custom all-reduce", 5.0, 4.3, 11.8, 0.0, 0.25, 0.11, 0.30,
+                         "datasheet NVLink x measured share (AIConfigurator 0.12 tables; sglang PR #2904)"),
+    # vLLM's custom all-reduce over PCIe P2P (2 GPUs only: custom_all_reduce.py refuses more than two
+    # PCIe-only GPUs): 5.4 µs on 2 L40S (AIConfigurator); 80 % of the lanes' rate (TLP headers).
+    "pcie_p2p_custom": Collective("pcie_p2p", "vLLM custom all-reduce (2 GPUs)", 6.0, 5.4, 10.0, 0.0, 0.80, 0.5, 0.85,
+                                  "datasheet PCIe lanes x 80 % DMA share; latency AIConfigurator's 2 x L40S (5.4 µs)"),
+    # NCCL's ring over PCIe P2P (3+ GPUs): ~2 µs + 3 µs per GPU (AIConfigurator L40S: 7.7, 11.9, 22.6 µs on 2,
+    # 4, 8 GPUs).
+    "pcie_p2p": Collective("pcie_p2p", "NCCL ring (P2P)", 2.0, 1.5, 4.0, 3.0, 0.80, 0.5, 0.85,
+                           "datasheet PCIe lanes x 80 %; latency AIConfigurator's L40S NCCL table"),
+    # NCCL through host memory (no P2P: the SHM transport copies every byte twice): the same ring latency, half
+    # the bandwidth; AIConfigurator's L40S NCCL table: 2 MiB over 2 GPUs in 122 µs (~11-18 GB/s of 25).
+    "pcie_host": Collective("pcie_host", "NCCL via host memory (SHM)", 2.0, 1.5, 6.0, 3.0, 0.40, 0.25, 0.5,
+                            "datasheet PCIe lanes x 40 % (two copies); AIConfigurator's L40S NCCL table"),
+    # across the CPU sockets (SYS): one more hop (+5 µs, assumed) and the socket link halves it again (4 L40S:
+    # ~5 GB/s, AIConfigurator); with P2P 40 %, without 20 %.
+    "sys": Collective("sys", "NCCL across the CPU sockets", 7.0, 4.0, 15.0, 3.0, 0.40, 0.13, 0.5,
+                      "datasheet PCIe lanes x 40 % (socket link); +5 µs per hop assumed; AIConfigurator's 4 x L40S"),
+    "sys_host": Collective("sys", "NCCL across the CPU sockets via host memory", 7.0, 4.0, 15.0, 3.0, 0.20, 0.13, 0.4,
+                           "datasheet PCIe lanes x 20 % (socket link, two copies); AIConfigurator's 4 x L40S"),
+    # NCCL between hosts (InfiniBand / RoCE, GPUDirect RDMA): ~12-25 µs for a small all-reduce across two
+    # nodes (nccl-tests all_reduce_perf at 8 B-64 KB), ~80 % of the NIC's line rate at MB sizes.
+    "network": Collective("network", "NCCL over the network (IB/RoCE)", 18.0, 12.0, 30.0, 3.0, 0.80, 0.5, 0.9,
+                          "datasheet NIC line rate x 80 %; latency nccl-tests all_reduce_perf across 2 nodes"),
+}  # fmt: skip
+
+
+def collective_key(kind: str, tp: int, p2p: bool) -> str:
+    """The :data:`COLLECTIVES` entry vLLM uses for a TP group of ``tp`` over a link ``kind``."""
+    if kind == "nvlink":
+        return "nvlink"
+    if kind == "sys":
+        return "sys" if p2p else "sys_host"
+    if kind == "pcie_p2p":
+        return "pcie_p2p_custom" if tp == 2 else "pcie_p2p"
+    return kind
+
+
 class SizeResult(NamedTuple):
     bytes: int
     exact: bool  # every rank saw the known sum, element for element
@@ -285,18 +349,32 @@ def apply(plan: Plan, report: Report | None, source: str, host: Any = None, note
     )
 
 
-def measured_link(link: Any, decision: Decision) -> Any:
-    """The performance model's :class:`~.predict.Link` of a TP group with the bandwidth the check
-    measured (NCCL's bus bandwidth of the large all-reduce is what a ring moves per link and
-    direction, the unit of ``Link.gbs``); the datasheet link where nothing was measured. Through
-    :func:`link_source`, which ``candidates.link_for`` calls."""
+def measured_link(link: Any, decision: Decision, report: Report | None = None) -> Any:
+    """The performance model's :class:`~.predict.Link` of a TP group with what the check measured: the
+    bandwidth (NCCL's bus bandwidth of the large all-reduce is what a ring moves per link and direction,
+    the unit of ``Link.gbs``) and, given the ``report``, the latency (the small all-reduce's time less its
+    bytes over that bandwidth); the datasheet link where nothing was measured. The check runs eagerly
+    (no CUDA graphs, NCCL rather than vLLM's custom kernel): its latency is the band's upper end, the
+    datasheet's lower end stays. Through :func:`link_source`, which ``candidates.link_for`` calls."""
     import dataclasses
 
     if decision.link_gbs is None or decision.link_gbs <= 0 or link.kind == "none":
         return link
     mode = "P2P off" if decision.nccl_p2p_disable else "P2P on"
-    src = f"measured: {decision.link_gbs:.2f} GB/s bus bandwidth of the large all-reduce ({mode}; hwprofile doctor --interconnect); was {link.source}"
-    return dataclasses.replace(link, gbs=decision.link_gbs, source=src)
+    gbs = decision.link_gbs
+    src = f"measured: {gbs:.2f} GB/s bus bandwidth of the large all-reduce ({mode}; hwprofile doctor --interconnect)"
+    lat = link.latency_us
+    run = next((r for r in (report.runs if report else ()) if tuple(sorted(r.group)) == decision.group
+                and r.p2p != decision.nccl_p2p_disable and r.outcome == "ok" and r.sizes), None)  # fmt: skip
+    if run is not None:
+        small = min(run.sizes, key=lambda x: x.bytes)
+        n = len(run.group)
+        lat = max(0.0, small.seconds * 1e6 - 2 * (n - 1) / n * small.bytes / gbs / 1e3)
+        src += f", {lat:.1f} µs latency of the {small.bytes // 1024} KiB one (eager: the band's upper end)"
+    lo = min(link.latency_lo_us or link.latency_us, lat)
+    return dataclasses.replace(link, gbs=gbs, latency_us=lat, latency_lo_us=lo, latency_hi_us=max(lat, link.latency_us),
+                               gbs_lo=gbs * 0.9, gbs_hi=gbs * 1.1, basis="measured",
+                               source=f"{src}; was {link.source}")  # fmt: skip
 
 
 # -- which measurement a plan may use, and the bandwidth the performance model takes from it ------
@@ -323,11 +401,11 @@ def link_source(link: Any, report: Report | None, group: Sequence[int]) -> Any:
     """Where the performance model's link bandwidth of the TP group ``group`` comes from: the
     measured bus bandwidth of the recorded check (provenance ``measured``, :func:`measured_link`)
     where ``report`` (already judged current by :func:`stale`) covers this group with a run that
-    passed, else ``link`` as the datasheet and the snapshot give it. Only the bandwidth and its
-    source change: the latency and the kind stay the datasheet model's."""
+    passed, else ``link`` as the datasheet and the snapshot give it. The bandwidth, the latency (from
+    the check's small all-reduce) and their source change; the kind stays the snapshot's."""
     if report is None or len(group) <= 1:
         return link
-    return measured_link(link, decide(report, group))
+    return measured_link(link, decide(report, group), report)
 
 
 # vLLM's custom all-reduce (0.32/0.33 vllm/distributed/device_communicators/custom_all_reduce.py

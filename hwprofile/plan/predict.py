@@ -37,25 +37,11 @@ COMPUTE_EFFICIENCY = 0.60
 # attention launch, activation), in µs; and per step, the sampler and the scheduler (CUDA graphs on).
 LAYER_FIXED_US = 12.0
 STEP_FIXED_MS = 1.5
-# One all-reduce's latency, µs: vLLM's custom all-reduce (CUDA graphs) over NVLink, or over PCIe P2P
-# between two GPUs (vLLM enables it on PCIe for 2 GPUs only); NCCL otherwise, about 3 µs per GPU in the
-# ring plus 2. From AIConfigurator 0.12's measured tables (systems/data/*/comm): vLLM custom 4.3-5.7 µs
-# on H100/A100 SXM, 5.4 µs on 2 L40S; NCCL 7.7, 11.9 and 22.6 µs on 2, 4 and 8 L40S; across the CPU
-# sockets one more hop (assumed +5 µs).
-AR_LATENCY_US = {"nvlink": 5.0, "pcie_p2p_custom": 6.0, "sys_extra": 5.0}
-NCCL_LATENCY_US_PER_GPU = 3.0
-NCCL_LATENCY_US_BASE = 2.0
-# PCIe per lane and direction, GB/s (128b/130b from gen 3: 0.985, 1.969, 3.938, 7.877), of which DMA
-# sees ~80 % (TLP headers); through the host (no P2P) every byte is copied twice; across the sockets the
-# socket link (UPI/xGMI) halves it again (AIConfigurator's L40S NCCL table: 2 MiB in 122 µs over 2
-# GPUs, ~11-18 GB/s; over 4, ~5 GB/s).
+# One all-reduce by link type (latency + bytes over the link's share, with the sources' spread as its error
+# band): plan/interconnect.py's COLLECTIVES. PCIe per lane and direction, GB/s (128b/130b from gen 3: 0.985,
+# 1.969, 3.938, 7.877); NVLink per link and direction, NVLink 3 (A100) and NVLink 4 (H100) alike.
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
-PCIE_EFFICIENCY = 0.80
-NVLINK_LINK_GBS = 25.0  # per link and direction: NVLink 3 (A100) and NVLink 4 (H100) alike
-# The share of NVLink's bandwidth an all-reduce of the 0.1-3 MB a decode step sends reaches (NCCL's
-# ring at these sizes is latency-bound): AIConfigurator's NCCL tables, 2 MiB over 8 GPUs in 38 µs on
-# H100 SXM (~106 GB/s of 450) and 56 µs on A100 SXM (~73 GB/s of 300).
-NVLINK_EFFICIENCY = 0.25
+NVLINK_LINK_GBS = 25.0
 ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
 
 
@@ -75,10 +61,16 @@ class Workload:
 class Link:
     """The slowest path inside a tensor-parallel group."""
 
-    kind: str  # none, nvlink, pcie_p2p, pcie_host, sys
+    kind: str  # none, nvlink, pcie_p2p, pcie_host, sys, network
     gbs: float  # usable GB/s per direction
     latency_us: float
     source: str
+    # the error band of one all-reduce: latency and usable GB/s at their bounds (0: the central value)
+    latency_lo_us: float = 0.0
+    latency_hi_us: float = 0.0
+    gbs_lo: float = 0.0
+    gbs_hi: float = 0.0
+    basis: str = "datasheet"  # datasheet (the link's rate x a measured share) or measured (this host's check)
 
 
 @dataclass(frozen=True)
@@ -90,6 +82,14 @@ class Gpu:
     tflops: float | None
     memory_bytes: int
     source: str
+    # the share of the datasheet reached (hwprofile/data/gpu_efficiency.yaml, by architecture)
+    mem_efficiency: float = MEM_EFFICIENCY
+    compute_efficiency: float = COMPUTE_EFFICIENCY
+    efficiency_source: str = "default share (AIConfigurator 0.12's tables)"
+    efficiency_basis: str = "fitted"
+    # a device calibrated from this host's bench (:func:`calibrated_device`): the fixed time of a step
+    # (None: the per-layer and scheduler constants below)
+    step_fixed_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,11 @@ class ModelShape:
     # a prompt token's FLOPs in the state layers beyond their projections (whole model; GDN's chunked
     # delta rule: the state's readout and update and the chunk's own causal attention): 0 where unknown
     state_prefill_flops_per_token: float = 0.0
+    # the LM head (vocabulary x hidden): vLLM computes logits only for the tokens it samples (each
+    # decode, a prompt's last), not for every prompt token; the input embedding when untied (a row
+    # looked up per token: neither read whole nor multiplied). Both bf16 in every checkpoint format.
+    lm_head_params: int = 0
+    embedding_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,9 @@ class Calibration:
     instances: int
     tp: int | None
     points: tuple[tuple[int, float, float, float], ...]  # (concurrency, tpot_ms, ttft_ms, output tok/s)
+    # the bench's engine settings where its result names them (None: as this plan has them)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass
@@ -216,37 +224,53 @@ def link_of(
     tp: int,
 ) -> Link:
     """The slowest path of a TP group from the snapshot: ``links`` (nvidia-smi topo kind, P2P) of
-    every pair, ``pcie`` (generation, width) of every GPU, the datasheet NVLink figure (bidirectional)."""
+    every pair, ``pcie`` (generation, width) of every GPU, the datasheet NVLink figure (bidirectional);
+    its all-reduce cost by link type from plan/interconnect.py's COLLECTIVES."""
+    from .interconnect import COLLECTIVES, collective_key
+
     if tp <= 1:
         return Link("none", 0.0, 0.0, "one GPU: no all-reduce")
     kinds = [k or "?" for k, _ in links]
-    nccl = NCCL_LATENCY_US_BASE + NCCL_LATENCY_US_PER_GPU * tp
     if links and all(k.startswith("NV") for k in kinds):
         n = min(int(k[2:]) if k[2:].isdigit() else 1 for k in kinds)
-        gbs = n * NVLINK_LINK_GBS
+        raw = n * NVLINK_LINK_GBS
         src = f"snapshot: NVLink x{n} per pair x {NVLINK_LINK_GBS:g} GB/s per link and direction"
         if nvlink_datasheet_gbs:
-            gbs = min(gbs, nvlink_datasheet_gbs / 2)
+            raw = min(raw, nvlink_datasheet_gbs / 2)
             src += f" (datasheet {nvlink_datasheet_gbs:g} GB/s both directions)"
-        src += f", {NVLINK_EFFICIENCY:.0%} reached at a decode step's message sizes; vLLM's custom all-reduce"
-        return Link("nvlink", gbs * NVLINK_EFFICIENCY, AR_LATENCY_US["nvlink"], src)
+        return _with_collective("nvlink", raw, COLLECTIVES["nvlink"], tp, src)
     gens = [g for g, _ in pcie if g]
     widths = [w for _, w in pcie if w]
     gen, width = (min(gens) if gens else 3), (min(widths) if widths else 16)
     raw = PCIE_LANE_GBS.get(gen, 0.985) * width
-    gbs = raw * PCIE_EFFICIENCY
     read = "snapshot" if gens and widths else "assumed (not in the snapshot)"
-    src = f"{read}: PCIe gen {gen} x{width} = {raw:.1f} GB/s per direction, {PCIE_EFFICIENCY:.0%} usable"
+    src = f"{read}: PCIe gen {gen} x{width} = {raw:.1f} GB/s per direction"
     p2p = bool(links) and all(bool(p) for _, p in links)
     if any(k == "SYS" for k in kinds):
-        return Link("sys", gbs / 4 if not p2p else gbs / 2, nccl + AR_LATENCY_US["sys_extra"],
-                    src + "; across the CPU sockets (SYS): halved by the socket link"
-                    + ("" if p2p else ", and copied through host memory (no P2P): halved again"))  # fmt: skip
-    if not p2p:
-        return Link("pcie_host", gbs / 2, nccl, src + "; no P2P: NCCL copies through host memory (halved)")
-    if tp == 2:
-        return Link("pcie_p2p", gbs, AR_LATENCY_US["pcie_p2p_custom"], src + "; P2P, vLLM's custom all-reduce (2 GPUs)")
-    return Link("pcie_p2p", gbs, nccl, src + f"; P2P, NCCL over {tp} GPUs (vLLM's custom all-reduce stops at 2 on PCIe)")
+        kind = "sys"
+        src += "; across the CPU sockets (SYS): halved by the socket link" + ("" if p2p else ", and copied through host memory (no P2P): halved again")
+    elif not p2p:
+        kind = "pcie_host"
+        src += "; no P2P: NCCL copies through host memory (halved)"
+    else:
+        kind = "pcie_p2p"
+        src += "; P2P" if tp == 2 else "; P2P (vLLM's custom all-reduce stops at 2 GPUs on PCIe)"
+    return _with_collective(kind, raw, COLLECTIVES[collective_key(kind, tp, p2p)], tp, src)
+
+
+def network_link(nic_gbps: float, tp: int, nic_source: str) -> Link:
+    """A TP group spanning hosts: NCCL over the network at the NIC's line rate (Gb/s)."""
+    from .interconnect import COLLECTIVES
+
+    return _with_collective("network", nic_gbps / 8, COLLECTIVES["network"], tp, f"{nic_source}: {nic_gbps:g} Gb/s NIC")
+
+
+def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str) -> Link:
+    per_gpu = c.per_gpu_us * tp
+    src += (f"; {c.implementation}: {c.latency_us + per_gpu:g} µs ({c.latency_lo_us + per_gpu:g}-{c.latency_hi_us + per_gpu:g})"
+            f" + bytes over {c.efficiency:.0%} ({c.efficiency_lo:.0%}-{c.efficiency_hi:.0%}) of the link [{c.source}]")
+    return Link(kind, raw_gbs * c.efficiency, c.latency_us + per_gpu, src, c.latency_lo_us + per_gpu,
+                c.latency_hi_us + per_gpu, raw_gbs * c.efficiency_lo, raw_gbs * c.efficiency_hi)
 
 
 def allreduce_ms(link: Link, tp: int, message_bytes: float) -> float:
@@ -254,6 +278,15 @@ def allreduce_ms(link: Link, tp: int, message_bytes: float) -> float:
     if tp <= 1 or link.kind == "none":
         return 0.0
     return link.latency_us / 1e3 + 2 * (tp - 1) / tp * message_bytes / (link.gbs * 1e9) * 1e3
+
+
+def allreduce_band_ms(link: Link, tp: int, message_bytes: float) -> tuple[float, float]:
+    """The all-reduce's error band: (fastest, slowest) over the link's latency and bandwidth bounds."""
+    if tp <= 1 or link.kind == "none":
+        return 0.0, 0.0
+    lo = Link(link.kind, link.gbs_hi or link.gbs, link.latency_lo_us or link.latency_us, link.source)
+    hi = Link(link.kind, link.gbs_lo or link.gbs, link.latency_hi_us or link.latency_us, link.source)
+    return allreduce_ms(lo, tp, message_bytes), allreduce_ms(hi, tp, message_bytes)
 
 
 # -- one step --------------------------------------------------------------------------------------
@@ -274,21 +307,35 @@ def step_ms(
 ) -> dict[str, float]:
     """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
     ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
-    proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time."""
+    proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time.
+
+    Each decoding sequence reads its own KV; a prompt chunk reads the KV it attends once for the whole
+    chunk (FlashAttention streams each KV tile past a block of queries; the other query blocks' re-reads
+    hit L2): the cache before the chunk and the chunk itself, ``prefill_context + prefill / 2`` tokens
+    (the chunk's tokens attend ``prefill_context`` on average, causally). Its FLOPs still grow with
+    tokens x context (the compute term)."""
     tokens = decode + prefill
-    weights = _weights_read(m, tokens) / tp
-    kv = (decode * context + prefill * prefill_context) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
+    weights = max(0.0, _weights_read(m, tokens) - 2 * m.embedding_params) / tp
+    prefill_kv = prefill_context + prefill / 2 if prefill and prefill_context else 0.0
+    kv = (decode * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
-    mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
-    flops = 2 * m.active_params * tokens / tp + m.state_prefill_flops_per_token * prefill / tp
+    mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
+    logits = decode + (1 if prefill else 0)  # the sampled rows: the LM head runs on these only
+    body = max(0, m.active_params - m.lm_head_params - m.embedding_params)
+    flops = (2 * body * tokens + 2 * m.lm_head_params * logits + m.state_prefill_flops_per_token * prefill) / tp
     attn = m.attn_layers or m.layers
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
-    comp = flops / ((gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY) * 1e3 if gpu.tflops else 0.0
+    comp = flops / ((gpu.tflops or 0) * 1e12 * gpu.compute_efficiency) * 1e3 if gpu.tflops else 0.0
     comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
-    fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
-    state_ms = state / (gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY) * 1e3
+    comm_lo, comm_hi = (2 * m.layers * x for x in allreduce_band_ms(link, tp, tokens * m.hidden * ACT_BYTES))
+    if gpu.step_fixed_ms is not None:
+        fixed = gpu.step_fixed_ms if scheduler else gpu.step_fixed_ms * m.layers / max(1, m.layers + 8)
+    else:
+        fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
+    state_ms = state / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
     return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed, "state_ms": state_ms,
+            "allreduce_lo_ms": comm_lo, "allreduce_hi_ms": comm_hi,
             "total_ms": max(mem, comp) + comm + fixed}  # fmt: skip
 
 
@@ -311,13 +358,18 @@ def predict(
     t_dec = dec["total_ms"]
     terms: list[dict[str, Any]] = [
         {"term": "decode step: weights + KV over bandwidth", "ms": round(dec["memory_ms"], 3),
-         "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {MEM_EFFICIENCY:.0%}; model: "
-                   f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token"},
+         "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {gpu.mem_efficiency:.0%} ({gpu.efficiency_source}); model: "
+                   f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token",
+         "basis": gpu.efficiency_basis},
         {"term": "decode step: FLOPs over peak", "ms": round(dec["compute_ms"], 3),
-         "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {COMPUTE_EFFICIENCY:.0%}"},
-        {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source},
+         "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {gpu.compute_efficiency:.0%} ({gpu.efficiency_source})",
+         "basis": gpu.efficiency_basis},
+        {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source,
+         "basis": link.basis, "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)]},
         {"term": "decode step: fixed kernels and scheduler", "ms": round(dec["fixed_ms"], 3),
-         "source": f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"},
+         "source": (f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"
+                    if gpu.step_fixed_ms is None else gpu.efficiency_source),
+         "basis": "fitted" if gpu.step_fixed_ms is None else gpu.efficiency_basis},
     ]  # fmt: skip
     if m.state_bytes:
         terms.insert(1, {
@@ -505,6 +557,49 @@ def calibrated(p: Prediction, model_at_bench: Prediction | None, cal: Calibratio
                       "datasheet scaled by " + where, terms)  # fmt: skip
 
 
+def calibrated_device(m: ModelShape, cand: Candidate, cal: Calibration, name: str, base: Gpu | None = None) -> Gpu | None:
+    """A device whose step costs reproduce what ``hwprofile bench`` measured on this host, for a host
+    without a datasheet (a CPU) or to replace one: the fixed time of a step (the scheduler, the kernels'
+    launches and, where ``base`` is None, the weights' read: constant per step) and the effective FLOPs
+    of a token, fitted so that :func:`predict` at the bench's workload and lowest concurrency gives its
+    median TPOT and TTFT (each monotone in both: alternating bisections). ``base``: keep its bandwidth
+    (the KV and weight reads then stay a memory term). None where the bench has no point."""
+    if not cal.points:
+        return None
+    c0, tpot, ttft, _ = min(cal.points)
+    wl = Workload(cal.input_len, cal.output_len, c0)
+    src = f"calibrated: {cal.path} (bench {cal.created or '?'}, concurrency {c0}: TPOT {tpot:g} ms, TTFT {ttft:g} ms)"
+    bw = base.bandwidth_gbs if base is not None else 1e9  # no datasheet: the reads are in the fixed time
+
+    def dev(fixed: float, tflops: float) -> Gpu:
+        return Gpu(name, bw, tflops, base.memory_bytes if base else 0, src, base.mem_efficiency if base else 1.0,
+                   1.0, src, "calibrated", fixed)  # fmt: skip
+
+    def solve(f: Callable[[float], float], want: float, lo: float, hi: float, log: bool) -> float:
+        for _ in range(40):
+            mid = math.sqrt(lo * hi) if log else (lo + hi) / 2
+            if f(mid) < want:
+                lo = mid
+            else:
+                hi = mid
+        return math.sqrt(lo * hi) if log else (lo + hi) / 2
+
+    fixed, tflops = tpot / 2, 1.0
+    for _ in range(8):
+        # TPOT grows with the fixed time; TTFT falls as the FLOPs grow
+
+        def tpot_at(x: float, t: float = tflops) -> float:
+            return predict(dev(x, t), m, cand, wl, None, per_instance=c0, wave=False).tpot_ms
+
+        fixed = solve(tpot_at, tpot, 0.0, tpot, False)
+
+        def ttft_at(x: float, f: float = fixed) -> float:
+            return -predict(dev(f, x), m, cand, wl, None, per_instance=c0, wave=False).ttft_ms
+
+        tflops = solve(ttft_at, -ttft, 1e-6, 1e6, True)
+    return dev(fixed, tflops)
+
+
 # -- the choice ------------------------------------------------------------------------------------
 
 
@@ -537,22 +632,11 @@ def step_cost(gpu: Gpu, m: ModelShape, cand: Candidate) -> Callable[[int, int, f
     """:func:`step_ms` as plan/simulate.py's per-step cost: (prefill tokens, decode sequences, their mean
     context, the prefill tokens' mean attended context) → seconds of one step of one instance.
 
-    A prompt chunk's attention reads the KV it attends once for the chunk (FlashAttention streams each KV
-    tile past a block of queries; the re-reads of the other query blocks hit L2), not once per prompt
-    token as :func:`step_ms` counts it; its FLOPs grow with tokens x context. So the chunk's attention is
-    added here to a :func:`step_ms` of the weights, the decodes and the chunk's linear layers."""
-    kv_div = max(1, min(cand.tp, m.kv_heads))
-    bw = gpu.bandwidth_gbs * 1e9 * MEM_EFFICIENCY
-    peak = (gpu.tflops or 0) * 1e12 * COMPUTE_EFFICIENCY
+    The prompt chunk's KV is read once per chunk and its attention FLOPs counted over the attention
+    layers, both in :func:`step_ms` itself (the analytic path and the simulation share one step)."""
 
     def cost(prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float) -> float:
-        ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, 0.0)
-        mem, comp = ms["memory_ms"], ms["compute_ms"]
-        if prefill_tokens and prefill_context:
-            distinct = prefill_context + prefill_tokens / 2  # the cache before the chunk and the chunk
-            mem += distinct * m.kv_bytes_per_token / kv_div / bw * 1e3
-            if peak:
-                comp += 4 * m.layers * m.heads * m.head_dim * prefill_tokens * prefill_context / cand.tp / peak * 1e3
-        return (max(mem, comp) + ms["allreduce_ms"] + ms["fixed_ms"]) / 1e3
+        ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, prefill_context)
+        return ms["total_ms"] / 1e3
 
     return cost

@@ -1,0 +1,98 @@
+"""Calibration from a bench (issue 32), fast: the fitted device reproduces the measured point, a CPU
+plan predicts nothing before a calibration and "calibrated" figures after, and `bench --calibrate`
+stores only a usable measurement. The loop on real vLLM: tests/test_calibrate_vllm.py (slow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile.config import ConfigError
+from hwprofile.host.snapshot import Cpu, HostSnapshot, Software
+from hwprofile.model import resolve_model
+from hwprofile.pipeline import calibration_path, make_plan
+from hwprofile.plan import candidates
+from hwprofile.plan import predict as pm
+
+CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096,
+    "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+}  # fmt: skip
+SETS = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
+        "layout.workload_input_len=96", "layout.workload_output_len=48"]  # fmt: skip
+
+
+def _doc(points: list[tuple[int, float, float, float]], batched: int | None = 256) -> dict[str, Any]:
+    def spread(v: float) -> dict[str, Any]:
+        return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
+
+    return {
+        "schema": "hwprofile.bench/1", "created": "2026-12-04T22:00:00Z", "workload": {"input_len": 96, "output_len": 48},
+        "host": {"gpus": []},
+        "plans": [{"instances": 1, "max_num_seqs": 64, "max_num_batched_tokens": batched, "non_default_settings": [],
+                   "summary": [{"concurrency": c, "rounds": 1, "metrics": {
+                       "p50_tpot_ms": spread(t), "p50_ttft_ms": spread(f), "output_throughput": spread(x)}}
+                       for c, t, f, x in points]}],
+    }  # fmt: skip
+
+
+def _cpu_host() -> HostSnapshot:
+    return HostSnapshot(hostname="cpu-box", cpu=Cpu("a CPU", 2, 1, ("avx2",)), memory_bytes=8 << 30,
+                        software=Software(vllm_version="0.32.0+cpu"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("tpot", "ttft"), [(20.0, 60.0), (8.0, 300.0), (50.0, 200.0)])
+def test_the_fitted_device_reproduces_the_benched_point(tpot: float, ttft: float) -> None:
+    m = candidates.model_shape(resolve_model("Qwen/Qwen3-0.6B", "model"), 2)
+    cand = pm.Candidate(1, 1, 1, 64, 256, True, 100_000, pm.link_of([], [], None, 1))
+    cal = pm.Calibration("c.json", None, 96, 48, 1, None, ((1, tpot, ttft, 1000 / tpot),))
+    dev = pm.calibrated_device(m, cand, cal, "cpu")
+    assert dev is not None and dev.efficiency_basis == "calibrated" and dev.step_fixed_ms is not None
+    p = pm.predict(dev, m, cand, pm.Workload(96, 48, 1), None)
+    assert p.tpot_ms == pytest.approx(tpot, rel=0.02) and p.ttft_ms == pytest.approx(ttft, rel=0.02)
+    # more requests in flight: longer steps, never shorter
+    assert pm.predict(dev, m, cand, pm.Workload(96, 48, 8), None).tpot_ms >= p.tpot_ms
+
+
+def test_a_cpu_plan_predicts_nothing_until_calibrated_then_calibrated(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    host, root = _cpu_host(), tmp_path / "etc"
+    root.mkdir()
+    sets = [*SETS, "layout.workload_concurrency=4"]
+    before = make_plan(host, root, environ={}, model=str(d), sets=sets).to_json()
+    assert before["instances"][0]["device"] == "cpu" and before["instances"][0].get("prediction") is None
+    path = Path(calibration_path(root, host))
+    path.parent.mkdir()
+    path.write_text(json.dumps(_doc([(1, 20.0, 60.0, 45.0)])))
+    after = make_plan(host, root, environ={}, model=str(d), sets=sets).to_json()
+    p = after["instances"][0]["prediction"]
+    assert p["source"] == f"calibrated: {path}" and p["workload"]["concurrency"] == 4
+    fixed = next(t for t in p["terms"] if t["term"].startswith("decode step: fixed"))
+    assert fixed["basis"] == "calibrated" and "concurrency 1: TPOT 20 ms, TTFT 60 ms" in fixed["source"]
+    assert p["tpot_ms"] >= 20.0 and p["simulated"]["tpot_ms"]["value"] > 0
+    # at the benched point: the measurement back
+    at1 = make_plan(
+        host, root, environ={}, model=str(d), sets=[*SETS, "layout.workload_concurrency=1"]
+    ).to_json()
+    q = at1["instances"][0]["prediction"]
+    assert q["tpot_ms"] == pytest.approx(20.0, rel=0.02) and q["ttft_ms"] == pytest.approx(60.0, rel=0.02)
+
+
+def test_bench_calibrate_stores_only_a_usable_measurement(tmp_path: Path) -> None:
+    from hwprofile.cli.bench import store_calibration
+
+    host = _cpu_host()
+    path = store_calibration(_doc([(1, 20.0, 60.0, 45.0)]), tmp_path, host)
+    assert (
+        path == calibration_path(tmp_path, host)
+        and json.loads(Path(path).read_text())["schema"] == "hwprofile.bench/1"
+    )
+    with pytest.raises(ConfigError, match="no concurrency with"):
+        store_calibration(_doc([]), tmp_path / "other", host)
+    assert not (tmp_path / "other").exists()
