@@ -240,14 +240,15 @@ def test_a_plan_takes_the_recorded_decision_and_render_says_it(host_of, empty_ro
     from hwprofile.render.versions import release
 
     host = host_of("a800-pcie-4x-2numa")
-    before = make_plan(host, empty_root, environ={})
+    PAIRS = ["layout.tensor_parallel_size=2"]  # the operator's pairs: the shipped TP 2 gives way here
+    before = make_plan(host, empty_root, environ={}, sets=PAIRS)
     assert [i.gpus for i in before.instances] == [(0, 1), (2, 3)]
     assert all(not i.interconnect for i in before.instances)
     report = Report(host_fingerprint(host), "nccl", (
         run((0, 1), True, "wrong"), run((0, 1), False, "ok", 11.0), run((2, 3), True, "hang"), run((2, 3), False, "hang"),
     ))  # fmt: skip
     save_report(empty_root, host, report)
-    plan = make_plan(host, empty_root, environ={})
+    plan = make_plan(host, empty_root, environ={}, sets=PAIRS)
     a, b = plan.instances
     assert (a.interconnect["nccl_p2p_disable"], a.interconnect["disable_custom_all_reduce"]) == (True, True)
     assert a.interconnect["link_gbs"] == 11.0 and a.interconnect["source"] == interconnect_path(

@@ -432,6 +432,6 @@ def test_gdn_prefill_flops_are_counted_per_prompt_token() -> None:
     without = dataclasses.replace(shape, state_prefill_flops_per_token=0.0)
     a = pm.step_ms(gpu, shape, 1, link, 0, 0.0, 4096, 0.0)["compute_ms"]
     b = pm.step_ms(gpu, without, 1, link, 0, 0.0, 4096, 0.0)["compute_ms"]
-    assert a - b == pytest.approx(per_token * 4096 / (gpu.tflops * 1e12 * pm.COMPUTE_EFFICIENCY) * 1e3)
+    assert a - b == pytest.approx(per_token * 4096 / (gpu.tflops * 1e12 * gpu.compute_efficiency) * 1e3)
     decode = pm.step_ms(gpu, shape, 1, link, 8, 1024.0)["compute_ms"]
     assert decode == pm.step_ms(gpu, without, 1, link, 8, 1024.0)["compute_ms"]
