@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.settings import Degrade, Watch
+from ..config.settings import Degrade as DegradeSection
+from ..config.settings import Watch
 from ..errors import HwprofileError
 from ..host.sampler import GpuSampler
 from ..plan.degrade import degrade_sets
@@ -31,8 +32,9 @@ from ..plan.speculative import draft_cost
 from ..plan.types import ABSENT, InstancePlan, Plan
 from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
+from .actions import Action, Degrade, Drain, PowerCap, Recover, Recycle, Reload, Restart
 from .exporter import Published
-from .policy import Action, fault_kinds
+from .policy import fault_kinds
 from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
@@ -137,7 +139,7 @@ class Errors(deque[str]):
 
 
 @dataclass
-class Restart:
+class InFlight:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
     ``watch.unready_s`` lead (``/health`` of the metrics port answers 503; the drain begins at
     ``drain_at``); None once the supervisor was told."""
@@ -160,7 +162,7 @@ class Daemon:
         supervisor: Any,
         sampler: GpuSampler | Any,
         settings: Watch,
-        degrade: Degrade,
+        degrade: DegradeSection,
         runtime: Path,
         clock: Callable[[], float] = time.monotonic,
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
@@ -190,7 +192,7 @@ class Daemon:
         per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
         self.queue: deque[Action] = deque()
-        self.current: Restart | None = None
+        self.current: InFlight | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.errors = Errors()
         self._write_failed: str | None = None  # daemon.json could not be written: why (said once)
@@ -216,6 +218,16 @@ class Daemon:
         # again with its lock; another directory in its place (not made by this daemon) is never written into
         self.runtime_id = _dir_id(runtime)
         self.runtime_trouble: str | None = None
+        # the dispatcher: the one place an action is carried out, keyed on its type (a new reaction: a
+        # policy that returns a new action class, and its handler here)
+        self.handlers: dict[type[Any], Callable[[Any, dict[str, Any]], None]] = {
+            Drain: self._on_drain,
+            PowerCap: self._on_power,
+            Recover: self._on_recover,
+            Degrade: self._on_degrade,
+            Restart: self._on_restart,
+            Recycle: self._on_restart,
+        }
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -256,29 +268,7 @@ class Daemon:
                 log.warning("%s", note)
         self._deferred_said = set(rep.deferred)
         for a in rep.actions:
-            if a.kind == "drain":
-                self._drain(a, insts.get(a.instance))
-                continue
-            if a.kind == "power":
-                self._power(a)
-                continue
-            if a.kind == "recover":
-                self.restore_power(a.gpus, a)
-                if a.level == 0 and self.levels.get(a.instance, 0) == 0 and not any(
-                    q.instance == a.instance for q in self.queue
-                ):
-                    self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
-                    continue
-            if a.kind in ("restart", "recycle") and any(q.instance == a.instance for q in self.queue):
-                continue  # the action queued for it restarts it anyway, and at the step it decided
-            self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
-            self.queue.append(a)
-            if a.kind in ("restart", "recycle"):
-                log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
-                            extra=fields(a))  # fmt: skip
-            else:
-                log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason,
-                            extra=fields(a))  # fmt: skip
+            self.act(a, insts)
         self._progress(now)
         self.ticks += 1
         self.report = rep
@@ -286,6 +276,53 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    # -- the dispatcher: each action type's handler -------------------------------------------------
+    def act(self, a: Action, insts: dict[str, Any]) -> None:
+        """Carry out one action decided by a policy: the handler registered for its type."""
+        handler = self.handlers.get(type(a))
+        if handler is None:
+            raise TypeError(f"no handler for the action {type(a).__name__} ({a.instance}: {a.reason})")
+        handler(a, insts)
+
+    def _on_drain(self, a: Drain, insts: dict[str, Any]) -> None:
+        self._drain(a, insts.get(a.instance))
+
+    def _on_power(self, a: PowerCap, insts: dict[str, Any]) -> None:
+        self._power(a)
+
+    def _on_recover(self, a: Recover, insts: dict[str, Any]) -> None:
+        self.restore_power(a.gpus, a)
+        if a.level == 0 and self.levels.get(a.instance, 0) == 0 and not self._queued(a.instance):
+            self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
+            return
+        self._enqueue(a)
+        self._said_step(a)
+
+    def _on_degrade(self, a: Degrade, insts: dict[str, Any]) -> None:
+        self._enqueue(a)
+        self._said_step(a)
+
+    def _on_restart(self, a: Restart | Recycle, insts: dict[str, Any]) -> None:
+        if self._queued(a.instance):
+            return  # the action queued for it restarts it anyway, and at the step it decided
+        self._enqueue(a)
+        log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
+                    extra=fields(a))  # fmt: skip
+
+    def _queued(self, name: str) -> bool:
+        return any(q.instance == name for q in self.queue)
+
+    def _enqueue(self, a: Action) -> None:
+        """Queue a restarting action; the newest decision for an instance wins."""
+        self.queue = deque(q for q in self.queue if q.instance != a.instance)
+        self.queue.append(a)
+
+    @staticmethod
+    def _said_step(a: Action) -> None:
+        log.warning(
+            "decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason, extra=fields(a)
+        )
 
     def _guard_runtime(self) -> None:
         """The runtime directory and the supervisor's lock in it, checked at each tick (two ``lstat``): a
@@ -356,7 +393,7 @@ class Daemon:
             else:
                 self.watcher.rss[name] = float(rss)
 
-    def _drain(self, a: Action, inst: Any) -> None:
+    def _drain(self, a: Drain, inst: Any) -> None:
         """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests
         within its shutdown timeout), drop what was queued for it, never restart it there."""
         self.queue = deque(q for q in self.queue if q.instance != a.instance)
@@ -372,7 +409,7 @@ class Daemon:
         inst.stop()
         self._record(a, "done", "stopped; not restarted on this GPU")
 
-    def _power(self, a: Action) -> None:
+    def _power(self, a: PowerCap) -> None:
         """Lower the power limit of the action's GPUs to ``degrade.power_limit_factor`` of their limit (never
         below the card's minimum); no restart. When it cannot be set (not root, a card without constraints,
         a fake sampler) the lever is off for that instance and the batch steps decide at the next tick."""
@@ -489,13 +526,7 @@ class Daemon:
             if inst.state.value != "ready":
                 return  # wait until it is ready
             self.pending.popleft()
-            a = Action(
-                "reload",
-                name,
-                self.levels.get(name, 0),
-                "the configuration changed",
-                tuple(new.gpus or ()),
-            )
+            a = Reload(name, "the configuration changed", tuple(new.gpus or ()), self.levels.get(name, 0))
             log.warning(
                 "action: reload %s: the configuration changed; restarting it (drain, then the new settings)",
                 name,
@@ -565,7 +596,7 @@ class Daemon:
         metrics port's ``/health`` (a pod's readiness probe fails first, so its Service routes
         elsewhere before the drain)."""
         lead = self.settings.unready_s
-        self.current = Restart(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
+        self.current = InFlight(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
         if lead > 0:
             log.warning("%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
                         a.kind, a.instance, lead, extra=fields(a))  # fmt: skip

@@ -19,9 +19,10 @@ from ..errors import HwprofileError
 from ..plan.degrade import degrade_sets
 from ..runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from ..runtime.dirs import private_dir
+from .actions import Degrade
 from .loop import Daemon
 from .notify import Notifier, status_line
-from .policy import Action, start_levels
+from .policy import start_levels
 
 if TYPE_CHECKING:
     from ..launch.start import Launch
@@ -112,7 +113,7 @@ def run_daemon(
         if start_plan.instance(name) is not plan.instance(name):
             daemon.levels[name] = step
             daemon.watcher.set_level(name, step)
-            daemon._record(Action("degrade", name, step, why, plan.instance(name).gpus), "done", "at start")
+            daemon._record(Degrade(name, why, tuple(plan.instance(name).gpus or ()), step), "done", "at start")
     if started_from:  # the configuration is invalid: the kept plan runs, and everyone is told why
         log.error("%s", started_from)
         daemon.reload_error = started_from
