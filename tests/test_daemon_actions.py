@@ -77,9 +77,10 @@ def _stuck_reading() -> Any:
     from hwprofile.telemetry.scrape import InstanceReading
 
     class M:
-        running, waiting, kv_usage = 2.0, 1.0, None
-        counters = {GENERATION: 10.0, PROMPT: 5.0}
-        engines: dict[str, dict[str, float]] = {}
+        def __init__(self) -> None:
+            self.running, self.waiting, self.kv_usage = 2.0, 1.0, None
+            self.counters = {GENERATION: 10.0, PROMPT: 5.0}
+            self.engines: dict[str, dict[str, float]] = {}
 
         def window_values(self) -> dict[str, float]:
             return {}
