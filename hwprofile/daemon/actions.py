@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     from ..host.sampler import GpuReading
-    from .policy import DriftReading, Progress
+    from .readings import DriftReading, Progress
 
     Evidence: TypeAlias = GpuReading | Progress | DriftReading
 

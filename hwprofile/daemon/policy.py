@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from ..config.settings import Watch
 from ..host.sampler import THERMAL_REASONS, GpuReading
 from .actions import Action, Degrade, Drain, PowerCap, Recover
+from .readings import DriftReading, Progress
 
 LEVELS = ("ok", "warm", "hot", "critical")
 
@@ -368,15 +369,6 @@ def decide_actions(
 
 
 @dataclass(frozen=True)
-class Progress:
-    """One instance's progress in one scrape: ``work``, the requests running plus waiting (None: not
-    reported), and ``counters``, the sum of its token counters (None: none reported)."""
-
-    work: float | None
-    counters: float | None
-
-
-@dataclass(frozen=True)
 class LivenessState:
     counters: float | None = None  # the counters' value at the last reading
     stalled_since: float | None = None  # work pending and the counters unchanged since
@@ -428,19 +420,6 @@ def load_band(running: float) -> int:
         n //= 2
         band += 1
     return band
-
-
-@dataclass(frozen=True)
-class DriftReading:
-    """One instance at one tick: its TPOT (the window's median inter-token latency; None: no tokens in the
-    window or not scraped), the requests running and waiting, its process RSS (bytes; None: not read) and
-    its ``max_num_seqs`` (the burst threshold's base; None: unknown, so no recycle)."""
-
-    tpot_s: float | None
-    running: float | None
-    waiting: float | None
-    rss_bytes: float | None
-    max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True)
