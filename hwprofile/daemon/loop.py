@@ -18,16 +18,17 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.layers import Overrides
 from ..config.settings import Degrade as DegradeSection
 from ..config.settings import Watch
 from ..errors import HwprofileError
 from ..host.sampler import GpuSampler
-from ..plan.degrade import degrade_sets
+from ..plan.degrade import degrade_overrides
 from ..plan.speculative import draft_cost
 from ..plan.types import ABSENT, InstancePlan, Plan
 from ..runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
@@ -72,6 +73,13 @@ def fields(a: Action) -> dict[str, Any]:
     """The journal fields of an action's log lines (:class:`.journal.JournalHandler` sends a record's
     UPPERCASE attributes): ``journalctl INSTANCE=vllm-gpu2-3``, ``ACTION=degrade``, ``GPU=2``."""
     return {"INSTANCE": a.instance, "ACTION": a.kind, "GPU": ",".join(map(str, a.gpus)) or None}
+
+
+def shown(layers: Sequence[Overrides]) -> str:
+    """Typed override layers in a line: ``degrade step 1 (why): engine.max_num_seqs=192, ...``."""
+    return "; ".join(
+        f"{o.kind} {o.label}: " + ", ".join(f"{'.'.join(p)}={v}" for p, v in o.values) for o in layers
+    ) or "no override"
 
 
 def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
@@ -147,7 +155,7 @@ class InFlight:
     action: Action
     started: float
     replacements_before: int
-    sets: list[str]
+    overrides: list[Overrides]
     new: InstancePlan | None = None
     drain_at: float = 0.0
 
@@ -158,7 +166,7 @@ class Daemon:
     def __init__(
         self,
         plan: Plan,
-        replan: Callable[[list[str]], Plan],
+        replan: Callable[[Sequence[str | Overrides]], Plan],
         supervisor: Any,
         sampler: GpuSampler | Any,
         settings: Watch,
@@ -170,7 +178,8 @@ class Daemon:
         on_tick: Callable[[Daemon, Report], None] | None = None,
         rss_reader: Callable[[Any], float | None] | None = None,
     ) -> None:
-        """``replan(extra_sets)`` returns a :class:`Plan` (``PlanInputs.replan``); ``supervisor``: a
+        """``replan(extra)`` returns a :class:`Plan` (``PlanInputs.replan``; ``extra``: typed override
+        layers, a degrade step's); ``supervisor``: a
         :class:`~hwprofile.supervise.supervisor.Supervisor` or a fake with its ``instances``,
         ``release`` and ``render``; ``settings`` and ``degrade``: the plan's ``watch`` and
         ``degrade`` sections (a test may give others)."""
@@ -201,6 +210,7 @@ class Daemon:
         self.ticks = 0
         self.missed = 0
         self.levels: dict[str, int] = {i.name: 0 for i in plan.instances}  # degrade step running
+        self.degrade_why: dict[str, str] = {}  # why each instance was last degraded (its layer's label)
         # reload (SIGHUP, `hwprofile reload`, an edited override): one flag, handled at the next tick
         self.per_batch = per_batch
         self.reload_requested: str | None = None  # why; set from a signal handler: a plain store
@@ -545,23 +555,24 @@ class Daemon:
         base = next((i for i in self.plan.instances if i.name == a.instance), None)
         if base is None:
             return
-        sets, why = degrade_sets(base, a.level, self.degrade)
+        if isinstance(a, Degrade):
+            self.degrade_why[a.instance] = a.reason
+        step, why = degrade_overrides(base, a.level, self.degrade, self.degrade_why.get(a.instance))
+        sets = [step] if step is not None else []
         advice = next(
             (i.advice for i in (self.report.instances if self.report else ()) if i.name == a.instance), None
         )
         if self.settings.apply_k_advice and advice is not None and advice.k != advice.current_k:
-            # watch.apply_k_advice: the advised k rides along with this restart (never on its own)
-            sets = [s for s in sets if not s.startswith("speculative.num_speculative_tokens=")]
-            sets.append(
-                "speculative.method=none"
-                if advice.k == 0
-                else f"speculative.num_speculative_tokens={advice.k}"
-            )
+            # watch.apply_k_advice: the advised k rides along with this restart (never on its own), its
+            # own layer over the degrade step's
+            value = (("speculative", "method"), "none") if advice.k == 0 else \
+                (("speculative", "num_speculative_tokens"), advice.k)  # fmt: skip
+            sets.append(Overrides("k-advice", advice.reason, (value,)))
             why.append(f"k advice applied: {advice.reason}")
         try:
             new_plan = self.replan(sets)
         except Exception as e:  # a refused re-plan keeps the instance as it runs
-            msg = f"{a.kind} {a.instance}: re-plan with {sets} failed: {e}"
+            msg = f"{a.kind} {a.instance}: re-plan with {shown(sets)} failed: {e}"
             log.error("%s", msg, extra=fields(a))
             self.errors.append(msg)
             self._record(a, "failed", msg)
@@ -591,7 +602,7 @@ class Daemon:
         self._record(a, "started", "; ".join(why) or "the full profile")
         self._begin(a, inst, new, now, sets)
 
-    def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[str]) -> None:
+    def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[Overrides]) -> None:
         """The restart of ``inst`` as ``new``: at once, or after ``watch.unready_s`` of 503 on the
         metrics port's ``/health`` (a pod's readiness probe fails first, so its Service routes
         elsewhere before the drain)."""
@@ -690,8 +701,8 @@ class Daemon:
             inst = new[n]
             level = self.levels.get(n, 0)
             if level:  # keep its degrade step: re-plan it with that step's settings
-                sets, _ = degrade_sets(inst, level, degrade)
-                inst = self.replan(sets).instance(n)
+                step, _ = degrade_overrides(inst, level, degrade, self.degrade_why.get(n))
+                inst = self.replan([step] if step is not None else []).instance(n)
             replacements.append((n, inst))
         settings = new_plan.watch
         notes = []

@@ -20,13 +20,13 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HwprofileError
-from ..plan.degrade import degrade_sets
+from ..plan.degrade import degrade_overrides
 from ..runfiles import DAEMON_FILE, LAST_GOOD_FILE, LaunchDoc, write_doc
 from ..runtime.dirs import private_dir
 from .actions import Degrade
@@ -35,6 +35,7 @@ from .notify import Notifier, status_line
 from .policy import start_levels
 
 if TYPE_CHECKING:
+    from ..config.layers import Overrides
     from ..host.sampler import GpuSampler
     from ..launch.start import Launch
     from ..plan.types import Plan
@@ -73,16 +74,16 @@ def build_sampler(plan: Plan) -> GpuSampler:
 
 
 def start_plan(
-    plan: Plan, replan: Callable[[list[str]], Plan], sampler: GpuSampler
+    plan: Plan, replan: Callable[[Sequence[str | Overrides]], Plan], sampler: GpuSampler
 ) -> tuple[Plan, dict[str, tuple[int, str]]]:
     """The plan the instances start with, and the degrade step each starts at: a card already hot starts
     its instances degraded, not at the full profile a dwell from a restart."""
     levels = start_levels({i.name: i.gpus for i in plan.instances if i.gpus}, sampler.sample(0.0), plan.watch)
     out = plan
     for name, (step, why) in levels.items():
-        sets, what = degrade_sets(plan.instance(name), step, plan.degrade)
+        layer, what = degrade_overrides(plan.instance(name), step, plan.degrade, why)
         try:
-            degraded = replan(sets).instance(name)
+            degraded = replan([layer] if layer is not None else []).instance(name)
         except Exception as e:  # a refused re-plan: it starts at the full profile and the loop acts
             log.error("%s: %s, but its degrade step %d cannot be planned (%s): started at the full profile",
                       name, why, step, e)  # fmt: skip
@@ -96,7 +97,7 @@ def start_plan(
 
 def build_loop(
     launch: Launch,
-    replan: Callable[[list[str]], Plan],
+    replan: Callable[[Sequence[str | Overrides]], Plan],
     sup: Any,
     sampler: GpuSampler,
     scrapes: Any,
