@@ -121,3 +121,29 @@ def test_a_new_reaction_is_an_action_class_and_one_handler() -> None:
     d.handlers[Quiesce] = lambda a, insts: seen.append((a.instance, sorted(insts)))
     d.act(Quiesce("a", "why not"), d.instances())  # type: ignore[arg-type]
     assert seen == [("a", ["a"])]
+
+
+def test_a_degrade_re_plans_with_the_typed_degrade_layer_and_says_its_source() -> None:
+    from hwprofile.config.layers import Overrides
+
+    plan = _plan({"a": 64})
+    asked: list[list[Any]] = []
+
+    def replan(extra: Any) -> Any:
+        asked.append(list(extra))
+        return plan
+
+    d = Daemon(plan, replan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent"),
+               clock=lambda: 0.0)  # fmt: skip
+    d.act(Degrade("a", "GPU 0 hot: 88 °C >= hot 82 °C", (0,), 1), d.instances())
+    d._progress(0.0)
+    (extra,) = asked
+    (layer,) = extra  # no --set text: one typed layer
+    assert isinstance(layer, Overrides) and layer.kind == "degrade"
+    assert layer.label == "step 1 (GPU 0 hot: 88 °C >= hot 82 °C)"
+    assert dict(layer.values)[("engine", "max_num_seqs")] == 48  # 64 x 0.75
+    started = d.history[-1]
+    assert started["outcome"] == "started" and started["detail"].startswith(
+        "degrade step 1 (GPU 0 hot: 88 °C"
+    )
+    assert "max_num_seqs 64 -> 48" in started["detail"]

@@ -599,7 +599,9 @@ class Daemon:
             extra=fields(a),
         )
         self.published.actions_total[a.kind] = self.published.actions_total.get(a.kind, 0) + 1
-        self._record(a, "started", "; ".join(why) or "the full profile")
+        detail = "; ".join(why) or "the full profile"
+        # the layer the new values come from, as their provenance says it: "degrade step 1 (GPU 0 hot: ...)"
+        self._record(a, "started", f"{step.kind} {step.label}: {detail}" if step is not None else detail)
         self._begin(a, inst, new, now, sets)
 
     def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[Overrides]) -> None:
