@@ -64,3 +64,14 @@ def test_a_degraded_value_names_the_degrade_layer_as_its_source_not_a_set(host_o
     assert hot.provenance["engine.max_num_seqs"] == f"degrade step 1 ({because})", hot.provenance
     assert full.provenance["engine.max_num_seqs"].startswith("cli --set engine.max_num_seqs=256")
     assert degrade_overrides(inst, 0, full.degrade, because) == (None, [])
+
+
+def test_a_band_without_speculation_stays_without_when_degraded(host_of, empty_root) -> None:
+    host = host_of("a800-pcie-4x-2numa")
+    table = "speculative.by_batch_size=[[1,32,5],[33,128,2],[129,null,0]]"
+    full = make_plan(host, empty_root, sets=[table], environ={})
+    layer, _ = degrade_overrides(full.instances[0], 2, full.degrade, "GPU 0 critical")
+    assert layer is not None
+    assert dict(layer.values)[("speculative", "by_batch_size")] == [[1, 32, 3], [33, 128, 1], [129, None, 0]]
+    hot = make_plan(host, empty_root, sets=[table, layer], environ={}).to_json()["instances"][0]
+    assert hot["speculative"]["num_speculative_tokens_per_batch_size"] == [[1, 32, 3], [33, 128, 1], [129, None, 0]]

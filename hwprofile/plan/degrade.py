@@ -52,7 +52,8 @@ def degrade_values(inst: InstancePlan, level: int, degrade: Degrade) -> tuple[li
             why.append(f"num_speculative_tokens {k} -> {new_k} (degrade step {level})")
         table = spec.num_speculative_tokens_per_batch_size  # ABSENT is falsy
         if table:
-            rows = [[lo, hi, max(1, kk - cut)] for lo, hi, kk in table]
+            # a band without speculation (k 0) stays without: a degrade never adds proposals
+            rows = [[lo, hi, max(1, kk - cut) if kk > 0 else kk] for lo, hi, kk in table]
             if rows != [list(r) for r in table]:
                 out.append((("speculative", "by_batch_size"), rows))
                 why.append(f"k by batch size {[list(r) for r in table]} -> {rows} (degrade step {level})")
