@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .config import ConfigError, Source
-from .config.layers import Layer, cli_layer, config_root, env_layer, file_layer, merge, overrides_d
+from .config.layers import (
+    Layer,
+    Overrides,
+    cli_layer,
+    config_root,
+    env_layer,
+    file_layer,
+    merge,
+    overrides_d,
+    overrides_layer,
+)
 from .config.settings import Settings, broken_relations
 from .host.snapshot import HostSnapshot
 from .host.snapshot_io import snapshot_from_dict
@@ -48,9 +58,11 @@ class Resolution(NamedTuple):
 def user_layers(
     root: str | os.PathLike[str],
     overrides: Sequence[str] = (),
-    sets: Sequence[str] = (),
+    sets: Sequence[str | Overrides] = (),
     environ: Mapping[str, str] | None = None,
 ) -> list[Layer]:
+    """The layers above the profiles; ``sets``: ``--set`` texts, and typed :class:`Overrides` (a degrade
+    step) laid over them, each its own layer with its own source."""
     layers = overrides_d(root)
     for f in overrides:
         if not os.path.isfile(f):
@@ -59,9 +71,12 @@ def user_layers(
     env = env_layer(os.environ if environ is None else environ)
     if env:
         layers.append(env)
-    cli = cli_layer(sets)
+    cli = cli_layer([s for s in sets if isinstance(s, str)])
     if cli:
         layers.append(cli)
+    for o in sets:
+        if isinstance(o, Overrides) and (typed := overrides_layer(o)) is not None:
+            layers.append(typed)
     return layers
 
 
@@ -70,7 +85,7 @@ def resolve_settings(
     root: str | os.PathLike[str],
     profile: str | None = None,
     overrides: Sequence[str] = (),
-    sets: Sequence[str] = (),
+    sets: Sequence[str | Overrides] = (),
     environ: Mapping[str, str] | None = None,
 ) -> Resolution:
     profiles = prof.load_profiles(root)
@@ -128,7 +143,7 @@ def make_plan(
     root: str | os.PathLike[str] | None = None,
     profile: str | None = None,
     overrides: Sequence[str] = (),
-    sets: Sequence[str] = (),
+    sets: Sequence[str | Overrides] = (),
     model: str | None = None,
     draft: str | None = None,
     environ: Mapping[str, str] | None = None,
@@ -414,7 +429,7 @@ class PlanInputs:
                 object.__setattr__(self, name, os.path.abspath(value))
         object.__setattr__(self, "overrides", tuple(os.path.abspath(f) for f in self.overrides))
 
-    def replan(self, extra: Sequence[str] = ()) -> Plan:
+    def replan(self, extra: Sequence[str | Overrides] = ()) -> Plan:
         """The plan of these inputs, with ``extra`` ``--set`` overrides after their own (on a node of
         a multi-node plan: that node's instances)."""
         plan = self.whole_plan(extra)
@@ -433,7 +448,7 @@ class PlanInputs:
                 f"--node-rank {self.node_rank}: the plan gives that node no instance of its own"
             ) from None
 
-    def whole_plan(self, extra: Sequence[str] = ()) -> Plan:
+    def whole_plan(self, extra: Sequence[str | Overrides] = ()) -> Plan:
         """The plan of these inputs, every node's instances."""
         return make_plan(
             self.host, self.config_root, profile=self.profile, overrides=list(self.overrides),

@@ -141,6 +141,29 @@ def cli_layer(assignments: Iterable[str]) -> Layer | None:
     return Layer(validate(data, where), where)
 
 
+class Overrides(NamedTuple):
+    """Settings laid over every user layer by hwprofile itself, typed (no ``--set`` text nobody typed):
+    ``kind``, their provenance kind (``degrade``: the daemon's degrade step; ``k-advice``); ``label``, what
+    they are and why (``step 1 (GPU 3 hot: 88 °C >= hot 82 °C)``), so that a value's source reads
+    ``degrade step 1 (GPU 3 ...)``; ``values``: (setting path, value), as the schema types them."""
+
+    kind: str
+    label: str
+    values: tuple[tuple[Path_, Any], ...]
+
+
+def overrides_layer(o: Overrides) -> Layer | None:
+    """The layer of typed ``Overrides``, every value's Source ``Source(o.kind, o.label)``; None when empty."""
+    data: dict[str, Any] = {}
+    for path, value in o.values:
+        _merge_into(data, _tree(path, value))
+    if not data:
+        return None
+    src = Source(o.kind, o.label)
+    where = lambda _p: src  # noqa: E731
+    return Layer(validate(data, where), where)
+
+
 def _nearest(kind: str, labels: dict[Path_, str], default: str | None) -> Callable[[Path_], Source]:
     """The Source of a setting path: the label of the path or of its nearest enclosing one."""
 

@@ -67,130 +67,142 @@ class HwprofileCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         p = self.published
-        rep = p.report
-        temp = GaugeMetricFamily("hwprofile_gpu_temperature_celsius", "GPU temperature", labels=["gpu"])
-        slow = GaugeMetricFamily(
-            "hwprofile_gpu_slowdown_temperature_celsius", "the card's own slowdown threshold", labels=["gpu"]
-        )
-        clock = GaugeMetricFamily("hwprofile_gpu_sm_clock_hertz", "SM clock", labels=["gpu"])
-        clock_max = GaugeMetricFamily("hwprofile_gpu_sm_clock_max_hertz", "maximum SM clock", labels=["gpu"])
-        power = GaugeMetricFamily("hwprofile_gpu_power_watts", "power draw", labels=["gpu"])
-        reason = GaugeMetricFamily(
-            "hwprofile_gpu_clock_event_reason_active",
-            "1 while a clock-event (throttle) reason is active",
-            labels=["gpu", "reason"],
-        )
-        reason_s = GaugeMetricFamily(
-            "hwprofile_gpu_clock_event_reason_active_seconds",
-            "how long the reason has been active",
-            labels=["gpu", "reason"],
-        )
-        thermal = GaugeMetricFamily(
-            "hwprofile_gpu_thermal_state", "1 for the GPU's thermal state", labels=["gpu", "state"]
-        )
-        inst_state = GaugeMetricFamily(
-            "hwprofile_instance_state", "1 for the instance's state", labels=["instance", "state"]
-        )
-        degrade = GaugeMetricFamily(
-            "hwprofile_instance_degrade_level",
-            "degrade step in force (0 = full profile)",
-            labels=["instance"],
-        )
-        accept = GaugeMetricFamily(
-            "hwprofile_instance_spec_acceptance_ratio",
-            "speculative acceptance rate over the window",
-            labels=["instance"],
-        )
-        restarts = CounterMetricFamily(
-            "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
-        )
-        actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
-        fault = GaugeMetricFamily(
-            "hwprofile_gpu_fault",
-            "1 for each fatal hardware fault of the GPU (its instances are drained, not restarted there)",
-            labels=["gpu", "kind"],
-        )
-        ecc = GaugeMetricFamily(
-            "hwprofile_gpu_ecc_uncorrected_errors",
-            "volatile uncorrectable ECC errors since the driver loaded (absent: no ECC)",
-            labels=["gpu"],
-        )
-        drained = GaugeMetricFamily(
-            "hwprofile_instance_drained", "1 while the instance is drained for a hardware fault", labels=["instance"]
-        )
-        drifting = GaugeMetricFamily(
-            "hwprofile_instance_drifting",
-            "1 while the instance drifts from its baseline (TPOT at comparable load, RSS): slow decay",
-            labels=["instance"],
-        )
-        rss = GaugeMetricFamily(
-            "hwprofile_instance_rss_bytes", "resident memory of the instance's processes", labels=["instance"]
-        )
-        ticks = CounterMetricFamily("hwprofile_ticks", "main-loop ticks")
-        missed = CounterMetricFamily("hwprofile_missed_ticks", "ticks that started late")
-        tick_s = GaugeMetricFamily("hwprofile_tick_duration_seconds", "time the last tick took")
-        if rep is not None:
-            for g in rep.gpus:
-                r, st, label = g.reading, g.state, str(g.reading.index)
-                if r.temperature_c is not None:
-                    temp.add_metric([label], r.temperature_c)
-                if r.slowdown_c is not None:
-                    slow.add_metric([label], r.slowdown_c)
-                if r.sm_clock_mhz is not None:
-                    clock.add_metric([label], r.sm_clock_mhz * 1e6)
-                if r.sm_clock_max_mhz is not None:
-                    clock_max.add_metric([label], r.sm_clock_max_mhz * 1e6)
-                if r.power_draw_watts is not None:
-                    power.add_metric([label], r.power_draw_watts)
-                for name, held in st.reason_active_s(g.now).items():
-                    reason.add_metric([label, name], 1)
-                    reason_s.add_metric([label, name], held)
-                current = st.shown
-                for lv in (*LEVELS, "unknown", "gpu_lost"):
-                    thermal.add_metric([label, lv], 1 if lv == current else 0)
-                for kind in fault_kinds(g.faults):
-                    fault.add_metric([label, kind], 1)
-                if r.ecc_uncorrected is not None:
-                    ecc.add_metric([label], r.ecc_uncorrected)
-            for i in rep.instances:
-                degrade.add_metric([i.name], i.degrade_level)
-                drained.add_metric([i.name], 1 if i.drained else 0)
-                drifting.add_metric([i.name], 1 if getattr(i, "drift", None) else 0)
-                if getattr(i, "rss_bytes", None) is not None:
-                    rss.add_metric([i.name], i.rss_bytes)
-                if i.acceptance_rate is not None:
-                    accept.add_metric([i.name], i.acceptance_rate)
-        for name, state in p.instance_states.items():
-            for s in STATES:
-                inst_state.add_metric([name, s], 1 if s == state else 0)
-        for name, n in p.restarts.items():
-            restarts.add_metric([name], n)
-        retry = GaugeMetricFamily(
-            "hwprofile_instance_retry_in_seconds",
-            "a failed instance: seconds until it is tried again (absent: not failed, or never retried)",
-            labels=["instance"],
-        )
-        for name, v in p.retry_in.items():
-            retry.add_metric([name], v)
-        failing = GaugeMetricFamily(
-            "hwprofile_instance_health_failing_seconds",
-            "how long the instance's /health has been failing (0: it answers)",
-            labels=["instance"],
-        )
-        for name in p.instance_states:
-            failing.add_metric([name], p.health_failing_s.get(name, 0.0))
-        for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
-            actions.add_metric([kind], p.actions_total.get(kind, 0))
-        ticks.add_metric([], p.ticks_total)
-        missed.add_metric([], p.missed_ticks_total)
-        tick_s.add_metric([], p.tick_seconds)
         yield from _front(p.front)
-        yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
-        yield from (inst_state, degrade, drained, drifting, rss, accept, restarts, retry, failing, actions)
-        yield from (ticks, missed, tick_s)
+        yield from _gpu_families(p.report)
+        yield from _instance_families(p)
+        yield from _loop_families(p)
+
+
+def _gpu_families(rep: Any) -> Iterator[Any]:
+    """Per GPU: its readings, clock-event reasons, thermal state and fatal faults."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    temp = GaugeMetricFamily("hwprofile_gpu_temperature_celsius", "GPU temperature", labels=["gpu"])
+    slow = GaugeMetricFamily(
+        "hwprofile_gpu_slowdown_temperature_celsius", "the card's own slowdown threshold", labels=["gpu"]
+    )
+    clock = GaugeMetricFamily("hwprofile_gpu_sm_clock_hertz", "SM clock", labels=["gpu"])
+    clock_max = GaugeMetricFamily("hwprofile_gpu_sm_clock_max_hertz", "maximum SM clock", labels=["gpu"])
+    power = GaugeMetricFamily("hwprofile_gpu_power_watts", "power draw", labels=["gpu"])
+    reason = GaugeMetricFamily(
+        "hwprofile_gpu_clock_event_reason_active",
+        "1 while a clock-event (throttle) reason is active",
+        labels=["gpu", "reason"],
+    )
+    reason_s = GaugeMetricFamily(
+        "hwprofile_gpu_clock_event_reason_active_seconds",
+        "how long the reason has been active",
+        labels=["gpu", "reason"],
+    )
+    thermal = GaugeMetricFamily(
+        "hwprofile_gpu_thermal_state", "1 for the GPU's thermal state", labels=["gpu", "state"]
+    )
+    fault = GaugeMetricFamily(
+        "hwprofile_gpu_fault",
+        "1 for each fatal hardware fault of the GPU (its instances are drained, not restarted there)",
+        labels=["gpu", "kind"],
+    )
+    ecc = GaugeMetricFamily(
+        "hwprofile_gpu_ecc_uncorrected_errors",
+        "volatile uncorrectable ECC errors since the driver loaded (absent: no ECC)",
+        labels=["gpu"],
+    )
+    readings = ((temp, "temperature_c", 1.0), (slow, "slowdown_c", 1.0), (clock, "sm_clock_mhz", 1e6),
+                (clock_max, "sm_clock_max_mhz", 1e6), (power, "power_draw_watts", 1.0),
+                (ecc, "ecc_uncorrected", 1.0))  # fmt: skip
+    for g in rep.gpus if rep is not None else ():
+        r, st, label = g.reading, g.state, str(g.reading.index)
+        for family, attr, scale in readings:
+            if (v := getattr(r, attr)) is not None:
+                family.add_metric([label], v * scale if scale != 1.0 else v)
+        for name, held in st.reason_active_s(g.now).items():
+            reason.add_metric([label, name], 1)
+            reason_s.add_metric([label, name], held)
+        current = st.shown
+        for lv in (*LEVELS, "unknown", "gpu_lost"):
+            thermal.add_metric([label, lv], 1 if lv == current else 0)
+        for kind in fault_kinds(g.faults):
+            fault.add_metric([label, kind], 1)
+    yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
+
+
+def _instance_families(p: Published) -> Iterator[Any]:
+    """Per instance: its state, degrade step, drain, drift, memory, acceptance, restarts and troubles;
+    the actions taken, by kind."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    inst_state = GaugeMetricFamily(
+        "hwprofile_instance_state", "1 for the instance's state", labels=["instance", "state"]
+    )
+    degrade = GaugeMetricFamily(
+        "hwprofile_instance_degrade_level",
+        "degrade step in force (0 = full profile)",
+        labels=["instance"],
+    )
+    accept = GaugeMetricFamily(
+        "hwprofile_instance_spec_acceptance_ratio",
+        "speculative acceptance rate over the window",
+        labels=["instance"],
+    )
+    restarts = CounterMetricFamily(
+        "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
+    )
+    actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
+    drained = GaugeMetricFamily(
+        "hwprofile_instance_drained", "1 while the instance is drained for a hardware fault", labels=["instance"]
+    )
+    drifting = GaugeMetricFamily(
+        "hwprofile_instance_drifting",
+        "1 while the instance drifts from its baseline (TPOT at comparable load, RSS): slow decay",
+        labels=["instance"],
+    )
+    rss = GaugeMetricFamily(
+        "hwprofile_instance_rss_bytes", "resident memory of the instance's processes", labels=["instance"]
+    )
+    for i in p.report.instances if p.report is not None else ():
+        degrade.add_metric([i.name], i.degrade_level)
+        drained.add_metric([i.name], 1 if i.drained else 0)
+        drifting.add_metric([i.name], 1 if getattr(i, "drift", None) else 0)
+        if getattr(i, "rss_bytes", None) is not None:
+            rss.add_metric([i.name], i.rss_bytes)
+        if i.acceptance_rate is not None:
+            accept.add_metric([i.name], i.acceptance_rate)
+    for name, state in p.instance_states.items():
+        for s in STATES:
+            inst_state.add_metric([name, s], 1 if s == state else 0)
+    for name, n in p.restarts.items():
+        restarts.add_metric([name], n)
+    retry = GaugeMetricFamily(
+        "hwprofile_instance_retry_in_seconds",
+        "a failed instance: seconds until it is tried again (absent: not failed, or never retried)",
+        labels=["instance"],
+    )
+    for name, v in p.retry_in.items():
+        retry.add_metric([name], v)
+    failing = GaugeMetricFamily(
+        "hwprofile_instance_health_failing_seconds",
+        "how long the instance's /health has been failing (0: it answers)",
+        labels=["instance"],
+    )
+    for name in p.instance_states:
+        failing.add_metric([name], p.health_failing_s.get(name, 0.0))
+    for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
+        actions.add_metric([kind], p.actions_total.get(kind, 0))
+    yield from (inst_state, degrade, drained, drifting, rss, accept, restarts, retry, failing, actions)
+
+
+def _loop_families(p: Published) -> Iterator[Any]:
+    """The loop's own: ticks, missed ticks, the last tick's duration."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    ticks = CounterMetricFamily("hwprofile_ticks", "main-loop ticks")
+    missed = CounterMetricFamily("hwprofile_missed_ticks", "ticks that started late")
+    tick_s = GaugeMetricFamily("hwprofile_tick_duration_seconds", "time the last tick took")
+    ticks.add_metric([], p.ticks_total)
+    missed.add_metric([], p.missed_ticks_total)
+    tick_s.add_metric([], p.tick_seconds)
+    yield from (ticks, missed, tick_s)
 
 
 FRONT_STATES = ("waiting", "starting", "ready", "restarting", "stopped")  # supervise.router's states

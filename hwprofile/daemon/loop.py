@@ -18,21 +18,24 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.settings import Degrade, Watch
+from ..config.layers import Overrides
+from ..config.settings import Degrade as DegradeSection
+from ..config.settings import Watch
 from ..errors import HwprofileError
 from ..host.sampler import GpuSampler
-from ..plan.degrade import degrade_sets
+from ..plan.degrade import degrade_overrides
 from ..plan.speculative import draft_cost
 from ..plan.types import ABSENT, InstancePlan, Plan
 from ..supervise.runfiles import DAEMON_FILE, DAEMON_SCHEMA, DaemonDoc, write_doc
 from ..telemetry.scrape import InstanceReading, scrape
+from .actions import Action, Degrade, Drain, PowerCap, Recover, Recycle, Reload, Restart
 from .exporter import Published
-from .policy import Action, fault_kinds
+from .policy import fault_kinds
 from .watcher import InstanceSpec, Report, Watcher
 
 log = logging.getLogger("hwprofile")
@@ -70,6 +73,13 @@ def fields(a: Action) -> dict[str, Any]:
     """The journal fields of an action's log lines (:class:`.journal.JournalHandler` sends a record's
     UPPERCASE attributes): ``journalctl INSTANCE=vllm-gpu2-3``, ``ACTION=degrade``, ``GPU=2``."""
     return {"INSTANCE": a.instance, "ACTION": a.kind, "GPU": ",".join(map(str, a.gpus)) or None}
+
+
+def shown(layers: Sequence[Overrides]) -> str:
+    """Typed override layers in a line: ``degrade step 1 (why): engine.max_num_seqs=192, ...``."""
+    return "; ".join(
+        f"{o.kind} {o.label}: " + ", ".join(f"{'.'.join(p)}={v}" for p, v in o.values) for o in layers
+    ) or "no override"
 
 
 def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
@@ -137,7 +147,7 @@ class Errors(deque[str]):
 
 
 @dataclass
-class Restart:
+class InFlight:
     """The one restart in flight. ``new``: the instance to start, while the restart is still in its
     ``watch.unready_s`` lead (``/health`` of the metrics port answers 503; the drain begins at
     ``drain_at``); None once the supervisor was told."""
@@ -145,7 +155,7 @@ class Restart:
     action: Action
     started: float
     replacements_before: int
-    sets: list[str]
+    overrides: list[Overrides]
     new: InstancePlan | None = None
     drain_at: float = 0.0
 
@@ -156,11 +166,11 @@ class Daemon:
     def __init__(
         self,
         plan: Plan,
-        replan: Callable[[list[str]], Plan],
+        replan: Callable[[Sequence[str | Overrides]], Plan],
         supervisor: Any,
         sampler: GpuSampler | Any,
         settings: Watch,
-        degrade: Degrade,
+        degrade: DegradeSection,
         runtime: Path,
         clock: Callable[[], float] = time.monotonic,
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
@@ -168,7 +178,8 @@ class Daemon:
         on_tick: Callable[[Daemon, Report], None] | None = None,
         rss_reader: Callable[[Any], float | None] | None = None,
     ) -> None:
-        """``replan(extra_sets)`` returns a :class:`Plan` (``PlanInputs.replan``); ``supervisor``: a
+        """``replan(extra)`` returns a :class:`Plan` (``PlanInputs.replan``; ``extra``: typed override
+        layers, a degrade step's); ``supervisor``: a
         :class:`~hwprofile.supervise.supervisor.Supervisor` or a fake with its ``instances``,
         ``release`` and ``render``; ``settings`` and ``degrade``: the plan's ``watch`` and
         ``degrade`` sections (a test may give others)."""
@@ -190,7 +201,7 @@ class Daemon:
         per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
         self.queue: deque[Action] = deque()
-        self.current: Restart | None = None
+        self.current: InFlight | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.errors = Errors()
         self._write_failed: str | None = None  # daemon.json could not be written: why (said once)
@@ -199,6 +210,7 @@ class Daemon:
         self.ticks = 0
         self.missed = 0
         self.levels: dict[str, int] = {i.name: 0 for i in plan.instances}  # degrade step running
+        self.degrade_why: dict[str, str] = {}  # why each instance was last degraded (its layer's label)
         # reload (SIGHUP, `hwprofile reload`, an edited override): one flag, handled at the next tick
         self.per_batch = per_batch
         self.reload_requested: str | None = None  # why; set from a signal handler: a plain store
@@ -216,6 +228,16 @@ class Daemon:
         # again with its lock; another directory in its place (not made by this daemon) is never written into
         self.runtime_id = _dir_id(runtime)
         self.runtime_trouble: str | None = None
+        # the dispatcher: the one place an action is carried out, keyed on its type (a new reaction: a
+        # policy that returns a new action class, and its handler here)
+        self.handlers: dict[type[Any], Callable[[Any, dict[str, Any]], None]] = {
+            Drain: self._on_drain,
+            PowerCap: self._on_power,
+            Recover: self._on_recover,
+            Degrade: self._on_degrade,
+            Restart: self._on_restart,
+            Recycle: self._on_restart,
+        }
 
     # -- one tick ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
@@ -256,29 +278,7 @@ class Daemon:
                 log.warning("%s", note)
         self._deferred_said = set(rep.deferred)
         for a in rep.actions:
-            if a.kind == "drain":
-                self._drain(a, insts.get(a.instance))
-                continue
-            if a.kind == "power":
-                self._power(a)
-                continue
-            if a.kind == "recover":
-                self.restore_power(a.gpus, a)
-                if a.level == 0 and self.levels.get(a.instance, 0) == 0 and not any(
-                    q.instance == a.instance for q in self.queue
-                ):
-                    self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
-                    continue
-            if a.kind in ("restart", "recycle") and any(q.instance == a.instance for q in self.queue):
-                continue  # the action queued for it restarts it anyway, and at the step it decided
-            self.queue = deque(q for q in self.queue if q.instance != a.instance)  # the newest decision wins
-            self.queue.append(a)
-            if a.kind in ("restart", "recycle"):
-                log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
-                            extra=fields(a))  # fmt: skip
-            else:
-                log.warning("decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason,
-                            extra=fields(a))  # fmt: skip
+            self.act(a, insts)
         self._progress(now)
         self.ticks += 1
         self.report = rep
@@ -286,6 +286,53 @@ class Daemon:
         if self.on_tick:
             self.on_tick(self, rep)
         return rep
+
+    # -- the dispatcher: each action type's handler -------------------------------------------------
+    def act(self, a: Action, insts: dict[str, Any]) -> None:
+        """Carry out one action decided by a policy: the handler registered for its type."""
+        handler = self.handlers.get(type(a))
+        if handler is None:
+            raise TypeError(f"no handler for the action {type(a).__name__} ({a.instance}: {a.reason})")
+        handler(a, insts)
+
+    def _on_drain(self, a: Drain, insts: dict[str, Any]) -> None:
+        self._drain(a, insts.get(a.instance))
+
+    def _on_power(self, a: PowerCap, insts: dict[str, Any]) -> None:
+        self._power(a)
+
+    def _on_recover(self, a: Recover, insts: dict[str, Any]) -> None:
+        self.restore_power(a.gpus, a)
+        if a.level == 0 and self.levels.get(a.instance, 0) == 0 and not self._queued(a.instance):
+            self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
+            return
+        self._enqueue(a)
+        self._said_step(a)
+
+    def _on_degrade(self, a: Degrade, insts: dict[str, Any]) -> None:
+        self._enqueue(a)
+        self._said_step(a)
+
+    def _on_restart(self, a: Restart | Recycle, insts: dict[str, Any]) -> None:
+        if self._queued(a.instance):
+            return  # the action queued for it restarts it anyway, and at the step it decided
+        self._enqueue(a)
+        log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
+                    extra=fields(a))  # fmt: skip
+
+    def _queued(self, name: str) -> bool:
+        return any(q.instance == name for q in self.queue)
+
+    def _enqueue(self, a: Action) -> None:
+        """Queue a restarting action; the newest decision for an instance wins."""
+        self.queue = deque(q for q in self.queue if q.instance != a.instance)
+        self.queue.append(a)
+
+    @staticmethod
+    def _said_step(a: Action) -> None:
+        log.warning(
+            "decided: %s %s to degrade step %d: %s", a.kind, a.instance, a.level, a.reason, extra=fields(a)
+        )
 
     def _guard_runtime(self) -> None:
         """The runtime directory and the supervisor's lock in it, checked at each tick (two ``lstat``): a
@@ -356,7 +403,7 @@ class Daemon:
             else:
                 self.watcher.rss[name] = float(rss)
 
-    def _drain(self, a: Action, inst: Any) -> None:
+    def _drain(self, a: Drain, inst: Any) -> None:
         """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests
         within its shutdown timeout), drop what was queued for it, never restart it there."""
         self.queue = deque(q for q in self.queue if q.instance != a.instance)
@@ -372,7 +419,7 @@ class Daemon:
         inst.stop()
         self._record(a, "done", "stopped; not restarted on this GPU")
 
-    def _power(self, a: Action) -> None:
+    def _power(self, a: PowerCap) -> None:
         """Lower the power limit of the action's GPUs to ``degrade.power_limit_factor`` of their limit (never
         below the card's minimum); no restart. When it cannot be set (not root, a card without constraints,
         a fake sampler) the lever is off for that instance and the batch steps decide at the next tick."""
@@ -489,13 +536,7 @@ class Daemon:
             if inst.state.value != "ready":
                 return  # wait until it is ready
             self.pending.popleft()
-            a = Action(
-                "reload",
-                name,
-                self.levels.get(name, 0),
-                "the configuration changed",
-                tuple(new.gpus or ()),
-            )
+            a = Reload(name, "the configuration changed", tuple(new.gpus or ()), self.levels.get(name, 0))
             log.warning(
                 "action: reload %s: the configuration changed; restarting it (drain, then the new settings)",
                 name,
@@ -514,23 +555,24 @@ class Daemon:
         base = next((i for i in self.plan.instances if i.name == a.instance), None)
         if base is None:
             return
-        sets, why = degrade_sets(base, a.level, self.degrade)
+        if isinstance(a, Degrade):
+            self.degrade_why[a.instance] = a.reason
+        step, why = degrade_overrides(base, a.level, self.degrade, self.degrade_why.get(a.instance))
+        sets = [step] if step is not None else []
         advice = next(
             (i.advice for i in (self.report.instances if self.report else ()) if i.name == a.instance), None
         )
         if self.settings.apply_k_advice and advice is not None and advice.k != advice.current_k:
-            # watch.apply_k_advice: the advised k rides along with this restart (never on its own)
-            sets = [s for s in sets if not s.startswith("speculative.num_speculative_tokens=")]
-            sets.append(
-                "speculative.method=none"
-                if advice.k == 0
-                else f"speculative.num_speculative_tokens={advice.k}"
-            )
+            # watch.apply_k_advice: the advised k rides along with this restart (never on its own), its
+            # own layer over the degrade step's
+            value = (("speculative", "method"), "none") if advice.k == 0 else \
+                (("speculative", "num_speculative_tokens"), advice.k)  # fmt: skip
+            sets.append(Overrides("k-advice", advice.reason, (value,)))
             why.append(f"k advice applied: {advice.reason}")
         try:
             new_plan = self.replan(sets)
         except Exception as e:  # a refused re-plan keeps the instance as it runs
-            msg = f"{a.kind} {a.instance}: re-plan with {sets} failed: {e}"
+            msg = f"{a.kind} {a.instance}: re-plan with {shown(sets)} failed: {e}"
             log.error("%s", msg, extra=fields(a))
             self.errors.append(msg)
             self._record(a, "failed", msg)
@@ -557,15 +599,17 @@ class Daemon:
             extra=fields(a),
         )
         self.published.actions_total[a.kind] = self.published.actions_total.get(a.kind, 0) + 1
-        self._record(a, "started", "; ".join(why) or "the full profile")
+        detail = "; ".join(why) or "the full profile"
+        # the layer the new values come from, as their provenance says it: "degrade step 1 (GPU 0 hot: ...)"
+        self._record(a, "started", f"{step.kind} {step.label}: {detail}" if step is not None else detail)
         self._begin(a, inst, new, now, sets)
 
-    def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[str]) -> None:
+    def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[Overrides]) -> None:
         """The restart of ``inst`` as ``new``: at once, or after ``watch.unready_s`` of 503 on the
         metrics port's ``/health`` (a pod's readiness probe fails first, so its Service routes
         elsewhere before the drain)."""
         lead = self.settings.unready_s
-        self.current = Restart(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
+        self.current = InFlight(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
         if lead > 0:
             log.warning("%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
                         a.kind, a.instance, lead, extra=fields(a))  # fmt: skip
@@ -659,8 +703,8 @@ class Daemon:
             inst = new[n]
             level = self.levels.get(n, 0)
             if level:  # keep its degrade step: re-plan it with that step's settings
-                sets, _ = degrade_sets(inst, level, degrade)
-                inst = self.replan(sets).instance(n)
+                step, _ = degrade_overrides(inst, level, degrade, self.degrade_why.get(n))
+                inst = self.replan([step] if step is not None else []).instance(n)
             replacements.append((n, inst))
         settings = new_plan.watch
         notes = []

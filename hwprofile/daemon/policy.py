@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, replace
 
 from ..config.settings import Watch
 from ..host.sampler import THERMAL_REASONS, GpuReading
+from .actions import Action, Degrade, Drain, PowerCap, Recover
+from .readings import DriftReading, Progress
 
 LEVELS = ("ok", "warm", "hot", "critical")
 
@@ -243,15 +245,6 @@ def describe(r: GpuReading) -> str:
 
 
 @dataclass(frozen=True)
-class Action:
-    kind: str  # degrade, recover (thermal); restart (liveness), recycle (drift): at the step in force
-    instance: str
-    level: int  # the degrade step after the action (0 = full profile)
-    reason: str
-    gpus: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class InstanceActionState:
     level: int = 0  # degrade step in force (or being applied)
     actions_at: tuple[float, ...] = ()  # when its last actions were taken (for the hourly limit)
@@ -298,12 +291,15 @@ def decide_actions(
     now: float,
     held: Mapping[str, str] | None = None,
     lever: PowerLever | None = None,
+    readings: Mapping[int, GpuReading] | None = None,
 ) -> Decisions:
     """What to do for each instance given its GPUs' thermal states (pure). ``held``: instances this
     daemon cannot restart on its own, with why (a node of a group over several nodes): what they
     would need is deferred, with that reason, and their step stays. ``lever``: a hot (not critical)
     instance at the full profile first has its GPUs' power limit lowered (``power``: no restart), and
-    the batch steps follow only if it is still hot ``lever.hold_s`` later; a recover restores it."""
+    the batch steps follow only if it is still hot ``lever.hold_s`` later; a recover restores it.
+    ``readings``: this tick's reading per GPU, each action's evidence (its GPUs' readings)."""
+    readings = readings or {}
     actions: list[Action] = []
     deferred: list[str] = []
     states: dict[str, InstanceActionState] = {}
@@ -315,15 +311,16 @@ def decide_actions(
         if not known:
             states[name] = st
             continue
+        seen = tuple(readings[g] for g in gpus if g in readings)
         worst_gpu, worst = max(known, key=lambda gt: _rank(gt[1].level))
         want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
-        kind = None
+        kind: type[Degrade] | type[Recover] | None = None
         can_power = lever is not None and name in lever.instances
         if want == 1 and st.level == 0 and can_power and st.power_at is None:
             assert lever is not None
             why = (f"GPU {worst_gpu} {worst.reason}: power limit lowered to {lever.factor:.0%} first "
                    f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)")  # fmt: skip
-            actions.append(Action("power", name, 0, why, tuple(gpus)))
+            actions.append(PowerCap(name, why, tuple(gpus), 0, seen))
             states[name] = replace(st, power_at=now)
             continue
         if want == 1 and st.level == 0 and can_power and st.power_at is not None and lever is not None \
@@ -331,36 +328,36 @@ def decide_actions(
             states[name] = st  # the lowered limit is given its time
             continue
         if want > st.level:
-            kind, why = "degrade", f"GPU {worst_gpu} {worst.reason}"
+            kind, why = Degrade, f"GPU {worst_gpu} {worst.reason}"
         elif (st.level > 0 or st.power_at is not None) and all(
             _cool_for(thermal.get(g), now) >= s.recover_s for g in gpus
         ):
             # every GPU read at this tick and cool long enough: never on a reading that was not made
-            want, kind = 0, "recover"
+            want, kind = 0, Recover
             why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
         if kind is None:
             states[name] = st
             continue
-        if kind == "recover" and st.level == 0:  # only the power limit to restore: no restart
-            actions.append(Action(kind, name, 0, why, tuple(gpus)))
+        if kind is Recover and st.level == 0:  # only the power limit to restore: no restart
+            actions.append(Recover(name, why, tuple(gpus), 0, seen))
             states[name] = replace(st, power_at=None)
             continue
         if held and name in held:
-            msg = f"{name}: {kind} to step {want} not done: {held[name]}"
+            msg = f"{name}: {kind.kind} to step {want} not done: {held[name]}"
             deferred.append(msg)
             states[name] = replace(st, deferred=msg)
             continue
         if len(recent) >= s.max_actions_per_hour:
             msg = (
-                f"{name}: {kind} to step {want} deferred: {len(recent)} actions in the last hour "
+                f"{name}: {kind.kind} to step {want} deferred: {len(recent)} actions in the last hour "
                 f"(watch.max_actions_per_hour {s.max_actions_per_hour})"
             )
             deferred.append(msg)
             states[name] = replace(st, deferred=msg)
             continue
-        actions.append(Action(kind, name, want, why, tuple(gpus)))
+        actions.append(kind(name, why, tuple(gpus), want, seen))
         states[name] = replace(st, level=want, actions_at=(*recent, now),
-                               power_at=None if kind == "recover" else st.power_at)  # fmt: skip
+                               power_at=None if kind is Recover else st.power_at)  # fmt: skip
     return Decisions(tuple(actions), tuple(deferred), states)
 
 
@@ -369,15 +366,6 @@ def decide_actions(
 # is judged from vLLM's own counters: requests running or waiting while the prompt and generation token
 # counters stay unchanged for watch.stall_s is a hung engine. An idle server (nothing running or waiting)
 # is never stalled, however long its counters stand; a reading not made decides nothing.
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One instance's progress in one scrape: ``work``, the requests running plus waiting (None: not
-    reported), and ``counters``, the sum of its token counters (None: none reported)."""
-
-    work: float | None
-    counters: float | None
 
 
 @dataclass(frozen=True)
@@ -432,19 +420,6 @@ def load_band(running: float) -> int:
         n //= 2
         band += 1
     return band
-
-
-@dataclass(frozen=True)
-class DriftReading:
-    """One instance at one tick: its TPOT (the window's median inter-token latency; None: no tokens in the
-    window or not scraped), the requests running and waiting, its process RSS (bytes; None: not read) and
-    its ``max_num_seqs`` (the burst threshold's base; None: unknown, so no recycle)."""
-
-    tpot_s: float | None
-    running: float | None
-    waiting: float | None
-    rss_bytes: float | None
-    max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -741,11 +716,15 @@ def fault_kinds(state: FaultState) -> tuple[str, ...]:
 
 
 def decide_drains(
-    instances: Mapping[str, Sequence[int]], faults: Mapping[int, FaultState], drained: Mapping[str, str]
-) -> list[Action]:
+    instances: Mapping[str, Sequence[int]],
+    faults: Mapping[int, FaultState],
+    drained: Mapping[str, str],
+    readings: Mapping[int, GpuReading] | None = None,
+) -> list[Drain]:
     """A drain for each instance not yet drained that runs on a GPU with a fatal fault (pure): it is
-    stopped (SIGTERM, vLLM's own drain) and not restarted there."""
-    out: list[Action] = []
+    stopped (SIGTERM, vLLM's own drain) and not restarted there. ``readings``: this tick's, the evidence."""
+    readings = readings or {}
+    out: list[Drain] = []
     for name, gpus in instances.items():
         if name in drained:
             continue
@@ -753,6 +732,6 @@ def decide_drains(
         if not bad:
             continue
         why = "; ".join(f"GPU {g}: {', '.join(faults[g].fatal)}" for g in bad)
-        out.append(Action("drain", name, 0, f"{why}: not restarted there (reset or replace the GPU, then restart "
-                          "the daemon)", tuple(gpus)))  # fmt: skip
+        out.append(Drain(name, f"{why}: not restarted there (reset or replace the GPU, then restart the daemon)",
+                         tuple(gpus), 0, tuple(readings[g] for g in bad if g in readings)))  # fmt: skip
     return out

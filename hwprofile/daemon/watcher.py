@@ -17,6 +17,7 @@ from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, GENERATION, PER_
 from ..telemetry.scrape import InstanceReading
 from ..telemetry.window import CounterWindow, histogram_quantile
 from . import policy
+from .actions import Action, Drain, Recycle, Restart
 from .policy import (
     DriftReading,
     DriftState,
@@ -134,7 +135,7 @@ class Report:
     at: float
     gpus: tuple[GpuReport, ...]
     instances: tuple[InstanceReport, ...]
-    actions: tuple[policy.Action, ...] = ()
+    actions: tuple[Action, ...] = ()
     deferred: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()  # thermal state changes this tick
     changed_gpus: tuple[int, ...] = ()  # the GPU of each change
@@ -214,10 +215,11 @@ class Watcher:
                 changed.append(r.index)
             reports.append(GpuReport(r, new, now, fault))
         decisions = policy.Decisions()
-        drains: list[policy.Action] = []
+        drains: list[Drain] = []
+        seen = {r.index: r for r in gpus}
         if act:
             drains = policy.decide_drains(
-                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.faults, self.drained
+                {n: i.gpus for n, i in self.instances.items() if i.gpus}, self.faults, self.drained, seen
             )
             self.drained.update({a.instance: a.reason for a in drains})
             # a drained instance is neither degraded, recovered nor restarted: it is not served there
@@ -225,7 +227,7 @@ class Watcher:
                 {n: i.gpus for n, i in self.instances.items() if i.gpus and n not in self.drained},
                 self.thermal, self.actions, s, now,
                 {n: i.held for n, i in self.instances.items() if i.held},
-                self._lever(),
+                self._lever(), seen,
             )  # fmt: skip
             self.actions.update(decisions.states)
         acting = {a.instance for a in decisions.actions} | set(self.drained)
@@ -246,11 +248,11 @@ class Watcher:
 
     def _liveness(
         self, now: float, scrapes: Mapping[str, InstanceReading], acting: set[str], act: bool
-    ) -> tuple[list[policy.Action], list[str]]:
+    ) -> tuple[list[Restart], list[str]]:
         """The liveness policy per instance (:func:`policy.liveness_step`): a restart, at the step in
         force, for an engine with work and no progress for ``watch.stall_s``; none for an instance a
         thermal action restarts anyway, or one this daemon cannot restart alone (deferred, with why)."""
-        actions: list[policy.Action] = []
+        actions: list[Restart] = []
         deferred: list[str] = []
         for name, spec in self.instances.items():
             r = scrapes.get(name)
@@ -258,7 +260,8 @@ class Watcher:
                 self.liveness.pop(name, None)
                 continue
             old = self.liveness.get(name, LivenessState())
-            st, why = policy.liveness_step(old, _progress(r), self.settings, now)
+            progress = _progress(r)
+            st, why = policy.liveness_step(old, progress, self.settings, now)
             self.liveness[name] = st
             if why is None or not act or name in acting:
                 continue
@@ -266,17 +269,17 @@ class Watcher:
                 deferred.append(f"{name}: restart not done: {why}; {spec.held}")
                 continue
             level = self.actions.get(name, InstanceActionState()).level
-            actions.append(policy.Action("restart", name, level, why, spec.gpus))
+            actions.append(Restart(name, why, spec.gpus, level, (progress,) if progress else ()))
         return actions, deferred
 
     def _drift(
         self, now: float, reports: list[InstanceReport], busy: set[str] | frozenset[str], act: bool
-    ) -> tuple[list[InstanceReport], list[policy.Action]]:
+    ) -> tuple[list[InstanceReport], list[Recycle]]:
         """The drift policy per instance (:func:`policy.drift_step`) on this tick's figures: its report
         says the drift while it holds; at most one recycle is decided, and none while another instance
         is busy. An instance not scraped (starting, restarting) begins a new baseline when it is back."""
         out: list[InstanceReport] = []
-        actions: list[policy.Action] = []
+        actions: list[Recycle] = []
         for rep in reports:
             spec = self.instances[rep.name]
             if rep.status == "not scraped":
@@ -299,7 +302,7 @@ class Watcher:
             self.drift[rep.name] = st
             if why is not None:
                 level = self.actions.get(rep.name, InstanceActionState()).level
-                actions.append(policy.Action("recycle", rep.name, level, why, spec.gpus))
+                actions.append(Recycle(rep.name, why, spec.gpus, level, (reading,)))
             out.append(replace(rep, drift=policy.drift_shown(st, now), rss_bytes=reading.rss_bytes))
         return out, actions
 

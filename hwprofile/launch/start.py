@@ -25,7 +25,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,7 @@ from ..supervise.runfiles import (
 )
 
 if TYPE_CHECKING:
+    from ..config.layers import Overrides
     from ..host.snapshot import Software
     from ..pipeline import PlanInputs
     from ..supervise.options import Options
@@ -111,7 +112,7 @@ class Launch:
         )  # fmt: skip
 
     @property
-    def replan(self) -> Callable[[list[str]], Plan] | None:
+    def replan(self) -> Callable[[Sequence[str | Overrides]], Plan] | None:
         return self.inputs.replan if self.inputs else None
 
 

@@ -443,36 +443,17 @@ class Instance:
         return True
 
     def _run(self) -> None:
+        """Start, serve, and after each failure restart (with backoff, a ladder step, a cool-off) until
+        asked to stop or given up: each phase is one method, each returns what the loop does next."""
         backoff = self.opts.backoff_initial
         while not self._stop_asked.is_set():
-            step: tuple[Rung, Plan, InstancePlan] | None = None  # a ladder step, re-planned
-            because = ""  # the failure that step answers
             r = self._render()
             self.render_warnings = r.warnings
-            s = self.inst.server
-            if (self.restarts or self.ladder or self.replacements) and not self.inst.headless:
-                end = time.monotonic() + 15  # after a failure: let the old process's socket go
-                while (
-                    not port_free(s.host, s.port)
-                    and time.monotonic() < end
-                    and not self._stop_asked.wait(0.5)
-                ):
-                    pass
-            elif not self.inst.headless and not port_free(s.host, s.port):
-                self.failure = {"kind": "port in use", "evidence": f"{s.host}:{s.port} is taken before start",
-                                "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
-                self.log.mark(f"port {s.port} taken; not started")
-                self._set(State.FAILED)
+            if not self._port_ready():
                 return
             if self._stop_asked.is_set() or not self._gate():
                 break
-            self.started_at, self.ready_at = time.time(), None
-            self.log.mark(f"start {self.name} (restart {self.restarts}): {' '.join(r.argv)}")
-            since = self.log.count  # this start's own lines: earlier starts' stay out of its verdicts
-            if self.inst.headless:  # node 0 before this process: did a group form without it?
-                self._head_at_start = look(self.url)
-            proc = self._spawn(r)
-            self._set(State.STARTING if not (self.restarts or self.replacements or self.rejoins) else State.RESTARTING)
+            proc, since = self._start(r)
             outcome = self._wait_ready(proc)
             if outcome == "stopping":
                 self._stopping(proc)
@@ -480,94 +461,169 @@ class Instance:
             if outcome == "rejoin":
                 self._rejoin(proc, self.group_wait or "node 0's group ended")
                 continue
+            step: tuple[Rung, Plan, InstancePlan] | None = None  # a ladder step, re-planned
+            because = ""  # the failure that step answers
             if outcome == "ready":
-                self.ready_at = time.time()
-                started = parse_startup(self.log.text_since(since))
-                self.verify_warnings = compare(self.inst, started)
-                if self.opts.kv_pools is not None:  # supervise.pin_kv_pool: the pool vLLM measured
-                    record_pool(self.opts.kv_pools, self.plan, self.inst, started)
-                for w in self.verify_warnings:
-                    log.warning("%s: started differently from the plan: %s", self.name, w)
                 backoff = self.opts.backoff_initial
-                self._ready_since = self.opts.clock()
-                self._set(State.READY)
-                self.group_wait = None
-                unresponsive = self._serve(proc)
-                if self._stop_asked.is_set():
-                    self._stopping(proc)
+                after = self._ready(proc, since)
+                if after == "stop":
                     break
-                if self._replace_asked.is_set() and not exited(proc):
-                    new = self._take_replacement()
-                    if new is not None:
-                        self._set(State.RESTARTING)
-                        self.log.mark(f"planned restart with new settings ({self.replacements + 1})")
-                        log.info("%s: planned restart with new settings: draining", self.name)
-                        self._end(proc, self._grace())
-                        self.inst, self.ladder, self.failure = new, [], None
-                        self._taken, self._refused = [], []
-                        self.replacements += 1
-                        continue
-                if unresponsive:  # alive, but not serving: drained as far as it still can, then restarted
-                    log.error("%s: %s; restarting it", self.name, unresponsive)
-                    self.log.mark(f"unresponsive: {unresponsive}")
-                    self._set(State.RESTARTING)  # not "ready" while it drains (a frozen one: the whole grace)
-                    self._end(proc, self._grace())
-                    self.failure = {"kind": "unresponsive", "evidence": unresponsive}
-                    self.unresponsive += 1
-                    self.health_failing_since = None
-                else:
-                    # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
-                    self._end(proc, 0)
-                    code = proc.returncode
-                    why = exit_evidence(self.log.text_since(since)) or self.log.last_line()[-300:]
-                    self.failure = {"kind": "unplanned exit", "evidence": f"exit code {code}: {why}"}
-                    log.error("%s: exited with code %s without being asked to", self.name, code)
+                if after == "replaced":
+                    continue
             elif outcome == "timeout":
-                evidence = self.log.last_line()[-300:]  # before the stop adds its own lines
-                self._end(proc, 10)
-                self.failure = {"kind": "readiness timeout", "evidence": evidence}
-                log.error("%s: not ready after %.0f s", self.name, self.opts.ready_timeout)
+                self._timed_out(proc)
             else:  # exited during start-up
-                self._end(proc, 0)
-                f: Failure = classify(self.log.text_since(since))
-                self.failure = {"kind": f.kind, "evidence": f.evidence}
-                log.error("%s: failed to start (%s): %s", self.name, f.kind, f.evidence)
-                if f.memory_like:
-                    got = self._ladder_step()
-                    if isinstance(got, str):
-                        self.failure["fix"] = got
-                        self._set(State.FAILED)
-                        return
-                    step, because = got, f.kind
-                elif not f.retry:
-                    self.failure["fix"] = "a configuration error: fix it and launch again (not retried)"
-                    self._set(State.FAILED)
-                    return
-            # A ladder step is a restart too: it counts toward max_restarts and waits the backoff.
-            self.restarts += 1
-            if self._count_failure():
-                self.failure = {
-                    **(self.failure or {}),
-                    "fix": f"gave up after {self.opts.max_restarts} restarts within "
-                    f"supervise.restart_window_s ({self.opts.restart_window_s:g} s)"
-                    + (f" (the next ladder step would have been --set {step[0].set})" if step else ""),
-                }
-                self._set(State.FAILED)
-                if not self._cool_off():
-                    return
+                got = self._start_failed(proc, since)
+                if got is None:
+                    return  # failed for good
+                step, because = got
+            then = self._after_failure(step, because, backoff)
+            if then == "return":
+                return
+            if then == "fresh":
                 backoff = self.opts.backoff_initial
-                if (new := self._take_replacement()) is not None:  # new settings came while it was failed
-                    self.inst, self.ladder, self._taken, self._refused = new, [], [], []
-                continue  # a fresh window: the same settings again (a ladder step waits for its failures)
-            if step is not None:
-                self._take_step(*step, because=because)
-            self._set(State.RESTARTING)
-            log.warning("%s: restart %d in %.1f s", self.name, self.restarts, backoff)
-            if self._stop_asked.wait(backoff):
+                continue
+            if then == "stop":
                 break
             backoff = min(backoff * 2, self.opts.backoff_max)
+        self._finish()
+
+    def _finish(self) -> None:
         if self.state == State.FAILED:
             return  # asked to stop while cooling off: nothing runs, and it ended failed
         if self.state != State.STOPPING:
             self._stopping(None)
         self._set(State.STOPPED)
+
+    def _port_ready(self) -> bool:
+        """Its port before a start: after a failure, the old process's socket is given up to 15 s to go;
+        at the first start a port already taken fails the instance (False)."""
+        s = self.inst.server
+        if self.inst.headless:
+            return True
+        if self.restarts or self.ladder or self.replacements:
+            end = time.monotonic() + 15  # after a failure: let the old process's socket go
+            while not port_free(s.host, s.port) and time.monotonic() < end and not self._stop_asked.wait(0.5):
+                pass
+            return True
+        if port_free(s.host, s.port):
+            return True
+        self.failure = {"kind": "port in use", "evidence": f"{s.host}:{s.port} is taken before start",
+                        "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
+        self.log.mark(f"port {s.port} taken; not started")
+        self._set(State.FAILED)
+        return False
+
+    def _start(self, r: Rendered) -> tuple[subprocess.Popen[bytes], int]:
+        """Spawn the server; returns its process and where its own log lines begin."""
+        self.started_at, self.ready_at = time.time(), None
+        self.log.mark(f"start {self.name} (restart {self.restarts}): {' '.join(r.argv)}")
+        since = self.log.count  # this start's own lines: earlier starts' stay out of its verdicts
+        if self.inst.headless:  # node 0 before this process: did a group form without it?
+            self._head_at_start = look(self.url)
+        proc = self._spawn(r)
+        self._set(
+            State.STARTING if not (self.restarts or self.replacements or self.rejoins) else State.RESTARTING
+        )
+        return proc, since
+
+    def _ready(self, proc: subprocess.Popen[bytes], since: int) -> str:
+        """Ready: check it started as planned, serve until it ends. Returns ``stop`` (asked to stop),
+        ``replaced`` (a planned restart with new settings) or ``failed`` (it exited or stopped serving)."""
+        self.ready_at = time.time()
+        started = parse_startup(self.log.text_since(since))
+        self.verify_warnings = compare(self.inst, started)
+        if self.opts.kv_pools is not None:  # supervise.pin_kv_pool: the pool vLLM measured
+            record_pool(self.opts.kv_pools, self.plan, self.inst, started)
+        for w in self.verify_warnings:
+            log.warning("%s: started differently from the plan: %s", self.name, w)
+        self._ready_since = self.opts.clock()
+        self._set(State.READY)
+        self.group_wait = None
+        unresponsive = self._serve(proc)
+        if self._stop_asked.is_set():
+            self._stopping(proc)
+            return "stop"
+        if self._replace_asked.is_set() and not exited(proc):
+            new = self._take_replacement()
+            if new is not None:
+                self._set(State.RESTARTING)
+                self.log.mark(f"planned restart with new settings ({self.replacements + 1})")
+                log.info("%s: planned restart with new settings: draining", self.name)
+                self._end(proc, self._grace())
+                self.inst, self.ladder, self.failure = new, [], None
+                self._taken, self._refused = [], []
+                self.replacements += 1
+                return "replaced"
+        if unresponsive:  # alive, but not serving: drained as far as it still can, then restarted
+            log.error("%s: %s; restarting it", self.name, unresponsive)
+            self.log.mark(f"unresponsive: {unresponsive}")
+            self._set(State.RESTARTING)  # not "ready" while it drains (a frozen one: the whole grace)
+            self._end(proc, self._grace())
+            self.failure = {"kind": "unresponsive", "evidence": unresponsive}
+            self.unresponsive += 1
+            self.health_failing_since = None
+            return "failed"
+        # Any exit we did not ask for is a failure, whatever the code (vLLM can exit 0 after its engine died).
+        self._end(proc, 0)
+        code = proc.returncode
+        why = exit_evidence(self.log.text_since(since)) or self.log.last_line()[-300:]
+        self.failure = {"kind": "unplanned exit", "evidence": f"exit code {code}: {why}"}
+        log.error("%s: exited with code %s without being asked to", self.name, code)
+        return "failed"
+
+    def _timed_out(self, proc: subprocess.Popen[bytes]) -> None:
+        evidence = self.log.last_line()[-300:]  # before the stop adds its own lines
+        self._end(proc, 10)
+        self.failure = {"kind": "readiness timeout", "evidence": evidence}
+        log.error("%s: not ready after %.0f s", self.name, self.opts.ready_timeout)
+
+    def _start_failed(
+        self, proc: subprocess.Popen[bytes], since: int
+    ) -> tuple[tuple[Rung, Plan, InstancePlan] | None, str] | None:
+        """It exited during start-up: classify why. None: failed for good (a configuration error, or no
+        ladder step left); else the ladder step to take (None: the same settings) and the failure it answers."""
+        self._end(proc, 0)
+        f: Failure = classify(self.log.text_since(since))
+        self.failure = {"kind": f.kind, "evidence": f.evidence}
+        log.error("%s: failed to start (%s): %s", self.name, f.kind, f.evidence)
+        if f.memory_like:
+            got = self._ladder_step()
+            if isinstance(got, str):
+                self.failure["fix"] = got
+                self._set(State.FAILED)
+                return None
+            return got, f.kind
+        if not f.retry:
+            self.failure["fix"] = "a configuration error: fix it and launch again (not retried)"
+            self._set(State.FAILED)
+            return None
+        return None, ""
+
+    def _after_failure(
+        self, step: tuple[Rung, Plan, InstancePlan] | None, because: str, backoff: float
+    ) -> str:
+        """Count the failure and wait before the next start: ``next`` (after the backoff), ``fresh`` (given
+        up, cooled off: a fresh window), ``stop`` (asked to stop meanwhile) or ``return`` (given up for good)."""
+        # A ladder step is a restart too: it counts toward max_restarts and waits the backoff.
+        self.restarts += 1
+        if self._count_failure():
+            self.failure = {
+                **(self.failure or {}),
+                "fix": f"gave up after {self.opts.max_restarts} restarts within "
+                f"supervise.restart_window_s ({self.opts.restart_window_s:g} s)"
+                + (f" (the next ladder step would have been --set {step[0].set})" if step else ""),
+            }
+            self._set(State.FAILED)
+            if not self._cool_off():
+                return "return"
+            if (new := self._take_replacement()) is not None:  # new settings came while it was failed
+                self.inst, self.ladder, self._taken, self._refused = new, [], [], []
+            return "fresh"  # a fresh window: the same settings again (a ladder step waits for its failures)
+        if step is not None:
+            self._take_step(*step, because=because)
+        self._set(State.RESTARTING)
+        log.warning("%s: restart %d in %.1f s", self.name, self.restarts, backoff)
+        if self._stop_asked.wait(backoff):
+            return "stop"
+        return "next"
