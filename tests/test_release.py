@@ -206,7 +206,7 @@ def test_no_text_outside_the_home_names_a_release() -> None:
     assert not found, found
 
 
-def test_the_named_first_releases_are_the_table_s() -> None:
+def test_the_first_releases_named_in_messages() -> None:
     """The words the messages use, read off the table and the floors."""
     assert facts.first_with("--data-parallel-size") == "0.8.3"
     assert facts.first_with("--numa-bind-nodes") == "0.20"

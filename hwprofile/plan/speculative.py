@@ -12,7 +12,7 @@ from typing import Any
 from ..config.settings import Settings
 from ..model import ModelFacts
 from ..model.tokenizer_check import TokenizerCheck, check_facts
-from ..release import first_speculative, floor_of, release_of
+from ..release import first_speculative, release_of
 from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
@@ -330,7 +330,8 @@ def speculative_config(
         r.add(
             f"{key}.speculative.draft_tensor_parallel_size",
             tp,
-            f"vLLM (>= {floor_of('draft_tp_equal')}) requires the draft's TP to equal the target's",
+            # the V1 draft-model proposer (v1/spec_decode/draft_model.py, ValueError): the table's draft_model
+            f"vLLM (>= {first_speculative('draft_model')}) requires the draft's TP to equal the target's",
         )
     if method == "draft_model" and model is not None and needs_vocab_mapping(model, draft):
         spec["use_heterogeneous_vocab"] = True

@@ -99,11 +99,6 @@ FLOORS: dict[str, Floor] = {
         "Mamba2 mixers export a prefill checkpoint page in align mode",
         "mamba_mixer2.py, 0.32 and 0.33",
     ),
-    "draft_tp_equal": Floor(
-        (0, 15, 0),
-        "the draft's tensor parallel size must equal the target's (a draft given another is refused)",
-        "vllm/config/speculative.py draft_tensor_parallel_size; 0.6.3 refuses anything but 1",
-    ),
     "uuid_visible_devices": Floor(
         (0, 32, 0),
         "GPU UUIDs accepted in CUDA_VISIBLE_DEVICES (mapped back to NVML indexes)",
