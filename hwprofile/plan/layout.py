@@ -12,6 +12,7 @@ from ..config import ConfigError, Source
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
+from ..release import first_with
 from .engine import fit_args, kv_cache_dtype
 from .memory import GiB, fit, sequence_bytes
 from .reasons import Reasons
@@ -446,7 +447,7 @@ def numa_binding(
             f"{key}.numa_node",
             None,
             f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(n for n in nodes if n is not None)}: each rank bound to its own "
-            "GPU's node where vLLM binds per rank (0.20+, --numa-bind-nodes), else not bound",
+            f"GPU's node where vLLM binds per rank ({first_with('--numa-bind-nodes')}+, --numa-bind-nodes), else not bound",
             src,
         )
     elif numa is None:

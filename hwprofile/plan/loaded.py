@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..config.settings import Settings
 from ..model import ModelFacts
-from ..release import release_of
+from ..release import first_with, floor_of, release_of
 from .memory import GiB
 from .reasons import Reasons
 
@@ -70,7 +70,7 @@ def as_loaded(
             why = (
                 "engine.language_model_only off"
                 if settings.engine.language_model_only == "off"
-                else f"vLLM {vllm_version} has no --language-model-only (0.18+)"
+                else f"vLLM {vllm_version} has no --language-model-only ({first_with('--language-model-only')}+)"
             )
             parts.append(f"vision tower {model.vision_bytes / GiB:.2f} GiB loaded ({why})")
     if model.mtp_bytes:
@@ -87,13 +87,14 @@ def as_loaded(
         weights += head
         parts.append(
             f"the MTP drafter's own bf16 embedding and LM head {head / GiB:.2f} GiB (vllm#53887; vLLM "
-            f"{vllm_version} is older than 0.17, read to free them after load: counted)"
+            f"{vllm_version} is older than {floor_of('mtp_head_shared')}, read to free them after load: counted)"
         )
     elif spec_method == "mtp" and model.mtp_layers:
         peak = 2 * model.vocab_size * model.hidden_size * 2
         parts.append(
             f"the MTP drafter's own bf16 embedding and LM head ({peak / GiB:.2f} GiB, vllm#53887): freed after "
-            "load and shared with the target's from vLLM 0.17 (_maybe_share_embeddings/_maybe_share_lm_head), "
+            f"load and shared with the target's from vLLM {floor_of('mtp_head_shared')} "
+            "(_maybe_share_embeddings/_maybe_share_lm_head), "
             "so only the load's peak holds them, not the pool"
         )
     r.add(

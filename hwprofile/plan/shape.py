@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
-from ..release import release_of
+from ..release import first_with, release_of
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import ABSENT, Endpoint, InstancePlan
@@ -53,12 +53,14 @@ def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: lis
         )
     rel = release_of(host.software.vllm_version)
     if not rel.data_parallel():
-        out.append(f"vLLM {host.software.vllm_version} has no --data-parallel-size (0.8.3+)")
+        out.append(
+            f"vLLM {host.software.vllm_version} has no --data-parallel-size ({first_with('--data-parallel-size')}+)"
+        )
     nodes = {n for i in instances for n in (i.gpu_numa_nodes or ()) if n is not None}
     if len(nodes) > 1 and not rel.numa_bind_nodes():
         out.append(
             f"the ranks are on NUMA nodes {sorted(nodes)} and vLLM {host.software.vllm_version} cannot bind "
-            "each rank to its own node (--numa-bind-nodes is 0.20+)"
+            f"each rank to its own node (--numa-bind-nodes is {first_with('--numa-bind-nodes')}+)"
         )
     return out
 

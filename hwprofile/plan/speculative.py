@@ -12,7 +12,7 @@ from typing import Any
 from ..config.settings import Settings
 from ..model import ModelFacts
 from ..model.tokenizer_check import TokenizerCheck, check_facts
-from ..release import release_of
+from ..release import first_speculative, release_of
 from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
@@ -156,13 +156,14 @@ def _given_draft(
             "(only a test of the mechanism); use speculative.method=ngram or a much smaller draft"
         )
     check = tokenizer_check(model, draft)
+    hetero = first_speculative("heterogeneous_vocab")  # the first release mapping two vocabularies
     if draft.vocab_size != model.vocab_size and hetero_ok:
         shared = f" ({check.common_tokens} token strings in common)" if check.checked else ""
         r.add(
             "speculative.method",
             "draft_model",
             f"draft {draft.name} has vocab_size {draft.vocab_size}, the target {model.vocab_size}: the "
-            "installed vLLM (0.25+) runs it with use_heterogeneous_vocab (proposals mapped through the "
+            f"installed vLLM ({hetero}+) runs it with use_heterogeneous_vocab (proposals mapped through the "
             f"shared tokens{shared})",
             ("speculative", "draft"),
         )
@@ -170,7 +171,7 @@ def _given_draft(
     if draft.vocab_size != model.vocab_size:
         msg = (
             f"draft {draft.name} has vocab_size {draft.vocab_size} but the target has {model.vocab_size}: "
-            "vLLM before 0.25 refuses a draft whose vocabulary differs (0.25+ accepts it with "
+            f"vLLM before {hetero} refuses a draft whose vocabulary differs ({hetero}+ accepts it with "
             "use_heterogeneous_vocab)"
         )
         warnings.append(msg + "; falling back to ngram")
@@ -180,7 +181,7 @@ def _given_draft(
         r.add(
             "speculative.method",
             "draft_model",
-            f"draft {draft.name}: {check.summary()}; the installed vLLM (0.25+) maps the two vocabularies "
+            f"draft {draft.name}: {check.summary()}; the installed vLLM ({hetero}+) maps the two vocabularies "
             f"through their {check.common_tokens} common token strings (use_heterogeneous_vocab)",
             ("speculative", "draft"),
         )
@@ -193,7 +194,7 @@ def _given_draft(
     if check.ids_differ:
         msg = (
             f"draft {draft.name} has the target's vocab_size ({model.vocab_size}) but not its tokenizer: "
-            f"{check.summary()}; vLLM before 0.25 passes token ids between them unmapped, so the draft's "
+            f"{check.summary()}; vLLM before {hetero} passes token ids between them unmapped, so the draft's "
             "proposals mean other text and are rejected"
         )
         if method == "draft_model":
@@ -201,7 +202,7 @@ def _given_draft(
                 f"speculative.method=draft_model: {msg}",
                 [
                     "a draft trained with the target's tokenizer (same family and release)",
-                    "vLLM 0.25+ (maps the vocabularies with use_heterogeneous_vocab)",
+                    f"vLLM {hetero}+ (maps the vocabularies with use_heterogeneous_vocab)",
                     "or speculative.method=ngram",
                 ],
             )
@@ -329,7 +330,8 @@ def speculative_config(
         r.add(
             f"{key}.speculative.draft_tensor_parallel_size",
             tp,
-            "vLLM (>= 0.15) requires the draft's TP to equal the target's",
+            # the V1 draft-model proposer (v1/spec_decode/draft_model.py, ValueError): the table's draft_model
+            f"vLLM (>= {first_speculative('draft_model')}) requires the draft's TP to equal the target's",
         )
     if method == "draft_model" and model is not None and needs_vocab_mapping(model, draft):
         spec["use_heterogeneous_vocab"] = True

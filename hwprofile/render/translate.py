@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from ..errors import RefusedError
 from ..plan.types import ABSENT, EngineSettings, InstancePlan, Plan, SpeculativeConfig
-from ..release import Release
+from ..release import Release, first_speculative, first_with, first_with_all
 
 Pair = tuple[str, Any]  # (flag, value); value None = a switch, list = several values
 
@@ -87,8 +87,8 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
                 "--data-parallel-rpc-port", "--headless", "--data-parallel-start-rank")  # fmt: skip
         missing = [f for f in need if not rel.has(f)]
         if missing:
-            raise Unrenderable(f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} (0.9.2+): data parallel "
-                               "across nodes needs them; plan each node alone instead")  # fmt: skip
+            raise Unrenderable(f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} ({first_with_all(need)}+): "
+                               "data parallel across nodes needs them; plan each node alone instead")  # fmt: skip
         out += [("--data-parallel-size", inst.ranks), ("--data-parallel-size-local", 1),
                 ("--data-parallel-address", addr), ("--data-parallel-rpc-port", port)]  # fmt: skip
         if k:
@@ -104,7 +104,11 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
         return out
     if not rel.has("--distributed-executor-backend"):
         raise Unrenderable(f"{inst.name}: vLLM {rel.table} cannot run one model over several nodes")
-    why = "layout.multinode_backend=ray" if backend == "ray" else f"vLLM {rel.table} has no --nnodes (0.12+)"
+    why = (
+        "layout.multinode_backend=ray"
+        if backend == "ray"
+        else f"vLLM {rel.table} has no --nnodes ({first_with('--nnodes')}+)"
+    )
     if k:
         raise Unrenderable(
             f"{inst.name}: node {k} of a Ray group runs no vLLM ({why}): on this node run "
@@ -228,7 +232,7 @@ def emit_parallel(t: Target, out: Argv) -> None:
     if inst.ranks > 1 and not t.multinode and not out.add("--data-parallel-size", inst.ranks):
         raise Unrenderable(
             f"{inst.name} is one data-parallel server of {inst.ranks} ranks, and vLLM {t.rel.table} has no "
-            "--data-parallel-size (0.8.3+): plan it with --set layout.shape=servers"
+            f"--data-parallel-size ({first_with('--data-parallel-size')}+): plan it with --set layout.shape=servers"
         )
     if t.multinode:
         out.args += _nodes(inst, t.rel, out.warnings)
@@ -363,7 +367,8 @@ def emit_gpu_devices(t: Target, out: Argv) -> None:
         out.put("--kv-cache-memory-bytes", pinned)
     elif pinned:
         out.warn(
-            f"vLLM {rel.table} has no --kv-cache-memory-bytes (0.10.2+): the calibrated KV pool "
+            f"vLLM {rel.table} has no --kv-cache-memory-bytes ({first_with('--kv-cache-memory-bytes')}+): "
+            "the calibrated KV pool "
             f"of {pinned} bytes is not pinned; vLLM profiles it"
         )
 
@@ -547,7 +552,8 @@ def _spec_method(
     method, model = spec.method, spec.model
     if method == "draft_model" and not table["draft_model"]:
         warnings.append(
-            f"vLLM {rel.table} (V1 engine) has no draft-model speculation (NotImplementedError until 0.15.0): "
+            f"vLLM {rel.table} (V1 engine) has no draft-model speculation (NotImplementedError until "
+            f"{first_speculative('draft_model', exact=True)}): "
             f"ngram prompt lookup instead of {model}"
         )
         method, model = "ngram", None
@@ -557,7 +563,8 @@ def _spec_method(
     if method == "draft_model" and other_vocab and not table["heterogeneous_vocab"]:
         warnings.append(
             f"the draft {model} has another vocabulary ({draft_vocab} vs {target_vocab}): vLLM {rel.table} "
-            "refuses it (0.25+ accepts it with use_heterogeneous_vocab); ngram prompt lookup instead"
+            f"refuses it ({first_speculative('heterogeneous_vocab')}+ accepts it with use_heterogeneous_vocab); "
+            "ngram prompt lookup instead"
         )
         method, model = "ngram", None
     if (
@@ -620,7 +627,8 @@ def _spec_tokens(
     if protection == "honoured" and off is not None:
         k = by_batch[0][2] or k
         warnings.append(
-            f"vLLM {rel.table} has no k by batch size (0.25+): k={k} at light load, speculation off "
+            f"vLLM {rel.table} has no k by batch size ({first_speculative('per_batch_size')}+): k={k} at light "
+            "load, speculation off "
             f"from batch size {off} (disable_by_batch_size), the nearest it offers"
         )
         return _Tokens(k, off, None)
@@ -628,7 +636,7 @@ def _spec_tokens(
     why = (
         "accepts disable_by_batch_size but never reads it (V1 engine)"
         if protection == "ignored"
-        else "has neither k by batch size (0.25+) nor disable_by_batch_size"
+        else f"has neither k by batch size ({first_speculative('per_batch_size')}+) nor disable_by_batch_size"
     )
     warnings.append(
         f"vLLM {rel.table} {why}: speculation runs with a fixed k={k} at every load (the k of "

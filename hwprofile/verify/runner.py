@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OperationError
+from ..release import CPU_BUILD, short
 from ..telemetry.http import HttpError, get, post_json
 from .compare import Answer
 from .prompts import Prompt
@@ -141,7 +142,8 @@ class Client:
         if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 2**40 for i in ids):
             raise VerifyError(
                 f"{self.url}{ENDPOINT} (prompt {prompt.id}): the reply has no generated token ids; "
-                "hwprofile verify needs a vLLM that returns them with return_token_ids (vLLM 0.32 does)"
+                "hwprofile verify needs a vLLM that returns them with return_token_ids "
+                f"(vLLM {short(CPU_BUILD)} does)"
             )
         return Answer(tuple(ids), text, finish, _top_logprobs(choice))
 
