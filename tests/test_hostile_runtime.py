@@ -161,7 +161,7 @@ def test_an_html_page_on_the_metrics_url_is_not_a_server_with_stats_off() -> Non
 def test_a_non_numeric_position_label_is_an_error_for_advice_and_the_daemon() -> None:
     from test_daemon_telemetry import _Server
 
-    from hwprofile.daemon.advice import AdviceError, advice_from
+    from hwprofile.cli.advice import AdviceError, advice_from
     from hwprofile.telemetry.metrics import MetricsError, parse
 
     text = (

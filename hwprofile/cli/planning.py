@@ -29,7 +29,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return EXIT_FAILED
     if args.advice_from:
-        from ..daemon.advice import AdviceError, advice_from
+        from .advice import AdviceError, advice_from
 
         try:
             advice, extra = advice_from(args.advice_from, plan, plan.watch)

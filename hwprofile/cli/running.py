@@ -160,7 +160,7 @@ def _last_good(state):  # -> LaunchDoc | None
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from ..daemon.watchcmd import run_watch
+    from .watch import run_watch
 
     return run_watch(args.url, _watch_settings(args), args.once, args.json, args.interval, args.draft_cost, args.max_num_seqs)
 

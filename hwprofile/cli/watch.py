@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ..config.settings import Watch
+from ..daemon.policy import describe, instant_level
+from ..daemon.watcher import InstanceSpec, Report, Watcher
 from ..host.sampler import GpuSampler
 from ..telemetry.scrape import scrape
-from .policy import describe, instant_level
-from .watcher import InstanceSpec, Report, Watcher
 
 
 def instance_specs(urls: Sequence[str], draft_cost: float, max_num_seqs: int | None) -> list[InstanceSpec]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..config.settings import Watch
+from ..daemon.policy import KAdvice, SpecWindow, advise_k
 from ..errors import OperationError
 from ..plan.speculative import draft_cost
 from ..plan.types import Plan
 from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 from ..telemetry.scrape import scrape
-from .policy import KAdvice, SpecWindow, advise_k
 
 
 class AdviceError(OperationError, ValueError):
