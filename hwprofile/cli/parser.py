@@ -192,12 +192,14 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
 
 
 def _args_render(p: argparse.ArgumentParser) -> None:
+    from ..render.output import ALL_FORMATS  # the format names' one list
+
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument(
         "--format",
         required=True,
-        choices=("argv", "shell", "yaml", "env", "systemd", "json", "nginx", "k8s"),
+        choices=ALL_FORMATS,
         help="what to render (nginx: the one URL in front of separate servers, for nginx's conf.d/; "
         "k8s: Kubernetes manifests, one workload per GPU class)",
     )

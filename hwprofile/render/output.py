@@ -26,7 +26,7 @@ from ..host.snapshot import MAX_DEVICE_MINOR
 from ..plan.types import ABSENT, InstancePlan, Plan
 from .translate import Rendered, flatten
 
-FORMATS = ("argv", "shell", "yaml", "env", "systemd", "json")
+FORMATS = ("argv", "shell", "yaml", "env", "systemd", "json")  # one file per instance
 SUFFIXES = {
     "argv": ".argv.json",
     "shell": ".sh",
@@ -37,6 +37,8 @@ SUFFIXES = {
     "nginx": ".nginx.conf",
     "k8s": ".k8s.yaml",
 }
+# every `render --format` (the CLI's choices): the per-instance FORMATS, then the host's front and k8s
+ALL_FORMATS = tuple(SUFFIXES)
 
 # A word systemd and a shell both take as it is (no quotes, specifiers, variables or escapes).
 _SYSTEMD_BARE = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
