@@ -9,10 +9,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import runcli
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ROOT / "examples" / "hosts"
@@ -23,8 +23,7 @@ MODEL = "Qwen/Qwen3-8B"  # a catalog model every example host fits (12 GB includ
 
 def hw(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """The command as a newcomer types it, from inside the checkout."""
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return runcli.hwprofile(*args, env=env, cwd=ROOT, timeout=120)
 
 
 @pytest.fixture

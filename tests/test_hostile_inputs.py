@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import runcli
 
 from hwprofile.host.linux import parse_cpulist, read_cpu, read_numa_nodes
 from hwprofile.runtime.lock import LockFileError
@@ -19,8 +20,7 @@ from hwprofile.supervise.runfiles import LOCK_FILE, lock_held
 
 
 def hw(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+    return runcli.hwprofile(*args, extra_env=env, timeout=timeout)
 
 
 def test_a_cpulist_of_billions_is_an_error_not_a_list() -> None:

@@ -10,18 +10,17 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import runcli
 
 from hwprofile.runtime.dirs import UnsafeDirectory, private_dir
 from hwprofile.supervise.runfiles import DAEMON_FILE, LOCK_FILE, RuntimeLock, lock_held
 
 
 def hw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})  # fmt: skip
+    return runcli.hwprofile(*args, extra_env=env, timeout=120)
 
 
 def _daemon(runtime: Path):  # -> (Daemon, the fake supervisor)

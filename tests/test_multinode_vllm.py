@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import runcli
 from vllmtools import free_port, require_vllm
 
 pytestmark = pytest.mark.slow
@@ -36,8 +37,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def hw(env: dict[str, str], *args: str, timeout: float = READY + 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return runcli.hwprofile(*args, env=env, timeout=timeout)
 
 
 def status(env: dict[str, str]) -> dict:

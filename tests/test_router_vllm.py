@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import runcli
 from vllmtools import free_ports, require_vllm
 
 pytestmark = pytest.mark.slow
@@ -37,8 +38,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def hw(env: dict[str, str], *args: str, timeout: float = READY + 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return runcli.hwprofile(*args, env=env, timeout=timeout)
 
 
 def chat(url: str, model: str) -> int:

@@ -10,13 +10,13 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import runcli
 
 from hwprofile.runtime.processes import Identity, identify
 from hwprofile.supervise import runfiles
@@ -75,7 +75,7 @@ def put(path: Path, doc: Any) -> Path:
 
 
 def hw(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile", *args], capture_output=True, text=True, timeout=60)
+    return runcli.hwprofile(*args)
 
 
 # -- the contracts ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import runcli
 from vllmtools import FAKE_VLLM, fake_model, fake_vllm_shim, free_port
 
 from hwprofile.config import ConfigError
@@ -266,10 +267,7 @@ def fake_server(world: dict, *flags: str) -> str:
 
 
 def hw(world: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hwprofile", "verify", *args], env=world["env"], capture_output=True, text=True,
-        timeout=timeout, cwd=ROOT,
-    )  # fmt: skip
+    return runcli.hwprofile("verify", *args, env=world["env"], timeout=timeout, cwd=ROOT)
 
 
 def test_two_identical_servers_pass(world: dict) -> None:
