@@ -95,3 +95,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group(f"real-{files.index(item.path.name) % 2}"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """The tiny model the real-vLLM tests serve (:func:`hwprofile.launch.tinymodel.make_tiny_model`), made
+    once per test module; the test fails (CI) or is skipped where vLLM is not installed."""
+    from vllmtools import require_vllm
+
+    require_vllm()
+    from hwprofile.launch.tinymodel import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")

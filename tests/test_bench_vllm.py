@@ -16,21 +16,13 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from vllmtools import VLLM, free_port, require_vllm
+from vllmtools import VLLM, free_port
 
 pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "schemas" / "hwprofile.bench-1.schema.json").read_text()
 )
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    require_vllm()
-    from hwprofile.launch.tinymodel import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> None:

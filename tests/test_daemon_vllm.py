@@ -16,20 +16,12 @@ from pathlib import Path
 
 import pytest
 from fakehost import build
-from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
+from vllmtools import free_port, serve, stop, wait_for_log
 
 pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 READY = 480
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    require_vllm()
-    from hwprofile.launch.tinymodel import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def _non_default_args(log: Path) -> list[dict]:

@@ -19,20 +19,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from vllmtools import free_port, require_vllm
+from vllmtools import free_port
 
 pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 READY_TIMEOUT = 420
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    require_vllm()
-    from hwprofile.launch.tinymodel import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 class Env:

@@ -20,20 +20,12 @@ from pathlib import Path
 
 import pytest
 import runcli
-from vllmtools import free_port, require_vllm
+from vllmtools import free_port
 
 pytestmark = pytest.mark.slow
 
 READY = 480
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    require_vllm()
-    from hwprofile.launch.tinymodel import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def hw(env: dict[str, str], *args: str, timeout: float = READY + 60) -> subprocess.CompletedProcess[str]:
