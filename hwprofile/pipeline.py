@@ -299,6 +299,76 @@ _PLAUSIBLE = {
 }
 
 
+def _bench_bad(path: str, why: str) -> ConfigError:
+    return ConfigError(f"{path}: not a usable hwprofile bench result: {why}")
+
+
+def _bench_number(path: str, value: Any, key: str, where: str, whole: bool = False) -> Any:
+    """``value`` checked as a measurement of ``key`` (its type, finite, within :data:`_PLAUSIBLE`)."""
+    import math
+
+    lo, hi = _PLAUSIBLE[key]
+    ok_type = type(value) is int or (not whole and type(value) is float)
+    if not ok_type or not math.isfinite(value) or not lo <= value <= hi:
+        kind = "a whole number" if whole else "a number"
+        raise _bench_bad(
+            path, f"{where}: {value!r:.60}: expected {kind} from {lo:g} to {hi:g} (a measurement)"
+        )
+    return value
+
+
+def _bench_host_check(doc: dict[str, Any], path: str, host: HostSnapshot) -> None:
+    """The bench document's GPUs, where it names them, are among this host's."""
+    hostdoc = doc.get("host")
+    if hostdoc is not None and not isinstance(hostdoc, dict):
+        raise _bench_bad(path, "host: expected an object")
+    gpus = (hostdoc or {}).get("gpus")
+    if gpus is not None and not isinstance(gpus, list):
+        raise _bench_bad(path, "host.gpus: expected a list")
+    theirs = {u for g in gpus or [] if isinstance(g, dict) and (u := g.get("uuid")) is not None}
+    if not all(isinstance(u, str) for u in theirs):
+        raise _bench_bad(path, "host.gpus[].uuid: expected text")
+    ours = {g.uuid for g in host.usable_gpus if g.uuid is not None}
+    if theirs and ours and not theirs <= ours:
+        raise _bench_bad(path, f"measured on GPUs {sorted(theirs)}, this host has {sorted(ours)}")
+
+
+def _bench_points(
+    summary: list[Any], path: str, n_instances: int
+) -> dict[int, tuple[int, float, float, float]]:
+    """{concurrency: (concurrency, TPOT ms, TTFT ms, output tok/s)} from the plan's summary rows."""
+    points: dict[int, tuple[int, float, float, float]] = {}
+    for i, row in enumerate(summary):
+        m = row.get("metrics") if isinstance(row, dict) else None
+        try:
+            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]  # None: TypeError, caught
+            conc = row["concurrency"]
+        except (KeyError, TypeError, IndexError):
+            continue  # not measured (a round that failed): left out
+        where = f"plans[0].summary[{i}]"
+        c = _bench_number(path, conc, "concurrency", f"{where}.concurrency", whole=True)
+        if all(type(v) in (int, float) and v == 0 for v in raw):  # nothing served at this concurrency
+            _warn("%s: %s (concurrency %d): every median is 0 (nothing served): left out", path, where, c)
+            continue
+        tpot, ttft, tps = (
+            float(_bench_number(path, v, k, f"{where}.metrics.{k}.median"))
+            for v, k in zip(raw, ("p50_tpot_ms", "p50_ttft_ms", "output_throughput"), strict=True)
+        )
+        if c in points:
+            raise _bench_bad(path, f"{where}.concurrency: {c} measured twice")
+        # c requests in flight, each a token every tpot ms, on each instance: the most tokens/s there
+        # can be (4x slack for medians of different rounds); more is no measurement of this plan
+        ceiling = 4 * n_instances * c * 1000.0 / tpot
+        if tps > ceiling:
+            raise _bench_bad(
+                path,
+                f"{where}: output_throughput {tps:g} tok/s with {c} requests at TPOT {tpot:g} ms on "
+                f"{n_instances} instance(s): more than {ceiling:g} tok/s can be (not a measurement)",
+            )
+        points[c] = (c, tpot, ttft, tps)
+    return points
+
+
 def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     """The :class:`~.plan.predict.Calibration` in a ``hwprofile.bench/1`` document: its first plan's
     median TPOT, TTFT and output tokens/s per concurrency, the workload's lengths, and the TP its
@@ -306,38 +376,20 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     plan hwprofile makes on this host). A calibration is a measurement: every value is checked as
     one (its type, finite, positive, within :data:`_PLAUSIBLE`); one that is not is an error naming
     the file and the value (a row without the three medians, a round that failed, is left out)."""
-    import math
-
     from .plan.predict import Calibration
 
     def bad(why: str) -> ConfigError:
-        return ConfigError(f"{path}: not a usable hwprofile bench result: {why}")
+        return _bench_bad(path, why)
 
     def number(value: Any, key: str, where: str, whole: bool = False) -> Any:
-        lo, hi = _PLAUSIBLE[key]
-        ok_type = type(value) is int or (not whole and type(value) is float)
-        if not ok_type or not math.isfinite(value) or not lo <= value <= hi:
-            kind = "a whole number" if whole else "a number"
-            raise bad(f"{where}: {value!r:.60}: expected {kind} from {lo:g} to {hi:g} (a measurement)")
-        return value
+        return _bench_number(path, value, key, where, whole)
 
     if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.bench/1":
         raise bad("schema is not hwprofile.bench/1")
     wl, plans = doc.get("workload"), doc.get("plans")
     if not isinstance(wl, dict) or not isinstance(plans, list) or not plans or not isinstance(plans[0], dict):
         raise bad("no workload or no plans")
-    hostdoc = doc.get("host")
-    if hostdoc is not None and not isinstance(hostdoc, dict):
-        raise bad("host: expected an object")
-    gpus = (hostdoc or {}).get("gpus")
-    if gpus is not None and not isinstance(gpus, list):
-        raise bad("host.gpus: expected a list")
-    theirs = {u for g in gpus or [] if isinstance(g, dict) and (u := g.get("uuid")) is not None}
-    if not all(isinstance(u, str) for u in theirs):
-        raise bad("host.gpus[].uuid: expected text")
-    ours = {g.uuid for g in host.usable_gpus if g.uuid is not None}
-    if theirs and ours and not theirs <= ours:
-        raise bad(f"measured on GPUs {sorted(theirs)}, this host has {sorted(ours)}")
+    _bench_host_check(doc, path, host)
     plan = plans[0]
     summary, settings = plan.get("summary"), plan.get("non_default_settings")
     if summary is not None and not isinstance(summary, list):
@@ -346,34 +398,7 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         raise bad("plans[0].non_default_settings: expected a list")
     instances = plan.get("instances")
     n_instances = 1 if instances is None else number(instances, "instances", "plans[0].instances", True)
-    points: dict[int, tuple[int, float, float, float]] = {}
-    for i, row in enumerate(summary or []):
-        m = row.get("metrics") if isinstance(row, dict) else None
-        try:
-            raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]  # None: TypeError, caught
-            conc = row["concurrency"]
-        except (KeyError, TypeError, IndexError):
-            continue  # not measured (a round that failed): left out
-        where = f"plans[0].summary[{i}]"
-        c = number(conc, "concurrency", f"{where}.concurrency", whole=True)
-        if all(type(v) in (int, float) and v == 0 for v in raw):  # nothing served at this concurrency
-            _warn("%s: %s (concurrency %d): every median is 0 (nothing served): left out", path, where, c)
-            continue
-        tpot, ttft, tps = (
-            float(number(v, k, f"{where}.metrics.{k}.median"))
-            for v, k in zip(raw, ("p50_tpot_ms", "p50_ttft_ms", "output_throughput"), strict=True)
-        )
-        if c in points:
-            raise bad(f"{where}.concurrency: {c} measured twice")
-        # c requests in flight, each a token every tpot ms, on each instance: the most tokens/s there
-        # can be (4x slack for medians of different rounds); more is no measurement of this plan
-        ceiling = 4 * n_instances * c * 1000.0 / tpot
-        if tps > ceiling:
-            raise bad(
-                f"{where}: output_throughput {tps:g} tok/s with {c} requests at TPOT {tpot:g} ms on "
-                f"{n_instances} instance(s): more than {ceiling:g} tok/s can be (not a measurement)"
-            )
-        points[c] = (c, tpot, ttft, tps)
+    points = _bench_points(summary or [], path, n_instances)
     if not points:
         raise bad("no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
     tp = next((s.get("value") for s in settings or []

@@ -456,6 +456,74 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     return out
 
 
+def _gdn_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5)."""
+    return StateDims(
+        "gdn",
+        num_heads=_need(cfg, "linear_num_value_heads", why),
+        head_dim=_need(cfg, "linear_value_head_dim", why),
+        num_k_heads=_need(cfg, "linear_num_key_heads", why),
+        head_k_dim=_need(cfg, "linear_key_head_dim", why),
+        conv_kernel=_need(cfg, "linear_conv_kernel_dim", why),
+        ssm_dtype=ssm_dtype,
+    )
+
+
+def _mamba2_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
+    """Mamba2: Nemotron-H's names (``mamba_num_heads``, ...), else the ``mamba_n_heads``/``mamba_d_*`` ones."""
+    if "mamba_num_heads" in cfg:  # Nemotron-H
+        heads = _need(cfg, "mamba_num_heads", why)
+        hd = _need(cfg, "mamba_head_dim", why)
+        return StateDims(
+            "mamba2",
+            num_heads=heads,
+            head_dim=hd,
+            intermediate=heads * hd,
+            n_groups=_need(cfg, "n_groups", why),
+            state_size=_need(cfg, "ssm_state_size", why),
+            conv_kernel=_need(cfg, "conv_kernel", why),
+            ssm_dtype=nemo if type(nemo := cfg.get("mamba_ssm_cache_dtype")) is str else "float32",
+        )
+    expand = _need(cfg, "mamba_expand", why)
+    return StateDims(
+        "mamba2",
+        num_heads=_need(cfg, "mamba_n_heads", why),
+        head_dim=_need(cfg, "mamba_d_head", why),
+        intermediate=expand * hidden,
+        n_groups=_need(cfg, "mamba_n_groups", why),
+        state_size=_need(cfg, "mamba_d_state", why),
+        conv_kernel=_need(cfg, "mamba_d_conv", why),
+        ssm_dtype=ssm_dtype,
+    )
+
+
+def _mamba_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
+    """Mamba1 (Jamba)."""
+    return StateDims(
+        "mamba",
+        intermediate=_need(cfg, "mamba_expand", why) * hidden,
+        state_size=_need(cfg, "mamba_d_state", why),
+        conv_kernel=_need(cfg, "mamba_d_conv", why),
+        ssm_dtype=ssm_dtype,
+    )
+
+
+def _kda_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
+    """Kimi Delta Attention: its ``linear_attn_config``; the SSM state in float32."""
+    lac = cfg.get("linear_attn_config") or {}
+    heads = _need(lac, "num_heads", why)
+    hd = _need(lac, "head_dim", why)
+    return StateDims(
+        "kda",
+        num_heads=heads,
+        head_dim=hd,
+        num_k_heads=_int(lac, "num_k_heads", heads, lo=1) or heads,
+        head_k_dim=_int(lac, "head_k_dim", hd, lo=1) or hd,
+        conv_kernel=_int(lac, "short_conv_kernel_size", 4, lo=1) or 4,
+        ssm_dtype="float32",
+    )
+
+
 def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims | None:
     present = {k.mixer for k in kinds} & set(STATE_MIXERS)
     if not present:
@@ -470,62 +538,9 @@ def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims 
     ssm_dtype = ssm if type(ssm) is str else None
     why = f"the {kind} state"
     hidden = _int(cfg, "hidden_size", lo=1) or 0
-    if kind == "gdn":
-        return StateDims(
-            "gdn",
-            num_heads=_need(cfg, "linear_num_value_heads", why),
-            head_dim=_need(cfg, "linear_value_head_dim", why),
-            num_k_heads=_need(cfg, "linear_num_key_heads", why),
-            head_k_dim=_need(cfg, "linear_key_head_dim", why),
-            conv_kernel=_need(cfg, "linear_conv_kernel_dim", why),
-            ssm_dtype=ssm_dtype,
-        )
-    if kind == "mamba2":
-        if "mamba_num_heads" in cfg:  # Nemotron-H
-            heads = _need(cfg, "mamba_num_heads", why)
-            hd = _need(cfg, "mamba_head_dim", why)
-            return StateDims(
-                "mamba2",
-                num_heads=heads,
-                head_dim=hd,
-                intermediate=heads * hd,
-                n_groups=_need(cfg, "n_groups", why),
-                state_size=_need(cfg, "ssm_state_size", why),
-                conv_kernel=_need(cfg, "conv_kernel", why),
-                ssm_dtype=nemo if type(nemo := cfg.get("mamba_ssm_cache_dtype")) is str else "float32",
-            )
-        expand = _need(cfg, "mamba_expand", why)
-        return StateDims(
-            "mamba2",
-            num_heads=_need(cfg, "mamba_n_heads", why),
-            head_dim=_need(cfg, "mamba_d_head", why),
-            intermediate=expand * hidden,
-            n_groups=_need(cfg, "mamba_n_groups", why),
-            state_size=_need(cfg, "mamba_d_state", why),
-            conv_kernel=_need(cfg, "mamba_d_conv", why),
-            ssm_dtype=ssm_dtype,
-        )
-    if kind == "mamba":  # Jamba: Mamba1
-        return StateDims(
-            "mamba",
-            intermediate=_need(cfg, "mamba_expand", why) * hidden,
-            state_size=_need(cfg, "mamba_d_state", why),
-            conv_kernel=_need(cfg, "mamba_d_conv", why),
-            ssm_dtype=ssm_dtype,
-        )
-    if kind == "kda":
-        lac = cfg.get("linear_attn_config") or {}
-        heads = _need(lac, "num_heads", why)
-        hd = _need(lac, "head_dim", why)
-        return StateDims(
-            "kda",
-            num_heads=heads,
-            head_dim=hd,
-            num_k_heads=_int(lac, "num_k_heads", heads, lo=1) or heads,
-            head_k_dim=_int(lac, "head_k_dim", hd, lo=1) or hd,
-            conv_kernel=_int(lac, "short_conv_kernel_size", 4, lo=1) or 4,
-            ssm_dtype="float32",
-        )
+    by_kind = {"gdn": _gdn_dims, "mamba2": _mamba2_dims, "mamba": _mamba_dims, "kda": _kda_dims}
+    if kind in by_kind:
+        return by_kind[kind](cfg, why, hidden, ssm_dtype)
     # linear (MiniMax lightning attention): one (heads, head_dim, head_dim) state per layer
     heads = _need(cfg, "num_attention_heads", why)
     return StateDims(

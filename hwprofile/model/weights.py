@@ -476,6 +476,17 @@ def _mtp(c: dict[str, Any], s: _Shape, names: _Names) -> list[Tensor]:
     return out
 
 
+class _VisionDims(NamedTuple):
+    h: int
+    inter: int
+    depth: int
+    patch: int
+    chans: int
+    tpatch: int
+    out_h: int
+    merge: int
+
+
 def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor]:
     v = cfg.get("vision_config")
     if not isinstance(v, dict) or not v:
@@ -491,54 +502,63 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
     tpatch = _int(v, "temporal_patch_size", default=1)
     out_h = _int(v, "out_hidden_size") or text_hidden
     merge = _int(v, "spatial_merge_size", default=1)
-    qwen = "temporal_patch_size" in v or "spatial_merge_size" in v
+    d = _VisionDims(h, inter, depth, patch, chans, tpatch, out_h, merge)
+    if "temporal_patch_size" in v or "spatial_merge_size" in v:
+        return _qwen_vision(v, p, part, d)
+    return _vit_vision(v, p, part, d, text_hidden)
+
+
+def _qwen_vision(v: dict[str, Any], p: str, part: str, d: _VisionDims) -> list[Tensor]:
+    """A Qwen-VL vision tower (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with its deepstack mergers)."""
+    h, inter, depth, patch, chans, tpatch, out_h, merge = d
     out: list[Tensor] = []
-    if qwen:
-        qwen25 = "fullatt_block_indexes" in v or "window_size" in v  # Qwen2.5-VL: gated MLP, RMSNorm
-        conv_bias = not qwen25
-        out.append(Tensor(f"{p}.patch_embed", part, h, chans * tpatch * patch * patch, linear=False))
-        if conv_bias:
-            out.append(_vec(f"{p}.patch_embed.bias", part, h))
-        pos = _int(v, "num_position_embeddings")
-        if pos:
-            out.append(Tensor(f"{p}.pos_embed", part, pos, h, linear=False))
-        b = f"{p}.blocks.0"
-        norm = (1 if qwen25 else 2) * 2 * h
-        mlp = (
-            [_lin(f"{b}.mlp.gate_proj", part, inter, h, depth), _lin(f"{b}.mlp.up_proj", part, inter, h, depth),
-             _lin(f"{b}.mlp.down_proj", part, h, inter, depth), _vec(f"{b}.mlp.bias", part, 2 * inter + h, depth)]
-            if qwen25
-            else [_lin(f"{b}.mlp.linear_fc1", part, inter, h, depth), _lin(f"{b}.mlp.linear_fc2", part, h, inter, depth),
-                  _vec(f"{b}.mlp.bias", part, inter + h, depth)]
-        )  # fmt: skip
+    qwen25 = "fullatt_block_indexes" in v or "window_size" in v  # Qwen2.5-VL: gated MLP, RMSNorm
+    conv_bias = not qwen25
+    out.append(Tensor(f"{p}.patch_embed", part, h, chans * tpatch * patch * patch, linear=False))
+    if conv_bias:
+        out.append(_vec(f"{p}.patch_embed.bias", part, h))
+    pos = _int(v, "num_position_embeddings")
+    if pos:
+        out.append(Tensor(f"{p}.pos_embed", part, pos, h, linear=False))
+    b = f"{p}.blocks.0"
+    norm = (1 if qwen25 else 2) * 2 * h
+    mlp = (
+        [_lin(f"{b}.mlp.gate_proj", part, inter, h, depth), _lin(f"{b}.mlp.up_proj", part, inter, h, depth),
+         _lin(f"{b}.mlp.down_proj", part, h, inter, depth), _vec(f"{b}.mlp.bias", part, 2 * inter + h, depth)]
+        if qwen25
+        else [_lin(f"{b}.mlp.linear_fc1", part, inter, h, depth), _lin(f"{b}.mlp.linear_fc2", part, h, inter, depth),
+              _vec(f"{b}.mlp.bias", part, inter + h, depth)]
+    )  # fmt: skip
+    out += [
+        _vec(f"{b}.norms", part, norm, depth),
+        _lin(f"{b}.attn.qkv", part, 3 * h, h, depth),
+        _vec(f"{b}.attn.qkv.bias", part, 3 * h, depth),
+        _lin(f"{b}.attn.proj", part, h, h, depth),
+        _vec(f"{b}.attn.proj.bias", part, h, depth),
+        *mlp,
+    ]
+    wide = h * merge * merge
+    deep = v.get("deepstack_visual_indexes")
+    mergers = 1 + (len(deep) if isinstance(deep, list) else 0)
+    for j in range(mergers):
+        m = f"{p}.merger" if j == 0 else f"{p}.deepstack_merger_list.{j - 1}"
+        norm_w = (1 if qwen25 else 2) * (h if j == 0 else wide)  # deepstack mergers norm after the shuffle
         out += [
-            _vec(f"{b}.norms", part, norm, depth),
-            _lin(f"{b}.attn.qkv", part, 3 * h, h, depth),
-            _vec(f"{b}.attn.qkv.bias", part, 3 * h, depth),
-            _lin(f"{b}.attn.proj", part, h, h, depth),
-            _vec(f"{b}.attn.proj.bias", part, h, depth),
-            *mlp,
+            _vec(f"{m}.norm", part, norm_w),
+            _lin(f"{m}.linear_fc1", part, wide, wide),
+            _vec(f"{m}.linear_fc1.bias", part, wide),
+            _lin(f"{m}.linear_fc2", part, out_h, wide),
+            _vec(f"{m}.linear_fc2.bias", part, out_h),
         ]
-        wide = h * merge * merge
-        deep = v.get("deepstack_visual_indexes")
-        mergers = 1 + (len(deep) if isinstance(deep, list) else 0)
-        for j in range(mergers):
-            m = f"{p}.merger" if j == 0 else f"{p}.deepstack_merger_list.{j - 1}"
-            norm_w = (1 if qwen25 else 2) * (
-                h if j == 0 else wide
-            )  # deepstack mergers norm after the shuffle
-            out += [
-                _vec(f"{m}.norm", part, norm_w),
-                _lin(f"{m}.linear_fc1", part, wide, wide),
-                _vec(f"{m}.linear_fc1.bias", part, wide),
-                _lin(f"{m}.linear_fc2", part, out_h, wide),
-                _vec(f"{m}.linear_fc2.bias", part, out_h),
-            ]
-        return out
-    # a generic ViT (SigLIP / CLIP style) and a linear projector into the language model
+    return out
+
+
+def _vit_vision(v: dict[str, Any], p: str, part: str, d: _VisionDims, text_hidden: int) -> list[Tensor]:
+    """A generic ViT (SigLIP / CLIP style) and a linear projector into the language model."""
+    h, inter, depth, patch, chans = d.h, d.inter, d.depth, d.patch, d.chans
     image = _int(v, "image_size", default=224)
     b = f"{p}.encoder.layers.0"
-    out += [
+    return [
         Tensor(f"{p}.embeddings.patch_embedding", part, h, chans * patch * patch, linear=False),
         _vec(f"{p}.embeddings.patch_embedding.bias", part, h),
         Tensor(f"{p}.embeddings.position_embedding", part, (image // max(patch, 1)) ** 2, h, linear=False),
@@ -550,7 +570,6 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
         _vec(f"{p}.post_layernorm", part, 2 * h),
         _lin("model.multi_modal_projector", part, text_hidden, h),
     ]
-    return out
 
 
 # --------------------------------------------------------------------------- the model

@@ -15,6 +15,7 @@ from .loaded import language_only
 from .memory import (
     CPU_BLOCK_TOKENS,
     GiB,
+    HybridOpts,
     hybrid_kv_cache,
     is_plain,
     kv_bytes_per_token,
@@ -130,6 +131,57 @@ def cpu_suggestions(model: ModelFacts, draft: ModelFacts | None, ram: int, count
     return out
 
 
+def _cpu_seqs(
+    settings: Settings,
+    model: ModelFacts,
+    hybrid: HybridOpts | None,
+    kv_space: int,
+    length: int,
+    key: str,
+    r: Reasons,
+    warnings: list[str],
+) -> tuple[int, dict[str, int]]:
+    """max_num_seqs on the CPU, lowered to the sequences whose state the KV space holds (hybrid models),
+    and the state figures for the memory fit."""
+    seqs = settings.engine.max_num_seqs
+    r.add(
+        f"{key}.engine.max_num_seqs",
+        seqs,
+        "CPU backend: few concurrent sequences",
+        ("engine", "max_num_seqs"),
+    )
+    state: dict[str, int] = {}
+    if hybrid is not None:
+        h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
+        state = {"state_bytes_per_sequence": h.state_bytes_per_sequence, "state_sequences": h.state_blocks}
+        if seqs > h.state_blocks:
+            warnings.append(
+                f"{key}: max_num_seqs {seqs} lowered to {h.state_blocks}: the state of more does not fit"
+            )
+            seqs = r.add(
+                f"{key}.engine.max_num_seqs",
+                max(1, h.state_blocks),
+                f"each running sequence holds {h.state_groups} state groups x {h.state_slots} pages "
+                f"({h.state_bytes_per_sequence / 2**20:.1f} MiB); the KV space holds {h.state_blocks} sequences' state",
+            )
+    return seqs, state
+
+
+def _cpu_numa(
+    host: HostSnapshot, settings: Settings, key: str, r: Reasons, warnings: list[str]
+) -> tuple[int | None, str | None]:
+    """The NUMA node (and its CPUs) a CPU instance is bound to: node 0 of a multi-node host, if binding is on."""
+    bind = settings.layout.numa_bind and len(host.numa_nodes) > 1
+    numa = host.numa_nodes[0].id if bind else None
+    cpus = host.numa_nodes[0].cpus if numa is not None else None
+    if not bind:
+        why = ONE_NODE if settings.layout.numa_bind else "NUMA binding is off"
+        r.add(f"{key}.numa_node", None, why, ("layout", "numa_bind"))
+    if len(host.numa_nodes) > 1:
+        warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
+    return numa, cpus
+
+
 def cpu_instance(
     host: HostSnapshot,
     settings: Settings,
@@ -219,27 +271,7 @@ def cpu_instance(
         ("engine", "max_model_len"),
     )
 
-    seqs = settings.engine.max_num_seqs
-    r.add(
-        f"{key}.engine.max_num_seqs",
-        seqs,
-        "CPU backend: few concurrent sequences",
-        ("engine", "max_num_seqs"),
-    )
-    state: dict[str, int] = {}
-    if hybrid is not None:
-        h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
-        state = {"state_bytes_per_sequence": h.state_bytes_per_sequence, "state_sequences": h.state_blocks}
-        if seqs > h.state_blocks:
-            warnings.append(
-                f"{key}: max_num_seqs {seqs} lowered to {h.state_blocks}: the state of more does not fit"
-            )
-            seqs = r.add(
-                f"{key}.engine.max_num_seqs",
-                max(1, h.state_blocks),
-                f"each running sequence holds {h.state_groups} state groups x {h.state_slots} pages "
-                f"({h.state_bytes_per_sequence / 2**20:.1f} MiB); the KV space holds {h.state_blocks} sequences' state",
-            )
+    seqs, state = _cpu_seqs(settings, model, hybrid, kv_space, length, key, r, warnings)
     batched = max(seqs, settings.engine.max_num_batched_tokens)
     chunked = settings.engine.enable_chunked_prefill
     prefix = settings.engine.enable_prefix_caching
@@ -266,14 +298,7 @@ def cpu_instance(
         else "torch.compile on the CPU",
         ("engine", "enforce_eager"),
     )
-    bind = settings.layout.numa_bind and len(host.numa_nodes) > 1
-    numa = host.numa_nodes[0].id if bind else None
-    cpus = host.numa_nodes[0].cpus if numa is not None else None
-    if not bind:
-        why = ONE_NODE if settings.layout.numa_bind else "NUMA binding is off"
-        r.add(f"{key}.numa_node", None, why, ("layout", "numa_bind"))
-    if len(host.numa_nodes) > 1:
-        warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
+    numa, cpus = _cpu_numa(host, settings, key, r, warnings)
     dtype = settings.engine.dtype
     lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
     engine = EngineSettings(

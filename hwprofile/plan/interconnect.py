@@ -134,77 +134,79 @@ class Report(NamedTuple):
         }
 
 
+def _bad(where: str, why: str) -> ValueError:
+    return ValueError(f"{where}: not a hwprofile interconnect result: {why}")
+
+
+def _num(where: str, v: Any, key: str, lo: float, hi: float, whole: bool = False) -> Any:
+    ok = type(v) is int or (not whole and type(v) is float)
+    if not ok or not lo <= v <= hi:
+        raise _bad(
+            where, f"{key}: {v!r:.40} is not a {'whole ' if whole else ''}number from {lo:g} to {hi:g}"
+        )
+    return v
+
+
+def _text(where: str, v: Any, key: str, null: bool = False) -> Any:
+    if v is None and null:
+        return None
+    if not isinstance(v, str) or len(v) > 4096:
+        raise _bad(where, f"{key}: expected a string")
+    return v
+
+
+def _size_from_dict(s: Any, sk: str, where: str) -> SizeResult:
+    if not isinstance(s, dict) or type(s.get("exact")) is not bool:
+        raise _bad(where, f"{sk}: expected an object with exact true or false")
+    return SizeResult(
+        _num(where, s.get("bytes"), f"{sk}.bytes", 1, 1 << 40, whole=True),
+        s["exact"],
+        _num(where, s.get("seconds"), f"{sk}.seconds", 0, 86400),
+        _num(where, s.get("bus_gbs"), f"{sk}.bus_gbs", 0, 1e6),
+    )
+
+
+def _run_from_dict(r: Any, k: str, where: str) -> Run:
+    if not isinstance(r, dict):
+        raise _bad(where, f"{k}: expected an object")
+    group = r.get("group")
+    if not isinstance(group, list) or not 1 <= len(group) <= 256:
+        raise _bad(where, f"{k}.group: expected a list of GPU indexes")
+    if type(r.get("p2p")) is not bool:
+        raise _bad(where, f"{k}.p2p: expected true or false")
+    if r.get("outcome") not in OUTCOMES:
+        raise _bad(where, f"{k}.outcome: expected one of {', '.join(OUTCOMES)}")
+    sizes_in = r.get("sizes", [])
+    if not isinstance(sizes_in, list) or len(sizes_in) > 64:
+        raise _bad(where, f"{k}.sizes: expected a list")
+    sizes = [_size_from_dict(s, f"{k}.sizes[{j}]", where) for j, s in enumerate(sizes_in)]
+    wall = r.get("wall_s")
+    return Run(
+        tuple(_num(where, g, f"{k}.group", 0, 255, whole=True) for g in group),
+        r["p2p"],
+        r["outcome"],
+        _text(where, r.get("detail", ""), f"{k}.detail"),
+        tuple(sizes),
+        None if wall is None else _num(where, wall, f"{k}.wall_s", 0, 86400),
+    )
+
+
 def report_from_dict(doc: Any, where: str) -> Report:
     """A :class:`Report` from parsed JSON; ``ValueError`` naming ``where`` and the field otherwise."""
-
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{where}: not a hwprofile interconnect result: {why}")
-
-    def num(v: Any, key: str, lo: float, hi: float, whole: bool = False) -> Any:
-        ok = type(v) is int or (not whole and type(v) is float)
-        if not ok or not lo <= v <= hi:
-            raise bad(f"{key}: {v!r:.40} is not a {'whole ' if whole else ''}number from {lo:g} to {hi:g}")
-        return v
-
-    def text(v: Any, key: str, null: bool = False) -> Any:
-        if v is None and null:
-            return None
-        if not isinstance(v, str) or len(v) > 4096:
-            raise bad(f"{key}: expected a string")
-        return v
-
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise bad(f"schema is not {SCHEMA}")
+        raise _bad(where, f"schema is not {SCHEMA}")
     runs_in = doc.get("runs")
     if not isinstance(runs_in, list) or len(runs_in) > 4096:
-        raise bad("runs: expected a list")
-    runs: list[Run] = []
-    for i, r in enumerate(runs_in):
-        k = f"runs[{i}]"
-        if not isinstance(r, dict):
-            raise bad(f"{k}: expected an object")
-        group = r.get("group")
-        if not isinstance(group, list) or not 1 <= len(group) <= 256:
-            raise bad(f"{k}.group: expected a list of GPU indexes")
-        if type(r.get("p2p")) is not bool:
-            raise bad(f"{k}.p2p: expected true or false")
-        if r.get("outcome") not in OUTCOMES:
-            raise bad(f"{k}.outcome: expected one of {', '.join(OUTCOMES)}")
-        sizes_in = r.get("sizes", [])
-        if not isinstance(sizes_in, list) or len(sizes_in) > 64:
-            raise bad(f"{k}.sizes: expected a list")
-        sizes = []
-        for j, s in enumerate(sizes_in):
-            sk = f"{k}.sizes[{j}]"
-            if not isinstance(s, dict) or type(s.get("exact")) is not bool:
-                raise bad(f"{sk}: expected an object with exact true or false")
-            sizes.append(
-                SizeResult(
-                    num(s.get("bytes"), f"{sk}.bytes", 1, 1 << 40, whole=True),
-                    s["exact"],
-                    num(s.get("seconds"), f"{sk}.seconds", 0, 86400),
-                    num(s.get("bus_gbs"), f"{sk}.bus_gbs", 0, 1e6),
-                )
-            )
-        wall = r.get("wall_s")
-        runs.append(
-            Run(
-                tuple(num(g, f"{k}.group", 0, 255, whole=True) for g in group),
-                r["p2p"],
-                r["outcome"],
-                text(r.get("detail", ""), f"{k}.detail"),
-                tuple(sizes),
-                None if wall is None else num(wall, f"{k}.wall_s", 0, 86400),
-            )
-        )
+        raise _bad(where, "runs: expected a list")
+    runs = [_run_from_dict(r, f"runs[{i}]", where) for i, r in enumerate(runs_in)]
     return Report(
-        text(doc.get("fingerprint"), "fingerprint"),
-        text(doc.get("backend"), "backend"),
+        _text(where, doc.get("fingerprint"), "fingerprint"),
+        _text(where, doc.get("backend"), "backend"),
         tuple(runs),
-        text(doc.get("measured_at"), "measured_at", null=True),
-        text(doc.get("torch_version"), "torch_version", null=True),
-        driver_version=text(doc.get("driver_version"), "driver_version", null=True),
-        iommu=text(doc.get("iommu"), "iommu", null=True),
+        _text(where, doc.get("measured_at"), "measured_at", null=True),
+        _text(where, doc.get("torch_version"), "torch_version", null=True),
+        driver_version=_text(where, doc.get("driver_version"), "driver_version", null=True),
+        iommu=_text(where, doc.get("iommu"), "iommu", null=True),
     )
 
 

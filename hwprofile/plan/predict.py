@@ -470,17 +470,7 @@ def wave_decode_rates(
 
     while any(x > 0 for x in left):  # the prefill phase: a step per chunk, decodes riding along
         decoding = [i for i in range(n) if first[i] is not None and ended[i] is None]
-        room = budget - len(decoding)
-        chunks: list[tuple[int, int]] = []
-        for i in range(n):
-            if room <= 0:
-                break
-            if left[i] > 0:
-                take = min(left[i], room) if cand.chunked_prefill else left[i]
-                if take > room:
-                    break
-                chunks.append((i, take))
-                room -= take
+        chunks = _wave_chunks(left, budget - len(decoding), cand.chunked_prefill)
         tokens = sum(t for _, t in chunks)
         ctx = wl.input_len + out / 2
         now += step_ms(gpu, m, cand.tp, cand.link, len(decoding), ctx, tokens, wl.input_len / 2)["total_ms"]
@@ -502,9 +492,29 @@ def wave_decode_rates(
             made[i] += steps
             if made[i] >= out:
                 ended[i] = now
+    return _wave_rates(first, ended, out)
+
+
+def _wave_chunks(left: list[int], room: int, chunked_prefill: bool) -> list[tuple[int, int]]:
+    """The prompt chunks (request, tokens) of one wave step: the waiting prompts first come first served
+    in the ``room`` the decodes leave in the step budget, the last one cut with chunked prefill."""
+    chunks: list[tuple[int, int]] = []
+    for i in range(len(left)):
+        if room <= 0:
+            break
+        if left[i] > 0:
+            take = min(left[i], room) if chunked_prefill else left[i]
+            if take > room:
+                break
+            chunks.append((i, take))
+            room -= take
+    return chunks
+
+
+def _wave_rates(first: list[float | None], ended: list[float | None], out: int) -> list[float]:
+    """Each request's own decode rate (tok/s) from its first and last token times (ms)."""
     rates = []
-    for i in range(n):
-        f, e = first[i], ended[i]
+    for f, e in zip(first, ended, strict=True):
         if f is not None and e is not None and out > 1 and e > f:
             rates.append((out - 1) / ((e - f) / 1e3))
     return rates

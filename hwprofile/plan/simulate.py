@@ -186,6 +186,281 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+@dataclass
+class _Clients:
+    """The clients and the API server in front of the engine: when each request is sent (a closed loop,
+    a burst or a Poisson process) and when, after the API server's FIFO of per-request CPU work and the
+    fixed per-request latency, it reaches the engine's queue."""
+
+    arrivals: Arrivals
+    engine: Engine
+    sends: list[tuple[float, int]] = field(default_factory=list)  # heap of (time, rid)
+    pending_sends: deque[float] = field(default_factory=deque)  # poisson times waiting for a free client slot
+    # heap of (time it reaches the engine's queue, rid, req)
+    arriving: list[tuple[float, int, _Req]] = field(default_factory=list)
+    next_rid: int = 0
+    in_flight: int = 0
+    api_free: float = 0.0
+
+    @classmethod
+    def start(cls, arrivals: Arrivals, engine: Engine) -> _Clients:
+        import random  # only Poisson arrivals draw
+
+        a = arrivals
+        c = cls(a, engine)
+        if a.kind == "burst":
+            c.sends = [(0.0, i) for i in range(a.num_requests)]
+            c.next_rid = a.num_requests
+        elif a.kind == "concurrency":
+            for _ in range(min(a.num_requests, a.concurrency or 1)):
+                c.sends.append((0.0, c.next_rid))
+                c.next_rid += 1
+        else:
+            rng = random.Random(a.seed)
+            t = 0.0
+            for _ in range(a.num_requests):
+                c.pending_sends.append(t)
+                t += rng.expovariate(a.rate or 1.0)
+        heapq.heapify(c.sends)
+        if a.kind == "poisson":
+            c.release_poisson(0.0)
+        return c
+
+    def release_poisson(self, now: float) -> None:
+        """Send the Poisson requests whose time has come, as far as the concurrency cap lets them."""
+        cap = self.arrivals.concurrency
+        while self.pending_sends and (cap is None or self.in_flight < cap):
+            t0 = max(self.pending_sends.popleft(), now)
+            heapq.heappush(self.sends, (t0, self.next_rid))
+            self.next_rid += 1
+            self.in_flight += 1
+
+    def send_all_due(self, now: float) -> None:
+        a, engine = self.arrivals, self.engine
+        while self.sends and self.sends[0][0] <= now + 1e-12:
+            t0, rid = heapq.heappop(self.sends)
+            r = _Req(rid, t0, a.input_len, a.output_len)
+            # the fixed cost includes the CPU work: only what exceeds it is added after the FIFO
+            service = 1.0 / engine.api_max_rps if engine.api_max_rps else 0.0
+            self.api_free = max(self.api_free, t0) + service
+            r.queued = self.api_free + max(0.0, engine.request_overhead_s - service)
+            heapq.heappush(self.arriving, (r.queued, rid, r))
+
+    def arrived(self, now: float) -> list[_Req]:
+        """The requests that have reached the engine's queue by ``now``, in order."""
+        out = []
+        while self.arriving and self.arriving[0][0] <= now + 1e-12:
+            out.append(heapq.heappop(self.arriving)[2])
+        return out
+
+    def next_event_time(self) -> float:
+        ts = [self.arriving[0][0]] if self.arriving else []
+        if self.sends:
+            ts.append(self.sends[0][0])
+        return min(ts) if ts else math.inf
+
+    def ended(self, now: float) -> None:
+        """A request ended at ``now``: its client sends the next one (closed loop) or frees a slot."""
+        a = self.arrivals
+        if a.kind == "concurrency":
+            if self.next_rid < a.num_requests:
+                heapq.heappush(self.sends, (now, self.next_rid))
+                self.next_rid += 1
+        elif a.kind == "poisson":
+            self.in_flight -= 1
+            self.release_poisson(now)
+
+
+@dataclass
+class _Step:
+    """What one engine step computes: prompt chunks and decode tokens, and the token budget left."""
+
+    budget: int
+    decode: list[_Req] = field(default_factory=list)
+    chunks: list[tuple[_Req, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Scheduler:
+    """The engine's state between steps, and the scheduler's phases as methods: serve the running
+    requests (preempting for KV blocks), admit waiting ones, then run the step (several identical
+    decode-only steps together) and retire the requests that ended."""
+
+    cost: StepCost
+    engine: Engine
+    clients: _Clients
+    free_blocks: int
+    waiting: deque[_Req] = field(default_factory=deque)
+    running: list[_Req] = field(default_factory=list)
+    done: list[_Req] = field(default_factory=list)
+    now: float = 0.0
+    steps: int = 0
+    preemptions: int = 0
+    peak: int = 0
+
+    def _decode_all(self, step: _Step) -> int:
+        """The common case: every running request decodes one token (a block at most each). Returns
+        how many running requests were served (0 where the case does not hold)."""
+        running = self.running
+        if not (
+            len(running) <= step.budget
+            and self.free_blocks >= len(running)
+            and all(r.computed >= r.input_len for r in running)
+        ):
+            return 0
+        bs = self.engine.block_size
+        i = 0
+        for r in running:
+            if r.prompt_left:
+                break
+            if r.computed % bs == 0:
+                self.free_blocks -= 1
+                r.blocks += 1
+            step.decode.append(r)
+            i += 1
+        step.budget -= i
+        return i
+
+    def _preempt_last(self) -> None:
+        """Recompute preemption of the most recently admitted running request: its blocks are freed and
+        it returns to the front of the queue."""
+        victim = self.running.pop()
+        self.free_blocks += victim.blocks
+        victim.blocks, victim.computed = 0, 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def _serve_running(self, step: _Step) -> None:
+        """Running requests first: their next chunk or their next token, preempting for blocks if need be."""
+        i = self._decode_all(step)
+        running = self.running
+        while i < len(running) and step.budget > 0:
+            r = running[i]
+            left = r.prompt_left
+            n = min(left, step.budget) if left > 0 else 1
+            need = _blocks(r.computed + n, self.engine.block_size) - r.blocks
+            while need > self.free_blocks and len(running) - 1 > i:
+                self._preempt_last()
+            if need > self.free_blocks:
+                break  # cannot happen with one request fitting the cache; kept as a guard
+            self.free_blocks -= need
+            r.blocks += need
+            step.budget -= n
+            if left > 0:
+                step.chunks.append((r, n))
+            else:
+                step.decode.append(r)
+            i += 1
+
+    def _admit(self, step: _Step) -> None:
+        """Then waiting requests, first come first served (no admission in a step that preempted)."""
+        engine = self.engine
+        while self.waiting and len(self.running) < engine.max_num_seqs and step.budget > 0:
+            r = self.waiting[0]
+            left = r.prompt_left
+            if not engine.chunked_prefill and left > step.budget:
+                break
+            n = min(left, step.budget)
+            need = _blocks(r.computed + n, engine.block_size)
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            self.free_blocks -= need
+            r.blocks = need
+            step.budget -= n
+            self.running.append(r)
+            step.chunks.append((r, n))
+
+    def _decode_run(self, decode: list[_Req], dec_ctx: float) -> tuple[int, float]:
+        """How many identical decode-only steps can be taken together (up to the next arrival, finish or
+        KV block boundary), their blocks allocated; returns that count and the seconds they take."""
+        bs = self.engine.block_size
+        k = min(r.output_len - r.generated for r in decode)
+        horizon = self.clients.next_event_time()
+        c1 = self.cost(0, len(decode), dec_ctx, 0.0)
+        if horizon < math.inf and c1 > 0:
+            k = min(k, max(1, math.ceil((horizon - self.now) / c1)))
+        # the blocks k tokens more need (the one of this step is already allocated)
+        while k > 1:
+            extra = sum(_blocks(r.computed + k, bs) - r.blocks for r in decode)
+            if extra <= self.free_blocks:
+                break
+            k = max(1, k // 2)
+        if k > 1:
+            extra = sum(_blocks(r.computed + k, bs) - r.blocks for r in decode)
+            self.free_blocks -= extra
+            for r in decode:
+                r.blocks = _blocks(r.computed + k, bs)
+        return k, k * self.cost(0, len(decode), dec_ctx + (k - 1) / 2, 0.0)
+
+    def _retire(self) -> None:
+        """The requests that generated their last token end: their blocks are freed, their clients told."""
+        ended = [r for r in self.running if r.generated >= r.output_len]
+        if ended:
+            self.running = [r for r in self.running if r.generated < r.output_len]
+        for r in ended:
+            r.finished = self.now
+            self.free_blocks += r.blocks
+            r.blocks = 0
+            self.done.append(r)
+            self.clients.ended(self.now)
+
+    def step(self) -> None:
+        """One engine step (or several identical decode-only ones taken together)."""
+        step = _Step(self.engine.max_num_batched_tokens)
+        self._serve_running(step)
+        self._admit(step)
+        decode, chunks = step.decode, step.chunks
+        self.peak = max(self.peak, len(self.running))
+        prefill_tokens = 0
+        prefill_ctx_sum = 0.0
+        for r, n in chunks:
+            prefill_tokens += n
+            prefill_ctx_sum += n * (r.computed + n / 2)
+        dec_ctx = sum(r.computed for r in decode) / len(decode) if decode else 0.0
+        pre_ctx = prefill_ctx_sum / prefill_tokens if prefill_tokens else 0.0
+        if not chunks and decode and len(decode) == len(self.running):
+            k, dur = self._decode_run(decode, dec_ctx)
+        else:
+            k, dur = 1, self.cost(prefill_tokens, len(decode), dec_ctx, pre_ctx)
+        self.now += dur
+        self.steps += k
+        for r in decode:
+            r.computed += k
+            r.generated += k
+        for r, n in chunks:
+            r.computed += n
+            if r.prompt_left == 0:
+                if r.generated == 0:
+                    r.first_token = self.now
+                r.generated += 1
+        self._retire()
+
+
+def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
+    done = s.done
+    timings = []
+    for r in done:
+        assert r.first_token is not None and r.finished is not None
+        tpot = (r.finished - r.first_token) / (r.output_len - 1) if r.output_len > 1 else None
+        timings.append(RequestTiming(r.rid, r.first_token - r.sent, tpot, r.finished - r.sent, r.preemptions))
+    start = min((r.sent for r in done), default=0.0)
+    end = max((r.finished or 0.0 for r in done), default=0.0)
+    duration = max(1e-9, end - start)
+    out = sum(r.output_len for r in done)
+    return SimResult(
+        tuple(sorted(timings, key=lambda t: t.rid)),
+        duration,
+        out / duration,
+        s.steps,
+        events,
+        s.preemptions,
+        s.peak,
+        tuple(notes),
+    )
+
+
 def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int = 200_000) -> SimResult:
     """Run ``arrivals`` through ``engine`` with ``cost`` per step; stops (with a note) after ``max_events``."""
     if engine.max_num_seqs < 1 or engine.max_num_batched_tokens < 1:
@@ -200,215 +475,26 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
     if not engine.chunked_prefill and a.input_len > engine.max_num_batched_tokens:
         raise ValueError("without chunked prefill a prompt must fit max_num_batched_tokens")
 
-    # -- the clients: times at which requests are sent ---------------------------------------------
-    import random  # only Poisson arrivals draw
-
-    rng = random.Random(a.seed)
-    sends: list[tuple[float, int]] = []  # heap of (time, rid)
-    in_flight_cap = a.concurrency if a.kind != "burst" else None
-    pending_sends: deque[float] = deque()  # poisson times waiting for a free client slot
-    next_rid = 0
-    if a.kind == "burst":
-        sends = [(0.0, i) for i in range(a.num_requests)]
-        next_rid = a.num_requests
-    elif a.kind == "concurrency":
-        for _ in range(min(a.num_requests, a.concurrency or 1)):
-            sends.append((0.0, next_rid))
-            next_rid += 1
-    else:
-        t = 0.0
-        for _ in range(a.num_requests):
-            pending_sends.append(t)
-            t += rng.expovariate(a.rate or 1.0)
-    heapq.heapify(sends)
-    in_flight = 0
-
-    def release_poisson(now: float) -> None:
-        nonlocal next_rid, in_flight
-        while pending_sends and (in_flight_cap is None or in_flight < in_flight_cap):
-            t0 = max(pending_sends.popleft(), now)
-            heapq.heappush(sends, (t0, next_rid))
-            next_rid += 1
-            in_flight += 1
-
-    if a.kind == "poisson":
-        release_poisson(0.0)
-    elif a.kind == "concurrency":
-        in_flight = len(sends)
-
-    # -- the API server: a FIFO of per-request CPU work, then the fixed latency ----------------------
-    api_free = 0.0
-    arriving: list[tuple[float, int, _Req]] = []  # heap of (time it reaches the engine queue, rid, req)
-
-    def send_all_due(now: float) -> None:
-        nonlocal api_free
-        while sends and sends[0][0] <= now + 1e-12:
-            t0, rid = heapq.heappop(sends)
-            r = _Req(rid, t0, a.input_len, a.output_len)
-            # the fixed cost includes the CPU work: only what exceeds it is added after the FIFO
-            service = 1.0 / engine.api_max_rps if engine.api_max_rps else 0.0
-            api_free = max(api_free, t0) + service
-            r.queued = api_free + max(0.0, engine.request_overhead_s - service)
-            heapq.heappush(arriving, (r.queued, rid, r))
-
-    waiting: deque[_Req] = deque()
-    running: list[_Req] = []
-    done: list[_Req] = []
-    free_blocks = total_blocks
-    now = 0.0
-    steps = events = preemptions = peak = 0
-
-    def next_event_time() -> float:
-        ts = [arriving[0][0]] if arriving else []
-        if sends:
-            ts.append(sends[0][0])
-        return min(ts) if ts else math.inf
-
-    while len(done) < a.num_requests:
+    clients = _Clients.start(a, engine)
+    s = _Scheduler(cost, engine, clients, total_blocks)
+    events = 0
+    while len(s.done) < a.num_requests:
         events += 1
         if events > max_events:
             notes.append(
-                f"stopped after {max_events} events: {len(done)} of {a.num_requests} requests finished"
+                f"stopped after {max_events} events: {len(s.done)} of {a.num_requests} requests finished"
             )
             break
-        send_all_due(now)
-        while arriving and arriving[0][0] <= now + 1e-12:
-            waiting.append(heapq.heappop(arriving)[2])
-        if not running and not waiting:
-            t = next_event_time()
+        clients.send_all_due(s.now)
+        s.waiting.extend(clients.arrived(s.now))
+        if not s.running and not s.waiting:
+            t = clients.next_event_time()
             if t == math.inf:
                 break
-            now = max(now, t)
+            s.now = max(s.now, t)
             continue
-
-        budget = engine.max_num_batched_tokens
-        prefill_tokens = 0
-        prefill_ctx_sum = 0.0
-        decode: list[_Req] = []
-        chunks: list[tuple[_Req, int]] = []
-        # running requests first: their next chunk or their next token, preempting for blocks if need be
-        i = 0
-        if (
-            len(running) <= budget
-            and free_blocks >= len(running)
-            and all(r.computed >= r.input_len for r in running)
-        ):
-            # the common case: every running request decodes one token (a block at most each)
-            bs = engine.block_size
-            for r in running:
-                if r.prompt_left:
-                    break
-                if r.computed % bs == 0:
-                    free_blocks -= 1
-                    r.blocks += 1
-                decode.append(r)
-                i += 1
-            budget -= i
-        while i < len(running) and budget > 0:
-            r = running[i]
-            left = r.prompt_left
-            n = min(left, budget) if left > 0 else 1
-            need = _blocks(r.computed + n, engine.block_size) - r.blocks
-            while need > free_blocks and len(running) - 1 > i:
-                victim = running.pop()
-                free_blocks += victim.blocks
-                victim.blocks, victim.computed = 0, 0
-                victim.preemptions += 1
-                preemptions += 1
-                waiting.appendleft(victim)
-            if need > free_blocks:
-                break  # cannot happen with one request fitting the cache; kept as a guard
-            free_blocks -= need
-            r.blocks += need
-            budget -= n
-            if left > 0:
-                chunks.append((r, n))
-            else:
-                decode.append(r)
-            i += 1
-        # then waiting requests, first come first served (no admission in a step that preempted)
-        while waiting and len(running) < engine.max_num_seqs and budget > 0:
-            r = waiting[0]
-            left = r.prompt_left
-            if not engine.chunked_prefill and left > budget:
-                break
-            n = min(left, budget)
-            need = _blocks(r.computed + n, engine.block_size)
-            if need > free_blocks:
-                break
-            waiting.popleft()
-            free_blocks -= need
-            r.blocks = need
-            budget -= n
-            running.append(r)
-            chunks.append((r, n))
-        peak = max(peak, len(running))
-        for r, n in chunks:
-            prefill_tokens += n
-            prefill_ctx_sum += n * (r.computed + n / 2)
-        dec_ctx = sum(r.computed for r in decode) / len(decode) if decode else 0.0
-        pre_ctx = prefill_ctx_sum / prefill_tokens if prefill_tokens else 0.0
-
-        # how many identical decode-only steps can be taken together
-        k = 1
-        if not chunks and decode and len(decode) == len(running):
-            k = min(r.output_len - r.generated for r in decode)
-            horizon = next_event_time()
-            c1 = cost(0, len(decode), dec_ctx, 0.0)
-            if horizon < math.inf and c1 > 0:
-                k = min(k, max(1, math.ceil((horizon - now) / c1)))
-            # the blocks k tokens more need (the one of this step is already allocated)
-            while k > 1:
-                extra = sum(_blocks(r.computed + k, engine.block_size) - r.blocks for r in decode)
-                if extra <= free_blocks:
-                    break
-                k = max(1, k // 2)
-            if k > 1:
-                extra = sum(_blocks(r.computed + k, engine.block_size) - r.blocks for r in decode)
-                free_blocks -= extra
-                for r in decode:
-                    r.blocks = _blocks(r.computed + k, engine.block_size)
-            dur = k * cost(0, len(decode), dec_ctx + (k - 1) / 2, 0.0)
-        else:
-            dur = cost(prefill_tokens, len(decode), dec_ctx, pre_ctx)
-        now += dur
-        steps += k
-        for r in decode:
-            r.computed += k
-            r.generated += k
-        for r, n in chunks:
-            r.computed += n
-            if r.prompt_left == 0:
-                if r.generated == 0:
-                    r.first_token = now
-                r.generated += 1
-        ended = [r for r in running if r.generated >= r.output_len]
-        if ended:
-            running = [r for r in running if r.generated < r.output_len]
-        for r in ended:
-            r.finished = now
-            free_blocks += r.blocks
-            r.blocks = 0
-            done.append(r)
-            if a.kind == "concurrency":
-                if next_rid < a.num_requests:
-                    heapq.heappush(sends, (now, next_rid))
-                    next_rid += 1
-            elif a.kind == "poisson":
-                in_flight -= 1
-                release_poisson(now)
-
-    timings = []
-    for r in done:
-        assert r.first_token is not None and r.finished is not None
-        tpot = (r.finished - r.first_token) / (r.output_len - 1) if r.output_len > 1 else None
-        timings.append(RequestTiming(r.rid, r.first_token - r.sent, tpot, r.finished - r.sent, r.preemptions))
-    start = min((r.sent for r in done), default=0.0)
-    end = max((r.finished or 0.0 for r in done), default=0.0)
-    duration = max(1e-9, end - start)
-    out = sum(r.output_len for r in done)
-    return SimResult(tuple(sorted(timings, key=lambda t: t.rid)), duration, out / duration, steps, events,
-                     preemptions, peak, tuple(notes))  # fmt: skip
+        s.step()
+    return _result(s, events, notes)
 
 
 # -- figures with their evidence -------------------------------------------------------------------
