@@ -32,10 +32,17 @@ from fakehost import build, compile_fake_nvml
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fakevllm.py"
 CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -100,18 +107,38 @@ def main() -> int:
         }
         port = free_port(2)
         sets = [
-            "layout.tensor_parallel_size=4", "speculative.method=ngram", "server.shutdown_timeout=1",
-            f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp / 'logs'}",
-            "watch.metrics_port=0", "watch.hot_c=82",
-        ]  # fmt: skip
+            "layout.tensor_parallel_size=4",
+            "speculative.method=ngram",
+            "server.shutdown_timeout=1",
+            f"server.port={port}",
+            f"server.vllm_command={shim}",
+            f"logs.dir={tmp / 'logs'}",
+            "watch.metrics_port=0",
+            "watch.hot_c=82",
+        ]
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "hwprofile", "daemon", "--model", str(model), *[f"--set={s}" for s in sets]],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "daemon",
+                "--model",
+                str(model),
+                *[f"--set={s}" for s in sets],
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         end = time.monotonic() + 60
         while time.monotonic() < end:
             d = daemon_doc(tmp / "rt")
-            if d.get("instances") and all(i["status"] == "ok" for i in d["instances"]) and len(d["instances"]) == 2:
+            if (
+                d.get("instances")
+                and all(i["status"] == "ok" for i in d["instances"])
+                and len(d["instances"]) == 2
+            ):
                 break
             time.sleep(0.2)
         else:
@@ -132,11 +159,17 @@ def main() -> int:
         doc = daemon_doc(tmp / "rt")
         ticks, missed, tick_s = doc.get("ticks") or 0, doc.get("missed_ticks"), doc.get("tick_seconds") or 0
         n = max(1, ticks - before)
-        print(f"host fixture {args.host} (8 GPUs), 2 instances scraped, watch.interval 1 s, the same {args.seconds:.0f} s")
-        print(f"  hwprofile daemon   CPU {d_cpu:5.2f} % of one core   {1000 * d_s / n:6.2f} ms CPU per tick ({n} ticks)"
-              f"   RSS {d_rss:5.1f} MB ({d_rss - rss0:+.1f} over the window)   (target <= 0.5 %, <= 60 MB)")
-        print(f"  gpustat -i 1       CPU {p_cpu:5.2f} % of one core   {1000 * p_s / args.seconds:6.2f} ms CPU per second"
-              f"   RSS {p_rss:5.1f} MB")
+        print(
+            f"host fixture {args.host} (8 GPUs), 2 instances scraped, watch.interval 1 s, the same {args.seconds:.0f} s"
+        )
+        print(
+            f"  hwprofile daemon   CPU {d_cpu:5.2f} % of one core   {1000 * d_s / n:6.2f} ms CPU per tick ({n} ticks)"
+            f"   RSS {d_rss:5.1f} MB ({d_rss - rss0:+.1f} over the window)   (target <= 0.5 %, <= 60 MB)"
+        )
+        print(
+            f"  gpustat -i 1       CPU {p_cpu:5.2f} % of one core   {1000 * p_s / args.seconds:6.2f} ms CPU per second"
+            f"   RSS {p_rss:5.1f} MB"
+        )
         print(f"  ratio daemon / gpustat CPU: {d_cpu / p_cpu if p_cpu else float('inf'):.2f}x (target <= 1)")
         print(f"  daemon ticks {ticks}, missed {missed}, last tick {tick_s * 1000:.1f} ms")
         # reaction: defaults (dwell 3 s, 1 s ticks) from the first hot reading to the action
@@ -152,7 +185,9 @@ def main() -> int:
         if started is None:
             print("  reaction: no action within 30 s")
         else:
-            print(f"  reaction: first hot reading -> degrade started in {started - heated:.2f} s (target <= 6 s)")
+            print(
+                f"  reaction: first hot reading -> degrade started in {started - heated:.2f} s (target <= 6 s)"
+            )
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(60)
         print(f"  daemon exit on SIGTERM: {code}")

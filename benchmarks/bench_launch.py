@@ -57,20 +57,50 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = make_tiny_model(Path(tmp) / "tiny")
-        sets = ["--set", "engine.max_model_len=512", "--set", "cpu.kv_cache_space_gib=0.0625", "--set", "speculative.method=none",
-                "--set", "server.port=18555", "--set", f"logs.dir={tmp}/logs"]  # fmt: skip
+        sets = [
+            "--set",
+            "engine.max_model_len=512",
+            "--set",
+            "cpu.kv_cache_space_gib=0.0625",
+            "--set",
+            "speculative.method=none",
+            "--set",
+            "server.port=18555",
+            "--set",
+            f"logs.dir={tmp}/logs",
+        ]
         env = {**os.environ, "HWPROFILE_RUNTIME_DIR": f"{tmp}/rt", "HWPROFILE_CONFIG_ROOT": f"{tmp}/etc"}
-        rendered = json.loads(subprocess.run(
-            [sys.executable, "-m", "hwprofile", "render", "--format", "json", "--model", str(model), *sets],
-            env=env, capture_output=True, text=True, check=True,
-        ).stdout)  # fmt: skip
+        rendered = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "hwprofile",
+                    "render",
+                    "--format",
+                    "json",
+                    "--model",
+                    str(model),
+                    *sets,
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         plain_env = {**os.environ, **rendered["env"], "TMPDIR": tmp, "VLLM_CACHE_ROOT": f"{tmp}/plain-cache"}
         url = "http://127.0.0.1:18555"
         times: dict[str, list[float]] = {"hwprofile launch": [], "plain vllm serve": []}
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            p = subprocess.Popen([sys.executable, "-m", "hwprofile", "launch", "--foreground", "--model", str(model), *sets],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            p = subprocess.Popen(
+                [sys.executable, "-m", "hwprofile", "launch", "--foreground", "--model", str(model), *sets],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             times["hwprofile launch"].append(wait_health(url, p) - t0)
             stop_group(p)
             t0 = time.perf_counter()

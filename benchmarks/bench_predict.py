@@ -321,10 +321,13 @@ def write_bands(figs: list[dict[str, Any]]) -> None:
             lo = rs[int(0.1 * (len(rs) - 1))]
             hi = rs[round(0.9 * (len(rs) - 1))]
             doc["regimes"].setdefault(reg, {})[name] = {
-                "lo": round(lo, 3), "hi": round(hi, 3), "median": round(_median(rs), 3), "n": len(rs),
+                "lo": round(lo, 3),
+                "hi": round(hi, 3),
+                "median": round(_median(rs), 3),
+                "n": len(rs),
                 "source": "benchmarks/bench_predict.py --write-bands: simulated/measured on benchmarks/data/"
                 "validation_serving.yaml and validation_qwen38.yaml (10th-90th percentile)",
-            }  # fmt: skip
+            }
     head = (
         "# Written by benchmarks/bench_predict.py --write-bands (issue 32): the simulation's error bands.\n"
     )

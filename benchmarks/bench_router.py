@@ -49,7 +49,9 @@ from hwprofile.render.router import router_argv
 from hwprofile.supervise.front import main_conf, nginx_binary
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-KV_BYTES_PER_TOKEN = 512  # the tiny model: 2 x 2 layers x 2 KV heads x 32 x 2 bytes (hwprofile.launch.tinymodel)
+KV_BYTES_PER_TOKEN = (
+    512  # the tiny model: 2 x 2 layers x 2 KV heads x 32 x 2 bytes (hwprofile.launch.tinymodel)
+)
 
 
 def http(url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> tuple[int, bytes]:
@@ -84,10 +86,25 @@ class Server:
     def start(self) -> None:
         env = cpu_env(self.work)
         env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_OMP_THREADS_BIND=str(self.cpu))
-        argv = [str(VLLM), "serve", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-                "--max-model-len", "2048", "--enforce-eager", "--enable-prefix-caching",
-                "--kv-cache-memory-bytes", str(self.kv_tokens * KV_BYTES_PER_TOKEN), "--max-num-seqs", "8",
-                "--served-model-name", "tiny"]  # fmt: skip
+        argv = [
+            str(VLLM),
+            "serve",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "2048",
+            "--enforce-eager",
+            "--enable-prefix-caching",
+            "--kv-cache-memory-bytes",
+            str(self.kv_tokens * KV_BYTES_PER_TOKEN),
+            "--max-num-seqs",
+            "8",
+            "--served-model-name",
+            "tiny",
+        ]
         log = (self.work / f"vllm-{self.port}.log").open("ab")
         self.proc = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -143,8 +160,16 @@ class Front:
             argv = [nginx, "-p", str(d), "-c", str(d / "nginx.conf")]
         else:
             exe = str(Path(sys.executable).parent / "vllm-router")
-            argv = router_argv(exe, "127.0.0.1", self.port, [s.url for s in self.servers], "cache_aware",
-                               600, 3600, self.port + 1)  # fmt: skip
+            argv = router_argv(
+                exe,
+                "127.0.0.1",
+                self.port,
+                [s.url for s in self.servers],
+                "cache_aware",
+                600,
+                3600,
+                self.port + 1,
+            )
         log = (self.work / f"{self.kind}.log").open("ab")
         env = {**os.environ, "NO_COLOR": "1"}
         self.proc = subprocess.Popen(
@@ -182,8 +207,9 @@ def workload(args: argparse.Namespace, tokens_per_word: float) -> list[list[dict
 def one_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, str]:
     """(TTFT in s, the reply) of one streamed chat completion."""
     body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0}
-    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     t0 = time.perf_counter()
     ttft: float | None = None
     out: list[str] = []
@@ -203,8 +229,9 @@ def one_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple
     return ttft, "".join(out)
 
 
-def run(front: Front, chats: list[list[dict[str, str]]], args: argparse.Namespace,
-        kill: Server | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    front: Front, chats: list[list[dict[str, str]]], args: argparse.Namespace, kill: Server | None = None
+) -> dict[str, Any]:
     """Every chat turn by turn, ``args.concurrency`` chats at a time; with ``kill``, that server is
     SIGKILLed once a third of the turns are done."""
     ttfts: list[float] = []
@@ -291,9 +318,12 @@ def main() -> int:
         )
         tokens_per_word = got["count"] / 200
         chats = workload(args, tokens_per_word)
-        print(f"# {args.chats} chats x {args.turns} turns, {args.prefixes} shared system prompts of ~{args.prefix_tokens} "
-              f"tokens, {args.concurrency} chats at a time; each server's KV cache {args.kv_cache_tokens} tokens; "
-              f"{os.cpu_count()} CPUs", flush=True)  # fmt: skip
+        print(
+            f"# {args.chats} chats x {args.turns} turns, {args.prefixes} shared system prompts of ~{args.prefix_tokens} "
+            f"tokens, {args.concurrency} chats at a time; each server's KV cache {args.kv_cache_tokens} tokens; "
+            f"{os.cpu_count()} CPUs",
+            flush=True,
+        )
         for front in fronts:
             for s in servers:
                 http(s.url + "/reset_prefix_cache", {})

@@ -65,8 +65,13 @@ def fit(
     best: tuple[float, float, float, list[float]] | None = None
     for mem in MEMORY:
         for comp in (base["default"]["compute"],) if memory_only else COMPUTE:
-            doc = {**base, "architectures": {**(base.get("architectures") or {}),
-                                             family: {"memory": mem, "compute": comp, "basis": "fitted", "source": "fit"}}}  # fmt: skip
+            doc = {
+                **base,
+                "architectures": {
+                    **(base.get("architectures") or {}),
+                    family: {"memory": mem, "compute": comp, "basis": "fitted", "source": "fit"},
+                },
+            }
             gpufacts.efficiency_table = lambda d=doc: d  # type: ignore[assignment]
             rs = ratios(points, lib, work)
             err = sum(math.log(r) ** 2 for r in rs)
@@ -77,11 +82,17 @@ def fit(
     err, mem, comp, rs = best
     rs = sorted(rs)
     return {
-        "memory": mem, "compute": comp, "basis": "fitted",
-        "residuals": {"lo": round(rs[int(0.1 * (len(rs) - 1))], 3), "hi": round(rs[round(0.9 * (len(rs) - 1))], 3),
-                      "median": round(bp._median(rs), 3), "n": len(rs)},
+        "memory": mem,
+        "compute": comp,
+        "basis": "fitted",
+        "residuals": {
+            "lo": round(rs[int(0.1 * (len(rs) - 1))], 3),
+            "hi": round(rs[round(0.9 * (len(rs) - 1))], 3),
+            "median": round(bp._median(rs), 3),
+            "n": len(rs),
+        },
         "points": sorted(p["id"] for p in points),
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         "--by-chip", action="store_true", help="fit each chip (Ampere (GA100)) rather than each family"
     )
     ap.add_argument(
-        "--memory-only", action="store_true",
+        "--memory-only",
+        action="store_true",
         help="fit the memory share only; the compute share stays the default (AIConfigurator's measured kernels)",
-    )  # fmt: skip
+    )
     args = ap.parse_args(argv)
     from fakehost import compile_fake_nvml
 
@@ -113,12 +125,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             f = fit(fam, pts, lib, work, args.memory_only)
             gpus = sorted({p["hardware"]["gpu"] for p in pts})
-            f["source"] = (f"fitted by benchmarks/fit_efficiency.py to {len(pts)} published vLLM measurements "
-                           f"({', '.join(gpus)}; benchmarks/data/validation_serving.yaml, validation_qwen38.yaml)")  # fmt: skip
+            f["source"] = (
+                f"fitted by benchmarks/fit_efficiency.py to {len(pts)} published vLLM measurements "
+                f"({', '.join(gpus)}; benchmarks/data/validation_serving.yaml, validation_qwen38.yaml)"
+            )
             fits[fam] = f
-            print(f"{fam}: memory {f['memory']:.0%}, compute {f['compute']:.0%}; predicted/measured "
-                  f"median x{f['residuals']['median']:.2f}, 10-90 % x{f['residuals']['lo']:.2f}-x{f['residuals']['hi']:.2f} "
-                  f"over {f['residuals']['n']} figures of {len(pts)} points")  # fmt: skip
+            print(
+                f"{fam}: memory {f['memory']:.0%}, compute {f['compute']:.0%}; predicted/measured "
+                f"median x{f['residuals']['median']:.2f}, 10-90 % x{f['residuals']['lo']:.2f}-x{f['residuals']['hi']:.2f} "
+                f"over {f['residuals']['n']} figures of {len(pts)} points"
+            )
     if args.write:
         text = DATA.read_text()
         head = text[: text.index("architectures:")]

@@ -48,12 +48,16 @@ def main() -> int:
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         rss1, fds1 = rss_mb(), len(os.listdir("/proc/self/fd"))
     print(f"churn soak: {res.ticks} ticks ({args.minutes:g} simulated minutes) in {wall:.1f} s")
-    print(f"  injected: {res.episodes} hot episodes, {res.crashes} kills, {res.reloads} override rewrites, "
-          f"{res.runtime_deleted} runtime directory deletions")  # fmt: skip
+    print(
+        f"  injected: {res.episodes} hot episodes, {res.crashes} kills, {res.reloads} override rewrites, "
+        f"{res.runtime_deleted} runtime directory deletions"
+    )
     print(f"  actions: {dict(res.actions)}; at most {res.max_in_flight} instance(s) restarted at once")
     bad = [ep for ep in res.per_episode if ep != (1, 1)]
-    print(f"  one degrade + one recover per finished episode: {len(res.per_episode) - len(bad)} of "
-          f"{len(res.per_episode)}")  # fmt: skip
+    print(
+        f"  one degrade + one recover per finished episode: {len(res.per_episode) - len(bad)} of "
+        f"{len(res.per_episode)}"
+    )
     print(f"  loop CPU per tick {1000 * cpu / max(1, res.ticks):.2f} ms (fakes and daemon.json included)")
     print(f"  RSS {rss0:.1f} -> {rss1:.1f} MB, open descriptors {fds0} -> {fds1}; kept: {res.bounded}")
     print(f"  invariants: {'all held' if not res.violations else f'{len(res.violations)} broken'}")

@@ -134,8 +134,10 @@ def load_models(
 
     drafted = resolve_model(draft_spec, "draft")
     # both tokenizers read here, for the planner's comparison (a draft whose ids mean other tokens)
-    return (target._replace(tokenizer=tokenizer_of(target.path, "target")),
-            drafted._replace(tokenizer=tokenizer_of(drafted.path, "draft")))  # fmt: skip
+    return (
+        target._replace(tokenizer=tokenizer_of(target.path, "target")),
+        drafted._replace(tokenizer=tokenizer_of(drafted.path, "draft")),
+    )
 
 
 def make_plan(
@@ -162,15 +164,27 @@ def make_plan(
     assumed = None
     if model is None:  # no --model: say which model was planned, and where that name came from
         src = res.provenance.get(("model",))
-        assumed = f"no --model given: the model setting{f' from {src}' if src else ' (its default)'}, {target.name}"
+        assumed = (
+            f"no --model given: the model setting{f' from {src}' if src else ' (its default)'}, {target.name}"
+        )
         target = target._replace(origin=f"{assumed}; {target.origin}" if target.origin else assumed)
     pools = load_kv_pools() if res.settings.supervise.pin_kv_pool else None
     try:
         plan = build_plan(
-            host, res.settings, res.provenance, res.profile, res.matched_because, target, draft_facts,
-            tuple(nodes), tuple(addresses), calibration=load_calibration(root, host), kv_pools=pools,
-            interconnect=load_interconnect(root, host), interconnect_source=interconnect_path(root, host),
-        )  # fmt: skip
+            host,
+            res.settings,
+            res.provenance,
+            res.profile,
+            res.matched_because,
+            target,
+            draft_facts,
+            tuple(nodes),
+            tuple(addresses),
+            calibration=load_calibration(root, host),
+            kv_pools=pools,
+            interconnect=load_interconnect(root, host),
+            interconnect_source=interconnect_path(root, host),
+        )
     except PlanRefused as e:
         if assumed:
             e.message = f"{e.message} ({assumed})"
@@ -401,8 +415,14 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     points = _bench_points(summary or [], path, n_instances)
     if not points:
         raise bad("no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
-    tp = next((s.get("value") for s in settings or []
-               if isinstance(s, dict) and s.get("key") == "layout.tensor_parallel_size"), None)  # fmt: skip
+    tp = next(
+        (
+            s.get("value")
+            for s in settings or []
+            if isinstance(s, dict) and s.get("key") == "layout.tensor_parallel_size"
+        ),
+        None,
+    )
     if tp is not None:
         tp = number(
             tp,
@@ -413,8 +433,13 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     if "input_len" not in wl or "output_len" not in wl:
         raise bad("workload lengths: input_len and output_len are required")
     batched = plan.get("max_num_batched_tokens") or next(
-        (s.get("value") for s in settings or [] if isinstance(s, dict) and s.get("key") == "engine.max_num_batched_tokens"),
-        None)  # fmt: skip
+        (
+            s.get("value")
+            for s in settings or []
+            if isinstance(s, dict) and s.get("key") == "engine.max_num_batched_tokens"
+        ),
+        None,
+    )
     seqs = plan.get("max_num_seqs")
     return Calibration(
         path,
@@ -476,10 +501,16 @@ class PlanInputs:
     def whole_plan(self, extra: Sequence[str | Overrides] = ()) -> Plan:
         """The plan of these inputs, every node's instances."""
         return make_plan(
-            self.host, self.config_root, profile=self.profile, overrides=list(self.overrides),
-            sets=[*self.sets, *extra], model=self.model, draft=self.draft, nodes=self.nodes,
+            self.host,
+            self.config_root,
+            profile=self.profile,
+            overrides=list(self.overrides),
+            sets=[*self.sets, *extra],
+            model=self.model,
+            draft=self.draft,
+            nodes=self.nodes,
             addresses=self.addresses,
-        )  # fmt: skip
+        )
 
     def min_model_len(self) -> int | None:
         """The profile's ``engine.min_model_len`` (the ladder's context floor), as these inputs set it."""
@@ -494,21 +525,33 @@ class PlanInputs:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "host": self.host.to_dict(), "config_root": self.config_root, "profile": self.profile,
-            "overrides": list(self.overrides), "sets": list(self.sets), "model": self.model, "draft": self.draft,
-            "nodes": [n.to_dict() for n in self.nodes], "addresses": list(self.addresses),
+            "host": self.host.to_dict(),
+            "config_root": self.config_root,
+            "profile": self.profile,
+            "overrides": list(self.overrides),
+            "sets": list(self.sets),
+            "model": self.model,
+            "draft": self.draft,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "addresses": list(self.addresses),
             "node_rank": self.node_rank,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str) -> PlanInputs:
         """The inputs of :meth:`to_json` (checked by the caller's contract: strings and lists of them)."""
         return cls(
-            snapshot_from_dict(data["host"], source), str(data["config_root"]), data.get("profile"),
-            tuple(data.get("overrides") or ()), tuple(data.get("sets") or ()), data.get("model"), data.get("draft"),
+            snapshot_from_dict(data["host"], source),
+            str(data["config_root"]),
+            data.get("profile"),
+            tuple(data.get("overrides") or ()),
+            tuple(data.get("sets") or ()),
+            data.get("model"),
+            data.get("draft"),
             tuple(snapshot_from_dict(n, source) for n in data.get("nodes") or ()),
-            tuple(data.get("addresses") or ()), int(data.get("node_rank") or 0),
-        )  # fmt: skip
+            tuple(data.get("addresses") or ()),
+            int(data.get("node_rank") or 0),
+        )
 
 
 def vllm_command(configured: str | None) -> str:

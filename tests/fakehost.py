@@ -250,31 +250,72 @@ def scaled_snapshot(n: int) -> dict[str, Any]:
     gpus = []
     for i in range(n):
         node = 0 if i < n // 2 else 1
-        gpus.append({
-            "index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000",
-            "pci_bus_id": f"0000{i >> 8:04x}:{(i & 0xFF):02x}:00.0", "pci_device_id": "0x233010de",
-            "minor_number": i, "memory_total_bytes": 85520809984, "memory_used_bytes": 5242880,
-            "memory_reserved_bytes": 314572800, "compute_capability": "9.0", "numa_node": node,
-            "numa_node_source": "nvml", "cpu_affinity": cpus[node],
-            "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "degraded": False},
-            "nvlink_active_links": 18, "power_limit_watts": 700.0, "power_draw_watts": 60.0,
-            "temperature_c": 29, "temperature_slowdown_c": 87, "temperature_shutdown_c": 92,
-            "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980, "clocks_event_reasons": [],
-            "clocks_event_reasons_mask": 0, "lost": False,
-        })  # fmt: skip
+        gpus.append(
+            {
+                "index": i,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000",
+                "pci_bus_id": f"0000{i >> 8:04x}:{(i & 0xFF):02x}:00.0",
+                "pci_device_id": "0x233010de",
+                "minor_number": i,
+                "memory_total_bytes": 85520809984,
+                "memory_used_bytes": 5242880,
+                "memory_reserved_bytes": 314572800,
+                "compute_capability": "9.0",
+                "numa_node": node,
+                "numa_node_source": "nvml",
+                "cpu_affinity": cpus[node],
+                "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "degraded": False},
+                "nvlink_active_links": 18,
+                "power_limit_watts": 700.0,
+                "power_draw_watts": 60.0,
+                "temperature_c": 29,
+                "temperature_slowdown_c": 87,
+                "temperature_shutdown_c": 92,
+                "sm_clock_mhz": 1980,
+                "sm_clock_max_mhz": 1980,
+                "clocks_event_reasons": [],
+                "clocks_event_reasons_mask": 0,
+                "lost": False,
+            }
+        )
     links = [
-        {"a": a, "b": b, "p2p": True,
-         "link": "NV18" if a // 8 == b // 8 else ("NODE" if gpus[a]["numa_node"] == gpus[b]["numa_node"] else "SYS")}
-        for a in range(n) for b in range(a + 1, n)
-    ]  # fmt: skip
+        {
+            "a": a,
+            "b": b,
+            "p2p": True,
+            "link": "NV18"
+            if a // 8 == b // 8
+            else ("NODE" if gpus[a]["numa_node"] == gpus[b]["numa_node"] else "SYS"),
+        }
+        for a in range(n)
+        for b in range(a + 1, n)
+    ]
     return {
-        "schema": "hwprofile.host/1", "hostname": f"scaled-{n}", "kernel": "6.8.0",
-        "cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+", "logical_cpus": 224, "sockets": 2, "flags": ["avx512f"]},
+        "schema": "hwprofile.host/1",
+        "hostname": f"scaled-{n}",
+        "kernel": "6.8.0",
+        "cpu": {
+            "model": "Intel(R) Xeon(R) Platinum 8480+",
+            "logical_cpus": 224,
+            "sockets": 2,
+            "flags": ["avx512f"],
+        },
         "memory_bytes": 2 << 40,
         "numa_nodes": [{"id": k, "cpus": c, "memory_bytes": 1 << 40} for k, c in enumerate(cpus)],
-        "gpus": gpus, "gpu_links": links,
-        "driver": {"version": "550.54.15", "cuda_version": "12.4", "nvml_library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"},
-        "software": {"vllm_version": "0.32.0", "vllm_distribution": "vllm", "numactl_path": "/usr/bin/numactl",
-                     "tmpfs_path": "/dev/shm", "tmpfs_free_bytes": 25 << 30},
+        "gpus": gpus,
+        "gpu_links": links,
+        "driver": {
+            "version": "550.54.15",
+            "cuda_version": "12.4",
+            "nvml_library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        },
+        "software": {
+            "vllm_version": "0.32.0",
+            "vllm_distribution": "vllm",
+            "numactl_path": "/usr/bin/numactl",
+            "tmpfs_path": "/dev/shm",
+            "tmpfs_free_bytes": 25 << 30,
+        },
         "errors": [],
-    }  # fmt: skip
+    }

@@ -82,11 +82,23 @@ STARTED = time.time()  # process_start_time_seconds on /metrics (prometheus-clie
 
 # vLLM flags that take no value (the ones hwprofile renders, and a few more)
 BOOLEAN = {
-    "enforce-eager", "enable-prefix-caching", "no-enable-prefix-caching", "enable-chunked-prefill",
-    "no-enable-chunked-prefill", "trust-remote-code", "disable-log-stats", "disable-log-requests",
-    "enable-server-load-tracking", "numa-bind", "disable-custom-all-reduce", "async-scheduling",
-    "no-async-scheduling", "enable-log-requests", "disable-uvicorn-access-log", "headless",
-}  # fmt: skip
+    "enforce-eager",
+    "enable-prefix-caching",
+    "no-enable-prefix-caching",
+    "enable-chunked-prefill",
+    "no-enable-chunked-prefill",
+    "trust-remote-code",
+    "disable-log-stats",
+    "disable-log-requests",
+    "enable-server-load-tracking",
+    "numa-bind",
+    "disable-custom-all-reduce",
+    "async-scheduling",
+    "no-async-scheduling",
+    "enable-log-requests",
+    "disable-uvicorn-access-log",
+    "headless",
+}
 # The "engine": ignores SIGTERM (only a group SIGKILL or its server ends it), and dies with its server
 # (parent-death signal), so a test that fails half-way leaves nothing behind.
 ENGINE = (
@@ -97,9 +109,22 @@ ENGINE = (
     "time.sleep(86400)"
 )
 MULTI = {"numa-bind-nodes", "numa-bind-cpus"}  # vLLM flags that take several values
-FAKE = {"fake-mode", "fake-ready-delay", "fake-crash-after", "fake-sick-after", "fake-exit-code", "fake-fail-times",
-        "fake-counter", "fake-token-delay", "fake-diverge-after", "fake-diverge-match", "fake-stall-after",
-        "fake-stall-waiting", "fake-stall-port", "fake-stall-once"}  # fmt: skip
+FAKE = {
+    "fake-mode",
+    "fake-ready-delay",
+    "fake-crash-after",
+    "fake-sick-after",
+    "fake-exit-code",
+    "fake-fail-times",
+    "fake-counter",
+    "fake-token-delay",
+    "fake-diverge-after",
+    "fake-diverge-match",
+    "fake-stall-after",
+    "fake-stall-waiting",
+    "fake-stall-port",
+    "fake-stall-once",
+}
 VOCAB = 2048  # the token ids greedy answers are drawn from (the tiny model's vocabulary size)
 
 
@@ -306,9 +331,13 @@ class Server:
                 out.append(f'{name}{{engine="{e}",model_name="{self.name}"}} {float(v)!r}')
 
         with self.lock:
-            per_rank("vllm:num_requests_running", "Number of requests in model execution batches.", self.in_flight)
+            per_rank(
+                "vllm:num_requests_running", "Number of requests in model execution batches.", self.in_flight
+            )
             per_rank("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.stuck)
-            per_rank("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage, False)
+            per_rank(
+                "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage, False
+            )
             counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0)
             counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
             counter(
@@ -319,8 +348,16 @@ class Server:
             for reason, n in self.finished.items():
                 out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(n)!r}')
             for name, help_, h in (
-                ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
-                ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl),
+                (
+                    "vllm:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.",
+                    self.ttft,
+                ),
+                (
+                    "vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.",
+                    self.itl,
+                ),
             ):
                 out.append(f"# HELP {name} {help_}")
                 out.append(f"# TYPE {name} histogram")
@@ -389,7 +426,9 @@ class Server:
                 tops = [{piece(int(key[9:])): lp for key, lp in t.items()} for t in tops]
             choice["logprobs"] = {
                 "tokens": [f"token_id:{t}" if as_ids else piece(t) for t in ids],
-                "token_logprobs": [t[f"token_id:{i}" if as_ids else piece(i)] for t, i in zip(tops, ids, strict=True)],
+                "token_logprobs": [
+                    t[f"token_id:{i}" if as_ids else piece(i)] for t, i in zip(tops, ids, strict=True)
+                ],
                 "top_logprobs": tops,
                 "text_offset": [len(piece(0)) * j for j in range(len(ids))],
             }
@@ -452,10 +491,25 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                 return
             if srv.group is not None and srv.group.lost():  # the engine's next step finds a member gone
                 say("AsyncLLM output_handler failed.", level="ERROR", where="async_llm.py:906")
-                say("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
-                    "trace (above) for the root cause.", level="ERROR", where="async_llm.py:906")  # fmt: skip
-                self.reply(500, json.dumps({"error": {"message": "EngineCore encountered an issue. See stack "
-                           "trace (above) for the root cause.", "type": "InternalServerError", "code": 500}}).encode())  # fmt: skip
+                say(
+                    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+                    "trace (above) for the root cause.",
+                    level="ERROR",
+                    where="async_llm.py:906",
+                )
+                self.reply(
+                    500,
+                    json.dumps(
+                        {
+                            "error": {
+                                "message": "EngineCore encountered an issue. See stack "
+                                "trace (above) for the root cause.",
+                                "type": "InternalServerError",
+                                "code": 500,
+                            }
+                        }
+                    ).encode(),
+                )
                 srv.engine_dead = True
                 return
             prompt = str(body.get("prompt") or body.get("messages") or "")
@@ -473,8 +527,12 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                     self.end_headers()
                     for i in range(n):
                         srv.token(since)
-                        chunk = {"id": "cmpl-fake", "object": "text_completion", "model": srv.name,
-                                 "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}  # fmt: skip
+                        chunk = {
+                            "id": "cmpl-fake",
+                            "object": "text_completion",
+                            "model": srv.name,
+                            "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
+                        }
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
                     self.wfile.write(b"data: [DONE]\n\n")
@@ -484,10 +542,17 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
                     for _ in range(n):
                         srv.token(since)
                     text = "".join(f" t{i}" for i in range(n))
-                    reply = {"id": "cmpl-fake", "object": "text_completion", "model": srv.name,
-                             "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
-                                       "total_tokens": len(prompt.split()) + n}}  # fmt: skip
+                    reply = {
+                        "id": "cmpl-fake",
+                        "object": "text_completion",
+                        "model": srv.name,
+                        "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                        "usage": {
+                            "prompt_tokens": len(prompt.split()),
+                            "completion_tokens": n,
+                            "total_tokens": len(prompt.split()) + n,
+                        },
+                    }
                     if body.get("return_token_ids"):
                         srv.with_token_ids(reply["choices"][0], body, prompt, n)
                     self.reply(200, json.dumps(reply).encode())
@@ -499,10 +564,51 @@ def handler_for(srv: Server) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class Histogram:
@@ -567,7 +673,11 @@ class Group:
             conn.settimeout(None)  # blocking again: lost() peeks with MSG_DONTWAIT
             conn.sendall(b"W")
             self.members.append(conn)
-            say(f"world_size={self.n} rank={len(self.members)} joined", "Worker", where="parallel_state.py:1906")
+            say(
+                f"world_size={self.n} rank={len(self.members)} joined",
+                "Worker",
+                where="parallel_state.py:1906",
+            )
         return True
 
     def lost(self) -> bool:
@@ -602,8 +712,11 @@ class Group:
                 got = b""
             if got == b"W":
                 self.members.append(conn)  # held open: node 0 sees this process go when it does
-                say(f"world_size={self.n} rank={rank} distributed_init_method=tcp://{self.addr}:{self.port}",
-                    "Worker", where="parallel_state.py:1906")  # fmt: skip
+                say(
+                    f"world_size={self.n} rank={rank} distributed_init_method=tcp://{self.addr}:{self.port}",
+                    "Worker",
+                    where="parallel_state.py:1906",
+                )
                 return True
             if got == b"":  # node 0 went: joined to nothing, and it stays so (as vLLM's does)
                 while not stop.wait(0.5):
@@ -641,8 +754,10 @@ def kv_check(model_dir: str, args: dict[str, Any]) -> tuple[int, int, float]:
             f"({have:.2f} GiB). Based on the available memory, the estimated maximum model length is "
             f"{usable}. Try increasing `kv_cache_memory_bytes` or decreasing `max_model_len` when "
             "initializing the engine.",
-            "EngineCore", "ERROR", "core.py:1000",
-        )  # fmt: skip
+            "EngineCore",
+            "ERROR",
+            "core.py:1000",
+        )
         print(
             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
         )
@@ -690,9 +805,15 @@ def headless(group: Group, rank: int) -> int:
     stop = Flag()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(PID), "fakevllm-Worker"], stdin=subprocess.DEVNULL)
-    say(f"Launching vLLM (v{VERSION}) headless multiproc executor, with head node address "
-        f"{group.addr}:{group.port} for torch.distributed process group.", "MainProcess", where="serve.py:224")  # fmt: skip
+    engine = subprocess.Popen(
+        [sys.executable, "-c", ENGINE, str(PID), "fakevllm-Worker"], stdin=subprocess.DEVNULL
+    )
+    say(
+        f"Launching vLLM (v{VERSION}) headless multiproc executor, with head node address "
+        f"{group.addr}:{group.port} for torch.distributed process group.",
+        "MainProcess",
+        where="serve.py:224",
+    )
     group.join(rank, stop)
     while not stop.wait(0.2):
         pass
@@ -734,7 +855,9 @@ def main(argv: list[str]) -> int:
     nnodes = int(args.get("nnodes") or 1)
     group = None
     if nnodes > 1:
-        group = Group(str(args.get("master_addr") or "127.0.0.1"), int(args.get("master_port") or 29501), nnodes)
+        group = Group(
+            str(args.get("master_addr") or "127.0.0.1"), int(args.get("master_port") or 29501), nnodes
+        )
     if args.get("headless"):
         assert group is not None, "--headless needs --nnodes > 1"
         return headless(group, int(args.get("node_rank") or 0))
@@ -758,7 +881,7 @@ def main(argv: list[str]) -> int:
     engine = subprocess.Popen(  # an "EngineCore" child in our process group, as vLLM has
         [sys.executable, "-c", ENGINE, str(PID), "fakevllm-EngineCore"],
         stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
 
     def leave(code: int) -> int:
         engine.kill()
@@ -804,19 +927,30 @@ def main(argv: list[str]) -> int:
     if pool and "kv_cache_memory_bytes" not in args:
         compiled = os.environ.get("FAKEVLLM_COMPILE", "")
         if compiled == "cold":
-            say("Compiling a graph for compile range (1, 8192) takes 41.20 s", "EngineCore", where="backends.py:418")
+            say(
+                "Compiling a graph for compile range (1, 8192) takes 41.20 s",
+                "EngineCore",
+                where="backends.py:418",
+            )
         elif compiled == "warm":
-            say("Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 3.101 s",
-                "EngineCore", where="backends.py:311")  # fmt: skip
+            say(
+                "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 3.101 s",
+                "EngineCore",
+                where="backends.py:311",
+            )
         say(f"Available KV cache memory: {pool} GiB", "EngineCore", where="gpu_worker.py:775")
     elif pool:
-        say(f"Initial free memory 23.10 GiB, reserved {size_of(args['kv_cache_memory_bytes']) / 2**30:.2f} GiB memory "
+        say(
+            f"Initial free memory 23.10 GiB, reserved {size_of(args['kv_cache_memory_bytes']) / 2**30:.2f} GiB memory "
             "for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.",
-            "EngineCore", where="gpu_worker.py:676")  # fmt: skip
+            "EngineCore",
+            where="gpu_worker.py:676",
+        )
     say(
         f"CPU KV cache size: {tokens:,} tokens, Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x",
-        "EngineCore", where="kv_cache_utils.py:2327",
-    )  # fmt: skip
+        "EngineCore",
+        where="kv_cache_utils.py:2327",
+    )
     say(f"Starting vLLM API server 0 on http://{host}:{port}", where="api_server.py:2000")
     print("INFO:     Application startup complete.", flush=True)
     srv.loaded = True
@@ -827,8 +961,11 @@ def main(argv: list[str]) -> int:
         def crash() -> None:
             srv.seen_healthy.wait(60)  # a crash of a ready server: one its supervisor saw ready
             time.sleep(after)
-            say("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.", level="ERROR",
-                where="core_client.py:600")  # fmt: skip
+            say(
+                "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+                level="ERROR",
+                where="core_client.py:600",
+            )
             sys.stdout.flush()
             engine.kill()
             os._exit(code)
@@ -850,7 +987,11 @@ def main(argv: list[str]) -> int:
 
         def sicken() -> None:
             time.sleep(after)
-            say("Engine core proc EngineCore_DP0 died unexpectedly.", level="ERROR", where="core_client.py:600")
+            say(
+                "Engine core proc EngineCore_DP0 died unexpectedly.",
+                level="ERROR",
+                where="core_client.py:600",
+            )
             engine.kill()
             srv.loaded = False  # /health 503 from now on; the process stays
 
@@ -877,11 +1018,28 @@ def main(argv: list[str]) -> int:
 
 # -- `vllm bench serve` -----------------------------------------------------------------------------
 BENCH_VALUED = {
-    "backend", "endpoint", "base-url", "model", "tokenizer", "dataset-name", "random-input-len",
-    "random-output-len", "num-prompts", "max-concurrency", "request-rate", "temperature",
-    "percentile-metrics", "metric-percentiles", "seed", "result-dir", "result-filename", "input-len", "output-len",
-    "dataset-path", "sharegpt-output-len",
-}  # fmt: skip
+    "backend",
+    "endpoint",
+    "base-url",
+    "model",
+    "tokenizer",
+    "dataset-name",
+    "random-input-len",
+    "random-output-len",
+    "num-prompts",
+    "max-concurrency",
+    "request-rate",
+    "temperature",
+    "percentile-metrics",
+    "metric-percentiles",
+    "seed",
+    "result-dir",
+    "result-filename",
+    "input-len",
+    "output-len",
+    "dataset-path",
+    "sharegpt-output-len",
+}
 BENCH_FLAGS = {"ignore-eos", "disable-tqdm", "save-result"}
 
 
@@ -898,7 +1056,9 @@ def _percentile(values: list[float], p: float) -> float:
 def _spec_counters(base: str) -> dict[str, float] | None:
     import urllib.request
 
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(base + "/metrics", timeout=10) as r:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        base + "/metrics", timeout=10
+    ) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -937,16 +1097,28 @@ def bench_main(argv: list[str]) -> int:
     n, conc = int(opts.get("num-prompts", 1000)), int(opts.get("max-concurrency") or 10**6)
     in_len, out_len = int(opts.get("random-input-len", 1024)), int(opts.get("random-output-len", 128))
     texts = [" ".join(["w"] * in_len)]
-    if opts.get("dataset-name") == "sharegpt":  # as vLLM's ShareGPTDataset: the first turn of each conversation
+    if (
+        opts.get("dataset-name") == "sharegpt"
+    ):  # as vLLM's ShareGPTDataset: the first turn of each conversation
         with open(opts["dataset-path"], encoding="utf-8") as f:
-            texts = [c["conversations"][0]["value"] for c in json.load(f) if len(c.get("conversations", ())) >= 2]
+            texts = [
+                c["conversations"][0]["value"] for c in json.load(f) if len(c.get("conversations", ())) >= 2
+            ]
         out_len = int(opts.get("sharegpt-output-len", 128))
         in_len = sum(len(t.split()) for t in texts) // len(texts)
     extra_ttft = float(os.environ.get("FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY") or 0) * min(conc, n) / 1000
 
     def one(k: int) -> tuple[float, list[float], float]:
-        body = json.dumps({"model": opts.get("model"), "prompt": texts[k % len(texts)], "max_tokens": out_len,
-                           "stream": True, "ignore_eos": True, "temperature": 0}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "model": opts.get("model"),
+                "prompt": texts[k % len(texts)],
+                "max_tokens": out_len,
+                "stream": True,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
+        ).encode()
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
         t0 = time.perf_counter()
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -972,26 +1144,43 @@ def bench_main(argv: list[str]) -> int:
     tpots = [(o[2] - o[0]) / (out_len - 1) for o in outs] if out_len > 1 else [0.0]
     e2els = [o[2] for o in outs]
     res: dict[str, Any] = {
-        "date": time.strftime("%Y%m%d-%H%M%S"), "endpoint_type": opts.get("backend", "openai"),
-        "backend": opts.get("backend", "openai"), "label": None, "model_id": opts.get("model"),
-        "tokenizer_id": opts.get("tokenizer"), "num_prompts": n, "request_rate": "inf", "burstiness": 1.0,
+        "date": time.strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": opts.get("backend", "openai"),
+        "backend": opts.get("backend", "openai"),
+        "label": None,
+        "model_id": opts.get("model"),
+        "tokenizer_id": opts.get("tokenizer"),
+        "num_prompts": n,
+        "request_rate": "inf",
+        "burstiness": 1.0,
         "max_concurrency": int(opts["max-concurrency"]) if "max-concurrency" in opts else None,
-        "duration": duration, "completed": n, "failed": 0, "total_input_tokens": n * in_len,
-        "total_output_tokens": n * out_len, "request_throughput": n / duration, "request_goodput": None,
-        "output_throughput": n * out_len / duration, "total_token_throughput": n * (in_len + out_len) / duration,
-        "max_output_tokens_per_s": float(out_len), "max_concurrent_requests": min(conc, n), "rtfx": 0.0,
-    }  # fmt: skip
+        "duration": duration,
+        "completed": n,
+        "failed": 0,
+        "total_input_tokens": n * in_len,
+        "total_output_tokens": n * out_len,
+        "request_throughput": n / duration,
+        "request_goodput": None,
+        "output_throughput": n * out_len / duration,
+        "total_token_throughput": n * (in_len + out_len) / duration,
+        "max_output_tokens_per_s": float(out_len),
+        "max_concurrent_requests": min(conc, n),
+        "rtfx": 0.0,
+    }
     if before is not None and after is not None:
         d = {k: after[k] - before.get(k, 0.0) for k in after}
         drafts = d.get("vllm:spec_decode_num_drafts_total", 0.0)
         acc = d.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
         tokens = d.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
-        res.update({
-            "spec_decode_acceptance_rate": acc / tokens * 100 if tokens else 0.0,
-            "spec_decode_acceptance_length": 1 + acc / drafts if drafts else 1.0,
-            "spec_decode_num_drafts": int(drafts), "spec_decode_draft_tokens": int(tokens),
-            "spec_decode_accepted_tokens": int(acc),
-        })  # fmt: skip
+        res.update(
+            {
+                "spec_decode_acceptance_rate": acc / tokens * 100 if tokens else 0.0,
+                "spec_decode_acceptance_length": 1 + acc / drafts if drafts else 1.0,
+                "spec_decode_num_drafts": int(drafts),
+                "spec_decode_draft_tokens": int(tokens),
+                "spec_decode_accepted_tokens": int(acc),
+            }
+        )
     pcts = [float(p) for p in opts.get("metric-percentiles", "99").split(",")]
     for metric, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         if metric not in opts.get("percentile-metrics", "ttft,tpot,itl").split(","):

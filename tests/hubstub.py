@@ -25,11 +25,17 @@ from hwprofile.model.hfconfig import parse_config
 
 TOKEN = "hf_standinSECRETtoken0123456789"
 CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
-}  # fmt: skip
+}
 INDEX_NAME = "model.safetensors.index.json"
 ESTIMATE = parse_config(CONFIG, "x", "hub", None).weights_bytes  # ~2.6 GB at 16 bits
 
@@ -44,7 +50,11 @@ def safetensors_header(dtype: str, count: int, tensors: int = 4) -> tuple[bytes,
     per = count // tensors
     meta, offset = {}, 0
     for i in range(tensors):
-        meta[f"layers.{i}.weight"] = {"dtype": dtype, "shape": [per], "data_offsets": [offset, offset + per * width]}
+        meta[f"layers.{i}.weight"] = {
+            "dtype": dtype,
+            "shape": [per],
+            "data_offsets": [offset, offset + per * width],
+        }
         offset += per * width
     raw = json.dumps(meta).encode()
     raw += b" " * (-len(raw) % 8)
@@ -78,12 +88,19 @@ def build_repos() -> dict[str, dict[str, Any]]:
     third = n // 3
     sharded_names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     shards = {name: shard("BF16", third) for name in sharded_names}
-    index = {"metadata": {"total_size": 3 * third * 2}, "weight_map": {f"t{i}": name for i, name in enumerate(sharded_names)}}
+    index = {
+        "metadata": {"total_size": 3 * third * 2},
+        "weight_map": {f"t{i}": name for i, name in enumerate(sharded_names)},
+    }
     v2 = {**CONFIG, "num_hidden_layers": 32}
     f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
-    small = {"config.json": json_file(CONFIG), "generation_config.json": json_file({"temperature": 0.6}),
-             "tokenizer_config.json": json_file({"eos_token": "</s>"}), "README.md": File(b"# small\n"),
-             "model.safetensors": shard("BF16", n)}  # fmt: skip
+    small = {
+        "config.json": json_file(CONFIG),
+        "generation_config.json": json_file({"temperature": 0.6}),
+        "tokenizer_config.json": json_file({"eos_token": "</s>"}),
+        "README.md": File(b"# small\n"),
+        "model.safetensors": shard("BF16", n),
+    }
     return {
         "acme/small": {
             "refs": {"main": commit("small-main"), "v2": commit("small-v2")},
@@ -94,8 +111,13 @@ def build_repos() -> dict[str, dict[str, Any]]:
         },
         "acme/sharded": {
             "refs": {"main": commit("sharded")},
-            "commits": {commit("sharded"): {"config.json": json_file(CONFIG),
-                                            "model.safetensors.index.json": json_file(index), **shards}},
+            "commits": {
+                commit("sharded"): {
+                    "config.json": json_file(CONFIG),
+                    "model.safetensors.index.json": json_file(index),
+                    **shards,
+                }
+            },
         },
         "acme/f32": {
             "refs": {"main": commit("f32")},
@@ -104,12 +126,18 @@ def build_repos() -> dict[str, dict[str, Any]]:
         "acme/gated": {
             "gated": True,
             "refs": {"main": commit("gated")},
-            "commits": {commit("gated"): {"config.json": json_file(CONFIG), "model.safetensors": shard("BF16", n)}},
+            "commits": {
+                commit("gated"): {"config.json": json_file(CONFIG), "model.safetensors": shard("BF16", n)}
+            },
         },
         "acme/pickle": {
             "refs": {"main": commit("pickle")},
-            "commits": {commit("pickle"): {"config.json": json_file(CONFIG),
-                                           "pytorch_model.bin": File(b"\x80\x02", 2 * n, lfs=True)}},
+            "commits": {
+                commit("pickle"): {
+                    "config.json": json_file(CONFIG),
+                    "pytorch_model.bin": File(b"\x80\x02", 2 * n, lfs=True),
+                }
+            },
         },
         "acme/noconfig": {
             "refs": {"main": commit("noconfig")},
@@ -117,24 +145,45 @@ def build_repos() -> dict[str, dict[str, Any]]:
         },
         "acme/busy": {"busy": True, "refs": {"main": commit("busy")}, "commits": {commit("busy"): {}}},
         "acme/slow": {"slow_api": True, "refs": {"main": commit("slow")}, "commits": {commit("slow"): small}},
-        "acme/slowfile": {"slow_file": True, "refs": {"main": commit("slowf")}, "commits": {commit("slowf"): small}},
+        "acme/slowfile": {
+            "slow_file": True,
+            "refs": {"main": commit("slowf")},
+            "commits": {commit("slowf"): small},
+        },
         # hostile answers (tests/test_hostile_hub.py): each flag names what the stand-in does instead
-        **{f"acme/{flag}": {flag: True, "refs": {"main": commit(flag)}, "commits": {commit(flag): hostile_files(flag)}}
-           for flag in HOSTILE},
+        **{
+            f"acme/{flag}": {
+                flag: True,
+                "refs": {"main": commit(flag)},
+                "commits": {commit(flag): hostile_files(flag)},
+            }
+            for flag in HOSTILE
+        },
     }
 
 
 # how a hostile stand-in answers: an endless file list, an endless file (its listed size a lie),
 # a file trickled a byte at a time past every deadline, endless safetensors headers, a redirect loop,
 # a config nested 20,000 deep, a file list naming a config of 1 GB
-HOSTILE = ("endless_api", "endless_file", "endless_index", "trickle_file", "endless_header", "redirect_loop",
-           "deep_config", "huge_config")  # fmt: skip
+HOSTILE = (
+    "endless_api",
+    "endless_file",
+    "endless_index",
+    "trickle_file",
+    "endless_header",
+    "redirect_loop",
+    "deep_config",
+    "huge_config",
+)
 
 
 def hostile_files(flag: str) -> dict[str, File]:
     n = ESTIMATE // 2
     f32 = {k: v for k, v in CONFIG.items() if k != "torch_dtype"}
-    files = {"config.json": json_file(f32 if flag == "endless_header" else CONFIG), "model.safetensors": shard("BF16", n)}
+    files = {
+        "config.json": json_file(f32 if flag == "endless_header" else CONFIG),
+        "model.safetensors": shard("BF16", n),
+    }
     if flag == "endless_index":
         files["model.safetensors.index.json"] = json_file({"weight_map": {"t": "model.safetensors"}})
     if flag == "deep_config":
@@ -186,10 +235,19 @@ class Hub:
         path = urlsplit(h.path).path
         auth = h.headers.get("Authorization") or ""
         parts = path.strip("/").split("/")
-        kind = "api" if parts[0] == "api" else "resolve" if len(parts) > 3 and parts[2] == "resolve" else "other"
+        kind = (
+            "api" if parts[0] == "api" else "resolve" if len(parts) > 3 and parts[2] == "resolve" else "other"
+        )
         with self.lock:
-            self.requests.append({"kind": kind, "method": h.command, "path": path, "auth": auth,
-                                  "range": h.headers.get("Range")})  # fmt: skip
+            self.requests.append(
+                {
+                    "kind": kind,
+                    "method": h.command,
+                    "path": path,
+                    "auth": auth,
+                    "range": h.headers.get("Range"),
+                }
+            )
         try:
             if kind == "api" and parts[1] == "models":
                 self.api(h, parts[2:], body)
@@ -200,8 +258,15 @@ class Hub:
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def reply(self, h: BaseHTTPRequestHandler, code: int, data: bytes, body: bool,
-              headers: dict[str, str] | None = None, length: int | None = None) -> None:  # fmt: skip
+    def reply(
+        self,
+        h: BaseHTTPRequestHandler,
+        code: int,
+        data: bytes,
+        body: bool,
+        headers: dict[str, str] | None = None,
+        length: int | None = None,
+    ) -> None:
         h.send_response(code)
         for k, v in (headers or {}).items():
             h.send_header(k, v)
@@ -210,8 +275,16 @@ class Hub:
         if body:
             h.wfile.write(data)
 
-    def endless(self, h: BaseHTTPRequestHandler, code: int, headers: dict[str, str], first: bytes,
-                chunk: bytes = b"a" * 65536, delay: float = 0.0, limit: int = 8 << 30) -> None:  # fmt: skip
+    def endless(
+        self,
+        h: BaseHTTPRequestHandler,
+        code: int,
+        headers: dict[str, str],
+        first: bytes,
+        chunk: bytes = b"a" * 65536,
+        delay: float = 0.0,
+        limit: int = 8 << 30,
+    ) -> None:
         """An answer without end (no Content-Length, the connection closed after it): ``first``, then
         ``chunk`` after ``chunk`` (``delay`` apart) until the client goes or ``limit`` is sent. The
         bytes sent are counted in ``self.sent_bytes[path]``."""
@@ -247,7 +320,9 @@ class Hub:
         rev = unquote("/".join(rest[3:])) if len(rest) > 3 and rest[2] == "revision" else "main"
         r, sha = self.lookup(repo, rev)
         if r is None:
-            return self.reply(h, 404, b'{"error":"Repository not found"}', body, {"X-Error-Code": "RepoNotFound"})
+            return self.reply(
+                h, 404, b'{"error":"Repository not found"}', body, {"X-Error-Code": "RepoNotFound"}
+            )
         if r.get("busy"):
             return self.reply(h, 429, b'{"error":"rate limited"}', body, {"Retry-After": "30"})
         if r.get("slow_api"):
@@ -260,15 +335,27 @@ class Hub:
             return self.reply(h, 404, b"{}", body, {"X-Error-Code": "RevisionNotFound"})
         siblings = []
         for name, f in r["commits"][sha].items():
-            s: dict[str, Any] = {"rfilename": name, "size": f.size, "blobId": hashlib.sha1(f.head).hexdigest()}
+            s: dict[str, Any] = {
+                "rfilename": name,
+                "size": f.size,
+                "blobId": hashlib.sha1(f.head).hexdigest(),
+            }
             if f.lfs:
                 s["lfs"] = {"size": f.size, "sha256": f.etag, "pointerSize": 134}
             siblings.append(s)
-        doc = {"id": repo, "modelId": repo, "sha": sha, "private": False,
-               "gated": "manual" if r.get("gated") else False, "siblings": siblings}  # fmt: skip
+        doc = {
+            "id": repo,
+            "modelId": repo,
+            "sha": sha,
+            "private": False,
+            "gated": "manual" if r.get("gated") else False,
+            "siblings": siblings,
+        }
         self.reply(h, 200, json.dumps(doc).encode(), body, {"Content-Type": "application/json"})
 
-    def resolve(self, h: BaseHTTPRequestHandler, repo: str, rev: str, name: str, body: bool, auth: str) -> None:
+    def resolve(
+        self, h: BaseHTTPRequestHandler, repo: str, rev: str, name: str, body: bool, auth: str
+    ) -> None:
         r, sha = self.lookup(repo, rev)
         if r is None:
             return self.reply(h, 404, b"", body, {"X-Error-Code": "RepoNotFound"})
@@ -276,8 +363,13 @@ class Hub:
             return self.reply(h, 404, b"", body, {"X-Error-Code": "RevisionNotFound"})
         if r.get("gated") and auth != f"Bearer {TOKEN}":
             code = 403 if auth else 401
-            return self.reply(h, code, b"", body, {"X-Error-Code": "GatedRepo", "X-Error-Message": "gated",
-                                                   "X-Repo-Commit": sha})  # fmt: skip
+            return self.reply(
+                h,
+                code,
+                b"",
+                body,
+                {"X-Error-Code": "GatedRepo", "X-Error-Message": "gated", "X-Repo-Commit": sha},
+            )
         if r.get("slow_file"):
             time.sleep(8)
         if r.get("redirect_loop"):
@@ -295,8 +387,12 @@ class Hub:
         if body and name == "config.json" and r.get("trickle_file"):
             return self.endless(h, 200, headers, b"{", chunk=b" ", delay=0.2, limit=600)
         if body and rng and r.get("endless_header") and name.endswith(".safetensors"):
-            return self.endless(h, 206, {**headers, "Content-Range": f"bytes 0-{f.size - 1}/{f.size}"},
-                                struct.pack("<Q", 20_000_000) + b'{"a": "')  # fmt: skip
+            return self.endless(
+                h,
+                206,
+                {**headers, "Content-Range": f"bytes 0-{f.size - 1}/{f.size}"},
+                struct.pack("<Q", 20_000_000) + b'{"a": "',
+            )
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) + 1 if b else f.size, f.size)
@@ -326,18 +422,32 @@ def write_snapshot(host: Any, folder: Path) -> Path:
 def hub_env(hub: Hub, home: Path, config_root: Path, etag_timeout: str) -> dict[str, str]:
     """This process's environment without any Hugging Face or proxy setting, pointed at ``hub`` with
     ``HF_HOME`` = ``home`` and huggingface_hub's ``HF_HUB_ETAG_TIMEOUT`` = ``etag_timeout``."""
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_")) and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}  # fmt: skip
-    e.update({
-        "HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HWPROFILE_CONFIG_ROOT": str(config_root),
-        "HF_HUB_ETAG_TIMEOUT": etag_timeout, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost",
-    })  # fmt: skip
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))
+        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
+    }
+    e.update(
+        {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(home),
+            "HWPROFILE_CONFIG_ROOT": str(config_root),
+            "HF_HUB_ETAG_TIMEOUT": etag_timeout,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+    )
     return e
 
 
-def plan(snapshot: Path, env: dict[str, str], *args: str, json_out: bool = True) -> subprocess.CompletedProcess[str]:
+def plan(
+    snapshot: Path, env: dict[str, str], *args: str, json_out: bool = True
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "hwprofile", "plan", "--from", str(snapshot), *args]
-    return subprocess.run(cmd + (["--json"] if json_out else []), env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        cmd + (["--json"] if json_out else []), env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def model_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:

@@ -63,7 +63,10 @@ def _deadline(seconds: float, cmd: list[str]) -> Iterator[None]:
 
 
 def hwprofile(
-    args: Sequence[str], env: Mapping[str, str], stdin: bytes | None = None, cwd: str | Path | None = None,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    stdin: bytes | None = None,
+    cwd: str | Path | None = None,
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """What ``subprocess.run([python, -m, hwprofile, *args], env=env, input=stdin, cwd=cwd,
@@ -75,7 +78,12 @@ def hwprofile(
     out, err = io.StringIO(), io.StringIO()
     fake_in = io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8")
     here = os.getcwd()
-    with _environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _deadline(timeout, cmd):
+    with (
+        _environment(env),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        _deadline(timeout, cmd),
+    ):
         old_in, sys.stdin = sys.stdin, fake_in
         try:
             if cwd is not None:

@@ -125,8 +125,16 @@ class SoakResult:
     bounded: dict[str, int] = field(default_factory=dict)  # sizes of what the daemon keeps, at the end
 
 
-def soak(runtime: Path, seconds: float, seed: int = 1, flip_s: float = 40.0, kill_s: float = 180.0,
-         reload_s: float = 120.0, delete_s: float = 600.0, fail: float = 0.33) -> SoakResult:  # fmt: skip
+def soak(
+    runtime: Path,
+    seconds: float,
+    seed: int = 1,
+    flip_s: float = 40.0,
+    kill_s: float = 180.0,
+    reload_s: float = 120.0,
+    delete_s: float = 600.0,
+    fail: float = 0.33,
+) -> SoakResult:
     """Simulate ``seconds`` of a daemon at watch.interval 1 s (one tick per simulated second)."""
     from test_overrides import _plan
 
@@ -134,8 +142,15 @@ def soak(runtime: Path, seconds: float, seed: int = 1, flip_s: float = 40.0, kil
 
     rng = random.Random(seed)
     plan = _plan({"a": 64, "b": 64})  # a on GPU 0 (the one that heats), b on GPU 1
-    settings = Watch(dwell_s=3, recover_s=20, unknown_s=15, max_actions_per_hour=120, stall_s=30,
-                     window_s=10, metrics_port=0)  # fmt: skip
+    settings = Watch(
+        dwell_s=3,
+        recover_s=20,
+        unknown_s=15,
+        max_actions_per_hour=120,
+        stall_s=30,
+        window_s=10,
+        metrics_port=0,
+    )
     sup = SimSupervisor(["a", "b"], runtime)
     gpus = SimGpus(2, flip_s, fail, rng)
     t = [0.0]
@@ -149,8 +164,18 @@ def soak(runtime: Path, seconds: float, seed: int = 1, flip_s: float = 40.0, kil
             out[name] = InstanceReading(name, url, now, "ok", m)
         return out
 
-    d = Daemon(plan, lambda sets: plan, sup, gpus, settings, plan.degrade, runtime, clock=lambda: t[0],
-               collect=collect, rss_reader=lambda inst: 1e9)  # fmt: skip
+    d = Daemon(
+        plan,
+        lambda sets: plan,
+        sup,
+        gpus,
+        settings,
+        plan.degrade,
+        runtime,
+        clock=lambda: t[0],
+        collect=collect,
+        rss_reader=lambda inst: 1e9,
+    )
     res = SoakResult()
     episode: list[int] = [0, 0]
     was_hot = False

@@ -42,8 +42,11 @@ def need(command: str) -> str:
         import pytest  # here: tests/fakehost.py (benchmarks too) asks for gcc outside a test
 
         package = packages()[command][0]
-        pytest.fail(f"{command} is not installed: apt-get install --no-install-recommends {package} "
-                    "(.ci/run installs every package in .ci/packages)", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"{command} is not installed: apt-get install --no-install-recommends {package} "
+            "(.ci/run installs every package in .ci/packages)",
+            pytrace=False,
+        )
     return path
 
 

@@ -33,7 +33,9 @@ def test_advice_from_a_server_changes_k(tmp_path, fake_nvml_dir, empty_root) -> 
         assert k in (2, 3) and "advice from" in r.stderr and f"num_speculative_tokens={k}" in r.stderr
         assert plan["instances"][0]["speculative"].get("num_speculative_tokens_per_batch_size") is None
         # a full batch and poor acceptance: no speculation at all
-        srv.body = vllm_text(drafts=1000, draft_tokens=5000, accepted=300, per_pos=(250, 40, 8, 2, 0), running=192)
+        srv.body = vllm_text(
+            drafts=1000, draft_tokens=5000, accepted=300, per_pos=(250, 40, 8, 2, 0), running=192
+        )
         r = _plan(env, "--advice-from", srv.url)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["instances"][0]["speculative"] is None

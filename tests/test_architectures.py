@@ -131,11 +131,21 @@ def test_uniform_sliding_window_mistral_v01() -> None:
     """Mistral 7B v0.1 (sliding_window 4096 on every layer): one group of sliding layers
     (model-level window, vllm/model_executor/layers/attention/attention.py:269-271)."""
     m = parse_config(
-        {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
-         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-         "num_key_value_heads": 8, "vocab_size": 32000, "sliding_window": 4096},
-        "m", "dir", None,
-    )  # fmt: skip
+        {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 32000,
+            "sliding_window": 4096,
+        },
+        "m",
+        "dir",
+        None,
+    )
     assert kv_cache_groups(m) == [("sliding", 32)]
     blocks, logged = vllm_kv_cache(m, 8 * GiB, 32768, 16, 2, 1, in_flight=2048)
     assert blocks == 8 * GiB // (32 * 2 * 8 * 128 * 2 * 16)
@@ -195,8 +205,13 @@ def test_startup_check_expects_vllms_own_figure_for_sliding_window_models(host_o
     from hwprofile.plan.memory import vllm_reported_kv_tokens
     from hwprofile.supervise.verify import compare
 
-    plan = make_plan(host_of("no-driver"), empty_root, model="google/gemma-3-1b-it",
-                     sets=["speculative.method=none"], environ={})  # fmt: skip
+    plan = make_plan(
+        host_of("no-driver"),
+        empty_root,
+        model="google/gemma-3-1b-it",
+        sets=["speculative.method=none"],
+        environ={},
+    )
     inst = plan.instances[0]
     mem = inst.memory
     naive = vllm_reported_kv_tokens(mem.kv_tokens, inst.engine.max_model_len, mem.block_size)
@@ -207,13 +222,27 @@ def test_startup_check_expects_vllms_own_figure_for_sliding_window_models(host_o
 
 # the tiny DeepSeek-V2 (MLA) of tests/test_vllm_kv_arch.py: 2 layers, one 512 + 64 latent per token
 TINY_MLA = {
-    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 128,
-    "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None,
-    "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
-    "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "vocab_size": 2048,
-    "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "vocab_size": 2048,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
 AVX512_NO_AMX = ("fpu", "avx2", "avx512f", "avx512_bf16", "avx512_vnni")
 SAPPHIRE_RAPIDS = (*AVX512_NO_AMX, "amx_bf16", "amx_tile", "amx_int8")
 

@@ -39,25 +39,57 @@ SCHEMA = json.loads((ROOT / "schemas" / "hwprofile.bench-1.schema.json").read_te
 # What `vllm bench serve --save-result` of vLLM 0.32.0 wrote against the tiny model with a self-draft
 # (8 prompts, 32 in / 16 out, concurrency 2; latencies and queue times cut short).
 REAL_RESULT = {
-    "date": "20261201-111025", "endpoint_type": "openai", "backend": "openai", "label": None,
-    "model_id": "/root/.cache/hwprofile/tiny-llama", "tokenizer_id": "/root/.cache/hwprofile/tiny-llama",
-    "num_prompts": 8, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
-    "duration": 1.1327748779985995, "completed": 8, "failed": 0, "total_input_tokens": 256,
-    "total_output_tokens": 128, "request_throughput": 7.062303512710749, "request_goodput": None,
-    "output_throughput": 112.99685620337199, "total_token_throughput": 338.990568610116,
-    "latencies": [0.3422969200000807], "queue_times": [0.00022166800044942647],
-    "max_output_tokens_per_s": 91.0, "max_concurrent_requests": 8, "rtfx": 0.0,
-    "spec_decode_acceptance_rate": 7.000000000000001, "spec_decode_acceptance_length": 1.21,
-    "spec_decode_num_drafts": 100, "spec_decode_draft_tokens": 300, "spec_decode_accepted_tokens": 21,
+    "date": "20261201-111025",
+    "endpoint_type": "openai",
+    "backend": "openai",
+    "label": None,
+    "model_id": "/root/.cache/hwprofile/tiny-llama",
+    "tokenizer_id": "/root/.cache/hwprofile/tiny-llama",
+    "num_prompts": 8,
+    "request_rate": "inf",
+    "burstiness": 1.0,
+    "max_concurrency": 2,
+    "duration": 1.1327748779985995,
+    "completed": 8,
+    "failed": 0,
+    "total_input_tokens": 256,
+    "total_output_tokens": 128,
+    "request_throughput": 7.062303512710749,
+    "request_goodput": None,
+    "output_throughput": 112.99685620337199,
+    "total_token_throughput": 338.990568610116,
+    "latencies": [0.3422969200000807],
+    "queue_times": [0.00022166800044942647],
+    "max_output_tokens_per_s": 91.0,
+    "max_concurrent_requests": 8,
+    "rtfx": 0.0,
+    "spec_decode_acceptance_rate": 7.000000000000001,
+    "spec_decode_acceptance_length": 1.21,
+    "spec_decode_num_drafts": 100,
+    "spec_decode_draft_tokens": 300,
+    "spec_decode_accepted_tokens": 21,
     "spec_decode_per_position_acceptance_rates": [0.19, 0.01, 0.01],
-    "mean_ttft_ms": 54.80417612511701, "median_ttft_ms": 56.37632300022233, "std_ttft_ms": 20.024685318492505,
-    "p50_ttft_ms": 56.37632300022233, "p99_ttft_ms": 90.41427743992243, "mean_tpot_ms": 14.543861383314532,
-    "median_tpot_ms": 14.942978099982913, "std_tpot_ms": 3.2287924589184858, "p50_tpot_ms": 14.942978099982913,
-    "p99_tpot_ms": 19.481915836668726, "mean_itl_ms": 17.452633659977437, "median_itl_ms": 14.257619000090926,
-    "std_itl_ms": 8.24325679495028, "p50_itl_ms": 14.257619000090926, "p99_itl_ms": 37.25581491011326,
-    "mean_e2el_ms": 272.96209687483497, "median_e2el_ms": 274.5218349991774, "std_e2el_ms": 53.96358979608522,
-    "p50_e2el_ms": 274.5218349991774, "p99_e2el_ms": 342.26119690014457,
-}  # fmt: skip
+    "mean_ttft_ms": 54.80417612511701,
+    "median_ttft_ms": 56.37632300022233,
+    "std_ttft_ms": 20.024685318492505,
+    "p50_ttft_ms": 56.37632300022233,
+    "p99_ttft_ms": 90.41427743992243,
+    "mean_tpot_ms": 14.543861383314532,
+    "median_tpot_ms": 14.942978099982913,
+    "std_tpot_ms": 3.2287924589184858,
+    "p50_tpot_ms": 14.942978099982913,
+    "p99_tpot_ms": 19.481915836668726,
+    "mean_itl_ms": 17.452633659977437,
+    "median_itl_ms": 14.257619000090926,
+    "std_itl_ms": 8.24325679495028,
+    "p50_itl_ms": 14.257619000090926,
+    "p99_itl_ms": 37.25581491011326,
+    "mean_e2el_ms": 272.96209687483497,
+    "median_e2el_ms": 274.5218349991774,
+    "std_e2el_ms": 53.96358979608522,
+    "p50_e2el_ms": 274.5218349991774,
+    "p99_e2el_ms": 342.26119690014457,
+}
 
 
 def test_the_schema_is_a_valid_json_schema() -> None:
@@ -122,10 +154,16 @@ def test_knee_when_nothing_or_everything_breaks() -> None:
 
 
 def test_compare_pairs_rounds_and_reports_median_and_spread() -> None:
-    a = [{"output_throughput": 100.0, "p99_ttft_ms": 50.0}, {"output_throughput": 80.0, "p99_ttft_ms": 60.0},
-         {"output_throughput": 90.0, "p99_ttft_ms": 55.0}]  # fmt: skip
-    b = [{"output_throughput": 150.0, "p99_ttft_ms": 40.0}, {"output_throughput": 100.0, "p99_ttft_ms": 66.0},
-         {"output_throughput": 117.0, "p99_ttft_ms": 55.0}]  # fmt: skip
+    a = [
+        {"output_throughput": 100.0, "p99_ttft_ms": 50.0},
+        {"output_throughput": 80.0, "p99_ttft_ms": 60.0},
+        {"output_throughput": 90.0, "p99_ttft_ms": 55.0},
+    ]
+    b = [
+        {"output_throughput": 150.0, "p99_ttft_ms": 40.0},
+        {"output_throughput": 100.0, "p99_ttft_ms": 66.0},
+        {"output_throughput": 117.0, "p99_ttft_ms": 55.0},
+    ]
     thr, ttft = compare(a, b)
     assert thr.metric == "output_throughput" and thr.ratio.values == (1.5, 1.25, 1.3)
     assert thr.ratio.median == 1.3 and thr.ratio.min == 1.25 and thr.ratio.max == 1.5
@@ -209,8 +247,20 @@ def test_sampler_failures_are_tags(monkeypatch, tmp_path) -> None:
 
 def _point(c: int = 4, thr: float = 10.0, ttft: float = 50.0) -> Point:
     lat = {m: {"mean": ttft, "p50": ttft, "p99": ttft} for m in ("ttft", "tpot", "itl", "e2el")}
-    return Point(c, 8, 8, 0, 1.0, 1.0, thr, thr, lat, None, None, {"argv": ["vllm", "bench", "serve"],
-                 "result_file": "x.json", "spec_decode_reported": None})  # fmt: skip
+    return Point(
+        c,
+        8,
+        8,
+        0,
+        1.0,
+        1.0,
+        thr,
+        thr,
+        lat,
+        None,
+        None,
+        {"argv": ["vllm", "bench", "serve"], "result_file": "x.json", "spec_decode_reported": None},
+    )
 
 
 def _plan_with_hardware(tags: dict[str, Any]) -> BenchPlan:
@@ -227,8 +277,12 @@ def test_non_default_settings_name_their_source() -> None:
     settings = {"engine": {"max_num_seqs": 7}, "bench": {"rounds": 3}}
     prov = {("engine", "max_num_seqs"): Source("cli", "--set engine.max_num_seqs=7")}
     nd = non_default_settings(Settings.from_tree(settings)[0], prov)
-    assert {"key": "engine.max_num_seqs", "value": 7, "default": Settings().engine.max_num_seqs,
-            "source": "cli --set engine.max_num_seqs=7"} in nd  # fmt: skip
+    assert {
+        "key": "engine.max_num_seqs",
+        "value": 7,
+        "default": Settings().engine.max_num_seqs,
+        "source": "cli --set engine.max_num_seqs=7",
+    } in nd
     assert all(s["key"] != "bench.rounds" for s in nd)  # 3 is the default
 
 
@@ -270,8 +324,11 @@ def test_a_real_vllm_result_reads_into_a_point(tmp_path) -> None:
     p = read_result(f, 2, ["vllm"])
     assert (p.completed, p.num_prompts, p.failed) == (8, 8, 0)
     assert p.output_throughput == pytest.approx(112.9968562)
-    assert p.latency_ms["ttft"] == {"mean": pytest.approx(54.804176), "p50": pytest.approx(56.376323),
-                                    "p99": pytest.approx(90.414277)}  # fmt: skip
+    assert p.latency_ms["ttft"] == {
+        "mean": pytest.approx(54.804176),
+        "p50": pytest.approx(56.376323),
+        "p99": pytest.approx(90.414277),
+    }
     assert (
         p.metric("p99_itl_ms") == pytest.approx(37.255815)
         and p.metric("output_throughput") == p.output_throughput
@@ -286,10 +343,20 @@ def test_a_real_vllm_result_reads_into_a_point(tmp_path) -> None:
 
 def test_spec_delta_uses_the_documented_formulas_and_survives_a_reset() -> None:
     pp = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-    before = {"vllm:spec_decode_num_drafts_total": 100, "vllm:spec_decode_num_draft_tokens_total": 300,
-              "vllm:spec_decode_num_accepted_tokens_total": 150, f"{pp}{{position=0}}": 80, f"{pp}{{position=1}}": 70}  # fmt: skip
-    after = {"vllm:spec_decode_num_drafts_total": 150, "vllm:spec_decode_num_draft_tokens_total": 450,
-             "vllm:spec_decode_num_accepted_tokens_total": 230, f"{pp}{{position=0}}": 125, f"{pp}{{position=1}}": 105}  # fmt: skip
+    before = {
+        "vllm:spec_decode_num_drafts_total": 100,
+        "vllm:spec_decode_num_draft_tokens_total": 300,
+        "vllm:spec_decode_num_accepted_tokens_total": 150,
+        f"{pp}{{position=0}}": 80,
+        f"{pp}{{position=1}}": 70,
+    }
+    after = {
+        "vllm:spec_decode_num_drafts_total": 150,
+        "vllm:spec_decode_num_draft_tokens_total": 450,
+        "vllm:spec_decode_num_accepted_tokens_total": 230,
+        f"{pp}{{position=0}}": 125,
+        f"{pp}{{position=1}}": 105,
+    }
     d = spec_delta(before, after)
     assert d["num_drafts"] == 50 and d["draft_tokens"] == 150 and d["accepted_tokens"] == 80
     assert d["acceptance_rate"] == pytest.approx(80 / 150) and d["mean_acceptance_length"] == pytest.approx(
@@ -309,8 +376,10 @@ def test_plot_is_a_png_with_the_axes_and_lines_it_reports(tmp_path) -> None:
 
     from hwprofile.bench.plot import plot
 
-    series = {"A": [(1, (10, 9, 11), (40, 38, 42)), (2, (19, 18, 20), (70, 60, 80))],
-              "B": [(1, (12, 12, 12), (30, 30, 30)), (2, (25, 24, 26), (150, 140, 160))]}  # fmt: skip
+    series = {
+        "A": [(1, (10, 9, 11), (40, 38, 42)), (2, (19, 18, 20), (70, 60, 80))],
+        "B": [(1, (12, 12, 12), (30, 30, 30)), (2, (25, 24, 26), (150, 140, 160))],
+    }
     rec = plot(series, 120, tmp_path / "x.png", "t")
     img = matplotlib.image.imread(tmp_path / "x.png")
     assert img.shape[:2] == (rec["height_px"], rec["width_px"]) == (450, 1100)
@@ -332,15 +401,28 @@ def world(tmp_path: Path):
     (tmp_path / "etc").mkdir()
     runtime = Path(tempfile.mkdtemp(prefix="hwpbt-", dir="/tmp"))
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("FAKEVLLM_", "HWPROFILE_", "FAKE_NVML"))
-           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")},
-        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "FAKEVLLM_READY_DELAY": "0.2",
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("FAKEVLLM_", "HWPROFILE_", "FAKE_NVML"))
+            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
+        },
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+        "FAKEVLLM_READY_DELAY": "0.2",
         "HWPROFILE_STATE_DIR": str(tmp_path / "state"),
-    }  # fmt: skip
+    }
     port = free_ports(2)  # the two-server shape takes port and port + 1
-    sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "server.shutdown_timeout=2",
-            f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}",
-            "bench.input_len=8", "bench.output_len=6", "bench.num_prompts=4"]  # fmt: skip
+    sets = [
+        "engine.max_model_len=512",
+        "cpu.kv_cache_space_gib=0.0625",
+        "server.shutdown_timeout=2",
+        f"server.port={port}",
+        f"server.vllm_command={shim}",
+        f"logs.dir={tmp_path / 'logs'}",
+        "bench.input_len=8",
+        "bench.output_len=6",
+        "bench.num_prompts=4",
+    ]
     yield {
         "tmp": tmp_path,
         "model": model,
@@ -353,8 +435,13 @@ def world(tmp_path: Path):
     shutil.rmtree(runtime, ignore_errors=True)
 
 
-def hw(world: dict[str, Any], *args: str, env: dict[str, str] | None = None, sets: list[str] | None = None,
-       plot: bool = False):  # fmt: skip
+def hw(
+    world: dict[str, Any],
+    *args: str,
+    env: dict[str, str] | None = None,
+    sets: list[str] | None = None,
+    plot: bool = False,
+):
     """``hwprofile bench`` with the world's model and runtime; no plot unless the test reads it (one is
     a second of CPU, matplotlib's import)."""
     cmd = [
@@ -436,9 +523,24 @@ def validate(doc: dict[str, Any]) -> None:
 
 def test_sweep_compare_profile_with_baseline(world) -> None:
     out = world["tmp"] / "out"
-    r = hw(world, "--workload", "sweep", "--compare", "profile", "baseline", "--rounds", "2", "--output", str(out),
-           "--set", "bench.sweep_max=4", "--set", "bench.ttft_p99_target_ms=300",
-           env={"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "100"}, plot=True)  # fmt: skip
+    r = hw(
+        world,
+        "--workload",
+        "sweep",
+        "--compare",
+        "profile",
+        "baseline",
+        "--rounds",
+        "2",
+        "--output",
+        str(out),
+        "--set",
+        "bench.sweep_max=4",
+        "--set",
+        "bench.ttft_p99_target_ms=300",
+        env={"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "100"},
+        plot=True,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "bench.json").read_text())
     validate(doc)
@@ -488,10 +590,22 @@ def test_sweep_compare_profile_with_baseline(world) -> None:
 def test_url_mode_json_and_errors(world) -> None:
     port = world["port"]
     proc = subprocess.Popen(
-        [str(world["shim"]), "serve", str(world["model"]), "--host", "127.0.0.1", "--port", str(port),
-         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
-        env=world["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            str(world["shim"]),
+            "serve",
+            str(world["model"]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 2}',
+        ],
+        env=world["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -502,8 +616,18 @@ def test_url_mode_json_and_errors(world) -> None:
                 time.sleep(0.1)
         time.sleep(0.4)  # past the fake's loading delay
         out = world["tmp"] / "u"
-        r = hw(world, "--url", url, "--workload", "latency", "--json", "--output", str(out),
-               "--set", f"server.vllm_command={world['shim']}")  # fmt: skip
+        r = hw(
+            world,
+            "--url",
+            url,
+            "--workload",
+            "latency",
+            "--json",
+            "--output",
+            str(out),
+            "--set",
+            f"server.vllm_command={world['shim']}",
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         doc = json.loads(r.stdout)
         validate(doc)
@@ -594,9 +718,21 @@ def test_compare_the_two_shapes_of_one_host_each_through_its_one_url(world) -> N
     front = free_port()
     out = world["tmp"] / "out"
     log = world["tmp"] / "starts.jsonl"
-    r = hw(world, "--compare", str(servers), str(dp), "--rounds", "1", "--output", str(out),
-           "--set", f"layout.endpoint_port={front}", "--set", "bench.num_prompts=8",
-           env={"FAKEVLLM_ARGV_LOG": str(log)})  # fmt: skip
+    r = hw(
+        world,
+        "--compare",
+        str(servers),
+        str(dp),
+        "--rounds",
+        "1",
+        "--output",
+        str(out),
+        "--set",
+        f"layout.endpoint_port={front}",
+        "--set",
+        "bench.num_prompts=8",
+        env={"FAKEVLLM_ARGV_LOG": str(log)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"their one URL http://127.0.0.1:{front} (nginx in front" in r.stderr
     doc = json.loads((out / "bench.json").read_text())
@@ -660,8 +796,11 @@ def test_py_cpuinfo_is_probed_once_per_boot(tmp_path, monkeypatch) -> None:
     from hwprofile.bench import tags
 
     calls = []
-    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: calls.append(1) or {"brand_raw": "Acme 9", "l2_cache_size": 2 << 20,
-                                                                           "flags": ["avx"]})  # fmt: skip
+    monkeypatch.setattr(
+        cpuinfo,
+        "get_cpu_info",
+        lambda: calls.append(1) or {"brand_raw": "Acme 9", "l2_cache_size": 2 << 20, "flags": ["avx"]},
+    )
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cache = tmp_path / "hwprofile" / tags.CPUINFO_CACHE
     first = tags.cpu_info()
@@ -697,8 +836,20 @@ def test_separate_servers_behind_the_router_are_measured_through_it(world) -> No
     servers.write_text("layout:\n  shape: servers\n  replicas: 2\n  front: router\n")
     front = free_ports(2)
     out = world["tmp"] / "out-router"
-    r = hw(world, "--compare", str(servers), str(servers), "--rounds", "1", "--output", str(out),
-           "--set", f"layout.endpoint_port={front}", "--set", "bench.num_prompts=8")  # fmt: skip
+    r = hw(
+        world,
+        "--compare",
+        str(servers),
+        str(servers),
+        "--rounds",
+        "1",
+        "--output",
+        str(out),
+        "--set",
+        f"layout.endpoint_port={front}",
+        "--set",
+        "bench.num_prompts=8",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"their one URL http://127.0.0.1:{front} (vLLM's router in front" in r.stderr
     doc = json.loads((out / "bench.json").read_text())

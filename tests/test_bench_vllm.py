@@ -37,13 +37,36 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
         },
         "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
     }
-    sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=draft_model",
-            "speculative.num_speculative_tokens=3", f"server.port={free_port()}", f"logs.dir={logs}",
-            "bench.input_len=32", "bench.output_len=16", "bench.num_prompts=4", "bench.sweep_max=2",
-            "bench.ttft_p99_target_ms=100000"]  # fmt: skip
+    sets = [
+        "engine.max_model_len=512",
+        "cpu.kv_cache_space_gib=0.0625",
+        "speculative.method=draft_model",
+        "speculative.num_speculative_tokens=3",
+        f"server.port={free_port()}",
+        f"logs.dir={logs}",
+        "bench.input_len=32",
+        "bench.output_len=16",
+        "bench.num_prompts=4",
+        "bench.sweep_max=2",
+        "bench.ttft_p99_target_ms=100000",
+    ]
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hwprofile", "bench", "--model", str(tiny), "--draft", str(tiny),
-           "--workload", "sweep", "--output", str(out), "--runtime-dir", str(runtime)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hwprofile",
+        "bench",
+        "--model",
+        str(tiny),
+        "--draft",
+        str(tiny),
+        "--workload",
+        "sweep",
+        "--output",
+        str(out),
+        "--runtime-dir",
+        str(runtime),
+    ]
     for s in sets:
         cmd += ["--set", s]
     try:
@@ -66,8 +89,12 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
     (plan,) = doc["plans"]
     assert plan["speculative"]["method"] == "draft_model" and plan["speculative"]["model"] == str(tiny)
     assert doc["workload"]["dataset"] == "prompts"  # a speculating plan: vLLM's reader sent the real prompts
-    assert {"key": "speculative.method", "value": "draft_model", "default": "auto",
-            "source": "cli --set speculative.method=draft_model"} in plan["non_default_settings"]  # fmt: skip
+    assert {
+        "key": "speculative.method",
+        "value": "draft_model",
+        "default": "auto",
+        "source": "cli --set speculative.method=draft_model",
+    } in plan["non_default_settings"]
     (run,) = plan["runs"]
     assert [p["concurrency"] for p in run["points"]] == [1, 2]
     for p in run["points"]:

@@ -18,12 +18,25 @@ from hwprofile.plan import candidates
 from hwprofile.plan import predict as pm
 
 CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
-    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-}  # fmt: skip
-SETS = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
-        "layout.workload_input_len=96", "layout.workload_output_len=48"]  # fmt: skip
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+}
+SETS = [
+    "engine.max_model_len=512",
+    "cpu.kv_cache_space_gib=0.0625",
+    "speculative.method=none",
+    "layout.workload_input_len=96",
+    "layout.workload_output_len=48",
+]
 
 
 def _doc(points: list[tuple[int, float, float, float]], batched: int | None = 256) -> dict[str, Any]:
@@ -31,18 +44,40 @@ def _doc(points: list[tuple[int, float, float, float]], batched: int | None = 25
         return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
 
     return {
-        "schema": "hwprofile.bench/1", "created": "2026-12-04T22:00:00Z", "workload": {"input_len": 96, "output_len": 48},
+        "schema": "hwprofile.bench/1",
+        "created": "2026-12-04T22:00:00Z",
+        "workload": {"input_len": 96, "output_len": 48},
         "host": {"gpus": []},
-        "plans": [{"instances": 1, "max_num_seqs": 64, "max_num_batched_tokens": batched, "non_default_settings": [],
-                   "summary": [{"concurrency": c, "rounds": 1, "metrics": {
-                       "p50_tpot_ms": spread(t), "p50_ttft_ms": spread(f), "output_throughput": spread(x)}}
-                       for c, t, f, x in points]}],
-    }  # fmt: skip
+        "plans": [
+            {
+                "instances": 1,
+                "max_num_seqs": 64,
+                "max_num_batched_tokens": batched,
+                "non_default_settings": [],
+                "summary": [
+                    {
+                        "concurrency": c,
+                        "rounds": 1,
+                        "metrics": {
+                            "p50_tpot_ms": spread(t),
+                            "p50_ttft_ms": spread(f),
+                            "output_throughput": spread(x),
+                        },
+                    }
+                    for c, t, f, x in points
+                ],
+            }
+        ],
+    }
 
 
 def _cpu_host() -> HostSnapshot:
-    return HostSnapshot(hostname="cpu-box", cpu=Cpu("a CPU", 2, 1, ("avx2",)), memory_bytes=8 << 30,
-                        software=Software(vllm_version="0.32.0+cpu"))  # fmt: skip
+    return HostSnapshot(
+        hostname="cpu-box",
+        cpu=Cpu("a CPU", 2, 1, ("avx2",)),
+        memory_bytes=8 << 30,
+        software=Software(vllm_version="0.32.0+cpu"),
+    )
 
 
 @pytest.mark.parametrize(("tpot", "ttft"), [(20.0, 60.0), (8.0, 300.0), (50.0, 200.0)])

@@ -24,9 +24,16 @@ from vllmtools import free_port, require_vllm
 
 pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
-BASE = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
-        "bench.input_len=96", "bench.output_len=48", "layout.workload_input_len=96",
-        "layout.workload_output_len=48", "bench.ttft_p99_target_ms=100000"]  # fmt: skip
+BASE = [
+    "engine.max_model_len=512",
+    "cpu.kv_cache_space_gib=0.0625",
+    "speculative.method=none",
+    "bench.input_len=96",
+    "bench.output_len=48",
+    "layout.workload_input_len=96",
+    "layout.workload_output_len=48",
+    "bench.ttft_p99_target_ms=100000",
+]
 # held back: two other concurrencies, and another step budget (chunked prefill: a 96-token prompt in 2 steps)
 TARGETS = [(2, None), (4, None), (2, 48)]
 
@@ -41,15 +48,24 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def _run(args: list[str], root: Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "hwprofile", *args], env=_env(root), capture_output=True, text=True,
-                       timeout=timeout)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", *args],
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return r
 
 
 def _sets(concurrency: int, batched: int | None) -> list[str]:
-    out = [*BASE, f"bench.concurrency={concurrency}", f"bench.num_prompts={max(8, 3 * concurrency)}",
-           f"layout.workload_concurrency={concurrency}"]  # fmt: skip
+    out = [
+        *BASE,
+        f"bench.concurrency={concurrency}",
+        f"bench.num_prompts={max(8, 3 * concurrency)}",
+        f"layout.workload_concurrency={concurrency}",
+    ]
     return out + ([f"engine.max_num_batched_tokens={batched}"] if batched else [])
 
 
@@ -69,8 +85,20 @@ def _bench(
 ) -> dict[str, float]:
     runtime = Path(tempfile.mkdtemp(prefix="hwpcal-", dir="/tmp"))  # vLLM's IPC socket paths fit 107 bytes
     sets = [*_sets(concurrency, batched), f"server.port={free_port()}", f"logs.dir={out}-logs"]
-    args = ["bench", "--model", str(model), "--workload", "seed", "--no-plot", "--json", "--output", str(out),
-            "--runtime-dir", str(runtime), *_flags(sets)] + (["--calibrate"] if calibrate else [])  # fmt: skip
+    args = [
+        "bench",
+        "--model",
+        str(model),
+        "--workload",
+        "seed",
+        "--no-plot",
+        "--json",
+        "--output",
+        str(out),
+        "--runtime-dir",
+        str(runtime),
+        *_flags(sets),
+    ] + (["--calibrate"] if calibrate else [])
     try:
         doc = json.loads(_run(args, root).stdout)
     finally:
@@ -98,12 +126,20 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
         assert any(t.get("basis") == "calibrated" for t in p["terms"])
         got = _bench(model, root, tmp_path / f"b-{c}-{batched}", c, batched)
         sim = p["simulated"]
-        rows.append({"concurrency": c, "batched": batched, "measured": got,
-                     "predicted": {"tpot_ms": p["tpot_ms"], "ttft_ms": p["ttft_ms"]},
-                     "simulated": {"tpot_ms": sim["tpot_ms"]["value"], "ttft_ms": sim["ttft_ms"]["value"]},
-                     "carried_over": benched})  # fmt: skip
-    lines = [f"benched at concurrency 1: TPOT {benched['tpot_ms']:.2f} ms, TTFT {benched['ttft_ms']:.1f} ms",
-             "conc batched | figure  measured  calibrated (err)  simulated (err)  carried over (err)"]  # fmt: skip
+        rows.append(
+            {
+                "concurrency": c,
+                "batched": batched,
+                "measured": got,
+                "predicted": {"tpot_ms": p["tpot_ms"], "ttft_ms": p["ttft_ms"]},
+                "simulated": {"tpot_ms": sim["tpot_ms"]["value"], "ttft_ms": sim["ttft_ms"]["value"]},
+                "carried_over": benched,
+            }
+        )
+    lines = [
+        f"benched at concurrency 1: TPOT {benched['tpot_ms']:.2f} ms, TTFT {benched['ttft_ms']:.1f} ms",
+        "conc batched | figure  measured  calibrated (err)  simulated (err)  carried over (err)",
+    ]
     errs: dict[str, list[float]] = {"predicted": [], "simulated": [], "carried_over": []}
     for r in rows:
         for fig in ("tpot_ms", "ttft_ms"):
@@ -111,9 +147,11 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
             e = {k: r[k][fig] / meas - 1 for k in errs}
             for k in errs:
                 errs[k].append(abs(e[k]))
-            lines.append(f"{r['concurrency']:>4} {r['batched'] or 'plan':>7} | {fig:<7} {meas:9.2f}  "
-                         f"{r['predicted'][fig]:9.2f} ({e['predicted']:+.0%})  {r['simulated'][fig]:9.2f} "
-                         f"({e['simulated']:+.0%})  {r['carried_over'][fig]:9.2f} ({e['carried_over']:+.0%})")  # fmt: skip
+            lines.append(
+                f"{r['concurrency']:>4} {r['batched'] or 'plan':>7} | {fig:<7} {meas:9.2f}  "
+                f"{r['predicted'][fig]:9.2f} ({e['predicted']:+.0%})  {r['simulated'][fig]:9.2f} "
+                f"({e['simulated']:+.0%})  {r['carried_over'][fig]:9.2f} ({e['carried_over']:+.0%})"
+            )
     table = "\n".join(lines)
     print(table)
     (Path(os.environ.get("HWPROFILE_CALIBRATE_REPORT", tmp_path / "report.txt"))).write_text(table + "\n")

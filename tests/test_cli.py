@@ -104,7 +104,11 @@ def test_a_snapshot_on_standard_input_is_read_once(tmp_path: Path, fake_nvml_dir
         "detect": ["--json"],
     }[command]
     r = subprocess.run(
-        [_script(), command, "--from", "-", *extra], input=snap.stdout, env=env, capture_output=True, text=True
+        [_script(), command, "--from", "-", *extra],
+        input=snap.stdout,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     assert "invalid JSON" not in r.stderr and r.stdout.strip()

@@ -71,7 +71,9 @@ def test_replace_and_drop(host_of, empty_root) -> None:
     assert res.merged["engine"]["max_num_seqs"] == 6  # the rest still merges
     assert ("speculative", "num_speculative_tokens") not in res.provenance
     # typed, what the layers left out is at its declared default
-    assert res.settings.speculative.num_speculative_tokens == 5 and res.settings.engine.kv_cache_dtype == "auto"
+    assert (
+        res.settings.speculative.num_speculative_tokens == 5 and res.settings.engine.kv_cache_dtype == "auto"
+    )
     assert res.settings.engine.max_num_seqs == 6
 
 

@@ -91,8 +91,16 @@ def _stuck_reading() -> Any:
 def _daemon() -> Daemon:
     plan = _plan({"a": 64})
     t = [0.0]
-    return Daemon(plan, lambda sets: plan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent"),
-                  clock=lambda: t[0])  # fmt: skip
+    return Daemon(
+        plan,
+        lambda sets: plan,
+        _Sup(["a"]),
+        _Sampler(),
+        plan.watch,
+        plan.degrade,
+        Path("/nonexistent"),
+        clock=lambda: t[0],
+    )
 
 
 def test_the_dispatcher_carries_out_each_action_by_its_type() -> None:
@@ -133,8 +141,16 @@ def test_a_degrade_re_plans_with_the_typed_degrade_layer_and_says_its_source() -
         asked.append(list(extra))
         return plan
 
-    d = Daemon(plan, replan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent"),
-               clock=lambda: 0.0)  # fmt: skip
+    d = Daemon(
+        plan,
+        replan,
+        _Sup(["a"]),
+        _Sampler(),
+        plan.watch,
+        plan.degrade,
+        Path("/nonexistent"),
+        clock=lambda: 0.0,
+    )
     d.act(Degrade("a", "GPU 0 hot: 88 °C >= hot 82 °C", (0,), 1), d.instances())
     d._progress(0.0)
     (extra,) = asked

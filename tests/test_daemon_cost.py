@@ -62,8 +62,17 @@ def test_a_hung_metrics_endpoint_never_delays_the_gpu_readings_nor_holds_every_t
     # the scrape's own deadline far away: only the gate ends it
     pool = ScrapePool(timeout=120.0, wait_s=120.0)
     t = [0.0]
-    d = Daemon(plan, lambda sets: plan, _Sup(["a"]), Sampler(), plan.watch, plan.degrade, Path("/nonexistent"),
-               clock=lambda: t[0], collect=lambda targets, now: pool.collect({"a": srv.url}, now))  # fmt: skip
+    d = Daemon(
+        plan,
+        lambda sets: plan,
+        _Sup(["a"]),
+        Sampler(),
+        plan.watch,
+        plan.degrade,
+        Path("/nonexistent"),
+        clock=lambda: t[0],
+        collect=lambda targets, now: pool.collect({"a": srv.url}, now),
+    )
     try:
         tick = threading.Thread(target=d.tick)
         tick.start()

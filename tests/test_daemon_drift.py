@@ -17,8 +17,14 @@ from hwprofile.daemon.policy import DriftReading, DriftState, drift_step, load_b
 from hwprofile.telemetry.metrics import GENERATION, RUNNING, WAITING, VllmMetrics
 from hwprofile.telemetry.scrape import InstanceReading
 
-D = Watch(drift_baseline_s=600, drift_hold_s=300, drift_tpot_factor=1.5, drift_rss_factor=1.5,
-          drift_recycle=True, recycle_max_load=0.25)  # fmt: skip
+D = Watch(
+    drift_baseline_s=600,
+    drift_hold_s=300,
+    drift_tpot_factor=1.5,
+    drift_rss_factor=1.5,
+    drift_recycle=True,
+    recycle_max_load=0.25,
+)
 GiB = 2**30
 
 
@@ -96,8 +102,10 @@ def test_rss_growth_is_drift() -> None:
     assert "RSS 23040 MiB is 2.25x its baseline 10240 MiB (watch.drift_rss_factor 1.5)" in got[0][1]
 
 
-DR = st.one_of(st.none(), st.tuples(st.sampled_from([10.0, 20.0, 45.0]), st.sampled_from([1, 8, 40]),
-                                    st.sampled_from([0, 30])))  # fmt: skip
+DR = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from([10.0, 20.0, 45.0]), st.sampled_from([1, 8, 40]), st.sampled_from([0, 30])),
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -132,8 +140,9 @@ class Vllm:
             if self.tpot <= b:
                 self.counts[b] += 100
         self.tokens += 100
-        m = VllmMetrics("v1", {RUNNING: self.running, WAITING: 0.0}, {GENERATION: self.tokens}, {},
-                        dict(self.counts))  # fmt: skip
+        m = VllmMetrics(
+            "v1", {RUNNING: self.running, WAITING: 0.0}, {GENERATION: self.tokens}, {}, dict(self.counts)
+        )
         return InstanceReading(name, "http://x", now, "ok", m)
 
 
@@ -156,10 +165,18 @@ def test_the_loop_recycles_one_instance_at_a_time_with_the_reason(caplog) -> Non
     servers = {"a": Vllm(), "b": Vllm()}
     t = [0.0]
     rss = {"a": 10 * GiB, "b": 10 * GiB}
-    d = Daemon(plan, lambda sets: plan, sup, type("S", (), {"sample": lambda self, now: []})(), s, plan.degrade,
-               Path("/nonexistent"), clock=lambda: t[0],
-               collect=lambda targets, now: {n: servers[n].reading(n, now) for n in targets},
-               rss_reader=lambda inst: rss[inst.name])  # fmt: skip
+    d = Daemon(
+        plan,
+        lambda sets: plan,
+        sup,
+        type("S", (), {"sample": lambda self, now: []})(),
+        s,
+        plan.degrade,
+        Path("/nonexistent"),
+        clock=lambda: t[0],
+        collect=lambda targets, now: {n: servers[n].reading(n, now) for n in targets},
+        rss_reader=lambda inst: rss[inst.name],
+    )
 
     def tick(n: int) -> None:
         for _ in range(n):
@@ -192,7 +209,9 @@ def test_the_loop_recycles_one_instance_at_a_time_with_the_reason(caplog) -> Non
 
         assert len(b.got) == 1 and len(a.got) == 1
         assert [(h["kind"], h["instance"], h["outcome"]) for h in d.history][:2] == [
-            ("recycle", "a", "started"), ("recycle", "a", "done")]  # fmt: skip
+            ("recycle", "a", "started"),
+            ("recycle", "a", "done"),
+        ]
         assert d.published.actions_total["recycle"] == 2
 
 

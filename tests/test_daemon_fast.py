@@ -42,12 +42,19 @@ def daemon_env(tmp_path, fake_nvml_dir):
     (tmp_path / "etc").mkdir()
     port = free_ports(2)
     sets = [
-        "engine.max_num_seqs=256", "speculative.method=none", "server.shutdown_timeout=1",
-        f"server.port={port}", f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}",
-        "watch.interval=0.2", "watch.dwell_s=0.6", "watch.recover_s=2", "watch.metrics_port=0",
+        "engine.max_num_seqs=256",
+        "speculative.method=none",
+        "server.shutdown_timeout=1",
+        f"server.port={port}",
+        f"server.vllm_command={shim}",
+        f"logs.dir={tmp_path / 'logs'}",
+        "watch.interval=0.2",
+        "watch.dwell_s=0.6",
+        "watch.recover_s=2",
+        "watch.metrics_port=0",
         "layout.shape=servers",  # two instances, one per NUMA pair: what these tests watch
         "layout.tensor_parallel_size=2",  # set by the operator: the profile's TP2 would give way on a tiny model
-    ]  # fmt: skip
+    ]
     yield {"env": env, "model": model, "sets": sets, "host": host, "runtime": runtime, "starts": starts}
     import shutil
 
@@ -81,26 +88,37 @@ def test_hot_card_degrades_its_instance_then_recovers(daemon_env) -> None:
     args = ["--set=" + s for s in e["sets"]]
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
     try:
         wait_for(
-            lambda: {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu2-3") == "ready"
-            and {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu0-1") == "ready",
+            lambda: (
+                {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu2-3") == "ready"
+                and {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu0-1") == "ready"
+            ),
             "both instances ready",
         )
         assert [flag(a, "--max-num-seqs") for a in starts_of(e["starts"], port + 1)] == ["256"]
         # card 2 heats past the A800 profile's hot_c (82 °C), below critical (88 °C)
         heated = time.monotonic()
         e["host"].set_state(**{"dev2.temperature": 84})
-        again = wait_for(lambda: len(starts_of(e["starts"], port + 1)) >= 2 and starts_of(e["starts"], port + 1), "a restart")
+        again = wait_for(
+            lambda: len(starts_of(e["starts"], port + 1)) >= 2 and starts_of(e["starts"], port + 1),
+            "a restart",
+        )
         reaction = time.monotonic() - heated
         assert flag(again[-1], "--max-num-seqs") == "192"  # seed 000: 256 -> 192
         assert flag(again[-1], "--max-num-batched-tokens") == "6144"
         assert len(starts_of(e["starts"], port)) == 1  # the other instance kept serving
         doc = wait_for(
-            lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d,
+            lambda: (
+                (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d
+            ),
             "the degrade done",
         )
         gpus = {g["index"]: g for g in doc["gpus"]}
@@ -116,7 +134,10 @@ def test_hot_card_degrades_its_instance_then_recovers(daemon_env) -> None:
         assert "action" in text and "degrade vllm-gpu2-3 to step 1 done" in text, text
         # cools: after watch.recover_s below 82 - 3 °C, back to the full profile
         e["host"].set_state(**{"dev2.temperature": 60})
-        back = wait_for(lambda: len(starts_of(e["starts"], port + 1)) >= 3 and starts_of(e["starts"], port + 1), "recovery")
+        back = wait_for(
+            lambda: len(starts_of(e["starts"], port + 1)) >= 3 and starts_of(e["starts"], port + 1),
+            "recovery",
+        )
         assert flag(back[-1], "--max-num-seqs") == "256"
         assert len(starts_of(e["starts"], port)) == 1
         # dwell 0.6 s at 0.2 s ticks (about 2 s with the restart); a bound a loaded machine keeps. The
@@ -132,7 +153,9 @@ def test_hot_card_degrades_its_instance_then_recovers(daemon_env) -> None:
     assert "action: degrade vllm-gpu2-3 to degrade step 1" in err
     assert not (e["runtime"] / "state.json").exists()
     # no process of the fake is left
-    left = subprocess.run(["pgrep", "-f", str(FAKE) + " serve " + str(e["model"])], capture_output=True, text=True)
+    left = subprocess.run(
+        ["pgrep", "-f", str(FAKE) + " serve " + str(e["model"])], capture_output=True, text=True
+    )
     assert left.stdout.strip() == ""
 
 
@@ -141,15 +164,21 @@ def test_a_lost_gpu_is_reported_and_the_daemon_keeps_running(daemon_env) -> None
     args = ["--set=" + s for s in e["sets"]]
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
         e["host"].set_state(**{"dev3.lost": 1})
         doc = wait_for(
-            lambda: (d := daemon_doc(e["runtime"])).get("gpus")
-            and {g["index"]: g for g in d["gpus"]}[3]["thermal_state"] == "gpu_lost"
-            and d,
+            lambda: (
+                (d := daemon_doc(e["runtime"])).get("gpus")
+                and {g["index"]: g for g in d["gpus"]}[3]["thermal_state"] == "gpu_lost"
+                and d
+            ),
             "GPU 3 lost in the report",
         )
         ticks = doc["ticks"]
@@ -169,18 +198,27 @@ def test_a_gpu_gone_from_the_bus_is_lost_not_ok(daemon_env) -> None:
     args = ["--set=" + s for s in e["sets"]]
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
         e["host"].set_state(device_count=3)  # GPU 3 is gone: its handle's calls are INVALID_ARGUMENT
         doc = wait_for(
-            lambda: (d := daemon_doc(e["runtime"])).get("gpus")
-            and {g["index"]: g for g in d["gpus"]}[3]["thermal_state"] == "gpu_lost" and d,
+            lambda: (
+                (d := daemon_doc(e["runtime"])).get("gpus")
+                and {g["index"]: g for g in d["gpus"]}[3]["thermal_state"] == "gpu_lost"
+                and d
+            ),
             "GPU 3 lost",
         )
         gpu3 = {g["index"]: g for g in doc["gpus"]}[3]
-        assert "nothing could be read for 3 samples" in gpu3["reason"] and "Invalid Argument" in gpu3["reason"]
+        assert (
+            "nothing could be read for 3 samples" in gpu3["reason"] and "Invalid Argument" in gpu3["reason"]
+        )
         (inst,) = [i for i in doc["instances"] if 3 in _gpus_of(e, i["name"])]
         assert inst["thermal_state"] == "gpu_lost" and "GPU 3 lost" in (inst["warning"] or ""), inst
         assert proc.poll() is None
@@ -194,11 +232,25 @@ def test_a_restart_with_an_invalid_override_starts_from_the_last_good_plan(daemo
     the last good plan was only in memory). It is kept in the state directory and started from."""
     e = daemon_env
     env = {**e["env"], "HWPROFILE_STATE_DIR": str(tmp_path / "state")}
-    args = [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in e["sets"]]]
+    args = [
+        sys.executable,
+        "-m",
+        "hwprofile",
+        "daemon",
+        "--model",
+        str(e["model"]),
+        *["--set=" + s for s in e["sets"]],
+    ]
 
     def run() -> subprocess.Popen[str]:
-        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            args,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def ready() -> bool:
         st = _status({**e, "env": env})
@@ -235,9 +287,21 @@ def test_a_daemon_started_while_a_card_is_hot_starts_that_instance_degraded(daem
     e["host"].set_state(**{"dev2.temperature": 84})  # past the A800 profile's hot_c (82 °C)
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in e["sets"]]],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(e["model"]),
+            *["--set=" + s for s in e["sets"]],
+        ],
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
         time.sleep(1.5)  # longer than watch.dwell_s (0.6 s): no restart follows
@@ -246,7 +310,11 @@ def test_a_daemon_started_while_a_card_is_hot_starts_that_instance_degraded(daem
         doc = daemon_doc(e["runtime"])
         assert doc["degrade_levels"] == {"vllm-gpu0-1": 0, "vllm-gpu2-3": 1}
         (act,) = doc["actions"]
-        assert act["instance"] == "vllm-gpu2-3" and act["detail"] == "at start" and "GPU 2 is hot at start" in act["reason"]
+        assert (
+            act["instance"] == "vllm-gpu2-3"
+            and act["detail"] == "at start"
+            and "GPU 2 is hot at start" in act["reason"]
+        )
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(60)
@@ -262,14 +330,27 @@ def test_a_taken_metrics_port_is_said_in_status(daemon_env) -> None:
     taken = holder.getsockname()[1]
     sets = [s for s in e["sets"] if not s.startswith("watch.metrics_port=")] + [f"watch.metrics_port={taken}"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in sets]],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(e["model"]),
+            *["--set=" + s for s in sets],
+        ],
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         doc = wait_for(lambda: (d := daemon_doc(e["runtime"])).get("ticks") and d, "a tick")
         assert any(f"metrics on 127.0.0.1:{taken} not served" in x for x in doc["errors"]), doc["errors"]
-        text = subprocess.run([sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True,
-                              text=True).stdout  # fmt: skip
+        text = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
+        ).stdout
         assert f"metrics on 127.0.0.1:{taken} not served" in text, text
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -284,22 +365,41 @@ def test_a_hot_card_under_a_data_parallel_server_degrades_the_whole_server(daemo
     sets = [s for s in e["sets"] if s != "layout.shape=servers"] + ["layout.shape=data_parallel"]
     port = int(next(s.split("=")[1] for s in sets if s.startswith("server.port=")))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in sets]],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(e["model"]),
+            *["--set=" + s for s in sets],
+        ],
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(_status(e)) == 1 and _status(e)[0]["state"] == "ready", "the DP server ready")
         (first,) = starts_of(e["starts"], port)
         assert flag(first, "--data-parallel-size") == "2" and flag(first, "--max-num-seqs") == "256"
         e["host"].set_state(**{"dev2.temperature": 84})
-        again = wait_for(lambda: len(starts_of(e["starts"], port)) >= 2 and starts_of(e["starts"], port), "a restart")
+        again = wait_for(
+            lambda: len(starts_of(e["starts"], port)) >= 2 and starts_of(e["starts"], port), "a restart"
+        )
         assert flag(again[-1], "--max-num-seqs") == "192" and flag(again[-1], "--data-parallel-size") == "2"
         doc = wait_for(
-            lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d,
+            lambda: (
+                (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d
+            ),
             "the degrade done",
         )
         started, done = doc["actions"][-2:]
-        assert "all 2 ranks restart" in started["detail"] and "downtime of the data-parallel server" in done["detail"]
+        assert (
+            "all 2 ranks restart" in started["detail"]
+            and "downtime of the data-parallel server" in done["detail"]
+        )
         live = {i["name"]: i for i in doc["instances"]}["vllm-dp-gpu0-1-2-3"]
         assert sorted(live["engines"]) == ["0", "1"], live  # each rank's own series
     finally:
@@ -335,28 +435,49 @@ def test_a_frozen_server_under_the_daemon_is_said_failing_then_restarted(daemon_
     args = ["--set=" + s for s in (*sets, "supervise.unhealthy_s=20", f"watch.metrics_port={metrics}")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     frozen = None
     try:
-        wait_for(lambda: {i["state"] for i in _status(e)} == {"ready"} and len(_status(e)) == 2, "both ready", 60)
+        wait_for(
+            lambda: {i["state"] for i in _status(e)} == {"ready"} and len(_status(e)) == 2, "both ready", 60
+        )
         inst = next(i for i in _status(e) if i["name"] == "vllm-gpu2-3")
         frozen = inst["pid"]
         os.killpg(frozen, signal.SIGSTOP)  # the whole server: API server and engine alike
         said = wait_for(
-            lambda: next((i for i in _status(e) if i["name"] == "vllm-gpu2-3" and i.get("health_failing_since")), None),
-            "/health failing noticed", 60,
-        )  # fmt: skip
+            lambda: next(
+                (i for i in _status(e) if i["name"] == "vllm-gpu2-3" and i.get("health_failing_since")), None
+            ),
+            "/health failing noticed",
+            60,
+        )
         assert said["state"] == "ready"  # within supervise.unhealthy_s: said, not yet restarted
-        doc = wait_for(lambda: (d := daemon_doc(e["runtime"])).get("troubles") and d, "daemon.json says it", 30)
+        doc = wait_for(
+            lambda: (d := daemon_doc(e["runtime"])).get("troubles") and d, "daemon.json says it", 30
+        )
         assert any("vllm-gpu2-3 failing /health for" in t for t in doc["troubles"]), doc["troubles"]
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30).read().decode()
         assert 'hwprofile_instance_health_failing_seconds{instance="vllm-gpu2-3"}' in body
         again = wait_for(
-            lambda: next((i for i in _status(e) if i["name"] == "vllm-gpu2-3" and i.get("unresponsive") == 1
-                          and i["state"] == "ready" and i["pid"] != frozen), None),
-            "restarted and ready again", 120,
-        )  # fmt: skip
+            lambda: next(
+                (
+                    i
+                    for i in _status(e)
+                    if i["name"] == "vllm-gpu2-3"
+                    and i.get("unresponsive") == 1
+                    and i["state"] == "ready"
+                    and i["pid"] != frozen
+                ),
+                None,
+            ),
+            "restarted and ready again",
+            120,
+        )
         assert "no answer" in again["failure"]["evidence"] and again["restarts"] >= 1
         assert again["health_failing_since"] is None
     finally:
@@ -378,18 +499,30 @@ def test_a_hung_engine_that_still_answers_health_is_drained_and_restarted_and_an
     restarted — watched for many times watch.stall_s, counted in the daemon's own ticks."""
     e = daemon_env
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
-    env = {**e["env"], "FAKEVLLM_MODE": "stall", "FAKEVLLM_STALL_PORT": str(port + 1),
-           "FAKEVLLM_STALL_ONCE": str(tmp_path / "stalled-once"), "FAKEVLLM_STALL_AFTER": "0.5"}  # fmt: skip
+    env = {
+        **e["env"],
+        "FAKEVLLM_MODE": "stall",
+        "FAKEVLLM_STALL_PORT": str(port + 1),
+        "FAKEVLLM_STALL_ONCE": str(tmp_path / "stalled-once"),
+        "FAKEVLLM_STALL_AFTER": "0.5",
+    }
     args = ["--set=" + s for s in (*e["sets"], "watch.stall_s=3")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         doc = wait_for(
-            lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d,
-            "the hung engine restarted", 120,
-        )  # fmt: skip
+            lambda: (
+                (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done" and d
+            ),
+            "the hung engine restarted",
+            120,
+        )
         acts = [(a["kind"], a["instance"], a["level"], a["outcome"]) for a in doc["actions"]]
         assert acts == [("restart", "vllm-gpu2-3", 0, "started"), ("restart", "vllm-gpu2-3", 0, "done")], acts
         assert "no progress for 3 s with 2 request(s) running or waiting" in doc["actions"][-1]["reason"]
@@ -415,16 +548,24 @@ def test_an_xid_on_a_card_drains_its_instance_and_it_is_not_restarted_there(daem
     args = ["--set=" + s for s in e["sets"]]
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *args],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
     try:
         wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready")
         e["host"].set_state(**{"dev3.xid": 79})
-        wait_for(lambda: {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu2-3") == "stopped", "the drain")
+        wait_for(
+            lambda: {i["name"]: i["state"] for i in _status(e)}.get("vllm-gpu2-3") == "stopped", "the drain"
+        )
         e["host"].set_state(**{"dev2.temperature": 90})  # would degrade (a restart) an instance still there
         ticks = daemon_doc(e["runtime"]).get("ticks", 0)
-        doc = wait_for(lambda: (d := daemon_doc(e["runtime"])).get("ticks", 0) > ticks + 10 and d, "more ticks")
+        doc = wait_for(
+            lambda: (d := daemon_doc(e["runtime"])).get("ticks", 0) > ticks + 10 and d, "more ticks"
+        )
         gpu3 = {g["index"]: g for g in doc["gpus"]}[3]
         assert gpu3["faults"] == ["xid_79: XID 79 (GPU has fallen off the bus)"] and gpu3["xids"] == [79]
         inst = {i["name"]: i for i in doc["instances"]}
@@ -433,11 +574,16 @@ def test_an_xid_on_a_card_drains_its_instance_and_it_is_not_restarted_there(daem
             ("drain", "vllm-gpu2-3", "done")
         ]
         assert len(starts_of(e["starts"], port + 1)) == 1 and len(starts_of(e["starts"], port)) == 1
-        assert {i["name"]: i["state"] for i in _status(e)} == {"vllm-gpu0-1": "ready", "vllm-gpu2-3": "stopped"}
+        assert {i["name"]: i["state"] for i in _status(e)} == {
+            "vllm-gpu0-1": "ready",
+            "vllm-gpu2-3": "stopped",
+        }
         text = subprocess.run(
             [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
         ).stdout
-        assert "HARDWARE FAULT: xid_79" in text and "DRAINED for a hardware fault: GPU 3: xid_79" in text, text
+        assert "HARDWARE FAULT: xid_79" in text and "DRAINED for a hardware fault: GPU 3: xid_79" in text, (
+            text
+        )
         assert proc.poll() is None
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -452,14 +598,29 @@ def test_a_hot_card_gets_a_lower_power_limit_first_and_it_is_restored(daemon_env
     with no restart; cooled, it is restored, still no restart; the batch never cut. Lowered again and the
     daemon stopped: it is restored on exit."""
     e = daemon_env
-    e["host"].set_state(**{f"dev{g}.power_limit_{k}_mw": v for g in (2, 3) for k, v in (("min", 150000), ("max", 300000))})
+    e["host"].set_state(
+        **{f"dev{g}.power_limit_{k}_mw": v for g in (2, 3) for k, v in (("min", 150000), ("max", 300000))}
+    )
     sets = [s for s in e["sets"] if not s.startswith("watch.recover_s=")] + [
-        "watch.recover_s=1", "degrade.power_limit_hold_s=600",
-    ]  # fmt: skip
+        "watch.recover_s=1",
+        "degrade.power_limit_hold_s=600",
+    ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in sets]],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(e["model"]),
+            *["--set=" + s for s in sets],
+        ],
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
 
     def limits() -> dict[int, float]:
@@ -474,7 +635,9 @@ def test_a_hot_card_gets_a_lower_power_limit_first_and_it_is_restored(daemon_env
         text = subprocess.run(
             [sys.executable, "-m", "hwprofile", "status"], env=e["env"], capture_output=True, text=True
         ).stdout
-        assert "power limit lowered by the daemon (degrade.power_limit_factor) on GPU 2 (restores 300 W)" in text
+        assert (
+            "power limit lowered by the daemon (degrade.power_limit_factor) on GPU 2 (restores 300 W)" in text
+        )
         assert "GPU 2: hot, 84 °C" in text and "of 255 W" in text, text
         e["host"].set_state(**{"dev2.temperature": 60})
         wait_for(lambda: limits().get(2) == 300 and limits().get(3) == 300, "the restored power limit")

@@ -118,8 +118,13 @@ def test_no_reading_holds_the_state() -> None:
 
 # A temperature read that failed while the other calls answered (the sampler's "partial": the clock-event
 # reasons read as none), one of which nothing could be read, and a GPU gone from the bus.
-FAIL = {"temperature_c": None, "status": "partial", "reasons": (), "sm_clock_mhz": 1410,
-        "error": "gpu[0].temperature: nvmlDeviceGetTemperature: Unknown Error"}  # fmt: skip
+FAIL = {
+    "temperature_c": None,
+    "status": "partial",
+    "reasons": (),
+    "sm_clock_mhz": 1410,
+    "error": "gpu[0].temperature: nvmlDeviceGetTemperature: Unknown Error",
+}
 UNREAD = {"temperature_c": None, "status": "unreadable", "error": "every call failed"}
 LOST = {"status": "lost", "error": "NVML answered GPU_IS_LOST"}
 
@@ -244,7 +249,9 @@ def test_a_node_of_a_multi_node_group_is_never_degraded_alone_and_says_why() -> 
     assert d.actions == () and d.states["vllm-gpu0-node1"].level == 0
     assert d.deferred == ("vllm-gpu0-node1: degrade to step 2 not done: node 1 of a group over 2 nodes: ...",)
     # the same host, one server: degraded as before
-    assert [a.kind for a in policy.decide_actions({"vllm-gpu0": (0,)}, thermal, {}, S, 100.0, held).actions] == ["degrade"]
+    assert [
+        a.kind for a in policy.decide_actions({"vllm-gpu0": (0,)}, thermal, {}, S, 100.0, held).actions
+    ] == ["degrade"]
 
 
 # -- speculative decoding -------------------------------------------------------------------------
@@ -427,7 +434,9 @@ def test_counter_window_increase_is_one_subtraction_never_a_scan() -> None:
 
     w = CounterWindow(3600)
     for t in range(5000):
-        w.add(float(t), {"still": 7.0, "moving": float(t), **({"late": float(t - 4000)} if t >= 4000 else {})})
+        w.add(
+            float(t), {"still": 7.0, "moving": float(t), **({"late": float(t - 4000)} if t >= 4000 else {})}
+        )
     w._samples = NoScan(w._samples)
     assert w.increase("still") == 0.0 and w.increase("moving") == 3600.0 and w.increase("late") == 999.0
     assert w.increase("absent") is None

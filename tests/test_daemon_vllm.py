@@ -38,10 +38,24 @@ def _daemon(host_env: dict, root: Path, tiny: Path, tmp_path: Path, tag: str):
     runtime = Path(f"/tmp/{tag}-{os.getpid()}")
     env = {**host_env, "HWPROFILE_CONFIG_ROOT": str(root), "HWPROFILE_RUNTIME_DIR": str(runtime)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(tiny), "--set", f"server.port={free_port()}",
-         "--set", f"logs.dir={tmp_path / 'logs'}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(tiny),
+            "--set",
+            f"server.port={free_port()}",
+            "--set",
+            f"logs.dir={tmp_path / 'logs'}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
     def doc() -> dict:
         try:
@@ -68,16 +82,31 @@ def _daemon(host_env: dict, root: Path, tiny: Path, tmp_path: Path, tag: str):
 def test_watch_once_json_against_a_vllm_started_elsewhere(tiny, tmp_path, fake_nvml_dir, empty_root) -> None:
     port = free_port()
     proc, log = serve(
-        tiny, port,
-        ["--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", "64M",
-         "--speculative-config", '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'],
+        tiny,
+        port,
+        [
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            "64M",
+            "--speculative-config",
+            '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}',
+        ],
         tmp_path / "vllm",
-    )  # fmt: skip
+    )
     try:
         wait_for_log(proc, log, r"Application startup complete", READY)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        body = json.dumps({"model": str(tiny), "prompt": "one two three one two three one two", "max_tokens": 24,
-                           "temperature": 0, "ignore_eos": True}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "model": str(tiny),
+                "prompt": "one two three one two three one two",
+                "max_tokens": 24,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+        ).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
         )
@@ -85,10 +114,23 @@ def test_watch_once_json_against_a_vllm_started_elsewhere(tiny, tmp_path, fake_n
         host = build("rtx4090-1x", tmp_path / "host")
         env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
         r = subprocess.run(
-            [sys.executable, "-m", "hwprofile", "watch", "--once", "--json", "--url", f"http://127.0.0.1:{port}",
-             "--interval", "1"],
-            env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "watch",
+                "--once",
+                "--json",
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--interval",
+                "1",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         (doc,) = [json.loads(x) for x in r.stdout.splitlines()]
         assert doc["gpus"][0]["index"] == 0 and doc["gpus"][0]["thermal_state"] == "ok"
@@ -122,13 +164,22 @@ def test_daemon_degrades_real_vllm_when_the_card_heats_and_recovers(tiny, tmp_pa
         log = Path(json.loads(st.stdout)["instances"][0]["log_file"])
         assert _non_default_args(log)[-1]["max_num_seqs"] == 8
         host.set_state(**{"dev0.temperature": 84})  # above the override's hot_c 80
-        wait(lambda: len(_non_default_args(log)) >= 2 and any(
-            a["outcome"] == "done" for a in doc().get("actions") or []), "the degraded restart")  # fmt: skip
+        wait(
+            lambda: (
+                len(_non_default_args(log)) >= 2
+                and any(a["outcome"] == "done" for a in doc().get("actions") or [])
+            ),
+            "the degraded restart",
+        )
         degraded = _non_default_args(log)[-1]
         assert degraded["max_num_seqs"] == 6 and degraded["max_num_batched_tokens"] == 768  # x0.75
         host.set_state(**{"dev0.temperature": 60})
-        wait(lambda: len(_non_default_args(log)) >= 3 and doc().get("degrade_levels", {}).get("vllm-gpu0") == 0,
-             "the recovery")  # fmt: skip
+        wait(
+            lambda: (
+                len(_non_default_args(log)) >= 3 and doc().get("degrade_levels", {}).get("vllm-gpu0") == 0
+            ),
+            "the recovery",
+        )
         assert _non_default_args(log)[-1]["max_num_seqs"] == 8
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -164,8 +215,12 @@ def test_live_overrides_against_real_vllm(tiny, tmp_path, fake_nvml_dir) -> None
         log = Path(json.loads(st.stdout)["instances"][0]["log_file"])
         assert [a["gpu_memory_utilization"] for a in _non_default_args(log)] == [0.5]
         site.write_text(base.replace("0.5}", "0.6}"))
-        wait(lambda: len(_non_default_args(log)) >= 2 and doc().get("instances", [{}])[0].get("status") == "ok",
-             "the restart with the new share")  # fmt: skip
+        wait(
+            lambda: (
+                len(_non_default_args(log)) >= 2 and doc().get("instances", [{}])[0].get("status") == "ok"
+            ),
+            "the restart with the new share",
+        )
         assert _non_default_args(log)[-1]["gpu_memory_utilization"] == 0.6
         starts = len(_non_default_args(log))
         # a comment only: nothing restarts

@@ -15,12 +15,20 @@ DASHBOARD = Path(__file__).resolve().parent.parent / "dashboards" / "hwprofile.j
 # vLLM's /metrics names the dashboard and monitoring/rules use, as vLLM 0.32 exports them (counters
 # with _total, a histogram's _bucket): shared/facts/vllm-metrics.md, table 1; tests/fakevllm.py
 # serves all of them.
-VLLM_NAMES = frozenset({
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:num_preemptions_total",
-    "vllm:time_to_first_token_seconds_bucket", "vllm:spec_decode_num_drafts_total",
-    "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-})  # fmt: skip
+VLLM_NAMES = frozenset(
+    {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    }
+)
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 
 
@@ -59,7 +67,11 @@ def test_every_query_names_an_exported_metric() -> None:
         assert not unknown, f"{e}: {unknown} is exported by nobody (exporter.NAMES, VLLM_NAMES)"
         used |= names
     # the metrics a reader needs first are on the board
-    first = {"hwprofile_gpu_temperature_celsius", "hwprofile_gpu_thermal_state", "hwprofile_instance_degrade_level"}
+    first = {
+        "hwprofile_gpu_temperature_celsius",
+        "hwprofile_gpu_thermal_state",
+        "hwprofile_instance_degrade_level",
+    }
     assert first <= used
     assert {"vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc", "up"} <= used
 

@@ -77,12 +77,22 @@ def ranks_of(pgid: int) -> dict[str, int]:
 
 def test_a_data_parallel_server_through_hwprofile(tiny, tmp_path) -> None:
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML"))},
-           "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML"))},
+        "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"),
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+    }
     (tmp_path / "etc").mkdir()
-    sets = ["layout.replicas=2", "speculative.method=none", "cpu.kv_cache_space_gib=0.0625",
-            "engine.max_model_len=512", "engine.enforce_eager=true", f"server.port={port}",
-            "supervise.backoff_initial=0.5", f"logs.dir={tmp_path / 'logs'}"]  # fmt: skip
+    sets = [
+        "layout.replicas=2",
+        "speculative.method=none",
+        "cpu.kv_cache_space_gib=0.0625",
+        "engine.max_model_len=512",
+        "engine.enforce_eager=true",
+        f"server.port={port}",
+        "supervise.backoff_initial=0.5",
+        f"logs.dir={tmp_path / 'logs'}",
+    ]
     args = ["--model", str(tiny), *[f"--set={s}" for s in sets]]
     t0 = time.monotonic()
     up = hw(env, "launch", *args)
@@ -98,8 +108,11 @@ def test_a_data_parallel_server_through_hwprofile(tiny, tmp_path) -> None:
         with ThreadPoolExecutor(4) as pool:
             assert list(pool.map(lambda _: complete(url, str(tiny)), range(8))) == [200] * 8
         text = OPENER.open(url + "/metrics", timeout=30).read().decode()
-        engines = {ln.split('engine="', 1)[1].split('"', 1)[0] for ln in text.splitlines()
-                   if ln.startswith("vllm:num_requests_running{")}  # fmt: skip
+        engines = {
+            ln.split('engine="', 1)[1].split('"', 1)[0]
+            for ln in text.splitlines()
+            if ln.startswith("vllm:num_requests_running{")
+        }
         assert engines == {"0", "1"}
         from hwprofile.telemetry.metrics import parse
 
@@ -108,12 +121,18 @@ def test_a_data_parallel_server_through_hwprofile(tiny, tmp_path) -> None:
         # a rank dies: vLLM takes the server down, the supervisor restarts it (one URL again)
         os.kill(ranks_of(inst["pid"])["DP1"], signal.SIGKILL)
         t1 = time.monotonic()
-        again = wait(lambda: (i := status(env)["instances"][0])["restarts"] == 1 and i["state"] == "ready" and i,
-                     "restarted and ready")  # fmt: skip
+        again = wait(
+            lambda: (i := status(env)["instances"][0])["restarts"] == 1 and i["state"] == "ready" and i,
+            "restarted and ready",
+        )
         recovered = time.monotonic() - t1
-        assert "died" in again["failure"]["evidence"] or "exit code" in again["failure"]["evidence"], again["failure"]
+        assert "died" in again["failure"]["evidence"] or "exit code" in again["failure"]["evidence"], again[
+            "failure"
+        ]
         assert complete(url, str(tiny)) == 200
-        print(f"\nDP=2 on the CPU: ready in {started:.0f} s; a dead rank: ready again {recovered:.0f} s later")
+        print(
+            f"\nDP=2 on the CPU: ready in {started:.0f} s; a dead rank: ready again {recovered:.0f} s later"
+        )
     finally:
         pid = status(env)["instances"][0]["pid"]
         down = hw(env, "stop", timeout=180)
@@ -157,19 +176,44 @@ def test_the_daemon_degrades_a_data_parallel_server_when_a_card_heats(tiny, tmp_
     wrapper.write_text(WRAPPER.format(python=sys.executable, vllm=str(VLLM), log=str(log)))
     wrapper.chmod(0o755)
     port = free_port()
-    env = {**host.env(fake_nvml_dir), "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"),
-           "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {
+        **host.env(fake_nvml_dir),
+        "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"),
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+        "HF_HUB_OFFLINE": "1",
+    }
     (tmp_path / "etc").mkdir()
     # the operator's TP2 (a NUMA pair per rank): the profile's would give way to TP1 on a tiny model
-    sets = ["layout.shape=data_parallel", "layout.tensor_parallel_size=2", "speculative.method=none",
-            f"server.port={port}",
-            f"server.vllm_command={wrapper}", "watch.interval=0.5", "watch.dwell_s=1", "watch.metrics_port=0",
-            "server.shutdown_timeout=5", f"logs.dir={tmp_path / 'logs'}"]  # fmt: skip
+    sets = [
+        "layout.shape=data_parallel",
+        "layout.tensor_parallel_size=2",
+        "speculative.method=none",
+        f"server.port={port}",
+        f"server.vllm_command={wrapper}",
+        "watch.interval=0.5",
+        "watch.dwell_s=1",
+        "watch.metrics_port=0",
+        "server.shutdown_timeout=5",
+        f"logs.dir={tmp_path / 'logs'}",
+    ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--vllm-version", "0.32.0", "--model", str(tiny),
-         *[f"--set={s}" for s in sets]],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--vllm-version",
+            "0.32.0",
+            "--model",
+            str(tiny),
+            *[f"--set={s}" for s in sets],
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
     def starts() -> list[list[str]]:
         return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
@@ -188,10 +232,16 @@ def test_the_daemon_degrades_a_data_parallel_server_when_a_card_heats(tiny, tmp_
         t0 = time.monotonic()
         wait(lambda: len(starts()) >= 2, "the degraded start", 120)
         assert flag(starts()[-1], "--max-num-seqs") == "288"  # 384 x 0.75: the whole server, both ranks
-        wait(lambda: (s := status(env))["instances"][0]["state"] == "ready" and s["instances"][0]["replacements"] == 1,
-             "ready again at the degrade step")  # fmt: skip
+        wait(
+            lambda: (
+                (s := status(env))["instances"][0]["state"] == "ready"
+                and s["instances"][0]["replacements"] == 1
+            ),
+            "ready again at the degrade step",
+        )
         downtime = time.monotonic() - t0
         assert complete(url, str(tiny)) == 200
+
         # state.json says ready first; the daemon records the restart as done at its next tick
         def done_actions() -> list[dict]:
             doc = json.loads((tmp_path / "rt" / "daemon.json").read_text())
@@ -199,7 +249,10 @@ def test_the_daemon_degrades_a_data_parallel_server_when_a_card_heats(tiny, tmp_
 
         done = wait(done_actions, "the daemon's record of the restart", 30)
         doc = json.loads((tmp_path / "rt" / "daemon.json").read_text())
-        assert done[-1]["outcome"] == "done" and "downtime of the data-parallel server: all 2 ranks" in done[-1]["detail"], doc["actions"]
+        assert (
+            done[-1]["outcome"] == "done"
+            and "downtime of the data-parallel server: all 2 ranks" in done[-1]["detail"]
+        ), doc["actions"]
         print(f"\na hot card under the DP server: degraded, ready again after {downtime:.0f} s")
     finally:
         os.kill(proc.pid, signal.SIGTERM)

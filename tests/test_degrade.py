@@ -7,8 +7,13 @@ from hwprofile.config.settings import Degrade
 from hwprofile.pipeline import make_plan
 from hwprofile.plan.degrade import degrade_overrides, degrade_sets
 
-DEGRADE = {"max_num_seqs_factor": 0.75, "max_num_batched_tokens_factor": 0.75, "num_speculative_tokens_step": 1,
-           "power_limit_factor": 0.85, "power_limit_hold_s": 60.0}  # fmt: skip
+DEGRADE = {
+    "max_num_seqs_factor": 0.75,
+    "max_num_batched_tokens_factor": 0.75,
+    "num_speculative_tokens_step": 1,
+    "power_limit_factor": 0.85,
+    "power_limit_hold_s": 60.0,
+}
 
 
 def test_seed_000_degrade_256_to_192_through_the_planner(host_of, empty_root) -> None:
@@ -16,7 +21,9 @@ def test_seed_000_degrade_256_to_192_through_the_planner(host_of, empty_root) ->
     base_sets = ["engine.max_num_seqs=256"]  # seed 000 ran 256 sequences
     full = make_plan(host, empty_root, sets=base_sets, environ={})
     inst = full.instances[0]
-    assert inst.engine.max_num_seqs == 256 and inst.speculative and inst.speculative.num_speculative_tokens == 5
+    assert (
+        inst.engine.max_num_seqs == 256 and inst.speculative and inst.speculative.num_speculative_tokens == 5
+    )
     assert full.to_json()["degrade"] == DEGRADE  # the schema defaults, carried by the plan
     assert full.degrade == Degrade(**DEGRADE)
     sets, why = degrade_sets(inst, 1, full.degrade)
@@ -74,4 +81,8 @@ def test_a_band_without_speculation_stays_without_when_degraded(host_of, empty_r
     assert layer is not None
     assert dict(layer.values)[("speculative", "by_batch_size")] == [[1, 32, 3], [33, 128, 1], [129, None, 0]]
     hot = make_plan(host, empty_root, sets=[table, layer], environ={}).to_json()["instances"][0]
-    assert hot["speculative"]["num_speculative_tokens_per_batch_size"] == [[1, 32, 3], [33, 128, 1], [129, None, 0]]
+    assert hot["speculative"]["num_speculative_tokens_per_batch_size"] == [
+        [1, 32, 3],
+        [33, 128, 1],
+        [129, None, 0],
+    ]

@@ -43,10 +43,24 @@ def test_demo_shows_prompt_token_ids_text_and_next_steps(tmp_path: Path) -> None
         env.pop(k, None)  # this host, for real
     port = free_port()
     r = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "launch", "--demo", "--runtime-dir", str(tmp_path / "run"),
-         "--set", f"server.port={port}", "--set", f"logs.dir={tmp_path / 'logs'}"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "launch",
+            "--demo",
+            "--runtime-dir",
+            str(tmp_path / "run"),
+            "--set",
+            f"server.port={port}",
+            "--set",
+            f"logs.dir={tmp_path / 'logs'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = r.stdout
     assert r.returncode == 0, out + r.stderr[-4000:]
     model = cache / "hwprofile" / "tiny-llama"

@@ -290,12 +290,19 @@ def test_a_library_that_crashes_in_init_is_said_not_fatal(tmp_path) -> None:
     """An HWPROFILE_NVML_LIBRARY that crashes in nvmlInit killed `detect` with SIGSEGV and no word:
     it is tried in a child first, and detect says why it was not used (exit 0, no GPUs)."""
     src = tmp_path / "crash.c"
-    src.write_text("int nvmlInitWithFlags(unsigned f) { (void)f; *(volatile int *)0 = 1; return 0; }\n"
-                   "int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }\n")  # fmt: skip
+    src.write_text(
+        "int nvmlInitWithFlags(unsigned f) { (void)f; *(volatile int *)0 = 1; return 0; }\n"
+        "int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }\n"
+    )
     lib = tmp_path / "libcrash.so"
     subprocess.run([need("gcc"), "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    r = subprocess.run([sys.executable, "-m", "hwprofile", "detect", "--json"], capture_output=True, text=True,
-                       env={**os.environ, "HWPROFILE_NVML_LIBRARY": str(lib)}, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "detect", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HWPROFILE_NVML_LIBRARY": str(lib)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["gpus"] == [] and any("crashed in nvmlInit (SIGSEGV" in e["message"] for e in doc["errors"]), (
@@ -308,15 +315,33 @@ def test_a_library_with_another_soname_is_not_reported_as_used(tmp_path, fake_nv
     HWPROFILE_NVML_LIBRARY is loaded beside it but not used. Detect says which one answered."""
     host = fake_host("rtx4090-1x")
     other = tmp_path / "libnvidia-ml-custom.so"
-    subprocess.run([need("gcc"), "-O1", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml-custom.so", "-Wno-deprecated-declarations",
-                    f"-I{nvml_include_dir()}", "-o", str(other), str(FAKE_SOURCE)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            need("gcc"),
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libnvidia-ml-custom.so",
+            "-Wno-deprecated-declarations",
+            f"-I{nvml_include_dir()}",
+            "-o",
+            str(other),
+            str(FAKE_SOURCE),
+        ],
+        check=True,
+    )
     env = {
         **host.env(fake_nvml_dir),
         "HWPROFILE_NVML_LIBRARY": str(other),
         "LD_LIBRARY_PATH": str(fake_nvml_dir),
     }  # the default libnvidia-ml.so.1 is the fake in the test's dir
-    r = subprocess.run([sys.executable, "-m", "hwprofile", "detect", "--json"], capture_output=True, text=True,
-                       env=env, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "detect", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     doc = json.loads(r.stdout)
     assert doc["driver"]["nvml_library"] == str(fake_nvml_dir / "libnvidia-ml.so.1"), doc["driver"]
     assert any("is not what pynvml uses" in e["message"] for e in doc["errors"]), doc["errors"]

@@ -322,9 +322,15 @@ def imported_units(path: Path) -> set[str]:
 def test_the_manual_has_its_pages() -> None:
     names = {p.name for p in DOCS}
     expected = {
-        "planning.md", "rendering.md", "supervision.md", "daemon.md", "service.md",
-        "bench-and-verify.md", "architecture.md", "benchmarks.md",
-    }  # fmt: skip
+        "planning.md",
+        "rendering.md",
+        "supervision.md",
+        "daemon.md",
+        "service.md",
+        "bench-and-verify.md",
+        "architecture.md",
+        "benchmarks.md",
+    }
     assert expected <= names, expected - names
 
 
@@ -438,8 +444,10 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
 
     names = "`engine.max_num_seqz`, `--set watch.hot=80`, HWPROFILE_WATCH__HOTC, `bench.json`, `watch.*`"
     assert [p.split(": ")[1] for p in name_problems(names, "x.md")] == [
-        "`engine.max_num_seqz` is no setting", "`watch.hot` is no setting", "`watch.hotc` is no setting",
-    ]  # fmt: skip
+        "`engine.max_num_seqz` is no setting",
+        "`watch.hot` is no setting",
+        "`watch.hotc` is no setting",
+    ]
     assert yaml_problems("```yaml\nengine:\n  max_num_seqz: 4\n```\n", "x.md")
     assert not yaml_problems("```yaml\nextends: base\nengine:\n  max_num_seqs: 4\n```\n", "x.md")
 
@@ -449,8 +457,9 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# A `title`: here\n\n[ok](#a-title-here) [bad](#nowhere) [gone](missing.md)\n")
     assert [p.split(": ", 1)[1] for p in link_problems(page.read_text(), page)] == [
-        "link to #nowhere: no heading #nowhere there", "link to missing.md: no such file",
-    ]  # fmt: skip
+        "link to #nowhere: no heading #nowhere there",
+        "link to missing.md: no such file",
+    ]
     assert path_problems("`hwprofile/nowhere.py` and `hwprofile/config/`", "x.md") == [
         "x.md:1: `hwprofile/nowhere.py` does not exist"
     ]

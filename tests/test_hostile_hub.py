@@ -79,8 +79,12 @@ def test_a_cached_record_of_mixed_types_is_not_trusted(hub: Hub, snapshot: Path,
     first = model_of(plan(snapshot, env, "--model", "acme/small"))
     rec = tmp_path / "hf" / "hub" / "models--acme--small" / "hwprofile" / f"{commit('small-main')}.json"
     doc = json.loads(rec.read_text())
-    for bad in ({"dtypes": {"BF16": 5, "F32": "x"}}, {"dtypes": [1, 2]}, {"weights": {"files": [1], "bytes": "x"}},
-                {"files": {"config.json": "big"}}):  # fmt: skip
+    for bad in (
+        {"dtypes": {"BF16": 5, "F32": "x"}},
+        {"dtypes": [1, 2]},
+        {"weights": {"files": [1], "bytes": "x"}},
+        {"files": {"config.json": "big"}},
+    ):
         rec.write_text(json.dumps({**doc, **bad}))
         off = plan(snapshot, {**env, "HF_HUB_OFFLINE": "1"}, "--model", "acme/small")
         assert (

@@ -19,7 +19,9 @@ from hwprofile.runtime.lock import LockFileError
 from hwprofile.supervise.runfiles import LOCK_FILE, lock_held
 
 
-def hw(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def hw(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return runcli.hwprofile(*args, extra_env=env, timeout=timeout)
 
 
@@ -52,11 +54,22 @@ def test_procfs_and_sysfs_fifos_and_devices_are_refused_not_waited_on(tmp_path: 
 
 def test_detect_and_plan_with_a_fifo_in_the_proc_root_finish(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
-    shutil.copytree("/proc/sys/kernel", proc / "sys" / "kernel", dirs_exist_ok=True,
-                    ignore=lambda d, names: [n for n in names if n not in ("hostname", "osrelease")])  # fmt: skip
+    shutil.copytree(
+        "/proc/sys/kernel",
+        proc / "sys" / "kernel",
+        dirs_exist_ok=True,
+        ignore=lambda d, names: [n for n in names if n not in ("hostname", "osrelease")],
+    )
     os.mkfifo(proc / "cpuinfo")
     os.mkfifo(proc / "meminfo")
-    r = hw("detect", "--json", "--proc-root", str(proc), env={"HWPROFILE_NVML_LIBRARY": "/nonexistent.so"}, timeout=30)
+    r = hw(
+        "detect",
+        "--json",
+        "--proc-root",
+        str(proc),
+        env={"HWPROFILE_NVML_LIBRARY": "/nonexistent.so"},
+        timeout=30,
+    )
     assert r.returncode == 0 and "a FIFO" in r.stdout, r.stderr
 
 
@@ -89,8 +102,19 @@ def test_a_catastrophic_site_rule_cannot_hang_planning(tmp_path: Path) -> None:
 
 def test_thresholds_out_of_order_are_refused_naming_both_sources(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
-    r = hw("plan", "--config-root", str(tmp_path / "etc"), "--model", "Qwen/Qwen2.5-7B-Instruct",
-           "--set", "watch.warm_c=100", "--set", "watch.hot_c=95", "--set", "watch.critical_c=90")  # fmt: skip
+    r = hw(
+        "plan",
+        "--config-root",
+        str(tmp_path / "etc"),
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--set",
+        "watch.warm_c=100",
+        "--set",
+        "watch.hot_c=95",
+        "--set",
+        "watch.critical_c=90",
+    )
     assert r.returncode == 2, r.stderr
     assert "watch.warm_c = 100 must be below watch.hot_c = 95" in r.stderr
     assert "watch.hot_c from cli --set watch.hot_c=95" in r.stderr and "watch.critical_c = 90" in r.stderr
@@ -99,11 +123,21 @@ def test_thresholds_out_of_order_are_refused_naming_both_sources(tmp_path: Path)
 def test_a_draft_that_is_the_target_is_said(host_of, empty_root) -> None:
     from hwprofile.pipeline import make_plan
 
-    p = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
-                  draft="Qwen/Qwen2.5-7B-Instruct")  # fmt: skip
+    p = make_plan(
+        host_of("rtx4090-1x"),
+        empty_root,
+        environ={},
+        model="Qwen/Qwen2.5-7B-Instruct",
+        draft="Qwen/Qwen2.5-7B-Instruct",
+    )
     assert any("is the target itself" in w for w in p.warnings), p.warnings
-    q = make_plan(host_of("rtx4090-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
-                  draft="Qwen/Qwen2.5-0.5B-Instruct")  # fmt: skip
+    q = make_plan(
+        host_of("rtx4090-1x"),
+        empty_root,
+        environ={},
+        model="Qwen/Qwen2.5-7B-Instruct",
+        draft="Qwen/Qwen2.5-0.5B-Instruct",
+    )
     assert not any("is the target itself" in w for w in q.warnings), q.warnings
 
 
@@ -114,18 +148,55 @@ def test_careless_operator_inputs(tmp_path: Path) -> None:
 
     model = tmp_path / "work" / "tiny"
     model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-        "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-    }))  # fmt: skip
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 2048,
+                "max_position_embeddings": 2048,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     (tmp_path / "etc").mkdir()
-    env = {**os.environ, "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "HWPROFILE_RUNTIME_DIR": str(tmp_path / "run")}
-    r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--json", "--model", "tiny"], cwd=model.parent,
-                       env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    env = {
+        **os.environ,
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+        "HWPROFILE_RUNTIME_DIR": str(tmp_path / "run"),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "plan", "--json", "--model", "tiny"],
+        cwd=model.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["path"] == str(model)
-    r = subprocess.run([sys.executable, "-m", "hwprofile", "launch", "--foreground", "--model", str(model),
-                        "--set", "server.vllm_command=/nonexistent/vllm"], env=env, capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
-    assert r.returncode == 1 and "server.vllm_command /nonexistent/vllm: no such executable" in r.stderr, r.stderr
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "launch",
+            "--foreground",
+            "--model",
+            str(model),
+            "--set",
+            "server.vllm_command=/nonexistent/vllm",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "server.vllm_command /nonexistent/vllm: no such executable" in r.stderr, (
+        r.stderr
+    )

@@ -80,8 +80,10 @@ def test_one_product_in_two_memory_sizes_is_two_workloads(capsys, clean_env, emp
     names = [d["metadata"]["name"] for d in deps]
     assert len(deps) == 2 and len(set(names)) == 2, names
     assert all(len(x) <= 63 for x in names)
-    selectors = {d["metadata"]["annotations"]["hwprofile.io/nodes"]: d["spec"]["template"]["spec"]["nodeSelector"]
-                 for d in deps}  # fmt: skip
+    selectors = {
+        d["metadata"]["annotations"]["hwprofile.io/nodes"]: d["spec"]["template"]["spec"]["nodeSelector"]
+        for d in deps
+    }
     assert selectors["ws-a"]["nvidia.com/gpu.memory"] == str(small)
     assert selectors["ws-b"]["nvidia.com/gpu.memory"] == str(large)
     assert len({d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}) == 2

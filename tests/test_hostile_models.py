@@ -29,10 +29,17 @@ HOSTILE = HERE / "hostile"
 HOST = HOSTILE / "host-base.json"
 CASES: list[dict[str, Any]] = json.loads((HOSTILE / "models.json").read_text())
 TINY: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 def make_model(case: dict[str, Any], d: Path) -> None:
@@ -119,20 +126,39 @@ def test_catalog_still_parses() -> None:
 # -- fuzzing, in process -----------------------------------------------------------------------
 
 KEYS = [
-    *TINY, "head_dim", "tie_word_embeddings", "sliding_window", "use_sliding_window", "sliding_window_pattern",
-    "layer_types", "quantization_config", "num_experts", "n_routed_experts", "num_local_experts",
-    "moe_intermediate_size", "n_shared_experts", "num_nextn_predict_layers", "mtp_num_hidden_layers",
-    "text_config", "dtype",
-]  # fmt: skip
+    *TINY,
+    "head_dim",
+    "tie_word_embeddings",
+    "sliding_window",
+    "use_sliding_window",
+    "sliding_window_pattern",
+    "layer_types",
+    "quantization_config",
+    "num_experts",
+    "n_routed_experts",
+    "num_local_experts",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "num_nextn_predict_layers",
+    "mtp_num_hidden_layers",
+    "text_config",
+    "dtype",
+]
 SHARP = st.sampled_from(
     [-1, 0, 1, 2, 3, 4, 8, 2**31, 2**70, 1.5, "", "4", "false", "awq", None, True, False, [], {}]
 )
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | SHARP,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.sampled_from(["bits", "w_bit", "quant_method", *KEYS[:6]]) | st.text(max_size=4), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["bits", "w_bit", "quant_method", *KEYS[:6]]) | st.text(max_size=4),
+            inner,
+            max_size=3,
+        )
+    ),
     max_leaves=6,
-)  # fmt: skip
+)
 CONFIGS = st.builds(
     lambda edits, drops: {**{k: v for k, v in TINY.items() if k not in drops}, **dict(edits)},
     st.lists(st.tuples(st.sampled_from(KEYS), JSON_VALUES), max_size=4),
@@ -180,7 +206,9 @@ def test_fuzz_model_dir_only_raises_config_error(config: bytes, index: bytes | N
 @given(spec=st.text(max_size=12))
 def test_fuzz_model_spec_only_raises_config_error(spec: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # an ORG/NAME spec ('0/0') is a Hub name: never ask the real Hub
+    monkeypatch.setenv(
+        "HF_HUB_OFFLINE", "1"
+    )  # an ORG/NAME spec ('0/0') is a Hub name: never ask the real Hub
     try:
         resolve_model(spec)
     except ConfigError as e:

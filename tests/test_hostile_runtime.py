@@ -104,8 +104,11 @@ def test_a_lock_taken_by_a_second_daemon_meanwhile_is_reported_not_stolen(tmp_pa
 def test_runtime_and_logs_directories_that_cannot_be_directories_are_clear_errors(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("")
-    for bad, want in ((f, "not a directory"), (f / "sub", "a part of the path above it is a file"),
-                      (Path("/proc/hwprofile-test/x"), "cannot be created")):  # fmt: skip
+    for bad, want in (
+        (f, "not a directory"),
+        (f / "sub", "a part of the path above it is a file"),
+        (Path("/proc/hwprofile-test/x"), "cannot be created"),
+    ):
         with pytest.raises(UnsafeDirectory, match=want):
             private_dir(bad)
     for rd, want in ((f, "is not a directory"), (f / "sub", "is not a directory")):

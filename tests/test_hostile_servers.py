@@ -183,14 +183,23 @@ def test_an_endless_body_is_capped_not_read_into_memory(server) -> None:
 
 @pytest.mark.parametrize(
     "args, flag",
-    [(["watch", "--once", "--url", "http://127.0.0.1:1", "--draft-cost", "-1"], "--draft-cost"),
-     (["watch", "--once", "--url", "http://127.0.0.1:1", "--draft-cost", "nan"], "--draft-cost"),
-     (["watch", "--once", "--url", "http://127.0.0.1:1", "--interval", "inf"], "--interval"),
-     (["daemon", "--watch-quiet", "nan"], "--watch-quiet"),
-     (["verify", "--limit", "0"], "--limit"),
-     (["bench", "--rounds", "-3"], "--rounds")],
-    ids=["draft-cost-negative", "draft-cost-nan", "interval-inf", "watch-quiet-nan", "limit-0", "rounds-negative"],
-)  # fmt: skip
+    [
+        (["watch", "--once", "--url", "http://127.0.0.1:1", "--draft-cost", "-1"], "--draft-cost"),
+        (["watch", "--once", "--url", "http://127.0.0.1:1", "--draft-cost", "nan"], "--draft-cost"),
+        (["watch", "--once", "--url", "http://127.0.0.1:1", "--interval", "inf"], "--interval"),
+        (["daemon", "--watch-quiet", "nan"], "--watch-quiet"),
+        (["verify", "--limit", "0"], "--limit"),
+        (["bench", "--rounds", "-3"], "--rounds"),
+    ],
+    ids=[
+        "draft-cost-negative",
+        "draft-cost-nan",
+        "interval-inf",
+        "watch-quiet-nan",
+        "limit-0",
+        "rounds-negative",
+    ],
+)
 def test_option_values_that_are_not_finite_numbers_in_range(args: list[str], flag: str) -> None:
     r = hw(*args)
     assert r.returncode == 2 and f"argument {flag}:" in r.stderr, r.stderr
@@ -241,7 +250,9 @@ def test_a_deferred_action_is_logged_once_not_at_every_tick(caplog) -> None:
     from hwprofile.daemon.watcher import Report
 
     plan = _plan({"a": 64})
-    d = Daemon(plan, lambda sets: plan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent"))
+    d = Daemon(
+        plan, lambda sets: plan, _Sup(["a"]), _Sampler(), plan.watch, plan.degrade, Path("/nonexistent")
+    )
     note = "a: degrade to step 1 deferred: 6 actions in the last hour (watch.max_actions_per_hour 6)"
     d.watcher.tick = lambda now, gpus, scrapes, act=True, **_: Report(now, (), (), (), (note,))  # type: ignore[method-assign]
     with caplog.at_level("WARNING", logger="hwprofile"):

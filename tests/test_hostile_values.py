@@ -52,7 +52,9 @@ def test_a_good_calibration_still_plans(host_of, empty_root) -> None:
     doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
     doc["plans"][0]["summary"].append({"concurrency": 32, "rounds": 1})  # a round that failed: left out
     zero = {k: {"median": 0.0} for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")}
-    doc["plans"][0]["summary"].append({"concurrency": 64, "rounds": 1, "metrics": zero})  # nothing served: left out
+    doc["plans"][0]["summary"].append(
+        {"concurrency": 64, "rounds": 1, "metrics": zero}
+    )  # nothing served: left out
     path.write_text(json.dumps(doc))
     plan = make_plan(host, empty_root, environ={}).to_json()
     assert plan["prediction"]["calibration"]["path"] == str(path)
@@ -139,8 +141,21 @@ def test_an_image_that_is_no_image_reference_is_refused(snap_file, empty_root, t
     image = case["image"] + "a" * case.get("repeat", 0)
     env = {"HWPROFILE_CONFIG_ROOT": str(empty_root)}
     out = tmp_path / "k8s"
-    r = inproc.hwprofile(["render", "--from", str(snap_file), "--format", "k8s", "--output", str(out),
-                          f"--image={image}", "--vllm-version", "0.32.0"], env)  # fmt: skip
+    r = inproc.hwprofile(
+        [
+            "render",
+            "--from",
+            str(snap_file),
+            "--format",
+            "k8s",
+            "--output",
+            str(out),
+            f"--image={image}",
+            "--vllm-version",
+            "0.32.0",
+        ],
+        env,
+    )
     assert r.returncode == 2 and "--image" in r.stderr and "container image reference" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not out.exists()
 
@@ -150,8 +165,22 @@ def test_a_good_image_reference_is_taken(snap_file, empty_root, tmp_path) -> Non
 
     image = "registry.example.com:5000/team/vllm-openai:v0.32.0@sha256:" + "0" * 64
     out = tmp_path / "k8s"
-    r = inproc.hwprofile(["render", "--from", str(snap_file), "--format", "k8s", "--output", str(out),
-                          "--image", image, "--vllm-version", "0.32.0"], {"HWPROFILE_CONFIG_ROOT": str(empty_root)})  # fmt: skip
+    r = inproc.hwprofile(
+        [
+            "render",
+            "--from",
+            str(snap_file),
+            "--format",
+            "k8s",
+            "--output",
+            str(out),
+            "--image",
+            image,
+            "--vllm-version",
+            "0.32.0",
+        ],
+        {"HWPROFILE_CONFIG_ROOT": str(empty_root)},
+    )
     assert r.returncode == 0, r.stderr
     assert any(image in p.read_text() for p in out.rglob("*.yaml"))
 

@@ -87,7 +87,10 @@ def test_float32_without_a_dtype_reads_a_safetensors_header(hub: Hub, snapshot: 
     before = len(hub.sent())
     m = model_of(plan(snapshot, env, "--model", "acme/f32"))
     size = files_of(hub, "acme/f32")["model.safetensors"].size
-    assert "float32 served as 16-bit" in m["weights_bytes_source"] and "1 safetensors header" in m["weights_bytes_source"]
+    assert (
+        "float32 served as 16-bit" in m["weights_bytes_source"]
+        and "1 safetensors header" in m["weights_bytes_source"]
+    )
     assert abs(m["weights_bytes"] - size // 2) < 4096  # F32 on disk, 16-bit in memory
     reads = [r for r in hub.sent()[before:] if r["path"].endswith("model.safetensors")]
     assert reads and all(r["method"] == "GET" and r["range"] == "bytes=0-100000" for r in reads)
@@ -111,13 +114,31 @@ def test_a_revision_by_flag_or_after_an_at(hub: Hub, snapshot: Path, env) -> Non
     # vLLM is given the commit that was planned, for the weights and the tokenizer: not main's
     for release in ("0.6.3", "0.33.0"):
         r = subprocess.run(
-            [sys.executable, "-m", "hwprofile", "render", "--from", str(snapshot), "--model", "acme/small@v2",
-             "--format", "argv", "--vllm-version", release], env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "render",
+                "--from",
+                str(snapshot),
+                "--model",
+                "acme/small@v2",
+                "--format",
+                "argv",
+                "--vllm-version",
+                release,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         words = r.stdout.replace('"', " ").replace(",", " ").replace("[", " ").replace("]", " ").split()
         pairs = set(itertools.pairwise(words))
-        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, r.stdout
+        assert {("--revision", commit("small-v2")), ("--tokenizer-revision", commit("small-v2"))} <= pairs, (
+            r.stdout
+        )
 
 
 def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Path, env) -> None:
@@ -126,7 +147,9 @@ def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Pat
     assert "accept the license" in without.stderr.lower() and "HF_TOKEN" in without.stderr
     assert "no token was given" in without.stderr
     wrong = plan(snapshot, {**env, "HF_TOKEN": "hf_wrongWRONGwrong"}, "--model", "acme/gated")
-    assert wrong.returncode == 1 and "has no access" in wrong.stderr and "hf_wrongWRONGwrong" not in wrong.stderr
+    assert (
+        wrong.returncode == 1 and "has no access" in wrong.stderr and "hf_wrongWRONGwrong" not in wrong.stderr
+    )
     ok = plan(snapshot, {**env, "HF_TOKEN": TOKEN}, "--model", "acme/gated", "--explain", json_out=False)
     assert ok.returncode == 0, ok.stderr
     assert any(r["auth"] == f"Bearer {TOKEN}" for r in hub.sent("resolve"))  # huggingface_hub sent it
@@ -144,7 +167,9 @@ def test_a_gated_model_needs_a_token_that_is_never_shown(hub: Hub, snapshot: Pat
         ("acme/small", "http://127.0.0.1:9", 1, "cannot reach the Hub at http://127.0.0.1:9"),
     ],
 )
-def test_repositories_that_cannot_be_planned_say_why(hub: Hub, snapshot: Path, env, repo, endpoint, code, says) -> None:
+def test_repositories_that_cannot_be_planned_say_why(
+    hub: Hub, snapshot: Path, env, repo, endpoint, code, says
+) -> None:
     r = plan(snapshot, {**env, "HF_ENDPOINT": endpoint or env["HF_ENDPOINT"]}, "--model", repo)
     assert r.returncode == code and says in r.stderr, r.stderr
     assert r.stderr.startswith(f"hwprofile: error: model {repo}") and "Traceback" not in r.stderr
@@ -155,7 +180,9 @@ def test_a_hung_server_is_a_clear_error_quickly(hub: Hub, snapshot: Path, env, r
     t0 = time.monotonic()
     r = plan(snapshot, {**env, "HF_HUB_ETAG_TIMEOUT": "1"}, "--model", repo)
     took = time.monotonic() - t0
-    assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, r.stderr
+    assert r.returncode == 1 and "did not answer in time" in r.stderr and "HF_HUB_ETAG_TIMEOUT" in r.stderr, (
+        r.stderr
+    )
     # 4 x 1 s at most, plus the interpreter: a bound that a loaded machine keeps (a hung server that
     # was waited on without the timeout would hold it until the test's own timeout)
     assert took < 4 + 40, took
@@ -177,7 +204,9 @@ def test_offline_plans_from_the_cache_or_the_catalog(hub: Hub, snapshot: Path, e
     fresh = {**off, "HF_HOME": str(tmp_path / "fresh")}
     assert model_of(plan(snapshot, fresh, "--model", "Qwen/Qwen3-8B"))["source"] == "catalog"
     unknown = plan(snapshot, fresh, "--model", "acme/small")
-    assert unknown.returncode == 2 and "HF_HUB_OFFLINE is set" in unknown.stderr and "catalog" in unknown.stderr
+    assert (
+        unknown.returncode == 2 and "HF_HUB_OFFLINE is set" in unknown.stderr and "catalog" in unknown.stderr
+    )
     assert len(hub.sent()) == before
 
 
@@ -190,11 +219,16 @@ def test_a_downloaded_model_is_the_cache_not_the_hub(hub: Hub, snapshot: Path, e
     assert m["source"] == "hf-cache" and m["path"] == str(snap)
 
 
-@pytest.mark.parametrize("repo,label,name,plant", [
-    ("acme/small", "small-main", "config.json", "fifo"),
-    ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
-])
-def test_a_planted_cache_file_is_an_error_not_a_hang(hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant) -> None:
+@pytest.mark.parametrize(
+    "repo,label,name,plant",
+    [
+        ("acme/small", "small-main", "config.json", "fifo"),
+        ("acme/sharded", "sharded", "model.safetensors.index.json", "zero"),
+    ],
+)
+def test_a_planted_cache_file_is_an_error_not_a_hang(
+    hub: Hub, snapshot: Path, env, tmp_path, repo, label, name, plant
+) -> None:
     """The cache is a place others write: a FIFO or a link to /dev/zero where a JSON file belongs is a
     clear error (exit 2), read by the bounded reader, not a plan that blocks or fills memory."""
     model_of(plan(snapshot, env, "--model", repo))
@@ -206,6 +240,7 @@ def test_a_planted_cache_file_is_an_error_not_a_hang(hub: Hub, snapshot: Path, e
         os.mkfifo(f)
     else:
         f.symlink_to("/dev/zero")
+
     def refused(e: dict[str, str]) -> None:
         r = plan(snapshot, e, "--model", repo)
         assert r.returncode == 2 and name in r.stderr and "cannot read" in r.stderr, r.stderr

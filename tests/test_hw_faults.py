@@ -36,8 +36,14 @@ def test_the_sampler_reads_every_fault_through_pynvml(fake_host) -> None:
         assert r.xids == () and policy.read_faults(r) == ([], [])
         assert sampler.events is not None  # an event set registered for XID critical errors
         _later()
-        host.set_state(**{"dev0.ecc_uncorrected": 2, "dev0.ecc_corrected": 7, "dev0.remap_pending": 1,
-                          "dev0.xid": "13,79"})  # fmt: skip
+        host.set_state(
+            **{
+                "dev0.ecc_uncorrected": 2,
+                "dev0.ecc_corrected": 7,
+                "dev0.remap_pending": 1,
+                "dev0.xid": "13,79",
+            }
+        )
         (r,) = sampler.sample(1.0)
         assert (r.ecc_uncorrected, r.ecc_corrected, r.remapped_rows_pending) == (2, 7, True)
         assert r.xids == (13, 79)
@@ -103,8 +109,9 @@ def test_the_watcher_drains_and_then_never_degrades_or_restarts_the_instance() -
     w = Watcher(S, [InstanceSpec("a", "http://x", (0,)), InstanceSpec("b", "http://y", (1,))])
     rep = w.tick(0.0, [_r(0, 0.0), _r(1, 0.0, ecc_uncorrected=3)], {})
     assert [(a.kind, a.instance) for a in rep.actions] == [("drain", "b")]
-    assert rep.changes == ("GPU 1 hardware fault: ecc_uncorrectable: 3 uncorrectable ECC error(s) since the "
-                           "driver loaded",) and rep.changed_gpus == (1,)  # fmt: skip
+    assert rep.changes == (
+        "GPU 1 hardware fault: ecc_uncorrectable: 3 uncorrectable ECC error(s) since the driver loaded",
+    ) and rep.changed_gpus == (1,)
     # GPU 1 now runs hot for long: a thermal degrade would be decided for an instance still on it
     acts = []
     for t in range(1, 20):
@@ -166,15 +173,22 @@ def test_doctor_says_the_faults_and_whether_the_power_limit_is_a_lever(tmp_path,
     env = {**cli_env(host, fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}
 
     def doctor() -> tuple[int, dict[str, dict]]:
-        r = subprocess.run([sys.executable, "-m", "hwprofile", "doctor", "--json"], env=env, capture_output=True,
-                           text=True)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", "hwprofile", "doctor", "--json"], env=env, capture_output=True, text=True
+        )
         return r.returncode, {f["check"]: f for f in json.loads(r.stdout)["findings"]}
 
     _, found = doctor()
     assert found["faults"]["kind"] == "ok" and "no hardware fault on 4 GPU(s)" in found["faults"]["detail"]
     assert found["power_limit"]["kind"] == "advice" and "Not Supported" in found["power_limit"]["detail"]
-    host.set_state(**{"dev1.remap_failure": 1, "dev2.xid": 79, **{f"dev{g}.power_limit_min_mw": 100_000 for g in range(4)},
-                      **{f"dev{g}.power_limit_max_mw": 300_000 for g in range(4)}})  # fmt: skip
+    host.set_state(
+        **{
+            "dev1.remap_failure": 1,
+            "dev2.xid": 79,
+            **{f"dev{g}.power_limit_min_mw": 100_000 for g in range(4)},
+            **{f"dev{g}.power_limit_max_mw": 300_000 for g in range(4)},
+        }
+    )
     code, found = doctor()
     assert code == 1 and found["faults"]["kind"] == "blocking", found["faults"]
     assert (
@@ -191,10 +205,19 @@ def test_the_status_line_says_the_fault_and_the_drain() -> None:
 
     w = Watcher(S, [InstanceSpec("a", "http://x", (0,)), InstanceSpec("b", "http://y", (1,))])
     rep = w.tick(0.0, [_r(0, 0.0), _r(1, 0.0, xids=(79,))], {})
-    inst = [SimpleNamespace(name="a", state=SimpleNamespace(value="ready")),
-            SimpleNamespace(name="b", state=SimpleNamespace(value="stopped"))]  # fmt: skip
-    d = SimpleNamespace(sup=SimpleNamespace(instances=inst), levels={}, report=rep, watcher=w, current=None,
-                        reload_error=None, power_saved={1: 300_000})  # fmt: skip
+    inst = [
+        SimpleNamespace(name="a", state=SimpleNamespace(value="ready")),
+        SimpleNamespace(name="b", state=SimpleNamespace(value="stopped")),
+    ]
+    d = SimpleNamespace(
+        sup=SimpleNamespace(instances=inst),
+        levels={},
+        report=rep,
+        watcher=w,
+        current=None,
+        reload_error=None,
+        power_saved={1: 300_000},
+    )
     line = status_line(d)
     assert line.startswith("1/2 ready") and "GPU1 FAULT xid_79" in line, line
     assert "drained for a hardware fault: b" in line and "power limit lowered on GPU 1" in line, line
@@ -226,8 +249,16 @@ def test_the_loop_stops_the_instance_with_the_journal_fields_and_never_replaces_
     sup.instances = [Inst("a")]
     clock = iter(float(t) for t in range(100))
     sampler = Sampler()
-    d = Daemon(plan, lambda sets: plan, sup, sampler, plan.watch, plan.degrade, Path("/nonexistent"),
-               clock=lambda: next(clock))  # fmt: skip
+    d = Daemon(
+        plan,
+        lambda sets: plan,
+        sup,
+        sampler,
+        plan.watch,
+        plan.degrade,
+        Path("/nonexistent"),
+        clock=lambda: next(clock),
+    )
     with caplog.at_level("WARNING", logger="hwprofile"):
         for _ in range(4):
             d.tick()

@@ -170,7 +170,12 @@ def test_decide_from_the_recorded_runs() -> None:
     healthy = Report("f", "nccl", (run((0, 1), True, "ok", 20.0), run((0, 1), False, "ok", 9.0)))
     d = decide(healthy, [1, 0])
     assert (d.proven, d.disable_custom_all_reduce, d.nccl_p2p_disable, d.tp_unsafe, d.link_gbs) == (
-        True, False, False, False, 20.0)  # fmt: skip
+        True,
+        False,
+        False,
+        False,
+        20.0,
+    )
     broken_p2p = Report("f", "nccl", (run((0, 1), True, "wrong"), run((0, 1), False, "ok", 9.0)))
     d = decide(broken_p2p, [0, 1])
     assert (d.disable_custom_all_reduce, d.nccl_p2p_disable, d.tp_unsafe, d.link_gbs) == (
@@ -192,8 +197,13 @@ def test_record_round_trip_per_host(tmp_path: Path) -> None:
     from hwprofile.plan.candidates import host_fingerprint
 
     host = HostSnapshot(hostname="h", gpus=GPUS)
-    report = Report(host_fingerprint(host), "nccl", (run((0, 1), True, "ok"), run((0, 1), False, "hang")),
-                    "2026-12-04T20:00:00Z", "2.9.0")  # fmt: skip
+    report = Report(
+        host_fingerprint(host),
+        "nccl",
+        (run((0, 1), True, "ok"), run((0, 1), False, "hang")),
+        "2026-12-04T20:00:00Z",
+        "2.9.0",
+    )
     assert load_interconnect(tmp_path, host) is None
     path = save_report(tmp_path, host, report)
     assert path == interconnect_path(tmp_path, host) and path.endswith(host_fingerprint(host) + ".json")
@@ -244,9 +254,16 @@ def test_a_plan_takes_the_recorded_decision_and_render_says_it(host_of, empty_ro
     before = make_plan(host, empty_root, environ={}, sets=PAIRS)
     assert [i.gpus for i in before.instances] == [(0, 1), (2, 3)]
     assert all(not i.interconnect for i in before.instances)
-    report = Report(host_fingerprint(host), "nccl", (
-        run((0, 1), True, "wrong"), run((0, 1), False, "ok", 11.0), run((2, 3), True, "hang"), run((2, 3), False, "hang"),
-    ))  # fmt: skip
+    report = Report(
+        host_fingerprint(host),
+        "nccl",
+        (
+            run((0, 1), True, "wrong"),
+            run((0, 1), False, "ok", 11.0),
+            run((2, 3), True, "hang"),
+            run((2, 3), False, "hang"),
+        ),
+    )
     save_report(empty_root, host, report)
     plan = make_plan(host, empty_root, environ={}, sets=PAIRS)
     a, b = plan.instances

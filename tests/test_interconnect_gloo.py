@@ -41,8 +41,14 @@ def test_a_correct_all_reduce_is_exact_and_timed() -> None:
 
 
 def test_a_planted_wrong_result_is_caught() -> None:
-    run = run_group((0, 1, 2), p2p=False, backend="gloo", sizes_bytes=SIZES, deadline_s=GENEROUS_S,
-                    env=env_with("wrong:1"))  # fmt: skip
+    run = run_group(
+        (0, 1, 2),
+        p2p=False,
+        backend="gloo",
+        sizes_bytes=SIZES,
+        deadline_s=GENEROUS_S,
+        env=env_with("wrong:1"),
+    )
     assert run.outcome == "wrong", run
     assert not any(s.exact for s in run.sizes)
     assert "rank 0: 1024 of 1024 elements" in run.detail  # every rank sees the sum off by one
@@ -69,8 +75,22 @@ def test_doctor_interconnect_records_the_result_for_plans(tmp_path: Path) -> Non
     snap.write_text(host.to_json())
     root = tmp_path / "etc"
     root.mkdir()
-    cmd = [sys.executable, "-m", "hwprofile", "doctor", "--interconnect", "--json", "--from", str(snap),
-           "--config-root", str(root), "--ranks", "2", "--deadline", str(GENEROUS_S)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hwprofile",
+        "doctor",
+        "--interconnect",
+        "--json",
+        "--from",
+        str(snap),
+        "--config-root",
+        str(root),
+        "--ranks",
+        "2",
+        "--deadline",
+        str(GENEROUS_S),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env_with(None), timeout=4 * GENEROUS_S)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)

@@ -55,9 +55,15 @@ def test_the_measured_link_bandwidth_replaces_the_datasheet_in_the_predictions(
     sheet = allreduce_term(a0)
     assert not sheet["source"].startswith("measured")
     # a slow link measured on 0,1 only (1.5 GB/s, far below PCIe gen 4 x16's datasheet figure)
-    report = Report(host_fingerprint(host), "nccl", (run((0, 1), True, "ok", 1.5), run((0, 1), False, "ok", 1.2)),
-                    "2026-12-04T20:00:00Z", "2.9.0", driver_version=host.driver.version,
-                    iommu=host.interconnect.iommu)  # fmt: skip
+    report = Report(
+        host_fingerprint(host),
+        "nccl",
+        (run((0, 1), True, "ok", 1.5), run((0, 1), False, "ok", 1.2)),
+        "2026-12-04T20:00:00Z",
+        "2.9.0",
+        driver_version=host.driver.version,
+        iommu=host.interconnect.iommu,
+    )
     save_report(empty_root, host, report)
     plan = make_plan(host, empty_root, environ={})
     a, b = plan.instances
@@ -89,8 +95,12 @@ def test_a_stale_measurement_is_ignored_with_the_reason(host_of, empty_root: Pat
     assert host.driver.version and host.driver.version != "410.48"
     host = host._replace(interconnect=host.interconnect._replace(iommu="passthrough"))
     fields = {"driver_version": host.driver.version, "iommu": "passthrough", **change}
-    report = Report(host_fingerprint(host), "nccl", (run((0, 1), True, "wrong", 0.0), run((0, 1), False, "ok", 1.5)),
-                    **fields)  # fmt: skip
+    report = Report(
+        host_fingerprint(host),
+        "nccl",
+        (run((0, 1), True, "wrong", 0.0), run((0, 1), False, "ok", 1.5)),
+        **fields,
+    )
     save_report(empty_root, host, report)
     plan = make_plan(host, empty_root, environ={})
     note = {r.key: r for r in plan.reasons}["interconnect.measurement"]
@@ -229,12 +239,26 @@ def test_faulted_gpus_elsewhere_and_everywhere(host_of, empty_root: Path) -> Non
     host = host._replace(software=host.software._replace(vllm_version="0.32.0"))
     bad = host._replace(gpus=tuple(g._replace(ecc_uncorrected=2) if g.index == 3 else g for g in host.gpus))
     big = "Qwen/Qwen3-235B-A22B"  # two 4x A800 hosts at TP 4 each; not with three GPUs on one of them
-    ok = _make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[host],
-                   addresses=["10.0.0.1", "10.0.0.2"])  # fmt: skip
+    ok = _make_plan(
+        host,
+        empty_root,
+        environ={},
+        model=big,
+        sets=["speculative.method=none"],
+        nodes=[host],
+        addresses=["10.0.0.1", "10.0.0.2"],
+    )
     assert [i.gpus for i in ok.instances] == [(0, 1, 2, 3), (0, 1, 2, 3)]
     with pytest.raises(PlanRefused) as refused:
-        _make_plan(host, empty_root, environ={}, model=big, sets=["speculative.method=none"], nodes=[bad],
-                  addresses=["10.0.0.1", "10.0.0.2"])  # fmt: skip
+        _make_plan(
+            host,
+            empty_root,
+            environ={},
+            model=big,
+            sets=["speculative.method=none"],
+            nodes=[bad],
+            addresses=["10.0.0.1", "10.0.0.2"],
+        )
     assert "does not fit" in refused.value.message
     assert "(node 1: GPU 3 is faulted (ecc_uncorrectable) and not planned for)" in refused.value.message
     dead = host._replace(gpus=tuple(g._replace(remapped_rows_pending=True) for g in host.gpus))

@@ -62,8 +62,12 @@ exec {py} {on_stream} {py} -m hwprofile daemon {args}
 
 def journal(pid: int) -> list[dict]:
     """Every entry of the private journal (journald's mount namespace, through its PID)."""
-    r = subprocess.run(["nsenter", "-t", str(pid), "-m", "journalctl", "--no-pager", "-o", "json"],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", "journalctl", "--no-pager", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
@@ -76,14 +80,22 @@ def test_journald_gets_the_fields_and_priorities(daemon_env, tmp_path) -> None: 
     pidfile = tmp_path / "journald.pid"
     args = " ".join(f"'--set={s}'" for s in e["sets"]) + f" --model '{e['model']}'"
     script = SCRIPT.format(
-        journald=JOURNALD, pidfile=pidfile, py=sys.executable, args=args,
-        on_stream=tmp_path / "on_stream.py", fallback=tmp_path / "fallback.py",
-    )  # fmt: skip
+        journald=JOURNALD,
+        pidfile=pidfile,
+        py=sys.executable,
+        args=args,
+        on_stream=tmp_path / "on_stream.py",
+        fallback=tmp_path / "fallback.py",
+    )
     env = {**e["env"], "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     jpid = None
     try:
         end = time.monotonic() + 30
@@ -98,8 +110,9 @@ def test_journald_gets_the_fields_and_priorities(daemon_env, tmp_path) -> None: 
         e["host"].set_state(**{"dev2.temperature": 84})  # past the A800 profile's hot_c (82 °C)
         wait_for(
             lambda: (d := daemon_doc(e["runtime"])).get("actions") and d["actions"][-1]["outcome"] == "done",
-            "the degrade done", 90,
-        )  # fmt: skip
+            "the degrade done",
+            90,
+        )
         entries = journal(jpid)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -44,15 +44,17 @@ SEED = {  # seed-class fixture host → model planned on it (None: the profile's
     "rtx3090-2x": None,
     "a100-80g-pcie-1x": None,
 }
-HOSTILE = 'x\n---\nkind: Secret\nmetadata: {name: pwned}\n# "quoted" \'single\' key: value {a: b}'
+HOSTILE = "x\n---\nkind: Secret\nmetadata: {name: pwned}\n# \"quoted\" 'single' key: value {a: b}"
 
 
 def _closed(schema: Any) -> Any:
     """A CRD's structural schema as the API server applies it: unknown fields pruned, here refused."""
     if isinstance(schema, dict):
         out = {k: _closed(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out and not out.get(
-            "x-kubernetes-preserve-unknown-fields"
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
         ):
             out["additionalProperties"] = False
         return out
@@ -87,7 +89,12 @@ def validate(doc: dict[str, Any], crds: dict[tuple[str, str], jsonschema.Draft7V
         if doc["kind"] == "LeaderWorkerSet":  # its pods, against the API's own PodTemplate
             lwt = doc["spec"]["leaderWorkerTemplate"]
             for t in ("leaderTemplate", "workerTemplate"):
-                pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": lwt[t]}
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "metadata": {"name": "t"},
+                    "template": lwt[t],
+                }
                 for v in K8S_VERSIONS:
                     kubernetes_validate.validate(pod, v, strict=True)
                     checks += 1
@@ -112,8 +119,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for k in list(os.environ):
-        if k.startswith("HWPROFILE_") and k not in ("HWPROFILE_PROC_ROOT", "HWPROFILE_SYS_ROOT",
-                                                    "HWPROFILE_NVML_LIBRARY"):  # fmt: skip
+        if k.startswith("HWPROFILE_") and k not in (
+            "HWPROFILE_PROC_ROOT",
+            "HWPROFILE_SYS_ROOT",
+            "HWPROFILE_NVML_LIBRARY",
+        ):
             monkeypatch.delenv(k)
 
 
@@ -163,27 +173,39 @@ def check_workload(docs: list[dict[str, Any]], workload: dict[str, Any]) -> None
         gpus = len(plans[0]["instances"][0]["gpus"])
         assert c["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
         assert {"cpu", "memory", "nvidia.com/gpu"} <= set(c["resources"]["requests"])
-        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == workload["metadata"]["annotations"][
-            "hwprofile.io/gpu-class"
-        ]
+        assert (
+            pod["nodeSelector"]["nvidia.com/gpu.product"]
+            == workload["metadata"]["annotations"]["hwprofile.io/gpu-class"]
+        )
         # security
         sc = c["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
         assert sc["capabilities"] == {"drop": ["ALL"]} and pod["securityContext"]["runAsNonRoot"] is True
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
-        for path in ("/tmp", "/cache", "/run/hwprofile", "/var/lib/hwprofile", "/var/log/hwprofile", "/dev/shm"):
+        for path in (
+            "/tmp",
+            "/cache",
+            "/run/hwprofile",
+            "/var/lib/hwprofile",
+            "/var/log/hwprofile",
+            "/dev/shm",
+        ):
             assert "emptyDir" in volumes[mounts[path]], path
         assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
         env = {e["name"]: e for e in c["env"]}
         assert env["HF_HOME"]["value"].startswith("/cache") and env["HOME"]["value"] == "/tmp"
         # drain: the grace period covers the preStop pause and vLLM's drain with room to spare
-        assert pod["terminationGracePeriodSeconds"] > drain + int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+        assert pod["terminationGracePeriodSeconds"] > drain + int(
+            c["lifecycle"]["preStop"]["exec"]["command"][1]
+        )
         assert "--shutdown-timeout" not in c["args"]  # vLLM's flag, in the shown args only
         # the daemon's metrics port on the pod's address, vLLM's lines on stdout
         sets = _sets(c)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert sets["watch.metrics_host"] == "0.0.0.0" and int(sets["watch.metrics_port"]) == ports["hwprofile"]
+        assert (
+            sets["watch.metrics_host"] == "0.0.0.0" and int(sets["watch.metrics_port"]) == ports["hwprofile"]
+        )
         assert sets["logs.stdout"] == "true"
         # liveness: the daemon's loop (it restarts vLLM itself), on every pod
         lp = c["livenessProbe"]
@@ -192,8 +214,14 @@ def check_workload(docs: list[dict[str, Any]], workload: dict[str, Any]) -> None
         # probes: sized to the planned load time, on the daemon's /health, on pods with an API server
         if "startupProbe" in c:
             sp = c["startupProbe"]
-            assert sp["httpGet"] == {"path": "/health", "port": "hwprofile"} and sp["periodSeconds"] == PROBE_PERIOD_S
-            assert sp["failureThreshold"] * sp["periodSeconds"] >= supervise["ready_timeout"] + supervise["gpu_free_timeout"]
+            assert (
+                sp["httpGet"] == {"path": "/health", "port": "hwprofile"}
+                and sp["periodSeconds"] == PROBE_PERIOD_S
+            )
+            assert (
+                sp["failureThreshold"] * sp["periodSeconds"]
+                >= supervise["ready_timeout"] + supervise["gpu_free_timeout"]
+            )
             rp = c["readinessProbe"]
             assert rp["httpGet"] == {"path": "/health", "port": "hwprofile"}
             # /health says 503 before a degrade drains for as long as this probe needs to notice it
@@ -254,9 +282,20 @@ def test_a800_pods_and_replicas(snapshot, empty_root, capsys) -> None:
     assert dep["spec"]["progressDeadlineSeconds"] > c["startupProbe"]["failureThreshold"] * PROBE_PERIOD_S
 
 
-def test_one_data_parallel_server_is_one_pod_with_every_rank(snapshot, empty_root, capsys, crd_validators) -> None:
-    docs, _, _ = render(capsys, "--from", snapshot("a800-pcie-4x-2numa"), "--config-root", str(empty_root),
-                        "--set", "layout.shape=data_parallel", "--vllm-version", "0.33.0")  # fmt: skip
+def test_one_data_parallel_server_is_one_pod_with_every_rank(
+    snapshot, empty_root, capsys, crd_validators
+) -> None:
+    docs, _, _ = render(
+        capsys,
+        "--from",
+        snapshot("a800-pcie-4x-2numa"),
+        "--config-root",
+        str(empty_root),
+        "--set",
+        "layout.shape=data_parallel",
+        "--vllm-version",
+        "0.33.0",
+    )
     (dep,) = _of(docs, "Deployment")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert dep["spec"]["replicas"] == 1 and c["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -267,12 +306,21 @@ def test_one_data_parallel_server_is_one_pod_with_every_rank(snapshot, empty_roo
     check_workload(docs, dep)
 
 
-def test_api_key_from_a_secret_never_in_args(snapshot, empty_root, capsys, monkeypatch, crd_validators) -> None:
+def test_api_key_from_a_secret_never_in_args(
+    snapshot, empty_root, capsys, monkeypatch, crd_validators
+) -> None:
     monkeypatch.setenv("HWP_TEST_KEY", "s3cr3t-value-never-rendered")
     docs, text, _ = render(
-        capsys, "--from", snapshot("rtx4090-1x"), "--config-root", str(empty_root),
-        "--set", "server.api_key_env=HWP_TEST_KEY", "--api-key-secret", "my-key",
-    )  # fmt: skip
+        capsys,
+        "--from",
+        snapshot("rtx4090-1x"),
+        "--config-root",
+        str(empty_root),
+        "--set",
+        "server.api_key_env=HWP_TEST_KEY",
+        "--api-key-secret",
+        "my-key",
+    )
     assert "s3cr3t" not in text
     (dep,) = _of(docs, "Deployment")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
@@ -287,8 +335,9 @@ def test_api_key_from_a_secret_never_in_args(snapshot, empty_root, capsys, monke
 
 
 def test_mixed_cluster_one_workload_per_class(empty_root, capsys, clean_env, crd_validators) -> None:
-    docs, text, err = render(capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root),
-                             "--vllm-version", "0.33.0")  # fmt: skip
+    docs, text, err = render(
+        capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root), "--vllm-version", "0.33.0"
+    )
     deps = {d["metadata"]["annotations"]["hwprofile.io/gpu-class"]: d for d in _of(docs, "Deployment")}
     # the RTX 3060 node cannot hold its profile's model: left out, with the reason, not an error
     assert set(deps) == {"NVIDIA-A800-80GB-PCIe", "NVIDIA-GeForce-RTX-4090"}
@@ -297,12 +346,17 @@ def test_mixed_cluster_one_workload_per_class(empty_root, capsys, clean_env, crd
     a800, rtx = deps["NVIDIA-A800-80GB-PCIe"], deps["NVIDIA-GeForce-RTX-4090"]
     # one pod per TP group on each of the two nodes: 4 GPUs / the plan's TP (the shipped TP 2 gives way
     # to a >= 10 % better TP 1 where the labels say no NVLink)
-    tp = int(a800["metadata"]["annotations"]["hwprofile.io/vllm-args"].partition("--tensor-parallel-size ")[2][:1] or 1)
+    tp = int(
+        a800["metadata"]["annotations"]["hwprofile.io/vllm-args"].partition("--tensor-parallel-size ")[2][:1]
+        or 1
+    )
     assert a800["spec"]["replicas"] == 2 * 4 // tp
     assert a800["metadata"]["annotations"]["hwprofile.io/nodes"] == "gpu-a800-1,gpu-a800-2"
     assert a800["spec"]["template"]["spec"]["nodeSelector"] == {
-        "nvidia.com/gpu.product": "NVIDIA-A800-80GB-PCIe", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "81920",
-    }  # fmt: skip
+        "nvidia.com/gpu.product": "NVIDIA-A800-80GB-PCIe",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.memory": "81920",
+    }
     assert rtx["spec"]["replicas"] == 1
     args = {k: d["metadata"]["annotations"]["hwprofile.io/vllm-args"] for k, d in deps.items()}
     assert tp == 1 or "--tensor-parallel-size 2" in args["NVIDIA-A800-80GB-PCIe"]
@@ -343,16 +397,30 @@ def _lws_checks(docs: list[dict[str, Any]], crds: dict[tuple[str, str], Any]) ->
     return lws
 
 
-def test_a_model_larger_than_a_node_is_a_leaderworkerset(snapshot, empty_root, capsys, crd_validators) -> None:
+def test_a_model_larger_than_a_node_is_a_leaderworkerset(
+    snapshot, empty_root, capsys, crd_validators
+) -> None:
     a800 = snapshot("a800-pcie-4x-2numa")
-    docs, _, _ = render(capsys, "--from", a800, "--from", a800, "--config-root", str(empty_root), "--model", HUGE)
+    docs, _, _ = render(
+        capsys, "--from", a800, "--from", a800, "--config-root", str(empty_root), "--model", HUGE
+    )
     _lws_checks(docs, crd_validators)
 
 
-def test_a_cluster_class_too_small_for_the_model_groups_its_nodes(empty_root, capsys, clean_env,
-                                                                 crd_validators) -> None:  # fmt: skip
-    docs, _, _ = render(capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root), "--model", HUGE,
-                        "--vllm-version", "0.33.0")  # fmt: skip
+def test_a_cluster_class_too_small_for_the_model_groups_its_nodes(
+    empty_root, capsys, clean_env, crd_validators
+) -> None:
+    docs, _, _ = render(
+        capsys,
+        "--nodes",
+        str(NODES_MIXED),
+        "--config-root",
+        str(empty_root),
+        "--model",
+        HUGE,
+        "--vllm-version",
+        "0.33.0",
+    )
     lws = _lws_checks(docs, crd_validators)
     assert lws["metadata"]["annotations"]["hwprofile.io/nodes"] == "gpu-a800-1,gpu-a800-2"
 
@@ -370,32 +438,51 @@ def _hostile_nodes() -> dict[str, Any]:
     named = copy.deepcopy(a800)
     named["metadata"]["name"] = HOSTILE  # no node name the API server takes (DNS-1123): left out, said so
     machine = copy.deepcopy(a800)
-    machine["metadata"]["labels"]["nvidia.com/gpu.machine"] = HOSTILE  # a label is data: an annotation, a comment
+    machine["metadata"]["labels"]["nvidia.com/gpu.machine"] = (
+        HOSTILE  # a label is data: an annotation, a comment
+    )
     doc["items"] = [named, machine, bad, bad_mem, rtx]
     return doc
 
 
-def test_a_hostile_label_value_injects_no_yaml(empty_root, capsys, clean_env, tmp_path, crd_validators) -> None:
+def test_a_hostile_label_value_injects_no_yaml(
+    empty_root, capsys, clean_env, tmp_path, crd_validators
+) -> None:
     path = tmp_path / "nodes.json"
     path.write_text(json.dumps(_hostile_nodes()))
-    docs, text, err = render(capsys, "--nodes", str(path), "--config-root", str(empty_root),
-                             "--vllm-version", "0.33.0")  # fmt: skip
+    docs, text, err = render(
+        capsys, "--nodes", str(path), "--config-root", str(empty_root), "--vllm-version", "0.33.0"
+    )
     # the stream is exactly the documents built: no Secret, no extra key, nothing but comments outside
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "ConfigMap", "Deployment", "Deployment",
-                                               "PodMonitor", "PodMonitor", "Service", "Service"]  # fmt: skip
+    assert sorted(d["kind"] for d in docs) == [
+        "ConfigMap",
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "PodMonitor",
+        "PodMonitor",
+        "Service",
+        "Service",
+    ]
     assert not any(d["kind"] == "Secret" or d.get("metadata", {}).get("name") == "pwned" for d in docs)
     for line in text.splitlines():
         assert not line.startswith("kind: Secret") and not line.startswith("metadata: {name: pwned")
     # a product that is no label value never reaches a selector; its node is left out, said so
     selectors = [p["nodeSelector"] for d in docs if d["kind"] == "Deployment" for p in _pods(d)]
-    assert {s["nvidia.com/gpu.product"] for s in selectors} == {"NVIDIA-A800-80GB-PCIe", "NVIDIA-GeForce-RTX-4090"}
+    assert {s["nvidia.com/gpu.product"] for s in selectors} == {
+        "NVIDIA-A800-80GB-PCIe",
+        "NVIDIA-GeForce-RTX-4090",
+    }
     assert "node evil-product" in err and "not a valid label value" in err
     assert "node evil-memory" in err and "not a size in MiB" in err
     # the hostile node name is no node name: left out, said so (escaped), never in a manifest
     assert "not a Kubernetes node name" in err and HOSTILE not in text
     a800 = next(d for d in _of(docs, "Deployment") if "a800" in d["metadata"]["name"])
     assert a800["metadata"]["annotations"]["hwprofile.io/nodes"] == "gpu-a800-1"
-    tp = int(a800["metadata"]["annotations"]["hwprofile.io/vllm-args"].partition("--tensor-parallel-size ")[2][:1] or 1)
+    tp = int(
+        a800["metadata"]["annotations"]["hwprofile.io/vllm-args"].partition("--tensor-parallel-size ")[2][:1]
+        or 1
+    )
     assert a800["spec"]["replicas"] == 4 // tp  # one node of this class here: a pod per TP group
     for d in docs:
         validate(d, crd_validators)
@@ -404,7 +491,9 @@ def test_a_hostile_label_value_injects_no_yaml(empty_root, capsys, clean_env, tm
 def test_strict_validation_refuses_unknown_fields(snapshot, empty_root, capsys, crd_validators) -> None:
     """The validators are strict: a field the schema does not have is an error, not pruned."""
     a800 = snapshot("a800-pcie-4x-2numa")
-    docs, _, _ = render(capsys, "--from", a800, "--from", a800, "--config-root", str(empty_root), "--model", HUGE)
+    docs, _, _ = render(
+        capsys, "--from", a800, "--from", a800, "--config-root", str(empty_root), "--model", HUGE
+    )
     single, _, _ = render(capsys, "--from", a800, "--config-root", str(empty_root))
     (dep,) = _of(single, "Deployment")
     bad = copy.deepcopy(dep)
@@ -442,8 +531,13 @@ def test_node_labels_become_a_class_snapshot() -> None:
     # an SXM board: NVLink between every pair, as the datasheet says, and said to be assumed
     h100 = copy.deepcopy(doc["items"][1])
     labels = h100["metadata"]["labels"]
-    labels.update({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
-                   "nvidia.com/gpu.memory": "81559"})  # fmt: skip
+    labels.update(
+        {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "81559",
+        }
+    )
     del labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]
     h100["status"]["allocatable"]["nvidia.com/gpu"] = "7"  # one GPU unhealthy: 7 schedulable
     mig = copy.deepcopy(doc["items"][1])
@@ -462,11 +556,24 @@ def test_node_labels_become_a_class_snapshot() -> None:
 
 def test_malformed_nodes_are_left_out_not_crashed_on() -> None:
     good = json.loads(NODES_MIXED.read_text())["items"][3]  # ws-4090
-    junk: list[Any] = ["a string", 7, None, {"metadata": []}, {"metadata": {"labels": "x"}},
-                       {"metadata": {"name": 5, "labels": {"nvidia.com/gpu.product": ["list"]}}},
-                       {"metadata": {"labels": {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090",
-                                                "nvidia.com/gpu.memory": "24564", "nvidia.com/gpu.count": "99999"}},
-                        "status": {"capacity": [], "allocatable": "4"}}]  # fmt: skip
+    junk: list[Any] = [
+        "a string",
+        7,
+        None,
+        {"metadata": []},
+        {"metadata": {"labels": "x"}},
+        {"metadata": {"name": 5, "labels": {"nvidia.com/gpu.product": ["list"]}}},
+        {
+            "metadata": {
+                "labels": {
+                    "nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090",
+                    "nvidia.com/gpu.memory": "24564",
+                    "nvidia.com/gpu.count": "99999",
+                }
+            },
+            "status": {"capacity": [], "allocatable": "4"},
+        },
+    ]
     classes, warnings = node_classes({"items": [*junk, good]}, "0.33.0")
     assert [c.nodes for c in classes] == [("ws-4090",)]
     assert any("not a valid label value" in w for w in warnings)
@@ -487,14 +594,35 @@ def test_pod_view_numbers_the_pods_gpus_from_zero(host_of, clean_env) -> None:
 def test_cli_output_file_and_refusals(snapshot, empty_root, capsys, tmp_path) -> None:
     snap = snapshot("rtx4090-1x")
     out = tmp_path / "out"
-    assert main(["render", "--format", "k8s", "--from", snap, "--config-root", str(empty_root),
-                 "--output", str(out), "--image", "registry.example/hwprofile-vllm:v0.32.0",
-                 "--namespace", "llm", "--vllm-version", "0.32.0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "render",
+                "--format",
+                "k8s",
+                "--from",
+                snap,
+                "--config-root",
+                str(empty_root),
+                "--output",
+                str(out),
+                "--image",
+                "registry.example/hwprofile-vllm:v0.32.0",
+                "--namespace",
+                "llm",
+                "--vllm-version",
+                "0.32.0",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     docs = list(yaml.safe_load_all((out / "hwprofile.k8s.yaml").read_text()))
     assert {d["metadata"]["namespace"] for d in docs} == {"llm"}
     (dep,) = _of(docs, "Deployment")
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/hwprofile-vllm:v0.32.0"
+    assert (
+        dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/hwprofile-vllm:v0.32.0"
+    )
     assert main(["render", "--format", "k8s", "--from", snap, "--nodes", str(NODES_MIXED)]) == 2
     assert main(["render", "--format", "argv", "--from", snap, "--nodes", str(NODES_MIXED)]) == 2
     assert main(["render", "--format", "k8s", "--from", snap, "--check"]) == 2
@@ -506,8 +634,17 @@ def test_cli_output_file_and_refusals(snapshot, empty_root, capsys, tmp_path) ->
 def test_the_router_in_front_of_a_mixed_cluster(empty_root, capsys, clean_env, crd_validators) -> None:
     """--router-image: vLLM's router (a Deployment of one pod and its Service) in front of every
     workload's Service, its argv the one hwprofile renders (cache_aware, /health checks), no API key."""
-    docs, text, _ = render(capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root),
-                           "--vllm-version", "0.33.0", "--router-image", "example.org/vllm-router:0.1.17")  # fmt: skip
+    docs, text, _ = render(
+        capsys,
+        "--nodes",
+        str(NODES_MIXED),
+        "--config-root",
+        str(empty_root),
+        "--vllm-version",
+        "0.33.0",
+        "--router-image",
+        "example.org/vllm-router:0.1.17",
+    )
     router = next(d for d in _of(docs, "Deployment") if d["metadata"]["name"] == "hwprofile-router")
     (svc,) = [d for d in _of(docs, "Service") if d["metadata"]["name"] == "hwprofile-router"]
     workloads = [d for d in _of(docs, "Service") if d["metadata"]["name"] != "hwprofile-router"]
@@ -517,13 +654,16 @@ def test_the_router_in_front_of_a_mixed_cluster(empty_root, capsys, clean_env, c
     args = c["args"]
     w = args.index("--worker-urls")
     urls = args[w + 1 : w + 3]
-    assert sorted(urls) == sorted(f"http://{s['metadata']['name']}:{s['spec']['ports'][0]['port']}" for s in workloads)
+    assert sorted(urls) == sorted(
+        f"http://{s['metadata']['name']}:{s['spec']['ports'][0]['port']}" for s in workloads
+    )
     assert args[args.index("--policy") + 1] == "cache_aware" and args[args.index("--host") + 1] == "0.0.0.0"
     assert "--api-key" not in args and "cache_aware" in text
     assert svc["spec"]["selector"] == router["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["port"] == int(args[args.index("--port") + 1])
     for d in docs:
         validate(d, crd_validators)
-    plain, _, _ = render(capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root),
-                         "--vllm-version", "0.33.0")  # fmt: skip
+    plain, _, _ = render(
+        capsys, "--nodes", str(NODES_MIXED), "--config-root", str(empty_root), "--vllm-version", "0.33.0"
+    )
     assert not [d for d in plain if d["metadata"]["name"] == "hwprofile-router"]

@@ -47,8 +47,11 @@ def test_the_log_lines_are_vllms() -> None:
 
 
 def test_the_smallest_warm_pool_is_chosen_and_a_cold_one_never() -> None:
-    recs = [{"bytes": 10, "at": 1.0, "compile": "cold"}, {"bytes": 30, "at": 2.0, "compile": "warm"},
-            {"bytes": 20, "at": 3.0, "compile": "eager"}]  # fmt: skip
+    recs = [
+        {"bytes": 10, "at": 1.0, "compile": "cold"},
+        {"bytes": 30, "at": 2.0, "compile": "warm"},
+        {"bytes": 20, "at": 3.0, "compile": "eager"},
+    ]
     assert choose(recs) == recs[2]
     assert choose(recs[:1]) is None and choose([]) is None
     doc: Any = None
@@ -79,8 +82,14 @@ def test_the_key_names_the_gpus_the_release_and_every_setting(host_of, empty_roo
 
 def supervisor(w: dict[str, Any], where: Path, host: Any, pools: Path) -> Supervisor:
     inputs = plan_inputs(w, where, *SETS, "supervise.pin_kv_pool=true", host=host)
-    opts = Options.from_settings(Supervise(ready_timeout=20, backoff_initial=0.1), Logs(), where / "run", where / "logs",
-                                 poll_interval=0.05, kv_pools=pools)  # fmt: skip
+    opts = Options.from_settings(
+        Supervise(ready_timeout=20, backoff_initial=0.1),
+        Logs(),
+        where / "run",
+        where / "logs",
+        poll_interval=0.05,
+        kv_pools=pools,
+    )
     return Supervisor(inputs.replan(), w["release"], "/nonexistent/vllm", None, opts, replan=inputs.replan)
 
 

@@ -44,8 +44,14 @@ class Env:
         }
 
     def sets(self, *extra: str) -> list[str]:
-        base = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
-                "supervise.backoff_initial=0.5", f"server.port={self.port}", f"logs.dir={self.logs}"]  # fmt: skip
+        base = [
+            "engine.max_model_len=512",
+            "cpu.kv_cache_space_gib=0.0625",
+            "speculative.method=none",
+            "supervise.backoff_initial=0.5",
+            f"server.port={self.port}",
+            f"logs.dir={self.logs}",
+        ]
         out: list[str] = []
         for s in [*base, *extra]:
             out += ["--set", s]
@@ -78,9 +84,22 @@ class Env:
     ) -> subprocess.Popen[bytes]:
         out = open(self.tmp / "hwprofile.out", "ab")  # noqa: SIM115
         return subprocess.Popen(
-            [sys.executable, "-m", "hwprofile", "launch", "--foreground", *host_args, "--model", str(self.model), *model_args, *self.sets(*extra_args)],
-            env=self.env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "launch",
+                "--foreground",
+                *host_args,
+                "--model",
+                str(self.model),
+                *model_args,
+                *self.sets(*extra_args),
+            ],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
     def status(self) -> dict:
         r = self.hw("status", "--json")
@@ -355,7 +374,9 @@ def test_dry_run_shows_the_command_and_its_environment(env: Env) -> None:
     assert f"--port {env.port}" in r.stdout
     # this one-node machine: nothing to bind, no numactl, no warning about it
     assert "numactl" not in r.stdout and "numactl" not in r.stderr
-    two = env.hw("launch", "--dry-run", "--from", str(env.two_node_snapshot()), "--model", str(env.model), *env.sets())
+    two = env.hw(
+        "launch", "--dry-run", "--from", str(env.two_node_snapshot()), "--model", str(env.model), *env.sets()
+    )
     assert two.returncode == 0, two.stderr
     assert "numactl --cpunodebind=0 --membind=0 --" in two.stdout
     assert not (env.runtime / "state.json").exists()  # nothing started

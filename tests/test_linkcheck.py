@@ -34,8 +34,15 @@ class Runner:
     def __call__(self, groups, *, fingerprint: str, backend: str, **kw) -> Report:
         self.calls.append((list(groups), backend, kw))
         runs = tuple(run(tuple(g), p2p, self.outcome(tuple(g), p2p)) for g in groups for p2p in (True, False))
-        return Report(fingerprint, backend, runs, "2026-12-04T22:00:00Z", None,
-                      driver_version=kw.get("driver_version"), iommu=kw.get("iommu"))  # fmt: skip
+        return Report(
+            fingerprint,
+            backend,
+            runs,
+            "2026-12-04T22:00:00Z",
+            None,
+            driver_version=kw.get("driver_version"),
+            iommu=kw.get("iommu"),
+        )
 
 
 def inputs_of(host_of, root: Path, sets: tuple[str, ...] = ()) -> tuple[PlanInputs, object]:
@@ -89,8 +96,12 @@ def test_other_groups_of_the_record_are_kept_while_it_is_current(
 
     inputs, plan = inputs_of(host_of, empty_root)
     host = inputs.host
-    old = Report(host_fingerprint(host), "nccl", (run((0, 1, 2, 3), True, "ok"), run((0, 1, 2, 3), False, "ok")),
-                 driver_version=driver or host.driver.version)  # fmt: skip
+    old = Report(
+        host_fingerprint(host),
+        "nccl",
+        (run((0, 1, 2, 3), True, "ok"), run((0, 1, 2, 3), False, "ok")),
+        driver_version=driver or host.driver.version,
+    )
     save_report(empty_root, host, old)
     prove_links(plan, inputs, progress=lambda m: None, runner=Runner(lambda g, p2p: "ok"), dev_root=dev)
     rec = load_interconnect(empty_root, host)
@@ -176,8 +187,11 @@ def test_the_real_harness_planted_wrong_with_p2p_degrades_the_start(
     got = prove_links(plan, inputs, progress=lambda m: None, runner=gloo, dev_root=dev)
     rec = load_interconnect(empty_root, inputs.host)
     assert [(r.group, r.p2p, r.outcome) for r in rec.runs] == [
-        ((0, 1), True, "wrong"), ((0, 1), False, "ok"), ((2, 3), True, "wrong"), ((2, 3), False, "ok"),
-    ]  # fmt: skip
+        ((0, 1), True, "wrong"),
+        ((0, 1), False, "ok"),
+        ((2, 3), True, "wrong"),
+        ((2, 3), False, "ok"),
+    ]
     assert all(
         i.interconnect["nccl_p2p_disable"] and i.interconnect["link_source"] == "measured"
         for i in got.instances

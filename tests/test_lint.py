@@ -1,6 +1,7 @@
 """The package type-checks and lints clean, in the normal suite (so CI, which runs the README's test
 command, runs both): mypy with pyproject.toml's ``[tool.mypy]`` (packages, strictness, the per-module
-exceptions) finds no error, and ``ruff check`` with ``[tool.ruff]`` finds nothing. A type-checker
+exceptions) finds no error, ``ruff check`` with ``[tool.ruff]`` finds nothing (its bounds included: no
+function of the package above complexity 15 or 60 statements), and ``ruff format`` would change nothing. A type-checker
 silencing (``# type: ignore``) names its error code (mypy enforces that: ``ignore-without-code``) and
 says why after it."""
 
@@ -34,6 +35,13 @@ def test_mypy_finds_no_error_in_the_package() -> None:
 def test_ruff_check_finds_nothing() -> None:
     r = _run("ruff", "check", "--no-cache", ".")
     assert r.returncode == 0, f"ruff check (exit {r.returncode}):\n{r.stdout}{r.stderr}"
+
+
+def test_ruff_format_would_change_nothing() -> None:
+    """The tree is as ``ruff format`` writes it (no ``# fmt: skip`` left: a table the formatter spreads
+    over lines reads as well)."""
+    r = _run("ruff", "format", "--check", "--no-cache", ".")
+    assert r.returncode == 0, f"ruff format --check (exit {r.returncode}):\n{r.stdout}{r.stderr}"
 
 
 def test_every_type_ignore_names_its_code_and_says_why() -> None:

@@ -250,29 +250,87 @@ def test_nemotron_against_transformers_own_modules() -> None:
 
 TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     # GDN (fused in_proj_qkvz / in_proj_ba) + gated attention + MoE with a gated shared expert
-    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
-        "shared_expert_intermediate_size": 96, "num_hidden_layers": 8, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2,
-        "vocab_size": 1000}),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 96,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "vocab_size": 1000,
+        },
+    ),
     # Qwen3.5 dense and MoE text models (split in_proj_qkv / z / b / a)
-    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "vocab_size": 1000}),
-    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", {
-        "hidden_size": 128, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96,
-        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
-        "linear_value_head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1000}),
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        "Qwen3_5ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "vocab_size": 1000,
+        },
+    ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeTextConfig",
+        "Qwen3_5MoeForCausalLM",
+        {
+            "hidden_size": 128,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "vocab_size": 1000,
+        },
+    ),
     # Granite-4 hybrid: Mamba2 + attention, every layer MoE with an ungated-router shared MLP
-    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "layer_types": ["mamba", "mamba", "attention", "mamba"], "mamba_n_heads": 8,
-        "mamba_d_head": 32, "mamba_d_state": 16, "mamba_n_groups": 1, "num_local_experts": 4,
-        "num_experts_per_tok": 2, "shared_intermediate_size": 96, "vocab_size": 1000}),
-}  # fmt: skip
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "layer_types": ["mamba", "mamba", "attention", "mamba"],
+            "mamba_n_heads": 8,
+            "mamba_d_head": 32,
+            "mamba_d_state": 16,
+            "mamba_n_groups": 1,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 96,
+            "vocab_size": 1000,
+        },
+    ),
+}
 
 
 @pytest.mark.parametrize("family", sorted(TINY))
@@ -293,8 +351,16 @@ def test_hybrid_families_equal_transformers_parameter_count(family: str) -> None
 
 
 def _base() -> dict[str, Any]:
-    return {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 2,
-            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 4096}  # fmt: skip
+    return {
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 4096,
+    }
 
 
 def _bytes(q: dict[str, Any] | None) -> int:
@@ -328,12 +394,24 @@ def test_formats_order_by_their_bits_and_scales() -> None:
 def test_compressed_tensors_groups_targets_and_regex_ignore() -> None:
     """Mixed precision: the first config group whose targets match a layer decides; ``re:``
     patterns match from the name's start (vLLM's re.match), exact names exactly."""
-    cfg = {**_base(), "quantization_config": {
-        "quant_method": "compressed-tensors", "format": "pack-quantized",
-        "config_groups": {
-            "attn": {"targets": ["re:.*self_attn\\..*"], "weights": {"num_bits": 8, "strategy": "channel"}},
-            "rest": {"targets": ["Linear"], "weights": {"num_bits": 4, "strategy": "group", "group_size": 64}}},
-        "ignore": ["model.layers.1.mlp.down_proj", "re:.*up_proj$", "re:mlp"]}}  # fmt: skip
+    cfg = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "attn": {
+                    "targets": ["re:.*self_attn\\..*"],
+                    "weights": {"num_bits": 8, "strategy": "channel"},
+                },
+                "rest": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "strategy": "group", "group_size": 64},
+                },
+            },
+            "ignore": ["model.layers.1.mlp.down_proj", "re:.*up_proj$", "re:mlp"],
+        },
+    }
     q = read_quant(cfg)
     bits = {t.name: q.scheme(t).bits for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
     assert bits["model.layers.0.self_attn.q_proj"] == 8
@@ -344,30 +422,59 @@ def test_compressed_tensors_groups_targets_and_regex_ignore() -> None:
 
 
 def test_autoround_extra_config_and_gptq_dynamic() -> None:
-    cfg = {**_base(), "quantization_config": {
-        "quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
-        "extra_config": {"model.layers.0.self_attn.q_proj": {"bits": 16},
-                         "model.layers.1.mlp.down_proj": {"bits": 8, "group_size": 32}}}}  # fmt: skip
+    cfg = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "auto-round",
+            "bits": 4,
+            "group_size": 128,
+            "sym": True,
+            "extra_config": {
+                "model.layers.0.self_attn.q_proj": {"bits": 16},
+                "model.layers.1.mlp.down_proj": {"bits": 8, "group_size": 32},
+            },
+        },
+    }
     q = read_quant(cfg)
     got = {t.name: q.scheme(t) for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
     assert got["model.layers.0.self_attn.q_proj"].bits == 16
     assert (got["model.layers.1.mlp.down_proj"].bits, got["model.layers.1.mlp.down_proj"].group) == (8, 32)
     assert got["model.layers.1.mlp.up_proj"].bits == 4
-    gptq = {**_base(), "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
-                                                "dynamic": {"-:.*mlp\\.gate_proj": {}}}}  # fmt: skip
+    gptq = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 128,
+            "dynamic": {"-:.*mlp\\.gate_proj": {}},
+        },
+    }
     q = read_quant(gptq)
     got = {t.name: q.scheme(t).bits for t in tensors(gptq, layer_kinds(gptq)) if t.linear}
     assert got["model.layers.0.mlp.gate_proj"] == 16 and got["model.layers.0.mlp.up_proj"] == 4
 
 
 def test_modelopt_fnmatch_exclusions_and_fp8_skip_lists() -> None:
-    cfg = {**_base(), "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-                                               "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]}}  # fmt: skip
+    cfg = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "NVFP4",
+            "group_size": 16,
+            "exclude_modules": ["lm_head", "model.layers.*.self_attn*"],
+        },
+    }
     q = read_quant(cfg)
     got = {t.name: q.scheme(t).bits for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
     assert got["model.layers.1.self_attn.o_proj"] == 16 and got["model.layers.1.mlp.up_proj"] == 4
-    fp8 = {**_base(), "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128],
-                                               "modules_to_not_convert": ["model.layers.0.mlp"]}}  # fmt: skip
+    fp8 = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["model.layers.0.mlp"],
+        },
+    }
     q = read_quant(fp8)
     got = {t.name: q.scheme(t).bits for t in tensors(fp8, layer_kinds(fp8)) if t.linear}
     assert got["model.layers.0.mlp.up_proj"] == 16 and got["model.layers.1.mlp.up_proj"] == 8
@@ -377,11 +484,19 @@ def test_hostile_patterns_and_huge_ignore_lists_stay_fast() -> None:
     """A regex RE2 cannot compile matches nothing (no crash); a catastrophic-backtracking pattern
     runs in linear time; tens of thousands of exact names are a set look-up."""
     names = [f"model.layers.{i}.mlp.experts.{e}.up_proj" for i in range(400) for e in range(100)]
-    cfg = {**_base(), "quantization_config": {
-        "quant_method": "compressed-tensors",
-        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": 128,
-                                                                    "strategy": "group"}}},
-        "ignore": [*names, "re:(?=lookahead)", "re:(a+)+$" + "x" * 10, "re:^model\\.layers\\.0\\..*"]}}  # fmt: skip
+    cfg = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "g": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "group_size": 128, "strategy": "group"},
+                }
+            },
+            "ignore": [*names, "re:(?=lookahead)", "re:(a+)+$" + "x" * 10, "re:^model\\.layers\\.0\\..*"],
+        },
+    }
     start = time.process_time()
     w = weights_bytes(cfg, layer_kinds(cfg))
     assert time.process_time() - start < 20  # measured well under a second
@@ -397,7 +512,8 @@ def test_unknown_layer_symbols_are_a_clear_refusal(tmp_path: Path) -> None:
     cfg = {**_cfg("nemotron-3-nano-30b-a3b"), "hybrid_override_pattern": "M*EQ" * 13}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(
-        ConfigError, match=r"json: NemotronHForCausalLM: hybrid_override_pattern must be 52 characters of M, \*, - and E"
+        ConfigError,
+        match=r"json: NemotronHForCausalLM: hybrid_override_pattern must be 52 characters of M, \*, - and E",
     ):
         read_model_dir(tmp_path)
     gdn = _cfg("qwen3.8-27b")
@@ -409,10 +525,20 @@ def test_unknown_layer_symbols_are_a_clear_refusal(tmp_path: Path) -> None:
 
 def test_modelopt_config_groups_export_and_a_bad_vision_config(tmp_path: Path) -> None:
     """ModelOpt's config.json export (compressed-tensors-like groups, shell-pattern ignore list)."""
-    cfg = {**_base(), "quantization_config": {
-        "quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head", "model.layers.0.*"],
-        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float",
-                                                                    "group_size": 16, "strategy": "tensor_group"}}}}}  # fmt: skip
+    cfg = {
+        **_base(),
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "NVFP4",
+            "ignore": ["lm_head", "model.layers.0.*"],
+            "config_groups": {
+                "g": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "type": "float", "group_size": 16, "strategy": "tensor_group"},
+                }
+            },
+        },
+    }
     q = read_quant(cfg)
     got = {t.name: q.scheme(t) for t in tensors(cfg, layer_kinds(cfg)) if t.linear}
     assert got["model.layers.0.mlp.up_proj"].bits == 16
@@ -430,15 +556,36 @@ def test_deepseek_v3_mla_moe_and_its_mtp_layer() -> None:
     """DeepSeek-V3's config.json (MLA, 256 routed + 1 shared expert, 3 dense layers, noaux_tc router
     bias, one MTP layer with its own embedding and head copies): the model card's 671 B main model +
     14 B MTP module = 685 B, 37 B activated; the FP8 block checkpoint holds ~1 byte per parameter."""
-    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-           "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
-           "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 256, "n_shared_experts": 1,
-           "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 512,
-           "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-           "topk_method": "noaux_tc", "vocab_size": 129280, "num_nextn_predict_layers": 1,
-           "tie_word_embeddings": False, "quantization_config": {
-               "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-               "weight_block_size": [128, 128]}}  # fmt: skip
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 1,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "topk_method": "noaux_tc",
+        "vocab_size": 129280,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "quantization_config": {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+        },
+    }
     kinds = layer_kinds(cfg)
     assert [k.mlp for k in kinds[:4]] == ["dense", "dense", "dense", "moe"] and {k.mixer for k in kinds} == {
         "mla"

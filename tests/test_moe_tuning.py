@@ -18,11 +18,23 @@ from hwprofile.host.snapshot import Software
 from hwprofile.model.hfconfig import parse_config
 from hwprofile.plan.moetune import config_file_name, device_file_name, moe_tuning
 
-QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
-             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-             "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
-             "tie_word_embeddings": False, "torch_dtype": "bfloat16"}  # fmt: skip
+QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 
 
 def _installed() -> Software:
@@ -39,8 +51,13 @@ def test_vllms_own_names_and_device_normalisation(monkeypatch) -> None:
     from vllm.platforms import current_platform
     from vllm.utils import platform_utils
 
-    for nvml in ("NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090", "NVIDIA H200 NVL", "NVIDIA A800 80GB PCIe",
-                 "NVIDIA A100-SXM4-80GB"):  # fmt: skip
+    for nvml in (
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA H200 NVL",
+        "NVIDIA A800 80GB PCIe",
+        "NVIDIA A100-SXM4-80GB",
+    ):
         monkeypatch.setattr(
             type(current_platform), "get_device_name", classmethod(lambda cls, i=0, n=nvml: n)
         )
@@ -73,8 +90,12 @@ def test_against_the_configs_directory_the_installed_vllm_ships() -> None:
     assert "benchmarks/kernels/benchmark_moe.py --model Qwen/Qwen3-30B-A3B --tp-size 1" in (t.command or "")
     assert "--tune" in (t.command or "") and "VLLM_TUNED_CONFIG_FOLDER" in (t.command or "")
     # a dense model: nothing to say; a quantized one: unknown, not guessed; a CPU instance: not this kernel
-    dense = parse_config({**QWEN3_MOE, "num_experts": 0, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
-                         "dense", "catalog", None)  # fmt: skip
+    dense = parse_config(
+        {**QWEN3_MOE, "num_experts": 0, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
+        "dense",
+        "catalog",
+        None,
+    )
     assert moe_tuning(dense, "NVIDIA H100 80GB HBM3", 1, "cuda", sw, "d") is None
     fp8 = parse_config({**QWEN3_MOE, "quantization_config": {"quant_method": "fp8"}}, "q", "catalog", None)
     t = moe_tuning(fp8, "NVIDIA H100 80GB HBM3", 2, "cuda", sw, "q")
@@ -101,8 +122,21 @@ def test_plan_explain_says_it_on_a_fake_host(tmp_path, fake_nvml_dir) -> None:
     env.pop("VLLM_TUNED_CONFIG_FOLDER", None)
     out = {}
     for tp in (2, 8):
-        r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--model", "Qwen/Qwen3-30B-A3B", "--explain=all",
-                            f"--set=layout.tensor_parallel_size={tp}"], env=env, capture_output=True, text=True)  # fmt: skip
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "plan",
+                "--model",
+                "Qwen/Qwen3-30B-A3B",
+                "--explain=all",
+                f"--set=layout.tensor_parallel_size={tp}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         out[tp] = r.stdout
     assert "kernels.fused_moe_config = E=128,N=384,device_name=NVIDIA_H100_80GB_HBM3.json" in out[2]

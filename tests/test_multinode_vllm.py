@@ -61,19 +61,43 @@ def test_a_two_node_group_through_hwprofile(tiny, tmp_path) -> None:
     assert got.returncode == 0, got.stderr
     snap.write_text(got.stdout)
     inv = tmp_path / "nodes.yaml"
-    inv.write_text(f"nodes:\n  - {{snapshot: {snap}, address: 127.0.0.1}}\n  - {{snapshot: {snap}, address: 127.0.0.1}}\n")
+    inv.write_text(
+        f"nodes:\n  - {{snapshot: {snap}, address: 127.0.0.1}}\n  - {{snapshot: {snap}, address: 127.0.0.1}}\n"
+    )
     port = free_port()
-    sets = ["layout.tensor_parallel_size=2", f"layout.master_port={free_port()}", "speculative.method=none",
-            "cpu.kv_cache_space_gib=0.0625", "engine.max_model_len=512", "engine.enforce_eager=true",
-            f"server.port={port}", "server.shutdown_timeout=5", "supervise.backoff_initial=0.5",
-            f"logs.dir={tmp_path / 'logs'}"]  # fmt: skip
+    sets = [
+        "layout.tensor_parallel_size=2",
+        f"layout.master_port={free_port()}",
+        "speculative.method=none",
+        "cpu.kv_cache_space_gib=0.0625",
+        "engine.max_model_len=512",
+        "engine.enforce_eager=true",
+        f"server.port={port}",
+        "server.shutdown_timeout=5",
+        "supervise.backoff_initial=0.5",
+        f"logs.dir={tmp_path / 'logs'}",
+    ]
     args = ["--model", str(tiny), "--inventory", str(inv), *[f"--set={s}" for s in sets]]
-    envs = [{**base, "HWPROFILE_RUNTIME_DIR": str(tmp_path / f"rt{k}"), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}
-            for k in (0, 1)]  # fmt: skip
+    envs = [
+        {
+            **base,
+            "HWPROFILE_RUNTIME_DIR": str(tmp_path / f"rt{k}"),
+            "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+        }
+        for k in (0, 1)
+    ]
     t0 = time.monotonic()
     # node 1 first (it waits for node 0 to form the group); each launch returns once its node is ready
-    ups = [subprocess.Popen([sys.executable, "-m", "hwprofile", "launch", "--node-rank", str(k), *args], env=envs[k],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (1, 0)]  # fmt: skip
+    ups = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hwprofile", "launch", "--node-rank", str(k), *args],
+            env=envs[k],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for k in (1, 0)
+    ]
     outs = [p.communicate(timeout=READY + 60)[0] for p in ups]
     try:
         assert [p.returncode for p in ups] == [0, 0], outs
@@ -96,15 +120,22 @@ def test_a_two_node_group_through_hwprofile(tiny, tmp_path) -> None:
             a, b = status(envs[0])["instances"][0], status(envs[1])["instances"][0]
             return a["state"] == b["state"] == "ready" and a["restarts"] >= 1 and b["rejoins"] >= 1 and (a, b)
 
-        a, b = wait(both_ready_again, "the group formed again",
-                    why=lambda: hw(envs[1], "status").stdout + hw(envs[0], "status").stdout)  # fmt: skip
+        a, b = wait(
+            both_ready_again,
+            "the group formed again",
+            why=lambda: hw(envs[1], "status").stdout + hw(envs[0], "status").stdout,
+        )
         recovered = time.monotonic() - t2
-        assert "exit code 0" in a["failure"]["evidence"]  # node 0's API server exits once its engine finds out
+        assert (
+            "exit code 0" in a["failure"]["evidence"]
+        )  # node 0's API server exits once its engine finds out
         log1 = Path(b["log_file"]).read_text()
         assert "probe of node 0" in log1 and "HTTP 500" in log1
         assert complete(url, str(tiny))
-        print(f"\ntwo-node group (TP 2 over gloo): ready {started:.0f} s after launch, first completion "
-              f"{first_request:.1f} s; headless node killed: ready again {recovered:.0f} s later")
+        print(
+            f"\ntwo-node group (TP 2 over gloo): ready {started:.0f} s after launch, first completion "
+            f"{first_request:.1f} s; headless node killed: ready again {recovered:.0f} s later"
+        )
     finally:
         pids = []
         for env in envs:

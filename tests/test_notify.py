@@ -136,8 +136,10 @@ def test_os_environ_is_clean_after_reading_the_socket(listener, monkeypatch) -> 
     assert lis.got[0][1]["STATUS"] == "up" and lis.got[1][1] == {"WATCHDOG": "1"}
     out = subprocess.run(  # what a child gets: an environment built from os.environ, without the socket
         [sys.executable, "-c", "import os; print(os.environ.get('NOTIFY_SOCKET'))"],
-        env=dict(os.environ), capture_output=True, text=True,
-    )  # fmt: skip
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout.strip() == "None"
 
 
@@ -156,9 +158,21 @@ def test_daemon_notifies_systemd(daemon_env, listener, abstract) -> None:  # noq
     env = {**e["env"], "NOTIFY_SOCKET": lis.address, "WATCHDOG_USEC": "600000", "FAKEVLLM_READY_DELAY": "1.5"}
     port = int(next(s.split("=")[1] for s in e["sets"] if s.startswith("server.port=")))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), *["--set=" + s for s in e["sets"]]],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(e["model"]),
+            *["--set=" + s for s in e["sets"]],
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: lis.having("READY"), "READY=1", 60)
         # READY=1 only now: both instances answer /health (each took 1.5 s to load)
@@ -285,7 +299,9 @@ def test_status_line_reads_the_loop_state() -> None:
         current=None,
         reload_error=None,
     )
-    assert status_line(d) == "2/2 ready (1 degraded: vllm-gpu2-3) · GPU2 hot 84 °C, degraded · acceptance 71 %"
+    assert (
+        status_line(d) == "2/2 ready (1 degraded: vllm-gpu2-3) · GPU2 hot 84 °C, degraded · acceptance 71 %"
+    )
     d.report.gpus[1] = gpu(2, "ok", 70.0)  # cooled, not yet recovered: still said degraded
     assert status_line(d) == "2/2 ready (1 degraded: vllm-gpu2-3) · acceptance 71 %"
     d.report.gpus[1] = gpu(2, "hot", 84.2)
@@ -313,10 +329,21 @@ def test_a_failed_instance_and_a_failing_health_are_said_where_operators_look() 
 
     now = time.time()
     insts = [
-        NS(name="vllm-gpu0-1", state=NS(value="failed"), failure={"kind": "unplanned exit"}, retry_at=now + 240.4,
-           health_failing_since=None),
-        NS(name="vllm-gpu2-3", state=NS(value="ready"), failure=None, retry_at=None, health_failing_since=now - 7),
-    ]  # fmt: skip
+        NS(
+            name="vllm-gpu0-1",
+            state=NS(value="failed"),
+            failure={"kind": "unplanned exit"},
+            retry_at=now + 240.4,
+            health_failing_since=None,
+        ),
+        NS(
+            name="vllm-gpu2-3",
+            state=NS(value="ready"),
+            failure=None,
+            retry_at=None,
+            health_failing_since=now - 7,
+        ),
+    ]
     troubles = instance_troubles(insts, now)
     assert troubles == {
         "vllm-gpu0-1": "vllm-gpu0-1 FAILED (unplanned exit; tried again in 240 s)",
@@ -324,7 +351,14 @@ def test_a_failed_instance_and_a_failing_health_are_said_where_operators_look() 
     }
     insts[0].retry_at = None  # retries off, or a configuration error
     assert "not tried again" in instance_troubles(insts, now)["vllm-gpu0-1"]
-    d = NS(sup=NS(instances=insts), levels={}, watcher=NS(instances={}), report=None, current=None, reload_error=None)
+    d = NS(
+        sup=NS(instances=insts),
+        levels={},
+        watcher=NS(instances={}),
+        report=None,
+        current=None,
+        reload_error=None,
+    )
     line = status_line(d)
     assert line.startswith("1/2 ready · vllm-gpu0-1 FAILED (unplanned exit; not tried again")
     assert "vllm-gpu2-3 failing /health for 7 s" in line

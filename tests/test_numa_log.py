@@ -39,7 +39,11 @@ def test_format_strings_are_the_installed_vllms() -> None:
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("vLLM not installed")
     src = (Path(next(iter(spec.submodule_search_locations))) / "utils" / "numa_utils.py").read_text()
-    joined = src.replace('"\n                    "', "").replace('"\n            "', "").replace('"\n        "', "")
+    joined = (
+        src.replace('"\n                    "', "")
+        .replace('"\n            "', "")
+        .replace('"\n        "', "")
+    )
     for fmt in (REJECTED, SPAWN, BOUND, BOUND_CPUS):
         assert fmt in joined, fmt
 
@@ -47,10 +51,16 @@ def test_format_strings_are_the_installed_vllms() -> None:
 def test_membind_rejected_cpus_only_and_nothing() -> None:
     log = (
         "(APIServer pid=1) INFO 12-02 07:00:00 [api_utils.py:286] non-default args: {'numa_bind': True}\n"
-        + PREFIX + REJECTED % ("--cpunodebind=1 --membind=1", "--cpunodebind=1") + "\n"
-        + PREFIX + REJECTED % ("--cpunodebind=1 --membind=1", "--cpunodebind=1") + "\n"  # a second worker
-        + PREFIX + REJECTED % ("--physcpubind=8-15 --membind=1", "no binding") + "\n"
-    )  # fmt: skip
+        + PREFIX
+        + REJECTED % ("--cpunodebind=1 --membind=1", "--cpunodebind=1")
+        + "\n"
+        + PREFIX
+        + REJECTED % ("--cpunodebind=1 --membind=1", "--cpunodebind=1")
+        + "\n"  # a second worker
+        + PREFIX
+        + REJECTED % ("--physcpubind=8-15 --membind=1", "no binding")
+        + "\n"
+    )
     numa = parse_numa(log)
     assert numa.fallbacks == (
         ("--cpunodebind=1 --membind=1", "--cpunodebind=1"),
@@ -66,10 +76,16 @@ def test_membind_rejected_cpus_only_and_nothing() -> None:
 
 def test_spawn_method_and_another_node() -> None:
     log = (
-        PREFIX + SPAWN % "fork" + "\n"
-        + INFO + BOUND % (0, 0, 0) + "\n"
-        + INFO + BOUND_CPUS % (1, 1, "8-15", 0) + "\n"
-    )  # fmt: skip
+        PREFIX
+        + SPAWN % "fork"
+        + "\n"
+        + INFO
+        + BOUND % (0, 0, 0)
+        + "\n"
+        + INFO
+        + BOUND_CPUS % (1, 1, "8-15", 0)
+        + "\n"
+    )
     numa = parse_numa(log)
     assert numa == NumaLog((), "fork", ((0, 0, 0), (1, 1, 0)))
     diffs = numa_differences(numa, (0, 1), None)
@@ -88,7 +104,9 @@ def test_startup_verification_reports_the_fallback(host_of, empty_root) -> None:
     from hwprofile.pipeline import make_plan
 
     host = host_of("a800-pcie-4x-2numa")
-    host = host._replace(software=host.software._replace(vllm_version="0.32.0", numactl_path="/usr/bin/numactl"))
+    host = host._replace(
+        software=host.software._replace(vllm_version="0.32.0", numactl_path="/usr/bin/numactl")
+    )
     inst = make_plan(host, empty_root, sets=["speculative.method=none"], environ={}).instances[0]
     assert inst.gpu_numa_nodes and inst.gpu_numa_nodes[0] is not None  # each rank bound by vLLM
     node = inst.gpu_numa_nodes[0]

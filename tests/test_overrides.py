@@ -142,10 +142,22 @@ def test_live_overrides_end_to_end(daemon_env, tmp_path) -> None:  # noqa: F811
     sets = [s for s in e["sets"] if not s.startswith("engine.max_num_seqs=")]  # --set would outrank the file
     port = int(next(s.split("=")[1] for s in sets if s.startswith("server.port=")))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "daemon", "--model", str(e["model"]), "--watch-quiet=0.3",
-         *["--set=" + s for s in sets]],
-        env=e["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(e["model"]),
+            "--watch-quiet=0.3",
+            *["--set=" + s for s in sets],
+        ],
+        env=e["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(_status(e)) == 2 and all(i["state"] == "ready" for i in _status(e)), "ready", 60)
         wait_for(lambda: daemon_doc(e["runtime"]).get("ticks"), "a tick")
@@ -201,8 +213,15 @@ def test_live_overrides_end_to_end(daemon_env, tmp_path) -> None:  # noqa: F811
         site.unlink()
         wait_for(lambda: _starts(e, port) == (3, 3), "restarted after the delete", 60)
         assert flag(starts_of(e["starts"], port)[-1], "--max-num-seqs") == "384"
-        wait_for(lambda: all(i["state"] == "ready" for i in _status(e)) and not daemon_doc(e["runtime"])["restarting"]
-                 and not daemon_doc(e["runtime"])["pending_restarts"], "settled", 60)  # fmt: skip
+        wait_for(
+            lambda: (
+                all(i["state"] == "ready" for i in _status(e))
+                and not daemon_doc(e["runtime"])["restarting"]
+                and not daemon_doc(e["runtime"])["pending_restarts"]
+            ),
+            "settled",
+            60,
+        )
         # `hwprofile reload` with nothing changed: applied, no restart
         r = subprocess.run(
             [sys.executable, "-m", "hwprofile", "reload"], env=e["env"], capture_output=True, text=True
@@ -268,27 +287,52 @@ def _plan(seqs: dict[str, int], hot: float = 82.0):  # -> Plan
         ModelSummary,
         Plan,
         ServerSettings,
-    )  # fmt: skip
+    )
 
     def inst(i: int, name: str, seqs: int) -> InstancePlan:
         return InstancePlan(
-            name=name, device="cuda", gpus=(i,), gpu_name=None, numa_node=None, cpus=None,
-            tensor_parallel_size=1, pipeline_parallel_size=1,
+            name=name,
+            device="cuda",
+            gpus=(i,),
+            gpu_name=None,
+            numa_node=None,
+            cpus=None,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
             server=ServerSettings("127.0.0.1", 9000 + i, None, None, 10, None, None, True, ()),
-            engine=EngineSettings(gpu_memory_utilization=0.9, max_model_len=1024, max_num_seqs=seqs,
-                                  max_num_batched_tokens=2048, kv_cache_dtype="auto", quantization=None,
-                                  dtype="auto", enforce_eager=False, enable_prefix_caching=True,
-                                  enable_chunked_prefill=True),
-            speculative=None, memory=MemoryFit(*[0] * 12), estimate=Estimate(),
+            engine=EngineSettings(
+                gpu_memory_utilization=0.9,
+                max_model_len=1024,
+                max_num_seqs=seqs,
+                max_num_batched_tokens=2048,
+                kv_cache_dtype="auto",
+                quantization=None,
+                dtype="auto",
+                enforce_eager=False,
+                enable_prefix_caching=True,
+                enable_chunked_prefill=True,
+            ),
+            speculative=None,
+            memory=MemoryFit(*[0] * 12),
+            estimate=Estimate(),
         )
 
     return Plan(
-        schema="hwprofile.plan/1", profile="test", matched_because=(), host=HostSummary(None, 2, None),
-        model=ModelSummary("m", *[None] * 14), draft=None,
+        schema="hwprofile.plan/1",
+        profile="test",
+        matched_because=(),
+        host=HostSummary(None, 2, None),
+        model=ModelSummary("m", *[None] * 14),
+        draft=None,
         instances=tuple(inst(i, n, s) for i, (n, s) in enumerate(seqs.items())),
-        supervise=Supervise(), logs=Logs(), watch=Watch(hot_c=hot), degrade=Degrade(), reasons=(), provenance={},
+        supervise=Supervise(),
+        logs=Logs(),
+        watch=Watch(hot_c=hot),
+        degrade=Degrade(),
+        reasons=(),
+        provenance={},
         warnings=(),
-    )  # fmt: skip
+    )
 
 
 def _daemon(tmp_path, plans: list):
@@ -303,8 +347,9 @@ def _daemon(tmp_path, plans: list):
         return p
 
     first = _plan({"a": 256, "b": 256})
-    d = Daemon(first, replan, _Sup(["a", "b"]), _Sampler(), first.watch, first.degrade, tmp_path,
-               clock=lambda: 0.0)  # fmt: skip
+    d = Daemon(
+        first, replan, _Sup(["a", "b"]), _Sampler(), first.watch, first.degrade, tmp_path, clock=lambda: 0.0
+    )
     calls: list[str] = []
     d.on_reloading = lambda _d: calls.append("RELOADING")
     d.on_reloaded = lambda _d: calls.append("READY")
@@ -353,8 +398,13 @@ def test_a_reload_reaches_a_failed_instance_that_is_tried_again(tmp_path) -> Non
 def test_a_refused_reload_keeps_the_plan_and_still_says_ready(tmp_path) -> None:
     from hwprofile.config import ConfigError
 
-    d, calls = _daemon(tmp_path, [ConfigError("/etc/hwprofile/overrides.d/x.yaml:3: invalid YAML"),
-                                  _plan({"a": 256, "b": 256, "c": 256})])  # fmt: skip
+    d, calls = _daemon(
+        tmp_path,
+        [
+            ConfigError("/etc/hwprofile/overrides.d/x.yaml:3: invalid YAML"),
+            _plan({"a": 256, "b": 256, "c": 256}),
+        ],
+    )
     before = d.plan
     d.request_reload("broken")
     d.tick()

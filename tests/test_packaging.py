@@ -70,7 +70,8 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     ]
     assert (
         len([p for p in data if p.suffix == ".yaml"]) >= 13
-        and len([p for p in data if p.suffix == ".j2"]) == 5  # shell, config YAML, env file, systemd unit, nginx
+        and len([p for p in data if p.suffix == ".j2"])
+        == 5  # shell, config YAML, env file, systemd unit, nginx
     )
     for p in data:
         assert f"hwprofile/{p.parent.name}/{p.name}" in names, p
@@ -107,7 +108,9 @@ def test_wheel_ships_profiles_and_templates(tmp_path: Path) -> None:
     ).is_file()
 
 
-def test_processes_hwprofile_starts_of_itself_ignore_a_checkout_in_the_working_directory(tmp_path: Path) -> None:
+def test_processes_hwprofile_starts_of_itself_ignore_a_checkout_in_the_working_directory(
+    tmp_path: Path,
+) -> None:
     """A newcomer installs non-editable and runs commands inside the clone: the detached supervisor
     (``python -m hwprofile``) imported the clone's ``hwprofile/`` instead of the installed package, and
     refused the plan as "not what its inputs plan". Here the working directory holds a decoy package
@@ -118,10 +121,17 @@ def test_processes_hwprofile_starts_of_itself_ignore_a_checkout_in_the_working_d
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text("raise SystemExit('shadowed by the checkout')\n")
     (decoy / "__main__.py").write_text("")
-    plain = subprocess.run([sys.executable, "-m", "hwprofile", "--version"], cwd=decoy.parent,
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    plain = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "--version"],
+        cwd=decoy.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "shadowed" in plain.stderr  # what `python -m` does: the decoy is imported
-    r = subprocess.run([*module_command(), "--version"], cwd=decoy.parent, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*module_command(), "--version"], cwd=decoy.parent, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and r.stdout.startswith("hwprofile "), r.stderr
     # and no process hwprofile starts of itself is spelled another way
     spelled = [

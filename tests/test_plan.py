@@ -40,7 +40,12 @@ def test_a800_four_pcie_gpus_two_numa_pairs(host_of, empty_root) -> None:
             e["max_num_batched_tokens"],
             e["max_model_len"],
             e["max_num_seqs"],
-        ) == (0.92, 2048, 8192, 96)  # the batching the objective predicts best (Ampere's fitted 40 % compute share)
+        ) == (
+            0.92,
+            2048,
+            8192,
+            96,
+        )  # the batching the objective predicts best (Ampere's fitted 40 % compute share)
         s = inst["speculative"]
         assert (
             s["method"] == "draft_model"
@@ -68,11 +73,19 @@ def test_rtx4090_needs_a_4bit_target_and_fp8_kv(host_of, empty_root) -> None:
     # objective's 10 tok/s, at a higher TPOT), said in the reason; layout.batching=configured keeps the 6
     assert e["max_num_seqs"] == 12 and inst["prediction"]["ttft_ms"] < 5000
     seqs = next(r for r in p["reasons"] if r["key"] == "instances[0].engine.max_num_seqs")
-    assert seqs["reason"].startswith("predicted: objective throughput: max_num_seqs 12") and "configured max_num_seqs 6" in seqs["reason"]
+    assert (
+        seqs["reason"].startswith("predicted: objective throughput: max_num_seqs 12")
+        and "configured max_num_seqs 6" in seqs["reason"]
+    )
     (grp,) = p["prediction"]["groups"]
-    assert grp["batching_chosen_by"] == "prediction" and [b["max_num_seqs"] for b in grp["batching"] if b["chosen"]] == [12]
+    assert grp["batching_chosen_by"] == "prediction" and [
+        b["max_num_seqs"] for b in grp["batching"] if b["chosen"]
+    ] == [12]
     kept = plan_for(host_of, empty_root, "rtx4090-1x", sets=["layout.batching=configured"])
-    assert kept["instances"][0]["engine"]["max_num_seqs"] == 6 and kept["instances"][0]["prediction"]["ttft_ms"] > 5000
+    assert (
+        kept["instances"][0]["engine"]["max_num_seqs"] == 6
+        and kept["instances"][0]["prediction"]["ttft_ms"] > 5000
+    )
     assert kept["prediction"]["groups"][0]["batching_chosen_by"] == "configured"
     assert inst["speculative"]["num_speculative_tokens"] == 6
     reasons = {r["key"]: r for r in p["reasons"]}
@@ -97,7 +110,9 @@ def test_12g_cards_fp8_only_where_the_hardware_has_it(host_of, empty_root) -> No
     e = p3060["instances"][0]["engine"]
     assert e["max_num_seqs"] == 4 and "which stays" in p3060["prediction"]["groups"][0]["batching_reason"]
     # an operator's value is never replaced
-    own = plan_for(host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-8B", sets=["engine.max_num_seqs=4"])
+    own = plan_for(
+        host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-8B", sets=["engine.max_num_seqs=4"]
+    )
     assert own["instances"][0]["engine"]["max_num_seqs"] == 4
     assert "set by cli --set engine.max_num_seqs=4" in own["prediction"]["groups"][0]["batching_reason"]
 
@@ -128,9 +143,17 @@ def test_nvlink_hosts_get_one_tensor_parallel_instance(host_of, empty_root) -> N
     # the shipped strategy tensor_parallel gives way to the 2 x TP4 predicted better at the workload;
     # the operator's own strategy stays
     auto = plan_for(host_of, empty_root, "h100-sxm-8x", model="meta-llama/Llama-3.1-70B-Instruct")
-    assert [(i["gpus"], i["tensor_parallel_size"]) for i in auto["instances"]] == [([0, 1, 2, 3], 4), ([4, 5, 6, 7], 4)]
-    p = plan_for(host_of, empty_root, "h100-sxm-8x", model="meta-llama/Llama-3.1-70B-Instruct",
-                 sets=["layout.strategy=tensor_parallel"])  # fmt: skip
+    assert [(i["gpus"], i["tensor_parallel_size"]) for i in auto["instances"]] == [
+        ([0, 1, 2, 3], 4),
+        ([4, 5, 6, 7], 4),
+    ]
+    p = plan_for(
+        host_of,
+        empty_root,
+        "h100-sxm-8x",
+        model="meta-llama/Llama-3.1-70B-Instruct",
+        sets=["layout.strategy=tensor_parallel"],
+    )
     assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [(list(range(8)), 8)]
     assert not [w for w in p["warnings"] if "NUMA nodes (over PCIe)" in w]
 
@@ -164,17 +187,26 @@ def test_one_numa_node_gpu_host_renders_no_numactl(host_of, empty_root) -> None:
     for numactl in ("/usr/bin/numactl", None):
         r = render_instance(plan, inst, release("0.11.0"), "vllm", numactl)
         assert "numactl" not in " ".join(r.argv) and not [w for w in r.warnings if "numactl" in w]
-    two = Plan.from_json(plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-7B-Instruct"))
+    two = Plan.from_json(
+        plan_for(host_of, empty_root, "a800-pcie-4x-2numa", model="Qwen/Qwen2.5-7B-Instruct")
+    )
     assert [i.numa_node for i in two.instances] and None not in [i.numa_node for i in two.instances]
     r = render_instance(two, two.instances[0], release("0.11.0"), "vllm", None)
     assert [w for w in r.warnings if "numactl not found" in w]
 
 
 TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 def test_kv_bytes_formula() -> None:
@@ -322,10 +354,17 @@ hosts = st.fixed_dictionaries(
 
 def _host(h: dict) -> HostSnapshot:
     gpus = tuple(
-        Gpu(index=i, name="NVIDIA Test GPU", memory_total_bytes=h["gib"] * GiB, memory_used_bytes=h["used_gib"] * GiB,
-            compute_capability="8.0", numa_node=i * h["numa"] // max(1, h["count"]), nvlink_active_links=4 if h["nvlink"] else 0)
+        Gpu(
+            index=i,
+            name="NVIDIA Test GPU",
+            memory_total_bytes=h["gib"] * GiB,
+            memory_used_bytes=h["used_gib"] * GiB,
+            compute_capability="8.0",
+            numa_node=i * h["numa"] // max(1, h["count"]),
+            nvlink_active_links=4 if h["nvlink"] else 0,
+        )
         for i in range(h["count"])
-    )  # fmt: skip
+    )
     links = tuple(
         GpuLink(a, b, "NV4" if h["nvlink"] else "SYS", True)
         for a in range(h["count"])
@@ -342,11 +381,16 @@ def test_plan_never_exceeds_budget(h, s, empty_root) -> None:
 
     heads = s["heads"]
     cfg = {
-        "model_type": "test", "hidden_size": heads * s["hidden_per_head"], "num_attention_heads": heads,
-        "num_key_value_heads": max(1, heads // s["kv_div"]), "num_hidden_layers": s["layers"],
-        "intermediate_size": heads * s["hidden_per_head"] * s["inter_mult"], "vocab_size": s["vocab"],
-        "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
-    }  # fmt: skip
+        "model_type": "test",
+        "hidden_size": heads * s["hidden_per_head"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // s["kv_div"]),
+        "num_hidden_layers": s["layers"],
+        "intermediate_size": heads * s["hidden_per_head"] * s["inter_mult"],
+        "vocab_size": s["vocab"],
+        "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16",
+    }
     model = parse_config(cfg, "random", "dir", None)
     host = _host(h)
     res = resolve_settings(host, empty_root, environ={})
@@ -388,15 +432,23 @@ def _gpu_copies(host: HostSnapshot, count: int) -> HostSnapshot:
     data = host.to_dict()
     g0 = data["gpus"][0]
     data["gpus"] = [
-        {**g0, "index": i, "minor_number": i, "uuid": f"{g0['uuid'][:-2]}{i:02d}", "pci_bus_id": f"00000000:{i + 1:02x}:00.0"}
+        {
+            **g0,
+            "index": i,
+            "minor_number": i,
+            "uuid": f"{g0['uuid'][:-2]}{i:02d}",
+            "pci_bus_id": f"00000000:{i + 1:02x}:00.0",
+        }
         for i in range(count)
-    ]  # fmt: skip
+    ]
     return snapshot_from_dict(data)
 
 
 def test_four_bit_retry_starts_over_without_the_first_attempts_warnings(host_of, empty_root) -> None:
     host = _gpu_copies(host_of("rtx4090-1x"), 3)
-    p = make_plan(host, empty_root, environ={}).to_json()  # Qwen3-32B at 16 bits fits no layout: the 4-bit retry
+    p = make_plan(
+        host, empty_root, environ={}
+    ).to_json()  # Qwen3-32B at 16 bits fits no layout: the 4-bit retry
     assert p["model"]["name"] == "Qwen/Qwen3-32B-AWQ"
     assert [(i["gpus"], i["tensor_parallel_size"]) for i in p["instances"]] == [([0, 1], 2)]
     assert [w for w in p["warnings"] if "left idle" in w] == [
@@ -459,7 +511,9 @@ def test_smaller_model_suggestions_sorted_by_size_not_by_their_text(empty_root, 
 
     # listed smallest first; A and B both print as "10.0 GiB", B is the larger
     catalog = (small("acme/A", 10.01), small("acme/B", 10.04), small("acme/C", 12.0))
-    monkeypatch.setattr(hwprofile.model, "catalog_family", lambda t: tuple(m for m in catalog if m.model_type == t))
+    monkeypatch.setattr(
+        hwprofile.model, "catalog_family", lambda t: tuple(m for m in catalog if m.model_type == t)
+    )
     host = _host({"count": 1, "gib": 24, "nvlink": False, "numa": 1, "used_gib": 0})
     res = resolve_settings(host, empty_root, sets=["speculative.method=none"], environ={})
     with pytest.raises(PlanRefused) as e:
@@ -478,7 +532,9 @@ def test_mixed_gpus_are_planned_separately_never_tp_across_models(host_of, empty
     g1 = {**b["gpus"][0], "index": 1, "minor_number": 1, "pci_bus_id": "00000000:02:00.0"}
     a["gpus"] = [a["gpus"][0], g1]
     host = snapshot_from_dict(a)
-    p = make_plan(host, empty_root, model="Qwen/Qwen3-1.7B", sets=["speculative.method=none"], environ={}).to_json()
+    p = make_plan(
+        host, empty_root, model="Qwen/Qwen3-1.7B", sets=["speculative.method=none"], environ={}
+    ).to_json()
     assert p["profile"] == "generic-mixed"
     got = sorted((i["gpus"], i["gpu_name"], i["tensor_parallel_size"]) for i in p["instances"])
     assert [g for g, _, _ in got] == [[0], [1]] and all(tp == 1 for _, _, tp in got)
@@ -487,7 +543,9 @@ def test_mixed_gpus_are_planned_separately_never_tp_across_models(host_of, empty
 
 
 def test_strategy_single_plans_one_instance(host_of, empty_root) -> None:
-    p = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.strategy=single"], environ={}).to_json()
+    p = make_plan(
+        host_of("a800-pcie-4x-2numa"), empty_root, sets=["layout.strategy=single"], environ={}
+    ).to_json()
     assert len(p["instances"]) == 1 and p["instances"][0]["gpus"] == [0, 1]
 
 
@@ -517,7 +575,9 @@ def test_pipeline_parallel_is_carried_to_the_render(host_of, empty_root) -> None
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
 
 
-@pytest.mark.parametrize(("ram_gib", "model"), [(23.5, "Qwen/Qwen3-32B"), (12, "Qwen/Qwen3-14B"), (3, "Qwen/Qwen3-8B")])
+@pytest.mark.parametrize(
+    ("ram_gib", "model"), [(23.5, "Qwen/Qwen3-32B"), (12, "Qwen/Qwen3-14B"), (3, "Qwen/Qwen3-8B")]
+)
 def test_cpu_refusal_advice_is_computed_to_fit(host_of, empty_root, ram_gib, model) -> None:
     """Every `--set` the refusal advises, applied as given, plans (advice that leads nowhere, such as a
     KV space that still leaves the weights too large, is not given); without --model the refusal names

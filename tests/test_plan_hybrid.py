@@ -18,13 +18,27 @@ from hwprofile.plan.memory import hybrid_kv_cache
 
 QWEN38 = Path(__file__).parent / "fixtures" / "models" / "qwen3.8-27b"
 TINY_NEXT: dict[str, Any] = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 128,
-    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "intermediate_size": 256, "vocab_size": 2048, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
-    "full_attention_interval": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-    "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 128,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 256,
+    "vocab_size": 2048,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
 
 
 def qwen38_dir(tmp_path: Path) -> Path:
@@ -36,8 +50,12 @@ def qwen38_dir(tmp_path: Path) -> Path:
 def test_qwen38_on_an_a100_counts_attention_layers_and_caps_sequences(host_of, empty_root, tmp_path) -> None:
     from hwprofile.pipeline import make_plan
 
-    sets = ["speculative.method=none", "engine.max_num_seqs=1024", "engine.max_model_len=32768",
-            "engine.mamba_ssm_cache_dtype=float32"]  # fmt: skip
+    sets = [
+        "speculative.method=none",
+        "engine.max_num_seqs=1024",
+        "engine.max_model_len=32768",
+        "engine.mamba_ssm_cache_dtype=float32",
+    ]
     p = make_plan(
         host_of("a100-80g-pcie-1x"), empty_root, environ={}, model=str(qwen38_dir(tmp_path)), sets=sets
     )
@@ -89,8 +107,12 @@ def test_tiny_qwen3_next_cpu_plan_says_what_vllm_logs(host_of, empty_root, tmp_p
     got = {}
     for name, flags in (("bf16", ("fpu", "avx2", "avx512f", "avx512_bf16")), ("plain", ("fpu", "avx2"))):
         h = host._replace(cpu=host.cpu._replace(flags=flags))
-        sets = ["speculative.method=none", "engine.max_model_len=1024", "cpu.kv_cache_space_gib=0.0625",
-                "engine.enable_prefix_caching=false"]  # fmt: skip
+        sets = [
+            "speculative.method=none",
+            "engine.max_model_len=1024",
+            "cpu.kv_cache_space_gib=0.0625",
+            "engine.enable_prefix_caching=false",
+        ]
         p = make_plan(h, empty_root, environ={}, model=str(model), sets=sets)
         mem = p.instances[0].memory
         got[name] = (mem.block_size, mem.vllm_logged_kv_tokens, mem.kv_bytes_per_token_target)
@@ -172,8 +194,13 @@ def test_language_model_only_needs_0_18_and_old_mtp_heads_are_counted(host_of, e
 def test_a_plain_transformer_has_no_language_model_only(host_of, empty_root) -> None:
     from hwprofile.pipeline import make_plan
 
-    p = make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, model="Qwen/Qwen2.5-7B-Instruct",
-                  sets=["speculative.method=none"])  # fmt: skip
+    p = make_plan(
+        host_of("a100-80g-pcie-1x"),
+        empty_root,
+        environ={},
+        model="Qwen/Qwen2.5-7B-Instruct",
+        sets=["speculative.method=none"],
+    )
     assert "language_model_only" not in json.dumps(p.instances[0].engine.to_json())
     assert not any(r.key == "model.weights_bytes" for r in p.reasons)
 
@@ -184,9 +211,11 @@ def test_float16_state_where_it_keeps_more_sequences_resident(host_of, empty_roo
     --mamba-cache-mode as the plan assumes (align with prefix caching, else none; 0.15+)."""
     many = _qwen38_plan(host_of, empty_root, tmp_path, ["speculative.method=none", "engine.max_num_seqs=256"])
     wide = _qwen38_plan(
-        host_of, empty_root, tmp_path,
+        host_of,
+        empty_root,
+        tmp_path,
         ["speculative.method=none", "engine.max_num_seqs=256", "engine.mamba_ssm_cache_dtype=float32"],
-    )  # fmt: skip
+    )
     assert many.instances[0].engine.mamba_ssm_cache_dtype == "float16"
     assert many.instances[0].memory.state_sequences > wide.instances[0].memory.state_sequences
     assert (
@@ -205,9 +234,11 @@ def test_float16_state_where_it_keeps_more_sequences_resident(host_of, empty_roo
     assert "--mamba-ssm-cache-dtype" not in _argv(few, "0.33.0")
 
     nocache = _qwen38_plan(
-        host_of, empty_root, tmp_path,
+        host_of,
+        empty_root,
+        tmp_path,
         ["speculative.method=none", "engine.max_num_seqs=4", "engine.enable_prefix_caching=false"],
-    )  # fmt: skip
+    )
     assert nocache.instances[0].engine.mamba_cache_mode == "none"
     assert "--mamba-cache-mode" not in _argv(nocache, "0.14.0")  # the flag is 0.15+
 

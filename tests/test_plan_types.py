@@ -49,7 +49,9 @@ def test_round_trip_is_exact(name, host_of, empty_root) -> None:
 
 
 def test_frozen_and_replace(host_of, empty_root) -> None:
-    plan = Plan.from_json(json.loads(json.dumps(_doc(make_plan(host_of("rtx4090-1x"), empty_root, environ={})))))
+    plan = Plan.from_json(
+        json.loads(json.dumps(_doc(make_plan(host_of("rtx4090-1x"), empty_root, environ={}))))
+    )
     inst = plan.instances[0]
     assert isinstance(inst, InstancePlan) and isinstance(inst.gpus, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -62,7 +64,9 @@ def test_frozen_and_replace(host_of, empty_root) -> None:
 
 def test_cpu_instance_keys(host_of, empty_root) -> None:
     plan = Plan.from_json(
-        json.loads(json.dumps(_doc(make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", environ={}))))
+        json.loads(
+            json.dumps(_doc(make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", environ={})))
+        )
     )
     inst = plan.instances[0]
     assert inst.device == "cpu" and inst.gpu_uuids is ABSENT and "gpu_uuids" not in inst.to_json()

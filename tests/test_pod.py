@@ -79,7 +79,9 @@ def test_the_metrics_port_answers_probes_and_scrapes() -> None:
     assert status.startswith("200") and b"hwprofile_ticks_total" in body
 
 
-@pytest.mark.parametrize(("status", "code"), [(0, 0), (1 << 8, 1), (2 << 8, 2), (signal.SIGKILL, 137), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("status", "code"), [(0, 0), (1 << 8, 1), (2 << 8, 2), (signal.SIGKILL, 137), (signal.SIGTERM, 143)]
+)
 def test_exit_status_is_a_shells(status: int, code: int) -> None:
     assert exit_status(status) == code
 
@@ -93,7 +95,9 @@ ORPHAN = "( sleep 0.5 & )\n"
 @pytest.fixture
 def pod(tmp_path, fake_nvml_dir):
     if UNSHARE is None or os.geteuid() != 0:
-        pytest.fail("unshare(1) as root is needed for a PID namespace (util-linux; the tests run as root in CI)")
+        pytest.fail(
+            "unshare(1) as root is needed for a PID namespace (util-linux; the tests run as root in CI)"
+        )
     model = fake_model(tmp_path / "model")
     shim = fake_vllm_shim(tmp_path / "vllm", prelude=ORPHAN)
     host = build("a800-pcie-4x-2numa", tmp_path / "host")
@@ -101,28 +105,54 @@ def pod(tmp_path, fake_nvml_dir):
     starts = tmp_path / "starts.jsonl"
     env = {
         **{k: v for k, v in host.env(fake_nvml_dir).items() if not k.startswith("FAKEVLLM_")},
-        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), "HWPROFILE_RUNTIME_DIR": str(runtime),
-        "FAKEVLLM_ARGV_LOG": str(starts), "FAKEVLLM_READY_DELAY": "0.2",
-    }  # fmt: skip
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+        "HWPROFILE_RUNTIME_DIR": str(runtime),
+        "FAKEVLLM_ARGV_LOG": str(starts),
+        "FAKEVLLM_READY_DELAY": "0.2",
+    }
     (tmp_path / "etc").mkdir()
     port, metrics = free_port(), free_port()
     sets = [
-        "engine.max_num_seqs=256", "speculative.method=none", "server.shutdown_timeout=1", f"server.port={port}",
-        f"server.vllm_command={shim}", f"logs.dir={tmp_path / 'logs'}", "layout.shape=servers",
+        "engine.max_num_seqs=256",
+        "speculative.method=none",
+        "server.shutdown_timeout=1",
+        f"server.port={port}",
+        f"server.vllm_command={shim}",
+        f"logs.dir={tmp_path / 'logs'}",
+        "layout.shape=servers",
         "layout.tensor_parallel_size=2",  # the operator's two NUMA pairs (a profile's layout may give way)
-        "watch.interval=0.2", "watch.dwell_s=0.6", f"watch.metrics_port={metrics}", "watch.unready_s=4",
+        "watch.interval=0.2",
+        "watch.dwell_s=0.6",
+        f"watch.metrics_port={metrics}",
+        "watch.unready_s=4",
         "logs.stdout=true",
-    ]  # fmt: skip
+    ]
     procs: list[subprocess.Popen] = []
 
     def start(*extra: str) -> subprocess.Popen:
         out = open(tmp_path / "stdout", "w")  # noqa: SIM115 (the child holds it)
         proc = subprocess.Popen(
             # --kill-child: however the test ends, unshare's death ends the namespace (SIGKILL to PID 1)
-            [UNSHARE, "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "hwprofile", "daemon",
-             "--model", str(model), *[f"--set={s}" for s in (*sets, *extra)]],
-            env=env, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+            [
+                UNSHARE,
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "daemon",
+                "--model",
+                str(model),
+                *[f"--set={s}" for s in (*sets, *extra)],
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         out.close()
         procs.append(proc)
         return proc
@@ -193,7 +223,9 @@ def test_as_pid_1_it_reaps_forwards_the_stop_and_degrades_inside_the_pod(pod) ->
         assert init is not None
         # PID 1's one child of its own: the daemon; the others were handed to it (each vLLM's keeper,
         # supervise/tether.py, is forked twice to be init's by design; the shim's sleep)
-        (daemon,) = [c for c in children(init) if b"hwprofile\0daemon" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        (daemon,) = [
+            c for c in children(init) if b"hwprofile\0daemon" in Path(f"/proc/{c}/cmdline").read_bytes()
+        ]
         assert len(children(daemon)) == 2
         # every start left an orphan that ends (the shim's sleep): handed to PID 1, reaped there
         time.sleep(1.5)
@@ -202,9 +234,14 @@ def test_as_pid_1_it_reaps_forwards_the_stop_and_degrades_inside_the_pod(pod) ->
         pod["host"].set_state(**{"dev2.temperature": 84})  # past the A800 profile's hot_c (82 °C)
         # readiness goes false while the old server still serves: the Service stops sending first
         # (one predicate, the start count read last: the 200 is the old server's, not restarted yet)
-        wait_for(lambda: get(health) == 503 and get(f"http://127.0.0.1:{hot_port}/health") == 200
-                 and len(starts_on(pod["starts"], hot_port)) == 1,
-                 "/health 503 before the drain, the old server still answering")  # fmt: skip
+        wait_for(
+            lambda: (
+                get(health) == 503
+                and get(f"http://127.0.0.1:{hot_port}/health") == 200
+                and len(starts_on(pod["starts"], hot_port)) == 1
+            ),
+            "/health 503 before the drain, the old server still answering",
+        )
         wait_for(lambda: len(starts_on(pod["starts"], hot_port)) == 2, "the degraded start inside the pod")
         new = starts_on(pod["starts"], hot_port)[-1]
         assert new[new.index("--max-num-seqs") + 1] == "192"
@@ -229,7 +266,9 @@ def test_as_pid_1_it_exits_with_vllms_fate(pod) -> None:
     code = proc.wait(120)
     err = proc.stderr.read() if proc.stderr else ""
     # vLLM died and no restart was left: the daemon ends failed, and so does the pod (1, through PID 1)
-    assert code == 1 and "PID 1: the daemon runs as PID" in err and "instances that failed" in err, err[-2000:]
+    assert code == 1 and "PID 1: the daemon runs as PID" in err and "instances that failed" in err, err[
+        -2000:
+    ]
 
 
 # -- the image -----------------------------------------------------------------------------------
@@ -267,9 +306,11 @@ def test_the_image_runs_the_daemon_with_settings_that_plan(tmp_path, fake_nvml_d
     (tmp_path / "etc").mkdir()
     r = subprocess.run(
         [sys.executable, "-m", "hwprofile", "plan", "--model", str(model), "--json", *entry[2:]],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")},
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     inst = plan["instances"][0]

@@ -93,8 +93,12 @@ def test_bench_records_energy_and_tokens_per_second_per_watt() -> None:
     for t in (0.0, 1.0, 2.0, 3.0, 4.0):  # 1 s at 100 W, then (the interval ending at 2) 300 W for 3 s
         track.add(sampler.sample(t)[0])
     j = track.to_json("A100")
-    assert j["energy_j"] == 100 + 300 * 3 and j["power_w"] == {"mean": 250.0, "max": 300.0, "limit_min": 300.0,
-                                                               "limit_max": 300.0}  # fmt: skip
+    assert j["energy_j"] == 100 + 300 * 3 and j["power_w"] == {
+        "mean": 250.0,
+        "max": 300.0,
+        "limit_min": 300.0,
+        "limit_max": 300.0,
+    }
     hw = {"power_w_mean": 250.0}
     assert per_watt(1000.0, hw) == 4.0 and per_watt(1000.0, {"power_w_mean": None}) is None
 
@@ -127,8 +131,21 @@ def test_plan_explain_says_what_the_power_step_does_here(tmp_path, fake_nvml_dir
     env = {**cli_env(host, fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}
     out = {}
     for f in ("0.85", "0"):
-        r = subprocess.run([sys.executable, "-m", "hwprofile", "plan", "--model", "Qwen/Qwen3-0.6B", "--explain",
-                            f"--set=degrade.power_limit_factor={f}"], env=env, capture_output=True, text=True)  # fmt: skip
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "plan",
+                "--model",
+                "Qwen/Qwen3-0.6B",
+                "--explain",
+                f"--set=degrade.power_limit_factor={f}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         out[f] = r.stdout
     assert "degrade.power_limit_factor = 0.85" in out["0.85"] and "RTX 3090: 350 -> 298 W" in out["0.85"]

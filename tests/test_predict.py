@@ -112,13 +112,17 @@ def _link(system: str, tp: int, row: dict) -> pm.Link:
 
 def hwprofile_at(case: dict) -> pm.Prediction:
     """hwprofile's prediction of one AIConfigurator case (same model, lengths, TP, sequences)."""
-    gpu, row = candidates.gpu_of(Gpu(0, NVML[case["system"]], memory_total_bytes=MEMORY_GB[case["system"]] * 2**30))
+    gpu, row = candidates.gpu_of(
+        Gpu(0, NVML[case["system"]], memory_total_bytes=MEMORY_GB[case["system"]] * 2**30)
+    )
     assert gpu is not None and row is not None
     # the shares AIConfigurator's own kernel tables give (the default row of hwprofile/data/gpu_efficiency.yaml),
     # not those fitted to served measurements per architecture: this compares the model's shape
     gpu = dataclasses.replace(gpu, mem_efficiency=pm.MEM_EFFICIENCY, compute_efficiency=pm.COMPUTE_EFFICIENCY)
     shape = candidates.model_shape(resolve_model("Qwen/Qwen3-32B", "model"), 2)
-    cand = pm.Candidate(case["tp"], case["instances"], 1, 256, 8192, True, 10**7, _link(case["system"], case["tp"], row))
+    cand = pm.Candidate(
+        case["tp"], case["instances"], 1, 256, 8192, True, 10**7, _link(case["system"], case["tp"], row)
+    )
     wl = pm.Workload(512, 256, case["instances"] * case["batch_per_instance"])
     return pm.predict(gpu, shape, cand, wl, None, per_instance=case["batch_per_instance"])
 
@@ -132,12 +136,18 @@ def comparison() -> list[dict]:
         p = hwprofile_at(c)
         a = c["aiconfigurator"]
         mine_tps = p.output_tokens_per_s / c["instances"]
-        out.append({
-            "key": (c["system"], c["gpus"], c["tp"], c["batch_per_instance"]), "case": c,
-            "aic_tpot": a["tpot_ms"], "hw_tpot": p.tpot_ms, "aic_tps": a["output_tokens_per_s_per_instance"],
-            "hw_tps": mine_tps, "tpot_err": p.tpot_ms / a["tpot_ms"] - 1,
-            "tps_err": mine_tps / a["output_tokens_per_s_per_instance"] - 1,
-        })  # fmt: skip
+        out.append(
+            {
+                "key": (c["system"], c["gpus"], c["tp"], c["batch_per_instance"]),
+                "case": c,
+                "aic_tpot": a["tpot_ms"],
+                "hw_tpot": p.tpot_ms,
+                "aic_tps": a["output_tokens_per_s_per_instance"],
+                "hw_tps": mine_tps,
+                "tpot_err": p.tpot_ms / a["tpot_ms"] - 1,
+                "tps_err": mine_tps / a["output_tokens_per_s_per_instance"] - 1,
+            }
+        )
     return out
 
 
@@ -146,7 +156,10 @@ def test_fixtures_were_recorded_with_their_commands() -> None:
     assert len(cases) >= 40
     for c in cases:
         assert c["command"].startswith("/tmp/aic/bin/aiconfigurator cli estimate --model-path Qwen/Qwen3-32B")
-        assert f"--tp-size {c['tp']}" in c["command"] and f"--batch-size {c['batch_per_instance']}" in c["command"]
+        assert (
+            f"--tp-size {c['tp']}" in c["command"]
+            and f"--batch-size {c['batch_per_instance']}" in c["command"]
+        )
         assert c["aiconfigurator"] is not None or c["error"].startswith("RuntimeError: OOM")
     assert (FIXTURES / "make_fixtures.sh").is_file() and (FIXTURES / "parse.py").is_file()
 
@@ -154,7 +167,9 @@ def test_fixtures_were_recorded_with_their_commands() -> None:
 def test_tpot_and_throughput_within_30_percent_of_aiconfigurator() -> None:
     rows = comparison()
     off = {r["key"] for r in rows if abs(r["tpot_err"]) > TOLERANCE or abs(r["tps_err"]) > TOLERANCE}
-    assert off == DISAGREE, [(r["key"], round(r["tpot_err"], 2), round(r["tps_err"], 2)) for r in rows if r["key"] in off]
+    assert off == DISAGREE, [
+        (r["key"], round(r["tpot_err"], 2), round(r["tps_err"], 2)) for r in rows if r["key"] in off
+    ]
     nvlink = [r for r in rows if r["key"][0] != "l40s"]
     assert max(abs(r["tpot_err"]) for r in nvlink) < 0.25
 
@@ -172,7 +187,9 @@ def test_best_layout_agrees_with_aiconfigurator_at_every_concurrency() -> None:
                 b[who] = (total, c["tp"])
     compared = {k: v for k, v in best.items() if v["aic"][1]}
     assert len(compared) >= 12
-    assert {k: (v["aic"][1], v["hw"][1]) for k, v in compared.items() if v["aic"][1] != v["hw"][1]} == BEST_DISAGREE
+    assert {
+        k: (v["aic"][1], v["hw"][1]) for k, v in compared.items() if v["aic"][1] != v["hw"][1]
+    } == BEST_DISAGREE
 
 
 def capacity_best(system: str, gpus: int, seqs: int = 512) -> list[tuple[int, float]]:
@@ -186,7 +203,9 @@ def capacity_best(system: str, gpus: int, seqs: int = 512) -> list[tuple[int, fl
     for tp in (1, 2, 4, 8):
         if tp > gpus:
             continue
-        free = MEMORY_GB[system] * 1e9 * 0.9 - model.weights_bytes / tp - 4e9  # AIConfigurator's ~3.5 GB other memory
+        free = (
+            MEMORY_GB[system] * 1e9 * 0.9 - model.weights_bytes / tp - 4e9
+        )  # AIConfigurator's ~3.5 GB other memory
         if free <= 0:
             continue
         kv_tokens = int(free / (shape.kv_bytes_per_token / min(tp, shape.kv_heads)))
@@ -220,7 +239,9 @@ def test_sla_search_and_the_issue_figures_rank_four_tp2_first_on_8_h100(host_of,
 
 def test_the_objective_decides_where_the_layout_is_auto(host_of, empty_root) -> None:
     host = host_of("h100-sxm-8x")
-    lat = make_plan(host, empty_root, environ={}, sets=["layout.strategy=auto", "layout.objective=latency"]).to_json()
+    lat = make_plan(
+        host, empty_root, environ={}, sets=["layout.strategy=auto", "layout.objective=latency"]
+    ).to_json()
     assert [i["tensor_parallel_size"] for i in lat["instances"]] == [8]
     assert "objective latency" in lat["prediction"]["groups"][0]["reason"]
     # the generic-nvlink profile's own strategy gives way to the 4 x TP2 predicted >= 10 % better
@@ -231,7 +252,9 @@ def test_the_objective_decides_where_the_layout_is_auto(host_of, empty_root) -> 
     rule = make_plan(host, empty_root, environ={}, sets=["layout.strategy=tensor_parallel"]).to_json()
     g = rule["prediction"]["groups"][0]
     assert (g["chosen"], g["chosen_by"], g["predicted_best"]) == ("1 x TP8", "rule", "4 x TP2")
-    assert any(r["key"].startswith("layout.objective[") and "would choose" in r["reason"] for r in rule["reasons"])
+    assert any(
+        r["key"].startswith("layout.objective[") and "would choose" in r["reason"] for r in rule["reasons"]
+    )
 
 
 @pytest.mark.parametrize("name", ["a800-pcie-4x-2numa", "rtx4090-1x", "a100-80g-pcie-1x", "h100-sxm-8x"])
@@ -255,7 +278,9 @@ def test_a800_seed_host_two_tp2_agrees_and_pcie_tp4_is_not_allowed(host_of, empt
     # the workload's 16 requests split over the two servers: 8 each, and each server's own tokens/s
     assert [i["prediction"]["concurrency"] for i in plan["instances"]] == [8, 8]
     total = sum(i["prediction"]["output_tokens_per_s"] for i in plan["instances"])
-    assert total == pytest.approx(next(c for c in g["candidates"] if c["chosen"])["output_tokens_per_s"], rel=0.01)
+    assert total == pytest.approx(
+        next(c for c in g["candidates"] if c["chosen"])["output_tokens_per_s"], rel=0.01
+    )
 
 
 def test_workload_settings_move_the_prediction(host_of, empty_root) -> None:
@@ -294,7 +319,9 @@ def test_speculation_pays_at_batch_one_and_not_at_a_large_batch() -> None:
     wl = pm.Workload(512, 256, 256)
     assert pm.predict(gpu, shape, cand, wl, spec).tpot_ms > pm.predict(gpu, shape, cand, wl, None).tpot_ms
     table = pm.Speculation("draft_model", ((1, 16, 5), (17, None, 0)), 5, 0.7, draft, "test")
-    assert pm.predict(gpu, shape, cand, wl, table).tpot_ms == pytest.approx(pm.predict(gpu, shape, cand, wl, None).tpot_ms)
+    assert pm.predict(gpu, shape, cand, wl, table).tpot_ms == pytest.approx(
+        pm.predict(gpu, shape, cand, wl, None).tpot_ms
+    )
 
 
 def _bench_doc(host, tpot: float, ttft: float, tps: float, concurrency: int = 16) -> dict:
@@ -302,13 +329,28 @@ def _bench_doc(host, tpot: float, ttft: float, tps: float, concurrency: int = 16
         return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
 
     return {
-        "schema": "hwprofile.bench/1", "created": "2026-12-01T10:00:00Z",
+        "schema": "hwprofile.bench/1",
+        "created": "2026-12-01T10:00:00Z",
         "workload": {"input_len": 512, "output_len": 256},
         "host": {"gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in host.usable_gpus]},
-        "plans": [{"instances": 2, "non_default_settings": [], "summary": [{
-            "concurrency": concurrency, "rounds": 1, "metrics": {
-                "p50_tpot_ms": spread(tpot), "p50_ttft_ms": spread(ttft), "output_throughput": spread(tps)}}]}],
-    }  # fmt: skip
+        "plans": [
+            {
+                "instances": 2,
+                "non_default_settings": [],
+                "summary": [
+                    {
+                        "concurrency": concurrency,
+                        "rounds": 1,
+                        "metrics": {
+                            "p50_tpot_ms": spread(tpot),
+                            "p50_ttft_ms": spread(ttft),
+                            "output_throughput": spread(tps),
+                        },
+                    }
+                ],
+            }
+        ],
+    }
 
 
 def test_calibration_from_bench_replaces_the_datasheet_on_that_host(host_of, empty_root) -> None:
@@ -326,7 +368,9 @@ def test_calibration_from_bench_replaces_the_datasheet_on_that_host(host_of, emp
         assert str(path) in p["source"]
     # another workload: the datasheet model scaled by what was measured
     other = make_plan(host, empty_root, environ={}, sets=["layout.workload_concurrency=64"]).to_json()
-    base = make_plan(host, Path(str(empty_root) + "-none"), environ={}, sets=["layout.workload_concurrency=64"])
+    base = make_plan(
+        host, Path(str(empty_root) + "-none"), environ={}, sets=["layout.workload_concurrency=64"]
+    )
     ratio = 30.0 / before["instances"][0]["prediction"]["tpot_ms"]
     got = other["instances"][0]["prediction"]
     assert got["source"].startswith("datasheet scaled by calibration")
@@ -355,13 +399,17 @@ def test_explain_shows_the_candidates(host_of, empty_root, capsys) -> None:
     text = format_plan(make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}), explain=True)
     assert "Predictions at 512 in / 256 out, 16 requests in flight (objective throughput" in text
     assert "=>  2 x TP2" in text and "x   1 x TP4" in text
-    assert "calibration: none" in text and "each instance: TTFT" in text  # the two identical instances, folded
+    assert (
+        "calibration: none" in text and "each instance: TTFT" in text
+    )  # the two identical instances, folded
 
 
 def test_batching_alternatives_show_what_a_bigger_step_costs_on_one_a100(host_of, empty_root) -> None:
     """The a100-80g profile's choice of 2048 tokens per step: at 64 requests the KV space a 16384-token
     step's activations take costs output tokens/s (vLLM PR #17885 measured the same on A100)."""
-    plan = make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, sets=["layout.workload_concurrency=64"])
+    plan = make_plan(
+        host_of("a100-80g-pcie-1x"), empty_root, environ={}, sets=["layout.workload_concurrency=64"]
+    )
     rows = plan.to_json()["prediction"]["groups"][0]["batching"]
     at = {(b["max_num_seqs"], b["max_num_batched_tokens"]): b for b in rows}
     planned = next(b for b in rows if b["planned"])
@@ -370,11 +418,19 @@ def test_batching_alternatives_show_what_a_bigger_step_costs_on_one_a100(host_of
     assert at[(256, 16384)]["output_tokens_per_s"] < 0.9 * at[(256, 2048)]["output_tokens_per_s"]
 
 
-
 def _row(seqs: int, ttft: float, tpot: float, cap: float, planned: bool = False, fits: bool = True) -> dict:
-    return {"max_num_seqs": seqs, "max_num_batched_tokens": 2048, "fits": fits, "kv_tokens": 1000, "ttft_ms": ttft,
-            "tpot_ms": tpot, "output_tokens_per_s": cap, "capacity_output_tokens_per_s": cap,
-            "capacity_concurrency": seqs, "planned": planned}  # fmt: skip
+    return {
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": 2048,
+        "fits": fits,
+        "kv_tokens": 1000,
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "output_tokens_per_s": cap,
+        "capacity_output_tokens_per_s": cap,
+        "capacity_concurrency": seqs,
+        "planned": planned,
+    }
 
 
 def test_a_configured_batching_over_the_ttft_target_is_never_called_within_it() -> None:
@@ -398,20 +454,36 @@ def test_the_objective_chooses_the_batching_by_a_margin() -> None:
 
     planned = _row(6, 9500, 20, 278, planned=True)
     # throughput: the most tok/s within the targets, when it beats the configured one by the margin
-    i, why = choose_batching([planned, _row(16, 370, 45, 348), _row(32, 900, 60, 0)], "throughput", 500, 120, 256)
-    assert i == 1 and why.startswith("objective throughput: max_num_seqs 16") and "configured max_num_seqs 6" in why
+    i, why = choose_batching(
+        [planned, _row(16, 370, 45, 348), _row(32, 900, 60, 0)], "throughput", 500, 120, 256
+    )
+    assert (
+        i == 1
+        and why.startswith("objective throughput: max_num_seqs 16")
+        and "configured max_num_seqs 6" in why
+    )
     close = _row(12, 300, 30, 278 * (1 + BATCHING_MARGIN) - 1)
     assert choose_batching([planned, close], "throughput", 500, 120, 256) == (
-        -1, "objective throughput: max_num_seqs 12, max_num_batched_tokens 2048 are predicted less than 10% "
-        "better than the configured batching, which stays")  # fmt: skip
+        -1,
+        "objective throughput: max_num_seqs 12, max_num_batched_tokens 2048 are predicted less than 10% "
+        "better than the configured batching, which stays",
+    )
     # a row that does not fit never wins; none within the targets: the shortest request
-    i, why = choose_batching([_row(4, 18600, 21, 0, planned=True), _row(16, 590, 67, 0), _row(64, 10, 1, 0, fits=False)],
-                             "throughput", 500, 120, 256)  # fmt: skip
+    i, why = choose_batching(
+        [_row(4, 18600, 21, 0, planned=True), _row(16, 590, 67, 0), _row(64, 10, 1, 0, fits=False)],
+        "throughput",
+        500,
+        120,
+        256,
+    )
     assert i == 1 and "as no batching meets TTFT <= 500 ms" in why
     # latency: the shortest request, not the lowest TPOT (fewer sequences only make requests wait)
     rows = [_row(6, 9500, 20, 278, planned=True), _row(3, 20000, 15, 100), _row(16, 370, 45, 348)]
     assert choose_batching(rows, "latency", 500, 120, 256)[0] == 2
-    assert choose_batching([_row(6, 100, 10, 0, planned=True, fits=False)], "latency", 500, 120, 256) == (-1, "no batching fits")
+    assert choose_batching([_row(6, 100, 10, 0, planned=True, fits=False)], "latency", 500, 120, 256) == (
+        -1,
+        "no batching fits",
+    )
 
 
 def test_gdn_prefill_flops_are_counted_per_prompt_token() -> None:

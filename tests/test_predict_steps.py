@@ -118,8 +118,13 @@ def test_the_tp_decode_prediction_carries_the_all_reduce_band() -> None:
         term = next(t for t in p.terms if t["term"] == "decode step: 2 all-reduces per layer")
         lo, hi = term["band_ms"]
         assert term["basis"] == "datasheet" and lo <= term["ms"] <= hi and lo < hi
-    one = pm.predict(gpu, m, pm.Candidate(1, 1, 1, 256, 8192, True, 10**7, pm.link_of([], [], None, 1)),
-                     pm.Workload(512, 256, 64), None)  # fmt: skip
+    one = pm.predict(
+        gpu,
+        m,
+        pm.Candidate(1, 1, 1, 256, 8192, True, 10**7, pm.link_of([], [], None, 1)),
+        pm.Workload(512, 256, 64),
+        None,
+    )
     term = next(t for t in one.terms if t["term"] == "decode step: 2 all-reduces per layer")
     assert term["ms"] == 0 and term["band_ms"] == [0, 0]
 

@@ -198,13 +198,27 @@ class Host:
         self.exporter = f"127.0.0.1:{self.metrics_port}"
         self.model = str(model)
         self.argv = [
-            sys.executable, "-m", "hwprofile", "daemon", "--model", str(model),
-            *("--set=" + s for s in [
-                "server.shutdown_timeout=1", f"server.port={self.port}", f"server.vllm_command={shim}",
-                f"logs.dir={self.dir / 'logs'}", "watch.interval=0.5", "watch.dwell_s=0.6",
-                "watch.recover_s=600", f"watch.metrics_port={self.metrics_port}", *sets,
-            ]),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "daemon",
+            "--model",
+            str(model),
+            *(
+                "--set=" + s
+                for s in [
+                    "server.shutdown_timeout=1",
+                    f"server.port={self.port}",
+                    f"server.vllm_command={shim}",
+                    f"logs.dir={self.dir / 'logs'}",
+                    "watch.interval=0.5",
+                    "watch.dwell_s=0.6",
+                    "watch.recover_s=600",
+                    f"watch.metrics_port={self.metrics_port}",
+                    *sets,
+                ]
+            ),
+        ]
         self.log = self.dir / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.code: int | None = None
@@ -288,13 +302,29 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
     tool("promtool")
     hosts = [
         # an A800 PCIe host, one server per NUMA pair (two instances), no speculation
-        Host("a800", "a800-pcie-4x-2numa", tmp_path, fake_nvml_dir, 2,
-             ["layout.shape=servers", "speculative.method=none", "layout.tensor_parallel_size=2"]),
+        Host(
+            "a800",
+            "a800-pcie-4x-2numa",
+            tmp_path,
+            fake_nvml_dir,
+            2,
+            ["layout.shape=servers", "speculative.method=none", "layout.tensor_parallel_size=2"],
+        ),
         # an RTX 4090 host, one instance with ngram speculation (k=2: the fake accepts one of two)
-        Host("rtx4090", "rtx4090-1x", tmp_path, fake_nvml_dir, 1,
-             ["speculative.method=ngram", "speculative.num_speculative_tokens=2", "watch.window_s=5",
-              "watch.min_draft_tokens=1"]),
-    ]  # fmt: skip
+        Host(
+            "rtx4090",
+            "rtx4090-1x",
+            tmp_path,
+            fake_nvml_dir,
+            1,
+            [
+                "speculative.method=ngram",
+                "speculative.num_speculative_tokens=2",
+                "watch.window_s=5",
+                "watch.min_draft_tokens=1",
+            ],
+        ),
+    ]
     # an idle card says so (NVML's gpu_idle clock-event reason), as a real idle GPU does: the panel
     # of active reasons has a series without any card being throttled
     for h in hosts:
@@ -310,10 +340,17 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
         config = prometheus_config(tmp_path, hosts)
         started = time.monotonic()
         prom = subprocess.Popen(
-            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=plog.open("wb"), start_new_session=True,
-        )  # fmt: skip
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=plog.open("wb"),
+            start_new_session=True,
+        )
         expected = {h.exporter for h in hosts} | {t for h in hosts for t in h.vllm}
 
         def all_up() -> bool:
@@ -373,8 +410,9 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
         except AssertionError:
             missing = "\n".join(
                 f"{grafana_to_promql(e)}: {sorted({str(s['metric'].get('host')) for s in answers.get(e) or []})}"
-                for e in exprs if not complete(e)
-            )  # fmt: skip
+                for e in exprs
+                if not complete(e)
+            )
             raise AssertionError(f"dashboard queries without their hosts' series:\n{missing}") from None
         queries_s = time.monotonic() - started
         # hwprofile's own `instance` label (the vLLM instance's name) is kept as exported_instance
@@ -400,10 +438,12 @@ def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
         def hot_alert() -> list[dict[str, Any]]:
             alerts = get_json(api + "/alerts")["data"]["alerts"]
             return [
-                a for a in alerts
-                if a["labels"]["alertname"] == "HwprofileGpuHot" and a["labels"].get("host") == "a800"
+                a
+                for a in alerts
+                if a["labels"]["alertname"] == "HwprofileGpuHot"
+                and a["labels"].get("host") == "a800"
                 and a["state"] in ("pending", "firing")
-            ]  # fmt: skip
+            ]
 
         (alert,) = wait_for(hot_alert, "HwprofileGpuHot pending", log=hosts[0].log)
         pending_s = time.monotonic() - heated

@@ -17,11 +17,21 @@ def test_the_readings_script_runs_against_the_fake(tmp_path, fake_nvml_dir) -> N
     host = build("a800-pcie-4x-2numa", tmp_path / "host")
     host.set_state(**{"dev2.temperature": 87, "dev2.clocks_event_reasons": 0x20})
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--seconds", "2"],
-                       env=host.env(fake_nvml_dir), capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--seconds", "2"],
+        env=host.env(fake_nvml_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
-    assert {p.name for p in out.iterdir()} == {"host.json", "once.json", "samples.json", "differences.json",
-                                               "differences.txt"}  # fmt: skip
+    assert {p.name for p in out.iterdir()} == {
+        "host.json",
+        "once.json",
+        "samples.json",
+        "differences.json",
+        "differences.txt",
+    }
     d = json.loads((out / "differences.json").read_text())
     assert len(d["gpus"]) == 4 and d["sampler_error"] is None
     assert d["clock_event_bits_not_named"] == [] and d["values_outside_the_fakes_ranges"] == []

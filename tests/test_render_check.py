@@ -31,9 +31,22 @@ def test_check_accepts_what_hwprofile_renders_and_rejects_planted_values(
 
     def render(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "hwprofile", "render", "--model", str(model), "--format", "argv", "--check", *extra],
-            env=env, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "render",
+                "--model",
+                str(model),
+                "--format",
+                "argv",
+                "--check",
+                *extra,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
 
     ok = render()
     assert ok.returncode == 0, ok.stderr
@@ -47,10 +60,25 @@ def test_check_accepts_what_hwprofile_renders_and_rejects_planted_values(
     gpu = build("rtx4090-1x", tmp_path / "gpu-host")
     gpu_env = {**env, **gpu.env(fake_nvml_dir)}
     old = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "render", "--model", str(model), "--format", "argv", "--check",
-         "--vllm-version", "0.6.3", "--set", "speculative.method=ngram"],
-        env=gpu_env, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "render",
+            "--model",
+            str(model),
+            "--format",
+            "argv",
+            "--check",
+            "--vllm-version",
+            "0.6.3",
+            "--set",
+            "speculative.method=ngram",
+        ],
+        env=gpu_env,
+        capture_output=True,
+        text=True,
+    )
     assert old.returncode == 1, old.stderr
     assert "rejected by vLLM" in old.stderr and "unrecognized arguments: --speculative-model" in old.stderr
 

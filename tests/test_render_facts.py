@@ -172,7 +172,9 @@ def oracle(version: str, argv: list[str], env: dict[str, str], inst: dict) -> tu
 def _render_everything(host_of, empty_root, name: str, model: str | None, sets: list[str] | None = None):
     host = host_of(name)
     host = host._replace(software=host.software._replace(numactl_path="/usr/bin/numactl"))
-    typed = make_plan(host, empty_root, model=model, sets=["server.vllm_command=vllm", *(sets or [])], environ={})
+    typed = make_plan(
+        host, empty_root, model=model, sets=["server.vllm_command=vllm", *(sets or [])], environ={}
+    )
     plan = typed.to_json()  # the oracle reads the plan's contract
     for version in known_versions():
         rel = release(version)
@@ -285,8 +287,12 @@ def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_pat
         )
     )
     host = host_of("rtx4090-1x")
-    typed = make_plan(host, empty_root, model=str(target), sets=["speculative.draft=Qwen/Qwen3-0.6B"], environ={})
-    assert typed.draft is None and all(i.speculative.method == "ngram" for i in typed.instances if i.speculative)
+    typed = make_plan(
+        host, empty_root, model=str(target), sets=["speculative.draft=Qwen/Qwen3-0.6B"], environ={}
+    )
+    assert typed.draft is None and all(
+        i.speculative.method == "ngram" for i in typed.instances if i.speculative
+    )
     assert any("hf download Qwen/Qwen3-0.6B" in w for w in typed.warnings), typed.warnings
     rendered = list(
         _render_everything(
@@ -299,8 +305,13 @@ def test_offline_target_never_gets_a_hub_only_draft(host_of, empty_root, tmp_pat
         assert "Qwen/Qwen3-0.6B" not in " ".join(r.argv), version
         assert not any("download" in w for w in r.warnings), version  # nothing left for render to switch
     with pytest.raises(PlanRefused, match=r"hf download Qwen/Qwen3-0\.6B"):
-        make_plan(host, empty_root, model=str(target), environ={},
-                  sets=["speculative.draft=Qwen/Qwen3-0.6B", "speculative.method=draft_model"])  # fmt: skip
+        make_plan(
+            host,
+            empty_root,
+            model=str(target),
+            environ={},
+            sets=["speculative.draft=Qwen/Qwen3-0.6B", "speculative.method=draft_model"],
+        )
 
 
 @pytest.mark.parametrize("installed", ["0.33.0", "0.22.0"])

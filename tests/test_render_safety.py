@@ -32,10 +32,17 @@ VERSION = "0.11.0"
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 SYSTEMD = "/usr/lib/systemd/systemd"
 TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 def _has_cc(value: str) -> bool:
@@ -85,9 +92,19 @@ def _model(world, name: str, value: str) -> str:
 
 def _render(world, capsys, *args: str) -> tuple[int, str, str]:
     argv = [
-        "render", "--from", str(world.snap), "--config-root", str(world.root), "--vllm-version", VERSION,
-        "--set", f"server.vllm_command={world.exe}", "--env-file", str(world.envfile), *args,
-    ]  # fmt: skip
+        "render",
+        "--from",
+        str(world.snap),
+        "--config-root",
+        str(world.root),
+        "--vllm-version",
+        VERSION,
+        "--set",
+        f"server.vllm_command={world.exe}",
+        "--env-file",
+        str(world.envfile),
+        *args,
+    ]
     capsys.readouterr()
     code = main(argv)
     out, err = capsys.readouterr()
@@ -164,10 +181,21 @@ def systemd_dump(units: dict[str, str], tmp: Path) -> dict[str, dict[str, Any]]:
         for p in d.iterdir():
             p.chmod(0o644)
         r = subprocess.run(
-            [*NOBODY, "env", "SYSTEMD_LOG_TARGET=console", f"SYSTEMD_UNIT_PATH={d}", SYSTEMD, "--test",
-             "--system", "--unit=all.target"],
-            capture_output=True, text=True, timeout=120, cwd="/",
-        )  # fmt: skip
+            [
+                *NOBODY,
+                "env",
+                "SYSTEMD_LOG_TARGET=console",
+                f"SYSTEMD_UNIT_PATH={d}",
+                SYSTEMD,
+                "--test",
+                "--system",
+                "--unit=all.target",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         dump = r.stdout + r.stderr
     finally:
@@ -338,9 +366,23 @@ def _reference(world, capsys, inputs: list[str]) -> dict[str, Any] | None:
 
 @pytest.fixture(scope="module")
 def baseline_keys(world) -> list[tuple[str, str]]:
-    args = ["render", "--from", str(world.snap), "--config-root", str(world.root), "--vllm-version", VERSION,
-            "--set", f"server.vllm_command={world.exe}", "--env-file", str(world.envfile),
-            "--model", _model(world, "plain", "tiny"), "--format", "systemd"]  # fmt: skip
+    args = [
+        "render",
+        "--from",
+        str(world.snap),
+        "--config-root",
+        str(world.root),
+        "--vllm-version",
+        VERSION,
+        "--set",
+        f"server.vllm_command={world.exe}",
+        "--env-file",
+        str(world.envfile),
+        "--model",
+        _model(world, "plain", "tiny"),
+        "--format",
+        "systemd",
+    ]
     r = subprocess.run([sys.executable, "-m", "hwprofile", *args], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return unit_lines(r.stdout)
@@ -461,8 +503,9 @@ def test_non_utf8_model_path_is_refused_not_mangled(world, capsys) -> None:
     ],
 )
 def test_env_file_is_plain_text(world, capsys, given, written) -> None:
-    code, out, err = _render(world, capsys, "--model", _model(world, "plain", "tiny"), "--format", "systemd",
-                             "--env-file", given)  # fmt: skip
+    code, out, err = _render(
+        world, capsys, "--model", _model(world, "plain", "tiny"), "--format", "systemd", "--env-file", given
+    )
     assert code == 0, err
     assert f"\nEnvironmentFile={written}\n" in out
     assert "__mro__" not in out or "{name.__class__.__mro__}" in out
@@ -472,8 +515,9 @@ def test_env_file_is_plain_text(world, capsys, given, written) -> None:
     "given", ["relative/{name}.env", "/etc/x\n[Service]\nUser=root", "/etc/x\r", "/etc/x ", "/x\\"]
 )
 def test_env_file_systemd_cannot_take_is_refused(world, capsys, given) -> None:
-    code, out, err = _render(world, capsys, "--model", _model(world, "plain", "tiny"), "--format", "systemd",
-                             "--env-file", given)  # fmt: skip
+    code, out, err = _render(
+        world, capsys, "--model", _model(world, "plain", "tiny"), "--format", "systemd", "--env-file", given
+    )
     assert code == 2 and "--env-file" in err and out == "", err
 
 
@@ -499,8 +543,9 @@ def test_output_files_are_atomic_and_0600(world, capsys, monkeypatch, tmp_path) 
     ino = f.stat().st_ino
     assert _render_env(world, capsys, monkeypatch, out)[0] == 0
     assert f.stat().st_ino != ino  # replaced by rename, not rewritten in place
-    code, _, err = _render(world, capsys, "--model", _model(world, "plain", "tiny"), "--format", "systemd",
-                           "--output", str(out))  # fmt: skip
+    code, _, err = _render(
+        world, capsys, "--model", _model(world, "plain", "tiny"), "--format", "systemd", "--output", str(out)
+    )
     assert code == 0 and stat.S_IMODE((out / "vllm-cpu.service").stat().st_mode) == 0o644
 
 
@@ -590,11 +635,34 @@ def test_output_dir_not_writable(world, tmp_path) -> None:
     if not shutil.which("unshare") or probe.returncode != 0:
         pytest.skip(f"cannot make a read-only mount here (unshare -m): {probe.stderr.strip()}")
     r = subprocess.run(
-        ["unshare", "-m", "sh", "-c", ro, str(out), sys.executable, "-m", "hwprofile", "render",
-         "--from", str(world.snap), "--config-root", str(world.root), "--vllm-version", VERSION,
-         "--model", _model(world, "plain", "tiny"), "--format", "systemd", "--output", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            ro,
+            str(out),
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "render",
+            "--from",
+            str(world.snap),
+            "--config-root",
+            str(world.root),
+            "--vllm-version",
+            VERSION,
+            "--model",
+            _model(world, "plain", "tiny"),
+            "--format",
+            "systemd",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert str(out / "vllm-cpu.service") in r.stderr and "Read-only file system" in r.stderr
     assert "Traceback" not in r.stderr and list(out.iterdir()) == []
@@ -614,8 +682,9 @@ def test_unsafe_instance_names_are_refused(world, capsys, monkeypatch, tmp_path,
     out = tmp_path / "a" / "b" / "out"
     before = sorted(p for p in tmp_path.rglob("*"))
     for fmt in output.FORMATS:
-        code, _, err = _render(world, capsys, "--model", _model(world, "plain", "tiny"), "--format", fmt,
-                               "--output", str(out))  # fmt: skip
+        code, _, err = _render(
+            world, capsys, "--model", _model(world, "plain", "tiny"), "--format", fmt, "--output", str(out)
+        )
         assert code == 2 and "instance name" in err, (fmt, err)
     assert sorted(p for p in tmp_path.rglob("*")) == before
     with pytest.raises(output.UnsafeValue):

@@ -48,8 +48,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from hwprofile.render.versions import release
 
     base = tmp_path_factory.mktemp("fake")
-    return {"model": fake_model(base / "model"), "shim": fake_vllm_shim(base / "vllm"), "host": detect_host(),
-            "release": release("0.32.0")}  # fmt: skip
+    return {
+        "model": fake_model(base / "model"),
+        "shim": fake_vllm_shim(base / "vllm"),
+        "host": detect_host(),
+        "release": release("0.32.0"),
+    }
 
 
 @pytest.fixture
@@ -64,9 +68,18 @@ def inputs(world: dict[str, Any], rt: Path, router: str | None, *extra: str) -> 
     host = world["host"]._replace(software=world["host"].software._replace(router_path=router))
     base = free_ports(2)
     front = free_ports(2)  # the router's port and its metrics port after it
-    sets = ("engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
-            "server.shutdown_timeout=2", f"server.port={base}", f"server.vllm_command={world['shim']}",
-            "layout.replicas=2", "layout.shape=servers", f"layout.endpoint_port={front}", *extra)  # fmt: skip
+    sets = (
+        "engine.max_model_len=512",
+        "cpu.kv_cache_space_gib=0.0625",
+        "speculative.method=none",
+        "server.shutdown_timeout=2",
+        f"server.port={base}",
+        f"server.vllm_command={world['shim']}",
+        "layout.replicas=2",
+        "layout.shape=servers",
+        f"layout.endpoint_port={front}",
+        *extra,
+    )
     return PlanInputs(host, str(rt / "etc"), sets=sets, model=str(world["model"]))
 
 
@@ -139,8 +152,9 @@ def test_the_supervisor_runs_restarts_and_stops_the_router(world, rt, monkeypatc
     monkeypatch.setenv("FAKEVLLM_READY_DELAY", "0.2")
     i = inputs(world, rt, router)
     plan = i.replan()
-    supervise = Supervise(ready_timeout=60, backoff_initial=0.1, backoff_max=1.0, stop_margin=3.0,
-                          retry_failed_s=0.0)  # fmt: skip
+    supervise = Supervise(
+        ready_timeout=60, backoff_initial=0.1, backoff_max=1.0, stop_margin=3.0, retry_failed_s=0.0
+    )
     opts = Options.from_settings(supervise, Logs(), rt / "run", rt / "logs", poll_interval=0.1)
     sup = Supervisor(plan, world["release"], "/nonexistent/vllm", None, opts, router=router)
     assert sup.front is not None

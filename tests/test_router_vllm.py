@@ -58,12 +58,24 @@ def served(port: int) -> float:
 
 def test_two_servers_behind_the_router_and_behind_nginx(tiny, tmp_path) -> None:
     base, front = free_ports(2), free_ports(4)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML"))},
-           "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML"))},
+        "HWPROFILE_RUNTIME_DIR": str(tmp_path / "rt"),
+        "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"),
+    }
     (tmp_path / "etc").mkdir()
-    sets = ["layout.replicas=2", "layout.shape=servers", "speculative.method=none", "cpu.kv_cache_space_gib=0.0625",
-            "engine.max_model_len=512", "engine.enforce_eager=true", f"server.port={base}",
-            f"layout.endpoint_port={front}", "supervise.backoff_initial=0.5", f"logs.dir={tmp_path / 'logs'}"]  # fmt: skip
+    sets = [
+        "layout.replicas=2",
+        "layout.shape=servers",
+        "speculative.method=none",
+        "cpu.kv_cache_space_gib=0.0625",
+        "engine.max_model_len=512",
+        "engine.enforce_eager=true",
+        f"server.port={base}",
+        f"layout.endpoint_port={front}",
+        "supervise.backoff_initial=0.5",
+        f"logs.dir={tmp_path / 'logs'}",
+    ]
     args = ["--model", str(tiny), *[f"--set={s}" for s in sets]]
     up = hw(env, "launch", *args)
     try:

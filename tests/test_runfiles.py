@@ -57,7 +57,9 @@ def victim() -> Iterator[Identity]:
 
 
 def record(**over: Any) -> dict[str, Any]:
-    rec = InstanceRecord("vllm-cpu", "ready", 12, Identity(12, 34), "http://127.0.0.1:8000", 12.0, "/l", "/l/v.log")
+    rec = InstanceRecord(
+        "vllm-cpu", "ready", 12, Identity(12, 34), "http://127.0.0.1:8000", 12.0, "/l", "/l/v.log"
+    )
     return {**rec.to_json(), **over}
 
 
@@ -90,7 +92,9 @@ def test_published_schemas_are_the_contracts(kind: type) -> None:
 
 def test_documents_round_trip_and_validate_against_their_schema(rt: Path, victim: Identity) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    doc = SupervisorDoc.from_json(state(victim, ladder=[{"rung": "r", "change": "c", "because": "b", "set": "s"}]))
+    doc = SupervisorDoc.from_json(
+        state(victim, ladder=[{"rung": "r", "change": "c", "because": "b", "set": "s"}])
+    )
     write_doc(rt / STATE_FILE, doc)
     assert stat.S_IMODE(os.stat(rt / STATE_FILE).st_mode) == 0o600
     back = read_doc(rt / STATE_FILE, SupervisorDoc)
@@ -100,8 +104,16 @@ def test_documents_round_trip_and_validate_against_their_schema(rt: Path, victim
     assert last.ended_at == 123.0 and all(i.process is None for i in last.instances)
     assert "ended at" in last.how_it_ended() and "stopped by SIGTERM" in last.how_it_ended()
     assert "ended without cleaning up" in doc.how_it_ended()
-    d = {"schema": runfiles.DAEMON_SCHEMA, "updated_at": time.time(), "pid": 1, "ticks": 3, "missed_ticks": 0,
-         "watch": {"interval": 1.0}, "gpus": [{"index": 0, "thermal_state": "ok"}], "instances": []}  # fmt: skip
+    d = {
+        "schema": runfiles.DAEMON_SCHEMA,
+        "updated_at": time.time(),
+        "pid": 1,
+        "ticks": 3,
+        "missed_ticks": 0,
+        "watch": {"interval": 1.0},
+        "gpus": [{"index": 0, "thermal_state": "ok"}],
+        "instances": [],
+    }
     write_doc(rt / DAEMON_FILE, DaemonDoc.from_json(d))
     got = read_doc(rt / DAEMON_FILE, DaemonDoc)
     assert got is not None and got.current(time.time()) and not got.current(time.time() + 16)
@@ -122,7 +134,7 @@ MALFORMED = {
     "supervisor-pids-differ": {**state(), "supervisor_pid": 1},
     "wrong-schema": {**state(), "schema": "hwprofile.state/9"},
     "a-list": [state()],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
@@ -134,9 +146,13 @@ def test_malformed_documents_are_refused_naming_the_file(rt: Path, name: str) ->
 
 @pytest.mark.parametrize(
     "text, why",
-    [('{"stop_grace_s": NaN}', "NaN and Infinity"), ('{"a": 1, "a": 2}', "appears twice"),
-     ("{broken", "invalid JSON"), (b"\xff\xfe", "not UTF-8")],
-)  # fmt: skip
+    [
+        ('{"stop_grace_s": NaN}', "NaN and Infinity"),
+        ('{"a": 1, "a": 2}', "appears twice"),
+        ("{broken", "invalid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
+)
 def test_text_that_is_not_strict_json_is_refused(rt: Path, text: str | bytes, why: str) -> None:
     path = rt / STATE_FILE
     (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)  # type: ignore[operator]
@@ -144,7 +160,9 @@ def test_text_that_is_not_strict_json_is_refused(rt: Path, text: str | bytes, wh
         read_doc(path, SupervisorDoc)
 
 
-def test_a_link_a_fifo_a_device_and_an_oversized_file_are_refused_without_hanging(rt: Path, tmp_path: Path) -> None:
+def test_a_link_a_fifo_a_device_and_an_oversized_file_are_refused_without_hanging(
+    rt: Path, tmp_path: Path
+) -> None:
     target = put(tmp_path / "elsewhere.json", state())
     (rt / STATE_FILE).symlink_to(target)
     with pytest.raises(RunFileError, match="a symbolic link"):

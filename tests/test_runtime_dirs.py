@@ -26,10 +26,18 @@ from hwprofile.supervise.logs import RotatingLog
 from hwprofile.supervise.runfiles import LAUNCH_FILE, RunFileError
 
 NOBODY = 65534
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "max_position_embeddings": 2048, "vocab_size": 2048,
-          "torch_dtype": "bfloat16"}  # fmt: skip
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "vocab_size": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 def mode(p: Path) -> int:
@@ -68,8 +76,9 @@ def other_users_dir() -> Iterator[Path]:
     parent = Path(tempfile.mkdtemp(prefix="hwpt-dirs-", dir="/tmp"))
     parent.chmod(0o1777)
     d = parent / "theirs"
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "mkdir", str(d)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "mkdir", str(d)], check=True
+    )
     assert os.lstat(d).st_uid == NOBODY
     yield d
     shutil.rmtree(parent, ignore_errors=True)
@@ -183,9 +192,7 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
         private_dir(tmp_path / "run")
 
 
-def test_the_cli_refuses_with_the_reason(
-    tmp_path: Path, inputs: PlanInputs, other_users_dir: Path
-) -> None:
+def test_the_cli_refuses_with_the_reason(tmp_path: Path, inputs: PlanInputs, other_users_dir: Path) -> None:
     victim = other_users_dir
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -194,10 +201,20 @@ def test_the_cli_refuses_with_the_reason(
     from vllmtools import fake_vllm_shim
 
     shim = fake_vllm_shim(tmp_path / "vllm")  # a vLLM to run, so that the directory is what refuses
-    args = ["--model", str(inputs.model), *(f"--set={s}" for s in inputs.sets), f"--set=logs.dir={logs}",
-            f"--set=server.vllm_command={shim}"]  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "hwprofile", "launch", "--runtime-dir", str(victim), *args],
-                       env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    args = [
+        "--model",
+        str(inputs.model),
+        *(f"--set={s}" for s in inputs.sets),
+        f"--set=logs.dir={logs}",
+        f"--set=server.vllm_command={shim}",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "launch", "--runtime-dir", str(victim), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert "hwprofile: error:" in r.stderr and "owned by uid 65534" in r.stderr
     assert "Traceback" not in r.stderr and not list(victim.iterdir())

@@ -35,8 +35,11 @@ def install(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hwprofile", "install-service", *extra],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def test_install_service_writes_this_installations_unit(tmp_path) -> None:
@@ -74,9 +77,13 @@ def test_install_service_writes_this_installations_unit(tmp_path) -> None:
 
 
 def test_user_unit_and_daemon_reload_without_a_manager(tmp_path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-           "XDG_RUNTIME_DIR": str(tmp_path / "nonexistent-run"),
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+        "XDG_RUNTIME_DIR": str(tmp_path / "nonexistent-run"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
     r = install(tmp_path, "--user", "--", "--model", "/srv/m", env=env)
     assert r.returncode == 0, r.stderr
     unit = (tmp_path / "cfg" / "systemd" / "user" / "hwprofile.service").read_text()
@@ -215,8 +222,13 @@ def _install(
 ) -> subprocess.CompletedProcess[str]:
     e = {**os.environ, "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc"), **(env or {})}
     (tmp_path / "etc").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "hwprofile", "install-service", "--prefix", str(tmp_path / "out"),
-                           *args], env=e, capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hwprofile", "install-service", "--prefix", str(tmp_path / "out"), *args],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize(

@@ -151,8 +151,13 @@ _FALLBACK = re.compile(r"settings\.\w+(?:\.\w+)*\s+or\s+\S|\.get\(\s*[\"'](?:" +
 
 def test_code_reads_settings_without_fallbacks() -> None:
     pkg = Path(__file__).parents[1] / "hwprofile"
-    files = [*pkg.glob("plan/*.py"), *pkg.glob("launch/*.py"), *pkg.glob("cli/*.py"), *pkg.glob("daemon/*.py"),
-             pkg / "pipeline.py"]  # fmt: skip
+    files = [
+        *pkg.glob("plan/*.py"),
+        *pkg.glob("launch/*.py"),
+        *pkg.glob("cli/*.py"),
+        *pkg.glob("daemon/*.py"),
+        pkg / "pipeline.py",
+    ]
     found = [f"{f.name}: {m.group()}" for f in files for m in _FALLBACK.finditer(f.read_text())]
     assert found == []
     assert _FALLBACK.search('timeout = float(plan.supervise.get("ready_timeout", 900))')  # what it finds

@@ -93,8 +93,13 @@ def test_forced_shapes(host_of, empty_root) -> None:
 def test_cpu_replicas_as_servers_or_data_parallel(host_of, empty_root, tmp_path) -> None:
     model = fake_model(tmp_path / "m")
     host = host_of("no-driver")
-    two = make_plan(host, empty_root, environ={}, model=str(model),
-                    sets=["layout.replicas=2", "layout.shape=servers", "speculative.method=none"])  # fmt: skip
+    two = make_plan(
+        host,
+        empty_root,
+        environ={},
+        model=str(model),
+        sets=["layout.replicas=2", "layout.shape=servers", "speculative.method=none"],
+    )
     assert [(i.name, i.server.port) for i in two.instances] == [("vllm-cpu0", 8000), ("vllm-cpu1", 8001)]
     dp = make_plan(
         host, empty_root, environ={}, model=str(model), sets=["layout.replicas=2", "speculative.method=none"]
@@ -133,7 +138,7 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
         f"events {{ worker_connections 64; }}\n"
         f"http {{ access_log off; client_body_temp_path {conf}/tmp; proxy_temp_path {conf}/tmp;\n"
         f"  include {conf}/conf.d/*.conf; }}\n"
-    )  # fmt: skip
+    )
     assert (
         subprocess.run(
             [nginx, "-t", "-p", str(conf), "-c", str(conf / "nginx.conf")], capture_output=True
@@ -196,8 +201,14 @@ def test_real_nginx_gives_two_servers_one_url(host_of, empty_root, tmp_path) -> 
         metrics = [
             opener.open(f"http://127.0.0.1:{base + i}/metrics", timeout=5).read().decode() for i in range(2)
         ]
-        served = [sum(float(ln.rsplit(" ", 1)[1]) for ln in m.splitlines()
-                      if ln.startswith("vllm:request_success_total")) for m in metrics]  # fmt: skip
+        served = [
+            sum(
+                float(ln.rsplit(" ", 1)[1])
+                for ln in m.splitlines()
+                if ln.startswith("vllm:request_success_total")
+            )
+            for m in metrics
+        ]
         assert all(n >= 1 for n in served), served  # both servers took requests
         servers[0].terminate()
         servers[0].wait(10)

@@ -132,8 +132,16 @@ def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> Non
     assert "not run" in _simulated_lines({"not_simulated": "2048 clients"})[0]
     fig = {"value": 1.0, "source": "simulated: x", "band": None, "band_unknown": "no validation points"}
     banded = fig | {"band": {"ratio_lo": 0.9, "ratio_hi": 1.2, "points": 5}}
-    lines = _simulated_lines({"regime": "loaded", "preemptions": 0, "peak_running": 4, "ttft_ms": banded,
-                              "tpot_ms": fig, "output_tokens_per_s": fig})  # fmt: skip
+    lines = _simulated_lines(
+        {
+            "regime": "loaded",
+            "preemptions": 0,
+            "peak_running": 4,
+            "ttft_ms": banded,
+            "tpot_ms": fig,
+            "output_tokens_per_s": fig,
+        }
+    )
     assert "band x0.9-x1.2 of measured (5 points)" in lines[1] and "band unknown" in lines[2]
 
 
@@ -160,8 +168,9 @@ def test_a_wave_s_early_requests_decode_through_the_prompts_behind_them() -> Non
     figs = sim.figures(res, sim.Arrivals("burst", 4, 2048, 101), "test")
     assert figs["decode_rate_sum_tok_s"]["value"] == pytest.approx(res.decode_rate_sum(), rel=1e-3)
     loop = sim.Arrivals("concurrency", 8, 2048, 101, concurrency=4)
-    assert "decode_rate_sum_tok_s" not in sim.figures(sim.simulate(flat(per_token, decode_s), engine(), loop),
-                                                       loop, "test")  # fmt: skip
+    assert "decode_rate_sum_tok_s" not in sim.figures(
+        sim.simulate(flat(per_token, decode_s), engine(), loop), loop, "test"
+    )
 
 
 def test_the_analytic_wave_agrees_with_the_simulated_scheduler() -> None:
@@ -181,8 +190,11 @@ def test_the_analytic_wave_agrees_with_the_simulated_scheduler() -> None:
     for n in (2, 4, 8):
         wl = pm.Workload(8192, 128, n)
         rates = pm.wave_decode_rates(gpu, shape, cand, wl, n)
-        res = sim.simulate(pm.step_cost(gpu, shape, cand), engine(max_num_batched_tokens=8192),
-                           sim.Arrivals("burst", n, 8192, 128))  # fmt: skip
+        res = sim.simulate(
+            pm.step_cost(gpu, shape, cand),
+            engine(max_num_batched_tokens=8192),
+            sim.Arrivals("burst", n, 8192, 128),
+        )
         simulated = [1 / r.tpot_s for r in res.requests]
         assert len(rates) == n and rates == sorted(rates), rates
         assert sum(rates) == pytest.approx(sum(simulated), rel=0.20), (n, rates, simulated)
@@ -193,7 +205,8 @@ def test_the_analytic_wave_agrees_with_the_simulated_scheduler() -> None:
     # the analytic prediction carries the wave as a term
     p = pm.predict(gpu, shape, cand, pm.Workload(8192, 128, 4), None)
     wave = next(t for t in p.terms if t["term"].startswith("wave:"))
-    assert wave["tok_s"] == pytest.approx(sum(pm.wave_decode_rates(gpu, shape, cand, pm.Workload(8192, 128, 4), 4)),
-                                          rel=1e-3)  # fmt: skip
+    assert wave["tok_s"] == pytest.approx(
+        sum(pm.wave_decode_rates(gpu, shape, cand, pm.Workload(8192, 128, 4), 4)), rel=1e-3
+    )
     single = pm.predict(gpu, shape, cand, pm.Workload(8192, 128, 1), None)
     assert not any(t["term"].startswith("wave:") for t in single.terms)

@@ -14,10 +14,17 @@ from hwprofile.plan import PlanRefused
 from hwprofile.plan.specpath import PATH_METHODS, method_from_path
 
 TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 def model_dir(parent: Path, name: str, **extra: object) -> Path:
@@ -82,8 +89,14 @@ def test_a_draft_whose_path_names_eagle_is_refused(host_of, empty_root, tmp_path
     target = model_dir(tmp_path, "target-eagle3-named", num_hidden_layers=24)
     draft = model_dir(tmp_path, "EAGLE-draft")
     with pytest.raises(PlanRefused) as e:
-        make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, model=str(target), draft=str(draft),
-                  sets=["speculative.method=draft_model"])  # fmt: skip
+        make_plan(
+            host_of("a100-80g-pcie-1x"),
+            empty_root,
+            environ={},
+            model=str(target),
+            draft=str(draft),
+            sets=["speculative.method=draft_model"],
+        )
     assert (
         str(draft) in str(e.value)
         and "the draft model's path" in str(e.value)
@@ -91,8 +104,14 @@ def test_a_draft_whose_path_names_eagle_is_refused(host_of, empty_root, tmp_path
     )
     neutral = tmp_path / "small-draft"
     neutral.symlink_to(draft)
-    p = make_plan(host_of("a100-80g-pcie-1x"), empty_root, environ={}, model=str(target), draft=str(neutral),
-                  sets=["speculative.method=draft_model"]).to_json()  # fmt: skip
+    p = make_plan(
+        host_of("a100-80g-pcie-1x"),
+        empty_root,
+        environ={},
+        model=str(target),
+        draft=str(neutral),
+        sets=["speculative.method=draft_model"],
+    ).to_json()
     assert p["instances"][0]["speculative"]["method"] == "draft_model"
 
 

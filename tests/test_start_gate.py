@@ -78,7 +78,12 @@ def test_held_then_released_waits_then_goes() -> None:
     clock = Clock()
     used = {"now": 1 * GiB}
     read = lambda gpus: {g: reading(used["now"]) for g in gpus}  # noqa: E731
-    gate = StartGate(read, 60.0, clock=clock, sleep=lambda s: (clock.sleep(s), used.update(now=8 * GiB if clock.t < 7 else 1 * GiB))[1] or False)  # fmt: skip
+    gate = StartGate(
+        read,
+        60.0,
+        clock=clock,
+        sleep=lambda s: (clock.sleep(s), used.update(now=8 * GiB if clock.t < 7 else 1 * GiB))[1] or False,
+    )
     gate.take_baseline([0])
     used["now"] = 8 * GiB  # the previous process still holds its memory
     notes: list[str] = []
@@ -169,10 +174,22 @@ def test_no_library_is_said_in_every_reading(monkeypatch, tmp_path: Path) -> Non
 
 
 def gpu_supervisor(w: dict[str, Any], where: Path, host: Any, read: Any, bound: float) -> Supervisor:
-    inputs = plan_inputs(w, where, "engine.gpu_memory_utilization=0.6", "engine.max_model_len=1024",
-                         "speculative.method=none", host=host)  # fmt: skip
-    sup = Supervise(ready_timeout=20, max_restarts=3, backoff_initial=0.1, backoff_max=1.0, stop_margin=3.0,
-                    gpu_free_timeout=bound)  # fmt: skip
+    inputs = plan_inputs(
+        w,
+        where,
+        "engine.gpu_memory_utilization=0.6",
+        "engine.max_model_len=1024",
+        "speculative.method=none",
+        host=host,
+    )
+    sup = Supervise(
+        ready_timeout=20,
+        max_restarts=3,
+        backoff_initial=0.1,
+        backoff_max=1.0,
+        stop_margin=3.0,
+        gpu_free_timeout=bound,
+    )
     opts = Options.from_settings(
         sup, Logs(), where / "run", where / "logs", poll_interval=0.05, gpu_memory=read
     )
@@ -274,8 +291,9 @@ def test_a_cpu_instance_skips_the_gate(world, rt, fake_env) -> None:  # noqa: F8
         return {}
 
     inputs = plan_inputs(world, rt)
-    opts = Options.from_settings(Supervise(ready_timeout=20), Logs(), rt / "run", rt / "logs", poll_interval=0.05,
-                                 gpu_memory=read)  # fmt: skip
+    opts = Options.from_settings(
+        Supervise(ready_timeout=20), Logs(), rt / "run", rt / "logs", poll_interval=0.05, gpu_memory=read
+    )
     sup = Supervisor(inputs.replan(), world["release"], "/nonexistent/vllm", None, opts)
     try:
         assert sup.instances[0].inst.device == "cpu"

@@ -20,7 +20,10 @@ def calls_to(tree: ast.Module, name: str) -> int:
         1
         for n in ast.walk(tree)
         if isinstance(n, ast.Call)
-        and ((isinstance(n.func, ast.Name) and n.func.id == name) or (isinstance(n.func, ast.Attribute) and n.func.attr == name))
+        and (
+            (isinstance(n.func, ast.Name) and n.func.id == name)
+            or (isinstance(n.func, ast.Attribute) and n.func.attr == name)
+        )
     )
 
 
@@ -53,18 +56,17 @@ def test_nvml_is_spoken_only_inside_host() -> None:
 def test_http_is_spoken_in_one_module() -> None:
     """Every request to a server goes through telemetry/http.py (no proxy, a deadline, a cap)."""
     clients = {
-        path for path, tree in modules().items()
+        path
+        for path, tree in modules().items()
         if {"urllib.request", "http.client", "http.client.HTTPConnection"} & imported(tree)
         or any(n.startswith("urllib.request") for n in imported(tree))
-    }  # fmt: skip
+    }
     assert clients <= {"hwprofile/telemetry/http.py", "hwprofile/telemetry/scrape.py"}, clients
 
 
 def test_run_time_files_are_named_in_one_module() -> None:
     names = ('"state.json"', '"last.json"', '"launch.json"', '"daemon.json"', '"supervisor.lock"')
-    where = {
-        p for p in (PACKAGE.rglob("*.py")) for name in names if name in p.read_text()
-    }
+    where = {p for p in (PACKAGE.rglob("*.py")) for name in names if name in p.read_text()}
     assert {str(p.relative_to(PACKAGE.parent)) for p in where} == {"hwprofile/supervise/runfiles.py"}
 
 
@@ -90,7 +92,9 @@ def import_graph() -> dict[str, set[str]]:
                 out.update(subs or ({target} & names.keys()))
         # importing a.b.c runs the __init__ of a.b first (but a module's own packages are already running)
         own = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)}
-        out.update({t.rsplit(".", i)[0] for t in out for i in range(1, t.count(".") + 1)} & names.keys() - own)
+        out.update(
+            {t.rsplit(".", i)[0] for t in out for i in range(1, t.count(".") + 1)} & names.keys() - own
+        )
         out.discard(name)
     return graph
 

@@ -65,16 +65,31 @@ def test_classify(text: str) -> None:
 def _inst(device: str = "cuda") -> InstancePlan:
     cuda = device == "cuda"
     return InstancePlan(
-        name="vllm-gpu0" if cuda else "vllm-cpu", device=device, gpus=(0,) if cuda else (), gpu_name=None,
-        numa_node=None, cpus=None, tensor_parallel_size=1, pipeline_parallel_size=1,
+        name="vllm-gpu0" if cuda else "vllm-cpu",
+        device=device,
+        gpus=(0,) if cuda else (),
+        gpu_name=None,
+        numa_node=None,
+        cpus=None,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
         server=ServerSettings("127.0.0.1", 8000, None, None, 10, None, None, True, ()),
-        engine=EngineSettings(gpu_memory_utilization=0.6 if cuda else None, max_model_len=1024, max_num_seqs=4,
-                              max_num_batched_tokens=2048, kv_cache_dtype="auto", quantization=None, dtype="auto",
-                              enforce_eager=False, enable_prefix_caching=True, enable_chunked_prefill=True),
+        engine=EngineSettings(
+            gpu_memory_utilization=0.6 if cuda else None,
+            max_model_len=1024,
+            max_num_seqs=4,
+            max_num_batched_tokens=2048,
+            kv_cache_dtype="auto",
+            quantization=None,
+            dtype="auto",
+            enforce_eager=False,
+            enable_prefix_caching=True,
+            enable_chunked_prefill=True,
+        ),
         speculative=SpeculativeConfig("ngram", None, 3),
         memory=MemoryFit(*[0] * 12),
         estimate=Estimate(),
-    )  # fmt: skip
+    )
 
 
 def _with(inst: InstancePlan, **engine) -> InstancePlan:
@@ -101,15 +116,31 @@ def _walk(inst: InstancePlan, min_model_len: int = 256) -> tuple[InstancePlan, l
 def test_ladder_goes_down_one_step_at_a_time_then_stops() -> None:
     original = _inst()
     inst, taken = _walk(original)
-    assert [t.rung for t in taken] == ["memory share", "memory share", "context length", "context length",
-                                       "concurrent sequences", "concurrent sequences", "eager mode",
-                                       "speculative decoding"]  # fmt: skip
+    assert [t.rung for t in taken] == [
+        "memory share",
+        "memory share",
+        "context length",
+        "context length",
+        "concurrent sequences",
+        "concurrent sequences",
+        "eager mode",
+        "speculative decoding",
+    ]
     assert [t.set for t in taken] == [
-        "engine.gpu_memory_utilization=0.55", "engine.gpu_memory_utilization=0.5", "engine.max_model_len=512",
-        "engine.max_model_len=256", "engine.max_num_seqs=2", "engine.max_num_seqs=1", "engine.enforce_eager=true",
-        "speculative.method=none"]  # fmt: skip
+        "engine.gpu_memory_utilization=0.55",
+        "engine.gpu_memory_utilization=0.5",
+        "engine.max_model_len=512",
+        "engine.max_model_len=256",
+        "engine.max_num_seqs=2",
+        "engine.max_num_seqs=1",
+        "engine.enforce_eager=true",
+        "speculative.method=none",
+    ]
     assert [t.change for t in taken][:3] == [
-        "gpu_memory_utilization 0.6 -> 0.55", "gpu_memory_utilization 0.55 -> 0.5", "max_model_len 1024 -> 512"]  # fmt: skip
+        "gpu_memory_utilization 0.6 -> 0.55",
+        "gpu_memory_utilization 0.55 -> 0.5",
+        "max_model_len 1024 -> 512",
+    ]
     assert taken[-1].change == "ngram speculation dropped (draft weights and KV freed)"
     assert inst.engine.gpu_memory_utilization == 0.5 and inst.engine.max_model_len == 256
     assert inst.engine.max_num_seqs == 1 and inst.engine.enforce_eager and inst.speculative is None
@@ -121,7 +152,9 @@ def test_ladder_never_halves_the_context_below_min_model_len() -> None:
     inst = _with(_inst("cpu"), max_model_len=8192)
     _, taken = _walk(inst, min_model_len=3000)
     assert [t.set for t in taken if t.rung == "context length"] == [
-        "engine.max_model_len=4096", "engine.max_model_len=3000"]  # fmt: skip
+        "engine.max_model_len=4096",
+        "engine.max_model_len=3000",
+    ]
     inst = _with(inst, max_model_len=2048)  # already below the floor: the rung is skipped
     assert next_rung(inst, [], 3000).rung == "concurrent sequences"
 
@@ -164,14 +197,24 @@ def test_startup_verification_reports_both_values(host_of, empty_root) -> None:
         + "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 512 tokens, Maximum concurrency\n"
     )
     assert started["kv_cache_tokens"] == 512 and started["non_default_args"]["max_model_len"] == 512
-    real = make_plan(host_of("no-driver"), empty_root, model="Qwen/Qwen3-0.6B", sets=["speculative.method=none"],
-                     environ={}).instances[0]  # fmt: skip
+    real = make_plan(
+        host_of("no-driver"),
+        empty_root,
+        model="Qwen/Qwen3-0.6B",
+        sets=["speculative.method=none"],
+        environ={},
+    ).instances[0]
     inst = dataclasses.replace(
         real,
-        engine=dataclasses.replace(real.engine, max_model_len=512, max_num_seqs=4, enforce_eager=True,
-                                   kv_cache_memory_bytes=64 * 2**20),
+        engine=dataclasses.replace(
+            real.engine,
+            max_model_len=512,
+            max_num_seqs=4,
+            enforce_eager=True,
+            kv_cache_memory_bytes=64 * 2**20,
+        ),
         memory=dataclasses.replace(real.memory, kv_tokens=131072, block_size=128, vllm_logged_kv_tokens=None),
-    )  # fmt: skip
+    )
     warnings = compare(inst, started)
     assert "kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in warnings
     assert "KV cache: planned 131072 tokens, vLLM reports 512 tokens" in warnings
@@ -247,7 +290,10 @@ def test_the_start_up_progress_note_is_vllm_s_message_cut_at_its_end() -> None:
 
     line = "(APIServer pid=1234) INFO 12-04 19:00:00 [api_server.py:12] Starting vLLM API server on http://127.0.0.1:8000"
     assert progress_text(line) == "Starting vLLM API server on http://127.0.0.1:8000"
-    long = "(EngineCore_DP0 pid=9) WARNING 12-04 19:00:01 [cpu.py:3] with error current limit exceeds " + "x" * 200
+    long = (
+        "(EngineCore_DP0 pid=9) WARNING 12-04 19:00:01 [cpu.py:3] with error current limit exceeds "
+        + "x" * 200
+    )
     said = progress_text(long, width=60)
     assert said.startswith("with error current limit exceeds") and said.endswith("…") and len(said) == 60
     assert progress_text("  a plain line ") == "a plain line"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import runcli
 from clock import ManualClock
 from vllmtools import fake_model, fake_vllm_shim, free_port
 from waiting import wait_for
@@ -105,9 +106,15 @@ def fake_env(monkeypatch: pytest.MonkeyPatch, rt: Path) -> Iterator[Path]:
 
 
 def sets_for(world: dict[str, Any], port: int, *extra: str) -> list[str]:
-    return ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", "speculative.method=none",
-            "server.shutdown_timeout=2", f"server.port={port}", f"server.vllm_command={world['shim']}",
-            *extra]  # fmt: skip
+    return [
+        "engine.max_model_len=512",
+        "cpu.kv_cache_space_gib=0.0625",
+        "speculative.method=none",
+        "server.shutdown_timeout=2",
+        f"server.port={port}",
+        f"server.vllm_command={world['shim']}",
+        *extra,
+    ]
 
 
 def plan_inputs(world: dict[str, Any], rt: Path, *extra: str, host: Any = None) -> PlanInputs:
@@ -121,17 +128,29 @@ def make_supervisor(
 ) -> Supervisor:
     """A supervisor wired as ``launch`` wires it: the plan and its re-plans from the same inputs."""
     inputs = plan_inputs(world, rt, *extra, host=host)
-    supervise = {"ready_timeout": 20, "max_restarts": 3, "backoff_initial": 0.1, "backoff_max": 1.0,
-                 "stop_margin": 3.0, "unhealthy_s": 30.0, "restart_window_s": 600.0, "retry_failed_s": 0.0,
-                 "retry_failed_max_s": 3600.0}  # fmt: skip
+    supervise = {
+        "ready_timeout": 20,
+        "max_restarts": 3,
+        "backoff_initial": 0.1,
+        "backoff_max": 1.0,
+        "stop_margin": 3.0,
+        "unhealthy_s": 30.0,
+        "restart_window_s": 600.0,
+        "retry_failed_s": 0.0,
+        "retry_failed_max_s": 3600.0,
+    }
     rest: dict[str, Any] = {"poll_interval": 0.05, "min_model_len": inputs.min_model_len()}
     for k, v in opts.items():
         (supervise if k in supervise else rest)[k] = v
     options = Options.from_settings(Supervise(**supervise), Logs(), rt / "run", rt / "logs", **rest)
     return Supervisor(
-        inputs.replan(), world["release"], "/nonexistent/vllm", None, options,
+        inputs.replan(),
+        world["release"],
+        "/nonexistent/vllm",
+        None,
+        options,
         replan=inputs.replan if replan else None,
-    )  # fmt: skip
+    )
 
 
 def flag_values(path: Path, name: str) -> list[str | None]:
@@ -190,11 +209,17 @@ def members(pgid: int) -> str:
     rows = []
     for m in group_members(pgid):
         try:
-            st = dict(ln.split(":\t", 1) for ln in Path(f"/proc/{m.pid}/status").read_text().splitlines() if ":\t" in ln)
+            st = dict(
+                ln.split(":\t", 1)
+                for ln in Path(f"/proc/{m.pid}/status").read_text().splitlines()
+                if ":\t" in ln
+            )
             cmd = Path(f"/proc/{m.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        sig = " ".join(f"{k}={st.get(k, '?').strip()}" for k in ("SigBlk", "SigIgn", "SigCgt", "ShdPnd", "SigPnd"))
+        sig = " ".join(
+            f"{k}={st.get(k, '?').strip()}" for k in ("SigBlk", "SigIgn", "SigCgt", "ShdPnd", "SigPnd")
+        )
         rows.append(f"{m.pid} {st.get('State', '?').strip()} {st.get('Name', '?').strip()} {sig} {cmd[:200]}")
     return "\n".join(rows) or "(none)"
 
@@ -376,7 +401,10 @@ def test_failed_starts_back_off_exponentially(world, rt, fake_env, monkeypatch, 
         # machine only adds to it)
         t = [s["t"] for s in starts(fake_env)]
         gaps = [b - a for a, b in itertools.pairwise(t)]
-        assert len(gaps) == 3 and all(g >= d - 0.02 for g, d in zip(gaps, delays, strict=True)), (gaps, delays)
+        assert len(gaps) == 3 and all(g >= d - 0.02 for g, d in zip(gaps, delays, strict=True)), (
+            gaps,
+            delays,
+        )
     finally:
         finish(sup)
 
@@ -401,8 +429,17 @@ def test_failures_are_counted_in_a_window_and_a_failed_instance_is_tried_again(w
     tried again after supervise.retry_failed_s, doubling with each give-up in a row. Time is the test's
     clock: the window and the cool-off pass when it says so."""
     clock = ManualClock()
-    sup = make_supervisor(world, rt, "server.shutdown_timeout=1", max_restarts=1, restart_window_s=300,
-                          retry_failed_s=50, retry_failed_max_s=80, stop_margin=0.5, clock=clock)  # fmt: skip
+    sup = make_supervisor(
+        world,
+        rt,
+        "server.shutdown_timeout=1",
+        max_restarts=1,
+        restart_window_s=300,
+        retry_failed_s=50,
+        retry_failed_max_s=80,
+        stop_margin=0.5,
+        clock=clock,
+    )
     sup.start()
     inst = sup.instances[0]
 
@@ -470,7 +507,10 @@ def test_out_of_memory_walks_the_ladder_one_step_per_failure(world, rt, fake_env
         # the instance is the re-planned one: its memory figures are the planner's for 256 tokens,
         # and the startup check against them (and this start's own log only) finds nothing to say
         fresh = sup.replan(["engine.max_model_len=512", "engine.max_model_len=256"]).to_json()["instances"][0]
-        assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["engine"] == fresh["engine"]
+        assert (
+            inst.inst.to_json()["memory"] == fresh["memory"]
+            and inst.inst.to_json()["engine"] == fresh["engine"]
+        )
         assert inst.verify_warnings == [], inst.verify_warnings
         human = format_status(status(rt / "run"))
         assert "ladder: max_model_len 1024 -> 512 (after: out of memory)" in human
@@ -485,9 +525,15 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
     instance, memory figures included."""
     host = host_of("rtx4090-1x")
     monkeypatch.setenv("FAKEVLLM_MODE", "oom")
-    sets = ("engine.gpu_memory_utilization=0.6", "engine.max_model_len=1024", "engine.min_model_len=512",
-            "engine.max_num_seqs=2", "engine.enforce_eager=false", "speculative.method=ngram",
-            "speculative.num_speculative_tokens=3")  # fmt: skip
+    sets = (
+        "engine.gpu_memory_utilization=0.6",
+        "engine.max_model_len=1024",
+        "engine.min_model_len=512",
+        "engine.max_num_seqs=2",
+        "engine.enforce_eager=false",
+        "speculative.method=ngram",
+        "speculative.num_speculative_tokens=3",
+    )
     sup = make_supervisor(world, rt, *sets, host=host, max_restarts=10, backoff_initial=0.05)
     first = sup.instances[0].inst.to_json()
     assert first["device"] == "cuda" and first["speculative"]
@@ -496,10 +542,21 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
     inst = sup.instances[0]
     assert inst.state == State.FAILED and "every ladder step taken" in inst.failure["fix"]
     assert [s["set"] for s in inst.ladder] == [
-        "engine.gpu_memory_utilization=0.55", "engine.gpu_memory_utilization=0.5", "engine.max_model_len=512",
-        "engine.max_num_seqs=1", "engine.enforce_eager=true", "speculative.method=none"]  # fmt: skip
-    assert [s["rung"] for s in inst.ladder] == ["memory share", "memory share", "context length",
-                                                "concurrent sequences", "eager mode", "speculative decoding"]  # fmt: skip
+        "engine.gpu_memory_utilization=0.55",
+        "engine.gpu_memory_utilization=0.5",
+        "engine.max_model_len=512",
+        "engine.max_num_seqs=1",
+        "engine.enforce_eager=true",
+        "speculative.method=none",
+    ]
+    assert [s["rung"] for s in inst.ladder] == [
+        "memory share",
+        "memory share",
+        "context length",
+        "concurrent sequences",
+        "eager mode",
+        "speculative decoding",
+    ]
     assert inst.restarts == 6 and len(starts(fake_env)) == 7
     assert flag_values(fake_env, "--gpu-memory-utilization") == ["0.6", "0.55"] + ["0.5"] * 5
     assert flag_values(fake_env, "--max-model-len") == ["1024"] * 3 + ["512"] * 4  # never below min_model_len
@@ -507,7 +564,9 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
     assert [v is not None for v in flag_values(fake_env, "--enforce-eager")] == [False] * 5 + [True] * 2
     assert [v is not None for v in flag_values(fake_env, "--speculative-config")] == [True] * 6 + [False]
     fresh = sup.replan([s["set"] for s in inst.ladder]).to_json()["instances"][0]
-    assert inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["memory"] != first["memory"]
+    assert (
+        inst.inst.to_json()["memory"] == fresh["memory"] and inst.inst.to_json()["memory"] != first["memory"]
+    )
     assert inst.inst.to_json()["memory"]["budget_bytes"] < first["memory"]["budget_bytes"]
     human = format_status(status(rt / "run"))
     assert "ladder: gpu_memory_utilization 0.6 -> 0.55 (after: out of memory)" in human
@@ -516,13 +575,22 @@ def test_every_ladder_step_on_a_gpu_is_a_replan(world, rt, fake_env, monkeypatch
 
 def test_the_ladder_context_floor_is_min_model_len(world, rt, fake_env, monkeypatch) -> None:
     monkeypatch.setenv("FAKEVLLM_MODE", "oom")
-    sup = make_supervisor(world, rt, "engine.max_model_len=2048", "engine.min_model_len=1024", max_restarts=10,
-                          backoff_initial=0.05)  # fmt: skip
+    sup = make_supervisor(
+        world,
+        rt,
+        "engine.max_model_len=2048",
+        "engine.min_model_len=1024",
+        max_restarts=10,
+        backoff_initial=0.05,
+    )
     sup.start()
     sup.wait(30)
     inst = sup.instances[0]
     assert [s["change"] for s in inst.ladder] == [
-        "max_model_len 2048 -> 1024", "max_num_seqs 4 -> 2", "max_num_seqs 2 -> 1"]  # fmt: skip
+        "max_model_len 2048 -> 1024",
+        "max_num_seqs 4 -> 2",
+        "max_num_seqs 2 -> 1",
+    ]
     assert flag_values(fake_env, "--max-model-len") == ["2048", "1024", "1024", "1024"]
     assert inst.state == State.FAILED and "every ladder step taken" in inst.failure["fix"]
 
@@ -562,11 +630,16 @@ def test_kv_cache_too_small_walks_the_ladder_until_it_fits(world, rt, fake_env) 
         assert sup.wait_ready(30), sup.instances[0].failure
         inst = sup.instances[0]
         assert [s["change"] for s in inst.ladder] == [
-            "max_model_len 2048 -> 1024", "max_model_len 1024 -> 512", "max_model_len 512 -> 256"]  # fmt: skip
+            "max_model_len 2048 -> 1024",
+            "max_model_len 1024 -> 512",
+            "max_model_len 512 -> 256",
+        ]
         assert {s["because"] for s in inst.ladder} == {"no memory left for the KV cache"}
         assert inst.restarts == 3
-        assert any("kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in w
-                   for w in inst.verify_warnings)  # fmt: skip
+        assert any(
+            "kv_cache_memory_bytes: planned 67108864, vLLM started with 300000" in w
+            for w in inst.verify_warnings
+        )
     finally:
         finish(sup)
 
@@ -685,8 +758,12 @@ def test_log_pump_drops_lines_it_cannot_write_instead_of_blocking_vllm(
     try:
         assert sup.wait_ready(30), sup.instances[0].failure
         assert log.dropped >= 20000 and "No space left on device" in log.last_error
-        wait_for(lambda: (read_state(rt / "run" / STATE_FILE) or {}).get("instances", [{}])[0].get("log_dropped_lines"),
-                 "the count in the state file")  # fmt: skip
+        wait_for(
+            lambda: (
+                (read_state(rt / "run" / STATE_FILE) or {}).get("instances", [{}])[0].get("log_dropped_lines")
+            ),
+            "the count in the state file",
+        )
         human = format_status(status(rt / "run"))
         assert "lines dropped (No space left on device" in human
         assert "Application startup complete." in log.text()  # the tail still has it
@@ -716,13 +793,28 @@ def _dead_identity() -> Identity:
 
 
 def _state(supervisor: Identity, process: Identity | None, **extra: Any) -> dict[str, Any]:
-    inst = {"name": "vllm-cpu", "state": "ready", "pid": process.pid if process else None,
-            "pgid": process.pid if process else None, "process": process.to_json() if process else None,
-            "url": "http://127.0.0.1:1", "restarts": 0, "ready_at": time.time(), "log_file": "/dev/null",
-            "log_dir": "/dev",
-            "stop_grace_s": 0.5, **extra}  # fmt: skip
-    return {"supervisor_pid": supervisor.pid, "supervisor": supervisor.to_json(), "profile": "cpu-only",
-            "model": "m", "vllm_version": "0.32.0", "instances": [inst]}  # fmt: skip
+    inst = {
+        "name": "vllm-cpu",
+        "state": "ready",
+        "pid": process.pid if process else None,
+        "pgid": process.pid if process else None,
+        "process": process.to_json() if process else None,
+        "url": "http://127.0.0.1:1",
+        "restarts": 0,
+        "ready_at": time.time(),
+        "log_file": "/dev/null",
+        "log_dir": "/dev",
+        "stop_grace_s": 0.5,
+        **extra,
+    }
+    return {
+        "supervisor_pid": supervisor.pid,
+        "supervisor": supervisor.to_json(),
+        "profile": "cpu-only",
+        "model": "m",
+        "vllm_version": "0.32.0",
+        "instances": [inst],
+    }
 
 
 def test_status_of_a_stale_state_file_and_stop_never_signals_a_reused_pid(rt) -> None:
@@ -754,8 +846,10 @@ def test_stop_with_a_dead_supervisor_ends_the_orphan_it_left(world, rt, fake_env
     out = open(rt / "fake.out", "wb")  # noqa: SIM115
     orphan = subprocess.Popen(
         [str(world["shim"]), "serve", str(world["model"]), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     out.close()
     try:
         wait_for(lambda: http.healthy(f"http://127.0.0.1:{port}"), "the orphan ready")
@@ -780,11 +874,15 @@ def test_stop_ends_what_a_zombie_leader_left_running(rt) -> None:
     try:
         ident = identify(leader.pid)
         assert ident is not None
-        wait_for(lambda: check(ident) == "gone" and len(group_members(leader.pid)) == 1, "the leader a zombie")
+        wait_for(
+            lambda: check(ident) == "gone" and len(group_members(leader.pid)) == 1, "the leader a zombie"
+        )
         (child,) = group_members(leader.pid)
         write_state(rt / STATE_FILE, _state(_dead_identity(), ident))
         done = stop(rt)
-        assert done[1] == f"vllm-cpu: pid {leader.pid}: gone; not signalled; 1 leftover processes killed", done
+        assert done[1] == f"vllm-cpu: pid {leader.pid}: gone; not signalled; 1 leftover processes killed", (
+            done
+        )
         assert check(child) == "gone" and not group_left(ident)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -803,7 +901,9 @@ ctypes.CDLL(None).pthread_exit(None)
 def test_a_zombie_main_thread_with_live_threads_is_still_being_torn_down() -> None:
     """A threaded process whose main thread has exited shows as a zombie (``Zl``) while its other
     threads still hold its sockets and memory: group_left counts it until they are gone too."""
-    proc = subprocess.Popen([sys.executable, "-c", _MAIN_THREAD_EXITS], stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_THREAD_EXITS], stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         ident = identify(proc.pid)
@@ -825,8 +925,11 @@ def test_a_zombie_main_thread_with_live_threads_is_still_being_torn_down() -> No
 
 def test_cli_launch_status_refusal_stop(world, rt, fake_env) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
-    env.update(HWPROFILE_RUNTIME_DIR=str(rt / "run"), HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
-               HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"))  # fmt: skip
+    env.update(
+        HWPROFILE_RUNTIME_DIR=str(rt / "run"),
+        HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
+        HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"),
+    )
     args = ["--model", str(world["model"])]
     for s in sets_for(world, free_port(), f"logs.dir={rt / 'logs'}", "supervise.backoff_initial=0.1"):
         args += ["--set", s]
@@ -865,22 +968,37 @@ def test_cli_launch_status_refusal_stop(world, rt, fake_env) -> None:
 
 def test_cli_status_and_stop_after_the_supervisor_was_killed(world, rt, fake_env) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
-    env.update(HWPROFILE_RUNTIME_DIR=str(rt / "run"), HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
-               HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"))  # fmt: skip
+    env.update(
+        HWPROFILE_RUNTIME_DIR=str(rt / "run"),
+        HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
+        HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"),
+    )
     args = ["--model", str(world["model"])]
     for s in sets_for(world, free_port(), f"logs.dir={rt / 'logs'}"):
         args += ["--set", s]
-    sup = subprocess.Popen([sys.executable, "-m", "hwprofile", "launch", "--foreground", *args], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "launch", "--foreground", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: ((read_state(rt / "run" / STATE_FILE) or {}).get("instances") or [{}])[0].get("state") == "ready",
-                 "ready", 30)  # fmt: skip
+        wait_for(
+            lambda: (
+                ((read_state(rt / "run" / STATE_FILE) or {}).get("instances") or [{}])[0].get("state")
+                == "ready"
+            ),
+            "ready",
+            30,
+        )
         pid = read_state(rt / "run" / STATE_FILE)["instances"][0]["pid"]
         sup.kill()  # hwprofile dies abruptly; vLLM gets SIGTERM from the kernel (parent-death signal)
         sup.wait()
         wait_for(lambda: gone(pid), "vLLM gone after its supervisor", 15, lambda: members(pid))
-        run = lambda *a: subprocess.run([sys.executable, "-m", "hwprofile", *a], env=env,  # noqa: E731
-                                        capture_output=True, text=True, timeout=60)  # fmt: skip
+
+        def run(*a: str) -> subprocess.CompletedProcess[str]:
+            return runcli.hwprofile(*a, env=env, timeout=60)
+
         st = json.loads(run("status", "--json").stdout)
         assert not st["running"] and st["stale"] and st["instances"][0]["state"] == "stale"
         assert st["instances"][0]["process_check"] == "gone"
@@ -897,17 +1015,32 @@ def test_a_vllm_ignoring_sigterm_dies_one_drain_after_its_supervisor_was_killed(
     """The parent-death signal is SIGTERM, which a hung or deaf vLLM ignores: its keeper
     (supervise/tether.py) SIGKILLs the group once the drain (shutdown_timeout + supervise.stop_margin) is over."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
-    env.update(HWPROFILE_RUNTIME_DIR=str(rt / "run"), HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
-               HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"), FAKEVLLM_MODE="ignore-term")  # fmt: skip
+    env.update(
+        HWPROFILE_RUNTIME_DIR=str(rt / "run"),
+        HWPROFILE_CONFIG_ROOT=str(rt / "etc"),
+        HWPROFILE_CACHE_DIR=os.environ.get("HWPROFILE_CACHE_DIR", "off"),
+        FAKEVLLM_MODE="ignore-term",
+    )
     args = ["--model", str(world["model"])]
-    for s in sets_for(world, free_port(), f"logs.dir={rt / 'logs'}", "server.shutdown_timeout=0",
-                      "supervise.stop_margin=2"):  # fmt: skip
+    for s in sets_for(
+        world, free_port(), f"logs.dir={rt / 'logs'}", "server.shutdown_timeout=0", "supervise.stop_margin=2"
+    ):
         args += ["--set", s]
-    sup = subprocess.Popen([sys.executable, "-m", "hwprofile", "launch", "--foreground", *args], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "hwprofile", "launch", "--foreground", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: ((read_state(rt / "run" / STATE_FILE) or {}).get("instances") or [{}])[0].get("state") == "ready",
-                 "ready", 30)  # fmt: skip
+        wait_for(
+            lambda: (
+                ((read_state(rt / "run" / STATE_FILE) or {}).get("instances") or [{}])[0].get("state")
+                == "ready"
+            ),
+            "ready",
+            30,
+        )
         inst = read_state(rt / "run" / STATE_FILE)["instances"][0]
         pid, grace = inst["pid"], inst["stop_grace_s"]
         assert grace == 2  # server.shutdown_timeout=0 + supervise.stop_margin=2
@@ -916,7 +1049,9 @@ def test_a_vllm_ignoring_sigterm_dies_one_drain_after_its_supervisor_was_killed(
         t0 = time.monotonic()
         time.sleep(0.5)
         assert not gone(pid), "the fake ignores SIGTERM: it is still there during its drain"
-        wait_for(lambda: gone(pid), "vLLM gone one drain after its supervisor", grace + 10, lambda: members(pid))
+        wait_for(
+            lambda: gone(pid), "vLLM gone one drain after its supervisor", grace + 10, lambda: members(pid)
+        )
         assert time.monotonic() - t0 >= 0.5
     finally:
         if sup.poll() is None:
@@ -927,7 +1062,9 @@ def test_a_vllm_ignoring_sigterm_dies_one_drain_after_its_supervisor_was_killed(
 # -- a ready instance that stops serving -------------------------------------------------------------
 
 
-def test_an_api_server_answering_503_after_its_engine_died_is_restarted(world, rt, fake_env, monkeypatch) -> None:
+def test_an_api_server_answering_503_after_its_engine_died_is_restarted(
+    world, rt, fake_env, monkeypatch
+) -> None:
     """Real vLLM 0.32 exits once its engine dies; a server that stays up answering 503 used to stay
     `ready` forever. Now /health failing for supervise.unhealthy_s restarts it, said and counted."""
     monkeypatch.setenv("FAKEVLLM_MODE", "sick")
@@ -945,7 +1082,9 @@ def test_an_api_server_answering_503_after_its_engine_died_is_restarted(world, r
         wait_for(lambda: "/health FAILING for" in format_status(status(rt / "run")), "status says it", 30)
         assert inst.unresponsive == 0 and inst.state == State.READY
         clock.advance(3.0)
-        wait_for(lambda: inst.unresponsive == 1 and inst.state == State.READY, "restarted and ready again", 60)
+        wait_for(
+            lambda: inst.unresponsive == 1 and inst.state == State.READY, "restarted and ready again", 60
+        )
         assert inst.failure["kind"] == "unresponsive" and "HTTP 503" in inst.failure["evidence"]
         assert inst.restarts == 1 and len(starts(fake_env)) == 2 and inst.health_failing_since is None
         assert "restarted 1 times for a /health that kept failing" in format_status(status(rt / "run"))
@@ -962,13 +1101,19 @@ def test_a_hung_server_is_restarted(world, rt, fake_env) -> None:
         inst = sup.instances[0]
         first = inst.pid
         os.kill(first, signal.SIGSTOP)
-        wait_for(lambda: inst.unresponsive == 1 and inst.state == State.READY and inst.pid != first, "restarted", 30)
+        wait_for(
+            lambda: inst.unresponsive == 1 and inst.state == State.READY and inst.pid != first,
+            "restarted",
+            30,
+        )
         assert "no answer" in inst.failure["evidence"] and gone(first)  # the stopped group was killed
     finally:
         finish(sup)
 
 
-def test_a_frozen_server_fails_its_probes_at_once_and_is_restarting_while_it_drains(world, rt, fake_env) -> None:
+def test_a_frozen_server_fails_its_probes_at_once_and_is_restarting_while_it_drains(
+    world, rt, fake_env
+) -> None:
     """The whole server SIGSTOPped: each probe ends at its own deadline (shorter than unhealthy_s) and
     counts as failing at once; past unhealthy_s (the test's clock) it is `restarting`, not `ready`, for
     the whole drain (a stopped process takes its SIGTERM only once it runs again)."""
@@ -1013,7 +1158,9 @@ def test_a_new_run_says_how_the_previous_one_ended(world, rt, fake_env) -> None:
     assert read_state(rt / "run" / LAST_FILE)["end_reason"] == "stopped by SIGTERM"
     again = make_supervisor(world, rt)
     try:
-        assert again.previous and "stopped by SIGTERM" in again.previous and "vllm-cpu stopped" in again.previous
+        assert (
+            again.previous and "stopped by SIGTERM" in again.previous and "vllm-cpu stopped" in again.previous
+        )
     finally:
         again.close()
 
@@ -1025,22 +1172,45 @@ def node_supervisors(world: dict[str, Any], rt: Path, **opts: Any) -> list[Super
     """Node 0 and node 1 of one group on this host (tensor parallel 2 across two CPU "nodes" at
     127.0.0.1, as the real two-node test runs vLLM), each with its own runtime directory."""
     (rt / "etc").mkdir(exist_ok=True)
-    sets = tuple(sets_for(world, free_port(), "layout.tensor_parallel_size=2", "layout.master_addr=127.0.0.1",
-                          f"layout.master_port={free_port()}"))  # fmt: skip
+    sets = tuple(
+        sets_for(
+            world,
+            free_port(),
+            "layout.tensor_parallel_size=2",
+            "layout.master_addr=127.0.0.1",
+            f"layout.master_port={free_port()}",
+        )
+    )
     out = []
     unhealthy_s = opts.pop("unhealthy_s", 30.0)
     for rank in (0, 1):
-        inputs = PlanInputs(world["host"], str(rt / "etc"), sets=sets, model=str(world["model"]),
-                            nodes=(world["host"],), addresses=("127.0.0.1", "127.0.0.1"), node_rank=rank)  # fmt: skip
-        supervise = {"ready_timeout": 20, "max_restarts": 5, "backoff_initial": 0.1, "backoff_max": 0.5,
-                     "stop_margin": 2.0, "unhealthy_s": unhealthy_s}  # fmt: skip
-        options = Options.from_settings(Supervise(**supervise), Logs(), rt / f"run{rank}", rt / f"logs{rank}",
-                                        poll_interval=0.05)  # fmt: skip
+        inputs = PlanInputs(
+            world["host"],
+            str(rt / "etc"),
+            sets=sets,
+            model=str(world["model"]),
+            nodes=(world["host"],),
+            addresses=("127.0.0.1", "127.0.0.1"),
+            node_rank=rank,
+        )
+        supervise = {
+            "ready_timeout": 20,
+            "max_restarts": 5,
+            "backoff_initial": 0.1,
+            "backoff_max": 0.5,
+            "stop_margin": 2.0,
+            "unhealthy_s": unhealthy_s,
+        }
+        options = Options.from_settings(
+            Supervise(**supervise), Logs(), rt / f"run{rank}", rt / f"logs{rank}", poll_interval=0.05
+        )
         out.append(Supervisor(inputs.replan(), world["release"], "/nonexistent/vllm", None, options))
     return out
 
 
-def test_a_two_node_group_is_ready_only_when_it_formed_and_its_status_shows_each_node(world, rt, fake_env) -> None:
+def test_a_two_node_group_is_ready_only_when_it_formed_and_its_status_shows_each_node(
+    world, rt, fake_env
+) -> None:
     s0, s1 = node_supervisors(world, rt)
     n0, n1 = s0.instances[0], s1.instances[0]
     assert not n0.inst.headless and n1.inst.headless and n1.url == n0.url
@@ -1078,14 +1248,26 @@ def test_a_killed_headless_node_brings_the_group_back_without_a_client_request(w
         first0, first1 = n0.pid, n1.pid
         os.killpg(first1, signal.SIGKILL)
         wait_for(lambda: n1.restarts == 1, "node 1 restarted", 10)
-        wait_for(lambda: n0.restarts == 1, "node 0 found its member gone and exited", 20,
-                 why=lambda: format_status(status(rt / "run1")))  # fmt: skip
+        wait_for(
+            lambda: n0.restarts == 1,
+            "node 0 found its member gone and exited",
+            20,
+            why=lambda: format_status(status(rt / "run1")),
+        )
         assert "unplanned exit" in n0.failure["kind"] and "exit code 0" in n0.failure["evidence"]
-        wait_for(lambda: n0.state == n1.state == State.READY and n1.rejoins == 1, "the group formed again", 20,
-                 why=lambda: format_status(status(rt / "run1")))  # fmt: skip
+        wait_for(
+            lambda: n0.state == n1.state == State.READY and n1.rejoins == 1,
+            "the group formed again",
+            20,
+            why=lambda: format_status(status(rt / "run1")),
+        )
         assert n0.pid != first0 and n1.pid != first1
         log1 = n1.log.path.read_text()
-        assert "probe of node 0" in log1 and "HTTP 500" in log1 and "rejoin: node 0's old group has ended" in log1
+        assert (
+            "probe of node 0" in log1
+            and "HTTP 500" in log1
+            and "rejoin: node 0's old group has ended" in log1
+        )
         assert "started again 1 times to join node 0's next group" in format_status(status(rt / "run1"))
         reply = http.post_json(n0.url + "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})
         assert reply["choices"][0]["text"]
@@ -1121,8 +1303,12 @@ def test_a_restarted_node_0_makes_the_headless_node_join_its_new_group(world, rt
     try:
         assert s0.wait_ready(20) and s1.wait_ready(20)
         os.killpg(n0.pid, signal.SIGKILL)
-        wait_for(lambda: n0.restarts == 1 and n0.state == n1.state == State.READY and n1.unresponsive == 1,
-                 "the group formed again", 30, why=lambda: format_status(status(rt / "run1")))  # fmt: skip
+        wait_for(
+            lambda: n0.restarts == 1 and n0.state == n1.state == State.READY and n1.unresponsive == 1,
+            "the group formed again",
+            30,
+            why=lambda: format_status(status(rt / "run1")),
+        )
     finally:
         for s in (s1, s0):
             finish(s)

@@ -47,8 +47,12 @@ def user_manager():
     run, cfg = base / "run", base / "cfg"
     run.mkdir(parents=True, mode=0o700)
     cfg.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "XDG_RUNTIME_DIR": str(run),
-           "XDG_CONFIG_HOME": str(cfg)}  # fmt: skip
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(base),
+        "XDG_RUNTIME_DIR": str(run),
+        "XDG_CONFIG_HOME": str(cfg),
+    }
     script = (
         "mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/system"
         f" && exec {SYSTEMD} --user"
@@ -56,8 +60,11 @@ def user_manager():
     log = (base / "manager.log").open("w")
     mgr = subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     end = time.monotonic() + 20
     while time.monotonic() < end and mgr.poll() is None and not (run / "systemd" / "private").exists():
         time.sleep(0.1)
@@ -93,19 +100,39 @@ def test_user_manager_starts_reloads_and_stops_the_daemon(daemon_env, user_manag
     env, ctl, _base = user_manager
     e["env"]["FAKEVLLM_READY_DELAY"] = "2"
     r = subprocess.run(
-        [sys.executable, "-m", "hwprofile", "install-service", "--user", "--", "--model", str(e["model"]),
-         *["--set=" + s for s in e["sets"]]],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "install-service",
+            "--user",
+            "--",
+            "--model",
+            str(e["model"]),
+            *["--set=" + s for s in e["sets"]],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "ran systemctl --user daemon-reload" in r.stdout, r.stdout + r.stderr
     # the test's files live under /tmp: this drop-in shares /tmp with the unit and lets it write there
     dropin = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user" / "hwprofile.service.d"
     dropin.mkdir(parents=True)
-    keep = ("FAKE_NVML_STATE", "HWPROFILE_PROC_ROOT", "HWPROFILE_SYS_ROOT", "LD_LIBRARY_PATH",
-            "FAKEVLLM_ARGV_LOG", "FAKEVLLM_READY_DELAY")  # fmt: skip
+    keep = (
+        "FAKE_NVML_STATE",
+        "HWPROFILE_PROC_ROOT",
+        "HWPROFILE_SYS_ROOT",
+        "LD_LIBRARY_PATH",
+        "FAKEVLLM_ARGV_LOG",
+        "FAKEVLLM_READY_DELAY",
+    )
     lines = [f'Environment="{k}={e["env"][k]}"' for k in keep if k in e["env"]]
     (dropin / "test.conf").write_text(
-        "[Service]\nPrivateTmp=no\n" + f"ReadWritePaths={tmp_path} /tmp\n" + "\n".join(lines) + "\n"
+        "[Service]\nPrivateTmp=no\n"
+        + f"ReadWritePaths={tmp_path} /tmp\n"
+        + "\n".join(lines)
+        + "\n"
         # a short watchdog and restart delay, so that a hung loop is seen within seconds
         + "WatchdogSec=4\nRestartSec=1\n"
     )
@@ -172,9 +199,19 @@ def test_user_manager_starts_reloads_and_stops_the_daemon(daemon_env, user_manag
     assert left.stdout.strip() == ""
 
 
-PROBED = ("ProtectKernelTunables", "ProtectKernelLogs", "ProtectKernelModules", "ProtectControlGroups",
-          "ProtectClock", "ProtectHostname", "ProtectProc", "ProtectSystem", "ProtectHome", "PrivateTmp",
-          "PrivateMounts")  # fmt: skip
+PROBED = (
+    "ProtectKernelTunables",
+    "ProtectKernelLogs",
+    "ProtectKernelModules",
+    "ProtectControlGroups",
+    "ProtectClock",
+    "ProtectHostname",
+    "ProtectProc",
+    "ProtectSystem",
+    "ProtectHome",
+    "PrivateTmp",
+    "PrivateMounts",
+)
 
 
 def unit_lines(unit_dir: Path) -> list[str]:

@@ -26,9 +26,16 @@ FIGURES = {
     "tpot_ms",
 }
 FLAGS = {
-    "tensor_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "speculative", "max_num_seqs",
-    "max_num_batched_tokens", "max_model_len", "enable_prefix_caching", "language_model_only",
-}  # fmt: skip
+    "tensor_parallel_size",
+    "kv_cache_dtype",
+    "gpu_memory_utilization",
+    "speculative",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_prefix_caching",
+    "language_model_only",
+}
 
 
 def _points(path: Path) -> list[dict]:

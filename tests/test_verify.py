@@ -68,12 +68,22 @@ def test_divergence_ranks_the_candidate_token_by_the_baseline_logprobs() -> None
     cand = Answer((1, 7, 4), " a x y", "length")
     d = divergence(base, cand, {2: " b", 7: " x"}.get)
     assert d is not None and d.index == 1
-    assert (d.baseline.token_id, d.baseline.text, d.candidate.token_id, d.candidate.text) == (2, " b", 7, " x")
+    assert (d.baseline.token_id, d.baseline.text, d.candidate.token_id, d.candidate.text) == (
+        2,
+        " b",
+        7,
+        " x",
+    )
     assert (d.baseline_logprob, d.candidate_logprob, d.candidate_rank) == (-0.4, -0.45, 2)
     assert d.margin == pytest.approx(0.05)
     # a token the baseline did not have among its top ones: no rank, no margin
     d = divergence(base, Answer((1, 9), " a z"), None)
-    assert d is not None and (d.candidate_logprob, d.candidate_rank, d.margin, d.candidate.text) == (None, None, None, None)
+    assert d is not None and (d.candidate_logprob, d.candidate_rank, d.margin, d.candidate.text) == (
+        None,
+        None,
+        None,
+        None,
+    )
     # the candidate stopped early: its side is empty
     d = divergence(base, Answer((1,), " a", "stop"))
     assert d is not None and d.index == 1 and d.candidate.token_id is None and d.baseline.token_id == 2
@@ -136,7 +146,9 @@ def _errors(tmp_path: Path, text: str) -> str:
 
 def test_a_user_file_is_read(tmp_path: Path) -> None:
     f = tmp_path / "mine.yaml"
-    f.write_text("prompts:\n  - id: a\n    kind: en\n    text: hello\n  - id: b\n    kind: code\n    text: |\n      def f():\n")
+    f.write_text(
+        "prompts:\n  - id: a\n    kind: en\n    text: hello\n  - id: b\n    kind: code\n    text: |\n      def f():\n"
+    )
     ps = load_prompts(f)
     assert [(p.id, p.kind, p.text, p.line) for p in ps.prompts] == [
         ("a", "en", "hello", 2),
@@ -150,15 +162,24 @@ def test_a_user_file_is_read(tmp_path: Path) -> None:
         ("- a\n- b\n", ["p.yaml:1: expected a mapping with a `prompts:` list, found a list"]),
         ("prompts: []\n", ["p.yaml:1: `prompts` must be a non-empty list"]),
         ("prompt:\n  - id: a\n", ["p.yaml:1: unknown key 'prompt'", "`prompts` must be a non-empty list"]),
-        ("prompts:\n  - id: a\n    kind: fr\n    text: salut\n", ["p.yaml:3: kind 'fr' is not one of zh, en, code, math, json"]),
+        (
+            "prompts:\n  - id: a\n    kind: fr\n    text: salut\n",
+            ["p.yaml:3: kind 'fr' is not one of zh, en, code, math, json"],
+        ),
         ("prompts:\n  - id: a\n    kind: en\n", ["p.yaml:2: prompt 1 has no 'text'"]),
         ("prompts:\n  - id: a\n    kind: en\n    text: ''\n", ["p.yaml:4: text must be a non-empty string"]),
-        ("prompts:\n  - id: a\n    kind: en\n    text: x\n    tokens: 3\n", ["p.yaml:5: unknown key 'tokens'"]),
+        (
+            "prompts:\n  - id: a\n    kind: en\n    text: x\n    tokens: 3\n",
+            ["p.yaml:5: unknown key 'tokens'"],
+        ),
         (
             "prompts:\n  - id: a\n    kind: en\n    text: x\n  - id: a\n    kind: zh\n    text: y\n",
             ["p.yaml:5: duplicate id 'a' (first at", "p.yaml:2)"],
         ),
-        ("prompts:\n  - id: 7\n    kind: en\n    text: x\n", ["p.yaml:2: id must be a non-empty string, found 7"]),
+        (
+            "prompts:\n  - id: 7\n    kind: en\n    text: x\n",
+            ["p.yaml:2: id must be a non-empty string, found 7"],
+        ),
         ("prompts:\n  - just text\n", ["p.yaml:2: a prompt must be a mapping"]),
         ("schema: other/1\nprompts:\n  - {id: a, kind: en, text: x}\n", ["p.yaml:1: schema 'other/1'"]),
         ("prompts:\n  - id: a\n    kind: en\n    text: x: y\n", ["p.yaml:4: invalid YAML"]),
@@ -189,8 +210,15 @@ def test_not_a_file(tmp_path: Path) -> None:
 
 def _doc(verdict: Verdict) -> dict:
     side = {"source": "url", "url": "http://127.0.0.1:1", "model": "m", "seconds": 1.5, "plan": None}
-    settings = {"endpoint": "/v1/completions", "max_tokens": 4, "temperature": 0, "seed": 0, "concurrency": 1,
-                "baseline_top_logprobs": 5, "prompts_file": "x.yaml"}  # fmt: skip
+    settings = {
+        "endpoint": "/v1/completions",
+        "max_tokens": 4,
+        "temperature": 0,
+        "seed": 0,
+        "concurrency": 1,
+        "baseline_top_logprobs": 5,
+        "prompts_file": "x.yaml",
+    }
     return to_json(verdict, side, side, settings, ["a note"])
 
 
@@ -206,7 +234,11 @@ def test_report_json_follows_the_schema_and_the_text_says_the_verdict() -> None:
     )
     doc = _doc(v)
     jsonschema.validate(doc, SCHEMA)
-    assert doc["passed"] is False and doc["exact_matches"] == 1 and doc["similarity"]["value"] == pytest.approx(0.75)
+    assert (
+        doc["passed"] is False
+        and doc["exact_matches"] == 1
+        and doc["similarity"]["value"] == pytest.approx(0.75)
+    )
     diff = doc["results"][0]["first_difference"]
     assert diff["index"] == 1 and diff["candidate"] == {"token_id": 7, "text": " x"}
     assert diff["candidate_rank_at_baseline"] == 2 and diff["margin"] == pytest.approx(0.05)
@@ -231,12 +263,18 @@ def world() -> Iterator[dict]:
     model = fake_model(base / "model")
     (base / "etc").mkdir()
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if not k.startswith(("HWPROFILE_", "FAKEVLLM_", "FAKE_NVML"))
         and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
-    }  # fmt: skip
-    env.update(HWPROFILE_CONFIG_ROOT=str(base / "etc"), FAKEVLLM_TOKEN_DELAY="0", FAKEVLLM_READY_DELAY="0.2",
-               http_proxy="http://127.0.0.1:9", FAKEVLLM_ARGV_LOG=str(base / "starts.jsonl"))  # fmt: skip
+    }
+    env.update(
+        HWPROFILE_CONFIG_ROOT=str(base / "etc"),
+        FAKEVLLM_TOKEN_DELAY="0",
+        FAKEVLLM_READY_DELAY="0.2",
+        http_proxy="http://127.0.0.1:9",
+        FAKEVLLM_ARGV_LOG=str(base / "starts.jsonl"),
+    )
     procs: list[subprocess.Popen[bytes]] = []
     yield {"base": base, "model": model, "env": env, "procs": procs}
     for p in procs:
@@ -252,9 +290,22 @@ def fake_server(world: dict, *flags: str) -> str:
     """A fake vLLM started by hand (as docker or k8s would); its URL once it answers."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "serve", str(world["model"]), "--host", "127.0.0.1", "--port", str(port), *flags],
-        env=world["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(FAKE),
+            "serve",
+            str(world["model"]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *flags,
+        ],
+        env=world["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     world["procs"].append(proc)
     url = f"http://127.0.0.1:{port}"
     from hwprofile.telemetry.http import healthy
@@ -276,7 +327,9 @@ def test_two_identical_servers_pass(world: dict) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)
-    assert doc["passed"] and doc["exact_matches"] == doc["prompts"] == 50 and doc["similarity"]["value"] == 1.0
+    assert (
+        doc["passed"] and doc["exact_matches"] == doc["prompts"] == 50 and doc["similarity"]["value"] == 1.0
+    )
     assert all(x["baseline_tokens"] == 16 and x["first_difference"] is None for x in doc["results"])
     assert doc["baseline"]["model"] == str(world["model"]) and doc["settings"]["max_tokens"] == 16
     assert "50/50 prompts answered" in r.stderr  # through http_proxy=127.0.0.1:9 it would not have
@@ -325,11 +378,28 @@ def test_a_late_single_difference_is_reported_but_within_the_bar(world: dict) ->
 def test_a_user_prompts_file_and_the_limit(world: dict) -> None:
     a, b = fake_server(world), fake_server(world, "--fake-diverge-after", "0")
     f = world["base"] / "mine.yaml"
-    f.write_text("prompts:\n" + "".join(f"  - {{id: q{i}, kind: math, text: '{i} + {i}'}}\n" for i in range(5)))
-    r = hw(world, "--baseline-url", a, "--url", b, "--prompts", str(f), "--limit", "3", "--max-tokens", "4", "--json")
+    f.write_text(
+        "prompts:\n" + "".join(f"  - {{id: q{i}, kind: math, text: '{i} + {i}'}}\n" for i in range(5))
+    )
+    r = hw(
+        world,
+        "--baseline-url",
+        a,
+        "--url",
+        b,
+        "--prompts",
+        str(f),
+        "--limit",
+        "3",
+        "--max-tokens",
+        "4",
+        "--json",
+    )
     assert r.returncode == 1
     doc = json.loads(r.stdout)
-    assert [x["id"] for x in doc["results"]] == ["q0", "q1", "q2"] and doc["settings"]["prompts_file"] == str(f)
+    assert [x["id"] for x in doc["results"]] == ["q0", "q1", "q2"] and doc["settings"]["prompts_file"] == str(
+        f
+    )
     assert doc["exact_matches"] == 0 and all(x["first_difference"]["index"] == 0 for x in doc["results"])
 
 
@@ -350,7 +420,9 @@ def test_bad_input_exits_2(world: dict, args: list[str], message: str) -> None:
 
 def test_a_bad_prompts_file_exits_2_with_file_and_line(world: dict) -> None:
     f = world["base"] / "bad.yaml"
-    f.write_text("prompts:\n  - id: a\n    kind: en\n    text: x\n  - id: b\n    kind: klingon\n    text: y\n")
+    f.write_text(
+        "prompts:\n  - id: a\n    kind: en\n    text: x\n  - id: b\n    kind: klingon\n    text: y\n"
+    )
     r = hw(world, "--prompts", str(f), "--baseline-url", "http://127.0.0.1:1", "--url", "http://127.0.0.1:2")
     assert r.returncode == 2 and f"{f}:6: kind 'klingon'" in r.stderr, r.stderr
 
@@ -371,11 +443,28 @@ def _shim(world: dict, diverge_speculative: bool) -> Path:
 @pytest.mark.parametrize("diverge", [False, True])
 def test_serves_the_baseline_then_the_tuned_plan(world: dict, diverge: bool) -> None:
     port = free_port()
-    sets = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", f"server.port={port}",
-            "server.shutdown_timeout=2", f"server.vllm_command={_shim(world, diverge)}",
-            f"logs.dir={world['base'] / 'logs'}", "speculative.method=ngram"]  # fmt: skip
-    r = hw(world, "--model", str(world["model"]), *[w for s in sets for w in ("--set", s)],
-           "--runtime-dir", str(world["base"] / "rt"), "--limit", "6", "--max-tokens", "8", "--json")  # fmt: skip
+    sets = [
+        "engine.max_model_len=512",
+        "cpu.kv_cache_space_gib=0.0625",
+        f"server.port={port}",
+        "server.shutdown_timeout=2",
+        f"server.vllm_command={_shim(world, diverge)}",
+        f"logs.dir={world['base'] / 'logs'}",
+        "speculative.method=ngram",
+    ]
+    r = hw(
+        world,
+        "--model",
+        str(world["model"]),
+        *[w for s in sets for w in ("--set", s)],
+        "--runtime-dir",
+        str(world["base"] / "rt"),
+        "--limit",
+        "6",
+        "--max-tokens",
+        "8",
+        "--json",
+    )
     assert r.returncode == (1 if diverge else 0), r.stderr
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)

@@ -43,20 +43,35 @@ class Env:
         self.logs = Path("/dev/shm") / f"hwprofile-verify-test-{os.getpid()}-{self.base.name}"
         (self.base / "etc").mkdir()
         self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "FAKE_NVML", "LD_LIBRARY_PATH"))},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("HWPROFILE_", "FAKE_NVML", "LD_LIBRARY_PATH"))
+            },
             "HWPROFILE_CONFIG_ROOT": str(self.base / "etc"),
-        }  # fmt: skip
+        }
         self.runtimes: list[Path] = []
 
     def sets(self, port: int, *extra: str) -> list[str]:
-        base = ["engine.max_model_len=512", "cpu.kv_cache_space_gib=0.0625", f"server.port={port}",
-                f"logs.dir={self.logs}", "speculative.num_speculative_tokens=3"]  # fmt: skip
+        base = [
+            "engine.max_model_len=512",
+            "cpu.kv_cache_space_gib=0.0625",
+            f"server.port={port}",
+            f"logs.dir={self.logs}",
+            "speculative.num_speculative_tokens=3",
+        ]
         return [w for s in [*base, *extra] for w in ("--set", s)]
 
-    def hw(self, *args: str, runtime: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    def hw(
+        self, *args: str, runtime: Path | None = None, timeout: float = 900
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(self.env, HWPROFILE_RUNTIME_DIR=str(runtime)) if runtime else self.env
         return subprocess.run(
-            [sys.executable, "-m", "hwprofile", *args], env=env, capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-m", "hwprofile", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def launch(self, name: str, *sets: str) -> str:
@@ -77,8 +92,12 @@ class Env:
         shipped = load_prompts().prompts
         chosen = [p for k in KINDS for p in [q for q in shipped if q.kind == k][:PER_KIND]]
         f = self.base / "subset.yaml"
-        f.write_text(yaml.safe_dump({"prompts": [{"id": p.id, "kind": p.kind, "text": p.text} for p in chosen]},
-                                    allow_unicode=True))  # fmt: skip
+        f.write_text(
+            yaml.safe_dump(
+                {"prompts": [{"id": p.id, "kind": p.kind, "text": p.text} for p in chosen]},
+                allow_unicode=True,
+            )
+        )
         return f
 
     def verify(self, *args: str) -> tuple[int, dict, str]:
@@ -116,13 +135,20 @@ def test_self_draft_answers_exactly_as_the_baseline(env: Env) -> None:
     """Both plans served here, one after the other: the baseline, then the model as its own draft."""
     port = free_port()
     code, doc, err = env.verify(
-        "--model", str(env.model), "--draft", str(env.model), *env.sets(port, "speculative.method=draft_model"),
-        "--runtime-dir", str(env.base / "rt-served"),
-    )  # fmt: skip
+        "--model",
+        str(env.model),
+        "--draft",
+        str(env.model),
+        *env.sets(port, "speculative.method=draft_model"),
+        "--runtime-dir",
+        str(env.base / "rt-served"),
+    )
     assert code == 0, err[-3000:]
     assert doc["candidate"]["plan"]["speculative"] == {
-        "method": "draft_model", "model": str(env.model), "num_speculative_tokens": 3,
-    }  # fmt: skip
+        "method": "draft_model",
+        "model": str(env.model),
+        "num_speculative_tokens": 3,
+    }
     assert doc["baseline"]["plan"]["speculative"] is None
     assert doc["baseline"]["plan"]["dtype"] == doc["candidate"]["plan"]["dtype"] == "bfloat16"
     assert doc["exact_matches"] == doc["prompts"] == 5 * PER_KIND, summary(doc)

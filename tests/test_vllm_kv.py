@@ -40,19 +40,33 @@ def test_planner_kv_tokens_match_vllm(tmp_path: Path, fake_nvml_dir: Path) -> No
     for i, (name, (cfg, max_len)) in enumerate(SHAPES.items()):
         model = make_tiny_model(tmp_path / f"model{i}", config=cfg)
         plan = subprocess.run(
-            [sys.executable, "-m", "hwprofile", "plan", "--json", "--model", str(model),
-             "--set", f"cpu.kv_cache_space_gib={BUDGET / 2**30}", "--set", "speculative.method=none"],
-            env=env, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "hwprofile",
+                "plan",
+                "--json",
+                "--model",
+                str(model),
+                "--set",
+                f"cpu.kv_cache_space_gib={BUDGET / 2**30}",
+                "--set",
+                "speculative.method=none",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert plan.returncode == 0, plan.stderr
         inst = json.loads(plan.stdout)["instances"][0]
         assert inst["engine"]["kv_cache_memory_bytes"] == BUDGET
         port = free_port()
         proc, log = serve(
-            model, port,
+            model,
+            port,
             ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET)],
             tmp_path / f"run{i}",
-        )  # fmt: skip
+        )
         runs.append((name, max_len, inst["memory"], proc, log))
     try:
         for name, max_len, mem, proc, log in runs:

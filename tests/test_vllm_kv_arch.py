@@ -35,108 +35,231 @@ BATCHED = 128  # --max-num-batched-tokens: the in-flight tokens a sliding window
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
     # explicit head_dim (64) != hidden / heads (32)
     "qwen3": (
-        "Qwen3Config", "Qwen3ForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64},
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+        },
         256,
     ),
     # GQA 4:1, qkv bias, no sliding window
     "qwen2": (
-        "Qwen2Config", "Qwen2ForCausalLM",
-        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3, "num_attention_heads": 4,
-         "num_key_value_heads": 1, "use_sliding_window": False},
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "use_sliding_window": False,
+        },
         384,
     ),
     # 8 experts, 2 per token, one dense layer
     "qwen3_moe": (
-        "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 3,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
-         "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0]},
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [0],
+        },
         256,
     ),
     # MLA: kv_lora_rank 512 + qk_rope_head_dim 64 = one 576-element latent per token and layer
     "deepseek_v2": (
-        "DeepseekV2Config", "DeepseekV2ForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None,
-         "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
-         "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "topk_method": "greedy",
-         "n_group": 1, "topk_group": 1},
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 512,
+            "q_lora_rank": None,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 32,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "topk_method": "greedy",
+            "n_group": 1,
+            "topk_group": 1,
+        },
         256,
     ),
     # 5 sliding-window layers (window 128) per full-attention layer
     "gemma3": (
-        "Gemma3TextConfig", "Gemma3ForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 128, "sliding_window_pattern": 6},
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "sliding_window": 128,
+            "sliding_window_pattern": 6,
+        },
         1024,
     ),
     # a model-level sliding window (128) on every layer: one group of sliding-window layers
     "mistral": (
-        "MistralConfig", "MistralForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 128},
+        "MistralConfig",
+        "MistralForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "sliding_window": 128,
+        },
         1024,
     ),
     # window - 1 = 128, the CPU's block: the window spans three blocks (two plus the unaligned one)
     "mistral_w129": (
-        "MistralConfig", "MistralForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 129},
+        "MistralConfig",
+        "MistralForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "sliding_window": 129,
+        },
         1024,
     ),
     # window = max_model_len: the request's own blocks plus one
     "mistral_len": (
-        "MistralConfig", "MistralForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 1024},
+        "MistralConfig",
+        "MistralForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "sliding_window": 1024,
+        },
         1024,
     ),
     # max_model_len = one 128-token block: 2 blocks per request where full attention takes 1
     "mistral_blk": (
-        "MistralConfig", "MistralForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 4096},
+        "MistralConfig",
+        "MistralForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "sliding_window": 4096,
+        },
         128,
     ),
     # issue 32's case: every layer a 128-token window at max_model_len 128 (one CPU block): the window
     # and the batch in flight reach max_model_len, 2 blocks per request; vLLM logs half the blocks' tokens
     "mistral_w128_len128": (
-        "MistralConfig", "MistralForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 128},
+        "MistralConfig",
+        "MistralForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "sliding_window": 128,
+        },
         128,
     ),
     # hybrid, window (2048) past max_model_len
     "gemma3_past": (
-        "Gemma3TextConfig", "Gemma3ForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 2048, "sliding_window_pattern": 6},
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "sliding_window": 2048,
+            "sliding_window_pattern": 6,
+        },
         1024,
     ),
     # mixture of experts under Mixtral's keys (num_local_experts, intermediate_size per expert)
     "mixtral": (
-        "MixtralConfig", "MixtralForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
-         "sliding_window": None},
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": None,
+        },
         256,
     ),
     # gpt-oss in bf16 (no MXFP4 on the CPU): alternating 128-token window / full, attention sinks
     "gpt_oss": (
-        "GptOssConfig", "GptOssForCausalLM",
-        {"hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
-         "sliding_window": 128},
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 128,
+        },
         1024,
     ),
-}  # fmt: skip
+}
 
 # two servers at a time (2 CPU cores); select one pair with -k, e.g. -k gemma3
-PAIRS = [("qwen3", "qwen2"), ("qwen3_moe", "deepseek_v2"), ("gemma3", "mistral"), ("mixtral", "gpt_oss"),
-         ("mistral_w129", "mistral_len"), ("mistral_blk", "gemma3_past"),  # windows near a block / max_model_len
-         ("mistral_w128_len128",)]  # window = max_model_len = the CPU's block
+PAIRS = [
+    ("qwen3", "qwen2"),
+    ("qwen3_moe", "deepseek_v2"),
+    ("gemma3", "mistral"),
+    ("mixtral", "gpt_oss"),
+    ("mistral_w129", "mistral_len"),
+    ("mistral_blk", "gemma3_past"),  # windows near a block / max_model_len
+    ("mistral_w128_len128",),
+]  # window = max_model_len = the CPU's block
 
 
 def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
@@ -162,8 +285,15 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
             # sliding-window families: fewer batched tokens than max_model_len (chunked prefill), so
             # that the window, not the request length, bounds what a sliding layer holds
             batched = BATCHED if max_len > BATCHED * 4 else max(BATCHED, max_len)
-            args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes",
-                    str(BUDGET), "--max-num-batched-tokens", str(batched)]  # fmt: skip
+            args = [
+                "--max-model-len",
+                str(max_len),
+                "--enforce-eager",
+                "--kv-cache-memory-bytes",
+                str(BUDGET),
+                "--max-num-batched-tokens",
+                str(batched),
+            ]
             # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
             run = Path(tempfile.mkdtemp(prefix=f"kv-{fam[:8]}-", dir="/tmp"))
             runs.append(run)

@@ -49,38 +49,111 @@ BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 # name: (transformers config class, model class, config kwargs)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     # Gated DeltaNet: 2 x (3 linear + 1 full), MoE
-    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
-        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-        "shared_expert_intermediate_size": 64, "full_attention_interval": 4}),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "full_attention_interval": 4,
+        },
+    ),
     # Mamba2 / MLP-only / attention layers (transformers 5's layers_block_type); float32 state by
     # NemotronH's own rule
-    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "layers_block_type": ["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
-        "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4,
-        "expand": 1}),
+    "nemotron_h": (
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "layers_block_type": ["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+            "mamba_num_heads": 4,
+            "mamba_head_dim": 32,
+            "n_groups": 1,
+            "ssm_state_size": 16,
+            "conv_kernel": 4,
+            "expand": 1,
+        },
+    ),
     # Granite-4: Mamba2 layers written as linear_attention, one attention layer, dense
-    "granite": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
-        "layer_types": ["mamba", "mamba", "mamba", "attention"], "num_attention_heads": 4, "num_key_value_heads": 2,
-        "mamba_n_heads": 4, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4,
-        "mamba_expand": 2, "num_local_experts": 0, "shared_intermediate_size": 256}),
+    "granite": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "layer_types": ["mamba", "mamba", "mamba", "attention"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "mamba_n_heads": 4,
+            "mamba_d_head": 64,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "num_local_experts": 0,
+            "shared_intermediate_size": 256,
+        },
+    ),
     # Jamba: Mamba1 layers (no speculative columns in its conv state), attention every 4th layer
-    "jamba": ("JambaConfig", "JambaForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "attn_layer_period": 4,
-        "attn_layer_offset": 3, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
-        "num_experts_per_tok": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16,
-        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}),
+    "jamba": (
+        "JambaConfig",
+        "JambaForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "attn_layer_period": 4,
+            "attn_layer_offset": 3,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_dt_rank": 8,
+        },
+    ),
     # Llama-4 text: 3 chunked-local (256-token chunks) + 1 global NoPE layer, no state at all
-    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 256, "intermediate_size_mlp": 256, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "attention_chunk_size": 256,
-        "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
-        "no_rope_layers": [1, 1, 1, 0]}),
-}  # fmt: skip
+    "llama4": (
+        "Llama4TextConfig",
+        "Llama4ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "intermediate_size_mlp": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "attention_chunk_size": 256,
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 2,
+            "no_rope_layers": [1, 1, 1, 0],
+        },
+    ),
+}
 
 # name: (family, max_model_len, prefix caching, ngram tokens, --mamba-ssm-cache-dtype)
 CASES: dict[str, tuple[str, int, bool, int, str]] = {
@@ -96,8 +169,13 @@ CASES: dict[str, tuple[str, int, bool, int, str]] = {
     "jamba-ngram2": ("jamba", 1024, False, 2, "auto"),
     "jamba-pc": ("jamba", 2048, True, 0, "auto"),
 }
-PAIRS = [("pc-off", "pc-on-bf16"), ("ngram3", "fp32-state-pc"), ("ngram2-pc-bf16", "pc-off-bf16"),
-         ("nemotron-pc", "granite-ngram2"), ("jamba-ngram2", "jamba-pc")]  # fmt: skip
+PAIRS = [
+    ("pc-off", "pc-on-bf16"),
+    ("ngram3", "fp32-state-pc"),
+    ("ngram2-pc-bf16", "pc-off-bf16"),
+    ("nemotron-pc", "granite-ngram2"),
+    ("jamba-ngram2", "jamba-pc"),
+]
 
 
 def make_hybrid(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
@@ -136,9 +214,18 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, st
             model_dir = tmp_path / family
             if not model_dir.is_dir():
                 make_hybrid(model_dir, family, tok)
-            args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET),
-                    "--max-num-batched-tokens", "256", "--max-num-seqs", "4",
-                    "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching"]  # fmt: skip
+            args = [
+                "--max-model-len",
+                str(max_len),
+                "--enforce-eager",
+                "--kv-cache-memory-bytes",
+                str(BUDGET),
+                "--max-num-batched-tokens",
+                "256",
+                "--max-num-seqs",
+                "4",
+                "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
+            ]
             if ssm != "auto":
                 args += ["--mamba-ssm-cache-dtype", ssm]
             if ngram:
@@ -188,8 +275,17 @@ def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path, max_len: int
     facts = read_model_dir(model_dir)
     assert [k.mixer for k in facts.stack.kinds] == ["chunked"] * 3 + ["full"]
     run = Path(tempfile.mkdtemp(prefix="kvc-", dir="/tmp"))
-    args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET),
-            "--max-num-batched-tokens", str(batched), "--max-num-seqs", "4"]  # fmt: skip
+    args = [
+        "--max-model-len",
+        str(max_len),
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(BUDGET),
+        "--max-num-batched-tokens",
+        str(batched),
+        "--max-num-seqs",
+        "4",
+    ]
     proc, log = serve(model_dir, free_port(), args, run)
     try:
         m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")

@@ -32,10 +32,18 @@ from hwprofile.plan.memory import (
 from hwprofile.supervise.verify import compare
 
 MISTRAL = {
-    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 32000, "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "sliding_window": 4096,
-}  # fmt: skip
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+    "sliding_window": 4096,
+}
 
 
 def mistral(window: int) -> ModelFacts:
@@ -111,12 +119,26 @@ def test_gpu_plan_of_a_sliding_window_model_carries_vllms_figure(host_of, empty_
 
     d = tmp_path / "mistral"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({**MISTRAL, "num_hidden_layers": 8, "hidden_size": 1024,
-                                               "intermediate_size": 2048, "sliding_window": 1024}))  # fmt: skip
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                **MISTRAL,
+                "num_hidden_layers": 8,
+                "hidden_size": 1024,
+                "intermediate_size": 2048,
+                "sliding_window": 1024,
+            }
+        )
+    )
     host = host_of("rtx4090-1x")
     host = host._replace(software=host.software._replace(vllm_version="0.32.0"))
-    plan = make_plan(host, empty_root, environ={}, model=str(d), sets=["speculative.method=none",
-                                                                      "engine.max_model_len=1024"])  # fmt: skip
+    plan = make_plan(
+        host,
+        empty_root,
+        environ={},
+        model=str(d),
+        sets=["speculative.method=none", "engine.max_model_len=1024"],
+    )
     inst = plan.instances[0]
     mem, eng = inst.memory, inst.engine
     facts = parse_config(json.loads((d / "config.json").read_text()), "mistral", "dir", str(d))
@@ -131,7 +153,6 @@ def test_gpu_plan_of_a_sliding_window_model_carries_vllms_figure(host_of, empty_
     assert not [w for w in compare(inst, started) if w.startswith("KV cache")]
     assert mem.kv_bytes_per_max_len_request == 8 * 65 * kv_bytes_per_token_layer(facts, 1, kvb) * 16
     print(f"mistral-like window 1024, max_model_len 1024: planned before {before}, now {want} (vLLM's rule)")
-
 
 
 def test_context_is_shortened_to_what_vllms_start_up_check_accepts() -> None:

@@ -19,10 +19,17 @@ from vllmtools import free_port
 
 FAKE = Path(__file__).resolve().parent / "fakevllm.py"
 CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.fixture
@@ -34,12 +41,29 @@ def fake_server(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEVLLM_")}
     proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
-         "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}',
-         "--kv-cache-memory-bytes", "67108864", "--max-model-len", "512", "--fake-ready-delay", "0.1"],
-        env={**env, "FAKEVLLM_TOKEN_DELAY": "0.001"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(FAKE),
+            "serve",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--speculative-config",
+            '{"method":"ngram","num_speculative_tokens":3}',
+            "--kv-cache-memory-bytes",
+            "67108864",
+            "--max-model-len",
+            "512",
+            "--fake-ready-delay",
+            "0.1",
+        ],
+        env={**env, "FAKEVLLM_TOKEN_DELAY": "0.001"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     end = time.monotonic() + 20
@@ -101,8 +125,11 @@ def test_watch_streams_json_lines_and_the_profile_threshold_decides(
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "watch", "--json", "--url", url, "--interval", "0.5"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     docs = []
     try:
         assert proc.stdout is not None
@@ -140,11 +167,26 @@ def test_watch_leaves_on_sigterm_while_it_waits(tmp_path, fake_nvml_dir, empty_r
     host = build("rtx4090-1x", tmp_path / "host")
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwprofile", "watch", "--json", "--url", "http://127.0.0.1:1", "--interval", "60"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hwprofile",
+            "watch",
+            "--json",
+            "--url",
+            "http://127.0.0.1:1",
+            "--interval",
+            "60",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        assert proc.stdout is not None and json.loads(proc.stdout.readline())["gpus"]  # the first tick, then a wait
+        assert (
+            proc.stdout is not None and json.loads(proc.stdout.readline())["gpus"]
+        )  # the first tick, then a wait
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(45) == 0  # within the 60 s wait, not after it
     finally:
@@ -153,7 +195,9 @@ def test_watch_leaves_on_sigterm_while_it_waits(tmp_path, fake_nvml_dir, empty_r
             proc.wait()
 
 
-def test_watch_reads_the_latency_histograms_the_server_exports(tmp_path, fake_nvml_dir, empty_root, fake_server) -> None:
+def test_watch_reads_the_latency_histograms_the_server_exports(
+    tmp_path, fake_nvml_dir, empty_root, fake_server
+) -> None:
     """TTFT and inter-token latency from vLLM's histograms over the window (the fake exports them with
     vLLM's bucket edges and measures each request's first token and the gaps after it)."""
     url, opener, model = fake_server
@@ -161,8 +205,11 @@ def test_watch_reads_the_latency_histograms_the_server_exports(tmp_path, fake_nv
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(empty_root)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "hwprofile", "watch", "--json", "--url", url, "--interval", "0.3"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     body = json.dumps({"model": model, "prompt": "one two three", "max_tokens": 12}).encode()
     seen = None
     try:

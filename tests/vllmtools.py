@@ -19,10 +19,17 @@ import pytest
 VLLM = Path(sys.executable).parent / "vllm"
 FAKE_VLLM = Path(__file__).resolve().parent / "fakevllm.py"  # the fake vLLM server of the fast tests
 TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 
 
 def fake_model(directory: Path) -> Path:
@@ -187,7 +194,11 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 # every such model: the tiny tokenizer's vocabulary, room for the lengths the tests serve
-FAMILY_COMMON: dict[str, Any] = {"vocab_size": 2048, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+FAMILY_COMMON: dict[str, Any] = {
+    "vocab_size": 2048,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
 
 
 def make_transformers_model(

@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             {**_reading(r), "state_now": instant_level(r, watch)[0], "why": instant_level(r, watch)[1]}
             for r in second
         ]
-        (out / "once.json").write_text(json.dumps({"first": [_reading(r) for r in first], "second": once}, indent=2) + "\n")
+        (out / "once.json").write_text(
+            json.dumps({"first": [_reading(r) for r in first], "second": once}, indent=2) + "\n"
+        )
         samples, took = [], []
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
@@ -85,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(max(0.0, 1.0 - (time.perf_counter() - t)))
     finally:
         sampler.close()
-    (out / "samples.json").write_text(json.dumps({"samples": samples, "sample_seconds": took}, indent=1) + "\n")
+    (out / "samples.json").write_text(
+        json.dumps({"samples": samples, "sample_seconds": took}, indent=1) + "\n"
+    )
 
     diff = differences(host.to_dict(), samples, took, sampler.error, detect_s)
     (out / "differences.json").write_text(json.dumps(diff, indent=2) + "\n")
@@ -99,24 +103,40 @@ def _reading(r: Any) -> dict[str, Any]:
     return {k: getattr(r, k) for k in r.__dataclass_fields__} | {"headroom_c": r.headroom_c}
 
 
-def differences(host: dict[str, Any], samples: list[list[dict[str, Any]]], took: list[float],
-                sampler_error: str | None, detect_s: float) -> dict[str, Any]:  # fmt: skip
+def differences(
+    host: dict[str, Any],
+    samples: list[list[dict[str, Any]]],
+    took: list[float],
+    sampler_error: str | None,
+    detect_s: float,
+) -> dict[str, Any]:
     """What the real driver answered that the fake does not: pure, from the saved readings."""
     errors: dict[str, list[str]] = {}
     for e in host.get("errors") or []:
         fn = e["message"].split(":", 1)[0]
         errors.setdefault(fn, []).append(f"{e['where']}: {e['message']}")
-    missing = sorted({f"gpu[{g['index']}].{k}" for g in host.get("gpus") or [] for k, v in g.items() if v is None})
+    missing = sorted(
+        {f"gpu[{g['index']}].{k}" for g in host.get("gpus") or [] for k, v in g.items() if v is None}
+    )
     named = set(CLOCK_EVENT_REASONS)
-    unknown_bits = sorted({
-        bit for g in host.get("gpus") or [] if g.get("clocks_event_reasons_mask")
-        for bit in (1 << i for i in range(64)) if g["clocks_event_reasons_mask"] & bit and bit not in named
-    })  # fmt: skip
+    unknown_bits = sorted(
+        {
+            bit
+            for g in host.get("gpus") or []
+            if g.get("clocks_event_reasons_mask")
+            for bit in (1 << i for i in range(64))
+            if g["clocks_event_reasons_mask"] & bit and bit not in named
+        }
+    )
     flat = [r for s in samples for r in s]
-    out_of_range = sorted({
-        f"gpu[{r['index']}].{k} = {r[k]}" for r in flat for k, (lo, hi) in FAKE_RANGES.items()
-        if r.get(k) is not None and not lo <= r[k] <= hi
-    })  # fmt: skip
+    out_of_range = sorted(
+        {
+            f"gpu[{r['index']}].{k} = {r[k]}"
+            for r in flat
+            for k, (lo, hi) in FAKE_RANGES.items()
+            if r.get(k) is not None and not lo <= r[k] <= hi
+        }
+    )
     statuses: dict[str, int] = {}
     for r in flat:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -144,14 +164,21 @@ def differences(host: dict[str, Any], samples: list[list[dict[str, Any]]], took:
 
 def report(d: dict[str, Any]) -> str:
     lines = [f"driver {d['driver']}, GPUs {d['gpus']}, detect {d['detect_seconds']} s"]
-    for key in ("nvml_errors_by_function", "fields_without_value", "clock_event_bits_not_named",
-                "values_outside_the_fakes_ranges", "sample_errors"):  # fmt: skip
+    for key in (
+        "nvml_errors_by_function",
+        "fields_without_value",
+        "clock_event_bits_not_named",
+        "values_outside_the_fakes_ranges",
+        "sample_errors",
+    ):
         value = d[key]
         lines.append(f"{key}: {'none' if not value else ''}")
         items = value.items() if isinstance(value, dict) else ((v, None) for v in value)
         for k, v in items:
             lines.append(f"  {k}" + (f": {v}" if v else ""))
-    lines.append(f"sample statuses: {d['sample_statuses']}; temperature margin read on GPUs {d['temperature_margin_on_gpus']}")
+    lines.append(
+        f"sample statuses: {d['sample_statuses']}; temperature margin read on GPUs {d['temperature_margin_on_gpus']}"
+    )
     lines.append(f"sample seconds: {d['sample_seconds']}; sampler error: {d['sampler_error']}")
     return "\n".join(lines) + "\n"
 

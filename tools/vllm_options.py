@@ -95,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         gone, new = sorted(set(have) - set(options)), sorted(set(options) - set(have))
         changed = sorted(k for k in set(have) & set(options) if have[k] != options[k])
-        print(f"vLLM {version}: the table differs from the parser: not in the parser {gone}, not in the "
-              f"table {new}, other choices {changed}", file=sys.stderr)  # fmt: skip
+        print(
+            f"vLLM {version}: the table differs from the parser: not in the parser {gone}, not in the "
+            f"table {new}, other choices {changed}",
+            file=sys.stderr,
+        )
         return 1
     if args.update:
         text = json.dumps(update(table, version, options), separators=(",", ":"), ensure_ascii=False)

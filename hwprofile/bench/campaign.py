@@ -52,10 +52,13 @@ def run_campaign(
         progress(f"round {rnd}/{rounds}: {plan.label}: starting")
         with serve(plan) as target:
             run: dict[str, Any] = {
-                "round": rnd, "order": n, "url": target.url,
+                "round": rnd,
+                "order": n,
+                "url": target.url,
                 "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "points": [], "hardware": [],
-            }  # fmt: skip
+                "points": [],
+                "hardware": [],
+            }
             for c in wl.concurrencies:
                 progress(f"round {rnd}/{rounds}: {plan.label}: concurrency {c}, {wl.prompts_at(c)} requests")
                 s = sampler()
@@ -100,11 +103,16 @@ def finish(
         if series:
             try:
                 plot_rec = plot(
-                    series, wl.ttft_p99_target_ms, out_dir / "bench.png",
+                    series,
+                    wl.ttft_p99_target_ms,
+                    out_dir / "bench.png",
                     f"hwprofile bench {wl.name}: {wl.input_len} in / {wl.output_len} out, {host.get('hostname') or ''}",
-                    {k: v["recommended_max_num_seqs"] for k, v in knees.items()
-                     if v and v["breaks_at"] is not None and v["recommended_max_num_seqs"] is not None},
-                )  # fmt: skip
+                    {
+                        k: v["recommended_max_num_seqs"]
+                        for k, v in knees.items()
+                        if v and v["breaks_at"] is not None and v["recommended_max_num_seqs"] is not None
+                    },
+                )
             except ImportError:
                 plot_err = "matplotlib is not installed (pip install matplotlib)"
         else:
@@ -113,9 +121,19 @@ def finish(
         plot_err = "not drawn (--no-plot)"
     doc = document(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        version=__version__, command=command, headline=head, throttled=throttled, wl=wl, host=host,
-        plans=plans, cmp=cmp, plot=plot_rec, plot_error=plot_err, verdict=verdict(plans, wl, knees, cmp),
-        output_dir=str(out_dir), error=error,
-    )  # fmt: skip
+        version=__version__,
+        command=command,
+        headline=head,
+        throttled=throttled,
+        wl=wl,
+        host=host,
+        plans=plans,
+        cmp=cmp,
+        plot=plot_rec,
+        plot_error=plot_err,
+        verdict=verdict(plans, wl, knees, cmp),
+        output_dir=str(out_dir),
+        error=error,
+    )
     atomic_write(out_dir / "bench.json", json.dumps(doc, indent=2, default=str) + "\n")
     return doc, text(doc, plans)

@@ -66,12 +66,14 @@ def find_knee(
     if not good:
         assert first_bad is not None
         return Knee(
-            target_ms, None, first_bad.concurrency,
+            target_ms,
+            None,
+            first_bad.concurrency,
             f"p99 TTFT {first_bad.p99_ttft_ms:.1f} ms already at concurrency {first_bad.concurrency} breaks the "
             f"{target_ms:g} ms target: no max_num_seqs meets it on this host (a faster host, a smaller model, "
             "shorter prompts, or a looser bench.ttft_p99_target_ms)",
             tuple(evidence),
-        )  # fmt: skip
+        )
     knee = good[-1]
     peak = max(pts, key=lambda p: p.output_throughput)
     if peak.output_throughput > 0:

@@ -76,8 +76,12 @@ def per_watt_median(p: BenchPlan, concurrency: int) -> float | None:
     """The median over rounds of a concurrency's output tokens/s per watt (None: power unread)."""
     import statistics
 
-    vals = [hw.get("output_tokens_per_s_per_watt") for r in p.runs
-            for pt, hw in zip(r["points"], r["hardware"], strict=True) if pt.concurrency == concurrency]  # fmt: skip
+    vals = [
+        hw.get("output_tokens_per_s_per_watt")
+        for r in p.runs
+        for pt, hw in zip(r["points"], r["hardware"], strict=True)
+        if pt.concurrency == concurrency
+    ]
     vals = [v for v in vals if v is not None]
     return statistics.median(vals) if vals else None
 
@@ -93,11 +97,16 @@ def _eff(v: float | None) -> str:
 def plan_table(p: BenchPlan, rows: list[dict[str, Any]]) -> list[str]:
     d = p.describe()
     spec = d["speculative"]
-    what = [f"profile {d['profile']}" if d["profile"] else None,
-            f"max_num_seqs {d['max_num_seqs']}" if d["max_num_seqs"] is not None else None,
-            (f"speculation {spec['method']} k={spec['num_speculative_tokens']}" if spec else
-             ("no speculation" if p.plan is not None else None)),
-            p.source if p.kind in ("url", "overrides") else None]  # fmt: skip
+    what = [
+        f"profile {d['profile']}" if d["profile"] else None,
+        f"max_num_seqs {d['max_num_seqs']}" if d["max_num_seqs"] is not None else None,
+        (
+            f"speculation {spec['method']} k={spec['num_speculative_tokens']}"
+            if spec
+            else ("no speculation" if p.plan is not None else None)
+        ),
+        p.source if p.kind in ("url", "overrides") else None,
+    ]
     lines = [f"plan {p.label}: " + ", ".join(w for w in what if w)]
     lines.append(
         f"  {'conc':>5} {'out tok/s':>10} {'req/s':>7} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>17} "
@@ -136,7 +145,9 @@ def verdict(
             out.append(f"{p.label}: no p99 TTFT at concurrency {wl.primary}")
             continue
         ok = s.median <= wl.ttft_p99_target_ms
-        cpu = p.plan is not None and bool(p.plan.instances) and all(i.device == "cpu" for i in p.plan.instances)
+        cpu = (
+            p.plan is not None and bool(p.plan.instances) and all(i.device == "cpu" for i in p.plan.instances)
+        )
         judged = (
             "(a CPU server: the GPU serving target does not apply)"
             if cpu

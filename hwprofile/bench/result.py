@@ -83,13 +83,15 @@ def summary(plan: BenchPlan) -> list[dict[str, Any]]:
             for p in pts
             if p.spec_decode and p.spec_decode["mean_acceptance_length"] is not None
         ]
-        out.append({
-            "concurrency": c,
-            "rounds": len(pts),
-            "metrics": metrics,
-            "acceptance_rate": spread(rates).to_json() if rates else None,
-            "mean_acceptance_length": spread(lens).to_json() if lens else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "concurrency": c,
+                "rounds": len(pts),
+                "metrics": metrics,
+                "acceptance_rate": spread(rates).to_json() if rates else None,
+                "mean_acceptance_length": spread(lens).to_json() if lens else None,
+            }
+        )
     return out
 
 
@@ -124,12 +126,14 @@ def comparison(a: BenchPlan, b: BenchPlan, wl: Workload) -> dict[str, Any]:
             [{k: v for k, v in r.items() if v is not None} for r in ra[:n]],
             [{k: v for k, v in r.items() if v is not None} for r in rb[:n]],
         )
-        per_c.append({
-            "concurrency": c,
-            "rounds": n,
-            "metrics": [x.to_json() for x in comps],
-            "sentences": [x.sentence(a.label, b.label) for x in comps],
-        })  # fmt: skip
+        per_c.append(
+            {
+                "concurrency": c,
+                "rounds": n,
+                "metrics": [x.to_json() for x in comps],
+                "sentences": [x.sentence(a.label, b.label) for x in comps],
+            }
+        )
     return {"a": a.label, "b": b.label, "primary_concurrency": wl.primary, "per_concurrency": per_c}
 
 
@@ -172,13 +176,18 @@ def document(
     for p in plans:
         runs = []
         for r in p.runs:
-            runs.append({
-                "round": r["round"],
-                "order": r["order"],
-                "url": r["url"],
-                "started": r["started"],
-                "points": [{**pt.to_json(), "hardware": hw} for pt, hw in zip(r["points"], r["hardware"], strict=True)],
-            })  # fmt: skip
+            runs.append(
+                {
+                    "round": r["round"],
+                    "order": r["order"],
+                    "url": r["url"],
+                    "started": r["started"],
+                    "points": [
+                        {**pt.to_json(), "hardware": hw}
+                        for pt, hw in zip(r["points"], r["hardware"], strict=True)
+                    ],
+                }
+            )
         plans_json.append({**p.describe(), "runs": runs, "summary": summary(p), "knee": knee_of(p, wl)})
     return {
         "schema": SCHEMA,

@@ -48,37 +48,65 @@ def bench_argv(
 ) -> list[str]:
     """The ``vllm bench serve`` command of one point (flags as in vLLM 0.32's ``--help``)."""
     return [
-        target.vllm, "bench", "serve",
-        "--backend", "openai",
-        "--endpoint", "/v1/completions",
-        "--base-url", target.url,
-        "--model", target.model,
-        "--tokenizer", target.tokenizer,
+        target.vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--endpoint",
+        "/v1/completions",
+        "--base-url",
+        target.url,
+        "--model",
+        target.model,
+        "--tokenizer",
+        target.tokenizer,
         *dataset_args(wl),
-        "--num-prompts", str(wl.prompts_at(concurrency)),
-        "--max-concurrency", str(concurrency),
-        "--request-rate", "inf",
+        "--num-prompts",
+        str(wl.prompts_at(concurrency)),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
         "--ignore-eos",
-        "--temperature", repr(float(wl.temperature)),
-        "--percentile-metrics", ",".join(PERCENTILE_METRICS),
-        "--metric-percentiles", ",".join(map(str, PERCENTILES)),
-        "--seed", str(wl.seed),
+        "--temperature",
+        repr(float(wl.temperature)),
+        "--percentile-metrics",
+        ",".join(PERCENTILE_METRICS),
+        "--metric-percentiles",
+        ",".join(map(str, PERCENTILES)),
+        "--seed",
+        str(wl.seed),
         "--disable-tqdm",
         "--save-result",
-        "--result-dir", str(result_dir),
-        "--result-filename", result_filename,
-    ]  # fmt: skip
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_filename,
+    ]
 
 
 def dataset_args(wl: Workload) -> list[str]:
     """The dataset flags of one point: random tokens of ``input_len``, or the shipped real prompts
     (vLLM's ``sharegpt`` dataset reader) each answered with ``output_len`` tokens."""
     if wl.dataset == "prompts":
-        return ["--dataset-name", "sharegpt", "--dataset-path", prompts_path(),
-                "--sharegpt-output-len", str(wl.output_len)]  # fmt: skip
+        return [
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            prompts_path(),
+            "--sharegpt-output-len",
+            str(wl.output_len),
+        ]
     if wl.dataset == "random":
-        return ["--dataset-name", "random", "--random-input-len", str(wl.input_len),
-                "--random-output-len", str(wl.output_len)]  # fmt: skip
+        return [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(wl.input_len),
+            "--random-output-len",
+            str(wl.output_len),
+        ]
     raise ValueError(f"bench dataset {wl.dataset!r} not resolved (one of random, prompts)")
 
 
@@ -116,9 +144,11 @@ def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, A
     if drafts is None or tokens is None or acc is None:
         return None
     positions = sorted(
-        (int(k.split("position=", 1)[1].rstrip("}")), k) for k in after if k.startswith(PER_POS + "{")
+        (int(k.split("position=", 1)[1].rstrip("}")), k)
+        for k in after
+        if k.startswith(PER_POS + "{")
         if k.split("position=", 1)[1].rstrip("}").isdigit()
-    )  # fmt: skip
+    )
     per_pos = [(w.increase(k) or 0.0) / drafts if drafts else None for _, k in positions]
     return {
         "num_drafts": drafts,
@@ -249,9 +279,14 @@ def run_point(
     try:
         with os.fdopen(fd, "wb") as out:
             proc = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})}, timeout=timeout_s, check=False,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                timeout=timeout_s,
+                check=False,
+            )
     except FileNotFoundError:
         raise BenchFailed(
             f"{target.vllm}: not found (vLLM is not installed here: pip install vllm)"

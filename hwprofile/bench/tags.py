@@ -84,8 +84,12 @@ class GpuTrack:
             self.power_s += dt
         lim = r.power_limit_watts
         if lim is not None:
-            self.power_limit_min_w = lim if self.power_limit_min_w is None else min(self.power_limit_min_w, lim)
-            self.power_limit_max_w = lim if self.power_limit_max_w is None else max(self.power_limit_max_w, lim)
+            self.power_limit_min_w = (
+                lim if self.power_limit_min_w is None else min(self.power_limit_min_w, lim)
+            )
+            self.power_limit_max_w = (
+                lim if self.power_limit_max_w is None else max(self.power_limit_max_w, lim)
+            )
         reasons = set(r.reasons or ())
         self.reasons_seen |= reasons
         hit = reasons & set(THROTTLE_REASONS)
@@ -276,7 +280,9 @@ def _probe_cpuinfo() -> dict[str, Any]:
             pass
     import cpuinfo  # py-cpuinfo: the `bench` extra
 
-    info = {k: v for k, v in cpuinfo.get_cpu_info().items() if isinstance(v, (str, int, float, bool, type(None)))}
+    info = {
+        k: v for k, v in cpuinfo.get_cpu_info().items() if isinstance(v, (str, int, float, bool, type(None)))
+    }
     if boot is not None:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)

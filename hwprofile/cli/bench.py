@@ -28,8 +28,12 @@ if TYPE_CHECKING:
 # a minute on two cores, most of it vLLM starting: one point of 8 short requests, 4 at a time (the demo
 # plan's max_num_seqs); later --set options win
 DEMO_BENCH_SETS = (
-    "bench.input_len=64", "bench.output_len=32", "bench.num_prompts=8", "bench.concurrency=4", "bench.sweep_max=4",
-)  # fmt: skip
+    "bench.input_len=64",
+    "bench.output_len=32",
+    "bench.num_prompts=8",
+    "bench.concurrency=4",
+    "bench.sweep_max=4",
+)
 POINT_TIMEOUT_S = 7200.0
 
 
@@ -91,8 +95,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plans, launches = _bench_plans(args, host, model, sets, settings_of)
 
     wl = resolve_dataset(wl, speculates(plans))
-    _progress(f"prompts: {'real prompts (' + prompts_path() + ')' if wl.dataset == 'prompts' else 'random tokens'}"
-              f" ({wl.dataset_why})")  # fmt: skip
+    _progress(
+        f"prompts: {'real prompts (' + prompts_path() + ')' if wl.dataset == 'prompts' else 'random tokens'}"
+        f" ({wl.dataset_why})"
+    )
 
     out_dir, made = _output_dir(args)
     _progress(f"results go to {out_dir}")
@@ -147,9 +153,11 @@ def _bench_plans(
     if args.url:
         plans.append(BenchPlan("server", "url", args.url, None, url=args.url))
         return plans, launches
-    sides = [_side(w, sets, list(args.overrides)) for w in args.compare] if args.compare else [
-        ("profile", "profile", None, sets, list(args.overrides))
-    ]  # fmt: skip
+    sides = (
+        [_side(w, sets, list(args.overrides)) for w in args.compare]
+        if args.compare
+        else [("profile", "profile", None, sets, list(args.overrides))]
+    )
     if len(sides) == 2 and sides[0][0] == sides[1][0]:
         sides = [(f"{s[0]}-{i}", *s[1:]) for i, s in enumerate(sides, start=1)]
     for label, kind, source, s_sets, s_over in sides:
@@ -157,8 +165,16 @@ def _bench_plans(
         plan, inputs = plan_of(over_args, host, model=model, sets=s_sets)
         launches[label] = launch_of(args, host, plan, inputs, Path(), _progress)
         r = settings_of(s_over, s_sets)
-        plans.append(BenchPlan(label, kind, source, plan.profile, plan=plan,
-                               non_default_settings=non_default_settings(r.settings, r.provenance)))  # fmt: skip
+        plans.append(
+            BenchPlan(
+                label,
+                kind,
+                source,
+                plan.profile,
+                plan=plan,
+                non_default_settings=non_default_settings(r.settings, r.provenance),
+            )
+        )
     return plans, launches
 
 
@@ -193,9 +209,14 @@ def _report(
     from ..bench.campaign import finish
 
     doc, report = finish(
-        plans, wl, htags, out_dir, command, make_plot=not args.no_plot,
+        plans,
+        wl,
+        htags,
+        out_dir,
+        command,
+        make_plot=not args.no_plot,
         error="; ".join(error.messages()) if error else None,
-    )  # fmt: skip
+    )
     if args.json:
         import json
 
@@ -314,8 +335,10 @@ def _say_what_is_measured(bp: BenchPlan, front: bool) -> None:
     ep = bp.plan.endpoint
     if front:
         who = "vLLM's router" if ep.via == "router" else "nginx"
-        _progress(f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
-                  f"{ep.url} ({who} in front, as clients reach them)")  # fmt: skip
+        _progress(
+            f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
+            f"{ep.url} ({who} in front, as clients reach them)"
+        )
     elif len(bp.plan.instances) > 1:
         _progress(
             f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"

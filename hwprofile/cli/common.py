@@ -82,7 +82,11 @@ def _inventory(path: str) -> tuple[list[str], list[str]]:
         raise CliError(f"{path}: expected `nodes:` with a list of {{snapshot: FILE, address: ADDR}}")
     files, addresses = [], []
     for i, n in enumerate(nodes):
-        if not isinstance(n, dict) or not isinstance(n.get("snapshot"), str) or not isinstance(n.get("address"), str):
+        if (
+            not isinstance(n, dict)
+            or not isinstance(n.get("snapshot"), str)
+            or not isinstance(n.get("address"), str)
+        ):
             raise CliError(f"{path}: nodes[{i}]: expected {{snapshot: FILE, address: ADDR}}")
         why = address_problem(n["address"])
         if why:
@@ -116,10 +120,17 @@ def plan_of(args: argparse.Namespace, host, model: str | None = None, sets: list
         model = with_revision(args.model if model is None else model, args.revision)
     rank = getattr(args, "node_rank", None)  # launch and daemon run one node's part; plan and render show all
     inputs = PlanInputs(
-        host, config_root(args.config_root), args.profile, tuple(args.overrides),
-        tuple(args.sets if sets is None else sets), args.model if model is None else model, args.draft,
-        tuple(hosts[1:]), tuple(addresses) if len(hosts) > 1 else (), rank or 0,
-    )  # fmt: skip
+        host,
+        config_root(args.config_root),
+        args.profile,
+        tuple(args.overrides),
+        tuple(args.sets if sets is None else sets),
+        args.model if model is None else model,
+        args.draft,
+        tuple(hosts[1:]),
+        tuple(addresses) if len(hosts) > 1 else (),
+        rank or 0,
+    )
     return (inputs.whole_plan() if rank is None else inputs.replan()), inputs
 
 
@@ -151,5 +162,8 @@ def demo_model(sets: list[str], extra: tuple[str, ...] = ()) -> tuple[str, list[
     if tiny_model_ready():
         print(f"hwprofile: demo: the tiny model made on the first run ({DEFAULT_DIR})", file=sys.stderr)
     else:
-        print("hwprofile: demo: generating a tiny model offline (once; kept for the next runs) ...", file=sys.stderr)
+        print(
+            "hwprofile: demo: generating a tiny model offline (once; kept for the next runs) ...",
+            file=sys.stderr,
+        )
     return str(make_tiny_model()), [*DEMO_SETS, *extra, *sets]

@@ -244,14 +244,26 @@ def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
         bad += [f"GPU {r.index}: {f}" for f in fatal]
         noted += [f"GPU {r.index}: {n}" for n in notes]
     if bad:
-        out.append(Finding("faults", BLOCKING, "hardware faults (the daemon drains the instances on these GPUs "
-                           "and does not restart them there): " + "; ".join(bad) + ". Reset the GPU "
-                           "(nvidia-smi -r, or a reboot) or replace it; `dmesg | grep -i xid` says more"))  # fmt: skip
+        out.append(
+            Finding(
+                "faults",
+                BLOCKING,
+                "hardware faults (the daemon drains the instances on these GPUs "
+                "and does not restart them there): " + "; ".join(bad) + ". Reset the GPU "
+                "(nvidia-smi -r, or a reboot) or replace it; `dmesg | grep -i xid` says more",
+            )
+        )
     elif readings:
         ecc = [r.index for r in readings if r.ecc_uncorrected is not None]
-        out.append(Finding("faults", OK, f"no hardware fault on {len(readings)} GPU(s) (ECC counts read on "
-                           f"{len(ecc)}; XIDs seen since this look began: none fatal)"
-                           + (f"; noted: {'; '.join(noted)}" if noted else "")))  # fmt: skip
+        out.append(
+            Finding(
+                "faults",
+                OK,
+                f"no hardware fault on {len(readings)} GPU(s) (ECC counts read on "
+                f"{len(ecc)}; XIDs seen since this look began: none fatal)"
+                + (f"; noted: {'; '.join(noted)}" if noted else ""),
+            )
+        )
     if factor <= 0:
         out.append(
             Finding("power_limit", OK, "degrade.power_limit_factor is 0: the power limit is not a lever")
@@ -269,13 +281,30 @@ def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
     if power:
         root = os.geteuid() == 0
         if why:
-            out.append(Finding("power_limit", ADVICE, "the daemon's first degrade step (a lower power limit) "
-                               "cannot be used on " + "; ".join(why) + ": a hot card goes straight to the batch "
-                               "steps (set degrade.power_limit_factor=0 to say so)"))  # fmt: skip
+            out.append(
+                Finding(
+                    "power_limit",
+                    ADVICE,
+                    "the daemon's first degrade step (a lower power limit) "
+                    "cannot be used on " + "; ".join(why) + ": a hot card goes straight to the batch "
+                    "steps (set degrade.power_limit_factor=0 to say so)",
+                )
+            )
         else:
-            out.append(Finding("power_limit", OK if root else ADVICE, "a hot card's power limit is lowered first: "
-                               + "; ".join(can) + ("" if root else ". This process is not root: NVML refuses to "
-                               "set a power limit, run the daemon as root for it")))  # fmt: skip
+            out.append(
+                Finding(
+                    "power_limit",
+                    OK if root else ADVICE,
+                    "a hot card's power limit is lowered first: "
+                    + "; ".join(can)
+                    + (
+                        ""
+                        if root
+                        else ". This process is not root: NVML refuses to "
+                        "set a power limit, run the daemon as root for it"
+                    ),
+                )
+            )
     return out
 
 

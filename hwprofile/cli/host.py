@@ -138,8 +138,14 @@ def _doctor_interconnect(args: argparse.Namespace, host) -> int:  # host: HostSn
         backend = "gloo"
         groups = groups or [tuple(range(max(2, args.ranks)))]
     groups = [g for g in groups if len(g) > 1]
-    report = run_check(groups, fingerprint=host_fingerprint(host), backend=backend, deadline_s=args.deadline,
-                       driver_version=host.driver.version, iommu=host.interconnect.iommu)  # fmt: skip
+    report = run_check(
+        groups,
+        fingerprint=host_fingerprint(host),
+        backend=backend,
+        deadline_s=args.deadline,
+        driver_version=host.driver.version,
+        iommu=host.interconnect.iommu,
+    )
     saved = None
     try:
         saved = save_report(config_root(args.config_root), host, report)

@@ -178,10 +178,14 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument(
-        "--explain", nargs="?", const="short", choices=("short", "all"), metavar="all",
+        "--explain",
+        nargs="?",
+        const="short",
+        choices=("short", "all"),
+        metavar="all",
         help="how fast, and why: the prediction and the reasons for the values one asks about first; "
         "--explain=all: every value's reason and source, the prediction's terms",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema hwprofile.plan/1)")
     p.add_argument(
         "--advice-from",
@@ -204,10 +208,11 @@ def _args_render(p: argparse.ArgumentParser) -> None:
         "k8s: Kubernetes manifests, one workload per GPU class)",
     )
     p.add_argument(
-        "--nodes", metavar="FILE",
+        "--nodes",
+        metavar="FILE",
         help="k8s: the cluster's nodes (`kubectl get nodes -o json` saved to FILE; - for stdin): one "
         "workload per GPU class, by GPU Feature Discovery's labels (instead of --from)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--image",
         type=image_ref,
@@ -216,14 +221,19 @@ def _args_render(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--namespace", type=dns_label, metavar="NS", help="k8s: the manifests' namespace")
     p.add_argument(
-        "--router-image", type=image_ref, metavar="IMAGE",
+        "--router-image",
+        type=image_ref,
+        metavar="IMAGE",
         help="k8s: put vLLM's router (cache_aware) in front of every workload: a Deployment and Service "
         "hwprofile-router running IMAGE (one with `pip install vllm-router`)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--api-key-secret", type=dns_label, default="hwprofile-api-key", metavar="NAME",
+        "--api-key-secret",
+        type=dns_label,
+        default="hwprofile-api-key",
+        metavar="NAME",
         help="k8s: the Secret holding the API key under `api-key` (when server.api_key_env is set)",
-    )  # fmt: skip
+    )
     p.add_argument("--instance", metavar="NAME", help="only this instance (default: all)")
     p.add_argument(
         "--vllm-version", metavar="X.Y.Z", help="render for this vLLM release instead of the installed one"
@@ -255,9 +265,12 @@ def _args_launch(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--foreground", action="store_true", help="supervise in this process until SIGTERM/SIGINT")
     p.add_argument(
-        "--node-rank", type=count(0, 63), default=0, metavar="K",
+        "--node-rank",
+        type=count(0, 63),
+        default=0,
+        metavar="K",
         help="on a plan over several hosts: run this node's part (default 0: the API server)",
-    )  # fmt: skip
+    )
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     p.add_argument("--plan-file", metavar="FILE", help=argparse.SUPPRESS)  # the detached supervisor's plan
     _add_skip_link_check(p)
@@ -288,17 +301,25 @@ def _args_doctor(p: argparse.ArgumentParser) -> None:
         help="run the all-reduce check across the GPUs (P2P on and off, a hard deadline) and record it for plans",
     )
     p.add_argument(
-        "--group", action="append", metavar="I,J,..",
+        "--group",
+        action="append",
+        metavar="I,J,..",
         help="a TP group to check (GPU indexes; again for more; default all usable GPUs)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--ranks", type=int, default=2, metavar="N",
+        "--ranks",
+        type=int,
+        default=2,
+        metavar="N",
         help="on a host without GPUs: check N CPU ranks over gloo (default 2; the harness itself)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--deadline", type=float, default=120.0, metavar="S",
+        "--deadline",
+        type=float,
+        default=120.0,
+        metavar="S",
         help="seconds one run may take before it is killed and reported as a hang (default 120)",
-    )  # fmt: skip
+    )
 
 
 def _args_daemon(p: argparse.ArgumentParser) -> None:
@@ -312,28 +333,36 @@ def _args_daemon(p: argparse.ArgumentParser) -> None:
         help="do not watch the config root for edits (reload only on SIGHUP / hwprofile reload)",
     )
     p.add_argument(
-        "--watch-quiet", type=number(0, 60), default=0.5, metavar="S",
+        "--watch-quiet",
+        type=number(0, 60),
+        default=0.5,
+        metavar="S",
         help="seconds without file events before edits are applied (default 0.5)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--state-dir", metavar="DIR",
+        "--state-dir",
+        metavar="DIR",
         help="where the last good plan is kept (default $HWPROFILE_STATE_DIR, $XDG_STATE_HOME/hwprofile, "
         "/var/lib/hwprofile as root)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--node-rank", type=count(0, 63), default=0, metavar="K",
+        "--node-rank",
+        type=count(0, 63),
+        default=0,
+        metavar="K",
         help="on a plan over several hosts: run and watch this node's part (default 0: the API server)",
-    )  # fmt: skip
+    )
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     _add_skip_link_check(p)
 
 
 def _add_skip_link_check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--skip-link-check", action="store_true",
+        "--skip-link-check",
+        action="store_true",
         help="start a TP group on GPUs whose links were never proven without checking them first "
         "(supervise.link_check=false: always)",
-    )  # fmt: skip
+    )
 
 
 def _args_watch(p: argparse.ArgumentParser) -> None:
@@ -345,9 +374,16 @@ def _args_watch(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="a vLLM server to watch (its /metrics), e.g. http://127.0.0.1:8000; repeat for several",
     )
-    p.add_argument("--once", action="store_true", help="one evaluation (two samples an interval apart), then exit")
+    p.add_argument(
+        "--once", action="store_true", help="one evaluation (two samples an interval apart), then exit"
+    )
     p.add_argument("--json", action="store_true", help="JSON: one object per evaluation, one per line")
-    p.add_argument("--interval", type=number(0.05, 3600), metavar="S", help="seconds between samples (default watch.interval)")
+    p.add_argument(
+        "--interval",
+        type=number(0.05, 3600),
+        metavar="S",
+        help="seconds between samples (default watch.interval)",
+    )
     p.add_argument(
         "--draft-cost",
         type=number(0, 10),
@@ -356,12 +392,21 @@ def _args_watch(p: argparse.ArgumentParser) -> None:
         help="one proposal's cost relative to a target step, for the k advice (default 0: ngram)",
     )
     p.add_argument(
-        "--max-num-seqs", type=count(1, 1 << 20), metavar="N", help="the servers' --max-num-seqs, for the batch load in the k advice"
+        "--max-num-seqs",
+        type=count(1, 1 << 20),
+        metavar="N",
+        help="the servers' --max-num-seqs, for the batch load in the k advice",
     )
     _add_config_root(p)
-    p.add_argument("--profile", metavar="NAME", help="take watch.* from this profile instead of the matched one")
-    p.add_argument("--overrides", action="append", default=[], metavar="FILE", help="an override file (repeatable)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set watch.hot_c=80")
+    p.add_argument(
+        "--profile", metavar="NAME", help="take watch.* from this profile instead of the matched one"
+    )
+    p.add_argument(
+        "--overrides", action="append", default=[], metavar="FILE", help="an override file (repeatable)"
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set watch.hot_c=80"
+    )
     _add_host_source(p)
 
 
@@ -369,40 +414,57 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument(
-        "--runtime-dir", metavar="DIR",
+        "--runtime-dir",
+        metavar="DIR",
         help="the supervisor's directory while serving (default: verify/ in launch's runtime directory)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--baseline-url", metavar="URL", type=server_url,
+        "--baseline-url",
+        metavar="URL",
+        type=server_url,
         help="compare two running servers instead of serving both: the baseline (with --url)",
-    )  # fmt: skip
-    p.add_argument("--url", metavar="URL", type=server_url, help="the candidate server to compare with --baseline-url")
+    )
+    p.add_argument(
+        "--url", metavar="URL", type=server_url, help="the candidate server to compare with --baseline-url"
+    )
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     p.add_argument(
-        "--prompts", metavar="FILE",
+        "--prompts",
+        metavar="FILE",
         help="reference prompts YAML (a `prompts:` list of {id, kind, text}); default: the 50 shipped ones",
-    )  # fmt: skip
+    )
     p.add_argument("--limit", type=count(1, 1 << 20), metavar="N", help="only the first N prompts")
-    p.add_argument("--max-tokens", type=count(1, 65_536), metavar="N", help="tokens generated per prompt (default verify.max_tokens)")
+    p.add_argument(
+        "--max-tokens",
+        type=count(1, 65_536),
+        metavar="N",
+        help="tokens generated per prompt (default verify.max_tokens)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON (schema hwprofile.verify/1)")
     p.add_argument(
-        "--demo", action="store_true",
+        "--demo",
+        action="store_true",
         help="the tiny model made offline, as `launch --demo`: baseline and tuned plan served here, compared",
-    )  # fmt: skip
+    )
 
 
 def _args_install_service(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user", action="store_true", help="a unit for the user's manager (systemctl --user)")
     p.add_argument(
-        "--prefix", metavar="DIR",
+        "--prefix",
+        metavar="DIR",
         help="write into DIR (DIR/hwprofile.service, DIR/tmpfiles.d/hwprofile.conf) and do not reload systemd",
-    )  # fmt: skip
-    p.add_argument("--stop-timeout", type=int, metavar="S", help="TimeoutStopSec (default: drain time + margins)")
+    )
+    p.add_argument(
+        "--stop-timeout", type=int, metavar="S", help="TimeoutStopSec (default: drain time + margins)"
+    )
     p.add_argument("--run-as", metavar="USER", help="User= of the system unit (default: DynamicUser=yes)")
     p.add_argument(
-        "daemon_args", nargs=argparse.REMAINDER, metavar="-- DAEMON ARGS",
+        "daemon_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- DAEMON ARGS",
         help="arguments for `hwprofile daemon` in ExecStart, e.g. -- --model /srv/models/x",
-    )  # fmt: skip
+    )
     # the daemon's own parser checks those arguments before they are written into the unit
     p.set_defaults(daemon_parser=_daemon_parser)
 
@@ -415,37 +477,55 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     _add_host_source(p)
     _add_plan_options(p)
     p.add_argument(
-        "--url", metavar="URL", type=server_url,
+        "--url",
+        metavar="URL",
+        type=server_url,
         help="benchmark this running vLLM server (e.g. http://127.0.0.1:8000) instead of launching the plan",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--workload", choices=("seed", "latency", "sweep"), default="seed",
+        "--workload",
+        choices=("seed", "latency", "sweep"),
+        default="seed",
         help="seed: bench.concurrency (16) concurrent, 512 in / 256 out; latency: one at a time; "
         "sweep: concurrency 1, 2, 4 ... bench.sweep_max, and its knee against bench.ttft_p99_target_ms",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--compare", nargs=2, metavar=("A", "B"),
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
         help="two plans run alternately: each 'profile' (as matched), 'baseline' (speculative.method=none) "
         "or an overrides file; prints the ratio B/A with its spread",
-    )  # fmt: skip
-    p.add_argument("--rounds", type=count(1, 1000), metavar="N", help="rounds per plan (default bench.rounds with --compare, else 1)")
+    )
+    p.add_argument(
+        "--rounds",
+        type=count(1, 1000),
+        metavar="N",
+        help="rounds per plan (default bench.rounds with --compare, else 1)",
+    )
     p.add_argument("--json", action="store_true", help="print the result document (schema hwprofile.bench/1)")
     p.add_argument(
-        "--output", metavar="DIR",
+        "--output",
+        metavar="DIR",
         help="where bench.json, bench.png and vllm bench serve's own results go (default ~/.local/state/hwprofile/bench/hwprofile-bench-<time>: $XDG_STATE_HOME/hwprofile, or /var/lib/hwprofile as root)",
-    )  # fmt: skip
-    p.add_argument("--no-plot", action="store_true", help="no bench.png (matplotlib is not imported): the JSON and the report only")
+    )
     p.add_argument(
-        "--calibrate", action="store_true",
+        "--no-plot",
+        action="store_true",
+        help="no bench.png (matplotlib is not imported): the JSON and the report only",
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
         help="store the result as this host's calibration (<config root>/calibration/<fingerprint>.json): the next "
         "plan's predictions come from it, marked calibrated",
-    )  # fmt: skip
+    )
     p.add_argument("--vllm-version", metavar="X.Y.Z", help=argparse.SUPPRESS)
     _add_runtime(p)
     p.add_argument(
-        "--demo", action="store_true",
+        "--demo",
+        action="store_true",
         help="benchmark the tiny model made offline, with a short workload (a first try on a CPU)",
-    )  # fmt: skip
+    )
 
 
 def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
@@ -524,7 +604,12 @@ def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], Non
             _args_install_service,
             cmd_install_service,
         ),
-        ("reload", "ask the running daemon to re-plan and apply what changed (SIGHUP)", _add_runtime, cmd_reload),
+        (
+            "reload",
+            "ask the running daemon to re-plan and apply what changed (SIGHUP)",
+            _add_runtime,
+            cmd_reload,
+        ),
     )
 
 

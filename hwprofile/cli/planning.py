@@ -58,9 +58,12 @@ def _roots(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     return [
         ("profiles/", builtin_dir(), "the built-in profiles"),
         ("hwprofile/", package, "the installed hwprofile package"),
-        ("<config root>/", config_root(getattr(args, "config_root", None)),
-         "the site configuration: --config-root, else $HWPROFILE_CONFIG_ROOT, else /etc/hwprofile"),
-    ]  # fmt: skip
+        (
+            "<config root>/",
+            config_root(getattr(args, "config_root", None)),
+            "the site configuration: --config-root, else $HWPROFILE_CONFIG_ROOT, else /etc/hwprofile",
+        ),
+    ]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -170,8 +173,10 @@ def _render_k8s(args: argparse.Namespace) -> int:
     from ..render.versions import known_versions, parse_version, release
 
     if args.check or args.instance:
-        raise CliError("--format k8s renders every instance and has no --check (render --format argv "
-                       "--check checks the same arguments)")  # fmt: skip
+        raise CliError(
+            "--format k8s renders every instance and has no --check (render --format argv "
+            "--check checks the same arguments)"
+        )
     header: list[str] = []
     if args.nodes:
         if args.from_file or args.inventory:
@@ -180,28 +185,51 @@ def _render_k8s(args: argparse.Namespace) -> int:
 
         version = args.vllm_version or max(known_versions(), key=parse_version)
         if not args.vllm_version:
-            print(f"hwprofile: k8s: no --vllm-version: rendering for vLLM {version}, the newest release "
-                  "hwprofile knows", file=sys.stderr)  # fmt: skip
+            print(
+                f"hwprofile: k8s: no --vllm-version: rendering for vLLM {version}, the newest release "
+                "hwprofile knows",
+                file=sys.stderr,
+            )
         rel = release(version)
         try:
             classes, notes = node_classes(_read_nodes(args.nodes), rel.target)
         except ValueError as e:
             raise CliError(f"--nodes {args.nodes}: {e}") from None
         if not classes:
-            raise CliError(f"--nodes {args.nodes}: no node with GPU Feature Discovery's nvidia.com/gpu.product "
-                           "label and an allocatable nvidia.com/gpu" + "".join(f"; {n}" for n in notes))  # fmt: skip
+            raise CliError(
+                f"--nodes {args.nodes}: no node with GPU Feature Discovery's nvidia.com/gpu.product "
+                "label and an allocatable nvidia.com/gpu" + "".join(f"; {n}" for n in notes)
+            )
         root = config_root(args.config_root)
         products = [c.product for c in classes]  # one product in two classes: the count and memory name them
         targets = [
-            Target(c.product, c.selector, c.nodes, len(c.nodes),
-                   PlanInputs(c.snapshot, root, args.profile, tuple(args.overrides), tuple(args.sets),
-                              args.model, args.draft), c.assumed,
-                   f"{c.gpu_count}x{c.memory_mib}mib" if products.count(c.product) > 1 else "")
+            Target(
+                c.product,
+                c.selector,
+                c.nodes,
+                len(c.nodes),
+                PlanInputs(
+                    c.snapshot,
+                    root,
+                    args.profile,
+                    tuple(args.overrides),
+                    tuple(args.sets),
+                    args.model,
+                    args.draft,
+                ),
+                c.assumed,
+                f"{c.gpu_count}x{c.memory_mib}mib" if products.count(c.product) > 1 else "",
+            )
             for c in classes
-        ]  # fmt: skip
-        header = [f"from the nodes of {args.nodes}: {len(classes)} GPU class(es)"] + [
-            f"{c.product}: {c.gpu_count} GPU(s) x {c.memory_mib} MiB on {len(c.nodes)} node(s)" for c in classes
-        ] + list(notes)
+        ]
+        header = (
+            [f"from the nodes of {args.nodes}: {len(classes)} GPU class(es)"]
+            + [
+                f"{c.product}: {c.gpu_count} GPU(s) x {c.memory_mib} MiB on {len(c.nodes)} node(s)"
+                for c in classes
+            ]
+            + list(notes)
+        )
     else:
         host = load_host(args)
         rel = render_release(
@@ -210,7 +238,9 @@ def _render_k8s(args: argparse.Namespace) -> int:
         _, inputs = plan_of(args, host)
         targets = [snapshot_target(inputs)]
         notes = []
-    text, warnings = render_k8s(targets, Options(rel, args.image, args.namespace, args.api_key_secret, args.router_image), header)
+    text, warnings = render_k8s(
+        targets, Options(rel, args.image, args.namespace, args.api_key_secret, args.router_image), header
+    )
     if args.output:
         _write_output(args.output, "hwprofile", "k8s", text)
     else:

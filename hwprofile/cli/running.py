@@ -33,7 +33,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         configured = {i.server.vllm_command for i in plan.instances if i.server.vllm_command}
         rel = release_for(host.software, configured, args.vllm_version)  # the release that would run
         for inst in plan.instances:
-            r = render_instance(plan, inst, rel, vllm_command(inst.server.vllm_command), host.software.numactl_path)
+            r = render_instance(
+                plan, inst, rel, vllm_command(inst.server.vllm_command), host.software.numactl_path
+            )
             print(f"# {r.name}: vLLM {r.vllm_version}, GPUs {r.gpus or '-'}, NUMA node {r.numa_node}")
             for k, v in sorted(r.env.items()):
                 print(f"{k}={shlex.quote(v)}")
@@ -47,7 +49,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from ..launch.demo import run_demo
         from ..launch.start import preflight
 
-        launch = launch_of(args, host, plan, inputs, runtime, lambda m: print(f"hwprofile: {m}", file=sys.stderr))
+        launch = launch_of(
+            args, host, plan, inputs, runtime, lambda m: print(f"hwprofile: {m}", file=sys.stderr)
+        )
         preflight(launch)  # refused before hwprofile's log goes into the runtime directory
         setup_logging(runtime, to_stderr=True)
         return run_demo(launch)
@@ -77,9 +81,15 @@ def _launch_from_file(args: argparse.Namespace, runtime) -> int:
     sw = doc.inputs.host.software
     setup_logging(runtime, to_stderr=True)
     launch = Launch(
-        doc.plan, release(doc.vllm_version), vllm_command(None), sw.numactl_path, sw.tmpfs_path, runtime, doc.inputs,
+        doc.plan,
+        release(doc.vllm_version),
+        vllm_command(None),
+        sw.numactl_path,
+        sw.tmpfs_path,
+        runtime,
+        doc.inputs,
         router=sw.router_path,
-    )  # fmt: skip
+    )
     return foreground(launch)
 
 
@@ -126,7 +136,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     state = state_dir(args.state_dir)
     started_from = None
     try:
-        plan, inputs = plan_of(args, host)  # the same inputs for every re-plan: degrade steps, the ladder, reloads
+        plan, inputs = plan_of(
+            args, host
+        )  # the same inputs for every re-plan: degrade steps, the ladder, reloads
         launch = launch_of(args, host, plan, inputs, runtime)
     except InputError as e:  # an invalid configuration: the plan that last ran well, if one is kept
         kept = _last_good(state)
@@ -142,9 +154,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     setup_logging(runtime, to_stderr=True)
     root = inputs.config_root
     return run_daemon(
-        launch, watch_root=Path(root) if args.watch_config and root else None, watch_quiet_s=args.watch_quiet,
-        state_dir=state, started_from=started_from, in_container=in_container,
-    )  # fmt: skip
+        launch,
+        watch_root=Path(root) if args.watch_config and root else None,
+        watch_quiet_s=args.watch_quiet,
+        state_dir=state,
+        started_from=started_from,
+        in_container=in_container,
+    )
 
 
 def _last_good(state):  # -> LaunchDoc | None
@@ -162,7 +178,15 @@ def _last_good(state):  # -> LaunchDoc | None
 def cmd_watch(args: argparse.Namespace) -> int:
     from .watch import run_watch
 
-    return run_watch(args.url, _watch_settings(args), args.once, args.json, args.interval, args.draft_cost, args.max_num_seqs)
+    return run_watch(
+        args.url,
+        _watch_settings(args),
+        args.once,
+        args.json,
+        args.interval,
+        args.draft_cost,
+        args.max_num_seqs,
+    )
 
 
 def _watch_settings(args: argparse.Namespace):  # -> Watch
@@ -170,7 +194,9 @@ def _watch_settings(args: argparse.Namespace):  # -> Watch
     from ..pipeline import config_root, resolve_settings
 
     host = load_host(args)
-    res = resolve_settings(host, args.config_root or config_root(), args.profile, args.overrides, args.set, None)
+    res = resolve_settings(
+        host, args.config_root or config_root(), args.profile, args.overrides, args.set, None
+    )
     return res.settings.watch
 
 
@@ -215,7 +241,9 @@ def _check_daemon_args(extra: list[str], parser: argparse.ArgumentParser) -> arg
             return parser.parse_args(["daemon", *extra])
     except SystemExit:
         why = err.getvalue().strip().splitlines()
-        raise CliError(f"`hwprofile daemon {' '.join(extra)}` would not start: {why[-1] if why else 'invalid'}") from None
+        raise CliError(
+            f"`hwprofile daemon {' '.join(extra)}` would not start: {why[-1] if why else 'invalid'}"
+        ) from None
 
 
 def _drain_of(daemon: argparse.Namespace) -> tuple[float, float]:
@@ -226,7 +254,9 @@ def _drain_of(daemon: argparse.Namespace) -> tuple[float, float]:
 
     try:
         host = load_host(daemon)
-        res = resolve_settings(host, config_root(daemon.config_root), daemon.profile, daemon.overrides, daemon.sets)
+        res = resolve_settings(
+            host, config_root(daemon.config_root), daemon.profile, daemon.overrides, daemon.sets
+        )
     except HwprofileError as e:
         raise CliError(f"the daemon's settings: {'; '.join(e.messages())}") from None
     return float(res.settings.server.shutdown_timeout), res.settings.supervise.stop_margin

@@ -42,10 +42,14 @@ def _plan_side(plan: Plan) -> dict[str, Any]:
         "profile": plan.profile,
         "instance": inst.name,
         "dtype": inst.engine.dtype,
-        "speculative": None if spec is None else {
-            "method": spec.method, "model": spec.model, "num_speculative_tokens": spec.num_speculative_tokens,
+        "speculative": None
+        if spec is None
+        else {
+            "method": spec.method,
+            "model": spec.model,
+            "num_speculative_tokens": spec.num_speculative_tokens,
         },
-    }  # fmt: skip
+    }
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -54,7 +58,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..verify.prompts import load_prompts
 
     if bool(args.baseline_url) != bool(args.url):
-        raise CliError("--baseline-url and --url go together: both servers, or neither (hwprofile serves both)")
+        raise CliError(
+            "--baseline-url and --url go together: both servers, or neither (hwprofile serves both)"
+        )
     if args.demo and args.url:
         raise CliError("--demo serves the tiny model itself: leave out --baseline-url and --url")
     prompts = load_prompts(args.prompts)
@@ -69,7 +75,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens or max_tokens
     request = {"endpoint": "/v1/completions", "max_tokens": max_tokens, "temperature": 0}
     if args.url:
-        verdict, base, cand, notes = _compare_urls(args.baseline_url, args.url, prompts.prompts, max_tokens, bar)
+        verdict, base, cand, notes = _compare_urls(
+            args.baseline_url, args.url, prompts.prompts, max_tokens, bar
+        )
     else:
         verdict, base, cand, notes = _serve_both(args, host, model, sets, prompts.prompts, max_tokens, bar)
     from ..verify.report import format_text, to_json
@@ -80,8 +88,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "demo: the tiny model's weights are random (made offline), so its answers are gibberish by design; "
             "what counts is that the tuned plan gives the same tokens. On a GPU host: hwprofile verify --model NAME"
         )
-    settings = {**request, "seed": SEED, "concurrency": 1, "baseline_top_logprobs": TOP_LOGPROBS,
-                "prompts_file": prompts.source}  # fmt: skip
+    settings = {
+        **request,
+        "seed": SEED,
+        "concurrency": 1,
+        "baseline_top_logprobs": TOP_LOGPROBS,
+        "prompts_file": prompts.source,
+    }
     doc = to_json(verdict, base, cand, settings, notes)
     if args.json:
         import json
@@ -117,7 +130,13 @@ def _compare_urls(
 
 
 def _serve_both(
-    args: argparse.Namespace, host: Any, model: str | None, sets: list[str], prompts: Any, max_tokens: int, bar: float
+    args: argparse.Namespace,
+    host: Any,
+    model: str | None,
+    sets: list[str],
+    prompts: Any,
+    max_tokens: int,
+    bar: float,
 ) -> tuple[Verdict, dict[str, Any], dict[str, Any], list[str]]:
     """Serve the baseline plan, ask it, stop it; then the same for the tuned plan (never both at
     once), and compare while the tuned plan still serves (its ``/detokenize`` names the tokens)."""
@@ -132,7 +151,9 @@ def _serve_both(
     if tuned.instances[0].speculative is None:
         notes.append("the tuned plan does not speculate: it is compared with a baseline of the same settings")
     if len(tuned.instances) > 1:
-        notes.append(f"the tuned plan has {len(tuned.instances)} instances; the first ({tuned.instances[0].name}) is verified")
+        notes.append(
+            f"the tuned plan has {len(tuned.instances)} instances; the first ({tuned.instances[0].name}) is verified"
+        )
     if tuned.instances[0].engine.dtype != baseline.instances[0].engine.dtype:  # not from the same settings
         notes.append(
             f"dtype differs: baseline {baseline.instances[0].engine.dtype}, tuned {tuned.instances[0].engine.dtype}"
@@ -154,8 +175,13 @@ def _serve_both(
     notes += base.notes + cand.notes
     return (
         verdict,
-        {"source": "served", "url": base.url, "model": base.model, "seconds": b_s, "plan": _plan_side(baseline)},
+        {
+            "source": "served",
+            "url": base.url,
+            "model": base.model,
+            "seconds": b_s,
+            "plan": _plan_side(baseline),
+        },
         {"source": "served", "url": cand.url, "model": cand.model, "seconds": c_s, "plan": _plan_side(tuned)},
         notes,
     )
-

@@ -110,7 +110,9 @@ def format_host(s: HostSnapshot) -> str:
         out.extend(_table(rows))
         for g in s.usable_gpus:
             if g.faults:
-                out.append(f"  FAULT: GPU {g.index}: {'; '.join(g.faults)} (not planned for: reset or replace it)")  # fmt: skip
+                out.append(
+                    f"  FAULT: GPU {g.index}: {'; '.join(g.faults)} (not planned for: reset or replace it)"
+                )
         degraded = [g.index for g in s.usable_gpus if g.pcie.degraded]
         if degraded:
             out.append(
@@ -186,11 +188,20 @@ def format_profiles(profiles: dict[str, Any], results: list[Any], winner: Any) -
 EXPLAIN_LEVELS = ("short", "all")
 # the reasons --explain (short) shows: the values a person asks about (an instance's key without its
 # ``instances[N].`` prefix, or a top-level key); every value a user set is shown too
-_HEADLINE = frozenset({
-    "model.name", "speculative.method", "tensor_parallel_size", "engine.max_model_len", "engine.max_num_seqs",
-    "engine.gpu_memory_utilization", "engine.kv_cache_dtype", "engine.quantization", "cpu.kv_cache_space_gib",
-    "speculative.num_speculative_tokens",
-})  # fmt: skip
+_HEADLINE = frozenset(
+    {
+        "model.name",
+        "speculative.method",
+        "tensor_parallel_size",
+        "engine.max_model_len",
+        "engine.max_num_seqs",
+        "engine.gpu_memory_utilization",
+        "engine.kv_cache_dtype",
+        "engine.quantization",
+        "cpu.kv_cache_space_gib",
+        "speculative.num_speculative_tokens",
+    }
+)
 _USER_KINDS = ("etc-profile", "overrides.d", "overrides", "env", "cli")
 _SOURCE_WORDS = {
     "default": "hwprofile's own default for the setting (no profile, file or --set names it)",
@@ -203,8 +214,10 @@ class _Roots:
 
     def __init__(self, roots: Sequence[tuple[str, str, str]]) -> None:
         # the longest path first: a root inside another is named by its own label
-        self.roots = sorted(((lbl, path.rstrip("/") + "/", what) for lbl, path, what in roots if path),
-                            key=lambda r: -len(r[1]))  # fmt: skip
+        self.roots = sorted(
+            ((lbl, path.rstrip("/") + "/", what) for lbl, path, what in roots if path),
+            key=lambda r: -len(r[1]),
+        )
         self.used: dict[str, str] = {}
 
     def short(self, text: str) -> str:
@@ -274,9 +287,12 @@ def _instance_body(inst: Any) -> list[str]:
 
     mem, est = inst.memory, inst.estimate
     gpu = bool(inst.gpus)
-    out = [f"  {'runs on':24s} " + (f"{inst.gpu_name}, tensor parallel {inst.tensor_parallel_size}" if gpu else "CPU")
-           + (f", pipeline parallel {inst.pipeline_parallel_size}" if inst.pipeline_parallel_size > 1 else "")
-           + (f", data parallel {inst.ranks}" if inst.ranks > 1 else "")]  # fmt: skip
+    out = [
+        f"  {'runs on':24s} "
+        + (f"{inst.gpu_name}, tensor parallel {inst.tensor_parallel_size}" if gpu else "CPU")
+        + (f", pipeline parallel {inst.pipeline_parallel_size}" if inst.pipeline_parallel_size > 1 else "")
+        + (f", data parallel {inst.ranks}" if inst.ranks > 1 else "")
+    ]
     for k, v in inst.engine.to_json().items():
         if k == "gpu_memory_utilization" and not gpu:
             continue  # a CPU server has no GPU memory to share out
@@ -297,8 +313,13 @@ def _instance_body(inst: Any) -> list[str]:
         out.append(f"  {'speculative':24s} {line}")
     else:
         out.append(f"  {'speculative':24s} off")
-    terms = [("weights", mem.weights_bytes), ("draft", mem.draft_weights_bytes),
-             ("activations", mem.activation_bytes), ("overhead", mem.overhead_bytes), ("KV", mem.kv_cache_bytes)]  # fmt: skip
+    terms = [
+        ("weights", mem.weights_bytes),
+        ("draft", mem.draft_weights_bytes),
+        ("activations", mem.activation_bytes),
+        ("overhead", mem.overhead_bytes),
+        ("KV", mem.kv_cache_bytes),
+    ]
     parts = " + ".join(f"{n} {human_bytes(b)}" for n, b in terms if b)
     label = "memory per GPU" if gpu else "memory (RAM)"
     out.append(f"  {label:24s} {human_bytes(mem.budget_bytes)} = {parts}")
@@ -313,12 +334,16 @@ def _instance_body(inst: Any) -> list[str]:
             f"{est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
         )
         if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
-            line += (f"; {est.decode_tok_s_ceiling_batch1_speculative} tok/s with speculation at acceptance "
-                     f"{est.assumed_acceptance}")  # fmt: skip
+            line += (
+                f"; {est.decode_tok_s_ceiling_batch1_speculative} tok/s with speculation at acceptance "
+                f"{est.assumed_acceptance}"
+            )
         out.append(f"  {'decode, 1 request':24s} at most {line}")
     if est.nodes_parallel is not ABSENT:
-        line = (f"  {'link between nodes':24s} {est.nodes_parallel} parallel: {est.internode_bytes_per_token} B/token "
-                f"at {est.internode_gbps:g} Gb/s, {est.internode_latency_us:g} µs: {est.internode_ms_per_token} ms/token")  # fmt: skip
+        line = (
+            f"  {'link between nodes':24s} {est.nodes_parallel} parallel: {est.internode_bytes_per_token} B/token "
+            f"at {est.internode_gbps:g} Gb/s, {est.internode_latency_us:g} µs: {est.internode_ms_per_token} ms/token"
+        )
         if est.decode_tok_s_ceiling_batch1_group is not ABSENT:
             line += f"; the group's decode ceiling (batch 1) {est.decode_tok_s_ceiling_batch1_group} tok/s"
         out.append(line)
@@ -332,8 +357,10 @@ def _instance_where(inst: Any) -> str:
     text = f"{inst.name}: {where}" + (f", NUMA node {inst.numa_node}" if inst.numa_node is not None else "")
     text += f", http://{inst.server.host}:{inst.server.port}"
     if inst.nnodes is not ABSENT:
-        text += (f", node {inst.node} of {inst.nnodes} ({inst.node_address}, "
-                 f"{'API server' if not inst.headless else 'headless'}, rendezvous {inst.master_addr}:{inst.master_port})")  # fmt: skip
+        text += (
+            f", node {inst.node} of {inst.nnodes} ({inst.node_address}, "
+            f"{'API server' if not inst.headless else 'headless'}, rendezvous {inst.master_addr}:{inst.master_port})"
+        )
     return text
 
 
@@ -425,33 +452,47 @@ def _summary(plan: Plan) -> list[str]:
     servers = f"{n} vLLM server{'s' if n > 1 else ''}"
     if gpus:
         tps = sorted({i.tensor_parallel_size * i.pipeline_parallel_size for i in insts})
-        where = (f"{servers} on GPU {','.join(map(str, gpus))} ({', '.join(names)}), "
-                 f"{' or '.join(map(str, tps))} GPU{'s' if tps != [1] else ''}{' each' if n > 1 else ''}")  # fmt: skip
+        where = (
+            f"{servers} on GPU {','.join(map(str, gpus))} ({', '.join(names)}), "
+            f"{' or '.join(map(str, tps))} GPU{'s' if tps != [1] else ''}{' each' if n > 1 else ''}"
+        )
     else:
         where = f"{servers} on the CPU"
     out = [f"Runs     {what}: {where}"]
     if plan.endpoint is not None:
-        out.append(f"URL      {plan.endpoint.url}" + (" (nginx in front of the servers)" if n > 1 and
-                                                          plan.endpoint.url != f"http://{insts[0].server.host}:{insts[0].server.port}" else ""))  # fmt: skip
+        out.append(
+            f"URL      {plan.endpoint.url}"
+            + (
+                " (nginx in front of the servers)"
+                if n > 1 and plan.endpoint.url != f"http://{insts[0].server.host}:{insts[0].server.port}"
+                else ""
+            )
+        )
     i0 = insts[0]
     mem = i0.memory
     per = "per GPU" if i0.gpus else "RAM"
     draft = f" (draft {human_bytes(mem.draft_weights_bytes)} included)" if mem.draft_weights_bytes else ""
-    out.append(f"Fits     {per} {human_bytes(mem.budget_bytes)} planned: weights "
-               f"{human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}{draft}, KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
-               f"{' per server' if n > 1 else ''})")  # fmt: skip
+    out.append(
+        f"Fits     {per} {human_bytes(mem.budget_bytes)} planned: weights "
+        f"{human_bytes(mem.weights_bytes + (mem.draft_weights_bytes or 0))}{draft}, KV cache {human_bytes(mem.kv_cache_bytes)} ({mem.kv_tokens} tokens"
+        f"{' per server' if n > 1 else ''})"
+    )
     pr = plan.prediction
     preds = [i.prediction for i in insts if i.prediction is not ABSENT]
     if pr and preds:
         p = preds[0]
         ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
         met = p.ttft_ms <= ttft_t and p.tpot_ms <= tpot_t
-        out.append(f"Speed    TTFT {p.ttft_ms:.0f} ms, TPOT {p.tpot_ms:.1f} ms, {p.output_tokens_per_s:.0f} output tok/s"
-                   f"{' per server' if n > 1 else ''} at {p.concurrency} requests, predicted ({p.source}); "
-                   f"{'within' if met else 'NOT within'} the targets TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms")  # fmt: skip
+        out.append(
+            f"Speed    TTFT {p.ttft_ms:.0f} ms, TPOT {p.tpot_ms:.1f} ms, {p.output_tokens_per_s:.0f} output tok/s"
+            f"{' per server' if n > 1 else ''} at {p.concurrency} requests, predicted ({p.source}); "
+            f"{'within' if met else 'NOT within'} the targets TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms"
+        )
     else:
-        out.append(f"Speed    not predicted for {'these GPUs (no datasheet figures)' if gpus else 'a CPU server'}: "
-                   "`hwprofile bench` measures it")  # fmt: skip
+        out.append(
+            f"Speed    not predicted for {'these GPUs (no datasheet figures)' if gpus else 'a CPU server'}: "
+            "`hwprofile bench` measures it"
+        )
     if plan.warnings:
         k = len(_warnings(plan))
         out.append(f"Watch    {k} warning{'s' if k > 1 else ''}, below")
@@ -472,14 +513,21 @@ def _reasons(plan: Plan, level: str, r: _Roots) -> list[str]:
         items.append((who, (key, value, x.reason, x.source)))
     folded = _fold(items)
     shown = [
-        (who, k) for who, k in folded
-        if level == "all" or k[0] in _HEADLINE or k[0].startswith("layout.") or k[3].split(" ")[0] in _USER_KINDS
-    ]  # fmt: skip
+        (who, k)
+        for who, k in folded
+        if level == "all"
+        or k[0] in _HEADLINE
+        or k[0].startswith("layout.")
+        or k[3].split(" ")[0] in _USER_KINDS
+    ]
     out = ["", "Reasons" if level == "all" else "Why (the values one asks about first)"]
     for whose, (key, value, reason, source) in shown:
         named = [n for n in whose if n]
-        out.append(f"  {key} = {value}" + (f"  ({_names(named, len(names))})" if named and len(names) > 1 else "")
-                   + f"  [{r.source(source)}]")  # fmt: skip
+        out.append(
+            f"  {key} = {value}"
+            + (f"  ({_names(named, len(names))})" if named and len(names) > 1 else "")
+            + f"  [{r.source(source)}]"
+        )
         out.append(f"      {r.short(reason)}")
     if len(shown) < len(folded):
         out.append(f"  ... {len(folded) - len(shown)} more, and the prediction's terms: --explain=all")
@@ -495,25 +543,37 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
     w = pr["workload"]
     cal = pr["calibration"]
     ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
-    out = ["", f"Predictions at {w['input_len']} in / {w['output_len']} out, {w['concurrency']} requests in flight "
-               f"(objective {pr['objective']}: TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms)"]  # fmt: skip
+    out = [
+        "",
+        f"Predictions at {w['input_len']} in / {w['output_len']} out, {w['concurrency']} requests in flight "
+        f"(objective {pr['objective']}: TTFT <= {ttft_t:g} ms, TPOT <= {tpot_t:g} ms)",
+    ]
     if cal["path"]:
         out.append(f"  calibration: {r.short(cal['path'])} (bench {cal['created']})")
     else:
         where = r.short(next((p for lbl, p, _ in r.roots if lbl == "<config root>/"), "<config root>/"))
-        out.append(f"  calibration: none: the GPU datasheet's figures (hwprofile bench results copied to "
-                   f"{where}calibration/{cal['fingerprint']}.json would be used instead)")  # fmt: skip
+        out.append(
+            f"  calibration: none: the GPU datasheet's figures (hwprofile bench results copied to "
+            f"{where}calibration/{cal['fingerprint']}.json would be used instead)"
+        )
     for g in pr["groups"]:
         out.append(
             f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}"
         )
         rows = [["", "layout", "TTFT ms", "TPOT ms", "out tok/s", "capacity tok/s", "at", "source"]]
         for c in g["candidates"]:
-            rows.append([
-                "=>" if c["chosen"] else ("x" if not c["fits"] else ""), c["layout"], f"{c['ttft_ms']:g}",
-                f"{c['tpot_ms']:g}", f"{c['output_tokens_per_s']:g}", f"{c['capacity_output_tokens_per_s']:g}",
-                str(c["capacity_concurrency"]), c.get("why_not") or c["source"],
-            ])  # fmt: skip
+            rows.append(
+                [
+                    "=>" if c["chosen"] else ("x" if not c["fits"] else ""),
+                    c["layout"],
+                    f"{c['ttft_ms']:g}",
+                    f"{c['tpot_ms']:g}",
+                    f"{c['output_tokens_per_s']:g}",
+                    f"{c['capacity_output_tokens_per_s']:g}",
+                    str(c["capacity_concurrency"]),
+                    c.get("why_not") or c["source"],
+                ]
+            )
         out += ["  " + line for line in _table(rows)]
         if g.get("batching_chosen_by") == "prediction":
             out.append(
@@ -521,12 +581,19 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
             )
         out.append(f"      {g['reason']}")
         if g.get("batching") and level == "all":
-            out.append(f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, "
-                       "TPOT ms, out tok/s; * configured, => run; equal predictions together):")  # fmt: skip
-            cells = [(f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
-                      f"{'*' if b['planned'] else ''}",
-                      f"{b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
-                      + ("" if b["fits"] else " (does not fit)")) for b in g["batching"]]  # fmt: skip
+            out.append(
+                f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, "
+                "TPOT ms, out tok/s; * configured, => run; equal predictions together):"
+            )
+            cells = [
+                (
+                    f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
+                    f"{'*' if b['planned'] else ''}",
+                    f"{b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
+                    + ("" if b["fits"] else " (does not fit)"),
+                )
+                for b in g["batching"]
+            ]
             for settings, figures in _fold(cells):
                 out.append(f"      {' '.join(settings)}: {figures}")
             if len(cells) > 1 and len(_fold(cells)) == 1:
@@ -543,9 +610,13 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
             continue
         over = [f"TTFT over the {ttft_t:g} ms target"] if p.ttft_ms > ttft_t else []
         over += [f"TPOT over the {tpot_t:g} ms target"] if p.tpot_ms > tpot_t else []
-        head = (f"TTFT {p.ttft_ms:g} ms, TPOT {p.tpot_ms:g} ms, {p.output_tokens_per_s:g} output tok/s "
-                f"at {p.concurrency} requests ({p.source})" + (f": {', '.join(over)}" if over else ""))  # fmt: skip
-        terms = tuple(f"      {t['term']}: {t['ms']:g} ms{_band(t)}  [{r.short(t['source'])}]" for t in p.terms)
+        head = (
+            f"TTFT {p.ttft_ms:g} ms, TPOT {p.tpot_ms:g} ms, {p.output_tokens_per_s:g} output tok/s "
+            f"at {p.concurrency} requests ({p.source})" + (f": {', '.join(over)}" if over else "")
+        )
+        terms = tuple(
+            f"      {t['term']}: {t['ms']:g} ms{_band(t)}  [{r.short(t['source'])}]" for t in p.terms
+        )
         detail = (terms if level == "all" else ()) + tuple(_simulated_lines(p.simulated))
         lines.append((inst.name, (head, detail)))
     for names, (head, terms) in _fold(lines):
@@ -577,8 +648,11 @@ def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
     for key, unit in units.items():
         f = sim[key]
         b = f.get("band")
-        band = (f"band x{b['ratio_lo']:g}-x{b['ratio_hi']:g} of measured ({b['points']} points)" if b
-                else f"band unknown: {f.get('band_unknown')}")  # fmt: skip
+        band = (
+            f"band x{b['ratio_lo']:g}-x{b['ratio_hi']:g} of measured ({b['points']} points)"
+            if b
+            else f"band unknown: {f.get('band_unknown')}"
+        )
         out.append(f"        {f['value']:g} {unit}; {band}  [{f['source']}]")
     return out
 

@@ -44,8 +44,10 @@ def config_root(flag: str | None = None) -> str:
 
         mode = os.stat(env).st_mode if os.path.exists(env) else 0
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a file" if stat.S_ISREG(mode) else "not a directory"
-        raise ConfigError(f"HWPROFILE_CONFIG_ROOT={env}: {kind}, not the site configuration directory "
-                          "(profiles/, overrides.d/, rules.d/): point it at a directory, or unset it")  # fmt: skip
+        raise ConfigError(
+            f"HWPROFILE_CONFIG_ROOT={env}: {kind}, not the site configuration directory "
+            "(profiles/, overrides.d/, rules.d/): point it at a directory, or unset it"
+        )
     return env or DEFAULT_CONFIG_ROOT
 
 
@@ -119,7 +121,9 @@ def cli_layer(assignments: Iterable[str]) -> Layer | None:
         key, sep, value = a.partition("=")
         if not sep or not key.strip():
             why = "no '='" if not sep else "no setting's name before '='"
-            problems.append(f"--set {a}: {why}: the syntax is --set KEY=VALUE, e.g. --set engine.max_model_len=4096")
+            problems.append(
+                f"--set {a}: {why}: the syntax is --set KEY=VALUE, e.g. --set engine.max_model_len=4096"
+            )
             continue
         try:
             path = resolve_key(key)

@@ -13,9 +13,19 @@ KTable = tuple[tuple[int, int | None, int], ...]  # speculative.by_batch_size: (
 
 KV_CACHE_DTYPES = ("auto", "fp8_if_supported", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 QUANTIZATIONS = (
-    "auto", "none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors",
-    "bitsandbytes", "gguf", "modelopt", "mxfp4",
-)  # fmt: skip
+    "auto",
+    "none",
+    "awq",
+    "awq_marlin",
+    "gptq",
+    "gptq_marlin",
+    "fp8",
+    "compressed-tensors",
+    "bitsandbytes",
+    "gguf",
+    "modelopt",
+    "mxfp4",
+)
 SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
 SHAPES = ("auto", "servers", "data_parallel")
@@ -106,9 +116,12 @@ class Layout(Section):
         default="auto",
     )
     endpoint_port: int = setting(
-        "int", "the one port clients use in front of separate servers (nginx: render --format nginx)",
-        1, 65_535, default=8080,
-    )  # fmt: skip
+        "int",
+        "the one port clients use in front of separate servers (nginx: render --format nginx)",
+        1,
+        65_535,
+        default=8080,
+    )
     front: str = setting(
         "choice",
         "what serves the one port in front of separate servers: vLLM's own router (pip install vllm-router; "
@@ -118,46 +131,72 @@ class Layout(Section):
         default="auto",
     )
     nodes: int | Literal["auto"] = setting(
-        "int_or_auto", "hosts one model runs over (with several --from snapshots): auto = the fewest that fit",
-        1, 64, default="auto",
-    )  # fmt: skip
+        "int_or_auto",
+        "hosts one model runs over (with several --from snapshots): auto = the fewest that fit",
+        1,
+        64,
+        default="auto",
+    )
     master_addr: str | None = setting(
-        "str", "address the other nodes reach node 0 at (default: node 0's address in the inventory)",
-        nullable=True, default=None, pattern=HOST_ADDRESS, pattern_doc="a host name or an IP address",
-    )  # fmt: skip
+        "str",
+        "address the other nodes reach node 0 at (default: node 0's address in the inventory)",
+        nullable=True,
+        default=None,
+        pattern=HOST_ADDRESS,
+        pattern_doc="a host name or an IP address",
+    )
     master_port: int = setting("int", "node 0's port for the group's rendezvous", 1024, 65_535, default=29501)
     internode_gbps: float = setting(
-        "float", "the link between nodes, Gb/s (100: 100 GbE or InfiniBand EDR; 25, 200, 400 are common)",
-        1, 3200, default=100.0,
-    )  # fmt: skip
+        "float",
+        "the link between nodes, Gb/s (100: 100 GbE or InfiniBand EDR; 25, 200, 400 are common)",
+        1,
+        3200,
+        default=100.0,
+    )
     internode_latency_us: float = setting(
-        "float", "one message's latency across the link between nodes, µs (typical: InfiniBand 2-5, RoCE 5-10, "
-        "TCP over Ethernet 20-50)", 0.1, 10_000, default=20.0,
-    )  # fmt: skip
+        "float",
+        "one message's latency across the link between nodes, µs (typical: InfiniBand 2-5, RoCE 5-10, "
+        "TCP over Ethernet 20-50)",
+        0.1,
+        10_000,
+        default=20.0,
+    )
     multinode_backend: str = setting(
-        "choice", f"how nodes form one vLLM: mp (--nnodes, --headless workers, {first_with('--nnodes')}+) or ray "
+        "choice",
+        f"how nodes form one vLLM: mp (--nnodes, --headless workers, {first_with('--nnodes')}+) or ray "
         "(a Ray cluster)",
-        choices=MULTINODE_BACKENDS, default="mp",
-    )  # fmt: skip
+        choices=MULTINODE_BACKENDS,
+        default="mp",
+    )
     objective: str = setting(
-        "choice", "what the predicted choice of layout maximises: throughput (the most output tokens/s within "
+        "choice",
+        "what the predicted choice of layout maximises: throughput (the most output tokens/s within "
         "the TTFT and TPOT targets) or latency (the lowest TPOT at the workload)",
-        choices=OBJECTIVES, default="throughput",
-    )  # fmt: skip
+        choices=OBJECTIVES,
+        default="throughput",
+    )
     batching: str = setting(
-        "choice", "who sets max_num_seqs and max_num_batched_tokens: predicted (the candidate batching the "
+        "choice",
+        "who sets max_num_seqs and max_num_batched_tokens: predicted (the candidate batching the "
         "objective prefers, where neither value was set by an operator's file, --set or the environment) or "
         "configured (the profile's values as they are)",
-        choices=BATCHING, default="predicted",
-    )  # fmt: skip
+        choices=BATCHING,
+        default="predicted",
+    )
     ttft_target_ms: float = setting(
-        "float", "time-to-first-token target of the throughput objective, ms (the seeds: 500)",
-        1, 600_000, default=500.0,
-    )  # fmt: skip
+        "float",
+        "time-to-first-token target of the throughput objective, ms (the seeds: 500)",
+        1,
+        600_000,
+        default=500.0,
+    )
     tpot_target_ms: float = setting(
-        "float", "time-per-output-token target of the throughput objective, ms (the seeds: 120)",
-        0.1, 60_000, default=120.0,
-    )  # fmt: skip
+        "float",
+        "time-per-output-token target of the throughput objective, ms (the seeds: 120)",
+        0.1,
+        60_000,
+        default=120.0,
+    )
     workload_input_len: int = setting(
         "int",
         "prompt tokens per request of the workload the layouts are predicted at",
@@ -173,9 +212,12 @@ class Layout(Section):
         default=256,
     )
     workload_concurrency: int = setting(
-        "int", "requests in flight on the host in the workload the layouts are predicted at", 1, 1_048_576,
+        "int",
+        "requests in flight on the host in the workload the layouts are predicted at",
+        1,
+        1_048_576,
         default=16,
-    )  # fmt: skip
+    )
 
 
 @section

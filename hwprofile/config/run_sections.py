@@ -26,9 +26,11 @@ class Logs(Section):
         "int", "log files kept per instance (the cap is split among them)", 2, 100, default=4
     )
     stdout: bool = setting(
-        "bool", "also copy every line of the instances' output to hwprofile's stdout, prefixed with the "
-        "instance's name (a container's log collection; the log files are kept as well)", default=False,
-    )  # fmt: skip
+        "bool",
+        "also copy every line of the instances' output to hwprofile's stdout, prefixed with the "
+        "instance's name (a container's log collection; the log files are kept as well)",
+        default=False,
+    )
 
 
 @section
@@ -39,57 +41,91 @@ class Supervise(Section):
         "float", "seconds to wait for /health before a start counts as failed", 5, 86400, default=900.0
     )
     max_restarts: int = setting(
-        "int", "restarts after failures within supervise.restart_window_s before giving up (systemd's "
-        "StartLimitBurst)", 0, 1000, default=5,
-    )  # fmt: skip
+        "int",
+        "restarts after failures within supervise.restart_window_s before giving up (systemd's "
+        "StartLimitBurst)",
+        0,
+        1000,
+        default=5,
+    )
     restart_window_s: float = setting(
-        "float", "seconds in which failures are counted against supervise.max_restarts (systemd's "
-        "StartLimitIntervalSec): older ones no longer count", 1, 10**7, default=600.0,
-    )  # fmt: skip
+        "float",
+        "seconds in which failures are counted against supervise.max_restarts (systemd's "
+        "StartLimitIntervalSec): older ones no longer count",
+        1,
+        10**7,
+        default=600.0,
+    )
     retry_failed_s: float = setting(
-        "float", "seconds after giving up before a failed instance is tried again, doubling with each give-up "
-        "in a row up to supervise.retry_failed_max_s (0: never, the instance stays failed)", 0, 86400,
+        "float",
+        "seconds after giving up before a failed instance is tried again, doubling with each give-up "
+        "in a row up to supervise.retry_failed_max_s (0: never, the instance stays failed)",
+        0,
+        86400,
         default=300.0,
-    )  # fmt: skip
+    )
     retry_failed_max_s: float = setting(
-        "float", "longest wait before a failed instance is tried again", 1, 10**6, default=3600.0,
-    )  # fmt: skip
+        "float",
+        "longest wait before a failed instance is tried again",
+        1,
+        10**6,
+        default=3600.0,
+    )
     backoff_initial: float = setting(
         "float", "first restart delay in seconds (doubles each time)", 0.1, 3600, default=2.0
     )
     backoff_max: float = setting("float", "longest restart delay in seconds", 0.1, 86400, default=60.0)
     unhealthy_s: float = setting(
-        "float", "seconds a ready instance may fail /health (no answer, or an error status) before it is "
-        "restarted: a hung server, or one whose engine died behind an API server still up", 2, 3600,
+        "float",
+        "seconds a ready instance may fail /health (no answer, or an error status) before it is "
+        "restarted: a hung server, or one whose engine died behind an API server still up",
+        2,
+        3600,
         default=30.0,
-    )  # fmt: skip
+    )
     stop_margin: float = setting(
-        "float", "seconds beyond server.shutdown_timeout (the drain) before what is left of an instance is "
-        "SIGKILLed, when it is stopped or when its supervisor died", 0, 3600, default=10.0,
-    )  # fmt: skip
+        "float",
+        "seconds beyond server.shutdown_timeout (the drain) before what is left of an instance is "
+        "SIGKILLed, when it is stopped or when its supervisor died",
+        0,
+        3600,
+        default=10.0,
+    )
     gpu_free_timeout: float = setting(
-        "float", "seconds a start of a GPU instance waits at most for its GPUs' memory to be back (used "
+        "float",
+        "seconds a start of a GPU instance waits at most for its GPUs' memory to be back (used "
         "memory at its level before the first start, free memory at least what vLLM asks): vLLM measures "
         "free memory once, and a start onto memory still being released gets a smaller KV cache; "
-        "after this it starts anyway, with a warning; 0: look once, never wait", 0, 3600, default=60.0,
-    )  # fmt: skip
+        "after this it starts anyway, with a warning; 0: look once, never wait",
+        0,
+        3600,
+        default=60.0,
+    )
     pin_kv_pool: bool = setting(
-        "bool", "record the KV cache pool vLLM measures at each profiled start of a GPU instance (per host, "
+        "bool",
+        "record the KV cache pool vLLM measures at each profiled start of a GPU instance (per host, "
         "GPUs, release, model and settings) and pin it in bytes (--kv-cache-memory-bytes) on later plans of "
         "the same instance: the profiled pool varies by ~1 GiB between starts and is smaller on a cold "
-        "compile cache", default=False,
-    )  # fmt: skip
+        "compile cache",
+        default=False,
+    )
     link_check: bool = setting(
-        "bool", "before the first start of an instance with tensor_parallel_size > 1 on GPUs whose links were "
+        "bool",
+        "before the first start of an instance with tensor_parallel_size > 1 on GPUs whose links were "
         "never proven (no interconnect check recorded for its group), run the check (`hwprofile doctor "
         "--interconnect`: an all-reduce with P2P on and off) and record it: a group that is right only without "
         "P2P starts with NCCL_P2P_DISABLE=1 and without vLLM's custom all-reduce, one wrong or hung in every "
-        "mode is refused (launch and daemon --skip-link-check: this once)", default=True,
-    )  # fmt: skip
+        "mode is refused (launch and daemon --skip-link-check: this once)",
+        default=True,
+    )
     link_check_deadline_s: float = setting(
-        "float", "seconds one run of the automatic interconnect check may take before its processes are killed "
-        "and the run counts as a hang", 5, 3600, default=120.0,
-    )  # fmt: skip
+        "float",
+        "seconds one run of the automatic interconnect check may take before its processes are killed "
+        "and the run counts as a hang",
+        5,
+        3600,
+        default=120.0,
+    )
 
 
 @section
@@ -161,28 +197,48 @@ class Watch(Section):
         "int", "restarts for degrade or recover per instance and hour", 0, 3600, default=6
     )
     drift_baseline_s: float = setting(
-        "float", "seconds of readings after an instance (re)starts that form its baseline of TPOT (per load band) "
-        "and process RSS, against which slow decay is judged", 60, 86400, default=1800.0,
-    )  # fmt: skip
-    drift_tpot_factor: float = setting(
-        "float", "TPOT at comparable load this many times its baseline is drift (0: TPOT not judged)", 0, 100,
-        default=1.5,
-    )  # fmt: skip
-    drift_rss_factor: float = setting(
-        "float", "process RSS this many times its baseline is drift (0: RSS not judged)", 0, 100, default=1.5,
-    )  # fmt: skip
-    drift_hold_s: float = setting(
-        "float", "seconds drift must hold, on readings made, before a planned recycle is decided", 0, 86400,
+        "float",
+        "seconds of readings after an instance (re)starts that form its baseline of TPOT (per load band) "
+        "and process RSS, against which slow decay is judged",
+        60,
+        86400,
         default=1800.0,
-    )  # fmt: skip
+    )
+    drift_tpot_factor: float = setting(
+        "float",
+        "TPOT at comparable load this many times its baseline is drift (0: TPOT not judged)",
+        0,
+        100,
+        default=1.5,
+    )
+    drift_rss_factor: float = setting(
+        "float",
+        "process RSS this many times its baseline is drift (0: RSS not judged)",
+        0,
+        100,
+        default=1.5,
+    )
+    drift_hold_s: float = setting(
+        "float",
+        "seconds drift must hold, on readings made, before a planned recycle is decided",
+        0,
+        86400,
+        default=1800.0,
+    )
     drift_recycle: bool = setting(
-        "bool", "recycle a drifting instance (drain, then the same settings; one at a time, off-peak); "
-        "otherwise drift is reported only", default=False,
-    )  # fmt: skip
+        "bool",
+        "recycle a drifting instance (drain, then the same settings; one at a time, off-peak); "
+        "otherwise drift is reported only",
+        default=False,
+    )
     recycle_max_load: float = setting(
-        "float", "a recycle waits while the instance's requests (running and waiting) exceed this share of "
-        "its max_num_seqs: never during a burst", 0, 1, default=0.25,
-    )  # fmt: skip
+        "float",
+        "a recycle waits while the instance's requests (running and waiting) exceed this share of "
+        "its max_num_seqs: never during a burst",
+        0,
+        1,
+        default=0.25,
+    )
     acceptance_low: float = setting(
         "float", "speculative acceptance rate below which the daemon warns", 0, 1, default=0.65
     )
@@ -200,19 +256,29 @@ class Watch(Section):
         "bool", "use the advised k at the next restart (otherwise advice only)", default=False
     )
     metrics_port: int = setting(
-        "int", "port of hwprofile's own Prometheus metrics, /health and /livez (0: off)", 0, 65535,
+        "int",
+        "port of hwprofile's own Prometheus metrics, /health and /livez (0: off)",
+        0,
+        65535,
         default=9464,
-    )  # fmt: skip
+    )
     metrics_host: str = setting(
-        "str", "address of the metrics port: 127.0.0.1, or 0.0.0.0 in a pod (the kubelet's probes and "
-        "Prometheus reach it by the pod's IP)", default="127.0.0.1", pattern=r"[A-Za-z0-9.:_\[\]-]+",
+        "str",
+        "address of the metrics port: 127.0.0.1, or 0.0.0.0 in a pod (the kubelet's probes and "
+        "Prometheus reach it by the pod's IP)",
+        default="127.0.0.1",
+        pattern=r"[A-Za-z0-9.:_\[\]-]+",
         pattern_doc="an IP address or host name (0.0.0.0 for every interface)",
-    )  # fmt: skip
+    )
     unready_s: float = setting(
-        "float", "seconds the metrics port's /health answers 503 before a degrade, recover or reload drains "
+        "float",
+        "seconds the metrics port's /health answers 503 before a degrade, recover or reload drains "
         "an instance, so that a load balancer stops sending first (in a pod: the readiness probe's "
-        "periodSeconds x failureThreshold)", 0, 600, default=0.0,
-    )  # fmt: skip
+        "periodSeconds x failureThreshold)",
+        0,
+        600,
+        default=0.0,
+    )
 
 
 @section
@@ -229,14 +295,20 @@ class Degrade(Section):
         "int", "proposals per step taken off per degrade step (never below 1)", 0, 16, default=1
     )
     power_limit_factor: float = setting(
-        "float", "a hot card's power limit is first lowered to this share of its limit, before the batch "
+        "float",
+        "a hot card's power limit is first lowered to this share of its limit, before the batch "
         "steps (NVML, as root; never below the card's minimum; restored on recover and on exit; 0: off)",
-        0, 1, default=0.85,
-    )  # fmt: skip
+        0,
+        1,
+        default=0.85,
+    )
     power_limit_hold_s: float = setting(
-        "float", "seconds a lowered power limit is given to cool the card before the batch steps follow",
-        0, 3600, default=60.0,
-    )  # fmt: skip
+        "float",
+        "seconds a lowered power limit is given to cool the card before the batch steps follow",
+        0,
+        3600,
+        default=60.0,
+    )
 
 
 @section
@@ -267,12 +339,14 @@ class Bench(Section):
     )
     rounds: int = setting("int", "alternating rounds per plan of --compare", 1, 100, default=3)
     dataset: str = setting(
-        "choice", "the requests' prompts: random tokens (bench.input_len each), or real prompts (hwprofile's "
+        "choice",
+        "the requests' prompts: random tokens (bench.input_len each), or real prompts (hwprofile's "
         "shipped set of written questions and tasks, data/bench_prompts.json, ShareGPT format; their own "
         "lengths); auto: real prompts wherever a plan speculates (a draft's acceptance on random tokens says "
         "nothing about real traffic), random tokens otherwise",
-        choices=("auto", "random", "prompts"), default="auto",
-    )  # fmt: skip
+        choices=("auto", "random", "prompts"),
+        default="auto",
+    )
 
 
 @section

@@ -22,9 +22,20 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
-    "MAX_SIZE", "MERGE_KEYS", "PROFILE_ONLY", "SECTIONS", "SETTINGS", "Field", "check", "defaults",
-    "parse_size", "plain_text", "resolve_key", "suggest", "validate",
-]  # fmt: skip
+    "MAX_SIZE",
+    "MERGE_KEYS",
+    "PROFILE_ONLY",
+    "SECTIONS",
+    "SETTINGS",
+    "Field",
+    "check",
+    "defaults",
+    "parse_size",
+    "plain_text",
+    "resolve_key",
+    "suggest",
+    "validate",
+]
 
 SETTINGS: dict[tuple[str, ...], Field] = {
     **{(name, key): spec for name, cls in SECTION_TYPES.items() for key, spec in cls.specs().items()},

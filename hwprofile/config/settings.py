@@ -21,9 +21,24 @@ from .run_sections import Bench, Degrade, Logs, Supervise, Verify, Watch
 from .section import Path_, Section, checked, is_setting, setting, spec_of
 
 __all__ = [
-    "SECTIONS", "TOP_LEVEL", "Bench", "Cpu", "Degrade", "Engine", "KTable", "Layout", "Logs", "Memory",
-    "Section", "Server", "Settings", "Speculative", "Supervise", "Verify", "Watch",
-]  # fmt: skip
+    "SECTIONS",
+    "TOP_LEVEL",
+    "Bench",
+    "Cpu",
+    "Degrade",
+    "Engine",
+    "KTable",
+    "Layout",
+    "Logs",
+    "Memory",
+    "Section",
+    "Server",
+    "Settings",
+    "Speculative",
+    "Supervise",
+    "Verify",
+    "Watch",
+]
 
 
 @dataclass(frozen=True)

@@ -108,9 +108,14 @@ def _gpu_families(rep: Any) -> Iterator[Any]:
         "volatile uncorrectable ECC errors since the driver loaded (absent: no ECC)",
         labels=["gpu"],
     )
-    readings = ((temp, "temperature_c", 1.0), (slow, "slowdown_c", 1.0), (clock, "sm_clock_mhz", 1e6),
-                (clock_max, "sm_clock_max_mhz", 1e6), (power, "power_draw_watts", 1.0),
-                (ecc, "ecc_uncorrected", 1.0))  # fmt: skip
+    readings = (
+        (temp, "temperature_c", 1.0),
+        (slow, "slowdown_c", 1.0),
+        (clock, "sm_clock_mhz", 1e6),
+        (clock_max, "sm_clock_max_mhz", 1e6),
+        (power, "power_draw_watts", 1.0),
+        (ecc, "ecc_uncorrected", 1.0),
+    )
     for g in rep.gpus if rep is not None else ():
         r, st, label = g.reading, g.state, str(g.reading.index)
         for family, attr, scale in readings:
@@ -150,7 +155,9 @@ def _instance_families(p: Published) -> Iterator[Any]:
     )
     actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
     drained = GaugeMetricFamily(
-        "hwprofile_instance_drained", "1 while the instance is drained for a hardware fault", labels=["instance"]
+        "hwprofile_instance_drained",
+        "1 while the instance is drained for a hardware fault",
+        labels=["instance"],
     )
     drifting = GaugeMetricFamily(
         "hwprofile_instance_drifting",
@@ -249,8 +256,10 @@ def app(published: Published, clock: Any = None) -> Any:
         if path in ("/health", "/livez"):
             ok, why = readiness(published) if path == "/health" else liveness(published, now())
             body = (why + "\n").encode()
-            start_response("200 OK" if ok else "503 Service Unavailable",
-                           [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])  # fmt: skip
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+            )
             return [body]
         return metrics(environ, start_response)
 

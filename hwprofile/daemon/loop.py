@@ -65,7 +65,9 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
         draft_cost(plan, inst),
         inst.engine.max_num_seqs,
         per_batch_honoured and bool(spec and spec.num_speculative_tokens_per_batch_size),
-        held=GROUP_HELD.format(node=inst.node, n=inst.nnodes) if inst.nnodes is not ABSENT and int(inst.nnodes) > 1 else None,
+        held=GROUP_HELD.format(node=inst.node, n=inst.nnodes)
+        if inst.nnodes is not ABSENT and int(inst.nnodes) > 1
+        else None,
     )
 
 
@@ -77,9 +79,12 @@ def fields(a: Action) -> dict[str, Any]:
 
 def shown(layers: Sequence[Overrides]) -> str:
     """Typed override layers in a line: ``degrade step 1 (why): engine.max_num_seqs=192, ...``."""
-    return "; ".join(
-        f"{o.kind} {o.label}: " + ", ".join(f"{'.'.join(p)}={v}" for p, v in o.values) for o in layers
-    ) or "no override"
+    return (
+        "; ".join(
+            f"{o.kind} {o.label}: " + ", ".join(f"{'.'.join(p)}={v}" for p, v in o.values) for o in layers
+        )
+        or "no override"
+    )
 
 
 def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
@@ -317,8 +322,13 @@ class Daemon:
         if self._queued(a.instance):
             return  # the action queued for it restarts it anyway, and at the step it decided
         self._enqueue(a)
-        log.warning("decided: %s %s (drain, then the same settings): %s", a.kind, a.instance, a.reason,
-                    extra=fields(a))  # fmt: skip
+        log.warning(
+            "decided: %s %s (drain, then the same settings): %s",
+            a.kind,
+            a.instance,
+            a.reason,
+            extra=fields(a),
+        )
 
     def _queued(self, name: str) -> bool:
         return any(q.instance == name for q in self.queue)
@@ -357,10 +367,13 @@ class Daemon:
             try:
                 private_dir(self.runtime)
             except (OSError, HwprofileError) as e:
-                self._runtime_said(f"the runtime directory {self.runtime} was deleted and cannot be made "
-                                   f"again: {e}")  # fmt: skip
+                self._runtime_said(
+                    f"the runtime directory {self.runtime} was deleted and cannot be made again: {e}"
+                )
                 return
-            log.warning("the runtime directory %s was deleted under the daemon: made again (0700)", self.runtime)
+            log.warning(
+                "the runtime directory %s was deleted under the daemon: made again (0700)", self.runtime
+            )
             self.runtime_id, remade = _dir_id(self.runtime), True
         elif now_id != self.runtime_id:
             self._runtime_said(
@@ -374,7 +387,9 @@ class Daemon:
             except (OSError, HwprofileError) as e:
                 self._runtime_said(f"the supervisor's lock in {self.runtime} cannot be taken again: {e}")
                 return
-            log.warning("the supervisor's lock %s was gone: taken again (a second daemon is refused)", lock.path)
+            log.warning(
+                "the supervisor's lock %s was gone: taken again (a second daemon is refused)", lock.path
+            )
         if remade and hasattr(self.sup, "save"):
             try:
                 self.sup.save()  # the state file again: `hwprofile status` finds what runs
@@ -408,10 +423,17 @@ class Daemon:
         within its shutdown timeout), drop what was queued for it, never restart it there."""
         self.queue = deque(q for q in self.queue if q.instance != a.instance)
         self.pending = deque(p for p in self.pending if p[0] != a.instance)
-        kinds = dict.fromkeys(k for g in a.gpus if g in self.watcher.faults for k in fault_kinds(self.watcher.faults[g]))
+        kinds = dict.fromkeys(
+            k for g in a.gpus if g in self.watcher.faults for k in fault_kinds(self.watcher.faults[g])
+        )
         f = {**fields(a), "FAULT": ",".join(kinds) or None}  # journalctl FAULT=xid_79
-        log.error("drain %s: hardware fault on GPU %s: %s", a.instance, ",".join(map(str, a.gpus)), a.reason,
-                  extra=f)  # fmt: skip
+        log.error(
+            "drain %s: hardware fault on GPU %s: %s",
+            a.instance,
+            ",".join(map(str, a.gpus)),
+            a.reason,
+            extra=f,
+        )
         self.published.actions_total["drain"] = self.published.actions_total.get("drain", 0) + 1
         if inst is None:
             self._record(a, "failed", "no such instance under the supervisor")
@@ -468,8 +490,13 @@ class Daemon:
                 log.error("%s", msg, extra={"GPU": str(g)})
                 self.errors.append(msg)
             else:
-                log.warning("GPU %d: power limit restored to %.0f W%s", g, limit / 1000,
-                            f" ({a.kind} {a.instance})" if a else "", extra={"GPU": str(g), "ACTION": "power"})  # fmt: skip
+                log.warning(
+                    "GPU %d: power limit restored to %.0f W%s",
+                    g,
+                    limit / 1000,
+                    f" ({a.kind} {a.instance})" if a else "",
+                    extra={"GPU": str(g), "ACTION": "power"},
+                )
 
     def _progress(self, now: float) -> None:
         """Finish the restart in flight, or start the next one (one instance at a time)."""
@@ -524,8 +551,12 @@ class Daemon:
             if inst is not None and inst.state.value == "failed" and retry_at is not None:
                 self.pending.popleft()  # failed, to be tried again: it starts with the new settings then
                 inst.replace(new)
-                log.warning("reload: %s is failed and tried again in %.0f s: with its new settings", name,
-                            max(0.0, retry_at - time.time()), extra={"INSTANCE": name, "ACTION": "reload"})
+                log.warning(
+                    "reload: %s is failed and tried again in %.0f s: with its new settings",
+                    name,
+                    max(0.0, retry_at - time.time()),
+                    extra={"INSTANCE": name, "ACTION": "reload"},
+                )
                 continue
             if inst is None or inst.state.value in ("failed", "stopped"):
                 self.pending.popleft()
@@ -565,8 +596,11 @@ class Daemon:
         if self.settings.apply_k_advice and advice is not None and advice.k != advice.current_k:
             # watch.apply_k_advice: the advised k rides along with this restart (never on its own), its
             # own layer over the degrade step's
-            value = (("speculative", "method"), "none") if advice.k == 0 else \
-                (("speculative", "num_speculative_tokens"), advice.k)  # fmt: skip
+            value = (
+                (("speculative", "method"), "none")
+                if advice.k == 0
+                else (("speculative", "num_speculative_tokens"), advice.k)
+            )
             sets.append(Overrides("k-advice", advice.reason, (value,)))
             why.append(f"k advice applied: {advice.reason}")
         try:
@@ -588,7 +622,9 @@ class Daemon:
             return
         ranks = self._ranks(a.instance)
         if ranks > 1:  # one API server: its ranks restart together, the URL is down meanwhile
-            why.append(f"a data-parallel server: all {ranks} ranks restart (layout.shape=servers isolates them)")
+            why.append(
+                f"a data-parallel server: all {ranks} ranks restart (layout.shape=servers isolates them)"
+            )
         log.warning(
             "action: %s %s to degrade step %d (%s): %s; restarting it (drain, then the new settings)",
             a.kind,
@@ -611,8 +647,13 @@ class Daemon:
         lead = self.settings.unready_s
         self.current = InFlight(a, now, inst.replacements, sets, new if lead > 0 else None, now + lead)
         if lead > 0:
-            log.warning("%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
-                        a.kind, a.instance, lead, extra=fields(a))  # fmt: skip
+            log.warning(
+                "%s %s: /health answers 503 for %.0f s before the drain (watch.unready_s)",
+                a.kind,
+                a.instance,
+                lead,
+                extra=fields(a),
+            )
         else:
             inst.replace(new)
 
@@ -629,8 +670,11 @@ class Daemon:
         if not insts:
             return "no instance"
         troubles = instance_troubles(insts)
-        waiting = [troubles.get(i.name) or f"{i.name} is {i.state.value}" for i in insts
-                   if i.state.value != "ready" or i.name in troubles]  # fmt: skip
+        waiting = [
+            troubles.get(i.name) or f"{i.name} is {i.state.value}"
+            for i in insts
+            if i.state.value != "ready" or i.name in troubles
+        ]
         return ", ".join(waiting) or None
 
     def _ranks(self, name: str) -> int:
@@ -777,10 +821,16 @@ class Daemon:
         front = getattr(self.sup, "front", None)
         p.front = front.record() if front is not None else None
         wall = time.time()
-        p.retry_in = {i.name: max(0.0, i.retry_at - wall) for i in self.sup.instances
-                      if getattr(i, "retry_at", None) is not None}  # fmt: skip
-        p.health_failing_s = {i.name: max(0.0, wall - i.health_failing_since) for i in self.sup.instances
-                              if getattr(i, "health_failing_since", None) is not None}  # fmt: skip
+        p.retry_in = {
+            i.name: max(0.0, i.retry_at - wall)
+            for i in self.sup.instances
+            if getattr(i, "retry_at", None) is not None
+        }
+        p.health_failing_s = {
+            i.name: max(0.0, wall - i.health_failing_since)
+            for i in self.sup.instances
+            if getattr(i, "health_failing_since", None) is not None
+        }
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
         if self.runtime_trouble is not None:

@@ -85,8 +85,13 @@ def start_plan(
         try:
             degraded = replan([layer] if layer is not None else []).instance(name)
         except Exception as e:  # a refused re-plan: it starts at the full profile and the loop acts
-            log.error("%s: %s, but its degrade step %d cannot be planned (%s): started at the full profile",
-                      name, why, step, e)  # fmt: skip
+            log.error(
+                "%s: %s, but its degrade step %d cannot be planned (%s): started at the full profile",
+                name,
+                why,
+                step,
+                e,
+            )
             continue
         log.warning("%s: %s: starting at degrade step %d (%s)", name, why, step, "; ".join(what))
         out = dataclasses.replace(
@@ -166,8 +171,10 @@ def serve_metrics(daemon: Daemon) -> tuple[Any, threading.Thread | None]:
     try:
         server, thread = serve(daemon.published, s.metrics_port, s.metrics_host)
     except OSError as e:
-        msg = (f"metrics on {s.metrics_host}:{s.metrics_port} not served: {e} "
-               "(watch.metrics_host, watch.metrics_port)")  # fmt: skip
+        msg = (
+            f"metrics on {s.metrics_host}:{s.metrics_port} not served: {e} "
+            "(watch.metrics_host, watch.metrics_port)"
+        )
         log.error("%s", msg)
         daemon.errors.append(msg)
         return None, None

@@ -163,7 +163,10 @@ def status_line(daemon: Any) -> str:
     ready = sum(1 for i in insts if i.state.value == "ready")
     degraded = sorted(n for n, level in daemon.levels.items() if level)
     # "2/2 ready" alone while one of them runs at a degrade step would say the profile is in full force
-    parts = [f"{ready}/{len(insts)} ready" + (f" ({len(degraded)} degraded: {', '.join(degraded)})" if degraded else "")]
+    parts = [
+        f"{ready}/{len(insts)} ready"
+        + (f" ({len(degraded)} degraded: {', '.join(degraded)})" if degraded else "")
+    ]
     rep = daemon.report
     degraded_gpus: set[int] = set()
     for name, level in daemon.levels.items():

@@ -74,9 +74,7 @@ def _rank(level: str) -> int:
     return LEVELS.index(level)
 
 
-def _temp_level(
-    temp: float | None, headroom: float | None, s: Watch, slack: float
-) -> tuple[int, str]:
+def _temp_level(temp: float | None, headroom: float | None, s: Watch, slack: float) -> tuple[int, str]:
     """Level of a reading against the thresholds lowered by ``slack`` (0 to go up, the hysteresis to
     go down), with the threshold that decided it."""
     best, why = 0, "below every threshold"
@@ -99,9 +97,7 @@ def _temp_level(
     return best, why
 
 
-def thermal_step(
-    state: ThermalState, r: GpuReading, s: Watch, now: float
-) -> tuple[ThermalState, str | None]:
+def thermal_step(state: ThermalState, r: GpuReading, s: Watch, now: float) -> tuple[ThermalState, str | None]:
     """Advance one GPU's thermal state by one reading. Returns the new state and, when the
     committed level changed, a one-line description of the change (else None)."""
     if r.status == "lost":
@@ -180,8 +176,15 @@ def _unread(state: ThermalState, r: GpuReading, s: Watch, now: float) -> tuple[T
         f"no temperature reading for {now - since:.0f} s (watch.unknown_s {s.unknown_s:g} s): {err}; "
         f"last known {state.level}"
     )
-    new = replace(state, unread_since=since, unknown=True, pending=None, pending_since=None, cool_since=None,
-                  reason=f"unknown: {why}")  # fmt: skip
+    new = replace(
+        state,
+        unread_since=since,
+        unknown=True,
+        pending=None,
+        pending_since=None,
+        cool_since=None,
+        reason=f"unknown: {why}",
+    )
     return new, (None if state.unknown else f"GPU {r.index} {state.level} -> unknown: {why}")
 
 
@@ -210,8 +213,11 @@ def start_levels(
     now = {r.index: instant_level(r, s) for r in readings}
     out: dict[str, tuple[int, str]] = {}
     for name, gpus in instances.items():
-        worst = max(((now[g][0], g) for g in gpus if g in now and now[g][0] in LEVELS),
-                    key=lambda x: _rank(x[0]), default=None)  # fmt: skip
+        worst = max(
+            ((now[g][0], g) for g in gpus if g in now and now[g][0] in LEVELS),
+            key=lambda x: _rank(x[0]),
+            default=None,
+        )
         step = {"critical": 2, "hot": 1}.get(worst[0], 0) if worst else 0
         if step and worst:
             out[name] = (step, f"GPU {worst[1]} is {worst[0]} at start: {now[worst[1]][1]}")
@@ -318,13 +324,21 @@ def decide_actions(
         can_power = lever is not None and name in lever.instances
         if want == 1 and st.level == 0 and can_power and st.power_at is None:
             assert lever is not None
-            why = (f"GPU {worst_gpu} {worst.reason}: power limit lowered to {lever.factor:.0%} first "
-                   f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)")  # fmt: skip
+            why = (
+                f"GPU {worst_gpu} {worst.reason}: power limit lowered to {lever.factor:.0%} first "
+                f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)"
+            )
             actions.append(PowerCap(name, why, tuple(gpus), 0, seen))
             states[name] = replace(st, power_at=now)
             continue
-        if want == 1 and st.level == 0 and can_power and st.power_at is not None and lever is not None \
-                and now - st.power_at < lever.hold_s:  # fmt: skip
+        if (
+            want == 1
+            and st.level == 0
+            and can_power
+            and st.power_at is not None
+            and lever is not None
+            and now - st.power_at < lever.hold_s
+        ):
             states[name] = st  # the lowered limit is given its time
             continue
         if want > st.level:
@@ -356,8 +370,9 @@ def decide_actions(
             states[name] = replace(st, deferred=msg)
             continue
         actions.append(kind(name, why, tuple(gpus), want, seen))
-        states[name] = replace(st, level=want, actions_at=(*recent, now),
-                               power_at=None if kind is Recover else st.power_at)  # fmt: skip
+        states[name] = replace(
+            st, level=want, actions_at=(*recent, now), power_at=None if kind is Recover else st.power_at
+        )
     return Decisions(tuple(actions), tuple(deferred), states)
 
 
@@ -477,21 +492,27 @@ def drift_step(
     if s.drift_tpot_factor > 0 and r.tpot_s is not None and r.running is not None and base is not None:
         if r.tpot_s >= base * s.drift_tpot_factor:
             state = replace(
-                state, tpot_since=state.tpot_since if state.tpot_since is not None else now,
-                tpot_detail=(f"TPOT {r.tpot_s * 1000:.1f} ms is {r.tpot_s / base:.2f}x its baseline "
-                             f"{base * 1000:.1f} ms at {int(r.running)} request(s) running "
-                             f"(watch.drift_tpot_factor {s.drift_tpot_factor:g})"),
-            )  # fmt: skip
+                state,
+                tpot_since=state.tpot_since if state.tpot_since is not None else now,
+                tpot_detail=(
+                    f"TPOT {r.tpot_s * 1000:.1f} ms is {r.tpot_s / base:.2f}x its baseline "
+                    f"{base * 1000:.1f} ms at {int(r.running)} request(s) running "
+                    f"(watch.drift_tpot_factor {s.drift_tpot_factor:g})"
+                ),
+            )
         else:
             state = replace(state, tpot_since=None, tpot_detail=None)
     if s.drift_rss_factor > 0 and r.rss_bytes is not None and state.rss_base:
         if r.rss_bytes >= state.rss_base * s.drift_rss_factor:
             state = replace(
-                state, rss_since=state.rss_since if state.rss_since is not None else now,
-                rss_detail=(f"RSS {r.rss_bytes / 2**20:.0f} MiB is {r.rss_bytes / state.rss_base:.2f}x its "
-                            f"baseline {state.rss_base / 2**20:.0f} MiB (watch.drift_rss_factor "
-                            f"{s.drift_rss_factor:g})"),
-            )  # fmt: skip
+                state,
+                rss_since=state.rss_since if state.rss_since is not None else now,
+                rss_detail=(
+                    f"RSS {r.rss_bytes / 2**20:.0f} MiB is {r.rss_bytes / state.rss_base:.2f}x its "
+                    f"baseline {state.rss_base / 2**20:.0f} MiB (watch.drift_rss_factor "
+                    f"{s.drift_rss_factor:g})"
+                ),
+            )
         else:
             state = replace(state, rss_since=None, rss_detail=None)
     since = state.since
@@ -500,9 +521,11 @@ def drift_step(
     work = (r.running or 0.0) + (r.waiting or 0.0)
     if r.max_num_seqs is None or r.running is None or work > s.recycle_max_load * r.max_num_seqs:
         return state, None  # a burst (or a load not known): later, off-peak
-    why = (f"slow decay for {now - since:.0f} s (watch.drift_hold_s {s.drift_hold_s:g} s): {state.detail}; "
-           f"off-peak now ({work:.0f} request(s), at most {s.recycle_max_load:.0%} of max_num_seqs "
-           f"{r.max_num_seqs}): a planned recycle (drain, then the same settings)")  # fmt: skip
+    why = (
+        f"slow decay for {now - since:.0f} s (watch.drift_hold_s {s.drift_hold_s:g} s): {state.detail}; "
+        f"off-peak now ({work:.0f} request(s), at most {s.recycle_max_load:.0%} of max_num_seqs "
+        f"{r.max_num_seqs}): a planned recycle (drain, then the same settings)"
+    )
     return replace(state, acted=True), why
 
 
@@ -683,9 +706,13 @@ def read_faults(r: GpuReading) -> tuple[list[str], list[str]]:
     if r.status == "lost":
         fatal.append(f"gpu_lost: {r.error or 'NVML says the GPU is lost'} (fallen off the bus or hung)")
     if r.ecc_uncorrected:
-        fatal.append(f"ecc_uncorrectable: {r.ecc_uncorrected} uncorrectable ECC error(s) since the driver loaded")
+        fatal.append(
+            f"ecc_uncorrectable: {r.ecc_uncorrected} uncorrectable ECC error(s) since the driver loaded"
+        )
     if r.row_remap_failure:
-        fatal.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")
+        fatal.append(
+            "row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)"
+        )
     if r.remapped_rows_pending:
         fatal.append("row_remap_pending: remapped rows wait for a GPU reset")
     if r.retired_pages_pending:
@@ -732,6 +759,13 @@ def decide_drains(
         if not bad:
             continue
         why = "; ".join(f"GPU {g}: {', '.join(faults[g].fatal)}" for g in bad)
-        out.append(Drain(name, f"{why}: not restarted there (reset or replace the GPU, then restart the daemon)",
-                         tuple(gpus), 0, tuple(readings[g] for g in bad if g in readings)))  # fmt: skip
+        out.append(
+            Drain(
+                name,
+                f"{why}: not restarted there (reset or replace the GPU, then restart the daemon)",
+                tuple(gpus),
+                0,
+                tuple(readings[g] for g in bad if g in readings),
+            )
+        )
     return out

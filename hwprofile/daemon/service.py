@@ -188,7 +188,9 @@ def render_unit(
         origin=origin,
         exec_start=" ".join(systemd_quote(a, "an argument of the daemon") for a in argv),
         # the specifier stays a specifier: systemd expands %t itself
-        exec_reload=" ".join(a if a == "%t/hwprofile" else systemd_quote(a, "the reload command") for a in reload),
+        exec_reload=" ".join(
+            a if a == "%t/hwprofile" else systemd_quote(a, "the reload command") for a in reload
+        ),
         shutdown=shutdown,
         margin=margin,
         slack=STOP_SLACK_S,
@@ -199,7 +201,9 @@ def render_unit(
         # a system unit runs as a dynamic user without a home: caches go to its cache directory; a
         # user unit keeps the user's HOME and Hugging Face cache, so a model that plans in the shell
         # is found under the unit too
-        home_lines="" if user else (
+        home_lines=""
+        if user
+        else (
             "Environment=HOME=%C/hwprofile\nEnvironment=XDG_CACHE_HOME=%C/hwprofile\n"
             "Environment=HF_HOME=%C/hwprofile/huggingface\n"
         ),
@@ -271,7 +275,9 @@ def make_config_root(root: Path) -> list[str]:
     done = []
     for d in (root, root / "profiles", root / "overrides.d", root / "rules.d"):
         if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d)):
-            raise WriteError(f"{d}: exists and is not a directory (HWPROFILE_CONFIG_ROOT of the unit): not used")
+            raise WriteError(
+                f"{d}: exists and is not a directory (HWPROFILE_CONFIG_ROOT of the unit): not used"
+            )
         if not d.exists():
             d.mkdir(mode=0o755, parents=True)
             done.append(f"made {d}")
@@ -318,7 +324,9 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
     ident = state.supervisor
     verdict = check(ident)
     if verdict != ALIVE:
-        raise ReloadError(f"stale state file: supervisor pid {state.supervisor_pid}: {verdict}; not signalled")
+        raise ReloadError(
+            f"stale state file: supervisor pid {state.supervisor_pid}: {verdict}; not signalled"
+        )
 
     def reload_of() -> tuple[int | None, dict]:
         doc = read_doc(runtime / DAEMON_FILE, DaemonDoc)
@@ -329,7 +337,9 @@ def signal_reload(runtime: Path, wait_s: float = 30.0) -> list[str]:
 
     pid, before = reload_of()
     if pid != ident.pid:
-        raise ReloadError(f"pid {ident.pid} is a `hwprofile launch` supervisor, not a daemon: it has no reload")
+        raise ReloadError(
+            f"pid {ident.pid} is a `hwprofile launch` supervisor, not a daemon: it has no reload"
+        )
     last = before.get("at")
     if not signal_process(ident, signal.SIGHUP):
         raise ReloadError(f"pid {ident.pid}: SIGHUP not delivered")

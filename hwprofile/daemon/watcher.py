@@ -225,10 +225,14 @@ class Watcher:
             # a drained instance is neither degraded, recovered nor restarted: it is not served there
             decisions = policy.decide_actions(
                 {n: i.gpus for n, i in self.instances.items() if i.gpus and n not in self.drained},
-                self.thermal, self.actions, s, now,
+                self.thermal,
+                self.actions,
+                s,
+                now,
                 {n: i.held for n, i in self.instances.items() if i.held},
-                self._lever(), seen,
-            )  # fmt: skip
+                self._lever(),
+                seen,
+            )
             self.actions.update(decisions.states)
         acting = {a.instance for a in decisions.actions} | set(self.drained)
         restarts, held = self._liveness(now, scrapes, acting, act)
@@ -236,9 +240,14 @@ class Watcher:
         moving = {a.instance for a in (*drains, *decisions.actions, *restarts)}  # restarted or stopped now
         inst_reports, recycles = self._drift(now, inst_reports, busy | moving, act)
         return Report(
-            now, tuple(reports), tuple(inst_reports), (*drains, *decisions.actions, *restarts, *recycles),
-            (*decisions.deferred, *held), tuple(changes), changed_gpus=tuple(changed),
-        )  # fmt: skip
+            now,
+            tuple(reports),
+            tuple(inst_reports),
+            (*drains, *decisions.actions, *restarts, *recycles),
+            (*decisions.deferred, *held),
+            tuple(changes),
+            changed_gpus=tuple(changed),
+        )
 
     def _lever(self) -> policy.PowerLever | None:
         if self.power is None or self.power[0] <= 0:
@@ -297,8 +306,9 @@ class Watcher:
             )
             others = bool(actions) or any(n != rep.name for n in busy)
             blocked = others or not act or rep.name in busy or bool(spec.held) or rep.name in self.drained
-            st, why = policy.drift_step(self.drift.get(rep.name, DriftState()), reading, self.settings, now,
-                                        busy=blocked)  # fmt: skip
+            st, why = policy.drift_step(
+                self.drift.get(rep.name, DriftState()), reading, self.settings, now, busy=blocked
+            )
             self.drift[rep.name] = st
             if why is not None:
                 level = self.actions.get(rep.name, InstanceActionState()).level
@@ -313,17 +323,25 @@ class Watcher:
         lost = [g for g in spec.gpus if g in self.thermal and self.thermal[g].lost]
         unknown = any(t.unknown for t in states)
         thermal = (
-            "gpu_lost" if lost
-            else "unknown" if unknown
+            "gpu_lost"
+            if lost
+            else "unknown"
+            if unknown
             else max((t.level for t in states), key=policy.LEVELS.index, default="ok")
-        )  # fmt: skip
-        base: dict[str, Any] = {"name": spec.name, "url": spec.url, "thermal_state": thermal, "degrade_level": level,
-                "drained": self.drained.get(spec.name)}  # fmt: skip
+        )
+        base: dict[str, Any] = {
+            "name": spec.name,
+            "url": spec.url,
+            "thermal_state": thermal,
+            "degrade_level": level,
+            "drained": self.drained.get(spec.name),
+        }
         gone = (
             f"GPU {', '.join(map(str, lost))} lost: this instance cannot be served there; no degrade helps "
             "(fix the host, then restart the daemon: the plan leaves lost GPUs out)"
-            if lost else None
-        )  # fmt: skip
+            if lost
+            else None
+        )
         if r is None:
             return InstanceReport(status="not scraped", warning=gone, **base)
         if r.status != "ok" or r.metrics is None:

@@ -97,10 +97,14 @@ def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int
                 continue
             gpu = nvml.gpu(index, handle, logical_cpus)
             f = nvml.faults(index, handle)  # a GPU already faulted is not planned for (Gpu.faults)
-            gpus.append(gpu._replace(
-                ecc_uncorrected=f["ecc_uncorrected"], retired_pages_pending=f["retired_pending"],
-                remapped_rows_pending=f["remap_pending"], row_remap_failure=f["remap_failure"],
-            ))  # fmt: skip
+            gpus.append(
+                gpu._replace(
+                    ecc_uncorrected=f["ecc_uncorrected"],
+                    retired_pages_pending=f["retired_pending"],
+                    remapped_rows_pending=f["remap_pending"],
+                    row_remap_failure=f["remap_failure"],
+                )
+            )
             handles[index] = handle
         except GpuLost:
             nvml.errors.append(

@@ -81,8 +81,11 @@ def read_iommu(
         )
         with contextlib.suppress(OSError):
             types.add(_read_bytes(path, 64).decode("ascii", "replace").strip())
-    cmd = " ".join(f"{k}={args[k]}" if args[k] else k for k in
-                   ("intel_iommu", "amd_iommu", "iommu", "iommu.passthrough") if k in args)  # fmt: skip
+    cmd = " ".join(
+        f"{k}={args[k]}" if args[k] else k
+        for k in ("intel_iommu", "amd_iommu", "iommu", "iommu.passthrough")
+        if k in args
+    )
     if cmd:
         evidence.append(f"kernel command line: {cmd}")
     if units is not None:
@@ -157,8 +160,9 @@ def read_acs(sys_root: str, gpus: Sequence[Gpu]) -> tuple[tuple[AcsPort, ...], s
     out = []
     for port in sorted(between):
         try:
-            ctrl, why = parse_acs(_read_bytes(os.path.join(sys_root, "bus", "pci", "devices", port, "config"),
-                                              MAX_CONFIG_BYTES))  # fmt: skip
+            ctrl, why = parse_acs(
+                _read_bytes(os.path.join(sys_root, "bus", "pci", "devices", port, "config"), MAX_CONFIG_BYTES)
+            )
         except OSError as e:
             ctrl, why = None, f"config space unreadable ({e.strerror or e})"
         redirect = None if ctrl is None else bool(ctrl & REDIRECT_BITS)
@@ -174,9 +178,15 @@ def read_interconnect(
     acs, acs_why = read_acs(sys_root, usable) if len(usable) > 1 else ((), "fewer than two GPUs")
     root, caches, p2p_why = read_vllm_p2p(gpus, env) if len(usable) > 1 else (None, (), "fewer than two GPUs")
     return Interconnect(
-        iommu=mode, iommu_evidence=why or None, iommu_units=units, acs_ports=acs, acs_unknown=acs_why,
-        vllm_cache_root=root, vllm_p2p=caches, vllm_p2p_unknown=p2p_why,
-    )  # fmt: skip
+        iommu=mode,
+        iommu_evidence=why or None,
+        iommu_units=units,
+        acs_ports=acs,
+        acs_unknown=acs_why,
+        vllm_cache_root=root,
+        vllm_p2p=caches,
+        vllm_p2p_unknown=p2p_why,
+    )
 
 
 # -- vLLM's own P2P test, as its custom all-reduce cached it ------------------------------------------
@@ -215,8 +225,11 @@ def read_vllm_p2p(
     if not os.path.isabs(root):
         return None, (), f"VLLM_CACHE_ROOT {root!r} is not an absolute path"
     try:
-        names = sorted(n for n in os.listdir(root) if n.startswith(P2P_CACHE_PREFIX) and n.endswith(".json")
-                       and n.isprintable() and len(n) <= 512)  # fmt: skip
+        names = sorted(
+            n
+            for n in os.listdir(root)
+            if n.startswith(P2P_CACHE_PREFIX) and n.endswith(".json") and n.isprintable() and len(n) <= 512
+        )
     except FileNotFoundError:
         return root, (), "no vLLM cache directory (vLLM has not run here as this user)"
     except OSError as e:

@@ -90,11 +90,13 @@ class Nvml:
         if lib and loaded and os.path.realpath(loaded) != os.path.realpath(lib):
             # pynvml opens "libnvidia-ml.so.1" by name: a library whose soname is another one was
             # loaded beside it, not used; what NVML answers is the default library's, and is said so
-            self.errors.append(DetectError(
-                "driver.nvml_library",
-                f"HWPROFILE_NVML_LIBRARY={lib} is not what pynvml uses ({loaded} is): its soname is not "
-                "libnvidia-ml.so.1",
-            ))  # fmt: skip
+            self.errors.append(
+                DetectError(
+                    "driver.nvml_library",
+                    f"HWPROFILE_NVML_LIBRARY={lib} is not what pynvml uses ({loaded} is): its soname is not "
+                    "libnvidia-ml.so.1",
+                )
+            )
 
     def close(self) -> None:
         if self._n is not None:
@@ -234,12 +236,22 @@ class Nvml:
         (a board without a threshold answers NOT SUPPORTED, which is an answer)."""
         n, w = self._n, f"gpu[{index}]"
         return (
-            self.call(f"{w}.temperature_slowdown", "nvmlDeviceGetTemperatureThreshold", handle,
-                      n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, quiet=True),
-            self.call(f"{w}.temperature_shutdown", "nvmlDeviceGetTemperatureThreshold", handle,
-                      n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, quiet=True),
+            self.call(
+                f"{w}.temperature_slowdown",
+                "nvmlDeviceGetTemperatureThreshold",
+                handle,
+                n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                quiet=True,
+            ),
+            self.call(
+                f"{w}.temperature_shutdown",
+                "nvmlDeviceGetTemperatureThreshold",
+                handle,
+                n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+                quiet=True,
+            ),
             self.call(f"{w}.sm_clock_max", "nvmlDeviceGetMaxClockInfo", handle, n.NVML_CLOCK_SM, quiet=True),
-        )  # fmt: skip
+        )
 
     def live(self, index: int, handle: Any, margin: bool = True) -> dict[str, Any]:
         """What changes every tick: temperature (and NVML's margin to the slowdown threshold when
@@ -249,17 +261,26 @@ class Nvml:
         n, w, call = self._n, f"gpu[{index}]", self.call
         mem = call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
         return {
-            "temperature": call(f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU),
+            "temperature": call(
+                f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU
+            ),
             "margin": call(f"{w}.temperature_margin", "nvmlDeviceGetMarginTemperature", handle, quiet=True)
-            if margin else None,
-            "reasons": call(f"{w}.clocks_event_reasons", ("nvmlDeviceGetCurrentClocksEventReasons",
-                                                          "nvmlDeviceGetCurrentClocksThrottleReasons"), handle),
+            if margin
+            else None,
+            "reasons": call(
+                f"{w}.clocks_event_reasons",
+                ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+                handle,
+            ),
             "sm_clock": call(f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM),
             "power_draw": call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle),
-            "power_limit": call(f"{w}.power_limit", ("nvmlDeviceGetEnforcedPowerLimit",
-                                                     "nvmlDeviceGetPowerManagementLimit"), handle),
+            "power_limit": call(
+                f"{w}.power_limit",
+                ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
+                handle,
+            ),
             "memory_used": int(mem.used) if mem is not None else None,
-        }  # fmt: skip
+        }
 
     def faults(self, index: int, handle: Any) -> dict[str, Any]:
         """The hardware-fault counters of one GPU, quiet (a board without ECC answers NOT SUPPORTED,
@@ -268,11 +289,25 @@ class Nvml:
         and later: uncorrectable rows, a remap pending a reset, a remap that failed). Raises
         :class:`GpuLost` for a lost device."""
         n, w, call = self._n, f"gpu[{index}]", self.call
-        unc = call(f"{w}.ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", handle,
-                   n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC, quiet=True)
-        corr = call(f"{w}.ecc_corrected", "nvmlDeviceGetTotalEccErrors", handle,
-                    n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC, quiet=True)
-        retired = call(f"{w}.retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle, quiet=True)
+        unc = call(
+            f"{w}.ecc_uncorrected",
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            n.NVML_VOLATILE_ECC,
+            quiet=True,
+        )
+        corr = call(
+            f"{w}.ecc_corrected",
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            n.NVML_VOLATILE_ECC,
+            quiet=True,
+        )
+        retired = call(
+            f"{w}.retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle, quiet=True
+        )
         rows = call(f"{w}.remapped_rows", "nvmlDeviceGetRemappedRows", handle, quiet=True)
         return {
             "ecc_uncorrected": int(unc) if unc is not None else None,
@@ -281,21 +316,25 @@ class Nvml:
             "remap_uncorrectable": int(rows[1]) if rows is not None else None,
             "remap_pending": bool(rows[2]) if rows is not None else None,
             "remap_failure": bool(rows[3]) if rows is not None else None,
-        }  # fmt: skip
+        }
 
     def power_limits(self, index: int, handle: Any) -> tuple[int | None, int | None, int | None]:
         """``(limit, minimum, maximum)`` of one GPU's power management limit, mW (None: not read,
         recorded in ``errors``; a board without constraints answers NOT SUPPORTED)."""
         w = f"gpu[{index}]"
         limit = self.call(f"{w}.power_limit", "nvmlDeviceGetPowerManagementLimit", handle)
-        lo_hi = self.call(f"{w}.power_limit_constraints", "nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        lo_hi = self.call(
+            f"{w}.power_limit_constraints", "nvmlDeviceGetPowerManagementLimitConstraints", handle
+        )
         lo, hi = (int(lo_hi[0]), int(lo_hi[1])) if lo_hi is not None else (None, None)
         return (int(limit) if limit is not None else None), lo, hi
 
     def set_power_limit(self, index: int, handle: Any, milliwatts: int) -> str | None:
         """Set one GPU's power management limit (root only); the error, or None once it is set."""
         before = len(self.errors)
-        self.call(f"gpu[{index}].set_power_limit", "nvmlDeviceSetPowerManagementLimit", handle, int(milliwatts))
+        self.call(
+            f"gpu[{index}].set_power_limit", "nvmlDeviceSetPowerManagementLimit", handle, int(milliwatts)
+        )
         if len(self.errors) > before:
             return self.errors[-1].message
         return None
@@ -335,7 +374,9 @@ class Nvml:
             if not data.eventType & n.nvmlEventTypeXidCriticalError:
                 continue
             where = ctypes.cast(data.device, ctypes.c_void_p).value
-            index = next((i for i, h in handles.items() if ctypes.cast(h, ctypes.c_void_p).value == where), -1)
+            index = next(
+                (i for i, h in handles.items() if ctypes.cast(h, ctypes.c_void_p).value == where), -1
+            )
             out.append((index, int(data.eventData)))
         return out
 
@@ -512,16 +553,23 @@ def probe_library(lib: str) -> str | None:
     key = (os.path.realpath(lib), st.st_size, st.st_mtime_ns)
     if key not in _probed:
         try:
-            r = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, lib], capture_output=True, timeout=30,
-                               env={**os.environ, "PYTHONFAULTHANDLER": ""})  # fmt: skip
+            r = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", _PROBE, lib],
+                capture_output=True,
+                timeout=30,
+                env={**os.environ, "PYTHONFAULTHANDLER": ""},
+            )
             died = -r.returncode if r.returncode < 0 else None
             _probed[key] = (
                 f"HWPROFILE_NVML_LIBRARY={lib} crashed in nvmlInit ({signal.Signals(died).name}, in a test "
                 "process): not used; is it an NVML library of this architecture and driver?"
-                if died else None
-            )  # fmt: skip
+                if died
+                else None
+            )
         except subprocess.TimeoutExpired:
-            _probed[key] = f"HWPROFILE_NVML_LIBRARY={lib}: nvmlInit did not return within 30 s (in a test process): not used"
+            _probed[key] = (
+                f"HWPROFILE_NVML_LIBRARY={lib}: nvmlInit did not return within 30 s (in a test process): not used"
+            )
     return _probed[key]
 
 

@@ -52,7 +52,6 @@ class GpuReading:
         return None
 
 
-
 class GpuSampler:
     """Keeps NVML open and one handle per GPU; :meth:`sample` reads what changes every tick.
 
@@ -149,10 +148,15 @@ class GpuSampler:
             except GpuLost:
                 r = self._lose(i, now, "NVML answered GPU_IS_LOST")
             else:
-                nothing = all(v is None for v in (r.temperature_c, r.sm_clock_mhz, r.power_draw_watts, r.memory_used_bytes))
+                nothing = all(
+                    v is None
+                    for v in (r.temperature_c, r.sm_clock_mhz, r.power_draw_watts, r.memory_used_bytes)
+                )
                 self._unread[i] = self._unread.get(i, 0) + 1 if nothing else 0
                 if self._unread[i] >= LOST_AFTER:
-                    r = self._lose(i, now, f"nothing could be read for {LOST_AFTER} samples in a row: {r.error}")
+                    r = self._lose(
+                        i, now, f"nothing could be read for {LOST_AFTER} samples in a row: {r.error}"
+                    )
                 elif nothing:
                     r = GpuReading(i, now, status="unreadable", error=r.error)
             out.append(r)

@@ -128,7 +128,9 @@ class Gpu(NamedTuple):
             n = self.ecc_uncorrected
             out.append(f"ecc_uncorrectable: {n} uncorrectable ECC error(s) since the driver loaded")
         if self.row_remap_failure:
-            out.append("row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)")  # fmt: skip
+            out.append(
+                "row_remap_failure: a row remapping failed (the card's spare rows are spent: replace it)"
+            )
         if self.remapped_rows_pending:
             out.append("row_remap_pending: remapped rows wait for a GPU reset")
         if self.retired_pages_pending:

@@ -80,9 +80,13 @@ def run_group(
                 err = open(os.path.join(tmp, f"{rank}.err"), "wb")  # noqa: SIM115
                 outs.append((out, err))
                 p = subprocess.Popen(
-                    cmd, env={**base_env, "RANK": str(rank)}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    cmd,
+                    env={**base_env, "RANK": str(rank)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
                     process_group=0 if pgid is None else pgid,
-                )  # fmt: skip
+                )
                 procs.append(p)
                 if pgid is None:
                     pgid = p.pid

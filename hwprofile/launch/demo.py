@@ -20,7 +20,13 @@ def demo_completion(
     without them is shown without ids. The prompt is added to the reply as ``prompt``."""
     from ..telemetry.http import post_json
 
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
     reply = post_json(url + "/v1/completions", body, timeout=120)
     reply["prompt"] = prompt
     return reply
@@ -41,13 +47,21 @@ def run_demo(launch: Launch) -> int:
         reply = demo_completion(inst.url, launch.plan.model.path or launch.plan.model.name)
         choice = reply["choices"][0]
         prompt_ids, ids = choice.get("prompt_token_ids"), choice.get("token_ids")
-        say(f"prompt: {reply['prompt']!r}" + (f" ({len(prompt_ids)} tokens: {prompt_ids})" if prompt_ids else ""))
+        say(
+            f"prompt: {reply['prompt']!r}"
+            + (f" ({len(prompt_ids)} tokens: {prompt_ids})" if prompt_ids else "")
+        )
         n = reply["usage"]["completion_tokens"]
-        say(f"generated {n} tokens: {ids}" if ids is not None
-            else f"generated {n} tokens (this vLLM does not return token ids)")  # fmt: skip
+        say(
+            f"generated {n} tokens: {ids}"
+            if ids is not None
+            else f"generated {n} tokens (this vLLM does not return token ids)"
+        )
         say(f"decoded text: {choice['text']!r}")
-        say("the tiny model's weights are random by design (made offline, nothing downloaded): the text is "
-            "gibberish on purpose; what counts is that a real vLLM served a real request")  # fmt: skip
+        say(
+            "the tiny model's weights are random by design (made offline, nothing downloaded): the text is "
+            "gibberish on purpose; what counts is that a real vLLM served a real request"
+        )
         print(format_status(status(launch.runtime)), end="")
     left = [p for p in pids if p and pid_alive(p)]
     say(f"stopped cleanly{'' if not left else f'; still running: {left}'}")

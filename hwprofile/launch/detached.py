@@ -66,7 +66,9 @@ def _first_difference(a: object, b: object, where: str = "plan") -> str:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             if x != y:
                 return _first_difference(x, y, f"{where}[{i}]")
-    return f"{where}: {json.dumps(a, default=str)[:80]} in the file, {json.dumps(b, default=str)[:80]} planned"
+    return (
+        f"{where}: {json.dumps(a, default=str)[:80]} in the file, {json.dumps(b, default=str)[:80]} planned"
+    )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -88,8 +90,11 @@ def run_detached(launch: Launch, timeout: float) -> int:
     out = open(runtime / SUPERVISOR_OUT, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [*module_command(), "launch", "--plan-file", str(plan_file), "--runtime-dir", str(runtime)],
-        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     out.close()
     end = time.monotonic() + timeout
     last = ""

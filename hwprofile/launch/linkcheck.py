@@ -35,8 +35,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("hwprofile")
 
 # a rank that could not import PyTorch, or a PyTorch without NCCL or CUDA: the check cannot run here
-_HARNESS_MISSING = ("No module named", "ImportError", "ModuleNotFoundError", "NCCL built in",
-                    "Torch not compiled with CUDA", "No CUDA GPUs are available", "Found no NVIDIA driver")  # fmt: skip
+_HARNESS_MISSING = (
+    "No module named",
+    "ImportError",
+    "ModuleNotFoundError",
+    "NCCL built in",
+    "Torch not compiled with CUDA",
+    "No CUDA GPUs are available",
+    "Found no NVIDIA driver",
+)
 ROUNDS = 2  # a re-plan over measured links may choose other groups: those are checked once more
 
 
@@ -122,8 +129,11 @@ def prove_links(
             f"interconnect: GPUs {', '.join(','.join(map(str, g)) for g in todo)} were never proven: checking the "
             f"all-reduce with P2P on and off (at most {2 * len(todo) * deadline:g} s; --skip-link-check to skip)"
         )
-        kw: dict[str, Any] = {"deadline_s": deadline, "driver_version": host.driver.version,
-                              "iommu": host.interconnect.iommu}  # fmt: skip
+        kw: dict[str, Any] = {
+            "deadline_s": deadline,
+            "driver_version": host.driver.version,
+            "iommu": host.interconnect.iommu,
+        }
         if python:
             kw["python"] = python
         fresh = run(todo, fingerprint=host_fingerprint(host), backend="nccl", **kw)
@@ -146,9 +156,20 @@ def prove_links(
             path = save_report(inputs.config_root, host, report)
         except (OSError, WriteError) as e:
             say(f"interconnect: the result is not recorded ({e}): this start uses it, the next checks again")
-            plan = apply(plan, Report(report.fingerprint, report.backend, fresh.runs, report.measured_at,
-                                      report.torch_version, driver_version=report.driver_version,
-                                      iommu=report.iommu), "this start's interconnect check", host)  # fmt: skip
+            plan = apply(
+                plan,
+                Report(
+                    report.fingerprint,
+                    report.backend,
+                    fresh.runs,
+                    report.measured_at,
+                    report.torch_version,
+                    driver_version=report.driver_version,
+                    iommu=report.iommu,
+                ),
+                "this start's interconnect check",
+                host,
+            )
             break
         say(f"interconnect: recorded in {path}; planning again with it")
         plan = inputs.replan()
@@ -171,8 +192,14 @@ def _say_decisions(plan: Plan, say: Callable[[str], None]) -> None:
     for inst in plan.instances:
         ic = inst.interconnect or {}
         if ic.get("nccl_p2p_disable") or ic.get("disable_custom_all_reduce"):
-            what = [w for w, on in (("NCCL_P2P_DISABLE=1", ic.get("nccl_p2p_disable")),
-                                    ("no custom all-reduce", ic.get("disable_custom_all_reduce"))) if on]  # fmt: skip
+            what = [
+                w
+                for w, on in (
+                    ("NCCL_P2P_DISABLE=1", ic.get("nccl_p2p_disable")),
+                    ("no custom all-reduce", ic.get("disable_custom_all_reduce")),
+                )
+                if on
+            ]
             say(
                 f"interconnect: {inst.name} starts with {' and '.join(what)}: {'; '.join(ic.get('reasons') or ())}"
             )

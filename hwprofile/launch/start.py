@@ -108,9 +108,16 @@ class Launch:
                 why = f"server.vllm_command {exe}" if configured else f"the vllm executable ({exe})"
                 raise Refused(f"{why}: no such executable. " + NO_VLLM)
         return cls(
-            plan, release_for(software, configured, vllm_version), command,
-            software.numactl_path, software.tmpfs_path, runtime, inputs, progress, software.router_path,
-        )  # fmt: skip
+            plan,
+            release_for(software, configured, vllm_version),
+            command,
+            software.numactl_path,
+            software.tmpfs_path,
+            runtime,
+            inputs,
+            progress,
+            software.router_path,
+        )
 
     @property
     def replan(self) -> Callable[[Sequence[str | Overrides]], Plan] | None:
@@ -134,8 +141,10 @@ def release_for(software: Software, configured: set[str], flag: str | None = Non
         found = {command_vllm_version(c) for c in sorted(configured)}
         versions = {v for v, _ in found if v}
         if len(versions) > 1:
-            raise Refused(f"server.vllm_command names several vLLM releases ({', '.join(sorted(versions))}): "
-                          "give --vllm-version or one executable")  # fmt: skip
+            raise Refused(
+                f"server.vllm_command names several vLLM releases ({', '.join(sorted(versions))}): "
+                "give --vllm-version or one executable"
+            )
         if not versions:
             why = "; ".join(how for _, how in found)
             raise Refused(
@@ -180,12 +189,16 @@ def preflight(launch: Launch) -> None:
     except RunFileError as e:
         raise Refused(f"{e} (remove it if no hwprofile runs there)") from None
     if stale is not None:
-        log.warning("%s is stale (supervisor pid %s is gone); it is replaced", launch.runtime / STATE_FILE,
-                    stale.supervisor_pid)  # fmt: skip
+        log.warning(
+            "%s is stale (supervisor pid %s is gone); it is replaced",
+            launch.runtime / STATE_FILE,
+            stale.supervisor_pid,
+        )
     for inst in launch.plan.instances:
         # what the supervisor's thread renders at each start: refused here, not found broken there
-        render_instance(launch.plan, inst, launch.release, inst.server.vllm_command or launch.vllm_command,
-                        launch.numactl)  # fmt: skip
+        render_instance(
+            launch.plan, inst, launch.release, inst.server.vllm_command or launch.vllm_command, launch.numactl
+        )
         s = inst.server
         if not inst.headless and not port_free(s.host, s.port):  # a headless node serves no port
             raise Refused(
@@ -239,11 +252,15 @@ def options(launch: Launch, retry_failed: bool = True) -> Options:
 
         gpu_memory = GpuMemory()  # the start gate's readings (supervise.gate); NVML opened at the first
     opts = Options.from_settings(
-        launch.plan.supervise, launch.plan.logs, launch.runtime,
-        log_root(launch.plan, launch.tmpfs, launch.runtime), progress=progress,
-        min_model_len=launch.inputs.min_model_len() if launch.inputs else None, gpu_memory=gpu_memory,
+        launch.plan.supervise,
+        launch.plan.logs,
+        launch.runtime,
+        log_root(launch.plan, launch.tmpfs, launch.runtime),
+        progress=progress,
+        min_model_len=launch.inputs.min_model_len() if launch.inputs else None,
+        gpu_memory=gpu_memory,
         kv_pools=Path(kv_pools_path()) if launch.plan.supervise.pin_kv_pool else None,
-    )  # fmt: skip
+    )
     return opts if retry_failed else opts._replace(retry_failed_s=0.0)
 
 
@@ -338,6 +355,16 @@ def serving(launch: Launch) -> Iterator[Supervisor]:
 
 
 __all__ = [
-    "NO_VLLM", "Launch", "NotReady", "Refused", "foreground", "log_root", "options",
-    "preflight", "release_for", "serving", "setup_logging", "supervisor",
-]  # fmt: skip
+    "NO_VLLM",
+    "Launch",
+    "NotReady",
+    "Refused",
+    "foreground",
+    "log_root",
+    "options",
+    "preflight",
+    "release_for",
+    "serving",
+    "setup_logging",
+    "supervisor",
+]

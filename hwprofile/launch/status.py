@@ -31,8 +31,9 @@ def status(runtime: Path) -> dict[str, Any]:
         state = read_doc(runtime / STATE_FILE, SupervisorDoc)
     except RunFileError as e:
         if lock_held(runtime):
-            raise RunFileError(f"{e} (a supervisor holds the lock of {runtime}: something runs, but what "
-                               "cannot be said)") from None  # fmt: skip
+            raise RunFileError(
+                f"{e} (a supervisor holds the lock of {runtime}: something runs, but what cannot be said)"
+            ) from None
         raise
     if state is None:
         ended = read_doc(runtime / LAST_FILE, SupervisorDoc)
@@ -116,7 +117,11 @@ def _fmt_gpu(g: dict[str, Any]) -> str:
     if g["thermal_state"] != "ok" or g.get("pending"):
         line += f" — {g.get('reason')}"
     if g.get("faults"):
-        line += " — HARDWARE FAULT: " + "; ".join(g["faults"]) + " (its instances are drained, not restarted there)"
+        line += (
+            " — HARDWARE FAULT: "
+            + "; ".join(g["faults"])
+            + " (its instances are drained, not restarted there)"
+        )
     if g.get("fault_notes"):
         line += " — noted: " + "; ".join(g["fault_notes"])
     return line
@@ -132,9 +137,13 @@ def _fmt_live(i: dict[str, Any]) -> list[str]:
     if i.get("kv_usage") is not None:
         bits.append(f"KV {i['kv_usage']:.0%}")
     if i.get("engines"):  # a data-parallel server: each rank
-        bits.append("ranks " + ", ".join(
-            f"{e}: {v.get('running', 0):.0f} running, KV {v.get('kv_usage', 0):.0%}" for e, v in sorted(i["engines"].items())
-        ))  # fmt: skip
+        bits.append(
+            "ranks "
+            + ", ".join(
+                f"{e}: {v.get('running', 0):.0f} running, KV {v.get('kv_usage', 0):.0%}"
+                for e, v in sorted(i["engines"].items())
+            )
+        )
     if i.get("preemptions"):
         bits.append(f"preemptions {i['preemptions']:.0f}")
     if i.get("acceptance_rate") is not None:
@@ -216,8 +225,9 @@ def _fmt_front(front: dict[str, Any]) -> list[str]:
     pid = f"pid {front['pid']}" if front.get("pid") else "no pid"
     servers = (
         f", {front['healthy_servers']} of {front['servers']} servers healthy"
-        if front.get("servers") is not None else ""
-    )  # fmt: skip
+        if front.get("servers") is not None
+        else ""
+    )
     return [
         f"  vllm-router: {front['state']}, {pid}, {front['url']}{servers}, restarts {front.get('restarts', 0)}, "
         f"metrics {front.get('metrics_url')}, logs {front.get('log_file')}"
@@ -261,8 +271,10 @@ def _fmt_instance_waits(i: dict[str, Any]) -> list[str]:
         since = time.time() - i["health_failing_since"]
         out.append(f"    /health FAILING for {since:.0f} s (restarted after supervise.unhealthy_s)")
     if i.get("retry_at") and i["state"] == "failed":
-        out.append(f"    FAILED: tried again in {max(0.0, i['retry_at'] - time.time()):.0f} s "
-                   f"(give-up {i.get('gave_up') or 1} in a row; supervise.retry_failed_s)")  # fmt: skip
+        out.append(
+            f"    FAILED: tried again in {max(0.0, i['retry_at'] - time.time()):.0f} s "
+            f"(give-up {i.get('gave_up') or 1} in a row; supervise.retry_failed_s)"
+        )
     if i.get("unresponsive"):
         out.append(f"    restarted {i['unresponsive']} times for a /health that kept failing")
     if i.get("group_wait") and i["state"] in ("starting", "restarting"):
@@ -286,8 +298,10 @@ def _fmt_daemon(live: dict[str, Any]) -> list[str]:
     out += [f"  {_fmt_gpu(g)}" for g in live.get("gpus") or []]
     lowered = live.get("power_limits_lowered") or {}
     if lowered:
-        out.append("  power limit lowered by the daemon (degrade.power_limit_factor) on " + ", ".join(
-            f"GPU {g} (restores {w:.0f} W)" for g, w in sorted(lowered.items())))  # fmt: skip
+        out.append(
+            "  power limit lowered by the daemon (degrade.power_limit_factor) on "
+            + ", ".join(f"GPU {g} (restores {w:.0f} W)" for g, w in sorted(lowered.items()))
+        )
     for name, why in sorted((live.get("power_lever_off") or {}).items()):
         out.append(f"  power limit not a lever for {name}: {why}")
     for a in (live.get("actions") or [])[-5:]:

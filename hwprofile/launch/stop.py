@@ -79,7 +79,9 @@ def stop(runtime: Path, timeout: float = 120) -> list[str]:
             # A zombie leader pins its number, so what is in its group is its own: ended too. A
             # leader long gone names nothing: its number may lead another group by now.
             zombie = what == GONE and start_time(ident.pid) == ident.start
-            done.append(f"{inst.name}: pid {ident.pid}: {what}; not signalled"
-                        + (_end_leftovers(ident) if zombie else ""))  # fmt: skip
+            done.append(
+                f"{inst.name}: pid {ident.pid}: {what}; not signalled"
+                + (_end_leftovers(ident) if zombie else "")
+            )
     remove(runtime / STATE_FILE)  # everything it names is checked and ended: the file is done
     return done

@@ -60,7 +60,9 @@ CHAT_TEMPLATE = (
 def tiny_model_ready(out: Path = DEFAULT_DIR) -> bool:
     """The tiny model is already at ``out`` in the current format (:func:`make_tiny_model` returns it as is)."""
     out = Path(out)
-    return (out / "config.json").is_file() and (out / "model.safetensors").is_file() and _format(out) == FORMAT
+    return (
+        (out / "config.json").is_file() and (out / "model.safetensors").is_file() and _format(out) == FORMAT
+    )
 
 
 def make_tiny_model(out: Path = DEFAULT_DIR, seed: int = 1234, config: dict[str, int] | None = None) -> Path:

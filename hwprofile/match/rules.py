@@ -201,8 +201,9 @@ def gpu_name_pattern(text: str) -> Any:
         return re2.compile(text, opts)
     except re2.error as e:
         why = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
-        raise ValueError(f"invalid regular expression {text!r}: {why} (RE2 syntax: no back-references "
-                         "or look-around)") from None  # fmt: skip
+        raise ValueError(
+            f"invalid regular expression {text!r}: {why} (RE2 syntax: no back-references or look-around)"
+        ) from None
 
 
 def predicate(key: str, want: Any) -> Any:

@@ -33,8 +33,9 @@ def _read_json(path: str, cap: int, what: str) -> Any:
     except FileNotFoundError:
         raise
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e} (a {what} is a regular file of at most "
-                          f"{cap >> 20} MiB)") from None  # fmt: skip
+        raise ConfigError(
+            f"{path}: cannot read: {e.strerror or e} (a {what} is a regular file of at most {cap >> 20} MiB)"
+        ) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -62,8 +62,23 @@ SMALL_CAP = 64 << 20  # a config or an index file downloaded; the file list's si
 HEADER_CAP = 26 << 20  # a safetensors header answer (huggingface_hub's own limit is 25 MB)
 # safetensors dtypes → config.json's torch_dtype (the float ones a checkpoint is served in)
 _TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+_DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 # -- names ---------------------------------------------------------------------------------------
@@ -716,7 +731,9 @@ def _hub_error(e: BaseException, repo: str, revision: str | None, ep: str, what:
         private = " (private: set HF_TOKEN to a token that can read it)" if not token else ""
         return ConfigError(f"{name}: no such model on the Hub at {shown(ep)}{private}")
     if isinstance(e, hf.RevisionNotFoundError):
-        return ConfigError(f"{name}: no revision {revision or 'main'} in {shown(ep)}/{repo} (a branch, a tag or a commit)")
+        return ConfigError(
+            f"{name}: no revision {revision or 'main'} in {shown(ep)}/{repo} (a branch, a tag or a commit)"
+        )
     if isinstance(e, hf.RemoteEntryNotFoundError):
         return ConfigError(f"{name}: a file the repository lists is not on the Hub: {first}")
     if status == 429:

@@ -97,7 +97,11 @@ def _catalog() -> dict[str, dict[str, Any]]:
     for m in data["models"]:
         for q in m.get("quantized") or ():
             if "config_file" in q:
-                out[q["name"].lower()] = {"name": q["name"], "config_file": q["config_file"], "variant_of": m["name"]}
+                out[q["name"].lower()] = {
+                    "name": q["name"],
+                    "config_file": q["config_file"],
+                    "variant_of": m["name"],
+                }
     return out
 
 

@@ -172,9 +172,13 @@ def _names(cfg: dict[str, Any], s: _Shape) -> _Names:
         return _Names("backbone.layers.{}", "backbone.embeddings", "lm_head", "backbone.norm_f", "", "mtp")
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrapper (transformers' naming)
         return _Names(
-            "model.language_model.layers.{}", "model.language_model.embed_tokens", "lm_head",
-            "model.language_model.norm", "model.visual", "mtp",
-        )  # fmt: skip
+            "model.language_model.layers.{}",
+            "model.language_model.embed_tokens",
+            "lm_head",
+            "model.language_model.norm",
+            "model.visual",
+            "mtp",
+        )
     return _Names("model.layers.{}", "model.embed_tokens", "lm_head", "model.norm", "model.visual", "mtp")
 
 
@@ -523,12 +527,19 @@ def _qwen_vision(v: dict[str, Any], p: str, part: str, d: _VisionDims) -> list[T
     b = f"{p}.blocks.0"
     norm = (1 if qwen25 else 2) * 2 * h
     mlp = (
-        [_lin(f"{b}.mlp.gate_proj", part, inter, h, depth), _lin(f"{b}.mlp.up_proj", part, inter, h, depth),
-         _lin(f"{b}.mlp.down_proj", part, h, inter, depth), _vec(f"{b}.mlp.bias", part, 2 * inter + h, depth)]
+        [
+            _lin(f"{b}.mlp.gate_proj", part, inter, h, depth),
+            _lin(f"{b}.mlp.up_proj", part, inter, h, depth),
+            _lin(f"{b}.mlp.down_proj", part, h, inter, depth),
+            _vec(f"{b}.mlp.bias", part, 2 * inter + h, depth),
+        ]
         if qwen25
-        else [_lin(f"{b}.mlp.linear_fc1", part, inter, h, depth), _lin(f"{b}.mlp.linear_fc2", part, h, inter, depth),
-              _vec(f"{b}.mlp.bias", part, inter + h, depth)]
-    )  # fmt: skip
+        else [
+            _lin(f"{b}.mlp.linear_fc1", part, inter, h, depth),
+            _lin(f"{b}.mlp.linear_fc2", part, h, inter, depth),
+            _vec(f"{b}.mlp.bias", part, inter + h, depth),
+        ]
+    )
     out += [
         _vec(f"{b}.norms", part, norm, depth),
         _lin(f"{b}.attn.qkv", part, 3 * h, h, depth),

@@ -59,7 +59,16 @@ from .specpath import check as check_speculative_paths
 from .speculative import choose_speculator, heterogeneous_vocab_ok
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan, Reason
 
-__all__ = ["AVERAGE_FILL", "SCHEMA", "TP_SIZES", "Calibration", "Plan", "PlanRefused", "Reasons", "build_plan"]
+__all__ = [
+    "AVERAGE_FILL",
+    "SCHEMA",
+    "TP_SIZES",
+    "Calibration",
+    "Plan",
+    "PlanRefused",
+    "Reasons",
+    "build_plan",
+]
 
 SCHEMA = "hwprofile.plan/1"
 
@@ -98,12 +107,27 @@ def build_plan(
         fault_reasons += why
         fault_warnings += warn
     if host.usable_gpus and not healthy.usable_gpus:
-        raise PlanRefused("every GPU reported a hardware fault at detection: " + "; ".join(fault_warnings),
-                          ["reset the GPUs (nvidia-smi -r, a reboot) or replace them, then plan again",
-                           "`hwprofile doctor` reads the faults live"])  # fmt: skip
+        raise PlanRefused(
+            "every GPU reported a hardware fault at detection: " + "; ".join(fault_warnings),
+            [
+                "reset the GPUs (nvidia-smi -r, a reboot) or replace them, then plan again",
+                "`hwprofile doctor` reads the faults live",
+            ],
+        )
     try:
-        plan = _build_plan(healthy, settings, provenance, profile, matched_because, model, draft, tuple(others),
-                           addresses, calibration, current)  # fmt: skip
+        plan = _build_plan(
+            healthy,
+            settings,
+            provenance,
+            profile,
+            matched_because,
+            model,
+            draft,
+            tuple(others),
+            addresses,
+            calibration,
+            current,
+        )
     except PlanRefused as e:  # with fewer GPUs than the host has: say why they are fewer
         if fault_warnings:
             e.message = f"{e.message} ({'; '.join(fault_warnings)})"
@@ -112,8 +136,11 @@ def build_plan(
     if settings.supervise.pin_kv_pool:
         plan = pin_kv_pools(plan, kv_pools or {})
     if fault_reasons:
-        plan = dataclasses.replace(plan, reasons=(*fault_reasons, *plan.reasons),
-                                   warnings=tuple(dict.fromkeys((*fault_warnings, *plan.warnings))))  # fmt: skip
+        plan = dataclasses.replace(
+            plan,
+            reasons=(*fault_reasons, *plan.reasons),
+            warnings=tuple(dict.fromkeys((*fault_warnings, *plan.warnings))),
+        )
     return apply_interconnect(plan, current, interconnect_source, healthy, ic_reason)
 
 
@@ -126,11 +153,20 @@ def _without_faulted(host: HostSnapshot, node: int = 0) -> tuple[HostSnapshot, l
     if not bad:
         return host, [], []
     key, who = (f"nodes[{node}].", f"node {node}: ") if node else ("", "")
-    reasons = [Reason(f"{key}gpus[{i}].excluded", True, f"{who}GPU {i} reported a hardware fault at detection: "
-                      f"{'; '.join(f)}; not planned for (reset or replace it, then plan again)", "snapshot")
-               for i, f in sorted(bad.items())]  # fmt: skip
-    warnings = [f"{who}GPU {i} is faulted ({', '.join(x.split(':', 1)[0] for x in f)}) and not planned for"
-                for i, f in sorted(bad.items())]  # fmt: skip
+    reasons = [
+        Reason(
+            f"{key}gpus[{i}].excluded",
+            True,
+            f"{who}GPU {i} reported a hardware fault at detection: "
+            f"{'; '.join(f)}; not planned for (reset or replace it, then plan again)",
+            "snapshot",
+        )
+        for i, f in sorted(bad.items())
+    ]
+    warnings = [
+        f"{who}GPU {i} is faulted ({', '.join(x.split(':', 1)[0] for x in f)}) and not planned for"
+        for i, f in sorted(bad.items())
+    ]
     return host._replace(gpus=tuple(g for g in host.gpus if g.index not in bad)), reasons, warnings
 
 
@@ -143,14 +179,21 @@ def _current_interconnect(
         return None, None
     why = stale(report, host, host_fingerprint(host))
     if why:
-        return None, Reason("interconnect.measurement", None, f"ignored ({why}): the datasheet link is used; "
-                            "run `hwprofile doctor --interconnect` again", source)  # fmt: skip
+        return None, Reason(
+            "interconnect.measurement",
+            None,
+            f"ignored ({why}): the datasheet link is used; run `hwprofile doctor --interconnect` again",
+            source,
+        )
     at = f" at {report.measured_at}" if report.measured_at else ""
-    return report, Reason("interconnect.measurement", "measured",
-                          f"the interconnect check recorded{at} ({report.backend}"
-                          + (f", driver {report.driver_version}" if report.driver_version else "")
-                          + "): its measured link bandwidth replaces the datasheet's for the groups it covers",
-                          source)  # fmt: skip
+    return report, Reason(
+        "interconnect.measurement",
+        "measured",
+        f"the interconnect check recorded{at} ({report.backend}"
+        + (f", driver {report.driver_version}" if report.driver_version else "")
+        + "): its measured link bandwidth replaces the datasheet's for the groups it covers",
+        source,
+    )
 
 
 def _build_plan(
@@ -203,10 +246,25 @@ def _build_plan(
             r.predictions.clear()  # a group over several nodes: not predicted (its link is in the estimate)
             head = group[0]
             h = addrs[0] if head.server.host in ("0.0.0.0", "", "::", "127.0.0.1") else head.server.host
-            endpoint = Endpoint(f"http://{h}:{head.server.port}", "vllm", (head.name,),
-                                f"node 0's API server in front of {head.nnodes} nodes")  # fmt: skip
-        return _assemble(host, settings, provenance, profile, matched_because, model, chosen_draft, r,
-                         warnings, group, endpoint)  # fmt: skip
+            endpoint = Endpoint(
+                f"http://{h}:{head.server.port}",
+                "vllm",
+                (head.name,),
+                f"node 0's API server in front of {head.nnodes} nodes",
+            )
+        return _assemble(
+            host,
+            settings,
+            provenance,
+            profile,
+            matched_because,
+            model,
+            chosen_draft,
+            r,
+            warnings,
+            group,
+            endpoint,
+        )
     try:
         planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
     except PlanRefused:
@@ -229,8 +287,19 @@ def _build_plan(
     used_draft = next((d for _, d in planned if d is not None), None)
     instances, endpoint = shape(host, settings, [inst for inst, _ in planned], r, warnings)
     instances = _predicted(host, settings, model, used_draft, instances, r, warnings)
-    return _assemble(host, settings, provenance, profile, matched_because, model, used_draft, r, warnings,
-                     instances, endpoint)  # fmt: skip
+    return _assemble(
+        host,
+        settings,
+        provenance,
+        profile,
+        matched_because,
+        model,
+        used_draft,
+        r,
+        warnings,
+        instances,
+        endpoint,
+    )
 
 
 def _assemble(
@@ -295,17 +364,26 @@ def _power_lever(host: HostSnapshot, settings: Settings, instances: list[Instanc
         return
     f = settings.degrade.power_limit_factor
     if f <= 0:
-        r.add("degrade.power_limit_factor", f, "0: a hot card goes straight to the batch steps (the power limit "
-              "is left alone)", ("degrade", "power_limit_factor"))  # fmt: skip
+        r.add(
+            "degrade.power_limit_factor",
+            f,
+            "0: a hot card goes straight to the batch steps (the power limit is left alone)",
+            ("degrade", "power_limit_factor"),
+        )
         return
     each = sorted({(gpus[g].name, gpus[g].power_limit_watts) for g in used if g in gpus}, key=str)
     limits = "; ".join(
         f"{name}: {w:.0f} -> {w * f:.0f} W" if w else f"{name}: limit not read" for name, w in each
     )
-    r.add("degrade.power_limit_factor", f, f"a hot (not critical) card's power limit is lowered first ({limits}; "
-          f"never below the card's minimum, which the daemon reads from NVML; root only), the batch steps after "
-          f"degrade.power_limit_hold_s {settings.degrade.power_limit_hold_s:g} s if it is still hot; restored on "
-          "recover and on exit", ("degrade", "power_limit_factor"))  # fmt: skip
+    r.add(
+        "degrade.power_limit_factor",
+        f,
+        f"a hot (not critical) card's power limit is lowered first ({limits}; "
+        f"never below the card's minimum, which the daemon reads from NVML; root only), the batch steps after "
+        f"degrade.power_limit_hold_s {settings.degrade.power_limit_hold_s:g} s if it is still hot; restored on "
+        "recover and on exit",
+        ("degrade", "power_limit_factor"),
+    )
 
 
 def _moe_kernels(
@@ -315,13 +393,22 @@ def _moe_kernels(
     the release (or VLLM_TUNED_CONFIG_FOLDER) has it, and the command that tunes it when not (.moetune)."""
     said: set[str] = set()
     for i, inst in enumerate(instances):
-        t = moe_tuning(model, inst.gpu_name, int(inst.tensor_parallel_size), str(inst.device), host.software,
-                       model.path or model.name)  # fmt: skip
+        t = moe_tuning(
+            model,
+            inst.gpu_name,
+            int(inst.tensor_parallel_size),
+            str(inst.device),
+            host.software,
+            model.path or model.name,
+        )
         if t is None:
             return
         state = {True: "tuned", False: "NOT tuned", None: "unknown"}[t.tuned]
-        r.add(f"instances[{i}].kernels.fused_moe_config", t.file_name,
-              f"{state}: {t.reason}" + (f"; to tune: {t.command}" if t.command and t.tuned is not True else ""))  # fmt: skip
+        r.add(
+            f"instances[{i}].kernels.fused_moe_config",
+            t.file_name,
+            f"{state}: {t.reason}" + (f"; to tune: {t.command}" if t.command and t.tuned is not True else ""),
+        )
         if t.tuned is False and t.file_name not in said:
             said.add(t.file_name or "")
             warnings.append(
@@ -332,32 +419,64 @@ def _moe_kernels(
 
 
 def _predicted(
-    host: HostSnapshot, settings: Settings, model: ModelFacts, draft: ModelFacts | None,
-    instances: list[InstancePlan], r: Reasons, warnings: list[str],
-) -> list[InstancePlan]:  # fmt: skip
+    host: HostSnapshot,
+    settings: Settings,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    instances: list[InstancePlan],
+    r: Reasons,
+    warnings: list[str],
+) -> list[InstancePlan]:
     """Each GPU instance with its predicted TTFT, TPOT and output tokens/s at the workload; on a hybrid
     that speculates, whether speculation is predicted to pay (a reason; a warning where it does not)."""
     total = sum(i.ranks for i in instances)
     rule_tp = instances[0].tensor_parallel_size if instances else 1
     out = []
     for i, inst in enumerate(instances):
-        p = instance_prediction(host, inst, total, model, draft if inst.speculative else None, settings,
-                                r.calibration, rule_tp, r.interconnect)  # fmt: skip
+        p = instance_prediction(
+            host,
+            inst,
+            total,
+            model,
+            draft if inst.speculative else None,
+            settings,
+            r.calibration,
+            rule_tp,
+            r.interconnect,
+        )
         if p is not None and inst.speculative is not None and inst.memory.state_sequences is not ABSENT:
             # a hybrid: say whether speculation is predicted to pay here (its state cost is said in
             # speculative.state_cost)
-            plain = instance_prediction(host, dataclasses.replace(inst, speculative=None), total, model, None,
-                                        settings, r.calibration, rule_tp, r.interconnect)  # fmt: skip
+            plain = instance_prediction(
+                host,
+                dataclasses.replace(inst, speculative=None),
+                total,
+                model,
+                None,
+                settings,
+                r.calibration,
+                rule_tp,
+                r.interconnect,
+            )
             if plain is not None:
                 pays = p.tpot_ms < plain.tpot_ms
-                r.add(f"instances[{i}].speculative.predicted", pays,
-                      f"{inst.speculative.method} k={inst.speculative.num_speculative_tokens}: TPOT {p.tpot_ms:.1f} ms "
-                      f"predicted with it, {plain.tpot_ms:.1f} ms without, at {p.concurrency} request(s) in flight"
-                      + ("" if pays else " (it does not pay here: its draft steps read the MTP layer and the LM "
-                         "head each; set speculative.method=none or a smaller speculative.num_speculative_tokens)"))  # fmt: skip
+                r.add(
+                    f"instances[{i}].speculative.predicted",
+                    pays,
+                    f"{inst.speculative.method} k={inst.speculative.num_speculative_tokens}: TPOT {p.tpot_ms:.1f} ms "
+                    f"predicted with it, {plain.tpot_ms:.1f} ms without, at {p.concurrency} request(s) in flight"
+                    + (
+                        ""
+                        if pays
+                        else " (it does not pay here: its draft steps read the MTP layer and the LM "
+                        "head each; set speculative.method=none or a smaller speculative.num_speculative_tokens)"
+                    ),
+                )
                 if not pays:
-                    warnings.append(f"{inst.name}: {inst.speculative.method} speculation is predicted slower than none "
-                                    f"(TPOT {p.tpot_ms:.1f} vs {plain.tpot_ms:.1f} ms)")  # fmt: skip
+                    warnings.append(
+                        f"{inst.name}: {inst.speculative.method} speculation is predicted slower than none "
+                        f"(TPOT {p.tpot_ms:.1f} vs {plain.tpot_ms:.1f} ms)"
+                    )
         out.append(dataclasses.replace(inst, prediction=p) if p is not None else inst)
     return out
 
@@ -370,8 +489,11 @@ def _prediction_summary(host: HostSnapshot, settings: Settings, r: Reasons) -> d
         "objective": lay.objective,
         "ttft_target_ms": lay.ttft_target_ms,
         "tpot_target_ms": lay.tpot_target_ms,
-        "calibration": {"fingerprint": host_fingerprint(host), "path": cal.path if cal else None,
-                        "created": cal.created if cal else None},
+        "calibration": {
+            "fingerprint": host_fingerprint(host),
+            "path": cal.path if cal else None,
+            "created": cal.created if cal else None,
+        },
         "groups": tuple(r.predictions),
     }
 
@@ -393,10 +515,15 @@ def _instances(
         n = settings.layout.replicas if isinstance(settings.layout.replicas, int) else 1
         if n > 1:
             r.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
-        return [(cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft) for i in range(n)]
+        return [
+            (cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft)
+            for i in range(n)
+        ]
     groups = layout(host, settings, model, draft, r, warnings, spec_method, fixed)
 
-    def batching(gpus: list[Any]) -> tuple[int, int, str] | None:  # what layout.objective chose for their group
+    def batching(
+        gpus: list[Any],
+    ) -> tuple[int, int, str] | None:  # what layout.objective chose for their group
         return next((b for grp, b in r.batching.items() if gpus[0].index in grp), None)
 
     return [

@@ -38,8 +38,10 @@ def host_fingerprint(host: HostSnapshot) -> str:
     if gpus and all(g.uuid for g in gpus):
         text = "|".join(sorted(str(g.uuid) for g in gpus))
     else:
-        text = (host.hostname or "?") + "|" + "|".join(
-            f"{g.name}/{g.memory_total_bytes}/{g.pci_bus_id}" for g in gpus
+        text = (
+            (host.hostname or "?")
+            + "|"
+            + "|".join(f"{g.name}/{g.memory_total_bytes}/{g.pci_bus_id}" for g in gpus)
         )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -99,8 +101,11 @@ def mtp_draft_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape | N
     if not model.mtp_layers or not model.mtp_bytes:
         return None
     head = model.vocab_size * model.hidden_size * 2
-    attn_kv = kv_bytes_per_token(model, 1, kv_dtype_bytes) // max(1, model.full_layers) if not is_hybrid(model) else (
-        2 * model.num_kv_heads * model.head_dim * kv_dtype_bytes)  # fmt: skip
+    attn_kv = (
+        kv_bytes_per_token(model, 1, kv_dtype_bytes) // max(1, model.full_layers)
+        if not is_hybrid(model)
+        else (2 * model.num_kv_heads * model.head_dim * kv_dtype_bytes)
+    )
     return pm.ModelShape(
         name=f"{model.name} MTP head",
         weights_bytes=model.mtp_bytes + head,
@@ -120,11 +125,17 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
     if not row or not row.get("memory_bandwidth_gbs"):
         return None, row
     eff = gpufacts.efficiency(row.get("architecture"))
-    g = pm.Gpu(str(row["name"]), float(row["memory_bandwidth_gbs"]),
-               float(row["fp16_bf16_tensor_tflops_dense"]) if row.get("fp16_bf16_tensor_tflops_dense") else None,
-               gpu.memory_total_bytes or 0, f"hwprofile/data/gpus.yaml ({row['name']})",
-               float(eff["memory"]), float(eff["compute"]),
-               f"hwprofile/data/gpu_efficiency.yaml {eff['key']}: {eff['source']}", str(eff["basis"]))  # fmt: skip
+    g = pm.Gpu(
+        str(row["name"]),
+        float(row["memory_bandwidth_gbs"]),
+        float(row["fp16_bf16_tensor_tflops_dense"]) if row.get("fp16_bf16_tensor_tflops_dense") else None,
+        gpu.memory_total_bytes or 0,
+        f"hwprofile/data/gpus.yaml ({row['name']})",
+        float(eff["memory"]),
+        float(eff["compute"]),
+        f"hwprofile/data/gpu_efficiency.yaml {eff['key']}: {eff['source']}",
+        str(eff["basis"]),
+    )
     return g, row
 
 
@@ -148,7 +159,11 @@ def link_for(
 
 
 def speculation(
-    settings: Settings, method: str | None, draft: ModelFacts | None, kv_bytes: int, model: ModelFacts | None = None
+    settings: Settings,
+    method: str | None,
+    draft: ModelFacts | None,
+    kv_bytes: int,
+    model: ModelFacts | None = None,
 ) -> pm.Speculation | None:
     if not method or method == "none":
         return None
@@ -156,14 +171,26 @@ def speculation(
     d = model_shape(draft, kv_bytes) if (draft is not None and method == "draft_model") else None
     if method == "mtp" and model is not None:
         d = mtp_draft_shape(model, kv_bytes)
-    return pm.Speculation(method, tuple(s.by_batch_size or ()), s.num_speculative_tokens, s.assumed_acceptance, d,
-                          "speculative.assumed_acceptance")  # fmt: skip
+    return pm.Speculation(
+        method,
+        tuple(s.by_batch_size or ()),
+        s.num_speculative_tokens,
+        s.assumed_acceptance,
+        d,
+        "speculative.assumed_acceptance",
+    )
 
 
 def _calibrate(
-    preds: list[pm.Prediction], gpu: pm.Gpu, shape: pm.ModelShape, cands: list[pm.Candidate], wl: pm.Workload,
-    specs: list[pm.Speculation | None], cal: pm.Calibration | None, default_tp: int,
-) -> list[pm.Prediction]:  # fmt: skip
+    preds: list[pm.Prediction],
+    gpu: pm.Gpu,
+    shape: pm.ModelShape,
+    cands: list[pm.Candidate],
+    wl: pm.Workload,
+    specs: list[pm.Speculation | None],
+    cal: pm.Calibration | None,
+    default_tp: int,
+) -> list[pm.Prediction]:
     """Each prediction from the measurement where there is one (the measured configuration's TP:
     ``cal.tp``, else the TP the rules give without a prediction)."""
     if cal is None or not cal.points:
@@ -175,37 +202,68 @@ def _calibrate(
     bench = cands[at_tp[0]]
     c0 = min(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
     at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), specs[at_tp[0]])
-    return [pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp)) if c.fits else p for p, c in zip(preds, cands, strict=True)]
+    return [
+        pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp)) if c.fits else p
+        for p, c in zip(preds, cands, strict=True)
+    ]
 
 
-BATCHED_TOKENS = (2048, 8192, 16384)  # vLLM's own defaults: A100 and smaller, H100-class API server, large cards
+BATCHED_TOKENS = (
+    2048,
+    8192,
+    16384,
+)  # vLLM's own defaults: A100 and smaller, H100-class API server, large cards
 
 
 def _batching(
-    gpu: pm.Gpu, shape: pm.ModelShape, c: pm.Candidate, wl: pm.Workload, spec: pm.Speculation | None,
-    settings: Settings, fits: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    gpu: pm.Gpu,
+    shape: pm.ModelShape,
+    c: pm.Candidate,
+    wl: pm.Workload,
+    spec: pm.Speculation | None,
+    settings: Settings,
+    fits: Any,
+) -> list[dict[str, Any]]:
     """The candidate at other batching: ``max_num_batched_tokens`` at vLLM's defaults and the planned
     value, ``max_num_seqs`` halved, planned, doubled and the requests of the workload each instance
     takes; each with the KV space its activations leave (:func:`choose_batching` picks one)."""
     lay, eng = settings.layout, settings.engine
     share = max(1, -(-wl.concurrency // max(1, c.instances)))  # the workload's requests per instance
     out = []
-    for seqs in sorted({max(1, eng.max_num_seqs // 2), eng.max_num_seqs, min(65_536, eng.max_num_seqs * 2),
-                        min(65_536, share)}):  # fmt: skip
+    for seqs in sorted(
+        {
+            max(1, eng.max_num_seqs // 2),
+            eng.max_num_seqs,
+            min(65_536, eng.max_num_seqs * 2),
+            min(65_536, share),
+        }
+    ):
         for batched in sorted({*BATCHED_TOKENS, eng.max_num_batched_tokens}):
             budget = max(batched, seqs)
             ok, kv_tokens = fits(budget, seqs)
-            alt = dataclasses.replace(c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens))
+            alt = dataclasses.replace(
+                c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens)
+            )
             p = pm.predict(gpu, shape, alt, wl, spec)
-            cap, at = pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms) if ok else (0.0, 0)
-            out.append({
-                "max_num_seqs": seqs, "max_num_batched_tokens": budget, "fits": ok, "kv_tokens": max(0, kv_tokens),
-                "ttft_ms": round(p.ttft_ms, 1), "tpot_ms": round(p.tpot_ms, 2),
-                "output_tokens_per_s": round(p.output_tokens_per_s, 1),
-                "capacity_output_tokens_per_s": round(cap, 1), "capacity_concurrency": at,
-                "planned": seqs == eng.max_num_seqs and batched == eng.max_num_batched_tokens,
-            })  # fmt: skip
+            cap, at = (
+                pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms)
+                if ok
+                else (0.0, 0)
+            )
+            out.append(
+                {
+                    "max_num_seqs": seqs,
+                    "max_num_batched_tokens": budget,
+                    "fits": ok,
+                    "kv_tokens": max(0, kv_tokens),
+                    "ttft_ms": round(p.ttft_ms, 1),
+                    "tpot_ms": round(p.tpot_ms, 2),
+                    "output_tokens_per_s": round(p.output_tokens_per_s, 1),
+                    "capacity_output_tokens_per_s": round(cap, 1),
+                    "capacity_concurrency": at,
+                    "planned": seqs == eng.max_num_seqs and batched == eng.max_num_batched_tokens,
+                }
+            )
     return out
 
 
@@ -227,9 +285,12 @@ def _better(b: Mapping[str, Any], planned: Mapping[str, Any], objective: str, ou
 
 
 def choose_batching(
-    rows: Sequence[Mapping[str, Any]], objective: str, ttft_target_ms: float, tpot_target_ms: float,
+    rows: Sequence[Mapping[str, Any]],
+    objective: str,
+    ttft_target_ms: float,
+    tpot_target_ms: float,
     output_len: int,
-) -> tuple[int, str]:  # fmt: skip
+) -> tuple[int, str]:
     """The index of the batching row (:func:`_batching`) the objective prefers, and why; -1 with the
     reason where the planned row stays. ``throughput``: the most output tokens/s sustained within the
     targets, and where no row meets them, the shortest request; ``latency``: the shortest request at
@@ -240,6 +301,7 @@ def choose_batching(
     planned = next((i for i, b in enumerate(rows) if b["planned"]), None)
     if not ok:
         return -1, "no batching fits"
+
     def request_ms(j: int) -> float:
         return _request_ms(rows[j], output_len)
 
@@ -247,35 +309,56 @@ def choose_batching(
     by = objective if objective == "latency" or within else "latency"  # none within the targets: the closest
     if by == "latency":
         i = min(ok, key=lambda j: (round(request_ms(j)), j != planned))
-        what = (f"the shortest predicted request ({request_ms(i) / 1e3:.2f} s: TTFT {rows[i]['ttft_ms']:.0f} ms, "
-                f"TPOT {rows[i]['tpot_ms']:.1f} ms)")  # fmt: skip
+        what = (
+            f"the shortest predicted request ({request_ms(i) / 1e3:.2f} s: TTFT {rows[i]['ttft_ms']:.0f} ms, "
+            f"TPOT {rows[i]['tpot_ms']:.1f} ms)"
+        )
         if by != objective:
             what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
     else:
-        i = max(within, key=lambda j: (round(rows[j]["capacity_output_tokens_per_s"], -1), j == planned,
-                                       -rows[j]["tpot_ms"]))  # fmt: skip
-        what = (f"the most output tokens/s within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms "
-                f"({rows[i]['capacity_output_tokens_per_s']:.0f} at {rows[i]['capacity_concurrency']} requests)")  # fmt: skip
+        i = max(
+            within,
+            key=lambda j: (
+                round(rows[j]["capacity_output_tokens_per_s"], -1),
+                j == planned,
+                -rows[j]["tpot_ms"],
+            ),
+        )
+        what = (
+            f"the most output tokens/s within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms "
+            f"({rows[i]['capacity_output_tokens_per_s']:.0f} at {rows[i]['capacity_concurrency']} requests)"
+        )
     b = rows[i]
     if i == planned:
         return -1, f"objective {objective}: the configured batching has {what}"
     if planned is not None and rows[planned]["fits"] and not _better(b, rows[planned], by, output_len):
-        return -1, (f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
-                    f"{b['max_num_batched_tokens']} are predicted less than {BATCHING_MARGIN:.0%} better "
-                    "than the configured batching, which stays")  # fmt: skip
+        return -1, (
+            f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
+            f"{b['max_num_batched_tokens']} are predicted less than {BATCHING_MARGIN:.0%} better "
+            "than the configured batching, which stays"
+        )
     was = rows[planned] if planned is not None else None
     then = ""
     if was:  # at the workload its figures may miss the targets: said so, never called within them
         missed = [f"TTFT over {ttft_target_ms:g} ms"] * (was["ttft_ms"] > ttft_target_ms) + [
-            f"TPOT over {tpot_target_ms:g} ms"] * (was["tpot_ms"] > tpot_target_ms)  # fmt: skip
-        held = (f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets at "
-                  f"{was['capacity_concurrency']} requests" if was["capacity_output_tokens_per_s"] > 0
-                  else "no load within the targets")  # fmt: skip
-        then = (f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
-                f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms at the workload"
-                + (f" ({', '.join(missed)})" if missed else "") + f"; {held}")  # fmt: skip
-    return i, (f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
-               f"{b['max_num_batched_tokens']} have {what}{then}")
+            f"TPOT over {tpot_target_ms:g} ms"
+        ] * (was["tpot_ms"] > tpot_target_ms)
+        held = (
+            f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets at "
+            f"{was['capacity_concurrency']} requests"
+            if was["capacity_output_tokens_per_s"] > 0
+            else "no load within the targets"
+        )
+        then = (
+            f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
+            f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms at the workload"
+            + (f" ({', '.join(missed)})" if missed else "")
+            + f"; {held}"
+        )
+    return i, (
+        f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
+        f"{b['max_num_batched_tokens']} have {what}{then}"
+    )
 
 
 def predict_group(
@@ -305,11 +388,24 @@ def predict_group(
     wl = workload(settings)
     eng = settings.engine
     lay = settings.layout
-    def fits(d: ModelFacts | None, tp: int, batched: int | None = None, seqs: int | None = None) -> tuple[bool, int]:
-        f = fit(gpu0.memory_total_bytes or 0, eng.gpu_memory_utilization, model, d, tp, kv_bytes,
-                batched or eng.max_num_batched_tokens, seqs or eng.max_num_seqs,
-                **fit_args(settings, eng.enforce_eager))  # fmt: skip
-        return f.fits and f.kv_cache_bytes >= sequence_bytes(model, d, tp, model.dtype_bytes, eng.min_model_len), f.kv_tokens
+
+    def fits(
+        d: ModelFacts | None, tp: int, batched: int | None = None, seqs: int | None = None
+    ) -> tuple[bool, int]:
+        f = fit(
+            gpu0.memory_total_bytes or 0,
+            eng.gpu_memory_utilization,
+            model,
+            d,
+            tp,
+            kv_bytes,
+            batched or eng.max_num_batched_tokens,
+            seqs or eng.max_num_seqs,
+            **fit_args(settings, eng.enforce_eager),
+        )
+        return f.fits and f.kv_cache_bytes >= sequence_bytes(
+            model, d, tp, model.dtype_bytes, eng.min_model_len
+        ), f.kv_tokens
 
     # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the
     # instance then drops it: plan/speculative.py).
@@ -321,7 +417,9 @@ def predict_group(
     for tp, parts in sorted(parts_by_tp.items()):
         ok, kv_tokens = fits(d, tp)
         d_tp, only_without = d, False
-        if not ok and d is not None:  # predicted as the instance would run (ngram), but not a layout that fits
+        if (
+            not ok and d is not None
+        ):  # predicted as the instance would run (ngram), but not a layout that fits
             only_without, kv_tokens = fits(None, tp)
             d_tp = None if only_without else d
         method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
@@ -333,14 +431,30 @@ def predict_group(
         if not parts:
             why = why or f"not enough GPUs for a TP={tp} group"
         elif only_without:
-            why = why or "fits only without the draft (an instance would drop it for ngram), as the layout rule counts it"
+            why = (
+                why
+                or "fits only without the draft (an instance would drop it for ngram), as the layout rule counts it"
+            )
         elif not ok:
-            why = why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
+            why = (
+                why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
+            )
         runs.append(bool(parts) and (ok or only_without))
         batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
-        cands.append(pm.Candidate(tp, max(1, len(parts)), 1, eng.max_num_seqs, batched, eng.enable_chunked_prefill,
-                                  max(0, kv_tokens), link_for(host, parts[0] if parts else [], tp, row, interconnect),
-                                  fits=not why, why_not=why))  # fmt: skip
+        cands.append(
+            pm.Candidate(
+                tp,
+                max(1, len(parts)),
+                1,
+                eng.max_num_seqs,
+                batched,
+                eng.enable_chunked_prefill,
+                max(0, kv_tokens),
+                link_for(host, parts[0] if parts else [], tp, row, interconnect),
+                fits=not why,
+                why_not=why,
+            )
+        )
     preds = []
     for c, spec, dr, run in zip(cands, specs, drafts, runs, strict=True):
         p = pm.predict(pgpu, shape, c, wl, spec)
@@ -351,38 +465,58 @@ def predict_group(
             )
         p.meets_targets = p.ttft_ms <= lay.ttft_target_ms and p.tpot_ms <= lay.tpot_target_ms
         if run:  # as the instance would run: a rule may still take it (the layout choice never does unless it fits)
-            p.batching = _batching(pgpu, shape, c, wl, spec, settings,
-                                   lambda b, q, tp=c.tp, dd=dr: fits(dd, tp, b, q))  # fmt: skip
+            p.batching = _batching(
+                pgpu, shape, c, wl, spec, settings, lambda b, q, tp=c.tp, dd=dr: fits(dd, tp, b, q)
+            )
         preds.append(p)
     return _calibrate(preds, pgpu, shape, cands, wl, specs, calibration, default_tp)
 
 
 def record(
-    store: list[dict[str, Any]], gpus: Sequence[Gpu], preds: list[pm.Prediction], chosen_tp: int, how: str,
-    predicted_tp: int | None, why: str, batching_pick: int = -1, batching_why: str = "",
-) -> None:  # fmt: skip
+    store: list[dict[str, Any]],
+    gpus: Sequence[Gpu],
+    preds: list[pm.Prediction],
+    chosen_tp: int,
+    how: str,
+    predicted_tp: int | None,
+    why: str,
+    batching_pick: int = -1,
+    batching_why: str = "",
+) -> None:
     """One group's candidates into the plan's ``prediction.groups`` (JSON-shaped, tuples for lists);
     ``batching_pick``: the batching row the objective took (-1: the configured one stayed)."""
     rows = next((p.batching for p in preds if p.tp == chosen_tp), [])
-    rows = [b | {"chosen": (i == batching_pick) if batching_pick >= 0 else b["planned"]} for i, b in enumerate(rows)]
-    store.append({
-        "gpus": tuple(g.index for g in gpus),
-        "gpu_name": gpus[0].name if gpus else None,
-        "candidates": tuple(p.to_json() | {"chosen": p.tp == chosen_tp} for p in preds),
-        "chosen": next((p.label for p in preds if p.tp == chosen_tp), f"TP{chosen_tp}"),
-        "chosen_by": how,  # "prediction" or "rule"
-        "predicted_best": next((p.label for p in preds if p.tp == predicted_tp), None),
-        "reason": why,
-        "batching": tuple(rows),
-        "batching_chosen_by": "prediction" if batching_pick >= 0 else "configured",
-        "batching_reason": batching_why,
-    })  # fmt: skip
+    rows = [
+        b | {"chosen": (i == batching_pick) if batching_pick >= 0 else b["planned"]}
+        for i, b in enumerate(rows)
+    ]
+    store.append(
+        {
+            "gpus": tuple(g.index for g in gpus),
+            "gpu_name": gpus[0].name if gpus else None,
+            "candidates": tuple(p.to_json() | {"chosen": p.tp == chosen_tp} for p in preds),
+            "chosen": next((p.label for p in preds if p.tp == chosen_tp), f"TP{chosen_tp}"),
+            "chosen_by": how,  # "prediction" or "rule"
+            "predicted_best": next((p.label for p in preds if p.tp == predicted_tp), None),
+            "reason": why,
+            "batching": tuple(rows),
+            "batching_chosen_by": "prediction" if batching_pick >= 0 else "configured",
+            "batching_reason": batching_why,
+        }
+    )
 
 
 def instance_prediction(
-    host: HostSnapshot, inst: InstancePlan, instances: int, model: ModelFacts, draft: ModelFacts | None,
-    settings: Settings, calibration: pm.Calibration | None, rule_tp: int, interconnect: Any = None,
-) -> InstancePrediction | None:  # fmt: skip
+    host: HostSnapshot,
+    inst: InstancePlan,
+    instances: int,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    settings: Settings,
+    calibration: pm.Calibration | None,
+    rule_tp: int,
+    interconnect: Any = None,
+) -> InstancePrediction | None:
     """This instance's figures with its own engine settings (each rank gets its share of the workload);
     ``interconnect`` as :func:`predict_group` takes it."""
     if inst.device == "cpu":
@@ -406,28 +540,58 @@ def instance_prediction(
         d = model_shape(draft, kv_bytes) if (draft is not None and sp.method == "draft_model") else None
         if sp.method == "mtp":
             d = mtp_draft_shape(model, kv_bytes)
-        spec = pm.Speculation(sp.method, table, sp.num_speculative_tokens, settings.speculative.assumed_acceptance,
-                              d, "speculative.assumed_acceptance")  # fmt: skip
+        spec = pm.Speculation(
+            sp.method,
+            table,
+            sp.num_speculative_tokens,
+            settings.speculative.assumed_acceptance,
+            d,
+            "speculative.assumed_acceptance",
+        )
     total = instances  # every rank of every instance shares the workload
-    cand = pm.Candidate(tp, total, inst.pipeline_parallel_size, inst.engine.max_num_seqs,
-                        inst.engine.max_num_batched_tokens, inst.engine.enable_chunked_prefill, inst.memory.kv_tokens,
-                        link_for(host, gpus, tp, row, interconnect))  # fmt: skip
+    cand = pm.Candidate(
+        tp,
+        total,
+        inst.pipeline_parallel_size,
+        inst.engine.max_num_seqs,
+        inst.engine.max_num_batched_tokens,
+        inst.engine.enable_chunked_prefill,
+        inst.memory.kv_tokens,
+        link_for(host, gpus, tp, row, interconnect),
+    )
     p = pm.predict(pgpu, shape, cand, wl, spec)
     if calibration is not None and calibration.points:
         btp = calibration.tp or rule_tp
         c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
-        bench = cand if btp == tp else pm.Candidate(btp, max(1, len(host.usable_gpus) // btp), 1, cand.max_num_seqs,
-                                                    cand.max_num_batched_tokens, cand.chunked_prefill, cand.kv_tokens,
-                                                    link_for(host, host.usable_gpus, btp, row, interconnect))  # fmt: skip
-        at = pm.predict(pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec)
+        bench = (
+            cand
+            if btp == tp
+            else pm.Candidate(
+                btp,
+                max(1, len(host.usable_gpus) // btp),
+                1,
+                cand.max_num_seqs,
+                cand.max_num_batched_tokens,
+                cand.chunked_prefill,
+                cand.kv_tokens,
+                link_for(host, host.usable_gpus, btp, row, interconnect),
+            )
+        )
+        at = pm.predict(
+            pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec
+        )
         p = pm.calibrated(p, at, calibration, wl, same_config=(btp == tp))
     per = p.output_tokens_per_s / total * ranks
     return InstancePrediction(
-        workload=wl.to_json(), concurrency=p.per_instance_concurrency * ranks, ttft_ms=round(p.ttft_ms, 1),
-        tpot_ms=round(p.tpot_ms, 2), output_tokens_per_s=round(per, 1), source=p.source,
+        workload=wl.to_json(),
+        concurrency=p.per_instance_concurrency * ranks,
+        ttft_ms=round(p.ttft_ms, 1),
+        tpot_ms=round(p.tpot_ms, 2),
+        output_tokens_per_s=round(per, 1),
+        source=p.source,
         terms=tuple({k: v for k, v in t.items()} for t in p.terms),
         simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency),
-    )  # fmt: skip
+    )
 
 
 # -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------
@@ -437,9 +601,13 @@ SIMULATED_CLIENTS_MAX = 128  # the simulation's events grow with clients x reque
 
 
 def simulated_figures(
-    gpu: pm.Gpu, shape: pm.ModelShape, cand: pm.Candidate, wl: pm.Workload, per_instance: int,
+    gpu: pm.Gpu,
+    shape: pm.ModelShape,
+    cand: pm.Candidate,
+    wl: pm.Workload,
+    per_instance: int,
     arrivals: Any = None,
-) -> dict[str, Any] | None:  # fmt: skip
+) -> dict[str, Any] | None:
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
     serve --max-concurrency``, or ``arrivals``: a :class:`simulate.Arrivals`, as benchmarks/bench_predict.py
     gives each measured point's) through plan/simulate.py with :func:`predict.step_cost`; None where the
@@ -455,8 +623,10 @@ def simulated_figures(
             return None
         return sim.figures(res, arrivals, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
     if c > SIMULATED_CLIENTS_MAX:
-        return {"not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
-                                 "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"}  # fmt: skip
+        return {
+            "not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
+            "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"
+        }
     arr = sim.Arrivals("concurrency", min(c + 64, max(8, 2 * c)), wl.input_len, wl.output_len, concurrency=c)
     eng = sim.Engine(cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill)
     try:
@@ -467,7 +637,11 @@ def simulated_figures(
 
 
 def cpu_prediction(
-    inst: InstancePlan, instances: int, model: ModelFacts, settings: Settings, calibration: pm.Calibration | None
+    inst: InstancePlan,
+    instances: int,
+    model: ModelFacts,
+    settings: Settings,
+    calibration: pm.Calibration | None,
 ) -> InstancePrediction | None:
     """A CPU instance's figures: a CPU has no datasheet here, so nothing is predicted (None: unknown)
     until ``hwprofile calibrate`` stores a bench of this host; then a device fitted to it
@@ -479,20 +653,38 @@ def cpu_prediction(
     shape = model_shape(model, kv_bytes)
     none = pm.link_of([], [], None, 1)
     eng = inst.engine
-    cand = pm.Candidate(1, instances, 1, eng.max_num_seqs, eng.max_num_batched_tokens, eng.enable_chunked_prefill,
-                        inst.memory.kv_tokens, none)  # fmt: skip
-    bench = pm.Candidate(1, calibration.instances, 1, calibration.max_num_seqs or eng.max_num_seqs,
-                         calibration.max_num_batched_tokens or eng.max_num_batched_tokens, eng.enable_chunked_prefill,
-                         inst.memory.kv_tokens, none)  # fmt: skip
+    cand = pm.Candidate(
+        1,
+        instances,
+        1,
+        eng.max_num_seqs,
+        eng.max_num_batched_tokens,
+        eng.enable_chunked_prefill,
+        inst.memory.kv_tokens,
+        none,
+    )
+    bench = pm.Candidate(
+        1,
+        calibration.instances,
+        1,
+        calibration.max_num_seqs or eng.max_num_seqs,
+        calibration.max_num_batched_tokens or eng.max_num_batched_tokens,
+        eng.enable_chunked_prefill,
+        inst.memory.kv_tokens,
+        none,
+    )
     dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
     return InstancePrediction(
-        workload=wl.to_json(), concurrency=p.per_instance_concurrency, ttft_ms=round(p.ttft_ms, 1),
-        tpot_ms=round(p.tpot_ms, 2), output_tokens_per_s=round(p.output_tokens_per_s / instances, 1),
+        workload=wl.to_json(),
+        concurrency=p.per_instance_concurrency,
+        ttft_ms=round(p.ttft_ms, 1),
+        tpot_ms=round(p.tpot_ms, 2),
+        output_tokens_per_s=round(p.output_tokens_per_s / instances, 1),
         source=f"calibrated: {calibration.path}",
         terms=tuple(dict(t) for t in p.terms),
         simulated=simulated_figures(dev, shape, cand, wl, p.per_instance_concurrency),
-    )  # fmt: skip
+    )

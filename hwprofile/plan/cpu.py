@@ -98,7 +98,9 @@ def cpu_ssm_dtype(requested: str, cpu_flags: tuple[str, ...], linear_attention_t
 MIN_KV_GIB = 0.25  # the smallest KV space worth suggesting: a few thousand tokens of a small model
 
 
-def cpu_suggestions(model: ModelFacts, draft: ModelFacts | None, ram: int, count: int, kv_space: int) -> list[str]:
+def cpu_suggestions(
+    model: ModelFacts, draft: ModelFacts | None, ram: int, count: int, kv_space: int
+) -> list[str]:
     """What would fit in ``ram``, each computed to fit (advice that does not fit is not given): a
     smaller KV space, the model's 4-bit checkpoint, no draft, a smaller model of the family."""
     from ..model import variant_facts
@@ -119,15 +121,21 @@ def cpu_suggestions(model: ModelFacts, draft: ModelFacts | None, ram: int, count
         for kv in (kv_space, int(MIN_KV_GIB * GiB)):
             if fits(w4, kv):
                 kv_set = "" if kv == kv_space else f" --set cpu.kv_cache_space_gib={MIN_KV_GIB:g}"
-                out.append(f"its 4-bit checkpoint {variant} ({w4 / GiB:.1f} GiB): --set engine.weights_bits=4{kv_set}")
+                out.append(
+                    f"its 4-bit checkpoint {variant} ({w4 / GiB:.1f} GiB): --set engine.weights_bits=4{kv_set}"
+                )
                 break
     if draft is not None and fits(model.weights_bytes, int(MIN_KV_GIB * GiB)):
-        out.append(f"no draft model ({draft.name}, {draft.weights_bytes / GiB:.1f} GiB): --set speculative.method=ngram")
+        out.append(
+            f"no draft model ({draft.name}, {draft.weights_bytes / GiB:.1f} GiB): --set speculative.method=ngram"
+        )
     smaller = smaller_models(model, (ram - 2 * GiB) // count - int(MIN_KV_GIB * GiB))
     if smaller:
         out.append("a smaller model that fits: " + ", ".join(smaller))
     if not out:
-        out.append(f"a host with at least {(count * (weights + int(MIN_KV_GIB * GiB)) + 2 * GiB) / GiB:.0f} GiB of RAM")
+        out.append(
+            f"a host with at least {(count * (weights + int(MIN_KV_GIB * GiB)) + 2 * GiB) / GiB:.0f} GiB of RAM"
+        )
     return out
 
 

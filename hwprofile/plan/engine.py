@@ -424,15 +424,30 @@ def choose_ssm_dtype(
     default, half = blocks("auto"), blocks("float16")
     want = settings.engine.max_num_seqs
     if default >= want or half <= default:
-        r.add(path, "auto", f"the model's own SSM state dtype ({own}): {default} sequences' state fit, "
-              f"max_num_seqs {want} asked; float16 would not add resident sequences that are wanted", setting)  # fmt: skip
+        r.add(
+            path,
+            "auto",
+            f"the model's own SSM state dtype ({own}): {default} sequences' state fit, "
+            f"max_num_seqs {want} asked; float16 would not add resident sequences that are wanted",
+            setting,
+        )
         return hybrid
     if not release_of(vllm_version).ssm_float16():
-        r.add(path, "auto", f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
-              f"state ({first_with_choice('--mamba-ssm-cache-dtype', 'float16')}+), which would hold {half} "
-              f"sequences' state instead of {default}", setting)  # fmt: skip
+        r.add(
+            path,
+            "auto",
+            f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
+            f"state ({first_with_choice('--mamba-ssm-cache-dtype', 'float16')}+), which would hold {half} "
+            f"sequences' state instead of {default}",
+            setting,
+        )
         return hybrid
-    r.add(path, "float16", f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
-          f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "
-          "requests on one RTX 3090 with Qwen3.8-27B (syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)", setting)  # fmt: skip
+    r.add(
+        path,
+        "float16",
+        f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
+        f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "
+        "requests on one RTX 3090 with Qwen3.8-27B (syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)",
+        setting,
+    )
     return hybrid._replace(ssm_dtype="float16")

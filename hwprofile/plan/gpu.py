@@ -94,8 +94,9 @@ def gpu_instance(
     flight = in_flight_tokens(host.software.vllm_version, step_tokens, "cuda", pp, spec_method)
     hybrid = engine.hybrid_opts(model, settings, spec_method, host.software.vllm_version, gpu)
     if hybrid is not None:
-        hybrid = engine.choose_ssm_dtype(model, settings, hybrid, f.kv_cache_bytes, tp, kv_bytes,
-                                         host.software.vllm_version, r, key)  # fmt: skip
+        hybrid = engine.choose_ssm_dtype(
+            model, settings, hybrid, f.kv_cache_bytes, tp, kv_bytes, host.software.vllm_version, r, key
+        )
     try:
         length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
     except engine.ContextTooShort as e:
@@ -103,17 +104,21 @@ def gpu_instance(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, loaded)
         ) from None
     try:
-        seqs = engine.concurrency(model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight,
-                                  chosen_by, hybrid)  # fmt: skip
+        seqs = engine.concurrency(
+            model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight, chosen_by, hybrid
+        )
     except engine.ContextTooShort as e:
         raise PlanRefused(
             f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, loaded)
         ) from None
     batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
     if hybrid is not None:
-        r.add(f"{key}.env.PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
-              "a hybrid's prefill kernels need expandable segments near full utilization (operators' "
-              "reports: syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)")  # fmt: skip
+        r.add(
+            f"{key}.env.PYTORCH_CUDA_ALLOC_CONF",
+            "expandable_segments:True",
+            "a hybrid's prefill kernels need expandable segments near full utilization (operators' "
+            "reports: syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)",
+        )
         hybridspec.state_cost(model, hybrid, spec_method, f.kv_cache_bytes, length, tp, kv_bytes, r, key)
 
     quant = model.quant_method

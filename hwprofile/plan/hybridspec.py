@@ -76,8 +76,12 @@ def speculation_headroom(
     if src is not None and src.kind not in SHIPPED_KINDS:
         warnings.append(f"{name}: gpu_memory_utilization {util} ({src}) leaves no headroom for {why}")
         return util
-    r.add(f"{key}.engine.gpu_memory_utilization", SPEC_UTIL_CAP, f"lowered from {util}: {why}",
-          ("engine", "gpu_memory_utilization"))  # fmt: skip
+    r.add(
+        f"{key}.engine.gpu_memory_utilization",
+        SPEC_UTIL_CAP,
+        f"lowered from {util}: {why}",
+        ("engine", "gpu_memory_utilization"),
+    )
     return SPEC_UTIL_CAP
 
 

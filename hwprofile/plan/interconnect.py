@@ -52,31 +52,101 @@ COLLECTIVES: dict[str, Collective] = {
     # without graphs (H100, TP 2/4/8: sglang PR #2904's table of vLLM's kernel), the upper bound. Bus share:
     # NCCL 2 MiB over 8 H100 in 38 µs (~106 GB/s of 450: 0.24; AIConfigurator), vLLM's kernel at 256 KB-1 MB
     # on H100 TP4/TP8 ~48 GB/s of 450 (0.11; sglang PR #2904), the lower bound.
-    "nvlink": Collective("nvlink", "vLLM custom all-reduce", 5.0, 4.3, 11.8, 0.0, 0.25, 0.11, 0.30,
-                         "datasheet NVLink x measured share (AIConfigurator 0.12 tables; sglang PR #2904)"),
+    "nvlink": Collective(
+        "nvlink",
+        "vLLM custom all-reduce",
+        5.0,
+        4.3,
+        11.8,
+        0.0,
+        0.25,
+        0.11,
+        0.30,
+        "datasheet NVLink x measured share (AIConfigurator 0.12 tables; sglang PR #2904)",
+    ),
     # vLLM's custom all-reduce over PCIe P2P (2 GPUs only: custom_all_reduce.py refuses more than two
     # PCIe-only GPUs): 5.4 µs on 2 L40S (AIConfigurator); 80 % of the lanes' rate (TLP headers).
-    "pcie_p2p_custom": Collective("pcie_p2p", "vLLM custom all-reduce (2 GPUs)", 6.0, 5.4, 10.0, 0.0, 0.80, 0.5, 0.85,
-                                  "datasheet PCIe lanes x 80 % DMA share; latency AIConfigurator's 2 x L40S (5.4 µs)"),
+    "pcie_p2p_custom": Collective(
+        "pcie_p2p",
+        "vLLM custom all-reduce (2 GPUs)",
+        6.0,
+        5.4,
+        10.0,
+        0.0,
+        0.80,
+        0.5,
+        0.85,
+        "datasheet PCIe lanes x 80 % DMA share; latency AIConfigurator's 2 x L40S (5.4 µs)",
+    ),
     # NCCL's ring over PCIe P2P (3+ GPUs): ~2 µs + 3 µs per GPU (AIConfigurator L40S: 7.7, 11.9, 22.6 µs on 2,
     # 4, 8 GPUs).
-    "pcie_p2p": Collective("pcie_p2p", "NCCL ring (P2P)", 2.0, 1.5, 4.0, 3.0, 0.80, 0.5, 0.85,
-                           "datasheet PCIe lanes x 80 %; latency AIConfigurator's L40S NCCL table"),
+    "pcie_p2p": Collective(
+        "pcie_p2p",
+        "NCCL ring (P2P)",
+        2.0,
+        1.5,
+        4.0,
+        3.0,
+        0.80,
+        0.5,
+        0.85,
+        "datasheet PCIe lanes x 80 %; latency AIConfigurator's L40S NCCL table",
+    ),
     # NCCL through host memory (no P2P: the SHM transport copies every byte twice): the same ring latency, half
     # the bandwidth; AIConfigurator's L40S NCCL table: 2 MiB over 2 GPUs in 122 µs (~11-18 GB/s of 25).
-    "pcie_host": Collective("pcie_host", "NCCL via host memory (SHM)", 2.0, 1.5, 6.0, 3.0, 0.40, 0.25, 0.5,
-                            "datasheet PCIe lanes x 40 % (two copies); AIConfigurator's L40S NCCL table"),
+    "pcie_host": Collective(
+        "pcie_host",
+        "NCCL via host memory (SHM)",
+        2.0,
+        1.5,
+        6.0,
+        3.0,
+        0.40,
+        0.25,
+        0.5,
+        "datasheet PCIe lanes x 40 % (two copies); AIConfigurator's L40S NCCL table",
+    ),
     # across the CPU sockets (SYS): one more hop (+5 µs, assumed) and the socket link halves it again (4 L40S:
     # ~5 GB/s, AIConfigurator); with P2P 40 %, without 20 %.
-    "sys": Collective("sys", "NCCL across the CPU sockets", 7.0, 4.0, 15.0, 3.0, 0.40, 0.13, 0.5,
-                      "datasheet PCIe lanes x 40 % (socket link); +5 µs per hop assumed; AIConfigurator's 4 x L40S"),
-    "sys_host": Collective("sys", "NCCL across the CPU sockets via host memory", 7.0, 4.0, 15.0, 3.0, 0.20, 0.13, 0.4,
-                           "datasheet PCIe lanes x 20 % (socket link, two copies); AIConfigurator's 4 x L40S"),
+    "sys": Collective(
+        "sys",
+        "NCCL across the CPU sockets",
+        7.0,
+        4.0,
+        15.0,
+        3.0,
+        0.40,
+        0.13,
+        0.5,
+        "datasheet PCIe lanes x 40 % (socket link); +5 µs per hop assumed; AIConfigurator's 4 x L40S",
+    ),
+    "sys_host": Collective(
+        "sys",
+        "NCCL across the CPU sockets via host memory",
+        7.0,
+        4.0,
+        15.0,
+        3.0,
+        0.20,
+        0.13,
+        0.4,
+        "datasheet PCIe lanes x 20 % (socket link, two copies); AIConfigurator's 4 x L40S",
+    ),
     # NCCL between hosts (InfiniBand / RoCE, GPUDirect RDMA): ~12-25 µs for a small all-reduce across two
     # nodes (nccl-tests all_reduce_perf at 8 B-64 KB), ~80 % of the NIC's line rate at MB sizes.
-    "network": Collective("network", "NCCL over the network (IB/RoCE)", 18.0, 12.0, 30.0, 3.0, 0.80, 0.5, 0.9,
-                          "datasheet NIC line rate x 80 %; latency nccl-tests all_reduce_perf across 2 nodes"),
-}  # fmt: skip
+    "network": Collective(
+        "network",
+        "NCCL over the network (IB/RoCE)",
+        18.0,
+        12.0,
+        30.0,
+        3.0,
+        0.80,
+        0.5,
+        0.9,
+        "datasheet NIC line rate x 80 %; latency nccl-tests all_reduce_perf across 2 nodes",
+    ),
+}
 
 
 def collective_key(kind: str, tp: int, p2p: bool) -> str:
@@ -276,7 +346,9 @@ def vllm_p2p(host: Any, group: Sequence[int]) -> tuple[bool | None, str]:
     covering them is evidence about the hardware."""
     ic = host.interconnect
     g = tuple(group)
-    covering = [c for c in ic.vllm_p2p if c.unknown is None and c.gpu_indexes and set(g) <= set(c.gpu_indexes)]  # fmt: skip
+    covering = [
+        c for c in ic.vllm_p2p if c.unknown is None and c.gpu_indexes and set(g) <= set(c.gpu_indexes)
+    ]
     covering.sort(key=lambda c: set(c.gpu_indexes or ()) != set(g))  # the exact file first
     where = ic.vllm_cache_root or "VLLM_CACHE_ROOT"
     for c in covering:
@@ -366,17 +438,34 @@ def measured_link(link: Any, decision: Decision, report: Report | None = None) -
     gbs = decision.link_gbs
     src = f"measured: {gbs:.2f} GB/s bus bandwidth of the large all-reduce ({mode}; hwprofile doctor --interconnect)"
     lat = link.latency_us
-    run = next((r for r in (report.runs if report else ()) if tuple(sorted(r.group)) == decision.group
-                and r.p2p != decision.nccl_p2p_disable and r.outcome == "ok" and r.sizes), None)  # fmt: skip
+    run = next(
+        (
+            r
+            for r in (report.runs if report else ())
+            if tuple(sorted(r.group)) == decision.group
+            and r.p2p != decision.nccl_p2p_disable
+            and r.outcome == "ok"
+            and r.sizes
+        ),
+        None,
+    )
     if run is not None:
         small = min(run.sizes, key=lambda x: x.bytes)
         n = len(run.group)
         lat = max(0.0, small.seconds * 1e6 - 2 * (n - 1) / n * small.bytes / gbs / 1e3)
         src += f", {lat:.1f} µs latency of the {small.bytes // 1024} KiB one (eager: the band's upper end)"
     lo = min(link.latency_lo_us or link.latency_us, lat)
-    return dataclasses.replace(link, gbs=gbs, latency_us=lat, latency_lo_us=lo, latency_hi_us=max(lat, link.latency_us),
-                               gbs_lo=gbs * 0.9, gbs_hi=gbs * 1.1, basis="measured",
-                               source=f"{src}; was {link.source}")  # fmt: skip
+    return dataclasses.replace(
+        link,
+        gbs=gbs,
+        latency_us=lat,
+        latency_lo_us=lo,
+        latency_hi_us=max(lat, link.latency_us),
+        gbs_lo=gbs * 0.9,
+        gbs_hi=gbs * 1.1,
+        basis="measured",
+        source=f"{src}; was {link.source}",
+    )
 
 
 # -- which measurement a plan may use, and the bandwidth the performance model takes from it ------
@@ -432,24 +521,34 @@ def custom_all_reduce(host: Any, group: Sequence[int]) -> tuple[bool | None, str
     nvlink = all(k is not None and k.startswith("NV") for k in kinds)
     src = "vLLM's CustomAllreduce (vllm/distributed/device_communicators/custom_all_reduce.py)"
     if len(g) not in CUSTOM_AR_WORLD_SIZES:
-        return False, (f"{len(g)} GPUs: vLLM's custom all-reduce runs on {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} "
-                       f"only ({src}); disabled explicitly, NCCL all-reduces")  # fmt: skip
+        return False, (
+            f"{len(g)} GPUs: vLLM's custom all-reduce runs on {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} "
+            f"only ({src}); disabled explicitly, NCCL all-reduces"
+        )
     if nvlink:
         return True, f"NVLink between every pair of GPUs {list(g)}: vLLM's custom all-reduce runs"
     if any(k is None for k in kinds):
-        return None, (f"the link between some GPUs of {list(g)} is not read: vLLM decides the custom all-reduce "
-                      "itself (from the driver's P2P report)")  # fmt: skip
+        return None, (
+            f"the link between some GPUs of {list(g)} is not read: vLLM decides the custom all-reduce "
+            "itself (from the driver's P2P report)"
+        )
     if len(g) > 2:
-        return False, (f"GPUs {list(g)} are {len(g)} without NVLink between every pair ({', '.join(sorted(set(map(str, kinds))))}): "
-                       f"vLLM's custom all-reduce runs over PCIe for two GPUs only ({src}); disabled explicitly, "
-                       "NCCL all-reduces")  # fmt: skip
+        return False, (
+            f"GPUs {list(g)} are {len(g)} without NVLink between every pair ({', '.join(sorted(set(map(str, kinds))))}): "
+            f"vLLM's custom all-reduce runs over PCIe for two GPUs only ({src}); disabled explicitly, "
+            "NCCL all-reduces"
+        )
     no_p2p = [f"{a}-{b}" for a, b, lk in pairs if lk is not None and lk.p2p is False]
     if no_p2p:
-        return False, (f"GPUs {', '.join(no_p2p)} over PCIe ({kinds[0]}) without P2P (NVML P2P status): vLLM's custom "
-                       f"all-reduce needs P2P ({src}); --disable-custom-all-reduce, NCCL all-reduces through host memory")  # fmt: skip
+        return False, (
+            f"GPUs {', '.join(no_p2p)} over PCIe ({kinds[0]}) without P2P (NVML P2P status): vLLM's custom "
+            f"all-reduce needs P2P ({src}); --disable-custom-all-reduce, NCCL all-reduces through host memory"
+        )
     if any(lk is None or lk.p2p is None for _, _, lk in pairs):
-        return None, (f"P2P between GPUs {list(g)} not read: vLLM decides the custom all-reduce itself (from the "
-                      "driver's P2P report)")  # fmt: skip
+        return None, (
+            f"P2P between GPUs {list(g)} not read: vLLM decides the custom all-reduce itself (from the "
+            "driver's P2P report)"
+        )
     return True, f"GPUs {list(g)} over PCIe ({kinds[0]}) with P2P (NVML P2P status): custom all-reduce runs"
 
 
@@ -463,9 +562,17 @@ def by_links(host: Any, inst: Any) -> tuple[bool | None, str, dict[str, Any] | N
     verdicts = [custom_all_reduce(host, grp) for grp in groups]
     off = next((v for v in verdicts if v[0] is False), None)
     if off is not None:
-        record = {"proven": None, "disable_custom_all_reduce": True, "nccl_p2p_disable": False, "tp_unsafe": False,
-                  "link_gbs": None, "link_source": "datasheet", "vllm_p2p": None, "reasons": (off[1],),
-                  "source": LINKS_SOURCE}  # fmt: skip
+        record = {
+            "proven": None,
+            "disable_custom_all_reduce": True,
+            "nccl_p2p_disable": False,
+            "tp_unsafe": False,
+            "link_gbs": None,
+            "link_source": "datasheet",
+            "vllm_p2p": None,
+            "reasons": (off[1],),
+            "source": LINKS_SOURCE,
+        }
         return False, off[1], record
     unknown = next((v for v in verdicts if v[0] is None), None)
     return (None, unknown[1], None) if unknown is not None else (True, verdicts[0][1], None)

@@ -53,18 +53,25 @@ def pool_key(plan: Plan, inst: InstancePlan) -> str:
     )
     what = {
         "host": fingerprint,
-        "gpus": list(inst.gpu_uuids) if inst.gpu_uuids is not ABSENT and all(inst.gpu_uuids) else list(inst.gpus),
+        "gpus": list(inst.gpu_uuids)
+        if inst.gpu_uuids is not ABSENT and all(inst.gpu_uuids)
+        else list(inst.gpus),
         "tp": inst.tensor_parallel_size,
         "pp": inst.pipeline_parallel_size,
         "dp": inst.ranks,
         "vllm": plan.host.vllm_version,
-        "model": [plan.model.name, plan.model.path, plan.model.revision if plan.model.revision is not ABSENT else None,
-                  plan.model.quantization, plan.model.bits],
+        "model": [
+            plan.model.name,
+            plan.model.path,
+            plan.model.revision if plan.model.revision is not ABSENT else None,
+            plan.model.quantization,
+            plan.model.bits,
+        ],
         "draft": [plan.draft.name, plan.draft.path] if plan.draft else None,
         "engine": engine,
         "speculative": inst.speculative.to_json() if inst.speculative else None,
         "device": inst.device,
-    }  # fmt: skip
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -130,18 +137,30 @@ def pin(plan: Plan, pools: Mapping[str, Sequence[Mapping[str, Any]]]) -> Plan:
         chosen = choose(recs)
         if chosen is None:
             cold = f" ({len(recs)} measured, all on a cold compile cache)" if recs else ""
-            reasons.append(Reason(key, None, "not pinned: no pool vLLM measured for this instance on these GPUs with "
-                                  f"these settings and this release{cold}; its next profiled start is recorded",
-                                  "planner"))  # fmt: skip
+            reasons.append(
+                Reason(
+                    key,
+                    None,
+                    "not pinned: no pool vLLM measured for this instance on these GPUs with "
+                    f"these settings and this release{cold}; its next profiled start is recorded",
+                    "planner",
+                )
+            )
             instances.append(inst)
             continue
         nbytes = int(chosen["bytes"])
         others = len([r for r in recs if r.get("compile") != "cold"])
-        reasons.append(Reason(key, nbytes, f"calibrated from the start at {when(float(chosen['at']))}: vLLM measured "
-                              f"{nbytes / GiB:.2f} GiB for the KV cache (the smallest of {others} start(s) not on a "
-                              "cold compile cache, on these GPUs with these settings); pinned in bytes, vLLM skips "
-                              "profiling the pool (the plan's kv_tokens stay its own estimate)",
-                              "planner"))  # fmt: skip
+        reasons.append(
+            Reason(
+                key,
+                nbytes,
+                f"calibrated from the start at {when(float(chosen['at']))}: vLLM measured "
+                f"{nbytes / GiB:.2f} GiB for the KV cache (the smallest of {others} start(s) not on a "
+                "cold compile cache, on these GPUs with these settings); pinned in bytes, vLLM skips "
+                "profiling the pool (the plan's kv_tokens stay its own estimate)",
+                "planner",
+            )
+        )
         instances.append(
             dataclasses.replace(inst, engine=dataclasses.replace(inst.engine, kv_cache_memory_bytes=nbytes))
         )

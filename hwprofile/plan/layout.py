@@ -256,16 +256,24 @@ def predicted_tp(
     cap = settings.layout.max_pcie_tensor_parallel
     usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
     parts = {t: partition(host, grp, t, [], nvlink=nvlink) for t in usable}
-    allowed = {t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink" for t in usable if t > cap and not nvlink}
-    preds = candidates.predict_group(host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp,
-                                     r.interconnect)  # fmt: skip
+    allowed = {
+        t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink"
+        for t in usable
+        if t > cap and not nvlink
+    }
+    preds = candidates.predict_group(
+        host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp, r.interconnect
+    )
     if not preds:
         return rule_tp
     lay = settings.layout
     best, why = pm.choose(preds, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms)
     best_tp = preds[best].tp if best >= 0 else None
     by_prediction = (
-        settings.layout.tensor_parallel_size == "auto" and strategy == "auto" and len(grp) > 1 and best_tp is not None
+        settings.layout.tensor_parallel_size == "auto"
+        and strategy == "auto"
+        and len(grp) > 1
+        and best_tp is not None
     )
     src = ("layout", "objective")
     label = next((p.label for p in preds if p.tp == rule_tp), f"TP{rule_tp}")
@@ -290,7 +298,11 @@ def predicted_tp(
         why = f"{why} (the rule agrees)"
     else:
         tp = rule_tp
-        set_by = "layout.tensor_parallel_size" if settings.layout.tensor_parallel_size != "auto" else f"layout.strategy={strategy}"
+        set_by = (
+            "layout.tensor_parallel_size"
+            if settings.layout.tensor_parallel_size != "auto"
+            else f"layout.strategy={strategy}"
+        )
         if len(grp) < 2:
             why = f"one GPU: {label}"
         elif best_tp is not None and best_tp != rule_tp and pinned:
@@ -308,7 +320,9 @@ def predicted_tp(
     pick, batching_why = predicted_batching(rows, settings, r)
     if pick >= 0:
         r.batching[frozenset(g.index for g in grp)] = (
-            rows[pick]["max_num_seqs"], rows[pick]["max_num_batched_tokens"], batching_why
+            rows[pick]["max_num_seqs"],
+            rows[pick]["max_num_batched_tokens"],
+            batching_why,
         )
     how = "prediction" if by_prediction or gives_way else "rule"
     candidates.record(r.predictions, grp, preds, tp, how, best_tp, why, pick, batching_why)
@@ -352,8 +366,9 @@ def shipped_layout(settings: Settings, r: Reasons) -> str:
     """The shipped layout keys that fix the TP, with their sources (e.g. ``layout.tensor_parallel_size=1
     (builtin profiles/x.yaml:10)``)."""
     keys = [k for k in LAYOUT_KEYS[:2] if getattr(settings.layout, k) != "auto"]
-    return ", ".join(f"layout.{k}={getattr(settings.layout, k)} ({where(r.provenance.get(('layout', k)))})"
-                     for k in keys)  # fmt: skip
+    return ", ".join(
+        f"layout.{k}={getattr(settings.layout, k)} ({where(r.provenance.get(('layout', k)))})" for k in keys
+    )
 
 
 def _figure(p: Any, objective: str, by_tpot: bool) -> str:
@@ -372,7 +387,10 @@ def layout_gain(best: Any, rule: Any, objective: str) -> tuple[bool, str]:
     candidate that does not fit or is not allowed always gives way."""
     by_tpot = objective == "latency" or best.capacity_output_tokens_per_s <= 0
     if not rule.fits:
-        return True, f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, objective, by_tpot)}"  # fmt: skip
+        return (
+            True,
+            f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, objective, by_tpot)}",
+        )
     if by_tpot:
         ratio = rule.tpot_ms / best.tpot_ms if best.tpot_ms > 0 else 0.0
         better = best.tpot_ms <= (1 - LAYOUT_MARGIN) * rule.tpot_ms
@@ -382,11 +400,16 @@ def layout_gain(best: Any, rule: Any, objective: str) -> tuple[bool, str]:
         better = best.capacity_output_tokens_per_s >= (1 + LAYOUT_MARGIN) * cap
     gain = "" if ratio == float("inf") else f"x{ratio:.2f}, "
     verdict = "at least" if better else "less than"
-    return better, (f"predicted {_figure(best, objective, by_tpot)} against {_figure(rule, objective, by_tpot)} "
-                    f"({gain}{verdict} the {LAYOUT_MARGIN:.0%} margin)")  # fmt: skip
+    return better, (
+        f"predicted {_figure(best, objective, by_tpot)} against {_figure(rule, objective, by_tpot)} "
+        f"({gain}{verdict} the {LAYOUT_MARGIN:.0%} margin)"
+    )
 
 
-RULE_KINDS = ("builtin", "default")  # a shipped profile's value or the schema's: the prediction may replace it
+RULE_KINDS = (
+    "builtin",
+    "default",
+)  # a shipped profile's value or the schema's: the prediction may replace it
 
 
 def predicted_batching(rows: list[dict[str, Any]], settings: Settings, r: Reasons) -> tuple[int, str]:
@@ -405,8 +428,9 @@ def predicted_batching(rows: list[dict[str, Any]], settings: Settings, r: Reason
         src = r.provenance.get(key)
         if src is not None and src.kind not in RULE_KINDS:
             return -1, f"engine.{key[1]} is set by {src}: the configured batching stays"
-    return candidates.choose_batching(rows, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms,
-                                      lay.workload_output_len)  # fmt: skip
+    return candidates.choose_batching(
+        rows, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms, lay.workload_output_len
+    )
 
 
 def check_ports(settings: Settings, count: int, r: Reasons) -> None:
@@ -458,7 +482,8 @@ def numa_binding(
         r.add(
             f"{key}.numa_node",
             numa,
-            f"GPU(s) {[g.index for g in gpus]} sit on NUMA node {numa}" + (f" (from {source})" if source else ""),
+            f"GPU(s) {[g.index for g in gpus]} sit on NUMA node {numa}"
+            + (f" (from {source})" if source else ""),
             src,
         )
     cpus = next((n.cpus for n in host.numa_nodes if n.id == numa), None) if numa is not None else None

@@ -210,9 +210,13 @@ def vllm_kv_cache(
     dtype_bytes = kv_dtype_bytes or model.dtype_bytes
     if is_hybrid(model):
         h = hybrid_kv_cache(
-            model, kv_cache_bytes, max_model_len, tp=tp, kv_dtype_bytes=dtype_bytes,
+            model,
+            kv_cache_bytes,
+            max_model_len,
+            tp=tp,
+            kv_dtype_bytes=dtype_bytes,
             **(hybrid or HybridOpts(cache_block=block))._asdict(),
-        )  # fmt: skip
+        )
         return h.num_blocks, h.logged_tokens
     if is_plain(model):
         page = kv_bytes_per_token_layer(model, tp, dtype_bytes) * block

@@ -74,40 +74,71 @@ def moe_tuning(
         return None
     cmd = tune_command(model_ref, tp, sw.vllm_version)
     if device != "cuda":
-        return MoeTuning(None, None, None, f"{device}: vLLM's fused-MoE Triton configs are for NVIDIA GPUs; "
-                         "this device runs another MoE kernel", None)  # fmt: skip
+        return MoeTuning(
+            None,
+            None,
+            None,
+            f"{device}: vLLM's fused-MoE Triton configs are for NVIDIA GPUs; "
+            "this device runs another MoE kernel",
+            None,
+        )
     if not gpu_name:
         return MoeTuning(
             None, None, None, "the GPU's name is not known: the config vLLM looks up is not", cmd
         )
     n_full = model.moe_intermediate_size
     if not n_full or n_full % tp:
-        return MoeTuning(None, None, None, f"one expert's intermediate size ({n_full or 'not read'}) does not "
-                         f"split over TP {tp}: the shard vLLM looks up is not known", cmd)  # fmt: skip
+        return MoeTuning(
+            None,
+            None,
+            None,
+            f"one expert's intermediate size ({n_full or 'not read'}) does not "
+            f"split over TP {tp}: the shard vLLM looks up is not known",
+            cmd,
+        )
     if model.quant_method or model.dtype not in ("bfloat16", "float16", "float32"):
         what = model.quant_method or model.dtype
         name = config_file_name(model.num_experts, n_full // tp, device_file_name(gpu_name), "<scheme>")
-        return MoeTuning(name, None, None, f"a {what} checkpoint: vLLM names its scheme (and block shape) in "
-                         "the file; hwprofile does not read them and does not guess", cmd)  # fmt: skip
+        return MoeTuning(
+            name,
+            None,
+            None,
+            f"a {what} checkpoint: vLLM names its scheme (and block shape) in "
+            "the file; hwprofile does not read them and does not guess",
+            cmd,
+        )
     dtype = "float32" if model.dtype == "float32" else None
     name = config_file_name(model.num_experts, n_full // tp, device_file_name(gpu_name), dtype)
     looked = []
     if sw.tuned_config_folder is not None:
         looked.append("VLLM_TUNED_CONFIG_FOLDER " + sw.tuned_config_folder)
         if sw.tuned_configs is not None and name in sw.tuned_configs:
-            return MoeTuning(name, True, sw.tuned_config_folder, f"{name} is in VLLM_TUNED_CONFIG_FOLDER "
-                             f"({sw.tuned_config_folder}): vLLM uses it first", None)  # fmt: skip
+            return MoeTuning(
+                name,
+                True,
+                sw.tuned_config_folder,
+                f"{name} is in VLLM_TUNED_CONFIG_FOLDER ({sw.tuned_config_folder}): vLLM uses it first",
+                None,
+            )
     if sw.moe_configs is None:
-        return MoeTuning(name, None, None, "the installed vLLM's fused_moe/configs directory was not found "
-                         f"(vLLM {sw.vllm_version or 'not installed here'}): whether {name} ships is unknown", cmd)  # fmt: skip
+        return MoeTuning(
+            name,
+            None,
+            None,
+            "the installed vLLM's fused_moe/configs directory was not found "
+            f"(vLLM {sw.vllm_version or 'not installed here'}): whether {name} ships is unknown",
+            cmd,
+        )
     looked.append(f"vLLM {sw.vllm_version}'s fused_moe/configs ({len(sw.moe_configs)} files)")
     if name in sw.moe_configs:
         return MoeTuning(name, True, sw.moe_configs_dir, f"{name} ships with vLLM {sw.vllm_version}", None)
     same_card = sum(1 for n in sw.moe_configs if f"device_name={device_file_name(gpu_name)}" in n)
     return MoeTuning(
-        name, False, None,
+        name,
+        False,
+        None,
         f"{name} is not in {' nor '.join(looked)} ({same_card} shipped file(s) are for this card, none for "
         f"E={model.num_experts},N={n_full // tp}): vLLM runs its default MoE config, measured up to ~2x "
         "slower where tuning was missing",
         cmd,
-    )  # fmt: skip
+    )

@@ -45,7 +45,9 @@ def stage_of(model: ModelFacts, stages: int) -> ModelFacts:
         return model
     layers = -(-model.num_layers // stages)
     sliding = -(-model.sliding_layers // stages)
-    embed_bytes = embed_params(model.vocab_size, model.hidden_size, model.tie_word_embeddings) * model.dtype_bytes
+    embed_bytes = (
+        embed_params(model.vocab_size, model.hidden_size, model.tie_word_embeddings) * model.dtype_bytes
+    )
     body = max(0, model.weights_bytes - embed_bytes)
     return model._replace(
         name=f"{model.name} (stage of {stages})",
@@ -135,8 +137,10 @@ class _Nodes:
         per = self.devices[0]
         k = -(-tp // per)
         if k > n or tp % per:
-            raise PlanRefused(f"tensor_parallel_size={tp} over nodes of {per} devices needs {k} of them, {n} given",
-                              [f"--set layout.tensor_parallel_size={per * n}"])  # fmt: skip
+            raise PlanRefused(
+                f"tensor_parallel_size={tp} over nodes of {per} devices needs {k} of them, {n} given",
+                [f"--set layout.tensor_parallel_size={per * n}"],
+            )
         self.warnings.append(
             f"tensor parallel {tp} across {k} nodes: an all-reduce per layer crosses the {settings.layout.internode_gbps:g} "
             "Gb/s link between them (pipeline parallel across nodes sends far less)"
@@ -144,8 +148,11 @@ class _Nodes:
         self.r.add(
             "layout.nodes", k, f"tensor_parallel_size={tp} is more than one node's {per} device(s)", _SRC
         )
-        node0 = self.one_host(self.hosts[0], _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
-                              _shard(model, k))  # fmt: skip
+        node0 = self.one_host(
+            self.hosts[0],
+            _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
+            _shard(model, k),
+        )
         insts = [dataclasses.replace(node0[0], tensor_parallel_size=tp)] * k
         return self._done(insts, "tensor")
 
@@ -160,8 +167,10 @@ class _Nodes:
             self._failed(e)
             return None
         if n > 1:
-            self.warnings.append(f"{model.name} fits one node: nodes 1-{n - 1} are not used "
-                                 f"(--set layout.nodes={n}: one data-parallel rank on each)")  # fmt: skip
+            self.warnings.append(
+                f"{model.name} fits one node: nodes 1-{n - 1} are not used "
+                f"(--set layout.nodes={n}: one data-parallel rank on each)"
+            )
         self.r.add("layout.nodes", 1, f"{model.name} fits one node", _SRC)
         return alone
 
@@ -170,8 +179,13 @@ class _Nodes:
         try:  # one node suffices: a data-parallel rank per node
             each = self.one_host(self.hosts[0], _with(self.settings, replicas=1, shape="servers"), self.model)
             if len(each) == 1:
-                self.r.add("layout.nodes", want, f"layout.nodes={want}; one node holds the model: one data-parallel "
-                                                 "rank on each, one API server on node 0", _SRC)  # fmt: skip
+                self.r.add(
+                    "layout.nodes",
+                    want,
+                    f"layout.nodes={want}; one node holds the model: one data-parallel "
+                    "rank on each, one API server on node 0",
+                    _SRC,
+                )
                 insts = [dataclasses.replace(each[0], data_parallel_size=want)] * want
                 return self._done(insts, "data")
         except PlanRefused as e:
@@ -196,11 +210,18 @@ class _Nodes:
                 continue
             tps = {p[0].tensor_parallel_size for p in per_node}
             if len(tps) > 1 or any(len(p) != 1 for p in per_node):
-                raise PlanRefused(f"the nodes differ (tensor parallel {sorted(tps)}): a pipeline needs the same on "
-                                  "each", ["snapshots of hosts with the same GPUs"])  # fmt: skip
-            self.r.add("layout.nodes", k, f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
-                                          f"(tensor parallel {tps.pop()} inside each), about {stage.num_layers} "
-                                          "layers a node", _SRC)  # fmt: skip
+                raise PlanRefused(
+                    f"the nodes differ (tensor parallel {sorted(tps)}): a pipeline needs the same on each",
+                    ["snapshots of hosts with the same GPUs"],
+                )
+            self.r.add(
+                "layout.nodes",
+                k,
+                f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
+                f"(tensor parallel {tps.pop()} inside each), about {stage.num_layers} "
+                "layers a node",
+                _SRC,
+            )
             return self._done([p[0] for p in per_node], "pipeline")
         first_error = self.first_error
         raise PlanRefused(
@@ -214,10 +235,20 @@ class _Nodes:
         for t in tries:
             try:
                 return [
-                    self.one_host(h, _with(self.settings, strategy="tensor_parallel", replicas=1, shape="servers",
-                                           pipeline_parallel_size=k, tensor_parallel_size=t), stage)
+                    self.one_host(
+                        h,
+                        _with(
+                            self.settings,
+                            strategy="tensor_parallel",
+                            replicas=1,
+                            shape="servers",
+                            pipeline_parallel_size=k,
+                            tensor_parallel_size=t,
+                        ),
+                        stage,
+                    )
                     for h in self.hosts[:k]
-                ]  # fmt: skip
+                ]
             except PlanRefused as e:
                 self._failed(e)
         return None
@@ -230,8 +261,11 @@ def _shard(model: ModelFacts, ways: int) -> ModelFacts:
     """One node's share of a model tensor-parallel across ``ways`` nodes (weights split, KV heads too)."""
     if ways <= 1:
         return model
-    return model._replace(weights_bytes=-(-model.weights_bytes // ways), num_kv_heads=max(1, model.num_kv_heads // ways),
-                          num_heads=max(1, model.num_heads // ways))  # fmt: skip
+    return model._replace(
+        weights_bytes=-(-model.weights_bytes // ways),
+        num_kv_heads=max(1, model.num_kv_heads // ways),
+        num_heads=max(1, model.num_heads // ways),
+    )
 
 
 ACTIVATION_BYTES = 2  # a token's hidden state crosses the link in 16-bit (bf16/fp16 activations)
@@ -266,20 +300,26 @@ def _link(insts: list[InstancePlan], kind: str, model: ModelFacts, settings: Set
         group = round(1 / (compute + secs), 1)
     basis = {
         "pipeline": f"{k} stages in turn for each token, the hidden state ({model.hidden_size} x {ACTIVATION_BYTES} "
-                    f"bytes) crossing {k - 1} stage boundaries",
+        f"bytes) crossing {k - 1} stage boundaries",
         "tensor": f"2 all-reduces per layer x {model.num_layers} layers, each a ring over {k} nodes "
-                  f"({2 * (k - 1)} steps of 1/{k} of the hidden state)",
+        f"({2 * (k - 1)} steps of 1/{k} of the hidden state)",
         "data": f"{k} data-parallel ranks serve apart: nothing crosses the link per token (batch 1 is one "
-                f"rank's speed; {k} ranks carry {k} times the load)",
-    }[kind]  # fmt: skip
+        f"rank's speed; {k} ranks carry {k} times the load)",
+    }[kind]
     out = []
     for inst in insts:
         est = dataclasses.replace(
-            inst.estimate, nodes_parallel=kind, internode_gbps=gbps, internode_latency_us=lat,
-            internode_bytes_per_token=sent, internode_ms_per_token=round(secs * 1e3, 4),
+            inst.estimate,
+            nodes_parallel=kind,
+            internode_gbps=gbps,
+            internode_latency_us=lat,
+            internode_bytes_per_token=sent,
+            internode_ms_per_token=round(secs * 1e3, 4),
             internode_basis=basis + f"; bytes / {gbps:g} Gb/s + messages x {lat:g} µs (no overlap assumed)",
-            decode_tok_s_ceiling_batch1_group=inst.estimate.decode_tok_s_ceiling_batch1_group if group is None else group,
-        )  # fmt: skip
+            decode_tok_s_ceiling_batch1_group=inst.estimate.decode_tok_s_ceiling_batch1_group
+            if group is None
+            else group,
+        )
         out.append(dataclasses.replace(inst, estimate=est))
     return out
 
@@ -292,9 +332,15 @@ def _mark(insts: list[InstancePlan], addresses: Sequence[str], settings: Setting
     base = insts[0].name
     return [
         dataclasses.replace(
-            inst, name=f"{base}-node{rank}", node_rank=rank, nnodes=k, node_address=addr, master_addr=master,
-            master_port=settings.layout.master_port, node_backend=settings.layout.multinode_backend,
+            inst,
+            name=f"{base}-node{rank}",
+            node_rank=rank,
+            nnodes=k,
+            node_address=addr,
+            master_addr=master,
+            master_port=settings.layout.master_port,
+            node_backend=settings.layout.multinode_backend,
             server=inst.server if rank == 0 else dataclasses.replace(inst.server, port=insts[0].server.port),
         )
         for rank, (inst, addr) in enumerate(zip(insts, addresses, strict=False))
-    ]  # fmt: skip
+    ]

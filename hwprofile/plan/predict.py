@@ -248,7 +248,9 @@ def link_of(
     p2p = bool(links) and all(bool(p) for _, p in links)
     if any(k == "SYS" for k in kinds):
         kind = "sys"
-        src += "; across the CPU sockets (SYS): halved by the socket link" + ("" if p2p else ", and copied through host memory (no P2P): halved again")
+        src += "; across the CPU sockets (SYS): halved by the socket link" + (
+            "" if p2p else ", and copied through host memory (no P2P): halved again"
+        )
     elif not p2p:
         kind = "pcie_host"
         src += "; no P2P: NCCL copies through host memory (halved)"
@@ -262,15 +264,27 @@ def network_link(nic_gbps: float, tp: int, nic_source: str) -> Link:
     """A TP group spanning hosts: NCCL over the network at the NIC's line rate (Gb/s)."""
     from .interconnect import COLLECTIVES
 
-    return _with_collective("network", nic_gbps / 8, COLLECTIVES["network"], tp, f"{nic_source}: {nic_gbps:g} Gb/s NIC")
+    return _with_collective(
+        "network", nic_gbps / 8, COLLECTIVES["network"], tp, f"{nic_source}: {nic_gbps:g} Gb/s NIC"
+    )
 
 
 def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str) -> Link:
     per_gpu = c.per_gpu_us * tp
-    src += (f"; {c.implementation}: {c.latency_us + per_gpu:g} µs ({c.latency_lo_us + per_gpu:g}-{c.latency_hi_us + per_gpu:g})"
-            f" + bytes over {c.efficiency:.0%} ({c.efficiency_lo:.0%}-{c.efficiency_hi:.0%}) of the link [{c.source}]")
-    return Link(kind, raw_gbs * c.efficiency, c.latency_us + per_gpu, src, c.latency_lo_us + per_gpu,
-                c.latency_hi_us + per_gpu, raw_gbs * c.efficiency_lo, raw_gbs * c.efficiency_hi)
+    src += (
+        f"; {c.implementation}: {c.latency_us + per_gpu:g} µs ({c.latency_lo_us + per_gpu:g}-{c.latency_hi_us + per_gpu:g})"
+        f" + bytes over {c.efficiency:.0%} ({c.efficiency_lo:.0%}-{c.efficiency_hi:.0%}) of the link [{c.source}]"
+    )
+    return Link(
+        kind,
+        raw_gbs * c.efficiency,
+        c.latency_us + per_gpu,
+        src,
+        c.latency_lo_us + per_gpu,
+        c.latency_hi_us + per_gpu,
+        raw_gbs * c.efficiency_lo,
+        raw_gbs * c.efficiency_hi,
+    )
 
 
 def allreduce_ms(link: Link, tp: int, message_bytes: float) -> float:
@@ -302,8 +316,15 @@ def _weights_read(m: ModelShape, tokens: int) -> float:
 
 
 def step_ms(
-    gpu: Gpu, m: ModelShape, tp: int, link: Link, decode: int, context: float, prefill: int = 0,
-    prefill_context: float = 0.0, scheduler: bool = True,
+    gpu: Gpu,
+    m: ModelShape,
+    tp: int,
+    link: Link,
+    decode: int,
+    context: float,
+    prefill: int = 0,
+    prefill_context: float = 0.0,
+    scheduler: bool = True,
 ) -> dict[str, float]:
     """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
     ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
@@ -323,7 +344,9 @@ def step_ms(
     mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
     logits = decode + (1 if prefill else 0)  # the sampled rows: the LM head runs on these only
     body = max(0, m.active_params - m.lm_head_params - m.embedding_params)
-    flops = (2 * body * tokens + 2 * m.lm_head_params * logits + m.state_prefill_flops_per_token * prefill) / tp
+    flops = (
+        2 * body * tokens + 2 * m.lm_head_params * logits + m.state_prefill_flops_per_token * prefill
+    ) / tp
     attn = m.attn_layers or m.layers
     flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     comp = flops / ((gpu.tflops or 0) * 1e12 * gpu.compute_efficiency) * 1e3 if gpu.tflops else 0.0
@@ -334,17 +357,29 @@ def step_ms(
     else:
         fixed = m.layers * LAYER_FIXED_US / 1e3 + (STEP_FIXED_MS if scheduler else 0.0)
     state_ms = state / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
-    return {"memory_ms": mem, "compute_ms": comp, "allreduce_ms": comm, "fixed_ms": fixed, "state_ms": state_ms,
-            "allreduce_lo_ms": comm_lo, "allreduce_hi_ms": comm_hi,
-            "total_ms": max(mem, comp) + comm + fixed}  # fmt: skip
+    return {
+        "memory_ms": mem,
+        "compute_ms": comp,
+        "allreduce_ms": comm,
+        "fixed_ms": fixed,
+        "state_ms": state_ms,
+        "allreduce_lo_ms": comm_lo,
+        "allreduce_hi_ms": comm_hi,
+        "total_ms": max(mem, comp) + comm + fixed,
+    }
 
 
 # -- the workload ----------------------------------------------------------------------------------
 
 
 def predict(
-    gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, spec: Speculation | None,
-    per_instance: int | None = None, wave: bool = True,
+    gpu: Gpu,
+    m: ModelShape,
+    cand: Candidate,
+    wl: Workload,
+    spec: Speculation | None,
+    per_instance: int | None = None,
+    wave: bool = True,
 ) -> Prediction:
     """The candidate's TTFT, TPOT and output tokens/s at ``wl`` (or at ``per_instance`` requests in
     flight on each instance), from the datasheet; ``wave``: with the term of those requests sent together
@@ -357,26 +392,46 @@ def predict(
     dec = step_ms(gpu, m, cand.tp, link, b, ctx)
     t_dec = dec["total_ms"]
     terms: list[dict[str, Any]] = [
-        {"term": "decode step: weights + KV over bandwidth", "ms": round(dec["memory_ms"], 3),
-         "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {gpu.mem_efficiency:.0%} ({gpu.efficiency_source}); model: "
-                   f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token",
-         "basis": gpu.efficiency_basis},
-        {"term": "decode step: FLOPs over peak", "ms": round(dec["compute_ms"], 3),
-         "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {gpu.compute_efficiency:.0%} ({gpu.efficiency_source})",
-         "basis": gpu.efficiency_basis},
-        {"term": "decode step: 2 all-reduces per layer", "ms": round(dec["allreduce_ms"], 3), "source": link.source,
-         "basis": link.basis, "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)]},
-        {"term": "decode step: fixed kernels and scheduler", "ms": round(dec["fixed_ms"], 3),
-         "source": (f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"
-                    if gpu.step_fixed_ms is None else gpu.efficiency_source),
-         "basis": "fitted" if gpu.step_fixed_ms is None else gpu.efficiency_basis},
-    ]  # fmt: skip
+        {
+            "term": "decode step: weights + KV over bandwidth",
+            "ms": round(dec["memory_ms"], 3),
+            "source": f"{gpu.source}: {gpu.bandwidth_gbs:g} GB/s x {gpu.mem_efficiency:.0%} ({gpu.efficiency_source}); model: "
+            f"{m.weights_bytes / 1e9:.1f} GB weights / TP {cand.tp}, {m.kv_bytes_per_token} B KV per token",
+            "basis": gpu.efficiency_basis,
+        },
+        {
+            "term": "decode step: FLOPs over peak",
+            "ms": round(dec["compute_ms"], 3),
+            "source": f"{gpu.source}: {gpu.tflops or '?'} dense TFLOPs x {gpu.compute_efficiency:.0%} ({gpu.efficiency_source})",
+            "basis": gpu.efficiency_basis,
+        },
+        {
+            "term": "decode step: 2 all-reduces per layer",
+            "ms": round(dec["allreduce_ms"], 3),
+            "source": link.source,
+            "basis": link.basis,
+            "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)],
+        },
+        {
+            "term": "decode step: fixed kernels and scheduler",
+            "ms": round(dec["fixed_ms"], 3),
+            "source": (
+                f"{m.layers} layers x {LAYER_FIXED_US:g} µs + {STEP_FIXED_MS:g} ms (fitted to AIConfigurator's tables)"
+                if gpu.step_fixed_ms is None
+                else gpu.efficiency_source
+            ),
+            "basis": "fitted" if gpu.step_fixed_ms is None else gpu.efficiency_basis,
+        },
+    ]
     if m.state_bytes:
-        terms.insert(1, {
-            "term": f"decode step: recurrent state of {b} sequence(s) read and written (in the memory term)",
-            "ms": round(dec["state_ms"], 3),
-            "source": f"{m.state_bytes / 2**20:.1f} MiB of state per sequence / TP {cand.tp}, twice per step",
-        })  # fmt: skip
+        terms.insert(
+            1,
+            {
+                "term": f"decode step: recurrent state of {b} sequence(s) read and written (in the memory term)",
+                "ms": round(dec["state_ms"], 3),
+                "source": f"{m.state_bytes / 2**20:.1f} MiB of state per sequence / TP {cand.tp}, twice per step",
+            },
+        )
     # The prompt: chunks of what the step budget leaves beside the decodes (one step without chunking).
     budget = max(1, cand.max_num_batched_tokens - b) if cand.chunked_prefill else wl.input_len
     chunks = max(1, math.ceil(wl.input_len / budget))
@@ -386,10 +441,17 @@ def predict(
     extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
     pre_src = "the same roofline at the chunk's tokens (FLOPs bound)"
     if m.state_prefill_flops_per_token:
-        pre_src += (f"; the state layers' own {m.state_prefill_flops_per_token / 1e9:.2f} GFLOPs per prompt token "
-                    "(GDN's chunked delta rule) included")  # fmt: skip
-    terms.append({"term": f"prefill: {chunks} chunk(s) of {chunk} tokens", "ms": round(t_prefill, 3),
-                  "source": pre_src})  # fmt: skip
+        pre_src += (
+            f"; the state layers' own {m.state_prefill_flops_per_token / 1e9:.2f} GFLOPs per prompt token "
+            "(GDN's chunked delta rule) included"
+        )
+    terms.append(
+        {
+            "term": f"prefill: {chunks} chunk(s) of {chunk} tokens",
+            "ms": round(t_prefill, 3),
+            "source": pre_src,
+        }
+    )
     # TPOT: a decode step, with each speculative step's tokens, plus the other b - 1 requests' prefills.
     per_token = t_dec
     if spec is not None:
@@ -410,12 +472,19 @@ def predict(
             elif spec.draft is not None:
                 draft = k * step_ms(gpu, spec.draft, cand.tp, link, b, ctx, scheduler=False)["total_ms"]
             per_token = (verify + draft) / expected
-            terms.append({"term": f"speculation: k={k} at batch {b}, {expected:.2f} tokens per step",
-                          "ms": round(per_token, 3),
-                          "source": f"{spec.method}: acceptance {a} ({spec.acceptance_source}); verify "
-                                    f"{verify:.2f} ms + draft {draft:.2f} ms per step"
-                                    + (f" ({k} proposal passes, each with a step's fixed cost)"
-                                       if spec.method == "mtp" and spec.draft is not None else "")})  # fmt: skip
+            terms.append(
+                {
+                    "term": f"speculation: k={k} at batch {b}, {expected:.2f} tokens per step",
+                    "ms": round(per_token, 3),
+                    "source": f"{spec.method}: acceptance {a} ({spec.acceptance_source}); verify "
+                    f"{verify:.2f} ms + draft {draft:.2f} ms per step"
+                    + (
+                        f" ({k} proposal passes, each with a step's fixed cost)"
+                        if spec.method == "mtp" and spec.draft is not None
+                        else ""
+                    ),
+                }
+            )
     # the other running requests' prompts stall this one's steps (its own prompt is in its TTFT)
     tpot = per_token + (b - 1) * extra / max(1, wl.output_len)
     # TTFT: half the step in flight, the prompt, and any wait for a free slot.
@@ -425,19 +494,29 @@ def predict(
     if c > b:
         queue_ms = (c - b) / b * latency
         ttft += queue_ms
-        terms.append({"term": f"queue: {c} requests, {b} run at once", "ms": round(queue_ms, 1),
-                      "source": "max_num_seqs and the KV cache"})  # fmt: skip
+        terms.append(
+            {
+                "term": f"queue: {c} requests, {b} run at once",
+                "ms": round(queue_ms, 1),
+                "source": "max_num_seqs and the KV cache",
+            }
+        )
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
     if wave and c > 1 and wl.output_len > 1:
         rates = wave_decode_rates(gpu, m, cand, wl, c, per_token if spec is not None else None)
         total = sum(rates)
-        terms.append({"term": f"wave: {len(rates)} requests sent together, the sum of their own decode rates "
-                              f"{total:.1f} tok/s (the first {rates[0]:.1f}, the last {rates[-1]:.1f})",
-                      "ms": round(1e3 * len(rates) / total, 3) if total else 0.0, "tok_s": round(total, 2),
-                      "source": "vLLM's scheduler: running requests first, the prompts behind fill the step budget; "
-                                "each request decodes a token per step while they prefill (its decode window "
-                                "holds those steps)"})  # fmt: skip
+        terms.append(
+            {
+                "term": f"wave: {len(rates)} requests sent together, the sum of their own decode rates "
+                f"{total:.1f} tok/s (the first {rates[0]:.1f}, the last {rates[-1]:.1f})",
+                "ms": round(1e3 * len(rates) / total, 3) if total else 0.0,
+                "tok_s": round(total, 2),
+                "source": "vLLM's scheduler: running requests first, the prompts behind fill the step budget; "
+                "each request decodes a token per step while they prefill (its decode window "
+                "holds those steps)",
+            }
+        )
     return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
 
 
@@ -521,8 +600,13 @@ def _wave_rates(first: list[float | None], ended: list[float | None], out: int) 
 
 
 def capacity(
-    gpu: Gpu, m: ModelShape, cand: Candidate, wl: Workload, spec: Speculation | None,
-    ttft_target_ms: float, tpot_target_ms: float,
+    gpu: Gpu,
+    m: ModelShape,
+    cand: Candidate,
+    wl: Workload,
+    spec: Speculation | None,
+    ttft_target_ms: float,
+    tpot_target_ms: float,
 ) -> tuple[float, int]:
     """The most output tokens/s the candidate sustains within both targets, and at what host
     concurrency: each instance's requests in flight raised in powers of two up to ``max_num_seqs``."""
@@ -541,8 +625,9 @@ def capacity(
 # -- calibration -----------------------------------------------------------------------------------
 
 
-def calibrated(p: Prediction, model_at_bench: Prediction | None, cal: Calibration, wl: Workload,
-               same_config: bool) -> Prediction:  # fmt: skip
+def calibrated(
+    p: Prediction, model_at_bench: Prediction | None, cal: Calibration, wl: Workload, same_config: bool
+) -> Prediction:
     """``p`` from the measurement: the measured point itself where the candidate is the configuration
     measured at this workload, else ``p`` scaled by measured / modelled at the measured point."""
     pts = sorted(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))
@@ -550,24 +635,46 @@ def calibrated(p: Prediction, model_at_bench: Prediction | None, cal: Calibratio
         return p
     c, tpot, ttft, tps = pts[0]
     where = f"calibration {cal.path} (bench {cal.created or '?'}, concurrency {c})"
-    if same_config and c == wl.concurrency and (cal.input_len, cal.output_len) == (wl.input_len, wl.output_len):
+    if (
+        same_config
+        and c == wl.concurrency
+        and (cal.input_len, cal.output_len) == (wl.input_len, wl.output_len)
+    ):
         terms = [*p.terms, {"term": "measured", "ms": tpot, "source": where}]
-        return Prediction(p.label, p.tp, p.instances, ttft, tpot, tps, p.per_instance_concurrency,
-                          where, terms)  # fmt: skip
+        return Prediction(
+            p.label, p.tp, p.instances, ttft, tpot, tps, p.per_instance_concurrency, where, terms
+        )
     if model_at_bench is None or model_at_bench.tpot_ms <= 0 or model_at_bench.ttft_ms <= 0:
         return p
     f_tpot = tpot / model_at_bench.tpot_ms
     f_ttft = ttft / model_at_bench.ttft_ms
-    terms = [*p.terms, {"term": f"scaled by the measurement: TPOT x{f_tpot:.2f}, TTFT x{f_ttft:.2f}",
-                        "ms": 0.0, "source": where + f": measured {cal.instances} x TP{cal.tp}"}]  # fmt: skip
+    terms = [
+        *p.terms,
+        {
+            "term": f"scaled by the measurement: TPOT x{f_tpot:.2f}, TTFT x{f_ttft:.2f}",
+            "ms": 0.0,
+            "source": where + f": measured {cal.instances} x TP{cal.tp}",
+        },
+    ]
     ttft2, tpot2 = p.ttft_ms * f_ttft, p.tpot_ms * f_tpot
     latency = ttft2 + (wl.output_len - 1) * tpot2
     tps2 = p.instances * p.per_instance_concurrency * wl.output_len / (latency / 1e3)
-    return Prediction(p.label, p.tp, p.instances, ttft2, tpot2, tps2, p.per_instance_concurrency,
-                      "datasheet scaled by " + where, terms)  # fmt: skip
+    return Prediction(
+        p.label,
+        p.tp,
+        p.instances,
+        ttft2,
+        tpot2,
+        tps2,
+        p.per_instance_concurrency,
+        "datasheet scaled by " + where,
+        terms,
+    )
 
 
-def calibrated_device(m: ModelShape, cand: Candidate, cal: Calibration, name: str, base: Gpu | None = None) -> Gpu | None:
+def calibrated_device(
+    m: ModelShape, cand: Candidate, cal: Calibration, name: str, base: Gpu | None = None
+) -> Gpu | None:
     """A device whose step costs reproduce what ``hwprofile bench`` measured on this host, for a host
     without a datasheet (a CPU) or to replace one: the fixed time of a step (the scheduler, the kernels'
     launches and, where ``base`` is None, the weights' read: constant per step) and the effective FLOPs
@@ -582,8 +689,18 @@ def calibrated_device(m: ModelShape, cand: Candidate, cal: Calibration, name: st
     bw = base.bandwidth_gbs if base is not None else 1e9  # no datasheet: the reads are in the fixed time
 
     def dev(fixed: float, tflops: float) -> Gpu:
-        return Gpu(name, bw, tflops, base.memory_bytes if base else 0, src, base.mem_efficiency if base else 1.0,
-                   1.0, src, "calibrated", fixed)  # fmt: skip
+        return Gpu(
+            name,
+            bw,
+            tflops,
+            base.memory_bytes if base else 0,
+            src,
+            base.mem_efficiency if base else 1.0,
+            1.0,
+            src,
+            "calibrated",
+            fixed,
+        )
 
     def solve(f: Callable[[float], float], want: float, lo: float, hi: float, log: bool) -> float:
         for _ in range(40):
@@ -613,7 +730,9 @@ def calibrated_device(m: ModelShape, cand: Candidate, cal: Calibration, name: st
 # -- the choice ------------------------------------------------------------------------------------
 
 
-def choose(preds: Sequence[Prediction], objective: str, ttft_target_ms: float, tpot_target_ms: float) -> tuple[int, str]:
+def choose(
+    preds: Sequence[Prediction], objective: str, ttft_target_ms: float, tpot_target_ms: float
+) -> tuple[int, str]:
     """The index of the winning prediction and why. ``throughput``: the highest capacity within the
     targets (ties: the lower TPOT at the workload); ``latency``: the lowest TPOT at the workload, then TTFT.
     Candidates that do not fit never win; when none meets the targets, the lowest TPOT does."""
@@ -622,17 +741,23 @@ def choose(preds: Sequence[Prediction], objective: str, ttft_target_ms: float, t
         return -1, "no candidate fits"
     if objective == "latency":
         i = min(ok, key=lambda j: (round(preds[j].tpot_ms, 3), preds[j].ttft_ms))
-        return i, (f"objective latency: {preds[i].label} has the lowest predicted TPOT "
-                   f"({preds[i].tpot_ms:.1f} ms, TTFT {preds[i].ttft_ms:.0f} ms)")  # fmt: skip
+        return i, (
+            f"objective latency: {preds[i].label} has the lowest predicted TPOT "
+            f"({preds[i].tpot_ms:.1f} ms, TTFT {preds[i].ttft_ms:.0f} ms)"
+        )
     within = [j for j in ok if preds[j].capacity_output_tokens_per_s > 0]
     if not within:
         i = min(ok, key=lambda j: (preds[j].tpot_ms, preds[j].ttft_ms))
-        return i, (f"objective throughput: no candidate meets TTFT <= {ttft_target_ms:g} ms and TPOT <= "
-                   f"{tpot_target_ms:g} ms; {preds[i].label} comes closest (TPOT {preds[i].tpot_ms:.1f} ms)")  # fmt: skip
+        return i, (
+            f"objective throughput: no candidate meets TTFT <= {ttft_target_ms:g} ms and TPOT <= "
+            f"{tpot_target_ms:g} ms; {preds[i].label} comes closest (TPOT {preds[i].tpot_ms:.1f} ms)"
+        )
     i = max(within, key=lambda j: (round(preds[j].capacity_output_tokens_per_s, -1), -preds[j].tpot_ms))
-    return i, (f"objective throughput: {preds[i].label} sustains the most, "
-               f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
-               f"requests within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms")  # fmt: skip
+    return i, (
+        f"objective throughput: {preds[i].label} sustains the most, "
+        f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
+        f"requests within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
+    )
 
 
 # -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------

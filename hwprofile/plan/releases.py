@@ -27,9 +27,13 @@ def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
 # stays in the model's dtype unless engine.kv_cache_dtype asks for fp8 outright.
 FP8_KV_FAMILIES: tuple[tuple[str, bool, str], ...] = (
     (r"qwen3\.6", False, "corrupted output with fp8 KV on Qwen3.6 (vllm#26646)"),
-    (r"qwen3\.8", True, "verified on Qwen3.8 by operators' needle tests to ~52k tokens and a published "
-     "vLLM log at fp8 KV (docs/qwen3.8-27b.md)"),
-)  # fmt: skip
+    (
+        r"qwen3\.8",
+        True,
+        "verified on Qwen3.8 by operators' needle tests to ~52k tokens and a published "
+        "vLLM log at fp8 KV (docs/qwen3.8-27b.md)",
+    ),
+)
 
 
 def fp8_kv_verdict(model: ModelFacts) -> tuple[bool, str] | None:

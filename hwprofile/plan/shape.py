@@ -36,12 +36,14 @@ def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: lis
     out: list[str] = []
     first = instances[0]
     same = all(
-        i.device == first.device and i.gpu_name == first.gpu_name
+        i.device == first.device
+        and i.gpu_name == first.gpu_name
         and i.tensor_parallel_size == first.tensor_parallel_size
         and i.pipeline_parallel_size == first.pipeline_parallel_size
-        and i.engine == first.engine and i.speculative == first.speculative
+        and i.engine == first.engine
+        and i.speculative == first.speculative
         for i in instances[1:]
-    )  # fmt: skip
+    )
     if not same:
         out.append(
             "the groups differ (GPU model, tensor parallel size or engine settings); ranks are identical"
@@ -97,11 +99,12 @@ def shape(
         instances = [_static_k(i) for i in instances]
     merged = merge(instances)
     r.add(
-        "layout.shape", "data_parallel",
+        "layout.shape",
+        "data_parallel",
         f"one data-parallel server of {merged.ranks} ranks x TP {merged.tensor_parallel_size}: one URL, vLLM "
         "balances the ranks; a degrade restarts every rank",
         src,
-    )  # fmt: skip
+    )
     return [merged], _own(merged, f"one API server in front of {merged.ranks} data-parallel ranks")
 
 
@@ -185,28 +188,33 @@ def _front(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]
             src,
         )
         r.add(
-            "layout.endpoint_port", port,
+            "layout.endpoint_port",
+            port,
             f"the one port of vLLM's router in front of the servers (its metrics: {port + 1}, loopback)",
             ("layout", "endpoint_port"),
-        )  # fmt: skip
+        )
         r.add(
-            "router.policy", ROUTER_POLICY,
+            "router.policy",
+            ROUTER_POLICY,
             "cache_aware: each request goes to the server whose prefix cache already holds the longest part of "
             "its prompt (a conversation's next turn, a shared system prompt), unless the servers' loads drift "
             "apart, then to the least loaded; least connections would scatter a conversation's turns and "
             "recompute their prefix on each server",
             src,
-        )  # fmt: skip
+        )
         return Endpoint(
-            _url(settings.server.host, port), "router", names,
+            _url(settings.server.host, port),
+            "router",
+            names,
             f"vLLM's router ({ROUTER_POLICY}) in front of the servers, supervised by hwprofile with them; one "
             "that fails its health checks is skipped and retried (circuit breaker)",
             ROUTER_POLICY,
-        )  # fmt: skip
+        )
     why = (
-        "layout.front=nginx" if want == "nginx"
+        "layout.front=nginx"
+        if want == "nginx"
         else "layout.front=auto and vLLM's router is not installed (pip install vllm-router)"
-    )  # fmt: skip
+    )
     r.add("layout.front", "nginx", f"nginx in front of the servers: {why}", src)
     return _nginx(settings, instances, r)
 
@@ -226,7 +234,9 @@ def _nginx(settings: Settings, instances: list[InstancePlan], r: Reasons) -> End
         ("layout", "endpoint_port"),
     )
     return Endpoint(
-        _url(settings.server.host, port), "nginx", tuple(i.name for i in instances),
+        _url(settings.server.host, port),
+        "nginx",
+        tuple(i.name for i in instances),
         "nginx in front of the servers (least connections; one that fails or restarts is skipped): "
         "hwprofile render --format nginx --output /etc/nginx/conf.d (hwprofile.nginx.conf), then nginx -s reload",
-    )  # fmt: skip
+    )

@@ -538,8 +538,10 @@ def figures(result: SimResult, arrivals: Arrivals, cost_source: str) -> dict[str
         "burst": "all requests at once",
         "poisson": f"Poisson arrivals at {arrivals.rate} requests/s",
     }[arrivals.kind]
-    src = (f"simulated: vLLM's scheduler over {arrivals.num_requests} requests of {arrivals.input_len} in / "
-           f"{arrivals.output_len} out, {how}; per-step cost {cost_source}")  # fmt: skip
+    src = (
+        f"simulated: vLLM's scheduler over {arrivals.num_requests} requests of {arrivals.input_len} in / "
+        f"{arrivals.output_len} out, {how}; per-step cost {cost_source}"
+    )
 
     def fig(name: str, value: float, extra: str = "") -> dict[str, Any]:
         b = table.get(name)

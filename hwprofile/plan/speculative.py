@@ -147,9 +147,11 @@ def _given_draft(
     """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary or its
     tokenizer is not the target's (then refused for ``draft_model``, ngram for ``auto``)."""
     if (draft.path == model.path and draft.name == model.name) or (
-        draft.params == model.params and draft.num_layers == model.num_layers
-        and draft.hidden_size == model.hidden_size and draft.vocab_size == model.vocab_size
-    ):  # fmt: skip
+        draft.params == model.params
+        and draft.num_layers == model.num_layers
+        and draft.hidden_size == model.hidden_size
+        and draft.vocab_size == model.vocab_size
+    ):
         warnings.append(
             f"the draft {draft.name} is the target itself (or the same architecture and size): each "
             "proposed token costs a whole target step, so speculation cannot be faster than none "

@@ -351,11 +351,32 @@ class InstancePlan(_Json):
         "prediction": InstancePrediction,
     }
     _ORDER: ClassVar[tuple[str, ...]] = (
-        "name", "device", "gpus", "gpu_uuids", "gpu_minors", "gpu_name", "numa_node", "gpu_numa_nodes",
-        "cpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "node_rank", "nnodes",
-        "node_address", "master_addr", "master_port", "node_backend", "server", "engine", "speculative", "memory", "estimate",
-        "prediction", "interconnect",
-    )  # fmt: skip
+        "name",
+        "device",
+        "gpus",
+        "gpu_uuids",
+        "gpu_minors",
+        "gpu_name",
+        "numa_node",
+        "gpu_numa_nodes",
+        "cpus",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "node_rank",
+        "nnodes",
+        "node_address",
+        "master_addr",
+        "master_port",
+        "node_backend",
+        "server",
+        "engine",
+        "speculative",
+        "memory",
+        "estimate",
+        "prediction",
+        "interconnect",
+    )
 
     def to_json(self) -> dict[str, Any]:
         d = super().to_json()

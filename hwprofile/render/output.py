@@ -386,8 +386,15 @@ def render_nginx(plan: Plan) -> str:
     parts = urllib.parse.urlsplit(ep.url)
     listen = address(parts.hostname or "127.0.0.1", parts.port or 80, "the endpoint's host")
     longest = max((int(by_name[n].server.shutdown_timeout) for n in ep.instances), default=0)
-    return environment().get_template("nginx.conf.j2").render(
-        url=label(ep.url), servers=servers, listen=listen, read_timeout_s=max(3600, longest),
+    return (
+        environment()
+        .get_template("nginx.conf.j2")
+        .render(
+            url=label(ep.url),
+            servers=servers,
+            listen=listen,
+            read_timeout_s=max(3600, longest),
+        )
     )
 
 

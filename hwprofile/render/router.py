@@ -51,19 +51,35 @@ def router_argv(
     """The router's argv (the benchmark and the supervisor use the same)."""
     return [
         binary,
-        "--host", host, "--port", str(int(port)),
-        "--worker-urls", *workers,
-        "--policy", policy,
-        "--health-check-endpoint", "/health",
-        "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
-        "--health-failure-threshold", str(HEALTH_FAILURES),
-        "--health-success-threshold", "1",
-        "--worker-startup-timeout-secs", str(int(startup_timeout_s)),
-        "--worker-startup-check-interval", "2",
-        "--request-timeout-secs", str(int(request_timeout_s)),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(int(metrics_port)),
-        "--log-level", "info",
-    ]  # fmt: skip
+        "--host",
+        host,
+        "--port",
+        str(int(port)),
+        "--worker-urls",
+        *workers,
+        "--policy",
+        policy,
+        "--health-check-endpoint",
+        "/health",
+        "--health-check-interval-secs",
+        str(HEALTH_INTERVAL_S),
+        "--health-failure-threshold",
+        str(HEALTH_FAILURES),
+        "--health-success-threshold",
+        "1",
+        "--worker-startup-timeout-secs",
+        str(int(startup_timeout_s)),
+        "--worker-startup-check-interval",
+        "2",
+        "--request-timeout-secs",
+        str(int(request_timeout_s)),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(int(metrics_port)),
+        "--log-level",
+        "info",
+    ]
 
 
 def render_router(plan: Plan, binary: str = ROUTER) -> list[str]:
@@ -76,9 +92,15 @@ def render_router(plan: Plan, binary: str = ROUTER) -> list[str]:
     port = parts.port or 80
     longest = max((int(i.server.shutdown_timeout) for i in plan.instances), default=0)
     return router_argv(
-        binary, _address(parts.hostname or "127.0.0.1", "the endpoint's host"), port, worker_urls(plan),
-        str(ep.policy), int(plan.supervise.ready_timeout), max(3600, longest), metrics_port(plan),
-    )  # fmt: skip
+        binary,
+        _address(parts.hostname or "127.0.0.1", "the endpoint's host"),
+        port,
+        worker_urls(plan),
+        str(ep.policy),
+        int(plan.supervise.ready_timeout),
+        max(3600, longest),
+        metrics_port(plan),
+    )
 
 
 def metrics_port(plan: Plan) -> int:

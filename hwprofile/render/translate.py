@@ -83,14 +83,26 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
     addr, port = str(inst.master_addr), int(inst.master_port)
     out: list[Pair] = []
     if inst.ranks > 1:  # one data-parallel rank per node
-        need = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-address",
-                "--data-parallel-rpc-port", "--headless", "--data-parallel-start-rank")  # fmt: skip
+        need = (
+            "--data-parallel-size",
+            "--data-parallel-size-local",
+            "--data-parallel-address",
+            "--data-parallel-rpc-port",
+            "--headless",
+            "--data-parallel-start-rank",
+        )
         missing = [f for f in need if not rel.has(f)]
         if missing:
-            raise Unrenderable(f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} ({first_with_all(need)}+): "
-                               "data parallel across nodes needs them; plan each node alone instead")  # fmt: skip
-        out += [("--data-parallel-size", inst.ranks), ("--data-parallel-size-local", 1),
-                ("--data-parallel-address", addr), ("--data-parallel-rpc-port", port)]  # fmt: skip
+            raise Unrenderable(
+                f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} ({first_with_all(need)}+): "
+                "data parallel across nodes needs them; plan each node alone instead"
+            )
+        out += [
+            ("--data-parallel-size", inst.ranks),
+            ("--data-parallel-size-local", 1),
+            ("--data-parallel-address", addr),
+            ("--data-parallel-rpc-port", port),
+        ]
         if k:
             out += [("--headless", None), ("--data-parallel-start-rank", k)]
         return out

@@ -137,7 +137,9 @@ def private_dir(path: Path) -> Path:
         except NotADirectoryError:
             raise UnsafeDirectory(f"{path}: a part of the path above it is a file, not a directory") from None
         except OSError as e:  # /proc, /sys, a read-only mount, no permission
-            raise UnsafeDirectory(f"{path}: cannot be created ({e.strerror or e}): choose another directory") from None
+            raise UnsafeDirectory(
+                f"{path}: cannot be created ({e.strerror or e}): choose another directory"
+            ) from None
         # Ours: a umask may have taken owner bits off 0700; the descriptor pins the directory made.
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:

@@ -243,8 +243,13 @@ class UnsafeFile(OSError):
     size: int | None = None
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))  # fmt: skip
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def read_bounded(
@@ -314,8 +319,11 @@ def own_log_handler(path: str | os.PathLike[str]) -> logging.Handler:
 
     class OwnLog(logging.handlers.RotatingFileHandler):
         def _open(self) -> io.TextIOWrapper:
-            fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)  # fmt: skip
+            fd = os.open(
+                self.baseFilename,
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
             return open(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
 
         def emit(self, record: logging.LogRecord) -> None:

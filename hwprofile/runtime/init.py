@@ -44,8 +44,12 @@ def become_init(say: bool = True) -> bool:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return True
     if say:
-        print(f"hwprofile: PID 1: the daemon runs as PID {child}; signals are forwarded to it, "
-              "orphans reaped here", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"hwprofile: PID 1: the daemon runs as PID {child}; signals are forwarded to it, "
+            "orphans reaped here",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):  # it is ending: its exit is reaped below

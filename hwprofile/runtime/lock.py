@@ -74,9 +74,13 @@ def _open(path: Path, flags: int) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:  # a link (a loop of links too): never followed
-            raise LockFileError(f"{path}: a symbolic link: not used as hwprofile's lock (remove it)") from None
+            raise LockFileError(
+                f"{path}: a symbolic link: not used as hwprofile's lock (remove it)"
+            ) from None
         if e.errno == errno.ENOTDIR:
-            raise LockFileError(f"{path}: its directory is not a directory (a file is in its place)") from None
+            raise LockFileError(
+                f"{path}: its directory is not a directory (a file is in its place)"
+            ) from None
         if e.errno in (errno.ENXIO, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR):
             raise LockFileError(f"{path}: cannot be used as hwprofile's lock: {e.strerror}") from None
         raise

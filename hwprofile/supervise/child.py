@@ -155,6 +155,11 @@ def end_group(proc: subprocess.Popen[bytes], grace: float, name: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the leader is alive or a zombie: the group is ours
         if leader is not None and (left := wait_group_gone(leader)):
-            log.warning("%s: %d processes of its group outlived SIGKILL by %.0f s: %s",
-                        name, len(left), TEARDOWN_S, [m.pid for m in left])  # fmt: skip
+            log.warning(
+                "%s: %d processes of its group outlived SIGKILL by %.0f s: %s",
+                name,
+                len(left),
+                TEARDOWN_S,
+                [m.pid for m in left],
+            )
     proc.wait()

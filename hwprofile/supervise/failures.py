@@ -166,9 +166,7 @@ def _candidate(rung: str, inst: InstancePlan, min_model_len: int) -> Rung | None
     raise ValueError(f"unknown ladder rung {rung!r}")
 
 
-def next_rung(
-    inst: InstancePlan, taken: Sequence[Rung], min_model_len: int
-) -> Rung | None:
+def next_rung(inst: InstancePlan, taken: Sequence[Rung], min_model_len: int) -> Rung | None:
     """The next ladder step for ``inst`` (the instance as planned with the steps ``taken`` so far,
     tried or refused) after a memory-like failure, or None at the bottom. Pure: data in, override out.
 

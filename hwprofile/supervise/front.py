@@ -69,8 +69,13 @@ def nginx_front(plan: Plan, prefix: Path, timeout: float = 30.0) -> Iterator[str
     check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True, timeout=30)
     if check.returncode:
         raise FrontError(f"nginx -t refused the configuration: {check.stderr.strip()[-500:]}")
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         end = time.monotonic() + timeout
         while not http.healthy(plan.endpoint.url):
@@ -80,8 +85,12 @@ def nginx_front(plan: Plan, prefix: Path, timeout: float = 30.0) -> Iterator[str
             if time.monotonic() > end:
                 raise FrontError(f"{plan.endpoint.url}: no answer through nginx after {timeout:.0f} s")
             time.sleep(0.2)
-        log.info("nginx (pid %d) serves %s in front of %s", proc.pid, plan.endpoint.url,
-                 ", ".join(plan.endpoint.instances))  # fmt: skip
+        log.info(
+            "nginx (pid %d) serves %s in front of %s",
+            proc.pid,
+            plan.endpoint.url,
+            ", ".join(plan.endpoint.instances),
+        )
         yield plan.endpoint.url
     finally:
         if proc.poll() is None:

@@ -120,11 +120,15 @@ class Passage:
     def warning(self) -> str | None:
         """The warning a start that did not find its GPUs back carries (None when they were)."""
         if self.outcome == "timeout":
-            return (f"started after waiting {self.waited_s:.0f} s (supervise.gpu_free_timeout) for GPU memory "
-                    f"that was not back: {self.why}; vLLM may have measured a smaller KV cache pool")  # fmt: skip
+            return (
+                f"started after waiting {self.waited_s:.0f} s (supervise.gpu_free_timeout) for GPU memory "
+                f"that was not back: {self.why}; vLLM may have measured a smaller KV cache pool"
+            )
         if self.outcome == "unknown":
-            return (f"started without knowing that the GPUs' memory is back, after {self.waited_s:.0f} s "
-                    f"(supervise.gpu_free_timeout): {self.why}")  # fmt: skip
+            return (
+                f"started without knowing that the GPUs' memory is back, after {self.waited_s:.0f} s "
+                f"(supervise.gpu_free_timeout): {self.why}"
+            )
         if self.outcome == "skipped":
             return f"GPU memory not checked before the start: {self.why}"
         return None

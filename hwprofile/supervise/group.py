@@ -93,9 +93,12 @@ def probe(url: str, api_key: str | None, timeout: float = 30.0) -> str:
             return f"no model listed at /v1/models (HTTP {status})"
         body = {"model": models[0]["id"], "prompt": "ping", "max_tokens": 1, "temperature": 0}
         status, data = http.request(
-            url + "/v1/completions", "POST", json.dumps(body).encode(),
-            {**headers, "Content-Type": "application/json"}, timeout,
-        )  # fmt: skip
+            url + "/v1/completions",
+            "POST",
+            json.dumps(body).encode(),
+            {**headers, "Content-Type": "application/json"},
+            timeout,
+        )
         return f"HTTP {status}"
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
         return f"{type(e).__name__}: {e}"[:200]

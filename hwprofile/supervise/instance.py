@@ -42,7 +42,9 @@ log = logging.getLogger("hwprofile")
 
 
 # vLLM's log line prefix: "(APIServer pid=12) INFO 12-04 19:00:00 [api_server.py:1] " (vllm/logger.py _FORMAT)
-_VLLM_PREFIX = re.compile(r"^(?:\S*\([^)]*pid=\d+\)\s+)?(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+)?(?:\[[^\]]*\]\s+)?")
+_VLLM_PREFIX = re.compile(
+    r"^(?:\S*\([^)]*pid=\d+\)\s+)?(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+)?(?:\[[^\]]*\]\s+)?"
+)
 
 
 def progress_text(line: str, width: int = 100) -> str:
@@ -102,8 +104,12 @@ class Instance:
         base = private_dir(opts.runtime / self.name)
         self.tmp = short_tmpdir(base / "tmp", self.name)
         self.cache = private_dir(base / "cache")
-        self.log = RotatingLog(opts.log_root / self.name, opts.log_max_bytes, opts.log_files,
-                               echo=f"[{self.name}] " if opts.log_stdout else None)  # fmt: skip
+        self.log = RotatingLog(
+            opts.log_root / self.name,
+            opts.log_max_bytes,
+            opts.log_files,
+            echo=f"[{self.name}] " if opts.log_stdout else None,
+        )
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked = threading.Event()
         self._replace_lock = threading.Lock()
@@ -122,10 +128,10 @@ class Instance:
         # The start gate (.gate): before each start, its GPUs' memory back (what they held before its
         # first start, and what vLLM asks); what it waits for now (status), the last start's warning.
         self.gate = (
-            StartGate(opts.gpu_memory, opts.gpu_free_timeout, clock=opts.clock,
-                      sleep=self._stop_asked.wait)
-            if opts.gpu_memory is not None else None
-        )  # fmt: skip
+            StartGate(opts.gpu_memory, opts.gpu_free_timeout, clock=opts.clock, sleep=self._stop_asked.wait)
+            if opts.gpu_memory is not None
+            else None
+        )
         self.gpu_wait: str | None = None
         self.gate_warnings: list[str] = []
 
@@ -147,21 +153,46 @@ class Instance:
     def record(self) -> InstanceRecord:
         """This instance as the state file records it."""
         return InstanceRecord(
-            name=self.name, state=self.state.value, pid=self.pid, process=self.ident, url=self.url,
-            stop_grace_s=self._grace(), log_dir=str(self.log.dir), log_file=str(self.log.path),
-            restarts=self.restarts, replacements=self.replacements, gpus=tuple(self.inst.gpus or ()),
-            numa_node=self.inst.numa_node, started_at=self.started_at, ready_at=self.ready_at,
-            ladder=tuple(self.ladder), failure=self.failure, log_dropped_lines=self.log.dropped,
-            log_error=self.log.last_error, argv=tuple(self.argv),
+            name=self.name,
+            state=self.state.value,
+            pid=self.pid,
+            process=self.ident,
+            url=self.url,
+            stop_grace_s=self._grace(),
+            log_dir=str(self.log.dir),
+            log_file=str(self.log.path),
+            restarts=self.restarts,
+            replacements=self.replacements,
+            gpus=tuple(self.inst.gpus or ()),
+            numa_node=self.inst.numa_node,
+            started_at=self.started_at,
+            ready_at=self.ready_at,
+            ladder=tuple(self.ladder),
+            failure=self.failure,
+            log_dropped_lines=self.log.dropped,
+            log_error=self.log.last_error,
+            argv=tuple(self.argv),
             engine=self.inst.engine.to_json(),
             speculative=self.inst.speculative.to_json() if self.inst.speculative else None,
             warnings=tuple(self.render_warnings + self.gate_warnings + self.verify_warnings),
-            health_failing_since=self.health_failing_since, unresponsive=self.unresponsive,
-            group_wait=self.group_wait, rejoins=self.rejoins, gpu_wait=self.gpu_wait,
-            retry_at=self.retry_at, gave_up=self.gave_up,
-            node=(f"{self.inst.node} of {self.inst.nnodes}" + (" (headless: the group answers at node 0)"
-                  if self.inst.headless else " (the group's API server)")) if self.inst.nnodes is not ABSENT else None,
-        )  # fmt: skip
+            health_failing_since=self.health_failing_since,
+            unresponsive=self.unresponsive,
+            group_wait=self.group_wait,
+            rejoins=self.rejoins,
+            gpu_wait=self.gpu_wait,
+            retry_at=self.retry_at,
+            gave_up=self.gave_up,
+            node=(
+                f"{self.inst.node} of {self.inst.nnodes}"
+                + (
+                    " (headless: the group answers at node 0)"
+                    if self.inst.headless
+                    else " (the group's API server)"
+                )
+            )
+            if self.inst.nnodes is not ABSENT
+            else None,
+        )
 
     def stop(self) -> None:
         self._stop_asked.set()
@@ -253,7 +284,9 @@ class Instance:
                 if v.probe and not probed:
                     probed = True
                     said = probe(self.url, self._api_key())
-                    log.warning("%s: asked node 0 for one token, so that it finds this node gone: %s", self.name, said)
+                    log.warning(
+                        "%s: asked node 0 for one token, so that it finds this node gone: %s", self.name, said
+                    )
                     self.log.mark(f"probe of node 0 ({self.url}): {said}")
             if clock() > deadline:
                 return "timeout"
@@ -289,7 +322,11 @@ class Instance:
             got = http.get(self.url + "/health", timeout=timeout)
             if got is not None and got[0] == 200:
                 if self.health_failing_since is not None:
-                    log.warning("%s: /health answers again after %.0f s", self.name, time.time() - self.health_failing_since)
+                    log.warning(
+                        "%s: /health answers again after %.0f s",
+                        self.name,
+                        time.time() - self.health_failing_since,
+                    )
                     self.health_failing_since = None
                     self.on_change()
                 continue
@@ -357,8 +394,12 @@ class Instance:
             self.gate.take_baseline(gpus)  # before its first start: nothing hwprofile started is there
 
         def note(why: str) -> None:
-            log.warning("%s: waiting up to %.0f s for GPU memory before the start: %s", self.name,
-                        self.opts.gpu_free_timeout, why)  # fmt: skip
+            log.warning(
+                "%s: waiting up to %.0f s for GPU memory before the start: %s",
+                self.name,
+                self.opts.gpu_free_timeout,
+                why,
+            )
             self.log.mark(f"start gate: waiting for GPU memory: {why}")
             self.gpu_wait = why
             self.on_change()
@@ -508,8 +549,11 @@ class Instance:
             return True
         if port_free(s.host, s.port):
             return True
-        self.failure = {"kind": "port in use", "evidence": f"{s.host}:{s.port} is taken before start",
-                        "fix": "stop what holds it, or --set server.port=<free port>"}  # fmt: skip
+        self.failure = {
+            "kind": "port in use",
+            "evidence": f"{s.host}:{s.port} is taken before start",
+            "fix": "stop what holds it, or --set server.port=<free port>",
+        }
         self.log.mark(f"port {s.port} taken; not started")
         self._set(State.FAILED)
         return False

@@ -51,6 +51,12 @@ def record(
         except (OSError, UnsafeFile) as e:
             log.error("%s: cannot record the KV cache pool vLLM measured in %s: %s", inst.name, path, e)
             return None
-    log.info("%s: vLLM measured %s GiB for the KV cache (%s compile cache): recorded for supervise.pin_kv_pool "
-             "(the newest %d per instance)", inst.name, gib, started.get("compile") or "unknown", KEEP)  # fmt: skip
+    log.info(
+        "%s: vLLM measured %s GiB for the KV cache (%s compile cache): recorded for supervise.pin_kv_pool "
+        "(the newest %d per instance)",
+        inst.name,
+        gib,
+        started.get("compile") or "unknown",
+        KEEP,
+    )
     return nbytes

@@ -76,14 +76,25 @@ class RouterFront:
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(
-                argv, pass_fds=(life,), stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                pass_fds=(life,),
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         finally:
             os.close(fd)
         self.started_at = time.time()
-        log.info("vllm-router (pid %d) starting on %s (%s) in front of %s; log %s", proc.pid, self.url,
-                 self.policy, " ".join(a for a in self.argv if a.startswith("http://")), self.log_path)  # fmt: skip
+        log.info(
+            "vllm-router (pid %d) starting on %s (%s) in front of %s; log %s",
+            proc.pid,
+            self.url,
+            self.policy,
+            " ".join(a for a in self.argv if a.startswith("http://")),
+            self.log_path,
+        )
         return proc
 
     def readiness(self) -> tuple[int, int] | None:
@@ -121,8 +132,13 @@ class RouterFront:
                 self.restarts += 1
                 if time.monotonic() - began > self.opts.restart_window_s:
                     delay = self.opts.backoff_initial  # it ran a while: a new failure, not a crash loop
-                log.warning("vllm-router exited (%s); restart %d in %.1f s (log %s)", self.last_exit,
-                            self.restarts, delay, self.log_path)  # fmt: skip
+                log.warning(
+                    "vllm-router exited (%s); restart %d in %.1f s (log %s)",
+                    self.last_exit,
+                    self.restarts,
+                    delay,
+                    self.log_path,
+                )
                 self._set("restarting")
                 if self._stop.wait(delay):
                     return
@@ -152,10 +168,18 @@ class RouterFront:
         proc = self.proc
         ident = identify(proc.pid) if proc is not None and proc.returncode is None else None
         return {
-            "kind": "router", "state": self.state, "url": self.url, "policy": self.policy,
-            "pid": ident.pid if ident else None, "process": ident.to_json() if ident else None,
-            "started_at": self.started_at if ident else None, "restarts": self.restarts,
-            "last_exit": self.last_exit, "healthy_servers": self.healthy_workers,
-            "servers": self.total_workers, "metrics_url": self.metrics_url, "log_file": str(self.log_path),
+            "kind": "router",
+            "state": self.state,
+            "url": self.url,
+            "policy": self.policy,
+            "pid": ident.pid if ident else None,
+            "process": ident.to_json() if ident else None,
+            "started_at": self.started_at if ident else None,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "healthy_servers": self.healthy_workers,
+            "servers": self.total_workers,
+            "metrics_url": self.metrics_url,
+            "log_file": str(self.log_path),
             "argv": list(self.argv),
-        }  # fmt: skip
+        }

@@ -241,37 +241,74 @@ class InstanceRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "state": self.state, "pid": self.pid, "pgid": self.pid,
-            "process": self.process.to_json() if self.process else None, "url": self.url,
-            "gpus": list(self.gpus), "numa_node": self.numa_node, "started_at": self.started_at,
-            "ready_at": self.ready_at, "restarts": self.restarts, "ladder": [dict(s) for s in self.ladder],
-            "failure": dict(self.failure) if self.failure else None, "log_dir": self.log_dir,
-            "log_file": self.log_file, "stop_grace_s": self.stop_grace_s,
-            "log_dropped_lines": self.log_dropped_lines, "log_error": self.log_error, "argv": list(self.argv),
-            "replacements": self.replacements, "engine": self.engine, "speculative": self.speculative,
-            "warnings": list(self.warnings), "health_failing_since": self.health_failing_since,
-            "unresponsive": self.unresponsive, "node": self.node, "group_wait": self.group_wait,
-            "rejoins": self.rejoins, "gpu_wait": self.gpu_wait,
-            "retry_at": self.retry_at, "gave_up": self.gave_up,
-        }  # fmt: skip
+            "name": self.name,
+            "state": self.state,
+            "pid": self.pid,
+            "pgid": self.pid,
+            "process": self.process.to_json() if self.process else None,
+            "url": self.url,
+            "gpus": list(self.gpus),
+            "numa_node": self.numa_node,
+            "started_at": self.started_at,
+            "ready_at": self.ready_at,
+            "restarts": self.restarts,
+            "ladder": [dict(s) for s in self.ladder],
+            "failure": dict(self.failure) if self.failure else None,
+            "log_dir": self.log_dir,
+            "log_file": self.log_file,
+            "stop_grace_s": self.stop_grace_s,
+            "log_dropped_lines": self.log_dropped_lines,
+            "log_error": self.log_error,
+            "argv": list(self.argv),
+            "replacements": self.replacements,
+            "engine": self.engine,
+            "speculative": self.speculative,
+            "warnings": list(self.warnings),
+            "health_failing_since": self.health_failing_since,
+            "unresponsive": self.unresponsive,
+            "node": self.node,
+            "group_wait": self.group_wait,
+            "rejoins": self.rejoins,
+            "gpu_wait": self.gpu_wait,
+            "retry_at": self.retry_at,
+            "gave_up": self.gave_up,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> InstanceRecord:
         p = d.get("process")
         return cls(
-            name=d["name"], state=d["state"], pid=d.get("pid"),
-            process=Identity(p["pid"], p["start_time"]) if p else None, url=d["url"],
-            stop_grace_s=float(d["stop_grace_s"]), log_dir=d["log_dir"], log_file=d["log_file"],
-            restarts=d.get("restarts") or 0, replacements=d.get("replacements") or 0,
-            gpus=tuple(d.get("gpus") or ()), numa_node=d.get("numa_node"), started_at=d.get("started_at"),
-            ready_at=d.get("ready_at"), ladder=tuple(d.get("ladder") or ()), failure=d.get("failure"),
-            log_dropped_lines=d.get("log_dropped_lines") or 0, log_error=d.get("log_error"),
-            argv=tuple(d.get("argv") or ()), engine=d.get("engine"), speculative=d.get("speculative"),
-            warnings=tuple(d.get("warnings") or ()), health_failing_since=d.get("health_failing_since"),
-            unresponsive=d.get("unresponsive") or 0, node=d.get("node"), group_wait=d.get("group_wait"),
-            rejoins=d.get("rejoins") or 0, gpu_wait=d.get("gpu_wait"),
-            retry_at=d.get("retry_at"), gave_up=d.get("gave_up") or 0,
-        )  # fmt: skip
+            name=d["name"],
+            state=d["state"],
+            pid=d.get("pid"),
+            process=Identity(p["pid"], p["start_time"]) if p else None,
+            url=d["url"],
+            stop_grace_s=float(d["stop_grace_s"]),
+            log_dir=d["log_dir"],
+            log_file=d["log_file"],
+            restarts=d.get("restarts") or 0,
+            replacements=d.get("replacements") or 0,
+            gpus=tuple(d.get("gpus") or ()),
+            numa_node=d.get("numa_node"),
+            started_at=d.get("started_at"),
+            ready_at=d.get("ready_at"),
+            ladder=tuple(d.get("ladder") or ()),
+            failure=d.get("failure"),
+            log_dropped_lines=d.get("log_dropped_lines") or 0,
+            log_error=d.get("log_error"),
+            argv=tuple(d.get("argv") or ()),
+            engine=d.get("engine"),
+            speculative=d.get("speculative"),
+            warnings=tuple(d.get("warnings") or ()),
+            health_failing_since=d.get("health_failing_since"),
+            unresponsive=d.get("unresponsive") or 0,
+            node=d.get("node"),
+            group_wait=d.get("group_wait"),
+            rejoins=d.get("rejoins") or 0,
+            gpu_wait=d.get("gpu_wait"),
+            retry_at=d.get("retry_at"),
+            gave_up=d.get("gave_up") or 0,
+        )
 
 
 @dataclass(frozen=True)
@@ -301,9 +338,12 @@ class SupervisorDoc:
         """This document as ``last.json``: ended at ``at`` for ``reason``, no process left to signal."""
         front = {**self.front, "pid": None, "process": None} if self.front is not None else None
         return replace(
-            self, ended_at=at, end_reason=reason, instances=tuple(replace(i, process=None) for i in self.instances),
+            self,
+            ended_at=at,
+            end_reason=reason,
+            instances=tuple(replace(i, process=None) for i in self.instances),
             front=front,
-        )  # fmt: skip
+        )
 
     def how_it_ended(self) -> str:
         """One line for the next run: when and why this one ended (or that it did not say)."""
@@ -311,17 +351,24 @@ class SupervisorDoc:
 
         names = ", ".join(f"{i.name} {i.state}" for i in self.instances) or "no instance"
         if self.ended_at is None:
-            return (f"supervisor pid {self.supervisor_pid} ended without cleaning up (killed or crashed; "
-                    f"its last record: {names})")  # fmt: skip
+            return (
+                f"supervisor pid {self.supervisor_pid} ended without cleaning up (killed or crashed; "
+                f"its last record: {names})"
+            )
         when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(self.ended_at))
         return f"supervisor pid {self.supervisor_pid} ended at {when}: {self.end_reason or 'no reason recorded'} ({names})"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "schema": STATE_SCHEMA, "supervisor_pid": self.supervisor.pid, "supervisor": self.supervisor.to_json(),
-            "started_at": self.started_at, "profile": self.profile, "model": self.model,
-            "vllm_version": self.vllm_version, "instances": [i.to_json() for i in self.instances],
-        }  # fmt: skip
+            "schema": STATE_SCHEMA,
+            "supervisor_pid": self.supervisor.pid,
+            "supervisor": self.supervisor.to_json(),
+            "started_at": self.started_at,
+            "profile": self.profile,
+            "model": self.model,
+            "vllm_version": self.vllm_version,
+            "instances": [i.to_json() for i in self.instances],
+        }
         if self.ended_at is not None:
             out["ended_at"] = self.ended_at
             out["end_reason"] = self.end_reason
@@ -339,10 +386,18 @@ class SupervisorDoc:
         if s["pid"] != d["supervisor_pid"]:
             raise Invalid("supervisor.pid", f"{s['pid']} is not supervisor_pid {d['supervisor_pid']}")
         return cls(
-            Identity(s["pid"], s["start_time"]), tuple(InstanceRecord.from_json(i) for i in d["instances"]),
-            d.get("started_at"), d.get("profile"), d.get("model"), d.get("vllm_version"), d.get("ended_at"),
-            d.get("end_reason"), d.get("previous"), d.get("endpoint"), d.get("front"),
-        )  # fmt: skip
+            Identity(s["pid"], s["start_time"]),
+            tuple(InstanceRecord.from_json(i) for i in d["instances"]),
+            d.get("started_at"),
+            d.get("profile"),
+            d.get("model"),
+            d.get("vllm_version"),
+            d.get("ended_at"),
+            d.get("end_reason"),
+            d.get("previous"),
+            d.get("endpoint"),
+            d.get("front"),
+        )
 
 
 @dataclass(frozen=True)
@@ -356,9 +411,11 @@ class LaunchDoc:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": LAUNCH_SCHEMA, "vllm_version": self.vllm_version,
-            "plan": self.plan.to_json(), "inputs": self.inputs.to_json(),
-        }  # fmt: skip
+            "schema": LAUNCH_SCHEMA,
+            "vllm_version": self.vllm_version,
+            "plan": self.plan.to_json(),
+            "inputs": self.inputs.to_json(),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], source: str = LAUNCH_FILE) -> LaunchDoc:

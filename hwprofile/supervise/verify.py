@@ -75,7 +75,9 @@ def compare(inst: InstancePlan, started: dict[str, Any]) -> list[str]:
             warnings.append(f"{key}: planned {planned}, vLLM started with {args[arg]}")
     tp = inst.tensor_parallel_size
     if tp > 1 and args.get("tensor_parallel_size") not in (None, tp):
-        warnings.append(f"tensor_parallel_size: planned {tp}, vLLM started with {args['tensor_parallel_size']}")
+        warnings.append(
+            f"tensor_parallel_size: planned {tp}, vLLM started with {args['tensor_parallel_size']}"
+        )
     logged = started.get("kv_cache_tokens")
     mem = inst.memory
     if logged is not None and mem.kv_tokens:

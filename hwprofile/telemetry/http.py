@@ -64,12 +64,16 @@ def check_url(url: str, flag: str) -> str:
         raise BadUrl(f"{flag} {redact(url)!r}: not a URL ({e})") from None
     if parts.scheme not in ("http", "https"):
         got = f"a {parts.scheme}:// URL" if parts.scheme else "no scheme"
-        raise BadUrl(f"{flag} {redact(url)!r}: {got}; a vLLM server is http:// or https://, e.g. http://127.0.0.1:8000")
+        raise BadUrl(
+            f"{flag} {redact(url)!r}: {got}; a vLLM server is http:// or https://, e.g. http://127.0.0.1:8000"
+        )
     if not parts.hostname:
         raise BadUrl(f"{flag} {redact(url)!r}: no host; e.g. http://127.0.0.1:8000")
     if parts.username is not None or parts.password is not None:
-        raise BadUrl(f"{flag} {redact(url)!r}: credentials in a URL are not used (vLLM takes its API key as a "
-                     "header: server.api_key_env); give the URL without them")  # fmt: skip
+        raise BadUrl(
+            f"{flag} {redact(url)!r}: credentials in a URL are not used (vLLM takes its API key as a "
+            "header: server.api_key_env); give the URL without them"
+        )
     if parts.query or parts.fragment:
         raise BadUrl(f"{flag} {redact(url)!r}: a server's base URL has no query or fragment")
     if port == 0:

@@ -43,7 +43,9 @@ class VllmMetrics:
     ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
     itl_buckets: dict[float, float] = field(default_factory=dict)
     spec_decode: bool = False  # the spec_decode_* families exist (a speculative config is set)
-    engines: dict[str, dict[str, float]] = field(default_factory=dict)  # engine label -> running, waiting, kv_usage
+    engines: dict[str, dict[str, float]] = field(
+        default_factory=dict
+    )  # engine label -> running, waiting, kv_usage
 
     @property
     def metrics_disabled(self) -> bool:
@@ -70,8 +72,15 @@ class VllmMetrics:
 
 
 WANTED = (
-    RUNNING, WAITING, *KV_USAGE, *COUNTERS, PER_POS, TTFT, *ITL, "vllm:spec_decode_",
-)  # fmt: skip
+    RUNNING,
+    WAITING,
+    *KV_USAGE,
+    *COUNTERS,
+    PER_POS,
+    TTFT,
+    *ITL,
+    "vllm:spec_decode_",
+)
 
 
 def _wanted(text: str) -> str:
@@ -102,8 +111,9 @@ def parse(text: str) -> VllmMetrics:
     head = text.lstrip()
     if head.startswith("<"):  # a web page (a proxy's, a UI's) answered on the URL: not a server's metrics
         first = head.splitlines()[0][:60] if head else ""
-        raise MetricsError(f"an HTML or XML page, not Prometheus text (it begins {first!r}): is this URL a vLLM "
-                           "server?")  # fmt: skip
+        raise MetricsError(
+            f"an HTML or XML page, not Prometheus text (it begins {first!r}): is this URL a vLLM server?"
+        )
     text = _wanted(text)
 
     tally = _Tally()
@@ -128,8 +138,15 @@ def parse(text: str) -> VllmMetrics:
                     f"{name}{labels or ''} = {sample.value}: not a count (finite, not negative)"
                 )
             tally.add(name, labels, value)
-    return VllmMetrics("v1" if v1 else ("v0" if any_vllm else None), tally.gauges, tally.counters, tally.ttft,
-                       tally.itl, spec, tally.engines if len(tally.engines) > 1 else {})  # fmt: skip
+    return VllmMetrics(
+        "v1" if v1 else ("v0" if any_vllm else None),
+        tally.gauges,
+        tally.counters,
+        tally.ttft,
+        tally.itl,
+        spec,
+        tally.engines if len(tally.engines) > 1 else {},
+    )
 
 
 def _is_read(name: str) -> bool:

@@ -55,8 +55,13 @@ class Scraper:
             if conn is None:
                 conn = self._conns[key] = connection(url, self.timeout)
             try:
-                status, body, keep = exchange(conn, target, headers={"Accept": "text/plain"},
-                                              timeout=self.timeout, cap=MAX_METRICS_BYTES)  # fmt: skip
+                status, body, keep = exchange(
+                    conn,
+                    target,
+                    headers={"Accept": "text/plain"},
+                    timeout=self.timeout,
+                    cap=MAX_METRICS_BYTES,
+                )
             except (TimeoutError, TooLarge):
                 self._drop(key)
                 raise  # no second try: the deadline is the scrape's, not each attempt's
@@ -84,7 +89,9 @@ class Scraper:
         try:
             body = self._get(url)
         except TooLarge:
-            return InstanceReading(name, url, now, "error", error=f"{target}: more than {MAX_METRICS_BYTES} bytes")
+            return InstanceReading(
+                name, url, now, "error", error=f"{target}: more than {MAX_METRICS_BYTES} bytes"
+            )
         except (http.client.HTTPException, OSError, ValueError) as e:
             return InstanceReading(name, url, now, "unreachable", error=f"{redact(target)}: {e}")
         try:
@@ -93,7 +100,9 @@ class Scraper:
             return InstanceReading(name, url, now, "error", error=f"{target}: {e}")
         took = time.perf_counter() - t0
         if m.metrics_disabled:
-            why = f"{target} has no vllm:* series (the server runs with --disable-log-stats): nothing to judge"
+            why = (
+                f"{target} has no vllm:* series (the server runs with --disable-log-stats): nothing to judge"
+            )
             return InstanceReading(name, url, now, "metrics_disabled", m, why, took)
         return InstanceReading(name, url, now, "ok", m, None, took)
 
@@ -142,14 +151,21 @@ class ScrapePool:
             future, since = self._running[name]
             if not future.done():
                 waited = time.monotonic() - since
-                out[name] = InstanceReading(name, url, now, "unreachable",
-                                            error=f"{redact(url)}/metrics: still no answer after {waited:.1f} s")  # fmt: skip
+                out[name] = InstanceReading(
+                    name,
+                    url,
+                    now,
+                    "unreachable",
+                    error=f"{redact(url)}/metrics: still no answer after {waited:.1f} s",
+                )
                 continue
             del self._running[name]
             try:
                 out[name] = future.result()
             except Exception as e:  # a scrape never raises; if it ever does, it is a reading too
-                out[name] = InstanceReading(name, url, now, "error", error=f"scrape failed: {type(e).__name__}: {e}")
+                out[name] = InstanceReading(
+                    name, url, now, "error", error=f"scrape failed: {type(e).__name__}: {e}"
+                )
         return out
 
     def close(self) -> None:

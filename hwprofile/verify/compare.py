@@ -176,7 +176,9 @@ def compare(
     """The verdict over ``prompts`` (answers in the same order); ``decode`` turns a token id into
     its text for the divergences (optional)."""
     if not (len(prompts) == len(baseline) == len(candidate)):
-        raise ValueError(f"{len(prompts)} prompts, {len(baseline)} baseline and {len(candidate)} candidate answers")
+        raise ValueError(
+            f"{len(prompts)} prompts, {len(baseline)} baseline and {len(candidate)} candidate answers"
+        )
     results = []
     for p, b, c in zip(prompts, baseline, candidate, strict=True):
         d = divergence(b, c, decode)

@@ -75,7 +75,9 @@ def _side(name: str, s: Mapping[str, Any]) -> str:
     if plan:
         bits.append(f"dtype {plan.get('dtype')}")
         spec = plan.get("speculative")
-        bits.append(f"speculative {spec['method']} k={spec['num_speculative_tokens']}" if spec else "speculative off")
+        bits.append(
+            f"speculative {spec['method']} k={spec['num_speculative_tokens']}" if spec else "speculative off"
+        )
     if s.get("seconds") is not None:
         bits.append(f"{s['seconds']:.1f} s")
     return f"{name:<9}  " + ", ".join(bits)
@@ -100,7 +102,8 @@ def format_text(doc: Mapping[str, Any]) -> str:
         "requests: " + ", ".join(f"{k} {v}" for k, v in doc["settings"].items()),
         "by kind:  "
         + "; ".join(
-            f"{k} {v['exact_matches']}/{v['prompts']} exact, {v['similarity']:.4f}" for k, v in doc["by_kind"].items()
+            f"{k} {v['exact_matches']}/{v['prompts']} exact, {v['similarity']:.4f}"
+            for k, v in doc["by_kind"].items()
         ),
     ]
     divergent = [r for r in doc["results"] if not r["exact"]]

@@ -79,9 +79,14 @@ class Client:
     """One server: its URL, the model name requests carry, and the request settings."""
 
     def __init__(
-        self, url: str, model: str, max_tokens: int, seed: int = SEED, logprobs: int | None = None,
+        self,
+        url: str,
+        model: str,
+        max_tokens: int,
+        seed: int = SEED,
+        logprobs: int | None = None,
         timeout: float = 600.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.max_tokens = max_tokens
@@ -116,7 +121,9 @@ class Client:
                 self.notes.append(f"{self.url} refused logprobs ({detail[:200]}); asked without them")
                 self.logprobs = None
                 return self.answer(prompt)
-            raise VerifyError(f"{self.url}{ENDPOINT} (prompt {prompt.id}): HTTP {e.status}: {detail}") from None
+            raise VerifyError(
+                f"{self.url}{ENDPOINT} (prompt {prompt.id}): HTTP {e.status}: {detail}"
+            ) from None
         except (OSError, ValueError) as e:
             raise VerifyError(
                 f"{self.url}{ENDPOINT} (prompt {prompt.id}): {getattr(e, 'reason', e)}"
@@ -163,7 +170,9 @@ class Client:
         """The text of one token through the server's ``/detokenize`` (None where it has none)."""
         if token_id not in self._texts:
             try:
-                reply = post_json(self.url.rstrip("/") + "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0)
+                reply = post_json(
+                    self.url.rstrip("/") + "/detokenize", {"model": self.model, "tokens": [token_id]}, 30.0
+                )
                 text = reply.get("prompt")
                 self._texts[token_id] = text if isinstance(text, str) else None
             except (OSError, ValueError, AttributeError):

@@ -103,19 +103,23 @@ def config_data(w: Workload) -> dict[str, str]:
     if n == 1:
         data["pod.json"] = hosts[0].to_json() + "\n"
     else:
-        inventory = {"nodes": [{"snapshot": f"node{k}.json", "address": w.pod_inputs.addresses[k]}
-                               for k in range(n)]}  # fmt: skip
+        inventory = {
+            "nodes": [{"snapshot": f"node{k}.json", "address": w.pod_inputs.addresses[k]} for k in range(n)]
+        }
         data["inventory.yaml"] = json.dumps(inventory, indent=1) + "\n"  # JSON is YAML
         for k in range(n):
             data[f"node{k}.json"] = hosts[k].to_json() + "\n"
     for k, r in enumerate(w.rendered):
         suffix = "" if n == 1 else f"-node{k}"
         data[f"vllm{suffix}.argv.json"] = json.dumps(r.argv) + "\n"
-        data[f"vllm{suffix}.env.json"] = json.dumps({**r.env, **{t: f"${s}" for t, s in r.secrets.items()}},
-                                                    indent=1) + "\n"  # fmt: skip
+        data[f"vllm{suffix}.env.json"] = (
+            json.dumps({**r.env, **{t: f"${s}" for t, s in r.secrets.items()}}, indent=1) + "\n"
+        )
         data[f"vllm{suffix}.sh"] = _shell(r) + "\n"
-    data["plan.json"] = json.dumps(w.pod_plans[0].to_json() if n == 1 else
-                                   [p.to_json() for p in w.pod_plans], indent=1) + "\n"  # fmt: skip
+    data["plan.json"] = (
+        json.dumps(w.pod_plans[0].to_json() if n == 1 else [p.to_json() for p in w.pod_plans], indent=1)
+        + "\n"
+    )
     return data
 
 
@@ -126,8 +130,12 @@ def _launch_args(w: Workload, rank: int | None) -> list[str]:
     if len(w.pod_plans) == 1:
         args += ["--from", f"{POD_ROOT}/pod.json"]
     else:
-        args += ["--inventory", f"{POD_ROOT}/inventory.yaml", "--node-rank",
-                 "0" if rank == 0 else "$(HWPROFILE_NODE_RANK)"]  # fmt: skip
+        args += [
+            "--inventory",
+            f"{POD_ROOT}/inventory.yaml",
+            "--node-rank",
+            "0" if rank == 0 else "$(HWPROFILE_NODE_RANK)",
+        ]
     args += ["--model", model, "--profile", plan.profile]
     if plan.draft is not None and w.pod_inputs.draft:
         args += ["--draft", w.pod_inputs.draft]
@@ -139,8 +147,12 @@ def _launch_args(w: Workload, rank: int | None) -> list[str]:
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     """A probe of the daemon's metrics port (``/health``: every instance serves and none is about to
     be drained; ``/livez``: the daemon's loop ticks)."""
-    return {"httpGet": {"path": path, "port": "hwprofile"}, "periodSeconds": period, "timeoutSeconds": 5,
-            "failureThreshold": failures}  # fmt: skip
+    return {
+        "httpGet": {"path": path, "port": "hwprofile"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
 
 
 def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
@@ -163,11 +175,19 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
         },
     ]
     for source in sorted(set(r.secrets.values())):
-        env.append({"name": source, "valueFrom": {"secretKeyRef": {"name": opts.api_key_secret,
-                                                                    "key": API_KEY_ITEM}}})  # fmt: skip
+        env.append(
+            {
+                "name": source,
+                "valueFrom": {"secretKeyRef": {"name": opts.api_key_secret, "key": API_KEY_ITEM}},
+            }
+        )
     if rank is None:
-        env.append({"name": "HWPROFILE_NODE_RANK",
-                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_INDEX_LABEL}']"}}})  # fmt: skip
+        env.append(
+            {
+                "name": "HWPROFILE_NODE_RANK",
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_INDEX_LABEL}']"}},
+            }
+        )
     ports: list[dict[str, Any]] = []
     if not headless:
         ports.append({"name": "http", "containerPort": int(pod.server.port), "protocol": "TCP"})
@@ -248,9 +268,10 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
     labels = _labels(w)
     group = len(w.pod_plans) > 1
     args_note = (
-        shlex.join(w.rendered[0].argv) if not group
+        shlex.join(w.rendered[0].argv)
+        if not group
         else f"node 0: {shlex.join(w.rendered[0].argv)} (the workers: vllm-node<k>.sh in ConfigMap {w.name}-plan)"
-    )  # fmt: skip
+    )
     annotations = {
         "hwprofile.io/vllm-args": args_note,
         "hwprofile.io/vllm-release": w.rendered[0].vllm_version,
@@ -263,23 +284,39 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
     template_meta = {"labels": labels, "annotations": {**annotations, "hwprofile.io/plan-sha256": digest}}
     s = _sizes(w, 0)
     out: list[tuple[list[str], dict[str, Any]]] = []
-    out.append(([f"{w.name}: the pod's snapshot, the vLLM command line it runs, its plan"], {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(w, f"{w.name}-plan", opts), "data": data,
-    }))  # fmt: skip
-    if not group:
-        out.append((_workload_comments(w, s), {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": _meta(w, w.name, opts, annotations),
-            "spec": {
-                "replicas": w.replicas,
-                "selector": {"matchLabels": labels},
-                # no surge: a new pod needs GPUs an old one still holds
-                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                "progressDeadlineSeconds": s.progress_deadline_s,
-                "template": {"metadata": template_meta, "spec": pod_spec(w, opts, 0)},
+    out.append(
+        (
+            [f"{w.name}: the pod's snapshot, the vLLM command line it runs, its plan"],
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": _meta(w, f"{w.name}-plan", opts),
+                "data": data,
             },
-        }))  # fmt: skip
+        )
+    )
+    if not group:
+        out.append(
+            (
+                _workload_comments(w, s),
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": _meta(w, w.name, opts, annotations),
+                    "spec": {
+                        "replicas": w.replicas,
+                        "selector": {"matchLabels": labels},
+                        # no surge: a new pod needs GPUs an old one still holds
+                        "strategy": {
+                            "type": "RollingUpdate",
+                            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+                        },
+                        "progressDeadlineSeconds": s.progress_deadline_s,
+                        "template": {"metadata": template_meta, "spec": pod_spec(w, opts, 0)},
+                    },
+                },
+            )
+        )
         selector = dict(labels)
     else:
         leader = {
@@ -290,40 +327,59 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
             "labels": {**labels, "hwprofile.io/role": "worker"},
             "annotations": template_meta["annotations"],
         }
-        out.append((_workload_comments(w, s), {
-            "apiVersion": "leaderworkerset.x-k8s.io/v1",
-            "kind": "LeaderWorkerSet",
-            "metadata": _meta(w, w.name, opts, annotations),
-            "spec": {
-                "replicas": 1,  # the inventory names group 0's pods
-                "startupPolicy": "LeaderCreated",
-                "leaderWorkerTemplate": {
-                    "size": len(w.pod_plans),
-                    "restartPolicy": "RecreateGroupOnPodRestart",  # one node lost: the group re-forms
-                    "leaderTemplate": {"metadata": leader, "spec": pod_spec(w, opts, 0)},
-                    "workerTemplate": {"metadata": worker, "spec": pod_spec(w, opts, None)},
+        out.append(
+            (
+                _workload_comments(w, s),
+                {
+                    "apiVersion": "leaderworkerset.x-k8s.io/v1",
+                    "kind": "LeaderWorkerSet",
+                    "metadata": _meta(w, w.name, opts, annotations),
+                    "spec": {
+                        "replicas": 1,  # the inventory names group 0's pods
+                        "startupPolicy": "LeaderCreated",
+                        "leaderWorkerTemplate": {
+                            "size": len(w.pod_plans),
+                            "restartPolicy": "RecreateGroupOnPodRestart",  # one node lost: the group re-forms
+                            "leaderTemplate": {"metadata": leader, "spec": pod_spec(w, opts, 0)},
+                            "workerTemplate": {"metadata": worker, "spec": pod_spec(w, opts, None)},
+                        },
+                    },
                 },
-            },
-        }))  # fmt: skip
+            )
+        )
         selector = {**labels, "hwprofile.io/role": "leader"}
     port = int(w.pod_plans[0].instances[0].server.port)
-    out.append(([f"{w.name}: the API server (node 0 of a group)"], {
-        "apiVersion": "v1", "kind": "Service", "metadata": _meta(w, w.name, opts),
-        "spec": {"type": "ClusterIP", "selector": selector,
-                 "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
-    }))  # fmt: skip
+    out.append(
+        (
+            [f"{w.name}: the API server (node 0 of a group)"],
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": _meta(w, w.name, opts),
+                "spec": {
+                    "type": "ClusterIP",
+                    "selector": selector,
+                    "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+                },
+            },
+        )
+    )
 
     def relabel(job: str) -> list[dict[str, Any]]:
         """The labels monitoring/rules and the dashboard group by: ``job`` as in
         monitoring/prometheus.yml (a PodMonitor's own would be <namespace>/<name>), ``host`` = the node."""
-        return [{"targetLabel": "job", "replacement": job},
-                {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host"}]  # fmt: skip
+        return [
+            {"targetLabel": "job", "replacement": job},
+            {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host"},
+        ]
 
     endpoints: list[dict[str, Any]] = [
         {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel("vllm")}
     ]
-    comments = [f"{w.name}: vLLM's /metrics on the http port (every pod with an API server); job and host "
-                "labelled as monitoring/prometheus.yml does, for monitoring/rules and the dashboard"]  # fmt: skip
+    comments = [
+        f"{w.name}: vLLM's /metrics on the http port (every pod with an API server); job and host "
+        "labelled as monitoring/prometheus.yml does, for monitoring/rules and the dashboard"
+    ]
     if int(w.pod_plans[0].watch.metrics_port):
         endpoints.append(
             {"port": "hwprofile", "path": "/metrics", "interval": "15s", "relabelings": relabel("hwprofile")}
@@ -332,10 +388,17 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
             f"and hwprofile's exporter (watch.metrics_port {int(w.pod_plans[0].watch.metrics_port)}, on the "
             "pod's address: watch.metrics_host=0.0.0.0)"
         )
-    out.append((comments, {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(w, w.name, opts),
-        "spec": {"selector": {"matchLabels": dict(labels)}, "podMetricsEndpoints": endpoints},
-    }))  # fmt: skip
+    out.append(
+        (
+            comments,
+            {
+                "apiVersion": "monitoring.coreos.com/v1",
+                "kind": "PodMonitor",
+                "metadata": _meta(w, w.name, opts),
+                "spec": {"selector": {"matchLabels": dict(labels)}, "podMetricsEndpoints": endpoints},
+            },
+        )
+    )
     return out
 
 
@@ -367,20 +430,26 @@ def _workload_comments(w: Workload, s: Sizes) -> list[str]:
         f"{CACHE_DIR} is an emptyDir: a PersistentVolumeClaim keeps the weights across restarts",
     ]
     if s.estimate_s > s.load_s:
-        lines.append(f"warning: the estimated first start ({s.estimate_s} s) is longer than supervise.ready_timeout "
-                     f"({s.load_s} s): raise it (--set supervise.ready_timeout=...) or cache the weights")  # fmt: skip
+        lines.append(
+            f"warning: the estimated first start ({s.estimate_s} s) is longer than supervise.ready_timeout "
+            f"({s.load_s} s): raise it (--set supervise.ready_timeout=...) or cache the weights"
+        )
     if not w.rendered[0].secrets:
         lines.append(
             "no API key (server.api_key_env unset): the server answers anyone who reaches the Service"
         )
     if len(w.pod_plans) > 1:
-        lines.append(f"a headless rank (worker) serves no HTTP: no probes; restartPolicy re-forms the group "
-                     f"when a pod restarts; node k is {lws_address(w.name, 1).replace('-0-1.', '-0-<k>.')}, "
-                     f"node 0 {w.pod_inputs.addresses[0]} (LeaderWorkerSet's headless Service)")  # fmt: skip
+        lines.append(
+            f"a headless rank (worker) serves no HTTP: no probes; restartPolicy re-forms the group "
+            f"when a pod restarts; node k is {lws_address(w.name, 1).replace('-0-1.', '-0-<k>.')}, "
+            f"node 0 {w.pod_inputs.addresses[0]} (LeaderWorkerSet's headless Service)"
+        )
     model = w.pod_plans[0].model
     if model.source == "dir":
-        lines.append(f"the model is a directory on the planning host ({model.path}): mount it into the pod "
-                     "at that path (a volume of yours), or pass --model with a Hugging Face name")  # fmt: skip
+        lines.append(
+            f"the model is a directory on the planning host ({model.path}): mount it into the pod "
+            "at that path (a volume of yours), or pass --model with a Hugging Face name"
+        )
     lines += [f"assumed: {a}" for a in w.target.assumed]
     lines += [f"warning: {x}" for x in w.warnings]
     for r in w.rendered:
@@ -414,14 +483,17 @@ def dump(docs: list[tuple[list[str], dict[str, Any]]], header: list[str]) -> str
     dumper = _dumper()
     parts = ["".join(f"# {label(line)}\n" for line in header)]
     for comments, doc in docs:
-        text = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False, width=1000,
-                         allow_unicode=False)  # fmt: skip
+        text = yaml.dump(
+            doc, Dumper=dumper, sort_keys=False, default_flow_style=False, width=1000, allow_unicode=False
+        )
         parts.append("---\n" + "".join(f"# {label(c)}\n" for c in comments) + text)
     out = "".join(parts)
     # read back by libyaml's safe loader where PyYAML has it (as config.yamlsrc does): the pure-Python
     # one takes seconds over the manifests of thousands of nodes
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    if list(yaml.load_all(out, Loader=loader)) != [d for _, d in docs]:  # never: safe_dump quotes what it must
+    if list(yaml.load_all(out, Loader=loader)) != [
+        d for _, d in docs
+    ]:  # never: safe_dump quotes what it must
         raise K8sError("the manifests do not read back as they were built")
     return out
 
@@ -439,32 +511,57 @@ def router_manifests(workloads: Sequence[Workload], opts: Options) -> list[tuple
 
     urls = [f"http://{w.name}:{int(w.pod_plans[0].instances[0].server.port)}" for w in workloads]
     argv = router_argv("vllm-router", "0.0.0.0", ROUTER_PORT, urls, "cache_aware", 900, 3600, ROUTER_PORT + 1)
-    labels = {"app.kubernetes.io/name": "vllm-router", "app.kubernetes.io/instance": ROUTER_NAME,
-              "app.kubernetes.io/managed-by": "hwprofile"}  # fmt: skip
+    labels = {
+        "app.kubernetes.io/name": "vllm-router",
+        "app.kubernetes.io/instance": ROUTER_NAME,
+        "app.kubernetes.io/managed-by": "hwprofile",
+    }
     meta: dict[str, Any] = {"name": ROUTER_NAME, "labels": labels}
     if opts.namespace:
         meta["namespace"] = opts.namespace
     container = {
-        "name": "vllm-router", "image": opts.router_image, "command": [argv[0]], "args": argv[1:],
+        "name": "vllm-router",
+        "image": opts.router_image,
+        "command": [argv[0]],
+        "args": argv[1:],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5,
-                           "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
-                          "failureThreshold": 6, "initialDelaySeconds": 10},
+        "readinessProbe": {
+            "httpGet": {"path": "/readiness", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            "initialDelaySeconds": 10,
+        },
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-    }  # fmt: skip
+    }
     deploy = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
-    }  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
     service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta,
-        "spec": {"type": "ClusterIP", "selector": labels,
-                 "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}]},
-    }  # fmt: skip
-    note = (f"{ROUTER_NAME}: vLLM's router (cache_aware) in front of {', '.join(w.name for w in workloads)}: "
-            "the one URL for clients; the API key stays with vLLM (the router passes Authorization through)")  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels,
+            "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    note = (
+        f"{ROUTER_NAME}: vLLM's router (cache_aware) in front of {', '.join(w.name for w in workloads)}: "
+        "the one URL for clients; the API key stays with vLLM (the router passes Authorization through)"
+    )
     return [([note], deploy), ([f"{ROUTER_NAME}: its Service, port {ROUTER_PORT}"], service)]
 
 

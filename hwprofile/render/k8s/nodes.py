@@ -121,18 +121,27 @@ def _driver(labels: Mapping[str, Any]) -> Driver:
         return None
 
     return Driver(
-        version=version("nvidia.com/cuda.driver-version.full",
-                        ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev")),
-        cuda_version=version("nvidia.com/cuda.runtime-version.full",
-                             ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")),
-    )  # fmt: skip
+        version=version(
+            "nvidia.com/cuda.driver-version.full",
+            ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev"),
+        ),
+        cuda_version=version(
+            "nvidia.com/cuda.runtime-version.full",
+            ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor"),
+        ),
+    )
 
 
 def class_snapshot(
-    product: str, gpus: int, memory_mib: int, labels: Mapping[str, Any], status: Mapping[str, Any],
-    vllm_version: str | None, hostname: str,
+    product: str,
+    gpus: int,
+    memory_mib: int,
+    labels: Mapping[str, Any],
+    status: Mapping[str, Any],
+    vllm_version: str | None,
+    hostname: str,
 ) -> tuple[HostSnapshot, tuple[str, ...]]:
-    """The snapshot of one node of a class, from its labels and status, and what it assumed."""  # fmt: skip
+    """The snapshot of one node of a class, from its labels and status, and what it assumed."""
     name = nvml_name(product)
     row = gpufacts.lookup(name, memory_mib / 1024)
     assumed = [
@@ -161,14 +170,19 @@ def class_snapshot(
     cpus = quantity(_map(status.get("capacity")).get("cpu"))
     mem = quantity(_map(status.get("capacity")).get("memory"))
     gpu_list = tuple(
-        Gpu(index=i, name=name, memory_total_bytes=memory_mib * 2**20, compute_capability=cc,
-            pcie=PcieLink(gen=row.get("pcie_gen") if row else None, width=row.get("pcie_lanes") if row else None),
-            nvlink_active_links=links)
+        Gpu(
+            index=i,
+            name=name,
+            memory_total_bytes=memory_mib * 2**20,
+            compute_capability=cc,
+            pcie=PcieLink(
+                gen=row.get("pcie_gen") if row else None, width=row.get("pcie_lanes") if row else None
+            ),
+            nvlink_active_links=links,
+        )
         for i in range(gpus)
-    )  # fmt: skip
-    pairs = tuple(
-        GpuLink(a, b, f"NV{links}", True) for a in range(gpus) for b in range(a + 1, gpus) if links
     )
+    pairs = tuple(GpuLink(a, b, f"NV{links}", True) for a in range(gpus) for b in range(a + 1, gpus) if links)
     snap = HostSnapshot(
         hostname=hostname,
         cpu=Cpu(logical_cpus=int(cpus) if cpus and 1 <= cpus <= 16384 else None),
@@ -207,8 +221,10 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
             warnings.append(f"node {node}: {PRODUCT} {product!r} is not a valid label value: left out")
             continue
         if "-MIG-" in product or product.endswith("-SHARED"):
-            warnings.append(f"node {node}: {PRODUCT} {product} is a MIG slice or a shared GPU: hwprofile plans "
-                            "whole GPUs only: left out")  # fmt: skip
+            warnings.append(
+                f"node {node}: {PRODUCT} {product} is a MIG slice or a shared GPU: hwprofile plans "
+                "whole GPUs only: left out"
+            )
             continue
         sharing = labels.get(SHARING)
         if sharing not in (None, "none"):
@@ -228,8 +244,10 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
             warnings.append(f"node {node}: {alloc} of its {count} GPUs allocatable: planned with {alloc}")
         if not valid_node_name(name):
             shown = repr(name)[:80] + ("..." if len(repr(name)) > 80 else "")
-            warnings.append(f"items[{n}]: metadata.name {shown}: not a Kubernetes node name (DNS-1123: a-z, "
-                            "0-9, '-', '.'; 253 characters at most): left out")  # fmt: skip
+            warnings.append(
+                f"items[{n}]: metadata.name {shown}: not a Kubernetes node name (DNS-1123: a-z, "
+                "0-9, '-', '.'; 253 characters at most): left out"
+            )
             continue
         groups.setdefault((product, gpus, memory), []).append((node, labels, status))
     classes = []
@@ -250,10 +268,18 @@ def pod_view(host: HostSnapshot, gpus: tuple[int, ...]) -> HostSnapshot:
     index = {g: i for i, g in enumerate(gpus)}
     by_index = {g.index: g for g in host.gpus}
     mine = tuple(
-        by_index[g]._replace(index=index[g], uuid=None, minor_number=None, pci_bus_id=None,
-                             memory_used_bytes=None, numa_node=None, numa_node_source=None, cpu_affinity=None)
+        by_index[g]._replace(
+            index=index[g],
+            uuid=None,
+            minor_number=None,
+            pci_bus_id=None,
+            memory_used_bytes=None,
+            numa_node=None,
+            numa_node_source=None,
+            cpu_affinity=None,
+        )
         for g in gpus
-    )  # fmt: skip
+    )
     links = tuple(
         lk._replace(a=index[lk.a], b=index[lk.b]) for lk in host.gpu_links if lk.a in index and lk.b in index
     )

@@ -52,23 +52,42 @@ def sizes(plan: Plan, pod_plan: Plan, rendered: Rendered, host: HostSnapshot) ->
     as the pod plans it, rendered as ``rendered``) of the class's ``plan`` on nodes like ``host``."""
     pod = pod_plan.instances[0]
     gpus = len(pod.gpus)
-    weights = int(pod_plan.model.weights_bytes or 0) + int((pod_plan.draft.weights_bytes or 0) if pod_plan.draft else 0)
+    weights = int(pod_plan.model.weights_bytes or 0) + int(
+        (pod_plan.draft.weights_bytes or 0) if pod_plan.draft else 0
+    )
     per_node = sum(1 for i in plan.instances if i.device == "cuda" and i.node == 0) or 1
     share = (host.cpu.logical_cpus or 0) // per_node
     cpu = max(2, min(4 + 2 * gpus, share) if share else 4 + 2 * gpus)
     shm = (1 + gpus) * GiB if gpus > 1 else 2 * GiB
-    memory = 8 * GiB + 2 * GiB * gpus + shm  # API server, engine core, one worker per GPU; /dev/shm counts too
+    memory = (
+        8 * GiB + 2 * GiB * gpus + shm
+    )  # API server, engine core, one worker per GPU; /dev/shm counts too
     load_s = math.ceil(pod_plan.supervise.ready_timeout)
     estimate_s = int(weights / ASSUMED_DOWNLOAD_BYTES_S) + ASSUMED_ENGINE_START_S
     drain = int(pod.server.shutdown_timeout)
     # the preStop pause, vLLM's drain with its room, the SIGKILL margin, the kernel's teardown of the group
-    grace = PRESTOP_S + int(rendered.stop_timeout_s) + math.ceil(pod_plan.supervise.stop_margin) + int(TEARDOWN_S)
-    unhealthy = pod_plan.supervise.unhealthy_s + pod_plan.supervise.ready_timeout + pod_plan.supervise.backoff_max
+    grace = (
+        PRESTOP_S + int(rendered.stop_timeout_s) + math.ceil(pod_plan.supervise.stop_margin) + int(TEARDOWN_S)
+    )
+    unhealthy = (
+        pod_plan.supervise.unhealthy_s + pod_plan.supervise.ready_timeout + pod_plan.supervise.backoff_max
+    )
     return Sizes(
-        gpus=gpus, cpu=cpu, memory=memory, shm=shm, cache=int(weights * 1.1) + 10 * GiB, tmp=8 * GiB,
-        logs=int(pod_plan.logs.max_bytes) + 64 * MiB, load_s=load_s, estimate_s=estimate_s,
+        gpus=gpus,
+        cpu=cpu,
+        memory=memory,
+        shm=shm,
+        cache=int(weights * 1.1) + 10 * GiB,
+        tmp=8 * GiB,
+        logs=int(pod_plan.logs.max_bytes) + 64 * MiB,
+        load_s=load_s,
+        estimate_s=estimate_s,
         # the start gate (supervise.gate) may wait for a previous pod's GPU memory before the first start
-        startup_failures=math.ceil((load_s + math.ceil(pod_plan.supervise.gpu_free_timeout) + 30) / PROBE_PERIOD_S),
-        liveness_failures=math.ceil(unhealthy / PROBE_PERIOD_S), grace_s=grace, drain_s=drain,
+        startup_failures=math.ceil(
+            (load_s + math.ceil(pod_plan.supervise.gpu_free_timeout) + 30) / PROBE_PERIOD_S
+        ),
+        liveness_failures=math.ceil(unhealthy / PROBE_PERIOD_S),
+        grace_s=grace,
+        drain_s=drain,
         progress_deadline_s=load_s + 300,
-    )  # fmt: skip
+    )

@@ -27,9 +27,21 @@ METRICS_PORT = 9464  # the daemon's port when the plan turned it off (the probes
 # Kubernetes object names here end up in pod host names (<name>-0-1): a DNS label, 63 at most.
 MAX_NAME = 40
 # These settings are how the pod differs from the host the plan was made for: pinned, not the user's.
-POD_KEYS = ("server.host", "server.port", "layout.numa_bind", "logs.dir", "layout.tensor_parallel_size",
-            "layout.pipeline_parallel_size", "layout.replicas", "layout.shape", "layout.nodes",
-            "watch.metrics_host", "watch.metrics_port", "watch.unready_s", "logs.stdout")  # fmt: skip
+POD_KEYS = (
+    "server.host",
+    "server.port",
+    "layout.numa_bind",
+    "logs.dir",
+    "layout.tensor_parallel_size",
+    "layout.pipeline_parallel_size",
+    "layout.replicas",
+    "layout.shape",
+    "layout.nodes",
+    "watch.metrics_host",
+    "watch.metrics_port",
+    "watch.unready_s",
+    "logs.stdout",
+)
 
 
 class K8sError(RefusedError):
@@ -45,7 +57,9 @@ class Target(NamedTuple):
     node_count: int  # nodes of the class (from a snapshot: 1)
     inputs: PlanInputs
     assumed: tuple[str, ...] = ()  # what a snapshot from labels assumed
-    variant: str = ""  # beside the product in its workloads' names: one product in two classes (count, memory)
+    variant: str = (
+        ""  # beside the product in its workloads' names: one product in two classes (count, memory)
+    )
 
 
 class Options(NamedTuple):
@@ -100,8 +114,9 @@ def user_sets(inputs: PlanInputs) -> tuple[list[str], str | None]:
     """The settings a person set (overrides.d, --overrides, HWPROFILE_*, --set) as ``--set``
     arguments, for a pod that has none of those files; and the site profile, if the plan's profile
     chain has one (the pod has the built-in profiles only)."""
-    res = resolve_settings(inputs.host, inputs.config_root, inputs.profile, list(inputs.overrides),
-                           list(inputs.sets))  # fmt: skip
+    res = resolve_settings(
+        inputs.host, inputs.config_root, inputs.profile, list(inputs.overrides), list(inputs.sets)
+    )
     site = next((p.path for p in res.chain if p.kind != "builtin"), None)
     out = []
     for path, src in sorted(res.provenance.items()):
@@ -116,18 +131,33 @@ def user_sets(inputs: PlanInputs) -> tuple[list[str], str | None]:
 
 
 def _shape(inst: InstancePlan) -> tuple[Any, ...]:
-    return (inst.device, len(inst.gpus), inst.gpu_name, inst.tensor_parallel_size,
-            inst.pipeline_parallel_size, inst.ranks)  # fmt: skip
+    return (
+        inst.device,
+        len(inst.gpus),
+        inst.gpu_name,
+        inst.tensor_parallel_size,
+        inst.pipeline_parallel_size,
+        inst.ranks,
+    )
 
 
 def _pins(inst: InstancePlan, port: int, nnodes: int, metrics_port: int) -> list[str]:
-    pins = ["server.host=0.0.0.0", f"server.port={port}", "layout.numa_bind=false", f"logs.dir={LOG_DIR}",
-            f"layout.tensor_parallel_size={inst.tensor_parallel_size}",
-            f"layout.pipeline_parallel_size={inst.pipeline_parallel_size}"]  # fmt: skip
+    pins = [
+        "server.host=0.0.0.0",
+        f"server.port={port}",
+        "layout.numa_bind=false",
+        f"logs.dir={LOG_DIR}",
+        f"layout.tensor_parallel_size={inst.tensor_parallel_size}",
+        f"layout.pipeline_parallel_size={inst.pipeline_parallel_size}",
+    ]
     # the daemon's port on the pod's address (probes, PodMonitor), vLLM's lines for `kubectl logs`, and
     # /health 503 for as long as the readiness probe takes to see it before a restart drains
-    pins += ["watch.metrics_host=0.0.0.0", f"watch.metrics_port={metrics_port}", "logs.stdout=true",
-             f"watch.unready_s={READY_PERIOD_S * READY_FAILURES}"]  # fmt: skip
+    pins += [
+        "watch.metrics_host=0.0.0.0",
+        f"watch.metrics_port={metrics_port}",
+        "logs.stdout=true",
+        f"watch.unready_s={READY_PERIOD_S * READY_FAILURES}",
+    ]
     if nnodes > 1:
         pins.append(f"layout.nodes={nnodes}")
     elif inst.ranks > 1:
@@ -172,6 +202,7 @@ def plan_workloads(
 
     rel = opts.release
     if render is None:
+
         def render(p: Plan, i: InstancePlan) -> Rendered:
             return render_instance(p, i, rel, i.server.vllm_command or "vllm", None)
 
@@ -195,8 +226,11 @@ def plan_workloads(
         )
     port = plan.instances[0].server.port
     gpu_instances = [i for i in plan.instances if i.device == "cuda"]
-    skipped = [f"{i.name}: a CPU instance: no Kubernetes workload (GPU classes only)"
-               for i in plan.instances if i.device != "cuda"]  # fmt: skip
+    skipped = [
+        f"{i.name}: a CPU instance: no Kubernetes workload (GPU classes only)"
+        for i in plan.instances
+        if i.device != "cuda"
+    ]
     if not gpu_instances:
         raise K8sError(f"{target.product}: the plan has no GPU instance ({plan.profile})")
     if plan.nodes > 1:
@@ -210,44 +244,76 @@ def plan_workloads(
         name = base if len(shapes) == 1 else k8s_name(base, f"tp{inst.tensor_parallel_size}x{len(inst.gpus)}")
         pins = _pins(inst, port, 1, int(plan.watch.metrics_port) or METRICS_PORT)
         pod_inputs = dataclasses.replace(
-            inputs, host=pod_view(inputs.host, inst.gpus), config_root=POD_ROOT, profile=plan.profile,
-            overrides=(), sets=(*sets, *pins), nodes=(), addresses=(), node_rank=0,
-        )  # fmt: skip
+            inputs,
+            host=pod_view(inputs.host, inst.gpus),
+            config_root=POD_ROOT,
+            profile=plan.profile,
+            overrides=(),
+            sets=(*sets, *pins),
+            nodes=(),
+            addresses=(),
+            node_rank=0,
+        )
         pod_plan = pod_inputs.whole_plan()
         pod_inst = pod_plan.instances[0]
         warnings = list(skipped)
         if len(pod_plan.instances) != 1:
             raise K8sError(f"{name}: the pod's plan has {len(pod_plan.instances)} instances, not one")
         warnings += [f"{name}: {d}" for d in _same(inst, pod_inst)]
-        out.append(Workload(
-            name=name, target=target, plan=plan, pod_plans=[pod_plan], pod_inputs=pod_inputs,
-            rendered=[render(pod_plan, pod_inst)], replicas=len(insts) * target.node_count,
-            sets=[*sets, *pins], warnings=warnings,
-        ))  # fmt: skip
+        out.append(
+            Workload(
+                name=name,
+                target=target,
+                plan=plan,
+                pod_plans=[pod_plan],
+                pod_inputs=pod_inputs,
+                rendered=[render(pod_plan, pod_inst)],
+                replicas=len(insts) * target.node_count,
+                sets=[*sets, *pins],
+                warnings=warnings,
+            )
+        )
     return out
 
 
 def _group(
-    target: Target, inputs: PlanInputs, plan: Plan, insts: list[InstancePlan], sets: list[str], port: int,
-    render: Callable[[Plan, InstancePlan], Rendered], skipped: list[str],
+    target: Target,
+    inputs: PlanInputs,
+    plan: Plan,
+    insts: list[InstancePlan],
+    sets: list[str],
+    port: int,
+    render: Callable[[Plan, InstancePlan], Rendered],
+    skipped: list[str],
 ) -> Workload:
-    """A model over several nodes: one LeaderWorkerSet group, node k = worker index k."""  # fmt: skip
+    """A model over several nodes: one LeaderWorkerSet group, node k = worker index k."""
     nnodes = plan.nodes
     by_node = {i.node: i for i in insts}
     if sorted(by_node) != list(range(nnodes)) or len(insts) != nnodes:
-        raise K8sError(f"{target.product}: a group over {nnodes} nodes with {len(insts)} instances: "
-                       "a LeaderWorkerSet runs one pod per node")  # fmt: skip
+        raise K8sError(
+            f"{target.product}: a group over {nnodes} nodes with {len(insts)} instances: "
+            "a LeaderWorkerSet runs one pod per node"
+        )
     if len({len(i.gpus) for i in insts}) != 1:
-        raise K8sError(f"{target.product}: the group's nodes use different GPU counts "
-                       f"({', '.join(str(len(i.gpus)) for i in insts)}): a LeaderWorkerSet's workers share one pod template")  # fmt: skip
+        raise K8sError(
+            f"{target.product}: the group's nodes use different GPU counts "
+            f"({', '.join(str(len(i.gpus)) for i in insts)}): a LeaderWorkerSet's workers share one pod template"
+        )
     name = group_name(target.product, target.variant)
     hosts = (inputs.host, *inputs.nodes)
     views = tuple(pod_view(hosts[k], by_node[k].gpus) for k in range(nnodes))
     pins = _pins(insts[0], port, nnodes, int(plan.watch.metrics_port) or METRICS_PORT)
     pod_inputs = dataclasses.replace(
-        inputs, host=views[0], config_root=POD_ROOT, profile=plan.profile, overrides=(), sets=(*sets, *pins),
-        nodes=views[1:], addresses=tuple(lws_address(name, k) for k in range(nnodes)), node_rank=0,
-    )  # fmt: skip
+        inputs,
+        host=views[0],
+        config_root=POD_ROOT,
+        profile=plan.profile,
+        overrides=(),
+        sets=(*sets, *pins),
+        nodes=views[1:],
+        addresses=tuple(lws_address(name, k) for k in range(nnodes)),
+        node_rank=0,
+    )
     whole = pod_inputs.whole_plan()
     if whole.nodes != nnodes:
         raise K8sError(f"{name}: the pods plan {whole.nodes} node(s), the hosts {nnodes}")
@@ -256,8 +322,17 @@ def _group(
     warnings = list(skipped)
     for k in range(nnodes):
         warnings += [f"{name} node {k}: {d}" for d in _same(by_node[k], pod_plans[k].instances[0])]
-    return Workload(name=name, target=target, plan=plan, pod_plans=pod_plans, pod_inputs=pod_inputs,
-                    rendered=rendered, replicas=1, sets=[*sets, *pins], warnings=warnings)  # fmt: skip
+    return Workload(
+        name=name,
+        target=target,
+        plan=plan,
+        pod_plans=pod_plans,
+        pod_inputs=pod_inputs,
+        rendered=rendered,
+        replicas=1,
+        sets=[*sets, *pins],
+        warnings=warnings,
+    )
 
 
 def snapshot_target(inputs: PlanInputs) -> Target:
@@ -268,8 +343,10 @@ def snapshot_target(inputs: PlanInputs) -> Target:
     if not gpus:
         raise K8sError("the snapshot has no GPU: Kubernetes manifests are rendered for GPU classes")
     if len(names) > 1:
-        raise K8sError(f"the snapshot has several GPU models ({', '.join(names)}): render one class at a time "
-                       "or a cluster's nodes with --nodes")  # fmt: skip
+        raise K8sError(
+            f"the snapshot has several GPU models ({', '.join(names)}): render one class at a time "
+            "or a cluster's nodes with --nodes"
+        )
     product = gfd_product(names[0])
     if product is None:
         raise K8sError(f"GPU name {names[0]!r} gives no valid nvidia.com/gpu.product label value")
