@@ -110,7 +110,7 @@ def _bench(
 
 def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     require_vllm()
-    from hwprofile.tinymodel import make_tiny_model
+    from hwprofile.launch.tinymodel import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")
     root = tmp_path / "etc"
