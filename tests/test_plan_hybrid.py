@@ -12,33 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllmtools import TINY_NEXT
 
 from hwprofile.plan import PlanRefused
 from hwprofile.plan.memory import hybrid_kv_cache
 
 QWEN38 = Path(__file__).parent / "fixtures" / "models" / "qwen3.8-27b"
-TINY_NEXT: dict[str, Any] = {
-    "architectures": ["Qwen3NextForCausalLM"],
-    "model_type": "qwen3_next",
-    "hidden_size": 128,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "intermediate_size": 256,
-    "vocab_size": 2048,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 64,
-    "linear_value_head_dim": 64,
-    "linear_conv_kernel_dim": 4,
-    "full_attention_interval": 4,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 64,
-    "max_position_embeddings": 4096,
-    "torch_dtype": "bfloat16",
-}
 
 
 def qwen38_dir(tmp_path: Path) -> Path:
