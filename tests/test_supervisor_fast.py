@@ -1312,3 +1312,105 @@ def test_a_restarted_node_0_makes_the_headless_node_join_its_new_group(world, rt
     finally:
         for s in (s1, s0):
             finish(s)
+
+
+# -- the runtime directory replaced under a running supervisor ------------------------------------------
+
+
+def _daemon_over(sup: Supervisor, runtime: Path) -> Any:
+    """The daemon's loop over a real supervisor (GPUs not read: the test is about its runtime directory)."""
+    from test_overrides import _Sampler
+
+    from hwprofile.daemon.loop import Daemon
+
+    t = [0.0]
+    plan = sup.plan
+    return Daemon(
+        plan, lambda sets: plan, sup, _Sampler(), plan.watch, plan.degrade, runtime, clock=lambda: t[0]
+    )
+
+
+def test_state_files_never_go_into_a_runtime_directory_that_replaced_ours(world, rt, fake_env) -> None:
+    """Someone else's directory in place of the runtime directory (same path, another inode, another
+    mode): the supervisor's own state.json writes (on every state change of an instance, here a SIGKILLed
+    vLLM brought back) and its last.json at the end never go there, and nothing of theirs is removed;
+    the daemon's /health says the trouble beside its answer while the instance serves."""
+    from hwprofile.daemon.exporter import readiness
+
+    sup = make_supervisor(world, rt, backoff_initial=0.05)
+    run = rt / "run"
+    d = _daemon_over(sup, run)
+    sup.start()
+    try:
+        assert sup.wait_ready(20), sup.instances[0].snapshot()
+        inst = sup.instances[0]
+        d.tick()
+        assert readiness(d.published) == (True, "ready")
+        shutil.rmtree(run)
+        run.mkdir(mode=0o755)
+        (run / "theirs").write_text("x")
+        old = inst.pid
+        os.kill(old, signal.SIGKILL)  # its supervisor restarts it: state changes, each a save()
+        wait_for(lambda: inst.restarts == 1 and inst.state == State.READY and inst.pid != old, "the restart")
+        assert sorted(os.listdir(run)) == ["theirs"]
+        assert (
+            sup.runtime_trouble and "replaced by a directory this process did not make" in sup.runtime_trouble
+        )
+        d.tick()
+        ok, why = readiness(d.published)
+        assert ok and why.startswith("ready; ") and "was replaced by a directory" in why, why
+    finally:
+        finish(sup)
+    assert sorted(os.listdir(run)) == ["theirs"]  # no last.json there, nothing of theirs removed
+    assert not lock_held(run)
+
+
+def test_a_runtime_directory_the_daemon_made_again_gets_the_state_file_again(world, rt, fake_env) -> None:
+    """Deleted (logout without linger), made again by the daemon's guard: the supervisor adopts it, and its
+    state file is there again for `hwprofile status`."""
+    sup = make_supervisor(world, rt)
+    run = rt / "run"
+    d = _daemon_over(sup, run)
+    sup.start()
+    try:
+        assert sup.wait_ready(20), sup.instances[0].snapshot()
+        shutil.rmtree(run)
+        sup.save()  # an instance's state change meanwhile: nothing to write into
+        assert not run.exists() and sup.runtime_trouble and "is gone" in sup.runtime_trouble
+        d.tick()  # the guard makes it again, 0700, with its lock
+        assert sup.runtime_trouble is None and read_state(run / STATE_FILE) is not None
+        assert status(run)["running"]
+    finally:
+        finish(sup)
+    assert (run / LAST_FILE).exists() and not (run / STATE_FILE).exists()
+
+
+def test_a_failed_instance_is_said_by_the_daemons_health(world, rt, fake_env, monkeypatch) -> None:
+    """An instance that gave up (a vLLM that crashes at once, every time): /health answers 503 and
+    names it, while the supervisor waits to try it again."""
+    from hwprofile.daemon.exporter import readiness
+
+    monkeypatch.setenv("FAKEVLLM_CRASH_AFTER", "0.05")
+    sup = make_supervisor(world, rt, max_restarts=1, backoff_initial=0.05, retry_failed_s=600.0)
+    d = _daemon_over(sup, rt / "run")
+    sup.start()
+    inst = sup.instances[0]
+    seen: list[tuple[float | None, str]] = []  # at each move to failed: its retry_at and fix, as readers see
+    moved = inst.machine._on_change
+    assert moved is not None
+
+    def watch(old: State, new: State) -> None:
+        if new == State.FAILED:
+            seen.append((inst.retry_at, (inst.failure or {}).get("fix", "")))
+        moved(old, new)
+
+    inst.machine._on_change = watch
+    try:
+        wait_for(lambda: inst.state == State.FAILED, "the give-up")
+        # the cool-off is set before the state turns failed: never "failed, not tried again" between
+        assert seen and seen[0][0] is not None and "tried again in 600 s" in seen[0][1], seen
+        d.tick()
+        ok, why = readiness(d.published)
+        assert not ok and inst.name in why and "failed" in why.lower() and "tried again in" in why, why
+    finally:
+        finish(sup)

@@ -8,7 +8,7 @@ reference only — no NVML, no HTTP, no lock of the loop. Names follow Prometheu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..supervise.lifecycle import State
@@ -36,14 +36,20 @@ class Published:
         # /health and /livez: why the instances are not to be sent requests (None: they are), and
         # when the last tick ended (time.monotonic; None before the first) with the tick's interval
         self.unready: str | None = "starting"
+        # the daemon's own trouble that is no reason to stop sending requests (the runtime directory
+        # replaced or not made again: `status` and `reload` cannot find the daemon): said by /health
+        self.troubles: tuple[str, ...] = ()
         self.last_tick_at: float | None = None
         self.interval = 1.0
 
 
 def readiness(p: Published) -> tuple[bool, str]:
     """``/health`` of the metrics port: ready while every instance serves and none is about to be
-    drained (a restart in its ``watch.unready_s`` lead, or under way, or the daemon stopping)."""
-    return (True, "ready") if p.unready is None else (False, p.unready)
+    drained (a restart in its ``watch.unready_s`` lead, or under way, or the daemon stopping; a failed
+    instance is not ready). The daemon's own troubles (:attr:`Published.troubles`) follow the answer,
+    on a 200 too: the instances serve, but an operator reading the probe sees them."""
+    said = "".join(f"; {t}" for t in p.troubles)
+    return (True, "ready" + said) if p.unready is None else (False, p.unready + said)
 
 
 def liveness(p: Published, now: float) -> tuple[bool, str]:
@@ -239,7 +245,7 @@ def _front(front: dict[str, Any] | None) -> Iterator[Any]:
         yield healthy
 
 
-def app(published: Published, clock: Any = None) -> Any:
+def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
     """The WSGI application of the metrics port: ``/metrics`` (prometheus_client's own application),
     ``/health`` (:func:`readiness`: 200 or 503 with the reason) and ``/livez`` (:func:`liveness`)."""
     import time

@@ -21,13 +21,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.layers import Overrides
 from ..config.settings import Degrade as DegradeSection
 from ..config.settings import Watch
 from ..errors import HwprofileError
-from ..host.sampler import GpuSampler
+from ..host.sampler import GpuSource
 from ..plan.degrade import degrade_overrides
 from ..plan.speculative import draft_cost
 from ..plan.types import ABSENT, InstancePlan, Plan
@@ -38,9 +38,17 @@ from .exporter import Published
 from .policy import fault_kinds
 from .watcher import InstanceSpec, Report, Watcher
 
+if TYPE_CHECKING:
+    from ..supervise.supervisor import Supervising
+
 log = logging.getLogger("hwprofile")
 HISTORY = 50
 RSS_EVERY_S = 30.0  # an instance's RSS is read this often (drift is judged over hours)
+# An idle instance (nothing running or waiting at its last scrape) is scraped this often, not at every
+# tick: the staleness of what the liveness policy reads of it is bounded by this (and by a quarter of
+# watch.stall_s), the thermal readings never wait for a scrape, and a busy instance (work at its last
+# scrape, or one the loop restarts or has queued) is scraped at every tick.
+IDLE_SCRAPE_S = 5.0
 # A node of a group cannot be degraded alone: every node runs the same engine settings, and a restart of
 # one node takes the whole group down (supervise/group.py). The card is left to the driver's own throttling.
 GROUP_HELD = (
@@ -172,8 +180,8 @@ class Daemon:
         self,
         plan: Plan,
         replan: Callable[[Sequence[str | Overrides]], Plan],
-        supervisor: Any,
-        sampler: GpuSampler | Any,
+        supervisor: Supervising,
+        sampler: GpuSource,
         settings: Watch,
         degrade: DegradeSection,
         runtime: Path,
@@ -202,6 +210,7 @@ class Daemon:
         self.collect = collect or (lambda targets, now: {n: scraper(n, u, now) for n, u in targets.items()})
         self.on_tick = on_tick
         self.rss_reader = rss_reader or instance_rss  # a test gives its own readings
+        self._scraped: dict[str, InstanceReading] = {}  # each ready instance's last scrape that was made
         self._rss_at: dict[str, float] = {}
         per_batch = bool(supervisor.release.spec_table().get("per_batch_size"))
         self.watcher = Watcher(settings, [instance_spec(plan, i, per_batch) for i in plan.instances])
@@ -212,19 +221,11 @@ class Daemon:
         self._write_failed: str | None = None  # daemon.json could not be written: why (said once)
         self.published = Published()
         self.report: Report | None = None
-        self.ticks = 0
-        self.missed = 0
+        self.ticks = self.missed = 0
         self.levels: dict[str, int] = {i.name: 0 for i in plan.instances}  # degrade step running
         self.degrade_why: dict[str, str] = {}  # why each instance was last degraded (its layer's label)
-        # reload (SIGHUP, `hwprofile reload`, an edited override): one flag, handled at the next tick
         self.per_batch = per_batch
-        self.reload_requested: str | None = None  # why; set from a signal handler: a plain store
-        self.poll_changes: Callable[[float], str | None] | None = None  # the overrides watcher
-        self.on_reloading: Callable[[Daemon], None] | None = None  # RELOADING=1
-        self.on_reloaded: Callable[[Daemon], None] | None = None  # READY=1, in a finally
-        self.reload_error: str | None = None  # the last reload's error, while its plan is refused
-        self.last_reload: dict[str, Any] | None = None
-        self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
+        self._init_reload()
         self._deferred_said: set[str] = set()  # deferred actions already logged (said once each)
         self.stopping = False  # set when the daemon was asked to stop: /health answers 503 at once
         self.watcher.power = (degrade.power_limit_factor, degrade.power_limit_hold_s)
@@ -233,9 +234,22 @@ class Daemon:
         # again with its lock; another directory in its place (not made by this daemon) is never written into
         self.runtime_id = _dir_id(runtime)
         self.runtime_trouble: str | None = None
-        # the dispatcher: the one place an action is carried out, keyed on its type (a new reaction: a
-        # policy that returns a new action class, and its handler here)
-        self.handlers: dict[type[Any], Callable[[Any, dict[str, Any]], None]] = {
+        self.handlers = self._dispatcher()
+
+    def _init_reload(self) -> None:
+        """Reload (SIGHUP, ``hwprofile reload``, an edited override): one flag, handled at the next tick."""
+        self.reload_requested: str | None = None  # why; set from a signal handler: a plain store
+        self.poll_changes: Callable[[float], str | None] | None = None  # the overrides watcher
+        self.on_reloading: Callable[[Daemon], None] | None = None  # RELOADING=1
+        self.on_reloaded: Callable[[Daemon], None] | None = None  # READY=1, in a finally
+        self.reload_error: str | None = None  # the last reload's error, while its plan is refused
+        self.last_reload: dict[str, Any] | None = None
+        self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
+
+    def _dispatcher(self) -> dict[type[Any], Callable[[Any, dict[str, Any]], None]]:
+        """The one place an action is carried out, keyed on its type (a new reaction: a policy that
+        returns a new action class, and its handler here)."""
+        return {
             Drain: self._on_drain,
             PowerCap: self._on_power,
             Recover: self._on_recover,
@@ -263,18 +277,11 @@ class Daemon:
             why, self.reload_requested = self.reload_requested, None
             self.reload(why)
         insts = self.instances()
-        scrapes = self.collect(
-            {
-                name: spec.url
-                for name, spec in self.watcher.instances.items()
-                if name in insts and insts[name].state.value == "ready"
-            },
-            now,
-        )
-        self._read_rss(now, insts, scrapes)
         busy = {q.instance for q in self.queue} | {n for n, _ in self.pending}
         if self.current is not None:
             busy.add(self.current.action.instance)
+        scrapes = self._scrape(now, insts, busy)
+        self._read_rss(now, insts, scrapes)
         rep = self.watcher.tick(now, readings, scrapes, busy=frozenset(busy))
         for change, gpu in zip(rep.changes, rep.changed_gpus, strict=True):
             log.warning("%s", change, extra={"GPU": gpu})
@@ -390,6 +397,8 @@ class Daemon:
             log.warning(
                 "the supervisor's lock %s was gone: taken again (a second daemon is refused)", lock.path
             )
+        if remade and hasattr(self.sup, "adopt_runtime"):
+            self.sup.adopt_runtime()  # made again by this daemon: the supervisor's state files go there
         if remade and hasattr(self.sup, "save"):
             try:
                 self.sup.save()  # the state file again: `hwprofile status` finds what runs
@@ -405,6 +414,36 @@ class Daemon:
             log.error("%s", msg)
             self.errors.append(msg)
         self.runtime_trouble = msg
+
+    def idle_scrape_s(self) -> float:
+        """How long an idle instance's last scrape stands for it (:data:`IDLE_SCRAPE_S`, at most a
+        quarter of ``watch.stall_s``, never less than one tick)."""
+        s = self.settings
+        bound = min(IDLE_SCRAPE_S, s.stall_s / 4) if s.stall_s > 0 else IDLE_SCRAPE_S
+        return max(bound, s.interval)
+
+    def _scrape(self, now: float, insts: dict[str, Any], busy: set[str]) -> dict[str, InstanceReading]:
+        """Every ready instance's reading: a new scrape, but for an instance idle at its last one made
+        less than :meth:`idle_scrape_s` ago and not ``busy``, whose last reading stands (an idle server's
+        counters stand still)."""
+        ready = {
+            name: spec.url
+            for name, spec in self.watcher.instances.items()
+            if name in insts and insts[name].state.value == "ready"
+        }
+        for name in [n for n in self._scraped if n not in ready]:
+            del self._scraped[name]  # not ready: the next start is scraped afresh
+        stands = {}
+        for name, last in self._scraped.items():
+            m = last.metrics
+            idle = last.status == "metrics_disabled" or (
+                last.status == "ok" and m is not None and not m.running and not m.waiting
+            )
+            if idle and name not in busy and now - last.at < self.idle_scrape_s() - 1e-9:
+                stands[name] = last
+        fresh = self.collect({n: u for n, u in ready.items() if n not in stands}, now)
+        self._scraped.update(fresh)
+        return {**fresh, **stands}
 
     def _read_rss(self, now: float, insts: dict[str, Any], scrapes: dict[str, Any]) -> None:
         """Each scraped instance's process RSS, every ``RSS_EVERY_S`` (the drift policy's slow reading)."""
@@ -677,6 +716,12 @@ class Daemon:
         ]
         return ", ".join(waiting) or None
 
+    def troubles(self) -> tuple[str, ...]:
+        """The daemon's own troubles that ``/health`` says beside its answer: the runtime directory (the
+        loop's guard, the supervisor's state files) and a ``daemon.json`` that cannot be written."""
+        said = (self.runtime_trouble, getattr(self.sup, "runtime_trouble", None), self._write_failed)
+        return tuple(dict.fromkeys(t for t in said if isinstance(t, str)))
+
     def _ranks(self, name: str) -> int:
         inst = next((i for i in self.plan.instances if i.name == name), None)
         return inst.ranks if inst is not None else 1
@@ -822,17 +867,18 @@ class Daemon:
         p.front = front.record() if front is not None else None
         wall = time.time()
         p.retry_in = {
-            i.name: max(0.0, i.retry_at - wall)
+            i.name: max(0.0, at - wall)
             for i in self.sup.instances
-            if getattr(i, "retry_at", None) is not None
+            if (at := getattr(i, "retry_at", None)) is not None
         }
         p.health_failing_s = {
-            i.name: max(0.0, wall - i.health_failing_since)
+            i.name: max(0.0, wall - since)
             for i in self.sup.instances
-            if getattr(i, "health_failing_since", None) is not None
+            if (since := getattr(i, "health_failing_since", None)) is not None
         }
         p.ticks_total, p.missed_ticks_total, p.tick_seconds = self.ticks, self.missed, took
         p.unready, p.last_tick_at, p.interval = self.unready(), self.clock(), self.settings.interval
+        p.troubles = self.troubles()
         if self.runtime_trouble is not None:
             return  # never into a directory this daemon did not make (the trouble is in the log and STATUS=)
         path = self.runtime / DAEMON_FILE

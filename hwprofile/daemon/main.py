@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from ..host.sampler import GpuSampler
     from ..launch.start import Launch
     from ..plan.types import Plan
+    from ..supervise.supervisor import Supervisor
+    from ..telemetry.scrape import ScrapePool
     from .overrides import ConfigWatch
 
 log = logging.getLogger("hwprofile")
@@ -51,8 +53,8 @@ class Parts:
 
     launch: Launch
     sampler: GpuSampler
-    scrapes: Any  # telemetry.scrape.ScrapePool
-    sup: Any  # supervise.supervisor.Supervisor
+    scrapes: ScrapePool
+    sup: Supervisor
     daemon: Daemon
     notifier: Notifier
     stop: threading.Event = field(default_factory=threading.Event)
@@ -103,9 +105,9 @@ def start_plan(
 def build_loop(
     launch: Launch,
     replan: Callable[[Sequence[str | Overrides]], Plan],
-    sup: Any,
+    sup: Supervisor,
     sampler: GpuSampler,
-    scrapes: Any,
+    scrapes: ScrapePool,
     started: Plan,
     levels: dict[str, tuple[int, str]],
     started_from: str | None,

@@ -167,6 +167,9 @@ class Watcher:
         self.instances = {i.name: i for i in instances}
         self.thermal: dict[int, ThermalState] = {}
         self.windows: dict[str, CounterWindow] = {}
+        # each instance's last reading and the figures of its window then: a reading that stands for an
+        # idle instance (the loop did not scrape it again: the same object) is not added nor read again
+        self._figures: dict[str, tuple[InstanceReading, dict[str, Any]]] = {}
         self.actions: dict[str, InstanceActionState] = {}
         self.liveness: dict[str, LivenessState] = {}
         self.drift: dict[str, DriftState] = {}
@@ -317,7 +320,6 @@ class Watcher:
         return out, actions
 
     def _instance(self, now: float, spec: InstanceSpec, r: InstanceReading | None) -> InstanceReport:
-        s = self.settings
         level = self.actions.get(spec.name, InstanceActionState()).level
         states = [self.thermal[g] for g in spec.gpus if g in self.thermal]
         lost = [g for g in spec.gpus if g in self.thermal and self.thermal[g].lost]
@@ -346,7 +348,22 @@ class Watcher:
             return InstanceReport(status="not scraped", warning=gone, **base)
         if r.status != "ok" or r.metrics is None:
             return InstanceReport(status=r.status, error=r.error, warning=gone, **base)
+        figures = self._window_figures(spec, r, now)
+        return InstanceReport(
+            status="ok",
+            stalled_s=_stalled(self.liveness.get(spec.name), now),
+            **{**base, **figures, "warning": gone or figures["warning"]},
+        )
+
+    def _window_figures(self, spec: InstanceSpec, r: InstanceReading, now: float) -> dict[str, Any]:
+        """The figures of an instance's counter window with reading ``r`` added (rates, quantiles,
+        acceptance, the k advice); those of the last tick when ``r`` is the reading it had then."""
+        last = self._figures.get(spec.name)
+        if last is not None and last[0] is r:
+            return last[1]
+        s = self.settings
         m = r.metrics
+        assert m is not None
         win = self.windows.setdefault(spec.name, CounterWindow(s.window_s))
         win.add(now, m.window_values())
         span = win.span_s
@@ -371,27 +388,26 @@ class Watcher:
             if spec.num_speculative_tokens
             else None
         )
-        return InstanceReport(
-            status="ok",
-            running=m.running,
-            waiting=m.waiting,
-            kv_usage=m.kv_usage,
-            preemptions=win.increase(PREEMPTIONS),
-            generation_tokens_per_s=(gen / span) if gen is not None and span > 0 else None,
-            acceptance_rate=sw.acceptance_rate if sw else None,
-            mean_acceptance_length=sw.mean_acceptance_length if sw else None,
-            acceptance_per_position=sw.position_rates() if sw else (),
-            ttft_p50_s=histogram_quantile(0.5, ttft),
-            ttft_p99_s=histogram_quantile(0.99, ttft),
-            itl_p50_s=histogram_quantile(0.5, itl),
-            itl_p99_s=histogram_quantile(0.99, itl),
-            window_s=span,
-            warning=gone or policy.acceptance_health(sw, s),
-            advice=advice,
-            engines=dict(m.engines),
-            stalled_s=_stalled(self.liveness.get(spec.name), now),
-            **base,
-        )
+        figures: dict[str, Any] = {
+            "running": m.running,
+            "waiting": m.waiting,
+            "kv_usage": m.kv_usage,
+            "preemptions": win.increase(PREEMPTIONS),
+            "generation_tokens_per_s": (gen / span) if gen is not None and span > 0 else None,
+            "acceptance_rate": sw.acceptance_rate if sw else None,
+            "mean_acceptance_length": sw.mean_acceptance_length if sw else None,
+            "acceptance_per_position": sw.position_rates() if sw else (),
+            "ttft_p50_s": histogram_quantile(0.5, ttft),
+            "ttft_p99_s": histogram_quantile(0.99, ttft),
+            "itl_p50_s": histogram_quantile(0.5, itl),
+            "itl_p99_s": histogram_quantile(0.99, itl),
+            "window_s": span,
+            "warning": policy.acceptance_health(sw, s),
+            "advice": advice,
+            "engines": dict(m.engines),
+        }
+        self._figures[spec.name] = (r, figures)
+        return figures
 
 
 def _stalled(st: LivenessState | None, now: float) -> float | None:

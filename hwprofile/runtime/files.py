@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
-import logging
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from ..errors import OperationError
+
+if TYPE_CHECKING:
+    import logging  # the own log's handler only: not imported by commands that write no log
 
 
 class WriteError(OperationError, OSError):
@@ -315,7 +318,7 @@ def own_log_handler(path: str | os.PathLike[str]) -> logging.Handler:
     """hwprofile's own log file: rotated at ``OWN_LOG_BYTES`` (one older file kept, ``.1``), and opened
     again, 0600, when it was deleted under the process (a runtime directory made again), so that lines
     never go into a file nobody can read."""
-    import logging.handlers
+    import logging.handlers  # binds ``logging`` too
 
     class OwnLog(logging.handlers.RotatingFileHandler):
         def _open(self) -> io.TextIOWrapper:

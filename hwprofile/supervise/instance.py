@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..plan.types import ABSENT, InstancePlan, Plan
@@ -32,10 +33,12 @@ from .ladder import replan_step, step_change
 from .lifecycle import Machine, State
 from .logs import RotatingLog, private_dir, pump
 from .pools import record as record_pool
-from .runfiles import LOG_FILE, InstanceRecord
+from .runfiles import LOG_FILE, DirIdentity, InstanceRecord
 from .verify import compare, parse_startup
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .options import Options
 
 log = logging.getLogger("hwprofile")
@@ -52,6 +55,32 @@ def progress_text(line: str, width: int = 100) -> str:
     and source prefix, cut at the end (never from the left, which leaves a line's tail unreadable)."""
     text = _VLLM_PREFIX.sub("", line.strip(), count=1).strip()
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _private_files(
+    opts: Options, name: str
+) -> tuple[Path, Path, RotatingLog, tuple[DirIdentity | None, DirIdentity | None]]:
+    """An instance's private temporary and cache directories (under ``opts.runtime``), its log, and
+    the two directories' identities (checked before each start)."""
+    base = private_dir(opts.runtime / name)
+    tmp = short_tmpdir(base / "tmp", name)
+    cache = private_dir(base / "cache")
+    log = RotatingLog(
+        opts.log_root / name,
+        opts.log_max_bytes,
+        opts.log_files,
+        echo=f"[{name}] " if opts.log_stdout else None,
+    )
+    return tmp, cache, log, (DirIdentity.of(tmp), DirIdentity.of(cache))
+
+
+def _start_gate(opts: Options, stop: threading.Event) -> StartGate | None:
+    """The start gate (.gate) where GPU memory is read (None: not read, no gate): before each start,
+    the instance's GPUs' memory back (what they held before its first start, and what vLLM asks);
+    waiting ends when a stop is asked."""
+    if opts.gpu_memory is None:
+        return None
+    return StartGate(opts.gpu_memory, opts.gpu_free_timeout, clock=opts.clock, sleep=stop.wait)
 
 
 class Instance:
@@ -101,37 +130,22 @@ class Instance:
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.argv: list[str] = []
-        base = private_dir(opts.runtime / self.name)
-        self.tmp = short_tmpdir(base / "tmp", self.name)
-        self.cache = private_dir(base / "cache")
-        self.log = RotatingLog(
-            opts.log_root / self.name,
-            opts.log_max_bytes,
-            opts.log_files,
-            echo=f"[{self.name}] " if opts.log_stdout else None,
-        )
+        self.tmp, self.cache, self.log, self._dirs_id = _private_files(opts, self.name)
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
-        self._stop_asked = threading.Event()
+        self._stop_asked, self._replace_asked = threading.Event(), threading.Event()
         self._replace_lock = threading.Lock()
         self._replacement: InstancePlan | None = None  # a new plan for this instance, not yet applied
-        self._replace_asked = threading.Event()
         self.replacements = 0  # planned restarts with new settings (the daemon's degrade/recover)
         self.unresponsive = 0  # restarts because /health kept failing while the process lived
         self.health_failing_since: float | None = None  # wall time /health began failing (None: it answers)
-        # A headless node of a group (.group): node 0 as seen before this process started, why it
-        # waits, and how often it started again to join node 0's next group.
+        # a headless node of a group (.group): node 0 before this start, why it waits, its rejoins
         self._head_at_start: Head | None = None
         self.group_wait: str | None = None
         self.rejoins = 0
         self._pump: threading.Thread | None = None
         self._saved_dropped = 0
-        # The start gate (.gate): before each start, its GPUs' memory back (what they held before its
-        # first start, and what vLLM asks); what it waits for now (status), the last start's warning.
-        self.gate = (
-            StartGate(opts.gpu_memory, opts.gpu_free_timeout, clock=opts.clock, sleep=self._stop_asked.wait)
-            if opts.gpu_memory is not None
-            else None
-        )
+        # the start gate (:func:`_start_gate`); what it waits for now (status), the last start's warning
+        self.gate = _start_gate(opts, self._stop_asked)
         self.gpu_wait: str | None = None
         self.gate_warnings: list[str] = []
 
@@ -229,9 +243,29 @@ class Instance:
     def _render(self) -> Rendered:
         return self.render(self.plan, self.inst)
 
+    def _check_dirs(self) -> None:
+        """The process's TMPDIR and caches (in the runtime directory) as they were made: when they went
+        with a deleted runtime directory, or another directory stands in their place, the next process
+        gets a new private directory in /tmp (never one it did not make: TMPDIR is vLLM's working and
+        IPC directory)."""
+        if self._dirs_id == (DirIdentity.of(self.tmp), DirIdentity.of(self.cache)):
+            return
+        import tempfile
+
+        fresh = Path(tempfile.mkdtemp(prefix=f"hwp-{self.name[:20]}-", dir="/tmp"))  # 0700, ours
+        log.warning(
+            "%s: its directories under %s are gone or not its own any more: TMPDIR and caches in %s",
+            self.name,
+            self.opts.runtime,
+            fresh,
+        )
+        self.tmp, self.cache = private_dir(fresh / "tmp"), private_dir(fresh / "cache")
+        self._dirs_id = (DirIdentity.of(self.tmp), DirIdentity.of(self.cache))
+
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         self.argv = r.argv
         self.health_failing_since = None  # a new process: the last one's failing /health is not its
+        self._check_dirs()
         proc = spawn(r, self.tmp, self.cache, self.name, self._grace())
         # Not reaped until _end: the PID and its start time stay this process's until then.
         self.proc, self.pid, self.ident = proc, proc.pid, identify(proc.pid)
@@ -309,8 +343,18 @@ class Instance:
         from its first failure; an answer again clears it."""
         poll = self.opts.poll_interval
         every = max(poll, min(2.0, self.opts.unhealthy_s / 4))
+        self.health_failing_since = None
+        probe = http.Client(self.url)  # one kept-alive connection for the probes (uvicorn keeps it)
+        try:
+            return self._watch_health(proc, probe, every)
+        finally:
+            probe.close()
+
+    def _watch_health(self, proc: subprocess.Popen[bytes], probe: http.Client, every: float) -> str | None:
+        """:meth:`_serve`'s loop: ``/health`` every ``every`` seconds on ``probe``."""
+        poll = self.opts.poll_interval
         next_check = time.monotonic() + every
-        self.health_failing_since, last = None, ""
+        last = ""
         failing_from = 0.0  # opts.clock() at the first failure: unhealthy_s is measured on it
         while not exited(proc) and not self._replace_asked.is_set() and not self._stop_asked.wait(poll):
             self._note_dropped()
@@ -319,7 +363,7 @@ class Instance:
                 continue
             next_check = now + every
             timeout = min(5.0, self.opts.unhealthy_s / 2)
-            got = http.get(self.url + "/health", timeout=timeout)
+            got = probe.get("/health", timeout=timeout)
             if got is not None and got[0] == 200:
                 if self.health_failing_since is not None:
                     log.warning(
@@ -454,24 +498,32 @@ class Instance:
             self.crashes.popleft()
         return len(self.crashes) > self.opts.max_restarts
 
-    def _cool_off(self) -> bool:
-        """After giving up: wait ``supervise.retry_failed_s`` (doubling with each give-up in a row, at most
-        ``supervise.retry_failed_max_s``) in state failed, then True to try again with a fresh window;
-        False at once when retries are off (0), or when a stop is asked meanwhile (it stays failed)."""
+    def _plan_cool_off(self) -> float | None:
+        """After giving up, before the state turns failed: the cool-off's length, with ``retry_at`` and the
+        fix that says it set first (so /health and STATUS never show the failed state without them);
+        None when retries are off (``supervise.retry_failed_s`` 0). The wait doubles with each give-up in
+        a row, at most ``supervise.retry_failed_max_s``."""
         if self.opts.retry_failed_s <= 0:
-            return False
+            return None
         wait = min(self.opts.retry_failed_s * 2**self.gave_up, self.opts.retry_failed_max_s)
         self.gave_up += 1
-        clock = self.opts.clock
-        until = clock() + wait
         self.retry_at = time.time() + wait
         fix = (
             f"{(self.failure or {}).get('fix', 'gave up')}; tried again in {wait:.0f} s "
             f"(give-up {self.gave_up} in a row, supervise.retry_failed_s)"
         )
         self.failure = {**(self.failure or {}), "fix": fix}
-        log.error("%s: %s", self.name, self.failure["fix"])
-        self.on_change()
+        return wait
+
+    def _cool_off(self, wait: float | None) -> bool:
+        """Wait ``wait`` seconds (:meth:`_plan_cool_off`) in state failed, then True to try again with a
+        fresh window; False at once when retries are off (None), or when a stop is asked meanwhile (it
+        stays failed)."""
+        if wait is None:
+            return False
+        log.error("%s: %s", self.name, (self.failure or {}).get("fix"))
+        clock = self.opts.clock
+        until = clock() + wait
         while clock() < until:
             if self._stop_asked.wait(self.opts.poll_interval):
                 self.retry_at = None
@@ -658,8 +710,9 @@ class Instance:
                 f"supervise.restart_window_s ({self.opts.restart_window_s:g} s)"
                 + (f" (the next ladder step would have been --set {step[0].set})" if step else ""),
             }
+            wait = self._plan_cool_off()  # retry_at before the state: never "failed, not tried again"
             self._set(State.FAILED)
-            if not self._cool_off():
+            if not self._cool_off(wait):
                 return "return"
             if (new := self._take_replacement()) is not None:  # new settings came while it was failed
                 self.inst, self.ladder, self._taken, self._refused = new, [], [], []

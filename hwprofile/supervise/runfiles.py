@@ -508,6 +508,47 @@ def write_doc(path: Path, doc: SupervisorDoc | LaunchDoc | DaemonDoc, durable: b
     atomic_write(path, text, 0o600, durable=durable)
 
 
+@dataclass(frozen=True)
+class DirIdentity:
+    """What makes a runtime directory the one a process made or checked: its device and inode, owner
+    and mode, read without following a link (``lstat``)."""
+
+    dev: int
+    ino: int
+    uid: int
+    mode: int
+
+    @classmethod
+    def of(cls, path: Path) -> DirIdentity | None:
+        """The identity of the directory at ``path``; None when nothing (or not a directory) is there.
+        Raises ``OSError`` when it cannot be looked at."""
+        import stat
+
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        return cls(st.st_dev, st.st_ino, st.st_uid, stat.S_IMODE(st.st_mode))
+
+    def trouble(self, path: Path) -> str | None:
+        """Why ``path`` is no longer this directory (gone, replaced, another owner or mode), or None."""
+        try:
+            now = DirIdentity.of(path)
+        except OSError as e:
+            return f"the runtime directory {path} cannot be checked: {e.strerror or e}"
+        if now is None:
+            return f"the runtime directory {path} is gone"
+        if (now.dev, now.ino) != (self.dev, self.ino):
+            return f"the runtime directory {path} was replaced by a directory this process did not make"
+        if now.uid != self.uid:
+            return f"the runtime directory {path} now belongs to uid {now.uid}, not {self.uid}"
+        if now.mode != self.mode:
+            return f"the runtime directory {path} changed mode ({oct(self.mode)} -> {oct(now.mode)})"
+        return None
+
+
 def remove(path: Path) -> None:
     """Remove a run-time file; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):

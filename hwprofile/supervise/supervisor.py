@@ -14,7 +14,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ..plan.types import InstancePlan, Plan
 from ..render.translate import Rendered, render_instance
@@ -28,6 +29,7 @@ from .router import RouterFront
 from .runfiles import (
     LAST_FILE,
     STATE_FILE,
+    DirIdentity,
     RunFileError,
     RuntimeLock,
     SupervisorDoc,
@@ -37,6 +39,21 @@ from .runfiles import (
 )
 
 log = logging.getLogger("hwprofile")
+
+
+class Supervising(Protocol):
+    """What the daemon drives: a :class:`Supervisor`, or a test's fake with its instances, the state
+    file's save and the render of an instance for the running release."""
+
+    @property
+    def instances(self) -> Sequence[Instance]: ...
+
+    @property
+    def release(self) -> Release: ...
+
+    def save(self) -> None: ...
+
+    def render(self, plan: Plan, inst: InstancePlan) -> Rendered: ...
 
 
 class Supervisor:
@@ -70,6 +87,10 @@ class Supervisor:
         self._closed = False
         self._save_failed = False
         private_dir(opts.runtime)
+        # the runtime directory as made or checked now: state.json and last.json are never written into
+        # (nor removed from) a directory that replaced it (adopt_runtime: the daemon made it again)
+        self.runtime_id = DirIdentity.of(opts.runtime)
+        self.runtime_trouble: str | None = None
         self.runtime_lock = RuntimeLock(opts.runtime)
         self.runtime_lock.acquire()
         ident = identify(os.getpid())
@@ -125,9 +146,25 @@ class Supervisor:
             front=self.front.record() if self.front is not None else None,
         )
 
+    def _runtime_ours(self) -> bool:
+        """Whether the runtime directory is still the one this supervisor made or checked (said once
+        when it is not: the state files are then not written there). Under ``_lock``."""
+        trouble = self.runtime_id.trouble(self.opts.runtime) if self.runtime_id is not None else None
+        if trouble is not None and trouble != self.runtime_trouble:
+            log.error("%s: the supervisor's state files are not written there", trouble)
+        self.runtime_trouble = trouble
+        return trouble is None
+
+    def adopt_runtime(self) -> None:
+        """The runtime directory was made again by this process (the daemon's guard): its state files go
+        there from now on."""
+        with self._lock:
+            self.runtime_id = DirIdentity.of(self.opts.runtime)
+            self.runtime_trouble = None
+
     def save(self) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or not self._runtime_ours():
                 return
             try:
                 write_doc(self.state_path, self.document())
@@ -176,6 +213,9 @@ class Supervisor:
             reason = self.end_reason or (
                 f"instances failed: {', '.join(failed)}" if failed else "every instance stopped"
             )
+            if not self._runtime_ours():  # another's directory: neither written into nor emptied
+                self.runtime_lock.release()  # our descriptor only: nothing of theirs is touched
+                return
             try:
                 write_doc(self.opts.runtime / LAST_FILE, self.document().ended(time.time(), reason))
             except OSError as e:

@@ -17,12 +17,14 @@
 from __future__ import annotations
 
 import contextlib
+import heapq
 import http.client
 import json
 import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import InputError
@@ -81,6 +83,58 @@ def check_url(url: str, flag: str) -> str:
     return url.rstrip("/")
 
 
+class Deadlines:
+    """Every exchange's deadline kept by one thread (a ``threading.Timer`` per request started a
+    thread for each ``/metrics`` scrape and ``/health`` probe): :meth:`at` registers a callback for a
+    monotonic time, :meth:`cancel` forgets it; the thread starts with the first deadline and sleeps
+    until the nearest one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._live: set[int] = set()
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    def at(self, when: float, fire: Callable[[], None]) -> int:
+        with self._cond:
+            self._next += 1
+            key = self._next
+            heapq.heappush(self._heap, (when, key, fire))
+            self._live.add(key)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="http-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0][1] == key:
+                self._cond.notify()  # sooner than what the thread sleeps for
+            return key
+
+    def cancel(self, key: int) -> None:
+        with self._cond:
+            self._live.discard(key)  # its heap entry is dropped when its time comes
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                when, key, fire = self._heap[0]
+                left = when - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                heapq.heappop(self._heap)
+                self._live.discard(key)
+            with contextlib.suppress(Exception):  # one callback's failure never stops the others
+                fire()
+
+
+DEADLINES = Deadlines()
+
+
 def connection(url: str, timeout: float) -> http.client.HTTPConnection:
     """A new connection to ``url``'s server (never through a proxy)."""
     parts = urllib.parse.urlsplit(url)
@@ -88,6 +142,26 @@ def connection(url: str, timeout: float) -> http.client.HTTPConnection:
         raise ValueError(f"only http:// and https:// URLs are asked, not {redact(url)!r}")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     return kind(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), timeout=timeout)
+
+
+def _body(
+    resp: http.client.HTTPResponse, url: str, cap: int, sock: socket.socket | None, end: float
+) -> bytes:
+    """``resp``'s body, at most ``cap`` bytes (:class:`TooLarge` past it), each read's socket timeout
+    what is left until ``end``."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := resp.read1(65536):
+        size += len(chunk)
+        if size > cap:
+            raise TooLarge(f"{redact(url)}: an answer of more than {cap} bytes")
+        chunks.append(chunk)
+        if sock is not None:
+            sock.settimeout(max(0.001, end - time.monotonic()))
+    # read1 never marks a response read to its Content-Length as done, and the connection refuses its
+    # next request until it is (ResponseNotReady): closed here, the kept socket stays open
+    resp.close()
+    return b"".join(chunks)
 
 
 def exchange(
@@ -107,36 +181,30 @@ def exchange(
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     end = time.monotonic() + timeout
     expired = threading.Event()
+    # the exchange's socket, kept: http.client lets go of conn.sock once an answer says the connection
+    # closes after it (HTTP/1.0), while the body is still read from that socket
+    held: list[socket.socket] = []
 
     def expire() -> None:
         expired.set()
-        sock = conn.sock
+        sock = held[0] if held else conn.sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns: the deadline holds
 
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
+    timer = DEADLINES.at(end, expire)
     try:
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
         conn.request(method, path, body=body, headers=headers or {})
+        if conn.sock is not None:
+            held.append(conn.sock)
         resp = conn.getresponse()
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > cap:
-                raise TooLarge(f"{redact(url)}: an answer of more than {cap} bytes")
-            chunks.append(chunk)
-            if conn.sock is not None:
-                conn.sock.settimeout(max(0.001, end - time.monotonic()))
-        return resp.status, b"".join(chunks), not resp.will_close
+        data = _body(resp, url, cap, held[0] if held else None, end)
+        if expired.is_set():  # the deadline's shutdown ends a read as the end of the body would
+            raise TimeoutError(f"{redact(url)}: no whole answer within {timeout:g} s")
+        return resp.status, data, not resp.will_close
     except TooLarge:
         raise
     except (http.client.HTTPException, OSError) as e:
@@ -144,7 +212,64 @@ def exchange(
             raise TimeoutError(f"{redact(url)}: no whole answer within {timeout:g} s") from None
         raise e if isinstance(e, OSError) else OSError(f"{redact(url)}: {type(e).__name__}: {e}") from None
     finally:
-        timer.cancel()
+        DEADLINES.cancel(timer)
+
+
+class Client:
+    """One server asked again and again (``/metrics`` every tick, ``/health`` every few seconds) over one
+    kept-alive HTTP/1.1 connection: a new TCP connection per question cost more CPU than the answer.
+    The server decides: an answer that says it closes (HTTP/1.0, ``Connection: close``) drops the
+    connection and the next question opens another. A kept connection the server closed meanwhile (its
+    keep-alive timeout) gets one fresh try; a timeout or an answer over the cap does not (the deadline
+    is the question's, not each attempt's). Not for concurrent use: one asker per client."""
+
+    def __init__(self, base_url: str, timeout: float = 2.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self.connects = 0  # connections opened (kept-alive ones are opened once)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def request(
+        self,
+        path: str,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        cap: int = MAX_BODY,
+    ) -> tuple[int, bytes]:
+        """``(status, body)`` of a GET of ``path``; raises as :func:`exchange` does."""
+        url = self.base_url + path
+        took = self.timeout if timeout is None else timeout
+        for attempt in (0, 1):
+            fresh = self._conn is None
+            if self._conn is None:
+                self._conn = connection(url, took)
+                self.connects += 1
+            try:
+                status, body, keep = exchange(self._conn, url, headers=headers, timeout=took, cap=cap)
+            except (TimeoutError, TooLarge):
+                self.close()
+                raise
+            except (http.client.HTTPException, OSError):
+                self.close()
+                if attempt or fresh:  # a new connection that fails: the server is not there
+                    raise
+                continue
+            if not keep:
+                self.close()
+            return status, body
+        raise OSError(f"{redact(url)}: unreachable")  # not reached
+
+    def get(self, path: str, timeout: float | None = None) -> tuple[int, bytes] | None:
+        """As :func:`get`, on the kept connection: None when nothing answered in time."""
+        try:
+            return self.request(path, timeout=timeout)
+        except (OSError, ValueError):
+            return None
 
 
 def request(

@@ -10,7 +10,9 @@ sum of fractions means nothing), and each rank's own running, waiting and KV usa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -106,38 +108,115 @@ def _wanted(text: str) -> str:
 
 def parse(text: str) -> VllmMetrics:
     """Parse one /metrics body (raises :class:`MetricsError` on text that is not Prometheus')."""
-    from prometheus_client.parser import text_string_to_metric_families
+    return parse_kept(kept(text))
 
+
+def kept(text: str) -> str:
+    """The lines of one /metrics body that :func:`parse_kept` reads (raises :class:`MetricsError` on a
+    web page): two bodies with the same kept lines parse to the same figures."""
     head = text.lstrip()
     if head.startswith("<"):  # a web page (a proxy's, a UI's) answered on the URL: not a server's metrics
         first = head.splitlines()[0][:60] if head else ""
         raise MetricsError(
             f"an HTML or XML page, not Prometheus text (it begins {first!r}): is this URL a vLLM server?"
         )
-    text = _wanted(text)
+    return _wanted(text)
 
+
+# A busy server's histogram buckets (most of the lines read) are parsed this often, its gauges and
+# counters at every scrape: the quantiles (status, the drift policy's TPOT, judged over minutes to hours)
+# lag the counters by at most this much; the liveness policy reads counters and gauges only.
+BUCKETS_EVERY_S = 5.0
+
+
+class Parser:
+    """:func:`parse` for one server's scrapes, one after another: a body whose kept lines did not change
+    since the last one (an idle server: its counters and histograms stand still) is not parsed again,
+    and the histogram bucket lines are parsed at most every :data:`BUCKETS_EVERY_S` (between, the last
+    buckets parsed stand beside the new gauges and counters). ``clock``: monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: tuple[str, VllmMetrics] | None = None
+        self._buckets: tuple[float, str, VllmMetrics] | None = None  # when, the bucket lines, their figures
+        self._seen: dict[str, list[Sample]] = {}  # the last body's lines, parsed (see _samples)
+
+    def __call__(self, text: str) -> VllmMetrics:
+        lines = kept(text)
+        if self._last is not None and self._last[0] == lines:
+            return self._last[1]
+        m = self._parse(lines)
+        self._last = (lines, m)
+        return m
+
+    def _parse(self, lines: str) -> VllmMetrics:
+        now = self.clock()
+        split: tuple[list[str], list[str]] = ([], [])  # the bucket lines, the others
+        for ln in lines.splitlines():
+            split[0 if _is_bucket(ln) else 1].append(ln + "\n")
+        buckets = "".join(split[0])
+        last = self._buckets
+        if last is not None and (last[1] == buckets or now - last[0] < BUCKETS_EVERY_S):
+            m = parse_kept("".join(split[1]), self._seen)
+            if m.engine is not None:  # else only bucket lines said the server has stats: the whole body
+                return replace(m, ttft_buckets=last[2].ttft_buckets, itl_buckets=last[2].itl_buckets)
+        m = parse_kept(lines, self._seen)
+        self._buckets = (now, buckets, m)
+        return m
+
+
+def _is_bucket(line: str) -> bool:
+    return line.split("{", 1)[0].split(" ", 1)[0].endswith("_bucket")
+
+
+Sample = tuple[str, dict[str, str], float]
+
+
+def _samples(text: str, seen: dict[str, list[Sample]] | None) -> list[Sample]:
+    """The ``vllm:`` samples of the kept lines, each line parsed by prometheus-client's parser. With
+    ``seen`` (a line -> its samples, one server's last body): a line unchanged since then is not parsed
+    again (a busy server's counters move, most of its lines do not), and ``seen`` is left holding this
+    body's lines only. The kept lines have no ``# TYPE`` comments: each line is its own family, so
+    line by line is the whole body's parse."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: list[Sample] = []
+    now: dict[str, list[Sample]] = {}
+    for line in text.splitlines():
+        got = seen.get(line) if seen is not None else None
+        if got is None:
+            try:
+                families = list(text_string_to_metric_families(line + "\n"))
+            except (ValueError, TypeError, IndexError) as e:  # the parser is lax and fails midway
+                raise MetricsError(f"not Prometheus text: {e}") from None
+            got = [
+                (x.name, x.labels, float(x.value))
+                for fam in families
+                if fam.name.startswith("vllm:")
+                for x in fam.samples
+            ]
+        now[line] = got
+        out.extend(got)
+    if seen is not None:
+        seen.clear()
+        seen.update(now)
+    return out
+
+
+def parse_kept(text: str, seen: dict[str, list[Sample]] | None = None) -> VllmMetrics:
+    """Parse the lines :func:`kept` kept of one /metrics body (``seen``: see :func:`_samples`)."""
     tally = _Tally()
     any_vllm, v1, spec = False, False, False
-    try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError, IndexError) as e:  # the parser is lax and fails midway
-        raise MetricsError(f"not Prometheus text: {e}") from None
-    for fam in families:
-        if not fam.name.startswith("vllm:"):
+    for name, labels, value in _samples(text, seen):
+        if name.endswith("_created"):
             continue
-        for sample in fam.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
-            if name.endswith("_created"):
-                continue
-            any_vllm = True
-            v1 = v1 or "engine" in labels
-            if name.startswith("vllm:spec_decode_"):
-                spec = True
-            if _is_read(name) and not 0 <= value < float("inf"):  # NaN fails too: no count is that
-                raise MetricsError(
-                    f"{name}{labels or ''} = {sample.value}: not a count (finite, not negative)"
-                )
-            tally.add(name, labels, value)
+        any_vllm = True
+        v1 = v1 or "engine" in labels
+        if name.startswith("vllm:spec_decode_"):
+            spec = True
+        if _is_read(name) and not 0 <= value < float("inf"):  # NaN fails too: no count is that
+            raise MetricsError(f"{name}{labels or ''} = {value}: not a count (finite, not negative)")
+        tally.add(name, labels, value)
     return VllmMetrics(
         "v1" if v1 else ("v0" if any_vllm else None),
         tally.gauges,

@@ -12,8 +12,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from .http import TooLarge, connection, exchange, redact
-from .metrics import MetricsError, VllmMetrics, parse
+from .http import Client, TooLarge, redact
+from .metrics import MetricsError, Parser, VllmMetrics
 
 # A scrape must finish well inside one tick (the loop's watchdog ping waits for it).
 SCRAPE_TIMEOUT_S = 0.5
@@ -39,48 +39,26 @@ class Scraper:
 
     def __init__(self, timeout: float = SCRAPE_TIMEOUT_S) -> None:
         self.timeout = timeout
-        self._conns: dict[str, http.client.HTTPConnection] = {}
+        self._clients: dict[str, Client] = {}  # per server (scheme://host:port)
+        self._parsers: dict[str, Parser] = {}  # per URL: an unchanged body is not parsed again
 
     def close(self) -> None:
-        for c in self._conns.values():
+        for c in self._clients.values():
             c.close()
-        self._conns.clear()
+        self._clients.clear()
 
     def _get(self, url: str) -> bytes:
         parts = urllib.parse.urlsplit(url)
         key = f"{parts.scheme}://{parts.netloc}"
-        target = url.rstrip("/") + "/metrics"
-        for attempt in (0, 1):  # a kept connection the server closed meanwhile: one fresh try
-            conn = self._conns.get(key)
-            if conn is None:
-                conn = self._conns[key] = connection(url, self.timeout)
-            try:
-                status, body, keep = exchange(
-                    conn,
-                    target,
-                    headers={"Accept": "text/plain"},
-                    timeout=self.timeout,
-                    cap=MAX_METRICS_BYTES,
-                )
-            except (TimeoutError, TooLarge):
-                self._drop(key)
-                raise  # no second try: the deadline is the scrape's, not each attempt's
-            except (http.client.HTTPException, OSError):
-                self._drop(key)
-                if attempt:
-                    raise
-                continue
-            if not keep:
-                self._drop(key)
-            if status != 200:
-                raise OSError(f"HTTP {status}")
-            return body
-        raise OSError("unreachable")  # not reached
-
-    def _drop(self, key: str) -> None:
-        conn = self._conns.pop(key, None)
-        if conn is not None:
-            conn.close()
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = Client(key, self.timeout)
+        status, body = client.request(
+            (parts.path.rstrip("/")) + "/metrics", {"Accept": "text/plain"}, cap=MAX_METRICS_BYTES
+        )
+        if status != 200:
+            raise OSError(f"HTTP {status}")
+        return body
 
     def __call__(self, name: str, url: str, now: float) -> InstanceReading:
         """One scrape of ``url``/metrics at ``now`` (the caller's clock)."""
@@ -95,7 +73,10 @@ class Scraper:
         except (http.client.HTTPException, OSError, ValueError) as e:
             return InstanceReading(name, url, now, "unreachable", error=f"{redact(target)}: {e}")
         try:
-            m = parse(body.decode("utf-8", "replace"))
+            parser = self._parsers.get(url)
+            if parser is None:
+                parser = self._parsers[url] = Parser()
+            m = parser(body.decode("utf-8", "replace"))
         except MetricsError as e:
             return InstanceReading(name, url, now, "error", error=f"{target}: {e}")
         took = time.perf_counter() - t0
@@ -140,7 +121,9 @@ class ScrapePool:
         started = []
         for name, url in targets.items():
             if name not in self._running:
-                scraper = self._scrapers.setdefault(name, Scraper(self.timeout))
+                scraper = self._scrapers.get(name)
+                if scraper is None:
+                    scraper = self._scrapers[name] = Scraper(self.timeout)
                 self._running[name] = (self._pool.submit(scraper, name, url, now), time.monotonic())
                 started.append(self._running[name][0])
         # only the scrapes started now are waited for: one still running from an earlier call (a server
