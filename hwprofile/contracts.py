@@ -13,7 +13,10 @@ documents' in :mod:`hwprofile.supervise.runfiles`. Plain Python, no imports but
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:
+    import re
 
 _CONTROL = "".join(map(chr, range(32))) + "\x7f"
 _CONTROL_CHAR = "[\\u0000-\\u001f\\u007f]"
@@ -26,7 +29,7 @@ class Invalid(Exception):
         super().__init__(f"{path}: {message}")
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     if isinstance(v, dict):
         return "an object"
     if isinstance(v, list):
@@ -42,22 +45,22 @@ class Kind:
 
     null = False
 
-    def valid(self, v: Any) -> bool:
+    def valid(self, v: object) -> bool:
         return (v is None and self.null) or self.ok(v)
 
     def what(self) -> str:
         raise NotImplementedError
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> bool:
         raise NotImplementedError
 
-    def check(self, v: Any, path: str) -> None:
+    def check(self, v: object, path: str) -> None:
         if v is None and self.null:
             return
         if not self.ok(v):
             self.fail(v, path)
 
-    def fail(self, v: Any, path: str) -> None:
+    def fail(self, v: object, path: str) -> None:
         raise Invalid(path, f"expected {self.what()}{' or null' if self.null else ''}, got {_show(v)}")
 
     def schema(self) -> dict[str, Any]:
@@ -92,7 +95,7 @@ class Int(Kind):
     def what(self) -> str:
         return f"an integer from {self.lo} to {self.hi}{self.unit}"
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> bool:
         return type(v) is int and self.lo <= v <= self.hi
 
     def schema(self) -> dict[str, Any]:
@@ -106,8 +109,8 @@ class Num(Int):
     def what(self) -> str:
         return f"a number from {self.lo} to {self.hi}{self.unit}"
 
-    def ok(self, v: Any) -> bool:
-        return type(v) in (int, float) and self.lo <= v <= self.hi  # NaN fails both comparisons
+    def ok(self, v: object) -> bool:
+        return (type(v) is int or type(v) is float) and self.lo <= v <= self.hi  # NaN fails both comparisons
 
     def schema(self) -> dict[str, Any]:
         return {**self.typed("number"), "minimum": self.lo, "maximum": self.hi}
@@ -120,7 +123,7 @@ class Bool(Kind):
     def what(self) -> str:
         return "true/false"
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> bool:
         return type(v) is bool
 
     def schema(self) -> dict[str, Any]:
@@ -136,14 +139,14 @@ class Str(Kind):
         self, max_len: int, null: bool = True, pattern: str | None = None, like: str = "", lines: bool = False
     ) -> None:
         self.max_len, self.null, self.pattern, self.like, self.lines = max_len, null, pattern, like, lines
-        self._rx: Any = None
+        self._rx: re.Pattern[str] | None = None  # compiled at the first check
 
     def what(self) -> str:
         if self.like:
             return self.like
         return f"a string of at most {self.max_len} characters{'' if self.lines else ' without control characters'}"
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> bool:
         if type(v) is not str or len(v) > self.max_len:
             return False
         if not v.isprintable():  # rare: control characters, surrogates, unusual spaces
@@ -182,10 +185,10 @@ class List(Kind):
     def what(self) -> str:
         return f"a list of at most {self.max_items} items"
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> TypeGuard[list[object]]:
         return type(v) is list and len(v) <= self.max_items
 
-    def valid(self, v: Any) -> bool:
+    def valid(self, v: object) -> bool:
         if v is None:
             return self.null
         if not self.ok(v):
@@ -193,9 +196,9 @@ class List(Kind):
         item = self.item
         return all(item.valid(x) for x in v)
 
-    def check(self, v: Any, path: str) -> None:
+    def check(self, v: object, path: str) -> None:
         super().check(v, path)
-        if v is not None:
+        if type(v) is list:  # else None, where null is allowed
             for i, x in enumerate(v):
                 self.item.check(x, f"{path}[{i}]")
 
@@ -215,10 +218,10 @@ class Obj(Kind):
     def what(self) -> str:
         return "an object"
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> TypeGuard[dict[str, object]]:
         return type(v) is dict
 
-    def valid(self, v: Any) -> bool:
+    def valid(self, v: object) -> bool:
         if v is None:
             return self.null
         if type(v) is not dict:
@@ -228,9 +231,9 @@ class Obj(Kind):
                 return False
         return all(kind.valid(v[name]) for name, kind in self.fields.items() if name in v)
 
-    def check(self, v: Any, path: str) -> None:
+    def check(self, v: object, path: str) -> None:
         super().check(v, path)
-        if v is None:
+        if type(v) is not dict:  # None, where null is allowed
             return
         prefix = f"{path}." if path else ""
         for name in self.needed:
@@ -257,7 +260,7 @@ class Const(Kind):
     def what(self) -> str:
         return json.dumps(self.value)
 
-    def ok(self, v: Any) -> bool:
+    def ok(self, v: object) -> bool:
         return v == self.value and type(v) is str
 
     def schema(self) -> dict[str, Any]:
@@ -298,7 +301,7 @@ def parse_json(raw: bytes) -> Any:
         raise BadJson(f"invalid JSON: {e}") from None
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()

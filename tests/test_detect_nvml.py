@@ -260,12 +260,13 @@ def test_detect_path_imports_no_heavy_modules(tmp_path: Path, fake_nvml_dir: Pat
     host = build("h100-sxm-8x", tmp_path / "h")
     # pathlib costs 5-15 ms to import on small VMs (detect has a 100 ms budget; typing is used);
     # only what hwprofile itself adds counts (an editable install's finder imports pathlib first).
+    # logging: only the daemon and launch write a log (runtime.files imports it for the own log only)
     code = (
         "import sys, io, contextlib\n"
         "before = set(sys.modules)\n"
         "from hwprofile.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()): main(['detect', '--json'])\n"
-        "heavy = ('vllm', 'torch', 'jinja2', 'yaml', 'watchdog', 'cpuinfo', 'pathlib')\n"
+        "heavy = ('vllm', 'torch', 'jinja2', 'yaml', 'watchdog', 'cpuinfo', 'pathlib', 'logging')\n"
         "print(sorted(m for m in heavy if m in set(sys.modules) - before))\n"
     )
     env = {k: v for k, v in host.env(fake_nvml_dir).items() if k != "HWPROFILE_NVML_LIBRARY"}

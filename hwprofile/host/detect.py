@@ -13,7 +13,7 @@ from typing import Any
 
 from . import linux, software
 from .interconnect import read_interconnect
-from .nvml import GpuLost, Nvml, Unavailable
+from .nvml import GpuLost, Nvml, NvmlHandle, Unavailable
 from .snapshot import DetectError, Driver, Gpu, GpuLink, HostSnapshot, NumaNode, Software
 
 DEFAULT_PROC_ROOT = "/proc"
@@ -40,26 +40,9 @@ def detect_host(
     links: tuple[GpuLink, ...] = ()
     driver = Driver()
     if use_nvml:
-        nvml = Nvml()
-        try:
-            nvml.open()
-        except Unavailable as e:
-            errors.append(DetectError("nvml", str(e)))
-        else:
-            try:
-                driver = nvml.driver()
-                gpus, handles = _read_gpus(nvml, cpu.logical_cpus or os.cpu_count() or 1)
-                gpus = tuple(_complete(g, sysfs, numa_nodes) for g in gpus)
-                links = nvml.links([g for g in gpus if not g.lost], handles)
-            finally:
-                nvml.close()
-            errors.extend(nvml.errors)
+        gpus, links, driver = _read_nvml(sysfs, cpu.logical_cpus or os.cpu_count() or 1, numa_nodes, errors)
 
     interconnect = read_interconnect(str(proc), str(sysfs), gpus)
-    tmpfs_path, tmpfs_free = linux.read_tmpfs(proc, tmpfs)
-    vllm_version, vllm_dist = software.vllm_version()
-    moe_dir, moe_names = software.moe_configs()
-    tuned_dir, tuned_names = software.tuned_config_folder()
     return HostSnapshot(
         hostname=hostname,
         kernel=kernel,
@@ -69,26 +52,63 @@ def detect_host(
         gpus=gpus,
         gpu_links=links,
         driver=driver,
-        software=Software(
-            vllm_version=vllm_version,
-            vllm_distribution=vllm_dist,
-            numactl_path=software.numactl_path(),
-            tmpfs_path=tmpfs_path,
-            tmpfs_free_bytes=tmpfs_free,
-            moe_configs_dir=moe_dir,
-            moe_configs=moe_names,
-            tuned_config_folder=tuned_dir,
-            tuned_configs=tuned_names,
-            router_path=software.router_path(),
-        ),
+        software=_read_software(proc, tmpfs),
         errors=tuple(errors),
         interconnect=interconnect,
     )
 
 
-def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int, object]]:
+def _read_nvml(
+    sysfs: str | os.PathLike[str],
+    logical_cpus: int,
+    numa_nodes: tuple[NumaNode, ...],
+    errors: list[DetectError],
+) -> tuple[tuple[Gpu, ...], tuple[GpuLink, ...], Driver]:
+    """The GPUs, their links and the driver through NVML; NVML's own failures go into ``errors``
+    (nothing when NVML cannot be opened)."""
+    gpus: tuple[Gpu, ...] = ()
+    links: tuple[GpuLink, ...] = ()
+    driver = Driver()
+    nvml = Nvml()
+    try:
+        nvml.open()
+    except Unavailable as e:
+        errors.append(DetectError("nvml", str(e)))
+        return gpus, links, driver
+    try:
+        driver = nvml.driver()
+        gpus, handles = _read_gpus(nvml, logical_cpus)
+        gpus = tuple(_complete(g, sysfs, numa_nodes) for g in gpus)
+        links = nvml.links([g for g in gpus if not g.lost], handles)
+    finally:
+        nvml.close()
+    errors.extend(nvml.errors)
+    return gpus, links, driver
+
+
+def _read_software(proc: str | os.PathLike[str], tmpfs: str) -> Software:
+    """vLLM, numactl, the tmpfs, the MoE and tuned config folders, the router: what is installed."""
+    tmpfs_path, tmpfs_free = linux.read_tmpfs(proc, tmpfs)
+    vllm_version, vllm_dist = software.vllm_version()
+    moe_dir, moe_names = software.moe_configs()
+    tuned_dir, tuned_names = software.tuned_config_folder()
+    return Software(
+        vllm_version=vllm_version,
+        vllm_distribution=vllm_dist,
+        numactl_path=software.numactl_path(),
+        tmpfs_path=tmpfs_path,
+        tmpfs_free_bytes=tmpfs_free,
+        moe_configs_dir=moe_dir,
+        moe_configs=moe_names,
+        tuned_config_folder=tuned_dir,
+        tuned_configs=tuned_names,
+        router_path=software.router_path(),
+    )
+
+
+def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int, NvmlHandle]]:
     gpus: list[Gpu] = []
-    handles: dict[int, object] = {}
+    handles: dict[int, NvmlHandle] = {}
     for index in range(nvml.count()):
         try:
             handle = nvml.handle(index)
@@ -99,10 +119,10 @@ def _read_gpus(nvml: Nvml, logical_cpus: int) -> tuple[tuple[Gpu, ...], dict[int
             f = nvml.faults(index, handle)  # a GPU already faulted is not planned for (Gpu.faults)
             gpus.append(
                 gpu._replace(
-                    ecc_uncorrected=f["ecc_uncorrected"],
-                    retired_pages_pending=f["retired_pending"],
-                    remapped_rows_pending=f["remap_pending"],
-                    row_remap_failure=f["remap_failure"],
+                    ecc_uncorrected=f.ecc_uncorrected,
+                    retired_pages_pending=f.retired_pending,
+                    remapped_rows_pending=f.remap_pending,
+                    row_remap_failure=f.remap_failure,
                 )
             )
             handles[index] = handle

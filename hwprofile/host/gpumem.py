@@ -8,9 +8,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from .nvml import GpuLost, Nvml, Unavailable
+from .nvml import GpuLost, Nvml, NvmlHandle, Unavailable
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class GpuMemory:
 
     def __init__(self) -> None:
         self._nvml: Nvml | None = None
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, NvmlHandle] = {}
         self._lock = threading.Lock()
         self.unavailable: str | None = None
 
@@ -70,7 +69,9 @@ class GpuMemory:
                 try:
                     h = self._handles.get(i)
                     if h is None:
-                        h = self._handles[i] = nvml.handle(i)
+                        h = nvml.handle(i)
+                        if h is not None:
+                            self._handles[i] = h
                     got = nvml.memory(i, h) if h is not None else None
                 except GpuLost:
                     self._handles.pop(i, None)

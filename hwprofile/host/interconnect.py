@@ -217,10 +217,6 @@ def read_vllm_p2p(
     ``gpu_p2p_access_check``), and trusts that file on every later start. Read-only and bounded: at most
     :data:`P2P_CACHE_MAX_FILES` files of :data:`P2P_CACHE_MAX_BYTES`, regular files only (a FIFO or a
     device planted there is refused), a file that is not such a document is listed with ``unknown``."""
-    import json
-
-    from ..runtime.files import UnsafeFile
-
     root = vllm_cache_root(env)
     if not os.path.isabs(root):
         return None, (), f"VLLM_CACHE_ROOT {root!r} is not an absolute path"
@@ -238,40 +234,48 @@ def read_vllm_p2p(
         return root, (), "no P2P cache file (vLLM's custom all-reduce has not started here as this user)"
     by_uuid = {g.uuid: g.index for g in gpus if g.uuid}
     indexes = {g.index for g in gpus}
-    out = []
-    for name in names[:P2P_CACHE_MAX_FILES]:
-        devices = tuple(d[:128] for d in name[len(P2P_CACHE_PREFIX) : -len(".json")].split(","))[:256]
-        mapped: list[int] = []
-        why = None
-        for d in devices:
-            if d.isdigit() and int(d) in indexes:
-                mapped.append(int(d))  # a physical id: NVML's index under CUDA_DEVICE_ORDER=PCI_BUS_ID
-            elif d in by_uuid:
-                mapped.append(by_uuid[d])
-            else:
-                why = f"device {d[:64]!r} is none of this host's GPUs"
-                break
-        gpu_indexes = tuple(mapped) if why is None and len(set(mapped)) == len(mapped) else None
-        if gpu_indexes is None and why is None:
-            why = "a device listed twice"
-        allowed: list[str] = []
-        denied: list[str] = []
-        try:
-            doc = json.loads(_read_bytes(os.path.join(root, name), P2P_CACHE_MAX_BYTES))
-            if not isinstance(doc, dict):
-                raise ValueError("not an object")
-            for k, v in doc.items():
-                m = _PAIR.match(k) if isinstance(k, str) else None
-                if m is None or type(v) is not bool or max(int(m[1]), int(m[2])) >= len(devices):
-                    raise ValueError(f'entry {str(k)[:32]!r}: expected "i->j": true or false')
-                if m[1] != m[2]:
-                    (allowed if v else denied).append(k)
-        except (OSError, UnsafeFile, ValueError, UnicodeDecodeError, RecursionError) as e:
-            why = f"not read: {e}"[:400]
-            allowed, denied = [], []
-        out.append(VllmP2p(name, devices, gpu_indexes, tuple(allowed), tuple(denied), why))
+    out = [_p2p_file(root, name, by_uuid, indexes) for name in names[:P2P_CACHE_MAX_FILES]]
     extra = len(names) - P2P_CACHE_MAX_FILES
     return root, tuple(out), (f"{extra} more P2P cache files not read" if extra > 0 else None)
+
+
+def _p2p_file(root: str, name: str, by_uuid: Mapping[str, int], indexes: set[int]) -> VllmP2p:
+    """One P2P cache file: its devices mapped to this host's GPU indexes (by physical id or UUID) and
+    the pairs it allows and denies; ``why`` when it cannot be used, or could not be read."""
+    import json
+
+    from ..runtime.files import UnsafeFile
+
+    devices = tuple(d[:128] for d in name[len(P2P_CACHE_PREFIX) : -len(".json")].split(","))[:256]
+    mapped: list[int] = []
+    why = None
+    for d in devices:
+        if d.isdigit() and int(d) in indexes:
+            mapped.append(int(d))  # a physical id: NVML's index under CUDA_DEVICE_ORDER=PCI_BUS_ID
+        elif d in by_uuid:
+            mapped.append(by_uuid[d])
+        else:
+            why = f"device {d[:64]!r} is none of this host's GPUs"
+            break
+    gpu_indexes = tuple(mapped) if why is None and len(set(mapped)) == len(mapped) else None
+    if gpu_indexes is None and why is None:
+        why = "a device listed twice"
+    allowed: list[str] = []
+    denied: list[str] = []
+    try:
+        doc = json.loads(_read_bytes(os.path.join(root, name), P2P_CACHE_MAX_BYTES))
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        for k, v in doc.items():
+            m = _PAIR.match(k) if isinstance(k, str) else None
+            if m is None or type(v) is not bool or max(int(m[1]), int(m[2])) >= len(devices):
+                raise ValueError(f'entry {str(k)[:32]!r}: expected "i->j": true or false')
+            if m[1] != m[2]:
+                (allowed if v else denied).append(k)
+    except (OSError, UnsafeFile, ValueError, UnicodeDecodeError, RecursionError) as e:
+        why = f"not read: {e}"[:400]
+        allowed, denied = [], []
+    return VllmP2p(name, devices, gpu_indexes, tuple(allowed), tuple(denied), why)
 
 
 def acs_flags(ctrl: int | None) -> tuple[str, ...] | None:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import functools
 import os
 import threading
-from typing import TYPE_CHECKING
+import typing
+from types import ModuleType
+from typing import TYPE_CHECKING, NewType
 
 from .linux import cpulist_from_masks
 from .snapshot import (
@@ -26,8 +30,15 @@ from .snapshot import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from typing import Any
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, SupportsInt
+
+# pynvml is untyped: a device handle (``c_nvmlDevice_t``) and an event set (``c_nvmlEventSet_t``) are
+# opaque values handed back to the library, never looked into here beyond their address.
+NvmlHandle = NewType("NvmlHandle", object)
+NvmlEventSet = NewType("NvmlEventSet", object)
+# What ``Nvml._n`` is before open(): a module with no functions, so a call finds nothing to call.
+_UNOPENED = ModuleType("pynvml (not opened)")
 
 # nvmlGpuTopologyLevel_t → nvidia-smi topo vocabulary.
 TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -53,13 +64,49 @@ class Unavailable(Exception):
     """NVML cannot be used at all on this host (no library, no driver, init failed)."""
 
 
+NOT_SUPPORTED = "NVML has no value for it here (not supported by this board or driver)"
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveReadings:
+    """One GPU's values that change every tick, as NVML answers them (:meth:`Nvml.live`): each an
+    int, or None with its reason in ``why`` (keyed by the field's name): the NVML error, or
+    :data:`NOT_SUPPORTED` where the board has no such value, or why it was not asked."""
+
+    temperature: int | None  # °C
+    margin: int | None  # °C to the slowdown threshold (NVML's own figure; Ada and later)
+    reasons: int | None  # the clock-event reason mask (host/snapshot.py decode_clock_event_reasons)
+    sm_clock: int | None  # MHz
+    power_draw: int | None  # mW
+    power_limit: int | None  # mW, the enforced limit
+    memory_used: int | None  # bytes
+    why: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultCounters:
+    """One GPU's hardware-fault counters (:meth:`Nvml.faults`): each value, or None with its reason in
+    ``why`` (a board without ECC answers NOT SUPPORTED: an answer, not a failure)."""
+
+    ecc_uncorrected: int | None  # volatile: since the driver was loaded
+    ecc_corrected: int | None
+    retired_pending: bool | None  # retired pages pending a reset (before Ampere)
+    remap_uncorrectable: int | None  # remapped rows (Ampere and later)
+    remap_pending: bool | None
+    remap_failure: bool | None
+    why: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def values(self) -> tuple[int | bool | None, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "why")
+
+
 class Nvml:
     """An initialised NVML session that records every failure in ``errors``."""
 
     def __init__(self) -> None:
         self.errors: list[DetectError] = []
         self.library: str | None = None
-        self._n: Any = None
+        self._n: ModuleType = _UNOPENED  # pynvml once open() has loaded it
         self.peers: dict[int, list[str | None]] = {}  # NVLink far ends, filled by gpu()
 
     # -- life cycle -------------------------------------------------------------------------
@@ -99,12 +146,12 @@ class Nvml:
             )
 
     def close(self) -> None:
-        if self._n is not None:
+        if self._n is not _UNOPENED:
             with contextlib.suppress(self._n.NVMLError), _CALL_LOCK:
                 self._n.nvmlShutdown()
 
     # -- the chokepoint ---------------------------------------------------------------------
-    def call(self, where: str, names: str | Sequence[str], *args: Any, quiet: bool = False) -> Any:
+    def call(self, where: str, names: str | Sequence[str], *args: object, quiet: bool = False) -> Any:
         """Call the first of ``names`` that this driver has; return ``None`` on failure.
 
         ``GPU_IS_LOST`` raises :class:`GpuLost`. Other failures are recorded in ``errors`` unless
@@ -154,10 +201,11 @@ class Nvml:
         c = self.call("gpus", "nvmlDeviceGetCount")
         return int(c) if c is not None else 0
 
-    def handle(self, index: int) -> Any:
-        return self.call(f"gpu[{index}]", "nvmlDeviceGetHandleByIndex", index)
+    def handle(self, index: int) -> NvmlHandle | None:
+        h = self.call(f"gpu[{index}]", "nvmlDeviceGetHandleByIndex", index)
+        return NvmlHandle(h) if h is not None else None
 
-    def gpu(self, index: int, handle: Any, logical_cpus: int) -> Gpu:
+    def gpu(self, index: int, handle: NvmlHandle, logical_cpus: int) -> Gpu:
         """Read one GPU. Raises :class:`GpuLost` if the device is lost midway."""
         n = self._n
         w = f"gpu[{index}]"
@@ -231,7 +279,7 @@ class Nvml:
         )
 
     # -- what the daemon's sampler reads at every tick (host/sampler.py) ------------------------
-    def limits(self, index: int, handle: Any) -> tuple[int | None, int | None, int | None]:
+    def limits(self, index: int, handle: NvmlHandle) -> tuple[int | None, int | None, int | None]:
         """``(slowdown °C, shutdown °C, maximum SM clock MHz)`` of one GPU: read once per GPU, quiet
         (a board without a threshold answers NOT SUPPORTED, which is an answer)."""
         n, w = self._n, f"gpu[{index}]"
@@ -253,43 +301,76 @@ class Nvml:
             self.call(f"{w}.sm_clock_max", "nvmlDeviceGetMaxClockInfo", handle, n.NVML_CLOCK_SM, quiet=True),
         )
 
-    def live(self, index: int, handle: Any, margin: bool = True) -> dict[str, Any]:
+    def _reading(
+        self,
+        why: dict[str, str],
+        name: str,
+        where: str,
+        names: str | Sequence[str],
+        *args: object,
+        quiet: bool = False,
+    ) -> Any:
+        """One :meth:`call` for the field ``name`` of a reading: None with its reason in ``why``."""
+        before = len(self.errors)
+        v = self.call(where, names, *args, quiet=quiet)
+        if v is None:
+            why[name] = self.errors[-1].message if len(self.errors) > before else NOT_SUPPORTED
+        return v
+
+    def live(self, index: int, handle: NvmlHandle, margin: bool = True) -> LiveReadings:
         """What changes every tick: temperature (and NVML's margin to the slowdown threshold when
         ``margin``: None where the driver has none), the clock-event reason mask, SM clock, power
-        draw and limit (mW), memory used. Failures are recorded in ``errors``; raises
-        :class:`GpuLost` for a lost device."""
-        n, w, call = self._n, f"gpu[{index}]", self.call
-        mem = call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
-        return {
-            "temperature": call(
-                f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU
-            ),
-            "margin": call(f"{w}.temperature_margin", "nvmlDeviceGetMarginTemperature", handle, quiet=True)
-            if margin
-            else None,
-            "reasons": call(
-                f"{w}.clocks_event_reasons",
-                ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-                handle,
-            ),
-            "sm_clock": call(f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM),
-            "power_draw": call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle),
-            "power_limit": call(
-                f"{w}.power_limit",
-                ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
-                handle,
-            ),
-            "memory_used": int(mem.used) if mem is not None else None,
-        }
+        draw and limit (mW), memory used. Failures are recorded in ``errors`` and, per value, in
+        the reading's ``why``; raises :class:`GpuLost` for a lost device."""
+        n, w = self._n, f"gpu[{index}]"
+        why: dict[str, str] = {}
+        read = functools.partial(self._reading, why)
+        mem = read("memory_used", f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
+        temperature = read(
+            "temperature", f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU
+        )
+        if margin:
+            m = read(
+                "margin", f"{w}.temperature_margin", "nvmlDeviceGetMarginTemperature", handle, quiet=True
+            )
+        else:
+            m, why["margin"] = None, "not asked: this GPU's driver has no temperature margin"
+        reasons = read(
+            "reasons",
+            f"{w}.clocks_event_reasons",
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+            handle,
+        )
+        sm_clock = read("sm_clock", f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM)
+        draw = read("power_draw", f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle)
+        limit = read(
+            "power_limit",
+            f"{w}.power_limit",
+            ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
+            handle,
+        )
+        return LiveReadings(
+            temperature=_int(temperature),
+            margin=_int(m),
+            reasons=_int(reasons),
+            sm_clock=_int(sm_clock),
+            power_draw=_int(draw),
+            power_limit=_int(limit),
+            memory_used=int(mem.used) if mem is not None else None,
+            why=why,
+        )
 
-    def faults(self, index: int, handle: Any) -> dict[str, Any]:
+    def faults(self, index: int, handle: NvmlHandle) -> FaultCounters:
         """The hardware-fault counters of one GPU, quiet (a board without ECC answers NOT SUPPORTED,
         which is an answer: None): the volatile uncorrectable and correctable ECC counts (since the
         last driver load), retired pages pending a reset (before Ampere), and remapped rows (Ampere
         and later: uncorrectable rows, a remap pending a reset, a remap that failed). Raises
         :class:`GpuLost` for a lost device."""
-        n, w, call = self._n, f"gpu[{index}]", self.call
-        unc = call(
+        n, w = self._n, f"gpu[{index}]"
+        why: dict[str, str] = {}
+        read = functools.partial(self._reading, why)
+        unc = read(
+            "ecc_uncorrected",
             f"{w}.ecc_uncorrected",
             "nvmlDeviceGetTotalEccErrors",
             handle,
@@ -297,7 +378,8 @@ class Nvml:
             n.NVML_VOLATILE_ECC,
             quiet=True,
         )
-        corr = call(
+        corr = read(
+            "ecc_corrected",
             f"{w}.ecc_corrected",
             "nvmlDeviceGetTotalEccErrors",
             handle,
@@ -305,20 +387,27 @@ class Nvml:
             n.NVML_VOLATILE_ECC,
             quiet=True,
         )
-        retired = call(
-            f"{w}.retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle, quiet=True
+        retired = read(
+            "retired_pending",
+            f"{w}.retired_pages_pending",
+            "nvmlDeviceGetRetiredPagesPendingStatus",
+            handle,
+            quiet=True,
         )
-        rows = call(f"{w}.remapped_rows", "nvmlDeviceGetRemappedRows", handle, quiet=True)
-        return {
-            "ecc_uncorrected": int(unc) if unc is not None else None,
-            "ecc_corrected": int(corr) if corr is not None else None,
-            "retired_pending": bool(retired) if retired is not None else None,
-            "remap_uncorrectable": int(rows[1]) if rows is not None else None,
-            "remap_pending": bool(rows[2]) if rows is not None else None,
-            "remap_failure": bool(rows[3]) if rows is not None else None,
-        }
+        rows = read("remap_pending", f"{w}.remapped_rows", "nvmlDeviceGetRemappedRows", handle, quiet=True)
+        if rows is None:
+            why["remap_uncorrectable"] = why["remap_failure"] = why["remap_pending"]
+        return FaultCounters(
+            ecc_uncorrected=_int(unc),
+            ecc_corrected=_int(corr),
+            retired_pending=bool(retired) if retired is not None else None,
+            remap_uncorrectable=int(rows[1]) if rows is not None else None,
+            remap_pending=bool(rows[2]) if rows is not None else None,
+            remap_failure=bool(rows[3]) if rows is not None else None,
+            why=why,
+        )
 
-    def power_limits(self, index: int, handle: Any) -> tuple[int | None, int | None, int | None]:
+    def power_limits(self, index: int, handle: NvmlHandle) -> tuple[int | None, int | None, int | None]:
         """``(limit, minimum, maximum)`` of one GPU's power management limit, mW (None: not read,
         recorded in ``errors``; a board without constraints answers NOT SUPPORTED)."""
         w = f"gpu[{index}]"
@@ -329,7 +418,7 @@ class Nvml:
         lo, hi = (int(lo_hi[0]), int(lo_hi[1])) if lo_hi is not None else (None, None)
         return (int(limit) if limit is not None else None), lo, hi
 
-    def set_power_limit(self, index: int, handle: Any, milliwatts: int) -> str | None:
+    def set_power_limit(self, index: int, handle: NvmlHandle, milliwatts: int) -> str | None:
         """Set one GPU's power management limit (root only); the error, or None once it is set."""
         before = len(self.errors)
         self.call(
@@ -339,7 +428,7 @@ class Nvml:
             return self.errors[-1].message
         return None
 
-    def xid_events(self, handles: dict[int, Any]) -> Any:
+    def xid_events(self, handles: Mapping[int, NvmlHandle]) -> NvmlEventSet | None:
         """An event set registered for XID critical errors on each of ``handles`` that supports them,
         or None (the driver has no events for these boards: recorded in ``errors``)."""
         n = self._n
@@ -357,9 +446,11 @@ class Nvml:
         if not registered:
             self.call("events", "nvmlEventSetFree", es, quiet=True)
             return None
-        return es
+        return NvmlEventSet(es)
 
-    def poll_xids(self, events: Any, handles: dict[int, Any], limit: int = 64) -> list[tuple[int, int]]:
+    def poll_xids(
+        self, events: NvmlEventSet, handles: Mapping[int, NvmlHandle], limit: int = 64
+    ) -> list[tuple[int, int]]:
         """Every XID event waiting in ``events`` now (no wait): ``(GPU index, XID)`` pairs."""
         n, out = self._n, []
         for _ in range(limit):
@@ -374,16 +465,14 @@ class Nvml:
             if not data.eventType & n.nvmlEventTypeXidCriticalError:
                 continue
             where = ctypes.cast(data.device, ctypes.c_void_p).value
-            index = next(
-                (i for i, h in handles.items() if ctypes.cast(h, ctypes.c_void_p).value == where), -1
-            )
+            index = next((i for i, h in handles.items() if _address(h) == where), -1)
             out.append((index, int(data.eventData)))
         return out
 
-    def free_events(self, events: Any) -> None:
+    def free_events(self, events: NvmlEventSet) -> None:
         self.call("events", "nvmlEventSetFree", events, quiet=True)
 
-    def memory(self, index: int, handle: Any) -> tuple[int, int] | None:
+    def memory(self, index: int, handle: NvmlHandle) -> tuple[int, int] | None:
         """``(total, free)`` bytes of one GPU (v2 where the driver has it, as :meth:`gpu` reads it:
         its free excludes the driver's reservation, as CUDA's does), or None when it cannot be read
         (recorded in ``errors``). Raises :class:`GpuLost` for a lost device."""
@@ -393,7 +482,7 @@ class Nvml:
             mem = self.call(w, "nvmlDeviceGetMemoryInfo", handle)
         return (int(mem.total), int(mem.free)) if mem is not None else None
 
-    def _minor(self, where: str, handle: Any) -> int | None:
+    def _minor(self, where: str, handle: NvmlHandle) -> int | None:
         """The device minor number: N of ``/dev/nvidiaN`` (``nvidia-smi``'s "Minor Number"), which
         need not equal the NVML index. NOT_SUPPORTED, a driver without the call or a value outside
         :data:`MAX_DEVICE_MINOR` is ``None`` (recorded in ``errors``): never the index in its place."""
@@ -410,7 +499,7 @@ class Nvml:
             return None
         return minor
 
-    def _nvlink_peers(self, where: str, handle: Any) -> list[str | None]:
+    def _nvlink_peers(self, where: str, handle: NvmlHandle) -> list[str | None]:
         """One entry per active NVLink link: the PCI bus id at its far end, :data:`NVSWITCH` when
         the link ends at an NVSwitch (then every GPU on the fabric is reachable), ``None`` if unreadable.
 
@@ -432,7 +521,7 @@ class Nvml:
             peers.append(_text(remote.busId) if remote is not None else None)
         return peers
 
-    def links(self, gpus: Sequence[Gpu], handles: dict[int, Any]) -> tuple[GpuLink, ...]:
+    def links(self, gpus: Sequence[Gpu], handles: Mapping[int, NvmlHandle]) -> tuple[GpuLink, ...]:
         """Link kind and P2P support between each pair of usable GPUs."""
         n = self._n
         out: list[GpuLink] = []
@@ -497,7 +586,16 @@ def _same_bus(x: str, y: str) -> bool:
         return x.lower() == y.lower()
 
 
-def _text(v: Any) -> str | None:
+def _address(handle: NvmlHandle) -> int | None:
+    """The address a pynvml handle (a ctypes pointer) points at."""
+    return ctypes.cast(typing.cast("ctypes.c_void_p", handle), ctypes.c_void_p).value
+
+
+def _int(v: SupportsInt | None) -> int | None:
+    return int(v) if v is not None else None
+
+
+def _text(v: object) -> str | None:
     if v is None:
         return None
     if isinstance(v, bytes):
@@ -505,7 +603,7 @@ def _text(v: Any) -> str | None:
     return str(v).rstrip("\x00") or None
 
 
-def _err_text(n: Any, e: Exception) -> str:
+def _err_text(n: ModuleType, e: Exception) -> str:
     value = getattr(e, "value", None)
     try:
         text = str(e)
@@ -514,7 +612,7 @@ def _err_text(n: Any, e: Exception) -> str:
     return f"{text} (NVML error {value})" if value is not None else text
 
 
-def _describe_init_error(n: Any, e: Exception) -> str:
+def _describe_init_error(n: ModuleType, e: Exception) -> str:
     if isinstance(e, n.NVMLError_LibraryNotFound):
         return (
             "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver is installed here "
@@ -573,7 +671,7 @@ def probe_library(lib: str) -> str | None:
     return _probed[key]
 
 
-def _loaded_path(n: Any) -> str | None:
+def _loaded_path(n: ModuleType) -> str | None:
     lib = getattr(n, "nvmlLib", None)
     name = getattr(lib, "_name", None)
     if not name:

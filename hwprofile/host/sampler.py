@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
-from .nvml import GpuLost, Nvml, Unavailable
+from .nvml import FaultCounters, GpuLost, Nvml, NvmlEventSet, NvmlHandle, Unavailable
 from .snapshot import decode_clock_event_reasons
 
 LOST_AFTER = 3  # samples in a row in which nothing of a GPU could be read: it is gone
@@ -52,6 +52,17 @@ class GpuReading:
         return None
 
 
+class GpuSource(Protocol):
+    """What the daemon reads the GPUs through and lowers their power limits with: a
+    :class:`GpuSampler` (NVML), or a test's fake with the same three methods."""
+
+    def sample(self, now: float) -> tuple[GpuReading, ...]: ...
+
+    def power_limits(self, i: int) -> tuple[int | None, int | None, int | None, str | None]: ...
+
+    def set_power_limit(self, i: int, milliwatts: int) -> str | None: ...
+
+
 class GpuSampler:
     """Keeps NVML open and one handle per GPU; :meth:`sample` reads what changes every tick.
 
@@ -65,14 +76,14 @@ class GpuSampler:
     def __init__(self, indexes: Iterable[int] | None = None) -> None:
         self.nvml = Nvml()
         self.error: str | None = None
-        self.handles: dict[int, Any] = {}
+        self.handles: dict[int, NvmlHandle] = {}
         self.lost: dict[int, str] = {}
         self._limits: dict[int, tuple[int | None, int | None, int | None]] = {}
         self._no_margin: set[int] = set()
         self._unread: dict[int, int] = {}  # samples in a row that read nothing of the GPU
         self._no_faults: set[int] = set()  # boards that answer none of the fault counters (no ECC)
         self.xids: dict[int, list[int]] = {}
-        self.events: Any = None
+        self.events: NvmlEventSet | None = None
         try:
             self.nvml.open()
         except Unavailable as e:
@@ -167,41 +178,41 @@ class GpuSampler:
         del self.handles[i]
         return GpuReading(i, now, status="lost", error=why, xids=tuple(self.xids.get(i, ())))
 
-    def _read(self, i: int, h: Any, now: float) -> GpuReading:
+    def _read(self, i: int, h: NvmlHandle, now: float) -> GpuReading:
         self.nvml.errors.clear()
         if i not in self._limits:
             self._limits[i] = self.nvml.limits(i, h)
         slowdown, shutdown, sm_max = self._limits[i]
         v = self.nvml.live(i, h, margin=i not in self._no_margin)
-        if v["margin"] is None:
+        if v.margin is None:
             self._no_margin.add(i)
-        f: dict[str, Any] = {}
+        f: FaultCounters | None = None
         if i not in self._no_faults:
             f = self.nvml.faults(i, h)
             if all(x is None for x in f.values()):
                 self._no_faults.add(i)  # NOT SUPPORTED is an answer: not asked again
         errors = "; ".join(f"{e.where}: {e.message}" for e in self.nvml.errors) or None
         self.nvml.errors.clear()
-        draw, limit = v["power_draw"], v["power_limit"]
+        draw, limit = v.power_draw, v.power_limit
         return GpuReading(
             index=i,
             at=now,
             status="ok" if errors is None else "partial",
-            temperature_c=float(v["temperature"]) if v["temperature"] is not None else None,
-            margin_c=float(v["margin"]) if v["margin"] is not None else None,
+            temperature_c=float(v.temperature) if v.temperature is not None else None,
+            margin_c=float(v.margin) if v.margin is not None else None,
             slowdown_c=float(slowdown) if slowdown is not None else None,
             shutdown_c=float(shutdown) if shutdown is not None else None,
-            sm_clock_mhz=v["sm_clock"],
+            sm_clock_mhz=v.sm_clock,
             sm_clock_max_mhz=sm_max,
-            reasons=decode_clock_event_reasons(v["reasons"]),
+            reasons=decode_clock_event_reasons(v.reasons),
             power_draw_watts=draw / 1000 if draw is not None else None,
             power_limit_watts=limit / 1000 if limit is not None else None,
-            memory_used_bytes=v["memory_used"],
+            memory_used_bytes=v.memory_used,
             error=errors,
-            ecc_uncorrected=f.get("ecc_uncorrected"),
-            ecc_corrected=f.get("ecc_corrected"),
-            retired_pages_pending=f.get("retired_pending"),
-            remapped_rows_pending=f.get("remap_pending"),
-            row_remap_failure=f.get("remap_failure"),
+            ecc_uncorrected=f.ecc_uncorrected if f is not None else None,
+            ecc_corrected=f.ecc_corrected if f is not None else None,
+            retired_pages_pending=f.retired_pending if f is not None else None,
+            remapped_rows_pending=f.remap_pending if f is not None else None,
+            row_remap_failure=f.remap_failure if f is not None else None,
             xids=tuple(self.xids.get(i, ())),
         )

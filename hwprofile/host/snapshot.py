@@ -285,7 +285,7 @@ def _link_index(links: tuple[GpuLink, ...]) -> dict[tuple[int, int], GpuLink]:
     return index
 
 
-def _plain(obj: Any) -> Any:
+def _plain(obj: object) -> Any:
     """Records → dicts, tuples → lists, recursively (JSON-ready)."""
     if hasattr(obj, "_asdict"):
         return {k: _plain(v) for k, v in obj._asdict().items()}

@@ -289,9 +289,9 @@ def _check_links(links: Iterable[dict[str, Any]], indexes: set[int]) -> None:
         pairs.add(pair)
 
 
-def validate(data: Any) -> None:
+def validate(data: object) -> None:
     """Raise :class:`Invalid` (with the JSON path) unless ``data`` is a valid ``hwprofile.host/1`` snapshot."""
-    if not HOST.valid(data):
+    if not HOST.valid(data) or type(data) is not dict:  # valid() holds only for an object
         HOST.check(data, "")  # finds the path of the first bad value and raises
         raise Invalid("snapshot", "not valid")  # unreachable while valid() and check() agree
     _consistency(data)
