@@ -30,10 +30,11 @@ from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
 
 if TYPE_CHECKING:
+    from .plan.predict import Calibration
     from .plan.types import Plan
 
 
-def _warn(msg: str, *args: Any) -> None:
+def _warn(msg: str, *args: object) -> None:
     """A warning to the ``hwprofile`` logger (``logging`` is imported by the two rare paths that warn,
     not by every plan)."""
     import logging
@@ -88,7 +89,7 @@ def resolve_settings(
     sets: Sequence[str | Overrides] = (),
     environ: Mapping[str, str] | None = None,
 ) -> Resolution:
-    profiles = prof.load_profiles(root)
+    profiles = prof.site_and_builtin(root)  # the built-ins read as the chain asks for them
     rules = load_rules(root)
     upper = user_layers(root, overrides, sets, environ)
     # A 'profile:' from an overrides file, the environment or --set forces the profile too.
@@ -317,13 +318,13 @@ def _bench_bad(path: str, why: str) -> ConfigError:
     return ConfigError(f"{path}: not a usable hwprofile bench result: {why}")
 
 
-def _bench_number(path: str, value: Any, key: str, where: str, whole: bool = False) -> Any:
+def _bench_number(path: str, value: object, key: str, where: str, whole: bool = False) -> Any:
     """``value`` checked as a measurement of ``key`` (its type, finite, within :data:`_PLAUSIBLE`)."""
     import math
 
     lo, hi = _PLAUSIBLE[key]
-    ok_type = type(value) is int or (not whole and type(value) is float)
-    if not ok_type or not math.isfinite(value) or not lo <= value <= hi:
+    number = value if type(value) is int or (not whole and type(value) is float) else None
+    if number is None or not math.isfinite(number) or not lo <= number <= hi:
         kind = "a whole number" if whole else "a number"
         raise _bench_bad(
             path, f"{where}: {value!r:.60}: expected {kind} from {lo:g} to {hi:g} (a measurement)"
@@ -348,12 +349,14 @@ def _bench_host_check(doc: dict[str, Any], path: str, host: HostSnapshot) -> Non
 
 
 def _bench_points(
-    summary: list[Any], path: str, n_instances: int
+    summary: Sequence[object], path: str, n_instances: int
 ) -> dict[int, tuple[int, float, float, float]]:
     """{concurrency: (concurrency, TPOT ms, TTFT ms, output tok/s)} from the plan's summary rows."""
     points: dict[int, tuple[int, float, float, float]] = {}
     for i, row in enumerate(summary):
-        m = row.get("metrics") if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            continue  # not a measured row
+        m = row.get("metrics")
         try:
             raw = [m[k]["median"] for k in ("p50_tpot_ms", "p50_ttft_ms", "output_throughput")]  # type: ignore[index]  # None: TypeError, caught
             conc = row["concurrency"]
@@ -383,7 +386,7 @@ def _bench_points(
     return points
 
 
-def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
+def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibration:
     """The :class:`~.plan.predict.Calibration` in a ``hwprofile.bench/1`` document: its first plan's
     median TPOT, TTFT and output tokens/s per concurrency, the workload's lengths, and the TP its
     settings name (``layout.tensor_parallel_size`` among its non-default settings; else None: the
@@ -395,7 +398,7 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
     def bad(why: str) -> ConfigError:
         return _bench_bad(path, why)
 
-    def number(value: Any, key: str, where: str, whole: bool = False) -> Any:
+    def number(value: object, key: str, where: str, whole: bool = False) -> Any:
         return _bench_number(path, value, key, where, whole)
 
     if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.bench/1":
@@ -452,6 +455,85 @@ def calibration_from_bench(doc: Any, path: str, host: HostSnapshot) -> Any:
         seqs if type(seqs) is int and 1 <= seqs <= 1_000_000 else None,
         batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
     )
+
+
+def predictions_at(
+    inputs: PlanInputs, plan: Plan, input_len: int, output_len: int, concurrencies: Sequence[int], front: bool
+) -> dict[int, Any]:
+    """What ``plan`` (the plan a benchmark ran) predicts at each of ``concurrencies`` requests of
+    ``input_len`` in / ``output_len`` out: per concurrency the :class:`~.plan.types.InstancePrediction`
+    (as ``plan --json`` shows it) or None (nothing predicted: a CPU before a calibration, a GPU without
+    datasheet figures). The plan's own first instance and engine settings, the calibration it was made
+    with; only the workload differs. ``front``: the benchmark measured every instance through one URL
+    (the requests shared, the output tokens/s of all of them); else the first instance alone took them."""
+    import dataclasses
+
+    from .plan.candidates import instance_prediction
+
+    if not plan.instances:
+        return {c: None for c in concurrencies}
+    res = resolve_settings(inputs.host, inputs.config_root, inputs.profile, inputs.overrides, inputs.sets)
+    target, named_draft = load_models(res.settings, inputs.model, inputs.draft)
+    target, draft = _as_planned(target, named_draft, plan, res.settings, inputs.host, res.provenance)
+    calibration = load_calibration(inputs.config_root, inputs.host)
+    interconnect = load_interconnect(inputs.config_root, inputs.host)
+    inst = plan.instances[0]
+    n = len(plan.instances) if front else 1
+    total = sum(i.ranks for i in plan.instances) if front else inst.ranks
+    out: dict[int, Any] = {}
+    for c in concurrencies:
+        lay = dataclasses.replace(
+            res.settings.layout,
+            workload_input_len=input_len,
+            workload_output_len=output_len,
+            workload_concurrency=c,
+        )
+        settings = dataclasses.replace(res.settings, layout=lay)
+        p = instance_prediction(
+            inputs.host,
+            inst,
+            total,
+            target,
+            draft if inst.speculative is not None else None,
+            settings,
+            calibration,
+            inst.tensor_parallel_size,
+            interconnect,
+        )
+        if p is not None and n > 1:
+            p = dataclasses.replace(p, output_tokens_per_s=round(p.output_tokens_per_s * n, 1))
+        out[c] = p
+    return out
+
+
+def _as_planned(
+    target: ModelFacts,
+    named_draft: ModelFacts | None,
+    plan: Plan,
+    settings: Settings,
+    host: HostSnapshot,
+    provenance: Mapping[tuple[str, ...], Source],
+) -> tuple[ModelFacts, ModelFacts | None]:
+    """The model and the draft as the plan runs them: the checkpoint it took (``engine.weights_bits``,
+    or the 4-bit one that fits: :func:`~.plan.build_plan`'s same steps), its weights as vLLM loads them
+    under the plan's speculation, and the draft the plan chose (the caller's, the profile's or the
+    planner's own)."""
+    from .plan.checkpoint import choose_checkpoint, use_four_bit
+    from .plan.loaded import as_loaded
+    from .plan.reasons import Reasons
+
+    r = Reasons(provenance)  # the plan's reasons were said when it was made: these are thrown away
+    model = choose_checkpoint(target, settings, r)
+    if plan.model.name != model.name and plan.model.name in model.quantized_variants.values():
+        model = use_four_bit(model, plan.model.name, r)
+    inst = plan.instances[0]
+    method = inst.speculative.method if inst.speculative is not None else None
+    model = as_loaded(model, settings, method, host.software.vllm_version, r)
+    if plan.draft is None:
+        return model, None
+    if named_draft is not None and plan.draft.name == named_draft.name:
+        return model, named_draft
+    return model, resolve_model(plan.draft.path or plan.draft.name, "draft")
 
 
 @dataclass(frozen=True)

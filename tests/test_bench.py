@@ -688,6 +688,15 @@ def test_a_throttling_gpu_is_the_first_line(world, fake_nvml_dir) -> None:
     (g,) = doc["plans"][0]["runs"][0]["points"][0]["hardware"]["gpus"]
     assert g["temperature_c"] == {"min": 89, "max": 89} and g["throttled_s"] > 0
     assert doc["host"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"
+    # the accuracy gate: the GPU plan's own predictions at the point (datasheet x fitted efficiencies),
+    # with bands, against the fake server (nothing like a 4090): off, and the next step is to calibrate
+    acc = doc["plans"][0]["accuracy"]
+    (pt,) = acc["points"]
+    assert pt["concurrency"] == 2 and pt["workload"]["concurrency"] == 2 and pt["predicted"]
+    assert {f["provenance"] for f in pt["figures"]} <= {"fitted", "datasheet"}
+    assert all(f["predicted"] > 0 and f["error"] is not None for f in pt["figures"])
+    assert acc["state"] == "fail" and acc["next_step"].startswith("run `hwprofile bench --calibrate`")
+    assert "accuracy profile: predicted vs measured" in r.stdout
 
 
 def test_point_logs_are_never_written_through_a_planted_link(tmp_path) -> None:
@@ -854,3 +863,232 @@ def test_separate_servers_behind_the_router_are_measured_through_it(world) -> No
     assert f"their one URL http://127.0.0.1:{front} (vLLM's router in front" in r.stderr
     doc = json.loads((out / "bench.json").read_text())
     assert doc["plans"][0]["runs"][0]["url"] == f"http://127.0.0.1:{front}"
+
+
+def _pred(source: str, tpot: float, ttft: float, tps: float, basis: str = "datasheet") -> dict[str, Any]:
+    band = {"ratio_lo": 0.8, "ratio_hi": 1.25, "median_ratio": 1.0, "points": 5, "source": "bands"}
+    sim: dict[str, Any] = {
+        k: {"value": v, "regime": "single", "band": band} for k, v in (("ttft_ms", ttft), ("tpot_ms", tpot))
+    }
+    sim["output_tokens_per_s"] = {"value": tps, "regime": "single", "band": None, "band_unknown": "none here"}
+    return {
+        "workload": {"input_len": 8, "output_len": 6, "concurrency": 1},
+        "tpot_ms": tpot,
+        "ttft_ms": ttft,
+        "output_tokens_per_s": tps,
+        "source": source,
+        "terms": [{"term": "t", "ms": 1.0, "basis": basis}],
+        "simulated": sim,
+    }
+
+
+def _row(c: int, tpot: list[float], ttft: list[float], tps: list[float]) -> dict[str, Any]:
+    from hwprofile.bench.compare import spread
+
+    return {
+        "concurrency": c,
+        "rounds": len(tpot),
+        "metrics": {
+            "p50_tpot_ms": spread(tpot).to_json(),
+            "p50_ttft_ms": spread(ttft).to_json(),
+            "output_throughput": spread(tps).to_json(),
+        },
+    }
+
+
+def test_the_accuracy_gate_judges_the_mape_per_figure() -> None:
+    from hwprofile.bench.accuracy import CALIBRATE, accuracy, lines, provenance
+
+    assert provenance(_pred("datasheet", 1, 1, 1)) == "datasheet"
+    assert provenance(_pred("datasheet", 1, 1, 1, basis="fitted")) == "fitted"
+    assert provenance(_pred("calibrated: /x.json", 1, 1, 1)) == "calibrated"
+    assert provenance(_pred("datasheet scaled by calibration /x.json (…)", 1, 1, 1)) == "calibrated"
+    assert provenance(_pred("calibration /x.json (bench ?, concurrency 1)", 1, 1, 1)) == "measured"
+    rows = [_row(1, [10.0], [100.0], [50.0]), _row(4, [20.0], [400.0], [100.0])]
+    # within 20 % on every figure: pass, nothing to do
+    ok = accuracy({1: _pred("datasheet", 11, 90, 55), 4: _pred("datasheet", 18, 440, 95)}, rows, "-")
+    assert ok["state"] == "pass" and ok["next_step"] is None
+    assert ok["mape"]["tpot_ms"] == pytest.approx((0.1 + 0.1) / 2)
+    assert ok["mape"]["ttft_ms"] == pytest.approx((0.1 + 0.1) / 2)
+    assert ok["mape"]["output_tokens_per_s"] == pytest.approx((0.1 + 0.05) / 2)
+    assert ok["mape"]["overall"] == pytest.approx((0.1 * 5 + 0.05) / 6)
+    f = ok["points"][0]["figures"][1]
+    assert f["figure"] == "ttft_ms" and f["error"] == pytest.approx(-0.1) and f["provenance"] == "datasheet"
+    # the band: measured expected within predicted / ratio_hi .. predicted / ratio_lo
+    assert f["band"]["measured_lo"] == pytest.approx(90 / 1.25) and f["band"]["measured_hi"] == pytest.approx(
+        90 / 0.8
+    )
+    assert f["within_band"] is True
+    assert (
+        ok["points"][0]["figures"][0]["band"] is None
+        and ok["points"][0]["figures"][0]["band_unknown"] == "none here"
+    )
+    # TTFT off (x3 at 4): fail, named, and the next step is to calibrate (the figures are not calibrated)
+    bad = accuracy({1: _pred("datasheet", 11, 90, 55), 4: _pred("datasheet", 18, 1200, 95)}, rows, "-")
+    assert bad["state"] == "fail" and bad["next_step"] == CALIBRATE
+    assert "TTFT p50 off by +200% at concurrency 4" in bad["why"]
+    # calibrated already and still off: which figure and by how much, not "calibrate"
+    cal = {c: _pred("calibrated: /x.json", 11, t, 55) for c, t in ((1, 90), (4, 1200))}
+    again = accuracy(cal, rows, "-")
+    assert again["state"] == "fail" and again["next_step"].startswith("calibrated already")
+    assert "TTFT p50 off by +200% at concurrency 4 (MAPE 105%)" in again["next_step"]
+    # a measurement whose rounds disagree more than the gate cannot judge: noisy, never pass or fail
+    noisy_rows = [_row(1, [10.0, 10.0], [50.0, 150.0], [50.0, 50.0])]
+    noisy = accuracy({1: _pred("calibrated: /x.json", 10, 200, 50)}, noisy_rows, "-")
+    assert noisy["state"] == "noisy" and "measurement too noisy (spread 100% of TTFT p50" in noisy["why"]
+    # nothing predicted: unknown, with the reason and the way to a prediction
+    none = accuracy({1: None}, rows[:1], "a CPU has no datasheet here")
+    assert none["state"] == "unknown" and none["mape"]["overall"] is None and none["next_step"] == CALIBRATE
+    assert none["why"] == "nothing predicted: a CPU has no datasheet here"
+    assert accuracy({}, rows, "a server at --url: no plan")["next_step"] is None
+    from hwprofile.bench.accuracy import calibration_caveats
+
+    assert calibration_caveats(rows)[0].startswith("concurrency 1: one measurement a point")
+    assert calibration_caveats([_row(1, [10.0, 10.5], [100.0, 101.0], [50.0, 51.0])]) == []
+    (wide,) = calibration_caveats(noisy_rows)
+    assert "TTFT p50 spread ±50% over 2 measurements, wider than the 20% gate" in wide
+    text = "\n".join(lines(bad, "profile"))
+    assert "gate: FAIL" in text and "next: run `hwprofile bench --calibrate`" in text and "(OUT)" in text
+
+
+def test_the_accuracy_gate_after_bench_unknown_then_calibrated_then_off(world) -> None:
+    """A CPU plan predicts nothing before a calibration: the gate is unknown and says to calibrate;
+    `bench --calibrate` stores the bench; the next bench's predictions are the plan's calibrated ones,
+    judged; a server that turns 3 s slower to the first token fails the gate, naming TTFT."""
+    from hwprofile.bench.accuracy import CALIBRATE, FIGURES
+
+    sets = [*world["sets"], "speculative.method=none", "bench.concurrency=1"]
+    slow = {"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "300"}  # TTFT ~300 ms: above the fake's own jitter
+
+    err: list[str] = []
+
+    def bench(*extra: str, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+        r = hw(
+            world,
+            "--output",
+            str(world["tmp"] / f"o{len(list(world['tmp'].glob('o*')))}"),
+            *extra,
+            sets=sets,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        err.append(r.stderr)
+        doc = json.loads((Path(r.stdout.strip().splitlines()[-1].split("results: ")[-1])).read_text())
+        validate(doc)
+        return doc, r.stdout
+
+    doc, out = bench(env=slow)
+    acc = doc["plans"][0]["accuracy"]
+    assert (
+        acc["state"] == "unknown" and acc["next_step"] == CALIBRATE and "a CPU has no datasheet" in acc["why"]
+    )
+    assert "accuracy gate UNKNOWN" in out and "gate: UNKNOWN: nothing predicted" in out
+    doc, out = bench("--calibrate", env=slow)
+    assert "calibration: concurrency 1: one measurement a point" in err[-1]
+    assert doc["plans"][0]["accuracy"]["state"] == "unknown"  # predicted before this bench was stored
+    assert list((world["tmp"] / "etc" / "calibration").glob("*.json"))
+    doc, out = bench(env=slow)
+    acc = doc["plans"][0]["accuracy"]
+    (pt,) = acc["points"]
+    row = doc["plans"][0]["summary"][0]
+    for f, (key, metric, _) in zip(pt["figures"], FIGURES, strict=True):
+        assert f["figure"] == key
+        assert f["provenance"] == "calibrated" and f["source"].startswith("calibrated: ")
+        assert f["measured"] == row["metrics"][metric]["median"]
+        assert f["error"] == pytest.approx(f["predicted"] / f["measured"] - 1)
+    mape = acc["mape"]
+    assert acc["state"] == ("pass" if all(mape[k] <= 0.2 for k, _, _ in FIGURES) else "fail"), acc
+    assert f"MAPE {mape['overall']:.1%} over all figures" in out
+    # the server's first token 3 s later than when calibrated: TTFT is off, by about -90 %
+    doc, out = bench(env={"FAKEVLLM_BENCH_TTFT_MS_PER_CONCURRENCY": "3300"})
+    acc = doc["plans"][0]["accuracy"]
+    assert acc["state"] == "fail" and acc["mape"]["ttft_ms"] > 0.8, acc
+    assert acc["next_step"].startswith("calibrated already") and "TTFT p50 off by -" in acc["next_step"]
+    assert "gate: FAIL" in out and "next: calibrated already" in out
+
+
+VLLM_METRICS = """# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {n}
+vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {n}
+vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {ttft}
+vllm:time_to_first_token_seconds_count{{engine="1",model_name="m"}} {n}
+vllm:time_to_first_token_seconds_sum{{engine="1",model_name="m"}} {ttft}
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_count{{engine="0",model_name="m"}} {n2}
+vllm:request_time_per_output_token_seconds_sum{{engine="0",model_name="m"}} {tpot}
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {steps}
+vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {tokens}
+"""
+
+
+def test_the_servers_own_figures_from_its_histograms() -> None:
+    """A point's server-side means: the increase of each histogram's sum over that of its count, summed
+    over the engines; a histogram the server lacks, or one that went back (a restart), is None."""
+    from hwprofile.bench.servermetrics import delta, parse_sums
+
+    a = parse_sums(VLLM_METRICS.format(n=2, ttft=0.1, n2=2, tpot=0.02, steps=10, tokens=40))
+    b = parse_sums(VLLM_METRICS.format(n=6, ttft=0.5, n2=6, tpot=0.08, steps=110, tokens=240))
+    assert a["vllm:time_to_first_token_seconds"] == (0.2, 4.0)
+    d = delta(a, b)
+    assert d["ttft_ms"] == pytest.approx(0.8 / 8 * 1e3) and d["requests"] == 8
+    assert d["tpot_ms"] == pytest.approx(0.06 / 4 * 1e3)
+    assert d["tokens_per_step"] == pytest.approx(2.0) and d["steps"] == 100
+    assert d["prefill_ms"] is None and d["itl_ms"] is None
+    assert delta(b, a)["ttft_ms"] is None  # counters went back: a restart, no figure
+
+
+def test_repeats_measure_each_concurrency_again_after_one_uncounted_warmup(world) -> None:
+    out = world["tmp"] / "rep"
+    r = hw(
+        world,
+        "--workload",
+        "sweep",
+        "--repeats",
+        "2",
+        "--json",
+        "--output",
+        str(out),
+        sets=[*world["sets"], "speculative.method=none", "bench.sweep_max=2"],
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    validate(doc)
+    (run,) = doc["plans"][0]["runs"]
+    assert [p["concurrency"] for p in run["points"]] == [1, 2, 1, 2]  # interleaved
+    assert all(row["rounds"] == 2 for row in doc["plans"][0]["summary"])
+    raw = out / "vllm-bench"
+    assert (raw / "profile-r1-c2-warmup.json").exists() and (raw / "profile-r1-c2-k2.json").exists()
+    assert not (raw / "profile-r1-c1-warmup.json").exists()  # one warm-up: the largest concurrency
+    assert "warm-up (not counted)" in r.stderr
+    # the fake server's own TTFT histogram: every request of the point, vllm bench serve's test one too
+    for p in run["points"]:
+        sm = p["server_metrics"]
+        assert sm["requests"] == p["num_prompts"] + 1 and sm["ttft_ms"] > 0, sm
+
+
+@pytest.mark.parametrize(
+    ("host", "model"),
+    [
+        ("a800-pcie-4x", "Qwen/Qwen3-8B"),  # four servers, a draft of the profile's choosing
+        ("rtx3090-1x", "Qwen/Qwen3-32B"),  # the planner's own 4-bit checkpoint that fits
+        ("rtx3090-1x", "Qwen/Qwen3.8-27B"),  # a hybrid with MTP layers, as loaded
+    ],
+)
+def test_the_gate_predicts_with_the_plan_that_runs(host: str, model: str, tmp_path: Path) -> None:
+    """At the plan's own workload, the gate's prediction is the plan's: the same model, checkpoint,
+    draft and engine settings (what plan shows is what runs, and what the gate judges)."""
+    from hwprofile.host.snapshot_io import snapshot_from_dict
+    from hwprofile.pipeline import PlanInputs, predictions_at
+
+    snap = snapshot_from_dict(json.loads((ROOT / "examples" / "hosts" / f"{host}.json").read_text()), host)
+    inputs = PlanInputs(snap, str(tmp_path), None, (), (), model)
+    plan = inputs.whole_plan()
+    own = plan.instances[0].prediction
+    w, n = own.workload, len(plan.instances)
+    got = predictions_at(inputs, plan, w["input_len"], w["output_len"], (w["concurrency"], 1), front=True)
+    p = got[w["concurrency"]]
+    assert (p.ttft_ms, p.tpot_ms, p.source) == (own.ttft_ms, own.tpot_ms, own.source)
+    assert p.output_tokens_per_s / n == pytest.approx(own.output_tokens_per_s, abs=0.1)
+    assert got[1].workload["concurrency"] == 1 and got[1].tpot_ms <= p.tpot_ms

@@ -18,7 +18,7 @@ from ..runtime.files import atomic_write
 from .report import headline, text, verdict
 from .result import BenchPlan, comparison, document, knee_of, plot_series
 from .runner import Point, Target
-from .tags import per_watt
+from .tags import HardwareSampler, per_watt
 from .workloads import Workload
 
 # serve(plan) -> context manager yielding the Target of its first instance
@@ -42,10 +42,15 @@ def run_campaign(
     out_dir: Path,
     serve: Serve,
     run_point: RunPoint,
-    sampler: Callable[[], Any],
+    sampler: Callable[[], HardwareSampler],
     progress: Callable[[str], None] = lambda m: None,
+    repeats: int = 1,
 ) -> None:
-    """Fill each plan's ``runs``: per round ``{round, order, url, started, points, hardware}``."""
+    """Fill each plan's ``runs``: per round ``{round, order, url, started, points, hardware}``.
+    ``repeats`` > 1: the server first answers one warm-up point at the workload's largest concurrency
+    (its result kept beside the others as ``…-warmup``, not counted), then each concurrency is measured
+    ``repeats`` times, the concurrencies interleaved (so a slow drift of the host falls on all of them
+    alike); the summary's medians and spreads take them all."""
     raw = out_dir / "vllm-bench"
     raw.mkdir(parents=True, exist_ok=True)
     for n, (rnd, plan) in enumerate(order(plans, rounds), start=1):
@@ -59,11 +64,19 @@ def run_campaign(
                 "points": [],
                 "hardware": [],
             }
-            for c in wl.concurrencies:
-                progress(f"round {rnd}/{rounds}: {plan.label}: concurrency {c}, {wl.prompts_at(c)} requests")
+            if repeats > 1:  # the server's first requests (its every batch size up to the largest)
+                c = max(wl.concurrencies)
+                progress(f"round {rnd}/{rounds}: {plan.label}: concurrency {c}: warm-up (not counted)")
+                run_point(target, wl, c, raw, f"{_safe(plan.label)}-r{rnd}-c{c}-warmup")
+            for k, c in ((k, c) for k in range(1, repeats + 1) for c in wl.concurrencies):
+                rep = f" (repeat {k}/{repeats})" if repeats > 1 else ""
+                progress(
+                    f"round {rnd}/{rounds}: {plan.label}: concurrency {c}, {wl.prompts_at(c)} requests{rep}"
+                )
                 s = sampler()
                 with s:
-                    point = run_point(target, wl, c, raw, f"{_safe(plan.label)}-r{rnd}-c{c}")
+                    tag = f"{_safe(plan.label)}-r{rnd}-c{c}" + (f"-k{k}" if repeats > 1 else "")
+                    point = run_point(target, wl, c, raw, tag)
                 run["points"].append(point)
                 hw = s.tags()
                 hw["output_tokens_per_s_per_watt"] = per_watt(point.output_throughput, hw)

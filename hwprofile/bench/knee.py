@@ -45,24 +45,9 @@ def find_knee(
     if not points:
         return Knee(target_ms, None, None, "no sweep points: nothing to judge")
     pts = sorted(points, key=lambda p: p.concurrency)
-    evidence = []
-    for p in pts:
-        ok = p.p99_ttft_ms <= target_ms
-        evidence.append(
-            f"concurrency {p.concurrency}: p99 TTFT {p.p99_ttft_ms:.1f} ms {'<=' if ok else '>'} "
-            f"{target_ms:g} ms, {p.output_throughput:.1f} output tokens/s"
-        )
     first_bad = next((p for p in pts if p.p99_ttft_ms > target_ms), None)
     good = [p for p in pts if first_bad is None or p.concurrency < first_bad.concurrency]
-    if first_bad is not None:
-        later_ok = [
-            p.concurrency for p in pts if p.concurrency > first_bad.concurrency and p.p99_ttft_ms <= target_ms
-        ]
-        if later_ok:
-            evidence.append(
-                f"concurrency {', '.join(map(str, later_ok))} met the target again after {first_bad.concurrency} "
-                "broke it: not counted (the knee is the first break)"
-            )
+    evidence = _point_evidence(pts, target_ms, first_bad)
     if not good:
         assert first_bad is not None
         return Knee(
@@ -82,6 +67,38 @@ def find_knee(
             f"{knee.output_throughput / peak.output_throughput:.0%} of the sweep's peak "
             f"{peak.output_throughput:.1f} tokens/s (concurrency {peak.concurrency})"
         )
+    verdict = _verdict(knee, first_bad, target_ms, planned_max_num_seqs)
+    return Knee(
+        target_ms, knee.concurrency, first_bad.concurrency if first_bad else None, verdict, tuple(evidence)
+    )
+
+
+def _point_evidence(pts: Sequence[SweepPoint], target_ms: float, first_bad: SweepPoint | None) -> list[str]:
+    """One line per point (sorted by concurrency) against the target, and a note on points that met
+    it again after the first break (not counted)."""
+    evidence = []
+    for p in pts:
+        ok = p.p99_ttft_ms <= target_ms
+        evidence.append(
+            f"concurrency {p.concurrency}: p99 TTFT {p.p99_ttft_ms:.1f} ms {'<=' if ok else '>'} "
+            f"{target_ms:g} ms, {p.output_throughput:.1f} output tokens/s"
+        )
+    if first_bad is not None:
+        later_ok = [
+            p.concurrency for p in pts if p.concurrency > first_bad.concurrency and p.p99_ttft_ms <= target_ms
+        ]
+        if later_ok:
+            evidence.append(
+                f"concurrency {', '.join(map(str, later_ok))} met the target again after {first_bad.concurrency} "
+                "broke it: not counted (the knee is the first break)"
+            )
+    return evidence
+
+
+def _verdict(
+    knee: SweepPoint, first_bad: SweepPoint | None, target_ms: float, planned_max_num_seqs: int | None
+) -> str:
+    """The recommendation in words, compared with the plan's max_num_seqs when given."""
     if first_bad is None:
         verdict = (
             f"p99 TTFT stays within {target_ms:g} ms up to the sweep's top, concurrency {knee.concurrency}: "
@@ -97,6 +114,4 @@ def find_knee(
             verdict += f"; the plan has {planned_max_num_seqs} (--set engine.max_num_seqs={knee.concurrency})"
         else:
             verdict += f"; the plan has {planned_max_num_seqs}"
-    return Knee(
-        target_ms, knee.concurrency, first_bad.concurrency if first_bad else None, verdict, tuple(evidence)
-    )
+    return verdict

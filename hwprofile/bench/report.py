@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .accuracy import lines as accuracy_lines
 from .result import BenchPlan, primary_spread
 from .workloads import Workload
 
@@ -160,6 +161,7 @@ def verdict(
         k = knees.get(p.label)
         if k:
             out.append(f"{p.label}: {k['verdict']}")
+        out.append(gate_line(p))
     if cmp:
         for row in cmp["per_concurrency"]:
             if row["concurrency"] != cmp["primary_concurrency"]:
@@ -168,6 +170,20 @@ def verdict(
                 if m["metric"] in ("output_throughput", "p99_ttft_ms"):
                     out.append(f"at concurrency {row['concurrency']}: {sentence}")
     return out
+
+
+def gate_line(p: BenchPlan) -> str:
+    """The accuracy gate's verdict of one plan, with its next step."""
+    from .accuracy import accuracy
+    from .result import summary
+
+    acc = accuracy(p.predictions, summary(p), p.predictions_why)
+    m = acc["mape"]["overall"]
+    return (
+        f"{p.label}: accuracy gate {acc['state'].upper()}"
+        + (f" (MAPE {m:.1%} over all figures)" if m is not None else "")
+        + (f"; next: {acc['next_step']}" if acc["next_step"] else "")
+    )
 
 
 def text(doc: dict[str, Any], plans: Sequence[BenchPlan]) -> str:
@@ -198,8 +214,11 @@ def text(doc: dict[str, Any], plans: Sequence[BenchPlan]) -> str:
         lines += plan_table(p, by_label[p.label]["summary"])
         if any(row["rounds"] > 1 for row in by_label[p.label]["summary"]):
             lines.append(
-                "  (medians over the rounds; ± = half the rounds' range of output tokens/s, of the median)"
+                "  (medians over the rounds and repeats; ± = half their range of output tokens/s, of the median)"
             )
+        acc = by_label[p.label].get("accuracy")
+        if acc:
+            lines += accuracy_lines(acc, p.label)
         nd = by_label[p.label]["non_default_settings"]
         if nd:
             shown = ", ".join(f"{s['key']}={s['value']}" for s in nd[:12])

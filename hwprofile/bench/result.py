@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .accuracy import accuracy
 from .compare import METRICS, Spread, compare, spread
 from .knee import SweepPoint, find_knee
 from .runner import Point
 from .workloads import Workload
+
+if TYPE_CHECKING:
+    from ..plan.types import Plan
 
 SCHEMA = "hwprofile.bench/1"
 SUMMARY_METRICS = tuple(METRICS)
@@ -24,10 +28,14 @@ class BenchPlan:
     kind: str  # profile, baseline, overrides, url
     source: str | None  # the overrides file, the URL
     profile: str | None
-    plan: Any = None  # hwprofile.plan.types.Plan
+    plan: Plan | None = None
     url: str | None = None
     non_default_settings: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
+    # what the plan that runs predicts at each concurrency of the workload (``plan --json``'s
+    # instance prediction; None: nothing predicted, ``predictions_why`` says why and what to do)
+    predictions: dict[int, dict[str, Any] | None] = field(default_factory=dict)
+    predictions_why: str = "no plan of hwprofile's: nothing predicted"
 
     def describe(self) -> dict[str, Any]:
         p = self.plan
@@ -188,7 +196,16 @@ def document(
                     ],
                 }
             )
-        plans_json.append({**p.describe(), "runs": runs, "summary": summary(p), "knee": knee_of(p, wl)})
+        rows = summary(p)
+        plans_json.append(
+            {
+                **p.describe(),
+                "runs": runs,
+                "summary": rows,
+                "knee": knee_of(p, wl),
+                "accuracy": accuracy(p.predictions, rows, p.predictions_why),
+            }
+        )
     return {
         "schema": SCHEMA,
         "created": created,

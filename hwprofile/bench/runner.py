@@ -176,6 +176,10 @@ class Point:
     spec_decode: dict[str, Any] | None
     spec_decode_error: str | None
     vllm_bench: dict[str, Any]  # argv, result file, what it reported itself
+    # the server's own view of the point (bench/servermetrics.py: /metrics histograms' means), None
+    # where its /metrics could not be read (``server_metrics_error`` says why)
+    server_metrics: dict[str, Any] | None = None
+    server_metrics_error: str | None = None
 
     def metric(self, name: str) -> float | None:
         """``output_throughput``, ``p99_ttft_ms`` and the like (the comparison's metric names)."""
@@ -199,6 +203,8 @@ class Point:
             "spec_decode": self.spec_decode,
             "spec_decode_error": self.spec_decode_error,
             "vllm_bench": self.vllm_bench,
+            "server_metrics": self.server_metrics,
+            "server_metrics_error": self.server_metrics_error,
         }
 
 
@@ -248,7 +254,7 @@ def read_result(path: Path, concurrency: int, argv: list[str]) -> Point:
     )
 
 
-def _opt(v: Any) -> float | None:
+def _opt(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -270,7 +276,42 @@ def run_point(
     result, log = out_dir / name, out_dir / f"{tag}.log"
     result.unlink(missing_ok=True)  # a link planted there goes, its target stays
     argv = bench_argv(target, wl, concurrency, out_dir, name)
+    from .servermetrics import delta, scrape_sums
+
     before, err_before = spec_counters(target.url)
+    sums_before, sums_err = scrape_sums(target.url)
+    proc = _run_bench(target, argv, log, concurrency, timeout_s, env)
+    if proc.returncode != 0 or not result.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+        raise BenchFailed(
+            f"vllm bench serve exited {proc.returncode} at concurrency {concurrency} "
+            f"(log {log}); its last lines:\n{tail}"
+        )
+    after, err_after = spec_counters(target.url)
+    sums_after, sums_err_after = scrape_sums(target.url)
+    point = read_result(result, concurrency, argv)
+    spec, err = None, err_before or err_after
+    if before is not None and after is not None:
+        spec = spec_delta(before, after)
+    server = delta(sums_before, sums_after) if sums_before is not None and sums_after is not None else None
+    return replace(
+        point,
+        spec_decode=spec,
+        spec_decode_error=err,
+        server_metrics=server,
+        server_metrics_error=sums_err or sums_err_after,
+    )
+
+
+def _run_bench(
+    target: Target,
+    argv: list[str],
+    log: Path,
+    concurrency: int,
+    timeout_s: float | None,
+    env: dict[str, str] | None,
+) -> subprocess.CompletedProcess[bytes]:
+    """``vllm bench serve`` with its output into ``log`` (created, never opened through a link)."""
     try:
         # the log is created, never opened through a link a planted name points with
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -278,7 +319,7 @@ def run_point(
         raise BenchFailed(f"{log}: cannot write the point's log: {e.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as out:
-            proc = subprocess.run(
+            return subprocess.run(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -295,15 +336,3 @@ def run_point(
         raise BenchFailed(
             f"vllm bench serve ran past {timeout_s:g} s at concurrency {concurrency}; log {log}"
         ) from None
-    if proc.returncode != 0 or not result.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
-        raise BenchFailed(
-            f"vllm bench serve exited {proc.returncode} at concurrency {concurrency} "
-            f"(log {log}); its last lines:\n{tail}"
-        )
-    after, err_after = spec_counters(target.url)
-    point = read_result(result, concurrency, argv)
-    spec, err = None, err_before or err_after
-    if before is not None and after is not None:
-        spec = spec_delta(before, after)
-    return replace(point, spec_decode=spec, spec_decode_error=err)

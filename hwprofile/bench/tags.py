@@ -21,15 +21,27 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..host.sampler import POWER_REASONS, THERMAL_REASONS
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..config import Source
     from ..config.settings import Settings
+    from ..host.sampler import GpuReading
+    from ..host.snapshot import HostSnapshot
 
 THROTTLE_REASONS = THERMAL_REASONS + POWER_REASONS
 INTERVAL_S = 0.5
+
+
+class ReadingSource(Protocol):
+    """What :class:`HardwareSampler` reads the GPUs through: host.sampler's ``GpuSampler``, or a
+    test's fake; its ``error`` and ``close()`` are used where it has them."""
+
+    def sample(self, now: float) -> Iterable[GpuReading]: ...
 
 
 @dataclass
@@ -55,7 +67,7 @@ class GpuTrack:
     power_s: float = 0.0  # seconds the energy covers
     _last_at: float | None = None
 
-    def add(self, r: Any) -> None:  # r: daemon.policy.GpuReading
+    def add(self, r: GpuReading) -> None:
         dt = r.at - self._last_at if self._last_at is not None else 0.0
         self._last_at = r.at
         if r.status == "lost":
@@ -137,7 +149,7 @@ class HardwareSampler:
         self,
         gpu_names: Mapping[int, str | None],
         interval_s: float = INTERVAL_S,
-        make_sampler: Callable[[list[int]], Any] | None = None,
+        make_sampler: Callable[[list[int]], ReadingSource] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.names = dict(gpu_names)
@@ -148,7 +160,7 @@ class HardwareSampler:
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._sampler: Any = None
+        self._sampler: ReadingSource | None = None
         self._failed = False
         self.started_at: float | None = None
         self.ended_at: float | None = None
@@ -174,8 +186,9 @@ class HardwareSampler:
         except Exception as e:  # a sampler that cannot start is a tag, not a failed benchmark
             self.error = f"the GPU sampler did not start: {e}"
             return
-        if getattr(self._sampler, "error", None):
-            self.error = f"NVML: {self._sampler.error}"
+        error = getattr(self._sampler, "error", None)
+        if error:
+            self.error = f"NVML: {error}"
         self._sample_once()
         self._thread = threading.Thread(target=self._run, name="hwprofile-bench-nvml", daemon=True)
         self._thread.start()
@@ -320,7 +333,7 @@ def cpu_info() -> dict[str, Any]:
     }
 
 
-def host_tags(host: Any, cpu: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def host_tags(host: HostSnapshot, cpu: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The host of a benchmark: GPUs, driver, CPU (``cpu`` or :func:`cpu_info`), vLLM."""
     return {
         "hostname": host.hostname,
@@ -335,7 +348,7 @@ def host_tags(host: Any, cpu: Mapping[str, Any] | None = None) -> dict[str, Any]
 
 
 def non_default_settings(
-    settings: Settings, provenance: Mapping[tuple[str, ...], Any]
+    settings: Settings, provenance: Mapping[tuple[str, ...], Source]
 ) -> list[dict[str, Any]]:
     """Every setting whose resolved value differs from its schema default: key, value, default,
     and the layer it came from (a profile file and line, an overrides file, the environment, --set)."""

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from ..bench.runner import Point, Target
     from ..bench.tags import HardwareSampler
     from ..bench.workloads import Workload
+    from ..host.snapshot import HostSnapshot
+    from ..launch.start import Launch
+    from ..pipeline import PlanInputs, Resolution
+    from ..plan.types import Plan
 
 # `--demo`: besides the demo plan (cli.common.DEMO_SETS), a workload the tiny model answers in about
 # a minute on two cores, most of it vLLM starting: one point of 8 short requests, 4 at a time (the demo
@@ -56,7 +60,7 @@ def _side(
     )
 
 
-def speculates(plans: list[Any]) -> bool | None:
+def speculates(plans: list[BenchPlan]) -> bool | None:
     """Whether any side of the benchmark speculates: from its plan, or for a server at --url from
     its metrics (spec-decode counters present); None when a server's metrics cannot be read."""
     from ..bench.runner import spec_counters
@@ -92,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bs = bench_settings(res.settings)
     wl = workload(args.workload, bs)
     rounds = args.rounds or (bs.rounds if args.compare else 1)
-    plans, launches = _bench_plans(args, host, model, sets, settings_of)
+    plans, launches = _bench_plans(args, host, model, sets, settings_of, wl)
 
     wl = resolve_dataset(wl, speculates(plans))
     _progress(
@@ -109,7 +113,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     error: HwprofileError | None = None
     try:
         run_campaign(
-            plans, wl, rounds, out_dir, servers.serve_tracked, servers.point, servers.sampler, _progress
+            plans,
+            wl,
+            rounds,
+            out_dir,
+            servers.serve_tracked,
+            servers.point,
+            servers.sampler,
+            _progress,
+            repeats=getattr(args, "repeats", 1) or 1,
         )
     except (HwprofileError, BenchFailed) as e:
         error = e
@@ -120,18 +132,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise error
     code, doc = _report(args, plans, wl, htags, out_dir, command, error)
     if getattr(args, "calibrate", False) and error is None and doc["plans"]:
-        _progress(f"calibration of this host: {store_calibration(doc, settings_of.root, host)}")
+        _calibrate(doc, settings_of.root, host)
     return code
+
+
+def _calibrate(doc: dict[str, Any], root: str, host: HostSnapshot) -> None:
+    """``bench --calibrate``: the bench stored as this host's calibration, with its caveats."""
+    from ..bench.accuracy import calibration_caveats
+
+    _progress(f"calibration of this host: {store_calibration(doc, root, host)}")
+    for caveat in calibration_caveats(doc["plans"][0]["summary"]):
+        _progress(f"calibration: {caveat}")
 
 
 class _SettingsOf:
     """Each side's settings (its overrides files and ``--set`` options), resolved once."""
 
-    def __init__(self, host: Any, root: Any, profile: Any) -> None:
+    def __init__(self, host: HostSnapshot, root: str, profile: str | None) -> None:
         self.host, self.root, self.profile = host, root, profile
-        self.resolved: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
+        self.resolved: dict[tuple[tuple[str, ...], tuple[str, ...]], Resolution] = {}
 
-    def __call__(self, s_over: list[str], s_sets: list[str]) -> Any:
+    def __call__(self, s_over: list[str], s_sets: list[str]) -> Resolution:
         from ..pipeline import resolve_settings
 
         key = (tuple(s_over), tuple(s_sets))
@@ -141,17 +162,26 @@ class _SettingsOf:
 
 
 def _bench_plans(
-    args: argparse.Namespace, host: Any, model: Any, sets: list[str], settings_of: _SettingsOf
-) -> tuple[list[BenchPlan], dict[str, Any]]:
+    args: argparse.Namespace,
+    host: HostSnapshot,
+    model: str | None,
+    sets: list[str],
+    settings_of: _SettingsOf,
+    wl: Workload,
+) -> tuple[list[BenchPlan], dict[str, Launch]]:
     """What is measured: the server at ``--url``, or each side's plan with its launch (a launch
     refused here, before anything runs), labelled apart where both sides have one name."""
     from ..bench.result import BenchPlan
     from ..bench.tags import non_default_settings
 
     plans: list[BenchPlan] = []
-    launches: dict[str, Any] = {}  # label -> the plan's launch (refused here, before anything runs)
+    launches: dict[str, Launch] = {}  # label -> the plan's launch (refused here, before anything runs)
     if args.url:
-        plans.append(BenchPlan("server", "url", args.url, None, url=args.url))
+        why = (
+            "a server at --url: no plan of hwprofile's to predict it (bench the plan itself, without --url, "
+            "for the accuracy gate)"
+        )
+        plans.append(BenchPlan("server", "url", args.url, None, url=args.url, predictions_why=why))
         return plans, launches
     sides = (
         [_side(w, sets, list(args.overrides)) for w in args.compare]
@@ -165,6 +195,7 @@ def _bench_plans(
         plan, inputs = plan_of(over_args, host, model=model, sets=s_sets)
         launches[label] = launch_of(args, host, plan, inputs, Path(), _progress)
         r = settings_of(s_over, s_sets)
+        preds, why = predictions_of(inputs, launches[label].plan, wl)
         plans.append(
             BenchPlan(
                 label,
@@ -173,9 +204,35 @@ def _bench_plans(
                 plan.profile,
                 plan=plan,
                 non_default_settings=non_default_settings(r.settings, r.provenance),
+                predictions=preds,
+                predictions_why=why,
             )
         )
     return plans, launches
+
+
+def predictions_of(
+    inputs: PlanInputs, plan: Plan, wl: Workload
+) -> tuple[dict[int, dict[str, Any] | None], str]:
+    """What the plan that runs predicts at each of the workload's concurrencies (before anything runs,
+    so before ``--calibrate`` stores this bench), and why a figure is missing where one is."""
+    from ..pipeline import predictions_at
+
+    inst = plan.instances[0] if plan.instances else None
+    ep = plan.endpoint
+    front = ep is not None and ep.via in ("nginx", "router")
+    if inst is None:
+        return {}, "the plan has no instance"
+    try:
+        got = predictions_at(inputs, plan, wl.input_len, wl.output_len, wl.concurrencies, front)
+    except HwprofileError as e:
+        return {}, f"the plan could not be predicted at the workload: {'; '.join(e.messages())}"
+    preds = {c: (p.to_json() if p is not None else None) for c, p in got.items()}
+    if inst.device == "cpu":
+        why = "a CPU has no datasheet here: nothing is predicted until this host is calibrated"
+    else:
+        why = f"no datasheet figures for {inst.gpu_name or 'these GPUs'} (hwprofile/data/gpus.yaml)"
+    return preds, why
 
 
 def _output_dir(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -199,7 +256,7 @@ def _report(
     args: argparse.Namespace,
     plans: list[BenchPlan],
     wl: Workload,
-    htags: Any,
+    htags: dict[str, Any],
     out_dir: Path,
     command: list[str],
     error: HwprofileError | None,
@@ -230,7 +287,7 @@ def _report(
     return (EXIT_OK if doc["plans"] else EXIT_FAILED), doc
 
 
-def store_calibration(doc: dict[str, Any], root: Any, host: Any) -> str:
+def store_calibration(doc: dict[str, Any], root: str | os.PathLike[str], host: HostSnapshot) -> str:
     """``doc`` (a bench result) as this host's calibration, ``<root>/calibration/<fingerprint>.json``,
     after the same checks a plan makes when it reads it (an unusable result is refused, nothing stored);
     the next plan's predictions are "calibrated" from it. Returns the path."""
@@ -254,10 +311,10 @@ class _Servers:
     def __init__(
         self,
         args: argparse.Namespace,
-        host: Any,
-        launches: dict[str, Any],
+        host: HostSnapshot,
+        launches: dict[str, Launch],
         out_dir: Path,
-        configured_vllm: Any,
+        configured_vllm: str | None,
     ) -> None:
         self.args, self.host, self.launches, self.out_dir = args, host, launches, out_dir
         self.configured_vllm = configured_vllm
@@ -300,10 +357,14 @@ class _Servers:
         from ..launch.start import serving
         from ..runtime.dirs import runtime_dir
 
-        inst = bp.plan.instances[0]
-        ep = bp.plan.endpoint
+        plan = bp.plan
+        if plan is None:
+            raise ValueError(f"{bp.label}: neither a URL nor a plan to serve")
+        inst = plan.instances[0]
+        ep = plan.endpoint
         front = ep is not None and ep.via in ("nginx", "router")  # separate servers: through their one URL
-        _say_what_is_measured(bp, front)
+        router = ep.url if ep is not None and ep.via == "router" else None
+        _say_what_is_measured(bp.label, plan, front)
         # a private runtime dir: never the one of a running `hwprofile launch`
         own = self.args.runtime_dir is None
         runtime = Path(tempfile.mkdtemp(prefix="hwpb-")) if own else runtime_dir(self.args.runtime_dir)
@@ -312,14 +373,14 @@ class _Servers:
         try:
             with serving(dataclasses.replace(self.launches[bp.label], runtime=runtime)) as sup:
                 logs[:] = [(i.name, Path(i.log.path)) for i in sup.instances]
-                served = inst.server.served_model_name or bp.plan.model.path or bp.plan.model.name
-                tokenizer = bp.plan.model.path or bp.plan.model.name
-                if front and ep.via == "router":  # the supervisor runs it (serving waited for it)
-                    yield Target(ep.url, served, tokenizer, vllm)
+                served = inst.server.served_model_name or plan.model.path or plan.model.name
+                tokenizer = plan.model.path or plan.model.name
+                if router is not None:  # the supervisor runs it (serving waited for it)
+                    yield Target(router, served, tokenizer, vllm)
                 elif front:
                     from ..supervise.front import nginx_front
 
-                    with nginx_front(bp.plan, runtime / "nginx") as url:
+                    with nginx_front(plan, runtime / "nginx") as url:
                         yield Target(url, served, tokenizer, vllm)
                 else:
                     yield Target(sup.instances[0].url, served, tokenizer, vllm)
@@ -329,20 +390,18 @@ class _Servers:
                 shutil.rmtree(runtime, ignore_errors=True)
 
 
-def _say_what_is_measured(bp: BenchPlan, front: bool) -> None:
+def _say_what_is_measured(label: str, plan: Plan, front: bool) -> None:
     """Where a plan of several servers is measured: their one URL, or its first instance."""
-    inst = bp.plan.instances[0]
-    ep = bp.plan.endpoint
-    if front:
+    inst = plan.instances[0]
+    ep = plan.endpoint
+    if front and ep is not None:
         who = "vLLM's router" if ep.via == "router" else "nginx"
         _progress(
-            f"{bp.label}: {len(bp.plan.instances)} servers; vllm bench serve measures their one URL "
+            f"{label}: {len(plan.instances)} servers; vllm bench serve measures their one URL "
             f"{ep.url} ({who} in front, as clients reach them)"
         )
-    elif len(bp.plan.instances) > 1:
-        _progress(
-            f"{bp.label}: {len(bp.plan.instances)} instances planned; vllm bench serve measures {inst.name}"
-        )
+    elif len(plan.instances) > 1:
+        _progress(f"{label}: {len(plan.instances)} instances planned; vllm bench serve measures {inst.name}")
 
 
 def _quiet_vllm() -> None:
