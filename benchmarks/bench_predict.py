@@ -53,12 +53,20 @@ def host_snapshot(fixture: str, vllm: str, lib_dir: Path, work: Path) -> Any:
     return snapshot_from_dict(data, source=f"fixture {fixture}")
 
 
+def output_len_of(w: dict[str, Any]) -> int:
+    """The run's mean output length: ``generated_tokens`` / ``num_prompts`` where the source says requests
+    ended early (EOS before ``--random-output-len``), else ``output_len``."""
+    if w.get("generated_tokens") and w.get("num_prompts"):
+        return max(1, round(w["generated_tokens"] / w["num_prompts"]))
+    return int(w["output_len"])
+
+
 def settings_of(point: dict[str, Any]) -> list[str]:
     """`--set` values that make the plan the point's configuration (only what the source states)."""
     f, w = point.get("flags") or {}, point["workload"]
     sets = [
         f"layout.workload_input_len={w['input_len']}",
-        f"layout.workload_output_len={w['output_len']}",
+        f"layout.workload_output_len={output_len_of(w)}",
         f"layout.workload_concurrency={w['concurrency']}",
         "layout.replicas=1",
     ]
@@ -148,9 +156,10 @@ def arrivals_of(point: dict[str, Any]) -> Any:
         # decode rate summed
         return Arrivals("burst", w["concurrency"], w["input_len"], w["output_len"])
     n = int(w.get("num_prompts") or max(8, 4 * w["concurrency"]))
+    out = output_len_of(w)
     if w.get("arrival") == "burst":
-        return Arrivals("burst", n, w["input_len"], w["output_len"])
-    return Arrivals("concurrency", n, w["input_len"], w["output_len"], concurrency=w["concurrency"])
+        return Arrivals("burst", n, w["input_len"], out)
+    return Arrivals("concurrency", n, w["input_len"], out, concurrency=w["concurrency"])
 
 
 class simulated_as:

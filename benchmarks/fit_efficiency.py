@@ -40,6 +40,35 @@ def family_of(gpu_name: str, by_chip: bool = False) -> str | None:
     return str(row["architecture"]) if by_chip else str(row["architecture"]).split(" (")[0]
 
 
+# A point whose all-reduce goes through host memory across more than two GPUs (plan/interconnect.py
+# host_share: the CPU's throughput shared by the group, a band from (2 / n)^3 to the two-GPU share that the
+# snapshot cannot narrow) cannot tell the compute share from the collective's at a prefill's sizes: it is
+# left out of the fit (and says so). Read from the all-reduce term's own provenance.
+HOST_SHARED = "through host memory: x"
+
+
+def host_shared(pred: dict[str, Any]) -> bool:
+    """Whether the prediction's all-reduce is the CPU-shared host-staged one."""
+    t = next(
+        (t for t in pred.get("terms") or () if t["term"] == "decode step: 2 all-reduces per layer"), None
+    )
+    return HOST_SHARED in str((t or {}).get("source", ""))
+
+
+def identifiable(
+    points: list[dict[str, Any]], lib: Path, work: Path
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The points whose figures can pin the efficiencies, and the ids of those left out (with why)."""
+    keep, out = [], []
+    for p in points:
+        res = bp.plan_point(p, lib, work)
+        if host_shared(res.get("prediction") or {}):
+            out.append(f"{p['id']} (all-reduce through host memory, shared by more than two GPUs)")
+        else:
+            keep.append(p)
+    return keep, out
+
+
 def ratios(points: list[dict[str, Any]], lib: Path, work: Path) -> list[float]:
     out: list[float] = []
     for p in points:
@@ -95,6 +124,18 @@ def fit(
     }
 
 
+def merged(doc: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
+    """The yaml's architectures with ``fits`` in place of the families refitted: a family not refitted
+    (``--family``) stays as it is; a refitted one keeps its ``applied: false`` and ``why_not_applied``
+    (a judgement of the fit, made by a person) and loses ``judged`` (the held-out figures of the old fit)."""
+    rows = dict(doc.get("architectures") or {})
+    for fam, f in fits.items():
+        old = rows.get(fam) or {}
+        keep = {k: old[k] for k in ("applied", "why_not_applied") if k in old}
+        rows[fam] = {**f, **keep}
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"write {DATA.relative_to(ROOT)}")
@@ -123,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         for fam, pts in sorted(by.items()):
             if args.family and fam != args.family:
                 continue
+            pts, left_out = identifiable(pts, lib, work)
+            if not pts:
+                continue
             f = fit(fam, pts, lib, work, args.memory_only)
+            if left_out:
+                f["left_out"] = left_out
             gpus = sorted({p["hardware"]["gpu"] for p in pts})
             f["source"] = (
                 f"fitted by benchmarks/fit_efficiency.py to {len(pts)} published vLLM measurements "
@@ -138,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         text = DATA.read_text()
         head = text[: text.index("architectures:")]
-        body = yaml.safe_dump({"architectures": fits}, sort_keys=True, width=120)
+        body = yaml.safe_dump(
+            {"architectures": merged(yaml.safe_load(text), fits)}, sort_keys=True, width=120
+        )
         DATA.write_text(head + body)
         print(f"wrote {DATA.relative_to(ROOT)}")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,12 @@ from hwprofile.host.interconnect import read_vllm_p2p, vllm_cache_root
 from hwprofile.host.snapshot import Gpu, HostSnapshot
 from hwprofile.host.snapshot_io import snapshot_from_dict
 from hwprofile.interconnect.store import save_report
+from hwprofile.model import resolve_model
 from hwprofile.pipeline import interconnect_path
 from hwprofile.pipeline import make_plan as _make_plan
-from hwprofile.plan.candidates import host_fingerprint
+from hwprofile.plan.candidates import host_fingerprint, model_shape
 from hwprofile.plan.interconnect import Report, Run, SizeResult, vllm_p2p
+from hwprofile.plan.predict import ACT_BYTES
 
 HOST = "a800-pcie-4x-2numa"  # four A800 PCIe, TP 2 twice: (0, 1) and (2, 3)
 PAIRS = "layout.tensor_parallel_size=2"  # the operator's TP 2 (the profile's gives way to 4 x TP 1 here)
@@ -265,3 +268,77 @@ def test_faulted_gpus_elsewhere_and_everywhere(host_of, empty_root: Path) -> Non
     with pytest.raises(PlanRefused, match="every GPU reported a hardware fault") as e:
         make_plan(dead, empty_root, environ={})
     assert "GPU 0 is faulted (row_remap_pending)" in e.value.message
+
+
+# -- 1b. four GPUs through host memory: a recorded run replaces the shared-host central value ---------
+
+
+def test_a_recorded_four_gpu_run_replaces_the_host_shared_link_in_the_tp4_prefill(
+    host_of, empty_root: Path
+) -> None:
+    """Issue 38: on four RTX 3090 without P2P the all-reduce goes through host memory shared by four
+    GPUs; the datasheet gives it 2/n of the two-GPU share, banded to (2/n)^3 (interconnect.host_share),
+    and the single-stream TP4 TTFT of the validation set (x0.61) sits inside that band. What tells is a
+    recorded ``hwprofile doctor --interconnect`` run of the four: its bus bandwidth becomes the link's
+    central value (not shared again; its bandwidth band +-10 %, test_predict_steps.py) and the prompt's
+    all-reduce time follows it."""
+    host = host_of("rtx3090-4x")
+    model = str(Path(__file__).resolve().parents[1] / "examples" / "models" / "qwen3.8-27b-fp8")
+    sets = [
+        "layout.tensor_parallel_size=4",
+        "layout.replicas=1",
+        "layout.workload_input_len=8192",
+        "layout.workload_output_len=128",
+        "layout.workload_concurrency=1",
+        "engine.max_num_batched_tokens=8192",
+        "engine.kv_cache_dtype=fp8",
+    ]
+
+    def plan_tp4():  # type: ignore[no-untyped-def]
+        plan = _make_plan(host, empty_root, environ={}, sets=sets, model=model)
+        inst = plan.instances[0]
+        assert inst.tensor_parallel_size == 4 and inst.gpus == (0, 1, 2, 3)
+        return inst
+
+    before = plan_tp4()
+    sheet = allreduce_term(before)
+    assert "host memory" in sheet["source"] and not sheet["source"].startswith("measured")
+    lo, hi = sheet["band_ms"]
+    assert hi / lo > 2  # the shared-host band: (2/n)^3 .. 2/n of the two-GPU share (latency-bound here)
+    gbs = 2.0  # what the measured TTFT would imply: about a sixth of the two-GPU share
+    report = Report(
+        host_fingerprint(host),
+        "nccl",
+        (run((0, 1, 2, 3), False, "ok", gbs),),
+        "2026-12-05T02:00:00Z",
+        "2.9.0",
+        driver_version=host.driver.version,
+        iommu=host.interconnect.iommu,
+    )
+    save_report(empty_root, host, report)
+    after = plan_tp4()
+    got = allreduce_term(after)
+    assert got["source"].startswith(f"measured: {gbs:.2f} GB/s") and "host memory" in got["source"]
+    assert after.interconnect["link_source"] == "measured" and after.interconnect["link_gbs"] == gbs
+    glo, ghi = got["band_ms"]
+    assert glo <= got["ms"] <= ghi
+    # the prompt's all-reduces (8192 tokens x hidden per layer) over 2 GB/s instead of the shared share
+    pre = next(t for t in after.prediction.terms if t["term"].startswith("prefill:"))
+    pre0 = next(t for t in before.prediction.terms if t["term"].startswith("prefill:"))
+    assert pre["ms"] > pre0["ms"] and after.prediction.ttft_ms > before.prediction.ttft_ms
+    # taken as measured, not divided among the four again: at twice the bandwidth the prompt saves
+    # the bandwidth part of its all-reduces at that bandwidth (2 per layer per chunk, 2 (n - 1) / n of
+    # the chunk's activations each), not twice that
+    root2 = empty_root / "faster"
+    root2.mkdir()
+    fields = {"driver_version": host.driver.version, "iommu": host.interconnect.iommu}
+    runs = (run((0, 1, 2, 3), False, "ok", 2 * gbs),)
+    save_report(
+        root2, host, Report(host_fingerprint(host), "nccl", runs, "2026-12-05T02:00:00Z", "2.9.0", **fields)
+    )
+    fast = _make_plan(host, root2, environ={}, sets=sets, model=model).instances[0]
+    pre2 = next(t for t in fast.prediction.terms if t["term"].startswith("prefill:"))
+    chunks, chunk = (int(x) for x in re.findall(r"\d+", pre["term"])[:2])
+    shape = model_shape(resolve_model(model, "model"), 1)
+    saved = 2 * shape.layers * chunks * 2 * 3 / 4 * chunk * shape.hidden * ACT_BYTES / (2 * gbs * 1e9) * 1e3
+    assert pre["ms"] - pre2["ms"] == pytest.approx(saved, rel=0.05)

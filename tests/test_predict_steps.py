@@ -55,7 +55,7 @@ def test_the_lm_head_runs_on_sampled_rows_only() -> None:
     facts = resolve_model("Qwen/Qwen3-8B", "model")
     assert m.lm_head_params == facts.vocab_size * facts.hidden_size
     assert m.embedding_params == (0 if facts.tie_word_embeddings else m.lm_head_params)
-    peak = gpu.tflops * 1e12 * pm.COMPUTE_EFFICIENCY
+    peak = gpu.tflops * 1e12 * gpu.compute_efficiency  # the share gpu_efficiency.yaml gives Hopper
     # one more prompt token costs the body's FLOPs, not the LM head's
     a = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 4096, 0.0)["compute_ms"]
     b = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 8192, 0.0)["compute_ms"]
@@ -100,7 +100,10 @@ def test_an_all_reduce_costs_latency_plus_bytes_by_link_type_within_its_band(tp:
             assert 0 < lo <= pm.allreduce_ms(link, tp, nbytes) <= hi, name
     # small messages: latency-bound, NVLink's one-kernel all-reduce first, the network last
     at = {k: pm.allreduce_ms(v, tp, small) for k, v in links.items()}
-    assert at["nvlink"] < at["pcie_p2p"] <= at["pcie_host"] < at["sys"] < at["network"]
+    assert at["nvlink"] < at["pcie_p2p"] <= at["pcie_host"] < at["sys"]
+    # the network's latency stays above a host-staged group's up to 4 GPUs; 8 GPUs through host memory
+    # share the CPU's throughput (interconnect.host_share) and fall behind a 200 Gb/s NIC even at 16 KB
+    assert (at["sys"] < at["network"]) == (tp <= 4)
     # large ones: bandwidth-bound, NVLink first, through the host and across the sockets slower than P2P
     at = {k: pm.allreduce_ms(v, tp, large) for k, v in links.items()}
     assert at["nvlink"] < at["pcie_p2p"] < at["pcie_host"] < at["sys"]
@@ -182,3 +185,110 @@ def test_each_architecture_has_its_share_with_its_source_and_an_unapplied_fit_is
     assert ms == pytest.approx(
         max(0, m.weights_bytes - 2 * m.embedding_params) / (a100.bandwidth_gbs * 1e9 * 0.7) * 1e3
     )
+
+
+def test_a_host_staged_all_reduce_shares_the_cpu_among_the_group() -> None:
+    """Without P2P the bytes go through host memory: two GPUs reach the link's two-copy share, n GPUs
+    share the CPU's throughput (2 / n of it), with a band down to (2 / n)^3 (memory interleaved across
+    CPU dies) and up to the two-GPU share; P2P and NVLink groups are not affected."""
+    from hwprofile.plan.interconnect import COLLECTIVES, host_share
+
+    big = 80 << 20  # a prefill chunk's all-reduce: 8192 tokens x 5120 x 2 B
+    per_byte = {}
+    for tp in (2, 4, 8):
+        link = pm.link_of([("PHB", False)], [(4, 16)] * tp, None, tp)
+        per_byte[tp] = pm.allreduce_ms(link, tp, big) / (2 * (tp - 1) / tp)
+        lo, hi = pm.allreduce_band_ms(link, tp, big)
+        assert lo <= pm.allreduce_ms(link, tp, big) <= hi
+        if tp > 2:
+            assert "through host memory" in link.source and "nccl#1639" in link.source
+            # the slow end of the band: the cubed share, the fast end: the two-GPU one
+            assert hi / lo == pytest.approx((tp / 2) ** 3 * 0.5 / 0.25, rel=0.05)
+    assert per_byte[4] == pytest.approx(2 * per_byte[2], rel=0.02)
+    assert per_byte[8] == pytest.approx(4 * per_byte[2], rel=0.02)
+    for key in ("nvlink", "pcie_p2p", "pcie_p2p_custom", "network", "sys"):
+        assert host_share(COLLECTIVES[key], 8) == (1.0, 1.0, 1.0)
+    assert host_share(COLLECTIVES["pcie_host"], 2) == (1.0, 1.0, 1.0)
+    p2p = pm.link_of([("PHB", True)], [(4, 16)] * 4, None, 4)
+    assert "through host memory" not in p2p.source
+
+
+def test_hoppers_share_is_its_measured_kernels_times_amperes_served_ratio() -> None:
+    """The Hopper row is not fitted to the H100 points: its compute share is Hopper's measured GEMM share
+    (AIConfigurator's tables, benchmarks/aic_gemm_share.py) times what a served step reaches of the kernels
+    on the family it is transferred from; refitting that family without re-deriving Hopper fails here."""
+    from hwprofile.plan import gpufacts
+
+    rows = gpufacts.efficiency_table()["architectures"]
+    hop = rows["Hopper"]
+    src = hop["transferred_from"]
+    assert rows[src["family"]]["applied"] and hop["applied"]
+    ratio = rows[src["family"]]["compute"] / src["kernel_share"]
+    assert 0 < ratio < 1  # a served step reaches less than its GEMMs alone
+    assert hop["compute"] == pytest.approx(hop["kernel_share"] * ratio, abs=0.006)
+    h100 = _h100()
+    assert (
+        h100.compute_efficiency == hop["compute"] and "not fitted to any H100 point" in h100.efficiency_source
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel"),
+    [
+        ("openai/gpt-oss-20b", "mxfp4"),
+        ("Qwen/Qwen3-30B-A3B", "bfloat16"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "bfloat16"),
+    ],
+)
+def test_routed_experts_run_at_their_kernels_share_of_the_dense_one(name: str, kernel: str) -> None:
+    """A mixture of experts' routed-expert FLOPs are costed at gpu_efficiency.yaml's moe_kernels ratio of
+    the architecture's dense share (AIConfigurator's measured fused-MoE tables); the rest at the dense share.
+    An architecture without a measured MoE table (Ampere) runs them at the dense share, and says so."""
+    facts = resolve_model(name, "model")
+    m = candidates.model_shape(facts, 2)
+    assert m.moe_kernel == kernel
+    # the routed experts: top-k of every MoE layer's experts, the difference between all and active params
+    per_expert = (facts.params - facts.active_params) // (facts.num_experts - facts.experts_per_token)
+    assert m.expert_active_params == per_expert * facts.experts_per_token
+    assert 0 < m.expert_active_params < m.active_params
+    gpu = _h100()
+    ratio = gpu.moe_ratio(kernel)
+    assert 0.3 < ratio < 1.0 and "AIConfigurator" in gpu.moe_source
+    peak = gpu.tflops * 1e12 * gpu.compute_efficiency
+    a = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 4096, 0.0)["compute_ms"]
+    b = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 8192, 0.0)["compute_ms"]
+    dense = m.active_params - m.lm_head_params - m.embedding_params - m.expert_active_params
+    assert (b - a) / 1e3 * peak / 4096 == pytest.approx(2 * dense + 2 * m.expert_active_params / ratio)
+    # the simulation's step is the same step, experts included
+    cost = pm.step_cost(gpu, m, pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE))
+    assert cost(4096, 0, 0.0, 0.0) * 1e3 == pytest.approx(
+        pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 4096, 0.0)["total_ms"]
+    )
+    # the prediction's FLOPs term says which rate the experts ran at, and where it comes from
+    pred = pm.predict(
+        gpu, m, pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE), pm.Workload(2000, 100, 8), None
+    )
+    flops_term = next(t for t in pred.terms if t["term"] == "decode step: FLOPs over peak")
+    assert "routed experts" in flops_term["source"] and f"x{ratio:g}" in flops_term["source"]
+    assert "moe_kernels Hopper" in flops_term["source"]
+    # without the ratio (a dense-share GPU) the same step is faster by exactly the experts' extra time
+    flat = pm.Gpu(**{**gpu.__dict__, "moe_ratios": ()})
+    assert flat.moe_ratio(kernel) == 1.0
+    c = pm.step_ms(flat, m, 1, NONE, 0, 0.0, 8192, 0.0)["compute_ms"]
+    d = pm.step_ms(flat, m, 1, NONE, 0, 0.0, 4096, 0.0)["compute_ms"]
+    assert (b - a) - (c - d) == pytest.approx(
+        2 * m.expert_active_params * (1 / ratio - 1) * 4096 / peak * 1e3
+    )
+    # Ampere: only the A100's bf16 fused-MoE table is measured; gpt-oss's MXFP4 experts stay dense-share
+    a100, _ = candidates.gpu_of(Gpu(0, "NVIDIA A100-SXM4-80GB", memory_total_bytes=80 * 2**30))
+    assert a100 is not None and a100.moe_ratio("mxfp4") == 1.0 and a100.moe_ratio("") == 1.0
+    assert a100.moe_ratio("bfloat16") < 0.5
+    # an architecture without any measured MoE table runs its experts at the dense share, and says so
+    t4, _ = candidates.gpu_of(Gpu(0, "Tesla T4", memory_total_bytes=16 * 2**30))
+    assert t4 is not None and t4.moe_ratios == () and t4.moe_ratio(kernel) == 1.0
+    assert "no measured MoE kernel table" in t4.moe_source
+
+
+def test_a_dense_model_has_no_routed_experts() -> None:
+    m = _qwen8b()
+    assert m.expert_active_params == 0 and m.moe_kernel == ""

@@ -81,6 +81,76 @@ def test_the_api_server_ceiling_limits_a_burst_of_short_requests() -> None:
     assert "issue 32" in sim.REQUEST_OVERHEAD_SOURCE
 
 
+def test_the_api_server_streams_tokens_at_its_own_rate_and_the_engine_runs_ahead() -> None:
+    # 50 requests of 8 in / 40 out at once, a GPU step of 1 ms: the engine is done in ~40 steps, but the
+    # API server streams 2,000 tokens at 1 ms each: the clients see ~2 s, 1,000 tokens/s
+    arr = sim.Arrivals("burst", 50, 8, 40)
+    gpu_only = sim.simulate(flat(0.0, 0.001), engine(), arr)
+    streamed = sim.simulate(flat(0.0, 0.001), engine(api_token_s=0.001), arr)
+    assert gpu_only.duration_s == pytest.approx(0.040, rel=0.05)
+    assert streamed.output_tokens_per_s == pytest.approx(1000.0, rel=0.03)
+    # each request's tokens come one round of the 50 streams apart: TPOT 50 ms, not the step's 1 ms
+    assert streamed.tpot_ms() == pytest.approx(50.0, rel=0.05)
+    assert streamed.steps == gpu_only.steps  # the engine's own work did not change
+    # the run says what bounds it: the API server busy all along, the engine a few percent of it
+    assert streamed.api_busy_s / streamed.duration_s == pytest.approx(1.0, abs=0.03)
+    assert streamed.engine_busy_s / streamed.duration_s < 0.05
+    assert any("API server's CPU was busy" in n for n in streamed.notes) and not gpu_only.notes
+
+
+def test_admissions_share_the_api_server_with_the_streams() -> None:
+    # 400 short requests at once: 2 ms of the API server's CPU to admit each, 200 us per streamed token.
+    # The CPU never idles while work waits (0.8 s of admissions + 5.12 s of tokens, whatever the share);
+    # the outputs' share only decides who waits: with all of it (share 1) the admissions starve and few
+    # requests run at once; sharing it, more run and each one's tokens come further apart
+    arr = sim.Arrivals("burst", 400, 16, 64)
+
+    def run(share: float) -> sim.SimResult:
+        eng = engine(api_request_s=0.002, api_token_s=200e-6, max_num_seqs=512, api_token_share=share)
+        return sim.simulate(flat(0.0, 0.002), eng, arr)
+
+    alone = sim.simulate(flat(0.0, 0.002), engine(api_request_s=0.002, max_num_seqs=512), arr)
+    assert max(t.ttft_s for t in alone.requests) == pytest.approx(400 * 0.002, rel=0.02)
+    first, shared = run(1.0), run(0.5)
+    for res in (first, shared):
+        assert res.duration_s == pytest.approx(400 * 0.002 + 400 * 64 * 200e-6, rel=0.03)
+    assert first.peak_running < shared.peak_running
+    assert first.tpot_ms() < shared.tpot_ms()
+    with pytest.raises(ValueError, match="api_token_share"):
+        run(0.0)
+
+
+def test_the_engine_cpu_per_sequence_adds_to_the_step_or_overlaps_it() -> None:
+    arr = sim.Arrivals("burst", 8, 10, 101)
+    serial = sim.simulate(flat(0.0, 0.010), engine(step_seq_s=0.002), arr)
+    overlap = sim.simulate(flat(0.0, 0.010), engine(step_seq_s=0.002, async_scheduling=True), arr)
+    assert serial.tpot_ms() == pytest.approx(10 + 8 * 2)  # GPU 10 ms, then 8 sequences x 2 ms of CPU
+    assert overlap.tpot_ms() == pytest.approx(max(10, 8 * 2))
+    one = sim.simulate(
+        flat(0.0, 0.010), engine(step_seq_s=0.002, async_scheduling=True), sim.Arrivals("burst", 1, 10, 11)
+    )
+    assert one.tpot_ms() == pytest.approx(10)  # one sequence's CPU hides under the GPU's step
+
+
+def test_server_costs_by_release_with_their_sources() -> None:
+    from hwprofile.plan import servercost as sc
+
+    assert sc.async_scheduling_default("0.11.0") is False
+    assert sc.async_scheduling_default("0.32.0+cpu") is True
+    assert sc.async_scheduling_default(None) is None
+    old, unknown = sc.server_costs("0.11.0", "Intel Xeon"), sc.server_costs(None)
+    assert old.async_scheduling is False and unknown.async_scheduling is None
+    assert "fitted" in old.source and "validation_serving.yaml" in old.source and "Intel Xeon" in old.source
+    assert "release unknown" in unknown.source
+    eng = sim.engine_for(64, 2048, 50_000, True, old)
+    assert (eng.api_request_s, eng.api_token_s, eng.step_seq_s) == (
+        old.api_request_s,
+        old.api_token_s,
+        old.step_seq_s,
+    )
+    assert eng.async_scheduling is False and sim.engine_for(64, 2048, 50_000, True, None).api_token_s == 0
+
+
 def test_poisson_arrivals_are_seeded_and_queue_more_as_the_rate_rises() -> None:
     def ttft(rate: float, seed: int = 1) -> float:
         arr = sim.Arrivals("poisson", 200, 512, 64, rate=rate, seed=seed)
@@ -123,6 +193,21 @@ def test_the_plan_carries_simulated_figures_with_their_sources() -> None:
         assert figs[name]["value"] > 0 and "simulated" in figs[name]["source"]
         assert figs[name]["band"] is not None or "no validation points" in figs[name]["band_unknown"]
     assert simulated_figures(gpu, shape, cand, pm.Workload(60_000, 128, 1), 1) is None  # beyond the KV cache
+    assert figs["server_costs"] is None and "no CPU cost" in figs["ttft_ms"]["source"]
+    # with the host: its vLLM's CPU costs (plan/servercost.py), named in every figure's source
+    from hwprofile.host.snapshot import Cpu, HostSnapshot, Software
+
+    host = HostSnapshot(cpu=Cpu(model="Test CPU"), software=Software(vllm_version="0.11.0"))
+    withcpu = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 8), 8, host=host)
+    assert withcpu is not None and withcpu["server_costs"]["async_scheduling"] is False
+    assert "API server" in withcpu["tpot_ms"]["source"] and "Test CPU" in withcpu["tpot_ms"]["source"]
+    # one client: each step adds the engine's CPU for its one sequence (0.11: no async scheduling)
+    one = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 1), 1)
+    one_cpu = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 1), 1, host=host)
+    assert one is not None and one_cpu is not None
+    assert one_cpu["tpot_ms"]["value"] == pytest.approx(
+        one["tpot_ms"]["value"] + withcpu["server_costs"]["step_seq_us"] / 1e3, abs=2e-3
+    )
 
 
 def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> None:
@@ -143,6 +228,20 @@ def test_plan_explain_shows_the_simulated_figures_with_bands_or_why_not() -> Non
         }
     )
     assert "band x0.9-x1.2 of measured (5 points)" in lines[1] and "band unknown" in lines[2]
+    busy = _simulated_lines(
+        {
+            "regime": "burst",
+            "preemptions": 0,
+            "peak_running": 9,
+            "engine_busy_fraction": 0.2,
+            "api_busy_fraction": 0.97,
+            "notes": ["the API server's CPU was busy 97% of the run"],
+            "ttft_ms": fig,
+            "tpot_ms": fig,
+            "output_tokens_per_s": fig,
+        }
+    )
+    assert "engine busy 20%, API server busy 97%" in busy[0] and "note: the API server" in busy[1]
 
 
 # -- a wave sent together (issue 38's loaded points: decode_active_tok_s) -----------------------------

@@ -124,6 +124,21 @@ def test_a_serving_point_is_simulated_with_its_own_arrivals(fake_nvml_dir: Path,
     assert arr.kind == "burst" and arr.num_requests == burst["workload"]["num_prompts"]
 
 
+def test_a_baseline_serving_point_is_planned_without_speculation(fake_nvml_dir: Path, tmp_path: Path) -> None:
+    """The serving sets are `vllm serve MODEL` runs with no flag: no speculative decoding. Each point states it
+    (`speculative: null`); without it the planner added its own draft model, whose weights and KV shrank the
+    KV cache of the KV-limited Qwen3-14B bursts by ~40 %."""
+    for path in SERVING:
+        for p in _points(path):
+            assert "speculative" in p["flags"] and p["flags"]["speculative"] is None, p["id"]
+    point = next(p for p in _points(SERVING[0]) if p["id"] == "gs-q14-h100-2k-burst500")
+    inst = bench_predict.plan_point(point, fake_nvml_dir, tmp_path)["instance"]
+    assert not inst.get("speculative") and not inst["memory"].get("draft_weights_bytes")
+    unstated = {**point, "flags": {k: v for k, v in point["flags"].items() if k != "speculative"}}
+    drafted = bench_predict.plan_point(unstated, fake_nvml_dir, tmp_path)["instance"]
+    assert drafted["memory"]["kv_tokens"] < inst["memory"]["kv_tokens"]  # what the unstated flag cost
+
+
 # -- issue 38: the loaded points (decode_active_tok_s: a wave's per-request decode rates, summed) -------
 
 
@@ -156,3 +171,28 @@ def test_the_loaded_points_are_predicted_as_a_wave(fake_nvml_dir: Path, tmp_path
             assert 0.5 < value / measured < 2.0, (p["id"], value, measured)
             if p["flags"]["tensor_parallel_size"] == 2:
                 assert abs(value / measured - 1) <= 0.30, (p["id"], value, measured)
+        # the band: prompts 1 % shorter and longer (8192-token prompts at a budget of 8192 sit on the edge
+        # where the next-to-last request's window holds a prompt step or not); the TP2 measurements in it
+        lo, hi = wave["band_tok_s"]
+        assert lo <= wave["tok_s"] <= hi and lo < 0.85 * hi, (p["id"], lo, hi)
+        if p["flags"]["tensor_parallel_size"] == 2:
+            assert lo <= measured <= hi, (p["id"], lo, measured, hi)
+
+
+def test_a_run_whose_requests_ended_early_is_taken_at_its_mean_output_length() -> None:
+    """The serving points whose source counts fewer generated tokens than requested (EOS before
+    --random-output-len) are planned and simulated at generated / requests, the others at output_len."""
+    points = _points(bench_predict.SERVING) + _points(bench_predict.SERVING_HELD_OUT)
+    early = [p for p in points if "generated_tokens" in p["workload"]]
+    assert {p["id"] for p in early} >= {"gs-oss20-h100-4k-burst500", "gs-oss20-a100-4k-burst500"}
+    for p in points:
+        w = p["workload"]
+        got = bench_predict.output_len_of(w)
+        if "generated_tokens" in w:
+            assert w["generated_tokens"] <= w["output_len"] * w["num_prompts"], p["id"]
+            assert str(w["generated_tokens"]) in w["note"], p["id"]  # the source's own count
+            assert got == round(w["generated_tokens"] / w["num_prompts"]) < w["output_len"], p["id"]
+            assert bench_predict.arrivals_of(p).output_len == got
+            assert f"layout.workload_output_len={got}" in bench_predict.settings_of(p)
+        else:
+            assert got == w["output_len"], p["id"]

@@ -66,3 +66,15 @@ def efficiency(architecture: str | None) -> dict[str, Any]:
         if key and key in rows and rows[key].get("applied", True):
             return {**doc["default"], **rows[key], "key": key}
     return {**doc["default"], "key": "default"}
+
+
+def moe_kernels(architecture: str | None) -> dict[str, Any] | None:
+    """The routed experts' kernel shares relative to the dense ones for ``architecture``
+    (gpu_efficiency.yaml's ``moe_kernels``: the exact entry, else its family), with ``key``; None
+    where no measured table covers it (the experts then run at the dense share)."""
+    rows = efficiency_table().get("moe_kernels") or {}
+    arch = (architecture or "").strip()
+    for key in (arch, arch.split(" (")[0]):
+        if key and key in rows:
+            return {**rows[key], "key": key}
+    return None

@@ -44,6 +44,10 @@ class Collective(NamedTuple):
     efficiency_lo: float
     efficiency_hi: float
     source: str
+    # the bytes go through host memory (no P2P): every GPU of the group moves its share into and out of
+    # the CPU at once, so the CPU's and memory's throughput is shared by the group's flows (above two
+    # GPUs the share falls with the group's size: :func:`host_share`)
+    host_staged: bool = False
 
 
 COLLECTIVES: dict[str, Collective] = {
@@ -105,6 +109,7 @@ COLLECTIVES: dict[str, Collective] = {
         0.25,
         0.5,
         "datasheet PCIe lanes x 40 % (two copies); AIConfigurator's L40S NCCL table",
+        True,
     ),
     # across the CPU sockets (SYS): one more hop (+5 µs, assumed) and the socket link halves it again (4 L40S:
     # ~5 GB/s, AIConfigurator); with P2P 40 %, without 20 %.
@@ -131,6 +136,7 @@ COLLECTIVES: dict[str, Collective] = {
         0.13,
         0.4,
         "datasheet PCIe lanes x 20 % (socket link, two copies); AIConfigurator's 4 x L40S",
+        True,
     ),
     # NCCL between hosts (InfiniBand / RoCE, GPUDirect RDMA): ~12-25 µs for a small all-reduce across two
     # nodes (nccl-tests all_reduce_perf at 8 B-64 KB), ~80 % of the NIC's line rate at MB sizes.
@@ -147,6 +153,32 @@ COLLECTIVES: dict[str, Collective] = {
         "datasheet NIC line rate x 80 %; latency nccl-tests all_reduce_perf across 2 nodes",
     ),
 }
+
+
+# Host-staged all-reduce (NCCL's SHM transport, no P2P) across more than two GPUs: every GPU writes its
+# share into host memory and reads its neighbour's at the same time, so the group's flows meet in the CPU
+# and its memory. NCCL's maintainers: "On PCI systems, the performance you get is usually determined by the
+# bandwidth your CPU and memory can deliver" (NVIDIA/nccl#1639) and "performance tends to degrade
+# significantly when we have traffic going from/to all GPUs and interleaving in the CPU; [...] 2 GPUs only
+# would be kind of equivalent to the p2pBandwidth test in bidirectional mode" (NVIDIA/nccl#1285). The
+# per-link share of COLLECTIVES is what two GPUs reach; ``n`` GPUs share that CPU throughput: 2 / n of it.
+# The low end of the band: on multi-die CPUs with memory interleaved across the dies (AMD EPYC at NPS1,
+# one NUMA node per socket) SHM all-reduces of four GPUs fall much further (nccl-tests#74, nccl#1285: "very
+# bad for NCCL performance via shared memory", fixed by NPS4): (2 / n)^3. The high end: a CPU whose
+# throughput is not the limit (the two-GPU share). The snapshot does not say which: the band says so.
+HOST_SHARE_SOURCE = (
+    "the group's flows share the CPU's and memory's throughput (NVIDIA/nccl#1639, #1285): 2 / n of the "
+    "two-GPU share, down to (2 / n)^3 where memory interleaves across CPU dies (nccl-tests#74)"
+)
+
+
+def host_share(c: Collective, n: int) -> tuple[float, float, float]:
+    """The share (central, low, high) of a collective's per-link efficiency a group of ``n`` GPUs reaches
+    when its bytes are staged through host memory (``c.host_staged``); 1 for P2P, NVLink and two GPUs."""
+    if not c.host_staged or n <= 2:
+        return 1.0, 1.0, 1.0
+    f = 2 / n
+    return f, f**3, 1.0
 
 
 def collective_key(kind: str, tp: int, p2p: bool) -> str:

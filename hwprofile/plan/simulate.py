@@ -13,9 +13,19 @@ simulated, as vLLM's ``vllm/v1/core/sched/scheduler.py`` does it:
   request (recompute: its blocks are freed, it returns to the front of the queue and prefills again);
 - the first token is sampled at the end of the step that completes the prompt; each later step adds one.
 
-Outside the engine: a fixed per-request cost (HTTP, chat template, tokenization, detokenization of the
-stream) added to the time to first token, and the API server's request-rate ceiling (a single FIFO of CPU
-work per request) before a request reaches the engine's queue.
+Outside the engine (plan/servercost.py says how much, and from what evidence):
+
+- vLLM's API server, one asyncio process in front of EngineCore since V1, as one CPU: each request costs
+  ``api_request_s`` of it before it reaches the engine's queue (HTTP, chat template, tokenization, the
+  request's set-up), each streamed output token ``api_token_s`` (detokenization, the SSE chunk) before the
+  client sees it. The output handler (vllm/v1/engine/async_llm.py, ``output_handler``) and the request
+  handlers take turns on one event loop: while requests wait to be admitted the outputs get
+  ``api_token_share`` of the CPU (about half), otherwise all of it, and the CPU never idles while work
+  waits; the engine does not wait for the API server (no back-pressure): it runs ahead, the tokens queue;
+- a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT;
+- the engine step's own CPU (scheduler, input preparation, sampling, output processing) grows with the
+  sequences it schedules: ``step_seq_s`` each, serial with the GPU's work unless the release schedules
+  asynchronously (``async_scheduling``: the CPU work of step n+1 overlaps the GPU's of step n).
 
 Steps in which nothing changes but every running request decoding one more token are advanced together
 (up to the next arrival, finish or KV block boundary), so the events simulated stay bounded by the
@@ -33,14 +43,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .servercost import ServerCosts
+
 # Fitted, not measured here: issue 32's comparison of 30 published vLLM serving figures found low-load TTFT
 # 20-45 ms above a model of the engine's steps alone (HTTP, chat template, tokenization). The midpoint.
 REQUEST_OVERHEAD_S = 0.030
 REQUEST_OVERHEAD_SOURCE = "fitted: issue 32, low-load TTFT measured 20-45 ms above the step model (midpoint)"
-# The API server's request-rate ceiling (a FIFO of per-request CPU work) is a mechanism the simulation
-# has, but no default: issue 32 read ~30 requests/s from a Qwen3 burst of 128 in / 4 out on an H100, while
-# the same lab's bursts of the same shape reached 184-212 requests/s with gpt-oss-20b on A100 and H100
-# (benchmarks/data/validation_serving*.yaml): the limit is not one per-request constant. Unknown: None.
+# A bare request-rate ceiling has no default: issue 32 read ~30 requests/s from a Qwen3 burst of 128 in /
+# 4 out on an H100, while the same lab's bursts of the same shape reached 184-212 requests/s with
+# gpt-oss-20b on A100 and H100 (benchmarks/data/validation_serving*.yaml): the limit is not one
+# per-request constant. The API server's CPU per request and per streamed token, beside the engine's, is
+# plan/servercost.py's (the plan passes it through :func:`engine_for`).
 API_SERVER_MAX_RPS: float | None = None
 API_SERVER_SOURCE = (
     "unknown: issue 32's ~30 requests/s (Qwen3 on H100) is refuted as a constant by gpt-oss-20b's "
@@ -67,7 +80,43 @@ class Engine:
     chunked_prefill: bool = True
     block_size: int = 16
     request_overhead_s: float = REQUEST_OVERHEAD_S
-    api_max_rps: float | None = API_SERVER_MAX_RPS
+    api_max_rps: float | None = API_SERVER_MAX_RPS  # a request-rate ceiling: 1 / api_request_s
+    # plan/servercost.py: CPU outside the GPU's step (0: not modelled, as a bare Engine has it)
+    api_request_s: float = 0.0
+    api_token_s: float = 0.0
+    step_seq_s: float = 0.0
+    async_scheduling: bool = False
+    api_token_share: float = 1.0  # the API server's CPU the outputs get while requests wait to be admitted
+
+    @property
+    def request_cpu_s(self) -> float:
+        """The API server's CPU per request: ``api_request_s``, else the ceiling's ``1 / api_max_rps``."""
+        if self.api_request_s:
+            return self.api_request_s
+        return 1.0 / self.api_max_rps if self.api_max_rps else 0.0
+
+
+def engine_for(
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    kv_tokens: int,
+    chunked_prefill: bool,
+    costs: ServerCosts | None,
+) -> Engine:
+    """The plan's engine, with plan/servercost.py's CPU costs (None: the engine's GPU work alone)."""
+    if costs is None:
+        return Engine(max_num_seqs, max_num_batched_tokens, kv_tokens, chunked_prefill)
+    return Engine(
+        max_num_seqs,
+        max_num_batched_tokens,
+        kv_tokens,
+        chunked_prefill,
+        api_request_s=costs.api_request_s,
+        api_token_s=costs.api_token_s,
+        api_token_share=costs.api_token_share,
+        step_seq_s=costs.step_seq_s,
+        async_scheduling=bool(costs.async_scheduling),
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +186,8 @@ class SimResult:
     preemptions: int
     peak_running: int
     notes: tuple[str, ...] = field(default=())
+    engine_busy_s: float = 0.0  # the engine's steps, GPU and CPU
+    api_busy_s: float = 0.0  # the API server's CPU: admissions and streamed tokens
 
     def _stat(self, values: Sequence[float], stat: str) -> float:
         if not values:
@@ -172,6 +223,8 @@ class SimResult:
             "events": self.events,
             "preemptions": self.preemptions,
             "peak_running": self.peak_running,
+            "engine_busy_fraction": round(self.engine_busy_s / self.duration_s, 3),
+            "api_busy_fraction": round(self.api_busy_s / self.duration_s, 3),
             "notes": list(self.notes),
         }
 
@@ -187,27 +240,117 @@ def _blocks(tokens: int, block_size: int) -> int:
 
 
 @dataclass
+class _ApiServer:
+    """vLLM's API server as one CPU: token work (``token_s`` per streamed token) from when the engine's
+    outputs arrive, first come first served among themselves, with ``share`` of the CPU while admissions
+    wait (all of it otherwise); admissions (``request_s`` per request, first come first served) in the CPU
+    time the token work leaves. ``segs`` holds the token work not yet behind the admissions: (start, end,
+    the fraction of that span it keeps the CPU busy)."""
+
+    request_s: float
+    token_s: float
+    share: float = 1.0  # the CPU's share the token work gets while admissions wait (1: all of it)
+    queue: deque[_Req] = field(default_factory=deque)  # sent, waiting for the CPU's admission work
+    adm_clock: float = 0.0  # where the admission work has got to
+    segs: deque[tuple[float, float, float]] = field(default_factory=deque)
+    tok_end: float = 0.0
+    busy_s: float = 0.0  # CPU spent so far (admissions and tokens)
+    next_admission: float = math.inf  # the queue's head, as the token work known so far lets it finish
+
+    def _finish(self, start: float, work: float) -> float:
+        """When ``work`` seconds of admission CPU started at ``start`` end, around the token work."""
+        t, left = start, work
+        for s0, e0, busy in self.segs:
+            if e0 <= t:
+                continue
+            if s0 > t:
+                if s0 - t >= left:
+                    return t + left
+                left -= s0 - t
+                t = s0
+            free = (e0 - t) * (1.0 - busy)
+            if free >= left:
+                return t + left / (1.0 - busy)
+            left -= free
+            t = e0
+        return t + left
+
+    def admit_due(self, now: float) -> list[_Req]:
+        """The requests whose admission work ends by ``now`` (token work that starts later cannot delay
+        them), each stamped with the time it ended."""
+        out = []
+        self.next_admission = math.inf
+        while self.queue:
+            r = self.queue[0]
+            done = self._finish(max(self.adm_clock, r.sent), self.request_s)
+            if done > now + 1e-12:
+                self.next_admission = done
+                break
+            self.queue.popleft()
+            self.adm_clock = done
+            self.busy_s += self.request_s
+            r.queued = done
+            out.append(r)
+        while self.segs and self.segs[0][1] <= self.adm_clock:
+            self.segs.popleft()
+        return out
+
+    def deliver(self, first_end: float, last_end: float, tokens: int, steps: int) -> float:
+        """The engine's ``steps`` steps, the first ending at ``first_end`` and the last at ``last_end``,
+        each streaming ``tokens`` tokens: when the last step's tokens reach their clients."""
+        if not self.token_s or not tokens:
+            return last_end
+        start = max(first_end, self.tok_end)
+        work = steps * tokens * self.token_s
+        self.busy_s += work
+        end = start + work
+        share = self.share
+        if self.queue and share < 1.0:
+            # the admissions waiting need ``rem`` seconds of CPU after ``start`` (no token work is known
+            # past it): both share the CPU until they are done, then the tokens have all of it
+            head = self.queue[0]
+            rem = self._finish(max(self.adm_clock, head.sent), self.request_s * len(self.queue)) - start
+            if rem > 0:
+                shared_until = start + rem / (1.0 - share)
+                if start + work / share <= shared_until:
+                    end = start + work / share
+                else:
+                    end = shared_until + work - (shared_until - start) * share
+        end = max(end, last_end + tokens * self.token_s)
+        if end > start:
+            self.segs.append((start, end, min(1.0, work / (end - start))))
+        self.tok_end = end
+        while self.segs and self.segs[0][1] <= self.adm_clock:
+            self.segs.popleft()
+        return end
+
+
+@dataclass
 class _Clients:
     """The clients and the API server in front of the engine: when each request is sent (a closed loop,
-    a burst or a Poisson process) and when, after the API server's FIFO of per-request CPU work and the
-    fixed per-request latency, it reaches the engine's queue."""
+    a burst or a Poisson process) and when, after the API server's admission work and the fixed
+    per-request latency, it reaches the engine's queue."""
 
     arrivals: Arrivals
     engine: Engine
+    api: _ApiServer
     sends: list[tuple[float, int]] = field(default_factory=list)  # heap of (time, rid)
     pending_sends: deque[float] = field(default_factory=deque)  # poisson times waiting for a free client slot
     # heap of (time it reaches the engine's queue, rid, req)
     arriving: list[tuple[float, int, _Req]] = field(default_factory=list)
     next_rid: int = 0
     in_flight: int = 0
-    api_free: float = 0.0
 
     @classmethod
     def start(cls, arrivals: Arrivals, engine: Engine) -> _Clients:
         import random  # only Poisson arrivals draw
 
         a = arrivals
-        c = cls(a, engine)
+        c = cls(
+            a,
+            engine,
+            _ApiServer(engine.request_cpu_s, engine.api_token_s, engine.api_token_share),
+        )
         if a.kind == "burst":
             c.sends = [(0.0, i) for i in range(a.num_requests)]
             c.next_rid = a.num_requests
@@ -239,12 +382,15 @@ class _Clients:
         a, engine = self.arrivals, self.engine
         while self.sends and self.sends[0][0] <= now + 1e-12:
             t0, rid = heapq.heappop(self.sends)
-            r = _Req(rid, t0, a.input_len, a.output_len)
-            # the fixed cost includes the CPU work: only what exceeds it is added after the FIFO
-            service = 1.0 / engine.api_max_rps if engine.api_max_rps else 0.0
-            self.api_free = max(self.api_free, t0) + service
-            r.queued = self.api_free + max(0.0, engine.request_overhead_s - service)
-            heapq.heappush(self.arriving, (r.queued, rid, r))
+            self.api.queue.append(_Req(rid, t0, a.input_len, a.output_len))
+        # the fixed cost includes the CPU work: only what exceeds it is added after the admission
+        latency = max(0.0, engine.request_overhead_s - self.api.request_s)
+        for r in self.api.admit_due(now):
+            r.queued += latency
+            heapq.heappush(self.arriving, (r.queued, r.rid, r))
+        if not self.api.queue:  # idle: the next admission starts no earlier than the next send
+            nxt = min(now, self.sends[0][0]) if self.sends else now
+            self.api.adm_clock = max(self.api.adm_clock, nxt)
 
     def arrived(self, now: float) -> list[_Req]:
         """The requests that have reached the engine's queue by ``now``, in order."""
@@ -257,18 +403,19 @@ class _Clients:
         ts = [self.arriving[0][0]] if self.arriving else []
         if self.sends:
             ts.append(self.sends[0][0])
-        return min(ts) if ts else math.inf
+        return min([*ts, self.api.next_admission])
 
-    def ended(self, now: float) -> None:
-        """A request ended at ``now``: its client sends the next one (closed loop) or frees a slot."""
+    def ended(self, at: float) -> None:
+        """A request's last token reached its client at ``at``: the client sends the next one (closed
+        loop) or frees a slot."""
         a = self.arrivals
         if a.kind == "concurrency":
             if self.next_rid < a.num_requests:
-                heapq.heappush(self.sends, (now, self.next_rid))
+                heapq.heappush(self.sends, (at, self.next_rid))
                 self.next_rid += 1
         elif a.kind == "poisson":
             self.in_flight -= 1
-            self.release_poisson(now)
+            self.release_poisson(at)
 
 
 @dataclass
@@ -297,6 +444,7 @@ class _Scheduler:
     steps: int = 0
     preemptions: int = 0
     peak: int = 0
+    busy_s: float = 0.0
 
     def _decode_all(self, step: _Step) -> int:
         """The common case: every running request decodes one token (a block at most each). Returns
@@ -378,7 +526,7 @@ class _Scheduler:
         bs = self.engine.block_size
         k = min(r.output_len - r.generated for r in decode)
         horizon = self.clients.next_event_time()
-        c1 = self.cost(0, len(decode), dec_ctx, 0.0)
+        c1 = self._step_s(self.cost(0, len(decode), dec_ctx, 0.0), len(decode))
         if horizon < math.inf and c1 > 0:
             k = min(k, max(1, math.ceil((horizon - self.now) / c1)))
         # the blocks k tokens more need (the one of this step is already allocated)
@@ -392,19 +540,26 @@ class _Scheduler:
             self.free_blocks -= extra
             for r in decode:
                 r.blocks = _blocks(r.computed + k, bs)
-        return k, k * self.cost(0, len(decode), dec_ctx + (k - 1) / 2, 0.0)
+        return k, k * self._step_s(self.cost(0, len(decode), dec_ctx + (k - 1) / 2, 0.0), len(decode))
 
-    def _retire(self) -> None:
-        """The requests that generated their last token end: their blocks are freed, their clients told."""
+    def _step_s(self, gpu_s: float, seqs: int) -> float:
+        """A step's seconds: the GPU's and the engine's CPU for ``seqs`` scheduled sequences, one after
+        the other, or overlapped where the release schedules asynchronously."""
+        cpu = self.engine.step_seq_s * seqs
+        return max(gpu_s, cpu) if self.engine.async_scheduling else gpu_s + cpu
+
+    def _retire(self, delivered: float) -> None:
+        """The requests that generated their last token end: their blocks are freed at once, their
+        clients told when the API server has streamed the token (``delivered``)."""
         ended = [r for r in self.running if r.generated >= r.output_len]
         if ended:
             self.running = [r for r in self.running if r.generated < r.output_len]
         for r in ended:
-            r.finished = self.now
+            r.finished = delivered
             self.free_blocks += r.blocks
             r.blocks = 0
             self.done.append(r)
-            self.clients.ended(self.now)
+            self.clients.ended(delivered)
 
     def step(self) -> None:
         """One engine step (or several identical decode-only ones taken together)."""
@@ -423,19 +578,28 @@ class _Scheduler:
         if not chunks and decode and len(decode) == len(self.running):
             k, dur = self._decode_run(decode, dec_ctx)
         else:
-            k, dur = 1, self.cost(prefill_tokens, len(decode), dec_ctx, pre_ctx)
+            gpu_s = self.cost(prefill_tokens, len(decode), dec_ctx, pre_ctx)
+            k, dur = 1, self._step_s(gpu_s, len(decode) + len(chunks))
+        start = self.now
         self.now += dur
+        self.busy_s += dur
         self.steps += k
         for r in decode:
             r.computed += k
             r.generated += k
+        sampled = len(decode)
+        firsts = []
         for r, n in chunks:
             r.computed += n
             if r.prompt_left == 0:
                 if r.generated == 0:
-                    r.first_token = self.now
+                    firsts.append(r)
                 r.generated += 1
-        self._retire()
+                sampled += 1
+        delivered = self.clients.api.deliver(start + dur / k, self.now, sampled, k)
+        for r in firsts:
+            r.first_token = delivered
+        self._retire(delivered)
 
 
 def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
@@ -449,6 +613,12 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
     end = max((r.finished or 0.0 for r in done), default=0.0)
     duration = max(1e-9, end - start)
     out = sum(r.output_len for r in done)
+    api = s.clients.api.busy_s
+    if api >= 0.9 * duration:
+        notes.append(
+            f"the API server's CPU was busy {api / duration:.0%} of the run: it, not the engine "
+            f"({s.busy_s / duration:.0%} busy), bounds the throughput (plan/servercost.py)"
+        )
     return SimResult(
         tuple(sorted(timings, key=lambda t: t.rid)),
         duration,
@@ -458,6 +628,8 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
         s.preemptions,
         s.peak,
         tuple(notes),
+        s.busy_s,
+        api,
     )
 
 
@@ -465,6 +637,8 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
     """Run ``arrivals`` through ``engine`` with ``cost`` per step; stops (with a note) after ``max_events``."""
     if engine.max_num_seqs < 1 or engine.max_num_batched_tokens < 1:
         raise ValueError("max_num_seqs and max_num_batched_tokens are at least 1")
+    if not 0.0 < engine.api_token_share <= 1.0:
+        raise ValueError("api_token_share is a share of the API server's CPU: above 0, at most 1")
     total_blocks = engine.kv_tokens // engine.block_size
     notes: list[str] = []
     a = arrivals
@@ -528,7 +702,9 @@ def bands() -> dict[str, dict[str, dict[str, Any]]]:
     return dict(doc.get("regimes") or {})
 
 
-def figures(result: SimResult, arrivals: Arrivals, cost_source: str) -> dict[str, Any]:
+def figures(
+    result: SimResult, arrivals: Arrivals, cost_source: str, costs: ServerCosts | None = None
+) -> dict[str, Any]:
     """The simulated figures, each with where it comes from and its error band (the validation set's
     10th-90th percentile ratio in this regime; None with the reason where the set has none)."""
     reg = regime(arrivals, result)
@@ -540,26 +716,12 @@ def figures(result: SimResult, arrivals: Arrivals, cost_source: str) -> dict[str
     }[arrivals.kind]
     src = (
         f"simulated: vLLM's scheduler over {arrivals.num_requests} requests of {arrivals.input_len} in / "
-        f"{arrivals.output_len} out, {how}; per-step cost {cost_source}"
+        f"{arrivals.output_len} out, {how}; per-step cost {cost_source}; "
+        + (f"CPU outside the GPU {costs.source}" if costs else "no CPU cost outside the GPU's step")
     )
 
     def fig(name: str, value: float, extra: str = "") -> dict[str, Any]:
-        b = table.get(name)
-        band = (
-            {
-                "ratio_lo": b["lo"],
-                "ratio_hi": b["hi"],
-                "median_ratio": b["median"],
-                "points": b["n"],
-                "source": b.get("source", BANDS_FILE),
-            }
-            if b
-            else None
-        )
-        out: dict[str, Any] = {"value": round(value, 3), "source": src + extra, "regime": reg, "band": band}
-        if band is None:
-            out["band_unknown"] = f"no validation points for {name} in regime {reg} ({BANDS_FILE})"
-        return out
+        return _figure(table.get(name), name, value, src + extra, reg)
 
     return {
         "regime": reg,
@@ -585,6 +747,28 @@ def figures(result: SimResult, arrivals: Arrivals, cost_source: str) -> dict[str
         ),
         "preemptions": result.preemptions,
         "peak_running": result.peak_running,
+        "server_costs": costs.to_json() if costs else None,
+        "engine_busy_fraction": round(result.engine_busy_s / result.duration_s, 3),
+        "api_busy_fraction": round(result.api_busy_s / result.duration_s, 3),
         "events": result.events,
         "notes": list(result.notes),
     }
+
+
+def _figure(b: dict[str, Any] | None, name: str, value: float, source: str, reg: str) -> dict[str, Any]:
+    """One simulated figure with its source and its regime's band (``b``: the bands file's entry)."""
+    band = (
+        {
+            "ratio_lo": b["lo"],
+            "ratio_hi": b["hi"],
+            "median_ratio": b["median"],
+            "points": b["n"],
+            "source": b.get("source", BANDS_FILE),
+        }
+        if b
+        else None
+    )
+    out: dict[str, Any] = {"value": round(value, 3), "source": source, "regime": reg, "band": band}
+    if band is None:
+        out["band_unknown"] = f"no validation points for {name} in regime {reg} ({BANDS_FILE})"
+    return out

@@ -99,6 +99,12 @@ FLOORS: dict[str, Floor] = {
         "Mamba2 mixers export a prefill checkpoint page in align mode",
         "mamba_mixer2.py, 0.32 and 0.33",
     ),
+    "async_scheduling_default": Floor(
+        (0, 12, 0),
+        "the engine schedules step n+1 while the GPU runs step n by default (async scheduling)",
+        "0.11.0 config/scheduler.py async_scheduling = False; 0.32.0 None, turned on in config/vllm.py "
+        "where the executor supports it; the first release taken from vLLM PR #27614 (not read in its code)",
+    ),
     "uuid_visible_devices": Floor(
         (0, 32, 0),
         "GPU UUIDs accepted in CUDA_VISIBLE_DEVICES (mapped back to NVML indexes)",
@@ -265,6 +271,10 @@ class Release:
     def mamba2_prefill_checkpoint(self) -> bool:
         """:data:`FLOORS` ``mamba2_prefill_checkpoint``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["mamba2_prefill_checkpoint"]) is not False
+
+    def async_scheduling_default(self) -> bool | None:
+        """:data:`FLOORS` ``async_scheduling_default``; None: the release is unknown."""
+        return self.reaches(FLOORS["async_scheduling_default"])
 
     def uuid_visible_devices(self) -> bool:
         """:data:`FLOORS` ``uuid_visible_devices``; unknown: not assumed (indexes work everywhere)."""

@@ -1,0 +1,98 @@
+"""CPU work outside the GPU's step, as plan/simulate.py takes it (issue 32): vLLM's API server (one asyncio
+process in front of EngineCore since V1) and the engine step's CPU per scheduled sequence.
+
+Pure: a vLLM release (and the host's CPU, which only widens the band) in, the costs with their sources out.
+
+What is serial with what, read in vLLM 0.11.0's code (``pip download --no-deps vllm==0.11.0``):
+
+- ``vllm/v1/engine/async_llm.py``, ``output_handler``: one task of the API server's event loop pulls each
+  step's outputs from EngineCore and detokenizes them (``OutputProcessor.process_outputs``) in chunks of
+  ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` (128) requests, yielding to the loop between chunks; each request's
+  handler then writes its SSE chunk. Request handlers (HTTP, tokenization through
+  ``AsyncMicrobatchTokenizer``, ``add_request``) share that one loop: a per-request cost and a per-output-token
+  cost on one CPU. EngineCore is another process and does not wait for the API server.
+- ``vllm/config/scheduler.py``: ``async_scheduling: bool = False`` in 0.11 (the engine's CPU work for a step
+  is serial with the GPU's); 0.32's default is ``None``, which ``vllm/config/vllm.py`` turns on wherever the
+  executor supports it (the CPU work of step n+1 overlaps the GPU's of step n). The first release with the
+  new default is taken as 0.12 (vLLM PR #27614, Nov 2025; vllm-gaudi #768 followed it): not read in its code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..release import floor_of, release_of
+
+# Evidence for the orders of magnitude, none of it a figure of these hosts:
+# - vLLM issue #6801 (V0, 2024): "when BS is 200, [sampling, prepare input, process output, scheduler]
+#   together can be 20 ms" between two steps: ~100 us per running sequence per step;
+# - openfabric-systems/simllm PR #204 (vLLM 0.27 CPU engine, cProfile): the scheduler alone ~12.7 us per
+#   running request per all-decode step, growing with the running set;
+# - vllm-project/tpu-inference PR #2123, ai-dynamo/dynamo PR #865: one API server process (the default
+#   ``--api-server-count 1``) becomes the bottleneck at high concurrency (tokenization, streaming).
+# The values below are fitted (benchmarks/fit_servercost.py) on the main serving set
+# (benchmarks/data/validation_serving.yaml, vLLM 0.11.0), never on the held-out one. Refitted
+# once the H100 points' GPU side no longer dominated (gpu_efficiency.yaml's Hopper row): 60 us per scheduled
+# sequence (was 30) puts 29 of the 48 main figures within the bars against 27 (held-out unchanged, 9 of 12);
+# 0.11 runs that CPU serially with the GPU's step, and with 1,024 sequences (H100's default) it is 60 ms.
+API_REQUEST_S = 0.004
+API_TOKEN_S = 100e-6
+STEP_SEQ_S = 60e-6
+# the output handler is one task among the request handlers of one event loop (round robin, not priority):
+# while requests wait to be admitted, the outputs get about half of the CPU
+API_TOKEN_SHARE = 0.5
+FITTED_ON = "benchmarks/data/validation_serving.yaml (GPUStack performance lab, H100/A100 hosts)"
+
+
+@dataclass(frozen=True)
+class ServerCosts:
+    """The CPU costs plan/simulate.py's Engine takes, with where they come from."""
+
+    api_request_s: float  # the API server's CPU per request (HTTP, tokenization, set-up)
+    api_token_s: float  # the API server's CPU per streamed output token (detokenization, SSE)
+    api_token_share: float  # the API server's CPU the outputs get while requests wait to be admitted
+    step_seq_s: float  # the engine's CPU per scheduled sequence per step
+    async_scheduling: bool | None  # the engine's CPU overlaps the GPU's step; None: release unknown
+    source: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "api_request_ms": round(self.api_request_s * 1e3, 3),
+            "api_token_us": round(self.api_token_s * 1e6, 1),
+            "api_token_share": self.api_token_share,
+            "step_seq_us": round(self.step_seq_s * 1e6, 1),
+            "async_scheduling": self.async_scheduling,
+            "source": self.source,
+        }
+
+
+def async_scheduling_default(vllm_version: str | None) -> bool | None:
+    """Whether ``vllm serve`` schedules asynchronously by default in this release; None: unknown
+    (hwprofile/release's ``async_scheduling_default`` floor)."""
+    return release_of(vllm_version).async_scheduling_default()
+
+
+def server_costs(vllm_version: str | None, cpu_model: str | None = None) -> ServerCosts:
+    """The costs for a host running ``vllm_version``. The CPU's speed would scale them, but no CPU table
+    says how fast a model runs vLLM's Python: the host's CPU is named in the source (the band widens on a
+    CPU unlike the validation hosts'), not scaled by."""
+    asy = async_scheduling_default(vllm_version)
+    since = floor_of("async_scheduling_default")
+    cpu = f"; this host's CPU ({cpu_model}) not scaled for" if cpu_model else "; this host's CPU unknown"
+    how = (
+        f"async scheduling on by default (from {since}): the engine's CPU overlaps the GPU's step"
+        if asy
+        else f"no async scheduling (before {since}): the engine's CPU adds to the GPU's step"
+        if asy is not None
+        else "vLLM release unknown: the engine's CPU taken as adding to the GPU's step"
+    )
+    return ServerCosts(
+        API_REQUEST_S,
+        API_TOKEN_S,
+        API_TOKEN_SHARE,
+        STEP_SEQ_S,
+        asy,
+        f"fitted on {FITTED_ON}: API server {API_REQUEST_S * 1e3:g} ms per request and "
+        f"{API_TOKEN_S * 1e6:g} us per streamed token, engine {STEP_SEQ_S * 1e6:g} us per scheduled sequence "
+        f"per step; {how}{cpu}",
+    )
