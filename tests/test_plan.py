@@ -597,3 +597,32 @@ def test_cpu_refusal_advice_is_computed_to_fit(host_of, empty_root, ram_gib, mod
         make_plan(host, empty_root, sets=[f"model={model}"], environ={})
     assert "no --model given: the model setting from" in assumed.value.message
     assert any("--model DIR|NAME" in s for s in assumed.value.suggestions)
+
+
+def test_a_one_host_gpu_plan_imports_no_multi_host_cpu_or_pinning_step(host_of, empty_root, tmp_path) -> None:
+    """Start-up: plan/nodes.py, plan/cpu.py and plan/kvpin.py are imported only by the plans that take
+    those steps (several hosts, a CPU host, supervise.pin_kv_pool on); each such plan does import its."""
+    import subprocess
+    from pathlib import Path
+
+    host = str(Path(__file__).resolve().parent.parent / "examples/hosts/h100-sxm-8x.json")
+    cpu_host = tmp_path / "cpu.json"
+    cpu_host.write_text(json.dumps(host_of("no-driver").to_dict()))
+    steps = ("hwprofile.plan.nodes", "hwprofile.plan.cpu", "hwprofile.plan.kvpin")
+    code = (
+        "import sys, io, contextlib\n"
+        "from hwprofile.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): rc = main(sys.argv[1:])\n"
+        f"print(rc, sorted(m for m in {steps!r} if m in sys.modules))\n"
+    )
+
+    def imported(*argv: str) -> str:
+        base = ["plan", "--json", "--config-root", str(empty_root), "--model", "Qwen/Qwen2.5-7B-Instruct"]
+        r = subprocess.run([sys.executable, "-c", code, *base, *argv], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert imported("--from", host) == "0 []"
+    assert imported("--from", host, "--from", host) == "0 ['hwprofile.plan.nodes']"
+    assert imported("--from", str(cpu_host)) == "0 ['hwprofile.plan.cpu']"
+    assert imported("--from", host, "--set", "supervise.pin_kv_pool=true") == "0 ['hwprofile.plan.kvpin']"

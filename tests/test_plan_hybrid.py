@@ -362,22 +362,27 @@ def test_speculation_on_a_hybrid_keeps_utilization_headroom(host_of, empty_root)
     (the decode workspace outgrows vLLM's profiling run); the user's own value is kept, with a
     warning; no speculation or no hybrid: untouched."""
     from hwprofile.config import Source
+    from hwprofile.config.settings import Settings
     from hwprofile.model import read_model_dir
     from hwprofile.pipeline import make_plan
+    from hwprofile.plan.context import PlanContext
     from hwprofile.plan.hybridspec import speculation_headroom
     from hwprofile.plan.reasons import Reasons
 
     hybrid = read_model_dir(INT4)
     setting = ("engine", "gpu_memory_utilization")
+    snap = host_of("rtx3090-1x")
     for kind, want in (("builtin", 0.93), ("default", 0.93), ("cli", 0.97), ("overrides", 0.97)):
-        r, warnings = Reasons({setting: Source(kind)}), []
-        got = speculation_headroom(hybrid, 0.97, "mtp", r, warnings, "instances[0]", "vllm-gpu0")
+        ctx = PlanContext(snap, Settings(), Reasons({setting: Source(kind)}))
+        got = speculation_headroom(ctx, hybrid, 0.97, "mtp", "instances[0]", "vllm-gpu0")
         assert got == want, kind
-        assert bool(warnings) is (want == 0.97)
-        assert bool(r.items) is (want == 0.93) and (not r.items or "profiling" in r.items[0].reason)
-    r = Reasons({setting: Source("builtin")})
-    assert speculation_headroom(hybrid, 0.97, None, r, [], "k", "n") == 0.97
-    assert speculation_headroom(hybrid, 0.9, "ngram", r, [], "k", "n") == 0.9 and not r.items
+        assert bool(ctx.warnings) is (want == 0.97)
+        items = ctx.reasons.items
+        assert bool(items) is (want == 0.93) and (not items or "profiling" in items[0].reason)
+    ctx = PlanContext(snap, Settings(), Reasons({setting: Source("builtin")}))
+    assert speculation_headroom(ctx, hybrid, 0.97, None, "k", "n") == 0.97
+    assert speculation_headroom(ctx, hybrid, 0.9, "ngram", "k", "n") == 0.9 and not ctx.reasons.items
+    assert not ctx.warnings
     sets = ["speculative.method=mtp", "engine.gpu_memory_utilization=0.97"]
     p = make_plan(host_of("rtx3090-1x"), empty_root, environ={}, model="Qwen/Qwen3.8-27B", sets=sets)
     assert p.instances[0].engine.gpu_memory_utilization == 0.97

@@ -35,29 +35,27 @@ from typing import Any
 from ..config import Source
 from ..config.schema import SETTINGS
 from ..config.settings import Settings
-from ..host.snapshot import HostSnapshot
+from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from .candidates import host_fingerprint, instance_prediction, workload
 from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use_four_bit
-from .cpu import cpu_instance
+from .context import PlanContext
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
 from .hybridspec import by_load
 from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
-from .kvpin import pin as pin_kv_pools
 from .layout import TP_SIZES, layout
 from .loaded import as_loaded
 from .moetune import moe_tuning
-from .nodes import plan_nodes
 from .predict import Calibration
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .releases import refuse_old_release
 from .shape import shape
 from .specpath import check as check_speculative_paths
-from .speculative import choose_speculator, heterogeneous_vocab_ok
-from .types import ABSENT, Endpoint, HostSummary, InstancePlan, Plan, Reason
+from .speculative import choose_speculator
+from .types import ABSENT, Endpoint, HostSummary, InstancePlan, InstancePrediction, Plan, Reason
 
 __all__ = [
     "AVERAGE_FILL",
@@ -65,12 +63,36 @@ __all__ = [
     "TP_SIZES",
     "Calibration",
     "Plan",
+    "PlanContext",
     "PlanRefused",
     "Reasons",
     "build_plan",
 ]
 
 SCHEMA = "hwprofile.plan/1"
+
+
+def _healthy_hosts(
+    host: HostSnapshot, nodes: Sequence[HostSnapshot]
+) -> tuple[HostSnapshot, tuple[HostSnapshot, ...], list[Reason], list[str]]:
+    """``host`` and the other hosts of a multi-node plan without their faulted GPUs
+    (:func:`_without_faulted`), with the reasons and warnings; refused where every GPU is faulted."""
+    healthy, fault_reasons, fault_warnings = _without_faulted(host)
+    others = []
+    for k, node in enumerate(nodes, 1):  # the other hosts of a multi-node plan: their faulted GPUs too
+        ok, why, warn = _without_faulted(node, k)
+        others.append(ok)
+        fault_reasons += why
+        fault_warnings += warn
+    if host.usable_gpus and not healthy.usable_gpus:
+        raise PlanRefused(
+            "every GPU reported a hardware fault at detection: " + "; ".join(fault_warnings),
+            [
+                "reset the GPUs (nvidia-smi -r, a reboot) or replace them, then plan again",
+                "`hwprofile doctor` reads the faults live",
+            ],
+        )
+    return healthy, tuple(others), fault_reasons, fault_warnings
 
 
 def build_plan(
@@ -99,21 +121,7 @@ def build_plan(
     feeds the predictions and its decision each TP instance (:func:`.interconnect.apply`); a stale
     one is ignored with the reason."""
     current, ic_reason = _current_interconnect(host, interconnect, interconnect_source)
-    healthy, fault_reasons, fault_warnings = _without_faulted(host)
-    others = []
-    for k, node in enumerate(nodes, 1):  # the other hosts of a multi-node plan: their faulted GPUs too
-        ok, why, warn = _without_faulted(node, k)
-        others.append(ok)
-        fault_reasons += why
-        fault_warnings += warn
-    if host.usable_gpus and not healthy.usable_gpus:
-        raise PlanRefused(
-            "every GPU reported a hardware fault at detection: " + "; ".join(fault_warnings),
-            [
-                "reset the GPUs (nvidia-smi -r, a reboot) or replace them, then plan again",
-                "`hwprofile doctor` reads the faults live",
-            ],
-        )
+    healthy, others, fault_reasons, fault_warnings = _healthy_hosts(host, nodes)
     try:
         plan = _build_plan(
             healthy,
@@ -123,7 +131,7 @@ def build_plan(
             matched_because,
             model,
             draft,
-            tuple(others),
+            others,
             addresses,
             calibration,
             current,
@@ -133,7 +141,9 @@ def build_plan(
             e.message = f"{e.message} ({'; '.join(fault_warnings)})"
             e.args = (e.message,)
         raise
-    if settings.supervise.pin_kv_pool:
+    if settings.supervise.pin_kv_pool:  # off by default: .kvpin imported where it is on
+        from .kvpin import pin as pin_kv_pools
+
         plan = pin_kv_pools(plan, kv_pools or {})
     if fault_reasons:
         plan = dataclasses.replace(
@@ -196,6 +206,71 @@ def _current_interconnect(
     )
 
 
+def _over_nodes(
+    ctx: PlanContext,
+    nodes: Sequence[HostSnapshot],
+    addresses: Sequence[str],
+    model: ModelFacts,
+    chosen_draft: ModelFacts | None,
+    spec_method: str | None,
+) -> tuple[list[InstancePlan], Endpoint]:
+    """Several hosts: one vLLM over as many as it needs (plan/nodes.py); its instances and endpoint."""
+    from .nodes import plan_nodes  # a plan over several hosts only: imported when one is made
+
+    settings, r = ctx.settings, ctx.reasons
+    hosts = [ctx.host, *nodes]
+    addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
+
+    def one_host(h: HostSnapshot, s: Settings, m: ModelFacts) -> list[InstancePlan]:
+        # plan/nodes.py sets the layout keys itself for a group over several hosts: they do not give way
+        fixed = "" if s is settings else "the layout of a plan over several hosts (plan/nodes.py)"
+        return [i for i, _ in _instances(ctx.on(host=h, settings=s), m, chosen_draft, spec_method, fixed)]
+
+    group = plan_nodes(ctx, hosts, addrs, model, one_host)
+    if group[0].nnodes is ABSENT:  # one node fits: that node's plan as it would be alone
+        group, endpoint = shape(ctx, group)
+        # the last try's candidates per group of GPUs (plan_nodes may have planned node 0 more than once)
+        r.predictions[:] = list({(g["gpus"], g["gpu_name"]): g for g in r.predictions}.values())
+        return _predicted(ctx, model, chosen_draft, group), endpoint
+    r.predictions.clear()  # a group over several nodes: not predicted (its link is in the estimate)
+    head = group[0]
+    h = addrs[0] if head.server.host in ("0.0.0.0", "", "::", "127.0.0.1") else head.server.host
+    endpoint = Endpoint(
+        f"http://{h}:{head.server.port}",
+        "vllm",
+        (head.name,),
+        f"node 0's API server in front of {head.nnodes} nodes",
+    )
+    return group, endpoint
+
+
+def _four_bit_retry(
+    ctx: PlanContext,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    chosen_draft: ModelFacts | None,
+    host_warnings: list[str],
+) -> tuple[ModelFacts, list[tuple[InstancePlan, ModelFacts | None]]] | None:
+    """The plan with the model's 4-bit checkpoint, where the model refused has one (None: it has none):
+    the model as loaded and the instances with their drafts."""
+    settings, r = ctx.settings, ctx.reasons
+    variant = four_bit_fallback(model, settings, ctx.host.usable_gpus)
+    if variant is None:
+        return None
+    # Start over with the 4-bit checkpoint: the first attempt's reasons and warnings are void.
+    r.items.clear()
+    r.predictions.clear()
+    r.batching.clear()
+    ctx.warnings[:] = host_warnings
+    model = use_four_bit(model, variant, r)
+    # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
+    retry_draft = chosen_draft if chosen_draft is not None else draft
+    spec_method, chosen_draft = choose_speculator(ctx, model, retry_draft)
+    spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
+    model = as_loaded(model, settings, spec_method, ctx.version, r)
+    return model, _instances(ctx, model, chosen_draft, spec_method)
+
+
 def _build_plan(
     host: HostSnapshot,
     settings: Settings,
@@ -213,114 +288,50 @@ def _build_plan(
     r = Reasons({p: provenance.get(p, default) for p in SETTINGS})
     r.calibration = calibration
     r.interconnect = interconnect
-    gpus = host.usable_gpus
     host_warnings: list[str] = []
     if any(g.lost for g in host.gpus):
         host_warnings.append(f"GPU(s) {[g.index for g in host.gpus if g.lost]} are lost and not planned for")
-
-    hetero_ok = heterogeneous_vocab_ok(host.software.vllm_version)
+    ctx = PlanContext(host, settings, r, list(host_warnings))
 
     model = choose_checkpoint(model, settings, r)
-    refuse_old_release(model, host.software.vllm_version)
-    warnings = list(host_warnings)
-    spec_method, chosen_draft = choose_speculator(model, draft, settings, r, warnings, hetero_ok)
-    spec_method, chosen_draft = by_load(model, settings, spec_method, chosen_draft, r, warnings)
-    version = host.software.vllm_version
-    model = as_loaded(model, settings, spec_method, version, r)
+    refuse_old_release(model, ctx.version)
+    spec_method, chosen_draft = choose_speculator(ctx, model, draft)
+    spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
+    model = as_loaded(model, settings, spec_method, ctx.version, r)
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
-        hosts = [host, *nodes]
-        addrs = list(addresses) or [h.hostname or f"node{i}" for i, h in enumerate(hosts)]
-
-        def one_host(h: HostSnapshot, s: Settings, m: ModelFacts) -> list[InstancePlan]:
-            # plan/nodes.py sets the layout keys itself for a group over several hosts: they do not give way
-            fixed = "" if s is settings else "the layout of a plan over several hosts (plan/nodes.py)"
-            return [i for i, _ in _instances(h, s, m, chosen_draft, spec_method, r, warnings, fixed)]
-
-        group = plan_nodes(hosts, addrs, settings, model, r, warnings, one_host)
-        if group[0].nnodes is ABSENT:  # one node fits: that node's plan as it would be alone
-            group, endpoint = shape(host, settings, group, r, warnings)
-            # the last try's candidates per group of GPUs (plan_nodes may have planned node 0 more than once)
-            r.predictions[:] = list({(g["gpus"], g["gpu_name"]): g for g in r.predictions}.values())
-            group = _predicted(host, settings, model, chosen_draft, group, r, warnings)
-        else:
-            r.predictions.clear()  # a group over several nodes: not predicted (its link is in the estimate)
-            head = group[0]
-            h = addrs[0] if head.server.host in ("0.0.0.0", "", "::", "127.0.0.1") else head.server.host
-            endpoint = Endpoint(
-                f"http://{h}:{head.server.port}",
-                "vllm",
-                (head.name,),
-                f"node 0's API server in front of {head.nnodes} nodes",
-            )
-        return _assemble(
-            host,
-            settings,
-            provenance,
-            profile,
-            matched_because,
-            model,
-            chosen_draft,
-            r,
-            warnings,
-            group,
-            endpoint,
-        )
+        group, endpoint = _over_nodes(ctx, nodes, addresses, model, chosen_draft, spec_method)
+        return _assemble(ctx, provenance, profile, matched_because, model, chosen_draft, group, endpoint)
     try:
-        planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
+        planned = _instances(ctx, model, chosen_draft, spec_method)
     except PlanRefused:
-        variant = four_bit_fallback(model, settings, gpus)
-        if variant is None:
+        retried = _four_bit_retry(ctx, model, draft, chosen_draft, host_warnings)
+        if retried is None:
             raise
-        # Start over with the 4-bit checkpoint: the first attempt's reasons and warnings are void.
-        r.items.clear()
-        r.predictions.clear()
-        r.batching.clear()
-        warnings = list(host_warnings)
-        model = use_four_bit(model, variant, r)
-        # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
-        retry_draft = chosen_draft if chosen_draft is not None else draft
-        spec_method, chosen_draft = choose_speculator(model, retry_draft, settings, r, warnings, hetero_ok)
-        spec_method, chosen_draft = by_load(model, settings, spec_method, chosen_draft, r, warnings)
-        model = as_loaded(model, settings, spec_method, version, r)
-        planned = _instances(host, settings, model, chosen_draft, spec_method, r, warnings)
+        model, planned = retried
     # The top-level draft is the one some instance runs (None when every instance dropped it).
     used_draft = next((d for _, d in planned if d is not None), None)
-    instances, endpoint = shape(host, settings, [inst for inst, _ in planned], r, warnings)
-    instances = _predicted(host, settings, model, used_draft, instances, r, warnings)
-    return _assemble(
-        host,
-        settings,
-        provenance,
-        profile,
-        matched_because,
-        model,
-        used_draft,
-        r,
-        warnings,
-        instances,
-        endpoint,
-    )
+    instances, endpoint = shape(ctx, [inst for inst, _ in planned])
+    instances = _predicted(ctx, model, used_draft, instances)
+    return _assemble(ctx, provenance, profile, matched_because, model, used_draft, instances, endpoint)
 
 
 def _assemble(
-    host: HostSnapshot,
-    settings: Settings,
+    ctx: PlanContext,
     provenance: Mapping[tuple[str, ...], Source],
     profile: str,
     matched_because: list[str],
     model: ModelFacts,
     used_draft: ModelFacts | None,
-    r: Reasons,
-    warnings: list[str],
     instances: list[InstancePlan],
     endpoint: Endpoint,
 ) -> Plan:
+    host, settings, r = ctx.host, ctx.settings, ctx.reasons
     gpus = host.usable_gpus
     # vLLM picks a speculative method from a model's path: the planned one must survive it (.specpath)
-    check_speculative_paths(instances, model.path or model.name, r, host.software.vllm_version)
-    _moe_kernels(host, model, instances, r, warnings)
-    _power_lever(host, settings, instances, r)
-    instances = _custom_all_reduce(host, instances, r)
+    check_speculative_paths(instances, model.path or model.name, r, ctx.version)
+    _moe_kernels(ctx, model, instances)
+    _power_lever(ctx, instances)
+    instances = _custom_all_reduce(ctx, instances)
     return Plan(
         schema=SCHEMA,
         profile=profile,
@@ -335,13 +346,13 @@ def _assemble(
         degrade=settings.degrade,
         reasons=tuple(r.items),
         provenance={".".join(k): str(v) for k, v in sorted(provenance.items())},
-        warnings=tuple(dict.fromkeys(warnings)),  # each once (the nodes of a group plan alike)
+        warnings=tuple(dict.fromkeys(ctx.warnings)),  # each once (the nodes of a group plan alike)
         endpoint=endpoint,
-        prediction=_prediction_summary(host, settings, r),
+        prediction=_prediction_summary(ctx),
     )
 
 
-def _custom_all_reduce(host: HostSnapshot, instances: list[InstancePlan], r: Reasons) -> list[InstancePlan]:
+def _custom_all_reduce(ctx: PlanContext, instances: list[InstancePlan]) -> list[InstancePlan]:
     """Each tensor-parallel GPU instance on this host: vLLM's custom all-reduce only over NVLink or P2P
     (.interconnect.by_links); where it cannot run, the instance's ``interconnect`` asks render for
     ``--disable-custom-all-reduce``. A group over several hosts is left to vLLM."""
@@ -350,21 +361,22 @@ def _custom_all_reduce(host: HostSnapshot, instances: list[InstancePlan], r: Rea
         if str(inst.device) != "cuda" or int(inst.tensor_parallel_size) < 2 or inst.nnodes is not ABSENT:
             out.append(inst)
             continue
-        on, why, record = by_links(host, inst)
-        r.add(f"instances[{i}].custom_all_reduce", on, why)
+        on, why, record = by_links(ctx.host, inst)
+        ctx.add(f"instances[{i}].custom_all_reduce", on, why)
         out.append(dataclasses.replace(inst, interconnect=record) if record is not None else inst)
     return out
 
 
-def _power_lever(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> None:
+def _power_lever(ctx: PlanContext, instances: list[InstancePlan]) -> None:
     """What the daemon's first degrade step does on this host's GPUs: their power limit lowered."""
+    host, settings = ctx.host, ctx.settings
     gpus = {g.index: g for g in host.usable_gpus}
     used = sorted({g for i in instances if str(i.device) == "cuda" for g in (i.gpus or ())})
     if not used:
         return
     f = settings.degrade.power_limit_factor
     if f <= 0:
-        r.add(
+        ctx.add(
             "degrade.power_limit_factor",
             f,
             "0: a hot card goes straight to the batch steps (the power limit is left alone)",
@@ -375,7 +387,7 @@ def _power_lever(host: HostSnapshot, settings: Settings, instances: list[Instanc
     limits = "; ".join(
         f"{name}: {w:.0f} -> {w * f:.0f} W" if w else f"{name}: limit not read" for name, w in each
     )
-    r.add(
+    ctx.add(
         "degrade.power_limit_factor",
         f,
         f"a hot (not critical) card's power limit is lowered first ({limits}; "
@@ -386,11 +398,10 @@ def _power_lever(host: HostSnapshot, settings: Settings, instances: list[Instanc
     )
 
 
-def _moe_kernels(
-    host: HostSnapshot, model: ModelFacts, instances: list[InstancePlan], r: Reasons, warnings: list[str]
-) -> None:
+def _moe_kernels(ctx: PlanContext, model: ModelFacts, instances: list[InstancePlan]) -> None:
     """For a MoE model: the fused-MoE config vLLM will look up on each instance's GPU at its TP, whether
     the release (or VLLM_TUNED_CONFIG_FOLDER) has it, and the command that tunes it when not (.moetune)."""
+    host = ctx.host
     said: set[str] = set()
     for i, inst in enumerate(instances):
         t = moe_tuning(
@@ -404,31 +415,73 @@ def _moe_kernels(
         if t is None:
             return
         state = {True: "tuned", False: "NOT tuned", None: "unknown"}[t.tuned]
-        r.add(
+        ctx.add(
             f"instances[{i}].kernels.fused_moe_config",
             t.file_name,
             f"{state}: {t.reason}" + (f"; to tune: {t.command}" if t.command and t.tuned is not True else ""),
         )
         if t.tuned is False and t.file_name not in said:
             said.add(t.file_name or "")
-            warnings.append(
+            ctx.warn(
                 f"MoE kernel not tuned for {inst.gpu_name} at TP {inst.tensor_parallel_size}: {t.file_name} is "
                 f"not shipped with vLLM {host.software.vllm_version} (default config: up to ~2x slower). "
                 f"Tune it: {t.command}"
             )
 
 
-def _predicted(
-    host: HostSnapshot,
-    settings: Settings,
+def _speculation_pays(
+    ctx: PlanContext,
+    i: int,
+    inst: InstancePlan,
+    p: InstancePrediction,
     model: ModelFacts,
-    draft: ModelFacts | None,
-    instances: list[InstancePlan],
-    r: Reasons,
-    warnings: list[str],
+    total: int,
+    rule_tp: int,
+) -> None:
+    """A hybrid that speculates: say whether speculation is predicted to pay here (its state cost is
+    said in speculative.state_cost), against the same instance predicted without it."""
+    r = ctx.reasons
+    spec = inst.speculative
+    assert spec is not None
+    plain = instance_prediction(
+        ctx.host,
+        dataclasses.replace(inst, speculative=None),
+        total,
+        model,
+        None,
+        ctx.settings,
+        r.calibration,
+        rule_tp,
+        r.interconnect,
+    )
+    if plain is None:
+        return
+    pays = p.tpot_ms < plain.tpot_ms
+    ctx.add(
+        f"instances[{i}].speculative.predicted",
+        pays,
+        f"{spec.method} k={spec.num_speculative_tokens}: TPOT {p.tpot_ms:.1f} ms "
+        f"predicted with it, {plain.tpot_ms:.1f} ms without, at {p.concurrency} request(s) in flight"
+        + (
+            ""
+            if pays
+            else " (it does not pay here: its draft steps read the MTP layer and the LM "
+            "head each; set speculative.method=none or a smaller speculative.num_speculative_tokens)"
+        ),
+    )
+    if not pays:
+        ctx.warn(
+            f"{inst.name}: {spec.method} speculation is predicted slower than none "
+            f"(TPOT {p.tpot_ms:.1f} vs {plain.tpot_ms:.1f} ms)"
+        )
+
+
+def _predicted(
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts | None, instances: list[InstancePlan]
 ) -> list[InstancePlan]:
     """Each GPU instance with its predicted TTFT, TPOT and output tokens/s at the workload; on a hybrid
     that speculates, whether speculation is predicted to pay (a reason; a warning where it does not)."""
+    host, settings, r = ctx.host, ctx.settings, ctx.reasons
     total = sum(i.ranks for i in instances)
     rule_tp = instances[0].tensor_parallel_size if instances else 1
     out = []
@@ -445,47 +498,16 @@ def _predicted(
             r.interconnect,
         )
         if p is not None and inst.speculative is not None and inst.memory.state_sequences is not ABSENT:
-            # a hybrid: say whether speculation is predicted to pay here (its state cost is said in
-            # speculative.state_cost)
-            plain = instance_prediction(
-                host,
-                dataclasses.replace(inst, speculative=None),
-                total,
-                model,
-                None,
-                settings,
-                r.calibration,
-                rule_tp,
-                r.interconnect,
-            )
-            if plain is not None:
-                pays = p.tpot_ms < plain.tpot_ms
-                r.add(
-                    f"instances[{i}].speculative.predicted",
-                    pays,
-                    f"{inst.speculative.method} k={inst.speculative.num_speculative_tokens}: TPOT {p.tpot_ms:.1f} ms "
-                    f"predicted with it, {plain.tpot_ms:.1f} ms without, at {p.concurrency} request(s) in flight"
-                    + (
-                        ""
-                        if pays
-                        else " (it does not pay here: its draft steps read the MTP layer and the LM "
-                        "head each; set speculative.method=none or a smaller speculative.num_speculative_tokens)"
-                    ),
-                )
-                if not pays:
-                    warnings.append(
-                        f"{inst.name}: {inst.speculative.method} speculation is predicted slower than none "
-                        f"(TPOT {p.tpot_ms:.1f} vs {plain.tpot_ms:.1f} ms)"
-                    )
+            _speculation_pays(ctx, i, inst, p, model, total, rule_tp)
         out.append(dataclasses.replace(inst, prediction=p) if p is not None else inst)
     return out
 
 
-def _prediction_summary(host: HostSnapshot, settings: Settings, r: Reasons) -> dict[str, Any]:
-    lay = settings.layout
+def _prediction_summary(ctx: PlanContext) -> dict[str, Any]:
+    host, lay, r = ctx.host, ctx.settings.layout, ctx.reasons
     cal = r.calibration
     return {
-        "workload": workload(settings).to_json(),
+        "workload": workload(ctx.settings).to_json(),
         "objective": lay.objective,
         "ttft_target_ms": lay.ttft_target_ms,
         "tpot_target_ms": lay.tpot_target_ms,
@@ -499,34 +521,27 @@ def _prediction_summary(host: HostSnapshot, settings: Settings, r: Reasons) -> d
 
 
 def _instances(
-    host: HostSnapshot,
-    settings: Settings,
-    model: ModelFacts,
-    draft: ModelFacts | None,
-    spec_method: str | None,
-    r: Reasons,
-    warnings: list[str],
-    fixed: str = "",
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts | None, spec_method: str | None, fixed: str = ""
 ) -> list[tuple[InstancePlan, ModelFacts | None]]:
     """``[(instance, the draft it runs), ...]``: the GPU layout's instances, else the CPU one (``fixed``:
     why the layout keys are the planner's own, plan/layout.py)."""
+    host, settings = ctx.host, ctx.settings
     if not host.usable_gpus:
         # layout.replicas on a CPU host: that many CPU servers (or data-parallel ranks, by layout.shape)
         n = settings.layout.replicas if isinstance(settings.layout.replicas, int) else 1
         if n > 1:
-            r.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
-        return [
-            (cpu_instance(host, settings, model, draft, spec_method, r, warnings, i, n), draft)
-            for i in range(n)
-        ]
-    groups = layout(host, settings, model, draft, r, warnings, spec_method, fixed)
+            ctx.add("layout.replicas", n, f"{n} CPU instances asked for", ("layout", "replicas"))
+        from .cpu import cpu_instance  # a CPU host's step only: imported when one is planned
+
+        return [(cpu_instance(ctx, model, draft, spec_method, i, n), draft) for i in range(n)]
+    groups = layout(ctx, model, draft, spec_method, fixed)
 
     def batching(
-        gpus: list[Any],
+        gpus: list[Gpu],
     ) -> tuple[int, int, str] | None:  # what layout.objective chose for their group
-        return next((b for grp, b in r.batching.items() if gpus[0].index in grp), None)
+        return next((b for grp, b in ctx.reasons.batching.items() if gpus[0].index in grp), None)
 
     return [
-        gpu_instance(host, i, gpus, tp, settings, model, draft, spec_method, r, warnings, batching(gpus))
+        gpu_instance(ctx, i, gpus, tp, model, draft, spec_method, batching(gpus))
         for i, (gpus, tp) in enumerate(groups)
     ]

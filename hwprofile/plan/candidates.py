@@ -10,9 +10,10 @@ is handed in by the pipeline, which reads it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
@@ -29,6 +30,10 @@ from .memory import (
     state_bytes_per_layer,
 )
 from .types import InstancePlan, InstancePrediction
+
+if TYPE_CHECKING:
+    from .interconnect import Report
+    from .simulate import Arrivals
 
 
 def host_fingerprint(host: HostSnapshot) -> str:
@@ -92,7 +97,36 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto")
         state_prefill_flops_per_token=state_flops,
         lm_head_params=model.vocab_size * model.hidden_size,
         embedding_params=0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size,
+        expert_active_params=expert_active_params(model),
+        moe_kernel=moe_kernel(model),
     )
+
+
+def expert_active_params(model: ModelFacts) -> int:
+    """The routed experts' parameters one token multiplies, every MoE layer together: the
+    ``params - active_params`` experts not routed are ``num_experts - experts_per_token`` per layer, so
+    the routed ones are that x ``experts_per_token / (num_experts - experts_per_token)``
+    (hwprofile.model.arch.read_arch). 0 for a dense model or where the counts do not say."""
+    e, k = model.num_experts, model.experts_per_token
+    if not e or not k or e <= k or not model.active_params or model.active_params >= model.params:
+        return 0
+    return (model.params - model.active_params) * k // (e - k)
+
+
+def moe_kernel(model: ModelFacts) -> str:
+    """The kind of vLLM fused-MoE kernel a mixture of experts runs, by its checkpoint's format (the keys
+    of gpu_efficiency.yaml's ``moe_kernels``): "mxfp4" (gpt-oss), "fp8", "bfloat16" (unquantized); ""
+    for a dense model or another format (the architecture's median over kinds applies)."""
+    if not model.num_experts:
+        return ""
+    q = (model.quant_method or "").lower()
+    if "mxfp4" in q:
+        return "mxfp4"
+    if "fp8" in q:
+        return "fp8"
+    if not q and model.bits >= 16:
+        return "bfloat16"
+    return ""
 
 
 def mtp_draft_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape | None:
@@ -136,11 +170,20 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
         f"hwprofile/data/gpu_efficiency.yaml {eff['key']}: {eff['source']}",
         str(eff["basis"]),
     )
+    moe = gpufacts.moe_kernels(row.get("architecture"))
+    if moe is not None:
+        ratios = tuple((str(k), float(v["ratio"])) for k, v in (moe.get("ratios") or {}).items())
+        src = f"hwprofile/data/gpu_efficiency.yaml moe_kernels {moe['key']}: {moe.get('source', '')}"
+        g = dataclasses.replace(g, moe_ratios=ratios, moe_source=src)
     return g, row
 
 
 def link_for(
-    host: HostSnapshot, gpus: Sequence[Gpu], tp: int, row: Mapping[str, Any] | None, measured: Any = None
+    host: HostSnapshot,
+    gpus: Sequence[Gpu],
+    tp: int,
+    row: Mapping[str, Any] | None,
+    measured: Report | None = None,
 ) -> pm.Link:
     """The slowest path inside the first TP group of ``gpus`` (as the snapshot has it); its bandwidth
     the one measured where ``measured`` (the host's current interconnect record,
@@ -222,7 +265,7 @@ def _batching(
     wl: pm.Workload,
     spec: pm.Speculation | None,
     settings: Settings,
-    fits: Any,
+    fits: Callable[[int, int], tuple[bool, int]],
 ) -> list[dict[str, Any]]:
     """The candidate at other batching: ``max_num_batched_tokens`` at vLLM's defaults and the planned
     value, ``max_num_seqs`` halved, planned, doubled and the requests of the workload each instance
@@ -284,6 +327,67 @@ def _better(b: Mapping[str, Any], planned: Mapping[str, Any], objective: str, ou
     return b["capacity_output_tokens_per_s"] > (1 + BATCHING_MARGIN) * planned["capacity_output_tokens_per_s"]
 
 
+def _winning_row(
+    rows: Sequence[Mapping[str, Any]],
+    ok: list[int],
+    planned: int | None,
+    objective: str,
+    targets: tuple[float, float],
+    output_len: int,
+) -> tuple[int, str, str]:
+    """The row the objective prefers among those that fit (``ok``), what it has, and the objective it
+    was judged by (``latency`` where no row meets the targets)."""
+    ttft_target_ms, tpot_target_ms = targets
+
+    def request_ms(j: int) -> float:
+        return _request_ms(rows[j], output_len)
+
+    within = [j for j in ok if rows[j]["capacity_output_tokens_per_s"] > 0]
+    by = objective if objective == "latency" or within else "latency"  # none within the targets: the closest
+    if by == "latency":
+        i = min(ok, key=lambda j: (round(request_ms(j)), j != planned))
+        what = (
+            f"the shortest predicted request ({request_ms(i) / 1e3:.2f} s: TTFT {rows[i]['ttft_ms']:.0f} ms, "
+            f"TPOT {rows[i]['tpot_ms']:.1f} ms)"
+        )
+        if by != objective:
+            what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
+        return i, what, by
+    i = max(
+        within,
+        key=lambda j: (
+            round(rows[j]["capacity_output_tokens_per_s"], -1),
+            j == planned,
+            -rows[j]["tpot_ms"],
+        ),
+    )
+    what = (
+        f"the most output tokens/s within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms "
+        f"({rows[i]['capacity_output_tokens_per_s']:.0f} at {rows[i]['capacity_concurrency']} requests)"
+    )
+    return i, what, by
+
+
+def _configured_was(was: Mapping[str, Any], ttft_target_ms: float, tpot_target_ms: float) -> str:
+    """What the configured batching's row predicts at the workload: its figures may miss the targets,
+    said so, never called within them."""
+    missed = [f"TTFT over {ttft_target_ms:g} ms"] * (was["ttft_ms"] > ttft_target_ms) + [
+        f"TPOT over {tpot_target_ms:g} ms"
+    ] * (was["tpot_ms"] > tpot_target_ms)
+    held = (
+        f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets at "
+        f"{was['capacity_concurrency']} requests"
+        if was["capacity_output_tokens_per_s"] > 0
+        else "no load within the targets"
+    )
+    return (
+        f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
+        f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms at the workload"
+        + (f" ({', '.join(missed)})" if missed else "")
+        + f"; {held}"
+    )
+
+
 def choose_batching(
     rows: Sequence[Mapping[str, Any]],
     objective: str,
@@ -301,33 +405,7 @@ def choose_batching(
     planned = next((i for i, b in enumerate(rows) if b["planned"]), None)
     if not ok:
         return -1, "no batching fits"
-
-    def request_ms(j: int) -> float:
-        return _request_ms(rows[j], output_len)
-
-    within = [j for j in ok if rows[j]["capacity_output_tokens_per_s"] > 0]
-    by = objective if objective == "latency" or within else "latency"  # none within the targets: the closest
-    if by == "latency":
-        i = min(ok, key=lambda j: (round(request_ms(j)), j != planned))
-        what = (
-            f"the shortest predicted request ({request_ms(i) / 1e3:.2f} s: TTFT {rows[i]['ttft_ms']:.0f} ms, "
-            f"TPOT {rows[i]['tpot_ms']:.1f} ms)"
-        )
-        if by != objective:
-            what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
-    else:
-        i = max(
-            within,
-            key=lambda j: (
-                round(rows[j]["capacity_output_tokens_per_s"], -1),
-                j == planned,
-                -rows[j]["tpot_ms"],
-            ),
-        )
-        what = (
-            f"the most output tokens/s within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms "
-            f"({rows[i]['capacity_output_tokens_per_s']:.0f} at {rows[i]['capacity_concurrency']} requests)"
-        )
+    i, what, by = _winning_row(rows, ok, planned, objective, (ttft_target_ms, tpot_target_ms), output_len)
     b = rows[i]
     if i == planned:
         return -1, f"objective {objective}: the configured batching has {what}"
@@ -338,27 +416,124 @@ def choose_batching(
             "than the configured batching, which stays"
         )
     was = rows[planned] if planned is not None else None
-    then = ""
-    if was:  # at the workload its figures may miss the targets: said so, never called within them
-        missed = [f"TTFT over {ttft_target_ms:g} ms"] * (was["ttft_ms"] > ttft_target_ms) + [
-            f"TPOT over {tpot_target_ms:g} ms"
-        ] * (was["tpot_ms"] > tpot_target_ms)
-        held = (
-            f"{was['capacity_output_tokens_per_s']:.0f} tok/s within the targets at "
-            f"{was['capacity_concurrency']} requests"
-            if was["capacity_output_tokens_per_s"] > 0
-            else "no load within the targets"
-        )
-        then = (
-            f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
-            f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms at the workload"
-            + (f" ({', '.join(missed)})" if missed else "")
-            + f"; {held}"
-        )
+    then = _configured_was(was, ttft_target_ms, tpot_target_ms) if was else ""
     return i, (
         f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
         f"{b['max_num_batched_tokens']} have {what}{then}"
     )
+
+
+def _fits_at(
+    gpu0: Gpu,
+    model: ModelFacts,
+    kv_bytes: int,
+    settings: Settings,
+    d: ModelFacts | None,
+    tp: int,
+    batched: int | None = None,
+    seqs: int | None = None,
+) -> tuple[bool, int]:
+    """Whether ``model`` (with the draft ``d``) fits ``gpu0`` at ``tp`` with room for
+    ``engine.min_model_len`` tokens, and the KV tokens it holds (at other batching where given)."""
+    eng = settings.engine
+    f = fit(
+        gpu0.memory_total_bytes or 0,
+        eng.gpu_memory_utilization,
+        model,
+        d,
+        tp,
+        kv_bytes,
+        batched or eng.max_num_batched_tokens,
+        seqs or eng.max_num_seqs,
+        **fit_args(settings, eng.enforce_eager),
+    )
+    return f.fits and f.kv_cache_bytes >= sequence_bytes(
+        model, d, tp, model.dtype_bytes, eng.min_model_len
+    ), f.kv_tokens
+
+
+class _Tried(NamedTuple):
+    """One TP as the layout would try it: the candidate, its speculation, the draft it runs, and
+    whether an instance would run it (it fits, or fits once it drops the draft)."""
+
+    cand: pm.Candidate
+    spec: pm.Speculation | None
+    draft: ModelFacts | None
+    runs: bool
+
+
+def _tried(
+    host: HostSnapshot,
+    settings: Settings,
+    tp: int,
+    parts: list[list[Gpu]],
+    d: ModelFacts | None,
+    fits: Callable[..., tuple[bool, int]],
+    why: str,
+    link: tuple[Mapping[str, Any] | None, Report | None],
+    spec: tuple[str | None, int, ModelFacts],
+) -> _Tried:
+    """The candidate at ``tp`` over ``parts``; ``why``: why it is not allowed (empty: allowed);
+    ``link``: the GPU's row and the interconnect record; ``spec``: the method, KV bytes and model."""
+    eng, lay = settings.engine, settings.layout
+    spec_method, kv_bytes, model = spec
+    ok, kv_tokens = fits(d, tp)
+    d_tp, only_without = d, False
+    if not ok and d is not None:  # predicted as the instance would run (ngram), but not a layout that fits
+        only_without, kv_tokens = fits(None, tp)
+        d_tp = None if only_without else d
+    method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
+    speculated = speculation(settings, method, d_tp, kv_bytes, model)
+    if isinstance(lay.replicas, int) or lay.strategy == "single":
+        parts = parts[: 1 if lay.strategy == "single" else int(lay.replicas)]
+    if not parts:
+        why = why or f"not enough GPUs for a TP={tp} group"
+    elif only_without:
+        why = (
+            why
+            or "fits only without the draft (an instance would drop it for ngram), as the layout rule counts it"
+        )
+    elif not ok:
+        why = why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
+    batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
+    cand = pm.Candidate(
+        tp,
+        max(1, len(parts)),
+        1,
+        eng.max_num_seqs,
+        batched,
+        eng.enable_chunked_prefill,
+        max(0, kv_tokens),
+        link_for(host, parts[0] if parts else [], tp, link[0], link[1]),
+        fits=not why,
+        why_not=why,
+    )
+    return _Tried(cand, speculated, d_tp, bool(parts) and (ok or only_without))
+
+
+def _predicted(
+    pgpu: pm.Gpu,
+    shape: pm.ModelShape,
+    t: _Tried,
+    wl: pm.Workload,
+    settings: Settings,
+    fits: Callable[..., tuple[bool, int]],
+) -> pm.Prediction:
+    """The prediction of the tried candidate ``t``, with its capacity within the targets (where it fits)
+    and its batching rows (where an instance would run it)."""
+    lay, c, spec = settings.layout, t.cand, t.spec
+    p = pm.predict(pgpu, shape, c, wl, spec)
+    p.fits, p.why_not = c.fits, c.why_not
+    if c.fits:
+        p.capacity_output_tokens_per_s, p.capacity_concurrency = pm.capacity(
+            pgpu, shape, c, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms
+        )
+    p.meets_targets = p.ttft_ms <= lay.ttft_target_ms and p.tpot_ms <= lay.tpot_target_ms
+    if (
+        t.runs
+    ):  # as the instance would run: a rule may still take it (the layout choice never does unless it fits)
+        p.batching = _batching(pgpu, shape, c, wl, spec, settings, functools.partial(fits, t.draft, c.tp))
+    return p
 
 
 def predict_group(
@@ -371,7 +546,7 @@ def predict_group(
     allowed: Mapping[int, str],
     calibration: pm.Calibration | None,
     default_tp: int,
-    interconnect: Any = None,
+    interconnect: Report | None = None,
 ) -> list[pm.Prediction]:
     """One prediction per TP of ``parts_by_tp`` (its instances' GPU groups); ``allowed``: TP → why it
     is not allowed (empty: allowed). Empty where the GPU has no bandwidth figure. ``interconnect``: the
@@ -386,89 +561,27 @@ def predict_group(
     _, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu0, model)
     shape = model_shape(model, kv_bytes)
     wl = workload(settings)
-    eng = settings.engine
-    lay = settings.layout
-
-    def fits(
-        d: ModelFacts | None, tp: int, batched: int | None = None, seqs: int | None = None
-    ) -> tuple[bool, int]:
-        f = fit(
-            gpu0.memory_total_bytes or 0,
-            eng.gpu_memory_utilization,
-            model,
-            d,
-            tp,
-            kv_bytes,
-            batched or eng.max_num_batched_tokens,
-            seqs or eng.max_num_seqs,
-            **fit_args(settings, eng.enforce_eager),
-        )
-        return f.fits and f.kv_cache_bytes >= sequence_bytes(
-            model, d, tp, model.dtype_bytes, eng.min_model_len
-        ), f.kv_tokens
-
+    fits = functools.partial(_fits_at, gpu0, model, kv_bytes, settings)
     # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the
     # instance then drops it: plan/speculative.py).
     d = draft if draft is not None and any(fits(draft, t)[0] for t in parts_by_tp) else None
-    cands: list[pm.Candidate] = []
-    specs: list[pm.Speculation | None] = []
-    drafts: list[ModelFacts | None] = []
-    runs: list[bool] = []  # an instance would run it (it fits, or fits once it drops the draft)
-    for tp, parts in sorted(parts_by_tp.items()):
-        ok, kv_tokens = fits(d, tp)
-        d_tp, only_without = d, False
-        if (
-            not ok and d is not None
-        ):  # predicted as the instance would run (ngram), but not a layout that fits
-            only_without, kv_tokens = fits(None, tp)
-            d_tp = None if only_without else d
-        method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
-        specs.append(speculation(settings, method, d_tp, kv_bytes, model))
-        drafts.append(d_tp)
-        if isinstance(lay.replicas, int) or lay.strategy == "single":
-            parts = parts[: 1 if lay.strategy == "single" else int(lay.replicas)]
-        why = allowed.get(tp, "")
-        if not parts:
-            why = why or f"not enough GPUs for a TP={tp} group"
-        elif only_without:
-            why = (
-                why
-                or "fits only without the draft (an instance would drop it for ngram), as the layout rule counts it"
-            )
-        elif not ok:
-            why = (
-                why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
-            )
-        runs.append(bool(parts) and (ok or only_without))
-        batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
-        cands.append(
-            pm.Candidate(
-                tp,
-                max(1, len(parts)),
-                1,
-                eng.max_num_seqs,
-                batched,
-                eng.enable_chunked_prefill,
-                max(0, kv_tokens),
-                link_for(host, parts[0] if parts else [], tp, row, interconnect),
-                fits=not why,
-                why_not=why,
-            )
+    tried = [
+        _tried(
+            host,
+            settings,
+            tp,
+            parts,
+            d,
+            fits,
+            allowed.get(tp, ""),
+            (row, interconnect),
+            (spec_method, kv_bytes, model),
         )
-    preds = []
-    for c, spec, dr, run in zip(cands, specs, drafts, runs, strict=True):
-        p = pm.predict(pgpu, shape, c, wl, spec)
-        p.fits, p.why_not = c.fits, c.why_not
-        if c.fits:
-            p.capacity_output_tokens_per_s, p.capacity_concurrency = pm.capacity(
-                pgpu, shape, c, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms
-            )
-        p.meets_targets = p.ttft_ms <= lay.ttft_target_ms and p.tpot_ms <= lay.tpot_target_ms
-        if run:  # as the instance would run: a rule may still take it (the layout choice never does unless it fits)
-            p.batching = _batching(
-                pgpu, shape, c, wl, spec, settings, lambda b, q, tp=c.tp, dd=dr: fits(dd, tp, b, q)
-            )
-        preds.append(p)
+        for tp, parts in sorted(parts_by_tp.items())
+    ]
+    preds = [_predicted(pgpu, shape, t, wl, settings, fits) for t in tried]
+    cands = [t.cand for t in tried]
+    specs = [t.spec for t in tried]
     return _calibrate(preds, pgpu, shape, cands, wl, specs, calibration, default_tp)
 
 
@@ -506,6 +619,61 @@ def record(
     )
 
 
+def _instance_speculation(
+    inst: InstancePlan, model: ModelFacts, draft: ModelFacts | None, settings: Settings, kv_bytes: int
+) -> pm.Speculation | None:
+    """The instance's speculative config as the prediction takes it (None: no speculation)."""
+    if inst.speculative is None:
+        return None
+    sp = inst.speculative
+    table = tuple(sp.num_speculative_tokens_per_batch_size or ())
+    d = model_shape(draft, kv_bytes) if (draft is not None and sp.method == "draft_model") else None
+    if sp.method == "mtp":
+        d = mtp_draft_shape(model, kv_bytes)
+    return pm.Speculation(
+        sp.method,
+        table,
+        sp.num_speculative_tokens,
+        settings.speculative.assumed_acceptance,
+        d,
+        "speculative.assumed_acceptance",
+    )
+
+
+def _calibrated_at(
+    host: HostSnapshot,
+    p: pm.Prediction,
+    pgpu: pm.Gpu,
+    shape: pm.ModelShape,
+    cand: pm.Candidate,
+    wl: pm.Workload,
+    spec: pm.Speculation | None,
+    calibration: pm.Calibration,
+    link: tuple[int, Mapping[str, Any] | None, Report | None],
+) -> pm.Prediction:
+    """``p`` calibrated by the benchmark's points: the prediction at the benchmark's own TP and nearest
+    concurrency against what it measured. ``link``: the rule's TP, the GPU's row, the interconnect record."""
+    rule_tp, row, interconnect = link
+    btp = calibration.tp or rule_tp
+    c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
+    bench = (
+        cand
+        if btp == cand.tp
+        else pm.Candidate(
+            btp,
+            max(1, len(host.usable_gpus) // btp),
+            1,
+            cand.max_num_seqs,
+            cand.max_num_batched_tokens,
+            cand.chunked_prefill,
+            cand.kv_tokens,
+            link_for(host, host.usable_gpus, btp, row, interconnect),
+        )
+    )
+    at = pm.predict(pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec)
+    return pm.calibrated(p, at, calibration, wl, same_config=(btp == cand.tp))
+
+
 def instance_prediction(
     host: HostSnapshot,
     inst: InstancePlan,
@@ -515,7 +683,7 @@ def instance_prediction(
     settings: Settings,
     calibration: pm.Calibration | None,
     rule_tp: int,
-    interconnect: Any = None,
+    interconnect: Report | None = None,
 ) -> InstancePrediction | None:
     """This instance's figures with its own engine settings (each rank gets its share of the workload);
     ``interconnect`` as :func:`predict_group` takes it."""
@@ -533,21 +701,7 @@ def instance_prediction(
     ssm = inst.engine.mamba_ssm_cache_dtype if isinstance(inst.engine.mamba_ssm_cache_dtype, str) else "auto"
     shape = model_shape(model, kv_bytes, ssm)
     wl = workload(settings)
-    spec = None
-    if inst.speculative is not None:
-        sp = inst.speculative
-        table = tuple(sp.num_speculative_tokens_per_batch_size or ())
-        d = model_shape(draft, kv_bytes) if (draft is not None and sp.method == "draft_model") else None
-        if sp.method == "mtp":
-            d = mtp_draft_shape(model, kv_bytes)
-        spec = pm.Speculation(
-            sp.method,
-            table,
-            sp.num_speculative_tokens,
-            settings.speculative.assumed_acceptance,
-            d,
-            "speculative.assumed_acceptance",
-        )
+    spec = _instance_speculation(inst, model, draft, settings, kv_bytes)
     total = instances  # every rank of every instance shares the workload
     cand = pm.Candidate(
         tp,
@@ -559,28 +713,9 @@ def instance_prediction(
         inst.memory.kv_tokens,
         link_for(host, gpus, tp, row, interconnect),
     )
-    p = pm.predict(pgpu, shape, cand, wl, spec)
+    p = pm.predict(pgpu, shape, cand, wl, spec, step_cpu=step_cpu_of(host))
     if calibration is not None and calibration.points:
-        btp = calibration.tp or rule_tp
-        c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
-        bench = (
-            cand
-            if btp == tp
-            else pm.Candidate(
-                btp,
-                max(1, len(host.usable_gpus) // btp),
-                1,
-                cand.max_num_seqs,
-                cand.max_num_batched_tokens,
-                cand.chunked_prefill,
-                cand.kv_tokens,
-                link_for(host, host.usable_gpus, btp, row, interconnect),
-            )
-        )
-        at = pm.predict(
-            pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec
-        )
-        p = pm.calibrated(p, at, calibration, wl, same_config=(btp == tp))
+        p = _calibrated_at(host, p, pgpu, shape, cand, wl, spec, calibration, (rule_tp, row, interconnect))
     per = p.output_tokens_per_s / total * ranks
     return InstancePrediction(
         workload=wl.to_json(),
@@ -590,8 +725,17 @@ def instance_prediction(
         output_tokens_per_s=round(per, 1),
         source=p.source,
         terms=tuple({k: v for k, v in t.items()} for t in p.terms),
-        simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency),
+        simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency, host=host),
     )
+
+
+def step_cpu_of(host: HostSnapshot) -> pm.StepCpu:
+    """The engine's CPU per scheduled sequence for the analytic wave, as the simulation takes it
+    (plan/servercost.py: overlapping the step where the release schedules asynchronously)."""
+    from .servercost import server_costs
+
+    costs = server_costs(host.software.vllm_version, host.cpu.model)
+    return pm.StepCpu(costs.step_seq_s * 1e3, bool(costs.async_scheduling))
 
 
 # -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------
@@ -606,34 +750,40 @@ def simulated_figures(
     cand: pm.Candidate,
     wl: pm.Workload,
     per_instance: int,
-    arrivals: Any = None,
+    arrivals: Arrivals | None = None,
+    host: HostSnapshot | None = None,
 ) -> dict[str, Any] | None:
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
     serve --max-concurrency``, or ``arrivals``: a :class:`simulate.Arrivals`, as benchmarks/bench_predict.py
     gives each measured point's) through plan/simulate.py with :func:`predict.step_cost`; None where the
-    engine cannot take one request (the plan refuses or says so elsewhere)."""
+    engine cannot take one request (the plan refuses or says so elsewhere). With ``host``, the CPU outside
+    the GPU's step (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM."""
     from . import simulate as sim
+    from .servercost import server_costs
 
     c = max(1, per_instance)
+    costs = server_costs(host.software.vllm_version, host.cpu.model) if host is not None else None
+    eng = sim.engine_for(
+        cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
+    )
+    src = f"plan/predict.py step_cost ({gpu.source}; no speculation)"
     if arrivals is not None:
-        eng = sim.Engine(cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill)
         try:
             res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arrivals)
         except ValueError:
             return None
-        return sim.figures(res, arrivals, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
+        return sim.figures(res, arrivals, src, costs)
     if c > SIMULATED_CLIENTS_MAX:
         return {
             "not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
             "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"
         }
     arr = sim.Arrivals("concurrency", min(c + 64, max(8, 2 * c)), wl.input_len, wl.output_len, concurrency=c)
-    eng = sim.Engine(cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill)
     try:
         res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arr)
     except ValueError:
         return None
-    return sim.figures(res, arr, f"plan/predict.py step_cost ({gpu.source}; no speculation)")
+    return sim.figures(res, arr, src, costs)
 
 
 def cpu_prediction(

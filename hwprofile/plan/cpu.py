@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..config.settings import Settings
-from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
+from .context import PlanContext
 from .engine import hybrid_opts, server_settings
 from .layout import ONE_NODE
 from .loaded import language_only
@@ -25,7 +24,6 @@ from .memory import (
     sequence_bytes,
     vllm_kv_cache,
 )
-from .reasons import Reasons
 from .refusal import PlanRefused
 from .speculative import speculative_config
 from .types import ABSENT, EngineSettings, Estimate, InstancePlan, MemoryFit
@@ -140,19 +138,12 @@ def cpu_suggestions(
 
 
 def _cpu_seqs(
-    settings: Settings,
-    model: ModelFacts,
-    hybrid: HybridOpts | None,
-    kv_space: int,
-    length: int,
-    key: str,
-    r: Reasons,
-    warnings: list[str],
+    ctx: PlanContext, model: ModelFacts, hybrid: HybridOpts | None, kv_space: int, length: int, key: str
 ) -> tuple[int, dict[str, int]]:
     """max_num_seqs on the CPU, lowered to the sequences whose state the KV space holds (hybrid models),
     and the state figures for the memory fit."""
-    seqs = settings.engine.max_num_seqs
-    r.add(
+    seqs = ctx.settings.engine.max_num_seqs
+    ctx.add(
         f"{key}.engine.max_num_seqs",
         seqs,
         "CPU backend: few concurrent sequences",
@@ -163,10 +154,10 @@ def _cpu_seqs(
         h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
         state = {"state_bytes_per_sequence": h.state_bytes_per_sequence, "state_sequences": h.state_blocks}
         if seqs > h.state_blocks:
-            warnings.append(
+            ctx.warn(
                 f"{key}: max_num_seqs {seqs} lowered to {h.state_blocks}: the state of more does not fit"
             )
-            seqs = r.add(
+            seqs = ctx.add(
                 f"{key}.engine.max_num_seqs",
                 max(1, h.state_blocks),
                 f"each running sequence holds {h.state_groups} state groups x {h.state_slots} pages "
@@ -175,43 +166,25 @@ def _cpu_seqs(
     return seqs, state
 
 
-def _cpu_numa(
-    host: HostSnapshot, settings: Settings, key: str, r: Reasons, warnings: list[str]
-) -> tuple[int | None, str | None]:
+def _cpu_numa(ctx: PlanContext, key: str) -> tuple[int | None, str | None]:
     """The NUMA node (and its CPUs) a CPU instance is bound to: node 0 of a multi-node host, if binding is on."""
+    host, settings = ctx.host, ctx.settings
     bind = settings.layout.numa_bind and len(host.numa_nodes) > 1
     numa = host.numa_nodes[0].id if bind else None
     cpus = host.numa_nodes[0].cpus if numa is not None else None
     if not bind:
         why = ONE_NODE if settings.layout.numa_bind else "NUMA binding is off"
-        r.add(f"{key}.numa_node", None, why, ("layout", "numa_bind"))
+        ctx.add(f"{key}.numa_node", None, why, ("layout", "numa_bind"))
     if len(host.numa_nodes) > 1:
-        warnings.append("CPU backend on a multi-node host: bound to NUMA node 0 only")
+        ctx.warn("CPU backend on a multi-node host: bound to NUMA node 0 only")
     return numa, cpus
 
 
-def cpu_instance(
-    host: HostSnapshot,
-    settings: Settings,
-    model: ModelFacts,
-    draft: ModelFacts | None,
-    spec_method: str | None,
-    r: Reasons,
-    warnings: list[str],
-    index: int = 0,
-    count: int = 1,
-) -> InstancePlan:
-    """CPU instance ``index`` of ``count`` (each with its own KV space, on its own port)."""
-    key = f"instances[{index}]"
-    kv_gib = settings.cpu.kv_cache_space_gib
-    kv_space = int(kv_gib * GiB)
-    r.add(
-        f"{key}.cpu.kv_cache_space_gib",
-        kv_gib,
-        "CPU backend: the KV cache is a fixed size in RAM (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes)",
-        ("cpu", "kv_cache_space_gib"),
-    )
-    ram = host.memory_bytes or 0
+def _cpu_ram_check(
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts | None, count: int, kv_space: int
+) -> None:
+    """Refuse when ``count`` instances' weights and KV space (and 2 GiB) do not fit the host's RAM."""
+    ram = ctx.host.memory_bytes or 0
     need = count * (model.weights_bytes + (draft.weights_bytes if draft else 0) + kv_space) + 2 * GiB
     if ram and need > ram:
         raise PlanRefused(
@@ -220,15 +193,58 @@ def cpu_instance(
             cpu_suggestions(model, draft, ram, count, kv_space),
         )
 
-    # context length: what the KV space holds, at most the model's max_position_embeddings
+
+class _CpuCache(NamedTuple):
+    """What the CPU instance's KV space holds: the context, the block, the tokens, the hybrid options."""
+
+    length: int
+    per_tok: int
+    block: int
+    tokens: int
+    hybrid: HybridOpts | None
+
+
+def _cpu_hybrid(
+    ctx: PlanContext, model: ModelFacts, hybrid: HybridOpts, kv_space: int, length: int, block: int, key: str
+) -> tuple[HybridOpts, int, int]:
+    """A hybrid model's state dtype by the CPU platform's rule, and the attention block raised to the
+    state page: the options, the block, and the bytes usable (less the null block)."""
+    ssm = ctx.add(
+        f"{key}.memory.mamba_ssm_cache_dtype",
+        cpu_ssm_dtype(hybrid.ssm_dtype, ctx.host.cpu.flags, model.stack.linear_attention_types),
+        "vLLM's CPU platform keeps the SSM state in float32 on an AVX512-BF16 CPU unless float16/bfloat16 "
+        "is asked for (platforms/cpu.py); elsewhere the model's own (--mamba-ssm-cache-dtype auto)",
+    )
+    hybrid = hybrid._replace(ssm_dtype=ssm, cache_block=block)
+    h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
+    block = ctx.add(
+        f"{key}.memory.block_size",
+        h.block_size,
+        f"vLLM raises the attention block so one page ({h.page_bytes} B) holds a state layer's "
+        f"{h.state_bytes} B (_align_hybrid_block_size)",
+    )
+    return hybrid._replace(cache_block=block), block, kv_space - h.group_size * h.page_bytes
+
+
+def _cpu_cache(
+    ctx: PlanContext,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    attn: CpuAttention,
+    kv_space: int,
+    key: str,
+) -> _CpuCache:
+    """The context length the KV space holds (at most the model's max_position_embeddings), with the
+    block size and, for a hybrid model, the state's options."""
+    host, settings = ctx.host, ctx.settings
     length = settings.engine.max_model_len
     if model.max_position_embeddings and length > model.max_position_embeddings:
         length = int(model.max_position_embeddings)
     per_tok = kv_bytes_per_token(model, 1, model.dtype_bytes) + (
         kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0
     )
-    attn = cpu_attention(model, host.cpu.flags)
-    block = r.add(f"{key}.memory.block_size", attn.block_size, attn.reason)
+    block = ctx.add(f"{key}.memory.block_size", attn.block_size, attn.reason)
     tokens = kv_tokens_in(kv_space, per_tok, block)
     # vLLM starts only if one max_model_len request fits as it reserves it: sliding-window layers
     # also hold the tokens in flight (one batch on the CPU; the whole prompt without chunked prefill)
@@ -239,23 +255,8 @@ def cpu_instance(
     sliding = bool(model.sliding_layers and model.sliding_window) or not is_plain(model)
     hybrid = hybrid_opts(model, settings, spec_method, host.software.vllm_version, None, device="cpu")
     if hybrid is not None:  # the state's dtype by the CPU platform's rule; blocks aligned to the state page
-        ssm = r.add(
-            f"{key}.memory.mamba_ssm_cache_dtype",
-            cpu_ssm_dtype(hybrid.ssm_dtype, host.cpu.flags, model.stack.linear_attention_types),
-            "vLLM's CPU platform keeps the SSM state in float32 on an AVX512-BF16 CPU unless float16/bfloat16 "
-            "is asked for (platforms/cpu.py); elsewhere the model's own (--mamba-ssm-cache-dtype auto)",
-        )
-        hybrid = hybrid._replace(ssm_dtype=ssm, cache_block=block)
-        h = hybrid_kv_cache(model, kv_space, length, kv_dtype_bytes=model.dtype_bytes, **hybrid._asdict())
-        block = r.add(
-            f"{key}.memory.block_size",
-            h.block_size,
-            f"vLLM raises the attention block so one page ({h.page_bytes} B) holds a state layer's "
-            f"{h.state_bytes} B (_align_hybrid_block_size)",
-        )
-        hybrid = hybrid._replace(cache_block=block)
+        hybrid, block, usable = _cpu_hybrid(ctx, model, hybrid, kv_space, length, block, key)
         tokens = kv_tokens_in(kv_space, per_tok, block)
-        usable = kv_space - h.group_size * h.page_bytes  # the null block
     if tokens - block < length or (
         sliding
         and sequence_bytes(model, draft, 1, model.dtype_bytes, length, block, flight, True, hybrid) > usable
@@ -272,25 +273,41 @@ def cpu_instance(
             reserve=sliding,
             hybrid=hybrid,
         )
-    r.add(
+    ctx.add(
         f"{key}.engine.max_model_len",
         length,
-        f"{kv_gib:g} GiB of KV space holds {tokens} tokens",
+        f"{settings.cpu.kv_cache_space_gib:g} GiB of KV space holds {tokens} tokens",
         ("engine", "max_model_len"),
     )
+    return _CpuCache(length, per_tok, block, tokens, hybrid)
 
-    seqs, state = _cpu_seqs(settings, model, hybrid, kv_space, length, key, r, warnings)
+
+def _cpu_engine(
+    ctx: PlanContext,
+    model: ModelFacts,
+    attn: CpuAttention,
+    cache: _CpuCache,
+    seqs: int,
+    kv_space: int,
+    key: str,
+) -> EngineSettings:
+    """The CPU instance's engine settings: chunked prefill and prefix caching as vLLM leaves them for the
+    backend, eager or compiled, the dtype."""
+    host, settings = ctx.host, ctx.settings
+    length = cache.length
     batched = max(seqs, settings.engine.max_num_batched_tokens)
     chunked = settings.engine.enable_chunked_prefill
     prefix = settings.engine.enable_prefix_caching
     if not attn.chunked_prefill:
         # what vLLM does on its own for this backend: the plan says it rather than hides it
         why = f"{attn.backend} on the CPU: vLLM turns it off"
-        chunked = r.add(
+        chunked = ctx.add(
             f"{key}.engine.enable_chunked_prefill", False, why, ("engine", "enable_chunked_prefill")
         )
-        prefix = r.add(f"{key}.engine.enable_prefix_caching", False, why, ("engine", "enable_prefix_caching"))
-        batched = r.add(
+        prefix = ctx.add(
+            f"{key}.engine.enable_prefix_caching", False, why, ("engine", "enable_prefix_caching")
+        )
+        batched = ctx.add(
             f"{key}.engine.max_num_batched_tokens",
             max(batched, length, VLLM_DEFAULT_BATCHED_TOKENS),
             f"{attn.backend} on the CPU without chunked prefill: vLLM raises it to max(max_model_len, "
@@ -298,7 +315,7 @@ def cpu_instance(
             ("engine", "max_num_batched_tokens"),
         )
     eager = settings.engine.enforce_eager
-    r.add(
+    ctx.add(
         f"{key}.engine.enforce_eager",
         eager,
         "CPU backend: eager starts in ~25 s, compiled mode in 30-75 s"
@@ -306,10 +323,9 @@ def cpu_instance(
         else "torch.compile on the CPU",
         ("engine", "enforce_eager"),
     )
-    numa, cpus = _cpu_numa(host, settings, key, r, warnings)
     dtype = settings.engine.dtype
     lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
-    engine = EngineSettings(
+    return EngineSettings(
         gpu_memory_utilization=None,
         max_model_len=length,
         max_num_seqs=seqs,
@@ -323,7 +339,85 @@ def cpu_instance(
         enable_chunked_prefill=chunked,
         language_model_only=lm_only,
     )
-    spec = speculative_config(settings, spec_method, draft, 1, r, key, model)
+
+
+def _cpu_memory(
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    cache: _CpuCache,
+    engine: EngineSettings,
+    kv_space: int,
+    state: dict[str, int],
+) -> MemoryFit:
+    """The CPU instance's memory fit: the weights and the fixed KV space."""
+    length, block, hybrid = cache.length, cache.block, cache.hybrid
+    return MemoryFit(
+        budget_bytes=kv_space + model.weights_bytes,
+        weights_bytes=model.weights_bytes,
+        draft_weights_bytes=draft.weights_bytes if draft else 0,
+        activation_bytes=0,
+        overhead_bytes=0,
+        kv_cache_bytes=kv_space,
+        kv_bytes_per_token=cache.per_tok,
+        kv_bytes_per_token_target=kv_bytes_per_token(model, 1, model.dtype_bytes),
+        kv_bytes_per_token_draft=kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0,
+        kv_tokens=cache.tokens,
+        block_size=block,
+        kv_bytes_per_max_len_request=sequence_bytes(
+            model,
+            draft,
+            1,
+            model.dtype_bytes,
+            length,
+            block,
+            int(engine.max_num_batched_tokens),
+            reserve=True,
+            hybrid=hybrid,
+        ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
+        # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
+        # with a draft the cache is shared in ways this does not model: then no figure
+        vllm_logged_kv_tokens=None
+        if draft or not logs_kv_tokens(model, 1, model.dtype_bytes)
+        else vllm_kv_cache(
+            model,
+            kv_space,
+            length,
+            block,
+            model.dtype_bytes,
+            1,
+            int(engine.max_num_batched_tokens),
+            hybrid,
+        )[1],
+        **state,
+    )
+
+
+def cpu_instance(
+    ctx: PlanContext,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    index: int = 0,
+    count: int = 1,
+) -> InstancePlan:
+    """CPU instance ``index`` of ``count`` (each with its own KV space, on its own port)."""
+    host, settings = ctx.host, ctx.settings
+    key = f"instances[{index}]"
+    kv_gib = settings.cpu.kv_cache_space_gib
+    kv_space = int(kv_gib * GiB)
+    ctx.add(
+        f"{key}.cpu.kv_cache_space_gib",
+        kv_gib,
+        "CPU backend: the KV cache is a fixed size in RAM (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes)",
+        ("cpu", "kv_cache_space_gib"),
+    )
+    _cpu_ram_check(ctx, model, draft, count, kv_space)
+    attn = cpu_attention(model, host.cpu.flags)
+    cache = _cpu_cache(ctx, model, draft, spec_method, attn, kv_space, key)
+    seqs, state = _cpu_seqs(ctx, model, cache.hybrid, kv_space, cache.length, key)
+    engine = _cpu_engine(ctx, model, attn, cache, seqs, kv_space, key)
+    numa, cpus = _cpu_numa(ctx, key)
+    spec = speculative_config(ctx, spec_method, draft, 1, key, model)
     return InstancePlan(
         name="vllm-cpu" if count == 1 else f"vllm-cpu{index}",
         device="cpu",
@@ -336,44 +430,6 @@ def cpu_instance(
         server=server_settings(settings, settings.server.port + index),
         engine=engine,
         speculative=spec,
-        memory=MemoryFit(
-            budget_bytes=kv_space + model.weights_bytes,
-            weights_bytes=model.weights_bytes,
-            draft_weights_bytes=draft.weights_bytes if draft else 0,
-            activation_bytes=0,
-            overhead_bytes=0,
-            kv_cache_bytes=kv_space,
-            kv_bytes_per_token=per_tok,
-            kv_bytes_per_token_target=kv_bytes_per_token(model, 1, model.dtype_bytes),
-            kv_bytes_per_token_draft=kv_bytes_per_token(draft, 1, model.dtype_bytes) if draft else 0,
-            kv_tokens=tokens,
-            block_size=block,
-            kv_bytes_per_max_len_request=sequence_bytes(
-                model,
-                draft,
-                1,
-                model.dtype_bytes,
-                length,
-                block,
-                int(engine.max_num_batched_tokens),
-                reserve=True,
-                hybrid=hybrid,
-            ),  # what vLLM reserves for one (sliding-window layers: window + in-flight + a block)
-            # what vLLM's log will say (`KV cache size: N tokens`), sliding-window groups included;
-            # with a draft the cache is shared in ways this does not model: then no figure
-            vllm_logged_kv_tokens=None
-            if draft or not logs_kv_tokens(model, 1, model.dtype_bytes)
-            else vllm_kv_cache(
-                model,
-                kv_space,
-                length,
-                block,
-                model.dtype_bytes,
-                1,
-                int(engine.max_num_batched_tokens),
-                hybrid,
-            )[1],
-            **state,
-        ),
+        memory=_cpu_memory(model, draft, cache, engine, kv_space, state),
         estimate=Estimate(note="CPU backend: no datasheet bandwidth figure"),
     )

@@ -11,6 +11,7 @@ from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from ..release import first_with_choice, release_of
 from . import gpufacts
+from .context import PlanContext
 from .memory import (
     BLOCK_TOKENS,
     STATE_DTYPE_BYTES,
@@ -45,20 +46,12 @@ def fit_args(settings: Settings, eager: bool) -> dict[str, Any]:
     }
 
 
-def memory_share(
-    gpus: list[Gpu],
-    gpu: Gpu,
-    settings: Settings,
-    r: Reasons,
-    warnings: list[str],
-    key: str,
-    name: str,
-) -> float:
+def memory_share(ctx: PlanContext, gpus: list[Gpu], gpu: Gpu, key: str, name: str) -> float:
     """``gpu_memory_utilization``: as configured, lowered where other processes already hold memory
     (vLLM fails when free memory < total × share). ``gpu`` is the instance's smallest GPU."""
     total = gpu.memory_total_bytes or 0
-    util = settings.engine.gpu_memory_utilization
-    r.add(
+    util = ctx.settings.engine.gpu_memory_utilization
+    ctx.add(
         f"{key}.engine.gpu_memory_utilization",
         util,
         f"{util:.2f} of each GPU's {total / GiB:.1f} GiB for this instance",
@@ -67,10 +60,10 @@ def memory_share(
     used = max((g.memory_used_bytes or 0) + (g.memory_reserved_bytes or 0) for g in gpus)
     if total and used > total * (1 - util):
         new = round(max(0.05, (total - used - 256 * MiB) / total), 3)
-        warnings.append(
+        ctx.warn(
             f"{name}: {used / GiB:.1f} GiB already in use on GPU {gpu.index}; memory share lowered to {new}"
         )
-        r.add(
+        ctx.add(
             f"{key}.engine.gpu_memory_utilization",
             new,
             f"vLLM fails when free memory < total × share; {used / GiB:.1f} GiB is taken by other processes",
@@ -109,19 +102,17 @@ def kv_cache_dtype(want: str, gpu: Gpu | None, model: ModelFacts) -> tuple[str, 
     return "auto", model.dtype_bytes, f"KV cache in the model's dtype ({model.dtype})"
 
 
-def choose_kv_dtype(
-    settings: Settings, gpu: Gpu | None, model: ModelFacts, r: Reasons, key: str
-) -> tuple[str, int]:
+def choose_kv_dtype(ctx: PlanContext, gpu: Gpu | None, model: ModelFacts, key: str) -> tuple[str, int]:
     """:func:`kv_cache_dtype` for this instance's GPU, with its reason: ``(dtype, element bytes)``."""
-    name, nbytes, why = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu, model)
-    r.add(key, name, why, ("engine", "kv_cache_dtype"))
+    name, nbytes, why = kv_cache_dtype(ctx.settings.engine.kv_cache_dtype, gpu, model)
+    ctx.add(key, name, why, ("engine", "kv_cache_dtype"))
     return name, nbytes
 
 
-def choose_eager(settings: Settings, r: Reasons, key: str) -> bool:
+def choose_eager(ctx: PlanContext, key: str) -> bool:
     """``enforce_eager`` as configured (CUDA graphs on unless asked off)."""
-    eager = settings.engine.enforce_eager
-    r.add(
+    eager = ctx.settings.engine.enforce_eager
+    ctx.add(
         f"{key}.engine.enforce_eager",
         eager,
         "CUDA graphs off (eager)"
@@ -194,15 +185,13 @@ def context_length(
 
 
 def concurrency(
+    ctx: PlanContext,
     model: ModelFacts,
     draft: ModelFacts | None,
     tp: int,
     kv_bytes: int,
     length: int,
     f: Fit,
-    settings: Settings,
-    r: Reasons,
-    warnings: list[str],
     key: str,
     name: str,
     in_flight: int | None = None,
@@ -213,7 +202,7 @@ def concurrency(
     vLLM preallocates the KV cache, so more sequences than it holds queue or get preempted rather
     than run out of memory: said so, not silently lowered. Requests at full length are counted as
     vLLM counts its maximum concurrency where ``in_flight`` is given (:func:`context_length`)."""
-    seqs = settings.engine.max_num_seqs
+    seqs = ctx.settings.engine.max_num_seqs
     src: tuple[str, ...] = ("layout", "objective") if chosen_by else ("engine", "max_num_seqs")
     why = f"predicted: {chosen_by}; " if chosen_by else ""
     whole = sequence_bytes(
@@ -241,23 +230,24 @@ def concurrency(
     )
     holds = f"the KV cache holds {half} requests at {int(AVERAGE_FILL * 100)}% of max_model_len, {full_len} at full length"
     if seqs > half:
-        warnings.append(
+        ctx.warn(
             f"{name}: max_num_seqs {seqs} > {half} ({holds}); under long requests vLLM will queue or preempt"
         )
-        r.add(
+        ctx.add(
             f"{key}.engine.max_num_seqs",
             seqs,
             f"{why or f'{seqs} as configured; '}{holds} (more queue or are preempted)",
             src,
         )
     else:
-        r.add(f"{key}.engine.max_num_seqs", seqs, why + holds, src)
+        ctx.add(f"{key}.engine.max_num_seqs", seqs, why + holds, src)
     if hybrid is not None and is_hybrid(model):
-        seqs = state_cap(model, tp, kv_bytes, length, f, hybrid, seqs, r, warnings, key, name)
+        seqs = state_cap(ctx, model, tp, kv_bytes, length, f, hybrid, seqs, key, name)
     return seqs
 
 
 def state_cap(
+    ctx: PlanContext,
     model: ModelFacts,
     tp: int,
     kv_bytes: int,
@@ -265,8 +255,6 @@ def state_cap(
     f: Fit,
     hybrid: HybridOpts,
     seqs: int,
-    r: Reasons,
-    warnings: list[str],
     key: str,
     name: str,
 ) -> int:
@@ -290,35 +278,34 @@ def state_cap(
         f"{h.state_blocks} sequences' state (vLLM refuses to start under full CUDA graphs when max_num_seqs "
         "exceeds its state blocks)"
     )
-    warnings.append(
+    ctx.warn(
         f"{name}: max_num_seqs {seqs} lowered to {h.state_blocks}: the recurrent state of more does not fit"
     )
-    return r.add(f"{key}.engine.max_num_seqs", h.state_blocks, why)
+    return ctx.add(f"{key}.engine.max_num_seqs", h.state_blocks, why)
 
 
-def batched_tokens(
-    settings: Settings, seqs: int, length: int, r: Reasons, key: str, chosen_by: str | None = None
-) -> int:
+def batched_tokens(ctx: PlanContext, seqs: int, length: int, key: str, chosen_by: str | None = None) -> int:
     """``max_num_batched_tokens``: as configured (or as ``layout.objective`` chose it), raised to what
     vLLM requires (at least ``max_num_seqs``; without chunked prefill, at least ``max_model_len``)."""
+    settings = ctx.settings
     batched = settings.engine.max_num_batched_tokens
     chunked = settings.engine.enable_chunked_prefill
     if batched < seqs:
         batched = seqs
-        r.add(
+        ctx.add(
             f"{key}.engine.max_num_batched_tokens",
             batched,
             "raised to max_num_seqs (vLLM requires max_num_batched_tokens >= max_num_seqs)",
         )
     elif not chunked and batched < length:
         batched = length
-        r.add(
+        ctx.add(
             f"{key}.engine.max_num_batched_tokens",
             batched,
             "raised to max_model_len: without chunked prefill a whole prompt must fit one step",
         )
     else:
-        r.add(
+        ctx.add(
             f"{key}.engine.max_num_batched_tokens",
             batched,
             f"predicted: {chosen_by}" if chosen_by else "tokens per scheduler step",
@@ -388,15 +375,48 @@ def hybrid_opts(
     )
 
 
+def _ssm_dtype_auto(
+    ctx: PlanContext, own: str | None, default: int, half: int, path: str, setting: tuple[str, ...]
+) -> str:
+    """``auto``'s choice for a float32 state: float16 where it keeps more of the wanted sequences'
+    state resident (``default``, ``half``: the sequences each holds) on a release that has it; else
+    the model's own."""
+    vllm_version = ctx.version
+    want = ctx.settings.engine.max_num_seqs
+    if default >= want or half <= default:
+        return ctx.add(
+            path,
+            "auto",
+            f"the model's own SSM state dtype ({own}): {default} sequences' state fit, "
+            f"max_num_seqs {want} asked; float16 would not add resident sequences that are wanted",
+            setting,
+        )
+    if not release_of(vllm_version).ssm_float16():
+        return ctx.add(
+            path,
+            "auto",
+            f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
+            f"state ({first_with_choice('--mamba-ssm-cache-dtype', 'float16')}+), which would hold {half} "
+            f"sequences' state instead of {default}",
+            setting,
+        )
+    return ctx.add(
+        path,
+        "float16",
+        f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
+        f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "
+        "requests on one RTX 3090 with Qwen3.8-27B (syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)",
+        setting,
+    )
+
+
 def choose_ssm_dtype(
+    ctx: PlanContext,
     model: ModelFacts,
-    settings: Settings,
     hybrid: HybridOpts,
     kv_cache_bytes: int,
     tp: int,
     kv_dtype_bytes: int,
-    vllm_version: str | None,
-    r: Reasons,
     key: str,
 ) -> HybridOpts:
     """The SSM state's dtype (``--mamba-ssm-cache-dtype``): ``engine.mamba_ssm_cache_dtype`` where set;
@@ -404,11 +424,12 @@ def choose_ssm_dtype(
     more sequences' state stay resident than the default does while fewer than ``max_num_seqs`` fit
     (operators measured 64 instead of 37 resident requests on one RTX 3090 with Qwen3.8-27B int4:
     ../shared/facts/hybrid.md), on a release that has float16 (0.13+)."""
+    settings = ctx.settings
     asked = settings.engine.mamba_ssm_cache_dtype
     path = f"{key}.engine.mamba_ssm_cache_dtype"
     setting = ("engine", "mamba_ssm_cache_dtype")
     if asked != "auto":
-        r.add(path, asked, f"engine.mamba_ssm_cache_dtype {asked}", setting)
+        ctx.add(path, asked, f"engine.mamba_ssm_cache_dtype {asked}", setting)
         return hybrid._replace(ssm_dtype=asked)
     own = model.stack.state.ssm_dtype
     length = settings.engine.max_model_len
@@ -421,33 +442,5 @@ def choose_ssm_dtype(
     wide = STATE_DTYPE_BYTES.get(own or "", 2) > 2
     if model.stack.state.kind not in ("gdn", "mamba2") or not wide:
         return hybrid
-    default, half = blocks("auto"), blocks("float16")
-    want = settings.engine.max_num_seqs
-    if default >= want or half <= default:
-        r.add(
-            path,
-            "auto",
-            f"the model's own SSM state dtype ({own}): {default} sequences' state fit, "
-            f"max_num_seqs {want} asked; float16 would not add resident sequences that are wanted",
-            setting,
-        )
-        return hybrid
-    if not release_of(vllm_version).ssm_float16():
-        r.add(
-            path,
-            "auto",
-            f"the model's own SSM state dtype ({own}): vLLM {vllm_version} has no float16 SSM "
-            f"state ({first_with_choice('--mamba-ssm-cache-dtype', 'float16')}+), which would hold {half} "
-            f"sequences' state instead of {default}",
-            setting,
-        )
-        return hybrid
-    r.add(
-        path,
-        "float16",
-        f"float16 SSM state instead of the model's {own}: {half} sequences' state fit "
-        f"instead of {default} (max_num_seqs {want} asked); operators measured 64 instead of 37 resident "
-        "requests on one RTX 3090 with Qwen3.8-27B (syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)",
-        setting,
-    )
-    return hybrid._replace(ssm_dtype="float16")
+    chosen = _ssm_dtype_auto(ctx, own, blocks("auto"), blocks("float16"), path, setting)
+    return hybrid if chosen == "auto" else hybrid._replace(ssm_dtype=chosen)

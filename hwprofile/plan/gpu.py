@@ -6,11 +6,12 @@ the memory breakdown and the decode ceiling (estimate)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
-from ..config.settings import Settings
-from ..host.snapshot import Gpu, HostSnapshot
+from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from . import engine, hybridspec
+from .context import PlanContext
 from .estimate import estimate
 from .layout import numa_binding
 from .loaded import as_loaded, language_only
@@ -35,55 +36,51 @@ from .speculative import fit_beside_draft, speculative_config
 from .types import ABSENT, EngineSettings, InstancePlan, MemoryFit
 
 
-def gpu_instance(
-    host: HostSnapshot,
-    i: int,
-    gpus: list[Gpu],
+def _refused(
+    ctx: PlanContext,
+    what: str,
+    model: ModelFacts,
     tp: int,
-    settings: Settings,
+    f: Fit,
+    util: float,
+    spec_method: str | None,
+) -> PlanRefused:
+    """The refusal ``what``, with what would fit instead (another checkpoint weighed as this plan would
+    load it)."""
+
+    def loaded(checkpoint: ModelFacts) -> int:  # another checkpoint as this plan would load it
+        version = ctx.host.software.vllm_version
+        return as_loaded(checkpoint, ctx.settings, spec_method, version, Reasons({})).weights_bytes
+
+    return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded))
+
+
+class _Sizing(NamedTuple):
+    """An instance's context, concurrency and tokens per step, with a hybrid model's state options."""
+
+    length: int
+    seqs: int
+    batched: int
+    hybrid: HybridOpts | None
+
+
+def _sizing(
+    ctx: PlanContext,
     model: ModelFacts,
     draft: ModelFacts | None,
     spec_method: str | None,
-    r: Reasons,
-    warnings: list[str],
-    batching: tuple[int, int, str] | None = None,
-) -> tuple[InstancePlan, ModelFacts | None]:
-    """Instance ``i`` over ``gpus`` at tensor parallel ``tp`` (the smallest GPU bounds its memory),
-    and the draft it runs (None where it runs none, or dropped it for want of memory). ``batching``:
-    ``(max_num_seqs, max_num_batched_tokens, why)`` where ``layout.objective`` chose them."""
-    chosen_by = None
-    if batching is not None:
-        seqs_, batched_, chosen_by = batching
-        settings = dataclasses.replace(
-            settings,
-            engine=dataclasses.replace(settings.engine, max_num_seqs=seqs_, max_num_batched_tokens=batched_),
-        )
-    name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
-    key = f"instances[{i}]"
-    gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
-    total = gpu.memory_total_bytes or 0
-
-    numa, cpus = numa_binding(host, gpus, settings, r, warnings, key, name)
-    util = engine.memory_share(gpus, gpu, settings, r, warnings, key, name)
-    util = hybridspec.speculation_headroom(model, util, spec_method, r, warnings, key, name)
-    kv_name, kv_bytes = engine.choose_kv_dtype(settings, gpu, model, r, f"{key}.engine.kv_cache_dtype")
-    eager = engine.choose_eager(settings, r, key)
-    f, draft, spec_method = fit_beside_draft(
-        total, util, model, draft, spec_method, tp, kv_bytes, settings, eager, r, warnings, key, name
-    )
-    settings = hybridspec.mtp_prefix_caching(model, settings, spec_method, r, warnings, key, name)
-
-    def loaded(checkpoint: ModelFacts) -> int:  # another checkpoint as this plan would load it
-        version = host.software.vllm_version
-        return as_loaded(checkpoint, settings, spec_method, version, Reasons({})).weights_bytes
-
-    if not f.fits:
-        raise PlanRefused(
-            f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
-            f"+ activations {f.activation_bytes / GiB:.1f} GiB + overhead {f.overhead_bytes / GiB:.1f} GiB "
-            f"exceed the {f.budget_bytes / GiB:.1f} GiB budget ({util:.2f} of {total / GiB:.1f} GiB)",
-            suggestions(host, model, tp, f, util, loaded),
-        )
+    gpu: Gpu,
+    tp: int,
+    kv_bytes: int,
+    f: Fit,
+    util: float,
+    names: tuple[str, str],
+    chosen_by: str | None,
+) -> _Sizing:
+    """Context, concurrency and tokens per step (engine) for the fit ``f``; ``names``: the instance's
+    key and name."""
+    host, settings, r = ctx.host, ctx.settings, ctx.reasons
+    key, name = names
     # vLLM's own count of one max-length request: sliding-window layers also hold the tokens in
     # flight (max_num_batched_tokens x the batches it keeps scheduled; the whole prompt without
     # chunked prefill)
@@ -94,24 +91,17 @@ def gpu_instance(
     flight = in_flight_tokens(host.software.vllm_version, step_tokens, "cuda", pp, spec_method)
     hybrid = engine.hybrid_opts(model, settings, spec_method, host.software.vllm_version, gpu)
     if hybrid is not None:
-        hybrid = engine.choose_ssm_dtype(
-            model, settings, hybrid, f.kv_cache_bytes, tp, kv_bytes, host.software.vllm_version, r, key
-        )
+        hybrid = engine.choose_ssm_dtype(ctx, model, hybrid, f.kv_cache_bytes, tp, kv_bytes, key)
     try:
         length = engine.context_length(model, draft, tp, kv_bytes, f, settings, r, key, flight, hybrid)
-    except engine.ContextTooShort as e:
-        raise PlanRefused(
-            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, loaded)
-        ) from None
-    try:
         seqs = engine.concurrency(
-            model, draft, tp, kv_bytes, length, f, settings, r, warnings, key, name, flight, chosen_by, hybrid
+            ctx, model, draft, tp, kv_bytes, length, f, key, name, flight, chosen_by, hybrid
         )
     except engine.ContextTooShort as e:
-        raise PlanRefused(
-            f"{model.name} on {gpu.name} x{tp}: {e}", suggestions(host, model, tp, f, util, loaded)
+        raise _refused(
+            ctx, f"{model.name} on {gpu.name} x{tp}: {e}", model, tp, f, util, spec_method
         ) from None
-    batched = engine.batched_tokens(settings, seqs, length, r, key, chosen_by)
+    batched = engine.batched_tokens(ctx, seqs, length, key, chosen_by)
     if hybrid is not None:
         r.add(
             f"{key}.env.PYTORCH_CUDA_ALLOC_CONF",
@@ -120,16 +110,22 @@ def gpu_instance(
             "reports: syv-ai/qwen38-27b-rtx3090, docs/gotchas.md)",
         )
         hybridspec.state_cost(model, hybrid, spec_method, f.kv_cache_bytes, length, tp, kv_bytes, r, key)
+    return _Sizing(length, seqs, batched, hybrid)
 
-    quant = model.quant_method
-    lm_only = language_only(model, settings, host.software.vllm_version) if model.vision_bytes else ABSENT
-    engine_settings = EngineSettings(
+
+def _engine_settings(
+    ctx: PlanContext, model: ModelFacts, util: float, size: _Sizing, kv_name: str, eager: bool, key: str
+) -> EngineSettings:
+    """The instance's engine settings from the decisions taken, and the quantization's reason."""
+    settings, hybrid = ctx.settings, size.hybrid
+    lm_only = language_only(model, settings, ctx.host.software.vllm_version) if model.vision_bytes else ABSENT
+    out = EngineSettings(
         gpu_memory_utilization=util,
-        max_model_len=length,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
+        max_model_len=size.length,
+        max_num_seqs=size.seqs,
+        max_num_batched_tokens=size.batched,
         kv_cache_dtype=kv_name,
-        quantization=quant,
+        quantization=model.quant_method,
         dtype=settings.engine.dtype,
         enforce_eager=eager,
         enable_prefix_caching=settings.engine.enable_prefix_caching,
@@ -138,14 +134,97 @@ def gpu_instance(
         mamba_ssm_cache_dtype=hybrid.ssm_dtype if hybrid is not None else ABSENT,
         mamba_cache_mode=("align" if hybrid.prefix_caching else "none") if hybrid is not None else ABSENT,
     )
-    r.add(
+    quant = model.quant_method
+    ctx.add(
         f"{key}.engine.quantization",
         quant,
         f"from the checkpoint's quantization_config ({quant})" if quant else "unquantized checkpoint",
     )
-    spec = speculative_config(settings, spec_method, draft, tp, r, key, model)
+    return out
+
+
+def _memory_choices(
+    ctx: PlanContext,
+    gpus: list[Gpu],
+    gpu: Gpu,
+    model: ModelFacts,
+    spec_method: str | None,
+    names: tuple[str, str],
+) -> tuple[float, str, int, bool]:
+    """The instance's memory share (less speculation's headroom on a hybrid), its KV dtype (name and
+    element bytes) and eager mode; ``names``: the instance's key and name."""
+    key, name = names
+    util = engine.memory_share(ctx, gpus, gpu, key, name)
+    util = hybridspec.speculation_headroom(ctx, model, util, spec_method, key, name)
+    kv_name, kv_bytes = engine.choose_kv_dtype(ctx, gpu, model, f"{key}.engine.kv_cache_dtype")
+    return util, kv_name, kv_bytes, engine.choose_eager(ctx, key)
+
+
+def _unfit(
+    ctx: PlanContext, model: ModelFacts, gpu: Gpu, tp: int, f: Fit, util: float, spec_method: str | None
+) -> PlanRefused:
+    """The refusal of a model whose weights, activations and overhead exceed the budget on ``gpu``."""
+    total = gpu.memory_total_bytes or 0
+    return _refused(
+        ctx,
+        f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
+        f"+ activations {f.activation_bytes / GiB:.1f} GiB + overhead {f.overhead_bytes / GiB:.1f} GiB "
+        f"exceed the {f.budget_bytes / GiB:.1f} GiB budget ({util:.2f} of {total / GiB:.1f} GiB)",
+        model,
+        tp,
+        f,
+        util,
+        spec_method,
+    )
+
+
+def _with_batching(ctx: PlanContext, batching: tuple[int, int, str] | None) -> tuple[PlanContext, str | None]:
+    """The context with the batching ``layout.objective`` chose (if it chose), and why."""
+    if batching is None:
+        return ctx, None
+    seqs_, batched_, chosen_by = batching
+    settings = dataclasses.replace(
+        ctx.settings,
+        engine=dataclasses.replace(ctx.settings.engine, max_num_seqs=seqs_, max_num_batched_tokens=batched_),
+    )
+    return ctx.on(settings=settings), chosen_by
+
+
+def gpu_instance(
+    ctx: PlanContext,
+    i: int,
+    gpus: list[Gpu],
+    tp: int,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
+    batching: tuple[int, int, str] | None = None,
+) -> tuple[InstancePlan, ModelFacts | None]:
+    """Instance ``i`` over ``gpus`` at tensor parallel ``tp`` (the smallest GPU bounds its memory),
+    and the draft it runs (None where it runs none, or dropped it for want of memory). ``batching``:
+    ``(max_num_seqs, max_num_batched_tokens, why)`` where ``layout.objective`` chose them."""
+    ctx, chosen_by = _with_batching(ctx, batching)
+    host, r = ctx.host, ctx.reasons
+    name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
+    key = f"instances[{i}]"
+    gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
+    total = gpu.memory_total_bytes or 0
+
+    numa, cpus = numa_binding(ctx, gpus, key, name)
+    util, kv_name, kv_bytes, eager = _memory_choices(ctx, gpus, gpu, model, spec_method, (key, name))
+    f, draft, spec_method = fit_beside_draft(
+        ctx, total, util, model, draft, spec_method, tp, kv_bytes, eager, key, name
+    )
+    settings = hybridspec.mtp_prefix_caching(ctx, model, spec_method, key, name)
+    ctx = ctx.on(settings=settings)
+    if not f.fits:
+        raise _unfit(ctx, model, gpu, tp, f, util, spec_method)
+    size = _sizing(ctx, model, draft, spec_method, gpu, tp, kv_bytes, f, util, (key, name), chosen_by)
+    engine_settings = _engine_settings(ctx, model, util, size, kv_name, eager, key)
+    spec = speculative_config(ctx, spec_method, draft, tp, key, model)
     method = spec.method if spec else None
-    in_flight = in_flight_tokens(host.software.vllm_version, batched, "cuda", pp, method)
+    pp = settings.layout.pipeline_parallel_size
+    in_flight = in_flight_tokens(host.software.vllm_version, size.batched, "cuda", pp, method)
     instance = InstancePlan(
         name=name,
         device="cuda",
@@ -163,7 +242,7 @@ def gpu_instance(
         server=engine.server_settings(settings, settings.server.port + i),
         engine=engine_settings,
         speculative=spec,
-        memory=memory_fit(f, model, draft, tp, kv_bytes, length, in_flight, hybrid, r, key),
+        memory=memory_fit(f, model, draft, tp, kv_bytes, size.length, in_flight, size.hybrid, r, key),
         estimate=estimate(gpu, model, draft, tp, spec, settings),
     )
     return instance, draft

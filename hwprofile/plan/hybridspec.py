@@ -17,6 +17,7 @@ import dataclasses
 
 from ..config.settings import Settings
 from ..model import ModelFacts
+from .context import PlanContext
 from .memory import HybridOpts, hybrid_kv_cache, is_hybrid
 from .reasons import Reasons
 
@@ -24,21 +25,17 @@ SPECULATION_PAYS_BELOW = 8  # concurrent requests (operators' measurements, hybr
 
 
 def by_load(
-    model: ModelFacts,
-    settings: Settings,
-    spec_method: str | None,
-    draft: ModelFacts | None,
-    r: Reasons,
-    warnings: list[str],
+    ctx: PlanContext, model: ModelFacts, spec_method: str | None, draft: ModelFacts | None
 ) -> tuple[str | None, ModelFacts | None]:
     """``(method, draft)``: none on a hybrid where ``speculative.method`` is auto and the workload has
     more requests in flight than speculation pays at; else as chosen."""
+    settings = ctx.settings
     if spec_method is None or not is_hybrid(model) or settings.speculative.method != "auto":
         return spec_method, draft
     load = settings.layout.workload_concurrency
     if load <= SPECULATION_PAYS_BELOW:
         return spec_method, draft
-    r.add(
+    ctx.add(
         "speculative.method",
         None,
         f"{spec_method} off: the workload has {load} requests in flight (layout.workload_concurrency), above "
@@ -55,28 +52,22 @@ SHIPPED_KINDS = ("builtin", "default")  # a shipped profile's value or the schem
 
 
 def speculation_headroom(
-    model: ModelFacts,
-    util: float,
-    spec_method: str | None,
-    r: Reasons,
-    warnings: list[str],
-    key: str,
-    name: str,
+    ctx: PlanContext, model: ModelFacts, util: float, spec_method: str | None, key: str, name: str
 ) -> float:
     """``gpu_memory_utilization`` for a hybrid that speculates: at most 0.93 where a shipped value asked
     for more (the decode workspace with speculation grows past what vLLM's profiling run saw: the
     operators of Qwen3.8 keep 0.93, hybrid.md); a user's own value is kept, with a warning."""
     if not spec_method or not is_hybrid(model) or util <= SPEC_UTIL_CAP:
         return util
-    src = r.provenance.get(("engine", "gpu_memory_utilization"))
+    src = ctx.reasons.provenance.get(("engine", "gpu_memory_utilization"))
     why = (
         f"speculation ({spec_method}) on a hybrid: its decode workspace grows past what vLLM's profiling "
         f"run measured, so the pool must leave room (operators keep {SPEC_UTIL_CAP}, hybrid.md)"
     )
     if src is not None and src.kind not in SHIPPED_KINDS:
-        warnings.append(f"{name}: gpu_memory_utilization {util} ({src}) leaves no headroom for {why}")
+        ctx.warn(f"{name}: gpu_memory_utilization {util} ({src}) leaves no headroom for {why}")
         return util
-    r.add(
+    ctx.add(
         f"{key}.engine.gpu_memory_utilization",
         SPEC_UTIL_CAP,
         f"lowered from {util}: {why}",
@@ -86,25 +77,20 @@ def speculation_headroom(
 
 
 def mtp_prefix_caching(
-    model: ModelFacts,
-    settings: Settings,
-    spec_method: str | None,
-    r: Reasons,
-    warnings: list[str],
-    key: str,
-    name: str,
+    ctx: PlanContext, model: ModelFacts, spec_method: str | None, key: str, name: str
 ) -> Settings:
-    """``settings`` with prefix caching off where MTP runs on a hybrid (vllm#43559)."""
+    """The context's settings with prefix caching off where MTP runs on a hybrid (vllm#43559)."""
+    settings = ctx.settings
     if spec_method != "mtp" or not is_hybrid(model) or not settings.engine.enable_prefix_caching:
         return settings
-    r.add(
+    ctx.add(
         f"{key}.engine.enable_prefix_caching",
         False,
         "off: MTP speculation with prefix caching corrupted a hybrid's recurrent state (vllm#43559); "
         "it also saves one state page per state group per running sequence (mamba_cache_mode none)",
         ("engine", "enable_prefix_caching"),
     )
-    warnings.append(f"{name}: prefix caching left off beside MTP on a hybrid model (vllm#43559)")
+    ctx.warn(f"{name}: prefix caching left off beside MTP on a hybrid model (vllm#43559)")
     return dataclasses.replace(
         settings, engine=dataclasses.replace(settings.engine, enable_prefix_caching=False)
     )

@@ -6,37 +6,38 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, Source
-from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from ..release import first_with
+from .context import PlanContext
 from .engine import fit_args, kv_cache_dtype
 from .memory import GiB, fit, sequence_bytes
 from .reasons import Reasons
 from .refusal import PlanRefused
+
+if TYPE_CHECKING:
+    from .predict import Prediction
 
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 ONE_NODE = "this host has one NUMA node (or none read): binding would change nothing, numactl is not needed"
 
 
 def layout(
-    host: HostSnapshot,
-    settings: Settings,
+    ctx: PlanContext,
     model: ModelFacts,
     draft: ModelFacts | None,
-    r: Reasons,
-    warnings: list[str],
     spec_method: str | None = None,
     fixed: str = "",
 ) -> list[tuple[list[Gpu], int]]:
     """``[(gpus, tp), ...]``: one entry per instance, at most ``layout.replicas`` of them. ``fixed``:
     why the planner itself set the layout keys (a plan over several hosts): nothing gives way then."""
+    host, settings = ctx.host, ctx.settings
     groups = group_by_model(host.usable_gpus)
     if len(groups) > 1:
-        warnings.append(
+        ctx.warn(
             "mixed GPU models: "
             + "; ".join(f"{grp[0].name} x{len(grp)}" for grp in groups)
             + " — planned separately, never tensor parallel across models"
@@ -46,29 +47,30 @@ def layout(
     # A shipped profile's replica count never leaves a GPU idle: its cap gives way to one instance per
     # TP group (the candidates are predicted so); an operator's cap stays (below, with its reason).
     capped = isinstance(replicas, int) and strategy != "single"
-    shipped_cap = capped and not fixed and shipped(r, ("layout", "replicas"))
+    shipped_cap = capped and not fixed and shipped(ctx.reasons, ("layout", "replicas"))
     free = dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, replicas="auto"))
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
-        tp = choose_tp(host, grp, model, draft, settings, strategy, r, warnings)
-        lay_settings = free if shipped_cap else settings
-        tp = predicted_tp(host, grp, model, draft, spec_method, lay_settings, strategy, tp, r, fixed)
-        instances += [(part, tp) for part in partition(host, grp, tp, warnings, nvlink=nvlinked(host, grp))]
+        tp = choose_tp(ctx, grp, model, draft, strategy)
+        lay = ctx.on(settings=free) if shipped_cap else ctx
+        tp = predicted_tp(lay, grp, model, draft, spec_method, strategy, tp, fixed)
+        parts = partition(host, grp, tp, ctx.warnings, nvlink=nvlinked(host, grp))
+        instances += [(part, tp) for part in parts]
     if strategy == "single":
         replicas = 1
     if shipped_cap and isinstance(replicas, int) and replicas < len(instances):
         idle = [g.index for gpus, _ in instances[replicas:] for g in gpus]
-        r.add(
+        ctx.add(
             "layout.replicas",
             len(instances),
-            f"the shipped layout.replicas={replicas} ({where(r.provenance.get(('layout', 'replicas')))}) would leave "
+            f"the shipped layout.replicas={replicas} ({where(ctx.reasons.provenance.get(('layout', 'replicas')))}) would leave "
             f"GPU(s) {idle} idle, and a shipped value never idles a GPU: {len(instances)} instances, one per "
             f"TP={instances[0][1]} group (--set layout.replicas={replicas} keeps GPU(s) {idle} free)",
             ("layout", "replicas"),
         )
     elif isinstance(replicas, int) and replicas < len(instances):
         idle = [g.index for gpus, _ in instances[replicas:] for g in gpus]
-        r.add(
+        ctx.add(
             "layout.replicas",
             replicas,
             f"{replicas} instance(s) asked for; GPU(s) {idle} stay free",
@@ -76,8 +78,8 @@ def layout(
         )
         instances = instances[:replicas]
     elif isinstance(replicas, int) and replicas > len(instances):
-        warnings.append(f"{replicas} replicas asked for, but the GPUs allow {len(instances)}")
-    check_ports(settings, len(instances), r)
+        ctx.warn(f"{replicas} replicas asked for, but the GPUs allow {len(instances)}")
+    check_ports(ctx, len(instances))
     return instances
 
 
@@ -135,73 +137,40 @@ def partition(
     return sorted(out, key=lambda grp: grp[0].index)
 
 
-def choose_tp(
-    host: HostSnapshot,
-    grp: list[Gpu],
-    model: ModelFacts,
-    draft: ModelFacts | None,
-    settings: Settings,
-    strategy: str,
-    r: Reasons,
-    warnings: list[str],
+def _configured_tp(
+    ctx: PlanContext, grp: list[Gpu], model: ModelFacts, want: int, usable: list[int], nvlink: bool
 ) -> int:
-    """Tensor-parallel size for one group of same-model GPUs: as configured; all of them where
-    NVLink joins them; else (PCIe) the smallest that fits, at most ``layout.max_pcie_tensor_parallel``."""
-    want = settings.layout.tensor_parallel_size
-    nvlink = nvlinked(host, grp)
+    """The configured tensor-parallel size, refused where the group or the model's heads cannot take it."""
+    if want > len(grp):
+        raise PlanRefused(
+            f"tensor_parallel_size={want} needs {want} GPUs of one model; this host has {len(grp)} {grp[0].name}",
+            [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
+        )
+    if not tp_ok(model, want):
+        raise PlanRefused(
+            f"tensor_parallel_size={want} does not divide {model.name}'s {model.num_heads} attention heads "
+            f"({model.num_kv_heads} KV heads)",
+            [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
+        )
+    if want > ctx.settings.layout.max_pcie_tensor_parallel and not nvlink:
+        ctx.warn(
+            f"tensor parallel {want} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
+        )
+    ctx.add(
+        "tensor_parallel_size",
+        want,
+        f"tensor parallel {want} as configured" + (" (NVLink)" if nvlink else " (PCIe)"),
+        ("layout", "tensor_parallel_size"),
+    )
+    return want
+
+
+def _smallest_fitting_tp(
+    ctx: PlanContext, grp: list[Gpu], model: ModelFacts, draft: ModelFacts | None, usable: list[int]
+) -> int:
+    """PCIe: the smallest TP that fits, at most the PCIe cap."""
+    settings = ctx.settings
     cap_pcie = settings.layout.max_pcie_tensor_parallel
-    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
-    src = ("layout", "tensor_parallel_size")
-    if strategy == "numa_pairs" and want == "auto":
-        want = 2
-    if strategy == "replicas" and want == "auto":
-        want = 1
-    if isinstance(want, int):
-        if want > len(grp):
-            raise PlanRefused(
-                f"tensor_parallel_size={want} needs {want} GPUs of one model; this host has {len(grp)} {grp[0].name}",
-                [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
-            )
-        if not tp_ok(model, want):
-            raise PlanRefused(
-                f"tensor_parallel_size={want} does not divide {model.name}'s {model.num_heads} attention heads "
-                f"({model.num_kv_heads} KV heads)",
-                [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
-            )
-        if want > cap_pcie and not nvlink:
-            warnings.append(
-                f"tensor parallel {want} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
-            )
-        r.add(
-            "tensor_parallel_size",
-            want,
-            f"tensor parallel {want} as configured" + (" (NVLink)" if nvlink else " (PCIe)"),
-            src,
-        )
-        return want
-    if nvlink and len(grp) > 1 and strategy in ("auto", "tensor_parallel"):
-        tp = max(usable)
-        r.add(
-            "tensor_parallel_size",
-            tp,
-            f"all {len(grp)} GPUs are NVLink-connected: one tensor-parallel instance over {tp}",
-            src,
-        )
-        return tp
-    if strategy == "tensor_parallel":
-        tp = max(usable)
-        if tp > cap_pcie:
-            warnings.append(
-                f"tensor parallel {tp} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
-            )
-        r.add(
-            "tensor_parallel_size",
-            tp,
-            f"strategy tensor_parallel: one instance over {tp} GPUs",
-            ("layout", "strategy"),
-        )
-        return tp
-    # PCIe: the smallest TP that fits, at most the PCIe cap.
     gpu = grp[0]
     eager = settings.engine.enforce_eager
     need = settings.engine.min_model_len
@@ -221,26 +190,146 @@ def choose_tp(
         )
         if f.fits and f.kv_cache_bytes >= sequence_bytes(model, draft, tp, model.dtype_bytes, need):
             why = "fits on one GPU" if tp == 1 else f"needs {tp} GPUs' memory"
-            r.add(
+            ctx.add(
                 "tensor_parallel_size",
                 tp,
                 f"{model.name} {why}; PCIe-only GPUs: as little tensor parallelism as fits, the rest become replicas",
-                src,
+                ("layout", "tensor_parallel_size"),
             )
             return tp
     return max([t for t in usable if t <= cap_pcie] or [1])
 
 
-def predicted_tp(
-    host: HostSnapshot,
+def choose_tp(
+    ctx: PlanContext, grp: list[Gpu], model: ModelFacts, draft: ModelFacts | None, strategy: str
+) -> int:
+    """Tensor-parallel size for one group of same-model GPUs: as configured; all of them where
+    NVLink joins them; else (PCIe) the smallest that fits, at most ``layout.max_pcie_tensor_parallel``."""
+    host, settings = ctx.host, ctx.settings
+    want = settings.layout.tensor_parallel_size
+    nvlink = nvlinked(host, grp)
+    cap_pcie = settings.layout.max_pcie_tensor_parallel
+    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
+    if strategy == "numa_pairs" and want == "auto":
+        want = 2
+    if strategy == "replicas" and want == "auto":
+        want = 1
+    if isinstance(want, int):
+        return _configured_tp(ctx, grp, model, want, usable, nvlink)
+    if nvlink and len(grp) > 1 and strategy in ("auto", "tensor_parallel"):
+        tp = max(usable)
+        ctx.add(
+            "tensor_parallel_size",
+            tp,
+            f"all {len(grp)} GPUs are NVLink-connected: one tensor-parallel instance over {tp}",
+            ("layout", "tensor_parallel_size"),
+        )
+        return tp
+    if strategy == "tensor_parallel":
+        tp = max(usable)
+        if tp > cap_pcie:
+            ctx.warn(
+                f"tensor parallel {tp} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
+            )
+        ctx.add(
+            "tensor_parallel_size",
+            tp,
+            f"strategy tensor_parallel: one instance over {tp} GPUs",
+            ("layout", "strategy"),
+        )
+        return tp
+    return _smallest_fitting_tp(ctx, grp, model, draft, usable)
+
+
+def _rule_kept_why(
+    ctx: PlanContext,
+    grp: list[Gpu],
+    strategy: str,
+    label: str,
+    best_tp: int | None,
+    rule_tp: int,
+    pinned: str,
+    fixed: str,
+    than: str,
+    why: str,
+) -> str:
+    """Why the configured rule's TP (``label``) stays, and what the prediction (``why``) would choose."""
+    set_by = (
+        "layout.tensor_parallel_size"
+        if ctx.settings.layout.tensor_parallel_size != "auto"
+        else f"layout.strategy={strategy}"
+    )
+    if len(grp) < 2:
+        return f"one GPU: {label}"
+    if best_tp is not None and best_tp != rule_tp and pinned:
+        whose = "the planner's own layout" if fixed else "an operator's layout never gives way"
+        return f"{label} as {set_by} says ({pinned}: {whose}); the prediction would choose: {why}"
+    if best_tp is not None and best_tp != rule_tp and than:
+        return f"{label} as {set_by} says; {than}, so the shipped value stays; the prediction would choose: {why}"
+    if best_tp is not None and best_tp != rule_tp:
+        return f"{label} as {set_by} says; the prediction would choose: {why}"
+    return f"{label} as {set_by} says; the prediction agrees: {why}"
+
+
+def _prediction_wins(ctx: PlanContext, tp: int, why: str) -> None:
+    """The rule's ``tensor_parallel_size`` reason gives way to the prediction's."""
+    r = ctx.reasons
+    for i in range(len(r.items) - 1, -1, -1):
+        if r.items[i].key == "tensor_parallel_size":
+            del r.items[i]
+            break
+    ctx.add("tensor_parallel_size", tp, f"predicted: {why}", ("layout", "objective"))
+
+
+def _group_batching(ctx: PlanContext, grp: list[Gpu], preds: list[Prediction], tp: int) -> tuple[int, str]:
+    """The batching predicted for the chosen TP's candidate, kept for the group's instances: the row
+    picked (-1: none) and why."""
+    rows = next((p.batching for p in preds if p.tp == tp), [])
+    pick, batching_why = predicted_batching(ctx, rows)
+    if pick >= 0:
+        ctx.reasons.batching[frozenset(g.index for g in grp)] = (
+            rows[pick]["max_num_seqs"],
+            rows[pick]["max_num_batched_tokens"],
+            batching_why,
+        )
+    return pick, batching_why
+
+
+def _group_predictions(
+    ctx: PlanContext,
     grp: list[Gpu],
     model: ModelFacts,
     draft: ModelFacts | None,
     spec_method: str | None,
-    settings: Settings,
+    rule_tp: int,
+) -> list[Prediction]:
+    """Every TP the group and the model's heads allow, predicted at the workload (plan/candidates.py);
+    a TP over the PCIe cap without NVLink is predicted but not allowed."""
+    from . import candidates
+
+    host, settings, r = ctx.host, ctx.settings, ctx.reasons
+    nvlink = nvlinked(host, grp)
+    cap = settings.layout.max_pcie_tensor_parallel
+    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
+    parts = {t: partition(host, grp, t, [], nvlink=nvlink) for t in usable}
+    allowed = {
+        t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink"
+        for t in usable
+        if t > cap and not nvlink
+    }
+    return candidates.predict_group(
+        host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp, r.interconnect
+    )
+
+
+def predicted_tp(
+    ctx: PlanContext,
+    grp: list[Gpu],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    spec_method: str | None,
     strategy: str,
     rule_tp: int,
-    r: Reasons,
     fixed: str = "",
 ) -> int:
     """Every TP of this group predicted at the workload (plan/candidates.py). Where neither the TP nor
@@ -252,18 +341,8 @@ def predicted_tp(
     from . import candidates
     from . import predict as pm
 
-    nvlink = nvlinked(host, grp)
-    cap = settings.layout.max_pcie_tensor_parallel
-    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
-    parts = {t: partition(host, grp, t, [], nvlink=nvlink) for t in usable}
-    allowed = {
-        t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink"
-        for t in usable
-        if t > cap and not nvlink
-    }
-    preds = candidates.predict_group(
-        host, parts, model, draft, spec_method, settings, allowed, r.calibration, rule_tp, r.interconnect
-    )
+    settings, r = ctx.settings, ctx.reasons
+    preds = _group_predictions(ctx, grp, model, draft, spec_method, rule_tp)
     if not preds:
         return rule_tp
     lay = settings.layout
@@ -275,55 +354,28 @@ def predicted_tp(
         and len(grp) > 1
         and best_tp is not None
     )
-    src = ("layout", "objective")
     label = next((p.label for p in preds if p.tp == rule_tp), f"TP{rule_tp}")
     rule_pred = next((p for p in preds if p.tp == rule_tp), None)
-    pinned = fixed or operator_layout(settings, r)
+    pinned = fixed or operator_layout(ctx)
     gives_way, than = False, ""
     if not by_prediction and not pinned and best_tp not in (None, rule_tp) and rule_pred is not None:
         gives_way, than = layout_gain(preds[best], rule_pred, lay.objective)
     if best_tp is not None and ((by_prediction and best_tp != rule_tp) or gives_way):
         if gives_way:
-            why = f"{why}; {than}, so the shipped {shipped_layout(settings, r)} ({label}) gives way"
+            why = f"{why}; {than}, so the shipped {shipped_layout(ctx)} ({label}) gives way"
         else:
             why = f"{why}; the rule alone would take {label}"
         tp = int(best_tp)
-        for i in range(len(r.items) - 1, -1, -1):  # the rule's reason gives way to the prediction's
-            if r.items[i].key == "tensor_parallel_size":
-                del r.items[i]
-                break
-        r.add("tensor_parallel_size", tp, f"predicted: {why}", src)
+        _prediction_wins(ctx, tp, why)
     elif by_prediction:
         tp = rule_tp
         why = f"{why} (the rule agrees)"
     else:
         tp = rule_tp
-        set_by = (
-            "layout.tensor_parallel_size"
-            if settings.layout.tensor_parallel_size != "auto"
-            else f"layout.strategy={strategy}"
-        )
-        if len(grp) < 2:
-            why = f"one GPU: {label}"
-        elif best_tp is not None and best_tp != rule_tp and pinned:
-            whose = "the planner's own layout" if fixed else "an operator's layout never gives way"
-            why = f"{label} as {set_by} says ({pinned}: {whose}); the prediction would choose: {why}"
-        elif best_tp is not None and best_tp != rule_tp and than:
-            why = f"{label} as {set_by} says; {than}, so the shipped value stays; the prediction would choose: {why}"
-        elif best_tp is not None and best_tp != rule_tp:
-            why = f"{label} as {set_by} says; the prediction would choose: {why}"
-        else:
-            why = f"{label} as {set_by} says; the prediction agrees: {why}"
+        why = _rule_kept_why(ctx, grp, strategy, label, best_tp, rule_tp, pinned, fixed, than, why)
     chosen = next((p.label for p in preds if p.tp == tp), f"TP{tp}")
-    r.add(f"layout.objective[{','.join(str(g.index) for g in grp)}]", chosen, why, src)
-    rows = next((p.batching for p in preds if p.tp == tp), [])
-    pick, batching_why = predicted_batching(rows, settings, r)
-    if pick >= 0:
-        r.batching[frozenset(g.index for g in grp)] = (
-            rows[pick]["max_num_seqs"],
-            rows[pick]["max_num_batched_tokens"],
-            batching_why,
-        )
+    ctx.add(f"layout.objective[{','.join(str(g.index) for g in grp)}]", chosen, why, ("layout", "objective"))
+    pick, batching_why = _group_batching(ctx, grp, preds, tp)
     how = "prediction" if by_prediction or gives_way else "rule"
     candidates.record(r.predictions, grp, preds, tp, how, best_tp, why, pick, batching_why)
     return tp
@@ -341,14 +393,14 @@ def shipped(r: Reasons, key: tuple[str, ...]) -> bool:
     return src is None or src.kind in RULE_KINDS
 
 
-def operator_layout(settings: Settings, r: Reasons) -> str:
+def operator_layout(ctx: PlanContext) -> str:
     """The layout keys an operator set to a value other than ``auto`` (a file under the config root,
     --set, the environment, a degrade step), with their sources; "" where none."""
     out = []
     for k in LAYOUT_KEYS:
-        v = getattr(settings.layout, k)
-        if v != "auto" and not shipped(r, ("layout", k)):
-            out.append(f"layout.{k}={v} set by {r.provenance.get(('layout', k))}")
+        v = getattr(ctx.settings.layout, k)
+        if v != "auto" and not shipped(ctx.reasons, ("layout", k)):
+            out.append(f"layout.{k}={v} set by {ctx.reasons.provenance.get(('layout', k))}")
     return "; ".join(out)
 
 
@@ -362,16 +414,15 @@ def where(src: Source | None) -> str:
     return str(src)
 
 
-def shipped_layout(settings: Settings, r: Reasons) -> str:
+def shipped_layout(ctx: PlanContext) -> str:
     """The shipped layout keys that fix the TP, with their sources (e.g. ``layout.tensor_parallel_size=1
     (builtin profiles/x.yaml:10)``)."""
-    keys = [k for k in LAYOUT_KEYS[:2] if getattr(settings.layout, k) != "auto"]
-    return ", ".join(
-        f"layout.{k}={getattr(settings.layout, k)} ({where(r.provenance.get(('layout', k)))})" for k in keys
-    )
+    lay, provenance = ctx.settings.layout, ctx.reasons.provenance
+    keys = [k for k in LAYOUT_KEYS[:2] if getattr(lay, k) != "auto"]
+    return ", ".join(f"layout.{k}={getattr(lay, k)} ({where(provenance.get(('layout', k)))})" for k in keys)
 
 
-def _figure(p: Any, objective: str, by_tpot: bool) -> str:
+def _figure(p: Prediction, objective: str, by_tpot: bool) -> str:
     if objective == "latency" or by_tpot:
         return f"{p.label}: TPOT {p.tpot_ms:.1f} ms at the workload ({p.source})"
     if p.capacity_output_tokens_per_s <= 0:
@@ -379,7 +430,7 @@ def _figure(p: Any, objective: str, by_tpot: bool) -> str:
     return f"{p.label}: {p.capacity_output_tokens_per_s:.0f} output tok/s within the targets ({p.source})"
 
 
-def layout_gain(best: Any, rule: Any, objective: str) -> tuple[bool, str]:
+def layout_gain(best: Prediction, rule: Prediction, objective: str) -> tuple[bool, str]:
     """Whether ``best`` (the objective's candidate, :func:`predict.choose`) is predicted at least
     :data:`LAYOUT_MARGIN` better than ``rule`` (the shipped layout's), and both figures with their
     sources, in words. ``throughput``: capacity within the targets (where the winner meets none, as
@@ -412,20 +463,20 @@ RULE_KINDS = (
 )  # a shipped profile's value or the schema's: the prediction may replace it
 
 
-def predicted_batching(rows: list[dict[str, Any]], settings: Settings, r: Reasons) -> tuple[int, str]:
+def predicted_batching(ctx: PlanContext, rows: list[dict[str, Any]]) -> tuple[int, str]:
     """The batching row ``layout.objective`` takes for the chosen candidate (-1: the configured one
     stays), and why. Only where ``layout.batching`` is ``predicted`` and neither ``max_num_seqs`` nor
     ``max_num_batched_tokens`` was set by an operator (a file under the config root, --set, the
     environment, or a degrade step): a shipped profile's values are rules the prediction may replace."""
     from . import candidates
 
-    lay = settings.layout
+    lay = ctx.settings.layout
     if not rows:
         return -1, "no batching predicted"
     if lay.batching != "predicted":
         return -1, "layout.batching=configured: the configured batching stays"
     for key in (("engine", "max_num_seqs"), ("engine", "max_num_batched_tokens")):
-        src = r.provenance.get(key)
+        src = ctx.reasons.provenance.get(key)
         if src is not None and src.kind not in RULE_KINDS:
             return -1, f"engine.{key[1]} is set by {src}: the configured batching stays"
     return candidates.choose_batching(
@@ -433,12 +484,12 @@ def predicted_batching(rows: list[dict[str, Any]], settings: Settings, r: Reason
     )
 
 
-def check_ports(settings: Settings, count: int, r: Reasons) -> None:
+def check_ports(ctx: PlanContext, count: int) -> None:
     """Instances take consecutive ports from server.port: the last must still be a port."""
-    first = settings.server.port
+    first = ctx.settings.server.port
     last = first + count - 1
     if last > 65_535:
-        src = r.provenance.get(("server", "port"))
+        src = ctx.reasons.provenance.get(("server", "port"))
         raise ConfigError(
             f"server.port {first} ({src or 'default'}): {count} instances take ports {first}-{last}, "
             f"and ports end at 65535; set server.port to at most {65_536 - count} "
@@ -446,28 +497,21 @@ def check_ports(settings: Settings, count: int, r: Reasons) -> None:
         )
 
 
-def numa_binding(
-    host: HostSnapshot,
-    gpus: list[Gpu],
-    settings: Settings,
-    r: Reasons,
-    warnings: list[str],
-    key: str,
-    name: str,
-) -> tuple[int | None, str | None]:
+def numa_binding(ctx: PlanContext, gpus: list[Gpu], key: str, name: str) -> tuple[int | None, str | None]:
     """``(numa node, its cpus)`` an instance is bound to: the node all its GPUs share, else none
     (ranks on several known nodes are bound per rank where vLLM can)."""
+    host, settings = ctx.host, ctx.settings
     nodes = {g.numa_node for g in gpus}
     numa = next(iter(nodes)) if len(nodes) == 1 else None
     src = ("layout", "numa_bind")
     if not settings.layout.numa_bind:
-        r.add(f"{key}.numa_node", None, "NUMA binding is off", src)
+        ctx.add(f"{key}.numa_node", None, "NUMA binding is off", src)
         numa = None
     elif len(host.numa_nodes) <= 1:
-        r.add(f"{key}.numa_node", None, ONE_NODE, src)
+        ctx.add(f"{key}.numa_node", None, ONE_NODE, src)
         numa = None
     elif numa is None and None not in nodes:
-        r.add(
+        ctx.add(
             f"{key}.numa_node",
             None,
             f"GPUs {[g.index for g in gpus]} span NUMA nodes {sorted(n for n in nodes if n is not None)}: each rank bound to its own "
@@ -475,11 +519,11 @@ def numa_binding(
             src,
         )
     elif numa is None:
-        warnings.append(f"{name}: NUMA node unknown or mixed ({sorted(map(str, nodes))}); no binding")
-        r.add(f"{key}.numa_node", None, "GPUs' NUMA node unknown or not shared: not bound", src)
+        ctx.warn(f"{name}: NUMA node unknown or mixed ({sorted(map(str, nodes))}); no binding")
+        ctx.add(f"{key}.numa_node", None, "GPUs' NUMA node unknown or not shared: not bound", src)
     else:
         source = min(gpus, key=lambda g: g.memory_total_bytes or 0).numa_node_source
-        r.add(
+        ctx.add(
             f"{key}.numa_node",
             numa,
             f"GPU(s) {[g.index for g in gpus]} sit on NUMA node {numa}"

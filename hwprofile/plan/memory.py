@@ -475,6 +475,39 @@ def hybrid_attn_bytes_per_token_layer(model: ModelFacts, tp: int, kv_dtype_bytes
     return 2 * max(1, kv // tp) * head_dim * kv_dtype_bytes
 
 
+def _hybrid_block(
+    mla: bool,
+    attn_tok: int,
+    state: int,
+    cache_block: int,
+    kernel_block: int,
+    prefix_caching: bool,
+    checkpoint_align: int,
+) -> int:
+    """The attention block vLLM aligns to a hybrid's state page (``platforms/interface.py``
+    ``_align_hybrid_block_size``): with ``align = max(kernel_block, cache_block)`` (16 and 16 on
+    CUDA's FlashAttention, 32 and 128 on the CPU; at least 128 beside MLA; with prefix caching, a
+    multiple of ``checkpoint_align`` in 0.33), ``block = align x cdiv(state, align x attention bytes
+    per token)``, never below ``cache_block``; the state page is padded to ``block x attention bytes
+    per token``."""
+    align = max(kernel_block, cache_block)
+    if mla:  # FlashInfer/TRTLLM MLA kernels: manager blocks a multiple of 128
+        align = max(align, 128)
+    if prefix_caching:  # mamba_cache_mode align: prefill checkpoints land on block boundaries (0.33)
+        align = math.lcm(align, checkpoint_align)
+    block = align * -(-state // (align * attn_tok))
+    return max(cache_block, kernel_block * -(-block // kernel_block))
+
+
+def _group_size(attn_layers: int, state_layers: int) -> int:
+    """Layers per KV cache group (``v1/core/kv_cache_utils.py``
+    ``_get_kv_cache_groups_uniform_page_size``): the attention and the state layers each cut into
+    groups of the smaller count's layers (the larger count when it is under 1.5x the smaller); a block
+    is one page in each layer of a group, so ``num_blocks = bytes // (group size x page)``."""
+    lo, hi = min(attn_layers, state_layers), max(attn_layers, state_layers)
+    return hi if hi < lo * 1.5 else lo
+
+
 def hybrid_kv_cache(
     model: ModelFacts,
     kv_cache_bytes: int,
@@ -494,15 +527,7 @@ def hybrid_kv_cache(
     """vLLM's layout of a hybrid model's KV cache of ``kv_cache_bytes`` per GPU, and the
     ``KV cache size: N tokens`` it logs (vLLM 0.32/0.33).
 
-    - Block size (``platforms/interface.py`` ``_align_hybrid_block_size``): with
-      ``align = max(kernel_block, cache_block)`` (16 and 16 on CUDA's FlashAttention, 32 and 128
-      on the CPU; at least 128 beside MLA; with prefix caching, a multiple of ``checkpoint_align``
-      in 0.33), ``block = align x cdiv(state, align x attention bytes per token)``, never below
-      ``cache_block``; the state page is padded to ``block x attention bytes per token``.
-    - Groups (``v1/core/kv_cache_utils.py`` ``_get_kv_cache_groups_uniform_page_size``): the
-      attention and the state layers each cut into groups of the smaller count's layers (the larger
-      count when it is under 1.5x the smaller); a block is one page in each layer of a group, so
-      ``num_blocks = bytes // (group size x page)``.
+    - Block size: :func:`_hybrid_block`; groups: :func:`_group_size`.
     - Per request (``MambaSpec.max_memory_usage_bytes``): ``cdiv(max_model_len, block)`` blocks per
       attention group; per state group ``1 + k`` pages, or ``2 + k`` with prefix caching (vLLM
       sets ``mamba_cache_mode align``), one more where the layer exports prefill checkpoints
@@ -515,18 +540,13 @@ def hybrid_kv_cache(
     stack = model.stack
     attn_tok = hybrid_attn_bytes_per_token_layer(model, tp, kv_b)
     state = state_bytes_per_layer(model, tp, num_spec, ssm_dtype)
-    align = max(kernel_block, cache_block)
-    if "mla" in stack.attention:  # FlashInfer/TRTLLM MLA kernels: manager blocks a multiple of 128
-        align = max(align, 128)
-    if prefix_caching:  # mamba_cache_mode align: prefill checkpoints land on block boundaries (0.33)
-        align = math.lcm(align, checkpoint_align)
-    block = align * -(-state // (align * attn_tok))
-    block = max(cache_block, kernel_block * -(-block // kernel_block))
+    block = _hybrid_block(
+        "mla" in stack.attention, attn_tok, state, cache_block, kernel_block, prefix_caching, checkpoint_align
+    )
     page = block * attn_tok
     attn_layers = len(stack.attention_layers()) + mtp_attention_layers
     state_layers = stack.state_layers
-    lo, hi = min(attn_layers, state_layers), max(attn_layers, state_layers)
-    size = hi if hi < lo * 1.5 else lo
+    size = _group_size(attn_layers, state_layers)
     attn_groups = -(-attn_layers // size)
     state_groups = -(-state_layers // size)
     slots = (2 + num_spec + (1 if prefill_checkpoint else 0)) if prefix_caching else 1 + num_spec

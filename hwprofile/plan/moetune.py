@@ -65,21 +65,17 @@ def tune_command(model: str, tp: int, release: str | None) -> str:
     )
 
 
-def moe_tuning(
-    model: ModelFacts, gpu_name: str | None, tp: int, device: str, sw: Software, model_ref: str
+def _not_looked_up(
+    model: ModelFacts, gpu_name: str | None, tp: int, device: str, cmd: str | None
 ) -> MoeTuning | None:
-    """For a MoE model on a GPU instance: the config file vLLM will look up and whether it is there;
-    None for a dense model. ``model_ref``: how the tune command names the model (its path or Hub name)."""
-    if not model.num_experts:
-        return None
-    cmd = tune_command(model_ref, tp, sw.vllm_version)
+    """Where the config file vLLM looks up cannot be named (not NVIDIA, no GPU name, an expert that
+    does not split over ``tp``, a quantized checkpoint's scheme): why; None where it can."""
     if device != "cuda":
         return MoeTuning(
             None,
             None,
             None,
-            f"{device}: vLLM's fused-MoE Triton configs are for NVIDIA GPUs; "
-            "this device runs another MoE kernel",
+            f"{device}: vLLM's fused-MoE Triton configs are for NVIDIA GPUs; this device runs another MoE kernel",
             None,
         )
     if not gpu_name:
@@ -107,6 +103,21 @@ def moe_tuning(
             "the file; hwprofile does not read them and does not guess",
             cmd,
         )
+    return None
+
+
+def moe_tuning(
+    model: ModelFacts, gpu_name: str | None, tp: int, device: str, sw: Software, model_ref: str
+) -> MoeTuning | None:
+    """For a MoE model on a GPU instance: the config file vLLM will look up and whether it is there;
+    None for a dense model. ``model_ref``: how the tune command names the model (its path or Hub name)."""
+    if not model.num_experts:
+        return None
+    cmd = tune_command(model_ref, tp, sw.vllm_version)
+    unnamed = _not_looked_up(model, gpu_name, tp, device, cmd)
+    if unnamed is not None or not gpu_name or not model.moe_intermediate_size:
+        return unnamed
+    n_full = model.moe_intermediate_size
     dtype = "float32" if model.dtype == "float32" else None
     name = config_file_name(model.num_experts, n_full // tp, device_file_name(gpu_name), dtype)
     looked = []

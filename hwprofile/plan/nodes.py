@@ -29,6 +29,7 @@ from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from ..model.facts import embed_params
+from .context import PlanContext
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import InstancePlan
@@ -73,22 +74,21 @@ def _with(settings: Settings, **layout: Any) -> Settings:
 
 
 def plan_nodes(
+    ctx: PlanContext,
     hosts: Sequence[HostSnapshot],
     addresses: Sequence[str],
-    settings: Settings,
     model: ModelFacts,
-    r: Reasons,
-    warnings: list[str],
     one_host: Plan1,
 ) -> list[InstancePlan]:
     """The instances of a plan over ``hosts`` (node 0 first), each marked with its node."""
+    settings = ctx.settings
     n = len(hosts)
     want = settings.layout.nodes
     if isinstance(want, int) and want > n:
         raise PlanRefused(
             f"layout.nodes={want}, but {n} host snapshots were given", [f"--set layout.nodes={n}"]
         )
-    nodes = _Nodes(hosts, addresses, settings, model, r, warnings, one_host)
+    nodes = _Nodes(ctx, hosts, addresses, model, one_host)
     tp = settings.layout.tensor_parallel_size
     if isinstance(tp, int) and tp > nodes.devices[0]:  # tensor parallel across nodes, as asked
         return nodes.tensor_across(tp)
@@ -108,24 +108,26 @@ class _Nodes:
     """One multi-node plan's inputs and the layouts tried in turn; a try that does not fit leaves no
     reason or warning behind, and its refusal is kept for the final one."""
 
+    ctx: PlanContext
     hosts: Sequence[HostSnapshot]
     addresses: Sequence[str]
-    settings: Settings
     model: ModelFacts
-    r: Reasons
-    warnings: list[str]
     one_host: Plan1
     first_error: PlanRefused | None = None
     devices: list[int] = dataclasses.field(init=False)  # each node's; a CPU host is one device
     marks: tuple[int, int] = dataclasses.field(init=False)  # reasons and warnings before any try
 
+    @property
+    def settings(self) -> Settings:
+        return self.ctx.settings
+
     def __post_init__(self) -> None:
         self.devices = [len(h.usable_gpus) or 1 for h in self.hosts]  # a CPU host is one device
-        self.marks = (len(self.r.items), len(self.warnings))
+        self.marks = (len(self.ctx.reasons.items), len(self.ctx.warnings))
 
     def _failed(self, e: PlanRefused) -> None:
-        del self.r.items[self.marks[0] :]
-        del self.warnings[self.marks[1] :]
+        del self.ctx.reasons.items[self.marks[0] :]
+        del self.ctx.warnings[self.marks[1] :]
         self.first_error = e
 
     def _done(self, insts: list[InstancePlan], how: str) -> list[InstancePlan]:
@@ -141,11 +143,11 @@ class _Nodes:
                 f"tensor_parallel_size={tp} over nodes of {per} devices needs {k} of them, {n} given",
                 [f"--set layout.tensor_parallel_size={per * n}"],
             )
-        self.warnings.append(
+        self.ctx.warn(
             f"tensor parallel {tp} across {k} nodes: an all-reduce per layer crosses the {settings.layout.internode_gbps:g} "
             "Gb/s link between them (pipeline parallel across nodes sends far less)"
         )
-        self.r.add(
+        self.ctx.add(
             "layout.nodes", k, f"tensor_parallel_size={tp} is more than one node's {per} device(s)", _SRC
         )
         node0 = self.one_host(
@@ -167,11 +169,11 @@ class _Nodes:
             self._failed(e)
             return None
         if n > 1:
-            self.warnings.append(
+            self.ctx.warn(
                 f"{model.name} fits one node: nodes 1-{n - 1} are not used "
                 f"(--set layout.nodes={n}: one data-parallel rank on each)"
             )
-        self.r.add("layout.nodes", 1, f"{model.name} fits one node", _SRC)
+        self.ctx.add("layout.nodes", 1, f"{model.name} fits one node", _SRC)
         return alone
 
     def data_parallel(self, want: int) -> list[InstancePlan] | None:
@@ -179,7 +181,7 @@ class _Nodes:
         try:  # one node suffices: a data-parallel rank per node
             each = self.one_host(self.hosts[0], _with(self.settings, replicas=1, shape="servers"), self.model)
             if len(each) == 1:
-                self.r.add(
+                self.ctx.add(
                     "layout.nodes",
                     want,
                     f"layout.nodes={want}; one node holds the model: one data-parallel "
@@ -199,7 +201,7 @@ class _Nodes:
         # Inside a node, a profile's tensor parallel size may grow to the node's devices for a stage to fit
         # (a profile sizes one-host servers); one the user set is kept.
         tries: list[int | str] = [tp]
-        if not _user_set(self.r, ("layout", "tensor_parallel_size")):
+        if not _user_set(self.ctx.reasons, ("layout", "tensor_parallel_size")):
             tries += [
                 t for t in (2, 4, 8, 16) if t <= min(self.devices) and (not isinstance(tp, int) or t > tp)
             ]
@@ -214,7 +216,7 @@ class _Nodes:
                     f"the nodes differ (tensor parallel {sorted(tps)}): a pipeline needs the same on each",
                     ["snapshots of hosts with the same GPUs"],
                 )
-            self.r.add(
+            self.ctx.add(
                 "layout.nodes",
                 k,
                 f"{model.name} does not fit one node: pipeline parallel over {k} nodes "
@@ -293,9 +295,11 @@ def _link(insts: list[InstancePlan], kind: str, model: ModelFacts, settings: Set
     gbps, lat = settings.layout.internode_gbps, settings.layout.internode_latency_us
     sent, messages = link_cost(kind, k, model)
     secs = sent * 8 / (gbps * 1e9) + messages * lat * 1e-6
-    ceilings = [i.estimate.decode_tok_s_ceiling_batch1 for i in insts]
+    ceilings = [
+        c for i in insts if isinstance(c := i.estimate.decode_tok_s_ceiling_batch1, (int, float)) and c > 0
+    ]
     group: float | None = None
-    if all(isinstance(c, (int, float)) and c > 0 for c in ceilings):
+    if len(ceilings) == len(insts):
         compute = sum(1 / c for c in ceilings) if kind == "pipeline" else 1 / ceilings[0]
         group = round(1 / (compute + secs), 1)
     basis = {

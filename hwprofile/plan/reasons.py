@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Source
 from .types import Reason
+
+if TYPE_CHECKING:
+    from .interconnect import Report
+    from .predict import Calibration
 
 
 class Reasons:
@@ -18,10 +22,10 @@ class Reasons:
         # the performance model's candidates per GPU group (plan/candidates.py), and the measured
         # calibration of this host the pipeline handed in (None: the datasheet model alone)
         self.predictions: list[dict[str, Any]] = []
-        self.calibration: Any = None
+        self.calibration: Calibration | None = None
         # the host's interconnect check record (plan/interconnect.py) when current: its measured link
         # bandwidth replaces the datasheet's in the predictions (None: none recorded, or stale)
-        self.interconnect: Any = None
+        self.interconnect: Report | None = None
         # per GPU group (its indices): the batching layout.objective took (max_num_seqs,
         # max_num_batched_tokens, why), where it replaced the configured one (plan/layout.py)
         self.batching: dict[frozenset[int], tuple[int, int, str]] = {}

@@ -26,7 +26,7 @@ from typing import Any
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..release import first_with, release_of
-from .reasons import Reasons
+from .context import PlanContext
 from .refusal import PlanRefused
 from .types import ABSENT, Endpoint, InstancePlan
 
@@ -67,11 +67,10 @@ def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: lis
     return out
 
 
-def shape(
-    host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons, warnings: list[str]
-) -> tuple[list[InstancePlan], Endpoint]:
+def shape(ctx: PlanContext, instances: list[InstancePlan]) -> tuple[list[InstancePlan], Endpoint]:
     """The instances as planned (``servers``) or merged into one data-parallel instance, and the
     endpoint clients use."""
+    host, settings = ctx.host, ctx.settings
     want = settings.layout.shape
     src = ("layout", "shape")
     if len(instances) < 2:
@@ -83,8 +82,8 @@ def shape(
             if want == "servers"
             else "not one data-parallel server: " + "; ".join(against)
         )
-        r.add("layout.shape", "servers", f"{len(instances)} separate servers (fault isolation): {why}", src)
-        return instances, _front(host, settings, instances, r)
+        ctx.add("layout.shape", "servers", f"{len(instances)} separate servers (fault isolation): {why}", src)
+        return instances, _front(ctx, instances)
     if want == "data_parallel" and against:
         fixable = [a for a in against if a.startswith("speculative.by_batch_size")]
         if len(fixable) != len(against):
@@ -93,12 +92,10 @@ def shape(
                 + "; ".join(a for a in against if a not in fixable),
                 ["--set layout.shape=servers (separate servers, one URL through nginx)"],
             )
-        warnings.append(
-            "speculative.by_batch_size dropped: vLLM ignores it with data_parallel_size > 1 (static k)"
-        )
+        ctx.warn("speculative.by_batch_size dropped: vLLM ignores it with data_parallel_size > 1 (static k)")
         instances = [_static_k(i) for i in instances]
     merged = merge(instances)
-    r.add(
+    ctx.add(
         "layout.shape",
         "data_parallel",
         f"one data-parallel server of {merged.ranks} ranks x TP {merged.tensor_parallel_size}: one URL, vLLM "
@@ -154,9 +151,60 @@ def _own(inst: InstancePlan, how: str) -> Endpoint:
 ROUTER_POLICY = "cache_aware"
 
 
-def _front(host: HostSnapshot, settings: Settings, instances: list[InstancePlan], r: Reasons) -> Endpoint:
+def _router(ctx: PlanContext, names: tuple[str, ...], taken: set[int]) -> Endpoint:
+    """vLLM's router in front of the servers ``names`` (their ports ``taken``), supervised by hwprofile."""
+    settings = ctx.settings
+    port = settings.layout.endpoint_port
+    want = settings.layout.front
+    found = ctx.host.software.router_path
+    src = ("layout", "front")
+    why = (
+        "layout.front=router"
+        if want == "router"
+        else f"layout.front=auto and vLLM's router is installed ({found})"
+    )
+    if want == "router" and not found:
+        why += " (not installed on the planning host: pip install vllm-router where it runs)"
+    if port + 1 in taken or port + 1 > 65_535:
+        raise PlanRefused(
+            f"vLLM's router serves its metrics on layout.endpoint_port + 1 ({port + 1}), which is taken",
+            [f"--set layout.endpoint_port={max(taken) + 1}", "--set layout.front=nginx"],
+        )
+    ctx.add(
+        "layout.front",
+        "router",
+        f"vLLM's router in front of the servers, started and supervised by hwprofile: {why}",
+        src,
+    )
+    ctx.add(
+        "layout.endpoint_port",
+        port,
+        f"the one port of vLLM's router in front of the servers (its metrics: {port + 1}, loopback)",
+        ("layout", "endpoint_port"),
+    )
+    ctx.add(
+        "router.policy",
+        ROUTER_POLICY,
+        "cache_aware: each request goes to the server whose prefix cache already holds the longest part of "
+        "its prompt (a conversation's next turn, a shared system prompt), unless the servers' loads drift "
+        "apart, then to the least loaded; least connections would scatter a conversation's turns and "
+        "recompute their prefix on each server",
+        src,
+    )
+    return Endpoint(
+        _url(settings.server.host, port),
+        "router",
+        names,
+        f"vLLM's router ({ROUTER_POLICY}) in front of the servers, supervised by hwprofile with them; one "
+        "that fails its health checks is skipped and retried (circuit breaker)",
+        ROUTER_POLICY,
+    )
+
+
+def _front(ctx: PlanContext, instances: list[InstancePlan]) -> Endpoint:
     """The one URL in front of separate servers: vLLM's router where ``layout.front`` says so or,
     with ``auto``, where it is installed (``host.software.router_path``); else nginx."""
+    host, settings = ctx.host, ctx.settings
     port = settings.layout.endpoint_port
     taken = {i.server.port for i in instances}
     if port in taken:
@@ -165,61 +213,19 @@ def _front(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]
             [f"--set layout.endpoint_port={max(taken) + 1}"],
         )
     want = settings.layout.front
-    found = host.software.router_path
-    src = ("layout", "front")
-    names = tuple(i.name for i in instances)
-    if want == "router" or (want == "auto" and found):
-        why = (
-            "layout.front=router"
-            if want == "router"
-            else f"layout.front=auto and vLLM's router is installed ({found})"
-        )
-        if want == "router" and not found:
-            why += " (not installed on the planning host: pip install vllm-router where it runs)"
-        if port + 1 in taken or port + 1 > 65_535:
-            raise PlanRefused(
-                f"vLLM's router serves its metrics on layout.endpoint_port + 1 ({port + 1}), which is taken",
-                [f"--set layout.endpoint_port={max(taken) + 1}", "--set layout.front=nginx"],
-            )
-        r.add(
-            "layout.front",
-            "router",
-            f"vLLM's router in front of the servers, started and supervised by hwprofile: {why}",
-            src,
-        )
-        r.add(
-            "layout.endpoint_port",
-            port,
-            f"the one port of vLLM's router in front of the servers (its metrics: {port + 1}, loopback)",
-            ("layout", "endpoint_port"),
-        )
-        r.add(
-            "router.policy",
-            ROUTER_POLICY,
-            "cache_aware: each request goes to the server whose prefix cache already holds the longest part of "
-            "its prompt (a conversation's next turn, a shared system prompt), unless the servers' loads drift "
-            "apart, then to the least loaded; least connections would scatter a conversation's turns and "
-            "recompute their prefix on each server",
-            src,
-        )
-        return Endpoint(
-            _url(settings.server.host, port),
-            "router",
-            names,
-            f"vLLM's router ({ROUTER_POLICY}) in front of the servers, supervised by hwprofile with them; one "
-            "that fails its health checks is skipped and retried (circuit breaker)",
-            ROUTER_POLICY,
-        )
+    if want == "router" or (want == "auto" and host.software.router_path):
+        return _router(ctx, tuple(i.name for i in instances), taken)
     why = (
         "layout.front=nginx"
         if want == "nginx"
         else "layout.front=auto and vLLM's router is not installed (pip install vllm-router)"
     )
-    r.add("layout.front", "nginx", f"nginx in front of the servers: {why}", src)
-    return _nginx(settings, instances, r)
+    ctx.add("layout.front", "nginx", f"nginx in front of the servers: {why}", ("layout", "front"))
+    return _nginx(ctx, instances)
 
 
-def _nginx(settings: Settings, instances: list[InstancePlan], r: Reasons) -> Endpoint:
+def _nginx(ctx: PlanContext, instances: list[InstancePlan]) -> Endpoint:
+    settings = ctx.settings
     port = settings.layout.endpoint_port
     taken = {i.server.port for i in instances}
     if port in taken:
@@ -227,7 +233,7 @@ def _nginx(settings: Settings, instances: list[InstancePlan], r: Reasons) -> End
             f"layout.endpoint_port {port} is one of the instances' ports {sorted(taken)}",
             [f"--set layout.endpoint_port={max(taken) + 1}"],
         )
-    r.add(
+    ctx.add(
         "layout.endpoint_port",
         port,
         "the one port of nginx in front of the servers",

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config.settings import Settings
 from ..model import ModelFacts
 from ..model.tokenizer_check import TokenizerCheck, check_facts
 from ..release import first_speculative, release_of
+from .context import PlanContext
 from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
@@ -36,21 +36,16 @@ def draft_candidates(model: ModelFacts, want_b: float) -> list[ModelFacts]:
 
 
 def choose_speculator(
-    model: ModelFacts,
-    draft: ModelFacts | None,
-    settings: Settings,
-    r: Reasons,
-    warnings: list[str],
-    hetero_ok: bool = False,
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts | None
 ) -> tuple[str | None, ModelFacts | None]:
     """``(method, draft)`` from ``speculative.method`` (and ``speculative.draft`` as ``draft``)."""
-    method = settings.speculative.method
+    method = ctx.settings.speculative.method
     src = ("speculative", "method")
     if method == "none":
-        r.add("speculative.method", None, "speculative decoding is off", src)
+        ctx.add("speculative.method", None, "speculative decoding is off", src)
         return None, None
     if method in ("ngram", "suffix"):
-        r.add(
+        ctx.add(
             "speculative.method",
             method,
             f"{method} asked for: proposals from the prompt, no draft model",
@@ -63,7 +58,7 @@ def choose_speculator(
                 f"speculative.method={method} needs speculative.draft (an EAGLE head for this model)",
                 ["set speculative.draft to the EAGLE checkpoint", "or use speculative.method=ngram"],
             )
-        r.add("speculative.method", method, f"{method} head {draft.name}", src)
+        ctx.add("speculative.method", method, f"{method} head {draft.name}", src)
         return method, draft
     if method == "mtp" or (method == "auto" and model.mtp_layers and draft is None):
         if not model.mtp_layers:
@@ -71,7 +66,7 @@ def choose_speculator(
                 f"speculative.method=mtp, but {model.name} ships no multi-token-prediction layers",
                 ["use speculative.method=draft_model or ngram"],
             )
-        r.add(
+        ctx.add(
             "speculative.method",
             "mtp",
             f"{model.name} ships {model.mtp_layers} MTP layer(s): no separate draft needed",
@@ -80,21 +75,17 @@ def choose_speculator(
         return "mtp", None
     # draft_model or auto
     if draft is not None:
-        chosen = _given_draft(model, draft, r, warnings, hetero_ok, method)
+        chosen = _given_draft(ctx, model, draft, heterogeneous_vocab_ok(ctx.version), method)
     else:
-        chosen = _catalog_draft(model, method, settings.speculative.draft_params_b, r)
-    return _draft_on_this_host(model, chosen, method, r, warnings)
+        chosen = _catalog_draft(model, method, ctx.settings.speculative.draft_params_b, ctx.reasons)
+    return _draft_on_this_host(ctx, model, chosen, method)
 
 
 LOCAL_SOURCES = ("dir", "hf-cache")  # a model whose files are on this host
 
 
 def _draft_on_this_host(
-    model: ModelFacts,
-    chosen: tuple[str | None, ModelFacts | None],
-    method: str,
-    r: Reasons,
-    warnings: list[str],
+    ctx: PlanContext, model: ModelFacts, chosen: tuple[str | None, ModelFacts | None], method: str
 ) -> tuple[str | None, ModelFacts | None]:
     """A target served from this host's files runs offline (``HF_HUB_OFFLINE=1``): a draft that is not
     on this host cannot be fetched at start, so the plan says so itself (ngram for ``auto``, a refusal
@@ -117,8 +108,8 @@ def _draft_on_this_host(
             f"speculative.method=draft_model: {msg} ({fetch} first)",
             [f"download it first: {fetch}", "or use speculative.method=ngram"],
         )
-    warnings.append(f"{msg}: ngram prompt lookup planned instead; to use the draft: {fetch}, then plan again")
-    r.add(
+    ctx.warn(f"{msg}: ngram prompt lookup planned instead; to use the draft: {fetch}, then plan again")
+    ctx.add(
         "speculative.method",
         "ngram",
         f"{msg}; ngram proposals instead (to use it: {fetch})",
@@ -141,27 +132,81 @@ def needs_vocab_mapping(model: ModelFacts, draft: ModelFacts | None) -> bool:
     return draft.vocab_size != model.vocab_size or tokenizer_check(model, draft).ids_differ
 
 
-def _given_draft(
-    model: ModelFacts, draft: ModelFacts, r: Reasons, warnings: list[str], hetero_ok: bool, method: str
-) -> tuple[str | None, ModelFacts | None]:
-    """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary or its
-    tokenizer is not the target's (then refused for ``draft_model``, ngram for ``auto``)."""
+def _warn_if_same(ctx: PlanContext, model: ModelFacts, draft: ModelFacts) -> None:
+    """Warn where the draft is the target itself (or the same architecture and size)."""
     if (draft.path == model.path and draft.name == model.name) or (
         draft.params == model.params
         and draft.num_layers == model.num_layers
         and draft.hidden_size == model.hidden_size
         and draft.vocab_size == model.vocab_size
     ):
-        warnings.append(
+        ctx.warn(
             f"the draft {draft.name} is the target itself (or the same architecture and size): each "
             "proposed token costs a whole target step, so speculation cannot be faster than none "
             "(only a test of the mechanism); use speculative.method=ngram or a much smaller draft"
         )
+
+
+def _to_ngram(ctx: PlanContext, msg: str) -> tuple[str | None, ModelFacts | None]:
+    """The draft refused for ``msg``: ngram proposals instead, with a warning."""
+    ctx.warn(msg + "; falling back to ngram")
+    ctx.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
+    return "ngram", None
+
+
+def _mapped_vocab(
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts, check: TokenizerCheck, hetero: str
+) -> tuple[str | None, ModelFacts | None]:
+    """A draft with the target's vocab_size but other token ids, on a vLLM that maps the two
+    vocabularies (use_heterogeneous_vocab)."""
+    ctx.add(
+        "speculative.method",
+        "draft_model",
+        f"draft {draft.name}: {check.summary()}; the installed vLLM ({hetero}+) maps the two vocabularies "
+        f"through their {check.common_tokens} common token strings (use_heterogeneous_vocab)",
+        ("speculative", "draft"),
+    )
+    ctx.warn(
+        f"the draft {draft.name} shares the target's vocab_size but not its tokens ({check.differing_ids} "
+        f"of {check.shared_ids} ids differ): planned with use_heterogeneous_vocab, so the draft proposes only "
+        f"the {check.common_tokens} tokens both have (the target's others are never proposed)"
+    )
+    return "draft_model", draft
+
+
+def _other_tokenizer(
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts, check: TokenizerCheck, hetero: str, method: str
+) -> tuple[str | None, ModelFacts | None]:
+    """A draft with the target's vocab_size but not its tokenizer, on a vLLM that passes ids unmapped:
+    refused for ``draft_model``, ngram for ``auto``."""
+    msg = (
+        f"draft {draft.name} has the target's vocab_size ({model.vocab_size}) but not its tokenizer: "
+        f"{check.summary()}; vLLM before {hetero} passes token ids between them unmapped, so the draft's "
+        "proposals mean other text and are rejected"
+    )
+    if method == "draft_model":
+        raise PlanRefused(
+            f"speculative.method=draft_model: {msg}",
+            [
+                "a draft trained with the target's tokenizer (same family and release)",
+                f"vLLM {hetero}+ (maps the vocabularies with use_heterogeneous_vocab)",
+                "or speculative.method=ngram",
+            ],
+        )
+    return _to_ngram(ctx, msg)
+
+
+def _given_draft(
+    ctx: PlanContext, model: ModelFacts, draft: ModelFacts, hetero_ok: bool, method: str
+) -> tuple[str | None, ModelFacts | None]:
+    """The draft from ``speculative.draft``, unless the installed vLLM refuses its vocabulary or its
+    tokenizer is not the target's (then refused for ``draft_model``, ngram for ``auto``)."""
+    _warn_if_same(ctx, model, draft)
     check = tokenizer_check(model, draft)
     hetero = first_speculative("heterogeneous_vocab")  # the first release mapping two vocabularies
     if draft.vocab_size != model.vocab_size and hetero_ok:
         shared = f" ({check.common_tokens} token strings in common)" if check.checked else ""
-        r.add(
+        ctx.add(
             "speculative.method",
             "draft_model",
             f"draft {draft.name} has vocab_size {draft.vocab_size}, the target {model.vocab_size}: the "
@@ -171,54 +216,24 @@ def _given_draft(
         )
         return "draft_model", draft
     if draft.vocab_size != model.vocab_size:
-        msg = (
+        return _to_ngram(
+            ctx,
             f"draft {draft.name} has vocab_size {draft.vocab_size} but the target has {model.vocab_size}: "
             f"vLLM before {hetero} refuses a draft whose vocabulary differs ({hetero}+ accepts it with "
-            "use_heterogeneous_vocab)"
+            "use_heterogeneous_vocab)",
         )
-        warnings.append(msg + "; falling back to ngram")
-        r.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
-        return "ngram", None
     if check.ids_differ and hetero_ok:
-        r.add(
-            "speculative.method",
-            "draft_model",
-            f"draft {draft.name}: {check.summary()}; the installed vLLM ({hetero}+) maps the two vocabularies "
-            f"through their {check.common_tokens} common token strings (use_heterogeneous_vocab)",
-            ("speculative", "draft"),
-        )
-        warnings.append(
-            f"the draft {draft.name} shares the target's vocab_size but not its tokens ({check.differing_ids} "
-            f"of {check.shared_ids} ids differ): planned with use_heterogeneous_vocab, so the draft proposes only "
-            f"the {check.common_tokens} tokens both have (the target's others are never proposed)"
-        )
-        return "draft_model", draft
+        return _mapped_vocab(ctx, model, draft, check, hetero)
     if check.ids_differ:
-        msg = (
-            f"draft {draft.name} has the target's vocab_size ({model.vocab_size}) but not its tokenizer: "
-            f"{check.summary()}; vLLM before {hetero} passes token ids between them unmapped, so the draft's "
-            "proposals mean other text and are rejected"
-        )
-        if method == "draft_model":
-            raise PlanRefused(
-                f"speculative.method=draft_model: {msg}",
-                [
-                    "a draft trained with the target's tokenizer (same family and release)",
-                    f"vLLM {hetero}+ (maps the vocabularies with use_heterogeneous_vocab)",
-                    "or speculative.method=ngram",
-                ],
-            )
-        warnings.append(msg + "; falling back to ngram")
-        r.add("speculative.method", "ngram", msg + "; ngram proposals instead", ("speculative", "draft"))
-        return "ngram", None
+        return _other_tokenizer(ctx, model, draft, check, hetero, method)
     if check.special_diffs:
-        warnings.append(
+        ctx.warn(
             f"the draft {draft.name} maps every shared id to the target's token, but "
             + "; ".join(check.special_diffs[:4])
             + ": proposals are valid, expect fewer accepted around those tokens (chat turns, ends)"
         )
     note = check.summary() if check.checked else f"tokenizers not compared: {check.why}"
-    r.add(
+    ctx.add(
         "speculative.method",
         "draft_model",
         f"draft {draft.name} ({draft.params / 1e9:.1f}B) shares the target's vocabulary "
@@ -267,6 +282,7 @@ def _catalog_draft(
 
 
 def fit_beside_draft(
+    ctx: PlanContext,
     total: int,
     util: float,
     model: ModelFacts,
@@ -274,15 +290,13 @@ def fit_beside_draft(
     spec_method: str | None,
     tp: int,
     kv_bytes: int,
-    settings: Settings,
     eager: bool,
-    r: Reasons,
-    warnings: list[str],
     key: str,
     name: str,
 ) -> tuple[Fit, ModelFacts | None, str | None]:
     """``(fit, draft, method)`` of one instance: with its draft where target and draft fit; ngram
     instead where only the target does; else the target's own (failing) fit, for the refusal."""
+    settings = ctx.settings
     batched = settings.engine.max_num_batched_tokens
     seqs = settings.engine.max_num_seqs
     f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
@@ -290,10 +304,8 @@ def fit_beside_draft(
         return f, draft, spec_method
     no_draft = fit(total, util, model, None, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
     if no_draft.fits:
-        warnings.append(
-            f"{name}: the draft {draft.name} does not fit beside the target; ngram speculation instead"
-        )
-        r.add(
+        ctx.warn(f"{name}: the draft {draft.name} does not fit beside the target; ngram speculation instead")
+        ctx.add(
             f"{key}.speculative.method",
             "ngram",
             f"draft {draft.name} ({draft.weights_bytes / GiB:.1f} GiB) leaves no room for the KV cache",
@@ -303,20 +315,20 @@ def fit_beside_draft(
 
 
 def speculative_config(
-    settings: Settings,
+    ctx: PlanContext,
     method: str | None,
     draft: ModelFacts | None,
     tp: int,
-    r: Reasons,
     key: str,
     model: ModelFacts | None = None,
 ) -> SpeculativeConfig | None:
     """The instance's speculative section: method, draft, k (fixed, or by batch size), ngram window;
     ``use_heterogeneous_vocab`` where the draft's ids are not the target's (``model``)."""
+    settings = ctx.settings
     if method is None:
         return None
     k = settings.speculative.num_speculative_tokens
-    r.add(
+    ctx.add(
         f"{key}.speculative.num_speculative_tokens",
         k,
         f"{k} tokens proposed per step",
@@ -329,7 +341,7 @@ def speculative_config(
     }
     if draft is not None:
         spec["draft_tensor_parallel_size"] = tp
-        r.add(
+        ctx.add(
             f"{key}.speculative.draft_tensor_parallel_size",
             tp,
             # the V1 draft-model proposer (v1/spec_decode/draft_model.py, ValueError): the table's draft_model
@@ -337,7 +349,7 @@ def speculative_config(
         )
     if method == "draft_model" and model is not None and needs_vocab_mapping(model, draft):
         spec["use_heterogeneous_vocab"] = True
-        r.add(
+        ctx.add(
             f"{key}.speculative.use_heterogeneous_vocab",
             True,
             "the draft's token ids are not the target's: vLLM maps them through the shared tokens",
@@ -348,7 +360,7 @@ def speculative_config(
     table = settings.speculative.by_batch_size
     if table:
         spec["num_speculative_tokens_per_batch_size"] = table
-        r.add(
+        ctx.add(
             f"{key}.speculative.num_speculative_tokens_per_batch_size",
             table,
             "k chosen by the running batch size (vLLM has no per-request k): fewer proposals as load grows",

@@ -15,39 +15,29 @@ settings (:mod:`hwprofile.config.settings`), every setting in them, each at its 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from ..config.settings import Degrade, Logs, Section, Supervise, Watch
 
 
-class _Absent:
-    """The value of a field whose key is not in the JSON document."""
+class Absent(enum.Enum):
+    """The value of a field whose key is not in the JSON document: one member, :data:`ABSENT`, false
+    in a test of truth; a field that may be absent says so in its type (``int | AbsentT``), so the
+    type checker sees every read that must test for it (``x is ABSENT``)."""
 
-    _instance: ClassVar[_Absent | None] = None
-
-    def __new__(cls) -> _Absent:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    ABSENT = "ABSENT"
 
     def __repr__(self) -> str:
         return "ABSENT"
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> Literal[False]:
         return False
 
-    def __copy__(self) -> _Absent:
-        return self
 
-    def __deepcopy__(self, memo: Any) -> _Absent:
-        return self
-
-    def __reduce__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
+ABSENT: Final = Absent.ABSENT
+AbsentT: TypeAlias = Literal[Absent.ABSENT]
 
 T = TypeVar("T", bound="_Json")
 
@@ -157,8 +147,8 @@ class ModelSummary(_Json):
     vocab_size: int | None
     sliding_window: int | None
     sliding_layers: int | None
-    revision: str | None = ABSENT  # the commit, for a model from the Hub or the Hugging Face cache
-    origin: str = ABSENT  # where the facts came from: the Hub, the cache, the catalog, a directory
+    revision: str | AbsentT | None = ABSENT  # the commit, for a model from the Hub or the Hugging Face cache
+    origin: str | AbsentT = ABSENT  # where the facts came from: the Hub, the cache, the catalog, a directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +179,13 @@ class EngineSettings(_Json):
     enforce_eager: bool
     enable_prefix_caching: bool
     enable_chunked_prefill: bool
-    kv_cache_memory_bytes: int = ABSENT
+    kv_cache_memory_bytes: int | AbsentT = ABSENT
     # --language-model-only: the vision tower not loaded (plan/loaded.py); absent for a model without one
-    language_model_only: bool = ABSENT
+    language_model_only: bool | AbsentT = ABSENT
     # a hybrid (recurrent-state layers): --mamba-ssm-cache-dtype and --mamba-cache-mode as the plan's
     # accounting assumes them (plan/engine.py choose_ssm_dtype; align with prefix caching, else none)
-    mamba_ssm_cache_dtype: str = ABSENT
-    mamba_cache_mode: str = ABSENT
+    mamba_ssm_cache_dtype: str | AbsentT = ABSENT
+    mamba_cache_mode: str | AbsentT = ABSENT
 
     def to_json(self) -> dict[str, Any]:
         # The contract's order puts kv_cache_memory_bytes right after kv_cache_dtype.
@@ -216,11 +206,11 @@ class SpeculativeConfig(_Json):
     method: str
     model: str | None
     num_speculative_tokens: int
-    draft_tensor_parallel_size: int = ABSENT
-    prompt_lookup_max: int = ABSENT
-    prompt_lookup_min: int = ABSENT
-    num_speculative_tokens_per_batch_size: tuple[tuple[int, int | None, int], ...] = ABSENT
-    use_heterogeneous_vocab: bool = ABSENT  # draft ids mapped through shared tokens (vLLM 0.25+)
+    draft_tensor_parallel_size: int | AbsentT = ABSENT
+    prompt_lookup_max: int | AbsentT = ABSENT
+    prompt_lookup_min: int | AbsentT = ABSENT
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int | None, int], ...] | AbsentT = ABSENT
+    use_heterogeneous_vocab: bool | AbsentT = ABSENT  # draft ids mapped through shared tokens (vLLM 0.25+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,11 +231,11 @@ class MemoryFit(_Json):
     kv_tokens: int
     block_size: int
     kv_bytes_per_max_len_request: int
-    vllm_logged_kv_tokens: int | None = ABSENT
+    vllm_logged_kv_tokens: int | AbsentT | None = ABSENT
     # a hybrid model (recurrent-state layers): the state one running sequence holds per GPU (its
     # pages in every state group), and the sequences whose state the pool holds at once
-    state_bytes_per_sequence: int = ABSENT
-    state_sequences: int = ABSENT
+    state_bytes_per_sequence: int | AbsentT = ABSENT
+    state_sequences: int | AbsentT = ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,23 +243,23 @@ class Estimate(_Json):
     """The batch-1 decode ceiling; only ``note`` on the CPU instance and where the datasheet has no
     bandwidth figure."""
 
-    gpu_datasheet: str | None = ABSENT
-    memory_bandwidth_gbs: float | None = ABSENT
-    note: str = ABSENT
-    bytes_read_per_token_per_gpu: int = ABSENT
-    decode_tok_s_ceiling_batch1: float = ABSENT
-    assumed_acceptance: float = ABSENT
-    expected_tokens_per_step: float = ABSENT
-    decode_tok_s_ceiling_batch1_speculative: float = ABSENT
-    basis: str = ABSENT
+    gpu_datasheet: str | AbsentT | None = ABSENT
+    memory_bandwidth_gbs: float | AbsentT | None = ABSENT
+    note: str | AbsentT = ABSENT
+    bytes_read_per_token_per_gpu: int | AbsentT = ABSENT
+    decode_tok_s_ceiling_batch1: float | AbsentT = ABSENT
+    assumed_acceptance: float | AbsentT = ABSENT
+    expected_tokens_per_step: float | AbsentT = ABSENT
+    decode_tok_s_ceiling_batch1_speculative: float | AbsentT = ABSENT
+    basis: str | AbsentT = ABSENT
     # a group over several nodes (plan/nodes.py): what crosses the link between them per token
-    nodes_parallel: str = ABSENT  # pipeline, tensor or data (how the group splits over the nodes)
-    internode_gbps: float = ABSENT
-    internode_latency_us: float = ABSENT
-    internode_bytes_per_token: int = ABSENT
-    internode_ms_per_token: float = ABSENT
-    decode_tok_s_ceiling_batch1_group: float = ABSENT  # the whole group's, link included
-    internode_basis: str = ABSENT
+    nodes_parallel: str | AbsentT = ABSENT  # pipeline, tensor or data (how the group splits over the nodes)
+    internode_gbps: float | AbsentT = ABSENT
+    internode_latency_us: float | AbsentT = ABSENT
+    internode_bytes_per_token: int | AbsentT = ABSENT
+    internode_ms_per_token: float | AbsentT = ABSENT
+    decode_tok_s_ceiling_batch1_group: float | AbsentT = ABSENT  # the whole group's, link included
+    internode_basis: str | AbsentT = ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,26 +297,28 @@ class InstancePlan(_Json):
     speculative: SpeculativeConfig | None
     memory: MemoryFit
     estimate: Estimate
-    gpu_uuids: tuple[str | None, ...] = ABSENT
-    gpu_minors: tuple[int | None, ...] = ABSENT
-    gpu_numa_nodes: tuple[int | None, ...] = ABSENT
+    gpu_uuids: tuple[str | None, ...] | AbsentT = ABSENT
+    gpu_minors: tuple[int | None, ...] | AbsentT = ABSENT
+    gpu_numa_nodes: tuple[int | None, ...] | AbsentT = ABSENT
     # data-parallel ranks behind this one API server (absent: 1); each rank has tensor_parallel_size
     # GPUs, in the order of ``gpus``, and its own scheduler with these engine settings
-    data_parallel_size: int = ABSENT
+    data_parallel_size: int | AbsentT = ABSENT
     # one of several hosts running one vLLM (absent: one host): this instance is node ``node_rank``
     # of ``nnodes``, at ``node_address``; node 0 has the API server, the others run headless
-    node_rank: int = ABSENT
-    nnodes: int = ABSENT
-    node_address: str = ABSENT
-    master_addr: str = ABSENT
-    master_port: int = ABSENT
-    node_backend: str = ABSENT  # how the nodes form one vLLM: mp (--nnodes, headless workers) or ray
-    prediction: InstancePrediction = (
+    node_rank: int | AbsentT = ABSENT
+    nnodes: int | AbsentT = ABSENT
+    node_address: str | AbsentT = ABSENT
+    master_addr: str | AbsentT = ABSENT
+    master_port: int | AbsentT = ABSENT
+    node_backend: str | AbsentT = (
+        ABSENT  # how the nodes form one vLLM: mp (--nnodes, headless workers) or ray
+    )
+    prediction: InstancePrediction | AbsentT = (
         ABSENT  # plan/predict.py at layout.workload_*; absent: no model (CPU, no datasheet)
     )
     # the recorded interconnect check's decision for this TP group (plan/interconnect.py); absent:
     # TP 1, or no check recorded on this host
-    interconnect: Mapping[str, Any] = ABSENT
+    interconnect: Mapping[str, Any] | AbsentT = ABSENT
 
     @property
     def ranks(self) -> int:
@@ -394,7 +386,7 @@ class Endpoint(_Json):
     via: str  # "vllm" (the instance's own API server), "router" (vLLM's router) or "nginx"
     instances: tuple[str, ...]
     how: str
-    policy: str = ABSENT  # via "router": its load-balancing policy (the reason is layout.front's)
+    policy: str | AbsentT = ABSENT  # via "router": its load-balancing policy (the reason is layout.front's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,7 +409,7 @@ class Plan(_Json):
     warnings: tuple[str, ...]
     endpoint: Endpoint | None = None
     # the candidates the performance model compared, per group of GPUs, and the winner (plan/candidates.py)
-    prediction: Mapping[str, Any] = ABSENT
+    prediction: Mapping[str, Any] | AbsentT = ABSENT
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {
         "endpoint": Endpoint,
@@ -455,6 +447,8 @@ class Plan(_Json):
 
 __all__ = [
     "ABSENT",
+    "Absent",
+    "AbsentT",
     "Endpoint",
     "EngineSettings",
     "Estimate",
