@@ -6,7 +6,10 @@ Pure: no files, no imports beyond the standard library.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from .tokenizer_check import TokenizerFacts
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 
@@ -48,7 +51,7 @@ class ModelFacts(NamedTuple):
     origin: str = ""
     # the tokenizer's facts (model.tokenizer_check.TokenizerFacts), or why none: read by the pipeline
     # only when a draft is planned beside the model, so that the planner compares without reading
-    tokenizer: Any = None
+    tokenizer: TokenizerFacts | str | None = None
     # parts of weights_bytes vLLM loads only sometimes (hwprofile.model.weights, estimated even where
     # weights_bytes is the checkpoint's own size): the vision tower (not with --language-model-only)
     # and the MTP layers (only with MTP speculation: the target model skips the "mtp." weights)
@@ -56,7 +59,7 @@ class ModelFacts(NamedTuple):
     mtp_bytes: int = 0
     # the layer stack (hwprofile.model.layers.LayerStack): each layer's mixer and MLP, each attention
     # kind's shape, the recurrent state's dimensions; None where not read (catalog entries)
-    stack: Any = None
+    stack: Any = None  # LayerStack | None once plan/ narrows it (plan/memory, engine, gpu, cpu, candidates)
 
     @property
     def full_layers(self) -> int:

@@ -97,7 +97,7 @@ def checkpoint_bytes(path: str | os.PathLike[str]) -> tuple[int, str]:
     return 0, "estimate"
 
 
-def _check_index(index: Any, index_path: str, path: str) -> int | None:
+def _check_index(index: object, index_path: str, path: str) -> int | None:
     """metadata.total_size of a safetensors index, after checking its shape and its shards."""
     if not isinstance(index, dict):
         raise ConfigError(f"{index_path}: expected a JSON object, got {show_value(index)}")

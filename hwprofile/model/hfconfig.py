@@ -43,7 +43,7 @@ _LIMITS: dict[str, tuple[int, int]] = {
 }
 
 
-def show_value(v: Any) -> str:
+def show_value(v: object) -> str:
     """``v`` as an error message shows it: JSON, cut at 60 characters; objects and lists by kind."""
     if isinstance(v, dict):
         return "an object"
@@ -65,7 +65,7 @@ class _Keys:
     def name(self, key: str) -> str:
         return f"{self.prefix}text_config.{key}" if key in self.text_keys else f"{self.prefix}{key}"
 
-    def bad(self, key: str, expected: str, v: Any) -> ValueError:
+    def bad(self, key: str, expected: str, v: object) -> ValueError:
         return ValueError(f"{self.name(key)}: expected {expected}, got {show_value(v)}")
 
     def integer(self, key: str, default: int | None = None) -> int | None:
@@ -112,10 +112,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     tie = bool(k.flag("tie_word_embeddings"))
     # some configs write false for "no window"
     window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
-    k.flag("use_sliding_window")
-    k.integer("sliding_window_pattern")
-    _string_list(k, "layer_types")
-    k.text("model_type")
+    _check_read_elsewhere(k)
     archs = _string_list(k, "architectures")
     sliding = _sliding_layers(cfg, layers)
     if sliding > layers:
@@ -161,6 +158,15 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         mtp_bytes=loaded.by_part["mtp"],
         stack=stack,
     )
+
+
+def _check_read_elsewhere(k: _Keys) -> None:
+    """The keys read elsewhere (layer kinds, the model type), checked here for their type: a
+    ``ValueError`` names the key."""
+    k.flag("use_sliding_window")
+    k.integer("sliding_window_pattern")
+    _string_list(k, "layer_types")
+    k.text("model_type")
 
 
 def _language_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:

@@ -30,6 +30,10 @@ from ..config import ConfigError
 from ..errors import HwprofileError, OperationError, RefusedError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from huggingface_hub import HfApi, ModelInfo
+
     from .facts import ModelFacts
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -205,11 +209,11 @@ def load_record(cache: str, repo: str, commit: str) -> dict[str, Any] | None:
     return doc if _record_ok(doc, commit) else None
 
 
-def _count(v: Any) -> bool:
+def _count(v: object) -> bool:
     return type(v) is int and v >= 0
 
 
-def _record_ok(doc: Any, commit: str) -> bool:
+def _record_ok(doc: object, commit: str) -> bool:
     """A record of this schema and commit whose every value has its type (one that does not is
     fetched again, not trusted: the cache is a place others may write)."""
     if not (isinstance(doc, dict) and doc.get("schema") == RECORD_SCHEMA and doc.get("commit") == commit):
@@ -424,7 +428,7 @@ def _no_weights(files: dict[str, int | None], repo: str, ep: str) -> HwprofileEr
     )
 
 
-def _header_dtypes(api: Any, repo: str, commit: str, shards: list[str], t: float) -> dict[str, int]:
+def _header_dtypes(api: HfApi, repo: str, commit: str, shards: list[str], t: float) -> dict[str, int]:
     """Parameters per safetensors dtype over a sample of the shards (their headers only)."""
     counts: dict[str, int] = {}
     for shard in shards[:MAX_HEADERS]:
@@ -552,7 +556,7 @@ def _listed_bytes(
     return known, total, source
 
 
-def _file_list(info: Any, label: str, ep: str) -> dict[str, int | None]:
+def _file_list(info: ModelInfo, label: str, ep: str) -> dict[str, int | None]:
     """The repository's files and their sizes (None: not said) from the Hub's model info; it must
     hold a config.json."""
     files: dict[str, int | None] = {}
@@ -645,10 +649,12 @@ def _install_bounds(cancelled: threading.Event) -> None:
     _CANCEL[threading.get_ident()] = cancelled
 
     class Capped(httpx2.SyncByteStream):
-        def __init__(self, inner: Any, cap: int, what: str, event: threading.Event | None) -> None:
+        def __init__(
+            self, inner: httpx2.SyncByteStream, cap: int, what: str, event: threading.Event | None
+        ) -> None:
             self.inner, self.cap, self.what, self.event = inner, cap, what, event
 
-        def __iter__(self) -> Any:
+        def __iter__(self) -> Iterator[bytes]:
             n = 0
             for chunk in self.inner:
                 n += len(chunk)
@@ -666,7 +672,7 @@ def _install_bounds(cancelled: threading.Event) -> None:
             if close is not None:
                 close()
 
-    def hook(response: Any) -> None:
+    def hook(response: httpx2.Response) -> None:
         bound = getattr(_BOUND, "cap", None)
         if bound is None or not isinstance(response.stream, httpx2.SyncByteStream):
             return

@@ -398,7 +398,7 @@ _BLOCK_CHARS = {
 }
 
 
-def pattern_of_blocks(blocks: Any) -> str | None:
+def pattern_of_blocks(blocks: object) -> str | None:
     """Nemotron-H's ``layers_block_type`` (transformers 5: ``mamba``/``linear_attention``,
     ``attention``/``full_attention``, ``mlp``, ``moe`` per layer) as a ``hybrid_override_pattern``."""
     if (

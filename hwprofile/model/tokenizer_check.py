@@ -100,7 +100,7 @@ def _read_json(path: str, limit: int) -> Any:
         return json.load(f)
 
 
-def _role_text(value: Any) -> str | None:
+def _role_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from .layers import LayerKind
+
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
 MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")
 
@@ -193,7 +195,7 @@ def _vec(name: str, part: str, n: int, count: int = 1, active: int = -1) -> Tens
     return Tensor(name, part, 1, n, count, active, linear=False, vector=True)
 
 
-def _attention(c: dict[str, Any], s: _Shape, kind: Any, p: str, part: str) -> list[Tensor]:
+def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> list[Tensor]:
     """Softmax attention (full, sliding, chunked) or MLA; ``p`` is the module prefix."""
     h = s.hidden
     heads = getattr(kind, "num_heads", None) or s.heads
@@ -420,7 +422,7 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     return out
 
 
-def _layer(c: dict[str, Any], s: _Shape, kind: Any, p: str, part: str) -> list[Tensor]:
+def _layer(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> list[Tensor]:
     mixer, mlp = kind.mixer, kind.mlp
     if mixer not in MIXERS or mlp not in MLPS:
         raise ValueError(f"unknown layer kind {mixer!r}/{mlp!r}")
@@ -586,7 +588,7 @@ def _vit_vision(v: dict[str, Any], p: str, part: str, d: _VisionDims, text_hidde
 # --------------------------------------------------------------------------- the model
 
 
-def tensors(cfg: dict[str, Any], kinds: Sequence[Any]) -> list[Tensor]:
+def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     """Every parameter tensor of the model whose config.json is ``cfg`` (multimodal wrapper
     included) and whose decoder layers are ``kinds``."""
     c = flat_config(cfg)
@@ -617,7 +619,7 @@ def breakdown(ts: Sequence[Tensor]) -> ParamBreakdown:
     return ParamBreakdown(**by, total=sum(by.values()), active=active)
 
 
-def count_params(cfg: dict[str, Any], kinds: Sequence[Any]) -> ParamBreakdown:
+def count_params(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> ParamBreakdown:
     """Parameters per part (decoder, embedding, LM head, vision, MTP), the total, and those read per
     decoded token (the language model with only the routed experts)."""
     return breakdown(tensors(cfg, kinds))
@@ -778,7 +780,7 @@ def _qint(q: dict[str, Any], key: str, lo: int, hi: int, default: int | None = N
     return v
 
 
-def _strs(v: Any) -> tuple[str, ...]:
+def _strs(v: object) -> tuple[str, ...]:
     if isinstance(v, str):
         return (v,)
     if isinstance(v, list):
@@ -1010,7 +1012,9 @@ class WeightBytes(NamedTuple):
         return self.total - drop
 
 
-def weights_bytes(cfg: dict[str, Any], kinds: Sequence[Any], *, language_only: bool = False) -> WeightBytes:
+def weights_bytes(
+    cfg: dict[str, Any], kinds: Sequence[LayerKind], *, language_only: bool = False
+) -> WeightBytes:
     """Bytes of every tensor at the checkpoint's quantization; ``language_only`` leaves the vision
     tower out of ``total`` (and of ``by_part``)."""
     q = read_quant(cfg)
