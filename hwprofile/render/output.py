@@ -96,7 +96,7 @@ def _utf8(value: str, what: str) -> str:
     return value
 
 
-def label(value: Any) -> str:
+def label(value: object) -> str:
     """Free text for a comment or a description: one line, whatever it holds. Backslashes are
     doubled and control, format and line-separator characters are shown as C/Unicode escapes, so
     the text can neither end a line nor end in a backslash (a continuation in systemd files)."""
@@ -104,12 +104,12 @@ def label(value: Any) -> str:
     return "".join("\\\\" if c == "\\" else _escape(c) if _unsafe(c) else c for c in text)
 
 
-def systemd_text(value: Any) -> str:
+def systemd_text(value: object) -> str:
     """Free text for a systemd directive that expands specifiers (``Description=``)."""
     return label(value).replace("%", "%%")
 
 
-def systemd_quote(arg: Any, what: str = "an ExecStart= argument") -> str:
+def systemd_quote(arg: object, what: str = "an ExecStart= argument") -> str:
     """One word of an ``ExecStart=`` line, read back by systemd as exactly ``arg`` (see
     systemd.service(5), "Command lines"): specifiers doubled (``%%``), variables doubled (``$$``),
     anything else than plain characters in double quotes with C escapes for ``\\``, ``"`` and
@@ -151,14 +151,14 @@ def systemd_path(path: str, what: str) -> str:
     return path.replace("%", "%%")
 
 
-def env_name(name: Any, what: str = "environment variable name") -> str:
+def env_name(name: object, what: str = "environment variable name") -> str:
     name = str(name)
     if not _ENV_NAME.fullmatch(name):
         raise UnsafeValue(f"{what} {_show(name)} is not a valid name (letters, digits, _; not a digit first)")
     return name
 
 
-def env_quote(value: Any, what: str = "an environment value") -> _Quoted:
+def env_quote(value: object, what: str = "an environment value") -> _Quoted:
     """A value for an environment file that systemd (``EnvironmentFile=``) and a POSIX shell
     (``set -a; . FILE``) both read back as exactly ``value``: plain characters as they are, else
     single quotes (nothing inside is special to either), a ``'`` as ``'"'"'``. Newlines and tabs
@@ -175,7 +175,7 @@ def env_quote(value: Any, what: str = "an environment value") -> _Quoted:
     return _Quoted("'" + value.replace("'", "'\"'\"'") + "'")
 
 
-def to_yaml(data: Any) -> _Quoted:
+def to_yaml(data: object) -> _Quoted:
     import yaml
 
     return _Quoted(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=1000).rstrip("\n"))
@@ -187,7 +187,7 @@ def shell_join(argv: list[str]) -> _Quoted:
     return _Quoted(shlex.join(argv))
 
 
-def _finalize(value: Any) -> Any:
+def _finalize(value: object) -> object:
     """The last guard: no template expression puts a line break or control character into a file
     unless a quoting filter made it safe for its format."""
     if isinstance(value, _Quoted) or not isinstance(value, str):
@@ -259,18 +259,20 @@ NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-
 NVIDIA_DEVICE_GROUPS = ("char-nvidia-frontend", "char-nvidia")
 
 
-def device_allow(minors: Any, gpus: int) -> list[str]:
+def device_allow(minors: object, gpus: int) -> list[str]:
     """The ``DeviceAllow=`` entries of a CUDA instance with ``gpus`` GPUs whose device minors (the
     plan's ``gpu_minors``) are ``minors``: its GPUs as ``/dev/nvidia<minor>``, named after the minor,
     which need not be the NVML index. When any minor is unknown (a snapshot taken before minors
     were recorded, a driver that did not say), the index is never used in its place: the unit
     allows :data:`NVIDIA_DEVICE_GROUPS` instead, all of the driver's GPUs."""
-    known = (
+    if (
         isinstance(minors, list)
         and len(minors) == gpus
         and all(type(m) is int and 0 <= m <= MAX_DEVICE_MINOR for m in minors)
-    )
-    gpu_devices = [f"/dev/nvidia{m}" for m in minors] if known else list(NVIDIA_DEVICE_GROUPS)
+    ):
+        gpu_devices = [f"/dev/nvidia{m}" for m in minors]
+    else:
+        gpu_devices = list(NVIDIA_DEVICE_GROUPS)
     return [*NVIDIA_CONTROL_DEVICES, *gpu_devices]
 
 
@@ -402,5 +404,6 @@ def _same_yaml(text: str, config: dict[str, Any]) -> None:
     """The YAML file must read back as exactly the mapping it was made from."""
     import yaml
 
-    if yaml.safe_load(text) != config:
+    # libyaml's safe loader where PyYAML has it (as config.yamlsrc reads every file)
+    if yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) != config:
         raise UnsafeValue("the --config YAML does not read back as the planned settings")

@@ -79,33 +79,13 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
     the other nodes. The Ray backend (``layout.multinode_backend=ray``, or a release without
     ``--nnodes``): ``--distributed-executor-backend ray`` on node 0, the Ray cluster started first
     (the commands are said; hwprofile does not run Ray)."""
-    k, n = inst.node, int(inst.nnodes)
-    addr, port = str(inst.master_addr), int(inst.master_port)
+    if inst.nnodes is ABSENT or inst.master_addr is ABSENT or inst.master_port is ABSENT:
+        raise ValueError(f"{inst.name}: not one of a multi-node group (no nnodes, master_addr, master_port)")
+    k, n = inst.node, inst.nnodes
+    addr, port = inst.master_addr, inst.master_port
     out: list[Pair] = []
     if inst.ranks > 1:  # one data-parallel rank per node
-        need = (
-            "--data-parallel-size",
-            "--data-parallel-size-local",
-            "--data-parallel-address",
-            "--data-parallel-rpc-port",
-            "--headless",
-            "--data-parallel-start-rank",
-        )
-        missing = [f for f in need if not rel.has(f)]
-        if missing:
-            raise Unrenderable(
-                f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} ({first_with_all(need)}+): "
-                "data parallel across nodes needs them; plan each node alone instead"
-            )
-        out += [
-            ("--data-parallel-size", inst.ranks),
-            ("--data-parallel-size-local", 1),
-            ("--data-parallel-address", addr),
-            ("--data-parallel-rpc-port", port),
-        ]
-        if k:
-            out += [("--headless", None), ("--data-parallel-start-rank", k)]
-        return out
+        return _nodes_data_parallel(inst, rel, addr, port)
     backend = str(inst.node_backend) if inst.node_backend is not ABSENT else "mp"
     if backend == "mp" and all(
         rel.has(f) for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")
@@ -114,6 +94,40 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
         if k:
             out.append(("--headless", None))
         return out
+    return _nodes_ray(inst, rel, backend, addr, warnings)
+
+
+def _nodes_data_parallel(inst: InstancePlan, rel: Release, addr: str, port: int) -> list[Pair]:
+    """Data parallel across nodes, one rank per node: the flags of node ``inst.node``."""
+    need = (
+        "--data-parallel-size",
+        "--data-parallel-size-local",
+        "--data-parallel-address",
+        "--data-parallel-rpc-port",
+        "--headless",
+        "--data-parallel-start-rank",
+    )
+    missing = [f for f in need if not rel.has(f)]
+    if missing:
+        raise Unrenderable(
+            f"{inst.name}: vLLM {rel.table} has no {', '.join(missing)} ({first_with_all(need)}+): "
+            "data parallel across nodes needs them; plan each node alone instead"
+        )
+    out: list[Pair] = [
+        ("--data-parallel-size", inst.ranks),
+        ("--data-parallel-size-local", 1),
+        ("--data-parallel-address", addr),
+        ("--data-parallel-rpc-port", port),
+    ]
+    if inst.node:
+        out += [("--headless", None), ("--data-parallel-start-rank", inst.node)]
+    return out
+
+
+def _nodes_ray(inst: InstancePlan, rel: Release, backend: str, addr: str, warnings: list[str]) -> list[Pair]:
+    """One model over several nodes on a Ray cluster: node 0's flag and the cluster's commands said
+    (any other node runs no vLLM: Unrenderable, with the command it runs instead)."""
+    k = inst.node
     if not rel.has("--distributed-executor-backend"):
         raise Unrenderable(f"{inst.name}: vLLM {rel.table} cannot run one model over several nodes")
     why = (
@@ -131,8 +145,7 @@ def _nodes(inst: InstancePlan, rel: Release, warnings: list[str]) -> list[Pair]:
         f"--node-ip-address {addr} --port {RAY_PORT}`, on every other node `ray start --address {addr}:{RAY_PORT}`"
         " — then only this node runs vLLM"
     )
-    out.append(("--distributed-executor-backend", "ray"))
-    return out
+    return [("--distributed-executor-backend", "ray")]
 
 
 class Argv:
@@ -146,11 +159,11 @@ class Argv:
         self.prefix: list[str] = []
         self.warnings: list[str] = []
 
-    def put(self, flag: str, value: Any = None) -> None:
+    def put(self, flag: str, value: object = None) -> None:
         """``flag`` as it is (the caller checked the release has it)."""
         self.args.append((flag, value))
 
-    def add(self, flag: str, value: Any = None, why_missing: str | None = None) -> bool:
+    def add(self, flag: str, value: object = None, why_missing: str | None = None) -> bool:
         """``flag`` where the release has it, else a warning; whether it was emitted."""
         if self.rel.has(flag):
             self.put(flag, value)
@@ -171,7 +184,7 @@ class Argv:
         )
         return None
 
-    def replace(self, flag: str, value: Any) -> None:
+    def replace(self, flag: str, value: object) -> None:
         """The value of ``flag``, already emitted, changed in place."""
         i = next(n for n, (f, _) in enumerate(self.args) if f == flag)
         self.args[i] = (flag, value)
@@ -360,8 +373,9 @@ def emit_gpu_devices(t: Target, out: Argv) -> None:
     out.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's (hwprofile's) numbering
     if e.mamba_cache_mode is not ABSENT:  # a hybrid: its prefill kernels fragment the allocator
         out.env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    uuids = [u for u in inst.gpu_uuids or () if u]  # ABSENT on the CPU instance; None: unknown
-    if rel.uuid_visible_devices() and uuids and len(uuids) == len(inst.gpu_uuids):
+    known = inst.gpu_uuids or ()  # ABSENT on the CPU instance
+    uuids = [u for u in known if u]  # None: unknown
+    if rel.uuid_visible_devices() and uuids and len(uuids) == len(known):
         # UUIDs survive a renumbering (a GPU lost or added); vLLM maps them back to NVML indexes
         out.env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     else:
@@ -535,7 +549,7 @@ def render_instance(
     )
 
 
-def _fixed_k(by_batch: Sequence[Sequence[Any]], max_seqs: int, k: int) -> int:
+def _fixed_k(by_batch: Sequence[tuple[int, int | None, int]], max_seqs: int, k: int) -> int:
     """The k to run at every load where the release cannot vary it: the k of the band covering the
     most batch sizes in [1, max_num_seqs] among the bands that still speculate (k >= 2)."""
     best, width = None, 0

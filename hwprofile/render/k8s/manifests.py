@@ -162,6 +162,57 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
     r = w.rendered[k]
     pod = w.pod_plans[k].instances[0]
     headless = pod.headless
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": image_of(opts),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["hwprofile"],
+        "args": _launch_args(w, rank),
+        "env": _pod_env(r, opts, rank),
+        "resources": {
+            "requests": {"cpu": str(s.cpu), "memory": quantity(s.memory), "nvidia.com/gpu": str(s.gpus)},
+            "limits": {"nvidia.com/gpu": str(s.gpus)},
+        },
+        "volumeMounts": _volume_mounts(),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    ports = _ports(w, k)
+    if ports:
+        container["ports"] = ports
+    if not headless:
+        container["startupProbe"] = _probe("/health", PROBE_PERIOD_S, s.startup_failures)
+        container["readinessProbe"] = _probe("/health", READY_PERIOD_S, READY_FAILURES)
+    # the daemon restarts vLLM itself (failures, degrades): the kubelet restarts the container only when
+    # the daemon's own loop stops ticking (a headless rank's daemon too)
+    container["livenessProbe"] = _probe("/livez", PROBE_PERIOD_S, s.liveness_failures)
+    return {
+        "nodeSelector": dict(w.target.selector),
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,  # a Service called vllm would set VLLM_PORT=tcp://..., which vLLM reads
+        "terminationGracePeriodSeconds": s.grace_s,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": _volumes(w, s),
+    }
+
+
+def _pod_env(r: Rendered, opts: Options, rank: int | None) -> list[dict[str, Any]]:
+    """The container's environment: caches under the emptyDirs, the Hugging Face token and the API
+    key from their Secrets, and a group worker's rank from LeaderWorkerSet's index label."""
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
@@ -188,73 +239,45 @@ def pod_spec(w: Workload, opts: Options, rank: int | None) -> dict[str, Any]:
                 "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_INDEX_LABEL}']"}},
             }
         )
+    return env
+
+
+def _ports(w: Workload, k: int) -> list[dict[str, Any]]:
+    """The API server's port (not on a headless rank) and hwprofile's exporter (when it has one)."""
+    pod = w.pod_plans[k].instances[0]
     ports: list[dict[str, Any]] = []
-    if not headless:
+    if not pod.headless:
         ports.append({"name": "http", "containerPort": int(pod.server.port), "protocol": "TCP"})
     metrics_port = int(w.pod_plans[k].watch.metrics_port)
     if metrics_port:
         ports.append({"name": "hwprofile", "containerPort": metrics_port, "protocol": "TCP"})
-    container: dict[str, Any] = {
-        "name": "vllm",
-        "image": image_of(opts),
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["hwprofile"],
-        "args": _launch_args(w, rank),
-        "env": env,
-        "resources": {
-            "requests": {"cpu": str(s.cpu), "memory": quantity(s.memory), "nvidia.com/gpu": str(s.gpus)},
-            "limits": {"nvidia.com/gpu": str(s.gpus)},
-        },
-        "volumeMounts": [
-            {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": CACHE_DIR},
-            {"name": "runtime", "mountPath": RUNTIME_DIR},
-            {"name": "state", "mountPath": STATE_DIR},
-            {"name": "logs", "mountPath": LOG_DIR},
-            {"name": "plan", "mountPath": POD_ROOT, "readOnly": True},
-        ],
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
-    if ports:
-        container["ports"] = ports
-    if not headless:
-        container["startupProbe"] = _probe("/health", PROBE_PERIOD_S, s.startup_failures)
-        container["readinessProbe"] = _probe("/health", READY_PERIOD_S, READY_FAILURES)
-    # the daemon restarts vLLM itself (failures, degrades): the kubelet restarts the container only when
-    # the daemon's own loop stops ticking (a headless rank's daemon too)
-    container["livenessProbe"] = _probe("/livez", PROBE_PERIOD_S, s.liveness_failures)
-    return {
-        "nodeSelector": dict(w.target.selector),
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,  # a Service called vllm would set VLLM_PORT=tcp://..., which vLLM reads
-        "terminationGracePeriodSeconds": s.grace_s,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(s.shm)}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": quantity(s.tmp)}},
-            {"name": "cache", "emptyDir": {"sizeLimit": quantity(s.cache)}},
-            {"name": "runtime", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
-            {"name": "state", "emptyDir": {"sizeLimit": "16Mi"}},
-            {"name": "logs", "emptyDir": {"sizeLimit": quantity(s.logs)}},
-            {"name": "plan", "configMap": {"name": f"{w.name}-plan"}},
-        ],
-    }
+    return ports
+
+
+def _volume_mounts() -> list[dict[str, Any]]:
+    """Where the container sees the pod's volumes: every path it writes is an emptyDir."""
+    return [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "runtime", "mountPath": RUNTIME_DIR},
+        {"name": "state", "mountPath": STATE_DIR},
+        {"name": "logs", "mountPath": LOG_DIR},
+        {"name": "plan", "mountPath": POD_ROOT, "readOnly": True},
+    ]
+
+
+def _volumes(w: Workload, s: Sizes) -> list[dict[str, Any]]:
+    """The pod's emptyDirs (sized) and its plan ConfigMap."""
+    return [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(s.shm)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": quantity(s.tmp)}},
+        {"name": "cache", "emptyDir": {"sizeLimit": quantity(s.cache)}},
+        {"name": "runtime", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        {"name": "state", "emptyDir": {"sizeLimit": "16Mi"}},
+        {"name": "logs", "emptyDir": {"sizeLimit": quantity(s.logs)}},
+        {"name": "plan", "configMap": {"name": f"{w.name}-plan"}},
+    ]
 
 
 def _digest(data: dict[str, str], image: str, args: Sequence[str]) -> str:
@@ -296,57 +319,10 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
         )
     )
     if not group:
-        out.append(
-            (
-                _workload_comments(w, s),
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "metadata": _meta(w, w.name, opts, annotations),
-                    "spec": {
-                        "replicas": w.replicas,
-                        "selector": {"matchLabels": labels},
-                        # no surge: a new pod needs GPUs an old one still holds
-                        "strategy": {
-                            "type": "RollingUpdate",
-                            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-                        },
-                        "progressDeadlineSeconds": s.progress_deadline_s,
-                        "template": {"metadata": template_meta, "spec": pod_spec(w, opts, 0)},
-                    },
-                },
-            )
-        )
+        out.append((_workload_comments(w, s), _deployment(w, opts, annotations, template_meta, s)))
         selector = dict(labels)
     else:
-        leader = {
-            "labels": {**labels, "hwprofile.io/role": "leader"},
-            "annotations": template_meta["annotations"],
-        }
-        worker = {
-            "labels": {**labels, "hwprofile.io/role": "worker"},
-            "annotations": template_meta["annotations"],
-        }
-        out.append(
-            (
-                _workload_comments(w, s),
-                {
-                    "apiVersion": "leaderworkerset.x-k8s.io/v1",
-                    "kind": "LeaderWorkerSet",
-                    "metadata": _meta(w, w.name, opts, annotations),
-                    "spec": {
-                        "replicas": 1,  # the inventory names group 0's pods
-                        "startupPolicy": "LeaderCreated",
-                        "leaderWorkerTemplate": {
-                            "size": len(w.pod_plans),
-                            "restartPolicy": "RecreateGroupOnPodRestart",  # one node lost: the group re-forms
-                            "leaderTemplate": {"metadata": leader, "spec": pod_spec(w, opts, 0)},
-                            "workerTemplate": {"metadata": worker, "spec": pod_spec(w, opts, None)},
-                        },
-                    },
-                },
-            )
-        )
+        out.append((_workload_comments(w, s), _leader_worker_set(w, opts, annotations, template_meta)))
         selector = {**labels, "hwprofile.io/role": "leader"}
     port = int(w.pod_plans[0].instances[0].server.port)
     out.append(
@@ -365,16 +341,75 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
         )
     )
 
-    def relabel(job: str) -> list[dict[str, Any]]:
-        """The labels monitoring/rules and the dashboard group by: ``job`` as in
-        monitoring/prometheus.yml (a PodMonitor's own would be <namespace>/<name>), ``host`` = the node."""
-        return [
-            {"targetLabel": "job", "replacement": job},
-            {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host"},
-        ]
+    out.append(_pod_monitor(w, opts, labels))
+    return out
 
+
+def _deployment(
+    w: Workload, opts: Options, annotations: dict[str, str], template_meta: dict[str, Any], s: Sizes
+) -> dict[str, Any]:
+    """The Deployment of a workload whose pods stand alone."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(w, w.name, opts, annotations),
+        "spec": {
+            "replicas": w.replicas,
+            "selector": {"matchLabels": template_meta["labels"]},
+            # no surge: a new pod needs GPUs an old one still holds
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "progressDeadlineSeconds": s.progress_deadline_s,
+            "template": {"metadata": template_meta, "spec": pod_spec(w, opts, 0)},
+        },
+    }
+
+
+def _leader_worker_set(
+    w: Workload, opts: Options, annotations: dict[str, str], template_meta: dict[str, Any]
+) -> dict[str, Any]:
+    """The LeaderWorkerSet of a workload whose pods form one group over several nodes."""
+    labels = template_meta["labels"]
+    leader = {
+        "labels": {**labels, "hwprofile.io/role": "leader"},
+        "annotations": template_meta["annotations"],
+    }
+    worker = {
+        "labels": {**labels, "hwprofile.io/role": "worker"},
+        "annotations": template_meta["annotations"],
+    }
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(w, w.name, opts, annotations),
+        "spec": {
+            "replicas": 1,  # the inventory names group 0's pods
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": len(w.pod_plans),
+                "restartPolicy": "RecreateGroupOnPodRestart",  # one node lost: the group re-forms
+                "leaderTemplate": {"metadata": leader, "spec": pod_spec(w, opts, 0)},
+                "workerTemplate": {"metadata": worker, "spec": pod_spec(w, opts, None)},
+            },
+        },
+    }
+
+
+def _relabel(job: str) -> list[dict[str, Any]]:
+    """The labels monitoring/rules and the dashboard group by: ``job`` as in
+    monitoring/prometheus.yml (a PodMonitor's own would be <namespace>/<name>), ``host`` = the node."""
+    return [
+        {"targetLabel": "job", "replacement": job},
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host"},
+    ]
+
+
+def _pod_monitor(w: Workload, opts: Options, labels: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+    """The PodMonitor of vLLM's /metrics (and hwprofile's exporter, when the plan has one)."""
     endpoints: list[dict[str, Any]] = [
-        {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel("vllm")}
+        {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": _relabel("vllm")}
     ]
     comments = [
         f"{w.name}: vLLM's /metrics on the http port (every pod with an API server); job and host "
@@ -382,24 +417,21 @@ def manifests(w: Workload, opts: Options) -> list[tuple[list[str], dict[str, Any
     ]
     if int(w.pod_plans[0].watch.metrics_port):
         endpoints.append(
-            {"port": "hwprofile", "path": "/metrics", "interval": "15s", "relabelings": relabel("hwprofile")}
+            {"port": "hwprofile", "path": "/metrics", "interval": "15s", "relabelings": _relabel("hwprofile")}
         )
         comments.append(
             f"and hwprofile's exporter (watch.metrics_port {int(w.pod_plans[0].watch.metrics_port)}, on the "
             "pod's address: watch.metrics_host=0.0.0.0)"
         )
-    out.append(
-        (
-            comments,
-            {
-                "apiVersion": "monitoring.coreos.com/v1",
-                "kind": "PodMonitor",
-                "metadata": _meta(w, w.name, opts),
-                "spec": {"selector": {"matchLabels": dict(labels)}, "podMetricsEndpoints": endpoints},
-            },
-        )
+    return (
+        comments,
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": _meta(w, w.name, opts),
+            "spec": {"selector": {"matchLabels": dict(labels)}, "podMetricsEndpoints": endpoints},
+        },
     )
-    return out
 
 
 def _workload_comments(w: Workload, s: Sizes) -> list[str]:
@@ -464,7 +496,7 @@ def _dumper() -> type:
         """safe_dump without anchors and aliases (each manifest spelled out), and the ConfigMap's
         files as literal blocks where YAML can say them so (else quoted, as safe_dump would)."""
 
-        def ignore_aliases(self, data: Any) -> bool:
+        def ignore_aliases(self, data: object) -> bool:
             return True
 
     def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -519,25 +551,7 @@ def router_manifests(workloads: Sequence[Workload], opts: Options) -> list[tuple
     meta: dict[str, Any] = {"name": ROUTER_NAME, "labels": labels}
     if opts.namespace:
         meta["namespace"] = opts.namespace
-    container = {
-        "name": "vllm-router",
-        "image": opts.router_image,
-        "command": [argv[0]],
-        "args": argv[1:],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
-        "readinessProbe": {
-            "httpGet": {"path": "/readiness", "port": "http"},
-            "periodSeconds": 5,
-            "failureThreshold": 3,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-            "initialDelaySeconds": 10,
-        },
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-    }
+    container = _router_container(opts, argv)
     deploy = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -563,6 +577,29 @@ def router_manifests(workloads: Sequence[Workload], opts: Options) -> list[tuple
         "the one URL for clients; the API key stays with vLLM (the router passes Authorization through)"
     )
     return [([note], deploy), ([f"{ROUTER_NAME}: its Service, port {ROUTER_PORT}"], service)]
+
+
+def _router_container(opts: Options, argv: Sequence[str]) -> dict[str, Any]:
+    """The router's container: its command line, port and probes."""
+    return {
+        "name": "vllm-router",
+        "image": opts.router_image,
+        "command": [argv[0]],
+        "args": list(argv[1:]),
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/readiness", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            "initialDelaySeconds": 10,
+        },
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
 
 
 def render_k8s(targets: Sequence[Target], opts: Options, header: Sequence[str] = ()) -> tuple[str, list[str]]:

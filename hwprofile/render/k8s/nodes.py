@@ -152,21 +152,8 @@ def class_snapshot(
         "plugin shows them",
         "no memory reserved by the driver known from labels: the whole label memory counted",
     ]
-    major, minor = labels.get(COMPUTE_MAJOR), labels.get(COMPUTE_MINOR)
-    if isinstance(major, str) and isinstance(minor, str) and major.isdigit() and minor.isdigit():
-        cc: str | None = f"{int(major)}.{int(minor)}"
-    else:
-        cc = str(row["compute_capability"]) if row and row.get("compute_capability") else None
-        assumed.append(f"compute capability {cc or 'unknown'} from the datasheet (no GFD compute labels)")
-    sxm = bool(row and row.get("nvlink") and "SXM" in str(row["name"]).upper())
-    links = int(row.get("nvlink_bandwidth_gbs") or 0) // 50 if sxm and row else 0
-    if sxm and links:
-        assumed.append(
-            f"NVLink between every pair of GPUs ({links} links each, NVSwitch), as SXM boards of "
-            f"{row['name'] if row else name} have; labels say nothing of topology"
-        )
-    else:
-        assumed.append("no NVLink and no PCIe topology: labels say nothing of how the GPUs are linked")
+    cc = _compute_capability(labels, row, assumed)
+    links = _nvlinks(row, name, assumed)
     cpus = quantity(_map(status.get("capacity")).get("cpu"))
     mem = quantity(_map(status.get("capacity")).get("memory"))
     gpu_list = tuple(
@@ -195,6 +182,33 @@ def class_snapshot(
     return snapshot_from_dict(snap.to_dict(), f"the labels of {hostname}"), tuple(assumed)
 
 
+def _compute_capability(
+    labels: Mapping[str, Any], row: Mapping[str, Any] | None, assumed: list[str]
+) -> str | None:
+    """The compute capability from GFD's labels, else the datasheet's (said in ``assumed``)."""
+    major, minor = labels.get(COMPUTE_MAJOR), labels.get(COMPUTE_MINOR)
+    if isinstance(major, str) and isinstance(minor, str) and major.isdigit() and minor.isdigit():
+        return f"{int(major)}.{int(minor)}"
+    cc = str(row["compute_capability"]) if row and row.get("compute_capability") else None
+    assumed.append(f"compute capability {cc or 'unknown'} from the datasheet (no GFD compute labels)")
+    return cc
+
+
+def _nvlinks(row: Mapping[str, Any] | None, name: str, assumed: list[str]) -> int:
+    """NVLink links per GPU assumed between every pair (SXM boards with a datasheet bandwidth), else 0;
+    what was assumed said in ``assumed``."""
+    sxm = bool(row and row.get("nvlink") and "SXM" in str(row["name"]).upper())
+    links = int(row.get("nvlink_bandwidth_gbs") or 0) // 50 if sxm and row else 0
+    if sxm and links:
+        assumed.append(
+            f"NVLink between every pair of GPUs ({links} links each, NVSwitch), as SXM boards of "
+            f"{row['name'] if row else name} have; labels say nothing of topology"
+        )
+    else:
+        assumed.append("no NVLink and no PCIe topology: labels say nothing of how the GPUs are linked")
+    return links
+
+
 def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass], list[str]]:
     """The GPU classes of a ``kubectl get nodes -o json`` document (a ``List`` of ``Node``, or one
     ``Node``), largest first, and a warning for each node left out and why."""
@@ -207,49 +221,11 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
     if len(items) > MAX_NODES:
         raise ValueError(f"{len(items)} nodes: more than {MAX_NODES}")
     warnings: list[str] = []
-    groups: dict[tuple[str, int, int], list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]] = {}
+    groups: dict[tuple[str, int, int], list[_Member]] = {}
     for n, item in enumerate(items):
-        meta = _map(_map(item).get("metadata"))
-        name = meta.get("name")
-        node = name if valid_node_name(name) else f"items[{n}]"  # never a name the API server refuses
-        labels = _map(meta.get("labels"))
-        status = _map(_map(item).get("status"))
-        product = labels.get(PRODUCT)
-        if product is None:
-            continue  # no GPU Feature Discovery labels: not a GPU node (or GFD does not run there)
-        if not valid_label_value(product):
-            warnings.append(f"node {node}: {PRODUCT} {product!r} is not a valid label value: left out")
-            continue
-        if "-MIG-" in product or product.endswith("-SHARED"):
-            warnings.append(
-                f"node {node}: {PRODUCT} {product} is a MIG slice or a shared GPU: hwprofile plans "
-                "whole GPUs only: left out"
-            )
-            continue
-        sharing = labels.get(SHARING)
-        if sharing not in (None, "none"):
-            warnings.append(f"node {node}: {SHARING} {sharing!r}: GPUs shared between pods: left out")
-            continue
-        memory = _count(labels.get(MEMORY), 1, 1 << 24)
-        if memory is None:
-            warnings.append(f"node {node}: {MEMORY} {labels.get(MEMORY)!r} is not a size in MiB: left out")
-            continue
-        alloc = _count(_map(status.get("allocatable")).get(RESOURCE), 0, MAX_GPUS_PER_NODE)
-        count = _count(labels.get(COUNT), 0, MAX_GPUS_PER_NODE)
-        gpus = alloc if alloc is not None else count
-        if not gpus:
-            warnings.append(f"node {node}: no allocatable {RESOURCE} (count {labels.get(COUNT)!r}): left out")
-            continue
-        if count is not None and alloc is not None and alloc != count:
-            warnings.append(f"node {node}: {alloc} of its {count} GPUs allocatable: planned with {alloc}")
-        if not valid_node_name(name):
-            shown = repr(name)[:80] + ("..." if len(repr(name)) > 80 else "")
-            warnings.append(
-                f"items[{n}]: metadata.name {shown}: not a Kubernetes node name (DNS-1123: a-z, "
-                "0-9, '-', '.'; 253 characters at most): left out"
-            )
-            continue
-        groups.setdefault((product, gpus, memory), []).append((node, labels, status))
+        entry = _node_entry(n, item, warnings)
+        if entry is not None:
+            groups.setdefault(entry[0], []).append(entry[1])
     classes = []
     for (product, gpus, memory), members in groups.items():
         _, labels, status = members[0]  # the first node of the class stands for all of them
@@ -259,6 +235,55 @@ def node_classes(doc: object, vllm_version: str | None) -> tuple[list[NodeClass]
         classes.append(NodeClass(product, gpus, memory, tuple(m[0] for m in members), snap, assumed))
     classes.sort(key=lambda c: (-c.gpu_count * c.memory_mib, c.product, c.gpu_count))
     return classes, warnings
+
+
+_Member = tuple[str, Mapping[str, Any], Mapping[str, Any]]  # a node of a class: name, labels, status
+
+
+def _node_entry(n: int, item: object, warnings: list[str]) -> tuple[tuple[str, int, int], _Member] | None:
+    """Node ``n`` of the list as its class key (product, GPUs, MiB) and member, or None when it is
+    left out (not a GPU node without a word; otherwise with a warning saying why)."""
+    meta = _map(_map(item).get("metadata"))
+    name = meta.get("name")
+    node = name if valid_node_name(name) else f"items[{n}]"  # never a name the API server refuses
+    labels = _map(meta.get("labels"))
+    status = _map(_map(item).get("status"))
+    product = labels.get(PRODUCT)
+    if product is None:
+        return None  # no GPU Feature Discovery labels: not a GPU node (or GFD does not run there)
+    if not valid_label_value(product):
+        warnings.append(f"node {node}: {PRODUCT} {product!r} is not a valid label value: left out")
+        return None
+    if "-MIG-" in product or product.endswith("-SHARED"):
+        warnings.append(
+            f"node {node}: {PRODUCT} {product} is a MIG slice or a shared GPU: hwprofile plans "
+            "whole GPUs only: left out"
+        )
+        return None
+    sharing = labels.get(SHARING)
+    if sharing not in (None, "none"):
+        warnings.append(f"node {node}: {SHARING} {sharing!r}: GPUs shared between pods: left out")
+        return None
+    memory = _count(labels.get(MEMORY), 1, 1 << 24)
+    if memory is None:
+        warnings.append(f"node {node}: {MEMORY} {labels.get(MEMORY)!r} is not a size in MiB: left out")
+        return None
+    alloc = _count(_map(status.get("allocatable")).get(RESOURCE), 0, MAX_GPUS_PER_NODE)
+    count = _count(labels.get(COUNT), 0, MAX_GPUS_PER_NODE)
+    gpus = alloc if alloc is not None else count
+    if not gpus:
+        warnings.append(f"node {node}: no allocatable {RESOURCE} (count {labels.get(COUNT)!r}): left out")
+        return None
+    if count is not None and alloc is not None and alloc != count:
+        warnings.append(f"node {node}: {alloc} of its {count} GPUs allocatable: planned with {alloc}")
+    if not valid_node_name(name):
+        shown = repr(name)[:80] + ("..." if len(repr(name)) > 80 else "")
+        warnings.append(
+            f"items[{n}]: metadata.name {shown}: not a Kubernetes node name (DNS-1123: a-z, "
+            "0-9, '-', '.'; 253 characters at most): left out"
+        )
+        return None
+    return (product, gpus, memory), (node, labels, status)
 
 
 def pod_view(host: HostSnapshot, gpus: tuple[int, ...]) -> HostSnapshot:

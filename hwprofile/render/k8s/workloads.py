@@ -96,7 +96,7 @@ def k8s_name(*parts: str) -> str:
     return slug
 
 
-def set_value(value: Any) -> str:
+def set_value(value: object) -> str:
     """``value`` as ``--set`` reads it back (YAML scalar or JSON flow), exactly."""
     from ...config.layers import _scalar
 
@@ -242,38 +242,53 @@ def plan_workloads(
     for insts in shapes.values():
         inst = insts[0]
         name = base if len(shapes) == 1 else k8s_name(base, f"tp{inst.tensor_parallel_size}x{len(inst.gpus)}")
-        pins = _pins(inst, port, 1, int(plan.watch.metrics_port) or METRICS_PORT)
-        pod_inputs = dataclasses.replace(
-            inputs,
-            host=pod_view(inputs.host, inst.gpus),
-            config_root=POD_ROOT,
-            profile=plan.profile,
-            overrides=(),
-            sets=(*sets, *pins),
-            nodes=(),
-            addresses=(),
-            node_rank=0,
-        )
-        pod_plan = pod_inputs.whole_plan()
-        pod_inst = pod_plan.instances[0]
-        warnings = list(skipped)
-        if len(pod_plan.instances) != 1:
-            raise K8sError(f"{name}: the pod's plan has {len(pod_plan.instances)} instances, not one")
-        warnings += [f"{name}: {d}" for d in _same(inst, pod_inst)]
-        out.append(
-            Workload(
-                name=name,
-                target=target,
-                plan=plan,
-                pod_plans=[pod_plan],
-                pod_inputs=pod_inputs,
-                rendered=[render(pod_plan, pod_inst)],
-                replicas=len(insts) * target.node_count,
-                sets=[*sets, *pins],
-                warnings=warnings,
-            )
-        )
+        out.append(_shape_workload(name, target, inputs, plan, insts, sets, port, render, skipped))
     return out
+
+
+def _shape_workload(
+    name: str,
+    target: Target,
+    inputs: PlanInputs,
+    plan: Plan,
+    insts: list[InstancePlan],
+    sets: list[str],
+    port: int,
+    render: Callable[[Plan, InstancePlan], Rendered],
+    skipped: list[str],
+) -> Workload:
+    """The workload of one instance shape (its instances become replicas): the shape re-planned as
+    its pod sees it (its GPUs only, the shape pinned by ``--set``), rendered, and checked the same."""
+    inst = insts[0]
+    pins = _pins(inst, port, 1, int(plan.watch.metrics_port) or METRICS_PORT)
+    pod_inputs = dataclasses.replace(
+        inputs,
+        host=pod_view(inputs.host, inst.gpus),
+        config_root=POD_ROOT,
+        profile=plan.profile,
+        overrides=(),
+        sets=(*sets, *pins),
+        nodes=(),
+        addresses=(),
+        node_rank=0,
+    )
+    pod_plan = pod_inputs.whole_plan()
+    pod_inst = pod_plan.instances[0]
+    warnings = list(skipped)
+    if len(pod_plan.instances) != 1:
+        raise K8sError(f"{name}: the pod's plan has {len(pod_plan.instances)} instances, not one")
+    warnings += [f"{name}: {d}" for d in _same(inst, pod_inst)]
+    return Workload(
+        name=name,
+        target=target,
+        plan=plan,
+        pod_plans=[pod_plan],
+        pod_inputs=pod_inputs,
+        rendered=[render(pod_plan, pod_inst)],
+        replicas=len(insts) * target.node_count,
+        sets=[*sets, *pins],
+        warnings=warnings,
+    )
 
 
 def _group(
