@@ -22,6 +22,25 @@ ratios and same-run differences, not the absolute numbers):
 Before: ``HostSnapshot.link()`` scanned the N^2/2 links for every pair asked (N^4 in all); after, a
 pair index built once per snapshot. Start-up: the draft search parsed all 34 catalog configs (now the
 target's family only); ``logging``, ``importlib.resources`` no longer imported on the plan path.
+
+2026-12-05 (one run, both trees taking turns, CPU time above the interpreter, medians of
+12 and of 15 on the loaded 2-core machine; before = 67e9ce1, after = ``logging`` imported only by the
+own log's handler, the render read-back through libyaml): 8 GPUs 138.3 -> 127.9 ms and 126.0 ->
+119.7 ms; 16: 142.9 -> 137.6, 135.5 -> 137.4; 32: 165.5 -> 155.5, 148.6 -> 150.4; 64: 198.4 ->
+193.2, 192.7 -> 185.7 (a few ms, within the machine's noise). What is left at 8 GPUs, in-process
+``time.process_time``: imports ~50 ms (plan/ ~20: plan.types' dataclasses 7-8, plan.predict 5,
+plan.simulate 4, hashlib 2 through plan.candidates; PyYAML's own import 7-9, of which yaml.reader's
+regex ~3; config sections ~5; model ~4); YAML data ~12 ms (gpus.yaml 5, models.yaml 3, the 12
+profiles 2, prediction_bands.yaml parsed 4 times by plan.simulate ~1.2); planning ~25-35 ms.
+
+2026-12-05 (helper s34b; both trees taking turns, 25 whole processes each, CPU time above the
+interpreter, ``plan --json --from`` a detected snapshot, the machine loaded by other work: the
+differences are within its noise): before = 253ed7f, after = the planner's long functions split,
+a plan reading its profile chain instead of all 12 built-in profiles (``match.profiles.Profiles``),
+plan/nodes.py and plan/cpu.py imported only for a plan over several hosts or a CPU host. 8 GPUs
+138.5 -> 133.2 ms, 16: 145.1 -> 147.0, 32: 164.7 -> 161.4, 64: 203.3 -> 202.9, the 4x A800 host
+132.5 -> 128.3. In-process medians of 15: ``resolve_settings`` 16.8 -> 14.7 ms; the planning work
+alone (WORK_PROBE) unchanged: 23.8/31.8/46.7/79.6 -> 23.0/32.1/45.8/78.2 ms at 8/16/32/64 GPUs.
 """
 
 from __future__ import annotations

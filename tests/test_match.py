@@ -130,3 +130,38 @@ def test_profiles_command(tmp_path, fake_nvml_dir, empty_root) -> None:
     assert {p["name"] for p in out["profiles"]} >= {"base", "cpu-only", "a800-80g-pcie", "rtx3090-dual"}
     human = inproc.hwprofile(["profiles"], env).stdout
     assert "=> a800-80g-pcie" in human and "Chosen: a800-80g-pcie" in human
+
+
+def test_a_plan_reads_its_profile_chain_not_every_profile(
+    host_of, empty_root, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resolving the settings reads the matched profile and its ancestors of the built-ins (and every
+    site profile, validated at once); the mapping lists and orders the profiles as load_profiles
+    does, a site profile shadowing the built-in of its name."""
+    from hwprofile import pipeline
+    from hwprofile.match import profiles as prof
+
+    (empty_root / "profiles").mkdir()
+    (empty_root / "profiles" / "rtx4090-24g.yaml").write_text("extends: base\n")  # shadows a built-in
+    (empty_root / "profiles" / "aaa-site.yaml").write_text("extends: base\n")
+    read: list[str] = []
+    real = prof.load_file
+
+    def counting(path: str) -> tuple[object, dict[tuple[str, ...], int]]:
+        read.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(prof, "load_file", counting)
+    res = pipeline.resolve_settings(host_of("a800-pcie-4x-2numa"), empty_root)
+    chain = [pf.path for pf in res.chain]
+    assert res.profile == "a800-80g-pcie" and len(chain) >= 2  # the profile and base at least
+    site = sorted(str(p) for p in (empty_root / "profiles").iterdir())
+    builtin_read = sorted(p for p in read if p not in site)
+    assert builtin_read == sorted(chain)  # each of the chain's files once, no other built-in
+    assert sorted(p for p in read if p in site) == site  # the site's all read (and validated)
+    every = prof.load_profiles(empty_root)
+    lazy = prof.site_and_builtin(empty_root)
+    assert list(lazy) == list(every) and len(lazy) == len(every) > len(chain)
+    assert "aaa-site" in lazy and "no-such" not in lazy
+    assert lazy["rtx4090-24g"].kind == "etc-profile" and lazy["rtx4090-24g"] == every["rtx4090-24g"]
+    assert all(lazy[n] == every[n] for n in every)

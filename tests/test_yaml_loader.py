@@ -68,7 +68,8 @@ def test_plan_writes_nothing_and_imports_nothing_heavy(
     tmp_path: Path, fake_nvml_dir: Path, empty_root: Path
 ) -> None:
     """A pure planner: `hwprofile plan` leaves the home and cache folders as they were, and never
-    imports vllm, torch or jinja2 (nor difflib, only needed for error suggestions)."""
+    imports vllm, torch or jinja2 (nor difflib, only needed for error suggestions, nor logging, only
+    for the daemon's and launch's own log)."""
     from fakehost import build
 
     host = build("a800-pcie-4x-2numa", tmp_path / "h")
@@ -87,7 +88,7 @@ def test_plan_writes_nothing_and_imports_nothing_heavy(
         "from hwprofile.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()) as out: rc = main(['plan', '--json'])\n"
         "assert rc == 0, rc\n"
-        "heavy = ('vllm', 'torch', 'transformers', 'jinja2', 'difflib')\n"
+        "heavy = ('vllm', 'torch', 'transformers', 'jinja2', 'difflib', 'logging')\n"
         "print(sorted(m for m in heavy if m in set(sys.modules) - before))\n"
         "print(out.getvalue())\n"
     )

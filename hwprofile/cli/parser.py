@@ -496,12 +496,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         help="two plans run alternately: each 'profile' (as matched), 'baseline' (speculative.method=none) "
         "or an overrides file; prints the ratio B/A with its spread",
     )
-    p.add_argument(
-        "--rounds",
-        type=count(1, 1000),
-        metavar="N",
-        help="rounds per plan (default bench.rounds with --compare, else 1)",
-    )
+    _args_bench_counts(p)
     p.add_argument("--json", action="store_true", help="print the result document (schema hwprofile.bench/1)")
     p.add_argument(
         "--output",
@@ -528,88 +523,60 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     )
 
 
+# every subcommand's one-line help (``hwprofile --help``), in the order listed
+COMMAND_HELP = {
+    "detect": "probe GPUs (NVML), CPU, NUMA and software; print the host snapshot",
+    "profiles": "list profiles, which rule matches this host and why",
+    "plan": "plan the vLLM launch for this host and model, with a reason for every value",
+    "render": "render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json, nginx, k8s",
+    "launch": "plan, render and run vLLM under supervision (detached unless --foreground)",
+    "status": "what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL",
+    "stop": "stop the supervised instances (graceful drain, then SIGKILL of each process group)",
+    "doctor": "check what stands between this host and a working vLLM; --fix repairs what it can",
+    "daemon": "launch every planned instance, then watch GPUs and vLLM and act by policy (degrade, recover)",
+    "watch": "watch GPUs and running vLLM servers: thermal state, throttling, acceptance, latency, advice",
+    "verify": "greedy answers of the tuned plan against a baseline without speculative decoding: exact match, similarity",
+    "bench": "vllm bench serve against the plan (or --url): throughput, TTFT/TPOT/ITL, throttling, knee, --compare",
+    "install-service": "write the systemd unit for `hwprofile daemon` (this installation's ExecStart), then daemon-reload",
+    "reload": "ask the running daemon to re-plan and apply what changed (SIGHUP)",
+}
+
+
+def _args_bench_counts(p: argparse.ArgumentParser) -> None:
+    """bench's --rounds and --repeats."""
+    p.add_argument(
+        "--rounds",
+        type=count(1, 1000),
+        metavar="N",
+        help="rounds per plan (default bench.rounds with --compare, else 1)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=count(1, 1000),
+        metavar="N",
+        default=1,
+        help="measure each concurrency N times on the same server, interleaved, after one warm-up point at the "
+        "largest that is not counted (N > 1): the medians and their spread over the repeats (default 1)",
+    )
+
+
 def _commands() -> tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]], ...]:
     """Every subcommand: name, one-line help, its arguments, its handler."""
     return (
-        (
-            "detect",
-            "probe GPUs (NVML), CPU, NUMA and software; print the host snapshot",
-            _args_detect,
-            cmd_detect,
-        ),
-        ("profiles", "list profiles, which rule matches this host and why", _args_profiles, cmd_profiles),
-        (
-            "plan",
-            "plan the vLLM launch for this host and model, with a reason for every value",
-            _args_plan,
-            cmd_plan,
-        ),
-        (
-            "render",
-            "render the plan for the installed vLLM: argv, shell, yaml, env, systemd, json, nginx, k8s",
-            _args_render,
-            cmd_render,
-        ),
-        (
-            "launch",
-            "plan, render and run vLLM under supervision (detached unless --foreground)",
-            _args_launch,
-            cmd_launch,
-        ),
-        (
-            "status",
-            "what the supervisor runs: instances, state, PID, uptime, restarts, ladder, logs, URL",
-            _args_status,
-            cmd_status,
-        ),
-        (
-            "stop",
-            "stop the supervised instances (graceful drain, then SIGKILL of each process group)",
-            _add_runtime,
-            cmd_stop,
-        ),
-        (
-            "doctor",
-            "check what stands between this host and a working vLLM; --fix repairs what it can",
-            _args_doctor,
-            cmd_doctor,
-        ),
-        (
-            "daemon",
-            "launch every planned instance, then watch GPUs and vLLM and act by policy (degrade, recover)",
-            _args_daemon,
-            cmd_daemon,
-        ),
-        (
-            "watch",
-            "watch GPUs and running vLLM servers: thermal state, throttling, acceptance, latency, advice",
-            _args_watch,
-            cmd_watch,
-        ),
-        (
-            "verify",
-            "greedy answers of the tuned plan against a baseline without speculative decoding: exact match, similarity",
-            _args_verify,
-            cmd_verify,
-        ),
-        (
-            "bench",
-            "vllm bench serve against the plan (or --url): throughput, TTFT/TPOT/ITL, throttling, knee, --compare",
-            _args_bench,
-            cmd_bench,
-        ),
-        (
-            "install-service",
-            "write the systemd unit for `hwprofile daemon` (this installation's ExecStart), then daemon-reload",
-            _args_install_service,
-            cmd_install_service,
-        ),
-        (
-            "reload",
-            "ask the running daemon to re-plan and apply what changed (SIGHUP)",
-            _add_runtime,
-            cmd_reload,
-        ),
+        ("detect", COMMAND_HELP["detect"], _args_detect, cmd_detect),
+        ("profiles", COMMAND_HELP["profiles"], _args_profiles, cmd_profiles),
+        ("plan", COMMAND_HELP["plan"], _args_plan, cmd_plan),
+        ("render", COMMAND_HELP["render"], _args_render, cmd_render),
+        ("launch", COMMAND_HELP["launch"], _args_launch, cmd_launch),
+        ("status", COMMAND_HELP["status"], _args_status, cmd_status),
+        ("stop", COMMAND_HELP["stop"], _add_runtime, cmd_stop),
+        ("doctor", COMMAND_HELP["doctor"], _args_doctor, cmd_doctor),
+        ("daemon", COMMAND_HELP["daemon"], _args_daemon, cmd_daemon),
+        ("watch", COMMAND_HELP["watch"], _args_watch, cmd_watch),
+        ("verify", COMMAND_HELP["verify"], _args_verify, cmd_verify),
+        ("bench", COMMAND_HELP["bench"], _args_bench, cmd_bench),
+        ("install-service", COMMAND_HELP["install-service"], _args_install_service, cmd_install_service),
+        ("reload", COMMAND_HELP["reload"], _add_runtime, cmd_reload),
     )
 
 

@@ -11,7 +11,9 @@ from .common import CliError, load_host, plan_of, render_release
 
 if TYPE_CHECKING:
     from ..plan.types import Plan
+    from ..render.k8s import Target
     from ..render.translate import Rendered
+    from ..render.versions import Release
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -167,10 +169,7 @@ def _check_rendered(r: Rendered, plan: Plan, version: str) -> bool:
 def _render_k8s(args: argparse.Namespace) -> int:
     """``render --format k8s``: the manifests of the one GPU class of the snapshot (``--from``, or
     this host), or of every GPU class of a cluster's nodes (``--nodes FILE``)."""
-    from ..config.layers import config_root
-    from ..pipeline import PlanInputs
-    from ..render.k8s import Options, Target, render_k8s, snapshot_target
-    from ..render.versions import known_versions, parse_version, release
+    from ..render.k8s import Options, render_k8s, snapshot_target
 
     if args.check or args.instance:
         raise CliError(
@@ -181,55 +180,7 @@ def _render_k8s(args: argparse.Namespace) -> int:
     if args.nodes:
         if args.from_file or args.inventory:
             raise CliError("--nodes and --from/--inventory name the hosts two ways: give one")
-        from ..render.k8s.nodes import node_classes
-
-        version = args.vllm_version or max(known_versions(), key=parse_version)
-        if not args.vllm_version:
-            print(
-                f"hwprofile: k8s: no --vllm-version: rendering for vLLM {version}, the newest release "
-                "hwprofile knows",
-                file=sys.stderr,
-            )
-        rel = release(version)
-        try:
-            classes, notes = node_classes(_read_nodes(args.nodes), rel.target)
-        except ValueError as e:
-            raise CliError(f"--nodes {args.nodes}: {e}") from None
-        if not classes:
-            raise CliError(
-                f"--nodes {args.nodes}: no node with GPU Feature Discovery's nvidia.com/gpu.product "
-                "label and an allocatable nvidia.com/gpu" + "".join(f"; {n}" for n in notes)
-            )
-        root = config_root(args.config_root)
-        products = [c.product for c in classes]  # one product in two classes: the count and memory name them
-        targets = [
-            Target(
-                c.product,
-                c.selector,
-                c.nodes,
-                len(c.nodes),
-                PlanInputs(
-                    c.snapshot,
-                    root,
-                    args.profile,
-                    tuple(args.overrides),
-                    tuple(args.sets),
-                    args.model,
-                    args.draft,
-                ),
-                c.assumed,
-                f"{c.gpu_count}x{c.memory_mib}mib" if products.count(c.product) > 1 else "",
-            )
-            for c in classes
-        ]
-        header = (
-            [f"from the nodes of {args.nodes}: {len(classes)} GPU class(es)"]
-            + [
-                f"{c.product}: {c.gpu_count} GPU(s) x {c.memory_mib} MiB on {len(c.nodes)} node(s)"
-                for c in classes
-            ]
-            + list(notes)
-        )
+        rel, targets, header, notes = _node_targets(args)
     else:
         host = load_host(args)
         rel = render_release(
@@ -248,6 +199,65 @@ def _render_k8s(args: argparse.Namespace) -> int:
     for w in [*notes, *warnings]:
         print(f"hwprofile: warning: k8s: {w}", file=sys.stderr)
     return EXIT_OK
+
+
+def _node_targets(args: argparse.Namespace) -> tuple[Release, list[Target], list[str], list[str]]:
+    """``--nodes FILE``: the release rendered for, one target per GPU class of the cluster's nodes,
+    the header that says them, and the nodes left out (warnings)."""
+    from ..config.layers import config_root
+    from ..pipeline import PlanInputs
+    from ..render.k8s import Target
+    from ..render.k8s.nodes import node_classes
+    from ..render.versions import known_versions, parse_version, release
+
+    version = args.vllm_version or max(known_versions(), key=parse_version)
+    if not args.vllm_version:
+        print(
+            f"hwprofile: k8s: no --vllm-version: rendering for vLLM {version}, the newest release "
+            "hwprofile knows",
+            file=sys.stderr,
+        )
+    rel = release(version)
+    try:
+        classes, notes = node_classes(_read_nodes(args.nodes), rel.target)
+    except ValueError as e:
+        raise CliError(f"--nodes {args.nodes}: {e}") from None
+    if not classes:
+        raise CliError(
+            f"--nodes {args.nodes}: no node with GPU Feature Discovery's nvidia.com/gpu.product "
+            "label and an allocatable nvidia.com/gpu" + "".join(f"; {n}" for n in notes)
+        )
+    root = config_root(args.config_root)
+    products = [c.product for c in classes]  # one product in two classes: the count and memory name them
+    targets = [
+        Target(
+            c.product,
+            c.selector,
+            c.nodes,
+            len(c.nodes),
+            PlanInputs(
+                c.snapshot,
+                root,
+                args.profile,
+                tuple(args.overrides),
+                tuple(args.sets),
+                args.model,
+                args.draft,
+            ),
+            c.assumed,
+            f"{c.gpu_count}x{c.memory_mib}mib" if products.count(c.product) > 1 else "",
+        )
+        for c in classes
+    ]
+    header = (
+        [f"from the nodes of {args.nodes}: {len(classes)} GPU class(es)"]
+        + [
+            f"{c.product}: {c.gpu_count} GPU(s) x {c.memory_mib} MiB on {len(c.nodes)} node(s)"
+            for c in classes
+        ]
+        + list(notes)
+    )
+    return rel, targets, header, list(notes)
 
 
 def _read_nodes(path: str):  # -> the parsed JSON document

@@ -14,9 +14,13 @@ from ..errors import EXIT_FAILED, EXIT_OK
 from .common import CliError, demo_model, launch_of, load_host, plan_of
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..config.settings import Settings
+    from ..host.snapshot import HostSnapshot
     from ..plan.types import Plan
     from ..verify.compare import Verdict
+    from ..verify.prompts import Prompt
 
 BASELINE_SET = "speculative.method=none"
 
@@ -106,7 +110,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _compare_urls(
-    baseline_url: str, url: str, prompts: Any, max_tokens: int, bar: float
+    baseline_url: str, url: str, prompts: Sequence[Prompt], max_tokens: int, bar: float
 ) -> tuple[Verdict, dict[str, Any], dict[str, Any], list[str]]:
     """Two servers already running: the baseline's answers, then the candidate's, compared."""
     from ..verify.compare import compare
@@ -131,10 +135,10 @@ def _compare_urls(
 
 def _serve_both(
     args: argparse.Namespace,
-    host: Any,
+    host: HostSnapshot,
     model: str | None,
     sets: list[str],
-    prompts: Any,
+    prompts: Sequence[Prompt],
     max_tokens: int,
     bar: float,
 ) -> tuple[Verdict, dict[str, Any], dict[str, Any], list[str]]:

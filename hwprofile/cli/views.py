@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, TypeVar
 
 from ..host.snapshot import Gpu, HostSnapshot
 
@@ -10,7 +11,12 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from ..plan.types import Plan
+    from ..match.profiles import ProfileFile
+    from ..match.rules import RuleResult
+    from ..plan.interconnect import Decision, Report
+    from ..plan.types import InstancePlan, Plan, SpeculativeConfig
+
+_K = TypeVar("_K", bound=Hashable)  # what _fold groups names by
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -68,74 +74,9 @@ def format_host(s: HostSnapshot) -> str:
     if not s.gpus:
         out.append("GPUs: none detected")
     else:
-        out.append(f"GPUs ({len(s.usable_gpus)} usable of {len(s.gpus)})")
-        rows = [
-            [
-                "#",
-                "name",
-                "memory",
-                "CC",
-                "NUMA",
-                "CPUs",
-                "PCIe",
-                "NVLink",
-                "temp (slow/shut)",
-                "power",
-                "SM MHz",
-                "clock events",
-            ]
-        ]
-        for g in s.gpus:
-            if g.lost:
-                rows.append([str(g.index), "LOST", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
-                continue
-            rows.append(
-                [
-                    str(g.index),
-                    g.name or "?",
-                    human_bytes(g.memory_total_bytes),
-                    _v(g.compute_capability),
-                    _v(g.numa_node),
-                    _v(g.cpu_affinity),
-                    _pcie(g),
-                    "none" if g.nvlink_active_links == 0 else f"{_v(g.nvlink_active_links)} links",
-                    f"{_v(g.temperature_c, ' C')} ({_v(g.temperature_slowdown_c)}/{_v(g.temperature_shutdown_c)})",
-                    _v(None if g.power_limit_watts is None else f"{g.power_limit_watts:.0f}", " W"),
-                    f"{_v(g.sm_clock_mhz)}/{_v(g.sm_clock_max_mhz)}",
-                    ",".join(g.clocks_event_reasons)
-                    if g.clocks_event_reasons
-                    else ("-" if g.clocks_event_reasons is not None else "?"),
-                ]
-            )
-        out.extend(_table(rows))
-        for g in s.usable_gpus:
-            if g.faults:
-                out.append(
-                    f"  FAULT: GPU {g.index}: {'; '.join(g.faults)} (not planned for: reset or replace it)"
-                )
-        degraded = [g.index for g in s.usable_gpus if g.pcie.degraded]
-        if degraded:
-            out.append(
-                "  warning: PCIe link below its maximum on GPU "
-                + ", ".join(map(str, degraded))
-                + " (reseat the card, check the slot, or the BIOS link setting)"
-            )
-
+        out += _host_gpus(s)
     if s.gpu_links:
-        idx = [g.index for g in s.usable_gpus]
-        out.append("")
-        out.append("GPU links (nvidia-smi topo vocabulary; * = P2P supported)")
-        rows = [[""] + [f"GPU{i}" for i in idx]]
-        for a in idx:
-            row = [f"GPU{a}"]
-            for b in idx:
-                if a == b:
-                    row.append("X")
-                    continue
-                lk = s.link(a, b)
-                row.append("?" if lk is None or lk.link is None else lk.link + ("*" if lk.p2p else ""))
-            rows.append(row)
-        out.extend(_table(rows))
+        out += _host_links(s)
 
     out.append("")
     if s.numa_nodes:
@@ -157,7 +98,84 @@ def format_host(s: HostSnapshot) -> str:
     return "\n".join(out) + "\n"
 
 
-def format_profiles(profiles: dict[str, Any], results: list[Any], winner: Any) -> str:
+_GPU_COLUMNS = [
+    "#",
+    "name",
+    "memory",
+    "CC",
+    "NUMA",
+    "CPUs",
+    "PCIe",
+    "NVLink",
+    "temp (slow/shut)",
+    "power",
+    "SM MHz",
+    "clock events",
+]
+
+
+def _gpu_row(g: Gpu) -> list[str]:
+    """One GPU's row of the host's GPU table (a lost GPU: its index and LOST)."""
+    if g.lost:
+        return [str(g.index), "LOST", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
+    return [
+        str(g.index),
+        g.name or "?",
+        human_bytes(g.memory_total_bytes),
+        _v(g.compute_capability),
+        _v(g.numa_node),
+        _v(g.cpu_affinity),
+        _pcie(g),
+        "none" if g.nvlink_active_links == 0 else f"{_v(g.nvlink_active_links)} links",
+        f"{_v(g.temperature_c, ' C')} ({_v(g.temperature_slowdown_c)}/{_v(g.temperature_shutdown_c)})",
+        _v(None if g.power_limit_watts is None else f"{g.power_limit_watts:.0f}", " W"),
+        f"{_v(g.sm_clock_mhz)}/{_v(g.sm_clock_max_mhz)}",
+        ",".join(g.clocks_event_reasons)
+        if g.clocks_event_reasons
+        else ("-" if g.clocks_event_reasons is not None else "?"),
+    ]
+
+
+def _host_gpus(s: HostSnapshot) -> list[str]:
+    """The GPU table, then each usable GPU's faults and the PCIe links below their maximum."""
+    out = [f"GPUs ({len(s.usable_gpus)} usable of {len(s.gpus)})"]
+    out.extend(_table([list(_GPU_COLUMNS)] + [_gpu_row(g) for g in s.gpus]))
+    for g in s.usable_gpus:
+        if g.faults:
+            out.append(
+                f"  FAULT: GPU {g.index}: {'; '.join(g.faults)} (not planned for: reset or replace it)"
+            )
+    degraded = [g.index for g in s.usable_gpus if g.pcie.degraded]
+    if degraded:
+        out.append(
+            "  warning: PCIe link below its maximum on GPU "
+            + ", ".join(map(str, degraded))
+            + " (reseat the card, check the slot, or the BIOS link setting)"
+        )
+    return out
+
+
+def _host_links(s: HostSnapshot) -> list[str]:
+    """The matrix of links between the usable GPUs, in nvidia-smi topo's words."""
+    idx = [g.index for g in s.usable_gpus]
+    out = ["", "GPU links (nvidia-smi topo vocabulary; * = P2P supported)"]
+    rows = [[""] + [f"GPU{i}" for i in idx]]
+    for a in idx:
+        row = [f"GPU{a}"]
+        for b in idx:
+            if a == b:
+                row.append("X")
+                continue
+            lk = s.link(a, b)
+            row.append("?" if lk is None or lk.link is None else lk.link + ("*" if lk.p2p else ""))
+        rows.append(row)
+    out.extend(_table(rows))
+    return out
+
+
+def format_profiles(
+    profiles: Mapping[str, ProfileFile], results: Sequence[RuleResult], winner: RuleResult | None
+) -> str:
     out = ["Rules (first match wins)"]
     for res in results:
         mark = "=>" if res is winner else ("ok" if res.matched else "--")
@@ -281,7 +299,7 @@ def _names(names: Sequence[str], every: int) -> str:
     return "every instance" if len(names) == every > 1 else ", ".join(names)
 
 
-def _instance_body(inst: Any) -> list[str]:
+def _instance_body(inst: InstancePlan) -> list[str]:
     """Everything of one instance but where it is (its name, GPUs, NUMA node, URL): identical bodies fold."""
     from ..plan.types import ABSENT
 
@@ -293,26 +311,8 @@ def _instance_body(inst: Any) -> list[str]:
         + (f", pipeline parallel {inst.pipeline_parallel_size}" if inst.pipeline_parallel_size > 1 else "")
         + (f", data parallel {inst.ranks}" if inst.ranks > 1 else "")
     ]
-    for k, v in inst.engine.to_json().items():
-        if k == "gpu_memory_utilization" and not gpu:
-            continue  # a CPU server has no GPU memory to share out
-        if v is None:
-            shown = "not set (vLLM decides)"
-        elif k.endswith("_bytes") and isinstance(v, int):
-            shown = f"{human_bytes(v)} ({v})"
-        else:
-            shown = _human(v)
-        out.append(f"  {k:24s} {shown}")
-    spec = inst.speculative
-    if spec:
-        line = (
-            f"{spec.method}" + (f" {spec.model}" if spec.model else "") + f", k={spec.num_speculative_tokens}"
-        )
-        if spec.num_speculative_tokens_per_batch_size:
-            line += f" (k by batch: {_k_table(spec.to_json()['num_speculative_tokens_per_batch_size'])})"
-        out.append(f"  {'speculative':24s} {line}")
-    else:
-        out.append(f"  {'speculative':24s} off")
+    out += _engine_lines(inst.engine.to_json(), gpu)
+    out.append(f"  {'speculative':24s} {_speculative_line(inst.speculative)}")
     terms = [
         ("weights", mem.weights_bytes),
         ("draft", mem.draft_weights_bytes),
@@ -350,7 +350,33 @@ def _instance_body(inst: Any) -> list[str]:
     return out
 
 
-def _instance_where(inst: Any) -> str:
+def _engine_lines(engine: dict[str, Any], gpu: bool) -> list[str]:
+    """One line per engine value, sizes in bytes also in words; unset ones say vLLM decides."""
+    out = []
+    for k, v in engine.items():
+        if k == "gpu_memory_utilization" and not gpu:
+            continue  # a CPU server has no GPU memory to share out
+        if v is None:
+            shown = "not set (vLLM decides)"
+        elif k.endswith("_bytes") and isinstance(v, int):
+            shown = f"{human_bytes(v)} ({v})"
+        else:
+            shown = _human(v)
+        out.append(f"  {k:24s} {shown}")
+    return out
+
+
+def _speculative_line(spec: SpeculativeConfig | None) -> str:
+    """The speculative method, its draft and k (and k by batch size), or off."""
+    if not spec:
+        return "off"
+    line = f"{spec.method}" + (f" {spec.model}" if spec.model else "") + f", k={spec.num_speculative_tokens}"
+    if spec.num_speculative_tokens_per_batch_size:
+        line += f" (k by batch: {_k_table(spec.to_json()['num_speculative_tokens_per_batch_size'])})"
+    return line
+
+
+def _instance_where(inst: InstancePlan) -> str:
     from ..plan.types import ABSENT
 
     where = f"GPU {','.join(map(str, inst.gpus))}" if inst.gpus else "CPU"
@@ -364,9 +390,9 @@ def _instance_where(inst: Any) -> str:
     return text
 
 
-def _fold(items: Sequence[tuple[str, Any]]) -> list[tuple[list[str], Any]]:
+def _fold(items: Sequence[tuple[str, _K]]) -> list[tuple[list[str], _K]]:
     """``(name, key)`` pairs → ``(names, key)`` in first-seen order, equal keys together."""
-    groups: dict[Any, list[str]] = {}
+    groups: dict[_K, list[str]] = {}
     for name, key in items:
         groups.setdefault(key, []).append(name)
     return [(names, key) for key, names in groups.items()]
@@ -540,6 +566,8 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
     from ..plan.types import ABSENT
 
     pr = plan.prediction
+    if pr is ABSENT:
+        return []
     w = pr["workload"]
     cal = pr["calibration"]
     ttft_t, tpot_t = pr["ttft_target_ms"], pr["tpot_target_ms"]
@@ -557,51 +585,63 @@ def _predictions(plan: Plan, level: str, r: _Roots) -> list[str]:
             f"{where}calibration/{cal['fingerprint']}.json would be used instead)"
         )
     for g in pr["groups"]:
-        out.append(
-            f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}"
-        )
-        rows = [["", "layout", "TTFT ms", "TPOT ms", "out tok/s", "capacity tok/s", "at", "source"]]
-        for c in g["candidates"]:
-            rows.append(
-                [
-                    "=>" if c["chosen"] else ("x" if not c["fits"] else ""),
-                    c["layout"],
-                    f"{c['ttft_ms']:g}",
-                    f"{c['tpot_ms']:g}",
-                    f"{c['output_tokens_per_s']:g}",
-                    f"{c['capacity_output_tokens_per_s']:g}",
-                    str(c["capacity_concurrency"]),
-                    c.get("why_not") or c["source"],
-                ]
-            )
-        out += ["  " + line for line in _table(rows)]
-        if g.get("batching_chosen_by") == "prediction":
-            out.append(
-                "      (the layouts at the configured batching; the batching that runs, and its figures: below)"
-            )
-        out.append(f"      {g['reason']}")
-        if g.get("batching") and level == "all":
-            out.append(
-                f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, "
-                "TPOT ms, out tok/s; * configured, => run; equal predictions together):"
-            )
-            cells = [
-                (
-                    f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
-                    f"{'*' if b['planned'] else ''}",
-                    f"{b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
-                    + ("" if b["fits"] else " (does not fit)"),
-                )
-                for b in g["batching"]
+        out += _prediction_group(g, level, w["concurrency"])
+    out += _instance_predictions(plan, level, r, ttft_t, tpot_t)
+    return out
+
+
+def _prediction_group(g: Mapping[str, Any], level: str, concurrency: int) -> list[str]:
+    """One GPU group's candidate layouts as a table, why one was chosen, and (``all``) the
+    predictions at other batching."""
+    out = [f"  GPUs {','.join(map(str, g['gpus']))} ({g['gpu_name']}): {g['chosen']} by {g['chosen_by']}"]
+    rows = [["", "layout", "TTFT ms", "TPOT ms", "out tok/s", "capacity tok/s", "at", "source"]]
+    for c in g["candidates"]:
+        rows.append(
+            [
+                "=>" if c["chosen"] else ("x" if not c["fits"] else ""),
+                c["layout"],
+                f"{c['ttft_ms']:g}",
+                f"{c['tpot_ms']:g}",
+                f"{c['output_tokens_per_s']:g}",
+                f"{c['capacity_output_tokens_per_s']:g}",
+                str(c["capacity_concurrency"]),
+                c.get("why_not") or c["source"],
             ]
-            for settings, figures in _fold(cells):
-                out.append(f"      {' '.join(settings)}: {figures}")
-            if len(cells) > 1 and len(_fold(cells)) == 1:
-                out.append(
-                    f"      (no batching changes the prediction at {w['concurrency']} requests in flight)"
-                )
-        if g.get("batching_reason"):
-            out.append(f"      batching ({g.get('batching_chosen_by')}): {g['batching_reason']}")
+        )
+    out += ["  " + line for line in _table(rows)]
+    if g.get("batching_chosen_by") == "prediction":
+        out.append(
+            "      (the layouts at the configured batching; the batching that runs, and its figures: below)"
+        )
+    out.append(f"      {g['reason']}")
+    if g.get("batching") and level == "all":
+        out.append(
+            f"    {g['chosen']} at other batching (max_num_seqs / max_num_batched_tokens: TTFT ms, "
+            "TPOT ms, out tok/s; * configured, => run; equal predictions together):"
+        )
+        cells = [
+            (
+                f"{'=>' if b.get('chosen') else ''}{b['max_num_seqs']}/{b['max_num_batched_tokens']}"
+                f"{'*' if b['planned'] else ''}",
+                f"{b['ttft_ms']:g}, {b['tpot_ms']:g}, {b['output_tokens_per_s']:g}"
+                + ("" if b["fits"] else " (does not fit)"),
+            )
+            for b in g["batching"]
+        ]
+        for settings, figures in _fold(cells):
+            out.append(f"      {' '.join(settings)}: {figures}")
+        if len(cells) > 1 and len(_fold(cells)) == 1:
+            out.append(f"      (no batching changes the prediction at {concurrency} requests in flight)")
+    if g.get("batching_reason"):
+        out.append(f"      batching ({g.get('batching_chosen_by')}): {g['batching_reason']}")
+    return out
+
+
+def _instance_predictions(plan: Plan, level: str, r: _Roots, ttft_t: float, tpot_t: float) -> list[str]:
+    """Each instance's predicted figures against the targets (``all``: the terms), equal ones folded."""
+    from ..plan.types import ABSENT
+
+    out: list[str] = []
     every = len(plan.instances)
     lines = []
     for inst in plan.instances:
@@ -643,7 +683,13 @@ def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
     if "not_simulated" in sim:
         return [f"      simulated: not run ({sim['not_simulated']})"]
     head = f"preemptions {sim['preemptions']}, peak running {sim['peak_running']}"
-    out = [f"      simulated ({sim['regime']}): {head}"]
+    if sim.get("api_busy_fraction") is not None:  # plan/servercost.py's CPU outside the GPU
+        head += (
+            f", engine busy {sim['engine_busy_fraction']:.0%}, API server busy {sim['api_busy_fraction']:.0%}"
+        )
+    out = [f"      simulated ({sim['regime']}): {head}"] + [
+        f"        note: {n}" for n in sim.get("notes") or ()
+    ]
     units = {"ttft_ms": "ms TTFT", "tpot_ms": "ms TPOT", "output_tokens_per_s": "output tok/s"}
     for key, unit in units.items():
         f = sim[key]
@@ -657,7 +703,9 @@ def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
-def format_interconnect(host: HostSnapshot, report: Any, decisions: Any, saved: str | None) -> str:
+def format_interconnect(
+    host: HostSnapshot, report: Report, decisions: Sequence[Decision], saved: str | None
+) -> str:
     """``hwprofile doctor --interconnect``: what the host says, what the all-reduce check measured,
     what plans take from it (``report`` a :class:`~.plan.interconnect.Report`, ``decisions`` its
     :class:`~.plan.interconnect.Decision` per group)."""

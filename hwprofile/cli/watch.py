@@ -81,6 +81,29 @@ def format_text(rep: Report, settings: Watch | None = None) -> str:
     return "\n".join(lines)
 
 
+def _write_report(
+    rep: Report, settings: Watch, once: bool, as_json: bool, took: float, nvml_error: str | None, out: IO[str]
+) -> None:
+    """One tick's report, as a JSON line or as text (``--once``: each card's instant level, not what
+    a dwell confirmed)."""
+    doc = rep.to_json()
+    if once:  # a one-shot look reports what each card is, not what a dwell confirmed
+        for g, gj in zip(rep.gpus, doc["gpus"], strict=True):
+            gj["thermal_state"], gj["reason"] = instant_level(g.reading, settings)
+            gj["pending"] = None
+    doc["tick_seconds"] = round(took, 6)
+    if nvml_error:
+        doc["errors"] = [*doc["errors"], f"nvml: {nvml_error}"]
+    if as_json:
+        out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    else:
+        text = format_text(rep, settings if once else None)
+        if nvml_error:
+            text = f"GPUs: none read ({nvml_error})\n" + text
+        out.write(text + "\n\n")
+    out.flush()
+
+
 def run_watch(
     urls: Sequence[str],
     settings: Watch,
@@ -115,22 +138,7 @@ def run_watch(
             took = time.perf_counter() - t0
             first = once and ticks == 1 and urls
             if not first:  # --once: a second sample one interval later gives the window figures
-                doc = rep.to_json()
-                if once:  # a one-shot look reports what each card is, not what a dwell confirmed
-                    for g, gj in zip(rep.gpus, doc["gpus"], strict=True):
-                        gj["thermal_state"], gj["reason"] = instant_level(g.reading, settings)
-                        gj["pending"] = None
-                doc["tick_seconds"] = round(took, 6)
-                if sampler.error:
-                    doc["errors"] = [*doc["errors"], f"nvml: {sampler.error}"]
-                if as_json:
-                    out.write(json.dumps(doc, separators=(",", ":")) + "\n")
-                else:
-                    text = format_text(rep, settings if once else None)
-                    if sampler.error:
-                        text = f"GPUs: none read ({sampler.error})\n" + text
-                    out.write(text + "\n\n")
-                out.flush()
+                _write_report(rep, settings, once, as_json, took, sampler.error, out)
                 down = {n: r.error or r.status for n, r in scrapes.items() if r.status == "unreachable"}
                 if once or (max_ticks is not None and ticks >= max_ticks):
                     break

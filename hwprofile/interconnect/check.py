@@ -50,24 +50,7 @@ def run_group(
 ) -> Run:
     """One all-reduce check of ``group`` (GPU indexes; on gloo just as many CPU ranks)."""
     world = len(group)
-    base_env = dict(os.environ if env is None else env)
-    base_env.update(
-        WORLD_SIZE=str(world),
-        HWPROFILE_IC_INIT=f"tcp://127.0.0.1:{_free_port()}",
-        HWPROFILE_IC_BACKEND=backend,
-        HWPROFILE_IC_SIZES=",".join(str(max(1, b // 4)) for b in sizes_bytes),
-        HWPROFILE_IC_ITERS=str(iters),
-        HWPROFILE_IC_TIMEOUT_S=str(
-            int(2 * deadline_s + 60)
-        ),  # our deadline fires first: a hang, not an error
-        PYTHONUNBUFFERED="1",
-    )
-    if backend == "nccl":
-        base_env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, group)))
-    if p2p:
-        base_env.pop("NCCL_P2P_DISABLE", None)
-    else:
-        base_env["NCCL_P2P_DISABLE"] = "1"
+    base_env = _worker_env(group, p2p, backend, sizes_bytes, deadline_s, iters, env)
     cmd = [python or sys.executable, "-m", "hwprofile.interconnect.worker"]
     start = clock()
     procs: list[subprocess.Popen[bytes]] = []
@@ -104,6 +87,38 @@ def run_group(
         rows = [_rows(os.path.join(tmp, f"{r}.out")) for r in range(world)]
         errs = [_tail(os.path.join(tmp, f"{r}.err")) for r in range(world)]
     return _summarise(tuple(group), p2p, sizes_bytes, procs, rows, errs, hung, wall, deadline_s)
+
+
+def _worker_env(
+    group: Sequence[int],
+    p2p: bool,
+    backend: str,
+    sizes_bytes: Sequence[int],
+    deadline_s: float,
+    iters: int,
+    env: Mapping[str, str] | None,
+) -> dict[str, str]:
+    """The environment every rank's worker shares: the rendezvous, the backend, the sizes, and P2P
+    on or off (NCCL_P2P_DISABLE)."""
+    base_env = dict(os.environ if env is None else env)
+    base_env.update(
+        WORLD_SIZE=str(len(group)),
+        HWPROFILE_IC_INIT=f"tcp://127.0.0.1:{_free_port()}",
+        HWPROFILE_IC_BACKEND=backend,
+        HWPROFILE_IC_SIZES=",".join(str(max(1, b // 4)) for b in sizes_bytes),
+        HWPROFILE_IC_ITERS=str(iters),
+        HWPROFILE_IC_TIMEOUT_S=str(
+            int(2 * deadline_s + 60)
+        ),  # our deadline fires first: a hang, not an error
+        PYTHONUNBUFFERED="1",
+    )
+    if backend == "nccl":
+        base_env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, group)))
+    if p2p:
+        base_env.pop("NCCL_P2P_DISABLE", None)
+    else:
+        base_env["NCCL_P2P_DISABLE"] = "1"
+    return base_env
 
 
 def _wait_all(

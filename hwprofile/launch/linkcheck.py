@@ -28,6 +28,7 @@ from .start import Refused
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..host.snapshot import HostSnapshot
     from ..pipeline import PlanInputs
     from ..plan.interconnect import Report
     from ..plan.types import Plan
@@ -60,7 +61,7 @@ def unproven_groups(plan: Plan) -> list[tuple[int, ...]]:
     return out
 
 
-def devices_missing(host: Any, groups: list[tuple[int, ...]], dev_root: str = "/dev") -> str | None:
+def devices_missing(host: HostSnapshot, groups: list[tuple[int, ...]], dev_root: str = "/dev") -> str | None:
     """Why this process cannot reach the groups' GPUs (``/dev/nvidiactl`` or a GPU's ``/dev/nvidiaN``
     is not here: a container without them, a snapshot of another host), else None."""
     import os
@@ -105,20 +106,35 @@ def prove_links(
             f"interconnect: GPUs {groups} were never proven and this start has no inputs to record a check for"
         )
         return plan
-    from ..config import ConfigError
     from ..interconnect.check import run_check
-    from ..interconnect.store import save_report
-    from ..pipeline import load_interconnect
-    from ..plan.candidates import host_fingerprint
-    from ..plan.interconnect import Report, apply, stale
-    from ..runtime.files import WriteError
 
-    run = runner or run_check
-    host = inputs.host
-    gone = devices_missing(host, groups, dev_root)
+    gone = devices_missing(inputs.host, groups, dev_root)
     if gone:
         say(f"interconnect: the check cannot run in this process ({gone}): GPUs {groups} start unproven")
         return plan
+    plan, ran = _check_rounds(plan, inputs, runner or run_check, python, say)
+    if ran:
+        _say_decisions(plan, say)
+        _refuse_unsafe(plan)
+    return plan
+
+
+def _check_rounds(
+    plan: Plan,
+    inputs: PlanInputs,
+    run: Callable[..., Report],
+    python: str | None,
+    say: Callable[[str], None],
+) -> tuple[Plan, bool]:
+    """Check the unproven groups, record the result and plan again, until none is left (at most
+    ``ROUNDS`` rounds: a new plan may form other groups); and whether the check ran (False: it
+    cannot run here, the plan as it was)."""
+    from ..interconnect.store import save_report
+    from ..plan.candidates import host_fingerprint
+    from ..plan.interconnect import apply
+    from ..runtime.files import WriteError
+
+    host = inputs.host
     deadline = float(plan.supervise.link_check_deadline_s)
     checked: set[tuple[int, ...]] = set()
     for _ in range(ROUNDS):
@@ -129,63 +145,64 @@ def prove_links(
             f"interconnect: GPUs {', '.join(','.join(map(str, g)) for g in todo)} were never proven: checking the "
             f"all-reduce with P2P on and off (at most {2 * len(todo) * deadline:g} s; --skip-link-check to skip)"
         )
-        kw: dict[str, Any] = {
-            "deadline_s": deadline,
-            "driver_version": host.driver.version,
-            "iommu": host.interconnect.iommu,
-        }
-        if python:
-            kw["python"] = python
-        fresh = run(todo, fingerprint=host_fingerprint(host), backend="nccl", **kw)
+        kw: dict[str, Any] = {"python": python} if python else {}
+        fresh = run(
+            todo,
+            fingerprint=host_fingerprint(host),
+            backend="nccl",
+            deadline_s=deadline,
+            driver_version=host.driver.version,
+            iommu=host.interconnect.iommu,
+            **kw,
+        )
         checked.update(todo)
         missing = _cannot_run(fresh)
         if missing:
             say(f"interconnect: the check cannot run here ({missing[:300]}): GPUs start unproven")
-            return plan
-        # join the new runs to what the host has recorded and is still current (other groups' runs stay)
-        try:
-            old = load_interconnect(inputs.config_root, host)
-        except ConfigError:  # a damaged record is replaced by the new one
-            old = None
-        if old is not None and stale(old, host, fresh.fingerprint):
-            old = None  # another driver or IOMMU mode: its runs no longer describe the links
-        mine = {(tuple(sorted(r.group)), r.p2p) for r in fresh.runs}
-        kept = tuple(r for r in (old.runs if old else ()) if (tuple(sorted(r.group)), r.p2p) not in mine)
-        report = fresh._replace(runs=kept + fresh.runs)
+            return plan, False
+        report = _joined(inputs, fresh)
         try:
             path = save_report(inputs.config_root, host, report)
         except (OSError, WriteError) as e:
             say(f"interconnect: the result is not recorded ({e}): this start uses it, the next checks again")
-            plan = apply(
-                plan,
-                Report(
-                    report.fingerprint,
-                    report.backend,
-                    fresh.runs,
-                    report.measured_at,
-                    report.torch_version,
-                    driver_version=report.driver_version,
-                    iommu=report.iommu,
-                ),
-                "this start's interconnect check",
-                host,
-            )
+            plan = apply(plan, report._replace(runs=fresh.runs), "this start's interconnect check", host)
             break
         say(f"interconnect: recorded in {path}; planning again with it")
         plan = inputs.replan()
-    _say_decisions(plan, say)
+    return plan, True
+
+
+def _joined(inputs: PlanInputs, fresh: Report) -> Report:
+    """The new runs joined to what the host has recorded and is still current (other groups' runs
+    stay; a damaged record, or one of another driver or IOMMU mode, is replaced)."""
+    from ..config import ConfigError
+    from ..pipeline import load_interconnect
+    from ..plan.interconnect import stale
+
+    try:
+        old = load_interconnect(inputs.config_root, inputs.host)
+    except ConfigError:  # a damaged record is replaced by the new one
+        old = None
+    if old is not None and stale(old, inputs.host, fresh.fingerprint):
+        old = None  # another driver or IOMMU mode: its runs no longer describe the links
+    mine = {(tuple(sorted(r.group)), r.p2p) for r in fresh.runs}
+    kept = tuple(r for r in (old.runs if old else ()) if (tuple(sorted(r.group)), r.p2p) not in mine)
+    return fresh._replace(runs=kept + fresh.runs)
+
+
+def _refuse_unsafe(plan: Plan) -> None:
+    """:class:`Refused` where a TP group's all-reduce was wrong or hung with P2P on and off."""
     unsafe = [i for i in plan.instances if (i.interconnect or {}).get("tp_unsafe")]
     if unsafe:
         raise Refused(
             "; ".join(
                 f"{i.name}: the all-reduce across GPUs {','.join(map(str, i.gpus))} was wrong or hung with P2P on "
-                f"and off ({'; '.join(i.interconnect['reasons'])})"
+                f"and off ({'; '.join((i.interconnect or {})['reasons'])})"
                 for i in unsafe
             )
             + ". Run TP over fewer GPUs or as replicas (--set layout.tensor_parallel_size=1 or a smaller one), "
             "check ACS/IOMMU (`hwprofile doctor --interconnect`), or start anyway: --skip-link-check"
         )
-    return plan
 
 
 def _say_decisions(plan: Plan, say: Callable[[str], None]) -> None:

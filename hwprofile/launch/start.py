@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import RefusedError
 from ..plan.types import Plan
@@ -47,6 +47,8 @@ from ..supervise.runfiles import (
 )
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from ..config.layers import Overrides
     from ..host.snapshot import Software
     from ..pipeline import PlanInputs
@@ -316,7 +318,7 @@ def foreground(launch: Launch) -> int:
 
     sup = supervisor(launch)
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: stopping instances", signal.Signals(signum).name)
         sup.end_reason = f"stopped by {signal.Signals(signum).name}"
         sup.stop()

@@ -5,6 +5,7 @@ inheritance resolves to a list of layers, ancestors first."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import ConfigError, Source
@@ -49,29 +50,78 @@ def profile_names(root: str | os.PathLike[str] | None) -> set[str]:
     return {os.path.basename(p)[: -len(".yaml")] for d in dirs for p in yaml_files(d, "profile")} - {"rules"}
 
 
+def _read_profile(name: str, path: str, kind: str) -> ProfileFile:
+    """The profile file ``path``, validated (problems reported early, with lines)."""
+    data, locs = load_file(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: a profile must be a mapping, got {type(data).__name__}")
+    pf = ProfileFile(name, path, kind, data, locs)
+    validate(data, pf.where, allowed_top=PROFILE_ONLY)  # report problems early, with lines
+    return pf
+
+
+def _profile_paths(directory: str) -> dict[str, str]:
+    """The profile files of ``directory`` by name, sorted (``rules.yaml`` is not a profile)."""
+    paths = {os.path.basename(p)[: -len(".yaml")]: p for p in yaml_files(directory, "profile")}
+    paths.pop("rules", None)
+    return paths
+
+
+class Profiles(Mapping[str, ProfileFile]):
+    """Every profile by name (the built-ins in file order, then the site's own);
+    ``<root>/profiles/NAME.yaml`` shadows the built-in NAME. The site's files are read and validated
+    at once (a broken or hostile one is an error whichever profile is asked for); a built-in (shipped
+    with the package, each validated by the tests) is read the first time it is asked for, so a plan
+    reads its profile chain, not all of them."""
+
+    def __init__(self, site: dict[str, ProfileFile], builtin: dict[str, str]) -> None:
+        self._site = site
+        self._builtin = {n: p for n, p in builtin.items() if n not in site}
+        self._read: dict[str, ProfileFile] = {}
+        self._names = [*builtin, *(n for n in site if n not in builtin)]
+
+    def __getitem__(self, name: str) -> ProfileFile:
+        if name in self._site:
+            return self._site[name]
+        if name not in self._read:
+            self._read[name] = _read_profile(name, self._builtin[name], "builtin")
+        return self._read[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._site or name in self._builtin
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def site_and_builtin(root: str | os.PathLike[str] | None) -> Profiles:
+    """Every profile by name, a built-in read only when asked for (:class:`Profiles`)."""
+    site: dict[str, ProfileFile] = {}
+    if root is not None:
+        for name, path in _profile_paths(os.path.join(root, "profiles")).items():
+            site[name] = _read_profile(name, path, "etc-profile")
+    return Profiles(site, _profile_paths(builtin_dir()))
+
+
 def load_profiles(root: str | os.PathLike[str] | None) -> dict[str, ProfileFile]:
-    """Every profile by name; ``<root>/profiles/NAME.yaml`` shadows the built-in NAME."""
+    """Every profile by name, each read and validated; ``<root>/profiles/NAME.yaml`` shadows the
+    built-in NAME."""
     found: dict[str, ProfileFile] = {}
     dirs = [(builtin_dir(), "builtin")]
     if root is not None:
         dirs.append((os.path.join(root, "profiles"), "etc-profile"))
     for d, kind in dirs:
-        for path in yaml_files(d, "profile"):
-            name = os.path.basename(path)[: -len(".yaml")]
-            if name == "rules":
-                continue
-            data, locs = load_file(path)
-            if data is None:
-                data = {}
-            if not isinstance(data, dict):
-                raise ConfigError(f"{path}:1: a profile must be a mapping, got {type(data).__name__}")
-            pf = ProfileFile(name, path, kind, data, locs)
-            validate(data, pf.where, allowed_top=PROFILE_ONLY)  # report problems early, with lines
-            found[name] = pf
+        for name, path in _profile_paths(d).items():
+            found[name] = _read_profile(name, path, kind)
     return found
 
 
-def resolve(name: str, profiles: dict[str, ProfileFile], asked_at: str = "--profile") -> list[ProfileFile]:
+def resolve(name: str, profiles: Mapping[str, ProfileFile], asked_at: str = "--profile") -> list[ProfileFile]:
     """The chain ``[root ancestor, ..., name]``; unknown parents and cycles are errors."""
     if name not in profiles:
         raise ConfigError(

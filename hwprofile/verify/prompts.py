@@ -8,12 +8,12 @@ files only, size cap, no anchors, aliases, merge keys or duplicate keys); every 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 KINDS = ("zh", "en", "code", "math", "json")
 SCHEMA = "hwprofile.verify-prompts/1"
@@ -45,7 +45,7 @@ def load_prompts(path: str | os.PathLike[str] | None = None) -> PromptSet:
     return PromptSet(name, tuple(parse_prompts(data, locs, name)))
 
 
-def parse_prompts(data: Any, locs: dict[tuple[str, ...], int], name: str) -> list[Prompt]:
+def parse_prompts(data: object, locs: dict[tuple[str, ...], int], name: str) -> list[Prompt]:
     """Validate loaded YAML (``data`` with its key-path → line map) into prompts; every problem found
     is reported at once, each with ``name:line``."""
     at = _locator(locs, name)
@@ -90,7 +90,7 @@ def _locator(locs: dict[tuple[str, ...], int], name: str) -> Callable[..., str]:
     return at
 
 
-def _file_problems(data: dict[Any, Any], at: Callable[..., str]) -> list[str]:
+def _file_problems(data: Mapping[object, object], at: Callable[..., str]) -> list[str]:
     """Unknown top-level keys and a schema this hwprofile does not read."""
     problems: list[str] = []
     for key in data:
@@ -101,7 +101,7 @@ def _file_problems(data: dict[Any, Any], at: Callable[..., str]) -> list[str]:
     return problems
 
 
-def _key_problems(i: int, item: dict[Any, Any], at: Callable[..., str]) -> list[str]:
+def _key_problems(i: int, item: Mapping[object, object], at: Callable[..., str]) -> list[str]:
     """Prompt ``i``'s unknown keys, then the keys it lacks."""
     where = at("prompts", str(i))
     problems: list[str] = []
@@ -116,7 +116,9 @@ def _key_problems(i: int, item: dict[Any, Any], at: Callable[..., str]) -> list[
     return problems
 
 
-def _value_problems(i: int, item: dict[Any, Any], at: Callable[..., str], seen: dict[str, str]) -> list[str]:
+def _value_problems(
+    i: int, item: Mapping[object, object], at: Callable[..., str], seen: dict[str, str]
+) -> list[str]:
     """Prompt ``i``'s id (non-empty, unique: ``seen`` maps each id to where it was first), kind and
     text; a new id is added to ``seen``."""
     pid, kind, text = item["id"], item["kind"], item["text"]
@@ -136,7 +138,7 @@ def _value_problems(i: int, item: dict[Any, Any], at: Callable[..., str], seen: 
     return problems
 
 
-def _what(v: Any) -> str:
+def _what(v: object) -> str:
     if v is None:
         return "nothing"
     if isinstance(v, str):
