@@ -157,9 +157,10 @@ def arrivals_of(point: dict[str, Any]) -> Any:
         return Arrivals("burst", w["concurrency"], w["input_len"], w["output_len"])
     n = int(w.get("num_prompts") or max(8, 4 * w["concurrency"]))
     out = output_len_of(w)
+    lengths = "sharegpt" if w.get("dataset") == "sharegpt" else "fixed"  # the dataset's spread (simulate.py)
     if w.get("arrival") == "burst":
-        return Arrivals("burst", n, w["input_len"], out)
-    return Arrivals("concurrency", n, w["input_len"], out, concurrency=w["concurrency"])
+        return Arrivals("burst", n, w["input_len"], out, lengths=lengths)
+    return Arrivals("concurrency", n, w["input_len"], out, concurrency=w["concurrency"], lengths=lengths)
 
 
 class simulated_as:

@@ -309,3 +309,30 @@ def test_the_analytic_wave_agrees_with_the_simulated_scheduler() -> None:
     )
     single = pm.predict(gpu, shape, cand, pm.Workload(8192, 128, 1), None)
     assert not any(t["term"].startswith("wave:") for t in single.terms)
+
+
+def test_sharegpt_lengths_spread_about_the_means_within_the_samplers_filter() -> None:
+    arr = sim.Arrivals("burst", 1000, 217, 202, lengths="sharegpt")
+    lengths = sim.request_lengths(arr)
+    ins, outs = [i for i, _ in lengths], [o for _, o in lengths]
+    assert sum(ins) / 1000 == pytest.approx(217, abs=0.5) and sum(outs) / 1000 == pytest.approx(202, abs=0.5)
+    assert min(ins) >= 4 and min(outs) >= 4 and max(ins) <= 1024
+    assert max(i + o for i, o in lengths) <= 2048
+    # long-tailed: most requests shorter than the mean, as an exponential's median is ln 2 of its mean
+    assert sorted(ins)[500] < 0.8 * 217 and sorted(outs)[500] < 0.8 * 202
+    assert lengths == sim.request_lengths(arr)  # deterministic: the same lengths on every run
+    assert sim.request_lengths(sim.Arrivals("burst", 3, 217, 202)) == [(217, 202)] * 3
+    with pytest.raises(ValueError, match="lengths"):
+        sim.Arrivals("burst", 3, 217, 202, lengths="zipf")
+
+
+def test_spread_lengths_end_a_closed_loop_out_of_step() -> None:
+    """Fixed lengths keep a closed loop's clients in lockstep (each wave's prompts share one step); spread
+    lengths end them apart, so each prompt is prefilled beside the others' decodes."""
+    cost = flat(1e-4)
+    fixed = sim.simulate(cost, engine(), sim.Arrivals("concurrency", 40, 200, 50, concurrency=4))
+    spread = sim.simulate(
+        cost, engine(), sim.Arrivals("concurrency", 40, 200, 50, concurrency=4, lengths="sharegpt")
+    )
+    assert spread.requests[-1].rid == 39 and len(spread.requests) == 40
+    assert spread.ttft_ms("mean") < fixed.ttft_ms("mean")

@@ -11,7 +11,9 @@ simulated, as vLLM's ``vllm/v1/core/sched/scheduler.py`` does it:
 - KV capacity in blocks of ``block_size`` tokens: a request is admitted only when its blocks are free;
   a running request that needs a block when none is free preempts the most recently admitted running
   request (recompute: its blocks are freed, it returns to the front of the queue and prefills again);
-- the first token is sampled at the end of the step that completes the prompt; each later step adds one.
+- the first token is sampled at the end of the step that completes the prompt; each later step adds one;
+- each request its own lengths: the workload's, or spread about them as a dataset's are (``Arrivals.lengths``,
+  :func:`request_lengths`: ShareGPT's), so that requests end apart and short ones leave early.
 
 Outside the engine (plan/servercost.py says how much, and from what evidence):
 
@@ -133,16 +135,58 @@ class Arrivals:
     concurrency: int | None = None
     rate: float | None = None
     seed: int = 0
+    lengths: str = "fixed"  # fixed (every request input_len / output_len) or sharegpt (spread about them)
 
     def __post_init__(self) -> None:
         if self.kind not in ("concurrency", "burst", "poisson"):
             raise ValueError(f"arrival kind {self.kind!r}: concurrency, burst or poisson")
+        if self.lengths not in LENGTHS:
+            raise ValueError(f"lengths {self.lengths!r}: {' or '.join(LENGTHS)}")
         if self.kind == "concurrency" and not self.concurrency:
             raise ValueError("a closed loop needs its concurrency")
         if self.kind == "poisson" and not self.rate:
             raise ValueError("a Poisson process needs its rate")
         if self.input_len < 1 or self.output_len < 1 or self.num_requests < 1:
             raise ValueError("input_len, output_len and num_requests are at least 1")
+
+
+# How the requests' lengths spread about the workload's means. ShareGPT (``vllm bench serve --dataset-name
+# sharegpt``) sends each conversation's first turn with its own reply's length as the output: long-tailed,
+# most requests shorter than the mean. The dataset is not shipped, so only its means are known (the run's
+# totals / requests): the spread taken is the exponential about each mean (the maximum-entropy law for a
+# positive length of known mean), input and output independent, inside the filter vLLM's ShareGPT sampler
+# applies (vllm/benchmarks/datasets.py, ``is_valid_sequence``: prompt and output at least 4 tokens, prompt
+# at most 1,024, prompt + output at most 2,048), rescaled so the means stay the run's.
+LENGTHS = ("fixed", "sharegpt")
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+
+def request_lengths(a: Arrivals) -> list[tuple[int, int]]:
+    """Each request's (input, output) tokens, by request id: the workload's own lengths, or (``sharegpt``)
+    deterministic quantiles of the spread above, paired by a seeded shuffle so that long and short
+    requests interleave in the order they are sent."""
+    n = a.num_requests
+    if a.lengths == "fixed":
+        return [(a.input_len, a.output_len)] * n
+    import random
+
+    rng = random.Random(a.seed)
+
+    def spread(mean: float, hi: Sequence[int]) -> list[int]:
+        base = [-math.log(1.0 - (i + 0.5) / n) for i in range(n)]  # unit-mean exponential quantiles
+        rng.shuffle(base)
+        scale, xs = mean, []
+        for _ in range(8):  # the filter's clip moves the mean: rescale until it is the workload's again
+            xs = [min(hi[i], max(SHAREGPT_MIN_LEN, round(scale * b))) for i, b in enumerate(base)]
+            got = sum(xs) / n
+            if abs(got - mean) < 0.5:
+                break
+            scale *= mean / got
+        return xs
+
+    ins = spread(a.input_len, [SHAREGPT_MAX_PROMPT] * n)
+    outs = spread(a.output_len, [max(SHAREGPT_MIN_LEN, SHAREGPT_MAX_TOTAL - x) for x in ins])
+    return list(zip(ins, outs, strict=True))
 
 
 @dataclass
@@ -340,6 +384,7 @@ class _Clients:
     arriving: list[tuple[float, int, _Req]] = field(default_factory=list)
     next_rid: int = 0
     in_flight: int = 0
+    lengths: list[tuple[int, int]] = field(default_factory=list)  # (input, output) by request id
 
     @classmethod
     def start(cls, arrivals: Arrivals, engine: Engine) -> _Clients:
@@ -350,6 +395,7 @@ class _Clients:
             a,
             engine,
             _ApiServer(engine.request_cpu_s, engine.api_token_s, engine.api_token_share),
+            lengths=request_lengths(a),
         )
         if a.kind == "burst":
             c.sends = [(0.0, i) for i in range(a.num_requests)]
@@ -379,10 +425,10 @@ class _Clients:
             self.in_flight += 1
 
     def send_all_due(self, now: float) -> None:
-        a, engine = self.arrivals, self.engine
+        engine = self.engine
         while self.sends and self.sends[0][0] <= now + 1e-12:
             t0, rid = heapq.heappop(self.sends)
-            self.api.queue.append(_Req(rid, t0, a.input_len, a.output_len))
+            self.api.queue.append(_Req(rid, t0, *self.lengths[rid]))
         # the fixed cost includes the CPU work: only what exceeds it is added after the admission
         latency = max(0.0, engine.request_overhead_s - self.api.request_s)
         for r in self.api.admit_due(now):
@@ -642,14 +688,12 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
     total_blocks = engine.kv_tokens // engine.block_size
     notes: list[str] = []
     a = arrivals
-    if _blocks(a.input_len + a.output_len, engine.block_size) > total_blocks:
-        raise ValueError(
-            f"one request ({a.input_len + a.output_len} tokens) exceeds the KV cache ({engine.kv_tokens})"
-        )
-    if not engine.chunked_prefill and a.input_len > engine.max_num_batched_tokens:
-        raise ValueError("without chunked prefill a prompt must fit max_num_batched_tokens")
-
     clients = _Clients.start(a, engine)
+    longest = max(i + o for i, o in clients.lengths)
+    if _blocks(longest, engine.block_size) > total_blocks:
+        raise ValueError(f"one request ({longest} tokens) exceeds the KV cache ({engine.kv_tokens})")
+    if not engine.chunked_prefill and max(i for i, _ in clients.lengths) > engine.max_num_batched_tokens:
+        raise ValueError("without chunked prefill a prompt must fit max_num_batched_tokens")
     s = _Scheduler(cost, engine, clients, total_blocks)
     events = 0
     while len(s.done) < a.num_requests:
@@ -716,7 +760,13 @@ def figures(
     }[arrivals.kind]
     src = (
         f"simulated: vLLM's scheduler over {arrivals.num_requests} requests of {arrivals.input_len} in / "
-        f"{arrivals.output_len} out, {how}; per-step cost {cost_source}; "
+        f"{arrivals.output_len} out"
+        + (
+            " (means; ShareGPT's spread: exponential within its filter)"
+            if arrivals.lengths == "sharegpt"
+            else ""
+        )
+        + f", {how}; per-step cost {cost_source}; "
         + (f"CPU outside the GPU {costs.source}" if costs else "no CPU cost outside the GPU's step")
     )
 
