@@ -61,9 +61,6 @@ MAX_FUNCTION_LINES = 60
 LONG_FUNCTIONS: dict[str, tuple[str, int]] = {
     "hwprofile/daemon/exporter.py:_instance_families": ("daemon", 65),
     "hwprofile/daemon/loop.py:Daemon._progress": ("daemon", 83),
-    "hwprofile/daemon/policy.py:thermal_step": ("daemon", 62),
-    "hwprofile/daemon/policy.py:decide_actions": ("daemon", 85),
-    "hwprofile/daemon/policy.py:drift_step": ("daemon", 62),
     "hwprofile/host/nvml.py:Nvml.gpu": ("host (NVML)", 72),
     "hwprofile/pipeline.py:calibration_from_bench": ("bench calibration", 69),
 }
