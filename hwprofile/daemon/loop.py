@@ -540,50 +540,75 @@ class Daemon:
     def _progress(self, now: float) -> None:
         """Finish the restart in flight, or start the next one (one instance at a time)."""
         insts = self.instances()
-        if self.current is not None:
-            inst = insts.get(self.current.action.instance)
-            state = inst.state.value if inst is not None else "failed"
-            if self.current.new is not None and inst is not None and state not in ("failed", "stopped"):
-                if now < self.current.drain_at:
-                    return  # /health of the metrics port says 503: the load balancer stops sending
-                inst.replace(self.current.new)
-                self.current.new = None
+        if self.current is not None and not self._finish_current(self.current, insts, now):
+            return
+        if not self._start_reloads(insts, now):
+            return
+        while self.queue and self.current is None:
+            a = self.queue.popleft()
+            inst = insts.get(a.instance)
+            if inst is None or inst.state.value != "ready":
+                self.queue.appendleft(a)  # wait until it is ready (a restart of its own, a start)
                 return
-            if (
-                inst is not None
-                and state == "ready"
-                and inst.replacements > self.current.replacements_before
-                and not inst.replacing
-            ):
-                a = self.current.action
-                took = now - self.current.started
-                ranks = self._ranks(a.instance)
-                whole = f" (downtime of the data-parallel server: all {ranks} ranks)" if ranks > 1 else ""
-                log.warning(
-                    "done: %s %s at degrade step %d, ready again after %.0f s%s",
-                    a.kind,
-                    a.instance,
-                    a.level,
-                    took,
-                    whole,
-                    extra=fields(a),
-                )
-                self._record(a, "done", f"ready again after {took:.0f} s{whole}")
-                self.levels[a.instance] = a.level
-                self.current = None
-            elif state in ("failed", "stopped"):
-                a = self.current.action
-                msg = (
-                    f"{a.kind} {a.instance}: the instance is {state} ({(inst.failure or {}) if inst else ''})"
-                )
-                log.error("%s", msg, extra=fields(a))
-                self.errors.append(msg)
-                self._record(a, "failed", msg)
-                self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
-                self.current = None
-            else:
-                return
-        while self.pending and self.current is None:  # a reload's restarts first, one at a time
+            self._apply(a, inst, now)
+
+    def _finish_current(self, cur: InFlight, insts: dict[str, Any], now: float) -> bool:
+        """The restart in flight: its new settings are applied once its drain time is over, then it is done
+        when its instance is ready again after the replacement, or failed when the instance failed or
+        stopped. True when it is over (``self.current`` is then None), False while it is in flight."""
+        inst = insts.get(cur.action.instance)
+        state = inst.state.value if inst is not None else "failed"
+        if cur.new is not None and inst is not None and state not in ("failed", "stopped"):
+            if now >= cur.drain_at:  # before: /health of the metrics port says 503, the balancer stops
+                inst.replace(cur.new)
+                cur.new = None
+            return False
+        if (
+            inst is not None
+            and state == "ready"
+            and inst.replacements > cur.replacements_before
+            and not inst.replacing
+        ):
+            self._done(cur, now)
+        elif state in ("failed", "stopped"):
+            self._failed(cur.action, inst, state)
+        else:
+            return False
+        self.current = None
+        return True
+
+    def _done(self, cur: InFlight, now: float) -> None:
+        """A restart whose instance is ready again: logged and recorded, its degrade step in force."""
+        a = cur.action
+        took = now - cur.started
+        ranks = self._ranks(a.instance)
+        whole = f" (downtime of the data-parallel server: all {ranks} ranks)" if ranks > 1 else ""
+        log.warning(
+            "done: %s %s at degrade step %d, ready again after %.0f s%s",
+            a.kind,
+            a.instance,
+            a.level,
+            took,
+            whole,
+            extra=fields(a),
+        )
+        self._record(a, "done", f"ready again after {took:.0f} s{whole}")
+        self.levels[a.instance] = a.level
+
+    def _failed(self, a: Action, inst: Any, state: str) -> None:
+        """A restart whose instance failed or stopped (or is gone): an error, recorded, and the watcher back
+        at the step in force."""
+        msg = f"{a.kind} {a.instance}: the instance is {state} ({(inst.failure or {}) if inst else ''})"
+        log.error("%s", msg, extra=fields(a))
+        self.errors.append(msg)
+        self._record(a, "failed", msg)
+        self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
+
+    def _start_reloads(self, insts: dict[str, Any], now: float) -> bool:
+        """A reload's restarts, first and one at a time: a failed instance to be tried again takes its new
+        settings then, a failed, stopped or gone one is skipped with an error, a ready one is restarted.
+        False when the next one is not ready yet (nothing else starts before it)."""
+        while self.pending and self.current is None:
             name, new = self.pending[0]
             inst = insts.get(name)
             retry_at = getattr(inst, "retry_at", None) if inst is not None else None
@@ -604,7 +629,7 @@ class Daemon:
                 self.errors.append(msg)
                 continue
             if inst.state.value != "ready":
-                return  # wait until it is ready
+                return False  # wait until it is ready
             self.pending.popleft()
             a = Reload(name, "the configuration changed", tuple(new.gpus or ()), self.levels.get(name, 0))
             log.warning(
@@ -613,13 +638,7 @@ class Daemon:
             )
             self._record(a, "started", "the configuration changed")
             self._begin(a, inst, new, now, [])
-        while self.queue and self.current is None:
-            a = self.queue.popleft()
-            inst = insts.get(a.instance)
-            if inst is None or inst.state.value != "ready":
-                self.queue.appendleft(a)  # wait until it is ready (a restart of its own, a start)
-                return
-            self._apply(a, inst, now)
+        return True
 
     def _apply(self, a: Action, inst: Any, now: float) -> None:
         base = next((i for i in self.plan.instances if i.name == a.instance), None)
