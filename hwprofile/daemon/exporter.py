@@ -146,6 +146,22 @@ def _instance_families(p: Published) -> Iterator[Any]:
     inst_state = GaugeMetricFamily(
         "hwprofile_instance_state", "1 for the instance's state", labels=["instance", "state"]
     )
+    for name, state in p.instance_states.items():
+        for s in STATES:
+            inst_state.add_metric([name, s], 1 if s == state else 0)
+    reported = _report_families(p)
+    troubles = _trouble_families(p)
+    actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
+    for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
+        actions.add_metric([kind], p.actions_total.get(kind, 0))
+    yield from (inst_state, *reported, *troubles, actions)
+
+
+def _report_families(p: Published) -> tuple[Any, ...]:
+    """What the daemon's report says of each instance: degrade step, drained, drifting, RSS (where read),
+    acceptance rate (where speculating); empty families without a report."""
+    from prometheus_client.core import GaugeMetricFamily
+
     degrade = GaugeMetricFamily(
         "hwprofile_instance_degrade_level",
         "degrade step in force (0 = full profile)",
@@ -156,10 +172,6 @@ def _instance_families(p: Published) -> Iterator[Any]:
         "speculative acceptance rate over the window",
         labels=["instance"],
     )
-    restarts = CounterMetricFamily(
-        "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
-    )
-    actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
     drained = GaugeMetricFamily(
         "hwprofile_instance_drained",
         "1 while the instance is drained for a hardware fault",
@@ -181,9 +193,17 @@ def _instance_families(p: Published) -> Iterator[Any]:
             rss.add_metric([i.name], i.rss_bytes)
         if i.acceptance_rate is not None:
             accept.add_metric([i.name], i.acceptance_rate)
-    for name, state in p.instance_states.items():
-        for s in STATES:
-            inst_state.add_metric([name, s], 1 if s == state else 0)
+    return degrade, drained, drifting, rss, accept
+
+
+def _trouble_families(p: Published) -> tuple[Any, ...]:
+    """An instance's restarts, the seconds until a failed one is tried again, and how long its /health
+    has been failing."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    restarts = CounterMetricFamily(
+        "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
+    )
     for name, n in p.restarts.items():
         restarts.add_metric([name], n)
     retry = GaugeMetricFamily(
@@ -200,9 +220,7 @@ def _instance_families(p: Published) -> Iterator[Any]:
     )
     for name in p.instance_states:
         failing.add_metric([name], p.health_failing_s.get(name, 0.0))
-    for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
-        actions.add_metric([kind], p.actions_total.get(kind, 0))
-    yield from (inst_state, degrade, drained, drifting, rss, accept, restarts, retry, failing, actions)
+    return restarts, retry, failing
 
 
 def _loop_families(p: Published) -> Iterator[Any]:
