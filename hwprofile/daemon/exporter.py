@@ -9,10 +9,16 @@ reference only — no NVML, no HTTP, no lock of the loop. Names follow Prometheu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..supervise.lifecycle import State
 from .policy import LEVELS, fault_kinds
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
+    from .watcher import Report
 
 STATES = tuple(s.value for s in State)  # the instance state machine's own states, no other
 
@@ -21,7 +27,7 @@ class Published:
     """The reference the loop swaps after each tick; the exporter and status read it."""
 
     def __init__(self) -> None:
-        self.report: Any = None  # watcher.Report
+        self.report: Report | None = None  # the last tick's
         self.instance_states: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
         self.retry_in: dict[str, float] = {}  # failed instances: seconds until they are tried again
@@ -80,7 +86,7 @@ class HwprofileCollector:
         yield from _loop_families(p)
 
 
-def _gpu_families(rep: Any) -> Iterator[Any]:
+def _gpu_families(rep: Report | None) -> Iterator[Any]:
     """Per GPU: its readings, clock-event reasons, thermal state and fatal faults."""
     from prometheus_client.core import GaugeMetricFamily
 
@@ -189,8 +195,8 @@ def _report_families(p: Published) -> tuple[Any, ...]:
         degrade.add_metric([i.name], i.degrade_level)
         drained.add_metric([i.name], 1 if i.drained else 0)
         drifting.add_metric([i.name], 1 if getattr(i, "drift", None) else 0)
-        if getattr(i, "rss_bytes", None) is not None:
-            rss.add_metric([i.name], i.rss_bytes)
+        if (rss_bytes := getattr(i, "rss_bytes", None)) is not None:
+            rss.add_metric([i.name], rss_bytes)
         if i.acceptance_rate is not None:
             accept.add_metric([i.name], i.acceptance_rate)
     return degrade, drained, drifting, rss, accept
@@ -290,7 +296,7 @@ def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
     return route
 
 
-def serve(published: Published, port: int, host: str = "127.0.0.1") -> tuple[Any, Any]:
+def serve(published: Published, port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
     """Start the metrics port (:func:`app`) on its own thread; returns (server, thread) so that it can
     be shut down. Each request on a thread of its own (a slow scraper never holds the probes up)."""
     import socket
