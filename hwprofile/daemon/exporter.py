@@ -8,7 +8,7 @@ reference only — no NVML, no HTTP, no lock of the loop. Names follow Prometheu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..supervise.lifecycle import State
@@ -17,6 +17,9 @@ from .policy import LEVELS, fault_kinds
 if TYPE_CHECKING:
     import threading
     from wsgiref.simple_server import WSGIServer
+
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from prometheus_client.metrics_core import Metric
 
     from .watcher import Report
 
@@ -75,10 +78,10 @@ class HwprofileCollector:
     def __init__(self, published: Published) -> None:
         self.published = published
 
-    def describe(self) -> list[Any]:  # no collect() at registration
+    def describe(self) -> list[Metric]:  # no collect() at registration
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         p = self.published
         yield from _front(p.front)
         yield from _gpu_families(p.report)
@@ -86,7 +89,7 @@ class HwprofileCollector:
         yield from _loop_families(p)
 
 
-def _gpu_families(rep: Report | None) -> Iterator[Any]:
+def _gpu_families(rep: Report | None) -> Iterator[Metric]:
     """Per GPU: its readings, clock-event reasons, thermal state and fatal faults."""
     from prometheus_client.core import GaugeMetricFamily
 
@@ -144,7 +147,7 @@ def _gpu_families(rep: Report | None) -> Iterator[Any]:
     yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
 
 
-def _instance_families(p: Published) -> Iterator[Any]:
+def _instance_families(p: Published) -> Iterator[Metric]:
     """Per instance: its state, degrade step, drain, drift, memory, acceptance, restarts and troubles;
     the actions taken, by kind."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -163,7 +166,7 @@ def _instance_families(p: Published) -> Iterator[Any]:
     yield from (inst_state, *reported, *troubles, actions)
 
 
-def _report_families(p: Published) -> tuple[Any, ...]:
+def _report_families(p: Published) -> tuple[Metric, ...]:
     """What the daemon's report says of each instance: degrade step, drained, drifting, RSS (where read),
     acceptance rate (where speculating); empty families without a report."""
     from prometheus_client.core import GaugeMetricFamily
@@ -202,7 +205,7 @@ def _report_families(p: Published) -> tuple[Any, ...]:
     return degrade, drained, drifting, rss, accept
 
 
-def _trouble_families(p: Published) -> tuple[Any, ...]:
+def _trouble_families(p: Published) -> tuple[Metric, ...]:
     """An instance's restarts, the seconds until a failed one is tried again, and how long its /health
     has been failing."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -229,7 +232,7 @@ def _trouble_families(p: Published) -> tuple[Any, ...]:
     return restarts, retry, failing
 
 
-def _loop_families(p: Published) -> Iterator[Any]:
+def _loop_families(p: Published) -> Iterator[Metric]:
     """The loop's own: ticks, missed ticks, the last tick's duration."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -245,7 +248,7 @@ def _loop_families(p: Published) -> Iterator[Any]:
 FRONT_STATES = ("waiting", "starting", "ready", "restarting", "stopped")  # supervise.router's states
 
 
-def _front(front: dict[str, Any] | None) -> Iterator[Any]:
+def _front(front: dict[str, Any] | None) -> Iterator[Metric]:
     """vLLM's router in front of the servers, where the plan has it: its state, restarts and how many
     servers it sees healthy (its own request metrics are on its metrics port: ``metrics_url``)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -269,7 +272,7 @@ def _front(front: dict[str, Any] | None) -> Iterator[Any]:
         yield healthy
 
 
-def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
+def app(published: Published, clock: Callable[[], float] | None = None) -> WSGIApplication:
     """The WSGI application of the metrics port: ``/metrics`` (prometheus_client's own application),
     ``/health`` (:func:`readiness`: 200 or 503 with the reason) and ``/livez`` (:func:`liveness`)."""
     import time
@@ -281,7 +284,7 @@ def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
     metrics = make_wsgi_app(registry)
     now = clock or time.monotonic
 
-    def route(environ: dict[str, Any], start_response: Any) -> Any:
+    def route(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path in ("/health", "/livez"):
             ok, why = readiness(published) if path == "/health" else liveness(published, now())

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import HwprofileError
 from ..plan.degrade import degrade_overrides
@@ -35,6 +35,7 @@ from .notify import Notifier, status_line
 from .policy import start_levels
 
 if TYPE_CHECKING:
+    from types import FrameType
     from wsgiref.simple_server import WSGIServer
 
     from ..config.layers import Overrides
@@ -137,7 +138,7 @@ def build_loop(
 def install_signals(p: Parts) -> None:
     """SIGTERM/SIGINT: drain and stop (``/health`` answers 503 at once); SIGHUP: a reload at the next tick."""
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: draining and stopping every instance", signal.Signals(signum).name)
         p.sup.end_reason = f"the daemon was stopped by {signal.Signals(signum).name}"
         p.daemon.stopping = True
