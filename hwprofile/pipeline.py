@@ -30,6 +30,7 @@ from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
 
 if TYPE_CHECKING:
+    from .plan.kvpin import KvRecord
     from .plan.predict import Calibration
     from .plan.types import Plan
 
@@ -205,7 +206,7 @@ def kv_pools_path() -> str:
     return os.path.join(state_dir(), KV_POOLS_FILE)
 
 
-def load_kv_pools(path: str | None = None) -> dict[str, list[dict[str, Any]]]:
+def load_kv_pools(path: str | None = None) -> dict[str, list[KvRecord]]:
     """The recorded KV pools (:func:`hwprofile.plan.kvpin.parse_pools`); none where the file is
     missing, unreadable or not such a document (a pin is an optimisation: its absence is no error)."""
     import json
