@@ -247,7 +247,7 @@ class Daemon:
         self.last_reload: dict[str, Any] | None = None
         self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
 
-    def _dispatcher(self) -> dict[type[Any], Callable[[Any, dict[str, Any]], None]]:
+    def _dispatcher(self) -> dict[type[Action], Callable[[Any, dict[str, Instance]], None]]:
         """The one place an action is carried out, keyed on its type (a new reaction: a policy that
         returns a new action class, and its handler here)."""
         return {
