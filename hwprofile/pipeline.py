@@ -30,6 +30,7 @@ from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
 
 if TYPE_CHECKING:
+    from .plan.kvpin import KvRecord
     from .plan.predict import Calibration
     from .plan.types import Plan
 
@@ -205,7 +206,7 @@ def kv_pools_path() -> str:
     return os.path.join(state_dir(), KV_POOLS_FILE)
 
 
-def load_kv_pools(path: str | None = None) -> dict[str, list[dict[str, Any]]]:
+def load_kv_pools(path: str | None = None) -> dict[str, list[KvRecord]]:
     """The recorded KV pools (:func:`hwprofile.plan.kvpin.parse_pools`); none where the file is
     missing, unreadable or not such a document (a pin is an optimisation: its absence is no error)."""
     import json
@@ -395,66 +396,66 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
     the file and the value (a row without the three medians, a round that failed, is left out)."""
     from .plan.predict import Calibration
 
-    def bad(why: str) -> ConfigError:
-        return _bench_bad(path, why)
-
-    def number(value: object, key: str, where: str, whole: bool = False) -> Any:
-        return _bench_number(path, value, key, where, whole)
-
-    if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.bench/1":
-        raise bad("schema is not hwprofile.bench/1")
-    wl, plans = doc.get("workload"), doc.get("plans")
-    if not isinstance(wl, dict) or not isinstance(plans, list) or not plans or not isinstance(plans[0], dict):
-        raise bad("no workload or no plans")
-    _bench_host_check(doc, path, host)
-    plan = plans[0]
-    summary, settings = plan.get("summary"), plan.get("non_default_settings")
-    if summary is not None and not isinstance(summary, list):
-        raise bad("plans[0].summary: expected a list")
-    if settings is not None and not isinstance(settings, list):
-        raise bad("plans[0].non_default_settings: expected a list")
+    wl, plan, summary, settings = _bench_first_plan(doc, path, host)
     instances = plan.get("instances")
-    n_instances = 1 if instances is None else number(instances, "instances", "plans[0].instances", True)
+    n_instances = (
+        1 if instances is None else _bench_number(path, instances, "instances", "plans[0].instances", True)
+    )
     points = _bench_points(summary or [], path, n_instances)
     if not points:
-        raise bad("no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
-    tp = next(
-        (
-            s.get("value")
-            for s in settings or []
-            if isinstance(s, dict) and s.get("key") == "layout.tensor_parallel_size"
-        ),
-        None,
-    )
+        raise _bench_bad(path, "no concurrency with p50_tpot_ms, p50_ttft_ms and output_throughput medians")
+    tp = _bench_setting(settings, "layout.tensor_parallel_size")
     if tp is not None:
-        tp = number(
+        tp = _bench_number(
+            path,
             tp,
             "layout.tensor_parallel_size",
             "plans[0].non_default_settings layout.tensor_parallel_size",
             True,
         )
     if "input_len" not in wl or "output_len" not in wl:
-        raise bad("workload lengths: input_len and output_len are required")
-    batched = plan.get("max_num_batched_tokens") or next(
-        (
-            s.get("value")
-            for s in settings or []
-            if isinstance(s, dict) and s.get("key") == "engine.max_num_batched_tokens"
-        ),
-        None,
-    )
+        raise _bench_bad(path, "workload lengths: input_len and output_len are required")
+    batched = plan.get("max_num_batched_tokens") or _bench_setting(settings, "engine.max_num_batched_tokens")
     seqs = plan.get("max_num_seqs")
+    created = doc.get("created") if isinstance(doc, dict) else None  # a dict: checked above
     return Calibration(
         path,
-        doc.get("created") if isinstance(doc.get("created"), str) else None,
-        number(wl["input_len"], "input_len", "workload.input_len", True),
-        number(wl["output_len"], "output_len", "workload.output_len", True),
+        created if isinstance(created, str) else None,
+        _bench_number(path, wl["input_len"], "input_len", "workload.input_len", True),
+        _bench_number(path, wl["output_len"], "output_len", "workload.output_len", True),
         n_instances,
         tp,
         tuple(sorted(points.values())),
         seqs if type(seqs) is int and 1 <= seqs <= 1_000_000 else None,
         batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
     )
+
+
+def _bench_first_plan(
+    doc: object, path: str, host: HostSnapshot
+) -> tuple[dict[str, Any], dict[str, Any], list[Any] | None, list[Any] | None]:
+    """The parts of a bench document a calibration reads, each checked for its shape: the workload, the
+    first plan, its summary rows and its non-default settings (None where absent); the document made on
+    this host (:func:`_bench_host_check`). An error names the file and what is wrong."""
+    if not isinstance(doc, dict) or doc.get("schema") != "hwprofile.bench/1":
+        raise _bench_bad(path, "schema is not hwprofile.bench/1")
+    wl, plans = doc.get("workload"), doc.get("plans")
+    if not isinstance(wl, dict) or not isinstance(plans, list) or not plans or not isinstance(plans[0], dict):
+        raise _bench_bad(path, "no workload or no plans")
+    _bench_host_check(doc, path, host)
+    plan = plans[0]
+    summary, settings = plan.get("summary"), plan.get("non_default_settings")
+    if summary is not None and not isinstance(summary, list):
+        raise _bench_bad(path, "plans[0].summary: expected a list")
+    if settings is not None and not isinstance(settings, list):
+        raise _bench_bad(path, "plans[0].non_default_settings: expected a list")
+    return wl, plan, summary, settings
+
+
+def _bench_setting(settings: list[Any] | None, key: str) -> object:
+    """The value of one non-default setting of a bench plan (``{"key": ..., "value": ...}`` entries), or
+    None where it is not among them."""
+    return next((s.get("value") for s in settings or [] if isinstance(s, dict) and s.get("key") == key), None)
 
 
 def predictions_at(

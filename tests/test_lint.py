@@ -58,15 +58,7 @@ def test_every_type_ignore_names_its_code_and_says_why() -> None:
 # list, and one split below the bound leaves it (its entry is then stale: remove it). Issue 34: no
 # function over ~60 lines in the planner, renderer and daemon.
 MAX_FUNCTION_LINES = 60
-LONG_FUNCTIONS: dict[str, tuple[str, int]] = {
-    "hwprofile/daemon/exporter.py:_instance_families": ("daemon", 65),
-    "hwprofile/daemon/loop.py:Daemon._progress": ("daemon", 83),
-    "hwprofile/daemon/policy.py:thermal_step": ("daemon", 62),
-    "hwprofile/daemon/policy.py:decide_actions": ("daemon", 85),
-    "hwprofile/daemon/policy.py:drift_step": ("daemon", 62),
-    "hwprofile/host/nvml.py:Nvml.gpu": ("host (NVML)", 72),
-    "hwprofile/pipeline.py:calibration_from_bench": ("bench calibration", 69),
-}
+LONG_FUNCTIONS: dict[str, tuple[str, int]] = {}
 
 
 def function_lengths(root: Path = ROOT / "hwprofile") -> dict[str, int]:

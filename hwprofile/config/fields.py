@@ -35,7 +35,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.I)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
 
 
-def parse_size(value: Any) -> int:
+def parse_size(value: object) -> int:
     """``123``, ``"600MiB"``, ``"1GiB"``, ``"64M"`` (vLLM's style: M = 10^6, MiB = 2^20) → bytes,
     at most ``MAX_SIZE``."""
     if isinstance(value, bool):
@@ -60,7 +60,7 @@ def parse_size(value: Any) -> int:
     return size
 
 
-def check(field: Field, value: Any) -> Any:
+def check(field: Field, value: object) -> Any:
     """Return the value converted to its kind, or raise ValueError saying what is expected."""
     if value is None:
         if field.nullable:
@@ -74,7 +74,7 @@ def check(field: Field, value: Any) -> Any:
     return checker(field, value)
 
 
-def _check_bool(field: Field, value: Any) -> bool:
+def _check_bool(field: Field, value: object) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
@@ -82,7 +82,7 @@ def _check_bool(field: Field, value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
-def _parse_number_text(kind: str, value: Any) -> int | float:
+def _parse_number_text(kind: str, value: object) -> int | float:
     """A value that is not already a number (text, or a list or mapping) read as ``kind``."""
     if not isinstance(value, str):
         value = repr(value)  # a list or mapping: refused below, with what was given
@@ -97,7 +97,7 @@ def _parse_number_text(kind: str, value: Any) -> int | float:
         raise ValueError(f"expected {expected}, got {value!r}") from None
 
 
-def _check_number(field: Field, value: Any) -> int | float | str:
+def _check_number(field: Field, value: object) -> int | float | str:
     k = field.kind
     if k == "int_or_auto" and value == "auto":
         return "auto"
@@ -124,7 +124,7 @@ def _check_range(field: Field, value: int | float) -> None:
         raise ValueError(f"{value} is out of range [{_num(field.lo)}, {_num(field.hi)}]")
 
 
-def _check_choice(field: Field, value: Any) -> Any:
+def _check_choice(field: Field, value: object) -> object:
     if isinstance(value, bool) and {"on", "off"} <= set(field.choices):
         value = "on" if value else "off"  # YAML reads a bare on/off as a boolean
     if value not in field.choices:
@@ -135,7 +135,7 @@ def _check_choice(field: Field, value: Any) -> Any:
     return value
 
 
-def _check_text(field: Field, value: Any) -> str:
+def _check_text(field: Field, value: object) -> str:
     if not isinstance(value, str | int | float) or isinstance(value, bool):
         raise ValueError(f"expected text, got {type(value).__name__}")
     text = str(value)
@@ -148,7 +148,7 @@ def _check_text(field: Field, value: Any) -> str:
     return text
 
 
-def _check_str_list(field: Field, value: Any) -> list[str]:
+def _check_str_list(field: Field, value: object) -> list[str]:
     if isinstance(value, str):
         import shlex
 
@@ -164,7 +164,7 @@ def _check_str_list(field: Field, value: Any) -> list[str]:
     return items
 
 
-_CHECKERS: dict[str, Callable[[Field, Any], Any]] = {
+_CHECKERS: dict[str, Callable[[Field, object], object]] = {
     "bool": _check_bool,
     "int": _check_number,
     "float": _check_number,
@@ -218,7 +218,7 @@ def _num(x: float | None) -> str:
     return "-inf" if x is None else (str(int(x)) if float(x).is_integer() else str(x))
 
 
-def _k_table(value: Any) -> list[list[int | None]]:
+def _k_table(value: object) -> list[list[int | None]]:
     if not isinstance(value, list) or not value:
         raise ValueError("expected a list of [lo, hi, k] rows")
     rows: list[tuple[int, int | None, int]] = []

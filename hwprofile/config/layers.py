@@ -62,14 +62,14 @@ def overrides_d(root: str | os.PathLike[str]) -> list[Layer]:
     return [file_layer(p, "overrides.d") for p in files]
 
 
-def _scalar(text: str) -> Any:
+def _scalar(text: str) -> object:
     try:
         return safe_load(text) if text.strip() else None
     except ConfigError:
         return text
 
 
-def _tree(path: Path_, value: Any) -> dict[str, Any]:
+def _tree(path: Path_, value: object) -> dict[str, Any]:
     out: Any = value
     for part in reversed(path):
         out = {part: out}
@@ -153,7 +153,7 @@ class Overrides(NamedTuple):
 
     kind: str
     label: str
-    values: tuple[tuple[Path_, Any], ...]
+    values: tuple[tuple[Path_, object], ...]
 
 
 def overrides_layer(o: Overrides) -> Layer | None:

@@ -52,7 +52,7 @@ MERGE_KEYS = ("_replace", "_drop")
 
 
 def validate(
-    data: Any,
+    data: object,
     where: Callable[[tuple[str, ...]], Source],
     allowed_top: dict[tuple[str, ...], Field] | None = None,
 ) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def validate(
             if not isinstance(value, dict):
                 problems.append(f"{_loc(where((key,)))}: '{key}' must be a mapping of settings")
                 continue
-            section: dict[str, Any] = {}
+            section: dict[str, object] = {}
             valid = sorted(p[1] for p in fields if len(p) == 2 and p[0] == key)
             for sub, v in value.items():
                 sub = str(sub)
@@ -113,7 +113,7 @@ def validate(
     return out
 
 
-def _merge_key(name: str, value: Any, valid: list[str]) -> Any:
+def _merge_key(name: str, value: object, valid: list[str]) -> bool | list[str]:
     """``_replace`` must be a real boolean (``"no"`` is text, and text is true); ``_drop`` a list
     of the section's keys."""
     if name == "_replace":

@@ -35,12 +35,12 @@ def setting(
     return field(default=default, metadata={_META: spec})
 
 
-def spec_of(f: Any) -> Field:
+def spec_of(f: DataclassField[object]) -> Field:
     """The :class:`Field` a dataclass field declares (KeyError for a field that is no setting)."""
     return f.metadata[_META]
 
 
-def is_setting(f: Any) -> bool:
+def is_setting(f: DataclassField[object]) -> bool:
     """Whether a dataclass field declares a setting (:func:`setting`)."""
     return _META in f.metadata
 
@@ -54,11 +54,11 @@ def typed(spec: Field, value: Any) -> Any:
     return value
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
-def checked(spec: Field, value: Any, path: Path_) -> Any:
+def checked(spec: Field, value: object, path: Path_) -> Any:
     """``value`` checked against ``spec`` and :func:`typed`; ValueError names the setting's ``path``."""
     try:
         return typed(spec, check(spec, value))
@@ -85,20 +85,20 @@ class Section:
     # declared, not set: :func:`section` makes every subclass a dataclass, and this says so to mypy
     __dataclass_fields__: ClassVar[dict[str, DataclassField[Any]]]
 
-    def __init__(self, **values: Any) -> None:
+    def __init__(self, **values: object) -> None:
         unknown = values.keys() - self._defaults.keys()
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown setting(s) {sorted(unknown)}")
         for name, default in self._defaults.items():
             object.__setattr__(self, name, values.get(name, default))
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
     def __delattr__(self, name: str) -> None:
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
-    def _values(self) -> tuple[Any, ...]:
+    def _values(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self._defaults)
 
     def __eq__(self, other: object) -> bool:
@@ -123,7 +123,7 @@ class Section:
         return {name: _plain(getattr(self, name)) for name in self._defaults}
 
     @classmethod
-    def from_json(cls: type[S], doc: Mapping[str, Any], name: str = "") -> S:
+    def from_json(cls: type[S], doc: Mapping[str, object], name: str = "") -> S:
         """Read a section back (``to_json``'s document, or a section of a validated tree): each value
         checked against its declaration, a key left out at its default. ValueError names the
         setting."""

@@ -8,11 +8,20 @@ reference only — no NVML, no HTTP, no lock of the loop. Names follow Prometheu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..supervise.lifecycle import State
 from .policy import LEVELS, fault_kinds
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from prometheus_client.metrics_core import Metric
+
+    from .watcher import Report
 
 STATES = tuple(s.value for s in State)  # the instance state machine's own states, no other
 
@@ -21,7 +30,7 @@ class Published:
     """The reference the loop swaps after each tick; the exporter and status read it."""
 
     def __init__(self) -> None:
-        self.report: Any = None  # watcher.Report
+        self.report: Report | None = None  # the last tick's
         self.instance_states: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
         self.retry_in: dict[str, float] = {}  # failed instances: seconds until they are tried again
@@ -69,10 +78,10 @@ class HwprofileCollector:
     def __init__(self, published: Published) -> None:
         self.published = published
 
-    def describe(self) -> list[Any]:  # no collect() at registration
+    def describe(self) -> list[Metric]:  # no collect() at registration
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         p = self.published
         yield from _front(p.front)
         yield from _gpu_families(p.report)
@@ -80,7 +89,7 @@ class HwprofileCollector:
         yield from _loop_families(p)
 
 
-def _gpu_families(rep: Any) -> Iterator[Any]:
+def _gpu_families(rep: Report | None) -> Iterator[Metric]:
     """Per GPU: its readings, clock-event reasons, thermal state and fatal faults."""
     from prometheus_client.core import GaugeMetricFamily
 
@@ -138,7 +147,7 @@ def _gpu_families(rep: Any) -> Iterator[Any]:
     yield from (temp, slow, clock, clock_max, power, reason, reason_s, thermal, fault, ecc)
 
 
-def _instance_families(p: Published) -> Iterator[Any]:
+def _instance_families(p: Published) -> Iterator[Metric]:
     """Per instance: its state, degrade step, drain, drift, memory, acceptance, restarts and troubles;
     the actions taken, by kind."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -146,6 +155,22 @@ def _instance_families(p: Published) -> Iterator[Any]:
     inst_state = GaugeMetricFamily(
         "hwprofile_instance_state", "1 for the instance's state", labels=["instance", "state"]
     )
+    for name, state in p.instance_states.items():
+        for s in STATES:
+            inst_state.add_metric([name, s], 1 if s == state else 0)
+    reported = _report_families(p)
+    troubles = _trouble_families(p)
+    actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
+    for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
+        actions.add_metric([kind], p.actions_total.get(kind, 0))
+    yield from (inst_state, *reported, *troubles, actions)
+
+
+def _report_families(p: Published) -> tuple[Metric, ...]:
+    """What the daemon's report says of each instance: degrade step, drained, drifting, RSS (where read),
+    acceptance rate (where speculating); empty families without a report."""
+    from prometheus_client.core import GaugeMetricFamily
+
     degrade = GaugeMetricFamily(
         "hwprofile_instance_degrade_level",
         "degrade step in force (0 = full profile)",
@@ -156,10 +181,6 @@ def _instance_families(p: Published) -> Iterator[Any]:
         "speculative acceptance rate over the window",
         labels=["instance"],
     )
-    restarts = CounterMetricFamily(
-        "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
-    )
-    actions = CounterMetricFamily("hwprofile_actions", "actions taken, by kind", labels=["kind"])
     drained = GaugeMetricFamily(
         "hwprofile_instance_drained",
         "1 while the instance is drained for a hardware fault",
@@ -177,13 +198,21 @@ def _instance_families(p: Published) -> Iterator[Any]:
         degrade.add_metric([i.name], i.degrade_level)
         drained.add_metric([i.name], 1 if i.drained else 0)
         drifting.add_metric([i.name], 1 if getattr(i, "drift", None) else 0)
-        if getattr(i, "rss_bytes", None) is not None:
-            rss.add_metric([i.name], i.rss_bytes)
+        if (rss_bytes := getattr(i, "rss_bytes", None)) is not None:
+            rss.add_metric([i.name], rss_bytes)
         if i.acceptance_rate is not None:
             accept.add_metric([i.name], i.acceptance_rate)
-    for name, state in p.instance_states.items():
-        for s in STATES:
-            inst_state.add_metric([name, s], 1 if s == state else 0)
+    return degrade, drained, drifting, rss, accept
+
+
+def _trouble_families(p: Published) -> tuple[Metric, ...]:
+    """An instance's restarts, the seconds until a failed one is tried again, and how long its /health
+    has been failing."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    restarts = CounterMetricFamily(
+        "hwprofile_instance_restarts", "restarts of the instance", labels=["instance"]
+    )
     for name, n in p.restarts.items():
         restarts.add_metric([name], n)
     retry = GaugeMetricFamily(
@@ -200,12 +229,10 @@ def _instance_families(p: Published) -> Iterator[Any]:
     )
     for name in p.instance_states:
         failing.add_metric([name], p.health_failing_s.get(name, 0.0))
-    for kind in ("degrade", "recover", "restart", "recycle", "drain", "power"):
-        actions.add_metric([kind], p.actions_total.get(kind, 0))
-    yield from (inst_state, degrade, drained, drifting, rss, accept, restarts, retry, failing, actions)
+    return restarts, retry, failing
 
 
-def _loop_families(p: Published) -> Iterator[Any]:
+def _loop_families(p: Published) -> Iterator[Metric]:
     """The loop's own: ticks, missed ticks, the last tick's duration."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -221,7 +248,7 @@ def _loop_families(p: Published) -> Iterator[Any]:
 FRONT_STATES = ("waiting", "starting", "ready", "restarting", "stopped")  # supervise.router's states
 
 
-def _front(front: dict[str, Any] | None) -> Iterator[Any]:
+def _front(front: dict[str, Any] | None) -> Iterator[Metric]:
     """vLLM's router in front of the servers, where the plan has it: its state, restarts and how many
     servers it sees healthy (its own request metrics are on its metrics port: ``metrics_url``)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -245,7 +272,7 @@ def _front(front: dict[str, Any] | None) -> Iterator[Any]:
         yield healthy
 
 
-def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
+def app(published: Published, clock: Callable[[], float] | None = None) -> WSGIApplication:
     """The WSGI application of the metrics port: ``/metrics`` (prometheus_client's own application),
     ``/health`` (:func:`readiness`: 200 or 503 with the reason) and ``/livez`` (:func:`liveness`)."""
     import time
@@ -257,7 +284,7 @@ def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
     metrics = make_wsgi_app(registry)
     now = clock or time.monotonic
 
-    def route(environ: dict[str, Any], start_response: Any) -> Any:
+    def route(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path in ("/health", "/livez"):
             ok, why = readiness(published) if path == "/health" else liveness(published, now())
@@ -272,7 +299,7 @@ def app(published: Published, clock: Callable[[], float] | None = None) -> Any:
     return route
 
 
-def serve(published: Published, port: int, host: str = "127.0.0.1") -> tuple[Any, Any]:
+def serve(published: Published, port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
     """Start the metrics port (:func:`app`) on its own thread; returns (server, thread) so that it can
     be shut down. Each request on a thread of its own (a slow scraper never holds the probes up)."""
     import socket

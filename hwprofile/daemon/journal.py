@@ -19,14 +19,13 @@ import socket
 import struct
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "hwprofile"
 PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
 
-def encode(fields: Mapping[str, Any]) -> bytes:
+def encode(fields: Mapping[str, object]) -> bytes:
     """journald's native datagram: ``KEY=value\\n``, or ``KEY\\n<le64 length><value>\\n`` when the
     value has a newline."""
     out = bytearray()
@@ -57,8 +56,8 @@ class JournalHandler(logging.Handler):
         self.address = address
         self.sock: socket.socket | None = None
 
-    def fields(self, record: logging.LogRecord) -> dict[str, Any]:
-        f: dict[str, Any] = {
+    def fields(self, record: logging.LogRecord) -> dict[str, object]:
+        f: dict[str, object] = {
             "MESSAGE": self.format(record),
             "PRIORITY": PRIORITY.get(record.levelno, 6),
             "SYSLOG_IDENTIFIER": IDENTIFIER,

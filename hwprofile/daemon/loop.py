@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from .policy import fault_kinds
 from .watcher import InstanceSpec, Report, Watcher
 
 if TYPE_CHECKING:
+    from ..supervise.instance import Instance
     from ..supervise.supervisor import Supervising
 
 log = logging.getLogger("hwprofile")
@@ -79,7 +80,7 @@ def instance_spec(plan: Plan, inst: InstancePlan, per_batch_honoured: bool = Fal
     )
 
 
-def fields(a: Action) -> dict[str, Any]:
+def fields(a: Action) -> dict[str, str | None]:
     """The journal fields of an action's log lines (:class:`.journal.JournalHandler` sends a record's
     UPPERCASE attributes): ``journalctl INSTANCE=vllm-gpu2-3``, ``ACTION=degrade``, ``GPU=2``."""
     return {"INSTANCE": a.instance, "ACTION": a.kind, "GPU": ",".join(map(str, a.gpus)) or None}
@@ -95,7 +96,7 @@ def shown(layers: Sequence[Overrides]) -> str:
     )
 
 
-def instance_troubles(instances: Any, now: float | None = None) -> dict[str, str]:
+def instance_troubles(instances: Iterable[Instance], now: float | None = None) -> dict[str, str]:
     """What an operator must see of each instance in trouble, by name (STATUS=, the metrics port's
     ``/health``, ``daemon.json``): failed (with when it is tried again, or that it is not), or ready
     while its ``/health`` fails (for how long). ``now``: wall time (the supervisor records wall times)."""
@@ -133,7 +134,7 @@ def _dir_id(path: Path, missing_ok: bool = True) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else (-1, -1)
 
 
-def instance_rss(inst: Any) -> float | None:
+def instance_rss(inst: Instance) -> float | None:
     """The resident memory of an instance's processes (its API server and engines), or None."""
     from ..runtime.processes import tree_rss
 
@@ -189,7 +190,7 @@ class Daemon:
         scraper: Callable[[str, str, float], InstanceReading] = scrape,
         collect: Callable[[dict[str, str], float], dict[str, InstanceReading]] | None = None,
         on_tick: Callable[[Daemon, Report], None] | None = None,
-        rss_reader: Callable[[Any], float | None] | None = None,
+        rss_reader: Callable[[Instance], float | None] | None = None,
     ) -> None:
         """``replan(extra)`` returns a :class:`Plan` (``PlanInputs.replan``; ``extra``: typed override
         layers, a degrade step's); ``supervisor``: a
@@ -246,7 +247,7 @@ class Daemon:
         self.last_reload: dict[str, Any] | None = None
         self.pending: deque[tuple[str, InstancePlan]] = deque()  # instances to restart for a reload
 
-    def _dispatcher(self) -> dict[type[Any], Callable[[Any, dict[str, Any]], None]]:
+    def _dispatcher(self) -> dict[type[Action], Callable[[Any, dict[str, Instance]], None]]:
         """The one place an action is carried out, keyed on its type (a new reaction: a policy that
         returns a new action class, and its handler here)."""
         return {
@@ -259,7 +260,7 @@ class Daemon:
         }
 
     # -- one tick ---------------------------------------------------------------------------------
-    def instances(self) -> dict[str, Any]:
+    def instances(self) -> dict[str, Instance]:
         return {i.name: i for i in self.sup.instances}
 
     def tick(self) -> Report:
@@ -300,20 +301,20 @@ class Daemon:
         return rep
 
     # -- the dispatcher: each action type's handler -------------------------------------------------
-    def act(self, a: Action, insts: dict[str, Any]) -> None:
+    def act(self, a: Action, insts: dict[str, Instance]) -> None:
         """Carry out one action decided by a policy: the handler registered for its type."""
         handler = self.handlers.get(type(a))
         if handler is None:
             raise TypeError(f"no handler for the action {type(a).__name__} ({a.instance}: {a.reason})")
         handler(a, insts)
 
-    def _on_drain(self, a: Drain, insts: dict[str, Any]) -> None:
+    def _on_drain(self, a: Drain, insts: dict[str, Instance]) -> None:
         self._drain(a, insts.get(a.instance))
 
-    def _on_power(self, a: PowerCap, insts: dict[str, Any]) -> None:
+    def _on_power(self, a: PowerCap, insts: dict[str, Instance]) -> None:
         self._power(a)
 
-    def _on_recover(self, a: Recover, insts: dict[str, Any]) -> None:
+    def _on_recover(self, a: Recover, insts: dict[str, Instance]) -> None:
         self.restore_power(a.gpus, a)
         if a.level == 0 and self.levels.get(a.instance, 0) == 0 and not self._queued(a.instance):
             self._record(a, "done", "power limit restored; no restart (the batch was never cut)")
@@ -321,11 +322,11 @@ class Daemon:
         self._enqueue(a)
         self._said_step(a)
 
-    def _on_degrade(self, a: Degrade, insts: dict[str, Any]) -> None:
+    def _on_degrade(self, a: Degrade, insts: dict[str, Instance]) -> None:
         self._enqueue(a)
         self._said_step(a)
 
-    def _on_restart(self, a: Restart | Recycle, insts: dict[str, Any]) -> None:
+    def _on_restart(self, a: Restart | Recycle, insts: dict[str, Instance]) -> None:
         if self._queued(a.instance):
             return  # the action queued for it restarts it anyway, and at the step it decided
         self._enqueue(a)
@@ -422,7 +423,7 @@ class Daemon:
         bound = min(IDLE_SCRAPE_S, s.stall_s / 4) if s.stall_s > 0 else IDLE_SCRAPE_S
         return max(bound, s.interval)
 
-    def _scrape(self, now: float, insts: dict[str, Any], busy: set[str]) -> dict[str, InstanceReading]:
+    def _scrape(self, now: float, insts: dict[str, Instance], busy: set[str]) -> dict[str, InstanceReading]:
         """Every ready instance's reading: a new scrape, but for an instance idle at its last one made
         less than :meth:`idle_scrape_s` ago and not ``busy``, whose last reading stands (an idle server's
         counters stand still)."""
@@ -445,7 +446,7 @@ class Daemon:
         self._scraped.update(fresh)
         return {**fresh, **stands}
 
-    def _read_rss(self, now: float, insts: dict[str, Any], scrapes: dict[str, Any]) -> None:
+    def _read_rss(self, now: float, insts: dict[str, Instance], scrapes: dict[str, InstanceReading]) -> None:
         """Each scraped instance's process RSS, every ``RSS_EVERY_S`` (the drift policy's slow reading)."""
         for name in scrapes:
             if now - self._rss_at.get(name, -RSS_EVERY_S) < RSS_EVERY_S or name not in insts:
@@ -457,7 +458,7 @@ class Daemon:
             else:
                 self.watcher.rss[name] = float(rss)
 
-    def _drain(self, a: Drain, inst: Any) -> None:
+    def _drain(self, a: Drain, inst: Instance | None) -> None:
         """A hardware fault on the instance's GPU(s): stop it now (SIGTERM: vLLM drains its requests
         within its shutdown timeout), drop what was queued for it, never restart it there."""
         self.queue = deque(q for q in self.queue if q.instance != a.instance)
@@ -519,7 +520,7 @@ class Daemon:
         log.warning("%s", msg, extra=fields(a))
         self._record(a, "failed", msg)
 
-    def restore_power(self, gpus: Any = None, a: Action | None = None) -> None:
+    def restore_power(self, gpus: Iterable[int] | None = None, a: Action | None = None) -> None:
         """Put back the power limit of ``gpus`` (all the daemon lowered: None), on recover and on exit."""
         for g in sorted(self.power_saved if gpus is None else [g for g in gpus if g in self.power_saved]):
             limit = self.power_saved.pop(g)
@@ -540,50 +541,75 @@ class Daemon:
     def _progress(self, now: float) -> None:
         """Finish the restart in flight, or start the next one (one instance at a time)."""
         insts = self.instances()
-        if self.current is not None:
-            inst = insts.get(self.current.action.instance)
-            state = inst.state.value if inst is not None else "failed"
-            if self.current.new is not None and inst is not None and state not in ("failed", "stopped"):
-                if now < self.current.drain_at:
-                    return  # /health of the metrics port says 503: the load balancer stops sending
-                inst.replace(self.current.new)
-                self.current.new = None
+        if self.current is not None and not self._finish_current(self.current, insts, now):
+            return
+        if not self._start_reloads(insts, now):
+            return
+        while self.queue and self.current is None:
+            a = self.queue.popleft()
+            inst = insts.get(a.instance)
+            if inst is None or inst.state.value != "ready":
+                self.queue.appendleft(a)  # wait until it is ready (a restart of its own, a start)
                 return
-            if (
-                inst is not None
-                and state == "ready"
-                and inst.replacements > self.current.replacements_before
-                and not inst.replacing
-            ):
-                a = self.current.action
-                took = now - self.current.started
-                ranks = self._ranks(a.instance)
-                whole = f" (downtime of the data-parallel server: all {ranks} ranks)" if ranks > 1 else ""
-                log.warning(
-                    "done: %s %s at degrade step %d, ready again after %.0f s%s",
-                    a.kind,
-                    a.instance,
-                    a.level,
-                    took,
-                    whole,
-                    extra=fields(a),
-                )
-                self._record(a, "done", f"ready again after {took:.0f} s{whole}")
-                self.levels[a.instance] = a.level
-                self.current = None
-            elif state in ("failed", "stopped"):
-                a = self.current.action
-                msg = (
-                    f"{a.kind} {a.instance}: the instance is {state} ({(inst.failure or {}) if inst else ''})"
-                )
-                log.error("%s", msg, extra=fields(a))
-                self.errors.append(msg)
-                self._record(a, "failed", msg)
-                self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
-                self.current = None
-            else:
-                return
-        while self.pending and self.current is None:  # a reload's restarts first, one at a time
+            self._apply(a, inst, now)
+
+    def _finish_current(self, cur: InFlight, insts: dict[str, Instance], now: float) -> bool:
+        """The restart in flight: its new settings are applied once its drain time is over, then it is done
+        when its instance is ready again after the replacement, or failed when the instance failed or
+        stopped. True when it is over (``self.current`` is then None), False while it is in flight."""
+        inst = insts.get(cur.action.instance)
+        state = inst.state.value if inst is not None else "failed"
+        if cur.new is not None and inst is not None and state not in ("failed", "stopped"):
+            if now >= cur.drain_at:  # before: /health of the metrics port says 503, the balancer stops
+                inst.replace(cur.new)
+                cur.new = None
+            return False
+        if (
+            inst is not None
+            and state == "ready"
+            and inst.replacements > cur.replacements_before
+            and not inst.replacing
+        ):
+            self._done(cur, now)
+        elif state in ("failed", "stopped"):
+            self._failed(cur.action, inst, state)
+        else:
+            return False
+        self.current = None
+        return True
+
+    def _done(self, cur: InFlight, now: float) -> None:
+        """A restart whose instance is ready again: logged and recorded, its degrade step in force."""
+        a = cur.action
+        took = now - cur.started
+        ranks = self._ranks(a.instance)
+        whole = f" (downtime of the data-parallel server: all {ranks} ranks)" if ranks > 1 else ""
+        log.warning(
+            "done: %s %s at degrade step %d, ready again after %.0f s%s",
+            a.kind,
+            a.instance,
+            a.level,
+            took,
+            whole,
+            extra=fields(a),
+        )
+        self._record(a, "done", f"ready again after {took:.0f} s{whole}")
+        self.levels[a.instance] = a.level
+
+    def _failed(self, a: Action, inst: Instance | None, state: str) -> None:
+        """A restart whose instance failed or stopped (or is gone): an error, recorded, and the watcher back
+        at the step in force."""
+        msg = f"{a.kind} {a.instance}: the instance is {state} ({(inst.failure or {}) if inst is not None else ''})"
+        log.error("%s", msg, extra=fields(a))
+        self.errors.append(msg)
+        self._record(a, "failed", msg)
+        self.watcher.set_level(a.instance, self.levels.get(a.instance, 0))
+
+    def _start_reloads(self, insts: dict[str, Instance], now: float) -> bool:
+        """A reload's restarts, first and one at a time: a failed instance to be tried again takes its new
+        settings then, a failed, stopped or gone one is skipped with an error, a ready one is restarted.
+        False when the next one is not ready yet (nothing else starts before it)."""
+        while self.pending and self.current is None:
             name, new = self.pending[0]
             inst = insts.get(name)
             retry_at = getattr(inst, "retry_at", None) if inst is not None else None
@@ -604,7 +630,7 @@ class Daemon:
                 self.errors.append(msg)
                 continue
             if inst.state.value != "ready":
-                return  # wait until it is ready
+                return False  # wait until it is ready
             self.pending.popleft()
             a = Reload(name, "the configuration changed", tuple(new.gpus or ()), self.levels.get(name, 0))
             log.warning(
@@ -613,15 +639,9 @@ class Daemon:
             )
             self._record(a, "started", "the configuration changed")
             self._begin(a, inst, new, now, [])
-        while self.queue and self.current is None:
-            a = self.queue.popleft()
-            inst = insts.get(a.instance)
-            if inst is None or inst.state.value != "ready":
-                self.queue.appendleft(a)  # wait until it is ready (a restart of its own, a start)
-                return
-            self._apply(a, inst, now)
+        return True
 
-    def _apply(self, a: Action, inst: Any, now: float) -> None:
+    def _apply(self, a: Action, inst: Instance, now: float) -> None:
         base = next((i for i in self.plan.instances if i.name == a.instance), None)
         if base is None:
             return
@@ -679,7 +699,7 @@ class Daemon:
         self._record(a, "started", f"{step.kind} {step.label}: {detail}" if step is not None else detail)
         self._begin(a, inst, new, now, sets)
 
-    def _begin(self, a: Action, inst: Any, new: InstancePlan, now: float, sets: list[Overrides]) -> None:
+    def _begin(self, a: Action, inst: Instance, new: InstancePlan, now: float, sets: list[Overrides]) -> None:
         """The restart of ``inst`` as ``new``: at once, or after ``watch.unready_s`` of 503 on the
         metrics port's ``/health`` (a pod's readiness probe fails first, so its Service routes
         elsewhere before the drain)."""

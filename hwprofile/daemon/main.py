@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import HwprofileError
 from ..plan.degrade import degrade_overrides
@@ -35,6 +35,9 @@ from .notify import Notifier, status_line
 from .policy import start_levels
 
 if TYPE_CHECKING:
+    from types import FrameType
+    from wsgiref.simple_server import WSGIServer
+
     from ..config.layers import Overrides
     from ..host.sampler import GpuSampler
     from ..launch.start import Launch
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from ..supervise.supervisor import Supervisor
     from ..telemetry.scrape import ScrapePool
     from .overrides import ConfigWatch
+    from .watcher import Report
 
 log = logging.getLogger("hwprofile")
 STOP_SLACK_S = 30  # beyond the drain and its margin: last.json, the exporter, the daemon's own exit
@@ -60,7 +64,7 @@ class Parts:
     stop: threading.Event = field(default_factory=threading.Event)
     stopped_by_signal: threading.Event = field(default_factory=threading.Event)
     cwatch: ConfigWatch | None = None
-    server: Any = None
+    server: WSGIServer | None = None
     thread: threading.Thread | None = None
 
 
@@ -134,7 +138,7 @@ def build_loop(
 def install_signals(p: Parts) -> None:
     """SIGTERM/SIGINT: drain and stop (``/health`` answers 503 at once); SIGHUP: a reload at the next tick."""
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: draining and stopping every instance", signal.Signals(signum).name)
         p.sup.end_reason = f"the daemon was stopped by {signal.Signals(signum).name}"
         p.daemon.stopping = True
@@ -162,7 +166,7 @@ def watch_config(daemon: Daemon, root: Path | None, quiet_s: float) -> ConfigWat
     return cwatch
 
 
-def serve_metrics(daemon: Daemon) -> tuple[Any, threading.Thread | None]:
+def serve_metrics(daemon: Daemon) -> tuple[WSGIServer | None, threading.Thread | None]:
     """The exporter on ``watch.metrics_port`` (/metrics, /health, /livez); a port that cannot be taken is
     an error in daemon.json (so `hwprofile status` says it), not a stop."""
     from .exporter import serve
@@ -192,7 +196,7 @@ class ServiceHooks:
         self,
         p: Parts,
         state_dir: Path | None,
-        on_tick: Callable[[Daemon, Any], None] | None,
+        on_tick: Callable[[Daemon, Report], None] | None,
         on_ready: Callable[[Daemon], None] | None,
     ) -> None:
         self.p, self.state_dir, self.on_tick, self.on_ready = p, state_dir, on_tick, on_ready
@@ -226,7 +230,7 @@ class ServiceHooks:
             if (d.last_reload or {}).get("outcome") == "applied":
                 self.keep_good(d)
 
-    def tick(self, d: Daemon, rep: Any) -> None:
+    def tick(self, d: Daemon, rep: Report) -> None:
         from ..supervise.lifecycle import State
 
         notifier = self.p.notifier
@@ -273,7 +277,7 @@ def shut_down(p: Parts, on_stopping: Callable[[Daemon], None] | None) -> None:
 
 def run_daemon(
     launch: Launch,
-    on_tick: Callable[[Daemon, Any], None] | None = None,
+    on_tick: Callable[[Daemon, Report], None] | None = None,
     on_ready: Callable[[Daemon], None] | None = None,
     on_stopping: Callable[[Daemon], None] | None = None,
     notifier: Notifier | None = None,

@@ -21,7 +21,10 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .loop import Daemon
 
 log = logging.getLogger("hwprofile")
 ENV_KEYS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -74,7 +77,7 @@ class Notifier:
     def enabled(self) -> bool:
         return self.socket_path is not None
 
-    def send(self, **fields: Any) -> bool:
+    def send(self, **fields: object) -> bool:
         """Send ``KEY=VALUE`` lines in one datagram (keys upper-cased); False when not under systemd
         or when sending failed (logged)."""
         if not self.socket_path:
@@ -94,7 +97,7 @@ class Notifier:
 
     # -- the messages the daemon sends ------------------------------------------------------------
     def ready(self, status: str | None = None) -> bool:
-        fields: dict[str, Any] = {"ready": 1, "mainpid": os.getpid()}
+        fields: dict[str, object] = {"ready": 1, "mainpid": os.getpid()}
         if status:
             fields["status"] = status
             self.last_status = _one_line(status)
@@ -118,7 +121,7 @@ class Notifier:
         that long from now, whatever TimeoutStopSec the unit was written with (an override that
         lengthened ``server.shutdown_timeout`` after install-service is covered)."""
         self.last_status = "draining and stopping every instance"
-        fields: dict[str, Any] = {"stopping": 1, "status": self.last_status}
+        fields: dict[str, object] = {"stopping": 1, "status": self.last_status}
         if drain_s is not None:
             fields["extend_timeout_usec"] = int(drain_s * 1e6)
         return self.send(**fields)
@@ -151,11 +154,11 @@ def _watchdog_usec(env: Mapping[str, str]) -> int | None:
     return usec
 
 
-def _one_line(v: Any) -> str:
+def _one_line(v: object) -> str:
     return " ".join(str(v).split())
 
 
-def status_line(daemon: Any) -> str:
+def status_line(daemon: Daemon) -> str:
     """The one STATUS= line: ready count, each GPU not ``ok`` and the degrade steps in force, the
     restart in flight, the last reload error, the mean speculative acceptance — e.g.
     ``2/2 ready · GPU2 hot 84 °C, degraded · acceptance 71 %``."""

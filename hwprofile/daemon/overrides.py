@@ -19,9 +19,13 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from watchdog.events import FileSystemEventHandler
+
+if TYPE_CHECKING:
+    from watchdog.events import FileSystemEvent
+    from watchdog.observers.api import ObservedWatch
 
 log = logging.getLogger("hwprofile")
 WATCHED = ("profiles", "overrides.d", "rules.d")
@@ -56,7 +60,7 @@ class ConfigWatch:
         self._events: list[str] = []  # paths seen since the last poll (bounded)
         self._last_event: float | None = None  # loop clock of the last poll that found events
         self._paths: list[str] = []
-        self._watch: Any = None
+        self._watch: ObservedWatch | None = None
         self._root_id: tuple[int, int] | None = None
         self.observer = Observer()
         self.observer.daemon = True
@@ -64,7 +68,7 @@ class ConfigWatch:
         self.observer.start()
 
     # -- observer side (the dispatch thread): match, stamp, never raise --------------------------
-    def dispatch(self, event: Any) -> None:
+    def dispatch(self, event: FileSystemEvent) -> None:
         try:
             kind = getattr(event, "event_type", "")
             if kind not in CHANGES:  # opened, closed_no_write: our own re-plan reading the files
@@ -152,5 +156,5 @@ class _Handler(FileSystemEventHandler):
         super().__init__()
         self.watch = watch
 
-    def dispatch(self, event: Any) -> None:
+    def dispatch(self, event: FileSystemEvent) -> None:
         self.watch.dispatch(event)

@@ -101,33 +101,62 @@ def thermal_step(state: ThermalState, r: GpuReading, s: Watch, now: float) -> tu
     """Advance one GPU's thermal state by one reading. Returns the new state and, when the
     committed level changed, a one-line description of the change (else None)."""
     if r.status == "lost":
-        if state.lost:
-            return state, None
-        why = r.error or "NVML says the GPU is lost"
-        # nothing pending and nothing cool survives: a lost GPU is never cool
-        lost = replace(
-            state, lost=True, pending=None, pending_since=None, cool_since=None, reason=f"gpu_lost: {why}"
-        )
-        return lost, f"GPU {r.index} lost: {why}"
+        return _lost(state, r)
     if state.lost:
         state = replace(state, lost=False)
-    # how long each clock-event reason has been on
-    active = r.reasons
-    if active is None:
-        reasons_since = state.reasons_since
-    else:
-        old = dict(state.reasons_since)
-        reasons_since = tuple((n, old.get(n, now)) for n in active)
-    state = replace(state, reasons_since=reasons_since)
+    state = replace(state, reasons_since=_reasons_since(state, r, now))
     if r.temperature_c is None and r.headroom_c is None:
         return _unread(state, r, s, now)
-    change_back = None
-    if state.unread_since is not None or state.unknown:
-        if state.unknown:
-            gap = now - (state.unread_since or now)
-            change_back = f"GPU {r.index} unknown -> read again after {gap:.0f} s ({describe(r)})"
-        state = replace(state, unread_since=None, unknown=False)
+    state, change_back = _read_again(state, r, now)
+    up, up_why, down = _reading_levels(r, s, state.reasons_since, now)
+    # cool: below hot by the hysteresis and no thermal throttling at all
+    thermal_now = any(n in THERMAL_REASONS for n, _ in state.reasons_since)
+    cool = down < 2 and not thermal_now
+    cool_since = (state.cool_since if state.cool_since is not None else now) if cool else None
+    state = replace(state, cool_since=cool_since)
+    new, change = _move(state, r, s, now, (up, up_why, down))
+    return new, change if change is not None else change_back
 
+
+def _lost(state: ThermalState, r: GpuReading) -> tuple[ThermalState, str | None]:
+    """A reading that says the GPU is lost: reported once, on the first such reading; nothing pending
+    and nothing cool survives (a lost GPU is never cool)."""
+    if state.lost:
+        return state, None
+    why = r.error or "NVML says the GPU is lost"
+    lost = replace(
+        state, lost=True, pending=None, pending_since=None, cool_since=None, reason=f"gpu_lost: {why}"
+    )
+    return lost, f"GPU {r.index} lost: {why}"
+
+
+def _reasons_since(state: ThermalState, r: GpuReading, now: float) -> tuple[tuple[str, float], ...]:
+    """How long each clock-event reason has been on: each active reason with when it was first seen
+    (kept from the state while it stays on); a reading without reasons keeps them as they were."""
+    if r.reasons is None:
+        return state.reasons_since
+    old = dict(state.reasons_since)
+    return tuple((n, old.get(n, now)) for n in r.reasons)
+
+
+def _read_again(state: ThermalState, r: GpuReading, now: float) -> tuple[ThermalState, str | None]:
+    """A reading made after some that were not: the unread run ends, and a GPU that was unknown says
+    it is read again (the line to report, else None)."""
+    if state.unread_since is None and not state.unknown:
+        return state, None
+    change_back = None
+    if state.unknown:
+        gap = now - (state.unread_since or now)
+        change_back = f"GPU {r.index} unknown -> read again after {gap:.0f} s ({describe(r)})"
+    return replace(state, unread_since=None, unknown=False), change_back
+
+
+def _reading_levels(
+    r: GpuReading, s: Watch, reasons_since: tuple[tuple[str, float], ...], now: float
+) -> tuple[int, str, int]:
+    """The level a reading points up to (with why) and the level it allows down to: its temperature and
+    headroom against the thresholds (down: lowered by the hysteresis), at least ``hot`` both ways while
+    a thermal clock-event reason has been on for ``watch.throttle_s``."""
     up, up_why = _temp_level(r.temperature_c, r.headroom_c, s, 0.0)
     down, _ = _temp_level(r.temperature_c, r.headroom_c, s, s.hysteresis_c)
     throttled = [(n, now - t) for n, t in reasons_since if n in THERMAL_REASONS and now - t >= s.throttle_s]
@@ -136,26 +165,27 @@ def thermal_step(state: ThermalState, r: GpuReading, s: Watch, now: float) -> tu
         up, up_why = 2, f"{name} active for {held:.0f} s (>= watch.throttle_s {s.throttle_s:g} s)"
     if throttled:
         down = max(down, 2)
-    # cool: below hot by the hysteresis and no thermal throttling at all
-    thermal_now = any(n in THERMAL_REASONS for n, _ in reasons_since)
-    cool = down < 2 and not thermal_now
-    cool_since = (state.cool_since if state.cool_since is not None else now) if cool else None
-    state = replace(state, cool_since=cool_since)
+    return up, up_why, down
 
+
+def _move(
+    state: ThermalState, r: GpuReading, s: Watch, now: float, levels: tuple[int, str, int]
+) -> tuple[ThermalState, str | None]:
+    """The committed level against what the reading points to (``levels``: up, why, down): held, a
+    change pending until it has held ``watch.dwell_s``, or committed (with the line that says so)."""
+    up, up_why, down = levels
     cur = _rank(state.level)
     target = up if up > cur else (down if down < cur else cur)
     if target == cur:
-        kept = replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why))
-        return kept, change_back
+        return replace(state, pending=None, pending_since=None, reason=_hold_reason(state, r, up_why)), None
     want = LEVELS[target]
     if state.pending != want:
         state = replace(state, pending=want, pending_since=now, reason=f"{want} pending: {up_why}")
     assert state.pending_since is not None
     if now - state.pending_since < s.dwell_s:
         if state.pending_since == now:
-            return state, change_back
-        pending = replace(state, reason=f"{want} pending for {now - state.pending_since:.0f} s: {up_why}")
-        return pending, change_back
+            return state, None
+        return replace(state, reason=f"{want} pending for {now - state.pending_since:.0f} s: {up_why}"), None
     why = up_why if target > cur else f"below {state.level} by the hysteresis ({s.hysteresis_c:g} °C)"
     new = replace(state, level=want, since=now, pending=None, pending_since=None, reason=f"{want}: {why}")
     return new, f"GPU {r.index} {state.level} -> {want}: {why} ({describe(r)})"
@@ -311,69 +341,99 @@ def decide_actions(
     states: dict[str, InstanceActionState] = {}
     for name, gpus in instances.items():
         st = prev.get(name, InstanceActionState())
-        recent = tuple(t for t in st.actions_at if now - t < 3600)
-        st = replace(st, actions_at=recent, deferred=None)
-        known = [(g, thermal[g]) for g in gpus if g in thermal and not thermal[g].lost]
-        if not known:
-            states[name] = st
-            continue
+        st = replace(st, actions_at=tuple(t for t in st.actions_at if now - t < 3600), deferred=None)
         seen = tuple(readings[g] for g in gpus if g in readings)
-        worst_gpu, worst = max(known, key=lambda gt: _rank(gt[1].level))
-        want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
-        kind: type[Degrade] | type[Recover] | None = None
-        can_power = lever is not None and name in lever.instances
-        if want == 1 and st.level == 0 and can_power and st.power_at is None:
-            assert lever is not None
-            why = (
-                f"GPU {worst_gpu} {worst.reason}: power limit lowered to {lever.factor:.0%} first "
-                f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)"
-            )
-            actions.append(PowerCap(name, why, tuple(gpus), 0, seen))
-            states[name] = replace(st, power_at=now)
-            continue
-        if (
-            want == 1
-            and st.level == 0
-            and can_power
-            and st.power_at is not None
-            and lever is not None
-            and now - st.power_at < lever.hold_s
-        ):
-            states[name] = st  # the lowered limit is given its time
-            continue
-        if want > st.level:
-            kind, why = Degrade, f"GPU {worst_gpu} {worst.reason}"
-        elif (st.level > 0 or st.power_at is not None) and all(
-            _cool_for(thermal.get(g), now) >= s.recover_s for g in gpus
-        ):
-            # every GPU read at this tick and cool long enough: never on a reading that was not made
-            want, kind = 0, Recover
-            why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
-        if kind is None:
-            states[name] = st
-            continue
-        if kind is Recover and st.level == 0:  # only the power limit to restore: no restart
-            actions.append(Recover(name, why, tuple(gpus), 0, seen))
-            states[name] = replace(st, power_at=None)
-            continue
-        if held and name in held:
-            msg = f"{name}: {kind.kind} to step {want} not done: {held[name]}"
+        states[name], action, msg = _decide_instance(name, gpus, st, thermal, s, now, held, lever, seen)
+        if action is not None:
+            actions.append(action)
+        if msg is not None:
             deferred.append(msg)
-            states[name] = replace(st, deferred=msg)
-            continue
-        if len(recent) >= s.max_actions_per_hour:
-            msg = (
-                f"{name}: {kind.kind} to step {want} deferred: {len(recent)} actions in the last hour "
-                f"(watch.max_actions_per_hour {s.max_actions_per_hour})"
-            )
-            deferred.append(msg)
-            states[name] = replace(st, deferred=msg)
-            continue
-        actions.append(kind(name, why, tuple(gpus), want, seen))
-        states[name] = replace(
-            st, level=want, actions_at=(*recent, now), power_at=None if kind is Recover else st.power_at
-        )
     return Decisions(tuple(actions), tuple(deferred), states)
+
+
+# one instance's outcome at a tick: its new state, the action decided (or None), what was deferred (or None)
+_Outcome = tuple[InstanceActionState, Action | None, str | None]
+
+
+def _decide_instance(
+    name: str,
+    gpus: Sequence[int],
+    st: InstanceActionState,
+    thermal: Mapping[int, ThermalState],
+    s: Watch,
+    now: float,
+    held: Mapping[str, str] | None,
+    lever: PowerLever | None,
+    seen: tuple[GpuReading, ...],
+) -> _Outcome:
+    """One instance of :func:`decide_actions`: ``st`` has only its actions of the last hour and no
+    deferral; ``seen`` its GPUs' readings at this tick. Nothing is decided without a GPU in a state."""
+    known = [(g, thermal[g]) for g in gpus if g in thermal and not thermal[g].lost]
+    if not known:
+        return st, None, None
+    worst_gpu, worst = max(known, key=lambda gt: _rank(gt[1].level))
+    want = {"critical": 2, "hot": 1}.get(worst.level, st.level)
+    if want == 1 and st.level == 0 and lever is not None and name in lever.instances:
+        powered = _power_first(name, gpus, st, lever, now, f"GPU {worst_gpu} {worst.reason}", seen)
+        if powered is not None:
+            return powered
+    kind: type[Degrade] | type[Recover] | None = None
+    if want > st.level:
+        kind, why = Degrade, f"GPU {worst_gpu} {worst.reason}"
+    elif (st.level > 0 or st.power_at is not None) and all(
+        _cool_for(thermal.get(g), now) >= s.recover_s for g in gpus
+    ):
+        # every GPU read at this tick and cool long enough: never on a reading that was not made
+        want, kind = 0, Recover
+        why = f"GPU(s) {list(gpus)} below hot - {s.hysteresis_c:g} °C for >= {s.recover_s:g} s"
+    if kind is None:
+        return st, None, None
+    if kind is Recover and st.level == 0:  # only the power limit to restore: no restart
+        return replace(st, power_at=None), Recover(name, why, tuple(gpus), 0, seen), None
+    msg = _not_now(name, f"{kind.kind} to step {want}", st, s, held)
+    if msg is not None:
+        return replace(st, deferred=msg), None, msg
+    power_at = None if kind is Recover else st.power_at
+    new = replace(st, level=want, actions_at=(*st.actions_at, now), power_at=power_at)
+    return new, kind(name, why, tuple(gpus), want, seen), None
+
+
+def _power_first(
+    name: str,
+    gpus: Sequence[int],
+    st: InstanceActionState,
+    lever: PowerLever,
+    now: float,
+    hot: str,
+    seen: tuple[GpuReading, ...],
+) -> _Outcome | None:
+    """A hot instance at the full profile whose GPUs take the power lever (``hot``: why it is hot): its
+    power limit is lowered first, then given ``lever.hold_s``; None once that is over (the batch steps
+    follow)."""
+    if st.power_at is None:
+        why = (
+            f"{hot}: power limit lowered to {lever.factor:.0%} first "
+            f"(degrade.power_limit_factor; the batch steps follow if still hot after {lever.hold_s:g} s)"
+        )
+        return replace(st, power_at=now), PowerCap(name, why, tuple(gpus), 0, seen), None
+    if now - st.power_at < lever.hold_s:
+        return st, None, None  # the lowered limit is given its time
+    return None
+
+
+def _not_now(
+    name: str, what: str, st: InstanceActionState, s: Watch, held: Mapping[str, str] | None
+) -> str | None:
+    """Why a restart (``what``: its kind and step) is not done now, or None: the instance is held (this
+    daemon cannot restart it on its own), or it had ``watch.max_actions_per_hour`` in the last hour."""
+    if held and name in held:
+        return f"{name}: {what} not done: {held[name]}"
+    if len(st.actions_at) >= s.max_actions_per_hour:
+        return (
+            f"{name}: {what} deferred: {len(st.actions_at)} actions in the last hour "
+            f"(watch.max_actions_per_hour {s.max_actions_per_hour})"
+        )
+    return None
 
 
 # -- liveness ------------------------------------------------------------------------------------
@@ -477,44 +537,8 @@ def drift_step(
         state = replace(state, started=now)
     assert state.started is not None
     if now - state.started < s.drift_baseline_s:  # still the baseline
-        bands = state.bands
-        if r.tpot_s is not None and r.running is not None and r.tpot_s > 0:
-            band = load_band(r.running)
-            old = {b: (t, n) for b, t, n in bands}
-            t, n = old.get(band, (0.0, 0))
-            old[band] = (t + r.tpot_s, n + 1)
-            bands = tuple(sorted((b, t, n) for b, (t, n) in old.items()))
-        rss = state.rss_base
-        if r.rss_bytes is not None:
-            rss = r.rss_bytes if rss is None else max(rss, r.rss_bytes)
-        return replace(state, bands=bands, rss_base=rss), None
-    base = state.baseline(load_band(r.running)) if r.running is not None else None
-    if s.drift_tpot_factor > 0 and r.tpot_s is not None and r.running is not None and base is not None:
-        if r.tpot_s >= base * s.drift_tpot_factor:
-            state = replace(
-                state,
-                tpot_since=state.tpot_since if state.tpot_since is not None else now,
-                tpot_detail=(
-                    f"TPOT {r.tpot_s * 1000:.1f} ms is {r.tpot_s / base:.2f}x its baseline "
-                    f"{base * 1000:.1f} ms at {int(r.running)} request(s) running "
-                    f"(watch.drift_tpot_factor {s.drift_tpot_factor:g})"
-                ),
-            )
-        else:
-            state = replace(state, tpot_since=None, tpot_detail=None)
-    if s.drift_rss_factor > 0 and r.rss_bytes is not None and state.rss_base:
-        if r.rss_bytes >= state.rss_base * s.drift_rss_factor:
-            state = replace(
-                state,
-                rss_since=state.rss_since if state.rss_since is not None else now,
-                rss_detail=(
-                    f"RSS {r.rss_bytes / 2**20:.0f} MiB is {r.rss_bytes / state.rss_base:.2f}x its "
-                    f"baseline {state.rss_base / 2**20:.0f} MiB (watch.drift_rss_factor "
-                    f"{s.drift_rss_factor:g})"
-                ),
-            )
-        else:
-            state = replace(state, rss_since=None, rss_detail=None)
+        return _into_baseline(state, r), None
+    state = _rss_drift(_tpot_drift(state, r, s, now), r, s, now)
     since = state.since
     if since is None or state.acted or not s.drift_recycle or busy or now - since < s.drift_hold_s:
         return state, None
@@ -527,6 +551,60 @@ def drift_step(
         f"{r.max_num_seqs}): a planned recycle (drain, then the same settings)"
     )
     return replace(state, acted=True), why
+
+
+def _into_baseline(state: DriftState, r: DriftReading) -> DriftState:
+    """A reading of the baseline: its TPOT added to its load band's sum (only a TPOT made, at a known
+    load), its RSS to the largest seen."""
+    bands = state.bands
+    if r.tpot_s is not None and r.running is not None and r.tpot_s > 0:
+        band = load_band(r.running)
+        old = {b: (t, n) for b, t, n in bands}
+        t, n = old.get(band, (0.0, 0))
+        old[band] = (t + r.tpot_s, n + 1)
+        bands = tuple(sorted((b, t, n) for b, (t, n) in old.items()))
+    rss = state.rss_base
+    if r.rss_bytes is not None:
+        rss = r.rss_bytes if rss is None else max(rss, r.rss_bytes)
+    return replace(state, bands=bands, rss_base=rss)
+
+
+def _tpot_drift(state: DriftState, r: DriftReading, s: Watch, now: float) -> DriftState:
+    """TPOT drift past the baseline: on (since its first such reading) while a TPOT is
+    ``watch.drift_tpot_factor`` times its load band's baseline, off on one that is not; unchanged by a
+    reading without a TPOT, a load or a baseline for its band."""
+    base = state.baseline(load_band(r.running)) if r.running is not None else None
+    if s.drift_tpot_factor <= 0 or r.tpot_s is None or r.running is None or base is None:
+        return state
+    if r.tpot_s < base * s.drift_tpot_factor:
+        return replace(state, tpot_since=None, tpot_detail=None)
+    return replace(
+        state,
+        tpot_since=state.tpot_since if state.tpot_since is not None else now,
+        tpot_detail=(
+            f"TPOT {r.tpot_s * 1000:.1f} ms is {r.tpot_s / base:.2f}x its baseline "
+            f"{base * 1000:.1f} ms at {int(r.running)} request(s) running "
+            f"(watch.drift_tpot_factor {s.drift_tpot_factor:g})"
+        ),
+    )
+
+
+def _rss_drift(state: DriftState, r: DriftReading, s: Watch, now: float) -> DriftState:
+    """RSS drift past the baseline: on while the RSS is ``watch.drift_rss_factor`` times the baseline's
+    largest, off on one that is not; unchanged by a reading without an RSS (or without a baseline)."""
+    if s.drift_rss_factor <= 0 or r.rss_bytes is None or not state.rss_base:
+        return state
+    if r.rss_bytes < state.rss_base * s.drift_rss_factor:
+        return replace(state, rss_since=None, rss_detail=None)
+    return replace(
+        state,
+        rss_since=state.rss_since if state.rss_since is not None else now,
+        rss_detail=(
+            f"RSS {r.rss_bytes / 2**20:.0f} MiB is {r.rss_bytes / state.rss_base:.2f}x its "
+            f"baseline {state.rss_base / 2**20:.0f} MiB (watch.drift_rss_factor "
+            f"{s.drift_rss_factor:g})"
+        ),
+    )
 
 
 def drift_shown(state: DriftState | None, now: float) -> str | None:

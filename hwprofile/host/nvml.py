@@ -206,36 +206,32 @@ class Nvml:
         return NvmlHandle(h) if h is not None else None
 
     def gpu(self, index: int, handle: NvmlHandle, logical_cpus: int) -> Gpu:
-        """Read one GPU. Raises :class:`GpuLost` if the device is lost midway."""
-        n = self._n
+        """Read one GPU. Raises :class:`GpuLost` if the device is lost midway. (The NVML calls go in one
+        fixed order, the helpers' included: a GPU lost midway has what was read before it.)"""
         w = f"gpu[{index}]"
         peers = self._nvlink_peers(w, handle)
         self.peers[index] = peers
         pci = self.call(f"{w}.pci", "nvmlDeviceGetPciInfo", handle)
-        # v2 separates the driver's reservation from what processes use; drivers < 510 lack it.
-        mem = self.call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle, n.nvmlMemory_v2, quiet=True)
-        if mem is None:
-            mem = self.call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
+        mem = self._memory_info(w, handle)
         cc = self.call(f"{w}.compute_capability", "nvmlDeviceGetCudaComputeCapability", handle)
         numa = self.call(f"{w}.numa_node", "nvmlDeviceGetNumaNodeId", handle, quiet=True)
-        words = max(1, (logical_cpus + 63) // 64)
-        aff = self.call(f"{w}.cpu_affinity", "nvmlDeviceGetCpuAffinity", handle, words, quiet=True)
-        limit = self.call(
-            f"{w}.power_limit",
-            ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
-            handle,
-        )
-        draw = self.call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle)
+        aff = self._affinity_masks(w, handle, logical_cpus)
+        limit, draw = self._power(w, handle)
         minor = self._minor(w, handle)
         reasons = self.call(
             f"{w}.clocks_event_reasons",
             ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
             handle,
         )
+        name = _text(self.call(f"{w}.name", "nvmlDeviceGetName", handle))
+        uuid = _text(self.call(f"{w}.uuid", "nvmlDeviceGetUUID", handle))
+        pcie = self._pcie(w, handle)
+        temperature, slowdown, shutdown = self._temperatures(w, handle)
+        sm_clock, sm_clock_max = self._sm_clocks(w, handle)
         return Gpu(
             index=index,
-            name=_text(self.call(f"{w}.name", "nvmlDeviceGetName", handle)),
-            uuid=_text(self.call(f"{w}.uuid", "nvmlDeviceGetUUID", handle)),
+            name=name,
+            uuid=uuid,
             pci_bus_id=_text(pci.busId) if pci is not None else None,
             pci_device_id=f"0x{pci.pciDeviceId:08x}" if pci is not None else None,
             minor_number=minor,
@@ -246,37 +242,78 @@ class Nvml:
             numa_node=int(numa) if numa is not None else None,
             numa_node_source="nvml" if numa is not None else None,
             cpu_affinity=(cpulist_from_masks(int(x) for x in aff) or None) if aff is not None else None,
-            pcie=PcieLink(
-                gen=self.call(f"{w}.pcie.gen", "nvmlDeviceGetCurrPcieLinkGeneration", handle),
-                width=self.call(f"{w}.pcie.width", "nvmlDeviceGetCurrPcieLinkWidth", handle),
-                max_gen=self.call(f"{w}.pcie.max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", handle),
-                max_width=self.call(f"{w}.pcie.max_width", "nvmlDeviceGetMaxPcieLinkWidth", handle),
-            ),
+            pcie=pcie,
             nvlink_active_links=len(peers),
             power_limit_watts=limit / 1000 if limit is not None else None,
             power_draw_watts=draw / 1000 if draw is not None else None,
-            temperature_c=self.call(
-                f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU
-            ),
-            temperature_slowdown_c=self.call(
-                f"{w}.temperature_slowdown",
-                "nvmlDeviceGetTemperatureThreshold",
-                handle,
-                n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
-            ),
-            temperature_shutdown_c=self.call(
-                f"{w}.temperature_shutdown",
-                "nvmlDeviceGetTemperatureThreshold",
-                handle,
-                n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
-            ),
-            sm_clock_mhz=self.call(f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM),
-            sm_clock_max_mhz=self.call(
-                f"{w}.sm_clock_max", "nvmlDeviceGetMaxClockInfo", handle, n.NVML_CLOCK_SM
-            ),
+            temperature_c=temperature,
+            temperature_slowdown_c=slowdown,
+            temperature_shutdown_c=shutdown,
+            sm_clock_mhz=sm_clock,
+            sm_clock_max_mhz=sm_clock_max,
             clocks_event_reasons=decode_clock_event_reasons(reasons),
             clocks_event_reasons_mask=reasons,
         )
+
+    def _memory_info(self, w: str, handle: NvmlHandle) -> Any:
+        """NVML's memory info: v2 where the driver has it (it separates the driver's reservation from what
+        processes use; drivers < 510 lack it), else v1; None when neither answers."""
+        mem = self.call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle, self._n.nvmlMemory_v2, quiet=True)
+        if mem is None:
+            mem = self.call(f"{w}.memory", "nvmlDeviceGetMemoryInfo", handle)
+        return mem
+
+    def _affinity_masks(self, w: str, handle: NvmlHandle, logical_cpus: int) -> Any:
+        """The CPUs near the GPU: NVML's 64-bit masks, enough words for ``logical_cpus``; None if not read."""
+        words = max(1, (logical_cpus + 63) // 64)
+        return self.call(f"{w}.cpu_affinity", "nvmlDeviceGetCpuAffinity", handle, words, quiet=True)
+
+    def _power(self, w: str, handle: NvmlHandle) -> tuple[Any, Any]:
+        """``(power limit, power draw)`` in mW as NVML says them: the enforced limit (else the management
+        limit); each None where not read."""
+        limit = self.call(
+            f"{w}.power_limit",
+            ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
+            handle,
+        )
+        draw = self.call(f"{w}.power_draw", "nvmlDeviceGetPowerUsage", handle)
+        return limit, draw
+
+    def _pcie(self, w: str, handle: NvmlHandle) -> PcieLink:
+        """The PCIe link: its current generation and width, and the most it can do."""
+        return PcieLink(
+            gen=self.call(f"{w}.pcie.gen", "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            width=self.call(f"{w}.pcie.width", "nvmlDeviceGetCurrPcieLinkWidth", handle),
+            max_gen=self.call(f"{w}.pcie.max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            max_width=self.call(f"{w}.pcie.max_width", "nvmlDeviceGetMaxPcieLinkWidth", handle),
+        )
+
+    def _temperatures(self, w: str, handle: NvmlHandle) -> tuple[Any, Any, Any]:
+        """``(temperature, slowdown threshold, shutdown threshold)`` in °C, each None where not read."""
+        n = self._n
+        temperature = self.call(
+            f"{w}.temperature", "nvmlDeviceGetTemperature", handle, n.NVML_TEMPERATURE_GPU
+        )
+        slowdown = self.call(
+            f"{w}.temperature_slowdown",
+            "nvmlDeviceGetTemperatureThreshold",
+            handle,
+            n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+        )
+        shutdown = self.call(
+            f"{w}.temperature_shutdown",
+            "nvmlDeviceGetTemperatureThreshold",
+            handle,
+            n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+        )
+        return temperature, slowdown, shutdown
+
+    def _sm_clocks(self, w: str, handle: NvmlHandle) -> tuple[Any, Any]:
+        """``(SM clock, its maximum)`` in MHz, each None where not read."""
+        n = self._n
+        sm_clock = self.call(f"{w}.sm_clock", "nvmlDeviceGetClockInfo", handle, n.NVML_CLOCK_SM)
+        sm_clock_max = self.call(f"{w}.sm_clock_max", "nvmlDeviceGetMaxClockInfo", handle, n.NVML_CLOCK_SM)
+        return sm_clock, sm_clock_max
 
     # -- what the daemon's sampler reads at every tick (host/sampler.py) ------------------------
     def limits(self, index: int, handle: NvmlHandle) -> tuple[int | None, int | None, int | None]:

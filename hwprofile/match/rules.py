@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from ..config import ConfigError
 from ..config.schema import suggest
@@ -139,7 +139,9 @@ def load_rules(root: str | os.PathLike[str] | None) -> list[Rule]:
     return rules
 
 
-def _rule(f: str, locs: Locations, i: int, item: Any, known: list[str], problems: list[str]) -> Rule | None:
+def _rule(
+    f: str, locs: Locations, i: int, item: object, known: list[str], problems: list[str]
+) -> Rule | None:
     line = locs.get(("rules", str(i)), 1)
 
     def at(*p: str) -> int:
@@ -206,7 +208,7 @@ def gpu_name_pattern(text: str) -> Any:
         ) from None
 
 
-def predicate(key: str, want: Any) -> Any:
+def predicate(key: str, want: object) -> Any:
     """A predicate's value checked and converted for ``evaluate``; a ValueError says what is expected."""
     if key == "gpu_name":
         if not isinstance(want, str | int) or isinstance(want, bool) or not str(want):
@@ -226,7 +228,11 @@ def predicate(key: str, want: Any) -> Any:
     return _bounds(want, conv) if isinstance(want, dict) else conv(want)
 
 
-def _bounds(want: dict[Any, Any], conv: Callable[[Any], Any]) -> tuple[Any, Any]:
+# a bound of a range predicate: a count, GiB, or a compute capability (major, minor)
+B = TypeVar("B", int, float, tuple[int, int])
+
+
+def _bounds(want: dict[object, object], conv: Callable[[object], B]) -> tuple[B | None, B | None]:
     bad = [str(k) for k in want if k not in RANGE_KEYS]
     if bad:
         raise ValueError(f"unknown bound '{bad[0]}'{suggest(bad[0], list(RANGE_KEYS))}; valid: min, max")
@@ -239,13 +245,13 @@ def _bounds(want: dict[Any, Any], conv: Callable[[Any], Any]) -> tuple[Any, Any]
     return lo, hi
 
 
-def _count(v: Any) -> int:
+def _count(v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"expected a whole number >= 0 or {{min, max}}, got {v!r}")
     return v
 
 
-def _gib(v: Any) -> float:
+def _gib(v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise ValueError(f"expected a finite number of GiB >= 0 or {{min, max}}, got {v!r}")
     return float(v)
@@ -254,7 +260,7 @@ def _gib(v: Any) -> float:
 _CC = re.compile(r"(\d{1,2})(?:\.(\d{1,2}))?")
 
 
-def _cc_value(v: Any) -> tuple[int, int]:
+def _cc_value(v: object) -> tuple[int, int]:
     """``"8.9"``, ``8.9``, ``9`` or ``"9"`` → (major, minor); anything else is a ValueError.
     (A bare ``9`` used to fail to split on the dot and silently become 0.0: ``{min: 9}`` then
     matched an 8.9 card.)"""
@@ -265,14 +271,14 @@ def _cc_value(v: Any) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
-def _in(bounds: Any, x: float) -> bool:
+def _in(bounds: float | tuple[float | None, float | None], x: float) -> bool:
     if isinstance(bounds, tuple):
         lo, hi = bounds
         return (lo is None or x >= lo) and (hi is None or x <= hi)
     return x == bounds
 
 
-def _shown(bounds: Any) -> str:
+def _shown(bounds: float | tuple[float | None, float | None]) -> str:
     if isinstance(bounds, tuple):
         lo, hi = bounds
         return f"[{'-inf' if lo is None else _n(lo)}, {'inf' if hi is None else _n(hi)}]"

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Source
 from ..config.schema import SETTINGS
@@ -56,6 +56,9 @@ from .shape import shape
 from .specpath import check as check_speculative_paths
 from .speculative import choose_speculator
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, InstancePrediction, Plan, Reason
+
+if TYPE_CHECKING:
+    from .kvpin import KvRecord  # imported where supervise.pin_kv_pool is on
 
 __all__ = [
     "AVERAGE_FILL",
@@ -106,7 +109,7 @@ def build_plan(
     nodes: Sequence[HostSnapshot] = (),
     addresses: Sequence[str] = (),
     calibration: Calibration | None = None,
-    kv_pools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    kv_pools: Mapping[str, Sequence[KvRecord]] | None = None,
     interconnect: Report | None = None,
     interconnect_source: str = "interconnect record",
 ) -> Plan:

@@ -30,7 +30,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 from .types import ABSENT, InstancePlan, Plan, Reason
 
@@ -38,6 +38,22 @@ GiB = 2**30
 SCHEMA = "hwprofile.kv-pools/1"
 KEEP = 8  # measurements kept per key (the newest)
 HALF_STEP = GiB // 200  # vLLM logs the pool in GiB with two decimals: +-0.005 GiB
+
+
+class KvRecord(TypedDict):
+    """One measured pool in ``kv-pools.json``: the bytes vLLM measured, when (epoch seconds), and the state
+    of the compile cache at that start (cold, warm, eager or unknown)."""
+
+    bytes: int
+    at: float
+    compile: str
+
+
+class KvPools(TypedDict):
+    """A ``kv-pools.json`` document: its schema and the records per pool key (:func:`pool_key`)."""
+
+    schema: str
+    pools: dict[str, list[KvRecord]]
 
 
 def pool_key(plan: Plan, inst: InstancePlan) -> str:
@@ -81,16 +97,16 @@ def measured_bytes(gib_text: str) -> int:
     return max(0, round(float(gib_text) * GiB) - HALF_STEP)
 
 
-def parse_pools(doc: Any) -> dict[str, list[dict[str, Any]]]:
+def parse_pools(doc: object) -> dict[str, list[KvRecord]]:
     """The records of a ``kv-pools.json`` document: ``{key: [{"bytes", "at", "compile"}, ...]}``;
     what is not such a record is left out (a file written by hand is not trusted)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[KvRecord]] = {}
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("pools"), dict):
         return out
     for key, recs in doc["pools"].items():
         if not isinstance(key, str) or not isinstance(recs, list):
             continue
-        good = [
+        good: list[KvRecord] = [
             {"bytes": r["bytes"], "at": float(r["at"]), "compile": r.get("compile") or "unknown"}
             for r in recs
             if isinstance(r, dict)
@@ -104,15 +120,16 @@ def parse_pools(doc: Any) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def add_record(doc: Any, key: str, nbytes: int, at: float, compile_state: str) -> dict[str, Any]:
+def add_record(doc: object, key: str, nbytes: int, at: float, compile_state: str) -> KvPools:
     """``doc`` (a ``kv-pools.json`` document, or anything: started afresh) with one more measurement
     under ``key`` (the newest :data:`KEEP` kept)."""
     pools = parse_pools(doc)
-    pools[key] = ([*pools.get(key, []), {"bytes": int(nbytes), "at": at, "compile": compile_state}])[-KEEP:]
+    new: KvRecord = {"bytes": int(nbytes), "at": at, "compile": compile_state}
+    pools[key] = [*pools.get(key, []), new][-KEEP:]
     return {"schema": SCHEMA, "pools": pools}
 
 
-def choose(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def choose(records: Sequence[KvRecord]) -> KvRecord | None:
     """The measurement to pin (module doc): the smallest of the starts that did not compile cold,
     else None."""
     warm = [r for r in records if r.get("compile") != "cold"]
@@ -123,7 +140,7 @@ def when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
-def pin(plan: Plan, pools: Mapping[str, Sequence[Mapping[str, Any]]]) -> Plan:
+def pin(plan: Plan, pools: Mapping[str, Sequence[KvRecord]]) -> Plan:
     """``plan`` with each GPU instance's pool pinned where a measurement of it is recorded in
     ``pools`` (:func:`parse_pools`), each with its reason; an instance without one says so."""
     instances: list[InstancePlan] = []

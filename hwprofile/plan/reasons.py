@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..config import Source
 from .types import Reason
@@ -11,6 +11,8 @@ from .types import Reason
 if TYPE_CHECKING:
     from .interconnect import Report
     from .predict import Calibration
+
+V = TypeVar("V")
 
 
 class Reasons:
@@ -30,7 +32,7 @@ class Reasons:
         # max_num_batched_tokens, why), where it replaced the configured one (plan/layout.py)
         self.batching: dict[frozenset[int], tuple[int, int, str]] = {}
 
-    def add(self, key: str, value: Any, reason: str, setting: tuple[str, ...] | None = None) -> Any:
+    def add(self, key: str, value: V, reason: str, setting: tuple[str, ...] | None = None) -> V:
         """Record ``value`` for ``key``; its source is the layer that set ``setting`` (else the planner)."""
         src = self.provenance.get(setting) if setting else None
         self.items.append(Reason(key, value, reason, str(src) if src else "planner"))

@@ -42,7 +42,7 @@ AbsentT: TypeAlias = Literal[Absent.ABSENT]
 T = TypeVar("T", bound="_Json")
 
 
-def _dump(v: Any) -> Any:
+def _dump(v: object) -> object:
     if isinstance(v, _Json | Section):
         return v.to_json()
     if isinstance(v, (list, tuple)):
