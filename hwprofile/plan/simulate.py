@@ -38,6 +38,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -688,9 +689,11 @@ def regime(arrivals: Arrivals, result: SimResult | None = None) -> str:
     return "loaded"
 
 
+@lru_cache(maxsize=1)
 def bands() -> dict[str, dict[str, dict[str, Any]]]:
     """{regime: {figure: {'lo', 'hi', 'median', 'n', 'source'}}}: predicted/measured ratios of the
-    validation set (benchmarks/data/validation_*.yaml); empty where the file is absent."""
+    validation set (benchmarks/data/validation_*.yaml); empty where the file is absent. Read once per
+    process, like the other data tables (a plan simulates each candidate layout: read it once)."""
     import os
 
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", BANDS_FILE)
