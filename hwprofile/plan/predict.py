@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
@@ -361,6 +362,24 @@ def step_ms(
     prefill: int = 0,
     prefill_context: float = 0.0,
     scheduler: bool = True,
+) -> dict[str, float]:
+    """One engine step's parts (:func:`_step_ms`), a dict of the caller's own."""
+    return dict(_step_ms(gpu, m, tp, link, decode, context, prefill, prefill_context, scheduler))
+
+
+# Pure, and asked again and again: a plan's search predicts a few hundred (candidate, batch) pairs and
+# each asks for the same few steps (~2,100 calls, ~200 different at 8 GPUs): each is computed once.
+@lru_cache(maxsize=4096)
+def _step_ms(
+    gpu: Gpu,
+    m: ModelShape,
+    tp: int,
+    link: Link,
+    decode: int,
+    context: float,
+    prefill: int,
+    prefill_context: float,
+    scheduler: bool,
 ) -> dict[str, float]:
     """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
     ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
