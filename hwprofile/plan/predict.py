@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from .record import record
+
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
 # prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
 # L40S; tests/fixtures/aiconfigurator) within the ±30 % that tests/test_predict.py holds.
@@ -46,7 +48,7 @@ NVLINK_LINK_GBS = 25.0
 ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
 
 
-@dataclass(frozen=True)
+@record
 class Workload:
     """A closed loop of ``concurrency`` requests of ``input_len`` prompt and ``output_len`` output tokens."""
 
@@ -58,7 +60,7 @@ class Workload:
         return {"input_len": self.input_len, "output_len": self.output_len, "concurrency": self.concurrency}
 
 
-@dataclass(frozen=True)
+@record
 class Link:
     """The slowest path inside a tensor-parallel group."""
 
@@ -74,7 +76,7 @@ class Link:
     basis: str = "datasheet"  # datasheet (the link's rate x a measured share) or measured (this host's check)
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     """What the model needs of one GPU (from the datasheet row and the snapshot)."""
 
@@ -104,7 +106,7 @@ class Gpu:
         return ratios.get(kernel) or ratios.get("any") or 1.0
 
 
-@dataclass(frozen=True)
+@record
 class ModelShape:
     """What the model needs of a model: bytes read and FLOPs per token, the all-reduce sizes."""
 
@@ -140,7 +142,7 @@ class ModelShape:
     moe_kernel: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class Speculation:
     method: str
     k_by_batch: tuple[tuple[int, int | None, int], ...]  # (lo, hi or None, k); empty: k always
@@ -156,7 +158,7 @@ class Speculation:
         return self.k
 
 
-@dataclass(frozen=True)
+@record
 class Candidate:
     """One way to run the model on a group of GPUs: ``instances`` × TP ``tp`` (× PP ``pp``)."""
 
@@ -177,7 +179,7 @@ class Candidate:
         return f"{self.instances} x TP{self.tp}{pp}"
 
 
-@dataclass(frozen=True)
+@record
 class StepCpu:
     """The engine's CPU per scheduled sequence per step (plan/servercost.py's ``step_seq_s``), serial
     with the GPU's step or overlapping it (``overlaps``: the release schedules asynchronously), as
@@ -191,7 +193,7 @@ class StepCpu:
         return max(gpu_ms, cpu) if self.overlaps else gpu_ms + cpu
 
 
-@dataclass(frozen=True)
+@record
 class Calibration:
     """What ``hwprofile bench`` measured on this host (``<root>/calibration/<fingerprint>.json``): the
     median TPOT, TTFT and output tokens/s at each concurrency, for a plan of ``instances`` × TP ``tp``."""

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .record import record
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -71,7 +73,7 @@ class StepCost(Protocol):
     ) -> float: ...
 
 
-@dataclass(frozen=True)
+@record
 class Engine:
     """The scheduler's limits, as the plan sets them."""
 
@@ -120,7 +122,7 @@ def engine_for(
     )
 
 
-@dataclass(frozen=True)
+@record
 class Arrivals:
     """Who sends what, when: ``kind`` concurrency (a closed loop of ``concurrency`` clients, each sending
     its next request when its last one ends, as ``vllm bench serve --max-concurrency`` does), burst (all
@@ -168,7 +170,7 @@ class _Req:
         return max(0, target - self.computed)
 
 
-@dataclass(frozen=True)
+@record
 class RequestTiming:
     rid: int
     ttft_s: float
@@ -177,7 +179,7 @@ class RequestTiming:
     preemptions: int
 
 
-@dataclass(frozen=True)
+@record
 class SimResult:
     requests: tuple[RequestTiming, ...]
     duration_s: float

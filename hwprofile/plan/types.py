@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar, dataclass_transform
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from ..config.settings import Degrade, Logs, Section, Supervise, Watch
+from .record import record
 
 
 class Absent(enum.Enum):
@@ -61,74 +62,16 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-@dataclass_transform(frozen_default=True)
-def _record(cls: type[T]) -> type[T]:
-    """Declare a plan type: a dataclass whose ``__init__`` (positional or by keyword, defaults as
-    declared), immutability, equality, hash and repr are :class:`_Json`'s, shared rather than
-    generated per class (as :func:`hwprofile.config.section.section` does for the settings): every
-    ``plan`` imports every plan type, and the six generated methods of each were most of that cost."""
-    cls = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
-    fields = dataclasses.fields(cls)
-    cls._names = tuple(f.name for f in fields)
-    cls._defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-    return cls
-
-
 class _Json:
     """to_json/from_json by field order; fields named in ``_nested`` hold one of these classes or a
     section of settings (or a tuple of them, or None); list-valued fields become tuples. Every
-    subclass is declared with :func:`_record`: frozen, compared and hashed by its fields' values."""
+    subclass is a :func:`~.record.record`: frozen, compared and hashed by its fields' values."""
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {}
     _mappings: ClassVar[frozenset[str]] = frozenset()
     _raw: ClassVar[frozenset[str]] = frozenset()
-    _names: ClassVar[tuple[str, ...]] = ()
-    _defaults: ClassVar[dict[str, Any]] = {}
     # declared, not set: every subclass is a dataclass, and this says so to mypy
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        name = type(self).__name__
-        if len(args) > len(self._names):
-            raise TypeError(
-                f"{name}() takes {len(self._names)} positional arguments but {len(args)} were given"
-            )
-        given = dict(zip(self._names, args, strict=False))
-        for key, value in kwargs.items():
-            if key in given:
-                raise TypeError(f"{name}() got multiple values for argument {key!r}")
-            if key not in self.__dataclass_fields__:
-                raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
-            given[key] = value
-        for key in self._names:
-            if key in given:
-                object.__setattr__(self, key, given[key])
-            elif key in self._defaults:
-                object.__setattr__(self, key, self._defaults[key])
-            else:
-                raise TypeError(f"{name}() missing required argument: {key!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, key) for key in self._names)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, _Json)
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{key}={getattr(self, key)!r}" for key in self._names)
-        return f"{type(self).__qualname__}({inner})"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -169,7 +112,7 @@ class _Json:
         return cls(**kw)
 
 
-@_record
+@record
 class Reason(_Json):
     """Why one planned value is what it is, and which layer set it (``planner`` when none)."""
 
@@ -180,14 +123,14 @@ class Reason(_Json):
     _raw: ClassVar[frozenset[str]] = frozenset({"value"})
 
 
-@_record
+@record
 class HostSummary(_Json):
     hostname: str | None
     gpus: int
     vllm_version: str | None
 
 
-@_record
+@record
 class ModelSummary(_Json):
     """A model's facts as the plan shows them (``model`` and ``draft``)."""
 
@@ -210,7 +153,7 @@ class ModelSummary(_Json):
     origin: str | AbsentT = ABSENT  # where the facts came from: the Hub, the cache, the catalog, a directory
 
 
-@_record
+@record
 class ServerSettings(_Json):
     host: str
     port: int
@@ -223,7 +166,7 @@ class ServerSettings(_Json):
     extra_args: tuple[str, ...]
 
 
-@_record
+@record
 class EngineSettings(_Json):
     """vLLM engine arguments; ``gpu_memory_utilization`` is None and ``kv_cache_memory_bytes`` is set
     on the CPU instance only."""
@@ -258,7 +201,7 @@ class EngineSettings(_Json):
         return out
 
 
-@_record
+@record
 class SpeculativeConfig(_Json):
     """``num_speculative_tokens_per_batch_size``: ``((lo, hi or None, k), ...)``."""
 
@@ -272,7 +215,7 @@ class SpeculativeConfig(_Json):
     use_heterogeneous_vocab: bool | AbsentT = ABSENT  # draft ids mapped through shared tokens (vLLM 0.25+)
 
 
-@_record
+@record
 class MemoryFit(_Json):
     """The instance's memory breakdown per GPU (the CPU instance: its RAM). ``vllm_logged_kv_tokens``:
     the KV cache size vLLM will log, where hwprofile can say it (the CPU instance; a GPU instance of a
@@ -297,7 +240,7 @@ class MemoryFit(_Json):
     state_sequences: int | AbsentT = ABSENT
 
 
-@_record
+@record
 class Estimate(_Json):
     """The batch-1 decode ceiling; only ``note`` on the CPU instance and where the datasheet has no
     bandwidth figure."""
@@ -321,7 +264,7 @@ class Estimate(_Json):
     internode_basis: str | AbsentT = ABSENT
 
 
-@_record
+@record
 class InstancePrediction(_Json):
     """The performance model's figures for this instance at the plan's workload (plan/predict.py):
     ``output_tokens_per_s`` of this instance (all its ranks), with its share of the workload's
@@ -339,7 +282,7 @@ class InstancePrediction(_Json):
     simulated: Mapping[str, Any] | None = None
 
 
-@_record
+@record
 class InstancePlan(_Json):
     """One vLLM server: where it runs (``device`` ``cuda`` or ``cpu``) and with what."""
 
@@ -434,7 +377,7 @@ class InstancePlan(_Json):
         return {k: d[k] for k in self._ORDER if k in d}
 
 
-@_record
+@record
 class Endpoint(_Json):
     """The one URL clients use for this plan, and what serves it: the one instance itself (a single
     server, or a data-parallel one: vLLM balances its ranks), or vLLM's router (started and supervised
@@ -448,7 +391,7 @@ class Endpoint(_Json):
     policy: str | AbsentT = ABSENT  # via "router": its load-balancing policy (the reason is layout.front's)
 
 
-@_record
+@record
 class Plan(_Json):
     """The launch plan: what runs where, with a reason for every value."""
 
