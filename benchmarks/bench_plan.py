@@ -72,8 +72,14 @@ WORK_PROBE = """
 import sys, time
 from hwprofile.cli.common import load_host, plan_of
 from hwprofile.cli.parser import build_parser
+try:  # the steps memoised within one plan (a tree before that memo has none to clear)
+    from hwprofile.plan.predict import _step_ms
+    fresh = _step_ms.cache_clear
+except ImportError:
+    fresh = lambda: None
 runs, files = int(sys.argv[1]), sys.argv[2:]
 def once(f):  # the snapshot read and checked, then planned: what `plan --from` does after start-up
+    fresh()  # a fresh process starts without memoised steps: each run pays for its own
     args = build_parser("plan").parse_args(["plan", "--json", "--from", f])
     plan_of(args, load_host(args))
 for f in files: once(f)
