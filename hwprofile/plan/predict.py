@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
+
+from .record import record
 
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
 # prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
@@ -45,7 +48,7 @@ NVLINK_LINK_GBS = 25.0
 ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
 
 
-@dataclass(frozen=True)
+@record
 class Workload:
     """A closed loop of ``concurrency`` requests of ``input_len`` prompt and ``output_len`` output tokens."""
 
@@ -57,7 +60,7 @@ class Workload:
         return {"input_len": self.input_len, "output_len": self.output_len, "concurrency": self.concurrency}
 
 
-@dataclass(frozen=True)
+@record
 class Link:
     """The slowest path inside a tensor-parallel group."""
 
@@ -73,7 +76,7 @@ class Link:
     basis: str = "datasheet"  # datasheet (the link's rate x a measured share) or measured (this host's check)
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     """What the model needs of one GPU (from the datasheet row and the snapshot)."""
 
@@ -103,7 +106,7 @@ class Gpu:
         return ratios.get(kernel) or ratios.get("any") or 1.0
 
 
-@dataclass(frozen=True)
+@record
 class ModelShape:
     """What the model needs of a model: bytes read and FLOPs per token, the all-reduce sizes."""
 
@@ -139,7 +142,7 @@ class ModelShape:
     moe_kernel: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class Speculation:
     method: str
     k_by_batch: tuple[tuple[int, int | None, int], ...]  # (lo, hi or None, k); empty: k always
@@ -155,7 +158,7 @@ class Speculation:
         return self.k
 
 
-@dataclass(frozen=True)
+@record
 class Candidate:
     """One way to run the model on a group of GPUs: ``instances`` × TP ``tp`` (× PP ``pp``)."""
 
@@ -176,7 +179,7 @@ class Candidate:
         return f"{self.instances} x TP{self.tp}{pp}"
 
 
-@dataclass(frozen=True)
+@record
 class StepCpu:
     """The engine's CPU per scheduled sequence per step (plan/servercost.py's ``step_seq_s``), serial
     with the GPU's step or overlapping it (``overlaps``: the release schedules asynchronously), as
@@ -190,7 +193,7 @@ class StepCpu:
         return max(gpu_ms, cpu) if self.overlaps else gpu_ms + cpu
 
 
-@dataclass(frozen=True)
+@record
 class Calibration:
     """What ``hwprofile bench`` measured on this host (``<root>/calibration/<fingerprint>.json``): the
     median TPOT, TTFT and output tokens/s at each concurrency, for a plan of ``instances`` × TP ``tp``."""
@@ -361,6 +364,24 @@ def step_ms(
     prefill: int = 0,
     prefill_context: float = 0.0,
     scheduler: bool = True,
+) -> dict[str, float]:
+    """One engine step's parts (:func:`_step_ms`), a dict of the caller's own."""
+    return dict(_step_ms(gpu, m, tp, link, decode, context, prefill, prefill_context, scheduler))
+
+
+# Pure, and asked again and again: a plan's search predicts a few hundred (candidate, batch) pairs and
+# each asks for the same few steps (~2,100 calls, ~200 different at 8 GPUs): each is computed once.
+@lru_cache(maxsize=4096)
+def _step_ms(
+    gpu: Gpu,
+    m: ModelShape,
+    tp: int,
+    link: Link,
+    decode: int,
+    context: float,
+    prefill: int,
+    prefill_context: float,
+    scheduler: bool,
 ) -> dict[str, float]:
     """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
     ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's

@@ -19,9 +19,8 @@ What is serial with what, read in vLLM 0.11.0's code (``pip download --no-deps v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..release import floor_of, release_of
+from .record import record
 
 # Evidence for the orders of magnitude, none of it a figure of these hosts:
 # - vLLM issue #6801 (V0, 2024): "when BS is 200, [sampling, prepare input, process output, scheduler]
@@ -48,7 +47,7 @@ API_TOKEN_SHARE = 0.5
 FITTED_ON = "benchmarks/data/validation_serving.yaml (GPUStack performance lab, H100/A100 hosts)"
 
 
-@dataclass(frozen=True)
+@record
 class ServerCosts:
     """The CPU costs plan/simulate.py's Engine takes, with where they come from."""
 

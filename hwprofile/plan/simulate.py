@@ -40,7 +40,10 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
+
+from .record import record
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -72,7 +75,7 @@ class StepCost(Protocol):
     ) -> float: ...
 
 
-@dataclass(frozen=True)
+@record
 class Engine:
     """The scheduler's limits, as the plan sets them."""
 
@@ -121,7 +124,7 @@ def engine_for(
     )
 
 
-@dataclass(frozen=True)
+@record
 class Arrivals:
     """Who sends what, when: ``kind`` concurrency (a closed loop of ``concurrency`` clients, each sending
     its next request when its last one ends, as ``vllm bench serve --max-concurrency`` does), burst (all
@@ -211,7 +214,7 @@ class _Req:
         return max(0, target - self.computed)
 
 
-@dataclass(frozen=True)
+@record
 class RequestTiming:
     rid: int
     ttft_s: float
@@ -220,7 +223,7 @@ class RequestTiming:
     preemptions: int
 
 
-@dataclass(frozen=True)
+@record
 class SimResult:
     requests: tuple[RequestTiming, ...]
     duration_s: float
@@ -732,9 +735,11 @@ def regime(arrivals: Arrivals, result: SimResult | None = None) -> str:
     return "loaded"
 
 
+@lru_cache(maxsize=1)
 def bands() -> dict[str, dict[str, dict[str, Any]]]:
     """{regime: {figure: {'lo', 'hi', 'median', 'n', 'source'}}}: predicted/measured ratios of the
-    validation set (benchmarks/data/validation_*.yaml); empty where the file is absent."""
+    validation set (benchmarks/data/validation_*.yaml); empty where the file is absent. Read once per
+    process, like the other data tables (a plan simulates each candidate layout: read it once)."""
     import os
 
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", BANDS_FILE)

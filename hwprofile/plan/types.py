@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from ..config.settings import Degrade, Logs, Section, Supervise, Watch
+from .record import record
 
 
 class Absent(enum.Enum):
@@ -63,7 +64,8 @@ def _freeze(v: Any) -> Any:
 
 class _Json:
     """to_json/from_json by field order; fields named in ``_nested`` hold one of these classes or a
-    section of settings (or a tuple of them, or None); list-valued fields become tuples."""
+    section of settings (or a tuple of them, or None); list-valued fields become tuples. Every
+    subclass is a :func:`~.record.record`: frozen, compared and hashed by its fields' values."""
 
     _nested: ClassVar[dict[str, type[_Json] | type[Section]]] = {}
     _mappings: ClassVar[frozenset[str]] = frozenset()
@@ -110,7 +112,7 @@ class _Json:
         return cls(**kw)
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Reason(_Json):
     """Why one planned value is what it is, and which layer set it (``planner`` when none)."""
 
@@ -121,14 +123,14 @@ class Reason(_Json):
     _raw: ClassVar[frozenset[str]] = frozenset({"value"})
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class HostSummary(_Json):
     hostname: str | None
     gpus: int
     vllm_version: str | None
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class ModelSummary(_Json):
     """A model's facts as the plan shows them (``model`` and ``draft``)."""
 
@@ -151,7 +153,7 @@ class ModelSummary(_Json):
     origin: str | AbsentT = ABSENT  # where the facts came from: the Hub, the cache, the catalog, a directory
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class ServerSettings(_Json):
     host: str
     port: int
@@ -164,7 +166,7 @@ class ServerSettings(_Json):
     extra_args: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class EngineSettings(_Json):
     """vLLM engine arguments; ``gpu_memory_utilization`` is None and ``kv_cache_memory_bytes`` is set
     on the CPU instance only."""
@@ -199,7 +201,7 @@ class EngineSettings(_Json):
         return out
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class SpeculativeConfig(_Json):
     """``num_speculative_tokens_per_batch_size``: ``((lo, hi or None, k), ...)``."""
 
@@ -213,7 +215,7 @@ class SpeculativeConfig(_Json):
     use_heterogeneous_vocab: bool | AbsentT = ABSENT  # draft ids mapped through shared tokens (vLLM 0.25+)
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class MemoryFit(_Json):
     """The instance's memory breakdown per GPU (the CPU instance: its RAM). ``vllm_logged_kv_tokens``:
     the KV cache size vLLM will log, where hwprofile can say it (the CPU instance; a GPU instance of a
@@ -238,7 +240,7 @@ class MemoryFit(_Json):
     state_sequences: int | AbsentT = ABSENT
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Estimate(_Json):
     """The batch-1 decode ceiling; only ``note`` on the CPU instance and where the datasheet has no
     bandwidth figure."""
@@ -262,7 +264,7 @@ class Estimate(_Json):
     internode_basis: str | AbsentT = ABSENT
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class InstancePrediction(_Json):
     """The performance model's figures for this instance at the plan's workload (plan/predict.py):
     ``output_tokens_per_s`` of this instance (all its ranks), with its share of the workload's
@@ -280,7 +282,7 @@ class InstancePrediction(_Json):
     simulated: Mapping[str, Any] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class InstancePlan(_Json):
     """One vLLM server: where it runs (``device`` ``cuda`` or ``cpu``) and with what."""
 
@@ -375,7 +377,7 @@ class InstancePlan(_Json):
         return {k: d[k] for k in self._ORDER if k in d}
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Endpoint(_Json):
     """The one URL clients use for this plan, and what serves it: the one instance itself (a single
     server, or a data-parallel one: vLLM balances its ranks), or vLLM's router (started and supervised
@@ -389,7 +391,7 @@ class Endpoint(_Json):
     policy: str | AbsentT = ABSENT  # via "router": its load-balancing policy (the reason is layout.front's)
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Plan(_Json):
     """The launch plan: what runs where, with a reason for every value."""
 

@@ -16,6 +16,7 @@ and why, in its docstring.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Callable
@@ -134,12 +135,14 @@ class Catalog:
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
         self.versions: list[str] = sorted(doc["versions"], key=parse_version)
+        # Read once: a plan asks for a table a few hundred times (every first_where walks them all).
+        self._parsed: list[Version] = [parse_version(v) for v in self.versions]
 
     def table_for(self, want: Version) -> str | None:
         """The release whose table applies to ``want``: its own, else the nearest older one's; None
         where ``want`` is older than every known release."""
-        older = [v for v in self.versions if parse_version(v) <= want]
-        return older[-1] if older else None
+        at = bisect.bisect_right(self._parsed, want)
+        return self.versions[at - 1] if at else None
 
     def last_without_method(self, method: str) -> Version | None:
         """The last known release before the first that has speculative ``method`` (None: every

@@ -1,0 +1,109 @@
+"""Frozen records with shared methods: :func:`record` declares a frozen dataclass whose ``__init__``,
+immutability, equality, hash and repr are the functions below, shared by every record, rather than
+six methods generated (``exec``'d) per class when it is defined.
+
+``plan`` imports every plan type and the predictor's inputs at start-up, and those generated methods
+were most of that import's cost (~0.6 ms a class on the shared 2-core machine; ~0.1 ms here). What a
+frozen dataclass offers stays: ``dataclasses.fields`` and ``replace``, keyword or positional
+construction with the declared defaults, ``__post_init__``, equality and hash by the fields' values
+(in field order), ``FrozenInstanceError`` on assignment, the same repr. Not supported (use
+``dataclasses.dataclass``): ``field(default_factory=...)``, ``init=False`` fields, mutable records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from operator import attrgetter
+from typing import Any, TypeVar, dataclass_transform
+
+T = TypeVar("T")
+
+
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    names: tuple[str, ...] = cls.__record_names__
+    if len(args) > len(names):
+        raise TypeError(
+            f"{cls.__name__}() takes {len(names)} positional arguments but {len(args)} were given"
+        )
+    for key, value in zip(names, args, strict=False):
+        if key in kwargs:
+            raise TypeError(f"{cls.__name__}() got multiple values for argument {key!r}")
+        object.__setattr__(self, key, value)
+    defaults: dict[str, Any] = cls.__record_defaults__
+    left = len(kwargs)
+    for key in names[len(args) :]:
+        if key in kwargs:
+            object.__setattr__(self, key, kwargs[key])
+            left -= 1
+        elif key in defaults:
+            object.__setattr__(self, key, defaults[key])
+        else:
+            raise TypeError(f"{cls.__name__}() missing required argument: {key!r}")
+    if left:
+        unknown = sorted(set(kwargs) - set(names[len(args) :]))
+        raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown[0]!r}")
+    if cls.__record_post_init__:
+        self.__post_init__()
+
+
+def _setattr(self: Any, name: str, value: Any) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _delattr(self: Any, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def _eq(self: Any, other: Any) -> bool:
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    values = self.__record_values__
+    return bool(values(self) == values(other))  # the same class: the same fields
+
+
+def _hash(self: Any) -> int:
+    return hash(self.__record_values__(self))
+
+
+def _repr(self: Any) -> str:
+    inner = ", ".join(f"{key}={getattr(self, key)!r}" for key in self.__record_names__)
+    return f"{type(self).__qualname__}({inner})"
+
+
+def _values_of(names: tuple[str, ...]) -> Any:
+    """The fields' values as a tuple, read by one C call (a record of one field: still a tuple)."""
+    if len(names) == 1:
+        one = attrgetter(names[0])
+        return lambda obj: (one(obj),)
+    if not names:
+        return lambda obj: ()
+    return attrgetter(*names)
+
+
+@dataclass_transform(frozen_default=True)
+def record(cls: type[T]) -> type[T]:
+    """Declare ``cls`` a frozen record (see the module's docstring); a method the class defines
+    itself (``__repr__``, ``__eq__``, ...) is kept, as ``dataclass`` keeps it."""
+    made: Any = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)  # the same class, in place
+    fields = dataclasses.fields(made)
+    names = tuple(f.name for f in fields)
+    for f in fields:
+        if f.default_factory is not dataclasses.MISSING or not f.init:
+            raise TypeError(f"{made.__name__}.{f.name}: a record has no default_factory or init=False field")
+    made.__record_names__ = names
+    made.__record_defaults__ = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    made.__record_values__ = staticmethod(_values_of(names))
+    made.__record_post_init__ = hasattr(made, "__post_init__")
+    shared = {
+        "__init__": _init,
+        "__setattr__": _setattr,
+        "__delattr__": _delattr,
+        "__eq__": _eq,
+        "__hash__": _hash,
+        "__repr__": _repr,
+    }
+    for name, fn in shared.items():
+        if name not in made.__dict__ or (name == "__hash__" and made.__dict__[name] is None):
+            setattr(made, name, fn)
+    return cls
