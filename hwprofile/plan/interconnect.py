@@ -62,6 +62,8 @@ class Collective(NamedTuple):
 # 29-37 µs per all-reduce at TP 4 (4 points) and 3-14 µs at TP 2 (3 points), where the P2P ring's terms
 # give 16 and 9; 3 µs per step gives 34 and 15. The 4x L4 host's TPOT (TP 4, no P2P) moves the same way.
 # The ring's 2 (n - 1) steps are NCCL's own latency model (src/graph/tuning.cc: base + steps x per-step).
+# AIConfigurator's L40S NCCL latencies (7.7, 11.9, 22.6 µs at 2, 4, 8 GPUs) are the P2P ring's above;
+# with this step hwprofile's TPOT of its L40S TP4 cases is 11-14 % above AIConfigurator's (6-12 % before).
 HOST_STEP_US = 3.0
 HOST_STEP_SOURCE = (
     "a ring step through host memory waits on a flag polled across PCIe: "
