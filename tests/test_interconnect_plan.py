@@ -304,7 +304,9 @@ def test_a_recorded_four_gpu_run_replaces_the_host_shared_link_in_the_tp4_prefil
     sheet = allreduce_term(before)
     assert "host memory" in sheet["source"] and not sheet["source"].startswith("measured")
     lo, hi = sheet["band_ms"]
-    assert hi / lo > 2  # the shared-host band: (2/n)^3 .. 2/n of the two-GPU share (latency-bound here)
+    # the shared-host band: (2/n)^3 .. 2/n of the two-GPU share, beside the ring steps' latency (the
+    # same at both ends: interconnect.HOST_STEP_US)
+    assert hi / lo > 1.5
     gbs = 2.0  # what the measured TTFT would imply: about a sixth of the two-GPU share
     report = Report(
         host_fingerprint(host),

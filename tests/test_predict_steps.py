@@ -101,15 +101,38 @@ def test_an_all_reduce_costs_latency_plus_bytes_by_link_type_within_its_band(tp:
     # small messages: latency-bound, NVLink's one-kernel all-reduce first, the network last
     at = {k: pm.allreduce_ms(v, tp, small) for k, v in links.items()}
     assert at["nvlink"] < at["pcie_p2p"] <= at["pcie_host"] < at["sys"]
-    # the network's latency stays above a host-staged group's up to 4 GPUs; 8 GPUs through host memory
-    # share the CPU's throughput (interconnect.host_share) and fall behind a 200 Gb/s NIC even at 16 KB
-    assert (at["sys"] < at["network"]) == (tp <= 4)
+    # the network's latency stays above a host-staged pair's; from 4 GPUs the ring's steps through host
+    # memory (interconnect.HOST_STEP_US, each a flag polled across PCIe) and the CPU's shared throughput
+    # (interconnect.host_share) put a cross-socket group behind a 200 Gb/s NIC even at 16 KB
+    assert (at["sys"] < at["network"]) == (tp <= 2)
     # large ones: bandwidth-bound, NVLink first, through the host and across the sockets slower than P2P
     at = {k: pm.allreduce_ms(v, tp, large) for k, v in links.items()}
     assert at["nvlink"] < at["pcie_p2p"] < at["pcie_host"] < at["sys"]
     # the source names the implementation and where its figures come from
     assert "vLLM custom all-reduce" in links["nvlink"].source and "AIConfigurator" in links["nvlink"].source
     assert ("custom all-reduce (2 GPUs)" in links["pcie_p2p"].source) == (tp == 2)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_a_ring_through_host_memory_waits_on_each_of_its_steps(tp: int) -> None:
+    """Issue 38's 4x RTX 3090 (no P2P): a small all-reduce through host memory pays a PCIe round trip
+    on each of the ring's 2 (n - 1) steps, so four GPUs wait about three times what two do beyond the
+    P2P ring's latency; P2P, NVLink and the network pay no such step."""
+    from hwprofile.plan.interconnect import COLLECTIVES, HOST_STEP_US, collective_key
+
+    links = _links(tp)
+    host, p2p = COLLECTIVES["pcie_host"], COLLECTIVES[collective_key("pcie_p2p", tp, True)]
+    assert host.step_us == HOST_STEP_US > 0 and COLLECTIVES["sys_host"].step_us == HOST_STEP_US
+    assert all(
+        COLLECTIVES[k].step_us == 0 for k in ("nvlink", "pcie_p2p", "pcie_p2p_custom", "sys", "network")
+    )
+    ring = host.latency_us + host.per_gpu_us * tp
+    assert links["pcie_host"].latency_us == pytest.approx(ring + HOST_STEP_US * 2 * (tp - 1))
+    assert links["pcie_p2p"].latency_us == pytest.approx(p2p.latency_us + p2p.per_gpu_us * tp)
+    assert "polled across PCIe" in links["pcie_host"].source
+    assert "polled across PCIe" not in links["pcie_p2p"].source
+    lo, _ = pm.allreduce_band_ms(links["pcie_host"], tp, 16 * 1024)
+    assert lo * 1e3 >= host.latency_lo_us + host.per_gpu_us * tp + HOST_STEP_US * 2 * (tp - 1)
 
 
 def test_the_tp_decode_prediction_carries_the_all_reduce_band() -> None:

@@ -48,7 +48,27 @@ class Collective(NamedTuple):
     # the CPU at once, so the CPU's and memory's throughput is shared by the group's flows (above two
     # GPUs the share falls with the group's size: :func:`host_share`)
     host_staged: bool = False
+    # added per step of the ring (an all-reduce of n GPUs is 2 (n - 1) steps, each waiting on the one
+    # before): a step handed over through host memory (:data:`HOST_STEP_SOURCE`)
+    step_us: float = 0.0
 
+
+# A ring step through host memory (NCCL's SHM transport, no P2P): the sender writes its chunk and a flag
+# into host memory across PCIe and the receiver polls that flag across PCIe, a round trip per step where
+# P2P writes into the receiver's own memory; a small all-reduce of n GPUs waits on 2 (n - 1) such steps
+# in a row, so it grows with the group faster than the P2P ring's per-GPU term. Fitted to issue 38's
+# 4x RTX 3090 single-stream decode (benchmarks/data/validation_qwen38.yaml: FP8 and NVFP4 at 8K, TP 2 and
+# TP 4, custom all-reduce off): the measured decode step less its weight, KV and fixed terms leaves
+# 29-37 µs per all-reduce at TP 4 (4 points) and 3-14 µs at TP 2 (3 points), where the P2P ring's terms
+# give 16 and 9; 3 µs per step gives 34 and 15. The 4x L4 host's TPOT (TP 4, no P2P) moves the same way.
+# The ring's 2 (n - 1) steps are NCCL's own latency model (src/graph/tuning.cc: base + steps x per-step).
+# AIConfigurator's L40S NCCL latencies (7.7, 11.9, 22.6 µs at 2, 4, 8 GPUs) are the P2P ring's above;
+# with this step hwprofile's TPOT of its L40S TP4 cases is 11-14 % above AIConfigurator's (6-12 % before).
+HOST_STEP_US = 3.0
+HOST_STEP_SOURCE = (
+    "a ring step through host memory waits on a flag polled across PCIe: "
+    f"{HOST_STEP_US:g} µs x 2 (n - 1) steps (fitted to issue 38's 4x RTX 3090 single-stream decode)"
+)
 
 COLLECTIVES: dict[str, Collective] = {
     # vLLM's custom all-reduce (one kernel, CUDA graphs) over NVLink. Latency: AIConfigurator 0.12's measured
@@ -110,6 +130,7 @@ COLLECTIVES: dict[str, Collective] = {
         0.5,
         "datasheet PCIe lanes x 40 % (two copies); AIConfigurator's L40S NCCL table",
         True,
+        HOST_STEP_US,
     ),
     # across the CPU sockets (SYS): one more hop (+5 µs, assumed) and the socket link halves it again (4 L40S:
     # ~5 GB/s, AIConfigurator); with P2P 40 %, without 20 %.
@@ -137,6 +158,7 @@ COLLECTIVES: dict[str, Collective] = {
         0.4,
         "datasheet PCIe lanes x 20 % (socket link, two copies); AIConfigurator's 4 x L40S",
         True,
+        HOST_STEP_US,
     ),
     # NCCL between hosts (InfiniBand / RoCE, GPUDirect RDMA): ~12-25 µs for a small all-reduce across two
     # nodes (nccl-tests all_reduce_perf at 8 B-64 KB), ~80 % of the NIC's line rate at MB sizes.

@@ -303,15 +303,17 @@ def network_link(nic_gbps: float, tp: int, nic_source: str) -> Link:
 
 
 def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str) -> Link:
-    from .interconnect import HOST_SHARE_SOURCE, host_share
+    from .interconnect import HOST_SHARE_SOURCE, HOST_STEP_SOURCE, host_share
 
-    per_gpu = c.per_gpu_us * tp
+    per_gpu = c.per_gpu_us * tp + c.step_us * 2 * (tp - 1)
     share, share_lo, share_hi = host_share(c, tp)
     eff, eff_lo, eff_hi = c.efficiency * share, c.efficiency_lo * share_lo, c.efficiency_hi * share_hi
     src += (
         f"; {c.implementation}: {c.latency_us + per_gpu:g} µs ({c.latency_lo_us + per_gpu:g}-{c.latency_hi_us + per_gpu:g})"
         f" + bytes over {eff:.0%} ({eff_lo:.0%}-{eff_hi:.0%}) of the link [{c.source}]"
     )
+    if c.step_us:
+        src += f"; {HOST_STEP_SOURCE}"
     if share < 1:
         src += f"; {tp} GPUs through host memory: x{share:.2f} (x{share_lo:.2f}-x{share_hi:.2f}), {HOST_SHARE_SOURCE}"
     return Link(
