@@ -94,6 +94,20 @@ def test_never_while_busy_and_a_reading_not_made_changes_nothing() -> None:
     assert [t for t, _ in got] == [(81 + 30) * 10.0]
 
 
+def test_a_figure_that_is_not_a_number_is_no_reading() -> None:
+    """A NaN or infinite TPOT or RSS (a NaN histogram bucket is valid Prometheus text) neither starts nor
+    ends a drift, nor enters the baseline: it is a reading not made."""
+    nan, inf = float("nan"), float("inf")
+    r = DriftReading(nan, inf, nan, -inf, 64)
+    assert (r.tpot_s, r.running, r.waiting, r.rss_bytes) == (None, None, None, None)
+    # NaN readings through the baseline and the hold: no drift starts, the baseline is the real one
+    trace = [R(20.0)] * 30 + [R(nan)] * 30 + [R(nan, rss=nan)] * 100
+    assert replay(trace) == []
+    # a drift held through NaN TPOTs (as through readings not made) recycles once, after the hold
+    got = replay([R(20.0)] * 60 + [R(40.0)] * 10 + [R(nan)] * 30 + [R(40.0)])
+    assert [t for t, _ in got] == [900.0]  # 600 + the 300 s hold: the load of the NaN reading is known
+
+
 def test_rss_growth_is_drift() -> None:
     rss = [R(None, rss=10 * GiB)] * 60 + [R(None, rss=(10 + i / 4) * GiB) for i in range(100)]
     got = replay(rss)

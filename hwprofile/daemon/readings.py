@@ -3,6 +3,7 @@ evidence a :mod:`.actions` action carries, and the input of :mod:`.policy`'s ste
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -26,3 +27,11 @@ class DriftReading:
     waiting: float | None
     rss_bytes: float | None
     max_num_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        # A scraped figure that is not a finite number (a NaN histogram, +Inf) is no reading: None, so
+        # the policy leaves the drift as it was, exactly as for a figure that was not read.
+        for name in ("tpot_s", "running", "waiting", "rss_bytes"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                object.__setattr__(self, name, None)
