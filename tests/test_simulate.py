@@ -326,6 +326,17 @@ def test_sharegpt_lengths_spread_about_the_means_within_the_samplers_filter() ->
         sim.Arrivals("burst", 3, 217, 202, lengths="zipf")
 
 
+def test_sharegpt_means_the_filter_cannot_give_are_refused_and_long_ones_reached() -> None:
+    """Means near the filter's bounds are still reached (the rescale goes on until they are); means it
+    cannot give (a mean prompt over its 1,024 cap, below its 4-token floor) are refused, saying why."""
+    lengths = sim.request_lengths(sim.Arrivals("burst", 1000, 800, 300, lengths="sharegpt"))
+    assert sum(i for i, _ in lengths) / 1000 == pytest.approx(800, abs=0.5)
+    assert sum(o for _, o in lengths) / 1000 == pytest.approx(300, abs=0.5)
+    for i, o in ((1500, 100), (2, 2)):
+        with pytest.raises(ValueError, match=r"ShareGPT's filter .* use lengths fixed"):
+            sim.request_lengths(sim.Arrivals("burst", 100, i, o, lengths="sharegpt"))
+
+
 def test_spread_lengths_end_a_closed_loop_out_of_step() -> None:
     """Fixed lengths keep a closed loop's clients in lockstep (each wave's prompts share one step); spread
     lengths end them apart, so each prompt is prefilled beside the others' decodes."""

@@ -138,7 +138,10 @@ class Arrivals:
     concurrency: int | None = None
     rate: float | None = None
     seed: int = 0
-    lengths: str = "fixed"  # fixed (every request input_len / output_len) or sharegpt (spread about them)
+    # fixed (every request input_len / output_len) or sharegpt (spread about them: see LENGTHS; the
+    # longest request, up to 2,048 tokens, must then fit the KV cache, and the means must be ones that
+    # ShareGPT's filter can give, else :func:`request_lengths` refuses them)
+    lengths: str = "fixed"
 
     def __post_init__(self) -> None:
         if self.kind not in ("concurrency", "burst", "poisson"):
@@ -179,12 +182,18 @@ def request_lengths(a: Arrivals) -> list[tuple[int, int]]:
         base = [-math.log(1.0 - (i + 0.5) / n) for i in range(n)]  # unit-mean exponential quantiles
         rng.shuffle(base)
         scale, xs = mean, []
-        for _ in range(8):  # the filter's clip moves the mean: rescale until it is the workload's again
+        for _ in range(32):  # the filter's clip moves the mean: rescale until it is the workload's again
             xs = [min(hi[i], max(SHAREGPT_MIN_LEN, round(scale * b))) for i, b in enumerate(base)]
             got = sum(xs) / n
             if abs(got - mean) < 0.5:
                 break
             scale *= mean / got
+        else:
+            raise ValueError(
+                f"lengths sharegpt: ShareGPT's filter (prompt and output at least {SHAREGPT_MIN_LEN} tokens, "
+                f"prompt at most {SHAREGPT_MAX_PROMPT}, both at most {SHAREGPT_MAX_TOTAL}) gives a mean of "
+                f"{got:.1f} tokens at best where {mean:g} is asked: use lengths fixed for such a workload"
+            )
         return xs
 
     ins = spread(a.input_len, [SHAREGPT_MAX_PROMPT] * n)
