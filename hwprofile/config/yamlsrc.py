@@ -200,25 +200,7 @@ def _walk(
         first: dict[str, int] = {}
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key_line = key_node.start_mark.line + 1
-            if key_node.tag == MERGE_TAG:
-                raise ConfigError(
-                    f"{filename}:{key_line}: YAML merge keys (<<) are not allowed in configuration files"
-                )
-            if id(key_node) in seen:
-                raise ConfigError(
-                    f"{filename}:{key_line}: YAML anchors and aliases (&name, *name) are not allowed in "
-                    "configuration files; write the value out"
-                )
-            if not isinstance(key_node, yaml.ScalarNode):
-                raise ConfigError(f"{filename}:{key_line}: a key must be a plain name, not a {key_node.id}")
-            seen.add(id(key_node))
-            key = str(key_node.value)
-            if key in first:
-                raise ConfigError(
-                    f"{filename}:{key_line}: duplicate key '{'.'.join((*path, key))}' (first at line "
-                    f"{first[key]}); each key may appear once per mapping: merge the two"
-                )
+            key, key_line = _key(key_node, path, first, filename, seen)
             first[key] = key_line
             locs[(*path, key)] = key_line
             value = _walk(value_node, (*path, key), locs, filename, seen, depth + 1, key_line, plain)
@@ -236,6 +218,35 @@ def _walk(
             )
         return items
     return plain.of(node)
+
+
+def _key(
+    key_node: Any, path: tuple[str, ...], first: dict[str, int], filename: str, seen: set[int]
+) -> tuple[str, int]:
+    """A mapping key's name and line; a merge key, an alias, a key that is no scalar or one the
+    mapping has already (``first``: each key's line) is a ConfigError."""
+    import yaml
+
+    key_line = key_node.start_mark.line + 1
+    if key_node.tag == MERGE_TAG:
+        raise ConfigError(
+            f"{filename}:{key_line}: YAML merge keys (<<) are not allowed in configuration files"
+        )
+    if id(key_node) in seen:
+        raise ConfigError(
+            f"{filename}:{key_line}: YAML anchors and aliases (&name, *name) are not allowed in "
+            "configuration files; write the value out"
+        )
+    if not isinstance(key_node, yaml.ScalarNode):
+        raise ConfigError(f"{filename}:{key_line}: a key must be a plain name, not a {key_node.id}")
+    seen.add(id(key_node))
+    key = str(key_node.value)
+    if key in first:
+        raise ConfigError(
+            f"{filename}:{key_line}: duplicate key '{'.'.join((*path, key))}' (first at line "
+            f"{first[key]}); each key may appear once per mapping: merge the two"
+        )
+    return key, key_line
 
 
 def _item_line(seq: yaml.SequenceNode, i: int) -> int:
