@@ -287,7 +287,7 @@ def _batching(
             alt = dataclasses.replace(
                 c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens)
             )
-            p = pm.predict(gpu, shape, alt, wl, spec)
+            p = pm.predict(gpu, shape, alt, wl, spec, explain=False)  # a row holds the figures alone
             cap, at = (
                 pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms)
                 if ok
