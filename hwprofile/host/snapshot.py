@@ -17,16 +17,11 @@ in the rule vocabulary of :mod:`hwprofile.contracts`) and the published JSON Sch
 Unknown values are ``None``; what could not be read, and why, is listed in ``errors``.
 """
 
-from __future__ import annotations
-
 import json
 import threading
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import InputError
-
-if TYPE_CHECKING:
-    from typing import Any
 
 SCHEMA = "hwprofile.host/1"
 
