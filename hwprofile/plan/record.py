@@ -24,28 +24,31 @@ T = TypeVar("T")
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     cls = type(self)
     names: tuple[str, ...] = cls.__record_names__
-    if len(args) > len(names):
-        raise TypeError(
-            f"{cls.__name__}() takes {len(names)} positional arguments but {len(args)} were given"
-        )
-    for key, value in zip(names, args, strict=False):
-        if key in kwargs:
-            raise TypeError(f"{cls.__name__}() got multiple values for argument {key!r}")
-        object.__setattr__(self, key, value)
+    given = len(args)
+    if given > len(names):
+        raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments but {given} were given")
+    if kwargs:
+        for key in names[:given]:
+            if key in kwargs:
+                raise TypeError(f"{cls.__name__}() got multiple values for argument {key!r}")
+    # The instance's own dict, written directly (what object.__setattr__ does for a field, without a
+    # call per field), in field order.
+    values = self.__dict__
+    values.update(zip(names, args, strict=False))
     defaults: dict[str, Any] = cls.__record_defaults__
     left = len(kwargs)
-    for key in names[len(args) :]:
+    for key in names[given:]:
         if key in kwargs:
-            object.__setattr__(self, key, kwargs[key])
+            values[key] = kwargs[key]
             left -= 1
         elif key in defaults:
-            object.__setattr__(self, key, defaults[key])
+            values[key] = defaults[key]
         elif key in cls.__record_factories__:
-            object.__setattr__(self, key, cls.__record_factories__[key]())
+            values[key] = cls.__record_factories__[key]()
         else:
             raise TypeError(f"{cls.__name__}() missing required argument: {key!r}")
     if left:
-        unknown = sorted(set(kwargs) - set(names[len(args) :]))
+        unknown = sorted(set(kwargs) - set(names[given:]))
         raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown[0]!r}")
     if cls.__record_post_init__:
         self.__post_init__()
