@@ -192,9 +192,10 @@ def link_for(
 
     grp = list(gpus)[:tp]
     pairs: list[tuple[str | None, bool | None]] = []
+    links = host.links()
     for i, a in enumerate(grp):
         for b in grp[i + 1 :]:
-            lk = host.link(a.index, b.index)
+            lk = links.get((a.index, b.index))
             pairs.append((lk.link, lk.p2p) if lk else (None, None))
     pcie = [(g.pcie.gen, g.pcie.width) for g in grp]
     link = pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp)
