@@ -33,6 +33,14 @@ tree: 22.5 ms at 8 GPUs; 22.8/27.5/41.1/80.0 ms at 8/16/32/64. The goal (+10 ms)
 left at 8 GPUs: the snapshot's twelve NamedTuple records ~3 ms, typing ~2, argparse and gettext ~2, json
 ~1.5, the detection itself; at 64 GPUs the indented JSON (Python's encoder) and the 2,016 pairs' P2P
 queries, both growing with the output.
+
+2026-12-05, loaded 2-core machine (issue 34; one run, both trees taking turns, 25 runs each, CPU time
+above ``import pynvml``; before = f2f0b66, after = the snapshot's twelve NamedTuple records annotated
+with types rather than strings: typing.NamedTuple compiled a ForwardRef for each of their 92 fields):
+8 GPUs 21.3 -> 21.2 ms, within the noise (importing host.snapshot in-process: ~8.6 -> ~6.8 ms, with
+what it imports). This script on the after tree: 22.8 ms at 8 GPUs; 22.2/27.1/40.2/80.8 ms at
+8/16/32/64. The +10 ms goal is not met; what is left is as listed above (the NamedTuple records' class
+creation, typing, argparse and gettext, json, the detection itself).
 """
 
 from __future__ import annotations

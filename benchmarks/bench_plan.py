@@ -58,6 +58,27 @@ The 8-GPU goal (+100 ms) is not met. What is left at 8 GPUs, in-process ``time.p
 mutable state, ~12; ``dataclasses``' own inspect/ast/dis ~5; hashlib, re2, argparse), PyYAML's import
 ~13, the YAML data ~16 (gpus.yaml 7, models.yaml 4-5), planning ~27 (cold: ~45 with the data it reads
 and the modules it imports), the indented JSON (Python's encoder) ~3.
+
+2026-12-05, loaded 2-core machine (issue 34; both trees taking turns in each run, 25 whole processes each,
+CPU time above the interpreter; before = f2f0b66, after = the capacity search and the batching rows
+asking ``predict`` for the figures without their terms, plain YAML data built in config/yamlsrc.py's
+checking walk instead of by PyYAML's constructor, the simulation's state and ``PlanContext`` as records
+(plan/record.py: ``default_factory``, mutable ``state``), the records' shared ``__init__`` writing the
+instance's dict, the snapshot's and the model's NamedTuples annotated with types rather than strings
+(typing compiled a ForwardRef per field: 355 compiles, now 149), the GPU pairs' link index read once per
+walk, ``is_plain`` answered once per layer stack): ``plan --json --from`` at 8 GPUs 136.4 -> 119.8 ms and
+141.0 -> 127.2 (two runs, the machine slowing between them), at 64 GPUs 199.5 -> 182.4 and 207.6 ->
+185.8. The planning work alone (WORK_PROBE, medians of 3 x 5): 26.5 -> 17.1 ms at 8 GPUs, 76.0 -> 61.5 at
+64 (run from outside the checkout when comparing trees: ``python -c`` puts the working directory first
+on the path). This script on the after tree (before is_plain's memo): 123.5 ms at 8 GPUs,
+137.1/149.8/192.5 at 16/32/64, ``plan --json`` detecting the 4x A800 host 134.9. The +100 ms goal at 8
+GPUs is not met. In-process at 8 GPUs (``time.process_time``, medians of 5, before -> after, without that
+memo): the CLI's modules 5.6 -> 5.5 ms, the snapshot read (mostly its modules) 14.3 -> 13.8, the planner's
+import 31.7 -> 31.4, the first plan 71.0 -> 59.9 (of which planning ~18; the rest PyYAML's import ~10, its
+yaml.reader regex alone ~4, the YAML data ~9 with gpus.yaml ~5, libyaml composing with PyYAML's Python
+resolver ~3 of it, and the modules a plan imports on first use), the indented JSON 2.2. Also left:
+``dataclasses``' inspect/ast/dis/tokenize (~5), hashlib's OpenSSL binding (~2, the host fingerprint), re2
+(~2, the rules' gpu_name patterns), the vLLM flag catalog's 260 KB JSON (~1.5).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from hwprofile.plan.record import record
+from hwprofile.plan.record import record, state
 
 
 @record
@@ -66,12 +66,43 @@ def test_frozen_and_wrong_arguments_refused() -> None:
         _Rec(1, "x", (), 4)  # type: ignore[call-arg]  # the point: too many
 
 
-def test_post_init_runs_and_a_factory_is_refused() -> None:
+def test_post_init_runs_and_a_factory_makes_each_default() -> None:
     assert _Checked(1).n == 1
     with pytest.raises(ValueError, match="n < 0"):
         _Checked(-1)
-    with pytest.raises(TypeError, match="default_factory"):
+
+    @record
+    class _Listed:
+        items: list[int] = dataclasses.field(default_factory=list)
+
+    a, b = _Listed(), _Listed()
+    assert a == b and a.items == [] and a.items is not b.items
+    with pytest.raises(TypeError, match="init, repr and comparison"):
 
         @record
         class _Bad:
-            items: list[int] = dataclasses.field(default_factory=list)
+            hidden: int = dataclasses.field(default=0, repr=False)
+
+
+@state
+class _State:
+    a: int
+    items: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _DcState:
+    a: int
+    items: list[int] = dataclasses.field(default_factory=list)
+
+
+def test_a_state_behaves_as_a_mutable_dataclass() -> None:
+    s, d = _State(1), _DcState(1)
+    assert repr(s).replace("_State", "_DcState") == repr(d)
+    s.a, s.items = 2, [3]
+    assert s == _State(2, [3]) and s != _State(2) and s != _DcState(2, [3])
+    assert _State.__hash__ is None and _DcState.__hash__ is None
+    assert _State(1).items is not _State(1).items
+    assert dataclasses.replace(s, a=5) == _State(5, [3])
+    with pytest.raises(TypeError, match="missing"):
+        _State()  # type: ignore[call-arg]  # the point: a required field left out

@@ -42,16 +42,21 @@ def load_text(text: str, filename: str) -> tuple[Any, Locations]:
     locs: Locations = {}
     try:
         node = loader.get_single_node()
+        data = None
         if node is not None:
-            # Checked on the node graph, before anything is built: an alias bomb never expands.
-            _walk(node, (), locs, filename, set(), 0)
-        try:
-            data = loader.construct_document(node) if node is not None else None
-        except yaml.YAMLError:
-            raise
-        except Exception as e:  # PyYAML's constructors: month 13, a 5000-digit integer, "!!int" alone
-            assert node is not None  # an empty document constructs to None without raising
-            raise ConfigError(f"{filename}:{_failing_line(loader, node)}: invalid YAML value: {e}") from None
+            # Checked on the node graph, before anything is built: an alias bomb never expands. Plain
+            # data (maps, lists, strings, numbers, booleans, nulls) is built in the same walk.
+            plain = _Plain(loader)
+            data = _walk(node, (), locs, filename, set(), 0, 1, plain)
+            if not plain.ok:  # another tag, or a value PyYAML refuses: its own constructor decides
+                try:
+                    data = loader.construct_document(node)
+                except yaml.YAMLError:
+                    raise
+                except Exception as e:  # PyYAML's constructors: month 13, a 5000-digit integer, "!!int" alone
+                    raise ConfigError(
+                        f"{filename}:{_failing_line(loader, node)}: invalid YAML value: {e}"
+                    ) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{filename}:{mark.line + 1}" if mark else filename
@@ -134,6 +139,37 @@ def yaml_files(directory: str | os.PathLike[str], what: str = "configuration") -
     return [os.path.join(d, n) for n in names if n.endswith(".yaml")]
 
 
+_CORE = "tag:yaml.org,2002:"
+_MAP, _SEQ, _STR = _CORE + "map", _CORE + "seq", _CORE + "str"
+
+
+class _Plain:
+    """Builds the scalars of plain data as PyYAML's safe constructor does (its own methods for
+    numbers and booleans); ``ok`` turns False at any other tag or a value that constructor refuses,
+    and the document is then built by PyYAML's constructor instead, errors and all."""
+
+    def __init__(self, loader: Any) -> None:
+        self.ok = True
+        self.scalar = {
+            _STR: lambda node: node.value,
+            _CORE + "null": lambda node: None,
+            _CORE + "bool": loader.construct_yaml_bool,
+            _CORE + "int": loader.construct_yaml_int,
+            _CORE + "float": loader.construct_yaml_float,
+        }
+
+    def of(self, node: yaml.Node) -> Any:
+        make = self.scalar.get(node.tag)
+        if make is None or not self.ok:
+            self.ok = False
+            return None
+        try:
+            return make(node)
+        except Exception:  # PyYAML's constructor raises it again, in its own words
+            self.ok = False
+            return None
+
+
 def _walk(
     node: yaml.Node,
     path: tuple[str, ...],
@@ -141,11 +177,13 @@ def _walk(
     filename: str,
     seen: set[int],
     depth: int,
-    line: int = 1,
-) -> None:
+    line: int,
+    plain: _Plain,
+) -> Any:
     """Record the line of every key and list item; refuse aliases (``line`` is where ``node`` is
     used: the key it is the value of, or the list it is an item of), duplicate keys, merge keys
-    and nesting deeper than ``MAX_DEPTH``. Nothing is expanded: it runs on the node graph."""
+    and nesting deeper than ``MAX_DEPTH``. Nothing is expanded: it runs on the node graph. Returns
+    the node's plain data (meaningless once ``plain.ok`` is False)."""
     import yaml
 
     if id(node) in seen:  # the composer hands back the anchored node itself for every alias
@@ -157,34 +195,58 @@ def _walk(
     if depth > MAX_DEPTH:
         raise ConfigError(f"{filename}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(node, yaml.MappingNode):
+        if node.tag != _MAP:
+            plain.ok = False
         first: dict[str, int] = {}
+        out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key_line = key_node.start_mark.line + 1
-            if key_node.tag == MERGE_TAG:
-                raise ConfigError(
-                    f"{filename}:{key_line}: YAML merge keys (<<) are not allowed in configuration files"
-                )
-            if id(key_node) in seen:
-                raise ConfigError(
-                    f"{filename}:{key_line}: YAML anchors and aliases (&name, *name) are not allowed in "
-                    "configuration files; write the value out"
-                )
-            if not isinstance(key_node, yaml.ScalarNode):
-                raise ConfigError(f"{filename}:{key_line}: a key must be a plain name, not a {key_node.id}")
-            seen.add(id(key_node))
-            key = str(key_node.value)
-            if key in first:
-                raise ConfigError(
-                    f"{filename}:{key_line}: duplicate key '{'.'.join((*path, key))}' (first at line "
-                    f"{first[key]}); each key may appear once per mapping: merge the two"
-                )
+            key, key_line = _key(key_node, path, first, filename, seen)
             first[key] = key_line
             locs[(*path, key)] = key_line
-            _walk(value_node, (*path, key), locs, filename, seen, depth + 1, key_line)
-    elif isinstance(node, yaml.SequenceNode):  # list items by index: ("rules", "3")
+            value = _walk(value_node, (*path, key), locs, filename, seen, depth + 1, key_line, plain)
+            if plain.ok:
+                out[key if key_node.tag == _STR else plain.of(key_node)] = value
+        return out
+    if isinstance(node, yaml.SequenceNode):  # list items by index: ("rules", "3")
+        if node.tag != _SEQ:
+            plain.ok = False
+        items: list[Any] = []
         for i, item in enumerate(node.value):
             locs[(*path, str(i))] = item.start_mark.line + 1
-            _walk(item, (*path, str(i)), locs, filename, seen, depth + 1, _item_line(node, i))
+            items.append(
+                _walk(item, (*path, str(i)), locs, filename, seen, depth + 1, _item_line(node, i), plain)
+            )
+        return items
+    return plain.of(node)
+
+
+def _key(
+    key_node: Any, path: tuple[str, ...], first: dict[str, int], filename: str, seen: set[int]
+) -> tuple[str, int]:
+    """A mapping key's name and line; a merge key, an alias, a key that is no scalar or one the
+    mapping has already (``first``: each key's line) is a ConfigError."""
+    import yaml
+
+    key_line = key_node.start_mark.line + 1
+    if key_node.tag == MERGE_TAG:
+        raise ConfigError(
+            f"{filename}:{key_line}: YAML merge keys (<<) are not allowed in configuration files"
+        )
+    if id(key_node) in seen:
+        raise ConfigError(
+            f"{filename}:{key_line}: YAML anchors and aliases (&name, *name) are not allowed in "
+            "configuration files; write the value out"
+        )
+    if not isinstance(key_node, yaml.ScalarNode):
+        raise ConfigError(f"{filename}:{key_line}: a key must be a plain name, not a {key_node.id}")
+    seen.add(id(key_node))
+    key = str(key_node.value)
+    if key in first:
+        raise ConfigError(
+            f"{filename}:{key_line}: duplicate key '{'.'.join((*path, key))}' (first at line "
+            f"{first[key]}); each key may appear once per mapping: merge the two"
+        )
+    return key, key_line
 
 
 def _item_line(seq: yaml.SequenceNode, i: int) -> int:

@@ -17,16 +17,13 @@ in the rule vocabulary of :mod:`hwprofile.contracts`) and the published JSON Sch
 Unknown values are ``None``; what could not be read, and why, is listed in ``errors``.
 """
 
-from __future__ import annotations
-
 import json
 import threading
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from ..errors import InputError
-
-if TYPE_CHECKING:
-    from typing import Any
 
 SCHEMA = "hwprofile.host/1"
 
@@ -245,6 +242,10 @@ class HostSnapshot(NamedTuple):
         """The link between GPUs ``a`` and ``b`` (either order), the first listed; O(1) after the
         snapshot's first look-up (see :func:`_link_index`)."""
         return _link_index(self.gpu_links).get((a, b))
+
+    def links(self) -> Mapping[tuple[int, int], GpuLink]:
+        """Every pair's link, under ``(a, b)`` and ``(b, a)``: :meth:`link` of many pairs at once."""
+        return MappingProxyType(_link_index(self.gpu_links))
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -43,7 +43,8 @@ def host_facts(host: HostSnapshot) -> HostFacts:
     names = tuple(g.name or "?" for g in gpus)
     mem = tuple((g.memory_total_bytes or 0) / 2**30 for g in gpus)
     ccs = tuple(_cc(g.compute_capability) for g in gpus)
-    links = [host.link(a.index, b.index) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    index = host.links()
+    links = [index.get((a.index, b.index)) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
     has = [bool(g.nvlink_active_links) for g in gpus]
     pairs_nv = [bool(lk and lk.link and lk.link.startswith("NV")) for lk in links]
     if not gpus or not any(has):

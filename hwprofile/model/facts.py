@@ -4,8 +4,6 @@ arithmetic it shares with the planner (bytes per dtype, embeddings, checkpoint s
 Pure: no files, no imports beyond the standard library.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -51,7 +49,7 @@ class ModelFacts(NamedTuple):
     origin: str = ""
     # the tokenizer's facts (model.tokenizer_check.TokenizerFacts), or why none: read by the pipeline
     # only when a draft is planned beside the model, so that the planner compares without reading
-    tokenizer: TokenizerFacts | str | None = None
+    tokenizer: "TokenizerFacts | str | None" = None
     # parts of weights_bytes vLLM loads only sometimes (hwprofile.model.weights, estimated even where
     # weights_bytes is the checkpoint's own size): the vision tower (not with --language-model-only)
     # and the MTP layers (only with MTP speculation: the target model skips the "mtp." weights)

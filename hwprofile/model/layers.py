@@ -30,13 +30,8 @@ by name: their stacks are not one mixer a layer.
 Pure: a dict in, tuples out.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
 ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")

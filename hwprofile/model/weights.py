@@ -41,19 +41,12 @@ one uint8 scale per 32), AWQ, GPTQ (packed zeros, ``g_idx``), AutoRound's own fo
 Pure: dicts in, numbers out; nothing from torch or transformers.
 """
 
-from __future__ import annotations
-
 import re
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from .layers import MIXERS, MLPS, LayerKind
 from .layers import layer_kinds as read_layer_kinds
-
-if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from typing import Any
-
-    from .layers import LayerKind
 
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
 MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")

@@ -192,9 +192,10 @@ def link_for(
 
     grp = list(gpus)[:tp]
     pairs: list[tuple[str | None, bool | None]] = []
+    links = host.links()
     for i, a in enumerate(grp):
         for b in grp[i + 1 :]:
-            lk = host.link(a.index, b.index)
+            lk = links.get((a.index, b.index))
             pairs.append((lk.link, lk.p2p) if lk else (None, None))
     pcie = [(g.pcie.gen, g.pcie.width) for g in grp]
     link = pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp)
@@ -287,7 +288,7 @@ def _batching(
             alt = dataclasses.replace(
                 c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens)
             )
-            p = pm.predict(gpu, shape, alt, wl, spec)
+            p = pm.predict(gpu, shape, alt, wl, spec, explain=False)  # a row holds the figures alone
             cap, at = (
                 pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms)
                 if ok

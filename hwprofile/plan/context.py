@@ -11,11 +11,12 @@ from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..release import Release, release_of
 from .reasons import Reasons
+from .record import record
 
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class PlanContext:
     """One plan's inputs and its two outputs besides the instances.
 

@@ -95,9 +95,10 @@ def nvlinked(host: HostSnapshot, gpus: list[Gpu]) -> bool:
     """Every pair of ``gpus`` linked by NVLink (one GPU: it has active NVLink links)."""
     if len(gpus) < 2:
         return bool(gpus and gpus[0].nvlink_active_links)
+    links = host.links()
     for i, a in enumerate(gpus):
         for b in gpus[i + 1 :]:
-            lk = host.link(a.index, b.index)
+            lk = links.get((a.index, b.index))
             if not (lk and lk.link and lk.link.startswith("NV")):
                 return False
     return True

@@ -13,10 +13,13 @@ vLLM per family in tests/test_vllm_kv_arch.py.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..model import ModelFacts
 from ..release import release_of
+
+if TYPE_CHECKING:
+    from ..model.layers import LayerStack
 
 BLOCK_TOKENS = 16  # vLLM's default KV block size on GPUs (tokens per block)
 CPU_BLOCK_TOKENS = 128  # vLLM's CPU platform default (platforms/cpu.py), unless --block-size is given
@@ -66,6 +69,24 @@ def is_plain(model: ModelFacts) -> bool:
     st = model.stack
     if st is None:
         return True
+    hit = _PLAIN.get(id(st))
+    if hit is not None and hit[0] is st:
+        return hit[1]
+    plain = _plain_stack(st)
+    if len(_PLAIN) >= _PLAIN_SIZE:
+        _PLAIN.clear()
+    _PLAIN[id(st)] = (st, plain)
+    return plain
+
+
+# is_plain's answer per layer stack: asked a few hundred times per plan (every memory fit), each a walk
+# over the model's layers. Keyed by the (immutable) stack's identity; each entry holds its stack, so the
+# identity cannot be reused while the entry lives. A few entries suffice (a target and its draft).
+_PLAIN: dict[int, tuple[LayerStack, bool]] = {}
+_PLAIN_SIZE = 8
+
+
+def _plain_stack(st: LayerStack) -> bool:
     if st.state_layers or st.kv_shared or "chunked" in st.attention or st.count("none"):
         return False
     shapes = {(a.num_kv_heads, a.head_dim) for k, a in st.attention.items() if k != "mla"}

@@ -455,11 +455,13 @@ def predict(
     per_instance: int | None = None,
     wave: bool = True,
     step_cpu: StepCpu | None = None,
+    explain: bool = True,
 ) -> Prediction:
     """The candidate's TTFT, TPOT and output tokens/s at ``wl`` (or at ``per_instance`` requests in
     flight on each instance), from the datasheet; ``wave``: with the term of those requests sent together
     (:func:`wave_decode_rates`; a search over many candidates leaves it out: it changes no figure it ranks);
-    ``step_cpu``: the engine's CPU per scheduled sequence in the wave's steps (plan/servercost.py)."""
+    ``step_cpu``: the engine's CPU per scheduled sequence in the wave's steps (plan/servercost.py);
+    ``explain``: False leaves every term out (:func:`capacity` reads the figures alone)."""
     c = per_instance if per_instance is not None else max(1, math.ceil(wl.concurrency / cand.instances))
     kv_seqs = max(1, cand.kv_tokens // max(1, wl.input_len + wl.output_len))
     b = max(1, min(c, cand.max_num_seqs, kv_seqs))  # running; the rest wait for a slot
@@ -467,7 +469,7 @@ def predict(
     link = cand.link
     dec = step_ms(gpu, m, cand.tp, link, b, ctx)
     t_dec = dec["total_ms"]
-    terms = _decode_terms(gpu, m, cand, dec, b)
+    terms = _decode_terms(gpu, m, cand, dec, b) if explain else []
     # The prompt: chunks of what the step budget leaves beside the decodes (one step without chunking).
     budget = max(1, cand.max_num_batched_tokens - b) if cand.chunked_prefill else wl.input_len
     chunks = max(1, math.ceil(wl.input_len / budget))
@@ -475,30 +477,36 @@ def predict(
     pre = step_ms(gpu, m, cand.tp, link, b - 1 if b > 1 else 0, ctx, chunk, wl.input_len / 2)
     t_prefill = chunks * pre["total_ms"]
     extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
-    terms.append(_prefill_term(m, chunks, chunk, t_prefill))
+    if explain:
+        terms.append(_prefill_term(m, chunks, chunk, t_prefill))
     # TPOT: a decode step, with each speculative step's tokens, plus the other b - 1 requests' prefills.
-    per_token = t_dec if spec is None else _speculated(gpu, m, cand, spec, b, ctx, t_dec, terms)
+    per_token = (
+        t_dec if spec is None else _speculated(gpu, m, cand, spec, b, ctx, t_dec, terms if explain else None)
+    )
     # the other running requests' prompts stall this one's steps (its own prompt is in its TTFT)
     tpot = per_token + (b - 1) * extra / max(1, wl.output_len)
     # TTFT: half the step in flight, the prompt, and any wait for a free slot.
-    queue_ms = 0.0
     ttft = t_dec / 2 + t_prefill
     latency = ttft + (wl.output_len - 1) * tpot
     if c > b:
         queue_ms = (c - b) / b * latency
         ttft += queue_ms
-        terms.append(
-            {
-                "term": f"queue: {c} requests, {b} run at once",
-                "ms": round(queue_ms, 1),
-                "source": "max_num_seqs and the KV cache",
-            }
-        )
+        if explain:
+            terms.append(_queue_term(c, b, queue_ms))
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
-    if wave and c > 1 and wl.output_len > 1:
+    if explain and wave and c > 1 and wl.output_len > 1:
         terms.append(_wave_term(gpu, m, cand, wl, c, per_token if spec is not None else None, step_cpu))
     return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
+
+
+def _queue_term(c: int, b: int, queue_ms: float) -> dict[str, Any]:
+    """The wait for a free slot: ``c`` requests in flight, ``b`` of them running."""
+    return {
+        "term": f"queue: {c} requests, {b} run at once",
+        "ms": round(queue_ms, 1),
+        "source": "max_num_seqs and the KV cache",
+    }
 
 
 def _prefill_term(m: ModelShape, chunks: int, chunk: int, t_prefill: float) -> dict[str, Any]:
@@ -573,10 +581,10 @@ def _speculated(
     b: int,
     ctx: float,
     t_dec: float,
-    terms: list[dict[str, Any]],
+    terms: list[dict[str, Any]] | None,
 ) -> float:
-    """The time per token with speculation at batch ``b`` (its term appended to ``terms``); ``t_dec``
-    where it proposes nothing there."""
+    """The time per token with speculation at batch ``b`` (its term appended to ``terms``, unless
+    None); ``t_dec`` where it proposes nothing there."""
     link = cand.link
     per_token = t_dec
     k = spec.k_at(b)
@@ -596,6 +604,8 @@ def _speculated(
         elif spec.draft is not None:
             draft = k * step_ms(gpu, spec.draft, cand.tp, link, b, ctx, scheduler=False)["total_ms"]
         per_token = (verify + draft) / expected
+        if terms is None:
+            return per_token
         terms.append(
             {
                 "term": f"speculation: k={k} at batch {b}, {expected:.2f} tokens per step",
@@ -775,7 +785,7 @@ def capacity(
     best, at = 0.0, 0
     c = 1
     while True:
-        p = predict(gpu, m, cand, wl, spec, per_instance=c, wave=False)
+        p = predict(gpu, m, cand, wl, spec, per_instance=c, wave=False, explain=False)
         if p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms and p.output_tokens_per_s > best:
             best, at = p.output_tokens_per_s, c * cand.instances
         if c >= cand.max_num_seqs:

@@ -1,13 +1,15 @@
-"""Frozen records with shared methods: :func:`record` declares a frozen dataclass whose ``__init__``,
+"""Records with shared methods: :func:`record` declares a frozen dataclass whose ``__init__``,
 immutability, equality, hash and repr are the functions below, shared by every record, rather than
-six methods generated (``exec``'d) per class when it is defined.
+six methods generated (``exec``'d) per class when it is defined; :func:`state` a mutable one (a
+plain ``@dataclass``: ``__init__``, equality and repr shared, no hash).
 
 ``plan`` imports every plan type and the predictor's inputs at start-up, and those generated methods
 were most of that import's cost (~0.6 ms a class on the shared 2-core machine; ~0.1 ms here). What a
 frozen dataclass offers stays: ``dataclasses.fields`` and ``replace``, keyword or positional
 construction with the declared defaults, ``__post_init__``, equality and hash by the fields' values
-(in field order), ``FrozenInstanceError`` on assignment, the same repr. Not supported (use
-``dataclasses.dataclass``): ``field(default_factory=...)``, ``init=False`` fields, mutable records.
+(in field order), ``FrozenInstanceError`` on assignment, the same repr, ``field(default_factory=...)``.
+Not supported (use ``dataclasses.dataclass``): ``init=False`` fields, fields left out of the repr or
+the comparison.
 """
 
 from __future__ import annotations
@@ -22,26 +24,31 @@ T = TypeVar("T")
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     cls = type(self)
     names: tuple[str, ...] = cls.__record_names__
-    if len(args) > len(names):
-        raise TypeError(
-            f"{cls.__name__}() takes {len(names)} positional arguments but {len(args)} were given"
-        )
-    for key, value in zip(names, args, strict=False):
-        if key in kwargs:
-            raise TypeError(f"{cls.__name__}() got multiple values for argument {key!r}")
-        object.__setattr__(self, key, value)
+    given = len(args)
+    if given > len(names):
+        raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments but {given} were given")
+    if kwargs:
+        for key in names[:given]:
+            if key in kwargs:
+                raise TypeError(f"{cls.__name__}() got multiple values for argument {key!r}")
+    # The instance's own dict, written directly (what object.__setattr__ does for a field, without a
+    # call per field), in field order.
+    values = self.__dict__
+    values.update(zip(names, args, strict=False))
     defaults: dict[str, Any] = cls.__record_defaults__
     left = len(kwargs)
-    for key in names[len(args) :]:
+    for key in names[given:]:
         if key in kwargs:
-            object.__setattr__(self, key, kwargs[key])
+            values[key] = kwargs[key]
             left -= 1
         elif key in defaults:
-            object.__setattr__(self, key, defaults[key])
+            values[key] = defaults[key]
+        elif key in cls.__record_factories__:
+            values[key] = cls.__record_factories__[key]()
         else:
             raise TypeError(f"{cls.__name__}() missing required argument: {key!r}")
     if left:
-        unknown = sorted(set(kwargs) - set(names[len(args) :]))
+        unknown = sorted(set(kwargs) - set(names[given:]))
         raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown[0]!r}")
     if cls.__record_post_init__:
         self.__post_init__()
@@ -81,28 +88,41 @@ def _values_of(names: tuple[str, ...]) -> Any:
     return attrgetter(*names)
 
 
-@dataclass_transform(frozen_default=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def record(cls: type[T]) -> type[T]:
     """Declare ``cls`` a frozen record (see the module's docstring); a method the class defines
     itself (``__repr__``, ``__eq__``, ...) is kept, as ``dataclass`` keeps it."""
+    return _declare(cls, frozen=True)
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field,))
+def state(cls: type[T]) -> type[T]:
+    """Declare ``cls`` a mutable record: what ``@dataclass`` makes of it (equality by the fields'
+    values, unhashable), with :func:`record`'s shared ``__init__``, equality and repr."""
+    return _declare(cls, frozen=False)
+
+
+def _declare(cls: type[T], frozen: bool) -> type[T]:
     made: Any = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)  # the same class, in place
     fields = dataclasses.fields(made)
     names = tuple(f.name for f in fields)
     for f in fields:
-        if f.default_factory is not dataclasses.MISSING or not f.init:
-            raise TypeError(f"{made.__name__}.{f.name}: a record has no default_factory or init=False field")
+        if not (f.init and f.repr and f.compare) or f.hash is not None:
+            raise TypeError(
+                f"{made.__name__}.{f.name}: a record's fields are all in init, repr and comparison"
+            )
     made.__record_names__ = names
     made.__record_defaults__ = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    made.__record_factories__ = {
+        f.name: f.default_factory for f in fields if f.default_factory is not dataclasses.MISSING
+    }
     made.__record_values__ = staticmethod(_values_of(names))
     made.__record_post_init__ = hasattr(made, "__post_init__")
-    shared = {
-        "__init__": _init,
-        "__setattr__": _setattr,
-        "__delattr__": _delattr,
-        "__eq__": _eq,
-        "__hash__": _hash,
-        "__repr__": _repr,
-    }
+    shared: dict[str, Any] = {"__init__": _init, "__eq__": _eq, "__repr__": _repr}
+    if frozen:
+        shared.update({"__setattr__": _setattr, "__delattr__": _delattr, "__hash__": _hash})
+    else:
+        shared["__hash__"] = None  # as @dataclass: mutable, compared by value, so unhashable
     for name, fn in shared.items():
         if name not in made.__dict__ or (name == "__hash__" and made.__dict__[name] is None):
             setattr(made, name, fn)

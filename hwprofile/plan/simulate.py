@@ -39,11 +39,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .record import record
+from .record import record, state
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -201,7 +201,7 @@ def request_lengths(a: Arrivals) -> list[tuple[int, int]]:
     return list(zip(ins, outs, strict=True))
 
 
-@dataclass
+@state
 class _Req:
     rid: int
     sent: float  # when the client sent it
@@ -295,7 +295,7 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-@dataclass
+@state
 class _ApiServer:
     """vLLM's API server as one CPU: token work (``token_s`` per streamed token) from when the engine's
     outputs arrive, first come first served among themselves, with ``share`` of the CPU while admissions
@@ -381,7 +381,7 @@ class _ApiServer:
         return end
 
 
-@dataclass
+@state
 class _Clients:
     """The clients and the API server in front of the engine: when each request is sent (a closed loop,
     a burst or a Poisson process) and when, after the API server's admission work and the fixed
@@ -476,7 +476,7 @@ class _Clients:
             self.release_poisson(at)
 
 
-@dataclass
+@state
 class _Step:
     """What one engine step computes: prompt chunks and decode tokens, and the token budget left."""
 
@@ -485,7 +485,7 @@ class _Step:
     chunks: list[tuple[_Req, int]] = field(default_factory=list)
 
 
-@dataclass
+@state
 class _Scheduler:
     """The engine's state between steps, and the scheduler's phases as methods: serve the running
     requests (preempting for KV blocks), admit waiting ones, then run the step (several identical
