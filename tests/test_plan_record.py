@@ -106,3 +106,41 @@ def test_a_state_behaves_as_a_mutable_dataclass() -> None:
     assert dataclasses.replace(s, a=5) == _State(5, [3])
     with pytest.raises(TypeError, match="missing"):
         _State()  # type: ignore[call-arg]  # the point: a required field left out
+
+
+def test_dataclasses_sees_a_record_as_what_it_is_frozen_or_not() -> None:
+    """A frozen dataclass may subclass a record and a mutable one may not, as with a real frozen
+    dataclass (dataclasses reads the class's own parameters); a state is the other way round."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Sub(_Rec):
+        d: int = 0
+
+    s = Sub(1, d=2)
+    assert s == Sub(1, d=2) and hash(s) == hash(Sub(1, d=2))
+    with pytest.raises(TypeError, match="cannot inherit non-frozen dataclass from a frozen one"):
+
+        @dataclasses.dataclass
+        class Mutable(_Rec):
+            pass
+
+    assert dataclasses.fields(_Rec)[0].name == "a"
+    assert _Rec.__dataclass_params__.frozen and _Rec.__dataclass_params__.eq  # type: ignore[attr-defined]
+
+
+def test_field_options_a_record_does_not_honour_are_refused() -> None:
+    """compare=False, repr=False, a field's own hash, keyword-only fields and InitVar: refused when the
+    class is declared, never silently handled otherwise than a dataclass would."""
+    for opt in ({"compare": False}, {"repr": False}, {"hash": False}, {"kw_only": True}):
+        with pytest.raises(TypeError, match="a record's fields"):
+
+            @record
+            class Bad:
+                a: int = dataclasses.field(default=0, **opt)  # type: ignore[call-overload]
+
+    with pytest.raises(TypeError, match="no InitVar"):
+
+        @record
+        class WithInitVar:
+            a: int
+            scale: dataclasses.InitVar[int] = 1

@@ -8,8 +8,9 @@ were most of that import's cost (~0.6 ms a class on the shared 2-core machine; ~
 frozen dataclass offers stays: ``dataclasses.fields`` and ``replace``, keyword or positional
 construction with the declared defaults, ``__post_init__``, equality and hash by the fields' values
 (in field order), ``FrozenInstanceError`` on assignment, the same repr, ``field(default_factory=...)``.
-Not supported (use ``dataclasses.dataclass``): ``init=False`` fields, fields left out of the repr or
-the comparison.
+Not supported, refused when the class is declared (use ``dataclasses.dataclass``): ``init=False``
+fields, fields left out of the repr or the comparison or with their own hash, keyword-only fields,
+``InitVar``.
 """
 
 from __future__ import annotations
@@ -107,10 +108,18 @@ def _declare(cls: type[T], frozen: bool) -> type[T]:
     fields = dataclasses.fields(made)
     names = tuple(f.name for f in fields)
     for f in fields:
-        if not (f.init and f.repr and f.compare) or f.hash is not None:
+        if not (f.init and f.repr and f.compare) or f.hash is not None or f.kw_only is True:
             raise TypeError(
-                f"{made.__name__}.{f.name}: a record's fields are all in init, repr and comparison"
+                f"{made.__name__}.{f.name}: a record's fields are all in init, repr and comparison, "
+                "positional or keyword"
             )
+    for name, f in made.__dataclass_fields__.items():
+        if name not in names and "InitVar" in str(f.type):
+            raise TypeError(f"{made.__name__}.{name}: a record has no InitVar")
+    # What dataclasses itself reads of the class (a subclass's frozen check, for one) says what the
+    # class is: frozen or not, compared by value.
+    made.__dataclass_params__.frozen = frozen
+    made.__dataclass_params__.eq = True
     made.__record_names__ = names
     made.__record_defaults__ = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
     made.__record_factories__ = {
