@@ -124,3 +124,15 @@ def test_a_cpu_plan_has_no_gpu_lines(tmp_path: Path, env: dict[str, str]) -> Non
     assert "Speed    not predicted for a CPU server" in text and "Predictions at" not in text
     assert not no_python_values(text), no_python_values(text)
     assert "kv_cache_memory_bytes    1.0 GiB (1073741824)" in text
+
+
+def test_the_headline_counts_every_gpu_of_a_data_parallel_server(env: dict[str, str]) -> None:
+    """One API server in front of 2 data-parallel ranks of TP 2 runs on 4 GPUs: the headline says 4 and
+    the layout, as the instance's own lines do (it said "2 GPUs" for the four); TP servers say their TP."""
+    dp = hw(env, "plan", "--from", str(HOSTS / "a800-pcie-4x.json"), "--model", "Qwen/Qwen3.8-27B")
+    assert dp.returncode == 0, dp.stderr
+    head = dp.stdout.splitlines()[0]
+    assert "1 vLLM server on GPU 0,1,2,3" in head and "tensor parallel 2, data parallel 2" in dp.stdout
+    assert head.endswith("4 GPUs (data parallel 2 x tensor parallel 2)"), head
+    tp = hw(env, "plan", "--from", str(HOSTS / "rtx3090-2x.json"), "--model", "Qwen/Qwen3.8-27B")
+    assert tp.stdout.splitlines()[0].endswith("1 vLLM server on GPU 0,1 (NVIDIA GeForce RTX 3090), 2 GPUs")

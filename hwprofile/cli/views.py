@@ -477,10 +477,14 @@ def _summary(plan: Plan) -> list[str]:
     n = len(insts)
     servers = f"{n} vLLM server{'s' if n > 1 else ''}"
     if gpus:
-        tps = sorted({i.tensor_parallel_size * i.pipeline_parallel_size for i in insts})
+        # a server's GPUs: its tensor x pipeline group, once per data-parallel rank behind its API server
+        tps = sorted({i.tensor_parallel_size * i.pipeline_parallel_size * i.ranks for i in insts})
+        dp = sorted({(i.ranks, i.tensor_parallel_size) for i in insts if i.ranks > 1})
+        layout = ", ".join(f"data parallel {r} x tensor parallel {t}" for r, t in dp)
         where = (
             f"{servers} on GPU {','.join(map(str, gpus))} ({', '.join(names)}), "
             f"{' or '.join(map(str, tps))} GPU{'s' if tps != [1] else ''}{' each' if n > 1 else ''}"
+            + (f" ({layout})" if layout else "")
         )
     else:
         where = f"{servers} on the CPU"
