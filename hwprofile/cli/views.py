@@ -466,12 +466,8 @@ def _warnings(plan: Plan) -> list[tuple[list[str], str]]:
     return _fold(split)
 
 
-def _summary(plan: Plan) -> list[str]:
-    """What a person asks first: what runs, where, does it fit, how fast, what to watch."""
-    from ..plan.types import ABSENT
-
-    m, insts = plan.model, plan.instances
-    what = f"{m.name} ({m.bits}-bit)" + (f" with draft {plan.draft.name}" if plan.draft else "")
+def _where(insts: Sequence[InstancePlan]) -> str:
+    """The headline's "where": how many servers, on which GPUs (or the CPU), and each one's GPUs."""
     gpus = sorted({g for i in insts for g in i.gpus})
     names = sorted({i.gpu_name or "unnamed GPU" for i in insts if i.gpus})
     n = len(insts)
@@ -488,6 +484,16 @@ def _summary(plan: Plan) -> list[str]:
         )
     else:
         where = f"{servers} on the CPU"
+    return where
+
+
+def _summary(plan: Plan) -> list[str]:
+    """What a person asks first: what runs, where, does it fit, how fast, what to watch."""
+    from ..plan.types import ABSENT
+
+    m, insts = plan.model, plan.instances
+    what = f"{m.name} ({m.bits}-bit)" + (f" with draft {plan.draft.name}" if plan.draft else "")
+    n, where = len(insts), _where(insts)
     out = [f"Runs     {what}: {where}"]
     if plan.endpoint is not None:
         out.append(
@@ -520,7 +526,7 @@ def _summary(plan: Plan) -> list[str]:
         )
     else:
         out.append(
-            f"Speed    not predicted for {'these GPUs (no datasheet figures)' if gpus else 'a CPU server'}: "
+            f"Speed    not predicted for {'these GPUs (no datasheet figures)' if any(i.gpus for i in insts) else 'a CPU server'}: "
             "`hwprofile bench` measures it"
         )
     if plan.warnings:
