@@ -470,8 +470,9 @@ def predict(
     dec = step_ms(gpu, m, cand.tp, link, b, ctx)
     t_dec = dec["total_ms"]
     terms = _decode_terms(gpu, m, cand, dec, b) if explain else []
-    # The prompt: chunks of what the step budget leaves beside the decodes (one step without chunking).
-    budget = max(1, cand.max_num_batched_tokens - b) if cand.chunked_prefill else wl.input_len
+    # The prompt: chunks of what the step budget leaves beside the other b - 1 requests' decodes (one step
+    # without chunking); the request being prefilled decodes nothing yet.
+    budget = max(1, cand.max_num_batched_tokens - (b - 1)) if cand.chunked_prefill else wl.input_len
     chunks = max(1, math.ceil(wl.input_len / budget))
     chunk = math.ceil(wl.input_len / chunks)
     pre = step_ms(gpu, m, cand.tp, link, b - 1 if b > 1 else 0, ctx, chunk, wl.input_len / 2)

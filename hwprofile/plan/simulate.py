@@ -176,7 +176,7 @@ def request_lengths(a: Arrivals) -> list[tuple[int, int]]:
         return [(a.input_len, a.output_len)] * n
     import random
 
-    rng = random.Random(a.seed)
+    rng = random.Random(f"{a.seed}:lengths")  # its own stream: the Poisson gaps draw from another
 
     def spread(mean: float, hi: Sequence[int]) -> list[int]:
         base = [-math.log(1.0 - (i + 0.5) / n) for i in range(n)]  # unit-mean exponential quantiles
@@ -417,7 +417,7 @@ class _Clients:
                 c.sends.append((0.0, c.next_rid))
                 c.next_rid += 1
         else:
-            rng = random.Random(a.seed)
+            rng = random.Random(f"{a.seed}:gaps")  # apart from the lengths' stream (request_lengths)
             t = 0.0
             for _ in range(a.num_requests):
                 c.pending_sends.append(t)
