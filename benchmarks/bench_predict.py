@@ -154,7 +154,7 @@ def arrivals_of(point: dict[str, Any]) -> Any:
         # the figure's protocol (QWEN38-FULL-COMPARISON.md, "Aggregate decode"; the server log sends the
         # cell's `concurrency` requests in the same second): one wave sent together, each request's own
         # decode rate summed
-        return Arrivals("burst", w["concurrency"], w["input_len"], w["output_len"])
+        return Arrivals("burst", w["concurrency"], w["input_len"], output_len_of(w))
     n = int(w.get("num_prompts") or max(8, 4 * w["concurrency"]))
     out = output_len_of(w)
     lengths = "sharegpt" if w.get("dataset") == "sharegpt" else "fixed"  # the dataset's spread (simulate.py)
