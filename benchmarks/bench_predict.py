@@ -89,7 +89,25 @@ def settings_of(point: dict[str, Any]) -> list[str]:
                 f"speculative.num_speculative_tokens={spec['num_speculative_tokens']}",
                 "speculative.by_batch_size=null",  # the point's k at every batch (a profile's table is not it)
             ]
+            length = (point.get("measured") or {}).get("acceptance_length")
+            if length:  # the run's own acceptance, so the figure judges the step costs, not a guess of it
+                sets.append(
+                    f"speculative.assumed_acceptance={acceptance_of(length, spec['num_speculative_tokens'])}"
+                )
     return sets
+
+
+def acceptance_of(length: float, k: int) -> float:
+    """The per-token acceptance ``a`` whose expected tokens per step, (1 - a^(k+1)) / (1 - a) as
+    plan/predict.py takes it, is vLLM's logged mean acceptance length ``length`` (bisection)."""
+    lo, hi = 0.0, 0.999
+    for _ in range(50):
+        a = (lo + hi) / 2
+        if (1 - a ** (k + 1)) / (1 - a) < length:
+            lo = a
+        else:
+            hi = a
+    return round((lo + hi) / 2, 3)
 
 
 def measured_rows(point: dict[str, Any]) -> list[tuple[str, float, str]]:

@@ -726,7 +726,7 @@ def instance_prediction(
         output_tokens_per_s=round(per, 1),
         source=p.source,
         terms=tuple({k: v for k, v in t.items()} for t in p.terms),
-        simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency, host=host),
+        simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency, host=host, spec=spec),
     )
 
 
@@ -753,12 +753,14 @@ def simulated_figures(
     per_instance: int,
     arrivals: Arrivals | None = None,
     host: HostSnapshot | None = None,
+    spec: pm.Speculation | None = None,
 ) -> dict[str, Any] | None:
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
     serve --max-concurrency``, or ``arrivals``: a :class:`simulate.Arrivals`, as benchmarks/bench_predict.py
     gives each measured point's) through plan/simulate.py with :func:`predict.step_cost`; None where the
     engine cannot take one request (the plan refuses or says so elsewhere). With ``host``, the CPU outside
-    the GPU's step (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM."""
+    the GPU's step (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM;
+    ``spec``: the instance's speculation, each decode step at its cost per token (predict.step_cost)."""
     from . import simulate as sim
     from .servercost import server_costs
 
@@ -767,10 +769,12 @@ def simulated_figures(
     eng = sim.engine_for(
         cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
     )
-    src = f"plan/predict.py step_cost ({gpu.source}; no speculation)"
+    said = f"{spec.method} k={spec.k}, acceptance {spec.acceptance}" if spec is not None else "no speculation"
+    src = f"plan/predict.py step_cost ({gpu.source}; {said})"
+    step = pm.step_cost(gpu, shape, cand, spec)
     if arrivals is not None:
         try:
-            res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arrivals)
+            res = sim.simulate(step, eng, arrivals)
         except ValueError:
             return None
         return sim.figures(res, arrivals, src, costs)
@@ -781,7 +785,7 @@ def simulated_figures(
         }
     arr = sim.Arrivals("concurrency", min(c + 64, max(8, 2 * c)), wl.input_len, wl.output_len, concurrency=c)
     try:
-        res = sim.simulate(pm.step_cost(gpu, shape, cand), eng, arr)
+        res = sim.simulate(step, eng, arr)
     except ValueError:
         return None
     return sim.figures(res, arr, src, costs)

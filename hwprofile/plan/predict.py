@@ -936,15 +936,24 @@ def choose(
 # -- hook: the scheduler simulation (plan/simulate.py, issue 32) -----------------------------------
 
 
-def step_cost(gpu: Gpu, m: ModelShape, cand: Candidate) -> Callable[[int, int, float, float], float]:
+def step_cost(
+    gpu: Gpu, m: ModelShape, cand: Candidate, spec: Speculation | None = None
+) -> Callable[[int, int, float, float], float]:
     """:func:`step_ms` as plan/simulate.py's per-step cost: (prefill tokens, decode sequences, their mean
     context, the prefill tokens' mean attended context) → seconds of one step of one instance.
 
     The prompt chunk's KV is read once per chunk and its attention FLOPs counted over the attention
-    layers, both in :func:`step_ms` itself (the analytic path and the simulation share one step)."""
+    layers, both in :func:`step_ms` itself (the analytic path and the simulation share one step). With
+    ``spec``, the simulation's step makes one token per decoding sequence as before, so its decode part
+    costs a speculative step per token (:func:`_speculated`: verify and draft over the expected tokens
+    at that batch) in place of a plain decode step."""
 
     def cost(prefill_tokens: int, decode_seqs: int, decode_context: float, prefill_context: float) -> float:
         ms = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context, prefill_tokens, prefill_context)
-        return ms["total_ms"] / 1e3
+        total = ms["total_ms"]
+        if spec is not None and decode_seqs > 0:
+            plain = step_ms(gpu, m, cand.tp, cand.link, decode_seqs, decode_context)["total_ms"]
+            total += _speculated(gpu, m, cand, spec, decode_seqs, decode_context, plain, None) - plain
+        return total / 1e3
 
     return cost
