@@ -596,3 +596,44 @@ def test_deepseek_v3_mla_moe_and_its_mtp_layer() -> None:
     assert p.active / 1e9 == pytest.approx(37, rel=0.03)
     w = weights_bytes(cfg, kinds)
     assert w.total == pytest.approx(p.total, rel=0.01)  # fp8 experts and projections, bf16 embeddings
+
+
+# meta-llama/Llama-4-Scout-17B-16E's text config: a text-only fine-tune's config.json quoted in vllm#20581
+# (Llama4ForCausalLM), the rest as a public test mirrors unsloth/Llama-4-Scout-17B-16E's text_config
+LLAMA4_SCOUT_TEXT = {
+    "architectures": ["Llama4ForCausalLM"],
+    "model_type": "llama4_text",
+    "attention_chunk_size": 8192,
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "interleave_moe_layer_step": 1,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "no_rope_layers": [1, 1, 1, 0] * 12,
+    "num_attention_heads": 40,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "num_local_experts": 16,
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "vocab_size": 202048,
+}
+
+
+def test_llama4_shared_expert_and_dense_layers_of_their_own_width() -> None:
+    """Llama 4 (vLLM llama4.py): every MoE layer has a shared expert of ``intermediate_size`` beside its
+    routed experts (Llama4MoE.shared_expert), and a dense layer's MLP is ``intermediate_size_mlp`` wide.
+    Scout's text model, counted by hand: 48 x (attention 62,914,560 + router 81,920 + 16 experts
+    2,013,265,920 + shared expert 125,829,120 + norms 10,240) + embedding and head 2 x 1,034,485,760 +
+    final norm 5,120 = 107,769,861,120; the Hub's safetensors total for the model with its vision tower
+    is 108,641,793,536."""
+    kinds = layer_kinds(LLAMA4_SCOUT_TEXT)
+    p = count_params(LLAMA4_SCOUT_TEXT, kinds)
+    assert p.total == 107_769_861_120
+    assert p.active == p.total - 48 * 15 * 3 * 5120 * 8192  # one routed expert of 16 read per token
+    maverick_like = {**LLAMA4_SCOUT_TEXT, "interleave_moe_layer_step": 2, "num_hidden_layers": 2}
+    dense, moe = layer_kinds(maverick_like)
+    assert (dense.mlp, moe.mlp) == ("dense", "moe")
+    mlp = [t for t in tensors(maverick_like, [dense]) if ".mlp." in t.name and t.name.endswith("_proj")]
+    assert {t.rows * t.cols for t in mlp} == {16384 * 5120}
