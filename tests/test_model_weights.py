@@ -637,3 +637,51 @@ def test_llama4_shared_expert_and_dense_layers_of_their_own_width() -> None:
     assert (dense.mlp, moe.mlp) == ("dense", "moe")
     mlp = [t for t in tensors(maverick_like, [dense]) if ".mlp." in t.name and t.name.endswith("_proj")]
     assert {t.rows * t.cols for t in mlp} == {16384 * 5120}
+
+
+# moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json fields as a public package copies them verbatim
+# (its DEPENDED_FIELDS); tie_word_embeddings false as the model's remote-code config defaults
+KIMI_LINEAR_48B = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "num_hidden_layers": 27,
+    "vocab_size": 163840,
+    "hidden_act": "silu",
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "linear_attn_config": {
+        "head_dim": 128,
+        "num_heads": 32,
+        "short_conv_kernel_size": 4,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+    },
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 1024,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_nextn_predict_layers": 0,
+    "tie_word_embeddings": False,
+}
+
+
+def test_kimi_linear_shared_expert_from_num_shared_experts() -> None:
+    """Kimi-Linear names its shared experts ``num_shared_experts`` (vLLM kimi_k3 KimiMoE: one MLP of
+    ``moe_intermediate_size x num_shared_experts``), not DeepSeek's ``n_shared_experts``. By hand:
+    7 MLA layers x 29,114,880 + 20 KDA layers x 39,514,272 + 26 MoE MLPs x (router 589,824 + 256
+    experts 1,811,939,328 + shared 7,077,888) + 1 dense MLP 63,700,992 + norms 27 x 4,608 + embedding
+    and head 2 x 377,487,360 + final norm 2,304 = 49,122,675,072 (the card's "48B")."""
+    kinds = layer_kinds(KIMI_LINEAR_48B)
+    p = count_params(KIMI_LINEAR_48B, kinds)
+    assert p.total == 49_122_675_072
+    shared = [t for t in tensors(KIMI_LINEAR_48B, kinds) if ".shared_experts." in t.name]
+    assert len(shared) == 26 * 3 and {t.rows * t.cols for t in shared} == {1024 * 2304}

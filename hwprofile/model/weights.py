@@ -402,7 +402,7 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     if s.mt == "nemotron_h" or _str(c, "topk_method") == "noaux_tc":
         out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
     out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
-    n_shared = _int(c, "n_shared_experts")
+    n_shared = _int(c, "n_shared_experts", "num_shared_experts")  # DeepSeek's key; Kimi-Linear's
     shared_inter = _int(c, "shared_expert_intermediate_size")
     if s.mt == "nemotron_h" and n_shared:
         out += _mlp(
@@ -413,7 +413,7 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     elif shared_inter:  # qwen2-moe / qwen3-next: one shared expert and its gate
         out += _mlp(s, f"{box}.shared_expert", part, shared_inter)
         out.append(_lin(f"{box}.shared_expert_gate", part, 1, h))
-    elif n_shared:  # deepseek: n_shared experts of moe_intermediate_size as one MLP
+    elif n_shared:  # deepseek, kimi-linear: n_shared experts of moe_intermediate_size as one MLP
         out += _mlp(s, f"{box}.shared_experts", part, n_shared * inter)
     elif s.mt.startswith("llama4"):  # one shared expert of the experts' width (llama4.py Llama4MoE)
         out += _mlp(s, f"{box}.shared_expert", part, inter)
