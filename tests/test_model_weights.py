@@ -685,3 +685,35 @@ def test_kimi_linear_shared_expert_from_num_shared_experts() -> None:
     assert p.total == 49_122_675_072
     shared = [t for t in tensors(KIMI_LINEAR_48B, kinds) if ".shared_experts." in t.name]
     assert len(shared) == 26 * 3 and {t.rows * t.cols for t in shared} == {1024 * 2304}
+
+
+def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
+    """ModelOpt's MIXED_PRECISION config.json (NVIDIA's NVFP4 hybrids: FP8 dense layers, NVFP4 routed
+    experts) writes its groups without ``strategy``: a group size means group scales (compressed-tensors'
+    rule), so an NVFP4 expert keeps one fp8 scale per 16 weights (4.5 bits a weight), not 4 bits."""
+    cfg = {
+        **_cfg("nemotron-3-nano-30b-a3b"),
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "config_groups": {
+                "group_0": {
+                    "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
+                    "targets": ["backbone.layers.0.mixer.in_proj"],
+                },
+                "group_1": {
+                    "weights": {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"},
+                    "targets": ["backbone.layers.1.mixer.experts.0.up_proj"],
+                },
+            },
+        },
+    }
+    q = read_quant(cfg)
+    by_name = {t.name: t for t in tensors(cfg, layer_kinds(cfg))}
+    expert = by_name["backbone.layers.1.mixer.experts.0.up_proj"]
+    scheme = q.scheme(expert)
+    assert (scheme.bits, scheme.group, scheme.scale_bytes, scheme.per_tensor) == (4, 16, 1.0, False)
+    n = expert.rows * expert.cols
+    assert scheme.nbytes(expert) == pytest.approx(expert.count * (n / 2 + n / 16 + 4))
+    fp8 = q.scheme(by_name["backbone.layers.0.mixer.in_proj"])
+    assert (fp8.bits, fp8.per_tensor) == (8, True)

@@ -960,10 +960,12 @@ def _ct_scheme(w: dict[str, Any], fmt: str) -> Scheme:
         raise ValueError(
             f"quantization_config.config_groups.*.weights.num_bits: expected 1 to 16, got {bits!r}"[:160]
         )
-    strategy = str(w.get("strategy") or "tensor").lower()
     typ = str(w.get("type") or "int").lower()
     group = w.get("group_size")
     group = group if type(group) is int and group > 0 else 0
+    # no strategy said: group where a group size is given, else tensor (compressed-tensors'
+    # QuantizationArgs; ModelOpt's MIXED_PRECISION export writes NVFP4 groups so: no strategy key)
+    strategy = str(w.get("strategy") or ("group" if group else "tensor")).lower()
     sym = w.get("symmetric", True) is not False
     fp4 = typ == "float" and bits == 4  # nvfp4 / mxfp4: fp8 (or E8M0) scales
     scale = 1.0 if fp4 else 2.0
