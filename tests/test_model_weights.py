@@ -717,3 +717,54 @@ def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
     assert scheme.nbytes(expert) == pytest.approx(expert.count * (n / 2 + n / 16 + 4))
     fp8 = q.scheme(by_name["backbone.layers.0.mixer.in_proj"])
     assert (fp8.bits, fp8.per_tensor) == (8, True)
+
+
+# google/gemma-3-27b-it's config.json as a public test reproduces it (GEMMA3_27B_CONFIG; its layer count and
+# window restored to the model's 62 and 1024, as the text-only copies of the same config give them)
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "head_dim": 128,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 62,
+        "num_key_value_heads": 16,
+        "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
+
+
+def test_keys_left_out_as_their_class_defaults() -> None:
+    """Gemma 3's text_config has no vocab_size and no tie_word_embeddings: transformers wrote them out
+    as Gemma3TextConfig's defaults (262,208 tokens, tied), which is what vLLM loads. Read so, the model
+    is the Hub's 27,432,406,640 parameters; read as missing, it was 26.02 B (no embedding) and an untied
+    head would have added 1.41 B."""
+    from hwprofile.model import parse_config
+
+    m = parse_config(GEMMA3_27B, "gemma-3-27b-it", "dir", None)
+    assert (m.vocab_size, m.tie_word_embeddings) == (262208, True)
+    assert m.params == pytest.approx(27_432_406_640, rel=1e-4)
+    untied = {**GEMMA3_27B, "text_config": {**GEMMA3_27B["text_config"], "tie_word_embeddings": False}}
+    assert parse_config(untied, "g", "dir", None).params - m.params == 262208 * 5376
