@@ -262,8 +262,8 @@ def test_plain_models_keep_their_arithmetic() -> None:
     ("cfg", "words"),
     [
         (
-            {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_hidden_layers": 4},
-            "FalconH1",
+            {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "num_hidden_layers": 4},
+            "Zamba2ForCausalLM: a zamba2 model shares blocks",
         ),
         (
             {
@@ -370,3 +370,55 @@ def test_transformers_5_spellings_of_mamba2_hybrids() -> None:
     pure = {**granite, "layer_types": ["linear_attention"] * 4}
     with pytest.raises(ValueError, match="GraniteMoeHybridForCausalLM: an attention-free state model"):
         layer_stack(pure)
+
+
+# tiiuae/Falcon-H1-0.5B's config.json as NVIDIA Megatron-Bridge's FalconH1 bridge test reproduces it
+# (FALCON_H1_500M_CONFIG; the multipliers and rope keys left out here), with mamba_d_ssm = heads x head
+# dim (transformers' FalconH1Config refuses any other value: 24 x 64).
+FALCON_H1_05B = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "model_type": "falcon_h1",
+    "attn_layer_indices": None,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "intermediate_size": 2048,
+    "mamba_conv_bias": True,
+    "mamba_d_conv": 4,
+    "mamba_d_head": 64,
+    "mamba_d_ssm": 1536,
+    "mamba_d_state": 128,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+    "mamba_n_heads": 24,
+    "mamba_proj_bias": False,
+    "mamba_rms_norm": False,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32784,
+}
+
+
+def test_falcon_h1_parallel_attention_and_mamba2_as_vllm_registers_them() -> None:
+    """Falcon-H1: each of the 36 layers runs attention and a Mamba2 mixer side by side; vLLM
+    (falcon_h1.py FalconH1ParallelHybrid) registers the mixer as layer 36 + i, so the cache holds
+    36 attention and 36 state layers. Planned, not refused."""
+    st = layer_stack(FALCON_H1_05B)
+    assert [k.mixer for k in st.kinds] == ["full"] * 36 and st.parallel_state
+    assert st.state_layers == 36 and st.is_hybrid_state
+    # Mamba2 with the inner width mamba_d_ssm (1536, not expand x hidden = 2048): conv 1536 + 2 x 128
+    assert state_shapes(st.state, 1, 0) == ((1792, 3), (24, 64, 128))
+    m = parse_config(FALCON_H1_05B, "falcon-h1", "dir", None)
+    # by hand: 36 x (attention 1.31 M + Mamba2 5.02 M + MLP 6.29 M + norms) + embedding and head 2 x 33.57 M
+    assert 0.51e9 < m.params < 0.53e9
+    # per layer per sequence: conv 1792 x 3 x 2 B + SSM 24 x 64 x 128 x 2 B (bf16: no fp32 rule)
+    assert state_bytes_per_layer(m) == 10_752 + 393_216
+    h = hybrid_kv_cache(m, 1 << 30, 8192)
+    # attention 2 x 2 x 64 x 2 B = 512 B per token and layer; block 16 x cdiv(403,968, 16 x 512) = 800
+    assert (h.attention_layers, h.state_layers, h.block_size) == (36, 36, 800)
+    assert (h.group_size, h.attention_groups, h.state_groups) == (36, 1, 1)
+    assert h.state_bytes_per_sequence == 36 * 800 * 512  # one padded page in each of the 36 layers
+    assert kv_bytes_per_token(m, 1, 2) == 36 * 512

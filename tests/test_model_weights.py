@@ -596,3 +596,175 @@ def test_deepseek_v3_mla_moe_and_its_mtp_layer() -> None:
     assert p.active / 1e9 == pytest.approx(37, rel=0.03)
     w = weights_bytes(cfg, kinds)
     assert w.total == pytest.approx(p.total, rel=0.01)  # fp8 experts and projections, bf16 embeddings
+
+
+# meta-llama/Llama-4-Scout-17B-16E's text config: a text-only fine-tune's config.json quoted in vllm#20581
+# (Llama4ForCausalLM), the rest as a public test mirrors unsloth/Llama-4-Scout-17B-16E's text_config
+LLAMA4_SCOUT_TEXT = {
+    "architectures": ["Llama4ForCausalLM"],
+    "model_type": "llama4_text",
+    "attention_chunk_size": 8192,
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "interleave_moe_layer_step": 1,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "no_rope_layers": [1, 1, 1, 0] * 12,
+    "num_attention_heads": 40,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "num_local_experts": 16,
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "vocab_size": 202048,
+}
+
+
+def test_llama4_shared_expert_and_dense_layers_of_their_own_width() -> None:
+    """Llama 4 (vLLM llama4.py): every MoE layer has a shared expert of ``intermediate_size`` beside its
+    routed experts (Llama4MoE.shared_expert), and a dense layer's MLP is ``intermediate_size_mlp`` wide.
+    Scout's text model, counted by hand: 48 x (attention 62,914,560 + router 81,920 + 16 experts
+    2,013,265,920 + shared expert 125,829,120 + norms 10,240) + embedding and head 2 x 1,034,485,760 +
+    final norm 5,120 = 107,769,861,120; the Hub's safetensors total for the model with its vision tower
+    is 108,641,793,536."""
+    kinds = layer_kinds(LLAMA4_SCOUT_TEXT)
+    p = count_params(LLAMA4_SCOUT_TEXT, kinds)
+    assert p.total == 107_769_861_120
+    assert p.active == p.total - 48 * 15 * 3 * 5120 * 8192  # one routed expert of 16 read per token
+    maverick_like = {**LLAMA4_SCOUT_TEXT, "interleave_moe_layer_step": 2, "num_hidden_layers": 2}
+    dense, moe = layer_kinds(maverick_like)
+    assert (dense.mlp, moe.mlp) == ("dense", "moe")
+    mlp = [t for t in tensors(maverick_like, [dense]) if ".mlp." in t.name and t.name.endswith("_proj")]
+    assert {t.rows * t.cols for t in mlp} == {16384 * 5120}
+
+
+# moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json fields as a public package copies them verbatim
+# (its DEPENDED_FIELDS); tie_word_embeddings false as the model's remote-code config defaults
+KIMI_LINEAR_48B = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "num_hidden_layers": 27,
+    "vocab_size": 163840,
+    "hidden_act": "silu",
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "linear_attn_config": {
+        "head_dim": 128,
+        "num_heads": 32,
+        "short_conv_kernel_size": 4,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+    },
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 1024,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_nextn_predict_layers": 0,
+    "tie_word_embeddings": False,
+}
+
+
+def test_kimi_linear_shared_expert_from_num_shared_experts() -> None:
+    """Kimi-Linear names its shared experts ``num_shared_experts`` (vLLM kimi_k3 KimiMoE: one MLP of
+    ``moe_intermediate_size x num_shared_experts``), not DeepSeek's ``n_shared_experts``. By hand:
+    7 MLA layers x 29,114,880 + 20 KDA layers x 39,514,272 + 26 MoE MLPs x (router 589,824 + 256
+    experts 1,811,939,328 + shared 7,077,888) + 1 dense MLP 63,700,992 + norms 27 x 4,608 + embedding
+    and head 2 x 377,487,360 + final norm 2,304 = 49,122,675,072 (the card's "48B")."""
+    kinds = layer_kinds(KIMI_LINEAR_48B)
+    p = count_params(KIMI_LINEAR_48B, kinds)
+    assert p.total == 49_122_675_072
+    shared = [t for t in tensors(KIMI_LINEAR_48B, kinds) if ".shared_experts." in t.name]
+    assert len(shared) == 26 * 3 and {t.rows * t.cols for t in shared} == {1024 * 2304}
+
+
+def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
+    """ModelOpt's MIXED_PRECISION config.json (NVIDIA's NVFP4 hybrids: FP8 dense layers, NVFP4 routed
+    experts) writes its groups without ``strategy``: a group size means group scales (compressed-tensors'
+    rule), so an NVFP4 expert keeps one fp8 scale per 16 weights (4.5 bits a weight), not 4 bits."""
+    cfg = {
+        **_cfg("nemotron-3-nano-30b-a3b"),
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "config_groups": {
+                "group_0": {
+                    "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
+                    "targets": ["backbone.layers.0.mixer.in_proj"],
+                },
+                "group_1": {
+                    "weights": {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"},
+                    "targets": ["backbone.layers.1.mixer.experts.0.up_proj"],
+                },
+            },
+        },
+    }
+    q = read_quant(cfg)
+    by_name = {t.name: t for t in tensors(cfg, layer_kinds(cfg))}
+    expert = by_name["backbone.layers.1.mixer.experts.0.up_proj"]
+    scheme = q.scheme(expert)
+    assert (scheme.bits, scheme.group, scheme.scale_bytes, scheme.per_tensor) == (4, 16, 1.0, False)
+    n = expert.rows * expert.cols
+    assert scheme.nbytes(expert) == pytest.approx(expert.count * (n / 2 + n / 16 + 4))
+    fp8 = q.scheme(by_name["backbone.layers.0.mixer.in_proj"])
+    assert (fp8.bits, fp8.per_tensor) == (8, True)
+
+
+# google/gemma-3-27b-it's config.json as a public test reproduces it (GEMMA3_27B_CONFIG; its layer count and
+# window restored to the model's 62 and 1024, as the text-only copies of the same config give them)
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "head_dim": 128,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 62,
+        "num_key_value_heads": 16,
+        "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
+
+
+def test_keys_left_out_as_their_class_defaults() -> None:
+    """Gemma 3's text_config has no vocab_size and no tie_word_embeddings: transformers wrote them out
+    as Gemma3TextConfig's defaults (262,208 tokens, tied), which is what vLLM loads. Read so, the model
+    is the Hub's 27,432,406,640 parameters; read as missing, it was 26.02 B (no embedding) and an untied
+    head would have added 1.41 B."""
+    from hwprofile.model import parse_config
+
+    m = parse_config(GEMMA3_27B, "gemma-3-27b-it", "dir", None)
+    assert (m.vocab_size, m.tie_word_embeddings) == (262208, True)
+    assert m.params == pytest.approx(27_432_406_640, rel=1e-4)
+    untied = {**GEMMA3_27B, "text_config": {**GEMMA3_27B["text_config"], "tie_word_embeddings": False}}
+    assert parse_config(untied, "g", "dir", None).params - m.params == 262208 * 5376

@@ -230,8 +230,11 @@ def test_kv_bytes_formula() -> None:
 
 
 def test_sliding_window_layers_hold_only_the_window() -> None:
-    g = parse_config(
-        {**TINY, "model_type": "gemma2", "num_hidden_layers": 4, "sliding_window": 256}, "g", "dir", None
+    g = parse_config(  # head_dim said: Gemma2Config's default is 256, not hidden / heads
+        {**TINY, "model_type": "gemma2", "num_hidden_layers": 4, "sliding_window": 256, "head_dim": 32},
+        "g",
+        "dir",
+        None,
     )
     assert (g.sliding_layers, g.full_layers) == (2, 2)
     per_layer_token = 2 * 2 * 32 * 2

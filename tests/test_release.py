@@ -255,3 +255,41 @@ def test_the_render_release_is_the_plan_release(target: str) -> None:
         {"0.9.0": "0.8.5", "0.34.1": "0.33.0"}.get(target, target),
         target == "0.33.0",
     )
+
+
+def test_an_architecture_vllm_removed_is_refused_naming_the_last_release() -> None:
+    """vLLM 0.32/0.33 refuse MiniMax-Text-01 / MiniMax-M1 (lightning attention) and Bamba by name:
+    "supported in vLLM until v0.23.0" (registry.py _PREVIOUSLY_SUPPORTED_MODELS). A plan for such a
+    release is refused naming the last release that serves it; an older release plans it."""
+    from hwprofile.model import parse_config
+    from hwprofile.plan.refusal import PlanRefused
+    from hwprofile.plan.releases import refuse_old_release
+
+    assert (
+        release("0.33.0").removed_architecture("MiniMaxM1ForCausalLM")
+        is facts.REMOVED["MiniMaxM1ForCausalLM"]
+    )
+    assert release("0.32.0").removed_architecture("BambaForCausalLM") is not None
+    assert release("0.22.0").removed_architecture("MiniMaxM1ForCausalLM") is None
+    assert release_of(None).removed_architecture("MiniMaxM1ForCausalLM") is None  # unknown: planned
+    assert release("0.33.0").removed_architecture("Qwen3NextForCausalLM") is None
+    minimax = {
+        "architectures": ["MiniMaxM1ForCausalLM"],
+        "model_type": "minimax_m1",
+        "num_hidden_layers": 4,
+        "attn_type_list": [0, 0, 0, 1],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "num_local_experts": 4,
+        "vocab_size": 1000,
+    }
+    model = parse_config(minimax, "MiniMax-M1", "dir", None)
+    with pytest.raises(
+        PlanRefused, match=r"vLLM 0\.33\.0 no longer serves MiniMaxM1ForCausalLM.*is 0\.23\.0"
+    ):
+        refuse_old_release(model, "0.33.0")
+    refuse_old_release(model, "0.22.0")
+    refuse_old_release(model, None)

@@ -24,8 +24,10 @@ Schemas read, as the families write them:
 - Gemma 2 (alternating), Gemma 3 ``sliding_window_pattern``, a model-wide ``sliding_window``
   (Mistral): the rules hwprofile applied before (``hfconfig._sliding_layers``).
 
-Falcon-H1 and Zamba (attention and Mamba in parallel in one layer, or shared blocks) are refused
-by name: their stacks are not one mixer a layer.
+Falcon-H1 (``falcon_h1``): every layer runs attention and a Mamba2 mixer side by side; vLLM registers
+the mixer as a state layer of its own (``falcon_h1.py`` ``FalconH1ParallelHybrid``: layer ``N + i``),
+so the stack is ``N`` full-attention layers with ``parallel_state`` set. Zamba (shared blocks) is
+refused by name.
 
 Pure: a dict in, tuples out.
 """
@@ -37,6 +39,7 @@ MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", 
 ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")
 STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear")
 MLPS = ("dense", "moe", "none")
+PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2"}  # model_type: the state mixer beside each attention layer
 
 
 class LayerKind(NamedTuple):
@@ -82,6 +85,9 @@ class LayerStack(NamedTuple):
     # config.json's layer_types lists "linear_attention" (vLLM's CPU platform keys its accelerated
     # state backend, and so the SSM dtype it keeps, on that: platforms/cpu.py _cpu_mamba_backend)
     linear_attention_types: bool = False
+    # every attention layer also runs a state mixer of kind ``state.kind`` beside it (Falcon-H1):
+    # one state layer more per attention layer, as vLLM registers them
+    parallel_state: bool = False
 
     def count(self, mixer: str) -> int:
         return sum(1 for k in self.kinds if k.mixer == mixer)
@@ -96,7 +102,8 @@ class LayerStack(NamedTuple):
 
     @property
     def state_layers(self) -> int:
-        return sum(1 for k in self.kinds if k.mixer in STATE_MIXERS)
+        beside = sum(1 for k in self.kinds if k.mixer in ATTENTION_MIXERS) if self.parallel_state else 0
+        return sum(1 for k in self.kinds if k.mixer in STATE_MIXERS) + beside
 
     @property
     def is_hybrid_state(self) -> bool:
@@ -203,11 +210,12 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
     """Each layer's token mixer, from the first of the config's ways of saying it that it uses."""
     name = _name(cfg)
     mtype = _mtype(cfg)
-    if mtype in ("falcon_h1", "zamba", "zamba2"):
+    if mtype in ("zamba", "zamba2"):
         raise ValueError(
-            f"{name}: a {mtype} layer runs attention and Mamba side by side (or shares blocks); "
-            "hwprofile does not model that stack yet"
+            f"{name}: a {mtype} model shares blocks between layers; hwprofile does not model that stack yet"
         )
+    if mtype in PARALLEL_STATE_TYPES:  # attention in every layer, its Mamba2 mixer counted by parallel_state
+        return ["full"] * n
     for read in _MIXER_READERS:
         mixers = read(cfg, n, name, mtype)
         if mixers is not None:
@@ -479,12 +487,13 @@ def _mamba2_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | No
             conv_kernel=_need(cfg, "conv_kernel", why),
             ssm_dtype=nemo if type(nemo := cfg.get("mamba_ssm_cache_dtype")) is str else "float32",
         )
-    expand = _need(cfg, "mamba_expand", why)
+    # the inner width: Falcon-H1's mamba_d_ssm where it says one (falcon_h1.py), else expand x hidden
+    d_ssm = _int(cfg, "mamba_d_ssm", lo=1)
     return StateDims(
         "mamba2",
         num_heads=_need(cfg, "mamba_n_heads", why),
         head_dim=_need(cfg, "mamba_d_head", why),
-        intermediate=expand * hidden,
+        intermediate=d_ssm or _need(cfg, "mamba_expand", why) * hidden,
         n_groups=_need(cfg, "mamba_n_groups", why),
         state_size=_need(cfg, "mamba_d_state", why),
         conv_kernel=_need(cfg, "mamba_d_conv", why),
@@ -521,6 +530,8 @@ def _kda_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None)
 
 def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims | None:
     present = {k.mixer for k in kinds} & set(STATE_MIXERS)
+    if _mtype(cfg) in PARALLEL_STATE_TYPES:
+        present.add(PARALLEL_STATE_TYPES[_mtype(cfg)])
     if not present:
         return None
     if len(present) > 1:
@@ -558,7 +569,9 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
     shared = frozenset(range(len(kinds) - shared_n, len(kinds))) if shared_n else frozenset()
     types = cfg.get("layer_types")
     linear = isinstance(types, list) and "linear_attention" in types
-    return LayerStack(kinds, _attention_shapes(cfg, kinds), _state_dims(cfg, kinds), shared, linear)
+    parallel = _mtype(cfg) in PARALLEL_STATE_TYPES
+    state = _state_dims(cfg, kinds)
+    return LayerStack(kinds, _attention_shapes(cfg, kinds), state, shared, linear, parallel)
 
 
 def _divide(a: int, b: int, what: str) -> int:

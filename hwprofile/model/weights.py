@@ -21,8 +21,9 @@ Per layer kind, as vLLM 0.33 builds them (``vllm/model_executor``):
   a gated norm over the inner width, out_proj. Mamba1 (``mamba_mixer.py``): in_proj, conv1d, x_proj,
   dt_proj, A, D, out_proj.
 - MoE: router (+ ``e_score_correction_bias`` where the router has one), every expert, shared experts
-  and the shared-expert gate (``qwen3_next.py`` ``Qwen3NextSparseMoeBlock``; ``nemotron_h.py``
-  ``NemotronHMoE``: ungated relu2 experts). Dense MLPs: gate/up/down (up/down for relu2).
+  (Llama 4's: one of the experts' width, ``llama4.py`` ``Llama4MoE``; its dense layers are
+  ``intermediate_size_mlp`` wide) and the shared-expert gate (``qwen3_next.py``
+  ``Qwen3NextSparseMoeBlock``; ``nemotron_h.py`` ``NemotronHMoE``: ungated relu2 experts). Dense MLPs: gate/up/down (up/down for relu2).
 - MTP (``qwen3_5_mtp.py``): one full-attention decoder layer per MTP layer, fc 2H→H and three norms;
   DeepSeek-V3 style heads also carry their own embedding and LM head. vLLM's target model skips the
   ``mtp.`` weights (``WeightsMapper(orig_to_new_prefix={"mtp.": None})``): they load only with MTP
@@ -129,6 +130,7 @@ class _Shape(NamedTuple):
     kv: int
     head_dim: int
     inter: int
+    dense_inter: int  # a dense layer's MLP beside MoE layers (Llama 4's intermediate_size_mlp), else inter
     vocab: int
     tie: bool
     gated_mlp: bool  # gate+up+down (SwiGLU) rather than up+down (relu2)
@@ -147,6 +149,7 @@ def _shape(c: dict[str, Any]) -> _Shape:
         kv=kv,
         head_dim=head_dim,
         inter=_int(c, "intermediate_size") or 4 * hidden,
+        dense_inter=_int(c, "intermediate_size_mlp", "intermediate_size") or 4 * hidden,
         vocab=_int(c, "vocab_size"),
         tie=c.get("tie_word_embeddings") is True,
         gated_mlp=act not in ("relu2", "gelu_new_no_gate"),
@@ -399,7 +402,7 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     if s.mt == "nemotron_h" or _str(c, "topk_method") == "noaux_tc":
         out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
     out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
-    n_shared = _int(c, "n_shared_experts")
+    n_shared = _int(c, "n_shared_experts", "num_shared_experts")  # DeepSeek's key; Kimi-Linear's
     shared_inter = _int(c, "shared_expert_intermediate_size")
     if s.mt == "nemotron_h" and n_shared:
         out += _mlp(
@@ -410,8 +413,10 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     elif shared_inter:  # qwen2-moe / qwen3-next: one shared expert and its gate
         out += _mlp(s, f"{box}.shared_expert", part, shared_inter)
         out.append(_lin(f"{box}.shared_expert_gate", part, 1, h))
-    elif n_shared:  # deepseek: n_shared experts of moe_intermediate_size as one MLP
+    elif n_shared:  # deepseek, kimi-linear: n_shared experts of moe_intermediate_size as one MLP
         out += _mlp(s, f"{box}.shared_experts", part, n_shared * inter)
+    elif s.mt.startswith("llama4"):  # one shared expert of the experts' width (llama4.py Llama4MoE)
+        out += _mlp(s, f"{box}.shared_expert", part, inter)
     return out
 
 
@@ -437,7 +442,7 @@ def _layer(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> 
     if mlp == "moe":
         out += _moe(c, s, m if nemo else f"{p}.mlp", part)
     elif mlp == "dense":
-        out += _mlp(s, m if nemo else f"{p}.mlp", part, s.inter)
+        out += _mlp(s, m if nemo else f"{p}.mlp", part, s.dense_inter)
     h = s.hidden
     norms = 1 if nemo else 4 if s.mt.startswith("gemma") else 2
     if mixer == "none" and mlp != "none" and not nemo:
@@ -955,10 +960,12 @@ def _ct_scheme(w: dict[str, Any], fmt: str) -> Scheme:
         raise ValueError(
             f"quantization_config.config_groups.*.weights.num_bits: expected 1 to 16, got {bits!r}"[:160]
         )
-    strategy = str(w.get("strategy") or "tensor").lower()
     typ = str(w.get("type") or "int").lower()
     group = w.get("group_size")
     group = group if type(group) is int and group > 0 else 0
+    # no strategy said: group where a group size is given, else tensor (compressed-tensors'
+    # QuantizationArgs; ModelOpt's MIXED_PRECISION export writes NVFP4 groups so: no strategy key)
+    strategy = str(w.get("strategy") or ("group" if group else "tensor")).lower()
     sym = w.get("symmetric", True) is not False
     fp4 = typ == "float" and bits == 4  # nvfp4 / mxfp4: fp8 (or E8M0) scales
     scale = 1.0 if fp4 else 2.0

@@ -1,19 +1,31 @@
 """A plan for a release older than the first serving the model's architecture is refused, naming
-the first one that has it (the floors: :data:`hwprofile.release.ARCHITECTURES`); what hwprofile
-knows of hybrid model families (fp8 KV, the MTP method's name).
+the first one that has it (the floors: :data:`hwprofile.release.ARCHITECTURES`), and one for a release
+that no longer serves it, naming the last (:data:`hwprofile.release.REMOVED`); what hwprofile knows
+of hybrid model families (fp8 KV, the MTP method's name).
 """
 
 from __future__ import annotations
 
 from ..model import ModelFacts
-from ..release import release_of
+from ..release import LAST_SERVING, release_of
 from .refusal import PlanRefused
 
 
 def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
     """:class:`PlanRefused` where the snapshot's vLLM is older than the first release serving the
-    model's architecture; nothing where either is unknown."""
-    floor = release_of(vllm_version).missing_architecture(model.model_type)
+    model's architecture, or past the last one (vLLM refuses an architecture it removed by name:
+    :data:`hwprofile.release.REMOVED`); nothing where either is unknown."""
+    rel = release_of(vllm_version)
+    gone = rel.removed_architecture(model.architecture)
+    if gone is not None:
+        last = LAST_SERVING[gone]
+        raise PlanRefused(
+            f"{model.name}: vLLM {vllm_version} no longer serves "
+            f"{gone.what.format(arch=model.architecture)}; the last release that does is {last} "
+            f"({gone.source})",
+            [f"vLLM <= {last}"],
+        )
+    floor = rel.missing_architecture(model.model_type)
     if floor is not None:
         raise PlanRefused(
             f"{model.name}: vLLM {vllm_version} does not serve {floor.what}; the first release that does "

