@@ -143,6 +143,7 @@ def decode_step_ms(pred: dict[str, Any]) -> float | None:
     return (
         max(mem, flops)
         + terms.get("decode step: 2 all-reduces per layer", 0.0)
+        + sum(ms for name, ms in terms.items() if name.endswith("gathered from the TP ranks"))
         + terms.get("decode step: fixed kernels and scheduler", 0.0)
     )
 

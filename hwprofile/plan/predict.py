@@ -414,6 +414,12 @@ def _step_ms(
     comp = flops / ((gpu.tflops or 0) * 1e12 * gpu.compute_efficiency) * 1e3 if gpu.tflops else 0.0
     comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
     comm_lo, comm_hi = (2 * m.layers * x for x in allreduce_band_ms(link, tp, tokens * m.hidden * ACT_BYTES))
+    # the sampled rows' logits from the vocabulary-parallel LM head, gathered to every rank (vLLM's
+    # LogitsProcessor: an all-gather of rows x vocab / TP per rank, in the model's dtype); a ring
+    # all-gather moves half an all-reduce's bytes in half its steps. Grows with the batch: a large
+    # vocabulary through host memory costs a running sequence more than its 2 x layers all-reduces
+    vocab = m.lm_head_params // max(1, m.hidden)
+    gather = allreduce_ms(link, tp, logits * vocab * ACT_BYTES) / 2 if vocab else 0.0
     if gpu.step_fixed_ms is not None:
         fixed = gpu.step_fixed_ms if scheduler else gpu.step_fixed_ms * m.layers / max(1, m.layers + 8)
     else:
@@ -427,7 +433,8 @@ def _step_ms(
         "state_ms": state_ms,
         "allreduce_lo_ms": comm_lo,
         "allreduce_hi_ms": comm_hi,
-        "total_ms": max(mem, comp) + comm + fixed,
+        "gather_ms": gather,
+        "total_ms": max(mem, comp) + comm + gather + fixed,
     }
 
 
@@ -552,6 +559,13 @@ def _decode_terms(
             "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)],
         },
         {
+            "term": f"decode step: the logits of {b} sequence(s) gathered from the TP ranks",
+            "ms": round(dec["gather_ms"], 3),
+            "source": f"{m.lm_head_params // max(1, m.hidden):,} vocabulary rows x 2 bytes per sampled "
+            f"row, an all-gather over the all-reduce's link (half its bytes and steps)",
+            "basis": link.basis,
+        },
+        {
             "term": "decode step: fixed kernels and scheduler",
             "ms": round(dec["fixed_ms"], 3),
             "source": (
@@ -562,6 +576,8 @@ def _decode_terms(
             "basis": "fitted" if gpu.step_fixed_ms is None else gpu.efficiency_basis,
         },
     ]
+    if cand.tp <= 1:  # one rank: nothing to gather
+        terms = [t for t in terms if not t["term"].endswith("gathered from the TP ranks")]
     if m.state_bytes:
         terms.insert(
             1,
