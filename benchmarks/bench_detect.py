@@ -41,6 +41,16 @@ with types rather than strings: typing.NamedTuple compiled a ForwardRef for each
 what it imports). This script on the after tree: 22.8 ms at 8 GPUs; 22.2/27.1/40.2/80.8 ms at
 8/16/32/64. The +10 ms goal is not met; what is left is as listed above (the NamedTuple records' class
 creation, typing, argparse and gettext, json, the detection itself).
+
+2026-12-05, loaded 2-core machine (issue 34; one run, both trees taking turns, 25 runs each, CPU time
+above ``import pynvml``; before = e5a943b, after = ``vllm_version`` reading only the ``vllm*`` entries
+of each path directory, not matching and normalising every name of site-packages: ~1 -> ~0.7 ms with
+this environment's 389): 8 GPUs 22.2 -> 21.3 ms; instructions (callgrind, PYTHONHASHSEED=0) 110.0 ->
+107.5 M above ``import pynvml``'s 185.1 M. This script on the after tree: 22.7 ms at 8 GPUs;
+21.9/26.1/38.9/78.2 ms at 8/16/32/64. The +10 ms goal is not met: what is left is the imports the
+command needs (typing and the snapshot's NamedTuple records, argparse, json, the host/ modules: class
+creation alone is ~17 M instructions above ``import pynvml``, unmarshalling ~10 M), the garbage
+collector (~8 M more than ``import pynvml``'s own 28 M) and the detection itself.
 """
 
 from __future__ import annotations

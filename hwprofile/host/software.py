@@ -36,6 +36,8 @@ def vllm_version(path: Iterable[str] | None = None) -> tuple[str | None, str | N
             continue
         found: dict[str, str] = {}
         for n in names:
+            if n[:4].lower() != "vllm":  # normalising keeps the letters: only vllm* names can match
+                continue
             m = _DIST_INFO.fullmatch(n)
             if m and _normalise(m["name"]) in wanted:
                 found[wanted[_normalise(m["name"])]] = m["version"]

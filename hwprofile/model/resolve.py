@@ -130,7 +130,10 @@ def catalog_names() -> list[str]:
     return sorted(m["name"] for m in _catalog().values())
 
 
+@lru_cache(maxsize=64)
 def from_catalog(name: str) -> ModelFacts | None:
+    """A catalog model's facts, parsed once per process: a plan reads its target here, then again
+    within the target's family (:func:`catalog_family`, the draft search)."""
     key = name.lower()
     entry = _catalog().get(key) or next((m for k, m in _catalog().items() if k.split("/")[-1] == key), None)
     if entry is None:

@@ -104,6 +104,12 @@ def state(cls: type[T]) -> type[T]:
 
 
 def _declare(cls: type[T], frozen: bool) -> type[T]:
+    # A class without a docstring gets ``Name(field, ...)`` (below): left without one, dataclasses
+    # would ask inspect for the signature of an ``__init__`` it did not write (``Name()``, through
+    # inspect's tokenizer: ~2 ms at the first record of a start).
+    documented = bool(cls.__dict__.get("__doc__"))
+    if not documented:
+        cls.__doc__ = cls.__name__
     made: Any = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)  # the same class, in place
     fields = dataclasses.fields(made)
     names = tuple(f.name for f in fields)
@@ -121,6 +127,8 @@ def _declare(cls: type[T], frozen: bool) -> type[T]:
     made.__dataclass_params__.frozen = frozen
     made.__dataclass_params__.eq = True
     made.__record_names__ = names
+    if not documented:
+        made.__doc__ = f"{made.__name__}({', '.join(names)})"
     made.__record_defaults__ = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
     made.__record_factories__ = {
         f.name: f.default_factory for f in fields if f.default_factory is not dataclasses.MISSING
