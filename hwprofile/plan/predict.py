@@ -412,14 +412,7 @@ def _step_ms(
     if m.expert_active_params:
         flops += 2 * m.expert_active_params * tokens / tp / gpu.moe_ratio(m.moe_kernel)
     comp = flops / ((gpu.tflops or 0) * 1e12 * gpu.compute_efficiency) * 1e3 if gpu.tflops else 0.0
-    comm = 2 * m.layers * allreduce_ms(link, tp, tokens * m.hidden * ACT_BYTES)
-    comm_lo, comm_hi = (2 * m.layers * x for x in allreduce_band_ms(link, tp, tokens * m.hidden * ACT_BYTES))
-    # the sampled rows' logits from the vocabulary-parallel LM head, gathered to every rank (vLLM's
-    # LogitsProcessor: an all-gather of rows x vocab / TP per rank, in the model's dtype); a ring
-    # all-gather moves half an all-reduce's bytes in half its steps. Grows with the batch: a large
-    # vocabulary through host memory costs a running sequence more than its 2 x layers all-reduces
-    vocab = m.lm_head_params // max(1, m.hidden)
-    gather = allreduce_ms(link, tp, logits * vocab * ACT_BYTES) / 2 if vocab else 0.0
+    comm, comm_lo, comm_hi, gather = _collectives_ms(m, tp, link, tokens, logits)
     if gpu.step_fixed_ms is not None:
         fixed = gpu.step_fixed_ms if scheduler else gpu.step_fixed_ms * m.layers / max(1, m.layers + 8)
     else:
@@ -436,6 +429,20 @@ def _step_ms(
         "gather_ms": gather,
         "total_ms": max(mem, comp) + comm + gather + fixed,
     }
+
+
+def _collectives_ms(m: ModelShape, tp: int, link: Link, tokens: int, logits: int) -> tuple[float, ...]:
+    """A step's collectives: its 2 all-reduces per layer of ``tokens`` x hidden (central, fastest,
+    slowest), and the ``logits`` sampled rows gathered from the vocabulary-parallel LM head (vLLM's
+    LogitsProcessor: an all-gather of rows x vocab / TP per rank, in the model's dtype; a ring all-gather
+    moves half an all-reduce's bytes in half its steps). The gather grows with the batch: a large
+    vocabulary through host memory costs a running sequence beside its 2 x layers all-reduces."""
+    message = tokens * m.hidden * ACT_BYTES
+    comm = 2 * m.layers * allreduce_ms(link, tp, message)
+    lo, hi = (2 * m.layers * x for x in allreduce_band_ms(link, tp, message))
+    vocab = m.lm_head_params // max(1, m.hidden)
+    gather = allreduce_ms(link, tp, logits * vocab * ACT_BYTES) / 2 if vocab else 0.0
+    return comm, lo, hi, gather
 
 
 def _flops_source(gpu: Gpu, m: ModelShape) -> str:
