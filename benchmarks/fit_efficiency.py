@@ -37,7 +37,10 @@ def family_of(gpu_name: str, by_chip: bool = False) -> str | None:
     row = gpufacts.lookup(gpu_name)
     if not row or not row.get("architecture"):
         return None
-    return str(row["architecture"]) if by_chip else str(row["architecture"]).split(" (")[0]
+    if not by_chip:
+        return str(row["architecture"]).split(" (")[0]
+    seg = gpufacts.segment(row)  # the key plan/gpufacts.efficiency tries first ("Ampere (GA102) GeForce")
+    return f"{row['architecture']} {seg}" if seg else str(row["architecture"])
 
 
 # A point whose all-reduce goes through host memory across more than two GPUs (plan/interconnect.py

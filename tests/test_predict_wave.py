@@ -72,27 +72,27 @@ def _rows() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("applied", [False, True])
-def test_the_ga102_fit_applies_by_chip_and_never_to_ga100(
+def test_the_ga102_geforce_fit_applies_to_geforce_ga102_parts_only(
     monkeypatch: pytest.MonkeyPatch, applied: bool
 ) -> None:
+    """The RTX 3090 fit (FP32 accumulate at half the tensor rate) answers for the GeForce GA102 parts;
+    the workstation and datacenter GA102 parts (full-rate FP32 accumulate) and GA100 keep the family's."""
+    key = "Ampere (GA102) GeForce"
     table = gpufacts.efficiency_table()
     rows = table["architectures"]
-    assert "Ampere (GA102)" in rows and "Ampere (GA100)" not in rows
-    planted = {
-        **table,
-        "architectures": {**rows, "Ampere (GA102)": {**rows["Ampere (GA102)"], "applied": applied}},
-    }
+    assert key in rows and "Ampere (GA100)" not in rows and "Ampere (GA102)" not in rows
+    planted = {**table, "architectures": {**rows, key: {**rows[key], "applied": applied}}}
     monkeypatch.setattr(gpufacts, "efficiency_table", lambda: planted)
-    names = {str(r["name"]): str(r["architecture"]) for r in _rows()}
-    assert any("A100" in n for n in names) and any("A800" in n for n in names) and "GeForce RTX 3090" in names
-    for name, arch in names.items():
-        key = gpufacts.efficiency(arch)["key"]
-        if arch == "Ampere (GA102)" and applied:
-            assert key == "Ampere (GA102)", name  # every GA102 part: 3080/3090, A10, A40, RTX A5000/A6000
+    named = {str(r["name"]): r for r in _rows()}
+    assert {"GeForce RTX 3090", "A10", "RTX A6000"} <= set(named) and any("A100" in n for n in named)
+    for name, row in named.items():
+        got = gpufacts.efficiency(str(row["architecture"]), gpufacts.segment(row))["key"]
+        if row["architecture"] == "Ampere (GA102)" and name.startswith("GeForce") and applied:
+            assert got == key, name  # 3080, 3080 Ti, 3090, 3090 Ti
         else:
-            assert key == "Ampere", name  # A100/A800 (GA100), GA104/GA106 parts: the family's figures
-    eff = gpufacts.efficiency(names["GeForce RTX 3090"])
-    want = rows["Ampere (GA102)"] if applied else rows["Ampere"]
+            assert got == "Ampere", name  # A10, A40, RTX A5000/A6000, A100/A800, GA104/GA106 parts
+    eff = gpufacts.efficiency("Ampere (GA102)", gpufacts.segment(named["GeForce RTX 3090"]))
+    want = rows[key] if applied else rows["Ampere"]
     assert (eff["memory"], eff["compute"]) == (want["memory"], want["compute"])
 
 
@@ -105,9 +105,9 @@ def test_the_wave_band_spans_whether_a_prompt_fills_the_step_budget() -> None:
     at_edge = pm.wave_decode_rates(gpu, shape, cand, wl, 8)
     shorter = pm.wave_decode_rates(gpu, shape, cand, pm.Workload(8192 - 82, 128, 8), 8)
     assert at_edge[-2] > 0.8 * at_edge[-1]  # next-to-last: no prompt step in its window
-    assert shorter[-2] < 0.6 * shorter[-1]  # a full prompt step in its window
+    assert shorter[-2] < 0.7 * shorter[-1]  # a full prompt step in its window (an 8K prompt: ~2.4 s)
     lo, hi = pm.wave_band(gpu, shape, cand, wl, 8)
-    assert lo < 0.8 * sum(at_edge) <= hi
+    assert lo <= sum(shorter) < 0.9 * sum(at_edge) <= hi  # the band holds the shorter side, well apart
     term = next(t for t in pm.predict(gpu, shape, cand, wl, None).terms if t["term"].startswith("wave:"))
     assert term["band_tok_s"][0] == pytest.approx(lo, abs=0.01) and term["tok_s"] <= term["band_tok_s"][1]
     far = pm.Workload(2000, 128, 8)

@@ -152,8 +152,8 @@ def test_the_loaded_points_are_predicted_as_a_wave(fake_nvml_dir: Path, tmp_path
     generated each before EOS, 2x/4x3090) is predicted, analytically and simulated, as the source measured
     it: the sum over the wave of each request's own decode rate, whose window holds the prompt steps of
     the requests behind it. The mechanism: the first request decodes several times slower than the last,
-    and the sum stays far below N clean decoders. The bars: the TP2 points within ±30 % both ways (x0.84
-    and x0.93 with the points' own prompt and output lengths); every point within x2 (the decode step
+    and the sum stays far below N clean decoders. The bars: the TP2 points within ±25 % both ways (x0.98
+    and x1.03 with the points' own prompt and output lengths); every point within x2 (the decode step
     alone, N / step, was x2.9-x5.6 too fast). What the TP4 points still miss is outside this model
     (their prompt steps: TP4 prefill measured 2.3x slower than TP2 on that host, predicted faster)."""
     loaded = [p for p in _points(FILES[0]) if "decode_active_tok_s" in p["measured"]]
@@ -174,13 +174,10 @@ def test_the_loaded_points_are_predicted_as_a_wave(fake_nvml_dir: Path, tmp_path
         assert "all requests at once" in pred["simulated"]["decode_rate_sum_tok_s"]["source"], p["id"]
         for value in (analytic, simulated):
             assert 0.5 < value / measured < 2.0, (p["id"], value, measured)
-            if p["flags"]["tensor_parallel_size"] == 2:
-                assert abs(value / measured - 1) <= 0.30, (p["id"], value, measured)
+            if p["flags"]["tensor_parallel_size"] == 2:  # the issue's bar for a loaded figure
+                assert abs(value / measured - 1) <= 0.25, (p["id"], value, measured)
         # the band: prompts 1 % shorter and longer (prompts near a budget of 8192 sit on the edge where
-        # the next-to-last request's window holds a prompt step or not). The TP2 measurements were inside
-        # it while the points said 8192-token prompts and 128 tokens out; with the source's own lengths
-        # (8224-8226 in, ~52 out) they sit above it (c16 92.3 vs 54.7-77.3, c8 111.2 vs 65.4-103.2), so
-        # that check is left to the re-analysis of these waves (issue 38)
+        # the next-to-last request's window holds a prompt step or not); the central value is one end
         lo, hi = wave["band_tok_s"]
         assert lo <= wave["tok_s"] <= hi and lo < 0.85 * hi, (p["id"], lo, hi)
 

@@ -158,7 +158,7 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
     row = gpufacts.lookup(gpu.name, gpu.memory_total_gib)
     if not row or not row.get("memory_bandwidth_gbs"):
         return None, row
-    eff = gpufacts.efficiency(row.get("architecture"))
+    eff = gpufacts.efficiency(row.get("architecture"), gpufacts.segment(row))
     g = pm.Gpu(
         str(row["name"]),
         float(row["memory_bandwidth_gbs"]),

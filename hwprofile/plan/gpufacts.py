@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -55,17 +56,24 @@ def efficiency_table() -> dict[str, Any]:
     return dict(load_file(path)[0])
 
 
-def efficiency(architecture: str | None) -> dict[str, Any]:
-    """The memory and compute shares for ``architecture`` (a gpus.yaml row's): the exact entry, else its
-    family (the text before " ("), else the default; with ``key`` saying which entry answered. A row
-    with ``applied: false`` (a fit kept as evidence, contradicted elsewhere) is skipped."""
+def efficiency(architecture: str | None, segment: str | None = None) -> dict[str, Any]:
+    """The memory and compute shares for ``architecture`` (a gpus.yaml row's): the entry for that chip in
+    that market ``segment`` ("Ampere (GA102) GeForce": GeForce parts accumulate in FP32 at half the
+    tensor rate, the workstation and datacenter parts of the same chip at the full rate), else the
+    chip's, else its family's (the text before " ("), else the default; with ``key`` saying which entry
+    answered. A row with ``applied: false`` (a fit kept as evidence, contradicted elsewhere) is skipped."""
     doc = efficiency_table()
     rows = doc.get("architectures") or {}
     arch = (architecture or "").strip()
-    for key in (arch, arch.split(" (")[0]):
+    for key in (f"{arch} {segment}" if segment else "", arch, arch.split(" (")[0]):
         if key and key in rows and rows[key].get("applied", True):
             return {**doc["default"], **rows[key], "key": key}
     return {**doc["default"], "key": "default"}
+
+
+def segment(row: Mapping[str, Any]) -> str | None:
+    """A gpus.yaml row's market segment where it changes what the chip's kernels reach: "GeForce"."""
+    return "GeForce" if str(row.get("name", "")).startswith("GeForce") else None
 
 
 def moe_kernels(architecture: str | None) -> dict[str, Any] | None:
