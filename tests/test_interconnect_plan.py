@@ -277,11 +277,11 @@ def test_a_recorded_four_gpu_run_replaces_the_host_shared_link_in_the_tp4_prefil
     host_of, empty_root: Path
 ) -> None:
     """Issue 38: on four RTX 3090 without P2P the all-reduce goes through host memory shared by four
-    GPUs; the datasheet gives it 2/n of the two-GPU share, banded to (2/n)^3 (interconnect.host_share),
-    and the single-stream TP4 TTFT of the validation set (x0.61) sits inside that band. What tells is a
-    recorded ``hwprofile doctor --interconnect`` run of the four: its bus bandwidth becomes the link's
-    central value (not shared again; its bandwidth band +-10 %, test_predict_steps.py) and the prompt's
-    all-reduce time follows it."""
+    GPUs, each under its own PCIe host bridge of an AMD EPYC (NODE): the datasheet gives it (2/n)^3 of
+    the two-GPU share, banded up to 2/n (interconnect.host_share). What tells is a recorded ``hwprofile
+    doctor --interconnect`` run of the four: its bus bandwidth becomes the link's central value (not
+    shared again; its bandwidth band +-10 %, test_predict_steps.py) and the prompt's all-reduce time
+    follows it."""
     host = host_of("rtx3090-4x")
     model = str(Path(__file__).resolve().parents[1] / "examples" / "models" / "qwen3.8-27b-fp8")
     sets = [
@@ -305,9 +305,9 @@ def test_a_recorded_four_gpu_run_replaces_the_host_shared_link_in_the_tp4_prefil
     assert "host memory" in sheet["source"] and not sheet["source"].startswith("measured")
     lo, hi = sheet["band_ms"]
     # the shared-host band: (2/n)^3 .. 2/n of the two-GPU share, beside the ring steps' latency (the
-    # same at both ends: interconnect.HOST_STEP_US)
-    assert hi / lo > 1.5
-    gbs = 2.0  # what the measured TTFT would imply: about a sixth of the two-GPU share
+    # same at both ends: interconnect.HOST_STEP_US); across the EPYC's host bridges the slow end is central
+    assert hi / lo > 1.5 and "different PCIe host bridges (NODE)" in sheet["source"]
+    gbs = 0.5  # a measured rate below the datasheet's central one
     report = Report(
         host_fingerprint(host),
         "nccl",

@@ -315,3 +315,97 @@ def test_routed_experts_run_at_their_kernels_share_of_the_dense_one(name: str, k
 def test_a_dense_model_has_no_routed_experts() -> None:
     m = _qwen8b()
     assert m.expert_active_params == 0 and m.moe_kernel == ""
+
+
+def test_a_group_under_several_host_bridges_of_an_epyc_is_at_the_slow_end() -> None:
+    """Four GPUs through host memory, each under its own PCIe host bridge (NODE) of a CPU whose memory
+    interleaves across its dies (AMD EPYC at NPS1): (2/n)^3 of the two-GPU share, banded up to 2/n; under
+    one host bridge (PHB), or on a CPU not matched, 2/n as before; P2P is untouched."""
+    c = next(c for c in pm_collectives().values() if c.host_staged)
+    assert pm_share(c, 4, True) == (0.125, 0.125, 0.5)
+    assert pm_share(c, 4, False) == (0.5, 0.125, 1.0) and pm_share(c, 2, True) == (1.0, 1.0, 1.0)
+    pcie = [(4, 16)] * 4
+    node = pm.link_of([("NODE", False)] * 6, pcie, None, 4, True)
+    phb = pm.link_of([("PHB", False)] * 6, pcie, None, 4, True)
+    intel = pm.link_of([("NODE", False)] * 6, pcie, None, 4, False)
+    p2p = pm.link_of([("NODE", True)] * 6, pcie, None, 4, True)
+    assert node.gbs == pytest.approx(phb.gbs / 4) and intel.gbs == pytest.approx(phb.gbs)
+    assert "different PCIe host bridges (NODE)" in node.source and "host bridges" not in phb.source
+    assert p2p.kind == "pcie_p2p" and "host memory" not in p2p.source
+    dies = candidates.MEMORY_ACROSS_DIES
+    for cpu in ("AMD EPYC 7642 48-Core Processor", "AMD Ryzen Threadripper PRO 5995WX 64-Cores"):
+        assert dies.search(cpu), cpu
+    for cpu in ("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz", "AMD Ryzen 9 7950X 16-Core Processor"):
+        assert not dies.search(cpu), cpu
+
+
+def pm_collectives():  # type: ignore[no-untyped-def]
+    from hwprofile.plan.interconnect import COLLECTIVES
+
+    return COLLECTIVES
+
+
+def pm_share(c, n, across):  # type: ignore[no-untyped-def]
+    from hwprofile.plan.interconnect import host_share
+
+    return tuple(round(x, 6) for x in host_share(c, n, across))
+
+
+def test_a_prompt_leaves_room_for_the_other_requests_decodes_only() -> None:
+    """vLLM's budget: a prompt step holds the other running requests' decodes, not its own (it decodes
+    nothing yet): an 8,192-token prompt alone at a budget of 8,192 is one step; beside 3 decoding
+    requests, two."""
+    gpu, m = _h100(), _qwen8b()
+    cand = pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE)
+    alone = pm.predict(gpu, m, cand, pm.Workload(8192, 64, 1), None)
+    busy = pm.predict(gpu, m, cand, pm.Workload(8192, 64, 4), None)
+    term = {
+        p: next(t["term"] for t in x.terms if t["term"].startswith("prefill:"))
+        for p, x in (("a", alone), ("b", busy))
+    }
+    assert term["a"] == "prefill: 1 chunk(s) of 8192 tokens" and term["b"].startswith("prefill: 2 chunk(s)")
+
+
+def test_the_simulation_prices_a_speculating_decode_as_the_analytic_figure_does() -> None:
+    """With speculation, the simulation's decode step costs the speculative step per token (verify and
+    draft over the expected tokens at that batch), the analytic TPOT's own term; a prompt step keeps its
+    prompt's cost beside it."""
+    gpu, m = _h100(), _qwen8b()
+    cand = pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE)
+    spec = pm.Speculation("ngram", (), 3, 0.7, None, "test")
+    plain, drafted = pm.step_cost(gpu, m, cand), pm.step_cost(gpu, m, cand, spec)
+    for b in (1, 8):
+        step = pm.step_ms(gpu, m, 1, NONE, b, 1000.0)["total_ms"]
+        per_token = pm._speculated(gpu, m, cand, spec, b, 1000.0, step, None)
+        assert drafted(0, b, 1000.0, 0.0) == pytest.approx(per_token / 1e3) and per_token < step
+        assert plain(0, b, 1000.0, 0.0) == pytest.approx(step / 1e3)
+        prompt = plain(2048, b, 1000.0, 512.0) - plain(0, b, 1000.0, 0.0)
+        assert drafted(2048, b, 1000.0, 512.0) - drafted(0, b, 1000.0, 0.0) == pytest.approx(prompt)
+    assert drafted(512, 0, 0.0, 256.0) == plain(512, 0, 0.0, 256.0)  # no decode: nothing speculated
+    p = pm.predict(gpu, m, cand, pm.Workload(1000, 200, 1), spec)
+    assert p.tpot_ms == pytest.approx(drafted(0, 1, 1100.0, 0.0) * 1e3, rel=1e-6)
+
+
+def test_the_logits_gather_grows_with_the_sampled_rows_over_the_tp_link() -> None:
+    """The vocabulary-parallel LM head's logits are all-gathered per sampled row: nothing at TP1, half
+    an all-reduce of rows x vocab x 2 bytes at TP > 1, growing with the decoding batch."""
+    gpu, m = _h100(), _qwen8b()
+    vocab = m.lm_head_params // m.hidden
+    assert vocab > 100_000
+    one = pm.step_ms(gpu, m, 1, NONE, 8, 1000.0)
+    assert one["gather_ms"] == 0.0
+    host = pm.link_of([("PHB", False)] * 6, [(4, 16)] * 4, None, 4)
+    for b in (1, 16):
+        got = pm.step_ms(gpu, m, 4, host, b, 1000.0)["gather_ms"]
+        assert got == pytest.approx(pm.allreduce_ms(host, 4, b * vocab * pm.ACT_BYTES) / 2)
+    assert (
+        pm.step_ms(gpu, m, 4, host, 16, 1000.0)["gather_ms"]
+        > 4 * pm.step_ms(gpu, m, 4, host, 1, 1000.0)["gather_ms"]
+    )
+    cand = pm.Candidate(4, 1, 1, 256, 8192, True, 10**6, host)
+    terms = [t["term"] for t in pm.predict(gpu, m, cand, pm.Workload(1000, 100, 8), None).terms]
+    assert "decode step: the logits of 8 sequence(s) gathered from the TP ranks" in terms
+    solo = pm.Candidate(1, 1, 1, 256, 8192, True, 10**6, NONE)
+    assert not any(
+        "gathered" in t["term"] for t in pm.predict(gpu, m, solo, pm.Workload(1000, 100, 8), None).terms
+    )

@@ -194,12 +194,29 @@ HOST_SHARE_SOURCE = (
 )
 
 
-def host_share(c: Collective, n: int) -> tuple[float, float, float]:
+# Where the snapshot does say it: a group whose GPUs sit under different PCIe host bridges of one NUMA
+# node (nvidia-smi topo's NODE) on an AMD EPYC or Threadripper (several dies, one NUMA node per socket
+# at the default NPS1: memory interleaved across the dies; at NPS4 the bridges' GPUs would read SYS) is
+# the slow case those issues measured: nccl-tests#74, A40s at buses 01, 25, 41, 61 of an EPYC 7302;
+# nccl#1285, 4090s on an EPYC 7K62. The four RTX 3090s on an EPYC 7642 of issue 38's validation set
+# agree: their four-GPU prefill and loaded waves come right there, their two-GPU ones at the share of two.
+HOST_SHARE_DIES_SOURCE = (
+    "GPUs under different PCIe host bridges (NODE) of a CPU whose memory interleaves across its dies (AMD "
+    "EPYC/Threadripper, one NUMA node): (2 / n)^3 of the two-GPU share (nccl-tests#74, NVIDIA/nccl#1285: "
+    "fixed by NPS4), up to 2 / n"
+)
+
+
+def host_share(c: Collective, n: int, across_dies: bool = False) -> tuple[float, float, float]:
     """The share (central, low, high) of a collective's per-link efficiency a group of ``n`` GPUs reaches
-    when its bytes are staged through host memory (``c.host_staged``); 1 for P2P, NVLink and two GPUs."""
+    when its bytes are staged through host memory (``c.host_staged``); 1 for P2P, NVLink and two GPUs.
+    ``across_dies``: the group spans PCIe host bridges of a CPU whose memory interleaves across its
+    dies (:data:`HOST_SHARE_DIES_SOURCE`): the slow end is the central value."""
     if not c.host_staged or n <= 2:
         return 1.0, 1.0, 1.0
     f = 2 / n
+    if across_dies:
+        return f**3, f**3, f
     return f, f**3, 1.0
 
 

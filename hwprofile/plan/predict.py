@@ -255,10 +255,12 @@ def link_of(
     pcie: Sequence[tuple[int | None, int | None]],
     nvlink_datasheet_gbs: float | None,
     tp: int,
+    dies_interleaved: bool = False,
 ) -> Link:
     """The slowest path of a TP group from the snapshot: ``links`` (nvidia-smi topo kind, P2P) of
     every pair, ``pcie`` (generation, width) of every GPU, the datasheet NVLink figure (bidirectional);
-    its all-reduce cost by link type from plan/interconnect.py's COLLECTIVES."""
+    its all-reduce cost by link type from plan/interconnect.py's COLLECTIVES. ``dies_interleaved``: the
+    host's CPU interleaves memory across its dies (plan/interconnect.py host_share)."""
     from .interconnect import COLLECTIVES, collective_key
 
     if tp <= 1:
@@ -290,7 +292,8 @@ def link_of(
     else:
         kind = "pcie_p2p"
         src += "; P2P" if tp == 2 else "; P2P (vLLM's custom all-reduce stops at 2 GPUs on PCIe)"
-    return _with_collective(kind, raw, COLLECTIVES[collective_key(kind, tp, p2p)], tp, src)
+    across = dies_interleaved and not p2p and any(k == "NODE" for k in kinds)
+    return _with_collective(kind, raw, COLLECTIVES[collective_key(kind, tp, p2p)], tp, src, across)
 
 
 def network_link(nic_gbps: float, tp: int, nic_source: str) -> Link:
@@ -302,11 +305,11 @@ def network_link(nic_gbps: float, tp: int, nic_source: str) -> Link:
     )
 
 
-def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str) -> Link:
-    from .interconnect import HOST_SHARE_SOURCE, HOST_STEP_SOURCE, host_share
+def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str, across_dies: bool = False) -> Link:
+    from .interconnect import HOST_SHARE_DIES_SOURCE, HOST_SHARE_SOURCE, HOST_STEP_SOURCE, host_share
 
     per_gpu = c.per_gpu_us * tp + c.step_us * 2 * (tp - 1)
-    share, share_lo, share_hi = host_share(c, tp)
+    share, share_lo, share_hi = host_share(c, tp, across_dies)
     eff, eff_lo, eff_hi = c.efficiency * share, c.efficiency_lo * share_lo, c.efficiency_hi * share_hi
     src += (
         f"; {c.implementation}: {c.latency_us + per_gpu:g} µs ({c.latency_lo_us + per_gpu:g}-{c.latency_hi_us + per_gpu:g})"
@@ -315,7 +318,8 @@ def _with_collective(kind: str, raw_gbs: float, c: Any, tp: int, src: str) -> Li
     if c.step_us:
         src += f"; {HOST_STEP_SOURCE}"
     if share < 1:
-        src += f"; {tp} GPUs through host memory: x{share:.2f} (x{share_lo:.2f}-x{share_hi:.2f}), {HOST_SHARE_SOURCE}"
+        why = HOST_SHARE_DIES_SOURCE if across_dies else HOST_SHARE_SOURCE
+        src += f"; {tp} GPUs through host memory: x{share:.2f} (x{share_lo:.2f}-x{share_hi:.2f}), {why}"
     return Link(
         kind,
         raw_gbs * eff,
