@@ -380,16 +380,18 @@ class _StepMemo:
     identity (each record hashed by its values once, not at every call), the record objects held so
     that their ids stay theirs; equal records share their steps. ``cache_clear`` empties it."""
 
-    LIMIT = 4096  # steps held for one set of records (and record sets held) before starting afresh
+    LIMIT = 4096  # steps (and record sets) held at most, as the lru_cache before it: then it starts afresh
 
     def __init__(self, fn: Callable[..., dict[str, float]]) -> None:
         self.fn = fn
         self.by_id: dict[tuple[int, int, int], tuple[Gpu, ModelShape, Link, _Steps]] = {}
         self.by_value: dict[tuple[Gpu, ModelShape, Link], _Steps] = {}
+        self.size = 0  # steps held
 
     def cache_clear(self) -> None:
         self.by_id.clear()
         self.by_value.clear()
+        self.size = 0
 
     def __call__(self, gpu: Gpu, m: ModelShape, tp: int, link: Link, *rest: Any) -> dict[str, float]:
         ids = (id(gpu), id(m), id(link))
@@ -402,9 +404,12 @@ class _StepMemo:
         key = (tp, *rest)
         found = steps.get(key)
         if found is None:
-            if len(steps) >= self.LIMIT:
-                steps.clear()
+            if self.size >= self.LIMIT:
+                for each in self.by_value.values():
+                    each.clear()
+                self.size = 0
             found = steps[key] = self.fn(gpu, m, tp, link, *rest)
+            self.size += 1
         return found
 
 
