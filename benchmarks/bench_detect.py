@@ -51,6 +51,16 @@ this environment's 389): 8 GPUs 22.2 -> 21.3 ms; instructions (callgrind, PYTHON
 command needs (typing and the snapshot's NamedTuple records, argparse, json, the host/ modules: class
 creation alone is ~17 M instructions above ``import pynvml``, unmarshalling ~10 M), the garbage
 collector (~8 M more than ``import pynvml``'s own 28 M) and the detection itself.
+
+2026-12-05, loaded 2-core machine (issue 34; the plan's step memo and records left ``detect`` as it
+was): 291.9 M instructions (callgrind, PYTHONHASHSEED=0), 104.4 M above ``import pynvml``'s 187.5 M;
+CPU time above ``import pynvml`` 21.1 -> 21.6 ms in a run with both trees taking turns (noise). This
+script: 24.5 ms above ``import pynvml`` (the whole-process comparison), 22.2/27.2/40.4/79.7 ms at
+8/16/32/64 GPUs. The CLI already builds only the chosen command's parser (``build_parser(only)``;
+``hwprofile --help`` still lists every command), and neither hashlib nor re2 is imported. Above
+``import pynvml``: class creation ~34 M (argparse, typing and the snapshot's twelve NamedTuple records,
+whose ``__new__`` is compiled from source: ~6 M), unmarshalling ~10 M, the garbage collector ~8 M,
+argparse's gettext look-ups (``locale``), json. The +10 ms goal is not met.
 """
 
 from __future__ import annotations

@@ -98,6 +98,31 @@ and resolver callbacks 7.8 % (and yaml.reader's pattern, ~4 ms at PyYAML's impor
 collector 7.3 % (72 automatic passes 3.2 %, the passes at exit 4.1 %), the step memo's keys 4.3 % (the
 same Gpu, ModelShape and Link records hashed ~1,850 times each by the records' shared ``__hash__``),
 the indented JSON ~2.4 ms.
+
+2026-12-05, loaded 2-core machine (issue 34; before = 8581348, after = the step memo keyed by the
+records' identity: each Gpu, ModelShape and Link is hashed by its values once per plan instead of at each
+of the ~1,970 calls a plan makes at 8 GPUs; record.py moved to the package root, below release/ and
+config/, so that Settings, Release, Floor and PlanInputs are records with shared methods instead of
+dataclasses generating six methods each at every start). Instructions (callgrind, PYTHONHASHSEED=0, above
+the interpreter's 91.0 M): ``plan --json --from`` at 8 GPUs 727.5 -> 693.6 M (the memo) -> 677.5 M (the
+records), -6.9 %; at 64 GPUs 1,377.2 -> 1,211.0 M (-12.1 %: more steps asked, each without hashing the
+three records); ``plan --json`` detecting the 4x A800 host 772.8 -> 731.8 M (-5.3 %); the output is
+byte-identical. CPU time (both trees taking turns, 25 whole processes each, above the interpreter): 8
+GPUs 112.3 -> 107.7 ms, 64: 178.2 -> 163.6 ms (an earlier run, the memo alone: 114.8 -> 112.8 and 180.1
+-> 168.0). This script on the after tree, the machine busier: 114.8/120.0/135.6/171.1 ms at 8/16/32/64
+GPUs (planning work 14.2/20.4/30.6/56.3 ms), ``plan --json`` detecting the 4x A800 host 128.2 ms above
+the interpreter. The +100 ms goal at 8 GPUs is not met. hashlib and re2 are needed on the plan path
+(neither is imported by ``detect``): hashlib for the host fingerprint the plan's JSON carries and its
+calibration and interconnect files are named by (plan.candidates); re2 for the built-in rules' six
+``gpu_name`` patterns, compiled when the rules are read (a site's invalid pattern is refused there, with
+its file and line) and evaluated ahead of the generic rules. What is left, as shares of the 8-GPU
+process's 768.5 M: libyaml composing with PyYAML's Python node and resolver callbacks 7.9 %, the garbage
+collector 7.7 %, unmarshalling 7.2 %, the 49 NamedTuples' ``__new__`` compiled from source 2.6 % (12 the
+snapshot's, 8 model.weights', 5 plan.interconnect's), JSON decoding 2.0 % (mostly the vLLM flag catalog's
+260 KB, parsed whole where a plan reads one release's table), regular-expression matching 1.8 %,
+extension modules' loading 1.4 %; ``Prediction`` (plan/predict.py) is the one plain dataclass left on the
+path (~0.6 ms); the planning work (~13 ms in-process, most of it predict.py's capacity search); model.hub
+imported by the Hugging Face cache look-up before it sees that the cache has no such model (~0.9 ms).
 """
 
 from __future__ import annotations

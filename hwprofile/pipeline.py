@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .config import ConfigError, Source
@@ -28,6 +27,7 @@ from .host.snapshot_io import snapshot_from_dict
 from .match import profiles as prof
 from .match.rules import RuleResult, host_facts, load_rules, match
 from .model import ModelFacts, resolve_model
+from .record import record
 
 if TYPE_CHECKING:
     from .plan.kvpin import KvRecord
@@ -537,7 +537,7 @@ def _as_planned(
     return model, resolve_model(plan.draft.path or plan.draft.name, "draft")
 
 
-@dataclass(frozen=True)
+@record
 class PlanInputs:
     """What a plan is made from: a re-plan (the memory ladder's, a degrade step's, a reload's)
     starts from the same inputs with more ``--set`` overrides. The environment's ``HWPROFILE_*``

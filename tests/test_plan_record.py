@@ -1,5 +1,6 @@
-"""plan/record.py: a record behaves as the frozen dataclass it replaces (issue 34: the plan types and the
-predictor's inputs share their methods instead of generating six per class at import)."""
+"""hwprofile/record.py: a record behaves as the frozen dataclass it replaces (issue 34: the plan types,
+the predictor's inputs, the settings and the release facts share their methods instead of generating
+six per class at import)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from hwprofile.plan.record import record, state
+from hwprofile.record import record, state
 
 
 @record

@@ -11,9 +11,10 @@ the validation of the layers from these classes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any
 
+from ..record import record
 from . import ConfigError
 from .fields import Field
 from .plan_sections import Cpu, Engine, KTable, Layout, Memory, Server, Speculative
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record
 class Settings:
     """Every setting, typed: one attribute per section (``settings.engine.max_num_seqs``) and the
     top-level ``model`` and ``profile``. Build it with :meth:`from_tree`."""

@@ -9,9 +9,9 @@ from typing import TypeVar
 
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
+from ..record import record
 from ..release import Release, release_of
 from .reasons import Reasons
-from .record import record
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ import re
 
 from ..host.snapshot import Software
 from ..model.facts import ModelFacts
-from .record import record
+from ..record import record
 
 TUNE_SCRIPT = "benchmarks/kernels/benchmark_moe.py"  # in vLLM's source tree of the same release
 

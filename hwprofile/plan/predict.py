@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from .record import record
@@ -375,9 +374,50 @@ def step_ms(
     return dict(_step_ms(gpu, m, tp, link, decode, context, prefill, prefill_context, scheduler))
 
 
-# Pure, and asked again and again: a plan's search predicts a few hundred (candidate, batch) pairs and
-# each asks for the same few steps (~2,100 calls, ~200 different at 8 GPUs): each is computed once.
-@lru_cache(maxsize=4096)
+_Steps = dict[tuple[Any, ...], dict[str, float]]  # one record set's steps, by their other arguments
+
+
+class _StepMemo:
+    """A pure step function's results, each computed once. A plan's search predicts a few hundred
+    (candidate, batch) pairs and each asks for the same few steps (~2,000 calls, ~200 different at 8
+    GPUs), always with the same handful of Gpu, ModelShape and Link records: those are looked up by
+    identity (each record hashed by its values once, not at every call), the record objects held so
+    that their ids stay theirs; equal records share their steps. ``cache_clear`` empties it."""
+
+    LIMIT = 4096  # steps (and record sets) held at most, as the lru_cache before it: then it starts afresh
+
+    def __init__(self, fn: Callable[..., dict[str, float]]) -> None:
+        self.fn = fn
+        self.by_id: dict[tuple[int, int, int], tuple[Gpu, ModelShape, Link, _Steps]] = {}
+        self.by_value: dict[tuple[Gpu, ModelShape, Link], _Steps] = {}
+        self.size = 0  # steps held
+
+    def cache_clear(self) -> None:
+        self.by_id.clear()
+        self.by_value.clear()
+        self.size = 0
+
+    def __call__(self, gpu: Gpu, m: ModelShape, tp: int, link: Link, *rest: Any) -> dict[str, float]:
+        ids = (id(gpu), id(m), id(link))
+        held = self.by_id.get(ids)
+        if held is None:
+            if len(self.by_id) >= self.LIMIT:
+                self.cache_clear()
+            held = self.by_id[ids] = (gpu, m, link, self.by_value.setdefault((gpu, m, link), {}))
+        steps = held[3]
+        key = (tp, *rest)
+        found = steps.get(key)
+        if found is None:
+            if self.size >= self.LIMIT:
+                for each in self.by_value.values():
+                    each.clear()
+                self.size = 0
+            found = steps[key] = self.fn(gpu, m, tp, link, *rest)
+            self.size += 1
+        return found
+
+
+@_StepMemo
 def _step_ms(
     gpu: Gpu,
     m: ModelShape,

@@ -19,8 +19,8 @@ What is serial with what, read in vLLM 0.11.0's code (``pip download --no-deps v
 
 from __future__ import annotations
 
+from ..record import record
 from ..release import floor_of, release_of
-from .record import record
 
 # Evidence for the orders of magnitude, none of it a figure of these hosts:
 # - vLLM issue #6801 (V0, 2024): "when BS is 200, [sampling, prepare input, process output, scheduler]

@@ -43,7 +43,7 @@ from dataclasses import field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .record import record, state
+from ..record import record, state
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

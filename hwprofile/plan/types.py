@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from ..config.settings import Degrade, Logs, Section, Supervise, Watch
-from .record import record
+from ..record import record
 
 
 class Absent(enum.Enum):

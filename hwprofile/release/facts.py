@@ -20,12 +20,12 @@ import bisect
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..record import record
 
 Version = tuple[int, int, int]
 
@@ -53,7 +53,7 @@ def _read_version(text: str | None) -> Version | None:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class Floor:
     """The first release where vLLM does something, with where that was read."""
 
@@ -185,7 +185,7 @@ def catalog() -> Catalog:
     return Catalog(_doc())
 
 
-@dataclass(frozen=True)
+@record
 class Release:
     """One vLLM release: ``target`` the version asked for (None: no vLLM known), ``table`` the
     release whose flag table applies (None: unknown, or older than every table), ``note`` why they
