@@ -45,7 +45,7 @@ alone (WORK_PROBE) unchanged: 23.8/31.8/46.7/79.6 -> 23.0/32.1/45.8/78.2 ms at 8
 2026-12-05, loaded 2-core machine (issue 34's start-up work; one run, both trees taking turns, 15 whole
 processes each, CPU time above the interpreter; before = ae5eb97, after = the plan types and the frozen
 inputs of the predictor, the simulation, the server costs and the MoE tuning declared as records whose
-methods are shared (plan/record.py) instead of six methods generated per class, ``step_ms`` memoised
+methods are shared (hwprofile/record.py) instead of six methods generated per class, ``step_ms`` memoised
 (~2,100 steps asked per plan at 8 GPUs, ~200 different), the release catalog's numbers parsed once,
 prediction_bands.yaml read once instead of once per simulated layout): ``plan --json --from`` at 8 GPUs
 167.8 -> 150.5 ms, 16: 186.7 -> 159.0, 32: 210.6 -> 174.8, 64: 267.9 -> 209.3; ``plan --json`` detecting
@@ -63,7 +63,7 @@ and the modules it imports), the indented JSON (Python's encoder) ~3.
 CPU time above the interpreter; before = f2f0b66, after = the capacity search and the batching rows
 asking ``predict`` for the figures without their terms, plain YAML data built in config/yamlsrc.py's
 checking walk instead of by PyYAML's constructor, the simulation's state and ``PlanContext`` as records
-(plan/record.py: ``default_factory``, mutable ``state``), the records' shared ``__init__`` writing the
+(hwprofile/record.py: ``default_factory``, mutable ``state``), the records' shared ``__init__`` writing the
 instance's dict, the snapshot's and the model's NamedTuples annotated with types rather than strings
 (typing compiled a ForwardRef per field: 355 compiles, now 149), the GPU pairs' link index read once per
 walk, ``is_plain`` answered once per layer stack): ``plan --json --from`` at 8 GPUs 136.4 -> 119.8 ms and

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .record import record
+from ..record import record
 
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
 # prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
