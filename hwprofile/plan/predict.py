@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from ..record import record
+from ..record import record, state
 
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
 # prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
@@ -209,7 +209,7 @@ class Calibration:
     max_num_batched_tokens: int | None = None
 
 
-@dataclass
+@state
 class Prediction:
     """One candidate at one workload; ``terms``: each part of the figures with its source."""
 
