@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
 from ..errors import HwprofileError, OperationError, RefusedError
+from .repoid import COMMIT, is_repo_id, split_revision
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -57,9 +58,6 @@ MAX_HEADERS = 8  # safetensors headers read when the dtypes are needed (a sample
 MAX_RECORD_BYTES = 16 << 20
 # the Hub's own rules: ORG/NAME of letters, digits, '-', '_', '.'; no '--' or '..'
 # (full-match patterns: ``$`` would also match before a trailing newline)
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
-_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
-COMMIT = re.compile(r"[0-9a-f]{40}")
 MAX_TIMEOUT_S = 3600  # HF_HUB_ETAG_TIMEOUT above an hour is a mistake, not a slow link
 API_CAP = 32 << 20  # an API answer (the file list of a large repository is a few MiB)
 SMALL_CAP = 64 << 20  # a config or an index file downloaded; the file list's size bounds it further
@@ -86,24 +84,6 @@ _DTYPE_BYTES = {
 
 
 # -- names ---------------------------------------------------------------------------------------
-
-
-def is_repo_id(name: str) -> bool:
-    """``ORG/NAME`` as the Hub spells repository names (no path, no scheme)."""
-    return bool(_REPO_ID.fullmatch(name)) and "--" not in name and ".." not in name
-
-
-def split_revision(spec: str) -> tuple[str, str | None]:
-    """``NAME@REV`` → ``(NAME, REV)``; a spec without ``@`` has no revision."""
-    name, at, rev = spec.partition("@")
-    if not at:
-        return spec, None
-    if not rev or not _REVISION.fullmatch(rev) or ".." in rev.split("/") or rev.endswith("/"):
-        raise ConfigError(
-            f"{spec!r}: the revision after '@' must be a branch, a tag or a commit (e.g. main, v1.0, "
-            "refs/pr/1, a 40-hex commit)"
-        )
-    return name, rev
 
 
 def with_revision(spec: str | None, revision: str | None) -> str | None:

@@ -37,13 +37,13 @@ def find_in_hf_cache(
     the snapshot of ``revision``: a commit, or a branch or tag the cache has a ref of). A snapshot
     where hwprofile fetched only the config (:mod:`.hub`: its file list names weights the snapshot
     lacks) is no downloaded model: it is left to the Hub look-up."""
-    from .hub import COMMIT, load_record, record_path, weights_missing
-
     cache_dir = os.fspath(cache or hf_cache_dir())
     base = os.path.join(cache_dir, "models--" + name.replace("/", "--"))
     snaps = os.path.join(base, "snapshots")
     if not os.path.isdir(snaps):
         return None
+    from .hub import load_record, record_path, weights_missing  # a cache holds it: its records
+    from .repoid import COMMIT
 
     def usable(snap: str) -> bool:
         if not os.path.isfile(os.path.join(snap, "config.json")):
@@ -171,21 +171,25 @@ def resolve_model(spec: str, what: str = "model") -> ModelFacts:
     looks_like_path = spec.startswith(("/", "./", "../", "~")) or os.path.exists(p)
     if looks_like_path:
         raise ConfigError(f"{what} {spec}: no such model directory")
-    from . import hub
+    from . import repoid
 
-    name, revision = hub.split_revision(spec) if hub.is_repo_id(spec.partition("@")[0]) else (spec, None)
+    name, revision = (
+        repoid.split_revision(spec) if repoid.is_repo_id(spec.partition("@")[0]) else (spec, None)
+    )
     snap = find_in_hf_cache(name, revision=revision)
     if snap is not None:
         facts = read_model_dir(snap, name=name, source="hf-cache")
         commit = os.path.basename(snap)
         return facts._replace(
-            revision=commit if hub.COMMIT.fullmatch(commit) else None,
+            revision=commit if repoid.COMMIT.fullmatch(commit) else None,
             origin=f"the Hugging Face cache: {snap} (downloaded; commit {commit})",
         )
     listed = from_catalog(spec) if revision is None else None
     if listed is not None:
         return listed
-    if hub.is_repo_id(name):
+    if repoid.is_repo_id(name):
+        from . import hub
+
         return hub.resolve_hub(name, revision, hf_cache_dir(), what)
     from ..config.schema import suggest
 
