@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from .layers import MIXERS, MLPS, LayerKind
+from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind
 from .layers import layer_kinds as read_layer_kinds
 
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
@@ -429,8 +429,11 @@ def _layer(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> 
     out: list[Tensor] = []
     if mixer in ("full", "sliding", "chunked", "mla"):
         out += _attention(c, s, kind, m if nemo else f"{p}.self_attn", part)
-        if s.mt == "falcon_h1":  # parallel hybrid: attention and a Mamba2 mixer side by side
+        beside = PARALLEL_STATE_TYPES.get(s.mt)  # a parallel hybrid: a state mixer beside attention
+        if beside == "mamba2":
             out += _mamba2(c, s, f"{p}.mamba", part)
+        elif beside is not None:
+            raise ValueError(f"a {beside} mixer beside each attention layer: its weights are not counted")
     elif mixer == "gdn":
         out += _gdn(c, s, f"{p}.linear_attn", part)
     elif mixer == "mamba2":
