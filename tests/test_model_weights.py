@@ -706,6 +706,10 @@ def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
                     "targets": ["backbone.layers.1.mixer.experts.0.up_proj"],
                 },
             },
+            "quantized_layers": {
+                "backbone.layers.0.mixer.in_proj": {"quant_algo": "FP8"},
+                "backbone.layers.1.mixer.experts.0.up_proj": {"quant_algo": "NVFP4", "group_size": 16},
+            },
         },
     }
     q = read_quant(cfg)
@@ -717,6 +721,35 @@ def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
     assert scheme.nbytes(expert) == pytest.approx(expert.count * (n / 2 + n / 16 + 4))
     fp8 = q.scheme(by_name["backbone.layers.0.mixer.in_proj"])
     assert (fp8.bits, fp8.per_tensor) == (8, True)
+
+
+def test_modelopt_mixed_precision_without_quantized_layers_is_refused() -> None:
+    """vLLM's ModelOptMixedPrecisionConfig reads each layer's algorithm from quantized_layers (at the
+    top of quantization_config, or under its quantization key) and refuses a checkpoint without them:
+    hwprofile refuses it too, naming the key, instead of planning a model that does not load."""
+    from hwprofile.model import parse_config
+
+    groups = {"g": {"weights": {"num_bits": 8, "type": "float"}, "targets": ["Linear"]}}
+    base = _cfg("nemotron-3-nano-30b-a3b")
+    for q in (
+        {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "config_groups": groups},
+        {
+            "quant_method": "modelopt",
+            "quantization": {"quant_algo": "mixed_precision", "quantized_layers": {}},
+        },
+    ):
+        with pytest.raises(ValueError, match=r"MIXED_PRECISION without a quantized_layers mapping"):
+            parse_config({**base, "quantization_config": q}, "nemotron", "dir", None)
+    nested = {
+        "quant_algo": "MIXED_PRECISION",
+        "quantized_layers": {"backbone.layers.0.mixer.in_proj": {"quant_algo": "FP8"}},
+    }
+    parse_config(
+        {**base, "quantization_config": {"quant_method": "modelopt", "quantization": nested}},
+        "n",
+        "dir",
+        None,
+    )
 
 
 # google/gemma-3-27b-it's config.json as a public test reproduces it (GEMMA3_27B_CONFIG; its layer count and

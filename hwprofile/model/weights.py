@@ -800,7 +800,26 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
         return Quant(None, None, (), (), "ct")
     raw = q.get("quant_method")
     method = raw.lower() if isinstance(raw, str) else ""
+    _check_modelopt_mixed(q, method)
     return _quant_reader(method, q)(q, method)
+
+
+def _check_modelopt_mixed(q: dict[str, Any], method: str) -> None:
+    """A ModelOpt MIXED_PRECISION checkpoint names each layer's algorithm in ``quantized_layers``
+    (at the top, or under ``quantization`` where that is given); vLLM refuses one without it
+    ("MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping":
+    ModelOptMixedPrecisionConfig), so hwprofile refuses it too rather than plan what will not load."""
+    inner = q.get("quantization")
+    src = inner if isinstance(inner, dict) else q
+    if not method.startswith("modelopt") or str(src.get("quant_algo") or "").upper() != "MIXED_PRECISION":
+        return
+    layers = src.get("quantized_layers")
+    if not (isinstance(layers, dict) and layers):
+        where = "quantization_config.quantization" if src is inner else "quantization_config"
+        raise ValueError(
+            f"{where}: quant_algo MIXED_PRECISION without a quantized_layers mapping (each layer's "
+            "algorithm): vLLM refuses to load such a checkpoint; its ModelOpt export writes one"
+        )
 
 
 def _quant_reader(method: str, q: dict[str, Any]) -> Callable[[dict[str, Any], str], Quant]:
