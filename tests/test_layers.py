@@ -422,3 +422,15 @@ def test_falcon_h1_parallel_attention_and_mamba2_as_vllm_registers_them() -> Non
     assert (h.group_size, h.attention_groups, h.state_groups) == (36, 1, 1)
     assert h.state_bytes_per_sequence == 36 * 800 * 512  # one padded page in each of the 36 layers
     assert kv_bytes_per_token(m, 1, 2) == 36 * 512
+
+
+def test_a_parallel_hybrid_is_named_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PARALLEL_STATE_TYPES is the one home of "a state mixer beside each attention layer": the layer
+    stack and the weight count both read it, so a model_type added there (here Falcon-H1's config
+    under another name) is counted as Falcon-H1 is, Mamba2 weights included."""
+    from hwprofile.model import layers
+
+    monkeypatch.setitem(layers.PARALLEL_STATE_TYPES, "falcon_h2", "mamba2")
+    renamed = parse_config({**FALCON_H1_05B, "model_type": "falcon_h2"}, "falcon-h2", "dir", None)
+    assert layer_stack({**FALCON_H1_05B, "model_type": "falcon_h2"}).parallel_state
+    assert renamed.params == parse_config(FALCON_H1_05B, "falcon-h1", "dir", None).params

@@ -706,6 +706,10 @@ def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
                     "targets": ["backbone.layers.1.mixer.experts.0.up_proj"],
                 },
             },
+            "quantized_layers": {
+                "backbone.layers.0.mixer.in_proj": {"quant_algo": "FP8"},
+                "backbone.layers.1.mixer.experts.0.up_proj": {"quant_algo": "NVFP4", "group_size": 16},
+            },
         },
     }
     q = read_quant(cfg)
@@ -719,8 +723,38 @@ def test_modelopt_mixed_precision_groups_without_a_strategy() -> None:
     assert (fp8.bits, fp8.per_tensor) == (8, True)
 
 
+def test_modelopt_mixed_precision_without_quantized_layers_is_refused() -> None:
+    """vLLM's ModelOptMixedPrecisionConfig reads each layer's algorithm from quantized_layers (at the
+    top of quantization_config, or under its quantization key) and refuses a checkpoint without them:
+    hwprofile refuses it too, naming the key, instead of planning a model that does not load."""
+    from hwprofile.model import parse_config
+
+    groups = {"g": {"weights": {"num_bits": 8, "type": "float"}, "targets": ["Linear"]}}
+    base = _cfg("nemotron-3-nano-30b-a3b")
+    for q in (
+        {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "config_groups": groups},
+        {
+            "quant_method": "modelopt",
+            "quantization": {"quant_algo": "mixed_precision", "quantized_layers": {}},
+        },
+    ):
+        with pytest.raises(ValueError, match=r"MIXED_PRECISION without a quantized_layers mapping"):
+            parse_config({**base, "quantization_config": q}, "nemotron", "dir", None)
+    nested = {
+        "quant_algo": "MIXED_PRECISION",
+        "quantized_layers": {"backbone.layers.0.mixer.in_proj": {"quant_algo": "FP8"}},
+    }
+    parse_config(
+        {**base, "quantization_config": {"quant_method": "modelopt", "quantization": nested}},
+        "n",
+        "dir",
+        None,
+    )
+
+
 # google/gemma-3-27b-it's config.json as a public test reproduces it (GEMMA3_27B_CONFIG; its layer count and
-# window restored to the model's 62 and 1024, as the text-only copies of the same config give them)
+# window restored to the model's 62 and 1024, as the text-only copies of the same config give them); as
+# published, it has neither layer_types nor sliding_window_pattern
 GEMMA3_27B = {
     "architectures": ["Gemma3ForConditionalGeneration"],
     "boi_token_index": 255999,
@@ -740,7 +774,6 @@ GEMMA3_27B = {
         "query_pre_attn_scalar": 168,
         "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
         "sliding_window": 1024,
-        "sliding_window_pattern": 6,
     },
     "torch_dtype": "bfloat16",
     "vision_config": {
@@ -768,3 +801,59 @@ def test_keys_left_out_as_their_class_defaults() -> None:
     assert m.params == pytest.approx(27_432_406_640, rel=1e-4)
     untied = {**GEMMA3_27B, "text_config": {**GEMMA3_27B["text_config"], "tie_word_embeddings": False}}
     assert parse_config(untied, "g", "dir", None).params - m.params == 262208 * 5376
+
+
+def test_gemma3_as_published_has_a_full_layer_every_sixth() -> None:
+    """Without layer_types or sliding_window_pattern, Gemma3TextConfig derives layer_types from its
+    default pattern 6, and vLLM's gemma3.py reads them: 52 sliding and 10 full layers of 62. Read as a
+    model-wide window (every layer sliding), a 128K request needed 3.1x too little KV."""
+    from hwprofile.model import parse_config
+    from hwprofile.model.defaults import with_class_defaults
+    from hwprofile.model.layers import layer_stack
+
+    m = parse_config(GEMMA3_27B, "gemma-3-27b-it", "dir", None)
+    assert (m.sliding_layers, m.sliding_window, m.max_position_embeddings) == (52, 1024, 131072)
+    stack = layer_stack(with_class_defaults(GEMMA3_27B))  # as parse_config reads it
+    assert (stack.count("sliding"), stack.count("full")) == (52, 10)
+    assert [i for i, k in enumerate(stack.kinds) if k.mixer == "full"] == list(range(5, 62, 6))
+
+
+@pytest.mark.parametrize(
+    ("mtype", "extra"),
+    [
+        ("gemma2", {}),
+        ("gemma3_text", {}),
+        ("gemma3_text", {"sliding_window_pattern": 4}),
+        ("gemma3n_text", {}),
+        ("cohere2", {}),
+        ("cohere2", {"sliding_window_pattern": 6}),
+    ],
+)
+def test_layer_types_are_derived_as_the_config_class_derives_them(mtype: str, extra: dict[str, int]) -> None:
+    """A config without layer_types gets the ones its transformers class computes (and vLLM reads)."""
+    transformers = pytest.importorskip("transformers")
+    from hwprofile.model.defaults import with_class_defaults
+
+    cfg = {"model_type": mtype, "num_hidden_layers": 14, "hidden_size": 512, **extra}
+    want = transformers.AutoConfig.for_model(mtype, **{k: v for k, v in cfg.items() if k != "model_type"})
+    assert with_class_defaults(cfg)["layer_types"] == want.layer_types
+    given = {**cfg, "layer_types": ["full_attention"] * 14}
+    assert with_class_defaults(given)["layer_types"] == given["layer_types"]
+
+
+def test_the_class_defaults_are_the_config_classes_constants() -> None:
+    """Every CLASS_DEFAULTS value is the installed transformers class's default, and is a constant:
+    the same whatever the config's other keys (Cohere2's head_dim is hidden / heads: not listed)."""
+    transformers = pytest.importorskip("transformers")
+    from hwprofile.model.defaults import CLASS_DEFAULTS
+
+    for mtype, defaults in CLASS_DEFAULTS.items():
+        plain = transformers.AutoConfig.for_model(mtype)
+        other = transformers.AutoConfig.for_model(
+            mtype, hidden_size=1024, num_attention_heads=4, num_hidden_layers=3
+        )
+        for key, value in defaults.items():
+            assert getattr(plain, key) == value, (mtype, key)
+            if key not in ("num_attention_heads", "num_hidden_layers"):
+                assert getattr(other, key) == value, (mtype, key, "computed from other keys")
+    assert "head_dim" not in CLASS_DEFAULTS["cohere2"]

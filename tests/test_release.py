@@ -293,3 +293,58 @@ def test_an_architecture_vllm_removed_is_refused_naming_the_last_release() -> No
         refuse_old_release(model, "0.33.0")
     refuse_old_release(model, "0.22.0")
     refuse_old_release(model, None)
+
+
+@pytest.mark.parametrize(
+    ("arch", "model_type", "last", "gone"),
+    [
+        ("StableLMEpochForCausalLM", "stablelm_epoch", "0.28.0", "0.29.0"),
+        ("Dots1ForCausalLM", "dots1", "0.23.0", "0.24.0"),
+        ("Phi3SmallForCausalLM", "phi3small", "0.9.2", "0.10.0"),
+        ("Plamo2ForCausalLM", "plamo2", "0.26.0", "0.27.0"),
+        ("TeleChatForCausalLM", "telechat", "0.25.0", "0.26.0"),
+        ("Grok1ForCausalLM", "grok-1", "0.24.0", "0.25.0"),
+    ],
+)
+def test_every_architecture_vllm_lists_as_removed_is_refused_after_its_own_last_release(
+    arch: str, model_type: str, last: str, gone: str
+) -> None:
+    """vLLM's whole list (registry.py _PREVIOUSLY_SUPPORTED_MODELS, about 50 classes, each with its
+    own last release), not only the families hwprofile models: one architecture of each last release.
+    A plan for 0.33 is refused naming that release; the release itself and older ones plan it."""
+    from hwprofile.model import parse_config
+    from hwprofile.plan.refusal import PlanRefused
+    from hwprofile.plan.releases import refuse_old_release
+
+    cfg = {
+        "architectures": [arch],
+        "model_type": model_type,
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
+    model = parse_config(cfg, arch, "dir", None)
+    for target in ("0.33.0", gone):
+        with pytest.raises(
+            PlanRefused, match=rf"no longer serves {arch} .*the last release that does is {last}"
+        ):
+            refuse_old_release(model, target)
+    refuse_old_release(model, last)
+    assert facts.LAST_SERVING[facts.REMOVED[arch]] == last
+
+
+def test_the_removed_table_holds_the_installed_vllms_list() -> None:
+    """hwprofile/release/removed.json has every entry of the installed vLLM's own list, with the same
+    last release (tools/vllm_removed.py reads registry.py's source; it rebuilds the table)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("no vLLM installed")
+    tool = Path(__file__).resolve().parent.parent / "tools" / "vllm_removed.py"
+    done = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(facts.REMOVED) >= 45

