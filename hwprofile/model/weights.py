@@ -23,7 +23,8 @@ Per layer kind, as vLLM 0.33 builds them (``vllm/model_executor``):
 - MoE: router (+ ``e_score_correction_bias`` where the router has one), every expert, shared experts
   (Llama 4's: one of the experts' width, ``llama4.py`` ``Llama4MoE``; its dense layers are
   ``intermediate_size_mlp`` wide) and the shared-expert gate (``qwen3_next.py``
-  ``Qwen3NextSparseMoeBlock``; ``nemotron_h.py`` ``NemotronHMoE``: ungated relu2 experts). Dense MLPs: gate/up/down (up/down for relu2).
+  ``Qwen3NextSparseMoeBlock``; ``nemotron_h.py`` ``NemotronHMoE``: ungated relu2 experts). Dense MLPs:
+  gate/up/down (up/down for relu2).
 - MTP (``qwen3_5_mtp.py``): one full-attention decoder layer per MTP layer, fc 2H→H and three norms;
   DeepSeek-V3 style heads also carry their own embedding and LM head. vLLM's target model skips the
   ``mtp.`` weights (``WeightsMapper(orig_to_new_prefix={"mtp.": None})``): they load only with MTP

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -179,12 +178,6 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
     return g, row
 
 
-# CPUs built of several dies whose memory interleaves across them at one NUMA node per socket (the
-# default NPS1): a group through host memory under several of its PCIe host bridges (plan/interconnect.py
-# host_share)
-MEMORY_ACROSS_DIES = re.compile(r"\bAMD (EPYC|Ryzen Threadripper)\b")
-
-
 def link_for(
     host: HostSnapshot,
     gpus: Sequence[Gpu],
@@ -195,7 +188,7 @@ def link_for(
     """The slowest path inside the first TP group of ``gpus`` (as the snapshot has it); its bandwidth
     the one measured where ``measured`` (the host's current interconnect record,
     :class:`~.interconnect.Report`) covers that group (:func:`.interconnect.link_source`)."""
-    from .interconnect import link_source
+    from .interconnect import link_source, memory_across_dies
 
     grp = list(gpus)[:tp]
     pairs: list[tuple[str | None, bool | None]] = []
@@ -205,8 +198,9 @@ def link_for(
             lk = links.get((a.index, b.index))
             pairs.append((lk.link, lk.p2p) if lk else (None, None))
     pcie = [(g.pcie.gen, g.pcie.width) for g in grp]
-    dies = bool(MEMORY_ACROSS_DIES.search(host.cpu.model or ""))
-    link = pm.link_of(pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp, dies)
+    link = pm.link_of(
+        pairs, pcie, (row or {}).get("nvlink_bandwidth_gbs"), tp, memory_across_dies(host.cpu.model)
+    )
     return link_source(link, measured, [g.index for g in grp]) if len(grp) == tp else link
 
 

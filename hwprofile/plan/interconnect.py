@@ -14,6 +14,7 @@ exited non-zero before a result).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -205,6 +206,17 @@ HOST_SHARE_DIES_SOURCE = (
     "EPYC/Threadripper, one NUMA node): (2 / n)^3 of the two-GPU share (nccl-tests#74, NVIDIA/nccl#1285: "
     "fixed by NPS4), up to 2 / n"
 )
+
+
+# CPUs built of several dies whose memory interleaves across them at one NUMA node per socket (the
+# default NPS1), by their /proc/cpuinfo model name
+MEMORY_ACROSS_DIES = re.compile(r"\bAMD (EPYC|Ryzen Threadripper)\b")
+
+
+def memory_across_dies(cpu_model: str | None) -> bool:
+    """Whether the host's CPU (its model name) interleaves memory across several dies
+    (:data:`HOST_SHARE_DIES_SOURCE`)."""
+    return bool(MEMORY_ACROSS_DIES.search(cpu_model or ""))
 
 
 def host_share(c: Collective, n: int, across_dies: bool = False) -> tuple[float, float, float]:

@@ -610,13 +610,6 @@ def _decode_terms(
             "band_ms": [round(dec["allreduce_lo_ms"], 3), round(dec["allreduce_hi_ms"], 3)],
         },
         {
-            "term": f"decode step: the logits of {b} sequence(s) gathered from the TP ranks",
-            "ms": round(dec["gather_ms"], 3),
-            "source": f"{m.lm_head_params // max(1, m.hidden):,} vocabulary rows x 2 bytes per sampled "
-            f"row, an all-gather over the all-reduce's link (half its bytes and steps)",
-            "basis": link.basis,
-        },
-        {
             "term": "decode step: fixed kernels and scheduler",
             "ms": round(dec["fixed_ms"], 3),
             "source": (
@@ -627,8 +620,17 @@ def _decode_terms(
             "basis": "fitted" if gpu.step_fixed_ms is None else gpu.efficiency_basis,
         },
     ]
-    if cand.tp <= 1:  # one rank: nothing to gather
-        terms = [t for t in terms if not t["term"].endswith("gathered from the TP ranks")]
+    if cand.tp > 1:  # the logits gathered from the ranks (one rank: nothing to gather)
+        terms.insert(
+            3,
+            {
+                "term": f"decode step: the logits of {b} sequence(s) gathered from the TP ranks",
+                "ms": round(dec["gather_ms"], 3),
+                "source": f"{m.lm_head_params // max(1, m.hidden):,} vocabulary rows x 2 bytes per sampled "
+                f"row, an all-gather over the all-reduce's link (half its bytes and steps)",
+                "basis": link.basis,
+            },
+        )
     if m.state_bytes:
         terms.insert(
             1,
