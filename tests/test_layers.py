@@ -19,6 +19,7 @@ from hwprofile.plan.memory import (
     CPU_KERNEL_BLOCK,
     HybridOpts,
     MiB,
+    attention_bytes_by_kind,
     hybrid_kv_cache,
     is_plain,
     kv_bytes_per_token,
@@ -154,6 +155,131 @@ def test_jamba_periods() -> None:
     assert [k.mixer for k in kinds] == ["mamba"] * 4 + ["full"] + ["mamba"] * 3
     assert [k.mlp for k in kinds] == ["dense", "moe"] * 4
     assert state_shapes(layer_stack(cfg).state, 1, 2) == ((128, 3), (128, 16))  # Mamba1: no spec columns
+
+
+def _lfm2(**extra: Any) -> dict[str, Any]:
+    """LFM2-1.2B's published config.json (LiquidAI/LFM2-1.2B): 10 short-convolution and 6 attention
+    layers, tied embeddings by its class's default."""
+    conv, attn = "conv", "full_attention"
+    return {
+        "architectures": ["Lfm2ForCausalLM"],
+        "model_type": "lfm2",
+        "block_auto_adjust_ff_dim": True,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_multiple_of": 256,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "conv_dim": 2048,
+        "hidden_size": 2048,
+        "intermediate_size": 12288,
+        "layer_types": [
+            conv,
+            conv,
+            attn,
+            conv,
+            conv,
+            attn,
+            conv,
+            conv,
+            attn,
+            conv,
+            attn,
+            conv,
+            attn,
+            conv,
+            attn,
+            conv,
+        ],
+        "num_attention_heads": 32,
+        "num_hidden_layers": 16,
+        "num_key_value_heads": 8,
+        "vocab_size": 65536,
+        "tie_embedding": True,
+        "torch_dtype": "bfloat16",
+        **extra,
+    }
+
+
+def test_lfm2_short_convolutions_hold_a_conv_state_only() -> None:
+    """LFM2's ``conv`` layers keep the last ``conv_L_cache - 1`` inputs of a ``conv_dim``-wide
+    convolution (``MambaStateShapeCalculator.short_conv_state_shape``), speculative tokens widening
+    it; in the model dtype, whatever the SSM dtype says. 1.17 B parameters as published (MLP two
+    thirds of intermediate_size, tied embeddings)."""
+    cfg = _lfm2()
+    stack = layer_stack(cfg)
+    assert [k.mixer for k in stack.kinds].count("short_conv") == 10
+    assert stack.state_layers == 10 and [i for i, _ in stack.attention_layers()] == [2, 5, 8, 10, 12, 14]
+    assert state_shapes(stack.state, 1, 0) == ((2048, 2),)
+    assert state_shapes(stack.state, 2, 3) == ((1024, 5),)
+    facts = parse_config(cfg, "lfm2", "test", None)
+    assert facts.tie_word_embeddings and round(facts.params / 1e9, 2) == 1.17
+    assert state_bytes_per_layer(facts, 1, 0, "float32") == 2048 * 2 * 2
+    assert kv_bytes_per_token(facts, 1, 2) == 6 * 2 * 8 * 64 * 2
+
+
+def test_lfm2_moe_dense_first_layers_and_the_hidden_wide_convolution() -> None:
+    """LFM2-8B-A1B: the first ``num_dense_layers`` dense, MoE after (8.3 B in all, 1.5 B active as
+    its card says); its convolution is as wide as the hidden size (``lfm2_moe.py``)."""
+    cfg = _lfm2(
+        architectures=["Lfm2MoeForCausalLM"],
+        model_type="lfm2_moe",
+        intermediate_size=7168,
+        moe_intermediate_size=1792,
+        num_experts=32,
+        num_experts_per_tok=4,
+        num_dense_layers=2,
+        num_hidden_layers=24,
+        conv_dim=999,  # not read by LFM2-MoE
+        layer_types=["conv", "conv", "full_attention", "conv"] * 6,
+    )
+    stack = layer_stack(cfg)
+    assert [k.mlp for k in stack.kinds] == ["dense"] * 2 + ["moe"] * 22
+    assert state_shapes(stack.state, 1, 0) == ((2048, 2),)
+    facts = parse_config(cfg, "lfm2-moe", "test", None)
+    assert round(facts.params / 1e9, 1) == 8.3 and 1.5 <= facts.active_params / 1e9 < 1.6
+
+
+def test_mimo_v2_sliding_layers_with_heads_of_their_own_and_a_narrower_v() -> None:
+    """MiMo-V2-Flash (``mimo_v2.py``): ``hybrid_layer_pattern`` marks the sliding-window layers (1),
+    which have their own KV heads and head sizes (``swa_*``); V's head (128) is narrower than K's
+    (192) in both kinds, and vLLM's page holds ``head_size + head_size_v`` per KV head.
+    ``moe_layer_freq`` is a list, one entry a layer. 309 B parameters, 15 B active, as published."""
+    pattern = [0] + ([1] * 5 + [0]) * 7 + [1] * 5
+    cfg = {
+        "architectures": ["MiMoV2FlashForCausalLM"],
+        "model_type": "mimo_v2_flash",
+        "hidden_size": 4096,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 192,
+        "v_head_dim": 128,
+        "swa_num_attention_heads": 64,
+        "swa_num_key_value_heads": 8,
+        "swa_head_dim": 192,
+        "swa_v_head_dim": 128,
+        "sliding_window_size": 128,
+        "hybrid_layer_pattern": pattern,
+        "moe_layer_freq": [0] + [1] * 47,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "intermediate_size": 16384,
+        "vocab_size": 152576,
+    }
+    stack = layer_stack(cfg)
+    assert [k.mixer for k in stack.kinds] == ["sliding" if p else "full" for p in pattern]
+    assert [k.mlp for k in stack.kinds] == ["dense"] + ["moe"] * 47
+    assert stack.attention["full"] == (4, 192, None, 128)
+    assert stack.attention["sliding"] == (8, 192, 128, 128)
+    facts = parse_config(cfg, "mimo-v2-flash", "test", None)
+    assert round(facts.params / 1e9) == 309 and round(facts.active_params / 1e9) == 15
+    assert facts.sliding_layers == 40 and facts.sliding_window == 128 and not is_plain(facts)
+    assert attention_bytes_by_kind(facts, 1, 2) == {"full": (8, 4 * 320 * 2), "sliding": (40, 8 * 320 * 2)}
+    # TP 8: each rank keeps one KV head of either kind
+    assert attention_bytes_by_kind(facts, 8, 1) == {"full": (8, 320), "sliding": (40, 320)}
+    with pytest.raises(ValueError, match="hybrid_layer_pattern must be 48 entries"):
+        layer_stack({**cfg, "hybrid_layer_pattern": pattern[:-1]})
 
 
 def test_kimi_linear_and_minimax() -> None:

@@ -330,6 +330,45 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 1000,
         },
     ),
+    # LFM2: gated short convolutions (conv_dim wide) + attention; the MLP two thirds of
+    # intermediate_size, rounded up to block_multiple_of (with a multiplier that moves it)
+    "lfm2": (
+        "Lfm2Config",
+        "Lfm2ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 400,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "layer_types": ["conv", "conv", "full_attention", "conv"],
+            "conv_L_cache": 3,
+            "conv_dim": 128,
+            "block_multiple_of": 64,
+            "block_auto_adjust_ff_dim": True,
+            "block_ffn_dim_multiplier": 1.3,
+            "vocab_size": 1000,
+        },
+    ),
+    # LFM2-MoE: the first num_dense_layers dense, MoE after; the convolution as wide as hidden
+    "lfm2_moe": (
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_dense_layers": 2,
+            "num_hidden_layers": 5,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "layer_types": ["conv", "conv", "full_attention", "conv", "conv"],
+            "conv_L_cache": 3,
+            "vocab_size": 1000,
+        },
+    ),
 }
 
 

@@ -1,11 +1,13 @@
 """The planner's hybrid KV arithmetic equals what real vLLM (CPU 0.32) logs for models whose
-recurrent-state layers (Gated DeltaNet, Mamba2, Mamba1) sit beside their attention layers.
+recurrent-state layers (Gated DeltaNet, Mamba2, Mamba1, short convolutions) sit beside their attention
+layers.
 
 Tiny random-weight models are saved with transformers' own config and model classes (so
 config.json has each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers = 2 x (3 GDN + 1
 full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM``
 (Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
-attention) and a ``JambaForCausalLM`` (3 Mamba1 + 1 attention). Each is served with a fixed
+attention), a ``JambaForCausalLM`` (3 Mamba1 + 1 attention) and an ``Lfm2ForCausalLM`` (3 gated
+short convolutions + 1 attention). Each is served with a fixed
 ``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
 (float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
 vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
@@ -134,6 +136,25 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "mamba_dt_rank": 8,
         },
     ),
+    # LFM2: gated short convolutions (a conv state only, its ngram tokens widening it) + attention
+    "lfm2": (
+        "Lfm2Config",
+        "Lfm2ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 384,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "layer_types": ["conv", "conv", "full_attention", "conv"],
+            "conv_L_cache": 3,
+            "conv_dim": 128,
+            "block_dim": 128,
+            "block_multiple_of": 64,
+            "block_auto_adjust_ff_dim": True,
+            "block_ffn_dim_multiplier": 1.0,
+        },
+    ),
     # Llama-4 text: 3 chunked-local (256-token chunks) + 1 global NoPE layer, no state at all
     "llama4": (
         "Llama4TextConfig",
@@ -168,6 +189,8 @@ CASES: dict[str, tuple[str, int, bool, int, str]] = {
     "granite-ngram2": ("granite", 1536, False, 2, "auto"),
     "jamba-ngram2": ("jamba", 1024, False, 2, "auto"),
     "jamba-pc": ("jamba", 2048, True, 0, "auto"),
+    "lfm2-pc": ("lfm2", 1024, True, 0, "auto"),
+    "lfm2-ngram2": ("lfm2", 1536, False, 2, "auto"),
 }
 PAIRS = [
     ("pc-off", "pc-on-bf16"),
@@ -175,6 +198,7 @@ PAIRS = [
     ("ngram2-pc-bf16", "pc-off-bf16"),
     ("nemotron-pc", "granite-ngram2"),
     ("jamba-ngram2", "jamba-pc"),
+    ("lfm2-pc", "lfm2-ngram2"),
 ]
 
 

@@ -8,7 +8,9 @@ module adds, per family, what vLLM itself reads (``vllm/model_executor/models/<f
   ``n_routed_experts``): every expert is in memory (``params``), only ``experts_per_token`` of them
   are read per token (``active_params``). Which layers are MoE: DeepSeek from
   ``first_k_dense_replace`` and ``moe_layer_freq`` (``deepseek_v2.py``, ``DeepseekV2DecoderLayer``);
-  Qwen MoE from ``decoder_sparse_step`` and ``mlp_only_layers`` (``qwen3_moe.py``, ``qwen2_moe.py``).
+  Qwen MoE from ``decoder_sparse_step`` and ``mlp_only_layers`` (``qwen3_moe.py``, ``qwen2_moe.py``);
+  LFM2-MoE from ``num_dense_layers`` (``lfm2_moe.py``); MiMo-V2 from its per-layer ``moe_layer_freq``
+  list (``mimo_v2.py``).
 - MLA (DeepSeek-V2/V3, ``kv_lora_rank`` set): the KV cache holds one latent vector of
   ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer (``MLAAttention.head_size`` in
   ``vllm/model_executor/layers/attention/mla_attention.py``; ``MLAAttentionSpec`` with
@@ -66,10 +68,18 @@ def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[in
     """Indices of the layers whose MLP is a mixture of experts (vLLM's rule per family)."""
     if not experts:
         return []
+    freqs = cfg.get("moe_layer_freq")
+    if type(freqs) is list:  # MiMo-V2: one entry a layer, 1 where it is MoE (mimo_v2.py is_moe_layer)
+        if len(freqs) != layers or any(f not in (0, 1) for f in freqs):
+            raise ValueError(f"moe_layer_freq: expected {layers} entries of 0 or 1, got {freqs!r}"[:120])
+        return [i for i, f in enumerate(freqs) if f]
     if "first_k_dense_replace" in cfg or _mtype(cfg).startswith("deepseek"):
         first = _int(cfg, "first_k_dense_replace")
         freq = _int(cfg, "moe_layer_freq", 1) or 1
         return [i for i in range(layers) if i >= first and i % freq == 0]
+    if "num_dense_layers" in cfg:  # LFM2-MoE: the first num_dense_layers dense (lfm2_moe.py)
+        first = _int(cfg, "num_dense_layers")
+        return [i for i in range(layers) if i >= first]
     step = _int(cfg, "decoder_sparse_step", 1) or 1
     dense = cfg.get("mlp_only_layers") or []
     if type(dense) is not list or not all(type(i) is int for i in dense):

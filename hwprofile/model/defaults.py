@@ -33,6 +33,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     # Cohere2's head_dim is hidden_size / num_attention_heads, computed: no constant default
     "cohere2": {**_TIED, "vocab_size": 256000, "sliding_window": 4096, "max_position_embeddings": 8192},
     "lfm2": {**_TIED, "vocab_size": 65536, "max_position_embeddings": 128000},
+    "lfm2_moe": {**_TIED, "vocab_size": 65536, "max_position_embeddings": 128000},
     "ernie4_5_moe": {**_TIED, "vocab_size": 103424, "max_position_embeddings": 131072},
     "smollm3": {**_TIED, "vocab_size": 128256, "max_position_embeddings": 32768},
 }

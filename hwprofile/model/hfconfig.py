@@ -33,6 +33,7 @@ _LIMITS: dict[str, tuple[int, int]] = {
     "vocab_size": (1, 1 << 24),
     "max_position_embeddings": (1, 1 << 32),
     "sliding_window": (0, 1 << 32),
+    "sliding_window_size": (0, 1 << 32),
     "sliding_window_pattern": (1, 10_000),
     "num_experts": (0, 1 << 16),
     "n_routed_experts": (0, 1 << 16),
@@ -113,6 +114,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     tie = bool(k.flag("tie_word_embeddings"))
     # some configs write false for "no window"
     window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
+    window = window or k.integer("sliding_window_size")  # MiMo-V2's name for it
     _check_read_elsewhere(k)
     archs = _string_list(k, "architectures")
     sliding = _sliding_layers(cfg, layers)
@@ -267,6 +269,9 @@ def _count_weights(
 
 
 def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
+    pattern = cfg.get("hybrid_layer_pattern")  # MiMo-V2: 1 a sliding-window layer
+    if type(pattern) is list and pattern:
+        return sum(1 for p in pattern if p == 1)
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         return sum(1 for t in types if "sliding" in str(t))

@@ -8,7 +8,8 @@ wider than its sliding ones) and the dimensions of the recurrent state that vLLM
 Schemas read, as the families write them:
 
 - ``layer_types`` (Qwen3-Next/Qwen3.5 ``linear_attention``/``full_attention``; Gemma 2/3/4, gpt-oss
-  ``sliding_attention``; Llama-4 style ``chunked_attention``; Granite-4 ``mamba``/``attention``);
+  ``sliding_attention``; Llama-4 style ``chunked_attention``; Granite-4 ``mamba``/``attention``;
+  LFM2 ``conv``/``full_attention``: a gated short convolution whose state is its last inputs);
 - ``full_attention_interval`` (Qwen3-Next, Qwen3.5 without ``layer_types``: layer ``i`` is full
   attention when ``(i + 1) % interval == 0``);
 - Nemotron-H ``hybrid_override_pattern`` (one character a layer: ``M`` Mamba2, ``*`` attention,
@@ -19,6 +20,9 @@ Schemas read, as the families write them:
 - Jamba ``attn_layer_period``/``attn_layer_offset`` (Mamba1 elsewhere) and
   ``expert_layer_period``/``expert_layer_offset``;
 - Bamba ``attn_layer_indices`` (Mamba2 elsewhere);
+- MiMo-V2 ``hybrid_layer_pattern`` (1: sliding window, 0: full), its sliding layers with heads of
+  their own (``swa_num_key_value_heads``, ``swa_head_dim``, ``swa_v_head_dim``) and V head sizes
+  apart from K's (``v_head_dim``);
 - Llama-4 ``attention_chunk_size`` with ``no_rope_layers`` (0: a global NoPE layer, else chunked
   local attention) and ``interleave_moe_layer_step``;
 - Gemma 2 (alternating), Gemma 3 ``sliding_window_pattern``, a model-wide ``sliding_window``
@@ -35,9 +39,21 @@ Pure: a dict in, tuples out.
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-MIXERS = ("full", "sliding", "chunked", "mla", "gdn", "mamba", "mamba2", "kda", "linear", "none")
+MIXERS = (
+    "full",
+    "sliding",
+    "chunked",
+    "mla",
+    "gdn",
+    "mamba",
+    "mamba2",
+    "kda",
+    "linear",
+    "short_conv",
+    "none",
+)
 ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")
-STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear")
+STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear", "short_conv")
 MLPS = ("dense", "moe", "none")
 PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2"}  # model_type: the state mixer beside each attention layer
 
@@ -55,18 +71,27 @@ class AttentionShape(NamedTuple):
     num_kv_heads: int
     head_dim: int
     window: int | None = None  # sliding window, or the chunk of chunked-local attention
+    head_dim_v: int | None = None  # V's head size where it differs from K's (MiMo-V2), else None
+
+    @property
+    def kv_head_sum(self) -> int:
+        """K's and V's head sizes together: one KV head's elements per token (vLLM
+        ``AttentionSpec.real_page_size_bytes``: ``head_size + head_size_v``)."""
+        return self.head_dim + (self.head_dim if self.head_dim_v is None else self.head_dim_v)
 
 
 class StateDims(NamedTuple):
     """What vLLM's ``MambaStateShapeCalculator`` needs for one kind of state layer; the shapes
     themselves (per TP rank, with speculative tokens) come from :func:`state_shapes`."""
 
-    kind: str  # gdn, mamba, mamba2, kda, linear
+    kind: str  # gdn, mamba, mamba2, kda, linear, short_conv
     num_heads: int = 0  # gdn: value heads; mamba2/kda/linear: heads
     head_dim: int = 0  # gdn: value head dim; mamba2/kda/linear: head dim
     num_k_heads: int = 0  # gdn: key heads; kda: key heads
     head_k_dim: int = 0  # gdn: key head dim; kda: key head dim
-    intermediate: int = 0  # mamba/mamba2: the inner width (expand x hidden or heads x head dim)
+    intermediate: int = (
+        0  # mamba/mamba2: the inner width (expand x hidden or heads x head dim); short_conv: its width
+    )
     n_groups: int = 0  # mamba2
     state_size: int = 0  # mamba/mamba2: d_state
     conv_kernel: int = 0  # all but linear
@@ -191,6 +216,7 @@ _TYPE_NAMES = {
     "mamba": "mamba2",  # Granite-4: Mamba2 mixers
     "mamba2": "mamba2",
     "kda": "kda",
+    "conv": "short_conv",  # LFM2: a gated short convolution, its state the last L - 1 inputs
 }
 
 
@@ -266,6 +292,17 @@ def _minimax_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[
     if type(atl) is not list or len(atl) != n or any(a not in (0, 1) for a in atl):
         raise ValueError(f"{name}: attn_type_list must be {n} entries of 0 (linear) or 1 (softmax)")
     return ["full" if a == 1 else "linear" for a in atl]
+
+
+def _mimo_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """MiMo-V2: ``hybrid_layer_pattern``, 1 a sliding-window layer and 0 a full one (``mimo_v2.py``
+    ``is_compressed_softmax_layer``)."""
+    pattern = cfg.get("hybrid_layer_pattern")
+    if pattern is None:
+        return None
+    if type(pattern) is not list or len(pattern) != n or any(p not in (0, 1) for p in pattern):
+        raise ValueError(f"{name}: hybrid_layer_pattern must be {n} entries of 0 (full) or 1 (sliding)")
+    return ["sliding" if p == 1 else "full" for p in pattern]
 
 
 def _jamba_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
@@ -381,6 +418,7 @@ _MIXER_READERS: tuple[Callable[[dict[str, Any], int, str, str], list[str] | None
     _hybrid_pattern_mixers,
     _kimi_linear_mixers,
     _minimax_mixers,
+    _mimo_mixers,
     _jamba_mixers,
     _bamba_mixers,
     _layer_types_mixers,
@@ -441,13 +479,14 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     head_dim = _int(cfg, "head_dim", lo=1) or ((_int(cfg, "hidden_size", lo=1) or 0) // max(1, heads))
     present = {k.mixer for k in kinds}
     out: dict[str, AttentionShape] = {}
+    # V's own head size (MiMo-V2's v_head_dim; DeepSeek's v_head_dim belongs to MLA, sized apart)
+    v_dim = None if cfg.get("kv_lora_rank") else _int(cfg, "v_head_dim", lo=1)
     if "full" in present:
         g_dim = _int(cfg, "global_head_dim", lo=1) or head_dim
         g_kv = _int(cfg, "num_global_key_value_heads", lo=1) or kv
-        out["full"] = AttentionShape(g_kv, g_dim)
+        out["full"] = AttentionShape(g_kv, g_dim, None, v_dim if v_dim != g_dim else None)
     if "sliding" in present:
-        window = cfg.get("sliding_window")
-        out["sliding"] = AttentionShape(kv, head_dim, window if type(window) is int and window > 0 else None)
+        out["sliding"] = _sliding_shape(cfg, kv, head_dim, v_dim)
     if "chunked" in present:
         out["chunked"] = AttentionShape(kv, head_dim, _int(cfg, "attention_chunk_size"))
     if "mla" in present:
@@ -457,6 +496,22 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     if any(s.head_dim <= 0 or s.num_kv_heads <= 0 for s in out.values()):
         raise ValueError(f"{_name(cfg)}: the attention heads are not given (num_attention_heads/head_dim)")
     return out
+
+
+def _sliding_shape(cfg: dict[str, Any], kv: int, head_dim: int, v_dim: int | None) -> AttentionShape:
+    """The sliding-window layers' shape: the model's heads, or MiMo-V2's own ``swa_*`` ones (its
+    window ``sliding_window_size``)."""
+    window = cfg.get("sliding_window_size", cfg.get("sliding_window"))
+    if "swa_num_key_value_heads" in cfg or "swa_head_dim" in cfg:
+        kv = _int(cfg, "swa_num_key_value_heads", lo=1) or kv
+        head_dim = _int(cfg, "swa_head_dim", lo=1) or head_dim
+        v_dim = _int(cfg, "swa_v_head_dim", lo=1) or v_dim
+    return AttentionShape(
+        kv,
+        head_dim,
+        window if type(window) is int and window > 0 else None,
+        v_dim if v_dim != head_dim else None,
+    )
 
 
 def _gdn_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
@@ -528,6 +583,17 @@ def _kda_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None)
     )
 
 
+def _short_conv_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
+    """LFM2's gated short convolution: one conv state of the convolution's width (LFM2's ``conv_dim``;
+    LFM2-MoE convolves the hidden size, ``lfm2_moe.py``) and ``conv_L_cache - 1`` past inputs."""
+    width = _int(cfg, "conv_dim", lo=1) if _mtype(cfg) == "lfm2" else None
+    return StateDims(
+        "short_conv",
+        intermediate=width or hidden,
+        conv_kernel=_need(cfg, "conv_L_cache", why),
+    )
+
+
 def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims | None:
     present = {k.mixer for k in kinds} & set(STATE_MIXERS)
     if _mtype(cfg) in PARALLEL_STATE_TYPES:
@@ -544,7 +610,13 @@ def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims 
     ssm_dtype = ssm if type(ssm) is str else None
     why = f"the {kind} state"
     hidden = _int(cfg, "hidden_size", lo=1) or 0
-    by_kind = {"gdn": _gdn_dims, "mamba2": _mamba2_dims, "mamba": _mamba_dims, "kda": _kda_dims}
+    by_kind = {
+        "gdn": _gdn_dims,
+        "mamba2": _mamba2_dims,
+        "mamba": _mamba_dims,
+        "kda": _kda_dims,
+        "short_conv": _short_conv_dims,
+    }
     if kind in by_kind:
         return by_kind[kind](cfg, why, hidden, ssm_dtype)
     # linear (MiniMax lightning attention): one (heads, head_dim, head_dim) state per layer
@@ -606,4 +678,6 @@ def state_shapes(dims: StateDims, tp: int = 1, num_spec: int = 0) -> tuple[tuple
             (_divide(conv, tp, "KDA conv width"), dims.conv_kernel - 1 + num_spec),
             (_divide(dims.num_heads, tp, "KDA heads"), dims.head_dim, dims.head_dim),
         )
+    if dims.kind == "short_conv":
+        return ((_divide(dims.intermediate, tp, "short convolution width"), dims.conv_kernel - 1 + num_spec),)
     return ((_divide(dims.num_heads, tp, "linear-attention heads"), dims.head_dim, dims.head_dim),)

@@ -143,18 +143,32 @@ def _shape(c: dict[str, Any]) -> _Shape:
     kv = _int(c, "num_key_value_heads") or heads
     head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)
     act = _str(c, "mlp_hidden_act") or _str(c, "hidden_act")
+    inter = _int(c, "intermediate_size") or 4 * hidden
     return _Shape(
         mt=_mtype(c),
         hidden=hidden,
         heads=heads,
         kv=kv,
         head_dim=head_dim,
-        inter=_int(c, "intermediate_size") or 4 * hidden,
-        dense_inter=_int(c, "intermediate_size_mlp", "intermediate_size") or 4 * hidden,
+        inter=inter,
+        dense_inter=_lfm2_ff(c, inter) if _mtype(c) == "lfm2" else _int(c, "intermediate_size_mlp") or inter,
         vocab=_int(c, "vocab_size"),
         tie=c.get("tie_word_embeddings") is True,
         gated_mlp=act not in ("relu2", "gelu_new_no_gate"),
     )
+
+
+def _lfm2_ff(c: dict[str, Any], inter: int) -> int:
+    """LFM2's MLP width (``lfm2.py`` ``Lfm2MLP``): with ``block_auto_adjust_ff_dim``, two thirds of
+    ``intermediate_size`` times ``block_ffn_dim_multiplier``, rounded up to ``block_multiple_of``."""
+    if c.get("block_auto_adjust_ff_dim") is not True:
+        return inter
+    ff = int(2 * inter / 3)
+    mult = c.get("block_ffn_dim_multiplier")
+    if isinstance(mult, (int, float)) and not isinstance(mult, bool) and mult > 0:
+        ff = int(mult * ff)
+    step = _int(c, "block_multiple_of", default=256) or 256
+    return step * -(-ff // step)
 
 
 class _Names(NamedTuple):
@@ -220,18 +234,25 @@ def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str)
             _lin(f"{p}.kv_b_proj", part, heads * (nope + v_dim), rank),
             _lin(f"{p}.o_proj", part, h, heads * v_dim),
         ]
+    vd = _int(c, "v_head_dim") or hd  # V's head size where it differs from K's (MiMo-V2)
+    if kind.mixer == "sliding" and ("swa_num_key_value_heads" in c or "swa_head_dim" in c):
+        # MiMo-V2's sliding-window layers: heads of their own (mimo_v2.py MiMoV2DecoderLayer)
+        heads = _int(c, "swa_num_attention_heads") or heads
+        kv = _int(c, "swa_num_key_value_heads") or kv
+        hd = _int(c, "swa_head_dim") or hd
+        vd = _int(c, "swa_v_head_dim") or vd
     gate = c.get("attn_output_gate", True) is not False if _is_qwen_next(s.mt) else False
     out = [
         _lin(f"{p}.q_proj", part, heads * hd * (2 if gate else 1), h),
         _lin(f"{p}.k_proj", part, kv * hd, h),
-        _lin(f"{p}.v_proj", part, kv * hd, h),
-        _lin(f"{p}.o_proj", part, h, heads * hd),
+        _lin(f"{p}.v_proj", part, kv * vd, h),
+        _lin(f"{p}.o_proj", part, h, heads * vd),
     ]
     if c.get("attention_bias") is True:  # llama-style: q, k, v and o
-        out += [_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd), _vec(f"{p}.o_proj.bias", part, h)]
+        out += [_vec(f"{p}.qkv_bias", part, (heads + kv) * hd + kv * vd), _vec(f"{p}.o_proj.bias", part, h)]
     elif s.mt in ("qwen2", "qwen2_moe") or (_is_qwen_next(s.mt) and c.get("qkv_bias") is True):
         out.append(_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd))
-    if s.mt in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") or _is_qwen_next(s.mt):
+    if s.mt in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "lfm2", "lfm2_moe") or _is_qwen_next(s.mt):
         out += [_vec(f"{p}.q_norm", part, hd), _vec(f"{p}.k_norm", part, hd)]
     if s.mt == "gpt_oss":
         out.append(_vec(f"{p}.sinks", part, heads))
@@ -365,6 +386,24 @@ def _linear_attention(c: dict[str, Any], s: _Shape, p: str, part: str, kda: bool
     ]
 
 
+def _short_conv(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
+    """LFM2's gated short convolution (``layers/mamba/short_conv.py``): ``in_proj`` to B, C and x of
+    the convolution's width, a depthwise kernel of ``conv_L_cache`` taps, ``out_proj`` back. LFM2
+    convolves ``conv_dim``, LFM2-MoE the hidden size (``lfm2_moe.py``)."""
+    h = s.hidden
+    dim = (_int(c, "conv_dim") if s.mt == "lfm2" else 0) or h
+    taps = _int(c, "conv_L_cache", default=3)
+    out = [
+        _lin(f"{p}.in_proj", part, 3 * dim, h),
+        Tensor(f"{p}.conv", part, dim, taps, linear=False),
+        _lin(f"{p}.out_proj", part, h, dim),
+    ]
+    if c.get("conv_bias") is True:
+        out += [_vec(f"{p}.conv.bias", part, dim), _vec(f"{p}.in_proj.bias", part, 3 * dim)]
+        out.append(_vec(f"{p}.out_proj.bias", part, h))
+    return out
+
+
 def _mlp(s: _Shape, p: str, part: str, inter: int, count: int = 1, active: int = -1) -> list[Tensor]:
     h = s.hidden
     if s.mt == "mixtral":  # block_sparse_moe.experts.N.w1 / w2 / w3
@@ -443,6 +482,8 @@ def _layer(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> 
         out += _mamba1(c, s, f"{p}.mamba", part)
     elif mixer in ("kda", "linear"):
         out += _linear_attention(c, s, f"{p}.self_attn", part, kda=mixer == "kda")
+    elif mixer == "short_conv":
+        out += _short_conv(c, s, f"{p}.conv", part)
     if mlp == "moe":
         out += _moe(c, s, m if nemo else f"{p}.mlp", part)
     elif mlp == "dense":

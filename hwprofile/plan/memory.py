@@ -89,8 +89,8 @@ _PLAIN_SIZE = 8
 def _plain_stack(st: LayerStack) -> bool:
     if st.state_layers or st.kv_shared or "chunked" in st.attention or st.count("none"):
         return False
-    shapes = {(a.num_kv_heads, a.head_dim) for k, a in st.attention.items() if k != "mla"}
-    return len(shapes) <= 1
+    shapes = {(a.num_kv_heads, a.head_dim, a.head_dim_v) for k, a in st.attention.items() if k != "mla"}
+    return len(shapes) <= 1 and all(a.head_dim_v is None for a in st.attention.values())
 
 
 def attention_bytes_by_kind(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> dict[str, tuple[int, int]]:
@@ -102,7 +102,7 @@ def attention_bytes_by_kind(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> 
         if kind == "mla":
             b = shape.head_dim * kv_dtype_bytes
         else:
-            b = 2 * max(1, shape.num_kv_heads // tp) * shape.head_dim * kv_dtype_bytes
+            b = max(1, shape.num_kv_heads // tp) * shape.kv_head_sum * kv_dtype_bytes
         n, _ = out.get(kind, (0, b))
         out[kind] = (n + 1, b)
     return out
@@ -489,11 +489,11 @@ def hybrid_attn_bytes_per_token_layer(model: ModelFacts, tp: int, kv_dtype_bytes
     shapes = model.stack.attention
     if "mla" in shapes:
         return shapes["mla"].head_dim * kv_dtype_bytes
-    kinds = {(s.num_kv_heads, s.head_dim) for s in shapes.values()}
+    kinds = {(s.num_kv_heads, s.kv_head_sum) for s in shapes.values()}
     if len(kinds) != 1:
         raise ValueError(f"{model.name}: a hybrid with attention layers of several shapes is not modelled")
-    kv, head_dim = kinds.pop()
-    return 2 * max(1, kv // tp) * head_dim * kv_dtype_bytes
+    kv, heads_sum = kinds.pop()
+    return max(1, kv // tp) * heads_sum * kv_dtype_bytes
 
 
 def _hybrid_block(
