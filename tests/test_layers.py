@@ -270,8 +270,8 @@ def test_mimo_v2_sliding_layers_with_heads_of_their_own_and_a_narrower_v() -> No
     stack = layer_stack(cfg)
     assert [k.mixer for k in stack.kinds] == ["sliding" if p else "full" for p in pattern]
     assert [k.mlp for k in stack.kinds] == ["dense"] + ["moe"] * 47
-    assert stack.attention["full"] == (4, 192, None, 128)
-    assert stack.attention["sliding"] == (8, 192, 128, 128)
+    assert stack.attention["full"][:4] == (4, 192, None, 128)
+    assert stack.attention["sliding"][:4] == (8, 192, 128, 128)
     facts = parse_config(cfg, "mimo-v2-flash", "test", None)
     assert round(facts.params / 1e9) == 309 and round(facts.active_params / 1e9) == 15
     assert facts.sliding_layers == 40 and facts.sliding_window == 128 and not is_plain(facts)
@@ -280,6 +280,83 @@ def test_mimo_v2_sliding_layers_with_heads_of_their_own_and_a_narrower_v() -> No
     assert attention_bytes_by_kind(facts, 8, 1) == {"full": (8, 320), "sliding": (40, 320)}
     with pytest.raises(ValueError, match="hybrid_layer_pattern must be 48 entries"):
         layer_stack({**cfg, "hybrid_layer_pattern": pattern[:-1]})
+
+
+def test_deepseek_v32_sparse_attention_keeps_its_indexer_keys_beside_the_latent() -> None:
+    """DeepSeek-V3.2 (``index_topk``): every layer that computes its own top-k keeps an indexer key
+    of ``index_head_dim`` uint8 bytes and a float32 scale per 128 (``DeepseekV32IndexerCache``: 132
+    bytes, whatever the KV dtype) beside its latent, in one block (``UniformTypeKVCacheSpecs`` adds
+    the pages); at an fp8 KV dtype the latent is the fp8_ds_mla row (512 fp8 + 4 scales x 4 + 64
+    bf16 RoPE = 656 bytes). IndexCache configs (``index_topk_freq``) give fewer layers an indexer."""
+    cfg = {
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 2048,
+        "intermediate_size": 18432,
+        "first_k_dense_replace": 3,
+        "vocab_size": 129280,
+        "index_topk": 2048,
+        "index_head_dim": 128,
+    }
+    facts = parse_config(cfg, "deepseek-v3.2", "test", None)
+    assert kv_bytes_per_token(facts, 8, 2) == 61 * (576 * 2 + 132)
+    assert kv_bytes_per_token(facts, 8, 1) == 61 * (656 + 132)
+    plain = parse_config({k: v for k, v in cfg.items() if not k.startswith("index_")}, "v3", "test", None)
+    assert kv_bytes_per_token(plain, 8, 1) == 61 * 576
+    # every 4th layer from the offset computes its top-k: 16 of 61 layers hold an indexer key
+    sparse = parse_config({**cfg, "index_topk_freq": 4, "index_skip_topk_offset": 2}, "ic", "test", None)
+    assert sparse.stack.attention["mla"].extra_bytes == -(-132 * 16 // 61)
+    pattern = "F" + "S" * 59 + "F"
+    by_pattern = parse_config({**cfg, "index_topk_pattern": pattern}, "ip", "test", None)
+    assert by_pattern.stack.attention["mla"].extra_bytes == -(-132 * 2 // 61)
+
+
+def test_bailing_v25_lightning_linear_layers_and_an_mla_layer_closing_each_group() -> None:
+    """Bailing MoE V2.5 (``bailing_moe_linear.py``): layer ``i`` is lightning linear attention where
+    ``(i + 1) % layer_group_size`` is not 0 (a (heads, head_dim, head_dim) state in the model dtype),
+    MLA where it is; shared experts of ``moe_shared_expert_intermediate_size``."""
+    cfg = {
+        "architectures": ["BailingMoeV2_5ForCausalLM"],
+        "model_type": "bailing_hybrid",
+        "hidden_size": 2048,
+        "num_hidden_layers": 20,
+        "layer_group_size": 5,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 768,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 512,
+        "moe_shared_expert_intermediate_size": 1024,
+        "intermediate_size": 5120,
+        "first_k_dense_replace": 1,
+        "vocab_size": 157184,
+    }
+    stack = layer_stack(cfg)
+    assert [k.mixer for k in stack.kinds] == (["linear"] * 4 + ["mla"]) * 4
+    assert [k.mlp for k in stack.kinds] == ["dense"] + ["moe"] * 19
+    assert state_shapes(stack.state, 2) == ((8, 128, 128),)
+    facts = parse_config(cfg, "bailing", "test", None)
+    assert state_bytes_per_layer(facts, 1) == 16 * 128 * 128 * 2
+    shared = parse_config({**cfg, "moe_shared_expert_intermediate_size": 512}, "b2", "test", None)
+    assert facts.params - shared.params == 19 * 3 * 512 * 2048  # the shared expert's width is read
 
 
 def test_kimi_linear_and_minimax() -> None:

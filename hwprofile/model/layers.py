@@ -17,6 +17,7 @@ Schemas read, as the families write them:
 - Kimi-Linear ``linear_attn_config`` (``kda_layers``/``full_attn_layers``, 1-based; the full layers
   are MLA);
 - MiniMax-Text-01 ``attn_type_list`` (0: lightning linear attention, 1: softmax attention);
+- Bailing MoE V2.5 ``layer_group_size`` (lightning linear attention, an MLA layer closing each group);
 - Jamba ``attn_layer_period``/``attn_layer_offset`` (Mamba1 elsewhere) and
   ``expert_layer_period``/``expert_layer_offset``;
 - Bamba ``attn_layer_indices`` (Mamba2 elsewhere);
@@ -55,6 +56,7 @@ MIXERS = (
 ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")
 STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear", "short_conv")
 MLPS = ("dense", "moe", "none")
+BAILING_LINEAR = ("BailingMoeV2_5ForCausalLM",)  # architectures whose layer_group_size cuts linear/MLA
 PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2"}  # model_type: the state mixer beside each attention layer
 
 
@@ -72,6 +74,13 @@ class AttentionShape(NamedTuple):
     head_dim: int
     window: int | None = None  # sliding window, or the chunk of chunked-local attention
     head_dim_v: int | None = None  # V's head size where it differs from K's (MiMo-V2), else None
+    # MLA with DeepSeek-V3.2's sparse attention: each indexed layer also keeps its indexer's key
+    # (uint8, whatever the KV dtype: index_head_dim + 4 bytes of scale per 128), here averaged
+    # over the MLA layers (vLLM's UniformTypeKVCacheSpecs adds every layer's page to one block)
+    extra_bytes: int = 0
+    # MLA with sparse attention at an fp8 KV dtype: vLLM's fp8_ds_mla row (the latent in fp8, a
+    # float32 scale per 128, the RoPE part in bf16: 656 bytes for DeepSeek-V3.2), else 0
+    fp8_bytes: int = 0
 
     @property
     def kv_head_sum(self) -> int:
@@ -305,6 +314,15 @@ def _mimo_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str
     return ["sliding" if p == 1 else "full" for p in pattern]
 
 
+def _bailing_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Bailing MoE V2.5 (Ling/Ring linear): lightning linear attention, an MLA layer closing every
+    group of ``layer_group_size`` (``bailing_moe_linear.py`` ``is_linear_layer``)."""
+    if name not in BAILING_LINEAR or "layer_group_size" not in cfg:
+        return None
+    group = _int(cfg, "layer_group_size", 0) or 0
+    return ["linear" if group > 0 and (i + 1) % group else "mla" for i in range(n)]
+
+
 def _jamba_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
     """Jamba: an attention layer every ``attn_layer_period``, from ``attn_layer_offset``; Mamba between."""
     if "attn_layer_period" not in cfg:
@@ -419,6 +437,7 @@ _MIXER_READERS: tuple[Callable[[dict[str, Any], int, str, str], list[str] | None
     _kimi_linear_mixers,
     _minimax_mixers,
     _mimo_mixers,
+    _bailing_linear_mixers,
     _jamba_mixers,
     _bamba_mixers,
     _layer_types_mixers,
@@ -490,12 +509,32 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     if "chunked" in present:
         out["chunked"] = AttentionShape(kv, head_dim, _int(cfg, "attention_chunk_size"))
     if "mla" in present:
-        rank = _need(cfg, "kv_lora_rank", "the MLA latent")
-        rope = _int(cfg, "qk_rope_head_dim", 0) or 0
-        out["mla"] = AttentionShape(1, rank + rope)
+        out["mla"] = _mla_shape(cfg, sum(1 for k in kinds if k.mixer == "mla"))
     if any(s.head_dim <= 0 or s.num_kv_heads <= 0 for s in out.values()):
         raise ValueError(f"{_name(cfg)}: the attention heads are not given (num_attention_heads/head_dim)")
     return out
+
+
+def _mla_shape(cfg: dict[str, Any], layers: int) -> AttentionShape:
+    """The MLA latent (``kv_lora_rank + qk_rope_head_dim`` elements); with DeepSeek-V3.2's sparse
+    attention (``index_topk``) the indexer keys of the layers that compute their own top-k
+    (``deepseek_v2.py``: every ``index_topk_freq``-th from ``index_skip_topk_offset``, or
+    ``index_topk_pattern``'s non-``S`` layers) and the fp8_ds_mla row at an fp8 KV dtype."""
+    rank = _need(cfg, "kv_lora_rank", "the MLA latent")
+    rope = _int(cfg, "qk_rope_head_dim", 0) or 0
+    if "index_topk" not in cfg:
+        return AttentionShape(1, rank + rope)
+    head = _int(cfg, "index_head_dim", lo=1) or 128
+    pattern = cfg.get("index_topk_pattern")
+    if isinstance(pattern, str) and pattern:
+        indexed = sum(1 for i in range(layers) if i >= len(pattern) or pattern[i] != "S")
+    else:
+        freq = _int(cfg, "index_topk_freq", lo=1) or 1
+        offset = _int(cfg, "index_skip_topk_offset", 2) or 0
+        indexed = sum(1 for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
+    per_layer = head + head // 128 * 4
+    extra = -(-per_layer * indexed // max(1, layers))
+    return AttentionShape(1, rank + rope, None, None, extra, rank + rank // 128 * 4 + rope * 2)
 
 
 def _sliding_shape(cfg: dict[str, Any], kv: int, head_dim: int, v_dim: int | None) -> AttentionShape:

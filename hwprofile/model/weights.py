@@ -453,8 +453,9 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     elif shared_inter:  # qwen2-moe / qwen3-next: one shared expert and its gate
         out += _mlp(s, f"{box}.shared_expert", part, shared_inter)
         out.append(_lin(f"{box}.shared_expert_gate", part, 1, h))
-    elif n_shared:  # deepseek, kimi-linear: n_shared experts of moe_intermediate_size as one MLP
-        out += _mlp(s, f"{box}.shared_experts", part, n_shared * inter)
+    elif n_shared:  # deepseek, kimi-linear, bailing: n_shared experts of their width as one MLP
+        width = _int(c, "moe_shared_expert_intermediate_size") or inter
+        out += _mlp(s, f"{box}.shared_experts", part, n_shared * width)
     elif s.mt.startswith("llama4"):  # one shared expert of the experts' width (llama4.py Llama4MoE)
         out += _mlp(s, f"{box}.shared_expert", part, inter)
     return out

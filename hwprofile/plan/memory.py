@@ -19,7 +19,7 @@ from ..model import ModelFacts
 from ..release import release_of
 
 if TYPE_CHECKING:
-    from ..model.layers import LayerStack
+    from ..model.layers import AttentionShape, LayerStack
 
 BLOCK_TOKENS = 16  # vLLM's default KV block size on GPUs (tokens per block)
 CPU_BLOCK_TOKENS = 128  # vLLM's CPU platform default (platforms/cpu.py), unless --block-size is given
@@ -41,8 +41,19 @@ def kv_bytes_per_token_layer(model: ModelFacts, tp: int, kv_dtype_bytes: int) ->
     (``num_kv_heads=1, max_tp_shards=1`` in ``vllm/model_executor/layers/attention/mla_attention.py``).
     """
     if model.kv_lora_rank:
+        shape = model.stack.attention.get("mla") if model.stack is not None else None
+        if shape is not None:
+            return mla_token_bytes(shape, kv_dtype_bytes)
         return (model.kv_lora_rank + model.qk_rope_head_dim) * kv_dtype_bytes
     return 2 * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
+
+
+def mla_token_bytes(shape: AttentionShape, kv_dtype_bytes: int) -> int:
+    """One token's bytes in one MLA layer: the latent in the KV dtype (vLLM's fp8_ds_mla row where
+    sparse attention runs at an fp8 KV dtype) and the sparse indexer's keys
+    (:attr:`~hwprofile.model.layers.AttentionShape.extra_bytes`)."""
+    latent = shape.fp8_bytes if kv_dtype_bytes == 1 and shape.fp8_bytes else shape.head_dim * kv_dtype_bytes
+    return latent + shape.extra_bytes
 
 
 def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding: bool = True) -> int:
@@ -100,7 +111,7 @@ def attention_bytes_by_kind(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> 
     for _, kind in st.attention_layers():
         shape = st.attention[kind]
         if kind == "mla":
-            b = shape.head_dim * kv_dtype_bytes
+            b = mla_token_bytes(shape, kv_dtype_bytes)
         else:
             b = max(1, shape.num_kv_heads // tp) * shape.kv_head_sum * kv_dtype_bytes
         n, _ = out.get(kind, (0, b))
@@ -488,7 +499,7 @@ def hybrid_attn_bytes_per_token_layer(model: ModelFacts, tp: int, kv_dtype_bytes
     block to ``model_config.get_head_size()`` and ``get_num_kv_heads``)."""
     shapes = model.stack.attention
     if "mla" in shapes:
-        return shapes["mla"].head_dim * kv_dtype_bytes
+        return mla_token_bytes(shapes["mla"], kv_dtype_bytes)
     kinds = {(s.num_kv_heads, s.kv_head_sum) for s in shapes.values()}
     if len(kinds) != 1:
         raise ValueError(f"{model.name}: a hybrid with attention layers of several shapes is not modelled")
