@@ -330,6 +330,28 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 1000,
         },
     ),
+    # ERNIE 4.5 MoE: MoE layers from moe_layer_start_index every moe_layer_interval, up to
+    # moe_layer_end_index; moe_num_experts routed (moe_k a token) and moe_num_shared_experts shared
+    "ernie4_5_moe": (
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "moe_num_experts": 8,
+            "moe_k": 2,
+            "moe_num_shared_experts": 2,
+            "moe_intermediate_size": 64,
+            "moe_layer_start_index": 1,
+            "moe_layer_end_index": 4,
+            "moe_layer_interval": 1,
+            "vocab_size": 1000,
+        },
+    ),
     # LFM2: gated short convolutions (conv_dim wide) + attention; the MLP two thirds of
     # intermediate_size, rounded up to block_multiple_of (with a multiplier that moves it)
     "lfm2": (

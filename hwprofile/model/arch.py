@@ -9,7 +9,8 @@ module adds, per family, what vLLM itself reads (``vllm/model_executor/models/<f
   are read per token (``active_params``). Which layers are MoE: DeepSeek from
   ``first_k_dense_replace`` and ``moe_layer_freq`` (``deepseek_v2.py``, ``DeepseekV2DecoderLayer``);
   Qwen MoE from ``decoder_sparse_step`` and ``mlp_only_layers`` (``qwen3_moe.py``, ``qwen2_moe.py``);
-  LFM2-MoE from ``num_dense_layers`` (``lfm2_moe.py``); MiMo-V2 from its per-layer ``moe_layer_freq``
+  LFM2-MoE from ``num_dense_layers`` (``lfm2_moe.py``); ERNIE 4.5 from ``moe_layer_start_index``,
+  ``moe_layer_end_index`` and ``moe_layer_interval`` (``ernie45_moe.py``); MiMo-V2 from its per-layer ``moe_layer_freq``
   list (``mimo_v2.py``).
 - MLA (DeepSeek-V2/V3, ``kv_lora_rank`` set): the KV cache holds one latent vector of
   ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer (``MLAAttention.head_size`` in
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 # config keys: (families that use them)
-EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")  # qwen-moe, deepseek, mixtral/gpt-oss
-TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")  # most, gpt-oss, hunyuan
+# qwen-moe, deepseek, mixtral/gpt-oss, ernie 4.5
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
+TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_k")  # most, gpt-oss, hunyuan, ernie
 
 
 class ArchFacts(NamedTuple):
@@ -77,6 +79,11 @@ def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[in
         first = _int(cfg, "first_k_dense_replace")
         freq = _int(cfg, "moe_layer_freq", 1) or 1
         return [i for i in range(layers) if i >= first and i % freq == 0]
+    if "moe_layer_start_index" in cfg or "moe_layer_interval" in cfg:  # ERNIE 4.5 (ernie45_moe.py)
+        start = _int(cfg, "moe_layer_start_index")
+        end = _int(cfg, "moe_layer_end_index", layers - 1)
+        every = _int(cfg, "moe_layer_interval", 1) or 1
+        return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
     if "num_dense_layers" in cfg:  # LFM2-MoE: the first num_dense_layers dense (lfm2_moe.py)
         first = _int(cfg, "num_dense_layers")
         return [i for i in range(layers) if i >= first]

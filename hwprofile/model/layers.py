@@ -183,7 +183,9 @@ def _mtype(cfg: dict[str, Any]) -> str:
 
 
 def _experts(cfg: dict[str, Any]) -> int:
-    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+    from .arch import EXPERT_KEYS
+
+    for key in EXPERT_KEYS:
         v = _int(cfg, key)
         if v:
             return v

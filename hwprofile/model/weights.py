@@ -439,10 +439,10 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
         ]
     box = p.rsplit(".", 1)[0] + ".block_sparse_moe" if s.mt == "mixtral" else p
     out = [_lin(f"{box}.gate", part, experts, h)]
-    if s.mt == "nemotron_h" or _str(c, "topk_method") == "noaux_tc":
+    if s.mt in ("nemotron_h", "ernie4_5_moe") or _str(c, "topk_method") == "noaux_tc":
         out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
     out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
-    n_shared = _int(c, "n_shared_experts", "num_shared_experts")  # DeepSeek's key; Kimi-Linear's
+    n_shared = _int(c, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts")  # DeepSeek, Kimi, ERNIE
     shared_inter = _int(c, "shared_expert_intermediate_size")
     if s.mt == "nemotron_h" and n_shared:
         out += _mlp(
@@ -453,7 +453,7 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     elif shared_inter:  # qwen2-moe / qwen3-next: one shared expert and its gate
         out += _mlp(s, f"{box}.shared_expert", part, shared_inter)
         out.append(_lin(f"{box}.shared_expert_gate", part, 1, h))
-    elif n_shared:  # deepseek, kimi-linear, bailing: n_shared experts of their width as one MLP
+    elif n_shared:  # deepseek, kimi-linear, bailing, ernie: n_shared experts of their width as one MLP
         width = _int(c, "moe_shared_expert_intermediate_size") or inter
         out += _mlp(s, f"{box}.shared_experts", part, n_shared * width)
     elif s.mt.startswith("llama4"):  # one shared expert of the experts' width (llama4.py Llama4MoE)
