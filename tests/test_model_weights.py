@@ -429,6 +429,41 @@ def _bytes(q: dict[str, Any] | None) -> int:
     return weights_bytes(cfg, layer_kinds(cfg)).total
 
 
+def test_amd_quark_fp8_int4_mxfp4_per_layer_patterns_and_exclude() -> None:
+    """AMD Quark checkpoints (``quark.py``): the global weight spec, ``layer_quant_config``'s
+    fnmatch patterns before it, ``exclude`` at 16 bits. Bytes as each layout stores them: FP8 per
+    tensor (one fp32 scale), UINT4 per group of 128 (bf16 scale and a 4-bit zero point), MXFP4
+    (one 8-bit exponent per 32)."""
+    cfg = _base()
+    linear = 2 * (1024 * (1024 + 2 * 512 + 1024) + 3 * 1024 * 3072)  # q, k, v, o and the MLP, 2 layers
+    bf16 = _bytes(None)
+    rest = bf16 - 2 * linear  # embeddings, LM head and norms stay 16-bit
+
+    def quark(weight: dict[str, Any], **extra: Any) -> int:
+        return _bytes({"quant_method": "quark", "global_quant_config": {"weight": weight}, **extra})
+
+    fp8 = quark({"dtype": "fp8_e4m3", "qscheme": "per_tensor"})
+    assert fp8 == rest + linear + 14 * 4  # 7 linear tensors a layer, one fp32 scale each
+    uint4 = quark({"dtype": "uint4", "qscheme": "per_group", "group_size": 128, "symmetric": False})
+    assert uint4 == rest + linear // 2 + linear // 128 * (2 + 0.5)
+    mxfp4 = quark({"dtype": "fp4", "qscheme": "per_group", "group_size": 32})
+    assert mxfp4 == rest + linear // 2 + linear // 32
+    # the attention excluded, the MLP's down projection at FP8 by its own pattern
+    attn = 2 * 1024 * (1024 + 2 * 512 + 1024)
+    down = 2 * 3072 * 1024
+    mixed = quark(
+        {"dtype": "fp4", "qscheme": "per_group", "group_size": 32},
+        exclude=["*self_attn*"],
+        layer_quant_config={"*down_proj": {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor"}}},
+    )
+    other = linear - attn - down
+    assert mixed == rest + 2 * attn + down + 2 * 4 + other // 2 + other // 32
+    unread = weights_bytes({**cfg, "quantization_config": {"quant_method": "quark"}}, layer_kinds(cfg))
+    assert unread.total == bf16 and "16 bits assumed" in " ".join(
+        read_quant({"quantization_config": {"quant_method": "quark"}}).notes
+    )
+
+
 def test_formats_order_by_their_bits_and_scales() -> None:
     bf16 = _bytes(None)
     nvfp4 = _bytes(

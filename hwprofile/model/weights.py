@@ -442,7 +442,9 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     if s.mt in ("nemotron_h", "ernie4_5_moe") or _str(c, "topk_method") == "noaux_tc":
         out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
     out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
-    n_shared = _int(c, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts")  # DeepSeek, Kimi, ERNIE
+    n_shared = _int(
+        c, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts"
+    )  # DeepSeek, Kimi, ERNIE
     shared_inter = _int(c, "shared_expert_intermediate_size")
     if s.mt == "nemotron_h" and n_shared:
         out += _mlp(
@@ -985,6 +987,48 @@ def _bnb_quant(q: dict[str, Any], method: str) -> Quant:
     return Quant(method, 4, (("ct", (), scheme),), skip, "boundary")
 
 
+def _quark_scheme(spec: object) -> Scheme | None:
+    """One AMD Quark weight spec (``{"dtype", "qscheme", "group_size", ...}``; a list: its first)
+    as stored: FP8/INT8 per tensor or channel, INT4/UINT4 per group (zero points where unsigned),
+    MXFP4 (``fp4``) in groups of 32 with an 8-bit shared exponent; None where it says no width."""
+    w = spec[0] if isinstance(spec, list) and spec else spec
+    if not isinstance(w, dict):
+        return None
+    dtype = str(w.get("dtype") or "").lower()
+    bits = 8 if "8" in dtype else 4 if "4" in dtype else 0
+    if not bits:
+        return None
+    qscheme = str(w.get("qscheme") or "").lower()
+    group = _qint(w, "group_size", 1, 1 << 20) or 0
+    if dtype.startswith(("fp4", "mxfp4")) or "mx" in qscheme:
+        return Scheme(4, group=group or 32, scale_bytes=1)
+    if "tensor" in qscheme:
+        return Scheme(bits, per_tensor=True, scale_bytes=4)
+    if "group" in qscheme:
+        return Scheme(bits, group=group or 128, zero_bits=bits if dtype.startswith("u") else 0)
+    return Scheme(bits, scale_bytes=4 if dtype.startswith("fp") else 2)
+
+
+def _quark_quant(q: dict[str, Any], method: str) -> Quant:
+    """AMD Quark (``quark.py``): ``layer_quant_config`` patterns first (fnmatch over the module
+    name), then ``global_quant_config``; ``exclude`` stays 16-bit."""
+    rules: list[tuple[str, tuple[str, ...], Scheme]] = []
+    per_layer = q.get("layer_quant_config")
+    if isinstance(per_layer, dict):
+        for pattern, cfg in list(per_layer.items())[:1000]:
+            scheme = _quark_scheme(cfg.get("weight")) if isinstance(cfg, dict) else None
+            if isinstance(pattern, str) and scheme is not None:
+                rules.append(("fnmatch", (pattern,), scheme))
+    glob = q.get("global_quant_config")
+    main = _quark_scheme(glob.get("weight")) if isinstance(glob, dict) else None
+    if main is not None:
+        rules.append(("fnmatch", (), main))
+    if not rules:
+        return Quant(method, None, (), (), "ct", notes=("Quark: no weight dtype read: 16 bits assumed",))
+    bits = max(scheme.bits for _, _, scheme in rules)
+    return Quant(method, bits, tuple(rules), _strs(q.get("exclude")), "fnmatch")
+
+
 def _other_quant(q: dict[str, Any], method: str) -> Quant:
     """A method hwprofile does not know: linear weights at ``bits`` with group-128 scales, noted;
     16 bits where no width is said."""
@@ -1016,6 +1060,7 @@ _QUANT_READERS: dict[str, Callable[[dict[str, Any], str], Quant]] = {
         ("gptq", "gptq_marlin", "auto-round", "intel/auto-round", "autoround", "inc"), _gptq_quant
     ),
     "bitsandbytes": _bnb_quant,
+    "quark": _quark_quant,
 }
 
 
