@@ -6,8 +6,8 @@ Tiny random-weight models are saved with transformers' own config and model clas
 config.json has each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers = 2 x (3 GDN + 1
 full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM``
 (Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
-attention), a ``JambaForCausalLM`` (3 Mamba1 + 1 attention) and an ``Lfm2ForCausalLM`` (3 gated
-short convolutions + 1 attention). Each is served with a fixed
+attention), a ``JambaForCausalLM`` (3 Mamba1 + 1 attention), an ``Lfm2ForCausalLM`` (3 gated
+short convolutions + 1 attention) and a ``FalconH1ForCausalLM`` (attention and Mamba2 side by side). Each is served with a fixed
 ``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
 (float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
 vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
@@ -155,6 +155,27 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "block_ffn_dim_multiplier": 1.0,
         },
     ),
+    # Falcon-H1: attention and a Mamba2 mixer side by side in every layer (vLLM registers the mixer as
+    # a state layer of its own)
+    "falcon_h1": (
+        "FalconH1Config",
+        "FalconH1ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "mamba_d_ssm": 128,
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 1,
+        },
+    ),
     # Llama-4 text: 3 chunked-local (256-token chunks) + 1 global NoPE layer, no state at all
     "llama4": (
         "Llama4TextConfig",
@@ -191,14 +212,15 @@ CASES: dict[str, tuple[str, int, bool, int, str]] = {
     "jamba-pc": ("jamba", 2048, True, 0, "auto"),
     "lfm2-pc": ("lfm2", 1024, True, 0, "auto"),
     "lfm2-ngram2": ("lfm2", 1536, False, 2, "auto"),
+    "falcon-pc": ("falcon_h1", 1024, True, 0, "auto"),
 }
-PAIRS = [
+PAIRS: list[tuple[str, ...]] = [
     ("pc-off", "pc-on-bf16"),
     ("ngram3", "fp32-state-pc"),
     ("ngram2-pc-bf16", "pc-off-bf16"),
     ("nemotron-pc", "granite-ngram2"),
     ("jamba-ngram2", "jamba-pc"),
-    ("lfm2-pc", "lfm2-ngram2"),
+    ("lfm2-pc", "lfm2-ngram2", "falcon-pc"),  # three servers at once: one start-up's wait less in CI
 ]
 
 
@@ -223,7 +245,7 @@ def planned_opts(facts: Any, prefix: bool, ngram: int, ssm: str, flags: tuple[st
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
-def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, str]) -> None:
+def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, ...]) -> None:
     require_vllm()
     from hwprofile.launch.tinymodel import make_tiny_model
 
