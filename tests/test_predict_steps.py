@@ -410,3 +410,34 @@ def test_the_logits_gather_grows_with_the_sampled_rows_over_the_tp_link() -> Non
     assert not any(
         "gathered" in t["term"] for t in pm.predict(gpu, m, solo, pm.Workload(1000, 100, 8), None).terms
     )
+
+
+def test_sliding_window_layers_read_their_window_and_each_kind_splits_over_its_own_heads() -> None:
+    """gpt-oss-20b: 12 of its 24 layers attend a 128-token window. A decode step at 32K reads the full
+    layers' KV over the whole context and the sliding layers' over their window (FlashAttention and
+    vLLM's Triton kernel skip the tiles outside it); a prompt chunk's window layers read the window
+    and the chunk. A kind with more KV heads (MiMo-V2's sliding layers: 8 against 4) splits over
+    more ranks."""
+    gpu = _h100()
+    facts = resolve_model("openai/gpt-oss-20b", "model")
+    m = candidates.model_shape(facts, 2)
+    bw = gpu.bandwidth_gbs * 1e9 * pm.MEM_EFFICIENCY
+    kinds = {w: (n, b, h) for n, b, h, w, _ in m.kv_kinds}
+    assert set(kinds) == {0, 128} and kinds[0][0] == kinds[128][0] == 12
+    per_layer = kinds[0][1] // 12
+    ctx = 32_000.0
+    d = pm.step_ms(gpu, m, 1, NONE, 1, ctx)["memory_ms"] - pm.step_ms(gpu, m, 1, NONE, 1, 0.0)["memory_ms"]
+    assert d / 1e3 * bw == pytest.approx(12 * per_layer * (ctx + 128))
+    chunk = 2048
+    p = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, chunk, ctx)["memory_ms"]
+    p0 = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, chunk, 0.0)["memory_ms"]
+    assert (p - p0) / 1e3 * bw == pytest.approx(12 * per_layer * (ctx + chunk / 2 + 128 + chunk))
+    # a kind of 8 KV heads and one of 4 at TP 8: one head per rank each (vLLM replicates the 4)
+    mixed = pm.ModelShape(
+        **{**m.__dict__, "kv_kinds": ((8, 8 * 2560, 4, 0, 192), (40, 40 * 5120, 8, 128, 192))}
+    )
+    d8 = (
+        pm.step_ms(gpu, mixed, 8, NONE, 1, ctx)["memory_ms"]
+        - pm.step_ms(gpu, mixed, 8, NONE, 1, 0.0)["memory_ms"]
+    )
+    assert d8 / 1e3 * bw == pytest.approx(8 * 2560 / 4 * ctx + 40 * 5120 / 8 * 128)

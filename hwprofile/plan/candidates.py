@@ -23,6 +23,7 @@ from . import predict as pm
 from .engine import fit_args, kv_cache_dtype
 from .memory import (
     active_weights_bytes,
+    attention_bytes_by_kind,
     fit,
     is_hybrid,
     kv_bytes_per_token,
@@ -99,7 +100,29 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto")
         embedding_params=0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size,
         expert_active_params=expert_active_params(model),
         moe_kernel=moe_kernel(model),
+        kv_kinds=kv_kinds(model, kv_dtype_bytes),
     )
+
+
+def kv_kinds(model: ModelFacts, kv_dtype_bytes: int) -> tuple[tuple[int, int, int, int, int], ...]:
+    """The attention layers by kind for the step cost (:attr:`hwprofile.plan.predict.ModelShape.kv_kinds`),
+    where one shape over the whole context would misprice them: sliding-window or chunked-local
+    layers (they read their window), or kinds of different KV heads or head sizes (MiMo-V2, Gemma 4).
+    Empty for a model whose attention layers are all one full-context shape."""
+    st = model.stack
+    if st is None:
+        return ()
+    by_kind = attention_bytes_by_kind(model, 1, kv_dtype_bytes)
+    shapes = {(st.attention[k].num_kv_heads, st.attention[k].head_dim) for k in by_kind}
+    windowed = any(st.attention[k].window for k in by_kind if k in ("sliding", "chunked"))
+    if not windowed and len(shapes) <= 1:
+        return ()
+    out = []
+    for kind, (n, b) in by_kind.items():
+        a = st.attention[kind]
+        window = a.window if kind in ("sliding", "chunked") and a.window else 0
+        out.append((n, n * b, a.num_kv_heads, window, a.head_dim))
+    return tuple(out)
 
 
 def expert_active_params(model: ModelFacts) -> int:
@@ -135,11 +158,10 @@ def mtp_draft_shape(model: ModelFacts, kv_dtype_bytes: int) -> pm.ModelShape | N
     if not model.mtp_layers or not model.mtp_bytes:
         return None
     head = model.vocab_size * model.hidden_size * 2
-    attn_kv = (
-        kv_bytes_per_token(model, 1, kv_dtype_bytes) // max(1, model.full_layers)
-        if not is_hybrid(model)
-        else (2 * model.num_kv_heads * model.head_dim * kv_dtype_bytes)
-    )
+    # an MTP layer is a full-attention (or MLA) layer: its KV as one of the model's own
+    by_kind = attention_bytes_by_kind(model, 1, kv_dtype_bytes) if model.stack is not None else {}
+    full = by_kind.get("mla") or by_kind.get("full")
+    attn_kv = full[1] if full else 2 * model.num_kv_heads * model.head_dim * kv_dtype_bytes
     return pm.ModelShape(
         name=f"{model.name} MTP head",
         weights_bytes=model.mtp_bytes + head,

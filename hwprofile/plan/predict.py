@@ -139,6 +139,12 @@ class ModelShape:
     # the kind ``moe_kernel`` ("mxfp4", "bfloat16", "fp8"; "" where the checkpoint's format says none)
     expert_active_params: int = 0
     moe_kernel: str = ""
+    # the attention layers by kind, where their KV is not one shape read over the whole context:
+    # (layers, KV bytes per token of those layers at TP 1, their KV heads, their window in tokens or 0
+    # for the whole context, their head size). A sliding-window or chunked-local layer reads and
+    # attends at most its window; each kind is split over min(TP, its KV heads) ranks. Empty: every
+    # layer reads ``kv_bytes_per_token`` over the whole context, split over min(TP, ``kv_heads``)
+    kv_kinds: tuple[tuple[int, int, int, int, int], ...] = ()
 
 
 @record
@@ -359,6 +365,33 @@ def _weights_read(m: ModelShape, tokens: int) -> float:
     return m.active_bytes + routed * share
 
 
+def _attention_reads(
+    m: ModelShape,
+    tp: int,
+    decode: int,
+    context: float,
+    prefill: int,
+    prefill_context: float,
+    prefill_kv: float,
+) -> tuple[float, float]:
+    """``(KV bytes one GPU reads, attention FLOPs on it)`` in a step of ``decode`` sequences at
+    ``context`` tokens and a ``prefill`` chunk attending ``prefill_context`` (its KV read once:
+    ``prefill_kv`` tokens). Per attention kind (:attr:`ModelShape.kv_kinds`): a windowed layer reads
+    and attends at most its window (a chunk: its window and the chunk itself)."""
+    if not m.kv_kinds:
+        kv = (decode * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
+        attn = m.attn_layers or m.layers
+        return kv, 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
+    kv = flops = 0.0
+    for layers, nbytes, heads, window, head_dim in m.kv_kinds:
+        ctx, pctx, pkv = context, prefill_context, prefill_kv
+        if window:
+            ctx, pctx, pkv = min(ctx, window), min(pctx, window), min(pkv, window + prefill)
+        kv += (decode * ctx + pkv) * nbytes / max(1, min(tp, heads))
+        flops += 4 * layers * m.heads * head_dim * (decode * ctx + prefill * pctx) / tp
+    return kv, flops
+
+
 def step_ms(
     gpu: Gpu,
     m: ModelShape,
@@ -441,7 +474,7 @@ def _step_ms(
     tokens = decode + prefill
     weights = max(0.0, _weights_read(m, tokens) - 2 * m.embedding_params) / tp
     prefill_kv = prefill_context + prefill / 2 if prefill and prefill_context else 0.0
-    kv = (decode * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
+    kv, attn_flops = _attention_reads(m, tp, decode, context, prefill, prefill_context, prefill_kv)
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
     mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
@@ -450,8 +483,7 @@ def _step_ms(
     flops = (
         2 * body * tokens + 2 * m.lm_head_params * logits + m.state_prefill_flops_per_token * prefill
     ) / tp
-    attn = m.attn_layers or m.layers
-    flops += 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
+    flops += attn_flops
     # the routed experts' GEMMs at their own kernels' rate (Gpu.moe_ratio of the dense share)
     if m.expert_active_params:
         flops += 2 * m.expert_active_params * tokens / tp / gpu.moe_ratio(m.moe_kernel)
