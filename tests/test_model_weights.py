@@ -448,16 +448,21 @@ def test_amd_quark_fp8_int4_mxfp4_per_layer_patterns_and_exclude() -> None:
     assert uint4 == rest + linear // 2 + linear // 128 * (2 + 0.5)
     mxfp4 = quark({"dtype": "fp4", "qscheme": "per_group", "group_size": 32})
     assert mxfp4 == rest + linear // 2 + linear // 32
-    # the attention excluded, the MLP's down projection at FP8 by its own pattern
+    mxfp6 = quark({"dtype": "fp6_e3m2", "qscheme": "per_group", "group_size": 32})
+    assert mxfp6 == rest + linear * 6 // 8 + linear // 32
+    # the attention excluded (a re: expression), the MLP's down projection at FP8 by its own
+    # pattern; exclude entries are exact names or re: expressions, never shell patterns
     attn = 2 * 1024 * (1024 + 2 * 512 + 1024)
     down = 2 * 3072 * 1024
     mixed = quark(
         {"dtype": "fp4", "qscheme": "per_group", "group_size": 32},
-        exclude=["*self_attn*"],
+        exclude=["re:.*self_attn.*"],
         layer_quant_config={"*down_proj": {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor"}}},
     )
     other = linear - attn - down
     assert mixed == rest + 2 * attn + down + 2 * 4 + other // 2 + other // 32
+    globbed = quark({"dtype": "fp4", "qscheme": "per_group", "group_size": 32}, exclude=["*self_attn*"])
+    assert globbed == mxfp4  # a shell pattern names no module: nothing excluded
     unread = weights_bytes({**cfg, "quantization_config": {"quant_method": "quark"}}, layer_kinds(cfg))
     assert unread.total == bf16 and "16 bits assumed" in " ".join(
         read_quant({"quantization_config": {"quant_method": "quark"}}).notes
@@ -953,3 +958,26 @@ def test_the_class_defaults_are_the_config_classes_constants() -> None:
             if key not in ("num_attention_heads", "num_hidden_layers"):
                 assert getattr(other, key) == value, (mtype, key, "computed from other keys")
     assert "head_dim" not in CLASS_DEFAULTS["cohere2"]
+
+
+def test_ernie_moe_end_index_minus_one_is_the_last_layer() -> None:
+    """ERNIE 4.5's ``moe_layer_end_index: -1`` (transformers' default) is the last layer, as its
+    config class makes it before vLLM reads it; a layer index past it is dense."""
+    cfg = {
+        "architectures": ["Ernie4_5_MoeForCausalLM"],
+        "model_type": "ernie4_5_moe",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "moe_num_experts": 8,
+        "moe_k": 2,
+        "moe_intermediate_size": 64,
+        "moe_layer_start_index": 1,
+        "vocab_size": 1000,
+    }
+    kinds = [k.mlp for k in layer_kinds({**cfg, "moe_layer_end_index": -1})]
+    assert kinds == ["dense"] + ["moe"] * 5 == [k.mlp for k in layer_kinds(cfg)]
+    assert [k.mlp for k in layer_kinds({**cfg, "moe_layer_end_index": 3})] == ["dense"] + ["moe"] * 3 + [
+        "dense"
+    ] * 2

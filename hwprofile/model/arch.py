@@ -81,7 +81,12 @@ def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[in
         return [i for i in range(layers) if i >= first and i % freq == 0]
     if "moe_layer_start_index" in cfg or "moe_layer_interval" in cfg:  # ERNIE 4.5 (ernie45_moe.py)
         start = _int(cfg, "moe_layer_start_index")
-        end = _int(cfg, "moe_layer_end_index", layers - 1)
+        # -1 (transformers' default, which its config class makes the last layer) or absent: the last
+        end = (
+            layers - 1
+            if cfg.get("moe_layer_end_index") == -1
+            else _int(cfg, "moe_layer_end_index", layers - 1)
+        )
         every = _int(cfg, "moe_layer_interval", 1) or 1
         return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
     if "num_dense_layers" in cfg:  # LFM2-MoE: the first num_dense_layers dense (lfm2_moe.py)

@@ -990,18 +990,19 @@ def _bnb_quant(q: dict[str, Any], method: str) -> Quant:
 def _quark_scheme(spec: object) -> Scheme | None:
     """One AMD Quark weight spec (``{"dtype", "qscheme", "group_size", ...}``; a list: its first)
     as stored: FP8/INT8 per tensor or channel, INT4/UINT4 per group (zero points where unsigned),
-    MXFP4 (``fp4``) in groups of 32 with an 8-bit shared exponent; None where it says no width."""
+    MXFP4 and MXFP6 (``fp4``, ``fp6_e3m2``, ``fp6_e2m3``) in groups of 32 with an 8-bit shared
+    exponent; None where it says no width."""
     w = spec[0] if isinstance(spec, list) and spec else spec
     if not isinstance(w, dict):
         return None
     dtype = str(w.get("dtype") or "").lower()
-    bits = 8 if "8" in dtype else 4 if "4" in dtype else 0
+    bits = next((b for b in (8, 6, 4) if str(b) in dtype), 0)
     if not bits:
         return None
     qscheme = str(w.get("qscheme") or "").lower()
     group = _qint(w, "group_size", 1, 1 << 20) or 0
-    if dtype.startswith(("fp4", "mxfp4")) or "mx" in qscheme:
-        return Scheme(4, group=group or 32, scale_bytes=1)
+    if dtype.startswith(("fp4", "mxfp4", "fp6", "mxfp6")) or "mx" in qscheme:  # OCP MX: an e8m0 per 32
+        return Scheme(bits, group=group or 32, scale_bytes=1)
     if "tensor" in qscheme:
         return Scheme(bits, per_tensor=True, scale_bytes=4)
     if "group" in qscheme:
@@ -1011,7 +1012,8 @@ def _quark_scheme(spec: object) -> Scheme | None:
 
 def _quark_quant(q: dict[str, Any], method: str) -> Quant:
     """AMD Quark (``quark.py``): ``layer_quant_config`` patterns first (fnmatch over the module
-    name), then ``global_quant_config``; ``exclude`` stays 16-bit."""
+    name), then ``global_quant_config``; ``exclude`` stays 16-bit, each entry an exact module name or
+    a ``re:`` expression (``quark/utils.py`` ``should_ignore_layer``; no shell patterns)."""
     rules: list[tuple[str, tuple[str, ...], Scheme]] = []
     per_layer = q.get("layer_quant_config")
     if isinstance(per_layer, dict):
@@ -1026,7 +1028,7 @@ def _quark_quant(q: dict[str, Any], method: str) -> Quant:
     if not rules:
         return Quant(method, None, (), (), "ct", notes=("Quark: no weight dtype read: 16 bits assumed",))
     bits = max(scheme.bits for _, _, scheme in rules)
-    return Quant(method, bits, tuple(rules), _strs(q.get("exclude")), "fnmatch")
+    return Quant(method, bits, tuple(rules), _strs(q.get("exclude")), "ct")
 
 
 def _other_quant(q: dict[str, Any], method: str) -> Quant:
