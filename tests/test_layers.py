@@ -217,6 +217,18 @@ def test_lfm2_short_convolutions_hold_a_conv_state_only() -> None:
     assert kv_bytes_per_token(facts, 1, 2) == 6 * 2 * 8 * 64 * 2
 
 
+def test_lfm2_keys_left_out_are_its_classes_defaults_and_tie_embedding_is_read() -> None:
+    """A config.json written without the keys equal to Lfm2Config's defaults (``conv_L_cache`` 3,
+    the MLP's two-thirds rule on, rounded to 256) plans as the full one; ``tie_embedding`` (the name
+    LFM2's published configs use) says whether the LM head is the embedding."""
+    full = parse_config(_lfm2(), "lfm2", "test", None)
+    keys = ("conv_L_cache", "block_auto_adjust_ff_dim", "block_multiple_of", "block_ffn_dim_multiplier")
+    bare = parse_config({k: v for k, v in _lfm2().items() if k not in keys}, "lfm2", "test", None)
+    assert bare.params == full.params and bare.stack.state == full.stack.state
+    untied = parse_config(_lfm2(tie_embedding=False), "lfm2", "test", None)
+    assert not untied.tie_word_embeddings and untied.params - full.params == 65536 * 2048
+
+
 def test_lfm2_moe_dense_first_layers_and_the_hidden_wide_convolution() -> None:
     """LFM2-8B-A1B: the first ``num_dense_layers`` dense, MoE after (8.3 B in all, 1.5 B active as
     its card says); its convolution is as wide as the hidden size (``lfm2_moe.py``)."""
@@ -278,6 +290,9 @@ def test_mimo_v2_sliding_layers_with_heads_of_their_own_and_a_narrower_v() -> No
     assert attention_bytes_by_kind(facts, 1, 2) == {"full": (8, 4 * 320 * 2), "sliding": (40, 8 * 320 * 2)}
     # TP 8: each rank keeps one KV head of either kind
     assert attention_bytes_by_kind(facts, 8, 1) == {"full": (8, 320), "sliding": (40, 320)}
+    # without swa_v_head_dim the sliding layers' V is as wide as their K (not the global v_head_dim)
+    no_v = layer_stack({k: v for k, v in cfg.items() if k != "swa_v_head_dim"})
+    assert no_v.attention["sliding"].kv_head_sum == 2 * 192
     with pytest.raises(ValueError, match="hybrid_layer_pattern must be 48 entries"):
         layer_stack({**cfg, "hybrid_layer_pattern": pattern[:-1]})
 

@@ -10,6 +10,8 @@ no vocabulary, heads from ``hidden_size``, no window, no length cap): read from 
 config classes (tests/test_model_weights.py compares them with the installed classes). A value the
 class computes from other keys is no constant default: ``layer_types`` is derived here as the class
 derives it (:data:`LAYER_PATTERN`), Cohere2's ``head_dim`` is hidden / heads as hwprofile reads it.
+A key a class reads under another name (LFM2's ``tie_embedding``) is read under hwprofile's
+(:data:`ALIASES`).
 
 Pure: a dict in, a dict out.
 """
@@ -20,6 +22,12 @@ from typing import Any
 
 _GEMMA = {"tie_word_embeddings": True, "head_dim": 256}
 _TIED = {"tie_word_embeddings": True}
+_LFM2 = {"vocab_size": 65536, "max_position_embeddings": 128000, "conv_L_cache": 3}
+# keys a config class reads under another name: the name config.json may use -> the one read
+ALIASES: dict[str, dict[str, str]] = {
+    "lfm2": {"tie_embedding": "tie_word_embeddings"},  # LFM2's published configs say tie_embedding
+    "lfm2_moe": {"tie_embedding": "tie_word_embeddings"},
+}
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 16, "num_key_value_heads": 16}
     | {"max_position_embeddings": 8192},
@@ -32,8 +40,9 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "cohere": {**_TIED, "vocab_size": 256000, "max_position_embeddings": 8192},
     # Cohere2's head_dim is hidden_size / num_attention_heads, computed: no constant default
     "cohere2": {**_TIED, "vocab_size": 256000, "sliding_window": 4096, "max_position_embeddings": 8192},
-    "lfm2": {**_TIED, "vocab_size": 65536, "max_position_embeddings": 128000},
-    "lfm2_moe": {**_TIED, "vocab_size": 65536, "max_position_embeddings": 128000},
+    "lfm2": {**_TIED, **_LFM2, "block_auto_adjust_ff_dim": True, "block_multiple_of": 256}
+    | {"block_ffn_dim_multiplier": 1.0},
+    "lfm2_moe": {**_TIED, **_LFM2},
     "ernie4_5_moe": {**_TIED, "vocab_size": 103424, "max_position_embeddings": 131072},
     "smollm3": {**_TIED, "vocab_size": 128256, "max_position_embeddings": 32768},
 }
@@ -77,7 +86,10 @@ def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
         mtype = f"{wrapper}_text" if isinstance(wrapper, str) else None
     if not isinstance(mtype, str):
         return cfg
-    missing = {k: v for k, v in CLASS_DEFAULTS.get(mtype, {}).items() if k not in inner}
+    aliased = {
+        to: inner[name] for name, to in ALIASES.get(mtype, {}).items() if name in inner and to not in inner
+    }
+    missing = {k: v for k, v in CLASS_DEFAULTS.get(mtype, {}).items() if k not in inner} | aliased
     types = _derived_layer_types({**inner, **missing}, mtype)
     if types is not None:
         missing["layer_types"] = types

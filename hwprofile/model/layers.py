@@ -546,7 +546,7 @@ def _sliding_shape(cfg: dict[str, Any], kv: int, head_dim: int, v_dim: int | Non
     if "swa_num_key_value_heads" in cfg or "swa_head_dim" in cfg:
         kv = _int(cfg, "swa_num_key_value_heads", lo=1) or kv
         head_dim = _int(cfg, "swa_head_dim", lo=1) or head_dim
-        v_dim = _int(cfg, "swa_v_head_dim", lo=1) or v_dim
+        v_dim = _int(cfg, "swa_v_head_dim", lo=1)  # absent: V as wide as K (mimo_v2.py)
     return AttentionShape(
         kv,
         head_dim,

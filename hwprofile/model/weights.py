@@ -240,7 +240,7 @@ def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str)
         heads = _int(c, "swa_num_attention_heads") or heads
         kv = _int(c, "swa_num_key_value_heads") or kv
         hd = _int(c, "swa_head_dim") or hd
-        vd = _int(c, "swa_v_head_dim") or vd
+        vd = _int(c, "swa_v_head_dim") or hd  # absent: V as wide as K (mimo_v2.py)
     gate = c.get("attn_output_gate", True) is not False if _is_qwen_next(s.mt) else False
     out = [
         _lin(f"{p}.q_proj", part, heads * hd * (2 if gate else 1), h),
