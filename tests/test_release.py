@@ -395,7 +395,7 @@ def test_a_release_whose_registry_does_not_list_the_architecture_refuses_or_warn
     warned: list[str] = []
     for target in ("0.8.5", last):
         with pytest.raises(
-            PlanRefused, match=rf"does not list Lfm2MoeForCausalLM .*from {first}.*state layers"
+            PlanRefused, match=rf"does not list Lfm2MoeForCausalLM: .*, {first} does .*state layers"
         ):
             refuse_old_release(lfm2, target, warned.append)
     for target in (first, "0.33.0", None):

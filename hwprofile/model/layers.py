@@ -295,25 +295,26 @@ def _kimi_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> l
     return out
 
 
+def _coded(cfg: dict[str, Any], key: str, n: int, name: str, by_code: dict[int, str]) -> list[str] | None:
+    """A list of one code a layer under ``key``, each code's mixer in ``by_code``; None without it."""
+    codes = cfg.get(key)
+    if codes is None:
+        return None
+    if type(codes) is not list or len(codes) != n or any(c not in by_code for c in codes):
+        said = " or ".join(f"{c} ({mixer})" for c, mixer in by_code.items())
+        raise ValueError(f"{name}: {key} must be {n} entries of {said}")
+    return [by_code[c] for c in codes]
+
+
 def _minimax_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
     """MiniMax-Text-01: ``attn_type_list``, 0 linear and 1 softmax per layer."""
-    atl = cfg.get("attn_type_list")
-    if atl is None:
-        return None
-    if type(atl) is not list or len(atl) != n or any(a not in (0, 1) for a in atl):
-        raise ValueError(f"{name}: attn_type_list must be {n} entries of 0 (linear) or 1 (softmax)")
-    return ["full" if a == 1 else "linear" for a in atl]
+    return _coded(cfg, "attn_type_list", n, name, {0: "linear", 1: "full"})
 
 
 def _mimo_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
     """MiMo-V2: ``hybrid_layer_pattern``, 1 a sliding-window layer and 0 a full one (``mimo_v2.py``
     ``is_compressed_softmax_layer``)."""
-    pattern = cfg.get("hybrid_layer_pattern")
-    if pattern is None:
-        return None
-    if type(pattern) is not list or len(pattern) != n or any(p not in (0, 1) for p in pattern):
-        raise ValueError(f"{name}: hybrid_layer_pattern must be {n} entries of 0 (full) or 1 (sliding)")
-    return ["sliding" if p == 1 else "full" for p in pattern]
+    return _coded(cfg, "hybrid_layer_pattern", n, name, {0: "full", 1: "sliding"})
 
 
 def _bailing_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
