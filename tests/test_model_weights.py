@@ -352,6 +352,28 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 1000,
         },
     ),
+    # Gemma-3n: per-layer inputs (their own embedding and projections), AltUp's streams, LAuReL, the
+    # MLP width one a layer (config.json as transformers writes it), the last layers reusing KV
+    "gemma3n": (
+        "Gemma3nTextConfig",
+        "Gemma3nForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": [256, 256, 192, 192, 256, 256],
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "vocab_size": 1000,
+            "vocab_size_per_layer_input": 900,
+            "hidden_size_per_layer_input": 16,
+            "num_kv_shared_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"] * 3,
+            "activation_sparsity_pattern": [0.0] * 6,
+            "laurel_rank": 8,
+            "altup_num_inputs": 4,
+        },
+    ),
     # LFM2: gated short convolutions (conv_dim wide) + attention; the MLP two thirds of
     # intermediate_size, rounded up to block_multiple_of (with a multiplier that moves it)
     "lfm2": (

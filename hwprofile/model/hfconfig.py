@@ -109,7 +109,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     cfg, text_keys = _language_config(raw)
     k = _Keys(cfg, text_keys)
     layers, hidden, heads, kv, head_dim = _attention_shape(k)
-    inter = k.integer("intermediate_size") or 4 * hidden
+    inter = _widest_mlp(k) or 4 * hidden
     vocab = k.integer("vocab_size", 0) or 0
     dtype = k.text("torch_dtype") or k.text("dtype") or "bfloat16"
     tie = bool(k.flag("tie_word_embeddings"))
@@ -162,6 +162,18 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         mtp_bytes=loaded.by_part["mtp"],
         stack=stack,
     )
+
+
+def _widest_mlp(k: _Keys) -> int | None:
+    """``intermediate_size``: one number, or (Gemma-3n) one a layer, the widest of them; each a
+    checked integer (the weights count every layer's own)."""
+    v = k.cfg.get("intermediate_size")
+    if not isinstance(v, list):
+        return k.integer("intermediate_size")
+    lo, hi = _LIMITS["intermediate_size"]
+    if not v or not all(type(w) is int and lo <= w <= hi for w in v):
+        raise k.bad("intermediate_size", f"an integer in [{lo}, {hi}] or a list of them", v)
+    return max(v)
 
 
 def _check_read_elsewhere(k: _Keys) -> None:

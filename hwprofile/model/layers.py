@@ -98,9 +98,7 @@ class StateDims(NamedTuple):
     head_dim: int = 0  # gdn: value head dim; mamba2/kda/linear: head dim
     num_k_heads: int = 0  # gdn: key heads; kda: key heads
     head_k_dim: int = 0  # gdn: key head dim; kda: key head dim
-    intermediate: int = (
-        0  # mamba/mamba2: the inner width (expand x hidden or heads x head dim); short_conv: its width
-    )
+    intermediate: int = 0  # mamba/mamba2: expand x hidden or heads x head dim; short_conv: its width
     n_groups: int = 0  # mamba2
     state_size: int = 0  # mamba/mamba2: d_state
     conv_kernel: int = 0  # all but linear

@@ -143,7 +143,10 @@ def _shape(c: dict[str, Any]) -> _Shape:
     kv = _int(c, "num_key_value_heads") or heads
     head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)
     act = _str(c, "mlp_hidden_act") or _str(c, "hidden_act")
-    inter = _int(c, "intermediate_size") or 4 * hidden
+    widths = c.get("intermediate_size")
+    # a list, one a layer (Gemma-3n): the widest here, each layer its own in tensors()
+    inter = max(widths, default=0) if isinstance(widths, list) else _int(c, "intermediate_size")
+    inter = inter or 4 * hidden
     return _Shape(
         mt=_mtype(c),
         hidden=hidden,
@@ -252,7 +255,15 @@ def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str)
         out += [_vec(f"{p}.qkv_bias", part, (heads + kv) * hd + kv * vd), _vec(f"{p}.o_proj.bias", part, h)]
     elif s.mt in ("qwen2", "qwen2_moe") or (_is_qwen_next(s.mt) and c.get("qkv_bias") is True):
         out.append(_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd))
-    if s.mt in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "lfm2", "lfm2_moe") or _is_qwen_next(s.mt):
+    if s.mt in (
+        "qwen3",
+        "qwen3_moe",
+        "gemma3",
+        "gemma3_text",
+        "gemma3n_text",
+        "lfm2",
+        "lfm2_moe",
+    ) or _is_qwen_next(s.mt):
         out += [_vec(f"{p}.q_norm", part, hd), _vec(f"{p}.k_norm", part, hd)]
     if s.mt == "gpt_oss":
         out.append(_vec(f"{p}.sinks", part, heads))
@@ -643,9 +654,21 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
         raise ValueError("hidden_size: missing (needed to size the model)")
     names = _names(cfg, s)
     out: list[Tensor] = []
+    widths = _layer_widths(c, len(kinds))
+    # the last num_kv_shared_layers reuse an earlier layer's KV: a query projection, no K or V
+    # (Gemma-3n, gemma3n.py: "KV-shared layers only have q_proj")
+    first_shared = len(kinds) - (_int(c, "num_kv_shared_layers") or 0)
     for i, kind in enumerate(kinds):
-        out += _layer(c, s, kind, names.layer.format(i), "decoder")
+        shape = s if widths is None else s._replace(inter=widths[i], dense_inter=widths[i])
+        layer = _layer(c, shape, kind, names.layer.format(i), "decoder")
+        if i >= first_shared:
+            layer = [t for t in layer if not t.name.endswith((".k_proj", ".v_proj", ".k_norm"))]
+        out += layer
+        if s.mt.startswith("gemma3n"):
+            out += _gemma3n_layer(c, s, names.layer.format(i))
     out.append(_vec(names.final_norm, "decoder", s.hidden))
+    if s.mt.startswith("gemma3n"):
+        out += _gemma3n_model(c, s, len(kinds))
     out.append(Tensor(names.embed, "embed", s.vocab, s.hidden, linear=False))
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
@@ -655,6 +678,51 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     except ValueError as e:
         raise ValueError(f"vision_config.{e}") from None
     return out
+
+
+def _layer_widths(c: dict[str, Any], layers: int) -> list[int] | None:
+    """Each layer's MLP width where ``intermediate_size`` is a list, one a layer (Gemma-3n's
+    config.json as transformers writes it); None where it is one number."""
+    v = c.get("intermediate_size")
+    if not isinstance(v, list):
+        return None
+    if len(v) != layers or not all(type(w) is int and 0 < w <= 1 << 24 for w in v):
+        raise ValueError(f"intermediate_size: expected {layers} positive integers, one a layer")
+    return v
+
+
+def _gemma3n_layer(c: dict[str, Any], s: _Shape, p: str) -> list[Tensor]:
+    """A Gemma-3n decoder layer's own parts beyond attention and MLP (``gemma3n.py``): AltUp's router
+    and coefficients over ``altup_num_inputs`` streams, LAuReL's low-rank residual, and the gate and
+    projection of the per-layer input."""
+    h, n = s.hidden, _int(c, "altup_num_inputs", default=4)
+    rank, per = _int(c, "laurel_rank", default=64), _int(c, "hidden_size_per_layer_input", default=256)
+    return [
+        _vec(f"{p}.altup.scales_and_norms", "decoder", 2 * h),
+        Tensor(f"{p}.altup.coefs", "decoder", n, n + n * n, linear=False),
+        _lin(f"{p}.altup.modality_router", "decoder", n, h),
+        _lin(f"{p}.laurel.linear_left", "decoder", rank, h),
+        _lin(f"{p}.laurel.linear_right", "decoder", h, rank),
+        _vec(f"{p}.laurel.post_laurel_norm", "decoder", h),
+        _lin(f"{p}.per_layer_input_gate", "decoder", per, h),
+        _lin(f"{p}.per_layer_projection", "decoder", h, per),
+        _vec(f"{p}.post_per_layer_input_norm", "decoder", h),
+    ]
+
+
+def _gemma3n_model(c: dict[str, Any], s: _Shape, layers: int) -> list[Tensor]:
+    """Gemma-3n's model-wide parts: the per-layer input embedding (``vocab_size_per_layer_input``
+    rows of ``layers x hidden_size_per_layer_input``, looked up per token), its projection from the
+    hidden state, and AltUp's ``altup_num_inputs - 1`` projections in and out."""
+    h, n = s.hidden, _int(c, "altup_num_inputs", default=4)
+    per = _int(c, "hidden_size_per_layer_input", default=256)
+    vocab = _int(c, "vocab_size_per_layer_input") or s.vocab
+    return [
+        Tensor("model.embed_tokens_per_layer", "embed", vocab, layers * per, linear=False),
+        _lin("model.per_layer_model_projection", "decoder", layers * per, h),
+        _vec("model.per_layer_projection_norm", "decoder", per),
+        _lin("model.altup_projections", "decoder", h, h, count=2 * (n - 1)),
+    ]
 
 
 def breakdown(ts: Sequence[Tensor]) -> ParamBreakdown:
