@@ -125,8 +125,6 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     _check_expert_keys(k)
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
     stack, counted, loaded = _count_weights(raw, archs, cfg)
-    qmethod = qmethod or loaded.method
-    qbits = qbits or loaded.bits
     return ModelFacts(
         name=name,
         source=source,
@@ -145,8 +143,8 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         tie_word_embeddings=tie,
         sliding_window=window if window and sliding else None,
         sliding_layers=sliding,
-        quant_method=qmethod,
-        quant_bits=qbits,
+        quant_method=qmethod or loaded.method,
+        quant_bits=qbits or loaded.bits,
         params=counted.total,
         weights_bytes=loaded.total,
         weights_bytes_source="estimate",
@@ -160,6 +158,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         qk_rope_head_dim=arch.qk_rope_head_dim,
         vision_bytes=loaded.by_part["vision"],
         mtp_bytes=loaded.by_part["mtp"],
+        replicated_bytes=loaded.replicated,
         stack=stack,
     )
 
