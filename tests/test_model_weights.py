@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hwprofile.model import read_model_dir
+from hwprofile.model import parse_config, read_model_dir
 from hwprofile.model.weights import (
     LayerKind,
     count_params,
@@ -350,6 +350,28 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
             "moe_layer_end_index": 4,
             "moe_layer_interval": 1,
             "vocab_size": 1000,
+        },
+    ),
+    # Gemma-3n: per-layer inputs (their own embedding and projections), AltUp's streams, LAuReL, the
+    # MLP width one a layer (config.json as transformers writes it), the last layers reusing KV
+    "gemma3n": (
+        "Gemma3nTextConfig",
+        "Gemma3nForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": [256, 256, 192, 192, 256, 256],
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "vocab_size": 1000,
+            "vocab_size_per_layer_input": 900,
+            "hidden_size_per_layer_input": 16,
+            "num_kv_shared_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"] * 3,
+            "activation_sparsity_pattern": [0.0] * 6,
+            "laurel_rank": 8,
+            "altup_num_inputs": 4,
         },
     ),
     # LFM2: gated short convolutions (conv_dim wide) + attention; the MLP two thirds of
@@ -981,3 +1003,45 @@ def test_ernie_moe_end_index_minus_one_is_the_last_layer() -> None:
     assert [k.mlp for k in layer_kinds({**cfg, "moe_layer_end_index": 3})] == ["dense"] + ["moe"] * 3 + [
         "dense"
     ] * 2
+
+
+def test_replicated_tensors_are_whole_on_every_rank() -> None:
+    """vLLM keeps MLA's down-projections to the latents (``fused_qkv_a_proj`` with ``disable_tp``,
+    ``kv_a_proj_with_mqa``), every MoE router and DeepSeek-V3.2's sparse-attention indexer whole on
+    each tensor-parallel rank (``ReplicatedLinear``): one GPU holds its share of the rest and all of
+    those. DeepSeek-V3-shaped, bf16, 61 layers (3 dense): 61 x 7168 x (1536 + 576) + 58 x 256 x 7168
+    elements replicated; V3.2 adds its indexer (64 heads of 128 from the 1536 query latent, one key,
+    a weight per head) on each indexed layer."""
+    from hwprofile.plan.memory import weights_per_gpu
+
+    v3 = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 2048,
+        "intermediate_size": 18432,
+        "first_k_dense_replace": 3,
+        "vocab_size": 129280,
+    }
+    facts = parse_config(v3, "v3", "test", None)
+    replicated = 2 * (61 * 7168 * (1536 + 576) + 58 * 256 * 7168)
+    assert facts.replicated_bytes == replicated
+    assert weights_per_gpu(facts, 8) == -(-(facts.weights_bytes - replicated) // 8) + replicated
+    assert weights_per_gpu(facts, 1) == facts.weights_bytes
+    v32 = parse_config(
+        {**v3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64}, "v32", "test", None
+    )
+    indexer = 2 * (64 * 128 * 1536 + 128 * 7168 + 64 * 7168) + 2 * 2 * 128  # + the key norm's weight and bias
+    assert v32.replicated_bytes - replicated == 61 * indexer
+    every_4th = parse_config({**v3, "index_topk": 2048, "index_topk_freq": 4}, "ic", "test", None)
+    assert every_4th.replicated_bytes - replicated == 16 * indexer

@@ -55,6 +55,9 @@ class ModelFacts(NamedTuple):
     # and the MTP layers (only with MTP speculation: the target model skips the "mtp." weights)
     vision_bytes: int = 0
     mtp_bytes: int = 0
+    # of weights_bytes: the tensors every tensor-parallel rank holds whole (MLA's down-projections,
+    # routers, sparse-attention indexers: vLLM's ReplicatedLinear), estimated as the parts above
+    replicated_bytes: int = 0
     # the layer stack (hwprofile.model.layers.LayerStack): each layer's mixer and MLP, each attention
     # kind's shape, the recurrent state's dimensions; None where not read (catalog entries)
     stack: Any = None  # LayerStack | None once plan/ narrows it (plan/memory, engine, gpu, cpu, candidates)

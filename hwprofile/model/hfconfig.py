@@ -109,7 +109,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     cfg, text_keys = _language_config(raw)
     k = _Keys(cfg, text_keys)
     layers, hidden, heads, kv, head_dim = _attention_shape(k)
-    inter = k.integer("intermediate_size") or 4 * hidden
+    inter = _widest_mlp(k) or 4 * hidden
     vocab = k.integer("vocab_size", 0) or 0
     dtype = k.text("torch_dtype") or k.text("dtype") or "bfloat16"
     tie = bool(k.flag("tie_word_embeddings"))
@@ -125,8 +125,6 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     _check_expert_keys(k)
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
     stack, counted, loaded = _count_weights(raw, archs, cfg)
-    qmethod = qmethod or loaded.method
-    qbits = qbits or loaded.bits
     return ModelFacts(
         name=name,
         source=source,
@@ -145,8 +143,8 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         tie_word_embeddings=tie,
         sliding_window=window if window and sliding else None,
         sliding_layers=sliding,
-        quant_method=qmethod,
-        quant_bits=qbits,
+        quant_method=qmethod or loaded.method,
+        quant_bits=qbits or loaded.bits,
         params=counted.total,
         weights_bytes=loaded.total,
         weights_bytes_source="estimate",
@@ -160,8 +158,21 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         qk_rope_head_dim=arch.qk_rope_head_dim,
         vision_bytes=loaded.by_part["vision"],
         mtp_bytes=loaded.by_part["mtp"],
+        replicated_bytes=loaded.replicated,
         stack=stack,
     )
+
+
+def _widest_mlp(k: _Keys) -> int | None:
+    """``intermediate_size``: one number, or (Gemma-3n) one a layer, the widest of them; each a
+    checked integer (the weights count every layer's own)."""
+    v = k.cfg.get("intermediate_size")
+    if not isinstance(v, list):
+        return k.integer("intermediate_size")
+    lo, hi = _LIMITS["intermediate_size"]
+    if not v or not all(type(w) is int and lo <= w <= hi for w in v):
+        raise k.bad("intermediate_size", f"an integer in [{lo}, {hi}] or a list of them", v)
+    return max(v)
 
 
 def _check_read_elsewhere(k: _Keys) -> None:

@@ -98,9 +98,7 @@ class StateDims(NamedTuple):
     head_dim: int = 0  # gdn: value head dim; mamba2/kda/linear: head dim
     num_k_heads: int = 0  # gdn: key heads; kda: key heads
     head_k_dim: int = 0  # gdn: key head dim; kda: key head dim
-    intermediate: int = (
-        0  # mamba/mamba2: the inner width (expand x hidden or heads x head dim); short_conv: its width
-    )
+    intermediate: int = 0  # mamba/mamba2: expand x hidden or heads x head dim; short_conv: its width
     n_groups: int = 0  # mamba2
     state_size: int = 0  # mamba/mamba2: d_state
     conv_kernel: int = 0  # all but linear
@@ -518,6 +516,18 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     return out
 
 
+def indexed_layers(cfg: dict[str, Any], layers: int) -> frozenset[int]:
+    """The layers of a DeepSeek-V3.2-style sparse-attention model that compute their own top-k, and
+    so hold an indexer and its key cache (``deepseek_v2.py``: every ``index_topk_freq``-th from
+    ``index_skip_topk_offset``, or ``index_topk_pattern``'s non-``S`` layers)."""
+    pattern = cfg.get("index_topk_pattern")
+    if isinstance(pattern, str) and pattern:
+        return frozenset(i for i in range(layers) if i >= len(pattern) or pattern[i] != "S")
+    freq = _int(cfg, "index_topk_freq", lo=1) or 1
+    offset = _int(cfg, "index_skip_topk_offset", 2) or 0
+    return frozenset(i for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
+
+
 def _mla_shape(cfg: dict[str, Any], layers: int) -> AttentionShape:
     """The MLA latent (``kv_lora_rank + qk_rope_head_dim`` elements); with DeepSeek-V3.2's sparse
     attention (``index_topk``) the indexer keys of the layers that compute their own top-k
@@ -528,13 +538,7 @@ def _mla_shape(cfg: dict[str, Any], layers: int) -> AttentionShape:
     if "index_topk" not in cfg:
         return AttentionShape(1, rank + rope)
     head = _int(cfg, "index_head_dim", lo=1) or 128
-    pattern = cfg.get("index_topk_pattern")
-    if isinstance(pattern, str) and pattern:
-        indexed = sum(1 for i in range(layers) if i >= len(pattern) or pattern[i] != "S")
-    else:
-        freq = _int(cfg, "index_topk_freq", lo=1) or 1
-        offset = _int(cfg, "index_skip_topk_offset", 2) or 0
-        indexed = sum(1 for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
+    indexed = len(indexed_layers(cfg, layers))
     per_layer = head + head // 128 * 4
     extra = -(-per_layer * indexed // max(1, layers))
     return AttentionShape(1, rank + rope, None, None, extra, rank + rank // 128 * 4 + rope * 2)

@@ -47,7 +47,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind
+from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind, indexed_layers
 from .layers import layer_kinds as read_layer_kinds
 
 PARTS = ("decoder", "embed", "lm_head", "vision", "mtp")
@@ -65,6 +65,7 @@ class Tensor(NamedTuple):
     active: int = -1  # copies read per decoded token (-1: all of them)
     linear: bool = True  # a Linear weight a quantization method may quantize
     vector: bool = False  # a bias, norm, scale or other small non-matrix parameter
+    replicated: bool = False  # whole on every tensor-parallel rank (vLLM's ReplicatedLinear), not split
 
     @property
     def params(self) -> int:
@@ -143,7 +144,10 @@ def _shape(c: dict[str, Any]) -> _Shape:
     kv = _int(c, "num_key_value_heads") or heads
     head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)
     act = _str(c, "mlp_hidden_act") or _str(c, "hidden_act")
-    inter = _int(c, "intermediate_size") or 4 * hidden
+    widths = c.get("intermediate_size")
+    # a list, one a layer (Gemma-3n): the widest here, each layer its own in tensors()
+    inter = max(widths, default=0) if isinstance(widths, list) else _int(c, "intermediate_size")
+    inter = inter or 4 * hidden
     return _Shape(
         mt=_mtype(c),
         hidden=hidden,
@@ -206,34 +210,58 @@ def _vec(name: str, part: str, n: int, count: int = 1, active: int = -1) -> Tens
     return Tensor(name, part, 1, n, count, active, linear=False, vector=True)
 
 
+def _indexer(c: dict[str, Any], h: int, q_rank: int, p: str, part: str) -> list[Tensor]:
+    """DeepSeek-V3.2's sparse-attention indexer (``deepseek_v2.py`` ``Indexer``): its query from the
+    query latent, one key head, a weight per head; every projection replicated on each rank. Named
+    under ``.indexer.``: :func:`tensors` keeps it on the layers that compute their own top-k."""
+    if "index_topk" not in c:
+        return []
+    head = _int(c, "index_head_dim", default=128)
+    n = _int(c, "index_n_heads", default=64)
+    return [
+        Tensor(f"{p}.indexer.wq_b", part, n * head, q_rank or h, replicated=True),
+        Tensor(f"{p}.indexer.wk", part, head, h, replicated=True),
+        Tensor(f"{p}.indexer.k_norm", part, 1, 2 * head, linear=False, vector=True, replicated=True),
+        Tensor(f"{p}.indexer.weights_proj", part, n, h, replicated=True),
+    ]
+
+
+def _mla(c: dict[str, Any], h: int, heads: int, p: str, part: str) -> list[Tensor]:
+    """Multi-head latent attention (DeepSeek-V2/V3, ``deepseek_v2.py`` ``DeepseekV2MLAAttention``)."""
+    rank = _int(c, "kv_lora_rank")
+    rope = _int(c, "qk_rope_head_dim")
+    nope = _int(c, "qk_nope_head_dim")
+    v_dim = _int(c, "v_head_dim") or nope
+    q_rank = _int(c, "q_lora_rank")
+    out: list[Tensor] = []
+    # the down-projections to the latents are replicated (fused_qkv_a_proj with disable_tp, or
+    # ReplicatedLinear): every rank holds them whole
+    if q_rank:
+        out += [
+            Tensor(f"{p}.q_a_proj", part, q_rank, h, replicated=True),
+            _vec(f"{p}.q_a_layernorm", part, q_rank),
+            _lin(f"{p}.q_b_proj", part, heads * (nope + rope), q_rank),
+        ]
+    else:
+        out.append(_lin(f"{p}.q_proj", part, heads * (nope + rope), h))
+    return [
+        *out,
+        *_indexer(c, h, q_rank, p, part),
+        Tensor(f"{p}.kv_a_proj_with_mqa", part, rank + rope, h, replicated=True),
+        _vec(f"{p}.kv_a_layernorm", part, rank),
+        _lin(f"{p}.kv_b_proj", part, heads * (nope + v_dim), rank),
+        _lin(f"{p}.o_proj", part, h, heads * v_dim),
+    ]
+
+
 def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> list[Tensor]:
     """Softmax attention (full, sliding, chunked) or MLA; ``p`` is the module prefix."""
     h = s.hidden
     heads = getattr(kind, "num_heads", None) or s.heads
     kv = getattr(kind, "num_kv_heads", None) or s.kv
     hd = getattr(kind, "head_dim", None) or s.head_dim
-    rank = _int(c, "kv_lora_rank")
-    if rank:  # DeepSeek MLA (deepseek_v2.py DeepseekV2MLAAttention)
-        rope = _int(c, "qk_rope_head_dim")
-        nope = _int(c, "qk_nope_head_dim")
-        v_dim = _int(c, "v_head_dim") or nope
-        q_rank = _int(c, "q_lora_rank")
-        out: list[Tensor] = []
-        if q_rank:
-            out += [
-                _lin(f"{p}.q_a_proj", part, q_rank, h),
-                _vec(f"{p}.q_a_layernorm", part, q_rank),
-                _lin(f"{p}.q_b_proj", part, heads * (nope + rope), q_rank),
-            ]
-        else:
-            out.append(_lin(f"{p}.q_proj", part, heads * (nope + rope), h))
-        return [
-            *out,
-            _lin(f"{p}.kv_a_proj_with_mqa", part, rank + rope, h),
-            _vec(f"{p}.kv_a_layernorm", part, rank),
-            _lin(f"{p}.kv_b_proj", part, heads * (nope + v_dim), rank),
-            _lin(f"{p}.o_proj", part, h, heads * v_dim),
-        ]
+    if _int(c, "kv_lora_rank"):  # DeepSeek MLA (deepseek_v2.py DeepseekV2MLAAttention)
+        return _mla(c, h, heads, p, part)
     vd = _int(c, "v_head_dim") or hd  # V's head size where it differs from K's (MiMo-V2)
     if kind.mixer == "sliding" and ("swa_num_key_value_heads" in c or "swa_head_dim" in c):
         # MiMo-V2's sliding-window layers: heads of their own (mimo_v2.py MiMoV2DecoderLayer)
@@ -252,7 +280,15 @@ def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str)
         out += [_vec(f"{p}.qkv_bias", part, (heads + kv) * hd + kv * vd), _vec(f"{p}.o_proj.bias", part, h)]
     elif s.mt in ("qwen2", "qwen2_moe") or (_is_qwen_next(s.mt) and c.get("qkv_bias") is True):
         out.append(_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd))
-    if s.mt in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "lfm2", "lfm2_moe") or _is_qwen_next(s.mt):
+    if s.mt in (
+        "qwen3",
+        "qwen3_moe",
+        "gemma3",
+        "gemma3_text",
+        "gemma3n_text",
+        "lfm2",
+        "lfm2_moe",
+    ) or _is_qwen_next(s.mt):
         out += [_vec(f"{p}.q_norm", part, hd), _vec(f"{p}.k_norm", part, hd)]
     if s.mt == "gpt_oss":
         out.append(_vec(f"{p}.sinks", part, heads))
@@ -438,7 +474,7 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
             _vec(f"{p}.experts.down_proj_bias", part, h, experts, topk),
         ]
     box = p.rsplit(".", 1)[0] + ".block_sparse_moe" if s.mt == "mixtral" else p
-    out = [_lin(f"{box}.gate", part, experts, h)]
+    out = [Tensor(f"{box}.gate", part, experts, h, replicated=True)]  # the router: ReplicatedLinear
     if s.mt in ("nemotron_h", "ernie4_5_moe") or _str(c, "topk_method") == "noaux_tc":
         out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
     out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
@@ -643,9 +679,24 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
         raise ValueError("hidden_size: missing (needed to size the model)")
     names = _names(cfg, s)
     out: list[Tensor] = []
+    widths = _layer_widths(c, len(kinds))
+    # the last num_kv_shared_layers reuse an earlier layer's KV: a query projection, no K or V
+    # (Gemma-3n, gemma3n.py: "KV-shared layers only have q_proj")
+    first_shared = len(kinds) - (_int(c, "num_kv_shared_layers") or 0)
+    indexed = indexed_layers(c, len(kinds)) if "index_topk" in c else None
     for i, kind in enumerate(kinds):
-        out += _layer(c, s, kind, names.layer.format(i), "decoder")
+        shape = s if widths is None else s._replace(inter=widths[i], dense_inter=widths[i])
+        layer = _layer(c, shape, kind, names.layer.format(i), "decoder")
+        if i >= first_shared:
+            layer = [t for t in layer if not t.name.endswith((".k_proj", ".v_proj", ".k_norm"))]
+        if indexed is not None and i not in indexed:
+            layer = [t for t in layer if ".indexer." not in t.name]
+        out += layer
+        if s.mt.startswith("gemma3n"):
+            out += _gemma3n_layer(c, s, names.layer.format(i))
     out.append(_vec(names.final_norm, "decoder", s.hidden))
+    if s.mt.startswith("gemma3n"):
+        out += _gemma3n_model(c, s, len(kinds))
     out.append(Tensor(names.embed, "embed", s.vocab, s.hidden, linear=False))
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
@@ -655,6 +706,51 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     except ValueError as e:
         raise ValueError(f"vision_config.{e}") from None
     return out
+
+
+def _layer_widths(c: dict[str, Any], layers: int) -> list[int] | None:
+    """Each layer's MLP width where ``intermediate_size`` is a list, one a layer (Gemma-3n's
+    config.json as transformers writes it); None where it is one number."""
+    v = c.get("intermediate_size")
+    if not isinstance(v, list):
+        return None
+    if len(v) != layers or not all(type(w) is int and 0 < w <= 1 << 24 for w in v):
+        raise ValueError(f"intermediate_size: expected {layers} positive integers, one a layer")
+    return v
+
+
+def _gemma3n_layer(c: dict[str, Any], s: _Shape, p: str) -> list[Tensor]:
+    """A Gemma-3n decoder layer's own parts beyond attention and MLP (``gemma3n.py``): AltUp's router
+    and coefficients over ``altup_num_inputs`` streams, LAuReL's low-rank residual, and the gate and
+    projection of the per-layer input."""
+    h, n = s.hidden, _int(c, "altup_num_inputs", default=4)
+    rank, per = _int(c, "laurel_rank", default=64), _int(c, "hidden_size_per_layer_input", default=256)
+    return [
+        _vec(f"{p}.altup.scales_and_norms", "decoder", 2 * h),
+        Tensor(f"{p}.altup.coefs", "decoder", n, n + n * n, linear=False),
+        _lin(f"{p}.altup.modality_router", "decoder", n, h),
+        _lin(f"{p}.laurel.linear_left", "decoder", rank, h),
+        _lin(f"{p}.laurel.linear_right", "decoder", h, rank),
+        _vec(f"{p}.laurel.post_laurel_norm", "decoder", h),
+        _lin(f"{p}.per_layer_input_gate", "decoder", per, h),
+        _lin(f"{p}.per_layer_projection", "decoder", h, per),
+        _vec(f"{p}.post_per_layer_input_norm", "decoder", h),
+    ]
+
+
+def _gemma3n_model(c: dict[str, Any], s: _Shape, layers: int) -> list[Tensor]:
+    """Gemma-3n's model-wide parts: the per-layer input embedding (``vocab_size_per_layer_input``
+    rows of ``layers x hidden_size_per_layer_input``, looked up per token), its projection from the
+    hidden state, and AltUp's ``altup_num_inputs - 1`` projections in and out."""
+    h, n = s.hidden, _int(c, "altup_num_inputs", default=4)
+    per = _int(c, "hidden_size_per_layer_input", default=256)
+    vocab = _int(c, "vocab_size_per_layer_input") or s.vocab
+    return [
+        Tensor("model.embed_tokens_per_layer", "embed", vocab, layers * per, linear=False),
+        _lin("model.per_layer_model_projection", "decoder", layers * per, h),
+        _vec("model.per_layer_projection_norm", "decoder", per),
+        _lin("model.altup_projections", "decoder", h, h, count=2 * (n - 1)),
+    ]
 
 
 def breakdown(ts: Sequence[Tensor]) -> ParamBreakdown:
@@ -1116,6 +1212,7 @@ class WeightBytes(NamedTuple):
     method: str | None
     bits: int | None
     notes: tuple[str, ...]
+    replicated: int = 0  # of total: the tensors every tensor-parallel rank holds whole
 
     def loaded(self, *, language_only: bool = False, mtp: bool = True) -> int:
         """Bytes vLLM loads: without the vision tower under ``--language-model-only``, without
@@ -1132,9 +1229,12 @@ def weights_bytes(
     q = read_quant(cfg)
     choose = q.chooser()
     by = dict.fromkeys(PARTS, 0.0)
+    replicated = 0.0
     for t in tensors(cfg, kinds):
         if language_only and t.part == "vision":
             continue
-        by[t.part] += choose(t).nbytes(t)
+        nbytes = choose(t).nbytes(t)
+        by[t.part] += nbytes
+        replicated += nbytes if t.replicated and t.part != "mtp" else 0.0
     parts = {k: int(v) for k, v in by.items()}
-    return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes)
+    return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes, int(replicated))

@@ -107,20 +107,23 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto")
 def kv_kinds(model: ModelFacts, kv_dtype_bytes: int) -> tuple[tuple[int, int, int, int, int], ...]:
     """The attention layers by kind for the step cost (:attr:`hwprofile.plan.predict.ModelShape.kv_kinds`),
     where one shape over the whole context would misprice them: sliding-window or chunked-local
-    layers (they read their window), or kinds of different KV heads or head sizes (MiMo-V2, Gemma 4).
-    Empty for a model whose attention layers are all one full-context shape."""
+    layers (they read their window), kinds of different KV heads or head sizes (MiMo-V2, Gemma 4),
+    layers reading another layer's KV (Gemma-3n: they hold none, but read it). Empty for a model whose
+    attention layers are all one full-context shape, each with its own KV."""
     st = model.stack
     if st is None:
         return ()
     by_kind = attention_bytes_by_kind(model, 1, kv_dtype_bytes)
     shapes = {(st.attention[k].num_kv_heads, st.attention[k].head_dim) for k in by_kind}
     windowed = any(st.attention[k].window for k in by_kind if k in ("sliding", "chunked"))
-    if not windowed and len(shapes) <= 1:
+    if not windowed and len(shapes) <= 1 and not st.kv_shared:
         return ()
     out = []
-    for kind, (n, b) in by_kind.items():
+    for kind, (_, b) in by_kind.items():
         a = st.attention[kind]
         window = a.window if kind in ("sliding", "chunked") and a.window else 0
+        # every layer of the kind reads: those that reuse an earlier layer's KV (Gemma-3n) too
+        n = st.count(kind)
         out.append((n, n * b, a.num_kv_heads, window, a.head_dim))
     return tuple(out)
 

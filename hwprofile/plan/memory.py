@@ -326,6 +326,13 @@ class Fit(NamedTuple):
         return self.kv_cache_bytes > 0
 
 
+def weights_per_gpu(model: ModelFacts, tp: int) -> int:
+    """One rank's weights at tensor parallel ``tp``: its share of what vLLM splits, and whole what it
+    replicates (:attr:`~hwprofile.model.ModelFacts.replicated_bytes`)."""
+    replicated = min(model.replicated_bytes, model.weights_bytes)
+    return -(-(model.weights_bytes - replicated) // tp) + replicated
+
+
 def fit(
     total_bytes: int,
     utilization: float,
@@ -341,8 +348,8 @@ def fit(
     activation_factor: float,
 ) -> Fit:
     budget = int(total_bytes * utilization)
-    weights = -(-model.weights_bytes // tp)
-    draft_w = -(-draft.weights_bytes // tp) if draft else 0
+    weights = weights_per_gpu(model, tp)
+    draft_w = weights_per_gpu(draft, tp) if draft else 0
     act = activation_bytes(model, tp, batched_tokens, max_num_seqs, activation_factor)
     overhead = context_bytes + graph_bytes + margin_bytes
     kv_cache = budget - weights - draft_w - act - overhead

@@ -263,8 +263,9 @@ def _shard(model: ModelFacts, ways: int) -> ModelFacts:
     """One node's share of a model tensor-parallel across ``ways`` nodes (weights split, KV heads too)."""
     if ways <= 1:
         return model
+    replicated = min(model.replicated_bytes, model.weights_bytes)  # whole on every rank, so every node
     return model._replace(
-        weights_bytes=-(-model.weights_bytes // ways),
+        weights_bytes=-(-(model.weights_bytes - replicated) // ways) + replicated,
         num_kv_heads=max(1, model.num_kv_heads // ways),
         num_heads=max(1, model.num_heads // ways),
     )
