@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import TINY_NEXT
+from vllmtools import DEEPSEEK_V3, TINY_NEXT
 
 from hwprofile.model import parse_config
 from hwprofile.model.layers import LayerKind, layer_kinds, layer_stack, state_shapes
@@ -304,23 +304,9 @@ def test_deepseek_v32_sparse_attention_keeps_its_indexer_keys_beside_the_latent(
     the pages); at an fp8 KV dtype the latent is the fp8_ds_mla row (512 fp8 + 4 scales x 4 + 64
     bf16 RoPE = 656 bytes). IndexCache configs (``index_topk_freq``) give fewer layers an indexer."""
     cfg = {
+        **DEEPSEEK_V3,
         "architectures": ["DeepseekV32ForCausalLM"],
         "model_type": "deepseek_v32",
-        "hidden_size": 7168,
-        "num_hidden_layers": 61,
-        "num_attention_heads": 128,
-        "kv_lora_rank": 512,
-        "q_lora_rank": 1536,
-        "qk_rope_head_dim": 64,
-        "qk_nope_head_dim": 128,
-        "v_head_dim": 128,
-        "n_routed_experts": 256,
-        "num_experts_per_tok": 8,
-        "n_shared_experts": 1,
-        "moe_intermediate_size": 2048,
-        "intermediate_size": 18432,
-        "first_k_dense_replace": 3,
-        "vocab_size": 129280,
         "index_topk": 2048,
         "index_head_dim": 128,
     }

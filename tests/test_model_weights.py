@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllmtools import DEEPSEEK_V3, TINY_LFM2
 
 from hwprofile.model import parse_config, read_model_dir
 from hwprofile.model.weights import (
@@ -380,16 +381,8 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         "Lfm2Config",
         "Lfm2ForCausalLM",
         {
-            "hidden_size": 128,
+            **TINY_LFM2,
             "intermediate_size": 400,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "layer_types": ["conv", "conv", "full_attention", "conv"],
-            "conv_L_cache": 3,
-            "conv_dim": 128,
-            "block_multiple_of": 64,
-            "block_auto_adjust_ff_dim": True,
             "block_ffn_dim_multiplier": 1.3,
             "vocab_size": 1000,
         },
@@ -1014,25 +1007,7 @@ def test_replicated_tensors_are_whole_on_every_rank() -> None:
     a weight per head) on each indexed layer."""
     from hwprofile.plan.memory import weights_per_gpu
 
-    v3 = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "hidden_size": 7168,
-        "num_hidden_layers": 61,
-        "num_attention_heads": 128,
-        "kv_lora_rank": 512,
-        "q_lora_rank": 1536,
-        "qk_rope_head_dim": 64,
-        "qk_nope_head_dim": 128,
-        "v_head_dim": 128,
-        "n_routed_experts": 256,
-        "num_experts_per_tok": 8,
-        "n_shared_experts": 1,
-        "moe_intermediate_size": 2048,
-        "intermediate_size": 18432,
-        "first_k_dense_replace": 3,
-        "vocab_size": 129280,
-    }
+    v3 = DEEPSEEK_V3
     facts = parse_config(v3, "v3", "test", None)
     replicated = 2 * (61 * 7168 * (1536 + 576) + 58 * 256 * 7168)
     assert facts.replicated_bytes == replicated

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import free_port, make_transformers_model, require_vllm, serve, stop, wait_for_log
+from vllmtools import TINY_LFM2, free_port, make_transformers_model, require_vllm, serve, stop, wait_for_log
 
 from hwprofile.config.settings import Settings
 from hwprofile.host.linux import parse_cpuinfo
@@ -137,24 +137,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
     # LFM2: gated short convolutions (a conv state only, its ngram tokens widening it) + attention
-    "lfm2": (
-        "Lfm2Config",
-        "Lfm2ForCausalLM",
-        {
-            "hidden_size": 128,
-            "intermediate_size": 384,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "layer_types": ["conv", "conv", "full_attention", "conv"],
-            "conv_L_cache": 3,
-            "conv_dim": 128,
-            "block_dim": 128,
-            "block_multiple_of": 64,
-            "block_auto_adjust_ff_dim": True,
-            "block_ffn_dim_multiplier": 1.0,
-        },
-    ),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {**TINY_LFM2, "block_dim": 128}),
     # Falcon-H1: attention and a Mamba2 mixer side by side in every layer (vLLM registers the mixer as
     # a state layer of its own)
     "falcon_h1": (

@@ -246,3 +246,42 @@ TINY_NEXT: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
 }
+
+
+# DeepSeek-V3's published shape (61 layers, 3 dense, MLA): the MLA/sparse-attention KV tests and the
+# replicated-weight tests
+DEEPSEEK_V3: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 2048,
+    "intermediate_size": 18432,
+    "first_k_dense_replace": 3,
+    "vocab_size": 129280,
+}
+
+# a tiny LFM2 (3 gated short convolutions + 1 attention layer) for transformers' Lfm2Config: the
+# weight tests and the real-vLLM KV tests
+TINY_LFM2: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "layer_types": ["conv", "conv", "full_attention", "conv"],
+    "conv_L_cache": 3,
+    "conv_dim": 128,
+    "block_multiple_of": 64,
+    "block_auto_adjust_ff_dim": True,
+    "block_ffn_dim_multiplier": 1.0,
+}
