@@ -77,6 +77,8 @@ def settings_of(point: dict[str, Any]) -> list[str]:
             sets.append(f"engine.{key}={f[key]}")
     if "kv_cache_dtype" in f:
         sets.append(f"engine.kv_cache_dtype={f['kv_cache_dtype']}")
+    if f.get("attention_backend"):
+        sets.append(f"engine.attention_backend={f['attention_backend']}")
     if "enable_prefix_caching" in f:
         sets.append(f"engine.enable_prefix_caching={str(f['enable_prefix_caching']).lower()}")
     if "speculative" in f:

@@ -275,7 +275,9 @@ def test_every_gpu_instance_has_its_prediction_at_the_workload(host_of, empty_ro
 def test_a800_seed_host_two_tp2_agrees_and_pcie_tp4_is_not_allowed(host_of, empty_root) -> None:
     plan = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}).to_json()
     g = plan["prediction"]["groups"][0]
-    assert (g["chosen"], g["predicted_best"]) == ("2 x TP2", "2 x TP2")
+    # the prediction agrees: 2 x TP2 is its best, or no other layout beats it by the 10 % margin
+    assert g["chosen"] == "2 x TP2"
+    assert g["predicted_best"] == "2 x TP2" or "less than the 10% margin" in g["reason"]
     tp4 = next(c for c in g["candidates"] if c["tensor_parallel_size"] == 4)
     assert not tp4["fits"] and "max_pcie_tensor_parallel" in tp4["why_not"]
     # the workload's 16 requests split over the two servers: 8 each, and each server's own tokens/s

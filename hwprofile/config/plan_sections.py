@@ -26,6 +26,7 @@ QUANTIZATIONS = (
     "modelopt",
     "mxfp4",
 )
+ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 SPEC_METHODS = ("auto", "none", "draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 LAYOUTS = ("auto", "single", "tensor_parallel", "numa_pairs", "replicas")
 SHAPES = ("auto", "servers", "data_parallel")
@@ -86,6 +87,13 @@ class Engine(Section):
         "a hybrid's SSM state dtype (--mamba-ssm-cache-dtype); auto = the model's, float16 where that "
         "keeps more sequences resident",
         choices=("auto", "float32", "float16", "bfloat16"),
+        default="auto",
+    )
+    attention_backend: str = setting(
+        "choice",
+        f"vLLM's attention backend (--attention-backend, {first_with('--attention-backend')}+); auto = vLLM's "
+        "own pick (FlashAttention, else FlashInfer, else Triton: plan/attention.py), not rendered",
+        choices=ATTENTION_BACKENDS,
         default="auto",
     )
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
-from . import gpufacts
+from ..release import release_of
+from . import attention, gpufacts
 from . import predict as pm
 from .engine import fit_args, kv_cache_dtype
 from .memory import (
@@ -74,7 +75,9 @@ def gdn_prefill_flops_per_token(model: ModelFacts) -> float:
     return float(st.num_heads * per_head * model.stack.count("gdn"))
 
 
-def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto") -> pm.ModelShape:
+def model_shape(
+    model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto", attention_kernel: str = "split"
+) -> pm.ModelShape:
     attn, state, state_flops = 0, 0, 0.0
     if is_hybrid(model):
         attn = len(model.stack.attention_layers())
@@ -101,6 +104,7 @@ def model_shape(model: ModelFacts, kv_dtype_bytes: int, ssm_dtype: str = "auto")
         expert_active_params=expert_active_params(model),
         moe_kernel=moe_kernel(model),
         kv_kinds=kv_kinds(model, kv_dtype_bytes),
+        attention_kernel=attention_kernel,
     )
 
 
@@ -586,8 +590,12 @@ def predict_group(
     pgpu, row = gpu_of(gpu0)
     if pgpu is None:
         return []
-    _, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu0, model)
-    shape = model_shape(model, kv_bytes)
+    kv_name, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu0, model)
+    flag = release_of(host.software.vllm_version).has("--attention-backend")
+    att = attention.of_instance(
+        settings.engine.attention_backend, gpu0.compute_capability, kv_name, model, flag
+    )
+    shape = model_shape(model, kv_bytes, attention_kernel=att.kernel)
     wl = workload(settings)
     fits = functools.partial(_fits_at, gpu0, model, kv_bytes, settings)
     # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the
@@ -727,7 +735,9 @@ def instance_prediction(
     tp, ranks = inst.tensor_parallel_size, inst.ranks
     kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, tp, 1)))
     ssm = inst.engine.mamba_ssm_cache_dtype if isinstance(inst.engine.mamba_ssm_cache_dtype, str) else "auto"
-    shape = model_shape(model, kv_bytes, ssm)
+    asked = inst.engine.attention_backend if isinstance(inst.engine.attention_backend, str) else "auto"
+    att = attention.of_instance(asked, gpu0.compute_capability, inst.engine.kv_cache_dtype, model)
+    shape = model_shape(model, kv_bytes, ssm, att.kernel)
     wl = workload(settings)
     spec = _instance_speculation(inst, model, draft, settings, kv_bytes)
     total = instances  # every rank of every instance shares the workload

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
-from . import engine, hybridspec
+from . import attention, engine, hybridspec
 from .context import PlanContext
 from .estimate import estimate
 from .layout import numa_binding
@@ -33,7 +33,7 @@ from .memory import (
 from .reasons import Reasons
 from .refusal import PlanRefused, suggestions
 from .speculative import fit_beside_draft, speculative_config
-from .types import ABSENT, EngineSettings, InstancePlan, MemoryFit
+from .types import ABSENT, AbsentT, EngineSettings, InstancePlan, MemoryFit
 
 
 def _refused(
@@ -113,10 +113,40 @@ def _sizing(
     return _Sizing(length, seqs, batched, hybrid)
 
 
+def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key: str) -> str | AbsentT:
+    """The instance's attention backend (plan/attention.py), with its reason: the asked one rendered,
+    vLLM's own pick not."""
+    asked = ctx.settings.engine.attention_backend
+    att = attention.of_instance(
+        asked, gpu.compute_capability, kv_name, model, ctx.release.has("--attention-backend")
+    )
+    backend: str | AbsentT = att.backend if att.asked else ABSENT
+    why = att.why + (
+        ": its decode grid is set by the sequences and KV heads (the step cost's Triton term)"
+        if att.kernel == "triton"
+        else ""
+    )
+    ctx.add(
+        f"{key}.engine.attention_backend",
+        att.backend if att.asked else "auto",
+        why,
+        ("engine", "attention_backend"),
+    )
+    return backend
+
+
 def _engine_settings(
-    ctx: PlanContext, model: ModelFacts, util: float, size: _Sizing, kv_name: str, eager: bool, key: str
+    ctx: PlanContext,
+    model: ModelFacts,
+    util: float,
+    size: _Sizing,
+    kv_name: str,
+    eager: bool,
+    key: str,
+    gpu: Gpu,
 ) -> EngineSettings:
-    """The instance's engine settings from the decisions taken, and the quantization's reason."""
+    """The instance's engine settings from the decisions taken, and the quantization's and attention
+    backend's reasons."""
     settings, hybrid = ctx.settings, size.hybrid
     lm_only = language_only(model, settings, ctx.host.software.vllm_version) if model.vision_bytes else ABSENT
     out = EngineSettings(
@@ -133,6 +163,7 @@ def _engine_settings(
         language_model_only=lm_only,
         mamba_ssm_cache_dtype=hybrid.ssm_dtype if hybrid is not None else ABSENT,
         mamba_cache_mode=("align" if hybrid.prefix_caching else "none") if hybrid is not None else ABSENT,
+        attention_backend=_attention(ctx, gpu, model, kv_name, key),
     )
     quant = model.quant_method
     ctx.add(
@@ -220,7 +251,7 @@ def gpu_instance(
     if not f.fits:
         raise _unfit(ctx, model, gpu, tp, f, util, spec_method)
     size = _sizing(ctx, model, draft, spec_method, gpu, tp, kv_bytes, f, util, (key, name), chosen_by)
-    engine_settings = _engine_settings(ctx, model, util, size, kv_name, eager, key)
+    engine_settings = _engine_settings(ctx, model, util, size, kv_name, eager, key, gpu)
     spec = speculative_config(ctx, spec_method, draft, tp, key, model)
     method = spec.method if spec else None
     pp = settings.layout.pipeline_parallel_size

@@ -45,6 +45,17 @@ STEP_FIXED_MS = 1.5
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
 NVLINK_LINK_GBS = 25.0
 ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
+# vLLM's Triton unified attention (plan/attention.py): in a step of decodes only (one query per
+# sequence, at most TRITON_3D_GRID / KV heads sequences) it splits each sequence's context into
+# TRITON_SEGMENTS thread blocks per KV head; else one thread block per block of queries and KV head
+# reads the whole context (triton_attn.py, triton_unified_attention.py: 0.26). One thread block reads
+# at about TRITON_BLOCK_GBS, whatever the card: fitted to issue 38's 4x RTX 3090 TRITON_ATTN points
+# (one KV head per GPU): decode slows by ~75 ns per context token from 8K to 128K (16 blocks: ~215 GB/s
+# of the card's 936), and an MTP verify at 8K (3 queries, 2 blocks) takes ~9.5 ms longer than the
+# model's split-KV step (134 MB per block).
+TRITON_SEGMENTS = 16
+TRITON_3D_GRID = 128
+TRITON_BLOCK_GBS = 13.7
 
 
 @record
@@ -145,6 +156,10 @@ class ModelShape:
     # attends at most its window; each kind is split over min(TP, its KV heads) ranks. Empty: every
     # layer reads ``kv_bytes_per_token`` over the whole context, split over min(TP, ``kv_heads``)
     kv_kinds: tuple[tuple[int, int, int, int, int], ...] = ()
+    # the decode attention kernel (plan/attention.py): "split" (FlashAttention, FlashInfer, MLA: a
+    # sequence's KV streams at the card's bandwidth) or "triton" (vLLM's Triton unified attention: a
+    # fixed grid per sequence and KV head, :func:`_triton_wait_ms`)
+    attention_kernel: str = "split"
 
 
 @record
@@ -369,17 +384,19 @@ def _attention_reads(
     m: ModelShape,
     tp: int,
     decode: int,
+    seqs: int,
     context: float,
     prefill: int,
     prefill_context: float,
     prefill_kv: float,
 ) -> tuple[float, float]:
-    """``(KV bytes one GPU reads, attention FLOPs on it)`` in a step of ``decode`` sequences at
-    ``context`` tokens and a ``prefill`` chunk attending ``prefill_context`` (its KV read once:
+    """``(KV bytes one GPU reads, attention FLOPs on it)`` in a step of ``decode`` query tokens of
+    ``seqs`` sequences at ``context`` tokens (a verify step: several queries per sequence, its KV read
+    once for them) and a ``prefill`` chunk attending ``prefill_context`` (its KV read once:
     ``prefill_kv`` tokens). Per attention kind (:attr:`ModelShape.kv_kinds`): a windowed layer reads
     and attends at most its window (a chunk: its window and the chunk itself)."""
     if not m.kv_kinds:
-        kv = (decode * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
+        kv = (seqs * context + prefill_kv) * m.kv_bytes_per_token / max(1, min(tp, m.kv_heads))
         attn = m.attn_layers or m.layers
         return kv, 4 * attn * m.heads * m.head_dim * (decode * context + prefill * prefill_context) / tp
     kv = flops = 0.0
@@ -387,9 +404,36 @@ def _attention_reads(
         ctx, pctx, pkv = context, prefill_context, prefill_kv
         if window:
             ctx, pctx, pkv = min(ctx, window), min(pctx, window), min(pkv, window + prefill)
-        kv += (decode * ctx + pkv) * nbytes / max(1, min(tp, heads))
+        kv += (seqs * ctx + pkv) * nbytes / max(1, min(tp, heads))
         flops += 4 * layers * m.heads * head_dim * (decode * ctx + prefill * pctx) / tp
     return kv, flops
+
+
+def _head_bytes(m: ModelShape, context: float) -> float:
+    """One sequence's KV of one KV head at ``context`` tokens, every attention layer (a windowed kind:
+    its window)."""
+    if not m.kv_kinds:
+        return context * m.kv_bytes_per_token / max(1, m.kv_heads)
+    return sum(
+        min(context, w) * n / max(1, h) if w else context * n / max(1, h) for _, n, h, w, _ in m.kv_kinds
+    )
+
+
+def _triton_wait_ms(
+    gpu: Gpu, m: ModelShape, tp: int, seqs: int, queries: int, context: float, prefill: int
+) -> float:
+    """The time vLLM's Triton unified attention adds to a step over streaming the decoding sequences'
+    KV at the card's bandwidth (0 for a split-KV kernel): its longest thread block reads one
+    sequence's context of one KV head, in TRITON_SEGMENTS parts in a step of decodes only (the 3D
+    kernel), whole otherwise, at TRITON_BLOCK_GBS. Many sequences fill the card: then the stream."""
+    if m.attention_kernel != "triton" or seqs <= 0 or context <= 0:
+        return 0.0
+    heads = max(1, m.kv_heads // max(1, min(tp, m.kv_heads)))  # KV heads on one GPU
+    one = _head_bytes(m, context)
+    three_d = queries <= 1 and not prefill and seqs <= TRITON_3D_GRID // heads
+    block_ms = one / (TRITON_SEGMENTS if three_d else 1) / (TRITON_BLOCK_GBS * 1e9) * 1e3
+    stream_ms = seqs * heads * one / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
+    return max(0.0, block_ms - stream_ms)
 
 
 def step_ms(
@@ -402,9 +446,11 @@ def step_ms(
     prefill: int = 0,
     prefill_context: float = 0.0,
     scheduler: bool = True,
+    queries: int = 1,
 ) -> dict[str, float]:
-    """One engine step's parts (:func:`_step_ms`), a dict of the caller's own."""
-    return dict(_step_ms(gpu, m, tp, link, decode, context, prefill, prefill_context, scheduler))
+    """One engine step's parts (:func:`_step_ms`), a dict of the caller's own; ``queries``: the query
+    tokens of each decoding sequence (a speculative verify: k + 1; ``decode`` counts them all)."""
+    return dict(_step_ms(gpu, m, tp, link, decode, context, prefill, prefill_context, scheduler, queries))
 
 
 _Steps = dict[tuple[Any, ...], dict[str, float]]  # one record set's steps, by their other arguments
@@ -461,8 +507,10 @@ def _step_ms(
     prefill: int,
     prefill_context: float,
     scheduler: bool,
+    queries: int = 1,
 ) -> dict[str, float]:
-    """One engine step on one instance: ``decode`` sequences at mean ``context`` tokens, plus a
+    """One engine step on one instance: ``decode`` query tokens (``queries`` per sequence) at mean
+    ``context`` tokens, plus a
     ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
     proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time.
 
@@ -474,7 +522,9 @@ def _step_ms(
     tokens = decode + prefill
     weights = max(0.0, _weights_read(m, tokens) - 2 * m.embedding_params) / tp
     prefill_kv = prefill_context + prefill / 2 if prefill and prefill_context else 0.0
-    kv, attn_flops = _attention_reads(m, tp, decode, context, prefill, prefill_context, prefill_kv)
+    seqs = -(-decode // max(1, queries))
+    kv, attn_flops = _attention_reads(m, tp, decode, seqs, context, prefill, prefill_context, prefill_kv)
+    wait = _triton_wait_ms(gpu, m, tp, seqs, queries, context, prefill)
     # each running sequence's recurrent state, read and written once per step (a prefill chunk: once)
     state = 2 * (decode + (1 if prefill else 0)) * m.state_bytes / tp
     mem = (weights + kv + state) / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3
@@ -503,7 +553,8 @@ def _step_ms(
         "allreduce_lo_ms": comm_lo,
         "allreduce_hi_ms": comm_hi,
         "gather_ms": gather,
-        "total_ms": max(mem, comp) + comm + gather + fixed,
+        "attention_wait_ms": wait,
+        "total_ms": max(mem, comp) + comm + gather + fixed + wait,
     }
 
 
@@ -663,6 +714,8 @@ def _decode_terms(
                 "basis": link.basis,
             },
         )
+    if dec["attention_wait_ms"]:
+        terms.append(_triton_term(dec["attention_wait_ms"], b))
     if m.state_bytes:
         terms.insert(
             1,
@@ -673,6 +726,18 @@ def _decode_terms(
             },
         )
     return terms
+
+
+def _triton_term(ms: float, b: int) -> dict[str, Any]:
+    """The decode step's Triton attention term (:func:`_triton_wait_ms`)."""
+    return {
+        "term": f"decode step: Triton attention's fixed grid at {b} sequence(s)",
+        "ms": round(ms, 3),
+        "source": f"vLLM's Triton unified attention: one sequence's context of one KV head read by "
+        f"{TRITON_SEGMENTS} thread blocks in a step of decodes only (1 otherwise) at ~{TRITON_BLOCK_GBS:g} "
+        "GB/s each, beyond the card's stream (fitted to issue 38's 4x RTX 3090 TRITON_ATTN points)",
+        "basis": "fitted",
+    }
 
 
 def _speculated(
@@ -693,7 +758,7 @@ def _speculated(
     if k > 0:
         a = spec.acceptance
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
-        verify = step_ms(gpu, m, cand.tp, link, b * (k + 1), ctx)["total_ms"]
+        verify = step_ms(gpu, m, cand.tp, link, b * (k + 1), ctx, queries=k + 1)["total_ms"]
         draft = 0.0
         if spec.draft is not None and spec.method == "mtp":
             # MTP: k proposal passes, each its own forward as vLLM's proposer loop runs them (the first
@@ -701,7 +766,7 @@ def _speculated(
             # launches, LM head and sampling over the whole vocabulary and attention metadata rebuilt
             # for the next position: each pays a step's fixed cost. Read against issue 38's MTP
             # points (4x3090, k=2); a separate draft model keeps the cost below until points of its own
-            first = step_ms(gpu, spec.draft, cand.tp, link, b * (k + 1), ctx)["total_ms"]
+            first = step_ms(gpu, spec.draft, cand.tp, link, b * (k + 1), ctx, queries=k + 1)["total_ms"]
             draft = first + (k - 1) * step_ms(gpu, spec.draft, cand.tp, link, b, ctx)["total_ms"]
         elif spec.draft is not None:
             draft = k * step_ms(gpu, spec.draft, cand.tp, link, b, ctx, scheduler=False)["total_ms"]

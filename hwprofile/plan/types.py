@@ -188,6 +188,8 @@ class EngineSettings(_Json):
     # accounting assumes them (plan/engine.py choose_ssm_dtype; align with prefix caching, else none)
     mamba_ssm_cache_dtype: str | AbsentT = ABSENT
     mamba_cache_mode: str | AbsentT = ABSENT
+    # --attention-backend where engine.attention_backend sets one (absent: vLLM's own pick, plan/attention.py)
+    attention_backend: str | AbsentT = ABSENT
 
     def to_json(self) -> dict[str, Any]:
         # The contract's order puts kv_cache_memory_bytes right after kv_cache_dtype.

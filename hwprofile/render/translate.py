@@ -289,6 +289,8 @@ def emit_dtypes(t: Target, out: Argv) -> None:
             out.add("--quantization", q)
     if e.enforce_eager:
         out.add("--enforce-eager")
+    if e.attention_backend is not ABSENT:  # engine.attention_backend (vLLM's own pick: nothing)
+        out.add("--attention-backend", e.attention_backend, "vLLM picks its own attention backend")
 
 
 def emit_hybrid(t: Target, out: Argv) -> None:
