@@ -16,6 +16,7 @@ import pytest
 from vllmtools import DEEPSEEK_V3, TINY_LFM2
 
 from hwprofile.model import parse_config, read_model_dir
+from hwprofile.model.defaults import with_class_defaults
 from hwprofile.model.weights import (
     LayerKind,
     count_params,
@@ -353,6 +354,27 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 1000,
         },
     ),
+    # HunYuan-A13B: its MoE keys one value per layer (moe_topk, moe_intermediate_size,
+    # num_shared_expert), a dense shared MLP beside the experts (use_mixed_mlp_moe), QK norms
+    "hunyuan_v1_moe": (
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 64,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "num_experts": 8,
+            "moe_topk": [2] * 4,
+            "moe_intermediate_size": [64] * 4,
+            "num_shared_expert": [1] * 4,
+            "use_mixed_mlp_moe": True,
+            "use_qk_norm": True,
+            "vocab_size": 1000,
+        },
+    ),
     # Gemma-3n: per-layer inputs (their own embedding and projections), AltUp's streams, LAuReL, the
     # MLP width one a layer (config.json as transformers writes it), the last layers reusing KV
     "gemma3n": (
@@ -417,6 +439,7 @@ def test_hybrid_families_equal_transformers_parameter_count(family: str) -> None
     cfg_cls, model_cls, kw = TINY[family]
     d = getattr(transformers, cfg_cls)(**kw).to_dict()
     d.pop("mtp_num_hidden_layers", None)  # transformers builds no MTP layers
+    d = with_class_defaults(d)  # as config.json is read (HunYuan's per-layer lists: one value)
     p = count_params(d, layer_kinds(d))
     assert p.total == _hf_count(cfg_cls, model_cls, kw)
     moe = any(k.mlp == "moe" for k in layer_kinds(d))
@@ -1020,3 +1043,34 @@ def test_replicated_tensors_are_whole_on_every_rank() -> None:
     assert v32.replicated_bytes - replicated == 61 * indexer
     every_4th = parse_config({**v3, "index_topk": 2048, "index_topk_freq": 4}, "ic", "test", None)
     assert every_4th.replicated_bytes - replicated == 16 * indexer
+
+
+def test_hunyuan_a13b_per_layer_moe_keys() -> None:
+    """HunYuan-A13B's config.json gives moe_topk, moe_intermediate_size and num_shared_expert one value a
+    layer (hunyuan_v1.py reads entry [layer_id]): the same for every layer, read as that value; the
+    model card's 80 B parameters, 13 B active. Layers that differ are refused by the key's name."""
+    n = 32
+    cfg = {
+        "architectures": ["HunYuanMoEV1ForCausalLM"],
+        "model_type": "hunyuan_v1_moe",
+        "hidden_size": 4096,
+        "intermediate_size": 3072,
+        "num_hidden_layers": n,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_experts": 64,
+        "moe_topk": [8] * n,
+        "moe_intermediate_size": [3072] * n,
+        "num_shared_expert": [1] * n,
+        "use_mixed_mlp_moe": True,
+        "use_qk_norm": True,
+        "vocab_size": 128167,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    }
+    facts = parse_config(cfg, "hunyuan-a13b", "test", None)
+    assert 79.5e9 < facts.params < 81e9 and 12.5e9 < facts.active_params < 13.5e9
+    assert facts.experts_per_token == 8 and facts.moe_intermediate_size == 3072
+    with pytest.raises(ValueError, match="moe_topk: the layers' values differ"):
+        parse_config({**cfg, "moe_topk": [8] * (n - 1) + [2]}, "hunyuan-mixed", "test", None)

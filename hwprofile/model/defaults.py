@@ -28,6 +28,10 @@ ALIASES: dict[str, dict[str, str]] = {
     "lfm2": {"tie_embedding": "tie_word_embeddings"},  # LFM2's published configs say tie_embedding
     "lfm2_moe": {"tie_embedding": "tie_word_embeddings"},
 }
+# keys some classes give one value per layer (HunYuan's moe_topk, moe_intermediate_size,
+# num_shared_expert, num_experts: hunyuan_v1.py reads entry [layer_id]); one value for every layer
+# where the list holds one, else refused by name (hwprofile counts one MoE shape for every layer)
+PER_LAYER_KEYS = ("moe_topk", "moe_intermediate_size", "num_shared_expert", "num_experts")
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 16, "num_key_value_heads": 16}
     | {"max_position_embeddings": 8192},
@@ -73,9 +77,33 @@ def _derived_layer_types(inner: dict[str, Any], mtype: str) -> list[str] | None:
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
 
 
+def _uniform(inner: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`PER_LAYER_KEYS` of ``inner`` given per layer, as their one value; HunYuan's mixed
+    MLP (``use_mixed_mlp_moe``: ``num_shared_expert`` dense MLPs of ``intermediate_size`` beside the
+    experts, hunyuan_v1.py) under the keys the shared experts are read by. ``ValueError`` where the
+    layers' values differ."""
+    out: dict[str, Any] = {}
+    for key in PER_LAYER_KEYS:
+        v = inner.get(key)
+        if type(v) is list and v and all(type(x) is int for x in v):
+            if len(set(v)) > 1:
+                raise ValueError(
+                    f"{key}: the layers' values differ ({min(v)} to {max(v)}); hwprofile counts one "
+                    "mixture-of-experts shape for every layer"
+                )
+            out[key] = v[0]
+    shared = out.get("num_shared_expert", inner.get("num_shared_expert"))
+    if inner.get("use_mixed_mlp_moe") and type(shared) is int and shared and "n_shared_experts" not in inner:
+        out["n_shared_experts"] = shared
+        if type(inner.get("intermediate_size")) is int:
+            out.setdefault("moe_shared_expert_intermediate_size", inner["intermediate_size"])
+    return out
+
+
 def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` with its config class's defaults for the keys it leaves out (:data:`CLASS_DEFAULTS`),
-    in ``text_config`` where the language model lives there; ``cfg`` itself where nothing is missing."""
+    """``cfg`` with its config class's defaults for the keys it leaves out (:data:`CLASS_DEFAULTS`)
+    and its per-layer lists as one value (:func:`_uniform`), in ``text_config`` where the language
+    model lives there; ``cfg`` itself where nothing is missing."""
     if not isinstance(cfg, dict):
         return cfg
     text = cfg.get("text_config")
@@ -90,6 +118,7 @@ def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
         to: inner[name] for name, to in ALIASES.get(mtype, {}).items() if name in inner and to not in inner
     }
     missing = {k: v for k, v in CLASS_DEFAULTS.get(mtype, {}).items() if k not in inner} | aliased
+    missing |= _uniform(inner)
     types = _derived_layer_types({**inner, **missing}, mtype)
     if types is not None:
         missing["layer_types"] = types

@@ -280,15 +280,20 @@ def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str)
         out += [_vec(f"{p}.qkv_bias", part, (heads + kv) * hd + kv * vd), _vec(f"{p}.o_proj.bias", part, h)]
     elif s.mt in ("qwen2", "qwen2_moe") or (_is_qwen_next(s.mt) and c.get("qkv_bias") is True):
         out.append(_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd))
-    if s.mt in (
-        "qwen3",
-        "qwen3_moe",
-        "gemma3",
-        "gemma3_text",
-        "gemma3n_text",
-        "lfm2",
-        "lfm2_moe",
-    ) or _is_qwen_next(s.mt):
+    if (
+        s.mt
+        in (
+            "qwen3",
+            "qwen3_moe",
+            "gemma3",
+            "gemma3_text",
+            "gemma3n_text",
+            "lfm2",
+            "lfm2_moe",
+        )
+        or _is_qwen_next(s.mt)
+        or (s.mt.startswith("hunyuan") and c.get("use_qk_norm") is True)
+    ):
         out += [_vec(f"{p}.q_norm", part, hd), _vec(f"{p}.k_norm", part, hd)]
     if s.mt == "gpt_oss":
         out.append(_vec(f"{p}.sinks", part, heads))
