@@ -1074,3 +1074,45 @@ def test_hunyuan_a13b_per_layer_moe_keys() -> None:
     assert facts.experts_per_token == 8 and facts.moe_intermediate_size == 3072
     with pytest.raises(ValueError, match="moe_topk: the layers' values differ"):
         parse_config({**cfg, "moe_topk": [8] * (n - 1) + [2]}, "hunyuan-mixed", "test", None)
+
+
+def test_an_omni_model_is_its_thinker() -> None:
+    """Qwen3-Omni keeps its language model, vision and audio towers under ``thinker_config`` and a
+    speech generator beside it (talker, code2wav), which vLLM does not load: the model is read as the
+    thinker, its language model the same as that text_config served alone (Qwen3-30B-A3B's shape),
+    plus the vision tower."""
+    text = {
+        "model_type": "qwen3_omni_moe_text",
+        "hidden_size": 2048,
+        "intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "vocab_size": 152064,
+    }
+    vision = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "out_hidden_size": 2048}
+    vision |= {
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 2304,
+    }
+    omni = {
+        "architectures": ["Qwen3OmniMoeForConditionalGeneration"],
+        "model_type": "qwen3_omni_moe",
+        "thinker_config": {"text_config": text, "vision_config": vision, "audio_config": {"d_model": 1280}},
+        "talker_config": {"text_config": {"hidden_size": 1024, "num_hidden_layers": 20}},
+        "code2wav_config": {"hidden_size": 1024},
+    }
+    facts = parse_config(omni, "omni", "test", None)
+    alone = parse_config(
+        {**text, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}, "lm", "test", None
+    )
+    assert facts.architecture == "Qwen3OmniMoeForConditionalGeneration" and facts.num_layers == 48
+    assert facts.vision_bytes > 0
+    assert facts.weights_bytes - facts.vision_bytes == alone.weights_bytes
+    assert 30.4e9 < alone.params < 30.7e9  # Qwen3-30B-A3B: 30.5 B

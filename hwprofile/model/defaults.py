@@ -100,6 +100,25 @@ def _uniform(inner: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# the sub-configs of an omni model that vLLM does not load (qwen2_5_omni_thinker.py,
+# qwen3_omni_moe_thinker.py: the thinker serves text; "talker." and "code2wav." weights are skipped)
+SPEECH_PARTS = ("talker_config", "code2wav_config", "token2wav_config")
+
+
+def unwrapped(cfg: dict[str, Any]) -> dict[str, Any]:
+    """An omni model's config (Qwen2.5-Omni, Qwen3-Omni: the language model, vision and audio towers
+    under ``thinker_config``) as the thinker's, which is what vLLM serves: ``thinker_config``'s keys
+    at the top (its ``text_config`` the language model), the top level's own keys (architectures,
+    quantization) over them, the speech generator's left out. Any other config as it is."""
+    if not isinstance(cfg, dict):
+        return cfg
+    thinker = cfg.get("thinker_config")
+    if not isinstance(thinker, dict) or not thinker or "text_config" in cfg:
+        return cfg
+    top = {k: v for k, v in cfg.items() if k != "thinker_config" and k not in SPEECH_PARTS}
+    return {**thinker, **top}
+
+
 def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     """``cfg`` with its config class's defaults for the keys it leaves out (:data:`CLASS_DEFAULTS`)
     and its per-layer lists as one value (:func:`_uniform`), in ``text_config`` where the language

@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING
 
 from .arch import read_arch
-from .defaults import with_class_defaults
+from .defaults import unwrapped, with_class_defaults
 from .facts import ModelFacts
 from .layers import layer_stack
 from .weights import count_params, weights_bytes
@@ -105,7 +105,8 @@ class _Keys:
 def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) -> ModelFacts:
     """ModelFacts from a config.json dict (text config of multimodal models included). Every key
     read is type- and range-checked: a ``ValueError`` names the key and what it holds."""
-    raw = with_class_defaults(cfg)  # the keys config.json leaves out as its class's defaults
+    # an omni model's thinker; the keys config.json leaves out as its class's defaults
+    raw = with_class_defaults(unwrapped(cfg))
     cfg, text_keys = _language_config(raw)
     k = _Keys(cfg, text_keys)
     layers, hidden, heads, kv, head_dim = _attention_shape(k)

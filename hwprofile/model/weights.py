@@ -254,6 +254,10 @@ def _mla(c: dict[str, Any], h: int, heads: int, p: str, part: str) -> list[Tenso
     ]
 
 
+# the families whose attention normalizes each head's query and key (q_norm, k_norm)
+QK_NORMED = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma3n_text", "lfm2", "lfm2_moe")
+
+
 def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> list[Tensor]:
     """Softmax attention (full, sliding, chunked) or MLA; ``p`` is the module prefix."""
     h = s.hidden
@@ -281,16 +285,8 @@ def _attention(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str)
     elif s.mt in ("qwen2", "qwen2_moe") or (_is_qwen_next(s.mt) and c.get("qkv_bias") is True):
         out.append(_vec(f"{p}.qkv_bias", part, (heads + 2 * kv) * hd))
     if (
-        s.mt
-        in (
-            "qwen3",
-            "qwen3_moe",
-            "gemma3",
-            "gemma3_text",
-            "gemma3n_text",
-            "lfm2",
-            "lfm2_moe",
-        )
+        s.mt in QK_NORMED
+        or s.mt.startswith(("qwen3_vl", "qwen3_omni"))  # their text models are Qwen3's
         or _is_qwen_next(s.mt)
         or (s.mt.startswith("hunyuan") and c.get("use_qk_norm") is True)
     ):
