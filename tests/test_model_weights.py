@@ -17,11 +17,11 @@ from vllmtools import DEEPSEEK_V3, TINY_LFM2
 
 from hwprofile.model import parse_config, read_model_dir
 from hwprofile.model.defaults import with_class_defaults
+from hwprofile.model.quant import read_quant
 from hwprofile.model.weights import (
     LayerKind,
     count_params,
     layer_kinds,
-    read_quant,
     tensors,
     weights_bytes,
 )
