@@ -21,36 +21,19 @@ table also says from which release read the registry has the Transformers backen
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 from pathlib import Path
 
+from vllm_registry import listed, sources
+
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "hwprofile" / "release" / "first_listed.json"
-REMOVED = "_PREVIOUSLY_SUPPORTED_MODELS"
 BACKEND = "TransformersForCausalLM"
 
 
 def _key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
-
-
-def listed(path: Path) -> set[str]:
-    """The architecture classes one registry.py lists (every module-level ``_*_MODELS`` dict but the
-    removed ones), read off its source."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        value = getattr(node, "value", None)
-        if not (isinstance(target, ast.Name) and isinstance(value, ast.Dict)):
-            continue
-        if not (target.id.startswith("_") and target.id.endswith("_MODELS")) or target.id == REMOVED:
-            continue
-        names.update(k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
-    if not names:
-        raise SystemExit(f"{path}: no _*_MODELS table (not a registry.py?)")
-    return names
 
 
 def table(sources: list[tuple[str, Path]]) -> dict[str, object]:
@@ -80,10 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 when the table differs")
     mode.add_argument("--update", action="store_true", help="write the table")
     args = ap.parse_args(argv)
-    sources = [(r.split("=", 1)[0], Path(r.split("=", 1)[1])) for r in args.registry if "=" in r]
-    if len(sources) != len(args.registry):
-        raise SystemExit("each registry is RELEASE=PATH")
-    new = table(sources)
+    new = table(sources(args.registry))
     path = Path(args.table)
     text = json.dumps(new, indent=1) + "\n"
     if args.check:

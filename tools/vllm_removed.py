@@ -18,41 +18,15 @@ entry of the registry read or differs in one (tests/test_release.py runs it on t
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.metadata
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_registry import REGISTRY, REMOVED, installed, removed, sources
+
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "hwprofile" / "release" / "removed.json"
-NAME = "_PREVIOUSLY_SUPPORTED_MODELS"
-REGISTRY = ("model_executor", "models", "registry.py")
-
-
-def read_registry(path: Path) -> dict[str, str]:
-    """``_PREVIOUSLY_SUPPORTED_MODELS`` of one ``registry.py``, read off its source."""
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and target.id == NAME and getattr(node, "value", None) is not None:
-            found = ast.literal_eval(node.value)  # type: ignore[attr-defined]  # Assign/AnnAssign
-            if not isinstance(found, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in found.items()
-            ):
-                raise SystemExit(f"{path}: {NAME} is not a dict of names to versions")
-            return found
-    raise SystemExit(f"{path}: no {NAME} (a release before the list, or it moved: read the file)")
-
-
-def installed() -> tuple[str, Path] | None:
-    """(release, registry.py) of the vLLM installed beside this Python, without importing it."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    version = importlib.metadata.version("vllm").split("+")[0]
-    return version, Path(next(iter(spec.submodule_search_locations)), *REGISTRY)
 
 
 def merged(table: dict[str, Any], release: str, found: dict[str, str]) -> dict[str, Any]:
@@ -64,7 +38,7 @@ def merged(table: dict[str, Any], release: str, found: dict[str, str]) -> dict[s
         last[arch] = version
     read = sorted({*table.get("read_from", []), release}, key=lambda v: tuple(int(x) for x in v.split(".")))
     return {
-        "source": f"vllm/{'/'.join(REGISTRY)} {NAME}: architecture -> the last release serving it",
+        "source": f"vllm/{'/'.join(REGISTRY)} {REMOVED}: architecture -> the last release serving it",
         "read_from": read,
         "last_serving": dict(sorted(last.items())),
     }
@@ -84,26 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     mode.add_argument("--update", action="store_true", help="write the entries into the table")
     args = ap.parse_args(argv)
-    sources = [(r.split("=", 1)[0], Path(r.split("=", 1)[1])) for r in args.registry if "=" in r]
-    if len(sources) != len(args.registry):
-        raise SystemExit("each registry is RELEASE=PATH")
-    if not sources:
+    pairs = sources(args.registry)
+    if not pairs:
         here = installed()
         if here is None:
             raise SystemExit("no vLLM installed here: give RELEASE=PATH of a registry.py")
-        sources = [here]
+        pairs = [here]
     path = Path(args.table)
     table = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     new = table
-    for release, registry in sources:
-        new = merged(new, release, read_registry(registry))
+    for release, registry in pairs:
+        new = merged(new, release, removed(registry))
     if args.check:
         have = table.get("last_serving", {})
         wrong = sorted(a for a, v in new["last_serving"].items() if have.get(a) != v)
         if wrong:
             print(f"{path}: missing or different: {wrong} (--update writes them)", file=sys.stderr)
             return 1
-        print(f"{path}: every entry of {[r for r, _ in sources]} is in the table")
+        print(f"{path}: every entry of {[r for r, _ in pairs]} is in the table")
         return 0
     text = json.dumps(new, indent=1) + "\n"
     if args.update:
