@@ -258,19 +258,19 @@ def main() -> int:
         heavy = subprocess.run(
             [py, "-c", probe], env=env, capture_output=True, text=True, check=True
         ).stdout.strip()
-    print(
-        f"host fixture: a800-pcie-4x-2numa, model Qwen/Qwen3-32B (catalog), {args.runs} runs each, taking turns"
-    )
-    med = report(results)
-    floor = med["python -c pass (interpreter floor)"]
-    print(f"  first run: {cold * 1000:.1f} ms")
-    print(
-        f"  plan above the interpreter floor: {med['hwprofile plan --json (detects)'] - floor:.1f} ms; "
-        f"heavy modules imported by plan: {heavy}"
-    )
-    if args.scaling_runs:
-        with tempfile.TemporaryDirectory() as tmp:
-            scaling(py, hw, Path(tmp), compile_fake_nvml(Path(tmp) / "lib"), args.scaling_runs)
+        print(
+            f"host fixture: a800-pcie-4x-2numa, model Qwen/Qwen3-32B (catalog), {args.runs} runs each, taking turns"
+        )
+        med = report(results)
+        floor = med["python -c pass (interpreter floor)"]
+        print(f"  first run: {cold * 1000:.1f} ms")
+        print(
+            f"  plan above the interpreter floor: {med['hwprofile plan --json (detects)'] - floor:.1f} ms; "
+            f"heavy modules imported by plan: {heavy}"
+        )
+        if args.scaling_runs:  # inside: the fresh install (--installed) lives in this directory
+            with tempfile.TemporaryDirectory() as tmp2:
+                scaling(py, hw, Path(tmp2), compile_fake_nvml(Path(tmp2) / "lib"), args.scaling_runs)
     return 0
 
 
