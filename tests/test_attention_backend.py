@@ -13,36 +13,46 @@ from typing import Any
 import pytest
 
 from hwprofile.plan import predict as pm
-from hwprofile.plan.attention import pick
+from hwprofile.plan.attention import Need, pick
 
 FP8 = Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen3.8-27b-fp8"
 AWQ = Path(__file__).resolve().parent / "fixtures" / "models" / "qwen2.5-7b-instruct-awq"
 
 
 @pytest.mark.parametrize(
-    ("cc", "kv", "head", "backend", "kernel"),
+    ("cc", "need", "backend", "kernel"),
     [
-        ("8.6", "auto", 256, "FLASH_ATTN", "split"),  # RTX 3090, bf16 KV
-        ("8.6", "fp8", 256, "FLASHINFER", "split"),  # FlashAttention 2 reads no fp8 KV
-        ("9.0", "fp8", 128, "FLASH_ATTN", "split"),  # FlashAttention 3 on Hopper does
-        ("10.0", "auto", 128, "FLASHINFER", "split"),  # Blackwell datacenter: FlashInfer first
-        ("8.9", "auto", 512, "FLASHINFER", "split"),  # a head wider than FlashAttention's 256
-        ("8.0", "auto", 320, "TRITON_ATTN", "triton"),  # neither takes a 320 head
-        ("7.0", "auto", 128, "TRITON_ATTN", "triton"),  # V100: neither runs on Volta
+        ("8.6", Need(256), "FLASH_ATTN", "split"),  # RTX 3090, bf16 KV
+        ("8.6", Need(256, "fp8"), "FLASHINFER", "split"),  # FlashAttention 2 reads no fp8 KV
+        ("9.0", Need(128, "fp8"), "FLASH_ATTN", "split"),  # FlashAttention 3 on Hopper does
+        ("9.0", Need(128, "fp8_e5m2"), "FLASHINFER", "split"),  # but only e4m3
+        ("10.0", Need(128), "FLASHINFER", "split"),  # Blackwell datacenter: FlashInfer first
+        ("8.9", Need(512), "FLASHINFER", "split"),  # a head wider than FlashAttention's 256
+        ("8.0", Need(320), "TRITON_ATTN", "triton"),  # neither takes a 320 head
+        ("7.0", Need(128), "TRITON_ATTN", "triton"),  # V100: neither runs on Volta
+        ("7.5", Need(128), "TRITON_ATTN", "triton"),  # T4: FlashInfer held back below 8.0
+        ("8.9", Need(64, sinks=True), "TRITON_ATTN", "triton"),  # gpt-oss on Ada: sinks need FA3 or SM100
+        ("9.0", Need(64, sinks=True), "FLASH_ATTN", "split"),  # FA3 on Hopper runs them
+        ("8.0", Need(128, dtype="float32"), "TRITON_ATTN", "triton"),  # float32: Triton only
     ],
 )
-def test_vllms_own_pick(cc: str, kv: str, head: int, backend: str, kernel: str) -> None:
-    att = pick("auto", cc, kv, head, mla=False)
-    assert att.kernel == kernel and not att.asked
+def test_vllms_own_pick(cc: str, need: Need, backend: str, kernel: str) -> None:
+    att = pick("auto", cc, need)
+    assert att.kernel == kernel and not att.asked and not att.refused
     assert f"vLLM's own pick: {backend}" in att.why
 
 
 def test_asked_mla_and_unknown() -> None:
-    assert pick("TRITON_ATTN", "9.0", "auto", 128, mla=False)[:3] == ("TRITON_ATTN", "triton", True)
-    assert pick("FLASHINFER", "7.0", "auto", 128, mla=False).kernel == "split"
-    assert pick("auto", "7.0", "auto", 576, mla=True).kernel == "split"  # vLLM's MLA backends
-    unknown = pick("auto", None, "auto", 128, mla=False)
+    assert pick("TRITON_ATTN", "9.0", Need(128))[:3] == ("TRITON_ATTN", "triton", True)
+    assert not pick("TRITON_ATTN", "7.0", Need(320, "fp8")).refused  # Triton runs everything
+    # a backend vLLM cannot run for this model and GPU: it would refuse to start, so the plan refuses
+    assert "fp8" in pick("FLASH_ATTN", "8.6", Need(256, "fp8")).refused
+    assert "8.0" in pick("FLASHINFER", "7.0", Need(128)).refused
+    assert "MLA" in pick("TRITON_ATTN", "9.0", Need(576, mla=True)).refused
+    assert pick("auto", "7.0", Need(576, mla=True)).kernel == "split"  # vLLM's MLA backends
+    unknown = pick("auto", None, Need(128))
     assert unknown.kernel == "split" and "unknown" in unknown.why
+    assert not pick("FLASH_ATTN", None, Need(128)).refused  # an unknown GPU: not refused on a guess
 
 
 def _shape(kernel: str) -> pm.ModelShape:
@@ -132,3 +142,15 @@ def test_asked_backend_is_rendered_reasoned_and_costed(host_of, empty_root, tmp_
     assert "not rendered" in why
     assert "--attention-backend" not in _argv(old, "0.12.0")
     assert not any("Triton" in t["term"] for t in old.instances[0].prediction.terms)
+
+    # a backend vLLM would refuse for this GPU and model: refused with what would work
+    from hwprofile.plan import PlanRefused
+
+    with pytest.raises(PlanRefused, match="FlashAttention reads an fp8") as e:
+        _plan(
+            host_of,
+            empty_root,
+            tmp_path,
+            ["engine.attention_backend=FLASH_ATTN", "engine.kv_cache_dtype=fp8"],
+        )
+    assert any("auto" in s for s in e.value.suggestions)

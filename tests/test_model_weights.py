@@ -1116,3 +1116,28 @@ def test_an_omni_model_is_its_thinker() -> None:
     assert facts.vision_bytes > 0
     assert facts.weights_bytes - facts.vision_bytes == alone.weights_bytes
     assert 30.4e9 < alone.params < 30.7e9  # Qwen3-30B-A3B: 30.5 B
+
+
+def test_an_omni_checkpoints_total_is_not_what_vllm_loads(tmp_path: Path) -> None:
+    """An omni checkpoint's safetensors also hold the talker and code2wav: its total is not taken as
+    the weights (the config's count of the thinker is), and the source says why; a plain model's
+    checkpoint total still is."""
+    text = {"model_type": "qwen3_moe", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}
+    text |= {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "vocab_size": 1000}
+    omni = {
+        "architectures": ["Qwen3OmniMoeForConditionalGeneration"],
+        "model_type": "qwen3_omni_moe",
+        "thinker_config": {"text_config": text},
+        "talker_config": {"text_config": {"hidden_size": 64}},
+        "code2wav_config": {"hidden_size": 64},
+    }
+    for name, cfg in (("omni", omni), ("plain", {**text, "architectures": ["Qwen3MoeForCausalLM"]})):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "model-00001-of-00001.safetensors").write_bytes(b"")
+        index = {"metadata": {"total_size": 5 * GiB}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    facts = read_model_dir(tmp_path / "omni")
+    assert facts.weights_bytes < GiB and "talker_config, code2wav_config" in facts.weights_bytes_source
+    assert read_model_dir(tmp_path / "plain").weights_bytes == 5 * GiB

@@ -32,6 +32,7 @@ def test_real_plans_validate(name, host_of, empty_root) -> None:
         ("Qwen/Qwen3-0.6B", []),
         ("Qwen/Qwen3-8B", ["speculative.method=ngram"]),
         ("Qwen/Qwen3-30B-A3B", ["speculative.method=none"]),
+        ("Qwen/Qwen3-8B", ["engine.attention_backend=TRITON_ATTN"]),  # the rendered backend
     ]:
         try:
             plan = make_plan(host, empty_root, model=model, sets=sets, environ={}).to_json()

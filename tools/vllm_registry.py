@@ -14,21 +14,22 @@ REMOVED = "_PREVIOUSLY_SUPPORTED_MODELS"
 REGISTRY = ("model_executor", "models", "registry.py")
 
 
-def assignments(path: Path) -> dict[str, ast.expr]:
-    """Every module-level ``NAME = value`` (or ``NAME: type = value``) of ``path``, by name."""
-    found: dict[str, ast.expr] = {}
+def assignments(path: Path) -> list[tuple[str, ast.expr]]:
+    """Every module-level ``NAME = value`` (or ``NAME: type = value``) of ``path``, in order."""
+    found: list[tuple[str, ast.expr]] = []
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            found[node.targets[0].id] = node.value
+            found.append((node.targets[0].id, node.value))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            found[node.target.id] = node.value
+            found.append((node.target.id, node.value))
     return found
 
 
 def listed(path: Path) -> set[str]:
-    """The architecture classes one registry.py lists (every ``_*_MODELS`` dict but the removed)."""
+    """The architecture classes one registry.py lists: the keys of every ``_*_MODELS`` dict but the
+    removed ones, every assignment of each."""
     names: set[str] = set()
-    for name, value in assignments(path).items():
+    for name, value in assignments(path):
         if (
             name.startswith("_")
             and name.endswith("_MODELS")
@@ -44,8 +45,9 @@ def listed(path: Path) -> set[str]:
 
 
 def removed(path: Path) -> dict[str, str]:
-    """``_PREVIOUSLY_SUPPORTED_MODELS`` of one registry.py: architecture -> the last release serving it."""
-    value = assignments(path).get(REMOVED)
+    """``_PREVIOUSLY_SUPPORTED_MODELS`` of one registry.py (its first assignment): architecture -> the
+    last release serving it."""
+    value = next((v for name, v in assignments(path) if name == REMOVED), None)
     if value is None:
         raise SystemExit(f"{path}: no {REMOVED} (a release before the list, or it moved: read the file)")
     found = ast.literal_eval(value)

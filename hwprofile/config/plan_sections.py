@@ -92,7 +92,7 @@ class Engine(Section):
     attention_backend: str = setting(
         "choice",
         f"vLLM's attention backend (--attention-backend, {first_with('--attention-backend')}+); auto = vLLM's "
-        "own pick (FlashAttention, else FlashInfer, else Triton: plan/attention.py), not rendered",
+        "own pick for the GPU, head size and KV dtype (plan/attention.py), not rendered",
         choices=ATTENTION_BACKENDS,
         default="auto",
     )

@@ -28,9 +28,10 @@ ALIASES: dict[str, dict[str, str]] = {
     "lfm2": {"tie_embedding": "tie_word_embeddings"},  # LFM2's published configs say tie_embedding
     "lfm2_moe": {"tie_embedding": "tie_word_embeddings"},
 }
-# keys some classes give one value per layer (HunYuan's moe_topk, moe_intermediate_size,
-# num_shared_expert, num_experts: hunyuan_v1.py reads entry [layer_id]); one value for every layer
-# where the list holds one, else refused by name (hwprofile counts one MoE shape for every layer)
+# keys HunYuan's classes give one value per layer (moe_topk, moe_intermediate_size, num_shared_expert,
+# num_experts: hunyuan_v1.py reads entry [layer_id]); one value for every layer where the list holds
+# one, else refused by name (hwprofile counts one MoE shape for every layer); other families' lists are
+# read, and refused, by their own readers
 PER_LAYER_KEYS = ("moe_topk", "moe_intermediate_size", "num_shared_expert", "num_experts")
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {**_GEMMA, "vocab_size": 256000, "num_attention_heads": 16, "num_key_value_heads": 16}
@@ -105,6 +106,14 @@ def _uniform(inner: dict[str, Any]) -> dict[str, Any]:
 SPEECH_PARTS = ("talker_config", "code2wav_config", "token2wav_config")
 
 
+def unloaded_parts(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The sub-configs of ``cfg`` whose weights the checkpoint holds but vLLM does not load (an omni
+    model's speech generator): its safetensors total then overstates what is loaded."""
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("thinker_config"), dict):
+        return ()
+    return tuple(k for k in SPEECH_PARTS if isinstance(cfg.get(k), dict))
+
+
 def unwrapped(cfg: dict[str, Any]) -> dict[str, Any]:
     """An omni model's config (Qwen2.5-Omni, Qwen3-Omni: the language model, vision and audio towers
     under ``thinker_config``) as the thinker's, which is what vLLM serves: ``thinker_config``'s keys
@@ -137,7 +146,8 @@ def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
         to: inner[name] for name, to in ALIASES.get(mtype, {}).items() if name in inner and to not in inner
     }
     missing = {k: v for k, v in CLASS_DEFAULTS.get(mtype, {}).items() if k not in inner} | aliased
-    missing |= _uniform(inner)
+    if mtype.startswith("hunyuan"):
+        missing |= _uniform(inner)
     types = _derived_layer_types({**inner, **missing}, mtype)
     if types is not None:
         missing["layer_types"] = types

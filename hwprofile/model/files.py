@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
+from .defaults import unloaded_parts
 from .hfconfig import parse_config, show_value
 
 if TYPE_CHECKING:
@@ -66,9 +67,22 @@ def read_model_dir(path: str | os.PathLike[str], name: str | None = None, source
     except ValueError as e:
         raise ConfigError(f"{cfg_path}: {e}") from None
     size, how = checkpoint_bytes(path)
-    if size:
-        facts = facts._replace(weights_bytes=size, weights_bytes_source=how)
-    return facts
+    return with_checkpoint_bytes(facts, cfg, size, how)
+
+
+def with_checkpoint_bytes(facts: ModelFacts, cfg: dict[str, Any], size: int, how: str) -> ModelFacts:
+    """``facts`` weighed by the checkpoint's own total (``size`` bytes from ``how``; 0: not known),
+    except where the checkpoint holds parts vLLM does not load (an omni model's talker and code2wav):
+    then the config's count of what it loads, and the source says why."""
+    if not size:
+        return facts
+    extra = unloaded_parts(cfg)
+    if extra:
+        return facts._replace(
+            weights_bytes_source=f"config count: the checkpoint's {size / 2**30:.1f} GiB ({how}) also holds "
+            f"{', '.join(extra)}, which vLLM does not load"
+        )
+    return facts._replace(weights_bytes=size, weights_bytes_source=how)
 
 
 MAX_CHECKPOINT_BYTES = 1 << 50

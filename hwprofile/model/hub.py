@@ -293,7 +293,7 @@ def facts_from_record(
     repo: str, cache: str, commit: str, record: dict[str, Any], how: str, revision: str | None = None
 ) -> ModelFacts:
     """ModelFacts from the cached config.json (and quantization config) and the saved file list."""
-    from .files import MAX_CONFIG_BYTES, _read_json
+    from .files import MAX_CONFIG_BYTES, _read_json, with_checkpoint_bytes
     from .hfconfig import parse_config
 
     snap = os.path.join(repo_folder(cache, repo), "snapshots", commit)
@@ -325,7 +325,7 @@ def facts_from_record(
         raise ConfigError(f"{cfg_path} (from {record.get('endpoint', 'the Hub')}/{repo}): {e}") from None
     w = record["weights"]
     if isinstance(w.get("bytes"), int) and w["bytes"] > 0:
-        facts = facts._replace(weights_bytes=w["bytes"], weights_bytes_source=str(w.get("source") or "hub"))
+        facts = with_checkpoint_bytes(facts, cfg, w["bytes"], str(w.get("source") or "hub"))
     rev = revision or "main"
     origin = (
         f"the Hub ({record.get('endpoint')}/{repo}, revision {rev} = commit {commit}, {how}); "

@@ -592,9 +592,8 @@ def predict_group(
         return []
     kv_name, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu0, model)
     flag = release_of(host.software.vllm_version).has("--attention-backend")
-    att = attention.of_instance(
-        settings.engine.attention_backend, gpu0.compute_capability, kv_name, model, flag
-    )
+    e = settings.engine
+    att = attention.of_instance(e.attention_backend, gpu0.compute_capability, kv_name, model, flag, e.dtype)
     shape = model_shape(model, kv_bytes, attention_kernel=att.kernel)
     wl = workload(settings)
     fits = functools.partial(_fits_at, gpu0, model, kv_bytes, settings)
@@ -736,7 +735,9 @@ def instance_prediction(
     kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, tp, 1)))
     ssm = inst.engine.mamba_ssm_cache_dtype if isinstance(inst.engine.mamba_ssm_cache_dtype, str) else "auto"
     asked = inst.engine.attention_backend if isinstance(inst.engine.attention_backend, str) else "auto"
-    att = attention.of_instance(asked, gpu0.compute_capability, inst.engine.kv_cache_dtype, model)
+    att = attention.of_instance(
+        asked, gpu0.compute_capability, inst.engine.kv_cache_dtype, model, dtype=inst.engine.dtype
+    )
     shape = model_shape(model, kv_bytes, ssm, att.kernel)
     wl = workload(settings)
     spec = _instance_speculation(inst, model, draft, settings, kv_bytes)

@@ -413,6 +413,11 @@ def cpu_instance(
     )
     _cpu_ram_check(ctx, model, draft, count, kv_space)
     attn = cpu_attention(model, host.cpu.flags)
+    if settings.engine.attention_backend != "auto":
+        ctx.warn(
+            f"engine.attention_backend {settings.engine.attention_backend} not rendered for {key}: vLLM's "
+            "CPU backend runs its own attention"
+        )
     cache = _cpu_cache(ctx, model, draft, spec_method, attn, kv_space, key)
     seqs, state = _cpu_seqs(ctx, model, cache.hybrid, kv_space, cache.length, key)
     engine = _cpu_engine(ctx, model, attn, cache, seqs, kv_space, key)

@@ -116,10 +116,19 @@ def _sizing(
 def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key: str) -> str | AbsentT:
     """The instance's attention backend (plan/attention.py), with its reason: the asked one rendered,
     vLLM's own pick not."""
-    asked = ctx.settings.engine.attention_backend
+    engine = ctx.settings.engine
+    flag = ctx.release.has("--attention-backend")
     att = attention.of_instance(
-        asked, gpu.compute_capability, kv_name, model, ctx.release.has("--attention-backend")
+        engine.attention_backend, gpu.compute_capability, kv_name, model, flag, engine.dtype
     )
+    if att.refused:
+        raise PlanRefused(
+            f"engine.attention_backend {att.backend} on {gpu.name} with {model.name}: {att.refused}; vLLM "
+            "would refuse to start",
+            ["engine.attention_backend=auto (vLLM's own pick)", "engine.attention_backend=TRITON_ATTN"]
+            if not model.kv_lora_rank
+            else ["engine.attention_backend=auto (vLLM's own pick)"],
+        )
     backend: str | AbsentT = att.backend if att.asked else ABSENT
     why = att.why + (
         ": its decode grid is set by the sequences and KV heads (the step cost's Triton term)"
