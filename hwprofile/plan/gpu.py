@@ -116,11 +116,9 @@ def _sizing(
 def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key: str) -> str | AbsentT:
     """The instance's attention backend (plan/attention.py), with its reason: the asked one rendered,
     vLLM's own pick not."""
-    engine = ctx.settings.engine
+    asked, dtype = ctx.settings.engine.attention_backend, ctx.settings.engine.dtype
     flag = ctx.release.has("--attention-backend")
-    att = attention.of_instance(
-        engine.attention_backend, gpu.compute_capability, kv_name, model, flag, engine.dtype
-    )
+    att = attention.of_instance(asked, gpu.compute_capability, kv_name, model, flag, dtype)
     if att.refused:
         raise PlanRefused(
             f"engine.attention_backend {att.backend} on {gpu.name} with {model.name}: {att.refused}; vLLM "

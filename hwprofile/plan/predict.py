@@ -510,9 +510,9 @@ def _step_ms(
     queries: int = 1,
 ) -> dict[str, float]:
     """One engine step on one instance: ``decode`` query tokens (``queries`` per sequence) at mean
-    ``context`` tokens, plus a
-    ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on average); a draft's
-    proposal steps (``scheduler`` False) ride in the target's step and pay no scheduler time.
+    ``context`` tokens, plus a ``prefill`` chunk (its own tokens attending ``prefill_context`` tokens on
+    average); a draft's proposal steps (``scheduler`` False) ride in the target's step and pay no
+    scheduler time.
 
     Each decoding sequence reads its own KV; a prompt chunk reads the KV it attends once for the whole
     chunk (FlashAttention streams each KV tile past a block of queries; the other query blocks' re-reads
