@@ -467,7 +467,20 @@ def test_plain_models_keep_their_arithmetic() -> None:
     [
         (
             {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "num_hidden_layers": 4},
-            "Zamba2ForCausalLM: a zamba2 model shares blocks",
+            "Zamba2ForCausalLM: neither layers_block_type nor hybrid_layer_ids",
+        ),
+        (
+            {"architectures": ["ZambaForCausalLM"], "model_type": "zamba", "num_hidden_layers": 4},
+            "ZambaForCausalLM: .* vLLM runs Zamba2, not the first Zamba",
+        ),
+        (
+            {
+                "architectures": ["Zamba2ForCausalLM"],
+                "model_type": "zamba2",
+                "num_hidden_layers": 3,
+                "layers_block_type": ["mamba", "hybrid", "attention"],
+            },
+            "Zamba2ForCausalLM: layers_block_type must be 3 entries of hybrid, mamba",
         ),
         (
             {

@@ -409,6 +409,25 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 1000,
         },
     ),
+    # Zamba2: a Mamba2 mixer in every layer, one shared attention + MLP block (2 x hidden wide) called
+    # by both hybrid layers, each hybrid layer with its own projection and q/k/v/MLP adapters
+    "zamba2": (
+        "Zamba2Config",
+        "Zamba2ForCausalLM",
+        {
+            "hidden_size": 64,
+            "intermediate_size": 160,
+            "num_hidden_layers": 5,
+            "layers_block_type": ["mamba", "hybrid", "mamba", "mamba", "hybrid"],
+            "num_attention_heads": 4,
+            "n_mamba_heads": 4,
+            "mamba_d_state": 16,
+            "num_mem_blocks": 1,
+            "use_shared_attention_adapter": True,
+            "adapter_rank": 8,
+            "vocab_size": 1000,
+        },
+    ),
     # LFM2-MoE: the first num_dense_layers dense, MoE after; the convolution as wide as hidden
     "lfm2_moe": (
         "Lfm2MoeConfig",
@@ -988,8 +1007,10 @@ def test_the_class_defaults_are_the_config_classes_constants() -> None:
 
     for mtype, defaults in CLASS_DEFAULTS.items():
         plain = transformers.AutoConfig.for_model(mtype)
+        # Zamba2's class lists 54 layers unless told its layers
+        blocks = {"layers_block_type": ["mamba", "hybrid", "mamba"]} if mtype == "zamba2" else {}
         other = transformers.AutoConfig.for_model(
-            mtype, hidden_size=1024, num_attention_heads=4, num_hidden_layers=3
+            mtype, hidden_size=1024, num_attention_heads=4, num_hidden_layers=3, **blocks
         )
         for key, value in defaults.items():
             assert getattr(plain, key) == value, (mtype, key)

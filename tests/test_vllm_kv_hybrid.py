@@ -7,7 +7,8 @@ config.json has each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers =
 full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM``
 (Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
 attention), a ``JambaForCausalLM`` (3 Mamba1 + 1 attention), an ``Lfm2ForCausalLM`` (3 gated
-short convolutions + 1 attention) and a ``FalconH1ForCausalLM`` (attention and Mamba2 side by side). Each is served with a fixed
+short convolutions + 1 attention), a ``FalconH1ForCausalLM`` (attention and Mamba2 side by side) and a
+``Zamba2ForCausalLM`` (Mamba2 in every layer, shared attention blocks called by two). Each is served with a fixed
 ``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
 (float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
 vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
@@ -159,6 +160,27 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "mamba_expand": 1,
         },
     ),
+    # Zamba2: a Mamba2 mixer in every layer; two hybrid layers also call one of two shared attention
+    # + MLP blocks (each call with a KV cache of its own), attention 2 x hidden wide
+    "zamba2": (
+        "Zamba2Config",
+        "Zamba2ForCausalLM",
+        {
+            "hidden_size": 64,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+            "num_attention_heads": 2,
+            "n_mamba_heads": 2,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_ngroups": 1,
+            "num_mem_blocks": 2,
+            "use_shared_attention_adapter": True,
+            "adapter_rank": 8,
+        },
+    ),
     # Llama-4 text: 3 chunked-local (256-token chunks) + 1 global NoPE layer, no state at all
     "llama4": (
         "Llama4TextConfig",
@@ -196,13 +218,15 @@ CASES: dict[str, tuple[str, int, bool, int, str]] = {
     "lfm2-pc": ("lfm2", 1024, True, 0, "auto"),
     "lfm2-ngram2": ("lfm2", 1536, False, 2, "auto"),
     "falcon-pc": ("falcon_h1", 1024, True, 0, "auto"),
+    "zamba2-pc": ("zamba2", 1024, True, 0, "auto"),
+    "zamba2-ngram2": ("zamba2", 1536, False, 2, "auto"),
 }
 PAIRS: list[tuple[str, ...]] = [
     ("pc-off", "pc-on-bf16"),
     ("ngram3", "fp32-state-pc"),
     ("ngram2-pc-bf16", "pc-off-bf16"),
-    ("nemotron-pc", "granite-ngram2"),
-    ("jamba-ngram2", "jamba-pc"),
+    ("nemotron-pc", "granite-ngram2", "zamba2-pc"),
+    ("jamba-ngram2", "jamba-pc", "zamba2-ngram2"),
     ("lfm2-pc", "lfm2-ngram2", "falcon-pc"),  # three servers at once: one start-up's wait less in CI
 ]
 

@@ -50,6 +50,9 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "lfm2_moe": {**_TIED, **_LFM2},
     "ernie4_5_moe": {**_TIED, "vocab_size": 103424, "max_position_embeddings": 131072},
     "smollm3": {**_TIED, "vocab_size": 128256, "max_position_embeddings": 32768},
+    "zamba2": {**_TIED, "vocab_size": 32000, "max_position_embeddings": 4096, "num_attention_heads": 32}
+    | {"n_mamba_heads": 8, "mamba_expand": 2, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_ngroups": 1}
+    | {"num_mem_blocks": 1, "use_shared_attention_adapter": False, "adapter_rank": 128},
 }
 
 # The classes that derive ``layer_types`` when the config has none: layer ``i`` is full attention
@@ -101,6 +104,20 @@ def _uniform(inner: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _zamba2_heads(inner: dict[str, Any]) -> dict[str, Any]:
+    """Zamba2's attention shape as its class computes it (``Zamba2Config``): it attends over the hidden
+    state and the embedding side by side, so each head is ``2 x hidden_size / num_attention_heads``
+    wide (``attention_head_dim``), and every head has its own K and V (vLLM's ``zamba2.py``)."""
+    hidden, heads = inner.get("hidden_size"), inner.get("num_attention_heads")
+    out: dict[str, Any] = {}
+    if "head_dim" not in inner and type(hidden) is int and type(heads) is int and heads > 0:
+        given = inner.get("attention_head_dim")
+        out["head_dim"] = given if type(given) is int else 2 * hidden // heads
+    if "num_key_value_heads" not in inner and type(heads) is int:
+        out["num_key_value_heads"] = heads
+    return out
+
+
 # the sub-configs of an omni model that vLLM does not load (qwen2_5_omni_thinker.py,
 # qwen3_omni_moe_thinker.py: the thinker serves text; "talker." and "code2wav." weights are skipped)
 SPEECH_PARTS = ("talker_config", "code2wav_config", "token2wav_config")
@@ -148,6 +165,8 @@ def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     missing = {k: v for k, v in CLASS_DEFAULTS.get(mtype, {}).items() if k not in inner} | aliased
     if mtype.startswith("hunyuan"):
         missing |= _uniform(inner)
+    if mtype == "zamba2":
+        missing |= _zamba2_heads({**inner, **missing})
     types = _derived_layer_types({**inner, **missing}, mtype)
     if types is not None:
         missing["layer_types"] = types

@@ -31,8 +31,11 @@ Schemas read, as the families write them:
 
 Falcon-H1 (``falcon_h1``): every layer runs attention and a Mamba2 mixer side by side; vLLM registers
 the mixer as a state layer of its own (``falcon_h1.py`` ``FalconH1ParallelHybrid``: layer ``N + i``),
-so the stack is ``N`` full-attention layers with ``parallel_state`` set. Zamba (shared blocks) is
-refused by name.
+so the stack is ``N`` full-attention layers with ``parallel_state`` set. Zamba2 (``zamba2``): every
+layer runs a Mamba2 mixer; its ``hybrid`` layers (``layers_block_type``, else ``hybrid_layer_ids``)
+also run one of ``num_mem_blocks`` shared attention + MLP blocks, each call with a KV cache of its
+own (``zamba2.py``): ``hybrid`` layers are full attention with ``parallel_state`` set, the others
+Mamba2 layers without an MLP. Zamba (the first, no vLLM support) is refused by name.
 
 Pure: a dict in, tuples out.
 """
@@ -57,7 +60,8 @@ ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")
 STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear", "short_conv")
 MLPS = ("dense", "moe", "none")
 BAILING_LINEAR = ("BailingMoeV2_5ForCausalLM",)  # architectures whose layer_group_size cuts linear/MLA
-PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2"}  # model_type: the state mixer beside each attention layer
+# model_type: the state mixer beside each attention layer
+PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2", "zamba2": "mamba2"}
 
 
 class LayerKind(NamedTuple):
@@ -245,10 +249,10 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
     """Each layer's token mixer, from the first of the config's ways of saying it that it uses."""
     name = _name(cfg)
     mtype = _mtype(cfg)
-    if mtype in ("zamba", "zamba2"):
-        raise ValueError(
-            f"{name}: a {mtype} model shares blocks between layers; hwprofile does not model that stack yet"
-        )
+    if mtype == "zamba":
+        raise ValueError(f"{name}: a zamba (v1) model: vLLM runs Zamba2, not the first Zamba")
+    if mtype == "zamba2":
+        return ["full" if b == "hybrid" else "mamba2" for b in zamba2_blocks(cfg, n, name)]
     if mtype in PARALLEL_STATE_TYPES:  # attention in every layer, its Mamba2 mixer counted by parallel_state
         return ["full"] * n
     for read in _MIXER_READERS:
@@ -256,6 +260,25 @@ def _mixers(cfg: dict[str, Any], n: int) -> list[str]:
         if mixers is not None:
             return mixers
     return _sliding_mixers(cfg, n, mtype)
+
+
+def zamba2_blocks(cfg: dict[str, Any], n: int, name: str) -> list[str]:
+    """Zamba2's ``layers_block_type`` (``hybrid``, and ``mamba`` or transformers 5's
+    ``linear_attention``), else its ``hybrid_layer_ids``, one entry a layer."""
+    blocks = cfg.get("layers_block_type")
+    if blocks is None:
+        ids = _int_list(cfg, "hybrid_layer_ids")
+        if ids is None:
+            raise ValueError(
+                f"{name}: neither layers_block_type nor hybrid_layer_ids says which layers are hybrid"
+            )
+        blocks = ["hybrid" if i in set(ids) else "mamba" for i in range(n)]
+    kinds = ("hybrid", "mamba", "linear_attention")
+    if type(blocks) is not list or len(blocks) != n or any(b not in kinds for b in blocks):
+        raise ValueError(
+            f"{name}: layers_block_type must be {n} entries of hybrid, mamba or linear_attention"
+        )
+    return blocks
 
 
 def _hybrid_pattern_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
@@ -485,6 +508,8 @@ def layer_kinds(cfg: dict[str, Any]) -> tuple[LayerKind, ...]:
     pattern = cfg.get("hybrid_override_pattern") or pattern_of_blocks(cfg.get("layers_block_type"))
     if isinstance(pattern, str):  # Nemotron-H: mixer-only and MLP-only layers
         mlps = [{"M": "none", "*": "none", "-": "dense", "E": "moe"}[c] for c in pattern]
+    if _mtype(cfg) == "zamba2":  # the shared block's MLP runs in the hybrid layers only
+        mlps = ["dense" if m == "full" else "none" for m in mixers]
     return tuple(LayerKind(m, p) for m, p in zip(mixers, mlps, strict=True))
 
 
@@ -497,6 +522,9 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     heads = _int(cfg, "num_attention_heads", lo=1) or 0
     kv = _int(cfg, "num_key_value_heads", lo=1) or heads
     head_dim = _int(cfg, "head_dim", lo=1) or ((_int(cfg, "hidden_size", lo=1) or 0) // max(1, heads))
+    if _mtype(cfg) == "zamba2":  # attention over [hidden, embedding]: 2 x hidden wide, every head a KV head
+        wide = 2 * (_int(cfg, "hidden_size", lo=1) or 0) // max(1, heads)
+        kv, head_dim = heads, _int(cfg, "head_dim", lo=1) or _int(cfg, "attention_head_dim", lo=1) or wide
     present = {k.mixer for k in kinds}
     out: dict[str, AttentionShape] = {}
     # V's own head size (MiMo-V2's v_head_dim; DeepSeek's v_head_dim belongs to MLA, sized apart)
@@ -587,6 +615,19 @@ def _mamba2_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | No
             state_size=_need(cfg, "ssm_state_size", why),
             conv_kernel=_need(cfg, "conv_kernel", why),
             ssm_dtype=nemo if type(nemo := cfg.get("mamba_ssm_cache_dtype")) is str else "float32",
+        )
+    if _mtype(cfg) == "zamba2":  # zamba2.py; unset keys take transformers' Zamba2Config defaults
+        inner = (_int(cfg, "mamba_expand", 2, lo=1) or 2) * hidden
+        heads = _int(cfg, "n_mamba_heads", 8, lo=1) or 8
+        return StateDims(
+            "mamba2",
+            num_heads=heads,
+            head_dim=_int(cfg, "mamba_headdim", lo=1) or inner // heads,
+            intermediate=inner,
+            n_groups=_int(cfg, "mamba_ngroups", 1, lo=1) or 1,
+            state_size=_int(cfg, "mamba_d_state", 64, lo=1) or 64,
+            conv_kernel=_int(cfg, "mamba_d_conv", 4, lo=1) or 4,
+            ssm_dtype=ssm_dtype,
         )
     # the inner width: Falcon-H1's mamba_d_ssm where it says one (falcon_h1.py), else expand x hidden
     d_ssm = _int(cfg, "mamba_d_ssm", lo=1)

@@ -307,18 +307,21 @@ def _gdn(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
 def _mamba2(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     """Mamba2 mixer (Nemotron-H, Granite-4 hybrid, Falcon-H1, Zamba2, Mamba2)."""
     h = s.hidden
-    heads = _int(c, "mamba_num_heads", "mamba_n_heads", "mamba_nheads")
-    head_dim = _int(c, "mamba_head_dim", "mamba_d_head", "head_dim" if s.mt == "mamba2" else "_")
+    heads = _int(c, "mamba_num_heads", "mamba_n_heads", "mamba_nheads", "n_mamba_heads")
+    head_dim = _int(
+        c, "mamba_head_dim", "mamba_d_head", "mamba_headdim", "head_dim" if s.mt == "mamba2" else "_"
+    )
     expand = _int(c, "mamba_expand", "expand", default=2)
     inter = heads * head_dim if heads and head_dim else _int(c, "mamba_d_ssm") or expand * h
     if not heads:
         heads = _int(c, "num_heads") if s.mt == "mamba2" else 0
         heads = heads or inter // (head_dim or 64)
     state = _int(c, "ssm_state_size", "mamba_d_state", "state_size", default=128)
-    groups = _int(c, "n_groups", "mamba_n_groups", default=1)
+    groups = _int(c, "n_groups", "mamba_n_groups", "mamba_ngroups", default=1)
     conv = _int(c, "conv_kernel", "mamba_d_conv", default=4)
     conv_bias = c.get("use_conv_bias", c.get("mamba_conv_bias", True)) is not False
-    proj_bias = c.get("use_bias", c.get("mamba_proj_bias", False)) is True
+    bias_key = "add_bias_linear" if s.mt == "zamba2" else "use_bias"
+    proj_bias = c.get(bias_key, c.get("mamba_proj_bias", False)) is True
     conv_dim = inter + 2 * groups * state
     out = [
         _lin(f"{p}.in_proj", part, 2 * inter + 2 * groups * state + heads, h),
@@ -657,6 +660,9 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     # (Gemma-3n, gemma3n.py: "KV-shared layers only have q_proj")
     first_shared = len(kinds) - (_int(c, "num_kv_shared_layers") or 0)
     indexed = indexed_layers(c, len(kinds)) if "index_topk" in c else None
+    if s.mt == "zamba2":
+        out += _zamba2(c, s, kinds)
+        kinds = ()
     for i, kind in enumerate(kinds):
         shape = s if widths is None else s._replace(inter=widths[i], dense_inter=widths[i])
         layer = _layer(c, shape, kind, names.layer.format(i), "decoder")
@@ -678,6 +684,47 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
         out += _vision(cfg, s.hidden, names)
     except ValueError as e:
         raise ValueError(f"vision_config.{e}") from None
+    return out
+
+
+def _zamba2(c: dict[str, Any], s: _Shape, kinds: Sequence[LayerKind]) -> list[Tensor]:
+    """Zamba2's decoder (``zamba2.py``): a Mamba2 mixer in every layer; each hybrid layer's own
+    projection (replicated) and low-rank adapters (the shared MLP's gate/up, and q/k/v with
+    ``use_shared_attention_adapter``); ``num_mem_blocks`` shared attention + MLP blocks over the
+    hidden state and the embedding side by side (2 x hidden wide), stored once and read once per
+    hybrid layer that calls them (block ``b`` serves every ``num_mem_blocks``-th hybrid layer)."""
+    h, ffn, wide = s.hidden, s.inter, 2 * s.hidden
+    hybrid = [i for i, k in enumerate(kinds) if k.mixer == "full"]
+    blocks = max(1, min(_int(c, "num_mem_blocks", default=1), max(1, len(hybrid))))
+    rank = _int(c, "adapter_rank", default=128)
+    qkv_adapters = c.get("use_shared_attention_adapter") is True
+    out: list[Tensor] = []
+    for i in range(len(kinds)):
+        p = f"model.layers.{i}"
+        out += _mamba2(c, s, f"{p}.mamba_decoder.mamba" if i in hybrid else f"{p}.mamba", "decoder")
+        out.append(_vec(f"{p}.input_layernorm", "decoder", h))
+    for n, i in enumerate(hybrid):
+        p, b = f"model.layers.{i}", n % blocks
+        out.append(Tensor(f"{p}.linear", "decoder", h, h, replicated=True))
+        out += [
+            _lin(f"model.blocks.{b}.feed_forward.gate_up_proj_adapter_list.{n}.{ab}", "decoder", r, k)
+            for ab, r, k in (("A", rank, h), ("B", 2 * ffn, rank))
+        ]
+        if qkv_adapters:
+            out += [
+                _lin(f"model.blocks.{b}.self_attn.linear_{x}_adapter_list.{n}.{ab}", "decoder", r, k)
+                for x in "qkv"
+                for ab, r, k in (("A", rank, wide), ("B", wide, rank))
+            ]
+    for b in range(blocks):
+        p, calls = f"model.blocks.{b}", len(hybrid[b::blocks])
+        out += [
+            _lin(f"{p}.self_attn.qkv_proj", "decoder", 3 * wide, wide, active=calls),
+            _lin(f"{p}.self_attn.o_proj", "decoder", h, wide, active=calls),
+            _lin(f"{p}.feed_forward.gate_up_proj", "decoder", 2 * ffn, h, active=calls),
+            _lin(f"{p}.feed_forward.down_proj", "decoder", h, ffn, active=calls),
+            _vec(f"{p}.norms", "decoder", wide + h, active=calls),
+        ]
     return out
 
 
