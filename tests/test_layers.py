@@ -651,3 +651,100 @@ def test_a_parallel_hybrid_is_named_in_one_place(monkeypatch: pytest.MonkeyPatch
     renamed = parse_config({**FALCON_H1_05B, "model_type": "falcon_h2"}, "falcon-h2", "dir", None)
     assert layer_stack({**FALCON_H1_05B, "model_type": "falcon_h2"}).parallel_state
     assert renamed.params == parse_config(FALCON_H1_05B, "falcon-h1", "dir", None).params
+
+
+def _zamba2_27b() -> dict[str, Any]:
+    """Zamba2-2.7B's shape: 54 layers, 9 of them hybrid, two shared blocks, Mamba2 of 80 heads."""
+    ids = [6, 12, 18, 24, 30, 36, 42, 47, 51]
+    return {
+        "architectures": ["Zamba2ForCausalLM"],
+        "model_type": "zamba2",
+        "hidden_size": 2560,
+        "num_hidden_layers": 54,
+        "num_attention_heads": 32,
+        "intermediate_size": 10240,
+        "vocab_size": 32000,
+        "mamba_d_state": 64,
+        "n_mamba_heads": 80,
+        "num_mem_blocks": 2,
+        "hybrid_layer_ids": ids,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def test_zamba2_mamba2_everywhere_and_shared_attention_blocks() -> None:
+    """Zamba2 (``zamba2.py``): every layer a Mamba2 mixer; the 9 hybrid layers also call one of two
+    shared attention + MLP blocks, each call with its own KV (attention over 2 x hidden: 32 heads
+    of 160, every head a KV head). vLLM groups 9 attention and 54 state layers: 1 + 6 groups of 9.
+    Planned, not refused."""
+    cfg = _zamba2_27b()
+    st = layer_stack(cfg)
+    assert [i for i, k in enumerate(st.kinds) if k.mixer == "full"] == cfg["hybrid_layer_ids"]
+    assert st.count("mamba2") == 45 and st.parallel_state and st.state_layers == 54
+    assert [k.mlp for k in st.kinds if k.mixer == "full"] == ["dense"] * 9
+    assert {k.mlp for k in st.kinds if k.mixer == "mamba2"} == {"none"}
+    assert st.attention["full"][:2] == (32, 160)
+    # Mamba2: inner 2 x 2560, conv 5120 + 2 x 1 x 64 over 3 taps; SSM 80 heads x 64 x 64
+    assert state_shapes(st.state, 1, 0) == ((5248, 3), (80, 64, 64))
+    m = parse_config(cfg, "zamba2", "dir", None)
+    assert (m.head_dim, m.num_kv_heads) == (160, 32)
+    # by hand: 54 Mamba2 mixers (39.9 M) + 2 shared blocks (170.4 M) + 9 x (projection 6.6 M +
+    # MLP adapter 2.95 M) + the tied embedding 81.9 M = 2.66 B (Zamba2-2.7B)
+    assert 2.65e9 < m.params < 2.67e9
+    # read per token: each shared block once per call (9 calls of 170.4 M, 2 stored)
+    assert m.active_params - m.params == 7 * (170_393_600 + 7_680)  # its matrices and two norms
+    assert state_bytes_per_layer(m) == 5248 * 3 * 2 + 80 * 64 * 64 * 2
+    h = hybrid_kv_cache(m, 1 << 30, 4096)
+    assert (h.attention_layers, h.state_layers, h.group_size) == (9, 54, 9)
+    assert (h.attention_groups, h.state_groups) == (1, 6)
+    assert kv_bytes_per_token(m, 1, 2) == 9 * 2 * 32 * 160 * 2
+    without_ids = {k: v for k, v in cfg.items() if k != "hybrid_layer_ids"}
+    blocks = ["hybrid" if i in cfg["hybrid_layer_ids"] else "mamba" for i in range(54)]
+    assert layer_stack({**without_ids, "layers_block_type": blocks}).kinds == st.kinds
+
+
+def test_kda_layers_by_architecture_aliceai_and_bailing_v3() -> None:
+    """``linear_attention`` layers are Kimi Delta Attention in AliceAI (``alice_ai.py``: the
+    ``linear_*`` keys) and Bailing V3 (``bailing_moe_v3.py``: the attention heads, ``head_dim``,
+    ``short_conv_kernel_size``), not GDN: their recurrent state is float32 under ``auto``
+    (``kda_state_dtype``). Bailing V3 without ``layer_types``: KDA, an MLA layer closing each group,
+    and MLA for the layers after the last whole group."""
+    alice = {
+        "architectures": ["AliceAIForCausalLM"],
+        "model_type": "alice_ai",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+    }
+    st = layer_stack(alice)
+    assert [k.mixer for k in st.kinds] == ["kda"] * 3 + ["full"]
+    assert st.state is not None and st.state.ssm_dtype == "float32"
+    assert state_shapes(st.state, 2, 0) == ((192, 3), (2, 32, 32))
+    bailing = {
+        "architectures": ["BailingMoeV3ForCausalLM"],
+        "model_type": "bailing_hybrid",
+        "hidden_size": 256,
+        "num_hidden_layers": 12,
+        "layer_group_size": 5,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "kv_lora_rank": 64,
+        "qk_rope_head_dim": 16,
+        "short_conv_kernel_size": 3,
+    }
+    st = layer_stack(bailing)
+    assert [k.mixer for k in st.kinds] == (["kda"] * 4 + ["mla"]) * 2 + ["mla"] * 2
+    assert state_shapes(st.state, 1, 0) == ((384, 2), (4, 32, 32))
+    typed = {
+        **bailing,
+        "layer_types": ["full_attention" if k.mixer == "mla" else "linear_attention" for k in st.kinds],
+    }
+    assert layer_stack(typed).kinds == st.kinds

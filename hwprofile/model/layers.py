@@ -60,6 +60,10 @@ ATTENTION_MIXERS = ("full", "sliding", "chunked", "mla")
 STATE_MIXERS = ("gdn", "mamba", "mamba2", "kda", "linear", "short_conv")
 MLPS = ("dense", "moe", "none")
 BAILING_LINEAR = ("BailingMoeV2_5ForCausalLM",)  # architectures whose layer_group_size cuts linear/MLA
+# ... and whose linear layers are KDA, every layer past the last whole group MLA (bailing_moe_v3.py)
+BAILING_KDA = ("BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration")
+# architectures whose layer_types' linear_attention layers are Kimi Delta Attention (not GDN)
+KDA_LINEAR = (*BAILING_KDA, "AliceAIForCausalLM")
 # model_type: the state mixer beside each attention layer
 PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2", "zamba2": "mamba2"}
 
@@ -341,9 +345,12 @@ def _mimo_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str
 def _bailing_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
     """Bailing MoE V2.5 (Ling/Ring linear): lightning linear attention, an MLA layer closing every
     group of ``layer_group_size`` (``bailing_moe_linear.py`` ``is_linear_layer``)."""
-    if name not in BAILING_LINEAR or "layer_group_size" not in cfg:
+    if name not in BAILING_LINEAR + BAILING_KDA or "layer_group_size" not in cfg:
         return None
     group = _int(cfg, "layer_group_size", 0) or 0
+    if name in BAILING_KDA:  # V3: KDA, and the layers after the last whole group MLA too
+        whole = n // group * group if group else 0
+        return ["kda" if group > 0 and (i + 1) % group and i < whole else "mla" for i in range(n)]
     return ["linear" if group > 0 and (i + 1) % group else "mla" for i in range(n)]
 
 
@@ -392,7 +399,10 @@ def _layer_type_mixer(t: str, name: str) -> str:
 
 
 def _linear_attention_kind(cfg: dict[str, Any], name: str) -> str:
-    """What a ``linear_attention`` layer is: GDN or Mamba2, by the dimensions the config gives."""
+    """What a ``linear_attention`` layer is: KDA by the architecture (:data:`KDA_LINEAR`), else GDN
+    or Mamba2 by the dimensions the config gives."""
+    if name in KDA_LINEAR:
+        return "kda"
     if "linear_num_value_heads" in cfg:
         return "gdn"
     if any(k in cfg for k in ("mamba_n_heads", "mamba_num_heads", "mamba_d_state", "ssm_state_size")):
@@ -654,18 +664,34 @@ def _mamba_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | Non
     )
 
 
+def kda_geometry(cfg: dict[str, Any], why: str) -> tuple[int, int, int]:
+    """Kimi Delta Attention's heads, head size and short-convolution kernel, as each family says
+    them: Kimi-Linear's ``linear_attn_config``; AliceAI's ``linear_num_key_heads``,
+    ``linear_key_head_dim``, ``linear_conv_kernel_dim`` (alice_ai.py); Bailing V3's attention heads,
+    ``head_dim`` and ``short_conv_kernel_size`` (bailing_moe_v3.py)."""
+    lac = cfg.get("linear_attn_config")
+    if isinstance(lac, dict):
+        conv = _int(lac, "short_conv_kernel_size", 4, lo=1) or 4
+        return _need(lac, "num_heads", why), _need(lac, "head_dim", why), conv
+    if "linear_num_key_heads" in cfg:
+        conv = _int(cfg, "linear_conv_kernel_dim", 4, lo=1) or 4
+        return _need(cfg, "linear_num_key_heads", why), _need(cfg, "linear_key_head_dim", why), conv
+    heads = _need(cfg, "num_attention_heads", why)
+    hd = _int(cfg, "head_dim", lo=1) or (_int(cfg, "hidden_size", lo=1) or 0) // heads
+    return heads, hd, _int(cfg, "short_conv_kernel_size", 4, lo=1) or 4
+
+
 def _kda_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None) -> StateDims:
-    """Kimi Delta Attention: its ``linear_attn_config``; the SSM state in float32."""
-    lac = cfg.get("linear_attn_config") or {}
-    heads = _need(lac, "num_heads", why)
-    hd = _need(lac, "head_dim", why)
+    """Kimi Delta Attention (:func:`kda_geometry`); the SSM state in float32."""
+    heads, hd, conv = kda_geometry(cfg, why)
+    lac = v if isinstance(v := cfg.get("linear_attn_config"), dict) else {}
     return StateDims(
         "kda",
         num_heads=heads,
         head_dim=hd,
         num_k_heads=_int(lac, "num_k_heads", heads, lo=1) or heads,
         head_k_dim=_int(lac, "head_k_dim", hd, lo=1) or hd,
-        conv_kernel=_int(lac, "short_conv_kernel_size", 4, lo=1) or 4,
+        conv_kernel=conv,
         ssm_dtype="float32",
     )
 

@@ -40,7 +40,7 @@ Pure: dicts in, numbers out; nothing from torch or transformers.
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind, indexed_layers
+from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind, indexed_layers, kda_geometry
 from .layers import layer_kinds as read_layer_kinds
 from .quant import read_quant
 from .tensor import PARTS, Tensor
@@ -370,17 +370,16 @@ def _linear_attention(c: dict[str, Any], s: _Shape, p: str, part: str, kda: bool
     """Linear attention: MiniMax lightning attention (qkv, output gate, out, norm) or Kimi Delta
     Attention (q, k, v, o, low-rank decay and gate projections, beta, short convolutions)."""
     h = s.hidden
-    la = v if isinstance(v := c.get("linear_attn_config"), dict) else {}
-    n = _int(la, "num_heads") or s.heads
-    d = _int(la, "head_dim") or s.head_dim
     if not kda:
+        la = v if isinstance(v := c.get("linear_attn_config"), dict) else {}
+        n, d = _int(la, "num_heads") or s.heads, _int(la, "head_dim") or s.head_dim
         return [
             _lin(f"{p}.qkv_proj", part, 3 * n * d, h),
             _lin(f"{p}.output_gate", part, n * d, h),
             _lin(f"{p}.out_proj", part, h, n * d),
             _vec(f"{p}.norm", part, n * d),
         ]
-    conv = _int(la, "short_conv_kernel_size", default=4)
+    n, d, conv = kda_geometry(c, "the KDA layers")
     return [
         _lin(f"{p}.q_proj", part, n * d, h),
         _lin(f"{p}.k_proj", part, n * d, h),
