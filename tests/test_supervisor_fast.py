@@ -1414,3 +1414,36 @@ def test_a_failed_instance_is_said_by_the_daemons_health(world, rt, fake_env, mo
         assert not ok and inst.name in why and "failed" in why.lower() and "tried again in" in why, why
     finally:
         finish(sup)
+
+
+def test_the_tmpdir_made_in_tmp_goes_when_the_instance_ends(world, fake_env, tmp_path) -> None:
+    """A runtime directory too long for vLLM's IPC socket paths: the instance's TMPDIR is a private
+    directory it makes in /tmp when it starts a process (none before: an instance never started
+    leaves nothing), and removes once its process is reaped (a daemon restarted for months must not
+    leave one behind per start); one no longer as it was made is left alone."""
+    from hwprofile.supervise.child import MAX_TMPDIR
+
+    deep = tmp_path / ("r" * max(1, MAX_TMPDIR - len(str(tmp_path))))
+    deep.mkdir()
+    before = set(Path("/tmp").glob("hwp-*"))
+    sup = make_supervisor(world, deep)
+    inst = sup.instances[0]
+    assert inst.tmp is None and set(Path("/tmp").glob("hwp-*")) == before
+    sup.start()
+    assert sup.wait_ready(20), inst.snapshot()
+    made = inst.tmp
+    assert made is not None and made.parent == Path("/tmp") and made.is_dir()
+    finish(sup)
+    assert not made.exists()
+    sup = make_supervisor(world, deep)
+    inst = sup.instances[0]
+    sup.start()
+    assert sup.wait_ready(20), inst.snapshot()
+    made = inst.tmp
+    assert made is not None
+    made.chmod(0o755)  # not as made any more (an inode number alone may be reused)
+    finish(sup)
+    try:
+        assert made.is_dir()
+    finally:
+        shutil.rmtree(made, ignore_errors=True)

@@ -93,15 +93,19 @@ def spawn(r: Rendered, tmp: Path, cache: Path, name: str, grace: float) -> subpr
 MAX_TMPDIR = 107 - 1 - 36 - 8
 
 
-def short_tmpdir(preferred: Path, name: str) -> Path:
-    """``preferred`` when its path is short enough for vLLM's IPC sockets, else a private dir in /tmp."""
-    if len(str(preferred)) <= MAX_TMPDIR:
-        return private_dir(preferred)
+def short_tmpdir(preferred: Path) -> Path | None:
+    """``preferred`` (made private) when its path is short enough for vLLM's IPC sockets, else None
+    (:func:`own_tmpdir` makes one in /tmp when a process is about to start)."""
+    return private_dir(preferred) if len(str(preferred)) <= MAX_TMPDIR else None
+
+
+def own_tmpdir(name: str, why: str) -> Path:
+    """A new private directory in /tmp (0700, made by ``mkdtemp``: never one that was there)."""
     import tempfile
 
-    link = Path(tempfile.mkdtemp(prefix=f"hwp-{name[:20]}-", dir="/tmp"))  # 0700 from mkdtemp
-    log.info("%s: TMPDIR %s is too long for vLLM's IPC sockets; using %s", name, preferred, link)
-    return link
+    made = Path(tempfile.mkdtemp(prefix=f"hwp-{name[:20]}-", dir="/tmp"))
+    log.info("%s: %s; using %s", name, why, made)
+    return made
 
 
 def port_free(host: str, port: int) -> bool:

@@ -25,7 +25,7 @@ from ..plan.types import ABSENT, InstancePlan, Plan
 from ..render.translate import Rendered
 from ..runtime.processes import Identity, identify
 from ..telemetry import http
-from .child import end_group, exited, port_free, short_tmpdir, spawn
+from .child import end_group, exited, own_tmpdir, port_free, short_tmpdir, spawn
 from .failures import MIN_CONTEXT, Failure, Rung, classify, exit_evidence
 from .gate import StartGate
 from .group import Head, judge, look, probe
@@ -59,11 +59,12 @@ def progress_text(line: str, width: int = 100) -> str:
 
 def _private_files(
     opts: Options, name: str
-) -> tuple[Path, Path, RotatingLog, tuple[DirIdentity | None, DirIdentity | None]]:
-    """An instance's private temporary and cache directories (under ``opts.runtime``), its log, and
-    the two directories' identities (checked before each start)."""
+) -> tuple[Path | None, Path, RotatingLog, tuple[DirIdentity | None, DirIdentity | None]]:
+    """An instance's private temporary and cache directories (under ``opts.runtime``; no temporary
+    one where its path would be too long for vLLM's IPC sockets: made in /tmp at the first start),
+    its log, and the two directories' identities (checked before each start)."""
     base = private_dir(opts.runtime / name)
-    tmp = short_tmpdir(base / "tmp", name)
+    tmp = short_tmpdir(base / "tmp")
     cache = private_dir(base / "cache")
     log = RotatingLog(
         opts.log_root / name,
@@ -71,7 +72,7 @@ def _private_files(
         opts.log_files,
         echo=f"[{name}] " if opts.log_stdout else None,
     )
-    return tmp, cache, log, (DirIdentity.of(tmp), DirIdentity.of(cache))
+    return tmp, cache, log, (DirIdentity.of(tmp) if tmp else None, DirIdentity.of(cache))
 
 
 def _start_gate(opts: Options, stop: threading.Event) -> StartGate | None:
@@ -131,6 +132,9 @@ class Instance:
         self.ready_at: float | None = None
         self.argv: list[str] = []
         self.tmp, self.cache, self.log, self._dirs_id = _private_files(opts, self.name)
+        # the directories this instance made in /tmp (TMPDIR too long under the runtime directory, or
+        # its own gone): removed when its last process is reaped, each only while it is still the one made
+        self._made: list[tuple[Path, DirIdentity | None]] = []
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked, self._replace_asked = threading.Event(), threading.Event()
         self._replace_lock = threading.Lock()
@@ -243,30 +247,32 @@ class Instance:
     def _render(self) -> Rendered:
         return self.render(self.plan, self.inst)
 
-    def _check_dirs(self) -> None:
+    def _check_dirs(self) -> Path:
         """The process's TMPDIR and caches (in the runtime directory) as they were made: when they went
         with a deleted runtime directory, or another directory stands in their place, the next process
         gets a new private directory in /tmp (never one it did not make: TMPDIR is vLLM's working and
         IPC directory)."""
+        if self.tmp is None:  # too long under the runtime directory: one of its own in /tmp
+            self.tmp = own_tmpdir(
+                self.name, f"TMPDIR under {self.opts.runtime} is too long for vLLM's IPC sockets"
+            )
+            self._made.append((self.tmp, DirIdentity.of(self.tmp)))
+            self._dirs_id = (self._made[-1][1], self._dirs_id[1])
         if self._dirs_id == (DirIdentity.of(self.tmp), DirIdentity.of(self.cache)):
-            return
-        import tempfile
-
-        fresh = Path(tempfile.mkdtemp(prefix=f"hwp-{self.name[:20]}-", dir="/tmp"))  # 0700, ours
-        log.warning(
-            "%s: its directories under %s are gone or not its own any more: TMPDIR and caches in %s",
-            self.name,
-            self.opts.runtime,
-            fresh,
+            return self.tmp
+        fresh = own_tmpdir(
+            self.name, f"its directories under {self.opts.runtime} are gone or not its own any more"
         )
+        log.warning("%s: TMPDIR and caches now in %s", self.name, fresh)
+        self._made.append((fresh, DirIdentity.of(fresh)))
         self.tmp, self.cache = private_dir(fresh / "tmp"), private_dir(fresh / "cache")
         self._dirs_id = (DirIdentity.of(self.tmp), DirIdentity.of(self.cache))
+        return self.tmp
 
     def _spawn(self, r: Rendered) -> subprocess.Popen[bytes]:
         self.argv = r.argv
         self.health_failing_since = None  # a new process: the last one's failing /health is not its
-        self._check_dirs()
-        proc = spawn(r, self.tmp, self.cache, self.name, self._grace())
+        proc = spawn(r, self._check_dirs(), self.cache, self.name, self._grace())
         # Not reaped until _end: the PID and its start time stay this process's until then.
         self.proc, self.pid, self.ident = proc, proc.pid, identify(proc.pid)
         assert proc.stdout is not None
@@ -389,7 +395,33 @@ class Instance:
         except BaseException as e:  # whatever breaks, the instance must not look alive
             self._crashed(e)
         finally:
+            self._remove_made()
             self.on_done()
+
+    def _remove_made(self) -> None:
+        """Remove the directories this instance made in /tmp (:attr:`_made`) once no process of its
+        own is left: each only where it is still the directory made (device, inode, owner, mode; a
+        link or another directory in its place is left alone), its contents without following
+        links (``shutil.rmtree``'s fd-based walk)."""
+        import shutil
+
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            log.warning("%s: its process %s may still run: %s kept", self.name, proc.pid, self._made)
+            return
+        for path, ident in self._made:
+            try:
+                now = DirIdentity.of(path)
+            except OSError as e:
+                log.warning("%s: %s not removed: %s", self.name, path, e)
+                continue
+            if now is None or now != ident:
+                continue
+            try:
+                shutil.rmtree(path)
+            except OSError as e:
+                log.warning("%s: %s not removed: %s", self.name, path, e)
+        self._made.clear()
 
     def _crashed(self, e: BaseException) -> None:
         log.error("%s: the supervisor thread broke: %s: %s", self.name, type(e).__name__, e, exc_info=e)
