@@ -1137,6 +1137,50 @@ def test_an_omni_model_is_its_thinker() -> None:
     assert facts.vision_bytes > 0
     assert facts.weights_bytes - facts.vision_bytes == alone.weights_bytes
     assert 30.4e9 < alone.params < 30.7e9  # Qwen3-30B-A3B: 30.5 B
+    # the audio tower counted with the vision tower (both multimodal encoders)
+    audio = {"d_model": 1280, "encoder_layers": 32, "encoder_ffn_dim": 5120, "output_dim": 2048}
+    heard = parse_config(
+        {**omni, "thinker_config": {**omni["thinker_config"], "audio_config": audio}}, "omni", "test", None
+    )
+    assert 1.1e9 < heard.vision_bytes - facts.vision_bytes < 1.3e9  # ~0.6 B params in bf16
+
+
+@pytest.mark.parametrize(
+    ("cfg_cls", "model_cls"),
+    [
+        (
+            "qwen2_5_omni.configuration_qwen2_5_omni.Qwen2_5OmniAudioEncoderConfig",
+            "qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniAudioEncoder",
+        ),
+        (
+            "qwen3_omni_moe.configuration_qwen3_omni_moe.Qwen3OmniMoeAudioEncoderConfig",
+            "qwen3_omni_moe.modeling_qwen3_omni_moe.Qwen3OmniMoeAudioEncoder",
+        ),
+    ],
+)
+def test_omni_audio_towers_equal_transformers_parameter_count(cfg_cls: str, model_cls: str) -> None:
+    """Qwen2.5-Omni's and Qwen3-Omni's audio encoders, counted from their audio_config, hold what
+    transformers' own modules hold (a small one of each, and the published default shape)."""
+    torch = pytest.importorskip("torch")
+    import importlib
+
+    from hwprofile.model.weights import tensors
+
+    def load(dotted: str) -> Any:
+        mod, name = dotted.rsplit(".", 1)
+        return getattr(importlib.import_module(f"transformers.models.{mod}"), name)
+
+    for kw in ({}, {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 96}):
+        conf = load(cfg_cls)(**kw)
+        with torch.device("meta"):
+            want = sum(p.numel() for p in load(model_cls)._from_config(conf).parameters())
+        cfg = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}
+        got = [
+            t
+            for t in tensors({**cfg, "audio_config": conf.to_dict()}, [])
+            if t.name.startswith("audio_tower")
+        ]
+        assert sum(t.params for t in got) == want, kw
 
 
 def test_an_omni_checkpoints_total_is_not_what_vllm_loads(tmp_path: Path) -> None:

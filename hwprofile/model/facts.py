@@ -51,8 +51,9 @@ class ModelFacts(NamedTuple):
     # only when a draft is planned beside the model, so that the planner compares without reading
     tokenizer: "TokenizerFacts | str | None" = None
     # parts of weights_bytes vLLM loads only sometimes (hwprofile.model.weights, estimated even where
-    # weights_bytes is the checkpoint's own size): the vision tower (not with --language-model-only)
-    # and the MTP layers (only with MTP speculation: the target model skips the "mtp." weights)
+    # weights_bytes is the checkpoint's own size): the vision and audio towers (not with
+    # --language-model-only) and the MTP layers (only with MTP speculation: the target model skips
+    # the "mtp." weights)
     vision_bytes: int = 0
     mtp_bytes: int = 0
     # of weights_bytes: the tensors every tensor-parallel rank holds whole (MLA's down-projections,

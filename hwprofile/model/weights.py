@@ -52,7 +52,7 @@ class ParamBreakdown(NamedTuple):
     decoder: int  # decoder layers and the final norm
     embed: int  # input embedding (0 where tied: counted once, as the embedding)
     lm_head: int  # output head where untied
-    vision: int  # vision tower and its projector into the language model
+    vision: int  # vision (and audio) towers and their projectors: the multimodal encoders
     mtp: int  # multi-token-prediction layers (their own embedding/head where they carry one)
     total: int  # everything the checkpoint holds
     active: int  # read per decoded token: language model with only the routed experts
@@ -571,6 +571,49 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
     return _vit_vision(v, p, part, d, text_hidden)
 
 
+def _audio(cfg: dict[str, Any]) -> list[Tensor]:
+    """A Whisper-style audio encoder (``audio_config``: ``d_model``, ``encoder_layers``,
+    ``encoder_ffn_dim``, ``num_mel_bins``, ``output_dim``), as Qwen2.5-Omni and Qwen3-Omni's thinkers
+    hold it: two 1-D convolutions (Qwen2.5) or three 3x3 2-D ones of ``downsample_hidden_size``
+    channels and a linear out (Qwen3), the layers (q/k/v/out with biases, K's in Qwen3 only; fc1,
+    fc2; two layer norms), a final norm and the projection to ``output_dim``. Counted with the
+    vision tower: a multimodal encoder, not loaded under ``--language-model-only``."""
+    a = cfg.get("audio_config")
+    if not isinstance(a, dict):
+        return []
+    d, layers = _int(a, "d_model"), _int(a, "encoder_layers")
+    if not (d and layers):
+        return []
+    ffn, mel = _int(a, "encoder_ffn_dim") or 4 * d, _int(a, "num_mel_bins", default=128)
+    out_dim, p, part = _int(a, "output_dim") or d, "audio_tower", "vision"
+    down = _int(a, "downsample_hidden_size")
+    b = f"{p}.layers.0"
+    out = [
+        _lin(f"{b}.self_attn.qkvo", part, 4 * d, d, layers),
+        _lin(f"{b}.fc1", part, ffn, d, layers),
+        _lin(f"{b}.fc2", part, d, ffn, layers),
+        _vec(f"{b}.biases_norms", part, (4 if down else 3) * d + ffn + d + 4 * d, layers),
+        _vec(f"{p}.ln_post", part, 2 * d),
+        _lin(f"{p}.proj" if not down else f"{p}.proj2", part, out_dim, d),
+        _vec(f"{p}.proj.bias", part, out_dim),
+    ]
+    if down:  # Qwen3-Omni: conv2d1-3 (stride 2 each: mel / 8 rows left), conv_out, proj1
+        out += [
+            Tensor(f"{p}.conv2d1", part, down, 9 + 1, linear=False),
+            Tensor(f"{p}.conv2d23", part, 2 * down, down * 9 + 1, linear=False),
+            _lin(f"{p}.conv_out", part, d, down * (mel // 8)),
+            _lin(f"{p}.proj1", part, d, d),
+            _vec(f"{p}.proj1.bias", part, d),
+        ]
+    else:  # Qwen2.5-Omni: conv1 (mel -> d), conv2 (d -> d), kernel 3; the audio bos/eos embedding
+        out += [
+            Tensor(f"{p}.conv1", part, d, mel * 3 + 1, linear=False),
+            Tensor(f"{p}.conv2", part, d, d * 3 + 1, linear=False),
+            Tensor(f"{p}.audio_bos_eos_token", part, 2, out_dim, linear=False),
+        ]
+    return out
+
+
 def _qwen_vision(v: dict[str, Any], p: str, part: str, d: _VisionDims) -> list[Tensor]:
     """A Qwen-VL vision tower (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with its deepstack mergers)."""
     h, inter, depth, patch, chans, tpatch, out_h, merge = d
@@ -683,6 +726,10 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
         out += _vision(cfg, s.hidden, names)
     except ValueError as e:
         raise ValueError(f"vision_config.{e}") from None
+    try:
+        out += _audio(cfg)
+    except ValueError as e:
+        raise ValueError(f"audio_config.{e}") from None
     return out
 
 

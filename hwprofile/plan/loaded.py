@@ -4,7 +4,8 @@ snapshot's vLLM version in; the model with ``weights_bytes`` as loaded out, reas
 A checkpoint holds parts vLLM loads only sometimes (:class:`hwprofile.model.ModelFacts`
 ``vision_bytes`` and ``mtp_bytes``, estimated by :mod:`hwprofile.model.weights`):
 
-- the vision tower: not loaded under ``--language-model-only`` (vLLM >= 0.18,
+- the vision tower (and an omni model's audio tower: ``_mark_tower_model``): not loaded under
+  ``--language-model-only`` (vLLM >= 0.18,
   ``vllm_options.json``); hwprofile plans no image inputs, so ``engine.language_model_only: auto``
   turns it on for a model with a vision tower on a release that has the flag;
 - the MTP layers: the target model skips the ``mtp.`` weights unless MTP speculation runs (vLLM's
