@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 # config keys: (families that use them)
 # qwen-moe, deepseek, mixtral/gpt-oss, ernie 4.5
 EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_k")  # most, gpt-oss, hunyuan, ernie
+# most, gpt-oss, hunyuan, ernie, Kimi-K3
+TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_k", "num_experts_per_token")
 
 
 class ArchFacts(NamedTuple):
@@ -70,6 +71,20 @@ def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[in
     """Indices of the layers whose MLP is a mixture of experts (vLLM's rule per family)."""
     if not experts:
         return []
+    kinds = cfg.get("mlp_layer_types")
+    if type(kinds) is list and kinds:  # GLM-5.3, HY-V4: one name a layer, "dense" the dense ones
+        if len(kinds) < layers or not all(type(k) is str for k in kinds):
+            raise ValueError(f"mlp_layer_types: expected {layers} names, one a layer, got {kinds!r}"[:120])
+        return [i for i in range(layers) if kinds[i] != "dense"]
+    enum = cfg.get("moe_layers_enum")
+    if type(enum) is str and enum.strip():  # Step3/Step5 (step3_text.py): "3,4,5,..." the MoE layers
+        try:
+            listed = {int(i) for i in enum.strip().split(",")}
+        except ValueError:
+            raise ValueError(
+                f"moe_layers_enum: expected comma-separated layer indices, got {enum!r}"[:120]
+            ) from None
+        return [i for i in range(layers) if i in listed]
     freqs = cfg.get("moe_layer_freq")
     if type(freqs) is list:  # MiMo-V2: one entry a layer, 1 where it is MoE (mimo_v2.py is_moe_layer)
         if len(freqs) != layers or any(f not in (0, 1) for f in freqs):

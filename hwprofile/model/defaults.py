@@ -27,6 +27,9 @@ _LFM2 = {"vocab_size": 65536, "max_position_embeddings": 128000, "conv_L_cache":
 ALIASES: dict[str, dict[str, str]] = {
     "lfm2": {"tie_embedding": "tie_word_embeddings"},  # LFM2's published configs say tie_embedding
     "lfm2_moe": {"tie_embedding": "tie_word_embeddings"},
+    # Step3/Step5's KV heads are its attention groups (step3_text.py, step5: num_kv_heads)
+    "step3_text": {"num_attention_groups": "num_key_value_heads"},
+    "step5": {"num_attention_groups": "num_key_value_heads"},
 }
 # keys HunYuan's classes give one value per layer (moe_topk, moe_intermediate_size, num_shared_expert,
 # num_experts: hunyuan_v1.py reads entry [layer_id]); one value for every layer where the list holds

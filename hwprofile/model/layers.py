@@ -63,7 +63,17 @@ BAILING_LINEAR = ("BailingMoeV2_5ForCausalLM",)  # architectures whose layer_gro
 # ... and whose linear layers are KDA, every layer past the last whole group MLA (bailing_moe_v3.py)
 BAILING_KDA = ("BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration")
 # architectures whose layer_types' linear_attention layers are Kimi Delta Attention (not GDN)
-KDA_LINEAR = (*BAILING_KDA, "AliceAIForCausalLM")
+KDA_LINEAR = (*BAILING_KDA, "AliceAIForCausalLM", "Glm5NextForCausalLM", "Glm5NextForConditionalGeneration")
+# model types whose vLLM config class takes the config's mamba_ssm_dtype as the SSM state's dtype
+# (Qwen3_5ForConditionalGenerationConfig, and Qwen4ExpForConditionalGenerationConfig built on it)
+SSM_DTYPE_FROM_CONFIG = ("qwen3_5", "qwen4_exp")
+# architectures whose KDA layers run FlashKDA's prefill kernel where it can (bf16, head size 128, a
+# bounded gate; SM90/SM10x/SM12x) and then export prefill checkpoints (kimi_k3 and glm5next kda.py)
+FLASHKDA_MODELS = (
+    "KimiK3ForConditionalGeneration",
+    "Glm5NextForCausalLM",
+    "Glm5NextForConditionalGeneration",
+)
 # model_type: the state mixer beside each attention layer
 PARALLEL_STATE_TYPES = {"falcon_h1": "mamba2", "zamba2": "mamba2"}
 
@@ -111,6 +121,7 @@ class StateDims(NamedTuple):
     state_size: int = 0  # mamba/mamba2: d_state
     conv_kernel: int = 0  # all but linear
     ssm_dtype: str | None = None  # the config's own SSM state dtype (Qwen3.5 mamba_ssm_dtype)
+    bounded_gate: bool = False  # kda: a gate lower bound is set (linear_attn_config.gate_lower_bound)
 
 
 class LayerStack(NamedTuple):
@@ -300,9 +311,13 @@ def _hybrid_pattern_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -
 
 
 def _kimi_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
-    """Kimi-Linear: ``linear_attn_config`` lists the KDA and the full layers (1-based numbers)."""
+    """Kimi-Linear, Kimi-K3: ``linear_attn_config`` lists the KDA and the full layers (1-based numbers).
+    Another family that writes the lists (GLM-5.3: 0-based, not read by vLLM) is read by its
+    ``layer_types``."""
     lac = cfg.get("linear_attn_config")
-    if not isinstance(lac, dict):
+    if not isinstance(lac, dict) or (
+        not mtype.startswith("kimi") and isinstance(cfg.get("layer_types"), list)
+    ):
         return None
     kda = lac.get("kda_layers") or []
     full = lac.get("full_attn_layers") or []
@@ -548,7 +563,7 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     if "chunked" in present:
         out["chunked"] = AttentionShape(kv, head_dim, _int(cfg, "attention_chunk_size"))
     if "mla" in present:
-        out["mla"] = _mla_shape(cfg, sum(1 for k in kinds if k.mixer == "mla"))
+        out["mla"] = _mla_shape(cfg, [i for i, k in enumerate(kinds) if k.mixer == "mla"])
     if any(s.head_dim <= 0 or s.num_kv_heads <= 0 for s in out.values()):
         raise ValueError(f"{_name(cfg)}: the attention heads are not given (num_attention_heads/head_dim)")
     return out
@@ -557,7 +572,14 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
 def indexed_layers(cfg: dict[str, Any], layers: int) -> frozenset[int]:
     """The layers of a DeepSeek-V3.2-style sparse-attention model that compute their own top-k, and
     so hold an indexer and its key cache (``deepseek_v2.py``: every ``index_topk_freq``-th from
-    ``index_skip_topk_offset``, or ``index_topk_pattern``'s non-``S`` layers)."""
+    ``index_skip_topk_offset``, or ``index_topk_pattern``'s non-``S`` layers; HY-V4's ``indexer_types``:
+    its ``full`` layers, the ``shared`` ones reusing the last full layer's top-k, hy_v4
+    ``compute_skip_topk_layers``)."""
+    types = cfg.get("indexer_types")
+    if type(types) is list and types:
+        if len(types) != layers or set(types) - {"full", "shared"}:
+            raise ValueError(f"indexer_types: expected {layers} entries of full or shared")
+        return frozenset(i for i, t in enumerate(types) if t == "full")
     pattern = cfg.get("index_topk_pattern")
     if isinstance(pattern, str) and pattern:
         return frozenset(i for i in range(layers) if i >= len(pattern) or pattern[i] != "S")
@@ -566,7 +588,7 @@ def indexed_layers(cfg: dict[str, Any], layers: int) -> frozenset[int]:
     return frozenset(i for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
 
 
-def _mla_shape(cfg: dict[str, Any], layers: int) -> AttentionShape:
+def _mla_shape(cfg: dict[str, Any], mla: list[int]) -> AttentionShape:
     """The MLA latent (``kv_lora_rank + qk_rope_head_dim`` elements); with DeepSeek-V3.2's sparse
     attention (``index_topk``) the indexer keys of the layers that compute their own top-k
     (``deepseek_v2.py``: every ``index_topk_freq``-th from ``index_skip_topk_offset``, or
@@ -576,8 +598,12 @@ def _mla_shape(cfg: dict[str, Any], layers: int) -> AttentionShape:
     if "index_topk" not in cfg:
         return AttentionShape(1, rank + rope)
     head = _int(cfg, "index_head_dim", lo=1) or 128
-    indexed = len(indexed_layers(cfg, layers))
-    per_layer = head + head // 128 * 4
+    layers = len(mla)
+    indexed = len(indexed_layers(cfg, _int(cfg, "num_hidden_layers", lo=1) or layers) & set(mla))
+    # one key (and its fp32 scale per 128) per index_kpool tokens where the indexer pools keys
+    # (GLM-5.3: MLAAttentionSpec tokens_per_state = index_kpool)
+    pool = _int(cfg, "index_kpool", 1, lo=1) or 1
+    per_layer = -(-(head + head // 128 * 4) // pool)
     extra = -(-per_layer * indexed // max(1, layers))
     return AttentionShape(1, rank + rope, None, None, extra, rank + rank // 128 * 4 + rope * 2)
 
@@ -685,6 +711,7 @@ def _kda_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None)
     """Kimi Delta Attention (:func:`kda_geometry`); the SSM state in float32."""
     heads, hd, conv = kda_geometry(cfg, why)
     lac = v if isinstance(v := cfg.get("linear_attn_config"), dict) else {}
+    bound = lac.get("gate_lower_bound", cfg.get("kda_lower_bound", cfg.get("gate_lower_bound")))
     return StateDims(
         "kda",
         num_heads=heads,
@@ -693,6 +720,7 @@ def _kda_dims(cfg: dict[str, Any], why: str, hidden: int, ssm_dtype: str | None)
         head_k_dim=_int(lac, "head_k_dim", hd, lo=1) or hd,
         conv_kernel=conv,
         ssm_dtype="float32",
+        bounded_gate=type(bound) in (int, float),
     )
 
 
@@ -719,7 +747,7 @@ def _state_dims(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> StateDims 
     # the SSM state's dtype under vLLM's --mamba-ssm-cache-dtype auto (None: the conv state's, the
     # model dtype): Qwen3.5 takes its config's mamba_ssm_dtype (Qwen3_5ForConditionalGenerationConfig.
     # verify_and_update_config), Nemotron-H its mamba_ssm_cache_dtype or float32, KDA float32
-    ssm = cfg.get("mamba_ssm_dtype") if _mtype(cfg).startswith("qwen3_5") else None
+    ssm = cfg.get("mamba_ssm_dtype") if _mtype(cfg).startswith(SSM_DTYPE_FROM_CONFIG) else None
     ssm_dtype = ssm if type(ssm) is str else None
     why = f"the {kind} state"
     hidden = _int(cfg, "hidden_size", lo=1) or 0

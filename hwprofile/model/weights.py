@@ -127,7 +127,11 @@ def _shape(c: dict[str, Any]) -> _Shape:
         kv=kv,
         head_dim=head_dim,
         inter=inter,
-        dense_inter=_lfm2_ff(c, inter) if _mtype(c) == "lfm2" else _int(c, "intermediate_size_mlp") or inter,
+        # a dense layer's MLP beside MoE layers: Llama 4's intermediate_size_mlp, MiniMax-M3's
+        # dense_intermediate_size
+        dense_inter=_lfm2_ff(c, inter)
+        if _mtype(c) == "lfm2"
+        else _int(c, "intermediate_size_mlp", "dense_intermediate_size") or inter,
         vocab=_int(c, "vocab_size"),
         tie=c.get("tie_word_embeddings") is True,
         gated_mlp=act not in ("relu2", "gelu_new_no_gate"),
@@ -452,7 +456,17 @@ def _moe(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
     out = [Tensor(f"{box}.gate", part, experts, h, replicated=True)]  # the router: ReplicatedLinear
     if s.mt in ("nemotron_h", "ernie4_5_moe") or _str(c, "topk_method") == "noaux_tc":
         out.append(_vec(f"{box}.gate.e_score_correction_bias", part, experts))
-    out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
+    latent = _int(c, "routed_expert_hidden_size")
+    if latent and latent != h:  # Kimi-K3's latent MoE: the experts work in a narrower space
+        out += [
+            _lin(f"{box}.routed_expert_down_proj", part, latent, h),
+            _lin(f"{box}.routed_expert_up_proj", part, h, latent),
+        ]
+        if c.get("latent_moe_use_norm") is not False:
+            out.append(_vec(f"{box}.routed_expert_norm", part, latent))
+        out += _mlp(s._replace(hidden=latent), f"{box}.experts.0", part, inter, experts, topk)
+    else:
+        out += _mlp(s, f"{box}.experts.0", part, inter, experts, topk)
     n_shared = _int(
         c, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts"
     )  # DeepSeek, Kimi, ERNIE
@@ -719,6 +733,7 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     if s.mt.startswith("gemma3n"):
         out += _gemma3n_model(c, s, len(kinds))
     out.append(Tensor(names.embed, "embed", s.vocab, s.hidden, linear=False))
+    out += _ngram_tables(c)
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
     out += _mtp(c, s, names)
@@ -770,6 +785,34 @@ def _zamba2(c: dict[str, Any], s: _Shape, kinds: Sequence[LayerKind]) -> list[Te
             _lin(f"{p}.feed_forward.gate_up_proj", "decoder", 2 * ffn, h, active=calls),
             _lin(f"{p}.feed_forward.down_proj", "decoder", h, ffn, active=calls),
             _vec(f"{p}.norms", "decoder", wide + h, active=calls),
+        ]
+    return out
+
+
+def _ngram_tables(c: dict[str, Any]) -> list[Tensor]:
+    """Qwen4-Exp's per-layer n-gram embeddings (``ple_layer_ids``; qwen4_exp ``ngram_embedding.py``):
+    ``(ngram_size - 1) x heads_per_ngram`` hashed heads, each a table of the next prime above
+    ``ngram_vocab_size_base`` rows (taken as the base itself: the primes lie a few hundred rows above
+    it) of ``ple_embed_dim / heads`` columns, the rows padded to ``make_ngram_vocab_size_divisible_by``;
+    and the layer's projection of them into its residual streams. A few rows are looked up per
+    token: nothing of the table is read per decoded token beyond them."""
+    layers = c.get("ple_layer_ids")
+    if type(layers) is not list or not layers:
+        return []
+    heads = max(1, (_int(c, "ngram_size", default=3) - 1) * _int(c, "heads_per_ngram", default=1))
+    dim, base = _int(c, "ple_embed_dim"), _int(c, "ngram_vocab_size_base")
+    if not (dim and base):
+        return []
+    pad = _int(c, "make_ngram_vocab_size_divisible_by", default=1) or 1
+    rows = -(-heads * base // pad) * pad
+    streams = (_int(c, "hc_count", default=1) or 1) * _int(c, "hidden_size")
+    out: list[Tensor] = []
+    for i in layers:
+        out += [
+            Tensor(
+                f"model.ple_layers.{i}.ngram_embedding", "embed", rows, dim // heads, active=0, linear=False
+            ),
+            _lin(f"model.ple_layers.{i}.kv_proj", "decoder", streams + dim, dim),
         ]
     return out
 

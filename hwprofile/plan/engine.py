@@ -341,9 +341,11 @@ def hybrid_opts(
 
     State pages per request follow ``num_speculative_tokens`` for any speculative method (ngram
     included: ``vllm_config.num_speculative_tokens``), prefix caching (``mamba_cache_mode align``:
-    one page more) and the prefill checkpoint page a Mamba2 mixer, or from vLLM 0.33 on Hopper a
-    GDN layer on FlashInfer's prefill kernel (``qwen_gdn_linear_attn.py``: its blocks then on a
-    64-token grid), exports in align mode; a resident MTP head adds its attention layers. The SSM state's dtype is vLLM's default (``auto``: the model's rule)."""
+    one page more) and the prefill checkpoint page a Mamba2 mixer, from vLLM 0.33 on Hopper a GDN
+    layer on FlashInfer's prefill kernel (``qwen_gdn_linear_attn.py``: its blocks then on a 64-token
+    grid), or a KDA layer on FlashKDA's (:func:`_flashkda`: a 16-token grid) exports in align mode;
+    a resident MTP head adds its attention layers. The SSM state's dtype is vLLM's default
+    (``auto``: the model's rule)."""
     if not is_hybrid(model):
         return None
     k = settings.speculative.num_speculative_tokens if spec_method else 0
@@ -355,7 +357,9 @@ def hybrid_opts(
     # align mode's extra prefill-checkpoint page: Mamba2 mixers (mamba_mixer2.py, 0.32 and 0.33);
     # GDN from 0.33 where FlashInfer's prefill kernel runs it (Hopper), on a 64-token grid
     flashinfer_gdn = kind == "gdn" and hopper and device == "cuda" and rel.flashinfer_gdn_prefill()
-    checkpoint = prefix and (flashinfer_gdn or (kind == "mamba2" and rel.mamba2_prefill_checkpoint()))
+    flashkda = device == "cuda" and _flashkda(model, cc) and rel.flashkda_prefill_checkpoint()
+    mamba2 = kind == "mamba2" and rel.mamba2_prefill_checkpoint()
+    checkpoint = prefix and (flashinfer_gdn or flashkda or mamba2)
     if device == "cpu":
         from .memory import CPU_BLOCK_TOKENS, CPU_KERNEL_BLOCK
 
@@ -371,7 +375,25 @@ def hybrid_opts(
         prefill_checkpoint=checkpoint,
         cache_block=block,
         kernel_block=kernel,
-        checkpoint_align=64 if prefix and flashinfer_gdn else 1,
+        checkpoint_align=(64 if flashinfer_gdn else 16 if flashkda else 1) if prefix else 1,
+    )
+
+
+def _flashkda(model: ModelFacts, cc: str) -> bool:
+    """Whether the model's KDA layers run FlashKDA's prefill kernel (kimi_k3 / glm5next ``kda.py``:
+    SM90/SM10x/SM12x, bf16 activations, a KDA head of 128, a bounded gate), exporting a prefill
+    checkpoint page on a 16-token grid in align mode (``kda_checkpoint.py``)."""
+    from ..model.layers import FLASHKDA_MODELS
+
+    dims = model.stack.state
+    return (
+        dims is not None
+        and dims.kind == "kda"
+        and model.architecture in FLASHKDA_MODELS
+        and cc.split(".")[0] in ("9", "10", "12")
+        and dims.head_dim == 128
+        and model.dtype == "bfloat16"
+        and dims.bounded_gate
     )
 
 

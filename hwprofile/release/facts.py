@@ -96,6 +96,11 @@ FLOORS: dict[str, Floor] = {
         "GDN layers on FlashInfer's prefill kernel on Hopper (a prefill checkpoint page, 64-token grid)",
         "0.33.0 qwen_gdn_linear_attn.py",
     ),
+    "flashkda_prefill_checkpoint": Floor(
+        (0, 32, 0),
+        "KDA layers on FlashKDA's prefill kernel export a prefill checkpoint page in align mode",
+        "kda_checkpoint.py and the kimi_k3 / glm5next KDA layers, read in 0.32 and 0.33",
+    ),
     "mamba2_prefill_checkpoint": Floor(
         (0, 32, 0),
         "Mamba2 mixers export a prefill checkpoint page in align mode",
@@ -320,6 +325,10 @@ class Release:
         """:data:`FLOORS` ``flashinfer_gdn_prefill`` (the release's side of it; Hopper is the
         caller's); unknown: not assumed."""
         return self.reaches(FLOORS["flashinfer_gdn_prefill"]) is True
+
+    def flashkda_prefill_checkpoint(self) -> bool:
+        """:data:`FLOORS` ``flashkda_prefill_checkpoint``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["flashkda_prefill_checkpoint"]) is not False
 
     def mamba2_prefill_checkpoint(self) -> bool:
         """:data:`FLOORS` ``mamba2_prefill_checkpoint``; unknown: the newest behaviour."""

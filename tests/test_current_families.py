@@ -1,0 +1,253 @@
+"""The families vLLM 0.32-0.33 added, read by their own keys (their published or fixture config.json
+shapes), against vLLM's own accounting of them (the parameter formulas of their vLLM modules and the
+KV cache specs their layers return, run through vLLM 0.33's grouping):
+
+- Kimi-K3: its experts in a latent space (``routed_expert_hidden_size``), ``num_experts_per_token``,
+  KDA layers on FlashKDA exporting a prefill checkpoint page on SM90/SM10x/SM12x;
+- GLM-5.3: ``layer_types`` (KDA and sparse MLA; its 0-based ``linear_attn_config`` lists are not what
+  vLLM reads), ``mlp_layer_types``, the indexer pooling ``index_kpool`` keys into one;
+- HY-V4: ``indexer_types`` (``shared`` layers reuse the last ``full`` layer's top-k: no indexer);
+- Qwen4-Exp (Qwen3.8-Flash-Next): the config's ``mamba_ssm_dtype``, the n-gram embedding tables;
+- MiniMax-M3: ``dense_intermediate_size``; Step3/Step5: ``num_attention_groups`` KV heads,
+  ``moe_layers_enum``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwprofile.config.settings import Settings
+from hwprofile.host.snapshot import Gpu
+from hwprofile.model import parse_config
+from hwprofile.model.layers import layer_stack
+from hwprofile.plan.engine import hybrid_opts
+from hwprofile.plan.memory import hybrid_kv_cache, kv_bytes_per_token
+
+
+def _kimi_k3() -> dict[str, Any]:
+    """moonshotai/Kimi-K3's config.json (the keys that size it)."""
+    full = [*range(4, 93, 4), 93]
+    text = {
+        "model_type": "kimi_linear",
+        "dtype": "bfloat16",
+        "hidden_size": 7168,
+        "intermediate_size": 33792,
+        "num_hidden_layers": 93,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 96,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "num_experts": 896,
+        "num_experts_per_token": 16,
+        "num_shared_experts": 2,
+        "moe_intermediate_size": 3072,
+        "routed_expert_hidden_size": 3584,
+        "latent_moe_use_norm": True,
+        "topk_method": "noaux_tc",
+        "vocab_size": 163840,
+        "tie_word_embeddings": False,
+        "linear_attn_config": {
+            "kda_layers": [i for i in range(1, 94) if i not in full],
+            "full_attn_layers": full,
+            "num_heads": 96,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+            "gate_lower_bound": -5.0,
+        },
+    }
+    return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3", "text_config": text}
+
+
+def _gpu(cc: str) -> Gpu:
+    return Gpu(index=0, name="test", memory_total_bytes=80 << 30, compute_capability=cc)
+
+
+def test_kimi_k3_latent_experts_and_the_flashkda_checkpoint_page() -> None:
+    """Kimi-K3: 896 experts of 3 x 3072 x 3584 (the latent width, not 7168) with the projections
+    into and out of it; 16 routed a token. vLLM counts 2.779 T parameters with the vision tower
+    (0.447 T not read here): the language model within 1 %. On H100 its KDA layers run FlashKDA and
+    export a prefill checkpoint: 3 pages a state layer per request; vLLM 0.33 logs 20,480 tokens for
+    1 GiB at TP8 and 8,192 tokens (block 768); on an A100 (no FlashKDA) 2 pages."""
+    m = parse_config(_kimi_k3(), "k3", "test", None)
+    assert m.experts_per_token == 16
+    assert abs(m.params - 2_779_484_476_000) / 2_779_484_476_000 < 0.01
+    assert m.active_params < m.params / 20
+    st = m.stack
+    assert st is not None and st.state is not None and st.state.bounded_gate
+    on = hybrid_opts(m, Settings(), None, "0.33.0", _gpu("9.0"))
+    off = hybrid_opts(m, Settings(), None, "0.33.0", _gpu("8.0"))
+    assert on is not None and on.prefill_checkpoint and on.checkpoint_align == 16
+    assert off is not None and not off.prefill_checkpoint
+    h = hybrid_kv_cache(m, 1 << 30, 8192, tp=8, **on._asdict())
+    assert (h.block_size, h.logged_tokens) == (768, 20480)
+    assert h.state_slots == 3 and hybrid_kv_cache(m, 1 << 30, 8192, tp=8, **off._asdict()).state_slots == 2
+    kimi_linear = {**_kimi_k3(), "architectures": ["KimiLinearForCausalLM"]}
+    other = hybrid_opts(
+        parse_config(kimi_linear, "kl", "test", None), Settings(), None, "0.33.0", _gpu("9.0")
+    )
+    assert other is not None and not other.prefill_checkpoint  # Kimi-Linear's KDA: no FlashKDA export
+
+
+def _glm53() -> dict[str, Any]:
+    kda = [i for i in range(45) if i % 4 != 3]
+    text = {
+        "model_type": "glm5_next_text",
+        "hidden_size": 6144,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 45,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_nope_head_dim": 256,
+        "qk_rope_head_dim": 0,
+        "v_head_dim": 256,
+        "index_topk": 2048,
+        "index_head_dim": 128,
+        "index_n_heads": 32,
+        "index_kpool": 4,
+        "n_routed_experts": 288,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 2048,
+        "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 42,
+        "layer_types": ["linear_attention" if i in kda else "deepseek_sparse_attention" for i in range(45)],
+        "linear_attn_config": {
+            "num_heads": 64,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+            "gate_lower_bound": -5.0,
+            "kda_layers": kda,
+            "full_attn_layers": [i for i in range(45) if i not in kda],
+        },
+        "vocab_size": 154880,
+    }
+    return {
+        "architectures": ["Glm5NextForConditionalGeneration"],
+        "model_type": "glm5_next",
+        "text_config": text,
+    }
+
+
+def test_glm53_layer_types_kda_and_a_pooled_indexer() -> None:
+    """GLM-5.3: 34 KDA + 11 sparse MLA layers by its layer_types (its linear_attn_config lists are
+    0-based and not read by vLLM: read 1-based they would refuse it). Per token and MLA layer
+    vLLM keeps the 512-wide latent (1,024 B) and one indexer key of 132 B per 4 tokens (33 B): 11,627
+    B at any TP. 3 dense layers (mlp_layer_types), 42 MoE. At TP8 the block is 640 tokens (the KDA
+    state on FlashKDA's 16-token grid)."""
+    m = parse_config(_glm53(), "glm", "test", None)
+    st = m.stack
+    assert st is not None and st.count("kda") == 34 and st.count("mla") == 11
+    assert [k.mlp for k in st.kinds].count("dense") == 3
+    assert kv_bytes_per_token(m, 1, 2) == kv_bytes_per_token(m, 8, 2) == 11 * (1024 + 33)
+    opts = hybrid_opts(m, Settings(), None, "0.33.0", _gpu("9.0"))
+    assert opts is not None and opts.prefill_checkpoint
+    assert hybrid_kv_cache(m, 1 << 30, 8192, tp=8, **opts._asdict()).block_size == 640
+
+
+def test_hy_v4_indexer_types_and_mlp_layer_types() -> None:
+    """HY-V4: only the ``full`` layers of indexer_types hold an indexer (its key cache and weights);
+    ``shared`` ones reuse the last full layer's top-k; mlp_layer_types says the dense layers."""
+    types = ["full" if i % 4 == 0 else "shared" for i in range(8)]
+    cfg = {
+        "architectures": ["HYV4ForCausalLM"],
+        "model_type": "hy_v4",
+        "hidden_size": 512,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "kv_lora_rank": 128,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 64,
+        "v_head_dim": 64,
+        "index_topk": 64,
+        "index_head_dim": 128,
+        "index_n_heads": 4,
+        "indexer_types": types,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "intermediate_size": 1024,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 7,
+        "vocab_size": 1000,
+    }
+    m = parse_config(cfg, "hy", "test", None)
+    # 2 of 8 layers index: 8 x 192 x 2 B of latent, 2 x 132 B of indexer keys
+    assert kv_bytes_per_token(m, 1, 2) == 8 * 192 * 2 + 2 * 132
+    assert [k.mlp for k in m.stack.kinds] == ["dense"] + ["moe"] * 7
+    every = parse_config({**cfg, "indexer_types": ["full"] * 8}, "hy", "test", None)
+    assert every.params > m.params  # the shared layers carry no indexer weights
+
+
+def test_qwen4_exp_state_dtype_and_ngram_tables() -> None:
+    """Qwen4-Exp takes its config's mamba_ssm_dtype as Qwen3.5 does (float32 state), and holds an
+    n-gram embedding per ple_layer_ids layer: (3 - 1) x 8 hashed heads of ~20 M rows x 2560 / 16
+    columns = 51.2 B parameters, stored (bf16: 102 GB) but not read per token."""
+    cfg = {
+        "architectures": ["Qwen4ExpForConditionalGeneration"],
+        "model_type": "qwen4_exp",
+        "text_config": {
+            "model_type": "qwen4_exp_text",
+            "hidden_size": 2560,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 48,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "mamba_ssm_dtype": "float32",
+            "intermediate_size": 1024,
+            "vocab_size": 248320,
+            "ple_layer_ids": [2],
+            "ple_embed_dim": 2560,
+            "ngram_size": 3,
+            "heads_per_ngram": 8,
+            "ngram_vocab_size_base": 20_000_000,
+            "make_ngram_vocab_size_divisible_by": 128,
+            "hc_count": 4,
+        },
+    }
+    st = layer_stack(cfg)
+    assert st.state is not None and st.state.ssm_dtype == "float32"
+    m = parse_config(cfg, "q4", "test", None)
+    without = parse_config(
+        {**cfg, "text_config": {**cfg["text_config"], "ple_layer_ids": []}}, "q4", "test", None
+    )
+    table = 320_000_000 * 160
+    assert table < m.params - without.params < table * 1.01
+    assert m.active_params - without.active_params < 0.01 * table
+
+
+def test_minimax_m3_dense_width_and_step_attention_groups() -> None:
+    """MiniMax-M3's dense layers are dense_intermediate_size wide; Step3/Step5's KV heads are their
+    num_attention_groups and their MoE layers moe_layers_enum's."""
+    base = {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "vocab_size": 1000,
+    }
+    mm = {**base, "architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax_m3_text"}
+    mm |= {"first_k_dense_replace": 1, "intermediate_size": 64}
+    narrow = parse_config(mm, "m3", "test", None)
+    wide = parse_config({**mm, "dense_intermediate_size": 1024}, "m3", "test", None)
+    assert wide.params - narrow.params == 3 * 256 * (1024 - 64)  # the one dense layer's gate, up, down
+    step = {k: v for k, v in base.items() if k != "num_key_value_heads"}
+    step |= {"architectures": ["Step5ForCausalLM"], "model_type": "step5", "num_attention_groups": 2}
+    step |= {"moe_layers_enum": "2,3", "intermediate_size": 512}
+    s = parse_config(step, "step5", "test", None)
+    assert s.num_kv_heads == 2 and kv_bytes_per_token(s, 1, 2) == 4 * 2 * 2 * 32 * 2
+    assert [k.mlp for k in s.stack.kinds] == ["dense", "dense", "moe", "moe"]
