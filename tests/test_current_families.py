@@ -251,3 +251,61 @@ def test_minimax_m3_dense_width_and_step_attention_groups() -> None:
     s = parse_config(step, "step5", "test", None)
     assert s.num_kv_heads == 2 and kv_bytes_per_token(s, 1, 2) == 4 * 2 * 2 * 32 * 2
     assert [k.mlp for k in s.stack.kinds] == ["dense", "dense", "moe", "moe"]
+
+
+def _dsv4_flash() -> dict[str, Any]:
+    """deepseek-ai/DeepSeek-V4-Flash's config.json (the keys that size it)."""
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "hidden_size": 4096,
+        "num_hidden_layers": 43,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 1,
+        "head_dim": 512,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024,
+        "o_groups": 8,
+        "o_lora_rank": 1024,
+        "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+        "sliding_window": 128,
+        "index_head_dim": 128,
+        "index_n_heads": 64,
+        "index_topk": 512,
+        "hc_mult": 4,
+        "num_hash_layers": 3,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 6,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 2048,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": 129280,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    }
+
+
+def test_deepseek_v4_weights_as_its_checkpoint_holds_them() -> None:
+    """DeepSeek-V4-Flash: the query and output through LoRA ranks (grouped for the output), one
+    512-wide KV head, compressors on the ratio-4 and ratio-128 layers, the indexer on the ratio-4
+    ones, hyper-connections, a MoE in every layer (3 hash-routed), its MTP layer; FP8 with the
+    routed experts in MXFP4 (expert_dtype's default). The published checkpoint: 148.65 GiB,
+    290.94 B parameters (284.3 B without the MTP layer); counted as plain attention at 8 bits
+    everywhere it was 298.8 GB."""
+    m = parse_config(_dsv4_flash(), "v4", "test", None)
+    assert abs(m.weights_bytes / 2**30 - 148.65) < 0.5
+    assert abs(m.params - 290_944_616_402) / 290_944_616_402 < 0.002
+    assert 13.5e9 < m.active_params < 14.2e9  # 13.8 B read per token
+    fp8 = {**_dsv4_flash(), "expert_dtype": "fp8"}
+    assert parse_config(fp8, "v4", "test", None).weights_bytes > 1.8 * m.weights_bytes  # experts at 8 bits
+    layer_types = {
+        "sliding_attention": 0,
+        "compressed_sparse_attention": 4,
+        "heavily_compressed_attention": 128,
+    }
+    by_name = {v: k for k, v in layer_types.items()}
+    typed = {k: v for k, v in _dsv4_flash().items() if k != "compress_ratios"}
+    typed["layer_types"] = [by_name[r] for r in _dsv4_flash()["compress_ratios"][:43]]
+    # transformers' layer_types spelling reads the same (the MTP layer's ratio, absent there, is 0)
+    assert parse_config(typed, "v4", "test", None).params == m.params

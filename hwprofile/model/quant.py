@@ -192,7 +192,22 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
     raw = q.get("quant_method")
     method = raw.lower() if isinstance(raw, str) else ""
     _check_modelopt_mixed(q, method)
-    return _quant_reader(method, q)(q, method)
+    quant = _quant_reader(method, q)(q, method)
+    inner = text if isinstance(text, dict) else cfg
+    if method == "fp8" and inner.get("model_type") == "deepseek_v4":
+        quant = _dsv4_experts(quant, inner.get("expert_dtype", cfg.get("expert_dtype")))
+    return quant
+
+
+def _dsv4_experts(quant: Quant, expert_dtype: object) -> Quant:
+    """DeepSeek V4's FP8 checkpoints keep the routed experts in MXFP4 unless ``expert_dtype`` says
+    otherwise (vLLM's ``DeepseekV4FP8Config``: ``expert_dtype`` "fp4" by default; 4 bits and one
+    E8M0 scale per 32 weights)."""
+    if expert_dtype not in (None, "fp4"):
+        return quant
+    rule = ("ct", (r"re:.*\.experts\..*",), Scheme(4, group=32, scale_bytes=1))
+    note = "routed experts in MXFP4 (DeepSeek V4's expert_dtype fp4, its default)"
+    return quant._replace(rules=(rule, *quant.rules), notes=(*quant.notes, note))
 
 
 def _check_modelopt_mixed(q: dict[str, Any], method: str) -> None:

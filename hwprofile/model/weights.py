@@ -719,6 +719,9 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     if s.mt == "zamba2":
         out += _zamba2(c, s, kinds)
         kinds = ()
+    elif s.mt == "deepseek_v4":
+        out += _deepseek_v4(c, s, len(kinds))
+        kinds = ()
     for i, kind in enumerate(kinds):
         shape = s if widths is None else s._replace(inter=widths[i], dense_inter=widths[i])
         layer = _layer(c, shape, kind, names.layer.format(i), "decoder")
@@ -736,7 +739,7 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     out += _ngram_tables(c)
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
-    out += _mtp(c, s, names)
+    out += [] if s.mt == "deepseek_v4" else _mtp(c, s, names)
     try:
         out += _vision(cfg, s.hidden, names)
     except ValueError as e:
@@ -785,6 +788,113 @@ def _zamba2(c: dict[str, Any], s: _Shape, kinds: Sequence[LayerKind]) -> list[Te
             _lin(f"{p}.feed_forward.gate_up_proj", "decoder", 2 * ffn, h, active=calls),
             _lin(f"{p}.feed_forward.down_proj", "decoder", h, ffn, active=calls),
             _vec(f"{p}.norms", "decoder", wide + h, active=calls),
+        ]
+    return out
+
+
+# DeepSeek V4's layer_types (transformers' DeepseekV4Config) -> the compression ratio
+_DSV4_RATIOS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def dsv4_ratios(c: dict[str, Any], layers: int) -> list[int]:
+    """DeepSeek V4's compression ratio per layer and MTP layer after them: ``compress_ratios`` (one
+    entry a layer, then the MTP layers': 0 sliding-window only, 4 compressed sparse attention with an
+    indexer, 128 heavily compressed), else ``layer_types`` by transformers' names."""
+    ratios = c.get("compress_ratios")
+    if ratios is None and isinstance(c.get("layer_types"), list):
+        ratios = [_DSV4_RATIOS.get(t, -1) for t in c["layer_types"]]
+    if type(ratios) is not list or len(ratios) < layers or any(r not in (0, 1, 4, 128) for r in ratios):
+        raise ValueError(f"compress_ratios: expected at least {layers} entries of 0, 4 or 128")
+    return [0 if r == 1 else r for r in ratios]
+
+
+def _dsv4_attention(c: dict[str, Any], s: _Shape, r: int, p: str, part: str) -> list[Tensor]:
+    """One DeepSeek V4 attention (vLLM ``models/deepseek_v4``): the query through a LoRA rank, one
+    shared KV head of ``head_dim`` (448 NoPE + RoPE), the output through ``o_groups`` grouped LoRA
+    projections, an fp32 sink per head; a compressor (bf16, its positional table in fp32) where
+    ``r > 1`` (two streams at 4), and at 4 the lightning indexer with a compressor of its own."""
+    h, heads, hd = s.hidden, s.heads, s.head_dim
+    ql, og, ol = _int(c, "q_lora_rank"), _int(c, "o_groups", default=1), _int(c, "o_lora_rank")
+    out = [
+        Tensor(f"{p}.wq_a", part, ql, h, replicated=True),
+        Tensor(f"{p}.wkv", part, hd, h, replicated=True),
+        _vec(f"{p}.norms", part, ql + hd),
+        _lin(f"{p}.wq_b", part, heads * hd, ql),
+        _lin(f"{p}.wo_a", part, og * ol, heads * hd // max(1, og)),
+        _lin(f"{p}.wo_b", part, h, og * ol),
+        _vec(f"{p}.attn_sink", part, 2 * heads),  # fp32: two bf16 widths
+    ]
+    if r > 1:
+        coff = 1 + (r == 4)
+        out += [
+            Tensor(f"{p}.compressor.wkv_wgate", part, 2 * coff * hd, h, linear=False, replicated=True),
+            _vec(f"{p}.compressor.ape_norm", part, 2 * r * coff * hd + hd),
+        ]
+    if r == 4:
+        ih, inh = _int(c, "index_head_dim", default=128), _int(c, "index_n_heads", default=64)
+        out += [
+            _lin(f"{p}.indexer.wq_b", part, inh * ih, ql),
+            Tensor(f"{p}.indexer.weights_proj", part, inh, h, linear=False, replicated=True),
+            Tensor(f"{p}.indexer.compressor.wkv_wgate", part, 4 * ih, h, linear=False, replicated=True),
+            _vec(f"{p}.indexer.compressor.ape_norm", part, 2 * 4 * 2 * ih + ih),
+        ]
+    return out
+
+
+def _dsv4_ffn(c: dict[str, Any], s: _Shape, p: str, part: str, hashed: bool) -> list[Tensor]:
+    """A DeepSeek V4 MoE: the router (bf16; a hash layer routes by a token-to-expert table instead
+    of a bias), the routed experts (MXFP4 in the published checkpoints: see quant.py) and the shared
+    ones; every layer is MoE."""
+    h, e = s.hidden, _int(c, "n_routed_experts")
+    k, inter = _int(c, "num_experts_per_tok") or e, _int(c, "moe_intermediate_size") or s.inter
+    out = [Tensor(f"{p}.gate", part, e, h, linear=False, replicated=True)]
+    out.append(
+        Tensor(f"{p}.gate.tid2eid", part, s.vocab, k, linear=False)
+        if hashed
+        else _vec(f"{p}.gate.bias", part, 2 * e)
+    )
+    out += _mlp(s, f"{p}.experts.0", part, inter, e, min(k, e))
+    shared = _int(c, "n_shared_experts") * inter
+    if shared:
+        out += _mlp(s, f"{p}.shared_experts", part, shared)
+    return out
+
+
+def _dsv4_mix(c: dict[str, Any], s: _Shape, p: str, part: str) -> list[Tensor]:
+    """Manifold hyper-connections (``hc_mult`` residual streams; fp32, so two bf16 widths) and the
+    layer's two norms."""
+    hc = _int(c, "hc_mult", default=4)
+    mix = (2 + hc) * hc
+    return [
+        _vec(f"{p}.hc", part, 2 * 2 * (mix * hc * s.hidden + mix + 3)),
+        _vec(f"{p}.norms", part, 2 * s.hidden),
+    ]
+
+
+def _deepseek_v4(c: dict[str, Any], s: _Shape, layers: int) -> list[Tensor]:
+    """DeepSeek V4's decoder layers and its MTP layers (``num_nextn_predict_layers``: attention
+    without a compressor where its ratio is 0, a MoE, the hyper-connections, ``e_proj``/``h_proj``
+    and its norms) as vLLM 0.33's ``models/deepseek_v4`` builds them."""
+    mtp = _int(c, "num_nextn_predict_layers")
+    ratios = dsv4_ratios(c, layers)
+    hashed = _int(c, "num_hash_layers")
+    out: list[Tensor] = []
+    for i in range(layers):
+        p = f"layers.{i}"
+        out += _dsv4_attention(c, s, ratios[i], f"{p}.attn", "decoder")
+        out += _dsv4_ffn(c, s, f"{p}.ffn", "decoder", i < hashed)
+        out += _dsv4_mix(c, s, p, "decoder")
+    hc = _int(c, "hc_mult", default=4)
+    out.append(_vec("hc_head", "decoder", 2 * (hc * hc * s.hidden + hc + 1)))
+    for j in range(mtp):
+        p, r = f"mtp.{j}", ratios[layers + j] if layers + j < len(ratios) else 0
+        out += _dsv4_attention(c, s, r, f"{p}.attn", "mtp")
+        out += _dsv4_ffn(c, s, f"{p}.ffn", "mtp", False)
+        out += _dsv4_mix(c, s, p, "mtp")
+        out += [
+            _lin(f"{p}.e_proj", "mtp", s.hidden, s.hidden),
+            _lin(f"{p}.h_proj", "mtp", s.hidden, s.hidden),
+            _vec(f"{p}.mtp_norms", "mtp", 3 * s.hidden + 2 * (hc * hc * s.hidden + hc + 1)),
         ]
     return out
 
