@@ -309,3 +309,43 @@ def test_deepseek_v4_weights_as_its_checkpoint_holds_them() -> None:
     typed["layer_types"] = [by_name[r] for r in _dsv4_flash()["compress_ratios"][:43]]
     # transformers' layer_types spelling reads the same (the MTP layer's ratio, absent there, is 0)
     assert parse_config(typed, "v4", "test", None).params == m.params
+
+
+def test_deepseek_v4_cache_as_vllm_packs_it() -> None:
+    """DeepSeek-V4-Flash's cache as vLLM 0.33 lays it out on a Hopper GPU (its own grouping and
+    capacity functions run over the layers' specs): fp8_ds_mla rows of 584 B in 576-B-aligned pages,
+    5 packed groups (two sliding-window groups of 22 and 21 layers, one of the compressed caches, one
+    of each compressor state), 1,002,240 B a block, whatever the TP; a request of M tokens with F in
+    flight reserves 2 x (cdiv(min(127 + F, M), 64) + 1) + cdiv(M, 256) + cdiv(min(7 + F, M), 4) + 1
+    + cdiv(min(127 + F, M), 8) + 1 blocks. vLLM logs 5,095 tokens for 1 GiB at M 8,192 and F 4,096,
+    104,196 at M 1,048,576 and F 16,384 (the Pro: 3,553 and 72,674); as plain sliding-window layers it
+    was 862,756 on the plan's 39.3 GB where vLLM's arithmetic says 186,660."""
+    from hwprofile.plan.compressed import compressed_cache
+    from hwprofile.plan.memory import kv_bytes_per_sequence, vllm_kv_cache
+
+    m = parse_config(_dsv4_flash(), "v4", "test", None)
+    c = m.stack.compressed
+    assert c is not None and c.ratios.count(4) == 21 and c.ratios.count(128) == 20
+    cache = compressed_cache(c, 1 << 30, 8192, 4096)
+    assert cache.bytes_per_block == 1_002_240 and len(cache.groups) == 5
+    assert (cache.blocks_per_request, cache.logged_tokens) == (1722, 5095)
+    assert compressed_cache(c, 1 << 30, 1 << 20, 16384).logged_tokens == 104_196
+    assert vllm_kv_cache(m, 39_325_185_729, 8192, tp=8, in_flight=4096)[1] == 186_660
+    assert kv_bytes_per_token(m, 1, 2) == kv_bytes_per_token(m, 8, 1) == 3915
+    assert kv_bytes_per_sequence(m, 8, 2, 8192, in_flight=4096, reserve=True) == 1722 * 1_002_240
+    pro = {**_dsv4_flash(), "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128}
+    pro |= {"compress_ratios": [128, 128] + [4, 128] * 29 + [4, 0], "q_lora_rank": 1536, "o_groups": 16}
+    p = parse_config(pro, "v4-pro", "test", None)
+    assert compressed_cache(p.stack.compressed, 1 << 30, 8192, 4096).logged_tokens == 3553
+    assert compressed_cache(p.stack.compressed, 1 << 30, 1 << 20, 16384).logged_tokens == 72_674
+
+
+def test_deepseek_v4_runs_on_hopper_and_blackwell_only() -> None:
+    """No vLLM backend runs DeepSeek V4's sparse attention below SM90 (FlashMLA on SM90/SM100,
+    FlashInfer on SM12x): a plan for an Ampere card is refused, saying so."""
+    from hwprofile.plan import attention
+
+    m = parse_config(_dsv4_flash(), "v4", "test", None)
+    assert attention.of_instance("auto", "8.0", "auto", m).refused
+    assert not attention.of_instance("auto", "9.0", "auto", m).refused
+    assert not attention.of_instance("auto", "12.0", "auto", m).refused

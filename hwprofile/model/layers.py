@@ -124,6 +124,41 @@ class StateDims(NamedTuple):
     bounded_gate: bool = False  # kda: a gate lower bound is set (linear_attn_config.gate_lower_bound)
 
 
+# DeepSeek V4's layer_types (transformers' DeepseekV4Config) -> the compression ratio
+_DSV4_RATIOS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def dsv4_ratios(c: dict[str, Any], layers: int) -> list[int]:
+    """DeepSeek V4's compression ratio per layer and MTP layer after them: ``compress_ratios`` (one
+    entry a layer, then the MTP layers': 0 sliding-window only, 4 compressed sparse attention with an
+    indexer, 128 heavily compressed), else ``layer_types`` by transformers' names."""
+    ratios = c.get("compress_ratios")
+    if ratios is None and isinstance(c.get("layer_types"), list):
+        ratios = [_DSV4_RATIOS.get(t, -1) for t in c["layer_types"]]
+    if type(ratios) is not list or len(ratios) < layers or any(r not in (0, 1, 4, 128) for r in ratios):
+        raise ValueError(f"compress_ratios: expected at least {layers} entries of 0, 4 or 128")
+    return [0 if r == 1 else r for r in ratios]
+
+
+def is_dsv4(cfg: dict[str, Any]) -> bool:
+    """A DeepSeek V4 config with its compression ratios (``compress_ratios`` or ``layer_types``)."""
+    return _mtype(cfg) == "deepseek_v4" and any(
+        isinstance(cfg.get(k), list) for k in ("compress_ratios", "layer_types")
+    )
+
+
+class Compressed(NamedTuple):
+    """DeepSeek V4's compressed attention (vLLM ``models/deepseek_v4``): every layer keeps a
+    sliding window of ``window`` tokens; a layer of ratio 4 also one compressed entry per 4 tokens
+    with the lightning indexer's key, a ratio-128 layer one per 128; each compressor its fp32 state."""
+
+    ratios: tuple[int, ...]  # per decoder layer: 0, 4 or 128
+    head_dim: int  # the one KV head (NoPE + RoPE)
+    rope_dim: int
+    index_dim: int
+    window: int
+
+
 class LayerStack(NamedTuple):
     """The model's layers (:func:`layer_kinds`), the shape of each attention kind present, the
     state dimensions where the model has state layers, and the layers that reuse an earlier
@@ -139,6 +174,7 @@ class LayerStack(NamedTuple):
     # every attention layer also runs a state mixer of kind ``state.kind`` beside it (Falcon-H1):
     # one state layer more per attention layer, as vLLM registers them
     parallel_state: bool = False
+    compressed: Compressed | None = None  # DeepSeek V4's compressed attention
 
     def count(self, mixer: str) -> int:
         return sum(1 for k in self.kinds if k.mixer == mixer)
@@ -784,7 +820,22 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
     linear = isinstance(types, list) and "linear_attention" in types
     parallel = _mtype(cfg) in PARALLEL_STATE_TYPES
     state = _state_dims(cfg, kinds)
-    return LayerStack(kinds, _attention_shapes(cfg, kinds), state, shared, linear, parallel)
+    return LayerStack(kinds, _attention_shapes(cfg, kinds), state, shared, linear, parallel, _compressed(cfg))
+
+
+def _compressed(cfg: dict[str, Any]) -> Compressed | None:
+    """DeepSeek V4's compressed attention, read from its config (None for any other model, and for
+    one whose config says no compression ratios: read as the attention it describes)."""
+    if not is_dsv4(cfg):
+        return None
+    layers = _need(cfg, "num_hidden_layers", "the layer stack")
+    return Compressed(
+        tuple(dsv4_ratios(cfg, layers)[:layers]),
+        _need(cfg, "head_dim", "DeepSeek V4's KV head"),
+        _int(cfg, "qk_rope_head_dim", 64) or 0,
+        _int(cfg, "index_head_dim", 128, lo=1) or 128,
+        _int(cfg, "sliding_window", 128, lo=1) or 128,
+    )
 
 
 def _divide(a: int, b: int, what: str) -> int:

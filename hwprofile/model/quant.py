@@ -194,7 +194,7 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
     _check_modelopt_mixed(q, method)
     quant = _quant_reader(method, q)(q, method)
     inner = text if isinstance(text, dict) else cfg
-    if method == "fp8" and inner.get("model_type") == "deepseek_v4":
+    if method == "fp8" and inner.get("model_type") == "deepseek_v4" and "compress_ratios" in inner:
         quant = _dsv4_experts(quant, inner.get("expert_dtype", cfg.get("expert_dtype")))
     return quant
 

@@ -40,7 +40,16 @@ Pure: dicts in, numbers out; nothing from torch or transformers.
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .layers import MIXERS, MLPS, PARALLEL_STATE_TYPES, LayerKind, indexed_layers, kda_geometry
+from .layers import (
+    MIXERS,
+    MLPS,
+    PARALLEL_STATE_TYPES,
+    LayerKind,
+    dsv4_ratios,
+    indexed_layers,
+    is_dsv4,
+    kda_geometry,
+)
 from .layers import layer_kinds as read_layer_kinds
 from .quant import read_quant
 from .tensor import PARTS, Tensor
@@ -719,7 +728,7 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     if s.mt == "zamba2":
         out += _zamba2(c, s, kinds)
         kinds = ()
-    elif s.mt == "deepseek_v4":
+    elif is_dsv4(c):
         out += _deepseek_v4(c, s, len(kinds))
         kinds = ()
     for i, kind in enumerate(kinds):
@@ -739,7 +748,7 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     out += _ngram_tables(c)
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
-    out += [] if s.mt == "deepseek_v4" else _mtp(c, s, names)
+    out += [] if is_dsv4(c) else _mtp(c, s, names)
     try:
         out += _vision(cfg, s.hidden, names)
     except ValueError as e:
@@ -790,22 +799,6 @@ def _zamba2(c: dict[str, Any], s: _Shape, kinds: Sequence[LayerKind]) -> list[Te
             _vec(f"{p}.norms", "decoder", wide + h, active=calls),
         ]
     return out
-
-
-# DeepSeek V4's layer_types (transformers' DeepseekV4Config) -> the compression ratio
-_DSV4_RATIOS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-
-
-def dsv4_ratios(c: dict[str, Any], layers: int) -> list[int]:
-    """DeepSeek V4's compression ratio per layer and MTP layer after them: ``compress_ratios`` (one
-    entry a layer, then the MTP layers': 0 sliding-window only, 4 compressed sparse attention with an
-    indexer, 128 heavily compressed), else ``layer_types`` by transformers' names."""
-    ratios = c.get("compress_ratios")
-    if ratios is None and isinstance(c.get("layer_types"), list):
-        ratios = [_DSV4_RATIOS.get(t, -1) for t in c["layer_types"]]
-    if type(ratios) is not list or len(ratios) < layers or any(r not in (0, 1, 4, 128) for r in ratios):
-        raise ValueError(f"compress_ratios: expected at least {layers} entries of 0, 4 or 128")
-    return [0 if r == 1 else r for r in ratios]
 
 
 def _dsv4_attention(c: dict[str, Any], s: _Shape, r: int, p: str, part: str) -> list[Tensor]:

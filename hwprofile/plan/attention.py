@@ -61,6 +61,7 @@ class Need(NamedTuple):
     dtype: str = "auto"
     sinks: bool = False
     mla: bool = False
+    compressed: bool = False  # DeepSeek V4's compressed sparse attention (plan/compressed.py)
 
 
 def _major_minor(cc: str | None) -> tuple[int, int] | None:
@@ -132,6 +133,8 @@ def pick(asked: str, cc: str | None, need: Need) -> Attention:
     like FlashAttention (kernel "split")."""
     if asked != "auto":
         return _asked(asked, cc, need)
+    if need.compressed:
+        return _compressed(cc)
     if need.mla:
         return Attention("auto", "split", False, "vLLM's MLA backend for this MLA model (its own pick)")
     caps = _major_minor(cc)
@@ -153,6 +156,16 @@ def pick(asked: str, cc: str | None, need: Need) -> Attention:
     return Attention("auto", "triton", False, f"vLLM's own pick: TRITON_ATTN ({'; '.join(skipped)})")
 
 
+def _compressed(cc: str | None) -> Attention:
+    """DeepSeek V4's sparse attention: FlashMLA on SM90/SM100, FlashInfer's SM12x kernels; no
+    backend of vLLM 0.33 runs it on another GPU (``models/deepseek_v4/nvidia/model.py``)."""
+    caps = _major_minor(cc)
+    why = "vLLM's DeepSeek V4 sparse attention (FlashMLA on SM90/SM100, FlashInfer on SM12x)"
+    if caps is not None and caps[0] not in (9, 10, 12):
+        return Attention("auto", "split", False, why, f"no vLLM backend runs it at compute capability {cc}")
+    return Attention("auto", "split", False, why)
+
+
 def head_size(model: ModelFacts) -> int:
     """The largest attention head size of ``model`` (vLLM picks one backend for every layer)."""
     sizes = [model.head_dim]
@@ -164,7 +177,8 @@ def head_size(model: ModelFacts) -> int:
 def need_of(model: ModelFacts, kv_dtype: str, dtype: str = "auto") -> Need:
     """What ``model`` asks of a backend (gpt-oss's attention has sinks: ``sinks`` in every layer)."""
     sinks = (model.model_type or "") == "gpt_oss"
-    return Need(head_size(model), kv_dtype, dtype, sinks, bool(model.kv_lora_rank))
+    compressed = model.stack is not None and model.stack.compressed is not None
+    return Need(head_size(model), kv_dtype, dtype, sinks, bool(model.kv_lora_rank) or compressed, compressed)
 
 
 def of_instance(

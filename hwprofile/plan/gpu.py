@@ -119,6 +119,11 @@ def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key:
     asked, dtype = ctx.settings.engine.attention_backend, ctx.settings.engine.dtype
     flag = ctx.release.has("--attention-backend")
     att = attention.of_instance(asked, gpu.compute_capability, kv_name, model, flag, dtype)
+    if att.refused and not att.asked:
+        raise PlanRefused(
+            f"{model.name} on {gpu.name}: {att.refused} ({att.why})",
+            ["a Hopper (SM90) or Blackwell (SM100, SM12x) GPU"],
+        )
     if att.refused:
         raise PlanRefused(
             f"engine.attention_backend {att.backend} on {gpu.name} with {model.name}: {att.refused}; vLLM "

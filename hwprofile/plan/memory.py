@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..model import ModelFacts
 from ..release import release_of
+from .compressed import BLOCK as COMPRESSED_BLOCK
+from .compressed import compressed_cache
 
 if TYPE_CHECKING:
     from ..model.layers import AttentionShape, LayerStack
@@ -63,6 +65,8 @@ def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding:
     With ``sliding=False`` only full-attention layers count (sliding-window layers hold at most
     ``window`` tokens per sequence; see :func:`kv_bytes_per_sequence`).
     """
+    if model.stack is not None and model.stack.compressed is not None:  # DeepSeek V4, whatever the TP
+        return -(-compressed_cache(model.stack.compressed, 0, 1, 0).bytes_per_block // COMPRESSED_BLOCK)
     if not is_plain(model):
         return sum(
             n * b
@@ -98,6 +102,8 @@ _PLAIN_SIZE = 8
 
 
 def _plain_stack(st: LayerStack) -> bool:
+    if st.compressed is not None:
+        return False
     if st.state_layers or st.kv_shared or "chunked" in st.attention or st.count("none"):
         return False
     shapes = {(a.num_kv_heads, a.head_dim, a.head_dim_v) for k, a in st.attention.items() if k != "mla"}
@@ -175,6 +181,9 @@ def kv_bytes_per_sequence(
 
     A hybrid model (:func:`is_hybrid`): its attention layers' blocks at vLLM's hybrid block size
     plus its state pages (:func:`hybrid_kv_cache`, with ``hybrid``'s serving options)."""
+    if model.stack is not None and model.stack.compressed is not None:  # DeepSeek V4 (plan.compressed)
+        c = compressed_cache(model.stack.compressed, 0, length, in_flight)
+        return c.blocks_per_request * c.bytes_per_block
     if is_hybrid(model):
         h = hybrid_kv_cache(
             model, 0, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **(hybrid or HybridOpts())._asdict()
@@ -228,9 +237,10 @@ def vllm_kv_cache(
     in_flight: int = 0,
     hybrid: HybridOpts | None = None,
 ) -> tuple[int, int]:
-    """``(num_blocks, logged tokens)``: vLLM's arithmetic for a KV cache of ``kv_cache_bytes``.
-    A hybrid model's by :func:`hybrid_kv_cache` (``hybrid``: how it is served; ``block`` its
-    cache block before alignment); chunked-local layers hold their chunk plus ``in_flight``.
+    """``(num_blocks, logged tokens)``: vLLM's arithmetic for a KV cache of ``kv_cache_bytes``. A
+    hybrid model's by :func:`hybrid_kv_cache` (``hybrid``: how it is served; ``block`` its cache
+    block before alignment), DeepSeek V4's by :mod:`.compressed`; chunked-local layers hold their
+    chunk plus ``in_flight``.
 
     ``num_blocks = bytes // (layers per group × page)`` (``get_kv_cache_config_from_groups``), and
     the ``KV cache size: N tokens`` line is ``int(num_blocks / blocks per request × max_model_len)``
@@ -240,6 +250,9 @@ def vllm_kv_cache(
     ``max_num_batched_tokens`` × concurrent batches (one on the CPU: no async scheduling).
     """
     dtype_bytes = kv_dtype_bytes or model.dtype_bytes
+    if model.stack is not None and model.stack.compressed is not None:  # DeepSeek V4 (plan.compressed)
+        c = compressed_cache(model.stack.compressed, kv_cache_bytes, max_model_len, in_flight)
+        return c.num_blocks, c.logged_tokens
     if is_hybrid(model):
         h = hybrid_kv_cache(
             model,
@@ -250,6 +263,19 @@ def vllm_kv_cache(
             **(hybrid or HybridOpts(cache_block=block))._asdict(),
         )
         return h.num_blocks, h.logged_tokens
+    return _attention_kv_cache(model, kv_cache_bytes, max_model_len, block, dtype_bytes, tp, in_flight)
+
+
+def _attention_kv_cache(
+    model: ModelFacts,
+    kv_cache_bytes: int,
+    max_model_len: int,
+    block: int,
+    dtype_bytes: int,
+    tp: int,
+    in_flight: int,
+) -> tuple[int, int]:
+    """:func:`vllm_kv_cache` for attention-only models (plain, or by the layer stack's kinds)."""
     if is_plain(model):
         page = kv_bytes_per_token_layer(model, tp, dtype_bytes) * block
     else:
@@ -282,7 +308,11 @@ def vllm_kv_cache(
 def logs_kv_tokens(model: ModelFacts, tp: int = 1, kv_dtype_bytes: int = 2) -> bool:
     """Whether :func:`vllm_kv_cache` can say what vLLM logs for this model: not where attention
     layers of several page sizes share the pool (vLLM packs them into mixed blocks)."""
-    if is_plain(model) or is_hybrid(model):
+    if (
+        is_plain(model)
+        or is_hybrid(model)
+        or (model.stack is not None and model.stack.compressed is not None)
+    ):
         return True
     return len({b for _, b in attention_bytes_by_kind(model, tp, kv_dtype_bytes).values()}) == 1
 

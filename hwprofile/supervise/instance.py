@@ -132,9 +132,7 @@ class Instance:
         self.ready_at: float | None = None
         self.argv: list[str] = []
         self.tmp, self.cache, self.log, self._dirs_id = _private_files(opts, self.name)
-        # the directories this instance made in /tmp (TMPDIR too long under the runtime directory, or
-        # its own gone): removed when its last process is reaped, each only while it is still the one made
-        self._made: list[tuple[Path, DirIdentity | None]] = []
+        self._made: list[tuple[Path, DirIdentity | None]] = []  # made in /tmp: see _remove_made
         self.thread = threading.Thread(target=self._main, name=f"instance-{self.name}", daemon=True)
         self._stop_asked, self._replace_asked = threading.Event(), threading.Event()
         self._replace_lock = threading.Lock()
