@@ -308,7 +308,8 @@ def test_deepseek_v4_weights_as_its_checkpoint_holds_them() -> None:
     typed = {k: v for k, v in _dsv4_flash().items() if k != "compress_ratios"}
     typed["layer_types"] = [by_name[r] for r in _dsv4_flash()["compress_ratios"][:43]]
     # transformers' layer_types spelling reads the same (the MTP layer's ratio, absent there, is 0)
-    assert parse_config(typed, "v4", "test", None).params == m.params
+    same = parse_config(typed, "v4", "test", None)
+    assert (same.params, same.weights_bytes) == (m.params, m.weights_bytes)
 
 
 def test_deepseek_v4_cache_as_vllm_packs_it() -> None:
@@ -349,3 +350,74 @@ def test_deepseek_v4_runs_on_hopper_and_blackwell_only() -> None:
     assert attention.of_instance("auto", "8.0", "auto", m).refused
     assert not attention.of_instance("auto", "9.0", "auto", m).refused
     assert not attention.of_instance("auto", "12.0", "auto", m).refused
+
+
+def test_malformed_new_family_keys_are_clear_refusals() -> None:
+    """The new keys are checked: a wrong value is a ValueError naming the key, not a traceback,
+    a silent misreading or a loop over millions of entries."""
+    import pytest
+
+    base = _dsv4_flash()
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({**base, "compress_ratios": "0,4"}, "compress_ratios"),
+        ({**base, "compress_ratios": [128] * 44}, "no layer of compression ratio 4"),
+        ({**base, "qk_rope_head_dim": 1024}, "qk_rope_head_dim"),
+    ]
+    hy = {"model_type": "hy_v4", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    hy |= {"kv_lora_rank": 32, "index_topk": 8, "indexer_types": [["full"], "shared"]}
+    cases.append((hy, "indexer_types"))
+    zamba = {"model_type": "zamba2", "hidden_size": 64, "num_hidden_layers": 4, "hybrid_layer_ids": [1, 1, 9]}
+    cases.append((zamba, "hybrid_layer_ids"))
+    step = {"model_type": "step5", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    step |= {"num_experts": 2, "moe_layers_enum": "1,x"}
+    cases.append((step, "moe_layers_enum"))
+    ple = {
+        "model_type": "qwen4_exp_text",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    }
+    ple |= {"ple_layer_ids": [1, 1], "ple_embed_dim": 64, "ngram_vocab_size_base": 100}
+    cases.append((ple, "ple_layer_ids"))
+    for cfg, words in cases:
+        with pytest.raises(ValueError, match=words):
+            parse_config(cfg, "bad", "test", None)
+
+
+def test_an_asr_models_audio_encoder_is_not_a_tower_to_drop() -> None:
+    """Only an omni thinker's audio tower counts with the vision tower (and so is dropped under
+    --language-model-only); a speech-to-text model's encoder is its input path."""
+    from hwprofile.plan.loaded import language_only
+
+    audio = {"d_model": 256, "encoder_layers": 2, "encoder_ffn_dim": 512, "output_dim": 256}
+    asr = {"model_type": "qwen3_asr", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}
+    asr |= {"vocab_size": 1000, "audio_config": audio}
+    m = parse_config(asr, "asr", "test", None)
+    assert m.vision_bytes == 0 and not language_only(m, Settings(), "0.33.0")
+
+
+def test_step_attention_groups_and_a_listed_moe_layers_enum() -> None:
+    """Step-3.5 names its KV heads num_attention_groups too; moe_layers_enum may be a list."""
+    cfg = {"model_type": "step3p5", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8}
+    cfg |= {"head_dim": 32, "num_attention_groups": 2, "num_experts": 4, "num_experts_per_tok": 2}
+    cfg |= {
+        "moe_intermediate_size": 64,
+        "intermediate_size": 512,
+        "moe_layers_enum": [2, 3],
+        "vocab_size": 100,
+    }
+    m = parse_config(cfg, "step", "test", None)
+    assert m.num_kv_heads == 2
+    assert [k.mlp for k in m.stack.kinds] == ["dense", "dense", "moe", "moe"]
+
+
+def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:
+    import pytest
+
+    from hwprofile.plan.engine import kv_cache_dtype
+    from hwprofile.plan.refusal import PlanRefused
+
+    m = parse_config(_dsv4_flash(), "v4", "test", None)
+    assert kv_cache_dtype("auto", _gpu("9.0"), m)[:2] == ("auto", 1)
+    with pytest.raises(PlanRefused, match="fp8_ds_mla"):
+        kv_cache_dtype("bfloat16", _gpu("9.0"), m)

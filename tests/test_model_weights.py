@@ -1174,7 +1174,7 @@ def test_omni_audio_towers_equal_transformers_parameter_count(cfg_cls: str, mode
         conf = load(cfg_cls)(**kw)
         with torch.device("meta"):
             want = sum(p.numel() for p in load(model_cls)._from_config(conf).parameters())
-        cfg = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}
+        cfg = {"model_type": "qwen3_omni_moe", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}
         got = [
             t
             for t in tensors({**cfg, "audio_config": conf.to_dict()}, [])

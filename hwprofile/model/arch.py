@@ -67,6 +67,23 @@ def _first(cfg: dict[str, Any], keys: tuple[str, ...]) -> int:
     return 0
 
 
+def _layer_set(v: object, key: str) -> set[int]:
+    """Layer indices written as "3,4,5" or as a list of integers; ``ValueError`` naming ``key``."""
+    items = v.strip().split(",") if isinstance(v, str) else v
+    bad = ValueError(f"{key}: expected layer indices, as '3,4,5' or a list of integers, got {v!r}"[:120])
+    if not isinstance(items, (list, tuple)) or len(items) > 1 << 16:
+        raise bad
+    out: set[int] = set()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise bad
+        try:
+            out.add(int(item))
+        except ValueError:
+            raise bad from None
+    return out
+
+
 def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[int]:
     """Indices of the layers whose MLP is a mixture of experts (vLLM's rule per family)."""
     if not experts:
@@ -77,14 +94,8 @@ def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[in
             raise ValueError(f"mlp_layer_types: expected {layers} names, one a layer, got {kinds!r}"[:120])
         return [i for i in range(layers) if kinds[i] != "dense"]
     enum = cfg.get("moe_layers_enum")
-    if type(enum) is str and enum.strip():  # Step3/Step5 (step3_text.py): "3,4,5,..." the MoE layers
-        try:
-            listed = {int(i) for i in enum.strip().split(",")}
-        except ValueError:
-            raise ValueError(
-                f"moe_layers_enum: expected comma-separated layer indices, got {enum!r}"[:120]
-            ) from None
-        return [i for i in range(layers) if i in listed]
+    if enum is not None:  # Step3/Step5 (step3_text.py): "3,4,5,..." or a list: the MoE layers
+        return [i for i in range(layers) if i in _layer_set(enum, "moe_layers_enum")]
     freqs = cfg.get("moe_layer_freq")
     if type(freqs) is list:  # MiMo-V2: one entry a layer, 1 where it is MoE (mimo_v2.py is_moe_layer)
         if len(freqs) != layers or any(f not in (0, 1) for f in freqs):

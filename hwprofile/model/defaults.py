@@ -30,6 +30,7 @@ ALIASES: dict[str, dict[str, str]] = {
     # Step3/Step5's KV heads are its attention groups (step3_text.py, step5: num_kv_heads)
     "step3_text": {"num_attention_groups": "num_key_value_heads"},
     "step5": {"num_attention_groups": "num_key_value_heads"},
+    "step3p5": {"num_attention_groups": "num_key_value_heads"},
 }
 # keys HunYuan's classes give one value per layer (moe_topk, moe_intermediate_size, num_shared_expert,
 # num_experts: hunyuan_v1.py reads entry [layer_id]); one value for every layer where the list holds

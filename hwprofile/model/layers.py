@@ -141,10 +141,15 @@ def dsv4_ratios(c: dict[str, Any], layers: int) -> list[int]:
 
 
 def is_dsv4(cfg: dict[str, Any]) -> bool:
-    """A DeepSeek V4 config with its compression ratios (``compress_ratios`` or ``layer_types``)."""
-    return _mtype(cfg) == "deepseek_v4" and any(
-        isinstance(cfg.get(k), list) for k in ("compress_ratios", "layer_types")
-    )
+    """A DeepSeek V4 config with its compression ratios (``compress_ratios`` or ``layer_types``);
+    ``ValueError`` where ``compress_ratios`` is there but not a list."""
+    if _mtype(cfg) != "deepseek_v4":
+        return False
+    if "compress_ratios" in cfg and not isinstance(cfg["compress_ratios"], list):
+        raise ValueError(
+            f"compress_ratios: expected a list, one ratio a layer, got {cfg['compress_ratios']!r}"[:120]
+        )
+    return any(isinstance(cfg.get(k), list) for k in ("compress_ratios", "layer_types"))
 
 
 class Compressed(NamedTuple):
@@ -323,7 +328,10 @@ def zamba2_blocks(cfg: dict[str, Any], n: int, name: str) -> list[str]:
             raise ValueError(
                 f"{name}: neither layers_block_type nor hybrid_layer_ids says which layers are hybrid"
             )
-        blocks = ["hybrid" if i in set(ids) else "mamba" for i in range(n)]
+        hybrid = set(ids)
+        if len(hybrid) != len(ids) or not hybrid <= set(range(n)):
+            raise ValueError(f"{name}: hybrid_layer_ids must be distinct layer indices below {n}")
+        blocks = ["hybrid" if i in hybrid else "mamba" for i in range(n)]
     kinds = ("hybrid", "mamba", "linear_attention")
     if type(blocks) is not list or len(blocks) != n or any(b not in kinds for b in blocks):
         raise ValueError(
@@ -613,7 +621,7 @@ def indexed_layers(cfg: dict[str, Any], layers: int) -> frozenset[int]:
     ``compute_skip_topk_layers``)."""
     types = cfg.get("indexer_types")
     if type(types) is list and types:
-        if len(types) != layers or set(types) - {"full", "shared"}:
+        if len(types) != layers or any(t not in ("full", "shared") for t in types):
             raise ValueError(f"indexer_types: expected {layers} entries of full or shared")
         return frozenset(i for i, t in enumerate(types) if t == "full")
     pattern = cfg.get("index_topk_pattern")
@@ -829,13 +837,14 @@ def _compressed(cfg: dict[str, Any]) -> Compressed | None:
     if not is_dsv4(cfg):
         return None
     layers = _need(cfg, "num_hidden_layers", "the layer stack")
-    return Compressed(
-        tuple(dsv4_ratios(cfg, layers)[:layers]),
-        _need(cfg, "head_dim", "DeepSeek V4's KV head"),
-        _int(cfg, "qk_rope_head_dim", 64) or 0,
-        _int(cfg, "index_head_dim", 128, lo=1) or 128,
-        _int(cfg, "sliding_window", 128, lo=1) or 128,
-    )
+    ratios = tuple(dsv4_ratios(cfg, layers)[:layers])
+    head, rope = _need(cfg, "head_dim", "DeepSeek V4's KV head"), _int(cfg, "qk_rope_head_dim", 64) or 0
+    if rope > head:
+        raise ValueError(f"qk_rope_head_dim: {rope} is more than head_dim ({head})")
+    if 4 not in ratios:  # vLLM then splits its sliding-window caches by another rule: not modelled
+        raise ValueError(f"{_name(cfg)}: no layer of compression ratio 4; its cache layout is not modelled")
+    index = _int(cfg, "index_head_dim", 128, lo=1) or 128
+    return Compressed(ratios, head, rope, index, _int(cfg, "sliding_window", 128, lo=1) or 128)
 
 
 def _divide(a: int, b: int, what: str) -> int:

@@ -594,6 +594,9 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
     return _vit_vision(v, p, part, d, text_hidden)
 
 
+OMNI_TYPES = ("qwen2_5_omni", "qwen3_omni")  # thinkers whose audio tower serves beside text and vision
+
+
 def _audio(cfg: dict[str, Any]) -> list[Tensor]:
     """A Whisper-style audio encoder (``audio_config``: ``d_model``, ``encoder_layers``,
     ``encoder_ffn_dim``, ``num_mel_bins``, ``output_dim``), as Qwen2.5-Omni and Qwen3-Omni's thinkers
@@ -602,8 +605,8 @@ def _audio(cfg: dict[str, Any]) -> list[Tensor]:
     fc2; two layer norms), a final norm and the projection to ``output_dim``. Counted with the
     vision tower: a multimodal encoder, not loaded under ``--language-model-only``."""
     a = cfg.get("audio_config")
-    if not isinstance(a, dict):
-        return []
+    if not isinstance(a, dict) or not _mtype(cfg).startswith(OMNI_TYPES):
+        return []  # an audio-input model's encoder (ASR) is its input path, not a tower to drop
     d, layers = _int(a, "d_model"), _int(a, "encoder_layers")
     if not (d and layers):
         return []
@@ -768,13 +771,14 @@ def _zamba2(c: dict[str, Any], s: _Shape, kinds: Sequence[LayerKind]) -> list[Te
     hybrid layer that calls them (block ``b`` serves every ``num_mem_blocks``-th hybrid layer)."""
     h, ffn, wide = s.hidden, s.inter, 2 * s.hidden
     hybrid = [i for i, k in enumerate(kinds) if k.mixer == "full"]
+    called = set(hybrid)
     blocks = max(1, min(_int(c, "num_mem_blocks", default=1), max(1, len(hybrid))))
     rank = _int(c, "adapter_rank", default=128)
     qkv_adapters = c.get("use_shared_attention_adapter") is True
     out: list[Tensor] = []
     for i in range(len(kinds)):
         p = f"model.layers.{i}"
-        out += _mamba2(c, s, f"{p}.mamba_decoder.mamba" if i in hybrid else f"{p}.mamba", "decoder")
+        out += _mamba2(c, s, f"{p}.mamba_decoder.mamba" if i in called else f"{p}.mamba", "decoder")
         out.append(_vec(f"{p}.input_layernorm", "decoder", h))
     for n, i in enumerate(hybrid):
         p, b = f"model.layers.{i}", n % blocks
@@ -900,12 +904,23 @@ def _ngram_tables(c: dict[str, Any]) -> list[Tensor]:
     and the layer's projection of them into its residual streams. A few rows are looked up per
     token: nothing of the table is read per decoded token beyond them."""
     layers = c.get("ple_layer_ids")
-    if type(layers) is not list or not layers:
+    if layers is None or layers == []:
         return []
+    n = _int(c, "num_hidden_layers")
+    if (
+        type(layers) is not list
+        or len(set(layers)) != len(layers)
+        or not all(type(i) is int and 0 < i <= n for i in layers)
+    ):
+        raise ValueError(
+            f"ple_layer_ids: expected distinct layer numbers from 1 to {n}, got {layers!r}"[:120]
+        )
     heads = max(1, (_int(c, "ngram_size", default=3) - 1) * _int(c, "heads_per_ngram", default=1))
     dim, base = _int(c, "ple_embed_dim"), _int(c, "ngram_vocab_size_base")
     if not (dim and base):
         return []
+    if dim % heads:
+        raise ValueError(f"ple_embed_dim: {dim} does not divide into the {heads} n-gram heads")
     pad = _int(c, "make_ngram_vocab_size_divisible_by", default=1) or 1
     rows = -(-heads * base // pad) * pad
     streams = (_int(c, "hc_count", default=1) or 1) * _int(c, "hidden_size")

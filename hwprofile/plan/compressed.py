@@ -5,10 +5,11 @@ Every layer keeps a sliding window (``SlidingWindowMLASpec``, 64-token blocks); 
 (compressed sparse attention) one entry per 4 tokens and the lightning indexer's key per 4 tokens
 (``MLAAttentionSpec``, 256-token blocks), a ratio-128 layer one entry per 128; each compressor
 keeps its fp32 state over a window of ``2 x 4`` (ratio 4, 4-token blocks; the indexer's too) or
-128 tokens (ratio 128, 8-token blocks). On the GPUs vLLM runs it on (FlashMLA on SM90/SM100,
-FlashInfer on SM12x) the cache is ``fp8_ds_mla`` whatever ``--kv-cache-dtype`` says: a row of the
-NoPE part in fp8, the RoPE part in bf16 and 8 bytes of scales (584 bytes at a head of 512), pages
-padded to 576 bytes. No spec splits across tensor-parallel ranks: each holds the whole cache.
+128 tokens (ratio 128, 8-token blocks). On vLLM's default backends (FlashMLA on SM90/SM100,
+FlashInfer on SM12x) the cache is ``fp8_ds_mla`` (``auto`` becomes it; a 16-bit cache is refused):
+a row of the NoPE part in fp8, the RoPE part in bf16 and 8 bytes of scales (584 bytes at a head of
+512), pages padded to 576 bytes. (FlashInfer's bf16 backend on SM100, asked for by name, is not
+modelled.) No spec splits across tensor-parallel ranks: each holds the whole cache.
 
 vLLM packs the pages of several sizes side by side in one block (``_get_packed_kv_cache_groups``,
 v1/core/kv_cache_planning.py): buckets of one spec type, split into groups of the same number of

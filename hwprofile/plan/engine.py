@@ -75,14 +75,23 @@ def memory_share(ctx: PlanContext, gpus: list[Gpu], gpu: Gpu, key: str, name: st
 def kv_cache_dtype(want: str, gpu: Gpu | None, model: ModelFacts) -> tuple[str, int, str]:
     """``(kv_cache_dtype, bytes per element, reason)`` for ``engine.kv_cache_dtype`` ``want`` on
     ``gpu``: ``fp8_if_supported`` is FP8 only where the datasheet table says the GPU has FP8
-    hardware, else the model's dtype. DeepSeek V4's cache is vLLM's fp8_ds_mla whatever is asked
-    (plan/compressed.py): ``auto`` and ``fp8_if_supported`` render nothing."""
-    if (
-        model.stack is not None
-        and model.stack.compressed is not None
-        and want in ("auto", "fp8_if_supported")
-    ):
-        return "auto", 1, "vLLM keeps DeepSeek V4's cache as fp8_ds_mla (its FlashMLA / FlashInfer layout)"
+    hardware, else the model's dtype. DeepSeek V4's cache is vLLM's fp8_ds_mla (plan/compressed.py):
+    ``auto`` and ``fp8_if_supported`` render nothing, a 16-bit cache is refused as vLLM refuses it."""
+    if model.stack is not None and model.stack.compressed is not None:
+        if want in ("bfloat16", "float16"):
+            from .refusal import PlanRefused
+
+            raise PlanRefused(
+                f"engine.kv_cache_dtype {want}: vLLM keeps DeepSeek V4's cache in its fp8_ds_mla layout "
+                "and refuses to start with another (deepseek_v4 attention.py, FlashMLA and FlashInfer SM12x)",
+                ["engine.kv_cache_dtype=auto"],
+            )
+        if want in ("auto", "fp8_if_supported"):
+            return (
+                "auto",
+                1,
+                "vLLM keeps DeepSeek V4's cache as fp8_ds_mla (its FlashMLA / FlashInfer layout)",
+            )
     if want == "fp8_if_supported":
         row = gpufacts.lookup(gpu.name, gpu.memory_total_gib) if gpu else None
         if row and row.get("fp8_support") and is_hybrid(model):

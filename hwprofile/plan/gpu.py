@@ -119,7 +119,7 @@ def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key:
     asked, dtype = ctx.settings.engine.attention_backend, ctx.settings.engine.dtype
     flag = ctx.release.has("--attention-backend")
     att = attention.of_instance(asked, gpu.compute_capability, kv_name, model, flag, dtype)
-    if att.refused and not att.asked:
+    if att.refused and not att.asked and model.stack is not None and model.stack.compressed is not None:
         raise PlanRefused(
             f"{model.name} on {gpu.name}: {att.refused} ({att.why})",
             ["a Hopper (SM90) or Blackwell (SM100, SM12x) GPU"],
