@@ -7,8 +7,9 @@ KV cache specs their layers return, run through vLLM 0.33's grouping):
 - GLM-5.3: ``layer_types`` (KDA and sparse MLA; its 0-based ``linear_attn_config`` lists are not what
   vLLM reads), ``mlp_layer_types``, the indexer pooling ``index_kpool`` keys into one;
 - HY-V4: ``indexer_types`` (``shared`` layers reuse the last ``full`` layer's top-k: no indexer);
-- Qwen4-Exp (Qwen3.8-Flash-Next): the config's ``mamba_ssm_dtype``, the n-gram embedding tables;
-- MiniMax-M3: ``dense_intermediate_size``; Step3/Step5: ``num_attention_groups`` KV heads,
+- Qwen4-Exp (Qwen3.8-Flash-Next): the config's ``mamba_ssm_dtype``, the n-gram embedding tables, its QSA
+  caches and PLE state packed as vLLM packs them;
+- MiniMax-M3: ``dense_intermediate_size``, its sparse layers' indexer keys; Step3/Step5: ``num_attention_groups`` KV heads,
   ``moe_layers_enum``.
 """
 
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from hwprofile.config.settings import Settings
 from hwprofile.host.snapshot import Gpu
 from hwprofile.model import parse_config
 from hwprofile.model.layers import layer_stack
 from hwprofile.plan.engine import hybrid_opts
-from hwprofile.plan.memory import hybrid_kv_cache, kv_bytes_per_token
+from hwprofile.plan.memory import HybridOpts, hybrid_kv_cache, kv_bytes_per_token
 
 
 def _kimi_k3() -> dict[str, Any]:
@@ -226,6 +229,85 @@ def test_qwen4_exp_state_dtype_and_ngram_tables() -> None:
     assert m.active_params - without.active_params < 0.01 * table
 
 
+def _qwen38_flash_next(mrope: bool = True, ple: bool = True) -> dict[str, Any]:
+    """RadixArk/Qwen3.8-Flash-Next's config.json (the keys that size its cache)."""
+    rope: dict[str, Any] = {"rope_type": "default", "partial_rotary_factor": 0.25}
+    if mrope:
+        rope |= {"mrope_interleaved": True, "mrope_section": [11, 11, 10]}
+    text = {
+        "model_type": "qwen4_exp_text",
+        "hidden_size": 2560,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "full_attention_interval": 4,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 12,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "mamba_ssm_dtype": "float32",
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 640,
+        "shared_expert_intermediate_size": 640,
+        "hc_count": 4,
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 128,
+        "indexer_budget": 2048,
+        "indexer_compress_ratio": 4,
+        "ple_layer_ids": [2] if ple else [],
+        "ple_embed_dim": 2560,
+        "ple_conv_kernel_size": 4,
+        "ngram_size": 3,
+        "mtp_num_hidden_layers": 1,
+        "rope_parameters": rope,
+    }
+    return {
+        "architectures": ["Qwen4ExpForConditionalGeneration"],
+        "model_type": "qwen4_exp",
+        "text_config": text,
+    }
+
+
+def test_qwen38_flash_next_packs_its_qsa_caches_as_vllm_does() -> None:
+    """Qwen3.8-Flash-Next's QSA layers keep, beside their KV, the indexer's compressed key (64 B a
+    token) and a ring of raw keys (one block a request); its PLE layer a TP-replicated short-conv
+    state beside the GDN state. vLLM 0.33 lays them out BLNHC and packs the pages side by side in
+    one block. The figures are vLLM's own (get_kv_cache_groups, get_kv_cache_config_from_groups,
+    get_max_concurrency_for_kv_cache_config on the specs the model's layers return): block size,
+    blocks, blocks a request and the logged tokens. Before, the raw GDN layout logged +31 % at 8,192
+    tokens on one GPU (14,745 for 11,210)."""
+    m = parse_config(_qwen38_flash_next(), "q38fn", "test", None)
+    st = m.stack
+    assert st is not None and st.indexed is not None and st.short_conv is not None
+    assert kv_bytes_per_token(m, 8, 2) == 12 * (1024 + 64)
+    on = hybrid_opts(m, Settings(), None, "0.33.0", _gpu("9.0"))
+    assert on is not None and on.prefill_checkpoint and on.checkpoint_align == 64
+    cases = [  # (tp, opts, GiB-fraction bytes, max_model_len) -> vLLM's (block, blocks, per request, logged)
+        (1, on, 1 << 30, 8192, (1600, 26, 19, 11210)),
+        (8, on, 1 << 30, 8192, (448, 183, 32, 46848)),
+        (1, on, 1 << 30, 131072, (1600, 26, 95, 35872)),
+        (8, on, 1 << 30, 131072, (448, 183, 306, 78386)),
+        # MTP resident (its QSA layer with its caches), one speculative token
+        (4, on._replace(num_spec=1, mtp_attention_layers=1), 13_971_674_657, 8192, (832, 1187, 27, 360144)),
+    ]
+    for tp, o, mem, length, want in cases:
+        h = hybrid_kv_cache(m, mem, length, tp=tp, **o._asdict())
+        assert (h.block_size, h.num_blocks, h.per_request_blocks, h.logged_tokens) == want, (tp, o, length)
+    # no prefix caching, 3 speculative tokens (a ring of 8 rows), no M-RoPE positions, no PLE layer
+    plain = parse_config(_qwen38_flash_next(mrope=False, ple=False), "q38fn", "test", None)
+    off = HybridOpts(num_spec=3)
+    h = hybrid_kv_cache(plain, 1 << 30, 32768, tp=2, **off._asdict())
+    assert (h.block_size, h.num_blocks, h.per_request_blocks, h.logged_tokens) == (1600, 51, 34, 49152)
+    # the state a sequence holds is whole blocks of the pool: 3 GDN groups x 3 pages, PLE 3, the ring 1
+    h = hybrid_kv_cache(m, 1 << 30, 8192, tp=8, **on._asdict())
+    assert h.state_bytes_per_sequence == (3 * 3 + 3 + 1) * 5_849_088
+
+
 def test_minimax_m3_dense_width_and_step_attention_groups() -> None:
     """MiniMax-M3's dense layers are dense_intermediate_size wide; Step3/Step5's KV heads are their
     num_attention_groups and their MoE layers moe_layers_enum's."""
@@ -251,6 +333,38 @@ def test_minimax_m3_dense_width_and_step_attention_groups() -> None:
     s = parse_config(step, "step5", "test", None)
     assert s.num_kv_heads == 2 and kv_bytes_per_token(s, 1, 2) == 4 * 2 * 2 * 32 * 2
     assert [k.mlp for k in s.stack.kinds] == ["dense", "dense", "moe", "moe"]
+
+
+def test_minimax_m3_sparse_layers_keep_their_indexer_keys() -> None:
+    """MiniMax-M3's sparse layers (sparse_attention_freq not 0) keep, beside their KV, the indexer's
+    key: 128 bf16 values a token on every TP rank (vLLM 0.33's MiniMaxM3IndexerCache). vLLM's one
+    group of 117 pages costs 137,472 bytes a token at TP1 and 45,312 at TP8; hwprofile counted
+    122,880 and 30,720 (-32 %), and a pool of 22.95 GB logs 506,496 tokens, not 747,120."""
+    from hwprofile.plan.memory import vllm_kv_cache
+
+    freq = [0, 0, 0] + [1] * 57
+    cfg = {"architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax_m3_vl"}
+    text = {"model_type": "minimax_m3_text", "hidden_size": 6144, "num_hidden_layers": 60}
+    text |= {"num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 200064}
+    text |= {"intermediate_size": 3072, "dense_intermediate_size": 12288, "num_local_experts": 128}
+    text |= {"num_experts_per_tok": 4, "moe_layer_freq": freq}
+    text["sparse_attention_config"] = {
+        "use_sparse_attention": True,
+        "sparse_index_dim": 128,
+        "sparse_num_index_heads": 4,
+        "sparse_attention_freq": freq,
+    }
+    m = parse_config({**cfg, "text_config": text}, "m3", "test", None)
+    for tp, want in ((1, 137_472), (8, 45_312)):
+        assert 0 <= kv_bytes_per_token(m, tp, 2) - want < 60  # the indexer keys averaged over 60 layers
+    _, logged = vllm_kv_cache(m, 22_951_644_001, 8192, tp=8)
+    assert abs(logged - 506_496) / 506_496 < 0.002
+    bad = {
+        **text,
+        "sparse_attention_config": {**text["sparse_attention_config"], "sparse_attention_freq": [1]},
+    }
+    with pytest.raises(ValueError, match="sparse_attention_freq"):
+        parse_config({**cfg, "text_config": bad}, "m3", "test", None)
 
 
 def _dsv4_flash() -> dict[str, Any]:
@@ -421,3 +535,29 @@ def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:
     assert kv_cache_dtype("auto", _gpu("9.0"), m)[:2] == ("auto", 1)
     with pytest.raises(PlanRefused, match="fp8_ds_mla"):
         kv_cache_dtype("bfloat16", _gpu("9.0"), m)
+
+
+def test_a_qsa_ring_that_does_not_divide_the_block_is_refused(host_of, empty_root, tmp_path) -> None:
+    """vLLM asserts that QSA's raw-key ring (the ratio plus the speculative tokens, rounded up to the
+    ratio) divides the attention block: 5 speculative tokens make a ring of 12 rows, which a block of
+    320 tokens does not hold; the plan refuses it and names k that fit (vLLM 0.32's 288 would)."""
+    import json
+
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.refusal import PlanRefused
+
+    d = tmp_path / "q38fn"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_qwen38_flash_next()))
+    host = host_of("h100-sxm-8x")  # vLLM 0.33: blocks on the 64-token grid of GDN's prefill checkpoints
+    host = host._replace(software=host.software._replace(vllm_version="0.33.0"))
+    base = ["speculative.method=ngram", "layout.workload_concurrency=1", "layout.tensor_parallel_size=8"]
+    with pytest.raises(PlanRefused, match="ring of 12 rows") as e:
+        make_plan(
+            host, empty_root, environ={}, model=str(d), sets=[*base, "speculative.num_speculative_tokens=5"]
+        )
+    assert "speculative.num_speculative_tokens=4" in " ".join(e.value.report())
+    plan = make_plan(
+        host, empty_root, environ={}, model=str(d), sets=[*base, "speculative.num_speculative_tokens=4"]
+    )
+    assert plan.instances[0].memory.vllm_logged_kv_tokens

@@ -54,6 +54,18 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "lfm2_moe": {**_TIED, **_LFM2},
     "ernie4_5_moe": {**_TIED, "vocab_size": 103424, "max_position_embeddings": 131072},
     "smollm3": {**_TIED, "vocab_size": 128256, "max_position_embeddings": 32768},
+    # Qwen4-Exp (Qwen3.8-Flash-Next): its hyper-connection streams, PLE short conv and n-gram tables
+    "qwen4_exp_text": {"vocab_size": 248320, "head_dim": 256, "num_key_value_heads": 2}
+    | {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128}
+    | {
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+    }
+    | {"moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "hc_count": 4, "hc_lowrank": 320}
+    | {"ple_conv_kernel_size": 4, "ngram_size": 3, "heads_per_ngram": 8, "ngram_vocab_size_base": 20_000_000}
+    | {"make_ngram_vocab_size_divisible_by": 128, "max_position_embeddings": 32768},
     "zamba2": {**_TIED, "vocab_size": 32000, "max_position_embeddings": 4096, "num_attention_heads": 32}
     | {"n_mamba_heads": 8, "mamba_expand": 2, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_ngroups": 1}
     | {"num_mem_blocks": 1, "use_shared_attention_adapter": False, "adapter_rank": 128},

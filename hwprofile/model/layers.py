@@ -94,7 +94,8 @@ class AttentionShape(NamedTuple):
     head_dim_v: int | None = None  # V's head size where it differs from K's (MiMo-V2), else None
     # MLA with DeepSeek-V3.2's sparse attention: each indexed layer also keeps its indexer's key
     # (uint8, whatever the KV dtype: index_head_dim + 4 bytes of scale per 128), here averaged
-    # over the MLA layers (vLLM's UniformTypeKVCacheSpecs adds every layer's page to one block)
+    # over the MLA layers (vLLM's UniformTypeKVCacheSpecs adds every layer's page to one block);
+    # MiniMax-M3's full layers theirs (bf16), per token and layer on every TP rank
     extra_bytes: int = 0
     # MLA with sparse attention at an fp8 KV dtype: vLLM's fp8_ds_mla row (the latent in fp8, a
     # float32 scale per 128, the RoPE part in bf16: 656 bytes for DeepSeek-V3.2), else 0
@@ -164,6 +165,42 @@ class Compressed(NamedTuple):
     window: int
 
 
+class Indexed(NamedTuple):
+    """Qwen4-Exp's QSA indexer beside each attention layer (``qwen4_exp/common/qsa_cache.py``): a
+    compressed key of ``head_dim`` bf16 values per ``ratio`` tokens (``MLAAttentionSpec`` with
+    ``tokens_per_state``), and a ring of the open group's raw keys (``CircularBufferSpec``: ``ratio``
+    plus the speculative tokens rounded up to ``ratio`` rows, ``head_dim`` wide plus three int64
+    positions under M-RoPE). vLLM packs their pages beside the attention's in one block (BLNHC)."""
+
+    head_dim: int
+    ratio: int
+    mrope: bool
+
+    def key_bytes_per_token(self) -> int:
+        return self.head_dim * 2 // self.ratio
+
+    def ring_rows(self, num_spec: int = 0) -> int:
+        return -(-(self.ratio + num_spec) // self.ratio) * self.ratio
+
+    def ring_page(self, num_spec: int = 0) -> int:
+        rows = self.ring_rows(num_spec)
+        width = -(-self.head_dim // 4) * 4 + 3 * 4 if self.mrope else self.head_dim
+        return rows * width * 2
+
+
+class ShortConv(NamedTuple):
+    """A short-conv state beside the recurrent state, the same on every TP rank: Qwen4-Exp's PLE
+    layers (``ple_layer.py``: ``hc_count x hidden`` channels, ``(ple_conv_kernel_size - 1) x
+    ngram_size`` columns plus the speculative tokens, in the model dtype)."""
+
+    layers: int
+    width: int
+    length: int
+
+    def page(self, dtype_bytes: int, num_spec: int = 0) -> int:
+        return self.width * (self.length + num_spec) * dtype_bytes
+
+
 class LayerStack(NamedTuple):
     """The model's layers (:func:`layer_kinds`), the shape of each attention kind present, the
     state dimensions where the model has state layers, and the layers that reuse an earlier
@@ -180,6 +217,8 @@ class LayerStack(NamedTuple):
     # one state layer more per attention layer, as vLLM registers them
     parallel_state: bool = False
     compressed: Compressed | None = None  # DeepSeek V4's compressed attention
+    indexed: Indexed | None = None  # Qwen4-Exp's QSA caches beside each attention layer
+    short_conv: ShortConv | None = None  # Qwen4-Exp's PLE state beside the recurrent state
 
     def count(self, mixer: str) -> int:
         return sum(1 for k in self.kinds if k.mixer == mixer)
@@ -601,7 +640,10 @@ def _attention_shapes(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> dict
     if "full" in present:
         g_dim = _int(cfg, "global_head_dim", lo=1) or head_dim
         g_kv = _int(cfg, "num_global_key_value_heads", lo=1) or kv
-        out["full"] = AttentionShape(g_kv, g_dim, None, v_dim if v_dim != g_dim else None)
+        full = [i for i, k in enumerate(kinds) if k.mixer == "full"]
+        out["full"] = AttentionShape(
+            g_kv, g_dim, None, v_dim if v_dim != g_dim else None, _sparse_index_bytes(cfg, full)
+        )
     if "sliding" in present:
         out["sliding"] = _sliding_shape(cfg, kv, head_dim, v_dim)
     if "chunked" in present:
@@ -630,6 +672,23 @@ def indexed_layers(cfg: dict[str, Any], layers: int) -> frozenset[int]:
     freq = _int(cfg, "index_topk_freq", lo=1) or 1
     offset = _int(cfg, "index_skip_topk_offset", 2) or 0
     return frozenset(i for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
+
+
+def _sparse_index_bytes(cfg: dict[str, Any], full: list[int]) -> int:
+    """MiniMax-M3's sparse attention (``sparse_attention_config``): each layer whose
+    ``sparse_attention_freq`` entry is not 0 also keeps its indexer's key, ``sparse_index_dim`` bf16
+    values a token on every TP rank (``MiniMaxM3IndexerCache``: ``MLAAttentionSpec``, one head),
+    averaged over the full-attention layers as :attr:`AttentionShape.extra_bytes`; 0 for any other."""
+    sparse = cfg.get("sparse_attention_config")
+    if not isinstance(sparse, dict) or not sparse.get("use_sparse_attention") or not full:
+        return 0
+    freq = sparse.get("sparse_attention_freq")
+    n = _int(cfg, "num_hidden_layers", lo=1) or 0
+    if not isinstance(freq, list) or len(freq) < n or not all(type(f) is int for f in freq):
+        raise ValueError(f"sparse_attention_config.sparse_attention_freq: expected {n} integers, one a layer")
+    dim = _int(sparse, "sparse_index_dim", 128, lo=1) or 128
+    indexed = sum(1 for i in full if freq[i])
+    return -(-2 * dim * indexed // len(full))
 
 
 def _mla_shape(cfg: dict[str, Any], mla: list[int]) -> AttentionShape:
@@ -828,7 +887,37 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
     linear = isinstance(types, list) and "linear_attention" in types
     parallel = _mtype(cfg) in PARALLEL_STATE_TYPES
     state = _state_dims(cfg, kinds)
-    return LayerStack(kinds, _attention_shapes(cfg, kinds), state, shared, linear, parallel, _compressed(cfg))
+    return LayerStack(
+        kinds,
+        _attention_shapes(cfg, kinds),
+        state,
+        shared,
+        linear,
+        parallel,
+        _compressed(cfg),
+        _indexed(cfg),
+        _short_conv(cfg, len(kinds)) if state is not None else None,
+    )
+
+
+def _indexed(cfg: dict[str, Any]) -> Indexed | None:
+    """Qwen4-Exp's QSA (its attention layers, where the config names the indexer's compression)."""
+    if not _mtype(cfg).startswith("qwen4_exp") or cfg.get("indexer_compress_ratio") is None:
+        return None
+    ratio = _need(cfg, "indexer_compress_ratio", "QSA's compressed key cache")
+    head = _need(cfg, "indexer_head_dim", "QSA's key caches")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    return Indexed(head, ratio, isinstance(rope, dict) and rope.get("mrope_section") is not None)
+
+
+def _short_conv(cfg: dict[str, Any], layers: int) -> ShortConv | None:
+    """Qwen4-Exp's PLE short-conv state, one per ``ple_layer_ids`` layer."""
+    ids = cfg.get("ple_layer_ids")
+    if not _mtype(cfg).startswith("qwen4_exp") or not isinstance(ids, list) or not ids:
+        return None
+    kernel = _int(cfg, "ple_conv_kernel_size", 4, lo=1) or 4  # the config class's defaults
+    width = (_int(cfg, "hc_count", 4, lo=1) or 4) * _need(cfg, "hidden_size", "the PLE state")
+    return ShortConv(len(set(ids)), width, (kernel - 1) * (_int(cfg, "ngram_size", 3, lo=1) or 3))
 
 
 def _compressed(cfg: dict[str, Any]) -> Compressed | None:

@@ -916,7 +916,7 @@ def _ngram_tables(c: dict[str, Any]) -> list[Tensor]:
             f"ple_layer_ids: expected distinct layer numbers from 1 to {n}, got {layers!r}"[:120]
         )
     heads = max(1, (_int(c, "ngram_size", default=3) - 1) * _int(c, "heads_per_ngram", default=1))
-    dim, base = _int(c, "ple_embed_dim"), _int(c, "ngram_vocab_size_base")
+    dim, base = _int(c, "ple_embed_dim") or _int(c, "hidden_size"), _int(c, "ngram_vocab_size_base")
     if not (dim and base):
         return []
     if dim % heads:

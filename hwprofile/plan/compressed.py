@@ -11,12 +11,10 @@ a row of the NoPE part in fp8, the RoPE part in bf16 and 8 bytes of scales (584 
 512), pages padded to 576 bytes. (FlashInfer's bf16 backend on SM100, asked for by name, is not
 modelled.) No spec splits across tensor-parallel ranks: each holds the whole cache.
 
-vLLM packs the pages of several sizes side by side in one block (``_get_packed_kv_cache_groups``,
-v1/core/kv_cache_planning.py): buckets of one spec type, split into groups of the same number of
-repeats (``_approximate_gcd``), each group a column of the pool; a block is as wide as the widest
-group. A request of ``max_model_len`` reserves, per group, its spec's blocks (the sliding ones
-their window plus the tokens in flight, ``max_admission_blocks_per_request``), and the logged
-``KV cache size`` is ``int(num_blocks / blocks per request x max_model_len)``.
+vLLM packs the pages of several sizes side by side in one block (:mod:`.packed`). A request of
+``max_model_len`` reserves, per group, its spec's blocks (the sliding ones their window plus the
+tokens in flight, ``max_admission_blocks_per_request``), and the logged ``KV cache size`` is
+``int(num_blocks / blocks per request x max_model_len)``.
 """
 
 from __future__ import annotations
@@ -24,25 +22,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..model.layers import Compressed
+from .packed import Bucket, Group, blocks_per_request, bytes_per_block, logged_tokens, packed_groups
 
 ALIGN = 576  # fp8_ds_mla pages are padded to a multiple of this
 BLOCK = 256  # the compressed caches' block (FlashMLA sparse and the indexer: 256 tokens)
 SWA_BLOCK = 64
 SCALE_BYTES = 8
-
-
-class Bucket(NamedTuple):
-    """Layers of one spec type: their page sizes (bytes: layers) and how a request's blocks grow."""
-
-    name: str
-    pages: dict[int, int]
-    block: int  # tokens a block holds
-    window: int  # 0: every token (the compressed caches); else the tokens it keeps
-
-
-class Group(NamedTuple):
-    bucket: Bucket
-    pages: dict[int, int]  # page bytes: layers in this group
 
 
 class CompressedCache(NamedTuple):
@@ -93,54 +78,18 @@ def buckets(c: Compressed) -> list[Bucket]:
     return out
 
 
-def approximate_gcd(values: list[int], lower: int) -> int:
-    """vLLM's ``_approximate_gcd``: the repeats per group, from ``lower`` to the largest value, that
-    pad the values least when each is rounded up to a multiple of it (ties: the larger)."""
-    best, best_pad = lower, None
-    for d in range(max(1, lower), max(values) + 1):
-        pad = sum((d - x % d) % d for x in values)
-        if best_pad is None or pad <= best_pad:
-            best, best_pad = d, pad
-    return best
-
-
-def packed_groups(bs: list[Bucket]) -> list[Group]:
-    """vLLM's packed groups: a bucket whose page sizes each hold the same number of layers is a
-    repeating pattern; such buckets split into groups of ``approximate_gcd`` repeats (at least the
-    largest mixed bucket's, which must stay whole); the others stay whole."""
-
-    def balanced(b: Bucket) -> bool:
-        return len(set(b.pages.values())) == 1
-
-    def repeats(b: Bucket) -> int:
-        return max(b.pages.values())
-
-    floor = max((repeats(b) for b in bs if balanced(b) and len(b.pages) > 1), default=0)
-    per_group = approximate_gcd([repeats(b) for b in bs if balanced(b)], floor) if floor else None
-    out: list[Group] = []
-    for b in bs:
-        n = -(-repeats(b) // per_group) if balanced(b) and per_group else 1
-        for i in range(n):
-            out.append(Group(b, {p: len(range(i, layers, n)) for p, layers in b.pages.items()}))
-    return out
-
-
-def blocks_per_request(b: Bucket, max_model_len: int, in_flight: int) -> int:
-    """One group's blocks for a request of ``max_model_len`` tokens: every block of the compressed
-    caches; a sliding window's last ``window - 1`` tokens, those in flight, and one block more."""
-    if not b.window:
-        return -(-max_model_len // b.block)
-    return -(-min(b.window - 1 + in_flight, max_model_len) // b.block) + 1
-
-
 def compressed_cache(
     c: Compressed, kv_cache_bytes: int, max_model_len: int, in_flight: int
 ) -> CompressedCache:
     """vLLM's blocks, blocks per request of ``max_model_len`` and logged tokens for this model."""
     groups = packed_groups(buckets(c))
-    widest = max(sum(p * n for p, n in g.pages.items()) for g in groups)
-    per_block = _page(widest)
+    per_block = bytes_per_block(groups, ALIGN)
     num_blocks = max(0, kv_cache_bytes) // per_block
     per_request = sum(blocks_per_request(g.bucket, max_model_len, in_flight) for g in groups)
-    logged = int(num_blocks / per_request * max_model_len) if per_request else 0
-    return CompressedCache(per_block, tuple(groups), num_blocks, per_request, logged)
+    return CompressedCache(
+        per_block,
+        tuple(groups),
+        num_blocks,
+        per_request,
+        logged_tokens(num_blocks, per_request, max_model_len),
+    )

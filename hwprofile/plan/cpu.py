@@ -223,7 +223,7 @@ def _cpu_hybrid(
         f"vLLM raises the attention block so one page ({h.page_bytes} B) holds a state layer's "
         f"{h.state_bytes} B (_align_hybrid_block_size)",
     )
-    return hybrid._replace(cache_block=block), block, kv_space - h.group_size * h.page_bytes
+    return hybrid._replace(cache_block=block), block, kv_space - h.block_bytes
 
 
 def _cpu_cache(

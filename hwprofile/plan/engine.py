@@ -174,7 +174,7 @@ def context_length(
         h = hybrid_kv_cache(
             model, f.kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict()
         )
-        usable = f.kv_cache_bytes - h.group_size * h.page_bytes
+        usable = f.kv_cache_bytes - h.block_bytes
     if one <= usable:
         r.add(
             f"{key}.engine.max_model_len",
@@ -280,6 +280,18 @@ def state_cap(
     blocks (``config/compilation.py``: "max_num_seqs exceeds available Mamba cache blocks"), and
     sequences beyond the state pages could not run anyway."""
     h = hybrid_kv_cache(model, f.kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict())
+    idx = model.stack.indexed
+    if idx is not None and h.block_size % idx.ring_rows(hybrid.num_spec):
+        from .refusal import PlanRefused
+
+        fits = [k for k in range(1, 9) if h.block_size % idx.ring_rows(k) == 0]
+        raise PlanRefused(
+            f"{name}: QSA's raw-key ring of {idx.ring_rows(hybrid.num_spec)} rows (compression ratio "
+            f"{idx.ratio} plus {hybrid.num_spec} speculative tokens, rounded up to the ratio) does not divide "
+            f"the attention block of {h.block_size} tokens: vLLM stops at start-up (qsa_cache.py)",
+            [f"--set speculative.num_speculative_tokens={k}" for k in fits[-2:]]
+            or ["--set speculative.method=none"],
+        )
     if h.state_blocks < 1:
         raise ContextTooShort(
             f"the {f.kv_cache_bytes / GiB:.2f} GiB KV cache holds {h.num_blocks} blocks, less than one "

@@ -376,11 +376,23 @@ def hybrid_memory(
         r.add(
             f"{key}.memory.state_bytes_per_sequence",
             h.state_bytes_per_sequence,
-            f"{h.state_layers} {st.kind} state layers in {h.state_groups} groups of {h.group_size}, "
-            f"{h.state_slots} page(s) each per running sequence "
+            f"{h.state_layers} {st.kind} state layers{_beside(model)} in {h.state_groups} groups of "
+            f"{'up to ' if model.stack.indexed else ''}{h.group_size}, {h.state_slots} page(s) each per running sequence "
             f"(1{' + 1 for prefix caching' if hybrid.prefix_caching else ''}"
             f"{f' + {hybrid.num_spec} speculative' if hybrid.num_spec else ''}"
-            f"{' + 1 prefill checkpoint' if hybrid.prefill_checkpoint else ''}): "
+            f"{' + 1 prefill checkpoint' if hybrid.prefill_checkpoint else ''})"
+            f"{f', {h.ring_groups} ring group(s) of one block' if h.ring_groups else ''}: "
             f"{h.state_bytes_per_sequence / MiB:.1f} MiB per GPU",
         )
     return out
+
+
+def _beside(model: ModelFacts) -> str:
+    """What else the state groups hold (Qwen4-Exp: its PLE short-conv states; its QSA key rings)."""
+    st = model.stack
+    parts = []
+    if st.short_conv is not None:
+        parts.append(f"{st.short_conv.layers} of them a PLE short-conv state")
+    if st.indexed is not None:
+        parts.append("vLLM packs them beside the QSA pages in one block")
+    return f" ({'; '.join(parts)})" if parts else ""

@@ -106,6 +106,8 @@ def _plain_stack(st: LayerStack) -> bool:
         return False
     if st.state_layers or st.kv_shared or "chunked" in st.attention or st.count("none"):
         return False
+    if any(a.extra_bytes for k, a in st.attention.items() if k != "mla"):  # MiniMax-M3's indexer keys
+        return False
     shapes = {(a.num_kv_heads, a.head_dim, a.head_dim_v) for k, a in st.attention.items() if k != "mla"}
     return len(shapes) <= 1 and all(a.head_dim_v is None for a in st.attention.values())
 
@@ -118,8 +120,10 @@ def attention_bytes_by_kind(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> 
         shape = st.attention[kind]
         if kind == "mla":
             b = mla_token_bytes(shape, kv_dtype_bytes)
-        else:
-            b = max(1, shape.num_kv_heads // tp) * shape.kv_head_sum * kv_dtype_bytes
+        else:  # with an indexer's key beside it (MiniMax-M3's sparse layers), not split by TP
+            b = max(1, shape.num_kv_heads // tp) * shape.kv_head_sum * kv_dtype_bytes + shape.extra_bytes
+        if st.indexed is not None:  # Qwen4-Exp's QSA: the compressed key beside (bf16, every rank)
+            b += st.indexed.key_bytes_per_token()
         n, _ = out.get(kind, (0, b))
         out[kind] = (n + 1, b)
     return out
@@ -189,7 +193,8 @@ def kv_bytes_per_sequence(
             model, 0, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **(hybrid or HybridOpts())._asdict()
         )
         tokens = -(-length // h.block_size) * h.block_size
-        return h.attention_layers * h.attn_bytes_per_token_layer * tokens + h.state_bytes_per_sequence
+        per_token = h.attn_bytes_per_token_layer + h.extra_bytes_per_token_layer
+        return h.attention_layers * per_token * tokens + h.state_bytes_per_sequence
     if not is_plain(model):
         return _stack_sequence_bytes(model, tp, kv_dtype_bytes, length, block, in_flight, reserve)
     blocks = -(-length // block)
@@ -493,11 +498,15 @@ class HybridCache(NamedTuple):
     num_blocks: int
     per_request_blocks: int  # blocks one max_model_len request takes over all groups
     logged_tokens: int  # vLLM's "KV cache size: N tokens"
+    block_bytes: int = 0  # one block over all the layers of a group (the widest group where packed)
+    ring_groups: int = 0  # groups of rings (one block a request: Qwen4-Exp's raw QSA keys)
+    extra_bytes_per_token_layer: int = 0  # beside each attention layer's KV (QSA's compressed key)
 
     @property
     def state_bytes_per_sequence(self) -> int:
-        """State memory one running sequence holds: every state group's slots, padded pages."""
-        return self.state_groups * self.state_slots * self.group_size * self.page_bytes
+        """State memory one running sequence holds: every state group's slots and every ring's
+        block, whole blocks of the pool."""
+        return (self.state_groups * self.state_slots + self.ring_groups) * self.block_bytes
 
     @property
     def state_blocks(self) -> int:
@@ -577,6 +586,63 @@ def _group_size(attn_layers: int, state_layers: int) -> int:
     return hi if hi < lo * 1.5 else lo
 
 
+class _Layout(NamedTuple):
+    """How the groups of a hybrid's cache share the pool (:func:`hybrid_kv_cache`)."""
+
+    block_bytes: int
+    group_size: int  # layers per group (the state groups' where they differ)
+    attention_groups: int
+    state_groups: int
+    ring_groups: int
+
+
+def _layout(model: ModelFacts, attn_layers: int, block: int, page: int, num_spec: int) -> _Layout:
+    """Uniform pages (:func:`_group_size`), or vLLM's packed groups for Qwen4-Exp's QSA."""
+    if model.stack.indexed is not None:
+        return _packed_layout(model, attn_layers, block, page, num_spec)
+    state_layers = model.stack.state_layers
+    size = _group_size(attn_layers, state_layers)
+    return _Layout(size * page, size, -(-attn_layers // size), -(-state_layers // size), 0)
+
+
+def _packed_layout(model: ModelFacts, attn_layers: int, block: int, page: int, num_spec: int) -> _Layout:
+    """Qwen4-Exp's QSA hybrids: BLNHC, vLLM packs the attention pages with the indexer's compressed
+    keys, the recurrent states and PLE states (padded to the attention page) and the raw-key rings
+    side by side in one block (:mod:`.packed`)."""
+    from .packed import Bucket, bytes_per_block, packed_groups
+
+    st = model.stack
+    idx = st.indexed
+    key_page = block * idx.key_bytes_per_token()
+    attention = {page: attn_layers}
+    attention[key_page] = attention.get(key_page, 0) + attn_layers
+    bs = [
+        Bucket("attention", attention, block, 0),
+        Bucket("state", {page: st.state_layers}, block, 0, True, 1),
+        Bucket("ring", {idx.ring_page(num_spec): attn_layers}, block, 0, True, 1),
+    ]
+    if st.short_conv is not None:
+        bs.insert(2, Bucket("short conv", {page: st.short_conv.layers}, block, 0, True, 1))
+    groups = packed_groups(bs)
+    states = [g for g in groups if g.bucket.name in ("state", "short conv")]
+    return _Layout(
+        bytes_per_block(groups),
+        max(n for g in states for n in g.pages.values()),
+        sum(1 for g in groups if g.bucket.name == "attention"),
+        len(states),
+        sum(1 for g in groups if g.bucket.name == "ring"),
+    )
+
+
+def _block_for(
+    model: ModelFacts, attn_tok: int, state: int, num_spec: int, align: tuple[int, int, bool, int]
+) -> int:
+    """:func:`_hybrid_block` for the largest state page (Qwen4-Exp: its PLE state beside GDN's)."""
+    st = model.stack
+    conv = st.short_conv.page(model.dtype_bytes, num_spec) if st.short_conv else 0
+    return _hybrid_block("mla" in st.attention, attn_tok, max(state, conv), *align)
+
+
 def hybrid_kv_cache(
     model: ModelFacts,
     kv_cache_bytes: int,
@@ -596,45 +662,44 @@ def hybrid_kv_cache(
     """vLLM's layout of a hybrid model's KV cache of ``kv_cache_bytes`` per GPU, and the
     ``KV cache size: N tokens`` it logs (vLLM 0.32/0.33).
 
-    - Block size: :func:`_hybrid_block`; groups: :func:`_group_size`.
-    - Per request (``MambaSpec.max_memory_usage_bytes``): ``cdiv(max_model_len, block)`` blocks per
-      attention group; per state group ``1 + k`` pages, or ``2 + k`` with prefix caching (vLLM
-      sets ``mamba_cache_mode align``), one more where the layer exports prefill checkpoints
-      (Mamba2 mixers; 0.33's GDN on FlashInfer's prefill kernel: Hopper; ``prefill_checkpoint``); ``k``:
-      ``num_speculative_tokens`` of any method, ngram included, which also widen the conv state.
-    - Logged: ``int(num_blocks / per-request blocks x max_model_len)`` (``get_kv_cache_capacity``).
-
-    ``mtp_attention_layers``: a resident MTP head's attention layers (one for Qwen3.5/3.8)."""
-    kv_b = kv_dtype_bytes or model.dtype_bytes
+    - Block size: :func:`_hybrid_block` (for the largest state page: Qwen4-Exp's PLE beside GDN);
+      groups: :func:`_group_size`, or packed for Qwen4-Exp's QSA (:func:`_packed_layout`).
+    - Per request (``MambaSpec.max_memory_usage_bytes``): ``cdiv(max_model_len, block)`` blocks an
+      attention group; a state group ``1 + k`` pages, ``2 + k`` with prefix caching (``mamba_cache_mode
+      align``), one more with prefill checkpoints (``prefill_checkpoint``: Mamba2; 0.33's GDN on Hopper);
+      ``k``: speculative tokens, any method; a ring group one block. ``mtp_attention_layers``: a
+      resident MTP head's. Logged: ``int(num_blocks / per-request blocks x max_model_len)``."""
     stack = model.stack
-    attn_tok = hybrid_attn_bytes_per_token_layer(model, tp, kv_b)
+    attn_tok = hybrid_attn_bytes_per_token_layer(model, tp, kv_dtype_bytes or model.dtype_bytes)
     state = state_bytes_per_layer(model, tp, num_spec, ssm_dtype)
-    block = _hybrid_block(
-        "mla" in stack.attention, attn_tok, state, cache_block, kernel_block, prefix_caching, checkpoint_align
+    block = _block_for(
+        model, attn_tok, state, num_spec, (cache_block, kernel_block, prefix_caching, checkpoint_align)
     )
     page = block * attn_tok
     attn_layers = len(stack.attention_layers()) + mtp_attention_layers
-    state_layers = stack.state_layers
-    size = _group_size(attn_layers, state_layers)
-    attn_groups = -(-attn_layers // size)
-    state_groups = -(-state_layers // size)
+    lay = _layout(model, attn_layers, block, page, num_spec)
     slots = (2 + num_spec + (1 if prefill_checkpoint else 0)) if prefix_caching else 1 + num_spec
-    num_blocks = max(0, kv_cache_bytes) // (size * page)
-    per_request = attn_groups * -(-max_model_len // block) + state_groups * slots
+    num_blocks = max(0, kv_cache_bytes) // lay.block_bytes
+    per_request = (
+        lay.attention_groups * -(-max_model_len // block) + lay.state_groups * slots + lay.ring_groups
+    )
     return HybridCache(
         block_size=block,
         attn_bytes_per_token_layer=attn_tok,
         attention_layers=attn_layers,
-        state_layers=state_layers,
+        state_layers=stack.state_layers + (stack.short_conv.layers if stack.short_conv else 0),
         state_bytes=state,
         page_bytes=page,
-        group_size=size,
-        attention_groups=attn_groups,
-        state_groups=state_groups,
+        group_size=lay.group_size,
+        attention_groups=lay.attention_groups,
+        state_groups=lay.state_groups,
         state_slots=slots,
         num_blocks=num_blocks,
         per_request_blocks=per_request,
         logged_tokens=int(num_blocks / per_request * max_model_len),
+        block_bytes=lay.block_bytes,
+        ring_groups=lay.ring_groups,
+        extra_bytes_per_token_layer=stack.indexed.key_bytes_per_token() if stack.indexed else 0,
     )
 
 
