@@ -9,6 +9,7 @@ KV cache specs their layers return, run through vLLM 0.33's grouping):
 - HY-V4: ``indexer_types`` (``shared`` layers reuse the last ``full`` layer's top-k: no indexer);
 - Qwen4-Exp (Qwen3.8-Flash-Next): the config's ``mamba_ssm_dtype``, the n-gram embedding tables, its QSA
   caches and PLE state packed as vLLM packs them;
+- DeepSeek V4.1: its caches on kv_source_layer_ids, its engram tables in host memory;
 - MiniMax-M3: ``dense_intermediate_size``, its sparse layers' indexer keys; Step3/Step5: ``num_attention_groups`` KV heads,
   ``moe_layers_enum``.
 """
@@ -523,6 +524,79 @@ def test_step_attention_groups_and_a_listed_moe_layers_enum() -> None:
     m = parse_config(cfg, "step", "test", None)
     assert m.num_kv_heads == 2
     assert [k.mlp for k in m.stack.kinds] == ["dense", "dense", "moe", "moe"]
+
+
+def _dsv41_flash() -> dict[str, Any]:
+    """deepseek-ai/DeepSeek-V4.1-Flash's config.json (the keys that size it)."""
+    text = {
+        "model_type": "deepseek_v41_text",
+        "vocab_size": 129280,
+        "hidden_size": 5120,
+        "moe_intermediate_size": 2304,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 1,
+        "head_dim": 512,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 1280,
+        "o_lora_rank": 1024,
+        "o_groups": 8,
+        "n_routed_experts": 384,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 6,
+        "tie_word_embeddings": False,
+        "sliding_window": 128,
+        "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+        "kv_source_layer_ids": [2, 8, 14, 20],
+        "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
+        "index_n_heads": 32,
+        "index_head_dim": 128,
+        "hc_mult": 4,
+        "engram_layer_ids": [1, 14],
+        "engram_num_embeddings": [384006168, 384016682],
+        "engram_max_ngram_size": 4,
+        "engram_n_heads": 8,
+        "engram_head_dim": 256,
+        "num_nextn_predict_layers": 3,
+    }
+    quant = {"quant_method": "fp8", "weight_block_size": [32, 32], "expert_dtype": "fp4"}
+    return {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "quantization_config": quant,
+        "text_config": text,
+    }
+
+
+def test_deepseek_v41_caches_on_its_source_layers_and_engram_in_host_memory() -> None:
+    """DeepSeek V4.1: every layer's sliding window (32-token blocks), the compressed entries (ratio 2
+    or 1) and the indexer's keys only on kv_source_layer_ids (64-token blocks), a ratio-2 source's
+    compressor state a ring; vLLM 0.33's own functions give the blocks and logged tokens below
+    (it was 25,317 tokens for 1 GiB where vLLM logs 70,961). Its weights: MXFP4 experts, the engram
+    tables (~203 GB) in host memory, the DSpark stages not loaded: 301.1 GB at TP1 by vLLM's modules
+    (hwprofile 299.0; it was 606 GB). Its DSpark stages are no MTP head: vLLM refuses mtp."""
+    from hwprofile.plan.compressed import compressed_cache
+
+    m = parse_config(_dsv41_flash(), "v41", "test", None)
+    assert m.mtp_layers == 0
+    assert abs(m.weights_bytes - 301_144_294_848) / 301_144_294_848 < 0.015
+    c = m.stack.compressed
+    assert c is not None and c.sources == (2, 8, 14, 20)
+    for mem, length, flight, want in (
+        (1 << 30, 8192, 4096, (116_928, 9_182, 1_060, 70_961)),
+        (1 << 30, 131072, 16384, (116_928, 9_182, 5_668, 212_332)),
+        (20 << 30, 8192, 16384, (116_928, 183_658, 1_928, 780_355)),
+    ):
+        x = compressed_cache(c, mem, length, flight)
+        assert (x.bytes_per_block, x.num_blocks, x.blocks_per_request, x.logged_tokens) == want
+    text = _dsv41_flash()["text_config"]
+    for bad, words in (
+        ({**text, "kv_source_layer_ids": [0, 2]}, "kv_source_layer_ids"),
+        ({**text, "compress_ratios": [4] * 43}, "compress_ratios"),
+        ({**text, "compress_ratios": [0] * 43}, "no compressed layer"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            parse_config({**_dsv41_flash(), "text_config": bad}, "v41", "test", None)
 
 
 def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:

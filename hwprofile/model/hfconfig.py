@@ -149,7 +149,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         params=counted.total,
         weights_bytes=loaded.total,
         weights_bytes_source="estimate",
-        mtp_layers=k.integer("num_nextn_predict_layers") or k.integer("mtp_num_hidden_layers") or 0,
+        mtp_layers=_mtp_layers(k, cfg.get("model_type")),
         quantized_variants={},
         active_params=counted.active,
         num_experts=arch.num_experts,
@@ -162,6 +162,14 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         replicated_bytes=loaded.replicated,
         stack=stack,
     )
+
+
+def _mtp_layers(k: _Keys, model_type: object) -> int:
+    """The MTP layers vLLM's ``mtp`` method drafts with; none for DeepSeek V4.1, whose
+    ``num_nextn_predict_layers`` are DSpark stages (vLLM refuses ``mtp`` there: only ``dspark``)."""
+    if isinstance(model_type, str) and model_type.startswith("deepseek_v41"):
+        return 0
+    return k.integer("num_nextn_predict_layers") or k.integer("mtp_num_hidden_layers") or 0
 
 
 def _widest_mlp(k: _Keys) -> int | None:

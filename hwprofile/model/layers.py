@@ -141,6 +141,23 @@ def dsv4_ratios(c: dict[str, Any], layers: int) -> list[int]:
     return [0 if r == 1 else r for r in ratios]
 
 
+def is_dsv41(cfg: dict[str, Any]) -> bool:
+    """A DeepSeek V4.1 config (``deepseek_v41``: its compressed caches on ``kv_source_layer_ids``)."""
+    return _mtype(cfg).startswith("deepseek_v41")
+
+
+def dsv41_ratios(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """DeepSeek V4.1's ratio per decoder layer (``compress_ratios``: 0 a sliding window only, 1 one
+    compressed entry a token, 2 one per two; the DSpark stages' entries after them are not read;
+    none: every layer 0, as ``deepseek_v41/attention.py`` reads a missing list)."""
+    ratios = cfg.get("compress_ratios")
+    if ratios is None:
+        return (0,) * layers
+    if type(ratios) is not list or len(ratios) < layers or any(r not in (0, 1, 2) for r in ratios[:layers]):
+        raise ValueError(f"compress_ratios: expected at least {layers} entries of 0, 1 or 2 (DeepSeek V4.1)")
+    return tuple(ratios[:layers])
+
+
 def is_dsv4(cfg: dict[str, Any]) -> bool:
     """A DeepSeek V4 config with its compression ratios (``compress_ratios`` or ``layer_types``);
     ``ValueError`` where ``compress_ratios`` is there but not a list."""
@@ -163,6 +180,10 @@ class Compressed(NamedTuple):
     rope_dim: int
     index_dim: int
     window: int
+    # DeepSeek V4.1: the layers that hold the compressed caches, the indexer's keys and the
+    # compressor's state (kv_source_layer_ids; the others read the nearest source below them);
+    # its ratios are then 0, 1 or 2 (deepseek_v41/attention.py)
+    sources: tuple[int, ...] = ()
 
 
 class Indexed(NamedTuple):
@@ -923,6 +944,8 @@ def _short_conv(cfg: dict[str, Any], layers: int) -> ShortConv | None:
 def _compressed(cfg: dict[str, Any]) -> Compressed | None:
     """DeepSeek V4's compressed attention, read from its config (None for any other model, and for
     one whose config says no compression ratios: read as the attention it describes)."""
+    if is_dsv41(cfg):
+        return _compressed_v41(cfg)
     if not is_dsv4(cfg):
         return None
     layers = _need(cfg, "num_hidden_layers", "the layer stack")
@@ -934,6 +957,34 @@ def _compressed(cfg: dict[str, Any]) -> Compressed | None:
         raise ValueError(f"{_name(cfg)}: no layer of compression ratio 4; its cache layout is not modelled")
     index = _int(cfg, "index_head_dim", 128, lo=1) or 128
     return Compressed(ratios, head, rope, index, _int(cfg, "sliding_window", 128, lo=1) or 128)
+
+
+def _compressed_v41(cfg: dict[str, Any]) -> Compressed:
+    """DeepSeek V4.1's compressed attention: every layer's sliding window, the compressed caches on
+    ``kv_source_layer_ids`` only (vLLM refuses compressed layers without them)."""
+    layers = _need(cfg, "num_hidden_layers", "the layer stack")
+    ratios = dsv41_ratios(cfg, layers)
+    sources = cfg.get("kv_source_layer_ids")
+    if not any(ratios):  # every layer a sliding window only: vLLM groups them by another rule
+        raise ValueError(
+            f"{_name(cfg)}: no compressed layer (compress_ratios); its cache layout is not modelled"
+        )
+    if (
+        type(sources) is not list
+        or not sources
+        or len(set(sources)) != len(sources)
+        or not all(type(i) is int and 0 <= i < layers and ratios[i] for i in sources)
+    ):
+        raise ValueError(
+            f"kv_source_layer_ids: expected distinct compressed layers (ratio 1 or 2) below {layers}, "
+            f"got {sources!r}"[:160]
+        )
+    head, rope = _need(cfg, "head_dim", "DeepSeek V4.1's KV head"), _int(cfg, "qk_rope_head_dim", 64) or 0
+    if rope > head:
+        raise ValueError(f"qk_rope_head_dim: {rope} is more than head_dim ({head})")
+    index = _int(cfg, "index_head_dim", 128, lo=1) or 128
+    window = _int(cfg, "sliding_window", 128, lo=1) or 128
+    return Compressed(ratios, head, rope, index, window, tuple(sorted(sources)))
 
 
 def _divide(a: int, b: int, what: str) -> int:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .layers import is_dsv4
+from .layers import is_dsv4, is_dsv41
 from .tensor import Tensor
 
 
@@ -195,7 +195,7 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
     _check_modelopt_mixed(q, method)
     quant = _quant_reader(method, q)(q, method)
     inner = text if isinstance(text, dict) else cfg
-    if method == "fp8" and is_dsv4(inner):
+    if method == "fp8" and (is_dsv4(inner) or is_dsv41(inner)):
         quant = _dsv4_experts(quant, inner.get("expert_dtype", cfg.get("expert_dtype")))
     return quant
 

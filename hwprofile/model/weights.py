@@ -46,8 +46,10 @@ from .layers import (
     PARALLEL_STATE_TYPES,
     LayerKind,
     dsv4_ratios,
+    dsv41_ratios,
     indexed_layers,
     is_dsv4,
+    is_dsv41,
     kda_geometry,
 )
 from .layers import layer_kinds as read_layer_kinds
@@ -734,6 +736,9 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     elif is_dsv4(c):
         out += _deepseek_v4(c, s, len(kinds))
         kinds = ()
+    elif is_dsv41(c):
+        out += _deepseek_v41(c, s, len(kinds))
+        kinds = ()
     for i, kind in enumerate(kinds):
         shape = s if widths is None else s._replace(inter=widths[i], dense_inter=widths[i])
         layer = _layer(c, shape, kind, names.layer.format(i), "decoder")
@@ -751,7 +756,7 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     out += _ngram_tables(c)
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
-    out += [] if is_dsv4(c) else _mtp(c, s, names)
+    out += [] if is_dsv4(c) or is_dsv41(c) else _mtp(c, s, names)
     try:
         out += _vision(cfg, s.hidden, names)
     except ValueError as e:
@@ -893,6 +898,76 @@ def _deepseek_v4(c: dict[str, Any], s: _Shape, layers: int) -> list[Tensor]:
             _lin(f"{p}.h_proj", "mtp", s.hidden, s.hidden),
             _vec(f"{p}.mtp_norms", "mtp", 3 * s.hidden + 2 * (hc * hc * s.hidden + hc + 1)),
         ]
+    return out
+
+
+def _dsv41_attention(c: dict[str, Any], s: _Shape, i: int, ratios: tuple[int, ...]) -> list[Tensor]:
+    """One DeepSeek V4.1 attention (``deepseek_v41/attention.py``): the query LoRA and the KV head in
+    one replicated projection, grouped-LoRA output, an fp32 sink per head; a compressor (bf16, two
+    streams at ratio 2) only on ``kv_source_layer_ids``, an indexer on ``index_source_layer_ids``
+    (its key projection only on a source: the others read the source's keys)."""
+    h, heads, hd, p = s.hidden, s.heads, s.head_dim, f"layers.{i}.attn"
+    ql, og, ol = _int(c, "q_lora_rank"), _int(c, "o_groups", default=1), _int(c, "o_lora_rank")
+    out = [
+        Tensor(f"{p}.fused_wqa_wkv", "decoder", ql + hd, h, replicated=True),
+        _vec(f"{p}.norms", "decoder", ql + hd),
+        _lin(f"{p}.wq_b", "decoder", heads * hd, ql),
+        _lin(f"{p}.wo_a", "decoder", og * ol, heads * hd // max(1, og)),
+        _lin(f"{p}.wo_b", "decoder", h, og * ol),
+        _vec(f"{p}.attn_sink", "decoder", 2 * heads),  # fp32: two bf16 widths
+    ]
+    source = i in (c.get("kv_source_layer_ids") or ())
+    if source:
+        streams = 2 if ratios[i] == 2 else 1
+        out += [
+            Tensor(
+                f"{p}.compressor.fused_wkv_wgate", "decoder", streams * hd, h, linear=False, replicated=True
+            ),
+            _vec(f"{p}.compressor.norm", "decoder", hd),
+        ]
+    if i in (c.get("index_source_layer_ids") or ()):
+        ih, inh = _int(c, "index_head_dim", default=128), _int(c, "index_n_heads", default=64)
+        out += [
+            Tensor(f"{p}.indexer.wq_b", "decoder", inh * ih, ql, replicated=True),
+            Tensor(f"{p}.indexer.weights_proj", "decoder", inh, h, linear=False, replicated=True),
+        ]
+        if source:
+            out += [
+                Tensor(f"{p}.indexer.wk", "decoder", ih, hd, linear=False),
+                _vec(f"{p}.indexer.k_norm", "decoder", ih),
+            ]
+    return out
+
+
+def _engram(c: dict[str, Any], s: _Shape, p: str) -> list[Tensor]:
+    """DeepSeek V4.1's engram on its layers (``common/engram.py``): the projection of the hashed
+    n-gram rows into the residual streams and its q/k weights on the GPU. The tables themselves
+    (``engram_num_embeddings`` rows of ``engram_head_dim`` fp8 values: ~203 GB for V4.1-Flash) live
+    in pinned host memory by default (``EngramConfig.cpu_offload``): no GPU weight."""
+    ng, heads = _int(c, "engram_max_ngram_size", default=4), _int(c, "engram_n_heads", default=8)
+    hd, hc = _int(c, "engram_head_dim", default=256), _int(c, "hc_mult", default=4)
+    return [
+        _lin(f"{p}.engram.wkv", "decoder", s.hidden * (ng + 1), (ng - 1) * heads * hd),
+        _vec(f"{p}.engram.q_k_weight", "decoder", 2 * hc * s.hidden),
+    ]
+
+
+def _deepseek_v41(c: dict[str, Any], s: _Shape, layers: int) -> list[Tensor]:
+    """DeepSeek V4.1's decoder layers as vLLM 0.33's ``models/deepseek_v41`` builds them: V4's MoE
+    (no hash layers; a second fp32 bias beside a vision tower) and hyper-connections, its own
+    attention (:func:`_dsv41_attention`) and engram (:func:`_engram`). Its DSpark stages
+    (``num_nextn_predict_layers``) load only with DSpark speculation: not counted."""
+    ratios = dsv41_ratios(c, layers)
+    engram = set(c.get("engram_layer_ids") or ())
+    vision = isinstance(c.get("vision_config"), dict) and bool(c.get("vision_config"))
+    out: list[Tensor] = []
+    for i in range(layers):
+        out += _dsv41_attention(c, s, i, ratios)
+        out += _dsv4_ffn(c, s, f"layers.{i}.ffn", "decoder", False)
+        if vision:
+            out.append(_vec(f"layers.{i}.ffn.gate.bias_vl", "decoder", 2 * _int(c, "n_routed_experts")))
+        out += _dsv4_mix(c, s, f"layers.{i}", "decoder")
+        out += _engram(c, s, f"layers.{i}") if i in engram else []
     return out
 
 

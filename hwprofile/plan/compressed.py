@@ -1,4 +1,4 @@
-"""DeepSeek V4's KV cache as vLLM 0.33 lays it out (pure: the model's compressed-attention facts,
+"""DeepSeek V4's (and V4.1's) KV cache as vLLM 0.33 lays it out (pure: the model's compressed-attention facts,
 the memory, the length and the tokens in flight in; blocks, tokens and bytes out).
 
 Every layer keeps a sliding window (``SlidingWindowMLASpec``, 64-token blocks); a layer of ratio 4
@@ -28,6 +28,11 @@ ALIGN = 576  # fp8_ds_mla pages are padded to a multiple of this
 BLOCK = 256  # the compressed caches' block (FlashMLA sparse and the indexer: 256 tokens)
 SWA_BLOCK = 64
 SCALE_BYTES = 8
+# DeepSeek V4.1 on SM90 (FLASHMLA_SPARSE_DSV41, its indexer: 64-token blocks; the sliding window 32;
+# the compressor's fp32 state of 1,024 values a row, 8 rows a block up to 6 speculative tokens)
+V41_BLOCK = 64
+V41_SWA_BLOCK = 32
+V41_STATE_ROW = 1024 * 4
 
 
 class CompressedCache(NamedTuple):
@@ -36,11 +41,12 @@ class CompressedCache(NamedTuple):
     num_blocks: int
     blocks_per_request: int
     logged_tokens: int
+    block: int = BLOCK  # tokens of the compressed caches' block
 
     @property
     def bytes_per_token(self) -> float:
         """What each further token of context costs, averaged (the compressed caches' blocks)."""
-        return self.bytes_per_block / BLOCK
+        return self.bytes_per_block / self.block
 
 
 def row_bytes(c: Compressed) -> int:
@@ -52,8 +58,31 @@ def _page(raw: int) -> int:
     return -(-raw // ALIGN) * ALIGN
 
 
+def _v41_buckets(c: Compressed) -> list[Bucket]:
+    """DeepSeek V4.1's buckets (``deepseek_v41/attention.py``, ``compressor.py``): every layer's sliding
+    window; on each source layer its compressed entries (one per ``ratio`` tokens) and the indexer's
+    keys (fp8 and a scale per 128) in 64-token blocks; a ratio-2 source's compressor state, a ring of
+    one block a request."""
+    row, index_row = row_bytes(c), c.index_dim + c.index_dim // 128 * 4
+    compressed: dict[int, int] = {}
+    for layer in c.sources:
+        entries = V41_BLOCK // c.ratios[layer]
+        for page in (_page(entries * row), _page(entries * index_row)):
+            compressed[page] = compressed.get(page, 0) + 1
+    out = [
+        Bucket("sliding window", {_page(V41_SWA_BLOCK * row): len(c.ratios)}, V41_SWA_BLOCK, c.window),
+        Bucket("compressed", compressed, V41_BLOCK, 0),
+    ]
+    rings = sum(1 for layer in c.sources if c.ratios[layer] == 2)
+    if rings:
+        out.append(Bucket("compressor state", {8 * V41_STATE_ROW: rings}, 8, 0, state=True, fixed=1))
+    return out
+
+
 def buckets(c: Compressed) -> list[Bucket]:
     """The model's spec buckets (vLLM's ``UniformTypeKVCacheSpecs``), each with its layers per page."""
+    if c.sources:
+        return _v41_buckets(c)
     row, n4, n128 = row_bytes(c), c.ratios.count(4), c.ratios.count(128)
     index_row = c.index_dim + c.index_dim // 128 * 4
     swa = Bucket("sliding window", {_page(SWA_BLOCK * row): len(c.ratios)}, SWA_BLOCK, c.window)
@@ -92,4 +121,5 @@ def compressed_cache(
         num_blocks,
         per_request,
         logged_tokens(num_blocks, per_request, max_model_len),
+        V41_BLOCK if c.sources else BLOCK,
     )

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..model import ModelFacts
 from ..release import release_of
-from .compressed import BLOCK as COMPRESSED_BLOCK
 from .compressed import compressed_cache
 
 if TYPE_CHECKING:
@@ -66,7 +65,7 @@ def kv_bytes_per_token(model: ModelFacts, tp: int, kv_dtype_bytes: int, sliding:
     ``window`` tokens per sequence; see :func:`kv_bytes_per_sequence`).
     """
     if model.stack is not None and model.stack.compressed is not None:  # DeepSeek V4, whatever the TP
-        return -(-compressed_cache(model.stack.compressed, 0, 1, 0).bytes_per_block // COMPRESSED_BLOCK)
+        return math.ceil(compressed_cache(model.stack.compressed, 0, 1, 0).bytes_per_token)
     if not is_plain(model):
         return sum(
             n * b

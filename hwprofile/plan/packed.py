@@ -6,8 +6,9 @@ block (``_get_packed_kv_cache_groups``, v1/core/kv_cache_planning.py, 0.33):
 - a bucket whose page sizes each hold the same number of layers is a repeating pattern; those split
   into groups of the same number of repeats (``_approximate_gcd``, at least the largest bucket that
   mixes page sizes, which stays whole);
-- a state bucket (Mamba states, circular buffers) is split further so that a group fits the block
-  the others already need (the anchor) rather than widening it;
+- a state bucket (Mamba states, circular buffers; sliding windows where no pattern sets the split)
+  is split further so that a group fits the block the others already need (the anchor) rather than
+  widening it;
 - a block is as wide as the widest group's pages, rounded up to the pages' alignments; each group is
   a column of the one pool, and a request takes blocks in every group.
 
@@ -71,11 +72,14 @@ def packed_groups(bs: list[Bucket]) -> list[Group]:
     def groups_of(b: Bucket) -> int:
         return -(-_repeats(b) // per_group) if _balanced(b) and per_group else 1
 
-    anchor = max((_widest(b, sum(b.pages.values()) if b.state else groups_of(b)) for b in bs), default=0)
+    def is_state(b: Bucket) -> bool:  # a sliding window too where no pattern sets the split
+        return b.state or (per_group is None and b.window > 0)
+
+    anchor = max((_widest(b, sum(b.pages.values()) if is_state(b) else groups_of(b)) for b in bs), default=0)
     out: list[Group] = []
     for b in bs:
         n = groups_of(b)
-        if anchor and b.state:  # as many states a group as the block already holds
+        if anchor and is_state(b):  # as many states a group as the block already holds
             per_block = max(anchor // min(b.pages), 1)
             n = max(n, -(-sum(b.pages.values()) // per_block))
         for i in range(n):
