@@ -10,6 +10,7 @@ KV cache specs their layers return, run through vLLM 0.33's grouping):
 - Qwen4-Exp (Qwen3.8-Flash-Next): the config's ``mamba_ssm_dtype``, the n-gram embedding tables, its QSA
   caches and PLE state packed as vLLM packs them;
 - DeepSeek V4.1: its caches on kv_source_layer_ids, its engram tables in host memory;
+- Inkling: its local (sliding-window) layers and every layer's short-conv state;
 - MiniMax-M3: ``dense_intermediate_size``, its sparse layers' indexer keys; Step3/Step5: ``num_attention_groups`` KV heads,
   ``moe_layers_enum``.
 """
@@ -366,6 +367,64 @@ def test_minimax_m3_sparse_layers_keep_their_indexer_keys() -> None:
     }
     with pytest.raises(ValueError, match="sparse_attention_freq"):
         parse_config({**cfg, "text_config": bad}, "m3", "test", None)
+
+
+def _inkling_small() -> dict[str, Any]:
+    """Inkling-Small's config.json (the keys that size its cache)."""
+    local = [i for i in range(42) if i % 6 != 5]
+    text = {
+        "model_type": "inkling_model",
+        "architectures": None,
+        "vocab_size": 200058,
+        "hidden_size": 4096,
+        "intermediate_size": 2048,
+        "dense_intermediate_size": 16384,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "local_layer_ids": local,
+        "sliding_window_size": 512,
+        "swa_num_key_value_heads": 8,
+        "swa_head_dim": 128,
+        "use_sconv": True,
+        "sconv_kernel_size": 4,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 6,
+    }
+    return {"architectures": ["InklingForCausalLM"], "model_type": "inkling_mm_model", "text_config": text}
+
+
+def test_inkling_local_layers_and_its_short_conv_state() -> None:
+    """Inkling: local_layer_ids are sliding-window layers (35 of 42); every layer also keeps a
+    short-conv state vLLM holds as a 4-token sliding window of 8 heads x 2,048 values. Its page
+    (131,072 B at TP1) is twice the attention's at 16 tokens, so vLLM raises the attention block to
+    32 and groups the 42 + 35 + 7 layers by 7; each request reserves its conv windows plus the tokens
+    in flight. The figures are vLLM 0.33's own functions'; hwprofile read 42 full layers and logged
+    +365 %."""
+    from hwprofile.plan.memory import kv_bytes_per_sequence, sconv_kv_cache, vllm_kv_cache
+
+    m = parse_config(_inkling_small(), "inkling", "test", None)
+    st = m.stack
+    assert st is not None and st.sconv is not None and (st.count("sliding"), st.count("full")) == (35, 7)
+    for tp, mem, length, flight, want in (
+        (1, 10 << 30, 8192, 4096, (32, 917_504, 11_702, 7_137, 13_431)),
+        (8, 10 << 30, 131072, 16384, (32, 114_688, 93_622, 31_329, 391_688)),
+        (4, 1 << 30, 8192, 16384, (32, 229_376, 4_681, 13_835, 2_771)),
+    ):
+        x = sconv_kv_cache(m, mem, length, tp, None, flight)
+        assert (
+            x.attention_block,
+            x.bytes_per_block,
+            x.num_blocks,
+            x.blocks_per_request,
+            x.logged_tokens,
+        ) == want
+        assert vllm_kv_cache(m, mem, length, tp=tp, in_flight=flight)[1] == want[-1]
+        one = kv_bytes_per_sequence(m, tp, 2, length, in_flight=flight, reserve=True)
+        assert one == want[1] * want[3]  # vLLM's start-up check: every group's reserved blocks
+    with pytest.raises(ValueError, match="tensor parallel at most"):
+        sconv_kv_cache(m, 1 << 30, 8192, 16, None, 0)
 
 
 def _dsv4_flash() -> dict[str, Any]:

@@ -222,6 +222,20 @@ class ShortConv(NamedTuple):
         return self.width * (self.length + num_spec) * dtype_bytes
 
 
+class Sconv(NamedTuple):
+    """Inkling's short-conv state in every layer (``sconv_swa_attn.py`` ``InklingConvState``): vLLM
+    keeps it as a sliding window of ``kernel`` tokens (one block), each row the layer's K, V,
+    attention-output and MLP-output streams, ``next_pow2(2 x head_dim + 2 x hidden / kv_heads)``
+    values a KV head, in the model dtype, split by tensor parallelism like the KV heads."""
+
+    kernel: int
+    hidden: int
+
+    def width(self, shape: AttentionShape) -> int:
+        raw = 2 * shape.head_dim + 2 * self.hidden // max(1, shape.num_kv_heads)
+        return 1 << (raw - 1).bit_length()
+
+
 class LayerStack(NamedTuple):
     """The model's layers (:func:`layer_kinds`), the shape of each attention kind present, the
     state dimensions where the model has state layers, and the layers that reuse an earlier
@@ -240,6 +254,7 @@ class LayerStack(NamedTuple):
     compressed: Compressed | None = None  # DeepSeek V4's compressed attention
     indexed: Indexed | None = None  # Qwen4-Exp's QSA caches beside each attention layer
     short_conv: ShortConv | None = None  # Qwen4-Exp's PLE state beside the recurrent state
+    sconv: Sconv | None = None  # Inkling's short-conv state in every layer
 
     def count(self, mixer: str) -> int:
         return sum(1 for k in self.kinds if k.mixer == mixer)
@@ -461,6 +476,24 @@ def _mimo_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str
     return _coded(cfg, "hybrid_layer_pattern", n, name, {0: "full", 1: "sliding"})
 
 
+def _local_layer_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
+    """Inkling: ``local_layer_ids`` are sliding-window layers (``sliding_window_size``, ``swa_*``
+    heads), the others full (``models/inkling``)."""
+    ids = cfg.get("local_layer_ids")
+    if ids is None or not mtype.startswith("inkling"):
+        return None
+    if (
+        type(ids) is not list
+        or len(set(ids)) != len(ids)
+        or not all(type(i) is int and 0 <= i < n for i in ids)
+    ):
+        raise ValueError(
+            f"local_layer_ids: expected distinct layer numbers from 0 to {n - 1}, got {ids!r}"[:160]
+        )
+    local = set(ids)
+    return ["sliding" if i in local else "full" for i in range(n)]
+
+
 def _bailing_linear_mixers(cfg: dict[str, Any], n: int, name: str, mtype: str) -> list[str] | None:
     """Bailing MoE V2.5 (Ling/Ring linear): lightning linear attention, an MLA layer closing every
     group of ``layer_group_size`` (``bailing_moe_linear.py`` ``is_linear_layer``)."""
@@ -590,6 +623,7 @@ _MIXER_READERS: tuple[Callable[[dict[str, Any], int, str, str], list[str] | None
     _kimi_linear_mixers,
     _minimax_mixers,
     _mimo_mixers,
+    _local_layer_mixers,
     _bailing_linear_mixers,
     _jamba_mixers,
     _bamba_mixers,
@@ -918,7 +952,16 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
         _compressed(cfg),
         _indexed(cfg),
         _short_conv(cfg, len(kinds)) if state is not None else None,
+        _sconv(cfg),
     )
+
+
+def _sconv(cfg: dict[str, Any]) -> Sconv | None:
+    """Inkling's short-conv state (built in every layer whatever ``use_sconv`` says)."""
+    if not _mtype(cfg).startswith("inkling"):
+        return None
+    kernel = _int(cfg, "sconv_kernel_size", lo=1) or _int(cfg, "conv_kernel_size", lo=1) or 4
+    return Sconv(kernel, _need(cfg, "hidden_size", "Inkling's short-conv state"))
 
 
 def _indexed(cfg: dict[str, Any]) -> Indexed | None:

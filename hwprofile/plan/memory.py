@@ -101,7 +101,7 @@ _PLAIN_SIZE = 8
 
 
 def _plain_stack(st: LayerStack) -> bool:
-    if st.compressed is not None:
+    if st.compressed is not None or st.sconv is not None:
         return False
     if st.state_layers or st.kv_shared or "chunked" in st.attention or st.count("none"):
         return False
@@ -187,6 +187,9 @@ def kv_bytes_per_sequence(
     if model.stack is not None and model.stack.compressed is not None:  # DeepSeek V4 (plan.compressed)
         c = compressed_cache(model.stack.compressed, 0, length, in_flight)
         return c.blocks_per_request * c.bytes_per_block
+    if model.stack is not None and model.stack.sconv is not None:  # Inkling: whole blocks of every group
+        sc = sconv_kv_cache(model, 0, length, tp, kv_dtype_bytes, in_flight if reserve else 0, block)
+        return sc.blocks_per_request * sc.bytes_per_block
     if is_hybrid(model):
         h = hybrid_kv_cache(
             model, 0, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **(hybrid or HybridOpts())._asdict()
@@ -257,6 +260,9 @@ def vllm_kv_cache(
     if model.stack is not None and model.stack.compressed is not None:  # DeepSeek V4 (plan.compressed)
         c = compressed_cache(model.stack.compressed, kv_cache_bytes, max_model_len, in_flight)
         return c.num_blocks, c.logged_tokens
+    if model.stack is not None and model.stack.sconv is not None:  # Inkling
+        sc = sconv_kv_cache(model, kv_cache_bytes, max_model_len, tp, dtype_bytes, in_flight, block)
+        return sc.num_blocks, sc.logged_tokens
     if is_hybrid(model):
         h = hybrid_kv_cache(
             model,
@@ -309,13 +315,83 @@ def _attention_kv_cache(
     return num_blocks, int(num_blocks / per_request * max_model_len)
 
 
+class SconvCache(NamedTuple):
+    """Inkling's cache as vLLM lays it out (:func:`sconv_kv_cache`)."""
+
+    bytes_per_block: int
+    num_blocks: int
+    blocks_per_request: int
+    logged_tokens: int
+    attention_block: int  # the attention layers' block, raised so their page is the conv state's
+
+
+def _sconv_buckets(
+    model: ModelFacts, tp: int, kv_dtype_bytes: int, block: int
+) -> list[tuple[int, int, int, int]]:
+    """``(layers, page bytes, block tokens, window)`` of each spec bucket of an Inkling model: its
+    attention kinds (full, sliding) and its short-conv states (one bucket per distinct shape)."""
+    st = model.stack
+    sc = st.sconv
+    out: list[tuple[int, int, int, int]] = []
+    convs: dict[tuple[int, int], int] = {}
+    for kind, (n, b) in attention_bytes_by_kind(model, tp, kv_dtype_bytes).items():
+        shape = st.attention[kind]
+        out.append((n, b * block, block, shape.window or 0 if kind == "sliding" else 0))
+        if shape.num_kv_heads < tp:  # InklingConvState asserts tp <= its KV heads
+            raise ValueError(
+                f"{model.name}: its short-conv state splits {shape.num_kv_heads} KV heads: tensor parallel at most that"
+            )
+        key = (shape.num_kv_heads // tp, sc.width(shape))
+        convs[key] = convs.get(key, 0) + n
+    for (heads, width), n in convs.items():
+        out.append((n, heads * sc.kernel * width * model.dtype_bytes, sc.kernel, sc.kernel))
+    return out
+
+
+def sconv_kv_cache(
+    model: ModelFacts,
+    kv_cache_bytes: int,
+    max_model_len: int,
+    tp: int = 1,
+    kv_dtype_bytes: int | None = None,
+    in_flight: int = 0,
+    block: int = BLOCK_TOKENS,
+) -> SconvCache:
+    """Inkling's KV cache (vLLM 0.33, ``models/inkling``): every layer's short-conv state is a sliding
+    window of ``kernel`` tokens beside its attention. Nothing declares a layout (LBNHC), so vLLM
+    unifies the page sizes (``unify_kv_cache_spec_page_size``: each smaller page's block multiplied up
+    to the largest page, the attention block 16 -> 32 for Inkling-Small) and groups the layers by
+    ``_get_kv_cache_groups_uniform_page_size`` (group size the smallest bucket's layers, or the
+    largest's below 1.5x). A request reserves per group ``cdiv(max_model_len, block)`` (full) or a
+    window's ``cdiv(min(window - 1 + in_flight, max_model_len), block) + 1`` blocks."""
+    buckets = _sconv_buckets(model, tp, kv_dtype_bytes or model.dtype_bytes, block)
+    page = max(p for _, p, _, _ in buckets)
+    if any(page % p for _, p, _, _ in buckets):
+        raise ValueError(
+            f"{model.name}: page sizes vLLM cannot unify ({sorted({p for _, p, _, _ in buckets})})"
+        )
+    scaled = [(n, b * page // p, w) for n, p, b, w in buckets]
+    counts = [n for n, _, _ in scaled]
+    size = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+    per_request = 0
+    for n, b, w in scaled:
+        blocks = -(-min(w - 1 + in_flight, max_model_len) // b) + 1 if w else -(-max_model_len // b)
+        per_request += -(-n // size) * blocks
+    per_block = size * page
+    num_blocks = max(0, kv_cache_bytes) // per_block
+    attention = next(b for n, b, w in scaled if w != model.stack.sconv.kernel) if scaled else block
+    return SconvCache(
+        per_block, num_blocks, per_request, int(num_blocks / per_request * max_model_len), attention
+    )
+
+
 def logs_kv_tokens(model: ModelFacts, tp: int = 1, kv_dtype_bytes: int = 2) -> bool:
     """Whether :func:`vllm_kv_cache` can say what vLLM logs for this model: not where attention
     layers of several page sizes share the pool (vLLM packs them into mixed blocks)."""
     if (
         is_plain(model)
         or is_hybrid(model)
-        or (model.stack is not None and model.stack.compressed is not None)
+        or (model.stack is not None and (model.stack.compressed is not None or model.stack.sconv is not None))
     ):
         return True
     return len({b for _, b in attention_bytes_by_kind(model, tp, kv_dtype_bytes).values()}) == 1
