@@ -110,6 +110,8 @@ def test_in_flight_tokens_by_release_and_device() -> None:
     assert in_flight_tokens("0.32.0", 2048) == 4096  # async scheduling: two batches
     assert in_flight_tokens("0.32.0+cpu", 2048, "cpu") == 2048  # no async scheduling on the CPU
     assert in_flight_tokens("0.32.0", 2048, "cuda", 1, "ngram") == 2048  # ngram turns it off
+    assert in_flight_tokens("0.33.0", 2048, "cuda", 1, "ngram") == 4096  # not on 0.33's Model Runner V2
+    assert in_flight_tokens("0.33.0", 2048, "cuda", 1, "suffix") == 2048  # V1 runner: still off
     assert in_flight_tokens("0.33.0", 2048, "cuda", 2) == 3 * 2048  # PP + 1
     assert in_flight_tokens(None, 1024) == 2048  # unknown: the newest rule
 

@@ -152,12 +152,14 @@ def in_flight_tokens(
     (0.25.0 ``SlidingWindowSpec.max_memory_usage_bytes``); from 0.29 ``max_concurrent_batches`` of
     them (0.32.0 config/vllm.py ``max_in_flight_tokens``): 2 with async scheduling (pipeline
     parallel + 1 with PP), else the PP size. Async scheduling is on by default on GPUs, off on the
-    CPU (platforms/cpu.py) and with speculation that does not support it (ngram, suffix: 0.32.0
-    config/vllm.py, "Async scheduling not supported with ...")."""
-    if not release_of(vllm_version).several_batches_in_flight():
+    CPU (platforms/cpu.py) and with speculation that does not support it (suffix; ngram before 0.33:
+    0.32.0 config/vllm.py, "Async scheduling not supported with ..."; 0.33 runs it on Model Runner V2)."""
+    rel = release_of(vllm_version)
+    if not rel.several_batches_in_flight():
         return batched_tokens
     pp = max(1, pipeline_parallel)
-    async_on = device == "cuda" and spec_method not in ("ngram", "suffix")
+    off = ("suffix",) if rel.ngram_keeps_async() else ("ngram", "suffix")
+    async_on = device == "cuda" and spec_method not in off
     batches = (pp + 1 if pp > 1 else 2) if async_on else pp
     return batches * batched_tokens
 

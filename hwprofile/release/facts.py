@@ -112,6 +112,13 @@ FLOORS: dict[str, Floor] = {
         "0.11.0 config/scheduler.py async_scheduling = False; 0.32.0 None, turned on in config/vllm.py "
         "where the executor supports it; the first release taken from vLLM PR #27614 (not read in its code)",
     ),
+    "ngram_keeps_async": Floor(
+        (0, 33, 0),
+        "ngram speculation keeps async scheduling (Model Runner V2, the default, runs it; only the V1 "
+        "runner turns async off for it)",
+        "0.32.0 config/vllm.py: async off for any method but eagle/mtp/ngram_gpu/draft_model/dspark/dflash; "
+        "0.33.0 config/vllm.py: only where the V1 model runner runs (suffix, custom_class)",
+    ),
     "uuid_visible_devices": Floor(
         (0, 32, 0),
         "GPU UUIDs accepted in CUDA_VISIBLE_DEVICES (mapped back to NVML indexes)",
@@ -320,6 +327,10 @@ class Release:
     def several_batches_in_flight(self) -> bool:
         """:data:`FLOORS` ``several_batches_in_flight``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["several_batches_in_flight"]) is not False
+
+    def ngram_keeps_async(self) -> bool:
+        """:data:`FLOORS` ``ngram_keeps_async``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["ngram_keeps_async"]) is not False
 
     def flashinfer_gdn_prefill(self) -> bool:
         """:data:`FLOORS` ``flashinfer_gdn_prefill`` (the release's side of it; Hopper is the
