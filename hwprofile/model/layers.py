@@ -40,6 +40,7 @@ Mamba2 layers without an MLP. Zamba (the first, no vLLM support) is refused by n
 Pure: a dict in, tuples out.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -187,26 +188,52 @@ class Compressed(NamedTuple):
 
 
 class Indexed(NamedTuple):
-    """Qwen4-Exp's QSA indexer beside each attention layer (``qwen4_exp/common/qsa_cache.py``): a
-    compressed key of ``head_dim`` bf16 values per ``ratio`` tokens (``MLAAttentionSpec`` with
-    ``tokens_per_state``), and a ring of the open group's raw keys (``CircularBufferSpec``: ``ratio``
-    plus the speculative tokens rounded up to ``ratio`` rows, ``head_dim`` wide plus three int64
-    positions under M-RoPE). vLLM packs their pages beside the attention's in one block (BLNHC)."""
+    """An indexer's caches beside each attention layer that vLLM packs with the attention's pages in
+    one block (a block-outermost layout):
+
+    - ``qsa``: Qwen4-Exp's QSA (``qwen4_exp/common/qsa_cache.py``, BLNHC): a compressed key of
+      ``head_dim`` bf16 values per ``ratio`` tokens (``MLAAttentionSpec`` with ``tokens_per_state``)
+      and a ring of the open group's raw keys (``CircularBufferSpec``: ``ratio`` plus the speculative
+      tokens rounded up to ``ratio`` rows, ``head_dim`` wide plus three int64 positions under M-RoPE);
+    - ``kpool``: GLM-5.3's pooled indexer beside MLA (``glm5next/common/attention.py``, BLHNC): one
+      fp8 key and its scale per 128 per ``ratio`` (``index_kpool``) tokens, and a tail ring of raw
+      keys and gate scores, ``ratio x next_pow2(cdiv(ratio + k, ratio))`` rows of 2 x ``head_dim``
+      bf16 values."""
 
     head_dim: int
     ratio: int
     mrope: bool
+    kind: str = "qsa"
+
+    def key_row(self) -> int:
+        """One key entry's bytes (kpool: fp8 with a float32 scale per 128 values; qsa: bf16)."""
+        return self.head_dim + self.head_dim // 128 * 4 if self.kind == "kpool" else 2 * self.head_dim
 
     def key_bytes_per_token(self) -> int:
-        return self.head_dim * 2 // self.ratio
+        return -(-self.key_row() // self.ratio)
+
+    def key_page(self, block: int) -> int:
+        return block // self.ratio * self.key_row()
 
     def ring_rows(self, num_spec: int = 0) -> int:
-        return -(-(self.ratio + num_spec) // self.ratio) * self.ratio
+        groups = -(-(self.ratio + num_spec) // self.ratio)
+        if self.kind == "kpool":
+            return self.ratio * (1 << (groups - 1).bit_length())
+        return groups * self.ratio
 
     def ring_page(self, num_spec: int = 0) -> int:
         rows = self.ring_rows(num_spec)
+        if self.kind == "kpool":
+            return rows * 2 * self.head_dim * 2
         width = -(-self.head_dim // 4) * 4 + 3 * 4 if self.mrope else self.head_dim
         return rows * width * 2
+
+    def alignment(self, mla_row: int) -> int:
+        """The block stride's alignment: kpool's MLA rows (``align_blocks_to_rows``) and its indexer's
+        256-token kernel blocks; none for QSA."""
+        if self.kind != "kpool":
+            return 1
+        return math.lcm(mla_row, self.key_page(256))
 
 
 class ShortConv(NamedTuple):
@@ -950,7 +977,7 @@ def layer_stack(cfg: dict[str, Any]) -> LayerStack:
         linear,
         parallel,
         _compressed(cfg),
-        _indexed(cfg),
+        _indexed(cfg, kinds),
         _short_conv(cfg, len(kinds)) if state is not None else None,
         _sconv(cfg),
     )
@@ -964,8 +991,13 @@ def _sconv(cfg: dict[str, Any]) -> Sconv | None:
     return Sconv(kernel, _need(cfg, "hidden_size", "Inkling's short-conv state"))
 
 
-def _indexed(cfg: dict[str, Any]) -> Indexed | None:
-    """Qwen4-Exp's QSA (its attention layers, where the config names the indexer's compression)."""
+def _indexed(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> Indexed | None:
+    """Qwen4-Exp's QSA (its attention layers, where the config names the indexer's compression);
+    GLM-5.3's pooled indexer beside MLA in a hybrid (``index_kpool`` above 1)."""
+    pool = _int(cfg, "index_kpool", 1, lo=1) or 1
+    mixers = {k.mixer for k in kinds}
+    if pool > 1 and "index_topk" in cfg and "mla" in mixers and mixers & set(STATE_MIXERS):
+        return Indexed(_int(cfg, "index_head_dim", lo=1) or 128, pool, False, "kpool")
     if not _mtype(cfg).startswith("qwen4_exp") or cfg.get("indexer_compress_ratio") is None:
         return None
     ratio = _need(cfg, "indexer_compress_ratio", "QSA's compressed key cache")

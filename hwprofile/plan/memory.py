@@ -121,7 +121,7 @@ def attention_bytes_by_kind(model: ModelFacts, tp: int, kv_dtype_bytes: int) -> 
             b = mla_token_bytes(shape, kv_dtype_bytes)
         else:  # with an indexer's key beside it (MiniMax-M3's sparse layers), not split by TP
             b = max(1, shape.num_kv_heads // tp) * shape.kv_head_sum * kv_dtype_bytes + shape.extra_bytes
-        if st.indexed is not None:  # Qwen4-Exp's QSA: the compressed key beside (bf16, every rank)
+        if st.indexed is not None and kind != "mla":  # QSA's compressed key (MLA's: in its extra_bytes)
             b += st.indexed.key_bytes_per_token()
         n, _ = out.get(kind, (0, b))
         out[kind] = (n + 1, b)
@@ -676,21 +676,23 @@ class _Layout(NamedTuple):
 def _layout(model: ModelFacts, attn_layers: int, block: int, page: int, num_spec: int) -> _Layout:
     """Uniform pages (:func:`_group_size`), or vLLM's packed groups for Qwen4-Exp's QSA."""
     if model.stack.indexed is not None:
-        return _packed_layout(model, attn_layers, block, page, num_spec)
+        return _packed_layout(model, attn_layers, block, page // block, num_spec)
     state_layers = model.stack.state_layers
     size = _group_size(attn_layers, state_layers)
     return _Layout(size * page, size, -(-attn_layers // size), -(-state_layers // size), 0)
 
 
-def _packed_layout(model: ModelFacts, attn_layers: int, block: int, page: int, num_spec: int) -> _Layout:
-    """Qwen4-Exp's QSA hybrids: BLNHC, vLLM packs the attention pages with the indexer's compressed
-    keys, the recurrent states and PLE states (padded to the attention page) and the raw-key rings
-    side by side in one block (:mod:`.packed`)."""
+def _packed_layout(model: ModelFacts, attn_layers: int, block: int, attn_tok: int, num_spec: int) -> _Layout:
+    """Hybrids with an indexer beside their attention (Qwen4-Exp's QSA: BLNHC; GLM-5.3's pooled
+    indexer: BLHNC): vLLM packs the attention pages with the indexer's keys, the recurrent states
+    and PLE states (padded to the attention page) and the rings side by side in one block
+    (:mod:`.packed`), the block rounded up to the pages' alignments."""
     from .packed import Bucket, bytes_per_block, packed_groups
 
     st = model.stack
     idx = st.indexed
-    key_page = block * idx.key_bytes_per_token()
+    page = block * attn_tok
+    key_page = idx.key_page(block)
     attention = {page: attn_layers}
     attention[key_page] = attention.get(key_page, 0) + attn_layers
     bs = [
@@ -703,7 +705,7 @@ def _packed_layout(model: ModelFacts, attn_layers: int, block: int, page: int, n
     groups = packed_groups(bs)
     states = [g for g in groups if g.bucket.name in ("state", "short conv")]
     return _Layout(
-        bytes_per_block(groups),
+        bytes_per_block(groups, idx.alignment(attn_tok)),
         max(n for g in states for n in g.pages.values()),
         sum(1 for g in groups if g.bucket.name == "attention"),
         len(states),
@@ -748,6 +750,8 @@ def hybrid_kv_cache(
       resident MTP head's. Logged: ``int(num_blocks / per-request blocks x max_model_len)``."""
     stack = model.stack
     attn_tok = hybrid_attn_bytes_per_token_layer(model, tp, kv_dtype_bytes or model.dtype_bytes)
+    if stack.indexed is not None and "mla" in stack.attention:  # the pooled indexer's keys: a page apart
+        attn_tok -= stack.attention["mla"].extra_bytes
     state = state_bytes_per_layer(model, tp, num_spec, ssm_dtype)
     block = _block_for(
         model, attn_tok, state, num_spec, (cache_block, kernel_block, prefix_caching, checkpoint_align)
