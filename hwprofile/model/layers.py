@@ -762,7 +762,9 @@ def _sparse_index_bytes(cfg: dict[str, Any], full: list[int]) -> int:
     values a token on every TP rank (``MiniMaxM3IndexerCache``: ``MLAAttentionSpec``, one head),
     averaged over the full-attention layers as :attr:`AttentionShape.extra_bytes`; 0 for any other."""
     sparse = cfg.get("sparse_attention_config")
-    if not isinstance(sparse, dict) or not sparse.get("use_sparse_attention") or not full:
+    if not _mtype(cfg).startswith("minimax_m3") or not isinstance(sparse, dict):
+        return 0
+    if not sparse.get("use_sparse_attention") or not full:
         return 0
     freq = sparse.get("sparse_attention_freq")
     n = _int(cfg, "num_hidden_layers", lo=1) or 0
@@ -797,6 +799,8 @@ def _sliding_shape(cfg: dict[str, Any], kv: int, head_dim: int, v_dim: int | Non
     """The sliding-window layers' shape: the model's heads, or MiMo-V2's own ``swa_*`` ones (its
     window ``sliding_window_size``)."""
     window = cfg.get("sliding_window_size", cfg.get("sliding_window"))
+    if window is None and _mtype(cfg).startswith("inkling"):  # InklingModelConfig's default
+        window = 512
     if "swa_num_key_value_heads" in cfg or "swa_head_dim" in cfg:
         kv = _int(cfg, "swa_num_key_value_heads", lo=1) or kv
         head_dim = _int(cfg, "swa_head_dim", lo=1) or head_dim
@@ -998,7 +1002,7 @@ def _indexed(cfg: dict[str, Any], kinds: tuple[LayerKind, ...]) -> Indexed | Non
     mixers = {k.mixer for k in kinds}
     if pool > 1 and "index_topk" in cfg and "mla" in mixers and mixers & set(STATE_MIXERS):
         return Indexed(_int(cfg, "index_head_dim", lo=1) or 128, pool, False, "kpool")
-    if not _mtype(cfg).startswith("qwen4_exp") or cfg.get("indexer_compress_ratio") is None:
+    if not _mtype(cfg).startswith("qwen4_exp") or cfg.get("indexer_n_heads") is None:  # vLLM's QSA switch
         return None
     ratio = _need(cfg, "indexer_compress_ratio", "QSA's compressed key cache")
     head = _need(cfg, "indexer_head_dim", "QSA's key caches")

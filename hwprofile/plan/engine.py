@@ -262,6 +262,12 @@ def concurrency(
     return seqs
 
 
+def _ring_fits(model: ModelFacts, f: Fit, length: int, tp: int, kv_bytes: int, hybrid: HybridOpts) -> bool:
+    """QSA's ring divides the attention block vLLM picks with these speculative tokens."""
+    h = hybrid_kv_cache(model, f.kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_bytes, **hybrid._asdict())
+    return h.block_size % model.stack.indexed.ring_rows(hybrid.num_spec) == 0
+
+
 def state_cap(
     ctx: PlanContext,
     model: ModelFacts,
@@ -284,7 +290,9 @@ def state_cap(
     if idx is not None and h.block_size % idx.ring_rows(hybrid.num_spec):
         from .refusal import PlanRefused
 
-        fits = [k for k in range(1, 9) if h.block_size % idx.ring_rows(k) == 0]
+        fits = [
+            k for k in range(1, 9) if _ring_fits(model, f, length, tp, kv_bytes, hybrid._replace(num_spec=k))
+        ]
         raise PlanRefused(
             f"{name}: QSA's raw-key ring of {idx.ring_rows(hybrid.num_spec)} rows (compression ratio "
             f"{idx.ratio} plus {hybrid.num_spec} speculative tokens, rounded up to the ratio) does not divide "
@@ -302,6 +310,7 @@ def state_cap(
     per_seq = h.state_bytes_per_sequence
     why = (
         f"lowered from {seqs}: each running sequence holds {h.state_groups} state groups x {h.state_slots} pages "
+        f"{f'and {h.ring_groups} ring block(s) ' if h.ring_groups else ''}"
         f"({per_seq / MiB:.1f} MiB of recurrent state per GPU); the {h.num_blocks} blocks of the pool hold "
         f"{h.state_blocks} sequences' state (vLLM refuses to start under full CUDA graphs when max_num_seqs "
         "exceeds its state blocks)"

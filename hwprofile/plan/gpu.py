@@ -19,6 +19,7 @@ from .memory import (
     BLOCK_TOKENS,
     Fit,
     GiB,
+    HybridCache,
     HybridOpts,
     MiB,
     hybrid_kv_cache,
@@ -123,6 +124,13 @@ def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key:
         raise PlanRefused(
             f"{model.name} on {gpu.name}: {att.refused} ({att.why})",
             ["a Hopper (SM90) or Blackwell (SM100, SM12x) GPU"],
+        )
+    compressed = model.stack.compressed if model.stack is not None else None
+    if compressed is not None and compressed.sources and (gpu.compute_capability or "").split(".")[0] != "9":
+        ctx.warn(
+            f"{model.name} on {gpu.name}: DeepSeek V4.1's cache is modelled as vLLM lays it out on Hopper (SM90: "
+            "64-token blocks, 584-byte rows); elsewhere vLLM takes 128-token blocks and 528-byte MXFP8 rows, so "
+            "its KV figures here are estimates"
         )
     if att.refused:
         raise PlanRefused(
@@ -370,8 +378,8 @@ def hybrid_memory(
         r.add(
             f"{key}.memory.block_size",
             h.block_size,
-            f"vLLM raises the attention block so one page ({h.page_bytes} B) holds a {st.kind} layer's state "
-            f"({h.state_bytes} B per sequence, padded): _align_hybrid_block_size",
+            f"vLLM raises the attention block so one page ({h.page_bytes} B) holds {_widest_state(model, h, hybrid)}: "
+            "_align_hybrid_block_size",
         )
         r.add(
             f"{key}.memory.state_bytes_per_sequence",
@@ -385,6 +393,16 @@ def hybrid_memory(
             f"{h.state_bytes_per_sequence / MiB:.1f} MiB per GPU",
         )
     return out
+
+
+def _widest_state(model: ModelFacts, h: HybridCache, hybrid: HybridOpts) -> str:
+    """The state whose page sets the hybrid's block: the recurrent state's, or Qwen4-Exp's PLE state's
+    where that is the larger."""
+    st = model.stack
+    conv = st.short_conv.page(model.dtype_bytes, hybrid.num_spec) if st.short_conv else 0
+    if conv > h.state_bytes:
+        return f"a PLE layer's short-conv state ({conv} B per sequence, padded; a {st.state.kind} layer's: {h.state_bytes} B)"
+    return f"a {st.state.kind} layer's state ({h.state_bytes} B per sequence, padded)"
 
 
 def _beside(model: ModelFacts) -> str:

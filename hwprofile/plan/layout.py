@@ -105,8 +105,13 @@ def nvlinked(host: HostSnapshot, gpus: list[Gpu]) -> bool:
 
 
 def tp_ok(model: ModelFacts, tp: int) -> bool:
-    """``tp`` divides the attention heads, and divides or is a multiple of the KV heads."""
+    """``tp`` divides the attention heads, and divides or is a multiple of the KV heads; at most the
+    KV heads of every attention kind where each rank keeps a short-conv state of its own heads
+    (Inkling's ``InklingConvState`` asserts it)."""
     kv = model.num_kv_heads
+    st = model.stack
+    if st is not None and st.sconv is not None and any(a.num_kv_heads < tp for a in st.attention.values()):
+        return False
     return model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
 
 
@@ -148,9 +153,11 @@ def _configured_tp(
             [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
         )
     if not tp_ok(model, want):
+        conv = model.stack is not None and model.stack.sconv is not None
         raise PlanRefused(
             f"tensor_parallel_size={want} does not divide {model.name}'s {model.num_heads} attention heads "
-            f"({model.num_kv_heads} KV heads)",
+            f"({model.num_kv_heads} KV heads"
+            f"{'; its short-conv state splits the KV heads: at most one a rank' if conv else ''})",
             [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
         )
     if want > ctx.settings.layout.max_pcie_tensor_parallel and not nvlink:

@@ -589,7 +589,7 @@ class HybridCache(NamedTuple):
     def state_blocks(self) -> int:
         """Sequences whose state fits the pool at once (vLLM refuses max_num_seqs above this under
         full CUDA graphs: ``max_num_seqs exceeds available Mamba cache blocks``)."""
-        return self.num_blocks // max(1, self.state_groups * self.state_slots)
+        return self.num_blocks // max(1, self.state_groups * self.state_slots + self.ring_groups)
 
 
 def state_bytes_per_layer(
