@@ -698,6 +698,26 @@ def test_deepseek_v41_caches_on_its_source_layers_and_engram_in_host_memory() ->
             parse_config({**_dsv41_flash(), "text_config": bad}, "v41", "test", None)
 
 
+def test_deepseek_v41_engram_tables_need_the_hosts_memory(host_of, empty_root, tmp_path) -> None:
+    """DeepSeek V4.1-Flash's engram tables: 768,022,850 rows of 256 fp8 values and 8 scale bytes
+    (202.76 GB) in pinned host memory per instance: said in the plan, refused on a host without it."""
+    import json
+
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.refusal import PlanRefused
+
+    m = parse_config(_dsv41_flash(), "v41", "test", None)
+    assert m.host_bytes == 768_022_850 * 264
+    d = tmp_path / "v41"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_dsv41_flash()))
+    host = host_of("h100-sxm-8x")
+    plan = make_plan(host._replace(memory_bytes=2 << 40), empty_root, environ={}, model=str(d), sets=[])
+    assert any(r.key.endswith("memory.host_bytes") and r.value == m.host_bytes for r in plan.reasons)
+    with pytest.raises(PlanRefused, match="pinned host memory"):
+        make_plan(host._replace(memory_bytes=128 << 30), empty_root, environ={}, model=str(d), sets=[])
+
+
 def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:
     import pytest
 

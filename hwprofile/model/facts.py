@@ -56,6 +56,9 @@ class ModelFacts(NamedTuple):
     # the "mtp." weights)
     vision_bytes: int = 0
     mtp_bytes: int = 0
+    # weights vLLM keeps in pinned host memory rather than on the GPUs, per instance (DeepSeek V4.1's
+    # engram tables: EngramConfig.cpu_offload, its default); not in weights_bytes
+    host_bytes: int = 0
     # of weights_bytes: the tensors every tensor-parallel rank holds whole (MLA's down-projections,
     # routers, sparse-attention indexers: vLLM's ReplicatedLinear), estimated as the parts above
     replicated_bytes: int = 0

@@ -8,7 +8,7 @@ Pure: takes a dict, reads no files (:mod:`.files` reads config.json).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .arch import read_arch
 from .defaults import unwrapped, with_class_defaults
@@ -17,8 +17,6 @@ from .layers import layer_stack
 from .weights import count_params, weights_bytes
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from .layers import LayerStack
     from .weights import ParamBreakdown, WeightBytes
 
@@ -112,7 +110,6 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     layers, hidden, heads, kv, head_dim = _attention_shape(k)
     inter = _widest_mlp(k) or 4 * hidden
     vocab = k.integer("vocab_size", 0) or 0
-    dtype = k.text("torch_dtype") or k.text("dtype") or "bfloat16"
     tie = bool(k.flag("tie_word_embeddings"))
     # some configs write false for "no window"
     window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
@@ -140,7 +137,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         intermediate_size=inter,
         vocab_size=vocab,
         max_position_embeddings=k.integer("max_position_embeddings"),
-        dtype=dtype,
+        dtype=k.text("torch_dtype") or k.text("dtype") or "bfloat16",
         tie_word_embeddings=tie,
         sliding_window=window if window and sliding else None,
         sliding_layers=sliding,
@@ -150,6 +147,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         weights_bytes=loaded.total,
         weights_bytes_source="estimate",
         mtp_layers=_mtp_layers(k, cfg.get("model_type")),
+        host_bytes=_engram_host_bytes(cfg),
         quantized_variants={},
         active_params=counted.active,
         num_experts=arch.num_experts,
@@ -162,6 +160,22 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         replicated_bytes=loaded.replicated,
         stack=stack,
     )
+
+
+def _engram_host_bytes(cfg: dict[str, Any]) -> int:
+    """DeepSeek V4.1's engram tables (``common/engram.py``): ``engram_num_embeddings`` rows per engram
+    layer of ``engram_head_dim`` fp8 values and an e8m0 scale per 32, in pinned host memory."""
+    rows = cfg.get("engram_num_embeddings")
+    if not cfg.get("engram_layer_ids") or rows is None:
+        return 0
+    if type(rows) is not list or not all(type(n) is int and 0 < n < 1 << 40 for n in rows):
+        raise ValueError(
+            f"engram_num_embeddings: expected a positive integer per engram layer, got {rows!r}"[:160]
+        )
+    dim = cfg.get("engram_head_dim", 256)
+    if type(dim) is not int or not 0 < dim <= 1 << 16:
+        raise ValueError(f"engram_head_dim: expected a positive integer, got {dim!r}"[:120])
+    return sum(rows) * (dim + -(-dim // 32))
 
 
 def _mtp_layers(k: _Keys, model_type: object) -> int:

@@ -114,6 +114,29 @@ def _sizing(
     return _Sizing(length, seqs, batched, hybrid)
 
 
+def _host_tables(ctx: PlanContext, model: ModelFacts, key: str) -> None:
+    """Weights vLLM keeps in pinned host memory (DeepSeek V4.1's engram tables), per instance: said in
+    the reasons, refused where the host's memory cannot hold them, warned about near it."""
+    if not model.host_bytes:
+        return
+    ram = ctx.host.memory_bytes
+    have = f" of the host's {ram / GiB:.0f} GiB" if ram else " (the host's memory is unknown)"
+    ctx.reasons.add(
+        f"{key}.memory.host_bytes",
+        model.host_bytes,
+        f"{model.name}'s engram tables live in pinned host memory (vLLM's EngramConfig.cpu_offload, its "
+        f"default): {model.host_bytes / GiB:.1f} GiB{have}, split over the instance's ranks",
+    )
+    if ram and model.host_bytes > ram:
+        raise PlanRefused(
+            f"{model.name}'s engram tables need {model.host_bytes / GiB:.0f} GiB of pinned host memory per "
+            f"instance; this host has {ram / GiB:.0f} GiB",
+            ["a host with more memory"],
+        )
+    if ram and model.host_bytes > 0.8 * ram:
+        ctx.warn(f"{key}: the engram tables take {model.host_bytes / ram:.0%} of the host's memory, pinned")
+
+
 def _attention(ctx: PlanContext, gpu: Gpu, model: ModelFacts, kv_name: str, key: str) -> str | AbsentT:
     """The instance's attention backend (plan/attention.py), with its reason: the asked one rendered,
     vLLM's own pick not."""
@@ -169,6 +192,7 @@ def _engine_settings(
     backend's reasons."""
     settings, hybrid = ctx.settings, size.hybrid
     lm_only = language_only(model, settings, ctx.host.software.vllm_version) if model.vision_bytes else ABSENT
+    _host_tables(ctx, model, key)
     out = EngineSettings(
         gpu_memory_utilization=util,
         max_model_len=size.length,
