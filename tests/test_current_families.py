@@ -354,7 +354,8 @@ def test_minimax_m3_sparse_layers_keep_their_indexer_keys() -> None:
     """MiniMax-M3's sparse layers (sparse_attention_freq not 0) keep, beside their KV, the indexer's
     key: 128 bf16 values a token on every TP rank (vLLM 0.33's MiniMaxM3IndexerCache). vLLM's one
     group of 117 pages costs 137,472 bytes a token at TP1 and 45,312 at TP8; hwprofile counted
-    122,880 and 30,720 (-32 %), and a pool of 22.95 GB logs 506,496 tokens, not 747,120."""
+    122,880 and 30,720 (-32 %), and a pool of 22.95 GB logs 506,496 tokens, not 747,120. Its MTP
+    module is read by its own key (num_mtp_modules): it was not offered."""
     from hwprofile.plan.memory import vllm_kv_cache
 
     freq = [0, 0, 0] + [1] * 57
@@ -362,7 +363,7 @@ def test_minimax_m3_sparse_layers_keep_their_indexer_keys() -> None:
     text = {"model_type": "minimax_m3_text", "hidden_size": 6144, "num_hidden_layers": 60}
     text |= {"num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 200064}
     text |= {"intermediate_size": 3072, "dense_intermediate_size": 12288, "num_local_experts": 128}
-    text |= {"num_experts_per_tok": 4, "moe_layer_freq": freq}
+    text |= {"num_experts_per_tok": 4, "moe_layer_freq": freq, "num_mtp_modules": 1, "n_shared_experts": 1}
     text["sparse_attention_config"] = {
         "use_sparse_attention": True,
         "sparse_index_dim": 128,
@@ -374,6 +375,10 @@ def test_minimax_m3_sparse_layers_keep_their_indexer_keys() -> None:
         assert 0 <= kv_bytes_per_token(m, tp, 2) - want < 60  # the indexer keys averaged over 60 layers
     _, logged = vllm_kv_cache(m, 22_951_644_001, 8192, tp=8)
     assert abs(logged - 506_496) / 506_496 < 0.002
+    # its MTP module (num_mtp_modules; vLLM's minimax_m3_mtp): a sparse MoE layer, eh_proj and norms
+    # (7,491,582,592 parameters by vLLM's modules) with its own embedding and head (2 x 1,229,193,216)
+    assert m.mtp_layers == 1
+    assert abs(m.mtp_bytes / 2 - 9_949_969_024) / 9_949_969_024 < 0.01
     bad = {
         **text,
         "sparse_attention_config": {**text["sparse_attention_config"], "sparse_attention_freq": [1]},

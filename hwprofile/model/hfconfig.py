@@ -41,6 +41,7 @@ _LIMITS: dict[str, tuple[int, int]] = {
     "n_shared_experts": (0, 1 << 16),
     "num_nextn_predict_layers": (0, 1000),
     "mtp_num_hidden_layers": (0, 1000),
+    "num_mtp_modules": (0, 1000),
 }
 
 
@@ -180,9 +181,12 @@ def _engram_host_bytes(cfg: dict[str, Any]) -> int:
 
 def _mtp_layers(k: _Keys, model_type: object) -> int:
     """The MTP layers vLLM's ``mtp`` method drafts with; none for DeepSeek V4.1, whose
-    ``num_nextn_predict_layers`` are DSpark stages (vLLM refuses ``mtp`` there: only ``dspark``)."""
+    ``num_nextn_predict_layers`` are DSpark stages (vLLM refuses ``mtp`` there: only ``dspark``);
+    MiniMax-M3's ``num_mtp_modules``."""
     if isinstance(model_type, str) and model_type.startswith("deepseek_v41"):
         return 0
+    if isinstance(model_type, str) and model_type.startswith("minimax_m3"):  # its own key (speculative.py)
+        return k.integer("num_mtp_modules") or 0
     return k.integer("num_nextn_predict_layers") or k.integer("mtp_num_hidden_layers") or 0
 
 

@@ -542,6 +542,8 @@ def _layer(c: dict[str, Any], s: _Shape, kind: LayerKind, p: str, part: str) -> 
 
 def _mtp(c: dict[str, Any], s: _Shape, names: _Names) -> list[Tensor]:
     n = _int(c, "mtp_num_hidden_layers") or _int(c, "num_nextn_predict_layers")
+    if s.mt.startswith("minimax_m3"):  # minimax_m3/nvidia/mtp.py: num_mtp_modules
+        n = _int(c, "num_mtp_modules")
     if not n:
         return []
     if n > 1000:
@@ -557,7 +559,7 @@ def _mtp(c: dict[str, Any], s: _Shape, names: _Names) -> list[Tensor]:
         out += _layer(c, s, kind, p, "mtp")
         out.append(_lin(f"{names.mtp}.fc" if i == 0 else f"{p}.fc", "mtp", h, 2 * h))
         out.append(_vec(f"{p}.pre_fc_norms", "mtp", 2 * h))
-        if s.mt == "deepseek_v3":  # each MTP layer ships its embedding and head copies
+        if s.mt == "deepseek_v3" or s.mt.startswith("minimax_m3"):  # each MTP layer's own embedding and head
             out.append(Tensor(f"{p}.embed_tokens", "mtp", s.vocab, h, linear=False))
             out.append(_lin(f"{p}.shared_head.head", "mtp", s.vocab, h))
     out.append(_vec(f"{names.mtp}.norm", "mtp", n * h))
