@@ -168,7 +168,8 @@ def test_glm53_layer_types_kda_and_a_pooled_indexer() -> None:
 
 def test_hy_v4_indexer_types_and_mlp_layer_types() -> None:
     """HY-V4: only the ``full`` layers of indexer_types hold an indexer (its key cache and weights);
-    ``shared`` ones reuse the last full layer's top-k; mlp_layer_types says the dense layers."""
+    ``shared`` ones reuse the last full layer's top-k; mlp_layer_types says the dense layers; its MLA's
+    output gate (gated_mla, 7.85 B parameters of the published shape) and fp32 sinks are counted."""
     types = ["full" if i % 4 == 0 else "shared" for i in range(8)]
     cfg = {
         "architectures": ["HYV4ForCausalLM"],
@@ -197,6 +198,11 @@ def test_hy_v4_indexer_types_and_mlp_layer_types() -> None:
     assert [k.mlp for k in m.stack.kinds] == ["dense"] + ["moe"] * 7
     every = parse_config({**cfg, "indexer_types": ["full"] * 8}, "hy", "test", None)
     assert every.params > m.params  # the shared layers carry no indexer weights
+    # gated_mla: an elementwise output gate hidden -> heads x v_head_dim in every layer; fp32 sinks
+    gated = parse_config({**cfg, "gated_mla": True, "gating_type": "elementwise"}, "hy", "test", None)
+    assert gated.params - m.params == 8 * 512 * 8 * 64
+    sinks = parse_config({**cfg, "learnable_sink": True}, "hy", "test", None)
+    assert sinks.params - m.params == 8 * 2 * 8
 
 
 def test_qwen4_exp_state_dtype_and_ngram_tables() -> None:

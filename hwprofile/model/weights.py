@@ -231,6 +231,11 @@ def _mla(c: dict[str, Any], h: int, heads: int, p: str, part: str) -> list[Tenso
         ]
     else:
         out.append(_lin(f"{p}.q_proj", part, heads * (nope + rope), h))
+    if c.get("gated_mla") is True:  # HY-V4's output gate (hy_v4/nvidia/attention.py linear_gate)
+        per_head = 1 if c.get("gating_type") == "headwise" else v_dim
+        out.append(_lin(f"{p}.linear_gate", part, heads * per_head, h))
+    if c.get("learnable_sink") is True:
+        out.append(_vec(f"{p}.learnable_sink", part, 2 * heads))  # fp32: two bf16 widths
     return [
         *out,
         *_indexer(c, h, q_rank, p, part),
