@@ -91,6 +91,12 @@ def test_kimi_k3_latent_experts_and_the_flashkda_checkpoint_page() -> None:
     h = hybrid_kv_cache(m, 1 << 30, 8192, tp=8, **on._asdict())
     assert (h.block_size, h.logged_tokens) == (768, 20480)
     assert h.state_slots == 3 and hybrid_kv_cache(m, 1 << 30, 8192, tp=8, **off._asdict()).state_slots == 2
+    # its MoonViT by the vt_* keys (vLLM kimi_k25_vit.py: 447,358,976 parameters with the projector)
+    vision = {"vt_hidden_size": 1024, "vt_num_hidden_layers": 27, "vt_intermediate_size": 4096}
+    vision |= {"qkv_hidden_size": 1536, "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64}
+    vision |= {"merge_kernel_size": [2, 2], "text_hidden_size": 7168}
+    seen = parse_config({**_kimi_k3(), "vision_config": vision}, "k3", "test", None)
+    assert abs(seen.vision_bytes / 2 - 447_358_976) < 10_000
     kimi_linear = {**_kimi_k3(), "architectures": ["KimiLinearForCausalLM"]}
     other = hybrid_opts(
         parse_config(kimi_linear, "kl", "test", None), Settings(), None, "0.33.0", _gpu("9.0")

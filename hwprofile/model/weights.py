@@ -587,6 +587,8 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
     if not isinstance(v, dict) or not v:
         return []
     p, part = names.vision, "vision"
+    if "vt_hidden_size" in v:
+        return _moonvit(v, text_hidden, "vision_tower", part)  # as the checkpoint names it
     h = _int(v, "hidden_size", "embed_dim", "width")
     inter = _int(v, "intermediate_size") or 4 * h
     depth = _int(v, "depth", "num_hidden_layers", "num_layers")
@@ -601,6 +603,33 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
     if "temporal_patch_size" in v or "spatial_merge_size" in v:
         return _qwen_vision(v, p, part, d)
     return _vit_vision(v, p, part, d, text_hidden)
+
+
+def _moonvit(v: dict[str, Any], text_hidden: int, p: str, part: str) -> list[Tensor]:
+    """Kimi's MoonViT (``vt_*`` keys; vLLM ``kimi_k25_vit.py``): patch embedding, a learned position
+    grid, ``vt_num_hidden_layers`` blocks of a fused QKV ``qkv_hidden_size`` wide and a plain MLP, and
+    the patch-merger projector into the text model."""
+    h, depth = _int(v, "vt_hidden_size"), _int(v, "vt_num_hidden_layers")
+    if not (h and depth):
+        return []
+    inter, qkv = _int(v, "vt_intermediate_size") or 4 * h, _int(v, "qkv_hidden_size") or h
+    patch = _int(v, "patch_size", default=14)
+    grid = _int(v, "init_pos_emb_height", default=64) * _int(v, "init_pos_emb_width", default=64)
+    kernel = v.get("merge_kernel_size")
+    merge = kernel[0] * kernel[1] if isinstance(kernel, list) and len(kernel) == 2 else 4
+    merged, out_h = h * merge, _int(v, "text_hidden_size") or text_hidden
+    return [
+        Tensor(f"{p}.patch_embed", part, h, 3 * patch * patch, linear=False),
+        Tensor(f"{p}.pos_emb", part, grid, h, linear=False),
+        _lin(f"{p}.blocks.wqkv", part, 3 * qkv, h, depth),
+        _lin(f"{p}.blocks.wo", part, h, qkv, depth),
+        _lin(f"{p}.blocks.mlp.fc0", part, inter, h, depth),
+        _lin(f"{p}.blocks.mlp.fc1", part, h, inter, depth),
+        _vec(f"{p}.blocks.norms", part, 2 * h, depth),
+        _vec(f"{p}.final_layernorm", part, 2 * h),
+        _lin("mm_projector.linear_1", part, merged, merged),
+        _lin("mm_projector.linear_2", part, out_h, merged),
+    ]
 
 
 OMNI_TYPES = ("qwen2_5_omni", "qwen3_omni")  # thinkers whose audio tower serves beside text and vision
