@@ -520,7 +520,7 @@ def _as_planned(
     under the plan's speculation, and the draft the plan chose (the caller's, the profile's or the
     planner's own)."""
     from .plan.checkpoint import choose_checkpoint, use_four_bit
-    from .plan.loaded import as_loaded
+    from .plan.loaded import as_loaded, device_cc
     from .plan.reasons import Reasons
 
     r = Reasons(provenance)  # the plan's reasons were said when it was made: these are thrown away
@@ -529,7 +529,7 @@ def _as_planned(
         model = use_four_bit(model, plan.model.name, r)
     inst = plan.instances[0]
     method = inst.speculative.method if inst.speculative is not None else None
-    model = as_loaded(model, settings, method, host.software.vllm_version, r)
+    model = as_loaded(model, settings, method, host.software.vllm_version, r, device_cc(host))
     if plan.draft is None:
         return model, None
     if named_draft is not None and plan.draft.name == named_draft.name:

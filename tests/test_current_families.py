@@ -97,6 +97,11 @@ def test_kimi_k3_latent_experts_and_the_flashkda_checkpoint_page() -> None:
     vision |= {"merge_kernel_size": [2, 2], "text_hidden_size": 7168}
     seen = parse_config({**_kimi_k3(), "vision_config": vision}, "k3", "test", None)
     assert abs(seen.vision_bytes / 2 - 447_358_976) < 10_000
+    for bad in ([2, 2.5], [2], "2x2", [0, 2], [True, 2]):
+        with pytest.raises(ValueError, match="merge_kernel_size"):
+            parse_config(
+                {**_kimi_k3(), "vision_config": {**vision, "merge_kernel_size": bad}}, "k3", "t", None
+            )
     kimi_linear = {**_kimi_k3(), "architectures": ["KimiLinearForCausalLM"]}
     other = hybrid_opts(
         parse_config(kimi_linear, "kl", "test", None), Settings(), None, "0.33.0", _gpu("9.0")
@@ -731,8 +736,47 @@ def test_deepseek_v41_engram_tables_need_the_hosts_memory(host_of, empty_root, t
     host = host_of("h100-sxm-8x")
     plan = make_plan(host._replace(memory_bytes=2 << 40), empty_root, environ={}, model=str(d), sets=[])
     assert any(r.key.endswith("memory.host_bytes") and r.value == m.host_bytes for r in plan.reasons)
+    # its MXFP4 experts on H100: Humming's tile, said in the plan
+    assert any(r.key == "model.expert_padding" and r.value == "64 x 1" for r in plan.reasons)
     with pytest.raises(PlanRefused, match="pinned host memory"):
         make_plan(host._replace(memory_bytes=128 << 30), empty_root, environ={}, model=str(d), sets=[])
+
+
+def test_mxfp4_experts_are_padded_to_the_tile_of_the_kernel_vllm_picks() -> None:
+    """vLLM's Mxfp4MoEMethod rounds each rank's expert shapes up to its kernel's tile
+    (mxfp4_round_up_hidden_size_and_intermediate_size, 0.32-0.33). DeepSeek V4.1-Flash's experts
+    (2304 wide: 288,777,830,400 B by vLLM's modules) on H100 run Humming (64): 288 -> 320 at TP8, so a
+    rank holds 42.34 GB by vLLM's modules where unpadded arithmetic gave 37.9; on an A100, Marlin (128):
+    576 -> 640 at TP4. gpt-oss on Marlin pads its hidden 2880 to 3072 too; an unknown GPU pads nothing,
+    and says so."""
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan.loaded import expert_tile
+    from hwprofile.plan.memory import expert_padding, weights_per_gpu
+    from hwprofile.plan.reasons import Reasons
+
+    m = parse_config(_dsv41_flash(), "v41", "test", None)
+    assert m.mxfp4_expert_bytes == 288_777_830_400
+    r = Reasons({})
+    hopper = expert_tile(m, "9.0", r)
+    assert (
+        r.items[-1].value == "64 x 1"
+        and "Humming" in r.items[-1].reason
+        and "288 -> 320" in r.items[-1].reason
+    )
+    assert [expert_padding(hopper, tp) for tp in (1, 2, 4, 8)] == [0, 0, 0, 4_010_803_200]
+    assert abs(weights_per_gpu(hopper, 8) - 42_335_380_160) / 42_335_380_160 < 0.015
+    assert abs(weights_per_gpu(m, 8) - 42_335_380_160) / 42_335_380_160 > 0.09  # unpadded, as it was
+    ampere = expert_tile(m, "8.0", Reasons({}))
+    assert expert_padding(ampere, 4) == 8_021_606_400 and expert_padding(ampere, 2) == 0
+    oss = resolve_model("openai/gpt-oss-120b", "model")
+    assert 0 < oss.mxfp4_expert_bytes < oss.weights_bytes
+    marlin = expert_tile(oss, "8.6", Reasons({}))
+    grown = oss.mxfp4_expert_bytes * (2944 * 3072 - 2880 * 2880) // (2880 * 2880)
+    assert expert_padding(marlin, 1) == grown
+    assert expert_padding(expert_tile(oss, "9.0", Reasons({})), 1) == 0  # the OAI Triton kernels: 64
+    r = Reasons({})
+    assert expert_tile(oss, None, r).expert_tile == (1, 1) and r.items[-1].value == "unknown"
+    assert parse_config(_kimi_k3(), "k3", "test", None).mxfp4_expert_bytes == 0  # no MXFP4 experts
 
 
 def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:

@@ -62,6 +62,11 @@ class ModelFacts(NamedTuple):
     # of weights_bytes: the tensors every tensor-parallel rank holds whole (MLA's down-projections,
     # routers, sparse-attention indexers: vLLM's ReplicatedLinear), estimated as the parts above
     replicated_bytes: int = 0
+    # of weights_bytes: the routed experts vLLM's Mxfp4MoEMethod serves (gpt-oss, DeepSeek V4's fp4
+    # experts), whose per-rank shapes it pads to its kernel's tile; and that tile (intermediate, hidden),
+    # set by the plan for the GPU it plans on (hwprofile.plan.loaded.expert_tile): (1, 1) = unpadded
+    mxfp4_expert_bytes: int = 0
+    expert_tile: tuple[int, int] = (1, 1)
     # the layer stack (hwprofile.model.layers.LayerStack): each layer's mixer and MLP, each attention
     # kind's shape, the recurrent state's dimensions; None where not read (catalog entries)
     stack: Any = None  # LayerStack | None once plan/ narrows it (plan/memory, engine, gpu, cpu, candidates)

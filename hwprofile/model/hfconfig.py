@@ -112,8 +112,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     inter = _widest_mlp(k) or 4 * hidden
     vocab = k.integer("vocab_size", 0) or 0
     tie = bool(k.flag("tie_word_embeddings"))
-    # some configs write false for "no window"
-    window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
+    window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")  # false: none
     window = window or k.integer("sliding_window_size")  # MiMo-V2's name for it
     _check_read_elsewhere(k)
     archs = _string_list(k, "architectures")
@@ -159,6 +158,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         vision_bytes=loaded.by_part["vision"],
         mtp_bytes=loaded.by_part["mtp"],
         replicated_bytes=loaded.replicated,
+        mxfp4_expert_bytes=loaded.mxfp4_experts,
         stack=stack,
     )
 

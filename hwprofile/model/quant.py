@@ -68,6 +68,8 @@ class Quant(NamedTuple):
     notes: tuple[str, ...] = ()
     lm_head: bool = False  # the LM head quantized too (GPTQ/AutoRound ``lm_head: true``): vLLM's
     # ParallelLMHead is no LinearBase, so no other method quantizes it
+    mxfp4_moe: bool = False  # the routed experts run on vLLM's Mxfp4MoEMethod, which pads their shapes
+    # to its kernel's tile (gpt-oss's mxfp4, DeepSeek V4's fp4 experts; not compressed-tensors MXFP4)
 
     def scheme(self, t: Tensor) -> Scheme:
         """How ``t`` is stored (for many tensors, :meth:`chooser` compiles the lists once)."""
@@ -208,7 +210,7 @@ def _dsv4_experts(quant: Quant, expert_dtype: object) -> Quant:
         return quant
     rule = ("ct", (r"re:.*\.experts\..*",), Scheme(4, group=32, scale_bytes=1))
     note = "routed experts in MXFP4 (DeepSeek V4's expert_dtype fp4, its default)"
-    return quant._replace(rules=(rule, *quant.rules), notes=(*quant.notes, note))
+    return quant._replace(rules=(rule, *quant.rules), notes=(*quant.notes, note), mxfp4_moe=True)
 
 
 def _check_modelopt_mixed(q: dict[str, Any], method: str) -> None:
@@ -257,7 +259,15 @@ def _fp8_quant(q: dict[str, Any], method: str) -> Quant:
 
 def _mxfp4_quant(q: dict[str, Any], method: str) -> Quant:
     """gpt-oss: experts in MXFP4, one uint8 (E8M0) scale per 32 weights."""
-    return Quant(method, 4, (("ct", (), Scheme(4, group=32, scale_bytes=1)),), (), "ct", experts_only=True)
+    return Quant(
+        method,
+        4,
+        (("ct", (), Scheme(4, group=32, scale_bytes=1)),),
+        (),
+        "ct",
+        experts_only=True,
+        mxfp4_moe=True,
+    )
 
 
 def _modelopt_quant(q: dict[str, Any], method: str) -> Quant:

@@ -605,6 +605,19 @@ def _vision(cfg: dict[str, Any], text_hidden: int, names: _Names) -> list[Tensor
     return _vit_vision(v, p, part, d, text_hidden)
 
 
+def _merge_kernel(kernel: object) -> int:
+    """Patches one merged token holds: ``merge_kernel_size`` [height, width] (absent: 2 x 2)."""
+    if kernel is None:
+        return 4
+    if not (
+        isinstance(kernel, list) and len(kernel) == 2 and all(type(k) is int and 0 < k <= 64 for k in kernel)
+    ):
+        raise ValueError(
+            f"vision_config.merge_kernel_size: expected [height, width] in patches, got {kernel!r}"[:120]
+        )
+    return int(kernel[0] * kernel[1])
+
+
 def _moonvit(v: dict[str, Any], text_hidden: int, p: str, part: str) -> list[Tensor]:
     """Kimi's MoonViT (``vt_*`` keys; vLLM ``kimi_k25_vit.py``): patch embedding, a learned position
     grid, ``vt_num_hidden_layers`` blocks of a fused QKV ``qkv_hidden_size`` wide and a plain MLP, and
@@ -615,8 +628,7 @@ def _moonvit(v: dict[str, Any], text_hidden: int, p: str, part: str) -> list[Ten
     inter, qkv = _int(v, "vt_intermediate_size") or 4 * h, _int(v, "qkv_hidden_size") or h
     patch = _int(v, "patch_size", default=14)
     grid = _int(v, "init_pos_emb_height", default=64) * _int(v, "init_pos_emb_width", default=64)
-    kernel = v.get("merge_kernel_size")
-    merge = kernel[0] * kernel[1] if isinstance(kernel, list) and len(kernel) == 2 else 4
+    merge = _merge_kernel(v.get("merge_kernel_size"))
     merged, out_h = h * merge, _int(v, "text_hidden_size") or text_hidden
     return [
         Tensor(f"{p}.patch_embed", part, h, 3 * patch * patch, linear=False),
@@ -1112,6 +1124,7 @@ class WeightBytes(NamedTuple):
     bits: int | None
     notes: tuple[str, ...]
     replicated: int = 0  # of total: the tensors every tensor-parallel rank holds whole
+    mxfp4_experts: int = 0  # of total: the routed experts vLLM's Mxfp4MoEMethod pads (Quant.mxfp4_moe)
 
     def loaded(self, *, language_only: bool = False, mtp: bool = True) -> int:
         """Bytes vLLM loads: without the vision tower under ``--language-model-only``, without
@@ -1128,12 +1141,16 @@ def weights_bytes(
     q = read_quant(cfg)
     choose = q.chooser()
     by = dict.fromkeys(PARTS, 0.0)
-    replicated = 0.0
+    replicated = padded = 0.0
     for t in tensors(cfg, kinds):
         if language_only and t.part == "vision":
             continue
-        nbytes = choose(t).nbytes(t)
+        scheme = choose(t)
+        nbytes = scheme.nbytes(t)
         by[t.part] += nbytes
         replicated += nbytes if t.replicated and t.part != "mtp" else 0.0
+        # routed experts (copies of one shape) of the language model stored in 4 bits
+        expert = q.mxfp4_moe and t.count > 1 and t.linear and scheme.bits == 4
+        padded += nbytes if expert and t.part == "decoder" else 0.0
     parts = {k: int(v) for k, v in by.items()}
-    return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes, int(replicated))
+    return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes, int(replicated), int(padded))

@@ -46,7 +46,7 @@ from .hybridspec import by_load
 from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
 from .layout import TP_SIZES, layout
-from .loaded import as_loaded
+from .loaded import as_loaded, device_cc
 from .moetune import moe_tuning
 from .predict import Calibration
 from .reasons import Reasons
@@ -270,7 +270,7 @@ def _four_bit_retry(
     retry_draft = chosen_draft if chosen_draft is not None else draft
     spec_method, chosen_draft = choose_speculator(ctx, model, retry_draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
-    model = as_loaded(model, settings, spec_method, ctx.version, r)
+    model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     return model, _instances(ctx, model, chosen_draft, spec_method)
 
 
@@ -300,7 +300,7 @@ def _build_plan(
     refuse_old_release(model, ctx.version, ctx.warn)
     spec_method, chosen_draft = choose_speculator(ctx, model, draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
-    model = as_loaded(model, settings, spec_method, ctx.version, r)
+    model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
         group, endpoint = _over_nodes(ctx, nodes, addresses, model, chosen_draft, spec_method)
         return _assemble(ctx, provenance, profile, matched_because, model, chosen_draft, group, endpoint)

@@ -14,7 +14,7 @@ from . import attention, engine, hybridspec
 from .context import PlanContext
 from .estimate import estimate
 from .layout import numa_binding
-from .loaded import as_loaded, language_only
+from .loaded import as_loaded, device_cc, language_only
 from .memory import (
     BLOCK_TOKENS,
     Fit,
@@ -51,7 +51,9 @@ def _refused(
 
     def loaded(checkpoint: ModelFacts) -> int:  # another checkpoint as this plan would load it
         version = ctx.host.software.vllm_version
-        return as_loaded(checkpoint, ctx.settings, spec_method, version, Reasons({})).weights_bytes
+        return as_loaded(
+            checkpoint, ctx.settings, spec_method, version, Reasons({}), device_cc(ctx.host)
+        ).weights_bytes
 
     return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded))
 

@@ -23,9 +23,10 @@ before 0.17 are not verified here: their copy is counted.
 from __future__ import annotations
 
 from ..config.settings import Settings
+from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from ..release import first_with, floor_of, release_of
-from .memory import GiB
+from .memory import GiB, expert_padding
 from .reasons import Reasons
 
 
@@ -49,31 +50,111 @@ def mtp_head_bytes(model: ModelFacts, spec_method: str | None, vllm_version: str
     return 2 * model.vocab_size * model.hidden_size * 2
 
 
+# vLLM's MXFP4 MoE kernel by compute capability major (fused_moe/oracle/mxfp4.py, read in 0.32 and 0.33:
+# the first backend of its priority list the GPU supports; Humming ahead of Marlin on SM90 only) and the
+# tile mxfp4_round_up_hidden_size_and_intermediate_size rounds (intermediate per rank, hidden) up to.
+# gpt-oss has its own list (_get_priority_backends_for_gpt_oss: the OAI Triton kernels on SM90, Marlin
+# ahead of them on SM12x).
+_MXFP4_MOE: dict[bool, dict[str, tuple[str, tuple[int, int]]]] = {
+    True: {  # gpt-oss
+        "8": ("Marlin", (128, 256)),
+        "9": ("the OAI Triton kernels", (64, 1)),
+        "10": ("FlashInfer TRT-LLM MXFP4 (bf16 activations)", (128, 256)),
+        "12": ("Marlin", (128, 256)),
+        "cpu": ("the CPU AMX kernel", (32, 32)),
+    },
+    False: {
+        "8": ("Marlin", (128, 256)),
+        "9": ("Humming", (64, 1)),
+        "10": ("FlashInfer TRT-LLM MXFP4 x MXFP8", (128, 256)),
+        "12": ("DeepGEMM MXFP4", (128, 128)),
+        "cpu": ("the CPU AMX kernel", (32, 32)),
+    },
+}
+
+
+def device_cc(host: HostSnapshot) -> str | None:
+    """What :func:`expert_tile` keys the kernel on: the first usable GPU's compute capability (None:
+    unread), or "cpu" on a host without one (vLLM's CPU backend)."""
+    gpus = host.usable_gpus
+    return gpus[0].compute_capability if gpus else "cpu"
+
+
+def expert_tile(model: ModelFacts, cc: str | None, r: Reasons) -> ModelFacts:
+    """``model`` with :attr:`~hwprofile.model.ModelFacts.expert_tile` set for the MXFP4 MoE kernel vLLM
+    picks on a GPU of compute capability ``cc`` (its routed experts padded per rank to that tile:
+    :func:`hwprofile.plan.memory.expert_padding`), the kernel and what it adds per TP degree in a reason.
+    Unchanged for a model without such experts; unpadded, and said so, where ``cc`` is unknown."""
+    if not model.mxfp4_expert_bytes:
+        return model
+    major = "cpu" if cc == "cpu" else (cc or "").split(".")[0]
+    kernel = _MXFP4_MOE[model.model_type == "gpt_oss"].get(major)
+    if kernel is None:
+        why = (
+            f"compute capability {cc}: no MXFP4 MoE kernel of vLLM's list is read for it"
+            if cc
+            else "the GPU's compute capability is unknown"
+        )
+        r.add("model.expert_padding", "unknown", f"routed experts counted unpadded: {why}")
+        return model
+    name, tile = kernel
+    padded = model._replace(expert_tile=tile)
+    grows = [
+        f"TP{tp} {i} -> {-(-i // tile[0]) * tile[0]}: +{expert_padding(padded, tp) / GiB:.2f} GiB per GPU"
+        for tp, i in ((t, model.moe_intermediate_size // t) for t in (1, 2, 4, 8))
+        if model.moe_intermediate_size % tp == 0 and expert_padding(padded, tp)
+    ]
+    r.add(
+        "model.expert_padding",
+        f"{tile[0]} x {tile[1]}",
+        f"routed MXFP4 experts on {name}"
+        + (f" (compute capability {cc})" if cc != "cpu" else "")
+        + ": vLLM rounds each rank's intermediate "
+        f"size up to a multiple of {tile[0]}"
+        + (f" and the hidden size to one of {tile[1]}" if tile[1] > 1 else "")
+        + " (vLLM's mxfp4_round_up_hidden_size_and_intermediate_size): "
+        + ("; ".join(grows) if grows else "no padding at TP 1, 2, 4 or 8"),
+    )
+    return padded
+
+
+def _vision(model: ModelFacts, settings: Settings, vllm_version: str | None) -> tuple[int, str]:
+    """The vision tower's bytes not loaded (all, or none) and why."""
+    if language_only(model, settings, vllm_version):
+        return model.vision_bytes, (
+            f"vision tower {model.vision_bytes / GiB:.2f} GiB not loaded (--language-model-only: "
+            "engine.language_model_only; no image inputs planned)"
+        )
+    why = (
+        "engine.language_model_only off"
+        if settings.engine.language_model_only == "off"
+        else f"vLLM {vllm_version} has no --language-model-only ({first_with('--language-model-only')}+)"
+    )
+    return 0, f"vision tower {model.vision_bytes / GiB:.2f} GiB loaded ({why})"
+
+
 def as_loaded(
-    model: ModelFacts, settings: Settings, spec_method: str | None, vllm_version: str | None, r: Reasons
+    model: ModelFacts,
+    settings: Settings,
+    spec_method: str | None,
+    vllm_version: str | None,
+    r: Reasons,
+    cc: str | None = None,
 ) -> ModelFacts:
     """``model`` with ``weights_bytes`` as vLLM loads it: without the vision tower under
     ``--language-model-only``, without the MTP layers unless MTP speculation runs, with the MTP
-    drafter's own embedding and LM head where the release keeps them. Unchanged (and no reason) for
-    a model with neither part."""
+    drafter's own embedding and LM head where the release keeps them; and its MXFP4 experts' tile on
+    a GPU of compute capability ``cc`` (:func:`expert_tile`). Unchanged (and no reason) for a model
+    with none of these."""
+    model = expert_tile(model, cc, r)
     if not model.vision_bytes and not model.mtp_bytes:
         return model
     weights = model.weights_bytes
     parts: list[str] = []
     if model.vision_bytes:
-        if language_only(model, settings, vllm_version):
-            weights -= model.vision_bytes
-            parts.append(
-                f"vision tower {model.vision_bytes / GiB:.2f} GiB not loaded (--language-model-only: "
-                "engine.language_model_only; no image inputs planned)"
-            )
-        else:
-            why = (
-                "engine.language_model_only off"
-                if settings.engine.language_model_only == "off"
-                else f"vLLM {vllm_version} has no --language-model-only ({first_with('--language-model-only')}+)"
-            )
-            parts.append(f"vision tower {model.vision_bytes / GiB:.2f} GiB loaded ({why})")
+        dropped, said = _vision(model, settings, vllm_version)
+        weights -= dropped
+        parts.append(said)
     if model.mtp_bytes:
         if spec_method == "mtp":
             parts.append(f"MTP layer(s) {model.mtp_bytes / GiB:.2f} GiB loaded (MTP speculation runs)")

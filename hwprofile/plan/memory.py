@@ -439,10 +439,24 @@ class Fit(NamedTuple):
 
 
 def weights_per_gpu(model: ModelFacts, tp: int) -> int:
-    """One rank's weights at tensor parallel ``tp``: its share of what vLLM splits, and whole what it
-    replicates (:attr:`~hwprofile.model.ModelFacts.replicated_bytes`)."""
+    """One rank's weights at tensor parallel ``tp``: its share of what vLLM splits, whole what it
+    replicates (:attr:`~hwprofile.model.ModelFacts.replicated_bytes`), and the padding its MXFP4 MoE
+    kernel adds to the routed experts (:func:`expert_padding`)."""
     replicated = min(model.replicated_bytes, model.weights_bytes)
-    return -(-(model.weights_bytes - replicated) // tp) + replicated
+    return -(-(model.weights_bytes - replicated) // tp) + replicated + expert_padding(model, tp)
+
+
+def expert_padding(model: ModelFacts, tp: int) -> int:
+    """Bytes one rank's routed experts grow by at tensor parallel ``tp`` where vLLM's Mxfp4MoEMethod
+    rounds their shapes up to its kernel's tile (``mxfp4_round_up_hidden_size_and_intermediate_size``:
+    the intermediate size per rank, ``moe_intermediate_size / tp``, and the hidden size, each to a
+    multiple of :attr:`~hwprofile.model.ModelFacts.expert_tile`); 0 without such experts or tile."""
+    tile_i, tile_h = model.expert_tile
+    inter, hidden = model.moe_intermediate_size // max(1, tp), model.hidden_size
+    if not model.mxfp4_expert_bytes or inter <= 0 or hidden <= 0 or (tile_i, tile_h) == (1, 1):
+        return 0
+    grown = (-(-inter // tile_i) * tile_i) * (-(-hidden // tile_h) * tile_h)
+    return model.mxfp4_expert_bytes * (grown - inter * hidden) // (inter * hidden * max(1, tp))
 
 
 def fit(
