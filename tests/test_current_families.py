@@ -425,7 +425,10 @@ def _inkling_small() -> dict[str, Any]:
         "use_sconv": True,
         "sconv_kernel_size": 4,
         "n_routed_experts": 256,
+        "n_shared_experts": 2,
         "num_experts_per_tok": 6,
+        "dense_mlp_idx": 2,
+        "padded_vocab_size": 201024,
     }
     return {"architectures": ["InklingForCausalLM"], "model_type": "inkling_mm_model", "text_config": text}
 
@@ -464,6 +467,12 @@ def test_inkling_local_layers_and_its_short_conv_state() -> None:
         assert (one <= mem - block) is starts
     with pytest.raises(ValueError, match="tensor parallel at most"):
         sconv_kv_cache(m, 1 << 30, 8192, 16, None, 0)
+    # its weights as vLLM builds them: the first dense_mlp_idx layers dense (16,384 wide), the
+    # embedding padded_vocab_size rows and whole on every rank; 263.66 B parameters by vLLM's modules
+    # (the attention's relative-position branch, 0.09 B, not counted; it was 276.1 B)
+    assert abs(m.params - 263_656_182_314) / 263_656_182_314 < 0.002
+    assert [k.mlp for k in st.kinds[:3]] == ["dense", "dense", "moe"]
+    assert m.replicated_bytes >= 201024 * 4096 * 2
 
 
 def test_inkling_with_fewer_kv_heads_than_gpus_is_planned_below_them(host_of, empty_root, tmp_path) -> None:

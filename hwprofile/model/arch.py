@@ -115,8 +115,8 @@ def moe_layer_indices(cfg: dict[str, Any], layers: int, experts: int) -> list[in
         )
         every = _int(cfg, "moe_layer_interval", 1) or 1
         return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
-    if "num_dense_layers" in cfg:  # LFM2-MoE: the first num_dense_layers dense (lfm2_moe.py)
-        first = _int(cfg, "num_dense_layers")
+    if "num_dense_layers" in cfg or "dense_mlp_idx" in cfg:  # LFM2-MoE, Inkling: the first ones dense
+        first = _int(cfg, "num_dense_layers") or _int(cfg, "dense_mlp_idx")
         return [i for i in range(layers) if i >= first]
     step = _int(cfg, "decoder_sparse_step", 1) or 1
     dense = cfg.get("mlp_only_layers") or []

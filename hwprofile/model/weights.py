@@ -143,7 +143,7 @@ def _shape(c: dict[str, Any]) -> _Shape:
         dense_inter=_lfm2_ff(c, inter)
         if _mtype(c) == "lfm2"
         else _int(c, "intermediate_size_mlp", "dense_intermediate_size") or inter,
-        vocab=_int(c, "vocab_size"),
+        vocab=_int(c, "padded_vocab_size", "vocab_size"),  # Inkling, ChatGLM: the embedding's own rows
         tie=c.get("tie_word_embeddings") is True,
         gated_mlp=act not in ("relu2", "gelu_new_no_gate"),
     )
@@ -800,7 +800,10 @@ def tensors(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> list[Tensor]:
     out.append(_vec(names.final_norm, "decoder", s.hidden))
     if s.mt.startswith("gemma3n"):
         out += _gemma3n_model(c, s, len(kinds))
-    out.append(Tensor(names.embed, "embed", s.vocab, s.hidden, linear=False))
+    # Inkling's embedding is whole on every rank (its VocabEmbedding is not vocab-parallel)
+    out.append(
+        Tensor(names.embed, "embed", s.vocab, s.hidden, linear=False, replicated=s.mt.startswith("inkling"))
+    )
     out += _ngram_tables(c)
     if not s.tie:
         out.append(_lin(names.lm_head, "lm_head", s.vocab, s.hidden))
