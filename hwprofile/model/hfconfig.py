@@ -101,6 +101,12 @@ class _Keys:
         return v
 
 
+def _window(cfg: dict[str, Any], k: _Keys) -> int | None:
+    """The sliding window (some configs write false for none; MiMo-V2 names it sliding_window_size)."""
+    window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")
+    return window or k.integer("sliding_window_size")
+
+
 def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) -> ModelFacts:
     """ModelFacts from a config.json dict (text config of multimodal models included). Every key
     read is type- and range-checked: a ``ValueError`` names the key and what it holds."""
@@ -112,8 +118,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     inter = _widest_mlp(k) or 4 * hidden
     vocab = k.integer("vocab_size", 0) or 0
     tie = bool(k.flag("tie_word_embeddings"))
-    window = None if cfg.get("sliding_window") is False else k.integer("sliding_window")  # false: none
-    window = window or k.integer("sliding_window_size")  # MiMo-V2's name for it
+    window = _window(cfg, k)
     _check_read_elsewhere(k)
     archs = _string_list(k, "architectures")
     sliding = _sliding_layers(cfg, layers)
@@ -159,6 +164,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         mtp_bytes=loaded.by_part["mtp"],
         replicated_bytes=loaded.replicated,
         mxfp4_expert_bytes=loaded.mxfp4_experts,
+        fp8_blocks=loaded.fp8,
         stack=stack,
     )
 

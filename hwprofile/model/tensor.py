@@ -29,3 +29,12 @@ class Tensor(NamedTuple):
     @property
     def active_params(self) -> int:
         return self.rows * self.cols * (self.count if self.active < 0 else self.active)
+
+
+class Fp8Blocks(NamedTuple):
+    """An FP8 block-quantized checkpoint's blocks and the widths tensor parallelism splits under them
+    (vLLM checks each rank's share is whole blocks: ``validate_fp8_block_shape``, ``_moe``)."""
+
+    block: tuple[int, int]  # (block_n, block_k): output rows x input columns per scale
+    mlp_widths: tuple[int, ...]  # dense MLPs' intermediate sizes (shared experts' too)
+    expert_width: int  # the routed experts' intermediate size (0: none in FP8 blocks)

@@ -54,7 +54,7 @@ from .layers import (
 )
 from .layers import layer_kinds as read_layer_kinds
 from .quant import read_quant
-from .tensor import PARTS, Tensor
+from .tensor import PARTS, Fp8Blocks, Tensor
 
 MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")
 
@@ -1120,6 +1120,16 @@ def count_params(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> ParamBreakd
     return breakdown(tensors(cfg, kinds))
 
 
+def _fp8_blocks(found: list[tuple[Tensor, tuple[int, int]]]) -> Fp8Blocks | None:
+    """:class:`Fp8Blocks` from the FP8-block down-projections of the decoder (the input a row-parallel
+    down-projection splits is the intermediate size the column-parallel gate/up split too)."""
+    if not found:
+        return None
+    widths = tuple(sorted({t.cols for t, _ in found if t.count == 1}))
+    experts = max((t.cols for t, _ in found if t.count > 1), default=0)
+    return Fp8Blocks(found[0][1], widths, experts)
+
+
 class WeightBytes(NamedTuple):
     total: int  # every part (what the checkpoint holds)
     by_part: dict[str, int]  # PARTS → bytes
@@ -1128,6 +1138,7 @@ class WeightBytes(NamedTuple):
     notes: tuple[str, ...]
     replicated: int = 0  # of total: the tensors every tensor-parallel rank holds whole
     mxfp4_experts: int = 0  # of total: the routed experts vLLM's Mxfp4MoEMethod pads (Quant.mxfp4_moe)
+    fp8: Fp8Blocks | None = None  # the MLPs' FP8 blocks, where the checkpoint has them
 
     def loaded(self, *, language_only: bool = False, mtp: bool = True) -> int:
         """Bytes vLLM loads: without the vision tower under ``--language-model-only``, without
@@ -1145,6 +1156,7 @@ def weights_bytes(
     choose = q.chooser()
     by = dict.fromkeys(PARTS, 0.0)
     replicated = padded = 0.0
+    blocked: list[tuple[Tensor, tuple[int, int]]] = []
     for t in tensors(cfg, kinds):
         if language_only and t.part == "vision":
             continue
@@ -1155,5 +1167,13 @@ def weights_bytes(
         # routed experts (copies of one shape) of the language model stored in 4 bits
         expert = q.mxfp4_moe and t.count > 1 and t.linear and scheme.bits == 4
         padded += nbytes if expert and t.part == "decoder" else 0.0
+        if scheme.bits == 8 and scheme.block and t.part == "decoder" and t.name.endswith(_DOWN):
+            blocked.append((t, scheme.block))
     parts = {k: int(v) for k, v in by.items()}
-    return WeightBytes(sum(parts.values()), parts, q.method, q.bits, q.notes, int(replicated), int(padded))
+    total = sum(parts.values())
+    return WeightBytes(
+        total, parts, q.method, q.bits, q.notes, int(replicated), int(padded), _fp8_blocks(blocked)
+    )
+
+
+_DOWN = (".down_proj", ".w2")  # an MLP's row-parallel down-projection, as checkpoints name it

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 from ..config import ConfigError, Source
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
-from ..release import first_with
+from ..release import first_with, release_of
 from .context import PlanContext
 from .engine import fit_args, kv_cache_dtype
 from .memory import GiB, fit, sequence_bytes
 from .reasons import Reasons
 from .refusal import PlanRefused
+from .tpsplit import tp_ok, tp_refusal
 
 if TYPE_CHECKING:
     from .predict import Prediction
@@ -104,15 +105,9 @@ def nvlinked(host: HostSnapshot, gpus: list[Gpu]) -> bool:
     return True
 
 
-def tp_ok(model: ModelFacts, tp: int) -> bool:
-    """``tp`` divides the attention heads, and divides or is a multiple of the KV heads; at most the
-    KV heads of every attention kind where each rank keeps a short-conv state of its own heads
-    (Inkling's ``InklingConvState`` asserts it)."""
-    kv = model.num_kv_heads
-    st = model.stack
-    if st is not None and st.sconv is not None and any(a.num_kv_heads < tp for a in st.attention.values()):
-        return False
-    return model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+def refine_fp8(ctx: PlanContext) -> bool:
+    """Whether the snapshot's vLLM refines an FP8 MoE's blocks to fit a TP share (unknown: the newest)."""
+    return release_of(ctx.version).fp8_moe_refine()
 
 
 def partition(
@@ -152,12 +147,10 @@ def _configured_tp(
             f"tensor_parallel_size={want} needs {want} GPUs of one model; this host has {len(grp)} {grp[0].name}",
             [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
         )
-    if not tp_ok(model, want):
-        conv = model.stack is not None and model.stack.sconv is not None
+    why = tp_refusal(model, want, refine_fp8(ctx))
+    if why is not None:
         raise PlanRefused(
-            f"tensor_parallel_size={want} does not divide {model.name}'s {model.num_heads} attention heads "
-            f"({model.num_kv_heads} KV heads"
-            f"{'; its short-conv state splits the KV heads: at most one a rank' if conv else ''})",
+            f"tensor_parallel_size={want} for {model.name}: {why}",
             [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
         )
     if want > ctx.settings.layout.max_pcie_tensor_parallel and not nvlink:
@@ -217,7 +210,7 @@ def choose_tp(
     want = settings.layout.tensor_parallel_size
     nvlink = nvlinked(host, grp)
     cap_pcie = settings.layout.max_pcie_tensor_parallel
-    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
+    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t, refine_fp8(ctx))]
     if strategy == "numa_pairs" and want == "auto":
         want = 2
     if strategy == "replicas" and want == "auto":
@@ -229,7 +222,8 @@ def choose_tp(
         ctx.add(
             "tensor_parallel_size",
             tp,
-            f"all {len(grp)} GPUs are NVLink-connected: one tensor-parallel instance over {tp}",
+            f"all {len(grp)} GPUs are NVLink-connected: one tensor-parallel instance over {tp}"
+            + _wider_refused(ctx, model, tp, len(grp)),
             ("layout", "tensor_parallel_size"),
         )
         return tp
@@ -242,11 +236,19 @@ def choose_tp(
         ctx.add(
             "tensor_parallel_size",
             tp,
-            f"strategy tensor_parallel: one instance over {tp} GPUs",
+            f"strategy tensor_parallel: one instance over {tp} GPUs"
+            + _wider_refused(ctx, model, tp, len(grp)),
             ("layout", "strategy"),
         )
         return tp
     return _smallest_fitting_tp(ctx, grp, model, draft, usable)
+
+
+def _wider_refused(ctx: PlanContext, model: ModelFacts, tp: int, gpus: int) -> str:
+    """Why the widest degree the group has is not taken, where vLLM would refuse it ("" otherwise)."""
+    wider = max((t for t in TP_SIZES if tp < t <= gpus), default=None)
+    why = tp_refusal(model, wider, refine_fp8(ctx)) if wider is not None else None
+    return f" (not {wider}: {why})" if why else ""
 
 
 def _rule_kept_why(
@@ -318,7 +320,7 @@ def _group_predictions(
     host, settings, r = ctx.host, ctx.settings, ctx.reasons
     nvlink = nvlinked(host, grp)
     cap = settings.layout.max_pcie_tensor_parallel
-    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t)]
+    usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t, refine_fp8(ctx))]
     parts = {t: partition(host, grp, t, [], nvlink=nvlink) for t in usable}
     allowed = {
         t: f"over layout.max_pcie_tensor_parallel ({cap}) without NVLink"

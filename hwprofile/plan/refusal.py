@@ -12,6 +12,7 @@ from ..errors import RefusedError
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from .memory import Fit, GiB
+from .tpsplit import tp_refusal
 
 
 class PlanRefused(RefusedError):
@@ -81,8 +82,22 @@ def suggestions(
                 f"nothing smaller of {model.model_type} in the catalog; of other families: "
                 + ", ".join(other)
             )
-    if len(host.usable_gpus) > tp:
-        out.append(f"--set layout.tensor_parallel_size={tp * 2} (spread the weights over {tp * 2} GPUs)")
+    out += _wider(model, tp, len(host.usable_gpus))
+    return out
+
+
+def _wider(model: ModelFacts, tp: int, gpus: int) -> list[str]:
+    """A wider tensor-parallel degree this host has that vLLM takes for ``model``; and why a wider one
+    it has is no way out (its heads, its FP8 blocks)."""
+    out: list[str] = []
+    for t in (tp * 2, tp * 4, tp * 8):
+        if t > gpus:
+            break
+        why = tp_refusal(model, t)
+        if why is None:
+            return [*out, f"--set layout.tensor_parallel_size={t} (spread the weights over {t} GPUs)"]
+        if not out:
+            out.append(f"not tensor parallel {t}: {why}")
     return out
 
 

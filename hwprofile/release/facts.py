@@ -119,6 +119,12 @@ FLOORS: dict[str, Floor] = {
         "0.32.0 config/vllm.py: async off for any method but eagle/mtp/ngram_gpu/draft_model/dspark/dflash; "
         "0.33.0 config/vllm.py: only where the V1 model runner runs (suffix, custom_class)",
     ),
+    "fp8_moe_refine": Floor(
+        (0, 29, 0),
+        "an FP8 checkpoint's MoE blocks refined to a finer grid where a TP share is not whole blocks",
+        "fused_moe/oracle/fp8.py refine_fp8_moe_block_shape, read in 0.29, 0.31, 0.32 and 0.33; "
+        "0.25, 0.27 and 0.28 refuse such a share (validate_fp8_block_shape_moe)",
+    ),
     "uuid_visible_devices": Floor(
         (0, 32, 0),
         "GPU UUIDs accepted in CUDA_VISIBLE_DEVICES (mapped back to NVML indexes)",
@@ -327,6 +333,10 @@ class Release:
     def several_batches_in_flight(self) -> bool:
         """:data:`FLOORS` ``several_batches_in_flight``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["several_batches_in_flight"]) is not False
+
+    def fp8_moe_refine(self) -> bool:
+        """:data:`FLOORS` ``fp8_moe_refine``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["fp8_moe_refine"]) is not False
 
     def ngram_keeps_async(self) -> bool:
         """:data:`FLOORS` ``ngram_keeps_async``; unknown: the newest behaviour."""

@@ -1,0 +1,113 @@
+"""FP8 block-quantized checkpoints under tensor parallelism: vLLM refuses a rank whose share of an MLP
+is not whole blocks (``validate_fp8_block_shape``: a row-parallel down-projection's input in
+``block_k``), and of the routed experts (``validate_fp8_block_shape_moe``) unless the release refines
+an ``fp8`` checkpoint's MoE blocks to a finer grid (``refine_fp8_moe_block_shape``: the gcd of the
+blocks, the share and the hidden size, at least 32; read in 0.29-0.33, absent in 0.25, 0.27 and
+0.28; compressed-tensors MoE never refines). The plan refuses what vLLM refuses, names the block,
+and offers a degree vLLM takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile.model import parse_config
+from hwprofile.plan.tpsplit import tp_refusal
+
+FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+CT_BLOCK = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+        }
+    },
+    "ignore": ["lm_head"],
+}
+
+
+def _moe(quant: dict[str, Any], **over: Any) -> dict[str, Any]:
+    """A Qwen3-30B-A3B-shaped MoE (768-wide experts, hidden 2048) with ``quant``."""
+    cfg = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+        "quantization_config": quant,
+    }
+    return cfg | over
+
+
+def test_a_share_of_whole_blocks_or_a_refined_grid() -> None:
+    m = parse_config(_moe(FP8), "q30", "test", None)
+    assert m.fp8_blocks is not None and m.fp8_blocks.block == (128, 128)
+    assert m.fp8_blocks.expert_width == 768
+    assert tp_refusal(m, 2) is None  # 384: three blocks
+    # TP4: 192 a rank; gcd(128, 128, 192, 2048) = 64: refined on 0.29+, refused before
+    assert tp_refusal(m, 4, refine=True) is None
+    why = tp_refusal(m, 4, refine=False)
+    assert why is not None and "192 a rank" in why and "does not refine" in why
+    # TP8: 96 a rank; the gcd is 32: still refined
+    assert tp_refusal(m, 8, refine=True) is None
+    # compressed-tensors' FP8 MoE validates without refining
+    ct = parse_config(_moe(CT_BLOCK), "q30ct", "test", None)
+    assert ct.fp8_blocks is not None and ct.fp8_blocks.block == (128, 128)
+    ct_why = tp_refusal(ct, 4, refine=True)
+    assert ct_why is not None and "validate_fp8_block_shape_moe" in ct_why
+    # an unquantized or per-tensor FP8 checkpoint has no blocks to split
+    assert parse_config(_moe({"quant_method": "fp8"}), "q", "test", None).fp8_blocks is None
+    assert (
+        parse_config(
+            {k: v for k, v in _moe(FP8).items() if k != "quantization_config"}, "q", "t", None
+        ).fp8_blocks
+        is None
+    )
+
+
+def test_a_dense_mlp_is_never_refined() -> None:
+    """A dense MLP (here a shared expert 512 wide) splits into whole blocks or vLLM refuses it, on
+    every release: the down-projection's input is checked (Qwen3-Next-80B-A3B-FP8 at TP8: 64 a rank)."""
+    cfg = _moe(FP8, moe_intermediate_size=512, shared_expert_intermediate_size=512, model_type="qwen2_moe")
+    cfg["architectures"] = ["Qwen2MoeForCausalLM"]
+    m = parse_config(cfg, "next", "test", None)
+    assert m.fp8_blocks is not None and 512 in m.fp8_blocks.mlp_widths
+    assert tp_refusal(m, 4, refine=True) is None  # 128 a rank
+    why = tp_refusal(m, 8, refine=True)
+    assert why is not None and "MLP 512 wide is 64 a rank" in why and "validate_fp8_block_shape" in why
+
+
+def test_the_plan_refuses_what_vllm_refuses_and_offers_what_it_takes(
+    host_of, empty_root, tmp_path: Path
+) -> None:
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.refusal import PlanRefused
+
+    d = tmp_path / "q30-fp8"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_moe(FP8)))
+    base = host_of("h100-sxm-8x")
+    old = base._replace(software=base.software._replace(vllm_version="0.28.0"))
+    new = base._replace(software=base.software._replace(vllm_version="0.33.0"))
+    with pytest.raises(PlanRefused, match=r"tensor_parallel_size=4 .*FP8 blocks \(128 x 128\)") as refused:
+        make_plan(old, empty_root, environ={}, model=str(d), sets=["layout.tensor_parallel_size=4"])
+    assert "--set layout.tensor_parallel_size=2" in refused.value.suggestions
+    plan = make_plan(new, empty_root, environ={}, model=str(d), sets=["layout.tensor_parallel_size=4"])
+    assert all(i.tensor_parallel_size == 4 for i in plan.instances)
+    # left to itself on 0.28 the plan takes no degree vLLM would refuse
+    auto = make_plan(old, empty_root, environ={}, model=str(d), sets=[])
+    assert all(i.tensor_parallel_size in (1, 2) for i in auto.instances)
