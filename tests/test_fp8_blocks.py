@@ -55,8 +55,8 @@ def _moe(quant: dict[str, Any], **over: Any) -> dict[str, Any]:
 
 def test_a_share_of_whole_blocks_or_a_refined_grid() -> None:
     m = parse_config(_moe(FP8), "q30", "test", None)
-    assert m.fp8_blocks is not None and m.fp8_blocks.block == (128, 128)
-    assert m.fp8_blocks.expert_width == 768
+    assert m.quant_grid is not None and m.quant_grid.block == (128, 128)
+    assert m.quant_grid.expert_width == 768
     assert tp_refusal(m, 2) is None  # 384: three blocks
     # TP4: 192 a rank; gcd(128, 128, 192, 2048) = 64: refined on 0.29+, refused before
     assert tp_refusal(m, 4, refine=True) is None
@@ -66,15 +66,15 @@ def test_a_share_of_whole_blocks_or_a_refined_grid() -> None:
     assert tp_refusal(m, 8, refine=True) is None
     # compressed-tensors' FP8 MoE validates without refining
     ct = parse_config(_moe(CT_BLOCK), "q30ct", "test", None)
-    assert ct.fp8_blocks is not None and ct.fp8_blocks.block == (128, 128)
+    assert ct.quant_grid is not None and ct.quant_grid.block == (128, 128)
     ct_why = tp_refusal(ct, 4, refine=True)
     assert ct_why is not None and "validate_fp8_block_shape_moe" in ct_why
     # an unquantized or per-tensor FP8 checkpoint has no blocks to split
-    assert parse_config(_moe({"quant_method": "fp8"}), "q", "test", None).fp8_blocks is None
+    assert parse_config(_moe({"quant_method": "fp8"}), "q", "test", None).quant_grid is None
     assert (
         parse_config(
             {k: v for k, v in _moe(FP8).items() if k != "quantization_config"}, "q", "t", None
-        ).fp8_blocks
+        ).quant_grid
         is None
     )
 
@@ -85,7 +85,7 @@ def test_a_dense_mlp_is_never_refined() -> None:
     cfg = _moe(FP8, moe_intermediate_size=512, shared_expert_intermediate_size=512, model_type="qwen2_moe")
     cfg["architectures"] = ["Qwen2MoeForCausalLM"]
     m = parse_config(cfg, "next", "test", None)
-    assert m.fp8_blocks is not None and 512 in m.fp8_blocks.mlp_widths
+    assert m.quant_grid is not None and 512 in m.quant_grid.mlp_widths
     assert tp_refusal(m, 4, refine=True) is None  # 128 a rank
     why = tp_refusal(m, 8, refine=True)
     assert why is not None and "MLP 512 wide is 64 a rank" in why and "validate_fp8_block_shape" in why
@@ -111,3 +111,48 @@ def test_the_plan_refuses_what_vllm_refuses_and_offers_what_it_takes(
     # left to itself on 0.28 the plan takes no degree vLLM would refuse
     auto = make_plan(old, empty_root, environ={}, model=str(d), sets=[])
     assert all(i.tensor_parallel_size in (1, 2) for i in auto.instances)
+
+
+def _qwen2_72b_awq(intermediate: int) -> dict[str, Any]:
+    """Qwen2-72B-Instruct-AWQ's shape: 29,568 wide (231 groups of 128), or 29,696 as Qwen re-published
+    it so that TP 2, 4 and 8 split whole groups (vllm#21695, Qwen's quantization guide)."""
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 8192,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "vocab_size": 152064,
+        "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+    }
+
+
+def test_int4_weight_groups_split_whole_or_vllm_refuses(host_of, empty_root, tmp_path: Path) -> None:
+    """AWQ/GPTQ/compressed-tensors int4 groups: "The input size is not aligned with the quantized weight
+    shape. This can be caused by too large tensor parallel size." at TP 2 for 29,568 (231 groups)."""
+    from hwprofile.pipeline import make_plan
+    from hwprofile.plan.refusal import PlanRefused
+
+    m = parse_config(_qwen2_72b_awq(29568), "q72", "test", None)
+    assert m.quant_grid is not None and m.quant_grid.block == (1, 128) and not m.quant_grid.fp8
+    why = tp_refusal(m, 2)
+    assert why is not None and "weight groups of 128" in why and "29568 wide is 14784 a rank" in why
+    padded = parse_config(_qwen2_72b_awq(29696), "q72p", "test", None)
+    assert all(tp_refusal(padded, t) is None for t in (2, 4, 8))
+    # MXFP4 experts are padded to a kernel tile, not refused (gpt-oss-120b at TP8: 360 a rank)
+    from hwprofile.model.resolve import resolve_model
+
+    assert tp_refusal(resolve_model("openai/gpt-oss-120b", "model"), 8) is None
+    d = tmp_path / "q72-awq"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_qwen2_72b_awq(29568)))
+    host = host_of("a800-pcie-4x-2numa")
+    with pytest.raises(PlanRefused, match="weight groups of 128"):
+        make_plan(host, empty_root, environ={}, model=str(d), sets=["layout.tensor_parallel_size=2"])
+    # the shipped A800 profile's TP 2 gives way, and says so; an operator's is refused (above)
+    plan = make_plan(host, empty_root, environ={}, model=str(d), sets=[])
+    assert all(i.tensor_parallel_size == 1 for i in plan.instances)
+    assert any("gives way to 1" in w and "weight groups of 128" in w for w in plan.warnings)

@@ -7,7 +7,7 @@ Pure: no files, no imports beyond the standard library.
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from .tensor import Fp8Blocks
+    from .tensor import QuantGrid
     from .tokenizer_check import TokenizerFacts
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
@@ -68,9 +68,9 @@ class ModelFacts(NamedTuple):
     # set by the plan for the GPU it plans on (hwprofile.plan.loaded.expert_tile): (1, 1) = unpadded
     mxfp4_expert_bytes: int = 0
     expert_tile: tuple[int, int] = (1, 1)
-    # an FP8 block-quantized checkpoint's blocks and the MLP widths tensor parallelism splits under
-    # them (hwprofile.model.weights.Fp8Blocks): a TP degree that splits a block vLLM refuses
-    fp8_blocks: "Fp8Blocks | None" = None
+    # a quantized checkpoint's FP8 blocks or weight groups and the MLP widths tensor parallelism splits
+    # under them (hwprofile.model.tensor.QuantGrid): a TP degree that splits a block or group vLLM refuses
+    quant_grid: "QuantGrid | None" = None
     # the layer stack (hwprofile.model.layers.LayerStack): each layer's mixer and MLP, each attention
     # kind's shape, the recurrent state's dimensions; None where not read (catalog entries)
     stack: Any = None  # LayerStack | None once plan/ narrows it (plan/memory, engine, gpu, cpu, candidates)

@@ -31,10 +31,18 @@ class Tensor(NamedTuple):
         return self.rows * self.cols * (self.count if self.active < 0 else self.active)
 
 
-class Fp8Blocks(NamedTuple):
-    """An FP8 block-quantized checkpoint's blocks and the widths tensor parallelism splits under them
-    (vLLM checks each rank's share is whole blocks: ``validate_fp8_block_shape``, ``_moe``)."""
+class QuantGrid(NamedTuple):
+    """A quantized checkpoint's scale grid and the MLP widths tensor parallelism splits under it: vLLM
+    checks that each rank's share is whole blocks or groups (``validate_fp8_block_shape`` and its
+    ``_moe`` twin for FP8 blocks, ``verify_group_size_divides_partition`` and the AWQ/GPTQ methods'
+    own check for weight groups)."""
 
-    block: tuple[int, int]  # (block_n, block_k): output rows x input columns per scale
+    block: tuple[int, int]  # (rows, columns) per scale: FP8's (block_n, block_k); (1, group) for groups
     mlp_widths: tuple[int, ...]  # dense MLPs' intermediate sizes (shared experts' too)
-    expert_width: int  # the routed experts' intermediate size (0: none in FP8 blocks)
+    expert_width: int  # the routed experts' intermediate size (0: none on the grid)
+    fp8: bool  # FP8 blocks (else weight groups along the input)
+
+    @property
+    def what(self) -> str:
+        bn, bk = self.block
+        return f"FP8 blocks ({bn} x {bk})" if self.fp8 else f"weight groups of {bk}"

@@ -53,8 +53,8 @@ from .layers import (
     kda_geometry,
 )
 from .layers import layer_kinds as read_layer_kinds
-from .quant import read_quant
-from .tensor import PARTS, Fp8Blocks, Tensor
+from .quant import Scheme, read_quant
+from .tensor import PARTS, QuantGrid, Tensor
 
 MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2", "mamba2")
 
@@ -1120,14 +1120,27 @@ def count_params(cfg: dict[str, Any], kinds: Sequence[LayerKind]) -> ParamBreakd
     return breakdown(tensors(cfg, kinds))
 
 
-def _fp8_blocks(found: list[tuple[Tensor, tuple[int, int]]]) -> Fp8Blocks | None:
-    """:class:`Fp8Blocks` from the FP8-block down-projections of the decoder (the input a row-parallel
-    down-projection splits is the intermediate size the column-parallel gate/up split too)."""
+def _grid(found: list[tuple[Tensor, Scheme]]) -> QuantGrid | None:
+    """:class:`QuantGrid` from the quantized down-projections of the decoder (the input a row-parallel
+    down-projection splits is the intermediate size the column-parallel gate/up split too): an FP8
+    scheme's blocks, or a scheme's weight groups along the input."""
     if not found:
         return None
     widths = tuple(sorted({t.cols for t, _ in found if t.count == 1}))
     experts = max((t.cols for t, _ in found if t.count > 1), default=0)
-    return Fp8Blocks(found[0][1], widths, experts)
+    scheme = found[0][1]
+    if scheme.block:
+        return QuantGrid(scheme.block, widths, experts, fp8=True)
+    return QuantGrid((1, scheme.group), widths, experts, fp8=False)
+
+
+def _on_grid(t: Tensor, scheme: Scheme) -> bool:
+    """A decoder MLP's down-projection stored in FP8 blocks or in integer weight groups along its input
+    (AWQ, GPTQ, compressed-tensors pack-quantized: 16-bit scales; MXFP4 and NVFP4's 8-bit scales are
+    left out: vLLM pads MXFP4 experts to its kernel's tile instead)."""
+    groups = scheme.bits < 16 and scheme.group > 0 and scheme.scale_bytes >= 2 and scheme.block is None
+    gridded = (scheme.bits == 8 and scheme.block is not None) or groups
+    return gridded and t.part == "decoder" and t.name.endswith(_DOWN)
 
 
 class WeightBytes(NamedTuple):
@@ -1138,7 +1151,7 @@ class WeightBytes(NamedTuple):
     notes: tuple[str, ...]
     replicated: int = 0  # of total: the tensors every tensor-parallel rank holds whole
     mxfp4_experts: int = 0  # of total: the routed experts vLLM's Mxfp4MoEMethod pads (Quant.mxfp4_moe)
-    fp8: Fp8Blocks | None = None  # the MLPs' FP8 blocks, where the checkpoint has them
+    grid: QuantGrid | None = None  # the MLPs' FP8 blocks or weight groups, where the checkpoint has them
 
     def loaded(self, *, language_only: bool = False, mtp: bool = True) -> int:
         """Bytes vLLM loads: without the vision tower under ``--language-model-only``, without
@@ -1156,7 +1169,7 @@ def weights_bytes(
     choose = q.chooser()
     by = dict.fromkeys(PARTS, 0.0)
     replicated = padded = 0.0
-    blocked: list[tuple[Tensor, tuple[int, int]]] = []
+    gridded: list[tuple[Tensor, Scheme]] = []
     for t in tensors(cfg, kinds):
         if language_only and t.part == "vision":
             continue
@@ -1167,13 +1180,11 @@ def weights_bytes(
         # routed experts (copies of one shape) of the language model stored in 4 bits
         expert = q.mxfp4_moe and t.count > 1 and t.linear and scheme.bits == 4
         padded += nbytes if expert and t.part == "decoder" else 0.0
-        if scheme.bits == 8 and scheme.block and t.part == "decoder" and t.name.endswith(_DOWN):
-            blocked.append((t, scheme.block))
+        if _on_grid(t, scheme):
+            gridded.append((t, scheme))
     parts = {k: int(v) for k, v in by.items()}
     total = sum(parts.values())
-    return WeightBytes(
-        total, parts, q.method, q.bits, q.notes, int(replicated), int(padded), _fp8_blocks(blocked)
-    )
+    return WeightBytes(total, parts, q.method, q.bits, q.notes, int(replicated), int(padded), _grid(gridded))
 
 
 _DOWN = (".down_proj", ".w2")  # an MLP's row-parallel down-projection, as checkpoints name it

@@ -149,10 +149,16 @@ def _configured_tp(
         )
     why = tp_refusal(model, want, refine_fp8(ctx))
     if why is not None:
-        raise PlanRefused(
-            f"tensor_parallel_size={want} for {model.name}: {why}",
-            [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
-        )
+        below = [t for t in usable if t < want]
+        if not (below and shipped(ctx.reasons, ("layout", "tensor_parallel_size"))):
+            raise PlanRefused(
+                f"tensor_parallel_size={want} for {model.name}: {why}",
+                [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
+            )
+        src = where(ctx.reasons.provenance.get(("layout", "tensor_parallel_size")))
+        said = f"the shipped tensor_parallel_size={want} ({src}) gives way to {below[-1]}: {why}"
+        ctx.warn(said)
+        want = below[-1]
     if want > ctx.settings.layout.max_pcie_tensor_parallel and not nvlink:
         ctx.warn(
             f"tensor parallel {want} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
@@ -160,7 +166,7 @@ def _configured_tp(
     ctx.add(
         "tensor_parallel_size",
         want,
-        f"tensor parallel {want} as configured" + (" (NVLink)" if nvlink else " (PCIe)"),
+        (said if why else f"tensor parallel {want} as configured") + (" (NVLink)" if nvlink else " (PCIe)"),
         ("layout", "tensor_parallel_size"),
     )
     return want

@@ -1,6 +1,6 @@
 """Which tensor-parallel degrees vLLM takes for a model (pure: the model's facts in, a reason or
 None out): the attention heads a degree must divide, the short-conv state a rank keeps of its own
-KV heads, the FP8 blocks a rank's share of an MLP must hold whole."""
+KV heads, the FP8 blocks or weight groups a rank's share of an MLP must hold whole."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def tp_refusal(model: ModelFacts, tp: int, refine: bool = True) -> str | None:
     """Why vLLM refuses ``model`` at tensor parallel ``tp``, or None: ``tp`` must divide the attention
     heads, and divide or be a multiple of the KV heads; at most the KV heads of every attention kind
     where each rank keeps a short-conv state of its own heads (Inkling's ``InklingConvState`` asserts
-    it); whole FP8 blocks on every rank (:func:`_fp8_split`; ``refine``: the release refines an FP8
+    it); whole FP8 blocks or weight groups on every rank (:func:`_grid_split`; ``refine``: the release refines an FP8
     MoE's blocks where they do not split)."""
     kv = model.num_kv_heads
     st = model.stack
@@ -26,36 +26,39 @@ def tp_refusal(model: ModelFacts, tp: int, refine: bool = True) -> str | None:
         return f"its short-conv state splits the KV heads: at most one a rank ({kv} KV heads)"
     if not (model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)):
         return f"it does not divide the {model.num_heads} attention heads ({kv} KV heads)"
-    return _fp8_split(model, tp, refine) if tp > 1 else None
+    return _grid_split(model, tp, refine) if tp > 1 else None
 
 
-def _fp8_split(model: ModelFacts, tp: int, refine: bool) -> str | None:
-    """An FP8 block-quantized checkpoint at ``tp``: vLLM refuses a rank's share of an MLP that is not
-    whole blocks (``validate_fp8_block_shape``: the gate/up rows in ``block_n``, the down-projection's
-    columns in ``block_k``), and of the routed experts too (``validate_fp8_block_shape_moe``) unless
-    the release refines the MoE's blocks to a finer grid (``refine_fp8_moe_block_shape``: the gcd of
-    the blocks, the share and the hidden size, at least 32; ``fp8`` checkpoints only, not
-    compressed-tensors)."""
-    blocks = model.fp8_blocks
-    if blocks is None:
+def _grid_split(model: ModelFacts, tp: int, refine: bool) -> str | None:
+    """A quantized checkpoint at ``tp`` (:class:`~hwprofile.model.tensor.QuantGrid`): vLLM refuses a
+    rank's share of an MLP that is not whole blocks or groups (FP8: ``validate_fp8_block_shape``, the
+    gate/up rows in ``block_n``, the down-projection's columns in ``block_k``; weight groups:
+    ``verify_group_size_divides_partition``, AWQ/GPTQ's "input size is not aligned"), and of the routed
+    experts too, unless the release refines an FP8 MoE's blocks to a finer grid
+    (``refine_fp8_moe_block_shape``: the gcd of the blocks, the share and the hidden size, at least
+    32; ``fp8`` checkpoints only, not compressed-tensors)."""
+    grid = model.quant_grid
+    if grid is None:
         return None
-    bn, bk = blocks.block
-    for width in blocks.mlp_widths:
+    bn, bk = grid.block
+    check = "validate_fp8_block_shape" if grid.fp8 else "verify_group_size_divides_partition"
+    for width in grid.mlp_widths:
         if width % tp or (width // tp) % bn or (width // tp) % bk:
             return (
-                f"its FP8 blocks ({bn} x {bk}) do not split: an MLP {width} wide is {width / tp:g} a rank, "
-                f"not whole blocks (vLLM's validate_fp8_block_shape refuses it)"
+                f"its {grid.what} do not split: an MLP {width} wide is {width / tp:g} a rank, "
+                f"not whole {'blocks' if grid.fp8 else 'groups'} (vLLM's {check} refuses it)"
             )
-    width = blocks.expert_width
+    width = grid.expert_width
     share = width // tp
     if not width or (width % tp == 0 and share % bn == 0 and share % bk == 0):
         return None
-    finer = math.gcd(bn, bk, share, model.hidden_size) if width % tp == 0 else 0
-    if refine and model.quant_method == "fp8" and finer >= 32:
+    finer = math.gcd(bn, bk, share, model.hidden_size) if width % tp == 0 and grid.fp8 else 0
+    refines = model.quant_method == "fp8" and finer >= 32
+    if refine and refines:
         return None
     return (
-        f"its FP8 blocks ({bn} x {bk}) do not split: each expert's {width} is {width / tp:g} a rank, not "
-        "whole blocks (vLLM's validate_fp8_block_shape_moe refuses it"
-        + ("" if model.quant_method != "fp8" or finer < 32 else "; this release does not refine them")
+        f"its {grid.what} do not split: each expert's {width} is {width / tp:g} a rank, not whole "
+        f"{'blocks' if grid.fp8 else 'groups'} (vLLM's {check + '_moe' if grid.fp8 else check} refuses it"
+        + ("; this release does not refine them" if refines else "")
         + ")"
     )
