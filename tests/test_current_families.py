@@ -824,3 +824,31 @@ def test_a_qsa_ring_that_does_not_divide_the_block_is_refused(host_of, empty_roo
         host, empty_root, environ={}, model=str(d), sets=[*base, "speculative.num_speculative_tokens=4"]
     )
     assert plan.instances[0].memory.vllm_logged_kv_tokens
+
+
+def test_mxfp4_padding_by_release_and_across_pipeline_stages_and_nodes() -> None:
+    """Humming leads SM90's MXFP4 list from vLLM 0.32 (absent in 0.27-0.29: Marlin's 128 x 256 there). A
+    pipeline stage holds its share of the experts, padded at its own TP; TP across nodes pads each rank
+    at the whole degree (DeepSeek V4.1-Flash at TP16: 144 -> 192 a rank with Humming, where a node's TP8
+    arithmetic gave 288 -> 320); Kimi-K3's compressed-tensors MXFP4, which vLLM rewrites to mxfp4, too."""
+    from hwprofile.plan.loaded import expert_tile
+    from hwprofile.plan.memory import expert_padding
+    from hwprofile.plan.nodes import _shard, stage_of
+    from hwprofile.plan.reasons import Reasons
+
+    m = parse_config(_dsv41_flash(), "v41", "test", None)
+    r = Reasons({})
+    old = expert_tile(m, "9.0", r, "0.29.0")
+    assert old.expert_tile == (128, 256) and "Marlin" in r.items[-1].reason
+    new = expert_tile(m, "9.0", Reasons({}), "0.33.0")
+    assert new.expert_tile == (64, 1)
+    assert abs(expert_padding(stage_of(new, 2), 8) - expert_padding(new, 8) / 2) < 2
+    whole = m.mxfp4_expert_bytes * (192 - 144) // (144 * 16)
+    assert abs(expert_padding(_shard(new, 2), 8) - whole) < 2 and whole > expert_padding(new, 8)
+    q = {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"}
+    q |= {
+        "config_groups": {
+            "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": 32}}
+        }
+    }
+    assert parse_config({**_kimi_k3(), "quantization_config": q}, "k3", "test", None).mxfp4_expert_bytes > 0

@@ -18,7 +18,7 @@ from typing import Any
 
 import inproc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hwprofile.config import ConfigError
@@ -204,6 +204,7 @@ def test_fuzz_model_dir_only_raises_config_error(config: bytes, index: bytes | N
 
 @settings(max_examples=100, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=st.text(max_size=12))
+@example(spec="~\x00")  # os.path.expanduser raised a bare ValueError on it
 def test_fuzz_model_spec_only_raises_config_error(spec: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv(

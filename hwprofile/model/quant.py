@@ -69,7 +69,8 @@ class Quant(NamedTuple):
     lm_head: bool = False  # the LM head quantized too (GPTQ/AutoRound ``lm_head: true``): vLLM's
     # ParallelLMHead is no LinearBase, so no other method quantizes it
     mxfp4_moe: bool = False  # the routed experts run on vLLM's Mxfp4MoEMethod, which pads their shapes
-    # to its kernel's tile (gpt-oss's mxfp4, DeepSeek V4's fp4 experts; not compressed-tensors MXFP4)
+    # to its kernel's tile (gpt-oss's mxfp4, DeepSeek V4's fp4 experts, Kimi-K3's rewritten one; not
+    # compressed-tensors' own W4A4 MXFP4 method)
 
     def scheme(self, t: Tensor) -> Scheme:
         """How ``t`` is stored (for many tensors, :meth:`chooser` compiles the lists once)."""
@@ -199,6 +200,9 @@ def read_quant(cfg: dict[str, Any]) -> Quant:
     inner = text if isinstance(text, dict) else cfg
     if method == "fp8" and (is_dsv4(inner) or is_dsv41(inner)):
         quant = _dsv4_experts(quant, inner.get("expert_dtype", cfg.get("expert_dtype")))
+    if str(cfg.get("model_type")) == "kimi_k3" and "mxfp4" in str(q.get("format") or ""):
+        # vLLM's KimiK3 config rewrites its compressed-tensors MXFP4 to quant_method mxfp4
+        quant = quant._replace(mxfp4_moe=True)
     return quant
 
 

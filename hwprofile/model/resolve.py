@@ -151,8 +151,14 @@ def variant_facts(model: ModelFacts, variant: str, bits: int) -> ModelFacts:
     own = from_catalog(variant)
     if own is not None and own.quant_bits == bits:
         return own._replace(origin=f"{model.origin}; its {bits}-bit checkpoint from the catalog's own config")
-    return model._replace(
-        name=variant, quant_method="awq", quant_bits=bits, weights_bytes=model.weights_bytes_at_bits(bits)
+    return model._replace(  # its grid and MXFP4 experts unknown: none assumed
+        name=variant,
+        quant_method="awq",
+        quant_bits=bits,
+        weights_bytes=model.weights_bytes_at_bits(bits),
+        quant_grid=None,
+        mxfp4_expert_bytes=0,
+        expert_tile=(1, 1),
     )
 
 
@@ -163,6 +169,10 @@ def resolve_model(spec: str, what: str = "model") -> ModelFacts:
         raise ConfigError(
             f"--{what} {spec!r}: empty; give a model directory, a Hugging Face name or a catalog name "
             "(or leave the option out for the profile's model)"
+        )
+    if "\x00" in spec:  # no path or Hub name holds one (os.path refuses it with a bare ValueError)
+        raise ConfigError(
+            f"--{what} {spec!r}: a NUL character; give a model directory or a Hugging Face name"
         )
     p = os.path.expanduser(spec)
     if os.path.isdir(p):

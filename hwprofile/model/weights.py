@@ -1180,7 +1180,7 @@ def weights_bytes(
         # routed experts (copies of one shape) of the language model stored in 4 bits
         expert = q.mxfp4_moe and t.count > 1 and t.linear and scheme.bits == 4
         padded += nbytes if expert and t.part == "decoder" else 0.0
-        if _on_grid(t, scheme):
+        if _on_grid(t, scheme) and not str(q.method).startswith("bitsandbytes"):  # bnb: no TP split
             gridded.append((t, scheme))
     parts = {k: int(v) for k, v in by.items()}
     total = sum(parts.values())

@@ -13,7 +13,7 @@ from ..model import ModelFacts
 from . import attention, engine, hybridspec
 from .context import PlanContext
 from .estimate import estimate
-from .layout import numa_binding
+from .layout import numa_binding, refine_fp8
 from .loaded import as_loaded, device_cc, language_only
 from .memory import (
     BLOCK_TOKENS,
@@ -55,7 +55,7 @@ def _refused(
             checkpoint, ctx.settings, spec_method, version, Reasons({}), device_cc(ctx.host)
         ).weights_bytes
 
-    return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded))
+    return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded, refine_fp8(ctx)))
 
 
 class _Sizing(NamedTuple):

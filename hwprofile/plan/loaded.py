@@ -61,34 +61,35 @@ _MXFP4_MOE: dict[bool, dict[str, tuple[str, tuple[int, int]]]] = {
         "9": ("the OAI Triton kernels", (64, 1)),
         "10": ("FlashInfer TRT-LLM MXFP4 (bf16 activations)", (128, 256)),
         "12": ("Marlin", (128, 256)),
-        "cpu": ("the CPU AMX kernel", (32, 32)),
     },
     False: {
         "8": ("Marlin", (128, 256)),
         "9": ("Humming", (64, 1)),
         "10": ("FlashInfer TRT-LLM MXFP4 x MXFP8", (128, 256)),
         "12": ("DeepGEMM MXFP4", (128, 128)),
-        "cpu": ("the CPU AMX kernel", (32, 32)),
     },
 }
 
 
 def device_cc(host: HostSnapshot) -> str | None:
     """What :func:`expert_tile` keys the kernel on: the first usable GPU's compute capability (None:
-    unread), or "cpu" on a host without one (vLLM's CPU backend)."""
+    unread), or "cpu" on a host without one (the CPU plan holds the weights whole: no tile)."""
     gpus = host.usable_gpus
     return gpus[0].compute_capability if gpus else "cpu"
 
 
-def expert_tile(model: ModelFacts, cc: str | None, r: Reasons) -> ModelFacts:
+def expert_tile(model: ModelFacts, cc: str | None, r: Reasons, vllm_version: str | None = None) -> ModelFacts:
     """``model`` with :attr:`~hwprofile.model.ModelFacts.expert_tile` set for the MXFP4 MoE kernel vLLM
     picks on a GPU of compute capability ``cc`` (its routed experts padded per rank to that tile:
     :func:`hwprofile.plan.memory.expert_padding`), the kernel and what it adds per TP degree in a reason.
     Unchanged for a model without such experts; unpadded, and said so, where ``cc`` is unknown."""
-    if not model.mxfp4_expert_bytes:
+    if not model.mxfp4_expert_bytes or cc == "cpu":  # the CPU plan holds the weights whole
         return model
-    major = "cpu" if cc == "cpu" else (cc or "").split(".")[0]
-    kernel = _MXFP4_MOE[model.model_type == "gpt_oss"].get(major)
+    major = (cc or "").split(".")[0]
+    gpt_oss = model.model_type == "gpt_oss"
+    kernel = _MXFP4_MOE[gpt_oss].get(major)
+    if major == "9" and not gpt_oss and not release_of(vllm_version).humming_mxfp4_moe():
+        kernel = ("Marlin (no Humming before vLLM " + floor_of("humming_mxfp4_moe") + ")", (128, 256))
     if kernel is None:
         why = (
             f"compute capability {cc}: no MXFP4 MoE kernel of vLLM's list is read for it"
@@ -146,7 +147,7 @@ def as_loaded(
     drafter's own embedding and LM head where the release keeps them; and its MXFP4 experts' tile on
     a GPU of compute capability ``cc`` (:func:`expert_tile`). Unchanged (and no reason) for a model
     with none of these."""
-    model = expert_tile(model, cc, r)
+    model = expert_tile(model, cc, r, vllm_version)
     if not model.vision_bytes and not model.mtp_bytes:
         return model
     weights = model.weights_bytes

@@ -29,9 +29,11 @@ from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from ..model.facts import embed_params
+from ..release import release_of
 from .context import PlanContext
 from .reasons import Reasons
 from .refusal import PlanRefused
+from .tpsplit import tp_refusal
 from .types import InstancePlan
 
 # one host's instances for (host, settings, model): the planner's own one-host path
@@ -55,6 +57,7 @@ def stage_of(model: ModelFacts, stages: int) -> ModelFacts:
         num_layers=layers,
         sliding_layers=min(sliding, layers),
         weights_bytes=-(-body // stages) + embed_bytes,
+        mxfp4_expert_bytes=-(-model.mxfp4_expert_bytes // stages),  # padded at the stage's own TP
         params=-(-model.params // stages),
         active_params=-(-(model.active_params or model.params) // stages),
         stack=model.stack._replace(kinds=model.stack.kinds[:layers]) if model.stack is not None else None,
@@ -143,6 +146,9 @@ class _Nodes:
                 f"tensor_parallel_size={tp} over nodes of {per} devices needs {k} of them, {n} given",
                 [f"--set layout.tensor_parallel_size={per * n}"],
             )
+        why = tp_refusal(model, tp, release_of(self.ctx.version).fp8_moe_refine())
+        if why is not None:
+            raise PlanRefused(f"tensor_parallel_size={tp} for {model.name}: {why}", [])
         self.ctx.warn(
             f"tensor parallel {tp} across {k} nodes: an all-reduce per layer crosses the {settings.layout.internode_gbps:g} "
             "Gb/s link between them (pipeline parallel across nodes sends far less)"
@@ -266,6 +272,10 @@ def _shard(model: ModelFacts, ways: int) -> ModelFacts:
     replicated = min(model.replicated_bytes, model.weights_bytes)  # whole on every rank, so every node
     return model._replace(
         weights_bytes=-(-(model.weights_bytes - replicated) // ways) + replicated,
+        # a node's share of the MXFP4 experts, each rank's width that of the whole TP across the nodes
+        mxfp4_expert_bytes=-(-model.mxfp4_expert_bytes // ways),
+        moe_intermediate_size=model.moe_intermediate_size // ways,
+        quant_grid=None,  # checked at the whole TP before the split (_Nodes.tensor_across)
         num_kv_heads=max(1, model.num_kv_heads // ways),
         num_heads=max(1, model.num_heads // ways),
     )

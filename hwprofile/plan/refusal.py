@@ -36,10 +36,12 @@ def suggestions(
     f: Fit,
     util: float,
     loaded: Callable[[ModelFacts], int] | None = None,
+    refine: bool = True,
 ) -> list[str]:
     """What would fit, for a model whose fit ``f`` (per GPU, at TP ``tp``) fails. ``loaded`` sizes a
     checkpoint as this plan would load it (:func:`hwprofile.plan.loaded.as_loaded`: no vision tower
-    under --language-model-only, no MTP layers without MTP); without it, the whole checkpoint."""
+    under --language-model-only, no MTP layers without MTP); without it, the whole checkpoint.
+    ``refine``: the release refines an FP8 MoE's blocks (:func:`hwprofile.plan.tpsplit.tp_refusal`)."""
     out: list[str] = []
     need = f.weights_bytes + f.draft_weights_bytes + f.activation_bytes + f.overhead_bytes + 2 * GiB
     fixed = f.budget_bytes - f.kv_cache_bytes  # everything but the KV cache
@@ -82,18 +84,18 @@ def suggestions(
                 f"nothing smaller of {model.model_type} in the catalog; of other families: "
                 + ", ".join(other)
             )
-    out += _wider(model, tp, len(host.usable_gpus))
+    out += _wider(model, tp, len(host.usable_gpus), refine)
     return out
 
 
-def _wider(model: ModelFacts, tp: int, gpus: int) -> list[str]:
+def _wider(model: ModelFacts, tp: int, gpus: int, refine: bool) -> list[str]:
     """A wider tensor-parallel degree this host has that vLLM takes for ``model``; and why a wider one
     it has is no way out (its heads, its FP8 blocks)."""
     out: list[str] = []
     for t in (tp * 2, tp * 4, tp * 8):
         if t > gpus:
             break
-        why = tp_refusal(model, t)
+        why = tp_refusal(model, t, refine)
         if why is None:
             return [*out, f"--set layout.tensor_parallel_size={t} (spread the weights over {t} GPUs)"]
         if not out:

@@ -31,34 +31,69 @@ def tp_refusal(model: ModelFacts, tp: int, refine: bool = True) -> str | None:
 
 def _grid_split(model: ModelFacts, tp: int, refine: bool) -> str | None:
     """A quantized checkpoint at ``tp`` (:class:`~hwprofile.model.tensor.QuantGrid`): vLLM refuses a
-    rank's share of an MLP that is not whole blocks or groups (FP8: ``validate_fp8_block_shape``, the
-    gate/up rows in ``block_n``, the down-projection's columns in ``block_k``; weight groups:
-    ``verify_group_size_divides_partition``, AWQ/GPTQ's "input size is not aligned"), and of the routed
-    experts too, unless the release refines an FP8 MoE's blocks to a finer grid
-    (``refine_fp8_moe_block_shape``: the gcd of the blocks, the share and the hidden size, at least
-    32; ``fp8`` checkpoints only, not compressed-tensors)."""
+    rank's share of an MLP that is not whole blocks or groups (:func:`_mlp_split`), and of the routed
+    experts too (:func:`_expert_split`)."""
     grid = model.quant_grid
     if grid is None:
         return None
-    bn, bk = grid.block
-    check = "validate_fp8_block_shape" if grid.fp8 else "verify_group_size_divides_partition"
     for width in grid.mlp_widths:
-        if width % tp or (width // tp) % bn or (width // tp) % bk:
-            return (
-                f"its {grid.what} do not split: an MLP {width} wide is {width / tp:g} a rank, "
-                f"not whole {'blocks' if grid.fp8 else 'groups'} (vLLM's {check} refuses it)"
-            )
-    width = grid.expert_width
+        why = _mlp_split(model, width, tp)
+        if why:
+            return why
+    return _expert_split(model, grid.expert_width, tp, refine) if grid.expert_width else None
+
+
+def _mlp_split(model: ModelFacts, width: int, tp: int) -> str | None:
+    """A dense MLP ``width`` wide at ``tp``. FP8 (``validate_fp8_block_shape``): the down-projection's
+    input share in ``block_k``, and the gate/up share in ``block_n`` for compressed-tensors (an ``fp8``
+    checkpoint's merged gate/up is let through: ``_maybe_allow_fp8_block_shape_mismatch``). Weight
+    groups: the down-projection's input share in whole groups (AWQ: "The input size is not aligned
+    with the quantized weight shape"; compressed-tensors: ``verify_group_size_divides_partition``;
+    GPTQ: Marlin refuses it, and a kernel that takes it would split a group's scale across ranks)."""
+    grid = model.quant_grid
+    assert grid is not None
+    bn, bk = grid.block
     share = width // tp
-    if not width or (width % tp == 0 and share % bn == 0 and share % bk == 0):
+    rows = bn if grid.fp8 and model.quant_method != "fp8" else 1
+    if width % tp == 0 and share % bk == 0 and share % rows == 0:
         return None
-    finer = math.gcd(bn, bk, share, model.hidden_size) if width % tp == 0 and grid.fp8 else 0
+    unit = "blocks" if grid.fp8 else "groups"
+    check = "validate_fp8_block_shape" if grid.fp8 else "its input-size check"
+    return (
+        f"its {grid.what} do not split: an MLP {width} wide is {width / tp:g} a rank, not whole {unit} "
+        f"(vLLM's {check} refuses it)"
+    )
+
+
+def _expert_split(model: ModelFacts, width: int, tp: int, refine: bool) -> str | None:
+    """The routed experts ``width`` wide at ``tp``. FP8 (``validate_fp8_block_shape_moe``) unless the
+    release refines an ``fp8`` checkpoint's blocks to a finer grid (``refine_fp8_moe_block_shape``:
+    the gcd of the blocks, the share and the hidden size, at least 32; not compressed-tensors). Weight
+    groups: compressed-tensors refuses; AWQ and GPTQ fall back to the MoE WNA16 kernels, which halve
+    the group down to 32 until it divides the share and the hidden size; others are not checked."""
+    grid = model.quant_grid
+    assert grid is not None
+    bn, bk = grid.block
+    share, hidden = width // tp, model.hidden_size
+    if width % tp == 0 and share % bn == 0 and share % bk == 0:
+        return None
+    method = model.quant_method or ""
+    if width % tp == 0 and not grid.fp8:
+        if method.startswith(("awq", "gptq")):
+            group = bk
+            while group >= 32 and (share % group or hidden % group):  # MoeWNA16Method's halving
+                group //= 2
+            if group >= 32:
+                return None
+        elif not method.startswith("compressed"):
+            return None  # no rule read for its MoE method
+    finer = math.gcd(bn, bk, share, hidden) if width % tp == 0 and grid.fp8 else 0
     refines = model.quant_method == "fp8" and finer >= 32
     if refine and refines:
         return None
+    unit = "blocks" if grid.fp8 else "groups"
+    check = "validate_fp8_block_shape_moe" if grid.fp8 else f"{method} MoE method"
     return (
-        f"its {grid.what} do not split: each expert's {width} is {width / tp:g} a rank, not whole "
-        f"{'blocks' if grid.fp8 else 'groups'} (vLLM's {check + '_moe' if grid.fp8 else check} refuses it"
-        + ("; this release does not refine them" if refines else "")
-        + ")"
+        f"its {grid.what} do not split: each expert's {width} is {width / tp:g} a rank, not whole {unit} "
+        f"(vLLM's {check} refuses it" + ("; this release does not refine them" if refines else "") + ")"
     )

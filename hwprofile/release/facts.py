@@ -125,6 +125,11 @@ FLOORS: dict[str, Floor] = {
         "fused_moe/oracle/fp8.py refine_fp8_moe_block_shape, read in 0.29, 0.31, 0.32 and 0.33; "
         "0.25, 0.27 and 0.28 refuse such a share (validate_fp8_block_shape_moe)",
     ),
+    "humming_mxfp4_moe": Floor(
+        (0, 32, 0),
+        "Humming ahead of Marlin for MXFP4 MoE experts on SM90 (prioritize_humming)",
+        "fused_moe/oracle/mxfp4.py: in 0.32 and 0.33; absent in 0.27, 0.28 and 0.29 (0.30, 0.31 not read)",
+    ),
     "uuid_visible_devices": Floor(
         (0, 32, 0),
         "GPU UUIDs accepted in CUDA_VISIBLE_DEVICES (mapped back to NVML indexes)",
@@ -337,6 +342,10 @@ class Release:
     def fp8_moe_refine(self) -> bool:
         """:data:`FLOORS` ``fp8_moe_refine``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["fp8_moe_refine"]) is not False
+
+    def humming_mxfp4_moe(self) -> bool:
+        """:data:`FLOORS` ``humming_mxfp4_moe``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["humming_mxfp4_moe"]) is not False
 
     def ngram_keeps_async(self) -> bool:
         """:data:`FLOORS` ``ngram_keeps_async``; unknown: the newest behaviour."""

@@ -156,3 +156,31 @@ def test_int4_weight_groups_split_whole_or_vllm_refuses(host_of, empty_root, tmp
     plan = make_plan(host, empty_root, environ={}, model=str(d), sets=[])
     assert all(i.tensor_parallel_size == 1 for i in plan.instances)
     assert any("gives way to 1" in w and "weight groups of 128" in w for w in plan.warnings)
+
+
+def test_awq_and_gptq_experts_fall_back_to_smaller_groups() -> None:
+    """AWQ and GPTQ MoE layers whose share is not whole groups run on the MoE WNA16 kernels, which halve
+    the group down to 32 until it divides the share and the hidden size (moe_wna16.py): Qwen3-30B-A3B-AWQ
+    at TP4 (192 a rank: groups of 64) and TP8 (96: groups of 32) load. compressed-tensors' WNA16 MoE
+    refuses the same share; bitsandbytes has no grid (vLLM splits no pre-quantized bnb)."""
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+    m = parse_config(_moe(awq), "q30awq", "test", None)
+    assert m.quant_grid is not None and m.quant_grid.expert_width == 768
+    assert tp_refusal(m, 4) is None and tp_refusal(m, 8) is None
+    wide = parse_config(_moe(awq, moe_intermediate_size=720, hidden_size=2880), "odd", "test", None)
+    assert tp_refusal(wide, 8) is not None  # 90 a rank: no group of 32 or more divides it
+    ct = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    why = tp_refusal(parse_config(_moe(ct), "q30ct4", "test", None), 4)
+    assert why is not None and "weight groups of 128" in why and "compressed-tensors" in why
+    bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    assert parse_config(_moe(bnb), "bnb", "test", None).quant_grid is None
