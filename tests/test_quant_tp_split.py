@@ -184,3 +184,13 @@ def test_awq_and_gptq_experts_fall_back_to_smaller_groups() -> None:
     assert why is not None and "weight groups of 128" in why and "compressed-tensors" in why
     bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
     assert parse_config(_moe(bnb), "bnb", "test", None).quant_grid is None
+
+
+def test_experts_split_evenly_whatever_their_format() -> None:
+    """vLLM's FusedMoEConfig asserts the expert width divides by the TP degree, quantized or not."""
+    cfg = _moe(FP8, moe_intermediate_size=1000)
+    cfg.pop("quantization_config")
+    m = parse_config(cfg, "odd", "test", None)
+    assert tp_refusal(m, 8) is None
+    why = tp_refusal(m, 16)
+    assert why is not None and "1000 does not split 16 ways" in why

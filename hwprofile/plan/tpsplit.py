@@ -26,6 +26,9 @@ def tp_refusal(model: ModelFacts, tp: int, refine: bool = True) -> str | None:
         return f"its short-conv state splits the KV heads: at most one a rank ({kv} KV heads)"
     if not (model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)):
         return f"it does not divide the {model.num_heads} attention heads ({kv} KV heads)"
+    inter = model.moe_intermediate_size
+    if model.num_experts and inter and inter % tp:
+        return f"each expert's {inter} does not split {tp} ways (vLLM's FusedMoEConfig asserts it)"
     return _grid_split(model, tp, refine) if tp > 1 else None
 
 
