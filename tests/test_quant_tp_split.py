@@ -1,10 +1,12 @@
-"""FP8 block-quantized checkpoints under tensor parallelism: vLLM refuses a rank whose share of an MLP
-is not whole blocks (``validate_fp8_block_shape``: a row-parallel down-projection's input in
-``block_k``), and of the routed experts (``validate_fp8_block_shape_moe``) unless the release refines
-an ``fp8`` checkpoint's MoE blocks to a finer grid (``refine_fp8_moe_block_shape``: the gcd of the
-blocks, the share and the hidden size, at least 32; read in 0.29-0.33, absent in 0.25, 0.27 and
-0.28; compressed-tensors MoE never refines). The plan refuses what vLLM refuses, names the block,
-and offers a degree vLLM takes."""
+"""Quantized checkpoints under tensor parallelism, as vLLM checks them: a rank's share of an MLP must
+be whole FP8 blocks (``validate_fp8_block_shape``: a row-parallel down-projection's input in
+``block_k``) or whole integer weight groups (AWQ's "input size is not aligned",
+``verify_group_size_divides_partition``); routed experts too (``validate_fp8_block_shape_moe``), unless
+the release refines an ``fp8`` checkpoint's MoE blocks to a finer grid (``refine_fp8_moe_block_shape``:
+the gcd of the blocks, the share and the hidden size, at least 32; read in 0.29-0.33, absent in 0.25,
+0.27 and 0.28; compressed-tensors never refines), or AWQ/GPTQ falls back to the MoE WNA16 kernels'
+halved groups. The plan refuses what vLLM refuses, names the block or group, and offers a degree vLLM
+takes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+import hwprofile
 from hwprofile.model import parse_config
 from hwprofile.plan.tpsplit import tp_refusal
 
@@ -33,24 +37,10 @@ CT_BLOCK = {
 
 
 def _moe(quant: dict[str, Any], **over: Any) -> dict[str, Any]:
-    """A Qwen3-30B-A3B-shaped MoE (768-wide experts, hidden 2048) with ``quant``."""
-    cfg = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "moe_intermediate_size": 768,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "vocab_size": 151936,
-        "torch_dtype": "bfloat16",
-        "quantization_config": quant,
-    }
-    return cfg | over
+    """The catalog's Qwen3-30B-A3B (768-wide experts, hidden 2048) with ``quant``."""
+    doc = yaml.safe_load((Path(hwprofile.__file__).parent / "data" / "models.yaml").read_text())
+    cfg = next(m["config"] for m in doc["models"] if m["name"] == "Qwen/Qwen3-30B-A3B")
+    return {**cfg, "quantization_config": quant} | over
 
 
 def test_a_share_of_whole_blocks_or_a_refined_grid() -> None:
