@@ -18,8 +18,8 @@ def tp_refusal(model: ModelFacts, tp: int, refine: bool = True) -> str | None:
     """Why vLLM refuses ``model`` at tensor parallel ``tp``, or None: ``tp`` must divide the attention
     heads, and divide or be a multiple of the KV heads; at most the KV heads of every attention kind
     where each rank keeps a short-conv state of its own heads (Inkling's ``InklingConvState`` asserts
-    it); whole FP8 blocks or weight groups on every rank (:func:`_grid_split`; ``refine``: the release refines an FP8
-    MoE's blocks where they do not split)."""
+    it); divide a MoE's expert width; whole FP8 blocks or weight groups on every rank
+    (:func:`_grid_split`; ``refine``: the release refines an FP8 MoE's blocks where they do not split)."""
     kv = model.num_kv_heads
     st = model.stack
     if st is not None and st.sconv is not None and any(a.num_kv_heads < tp for a in st.attention.values()):
@@ -61,7 +61,7 @@ def _mlp_split(model: ModelFacts, width: int, tp: int) -> str | None:
     if width % tp == 0 and share % bk == 0 and share % rows == 0:
         return None
     unit = "blocks" if grid.fp8 else "groups"
-    check = "validate_fp8_block_shape" if grid.fp8 else "its input-size check"
+    check = "validate_fp8_block_shape" if grid.fp8 else "input-size check"
     return (
         f"its {grid.what} do not split: an MLP {width} wide is {width / tp:g} a rank, not whole {unit} "
         f"(vLLM's {check} refuses it)"
