@@ -89,13 +89,21 @@ def ratios(points: list[dict[str, Any]], lib: Path, work: Path) -> list[float]:
 
 
 def fit(
-    family: str, points: list[dict[str, Any]], lib: Path, work: Path, memory_only: bool = False
+    family: str,
+    points: list[dict[str, Any]],
+    lib: Path,
+    work: Path,
+    memory_only: bool = False,
+    compute_only: bool = False,
 ) -> dict[str, Any]:
     from hwprofile.plan import gpufacts
 
     base = gpufacts.efficiency_table()
     best: tuple[float, float, float, list[float]] | None = None
-    for mem in MEMORY:
+    # --compute-only: the memory share the chip has without a row of its own (its family's, else the
+    # default), for points whose figures cannot tell it (bursts: prefill-bound)
+    held = gpufacts.efficiency(family.split(" GeForce")[0].split(" (")[0])["memory"]
+    for mem in (held,) if compute_only else MEMORY:
         for comp in (base["default"]["compute"],) if memory_only else COMPUTE:
             doc = {
                 **base,
@@ -151,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="fit the memory share only; the compute share stays the default (AIConfigurator's measured kernels)",
     )
+    ap.add_argument(
+        "--compute-only",
+        action="store_true",
+        help="fit the compute share only; the memory share stays the family's (points that cannot tell it)",
+    )
     args = ap.parse_args(argv)
     from fakehost import compile_fake_nvml
 
@@ -170,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             pts, left_out = identifiable(pts, lib, work)
             if not pts:
                 continue
-            f = fit(fam, pts, lib, work, args.memory_only)
+            f = fit(fam, pts, lib, work, args.memory_only, args.compute_only)
             if left_out:
                 f["left_out"] = left_out
             gpus = sorted({p["hardware"]["gpu"] for p in pts})
