@@ -336,6 +336,65 @@ def summary(figs: list[dict[str, Any]]) -> None:
         )
 
 
+SET_NAMES = {
+    "serving": ("serving", "validation_serving.yaml"),
+    "serving_held_out": ("serving held-out", "validation_serving_heldout.yaml"),
+    "main": ("qwen38", "validation_qwen38.yaml"),
+    "held_out": ("qwen38 held-out", "validation_qwen38_heldout.yaml"),
+}
+
+
+def _cell(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}" if abs(x) < 1e4 else f"{x:.0f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """docs/validation-serving.md's tables from the rows: per set, figure and regime how many within the
+    issue's bar and the median ratio (analytic "before", simulated "after"); then every figure."""
+    out = [
+        "| set | figure | regime | n | before: within | before: median | after: within | after: median |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key, (name, _) in SET_NAMES.items():
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in results.get(key, []):
+            for f in r["figures"]:
+                if "ratio" in f:
+                    groups.setdefault((f["kind"], f["regime"]), []).append(f)
+        for (kind, reg), fs in sorted(groups.items()):
+            bar = BAR[kind]
+            pr = [f["ratio"] for f in fs]
+            sr = [f["sim_ratio"] for f in fs if "sim_ratio" in f]
+            out.append(
+                f"| {name} | {kind} | {reg} | {len(fs)} | {sum(abs(x - 1) <= bar for x in pr)} | "
+                f"×{_median(pr):.2f} | {sum(abs(x - 1) <= bar for x in sr)} | ×{_median(sr):.2f} |"
+            )
+    for key, (name, path) in SET_NAMES.items():
+        if key not in results:
+            continue
+        out += [
+            "",
+            f"### {name} ({path})",
+            "",
+            "| point | figure | measured | before (analytic) | ratio | after (simulated) | ratio |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in results[key]:
+            for f in r["figures"]:
+                if "ratio" not in f:
+                    continue
+                sim = (
+                    f"| {_cell(f['simulated'])} | ×{f['sim_ratio']:.2f} |"
+                    if "sim_ratio" in f
+                    else "| - | - |"
+                )
+                out.append(
+                    f"| {r['id']} | {f['figure'].split(' (input')[0]} | {_cell(f['measured'])} | {_cell(f['predicted'])} | "
+                    f"×{f['ratio']:.2f} {sim}"
+                )
+    return "\n".join(out) + "\n"
+
+
 def write_bands(figs: list[dict[str, Any]]) -> None:
     """hwprofile/data/prediction_bands.yaml: per regime and simulated figure, the 10th-90th percentile of
     simulated/measured on the main validation sets (never the held-out ones)."""
@@ -389,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--write-bands", action="store_true", help="write hwprofile/data/prediction_bands.yaml")
     ap.add_argument("--sets", default="all", help="qwen38, serving or all (default)")
+    ap.add_argument("--markdown", metavar="FILE", help="also write docs/validation-serving.md's tables")
     args = ap.parse_args(argv)
     if not args.no_aiconfigurator and not args.only:
         aiconfigurator_table()
@@ -434,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(results))
     return 0
 
 
