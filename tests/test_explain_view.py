@@ -85,7 +85,11 @@ def test_the_4x_a800_folds_its_two_identical_instances(env: dict[str, str]) -> N
     assert text.count("engine.max_model_len = 8192  (every instance)") == 1
     assert text.count("decode step: weights + KV over bandwidth") == 1
     assert "each instance: TTFT" in text
-    assert text.count("max_num_seqs 96 > 55") == 1 and "(every instance)" in text
+    # the KV-capacity warning once, for both instances (its numbers follow the predictions)
+    assert (
+        len(re.findall(r"max_num_seqs \d+ > \d+ \(the KV cache holds", text)) == 1
+        and "(every instance)" in text
+    )
     assert "k by batch: 5 at 1-8 running sequences, 3 at 9-64, 1 at 65 and more" in text
     # twelve batchings that all predict the same are one line, said to change nothing
     grid = [ln for ln in text.splitlines() if re.match(r"\s+(=>)?\d+/\d+", ln)]

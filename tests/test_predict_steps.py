@@ -302,9 +302,12 @@ def test_routed_experts_run_at_their_kernels_share_of_the_dense_one(name: str, k
     assert (b - a) - (c - d) == pytest.approx(
         2 * m.expert_active_params * (1 / ratio - 1) * 4096 / peak * 1e3
     )
-    # Ampere: only the A100's bf16 fused-MoE table is measured; gpt-oss's MXFP4 experts stay dense-share
+    # Ampere: the A100's bf16 fused-MoE table is measured; gpt-oss's MXFP4 experts run Marlin below SM90,
+    # the L40S's measured Marlin share transferred (and said); a format without a row stays dense-share
     a100, _ = candidates.gpu_of(Gpu(0, "NVIDIA A100-SXM4-80GB", memory_total_bytes=80 * 2**30))
-    assert a100 is not None and a100.moe_ratio("mxfp4") == 1.0 and a100.moe_ratio("") == 1.0
+    l40s, _ = candidates.gpu_of(Gpu(0, "NVIDIA L40S", memory_total_bytes=48 * 2**30))
+    assert a100 is not None and l40s is not None and a100.moe_ratio("") == 1.0
+    assert a100.moe_ratio("mxfp4") == l40s.moe_ratio("mxfp4") < 1.0 and "transferred" in a100.moe_source
     assert a100.moe_ratio("bfloat16") < 0.5
     # an architecture without any measured MoE table runs its experts at the dense share, and says so
     t4, _ = candidates.gpu_of(Gpu(0, "Tesla T4", memory_total_bytes=16 * 2**30))

@@ -76,11 +76,12 @@ def test_the_ga102_geforce_fit_applies_to_geforce_ga102_parts_only(
     monkeypatch: pytest.MonkeyPatch, applied: bool
 ) -> None:
     """The RTX 3090 fit (FP32 accumulate at half the tensor rate) answers for the GeForce GA102 parts;
-    the workstation and datacenter GA102 parts (full-rate FP32 accumulate) and GA100 keep the family's."""
+    the workstation and datacenter GA102 parts (full-rate FP32 accumulate) keep the family's, the GA100
+    parts (A100, A800, A30) their chip's own fit."""
     key = "Ampere (GA102) GeForce"
     table = gpufacts.efficiency_table()
     rows = table["architectures"]
-    assert key in rows and "Ampere (GA100)" not in rows and "Ampere (GA102)" not in rows
+    assert key in rows and "Ampere (GA100)" in rows and "Ampere (GA102)" not in rows
     planted = {**table, "architectures": {**rows, key: {**rows[key], "applied": applied}}}
     monkeypatch.setattr(gpufacts, "efficiency_table", lambda: planted)
     named = {str(r["name"]): r for r in _rows()}
@@ -89,8 +90,10 @@ def test_the_ga102_geforce_fit_applies_to_geforce_ga102_parts_only(
         got = gpufacts.efficiency(str(row["architecture"]), gpufacts.segment(row))["key"]
         if row["architecture"] == "Ampere (GA102)" and name.startswith("GeForce") and applied:
             assert got == key, name  # 3080, 3080 Ti, 3090, 3090 Ti
+        elif row["architecture"] == "Ampere (GA100)":
+            assert got == "Ampere (GA100)", name
         else:
-            assert got == "Ampere", name  # A10, A40, RTX A5000/A6000, A100/A800, GA104/GA106 parts
+            assert got == "Ampere", name  # A10, A40, RTX A5000/A6000, GA104/GA106 parts
     eff = gpufacts.efficiency("Ampere (GA102)", gpufacts.segment(named["GeForce RTX 3090"]))
     want = rows[key] if applied else rows["Ampere"]
     assert (eff["memory"], eff["compute"]) == (want["memory"], want["compute"])
