@@ -270,21 +270,24 @@ def _rule_kept_why(
     why: str,
 ) -> str:
     """Why the configured rule's TP (``label``) stays, and what the prediction (``why``) would choose."""
-    set_by = (
-        "layout.tensor_parallel_size"
-        if ctx.settings.layout.tensor_parallel_size != "auto"
-        else f"layout.strategy={strategy}"
+    configured = ctx.settings.layout.tensor_parallel_size
+    head = (
+        f"{label}, the shipped layout.tensor_parallel_size={configured} having given way (tensor_parallel_size)"
+        if configured not in ("auto", rule_tp)
+        else f"{label} as layout.tensor_parallel_size says"
+        if configured != "auto"
+        else f"{label} as layout.strategy={strategy} says"
     )
     if len(grp) < 2:
         return f"one GPU: {label}"
     if best_tp is not None and best_tp != rule_tp and pinned:
         whose = "the planner's own layout" if fixed else "an operator's layout never gives way"
-        return f"{label} as {set_by} says ({pinned}: {whose}); the prediction would choose: {why}"
+        return f"{head} ({pinned}: {whose}); the prediction would choose: {why}"
     if best_tp is not None and best_tp != rule_tp and than:
-        return f"{label} as {set_by} says; {than}, so the shipped value stays; the prediction would choose: {why}"
+        return f"{head}; {than}, so the shipped value stays; the prediction would choose: {why}"
     if best_tp is not None and best_tp != rule_tp:
-        return f"{label} as {set_by} says; the prediction would choose: {why}"
-    return f"{label} as {set_by} says; the prediction agrees: {why}"
+        return f"{head}; the prediction would choose: {why}"
+    return f"{head}; the prediction agrees: {why}"
 
 
 def _prediction_wins(ctx: PlanContext, tp: int, why: str) -> None:

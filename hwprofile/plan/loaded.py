@@ -108,9 +108,7 @@ def expert_tile(model: ModelFacts, cc: str | None, r: Reasons, vllm_version: str
     r.add(
         "model.expert_padding",
         f"{tile[0]} x {tile[1]}",
-        f"routed MXFP4 experts on {name}"
-        + (f" (compute capability {cc})" if cc != "cpu" else "")
-        + ": vLLM rounds each rank's intermediate "
+        f"routed MXFP4 experts on {name} (compute capability {cc}): vLLM rounds each rank's intermediate "
         f"size up to a multiple of {tile[0]}"
         + (f" and the hidden size to one of {tile[1]}" if tile[1] > 1 else "")
         + " (vLLM's mxfp4_round_up_hidden_size_and_intermediate_size): "
