@@ -444,3 +444,35 @@ def test_sliding_window_layers_read_their_window_and_each_kind_splits_over_its_o
         - pm.step_ms(gpu, mixed, 8, NONE, 1, 0.0)["memory_ms"]
     )
     assert d8 / 1e3 * bw == pytest.approx(8 * 2560 / 4 * ctx + 40 * 5120 / 8 * 128)
+
+
+def test_mxfp4_tile_padding_is_read_with_the_experts_it_pads() -> None:
+    """vLLM's MXFP4 MoE kernels pad each rank's expert shapes to their tile (Marlin on the A100: 128 x 256);
+    a decode step reads the padded rows of the experts its tokens touch, and the batch-1 ceiling too.
+    Where the tile divides the shapes (gpt-oss on Hopper at TP 1: 2,880 = 45 x 64) nothing is added."""
+    from hwprofile.plan import loaded
+    from hwprofile.plan.estimate import estimate
+    from hwprofile.plan.memory import active_weights_bytes, expert_padding
+    from hwprofile.plan.reasons import Reasons
+
+    base = resolve_model("openai/gpt-oss-20b", "model")
+    ampere = loaded.expert_tile(base, "8.0", Reasons({}), "0.32.0")
+    hopper = loaded.expert_tile(base, "9.0", Reasons({}), "0.32.0")
+    pad = expert_padding(ampere, 1)
+    assert pad > 0 and expert_padding(hopper, 1) == 0
+    a, h = candidates.model_shape(ampere, 2), candidates.model_shape(hopper, 2)
+    assert dict(a.expert_padding)[1] == pad and 1 not in dict(h.expert_padding)
+    gpu = _h100()
+    for tokens in (1, 16):
+        touched = 1 - (1 - base.experts_per_token / base.num_experts) ** tokens
+        grew = (
+            pm.step_ms(gpu, a, 1, NONE, tokens, 0.0)["memory_ms"]
+            - pm.step_ms(gpu, h, 1, NONE, tokens, 0.0)["memory_ms"]
+        )
+        assert grew == pytest.approx(pad * touched / (gpu.bandwidth_gbs * 1e9 * gpu.mem_efficiency) * 1e3)
+    from hwprofile.config.settings import Settings
+
+    a100 = Gpu(0, "NVIDIA A100-SXM4-80GB", memory_total_bytes=80 * 2**30)
+    est = estimate(a100, ampere, None, 1, None, Settings())
+    share = base.experts_per_token / base.num_experts
+    assert est.bytes_read_per_token_per_gpu == int(active_weights_bytes(ampere) + pad * share)

@@ -25,6 +25,7 @@ from .engine import fit_args, kv_cache_dtype
 from .memory import (
     active_weights_bytes,
     attention_bytes_by_kind,
+    expert_padding,
     fit,
     is_hybrid,
     kv_bytes_per_token,
@@ -105,7 +106,17 @@ def model_shape(
         moe_kernel=moe_kernel(model),
         kv_kinds=kv_kinds(model, kv_dtype_bytes),
         attention_kernel=attention_kernel,
+        expert_padding=padding_by_tp(model),
     )
+
+
+def padding_by_tp(model: ModelFacts) -> tuple[tuple[int, int], ...]:
+    """(TP, bytes one rank's MXFP4 experts grow by) at every degree up to 64 that splits the experts
+    (vLLM asserts it does), where there is padding."""
+    if not model.mxfp4_expert_bytes or model.moe_intermediate_size <= 0:
+        return ()
+    degrees = (t for t in range(1, 65) if model.moe_intermediate_size % t == 0)
+    return tuple((t, b) for t in degrees if (b := expert_padding(model, t)))
 
 
 def kv_kinds(model: ModelFacts, kv_dtype_bytes: int) -> tuple[tuple[int, int, int, int, int], ...]:

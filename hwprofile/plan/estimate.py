@@ -9,7 +9,7 @@ from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts
 from . import gpufacts
-from .memory import active_weights_bytes
+from .memory import active_weights_bytes, expert_padding
 from .types import Estimate, SpeculativeConfig
 
 
@@ -29,6 +29,8 @@ def estimate(
         out["note"] = "no bandwidth figure for this GPU in the datasheet table"
         return Estimate(**out)
     bytes_per_gpu = active_weights_bytes(model) / tp  # MoE: only the routed experts are read
+    if model.num_experts:  # and of their MXFP4 tile padding (plan/memory.py), the experts a token takes
+        bytes_per_gpu += expert_padding(model, tp) * model.experts_per_token / model.num_experts
     base = bw * 1e9 / bytes_per_gpu
     out["bytes_read_per_token_per_gpu"] = int(bytes_per_gpu)
     out["decode_tok_s_ceiling_batch1"] = round(base, 1)

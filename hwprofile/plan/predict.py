@@ -160,6 +160,9 @@ class ModelShape:
     # sequence's KV streams at the card's bandwidth) or "triton" (vLLM's Triton unified attention: a
     # fixed grid per sequence and KV head, :func:`_triton_wait_ms`)
     attention_kernel: str = "split"
+    # (TP, bytes one rank's routed experts grow by there): vLLM's MXFP4 MoE kernels pad each rank's expert
+    # shapes to their tile (plan/memory.py expert_padding); the padded rows are read as the experts are
+    expert_padding: tuple[tuple[int, int], ...] = ()
 
 
 @record
@@ -376,8 +379,18 @@ def _weights_read(m: ModelShape, tokens: int) -> float:
     if not m.num_experts or m.active_bytes >= m.weights_bytes:
         return float(m.weights_bytes)
     routed = m.weights_bytes - m.active_bytes  # the experts not read at batch 1 (approximation)
-    share = 1 - (1 - m.experts_per_token / m.num_experts) ** max(1, tokens)
-    return m.active_bytes + routed * share
+    return m.active_bytes + routed * _experts_touched(m, tokens)
+
+
+def _experts_touched(m: ModelShape, tokens: int) -> float:
+    """The share of a layer's routed experts one step's ``tokens`` touch (each routed to its top k)."""
+    return 1 - (1 - m.experts_per_token / m.num_experts) ** max(1, tokens)
+
+
+def _padding_read(m: ModelShape, tp: int, tokens: int) -> float:
+    """The MXFP4 tile padding one rank reads in a step: the padded rows of the experts it touches."""
+    pad = next((b for t, b in m.expert_padding if t == tp), 0)
+    return pad * _experts_touched(m, tokens) if pad and m.num_experts else 0.0
 
 
 def _attention_reads(
@@ -520,7 +533,7 @@ def _step_ms(
     (the chunk's tokens attend ``prefill_context`` on average, causally). Its FLOPs still grow with
     tokens x context (the compute term)."""
     tokens = decode + prefill
-    weights = max(0.0, _weights_read(m, tokens) - 2 * m.embedding_params) / tp
+    weights = max(0.0, _weights_read(m, tokens) - 2 * m.embedding_params) / tp + _padding_read(m, tp, tokens)
     prefill_kv = prefill_context + prefill / 2 if prefill and prefill_context else 0.0
     seqs = -(-decode // max(1, queries))
     kv, attn_flops = _attention_reads(m, tp, decode, seqs, context, prefill, prefill_context, prefill_kv)
