@@ -852,3 +852,23 @@ def test_mxfp4_padding_by_release_and_across_pipeline_stages_and_nodes() -> None
         }
     }
     assert parse_config({**_kimi_k3(), "quantization_config": q}, "k3", "test", None).mxfp4_expert_bytes > 0
+
+
+def test_the_mtp_layers_mxfp4_experts_are_padded_where_mtp_loads_them() -> None:
+    """DeepSeek V4's MTP block is a decoder layer under the same quantization: its MXFP4 experts are
+    padded to the kernel's tile like the decoder's, once MTP speculation loads them, and not otherwise
+    (the target skips the mtp. weights)."""
+    from hwprofile.config.settings import Settings
+    from hwprofile.plan.loaded import as_loaded
+    from hwprofile.plan.memory import expert_padding
+    from hwprofile.plan.reasons import Reasons
+
+    cfg = {**_dsv4_flash(), "moe_intermediate_size": 2304}  # 288 a rank at TP8: Humming pads to 320
+    m = parse_config(cfg, "v4", "test", None)
+    assert 0 < m.mtp_mxfp4_expert_bytes < m.mtp_bytes and m.mxfp4_expert_bytes > 0
+    off = as_loaded(m, Settings(), None, "0.32.0", Reasons({}), "9.0")
+    on = as_loaded(m, Settings(), "mtp", "0.32.0", Reasons({}), "9.0")
+    assert off.mxfp4_expert_bytes == m.mxfp4_expert_bytes
+    assert on.mxfp4_expert_bytes == m.mxfp4_expert_bytes + m.mtp_mxfp4_expert_bytes
+    grown = expert_padding(on, 8) - expert_padding(off, 8)
+    assert grown == m.mtp_mxfp4_expert_bytes * (320 - 288) // (288 * 8)

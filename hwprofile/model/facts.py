@@ -68,6 +68,9 @@ class ModelFacts(NamedTuple):
     # set by the plan for the GPU it plans on (hwprofile.plan.loaded.expert_tile): (1, 1) = unpadded
     mxfp4_expert_bytes: int = 0
     expert_tile: tuple[int, int] = (1, 1)
+    # of mtp_bytes: the MTP layers' own such experts (DeepSeek V4's MTP block is a decoder layer, same
+    # quantization), padded alike where MTP speculation loads them (hwprofile.plan.loaded.as_loaded)
+    mtp_mxfp4_expert_bytes: int = 0
     # a quantized checkpoint's FP8 blocks or weight groups and the MLP widths tensor parallelism splits
     # under them (hwprofile.model.tensor.QuantGrid): a TP degree that splits a block or group vLLM refuses
     quant_grid: "QuantGrid | None" = None

@@ -164,6 +164,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
         mtp_bytes=loaded.by_part["mtp"],
         replicated_bytes=loaded.replicated,
         mxfp4_expert_bytes=loaded.mxfp4_experts,
+        mtp_mxfp4_expert_bytes=loaded.mtp_mxfp4_experts,
         quant_grid=loaded.grid,
         stack=stack,
     )

@@ -158,6 +158,7 @@ def variant_facts(model: ModelFacts, variant: str, bits: int) -> ModelFacts:
         weights_bytes=model.weights_bytes_at_bits(bits),
         quant_grid=None,
         mxfp4_expert_bytes=0,
+        mtp_mxfp4_expert_bytes=0,
         expert_tile=(1, 1),
     )
 

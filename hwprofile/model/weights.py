@@ -1152,6 +1152,7 @@ class WeightBytes(NamedTuple):
     replicated: int = 0  # of total: the tensors every tensor-parallel rank holds whole
     mxfp4_experts: int = 0  # of total: the routed experts vLLM's Mxfp4MoEMethod pads (Quant.mxfp4_moe)
     grid: QuantGrid | None = None  # the MLPs' FP8 blocks or weight groups, where the checkpoint has them
+    mtp_mxfp4_experts: int = 0  # of by_part["mtp"]: the MTP layers' own such experts
 
     def loaded(self, *, language_only: bool = False, mtp: bool = True) -> int:
         """Bytes vLLM loads: without the vision tower under ``--language-model-only``, without
@@ -1168,7 +1169,8 @@ def weights_bytes(
     q = read_quant(cfg)
     choose = q.chooser()
     by = dict.fromkeys(PARTS, 0.0)
-    replicated = padded = 0.0
+    replicated = 0.0
+    padded = dict.fromkeys(("decoder", "mtp"), 0.0)  # the MXFP4 experts vLLM pads, by part
     gridded: list[tuple[Tensor, Scheme]] = []
     for t in tensors(cfg, kinds):
         if language_only and t.part == "vision":
@@ -1179,12 +1181,23 @@ def weights_bytes(
         replicated += nbytes if t.replicated and t.part != "mtp" else 0.0
         # routed experts (copies of one shape) of the language model stored in 4 bits
         expert = q.mxfp4_moe and t.count > 1 and t.linear and scheme.bits == 4
-        padded += nbytes if expert and t.part == "decoder" else 0.0
+        if expert and t.part in padded:
+            padded[t.part] += nbytes
         if _on_grid(t, scheme) and not str(q.method).startswith("bitsandbytes"):  # bnb: no TP split
             gridded.append((t, scheme))
     parts = {k: int(v) for k, v in by.items()}
     total = sum(parts.values())
-    return WeightBytes(total, parts, q.method, q.bits, q.notes, int(replicated), int(padded), _grid(gridded))
+    return WeightBytes(
+        total,
+        parts,
+        q.method,
+        q.bits,
+        q.notes,
+        int(replicated),
+        int(padded["decoder"]),
+        _grid(gridded),
+        int(padded["mtp"]),
+    )
 
 
 _DOWN = (".down_proj", ".w2")  # an MLP's row-parallel down-projection, as checkpoints name it

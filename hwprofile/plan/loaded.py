@@ -145,6 +145,8 @@ def as_loaded(
     drafter's own embedding and LM head where the release keeps them; and its MXFP4 experts' tile on
     a GPU of compute capability ``cc`` (:func:`expert_tile`). Unchanged (and no reason) for a model
     with none of these."""
+    if spec_method == "mtp" and model.mtp_mxfp4_expert_bytes:  # the MTP layers' experts padded alike
+        model = model._replace(mxfp4_expert_bytes=model.mxfp4_expert_bytes + model.mtp_mxfp4_expert_bytes)
     model = expert_tile(model, cc, r, vllm_version)
     if not model.vision_bytes and not model.mtp_bytes:
         return model
