@@ -121,9 +121,7 @@ def parse_config(cfg: dict[str, Any], name: str, source: str, path: str | None) 
     window = _window(cfg, k)
     _check_read_elsewhere(k)
     archs = _string_list(k, "architectures")
-    sliding = _sliding_layers(cfg, layers)
-    if sliding > layers:
-        raise ValueError(f"{k.name('layer_types')}: {sliding} sliding layers, but only {layers} layers")
+    sliding = _sliding_layers(cfg, layers, k)
     qmethod, qbits = _declared_quant(k)
     _check_expert_keys(k)
     arch = read_arch(cfg, hidden, inter, layers, heads, kv, head_dim, vocab, tie)
@@ -315,7 +313,15 @@ def _count_weights(
     return stack, counted, loaded
 
 
-def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
+def _sliding_layers(cfg: dict[str, Any], layers: int, k: _Keys) -> int:
+    """The sliding-window layers, at most ``layers`` (more is a ValueError naming the key)."""
+    n = _sliding_count(cfg, layers)
+    if n > layers:
+        raise ValueError(f"{k.name('layer_types')}: {n} sliding layers, but only {layers} layers")
+    return n
+
+
+def _sliding_count(cfg: dict[str, Any], layers: int) -> int:
     pattern = cfg.get("hybrid_layer_pattern")  # MiMo-V2: 1 a sliding-window layer
     if type(pattern) is list and pattern:
         return sum(1 for p in pattern if p == 1)
