@@ -365,9 +365,12 @@ def markdown(results: dict[str, Any]) -> str:
             bar = BAR[kind]
             pr = [f["ratio"] for f in fs]
             sr = [f["sim_ratio"] for f in fs if "sim_ratio" in f]
+            after = (
+                f"{sum(abs(x - 1) <= bar for x in sr)} of {len(sr)} | ×{_median(sr):.2f}" if sr else "- | -"
+            )
             out.append(
                 f"| {name} | {kind} | {reg} | {len(fs)} | {sum(abs(x - 1) <= bar for x in pr)} | "
-                f"×{_median(pr):.2f} | {sum(abs(x - 1) <= bar for x in sr)} | ×{_median(sr):.2f} |"
+                f"×{_median(pr):.2f} | {after} |"
             )
     for key, (name, path) in SET_NAMES.items():
         if key not in results:

@@ -154,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--by-chip", action="store_true", help="fit each chip (Ampere (GA100)) rather than each family"
     )
-    ap.add_argument(
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument(
         "--memory-only",
         action="store_true",
         help="fit the memory share only; the compute share stays the default (AIConfigurator's measured kernels)",
     )
-    ap.add_argument(
+    only.add_argument(
         "--compute-only",
         action="store_true",
         help="fit the compute share only; the memory share stays the family's (points that cannot tell it)",

@@ -872,3 +872,6 @@ def test_the_mtp_layers_mxfp4_experts_are_padded_where_mtp_loads_them() -> None:
     assert on.mxfp4_expert_bytes == m.mxfp4_expert_bytes + m.mtp_mxfp4_expert_bytes
     grown = expert_padding(on, 8) - expert_padding(off, 8)
     assert grown == m.mtp_mxfp4_expert_bytes * (320 - 288) // (288 * 8)
+    # folded once: the loaded facts planned again add nothing
+    again = as_loaded(on, Settings(), "mtp", "0.32.0", Reasons({}), "9.0")
+    assert again.mxfp4_expert_bytes == on.mxfp4_expert_bytes and again.mtp_mxfp4_expert_bytes == 0

@@ -460,6 +460,8 @@ def test_mxfp4_tile_padding_is_read_with_the_experts_it_pads() -> None:
     hopper = loaded.expert_tile(base, "9.0", Reasons({}), "0.32.0")
     pad = expert_padding(ampere, 1)
     assert pad > 0 and expert_padding(hopper, 1) == 0
+    # Marlin's tile on sm80: 2,880 x 2,880 experts become 2,944 x 3,072 (+9.0 %)
+    assert pad / ampere.mxfp4_expert_bytes == pytest.approx(2944 * 3072 / 2880**2 - 1, rel=1e-6)
     a, h = candidates.model_shape(ampere, 2), candidates.model_shape(hopper, 2)
     assert dict(a.expert_padding)[1] == pad and 1 not in dict(h.expert_padding)
     gpu = _h100()

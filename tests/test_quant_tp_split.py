@@ -149,7 +149,7 @@ def test_int4_weight_groups_split_whole_or_vllm_refuses(host_of, empty_root, tmp
     # the layout's own line does not claim the setting chose TP 1
     objective = next(x.reason for x in plan.reasons if x.key.startswith("layout.objective"))
     assert "as layout.tensor_parallel_size says" not in objective
-    assert "tensor_parallel_size=2 having given way" in objective, objective
+    assert "tensor_parallel_size=2 gave way" in objective, objective
 
 
 def test_awq_and_gptq_experts_fall_back_to_smaller_groups() -> None:

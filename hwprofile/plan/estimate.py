@@ -29,8 +29,11 @@ def estimate(
         out["note"] = "no bandwidth figure for this GPU in the datasheet table"
         return Estimate(**out)
     bytes_per_gpu = active_weights_bytes(model) / tp  # MoE: only the routed experts are read
-    if model.num_experts:  # and of their MXFP4 tile padding (plan/memory.py), the experts a token takes
-        bytes_per_gpu += expert_padding(model, tp) * model.experts_per_token / model.num_experts
+    if model.num_experts:  # and their MXFP4 tile padding (plan/memory.py): a token's experts', or all
+        routed = active_weights_bytes(model) < model.weights_bytes  # the active experts known
+        bytes_per_gpu += expert_padding(model, tp) * (
+            model.experts_per_token / model.num_experts if routed else 1
+        )
     base = bw * 1e9 / bytes_per_gpu
     out["bytes_read_per_token_per_gpu"] = int(bytes_per_gpu)
     out["decode_tok_s_ceiling_batch1"] = round(base, 1)
@@ -45,6 +48,7 @@ def estimate(
         out["decode_tok_s_ceiling_batch1_speculative"] = round(expected * bw * 1e9 / step_bytes, 1)
     out["basis"] = (
         "memory bandwidth / weight bytes read per token (batch 1, short context, no compute or communication cost; "
-        "a mixture of experts reads its active parameters only: shared weights + the experts each token is routed to)"
+        "a mixture of experts reads its active parameters only: shared weights + the experts each token is routed to, "
+        "with their MXFP4 tile padding)"
     )
     return Estimate(**out)

@@ -272,7 +272,7 @@ def _rule_kept_why(
     """Why the configured rule's TP (``label``) stays, and what the prediction (``why``) would choose."""
     configured = ctx.settings.layout.tensor_parallel_size
     head = (
-        f"{label}, the shipped layout.tensor_parallel_size={configured} having given way (tensor_parallel_size)"
+        f"{label}: the shipped layout.tensor_parallel_size={configured} gave way (see tensor_parallel_size)"
         if configured not in ("auto", rule_tp)
         else f"{label} as layout.tensor_parallel_size says"
         if configured != "auto"

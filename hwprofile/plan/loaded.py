@@ -146,7 +146,10 @@ def as_loaded(
     a GPU of compute capability ``cc`` (:func:`expert_tile`). Unchanged (and no reason) for a model
     with none of these."""
     if spec_method == "mtp" and model.mtp_mxfp4_expert_bytes:  # the MTP layers' experts padded alike
-        model = model._replace(mxfp4_expert_bytes=model.mxfp4_expert_bytes + model.mtp_mxfp4_expert_bytes)
+        both = (
+            model.mxfp4_expert_bytes + model.mtp_mxfp4_expert_bytes
+        )  # folded once: a second call adds nothing
+        model = model._replace(mxfp4_expert_bytes=both, mtp_mxfp4_expert_bytes=0)
     model = expert_tile(model, cc, r, vllm_version)
     if not model.vision_bytes and not model.mtp_bytes:
         return model

@@ -390,7 +390,10 @@ def _experts_touched(m: ModelShape, tokens: int) -> float:
 def _padding_read(m: ModelShape, tp: int, tokens: int) -> float:
     """The MXFP4 tile padding one rank reads in a step: the padded rows of the experts it touches."""
     pad = next((b for t, b in m.expert_padding if t == tp), 0)
-    return pad * _experts_touched(m, tokens) if pad and m.num_experts else 0.0
+    if not pad or not m.num_experts:
+        return 0.0
+    # the active experts unknown, every expert is read (as _weights_read reads them), its padding too
+    return pad * _experts_touched(m, tokens) if m.active_bytes < m.weights_bytes else float(pad)
 
 
 def _attention_reads(
