@@ -347,3 +347,19 @@ def test_spread_lengths_end_a_closed_loop_out_of_step() -> None:
     )
     assert spread.requests[-1].rid == 39 and len(spread.requests) == 40
     assert spread.ttft_ms("mean") < fixed.ttft_ms("mean")
+
+
+def test_the_plans_simulation_sends_what_hwprofile_bench_sends(host_of, empty_root) -> None:
+    """The simulated figures are those `hwprofile bench` would measure at the workload: the closed loop
+    sends bench.num_prompts (at least the concurrency) to the layout, each instance its share."""
+    from hwprofile.pipeline import make_plan
+
+    def sent(sets: list[str]) -> list[str]:
+        plan = make_plan(host_of("a800-pcie-4x-2numa"), empty_root, environ={}, sets=sets).to_json()
+        return [i["prediction"]["simulated"]["ttft_ms"]["source"] for i in plan["instances"]]
+
+    # two instances, 16 clients: 8 each; 40 prompts: 20 each; 4 prompts: at least the clients, 8 each
+    assert all(
+        "over 20 requests" in s and "closed loop of 8 clients" in s for s in sent(["bench.num_prompts=40"])
+    )
+    assert all("over 8 requests" in s for s in sent(["bench.num_prompts=4"]))

@@ -720,6 +720,18 @@ def _calibrated_at(
     return pm.calibrated(p, at, calibration, wl, same_config=(btp == cand.tp))
 
 
+def _instance_shape(inst: InstancePlan, model: ModelFacts, gpu0: Gpu, tp: int) -> tuple[int, pm.ModelShape]:
+    """The KV dtype's bytes and the model's shape as this instance runs it (its state dtype, the attention
+    backend vLLM picks on ``gpu0``)."""
+    kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, tp, 1)))
+    ssm = inst.engine.mamba_ssm_cache_dtype if isinstance(inst.engine.mamba_ssm_cache_dtype, str) else "auto"
+    asked = inst.engine.attention_backend if isinstance(inst.engine.attention_backend, str) else "auto"
+    att = attention.of_instance(
+        asked, gpu0.compute_capability, inst.engine.kv_cache_dtype, model, dtype=inst.engine.dtype
+    )
+    return kv_bytes, model_shape(model, kv_bytes, ssm, att.kernel)
+
+
 def instance_prediction(
     host: HostSnapshot,
     inst: InstancePlan,
@@ -743,13 +755,7 @@ def instance_prediction(
     if pgpu is None:
         return None
     tp, ranks = inst.tensor_parallel_size, inst.ranks
-    kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, tp, 1)))
-    ssm = inst.engine.mamba_ssm_cache_dtype if isinstance(inst.engine.mamba_ssm_cache_dtype, str) else "auto"
-    asked = inst.engine.attention_backend if isinstance(inst.engine.attention_backend, str) else "auto"
-    att = attention.of_instance(
-        asked, gpu0.compute_capability, inst.engine.kv_cache_dtype, model, dtype=inst.engine.dtype
-    )
-    shape = model_shape(model, kv_bytes, ssm, att.kernel)
+    kv_bytes, shape = _instance_shape(inst, model, gpu0, tp)
     wl = workload(settings)
     spec = _instance_speculation(inst, model, draft, settings, kv_bytes)
     total = instances  # every rank of every instance shares the workload
@@ -767,6 +773,9 @@ def instance_prediction(
     if calibration is not None and calibration.points:
         p = _calibrated_at(host, p, pgpu, shape, cand, wl, spec, calibration, (rule_tp, row, interconnect))
     per = p.output_tokens_per_s / total * ranks
+    # `hwprofile bench` sends bench.num_prompts (at least the concurrency) to the whole layout: this
+    # instance's share, so that the simulated figures are those its bench measures
+    bench_share = -(-max(settings.bench.num_prompts, wl.concurrency) // max(1, total))
     return InstancePrediction(
         workload=wl.to_json(),
         concurrency=p.per_instance_concurrency * ranks,
@@ -775,7 +784,9 @@ def instance_prediction(
         output_tokens_per_s=round(per, 1),
         source=p.source,
         terms=tuple({k: v for k, v in t.items()} for t in p.terms),
-        simulated=simulated_figures(pgpu, shape, cand, wl, p.per_instance_concurrency, host=host, spec=spec),
+        simulated=simulated_figures(
+            pgpu, shape, cand, wl, p.per_instance_concurrency, host=host, spec=spec, requests=bench_share
+        ),
     )
 
 
@@ -792,6 +803,7 @@ def step_cpu_of(host: HostSnapshot) -> pm.StepCpu:
 
 
 SIMULATED_CLIENTS_MAX = 128  # the simulation's events grow with clients x requests: keep `plan` fast
+SIMULATED_REQUESTS_MAX = 1024  # and the requests a closed loop sends, as many as `hwprofile bench` up to this
 
 
 def simulated_figures(
@@ -803,13 +815,16 @@ def simulated_figures(
     arrivals: Arrivals | None = None,
     host: HostSnapshot | None = None,
     spec: pm.Speculation | None = None,
+    requests: int | None = None,
 ) -> dict[str, Any] | None:
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
-    serve --max-concurrency``, or ``arrivals``: a :class:`simulate.Arrivals`, as benchmarks/bench_predict.py
-    gives each measured point's) through plan/simulate.py with :func:`predict.step_cost`; None where the
-    engine cannot take one request (the plan refuses or says so elsewhere). With ``host``, the CPU outside
-    the GPU's step (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM;
-    ``spec``: the instance's speculation, each decode step at its cost per token (predict.step_cost)."""
+    serve --max-concurrency``, sending ``requests`` in all: what `hwprofile bench` sends this instance at
+    that point; None: twice the clients, at least 8, at most 64 more; or ``arrivals``: a
+    :class:`simulate.Arrivals`, as benchmarks/bench_predict.py gives each measured point's) through
+    plan/simulate.py with :func:`predict.step_cost`; None where the engine cannot take one request (the
+    plan refuses or says so elsewhere). With ``host``, the CPU outside the GPU's step
+    (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM; ``spec``: the
+    instance's speculation, each decode step at its cost per token (predict.step_cost)."""
     from . import simulate as sim
     from .servercost import server_costs
 
@@ -832,7 +847,8 @@ def simulated_figures(
             "not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
             "within its time budget (benchmarks/bench_plan.py); plan/simulate.py runs it offline"
         }
-    arr = sim.Arrivals("concurrency", min(c + 64, max(8, 2 * c)), wl.input_len, wl.output_len, concurrency=c)
+    n = min(SIMULATED_REQUESTS_MAX, max(c, requests)) if requests else min(c + 64, max(8, 2 * c))
+    arr = sim.Arrivals("concurrency", n, wl.input_len, wl.output_len, concurrency=c)
     try:
         res = sim.simulate(step, eng, arr)
     except ValueError:
