@@ -88,6 +88,29 @@ def test_quick_exit_keeps_exit_codes_and_errors(tmp_path: Path) -> None:
         assert r.returncode == 1 and "cannot write the output" in r.stderr, (r.returncode, r.stderr)
 
 
+@pytest.mark.parametrize("command", ["plan", "detect", "daemon", "launch", "watch", "--version"])
+def test_one_shot_commands_collect_garbage_rarely(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    """The console script raises the collector's first threshold for the commands that print and
+    exit, keeps the default for those that keep running, and freezes what is left at the end."""
+    import gc
+
+    import hwprofile.cli as cli
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(sys, "argv", ["hwprofile", command])
+    monkeypatch.setattr(cli, "main", lambda: seen.setdefault("threshold", gc.get_threshold()) and 0)
+    frozen: list[bool] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    before = gc.get_threshold()
+    try:
+        assert cli.run() == 0
+    finally:
+        gc.set_threshold(*before)
+    expected = cli.ONE_SHOT_GC_THRESHOLD if command in {"plan", "detect"} else before[0]
+    assert seen["threshold"] == (expected, *before[1:]) and frozen == [True]
+    assert command not in cli.ONE_SHOT or command in {"plan", "detect"}
+
+
 @pytest.mark.parametrize("command", ["detect", "profiles", "plan", "render", "launch"])
 def test_a_snapshot_on_standard_input_is_read_once(tmp_path: Path, fake_nvml_dir: Path, command: str) -> None:
     """``--from -`` (documented: a snapshot on stdin) failed for plan, render and launch ("-:1:1:
