@@ -349,6 +349,24 @@ def test_spread_lengths_end_a_closed_loop_out_of_step() -> None:
     assert spread.ttft_ms("mean") < fixed.ttft_ms("mean")
 
 
+def test_a_closed_loop_in_waves_says_so_with_its_ttft_spread() -> None:
+    """Eight clients of one length whose prompts take two steps of the budget: each wave's second half
+    waits for the first's prefill, and the figures say why their TTFT is above a lone prompt's. Spread
+    lengths, or more clients than sequences (queueing by design), carry no such note."""
+    cost, arr = flat(1e-4), sim.Arrivals("concurrency", 32, 512, 50, concurrency=8)
+    waves = sim.simulate(cost, engine(), arr)
+    (note,) = [n for n in waves.notes if "waves" in n]
+    first = min(t.ttft_s for t in waves.requests)
+    assert first == pytest.approx(0.010 + 0.0512)  # a wave's first: one step with its own prompt
+    assert waves.ttft_ms() >= 2 * first * 1e3 and f"TTFT {first * 1e3:.0f} ms for a wave's first" in note
+    spread = sim.simulate(
+        cost, engine(), sim.Arrivals("concurrency", 32, 512, 50, concurrency=8, lengths="sharegpt")
+    )
+    assert not [n for n in spread.notes if "waves" in n]
+    capped = sim.simulate(cost, engine(max_num_seqs=4), arr)
+    assert not [n for n in capped.notes if "waves" in n]
+
+
 def test_the_plans_simulation_sends_what_hwprofile_bench_sends(host_of, empty_root) -> None:
     """The simulated figures are those `hwprofile bench` would measure at the workload: the closed loop
     sends bench.num_prompts (at least the concurrency) to the layout, each instance its share."""

@@ -672,6 +672,9 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
     duration = max(1e-9, end - start)
     out = sum(r.output_len for r in done)
     api = s.clients.api.busy_s
+    waves = _waves_note(s)
+    if waves:
+        notes.append(waves)
     if api >= 0.9 * duration:
         notes.append(
             f"the API server's CPU was busy {api / duration:.0%} of the run: it, not the engine "
@@ -688,6 +691,25 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
         tuple(notes),
         s.busy_s,
         api,
+    )
+
+
+def _waves_note(s: _Scheduler) -> str | None:
+    """A closed loop of requests of one length, no more clients than sequences: requests started
+    together end together, so the clients send their next ones together again (``vllm bench serve
+    --max-concurrency`` does the same), and each wave's prompts wait for each other's prefill. Said
+    where the median request's TTFT is at least twice the shortest (a wave's first); None otherwise."""
+    a = s.clients.arrivals
+    if a.kind != "concurrency" or a.lengths != "fixed" or (a.concurrency or 1) > s.engine.max_num_seqs:
+        return None
+    ttft = sorted((r.first_token or r.sent) - r.sent for r in s.done)
+    if len(ttft) < 4 or ttft[len(ttft) // 2] < 2 * ttft[0]:
+        return None
+    return (
+        f"the {a.concurrency} clients sent in waves (requests of one length started together end "
+        f"together): each wave's prompts wait for each other's prefill, TTFT {ttft[0] * 1e3:.0f} ms for a "
+        f"wave's first, {ttft[len(ttft) // 2] * 1e3:.0f} ms the median, {ttft[(9 * len(ttft)) // 10] * 1e3:.0f}"
+        " ms the 90th percentile; the same load arriving staggered waits about as long as a wave's first"
     )
 
 
