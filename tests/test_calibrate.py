@@ -117,6 +117,11 @@ def test_a_cpu_plan_predicts_nothing_until_calibrated_then_calibrated(tmp_path: 
     ).to_json()
     q = at1["instances"][0]["prediction"]
     assert q["tpot_ms"] == pytest.approx(20.0, rel=0.02) and q["ttft_ms"] == pytest.approx(60.0, rel=0.02)
+    # the simulation of that bench does not add the GPU hosts' fitted latency per request (30 ms) to a
+    # TTFT that measured this host's own: one request at a time, it gives the measurement back too
+    sim_ttft = q["simulated"]["ttft_ms"]
+    assert "inside this host's calibration" in sim_ttft["source"] and "+ 30 ms" not in sim_ttft["source"]
+    assert sim_ttft["value"] == pytest.approx(60.0, rel=0.25)
 
 
 def test_bench_calibrate_stores_only_a_usable_measurement(tmp_path: Path) -> None:

@@ -88,27 +88,34 @@ def test_quick_exit_keeps_exit_codes_and_errors(tmp_path: Path) -> None:
         assert r.returncode == 1 and "cannot write the output" in r.stderr, (r.returncode, r.stderr)
 
 
-@pytest.mark.parametrize("command", ["plan", "detect", "daemon", "launch", "watch", "--version"])
+def test_every_command_is_one_shot_or_long_running() -> None:
+    import hwprofile.cli as cli
+
+    assert not cli.ONE_SHOT & cli.LONG_RUNNING
+    assert {c[0] for c in _commands()} == cli.ONE_SHOT | cli.LONG_RUNNING
+
+
+@pytest.mark.parametrize("command", ["plan", "detect", "status", "daemon", "launch", "watch", "--version"])
 def test_one_shot_commands_collect_garbage_rarely(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     """The console script raises the collector's first threshold for the commands that print and
-    exit, keeps the default for those that keep running, and freezes what is left at the end."""
+    exit, keeps the default for those that keep running, and freezes what is left once the output
+    is flushed."""
     import gc
 
     import hwprofile.cli as cli
 
-    seen: dict[str, object] = {}
+    events: list[object] = []
     monkeypatch.setattr(sys, "argv", ["hwprofile", command])
-    monkeypatch.setattr(cli, "main", lambda: seen.setdefault("threshold", gc.get_threshold()) and 0)
-    frozen: list[bool] = []
-    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(cli, "main", lambda: events.append(gc.get_threshold()) or 0)
+    monkeypatch.setattr(sys.stdout, "flush", lambda: events.append("flush"))
+    monkeypatch.setattr(gc, "freeze", lambda: events.append("freeze"))
     before = gc.get_threshold()
     try:
         assert cli.run() == 0
     finally:
         gc.set_threshold(*before)
-    expected = cli.ONE_SHOT_GC_THRESHOLD if command in {"plan", "detect"} else before[0]
-    assert seen["threshold"] == (expected, *before[1:]) and frozen == [True]
-    assert command not in cli.ONE_SHOT or command in {"plan", "detect"}
+    first = cli.ONE_SHOT_GC_THRESHOLD if command in {"plan", "detect", "status"} else before[0]
+    assert events == [(first, *before[1:]), "flush", "freeze"]
 
 
 @pytest.mark.parametrize("command", ["detect", "profiles", "plan", "render", "launch"])

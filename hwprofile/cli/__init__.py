@@ -65,7 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 # the exit, so the cyclic collector's passes only walk live objects again and again (~10 % of `plan`'s
 # CPU at start-up, benchmarks/bench_plan.py): for these its first generation is collected rarely.
 # The commands that keep running (launch, daemon, watch, bench, verify) keep the default thresholds.
-ONE_SHOT = frozenset({"detect", "profiles", "plan", "render", "status", "stop", "doctor", "reload"})
+ONE_SHOT = frozenset(
+    {"detect", "profiles", "plan", "render", "status", "stop", "doctor", "reload", "install-service"}
+)
+LONG_RUNNING = frozenset({"launch", "daemon", "watch", "bench", "verify"})
 ONE_SHOT_GC_THRESHOLD = 50_000
 
 
@@ -75,7 +78,9 @@ def run() -> int:
     a full disk is (exit 1). Either way stdout then points at /dev/null, so the interpreter's own
     flush at exit finds nothing left to fail on. Then every object left is frozen: the process
     ends, so the collector's pass over all of them at the interpreter's exit is skipped (their
-    memory is the kernel's to take back; files were closed by their owners)."""
+    memory is the kernel's to take back). The rule that makes this safe: a file is closed by the code that
+    opened it (``with``), never left to the collector: a buffered file reachable only from a cycle
+    would not be flushed."""
     import gc
     import os
 

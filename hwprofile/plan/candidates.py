@@ -816,6 +816,7 @@ def simulated_figures(
     host: HostSnapshot | None = None,
     spec: pm.Speculation | None = None,
     requests: int | None = None,
+    measured_latency: bool = False,
 ) -> dict[str, Any] | None:
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
     serve --max-concurrency``, sending ``requests`` in all: what `hwprofile bench` sends this instance at
@@ -824,7 +825,9 @@ def simulated_figures(
     plan/simulate.py with :func:`predict.step_cost`; None where the engine cannot take one request (the
     plan refuses or says so elsewhere). With ``host``, the CPU outside the GPU's step
     (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM; ``spec``: the
-    instance's speculation, each decode step at its cost per token (predict.step_cost)."""
+    instance's speculation, each decode step at its cost per token (predict.step_cost).
+    ``measured_latency``: ``gpu`` was fitted to this host's bench (:func:`.predict.calibrated_device`),
+    whose TTFT holds the latency a request has outside the engine's steps: not added again."""
     from . import simulate as sim
     from .servercost import server_costs
 
@@ -833,6 +836,8 @@ def simulated_figures(
     eng = sim.engine_for(
         cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
     )
+    if measured_latency:
+        eng = dataclasses.replace(eng, request_overhead_s=0.0)
     said = f"{spec.method} k={spec.k}, acceptance {spec.acceptance}" if spec is not None else "no speculation"
     src = f"plan/predict.py step_cost ({gpu.source}; {said})"
     step = pm.step_cost(gpu, shape, cand, spec)
@@ -841,7 +846,7 @@ def simulated_figures(
             res = sim.simulate(step, eng, arrivals)
         except ValueError:
             return None
-        return sim.figures(res, arrivals, src, costs)
+        return sim.figures(res, arrivals, src, costs, eng.request_overhead_s)
     if c > SIMULATED_CLIENTS_MAX:
         return {
             "not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
@@ -853,7 +858,7 @@ def simulated_figures(
         res = sim.simulate(step, eng, arr)
     except ValueError:
         return None
-    return sim.figures(res, arr, src, costs)
+    return sim.figures(res, arr, src, costs, eng.request_overhead_s)
 
 
 def cpu_prediction(
@@ -898,6 +903,7 @@ def cpu_prediction(
         return None
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
+    bench_share = -(-max(settings.bench.num_prompts, wl.concurrency) // max(1, instances))
     return InstancePrediction(
         workload=wl.to_json(),
         concurrency=p.per_instance_concurrency,
@@ -906,5 +912,7 @@ def cpu_prediction(
         output_tokens_per_s=round(p.output_tokens_per_s / instances, 1),
         source=f"calibrated: {calibration.path}",
         terms=tuple(dict(t) for t in p.terms),
-        simulated=simulated_figures(dev, shape, cand, wl, p.per_instance_concurrency),
+        simulated=simulated_figures(
+            dev, shape, cand, wl, p.per_instance_concurrency, requests=bench_share, measured_latency=True
+        ),
     )

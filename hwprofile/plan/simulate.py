@@ -672,7 +672,7 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
     duration = max(1e-9, end - start)
     out = sum(r.output_len for r in done)
     api = s.clients.api.busy_s
-    waves = _waves_note(s)
+    waves = _waves_note(s, api >= 0.9 * duration)
     if waves:
         notes.append(waves)
     if api >= 0.9 * duration:
@@ -694,22 +694,27 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
     )
 
 
-def _waves_note(s: _Scheduler) -> str | None:
-    """A closed loop of requests of one length, no more clients than sequences: requests started
-    together end together, so the clients send their next ones together again (``vllm bench serve
-    --max-concurrency`` does the same), and each wave's prompts wait for each other's prefill. Said
-    where the median request's TTFT is at least twice the shortest (a wave's first); None otherwise."""
+def _waves_note(s: _Scheduler, api_bound: bool) -> str | None:
+    """A closed loop of requests of one length, every client's request running at once: requests
+    started together end together, so the clients send their next ones together again (``vllm bench
+    serve --max-concurrency`` does the same), and each wave's prompts wait for each other's prefill.
+    Said where the median request's TTFT is at least twice the shortest; None otherwise, and where
+    something else makes requests wait (the KV cache, preemptions, no chunked prefill, the API server)."""
     a = s.clients.arrivals
-    if a.kind != "concurrency" or a.lengths != "fixed" or (a.concurrency or 1) > s.engine.max_num_seqs:
+    clients = min(a.concurrency or 1, a.num_requests)
+    if a.kind != "concurrency" or a.lengths != "fixed" or api_bound or s.preemptions:
         return None
-    ttft = sorted((r.first_token or r.sent) - r.sent for r in s.done)
-    if len(ttft) < 4 or ttft[len(ttft) // 2] < 2 * ttft[0]:
+    if not s.engine.chunked_prefill or s.peak < clients or clients < 2:
         return None
+    ttft = sorted(r.first_token - r.sent for r in s.done if r.first_token is not None)
+    if len(ttft) < 4 or median(ttft) < 2 * ttft[0]:
+        return None
+    p90 = ttft[math.ceil(0.9 * len(ttft)) - 1]
     return (
-        f"the {a.concurrency} clients sent in waves (requests of one length started together end "
-        f"together): each wave's prompts wait for each other's prefill, TTFT {ttft[0] * 1e3:.0f} ms for a "
-        f"wave's first, {ttft[len(ttft) // 2] * 1e3:.0f} ms the median, {ttft[(9 * len(ttft)) // 10] * 1e3:.0f}"
-        " ms the 90th percentile; the same load arriving staggered waits about as long as a wave's first"
+        f"the {clients} clients sent in waves (requests of one length started together end together): "
+        f"each wave's prompts wait for each other's prefill, TTFT {ttft[0] * 1e3:.0f} ms the shortest (no "
+        f"prompt ahead of it), {median(ttft) * 1e3:.0f} ms the median, {p90 * 1e3:.0f} ms "
+        "the 90th percentile; the same load arriving staggered waits about as long as the shortest"
     )
 
 
@@ -783,28 +788,19 @@ def bands() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def figures(
-    result: SimResult, arrivals: Arrivals, cost_source: str, costs: ServerCosts | None = None
+    result: SimResult,
+    arrivals: Arrivals,
+    cost_source: str,
+    costs: ServerCosts | None = None,
+    request_overhead_s: float = REQUEST_OVERHEAD_S,
 ) -> dict[str, Any]:
     """The simulated figures, each with where it comes from and its error band (the validation set's
-    10th-90th percentile ratio in this regime; None with the reason where the set has none)."""
+    10th-90th percentile ratio in this regime; None with the reason where the set has none).
+    ``request_overhead_s``: the engine's fixed latency per request, as simulated (0: measured, inside
+    a calibration)."""
     reg = regime(arrivals, result)
     table = bands().get(reg, {})
-    how = {
-        "concurrency": f"a closed loop of {arrivals.concurrency} clients",
-        "burst": "all requests at once",
-        "poisson": f"Poisson arrivals at {arrivals.rate} requests/s",
-    }[arrivals.kind]
-    src = (
-        f"simulated: vLLM's scheduler over {arrivals.num_requests} requests of {arrivals.input_len} in / "
-        f"{arrivals.output_len} out"
-        + (
-            " (means; ShareGPT's spread: exponential within its filter)"
-            if arrivals.lengths == "sharegpt"
-            else ""
-        )
-        + f", {how}; per-step cost {cost_source}; "
-        + (f"CPU outside the GPU {costs.source}" if costs else "no CPU cost outside the GPU's step")
-    )
+    src = _source(arrivals, cost_source, costs)
 
     def fig(name: str, value: float, extra: str = "") -> dict[str, Any]:
         return _figure(table.get(name), name, value, src + extra, reg)
@@ -814,7 +810,9 @@ def figures(
         "ttft_ms": fig(
             "ttft_ms",
             result.ttft_ms(),
-            f"; + {REQUEST_OVERHEAD_S * 1e3:g} ms per request ({REQUEST_OVERHEAD_SOURCE})",
+            f"; + {request_overhead_s * 1e3:g} ms per request ({REQUEST_OVERHEAD_SOURCE})"
+            if request_overhead_s
+            else "; no latency per request added (inside this host's calibration: measured)",
         ),
         "ttft_ms_mean": round(result.ttft_ms("mean"), 2),
         "tpot_ms": fig("tpot_ms", result.tpot_ms()),
@@ -839,6 +837,26 @@ def figures(
         "events": result.events,
         "notes": list(result.notes),
     }
+
+
+def _source(arrivals: Arrivals, cost_source: str, costs: ServerCosts | None) -> str:
+    """What the simulated figures come from: the requests, how they arrive, the costs."""
+    how = {
+        "concurrency": f"a closed loop of {arrivals.concurrency} clients",
+        "burst": "all requests at once",
+        "poisson": f"Poisson arrivals at {arrivals.rate} requests/s",
+    }[arrivals.kind]
+    return (
+        f"simulated: vLLM's scheduler over {arrivals.num_requests} requests of {arrivals.input_len} in / "
+        f"{arrivals.output_len} out"
+        + (
+            " (means; ShareGPT's spread: exponential within its filter)"
+            if arrivals.lengths == "sharegpt"
+            else ""
+        )
+        + f", {how}; per-step cost {cost_source}; "
+        + (f"CPU outside the GPU {costs.source}" if costs else "no CPU cost outside the GPU's step")
+    )
 
 
 def _figure(b: dict[str, Any] | None, name: str, value: float, source: str, reg: str) -> dict[str, Any]:
