@@ -951,6 +951,26 @@ def test_the_accuracy_gate_judges_the_mape_per_figure() -> None:
     assert "gate: FAIL" in text and "next: run `hwprofile bench --calibrate`" in text and "(OUT)" in text
 
 
+def test_the_gate_judges_the_plans_simulation_of_the_bench() -> None:
+    """A bench's closed loop of one length runs in waves the closed-form figure (staggered arrivals)
+    does not model: the gate compares the plan's simulated figure where there is one, and keeps the
+    closed-form beside it; without a simulation, or at the calibration's own point, the closed-form."""
+    from hwprofile.bench.accuracy import accuracy
+
+    rows = [_row(4, [20.0], [400.0], [100.0])]
+    pred = _pred("datasheet", 18, 150, 95)
+    pred["simulated"]["ttft_ms"] = {**pred["simulated"]["ttft_ms"], "value": 410.0}
+    f = accuracy({4: pred}, rows, "-")["points"][0]["figures"][1]
+    assert (f["judged"], f["predicted"], f["closed_form"]) == ("simulated", 410.0, 150)
+    assert f["error"] == pytest.approx(410 / 400 - 1)
+    bare = {**pred, "simulated": None}
+    g = accuracy({4: bare}, rows, "-")["points"][0]["figures"][1]
+    assert (g["judged"], g["predicted"], g["closed_form"]) == ("closed-form", 150, 150)
+    given_back = {**pred, "source": "calibration /x.json (bench ?, concurrency 4)"}
+    h = accuracy({4: given_back}, rows, "-")["points"][0]["figures"][1]
+    assert (h["judged"], h["predicted"]) == ("closed-form", 150)
+
+
 def test_the_accuracy_gate_after_bench_unknown_then_calibrated_then_off(world) -> None:
     """A CPU plan predicts nothing before a calibration: the gate is unknown and says to calibrate;
     `bench --calibrate` stores the bench; the next bench's predictions are the plan's calibrated ones,

@@ -202,8 +202,9 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
                     "predicted": f["predicted"],
                     "error": f["error"],
                     "carried": benched[key][0] / med - 1,
-                    # the plan's simulation of the bench's closed loop (plan/simulate.py), beside it
-                    "simulated": (f.get("band") or {}).get("simulated"),
+                    "judged": f["judged"],
+                    # the plan's closed-form figure (the steady state of staggered arrivals), beside it
+                    "closed_form": f["closed_form"],
                     "server": _server(plan_doc, conc, key) if key in ("tpot_ms", "ttft_ms") else None,
                 }
             )
@@ -215,16 +216,18 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
         "re-measured at concurrency 1 in the held-back session: "
         + ", ".join(f"{k} {again[k][0]:.2f} ({drift[k]:+.1%})" for k, _ in FIGURES),
         "before calibration: no prediction (a CPU has no datasheet; the gate: unknown)",
+        "calibrated: the figure the gate judges (the plan's simulation of the bench's closed loop); "
+        "closed-form: the plan's steady-state figure; carried over: the benched point's measurement",
         f"{'conc':>4} {'batched':>7} | {'figure':<19} {'measured':>9} {'spread':>6} | {'calibrated':>10} {'error':>7}"
-        f" | {'carried over':>12} | {'server':>7} | {'simulated':>9} {'error':>7}",
+        f" | {'carried over':>12} | {'server':>7} | {'closed-form':>11} {'error':>7}",
     ]
     for r in rows:
         srv = f"{r['server']:.2f}" if r["server"] is not None else "-"
-        sim = r["simulated"]
-        sim_s = f"{sim:9.2f} {sim / r['measured'] - 1:+7.1%}" if sim else f"{'-':>9} {'':>7}"
+        cf = r["closed_form"]
+        cf_s = f"{cf:11.2f} {cf / r['measured'] - 1:+7.1%}" if cf else f"{'-':>11} {'':>7}"
         lines.append(
             f"{r['concurrency']:>4} {r['batched']:>7} | {r['figure']:<19} {r['measured']:9.2f} {r['spread']:6.0%} | "
-            f"{r['predicted']:10.2f} {r['error']:+7.1%} | {r['carried']:+12.1%} | {srv:>7} | {sim_s}"
+            f"{r['predicted']:10.2f} {r['error']:+7.1%} | {r['carried']:+12.1%} | {srv:>7} | {cf_s}"
         )
     mape = sum(abs(r["error"]) for r in rows) / len(rows)
     mape_carried = sum(abs(r["carried"]) for r in rows) / len(rows)

@@ -3,7 +3,8 @@ measured, per figure (output tokens/s, TTFT, TPOT) and concurrency, each predict
 provenance and error band; the mean absolute percentage error per figure and over all, and a verdict
 against a gate (MAPE <= 20 %, AIConfigurator's). Pure: the predictions come in (the plan's
 ``InstancePrediction`` as ``plan --json`` writes it, per concurrency), the document's summary rows
-beside them.
+beside them. Each figure is judged on the plan's simulation of that bench point where it has one
+(:func:`_judged`: the bench's closed loop runs in waves the closed-form figure does not model).
 
 The states: ``pass`` (every figure's MAPE within the gate), ``fail`` (one is not: the next step says
 what to do), ``noisy`` (the measurement's own spread over its rounds is wider than the gate: it cannot
@@ -66,16 +67,33 @@ def _band(pred: Mapping[str, Any], key: str) -> tuple[dict[str, Any] | None, str
     )
 
 
+def _judged(pred: Mapping[str, Any], key: str) -> tuple[float | None, str]:
+    """The figure the gate compares with the bench, and which it is: the plan's simulation of the
+    bench's own closed loop (its clients and requests, of one length, sent in the waves ``vllm bench
+    serve --max-concurrency`` sends them in: plan/simulate.py) where the plan simulated that point;
+    else the plan's closed-form figure (the steady state of staggered arrivals). The calibration's own
+    point given back (provenance ``measured``) is compared as it is."""
+    closed = pred.get(key)
+    sim = (pred.get("simulated") or {}).get(key)
+    if provenance(pred) != "measured" and isinstance(sim, Mapping):
+        value = sim.get("value")
+        if isinstance(value, int | float) and value > 0:
+            return float(value), "simulated"
+    return closed, "closed-form"
+
+
 def _figure(
     pred: Mapping[str, Any], key: str, metric: str, label: str, row: Mapping[str, Any]
 ) -> dict[str, Any]:
     m = (row.get("metrics") or {}).get(metric)
-    predicted = pred.get(key)
+    predicted, judged = _judged(pred, key)
     out: dict[str, Any] = {
         "figure": key,
         "label": label,
         "metric": metric,
         "predicted": predicted,
+        "judged": judged,
+        "closed_form": pred.get(key),
         "measured": m["median"] if m else None,
         "measured_spread": (m["relative_spread"] if m and len(m["values"]) > 1 else None),
         "provenance": provenance(pred),
@@ -214,9 +232,10 @@ def lines(acc: Mapping[str, Any], label: str) -> list[str]:
             meas = f"{f['measured']:.4g}" if f["measured"] is not None else "-"
             err = f"{f['error']:+.0%}" if f["error"] is not None else "-"
             spread = f" ±{f['measured_spread'] / 2:.0%}" if f["measured_spread"] else ""
+            kind = "sim" if f["judged"] == "simulated" else "closed"
             out.append(
                 f"  {p['concurrency']:>5} {f['label']:<13} {f['predicted']:>10.4g} {meas + spread:>10} {err:>7}  "
-                f"{f['provenance']}, {b}"
+                f"{f['provenance']} ({kind}), {b}"
             )
     m = acc["mape"]
     if m["overall"] is not None:

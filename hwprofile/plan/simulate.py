@@ -400,8 +400,6 @@ class _Clients:
 
     @classmethod
     def start(cls, arrivals: Arrivals, engine: Engine) -> _Clients:
-        import random  # only Poisson arrivals draw
-
         a = arrivals
         c = cls(
             a,
@@ -417,6 +415,8 @@ class _Clients:
                 c.sends.append((0.0, c.next_rid))
                 c.next_rid += 1
         else:
+            import random  # only Poisson arrivals draw (the plan's closed loops do not)
+
             rng = random.Random(f"{a.seed}:gaps")  # apart from the lengths' stream (request_lengths)
             t = 0.0
             for _ in range(a.num_requests):
