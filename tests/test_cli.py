@@ -98,8 +98,9 @@ def test_every_command_is_one_shot_or_long_running() -> None:
 @pytest.mark.parametrize("command", ["plan", "detect", "status", "daemon", "launch", "watch", "--version"])
 def test_one_shot_commands_collect_garbage_rarely(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     """The console script raises the collector's first threshold for the commands that print and
-    exit, keeps the default for those that keep running, and freezes what is left once the output
-    is flushed."""
+    exit and freezes what is left once their output is flushed; the commands that keep running keep
+    the default and freeze nothing (the demo loads torch, whose nanobind extensions report the
+    objects left at the exit as leaks)."""
     import gc
 
     import hwprofile.cli as cli
@@ -114,8 +115,10 @@ def test_one_shot_commands_collect_garbage_rarely(monkeypatch: pytest.MonkeyPatc
         assert cli.run() == 0
     finally:
         gc.set_threshold(*before)
-    first = cli.ONE_SHOT_GC_THRESHOLD if command in {"plan", "detect", "status"} else before[0]
-    assert events == [(first, *before[1:]), "flush", "freeze"]
+    if command in {"plan", "detect", "status"}:
+        assert events == [(cli.ONE_SHOT_GC_THRESHOLD, *before[1:]), "flush", "freeze"]
+    else:
+        assert events == [before, "flush"]
 
 
 @pytest.mark.parametrize("command", ["detect", "profiles", "plan", "render", "launch"])

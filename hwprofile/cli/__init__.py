@@ -76,15 +76,18 @@ def run() -> int:
     """The console script (``sys.exit(run())``): ``main``, then the output flushed here, where a
     failure can still be reported. A reader that left (``| head``) is not an error, as in ``main``;
     a full disk is (exit 1). Either way stdout then points at /dev/null, so the interpreter's own
-    flush at exit finds nothing left to fail on. Then every object left is frozen: the process
-    ends, so the collector's pass over all of them at the interpreter's exit is skipped (their
-    memory is the kernel's to take back). The rule that makes this safe: a file is closed by the code that
-    opened it (``with``), never left to the collector: a buffered file reachable only from a cycle
-    would not be flushed."""
+    flush at exit finds nothing left to fail on. Then, after a one-shot command, every object left
+    is frozen: the process ends, so the collector's pass over all of them at the interpreter's exit
+    is skipped (their memory is the kernel's to take back). The rule that makes this safe: a file is
+    closed by the code that opened it (``with``), never left to the collector (a buffered file
+    reachable only from a cycle would not be flushed). Not after the others: they may have loaded
+    torch (the demo's tiny model), whose nanobind extensions report the objects they find left at
+    the exit as leaks."""
     import gc
     import os
 
-    if sys.argv[1:2] and sys.argv[1] in ONE_SHOT:
+    one_shot = bool(sys.argv[1:2]) and sys.argv[1] in ONE_SHOT
+    if one_shot:
         gc.set_threshold(ONE_SHOT_GC_THRESHOLD, *gc.get_threshold()[1:])
     code = main()
     try:
@@ -94,5 +97,6 @@ def run() -> int:
             print(f"hwprofile: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
             code = code or EXIT_FAILED
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    gc.freeze()
+    if one_shot:
+        gc.freeze()
     return code
