@@ -279,6 +279,20 @@ def test_ready_verified_and_clean_stop(world, rt, fake_env) -> None:
     assert stop(rt / "run") == ["nothing to stop"]
 
 
+def test_ready_is_in_the_state_file_when_wait_ready_returns(world, rt, fake_env) -> None:
+    """The instance's thread saves after its change is visible to ``wait_ready``: with that save held
+    back (never made here), the state file must still say ready once ``wait_ready`` returned."""
+    sup = make_supervisor(world, rt)
+    inst = sup.instances[0]
+    inst.on_change = lambda: None  # the instance's own saves never happen
+    sup.start()
+    try:
+        assert sup.wait_ready(20), inst.snapshot()
+        assert status(rt / "run")["instances"][0]["state"] == "ready"
+    finally:
+        finish(sup)
+
+
 def test_fake_metrics_parse_as_prometheus_text(world, rt, fake_env) -> None:
     parser = pytest.importorskip("prometheus_client.parser")
     sup = make_supervisor(world, rt, "speculative.method=ngram", "speculative.num_speculative_tokens=3")

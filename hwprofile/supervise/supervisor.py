@@ -231,11 +231,14 @@ class Supervisor:
             self.front.join(None if end is None else max(0.0, end - time.monotonic()))
 
     def wait_ready(self, timeout: float) -> bool:
-        """True when every instance is ready; False as soon as one failed or time ran out."""
+        """True when every instance is ready; False as soon as one failed or time ran out. True only once
+        the state file says so too (an instance's thread saves after its change is visible here: a
+        ``status`` read right after this returns would otherwise still see "starting")."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             states = {i.state for i in self.instances}
             if states == {State.READY} and (self.front is None or self.front.state == "ready"):
+                self.save()
                 return True
             if states & TERMINAL:
                 return False
