@@ -59,6 +59,12 @@ def workload(settings: Settings) -> pm.Workload:
     return pm.Workload(lay.workload_input_len, lay.workload_output_len, lay.workload_concurrency)
 
 
+def _bench_share(settings: Settings, wl: pm.Workload, instances: int) -> int:
+    """The requests one instance gets of what `hwprofile bench` sends: bench.num_prompts (at least the
+    concurrency) to the whole layout, split evenly; the simulated figures are those its bench measures."""
+    return -(-max(settings.bench.num_prompts, wl.concurrency) // max(1, instances))
+
+
 # the chunked gated delta rule's chunk (vLLM 0.32 mamba/ops/gdn_chunk_cutedsl: chunk_size = 64; FLA's)
 GDN_CHUNK = 64
 
@@ -773,9 +779,7 @@ def instance_prediction(
     if calibration is not None and calibration.points:
         p = _calibrated_at(host, p, pgpu, shape, cand, wl, spec, calibration, (rule_tp, row, interconnect))
     per = p.output_tokens_per_s / total * ranks
-    # `hwprofile bench` sends bench.num_prompts (at least the concurrency) to the whole layout: this
-    # instance's share, so that the simulated figures are those its bench measures
-    bench_share = -(-max(settings.bench.num_prompts, wl.concurrency) // max(1, total))
+    bench_share = _bench_share(settings, wl, total)
     return InstancePrediction(
         workload=wl.to_json(),
         concurrency=p.per_instance_concurrency * ranks,
@@ -903,7 +907,7 @@ def cpu_prediction(
         return None
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
-    bench_share = -(-max(settings.bench.num_prompts, wl.concurrency) // max(1, instances))
+    bench_share = _bench_share(settings, wl, instances)
     return InstancePrediction(
         workload=wl.to_json(),
         concurrency=p.per_instance_concurrency,

@@ -672,10 +672,11 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
     duration = max(1e-9, end - start)
     out = sum(r.output_len for r in done)
     api = s.clients.api.busy_s
-    waves = _waves_note(s, api >= 0.9 * duration)
+    api_bound = api >= 0.9 * duration
+    waves = _waves_note(s, api_bound)
     if waves:
         notes.append(waves)
-    if api >= 0.9 * duration:
+    if api_bound:
         notes.append(
             f"the API server's CPU was busy {api / duration:.0%} of the run: it, not the engine "
             f"({s.busy_s / duration:.0%} busy), bounds the throughput (plan/servercost.py)"
