@@ -97,6 +97,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(f"real-{files.index(item.path.name) % 2}"))
 
 
+_LOST_GROUP = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup`` xdist schedules by the group written into each test's id: where that
+    write did not take (pytest 9.2 with pytest-xdist 3.8), every slow test would run on any worker, four
+    real vLLM servers at once on two cores. Each such test then fails at once, naming the cause."""
+    if not session.config.getoption("loadgroup", False):  # set in xdist's workers only
+        return
+    lost = [i for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        for item in lost:
+            item.stash[_LOST_GROUP] = (
+                f"pytest-xdist's loadgroup did not take ({len(lost)} tests): pytest {pytest.__version__} "
+                "and this pytest-xdist do not work together; install what pyproject.toml's test extra "
+                "pins (.venv/bin/pip install -e '.[test,cpu]')"
+            )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _LOST_GROUP in item.stash:
+        pytest.fail(item.stash[_LOST_GROUP], pytrace=False)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """The tiny model the real-vLLM tests serve (:func:`hwprofile.launch.tinymodel.make_tiny_model`), made
