@@ -87,14 +87,33 @@ def empty_root(tmp_path: Path) -> Path:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked slow (real vLLM, a real systemd manager) go to two xdist groups, a test file
-    to each in turn: at most two of them run at once (a real vLLM CPU server needs a core; two
-    fit two cores), each group one test after another. The fast tests spread over the other workers
+    """The tests marked slow (real vLLM, a real systemd manager) go to two xdist groups, a whole test
+    file to one: at most two of them run at once (a real vLLM CPU server needs a core; two fit two
+    cores), each group one test after another. The files are dealt out longest first, each to the group
+    with less to do so far, by the ``minutes`` their ``slow`` marker declares (what CI took, under its
+    load), so that both groups end near the same time. The fast tests spread over the other workers
     (``-n 4 --dist loadgroup`` in pyproject.toml)."""
-    files = sorted({item.path.name for item in items if item.get_closest_marker("slow")})
+    groups = _slow_groups(items)
     for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group(f"real-{files.index(item.path.name) % 2}"))
+        if item.path.name in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[item.path.name]))
+
+
+def _slow_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Each file with slow tests, and the group it runs in (``real-0`` or ``real-1``)."""
+    minutes: dict[str, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            declared = float(mark.kwargs.get("minutes", 1.0))
+            minutes[item.path.name] = max(minutes.get(item.path.name, 0.0), declared)
+    load = [0.0, 0.0]
+    groups = {}
+    for name in sorted(minutes, key=lambda n: (-minutes[n], n)):
+        g = 0 if load[0] <= load[1] else 1
+        load[g] += minutes[name]
+        groups[name] = f"real-{g}"
+    return groups
 
 
 _LOST_GROUP = pytest.StashKey[str]()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from vllmtools import free_port, require_vllm
 
-pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=1.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 def _processes_mentioning(text: str) -> list[int]:

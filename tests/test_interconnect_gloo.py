@@ -18,7 +18,7 @@ from hwprofile.interconnect.check import run_group
 from hwprofile.pipeline import load_interconnect
 from hwprofile.plan.interconnect import decide
 
-pytestmark = pytest.mark.slow  # real torch processes: seconds each, the hang its deadline
+pytestmark = pytest.mark.slow(minutes=1.5)  # real torch processes: seconds each, the hang its deadline
 
 SIZES = (4096, 1 << 20)
 GENEROUS_S = 300.0

@@ -160,7 +160,7 @@ def test_gpus_this_process_cannot_reach_are_not_checked(host_of, empty_root: Pat
     assert any(f"{dev}/nvidia3 not here" in m and "start unproven" in m for m in said)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=0.5)
 def test_the_real_harness_planted_wrong_with_p2p_degrades_the_start(
     host_of, empty_root: Path, dev: str
 ) -> None:

@@ -44,7 +44,7 @@ def _installed() -> Software:
     return Software(vllm_version=v, moe_configs_dir=d, moe_configs=names)
 
 
-@pytest.mark.slow  # imports the real vLLM (~40 s here)
+@pytest.mark.slow(minutes=0.5)  # imports the real vLLM (~40 s here)
 def test_vllms_own_names_and_device_normalisation(monkeypatch) -> None:
     """vLLM's get_config_file_name itself, its platform answering the NVML names of real cards."""
     vllm_ff = pytest.importorskip("vllm.model_executor.layers.fused_moe.fused_moe")

@@ -294,7 +294,7 @@ def prometheus_config(tmp: Path, hosts: list[Host]) -> Path:
     return path
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=0.5)
 def test_a_real_prometheus_scrapes_two_hosts_answers_the_dashboard_and_alerts(
     tmp_path, fake_nvml_dir
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fakehost import build
 from vllmtools import require_vllm
 
-pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=1.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 def test_check_accepts_what_hwprofile_renders_and_rejects_planted_values(

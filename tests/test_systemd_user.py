@@ -24,7 +24,7 @@ from test_daemon_fast import FAKE, daemon_env, starts_of  # noqa: F401 (fixture)
 from waiting import wait_for
 
 SYSTEMD = "/lib/systemd/systemd"
-pytestmark = pytest.mark.slow  # a real systemd manager: what only the real thing can show
+pytestmark = pytest.mark.slow(minutes=0.5)  # a real systemd manager: what only the real thing can show
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
 
 from hwprofile.plan.memory import vllm_reported_kv_tokens
 
-pytestmark = pytest.mark.slow  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=1.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 

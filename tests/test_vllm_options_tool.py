@@ -22,7 +22,7 @@ def tool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1)
 def test_the_shipped_entry_is_the_installed_parsers_and_is_rebuilt_byte_for_byte(tmp_path: Path) -> None:
     require_vllm()
     r = tool("--check")
