@@ -133,6 +133,10 @@ processes each, CPU time: 138.0 -> 119.8 ms (the interpreter alone 20.3 ms: 117.
 This script on the after tree: 90.7/100.6/109.8/134.8 ms above the interpreter at 8/16/32/64 GPUs
 (planning work 16.5/22.0/29.7/50.7 ms), ``plan --json`` detecting the 4x A800 host 106.3 ms, ``detect
 --json`` 51.5 ms. The +100 ms goal at 8 GPUs is met, narrowly when the model is named.
+
+2026-12-06, again on a quiet machine (session 14, main at b1f9c06; 15 and 11 runs): the 4x A800 plan
+95.0 ms above the interpreter; at 8/16/32/64 GPUs 86.7/95.3/104.4/129.4 ms, planning work
+14.9/19.7/26.7/45.0 ms (x3.0 at 64 GPUs). Both goals are met (100 ms at 8 GPUs, 300 ms at 64).
 """
 
 from __future__ import annotations
