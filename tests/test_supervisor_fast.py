@@ -252,7 +252,7 @@ def test_state_machine_allows_only_listed_moves() -> None:
 def test_ready_verified_and_clean_stop(world, rt, fake_env) -> None:
     sup = make_supervisor(world, rt)
     sup.start()
-    assert sup.wait_ready(20), sup.instances[0].snapshot()
+    assert sup.wait_ready(20), sup.instances[0].record()
     inst = sup.instances[0]
     st = status(rt / "run")
     assert st["running"] and not st.get("stale")
@@ -287,7 +287,7 @@ def test_ready_is_in_the_state_file_when_wait_ready_returns(world, rt, fake_env)
     inst.on_change = lambda: None  # the instance's own saves never happen
     sup.start()
     try:
-        assert sup.wait_ready(20), inst.snapshot()
+        assert sup.wait_ready(20), inst.record()
         assert status(rt / "run")["instances"][0]["state"] == "ready"
     finally:
         finish(sup)
@@ -1356,7 +1356,7 @@ def test_state_files_never_go_into_a_runtime_directory_that_replaced_ours(world,
     d = _daemon_over(sup, run)
     sup.start()
     try:
-        assert sup.wait_ready(20), sup.instances[0].snapshot()
+        assert sup.wait_ready(20), sup.instances[0].record()
         inst = sup.instances[0]
         d.tick()
         assert readiness(d.published) == (True, "ready")
@@ -1387,7 +1387,7 @@ def test_a_runtime_directory_the_daemon_made_again_gets_the_state_file_again(wor
     d = _daemon_over(sup, run)
     sup.start()
     try:
-        assert sup.wait_ready(20), sup.instances[0].snapshot()
+        assert sup.wait_ready(20), sup.instances[0].record()
         shutil.rmtree(run)
         sup.save()  # an instance's state change meanwhile: nothing to write into
         assert not run.exists() and sup.runtime_trouble and "is gone" in sup.runtime_trouble
@@ -1443,7 +1443,7 @@ def test_the_tmpdir_made_in_tmp_goes_when_the_instance_ends(world, fake_env, tmp
     inst = sup.instances[0]
     assert inst.tmp is None and not inst._made  # nothing made before a start
     sup.start()
-    assert sup.wait_ready(20), inst.snapshot()
+    assert sup.wait_ready(20), inst.record()
     made = inst.tmp
     assert made is not None and made.parent == Path("/tmp") and made.is_dir()
     finish(sup)
@@ -1451,7 +1451,7 @@ def test_the_tmpdir_made_in_tmp_goes_when_the_instance_ends(world, fake_env, tmp
     sup = make_supervisor(world, deep)
     inst = sup.instances[0]
     sup.start()
-    assert sup.wait_ready(20), inst.snapshot()
+    assert sup.wait_ready(20), inst.record()
     made = inst.tmp
     assert made is not None
     made.chmod(0o755)  # not as made any more (an inode number alone may be reused)
