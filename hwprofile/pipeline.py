@@ -307,6 +307,8 @@ _PLAUSIBLE = {
     "concurrency": (1, 1_000_000),
     "p50_tpot_ms": (1e-3, 600_000.0),  # a microsecond to ten minutes a token
     "p50_ttft_ms": (1e-3, 86_400_000.0),  # to a day
+    "server_metrics.prefill_ms": (0.0, 86_400_000.0),  # the engine's part of a TTFT (its /metrics)
+    "server_metrics.queue_ms": (0.0, 86_400_000.0),
     "output_throughput": (1e-3, 1e8),  # tokens/s of one plan
     "input_len": (1, 100_000_000),
     "output_len": (1, 100_000_000),
@@ -415,6 +417,7 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         )
     if "input_len" not in wl or "output_len" not in wl:
         raise _bench_bad(path, "workload lengths: input_len and output_len are required")
+    engine_ttft = _bench_engine_ttft(plan.get("runs"), path, set(points))
     batched = plan.get("max_num_batched_tokens") or _bench_setting(settings, "engine.max_num_batched_tokens")
     seqs = plan.get("max_num_seqs")
     created = doc.get("created") if isinstance(doc, dict) else None  # a dict: checked above
@@ -428,7 +431,34 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         tuple(sorted(points.values())),
         seqs if type(seqs) is int and 1 <= seqs <= 1_000_000 else None,
         batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
+        engine_ttft,
     )
+
+
+def _bench_engine_ttft(runs: object, path: str, measured: set[int]) -> tuple[tuple[int, float], ...]:
+    """((concurrency, ms), ...): the engine's part of the TTFT at each measured concurrency, the median
+    over the repeats of vLLM's queue + prefill means (``server_metrics``, bench/servermetrics.py). A
+    repeat whose /metrics were not read, or lack either figure, adds nothing (unknown, not 0); a
+    concurrency with none is left out. A value that is not a measurement is an error naming it."""
+    import statistics
+
+    found: dict[int, list[float]] = {}
+    for i, run in enumerate(runs if isinstance(runs, list) else []):
+        points = run.get("points") if isinstance(run, dict) else None
+        for j, point in enumerate(points if isinstance(points, list) else []):
+            sm = point.get("server_metrics") if isinstance(point, dict) else None
+            c = point.get("concurrency") if isinstance(point, dict) else None
+            if not isinstance(sm, dict) or type(c) is not int or c not in measured:
+                continue
+            if sm.get("prefill_ms") is None or sm.get("queue_ms") is None:
+                continue
+            where = f"plans[0].runs[{i}].points[{j}].server_metrics"
+            ms = [
+                float(_bench_number(path, sm[k], f"server_metrics.{k}", f"{where}.{k}"))
+                for k in ("queue_ms", "prefill_ms")
+            ]
+            found.setdefault(c, []).append(sum(ms))
+    return tuple(sorted((c, statistics.median(v)) for c, v in found.items() if v))
 
 
 def _bench_first_plan(

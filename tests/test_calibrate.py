@@ -39,7 +39,14 @@ SETS = [
 ]
 
 
-def _doc(points: list[tuple[int, float, float, float]], batched: int | None = 256) -> dict[str, Any]:
+def _doc(
+    points: list[tuple[int, float, float, float]],
+    batched: int | None = 256,
+    engine: dict[int, list[tuple[object, object]]] | None = None,
+) -> dict[str, Any]:
+    """A bench document of ``points`` (concurrency, TPOT, TTFT, tok/s); ``engine``: per concurrency, each
+    repeat's server figures (queue ms, prefill ms) as its /metrics gave them."""
+
     def spread(v: float) -> dict[str, Any]:
         return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
 
@@ -65,6 +72,18 @@ def _doc(points: list[tuple[int, float, float, float]], batched: int | None = 25
                         },
                     }
                     for c, t, f, x in points
+                ],
+                "runs": [
+                    {
+                        "round": r,
+                        "points": [
+                            {"concurrency": c, "server_metrics": {"queue_ms": q, "prefill_ms": pre}}
+                            for c, reps in (engine or {}).items()
+                            if r < len(reps)
+                            for q, pre in [reps[r]]
+                        ],
+                    }
+                    for r in range(max((len(v) for v in (engine or {}).values()), default=0))
                 ],
             }
         ],
@@ -120,8 +139,90 @@ def test_a_cpu_plan_predicts_nothing_until_calibrated_then_calibrated(tmp_path: 
     # the simulation of that bench does not add the GPU hosts' fitted latency per request (30 ms) to a
     # TTFT that measured this host's own: one request at a time, it gives the measurement back too
     sim_ttft = q["simulated"]["ttft_ms"]
-    assert "inside this host's calibration" in sim_ttft["source"] and "+ 30 ms" not in sim_ttft["source"]
+    assert "no latency per request added" in sim_ttft["source"] and "+ 30 ms" not in sim_ttft["source"]
     assert sim_ttft["value"] == pytest.approx(60.0, rel=0.25)
+
+
+def test_the_latency_outside_the_engine_is_kept_apart_from_the_prompts_cost(tmp_path: Path) -> None:
+    """With the server's own figures, the TTFT measured by the client splits into the engine's part (the
+    prompt's steps: what the fit charges to its tokens) and the rest (client, HTTP, API server), added
+    once per request: the benched point comes back, and a prompt that shares its step with other
+    requests' decodes no longer charges them that latency."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    host = _cpu_host()
+    plans = {}
+    for name, engine in (("whole", None), ("split", {1: [(0.0, 22.0), (0.5, 20.0), (0.0, 21.0)]})):
+        root = tmp_path / name
+        path = Path(calibration_path(root, host))
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(_doc([(1, 20.0, 60.0, 45.0)], engine=engine)))
+        plans[name] = {
+            c: make_plan(
+                host, root, environ={}, model=str(d), sets=[*SETS, f"layout.workload_concurrency={c}"]
+            ).to_json()["instances"][0]["prediction"]
+            for c in (1, 4)
+        }
+    split, whole = plans["split"], plans["whole"]
+    # the benched point back, the simulation too; the latency said where it comes from
+    assert split[1]["ttft_ms"] == pytest.approx(60.0, rel=0.02) and split[1]["tpot_ms"] == pytest.approx(
+        20.0, rel=0.02
+    )
+    assert split[1]["simulated"]["ttft_ms"]["value"] == pytest.approx(60.0, rel=0.05)
+    assert (
+        "+ 39 ms per request (calibrated: measured on this host" in split[1]["simulated"]["ttft_ms"]["source"]
+    )
+    latency = next(t for t in split[1]["terms"] if t["term"].startswith("the request's latency outside"))
+    assert latency["ms"] == pytest.approx(39.0) and "21 ms in the engine" in latency["source"]
+    # four requests: each one's prompt step is cheaper than the whole TTFT fitted as FLOPs made it
+    assert split[4]["tpot_ms"] < whole[4]["tpot_ms"]
+    assert split[4]["simulated"]["tpot_ms"]["value"] < whole[4]["simulated"]["tpot_ms"]["value"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "want"),
+    [
+        ({1: [(0.1, 3.0), (None, 3.0)]}, ((1, 3.1),)),  # a repeat without the figure adds nothing
+        ({1: [("3", 3.0)]}, "server_metrics.queue_ms"),
+        ({1: [(0.0, -1.0)]}, "server_metrics.prefill_ms"),
+        ({1: [(0.0, float("nan"))]}, "server_metrics.prefill_ms"),
+        ({1: [(0.0, True)]}, "server_metrics.prefill_ms"),
+    ],
+)
+def test_the_engines_part_of_a_ttft_is_read_as_a_measurement(
+    tmp_path: Path, engine: dict[int, list[tuple[object, object]]], want: object
+) -> None:
+    from hwprofile.pipeline import calibration_from_bench
+
+    doc = _doc([(1, 20.0, 60.0, 45.0)], engine=engine)
+    if isinstance(want, str):
+        with pytest.raises(ConfigError, match=rf"c\.json.*runs\[0\]\.points\[0\]\.{want}"):
+            calibration_from_bench(doc, "c.json", _cpu_host())
+    else:
+        assert calibration_from_bench(doc, "c.json", _cpu_host()).engine_ttft == want
+
+
+def test_the_cpu_backend_never_schedules_asynchronously() -> None:
+    from hwprofile.plan.servercost import server_costs
+
+    # vLLM 0.32 schedules asynchronously by default on GPUs; vllm/platforms/cpu.py turns it off
+    assert server_costs("0.32.0").async_scheduling is True
+    cpu = server_costs("0.32.0+cpu", "a CPU", cpu_backend=True)
+    assert cpu.async_scheduling is False and "CPU backend never schedules asynchronously" in cpu.source
+
+
+def test_a_request_alone_finds_no_step_in_flight() -> None:
+    """One request at a time (a closed loop of one): its TTFT is its prompt's steps, with no half step
+    of another request's decode before it; two: half a step on average."""
+    m = candidates.model_shape(resolve_model("Qwen/Qwen3-0.6B", "model"), 2)
+    cand = pm.Candidate(1, 1, 1, 64, 4096, True, 100_000, pm.link_of([], [], None, 1))
+    gpu = pm.Gpu("test", 1000.0, 100.0, 24 << 30, "test row")
+    one = pm.predict(gpu, m, cand, pm.Workload(96, 48, 1), None)
+    prefill = next(t for t in one.terms if t["term"].startswith("prefill"))
+    assert one.ttft_ms == pytest.approx(prefill["ms"], rel=1e-3)
+    two = pm.predict(gpu, m, cand, pm.Workload(96, 48, 2), None)
+    assert two.ttft_ms > next(t for t in two.terms if t["term"].startswith("prefill"))["ms"]
 
 
 def test_bench_calibrate_stores_only_a_usable_measurement(tmp_path: Path) -> None:

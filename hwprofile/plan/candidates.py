@@ -36,6 +36,7 @@ from .types import InstancePlan, InstancePrediction
 
 if TYPE_CHECKING:
     from .interconnect import Report
+    from .servercost import ServerCosts
     from .simulate import Arrivals
 
 
@@ -752,7 +753,7 @@ def instance_prediction(
     """This instance's figures with its own engine settings (each rank gets its share of the workload);
     ``interconnect`` as :func:`predict_group` takes it."""
     if inst.device == "cpu":
-        return cpu_prediction(inst, instances, model, settings, calibration)
+        return cpu_prediction(inst, instances, model, settings, calibration, host)
     gpus = [g for g in host.usable_gpus if g.index in inst.gpus]
     if not gpus or inst.device != "cuda":
         return None
@@ -821,6 +822,7 @@ def simulated_figures(
     spec: pm.Speculation | None = None,
     requests: int | None = None,
     measured_latency: bool = False,
+    costs: ServerCosts | None = None,
 ) -> dict[str, Any] | None:
     """One instance's share of the workload (``per_instance`` clients in a closed loop, as ``vllm bench
     serve --max-concurrency``, sending ``requests`` in all: what `hwprofile bench` sends this instance at
@@ -829,19 +831,24 @@ def simulated_figures(
     plan/simulate.py with :func:`predict.step_cost`; None where the engine cannot take one request (the
     plan refuses or says so elsewhere). With ``host``, the CPU outside the GPU's step
     (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM; ``spec``: the
-    instance's speculation, each decode step at its cost per token (predict.step_cost).
-    ``measured_latency``: ``gpu`` was fitted to this host's bench (:func:`.predict.calibrated_device`),
-    whose TTFT holds the latency a request has outside the engine's steps: not added again."""
+    instance's speculation, each decode step at its cost per token (predict.step_cost); ``costs``: those
+    costs as the caller has them (a calibrated host's), instead of ``host``'s.
+    ``measured_latency``: ``gpu`` was fitted to this host's bench (:func:`.predict.calibrated_device`):
+    the latency a request has outside the engine's steps is the one measured there (its
+    ``request_latency_ms``), not the datasheet hosts' fitted one."""
     from . import simulate as sim
     from .servercost import server_costs
 
     c = max(1, per_instance)
-    costs = server_costs(host.software.vllm_version, host.cpu.model) if host is not None else None
+    if costs is None and host is not None:
+        costs = server_costs(host.software.vllm_version, host.cpu.model)
     eng = sim.engine_for(
         cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
     )
+    overhead_src = sim.REQUEST_OVERHEAD_SOURCE
     if measured_latency:
-        eng = dataclasses.replace(eng, request_overhead_s=0.0)
+        eng = dataclasses.replace(eng, request_overhead_s=gpu.request_latency_ms / 1e3)
+        overhead_src = "calibrated: measured on this host, outside the engine's steps"
     said = f"{spec.method} k={spec.k}, acceptance {spec.acceptance}" if spec is not None else "no speculation"
     src = f"plan/predict.py step_cost ({gpu.source}; {said})"
     step = pm.step_cost(gpu, shape, cand, spec)
@@ -850,7 +857,7 @@ def simulated_figures(
             res = sim.simulate(step, eng, arrivals)
         except ValueError:
             return None
-        return sim.figures(res, arrivals, src, costs, eng.request_overhead_s)
+        return sim.figures(res, arrivals, src, costs, eng.request_overhead_s, overhead_src)
     if c > SIMULATED_CLIENTS_MAX:
         return {
             "not_simulated": f"{c} clients per instance: above the {SIMULATED_CLIENTS_MAX} the plan simulates "
@@ -862,7 +869,7 @@ def simulated_figures(
         res = sim.simulate(step, eng, arr)
     except ValueError:
         return None
-    return sim.figures(res, arr, src, costs, eng.request_overhead_s)
+    return sim.figures(res, arr, src, costs, eng.request_overhead_s, overhead_src)
 
 
 def cpu_prediction(
@@ -871,40 +878,33 @@ def cpu_prediction(
     model: ModelFacts,
     settings: Settings,
     calibration: pm.Calibration | None,
+    host: HostSnapshot | None = None,
 ) -> InstancePrediction | None:
     """A CPU instance's figures: a CPU has no datasheet here, so nothing is predicted (None: unknown)
-    until ``hwprofile calibrate`` stores a bench of this host; then a device fitted to it
-    (:func:`.predict.calibrated_device`: the fixed time of a step and the FLOPs of a token, from the
-    bench's TPOT and TTFT) predicts every workload and batching, each figure "calibrated"."""
+    until ``hwprofile bench --calibrate`` stores a bench of this host; then a device fitted to it
+    (:func:`.predict.calibrated_device`: the fixed time of a step, the FLOPs of a token and the
+    latency outside the engine, from the bench's TPOT, TTFT and the server's own figures) predicts every
+    workload and batching, each figure "calibrated". The simulation adds ``host``'s server costs
+    (:func:`_calibrated_costs`, :func:`_less_step_cpu`: none counted twice)."""
     if calibration is None or not calibration.points:
         return None
     kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, 1, 1)))
     shape = model_shape(model, kv_bytes)
-    none = pm.link_of([], [], None, 1)
     eng = inst.engine
     cand = pm.Candidate(
-        1,
-        instances,
-        1,
-        eng.max_num_seqs,
-        eng.max_num_batched_tokens,
-        eng.enable_chunked_prefill,
-        inst.memory.kv_tokens,
-        none,
+        *(1, instances, 1, eng.max_num_seqs, eng.max_num_batched_tokens, eng.enable_chunked_prefill),
+        *(inst.memory.kv_tokens, pm.link_of([], [], None, 1)),
     )
-    bench = pm.Candidate(
-        1,
-        calibration.instances,
-        1,
-        calibration.max_num_seqs or eng.max_num_seqs,
-        calibration.max_num_batched_tokens or eng.max_num_batched_tokens,
-        eng.enable_chunked_prefill,
-        inst.memory.kv_tokens,
-        none,
+    bench = dataclasses.replace(
+        cand,
+        instances=calibration.instances,
+        max_num_seqs=calibration.max_num_seqs or eng.max_num_seqs,
+        max_num_batched_tokens=calibration.max_num_batched_tokens or eng.max_num_batched_tokens,
     )
     dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
+    costs = _calibrated_costs(host, dev)
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
     bench_share = _bench_share(settings, wl, instances)
@@ -917,6 +917,33 @@ def cpu_prediction(
         source=f"calibrated: {calibration.path}",
         terms=tuple(dict(t) for t in p.terms),
         simulated=simulated_figures(
-            dev, shape, cand, wl, p.per_instance_concurrency, requests=bench_share, measured_latency=True
+            _less_step_cpu(dev, costs, min(calibration.points)[0]),
+            shape,
+            cand,
+            wl,
+            p.per_instance_concurrency,
+            requests=bench_share,
+            measured_latency=True,
+            costs=costs,
         ),
     )
+
+
+def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu) -> ServerCosts | None:
+    """``host``'s server costs for its CPU backend, the API server's CPU per request no more than the
+    latency ``dev`` measured outside the engine (None: no host, no costs)."""
+    if host is None:
+        return None
+    from .servercost import server_costs
+
+    costs = server_costs(host.software.vllm_version, host.cpu.model, cpu_backend=True)
+    return dataclasses.replace(costs, api_request_s=min(costs.api_request_s, dev.request_latency_ms / 1e3))
+
+
+def _less_step_cpu(dev: pm.Gpu, costs: ServerCosts | None, c0: int) -> pm.Gpu:
+    """``dev``, fitted with the engine's CPU per sequence inside its fixed time, for a simulation that
+    adds that CPU per scheduled sequence itself: the fixed time less what it adds at the bench's
+    concurrency ``c0`` (serial with the step: the CPU backend schedules synchronously)."""
+    if costs is None or dev.step_fixed_ms is None or costs.async_scheduling:
+        return dev
+    return dataclasses.replace(dev, step_fixed_ms=max(0.0, dev.step_fixed_ms - costs.step_seq_s * 1e3 * c0))

@@ -103,6 +103,9 @@ class Gpu:
     # a device calibrated from this host's bench (:func:`calibrated_device`): the fixed time of a step
     # (None: the per-layer and scheduler constants below)
     step_fixed_ms: float | None = None
+    # and a request's latency outside the engine's steps, measured (0: none measured; a datasheet
+    # device's is plan/simulate.py's REQUEST_OVERHEAD_S, in the simulation only)
+    request_latency_ms: float = 0.0
     # a mixture of experts' routed-expert GEMMs (vLLM's fused-MoE kernels) reach this fraction of the dense
     # GEMMs' share, per kernel kind (ModelShape.moe_kernel; "any": the architecture's median over kinds):
     # gpu_efficiency.yaml's `moe_kernels`, AIConfigurator's measured MoE tables against its dense ones.
@@ -231,6 +234,11 @@ class Calibration:
     # the bench's engine settings where its result names them (None: as this plan has them)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # the engine's own part of the TTFT at each concurrency, where the server's /metrics were read:
+    # vLLM's queue and prefill histograms' means (median over the repeats), (concurrency, ms). The rest
+    # of the measured TTFT is the request's latency outside the engine's steps (the client, HTTP, the
+    # API server's tokenization and detokenization, the hand-over to EngineCore)
+    engine_ttft: tuple[tuple[int, float], ...] = ()
 
 
 @state
@@ -643,19 +651,34 @@ def predict(
     )
     # the other running requests' prompts stall this one's steps (its own prompt is in its TTFT)
     tpot = per_token + (b - 1) * extra / max(1, wl.output_len)
-    # TTFT: half the step in flight, the prompt, and any wait for a free slot.
-    ttft = t_dec / 2 + t_prefill
+    # TTFT: half the step in flight (where other requests run: alone, a request finds the engine idle),
+    # the prompt, and any wait for a free slot.
+    ttft = (t_dec / 2 if b > 1 else 0.0) + t_prefill
     latency = ttft + (wl.output_len - 1) * tpot
     if c > b:
         queue_ms = (c - b) / b * latency
         ttft += queue_ms
         if explain:
             terms.append(_queue_term(c, b, queue_ms))
+    if gpu.request_latency_ms:
+        ttft += gpu.request_latency_ms
+        if explain:
+            terms.append(_latency_term(gpu))
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
     if explain and wave and c > 1 and wl.output_len > 1:
         terms.append(_wave_term(gpu, m, cand, wl, c, per_token if spec is not None else None, step_cpu))
     return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
+
+
+def _latency_term(gpu: Gpu) -> dict[str, Any]:
+    """A calibrated device's measured latency per request outside the engine's steps."""
+    return {
+        "term": "the request's latency outside the engine's steps (client, HTTP, API server)",
+        "ms": round(gpu.request_latency_ms, 3),
+        "source": gpu.source,
+        "basis": gpu.efficiency_basis,
+    }
 
 
 def _queue_term(c: int, b: int, queue_ms: float) -> dict[str, Any]:
@@ -1034,16 +1057,25 @@ def calibrated_device(
     without a datasheet (a CPU) or to replace one: the fixed time of a step (the scheduler, the kernels'
     launches and, where ``base`` is None, the weights' read: constant per step) and the effective FLOPs
     of a token, fitted so that :func:`predict` at the bench's workload and lowest concurrency gives its
-    median TPOT and TTFT (each monotone in both: alternating bisections). ``base``: keep its bandwidth
-    (the KV and weight reads then stay a memory term). None where the bench has no point."""
+    median TPOT and the engine's part of its TTFT (each monotone in both: alternating bisections).
+
+    The engine's part is what the server's /metrics measured at that concurrency (vLLM's queue and
+    prefill histograms, :attr:`Calibration.engine_ttft`); the rest of the measured TTFT is the request's
+    latency outside the engine's steps (client, HTTP, tokenization, the hand-over to EngineCore), kept
+    as ``request_latency_ms``: a prompt's tokens then cost what the engine spent on them, not that
+    latency spread over them (which a step shared with other requests' decodes would charge to each of
+    them). Without the server's figures the whole TTFT is fitted as the engine's (latency 0).
+    ``base``: keep its bandwidth (the KV and weight reads then stay a memory term). None where the
+    bench has no point."""
     if not cal.points:
         return None
     c0, tpot, ttft, _ = min(cal.points)
     wl = Workload(cal.input_len, cal.output_len, c0)
-    src = f"calibrated: {cal.path} (bench {cal.created or '?'}, concurrency {c0}: TPOT {tpot:g} ms, TTFT {ttft:g} ms)"
+    engine_ttft, src = _engine_ttft(cal)
+    latency = ttft - engine_ttft
     bw = base.bandwidth_gbs if base is not None else 1e9  # no datasheet: the reads are in the fixed time
 
-    def dev(fixed: float, tflops: float) -> Gpu:
+    def dev(fixed: float, tflops: float, latency_ms: float = 0.0) -> Gpu:
         return Gpu(
             name,
             bw,
@@ -1055,17 +1087,10 @@ def calibrated_device(
             src,
             "calibrated",
             fixed,
+            latency_ms,
         )
 
-    def solve(f: Callable[[float], float], want: float, lo: float, hi: float, log: bool) -> float:
-        for _ in range(40):
-            mid = math.sqrt(lo * hi) if log else (lo + hi) / 2
-            if f(mid) < want:
-                lo = mid
-            else:
-                hi = mid
-        return math.sqrt(lo * hi) if log else (lo + hi) / 2
-
+    solve = _bisect
     fixed, tflops = tpot / 2, 1.0
     for _ in range(8):
         # TPOT grows with the fixed time; TTFT falls as the FLOPs grow
@@ -1078,8 +1103,36 @@ def calibrated_device(
         def ttft_at(x: float, f: float = fixed) -> float:
             return -predict(dev(f, x), m, cand, wl, None, per_instance=c0, wave=False).ttft_ms
 
-        tflops = solve(ttft_at, -ttft, 1e-6, 1e6, True)
-    return dev(fixed, tflops)
+        tflops = solve(ttft_at, -engine_ttft, 1e-6, 1e6, True)
+    return dev(fixed, tflops, latency)
+
+
+def _engine_ttft(cal: Calibration) -> tuple[float, str]:
+    """The engine's part of the TTFT at the calibration's lowest concurrency (the whole TTFT where the
+    server's figures are not known, or not below it) and the calibrated device's source."""
+    c0, tpot, ttft, _ = min(cal.points)
+    engine = dict(cal.engine_ttft).get(c0)
+    engine_ttft = engine if engine is not None and 0 < engine <= ttft else ttft
+    split = (
+        f", of which {engine_ttft:g} ms in the engine (its /metrics) and {ttft - engine_ttft:g} ms outside it"
+        if engine_ttft < ttft
+        else ""
+    )
+    return engine_ttft, (
+        f"calibrated: {cal.path} (bench {cal.created or '?'}, concurrency {c0}: TPOT {tpot:g} ms, "
+        f"TTFT {ttft:g} ms{split})"
+    )
+
+
+def _bisect(f: Callable[[float], float], want: float, lo: float, hi: float, log: bool) -> float:
+    """Where the increasing ``f`` reaches ``want`` between ``lo`` and ``hi`` (``log``: geometric steps)."""
+    for _ in range(40):
+        mid = math.sqrt(lo * hi) if log else (lo + hi) / 2
+        if f(mid) < want:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi) if log else (lo + hi) / 2
 
 
 # -- the choice ------------------------------------------------------------------------------------

@@ -75,8 +75,11 @@ def async_scheduling_default(vllm_version: str | None) -> bool | None:
     return release_of(vllm_version).async_scheduling_default()
 
 
-def server_costs(vllm_version: str | None, cpu_model: str | None = None) -> ServerCosts:
-    """The costs for a host running ``vllm_version``. The CPU's speed would scale them, but no CPU table
+def server_costs(
+    vllm_version: str | None, cpu_model: str | None = None, cpu_backend: bool = False
+) -> ServerCosts:
+    """The costs for a host running ``vllm_version`` (``cpu_backend``: vLLM's CPU backend, which turns
+    async scheduling off whatever the release's default). The CPU's speed would scale them, but no CPU table
     says how fast a model runs vLLM's Python: the host's CPU is named in the source (the band widens on a
     CPU unlike the validation hosts'), not scaled by."""
     asy = async_scheduling_default(vllm_version)
@@ -89,6 +92,9 @@ def server_costs(vllm_version: str | None, cpu_model: str | None = None) -> Serv
         if asy is not None
         else "vLLM release unknown: the engine's CPU taken as adding to the GPU's step"
     )
+    if cpu_backend:  # vllm/platforms/cpu.py (0.32): "async scheduling is not required on CPU", set False
+        asy = False
+        how = "the CPU backend never schedules asynchronously: the engine's CPU adds to the step"
     return ServerCosts(
         API_REQUEST_S,
         API_TOKEN_S,

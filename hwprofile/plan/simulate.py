@@ -794,11 +794,12 @@ def figures(
     cost_source: str,
     costs: ServerCosts | None = None,
     request_overhead_s: float = REQUEST_OVERHEAD_S,
+    overhead_source: str = REQUEST_OVERHEAD_SOURCE,
 ) -> dict[str, Any]:
     """The simulated figures, each with where it comes from and its error band (the validation set's
     10th-90th percentile ratio in this regime; None with the reason where the set has none).
-    ``request_overhead_s``: the engine's fixed latency per request, as simulated (0: measured, inside
-    a calibration)."""
+    ``request_overhead_s``: the fixed latency per request outside the engine, as simulated, and
+    ``overhead_source`` where it comes from (0: none added)."""
     reg = regime(arrivals, result)
     table = bands().get(reg, {})
     src = _source(arrivals, cost_source, costs)
@@ -811,9 +812,9 @@ def figures(
         "ttft_ms": fig(
             "ttft_ms",
             result.ttft_ms(),
-            f"; + {request_overhead_s * 1e3:g} ms per request ({REQUEST_OVERHEAD_SOURCE})"
+            f"; + {request_overhead_s * 1e3:g} ms per request ({overhead_source})"
             if request_overhead_s
-            else "; no latency per request added (inside this host's calibration: measured)",
+            else "; no latency per request added",
         ),
         "ttft_ms_mean": round(result.ttft_ms("mean"), 2),
         "tpot_ms": fig("tpot_ms", result.tpot_ms()),
