@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_render import _flags  # one argv splitter for both render tests
 
+from hwprofile.config import ConfigError
 from hwprofile.pipeline import make_plan
 from hwprofile.plan.refusal import PlanRefused
 from hwprofile.render.translate import render_instance
@@ -361,3 +362,25 @@ def test_gpus_named_by_uuid_where_vllm_maps_them(host_of, empty_root) -> None:
         f"{uuids[2]},{uuids[3]}",
     }
     assert rendered["0.29.0"].env["CUDA_VISIBLE_DEVICES"] in {"0,1", "2,3"}
+
+
+def test_an_operators_openmp_binding_is_rendered_one_list_per_rank(host_of, empty_root) -> None:
+    """``cpu.omp_threads_bind`` reaches vLLM (VLLM_CPU_OMP_THREADS_BIND) as the plan shows it: one CPU
+    list per rank; each of two servers its own list, one data-parallel server both joined by |."""
+    model = "Qwen/Qwen3-0.6B"
+    for version, inst, r in _render_everything(
+        host_of, empty_root, "no-driver", model, ["cpu.omp_threads_bind=1"]
+    ):
+        assert inst["omp_threads_bind"] == "1" and r.env["VLLM_CPU_OMP_THREADS_BIND"] == "1", version
+    host = host_of("no-driver")._replace(memory_bytes=64 << 30)
+    two = ["cpu.omp_threads_bind=0|1", "layout.replicas=2", "cpu.kv_cache_space_gib=1"]
+    apart = make_plan(host, empty_root, model=model, sets=[*two, "layout.shape=servers"], environ={})
+    assert [i.omp_threads_bind for i in apart.instances] == ["0", "1"]
+    one = make_plan(host, empty_root, model=model, sets=[*two, "layout.shape=data_parallel"], environ={})
+    assert [i.omp_threads_bind for i in one.instances] == ["0|1"]
+    for sets, want in ((["cpu.omp_threads_bind=0|1"], "names 2 CPU lists; the plan runs 1 CPU rank"),):
+        with pytest.raises(PlanRefused, match=want) as e:
+            make_plan(host, empty_root, model=model, sets=sets, environ={})
+        assert "cpu.omp_threads_bind=0" in "\n".join(e.value.report())
+    with pytest.raises(ConfigError, match=r"cpu\.omp_threads_bind.*auto, nobind, or a CPU list per rank"):
+        make_plan(host, empty_root, model=model, sets=["cpu.omp_threads_bind=0-3;1"], environ={})

@@ -37,6 +37,9 @@ BATCHING = ("predicted", "configured")
 
 MiB = 2**20
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_CPU_LIST = r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*"
+# VLLM_CPU_OMP_THREADS_BIND as vllm/utils/ompmultiprocessing.py reads it: one CPU list per rank
+OMP_BIND = rf"auto|nobind|{_CPU_LIST}(?:\|{_CPU_LIST})*"
 
 
 @section
@@ -315,4 +318,10 @@ class Cpu(Section):
     kv_cache_space_gib: float = setting(
         "float", "KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)", 0.01, 4096, default=4.0
     )
-    omp_threads_bind: str = setting("str", "VLLM_CPU_OMP_THREADS_BIND", default="auto")
+    omp_threads_bind: str = setting(
+        "str",
+        "VLLM_CPU_OMP_THREADS_BIND: the CPUs each rank's OpenMP threads take (auto: vLLM's own choice)",
+        default="auto",
+        pattern=OMP_BIND,
+        pattern_doc="auto, nobind, or a CPU list per rank separated by | (e.g. 0-15 or 0-15|16-31)",
+    )

@@ -26,7 +26,7 @@ from .memory import (
 )
 from .refusal import PlanRefused
 from .speculative import speculative_config
-from .types import ABSENT, EngineSettings, Estimate, InstancePlan, MemoryFit
+from .types import ABSENT, AbsentT, EngineSettings, Estimate, InstancePlan, MemoryFit
 
 VLLM_DEFAULT_BATCHED_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS (vLLM 0.32)
 
@@ -178,6 +178,37 @@ def _cpu_numa(ctx: PlanContext, key: str) -> tuple[int | None, str | None]:
     if len(host.numa_nodes) > 1:
         ctx.warn("CPU backend on a multi-node host: bound to NUMA node 0 only")
     return numa, cpus
+
+
+def _cpu_omp_bind(ctx: PlanContext, key: str, index: int, count: int) -> str | AbsentT:
+    """CPU instance ``index`` of ``count``'s ``VLLM_CPU_OMP_THREADS_BIND`` (``cpu.omp_threads_bind``):
+    absent for ``auto`` (vLLM's own: one thread per physical core of the node, cores kept for its
+    scheduler and API processes); a CPU list per rank otherwise, as vLLM reads it (one list per rank,
+    separated by ``|``): one list for every instance, or one per instance (each its own; one
+    data-parallel server joins them back). Any other count is refused: vLLM would stop at start-up."""
+    value = ctx.settings.cpu.omp_threads_bind
+    if value == "auto":
+        return ABSENT
+    lists = value.split("|")
+    if value != "nobind" and len(lists) not in (1, count):
+        raise PlanRefused(
+            f"cpu.omp_threads_bind names {len(lists)} CPU lists; the plan runs {count} CPU rank(s): vLLM "
+            "takes one list per rank, separated by |",
+            [
+                "one list for every rank: --set cpu.omp_threads_bind=" + lists[0],
+                *([f"or {count} lists, one per rank, separated by |"] if count > 1 else []),
+                "or vLLM's own choice: --set cpu.omp_threads_bind=auto",
+            ],
+        )
+    mine = value if value == "nobind" or len(lists) == 1 else lists[index]
+    shared = " (shared by every instance)" if count > 1 and len(lists) == 1 and value != "nobind" else ""
+    ctx.add(
+        f"{key}.cpu.omp_threads_bind",
+        mine,
+        f"the operator's OpenMP binding (VLLM_CPU_OMP_THREADS_BIND){shared}",
+        ("cpu", "omp_threads_bind"),
+    )
+    return mine
 
 
 def _cpu_ram_check(
@@ -437,4 +468,5 @@ def cpu_instance(
         speculative=spec,
         memory=_cpu_memory(model, draft, cache, engine, kv_space, state),
         estimate=Estimate(note="CPU backend: no datasheet bandwidth figure"),
+        omp_threads_bind=_cpu_omp_bind(ctx, key, index, count),
     )

@@ -28,7 +28,7 @@ from ..host.snapshot import HostSnapshot
 from ..release import first_with, release_of
 from .context import PlanContext
 from .refusal import PlanRefused
-from .types import ABSENT, Endpoint, InstancePlan
+from .types import ABSENT, AbsentT, Endpoint, InstancePlan
 
 
 def why_not_data_parallel(host: HostSnapshot, settings: Settings, instances: list[InstancePlan]) -> list[str]:
@@ -128,7 +128,16 @@ def merge(instances: list[InstancePlan]) -> InstancePlan:
         numa_node=one,
         cpus=first.cpus if one is not None else None,
         data_parallel_size=len(instances),
+        omp_threads_bind=_joined_omp(instances),
     )
+
+
+def _joined_omp(instances: list[InstancePlan]) -> str | AbsentT:
+    """The ranks' OpenMP bindings as one server takes them: one CPU list per rank, joined by |."""
+    parts = [i.omp_threads_bind for i in instances]
+    if any(p is ABSENT for p in parts):
+        return ABSENT
+    return "nobind" if "nobind" in parts else "|".join(str(p) for p in parts)
 
 
 def _static_k(i: InstancePlan) -> InstancePlan:

@@ -317,6 +317,8 @@ class InstancePlan(_Json):
     node_backend: str | AbsentT = (
         ABSENT  # how the nodes form one vLLM: mp (--nnodes, headless workers) or ray
     )
+    # a CPU instance's VLLM_CPU_OMP_THREADS_BIND, one CPU list per rank (absent: vLLM's own "auto")
+    omp_threads_bind: str | AbsentT = ABSENT
     prediction: InstancePrediction | AbsentT = (
         ABSENT  # plan/predict.py at layout.workload_*; absent: no model (CPU, no datasheet)
     )
@@ -356,6 +358,7 @@ class InstancePlan(_Json):
         "numa_node",
         "gpu_numa_nodes",
         "cpus",
+        "omp_threads_bind",
         "tensor_parallel_size",
         "pipeline_parallel_size",
         "data_parallel_size",

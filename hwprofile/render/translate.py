@@ -402,14 +402,17 @@ def emit_gpu_devices(t: Target, out: Argv) -> None:
 
 
 def emit_cpu_kv(t: Target, out: Argv) -> None:
-    """A CPU instance's KV cache size: the flag, or vLLM's variable in whole GiB.
+    """A CPU instance's KV cache size: the flag, or vLLM's variable in whole GiB; and its OpenMP
+    binding where the plan names one (``cpu.omp_threads_bind``).
 
-    No VLLM_CPU_OMP_THREADS_BIND: an explicit CPU list takes every listed core for OpenMP and
-    leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks one
-    thread per physical core of the node the process may use (numactl below) and reserves cores
-    for them (vllm/utils/ompmultiprocessing.py)."""
+    No VLLM_CPU_OMP_THREADS_BIND of hwprofile's own: an explicit CPU list takes every listed core for
+    OpenMP and leaves none for vLLM's scheduler and API processes; vLLM's own default ("auto") picks
+    one thread per physical core of the node the process may use (numactl below) and reserves cores
+    for them (vllm/utils/ompmultiprocessing.py). An operator's list is rendered as given."""
     if t.cuda:
         return
+    if t.inst.omp_threads_bind is not ABSENT:
+        out.env["VLLM_CPU_OMP_THREADS_BIND"] = str(t.inst.omp_threads_bind)
     kv_bytes = t.e.kv_cache_memory_bytes or None  # ABSENT on GPU instances
     if not kv_bytes:
         return
