@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     load), so that both groups end near the same time. The fast tests spread over the other workers
     (``-n 4 --dist loadgroup`` in pyproject.toml)."""
     groups = _slow_groups(items)
+    config.stash[_GROUPS] = groups
     for item in items:
         if item.path.name in groups:
             item.add_marker(pytest.mark.xdist_group(groups[item.path.name]))
@@ -117,6 +119,32 @@ def _slow_groups(items: list[pytest.Item]) -> dict[str, str]:
 
 
 _LOST_GROUP = pytest.StashKey[str]()
+_GROUPS = pytest.StashKey[dict[str, str]]()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _group_core(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each group's vLLM servers compute on a core of their own: vLLM's "auto" OpenMP binding puts every
+    server's engine on the same first core (it keeps the rest for its scheduler and API processes), so
+    the two groups' servers would share one core while the other serves their API processes. In an
+    xdist worker, a module of group ``real-N`` gets ``VLLM_CPU_OMP_THREADS_BIND`` = its core (the N-th
+    this process may use; hwprofile passes it through: ``cpu.omp_threads_bind`` auto sets none), for
+    its module fixtures too. Not for servers of several ranks (``multi_rank``: vLLM wants a list per
+    rank) nor where the variable is set already or fewer than two cores are there."""
+    group = request.config.stash.get(_GROUPS, {}).get(request.node.path.name)
+    cores = sorted(os.sched_getaffinity(0))
+    if (
+        group is None
+        or "PYTEST_XDIST_WORKER" not in os.environ
+        or "VLLM_CPU_OMP_THREADS_BIND" in os.environ
+        or request.node.get_closest_marker("multi_rank") is not None
+        or len(cores) < 2
+    ):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(group.rsplit("-", 1)[1]) % len(cores)]))
+        yield
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -22,7 +22,7 @@ import pytest
 import runcli
 from vllmtools import free_port
 
-pytestmark = pytest.mark.slow(minutes=3.5)
+pytestmark = [pytest.mark.slow(minutes=3.5), pytest.mark.multi_rank]
 
 READY = 480
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

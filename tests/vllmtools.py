@@ -138,7 +138,7 @@ def cpu_env(workdir: Path) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "auto",
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         "TMPDIR": _short_tmp(workdir),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"),
