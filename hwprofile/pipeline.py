@@ -417,7 +417,7 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         )
     if "input_len" not in wl or "output_len" not in wl:
         raise _bench_bad(path, "workload lengths: input_len and output_len are required")
-    engine_ttft = _bench_engine_ttft(plan.get("runs"), path, set(points))
+    outside = _bench_outside_latency(plan.get("runs"), path, set(points))
     batched = plan.get("max_num_batched_tokens") or _bench_setting(settings, "engine.max_num_batched_tokens")
     seqs = plan.get("max_num_seqs")
     created = doc.get("created") if isinstance(doc, dict) else None  # a dict: checked above
@@ -431,15 +431,17 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         tuple(sorted(points.values())),
         seqs if type(seqs) is int and 1 <= seqs <= 1_000_000 else None,
         batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
-        engine_ttft,
+        outside,
     )
 
 
-def _bench_engine_ttft(runs: object, path: str, measured: set[int]) -> tuple[tuple[int, float], ...]:
-    """((concurrency, ms), ...): the engine's part of the TTFT at each measured concurrency, the median
-    over the repeats of vLLM's queue + prefill means (``server_metrics``, bench/servermetrics.py). A
-    repeat whose /metrics were not read, or lack either figure, adds nothing (unknown, not 0); a
-    concurrency with none is left out. A value that is not a measurement is an error naming it."""
+def _bench_outside_latency(runs: object, path: str, measured: set[int]) -> tuple[tuple[int, float], ...]:
+    """((concurrency, ms), ...): a request's latency outside the engine's steps at each measured
+    concurrency, the median over the repeats of the client's mean TTFT less vLLM's queue and prefill
+    means (``server_metrics``, bench/servermetrics.py): means with means. A repeat whose /metrics were
+    not read, or that lacks a figure, adds nothing (unknown, not 0), nor one where the engine's part
+    is not below the client's TTFT (no latency measured there); a concurrency with none is left out.
+    A value that is not a measurement is an error naming it."""
     import statistics
 
     found: dict[int, list[float]] = {}
@@ -448,16 +450,21 @@ def _bench_engine_ttft(runs: object, path: str, measured: set[int]) -> tuple[tup
         for j, point in enumerate(points if isinstance(points, list) else []):
             sm = point.get("server_metrics") if isinstance(point, dict) else None
             c = point.get("concurrency") if isinstance(point, dict) else None
-            if not isinstance(sm, dict) or type(c) is not int or c not in measured:
+            lat = point.get("latency_ms") if isinstance(point, dict) else None
+            ttft = lat.get("ttft") if isinstance(lat, dict) else None
+            client = ttft.get("mean") if isinstance(ttft, dict) else None
+            if not isinstance(sm, dict) or type(c) is not int or c not in measured or client is None:
                 continue
             if sm.get("prefill_ms") is None or sm.get("queue_ms") is None:
                 continue
-            where = f"plans[0].runs[{i}].points[{j}].server_metrics"
-            ms = [
-                float(_bench_number(path, sm[k], f"server_metrics.{k}", f"{where}.{k}"))
+            where = f"plans[0].runs[{i}].points[{j}]"
+            mean = float(_bench_number(path, client, "p50_ttft_ms", f"{where}.latency_ms.ttft.mean"))
+            engine = sum(
+                float(_bench_number(path, sm[k], f"server_metrics.{k}", f"{where}.server_metrics.{k}"))
                 for k in ("queue_ms", "prefill_ms")
-            ]
-            found.setdefault(c, []).append(sum(ms))
+            )
+            if engine < mean:
+                found.setdefault(c, []).append(mean - engine)
     return tuple(sorted((c, statistics.median(v)) for c, v in found.items() if v))
 
 

@@ -42,10 +42,10 @@ SETS = [
 def _doc(
     points: list[tuple[int, float, float, float]],
     batched: int | None = 256,
-    engine: dict[int, list[tuple[object, object]]] | None = None,
+    engine: dict[int, list[tuple[object, object, object]]] | None = None,
 ) -> dict[str, Any]:
     """A bench document of ``points`` (concurrency, TPOT, TTFT, tok/s); ``engine``: per concurrency, each
-    repeat's server figures (queue ms, prefill ms) as its /metrics gave them."""
+    repeat's server figures (queue ms, prefill ms) as its /metrics gave them, and the client's mean TTFT."""
 
     def spread(v: float) -> dict[str, Any]:
         return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
@@ -77,10 +77,14 @@ def _doc(
                     {
                         "round": r,
                         "points": [
-                            {"concurrency": c, "server_metrics": {"queue_ms": q, "prefill_ms": pre}}
+                            {
+                                "concurrency": c,
+                                "latency_ms": {"ttft": {"mean": mean}},
+                                "server_metrics": {"queue_ms": q, "prefill_ms": pre},
+                            }
                             for c, reps in (engine or {}).items()
                             if r < len(reps)
-                            for q, pre in [reps[r]]
+                            for q, pre, mean in [reps[r]]
                         ],
                     }
                     for r in range(max((len(v) for v in (engine or {}).values()), default=0))
@@ -153,7 +157,9 @@ def test_the_latency_outside_the_engine_is_kept_apart_from_the_prompts_cost(tmp_
     (d / "config.json").write_text(json.dumps(CONFIG))
     host = _cpu_host()
     plans = {}
-    for name, engine in (("whole", None), ("split", {1: [(0.0, 22.0), (0.5, 20.0), (0.0, 21.0)]})):
+    # the client's mean TTFT less the engine's queue and prefill means: 39, 40.5 and 39 ms outside
+    split_engine = {1: [(0.0, 22.0, 61.0), (0.5, 20.0, 61.0), (0.0, 21.0, 60.0)]}
+    for name, engine in (("whole", None), ("split", split_engine)):
         root = tmp_path / name
         path = Path(calibration_path(root, host))
         path.parent.mkdir(parents=True)
@@ -174,7 +180,7 @@ def test_the_latency_outside_the_engine_is_kept_apart_from_the_prompts_cost(tmp_
         "+ 39 ms per request (calibrated: measured on this host" in split[1]["simulated"]["ttft_ms"]["source"]
     )
     latency = next(t for t in split[1]["terms"] if t["term"].startswith("the request's latency outside"))
-    assert latency["ms"] == pytest.approx(39.0) and "21 ms in the engine" in latency["source"]
+    assert latency["ms"] == pytest.approx(39.0) and "39 ms of it outside the engine" in latency["source"]
     # four requests: each one's prompt step is cheaper than the whole TTFT fitted as FLOPs made it
     assert split[4]["tpot_ms"] < whole[4]["tpot_ms"]
     assert split[4]["simulated"]["tpot_ms"]["value"] < whole[4]["simulated"]["tpot_ms"]["value"]
@@ -183,15 +189,17 @@ def test_the_latency_outside_the_engine_is_kept_apart_from_the_prompts_cost(tmp_
 @pytest.mark.parametrize(
     ("engine", "want"),
     [
-        ({1: [(0.1, 3.0), (None, 3.0)]}, ((1, 3.1),)),  # a repeat without the figure adds nothing
-        ({1: [("3", 3.0)]}, "server_metrics.queue_ms"),
-        ({1: [(0.0, -1.0)]}, "server_metrics.prefill_ms"),
-        ({1: [(0.0, float("nan"))]}, "server_metrics.prefill_ms"),
-        ({1: [(0.0, True)]}, "server_metrics.prefill_ms"),
+        ({1: [(0.1, 3.0, 10.0), (None, 3.0, 10.0), (0.0, 4.0, 10.0)]}, ((1, 6.45),)),  # a gap adds nothing
+        ({1: [(0.0, 12.0, 10.0)]}, ()),  # the engine's part not below the client's: no latency measured
+        ({1: [("3", 3.0, 10.0)]}, "server_metrics.queue_ms"),
+        ({1: [(0.0, -1.0, 10.0)]}, "server_metrics.prefill_ms"),
+        ({1: [(0.0, float("nan"), 10.0)]}, "server_metrics.prefill_ms"),
+        ({1: [(0.0, True, 10.0)]}, "server_metrics.prefill_ms"),
+        ({1: [(0.0, 3.0, "10")]}, "latency_ms.ttft.mean"),
     ],
 )
-def test_the_engines_part_of_a_ttft_is_read_as_a_measurement(
-    tmp_path: Path, engine: dict[int, list[tuple[object, object]]], want: object
+def test_the_latency_outside_the_engine_is_read_as_a_measurement(
+    tmp_path: Path, engine: dict[int, list[tuple[object, object, object]]], want: object
 ) -> None:
     from hwprofile.pipeline import calibration_from_bench
 
@@ -200,7 +208,26 @@ def test_the_engines_part_of_a_ttft_is_read_as_a_measurement(
         with pytest.raises(ConfigError, match=rf"c\.json.*runs\[0\]\.points\[0\]\.{want}"):
             calibration_from_bench(doc, "c.json", _cpu_host())
     else:
-        assert calibration_from_bench(doc, "c.json", _cpu_host()).engine_ttft == want
+        got = calibration_from_bench(doc, "c.json", _cpu_host()).outside_latency
+        assert [c for c, _ in got] == [c for c, _ in want] and [v for _, v in got] == pytest.approx(
+            [v for _, v in want]
+        )
+
+
+def test_an_engine_part_the_steps_cannot_reach_leaves_the_rest_as_latency() -> None:
+    """The engine's part of a TTFT below the TPOT (a prompt's step costs at least a step's fixed time):
+    the fit stops at what the steps can reach and the latency is the rest, so the benched point still
+    comes back."""
+    m = candidates.model_shape(resolve_model("Qwen/Qwen3-0.6B", "model"), 2)
+    cand = pm.Candidate(1, 1, 1, 64, 256, True, 100_000, pm.link_of([], [], None, 1))
+    cal = pm.Calibration(
+        "c.json", None, 96, 48, 1, None, ((1, 20.0, 60.0, 45.0),), outside_latency=((1, 55.0),)
+    )
+    dev = pm.calibrated_device(m, cand, cal, "cpu")
+    assert dev is not None
+    p = pm.predict(dev, m, cand, pm.Workload(96, 48, 1), None)
+    assert p.tpot_ms == pytest.approx(20.0, rel=0.02) and p.ttft_ms == pytest.approx(60.0, rel=0.02)
+    assert 35.0 < dev.request_latency_ms < 40.0  # 60 less a prompt step of at least the 20 ms fixed time
 
 
 def test_the_cpu_backend_never_schedules_asynchronously() -> None:

@@ -14,12 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 from test_render import _flags  # one argv splitter for both render tests
 
 from hwprofile.config import ConfigError
 from hwprofile.pipeline import make_plan
 from hwprofile.plan.refusal import PlanRefused
+from hwprofile.plan.types import InstancePlan
 from hwprofile.render.translate import render_instance
 from hwprofile.render.versions import known_versions, release
 
@@ -378,9 +380,19 @@ def test_an_operators_openmp_binding_is_rendered_one_list_per_rank(host_of, empt
     assert [i.omp_threads_bind for i in apart.instances] == ["0", "1"]
     one = make_plan(host, empty_root, model=model, sets=[*two, "layout.shape=data_parallel"], environ={})
     assert [i.omp_threads_bind for i in one.instances] == ["0|1"]
-    for sets, want in ((["cpu.omp_threads_bind=0|1"], "names 2 CPU lists; the plan runs 1 CPU rank"),):
-        with pytest.raises(PlanRefused, match=want) as e:
-            make_plan(host, empty_root, model=model, sets=sets, environ={})
-        assert "cpu.omp_threads_bind=0" in "\n".join(e.value.report())
+    rendered = render_instance(one, one.instances[0], release("0.32.0"), "vllm", None)
+    assert rendered.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    # the plan's contract: the field in its schema, and back from its JSON as it was
+
+    doc = one.to_json()
+    jsonschema.validate(doc, json.loads((ROOT / "schemas" / "hwprofile.plan-1.schema.json").read_text()))
+    assert InstancePlan.from_json(doc["instances"][0]) == one.instances[0]
+    nobind = make_plan(
+        host, empty_root, model=model, sets=[*two[1:], "cpu.omp_threads_bind=nobind"], environ={}
+    )
+    assert {i.omp_threads_bind for i in nobind.instances} == {"nobind"}
+    with pytest.raises(PlanRefused, match="names 2 CPU lists; the plan runs 1 CPU rank") as e:
+        make_plan(host, empty_root, model=model, sets=["cpu.omp_threads_bind=0|1"], environ={})
+    assert "cpu.omp_threads_bind=0" in "\n".join(e.value.report())
     with pytest.raises(ConfigError, match=r"cpu\.omp_threads_bind.*auto, nobind, or a CPU list per rank"):
         make_plan(host, empty_root, model=model, sets=["cpu.omp_threads_bind=0-3;1"], environ={})

@@ -917,7 +917,7 @@ def cpu_prediction(
         source=f"calibrated: {calibration.path}",
         terms=tuple(dict(t) for t in p.terms),
         simulated=simulated_figures(
-            _less_step_cpu(dev, costs, min(calibration.points)[0]),
+            _less_step_cpu(dev, costs, min(min(calibration.points)[0], bench.max_num_seqs)),
             shape,
             cand,
             wl,
@@ -943,7 +943,7 @@ def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu) -> ServerCosts | N
 def _less_step_cpu(dev: pm.Gpu, costs: ServerCosts | None, c0: int) -> pm.Gpu:
     """``dev``, fitted with the engine's CPU per sequence inside its fixed time, for a simulation that
     adds that CPU per scheduled sequence itself: the fixed time less what it adds at the bench's
-    concurrency ``c0`` (serial with the step: the CPU backend schedules synchronously)."""
+    concurrency (``c0`` sequences a step, serial with it: the CPU backend schedules synchronously)."""
     if costs is None or dev.step_fixed_ms is None or costs.async_scheduling:
         return dev
     return dataclasses.replace(dev, step_fixed_ms=max(0.0, dev.step_fixed_ms - costs.step_seq_s * 1e3 * c0))

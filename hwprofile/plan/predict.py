@@ -234,11 +234,10 @@ class Calibration:
     # the bench's engine settings where its result names them (None: as this plan has them)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    # the engine's own part of the TTFT at each concurrency, where the server's /metrics were read:
-    # vLLM's queue and prefill histograms' means (median over the repeats), (concurrency, ms). The rest
-    # of the measured TTFT is the request's latency outside the engine's steps (the client, HTTP, the
-    # API server's tokenization and detokenization, the hand-over to EngineCore)
-    engine_ttft: tuple[tuple[int, float], ...] = ()
+    # a request's latency outside the engine's steps at each concurrency, where the server's /metrics
+    # were read: the client's mean TTFT less vLLM's queue and prefill means (median over the repeats),
+    # (concurrency, ms): the client, HTTP, the API server's tokenization, the hand-over to EngineCore
+    outside_latency: tuple[tuple[int, float], ...] = ()
 
 
 @state
@@ -1059,12 +1058,12 @@ def calibrated_device(
     of a token, fitted so that :func:`predict` at the bench's workload and lowest concurrency gives its
     median TPOT and the engine's part of its TTFT (each monotone in both: alternating bisections).
 
-    The engine's part is what the server's /metrics measured at that concurrency (vLLM's queue and
-    prefill histograms, :attr:`Calibration.engine_ttft`); the rest of the measured TTFT is the request's
-    latency outside the engine's steps (client, HTTP, tokenization, the hand-over to EngineCore), kept
-    as ``request_latency_ms``: a prompt's tokens then cost what the engine spent on them, not that
-    latency spread over them (which a step shared with other requests' decodes would charge to each of
-    them). Without the server's figures the whole TTFT is fitted as the engine's (latency 0).
+    The engine's part is the TTFT less the latency the server's /metrics put outside the engine at that
+    concurrency (:attr:`Calibration.outside_latency`); what the fitted steps leave of the measured TTFT
+    is kept as ``request_latency_ms`` (client, HTTP, tokenization, the hand-over to EngineCore): a
+    prompt's tokens then cost what the engine spent on them, not that latency spread over them (which a
+    step shared with other requests' decodes would charge to each of them). Without the server's
+    figures the whole TTFT is fitted as the engine's (the latency: only what the steps cannot reach).
     ``base``: keep its bandwidth (the KV and weight reads then stay a memory term). None where the
     bench has no point."""
     if not cal.points:
@@ -1072,7 +1071,6 @@ def calibrated_device(
     c0, tpot, ttft, _ = min(cal.points)
     wl = Workload(cal.input_len, cal.output_len, c0)
     engine_ttft, src = _engine_ttft(cal)
-    latency = ttft - engine_ttft
     bw = base.bandwidth_gbs if base is not None else 1e9  # no datasheet: the reads are in the fixed time
 
     def dev(fixed: float, tflops: float, latency_ms: float = 0.0) -> Gpu:
@@ -1104,23 +1102,30 @@ def calibrated_device(
             return -predict(dev(f, x), m, cand, wl, None, per_instance=c0, wave=False).ttft_ms
 
         tflops = solve(ttft_at, -engine_ttft, 1e-6, 1e6, True)
-    return dev(fixed, tflops, latency)
+    # the latency is what the steps leave of the measured TTFT (a prompt's step costs at least the
+    # fixed time, which the TPOT set: the engine's part cannot always be reached)
+    reached = predict(dev(fixed, tflops), m, cand, wl, None, per_instance=c0, wave=False).ttft_ms
+    return dev(fixed, tflops, max(0.0, ttft - reached))
 
 
 def _engine_ttft(cal: Calibration) -> tuple[float, str]:
-    """The engine's part of the TTFT at the calibration's lowest concurrency (the whole TTFT where the
-    server's figures are not known, or not below it) and the calibrated device's source."""
+    """The engine's part of the median TTFT at the calibration's lowest concurrency: less the latency
+    measured outside the engine there (the whole TTFT where none was, or it is not below the TTFT),
+    and the calibrated device's source, which says which."""
     c0, tpot, ttft, _ = min(cal.points)
-    engine = dict(cal.engine_ttft).get(c0)
-    engine_ttft = engine if engine is not None and 0 < engine <= ttft else ttft
-    split = (
-        f", of which {engine_ttft:g} ms in the engine (its /metrics) and {ttft - engine_ttft:g} ms outside it"
-        if engine_ttft < ttft
+    outside = dict(cal.outside_latency).get(c0)
+    split = outside is not None and 0 < outside < ttft
+    engine_ttft = ttft - outside if split and outside is not None else ttft
+    said = (
+        f", {outside:g} ms of it outside the engine (the server's /metrics)"
+        if split
+        else ", the server's /metrics not below it: all of it taken as the engine's"
+        if outside is not None
         else ""
     )
     return engine_ttft, (
         f"calibrated: {cal.path} (bench {cal.created or '?'}, concurrency {c0}: TPOT {tpot:g} ms, "
-        f"TTFT {ttft:g} ms{split})"
+        f"TTFT {ttft:g} ms{said})"
     )
 
 
