@@ -512,3 +512,40 @@ def test_gdn_prefill_flops_are_counted_per_prompt_token() -> None:
     assert a - b == pytest.approx(per_token * 4096 / (gpu.tflops * 1e12 * gpu.compute_efficiency) * 1e3)
     decode = pm.step_ms(gpu, shape, 1, link, 8, 1024.0)["compute_ms"]
     assert decode == pm.step_ms(gpu, without, 1, link, 8, 1024.0)["compute_ms"]
+
+
+def test_a_gpu_calibration_scales_the_engines_ttft_and_adds_the_latency_outside_it_once(
+    host_of, tmp_path
+) -> None:
+    """A bench whose /metrics put 200 of its 250 ms TTFT outside the engine (HTTP, tokenization, the
+    client): another prompt length scales the engine's 50 ms by the model, and adds the 200 ms once,
+    where scaling the whole TTFT would have multiplied a fixed latency by the prompt's growth."""
+    host = host_of("a800-pcie-4x-2numa")
+    longer = ["layout.workload_input_len=4096"]
+    plans = {}
+    for name, outside in (("whole", None), ("split", 200.0)):
+        root = tmp_path / name
+        path = Path(calibration_path(root, host))
+        path.parent.mkdir(parents=True)
+        doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+        if outside is not None:
+            doc["plans"][0]["runs"] = [
+                {
+                    "points": [
+                        {
+                            "concurrency": 16,
+                            "latency_ms": {"ttft": {"mean": 250.0}},
+                            "server_metrics": {"queue_ms": 10.0, "prefill_ms": 250.0 - outside - 10.0},
+                        }
+                    ]
+                }
+            ]
+        path.write_text(json.dumps(doc))
+        plans[name] = make_plan(host, root, environ={}, sets=longer).instances[0].prediction
+    base = make_plan(host, tmp_path / "none", environ={}).instances[0].prediction
+    at_bench = make_plan(host, tmp_path / "none", environ={}, sets=longer).instances[0].prediction
+    growth = at_bench.ttft_ms / base.ttft_ms  # what the model says the longer prompt does
+    assert plans["whole"].ttft_ms == pytest.approx(250.0 * growth, rel=0.02)
+    assert plans["split"].ttft_ms == pytest.approx(50.0 * growth + 200.0, rel=0.02)
+    scaled = next(t for t in plans["split"].terms if t["term"].startswith("scaled by the measurement"))
+    assert "+ 200.0 ms outside the engine" in scaled["term"] and scaled["ms"] == 200.0

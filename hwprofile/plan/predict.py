@@ -1006,7 +1006,8 @@ def calibrated(
     p: Prediction, model_at_bench: Prediction | None, cal: Calibration, wl: Workload, same_config: bool
 ) -> Prediction:
     """``p`` from the measurement: the measured point itself where the candidate is the configuration
-    measured at this workload, else ``p`` scaled by measured / modelled at the measured point."""
+    measured at this workload, else ``p`` scaled by measured / modelled at the measured point (the TTFT's
+    engine part; the latency the server's /metrics put outside the engine there added once, unscaled)."""
     pts = sorted(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))
     if not pts:
         return p
@@ -1023,17 +1024,22 @@ def calibrated(
         )
     if model_at_bench is None or model_at_bench.tpot_ms <= 0 or model_at_bench.ttft_ms <= 0:
         return p
+    # the engine's part of the TTFT is scaled, the latency the server's /metrics put outside it added
+    # once (scaled, a fixed latency would grow with the prompt)
+    outside = dict(cal.outside_latency).get(c, 0.0)
+    outside = outside if 0 < outside < ttft else 0.0
     f_tpot = tpot / model_at_bench.tpot_ms
-    f_ttft = ttft / model_at_bench.ttft_ms
+    f_ttft = (ttft - outside) / model_at_bench.ttft_ms
+    said = f" + {outside:.1f} ms outside the engine (its /metrics)" if outside else ""
     terms = [
         *p.terms,
         {
-            "term": f"scaled by the measurement: TPOT x{f_tpot:.2f}, TTFT x{f_ttft:.2f}",
-            "ms": 0.0,
+            "term": f"scaled by the measurement: TPOT x{f_tpot:.2f}, TTFT x{f_ttft:.2f}{said}",
+            "ms": round(outside, 3),
             "source": where + f": measured {cal.instances} x TP{cal.tp}",
         },
     ]
-    ttft2, tpot2 = p.ttft_ms * f_ttft, p.tpot_ms * f_tpot
+    ttft2, tpot2 = p.ttft_ms * f_ttft + outside, p.tpot_ms * f_tpot
     latency = ttft2 + (wl.output_len - 1) * tpot2
     tps2 = p.instances * p.per_instance_concurrency * wl.output_len / (latency / 1e3)
     return Prediction(
