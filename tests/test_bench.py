@@ -493,7 +493,7 @@ def test_speculating_plans_are_benchmarked_on_real_prompts(tmp_path) -> None:
     )
 
 
-@pytest.mark.slow(minutes=0.5)
+@pytest.mark.slow(minutes=1)
 def test_vllms_own_sharegpt_reader_takes_the_shipped_prompts() -> None:
     """vLLM's own ShareGPT dataset reader (what ``vllm bench serve --dataset-name sharegpt`` runs)
     samples the shipped prompts with a real tokenizer: every request a real prompt, oversampled to

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from vllmtools import VLLM, free_port
 
-pytestmark = pytest.mark.slow(minutes=4.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=4)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "schemas" / "hwprofile.bench-1.schema.json").read_text()

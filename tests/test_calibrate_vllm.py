@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from vllmtools import free_port, require_vllm
 
-pytestmark = pytest.mark.slow(minutes=5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=7.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BASE = [
     "engine.max_model_len=512",

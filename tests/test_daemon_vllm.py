@@ -18,7 +18,7 @@ import pytest
 from fakehost import build
 from vllmtools import free_port, serve, stop, wait_for_log
 
-pytestmark = pytest.mark.slow(minutes=9)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=7)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 READY = 480

@@ -27,7 +27,7 @@ import runcli
 from fakehost import build
 from vllmtools import VLLM, free_port
 
-pytestmark = [pytest.mark.slow(minutes=7.5), pytest.mark.multi_rank]
+pytestmark = [pytest.mark.slow(minutes=9), pytest.mark.multi_rank]
 
 READY = 420
 

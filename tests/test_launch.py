@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from vllmtools import free_port
 
-pytestmark = pytest.mark.slow(minutes=11.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=11)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 
 READY_TIMEOUT = 420

@@ -18,7 +18,7 @@ import pytest
 import runcli
 from vllmtools import free_ports, require_vllm
 
-pytestmark = pytest.mark.slow(minutes=2)
+pytestmark = pytest.mark.slow(minutes=1.5)
 
 READY = 600
 ROUTER = Path(sys.executable).parent / "vllm-router"

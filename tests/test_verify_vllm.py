@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from vllmtools import free_port, require_vllm
 
-pytestmark = pytest.mark.slow(minutes=7)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=8.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "hwprofile.verify-1.schema.json").read_text())

@@ -26,7 +26,7 @@ from hwprofile.model import read_model_dir
 from hwprofile.plan.cpu import cpu_attention
 from hwprofile.plan.memory import vllm_kv_cache
 
-pytestmark = pytest.mark.slow(minutes=8)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=9.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 BATCHED = 128  # --max-num-batched-tokens: the in-flight tokens a sliding window layer also holds

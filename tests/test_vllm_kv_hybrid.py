@@ -46,7 +46,7 @@ from hwprofile.plan.memory import (
     vllm_kv_cache,
 )
 
-pytestmark = pytest.mark.slow(minutes=12.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=11.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 # name: (transformers config class, model class, config kwargs)
