@@ -239,6 +239,12 @@ class Calibration:
     # (concurrency, ms): the client, HTTP, the API server's tokenization, the hand-over to EngineCore
     outside_latency: tuple[tuple[int, float], ...] = ()
 
+    def outside_ms(self, c: int, ttft_ms: float) -> float:
+        """The latency measured outside the engine at concurrency ``c`` where it is a part of
+        ``ttft_ms`` (above 0, below it); else 0: none measured there, or not a part of that TTFT."""
+        outside = dict(self.outside_latency).get(c, 0.0)
+        return outside if 0 < outside < ttft_ms else 0.0
+
 
 @state
 class Prediction:
@@ -1026,8 +1032,7 @@ def calibrated(
         return p
     # the engine's part of the TTFT is scaled, the latency the server's /metrics put outside it added
     # once (scaled, a fixed latency would grow with the prompt)
-    outside = dict(cal.outside_latency).get(c, 0.0)
-    outside = outside if 0 < outside < ttft else 0.0
+    outside = cal.outside_ms(c, ttft)
     f_tpot = tpot / model_at_bench.tpot_ms
     f_ttft = (ttft - outside) / model_at_bench.ttft_ms
     said = f" + {outside:.1f} ms outside the engine (its /metrics)" if outside else ""
@@ -1119,17 +1124,15 @@ def _engine_ttft(cal: Calibration) -> tuple[float, str]:
     measured outside the engine there (the whole TTFT where none was, or it is not below the TTFT),
     and the calibrated device's source, which says which."""
     c0, tpot, ttft, _ = min(cal.points)
-    outside = dict(cal.outside_latency).get(c0)
-    split = outside is not None and 0 < outside < ttft
-    engine_ttft = ttft - outside if split and outside is not None else ttft
+    outside = cal.outside_ms(c0, ttft)
     said = (
         f", {outside:g} ms of it outside the engine (the server's /metrics)"
-        if split
+        if outside
         else ", the server's /metrics not below it: all of it taken as the engine's"
-        if outside is not None
+        if c0 in dict(cal.outside_latency)
         else ""
     )
-    return engine_ttft, (
+    return ttft - outside, (
         f"calibrated: {cal.path} (bench {cal.created or '?'}, concurrency {c0}: TPOT {tpot:g} ms, "
         f"TTFT {ttft:g} ms{said})"
     )
