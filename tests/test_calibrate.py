@@ -239,6 +239,25 @@ def test_the_cpu_backend_never_schedules_asynchronously() -> None:
     assert cpu.async_scheduling is False and "CPU backend never schedules asynchronously" in cpu.source
 
 
+def test_the_api_server_on_enginecores_core_costs_each_scheduled_sequence() -> None:
+    """vLLM's CPU backend leaves one core per rank (``auto``) to the API server and EngineCore: the API
+    server's work per streamed token is then serial with the step; two cores or more of their own, or a
+    GPU host, keep it off the step."""
+    from hwprofile.plan.servercost import API_TOKEN_S, STEP_SEQ_S, frontend_cores, server_costs
+
+    assert frontend_cores(None, None, 1) == 1  # auto: one reserved core per rank
+    assert (
+        frontend_cores(8, 6, 1) == 2 and frontend_cores(8, 8, 1) == 0 and frontend_cores(None, 4, 1) is None
+    )
+    shared = server_costs("0.32.0+cpu", "a CPU", cpu_backend=True, frontend=1)
+    assert shared.step_seq_s == pytest.approx(STEP_SEQ_S + API_TOKEN_S)
+    assert "shares with EngineCore the 1 core(s)" in shared.source
+    assert server_costs("0.32.0+cpu", cpu_backend=True, frontend=None).step_seq_s > STEP_SEQ_S
+    own = server_costs("0.32.0+cpu", "a CPU", cpu_backend=True, frontend=2)
+    assert own.step_seq_s == STEP_SEQ_S and "shares" not in own.source
+    assert server_costs("0.32.0", "a CPU", frontend=1).step_seq_s == STEP_SEQ_S  # a GPU host
+
+
 def test_a_request_alone_finds_no_step_in_flight() -> None:
     """One request at a time (a closed loop of one): its TTFT is its prompt's steps, with no half step
     of another request's decode before it; two: half a step on average."""

@@ -904,7 +904,7 @@ def cpu_prediction(
     dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
-    costs = _calibrated_costs(host, dev)
+    costs = _calibrated_costs(host, dev, inst)
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
     bench_share = _bench_share(settings, wl, instances)
@@ -929,14 +929,26 @@ def cpu_prediction(
     )
 
 
-def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu) -> ServerCosts | None:
-    """``host``'s server costs for its CPU backend, the API server's CPU per request no more than the
-    latency ``dev`` measured outside the engine (None: no host, no costs)."""
+def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan) -> ServerCosts | None:
+    """``host``'s server costs for ``inst`` on its CPU backend (the cores its OpenMP threads leave the
+    API server), the API server's CPU per request no more than the latency ``dev`` measured outside the
+    engine (None: no host, no costs)."""
     if host is None:
         return None
-    from .servercost import server_costs
+    from ..host.linux import parse_cpulist
+    from .servercost import frontend_cores, server_costs
 
-    costs = server_costs(host.software.vllm_version, host.cpu.model, cpu_backend=True)
+    def count(text: str | None) -> int | None:
+        try:
+            return len(parse_cpulist(text)) if text else None
+        except ValueError:
+            return None
+
+    bind = inst.omp_threads_bind if isinstance(inst.omp_threads_bind, str) else None
+    omp = None if bind is None else sum(count(x) or 0 for x in bind.split("|"))
+    ranks = inst.tensor_parallel_size * inst.pipeline_parallel_size
+    frontend = frontend_cores(count(inst.cpus), omp, ranks)
+    costs = server_costs(host.software.vllm_version, host.cpu.model, cpu_backend=True, frontend=frontend)
     return dataclasses.replace(costs, api_request_s=min(costs.api_request_s, dev.request_latency_ms / 1e3))
 
 
