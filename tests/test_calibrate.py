@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hwprofile.model import resolve_model
 from hwprofile.pipeline import calibration_path, make_plan
 from hwprofile.plan import candidates
 from hwprofile.plan import predict as pm
+from hwprofile.plan.types import ABSENT
 
 CONFIG = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -239,23 +241,80 @@ def test_the_cpu_backend_never_schedules_asynchronously() -> None:
     assert cpu.async_scheduling is False and "CPU backend never schedules asynchronously" in cpu.source
 
 
-def test_the_api_server_on_enginecores_core_costs_each_scheduled_sequence() -> None:
-    """vLLM's CPU backend leaves one core per rank (``auto``) to the API server and EngineCore: the API
-    server's work per streamed token is then serial with the step; two cores or more of their own, or a
-    GPU host, keep it off the step."""
-    from hwprofile.plan.servercost import API_TOKEN_S, STEP_SEQ_S, frontend_cores, server_costs
+def test_the_api_server_on_enginecores_cpu_costs_each_scheduled_sequence() -> None:
+    """With fewer CPUs outside the OpenMP threads than the API server and the EngineCores need, the API
+    server's work per streamed token is serial with the step; enough CPUs of their own, or a GPU host,
+    keep it off the step."""
+    from hwprofile.plan.servercost import API_TOKEN_S, STEP_SEQ_S, server_costs
 
-    assert frontend_cores(None, None, 1) == 1  # auto: one reserved core per rank
-    assert (
-        frontend_cores(8, 6, 1) == 2 and frontend_cores(8, 8, 1) == 0 and frontend_cores(None, 4, 1) is None
-    )
     shared = server_costs("0.32.0+cpu", "a CPU", cpu_backend=True, frontend=1)
     assert shared.step_seq_s == pytest.approx(STEP_SEQ_S + API_TOKEN_S)
-    assert "shares with EngineCore the 1 core(s)" in shared.source
-    assert server_costs("0.32.0+cpu", cpu_backend=True, frontend=None).step_seq_s > STEP_SEQ_S
+    assert "leave 1 CPU(s) to the API server and 1 EngineCore(s)" in shared.source
+    assert f"({(STEP_SEQ_S + API_TOKEN_S) * 1e6:g} us in all)" in shared.source
+    assert "an unknown number of CPUs" in server_costs("0.32.0+cpu", cpu_backend=True).source
     own = server_costs("0.32.0+cpu", "a CPU", cpu_backend=True, frontend=2)
-    assert own.step_seq_s == STEP_SEQ_S and "shares" not in own.source
+    assert own.step_seq_s == STEP_SEQ_S and "leave" not in own.source
+    dp = server_costs("0.32.0+cpu", "a CPU", cpu_backend=True, frontend=2, engines=2)
+    assert dp.step_seq_s > STEP_SEQ_S  # two EngineCores and the API server on two CPUs
     assert server_costs("0.32.0", "a CPU", frontend=1).step_seq_s == STEP_SEQ_S  # a GPU host
+
+
+@pytest.mark.parametrize(
+    ("nodes", "cpus", "bind", "tp", "dp", "left"),
+    [
+        (["0-1"], None, ABSENT, 1, 1, 1),  # auto: one core kept back for the rank
+        (["0-7"], None, ABSENT, 2, 1, 2),
+        (["0-7", "8-15"], None, ABSENT, 1, 1, 9),  # the other node's CPUs are free
+        (["0-7", "8-15"], "0-7", ABSENT, 1, 1, 1),  # bound to node 0
+        (["0-7"], None, "0-5", 1, 1, 2),
+        (["0-7"], None, "0-3|0-3", 1, 2, 4),  # one list for two ranks: the CPUs, not the count
+        (["0-7"], None, "0,0,1,1,2,3", 1, 1, 4),  # duplicates, as vLLM's parse_id_list drops them
+        (["0-7"], "0-7", "8-15", 1, 1, 8),  # a list outside the instance's CPUs takes none of them
+        (["0-7"], None, "nobind", 1, 1, 0),  # the threads on every CPU
+        (["0-7"], None, "8-3", 1, 1, None),  # a list vLLM would refuse: unknown
+        ([], None, ABSENT, 1, 1, None),  # no CPUs read
+    ],
+)
+def test_the_cpus_the_openmp_threads_leave(nodes, cpus, bind, tp, dp, left) -> None:
+    from hwprofile.host.snapshot import NumaNode
+    from hwprofile.plan.cpu import frontend_cpus
+
+    host = _cpu_host()._replace(numa_nodes=tuple(NumaNode(i, c) for i, c in enumerate(nodes)))
+    host = host._replace(cpu=host.cpu._replace(logical_cpus=None))
+    inst = SimpleNamespace(
+        cpus=cpus,
+        omp_threads_bind=bind,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=1,
+        ranks=dp,
+    )
+    assert frontend_cpus(inst, host) == left  # type: ignore[arg-type]
+
+
+def test_a_calibrated_cpu_plan_charges_the_api_server_only_where_it_shares(tmp_path: Path) -> None:
+    """The wiring: on an 8-CPU host, OpenMP lists leaving two CPUs give the API server its own; vLLM's
+    ``auto`` (one kept back) does not, and each scheduled sequence costs the step its work too. Either
+    way the simulation gives the benched TPOT back at the benched concurrency (nothing counted twice)."""
+    from hwprofile.plan.servercost import API_TOKEN_S, STEP_SEQ_S
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    host = _cpu_host()._replace(cpu=Cpu("a CPU", 8, 1, ("avx2",)))
+    root = tmp_path / "etc"
+    root.mkdir()
+    path = Path(calibration_path(root, host))
+    path.parent.mkdir()
+    path.write_text(json.dumps(_doc([(1, 20.0, 60.0, 45.0)])))
+    got = {}
+    for bind in ("auto", "0-5"):
+        sets = [*SETS, "layout.workload_concurrency=1", f"cpu.omp_threads_bind={bind}"]
+        sim = make_plan(host, root, environ={}, model=str(d), sets=sets).to_json()["instances"][0]
+        sim = sim["prediction"]["simulated"]
+        got[bind] = sim["server_costs"]["step_seq_us"]
+        assert sim["tpot_ms"]["value"] == pytest.approx(20.0, rel=0.02)
+    assert got["auto"] == pytest.approx((STEP_SEQ_S + API_TOKEN_S) * 1e6)
+    assert got["0-5"] == pytest.approx(STEP_SEQ_S * 1e6)
 
 
 def test_a_request_alone_finds_no_step_in_flight() -> None:

@@ -930,32 +930,29 @@ def cpu_prediction(
 
 
 def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan) -> ServerCosts | None:
-    """``host``'s server costs for ``inst`` on its CPU backend (the cores its OpenMP threads leave the
-    API server), the API server's CPU per request no more than the latency ``dev`` measured outside the
-    engine (None: no host, no costs)."""
+    """``host``'s server costs for ``inst`` on its CPU backend (the CPUs its OpenMP threads leave the
+    API server and EngineCore: plan/cpu.py ``frontend_cpus``), the API server's CPU per request no more
+    than the latency ``dev`` measured outside the engine (None: no host, no costs)."""
     if host is None:
         return None
-    from ..host.linux import parse_cpulist
-    from .servercost import frontend_cores, server_costs
+    from .cpu import frontend_cpus
+    from .servercost import server_costs
 
-    def count(text: str | None) -> int | None:
-        try:
-            return len(parse_cpulist(text)) if text else None
-        except ValueError:
-            return None
-
-    bind = inst.omp_threads_bind if isinstance(inst.omp_threads_bind, str) else None
-    omp = None if bind is None else sum(count(x) or 0 for x in bind.split("|"))
-    ranks = inst.tensor_parallel_size * inst.pipeline_parallel_size
-    frontend = frontend_cores(count(inst.cpus), omp, ranks)
-    costs = server_costs(host.software.vllm_version, host.cpu.model, cpu_backend=True, frontend=frontend)
+    costs = server_costs(
+        host.software.vllm_version,
+        host.cpu.model,
+        cpu_backend=True,
+        frontend=frontend_cpus(inst, host),
+        engines=inst.ranks,
+    )
     return dataclasses.replace(costs, api_request_s=min(costs.api_request_s, dev.request_latency_ms / 1e3))
 
 
 def _less_step_cpu(dev: pm.Gpu, costs: ServerCosts | None, c0: int) -> pm.Gpu:
-    """``dev``, fitted with the engine's CPU per sequence inside its fixed time, for a simulation that
-    adds that CPU per scheduled sequence itself: the fixed time less what it adds at the bench's
-    concurrency (``c0`` sequences a step, serial with it: the CPU backend schedules synchronously)."""
+    """``dev``, fitted with the CPU per scheduled sequence (the engine's, and the API server's where they
+    share CPUs: plan/servercost.py) inside its fixed time, for a simulation that adds it itself: the
+    fixed time less what it adds at the bench's concurrency (``c0`` sequences a step, serial with it: the
+    CPU backend schedules synchronously)."""
     if costs is None or dev.step_fixed_ms is None or costs.async_scheduling:
         return dev
     return dataclasses.replace(dev, step_fixed_ms=max(0.0, dev.step_fixed_ms - costs.step_seq_s * 1e3 * c0))

@@ -75,34 +75,24 @@ def async_scheduling_default(vllm_version: str | None) -> bool | None:
     return release_of(vllm_version).async_scheduling_default()
 
 
-def frontend_cores(cpus: int | None, omp_cores: int | None, ranks: int) -> int | None:
-    """The cores a CPU-backend instance leaves to its API server and EngineCore (and whatever else runs
-    beside them): its CPUs less its OpenMP threads' (``omp_cores``: the operator's
-    ``VLLM_CPU_OMP_THREADS_BIND`` lists; None: vLLM's ``auto``, which reserves one core per local rank on
-    x86 and Arm, vllm/utils/ompmultiprocessing.py ``reserve_cpu_num``). None: unknown."""
-    if omp_cores is None:
-        return ranks
-    if cpus is None:
-        return None
-    return max(0, cpus - omp_cores)
-
-
 def server_costs(
     vllm_version: str | None,
     cpu_model: str | None = None,
     cpu_backend: bool = False,
     frontend: int | None = None,
+    engines: int = 1,
 ) -> ServerCosts:
     """The costs for a host running ``vllm_version`` (``cpu_backend``: vLLM's CPU backend, which turns
-    async scheduling off whatever the release's default; ``frontend``: the cores that backend leaves to
-    the API server and EngineCore, :func:`frontend_cores`). The CPU's speed would scale them, but no CPU
-    table says how fast a model runs vLLM's Python: the host's CPU is named in the source (the band widens
-    on a CPU unlike the validation hosts'), not scaled by.
+    async scheduling off whatever the release's default; ``frontend``: the CPUs that backend's OpenMP
+    threads leave to the API server and the ``engines`` EngineCore processes, plan/cpu.py
+    ``frontend_cpus``; None: unknown). The CPU's speed would scale them, but no CPU table says how fast a
+    model runs vLLM's Python: the host's CPU is named in the source (the band widens on a CPU unlike the
+    validation hosts'), not scaled by.
 
-    With fewer than two such cores (vLLM's own default on the CPU backend: one per rank), the API server's
-    work per streamed token runs on the core EngineCore schedules on: it is serial with the step, so each
-    scheduled sequence costs the step that work too (``step_seq_s``). A GPU host's API server has cores of
-    its own: its work delays the tokens' delivery, not the engine."""
+    With fewer such CPUs than those processes (vLLM's own ``auto`` on a host without SMT siblings: one
+    per rank), the API server's work per streamed token runs on a CPU EngineCore schedules on: it is
+    serial with the step, so each scheduled sequence costs the step that work too (``step_seq_s``). A GPU
+    host's API server has CPUs of its own: its work delays the tokens' delivery, not the engine."""
     asy = async_scheduling_default(vllm_version)
     since = floor_of("async_scheduling_default")
     cpu = f"; this host's CPU ({cpu_model}) not scaled for" if cpu_model else "; this host's CPU unknown"
@@ -117,12 +107,13 @@ def server_costs(
     if cpu_backend:  # vllm/platforms/cpu.py (0.32): "async scheduling is not required on CPU", set False
         asy = False
         how = "the CPU backend never schedules asynchronously: the engine's CPU adds to the step"
-        if frontend is None or frontend < 2:
+        if frontend is None or frontend < engines + 1:
             step_seq += API_TOKEN_S
-            cores = "an unknown number of cores" if frontend is None else f"{frontend} core(s)"
+            left = "an unknown number of CPUs" if frontend is None else f"{frontend} CPU(s)"
             how += (
-                f"; the API server shares with EngineCore the {cores} the OpenMP threads leave: its "
-                f"{API_TOKEN_S * 1e6:g} us per streamed token adds to each scheduled sequence's"
+                f"; the OpenMP threads leave {left} to the API server and {engines} EngineCore(s): the API "
+                f"server's {API_TOKEN_S * 1e6:g} us per streamed token adds to each scheduled sequence's "
+                f"step ({step_seq * 1e6:g} us in all)"
             )
     return ServerCosts(
         API_REQUEST_S,
