@@ -277,7 +277,7 @@ def test_the_api_server_on_enginecores_cpu_costs_each_scheduled_sequence() -> No
 )
 def test_the_cpus_the_openmp_threads_leave(nodes, cpus, bind, tp, dp, left) -> None:
     from hwprofile.host.snapshot import NumaNode
-    from hwprofile.plan.cpu import frontend_cpus
+    from hwprofile.plan.servercost import frontend_cpus
 
     host = _cpu_host()._replace(numa_nodes=tuple(NumaNode(i, c) for i, c in enumerate(nodes)))
     host = host._replace(cpu=host.cpu._replace(logical_cpus=None))

@@ -931,12 +931,11 @@ def cpu_prediction(
 
 def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan) -> ServerCosts | None:
     """``host``'s server costs for ``inst`` on its CPU backend (the CPUs its OpenMP threads leave the
-    API server and EngineCore: plan/cpu.py ``frontend_cpus``), the API server's CPU per request no more
-    than the latency ``dev`` measured outside the engine (None: no host, no costs)."""
+    API server and EngineCore: plan/servercost.py ``frontend_cpus``), the API server's CPU per request
+    no more than the latency ``dev`` measured outside the engine (None: no host, no costs)."""
     if host is None:
         return None
-    from .cpu import frontend_cpus
-    from .servercost import server_costs
+    from .servercost import frontend_cpus, server_costs
 
     costs = server_costs(
         host.software.vllm_version,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from .context import PlanContext
 from .engine import hybrid_opts, server_settings
@@ -210,39 +209,6 @@ def _cpu_omp_bind(ctx: PlanContext, key: str, index: int, count: int) -> str | A
         ("cpu", "omp_threads_bind"),
     )
     return mine
-
-
-def frontend_cpus(inst: InstancePlan, host: HostSnapshot) -> int | None:
-    """The CPUs ``inst``'s OpenMP threads leave to its API server and EngineCore(s) (plan/servercost.py:
-    fewer than those processes, and the API server's work per token is serial with the step), as vLLM's
-    ``vllm/utils/ompmultiprocessing.py`` binds them: the operator's lists (``|``-separated, one per rank),
-    or ``auto``: rank r on NUMA node r, one logical CPU per physical core, ``reserve_cpu_num`` (one per
-    rank) of them kept back. The snapshot does not say which CPUs are SMT siblings: ``auto`` takes none
-    (a host with SMT leaves its siblings free, which this counts low). ``nobind``: the threads run on every
-    CPU (0). The instance's CPUs: its NUMA binding's, else the host's; other instances on the same CPUs
-    are not counted. None: the CPUs or a list are unknown."""
-    from ..host.linux import parse_cpulist
-
-    try:
-        nodes = [set(parse_cpulist(n.cpus)) for n in host.numa_nodes]
-        mine = set(parse_cpulist(inst.cpus)) if inst.cpus else set().union(*nodes)
-        if not mine and host.cpu.logical_cpus:
-            mine = set(range(host.cpu.logical_cpus))
-        if not mine:
-            return None
-        bind = inst.omp_threads_bind
-        if bind == "nobind":
-            return 0
-        if isinstance(bind, str):
-            omp = set().union(*(parse_cpulist(x) for x in bind.split("|")))
-            return len(mine - omp)
-    except ValueError:
-        return None
-    ranks = inst.tensor_parallel_size * inst.pipeline_parallel_size * inst.ranks
-    used = [n & mine for n in nodes if n & mine] or [mine]
-    omp = set().union(*used[:ranks])
-    reserved = ranks if len(omp) > ranks else 0
-    return len(mine - omp) + reserved
 
 
 def _cpu_ram_check(

@@ -1,7 +1,8 @@
 """CPU work outside the GPU's step, as plan/simulate.py takes it (issue 32): vLLM's API server (one asyncio
 process in front of EngineCore since V1) and the engine step's CPU per scheduled sequence.
 
-Pure: a vLLM release (and the host's CPU, which only widens the band) in, the costs with their sources out.
+Pure: a vLLM release (and the host's CPU, which only widens the band; on the CPU backend, the CPUs an
+instance's OpenMP threads leave its API server) in, the costs with their sources out.
 
 What is serial with what, read in vLLM 0.11.0's code (``pip download --no-deps vllm==0.11.0``):
 
@@ -19,8 +20,14 @@ What is serial with what, read in vLLM 0.11.0's code (``pip download --no-deps v
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..record import record
 from ..release import floor_of, release_of
+
+if TYPE_CHECKING:
+    from ..host.snapshot import HostSnapshot
+    from .types import InstancePlan
 
 # Evidence for the orders of magnitude, none of it a figure of these hosts:
 # - vLLM issue #6801 (V0, 2024): "when BS is 200, [sampling, prepare input, process output, scheduler]
@@ -75,6 +82,39 @@ def async_scheduling_default(vllm_version: str | None) -> bool | None:
     return release_of(vllm_version).async_scheduling_default()
 
 
+def frontend_cpus(inst: InstancePlan, host: HostSnapshot) -> int | None:
+    """The CPUs ``inst``'s OpenMP threads leave to its API server and EngineCore(s) (:func:`server_costs`:
+    fewer than those processes, and the API server's work per token is serial with the step), as vLLM's
+    ``vllm/utils/ompmultiprocessing.py`` binds them: the operator's lists (``|``-separated, one per rank),
+    or ``auto``: rank r on NUMA node r, one logical CPU per physical core, ``reserve_cpu_num`` (one per
+    rank) of them kept back. The snapshot does not say which CPUs are SMT siblings: ``auto`` takes none
+    (a host with SMT leaves its siblings free, which this counts low). ``nobind``: the threads run on every
+    CPU (0). The instance's CPUs: its NUMA binding's, else the host's; other instances on the same CPUs
+    are not counted. None: the CPUs or a list are unknown."""
+    from ..host.linux import parse_cpulist
+
+    try:
+        nodes = [set(parse_cpulist(n.cpus)) for n in host.numa_nodes]
+        mine = set(parse_cpulist(inst.cpus)) if inst.cpus else set().union(*nodes)
+        if not mine and host.cpu.logical_cpus:
+            mine = set(range(host.cpu.logical_cpus))
+        if not mine:
+            return None
+        bind = inst.omp_threads_bind
+        if bind == "nobind":
+            return 0
+        if isinstance(bind, str):
+            omp = set().union(*(parse_cpulist(x) for x in bind.split("|")))
+            return len(mine - omp)
+    except ValueError:
+        return None
+    ranks = inst.tensor_parallel_size * inst.pipeline_parallel_size * inst.ranks
+    used = [n & mine for n in nodes if n & mine] or [mine]
+    omp = set().union(*used[:ranks])
+    reserved = ranks if len(omp) > ranks else 0
+    return len(mine - omp) + reserved
+
+
 def server_costs(
     vllm_version: str | None,
     cpu_model: str | None = None,
@@ -84,8 +124,8 @@ def server_costs(
 ) -> ServerCosts:
     """The costs for a host running ``vllm_version`` (``cpu_backend``: vLLM's CPU backend, which turns
     async scheduling off whatever the release's default; ``frontend``: the CPUs that backend's OpenMP
-    threads leave to the API server and the ``engines`` EngineCore processes, plan/cpu.py
-    ``frontend_cpus``; None: unknown). The CPU's speed would scale them, but no CPU table says how fast a
+    threads leave to the API server and the ``engines`` EngineCore processes, :func:`frontend_cpus`;
+    None: unknown). The CPU's speed would scale them, but no CPU table says how fast a
     model runs vLLM's Python: the host's CPU is named in the source (the band widens on a CPU unlike the
     validation hosts'), not scaled by.
 
