@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 # request_lengths; those points were the evidence for the per-token cost): 6 ms per request and 50 us per
 # streamed token (were 4 ms, 100 us) put 36 of the 48 main figures within against 34 (grid `small`; the
 # grid is flat within 2 figures, the held-out set 9 of 12 at every candidate of it).
+# Those runs all went through the chat endpoint (`vllm bench serve --backend openai-chat`): the 6 ms
+# includes rendering each request's chat template, which differs by model (Qwen3's Jinja template,
+# gpt-oss's Harmony format): the lab's Qwen3-14B bursts of 128 / 4 reached 37-44 requests/s, gpt-oss-20b's
+# 184-213, on the same hosts. Not modelled per template (no figure isolates it).
 API_REQUEST_S = 0.006
 API_TOKEN_S = 50e-6
 STEP_SEQ_S = 60e-6
