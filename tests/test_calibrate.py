@@ -313,6 +313,9 @@ def test_a_calibrated_cpu_plan_charges_the_api_server_only_where_it_shares(tmp_p
         sim = sim["prediction"]["simulated"]
         got[bind] = sim["server_costs"]["step_seq_us"]
         assert sim["tpot_ms"]["value"] == pytest.approx(20.0, rel=0.02)
+        # the API server's CPU per request is the latency measured outside the engine, and says so
+        request_ms = sim["server_costs"]["api_request_ms"]
+        assert request_ms < 6.0 and f"taken as the {request_ms:.3g} ms" in sim["server_costs"]["source"]
     assert got["auto"] == pytest.approx((STEP_SEQ_S + API_TOKEN_S) * 1e6)
     assert got["0-5"] == pytest.approx(STEP_SEQ_S * 1e6)
 
