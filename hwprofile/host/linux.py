@@ -10,42 +10,9 @@ import os
 import re
 from collections.abc import Iterable
 
-from .snapshot import MAX_CPUS, Cpu, DetectError, NumaNode
+from .snapshot import Cpu, DetectError, NumaNode, format_cpulist, parse_cpulist
 
 # -- cpulist helpers ---------------------------------------------------------------------------
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` → ``[0, 1, 2, 3, 8, 10, 11]``. Empty text → ``[]``. A CPU number at or
-    above :data:`~.snapshot.MAX_CPUS`, or a range running backwards, is a ``ValueError`` (a
-    ``0-4000000000`` would otherwise build a list of four billion numbers)."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if not 0 <= first <= last < MAX_CPUS:
-            raise ValueError(f"CPU range {part!r}: CPUs are numbered 0 to {MAX_CPUS - 1}, ascending")
-        cpus.extend(range(first, last + 1))
-        if len(cpus) > MAX_CPUS:
-            raise ValueError(f"more than {MAX_CPUS} CPUs listed")
-    return cpus
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 8]`` → ``"0-3,8"`` (sorted, duplicates dropped)."""
-    ordered = sorted(set(cpus))
-    runs: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(runs)
 
 
 def cpulist_from_masks(words: Iterable[int], bits_per_word: int = 64) -> str:

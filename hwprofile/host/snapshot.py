@@ -19,7 +19,7 @@ Unknown values are ``None``; what could not be read, and why, is listed in ``err
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -33,6 +33,46 @@ MAX_GPUS = 256
 MAX_DEVICE_MINOR = 255  # /dev/nvidia<minor> is a char device of major 195, minors 0-255
 MAX_CPUS = 16384
 MAX_NUMA_NODES = 1024
+
+
+# -- cpulists (the kernel's "0-3,8" form) -----------------------------------------------------
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """``"0-3,8,10-11"`` → ``[0, 1, 2, 3, 8, 10, 11]``. Empty text → ``[]``. A CPU number at or
+    above :data:`MAX_CPUS`, or a range running backwards, is a ``ValueError`` (a
+    ``0-4000000000`` would otherwise build a list of four billion numbers)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"CPU range {part!r}: not a CPU number or a range of them") from None
+        if not 0 <= first <= last < MAX_CPUS:
+            raise ValueError(f"CPU range {part!r}: CPUs are numbered 0 to {MAX_CPUS - 1}, ascending")
+        cpus.extend(range(first, last + 1))
+        if len(cpus) > MAX_CPUS:
+            raise ValueError(f"more than {MAX_CPUS} CPUs listed")
+    return cpus
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` → ``"0-3,8"`` (sorted, duplicates dropped)."""
+    ordered = sorted(set(cpus))
+    runs: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(runs)
+
 
 # Clock-event (throttle) reason bits, as in nvml.h (nvmlClocksEventReason*).
 CLOCK_EVENT_REASONS: dict[int, str] = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..contracts import Bool, Const, Int, Invalid, List, Num, Obj, Str
-from .snapshot import MAX_CPUS, MAX_DEVICE_MINOR, MAX_GPUS, MAX_NUMA_NODES, SCHEMA
+from .snapshot import MAX_CPUS, MAX_DEVICE_MINOR, MAX_GPUS, MAX_NUMA_NODES, SCHEMA, parse_cpulist
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -219,16 +219,13 @@ def _check_numa_nodes(nodes: Iterable[dict[str, Any]]) -> set[int]:
         if n["id"] in node_ids:
             raise Invalid(f"numa_nodes[{i}].id", f"NUMA node {n['id']} is listed twice")
         node_ids.add(n["id"])
-        for part in filter(None, n["cpus"].split(",")):
-            lo, _, hi = part.partition("-")
-            first, last = int(lo), int(hi or lo)
-            if last < first or last >= MAX_CPUS:
-                raise Invalid(
-                    f"numa_nodes[{i}].cpus", f"bad CPU range {part!r} (CPUs are 0 to {MAX_CPUS - 1})"
-                )
-            for c in range(first, last + 1):
-                if seen_cpus.setdefault(c, n["id"]) != n["id"]:
-                    raise Invalid(f"numa_nodes[{i}].cpus", f"CPU {c} is also on NUMA node {seen_cpus[c]}")
+        try:
+            cpus = parse_cpulist(n["cpus"])
+        except ValueError as e:
+            raise Invalid(f"numa_nodes[{i}].cpus", f"bad {e}") from None
+        for c in cpus:
+            if seen_cpus.setdefault(c, n["id"]) != n["id"]:
+                raise Invalid(f"numa_nodes[{i}].cpus", f"CPU {c} is also on NUMA node {seen_cpus[c]}")
     return node_ids
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..host.snapshot import parse_cpulist
 from ..record import record
 from ..release import floor_of, release_of
 
@@ -95,8 +96,6 @@ def frontend_cpus(inst: InstancePlan, host: HostSnapshot) -> int | None:
     (a host with SMT leaves its siblings free, which this counts low). ``nobind``: the threads run on every
     CPU (0). The instance's CPUs: its NUMA binding's, else the host's; other instances on the same CPUs
     are not counted. None: the CPUs or a list are unknown."""
-    from ..host.linux import parse_cpulist
-
     try:
         nodes = [set(parse_cpulist(n.cpus)) for n in host.numa_nodes]
         mine = set(parse_cpulist(inst.cpus)) if inst.cpus else set().union(*nodes)
