@@ -1,5 +1,5 @@
-"""Fit plan/servercost.py's CPU costs (the API server's per request and per streamed token, the engine's per
-scheduled sequence) on the main serving set (benchmarks/data/validation_serving.yaml), never on the held-out
+"""Fit plan/servercost.py's CPU costs (the API server's per request, through a chat template and through
+Harmony, and per streamed token; the engine's per scheduled sequence) on the main serving set (benchmarks/data/validation_serving.yaml), never on the held-out
 one, which it only reports.
 
     python benchmarks/fit_servercost.py [--grid small|wide] [--held-out]
@@ -39,9 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_predict as bp
 
 BAR = {"output": 0.25, "tpot": 0.30, "ttft": 0.30}
+# (per request through a chat template, through Harmony, per streamed token, per scheduled sequence)
 GRIDS = {
-    "small": ([2e-3, 4e-3, 6e-3], [50e-6, 100e-6, 150e-6], [15e-6, 30e-6, 60e-6]),
-    "wide": ([0.0, 1e-3, 2e-3, 4e-3, 8e-3], [0.0, 50e-6, 100e-6, 200e-6], [0.0, 15e-6, 30e-6, 60e-6, 100e-6]),
+    "small": ([6e-3, 9e-3, 12e-3, 15e-3], [1e-3, 2e-3, 4e-3], [50e-6, 100e-6], [30e-6, 60e-6]),
+    "wide": (
+        [0.0, 4e-3, 8e-3, 12e-3, 16e-3],
+        [0.0, 1e-3, 2e-3, 4e-3, 6e-3],
+        [0.0, 50e-6, 100e-6, 200e-6],
+        [0.0, 15e-6, 30e-6, 60e-6, 100e-6],
+    ),
 }
 
 
@@ -145,7 +151,7 @@ def report_two_term(points: list[Any], spec: str) -> None:
 
 
 def evaluate(
-    points: list[Any], which: str, req: float, tok: float, seq: float
+    points: list[Any], which: str, req: float, harmony: float, tok: float, seq: float
 ) -> tuple[dict[str, int], float]:
     from hwprofile.plan import servercost as sc
     from hwprofile.plan import simulate as sim
@@ -155,8 +161,14 @@ def evaluate(
     for p, w, cost, eng, arr in points:
         if w != which:
             continue
+        # the renderer the planner took for the point's model (plan/servercost.py chat_renderer)
+        through_harmony = eng.api_request_s == sc.API_REQUEST_S["harmony"]
         e = dataclasses.replace(
-            eng, api_request_s=req, api_token_s=tok, step_seq_s=seq, api_token_share=sc.API_TOKEN_SHARE
+            eng,
+            api_request_s=harmony if through_harmony else req,
+            api_token_s=tok,
+            step_seq_s=seq,
+            api_token_share=sc.API_TOKEN_SHARE,
         )
         r = sim.simulate(cost, e, arr)
         m = p["measured"]
@@ -193,15 +205,15 @@ def main(argv: list[str] | None = None) -> int:
             for p, w, cost, eng, arr in points
         ]
     rows = []
-    for req, tok, seq in itertools.product(*GRIDS[args.grid]):
-        within, loss = evaluate(points, "main", req, tok, seq)
-        rows.append((-sum(within.values()), loss, req, tok, seq, within))
+    for req, harmony, tok, seq in itertools.product(*GRIDS[args.grid]):
+        within, loss = evaluate(points, "main", req, harmony, tok, seq)
+        rows.append((-sum(within.values()), loss, req, harmony, tok, seq, within))
     rows.sort(key=lambda r: (r[0], r[1]))
-    print("request ms  token us  seq us | main: within (output/tpot/ttft)  sum|log ratio|")
-    for _, loss, req, tok, seq, within in rows[:10]:
-        line = f"{req * 1e3:10g} {tok * 1e6:9g} {seq * 1e6:7g} | {within}  {loss:.2f}"
+    print("template ms  harmony ms  token us  seq us | main: within (output/tpot/ttft)  sum|log ratio|")
+    for _, loss, req, harmony, tok, seq, within in rows[:10]:
+        line = f"{req * 1e3:11g} {harmony * 1e3:11g} {tok * 1e6:9g} {seq * 1e6:7g} | {within}  {loss:.2f}"
         if args.held_out:
-            hw, hl = evaluate(points, "held", req, tok, seq)
+            hw, hl = evaluate(points, "held", req, harmony, tok, seq)
             line += f" | held-out {hw} {hl:.2f}"
         print(line)
     return 0

@@ -98,19 +98,25 @@ def test_the_api_server_streams_tokens_at_its_own_rate_and_the_engine_runs_ahead
     assert any("API server's CPU was busy" in n for n in streamed.notes) and not gpu_only.notes
 
 
-def test_admissions_share_the_api_server_with_the_streams() -> None:
-    # 400 short requests at once: 2 ms of the API server's CPU to admit each, 200 us per streamed token.
-    # The CPU never idles while work waits (0.8 s of admissions + 5.12 s of tokens, whatever the share);
-    # the outputs' share only decides who waits: with all of it (share 1) the admissions starve and few
-    # requests run at once; sharing it, more run and each one's tokens come further apart
-    arr = sim.Arrivals("burst", 400, 16, 64)
+def test_admissions_share_the_api_server_with_each_other_and_with_the_streams() -> None:
+    # 400 short requests at once, 2 ms of the API server's CPU to admit each: the event loop's round robin
+    # among their handlers shares the CPU (processor sharing), so they reach the engine together after
+    # 400 x 2 ms, not one every 2 ms as a first-come-first-served queue would let them in
+    burst = sim.Arrivals("burst", 400, 16, 64)
+    alone = sim.simulate(flat(0.0, 0.002), engine(api_request_s=0.002, max_num_seqs=512), burst)
+    ttfts = [t.ttft_s for t in alone.requests]
+    assert min(ttfts) == pytest.approx(400 * 0.002, rel=0.02)
+    assert max(ttfts) == pytest.approx(400 * 0.002, rel=0.02)
+    # the same 400 sent over about a second (Poisson, 400/s), 200 us per streamed token too. The CPU never
+    # idles while work waits (0.8 s of admissions + 5.12 s of tokens, whatever the share); the outputs'
+    # share only decides who waits: with all of it (share 1) the admissions starve and few requests run
+    # at once; sharing it, more run and each one's tokens come further apart
+    arr = sim.Arrivals("poisson", 400, 16, 64, rate=400, seed=1)
 
     def run(share: float) -> sim.SimResult:
         eng = engine(api_request_s=0.002, api_token_s=200e-6, max_num_seqs=512, api_token_share=share)
         return sim.simulate(flat(0.0, 0.002), eng, arr)
 
-    alone = sim.simulate(flat(0.0, 0.002), engine(api_request_s=0.002, max_num_seqs=512), arr)
-    assert max(t.ttft_s for t in alone.requests) == pytest.approx(400 * 0.002, rel=0.02)
     first, shared = run(1.0), run(0.5)
     for res in (first, shared):
         assert res.duration_s == pytest.approx(400 * 0.002 + 400 * 64 * 200e-6, rel=0.03)
@@ -118,6 +124,25 @@ def test_admissions_share_the_api_server_with_the_streams() -> None:
     assert first.tpot_ms() < shared.tpot_ms()
     with pytest.raises(ValueError, match="api_token_share"):
         run(0.0)
+
+
+def test_one_client_at_a_time_pays_its_own_admission_only() -> None:
+    # a closed loop of one: nothing to share the API server with, each request's admission is its own 2 ms
+    arr = sim.Arrivals("concurrency", 5, 16, 4, concurrency=1)
+    res = sim.simulate(flat(0.0, 0.010), engine(api_request_s=0.002), arr)
+    assert [t.ttft_s for t in res.requests] == pytest.approx([0.002 + 0.010] * 5)
+
+
+def test_a_bursts_decode_tokens_ride_steps_full_of_its_prompts() -> None:
+    # 256 requests of 128 in / 4 out at once, 1 ms of the API server each: they reach the engine together
+    # (0.256 s), which then prefills four prompts a step (512 tokens) beside the running ones' decodes:
+    # each decode token rides a full step (2 ms + 512 x 0.1 ms), not a decode-only one (2 ms), as
+    # GPUStack's lab measured (Qwen3-14B on an H100: TPOT 597 ms, a full 8,192-token step)
+    full = 0.002 + 512 * 1e-4
+    arr = sim.Arrivals("burst", 256, 128, 4)
+    res = sim.simulate(flat(1e-4, 0.002), engine(api_request_s=0.001, max_num_batched_tokens=512), arr)
+    assert res.tpot_ms() == pytest.approx(full * 1e3, rel=0.05)
+    assert min(t.ttft_s for t in res.requests) == pytest.approx(0.256 + full, rel=0.05)
 
 
 def test_the_engine_cpu_per_sequence_adds_to_the_step_or_overlaps_it() -> None:
@@ -149,6 +174,25 @@ def test_server_costs_by_release_with_their_sources() -> None:
         old.step_seq_s,
     )
     assert eng.async_scheduling is False and sim.engine_for(64, 2048, 50_000, True, None).api_token_s == 0
+
+
+def test_the_chat_renderer_sets_the_api_servers_cost_per_request() -> None:
+    # vLLM's chat endpoint renders gpt-oss through Harmony (token ids from openai_harmony, no chat template
+    # and no tokenizer call), every other model through its chat template and the tokenizer
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan import candidates
+    from hwprofile.plan import servercost as sc
+
+    assert sc.chat_renderer("gpt_oss") == "harmony"
+    assert sc.chat_renderer("qwen3") == sc.chat_renderer(None) == "template"
+    oss = candidates.model_shape(resolve_model("openai/gpt-oss-20b", "model"), 2)
+    qwen = candidates.model_shape(resolve_model("Qwen/Qwen3-0.6B", "model"), 2)
+    assert (oss.chat_renderer, qwen.chat_renderer) == ("harmony", "template")
+    harmony = sc.server_costs("0.11.0", renderer="harmony")
+    template = sc.server_costs("0.11.0")
+    assert harmony.api_request_s < template.api_request_s
+    assert "through Harmony" in harmony.source and "chat template" in template.source
+    assert harmony.to_json()["chat_renderer"] == "harmony"
 
 
 def test_poisson_arrivals_are_seeded_and_queue_more_as_the_rate_rises() -> None:

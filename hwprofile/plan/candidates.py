@@ -32,6 +32,7 @@ from .memory import (
     sequence_bytes,
     state_bytes_per_layer,
 )
+from .servercost import chat_renderer
 from .types import InstancePlan, InstancePrediction
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ def model_shape(
         kv_kinds=kv_kinds(model, kv_dtype_bytes),
         attention_kernel=attention_kernel,
         expert_padding=padding_by_tp(model),
+        chat_renderer=chat_renderer(model.model_type),
     )
 
 
@@ -841,7 +843,7 @@ def simulated_figures(
 
     c = max(1, per_instance)
     if costs is None and host is not None:
-        costs = server_costs(host.software.vllm_version, host.cpu.model)
+        costs = server_costs(host.software.vllm_version, host.cpu.model, renderer=shape.chat_renderer)
     eng = sim.engine_for(
         cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
     )
@@ -904,7 +906,7 @@ def cpu_prediction(
     dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
-    costs = _calibrated_costs(host, dev, inst)
+    costs = _calibrated_costs(host, dev, inst, shape.chat_renderer)
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
     bench_share = _bench_share(settings, wl, instances)
@@ -929,7 +931,9 @@ def cpu_prediction(
     )
 
 
-def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan) -> ServerCosts | None:
+def _calibrated_costs(
+    host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan, renderer: str = "template"
+) -> ServerCosts | None:
     """``host``'s server costs for ``inst`` on its CPU backend (the CPUs its OpenMP threads leave the
     API server and EngineCore: plan/servercost.py ``frontend_cpus``), the API server's CPU per request
     no more than the latency ``dev`` measured outside the engine (None: no host, no costs)."""
@@ -943,6 +947,7 @@ def _calibrated_costs(host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan
         cpu_backend=True,
         frontend=frontend_cpus(inst, host),
         engines=inst.ranks,
+        renderer=renderer,
     )
     measured = dev.request_latency_ms / 1e3
     if measured >= costs.api_request_s:

@@ -166,6 +166,9 @@ class ModelShape:
     # (TP, bytes one rank's routed experts grow by there): vLLM's MXFP4 MoE kernels pad each rank's expert
     # shapes to their tile (plan/memory.py expert_padding); the padded rows are read as the experts are
     expert_padding: tuple[tuple[int, int], ...] = ()
+    # how vLLM's chat endpoint renders a request (plan/servercost.py chat_renderer): "template" (the
+    # model's chat template, then the tokenizer) or "harmony" (gpt-oss): the API server's CPU per request
+    chat_renderer: str = "template"
 
 
 @record

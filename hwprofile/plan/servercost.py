@@ -46,13 +46,21 @@ if TYPE_CHECKING:
 # request_lengths; those points were the evidence for the per-token cost): 6 ms per request and 50 us per
 # streamed token (were 4 ms, 100 us) put 36 of the 48 main figures within against 34 (grid `small`; the
 # grid is flat within 2 figures, the held-out set 9 of 12 at every candidate of it).
-# Those runs all went through the chat endpoint (`vllm bench serve --backend openai-chat`): the 6 ms
-# includes rendering each request's chat template, which differs by model (Qwen3's Jinja template,
-# gpt-oss's Harmony format): the lab's Qwen3-14B bursts of 128 / 4 reached 37-44 requests/s, gpt-oss-20b's
-# 184-213, on the same hosts. Not modelled per template (no figure isolates it).
-API_REQUEST_S = 0.006
+# Refitted once the API server's admissions were simulated as the event loop shares them (processor
+# sharing, plan/simulate.py: a burst reaches the engine together and its decode tokens ride full steps)
+# and per chat renderer (below): 12 ms per request through a chat template, 2 ms through Harmony, 50 us
+# per streamed token, 30 us per scheduled sequence put 46 of the 48 main figures within against 36 with
+# one 6 ms for both and 60 us (benchmarks/fit_servercost.py, grid `small`).
+# Every run went through the chat endpoint (`vllm bench serve --backend openai-chat`), which renders a
+# request's messages one of two ways (vllm/entrypoints/openai/serving_chat.py, 0.11: ``use_harmony =
+# model_type == "gpt_oss"``): gpt-oss through Harmony (openai_harmony, in Rust: token ids directly, no
+# chat template, no tokenizer call), every other model through its Jinja chat template, rendered on the
+# event loop (``apply_hf_chat_template``), then the tokenizer (``AsyncMicrobatchTokenizer``). The lab's
+# bursts of 128 in / 4 out on the same hosts: Qwen3-14B 37-44 requests/s, gpt-oss-20b 184-213.
+HARMONY_MODEL_TYPES = frozenset({"gpt_oss"})
+API_REQUEST_S = {"template": 0.012, "harmony": 0.002}
 API_TOKEN_S = 50e-6
-STEP_SEQ_S = 60e-6
+STEP_SEQ_S = 30e-6
 # the output handler is one task among the request handlers of one event loop (round robin, not priority):
 # while requests wait to be admitted, the outputs get about half of the CPU
 API_TOKEN_SHARE = 0.5
@@ -63,12 +71,13 @@ FITTED_ON = "benchmarks/data/validation_serving.yaml (GPUStack performance lab, 
 class ServerCosts:
     """The CPU costs plan/simulate.py's Engine takes, with where they come from."""
 
-    api_request_s: float  # the API server's CPU per request (HTTP, tokenization, set-up)
+    api_request_s: float  # the API server's CPU per request (HTTP, chat rendering, tokenization, set-up)
     api_token_s: float  # the API server's CPU per streamed output token (detokenization, SSE)
     api_token_share: float  # the API server's CPU the outputs get while requests wait to be admitted
     step_seq_s: float  # the engine's CPU per scheduled sequence per step
     async_scheduling: bool | None  # the engine's CPU overlaps the GPU's step; None: release unknown
     source: str
+    chat_renderer: str = "template"  # how the chat endpoint renders a request: "template" or "harmony"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -77,6 +86,7 @@ class ServerCosts:
             "api_token_share": self.api_token_share,
             "step_seq_us": round(self.step_seq_s * 1e6, 1),
             "async_scheduling": self.async_scheduling,
+            "chat_renderer": self.chat_renderer,
             "source": self.source,
         }
 
@@ -85,6 +95,12 @@ def async_scheduling_default(vllm_version: str | None) -> bool | None:
     """Whether ``vllm serve`` schedules asynchronously by default in this release; None: unknown
     (hwprofile/release's ``async_scheduling_default`` floor)."""
     return release_of(vllm_version).async_scheduling_default()
+
+
+def chat_renderer(model_type: str | None) -> str:
+    """How vLLM's chat endpoint renders a request for a model of ``model_type``: "harmony" (gpt-oss: token
+    ids straight from openai_harmony) or "template" (its chat template, then the tokenizer)."""
+    return "harmony" if model_type in HARMONY_MODEL_TYPES else "template"
 
 
 def frontend_cpus(inst: InstancePlan, host: HostSnapshot) -> int | None:
@@ -124,8 +140,10 @@ def server_costs(
     cpu_backend: bool = False,
     frontend: int | None = None,
     engines: int = 1,
+    renderer: str = "template",
 ) -> ServerCosts:
-    """The costs for a host running ``vllm_version`` (``cpu_backend``: vLLM's CPU backend, which turns
+    """The costs for a host running ``vllm_version`` and a model whose chat requests its API server
+    renders with ``renderer`` (:func:`chat_renderer`) (``cpu_backend``: vLLM's CPU backend, which turns
     async scheduling off whatever the release's default; ``frontend``: the CPUs that backend's OpenMP
     threads leave to the API server and the ``engines`` EngineCore processes, :func:`frontend_cpus`;
     None: unknown). The CPU's speed would scale them, but no CPU table says how fast a
@@ -158,13 +176,16 @@ def server_costs(
                 f"server's {API_TOKEN_S * 1e6:g} us per streamed token adds to each scheduled sequence's "
                 f"step ({step_seq * 1e6:g} us in all)"
             )
+    request_s = API_REQUEST_S[renderer]
+    through = "Harmony" if renderer == "harmony" else "its chat template and the tokenizer"
     return ServerCosts(
-        API_REQUEST_S,
+        request_s,
         API_TOKEN_S,
         API_TOKEN_SHARE,
         step_seq,
         asy,
-        f"fitted on {FITTED_ON}: API server {API_REQUEST_S * 1e3:g} ms per request and "
-        f"{API_TOKEN_S * 1e6:g} us per streamed token, engine {STEP_SEQ_S * 1e6:g} us per scheduled sequence "
-        f"per step; {how}{cpu}",
+        f"fitted on {FITTED_ON}: API server {request_s * 1e3:g} ms per chat request (rendered through "
+        f"{through}) and {API_TOKEN_S * 1e6:g} us per streamed token, engine {STEP_SEQ_S * 1e6:g} us per "
+        f"scheduled sequence per step; {how}{cpu}",
+        renderer,
     )

@@ -23,7 +23,11 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
   client sees it. The output handler (vllm/v1/engine/async_llm.py, ``output_handler``) and the request
   handlers take turns on one event loop: while requests wait to be admitted the outputs get
   ``api_token_share`` of the CPU (about half), otherwise all of it, and the CPU never idles while work
-  waits; the engine does not wait for the API server (no back-pressure): it runs ahead, the tokens queue;
+  waits; the engine does not wait for the API server (no back-pressure): it runs ahead, the tokens queue.
+  The requests waiting to be admitted share the rest equally (processor sharing), as the loop's round
+  robin among their handlers does, each awaiting in turn (body, chat template, tokenizer, ``add_request``):
+  a burst's requests reach the engine together, near the end of the burst's admission work, not one by
+  one, and the engine's steps then run full of prompt chunks, each decode token of the burst riding one;
 - a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT;
 - the engine step's own CPU (scheduler, input preparation, sampling, output processing) grows with the
   sequences it schedules: ``step_seq_s`` each, serial with the GPU's work unless the release schedules
@@ -214,6 +218,7 @@ class _Req:
     first_token: float | None = None
     finished: float | None = None
     preemptions: int = 0
+    v0: float = 0.0  # the API server's per-request admission progress when it was sent
 
     @property
     def prompt_left(self) -> int:
@@ -299,19 +304,28 @@ def _blocks(tokens: int, block_size: int) -> int:
 class _ApiServer:
     """vLLM's API server as one CPU: token work (``token_s`` per streamed token) from when the engine's
     outputs arrive, first come first served among themselves, with ``share`` of the CPU while admissions
-    wait (all of it otherwise); admissions (``request_s`` per request, first come first served) in the CPU
-    time the token work leaves. ``segs`` holds the token work not yet behind the admissions: (start, end,
-    the fraction of that span it keeps the CPU busy)."""
+    wait (all of it otherwise); admissions (``request_s`` per request) in the CPU time the token work
+    leaves, shared equally by the requests waiting (processor sharing: ``ps_v`` is the CPU each has had
+    since the start, a request's ``v0`` what it was when the request was sent). ``segs`` holds the token
+    work not yet behind the admissions: (start, end, the fraction of that span it keeps the CPU busy)."""
 
     request_s: float
     token_s: float
     share: float = 1.0  # the CPU's share the token work gets while admissions wait (1: all of it)
     queue: deque[_Req] = field(default_factory=deque)  # sent, waiting for the CPU's admission work
-    adm_clock: float = 0.0  # where the admission work has got to
+    adm_clock: float = 0.0  # up to when the admission work is accounted
     segs: deque[tuple[float, float, float]] = field(default_factory=deque)
     tok_end: float = 0.0
     busy_s: float = 0.0  # CPU spent so far (admissions and tokens)
     next_admission: float = math.inf  # the queue's head, as the token work known so far lets it finish
+    ps_v: float = 0.0  # the admission CPU each waiting request has had since the start (processor sharing)
+    v0_sum: float = 0.0  # the waiting requests' ``v0``, summed
+
+    def enqueue(self, r: _Req) -> None:
+        """``r`` sent now (the admissions due before it accounted): it joins the requests sharing the CPU."""
+        r.v0 = self.ps_v
+        self.v0_sum += r.v0
+        self.queue.append(r)
 
     def _finish(self, start: float, work: float) -> float:
         """When ``work`` seconds of admission CPU started at ``start`` end, around the token work."""
@@ -331,22 +345,52 @@ class _ApiServer:
             t = e0
         return t + left
 
+    def _capacity(self, start: float, end: float) -> float:
+        """The CPU seconds the token work leaves the admissions between ``start`` and ``end``."""
+        if end <= start:
+            return 0.0
+        t, free = start, 0.0
+        for s0, e0, busy in self.segs:
+            if e0 <= t:
+                continue
+            if s0 >= end:
+                break
+            if s0 > t:
+                free += s0 - t
+                t = s0
+            e = min(e0, end)
+            free += (e - t) * (1.0 - busy)
+            t = e
+            if t >= end:
+                return free
+        return free + max(0.0, end - t)
+
     def admit_due(self, now: float) -> list[_Req]:
-        """The requests whose admission work ends by ``now`` (token work that starts later cannot delay
-        them), each stamped with the time it ended."""
+        """The requests whose admission work ends by ``now``, each stamped with the time it ended. The
+        admissions waiting share the CPU the token work leaves equally (processor sharing: the event
+        loop's round robin among the request handlers); with one cost per request they end in the order
+        they were sent."""
         out = []
         self.next_admission = math.inf
-        while self.queue:
-            r = self.queue[0]
-            done = self._finish(max(self.adm_clock, r.sent), self.request_s)
+        q = self.queue
+        while q:
+            head = q[0]
+            need = max(0.0, self.request_s - (self.ps_v - head.v0))
+            done = self._finish(self.adm_clock, need * len(q)) if need > 0 else self.adm_clock
             if done > now + 1e-12:
+                self.ps_v += self._capacity(self.adm_clock, now) / len(q)
+                self.adm_clock = now
                 self.next_admission = done
                 break
-            self.queue.popleft()
+            q.popleft()
+            self.v0_sum -= head.v0
+            self.ps_v += need
             self.adm_clock = done
             self.busy_s += self.request_s
-            r.queued = done
-            out.append(r)
+            head.queued = done
+            out.append(head)
+        if not q:
+            self.adm_clock = max(self.adm_clock, now)
         while self.segs and self.segs[0][1] <= self.adm_clock:
             self.segs.popleft()
         return out
@@ -364,8 +408,8 @@ class _ApiServer:
         if self.queue and share < 1.0:
             # the admissions waiting need ``rem`` seconds of CPU after ``start`` (no token work is known
             # past it): both share the CPU until they are done, then the tokens have all of it
-            head = self.queue[0]
-            rem = self._finish(max(self.adm_clock, head.sent), self.request_s * len(self.queue)) - start
+            left = max(0.0, len(self.queue) * (self.request_s - self.ps_v) + self.v0_sum)
+            rem = self._finish(self.adm_clock, left) - start
             if rem > 0:
                 shared_until = start + rem / (1.0 - share)
                 if start + work / share <= shared_until:
@@ -438,17 +482,18 @@ class _Clients:
 
     def send_all_due(self, now: float) -> None:
         engine = self.engine
+        api = self.api
+        admitted: list[_Req] = []
         while self.sends and self.sends[0][0] <= now + 1e-12:
             t0, rid = heapq.heappop(self.sends)
-            self.api.queue.append(_Req(rid, t0, *self.lengths[rid]))
+            admitted += api.admit_due(t0)  # the admissions ending before it joins the share
+            api.enqueue(_Req(rid, t0, *self.lengths[rid]))
+        admitted += api.admit_due(now)
         # the fixed cost includes the CPU work: only what exceeds it is added after the admission
-        latency = max(0.0, engine.request_overhead_s - self.api.request_s)
-        for r in self.api.admit_due(now):
+        latency = max(0.0, engine.request_overhead_s - api.request_s)
+        for r in admitted:
             r.queued += latency
             heapq.heappush(self.arriving, (r.queued, r.rid, r))
-        if not self.api.queue:  # idle: the next admission starts no earlier than the next send
-            nxt = min(now, self.sends[0][0]) if self.sends else now
-            self.api.adm_clock = max(self.api.adm_clock, nxt)
 
     def arrived(self, now: float) -> list[_Req]:
         """The requests that have reached the engine's queue by ``now``, in order."""
