@@ -38,7 +38,13 @@ WITHIN = 0.25  # the issue's bar for decode predictions on this set
 def load_points(path: Path) -> list[dict[str, Any]]:
     doc = yaml.safe_load(path.read_text())
     assert doc.get("schema") == "hwprofile.validation/1", f"{path}: schema {doc.get('schema')!r}"
-    return list(doc["points"])
+    points = list(doc["points"])
+    if doc.get(
+        "endpoint"
+    ):  # the set's endpoint (chat: the chat template's cost per request), unless a point's
+        for p in points:
+            p["workload"].setdefault("endpoint", doc["endpoint"])
+    return points
 
 
 def host_snapshot(fixture: str, vllm: str, lib_dir: Path, work: Path) -> Any:
@@ -179,9 +185,13 @@ def arrivals_of(point: dict[str, Any]) -> Any:
     n = int(w.get("num_prompts") or max(8, 4 * w["concurrency"]))
     out = output_len_of(w)
     lengths = "sharegpt" if w.get("dataset") == "sharegpt" else "fixed"  # the dataset's spread (simulate.py)
+    # the endpoint the runs called (the API server's cost per request: plan/servercost.py)
+    ep = w.get("endpoint", "completions")
     if w.get("arrival") == "burst":
-        return Arrivals("burst", n, w["input_len"], out, lengths=lengths)
-    return Arrivals("concurrency", n, w["input_len"], out, concurrency=w["concurrency"], lengths=lengths)
+        return Arrivals("burst", n, w["input_len"], out, lengths=lengths, endpoint=ep)
+    return Arrivals(
+        "concurrency", n, w["input_len"], out, concurrency=w["concurrency"], lengths=lengths, endpoint=ep
+    )
 
 
 class simulated_as:

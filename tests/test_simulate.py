@@ -107,10 +107,16 @@ def test_admissions_share_the_api_server_with_each_other_and_with_the_streams() 
     ttfts = [t.ttft_s for t in alone.requests]
     assert min(ttfts) == pytest.approx(400 * 0.002, rel=0.02)
     assert max(ttfts) == pytest.approx(400 * 0.002, rel=0.02)
-    # the same 400 sent over about a second (Poisson, 400/s), 200 us per streamed token too. The CPU never
-    # idles while work waits (0.8 s of admissions + 5.12 s of tokens, whatever the share); the outputs'
-    # share only decides who waits: with all of it (share 1) the admissions starve and few requests run
-    # at once; sharing it, more run and each one's tokens come further apart
+    # sent one by one (a closed loop of 4 lockstep clients), they are admitted in the order sent: the
+    # first of each wave after 2 ms, the last after 8 ms (shared, all four would wait 8 ms)
+    loop = sim.Arrivals("concurrency", 4, 16, 2, concurrency=4)
+    waves = sim.simulate(flat(0.0, 0.002), engine(api_request_s=0.002), loop)
+    assert min(t.ttft_s for t in waves.requests) == pytest.approx(0.002 + 0.002, rel=0.02)
+    assert max(t.ttft_s for t in waves.requests) == pytest.approx(0.008 + 0.002, rel=0.02)
+    # the same 400 sent over about a second (Poisson, 400/s: one by one, in order), 200 us per streamed
+    # token too. The CPU never idles while work waits (0.8 s of admissions + 5.12 s of tokens, whatever
+    # the share); the outputs' share only decides who waits: with all of it (share 1) the admissions
+    # starve and few requests run at once; sharing it, more run and each one's tokens come further apart
     arr = sim.Arrivals("poisson", 400, 16, 64, rate=400, seed=1)
 
     def run(share: float) -> sim.SimResult:
@@ -193,6 +199,12 @@ def test_the_chat_renderer_sets_the_api_servers_cost_per_request() -> None:
     assert harmony.api_request_s < template.api_request_s
     assert "through Harmony" in harmony.source and "chat template" in template.source
     assert harmony.to_json()["chat_renderer"] == "harmony"
+    # the completions endpoint (what `hwprofile bench` sends) renders nothing: the plan's own loop is costed so
+    completion = sc.server_costs("0.11.0", renderer="completion")
+    assert completion.api_request_s < template.api_request_s and "no chat template" in completion.source
+    assert sim.Arrivals("burst", 1, 1, 1).endpoint == "completions"
+    with pytest.raises(ValueError, match="completions or chat"):
+        sim.Arrivals("burst", 1, 1, 1, endpoint="grpc")
 
 
 def test_poisson_arrivals_are_seeded_and_queue_more_as_the_rate_rises() -> None:
@@ -244,6 +256,8 @@ def test_the_plan_carries_simulated_figures_with_their_sources() -> None:
     host = HostSnapshot(cpu=Cpu(model="Test CPU"), software=Software(vllm_version="0.11.0"))
     withcpu = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 8), 8, host=host)
     assert withcpu is not None and withcpu["server_costs"]["async_scheduling"] is False
+    # the plan's own loop is `hwprofile bench`'s, on the completions endpoint: no chat template to render
+    assert withcpu["server_costs"]["chat_renderer"] == "completion"
     assert "API server" in withcpu["tpot_ms"]["source"] and "Test CPU" in withcpu["tpot_ms"]["source"]
     # one client: each step adds the engine's CPU for its one sequence (0.11: no async scheduling)
     one = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 1), 1)

@@ -813,6 +813,16 @@ SIMULATED_CLIENTS_MAX = 128  # the simulation's events grow with clients x reque
 SIMULATED_REQUESTS_MAX = 1024  # and the requests a closed loop sends, as many as `hwprofile bench` up to this
 
 
+def _host_costs(host: HostSnapshot, shape: pm.ModelShape, arrivals: Arrivals | None) -> ServerCosts:
+    """``host``'s server costs for clients on the chat endpoint (``arrivals`` says so: the model's chat
+    renderer) or on the completions endpoint (the plan's own loop: `hwprofile bench`'s)."""
+    from .servercost import server_costs
+
+    chat = arrivals is not None and arrivals.endpoint == "chat"
+    renderer = shape.chat_renderer if chat else "completion"
+    return server_costs(host.software.vllm_version, host.cpu.model, renderer=renderer)
+
+
 def simulated_figures(
     gpu: pm.Gpu,
     shape: pm.ModelShape,
@@ -839,11 +849,10 @@ def simulated_figures(
     the latency a request has outside the engine's steps is the one measured there (its
     ``request_latency_ms``), not the datasheet hosts' fitted one."""
     from . import simulate as sim
-    from .servercost import server_costs
 
     c = max(1, per_instance)
     if costs is None and host is not None:
-        costs = server_costs(host.software.vllm_version, host.cpu.model, renderer=shape.chat_renderer)
+        costs = _host_costs(host, shape, arrivals)
     eng = sim.engine_for(
         cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
     )
@@ -906,7 +915,7 @@ def cpu_prediction(
     dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
-    costs = _calibrated_costs(host, dev, inst, shape.chat_renderer)
+    costs = _calibrated_costs(host, dev, inst)  # `hwprofile bench`'s completions
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
     bench_share = _bench_share(settings, wl, instances)
@@ -932,7 +941,7 @@ def cpu_prediction(
 
 
 def _calibrated_costs(
-    host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan, renderer: str = "template"
+    host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan, renderer: str = "completion"
 ) -> ServerCosts | None:
     """``host``'s server costs for ``inst`` on its CPU backend (the CPUs its OpenMP threads leave the
     API server and EngineCore: plan/servercost.py ``frontend_cpus``), the API server's CPU per request

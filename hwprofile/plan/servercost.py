@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 # request_lengths; those points were the evidence for the per-token cost): 6 ms per request and 50 us per
 # streamed token (were 4 ms, 100 us) put 36 of the 48 main figures within against 34 (grid `small`; the
 # grid is flat within 2 figures, the held-out set 9 of 12 at every candidate of it).
-# Refitted once the API server's admissions were simulated as the event loop shares them (processor
+# Refitted once the API server's admissions of a burst were simulated as the event loop shares them (processor
 # sharing, plan/simulate.py: a burst reaches the engine together and its decode tokens ride full steps)
 # and per chat renderer (below): 12 ms per request through a chat template, 2 ms through Harmony, 50 us
 # per streamed token, 30 us per scheduled sequence put 46 of the 48 main figures within against 36 with
@@ -57,8 +57,12 @@ if TYPE_CHECKING:
 # chat template, no tokenizer call), every other model through its Jinja chat template, rendered on the
 # event loop (``apply_hf_chat_template``), then the tokenizer (``AsyncMicrobatchTokenizer``). The lab's
 # bursts of 128 in / 4 out on the same hosts: Qwen3-14B 37-44 requests/s, gpt-oss-20b 184-213.
+# The completions endpoint (what `hwprofile bench` sends) renders nothing: the prompt goes to the
+# tokenizer as it is. No published figure isolates it; taken as Harmony's (neither renders a chat template
+# on the event loop), which this project's CPU VM agrees with: vLLM 0.32's API server process spent 2.05 ms
+# of CPU per streamed /v1/completions request of one token (docs/validation-serving.md).
 HARMONY_MODEL_TYPES = frozenset({"gpt_oss"})
-API_REQUEST_S = {"template": 0.012, "harmony": 0.002}
+API_REQUEST_S = {"template": 0.012, "harmony": 0.002, "completion": 0.002}
 API_TOKEN_S = 50e-6
 STEP_SEQ_S = 30e-6
 # the output handler is one task among the request handlers of one event loop (round robin, not priority):
@@ -77,7 +81,7 @@ class ServerCosts:
     step_seq_s: float  # the engine's CPU per scheduled sequence per step
     async_scheduling: bool | None  # the engine's CPU overlaps the GPU's step; None: release unknown
     source: str
-    chat_renderer: str = "template"  # how the chat endpoint renders a request: "template" or "harmony"
+    chat_renderer: str = "template"  # how a request is rendered: "template", "harmony" or "completion"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -99,7 +103,8 @@ def async_scheduling_default(vllm_version: str | None) -> bool | None:
 
 def chat_renderer(model_type: str | None) -> str:
     """How vLLM's chat endpoint renders a request for a model of ``model_type``: "harmony" (gpt-oss: token
-    ids straight from openai_harmony) or "template" (its chat template, then the tokenizer)."""
+    ids straight from openai_harmony) or "template" (its chat template, then the tokenizer). The
+    completions endpoint renders nothing ("completion")."""
     return "harmony" if model_type in HARMONY_MODEL_TYPES else "template"
 
 
@@ -177,15 +182,19 @@ def server_costs(
                 f"step ({step_seq * 1e6:g} us in all)"
             )
     request_s = API_REQUEST_S[renderer]
-    through = "Harmony" if renderer == "harmony" else "its chat template and the tokenizer"
+    through = {
+        "harmony": "chat request rendered through Harmony",
+        "template": "chat request rendered through its chat template and the tokenizer",
+        "completion": "completions request: no chat template, the tokenizer alone",
+    }[renderer]
     return ServerCosts(
         request_s,
         API_TOKEN_S,
         API_TOKEN_SHARE,
         step_seq,
         asy,
-        f"fitted on {FITTED_ON}: API server {request_s * 1e3:g} ms per chat request (rendered through "
-        f"{through}) and {API_TOKEN_S * 1e6:g} us per streamed token, engine {STEP_SEQ_S * 1e6:g} us per "
+        f"fitted on {FITTED_ON}: API server {request_s * 1e3:g} ms per request ({through}) and "
+        f"{API_TOKEN_S * 1e6:g} us per streamed token, engine {STEP_SEQ_S * 1e6:g} us per "
         f"scheduled sequence per step; {how}{cpu}",
         renderer,
     )

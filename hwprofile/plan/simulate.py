@@ -24,10 +24,15 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
   handlers take turns on one event loop: while requests wait to be admitted the outputs get
   ``api_token_share`` of the CPU (about half), otherwise all of it, and the CPU never idles while work
   waits; the engine does not wait for the API server (no back-pressure): it runs ahead, the tokens queue.
-  The requests waiting to be admitted share the rest equally (processor sharing), as the loop's round
+  A burst's requests, sent together, share the rest equally (processor sharing), as the loop's round
   robin among their handlers does, each awaiting in turn (body, chat template, tokenizer, ``add_request``):
-  a burst's requests reach the engine together, near the end of the burst's admission work, not one by
-  one, and the engine's steps then run full of prompt chunks, each decode token of the burst riding one;
+  they reach the engine together, near the end of the burst's admission work, not one by one, and the
+  engine's steps then run full of prompt chunks, each decode token of the burst riding one. Requests sent
+  one by one (a closed loop, Poisson arrivals) are admitted in the order sent: a closed loop's clients
+  send as their last requests end, staggered by the client's and the server's work per request, which the
+  simulation's lockstep clients lack (measured on this project's CPU VM, vLLM 0.32: a burst of 16 or 32
+  requests ends its admissions together, the median TTFT at the latest's; four clients in a closed loop
+  see less latency outside the engine than one: docs/validation-serving.md);
 - a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT;
 - the engine step's own CPU (scheduler, input preparation, sampling, output processing) grows with the
   sequences it schedules: ``step_seq_s`` each, serial with the GPU's work unless the release schedules
@@ -146,10 +151,15 @@ class Arrivals:
     # longest request, up to 2,048 tokens, must then fit the KV cache, and the means must be ones that
     # ShareGPT's filter can give, else :func:`request_lengths` refuses them)
     lengths: str = "fixed"
+    # the endpoint the clients call: completions (what `hwprofile bench` sends: no chat template) or chat
+    # (the model's chat renderer: plan/servercost.py chat_renderer); the plan costs the API server by it
+    endpoint: str = "completions"
 
     def __post_init__(self) -> None:
         if self.kind not in ("concurrency", "burst", "poisson"):
             raise ValueError(f"arrival kind {self.kind!r}: concurrency, burst or poisson")
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint {self.endpoint!r}: completions or chat")
         if self.lengths not in LENGTHS:
             raise ValueError(f"lengths {self.lengths!r}: {' or '.join(LENGTHS)}")
         if self.kind == "concurrency" and not self.concurrency:
@@ -305,9 +315,11 @@ class _ApiServer:
     """vLLM's API server as one CPU: token work (``token_s`` per streamed token) from when the engine's
     outputs arrive, first come first served among themselves, with ``share`` of the CPU while admissions
     wait (all of it otherwise); admissions (``request_s`` per request) in the CPU time the token work
-    leaves, shared equally by the requests waiting (processor sharing: ``ps_v`` is the CPU each has had
-    since the start, a request's ``v0`` what it was when the request was sent). ``segs`` holds the token
-    work not yet behind the admissions: (start, end, the fraction of that span it keeps the CPU busy)."""
+    leaves: ``shared`` (a burst), shared equally by the requests waiting (processor sharing: ``ps_v`` is
+    the CPU each has had since the start, a request's ``v0`` what it was when the request was sent);
+    otherwise one after another in the order sent (``head_done``: the CPU the first has had). ``segs``
+    holds the token work not yet behind the admissions: (start, end, the fraction of that span it keeps
+    the CPU busy)."""
 
     request_s: float
     token_s: float
@@ -318,8 +330,10 @@ class _ApiServer:
     tok_end: float = 0.0
     busy_s: float = 0.0  # CPU spent so far (admissions and tokens)
     next_admission: float = math.inf  # the queue's head, as the token work known so far lets it finish
+    shared: bool = False  # the requests waiting share the CPU (a burst); else first come, first served
     ps_v: float = 0.0  # the admission CPU each waiting request has had since the start (processor sharing)
     v0_sum: float = 0.0  # the waiting requests' ``v0``, summed
+    head_done: float = 0.0  # first come, first served: the CPU the first request waiting has had
 
     def enqueue(self, r: _Req) -> None:
         """``r`` sent now (the admissions due before it accounted): it joins the requests sharing the CPU."""
@@ -366,25 +380,33 @@ class _ApiServer:
         return free + max(0.0, end - t)
 
     def admit_due(self, now: float) -> list[_Req]:
-        """The requests whose admission work ends by ``now``, each stamped with the time it ended. The
-        admissions waiting share the CPU the token work leaves equally (processor sharing: the event
-        loop's round robin among the request handlers); with one cost per request they end in the order
-        they were sent."""
+        """The requests whose admission work ends by ``now``, each stamped with the time it ended. Shared,
+        the admissions waiting split the CPU the token work leaves equally; with one cost per request
+        they end in the order they were sent, either way."""
         out = []
         self.next_admission = math.inf
         q = self.queue
         while q:
             head = q[0]
-            need = max(0.0, self.request_s - (self.ps_v - head.v0))
-            done = self._finish(self.adm_clock, need * len(q)) if need > 0 else self.adm_clock
+            if self.shared:
+                need = max(0.0, self.request_s - (self.ps_v - head.v0))
+                work = need * len(q)
+            else:
+                need = work = max(0.0, self.request_s - self.head_done)
+            done = self._finish(self.adm_clock, work) if work > 0 else self.adm_clock
             if done > now + 1e-12:
-                self.ps_v += self._capacity(self.adm_clock, now) / len(q)
+                got = self._capacity(self.adm_clock, now)
+                if self.shared:
+                    self.ps_v += got / len(q)
+                else:
+                    self.head_done += got
                 self.adm_clock = now
                 self.next_admission = done
                 break
             q.popleft()
             self.v0_sum -= head.v0
-            self.ps_v += need
+            self.ps_v += need if self.shared else 0.0
+            self.head_done = 0.0
             self.adm_clock = done
             self.busy_s += self.request_s
             head.queued = done
@@ -408,7 +430,10 @@ class _ApiServer:
         if self.queue and share < 1.0:
             # the admissions waiting need ``rem`` seconds of CPU after ``start`` (no token work is known
             # past it): both share the CPU until they are done, then the tokens have all of it
-            left = max(0.0, len(self.queue) * (self.request_s - self.ps_v) + self.v0_sum)
+            if self.shared:
+                left = max(0.0, len(self.queue) * (self.request_s - self.ps_v) + self.v0_sum)
+            else:
+                left = max(0.0, len(self.queue) * self.request_s - self.head_done)
             rem = self._finish(self.adm_clock, left) - start
             if rem > 0:
                 shared_until = start + rem / (1.0 - share)
@@ -448,7 +473,9 @@ class _Clients:
         c = cls(
             a,
             engine,
-            _ApiServer(engine.request_cpu_s, engine.api_token_s, engine.api_token_share),
+            _ApiServer(
+                engine.request_cpu_s, engine.api_token_s, engine.api_token_share, shared=a.kind == "burst"
+            ),
             lengths=request_lengths(a),
         )
         if a.kind == "burst":
