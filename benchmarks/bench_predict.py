@@ -39,9 +39,8 @@ def load_points(path: Path) -> list[dict[str, Any]]:
     doc = yaml.safe_load(path.read_text())
     assert doc.get("schema") == "hwprofile.validation/1", f"{path}: schema {doc.get('schema')!r}"
     points = list(doc["points"])
-    if doc.get(
-        "endpoint"
-    ):  # the set's endpoint (chat: the chat template's cost per request), unless a point's
+    # the set's endpoint (chat: its renderer's cost per request), where a point does not say its own
+    if doc.get("endpoint"):
         for p in points:
             p["workload"].setdefault("endpoint", doc["endpoint"])
     return points

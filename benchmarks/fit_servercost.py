@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import itertools
 import math
@@ -150,6 +151,14 @@ def report_two_term(points: list[Any], spec: str) -> None:
         )
 
 
+@functools.lru_cache
+def _renderer(model: str) -> str:
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan.servercost import chat_renderer
+
+    return chat_renderer(resolve_model(model, "model").model_type)
+
+
 def evaluate(
     points: list[Any], which: str, req: float, harmony: float, tok: float, seq: float
 ) -> tuple[dict[str, int], float]:
@@ -161,8 +170,8 @@ def evaluate(
     for p, w, cost, eng, arr in points:
         if w != which:
             continue
-        # the renderer the planner took for the point's model (plan/servercost.py chat_renderer)
-        through_harmony = eng.api_request_s == sc.API_REQUEST_S["harmony"]
+        # the point's renderer: its model's chat renderer on the chat endpoint (plan/servercost.py)
+        through_harmony = arr.endpoint == "chat" and _renderer(p["checkpoint"]["name"]) == "harmony"
         e = dataclasses.replace(
             eng,
             api_request_s=harmony if through_harmony else req,

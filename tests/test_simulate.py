@@ -132,6 +132,24 @@ def test_admissions_share_the_api_server_with_each_other_and_with_the_streams() 
         run(0.0)
 
 
+def test_shared_admissions_split_the_cpu_among_those_waiting() -> None:
+    # 1 s of CPU each: A sent at 0 has it alone for 0.5 s, then shares it with B (sent at 0.5) until it
+    # has had its 1 s (at 1.5 s); B then has it alone and ends at 2.0 s (in order sent: 1.0 and 2.0)
+    def run(shared: bool) -> list[float]:
+        api = sim._ApiServer(1.0, 0.0, shared=shared)
+        a, b = sim._Req(0, 0.0, 1, 1), sim._Req(1, 0.5, 1, 1)
+        api.admit_due(0.0)
+        api.enqueue(a)
+        assert api.admit_due(0.5) == []
+        api.enqueue(b)
+        done = api.admit_due(10.0)
+        assert done == [a, b] and not api.queue and api.ps_v == api.v0_sum == 0.0
+        return [a.queued, b.queued]
+
+    assert run(True) == pytest.approx([1.5, 2.0])
+    assert run(False) == pytest.approx([1.0, 2.0])
+
+
 def test_one_client_at_a_time_pays_its_own_admission_only() -> None:
     # a closed loop of one: nothing to share the API server with, each request's admission is its own 2 ms
     arr = sim.Arrivals("concurrency", 5, 16, 4, concurrency=1)
@@ -195,13 +213,16 @@ def test_the_chat_renderer_sets_the_api_servers_cost_per_request() -> None:
     qwen = candidates.model_shape(resolve_model("Qwen/Qwen3-0.6B", "model"), 2)
     assert (oss.chat_renderer, qwen.chat_renderer) == ("harmony", "template")
     harmony = sc.server_costs("0.11.0", renderer="harmony")
-    template = sc.server_costs("0.11.0")
+    template = sc.server_costs("0.11.0", renderer="template")
     assert harmony.api_request_s < template.api_request_s
     assert "through Harmony" in harmony.source and "chat template" in template.source
-    assert harmony.to_json()["chat_renderer"] == "harmony"
+    assert harmony.to_json()["renderer"] == "harmony"
     # the completions endpoint (what `hwprofile bench` sends) renders nothing: the plan's own loop is costed so
-    completion = sc.server_costs("0.11.0", renderer="completion")
+    completion = sc.server_costs("0.11.0")
+    assert completion.renderer == "completion"  # the default: what `hwprofile bench` sends
     assert completion.api_request_s < template.api_request_s and "no chat template" in completion.source
+    with pytest.raises(ValueError, match="completion, harmony, template"):
+        sc.server_costs("0.11.0", renderer="completions")
     assert sim.Arrivals("burst", 1, 1, 1).endpoint == "completions"
     with pytest.raises(ValueError, match="completions or chat"):
         sim.Arrivals("burst", 1, 1, 1, endpoint="grpc")
@@ -257,7 +278,7 @@ def test_the_plan_carries_simulated_figures_with_their_sources() -> None:
     withcpu = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 8), 8, host=host)
     assert withcpu is not None and withcpu["server_costs"]["async_scheduling"] is False
     # the plan's own loop is `hwprofile bench`'s, on the completions endpoint: no chat template to render
-    assert withcpu["server_costs"]["chat_renderer"] == "completion"
+    assert withcpu["server_costs"]["renderer"] == "completion"
     assert "API server" in withcpu["tpot_ms"]["source"] and "Test CPU" in withcpu["tpot_ms"]["source"]
     # one client: each step adds the engine's CPU for its one sequence (0.11: no async scheduling)
     one = simulated_figures(gpu, shape, cand, pm.Workload(512, 128, 1), 1)

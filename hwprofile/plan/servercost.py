@@ -63,6 +63,12 @@ if TYPE_CHECKING:
 # of CPU per streamed /v1/completions request of one token (docs/validation-serving.md).
 HARMONY_MODEL_TYPES = frozenset({"gpt_oss"})
 API_REQUEST_S = {"template": 0.012, "harmony": 0.002, "completion": 0.002}
+RENDERED = {  # what each cost per request is, as the source says it
+    "harmony": "chat request rendered through Harmony",
+    "template": "chat request rendered through its chat template and the tokenizer",
+    "completion": "completions request: no chat template, the tokenizer alone; taken as Harmony's, "
+    "no figure isolates it",
+}
 API_TOKEN_S = 50e-6
 STEP_SEQ_S = 30e-6
 # the output handler is one task among the request handlers of one event loop (round robin, not priority):
@@ -81,7 +87,7 @@ class ServerCosts:
     step_seq_s: float  # the engine's CPU per scheduled sequence per step
     async_scheduling: bool | None  # the engine's CPU overlaps the GPU's step; None: release unknown
     source: str
-    chat_renderer: str = "template"  # how a request is rendered: "template", "harmony" or "completion"
+    renderer: str = "completion"  # how a request is rendered: "template", "harmony" or "completion"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -90,7 +96,7 @@ class ServerCosts:
             "api_token_share": self.api_token_share,
             "step_seq_us": round(self.step_seq_s * 1e6, 1),
             "async_scheduling": self.async_scheduling,
-            "chat_renderer": self.chat_renderer,
+            "renderer": self.renderer,
             "source": self.source,
         }
 
@@ -145,7 +151,7 @@ def server_costs(
     cpu_backend: bool = False,
     frontend: int | None = None,
     engines: int = 1,
-    renderer: str = "template",
+    renderer: str = "completion",
 ) -> ServerCosts:
     """The costs for a host running ``vllm_version`` and a model whose chat requests its API server
     renders with ``renderer`` (:func:`chat_renderer`) (``cpu_backend``: vLLM's CPU backend, which turns
@@ -181,12 +187,10 @@ def server_costs(
                 f"server's {API_TOKEN_S * 1e6:g} us per streamed token adds to each scheduled sequence's "
                 f"step ({step_seq * 1e6:g} us in all)"
             )
+    if renderer not in API_REQUEST_S:
+        raise ValueError(f"renderer {renderer!r}: {', '.join(sorted(API_REQUEST_S))}")
     request_s = API_REQUEST_S[renderer]
-    through = {
-        "harmony": "chat request rendered through Harmony",
-        "template": "chat request rendered through its chat template and the tokenizer",
-        "completion": "completions request: no chat template, the tokenizer alone",
-    }[renderer]
+    through = RENDERED[renderer]
     return ServerCosts(
         request_s,
         API_TOKEN_S,

@@ -18,8 +18,8 @@ simulated, as vLLM's ``vllm/v1/core/sched/scheduler.py`` does it:
 Outside the engine (plan/servercost.py says how much, and from what evidence):
 
 - vLLM's API server, one asyncio process in front of EngineCore since V1, as one CPU: each request costs
-  ``api_request_s`` of it before it reaches the engine's queue (HTTP, chat template, tokenization, the
-  request's set-up), each streamed output token ``api_token_s`` (detokenization, the SSE chunk) before the
+  ``api_request_s`` of it before it reaches the engine's queue (HTTP, the chat template where the
+  endpoint renders one, tokenization, the request's set-up), each streamed output token ``api_token_s`` (detokenization, the SSE chunk) before the
   client sees it. The output handler (vllm/v1/engine/async_llm.py, ``output_handler``) and the request
   handlers take turns on one event loop: while requests wait to be admitted the outputs get
   ``api_token_share`` of the CPU (about half), otherwise all of it, and the CPU never idles while work
@@ -336,13 +336,15 @@ class _ApiServer:
     head_done: float = 0.0  # first come, first served: the CPU the first request waiting has had
 
     def enqueue(self, r: _Req) -> None:
-        """``r`` sent now (the admissions due before it accounted): it joins the requests sharing the CPU."""
+        """``r`` sent now (the admissions due before it accounted): it joins the requests waiting."""
         r.v0 = self.ps_v
         self.v0_sum += r.v0
         self.queue.append(r)
 
     def _finish(self, start: float, work: float) -> float:
         """When ``work`` seconds of admission CPU started at ``start`` end, around the token work."""
+        if work <= 0:
+            return start
         t, left = start, work
         for s0, e0, busy in self.segs:
             if e0 <= t:
@@ -400,7 +402,7 @@ class _ApiServer:
                     self.ps_v += got / len(q)
                 else:
                     self.head_done += got
-                self.adm_clock = now
+                self.adm_clock = max(self.adm_clock, now)
                 self.next_admission = done
                 break
             q.popleft()
@@ -411,8 +413,9 @@ class _ApiServer:
             self.busy_s += self.request_s
             head.queued = done
             out.append(head)
-        if not q:
+        if not q:  # idle: the next request starts afresh
             self.adm_clock = max(self.adm_clock, now)
+            self.ps_v = self.v0_sum = self.head_done = 0.0
         while self.segs and self.segs[0][1] <= self.adm_clock:
             self.segs.popleft()
         return out
