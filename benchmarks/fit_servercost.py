@@ -1,6 +1,6 @@
 """Fit plan/servercost.py's CPU costs (the API server's per request, through a chat template and through
-Harmony, and per streamed token; the engine's per scheduled sequence) on the main serving set (benchmarks/data/validation_serving.yaml), never on the held-out
-one, which it only reports.
+Harmony, and per streamed token; the engine's per scheduled sequence) on the main serving set
+(benchmarks/data/validation_serving.yaml), never on the held-out one, which it only reports.
 
     python benchmarks/fit_servercost.py [--grid small|wide] [--held-out]
 

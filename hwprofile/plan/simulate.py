@@ -19,11 +19,12 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
 
 - vLLM's API server, one asyncio process in front of EngineCore since V1, as one CPU: each request costs
   ``api_request_s`` of it before it reaches the engine's queue (HTTP, the chat template where the
-  endpoint renders one, tokenization, the request's set-up), each streamed output token ``api_token_s`` (detokenization, the SSE chunk) before the
-  client sees it. The output handler (vllm/v1/engine/async_llm.py, ``output_handler``) and the request
-  handlers take turns on one event loop: while requests wait to be admitted the outputs get
-  ``api_token_share`` of the CPU (about half), otherwise all of it, and the CPU never idles while work
-  waits; the engine does not wait for the API server (no back-pressure): it runs ahead, the tokens queue.
+  endpoint renders one, tokenization, the request's set-up), each streamed output token
+  ``api_token_s`` (detokenization, the SSE chunk) before the client sees it. The output handler
+  (vllm/v1/engine/async_llm.py, ``output_handler``) and the request handlers take turns on one event
+  loop: while requests wait to be admitted the outputs get ``api_token_share`` of the CPU (about half),
+  otherwise all of it, and the CPU never idles while work waits; the engine does not wait for the API
+  server (no back-pressure): it runs ahead, the tokens queue.
   A burst's requests, sent together, share the rest equally (processor sharing), as the loop's round
   robin among their handlers does, each awaiting in turn (body, chat template, tokenizer, ``add_request``):
   they reach the engine together, near the end of the burst's admission work, not one by one, and the
