@@ -218,6 +218,7 @@ def gpu_of(gpu: Gpu) -> tuple[pm.Gpu | None, dict[str, Any] | None]:
         float(eff["compute"]),
         f"hwprofile/data/gpu_efficiency.yaml {eff['key']}: {eff['source']}",
         str(eff["basis"]),
+        sm_clock_ghz=gpufacts.sm_clock_ghz(row),
     )
     moe = gpufacts.moe_kernels(row.get("architecture"))
     if moe is not None:

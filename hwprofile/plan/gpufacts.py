@@ -86,3 +86,37 @@ def moe_kernels(architecture: str | None) -> dict[str, Any] | None:
         if key and key in rows:
             return {**rows[key], "key": key}
     return None
+
+
+# Dense FP16 tensor FLOPs one streaming multiprocessor does per clock at FP16 accumulate (the tensor
+# cores' full rate), by compute capability: NVIDIA's architecture whitepapers (V100: 8 tensor cores x
+# 64 FMA; Turing and the GA10x/AD10x/GB20x chips: 4 x 128 FMA; GA100: 4 x 256; GH100: 4 x 512; GB100:
+# 4 x 1024). The datasheet's FP16-accumulate rate over it is the card's SMs x boost clock: 312 TFLOPs /
+# 2048 = 152 G SM-clocks/s for the A100 (108 SMs x 1.41 GHz), 142.3 / 1024 = 139 for the RTX 3090 (82 x
+# 1.70), 989 / 4096 = 241 for the H100 SXM (132 x 1.83). A part whose tensor cores are cut below its
+# chip's (the H20) comes out low.
+TENSOR_FLOP_PER_SM_CLOCK = {
+    "7.0": 1024,
+    "7.5": 1024,
+    "8.0": 2048,
+    "8.6": 1024,
+    "8.7": 1024,
+    "8.9": 1024,
+    "9.0": 4096,
+    "10.0": 8192,
+    "10.3": 8192,
+    "12.0": 1024,
+    "12.1": 1024,
+}
+
+
+def sm_clock_ghz(row: Mapping[str, Any]) -> float | None:
+    """A gpus.yaml row's streaming multiprocessors x their boost clock, in G SM-clocks per second, from
+    its FP16-accumulate tensor rate (:data:`TENSOR_FLOP_PER_SM_CLOCK`: the GeForce rows'
+    ``fp16_tensor_tflops_dense_fp16acc``, elsewhere the dense rate, the same); None where either is unknown."""
+    per_clock = TENSOR_FLOP_PER_SM_CLOCK.get(str(row.get("compute_capability") or ""))
+    # the GeForce rows state the FP16-accumulate rate beside PyTorch's; elsewhere the two are the same
+    rate = row.get("fp16_tensor_tflops_dense_fp16acc") or row.get("fp16_bf16_tensor_tflops_dense")
+    if not per_clock or not rate:
+        return None
+    return float(rate) * 1e3 / per_clock

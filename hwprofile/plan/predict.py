@@ -56,6 +56,21 @@ ACT_BYTES = 2  # activations crossing an all-reduce: bf16/fp16
 TRITON_SEGMENTS = 16
 TRITON_3D_GRID = 128
 TRITON_BLOCK_GBS = 13.7
+# Its 2D kernel (every step with a prompt chunk in it) gives each thread block TRITON_BLOCK_M query rows
+# (16, or the query heads per KV head rounded up to a power of 2 where more: BLOCK_Q = BLOCK_M / those
+# heads query positions) and walks the keys TRITON_TILE_PREFILL at a time up to the causal edge
+# (triton_unified_attention.py, unchanged from 0.11 to 0.26 on CUDA below Blackwell). Each tile iteration
+# loads its K and V through the block table, masks, updates the online softmax and runs two 16 x 32 x head
+# MMAs. With a small head on a card whose tensor cores do much per clock (head 64 on an A100: 0.9 ns of
+# MMA per iteration at its share) the loop, not the MMAs, sets the time: TRITON_ITER_CLOCKS SM clocks per
+# iteration (:func:`_triton_prefill_ms`). Fitted to GPUStack's gpt-oss-20b 32K burst on one A100 SXM
+# (validation_serving_heldout.yaml; that point then judges it no longer): its output, TTFT and TPOT all came
+# out 2x fast with the chunk's attention at the GEMMs' share; the 4K and 2K bursts of the same set move the
+# same way. vLLM's #18152 saw the same kernel 2.5x slower than the old prefill kernel on an A100 (8K
+# prompt). With head 256 (Qwen3.8 on RTX 3090s) the MMAs are ~5x the loop's clocks and nothing changes.
+TRITON_BLOCK_M = 16
+TRITON_TILE_PREFILL = 32
+TRITON_ITER_CLOCKS = 530.0
 
 
 @record
@@ -112,6 +127,11 @@ class Gpu:
     # Empty where no table measured the architecture: the experts at the dense share, said in moe_source
     moe_ratios: tuple[tuple[str, float], ...] = ()
     moe_source: str = "no measured MoE kernel table for this architecture: the experts at the dense share"
+    # the card's streaming multiprocessors x boost clock, G SM-clocks per second (plan/gpufacts.py
+    # sm_clock_ghz: the datasheet's FP16-accumulate tensor rate over its architecture's FLOPs per SM per
+    # clock); what a kernel bound by its loop's clocks, not its FLOPs, runs at (:func:`_triton_prefill_ms`).
+    # None: unknown (that bound then not applied)
+    sm_clock_ghz: float | None = None
 
     def moe_ratio(self, kernel: str) -> float:
         """The routed experts' share relative to the dense one for ``kernel`` (1.0: not measured)."""
@@ -468,6 +488,27 @@ def _triton_wait_ms(
     return max(0.0, block_ms - stream_ms)
 
 
+def _triton_prefill_ms(gpu: Gpu, m: ModelShape, tp: int, prefill: int, prefill_context: float) -> float:
+    """The time vLLM's Triton 2D kernel takes over a prompt chunk's queries when bound by its loop's
+    clocks: per attention kind, the chunk's query blocks (BLOCK_Q positions each) x the KV heads on one
+    GPU x the tiles up to each block's causal edge (a windowed kind: its window), at TRITON_ITER_CLOCKS SM
+    clocks each over the card's SM clocks. 0 where the kernel is not Triton, the step has no chunk or the
+    card's SM clocks are unknown. The step takes the larger of this and the chunk's attention FLOPs at the
+    card's share (:func:`_step_ms`)."""
+    if m.attention_kernel != "triton" or prefill <= 0 or not gpu.sm_clock_ghz:
+        return 0.0
+    kinds = m.kv_kinds or ((m.attn_layers or m.layers, 0, m.kv_heads, 0, m.head_dim),)
+    iterations = 0.0
+    for layers, _, heads, window, _ in kinds:
+        per_kv = max(1, m.heads // max(1, heads))  # query heads per KV head
+        block_m = TRITON_BLOCK_M if per_kv <= TRITON_BLOCK_M else 1 << (per_kv - 1).bit_length()
+        block_q = max(1, block_m // per_kv)
+        on_gpu = max(1, heads // max(1, min(tp, heads)))
+        ctx = min(prefill_context, window) if window else prefill_context
+        iterations += layers * math.ceil(prefill / block_q) * on_gpu * (ctx / TRITON_TILE_PREFILL + 0.5)
+    return iterations * TRITON_ITER_CLOCKS / (gpu.sm_clock_ghz * 1e9) * 1e3
+
+
 def step_ms(
     gpu: Gpu,
     m: ModelShape,
@@ -569,7 +610,7 @@ def _step_ms(
     # the routed experts' GEMMs at their own kernels' rate (Gpu.moe_ratio of the dense share)
     if m.expert_active_params:
         flops += 2 * m.expert_active_params * tokens / tp / gpu.moe_ratio(m.moe_kernel)
-    comp = flops / ((gpu.tflops or 0) * 1e12 * gpu.compute_efficiency) * 1e3 if gpu.tflops else 0.0
+    comp, loop = _compute_ms(gpu, m, tp, flops, prefill, prefill_context)
     comm, comm_lo, comm_hi, gather = _collectives_ms(m, tp, link, tokens, logits)
     if gpu.step_fixed_ms is not None:
         fixed = gpu.step_fixed_ms if scheduler else gpu.step_fixed_ms * m.layers / max(1, m.layers + 8)
@@ -586,8 +627,23 @@ def _step_ms(
         "allreduce_hi_ms": comm_hi,
         "gather_ms": gather,
         "attention_wait_ms": wait,
+        "attention_loop_ms": loop,
         "total_ms": max(mem, comp) + comm + gather + fixed + wait,
     }
+
+
+def _compute_ms(
+    gpu: Gpu, m: ModelShape, tp: int, flops: float, prefill: int, prefill_context: float
+) -> tuple[float, float]:
+    """A step's ``flops`` at the card's share of its tensor rate, and Triton's prefill loop
+    (:func:`_triton_prefill_ms`) where it outlasts the chunk's attention FLOPs: (compute ms, loop ms)."""
+    rate = (gpu.tflops or 0) * 1e12 * gpu.compute_efficiency
+    comp = flops / rate * 1e3 if rate else 0.0
+    loop = _triton_prefill_ms(gpu, m, tp, prefill, prefill_context)
+    if loop and rate:
+        chunk_attn = _attention_reads(m, tp, 0, 0, 0.0, prefill, prefill_context, 0.0)[1] / rate * 1e3
+        comp += max(0.0, loop - chunk_attn)
+    return comp, loop
 
 
 def _collectives_ms(m: ModelShape, tp: int, link: Link, tokens: int, logits: int) -> tuple[float, ...]:
@@ -652,7 +708,7 @@ def predict(
     t_prefill = chunks * pre["total_ms"]
     extra = max(0.0, t_prefill - chunks * (t_dec if b > 1 else 0.0))  # what the prompt adds to its steps
     if explain:
-        terms.append(_prefill_term(m, chunks, chunk, t_prefill))
+        terms.append(_prefill_term(gpu, m, chunks, chunk, t_prefill))
     # TPOT: a decode step, with each speculative step's tokens, plus the other b - 1 requests' prefills.
     per_token = (
         t_dec if spec is None else _speculated(gpu, m, cand, spec, b, ctx, t_dec, terms if explain else None)
@@ -698,13 +754,26 @@ def _queue_term(c: int, b: int, queue_ms: float) -> dict[str, Any]:
     }
 
 
-def _prefill_term(m: ModelShape, chunks: int, chunk: int, t_prefill: float) -> dict[str, Any]:
-    """The prompt's term: its chunks at the roofline (with a hybrid's state layers' own FLOPs)."""
+def _prefill_term(gpu: Gpu, m: ModelShape, chunks: int, chunk: int, t_prefill: float) -> dict[str, Any]:
+    """The prompt's term: its chunks at the roofline (with a hybrid's state layers' own FLOPs, and
+    Triton's attention loop where it outlasts the chunk's attention FLOPs)."""
     pre_src = "the same roofline at the chunk's tokens (FLOPs bound)"
     if m.state_prefill_flops_per_token:
         pre_src += (
             f"; the state layers' own {m.state_prefill_flops_per_token / 1e9:.2f} GFLOPs per prompt token "
             "(GDN's chunked delta rule) included"
+        )
+    if m.attention_kernel == "triton":
+        pre_src += (
+            f"; vLLM's Triton attention over the chunk at the larger of its FLOPs and its loop: "
+            f"{TRITON_ITER_CLOCKS:g} SM clocks per 16-row x {TRITON_TILE_PREFILL}-key tile (fitted to a gpt-oss-20b "
+            "32K burst on an A100) over "
+            + (
+                f"{gpu.sm_clock_ghz:.0f} G SM-clocks/s (the datasheet's FP16-accumulate rate over the "
+                "architecture's FLOPs per SM per clock)"
+                if gpu.sm_clock_ghz
+                else "an unknown SM clock rate: the loop not costed"
+            )
         )
     return {
         "term": f"prefill: {chunks} chunk(s) of {chunk} tokens",
