@@ -51,6 +51,18 @@ def test_unknown_sm_clocks_are_none_and_leave_the_step_alone() -> None:
     unknown = dataclasses.replace(gpu, sm_clock_ghz=None)
     step = pm.step_ms(unknown, m, 1, NONE, 0, 0.0, 2048, 16000.0)
     assert step["attention_loop_ms"] == 0.0
+    split = pm.step_ms(
+        unknown, dataclasses.replace(m, attention_kernel="split"), 1, NONE, 0, 0.0, 2048, 16000.0
+    )
+    assert step["compute_ms"] == split["compute_ms"]
+    assert pm.step_ms(gpu, m, 1, NONE, 0, 0.0, 2048, 16000.0)["compute_ms"] > split["compute_ms"]
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H20", "NVIDIA A10G", "NVIDIA L20"])
+def test_a_row_whose_rate_does_not_give_its_sm_clocks_says_unknown(name: str) -> None:
+    row = gpufacts.lookup(name)
+    assert row is not None and "sm_clock_ghz" in row
+    assert gpufacts.sm_clock_ghz(row) is None
 
 
 def test_a_small_head_on_an_a100_is_bound_by_the_loop_not_the_flops() -> None:
@@ -65,9 +77,13 @@ def test_a_small_head_on_an_a100_is_bound_by_the_loop_not_the_flops() -> None:
     # the step pays the loop in place of the chunk's attention FLOPs, nothing else changes
     assert tri["compute_ms"] - fa["compute_ms"] == pytest.approx(tri["attention_loop_ms"] - attn_ms)
     assert fa["attention_loop_ms"] == 0.0
-    # the loop grows with the context the chunk attends (full layers) ...
+    # the loop grows with the context the full layers attend; a windowed kind stops at its window
+    assert m.kv_kinds and any(w for _, _, _, w, _ in m.kv_kinds)
+    unwindowed = dataclasses.replace(m, kv_kinds=tuple((n, b, h, 0, d) for n, b, h, _, d in m.kv_kinds))
+    whole = pm._triton_prefill_ms(gpu, unwindowed, 1, chunk, ctx)
+    assert tri["attention_loop_ms"] < 0.55 * whole  # half its layers walk 128 keys, not 16,000
     longer = pm.step_ms(gpu, m, 1, NONE, 0, 0.0, chunk, 2 * ctx)["attention_loop_ms"]
-    assert 1.5 < longer / tri["attention_loop_ms"] < 2.0  # gpt-oss's windowed half stays at its window
+    assert longer > 1.9 * tri["attention_loop_ms"]
     # ... and a decode-only step has none
     assert pm.step_ms(gpu, m, 1, NONE, 64, ctx)["attention_loop_ms"] == 0.0
 
@@ -87,6 +103,11 @@ def test_the_loop_counts_query_blocks_kv_heads_and_tiles() -> None:
     # 32 query heads per KV head: a block of 32 rows, one position each
     mqa = dataclasses.replace(base, kv_heads=1)
     assert pm._triton_prefill_ms(gpu, mqa, 1, 400, ctx) == pytest.approx(10 * 400 * 1 * 100 * clocks)
+    # TP 8 over 4 KV heads: each rank holds one KV head (replicated) and 4 query heads: 4 positions a block
+    gqa4 = dataclasses.replace(base, kv_heads=4)
+    assert pm._triton_prefill_ms(gpu, gqa4, 8, 400, ctx) == pytest.approx(10 * (400 / 4) * 1 * 100 * clocks)
+    # MQA at TP 4: 8 query heads on each rank over its one KV head: 2 positions a block
+    assert pm._triton_prefill_ms(gpu, mqa, 4, 400, ctx) == pytest.approx(10 * (400 / 2) * 1 * 100 * clocks)
 
 
 def test_a_large_head_on_a_geforce_card_stays_flops_bound() -> None:
@@ -108,5 +129,11 @@ def test_the_prefill_term_says_where_the_loop_comes_from() -> None:
     cand = pm.Candidate(1, 1, 1, 256, 2048, True, 10**6, NONE)
     pred = pm.predict(gpu, m, cand, pm.Workload(32000, 100, 1), None)
     prefill = [t for t in pred.terms if t["term"].startswith("prefill")]
-    assert prefill and "TRITON_ITER_CLOCKS" not in prefill[0]["source"]
-    assert "SM clocks per 16-row x 32-key tile" in prefill[0]["source"]
+    assert prefill and f"{pm.TRITON_ITER_CLOCKS:g} SM clocks per 32-key tile" in prefill[0]["source"]
+    assert "152 G SM-clocks/s" in prefill[0]["source"]  # the A100's 108 SMs x 1.41 GHz
+    unknown = pm.predict(
+        dataclasses.replace(gpu, sm_clock_ghz=None), m, cand, pm.Workload(32000, 100, 1), None
+    )
+    assert (
+        "the loop not costed" in next(t for t in unknown.terms if t["term"].startswith("prefill"))["source"]
+    )

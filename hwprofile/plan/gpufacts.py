@@ -90,11 +90,12 @@ def moe_kernels(architecture: str | None) -> dict[str, Any] | None:
 
 # Dense FP16 tensor FLOPs one streaming multiprocessor does per clock at FP16 accumulate (the tensor
 # cores' full rate), by compute capability: NVIDIA's architecture whitepapers (V100: 8 tensor cores x
-# 64 FMA; Turing and the GA10x/AD10x/GB20x chips: 4 x 128 FMA; GA100: 4 x 256; GH100: 4 x 512; GB100:
-# 4 x 1024). The datasheet's FP16-accumulate rate over it is the card's SMs x boost clock: 312 TFLOPs /
+# 64 FMA; Turing: 8 x 64; the GA10x/AD10x/GB20x chips: 4 x 128 FMA; GA100: 4 x 256; GH100: 4 x 512;
+# GB100: 4 x 1024). The datasheet's FP16-accumulate rate over it is the card's SMs x boost clock: 312 TFLOPs /
 # 2048 = 152 G SM-clocks/s for the A100 (108 SMs x 1.41 GHz), 142.3 / 1024 = 139 for the RTX 3090 (82 x
-# 1.70), 989 / 4096 = 241 for the H100 SXM (132 x 1.83). A part whose tensor cores are cut below its
-# chip's (the H20) comes out low.
+# 1.70), 989 / 4096 = 241 for the H100 SXM (132 x 1.83). A row whose rate does not identify its SMs'
+# clocks says so (``sm_clock_ghz: null``: the H20, whose tensor cores are cut below GH100's; the A10G and
+# L20, whose FP16-accumulate rate no NVIDIA datasheet gives).
 TENSOR_FLOP_PER_SM_CLOCK = {
     "7.0": 1024,
     "7.5": 1024,
@@ -114,6 +115,8 @@ def sm_clock_ghz(row: Mapping[str, Any]) -> float | None:
     """A gpus.yaml row's streaming multiprocessors x their boost clock, in G SM-clocks per second, from
     its FP16-accumulate tensor rate (:data:`TENSOR_FLOP_PER_SM_CLOCK`: the GeForce rows'
     ``fp16_tensor_tflops_dense_fp16acc``, elsewhere the dense rate, the same); None where either is unknown."""
+    if "sm_clock_ghz" in row:  # the row says it (null: its tensor rate does not identify its SMs' clocks)
+        return float(row["sm_clock_ghz"]) if row["sm_clock_ghz"] else None
     per_clock = TENSOR_FLOP_PER_SM_CLOCK.get(str(row.get("compute_capability") or ""))
     # the GeForce rows state the FP16-accumulate rate beside PyTorch's; elsewhere the two are the same
     rate = row.get("fp16_tensor_tflops_dense_fp16acc") or row.get("fp16_bf16_tensor_tflops_dense")

@@ -59,7 +59,7 @@ TRITON_BLOCK_GBS = 13.7
 # Its 2D kernel (every step with a prompt chunk in it) gives each thread block TRITON_BLOCK_M query rows
 # (16, or the query heads per KV head rounded up to a power of 2 where more: BLOCK_Q = BLOCK_M / those
 # heads query positions) and walks the keys TRITON_TILE_PREFILL at a time up to the causal edge
-# (triton_unified_attention.py, unchanged from 0.11 to 0.26 on CUDA below Blackwell). Each tile iteration
+# (triton_unified_attention.py, unchanged from 0.11 to 0.26 on CUDA but SM100). Each tile iteration
 # loads its K and V through the block table, masks, updates the online softmax and runs two 16 x 32 x head
 # MMAs. With a small head on a card whose tensor cores do much per clock (head 64 on an A100: 0.9 ns of
 # MMA per iteration at its share) the loop, not the MMAs, sets the time: TRITON_ITER_CLOCKS SM clocks per
@@ -67,7 +67,8 @@ TRITON_BLOCK_GBS = 13.7
 # (validation_serving_heldout.yaml; that point then judges it no longer): its output, TTFT and TPOT all came
 # out 2x fast with the chunk's attention at the GEMMs' share; the 4K and 2K bursts of the same set move the
 # same way. vLLM's #18152 saw the same kernel 2.5x slower than the old prefill kernel on an A100 (8K
-# prompt). With head 256 (Qwen3.8 on RTX 3090s) the MMAs are ~5x the loop's clocks and nothing changes.
+# prompt). With head 256 (Qwen3.8 on RTX 3090s) a step's chunk attention FLOPs take about twice the loop's
+# clocks and nothing changes. Turing and Volta (always Triton) and Ada take the same constant, not fitted there.
 TRITON_BLOCK_M = 16
 TRITON_TILE_PREFILL = 32
 TRITON_ITER_CLOCKS = 530.0
@@ -500,10 +501,10 @@ def _triton_prefill_ms(gpu: Gpu, m: ModelShape, tp: int, prefill: int, prefill_c
     kinds = m.kv_kinds or ((m.attn_layers or m.layers, 0, m.kv_heads, 0, m.head_dim),)
     iterations = 0.0
     for layers, _, heads, window, _ in kinds:
-        per_kv = max(1, m.heads // max(1, heads))  # query heads per KV head
+        on_gpu = max(1, heads // max(1, min(tp, heads)))  # KV heads on one rank (TP > heads: 1 each)
+        per_kv = max(1, max(1, m.heads // tp) // on_gpu)  # one rank's query heads per KV head, as vLLM has it
         block_m = TRITON_BLOCK_M if per_kv <= TRITON_BLOCK_M else 1 << (per_kv - 1).bit_length()
         block_q = max(1, block_m // per_kv)
-        on_gpu = max(1, heads // max(1, min(tp, heads)))
         ctx = min(prefill_context, window) if window else prefill_context
         iterations += layers * math.ceil(prefill / block_q) * on_gpu * (ctx / TRITON_TILE_PREFILL + 0.5)
     return iterations * TRITON_ITER_CLOCKS / (gpu.sm_clock_ghz * 1e9) * 1e3
@@ -766,7 +767,7 @@ def _prefill_term(gpu: Gpu, m: ModelShape, chunks: int, chunk: int, t_prefill: f
     if m.attention_kernel == "triton":
         pre_src += (
             f"; vLLM's Triton attention over the chunk at the larger of its FLOPs and its loop: "
-            f"{TRITON_ITER_CLOCKS:g} SM clocks per 16-row x {TRITON_TILE_PREFILL}-key tile (fitted to a gpt-oss-20b "
+            f"{TRITON_ITER_CLOCKS:g} SM clocks per {TRITON_TILE_PREFILL}-key tile of a block of query rows (fitted to a gpt-oss-20b "
             "32K burst on an A100) over "
             + (
                 f"{gpu.sm_clock_ghz:.0f} G SM-clocks/s (the datasheet's FP16-accumulate rate over the "
