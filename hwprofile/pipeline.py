@@ -6,7 +6,7 @@ probes nothing and reads only the two tables shipped in the package (gpus.yaml, 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .config import ConfigError, Source
@@ -309,6 +309,9 @@ _PLAUSIBLE = {
     "p50_ttft_ms": (1e-3, 86_400_000.0),  # to a day
     "server_metrics.prefill_ms": (0.0, 86_400_000.0),  # the engine's part of a TTFT (its /metrics)
     "server_metrics.queue_ms": (0.0, 86_400_000.0),
+    "server_metrics.api_cpu_ms": (0.0, 1e10),  # the API server's CPU over one point (ms): to ~4 months
+    "server_metrics.output_tokens": (0.0, 1e12),
+    "server_metrics.steps": (0, 1e12),
     "output_throughput": (1e-3, 1e8),  # tokens/s of one plan
     "input_len": (1, 100_000_000),
     "output_len": (1, 100_000_000),
@@ -418,6 +421,7 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
     if "input_len" not in wl or "output_len" not in wl:
         raise _bench_bad(path, "workload lengths: input_len and output_len are required")
     outside = _bench_outside_latency(plan.get("runs"), path, set(points))
+    api_cpu = _bench_api_cpu(plan.get("runs"), path, set(points))
     batched = plan.get("max_num_batched_tokens") or _bench_setting(settings, "engine.max_num_batched_tokens")
     seqs = plan.get("max_num_seqs")
     created = doc.get("created") if isinstance(doc, dict) else None  # a dict: checked above
@@ -432,7 +436,22 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         seqs if type(seqs) is int and 1 <= seqs <= 1_000_000 else None,
         batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
         outside,
+        api_cpu,
     )
+
+
+def _bench_server_points(
+    runs: object, measured: set[int]
+) -> Iterator[tuple[str, int, dict[str, Any], dict[str, Any]]]:
+    """(where, concurrency, point, its ``server_metrics``) of each point of a bench plan's ``runs`` at a
+    measured concurrency whose server's /metrics were read."""
+    for i, run in enumerate(runs if isinstance(runs, list) else []):
+        points = run.get("points") if isinstance(run, dict) else None
+        for j, point in enumerate(points if isinstance(points, list) else []):
+            sm = point.get("server_metrics") if isinstance(point, dict) else None
+            c = point.get("concurrency") if isinstance(point, dict) else None
+            if isinstance(sm, dict) and type(c) is int and c in measured:
+                yield f"plans[0].runs[{i}].points[{j}]", c, point, sm
 
 
 def _bench_outside_latency(runs: object, path: str, measured: set[int]) -> tuple[tuple[int, float], ...]:
@@ -445,27 +464,48 @@ def _bench_outside_latency(runs: object, path: str, measured: set[int]) -> tuple
     import statistics
 
     found: dict[int, list[float]] = {}
-    for i, run in enumerate(runs if isinstance(runs, list) else []):
-        points = run.get("points") if isinstance(run, dict) else None
-        for j, point in enumerate(points if isinstance(points, list) else []):
-            sm = point.get("server_metrics") if isinstance(point, dict) else None
-            c = point.get("concurrency") if isinstance(point, dict) else None
-            lat = point.get("latency_ms") if isinstance(point, dict) else None
-            ttft = lat.get("ttft") if isinstance(lat, dict) else None
-            client = ttft.get("mean") if isinstance(ttft, dict) else None
-            if not isinstance(sm, dict) or type(c) is not int or c not in measured or client is None:
-                continue
-            if sm.get("prefill_ms") is None or sm.get("queue_ms") is None:
-                continue
-            where = f"plans[0].runs[{i}].points[{j}]"
-            mean = float(_bench_number(path, client, "p50_ttft_ms", f"{where}.latency_ms.ttft.mean"))
-            engine = sum(
-                float(_bench_number(path, sm[k], f"server_metrics.{k}", f"{where}.server_metrics.{k}"))
-                for k in ("queue_ms", "prefill_ms")
-            )
-            if engine < mean:
-                found.setdefault(c, []).append(mean - engine)
+    for where, c, point, sm in _bench_server_points(runs, measured):
+        lat = point.get("latency_ms")
+        ttft = lat.get("ttft") if isinstance(lat, dict) else None
+        client = ttft.get("mean") if isinstance(ttft, dict) else None
+        if client is None or sm.get("prefill_ms") is None or sm.get("queue_ms") is None:
+            continue
+        mean = float(_bench_number(path, client, "p50_ttft_ms", f"{where}.latency_ms.ttft.mean"))
+        engine = sum(
+            float(_bench_number(path, sm[k], f"server_metrics.{k}", f"{where}.server_metrics.{k}"))
+            for k in ("queue_ms", "prefill_ms")
+        )
+        if engine < mean:
+            found.setdefault(c, []).append(mean - engine)
     return tuple(sorted((c, statistics.median(v)) for c, v in found.items() if v))
+
+
+def _bench_api_cpu(
+    runs: object, path: str, measured: set[int]
+) -> tuple[tuple[int, float, float, float], ...]:
+    """((concurrency, ms, tokens, steps), ...): the API server process's own CPU per request at each
+    measured concurrency, with the output tokens and the engine steps per request, the medians over the
+    repeats of its /metrics ``process_cpu_seconds_total``, vLLM's generated tokens and its steps over the
+    requests the point added (``server_metrics``: ``api_cpu_ms``, ``output_tokens``, ``steps``,
+    ``requests``). A repeat without them (a server whose /metrics have no process counter: several API
+    server processes) adds nothing; a value that is not a measurement is an error naming it."""
+    import statistics
+
+    found: dict[int, list[tuple[float, float, float]]] = {}
+    for where, c, _, sm in _bench_server_points(runs, measured):
+        cpu, tokens, steps, n = (sm.get(k) for k in ("api_cpu_ms", "output_tokens", "steps", "requests"))
+        if cpu is None or tokens is None or type(steps) is not int or type(n) is not int or n < 1:
+            continue
+        got = [
+            float(_bench_number(path, v, f"server_metrics.{k}", f"{where}.server_metrics.{k}"))
+            for k, v in (("api_cpu_ms", cpu), ("output_tokens", tokens), ("steps", steps))
+        ]
+        found.setdefault(c, []).append((got[0] / n, got[1] / n, got[2] / n))
+    out = []
+    for c, v in sorted(found.items()):
+        ms, tokens_each, steps_each = (statistics.median(x[i] for x in v) for i in range(3))
+        out.append((c, ms, tokens_each, steps_each))
+    return tuple(out)
 
 
 def _bench_first_plan(

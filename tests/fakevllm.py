@@ -309,6 +309,10 @@ class Server:
             "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
             "# TYPE process_start_time_seconds gauge",
             f"process_start_time_seconds {STARTED!r}",
+            # this process's own CPU, as prometheus_client's process collector gives vLLM's API server's
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.",
+            "# TYPE process_cpu_seconds_total counter",
+            f"process_cpu_seconds_total {time.process_time()!r}",
         ]
 
         def family(name: str, kind: str, help_: str, samples: list[tuple[str, str, float]]) -> None:

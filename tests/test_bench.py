@@ -1057,6 +1057,32 @@ def test_the_servers_own_figures_from_its_histograms() -> None:
     assert d["tokens_per_step"] == pytest.approx(2.0) and d["steps"] == 100
     assert d["prefill_ms"] is None and d["itl_ms"] is None
     assert delta(b, a)["ttft_ms"] is None  # counters went back: a restart, no figure
+    # no process counter (several API server processes share a multiprocess registry): unknown, not 0
+    assert d["api_cpu_ms"] is None and d["output_tokens"] is None
+
+
+def test_the_api_servers_own_cpu_and_the_tokens_generated_over_a_point() -> None:
+    """The API server process's CPU (prometheus_client's process collector in the process serving
+    /metrics) and vLLM's generated tokens: each counter's increase over the point, summed over the
+    engines' series; one that went back (a restart) is None."""
+    from hwprofile.bench.servermetrics import delta, parse_sums
+
+    counters = (
+        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        "# TYPE process_cpu_seconds_total counter\n"
+        "process_cpu_seconds_total {cpu}\n"
+        "# TYPE vllm:generation_tokens counter\n"
+        'vllm:generation_tokens_total{{engine="0",model_name="m"}} {t0}\n'
+        'vllm:generation_tokens_total{{engine="1",model_name="m"}} {t1}\n'
+        'vllm:generation_tokens_created{{engine="0",model_name="m"}} 1.7e9\n'
+    )
+    hist = VLLM_METRICS.format(n=2, ttft=0.1, n2=2, tpot=0.02, steps=10, tokens=40)
+    a = parse_sums(hist + counters.format(cpu=12.5, t0=100, t1=50))
+    b = parse_sums(hist + counters.format(cpu=13.0, t0=400, t1=250))
+    d = delta(a, b)
+    assert d["api_cpu_ms"] == pytest.approx(500.0) and d["output_tokens"] == 500
+    back = delta(b, a)
+    assert back["api_cpu_ms"] is None and back["output_tokens"] is None
 
 
 def test_repeats_measure_each_concurrency_again_after_one_uncounted_warmup(world) -> None:
@@ -1086,6 +1112,8 @@ def test_repeats_measure_each_concurrency_again_after_one_uncounted_warmup(world
     for p in run["points"]:
         sm = p["server_metrics"]
         assert sm["requests"] == p["num_prompts"] + 1 and sm["ttft_ms"] > 0, sm
+        # the server process's own CPU (the fake's: its process_cpu_seconds_total) and the tokens it made
+        assert sm["api_cpu_ms"] is not None and sm["api_cpu_ms"] >= 0 and sm["output_tokens"] > 0, sm
 
 
 @pytest.mark.parametrize(

@@ -44,10 +44,11 @@ SETS = [
 def _doc(
     points: list[tuple[int, float, float, float]],
     batched: int | None = 256,
-    engine: dict[int, list[tuple[object, object, object]]] | None = None,
+    engine: dict[int, list[tuple[object, ...]]] | None = None,
 ) -> dict[str, Any]:
     """A bench document of ``points`` (concurrency, TPOT, TTFT, tok/s); ``engine``: per concurrency, each
-    repeat's server figures (queue ms, prefill ms) as its /metrics gave them, and the client's mean TTFT."""
+    repeat's server figures (queue ms, prefill ms) as its /metrics gave them, and the client's mean TTFT,
+    then, where given, the API server's CPU (ms), the output tokens and the requests over the point."""
 
     def spread(v: float) -> dict[str, Any]:
         return {"values": [v], "median": v, "min": v, "max": v, "relative_spread": 0.0}
@@ -82,11 +83,22 @@ def _doc(
                             {
                                 "concurrency": c,
                                 "latency_ms": {"ttft": {"mean": mean}},
-                                "server_metrics": {"queue_ms": q, "prefill_ms": pre},
+                                "server_metrics": {
+                                    "queue_ms": reps[r][0],
+                                    "prefill_ms": reps[r][1],
+                                    # the API server's CPU, the output tokens and the requests, where given
+                                    **dict(
+                                        zip(
+                                            ("api_cpu_ms", "output_tokens", "requests", "steps"),
+                                            reps[r][3:],
+                                            strict=False,
+                                        )
+                                    ),
+                                },
                             }
                             for c, reps in (engine or {}).items()
                             if r < len(reps)
-                            for q, pre, mean in [reps[r]]
+                            for mean in [reps[r][2]]
                         ],
                     }
                     for r in range(max((len(v) for v in (engine or {}).values()), default=0))
@@ -178,8 +190,11 @@ def test_the_latency_outside_the_engine_is_kept_apart_from_the_prompts_cost(tmp_
         20.0, rel=0.02
     )
     assert split[1]["simulated"]["ttft_ms"]["value"] == pytest.approx(60.0, rel=0.05)
+    # what was measured outside the engine holds the first token's delivery, which the simulation adds
+    first = split[1]["simulated"]["server_costs"]["api_token_us"] / 1e3
     assert (
-        "+ 39 ms per request (calibrated: measured on this host" in split[1]["simulated"]["ttft_ms"]["source"]
+        f"+ {39 - first:g} ms per request (calibrated: measured on this host"
+        in split[1]["simulated"]["ttft_ms"]["source"]
     )
     latency = next(t for t in split[1]["terms"] if t["term"].startswith("the request's latency outside"))
     assert latency["ms"] == pytest.approx(39.0) and "39 ms of it outside the engine" in latency["source"]
@@ -214,6 +229,78 @@ def test_the_latency_outside_the_engine_is_read_as_a_measurement(
         assert [c for c, _ in got] == [c for c, _ in want] and [v for _, v in got] == pytest.approx(
             [v for _, v in want]
         )
+
+
+@pytest.mark.parametrize(
+    ("reps", "want"),
+    [
+        # the API server's CPU, the output tokens and the steps per request: medians over the repeats
+        (
+            [(1500.0, 4800, 100, 4800), (1600.0, 4800, 100, 4800), (1450.0, 2400, 100, 2400)],
+            ((1, 15.0, 48.0, 48.0),),
+        ),
+        ([(1500.0, 4800, 100, 4800), (None, 4800, 100, 4800)], ((1, 15.0, 48.0, 48.0),)),  # nothing
+        ([(1500.0, None, 100, 4800)], ()),
+        ([(1500.0, 4800, 100, None)], ()),
+        ([(1500.0, 4800, 0, 0)], ()),  # no request counted: no figure per request
+        ([(-1.0, 4800, 100, 4800)], "server_metrics.api_cpu_ms"),
+        ([(float("inf"), 4800, 100, 4800)], "server_metrics.api_cpu_ms"),
+        ([("9", 4800, 100, 4800)], "server_metrics.api_cpu_ms"),
+        ([(1500.0, -4, 100, 4800)], "server_metrics.output_tokens"),
+        ([(1500.0, 4800, 100, -1)], "server_metrics.steps"),
+    ],
+)
+def test_the_api_servers_cpu_is_read_as_a_measurement(reps: list[tuple[object, ...]], want: object) -> None:
+    from hwprofile.pipeline import calibration_from_bench
+
+    engine: dict[int, list[tuple[object, ...]]] = {1: []}
+    for cpu, tokens, n, steps in reps:
+        engine[1].append((0.0, 20.0, 61.0, cpu, tokens, n, steps))
+    doc = _doc([(1, 20.0, 60.0, 45.0)], engine=engine)
+    if isinstance(want, str):
+        with pytest.raises(ConfigError, match=rf"c\.json.*runs\[\d\]\.points\[0\]\.{want}"):
+            calibration_from_bench(doc, "c.json", _cpu_host())
+    else:
+        assert calibration_from_bench(doc, "c.json", _cpu_host()).api_cpu == want
+
+
+def test_a_calibrated_host_streams_at_the_api_cpu_its_bench_measured(tmp_path: Path) -> None:
+    """The API server's CPU per engine step is this host's, where its bench read it: what a request cost
+    less the request's own and its tokens' (fitted) work, over its later steps. It delays the tokens
+    and, while it keeps the API server busy, the next requests' admissions; none of it is added to the
+    benched point itself (its first token's delivery is in what was measured there)."""
+    from hwprofile.plan.servercost import API_REQUEST_S, API_TOKEN_S
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    host = _cpu_host()
+    got: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, cpu in (("fitted", ()), ("measured", (1500.0, 4800, 100, 4800))):
+        root = tmp_path / name
+        path = Path(calibration_path(root, host))
+        path.parent.mkdir(parents=True)
+        engine = {1: [(0.0, 4.0, 10.0, *cpu)]}  # 6 ms outside the engine, 15 ms of CPU per request
+        path.write_text(json.dumps(_doc([(1, 2.0, 10.0, 480.0)], engine=engine)))
+        got[name] = {
+            c: make_plan(
+                host, root, environ={}, model=str(d), sets=[*SETS, f"layout.workload_concurrency={c}"]
+            ).to_json()["instances"][0]["prediction"]["simulated"]
+            for c in (1, 4)
+        }
+    fitted, measured = got["fitted"], got["measured"]
+    want_us = (15.0 - API_REQUEST_S["completion"] * 1e3 - 47 * API_TOKEN_S * 1e3) / 47 * 1e3
+    assert fitted[1]["server_costs"]["api_step_us"] == 0.0
+    costs = measured[1]["server_costs"]
+    assert costs["api_step_us"] == pytest.approx(want_us, abs=0.1)
+    assert costs["api_token_us"] == pytest.approx(API_TOKEN_S * 1e6)
+    assert f"per engine step {want_us:.3g} us, measured on this host" in costs["source"]
+    assert "15 ms per request of 48 output tokens in 48 steps" in costs["source"]
+    assert "less the first token's delivery" in measured[1]["ttft_ms"]["source"]
+    # the benched point comes back either way; four clients wait no less behind the steps' work
+    for sim in (fitted[1], measured[1]):
+        assert sim["ttft_ms"]["value"] == pytest.approx(10.0, rel=0.05)
+    assert measured[4]["ttft_ms"]["value"] >= fitted[4]["ttft_ms"]["value"]
 
 
 def test_an_engine_part_the_steps_cannot_reach_leaves_the_rest_as_latency() -> None:

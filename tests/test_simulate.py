@@ -98,6 +98,27 @@ def test_the_api_server_streams_tokens_at_its_own_rate_and_the_engine_runs_ahead
     assert any("API server's CPU was busy" in n for n in streamed.notes) and not gpu_only.notes
 
 
+def test_the_api_servers_cost_per_step_is_shared_by_the_steps_tokens() -> None:
+    """The output handler's CPU per engine step (``api_step_s``) is paid once a step, whatever its tokens:
+    with 2 ms a step and a 1 ms GPU step, the API server sets the pace of one stream and of eight alike
+    (TPOT ~2 ms), where a cost per token of the same 2 ms would make eight streams eight times slower."""
+    per_step = {
+        c: sim.simulate(
+            flat(0.0, 0.001),
+            engine(api_step_s=0.002),
+            sim.Arrivals("concurrency", 4 * c, 8, 40, concurrency=c),
+        )
+        for c in (1, 8)
+    }
+    per_token = sim.simulate(
+        flat(0.0, 0.001), engine(api_token_s=0.002), sim.Arrivals("concurrency", 32, 8, 40, concurrency=8)
+    )
+    for res in per_step.values():
+        assert res.tpot_ms() == pytest.approx(2.0, rel=0.05)
+        assert res.api_busy_s / res.duration_s == pytest.approx(1.0, abs=0.05)
+    assert per_token.tpot_ms() == pytest.approx(16.0, rel=0.05)
+
+
 def test_admissions_share_the_api_server_with_each_other_and_with_the_streams() -> None:
     # 400 short requests at once, 2 ms of the API server's CPU to admit each: the event loop's round robin
     # among their handlers shares the CPU (processor sharing), so they reach the engine together after

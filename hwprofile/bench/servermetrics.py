@@ -23,21 +23,35 @@ HISTOGRAMS: dict[str, str] = {
     "queue_ms": "vllm:request_queue_time_seconds",
     "tokens_per_step": "vllm:iteration_tokens_total",
 }
+# the name a point's total is given -> a counter: the API server process's own CPU (prometheus_client's
+# process collector in the process that serves /metrics: vLLM's API server, where it is one process, as
+# ``--api-server-count 1``, the default, has it; a multiprocess registry has no such counter) and the
+# output tokens the engine generated
+COUNTERS: dict[str, str] = {
+    "api_cpu_ms": "process_cpu_seconds_total",
+    "output_tokens": "vllm:generation_tokens_total",
+}
 
 
 def parse_sums(text: str) -> dict[str, tuple[float, float]]:
-    """``{histogram: (sum, count)}`` of the histograms in :data:`HISTOGRAMS`, summed over their label
-    sets (engines, models) in one Prometheus text body; one that is absent is left out."""
+    """``{histogram: (sum, count)}`` of the histograms in :data:`HISTOGRAMS`, and ``{counter: (value,
+    1)}`` of the counters in :data:`COUNTERS`, each summed over its label sets (engines, models) in one
+    Prometheus text body; one that is absent is left out."""
     from prometheus_client.parser import text_string_to_metric_families
 
     wanted = set(HISTOGRAMS.values())
+    counters = set(COUNTERS.values())
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:") or not ("_sum" in line or "_count" in line):
+        counter = line.startswith(tuple(counters))
+        if not counter and (not line.startswith("vllm:") or not ("_sum" in line or "_count" in line)):
             continue
         try:
             for fam in text_string_to_metric_families(line + "\n"):
                 for s in fam.samples:
+                    if s.name in counters:
+                        out.setdefault(s.name, [0.0, 1.0])[0] += float(s.value)
+                        continue
                     for suffix, i in (("_sum", 0), ("_count", 1)):
                         base = s.name[: -len(suffix)] if s.name.endswith(suffix) else None
                         if base in wanted:
@@ -65,9 +79,10 @@ def delta(
 ) -> dict[str, Any]:
     """The point's figures from two scrapes: each histogram's mean over the samples the point added
     (ms for times; None where it added none or a counter went back: a restart), and the requests and
-    engine steps counted. (They include ``vllm bench serve``'s one test request before its timed run.)
-    In a closed loop of c clients the server's time per output token is the time of a decode step
-    with about c requests in it."""
+    engine steps counted; the API server's CPU (``api_cpu_ms``) and the output tokens generated over the
+    point (None where a counter is absent or went back). (They include ``vllm bench serve``'s one test
+    request before its timed run.) In a closed loop of c clients the server's time per output token is
+    the time of a decode step with about c requests in it."""
     out: dict[str, Any] = {}
     for key, name in HISTOGRAMS.items():
         b, a = before.get(name), after.get(name)
@@ -80,6 +95,12 @@ def delta(
     steps = _count(before, after, HISTOGRAMS["tokens_per_step"])
     out["requests"] = req
     out["steps"] = steps
+    for key, name in COUNTERS.items():
+        b, a = before.get(name), after.get(name)
+        if a is None or b is None or a[0] < b[0]:
+            out[key] = None
+        else:
+            out[key] = (a[0] - b[0]) * (1e3 if key == "api_cpu_ms" else 1.0)
     return out
 
 

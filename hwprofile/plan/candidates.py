@@ -38,7 +38,7 @@ from .types import InstancePlan, InstancePrediction
 if TYPE_CHECKING:
     from .interconnect import Report
     from .servercost import ServerCosts
-    from .simulate import Arrivals
+    from .simulate import Arrivals, Engine
 
 
 def host_fingerprint(host: HostSnapshot) -> str:
@@ -859,8 +859,7 @@ def simulated_figures(
     )
     overhead_src = sim.REQUEST_OVERHEAD_SOURCE
     if measured_latency:
-        eng = dataclasses.replace(eng, request_overhead_s=gpu.request_latency_ms / 1e3)
-        overhead_src = "calibrated: measured on this host, outside the engine's steps"
+        eng, overhead_src = _measured_overhead(eng, gpu, costs)
     said = f"{spec.method} k={spec.k}, acceptance {spec.acceptance}" if spec is not None else "no speculation"
     src = f"plan/predict.py step_cost ({gpu.source}; {said})"
     step = pm.step_cost(gpu, shape, cand, spec)
@@ -882,6 +881,17 @@ def simulated_figures(
     except ValueError:
         return None
     return sim.figures(res, arr, src, costs, eng.request_overhead_s, overhead_src)
+
+
+def _measured_overhead(eng: Engine, gpu: pm.Gpu, costs: ServerCosts | None) -> tuple[Engine, str]:
+    """``eng`` with the latency per request ``gpu`` measured outside the engine's steps on this host
+    (:func:`.predict.calibrated_device`), and its source. What was measured there holds the first
+    token's delivery, which the simulation's API server adds itself: less that."""
+    first = costs.api_token_s + costs.api_step_s if costs is not None else 0.0
+    eng = dataclasses.replace(eng, request_overhead_s=max(0.0, gpu.request_latency_ms / 1e3 - first))
+    return eng, "calibrated: measured on this host, outside the engine's steps" + (
+        f", less the first token's delivery ({first * 1e6:.3g} us of the API server's CPU)" if first else ""
+    )
 
 
 def cpu_prediction(
@@ -916,7 +926,7 @@ def cpu_prediction(
     dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
-    costs = _calibrated_costs(host, dev, inst)  # `hwprofile bench`'s completions
+    costs = _calibrated_costs(host, dev, inst, calibration)  # `hwprofile bench`'s completions
     wl = workload(settings)
     p = pm.predict(dev, shape, cand, wl, None)
     bench_share = _bench_share(settings, wl, instances)
@@ -942,11 +952,16 @@ def cpu_prediction(
 
 
 def _calibrated_costs(
-    host: HostSnapshot | None, dev: pm.Gpu, inst: InstancePlan, renderer: str = "completion"
+    host: HostSnapshot | None,
+    dev: pm.Gpu,
+    inst: InstancePlan,
+    cal: pm.Calibration | None = None,
+    renderer: str = "completion",
 ) -> ServerCosts | None:
     """``host``'s server costs for ``inst`` on its CPU backend (the CPUs its OpenMP threads leave the
     API server and EngineCore: plan/servercost.py ``frontend_cpus``), the API server's CPU per request
-    no more than the latency ``dev`` measured outside the engine (None: no host, no costs)."""
+    no more than the latency ``dev`` measured outside the engine, and its CPU per engine step the one
+    ``cal``'s bench measured (:func:`measured_step_s`; None: no host, no costs)."""
     if host is None:
         return None
     from .servercost import frontend_cpus, server_costs
@@ -960,13 +975,41 @@ def _calibrated_costs(
         renderer=renderer,
     )
     measured = dev.request_latency_ms / 1e3
-    if measured >= costs.api_request_s:
+    if measured < costs.api_request_s:
+        costs = dataclasses.replace(
+            costs,
+            api_request_s=measured,
+            source=f"{costs.source}; the API server's CPU per request taken as the {measured * 1e3:.3g} ms "
+            "this host's bench measured outside the engine (less than the fitted figure)",
+        )
+    step = measured_step_s(cal, costs.api_request_s, costs.api_token_s) if cal is not None else None
+    if step is None:
         return costs
-    return dataclasses.replace(
-        costs,
-        api_request_s=measured,
-        source=f"{costs.source}; the API server's CPU per request taken as the {measured * 1e3:.3g} ms "
-        "this host's bench measured outside the engine (less than the fitted figure)",
+    return dataclasses.replace(costs, api_step_s=step[0], source=f"{costs.source}; {step[1]}")
+
+
+def measured_step_s(cal: pm.Calibration, request_s: float, token_s: float) -> tuple[float, str] | None:
+    """The API server's CPU per engine step that streams tokens on this host, and its source: at the
+    bench's lowest concurrency where the server's /metrics had its process CPU
+    (:attr:`.predict.Calibration.api_cpu`), the CPU per request less ``request_s`` (the request's own
+    work, its first token's with it) and ``token_s`` for each later token, over the request's later
+    steps. Measured on this project's CPU VM (vLLM 0.32, 96 in / 48 out): the API server's CPU over a
+    point follows the engine's steps, not the tokens streamed (the same 1,536 tokens cost 570 ms in
+    1,536 steps at one client, 390 ms in 790 at two, 250 ms in 396 at four), and the figure fitted at
+    one client gives those at two and four within -4 to -11 % (docs/validation-serving.md). One workload's
+    requests cannot separate the request's cost from the tokens': those are the fitted ones
+    (plan/servercost.py). None: not measured, or a request of one step."""
+    if not cal.api_cpu:
+        return None
+    c, ms, tokens, steps = min(cal.api_cpu)
+    if steps <= 1:
+        return None
+    step_s = max(0.0, (ms / 1e3 - request_s - max(0.0, tokens - 1) * token_s) / (steps - 1))
+    return step_s, (
+        f"the API server's CPU per engine step {step_s * 1e6:.3g} us, measured on this host (its /metrics "
+        f"process CPU at concurrency {c}: {ms:.3g} ms per request of {tokens:.3g} output tokens in "
+        f"{steps:.3g} steps, less {request_s * 1e3:.3g} ms for the request and its first token and "
+        f"{token_s * 1e6:.3g} us for each later token)"
     )
 
 

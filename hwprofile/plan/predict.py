@@ -262,6 +262,10 @@ class Calibration:
     # were read: the client's mean TTFT less vLLM's queue and prefill means (median over the repeats),
     # (concurrency, ms): the client, HTTP, the API server's tokenization, the hand-over to EngineCore
     outside_latency: tuple[tuple[int, float], ...] = ()
+    # the API server process's own CPU per request at each concurrency where its /metrics had it, with
+    # the output tokens and the engine's steps per request (medians over the repeats):
+    # (concurrency, ms, tokens, steps)
+    api_cpu: tuple[tuple[int, float, float, float], ...] = ()
 
     def outside_ms(self, c: int, ttft_ms: float) -> float:
         """The latency measured outside the engine at concurrency ``c`` where it is a part of

@@ -88,11 +88,16 @@ class ServerCosts:
     async_scheduling: bool | None  # the engine's CPU overlaps the GPU's step; None: release unknown
     source: str
     renderer: str = "completion"  # how a request is rendered: "template", "harmony" or "completion"
+    # the API server's CPU per engine step that streams tokens (its output handler's wake-up, the step's
+    # outputs received and decoded): measured on a calibrated host (0: not modelled; the fitted costs
+    # per request and per token hold it)
+    api_step_s: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {
             "api_request_ms": round(self.api_request_s * 1e3, 3),
             "api_token_us": round(self.api_token_s * 1e6, 1),
+            "api_step_us": round(self.api_step_s * 1e6, 1),
             "api_token_share": self.api_token_share,
             "step_seq_us": round(self.step_seq_s * 1e6, 1),
             "async_scheduling": self.async_scheduling,

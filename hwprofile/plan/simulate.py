@@ -20,7 +20,9 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
 - vLLM's API server, one asyncio process in front of EngineCore since V1, as one CPU: each request costs
   ``api_request_s`` of it before it reaches the engine's queue (HTTP, the chat template where the
   endpoint renders one, tokenization, the request's set-up), each streamed output token
-  ``api_token_s`` (detokenization, the SSE chunk) before the client sees it. The output handler
+  ``api_token_s`` (detokenization, the SSE chunk) and each engine step that streams any ``api_step_s``
+  (the output handler's wake-up, the step's outputs received and decoded) before the client sees it. The
+  output handler
   (vllm/v1/engine/async_llm.py, ``output_handler``) and the request handlers take turns on one event
   loop: while requests wait to be admitted the outputs get ``api_token_share`` of the CPU (about half),
   otherwise all of it, and the CPU never idles while work waits; the engine does not wait for the API
@@ -99,6 +101,7 @@ class Engine:
     # plan/servercost.py: CPU outside the GPU's step (0: not modelled, as a bare Engine has it)
     api_request_s: float = 0.0
     api_token_s: float = 0.0
+    api_step_s: float = 0.0  # the API server's CPU per engine step that streams tokens (its output handler)
     step_seq_s: float = 0.0
     async_scheduling: bool = False
     api_token_share: float = 1.0  # the API server's CPU the outputs get while requests wait to be admitted
@@ -128,6 +131,7 @@ def engine_for(
         chunked_prefill,
         api_request_s=costs.api_request_s,
         api_token_s=costs.api_token_s,
+        api_step_s=costs.api_step_s,
         api_token_share=costs.api_token_share,
         step_seq_s=costs.step_seq_s,
         async_scheduling=bool(costs.async_scheduling),
@@ -313,8 +317,8 @@ def _blocks(tokens: int, block_size: int) -> int:
 
 @state
 class _ApiServer:
-    """vLLM's API server as one CPU: token work (``token_s`` per streamed token) from when the engine's
-    outputs arrive, first come first served among themselves, with ``share`` of the CPU while admissions
+    """vLLM's API server as one CPU: token work (``token_s`` per streamed token, ``step_s`` per engine
+    step that streams any) from when the engine's outputs arrive, first come first served among themselves, with ``share`` of the CPU while admissions
     wait (all of it otherwise); admissions (``request_s`` per request) in the CPU time the token work
     leaves: ``shared`` (a burst), shared equally by the requests waiting (processor sharing: ``ps_v`` is
     the CPU each has had since the start, a request's ``v0`` what it was when the request was sent);
@@ -335,6 +339,7 @@ class _ApiServer:
     ps_v: float = 0.0  # the admission CPU each waiting request has had since the start (processor sharing)
     v0_sum: float = 0.0  # the waiting requests' ``v0``, summed
     head_done: float = 0.0  # first come, first served: the CPU the first request waiting has had
+    step_s: float = 0.0  # the output handler's CPU per engine step that streams tokens
 
     def enqueue(self, r: _Req) -> None:
         """``r`` sent now (the admissions due before it accounted): it joins the requests waiting."""
@@ -424,10 +429,10 @@ class _ApiServer:
     def deliver(self, first_end: float, last_end: float, tokens: int, steps: int) -> float:
         """The engine's ``steps`` steps, the first ending at ``first_end`` and the last at ``last_end``,
         each streaming ``tokens`` tokens: when the last step's tokens reach their clients."""
-        if not self.token_s or not tokens:
+        if not (self.token_s or self.step_s) or not tokens:
             return last_end
         start = max(first_end, self.tok_end)
-        work = steps * tokens * self.token_s
+        work = steps * (self.step_s + tokens * self.token_s)
         self.busy_s += work
         end = start + work
         share = self.share
@@ -445,7 +450,7 @@ class _ApiServer:
                     end = start + work / share
                 else:
                     end = shared_until + work - (shared_until - start) * share
-        end = max(end, last_end + tokens * self.token_s)
+        end = max(end, last_end + self.step_s + tokens * self.token_s)
         if end > start:
             self.segs.append((start, end, min(1.0, work / (end - start))))
         self.tok_end = end
@@ -478,7 +483,11 @@ class _Clients:
             a,
             engine,
             _ApiServer(
-                engine.request_cpu_s, engine.api_token_s, engine.api_token_share, shared=a.kind == "burst"
+                engine.request_cpu_s,
+                engine.api_token_s,
+                engine.api_token_share,
+                shared=a.kind == "burst",
+                step_s=engine.api_step_s,
             ),
             lengths=request_lengths(a),
         )
