@@ -311,7 +311,8 @@ _PLAUSIBLE = {
     "server_metrics.queue_ms": (0.0, 86_400_000.0),
     "server_metrics.api_cpu_ms": (0.0, 1e10),  # the API server's CPU over one point (ms): to ~4 months
     "server_metrics.output_tokens": (0.0, 1e12),
-    "server_metrics.steps": (0, 1e12),
+    "server_metrics.steps": (0, 1_000_000_000_000),
+    "server_metrics.requests": (0, 1_000_000_000_000),
     "output_throughput": (1e-3, 1e8),  # tokens/s of one plan
     "input_len": (1, 100_000_000),
     "output_len": (1, 100_000_000),
@@ -484,28 +485,28 @@ def _bench_api_cpu(
     runs: object, path: str, measured: set[int]
 ) -> tuple[tuple[int, float, float, float], ...]:
     """((concurrency, ms, tokens, steps), ...): the API server process's own CPU per request at each
-    measured concurrency, with the output tokens and the engine steps per request, the medians over the
-    repeats of its /metrics ``process_cpu_seconds_total``, vLLM's generated tokens and its steps over the
-    requests the point added (``server_metrics``: ``api_cpu_ms``, ``output_tokens``, ``steps``,
-    ``requests``). A repeat without them (a server whose /metrics have no process counter: several API
-    server processes) adds nothing; a value that is not a measurement is an error naming it."""
-    import statistics
-
+    measured concurrency, with the output tokens and the engine steps per request, from its /metrics
+    ``process_cpu_seconds_total``, vLLM's generated tokens and its steps over the requests the point
+    added (``server_metrics``: ``api_cpu_ms``, ``output_tokens``, ``steps``, ``requests``): the median
+    repeat by its CPU per request (the lower of the two middle ones), its three figures together. A
+    repeat without them (a server whose /metrics have no process counter: several API server
+    processes) adds nothing; a value that is not a measurement is an error naming it."""
+    keys = ("api_cpu_ms", "output_tokens", "steps", "requests")
     found: dict[int, list[tuple[float, float, float]]] = {}
     for where, c, _, sm in _bench_server_points(runs, measured):
-        cpu, tokens, steps, n = (sm.get(k) for k in ("api_cpu_ms", "output_tokens", "steps", "requests"))
-        if cpu is None or tokens is None or type(steps) is not int or type(n) is not int or n < 1:
+        if any(sm.get(k) is None for k in keys):
             continue
-        got = [
-            float(_bench_number(path, v, f"server_metrics.{k}", f"{where}.server_metrics.{k}"))
-            for k, v in (("api_cpu_ms", cpu), ("output_tokens", tokens), ("steps", steps))
-        ]
-        found.setdefault(c, []).append((got[0] / n, got[1] / n, got[2] / n))
-    out = []
-    for c, v in sorted(found.items()):
-        ms, tokens_each, steps_each = (statistics.median(x[i] for x in v) for i in range(3))
-        out.append((c, ms, tokens_each, steps_each))
-    return tuple(out)
+        cpu, tokens, steps, n = (
+            float(
+                _bench_number(
+                    path, sm[k], f"server_metrics.{k}", f"{where}.server_metrics.{k}", k in keys[2:]
+                )
+            )
+            for k in keys
+        )
+        if n >= 1:
+            found.setdefault(c, []).append((cpu / n, tokens / n, steps / n))
+    return tuple((c, *sorted(v)[(len(v) - 1) // 2]) for c, v in sorted(found.items()))
 
 
 def _bench_first_plan(

@@ -1074,11 +1074,13 @@ def test_the_api_servers_own_cpu_and_the_tokens_generated_over_a_point() -> None
         "# TYPE vllm:generation_tokens counter\n"
         'vllm:generation_tokens_total{{engine="0",model_name="m"}} {t0}\n'
         'vllm:generation_tokens_total{{engine="1",model_name="m"}} {t1}\n'
-        'vllm:generation_tokens_created{{engine="0",model_name="m"}} 1.7e9\n'
+        'vllm:generation_tokens_created{{engine="0",model_name="m"}} {created}\n'
     )
     hist = VLLM_METRICS.format(n=2, ttft=0.1, n2=2, tpot=0.02, steps=10, tokens=40)
-    a = parse_sums(hist + counters.format(cpu=12.5, t0=100, t1=50))
-    b = parse_sums(hist + counters.format(cpu=13.0, t0=400, t1=250))
+    a = parse_sums(hist + counters.format(cpu=12.5, t0=100, t1=50, created=1.7e9))
+    b = parse_sums(hist + counters.format(cpu=13.0, t0=400, t1=250, created=1.8e9))
+    # the engines' series summed, the creation time's gauge never taken for the counter
+    assert b["vllm:generation_tokens_total"] == (650.0, 1.0) and b["process_cpu_seconds_total"] == (13.0, 1.0)
     d = delta(a, b)
     assert d["api_cpu_ms"] == pytest.approx(500.0) and d["output_tokens"] == 500
     back = delta(b, a)

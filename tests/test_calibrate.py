@@ -243,6 +243,14 @@ def test_the_latency_outside_the_engine_is_read_as_a_measurement(
         ([(1500.0, None, 100, 4800)], ()),
         ([(1500.0, 4800, 100, None)], ()),
         ([(1500.0, 4800, 0, 0)], ()),  # no request counted: no figure per request
+        ([(1500.0, 4800, None, 4800)], ()),
+        # the median repeat by its CPU per request, its three figures together
+        (
+            [(1400.0, 4800, 100, 4800), (1600.0, 2400, 100, 2400), (1500.0, 3600, 100, 3000)],
+            ((1, 15.0, 36.0, 30.0),),
+        ),
+        ([(1500.0, 4800, 100.0, 4800)], "server_metrics.requests"),  # a count is whole
+        ([(1500.0, 4800, 100, 48.5)], "server_metrics.steps"),
         ([(-1.0, 4800, 100, 4800)], "server_metrics.api_cpu_ms"),
         ([(float("inf"), 4800, 100, 4800)], "server_metrics.api_cpu_ms"),
         ([("9", 4800, 100, 4800)], "server_metrics.api_cpu_ms"),
@@ -289,7 +297,8 @@ def test_a_calibrated_host_streams_at_the_api_cpu_its_bench_measured(tmp_path: P
             for c in (1, 4)
         }
     fitted, measured = got["fitted"], got["measured"]
-    want_us = (15.0 - API_REQUEST_S["completion"] * 1e3 - 47 * API_TOKEN_S * 1e3) / 47 * 1e3
+    # what the simulation charges a request (to admit it, then each step and token) gives 15 ms back
+    want_us = (15.0 - API_REQUEST_S["completion"] * 1e3 - 48 * API_TOKEN_S * 1e3) / 48 * 1e3
     assert fitted[1]["server_costs"]["api_step_us"] == 0.0
     costs = measured[1]["server_costs"]
     assert costs["api_step_us"] == pytest.approx(want_us, abs=0.1)
@@ -301,6 +310,13 @@ def test_a_calibrated_host_streams_at_the_api_cpu_its_bench_measured(tmp_path: P
     for sim in (fitted[1], measured[1]):
         assert sim["ttft_ms"]["value"] == pytest.approx(10.0, rel=0.05)
     assert measured[4]["ttft_ms"]["value"] >= fitted[4]["ttft_ms"]["value"]
+    # the API server busy as measured: 15 ms of a request's ~104 ms at one client (the prompt's step and
+    # 47 of 2 ms), against 4.4 ms with the fitted costs alone; and once a step, whatever the clients: four
+    # add what one adds, the step's cost over its time (per token they would add four times as much)
+    assert measured[1]["api_busy_fraction"] == pytest.approx(15.0 / 104.0, rel=0.1)
+    for c in (1, 4):
+        added = measured[c]["api_busy_fraction"] - fitted[c]["api_busy_fraction"]
+        assert added == pytest.approx(want_us / 1e3 / measured[c]["tpot_ms"]["value"], rel=0.2), c
 
 
 def test_an_engine_part_the_steps_cannot_reach_leaves_the_rest_as_latency() -> None:

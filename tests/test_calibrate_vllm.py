@@ -179,17 +179,17 @@ def _api_cpu_rows(
             for p in run["points"]
             if p["concurrency"] == conc
             and p["server_metrics"]
-            and p["server_metrics"]["api_cpu_ms"] is not None
+            and all(p["server_metrics"][k] for k in ("api_cpu_ms", "output_tokens", "steps", "requests"))
         ]
         assert sms, f"no API server CPU read at {conc}/{batched}"
         m, tokens, steps = (
             statistics.median(sm[k] / sm["requests"] for sm in sms)
             for k in ("api_cpu_ms", "output_tokens", "steps")
         )
-        predicted = (
+        predicted = (  # what plan/simulate.py's API server charges a request: to admit it, each token, each step
             costs["api_request_ms"]
-            + (tokens - 1) * costs["api_token_us"] / 1e3
-            + (steps - 1) * costs["api_step_us"] / 1e3
+            + tokens * costs["api_token_us"] / 1e3
+            + steps * costs["api_step_us"] / 1e3
         )
         out.append((conc, batched, m, steps, predicted))
     return out

@@ -989,27 +989,29 @@ def _calibrated_costs(
 
 
 def measured_step_s(cal: pm.Calibration, request_s: float, token_s: float) -> tuple[float, str] | None:
-    """The API server's CPU per engine step that streams tokens on this host, and its source: at the
-    bench's lowest concurrency where the server's /metrics had its process CPU
-    (:attr:`.predict.Calibration.api_cpu`), the CPU per request less ``request_s`` (the request's own
-    work, its first token's with it) and ``token_s`` for each later token, over the request's later
-    steps. Measured on this project's CPU VM (vLLM 0.32, 96 in / 48 out): the API server's CPU over a
-    point follows the engine's steps, not the tokens streamed (the same 1,536 tokens cost 570 ms in
-    1,536 steps at one client, 390 ms in 790 at two, 250 ms in 396 at four), and the figure fitted at
-    one client gives those at two and four within -4 to -11 % (docs/validation-serving.md). One workload's
-    requests cannot separate the request's cost from the tokens': those are the fitted ones
-    (plan/servercost.py). None: not measured, or a request of one step."""
+    """The API server's CPU per engine step on this host, and its source: at the bench's lowest
+    concurrency where the server's /metrics had its process CPU (:attr:`.predict.Calibration.api_cpu`),
+    the CPU per request less ``request_s`` and ``token_s`` for each token, over the request's steps: what
+    plan/simulate.py's API server charges a request (``request_s`` to admit it, ``step_s + tokens x
+    token_s`` for each step that streams its tokens) gives the measurement back. The steps are vLLM's
+    (``vllm:iteration_tokens_total``): a prompt longer than the step's budget takes steps that stream
+    nothing, which the simulation does not charge (the figure comes out low there). Measured on this
+    project's CPU VM (vLLM 0.32, 96 in / 48 out): the API server's CPU over a point follows the engine's
+    steps, not the tokens streamed (the same 1,536 tokens cost 570 ms in 1,536 steps at one client, 390
+    ms in 790 at two, 250 ms in 396 at four), and the figure fitted at one client gives those at two and
+    four 4-11 % low (docs/validation-serving.md). One workload's requests cannot separate the request's
+    cost from the tokens': those are the fitted ones (plan/servercost.py). None: not measured."""
     if not cal.api_cpu:
         return None
     c, ms, tokens, steps = min(cal.api_cpu)
-    if steps <= 1:
+    if steps <= 0:
         return None
-    step_s = max(0.0, (ms / 1e3 - request_s - max(0.0, tokens - 1) * token_s) / (steps - 1))
+    step_s = max(0.0, (ms / 1e3 - request_s - tokens * token_s) / steps)
     return step_s, (
         f"the API server's CPU per engine step {step_s * 1e6:.3g} us, measured on this host (its /metrics "
         f"process CPU at concurrency {c}: {ms:.3g} ms per request of {tokens:.3g} output tokens in "
-        f"{steps:.3g} steps, less {request_s * 1e3:.3g} ms for the request and its first token and "
-        f"{token_s * 1e6:.3g} us for each later token)"
+        f"{steps:.3g} steps, less {request_s * 1e3:.3g} ms for the request and {token_s * 1e6:.3g} us for "
+        "each token)"
     )
 
 

@@ -185,6 +185,8 @@ def server_costs(
         asy = False
         how = "the CPU backend never schedules asynchronously: the engine's CPU adds to the step"
         if frontend is None or frontend < engines + 1:
+            # (a calibrated host's API server CPU per engine step, ServerCosts.api_step_s, is not added
+            # here: once a step, whatever its sequences, it is inside the step's fixed time fitted there)
             step_seq += API_TOKEN_S
             left = "an unknown number of CPUs" if frontend is None else f"{frontend} CPU(s)"
             how += (
