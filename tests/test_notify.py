@@ -7,7 +7,6 @@ NOTIFY_SOCKET or WATCHDOG_*."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -181,11 +180,11 @@ def test_daemon_notifies_systemd(daemon_env, listener, abstract) -> None:  # noq
         assert lis.having("READY")[0][1]["STATUS"].startswith("2/2 ready"), statuses
         assert any(s.startswith("0/2 ready") or s.startswith("1/2 ready") for s in statuses), statuses
         assert lis.having("READY")[0][1]["MAINPID"] == str(proc.pid)
-        # WATCHDOG=1 after ticks, at most every 0.3 s (half of WATCHDOG_USEC), ticks are 0.2 s
-        wait_for(lambda: len(lis.having("WATCHDOG")) >= 6, "watchdog pings", 20)
-        times = [t for t, _ in lis.having("WATCHDOG")]
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        assert min(gaps) >= 0.25 and max(gaps) < 1.5, gaps
+        # WATCHDOG=1 from the daemon's own ticks, again and again. Their pacing (at most every half
+        # WATCHDOG_USEC) is test_watchdog_pacing_and_pid's, on an injected clock: here the gaps are the
+        # listener thread's receive times, which a loaded machine stretches and bunches (a 1.6 s gap
+        # under two CPU hogs), so they judge nothing
+        wait_for(lambda: len(lis.having("WATCHDOG")) >= 6, "watchdog pings", 60)
         # no vLLM child sees the socket or the watchdog
         for argv_line in e["starts"].read_text().splitlines():
             pid = json.loads(argv_line)["pid"]
