@@ -319,6 +319,52 @@ def test_a_calibrated_host_streams_at_the_api_cpu_its_bench_measured(tmp_path: P
         assert added == pytest.approx(want_us / 1e3 / measured[c]["tpot_ms"]["value"], rel=0.2), c
 
 
+# the API server's CPU per request (ms) at 1, 2 and 4 clients of 96 in / 48 out, with its steps per
+# request, measured through `hwprofile bench` on two of this project's CPU VMs (vLLM 0.32): on the
+# second, a request costs more besides its steps, which one client alone cannot tell
+API_CPU_VMS = {
+    "first": ((1, 18.3, 48.0, 48.0), (2, 12.5, 48.0, 24.7), (4, 7.8, 48.0, 12.4)),
+    "second": ((1, 26.25, 48.0, 48.0), (2, 19.06, 48.0, 24.6), (4, 13.13, 48.0, 12.2)),
+}
+
+
+@pytest.mark.parametrize("vm", sorted(API_CPU_VMS))
+def test_the_api_servers_costs_per_token_and_step_fitted_where_the_steps_differ(vm: str) -> None:
+    """One client's bench measures a request's tokens and steps together (one token a step): the step
+    takes what the fitted per-token cost leaves. Benched at one and four clients, the steps per
+    request differ fourfold and both costs are this host's: two clients' CPU comes back within 10 %
+    on both VMs, where the one-client figure misses the second VM's by a fifth."""
+    from hwprofile.plan.servercost import API_REQUEST_S, API_TOKEN_S
+
+    one, two, four = API_CPU_VMS[vm]
+    req = API_REQUEST_S["completion"]
+
+    def cal(*api: tuple[int, float, float, float]) -> pm.Calibration:
+        return pm.Calibration("c.json", None, 96, 48, 1, None, ((1, 2.0, 10.0, 400.0),), api_cpu=api)
+
+    def charged(t: float, s: float, point: tuple[int, float, float, float]) -> float:
+        return (req + point[2] * t + point[3] * s) * 1e3  # as plan/simulate.py's API server charges it
+
+    got = candidates.measured_api_costs(cal(one), req, API_TOKEN_S)
+    assert got is not None
+    t1, s1, why1 = got
+    assert t1 == API_TOKEN_S and charged(t1, s1, one) == pytest.approx(one[1])
+    assert "at concurrency 1" in why1
+    got = candidates.measured_api_costs(cal(one, four), req, API_TOKEN_S)
+    assert got is not None
+    t, s, why = got
+    assert charged(t, s, one) == pytest.approx(one[1]) and charged(t, s, four) == pytest.approx(four[1])
+    assert charged(t, s, two) == pytest.approx(two[1], rel=0.10)
+    assert "fitted on this host" in why and f"4: {four[1]:.3g} ms in {four[3]:.3g} steps" in why
+    if vm == "second":  # the one-client figure: 18 % low at two clients (this VM's own bench: 24 %)
+        assert charged(t1, s1, two) < 0.85 * two[1]
+    # steps that do not differ (one client twice), or a fit with a negative cost: the one-client figure
+    assert candidates.measured_api_costs(cal(one, one), req, API_TOKEN_S) == (t1, s1, why1)
+    upside_down = (4, 30.0, 48.0, 12.2)  # more CPU in fewer steps: no positive per-step cost fits it
+    assert candidates.measured_api_costs(cal(one, upside_down), req, API_TOKEN_S) == (t1, s1, why1)
+    assert candidates.measured_api_costs(cal(), req, API_TOKEN_S) is None
+
+
 def test_an_engine_part_the_steps_cannot_reach_leaves_the_rest_as_latency() -> None:
     """The engine's part of a TTFT below the TPOT (a prompt's step costs at least a step's fixed time):
     the fit stops at what the steps can reach and the latency is the rest, so the benched point still

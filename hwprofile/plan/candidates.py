@@ -961,7 +961,7 @@ def _calibrated_costs(
     """``host``'s server costs for ``inst`` on its CPU backend (the CPUs its OpenMP threads leave the
     API server and EngineCore: plan/servercost.py ``frontend_cpus``), the API server's CPU per request
     no more than the latency ``dev`` measured outside the engine, and its CPU per engine step the one
-    ``cal``'s bench measured (:func:`measured_step_s`; None: no host, no costs)."""
+    ``cal``'s bench measured (:func:`measured_api_costs`; None: no host, no costs)."""
     if host is None:
         return None
     from .servercost import frontend_cpus, server_costs
@@ -982,37 +982,85 @@ def _calibrated_costs(
             source=f"{costs.source}; the API server's CPU per request taken as the {measured * 1e3:.3g} ms "
             "this host's bench measured outside the engine (less than the fitted figure)",
         )
-    step = measured_step_s(cal, costs.api_request_s, costs.api_token_s) if cal is not None else None
-    if step is None:
+    fit = measured_api_costs(cal, costs.api_request_s, costs.api_token_s) if cal is not None else None
+    if fit is None:
         return costs
-    return dataclasses.replace(costs, api_step_s=step[0], source=f"{costs.source}; {step[1]}")
+    token_s, step_s, why = fit
+    return dataclasses.replace(costs, api_token_s=token_s, api_step_s=step_s, source=f"{costs.source}; {why}")
 
 
-def measured_step_s(cal: pm.Calibration, request_s: float, token_s: float) -> tuple[float, str] | None:
-    """The API server's CPU per engine step on this host, and its source: at the bench's lowest
-    concurrency where the server's /metrics had its process CPU (:attr:`.predict.Calibration.api_cpu`),
-    the CPU per request less ``request_s`` and ``token_s`` for each token, over the request's steps: what
-    plan/simulate.py's API server charges a request (``request_s`` to admit it, ``step_s + tokens x
-    token_s`` for each step that streams its tokens) gives the measurement back. The steps are vLLM's
-    (``vllm:iteration_tokens_total``): a prompt longer than the step's budget takes steps that stream
-    nothing, which the simulation does not charge (the figure comes out low there). Measured on this
-    project's CPU VM (vLLM 0.32, 96 in / 48 out): the API server's CPU over a point follows the engine's
-    steps, not the tokens streamed (the same 1,536 tokens cost 570 ms in 1,536 steps at one client, 390
-    ms in 790 at two, 250 ms in 396 at four), and the figure fitted at one client gives those at two and
-    four 4-11 % low (docs/validation-serving.md). One workload's requests cannot separate the request's
-    cost from the tokens': those are the fitted ones (plan/servercost.py). None: not measured."""
-    if not cal.api_cpu:
+def measured_api_costs(
+    cal: pm.Calibration, request_s: float, token_s: float
+) -> tuple[float, float, str] | None:
+    """The API server's CPU per streamed token and per engine step on this host, and their source, from
+    its /metrics process CPU per request at the bench's concurrencies (:attr:`.predict.Calibration.api_cpu`),
+    as plan/simulate.py's API server charges a request: ``request_s`` to admit it, ``step_s + tokens x
+    token_s`` for each step that streams its tokens. None: not measured.
+
+    - Two or more concurrencies whose steps per request differ (by half at least): the CPU per request
+      less ``request_s``, fitted by least squares to the tokens and the steps per request (both per
+      token and per step this host's, :func:`_api_fit`).
+    - One concurrency (or steps that do not differ): a request's tokens and steps move together, so
+      only their sum is measured: the per-step figure is what is left after ``request_s`` and
+      ``token_s`` (the fitted figures, plan/servercost.py) for each token.
+
+    The steps are vLLM's (``vllm:iteration_tokens_total``): a prompt longer than the step's budget takes
+    steps that stream nothing, which the simulation does not charge (the figure comes out low there).
+    Measured on this project's CPU VMs (vLLM 0.32, 96 in / 48 out, docs/validation-serving.md): the API
+    server's CPU over a point follows the engine's steps, not the tokens streamed (24 ms a request in 48
+    steps at one client, 19 ms in 25 at two, 13 ms in 12 at four). Fitted at one client alone, two and
+    four clients came out 4-11 % low on one VM and 24-28 % low on another, whose requests cost more
+    besides their steps; fitted at one and four clients, two clients' came out 7-9 % low on both."""
+    points = [(c, ms, tokens, steps) for c, ms, tokens, steps in cal.api_cpu if steps > 0]
+    if not points:
         return None
-    c, ms, tokens, steps = min(cal.api_cpu)
-    if steps <= 0:
-        return None
-    step_s = max(0.0, (ms / 1e3 - request_s - tokens * token_s) / steps)
-    return step_s, (
-        f"the API server's CPU per engine step {step_s * 1e6:.3g} us, measured on this host (its /metrics "
-        f"process CPU at concurrency {c}: {ms:.3g} ms per request of {tokens:.3g} output tokens in "
-        f"{steps:.3g} steps, less {request_s * 1e3:.3g} ms for the request and {token_s * 1e6:.3g} us for "
-        "each token)"
+    steps = [p[3] for p in points]
+    if len(points) >= 2 and max(steps) >= 1.5 * min(steps):
+        fit = _api_fit(points, request_s)
+        if fit is not None:
+            t, s = fit
+            where = ", ".join(f"{c}: {ms:.3g} ms in {st:.3g} steps" for c, ms, _, st in points)
+            return (
+                t,
+                s,
+                (
+                    f"the API server's CPU per streamed token {t * 1e6:.3g} us and per engine step {s * 1e6:.3g} "
+                    f"us, fitted on this host (its /metrics process CPU per request by concurrency, {where}; "
+                    f"less {request_s * 1e3:.3g} ms for the request)"
+                ),
+            )
+    c, ms, tokens, st = min(points)
+    step_s = max(0.0, (ms / 1e3 - request_s - tokens * token_s) / st)
+    return (
+        token_s,
+        step_s,
+        (
+            f"the API server's CPU per engine step {step_s * 1e6:.3g} us, measured on this host (its /metrics "
+            f"process CPU at concurrency {c}: {ms:.3g} ms per request of {tokens:.3g} output tokens in "
+            f"{st:.3g} steps, less {request_s * 1e3:.3g} ms for the request and {token_s * 1e6:.3g} us for "
+            "each token)"
+        ),
     )
+
+
+def _api_fit(points: list[tuple[int, float, float, float]], request_s: float) -> tuple[float, float] | None:
+    """(per token, per step) seconds: least squares of each point's CPU per request less ``request_s``
+    on its tokens and steps per request, through the origin (the request's own cost is ``request_s``).
+    None where the two cannot be told apart (tokens in proportion to steps) or one comes out negative."""
+    ys = [ms / 1e3 - request_s for _, ms, _, _ in points]
+    xs = [(tokens, steps) for _, _, tokens, steps in points]
+    a = sum(t * t for t, _ in xs)
+    b = sum(t * s for t, s in xs)
+    d = sum(s * s for _, s in xs)
+    det = a * d - b * b
+    if det <= 1e-9 * a * d:
+        return None
+    e = sum(t * y for (t, _), y in zip(xs, ys, strict=True))
+    f = sum(s * y for (_, s), y in zip(xs, ys, strict=True))
+    token_s, step_s = (d * e - b * f) / det, (a * f - b * e) / det
+    if token_s < 0 or step_s < 0:
+        return None
+    return token_s, step_s
 
 
 def _less_step_cpu(dev: pm.Gpu, costs: ServerCosts | None, c0: int) -> pm.Gpu:
