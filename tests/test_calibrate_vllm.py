@@ -51,7 +51,7 @@ REPEATS = 3
 TOLERANCE = 0.10  # the issue's: the calibrated predictions within 10 % at the held-back points
 # the API server's CPU per request at two clients, from its costs fitted at one and four clients of the
 # same session (CPU time, not wall time: a busy machine stretches it less than latencies). Measured
-# 7-9 % low on two VMs (tests/test_calibrate.py API_CPU_VMS)
+# 6.5 % low in this test on one VM; from the two VMs' sweeps, 7-8 % (tests/test_calibrate.py API_CPU_VMS)
 API_CPU_TOLERANCE = 0.20
 QUIET = 0.10  # a measurement that can judge 10 %: its repeats (max - min) within 10 % of their median
 FIGURES = (
@@ -194,19 +194,22 @@ def _api_cpu_rows(
     out = []
     for plan_doc, conc, batched in held:
         m, tokens, steps = _api_cpu_measured(plan_doc, conc)
-        predicted = (  # what plan/simulate.py's API server charges a request: to admit it, each token, each step
+        predicted = (  # what plan/simulate.py's API server charges a request: to admit it, each token, each
+            # step and its end
             costs["api_request_ms"]
             + tokens * costs["api_token_us"] / 1e3
             + steps * costs["api_step_us"] / 1e3
+            + costs["api_finish_ms"]
         )
         out.append((conc, batched, m, steps, predicted))
     return out
 
 
-def _api_cpu_two_clients(sweep: dict[str, Any]) -> tuple[float, float]:
-    """(measured, predicted) ms of the API server's CPU per request at two clients in ``sweep`` (a
-    session at 1, 2 and 4 clients), predicted from its costs per token and per step fitted at one and
-    four clients of the same session (plan/candidates.py ``measured_api_costs``)."""
+def _api_cpu_two_clients(sweep: dict[str, Any]) -> tuple[float, float | None, str]:
+    """(measured, predicted, how) ms of the API server's CPU per request at two clients in ``sweep`` (a
+    session at 1, 2 and 4 clients), predicted from its costs per step and per request as it ends fitted
+    at one and four clients of the same session (plan/candidates.py ``measured_api_costs``); predicted
+    None where no fit was made (``how`` says what was)."""
     from hwprofile.plan import predict as pm
     from hwprofile.plan.candidates import measured_api_costs
     from hwprofile.plan.servercost import API_REQUEST_S, API_TOKEN_S
@@ -216,8 +219,10 @@ def _api_cpu_two_clients(sweep: dict[str, Any]) -> tuple[float, float]:
     cal = pm.Calibration("sweep", None, 96, 48, 1, None, ((1, 1.0, 1.0, 1.0),), api_cpu=api)
     req = API_REQUEST_S["completion"]
     fit = measured_api_costs(cal, req, API_TOKEN_S)
-    assert fit is not None and "fitted on this host" in fit[2], fit
-    return two[0], (req + two[1] * fit[0] + two[2] * fit[1]) * 1e3
+    if fit is None or "fitted on this host" not in fit[2]:
+        return two[0], None, fit[2] if fit else "nothing measured"
+    finish, step, how = fit
+    return two[0], (req + finish + two[1] * API_TOKEN_S + two[2] * step) * 1e3, how
 
 
 def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
@@ -274,7 +279,7 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     again = _medians(b, 1)
     drift = {k: again[k][0] / benched[k][0] - 1 for k, _ in FIGURES}
     api = _api_cpu_rows(model, root, held)
-    two_m, two_p = _api_cpu_two_clients(b)
+    two_m, two_p, two_how = _api_cpu_two_clients(b)
     lines = [
         f"benched at concurrency 1 ({REPEATS} repeats after a warm-up; median, spread = (max-min)/median): "
         + ", ".join(f"{k} {benched[k][0]:.2f} (spread {benched[k][1]:.0%})" for k, _ in FIGURES),
@@ -302,7 +307,7 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
             for c, batched, m, steps, p in api
         ),
         f"   2    plan | measured {two_m:.2f} ms | fitted at one and four clients of that session: "
-        f"{two_p:.2f} ms {two_p / two_m - 1:+.1%}",
+        + (f"{two_p:.2f} ms {two_p / two_m - 1:+.1%}" if two_p is not None else f"no fit ({two_how})"),
     ]
     mape = sum(abs(r["error"]) for r in rows) / len(rows)
     mape_carried = sum(abs(r["carried"]) for r in rows) / len(rows)
@@ -337,15 +342,15 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     # CPU in fewer steps (four clients: 12 a request, against 48 at one), and at four clients the steps'
     # figure fitted at one client is nearer than one client's CPU carried over (the tokens' figure).
     # One client cannot tell a request's own cost from its steps' (they move together): on one VM that
-    # figure came out 4-11 % low at two and four clients, on another 24-28 % (docs/validation-serving.md)
+    # figure came out 4-11 % low at two and four clients, on another 18-28 % (docs/validation-serving.md)
     one_ms = _api_cpu_measured(a, 1)[0]
-    (m2, _, s2), (m4, _, s4) = (_api_cpu_measured(b, c) for c in (2, 4))
+    (m2, _, s2), (m4, _, s4) = (_api_cpu_measured(b, conc) for conc in (2, 4))
     assert m4 < m2 < _api_cpu_measured(b, 1)[0] and s4 < s2, table
     p4 = next(p for c_, batched, _, _, p in api if (c_, batched) == (4, "plan"))
     assert abs(math.log(p4 / m4)) < abs(math.log(one_ms / m4)), table
-    # benched at one and four clients (this session's sweep), the costs per token and per step are both
-    # this host's: two clients' CPU comes back
-    assert abs(two_p / two_m - 1) < API_CPU_TOLERANCE, table
+    # benched at one and four clients (this session's sweep), the costs per step and per request as it
+    # ends are both this host's: two clients' CPU comes back
+    assert two_p is not None and abs(two_p / two_m - 1) < API_CPU_TOLERANCE, table
     for plan_doc in (b, c):  # the bench's own gate judged the predictions (never unknown once calibrated)
         assert plan_doc["accuracy"]["state"] in ("pass", "fail", "noisy"), plan_doc["accuracy"]
     if off:  # a figure the measurement can judge, off: the model's, not the host's. Known gap (issue 32):

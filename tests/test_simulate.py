@@ -81,6 +81,21 @@ def test_the_api_server_ceiling_limits_a_burst_of_short_requests() -> None:
     assert "issue 32" in sim.REQUEST_OVERHEAD_SOURCE
 
 
+def test_a_requests_end_costs_the_api_server_with_its_last_token() -> None:
+    """``api_finish_s``: each request as it ends costs the API server that much with its last step's
+    tokens: busier by one finish a request, and the last token reaches its client that much later
+    where the API server has nothing else to do (one client: 5 ms later, the TTFT unchanged)."""
+    arr = sim.Arrivals("concurrency", 8, 8, 10, concurrency=1)
+    plain = sim.simulate(flat(0.0, 0.010), engine(api_token_s=1e-4), arr)
+    ending = sim.simulate(flat(0.0, 0.010), engine(api_token_s=1e-4, api_finish_s=0.005), arr)
+    assert ending.api_busy_s - plain.api_busy_s == pytest.approx(8 * 0.005, rel=1e-6)
+    assert ending.e2e_ms() - plain.e2e_ms() == pytest.approx(5.0, rel=0.02)
+    assert ending.ttft_ms() == pytest.approx(plain.ttft_ms(), rel=1e-6)
+    # nothing streamed, nothing costed: a bare engine has no API server
+    bare = sim.simulate(flat(0.0, 0.010), engine(), arr)
+    assert bare.api_busy_s == 0.0
+
+
 def test_the_api_server_streams_tokens_at_its_own_rate_and_the_engine_runs_ahead() -> None:
     # 50 requests of 8 in / 40 out at once, a GPU step of 1 ms: the engine is done in ~40 steps, but the
     # API server streams 2,000 tokens at 1 ms each: the clients see ~2 s, 1,000 tokens/s

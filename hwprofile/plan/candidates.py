@@ -985,54 +985,60 @@ def _calibrated_costs(
     fit = measured_api_costs(cal, costs.api_request_s, costs.api_token_s) if cal is not None else None
     if fit is None:
         return costs
-    token_s, step_s, why = fit
-    return dataclasses.replace(costs, api_token_s=token_s, api_step_s=step_s, source=f"{costs.source}; {why}")
+    finish_s, step_s, why = fit
+    return dataclasses.replace(
+        costs, api_finish_s=finish_s, api_step_s=step_s, source=f"{costs.source}; {why}"
+    )
 
 
 def measured_api_costs(
     cal: pm.Calibration, request_s: float, token_s: float
 ) -> tuple[float, float, str] | None:
-    """The API server's CPU per streamed token and per engine step on this host, and their source, from
-    its /metrics process CPU per request at the bench's concurrencies (:attr:`.predict.Calibration.api_cpu`),
-    as plan/simulate.py's API server charges a request: ``request_s`` to admit it, ``step_s + tokens x
-    token_s`` for each step that streams its tokens. None: not measured.
+    """The API server's CPU per request as it ends and per engine step on this host, ``(finish_s,
+    step_s, source)``, from its /metrics process CPU per request at the bench's concurrencies
+    (:attr:`.predict.Calibration.api_cpu`), as plan/simulate.py's API server charges a request:
+    ``request_s`` to admit it (before the engine: at most the latency measured outside it), ``step_s +
+    tokens x token_s`` for each step that streams its tokens, ``finish_s`` as it ends. ``token_s`` stays
+    the fitted one: one workload's requests all have its output length, so its tokens cannot be told
+    from a cost per request. None: not measured.
 
-    - Two or more concurrencies whose steps per request differ (by half at least): the CPU per request
-      less ``request_s``, fitted by least squares to the tokens and the steps per request (both per
-      token and per step this host's, :func:`_api_fit`).
-    - One concurrency (or steps that do not differ): a request's tokens and steps move together, so
-      only their sum is measured: the per-step figure is what is left after ``request_s`` and
-      ``token_s`` (the fitted figures, plan/servercost.py) for each token.
+    - Two or more concurrencies whose steps per request differ (by half at least): what each request
+      cost beyond ``request_s`` and its tokens, fitted by least squares to a cost per request (the
+      finish) and one per step (:func:`_api_fit`).
+    - One concurrency (or steps that do not differ): a request's steps move with its tokens (one token
+      a step), so the finish is not measured (0) and the step takes what is left, over its steps.
 
     The steps are vLLM's (``vllm:iteration_tokens_total``): a prompt longer than the step's budget takes
     steps that stream nothing, which the simulation does not charge (the figure comes out low there).
     Measured on this project's CPU VMs (vLLM 0.32, 96 in / 48 out, docs/validation-serving.md): the API
-    server's CPU over a point follows the engine's steps, not the tokens streamed (24 ms a request in 48
-    steps at one client, 19 ms in 25 at two, 13 ms in 12 at four). Fitted at one client alone, two and
-    four clients came out 4-11 % low on one VM and 24-28 % low on another, whose requests cost more
-    besides their steps; fitted at one and four clients, two clients' came out 7-9 % low on both."""
+    server's CPU over a point follows the engine's steps, not the tokens streamed. Fitted at one client
+    alone, two and four clients came out 4-11 % low on one VM and 18-28 % low on another, where a
+    request costs more besides its steps; fitted at one and four clients of one session, two clients'
+    came out 7-8 % low on both."""
     points = [(c, ms, tokens, steps) for c, ms, tokens, steps in cal.api_cpu if steps > 0]
     if not points:
         return None
-    steps = [p[3] for p in points]
+    left = [(st, ms / 1e3 - request_s - tokens * token_s) for _, ms, tokens, st in points]
+    steps = [st for st, _ in left]
     if len(points) >= 2 and max(steps) >= 1.5 * min(steps):
-        fit = _api_fit(points, request_s)
+        fit = _api_fit(left)
         if fit is not None:
-            t, s = fit
+            finish, s = fit
             where = ", ".join(f"{c}: {ms:.3g} ms in {st:.3g} steps" for c, ms, _, st in points)
             return (
-                t,
+                finish,
                 s,
                 (
-                    f"the API server's CPU per streamed token {t * 1e6:.3g} us and per engine step {s * 1e6:.3g} "
-                    f"us, fitted on this host (its /metrics process CPU per request by concurrency, {where}; "
-                    f"less {request_s * 1e3:.3g} ms for the request)"
+                    f"the API server's CPU per engine step {s * 1e6:.3g} us and {finish * 1e3:.3g} ms per request "
+                    f"as it ends, fitted on this host (its /metrics process CPU per request by concurrency, "
+                    f"{where}; less {request_s * 1e3:.3g} ms for the request and {token_s * 1e6:.3g} us for "
+                    "each token)"
                 ),
             )
     c, ms, tokens, st = min(points)
     step_s = max(0.0, (ms / 1e3 - request_s - tokens * token_s) / st)
     return (
-        token_s,
+        0.0,
         step_s,
         (
             f"the API server's CPU per engine step {step_s * 1e6:.3g} us, measured on this host (its /metrics "
@@ -1043,24 +1049,24 @@ def measured_api_costs(
     )
 
 
-def _api_fit(points: list[tuple[int, float, float, float]], request_s: float) -> tuple[float, float] | None:
-    """(per token, per step) seconds: least squares of each point's CPU per request less ``request_s``
-    on its tokens and steps per request, through the origin (the request's own cost is ``request_s``).
-    None where the two cannot be told apart (tokens in proportion to steps) or one comes out negative."""
-    ys = [ms / 1e3 - request_s for _, ms, _, _ in points]
-    xs = [(tokens, steps) for _, _, tokens, steps in points]
-    a = sum(t * t for t, _ in xs)
-    b = sum(t * s for t, s in xs)
-    d = sum(s * s for _, s in xs)
-    det = a * d - b * b
-    if det <= 1e-9 * a * d:
+def _api_fit(left: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(per request, per step) seconds: the least-squares line of each point's CPU per request left
+    after its admission and tokens over its steps per request (``(steps, seconds)``). A negative
+    intercept is no cost per request: the line through the origin then. None where the steps do not
+    differ or no positive cost per step fits."""
+    n = len(left)
+    mx = sum(x for x, _ in left) / n
+    my = sum(y for _, y in left) / n
+    sxx = sum((x - mx) ** 2 for x, _ in left)
+    if sxx <= 0:
         return None
-    e = sum(t * y for (t, _), y in zip(xs, ys, strict=True))
-    f = sum(s * y for (_, s), y in zip(xs, ys, strict=True))
-    token_s, step_s = (d * e - b * f) / det, (a * f - b * e) / det
-    if token_s < 0 or step_s < 0:
+    slope = sum((x - mx) * (y - my) for x, y in left) / sxx
+    finish = my - slope * mx
+    if finish < 0:
+        finish, slope = 0.0, sum(x * y for x, y in left) / sum(x * x for x, _ in left)
+    if slope <= 0:
         return None
-    return token_s, step_s
+    return finish, slope
 
 
 def _less_step_cpu(dev: pm.Gpu, costs: ServerCosts | None, c0: int) -> pm.Gpu:

@@ -92,12 +92,17 @@ class ServerCosts:
     # outputs received and decoded): measured on a calibrated host (0: not modelled; the fitted costs
     # per request and per token hold it)
     api_step_s: float = 0.0
+    # the API server's CPU per request at its end (the last chunk, the response closed), off the TTFT's
+    # path: measured on a calibrated host whose bench ran concurrencies whose steps differ (0: the
+    # fitted costs per request and per token hold it)
+    api_finish_s: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {
             "api_request_ms": round(self.api_request_s * 1e3, 3),
             "api_token_us": round(self.api_token_s * 1e6, 1),
             "api_step_us": round(self.api_step_s * 1e6, 1),
+            "api_finish_ms": round(self.api_finish_s * 1e3, 3),
             "api_token_share": self.api_token_share,
             "step_seq_us": round(self.step_seq_s * 1e6, 1),
             "async_scheduling": self.async_scheduling,

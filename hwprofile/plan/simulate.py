@@ -21,7 +21,8 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
   ``api_request_s`` of it before it reaches the engine's queue (HTTP, the chat template where the
   endpoint renders one, tokenization, the request's set-up), each streamed output token
   ``api_token_s`` (detokenization, the SSE chunk) and each engine step that streams any ``api_step_s``
-  (the output handler's wake-up, the step's outputs received and decoded) before the client sees it. The
+  (the output handler's wake-up, the step's outputs received and decoded) before the client sees it, and
+  each request as it ends ``api_finish_s`` (the last chunk, the response closed) with its last token. The
   output handler
   (vllm/v1/engine/async_llm.py, ``output_handler``) and the request handlers take turns on one event
   loop: while requests wait to be admitted the outputs get ``api_token_share`` of the CPU (about half),
@@ -102,6 +103,7 @@ class Engine:
     api_request_s: float = 0.0
     api_token_s: float = 0.0
     api_step_s: float = 0.0  # the API server's CPU per engine step that streams tokens (its output handler)
+    api_finish_s: float = 0.0  # the API server's CPU per request as it ends (the last chunk, the response)
     step_seq_s: float = 0.0
     async_scheduling: bool = False
     api_token_share: float = 1.0  # the API server's CPU the outputs get while requests wait to be admitted
@@ -132,6 +134,7 @@ def engine_for(
         api_request_s=costs.api_request_s,
         api_token_s=costs.api_token_s,
         api_step_s=costs.api_step_s,
+        api_finish_s=costs.api_finish_s,
         api_token_share=costs.api_token_share,
         step_seq_s=costs.step_seq_s,
         async_scheduling=bool(costs.async_scheduling),
@@ -340,6 +343,7 @@ class _ApiServer:
     v0_sum: float = 0.0  # the waiting requests' ``v0``, summed
     head_done: float = 0.0  # first come, first served: the CPU the first request waiting has had
     step_s: float = 0.0  # the output handler's CPU per engine step that streams tokens
+    finish_s: float = 0.0  # the CPU per request as it ends, with its step's tokens
 
     def enqueue(self, r: _Req) -> None:
         """``r`` sent now (the admissions due before it accounted): it joins the requests waiting."""
@@ -426,13 +430,14 @@ class _ApiServer:
             self.segs.popleft()
         return out
 
-    def deliver(self, first_end: float, last_end: float, tokens: int, steps: int) -> float:
+    def deliver(self, first_end: float, last_end: float, tokens: int, steps: int, ending: int = 0) -> float:
         """The engine's ``steps`` steps, the first ending at ``first_end`` and the last at ``last_end``,
-        each streaming ``tokens`` tokens: when the last step's tokens reach their clients."""
-        if not (self.token_s or self.step_s) or not tokens:
+        each streaming ``tokens`` tokens, the last ending ``ending`` requests (``finish_s`` each): when
+        the last step's tokens reach their clients."""
+        if not (self.token_s or self.step_s or self.finish_s * ending) or not tokens:
             return last_end
         start = max(first_end, self.tok_end)
-        work = steps * (self.step_s + tokens * self.token_s)
+        work = steps * (self.step_s + tokens * self.token_s) + ending * self.finish_s
         self.busy_s += work
         end = start + work
         share = self.share
@@ -450,7 +455,7 @@ class _ApiServer:
                     end = start + work / share
                 else:
                     end = shared_until + work - (shared_until - start) * share
-        end = max(end, last_end + self.step_s + tokens * self.token_s)
+        end = max(end, last_end + self.step_s + tokens * self.token_s + ending * self.finish_s)
         if end > start:
             self.segs.append((start, end, min(1.0, work / (end - start))))
         self.tok_end = end
@@ -488,6 +493,7 @@ class _Clients:
                 engine.api_token_share,
                 shared=a.kind == "burst",
                 step_s=engine.api_step_s,
+                finish_s=engine.api_finish_s,
             ),
             lengths=request_lengths(a),
         )
@@ -739,7 +745,8 @@ class _Scheduler:
                     firsts.append(r)
                 r.generated += 1
                 sampled += 1
-        delivered = self.clients.api.deliver(start + dur / k, self.now, sampled, k)
+        ending = sum(r.generated >= r.output_len for r in self.running)
+        delivered = self.clients.api.deliver(start + dur / k, self.now, sampled, k, ending)
         for r in firsts:
             r.first_token = delivered
         self._retire(delivered)
