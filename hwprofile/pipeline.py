@@ -460,9 +460,12 @@ def _bench_outside_latency(runs: object, path: str, measured: set[int]) -> tuple
     concurrency, the median over the repeats of the client's mean TTFT less vLLM's queue and prefill
     means (``server_metrics``, bench/servermetrics.py): means with means. A repeat whose /metrics were
     not read, or that lacks a figure, adds nothing (unknown, not 0), nor one where the engine's part
-    is not below the client's TTFT (no latency measured there); a concurrency with none is left out.
-    A value that is not a measurement is an error naming it."""
+    is not below the client's TTFT (no latency measured there), nor one whose streamed tokens reached
+    the client merged (plan/servercost.py ``merged_stream``); a concurrency with none is left out. A
+    value that is not a measurement is an error naming it."""
     import statistics
+
+    from .plan.servercost import merged_stream
 
     found: dict[int, list[float]] = {}
     for where, c, point, sm in _bench_server_points(runs, measured):
@@ -471,6 +474,9 @@ def _bench_outside_latency(runs: object, path: str, measured: set[int]) -> tuple
         client = ttft.get("mean") if isinstance(ttft, dict) else None
         if client is None or sm.get("prefill_ms") is None or sm.get("queue_ms") is None:
             continue
+        tpot = lat.get("tpot") if isinstance(lat, dict) else None
+        if merged_stream(tpot.get("p50") if isinstance(tpot, dict) else None, sm.get("tpot_ms")):
+            continue  # its client TTFT is the merged chunk's, not the first token's
         mean = float(_bench_number(path, client, "p50_ttft_ms", f"{where}.latency_ms.ttft.mean"))
         engine = sum(
             float(_bench_number(path, sm[k], f"server_metrics.{k}", f"{where}.server_metrics.{k}"))

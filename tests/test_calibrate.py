@@ -272,6 +272,24 @@ def test_the_api_servers_cpu_is_read_as_a_measurement(reps: list[tuple[object, .
         assert calibration_from_bench(doc, "c.json", _cpu_host()).api_cpu == want
 
 
+def test_a_merged_stream_measures_no_latency_outside_the_engine() -> None:
+    """A repeat whose streamed tokens reached the client merged (its median TPOT near 0, the server's
+    2.6 ms) has a client TTFT of the whole request: it adds nothing to the latency outside the engine
+    (two clean repeats: 15 and 16 ms; with the merged one the median would be 16, its own 128)."""
+    from hwprofile.pipeline import _bench_outside_latency
+
+    def point(ttft: float, tpot: float) -> dict[str, Any]:
+        return {
+            "concurrency": 1,
+            "latency_ms": {"ttft": {"mean": ttft}, "tpot": {"p50": tpot}},
+            "server_metrics": {"queue_ms": 0.0, "prefill_ms": 5.0, "tpot_ms": 2.6},
+        }
+
+    runs = [{"points": [point(20.0, 2.6)]}, {"points": [point(133.0, 0.003)]}, {"points": [point(21.0, 2.5)]}]
+    assert _bench_outside_latency(runs, "b.json", {1}) == ((1, 15.5),)
+    assert _bench_outside_latency(runs[1:2], "b.json", {1}) == ()  # merged alone: unknown, not 128
+
+
 def test_a_calibrated_host_streams_at_the_api_cpu_its_bench_measured(tmp_path: Path) -> None:
     """The API server's CPU per engine step is this host's, where its bench read it: what a request cost
     less the request's own and its tokens' (fitted) work, over its later steps. It delays the tokens

@@ -128,6 +128,11 @@ def plan_table(p: BenchPlan, rows: list[dict[str, Any]]) -> list[str]:
             f"{(format(acc['median'], '.0%') if acc else '-'):>7} {(format(ln['median'], '.2f') if ln else '-'):>5} "
             f"{row['rounds']:>6} {_eff(per_watt_median(p, row['concurrency'])):>8}"
         )
+        if row.get("merged_rounds"):
+            lines.append(
+                f"        {row['merged_rounds']} of {row['rounds']} rounds streamed their tokens merged (the API "
+                "server's stream fell behind the engine): their TTFT, TPOT and ITL left out of the medians"
+            )
     return lines
 
 

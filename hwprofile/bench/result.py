@@ -73,12 +73,17 @@ class BenchPlan:
 
 
 def summary(plan: BenchPlan) -> list[dict[str, Any]]:
-    """Per concurrency: each metric's median and range over the rounds, and the mean acceptance."""
+    """Per concurrency: each metric's median and range over the rounds, and the mean acceptance. A
+    round whose streamed tokens reached the client merged (:meth:`.runner.Point.stream_merged`) has no
+    latency in the medians (its throughput stays: every token was counted): ``merged_rounds`` says
+    how many; with all merged, the row has no latency."""
     out = []
     for c, pts in sorted(plan.points_by_concurrency().items()):
         metrics: dict[str, Any] = {}
+        merged = [p.stream_merged() is not None for p in pts]
         for name in SUMMARY_METRICS:
-            vals = [v for v in (p.metric(name) for p in pts) if v is not None]
+            timed = [p for p, m in zip(pts, merged, strict=True) if not (m and name.endswith("_ms"))]
+            vals = [v for v in (p.metric(name) for p in timed) if v is not None]
             if vals:
                 metrics[name] = spread(vals).to_json()
         rates = [
@@ -95,6 +100,7 @@ def summary(plan: BenchPlan) -> list[dict[str, Any]]:
             {
                 "concurrency": c,
                 "rounds": len(pts),
+                "merged_rounds": sum(merged),
                 "metrics": metrics,
                 "acceptance_rate": spread(rates).to_json() if rates else None,
                 "mean_acceptance_length": spread(lens).to_json() if lens else None,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OperationError
+from ..plan.servercost import merged_stream
 from ..telemetry.http import get_json
 from ..telemetry.metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS
 from ..telemetry.scrape import scrape
@@ -181,6 +182,13 @@ class Point:
     server_metrics: dict[str, Any] | None = None
     server_metrics_error: str | None = None
 
+    def stream_merged(self) -> str | None:
+        """Why this point's client latencies do not time the engine's tokens, or None where nothing says
+        so (:func:`merged_stream`: its client's median TPOT against the server's own mean)."""
+        return merged_stream(
+            self.latency_ms.get("tpot", {}).get("p50"), (self.server_metrics or {}).get("tpot_ms")
+        )
+
     def metric(self, name: str) -> float | None:
         """``output_throughput``, ``p99_ttft_ms`` and the like (the comparison's metric names)."""
         if name.endswith("_ms"):
@@ -205,6 +213,7 @@ class Point:
             "vllm_bench": self.vllm_bench,
             "server_metrics": self.server_metrics,
             "server_metrics_error": self.server_metrics_error,
+            "stream_merged": self.stream_merged(),
         }
 
 
