@@ -226,9 +226,10 @@ def merged_stream(client_tpot_ms: object, server_tpot_ms: object) -> str | None:
     vLLM's API server merges a request's streamed outputs when its stream falls behind the engine
     (``RequestOutputCollector.put``, vLLM 0.32): the client then sees several tokens in one chunk, its
     TTFT stretched and its TPOT near 0. Seen on this project's 2-CPU VM with real vLLM: at one client,
-    two of three repeats of 32 requests had most requests' 48 tokens arrive at once (median TTFT 133
-    ms, TPOT 0.003 ms; the server's own TPOT 2.6 ms). Said where the client's median TPOT is below
-    :data:`MERGED_SHARE` of the server's mean (its /metrics histogram); None where either is unknown."""
+    one of three repeats of 32 requests had most requests' 48 tokens arrive at once (its median TTFT
+    133 ms, TPOT 0.003 ms; the server's own TPOT 2.6 ms), another about half of them. Said where the
+    client's median TPOT is below :data:`MERGED_SHARE` of the server's mean (its /metrics histogram);
+    None where either is unknown."""
     figures = (client_tpot_ms, server_tpot_ms)
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in figures):
         return None
