@@ -1035,8 +1035,8 @@ def measured_api_costs(
                     "each token)"
                 ),
             )
-    c, ms, tokens, st = min(points)
-    step_s = max(0.0, (ms / 1e3 - request_s - tokens * token_s) / st)
+    (c, ms, tokens, st), (_, rest) = min(zip(points, left, strict=True))
+    step_s = max(0.0, rest / st)
     return (
         0.0,
         step_s,
