@@ -249,10 +249,23 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     # 2. the held-back points: concurrency 2 and 4 on one server (1 again: the benched point re-measured),
     # then concurrency 2 at another step budget (chunked prefill: a 96-token prompt in 2 steps)
     b = _bench(model, root, tmp_path / "b", "sweep", ["bench.sweep_max=4", "bench.concurrency=4"], vllm)
-    c = _bench(
-        model, root, tmp_path / "c", "seed", ["bench.concurrency=2", "engine.max_num_batched_tokens=48"], vllm
+    # every held-back figure is judged against the calibration made of the benched point: where each of
+    # its figures' repeats spread beyond QUIET, nothing can be judged at 10 %, and the second server
+    # (minutes on a loaded machine) is not started; the sweep still is, for the API server's CPU below
+    judgeable = any(spread <= QUIET for _, spread in benched.values())
+    c = (
+        _bench(
+            model,
+            root,
+            tmp_path / "c",
+            "seed",
+            ["bench.concurrency=2", "engine.max_num_batched_tokens=48"],
+            vllm,
+        )
+        if judgeable
+        else None
     )
-    held = [(b, 2, "plan"), (b, 4, "plan"), (c, 2, "48")]
+    held = [(b, 2, "plan"), (b, 4, "plan"), *([(c, 2, "48")] if c is not None else [])]
     rows: list[dict[str, Any]] = []
     for plan_doc, conc, batched in held:
         point = next(p for p in plan_doc["accuracy"]["points"] if p["concurrency"] == conc)
@@ -288,6 +301,14 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
         "re-measured at concurrency 1 in the held-back session: "
         + ", ".join(f"{k} {again[k][0]:.2f} ({drift[k]:+.1%})" for k, _ in FIGURES),
         "before calibration: no prediction (a CPU has no datasheet; the gate: unknown)",
+        *(
+            []
+            if c is not None
+            else [
+                "max_num_batched_tokens 48: not measured (every benched figure's repeats spread beyond "
+                f"{QUIET:.0%}: no held-back figure could be judged)"
+            ]
+        ),
         "calibrated: the figure the gate judges (the plan's simulation of the bench's closed loop); "
         "closed-form: the plan's steady-state figure; carried over: the benched point's measurement",
         f"{'conc':>4} {'batched':>7} | {'figure':<19} {'measured':>9} {'spread':>6} | {'calibrated':>10} {'error':>7}"
@@ -353,7 +374,8 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     # benched at one and four clients (this session's sweep), the costs per step and per request as it
     # ends are both this host's: two clients' CPU comes back
     assert two_p is not None and abs(two_p / two_m - 1) < API_CPU_TOLERANCE, table
-    for plan_doc in (b, c):  # the bench's own gate judged the predictions (never unknown once calibrated)
+    # the bench's own gate judged the predictions (never unknown once calibrated)
+    for plan_doc in [b] if c is None else [b, c]:
         assert plan_doc["accuracy"]["state"] in ("pass", "fail", "noisy"), plan_doc["accuracy"]
     if off:  # a figure the measurement can judge, off: the model's, not the host's. Known gap (issue 32):
         # the CPU calibration (a fixed step plus FLOPs fitted at one concurrency) has no per-request cost,
