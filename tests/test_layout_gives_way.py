@@ -18,6 +18,7 @@ import pytest
 from hwprofile.host.snapshot import GpuLink, HostSnapshot
 from hwprofile.host.snapshot_io import load_snapshot
 from hwprofile.pipeline import make_plan
+from hwprofile.plan import PlanRefused
 from hwprofile.plan import predict as pm
 from hwprofile.plan.interconnect import Report, Run, SizeResult, apply, custom_all_reduce
 from hwprofile.render.translate import render_instance
@@ -154,6 +155,44 @@ def test_an_operator_s_layout_never_gives_way(h100_ratio: float, empty_root: Pat
     assert "cli --set layout.tensor_parallel_size=1" in _reason(p, "layout.objective[0,1]")
     why = _reason(p, "layout.replicas")
     assert "shipped layout.replicas=1" in why and "never idles a GPU" in why and "[1]" in why
+
+
+def _one_gpu(name: str) -> HostSnapshot:
+    """The one-A100 example host with its card renamed (what detection says of another board)."""
+    snap = load_snapshot(HOSTS / "a100-80g-pcie-1x.json")
+    return snap._replace(gpus=tuple(g._replace(name=name) for g in snap.gpus))
+
+
+SHIPPED = sorted(
+    p.stem for p in (ROOT / "profiles").glob("*.yaml") if p.stem not in ("rules", "base", "cpu-only")
+)
+
+
+@pytest.mark.parametrize("profile", SHIPPED)
+def test_a_shipped_tp_wider_than_the_host_gives_way(profile: str, empty_root: Path) -> None:
+    """Each shipped profile, on one card: a TP (or a strategy implying one) wider than the host's GPUs
+    gives way to what the host has, said with the profile's file and line; never a refusal."""
+    plan = make_plan(
+        _one_gpu("NVIDIA A800 80GB PCIe"), empty_root, profile=profile, model="Qwen/Qwen3-8B", environ={}
+    )
+    assert _layout(plan) == [((0,), 1)]
+    why = _reason(plan, "tensor_parallel_size")
+    if "gives way" in why:
+        assert f"{profile}.yaml:" in why and "this host has 1 NVIDIA A800 80GB PCIe" in why
+
+
+def test_one_a800_plans_on_its_rule_s_profile_and_an_operator_s_tp2_is_refused(empty_root: Path) -> None:
+    host = _one_gpu("NVIDIA A800 80GB PCIe")
+    plan = make_plan(host, empty_root, model="Qwen/Qwen3-8B", environ={})
+    assert plan.profile == "a800-80g-pcie" and _layout(plan) == [((0,), 1)]
+    why = _reason(plan, "tensor_parallel_size")
+    assert "the shipped tensor_parallel_size=2 (builtin profiles/a800-80g-pcie.yaml:" in why
+    assert any(
+        "gives way to tensor parallel 1: this host has 1 NVIDIA A800 80GB PCIe" in w for w in plan.warnings
+    )
+    with pytest.raises(PlanRefused, match="tensor_parallel_size=2 needs 2 GPUs of one model") as e:
+        make_plan(host, empty_root, model="Qwen/Qwen3-8B", sets=["layout.tensor_parallel_size=2"], environ={})
+    assert "--set layout.tensor_parallel_size=1" in e.value.suggestions
 
 
 def test_a_kept_shipped_tp1_on_2x3090_runs_two_instances_not_one_idle(

@@ -139,23 +139,37 @@ def partition(
 
 
 def _configured_tp(
-    ctx: PlanContext, grp: list[Gpu], model: ModelFacts, want: int, usable: list[int], nvlink: bool
+    ctx: PlanContext,
+    grp: list[Gpu],
+    model: ModelFacts,
+    want: int,
+    usable: list[int],
+    nvlink: bool,
+    key: tuple[str, str] = ("layout", "tensor_parallel_size"),
 ) -> int:
-    """The configured tensor-parallel size, refused where the group or the model's heads cannot take it."""
+    """The configured tensor-parallel size (``key`` set it: the TP itself, or the strategy that implies
+    one), refused where the group or the model's heads cannot take it; a shipped profile's gives way to
+    the largest the group and the heads take (an operator's never)."""
+    src = where(ctx.reasons.provenance.get(key))
+    said = why = None
     if want > len(grp):
-        raise PlanRefused(
-            f"tensor_parallel_size={want} needs {want} GPUs of one model; this host has {len(grp)} {grp[0].name}",
-            [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
-        )
-    why = tp_refusal(model, want, refine_fp8(ctx))
-    if why is not None:
+        why = f"this host has {len(grp)} {grp[0].name}"
+        if not (usable and shipped(ctx.reasons, key)):
+            raise PlanRefused(
+                f"tensor_parallel_size={want} needs {want} GPUs of one model; {why}",
+                [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
+            )
+        value = want if key[1] == "tensor_parallel_size" else ctx.settings.layout.strategy
+        said = f"the shipped {key[1]}={value} ({src}) gives way to tensor parallel {usable[-1]}: {why}"
+        ctx.warn(said)
+        want = usable[-1]
+    elif (why := tp_refusal(model, want, refine_fp8(ctx))) is not None:
         below = [t for t in usable if t < want]
-        if not (below and shipped(ctx.reasons, ("layout", "tensor_parallel_size"))):
+        if not (below and shipped(ctx.reasons, key)):
             raise PlanRefused(
                 f"tensor_parallel_size={want} for {model.name}: {why}",
                 [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
             )
-        src = where(ctx.reasons.provenance.get(("layout", "tensor_parallel_size")))
         said = f"the shipped tensor_parallel_size={want} ({src}) gives way to {below[-1]}: {why}"
         ctx.warn(said)
         want = below[-1]
@@ -166,7 +180,7 @@ def _configured_tp(
     ctx.add(
         "tensor_parallel_size",
         want,
-        (said if why else f"tensor parallel {want} as configured") + (" (NVLink)" if nvlink else " (PCIe)"),
+        (said or f"tensor parallel {want} as configured") + (" (NVLink)" if nvlink else " (PCIe)"),
         ("layout", "tensor_parallel_size"),
     )
     return want
@@ -217,12 +231,13 @@ def choose_tp(
     nvlink = nvlinked(host, grp)
     cap_pcie = settings.layout.max_pcie_tensor_parallel
     usable = [t for t in TP_SIZES if t <= len(grp) and tp_ok(model, t, refine_fp8(ctx))]
+    key = ("layout", "tensor_parallel_size")
     if strategy == "numa_pairs" and want == "auto":
-        want = 2
+        want, key = 2, ("layout", "strategy")
     if strategy == "replicas" and want == "auto":
-        want = 1
+        want, key = 1, ("layout", "strategy")
     if isinstance(want, int):
-        return _configured_tp(ctx, grp, model, want, usable, nvlink)
+        return _configured_tp(ctx, grp, model, want, usable, nvlink, key)
     if nvlink and len(grp) > 1 and strategy in ("auto", "tensor_parallel"):
         tp = max(usable)
         ctx.add(
