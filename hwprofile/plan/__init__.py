@@ -29,7 +29,8 @@ One module per decision, in the order :func:`build_plan` takes them:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import Source
@@ -54,7 +55,7 @@ from .refusal import PlanRefused
 from .releases import refuse_old_release
 from .shape import shape
 from .specpath import check as check_speculative_paths
-from .speculative import choose_speculator
+from .speculative import choose_speculator, draft_gain, draft_starves_kv
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, InstancePrediction, Plan, Reason
 
 if TYPE_CHECKING:
@@ -125,19 +126,23 @@ def build_plan(
     one is ignored with the reason."""
     current, ic_reason = _current_interconnect(host, interconnect, interconnect_source)
     healthy, others, fault_reasons, fault_warnings = _healthy_hosts(host, nodes)
+
+    build = functools.partial(
+        _build_plan,
+        healthy,
+        provenance=provenance,
+        profile=profile,
+        matched_because=matched_because,
+        model=model,
+        draft=draft,
+        nodes=others,
+        addresses=addresses,
+        calibration=calibration,
+        interconnect=current,
+    )  # the plan for these inputs, at the settings it is given
     try:
-        plan = _build_plan(
-            healthy,
-            settings,
-            provenance,
-            profile,
-            matched_because,
-            model,
-            draft,
-            others,
-            addresses,
-            calibration,
-            current,
+        plan = _draft_by_prediction(
+            build(settings), settings, provenance, draft is not None or bool(others), build
         )
     except PlanRefused as e:  # with fewer GPUs than the host has: say why they are fewer
         if fault_warnings:
@@ -148,13 +153,68 @@ def build_plan(
         from .kvpin import pin as pin_kv_pools
 
         plan = pin_kv_pools(plan, kv_pools or {})
-    if fault_reasons:
-        plan = dataclasses.replace(
-            plan,
-            reasons=(*fault_reasons, *plan.reasons),
-            warnings=tuple(dict.fromkeys((*fault_warnings, *plan.warnings))),
-        )
+    plan = _with_faults(plan, fault_reasons, fault_warnings)
     return apply_interconnect(plan, current, interconnect_source, healthy, ic_reason)
+
+
+def _with_faults(plan: Plan, reasons: list[Reason], warnings: list[str]) -> Plan:
+    """``plan`` with the reasons and warnings for the GPUs left out as faulted (:func:`_without_faulted`)."""
+    if not reasons:
+        return plan
+    return dataclasses.replace(
+        plan,
+        reasons=(*reasons, *plan.reasons),
+        warnings=tuple(dict.fromkeys((*warnings, *plan.warnings))),
+    )
+
+
+def _draft_by_prediction(
+    plan: Plan,
+    settings: Settings,
+    provenance: Mapping[tuple[str, ...], Source],
+    pinned: bool,
+    build: Callable[[Settings], Plan],
+) -> Plan:
+    """``plan``, or the plan without speculation where the draft a shipped ``speculative.method: auto``
+    chose leaves the workload's requests waiting for KV (:func:`.speculative.draft_starves_kv`) and
+    planning without it is predicted :data:`.speculative.DRAFT_MARGIN` better on ``layout.objective``
+    (:func:`.speculative.draft_gain`); either way a reason says what was predicted. ``pinned``: an
+    operator's draft, or a plan over several hosts: the draft stays unasked."""
+    src = provenance.get(("speculative", "method"))
+    if (
+        pinned
+        or settings.speculative.method != "auto"
+        or (src is not None and src.kind not in ("builtin", "default"))
+        or plan.draft is None
+        or not draft_starves_kv(plan)
+    ):
+        return plan
+    off = dataclasses.replace(settings, speculative=dataclasses.replace(settings.speculative, method="none"))
+    try:
+        alt = build(off)
+    except PlanRefused:
+        return plan
+    with_draft = [i.prediction for i in plan.instances if isinstance(i.prediction, InstancePrediction)]
+    without = [i.prediction for i in alt.instances if isinstance(i.prediction, InstancePrediction)]
+    if not with_draft or len(with_draft) != len(plan.instances) or len(without) != len(alt.instances):
+        return plan
+    lay = settings.layout
+    better, why = draft_gain(
+        with_draft, without, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms, lay.workload_output_len
+    )
+    where = str(src) if src is not None else "default (schema)"
+    draft = plan.draft.name
+    starved = (
+        f"the draft {draft} leaves the workload's requests waiting for KV (its weights and its KV per token)"
+    )
+    if not better:
+        kept = Reason("speculative.by_prediction", draft, f"{starved}; the draft stays: {why}", where)
+        return dataclasses.replace(plan, reasons=(*plan.reasons, kept))
+    said = f"off: {starved}; speculative.method=auto ({where}) gives way to no speculation: {why}"
+    reasons = tuple(
+        Reason(r.key, r.value, said, where) if r.key == "speculative.method" else r for r in alt.reasons
+    )
+    return dataclasses.replace(alt, reasons=reasons)
 
 
 def _without_faulted(host: HostSnapshot, node: int = 0) -> tuple[HostSnapshot, list[Reason], list[str]]:

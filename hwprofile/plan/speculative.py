@@ -17,7 +17,7 @@ from .engine import fit_args
 from .memory import Fit, GiB, fit
 from .reasons import Reasons
 from .refusal import PlanRefused
-from .types import InstancePlan, Plan, SpeculativeConfig, _freeze
+from .types import InstancePlan, InstancePrediction, Plan, SpeculativeConfig, _freeze
 
 
 def heterogeneous_vocab_ok(vllm_version: str | None) -> bool:
@@ -381,3 +381,74 @@ def draft_cost(plan: Plan, inst: InstancePlan) -> float:
     if method in ("mtp", "eagle", "eagle3") and plan.model.layers:
         return round(1 / plan.model.layers, 4)
     return 0.0
+
+
+# A draft the profile's ``speculative.method: auto`` chose gives way to no speculation only where that is
+# predicted this much better on the plan's objective (as the shipped layout and batching give way,
+# plan/layout.py LAYOUT_MARGIN, plan/candidates.py BATCHING_MARGIN); an operator's method or draft never.
+DRAFT_MARGIN = 0.10
+
+
+def draft_starves_kv(plan: Plan) -> bool:
+    """Some instance running a draft cannot hold its share of the workload's requests in its KV cache
+    (requests in flight x (input + output) tokens): the draft's weights and KV then make requests wait,
+    and planning without it is worth predicting (``plan.prediction`` workload)."""
+    for inst in plan.instances:
+        sp, pred = inst.speculative, getattr(inst, "prediction", None)
+        if sp is None or sp.method != "draft_model" or not isinstance(pred, InstancePrediction):
+            continue
+        per_request = int(pred.workload["input_len"]) + int(pred.workload["output_len"])
+        if inst.memory.kv_tokens < pred.concurrency * per_request:
+            return True
+    return False
+
+
+def _figures(preds: list[InstancePrediction], output_len: int) -> tuple[float, float, str]:
+    """(output tokens/s of all instances, the longest request's ms, both in words)."""
+    out = sum(p.output_tokens_per_s for p in preds)
+    worst = max(preds, key=lambda p: p.ttft_ms + (output_len - 1) * p.tpot_ms)
+    req = worst.ttft_ms + (output_len - 1) * worst.tpot_ms
+    words = f"TTFT {worst.ttft_ms:.0f} ms, TPOT {worst.tpot_ms:.1f} ms, {out:.0f} output tok/s"
+    return out, req, words
+
+
+def draft_gain(
+    with_draft: list[InstancePrediction],
+    without: list[InstancePrediction],
+    objective: str,
+    ttft_target_ms: float,
+    tpot_target_ms: float,
+    output_len: int,
+) -> tuple[bool, str]:
+    """Whether planning without the draft is predicted at least :data:`DRAFT_MARGIN` better on
+    ``objective``, and the two predictions in words. ``throughput``: the output tokens/s of a plan
+    within the targets (TTFT and TPOT of every instance), where only one is within it wins, where
+    neither is the shorter request decides; ``latency``: the longest request (TTFT + (output - 1) x
+    TPOT)."""
+
+    def within(preds: list[InstancePrediction]) -> bool:
+        return all(p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms for p in preds)
+
+    a_out, a_req, a_words = _figures(with_draft, output_len)
+    b_out, b_req, b_words = _figures(without, output_len)
+    a_in, b_in = within(with_draft), within(without)
+    targets = f"TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
+    if objective == "throughput" and (a_in or b_in):
+        if b_in and not a_in:
+            better, how = True, f"only without the draft within {targets}"
+        elif a_in and not b_in:
+            better, how = False, f"only with the draft within {targets}"
+        else:
+            ratio = b_out / a_out if a_out > 0 else float("inf")
+            better = b_out >= (1 + DRAFT_MARGIN) * a_out
+            how = (
+                f"output x{ratio:.2f}, {'at least' if better else 'less than'} the {DRAFT_MARGIN:.0%} margin"
+            )
+    else:
+        ratio = b_req / a_req if a_req > 0 else 0.0
+        better = b_req <= (1 - DRAFT_MARGIN) * a_req
+        how = (
+            f"the longest request x{ratio:.2f}, {'at least' if better else 'less than'} the "
+            f"{DRAFT_MARGIN:.0%} margin" + ("" if objective == "latency" else f" (neither within {targets})")
+        )
+    return better, f"predicted without it {b_words} against {a_words} with it ({how})"

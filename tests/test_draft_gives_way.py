@@ -1,0 +1,102 @@
+"""A draft that ``speculative.method: auto`` chose gives way to no speculation where it leaves the
+workload's requests waiting for KV and planning without it is predicted at least 10 % better on the
+objective (hwprofile/plan/__init__.py ``_draft_by_prediction``, plan/speculative.py ``draft_gain``);
+an operator's method or draft never gives way. The example snapshot of one RTX 3090 and the catalog's
+Qwen3-8B (bf16, 15 GiB) with its 1.7B draft: the draft's weights and its KV per token leave KV for
+fewer than the default workload's 16 requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwprofile.host.snapshot_io import load_snapshot
+from hwprofile.pipeline import make_plan
+from hwprofile.plan import speculative as spec
+from hwprofile.plan.types import InstancePrediction
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = ROOT / "examples" / "hosts" / "rtx3090-1x.json"
+MODEL = "Qwen/Qwen3-8B"
+
+
+def _plan(root: Path, *sets: str, draft: str | None = None) -> Any:
+    return make_plan(load_snapshot(HOST), root, model=MODEL, draft=draft, sets=list(sets), environ={})
+
+
+def _pred(ttft: float, tpot: float, out: float) -> InstancePrediction:
+    return InstancePrediction({"input_len": 512, "output_len": 256}, 16, ttft, tpot, out, "datasheet", ())
+
+
+def _reasons(plan: Any, key: str) -> list[str]:
+    return [r.reason for r in plan.reasons if r.key == key]
+
+
+# -- the comparison alone --------------------------------------------------------------------------
+
+
+def test_within_the_targets_wins_then_the_margin_then_the_request() -> None:
+    slow, fast = _pred(4000, 25, 400), _pred(160, 31, 500)
+    ok, why = spec.draft_gain([slow], [fast], "throughput", 500, 120, 256)
+    assert ok and "only without the draft within TTFT <= 500 ms" in why and "TTFT 4000 ms" in why
+    ok, why = spec.draft_gain([fast], [slow], "throughput", 500, 120, 256)
+    assert not ok and "only with the draft within" in why
+    both = _pred(160, 30, 400)
+    assert not spec.draft_gain([both], [_pred(160, 30, 1.09 * 400)], "throughput", 500, 120, 256)[0]
+    assert spec.draft_gain([both], [_pred(160, 30, 1.11 * 400)], "throughput", 500, 120, 256)[0]
+    # neither within: the longest request decides, as under the latency objective
+    ok, why = spec.draft_gain([_pred(900, 30, 400)], [_pred(600, 30, 300)], "throughput", 500, 120, 256)
+    assert not ok and "neither within" in why  # (600 + 255 x 30) / (900 + 255 x 30) = 0.96
+    ok, _ = spec.draft_gain([_pred(3000, 30, 400)], [_pred(600, 30, 300)], "latency", 500, 120, 256)
+    assert ok  # 8250 / 10650 = 0.77
+
+
+# -- planned ---------------------------------------------------------------------------------------
+
+
+def test_a_draft_that_starves_the_kv_gives_way_with_both_predictions(empty_root: Path) -> None:
+    with_it = _plan(empty_root, "speculative.method=draft_model")  # the operator's: never gives way
+    assert with_it.draft is not None and spec.draft_starves_kv(with_it)
+    plan = _plan(empty_root)
+    assert plan.draft is None and all(i.speculative is None for i in plan.instances)
+    (why,) = _reasons(plan, "speculative.method")
+    assert f"the draft {with_it.draft.name} leaves the workload's requests waiting for KV" in why
+    assert "speculative.method=auto (builtin " in why and "profiles/base.yaml:" in why
+    assert "gives way to no speculation" in why
+    a, b = with_it.instances[0].prediction, plan.instances[0].prediction
+    assert f"TTFT {b.ttft_ms:.0f} ms" in why and f"TTFT {a.ttft_ms:.0f} ms" in why
+    # the KV the draft took comes back
+    assert plan.instances[0].memory.kv_tokens > 2 * with_it.instances[0].memory.kv_tokens
+    assert not _reasons(with_it, "speculative.by_prediction")
+
+
+def test_where_the_kv_holds_the_workload_the_draft_is_not_questioned(empty_root: Path) -> None:
+    plan = _plan(empty_root, "layout.workload_concurrency=4")
+    assert plan.draft is not None and not spec.draft_starves_kv(plan)
+    assert not _reasons(plan, "speculative.by_prediction")
+
+
+def test_an_operator_s_draft_stays(empty_root: Path, tmp_path: Path) -> None:
+    given = _plan(empty_root, draft="Qwen/Qwen3-1.7B")
+    assert given.draft is not None and given.draft.name == "Qwen/Qwen3-1.7B"
+    (empty_root / "overrides.d").mkdir()
+    (empty_root / "overrides.d" / "10-site.yaml").write_text("speculative:\n  method: auto\n")
+    site = _plan(empty_root)  # auto, but the site's own: kept as the operator wrote it
+    assert site.draft is not None
+
+
+def test_a_draft_predicted_within_the_margin_stays_with_its_reason(
+    empty_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hwprofile.plan as planner
+
+    monkeypatch.setattr(planner, "draft_gain", lambda *a, **k: (False, "predicted without it ... (kept)"))
+    plan = _plan(empty_root)
+    assert plan.draft is not None
+    (why,) = _reasons(plan, "speculative.by_prediction")
+    assert (
+        "leaves the workload's requests waiting for KV" in why
+        and "the draft stays: predicted without it" in why
+    )
