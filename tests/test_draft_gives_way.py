@@ -22,8 +22,8 @@ HOST = ROOT / "examples" / "hosts" / "rtx3090-1x.json"
 MODEL = "Qwen/Qwen3-8B"
 
 
-def _plan(root: Path, *sets: str, draft: str | None = None) -> Any:
-    return make_plan(load_snapshot(HOST), root, model=MODEL, draft=draft, sets=list(sets), environ={})
+def _plan(root: Path, *sets: Any, draft: str | None = None, host: Path = HOST) -> Any:
+    return make_plan(load_snapshot(host), root, model=MODEL, draft=draft, sets=list(sets), environ={})
 
 
 def _pred(ttft: float, tpot: float, out: float) -> InstancePrediction:
@@ -78,7 +78,7 @@ def test_where_the_kv_holds_the_workload_the_draft_is_not_questioned(empty_root:
     assert not _reasons(plan, "speculative.by_prediction")
 
 
-def test_an_operator_s_draft_stays(empty_root: Path, tmp_path: Path) -> None:
+def test_an_operator_s_draft_stays(empty_root: Path) -> None:
     given = _plan(empty_root, draft="Qwen/Qwen3-1.7B")
     assert given.draft is not None and given.draft.name == "Qwen/Qwen3-1.7B"
     (empty_root / "overrides.d").mkdir()
@@ -100,3 +100,31 @@ def test_a_draft_predicted_within_the_margin_stays_with_its_reason(
         "leaves the workload's requests waiting for KV" in why
         and "the draft stays: predicted without it" in why
     )
+
+
+def test_a_data_parallel_server_counts_every_rank_s_kv(empty_root: Path) -> None:
+    """Two RTX 3090 as one data-parallel server: its requests spread over both ranks' caches."""
+    two = ROOT / "examples" / "hosts" / "rtx3090-2x.json"
+    sets = ("layout.shape=data_parallel", "speculative.method=draft_model")
+    for load, starved in ((14, False), (16, True)):
+        plan = _plan(empty_root, *sets, f"layout.workload_concurrency={load}", host=two)
+        (inst,) = plan.instances
+        assert inst.ranks == 2 and inst.speculative is not None
+        per_rank = inst.memory.kv_tokens
+        assert (2 * per_rank < load * (512 + 256)) == starved == spec.draft_starves_kv(plan), (load, per_rank)
+
+
+def test_a_degrade_step_never_brings_the_draft_back(empty_root: Path) -> None:
+    from hwprofile.config.settings import Degrade
+    from hwprofile.plan.degrade import degrade_overrides
+
+    full = _plan(empty_root)
+    (inst,) = full.instances
+    assert inst.speculative is None and full.draft is None  # given way (the test above)
+    for step in (1, 2, 3):
+        layer, why = degrade_overrides(inst, step, Degrade(**full.to_json()["degrade"]), "GPU 0 hot")
+        assert layer is not None and dict(layer.values)[("speculative", "method")] == "none"
+        assert any("a degrade never adds proposals" in w for w in why)
+        hot = _plan(empty_root, layer)
+        assert hot.draft is None and hot.instances[0].speculative is None
+        assert hot.instances[0].engine.max_num_seqs < inst.engine.max_num_seqs

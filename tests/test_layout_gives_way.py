@@ -169,6 +169,20 @@ SHIPPED = sorted(
 
 
 @pytest.mark.parametrize("profile", SHIPPED)
+def _wide(profile: str) -> bool:
+    """The profile's own file fixes a TP above 1, or the NUMA pairs that imply TP 2."""
+    import yaml
+
+    lay = yaml.safe_load((ROOT / "profiles" / f"{profile}.yaml").read_text()).get("layout") or {}
+    tp = lay.get("tensor_parallel_size")
+    return (isinstance(tp, int) and tp > 1) or lay.get("strategy") == "numa_pairs"
+
+
+def test_the_profiles_include_one_that_fixes_a_wider_tp() -> None:
+    assert [p for p in SHIPPED if _wide(p)] == ["a800-80g-pcie"]  # the case below is not empty
+
+
+@pytest.mark.parametrize("profile", SHIPPED)
 def test_a_shipped_tp_wider_than_the_host_gives_way(profile: str, empty_root: Path) -> None:
     """Each shipped profile, on one card: a TP (or a strategy implying one) wider than the host's GPUs
     gives way to what the host has, said with the profile's file and line; never a refusal."""
@@ -177,8 +191,25 @@ def test_a_shipped_tp_wider_than_the_host_gives_way(profile: str, empty_root: Pa
     )
     assert _layout(plan) == [((0,), 1)]
     why = _reason(plan, "tensor_parallel_size")
-    if "gives way" in why:
-        assert f"{profile}.yaml:" in why and "this host has 1 NVIDIA A800 80GB PCIe" in why
+    assert ("gives way" in why) == _wide(profile), why
+    if _wide(profile):
+        assert f"{profile}.yaml:" in why and "gives way to 1: this host has 1 NVIDIA A800 80GB PCIe" in why
+
+
+def test_a_strategy_implying_tp2_gives_way_if_shipped_and_is_refused_if_the_site_s(
+    empty_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (empty_root / "profiles").mkdir()
+    (empty_root / "profiles" / "pairs.yaml").write_text(
+        "description: NUMA pairs\nlayout:\n  strategy: numa_pairs\n"
+    )
+    host = _one_gpu("NVIDIA A800 80GB PCIe")
+    with pytest.raises(PlanRefused, match="tensor_parallel_size=2 needs 2 GPUs of one model"):
+        make_plan(host, empty_root, profile="pairs", model="Qwen/Qwen3-8B", environ={})
+    monkeypatch.setattr(lay, "shipped", lambda r, key: True)  # as if a built-in profile set it
+    plan = make_plan(host, empty_root, profile="pairs", model="Qwen/Qwen3-8B", environ={})
+    assert _layout(plan) == [((0,), 1)]
+    assert "the shipped strategy=numa_pairs (" in _reason(plan, "tensor_parallel_size")
 
 
 def test_one_a800_plans_on_its_rule_s_profile_and_an_operator_s_tp2_is_refused(empty_root: Path) -> None:
@@ -187,9 +218,7 @@ def test_one_a800_plans_on_its_rule_s_profile_and_an_operator_s_tp2_is_refused(e
     assert plan.profile == "a800-80g-pcie" and _layout(plan) == [((0,), 1)]
     why = _reason(plan, "tensor_parallel_size")
     assert "the shipped tensor_parallel_size=2 (builtin profiles/a800-80g-pcie.yaml:" in why
-    assert any(
-        "gives way to tensor parallel 1: this host has 1 NVIDIA A800 80GB PCIe" in w for w in plan.warnings
-    )
+    assert any("gives way to 1: this host has 1 NVIDIA A800 80GB PCIe" in w for w in plan.warnings)
     with pytest.raises(PlanRefused, match="tensor_parallel_size=2 needs 2 GPUs of one model") as e:
         make_plan(host, empty_root, model="Qwen/Qwen3-8B", sets=["layout.tensor_parallel_size=2"], environ={})
     assert "--set layout.tensor_parallel_size=1" in e.value.suggestions

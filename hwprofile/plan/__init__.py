@@ -47,6 +47,7 @@ from .hybridspec import by_load
 from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
 from .layout import TP_SIZES, layout
+from .layout import where as layout_where
 from .loaded import as_loaded, device_cc
 from .moetune import moe_tuning
 from .predict import Calibration
@@ -141,9 +142,7 @@ def build_plan(
         interconnect=current,
     )  # the plan for these inputs, at the settings it is given
     try:
-        plan = _draft_by_prediction(
-            build(settings), settings, provenance, draft is not None or bool(others), build
-        )
+        plan = _draft_by_prediction(build(settings), settings, provenance, draft is not None, build)
     except PlanRefused as e:  # with fewer GPUs than the host has: say why they are fewer
         if fault_warnings:
             e.message = f"{e.message} ({'; '.join(fault_warnings)})"
@@ -172,49 +171,59 @@ def _draft_by_prediction(
     plan: Plan,
     settings: Settings,
     provenance: Mapping[tuple[str, ...], Source],
-    pinned: bool,
+    given: bool,
     build: Callable[[Settings], Plan],
 ) -> Plan:
     """``plan``, or the plan without speculation where the draft a shipped ``speculative.method: auto``
     chose leaves the workload's requests waiting for KV (:func:`.speculative.draft_starves_kv`) and
     planning without it is predicted :data:`.speculative.DRAFT_MARGIN` better on ``layout.objective``
-    (:func:`.speculative.draft_gain`); either way a reason says what was predicted. ``pinned``: an
-    operator's draft, or a plan over several hosts: the draft stays unasked."""
+    (:func:`.speculative.draft_gain`); either way a reason says what was predicted. ``given``: the
+    operator's own draft, never questioned; nor is a plan over several hosts (not predicted)."""
     src = provenance.get(("speculative", "method"))
     if (
-        pinned
+        given
         or settings.speculative.method != "auto"
         or (src is not None and src.kind not in ("builtin", "default"))
         or plan.draft is None
+        or plan.nodes > 1
         or not draft_starves_kv(plan)
     ):
         return plan
+    where, name = layout_where(src), plan.draft.name
+    starved = (
+        f"the draft {name} leaves the workload's requests waiting for KV (its weights and its KV per token)"
+    )
     off = dataclasses.replace(settings, speculative=dataclasses.replace(settings.speculative, method="none"))
     try:
         alt = build(off)
-    except PlanRefused:
-        return plan
+    except PlanRefused as e:
+        return _kept(
+            plan, name, f"{starved}; the draft stays: without it the plan is refused ({e.message})", where
+        )
     with_draft = [i.prediction for i in plan.instances if isinstance(i.prediction, InstancePrediction)]
     without = [i.prediction for i in alt.instances if isinstance(i.prediction, InstancePrediction)]
     if not with_draft or len(with_draft) != len(plan.instances) or len(without) != len(alt.instances):
-        return plan
+        return _kept(
+            plan, name, f"{starved}; the draft stays: not compared (an instance is not predicted)", where
+        )
     lay = settings.layout
     better, why = draft_gain(
         with_draft, without, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms, lay.workload_output_len
     )
-    where = str(src) if src is not None else "default (schema)"
-    draft = plan.draft.name
-    starved = (
-        f"the draft {draft} leaves the workload's requests waiting for KV (its weights and its KV per token)"
-    )
     if not better:
-        kept = Reason("speculative.by_prediction", draft, f"{starved}; the draft stays: {why}", where)
-        return dataclasses.replace(plan, reasons=(*plan.reasons, kept))
+        return _kept(plan, name, f"{starved}; the draft stays: {why}", where)
     said = f"off: {starved}; speculative.method=auto ({where}) gives way to no speculation: {why}"
     reasons = tuple(
         Reason(r.key, r.value, said, where) if r.key == "speculative.method" else r for r in alt.reasons
     )
     return dataclasses.replace(alt, reasons=reasons)
+
+
+def _kept(plan: Plan, draft: str, why: str, where: str) -> Plan:
+    """``plan`` with the reason its ``draft`` stays (``speculative.by_prediction``)."""
+    return dataclasses.replace(
+        plan, reasons=(*plan.reasons, Reason("speculative.by_prediction", draft, why, where))
+    )
 
 
 def _without_faulted(host: HostSnapshot, node: int = 0) -> tuple[HostSnapshot, list[Reason], list[str]]:

@@ -43,6 +43,11 @@ def degrade_values(inst: InstancePlan, level: int, degrade: Degrade) -> tuple[li
             f"max_num_batched_tokens {e.max_num_batched_tokens} -> {tokens} (degrade step {level}: x{f_tok:.3g})"
         )
     spec = inst.speculative
+    if spec is None and out:
+        # a degrade never adds proposals: an instance that runs none (off as configured, or its draft
+        # given way on the full plan's predictions) stays without at the smaller batching too
+        out.append((("speculative", "method"), "none"))
+        why.append(f"speculative decoding stays off (degrade step {level}: a degrade never adds proposals)")
     cut = degrade.num_speculative_tokens_step * level
     if spec and cut:
         k = int(spec.num_speculative_tokens)

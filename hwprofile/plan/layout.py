@@ -52,7 +52,7 @@ def layout(
     free = dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, replicas="auto"))
     instances: list[tuple[list[Gpu], int]] = []
     for grp in groups:
-        tp = choose_tp(ctx, grp, model, draft, strategy)
+        tp = choose_tp(ctx, grp, model, draft, strategy, fixed)
         lay = ctx.on(settings=free) if shipped_cap else ctx
         tp = predicted_tp(lay, grp, model, draft, spec_method, strategy, tp, fixed)
         parts = partition(host, grp, tp, ctx.warnings, nvlink=nvlinked(host, grp))
@@ -146,33 +146,31 @@ def _configured_tp(
     usable: list[int],
     nvlink: bool,
     key: tuple[str, str] = ("layout", "tensor_parallel_size"),
+    fixed: str = "",
 ) -> int:
     """The configured tensor-parallel size (``key`` set it: the TP itself, or the strategy that implies
     one), refused where the group or the model's heads cannot take it; a shipped profile's gives way to
-    the largest the group and the heads take (an operator's never)."""
-    src = where(ctx.reasons.provenance.get(key))
-    said = why = None
+    the largest the group and the heads take; an operator's, or one the planner fixed (``fixed``: a
+    plan over several hosts), never."""
+    said = None
     if want > len(grp):
-        why = f"this host has {len(grp)} {grp[0].name}"
-        if not (usable and shipped(ctx.reasons, key)):
-            raise PlanRefused(
-                f"tensor_parallel_size={want} needs {want} GPUs of one model; {why}",
-                [f"--set layout.tensor_parallel_size={max(usable or [1])}"],
-            )
+        why: str | None = f"this host has {len(grp)} {grp[0].name}"
+        fits = usable
+        refusal = f"tensor_parallel_size={want} needs {want} GPUs of one model; {why}"
+        instead = [f"--set layout.tensor_parallel_size={max(usable or [1])}"]
+    else:
+        why = tp_refusal(model, want, refine_fp8(ctx))
+        fits = [t for t in usable if t < want]
+        refusal = f"tensor_parallel_size={want} for {model.name}: {why}"
+        instead = [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]]
+    if why is not None:
+        if not (fits and not fixed and shipped(ctx.reasons, key)):
+            raise PlanRefused(refusal, instead)
         value = want if key[1] == "tensor_parallel_size" else ctx.settings.layout.strategy
-        said = f"the shipped {key[1]}={value} ({src}) gives way to tensor parallel {usable[-1]}: {why}"
+        src = where(ctx.reasons.provenance.get(key))
+        said = f"the shipped {key[1]}={value} ({src}) gives way to {fits[-1]}: {why}"
         ctx.warn(said)
-        want = usable[-1]
-    elif (why := tp_refusal(model, want, refine_fp8(ctx))) is not None:
-        below = [t for t in usable if t < want]
-        if not (below and shipped(ctx.reasons, key)):
-            raise PlanRefused(
-                f"tensor_parallel_size={want} for {model.name}: {why}",
-                [f"--set layout.tensor_parallel_size={t}" for t in usable[-2:]],
-            )
-        said = f"the shipped tensor_parallel_size={want} ({src}) gives way to {below[-1]}: {why}"
-        ctx.warn(said)
-        want = below[-1]
+        want = fits[-1]
     if want > ctx.settings.layout.max_pcie_tensor_parallel and not nvlink:
         ctx.warn(
             f"tensor parallel {want} over PCIe: vLLM disables its custom all-reduce beyond 2 GPUs without NVLink"
@@ -181,7 +179,7 @@ def _configured_tp(
         "tensor_parallel_size",
         want,
         (said or f"tensor parallel {want} as configured") + (" (NVLink)" if nvlink else " (PCIe)"),
-        ("layout", "tensor_parallel_size"),
+        key,
     )
     return want
 
@@ -222,7 +220,12 @@ def _smallest_fitting_tp(
 
 
 def choose_tp(
-    ctx: PlanContext, grp: list[Gpu], model: ModelFacts, draft: ModelFacts | None, strategy: str
+    ctx: PlanContext,
+    grp: list[Gpu],
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    strategy: str,
+    fixed: str = "",
 ) -> int:
     """Tensor-parallel size for one group of same-model GPUs: as configured; all of them where
     NVLink joins them; else (PCIe) the smallest that fits, at most ``layout.max_pcie_tensor_parallel``."""
@@ -237,7 +240,7 @@ def choose_tp(
     if strategy == "replicas" and want == "auto":
         want, key = 1, ("layout", "strategy")
     if isinstance(want, int):
-        return _configured_tp(ctx, grp, model, want, usable, nvlink, key)
+        return _configured_tp(ctx, grp, model, want, usable, nvlink, key, fixed)
     if nvlink and len(grp) > 1 and strategy in ("auto", "tensor_parallel"):
         tp = max(usable)
         ctx.add(

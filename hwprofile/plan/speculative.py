@@ -391,14 +391,15 @@ DRAFT_MARGIN = 0.10
 
 def draft_starves_kv(plan: Plan) -> bool:
     """Some instance running a draft cannot hold its share of the workload's requests in its KV cache
-    (requests in flight x (input + output) tokens): the draft's weights and KV then make requests wait,
-    and planning without it is worth predicting (``plan.prediction`` workload)."""
+    (requests in flight x (input + output) tokens; a data-parallel server's over all its ranks' caches):
+    the draft's weights and KV then make requests wait, and planning without it is worth predicting."""
     for inst in plan.instances:
         sp, pred = inst.speculative, getattr(inst, "prediction", None)
         if sp is None or sp.method != "draft_model" or not isinstance(pred, InstancePrediction):
             continue
         per_request = int(pred.workload["input_len"]) + int(pred.workload["output_len"])
-        if inst.memory.kv_tokens < pred.concurrency * per_request:
+        # a data-parallel server's requests spread over its ranks, each with its own KV cache
+        if inst.memory.kv_tokens * inst.ranks < pred.concurrency * per_request:
             return True
     return False
 
