@@ -46,7 +46,7 @@ from .gpu import gpu_instance
 from .hybridspec import by_load
 from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
-from .layout import TP_SIZES, layout
+from .layout import RULE_KINDS, TP_SIZES, layout
 from .layout import where as layout_where
 from .loaded import as_loaded, device_cc
 from .moetune import moe_tuning
@@ -183,7 +183,7 @@ def _draft_by_prediction(
     if (
         given
         or settings.speculative.method != "auto"
-        or (src is not None and src.kind not in ("builtin", "default"))
+        or (src is not None and src.kind not in RULE_KINDS)
         or plan.draft is None
         or plan.nodes > 1
         or not draft_starves_kv(plan)

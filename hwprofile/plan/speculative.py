@@ -394,7 +394,7 @@ def draft_starves_kv(plan: Plan) -> bool:
     (requests in flight x (input + output) tokens; a data-parallel server's over all its ranks' caches):
     the draft's weights and KV then make requests wait, and planning without it is worth predicting."""
     for inst in plan.instances:
-        sp, pred = inst.speculative, getattr(inst, "prediction", None)
+        sp, pred = inst.speculative, inst.prediction
         if sp is None or sp.method != "draft_model" or not isinstance(pred, InstancePrediction):
             continue
         per_request = int(pred.workload["input_len"]) + int(pred.workload["output_len"])
