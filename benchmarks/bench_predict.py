@@ -500,14 +500,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and not results:
         print(f"no point {args.only!r}", file=sys.stderr)
         return 2
-    if args.write_bands:
-        write_bands(
-            [f for k in ("main", "serving") for r in results.get(k, []) for f in r["figures"] if "ratio" in f]
-        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(markdown(results))
+    if args.write_bands:
+        # bands from the whole of both main sets, every point planned: a subset (--only, --sets) or a point
+        # the planner could not take (an invalid data file) would write bands from what is left
+        rows = [r for k in ("main", "serving") for r in results.get(k, [])]
+        unplanned = [
+            f"{r['id']}: {r.get('error') or r.get('refused')}" for r in rows if "error" in r or "refused" in r
+        ]
+        if args.only or args.sets != "all" or unplanned or not rows:
+            why = (
+                "; ".join(unplanned[:3]) or "--write-bands needs both main sets whole (no --only, --sets all)"
+            )
+            shown = BANDS.relative_to(ROOT) if BANDS.is_relative_to(ROOT) else BANDS
+            print(f"\nnot written: {shown} ({why})", file=sys.stderr)
+            return 1
+        write_bands([f for r in rows for f in r["figures"] if "ratio" in f])
     return 0
 
 

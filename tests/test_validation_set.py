@@ -199,3 +199,19 @@ def test_a_run_whose_requests_ended_early_is_taken_at_its_mean_output_length() -
             assert f"layout.workload_output_len={got}" in bench_predict.settings_of(p)
         else:
             assert got == w["output_len"], p["id"]
+
+
+def test_bands_are_written_from_both_main_sets_whole_or_not_at_all(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--write-bands` from one point (or from sets a bad data file left unplanned) would write the
+    bands from what is left: an empty file, once. It refuses, says why, and leaves the file alone."""
+    bands = tmp_path / "prediction_bands.yaml"
+    bands.write_text("kept\n")
+    monkeypatch.setattr(bench_predict, "BANDS", bands)
+    point = _points(bench_predict.SERVING)[0]["id"]
+    rc = bench_predict.main(["--only", point, "--no-aiconfigurator", "--write-bands"])
+    assert rc == 1
+    assert bands.read_text() == "kept\n"
+    err = capsys.readouterr().err
+    assert f"not written: {bands} (--write-bands needs both main sets whole" in err, err
