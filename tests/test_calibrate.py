@@ -538,7 +538,10 @@ def test_a_request_alone_finds_no_step_in_flight() -> None:
     gpu = pm.Gpu("test", 1000.0, 100.0, 24 << 30, "test row")
     one = pm.predict(gpu, m, cand, pm.Workload(96, 48, 1), None)
     prefill = next(t for t in one.terms if t["term"].startswith("prefill"))
-    assert one.ttft_ms == pytest.approx(prefill["ms"], rel=1e-3)
+    # and the request's latency outside the steps: a datasheet device's is the fitted 30 ms
+    outside = next(t for t in one.terms if t["term"].startswith("the request's latency outside"))
+    assert outside["ms"] == 30.0 and outside["basis"] == "fitted"
+    assert one.ttft_ms == pytest.approx(prefill["ms"] + outside["ms"], rel=1e-3)
     two = pm.predict(gpu, m, cand, pm.Workload(96, 48, 2), None)
     assert two.ttft_ms > next(t for t in two.terms if t["term"].startswith("prefill"))["ms"]
 

@@ -95,8 +95,8 @@ def test_the_4x_a800_folds_its_two_identical_instances(env: dict[str, str]) -> N
     grid = [ln for ln in text.splitlines() if re.match(r"\s+(=>)?\d+/\d+", ln)]
     assert len(grid) == 1 and "no batching changes the prediction at 16 requests in flight" in text, grid
     # was 137 for less (every reason twice, a 4-line grid); the simulated figures, the power lever and the
-    # MoE kernel reasons came since
-    assert len(text.splitlines()) < 120
+    # MoE kernel reasons came since, and the request's latency outside the engine (a term of its own)
+    assert len(text.splitlines()) < 125
     short = hw(env, "plan", "--from", host, "--explain").stdout
     assert len(short.splitlines()) < 90
 

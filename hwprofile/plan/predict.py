@@ -29,6 +29,7 @@ from dataclasses import field
 from typing import Any
 
 from ..record import record, state
+from .simulate import REQUEST_OVERHEAD_S, REQUEST_OVERHEAD_SOURCE
 
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
 # prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
@@ -119,8 +120,9 @@ class Gpu:
     # a device calibrated from this host's bench (:func:`calibrated_device`): the fixed time of a step
     # (None: the per-layer and scheduler constants below)
     step_fixed_ms: float | None = None
-    # and a request's latency outside the engine's steps, measured (0: none measured; a datasheet
-    # device's is plan/simulate.py's REQUEST_OVERHEAD_S, in the simulation only)
+    # and a request's latency outside the engine's steps, measured (0: none measured). A datasheet
+    # device (``step_fixed_ms`` None) takes plan/simulate.py's fitted REQUEST_OVERHEAD_S instead
+    # (:func:`request_latency`), in the closed form as in the simulation
     request_latency_ms: float = 0.0
     # a mixture of experts' routed-expert GEMMs (vLLM's fused-MoE kernels) reach this fraction of the dense
     # GEMMs' share, per kernel kind (ModelShape.moe_kernel; "any": the architecture's median over kinds):
@@ -729,10 +731,11 @@ def predict(
         ttft += queue_ms
         if explain:
             terms.append(_queue_term(c, b, queue_ms))
-    if gpu.request_latency_ms:
-        ttft += gpu.request_latency_ms
+    fixed_latency = request_latency(gpu)
+    if fixed_latency[0]:
+        ttft += fixed_latency[0]
         if explain:
-            terms.append(_latency_term(gpu))
+            terms.append(_latency_term(*fixed_latency))
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
     if explain and wave and c > 1 and wl.output_len > 1:
@@ -740,13 +743,23 @@ def predict(
     return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
 
 
-def _latency_term(gpu: Gpu) -> dict[str, Any]:
-    """A calibrated device's measured latency per request outside the engine's steps."""
+def request_latency(gpu: Gpu) -> tuple[float, str, str]:
+    """A request's latency outside the engine's steps (the client, HTTP, the API server's rendering and
+    tokenization, the hand-over to EngineCore), in ms, with its source and basis: a calibrated device's
+    measured one (0 where its bench left none), a datasheet device's the fitted constant the simulation
+    takes too (plan/simulate.py REQUEST_OVERHEAD_S: issue 32's low-load TTFT 20-45 ms above the steps)."""
+    if gpu.step_fixed_ms is not None:
+        return gpu.request_latency_ms, gpu.source, gpu.efficiency_basis
+    return REQUEST_OVERHEAD_S * 1e3, REQUEST_OVERHEAD_SOURCE, "fitted"
+
+
+def _latency_term(ms: float, source: str, basis: str) -> dict[str, Any]:
+    """The latency per request outside the engine's steps (:func:`request_latency`)."""
     return {
         "term": "the request's latency outside the engine's steps (client, HTTP, API server)",
-        "ms": round(gpu.request_latency_ms, 3),
-        "source": gpu.source,
-        "basis": gpu.efficiency_basis,
+        "ms": round(ms, 3),
+        "source": source,
+        "basis": basis,
     }
 
 
