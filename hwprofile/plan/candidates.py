@@ -406,12 +406,14 @@ def _winning_row(
         if by != objective:
             what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
         return i, what, by
+    # equal capacities (to 10 tok/s): the configured row, then the shorter request at the workload (a
+    # smaller max_num_seqs lowers TPOT there only by making the requests beyond it wait)
     i = max(
         within,
         key=lambda j: (
             round(rows[j]["capacity_output_tokens_per_s"], -1),
             j == planned,
-            -rows[j]["tpot_ms"],
+            -round(request_ms(j), 1),
         ),
     )
     what = (
