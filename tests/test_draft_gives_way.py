@@ -1,6 +1,6 @@
 """A draft that ``speculative.method: auto`` chose gives way to no speculation where it leaves the
-workload's requests waiting for KV and planning without it is predicted at least 10 % better on the
-objective (hwprofile/plan/__init__.py ``_draft_by_prediction``, plan/speculative.py ``draft_gain``);
+workload's requests waiting for KV, or misses the targets at the workload, and planning without it is
+predicted at least 10 % better on the objective (hwprofile/plan/__init__.py ``_draft_by_prediction``, plan/speculative.py ``draft_gain``);
 an operator's method or draft never gives way. The example snapshot of one RTX 3090 and the catalog's
 Qwen3-8B (bf16, 15 GiB) with its 1.7B draft: the draft's weights and its KV per token leave KV for
 fewer than the default workload's 16 requests."""
@@ -51,6 +51,12 @@ def test_within_the_targets_wins_then_the_margin_then_the_request() -> None:
     assert not ok and "neither within" in why  # (600 + 255 x 30) / (900 + 255 x 30) = 0.96
     ok, _ = spec.draft_gain([_pred(3000, 30, 400)], [_pred(600, 30, 300)], "latency", 500, 120, 256)
     assert ok  # 8250 / 10650 = 0.77
+    # neither within, under throughput: a shorter request that loses more than the margin of output
+    # tokens/s does not win (another shape: one data-parallel server where the draft ran two)
+    ok, why = spec.draft_gain([_pred(3000, 30, 400)], [_pred(600, 30, 300)], "throughput", 500, 120, 256)
+    assert not ok and "but output x0.75" in why
+    ok, _ = spec.draft_gain([_pred(3000, 30, 400)], [_pred(600, 30, 370)], "throughput", 500, 120, 256)
+    assert ok
 
 
 # -- planned ---------------------------------------------------------------------------------------
@@ -128,3 +134,45 @@ def test_a_degrade_step_never_brings_the_draft_back(empty_root: Path) -> None:
         hot = _plan(empty_root, layer)
         assert hot.draft is None and hot.instances[0].speculative is None
         assert hot.instances[0].engine.max_num_seqs < inst.engine.max_num_seqs
+
+
+def test_a_draft_that_holds_the_kv_but_misses_the_targets_is_questioned(empty_root: Path) -> None:
+    """Two RTX 3090 with Qwen3-32B (AWQ) and its 1.7B draft at 64 requests: the KV holds them all, but
+    the draft's verify and proposal steps at that batch make each step longer (TPOT over the target):
+    planned without it, the longest request is predicted a third shorter, and it gives way."""
+    two = ROOT / "examples" / "hosts" / "rtx3090-2x.json"
+    sets = ("layout.workload_concurrency=64",)
+    kept = make_plan(
+        load_snapshot(two),
+        empty_root,
+        model="Qwen/Qwen3-32B",
+        sets=[*sets, "speculative.method=draft_model"],
+        environ={},
+    )
+    assert kept.draft is not None and not spec.draft_starves_kv(kept)
+    missed = spec.draft_misses_targets(kept, 500, 120)
+    assert missed is not None and "TPOT" in missed and "over 120" in missed
+    plan = make_plan(load_snapshot(two), empty_root, model="Qwen/Qwen3-32B", sets=list(sets), environ={})
+    assert plan.draft is None and all(i.speculative is None for i in plan.instances)
+    (why,) = _reasons(plan, "speculative.method")
+    assert f"with the draft {kept.draft.name} the plan misses the targets at the workload ({missed})" in why
+    a, b = kept.instances[0].prediction, plan.instances[0].prediction
+    assert b.tpot_ms < a.tpot_ms and b.output_tokens_per_s > a.output_tokens_per_s
+    assert f"TPOT {a.tpot_ms:.1f} ms" in why and f"TPOT {b.tpot_ms:.1f} ms" in why
+
+
+def test_a_draft_within_the_targets_is_not_questioned_for_them() -> None:
+    def plan_with(ttft: float, tpot: float) -> Any:
+        from types import SimpleNamespace
+
+        inst = SimpleNamespace(
+            speculative=SimpleNamespace(method="draft_model"), prediction=_pred(ttft, tpot, 400)
+        )
+        return SimpleNamespace(instances=[inst])
+
+    assert spec.draft_misses_targets(plan_with(400, 100), 500, 120) is None
+    assert spec.draft_misses_targets(plan_with(600, 100), 500, 120) == "TTFT 600 ms over 500"
+    assert (
+        spec.draft_misses_targets(plan_with(600, 130), 500, 120)
+        == "TTFT 600 ms over 500, TPOT 130.0 ms over 120"
+    )

@@ -56,7 +56,7 @@ from .refusal import PlanRefused
 from .releases import refuse_old_release
 from .shape import shape
 from .specpath import check as check_speculative_paths
-from .speculative import choose_speculator, draft_gain, draft_starves_kv
+from .speculative import choose_speculator, draft_gain, draft_misses_targets, draft_starves_kv
 from .types import ABSENT, Endpoint, HostSummary, InstancePlan, InstancePrediction, Plan, Reason
 
 if TYPE_CHECKING:
@@ -175,8 +175,9 @@ def _draft_by_prediction(
     build: Callable[[Settings], Plan],
 ) -> Plan:
     """``plan``, or the plan without speculation where the draft a shipped ``speculative.method: auto``
-    chose leaves the workload's requests waiting for KV (:func:`.speculative.draft_starves_kv`) and
-    planning without it is predicted :data:`.speculative.DRAFT_MARGIN` better on ``layout.objective``
+    chose leaves the workload's requests waiting for KV (:func:`.speculative.draft_starves_kv`) or
+    misses the targets at the workload (:func:`.speculative.draft_misses_targets`), and planning
+    without it is predicted :data:`.speculative.DRAFT_MARGIN` better on ``layout.objective``
     (:func:`.speculative.draft_gain`); either way a reason says what was predicted. ``given``: the
     operator's own draft, never questioned; nor is a plan over several hosts (not predicted)."""
     src = provenance.get(("speculative", "method"))
@@ -186,13 +187,16 @@ def _draft_by_prediction(
         or (src is not None and src.kind not in RULE_KINDS)
         or plan.draft is None
         or plan.nodes > 1
-        or not draft_starves_kv(plan)
     ):
         return plan
+    lay = settings.layout
     where, name = layout_where(src), plan.draft.name
-    starved = (
-        f"the draft {name} leaves the workload's requests waiting for KV (its weights and its KV per token)"
-    )
+    if draft_starves_kv(plan):
+        starved = f"the draft {name} leaves the workload's requests waiting for KV (its weights and its KV per token)"
+    elif missed := draft_misses_targets(plan, lay.ttft_target_ms, lay.tpot_target_ms):
+        starved = f"with the draft {name} the plan misses the targets at the workload ({missed})"
+    else:
+        return plan
     off = dataclasses.replace(settings, speculative=dataclasses.replace(settings.speculative, method="none"))
     try:
         alt = build(off)
@@ -206,7 +210,6 @@ def _draft_by_prediction(
         return _kept(
             plan, name, f"{starved}; the draft stays: not compared (an instance is not predicted)", where
         )
-    lay = settings.layout
     better, why = draft_gain(
         with_draft, without, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms, lay.workload_output_len
     )

@@ -404,6 +404,23 @@ def draft_starves_kv(plan: Plan) -> bool:
     return False
 
 
+def draft_misses_targets(plan: Plan, ttft_target_ms: float, tpot_target_ms: float) -> str | None:
+    """What an instance running a draft misses of the targets at the workload (its predicted TTFT or
+    TPOT over them), in words; None where every such instance meets them. A draft's verify and proposal
+    steps grow with the batch while its gain per step does not: at a large batch it can make the very
+    steps it was to shorten longer, and planning without it is worth predicting."""
+    for inst in plan.instances:
+        sp, pred = inst.speculative, inst.prediction
+        if sp is None or sp.method != "draft_model" or not isinstance(pred, InstancePrediction):
+            continue
+        missed = [f"TTFT {pred.ttft_ms:.0f} ms over {ttft_target_ms:g}"] * (pred.ttft_ms > ttft_target_ms) + [
+            f"TPOT {pred.tpot_ms:.1f} ms over {tpot_target_ms:g}"
+        ] * (pred.tpot_ms > tpot_target_ms)
+        if missed:
+            return ", ".join(missed)
+    return None
+
+
 def _figures(preds: list[InstancePrediction], output_len: int) -> tuple[float, float, str]:
     """(output tokens/s of all instances, the longest request's ms, both in words)."""
     out = sum(p.output_tokens_per_s for p in preds)
@@ -424,8 +441,8 @@ def draft_gain(
     """Whether planning without the draft is predicted at least :data:`DRAFT_MARGIN` better on
     ``objective``, and the two predictions in words. ``throughput``: the output tokens/s of a plan
     within the targets (TTFT and TPOT of every instance), where only one is within it wins, where
-    neither is the shorter request decides; ``latency``: the longest request (TTFT + (output - 1) x
-    TPOT)."""
+    neither is the shorter request decides, unless it loses more than the margin of output
+    tokens/s; ``latency``: the longest request (TTFT + (output - 1) x TPOT)."""
 
     def within(preds: list[InstancePrediction]) -> bool:
         return all(p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms for p in preds)
@@ -452,4 +469,9 @@ def draft_gain(
             f"the longest request x{ratio:.2f}, {'at least' if better else 'less than'} the "
             f"{DRAFT_MARGIN:.0%} margin" + ("" if objective == "latency" else f" (neither within {targets})")
         )
+        # under throughput, a shorter request may not cost more than the margin of output tokens/s (a
+        # plan of another shape, one data-parallel server where the draft ran separate ones, can)
+        if better and objective == "throughput" and b_out < (1 - DRAFT_MARGIN) * a_out:
+            better = False
+            how += f", but output x{b_out / a_out:.2f}: more than the margin lost, and the objective is throughput"
     return better, f"predicted without it {b_words} against {a_words} with it ({how})"
