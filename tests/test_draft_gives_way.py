@@ -176,3 +176,28 @@ def test_a_draft_within_the_targets_is_not_questioned_for_them() -> None:
         spec.draft_misses_targets(plan_with(600, 130), 500, 120)
         == "TTFT 600 ms over 500, TPOT 130.0 ms over 120"
     )
+
+
+def test_a_degrade_step_that_misses_the_targets_keeps_the_draft(empty_root: Path) -> None:
+    """Two RTX 3090 with Qwen3-32B (AWQ) at the default 16 requests run the 1.7B draft within the
+    targets; a degrade step halves the batch below the workload on purpose, so the workload then waits
+    (TTFT over the target). That is the step's doing, not the draft's: the draft is not questioned for it
+    (a degrade changes as little as it can; the KV the draft takes would still be)."""
+    from hwprofile.config.settings import Degrade
+    from hwprofile.plan.degrade import degrade_overrides
+
+    two = ROOT / "examples" / "hosts" / "rtx3090-2x.json"
+
+    def plan_of(*sets: Any) -> Any:
+        return make_plan(load_snapshot(two), empty_root, model="Qwen/Qwen3-32B", sets=list(sets), environ={})
+
+    full = plan_of()
+    (inst,) = full.instances
+    assert full.draft is not None and spec.draft_misses_targets(full, 500, 120) is None
+    layer, _ = degrade_overrides(inst, 2, Degrade(**full.to_json()["degrade"]), "GPU 0 hot")
+    assert layer is not None
+    hot = plan_of(layer)
+    assert hot.instances[0].engine.max_num_seqs < inst.engine.max_num_seqs
+    assert spec.draft_misses_targets(hot, 500, 120) is not None  # the step's queue, over the target
+    assert hot.draft is not None and hot.instances[0].speculative is not None
+    assert not _reasons(hot, "speculative.by_prediction")

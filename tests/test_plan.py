@@ -87,9 +87,7 @@ def test_rtx4090_needs_a_4bit_target_and_fp8_kv(host_of, empty_root) -> None:
         b for b in grp["batching"] if b["max_num_seqs"] == 12 and b["max_num_batched_tokens"] == 2048
     )
     chosen = next(b for b in grp["batching"] if b["chosen"])
-    assert round(twelve["capacity_output_tokens_per_s"], -1) == round(
-        chosen["capacity_output_tokens_per_s"], -1
-    )
+    assert abs(twelve["capacity_output_tokens_per_s"] - chosen["capacity_output_tokens_per_s"]) <= 10
     assert twelve["ttft_ms"] > 5 * chosen["ttft_ms"] and twelve["tpot_ms"] < chosen["tpot_ms"]
     kept = plan_for(host_of, empty_root, "rtx4090-1x", sets=["layout.batching=configured"])
     assert (

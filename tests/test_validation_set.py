@@ -215,3 +215,16 @@ def test_bands_are_written_from_both_main_sets_whole_or_not_at_all(
     assert bands.read_text() == "kept\n"
     err = capsys.readouterr().err
     assert f"not written: {bands} (--write-bands needs both main sets whole" in err, err
+
+
+def test_bands_are_not_written_from_sets_a_point_of_which_was_not_planned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bands = tmp_path / "prediction_bands.yaml"
+    bands.write_text("kept\n")
+    monkeypatch.setattr(bench_predict, "BANDS", bands)
+    monkeypatch.setattr(bench_predict, "plan_point", lambda *a: {"error": "ConfigError: planted"})
+    assert bench_predict.main(["--no-aiconfigurator", "--write-bands"]) == 1
+    assert bands.read_text() == "kept\n"
+    err = capsys.readouterr().err
+    assert f"not written: {bands} (" in err and "ConfigError: planted" in err, err

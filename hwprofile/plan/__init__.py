@@ -179,7 +179,8 @@ def _draft_by_prediction(
     misses the targets at the workload (:func:`.speculative.draft_misses_targets`), and planning
     without it is predicted :data:`.speculative.DRAFT_MARGIN` better on ``layout.objective``
     (:func:`.speculative.draft_gain`); either way a reason says what was predicted. ``given``: the
-    operator's own draft, never questioned; nor is a plan over several hosts (not predicted)."""
+    operator's own draft, never questioned; nor is a plan over several hosts (not predicted); a degrade
+    step's plan is questioned for the KV only."""
     src = provenance.get(("speculative", "method"))
     if (
         given
@@ -191,9 +192,12 @@ def _draft_by_prediction(
         return plan
     lay = settings.layout
     where, name = layout_where(src), plan.draft.name
+    # a degrade step (the daemon's layer) shrinks the batch below the workload on purpose: the targets it
+    # then misses are its own doing, not the draft's (the KV the draft takes is questioned as ever)
+    degraded = any(s.kind == "degrade" for s in provenance.values())
     if draft_starves_kv(plan):
         starved = f"the draft {name} leaves the workload's requests waiting for KV (its weights and its KV per token)"
-    elif missed := draft_misses_targets(plan, lay.ttft_target_ms, lay.tpot_target_ms):
+    elif not degraded and (missed := draft_misses_targets(plan, lay.ttft_target_ms, lay.tpot_target_ms)):
         starved = f"with the draft {name} the plan misses the targets at the workload ({missed})"
     else:
         return plan

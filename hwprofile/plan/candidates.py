@@ -367,6 +367,8 @@ def _batching(
 # targets, or a request's time): the model's own error is larger than a few per cent (tests/test_predict.py
 # holds it to ±30 % of AIConfigurator), so a smaller gain is no evidence for a change.
 BATCHING_MARGIN = 0.10
+# output tokens/s within which two batchings' capacities count as equal (the prediction's resolution)
+CAPACITY_TIE = 10.0
 
 
 def _request_ms(row: Mapping[str, Any], output_len: int) -> float:
@@ -406,14 +408,22 @@ def _winning_row(
         if by != objective:
             what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
         return i, what, by
-    # equal capacities (to 10 tok/s): the configured row, then the shorter request at the workload (a
-    # smaller max_num_seqs lowers TPOT there only by making the requests beyond it wait)
+
+    # capacities within CAPACITY_TIE of the most are equal: the configured row, then the row within the
+    # targets at the workload itself, then the shorter request there (a smaller max_num_seqs lowers TPOT
+    # only by making the requests beyond it wait: its TTFT, not its throughput, pays)
+    def at_workload(j: int) -> bool:
+        return bool(rows[j]["ttft_ms"] <= ttft_target_ms and rows[j]["tpot_ms"] <= tpot_target_ms)
+
+    best = max(rows[j]["capacity_output_tokens_per_s"] for j in within)
+    tied = [j for j in within if rows[j]["capacity_output_tokens_per_s"] >= best - CAPACITY_TIE]
     i = max(
-        within,
+        tied,
         key=lambda j: (
-            round(rows[j]["capacity_output_tokens_per_s"], -1),
             j == planned,
+            at_workload(j),
             -round(request_ms(j), 1),
+            rows[j]["capacity_output_tokens_per_s"],
         ),
     )
     what = (

@@ -11,7 +11,8 @@ bandwidth) and adds what that ceiling leaves out:
   roofline of weight + KV bytes over achievable bandwidth against FLOPs over achievable peak, plus the
   fixed per-layer cost of small kernels, plus two all-reduces per layer over the measured interconnect;
 - the steady state of a closed loop of ``concurrency`` requests split evenly over the instances: TTFT
-  (the step in flight, then the prompt's chunks), TPOT (decode steps plus the other requests' prefills
+  (the step in flight, then the prompt's chunks, then the request's latency outside the engine's
+  steps: fitted, or measured by a calibration), TPOT (decode steps plus the other requests' prefills
   amortised over the output), output tokens/s (requests in flight × output / request latency);
 - speculative decoding: expected tokens per step from acceptance ``a`` and ``k``
   (``(1 - a^(k+1)) / (1 - a)``), a verify step of ``b (k+1)`` tokens, and ``k`` draft steps;
@@ -295,6 +296,9 @@ class Prediction:
     fits: bool = True
     why_not: str = ""
     batching: list[dict[str, Any]] = field(default_factory=list)  # the same layout at other batching
+    # the part of ttft_ms outside the engine's steps (:func:`request_latency`): what a calibration
+    # scaling the engine's part (:func:`calibrated`) keeps apart
+    latency_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -731,16 +735,17 @@ def predict(
         ttft += queue_ms
         if explain:
             terms.append(_queue_term(c, b, queue_ms))
-    fixed_latency = request_latency(gpu)
-    if fixed_latency[0]:
-        ttft += fixed_latency[0]
-        if explain:
-            terms.append(_latency_term(*fixed_latency))
+    away, *said = request_latency(gpu)  # outside the engine's steps
+    ttft += away
+    if explain and away:
+        terms.append(_latency_term(away, *said))
     latency = ttft + (wl.output_len - 1) * tpot
     tps = cand.instances * c * wl.output_len / (latency / 1e3)
     if explain and wave and c > 1 and wl.output_len > 1:
         terms.append(_wave_term(gpu, m, cand, wl, c, per_token if spec is not None else None, step_cpu))
-    return Prediction(cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms)
+    return Prediction(
+        cand.label, cand.tp, cand.instances, ttft, tpot, tps, c, "datasheet", terms, latency_ms=away
+    )
 
 
 def request_latency(gpu: Gpu) -> tuple[float, str, str]:
@@ -753,10 +758,13 @@ def request_latency(gpu: Gpu) -> tuple[float, str, str]:
     return REQUEST_OVERHEAD_S * 1e3, REQUEST_OVERHEAD_SOURCE, "fitted"
 
 
+LATENCY_TERM = "the request's latency outside the engine's steps"
+
+
 def _latency_term(ms: float, source: str, basis: str) -> dict[str, Any]:
     """The latency per request outside the engine's steps (:func:`request_latency`)."""
     return {
-        "term": "the request's latency outside the engine's steps (client, HTTP, API server)",
+        "term": f"{LATENCY_TERM} (client, HTTP, API server)",
         "ms": round(ms, 3),
         "source": source,
         "basis": basis,
@@ -1114,27 +1122,34 @@ def calibrated(
         and c == wl.concurrency
         and (cal.input_len, cal.output_len) == (wl.input_len, wl.output_len)
     ):
-        terms = [*p.terms, {"term": "measured", "ms": tpot, "source": where}]
+        kept = [t for t in p.terms if not str(t.get("term", "")).startswith(LATENCY_TERM)]
+        terms = [*kept, {"term": "measured", "ms": tpot, "source": where}]
         return Prediction(
             p.label, p.tp, p.instances, ttft, tpot, tps, p.per_instance_concurrency, where, terms
         )
-    if model_at_bench is None or model_at_bench.tpot_ms <= 0 or model_at_bench.ttft_ms <= 0:
+    # the model's engine parts: the datasheet's fitted latency outside the engine is the measurement's
+    # to replace, never scaled with the prompt
+    engine_p = p.ttft_ms - p.latency_ms
+    engine_at = model_at_bench.ttft_ms - model_at_bench.latency_ms if model_at_bench is not None else 0.0
+    if model_at_bench is None or model_at_bench.tpot_ms <= 0 or engine_at <= 0:
         return p
     # the engine's part of the TTFT is scaled, the latency the server's /metrics put outside it added
-    # once (scaled, a fixed latency would grow with the prompt)
+    # once (scaled, a fixed latency would grow with the prompt); without /metrics the measured TTFT is
+    # scaled whole
     outside = cal.outside_ms(c, ttft)
     f_tpot = tpot / model_at_bench.tpot_ms
-    f_ttft = (ttft - outside) / model_at_bench.ttft_ms
+    f_ttft = (ttft - outside) / engine_at
     said = f" + {outside:.1f} ms outside the engine (its /metrics)" if outside else ""
+    kept = [t for t in p.terms if not str(t.get("term", "")).startswith(LATENCY_TERM)]
     terms = [
-        *p.terms,
+        *kept,
         {
             "term": f"scaled by the measurement: TPOT x{f_tpot:.2f}, TTFT x{f_ttft:.2f}{said}",
             "ms": round(outside, 3),
             "source": where + f": measured {cal.instances} x TP{cal.tp}",
         },
     ]
-    ttft2, tpot2 = p.ttft_ms * f_ttft + outside, p.tpot_ms * f_tpot
+    ttft2, tpot2 = engine_p * f_ttft + outside, p.tpot_ms * f_tpot
     latency = ttft2 + (wl.output_len - 1) * tpot2
     tps2 = p.instances * p.per_instance_concurrency * wl.output_len / (latency / 1e3)
     return Prediction(
@@ -1147,6 +1162,7 @@ def calibrated(
         p.per_instance_concurrency,
         "datasheet scaled by " + where,
         terms,
+        latency_ms=outside,
     )
 
 
