@@ -1117,12 +1117,13 @@ def calibrated(
         return p
     c, tpot, ttft, tps = pts[0]
     where = f"calibration {cal.path} (bench {cal.created or '?'}, concurrency {c})"
+    # the datasheet's fitted latency outside the engine gives way to the measurement, either way below
+    kept = [t for t in p.terms if not str(t.get("term", "")).startswith(LATENCY_TERM)]
     if (
         same_config
         and c == wl.concurrency
         and (cal.input_len, cal.output_len) == (wl.input_len, wl.output_len)
     ):
-        kept = [t for t in p.terms if not str(t.get("term", "")).startswith(LATENCY_TERM)]
         terms = [*kept, {"term": "measured", "ms": tpot, "source": where}]
         return Prediction(
             p.label, p.tp, p.instances, ttft, tpot, tps, p.per_instance_concurrency, where, terms
@@ -1140,7 +1141,6 @@ def calibrated(
     f_tpot = tpot / model_at_bench.tpot_ms
     f_ttft = (ttft - outside) / engine_at
     said = f" + {outside:.1f} ms outside the engine (its /metrics)" if outside else ""
-    kept = [t for t in p.terms if not str(t.get("term", "")).startswith(LATENCY_TERM)]
     terms = [
         *kept,
         {
