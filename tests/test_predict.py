@@ -599,3 +599,52 @@ def test_of_capacities_within_10_tok_s_the_one_within_the_targets_at_the_workloa
         256,
     )
     assert i == 1
+
+
+def test_layouts_within_10_tok_s_of_the_most_capacity_are_equal_and_the_lower_tpot_wins() -> None:
+    """``predict.choose`` (the layout) ties as the batching does: a band of CAPACITY_TIE below the best,
+    not fixed bins (which split 364.9 from 365.1 and joined 361 with 369 only by chance)."""
+    from hwprofile.plan.predict import CAPACITY_TIE, Prediction, choose
+
+    def pred(label: str, capacity: float, tpot: float) -> Prediction:
+        return Prediction(
+            label, 1, 1, 100.0, tpot, capacity, 16, "datasheet", capacity_output_tokens_per_s=capacity
+        )
+
+    for a, b in ((364.9, 365.1), (361.0, 369.0), (366.0, 366.0 + CAPACITY_TIE - 0.5)):
+        i, why = choose([pred("more", b, 30.0), pred("faster", a, 20.0)], "throughput", 1000, 100)
+        assert i == 1 and why.startswith("objective throughput: faster"), (a, b, why)
+    # beyond the band, capacity decides whatever the TPOT
+    i, _ = choose(
+        [pred("more", 380.0, 30.0), pred("faster", 380.0 - CAPACITY_TIE - 1, 20.0)], "throughput", 1000, 100
+    )
+    assert i == 0
+    # equal TPOT: the higher capacity
+    i, _ = choose([pred("less", 365.0, 20.0), pred("more", 369.0, 20.0)], "throughput", 1000, 100)
+    assert i == 1
+
+
+def test_where_no_batching_meets_the_targets_the_closest_to_them_wins_not_the_shortest_request() -> None:
+    """RTX 3060 12 GB, Qwen3-8B-AWQ, 16 clients: the profile's 4 sequences keep a request's time (the GPU
+    is the limit either way: 23.5 s against 22.9 s at 16, within the margin) by making 12 clients wait 18 s
+    for their first token; 16 sequences miss only the TTFT target, by half. Closest to the targets wins,
+    by the margin, said with both rows' figures; a row within the margin of the configured one's miss
+    leaves it."""
+    from hwprofile.plan.candidates import choose_batching
+
+    planned = _row(4, 18349.7, 20.17, 0, planned=True)
+    i, why = choose_batching(
+        [planned, _row(8, 12271.2, 42.29, 0), _row(16, 772.9, 86.84, 0)], "throughput", 500, 120, 256
+    )
+    assert i == 2, why
+    assert (
+        "closest to the targets at the workload (TTFT 773 ms, TPOT 86.8 ms: 1.5x the farther target)" in why
+    )
+    assert "configured max_num_seqs 4" in why and "TTFT 18350 ms" in why
+    # the shortest request alone (what the fallback was) would have kept the configured row
+    assert (18349.7 + 255 * 20.17) < (772.9 + 255 * 86.84) / (1 - 0.10)
+    # closer, but not by the margin: the configured row stays
+    i, why = choose_batching(
+        [_row(4, 800, 20, 0, planned=True), _row(8, 760, 40, 0)], "throughput", 500, 120, 256
+    )
+    assert i == -1 and "less than 10% better" in why

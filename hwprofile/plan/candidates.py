@@ -367,8 +367,7 @@ def _batching(
 # targets, or a request's time): the model's own error is larger than a few per cent (tests/test_predict.py
 # holds it to ±30 % of AIConfigurator), so a smaller gain is no evidence for a change.
 BATCHING_MARGIN = 0.10
-# output tokens/s within which two batchings' capacities count as equal (the prediction's resolution)
-CAPACITY_TIE = 10.0
+CAPACITY_TIE = pm.CAPACITY_TIE  # output tokens/s within which two batchings' capacities count as equal
 
 
 def _request_ms(row: Mapping[str, Any], output_len: int) -> float:
@@ -376,9 +375,23 @@ def _request_ms(row: Mapping[str, Any], output_len: int) -> float:
     return row["ttft_ms"] + (output_len - 1) * row["tpot_ms"]
 
 
-def _better(b: Mapping[str, Any], planned: Mapping[str, Any], objective: str, output_len: int) -> bool:
+def _miss(row: Mapping[str, Any], targets: tuple[float, float]) -> float:
+    """How far ``row``'s figures at the workload are from the targets: the larger of TTFT / its target and
+    TPOT / its target (at most 1 within both)."""
+    return max(row["ttft_ms"] / targets[0], row["tpot_ms"] / targets[1])
+
+
+def _better(
+    b: Mapping[str, Any],
+    planned: Mapping[str, Any],
+    objective: str,
+    output_len: int,
+    targets: tuple[float, float],
+) -> bool:
     if objective == "latency":
         return _request_ms(b, output_len) < (1 - BATCHING_MARGIN) * _request_ms(planned, output_len)
+    if objective == "closest":
+        return _miss(b, targets) < (1 - BATCHING_MARGIN) * _miss(planned, targets)
     return b["capacity_output_tokens_per_s"] > (1 + BATCHING_MARGIN) * planned["capacity_output_tokens_per_s"]
 
 
@@ -391,23 +404,32 @@ def _winning_row(
     output_len: int,
 ) -> tuple[int, str, str]:
     """The row the objective prefers among those that fit (``ok``), what it has, and the objective it
-    was judged by (``latency`` where no row meets the targets)."""
+    was judged by (``closest`` where no row meets the targets at any load)."""
     ttft_target_ms, tpot_target_ms = targets
 
     def request_ms(j: int) -> float:
         return _request_ms(rows[j], output_len)
 
     within = [j for j in ok if rows[j]["capacity_output_tokens_per_s"] > 0]
-    by = objective if objective == "latency" or within else "latency"  # none within the targets: the closest
-    if by == "latency":
+    if objective == "latency":
         i = min(ok, key=lambda j: (round(request_ms(j)), j != planned))
         what = (
             f"the shortest predicted request ({request_ms(i) / 1e3:.2f} s: TTFT {rows[i]['ttft_ms']:.0f} ms, "
             f"TPOT {rows[i]['tpot_ms']:.1f} ms)"
         )
-        if by != objective:
-            what += f", as no batching meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
-        return i, what, by
+        return i, what, objective
+    if not within:
+        # none within the targets at any load: the row closest to them at the workload (the farther of its
+        # two figures from its target the least), then the shorter request. Not the shortest request alone:
+        # where the GPU is the limit every batching's requests take about as long, and the fewer sequences
+        # keep that time by making the workload's other requests wait (TTFT of seconds, TPOT within)
+        i = min(ok, key=lambda j: (round(_miss(rows[j], targets), 2), round(request_ms(j)), j != planned))
+        what = (
+            f"the figures closest to the targets at the workload (TTFT {rows[i]['ttft_ms']:.0f} ms, TPOT "
+            f"{rows[i]['tpot_ms']:.1f} ms: {_miss(rows[i], targets):.1f}x the farther target), as no batching "
+            f"meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms at any load"
+        )
+        return i, what, "closest"
 
     # capacities within CAPACITY_TIE of the most are equal: the configured row, then the row within the
     # targets at the workload itself, then the shorter request there (a smaller max_num_seqs lowers TPOT
@@ -430,7 +452,7 @@ def _winning_row(
         f"the most output tokens/s within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms "
         f"({rows[i]['capacity_output_tokens_per_s']:.0f} at {rows[i]['capacity_concurrency']} requests)"
     )
-    return i, what, by
+    return i, what, objective
 
 
 def _configured_was(was: Mapping[str, Any], ttft_target_ms: float, tpot_target_ms: float) -> str:
@@ -462,7 +484,8 @@ def choose_batching(
 ) -> tuple[int, str]:
     """The index of the batching row (:func:`_batching`) the objective prefers, and why; -1 with the
     reason where the planned row stays. ``throughput``: the most output tokens/s sustained within the
-    targets, and where no row meets them, the shortest request; ``latency``: the shortest request at
+    targets, and where no row meets them at any load, the row closest to them at the workload
+    (:func:`_miss`), then the shorter request; ``latency``: the shortest request at
     the workload (TTFT + (output - 1) x TPOT: fewer sequences lower TPOT only by making requests
     wait). A row that does not fit never wins; the planned row stays unless the winner is predicted
     :data:`BATCHING_MARGIN` better."""
@@ -474,7 +497,11 @@ def choose_batching(
     b = rows[i]
     if i == planned:
         return -1, f"objective {objective}: the configured batching has {what}"
-    if planned is not None and rows[planned]["fits"] and not _better(b, rows[planned], by, output_len):
+    if (
+        planned is not None
+        and rows[planned]["fits"]
+        and not _better(b, rows[planned], by, output_len, (ttft_target_ms, tpot_target_ms))
+    ):
         return -1, (
             f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
             f"{b['max_num_batched_tokens']} are predicted less than {BATCHING_MARGIN:.0%} better "

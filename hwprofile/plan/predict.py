@@ -1258,11 +1258,17 @@ def _bisect(f: Callable[[float], float], want: float, lo: float, hi: float, log:
 # -- the choice ------------------------------------------------------------------------------------
 
 
+# output tokens/s within which two predicted capacities count as equal (the prediction's resolution: a
+# band around the best, not fixed bins, which would split 364.9 from 365.1); the batching's too
+CAPACITY_TIE = 10.0
+
+
 def choose(
     preds: Sequence[Prediction], objective: str, ttft_target_ms: float, tpot_target_ms: float
 ) -> tuple[int, str]:
     """The index of the winning prediction and why. ``throughput``: the highest capacity within the
-    targets (ties: the lower TPOT at the workload); ``latency``: the lowest TPOT at the workload, then TTFT.
+    targets, capacities within :data:`CAPACITY_TIE` of it counting as equal (ties: the lower TPOT at the
+    workload, then the higher capacity); ``latency``: the lowest TPOT at the workload, then TTFT.
     Candidates that do not fit never win; when none meets the targets, the lowest TPOT does."""
     ok = [i for i, p in enumerate(preds) if p.fits]
     if not ok:
@@ -1280,7 +1286,9 @@ def choose(
             f"objective throughput: no candidate meets TTFT <= {ttft_target_ms:g} ms and TPOT <= "
             f"{tpot_target_ms:g} ms; {preds[i].label} comes closest (TPOT {preds[i].tpot_ms:.1f} ms)"
         )
-    i = max(within, key=lambda j: (round(preds[j].capacity_output_tokens_per_s, -1), -preds[j].tpot_ms))
+    best = max(preds[j].capacity_output_tokens_per_s for j in within)
+    tied = [j for j in within if preds[j].capacity_output_tokens_per_s >= best - CAPACITY_TIE]
+    i = min(tied, key=lambda j: (preds[j].tpot_ms, -preds[j].capacity_output_tokens_per_s))
     return i, (
         f"objective throughput: {preds[i].label} sustains the most, "
         f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
