@@ -113,10 +113,17 @@ def test_12g_cards_fp8_only_where_the_hardware_has_it(host_of, empty_root) -> No
         e = p["instances"][0]["engine"]
         assert e["gpu_memory_utilization"] == 0.85
         assert p["instances"][0]["speculative"]["num_speculative_tokens"] == 3
-    # the profile's 4 sequences against 16 requests: no other batching is predicted 10 % better (Ampere's
-    # fitted 40 % compute share, hwprofile/data/gpu_efficiency.yaml), so the configured one stays
+    # the profile's 4 sequences against 16 requests: on the 3060 no batching meets the targets at any load
+    # (Ampere's fitted 40 % compute share, hwprofile/data/gpu_efficiency.yaml), and a request takes about
+    # as long at 4 as at 16 (the GPU is the limit); 4 keep 12 clients waiting seconds for a first token,
+    # 16 miss only the TTFT target, by less: the closest to the targets wins. The 4070 (FP8 KV, Ada's
+    # compute) sustains the most within the targets at 16
     e = p3060["instances"][0]["engine"]
-    assert e["max_num_seqs"] == 4 and "which stays" in p3060["prediction"]["groups"][0]["batching_reason"]
+    why = p3060["prediction"]["groups"][0]["batching_reason"]
+    assert e["max_num_seqs"] == 16 and "closest to the targets at the workload" in why, why
+    assert "configured max_num_seqs 4" in why and "(TTFT over 500 ms)" in why
+    why = p4070["prediction"]["groups"][0]["batching_reason"]
+    assert p4070["instances"][0]["engine"]["max_num_seqs"] == 16 and "the most output tokens/s" in why, why
     # an operator's value is never replaced
     own = plan_for(
         host_of, empty_root, "rtx3060-12g-1x", model="Qwen/Qwen3-8B", sets=["engine.max_num_seqs=4"]
