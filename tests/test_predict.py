@@ -474,7 +474,7 @@ def test_the_objective_chooses_the_batching_by_a_margin() -> None:
         "objective throughput: max_num_seqs 12, max_num_batched_tokens 2048 are predicted less than 10% "
         "better than the configured batching, which stays",
     )
-    # a row that does not fit never wins; none within the targets: the shortest request
+    # a row that does not fit never wins; none within the targets at any load: the closest to them
     i, why = choose_batching(
         [_row(4, 18600, 21, 0, planned=True), _row(16, 590, 67, 0), _row(64, 10, 1, 0, fits=False)],
         "throughput",
@@ -648,3 +648,23 @@ def test_where_no_batching_meets_the_targets_the_closest_to_them_wins_not_the_sh
         [_row(4, 800, 20, 0, planned=True), _row(8, 760, 40, 0)], "throughput", 500, 120, 256
     )
     assert i == -1 and "less than 10% better" in why
+
+
+def test_the_closest_batching_is_one_whose_sequences_the_kv_cache_holds() -> None:
+    """Where no batching meets the targets, more sequences always shorten the wait that lands in TTFT; a
+    row whose ``max_num_seqs`` the KV cache cannot hold at the workload's request length (its figures
+    assume every sequence running, where vLLM preempts) comes after every row it can hold, said so."""
+    from hwprofile.plan.candidates import choose_batching
+
+    def row(seqs: int, ttft: float, tpot: float, planned: bool = False) -> dict:
+        return {**_row(seqs, ttft, tpot, 0, planned=planned), "kv_tokens": 20_000}
+
+    rows = [row(4, 88_000, 20, planned=True), row(8, 60_000, 42), row(64, 55_000, 142)]
+    i, why = choose_batching(rows, "throughput", 500, 120, 256, 768)  # 64 x 768 > 20,000: 26 held
+    assert i == 1 and "the KV cache holds at 768 tokens a request" in why, why
+    assert choose_batching(rows, "throughput", 500, 120, 256)[0] == 2  # no request length: not judged
+    # every row beyond the cache: the closest of them all
+    i, _ = choose_batching(
+        [row(4, 88_000, 20, planned=True), row(64, 55_000, 142)], "throughput", 500, 120, 256, 8000
+    )
+    assert i == 1

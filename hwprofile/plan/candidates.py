@@ -395,6 +395,51 @@ def _better(
     return b["capacity_output_tokens_per_s"] > (1 + BATCHING_MARGIN) * planned["capacity_output_tokens_per_s"]
 
 
+def _closest_row(
+    rows: Sequence[Mapping[str, Any]],
+    ok: list[int],
+    planned: int | None,
+    targets: tuple[float, float],
+    output_len: int,
+    request_tokens: int | None,
+) -> tuple[int, str]:
+    """Where no row meets the targets at any load: the row :func:`_winning_row` takes, and what it has."""
+    ttft_target_ms, tpot_target_ms = targets
+
+    def request_ms(j: int) -> float:
+        return _request_ms(rows[j], output_len)
+
+    # none within the targets at any load: the row closest to them at the workload (the farther of its
+    # two figures from its target the least), then the shorter request. Not the shortest request alone:
+    # where the GPU is the limit every batching's requests take about as long, and the fewer sequences
+    # keep that time by making the workload's other requests wait (TTFT of seconds, TPOT within). Rows
+    # whose sequences the KV cache cannot hold at the workload's request length come last: their
+    # figures assume them all running, where vLLM would preempt
+    def overflows(j: int) -> bool:
+        return bool(request_tokens and rows[j]["max_num_seqs"] * request_tokens > rows[j]["kv_tokens"])
+
+    i = min(
+        ok,
+        key=lambda j: (
+            overflows(j),
+            round(_miss(rows[j], targets), 2),
+            round(request_ms(j)),
+            j != planned,
+        ),
+    )
+    what = (
+        f"the figures closest to the targets at the workload (TTFT {rows[i]['ttft_ms']:.0f} ms, TPOT "
+        f"{rows[i]['tpot_ms']:.1f} ms: {_miss(rows[i], targets):.1f}x the farther target), as no batching "
+        f"meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms at any load"
+    )
+    if not overflows(i) and any(overflows(j) for j in ok):
+        what += (
+            f" (of the batchings whose sequences the KV cache holds at {request_tokens} tokens a request: "
+            "more would be preempted)"
+        )
+    return i, what
+
+
 def _winning_row(
     rows: Sequence[Mapping[str, Any]],
     ok: list[int],
@@ -402,6 +447,7 @@ def _winning_row(
     objective: str,
     targets: tuple[float, float],
     output_len: int,
+    request_tokens: int | None = None,
 ) -> tuple[int, str, str]:
     """The row the objective prefers among those that fit (``ok``), what it has, and the objective it
     was judged by (``closest`` where no row meets the targets at any load)."""
@@ -419,16 +465,7 @@ def _winning_row(
         )
         return i, what, objective
     if not within:
-        # none within the targets at any load: the row closest to them at the workload (the farther of its
-        # two figures from its target the least), then the shorter request. Not the shortest request alone:
-        # where the GPU is the limit every batching's requests take about as long, and the fewer sequences
-        # keep that time by making the workload's other requests wait (TTFT of seconds, TPOT within)
-        i = min(ok, key=lambda j: (round(_miss(rows[j], targets), 2), round(request_ms(j)), j != planned))
-        what = (
-            f"the figures closest to the targets at the workload (TTFT {rows[i]['ttft_ms']:.0f} ms, TPOT "
-            f"{rows[i]['tpot_ms']:.1f} ms: {_miss(rows[i], targets):.1f}x the farther target), as no batching "
-            f"meets TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms at any load"
-        )
+        i, what = _closest_row(rows, ok, planned, targets, output_len, request_tokens)
         return i, what, "closest"
 
     # capacities within CAPACITY_TIE of the most are equal: the configured row, then the row within the
@@ -481,11 +518,13 @@ def choose_batching(
     ttft_target_ms: float,
     tpot_target_ms: float,
     output_len: int,
+    request_tokens: int | None = None,
 ) -> tuple[int, str]:
     """The index of the batching row (:func:`_batching`) the objective prefers, and why; -1 with the
     reason where the planned row stays. ``throughput``: the most output tokens/s sustained within the
     targets, and where no row meets them at any load, the row closest to them at the workload
-    (:func:`_miss`), then the shorter request; ``latency``: the shortest request at
+    (:func:`_miss`; rows whose ``max_num_seqs`` the KV cache cannot hold at ``request_tokens`` a request
+    last), then the shorter request; ``latency``: the shortest request at
     the workload (TTFT + (output - 1) x TPOT: fewer sequences lower TPOT only by making requests
     wait). A row that does not fit never wins; the planned row stays unless the winner is predicted
     :data:`BATCHING_MARGIN` better."""
@@ -493,7 +532,9 @@ def choose_batching(
     planned = next((i for i, b in enumerate(rows) if b["planned"]), None)
     if not ok:
         return -1, "no batching fits"
-    i, what, by = _winning_row(rows, ok, planned, objective, (ttft_target_ms, tpot_target_ms), output_len)
+    i, what, by = _winning_row(
+        rows, ok, planned, objective, (ttft_target_ms, tpot_target_ms), output_len, request_tokens
+    )
     b = rows[i]
     if i == planned:
         return -1, f"objective {objective}: the configured batching has {what}"

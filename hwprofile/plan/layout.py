@@ -517,7 +517,12 @@ def predicted_batching(ctx: PlanContext, rows: list[dict[str, Any]]) -> tuple[in
         if src is not None and src.kind not in RULE_KINDS:
             return -1, f"engine.{key[1]} is set by {src}: the configured batching stays"
     return candidates.choose_batching(
-        rows, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms, lay.workload_output_len
+        rows,
+        lay.objective,
+        lay.ttft_target_ms,
+        lay.tpot_target_ms,
+        lay.workload_output_len,
+        lay.workload_input_len + lay.workload_output_len,
     )
 
 
