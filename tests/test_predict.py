@@ -613,7 +613,8 @@ def test_layouts_within_10_tok_s_of_the_most_capacity_are_equal_and_the_lower_tp
 
     for a, b in ((364.9, 365.1), (361.0, 369.0), (366.0, 366.0 + CAPACITY_TIE - 0.5)):
         i, why = choose([pred("more", b, 30.0), pred("faster", a, 20.0)], "throughput", 1000, 100)
-        assert i == 1 and why.startswith("objective throughput: faster"), (a, b, why)
+        assert i == 1 and why.startswith("objective throughput: faster sustains as much"), (a, b, why)
+        assert f"(within 10 of more's {b:.0f}, at a lower TPOT: 20.0 ms against 30.0)" in why, why
     # beyond the band, capacity decides whatever the TPOT
     i, _ = choose(
         [pred("more", 380.0, 30.0), pred("faster", 380.0 - CAPACITY_TIE - 1, 20.0)], "throughput", 1000, 100

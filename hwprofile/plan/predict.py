@@ -1286,19 +1286,19 @@ def choose(
             f"objective throughput: no candidate meets TTFT <= {ttft_target_ms:g} ms and TPOT <= "
             f"{tpot_target_ms:g} ms; {preds[i].label} comes closest (TPOT {preds[i].tpot_ms:.1f} ms)"
         )
-    best = max(preds[j].capacity_output_tokens_per_s for j in within)
+    top = preds[max(within, key=lambda j: preds[j].capacity_output_tokens_per_s)]
+    best = top.capacity_output_tokens_per_s
     tied = [j for j in within if preds[j].capacity_output_tokens_per_s >= best - CAPACITY_TIE]
     i = min(tied, key=lambda j: (preds[j].tpot_ms, -preds[j].capacity_output_tokens_per_s))
-    top = max(within, key=lambda j: preds[j].capacity_output_tokens_per_s)
+    most = preds[i].capacity_output_tokens_per_s >= best
     tie = (
         ""
-        if preds[i].capacity_output_tokens_per_s >= preds[top].capacity_output_tokens_per_s
-        else f" (within {CAPACITY_TIE:g} of {preds[top].label}'s "
-        f"{preds[top].capacity_output_tokens_per_s:.0f}, at a lower TPOT: {preds[i].tpot_ms:.1f} ms against "
-        f"{preds[top].tpot_ms:.1f})"
+        if most
+        else f" (within {CAPACITY_TIE:g} of {top.label}'s {best:.0f}, at a lower TPOT: "
+        f"{preds[i].tpot_ms:.1f} ms against {top.tpot_ms:.1f})"
     )
     return i, (
-        f"objective throughput: {preds[i].label} sustains the most, "
+        f"objective throughput: {preds[i].label} sustains {'the most' if most else 'as much'}, "
         f"{preds[i].capacity_output_tokens_per_s:.0f} output tok/s at {preds[i].capacity_concurrency} "
         f"requests within TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms{tie}"
     )
