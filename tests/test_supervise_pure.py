@@ -317,3 +317,21 @@ def test_the_evidence_of_an_unknown_failure_is_the_line_that_says_what_went_wron
     killed = "INFO loading\n/bin/sh: line 1:   123 Killed   vllm serve m\nINFO bye\n"
     assert exit_evidence(killed) == "/bin/sh: line 1:   123 Killed   vllm serve m"
     assert classify("INFO a\nINFO b\n").evidence == "INFO b" and exit_evidence("") is None
+
+
+def test_a_server_that_finished_starting_and_died_before_its_check_answered_is_an_unplanned_exit() -> None:
+    """Its readiness check got no answer in time (a loaded machine), but its log says it served: the
+    failure is the exit after start-up, with the line that says why, not an unknown start-up failure."""
+    log = (
+        "INFO 12-07 08:00:55 [api_server.py:2000] Starting vLLM API server 0 on http://127.0.0.1:8000\n"
+        "INFO:     Application startup complete.\n"
+        "ERROR 12-07 08:00:56 [core_client.py:600] Engine core proc EngineCore_DP0 died unexpectedly, "
+        "shutting down client.\n"
+        "INFO:     Shutting down\n"
+    )
+    f = classify(log)
+    assert (f.kind, f.retry, f.memory_like) == ("unplanned exit", True, False)
+    assert f.evidence.startswith("Engine core proc EngineCore_DP0 died unexpectedly")
+    # a known message still wins, and a server that never said it started stays unknown
+    assert classify(log + "torch.OutOfMemoryError: CUDA out of memory.\n").kind == "out of memory"
+    assert classify(log.replace("Application startup complete", "Waiting for startup")).kind == "unknown"

@@ -75,11 +75,23 @@ PATTERNS: list[tuple[str, bool, bool, re.Pattern[str]]] = [
 ]
 
 
+# uvicorn's line once vLLM's API server serves: a server that printed it had started, whether or
+# not its supervisor's readiness check got an answer before it went
+_STARTED = re.compile(r"^.*Application startup complete\.?\s*$", re.M)
+
+
 def classify(log_text: str) -> Failure:
+    """What a server that exited before its supervisor saw it ready died of: a known message, else
+    (its log says it had finished starting) an unplanned exit, else unknown."""
     for kind, memory, retry, rx in PATTERNS:
         m = rx.search(log_text)
         if m:
             return Failure(kind, memory, retry, _line_of(log_text, m.start()))
+    started = _STARTED.search(log_text)
+    if started:
+        return Failure(
+            "unplanned exit", False, True, exit_evidence(log_text[started.end() :]) or "(after start-up)"
+        )
     return Failure("unknown", False, True, telling_line(log_text) or "(empty log)")
 
 

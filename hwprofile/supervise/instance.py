@@ -711,7 +711,8 @@ class Instance:
         ladder step left); else the ladder step to take (None: the same settings) and the failure it answers."""
         self._end(proc, 0)
         f: Failure = classify(self.log.text_since(since))
-        self.failure = {"kind": f.kind, "evidence": f.evidence}
+        said = f"exit code {proc.returncode}: " if f.kind == "unplanned exit" else ""
+        self.failure = {"kind": f.kind, "evidence": said + f.evidence}
         log.error("%s: failed to start (%s): %s", self.name, f.kind, f.evidence)
         if f.memory_like:
             got = self._ladder_step()
