@@ -21,8 +21,9 @@ from ..model import ModelFacts
 from ..release import release_of
 from . import attention, gpufacts
 from . import predict as pm
-from .engine import fit_args, kv_cache_dtype
+from .engine import fit_args, hybrid_opts, kv_cache_dtype, state_seqs
 from .memory import (
+    HybridOpts,
     active_weights_bytes,
     attention_bytes_by_kind,
     expert_padding,
@@ -319,14 +320,19 @@ def _batching(
     spec: pm.Speculation | None,
     settings: Settings,
     fits: Callable[[int, int], tuple[bool, int]],
+    cap: Callable[[int, int], int | None] | None = None,
 ) -> list[dict[str, Any]]:
     """The candidate at other batching: ``max_num_batched_tokens`` at vLLM's defaults and the planned
     value, ``max_num_seqs`` halved, planned, doubled and the requests of the workload each instance
-    takes; each with the KV space its activations leave (:func:`choose_batching` picks one)."""
-    lay, eng = settings.layout, settings.engine
+    takes; each with the KV space its activations leave (:func:`choose_batching` picks one). ``cap``
+    (a hybrid model): the sequences whose recurrent state fits at a batching, what the instance would
+    lower ``max_num_seqs`` to (:func:`.engine.state_cap`): a row is predicted as it would run, and
+    says what was asked (``asked_max_num_seqs``)."""
+    eng = settings.engine
     share = max(1, -(-wl.concurrency // max(1, c.instances)))  # the workload's requests per instance
-    out = []
-    for seqs in sorted(
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    for asked in sorted(
         {
             max(1, eng.max_num_seqs // 2),
             eng.max_num_seqs,
@@ -335,32 +341,57 @@ def _batching(
         }
     ):
         for batched in sorted({*BATCHED_TOKENS, eng.max_num_batched_tokens}):
+            seqs = _capped(asked, max(batched, asked), cap)
             budget = max(batched, seqs)
+            planned = asked == eng.max_num_seqs and batched == eng.max_num_batched_tokens
+            if (seqs, budget) in seen:  # two asked values that run alike: one row
+                seen[(seqs, budget)]["planned"] |= planned
+                continue
             ok, kv_tokens = fits(budget, seqs)
             alt = dataclasses.replace(
                 c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens)
             )
-            p = pm.predict(gpu, shape, alt, wl, spec, explain=False)  # a row holds the figures alone
-            cap, at = (
-                pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms)
-                if ok
-                else (0.0, 0)
-            )
-            out.append(
-                {
-                    "max_num_seqs": seqs,
-                    "max_num_batched_tokens": budget,
-                    "fits": ok,
-                    "kv_tokens": max(0, kv_tokens),
-                    "ttft_ms": round(p.ttft_ms, 1),
-                    "tpot_ms": round(p.tpot_ms, 2),
-                    "output_tokens_per_s": round(p.output_tokens_per_s, 1),
-                    "capacity_output_tokens_per_s": round(cap, 1),
-                    "capacity_concurrency": at,
-                    "planned": seqs == eng.max_num_seqs and batched == eng.max_num_batched_tokens,
-                }
-            )
+            row = _batching_row(gpu, shape, alt, wl, spec, settings, ok) | {"planned": planned}
+            if seqs != asked:
+                row["asked_max_num_seqs"] = asked
+            seen[(seqs, budget)] = row
+            out.append(row)
     return out
+
+
+def _batching_row(
+    gpu: pm.Gpu,
+    shape: pm.ModelShape,
+    alt: pm.Candidate,
+    wl: pm.Workload,
+    spec: pm.Speculation | None,
+    settings: Settings,
+    ok: bool,
+) -> dict[str, Any]:
+    """One batching's figures at the workload and its capacity within the targets (0 where it does not
+    fit)."""
+    lay = settings.layout
+    p = pm.predict(gpu, shape, alt, wl, spec, explain=False)  # a row holds the figures alone
+    most, at = (
+        pm.capacity(gpu, shape, alt, wl, spec, lay.ttft_target_ms, lay.tpot_target_ms) if ok else (0.0, 0)
+    )
+    return {
+        "max_num_seqs": alt.max_num_seqs,
+        "max_num_batched_tokens": alt.max_num_batched_tokens,
+        "fits": ok,
+        "kv_tokens": alt.kv_tokens,
+        "ttft_ms": round(p.ttft_ms, 1),
+        "tpot_ms": round(p.tpot_ms, 2),
+        "output_tokens_per_s": round(p.output_tokens_per_s, 1),
+        "capacity_output_tokens_per_s": round(most, 1),
+        "capacity_concurrency": at,
+    }
+
+
+def _capped(seqs: int, budget: int, cap: Callable[[int, int], int | None] | None) -> int:
+    """``seqs``, at most the sequences whose recurrent state fits at that batching (at least one)."""
+    fit_seqs = cap(budget, seqs) if cap is not None else None
+    return seqs if fit_seqs is None else max(1, min(seqs, fit_seqs))
 
 
 # The configured batching gives way only to one predicted this much better (output tokens/s within the
@@ -550,8 +581,13 @@ def choose_batching(
         )
     was = rows[planned] if planned is not None else None
     then = _configured_was(was, ttft_target_ms, tpot_target_ms) if was else ""
+    capped = (
+        f" (of {b['asked_max_num_seqs']} tried, the recurrent state of {b['max_num_seqs']} fits)"
+        if "asked_max_num_seqs" in b
+        else ""
+    )
     return i, (
-        f"objective {objective}: max_num_seqs {b['max_num_seqs']}, max_num_batched_tokens "
+        f"objective {objective}: max_num_seqs {b['max_num_seqs']}{capped}, max_num_batched_tokens "
         f"{b['max_num_batched_tokens']} have {what}{then}"
     )
 
@@ -585,6 +621,38 @@ def _fits_at(
     ), f.kv_tokens
 
 
+def _state_seqs_at(
+    gpu0: Gpu,
+    model: ModelFacts,
+    kv_bytes: int,
+    settings: Settings,
+    hybrid: HybridOpts,
+    vllm_version: str | None,
+    d: ModelFacts | None,
+    tp: int,
+    batched: int | None = None,
+    seqs: int | None = None,
+) -> int | None:
+    """The sequences whose recurrent state fits ``gpu0``'s pool at ``tp`` (at other batching where given),
+    where ``seqs`` (else ``max_num_seqs``) are asked: None where the model does not fit."""
+    eng = settings.engine
+    asked = seqs or eng.max_num_seqs
+    f = fit(
+        gpu0.memory_total_bytes or 0,
+        eng.gpu_memory_utilization,
+        model,
+        d,
+        tp,
+        kv_bytes,
+        batched or eng.max_num_batched_tokens,
+        asked,
+        **fit_args(settings, eng.enforce_eager),
+    )
+    if not f.fits:
+        return None
+    return state_seqs(model, hybrid, f.kv_cache_bytes, tp, kv_bytes, settings, vllm_version, asked)
+
+
 class _Tried(NamedTuple):
     """One TP as the layout would try it: the candidate, its speculation, the draft it runs, and
     whether an instance would run it (it fits, or fits once it drops the draft)."""
@@ -605,9 +673,11 @@ def _tried(
     why: str,
     link: tuple[Mapping[str, Any] | None, Report | None],
     spec: tuple[str | None, int, ModelFacts],
+    cap: Callable[..., int | None] | None = None,
 ) -> _Tried:
     """The candidate at ``tp`` over ``parts``; ``why``: why it is not allowed (empty: allowed);
-    ``link``: the GPU's row and the interconnect record; ``spec``: the method, KV bytes and model."""
+    ``link``: the GPU's row and the interconnect record; ``spec``: the method, KV bytes and model;
+    ``cap``: a hybrid's sequences whose state fits (the candidate runs at most those)."""
     eng, lay = settings.engine, settings.layout
     spec_method, kv_bytes, model = spec
     ok, kv_tokens = fits(d, tp)
@@ -629,11 +699,12 @@ def _tried(
     elif not ok:
         why = why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
     batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
+    seqs = _capped(eng.max_num_seqs, batched, functools.partial(cap, d_tp, tp) if cap and ok else None)
     cand = pm.Candidate(
         tp,
         max(1, len(parts)),
         1,
-        eng.max_num_seqs,
+        seqs,
         batched,
         eng.enable_chunked_prefill,
         max(0, kv_tokens),
@@ -651,9 +722,11 @@ def _predicted(
     wl: pm.Workload,
     settings: Settings,
     fits: Callable[..., tuple[bool, int]],
+    cap: Callable[..., int | None] | None = None,
 ) -> pm.Prediction:
     """The prediction of the tried candidate ``t``, with its capacity within the targets (where it fits)
-    and its batching rows (where an instance would run it)."""
+    and its batching rows (where an instance would run it; ``cap``: a hybrid's sequences whose state
+    fits, :func:`_state_seqs_at`)."""
     lay, c, spec = settings.layout, t.cand, t.spec
     p = pm.predict(pgpu, shape, c, wl, spec)
     p.fits, p.why_not = c.fits, c.why_not
@@ -665,7 +738,16 @@ def _predicted(
     if (
         t.runs
     ):  # as the instance would run: a rule may still take it (the layout choice never does unless it fits)
-        p.batching = _batching(pgpu, shape, c, wl, spec, settings, functools.partial(fits, t.draft, c.tp))
+        p.batching = _batching(
+            pgpu,
+            shape,
+            c,
+            wl,
+            spec,
+            settings,
+            functools.partial(fits, t.draft, c.tp),
+            functools.partial(cap, t.draft, c.tp) if cap is not None else None,
+        )
     return p
 
 
@@ -698,6 +780,13 @@ def predict_group(
     shape = model_shape(model, kv_bytes, attention_kernel=att.kernel)
     wl = workload(settings)
     fits = functools.partial(_fits_at, gpu0, model, kv_bytes, settings)
+    version = host.software.vllm_version
+    hybrid = hybrid_opts(model, settings, spec_method, version, gpu0)
+    cap = (
+        functools.partial(_state_seqs_at, gpu0, model, kv_bytes, settings, hybrid, version)
+        if hybrid is not None
+        else None
+    )
     # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the
     # instance then drops it: plan/speculative.py).
     d = draft if draft is not None and any(fits(draft, t)[0] for t in parts_by_tp) else None
@@ -712,10 +801,11 @@ def predict_group(
             allowed.get(tp, ""),
             (row, interconnect),
             (spec_method, kv_bytes, model),
+            cap,
         )
         for tp, parts in sorted(parts_by_tp.items())
     ]
-    preds = [_predicted(pgpu, shape, t, wl, settings, fits) for t in tried]
+    preds = [_predicted(pgpu, shape, t, wl, settings, fits, cap) for t in tried]
     cands = [t.cand for t in tried]
     specs = [t.spec for t in tried]
     return _calibrate(preds, pgpu, shape, cands, wl, specs, calibration, default_tp)

@@ -4,6 +4,7 @@ server section every instance shares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..config.settings import Settings
@@ -491,15 +492,50 @@ def choose_ssm_dtype(
         ctx.add(path, asked, f"engine.mamba_ssm_cache_dtype {asked}", setting)
         return hybrid._replace(ssm_dtype=asked)
     own = model.stack.state.ssm_dtype
-    length = settings.engine.max_model_len
+    blocks = _state_blocks(model, hybrid, kv_cache_bytes, tp, kv_dtype_bytes, settings.engine.max_model_len)
+    if not _float16_may_help(model):
+        return hybrid
+    chosen = _ssm_dtype_auto(ctx, own, blocks("auto"), blocks("float16"), path, setting)
+    return hybrid if chosen == "auto" else hybrid._replace(ssm_dtype=chosen)
+
+
+def _state_blocks(
+    model: ModelFacts, hybrid: HybridOpts, kv_cache_bytes: int, tp: int, kv_dtype_bytes: int, length: int
+) -> Callable[[str], int]:
+    """The sequences whose recurrent state a pool of ``kv_cache_bytes`` holds, by SSM state dtype."""
 
     def blocks(ssm: str) -> int:
         opts = hybrid._replace(ssm_dtype=ssm)._asdict()
         h = hybrid_kv_cache(model, kv_cache_bytes, length, tp=tp, kv_dtype_bytes=kv_dtype_bytes, **opts)
         return h.state_blocks
 
-    wide = STATE_DTYPE_BYTES.get(own or "", 2) > 2
-    if model.stack.state.kind not in ("gdn", "mamba2") or not wide:
-        return hybrid
-    chosen = _ssm_dtype_auto(ctx, own, blocks("auto"), blocks("float16"), path, setting)
-    return hybrid if chosen == "auto" else hybrid._replace(ssm_dtype=chosen)
+    return blocks
+
+
+def _float16_may_help(model: ModelFacts) -> bool:
+    """A GDN or Mamba2 state wider than 16 bits: ``auto`` may choose float16 for it."""
+    wide = STATE_DTYPE_BYTES.get(model.stack.state.ssm_dtype or "", 2) > 2
+    return model.stack.state.kind in ("gdn", "mamba2") and wide
+
+
+def state_seqs(
+    model: ModelFacts,
+    hybrid: HybridOpts,
+    kv_cache_bytes: int,
+    tp: int,
+    kv_dtype_bytes: int,
+    settings: Settings,
+    vllm_version: str | None,
+    seqs: int,
+) -> int:
+    """The sequences whose recurrent state a pool of ``kv_cache_bytes`` holds where ``seqs`` are asked,
+    at the SSM state dtype the plan would run (:func:`choose_ssm_dtype`, :func:`_ssm_dtype_auto`):
+    what :func:`state_cap` lowers ``max_num_seqs`` to, known before a batching is chosen."""
+    blocks = _state_blocks(model, hybrid, kv_cache_bytes, tp, kv_dtype_bytes, settings.engine.max_model_len)
+    asked = settings.engine.mamba_ssm_cache_dtype
+    if asked != "auto":
+        return blocks(asked)
+    default = blocks("auto")
+    if default >= seqs or not _float16_may_help(model) or not release_of(vllm_version).ssm_float16():
+        return default
+    return max(default, blocks("float16"))
