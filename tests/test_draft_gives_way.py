@@ -46,9 +46,14 @@ def test_within_the_targets_wins_then_the_margin_then_the_request() -> None:
     both = _pred(160, 30, 400)
     assert not spec.draft_gain([both], [_pred(160, 30, 1.09 * 400)], "throughput", 500, 120, 256)[0]
     assert spec.draft_gain([both], [_pred(160, 30, 1.11 * 400)], "throughput", 500, 120, 256)[0]
-    # neither within: the longest request decides, as under the latency objective
-    ok, why = spec.draft_gain([_pred(900, 30, 400)], [_pred(600, 30, 300)], "throughput", 500, 120, 256)
-    assert not ok and "neither within" in why  # (600 + 255 x 30) / (900 + 255 x 30) = 0.96
+    # neither within, under throughput: the plan closer to the targets decides (the layout's and the
+    # batching's fallback), not the shorter request: 1.2x the TTFT target against 1.8x, though its
+    # request is longer ((600 + 255 x 35) / (900 + 255 x 30) = 1.11)
+    ok, why = spec.draft_gain([_pred(900, 30, 400)], [_pred(600, 35, 400)], "throughput", 500, 120, 256)
+    assert ok and "1.2x the farther target against 1.8x, at least the 10% margin closer" in why, why
+    assert "neither within" in why
+    ok, _ = spec.draft_gain([_pred(900, 30, 400)], [_pred(850, 30, 400)], "throughput", 500, 120, 256)
+    assert not ok  # 1.7x against 1.8x: within the margin
     ok, _ = spec.draft_gain([_pred(3000, 30, 400)], [_pred(600, 30, 300)], "latency", 500, 120, 256)
     assert ok  # 8250 / 10650 = 0.77
     # neither within, under throughput: a shorter request that loses more than the margin of output

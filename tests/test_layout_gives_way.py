@@ -90,8 +90,23 @@ def test_latency_and_no_load_within_the_targets_compare_the_tpot() -> None:
     assert lay.layout_gain(_pred("1 x TP2", 2, tpot=36.0), rule, "latency")[0]
     ok, why = lay.layout_gain(_pred("1 x TP2", 2, tpot=36.5), rule, "latency")
     assert not ok and "TPOT 36.5 ms" in why and "TPOT 40.0 ms" in why
-    # throughput where the winner meets no target either: ranked by TPOT, as predict.choose ranks
+    # throughput where the winner meets no target either and no targets are given: ranked by TPOT
     assert not lay.layout_gain(_pred("1 x TP2", 2, tpot=36.5), rule, "throughput")[0]
+
+
+def test_no_load_within_the_targets_compares_how_far_from_them_as_predict_choose_ranks() -> None:
+    """Where the winner meets the targets at no load, :func:`predict.choose` took the candidate closest to
+    them at the workload: the shipped layout gives way where it is 10 % farther, whatever the TPOT."""
+    rule = _pred("1 x TP4", 4, tpot=110.0)
+    rule.ttft_ms = 9000.0  # 9x the TTFT target of 1000 ms
+    best = _pred("4 x TP1", 1, tpot=140.0)
+    best.ttft_ms = 1500.0  # 1.5x
+    ok, why = lay.layout_gain(best, rule, "throughput", (1000.0, 100.0))
+    assert ok and "4 x TP1: TTFT 1500 ms, TPOT 140.0 ms at the workload, 1.5x the farther target" in why
+    assert "x6.00, at least the 10% margin" in why
+    near = _pred("4 x TP1", 1, tpot=140.0)
+    near.ttft_ms = 8500.0  # 8.5x against 9x: within the margin, the shipped layout stays
+    assert not lay.layout_gain(near, rule, "throughput", (1000.0, 100.0))[0]
 
 
 def test_a_shipped_layout_that_does_not_fit_gives_way() -> None:

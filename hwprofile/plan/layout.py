@@ -396,7 +396,9 @@ def predicted_tp(
     pinned = fixed or operator_layout(ctx)
     gives_way, than = False, ""
     if not by_prediction and not pinned and best_tp not in (None, rule_tp) and rule_pred is not None:
-        gives_way, than = layout_gain(preds[best], rule_pred, lay.objective)
+        gives_way, than = layout_gain(
+            preds[best], rule_pred, lay.objective, (lay.ttft_target_ms, lay.tpot_target_ms)
+        )
     if best_tp is not None and ((by_prediction and best_tp != rule_tp) or gives_way):
         if gives_way:
             why = f"{why}; {than}, so the shipped {shipped_layout(ctx)} ({label}) gives way"
@@ -459,29 +461,53 @@ def shipped_layout(ctx: PlanContext) -> str:
     return ", ".join(f"layout.{k}={getattr(lay, k)} ({where(provenance.get(('layout', k)))})" for k in keys)
 
 
-def _figure(p: Prediction, objective: str, by_tpot: bool) -> str:
-    if objective == "latency" or by_tpot:
+def _figure(p: Prediction, by: str, targets: tuple[float, float] = (0.0, 0.0)) -> str:
+    if by == "tpot":
         return f"{p.label}: TPOT {p.tpot_ms:.1f} ms at the workload ({p.source})"
+    if by == "closest":
+        return (
+            f"{p.label}: TTFT {p.ttft_ms:.0f} ms, TPOT {p.tpot_ms:.1f} ms at the workload, "
+            f"{_miss(p, targets):.1f}x the farther target ({p.source})"
+        )
     if p.capacity_output_tokens_per_s <= 0:
         return f"{p.label}: no load within the targets ({p.source})"
     return f"{p.label}: {p.capacity_output_tokens_per_s:.0f} output tok/s within the targets ({p.source})"
 
 
-def layout_gain(best: Prediction, rule: Prediction, objective: str) -> tuple[bool, str]:
+def _miss(p: Prediction, targets: tuple[float, float]) -> float:
+    """How far ``p``'s figures at the workload are from the targets (:func:`predict.choose`'s fallback)."""
+    return max(p.ttft_ms / targets[0], p.tpot_ms / targets[1])
+
+
+def layout_gain(
+    best: Prediction, rule: Prediction, objective: str, targets: tuple[float, float] | None = None
+) -> tuple[bool, str]:
     """Whether ``best`` (the objective's candidate, :func:`predict.choose`) is predicted at least
     :data:`LAYOUT_MARGIN` better than ``rule`` (the shipped layout's), and both figures with their
-    sources, in words. ``throughput``: capacity within the targets (where the winner meets none, as
-    :func:`predict.choose` then ranks: the TPOT); ``latency``: the TPOT at the workload. A rule
-    candidate that does not fit or is not allowed always gives way."""
-    by_tpot = objective == "latency" or best.capacity_output_tokens_per_s <= 0
+    sources, in words. ``throughput``: capacity within the targets (where the winner meets none at any
+    load, as :func:`predict.choose` then ranks: how far from ``targets`` (TTFT, TPOT) at the workload,
+    the TPOT where they are not given); ``latency``: the TPOT at the workload. A rule candidate that
+    does not fit or is not allowed always gives way."""
+    none_within = best.capacity_output_tokens_per_s <= 0
+    by = (
+        "tpot"
+        if objective == "latency" or (none_within and not targets)
+        else "closest"
+        if none_within
+        else "capacity"
+    )
+    goal = targets or (0.0, 0.0)
     if not rule.fits:
         return (
             True,
-            f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, objective, by_tpot)}",
+            f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, by, goal)}",
         )
-    if by_tpot:
+    if by == "tpot":
         ratio = rule.tpot_ms / best.tpot_ms if best.tpot_ms > 0 else 0.0
         better = best.tpot_ms <= (1 - LAYOUT_MARGIN) * rule.tpot_ms
+    elif by == "closest":
+        ratio = _miss(rule, goal) / _miss(best, goal)
+        better = _miss(best, goal) <= (1 - LAYOUT_MARGIN) * _miss(rule, goal)
     else:
         cap = rule.capacity_output_tokens_per_s
         ratio = best.capacity_output_tokens_per_s / cap if cap > 0 else float("inf")
@@ -489,7 +515,7 @@ def layout_gain(best: Prediction, rule: Prediction, objective: str) -> tuple[boo
     gain = "" if ratio == float("inf") else f"x{ratio:.2f}, "
     verdict = "at least" if better else "less than"
     return better, (
-        f"predicted {_figure(best, objective, by_tpot)} against {_figure(rule, objective, by_tpot)} "
+        f"predicted {_figure(best, by, goal)} against {_figure(rule, by, goal)} "
         f"({gain}{verdict} the {LAYOUT_MARGIN:.0%} margin)"
     )
 

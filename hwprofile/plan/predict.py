@@ -1269,7 +1269,9 @@ def choose(
     """The index of the winning prediction and why. ``throughput``: the highest capacity within the
     targets, capacities within :data:`CAPACITY_TIE` of it counting as equal (ties: the lower TPOT at the
     workload, then the higher capacity); ``latency``: the lowest TPOT at the workload, then TTFT.
-    Candidates that do not fit never win; when none meets the targets, the lowest TPOT does."""
+    Candidates that do not fit never win; when none meets the targets at any load, the one closest to
+    them at the workload (the farther of its TTFT and TPOT from its target the least, as the batching's
+    fallback judges, plan/candidates.py ``_miss``), then the lower TPOT."""
     ok = [i for i, p in enumerate(preds) if p.fits]
     if not ok:
         return -1, "no candidate fits"
@@ -1281,10 +1283,15 @@ def choose(
         )
     within = [j for j in ok if preds[j].capacity_output_tokens_per_s > 0]
     if not within:
-        i = min(ok, key=lambda j: (preds[j].tpot_ms, preds[j].ttft_ms))
+
+        def miss(j: int) -> float:
+            return max(preds[j].ttft_ms / ttft_target_ms, preds[j].tpot_ms / tpot_target_ms)
+
+        i = min(ok, key=lambda j: (round(miss(j), 2), preds[j].tpot_ms, preds[j].ttft_ms))
         return i, (
             f"objective throughput: no candidate meets TTFT <= {ttft_target_ms:g} ms and TPOT <= "
-            f"{tpot_target_ms:g} ms; {preds[i].label} comes closest (TPOT {preds[i].tpot_ms:.1f} ms)"
+            f"{tpot_target_ms:g} ms at any load; {preds[i].label} comes closest at the workload (TTFT "
+            f"{preds[i].ttft_ms:.0f} ms, TPOT {preds[i].tpot_ms:.1f} ms: {miss(i):.1f}x the farther target)"
         )
     top = preds[max(within, key=lambda j: preds[j].capacity_output_tokens_per_s)]
     best = top.capacity_output_tokens_per_s

@@ -440,12 +440,16 @@ def draft_gain(
 ) -> tuple[bool, str]:
     """Whether planning without the draft is predicted at least :data:`DRAFT_MARGIN` better on
     ``objective``, and the two predictions in words. ``throughput``: the output tokens/s of a plan
-    within the targets (TTFT and TPOT of every instance), where only one is within it wins, where
-    neither is the shorter request decides, unless it loses more than the margin of output
-    tokens/s; ``latency``: the longest request (TTFT + (output - 1) x TPOT)."""
+    within the targets (TTFT and TPOT of every instance), where only one is within it wins; where
+    neither is within them, the plan closest to them (its instance farthest from a
+    target, as the layout's and the batching's fallbacks judge), unless it loses more than the margin
+    of output tokens/s; ``latency``: the longest request (TTFT + (output - 1) x TPOT)."""
 
     def within(preds: list[InstancePrediction]) -> bool:
         return all(p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms for p in preds)
+
+    def miss(preds: list[InstancePrediction]) -> float:
+        return max(max(p.ttft_ms / ttft_target_ms, p.tpot_ms / tpot_target_ms) for p in preds)
 
     a_out, a_req, a_words = _figures(with_draft, output_len)
     b_out, b_req, b_words = _figures(without, output_len)
@@ -462,16 +466,22 @@ def draft_gain(
             how = (
                 f"output x{ratio:.2f}, {'at least' if better else 'less than'} the {DRAFT_MARGIN:.0%} margin"
             )
+    elif objective == "throughput":
+        a_miss, b_miss = miss(with_draft), miss(without)
+        better = b_miss <= (1 - DRAFT_MARGIN) * a_miss
+        how = (
+            f"{b_miss:.1f}x the farther target against {a_miss:.1f}x, {'at least' if better else 'less than'} "
+            f"the {DRAFT_MARGIN:.0%} margin closer (neither within {targets})"
+        )
     else:
         ratio = b_req / a_req if a_req > 0 else 0.0
         better = b_req <= (1 - DRAFT_MARGIN) * a_req
-        how = (
-            f"the longest request x{ratio:.2f}, {'at least' if better else 'less than'} the "
-            f"{DRAFT_MARGIN:.0%} margin" + ("" if objective == "latency" else f" (neither within {targets})")
+        how = f"the longest request x{ratio:.2f}, {'at least' if better else 'less than'} the {DRAFT_MARGIN:.0%} margin"
+    # under throughput, a plan closer to the targets may not cost more than the margin of output tokens/s
+    # (a plan of another shape, one data-parallel server where the draft ran separate ones, can)
+    if objective == "throughput" and not (a_in or b_in) and better and b_out < (1 - DRAFT_MARGIN) * a_out:
+        better = False
+        how += (
+            f", but output x{b_out / a_out:.2f}: more than the margin lost, and the objective is throughput"
         )
-        # under throughput, a shorter request may not cost more than the margin of output tokens/s (a
-        # plan of another shape, one data-parallel server where the draft ran separate ones, can)
-        if better and objective == "throughput" and b_out < (1 - DRAFT_MARGIN) * a_out:
-            better = False
-            how += f", but output x{b_out / a_out:.2f}: more than the margin lost, and the objective is throughput"
     return better, f"predicted without it {b_words} against {a_words} with it ({how})"
