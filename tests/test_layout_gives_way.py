@@ -76,22 +76,26 @@ def _pred(label: str, tp: int, cap: float = 0.0, tpot: float = 20.0, fits: bool 
 
 def test_throughput_gives_way_at_ten_per_cent_and_not_below() -> None:
     rule = _pred("1 x TP8", 8, cap=1000.0)
-    ok, why = lay.layout_gain(_pred("4 x TP2", 2, cap=1100.0), rule, "throughput")
+    ok, why = lay.layout_gain(_pred("4 x TP2", 2, cap=1100.0), rule, "throughput", (1000.0, 100.0))
     assert ok and "4 x TP2: 1100 output tok/s" in why and "1 x TP8: 1000 output tok/s" in why
     assert why.count("(datasheet)") == 2 and "at least the 10% margin" in why
-    ok, why = lay.layout_gain(_pred("4 x TP2", 2, cap=1099.0), rule, "throughput")
+    ok, why = lay.layout_gain(_pred("4 x TP2", 2, cap=1099.0), rule, "throughput", (1000.0, 100.0))
     assert not ok and "less than the 10% margin" in why
     # a shipped layout with no load within the targets gives way to one with any
-    assert lay.layout_gain(_pred("1 x TP2", 2, cap=1.0), _pred("2 x TP1", 1), "throughput")[0]
+    assert lay.layout_gain(_pred("1 x TP2", 2, cap=1.0), _pred("2 x TP1", 1), "throughput", (1000.0, 100.0))[
+        0
+    ]
 
 
-def test_latency_and_no_load_within_the_targets_compare_the_tpot() -> None:
+def test_latency_compares_the_tpot() -> None:
     rule = _pred("2 x TP1", 1, tpot=40.0)
-    assert lay.layout_gain(_pred("1 x TP2", 2, tpot=36.0), rule, "latency")[0]
-    ok, why = lay.layout_gain(_pred("1 x TP2", 2, tpot=36.5), rule, "latency")
+    assert lay.layout_gain(_pred("1 x TP2", 2, tpot=36.0), rule, "latency", (1000.0, 100.0))[0]
+    ok, why = lay.layout_gain(_pred("1 x TP2", 2, tpot=36.5), rule, "latency", (1000.0, 100.0))
     assert not ok and "TPOT 36.5 ms" in why and "TPOT 40.0 ms" in why
-    # throughput where the winner meets no target either and no targets are given: ranked by TPOT
-    assert not lay.layout_gain(_pred("1 x TP2", 2, tpot=36.5), rule, "throughput")[0]
+    # throughput where the winner meets the targets at no load: how far from them at the workload (0.365x
+    # the farther target against 0.4x: less than the margin)
+    ok, why = lay.layout_gain(_pred("1 x TP2", 2, tpot=36.5), rule, "throughput", (1000.0, 100.0))
+    assert not ok and "the farther target" in why
 
 
 def test_no_load_within_the_targets_compares_how_far_from_them_as_predict_choose_ranks() -> None:
@@ -110,7 +114,9 @@ def test_no_load_within_the_targets_compares_how_far_from_them_as_predict_choose
 
 
 def test_a_shipped_layout_that_does_not_fit_gives_way() -> None:
-    ok, why = lay.layout_gain(_pred("1 x TP2", 2, cap=10.0), _pred("2 x TP1", 1, fits=False), "throughput")
+    ok, why = lay.layout_gain(
+        _pred("1 x TP2", 2, cap=10.0), _pred("2 x TP1", 1, fits=False), "throughput", (1000.0, 100.0)
+    )
     assert ok and "2 x TP1 is not possible as configured (does not fit)" in why
 
 

@@ -406,7 +406,9 @@ def test_the_batching_is_chosen_among_the_sequences_whose_state_fits(
     sets = [f"layout.workload_concurrency={clients}"]
     p = make_plan(host_of(host), empty_root, environ={}, model=str(INT4), sets=sets)
     doc = p.to_json()
-    for grp, inst in zip(doc["prediction"]["groups"], p.instances, strict=False):
+    assert doc["prediction"]["groups"]
+    for grp in doc["prediction"]["groups"]:
+        (inst,) = [i for i in p.instances if set(i.gpus) <= set(grp["gpus"])][:1]
         rows = grp["batching"]
         (chosen,) = [r for r in rows if r["chosen"]]
         assert chosen["max_num_seqs"] <= inst.memory.state_sequences, (chosen, inst.memory.state_sequences)
@@ -419,3 +421,28 @@ def test_the_batching_is_chosen_among_the_sequences_whose_state_fits(
         (grp,) = doc["prediction"]["groups"]
         assert any(r.get("asked_max_num_seqs") == 64 for r in grp["batching"])
         assert p.instances[0].engine.max_num_seqs < 64
+
+
+def test_a_layout_candidate_is_predicted_at_the_sequences_whose_state_fits(
+    host_of, empty_root, tmp_path
+) -> None:
+    """8 x H100 with the bf16 Qwen3.8-27B: at TP1 each instance holds 83 sequences' state, not the
+    profile's 256, so the 8 x TP1 candidate sustains at most 8 x 83 requests (it was judged at 2,048,
+    and won the layout on that)."""
+    from hwprofile.pipeline import make_plan
+
+    host = host_of("h100-sxm-8x")
+    model = str(qwen38_dir(tmp_path))
+    tp1 = make_plan(
+        host,
+        empty_root,
+        environ={},
+        model=model,
+        sets=["layout.tensor_parallel_size=1", "layout.batching=configured"],
+    )
+    per_instance = tp1.instances[0].memory.state_sequences
+    assert per_instance < 256  # the profile's max_num_seqs
+    doc = make_plan(host, empty_root, environ={}, model=model).to_json()
+    (grp,) = doc["prediction"]["groups"]
+    one = next(c for c in grp["candidates"] if c["tensor_parallel_size"] == 1)
+    assert 0 < one["capacity_concurrency"] <= one["instances"] * per_instance, (one, per_instance)

@@ -335,3 +335,6 @@ def test_a_server_that_finished_starting_and_died_before_its_check_answered_is_a
     # a known message still wins, and a server that never said it started stays unknown
     assert classify(log + "torch.OutOfMemoryError: CUDA out of memory.\n").kind == "out of memory"
     assert classify(log.replace("Application startup complete", "Waiting for startup")).kind == "unknown"
+    # nothing after it: its last line, the start-up's own
+    alone = classify(log.split("ERROR")[0])
+    assert (alone.kind, alone.evidence) == ("unplanned exit", "INFO:     Application startup complete.")

@@ -341,13 +341,18 @@ def _batching(
         }
     ):
         for batched in sorted({*BATCHED_TOKENS, eng.max_num_batched_tokens}):
-            seqs = _capped(asked, max(batched, asked), cap)
+            state = _state_fits(asked, max(batched, asked), cap)
+            seqs = asked if state is None else max(1, min(asked, state))
             budget = max(batched, seqs)
             planned = asked == eng.max_num_seqs and batched == eng.max_num_batched_tokens
-            if (seqs, budget) in seen:  # two asked values that run alike: one row
-                seen[(seqs, budget)]["planned"] |= planned
+            if (seqs, budget) in seen:  # two asked values that run alike: one row, the configured one's
+                if planned:
+                    seen[(seqs, budget)] |= {"planned": True, "asked_max_num_seqs": asked}
+                    if asked == seqs:
+                        del seen[(seqs, budget)]["asked_max_num_seqs"]
                 continue
             ok, kv_tokens = fits(budget, seqs)
+            ok = ok and state != 0  # no sequence's state fits: vLLM would not start (engine.state_cap)
             alt = dataclasses.replace(
                 c, max_num_seqs=seqs, max_num_batched_tokens=budget, kv_tokens=max(0, kv_tokens)
             )
@@ -388,10 +393,10 @@ def _batching_row(
     }
 
 
-def _capped(seqs: int, budget: int, cap: Callable[[int, int], int | None] | None) -> int:
-    """``seqs``, at most the sequences whose recurrent state fits at that batching (at least one)."""
-    fit_seqs = cap(budget, seqs) if cap is not None else None
-    return seqs if fit_seqs is None else max(1, min(seqs, fit_seqs))
+def _state_fits(seqs: int, budget: int, cap: Callable[[int, int], int | None] | None) -> int | None:
+    """The sequences whose recurrent state fits at that batching where ``seqs`` are asked (0: none); None
+    for a model without state, or one that does not fit."""
+    return cap(budget, seqs) if cap is not None else None
 
 
 # The configured batching gives way only to one predicted this much better (output tokens/s within the
@@ -535,8 +540,13 @@ def _configured_was(was: Mapping[str, Any], ttft_target_ms: float, tpot_target_m
         if was["capacity_output_tokens_per_s"] > 0
         else "no load within the targets"
     )
+    seqs = (
+        f"{was['asked_max_num_seqs']} ({was['max_num_seqs']} whose recurrent state fits)"
+        if "asked_max_num_seqs" in was
+        else was["max_num_seqs"]
+    )
     return (
-        f"; configured max_num_seqs {was['max_num_seqs']}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
+        f"; configured max_num_seqs {seqs}, max_num_batched_tokens {was['max_num_batched_tokens']}: "
         f"TTFT {was['ttft_ms']:.0f} ms, TPOT {was['tpot_ms']:.1f} ms at the workload"
         + (f" ({', '.join(missed)})" if missed else "")
         + f"; {held}"
@@ -699,7 +709,10 @@ def _tried(
     elif not ok:
         why = why or f"does not fit: {eng.min_model_len} tokens of context need more than the KV space left"
     batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
-    seqs = _capped(eng.max_num_seqs, batched, functools.partial(cap, d_tp, tp) if cap and ok else None)
+    # as the instance would run it: a hybrid's max_num_seqs at most the sequences whose state fits
+    runs = ok or only_without
+    state = _state_fits(eng.max_num_seqs, batched, functools.partial(cap, d_tp, tp) if cap and runs else None)
+    seqs = eng.max_num_seqs if state is None else max(1, min(eng.max_num_seqs, state))
     cand = pm.Candidate(
         tp,
         max(1, len(parts)),
@@ -712,7 +725,7 @@ def _tried(
         fits=not why,
         why_not=why,
     )
-    return _Tried(cand, speculated, d_tp, bool(parts) and (ok or only_without))
+    return _Tried(cand, speculated, d_tp, bool(parts) and runs)
 
 
 def _predicted(

@@ -480,23 +480,17 @@ def _miss(p: Prediction, targets: tuple[float, float]) -> float:
 
 
 def layout_gain(
-    best: Prediction, rule: Prediction, objective: str, targets: tuple[float, float] | None = None
+    best: Prediction, rule: Prediction, objective: str, targets: tuple[float, float]
 ) -> tuple[bool, str]:
     """Whether ``best`` (the objective's candidate, :func:`predict.choose`) is predicted at least
     :data:`LAYOUT_MARGIN` better than ``rule`` (the shipped layout's), and both figures with their
     sources, in words. ``throughput``: capacity within the targets (where the winner meets none at any
-    load, as :func:`predict.choose` then ranks: how far from ``targets`` (TTFT, TPOT) at the workload,
-    the TPOT where they are not given); ``latency``: the TPOT at the workload. A rule candidate that
-    does not fit or is not allowed always gives way."""
+    load, as :func:`predict.choose` then ranks: how far from ``targets`` (TTFT, TPOT) at the
+    workload); ``latency``: the TPOT at the workload. A rule candidate that does not fit or is not
+    allowed always gives way."""
     none_within = best.capacity_output_tokens_per_s <= 0
-    by = (
-        "tpot"
-        if objective == "latency" or (none_within and not targets)
-        else "closest"
-        if none_within
-        else "capacity"
-    )
-    goal = targets or (0.0, 0.0)
+    by = "tpot" if objective == "latency" else "closest" if none_within else "capacity"
+    goal = targets
     if not rule.fits:
         return (
             True,

@@ -421,11 +421,22 @@ def draft_misses_targets(plan: Plan, ttft_target_ms: float, tpot_target_ms: floa
     return None
 
 
-def _figures(preds: list[InstancePrediction], output_len: int) -> tuple[float, float, str]:
-    """(output tokens/s of all instances, the longest request's ms, both in words)."""
+def _figures(
+    preds: list[InstancePrediction], output_len: int, targets: tuple[float, float] | None = None
+) -> tuple[float, float, str]:
+    """(output tokens/s of all instances, the longest request's ms, both in words: the TTFT and TPOT of
+    the instance with the longest request, or where ``targets`` are given the one farthest from them)."""
     out = sum(p.output_tokens_per_s for p in preds)
-    worst = max(preds, key=lambda p: p.ttft_ms + (output_len - 1) * p.tpot_ms)
-    req = worst.ttft_ms + (output_len - 1) * worst.tpot_ms
+
+    def request(p: InstancePrediction) -> float:
+        return p.ttft_ms + (output_len - 1) * p.tpot_ms
+
+    req = max(request(p) for p in preds)
+    worst = (
+        max(preds, key=lambda p: max(p.ttft_ms / targets[0], p.tpot_ms / targets[1]))
+        if targets
+        else max(preds, key=request)
+    )
     words = f"TTFT {worst.ttft_ms:.0f} ms, TPOT {worst.tpot_ms:.1f} ms, {out:.0f} output tok/s"
     return out, req, words
 
@@ -440,10 +451,10 @@ def draft_gain(
 ) -> tuple[bool, str]:
     """Whether planning without the draft is predicted at least :data:`DRAFT_MARGIN` better on
     ``objective``, and the two predictions in words. ``throughput``: the output tokens/s of a plan
-    within the targets (TTFT and TPOT of every instance), where only one is within it wins; where
-    neither is within them, the plan closest to them (its instance farthest from a
-    target, as the layout's and the batching's fallbacks judge), unless it loses more than the margin
-    of output tokens/s; ``latency``: the longest request (TTFT + (output - 1) x TPOT)."""
+    within the targets at the workload (TTFT and TPOT of every instance), where only one is within
+    them it wins; where neither is, the plan closer to them (its instance farthest from a target, the
+    measure of the layout's and the batching's fallbacks), unless it loses more than the margin of
+    output tokens/s; ``latency``: the longest request (TTFT + (output - 1) x TPOT)."""
 
     def within(preds: list[InstancePrediction]) -> bool:
         return all(p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms for p in preds)
@@ -451,9 +462,11 @@ def draft_gain(
     def miss(preds: list[InstancePrediction]) -> float:
         return max(max(p.ttft_ms / ttft_target_ms, p.tpot_ms / tpot_target_ms) for p in preds)
 
-    a_out, a_req, a_words = _figures(with_draft, output_len)
-    b_out, b_req, b_words = _figures(without, output_len)
     a_in, b_in = within(with_draft), within(without)
+    closest = objective == "throughput" and not (a_in or b_in)
+    goal = (ttft_target_ms, tpot_target_ms) if closest else None
+    a_out, a_req, a_words = _figures(with_draft, output_len, goal)
+    b_out, b_req, b_words = _figures(without, output_len, goal)
     targets = f"TTFT <= {ttft_target_ms:g} ms and TPOT <= {tpot_target_ms:g} ms"
     if objective == "throughput" and (a_in or b_in):
         if b_in and not a_in:
@@ -466,7 +479,7 @@ def draft_gain(
             how = (
                 f"output x{ratio:.2f}, {'at least' if better else 'less than'} the {DRAFT_MARGIN:.0%} margin"
             )
-    elif objective == "throughput":
+    elif closest:
         a_miss, b_miss = miss(with_draft), miss(without)
         better = b_miss <= (1 - DRAFT_MARGIN) * a_miss
         how = (
@@ -479,7 +492,7 @@ def draft_gain(
         how = f"the longest request x{ratio:.2f}, {'at least' if better else 'less than'} the {DRAFT_MARGIN:.0%} margin"
     # under throughput, a plan closer to the targets may not cost more than the margin of output tokens/s
     # (a plan of another shape, one data-parallel server where the draft ran separate ones, can)
-    if objective == "throughput" and not (a_in or b_in) and better and b_out < (1 - DRAFT_MARGIN) * a_out:
+    if closest and better and b_out < (1 - DRAFT_MARGIN) * a_out:
         better = False
         how += (
             f", but output x{b_out / a_out:.2f}: more than the margin lost, and the objective is throughput"

@@ -90,7 +90,10 @@ def classify(log_text: str) -> Failure:
     started = _STARTED.search(log_text)
     if started:
         return Failure(
-            "unplanned exit", False, True, exit_evidence(log_text[started.end() :]) or "(after start-up)"
+            "unplanned exit",
+            False,
+            True,
+            exit_evidence(log_text[started.end() :]) or started.group(0).strip(),
         )
     return Failure("unknown", False, True, telling_line(log_text) or "(empty log)")
 
