@@ -23,6 +23,7 @@ from . import attention, gpufacts
 from . import predict as pm
 from .engine import fit_args, hybrid_opts, kv_cache_dtype, state_seqs
 from .memory import (
+    Fit,
     HybridOpts,
     active_weights_bytes,
     attention_bytes_by_kind,
@@ -614,8 +615,26 @@ def _fits_at(
 ) -> tuple[bool, int]:
     """Whether ``model`` (with the draft ``d``) fits ``gpu0`` at ``tp`` with room for
     ``engine.min_model_len`` tokens, and the KV tokens it holds (at other batching where given)."""
+    f = _fit_at(gpu0, model, kv_bytes, settings, d, tp, batched, seqs)
+    return f.fits and f.kv_cache_bytes >= sequence_bytes(
+        model, d, tp, model.dtype_bytes, settings.engine.min_model_len
+    ), f.kv_tokens
+
+
+def _fit_at(
+    gpu0: Gpu,
+    model: ModelFacts,
+    kv_bytes: int,
+    settings: Settings,
+    d: ModelFacts | None,
+    tp: int,
+    batched: int | None,
+    seqs: int | None,
+) -> Fit:
+    """The memory fit of ``model`` (with the draft ``d``) on ``gpu0`` at ``tp``, at the configured
+    batching or the one given."""
     eng = settings.engine
-    f = fit(
+    return fit(
         gpu0.memory_total_bytes or 0,
         eng.gpu_memory_utilization,
         model,
@@ -626,9 +645,6 @@ def _fits_at(
         seqs or eng.max_num_seqs,
         **fit_args(settings, eng.enforce_eager),
     )
-    return f.fits and f.kv_cache_bytes >= sequence_bytes(
-        model, d, tp, model.dtype_bytes, eng.min_model_len
-    ), f.kv_tokens
 
 
 def _state_seqs_at(
@@ -645,19 +661,8 @@ def _state_seqs_at(
 ) -> int | None:
     """The sequences whose recurrent state fits ``gpu0``'s pool at ``tp`` (at other batching where given),
     where ``seqs`` (else ``max_num_seqs``) are asked: None where the model does not fit."""
-    eng = settings.engine
-    asked = seqs or eng.max_num_seqs
-    f = fit(
-        gpu0.memory_total_bytes or 0,
-        eng.gpu_memory_utilization,
-        model,
-        d,
-        tp,
-        kv_bytes,
-        batched or eng.max_num_batched_tokens,
-        asked,
-        **fit_args(settings, eng.enforce_eager),
-    )
+    asked = seqs or settings.engine.max_num_seqs
+    f = _fit_at(gpu0, model, kv_bytes, settings, d, tp, batched, asked)
     if not f.fits:
         return None
     return state_seqs(model, hybrid, f.kv_cache_bytes, tp, kv_bytes, settings, vllm_version, asked)
