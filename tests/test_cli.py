@@ -145,3 +145,37 @@ def test_a_snapshot_on_standard_input_is_read_once(tmp_path: Path, fake_nvml_dir
     )
     assert r.returncode == 0, r.stderr
     assert "invalid JSON" not in r.stderr and r.stdout.strip()
+
+
+def test_a_snapshot_piped_in_without_from_is_said_not_read(tmp_path: Path, fake_nvml_dir: Path) -> None:
+    """A newcomer pipes a saved snapshot into ``plan`` and forgets ``--from -``: the plan is of this host
+    (stdin is never read without it), and stderr says so and what to add; with ``--from -``, or with
+    nothing on stdin, no such line."""
+    host = build("rtx4090-1x", tmp_path / "h")
+    env = cli_env(host, fake_nvml_dir)
+    snap = tmp_path / "snap.json"
+    got = subprocess.run([_script(), "detect", "--json"], env=env, capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    snap.write_text(got.stdout)
+    said = "standard input is not read: to plan from a snapshot piped in, add --from -"
+
+    def plan(*extra: str, stdin: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [_script(), "plan", "--json", *extra], stdin=stdin, env=env, capture_output=True, text=True
+        )
+
+    with snap.open() as f:  # `hwprofile plan < snap.json`
+        assert said in plan(stdin=f).stderr
+    import os
+
+    data = got.stdout.encode()
+    assert len(data) < 60_000  # it fits a pipe's buffer: written whole before the command starts
+    r_fd, w_fd = os.pipe()  # `cat snap.json | hwprofile plan`
+    os.write(w_fd, data)
+    os.close(w_fd)
+    with os.fdopen(r_fd) as pipe:
+        assert said in plan(stdin=pipe).stderr
+    with snap.open() as f:
+        r = plan("--from", "-", stdin=f)
+    assert r.returncode == 0 and said not in r.stderr, r.stderr
+    assert said not in plan(stdin=subprocess.DEVNULL).stderr

@@ -4,6 +4,7 @@ the vLLM release to render for, the plan of the command's options (a refusal pri
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import EXIT_FAILED, EXIT_USAGE, HwprofileError
@@ -24,7 +25,32 @@ def load_host(args: argparse.Namespace):  # -> HostSnapshot
         return hosts[0]
     from ..host.detect import detect_host
 
+    if stdin_has_input():
+        print(
+            "hwprofile: standard input is not read: to plan from a snapshot piped in, add --from - "
+            "(this host is probed instead)",
+            file=sys.stderr,
+        )
     return detect_host(proc_root=args.proc_root, sys_root=args.sys_root)
+
+
+def stdin_has_input() -> bool:
+    """Standard input is a non-empty file or a pipe with something to read (data, or its end): what a
+    snapshot piped in without ``--from -`` looks like. Never reads it; False for a terminal, /dev/null
+    or a pipe nothing was written to yet."""
+    import select
+    import stat
+
+    try:
+        fd = sys.stdin.fileno()
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            return st.st_size > 0
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError, AttributeError):  # closed, replaced (pytest), or no descriptor
+        return False
+    return False
 
 
 def load_hosts(args: argparse.Namespace):  # -> (list[HostSnapshot], list[str])
