@@ -149,15 +149,15 @@ def test_a_snapshot_on_standard_input_is_read_once(tmp_path: Path, fake_nvml_dir
 
 def test_a_snapshot_piped_in_without_from_is_said_not_read(tmp_path: Path, fake_nvml_dir: Path) -> None:
     """A newcomer pipes a saved snapshot into ``plan`` and forgets ``--from -``: the plan is of this host
-    (stdin is never read without it), and stderr says so and what to add; with ``--from -``, or with
-    nothing on stdin, no such line."""
+    (stdin is never read without it), and stderr says so and what to add; with ``--from -``, with
+    nothing on stdin, or with something other than a snapshot ahead on it, no such line."""
     host = build("rtx4090-1x", tmp_path / "h")
     env = cli_env(host, fake_nvml_dir)
     snap = tmp_path / "snap.json"
     got = subprocess.run([_script(), "detect", "--json"], env=env, capture_output=True, text=True)
     assert got.returncode == 0, got.stderr
     snap.write_text(got.stdout)
-    said = "standard input is not read: to plan from a snapshot piped in, add --from -"
+    said = "standard input is not read: to use a snapshot piped in, add --from -"
 
     def plan(*extra: str, stdin: object) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -179,3 +179,11 @@ def test_a_snapshot_piped_in_without_from_is_said_not_read(tmp_path: Path, fake_
         r = plan("--from", "-", stdin=f)
     assert r.returncode == 0 and said not in r.stderr, r.stderr
     assert said not in plan(stdin=subprocess.DEVNULL).stderr
+    r_fd, w_fd = os.pipe()  # `true | hwprofile plan`, `ssh -n`: a pipe at its end, nothing piped in
+    os.close(w_fd)
+    with os.fdopen(r_fd) as pipe:
+        assert said not in plan(stdin=pipe).stderr
+    script = tmp_path / "run.sh"  # `bash < run.sh`: what is ahead on stdin is the script, not a snapshot
+    script.write_text("hwprofile plan --json\necho done\n")
+    with script.open() as f:
+        assert said not in plan(stdin=f).stderr

@@ -27,7 +27,7 @@ def load_host(args: argparse.Namespace):  # -> HostSnapshot
 
     if stdin_has_input():
         print(
-            "hwprofile: standard input is not read: to plan from a snapshot piped in, add --from - "
+            "hwprofile: standard input is not read: to use a snapshot piped in, add --from - "
             "(this host is probed instead)",
             file=sys.stderr,
         )
@@ -35,19 +35,24 @@ def load_host(args: argparse.Namespace):  # -> HostSnapshot
 
 
 def stdin_has_input() -> bool:
-    """Standard input is a non-empty file or a pipe with something to read (data, or its end): what a
-    snapshot piped in without ``--from -`` looks like. Never reads it; False for a terminal, /dev/null
-    or a pipe nothing was written to yet."""
-    import select
+    """What a snapshot piped in without ``--from -`` looks like, already there when asked: standard
+    input is a file with a JSON object ahead of its offset, or a pipe or socket with bytes waiting.
+    Never reads or moves it (``pread``, ``FIONREAD``); False for a terminal, /dev/null, a pipe at its end
+    or with nothing written yet."""
+    import fcntl
     import stat
+    import struct
+    import termios
 
     try:
         fd = sys.stdin.fileno()
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode):
-            return st.st_size > 0
-        if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
-            return bool(select.select([fd], [], [], 0)[0])
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            ahead = os.pread(fd, 64, os.lseek(fd, 0, os.SEEK_CUR))
+            return ahead.lstrip().startswith(b"{")
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            waiting = fcntl.ioctl(fd, termios.FIONREAD, struct.pack("i", 0))
+            return struct.unpack("i", waiting)[0] > 0
     except (OSError, ValueError, AttributeError):  # closed, replaced (pytest), or no descriptor
         return False
     return False
