@@ -342,8 +342,7 @@ def _batching(
         }
     ):
         for batched in sorted({*BATCHED_TOKENS, eng.max_num_batched_tokens}):
-            state = _state_fits(asked, max(batched, asked), cap)
-            seqs = asked if state is None else max(1, min(asked, state))
+            seqs, state = _runs(asked, max(batched, asked), cap)
             budget = max(batched, seqs)
             planned = asked == eng.max_num_seqs and batched == eng.max_num_batched_tokens
             if (seqs, budget) in seen:  # two asked values that run alike: one row, the configured one's
@@ -394,10 +393,11 @@ def _batching_row(
     }
 
 
-def _state_fits(seqs: int, budget: int, cap: Callable[[int, int], int | None] | None) -> int | None:
-    """The sequences whose recurrent state fits at that batching where ``seqs`` are asked (0: none); None
-    for a model without state, or one that does not fit."""
-    return cap(budget, seqs) if cap is not None else None
+def _runs(asked: int, budget: int, cap: Callable[[int, int], int | None] | None) -> tuple[int, int | None]:
+    """The ``max_num_seqs`` that runs where ``asked`` are (at least one), and the sequences whose recurrent
+    state fits at that batching (0: none; None for a model without state, or one that does not fit)."""
+    state = cap(budget, asked) if cap is not None else None
+    return (asked if state is None else max(1, min(asked, state))), state
 
 
 # The configured batching gives way only to one predicted this much better (output tokens/s within the
@@ -413,9 +413,8 @@ def _request_ms(row: Mapping[str, Any], output_len: int) -> float:
 
 
 def _miss(row: Mapping[str, Any], targets: tuple[float, float]) -> float:
-    """How far ``row``'s figures at the workload are from the targets: the larger of TTFT / its target and
-    TPOT / its target (at most 1 within both)."""
-    return max(row["ttft_ms"] / targets[0], row["tpot_ms"] / targets[1])
+    """How far ``row``'s figures at the workload are from the targets (:func:`.predict.target_miss`)."""
+    return pm.target_miss(row["ttft_ms"], row["tpot_ms"], targets)
 
 
 def _better(
@@ -716,8 +715,7 @@ def _tried(
     batched = max(eng.max_num_batched_tokens, eng.max_num_seqs)
     # as the instance would run it: a hybrid's max_num_seqs at most the sequences whose state fits
     runs = ok or only_without
-    state = _state_fits(eng.max_num_seqs, batched, functools.partial(cap, d_tp, tp) if cap and runs else None)
-    seqs = eng.max_num_seqs if state is None else max(1, min(eng.max_num_seqs, state))
+    seqs, _ = _runs(eng.max_num_seqs, batched, functools.partial(cap, d_tp, tp) if cap and runs else None)
     cand = pm.Candidate(
         tp,
         max(1, len(parts)),

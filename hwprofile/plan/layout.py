@@ -461,7 +461,7 @@ def shipped_layout(ctx: PlanContext) -> str:
     return ", ".join(f"layout.{k}={getattr(lay, k)} ({where(provenance.get(('layout', k)))})" for k in keys)
 
 
-def _figure(p: Prediction, by: str, targets: tuple[float, float] = (0.0, 0.0)) -> str:
+def _figure(p: Prediction, by: str, targets: tuple[float, float]) -> str:
     if by == "tpot":
         return f"{p.label}: TPOT {p.tpot_ms:.1f} ms at the workload ({p.source})"
     if by == "closest":
@@ -475,8 +475,9 @@ def _figure(p: Prediction, by: str, targets: tuple[float, float] = (0.0, 0.0)) -
 
 
 def _miss(p: Prediction, targets: tuple[float, float]) -> float:
-    """How far ``p``'s figures at the workload are from the targets (:func:`predict.choose`'s fallback)."""
-    return max(p.ttft_ms / targets[0], p.tpot_ms / targets[1])
+    from .predict import target_miss
+
+    return target_miss(p.ttft_ms, p.tpot_ms, targets)
 
 
 def layout_gain(
@@ -490,18 +491,17 @@ def layout_gain(
     allowed always gives way."""
     none_within = best.capacity_output_tokens_per_s <= 0
     by = "tpot" if objective == "latency" else "closest" if none_within else "capacity"
-    goal = targets
     if not rule.fits:
         return (
             True,
-            f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, by, goal)}",
+            f"{rule.label} is not possible as configured ({rule.why_not}); {_figure(best, by, targets)}",
         )
     if by == "tpot":
         ratio = rule.tpot_ms / best.tpot_ms if best.tpot_ms > 0 else 0.0
         better = best.tpot_ms <= (1 - LAYOUT_MARGIN) * rule.tpot_ms
     elif by == "closest":
-        ratio = _miss(rule, goal) / _miss(best, goal)
-        better = _miss(best, goal) <= (1 - LAYOUT_MARGIN) * _miss(rule, goal)
+        ratio = _miss(rule, targets) / _miss(best, targets)
+        better = _miss(best, targets) <= (1 - LAYOUT_MARGIN) * _miss(rule, targets)
     else:
         cap = rule.capacity_output_tokens_per_s
         ratio = best.capacity_output_tokens_per_s / cap if cap > 0 else float("inf")
@@ -509,7 +509,7 @@ def layout_gain(
     gain = "" if ratio == float("inf") else f"x{ratio:.2f}, "
     verdict = "at least" if better else "less than"
     return better, (
-        f"predicted {_figure(best, by, goal)} against {_figure(rule, by, goal)} "
+        f"predicted {_figure(best, by, targets)} against {_figure(rule, by, targets)} "
         f"({gain}{verdict} the {LAYOUT_MARGIN:.0%} margin)"
     )
 

@@ -1263,6 +1263,13 @@ def _bisect(f: Callable[[float], float], want: float, lo: float, hi: float, log:
 CAPACITY_TIE = 10.0
 
 
+def target_miss(ttft_ms: float, tpot_ms: float, targets: tuple[float, float]) -> float:
+    """How far figures at the workload are from the targets (TTFT, TPOT): the larger of TTFT / its
+    target and TPOT / its target (at most 1 within both). Where nothing meets the targets at any load,
+    the layout (:func:`choose`), the batching and the draft take the candidate where it is least."""
+    return max(ttft_ms / targets[0], tpot_ms / targets[1])
+
+
 def choose(
     preds: Sequence[Prediction], objective: str, ttft_target_ms: float, tpot_target_ms: float
 ) -> tuple[int, str]:
@@ -1270,8 +1277,7 @@ def choose(
     targets, capacities within :data:`CAPACITY_TIE` of it counting as equal (ties: the lower TPOT at the
     workload, then the higher capacity); ``latency``: the lowest TPOT at the workload, then TTFT.
     Candidates that do not fit never win; when none meets the targets at any load, the one closest to
-    them at the workload (the farther of its TTFT and TPOT from its target the least, as the batching's
-    fallback judges, plan/candidates.py ``_miss``), then the lower TPOT."""
+    them at the workload (:func:`target_miss` the least), then the lower TPOT."""
     ok = [i for i, p in enumerate(preds) if p.fits]
     if not ok:
         return -1, "no candidate fits"
@@ -1285,7 +1291,7 @@ def choose(
     if not within:
 
         def miss(j: int) -> float:
-            return max(preds[j].ttft_ms / ttft_target_ms, preds[j].tpot_ms / tpot_target_ms)
+            return target_miss(preds[j].ttft_ms, preds[j].tpot_ms, (ttft_target_ms, tpot_target_ms))
 
         i = min(ok, key=lambda j: (round(miss(j), 2), preds[j].tpot_ms, preds[j].ttft_ms))
         return i, (

@@ -15,6 +15,7 @@ from ..release import first_speculative, release_of
 from .context import PlanContext
 from .engine import fit_args
 from .memory import Fit, GiB, fit
+from .predict import target_miss
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import InstancePlan, InstancePrediction, Plan, SpeculativeConfig, _freeze
@@ -433,7 +434,7 @@ def _figures(
 
     req = max(request(p) for p in preds)
     worst = (
-        max(preds, key=lambda p: max(p.ttft_ms / targets[0], p.tpot_ms / targets[1]))
+        max(preds, key=lambda p: target_miss(p.ttft_ms, p.tpot_ms, targets))
         if targets
         else max(preds, key=request)
     )
@@ -460,7 +461,7 @@ def draft_gain(
         return all(p.ttft_ms <= ttft_target_ms and p.tpot_ms <= tpot_target_ms for p in preds)
 
     def miss(preds: list[InstancePrediction]) -> float:
-        return max(max(p.ttft_ms / ttft_target_ms, p.tpot_ms / tpot_target_ms) for p in preds)
+        return max(target_miss(p.ttft_ms, p.tpot_ms, (ttft_target_ms, tpot_target_ms)) for p in preds)
 
     a_in, b_in = within(with_draft), within(without)
     closest = objective == "throughput" and not (a_in or b_in)
