@@ -185,6 +185,23 @@ def _api_cpu_measured(plan_doc: dict[str, Any], conc: int) -> tuple[float, float
     return ms, tokens, steps
 
 
+def _api_cpu_spread(plan_doc: dict[str, Any], conc: int) -> float:
+    """(max - min) / median of the API server's CPU per request at ``conc`` over the repeats of
+    ``plan_doc`` (as :func:`_api_cpu_measured` reads them); inf where fewer than two were read."""
+    import statistics
+
+    vals = [
+        p["server_metrics"]["api_cpu_ms"] / p["server_metrics"]["requests"]
+        for run in plan_doc["runs"]
+        for p in run["points"]
+        if p["concurrency"] == conc
+        and p["server_metrics"]
+        and p["server_metrics"]["api_cpu_ms"]
+        and p["server_metrics"]["requests"]
+    ]
+    return (max(vals) - min(vals)) / statistics.median(vals) if len(vals) > 1 else math.inf
+
+
 def _api_cpu_rows(
     model: Path, root: Path, held: list[tuple[dict[str, Any], int, str]]
 ) -> list[tuple[int, str, float, float, float]]:
@@ -295,6 +312,11 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     drift = {k: again[k][0] / benched[k][0] - 1 for k, _ in FIGURES}
     api = _api_cpu_rows(model, root, held)
     two_m, two_p, two_how = _api_cpu_two_clients(b)
+    # the fit at two clients can be judged at API_CPU_TOLERANCE where the three points it is made of and
+    # judged on measured their CPU quietly (repeats within QUIET); on a starved machine they do not (one CI
+    # run: latencies' repeats spread 34-183 %, the fit came out 21.6 % low)
+    cpu_spread = {conc: _api_cpu_spread(b, conc) for conc in (1, 2, 4)}
+    cpu_noisy = ", ".join(f"at {conc} spread {s:.0%}" for conc, s in cpu_spread.items() if s > QUIET)
     lines = [
         f"benched at concurrency 1 ({REPEATS} repeats after a warm-up; median, spread = (max-min)/median): "
         + ", ".join(f"{k} {benched[k][0]:.2f} (spread {benched[k][1]:.0%})" for k, _ in FIGURES),
@@ -330,7 +352,10 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
             for c, batched, m, steps, p in api
         ),
         f"   2    plan | measured {two_m:.2f} ms | fitted at one and four clients of that session: "
-        + (f"{two_p:.2f} ms {two_p / two_m - 1:+.1%}" if two_p is not None else f"no fit ({two_how})"),
+        + (f"{two_p:.2f} ms {two_p / two_m - 1:+.1%}" if two_p is not None else f"no fit ({two_how})")
+        + " ("
+        + ", ".join(f"spread at {conc}: {s:.0%}" for conc, s in cpu_spread.items())
+        + (f"; too noisy to judge {API_CPU_TOLERANCE:.0%})" if cpu_noisy else ")"),
     ]
     mape = sum(abs(r["error"]) for r in rows) / len(rows)
     mape_carried = sum(abs(r["carried"]) for r in rows) / len(rows)
@@ -373,7 +398,9 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     assert abs(math.log(p4 / m4)) < abs(math.log(one_ms / m4)), table
     # benched at one and four clients (this session's sweep), the costs per step and per request as it
     # ends are both this host's: two clients' CPU comes back
-    assert two_p is not None and abs(two_p / two_m - 1) < API_CPU_TOLERANCE, table
+    assert two_p is not None, table
+    if not cpu_noisy:
+        assert abs(two_p / two_m - 1) < API_CPU_TOLERANCE, table
     # the bench's own gate judged the predictions (never unknown once calibrated)
     for plan_doc in [b] if c is None else [b, c]:
         assert plan_doc["accuracy"]["state"] in ("pass", "fail", "noisy"), plan_doc["accuracy"]
@@ -383,3 +410,7 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
         pytest.xfail(f"calibrated prediction off beyond {TOLERANCE:.0%} (known gap, issue 32)\n{table}")
     if noisy:  # its own state, never a pass
         pytest.skip(f"measurement too noisy ({'; '.join(noisy)}): 10 % cannot be judged there\n{table}")
+    if cpu_noisy:
+        pytest.skip(
+            f"the API server's CPU too noisy ({cpu_noisy}): the fit at two clients not judged\n{table}"
+        )
