@@ -446,7 +446,7 @@ def test_a_configured_batching_over_the_ttft_target_is_never_called_within_it() 
     """issue 31: "configured max_num_seqs 6 ...: TTFT 7665 ms ... within the targets" with a 500 ms target."""
     import re
 
-    from hwprofile.plan.candidates import choose_batching
+    from hwprofile.plan.batching import choose_batching
 
     planned = _row(6, 9500, 20, 278, planned=True)
     i, why = choose_batching([planned, _row(16, 370, 45, 348)], "throughput", 500, 120, 256)
@@ -459,7 +459,7 @@ def test_a_configured_batching_over_the_ttft_target_is_never_called_within_it() 
 
 
 def test_the_objective_chooses_the_batching_by_a_margin() -> None:
-    from hwprofile.plan.candidates import BATCHING_MARGIN, choose_batching
+    from hwprofile.plan.batching import BATCHING_MARGIN, choose_batching
 
     planned = _row(6, 9500, 20, 278, planned=True)
     # throughput: the most tok/s within the targets, when it beats the configured one by the margin
@@ -571,7 +571,7 @@ def test_of_capacities_within_10_tok_s_the_one_within_the_targets_at_the_workloa
     the requests take as long either way). Within 10 tok/s the two are equal, wherever a rounding bin
     would have split them (366 and 374 are as equal as 366 and 369): the one within the targets at the
     workload wins, then the shorter request; the row that sustains 11 tok/s more still wins on capacity."""
-    from hwprofile.plan.candidates import CAPACITY_TIE, choose_batching
+    from hwprofile.plan.batching import CAPACITY_TIE, choose_batching
 
     planned = _row(6, 8100, 17, 330, planned=True)
     for more in (2.4, 8.0):
@@ -656,7 +656,7 @@ def test_where_no_batching_meets_the_targets_the_closest_to_them_wins_not_the_sh
     for their first token; 16 sequences miss only the TTFT target, by half. Closest to the targets wins,
     by the margin, said with both rows' figures; a row within the margin of the configured one's miss
     leaves it."""
-    from hwprofile.plan.candidates import choose_batching
+    from hwprofile.plan.batching import choose_batching
 
     planned = _row(4, 18349.7, 20.17, 0, planned=True)
     i, why = choose_batching(
@@ -680,7 +680,7 @@ def test_the_closest_batching_is_one_whose_sequences_the_kv_cache_holds() -> Non
     """Where no batching meets the targets, more sequences always shorten the wait that lands in TTFT; a
     row whose ``max_num_seqs`` the KV cache cannot hold at the workload's request length (its figures
     assume every sequence running, where vLLM preempts) comes after every row it can hold, said so."""
-    from hwprofile.plan.candidates import choose_batching
+    from hwprofile.plan.batching import choose_batching
 
     def row(seqs: int, ttft: float, tpot: float, planned: bool = False) -> dict:
         return {**_row(seqs, ttft, tpot, 0, planned=planned), "kv_tokens": 20_000}

@@ -421,7 +421,7 @@ def predicted_tp(
 
 
 # A shipped layout gives way only to a candidate predicted this much better on the objective: the
-# model's own error is larger than a few per cent (as candidates.BATCHING_MARGIN), an operator's never.
+# model's own error is larger than a few per cent (as batching.BATCHING_MARGIN), an operator's never.
 LAYOUT_MARGIN = 0.10
 LAYOUT_KEYS = ("tensor_parallel_size", "strategy", "replicas")
 
@@ -525,7 +525,7 @@ def predicted_batching(ctx: PlanContext, rows: list[dict[str, Any]]) -> tuple[in
     stays), and why. Only where ``layout.batching`` is ``predicted`` and neither ``max_num_seqs`` nor
     ``max_num_batched_tokens`` was set by an operator (a file under the config root, --set, the
     environment, or a degrade step): a shipped profile's values are rules the prediction may replace."""
-    from . import candidates
+    from . import batching
 
     lay = ctx.settings.layout
     if not rows:
@@ -536,7 +536,7 @@ def predicted_batching(ctx: PlanContext, rows: list[dict[str, Any]]) -> tuple[in
         src = ctx.reasons.provenance.get(key)
         if src is not None and src.kind not in RULE_KINDS:
             return -1, f"engine.{key[1]} is set by {src}: the configured batching stays"
-    return candidates.choose_batching(
+    return batching.choose_batching(
         rows,
         lay.objective,
         lay.ttft_target_ms,

@@ -386,7 +386,7 @@ def draft_cost(plan: Plan, inst: InstancePlan) -> float:
 
 # A draft the profile's ``speculative.method: auto`` chose gives way to no speculation only where that is
 # predicted this much better on the plan's objective (as the shipped layout and batching give way,
-# plan/layout.py LAYOUT_MARGIN, plan/candidates.py BATCHING_MARGIN); an operator's method or draft never.
+# plan/layout.py LAYOUT_MARGIN, plan/batching.py BATCHING_MARGIN); an operator's method or draft never.
 DRAFT_MARGIN = 0.10
 
 
