@@ -193,6 +193,27 @@ def test_one_client_at_a_time_pays_its_own_admission_only() -> None:
     assert [t.ttft_s for t in res.requests] == pytest.approx([0.002 + 0.010] * 5)
 
 
+def test_a_shared_frontend_cpus_work_per_request_waits_behind_the_outputs() -> None:
+    """Where the API server shares its CPU with EngineCore, the latency measured outside the engine at
+    one client (``request_overhead_s``) is work on that CPU (``frontend_request_s``): one client at a
+    time pays it as the fixed latency it was measured as; four clients' requests wait behind each
+    other's and the streams' work there. The API server's own busy share stays its own admission."""
+    loop1 = sim.Arrivals("concurrency", 8, 16, 8, concurrency=1)
+    loop4 = sim.Arrivals("concurrency", 32, 16, 8, concurrency=4)
+    base = dict(request_overhead_s=0.005, api_request_s=0.002, api_token_s=200e-6, api_step_s=300e-6)
+    delay, shared = engine(**base), engine(**base, frontend_request_s=0.005)
+    one = [sim.simulate(flat(0.0, 0.002), e, loop1) for e in (delay, shared)]
+    # one client: the same TTFT either way, the overhead, the prompt's step and the first token's delivery
+    assert one[0].ttft_ms() == pytest.approx(one[1].ttft_ms()) == pytest.approx(5.0 + 2.0 + 0.5, rel=0.02)
+    four = [sim.simulate(flat(0.0, 0.002), e, loop4) for e in (delay, shared)]
+    assert four[1].ttft_ms() > four[0].ttft_ms() + 1.0
+    # the API server's busy share counts its own 2 ms a request, not the shared CPU's 5 ms (and its
+    # tokens' and steps' work)
+    for res in four:
+        own = 32 * 0.002 + 32 * 8 * 200e-6 + res.steps * 300e-6
+        assert res.api_busy_s == pytest.approx(own, rel=0.02)
+
+
 def test_a_bursts_decode_tokens_ride_steps_full_of_its_prompts() -> None:
     # 256 requests of 128 in / 4 out at once, 1 ms of the API server each: they reach the engine together
     # (0.256 s), which then prefills four prompts a step (512 tokens) beside the running ones' decodes:

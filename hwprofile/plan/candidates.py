@@ -771,9 +771,17 @@ def _measured_overhead(eng: Engine, gpu: pm.Gpu, costs: ServerCosts | None) -> t
     token's delivery, which the simulation's API server adds itself: less that."""
     first = costs.api_token_s + costs.api_step_s if costs is not None else 0.0
     eng = dataclasses.replace(eng, request_overhead_s=max(0.0, gpu.request_latency_ms / 1e3 - first))
-    return eng, "calibrated: measured on this host, outside the engine's steps" + (
+    src = "calibrated: measured on this host, outside the engine's steps" + (
         f", less the first token's delivery ({first * 1e6:.3g} us of the API server's CPU)" if first else ""
     )
+    if costs is not None and costs.frontend_shared:
+        # measured at one client on an idle CPU: at more clients that work waits behind the outputs'
+        eng = dataclasses.replace(eng, frontend_request_s=eng.request_overhead_s)
+        src += (
+            "; all of it CPU work on the CPU the API server shares with EngineCore (the client's, HTTP, "
+            "tokenization, the hand-over), admitted behind the outputs' work there"
+        )
+    return eng, src
 
 
 def cpu_prediction(

@@ -96,6 +96,10 @@ class ServerCosts:
     # path: measured on a calibrated host whose bench ran concurrencies whose steps differ (0: the
     # fitted costs per request and per token hold it)
     api_finish_s: float = 0.0
+    # the API server shares a CPU with EngineCore (a CPU backend whose OpenMP threads leave fewer CPUs than
+    # those processes): a request's work outside the engine's steps (the client's, HTTP, tokenization, the
+    # hand-over) runs on that CPU, behind the outputs' work at more clients
+    frontend_shared: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -107,6 +111,7 @@ class ServerCosts:
             "step_seq_us": round(self.step_seq_s * 1e6, 1),
             "async_scheduling": self.async_scheduling,
             "renderer": self.renderer,
+            "frontend_shared": self.frontend_shared,
             "source": self.source,
         }
 
@@ -186,6 +191,7 @@ def server_costs(
         else "vLLM release unknown: the engine's CPU taken as adding to the GPU's step"
     )
     step_seq = STEP_SEQ_S
+    shared = False
     if cpu_backend:  # vllm/platforms/cpu.py (0.32): "async scheduling is not required on CPU", set False
         asy = False
         how = "the CPU backend never schedules asynchronously: the engine's CPU adds to the step"
@@ -193,6 +199,7 @@ def server_costs(
             # (a calibrated host's API server CPU per engine step, ServerCosts.api_step_s, is not added
             # here: once a step, whatever its sequences, it is inside the step's fixed time fitted there)
             step_seq += API_TOKEN_S
+            shared = True
             left = "an unknown number of CPUs" if frontend is None else f"{frontend} CPU(s)"
             how += (
                 f"; the OpenMP threads leave {left} to the API server and {engines} EngineCore(s): the API "
@@ -213,6 +220,7 @@ def server_costs(
         f"{API_TOKEN_S * 1e6:g} us per streamed token, engine {STEP_SEQ_S * 1e6:g} us per "
         f"scheduled sequence per step; {how}{cpu}",
         renderer,
+        frontend_shared=shared,
     )
 
 

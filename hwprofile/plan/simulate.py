@@ -37,7 +37,10 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
   simulation's lockstep clients lack (measured on this project's CPU VM, vLLM 0.32: a burst of 16 or 32
   requests ends its admissions together, the median TTFT at the latest's; four clients in a closed loop
   see less latency outside the engine than one: docs/validation-serving.md);
-- a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT;
+- a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT; where
+  the API server shares its CPU with EngineCore (vLLM's CPU backend on few CPUs) that latency, measured
+  on this host at one client, is work on that CPU (``frontend_request_s``: the client's, HTTP,
+  tokenization, the hand-over), admitted as the API server's admissions are, behind the outputs' work;
 - the engine step's own CPU (scheduler, input preparation, sampling, output processing) grows with the
   sequences it schedules: ``step_seq_s`` each, serial with the GPU's work unless the release schedules
   asynchronously (``async_scheduling``: the CPU work of step n+1 overlaps the GPU's of step n).
@@ -107,6 +110,9 @@ class Engine:
     step_seq_s: float = 0.0
     async_scheduling: bool = False
     api_token_share: float = 1.0  # the API server's CPU the outputs get while requests wait to be admitted
+    # the work per request on the CPU the API server shares with EngineCore, its own included (0: the
+    # API server has a CPU of its own, its admission alone waits there)
+    frontend_request_s: float = 0.0
 
     @property
     def request_cpu_s(self) -> float:
@@ -114,6 +120,12 @@ class Engine:
         if self.api_request_s:
             return self.api_request_s
         return 1.0 / self.api_max_rps if self.api_max_rps else 0.0
+
+    @property
+    def admission_s(self) -> float:
+        """The CPU work a request waits for before the engine's queue: the API server's, or the shared
+        CPU's (``frontend_request_s``) where that is more."""
+        return max(self.request_cpu_s, self.frontend_request_s)
 
 
 def engine_for(
@@ -344,6 +356,7 @@ class _ApiServer:
     head_done: float = 0.0  # first come, first served: the CPU the first request waiting has had
     step_s: float = 0.0  # the output handler's CPU per engine step that streams tokens
     finish_s: float = 0.0  # the CPU per request as it ends, with its step's tokens
+    own_s: float | None = None  # the API server's own share of ``request_s`` (None: all of it)
 
     def enqueue(self, r: _Req) -> None:
         """``r`` sent now (the admissions due before it accounted): it joins the requests waiting."""
@@ -420,7 +433,7 @@ class _ApiServer:
             self.ps_v += need if self.shared else 0.0
             self.head_done = 0.0
             self.adm_clock = done
-            self.busy_s += self.request_s
+            self.busy_s += self.request_s if self.own_s is None else self.own_s
             head.queued = done
             out.append(head)
         if not q:  # idle: the next request starts afresh
@@ -488,12 +501,13 @@ class _Clients:
             a,
             engine,
             _ApiServer(
-                engine.request_cpu_s,
+                engine.admission_s,
                 engine.api_token_s,
                 engine.api_token_share,
                 shared=a.kind == "burst",
                 step_s=engine.api_step_s,
                 finish_s=engine.api_finish_s,
+                own_s=engine.request_cpu_s,
             ),
             lengths=request_lengths(a),
         )
