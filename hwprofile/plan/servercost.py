@@ -190,22 +190,10 @@ def server_costs(
         if asy is not None
         else "vLLM release unknown: the engine's CPU taken as adding to the GPU's step"
     )
-    step_seq = STEP_SEQ_S
-    shared = False
+    step_seq, shared = STEP_SEQ_S, False
     if cpu_backend:  # vllm/platforms/cpu.py (0.32): "async scheduling is not required on CPU", set False
         asy = False
-        how = "the CPU backend never schedules asynchronously: the engine's CPU adds to the step"
-        if frontend is None or frontend < engines + 1:
-            # (a calibrated host's API server CPU per engine step, ServerCosts.api_step_s, is not added
-            # here: once a step, whatever its sequences, it is inside the step's fixed time fitted there)
-            step_seq += API_TOKEN_S
-            shared = True
-            left = "an unknown number of CPUs" if frontend is None else f"{frontend} CPU(s)"
-            how += (
-                f"; the OpenMP threads leave {left} to the API server and {engines} EngineCore(s): the API "
-                f"server's {API_TOKEN_S * 1e6:g} us per streamed token adds to each scheduled sequence's "
-                f"step ({step_seq * 1e6:g} us in all)"
-            )
+        step_seq, shared, how = _cpu_backend_step(frontend, engines)
     if renderer not in API_REQUEST_S:
         raise ValueError(f"renderer {renderer!r}: {', '.join(sorted(API_REQUEST_S))}")
     request_s = API_REQUEST_S[renderer]
@@ -221,6 +209,26 @@ def server_costs(
         f"scheduled sequence per step; {how}{cpu}",
         renderer,
         frontend_shared=shared,
+    )
+
+
+def _cpu_backend_step(frontend: int | None, engines: int) -> tuple[float, bool, str]:
+    """vLLM's CPU backend's engine CPU per scheduled sequence, whether the API server shares a CPU with
+    the ``engines`` EngineCore processes (``frontend``: the CPUs the OpenMP threads leave them; None:
+    unknown), and how that is said."""
+    how = "the CPU backend never schedules asynchronously: the engine's CPU adds to the step"
+    if frontend is not None and frontend >= engines + 1:
+        return STEP_SEQ_S, False, how
+    # (a calibrated host's API server CPU per engine step, ServerCosts.api_step_s, is not added here:
+    # once a step, whatever its sequences, it is inside the step's fixed time fitted there)
+    step_seq = STEP_SEQ_S + API_TOKEN_S
+    left = "an unknown number of CPUs" if frontend is None else f"{frontend} CPU(s)"
+    return (
+        step_seq,
+        True,
+        how + f"; the OpenMP threads leave {left} to the API server and {engines} EngineCore(s): the API "
+        f"server's {API_TOKEN_S * 1e6:g} us per streamed token adds to each scheduled sequence's "
+        f"step ({step_seq * 1e6:g} us in all)",
     )
 
 
