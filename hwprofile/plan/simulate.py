@@ -35,8 +35,7 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
   one by one (a closed loop, Poisson arrivals) are admitted in the order sent: a closed loop's clients
   send as their last requests end, staggered by the client's and the server's work per request, which the
   simulation's lockstep clients lack (measured on this project's CPU VM, vLLM 0.32: a burst of 16 or 32
-  requests ends its admissions together, the median TTFT at the latest's; four clients in a closed loop
-  see less latency outside the engine than one: docs/validation-serving.md);
+  requests ends its admissions together, the median TTFT at the latest's: docs/validation-serving.md);
 - a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT; where
   the API server shares its CPU with EngineCore (vLLM's CPU backend on few CPUs) that latency, measured
   on this host at one client, is work on that CPU (``frontend_request_s``: the client's, HTTP,
