@@ -212,6 +212,15 @@ def test_a_shared_frontend_cpus_work_per_request_waits_behind_the_outputs() -> N
     for res in four:
         own = 32 * 0.002 + 32 * 8 * 200e-6 + res.steps * 300e-6
         assert res.api_busy_s == pytest.approx(own, rel=0.02)
+    # the shared CPU's busy time is its own figure: the API server's and the rest of each request's 5 ms
+    assert four[0].frontend_busy_s == 0.0 and "frontend_busy_fraction" not in four[0].to_json()
+    assert four[1].frontend_busy_s == pytest.approx(four[1].api_busy_s + 32 * 0.003, rel=0.02)
+    assert four[1].to_json()["frontend_busy_fraction"] > four[1].to_json()["api_busy_fraction"]
+    # a burst's requests, sent together, pay the API server's admission alone (as measured on the VM)
+    burst = sim.Arrivals("burst", 16, 16, 8)
+    assert sim.simulate(flat(0.0, 0.002), shared, burst).ttft_ms() == pytest.approx(
+        sim.simulate(flat(0.0, 0.002), delay, burst).ttft_ms()
+    )
 
 
 def test_a_bursts_decode_tokens_ride_steps_full_of_its_prompts() -> None:
@@ -255,6 +264,12 @@ def test_server_costs_by_release_with_their_sources() -> None:
         old.step_seq_s,
     )
     assert eng.async_scheduling is False and sim.engine_for(64, 2048, 50_000, True, None).api_token_s == 0
+    # the API server shares a CPU with EngineCore only on the CPU backend with fewer CPUs left than those
+    # processes (or an unknown number)
+    assert not old.frontend_shared and not unknown.frontend_shared
+    cpu = {f: sc.server_costs("0.32.0+cpu", cpu_backend=True, frontend=f, engines=1) for f in (None, 0, 1, 2)}
+    assert [cpu[f].frontend_shared for f in (None, 0, 1, 2)] == [True, True, True, False]
+    assert cpu[1].to_json()["frontend_shared"] is True and cpu[2].step_seq_s == sc.STEP_SEQ_S
 
 
 def test_the_chat_renderer_sets_the_api_servers_cost_per_request() -> None:

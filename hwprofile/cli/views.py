@@ -697,6 +697,8 @@ def _simulated_lines(sim: Mapping[str, Any] | None) -> list[str]:
         head += (
             f", engine busy {sim['engine_busy_fraction']:.0%}, API server busy {sim['api_busy_fraction']:.0%}"
         )
+        if sim.get("frontend_busy_fraction") is not None:
+            head += f", the CPU it shares with EngineCore busy {sim['frontend_busy_fraction']:.0%}"
     out = [f"      simulated ({sim['regime']}): {head}"] + [
         f"        note: {n}" for n in sim.get("notes") or ()
     ]

@@ -39,7 +39,9 @@ Outside the engine (plan/servercost.py says how much, and from what evidence):
 - a fixed latency per request (``request_overhead_s``, beyond the API server's CPU) added to TTFT; where
   the API server shares its CPU with EngineCore (vLLM's CPU backend on few CPUs) that latency, measured
   on this host at one client, is work on that CPU (``frontend_request_s``: the client's, HTTP,
-  tokenization, the hand-over), admitted as the API server's admissions are, behind the outputs' work;
+  tokenization, the hand-over), admitted as the API server's admissions are, behind the outputs' work,
+  in a closed loop (its clients send each request as the last ends: measured there; a burst's requests,
+  sent together, pay the API server's admission alone, as measured on that VM);
 - the engine step's own CPU (scheduler, input preparation, sampling, output processing) grows with the
   sequences it schedules: ``step_seq_s`` each, serial with the GPU's work unless the release schedules
   asynchronously (``async_scheduling``: the CPU work of step n+1 overlaps the GPU's of step n).
@@ -278,6 +280,9 @@ class SimResult:
     notes: tuple[str, ...] = field(default=())
     engine_busy_s: float = 0.0  # the engine's steps, GPU and CPU
     api_busy_s: float = 0.0  # the API server's CPU: admissions and streamed tokens
+    # the CPU the API server shares with EngineCore (``Engine.frontend_request_s``, a closed loop): its
+    # work and the rest of each request's there; 0: not shared
+    frontend_busy_s: float = 0.0
 
     def _stat(self, values: Sequence[float], stat: str) -> float:
         if not values:
@@ -315,6 +320,11 @@ class SimResult:
             "peak_running": self.peak_running,
             "engine_busy_fraction": round(self.engine_busy_s / self.duration_s, 3),
             "api_busy_fraction": round(self.api_busy_s / self.duration_s, 3),
+            **(
+                {"frontend_busy_fraction": round(self.frontend_busy_s / self.duration_s, 3)}
+                if self.frontend_busy_s
+                else {}
+            ),
             "notes": list(self.notes),
         }
 
@@ -356,6 +366,9 @@ class _ApiServer:
     step_s: float = 0.0  # the output handler's CPU per engine step that streams tokens
     finish_s: float = 0.0  # the CPU per request as it ends, with its step's tokens
     own_s: float | None = None  # the API server's own share of ``request_s`` (None: all of it)
+    shared_s: float = (
+        0.0  # the rest of ``request_s`` spent so far: the shared CPU's work beyond the API server
+    )
 
     def enqueue(self, r: _Req) -> None:
         """``r`` sent now (the admissions due before it accounted): it joins the requests waiting."""
@@ -432,7 +445,9 @@ class _ApiServer:
             self.ps_v += need if self.shared else 0.0
             self.head_done = 0.0
             self.adm_clock = done
-            self.busy_s += self.request_s if self.own_s is None else self.own_s
+            own = self.request_s if self.own_s is None else min(self.own_s, self.request_s)
+            self.busy_s += own
+            self.shared_s += self.request_s - own
             head.queued = done
             out.append(head)
         if not q:  # idle: the next request starts afresh
@@ -500,7 +515,9 @@ class _Clients:
             a,
             engine,
             _ApiServer(
-                engine.admission_s,
+                # a closed loop's clients send each request as the last ends: its work on a shared CPU is
+                # on the request's path (measured there); a burst's or Poisson's, the API server's alone
+                engine.admission_s if a.kind == "concurrency" else engine.request_cpu_s,
                 engine.api_token_s,
                 engine.api_token_share,
                 shared=a.kind == "burst",
@@ -777,13 +794,15 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
     duration = max(1e-9, end - start)
     out = sum(r.output_len for r in done)
     api = s.clients.api.busy_s
-    api_bound = api >= 0.9 * duration
+    frontend = api + s.clients.api.shared_s if s.clients.api.shared_s else 0.0
+    api_bound = max(api, frontend) >= 0.9 * duration
     waves = _waves_note(s, api_bound)
     if waves:
         notes.append(waves)
     if api_bound:
+        which = "the CPU the API server shares with EngineCore" if frontend else "the API server's CPU"
         notes.append(
-            f"the API server's CPU was busy {api / duration:.0%} of the run: it, not the engine "
+            f"{which} was busy {max(api, frontend) / duration:.0%} of the run: it, not the engine "
             f"({s.busy_s / duration:.0%} busy), bounds the throughput (plan/servercost.py)"
         )
     return SimResult(
@@ -797,6 +816,7 @@ def _result(s: _Scheduler, events: int, notes: list[str]) -> SimResult:
         tuple(notes),
         s.busy_s,
         api,
+        frontend,
     )
 
 
@@ -917,7 +937,11 @@ def figures(
         "ttft_ms": fig(
             "ttft_ms",
             result.ttft_ms(),
-            f"; + {request_overhead_s * 1e3:g} ms per request ({overhead_source})"
+            (
+                f"; {request_overhead_s * 1e3:g} ms per request of the shared CPU's work ({overhead_source})"
+                if result.frontend_busy_s
+                else f"; + {request_overhead_s * 1e3:g} ms per request ({overhead_source})"
+            )
             if request_overhead_s
             else "; no latency per request added",
         ),
@@ -941,6 +965,11 @@ def figures(
         "server_costs": costs.to_json() if costs else None,
         "engine_busy_fraction": round(result.engine_busy_s / result.duration_s, 3),
         "api_busy_fraction": round(result.api_busy_s / result.duration_s, 3),
+        **(
+            {"frontend_busy_fraction": round(result.frontend_busy_s / result.duration_s, 3)}
+            if result.frontend_busy_s
+            else {}
+        ),
         "events": result.events,
         "notes": list(result.notes),
     }
