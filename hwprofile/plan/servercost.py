@@ -97,8 +97,8 @@ class ServerCosts:
     # fitted costs per request and per token hold it)
     api_finish_s: float = 0.0
     # the API server shares a CPU with EngineCore (a CPU backend whose OpenMP threads leave fewer CPUs than
-    # those processes): a request's work outside the engine's steps (the client's, HTTP, tokenization, the
-    # hand-over) runs on that CPU, behind the outputs' work at more clients
+    # those processes, or an unknown number): a request's work outside the engine's steps (the client's,
+    # HTTP, tokenization, the hand-over) runs on that CPU, behind the outputs' work in a closed loop
     frontend_shared: bool = False
 
     def to_json(self) -> dict[str, object]:

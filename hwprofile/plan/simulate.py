@@ -366,9 +366,7 @@ class _ApiServer:
     step_s: float = 0.0  # the output handler's CPU per engine step that streams tokens
     finish_s: float = 0.0  # the CPU per request as it ends, with its step's tokens
     own_s: float | None = None  # the API server's own share of ``request_s`` (None: all of it)
-    shared_s: float = (
-        0.0  # the rest of ``request_s`` spent so far: the shared CPU's work beyond the API server
-    )
+    shared_s: float = 0.0  # the rest of ``request_s`` spent so far: the shared CPU's, not the API server's
 
     def enqueue(self, r: _Req) -> None:
         """``r`` sent now (the admissions due before it accounted): it joins the requests waiting."""
