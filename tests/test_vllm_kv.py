@@ -1,5 +1,6 @@
-"""The planner's KV bytes per token equal what vLLM itself computes: for a fixed KV byte budget,
-vLLM logs ``KV cache size: N tokens``; the plan predicts the same N, for two model shapes."""
+"""The planner's KV bytes per token equal what vLLM itself computes: for a fixed KV byte budget, vLLM
+resolves (and logs) ``KV cache size: N tokens``; the plan predicts the same N, for two model shapes.
+The engines are built as ``vllm serve`` builds them (tests/vllm_engines.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from fakehost import build
-from vllmtools import free_port, require_vllm, serve, stop, wait_for_log
+from vllmtools import engine_kv, require_vllm
 
 from hwprofile.plan.memory import vllm_reported_kv_tokens
 
-pytestmark = pytest.mark.slow(minutes=1.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=1)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 
@@ -36,7 +37,8 @@ def test_planner_kv_tokens_match_vllm(tmp_path: Path, fake_nvml_dir: Path) -> No
 
     host = build("no-driver", tmp_path / "host")  # CPU-only: the plan uses a fixed KV space
     env = {**host.env(fake_nvml_dir), "HWPROFILE_CONFIG_ROOT": str(tmp_path / "etc")}
-    runs = []
+    cases = []
+    memory = {}
     for i, (name, (cfg, max_len)) in enumerate(SHAPES.items()):
         model = make_tiny_model(tmp_path / f"model{i}", config=cfg)
         plan = subprocess.run(
@@ -60,26 +62,17 @@ def test_planner_kv_tokens_match_vllm(tmp_path: Path, fake_nvml_dir: Path) -> No
         assert plan.returncode == 0, plan.stderr
         inst = json.loads(plan.stdout)["instances"][0]
         assert inst["engine"]["kv_cache_memory_bytes"] == BUDGET
-        port = free_port()
-        proc, log = serve(
-            model,
-            port,
-            ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET)],
-            tmp_path / f"run{i}",
+        memory[name] = (max_len, inst["memory"])
+        args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET)]
+        cases.append((name, model, args))
+    settled = engine_kv(cases, tmp_path / "run")
+    for name, (max_len, mem) in memory.items():
+        vllm_tokens = settled[name].kv_tokens
+        assert mem["block_size"] == settled[name].block_size == 128  # vLLM's CPU block size
+        assert vllm_reported_kv_tokens(mem["kv_tokens"], max_len, mem["block_size"]) == vllm_tokens, (
+            name,
+            mem,
+            vllm_tokens,
         )
-        runs.append((name, max_len, inst["memory"], proc, log))
-    try:
-        for name, max_len, mem, proc, log in runs:
-            m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
-            vllm_tokens = int(m.group(1).replace(",", ""))
-            assert mem["block_size"] == 128  # vLLM's CPU block size
-            assert vllm_reported_kv_tokens(mem["kv_tokens"], max_len, mem["block_size"]) == vllm_tokens, (
-                name,
-                mem,
-                vllm_tokens,
-            )
-            if max_len == mem["block_size"]:
-                assert mem["kv_tokens"] == vllm_tokens  # the raw block capacity, exactly
-    finally:
-        for *_, proc, _ in runs:
-            stop(proc)
+        if max_len == mem["block_size"]:
+            assert mem["kv_tokens"] == vllm_tokens  # the raw block capacity, exactly

@@ -1,8 +1,9 @@
 """The planner's KV arithmetic equals what real vLLM (CPU) logs, per architecture family.
 
 For each family a tiny random-weight model is saved with transformers' own config and model
-classes (so config.json has the family's real keys), served by vLLM with a fixed
-``--kv-cache-memory-bytes``, and vLLM's ``KV cache size: N tokens`` line is compared with
+classes (so config.json has the family's real keys), its engine built as ``vllm serve`` builds it
+(tests/vllm_engines.py) with a fixed ``--kv-cache-memory-bytes``, and vLLM's KV capacity (the figure
+of its ``KV cache size: N tokens`` line) and block size are compared with
 :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that config.json.
 Head sizes are ones vLLM's CPU attention supports (MLA: 512 + 64, what its AMX MLA kernel takes).
 The KV block size is not assumed: it is what :func:`hwprofile.plan.cpu.cpu_attention` (vLLM's
@@ -19,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import free_port, make_transformers_model, require_vllm, serve, stop, wait_for_log
+from vllmtools import engine_kv, make_transformers_model, require_vllm
 
 from hwprofile.host.linux import parse_cpuinfo
 from hwprofile.model import read_model_dir
 from hwprofile.plan.cpu import cpu_attention
 from hwprofile.plan.memory import vllm_kv_cache
 
-pytestmark = pytest.mark.slow(minutes=9.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=5.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 BATCHED = 128  # --max-num-batched-tokens: the in-flight tokens a sliding window layer also holds
@@ -250,16 +251,21 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {
     ),
 }
 
-# two servers at a time (2 CPU cores); select one pair with -k, e.g. -k gemma3
-PAIRS = [
-    ("qwen3", "qwen2"),
-    ("qwen3_moe", "deepseek_v2"),
-    ("gemma3", "mistral"),
-    ("mixtral", "gpt_oss"),
-    ("mistral_w129", "mistral_len"),
-    ("mistral_blk", "gemma3_past"),  # windows near a block / max_model_len
-    ("mistral_w128_len128",),
-]  # window = max_model_len = the CPU's block
+# a test's engines are built in turn after one import of vLLM (tests/vllm_engines.py); select a group
+# with -k, e.g. -k windows
+GROUPS: dict[str, tuple[str, ...]] = {
+    "full": ("qwen3", "qwen2", "qwen3_moe", "deepseek_v2"),
+    "windows": ("gemma3", "mistral", "mixtral", "gpt_oss"),
+    # windows near a block / max_model_len; window = max_model_len = the CPU's block
+    "edges": ("mistral_w129", "mistral_len", "mistral_blk", "gemma3_past", "mistral_w128_len128"),
+}
+
+
+def _batched(max_len: int) -> int:
+    """The batched tokens a family is served with: for sliding-window families fewer than
+    max_model_len (chunked prefill), so that the window, not the request length, bounds what a sliding
+    layer holds."""
+    return BATCHED if max_len > BATCHED * 4 else max(BATCHED, max_len)
 
 
 def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
@@ -268,59 +274,53 @@ def make_family_model(out: Path, family: str, tokenizer_dir: Path, seed: int = 1
     return make_transformers_model(out, cfg_cls, model_cls, kwargs, tokenizer_dir, seed)
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
-def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tuple[str, str]) -> None:
+@pytest.mark.parametrize("pair", GROUPS.values(), ids=list(GROUPS))
+def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tuple[str, ...]) -> None:
     require_vllm()
     from hwprofile.launch.tinymodel import make_tiny_model
 
     tok = make_tiny_model(tmp_path / "tok")
     rows: list[tuple[str, int, Any, int, int]] = []
     flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
-    running = []
-    runs: list[Path] = []
+    cases = []
+    for fam in pair:
+        model_dir = make_family_model(tmp_path / fam, fam, tok)
+        max_len = FAMILIES[fam][3]
+        args = [
+            "--max-model-len",
+            str(max_len),
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(BUDGET),
+            "--max-num-batched-tokens",
+            str(_batched(max_len)),
+        ]
+        cases.append((fam, model_dir, args))
+    # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
+    run = Path(tempfile.mkdtemp(prefix="kv-", dir="/tmp"))
     try:
-        for fam in pair:
-            model_dir = make_family_model(tmp_path / fam, fam, tok)
-            max_len = FAMILIES[fam][3]
-            # sliding-window families: fewer batched tokens than max_model_len (chunked prefill), so
-            # that the window, not the request length, bounds what a sliding layer holds
-            batched = BATCHED if max_len > BATCHED * 4 else max(BATCHED, max_len)
-            args = [
-                "--max-model-len",
-                str(max_len),
-                "--enforce-eager",
-                "--kv-cache-memory-bytes",
-                str(BUDGET),
-                "--max-num-batched-tokens",
-                str(batched),
-            ]
-            # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
-            run = Path(tempfile.mkdtemp(prefix=f"kv-{fam[:8]}-", dir="/tmp"))
-            runs.append(run)
-            proc, log = serve(model_dir, free_port(), args, run)
-            running.append((fam, model_dir, max_len, batched, proc, log))
-        for fam, model_dir, max_len, batched, proc, log in running:
-            m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
-            logged = int(m.group(1).replace(",", ""))
-            facts = read_model_dir(model_dir)
-            attn = cpu_attention(facts, flags)  # this CPU's backend and block, by vLLM's rule
-            if facts.kv_lora_rank:  # the MLA backend vLLM chose is the one the rule names
-                used = re.search(r"Using (\w+) backend", log.read_text(errors="replace"))
-                assert used and used.group(1) == attn.backend, (attn, used and used.group(0))
-            # in flight: max_num_batched_tokens x 1 batch (no async scheduling on the CPU,
-            # vllm/platforms/cpu.py:331)
-            _, planned = vllm_kv_cache(
-                facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, in_flight=batched
-            )
-            rows.append((fam, max_len, attn, planned, logged))
-            blocks = vllm_kv_cache(facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, batched)[0]
-            full = int(blocks / -(-max_len // attn.block_size) * max_len)  # the full-attention rule
-            print(f"{fam}: vLLM {logged}, planned {planned}, full-attention rule {full}")
+        settled = engine_kv(cases, run)
     finally:
-        for *_, proc, _ in running:
-            stop(proc)
-        for run in runs:
-            shutil.rmtree(run, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
+    for fam, model_dir, _ in cases:
+        max_len = FAMILIES[fam][3]
+        batched = _batched(max_len)
+        logged = settled[fam].kv_tokens
+        facts = read_model_dir(model_dir)
+        attn = cpu_attention(facts, flags)  # this CPU's backend and block, by vLLM's rule
+        if facts.kv_lora_rank:  # the MLA backend vLLM chose is the one the rule names
+            used = re.search(r"Using (\w+) backend", settled[fam].log)
+            assert used and used.group(1) == attn.backend, (attn, used and used.group(0))
+        # in flight: max_num_batched_tokens x 1 batch (no async scheduling on the CPU,
+        # vllm/platforms/cpu.py:331)
+        _, planned = vllm_kv_cache(
+            facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, in_flight=batched
+        )
+        rows.append((fam, max_len, attn, planned, logged))
+        assert settled[fam].block_size == attn.block_size, (fam, attn, settled[fam].block_size)
+        blocks = vllm_kv_cache(facts, BUDGET, max_len, attn.block_size, facts.dtype_bytes, 1, batched)[0]
+        full = int(blocks / -(-max_len // attn.block_size) * max_len)  # the full-attention rule
+        print(f"{fam}: vLLM {logged}, planned {planned}, full-attention rule {full}")
     bad = [r for r in rows if r[3] != r[4]]
     table = "\n".join(
         f"{f:12} max_len {n:5}  {a.backend} block {a.block_size:3}  planned {p:7}  vLLM {v:7}"

@@ -8,12 +8,12 @@ full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHF
 (Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
 attention), a ``JambaForCausalLM`` (3 Mamba1 + 1 attention), an ``Lfm2ForCausalLM`` (3 gated
 short convolutions + 1 attention), a ``FalconH1ForCausalLM`` (attention and Mamba2 side by side) and a
-``Zamba2ForCausalLM`` (Mamba2 in every layer, shared attention blocks called by two). Each is served with a fixed
-``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
+``Zamba2ForCausalLM`` (Mamba2 in every layer, shared attention blocks called by two). Each engine
+is built as ``vllm serve`` builds it (tests/vllm_engines.py) with a fixed ``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
 (float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
 vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
 :func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram speculation (its tokens widen the conv state
-and add state pages per request) and three lengths. vLLM's ``KV cache size: N tokens`` line must
+and add state pages per request) and three lengths. vLLM's KV capacity (the figure of its ``KV cache size: N tokens`` line) must
 equal :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that
 config.json, with the options the CPU planner takes (:func:`hwprofile.plan.engine.hybrid_opts`),
 and the attention block vLLM settles on must equal the planned one. ``Qwen3_5ForCausalLM`` (the
@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import TINY_LFM2, free_port, make_transformers_model, require_vllm, serve, stop, wait_for_log
+from vllmtools import TINY_LFM2, engine_kv, make_transformers_model, require_vllm
 
 from hwprofile.config.settings import Settings
 from hwprofile.host.linux import parse_cpuinfo
@@ -46,7 +45,7 @@ from hwprofile.plan.memory import (
     vllm_kv_cache,
 )
 
-pytestmark = pytest.mark.slow(minutes=11.5)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
+pytestmark = pytest.mark.slow(minutes=6)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
 BUDGET = 64 * 2**20  # bytes of KV cache given to vLLM
 # name: (transformers config class, model class, config kwargs)
@@ -221,14 +220,12 @@ CASES: dict[str, tuple[str, int, bool, int, str]] = {
     "zamba2-pc": ("zamba2", 1024, True, 0, "auto"),
     "zamba2-ngram2": ("zamba2", 1536, False, 2, "auto"),
 }
-PAIRS: list[tuple[str, ...]] = [
-    ("pc-off", "pc-on-bf16"),
-    ("ngram3", "fp32-state-pc"),
-    ("ngram2-pc-bf16", "pc-off-bf16"),
-    ("nemotron-pc", "granite-ngram2", "zamba2-pc"),
-    ("jamba-ngram2", "jamba-pc", "zamba2-ngram2"),
-    ("lfm2-pc", "lfm2-ngram2", "falcon-pc"),  # three servers at once: one start-up's wait less in CI
-]
+# a test's engines are built in turn after one import of vLLM (tests/vllm_engines.py)
+GROUPS: dict[str, tuple[str, ...]] = {
+    "qwen3_next": ("pc-off", "pc-on-bf16", "ngram3", "fp32-state-pc", "ngram2-pc-bf16", "pc-off-bf16"),
+    "mamba": ("nemotron-pc", "granite-ngram2", "zamba2-pc", "jamba-ngram2", "jamba-pc", "zamba2-ngram2"),
+    "conv": ("lfm2-pc", "lfm2-ngram2", "falcon-pc"),
+}
 
 
 def make_hybrid(out: Path, family: str, tokenizer_dir: Path, seed: int = 1234) -> Path:
@@ -251,63 +248,55 @@ def planned_opts(facts: Any, prefix: bool, ngram: int, ssm: str, flags: tuple[st
     return opts._replace(ssm_dtype=cpu_ssm_dtype(ssm, flags, facts.stack.linear_attention_types))
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
+@pytest.mark.parametrize("pair", GROUPS.values(), ids=list(GROUPS))
 def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, ...]) -> None:
     require_vllm()
     from hwprofile.launch.tinymodel import make_tiny_model
 
     tok = make_tiny_model(tmp_path / "tok")
     flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
-    running = []
-    runs: list[Path] = []
-    rows = []
+    cases = []
+    for case in pair:
+        family, max_len, prefix, ngram, ssm = CASES[case]
+        model_dir = tmp_path / family
+        if not model_dir.is_dir():
+            make_hybrid(model_dir, family, tok)
+        args = [
+            "--max-model-len",
+            str(max_len),
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(BUDGET),
+            "--max-num-batched-tokens",
+            "256",
+            "--max-num-seqs",
+            "4",
+            "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
+        ]
+        if ssm != "auto":
+            args += ["--mamba-ssm-cache-dtype", ssm]
+        if ngram:
+            spec = {"method": "ngram", "num_speculative_tokens": ngram, "prompt_lookup_max": 3}
+            args += ["--speculative-config", json.dumps(spec)]
+        cases.append((case, model_dir, args))
+    # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
+    run = Path(tempfile.mkdtemp(prefix="kvh-", dir="/tmp"))
     try:
-        for case in pair:
-            family, max_len, prefix, ngram, ssm = CASES[case]
-            model_dir = tmp_path / family
-            if not model_dir.is_dir():
-                make_hybrid(model_dir, family, tok)
-            args = [
-                "--max-model-len",
-                str(max_len),
-                "--enforce-eager",
-                "--kv-cache-memory-bytes",
-                str(BUDGET),
-                "--max-num-batched-tokens",
-                "256",
-                "--max-num-seqs",
-                "4",
-                "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
-            ]
-            if ssm != "auto":
-                args += ["--mamba-ssm-cache-dtype", ssm]
-            if ngram:
-                spec = {"method": "ngram", "num_speculative_tokens": ngram, "prompt_lookup_max": 3}
-                args += ["--speculative-config", json.dumps(spec)]
-            run = Path(tempfile.mkdtemp(prefix=f"kvh-{case[:6]}-", dir="/tmp"))
-            runs.append(run)
-            proc, log = serve(model_dir, free_port(), args, run)
-            running.append((case, proc, log))
-        for case, proc, log in running:
-            family, max_len, prefix, ngram, ssm = CASES[case]
-            facts = read_model_dir(tmp_path / family)
-            m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
-            logged = int(m.group(1).replace(",", ""))
-            text = log.read_text(errors="replace")
-            opts = planned_opts(facts, prefix, ngram, ssm, flags)
-            planned = vllm_kv_cache(
-                facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, hybrid=opts
-            )[1]
-            layout = hybrid_kv_cache(facts, BUDGET, max_len, **opts._asdict())
-            # vLLM says the block it raised the attention block to (only when it raised it)
-            raised = re.search(r"Setting attention block size to (\d+) tokens", text)
-            vllm_block = int(raised.group(1)) if raised else CPU_BLOCK_TOKENS
-            rows.append((case, planned, logged, layout.block_size, vllm_block))
+        settled = engine_kv(cases, run)
     finally:
-        for _, proc, _ in running:
-            stop(proc)
-        for run in runs:
-            shutil.rmtree(run, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
+    rows = []
+    for case in pair:
+        family, max_len, prefix, ngram, ssm = CASES[case]
+        facts = read_model_dir(tmp_path / family)
+        opts = planned_opts(facts, prefix, ngram, ssm, flags)
+        planned = vllm_kv_cache(facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, hybrid=opts)[
+            1
+        ]
+        layout = hybrid_kv_cache(facts, BUDGET, max_len, **opts._asdict())
+        # the attention block vLLM settled on (it raises it to hold a state page)
+        got = settled[case]
+        rows.append((case, planned, got.kv_tokens, layout.block_size, got.block_size))
     table = "\n".join(
         f"{c:18} planned {p:7} vLLM {v:7}  block planned {b} vLLM {vb}" for c, p, v, b, vb in rows
     )
@@ -315,8 +304,7 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, ..
     assert all(p == v and b == vb for _, p, v, b, vb in rows), table
 
 
-@pytest.mark.parametrize(("max_len", "batched"), [(2048, 128), (1024, 1024)])
-def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path, max_len: int, batched: int) -> None:
+def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path) -> None:
     """Chunked-local attention layers (Llama-4) hold their chunk plus the tokens in flight, not the
     whole request: vLLM groups them apart from the global layers and counts each group's blocks
     (``ChunkedLocalAttentionSpec``); the plan's figure must be vLLM's (the all-full-attention rule
@@ -327,25 +315,36 @@ def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path, max_len: int
     model_dir = make_hybrid(tmp_path / "llama4", "llama4", make_tiny_model(tmp_path / "tok"))
     facts = read_model_dir(model_dir)
     assert [k.mixer for k in facts.stack.kinds] == ["chunked"] * 3 + ["full"]
-    run = Path(tempfile.mkdtemp(prefix="kvc-", dir="/tmp"))
-    args = [
-        "--max-model-len",
-        str(max_len),
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(BUDGET),
-        "--max-num-batched-tokens",
-        str(batched),
-        "--max-num-seqs",
-        "4",
+    lengths = {"2048-128": (2048, 128), "1024-1024": (1024, 1024)}  # max_model_len, batched tokens
+    cases = [
+        (
+            case,
+            model_dir,
+            [
+                "--max-model-len",
+                str(max_len),
+                "--enforce-eager",
+                "--kv-cache-memory-bytes",
+                str(BUDGET),
+                "--max-num-batched-tokens",
+                str(batched),
+                "--max-num-seqs",
+                "4",
+            ],
+        )
+        for case, (max_len, batched) in lengths.items()
     ]
-    proc, log = serve(model_dir, free_port(), args, run)
+    run = Path(tempfile.mkdtemp(prefix="kvc-", dir="/tmp"))
     try:
-        m = wait_for_log(proc, log, r"KV cache size: ([\d,]+) tokens")
+        settled = engine_kv(cases, run)
     finally:
-        stop(proc)
         shutil.rmtree(run, ignore_errors=True)
-    logged = int(m.group(1).replace(",", ""))
     # in flight: one max_num_batched_tokens batch (no async scheduling on the CPU)
-    planned = vllm_kv_cache(facts, BUDGET, max_len, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, batched)[1]
-    assert planned == logged, (planned, logged)
+    got = {
+        case: (
+            vllm_kv_cache(facts, BUDGET, n, CPU_BLOCK_TOKENS, facts.dtype_bytes, 1, b)[1],
+            settled[case].kv_tokens,
+        )
+        for case, (n, b) in lengths.items()
+    }
+    assert all(planned == vllm for planned, vllm in got.values()), got

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -34,8 +36,6 @@ TINY_CONFIG = {
 
 def fake_model(directory: Path) -> Path:
     """A model directory the planner reads (TINY_CONFIG and a token safetensors file) for the fake server."""
-    import json
-
     directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps(TINY_CONFIG))
     (directory / "model.safetensors").write_bytes(b"\0" * 4096)
@@ -183,6 +183,59 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 15) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+ENGINES = Path(__file__).resolve().parent / "vllm_engines.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """What one real vLLM engine settled on (tests/vllm_engines.py): its KV cache's token capacity (the
+    figure of its ``KV cache size: N tokens`` line), its block size, and its own part of the log."""
+
+    kv_tokens: int
+    block_size: int
+    log: str
+
+
+def engine_kv(
+    cases: list[tuple[str, Path, list[str]]], workdir: Path, timeout: float = 400
+) -> dict[str, Settled]:
+    """Each case's engine as ``vllm serve <model> <args>`` builds it, built one after another in one
+    process without a server (tests/vllm_engines.py: one import of vLLM for them all, where a server
+    starts three processes that each import it). Fails naming the case that did not build, with its
+    log's tail."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "engines.log"
+    env = {**cpu_env(workdir), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    spec = json.dumps([[case, str(model), args] for case, model, args in cases])
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ENGINES), spec],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout + 120 * len(cases))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            stop(proc)
+    text = log.read_text(errors="replace")
+    parts = re.split(r"^@@CASE (.+)\n", text, flags=re.M)
+    logs = dict(zip(parts[1::2], parts[2::2], strict=True))
+    settled = {}
+    for case, _, _ in cases:
+        part = logs.get(case)
+        found = re.search(r"^@@KV (\{.*\})$", part or "", flags=re.M)
+        if found is None:
+            tail = (part if part is not None else text)[-3000:]
+            raise AssertionError(f"vLLM's engine for {case} did not build (exit {proc.returncode}):\n{tail}")
+        got = json.loads(found.group(1))
+        settled[case] = Settled(int(got["kv_tokens"]), int(got["block_size"]), part or "")
+    return settled
 
 
 # -- random-weight models of real architectures (transformers' own classes) ----------------------
