@@ -201,10 +201,10 @@ class Settled:
 def engine_kv(
     cases: list[tuple[str, Path, list[str]]], workdir: Path, timeout: float = 400
 ) -> dict[str, Settled]:
-    """Each case's engine as ``vllm serve <model> <args>`` builds it, built one after another in one
-    process without a server (tests/vllm_engines.py: one import of vLLM for them all, where a server
-    starts three processes that each import it). Fails naming the case that did not build, with its
-    log's tail."""
+    """Each case's engine as ``vllm serve <model> <args>`` builds it, without a server, one case after
+    another, each in a process forked after one import of vLLM for them all (tests/vllm_engines.py),
+    where a server starts three processes that each import it. Fails naming the case that did not
+    build (or was not reached in ``timeout`` seconds and two minutes a case), with its log's tail."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "engines.log"
     env = {**cpu_env(workdir), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
