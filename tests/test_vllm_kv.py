@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fakehost import build
-from vllmtools import engine_kv, require_vllm
+from vllmtools import engine_kv, kv_args, require_vllm
 
 from hwprofile.plan.memory import vllm_reported_kv_tokens
 
@@ -63,8 +63,7 @@ def test_planner_kv_tokens_match_vllm(tmp_path: Path, fake_nvml_dir: Path) -> No
         inst = json.loads(plan.stdout)["instances"][0]
         assert inst["engine"]["kv_cache_memory_bytes"] == BUDGET
         memory[name] = (max_len, inst["memory"])
-        args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(BUDGET)]
-        cases.append((name, model, args))
+        cases.append((name, model, kv_args(max_len, BUDGET)))
     settled = engine_kv(cases, tmp_path / "run")
     for name, (max_len, mem) in memory.items():
         vllm_tokens = settled[name].kv_tokens

@@ -14,13 +14,11 @@ own rule) says for each model on this machine's CPU, as the planner does from a 
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import engine_kv, make_transformers_model, require_vllm
+from vllmtools import engine_kv, kv_args, make_transformers_model, require_vllm
 
 from hwprofile.host.linux import parse_cpuinfo
 from hwprofile.model import read_model_dir
@@ -286,22 +284,8 @@ def test_planned_kv_tokens_match_vllm_per_architecture(tmp_path: Path, pair: tup
     for fam in pair:
         model_dir = make_family_model(tmp_path / fam, fam, tok)
         max_len = FAMILIES[fam][3]
-        args = [
-            "--max-model-len",
-            str(max_len),
-            "--enforce-eager",
-            "--kv-cache-memory-bytes",
-            str(BUDGET),
-            "--max-num-batched-tokens",
-            str(_batched(max_len)),
-        ]
-        cases.append((fam, model_dir, args))
-    # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
-    run = Path(tempfile.mkdtemp(prefix="kv-", dir="/tmp"))
-    try:
-        settled = engine_kv(cases, run)
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
+        cases.append((fam, model_dir, kv_args(max_len, BUDGET, _batched(max_len))))
+    settled = engine_kv(cases, tmp_path / "run")
     for fam, model_dir, _ in cases:
         max_len = FAMILIES[fam][3]
         batched = _batched(max_len)

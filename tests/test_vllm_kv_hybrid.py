@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmtools import TINY_LFM2, engine_kv, make_transformers_model, require_vllm
+from vllmtools import TINY_LFM2, engine_kv, kv_args, make_transformers_model, require_vllm
 
 from hwprofile.config.settings import Settings
 from hwprofile.host.linux import parse_cpuinfo
@@ -262,15 +260,7 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, ..
         if not model_dir.is_dir():
             make_hybrid(model_dir, family, tok)
         args = [
-            "--max-model-len",
-            str(max_len),
-            "--enforce-eager",
-            "--kv-cache-memory-bytes",
-            str(BUDGET),
-            "--max-num-batched-tokens",
-            "256",
-            "--max-num-seqs",
-            "4",
+            *kv_args(max_len, BUDGET, batched=256, seqs=4),
             "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
         ]
         if ssm != "auto":
@@ -279,12 +269,7 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, ..
             spec = {"method": "ngram", "num_speculative_tokens": ngram, "prompt_lookup_max": 3}
             args += ["--speculative-config", json.dumps(spec)]
         cases.append((case, model_dir, args))
-    # vLLM's IPC socket paths live in TMPDIR and must fit in 107 bytes: a short directory
-    run = Path(tempfile.mkdtemp(prefix="kvh-", dir="/tmp"))
-    try:
-        settled = engine_kv(cases, run)
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
+    settled = engine_kv(cases, tmp_path / "run")
     rows = []
     for case in pair:
         family, max_len, prefix, ngram, ssm = CASES[case]
@@ -317,28 +302,10 @@ def test_planned_chunked_local_kv_tokens_match_vllm(tmp_path: Path) -> None:
     assert [k.mixer for k in facts.stack.kinds] == ["chunked"] * 3 + ["full"]
     lengths = {"2048-128": (2048, 128), "1024-1024": (1024, 1024)}  # max_model_len, batched tokens
     cases = [
-        (
-            case,
-            model_dir,
-            [
-                "--max-model-len",
-                str(max_len),
-                "--enforce-eager",
-                "--kv-cache-memory-bytes",
-                str(BUDGET),
-                "--max-num-batched-tokens",
-                str(batched),
-                "--max-num-seqs",
-                "4",
-            ],
-        )
+        (case, model_dir, kv_args(max_len, BUDGET, batched, seqs=4))
         for case, (max_len, batched) in lengths.items()
     ]
-    run = Path(tempfile.mkdtemp(prefix="kvc-", dir="/tmp"))
-    try:
-        settled = engine_kv(cases, run)
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
+    settled = engine_kv(cases, tmp_path / "run")
     # in flight: one max_num_batched_tokens batch (no async scheduling on the CPU)
     got = {
         case: (

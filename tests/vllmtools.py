@@ -188,6 +188,17 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 15) -> None:
 ENGINES = Path(__file__).resolve().parent / "vllm_engines.py"
 
 
+def kv_args(max_len: int, budget: int, batched: int | None = None, seqs: int | None = None) -> list[str]:
+    """``vllm serve`` arguments of a KV test: eager, ``budget`` bytes of KV cache, and the batching given
+    (vLLM's defaults where None)."""
+    args = ["--max-model-len", str(max_len), "--enforce-eager", "--kv-cache-memory-bytes", str(budget)]
+    if batched is not None:
+        args += ["--max-num-batched-tokens", str(batched)]
+    if seqs is not None:
+        args += ["--max-num-seqs", str(seqs)]
+    return args
+
+
 @dataclasses.dataclass(frozen=True)
 class Settled:
     """What one real vLLM engine settled on (tests/vllm_engines.py): its KV cache's token capacity (the
