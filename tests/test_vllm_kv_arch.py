@@ -1,4 +1,4 @@
-"""The planner's KV arithmetic equals what real vLLM (CPU) logs, per architecture family.
+"""The planner's KV arithmetic equals what real vLLM (CPU) resolves and logs, per architecture family.
 
 For each family a tiny random-weight model is saved with transformers' own config and model
 classes (so config.json has the family's real keys), its engine built as ``vllm serve`` builds it

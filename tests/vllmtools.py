@@ -202,10 +202,12 @@ def kv_args(max_len: int, budget: int, batched: int | None = None, seqs: int | N
 @dataclasses.dataclass(frozen=True)
 class Settled:
     """What one real vLLM engine settled on (tests/vllm_engines.py): its KV cache's token capacity (the
-    figure of its ``KV cache size: N tokens`` line), its block size, and its own part of the log."""
+    figure of its ``KV cache size: N tokens`` line), its block size (its prefix-cacheable groups'
+    smallest), its full-attention layers' block (None: none), and its own part of the log."""
 
     kv_tokens: int
     block_size: int
+    attention_block_size: int | None
     log: str
 
 
@@ -216,10 +218,14 @@ def engine_kv(
     another, each in a process forked after one import of vLLM for them all (tests/vllm_engines.py),
     where a server starts three processes that each import it. Fails naming the case that did not
     build (or was not reached in ``timeout`` seconds and two minutes a case), with its log's tail."""
+    names = [case for case, _, _ in cases]
+    assert len(set(names)) == len(names) and not any("\n" in n for n in names), names
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "engines.log"
     env = {**cpu_env(workdir), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     spec = json.dumps([[case, str(model), args] for case, model, args in cases])
+    limit = timeout + 120 * len(cases)
+    timed_out = False
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, str(ENGINES), spec],
@@ -229,23 +235,24 @@ def engine_kv(
             start_new_session=True,
         )
         try:
-            proc.wait(timeout + 120 * len(cases))
+            proc.wait(limit)
         except subprocess.TimeoutExpired:
-            pass
+            timed_out = True
         finally:
             stop(proc)
     text = log.read_text(errors="replace")
     parts = re.split(r"^@@CASE (.+)\n", text, flags=re.M)
     logs = dict(zip(parts[1::2], parts[2::2], strict=True))
     settled = {}
-    for case, _, _ in cases:
+    for case in names:
         part = logs.get(case)
         found = re.search(r"^@@KV (\{.*\})$", part or "", flags=re.M)
-        if found is None:
+        got = json.loads(found.group(1)) if found else {}
+        if got.get("case") != case or not isinstance(got.get("kv_tokens"), int):
+            why = f"not reached in {limit:g} s" if timed_out and part is None else "did not build"
             tail = (part if part is not None else text)[-3000:]
-            raise AssertionError(f"vLLM's engine for {case} did not build (exit {proc.returncode}):\n{tail}")
-        got = json.loads(found.group(1))
-        settled[case] = Settled(int(got["kv_tokens"]), int(got["block_size"]), part or "")
+            raise AssertionError(f"vLLM's engine for {case} {why} (runner exit {proc.returncode}):\n{tail}")
+        settled[case] = Settled(got["kv_tokens"], got["block_size"], got["attention_block_size"], part or "")
     return settled
 
 
