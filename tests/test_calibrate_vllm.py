@@ -395,11 +395,22 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
     # figure fitted at one client is nearer than one client's CPU carried over (the tokens' figure).
     # One client cannot tell a request's own cost from its steps' (they move together): on one VM that
     # figure came out 4-11 % low at two and four clients, on another 18-28 % (docs/validation-serving.md)
+    # Those comparisons are judged where the CPU figures they compare were measured quietly: the benched
+    # session's one client and this session's sweep (cpu_noisy). Under two CPU hogs one CI run read four
+    # clients' CPU with repeats 42 % apart and both estimates landed on either side of it.
     one_ms = _api_cpu_measured(a, 1)[0]
     (m2, _, s2), (m4, _, s4) = (_api_cpu_measured(b, conc) for conc in (2, 4))
-    assert m4 < m2 < _api_cpu_measured(b, 1)[0] and s4 < s2, table
-    p4 = next(p for c_, batched, _, _, p in api if (c_, batched) == (4, "plan"))
-    assert abs(math.log(p4 / m4)) < abs(math.log(one_ms / m4)), table
+    assert s4 < s2, table  # the engine's steps a request: counted, not timed
+    steps_noisy = ", ".join(
+        [f"benched one client's CPU spread {_api_cpu_spread(a, 1):.0%}"]
+        if _api_cpu_spread(a, 1) > QUIET
+        else []
+    )
+    cpu_unjudged = "; ".join(x for x in (cpu_noisy, steps_noisy) if x)
+    if not cpu_unjudged:
+        assert m4 < m2 < _api_cpu_measured(b, 1)[0], table
+        p4 = next(p for c_, batched, _, _, p in api if (c_, batched) == (4, "plan"))
+        assert abs(math.log(p4 / m4)) < abs(math.log(one_ms / m4)), table
     # benched at one and four clients (this session's sweep), the costs per step and per request as it
     # ends are both this host's: two clients' CPU comes back
     assert two_p is not None, table
@@ -412,5 +423,7 @@ def test_bench_calibrate_predict_measure_on_real_vllm(tmp_path: Path) -> None:
         # the CPU calibration (a fixed step plus FLOPs fitted at one concurrency) has no per-request cost,
         # so it is reported as an expected failure with its table, never as a pass.
         pytest.xfail(f"calibrated prediction off beyond {TOLERANCE:.0%} (known gap, issue 32)\n{table}")
+    if cpu_unjudged:  # the API server's CPU claims not judged: their own state, never a pass
+        noisy.append(f"the API server's CPU ({cpu_unjudged})")
     if noisy:  # its own state, never a pass
         pytest.skip(f"measurement too noisy ({'; '.join(noisy)}): 10 % cannot be judged there\n{table}")
