@@ -426,6 +426,7 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
     batched = plan.get("max_num_batched_tokens") or _bench_setting(settings, "engine.max_num_batched_tokens")
     seqs = plan.get("max_num_seqs")
     created = doc.get("created") if isinstance(doc, dict) else None  # a dict: checked above
+    model, facts = _bench_model(plan, path)
     return Calibration(
         path,
         created if isinstance(created, str) else None,
@@ -438,7 +439,30 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         batched if type(batched) is int and 1 <= batched <= 100_000_000 else None,
         outside,
         api_cpu,
+        model,
+        facts,
     )
+
+
+def _bench_model(plan: dict[str, Any], path: str) -> tuple[str | None, tuple[tuple[str, Any], ...]]:
+    """The model a bench plan measured: its path or name (``plans[0].model``) and the facts its steps'
+    cost follows (``plans[0].model_facts``, :meth:`~.plan.types.ModelSummary.cost_facts`), each checked
+    for its type; (None, ()) where the document names none (then a plan takes it as its model's)."""
+    from .plan.types import ModelSummary
+
+    model, facts = plan.get("model"), plan.get("model_facts")
+    if model is not None and (not isinstance(model, str) or not model or len(model) > 4096):
+        raise _bench_bad(path, "plans[0].model: expected the model's path or name")
+    if facts is None:
+        return model, ()
+    if not isinstance(facts, dict) or set(facts) != set(ModelSummary.COST_FACTS):
+        raise _bench_bad(
+            path, f"plans[0].model_facts: expected an object of {', '.join(ModelSummary.COST_FACTS)}"
+        )
+    for k, v in facts.items():
+        if (v is not None and type(v) not in (int, str)) or (isinstance(v, str) and len(v) > 256):
+            raise _bench_bad(path, f"plans[0].model_facts.{k}: expected a whole number, a name or null")
+    return model, tuple((k, facts[k]) for k in ModelSummary.COST_FACTS)
 
 
 def _bench_server_points(
@@ -554,6 +578,7 @@ def predictions_at(
     import dataclasses
 
     from .plan.candidates import instance_prediction
+    from .plan.checkpoint import calibration_mismatch
 
     if not plan.instances:
         return {c: None for c in concurrencies}
@@ -561,6 +586,8 @@ def predictions_at(
     target, named_draft = load_models(res.settings, inputs.model, inputs.draft)
     target, draft = _as_planned(target, named_draft, plan, res.settings, inputs.host, res.provenance)
     calibration = load_calibration(inputs.config_root, inputs.host)
+    if calibration is not None and calibration_mismatch(calibration, plan.model) is not None:
+        calibration = None  # a bench of another model: the plan did not take it (plan._own_calibration)
     interconnect = load_interconnect(inputs.config_root, inputs.host)
     inst = plan.instances[0]
     n = len(plan.instances) if front else 1

@@ -563,3 +563,68 @@ def test_bench_calibrate_stores_only_a_usable_measurement(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="no concurrency with"):
         store_calibration(_doc([]), tmp_path / "other", host)
     assert not (tmp_path / "other").exists()
+
+
+def test_a_cpu_calibration_holds_for_the_model_it_measured_not_another(tmp_path: Path) -> None:
+    """A bench of one model fits this CPU to that model's steps: another model planned on the host is
+    predicted nothing (as before any calibration), with the file, why and how to calibrate for it; the
+    same model's facts under another path take it, and so does the model a bench names by path only."""
+    host, root = _cpu_host(), tmp_path / "etc"
+    root.mkdir()
+    dirs = {}
+    for name, layers in (("a", 4), ("a-copy", 4), ("b", 8)):
+        d = dirs[name] = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": layers}))
+    measured = make_plan(host, root, environ={}, model=str(dirs["a"]), sets=SETS).model
+    doc = _doc([(1, 20.0, 60.0, 45.0)])
+    doc["plans"][0] |= {"model": measured.path, "model_facts": measured.cost_facts()}
+    path = Path(calibration_path(root, host))
+    path.parent.mkdir()
+    path.write_text(json.dumps(doc))
+
+    def planned(name: str) -> dict[str, Any]:
+        return make_plan(host, root, environ={}, model=str(dirs[name]), sets=SETS).to_json()
+
+    for name in ("a", "a-copy"):
+        got = planned(name)
+        assert got["instances"][0]["prediction"]["source"] == f"calibrated: {path}", name
+        assert got["prediction"]["calibration"]["not_applied"] is None
+    other = planned("b")
+    assert other["instances"][0].get("prediction") is None
+    why = other["prediction"]["calibration"]["not_applied"]
+    params = other["model"]["params"]
+    assert (
+        why
+        == f"{path}: it measured {measured.path} (params {measured.params} there, {params} here; layers 4 there, 8 here)"
+    )
+    assert any(f"--model {dirs['b']} --calibrate" in w for w in other["warnings"])
+    # a bench that names its model only (no facts): that model by path, no other
+    doc["plans"][0].pop("model_facts")
+    path.write_text(json.dumps(doc))
+    assert planned("a")["instances"][0]["prediction"]["source"] == f"calibrated: {path}"
+    assert planned("b")["instances"][0].get("prediction") is None
+
+
+@pytest.mark.parametrize(
+    ("facts", "want"),
+    [
+        ({"layers": 4}, "expected an object of architecture"),
+        ("big", "expected an object of architecture"),
+        ("ints", "model_facts.layers: expected a whole number"),
+    ],
+)
+def test_the_model_a_bench_measured_is_read_as_facts(facts: object, want: str) -> None:
+    from hwprofile.pipeline import calibration_from_bench
+    from hwprofile.plan.types import ModelSummary
+
+    doc = _doc([(1, 20.0, 60.0, 45.0)])
+    if facts == "ints":
+        facts = {**dict.fromkeys(ModelSummary.COST_FACTS), "layers": 4.5}
+    doc["plans"][0]["model_facts"] = facts
+    with pytest.raises(ConfigError, match=want):
+        calibration_from_bench(doc, "c.json", _cpu_host())
+    doc["plans"][0]["model"] = ["not", "a", "name"]
+    doc["plans"][0]["model_facts"] = None
+    with pytest.raises(ConfigError, match=r"plans\[0\]\.model: expected"):
+        calibration_from_bench(doc, "c.json", _cpu_host())

@@ -363,7 +363,12 @@ def test_calibration_from_bench_replaces_the_datasheet_on_that_host(host_of, emp
     host = host_of("a800-pcie-4x-2numa")
     before = make_plan(host, empty_root, environ={}).to_json()
     path = Path(calibration_path(empty_root, host))
-    assert before["prediction"]["calibration"] == {"fingerprint": path.stem, "path": None, "created": None}
+    assert before["prediction"]["calibration"] == {
+        "fingerprint": path.stem,
+        "path": None,
+        "created": None,
+        "not_applied": None,
+    }
     path.parent.mkdir()
     path.write_text(json.dumps(_bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)))
     after = make_plan(host, empty_root, environ={}).to_json()
@@ -381,6 +386,39 @@ def test_calibration_from_bench_replaces_the_datasheet_on_that_host(host_of, emp
     got = other["instances"][0]["prediction"]
     assert got["source"].startswith("datasheet scaled by calibration")
     assert got["tpot_ms"] == pytest.approx(base.instances[0].prediction.tpot_ms * ratio, rel=0.02)
+
+
+def test_a_gpu_calibration_of_another_model_leaves_the_datasheet_saying_why(host_of, empty_root) -> None:
+    """A bench of one model says nothing of another's steps: the plan of another model on that host keeps
+    the datasheet's figures, names the file and why, and says how to calibrate for it; the same model's
+    facts, under another name, take it."""
+    host = host_of("a800-pcie-4x-2numa")
+    base = make_plan(host, empty_root, environ={})
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+    other = make_plan(host, empty_root, environ={}, model="Qwen/Qwen3-8B").model
+    doc["plans"][0] |= {"model": other.name, "model_facts": other.cost_facts()}
+    path.write_text(json.dumps(doc))
+    got = make_plan(host, empty_root, environ={}).to_json()
+    assert [i["prediction"] for i in got["instances"]] == [i.prediction.to_json() for i in base.instances]
+    assert all("calibration" not in i["prediction"]["source"] for i in got["instances"])
+    assert got["prediction"]["calibration"]["path"] is None
+    why = got["prediction"]["calibration"]["not_applied"]
+    assert why.startswith(f"{path}: it measured Qwen/Qwen3-8B (") and "layers 36 there" in why
+    assert any(str(path) in w and "--calibrate" in w for w in got["warnings"])
+    assert any(r["key"] == "prediction.calibration" for r in got["reasons"])
+    # the planned model's own facts, whatever name the bench gave it: taken
+    doc["plans"][0] |= {"model": "/srv/models/elsewhere", "model_facts": base.model.cost_facts()}
+    path.write_text(json.dumps(doc))
+    took = make_plan(host, empty_root, environ={}).to_json()
+    assert took["prediction"]["calibration"] == {
+        "fingerprint": path.stem,
+        "path": str(path),
+        "created": doc["created"],
+        "not_applied": None,
+    }
+    assert all(str(path) in i["prediction"]["source"] for i in took["instances"])
 
 
 def test_a_calibration_from_other_gpus_or_not_a_bench_result_is_refused(host_of, empty_root) -> None:

@@ -47,6 +47,8 @@ class BenchPlan:
             "source": self.source,
             "profile": self.profile,
             "model": (p.model.path or p.model.name) if p is not None else None,
+            # what a calibration made of this bench holds for: a model with these facts (plan/types.py)
+            "model_facts": p.model.cost_facts() if p is not None else None,
             "draft": (p.draft.path or p.draft.name) if p is not None and p.draft is not None else None,
             "instances": len(p.instances) if p is not None else None,
             "max_num_seqs": inst.engine.max_num_seqs if inst is not None else None,

@@ -39,7 +39,13 @@ from ..config.settings import Settings
 from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from .candidates import host_fingerprint, instance_prediction, workload
-from .checkpoint import choose_checkpoint, four_bit_fallback, model_summary, use_four_bit
+from .checkpoint import (
+    calibration_mismatch,
+    choose_checkpoint,
+    four_bit_fallback,
+    model_summary,
+    use_four_bit,
+)
 from .context import PlanContext
 from .engine import AVERAGE_FILL
 from .gpu import gpu_instance
@@ -342,12 +348,36 @@ def _four_bit_retry(
     r.batching.clear()
     ctx.warnings[:] = host_warnings
     model = use_four_bit(model, variant, r)
+    _own_calibration(ctx, model)
     # The draft the first attempt chose stays the candidate (the caller's own where it dropped it).
     retry_draft = chosen_draft if chosen_draft is not None else draft
     spec_method, chosen_draft = choose_speculator(ctx, model, retry_draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
     model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     return model, _instances(ctx, model, chosen_draft, spec_method)
+
+
+def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
+    """The calibration the predictions take (``reasons.calibration``): the one handed in where it
+    measured ``model``, the checkpoint that runs, or one whose steps cost the same
+    (:func:`.checkpoint.calibration_mismatch`); else none, with a reason and a warning: a bench of one
+    model says nothing of another's steps (the datasheet predicts; a CPU, nothing)."""
+    r = ctx.reasons
+    cal = r.calibration = r.offered_calibration
+    r.calibration_not_applied = None
+    why = calibration_mismatch(cal, model_summary(model)) if cal is not None else None
+    if cal is None or why is None:
+        return
+    r.calibration = None
+    r.calibration_not_applied = f"{cal.path}: {why}"
+    again = f"`hwprofile bench --model {model.path or model.name} --calibrate`"
+    ctx.add(
+        "prediction.calibration",
+        None,
+        f"{cal.path} not applied: {why}; a bench of one model says nothing of another's steps. "
+        f"To calibrate this host for this model: {again}",
+    )
+    ctx.warn(f"this host's calibration {cal.path} is not applied: {why}; run {again}")
 
 
 def _build_plan(
@@ -365,7 +395,7 @@ def _build_plan(
 ) -> Plan:
     default = Source("default", "schema")
     r = Reasons({p: provenance.get(p, default) for p in SETTINGS})
-    r.calibration = calibration
+    r.offered_calibration = calibration
     r.interconnect = interconnect
     host_warnings: list[str] = []
     if any(g.lost for g in host.gpus):
@@ -373,6 +403,7 @@ def _build_plan(
     ctx = PlanContext(host, settings, r, list(host_warnings))
 
     model = choose_checkpoint(model, settings, r)
+    _own_calibration(ctx, model)
     refuse_old_release(model, ctx.version, ctx.warn)
     spec_method, chosen_draft = choose_speculator(ctx, model, draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
@@ -594,6 +625,7 @@ def _prediction_summary(ctx: PlanContext) -> dict[str, Any]:
             "fingerprint": host_fingerprint(host),
             "path": cal.path if cal else None,
             "created": cal.created if cal else None,
+            "not_applied": r.calibration_not_applied,
         },
         "groups": tuple(r.predictions),
     }

@@ -4,12 +4,17 @@ does not fit any GPU layout; and the model's description in the plan."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts, variant_facts
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .types import ABSENT, ModelSummary
+
+if TYPE_CHECKING:
+    from .predict import Calibration
 
 
 def choose_checkpoint(model: ModelFacts, settings: Settings, r: Reasons) -> ModelFacts:
@@ -84,3 +89,17 @@ def model_summary(m: ModelFacts) -> ModelSummary:
         revision=m.revision or ABSENT,
         origin=m.origin or ABSENT,
     )
+
+
+def calibration_mismatch(cal: Calibration, ours: ModelSummary) -> str | None:
+    """Why ``cal`` (a bench of this host) does not describe a step of the model ``ours`` (the checkpoint
+    that runs), or None where it does: the facts a step's cost follows, where the bench recorded them
+    (:meth:`ModelSummary.cost_facts`), agree, whatever the model's name or path; else, where it named
+    only the model, that is ``ours`` by path or name. A bench that names no model is taken as this one's."""
+    if cal.model_facts:
+        here = ours.cost_facts()
+        differ = [f"{k} {v} there, {here.get(k)} here" for k, v in cal.model_facts if here.get(k) != v]
+        return f"it measured {cal.model or 'another model'} ({'; '.join(differ)})" if differ else None
+    if cal.model is not None and cal.model not in (ours.path, ours.name):
+        return f"it measured {cal.model}"
+    return None

@@ -269,6 +269,10 @@ class Calibration:
     # the output tokens and the engine's steps per request (medians over the repeats):
     # (concurrency, ms, tokens, steps)
     api_cpu: tuple[tuple[int, float, float, float], ...] = ()
+    # the model measured: its path or name, and the facts its steps' cost follows
+    # (ModelSummary.cost_facts) as (fact, value) pairs; () where the bench names none
+    model: str | None = None
+    model_facts: tuple[tuple[str, Any], ...] = ()
 
     def outside_ms(self, c: int, ttft_ms: float) -> float:
         """The latency measured outside the engine at concurrency ``c`` where it is a part of

@@ -25,6 +25,10 @@ class Reasons:
         # calibration of this host the pipeline handed in (None: the datasheet model alone)
         self.predictions: list[dict[str, Any]] = []
         self.calibration: Calibration | None = None
+        # what the pipeline handed in, before the planner checked it measured the model that runs
+        # (plan._own_calibration: ``calibration`` is it where it did, else None)
+        self.offered_calibration: Calibration | None = None
+        self.calibration_not_applied: str | None = None  # the offered one's file and why, where it is not
         # the host's interconnect check record (plan/interconnect.py) when current: its measured link
         # bandwidth replaces the datasheet's in the predictions (None: none recorded, or stale)
         self.interconnect: Report | None = None

@@ -152,6 +152,25 @@ class ModelSummary(_Json):
     revision: str | AbsentT | None = ABSENT  # the commit, for a model from the Hub or the Hugging Face cache
     origin: str | AbsentT = ABSENT  # where the facts came from: the Hub, the cache, the catalog, a directory
 
+    # the facts a served step's cost follows: a measurement of one model (``hwprofile bench``) holds for
+    # another only where they agree (pipeline.calibration_from_bench, plan._own_calibration)
+    COST_FACTS: ClassVar[tuple[str, ...]] = (
+        "architecture",
+        "params",
+        "bits",
+        "quantization",
+        "layers",
+        "kv_heads",
+        "head_dim",
+        "vocab_size",
+        "sliding_window",
+        "sliding_layers",
+    )
+
+    def cost_facts(self) -> dict[str, Any]:
+        """{fact: value} of :attr:`COST_FACTS`: what a bench records of the model it measured."""
+        return {k: getattr(self, k) for k in self.COST_FACTS}
+
 
 @record
 class ServerSettings(_Json):
