@@ -441,7 +441,29 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         api_cpu,
         model,
         facts,
+        _bench_speculation(plan, path),
     )
+
+
+def _bench_speculation(plan: dict[str, Any], path: str) -> tuple[str, int] | None:
+    """The speculation a bench plan ran (``plans[0].speculative``): ("none", 0) where it names none,
+    (method, k) where it names one, None where the document does not say (an older one)."""
+    if "speculative" not in plan:
+        return None
+    spec = plan["speculative"]
+    if spec is None:
+        return ("none", 0)
+    method = spec.get("method") if isinstance(spec, dict) else None
+    k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+    if (
+        not isinstance(method, str)
+        or not method
+        or len(method) > 64
+        or type(k) is not int
+        or not 0 <= k <= 64
+    ):
+        raise _bench_bad(path, "plans[0].speculative: expected null or its method and num_speculative_tokens")
+    return (method, k) if k and method != "none" else ("none", 0)
 
 
 def _bench_model(plan: dict[str, Any], path: str) -> tuple[str | None, tuple[tuple[str, Any], ...]]:

@@ -628,3 +628,57 @@ def test_the_model_a_bench_measured_is_read_as_facts(facts: object, want: str) -
     doc["plans"][0]["model_facts"] = None
     with pytest.raises(ConfigError, match=r"plans\[0\]\.model: expected"):
         calibration_from_bench(doc, "c.json", _cpu_host())
+
+
+def test_the_bench_is_modelled_as_it_ran_its_batching_and_speculation() -> None:
+    """What a calibration sets the model against is the bench's own configuration: its batching and its
+    speculation (none, or the plan's method at the bench's k), and its measurement is a candidate's own
+    figure only where that configuration is the candidate's; a bench that speculated by another method
+    cannot be set against this plan's model (None)."""
+    link = pm.link_of([], [], None, 1)
+    cand = pm.Candidate(1, 1, 1, 64, 2048, True, 100_000, link)
+    ngram = pm.Speculation("ngram", ((1, 8, 4), (9, None, 2)), 4, 0.6, None, "assumed")
+    wl = pm.Workload(96, 48, 4)
+
+    def cal(speculation: tuple[str, int] | None, seqs: int | None = 64) -> pm.Calibration:
+        return pm.Calibration(
+            "c.json", None, 96, 48, 1, None, ((4, 20.0, 60.0, 45.0),), seqs, 2048, speculation=speculation
+        )
+
+    assert candidates.as_benched(cal(None), cand, ngram, wl) == (
+        cand,
+        ngram,
+        True,
+    )  # not recorded: the plan's
+    assert candidates.as_benched(cal(("none", 0)), cand, None, wl) == (cand, None, True)
+    assert candidates.as_benched(cal(("none", 0)), cand, ngram, wl) == (cand, None, False)
+    bench, spec, same = candidates.as_benched(cal(("ngram", 4)), cand, ngram, wl) or (None, None, None)
+    assert bench == cand and spec is not None and (spec.k, spec.k_by_batch, same) == (4, (), True)
+    at16 = pm.Workload(96, 48, 16)  # the plan's table gives k = 2 there: not what the bench ran
+    assert candidates.as_benched(cal(("ngram", 4)), cand, ngram, at16)[2] is False  # type: ignore[index]
+    assert candidates.as_benched(cal(("draft_model", 5)), cand, ngram, wl) is None
+    assert candidates.as_benched(cal(("ngram", 4)), cand, None, wl) is None
+    bench, _, same = candidates.as_benched(cal(None, seqs=8), cand, None, wl) or (None, None, None)
+    assert bench is not None and (bench.max_num_seqs, bench.max_num_batched_tokens, same) == (8, 2048, False)
+
+
+def test_a_bench_that_ran_no_speculation_says_so_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    """A bench that recorded no speculation, at the plan's own configuration: the measurement back; a
+    speculative entry that is not one is an error naming it."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    host, root = _cpu_host(), tmp_path / "etc"
+    root.mkdir()
+    sets = [*SETS, "layout.workload_concurrency=1"]
+    path = Path(calibration_path(root, host))
+    path.parent.mkdir()
+    doc = _doc([(1, 20.0, 60.0, 45.0)], batched=None)
+    doc["plans"][0]["speculative"] = None
+    path.write_text(json.dumps(doc))
+    q = make_plan(host, root, environ={}, model=str(d), sets=sets).to_json()["instances"][0]["prediction"]
+    assert q["tpot_ms"] == pytest.approx(20.0, rel=0.02)
+    doc["plans"][0]["speculative"] = {"method": "x", "model": None, "num_speculative_tokens": "3"}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="plans\\[0\\]\\.speculative: expected null or its method"):
+        make_plan(host, root, environ={}, model=str(d), sets=sets)

@@ -421,6 +421,54 @@ def test_a_gpu_calibration_of_another_model_leaves_the_datasheet_saying_why(host
     assert all(str(path) in i["prediction"]["source"] for i in took["instances"])
 
 
+def test_a_gpu_bench_at_other_batching_is_modelled_at_its_own(host_of, empty_root) -> None:
+    """The bench's recorded batching is the configuration the model is set against: at the benched
+    workload the measurement is the plan's own figure only where the bench ran the plan's batching."""
+    host = host_of("a800-pcie-4x-2numa")
+    seqs = make_plan(host, empty_root, environ={}).instances[0].engine.max_num_seqs
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+    for recorded, measured_back in ((seqs, True), (4, False)):  # 4: below the 16 requests benched
+        doc["plans"][0]["max_num_seqs"] = recorded
+        path.write_text(json.dumps(doc))
+        p = make_plan(host, empty_root, environ={}).to_json()["instances"][0]["prediction"]
+        assert ((p["tpot_ms"], p["ttft_ms"]) == (30.0, 250.0)) is measured_back, recorded
+        assert p["source"].startswith("datasheet scaled by calibration") is not measured_back
+
+
+def test_a_gpu_bench_is_set_against_the_speculation_it_ran(host_of, empty_root) -> None:
+    """The plan here speculates with a draft (k = 5 at the benched 8 requests an instance). A bench that
+    recorded that: its measurement is the plan's figure. One that ran without speculation: the model
+    without it is what the measurement scales, and the figure is not the measurement. One that ran
+    another method: nothing this plan models, the datasheet's figures stay."""
+    host = host_of("a800-pcie-4x-2numa")
+    base = make_plan(host, empty_root, environ={})
+    spec = base.instances[0].speculative
+    assert spec is not None and spec.method == "draft_model"
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+    ran = {"method": "draft_model", "model": spec.model, "num_speculative_tokens": 5}
+    for recorded, want in ((ran, "measured"), (None, "scaled"), (ran | {"method": "ngram"}, "datasheet")):
+        doc["plans"][0]["speculative"] = recorded
+        path.write_text(json.dumps(doc))
+        p = make_plan(host, empty_root, environ={}).to_json()["instances"][0]["prediction"]
+        got = (
+            "measured"
+            if (p["tpot_ms"], p["ttft_ms"]) == (30.0, 250.0)
+            else "scaled"
+            if p["source"].startswith("datasheet scaled by calibration")
+            else p["source"]
+        )
+        assert got == want, recorded
+    said = p.pop("terms")[-1]
+    assert said["source"] == str(path) and said["term"].startswith(
+        "calibration not applied: its bench speculated by ngram, this candidate by draft_model"
+    )
+    assert p == {k: v for k, v in base.instances[0].prediction.to_json().items() if k != "terms"}
+
+
 def test_a_calibration_from_other_gpus_or_not_a_bench_result_is_refused(host_of, empty_root) -> None:
     from hwprofile.config import ConfigError
 

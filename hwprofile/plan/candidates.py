@@ -298,13 +298,52 @@ def _calibrate(
     at_tp = [i for i, c in enumerate(cands) if c.tp == tp]
     if not at_tp:
         return preds
-    bench = cands[at_tp[0]]
     c0 = min(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
-    at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), specs[at_tp[0]])
+    benched = as_benched(cal, cands[at_tp[0]], specs[at_tp[0]], wl)
+    if benched is None:  # its speculation is not one this plan can model: the datasheet's figures
+        return [_not_benched(p, cal, s) for p, s in zip(preds, specs, strict=True)]
+    bench, bench_spec, same = benched
+    at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), bench_spec)
     return [
-        pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp)) if c.fits else p
+        pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp and same)) if c.fits else p
         for p, c in zip(preds, cands, strict=True)
     ]
+
+
+def _not_benched(p: pm.Prediction, cal: pm.Calibration, spec: pm.Speculation | None) -> pm.Prediction:
+    """``p`` as the datasheet has it, with a term saying why ``cal`` is not applied: its bench speculated
+    by another method than this candidate (:func:`as_benched`)."""
+    ran = cal.speculation[0] if cal.speculation else "?"
+    why = (
+        f"calibration not applied: its bench speculated by {ran}, this candidate "
+        + (f"by {spec.method}" if spec is not None else "not at all")
+        + "; bench this configuration (`hwprofile bench --calibrate`) to calibrate it"
+    )
+    return dataclasses.replace(p, terms=[*p.terms, {"term": why, "ms": 0.0, "source": cal.path}])
+
+
+def as_benched(
+    cal: pm.Calibration, cand: pm.Candidate, spec: pm.Speculation | None, wl: pm.Workload
+) -> tuple[pm.Candidate, pm.Speculation | None, bool] | None:
+    """The configuration ``cal``'s bench ran, as the model takes it: ``cand`` (at the bench's TP) with
+    the bench's batching, and its speculation: none, or ``spec``'s method at the bench's k; where the
+    bench did not record one, ``cand``'s and ``spec``'s. With whether that is ``cand`` and ``spec`` at
+    ``wl`` (then what the bench measured is this candidate's own figure there). None where the bench
+    speculated by another method than ``spec``'s: a step of that method is not one this plan models
+    (another draft, another proposer), so the measurement cannot be set against the model here."""
+    seqs = cal.max_num_seqs or cand.max_num_seqs
+    batched = cal.max_num_batched_tokens or cand.max_num_batched_tokens
+    bench = dataclasses.replace(cand, max_num_seqs=seqs, max_num_batched_tokens=batched)
+    same = (seqs, batched) == (cand.max_num_seqs, cand.max_num_batched_tokens)
+    if cal.speculation is None:
+        return bench, spec, same
+    method, k = cal.speculation
+    if method == "none":
+        return bench, None, same and spec is None
+    if spec is None or spec.method != method:
+        return None
+    at_k = dataclasses.replace(spec, k_by_batch=(), k=k)
+    return bench, at_k, same and spec.k_at(max(1, wl.concurrency // max(1, cand.instances))) == k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -594,7 +633,7 @@ def _calibrated_at(
     rule_tp, row, interconnect = link
     btp = calibration.tp or rule_tp
     c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
-    bench = (
+    tp_cand = (
         cand
         if btp == cand.tp
         else pm.Candidate(
@@ -608,8 +647,14 @@ def _calibrated_at(
             link_for(host, host.usable_gpus, btp, row, interconnect),
         )
     )
-    at = pm.predict(pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), spec)
-    return pm.calibrated(p, at, calibration, wl, same_config=(btp == cand.tp))
+    benched = as_benched(calibration, tp_cand, spec, wl)
+    if benched is None:  # its speculation is not one this plan can model: the datasheet's figures
+        return _not_benched(p, calibration, spec)
+    bench, bench_spec, same = benched
+    at = pm.predict(
+        pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), bench_spec
+    )
+    return pm.calibrated(p, at, calibration, wl, same_config=(btp == cand.tp and same))
 
 
 def _instance_shape(inst: InstancePlan, model: ModelFacts, gpu0: Gpu, tp: int) -> tuple[int, pm.ModelShape]:

@@ -273,6 +273,8 @@ class Calibration:
     # (ModelSummary.cost_facts) as (fact, value) pairs; () where the bench names none
     model: str | None = None
     model_facts: tuple[tuple[str, Any], ...] = ()
+    # the bench's speculation: ("none", 0) without, (method, k) with; None where the bench did not say
+    speculation: tuple[str, int] | None = None
 
     def outside_ms(self, c: int, ttft_ms: float) -> float:
         """The latency measured outside the engine at concurrency ``c`` where it is a part of
