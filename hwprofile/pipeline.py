@@ -442,7 +442,27 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         model,
         facts,
         _bench_speculation(plan, path),
+        _bench_acceptance(summary or [], path),
     )
+
+
+def _bench_acceptance(summary: Sequence[object], path: str) -> float | None:
+    """The mean acceptance length a bench measured: the median over its summary rows of each row's
+    median (``mean_acceptance_length``, from vLLM's speculative counters), each checked as a
+    measurement (a number from 1 to 65: 1 + accepted / drafts, at most 64 proposals); None where no row
+    has one (no speculation, or its counters were not read)."""
+    import statistics
+
+    found = []
+    for i, row in enumerate(summary):
+        m = row.get("mean_acceptance_length") if isinstance(row, dict) else None
+        if m is None:
+            continue
+        v = m.get("median") if isinstance(m, dict) else None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1.0 <= v <= 65.0:  # NaN, inf fail
+            raise _bench_bad(path, f"plans[0].summary[{i}].mean_acceptance_length.median: expected 1 to 65")
+        found.append(float(v))
+    return statistics.median(found) if found else None
 
 
 def _bench_speculation(plan: dict[str, Any], path: str) -> tuple[str, int] | None:

@@ -469,6 +469,60 @@ def test_a_gpu_bench_is_set_against_the_speculation_it_ran(host_of, empty_root) 
     assert p == {k: v for k, v in base.instances[0].prediction.to_json().items() if k != "terms"}
 
 
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.6, 0.85])
+def test_the_acceptance_of_a_measured_length_gives_that_length_back(a: float, k: int) -> None:
+    length = (1 - a ** (k + 1)) / (1 - a)  # what the model expects per step (predict._speculated)
+    assert pm.acceptance_of_length(length, k) == pytest.approx(a, abs=1e-5)
+    assert pm.acceptance_of_length(0.5, k) == pytest.approx(0.0, abs=1e-5)  # below 1: none accepted
+    assert pm.acceptance_of_length(k + 3, k) == pytest.approx(0.999, abs=1e-5)  # above k + 1: all
+
+
+def test_a_bench_that_speculated_sets_the_acceptance_an_operator_did_not(host_of, empty_root) -> None:
+    """vLLM's counters read by the bench (a mean acceptance length at the bench's k) become the plan's
+    per-token acceptance where the plan speculates by the same method and no operator set one; the
+    reason says measured and from which file; an operator's value, or another method, is left alone."""
+    host = host_of("a800-pcie-4x-2numa")
+    spec = make_plan(host, empty_root, environ={}).instances[0].speculative
+    assert spec is not None and spec.method == "draft_model"
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+    doc["plans"][0]["speculative"] = {
+        "method": "draft_model",
+        "model": spec.model,
+        "num_speculative_tokens": 3,
+    }
+    doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 3.1, "values": [3.1]}
+
+    def acceptance(sets: list[str] | None = None) -> tuple[object, str]:
+        got = make_plan(host, empty_root, environ={}, sets=sets or []).to_json()
+        said = [r for r in got["reasons"] if r["key"] == "speculative.assumed_acceptance"]
+        terms = [
+            t["source"] for t in got["instances"][0]["prediction"]["terms"] if "speculation" in t["term"]
+        ]
+        return (said[-1]["value"] if said else None), (
+            said[-1]["reason"] if said else ""
+        ) + " | " + "; ".join(terms)
+
+    path.write_text(json.dumps(doc))
+    a, why = acceptance()
+    assert a == pm.acceptance_of_length(3.1, 3) and 0.8 < a < 0.9  # 1 + a + a^2 + a^3 = 3.1
+    assert why.startswith(f"measured: this host's bench ({path}, ") and f"acceptance {a} " in why
+    a, why = acceptance(["speculative.assumed_acceptance=0.5"])
+    assert a is None and "acceptance 0.5 " in why  # the operator's, untouched
+    doc["plans"][0]["speculative"]["method"] = "ngram"
+    path.write_text(json.dumps(doc))
+    a, why = acceptance()
+    assert a is None and "acceptance 0.6 " in why  # another method's acceptance says nothing of this one
+    doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 0.2}
+    path.write_text(json.dumps(doc))
+    from hwprofile.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"summary\[0\]\.mean_acceptance_length\.median: expected 1 to 65"):
+        make_plan(host, empty_root, environ={})
+
+
 def test_a_calibration_from_other_gpus_or_not_a_bench_result_is_refused(host_of, empty_root) -> None:
     from hwprofile.config import ConfigError
 

@@ -52,11 +52,11 @@ from .gpu import gpu_instance
 from .hybridspec import by_load
 from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
-from .layout import RULE_KINDS, TP_SIZES, layout
+from .layout import RULE_KINDS, TP_SIZES, layout, shipped
 from .layout import where as layout_where
 from .loaded import as_loaded, device_cc
 from .moetune import moe_tuning
-from .predict import Calibration
+from .predict import Calibration, acceptance_of_length
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .releases import refuse_old_release
@@ -353,6 +353,7 @@ def _four_bit_retry(
     retry_draft = chosen_draft if chosen_draft is not None else draft
     spec_method, chosen_draft = choose_speculator(ctx, model, retry_draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
+    ctx = _measured_acceptance(ctx, spec_method)
     model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     return model, _instances(ctx, model, chosen_draft, spec_method)
 
@@ -378,6 +379,38 @@ def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
         f"To calibrate this host for this model: {again}",
     )
     ctx.warn(f"this host's calibration {cal.path} is not applied: {why}; run {again}")
+
+
+def _measured_acceptance(ctx: PlanContext, method: str | None) -> PlanContext:
+    """``ctx`` with ``speculative.assumed_acceptance`` at what this host's calibration measured, where its
+    bench speculated by ``method`` (the plan's) and read vLLM's acceptance counters, and the value there
+    is a shipped one, not an operator's (:func:`.layout.shipped`): the per-token acceptance whose expected
+    tokens per step at the bench's k are the mean acceptance length measured
+    (:func:`.predict.acceptance_of_length`), with a reason. Else ``ctx``."""
+    r = ctx.reasons
+    cal = r.calibration
+    if (
+        not method
+        or cal is None
+        or cal.acceptance_length is None
+        or cal.speculation is None
+        or cal.speculation[0] != method
+        or not shipped(r, ("speculative", "assumed_acceptance"))
+    ):
+        return ctx
+    k = cal.speculation[1]
+    a = acceptance_of_length(cal.acceptance_length, k)
+    ctx.add(
+        "speculative.assumed_acceptance",
+        a,
+        f"measured: this host's bench ({cal.path}, {cal.created or 'undated'}) accepted a mean "
+        f"{cal.acceptance_length:.2f} tokens per step with {method} at k={k} (vLLM's counters): a "
+        f"per-token acceptance of {a:.3f}, on the bench's prompts (set speculative.assumed_acceptance "
+        "to plan for other traffic)",
+        ("speculative", "assumed_acceptance"),
+    )
+    spec = dataclasses.replace(ctx.settings.speculative, assumed_acceptance=a)
+    return ctx.on(settings=dataclasses.replace(ctx.settings, speculative=spec))
 
 
 def _build_plan(
@@ -407,6 +440,7 @@ def _build_plan(
     refuse_old_release(model, ctx.version, ctx.warn)
     spec_method, chosen_draft = choose_speculator(ctx, model, draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
+    ctx = _measured_acceptance(ctx, spec_method)
     model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
         group, endpoint = _over_nodes(ctx, nodes, addresses, model, chosen_draft, spec_method)

@@ -275,6 +275,9 @@ class Calibration:
     model_facts: tuple[tuple[str, Any], ...] = ()
     # the bench's speculation: ("none", 0) without, (method, k) with; None where the bench did not say
     speculation: tuple[str, int] | None = None
+    # the mean acceptance length its bench measured with that speculation (1 + accepted / drafts, from
+    # vLLM's counters: the median over the benched concurrencies); None where none was measured
+    acceptance_length: float | None = None
 
     def outside_ms(self, c: int, ttft_ms: float) -> float:
         """The latency measured outside the engine at concurrency ``c`` where it is a part of
@@ -1110,6 +1113,21 @@ def capacity(
 
 
 # -- calibration -----------------------------------------------------------------------------------
+
+
+def acceptance_of_length(length: float, k: int) -> float:
+    """The per-token acceptance ``a`` whose expected tokens per step at ``k`` proposals,
+    (1 - a^(k+1)) / (1 - a) as :func:`_speculated` takes them, is ``length`` (vLLM's mean acceptance
+    length: 1 + accepted / drafts), within 1e-6; ``length`` clipped to [1, k + 1]."""
+    want = min(max(length, 1.0), k + 1.0)
+    lo, hi = 0.0, 0.999
+    for _ in range(40):
+        a = (lo + hi) / 2
+        if (1 - a ** (k + 1)) / (1 - a) < want:
+            lo = a
+        else:
+            hi = a
+    return round((lo + hi) / 2, 6)
 
 
 def calibrated(
