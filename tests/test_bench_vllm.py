@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 from vllmtools import VLLM, free_port
+
+from hwprofile.plan.predict import acceptance_of_length
 
 pytestmark = pytest.mark.slow(minutes=4)  # real vLLM: minutes; the fast loop is `pytest -m 'not slow'`
 
@@ -66,6 +69,7 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
         str(out),
         "--runtime-dir",
         str(runtime),
+        "--calibrate",
     ]
     for s in sets:
         cmd += ["--set", s]
@@ -129,6 +133,21 @@ def test_sweep_with_self_draft_against_real_vllm(tiny: Path, tmp_path: Path) -> 
     assert (
         sorted(ttft["lines"]) == ["profile", "target 100000 ms"] and ttft["xlabel"] == "concurrent requests"
     )
+    # --calibrate kept it as this host's calibration: the acceptance vLLM's counters measured (the median
+    # of the concurrencies' mean acceptance lengths, at k = 3) is the plan's for the same method
+    lengths = [row["mean_acceptance_length"]["median"] for row in plan["summary"]]
+    again = subprocess.run(
+        [sys.executable, "-m", "hwprofile", "plan", "--json", "--model", str(tiny), "--draft", str(tiny)]
+        + [x for s in sets[:4] for x in ("--set", s)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    said = [r for r in json.loads(again.stdout)["reasons"] if r["key"] == "speculative.assumed_acceptance"]
+    assert said and said[-1]["reason"].startswith("measured: this host's bench ("), said
+    assert said[-1]["value"] == acceptance_of_length(statistics.median(lengths), 3), (said, lengths)
     # every flag hwprofile gave vllm bench serve is one the installed tool lists
     helptext = subprocess.run(
         [str(VLLM), "bench", "serve", "--help=all"], capture_output=True, text=True, timeout=300
