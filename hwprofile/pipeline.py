@@ -441,40 +441,26 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         api_cpu,
         model,
         facts,
-        _bench_speculation(plan, path),
-        _bench_acceptance(summary or [], path),
+        *_bench_speculation(plan, path),
+        *_bench_acceptance(summary or [], path, plan, n_instances),
     )
 
 
-def _bench_acceptance(summary: Sequence[object], path: str) -> float | None:
-    """The mean acceptance length a bench measured: the median over its summary rows of each row's
-    median (``mean_acceptance_length``, from vLLM's speculative counters), each checked as a
-    measurement (a number from 1 to 65: 1 + accepted / drafts, at most 64 proposals); None where no row
-    has one (no speculation, or its counters were not read)."""
-    import statistics
-
-    found = []
-    for i, row in enumerate(summary):
-        m = row.get("mean_acceptance_length") if isinstance(row, dict) else None
-        if m is None:
-            continue
-        v = m.get("median") if isinstance(m, dict) else None
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1.0 <= v <= 65.0:  # NaN, inf fail
-            raise _bench_bad(path, f"plans[0].summary[{i}].mean_acceptance_length.median: expected 1 to 65")
-        found.append(float(v))
-    return statistics.median(found) if found else None
-
-
-def _bench_speculation(plan: dict[str, Any], path: str) -> tuple[str, int] | None:
+def _bench_speculation(
+    plan: dict[str, Any], path: str
+) -> tuple[tuple[str, int] | None, tuple[tuple[int, int | None, int], ...], str | None]:
     """The speculation a bench plan ran (``plans[0].speculative``): ("none", 0) where it names none,
-    (method, k) where it names one, None where the document does not say (an older one)."""
+    (method, k) where it names one, None where the document does not say (an older one); its k table
+    (``num_speculative_tokens_per_batch_size``, () where none) and its draft's path or name."""
     if "speculative" not in plan:
-        return None
+        return None, (), None
     spec = plan["speculative"]
     if spec is None:
-        return ("none", 0)
-    method = spec.get("method") if isinstance(spec, dict) else None
-    k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+        return ("none", 0), (), None
+    bad = _bench_bad(path, "plans[0].speculative: expected null or its method and num_speculative_tokens")
+    if not isinstance(spec, dict):
+        raise bad
+    method, k, draft = spec.get("method"), spec.get("num_speculative_tokens"), spec.get("model")
     if (
         not isinstance(method, str)
         or not method
@@ -482,8 +468,66 @@ def _bench_speculation(plan: dict[str, Any], path: str) -> tuple[str, int] | Non
         or type(k) is not int
         or not 0 <= k <= 64
     ):
-        raise _bench_bad(path, "plans[0].speculative: expected null or its method and num_speculative_tokens")
-    return (method, k) if k and method != "none" else ("none", 0)
+        raise bad
+    if draft is not None and (not isinstance(draft, str) or len(draft) > 4096):
+        raise bad
+    table = spec.get("num_speculative_tokens_per_batch_size") or []
+    rows = table if isinstance(table, list) and len(table) <= 64 else None
+    if rows is None or not all(_k_row(row) for row in rows):
+        raise _bench_bad(
+            path, "plans[0].speculative.num_speculative_tokens_per_batch_size: expected [low, high, k] rows"
+        )
+    if not k or method == "none":
+        return ("none", 0), (), None
+    return (method, k), tuple((lo, hi, kk) for lo, hi, kk in rows), draft
+
+
+def _k_row(row: object) -> bool:
+    """``row`` is a [low, high or null, k] row of a k table (whole numbers, k up to 64)."""
+    if not isinstance(row, list) or len(row) != 3:
+        return False
+    lo, hi, k = row
+    return (
+        type(lo) is int
+        and lo >= 0
+        and (hi is None or (type(hi) is int and hi >= lo))
+        and type(k) is int
+        and 0 <= k <= 64
+    )
+
+
+def _bench_acceptance(
+    summary: Sequence[object], path: str, plan: dict[str, Any], instances: int
+) -> tuple[float | None, float | None]:
+    """The mean acceptance length a bench measured (the median over its summary rows of each row's
+    median ``mean_acceptance_length``, from vLLM's speculative counters), each checked as a measurement
+    (1 to 65: 1 + accepted / drafts, at most 64 proposals), and the per-token acceptance it implies: the
+    median over the rows of each row's at the k its plan ran at that row's requests an instance
+    (:func:`_bench_speculation`'s table, else its k); (None, None) where no row has one (no speculation,
+    or its counters were not read)."""
+    import statistics
+
+    from .plan.predict import Speculation, acceptance_of_length
+
+    spec, table, _ = _bench_speculation(plan, path)
+    k_of = Speculation(spec[0], table, spec[1], 0.0, None, "") if spec and spec[1] else None
+    lengths, rates = [], []
+    for i, row in enumerate(summary):
+        m = row.get("mean_acceptance_length") if isinstance(row, dict) else None
+        if m is None:
+            continue
+        v = m.get("median") if isinstance(m, dict) else None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1.0 <= v <= 65.0:  # NaN, inf fail
+            raise _bench_bad(path, f"plans[0].summary[{i}].mean_acceptance_length.median: expected 1 to 65")
+        lengths.append(float(v))
+        c = row.get("concurrency") if isinstance(row, dict) else None
+        k = k_of.k_at(max(1, c // max(1, instances))) if k_of is not None and type(c) is int else 0
+        if k:
+            rates.append(acceptance_of_length(float(v), k))
+    return (
+        statistics.median(lengths) if lengths else None,
+        round(statistics.median(rates), 6) if rates else None,
+    )
 
 
 def _bench_model(plan: dict[str, Any], path: str) -> tuple[str | None, tuple[tuple[str, Any], ...]]:
@@ -621,6 +665,7 @@ def predictions_at(
 
     from .plan.candidates import instance_prediction
     from .plan.checkpoint import calibration_mismatch
+    from .plan.layout import RULE_KINDS
 
     if not plan.instances:
         return {c: None for c in concurrencies}
@@ -630,6 +675,9 @@ def predictions_at(
     calibration = load_calibration(inputs.config_root, inputs.host)
     if calibration is not None and calibration_mismatch(calibration, plan.model) is not None:
         calibration = None  # a bench of another model: the plan did not take it (plan._own_calibration)
+    src = res.provenance.get(("speculative", "assumed_acceptance"))
+    if calibration is not None and src is not None and src.kind not in RULE_KINDS:
+        calibration = dataclasses.replace(calibration, acceptance=None)  # the operator's stays, as planned
     interconnect = load_interconnect(inputs.config_root, inputs.host)
     inst = plan.instances[0]
     n = len(plan.instances) if front else 1

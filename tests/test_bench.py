@@ -695,6 +695,11 @@ def test_url_mode_json_and_errors(world) -> None:
         proc.wait(30)
     r = hw(world, "--url", "http://127.0.0.1:1", "--compare", "profile", "baseline")
     assert r.returncode == 2 and "--compare launches both plans itself" in r.stderr
+    # a server hwprofile did not launch runs a model, batching and speculation it cannot see: a bench of
+    # it is no calibration (one is set against them)
+    r = hw(world, "--url", "http://127.0.0.1:1", "--calibrate")
+    assert r.returncode == 2 and "bench with --model MODEL --calibrate instead" in r.stderr
+    assert not (world["tmp"] / "etc" / "calibration").exists()
     r = hw(world, "--compare", "profile", str(world["tmp"] / "nope.yaml"))
     assert r.returncode == 2 and "neither 'profile', 'baseline' nor an overrides file" in r.stderr
     r = hw(world, "--url", f"http://127.0.0.1:{free_port()}")

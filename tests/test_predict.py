@@ -495,32 +495,77 @@ def test_a_bench_that_speculated_sets_the_acceptance_an_operator_did_not(host_of
     }
     doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 3.1, "values": [3.1]}
 
-    def acceptance(sets: list[str] | None = None) -> tuple[object, str]:
+    def acceptance(sets: list[str] | None = None) -> tuple[object, str, str]:
+        """The reason's value and text for the acceptance, and the speculation term's source."""
         got = make_plan(host, empty_root, environ={}, sets=sets or []).to_json()
         said = [r for r in got["reasons"] if r["key"] == "speculative.assumed_acceptance"]
-        terms = [
+        (term,) = [
             t["source"] for t in got["instances"][0]["prediction"]["terms"] if "speculation" in t["term"]
         ]
-        return (said[-1]["value"] if said else None), (
-            said[-1]["reason"] if said else ""
-        ) + " | " + "; ".join(terms)
+        return (said[-1]["value"], said[-1]["reason"], term) if said else (None, "", term)
 
     path.write_text(json.dumps(doc))
-    a, why = acceptance()
+    a, why, term = acceptance()
     assert a == pm.acceptance_of_length(3.1, 3) and 0.8 < a < 0.9  # 1 + a + a^2 + a^3 = 3.1
-    assert why.startswith(f"measured: this host's bench ({path}, ") and f"acceptance {a} " in why
-    a, why = acceptance(["speculative.assumed_acceptance=0.5"])
-    assert a is None and "acceptance 0.5 " in why  # the operator's, untouched
-    doc["plans"][0]["speculative"]["method"] = "ngram"
-    path.write_text(json.dumps(doc))
-    a, why = acceptance()
-    assert a is None and "acceptance 0.6 " in why  # another method's acceptance says nothing of this one
+    assert why.startswith(f"measured, for an instance that speculates by draft_model and {spec.model}: ")
+    assert f"this host's bench ({path}, " in why and f"acceptance {a} (measured: {path}, " in term
+    a, why, term = acceptance(["speculative.assumed_acceptance=0.5"])
+    assert a == 0.5 and "not taken: the operator's value stays" in why and "acceptance 0.5 " in term
+    # another draft's, or another method's, acceptance says nothing of this one's
+    for other in ({"model": "Qwen/Qwen3-0.6B"}, {"method": "ngram", "model": None}):
+        doc["plans"][0]["speculative"] |= other
+        path.write_text(json.dumps(doc))
+        a, why, term = acceptance()
+        assert "acceptance 0.6 (speculative.assumed_acceptance)" in term, other
+        doc["plans"][0]["speculative"] |= {"method": "draft_model", "model": spec.model}
     doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 0.2}
     path.write_text(json.dumps(doc))
     from hwprofile.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"summary\[0\]\.mean_acceptance_length\.median: expected 1 to 65"):
         make_plan(host, empty_root, environ={})
+
+
+def test_the_4_bit_retry_takes_the_calibration_of_the_checkpoint_that_runs(host_of, empty_root) -> None:
+    """Qwen3-32B does not fit one RTX 4090 at 16 bits: the plan starts over with its 4-bit checkpoint. A
+    bench of that checkpoint (n-gram with the plan's k table) is its calibration: the measured acceptance
+    is what the final predictions take, and the reason says so. A bench of the 16-bit one is not."""
+    host = host_of("rtx4090-1x")
+    base = make_plan(host, empty_root, environ={}, model="Qwen/Qwen3-32B")
+    spec = base.instances[0].speculative
+    assert base.model.bits == 4 and spec is not None and spec.method == "ngram"
+    assert spec.num_speculative_tokens_per_batch_size == ((1, 2, 6), (3, None, 4))
+    from hwprofile.model import resolve_model
+    from hwprofile.plan.checkpoint import model_summary
+
+    sixteen = model_summary(resolve_model("Qwen/Qwen3-32B", "model"))
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+    doc["plans"][0] |= {
+        "instances": 1,
+        "speculative": {
+            "method": "ngram",
+            "model": None,
+            "num_speculative_tokens": 6,
+            "num_speculative_tokens_per_batch_size": [[1, 2, 6], [3, None, 4]],
+        },
+    }
+    doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 2.5}  # at 16 requests: k = 4
+    want = round(pm.acceptance_of_length(2.5, 4), 6)
+    for measured, applies in ((base.model, True), (sixteen, False)):
+        doc["plans"][0] |= {"model": measured.name, "model_facts": measured.cost_facts()}
+        path.write_text(json.dumps(doc))
+        got = make_plan(host, empty_root, environ={}, model="Qwen/Qwen3-32B").to_json()
+        said = [r for r in got["reasons"] if r["key"] == "speculative.assumed_acceptance"]
+        terms = " ".join(t["source"] for t in got["instances"][0]["prediction"]["terms"])
+        assert got["model"]["name"] == "Qwen/Qwen3-32B-AWQ"
+        if applies:
+            assert said and said[-1]["value"] == want and "at its k table" in said[-1]["reason"]
+            assert f"acceptance {want} " in terms and got["prediction"]["calibration"]["not_applied"] is None
+        else:
+            assert not said and "acceptance 0.6 " in terms
+            assert "it measured Qwen/Qwen3-32B (" in got["prediction"]["calibration"]["not_applied"]
 
 
 def test_a_calibration_from_other_gpus_or_not_a_bench_result_is_refused(host_of, empty_root) -> None:

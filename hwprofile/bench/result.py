@@ -59,6 +59,12 @@ class BenchPlan:
                     "method": spec.method,
                     "model": spec.model,
                     "num_speculative_tokens": spec.num_speculative_tokens,
+                    # k by the requests an instance runs, where the plan set such a table (else null)
+                    "num_speculative_tokens_per_batch_size": (
+                        [list(row) for row in spec.num_speculative_tokens_per_batch_size]
+                        if isinstance(spec.num_speculative_tokens_per_batch_size, tuple)
+                        else None
+                    ),
                 }
                 if spec is not None
                 else None

@@ -77,6 +77,19 @@ def speculates(plans: list[BenchPlan]) -> bool | None:
     return None if None in seen else False
 
 
+def _refuse_with_url(args: argparse.Namespace) -> None:
+    """What a bench of a server at ``--url`` (not launched here) cannot do: a usage error saying why."""
+    if args.url and args.compare:
+        raise CliError("--compare launches both plans itself: give it without --url", EXIT_USAGE)
+    if args.url and getattr(args, "calibrate", False):
+        raise CliError(
+            "--calibrate stores a bench of a plan hwprofile launched (its model, batching and speculation "
+            "known: a calibration is set against them); the server at --url runs what hwprofile cannot "
+            "see: bench with --model MODEL --calibrate instead",
+            EXIT_USAGE,
+        )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.campaign import run_campaign
     from ..bench.runner import BenchFailed
@@ -84,8 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.workloads import bench_settings, prompts_path, resolve_dataset, workload
     from ..config.layers import config_root
 
-    if args.url and args.compare:
-        raise CliError("--compare launches both plans itself: give it without --url", EXIT_USAGE)
+    _refuse_with_url(args)
     host = load_host(args)
     model, sets = args.model, list(args.sets)
     if args.demo:

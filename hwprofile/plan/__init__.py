@@ -56,7 +56,7 @@ from .layout import RULE_KINDS, TP_SIZES, layout, shipped
 from .layout import where as layout_where
 from .loaded import as_loaded, device_cc
 from .moetune import moe_tuning
-from .predict import Calibration, acceptance_of_length
+from .predict import Calibration
 from .reasons import Reasons
 from .refusal import PlanRefused
 from .releases import refuse_old_release
@@ -216,10 +216,8 @@ def _draft_by_prediction(
         )
     with_draft = [i.prediction for i in plan.instances if isinstance(i.prediction, InstancePrediction)]
     without = [i.prediction for i in alt.instances if isinstance(i.prediction, InstancePrediction)]
-    if not with_draft or len(with_draft) != len(plan.instances) or len(without) != len(alt.instances):
-        return _kept(
-            plan, name, f"{starved}; the draft stays: not compared (an instance is not predicted)", where
-        )
+    if (not_compared := _not_comparable(plan, alt, with_draft, without)) is not None:
+        return _kept(plan, name, f"{starved}; the draft stays: not compared ({not_compared})", where)
     better, why = draft_gain(
         with_draft, without, lay.objective, lay.ttft_target_ms, lay.tpot_target_ms, lay.workload_output_len
     )
@@ -230,6 +228,24 @@ def _draft_by_prediction(
         Reason(r.key, r.value, said, where) if r.key == "speculative.method" else r for r in alt.reasons
     )
     return dataclasses.replace(alt, reasons=reasons)
+
+
+def _not_comparable(
+    plan: Plan, alt: Plan, with_draft: list[InstancePrediction], without: list[InstancePrediction]
+) -> str | None:
+    """Why the predictions of ``plan`` (``with_draft``) and of ``alt`` (``without``) cannot be set against
+    each other, or None: every instance predicted on both sides, on one basis (:func:`basis`)."""
+    if not with_draft or len(with_draft) != len(plan.instances) or len(without) != len(alt.instances):
+        return "an instance is not predicted"
+    if {basis(p) for p in with_draft} != {basis(p) for p in without}:
+        return "one side is calibrated, the other the datasheet's: this host's bench ran another speculation"
+    return None
+
+
+def basis(p: InstancePrediction) -> str:
+    """What ``p``'s figures rest on: "calibrated" (this host's bench: measured, or the model scaled by
+    it, or a device fitted to it) or "datasheet"; two predictions are compared only on one basis."""
+    return "calibrated" if "calibrat" in p.source else "datasheet"
 
 
 def _kept(plan: Plan, draft: str, why: str, where: str) -> Plan:
@@ -353,7 +369,6 @@ def _four_bit_retry(
     retry_draft = chosen_draft if chosen_draft is not None else draft
     spec_method, chosen_draft = choose_speculator(ctx, model, retry_draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
-    ctx = _measured_acceptance(ctx, spec_method)
     model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     return model, _instances(ctx, model, chosen_draft, spec_method)
 
@@ -367,7 +382,10 @@ def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
     cal = r.calibration = r.offered_calibration
     r.calibration_not_applied = None
     why = calibration_mismatch(cal, model_summary(model)) if cal is not None else None
-    if cal is None or why is None:
+    if cal is None:
+        return
+    if why is None:
+        r.calibration = _acceptance_of(ctx, cal)
         return
     r.calibration = None
     r.calibration_not_applied = f"{cal.path}: {why}"
@@ -381,36 +399,37 @@ def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
     ctx.warn(f"this host's calibration {cal.path} is not applied: {why}; run {again}")
 
 
-def _measured_acceptance(ctx: PlanContext, method: str | None) -> PlanContext:
-    """``ctx`` with ``speculative.assumed_acceptance`` at what this host's calibration measured, where its
-    bench speculated by ``method`` (the plan's) and read vLLM's acceptance counters, and the value there
-    is a shipped one, not an operator's (:func:`.layout.shipped`): the per-token acceptance whose expected
-    tokens per step at the bench's k are the mean acceptance length measured
-    (:func:`.predict.acceptance_of_length`), with a reason. Else ``ctx``."""
-    r = ctx.reasons
-    cal = r.calibration
-    if (
-        not method
-        or cal is None
-        or cal.acceptance_length is None
-        or cal.speculation is None
-        or cal.speculation[0] != method
-        or not shipped(r, ("speculative", "assumed_acceptance"))
-    ):
-        return ctx
-    k = cal.speculation[1]
-    a = acceptance_of_length(cal.acceptance_length, k)
+def _acceptance_of(ctx: PlanContext, cal: Calibration) -> Calibration:
+    """``cal`` as the predictions take it, its measured speculative acceptance said in a reason: that
+    acceptance (``Calibration.acceptance``) is what an instance speculating by the bench's method (and
+    draft) is predicted at (:func:`.candidates.acceptance_for`), unless an operator set
+    ``speculative.assumed_acceptance`` (:func:`.layout.shipped`): then ``cal`` without it."""
+    if cal.acceptance is None or cal.speculation is None:
+        return cal
+    method, k = cal.speculation
+    ran = "its k table" if cal.speculation_table else f"k={k}"
+    drafted = f" and {cal.speculation_model}" if cal.speculation_model else ""
+    measured = (
+        f"this host's bench ({cal.path}, {cal.created or 'undated'}) accepted a mean "
+        f"{cal.acceptance_length or 0:.2f} tokens per step with {method}{drafted} at {ran} (vLLM's counters): "
+        f"a per-token acceptance of {cal.acceptance:.3f}, on the bench's prompts"
+    )
+    if not shipped(ctx.reasons, ("speculative", "assumed_acceptance")):
+        ctx.add(
+            "speculative.assumed_acceptance",
+            ctx.settings.speculative.assumed_acceptance,
+            f"the operator's; {measured} (not taken: the operator's value stays)",
+            ("speculative", "assumed_acceptance"),
+        )
+        return dataclasses.replace(cal, acceptance=None)
     ctx.add(
         "speculative.assumed_acceptance",
-        a,
-        f"measured: this host's bench ({cal.path}, {cal.created or 'undated'}) accepted a mean "
-        f"{cal.acceptance_length:.2f} tokens per step with {method} at k={k} (vLLM's counters): a "
-        f"per-token acceptance of {a:.3f}, on the bench's prompts (set speculative.assumed_acceptance "
-        "to plan for other traffic)",
-        ("speculative", "assumed_acceptance"),
+        cal.acceptance,
+        f"measured, for an instance that speculates by {method}{drafted}: {measured} (set "
+        "speculative.assumed_acceptance to plan for other traffic); any other speculation: "
+        f"{ctx.settings.speculative.assumed_acceptance}",
     )
-    spec = dataclasses.replace(ctx.settings.speculative, assumed_acceptance=a)
-    return ctx.on(settings=dataclasses.replace(ctx.settings, speculative=spec))
+    return cal
 
 
 def _build_plan(
@@ -440,7 +459,6 @@ def _build_plan(
     refuse_old_release(model, ctx.version, ctx.warn)
     spec_method, chosen_draft = choose_speculator(ctx, model, draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
-    ctx = _measured_acceptance(ctx, spec_method)
     model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
         group, endpoint = _over_nodes(ctx, nodes, addresses, model, chosen_draft, spec_method)
@@ -599,6 +617,14 @@ def _speculation_pays(
         r.interconnect,
     )
     if plain is None:
+        return
+    if basis(p) != basis(plain):  # the bench measured one of the two: not set against the other's model
+        ctx.add(
+            f"instances[{i}].speculative.predicted",
+            None,
+            f"{spec.method} k={spec.num_speculative_tokens}: not compared with no speculation (one is "
+            f"calibrated, the other the datasheet's: this host's bench ran one of them)",
+        )
         return
     pays = p.tpot_ms < plain.tpot_ms
     ctx.add(

@@ -263,6 +263,7 @@ def speculation(
     draft: ModelFacts | None,
     kv_bytes: int,
     model: ModelFacts | None = None,
+    cal: pm.Calibration | None = None,
 ) -> pm.Speculation | None:
     if not method or method == "none":
         return None
@@ -270,14 +271,27 @@ def speculation(
     d = model_shape(draft, kv_bytes) if (draft is not None and method == "draft_model") else None
     if method == "mtp" and model is not None:
         d = mtp_draft_shape(model, kv_bytes)
-    return pm.Speculation(
-        method,
-        tuple(s.by_batch_size or ()),
-        s.num_speculative_tokens,
-        s.assumed_acceptance,
-        d,
-        "speculative.assumed_acceptance",
-    )
+    a, source = acceptance_for(settings, method, (draft.path, draft.name) if draft is not None else (), cal)
+    return pm.Speculation(method, tuple(s.by_batch_size or ()), s.num_speculative_tokens, a, d, source)
+
+
+def acceptance_for(
+    settings: Settings, method: str, draft: Sequence[str | None], cal: pm.Calibration | None
+) -> tuple[float, str]:
+    """The per-token acceptance an instance that speculates by ``method`` (with the draft ``draft``
+    names: its path and name; empty: none) is predicted at, and its source: what this host's calibration
+    measured where its bench speculated by that method with that draft (plan._acceptance_of took it
+    out where an operator set ``speculative.assumed_acceptance``); else that setting."""
+    if (
+        cal is not None
+        and cal.acceptance is not None
+        and cal.speculation is not None
+        and cal.speculation[0] == method
+        and (cal.speculation_model is None or cal.speculation_model in draft)
+    ):
+        length = f"{cal.acceptance_length:.2f}" if cal.acceptance_length is not None else "?"
+        return cal.acceptance, f"measured: {cal.path}, a mean acceptance length of {length} (vLLM's counters)"
+    return settings.speculative.assumed_acceptance, "speculative.assumed_acceptance"
 
 
 def _calibrate(
@@ -326,7 +340,8 @@ def as_benched(
     cal: pm.Calibration, cand: pm.Candidate, spec: pm.Speculation | None, wl: pm.Workload
 ) -> tuple[pm.Candidate, pm.Speculation | None, bool] | None:
     """The configuration ``cal``'s bench ran, as the model takes it: ``cand`` (at the bench's TP) with
-    the bench's batching, and its speculation: none, or ``spec``'s method at the bench's k; where the
+    the bench's batching, and its speculation: none, or ``spec``'s method at the bench's k (its k table
+    where it ran one); where the
     bench did not record one, ``cand``'s and ``spec``'s. With whether that is ``cand`` and ``spec`` at
     ``wl`` (then what the bench measured is this candidate's own figure there). None where the bench
     speculated by another method than ``spec``'s: a step of that method is not one this plan models
@@ -342,7 +357,9 @@ def as_benched(
         return bench, None, same and spec is None
     if spec is None or spec.method != method:
         return None
-    at_k = dataclasses.replace(spec, k_by_batch=(), k=k)
+    at_k = dataclasses.replace(spec, k_by_batch=cal.speculation_table, k=k)
+    if cal.speculation_table:  # the bench ran a k table: the plan's own where it runs the same one
+        return bench, at_k, same and (spec.k_by_batch, spec.k) == (cal.speculation_table, k)
     return bench, at_k, same and spec.k_at(max(1, wl.concurrency // max(1, cand.instances))) == k
 
 
@@ -424,21 +441,22 @@ def _tried(
     fits: Callable[..., tuple[bool, int]],
     why: str,
     link: tuple[Mapping[str, Any] | None, Report | None],
-    spec: tuple[str | None, int, ModelFacts],
+    spec: tuple[str | None, int, ModelFacts, pm.Calibration | None],
     cap: Callable[..., int | None] | None = None,
 ) -> _Tried:
     """The candidate at ``tp`` over ``parts``; ``why``: why it is not allowed (empty: allowed);
-    ``link``: the GPU's row and the interconnect record; ``spec``: the method, KV bytes and model;
+    ``link``: the GPU's row and the interconnect record; ``spec``: the method, KV bytes, model and the
+    host's calibration (its measured acceptance: :func:`acceptance_for`);
     ``cap``: a hybrid's sequences whose state fits (the candidate runs at most those)."""
     eng, lay = settings.engine, settings.layout
-    spec_method, kv_bytes, model = spec
+    spec_method, kv_bytes, model, cal = spec
     ok, kv_tokens = fits(d, tp)
     d_tp, only_without = d, False
     if not ok and d is not None:  # predicted as the instance would run (ngram), but not a layout that fits
         only_without, kv_tokens = fits(None, tp)
         d_tp = None if only_without else d
     method = spec_method if d_tp is not None or spec_method != "draft_model" else "ngram"
-    speculated = speculation(settings, method, d_tp, kv_bytes, model)
+    speculated = speculation(settings, method, d_tp, kv_bytes, model, cal)
     if isinstance(lay.replicas, int) or lay.strategy == "single":
         parts = parts[: 1 if lay.strategy == "single" else int(lay.replicas)]
     if not parts:
@@ -551,7 +569,7 @@ def predict_group(
             fits,
             allowed.get(tp, ""),
             (row, interconnect),
-            (spec_method, kv_bytes, model),
+            (spec_method, kv_bytes, model, calibration),
             cap,
         )
         for tp, parts in sorted(parts_by_tp.items())
@@ -597,7 +615,12 @@ def record(
 
 
 def _instance_speculation(
-    inst: InstancePlan, model: ModelFacts, draft: ModelFacts | None, settings: Settings, kv_bytes: int
+    inst: InstancePlan,
+    model: ModelFacts,
+    draft: ModelFacts | None,
+    settings: Settings,
+    kv_bytes: int,
+    cal: pm.Calibration | None = None,
 ) -> pm.Speculation | None:
     """The instance's speculative config as the prediction takes it (None: no speculation)."""
     if inst.speculative is None:
@@ -607,14 +630,9 @@ def _instance_speculation(
     d = model_shape(draft, kv_bytes) if (draft is not None and sp.method == "draft_model") else None
     if sp.method == "mtp":
         d = mtp_draft_shape(model, kv_bytes)
-    return pm.Speculation(
-        sp.method,
-        table,
-        sp.num_speculative_tokens,
-        settings.speculative.assumed_acceptance,
-        d,
-        "speculative.assumed_acceptance",
-    )
+    drafted = (sp.model, *((draft.path, draft.name) if draft is not None else ()))
+    a, source = acceptance_for(settings, sp.method, drafted, cal)
+    return pm.Speculation(sp.method, table, sp.num_speculative_tokens, a, d, source)
 
 
 def _calibrated_at(
@@ -694,7 +712,7 @@ def instance_prediction(
     tp, ranks = inst.tensor_parallel_size, inst.ranks
     kv_bytes, shape = _instance_shape(inst, model, gpu0, tp)
     wl = workload(settings)
-    spec = _instance_speculation(inst, model, draft, settings, kv_bytes)
+    spec = _instance_speculation(inst, model, draft, settings, kv_bytes, calibration)
     total = instances  # every rank of every instance shares the workload
     cand = pm.Candidate(
         tp,

@@ -275,9 +275,16 @@ class Calibration:
     model_facts: tuple[tuple[str, Any], ...] = ()
     # the bench's speculation: ("none", 0) without, (method, k) with; None where the bench did not say
     speculation: tuple[str, int] | None = None
+    # its k by the requests an instance runs, where the bench's plan set such a table; its draft (path
+    # or name), where the method has one
+    speculation_table: tuple[tuple[int, int | None, int], ...] = ()
+    speculation_model: str | None = None
     # the mean acceptance length its bench measured with that speculation (1 + accepted / drafts, from
-    # vLLM's counters: the median over the benched concurrencies); None where none was measured
+    # vLLM's counters: the median over the benched concurrencies), and the per-token acceptance it
+    # implies (the median over those concurrencies of each one's, at the k it ran:
+    # :func:`acceptance_of_length`); None where none was measured
     acceptance_length: float | None = None
+    acceptance: float | None = None
 
     def outside_ms(self, c: int, ttft_ms: float) -> float:
         """The latency measured outside the engine at concurrency ``c`` where it is a part of
