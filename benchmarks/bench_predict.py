@@ -105,16 +105,11 @@ def settings_of(point: dict[str, Any]) -> list[str]:
 
 
 def acceptance_of(length: float, k: int) -> float:
-    """The per-token acceptance ``a`` whose expected tokens per step, (1 - a^(k+1)) / (1 - a) as
-    plan/predict.py takes it, is vLLM's logged mean acceptance length ``length`` (bisection)."""
-    lo, hi = 0.0, 0.999
-    for _ in range(50):
-        a = (lo + hi) / 2
-        if (1 - a ** (k + 1)) / (1 - a) < length:
-            lo = a
-        else:
-            hi = a
-    return round((lo + hi) / 2, 3)
+    """The per-token acceptance whose expected tokens per step at ``k`` is vLLM's logged mean acceptance
+    length ``length`` (the planner's own conversion, as a calibration's bench gives it), to 3 places."""
+    from hwprofile.plan.predict import acceptance_of_length
+
+    return round(acceptance_of_length(length, k), 3)
 
 
 def measured_rows(point: dict[str, Any]) -> list[tuple[str, float, str]]:

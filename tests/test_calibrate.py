@@ -108,6 +108,16 @@ def _doc(
     }
 
 
+def _model_host_root(tmp_path: Path) -> tuple[Path, HostSnapshot, Path]:
+    """A model directory of :data:`CONFIG`, the CPU host and an empty config root under ``tmp_path``."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    root = tmp_path / "etc"
+    root.mkdir()
+    return d, _cpu_host(), root
+
+
 def _cpu_host() -> HostSnapshot:
     return HostSnapshot(
         hostname="cpu-box",
@@ -131,11 +141,7 @@ def test_the_fitted_device_reproduces_the_benched_point(tpot: float, ttft: float
 
 
 def test_a_cpu_plan_predicts_nothing_until_calibrated_then_calibrated(tmp_path: Path) -> None:
-    d = tmp_path / "m"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(CONFIG))
-    host, root = _cpu_host(), tmp_path / "etc"
-    root.mkdir()
+    d, host, root = _model_host_root(tmp_path)
     sets = [*SETS, "layout.workload_concurrency=4"]
     before = make_plan(host, root, environ={}, model=str(d), sets=sets).to_json()
     assert before["instances"][0]["device"] == "cpu" and before["instances"][0].get("prediction") is None
@@ -665,11 +671,7 @@ def test_the_bench_is_modelled_as_it_ran_its_batching_and_speculation() -> None:
 def test_a_bench_that_ran_no_speculation_says_so_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     """A bench that recorded no speculation, at the plan's own configuration: the measurement back; a
     speculative entry that is not one is an error naming it."""
-    d = tmp_path / "m"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(CONFIG))
-    host, root = _cpu_host(), tmp_path / "etc"
-    root.mkdir()
+    d, host, root = _model_host_root(tmp_path)
     sets = [*SETS, "layout.workload_concurrency=1"]
     path = Path(calibration_path(root, host))
     path.parent.mkdir()
