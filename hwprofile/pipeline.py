@@ -507,9 +507,11 @@ def _bench_acceptance(
     or its counters were not read)."""
     import statistics
 
+    from .plan.candidates import running
     from .plan.predict import Speculation, acceptance_of_length
 
     spec, table, _ = _bench_speculation(plan, path)
+    seqs = plan.get("max_num_seqs") if type(plan.get("max_num_seqs")) is int else None
     k_of = Speculation(spec[0], table, spec[1], 0.0, None, "") if spec and spec[1] else None
     lengths, rates = [], []
     for i, row in enumerate(summary):
@@ -521,7 +523,7 @@ def _bench_acceptance(
             raise _bench_bad(path, f"plans[0].summary[{i}].mean_acceptance_length.median: expected 1 to 65")
         lengths.append(float(v))
         c = row.get("concurrency") if isinstance(row, dict) else None
-        k = k_of.k_at(max(1, c // max(1, instances))) if k_of is not None and type(c) is int else 0
+        k = k_of.k_at(running(c, instances, seqs)) if k_of is not None and type(c) is int else 0
         if k:
             rates.append(acceptance_of_length(float(v), k))
     return (
@@ -677,7 +679,7 @@ def predictions_at(
         calibration = None  # a bench of another model: the plan did not take it (plan._own_calibration)
     src = res.provenance.get(("speculative", "assumed_acceptance"))
     if calibration is not None and src is not None and src.kind not in RULE_KINDS:
-        calibration = dataclasses.replace(calibration, acceptance=None)  # the operator's stays, as planned
+        calibration = dataclasses.replace(calibration, acceptance_applies=False)  # the operator's, as planned
     interconnect = load_interconnect(inputs.config_root, inputs.host)
     inst = plan.instances[0]
     n = len(plan.instances) if front else 1

@@ -4,6 +4,7 @@ stores only a usable measurement. The loop on real vLLM: tests/test_calibrate_vl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -666,6 +667,58 @@ def test_the_bench_is_modelled_as_it_ran_its_batching_and_speculation() -> None:
     assert candidates.as_benched(cal(("ngram", 4)), cand, None, wl) is None
     bench, _, same = candidates.as_benched(cal(None, seqs=8), cand, None, wl) or (None, None, None)
     assert bench is not None and (bench.max_num_seqs, bench.max_num_batched_tokens, same) == (8, 2048, False)
+    # a draft is part of the speculation: another draft's bench is not this candidate's
+    drafted = dataclasses.replace(cal(("draft_model", 4)), speculation_model="org/draft-a")
+    with_draft = dataclasses.replace(ngram, method="draft_model")
+    assert candidates.as_benched(drafted, cand, with_draft, wl, ("/m/draft-b", "org/draft-b")) is None
+    assert candidates.as_benched(drafted, cand, with_draft, wl, ("/m/draft-a", "org/draft-a")) is not None
+    # the bench is modelled at the acceptance it measured: a candidate at another (an operator's) is not
+    # the bench's configuration, whether or not its predictions take the measured one
+    for applies in (True, False):
+        measured = dataclasses.replace(cal(("ngram", 4)), acceptance=0.8, acceptance_applies=applies)
+        _, spec, same = candidates.as_benched(measured, cand, ngram, wl) or (None, None, None)
+        assert spec is not None and (spec.acceptance, same) == (0.8, False)
+    at = dataclasses.replace(ngram, acceptance=0.8)
+    assert candidates.as_benched(dataclasses.replace(cal(("ngram", 4)), acceptance=0.8), cand, at, wl)[2]  # type: ignore[index]
+
+
+def test_a_k_table_is_read_at_the_requests_an_instance_runs() -> None:
+    """The k a benched concurrency ran: its table at the requests one instance runs, at most
+    max_num_seqs (16 in flight on one instance of 8 sequences run 8, at k = 3, not the 16's k = 1)."""
+    from hwprofile.pipeline import calibration_from_bench
+
+    assert [candidates.running(c, 2, 8) for c in (1, 3, 16, 40)] == [1, 2, 8, 8]
+    doc = _doc([(16, 20.0, 60.0, 45.0)])
+    doc["plans"][0] |= {
+        "max_num_seqs": 8,
+        "speculative": {
+            "method": "ngram",
+            "model": None,
+            "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, None, 1]],
+        },
+    }
+    doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 2.5}
+    cal = calibration_from_bench(doc, "c.json", _cpu_host())
+    assert cal.acceptance == round(pm.acceptance_of_length(2.5, 3), 6) and 0.6 < cal.acceptance < 0.8
+
+
+def test_a_cpu_bench_of_other_speculation_predicts_nothing_for_this_instance(tmp_path: Path) -> None:
+    """A CPU prediction models no speculation of its own (the device fitted to the bench carries the
+    bench's): a bench that speculated predicts nothing for an instance that does not, as before any
+    calibration."""
+    d, host, root = _model_host_root(tmp_path)
+    path = Path(calibration_path(root, host))
+    path.parent.mkdir()
+    doc = _doc([(1, 20.0, 60.0, 45.0)])
+    for recorded, predicted in (
+        (None, True),
+        ({"method": "ngram", "model": None, "num_speculative_tokens": 3}, False),
+    ):
+        doc["plans"][0]["speculative"] = recorded
+        path.write_text(json.dumps(doc))
+        got = make_plan(host, root, environ={}, model=str(d), sets=SETS).to_json()["instances"][0]
+        assert (got.get("prediction") is not None) is predicted, recorded
 
 
 def test_a_bench_that_ran_no_speculation_says_so_and_a_bad_one_is_refused(tmp_path: Path) -> None:

@@ -526,6 +526,33 @@ def test_a_bench_that_speculated_sets_the_acceptance_an_operator_did_not(host_of
         make_plan(host, empty_root, environ={})
 
 
+def test_an_operators_acceptance_moves_the_calibrated_figures(host_of, empty_root) -> None:
+    """A bench that ran the plan's own speculation (its draft, its k table): at the benched workload its
+    measurement is the plan's figure. An operator's lower acceptance is planned as such: the bench is
+    modelled at what it measured, the plan at the operator's value, and TPOT comes out slower."""
+    host = host_of("a800-pcie-4x-2numa")
+    spec = make_plan(host, empty_root, environ={}).instances[0].speculative
+    assert spec is not None and isinstance(spec.num_speculative_tokens_per_batch_size, tuple)
+    path = Path(calibration_path(empty_root, host))
+    path.parent.mkdir()
+    doc = _bench_doc(host, tpot=30.0, ttft=250.0, tps=480.0)
+    doc["plans"][0]["speculative"] = {
+        "method": spec.method,
+        "model": spec.model,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "num_speculative_tokens_per_batch_size": [
+            list(r) for r in spec.num_speculative_tokens_per_batch_size
+        ],
+    }
+    doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 4.0}  # k = 5 at 8 an instance
+    path.write_text(json.dumps(doc))
+    own = make_plan(host, empty_root, environ={}).to_json()["instances"][0]["prediction"]
+    assert (own["tpot_ms"], own["ttft_ms"]) == (30.0, 250.0)
+    low = make_plan(host, empty_root, environ={}, sets=["speculative.assumed_acceptance=0.3"]).to_json()
+    p = low["instances"][0]["prediction"]
+    assert p["source"].startswith("datasheet scaled by calibration") and p["tpot_ms"] > 30.0 * 1.2
+
+
 def test_the_4_bit_retry_takes_the_calibration_of_the_checkpoint_that_runs(host_of, empty_root) -> None:
     """Qwen3-32B does not fit one RTX 4090 at 16 bits: the plan starts over with its 4-bit checkpoint. A
     bench of that checkpoint (n-gram with the plan's k table) is its calibration: the measured acceptance

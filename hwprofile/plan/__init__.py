@@ -421,7 +421,7 @@ def _acceptance_of(ctx: PlanContext, cal: Calibration) -> Calibration:
             f"the operator's; {measured} (not taken: the operator's value stays)",
             ("speculative", "assumed_acceptance"),
         )
-        return dataclasses.replace(cal, acceptance=None)
+        return dataclasses.replace(cal, acceptance_applies=False)
     ctx.add(
         "speculative.assumed_acceptance",
         cal.acceptance,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -285,6 +286,7 @@ def acceptance_for(
     if (
         cal is not None
         and cal.acceptance is not None
+        and cal.acceptance_applies
         and cal.speculation is not None
         and cal.speculation[0] == method
         and (cal.speculation_model is None or cal.speculation_model in draft)
@@ -300,12 +302,13 @@ def _calibrate(
     shape: pm.ModelShape,
     cands: list[pm.Candidate],
     wl: pm.Workload,
-    specs: list[pm.Speculation | None],
+    specs: list[tuple[pm.Speculation | None, ModelFacts | None]],
     cal: pm.Calibration | None,
     default_tp: int,
 ) -> list[pm.Prediction]:
     """Each prediction from the measurement where there is one (the measured configuration's TP:
-    ``cal.tp``, else the TP the rules give without a prediction)."""
+    ``cal.tp``, else the TP the rules give without a prediction), each candidate's with its own
+    speculation and draft (``specs``) set against the bench (:func:`as_benched`)."""
     if cal is None or not cal.points:
         return preds
     tp = cal.tp or default_tp
@@ -313,15 +316,29 @@ def _calibrate(
     if not at_tp:
         return preds
     c0 = min(cal.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
-    benched = as_benched(cal, cands[at_tp[0]], specs[at_tp[0]], wl)
-    if benched is None:  # its speculation is not one this plan can model: the datasheet's figures
-        return [_not_benched(p, cal, s) for p, s in zip(preds, specs, strict=True)]
-    bench, bench_spec, same = benched
-    at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), bench_spec)
-    return [
-        pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp and same)) if c.fits else p
-        for p, c in zip(preds, cands, strict=True)
-    ]
+    out = []
+    for p, c, (spec, draft) in zip(preds, cands, specs, strict=True):
+        benched = as_benched(cal, cands[at_tp[0]], spec, wl, _names(draft)) if c.fits else None
+        if not c.fits or benched is None:  # a bench this candidate's speculation is not: the datasheet's
+            out.append(_not_benched(p, cal, spec) if c.fits else p)
+            continue
+        bench, bench_spec, same = benched
+        at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), bench_spec)
+        out.append(pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp and same)))
+    return out
+
+
+def _names(draft: ModelFacts | None) -> tuple[str | None, ...]:
+    """How a bench may have named ``draft``: its path and its name (none: no draft)."""
+    return (draft.path, draft.name) if draft is not None else ()
+
+
+def running(concurrency: int, instances: int, max_num_seqs: int | None) -> int:
+    """The requests one instance runs at once with ``concurrency`` in flight over ``instances``, at most
+    ``max_num_seqs`` (the rest wait): the batch a k table is read at, as the model takes it
+    (:func:`.predict.predict`)."""
+    b = max(1, math.ceil(concurrency / max(1, instances)))
+    return min(b, max_num_seqs) if max_num_seqs else b
 
 
 def _not_benched(p: pm.Prediction, cal: pm.Calibration, spec: pm.Speculation | None) -> pm.Prediction:
@@ -337,15 +354,19 @@ def _not_benched(p: pm.Prediction, cal: pm.Calibration, spec: pm.Speculation | N
 
 
 def as_benched(
-    cal: pm.Calibration, cand: pm.Candidate, spec: pm.Speculation | None, wl: pm.Workload
+    cal: pm.Calibration,
+    cand: pm.Candidate,
+    spec: pm.Speculation | None,
+    wl: pm.Workload,
+    drafted: Sequence[str | None] = (),
 ) -> tuple[pm.Candidate, pm.Speculation | None, bool] | None:
     """The configuration ``cal``'s bench ran, as the model takes it: ``cand`` (at the bench's TP) with
-    the bench's batching, and its speculation: none, or ``spec``'s method at the bench's k (its k table
-    where it ran one); where the
+    the bench's batching, and its speculation: none, or ``spec``'s method (with the draft ``drafted``
+    names) at the bench's k (its k table where it ran one) and the acceptance it measured; where the
     bench did not record one, ``cand``'s and ``spec``'s. With whether that is ``cand`` and ``spec`` at
     ``wl`` (then what the bench measured is this candidate's own figure there). None where the bench
-    speculated by another method than ``spec``'s: a step of that method is not one this plan models
-    (another draft, another proposer), so the measurement cannot be set against the model here."""
+    speculated by another method or draft than ``spec``'s: a step of that speculation is not one this
+    candidate models, so the measurement cannot be set against it here."""
     seqs = cal.max_num_seqs or cand.max_num_seqs
     batched = cal.max_num_batched_tokens or cand.max_num_batched_tokens
     bench = dataclasses.replace(cand, max_num_seqs=seqs, max_num_batched_tokens=batched)
@@ -357,10 +378,14 @@ def as_benched(
         return bench, None, same and spec is None
     if spec is None or spec.method != method:
         return None
-    at_k = dataclasses.replace(spec, k_by_batch=cal.speculation_table, k=k)
+    if cal.speculation_model is not None and cal.speculation_model not in drafted:
+        return None
+    a = cal.acceptance if cal.acceptance is not None else spec.acceptance
+    at_k = dataclasses.replace(spec, k_by_batch=cal.speculation_table, k=k, acceptance=a)
+    same = same and spec.acceptance == a
     if cal.speculation_table:  # the bench ran a k table: the plan's own where it runs the same one
         return bench, at_k, same and (spec.k_by_batch, spec.k) == (cal.speculation_table, k)
-    return bench, at_k, same and spec.k_at(max(1, wl.concurrency // max(1, cand.instances))) == k
+    return bench, at_k, same and spec.k_at(running(wl.concurrency, cand.instances, cand.max_num_seqs)) == k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -576,8 +601,8 @@ def predict_group(
     ]
     preds = [_predicted(pgpu, shape, t, wl, settings, fits, cap) for t in tried]
     cands = [t.cand for t in tried]
-    specs = [t.spec for t in tried]
-    return _calibrate(preds, pgpu, shape, cands, wl, specs, calibration, default_tp)
+    specs_drafts = [(t.spec, t.draft) for t in tried]
+    return _calibrate(preds, pgpu, shape, cands, wl, specs_drafts, calibration, default_tp)
 
 
 def record(
@@ -645,9 +670,11 @@ def _calibrated_at(
     spec: pm.Speculation | None,
     calibration: pm.Calibration,
     link: tuple[int, Mapping[str, Any] | None, Report | None],
+    drafted: Sequence[str | None] = (),
 ) -> pm.Prediction:
     """``p`` calibrated by the benchmark's points: the prediction at the benchmark's own TP and nearest
-    concurrency against what it measured. ``link``: the rule's TP, the GPU's row, the interconnect record."""
+    concurrency against what it measured. ``link``: the rule's TP, the GPU's row, the interconnect record;
+    ``drafted``: how the instance's draft is named (:func:`as_benched`)."""
     rule_tp, row, interconnect = link
     btp = calibration.tp or rule_tp
     c0 = min(calibration.points, key=lambda x: (abs(x[0] - wl.concurrency), x[0]))[0]
@@ -665,7 +692,7 @@ def _calibrated_at(
             link_for(host, host.usable_gpus, btp, row, interconnect),
         )
     )
-    benched = as_benched(calibration, tp_cand, spec, wl)
+    benched = as_benched(calibration, tp_cand, spec, wl, drafted)
     if benched is None:  # its speculation is not one this plan can model: the datasheet's figures
         return _not_benched(p, calibration, spec)
     bench, bench_spec, same = benched
@@ -726,7 +753,9 @@ def instance_prediction(
     )
     p = pm.predict(pgpu, shape, cand, wl, spec, step_cpu=step_cpu_of(host))
     if calibration is not None and calibration.points:
-        p = _calibrated_at(host, p, pgpu, shape, cand, wl, spec, calibration, (rule_tp, row, interconnect))
+        drafted = (inst.speculative.model if inst.speculative else None, *_names(draft))
+        link = (rule_tp, row, interconnect)
+        p = _calibrated_at(host, p, pgpu, shape, cand, wl, spec, calibration, link, drafted)
     per = p.output_tokens_per_s / total * ranks
     bench_share = _bench_share(settings, wl, total)
     return InstancePrediction(
@@ -847,6 +876,20 @@ def _measured_overhead(eng: Engine, gpu: pm.Gpu, costs: ServerCosts | None) -> t
     return eng, src
 
 
+def _benched_speculation(cal: pm.Calibration, inst: InstancePlan) -> bool:
+    """The CPU device fitted to ``cal`` holds ``inst``'s steps: its bench ran ``inst``'s speculation
+    (none, or its method and draft; where the bench recorded one) — a CPU prediction models no
+    speculation of its own, the fitted device carries the bench's."""
+    if cal.speculation is None:
+        return True
+    ran = inst.speculative.method if inst.speculative is not None else "none"
+    if cal.speculation[0] != ran:
+        return False
+    return cal.speculation_model is None or (
+        inst.speculative is not None and cal.speculation_model == inst.speculative.model
+    )
+
+
 def cpu_prediction(
     inst: InstancePlan,
     instances: int,
@@ -861,7 +904,7 @@ def cpu_prediction(
     latency outside the engine, from the bench's TPOT, TTFT and the server's own figures) predicts every
     workload and batching, each figure "calibrated". The simulation adds ``host``'s server costs
     (:func:`_calibrated_costs`, :func:`_less_step_cpu`: none counted twice)."""
-    if calibration is None or not calibration.points:
+    if calibration is None or not calibration.points or not _benched_speculation(calibration, inst):
         return None
     kv_bytes = max(1, inst.memory.kv_bytes_per_token_target // max(1, kv_bytes_per_token(model, 1, 1)))
     shape = model_shape(model, kv_bytes)

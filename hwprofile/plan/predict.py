@@ -285,6 +285,9 @@ class Calibration:
     # :func:`acceptance_of_length`); None where none was measured
     acceptance_length: float | None = None
     acceptance: float | None = None
+    # whether a prediction takes that acceptance (False: an operator set speculative.assumed_acceptance,
+    # plan._acceptance_of); the bench is modelled at it either way (candidates.as_benched)
+    acceptance_applies: bool = True
 
     def outside_ms(self, c: int, ttft_ms: float) -> float:
         """The latency measured outside the engine at concurrency ``c`` where it is a part of
