@@ -137,11 +137,34 @@ def _bench(
         ),
     ] + (["--calibrate"] if calibrate else [])
     try:
-        doc = json.loads(_run(args, root).stdout)
+        r = subprocess.run(
+            [sys.executable, "-m", "hwprofile", *args],
+            env=_env(root),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
-    (plan,) = doc["plans"]
+    if r.returncode != 0 and calibrate and (merged := _every_stream_merged(out / "bench.json")):
+        # the machine starved the API server: no repeat timed the engine's tokens, and `bench --calibrate`
+        # rightly stores nothing (one CI run under two CPU hogs); measurement state, not a pass
+        assert not list((root / "calibration").glob("*.json")), "an unusable bench was stored"
+        pytest.skip(f"measurement too noisy: the benched point could not be timed ({merged})")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    (plan,) = json.loads(r.stdout)["plans"]
     return plan
+
+
+def _every_stream_merged(path: Path) -> str | None:
+    """Why no repeat of the bench at ``path`` timed the engine's tokens (every point's stream reached the
+    client merged: bench/runner.py's ``stream_merged``), or None where one did or there is no result."""
+    try:
+        points = [p for run in json.loads(path.read_text())["plans"][0]["runs"] for p in run["points"]]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    merged = [p.get("stream_merged") for p in points]
+    return f"{len(merged)} of {len(points)} repeats merged: {merged[0]}" if points and all(merged) else None
 
 
 def _medians(plan: dict[str, Any], c: int) -> dict[str, tuple[float, float]]:
