@@ -427,6 +427,7 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
     seqs = plan.get("max_num_seqs")
     created = doc.get("created") if isinstance(doc, dict) else None  # a dict: checked above
     model, facts = _bench_model(plan, path)
+    speculation = _bench_speculation(plan, path)
     return Calibration(
         path,
         created if isinstance(created, str) else None,
@@ -441,8 +442,8 @@ def calibration_from_bench(doc: object, path: str, host: HostSnapshot) -> Calibr
         api_cpu,
         model,
         facts,
-        *_bench_speculation(plan, path),
-        *_bench_acceptance(summary or [], path, plan, n_instances),
+        *speculation,
+        *_bench_acceptance(summary or [], path, speculation, (n_instances, seqs)),
     )
 
 
@@ -497,21 +498,25 @@ def _k_row(row: object) -> bool:
 
 
 def _bench_acceptance(
-    summary: Sequence[object], path: str, plan: dict[str, Any], instances: int
+    summary: Sequence[object],
+    path: str,
+    speculation: tuple[tuple[str, int] | None, tuple[tuple[int, int | None, int], ...], str | None],
+    engine: tuple[int, object],
 ) -> tuple[float | None, float | None]:
     """The mean acceptance length a bench measured (the median over its summary rows of each row's
     median ``mean_acceptance_length``, from vLLM's speculative counters), each checked as a measurement
     (1 to 65: 1 + accepted / drafts, at most 64 proposals), and the per-token acceptance it implies: the
-    median over the rows of each row's at the k its plan ran at that row's requests an instance
-    (:func:`_bench_speculation`'s table, else its k); (None, None) where no row has one (no speculation,
-    or its counters were not read)."""
+    median over the rows of each row's at the k its plan ran (``speculation``:
+    :func:`_bench_speculation`'s; its table, else its k) at the requests an instance ran there
+    (``engine``: the plan's instances and max_num_seqs); (None, None) where no row has one (no
+    speculation, or its counters were not read)."""
     import statistics
 
     from .plan.candidates import running
     from .plan.predict import Speculation, acceptance_of_length
 
-    spec, table, _ = _bench_speculation(plan, path)
-    seqs = plan.get("max_num_seqs") if type(plan.get("max_num_seqs")) is int else None
+    spec, table, _ = speculation
+    instances, seqs = engine[0], engine[1] if type(engine[1]) is int else None
     k_of = Speculation(spec[0], table, spec[1], 0.0, None, "") if spec and spec[1] else None
     lengths, rates = [], []
     for i, row in enumerate(summary):
@@ -666,7 +671,7 @@ def predictions_at(
     import dataclasses
 
     from .plan.candidates import instance_prediction
-    from .plan.checkpoint import calibration_mismatch
+    from .plan.checkpoint import calibration_for
     from .plan.layout import RULE_KINDS
 
     if not plan.instances:
@@ -675,11 +680,11 @@ def predictions_at(
     target, named_draft = load_models(res.settings, inputs.model, inputs.draft)
     target, draft = _as_planned(target, named_draft, plan, res.settings, inputs.host, res.provenance)
     calibration = load_calibration(inputs.config_root, inputs.host)
-    if calibration is not None and calibration_mismatch(calibration, plan.model) is not None:
-        calibration = None  # a bench of another model: the plan did not take it (plan._own_calibration)
-    src = res.provenance.get(("speculative", "assumed_acceptance"))
-    if calibration is not None and src is not None and src.kind not in RULE_KINDS:
-        calibration = dataclasses.replace(calibration, acceptance_applies=False)  # the operator's, as planned
+    if calibration is not None:  # as the plan took it (plan._own_calibration)
+        src = res.provenance.get(("speculative", "assumed_acceptance"))
+        calibration, _ = calibration_for(
+            calibration, plan.model, src is not None and src.kind not in RULE_KINDS
+        )
     interconnect = load_interconnect(inputs.config_root, inputs.host)
     inst = plan.instances[0]
     n = len(plan.instances) if front else 1

@@ -40,7 +40,7 @@ from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from .candidates import host_fingerprint, instance_prediction, workload
 from .checkpoint import (
-    calibration_mismatch,
+    calibration_for,
     choose_checkpoint,
     four_bit_fallback,
     model_summary,
@@ -381,13 +381,14 @@ def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
     r = ctx.reasons
     cal = r.calibration = r.offered_calibration
     r.calibration_not_applied = None
-    why = calibration_mismatch(cal, model_summary(model)) if cal is not None else None
     if cal is None:
         return
-    if why is None:
-        r.calibration = _acceptance_of(ctx, cal)
+    operators = not shipped(r, ("speculative", "assumed_acceptance"))
+    taken, why = calibration_for(cal, model_summary(model), operators)
+    r.calibration = taken
+    if taken is not None:
+        _say_acceptance(ctx, taken)
         return
-    r.calibration = None
     r.calibration_not_applied = f"{cal.path}: {why}"
     again = f"`hwprofile bench --model {model.path or model.name} --calibrate`"
     ctx.add(
@@ -399,13 +400,12 @@ def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
     ctx.warn(f"this host's calibration {cal.path} is not applied: {why}; run {again}")
 
 
-def _acceptance_of(ctx: PlanContext, cal: Calibration) -> Calibration:
-    """``cal`` as the predictions take it, its measured speculative acceptance said in a reason: that
-    acceptance (``Calibration.acceptance``) is what an instance speculating by the bench's method (and
-    draft) is predicted at (:func:`.candidates.acceptance_for`), unless an operator set
-    ``speculative.assumed_acceptance`` (:func:`.layout.shipped`): then ``cal`` without it."""
+def _say_acceptance(ctx: PlanContext, cal: Calibration) -> None:
+    """A reason for the speculative acceptance ``cal`` measured: what an instance speculating by the
+    bench's method and draft is predicted at (:func:`.candidates.acceptance_for`), or, where an operator
+    set ``speculative.assumed_acceptance`` (``cal.acceptance_applies`` False), that it is not taken."""
     if cal.acceptance is None or cal.speculation is None:
-        return cal
+        return
     method, k = cal.speculation
     ran = "its k table" if cal.speculation_table else f"k={k}"
     drafted = f" and {cal.speculation_model}" if cal.speculation_model else ""
@@ -414,14 +414,14 @@ def _acceptance_of(ctx: PlanContext, cal: Calibration) -> Calibration:
         f"{cal.acceptance_length or 0:.2f} tokens per step with {method}{drafted} at {ran} (vLLM's counters): "
         f"a per-token acceptance of {cal.acceptance:.3f}, on the bench's prompts"
     )
-    if not shipped(ctx.reasons, ("speculative", "assumed_acceptance")):
+    if not cal.acceptance_applies:
         ctx.add(
             "speculative.assumed_acceptance",
             ctx.settings.speculative.assumed_acceptance,
             f"the operator's; {measured} (not taken: the operator's value stays)",
             ("speculative", "assumed_acceptance"),
         )
-        return dataclasses.replace(cal, acceptance_applies=False)
+        return
     ctx.add(
         "speculative.assumed_acceptance",
         cal.acceptance,
@@ -429,7 +429,6 @@ def _acceptance_of(ctx: PlanContext, cal: Calibration) -> Calibration:
         "speculative.assumed_acceptance to plan for other traffic); any other speculation: "
         f"{ctx.settings.speculative.assumed_acceptance}",
     )
-    return cal
 
 
 def _build_plan(

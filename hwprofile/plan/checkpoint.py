@@ -4,6 +4,7 @@ does not fit any GPU layout; and the model's description in the plan."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ..config.settings import Settings
@@ -103,3 +104,18 @@ def calibration_mismatch(cal: Calibration, ours: ModelSummary) -> str | None:
     if cal.model is not None and cal.model not in (ours.path, ours.name):
         return f"it measured {cal.model}"
     return None
+
+
+def calibration_for(
+    cal: Calibration, ours: ModelSummary, operators_acceptance: bool
+) -> tuple[Calibration | None, str | None]:
+    """``cal`` as a plan of ``ours`` takes it, and why not where it does not: (None, why) where it
+    measured another model (:func:`calibration_mismatch`); its measured speculative acceptance not
+    applied where an operator set ``speculative.assumed_acceptance`` (``operators_acceptance``: the
+    bench is still modelled at what it measured)."""
+    why = calibration_mismatch(cal, ours)
+    if why is not None:
+        return None, why
+    if operators_acceptance and cal.acceptance is not None:
+        return dataclasses.replace(cal, acceptance_applies=False), None
+    return cal, None
