@@ -66,6 +66,25 @@ def test_moe_facts_read_from_each_family_keys() -> None:
     assert active_weights_bytes(from_catalog("Qwen/Qwen3-8B")) == from_catalog("Qwen/Qwen3-8B").weights_bytes
 
 
+@pytest.mark.parametrize("name", ["openai/gpt-oss-20b", "openai/gpt-oss-120b"])
+def test_a_token_of_mxfp4_experts_reads_every_16_bit_weight_and_its_experts_share(name: str) -> None:
+    """gpt-oss keeps attention, embeddings and router in 16 bits and its routed experts in MXFP4: a token
+    skips ``(experts - routed) / experts`` of the experts' own bytes, not that share of every byte (one
+    share for all, ``active_params / params`` of the checkpoint, read gpt-oss-120b's token as 3.2 GB, not
+    6.2). A checkpoint whose bytes follow its parameters (Qwen3-30B-A3B, bf16) keeps the one share."""
+    m = from_catalog(name)
+    assert m and m.mxfp4_expert_bytes and m.weights_bytes > m.mxfp4_expert_bytes
+    e, k = m.num_experts, m.experts_per_token
+    unrouted = m.mxfp4_expert_bytes * (e - k) // e
+    assert active_weights_bytes(m) == m.weights_bytes - unrouted
+    # every byte outside the routed experts is read: more than one share of every byte gives
+    assert active_weights_bytes(m) > m.weights_bytes - m.mxfp4_expert_bytes
+    assert active_weights_bytes(m) > 1.5 * m.weights_bytes * m.active_params / m.params
+    q = from_catalog("Qwen/Qwen3-30B-A3B")
+    assert q and not q.mxfp4_expert_bytes
+    assert active_weights_bytes(q) == int(q.weights_bytes * q.active_params / q.params)
+
+
 def test_kv_bytes_per_token_per_family() -> None:
     q3 = from_catalog("Qwen/Qwen3-8B")  # explicit head_dim 128
     q2 = from_catalog("Qwen/Qwen2.5-7B-Instruct")  # GQA 28:4, head_dim = 3584 / 28

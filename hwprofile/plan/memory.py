@@ -401,10 +401,19 @@ def logs_kv_tokens(model: ModelFacts, tp: int = 1, kv_dtype_bytes: int = 2) -> b
 
 def active_weights_bytes(model: ModelFacts) -> int:
     """Weight bytes read to decode one token: all of a dense model; for a mixture of experts, the
-    shared part plus the ``experts_per_token`` routed experts (``active_params / params`` of the
-    checkpoint), since every expert sits in memory but only the routed ones are read."""
+    shared part plus the ``experts_per_token`` routed experts, since every expert sits in memory but
+    only the routed ones are read.
+
+    Where the checkpoint's routed experts are MXFP4 (:attr:`~hwprofile.model.ModelFacts.mxfp4_expert_bytes`:
+    gpt-oss, DeepSeek V4's fp4 experts) and the rest (attention, embeddings, router) keeps 16 bits, the
+    experts not routed to are ``(num_experts - experts_per_token) / num_experts`` of those experts' own
+    bytes: a token reads every other byte. gpt-oss-120b: 6.2 GB a token, where ``active_params / params``
+    of the checkpoint's bytes (one share for every byte) gave 2.8. Otherwise that share of the bytes."""
     if not model.active_params or model.active_params >= model.params:
         return model.weights_bytes
+    e, k = model.num_experts, model.experts_per_token
+    if model.mxfp4_expert_bytes and e > k > 0:
+        return max(0, model.weights_bytes - model.mxfp4_expert_bytes * (e - k) // e)
     return int(model.weights_bytes * model.active_params / model.params)
 
 
