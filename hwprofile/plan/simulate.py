@@ -10,7 +10,8 @@ simulated, as vLLM's ``vllm/v1/core/sched/scheduler.py`` does it:
 - ``max_num_seqs`` running requests at most;
 - KV capacity in blocks of ``block_size`` tokens: a request is admitted only when its blocks are free;
   a running request that needs a block when none is free preempts the most recently admitted running
-  request (recompute: its blocks are freed, it returns to the front of the queue and prefills again);
+  request (recompute: its blocks are freed, it returns to the front of the queue and prefills again),
+  and a step that preempted admits no waiting request;
 - the first token is sampled at the end of the step that completes the prompt; each later step adds one;
 - each request its own lengths: the workload's, or spread about them as a dataset's are (``Arrivals.lengths``,
   :func:`request_lengths`: ShareGPT's), so that requests end apart and short ones leave early.
@@ -741,8 +742,12 @@ class _Scheduler:
     def step(self) -> None:
         """One engine step (or several identical decode-only ones taken together)."""
         step = _Step(self.engine.max_num_batched_tokens)
+        preempted = self.preemptions
         self._serve_running(step)
-        self._admit(step)
+        if (
+            self.preemptions == preempted
+        ):  # vLLM admits none in a step that preempted (``if not preempted_reqs``)
+            self._admit(step)
         decode, chunks = step.decode, step.chunks
         self.peak = max(self.peak, len(self.running))
         prefill_tokens = 0
