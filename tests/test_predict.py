@@ -496,12 +496,15 @@ def test_a_bench_that_speculated_sets_the_acceptance_an_operator_did_not(host_of
     doc["plans"][0]["summary"][0]["mean_acceptance_length"] = {"median": 3.1, "values": [3.1]}
 
     def acceptance(sets: list[str] | None = None) -> tuple[object, str, str]:
-        """The reason's value and text for the acceptance, and the speculation term's source."""
+        """The reason's value and text for the acceptance, and the speculation term's source; the
+        instance's batch-1 ceiling (its ``estimate``) is at the acceptance the prediction takes."""
         got = make_plan(host, empty_root, environ={}, sets=sets or []).to_json()
         said = [r for r in got["reasons"] if r["key"] == "speculative.assumed_acceptance"]
         (term,) = [
             t["source"] for t in got["instances"][0]["prediction"]["terms"] if "speculation" in t["term"]
         ]
+        est = got["instances"][0]["estimate"]
+        assert f"acceptance {est['assumed_acceptance']} ({est['acceptance_source']})" in term, (est, term)
         return (said[-1]["value"], said[-1]["reason"], term) if said else (None, "", term)
 
     path.write_text(json.dumps(doc))

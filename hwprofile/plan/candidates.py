@@ -24,6 +24,7 @@ from . import attention, gpufacts
 from . import predict as pm
 from .batching import batching_rows, runs_at
 from .engine import fit_args, hybrid_opts, kv_cache_dtype, state_seqs
+from .estimate import acceptance_for
 from .memory import (
     Fit,
     HybridOpts,
@@ -274,26 +275,6 @@ def speculation(
         d = mtp_draft_shape(model, kv_bytes)
     a, source = acceptance_for(settings, method, (draft.path, draft.name) if draft is not None else (), cal)
     return pm.Speculation(method, tuple(s.by_batch_size or ()), s.num_speculative_tokens, a, d, source)
-
-
-def acceptance_for(
-    settings: Settings, method: str, draft: Sequence[str | None], cal: pm.Calibration | None
-) -> tuple[float, str]:
-    """The per-token acceptance an instance that speculates by ``method`` (with the draft ``draft``
-    names: its path and name; empty: none) is predicted at, and its source: what this host's calibration
-    measured where its bench speculated by that method with that draft (plan._acceptance_of took it
-    out where an operator set ``speculative.assumed_acceptance``); else that setting."""
-    if (
-        cal is not None
-        and cal.acceptance is not None
-        and cal.acceptance_applies
-        and cal.speculation is not None
-        and cal.speculation[0] == method
-        and (cal.speculation_model is None or cal.speculation_model in draft)
-    ):
-        length = f"{cal.acceptance_length:.2f}" if cal.acceptance_length is not None else "?"
-        return cal.acceptance, f"measured: {cal.path}, a mean acceptance length of {length} (vLLM's counters)"
-    return settings.speculative.assumed_acceptance, "speculative.assumed_acceptance"
 
 
 def _calibrate(

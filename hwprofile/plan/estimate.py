@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
@@ -11,6 +12,9 @@ from ..model import ModelFacts
 from . import gpufacts
 from .memory import active_weights_bytes, expert_padding
 from .types import Estimate, SpeculativeConfig
+
+if TYPE_CHECKING:
+    from .predict import Calibration
 
 
 def estimate(
@@ -20,8 +24,11 @@ def estimate(
     tp: int,
     spec: SpeculativeConfig | None,
     settings: Settings,
+    calibration: Calibration | None = None,
 ) -> Estimate:
-    """Batch-1 decode ceiling on ``gpu`` at TP ``tp`` (an upper bound: no compute or communication)."""
+    """Batch-1 decode ceiling on ``gpu`` at TP ``tp`` (an upper bound: no compute or communication);
+    speculating, at the acceptance the predictions take (:func:`acceptance_for`: this host's
+    ``calibration`` measured it, else ``speculative.assumed_acceptance``), its source beside it."""
     row = gpufacts.lookup(gpu.name, gpu.memory_total_gib)
     bw = row.get("memory_bandwidth_gbs") if row else None
     out: dict[str, Any] = {"gpu_datasheet": row["name"] if row else None, "memory_bandwidth_gbs": bw}
@@ -38,12 +45,14 @@ def estimate(
     out["bytes_read_per_token_per_gpu"] = int(bytes_per_gpu)
     out["decode_tok_s_ceiling_batch1"] = round(base, 1)
     if spec:
-        a = settings.speculative.assumed_acceptance
+        drafted = (draft.path, draft.name) if draft is not None else ()
+        a, source = acceptance_for(settings, spec.method, drafted, calibration)
         k = int(spec.num_speculative_tokens)
         expected = (1 - a ** (k + 1)) / (1 - a)
         draft_bytes = (active_weights_bytes(draft) / tp) if draft else 0.0
         step_bytes = bytes_per_gpu + k * draft_bytes
         out["assumed_acceptance"] = a
+        out["acceptance_source"] = source
         out["expected_tokens_per_step"] = round(expected, 2)
         out["decode_tok_s_ceiling_batch1_speculative"] = round(expected * bw * 1e9 / step_bytes, 1)
     out["basis"] = (
@@ -52,3 +61,23 @@ def estimate(
         "with their MXFP4 tile padding)"
     )
     return Estimate(**out)
+
+
+def acceptance_for(
+    settings: Settings, method: str, draft: Sequence[str | None], cal: Calibration | None
+) -> tuple[float, str]:
+    """The per-token acceptance an instance that speculates by ``method`` (with the draft ``draft``
+    names: its path and name; empty: none) is predicted at, and its source: what this host's calibration
+    measured where its bench speculated by that method with that draft (plan._acceptance_of took it
+    out where an operator set ``speculative.assumed_acceptance``); else that setting."""
+    if (
+        cal is not None
+        and cal.acceptance is not None
+        and cal.acceptance_applies
+        and cal.speculation is not None
+        and cal.speculation[0] == method
+        and (cal.speculation_model is None or cal.speculation_model in draft)
+    ):
+        length = f"{cal.acceptance_length:.2f}" if cal.acceptance_length is not None else "?"
+        return cal.acceptance, f"measured: {cal.path}, a mean acceptance length of {length} (vLLM's counters)"
+    return settings.speculative.assumed_acceptance, "speculative.assumed_acceptance"

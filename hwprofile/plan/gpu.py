@@ -320,7 +320,7 @@ def gpu_instance(
         engine=engine_settings,
         speculative=spec,
         memory=memory_fit(f, model, draft, tp, kv_bytes, size.length, in_flight, size.hybrid, r, key),
-        estimate=estimate(gpu, model, draft, tp, spec, settings),
+        estimate=estimate(gpu, model, draft, tp, spec, settings, r.calibration),
     )
     return instance, draft
 

@@ -272,6 +272,7 @@ class Estimate(_Json):
     bytes_read_per_token_per_gpu: int | AbsentT = ABSENT
     decode_tok_s_ceiling_batch1: float | AbsentT = ABSENT
     assumed_acceptance: float | AbsentT = ABSENT
+    acceptance_source: str | AbsentT = ABSENT  # measured (the calibration) or the setting
     expected_tokens_per_step: float | AbsentT = ABSENT
     decode_tok_s_ceiling_batch1_speculative: float | AbsentT = ABSENT
     basis: str | AbsentT = ABSENT
