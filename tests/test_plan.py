@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import inproc
@@ -644,3 +645,23 @@ def test_a_one_host_gpu_plan_imports_no_multi_host_cpu_or_pinning_step(host_of, 
     assert imported("--from", host, "--from", host) == "0 ['hwprofile.plan.nodes']"
     assert imported("--from", str(cpu_host)) == "0 ['hwprofile.plan.cpu']"
     assert imported("--from", host, "--set", "supervise.pin_kv_pool=true") == "0 ['hwprofile.plan.kvpin']"
+
+
+def test_a_16_bit_checkpoint_that_starves_the_kv_cache_names_its_4_bit_room(host_of, empty_root) -> None:
+    """Qwen3-32B at 16 bits fits one A100 80GB with little left for the KV cache: the plan keeps the
+    checkpoint asked for (it fits), and the warning that max_num_seqs outruns the KV cache says what the
+    catalog's 4-bit checkpoint would leave and how to plan it. An operator who fixed the bits, or a
+    checkpoint already at 4 bits, is not told."""
+    host = host_of("a100-80g-pcie-1x")
+    plan = make_plan(host, empty_root, environ={}, model="Qwen/Qwen3-32B", sets=["layout.replicas=1"])
+    assert plan.model.name == "Qwen/Qwen3-32B" and plan.model.bits == 16
+    (said,) = [w for w in plan.warnings if "queue or preempt" in w]
+    m = re.search(
+        r"its 4-bit checkpoint (\S+) would leave ([\d.]+) GiB more per GPU to the KV cache, about (\d+)", said
+    )
+    assert m and m.group(1) == "Qwen/Qwen3-32B-AWQ", said
+    held = int(re.search(r"max_num_seqs \d+ > (\d+)", said).group(1))  # type: ignore[union-attr]
+    assert float(m.group(2)) > 30 and int(m.group(3)) > 5 * held, said
+    assert "--set engine.weights_bits=4" in said
+    fixed = make_plan(host, empty_root, environ={}, model="Qwen/Qwen3-32B", sets=["engine.weights_bits=16"])
+    assert not [w for w in fixed.warnings if "4-bit checkpoint" in w]

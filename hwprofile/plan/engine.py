@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
-from ..model import ModelFacts
+from ..model import ModelFacts, variant_facts
 from ..release import first_with_choice, release_of
 from . import gpufacts
 from .context import PlanContext
@@ -24,6 +24,7 @@ from .memory import (
     is_hybrid,
     longest_context,
     sequence_bytes,
+    weights_per_gpu,
 )
 from .reasons import Reasons
 from .releases import fp8_kv_verdict
@@ -249,6 +250,7 @@ def concurrency(
     if seqs > half:
         ctx.warn(
             f"{name}: max_num_seqs {seqs} > {half} ({holds}); under long requests vLLM will queue or preempt"
+            + _four_bit_room(ctx.settings, model, tp, f.kv_cache_bytes, half)
         )
         ctx.add(
             f"{key}.engine.max_num_seqs",
@@ -320,6 +322,24 @@ def state_cap(
         f"{name}: max_num_seqs {seqs} lowered to {h.state_blocks}: the recurrent state of more does not fit"
     )
     return ctx.add(f"{key}.engine.max_num_seqs", h.state_blocks, why)
+
+
+def _four_bit_room(settings: Settings, model: ModelFacts, tp: int, kv_cache_bytes: int, holds: int) -> str:
+    """Where a 16-bit (or 8-bit) checkpoint leaves the KV cache too small for ``max_num_seqs``: what its
+    4-bit checkpoint (the catalog's) would leave, as the same requests, and the setting that plans it
+    (``engine.weights_bits: 4``); "" where there is none or the operator fixed the bits. The KV cache
+    grows by the weight bytes one GPU no longer holds; the requests it holds, in proportion."""
+    variant = model.quantized_variants.get(4)
+    if not variant or model.bits <= 4 or settings.engine.weights_bits != "auto" or kv_cache_bytes <= 0:
+        return ""
+    freed = weights_per_gpu(model, tp) - weights_per_gpu(variant_facts(model, variant, 4), tp)
+    if freed <= 0:
+        return ""
+    more = int(holds * (kv_cache_bytes + freed) / kv_cache_bytes)
+    return (
+        f"; its 4-bit checkpoint {variant} would leave {freed / GiB:.1f} GiB more per GPU to the KV cache, "
+        f"about {more} such requests (--set engine.weights_bits=4; 4-bit weights change the outputs a little)"
+    )
 
 
 def batched_tokens(ctx: PlanContext, seqs: int, length: int, key: str, chosen_by: str | None = None) -> int:
