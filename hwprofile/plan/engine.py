@@ -234,18 +234,8 @@ def concurrency(
         hybrid=hybrid,
     )
     full_len = f.kv_cache_bytes // max(1, whole)
-    half = max(
-        1,
-        int(
-            f.kv_cache_bytes
-            // max(
-                1,
-                sequence_bytes(
-                    model, draft, tp, kv_bytes, max(16, int(length * AVERAGE_FILL)), hybrid=hybrid
-                ),
-            )
-        ),
-    )
+    avg = sequence_bytes(model, draft, tp, kv_bytes, max(16, int(length * AVERAGE_FILL)), hybrid=hybrid)
+    half = max(1, int(f.kv_cache_bytes // max(1, avg)))
     holds = f"the KV cache holds {half} requests at {int(AVERAGE_FILL * 100)}% of max_model_len, {full_len} at full length"
     if seqs > half:
         ctx.warn(
