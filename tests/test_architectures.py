@@ -322,3 +322,20 @@ def test_cpu_plan_of_an_mla_model_uses_the_cpus_block(host_of, empty_root, tmp_p
         )
         assert ("AMX" if name == "amx" else "CPU_MLA") in why["instances[0].memory.block_size"]
     assert got["amx"][0] == 128 and got["avx512"] == (16, False, False, True)
+
+
+def test_the_memory_profile_holds_the_sampler_warm_up_over_every_sequences_logits() -> None:
+    """vLLM's profiling run ends with a sampler warm-up on ``max_num_seqs`` rows of logits, top-k and top-p
+    on: FlashInfer's path holds the bf16 logits, their fp32 copy, the masked fp32 logits and the fp32
+    probabilities at once (2 + 4 + 4 + 4 bytes an element). At 1,024 sequences over gpt-oss's 201,088-token
+    vocabulary that is 2.9 GB against the KV cache, where one fp32 copy (0.8 GB) was counted."""
+    from hwprofile.plan.memory import activation_bytes
+
+    g = from_catalog("openai/gpt-oss-120b")
+    assert g and g.vocab_size == 201088
+    rows = activation_bytes(g, 1, 8192, 1024, 1.0) - activation_bytes(g, 1, 8192, 0, 1.0)
+    assert rows == 1024 * g.vocab_size * (2 + 4 + 4 + 4)
+    assert 2.8e9 < rows < 3.0e9
+    # at most one row per token the step holds; the factor scales the whole peak
+    assert activation_bytes(g, 1, 512, 1024, 1.0) - activation_bytes(g, 1, 512, 0, 1.0) == 512 * 201088 * 14
+    assert activation_bytes(g, 1, 8192, 1024, 2.0) == 2 * activation_bytes(g, 1, 8192, 1024, 1.0)

@@ -417,6 +417,15 @@ def active_weights_bytes(model: ModelFacts) -> int:
     return int(model.weights_bytes * model.active_params / model.params)
 
 
+# vLLM's profiling run ends with a sampler warm-up (gpu_model_runner ``_dummy_sampler_run``, 0.11 to 0.32)
+# on ``max_num_seqs`` rows of logits over the vocabulary, top-k and top-p on: FlashInfer's path
+# (``flashinfer.sampling.top_k_top_p_sampling_from_logits``, vLLM's CUDA default where FlashInfer is
+# installed) holds the bf16 logits, their fp32 copy, the masked fp32 logits and the fp32 probabilities at
+# once: 2 + 4 + 4 + 4 bytes an element. PyTorch's path (``apply_top_k_top_p``: a sort with int64 indices)
+# holds more. The profile counts that peak against the KV cache.
+SAMPLER_BYTES_PER_LOGIT = 14
+
+
 def activation_bytes(
     model: ModelFacts, tp: int, batched_tokens: int, max_num_seqs: int, factor: float
 ) -> int:
@@ -424,10 +433,12 @@ def activation_bytes(
 
     One step of ``batched_tokens`` tokens holds a few hidden-size tensors (residual, norm output,
     attention output: ~4 × hidden) and the gated MLP's two intermediate tensors (2 × intermediate / TP),
-    in 2-byte elements; plus fp32 logits of the sampled positions (one per sequence) over the vocabulary.
+    in 2-byte elements; plus the sampler warm-up over the sampled positions' logits (one row per
+    sequence, :data:`SAMPLER_BYTES_PER_LOGIT` bytes an element of the vocabulary): gpt-oss's 201,088-token
+    vocabulary at 1,024 sequences, 2.9 GB.
     """
     per_token = (4 * model.hidden_size + 2 * model.intermediate_size // tp) * 2
-    logits = min(max_num_seqs, batched_tokens) * model.vocab_size * 4
+    logits = min(max_num_seqs, batched_tokens) * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
     return int(factor * (batched_tokens * per_token + logits))
 
 
