@@ -240,7 +240,7 @@ def concurrency(
     if seqs > half:
         ctx.warn(
             f"{name}: max_num_seqs {seqs} > {half} ({holds}); under long requests vLLM will queue or preempt"
-            + _four_bit_room(ctx.settings, model, tp, f.kv_cache_bytes, half)
+            + _four_bit_room(ctx.settings, model, tp, f.kv_cache_bytes, avg)
         )
         ctx.add(
             f"{key}.engine.max_num_seqs",
@@ -314,18 +314,20 @@ def state_cap(
     return ctx.add(f"{key}.engine.max_num_seqs", h.state_blocks, why)
 
 
-def _four_bit_room(settings: Settings, model: ModelFacts, tp: int, kv_cache_bytes: int, holds: int) -> str:
+def _four_bit_room(
+    settings: Settings, model: ModelFacts, tp: int, kv_cache_bytes: int, per_request: int
+) -> str:
     """Where a 16-bit (or 8-bit) checkpoint leaves the KV cache too small for ``max_num_seqs``: what its
     4-bit checkpoint (the catalog's) would leave, as the same requests, and the setting that plans it
     (``engine.weights_bits: 4``); "" where there is none or the operator fixed the bits. The KV cache
-    grows by the weight bytes one GPU no longer holds; the requests it holds, in proportion."""
+    grows by the weight bytes one GPU no longer holds; the requests it holds at ``per_request`` bytes."""
     variant = model.quantized_variants.get(4)
     if not variant or model.bits <= 4 or settings.engine.weights_bits != "auto" or kv_cache_bytes <= 0:
         return ""
     freed = weights_per_gpu(model, tp) - weights_per_gpu(variant_facts(model, variant, 4), tp)
     if freed <= 0:
         return ""
-    more = int(holds * (kv_cache_bytes + freed) / kv_cache_bytes)
+    more = (kv_cache_bytes + freed) // max(1, per_request)
     return (
         f"; its 4-bit checkpoint {variant} would leave {freed / GiB:.1f} GiB more per GPU to the KV cache, "
         f"about {more} such requests (--set engine.weights_bits=4; 4-bit weights change the outputs a little)"
