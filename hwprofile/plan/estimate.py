@@ -48,7 +48,7 @@ def estimate(
         drafted = (draft.path, draft.name) if draft is not None else ()
         a, source = acceptance_for(settings, spec.method, drafted, calibration)
         k = int(spec.num_speculative_tokens)
-        expected = (1 - a ** (k + 1)) / (1 - a)
+        expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
         draft_bytes = (active_weights_bytes(draft) / tp) if draft else 0.0
         step_bytes = bytes_per_gpu + k * draft_bytes
         out["assumed_acceptance"] = a
