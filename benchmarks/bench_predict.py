@@ -450,6 +450,18 @@ def aiconfigurator_table() -> None:
         )
 
 
+def _sets(held_out: bool) -> list[tuple[str, list[dict[str, Any]], str]]:
+    """(title, points, key) of each set to report: the main ones, then the held-out ones if asked."""
+    files = [("validation set", MAIN, "main"), ("serving set", SERVING, "serving")]
+    if held_out:
+        files += [
+            ("held-out", HELD_OUT, "held_out"),
+            ("serving held-out", SERVING_HELD_OUT, "serving_held_out"),
+            ("serving held-out 2", SERVING_HELD_OUT2, "serving_held_out2"),
+        ]
+    return [(f"{name} (benchmarks/data/{path.name})", load_points(path), key) for name, path, key in files]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--held-out", action="store_true", help="also the held-out points")
@@ -468,32 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         lib = compile_fake_nvml(work / "lib")
-        sets = [("validation set (benchmarks/data/validation_qwen38.yaml)", load_points(MAIN), "main")]
-        sets.append(
-            ("serving set (benchmarks/data/validation_serving.yaml)", load_points(SERVING), "serving")
-        )
-        if args.held_out or args.only:
-            sets.append(
-                (
-                    "held-out (benchmarks/data/validation_qwen38_heldout.yaml)",
-                    load_points(HELD_OUT),
-                    "held_out",
-                )
-            )
-            sets.append(
-                (
-                    "serving held-out (benchmarks/data/validation_serving_heldout.yaml)",
-                    load_points(SERVING_HELD_OUT),
-                    "serving_held_out",
-                )
-            )
-            sets.append(
-                (
-                    "serving held-out 2 (benchmarks/data/validation_serving_heldout2.yaml)",
-                    load_points(SERVING_HELD_OUT2),
-                    "serving_held_out2",
-                )
-            )
+        sets = _sets(bool(args.held_out or args.only))
         if args.sets != "all":
             sets = [x for x in sets if (x[2].startswith("serving")) == (args.sets == "serving")]
         for title, points, key in sets:

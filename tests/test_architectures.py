@@ -80,6 +80,10 @@ def test_a_token_of_mxfp4_experts_reads_every_16_bit_weight_and_its_experts_shar
     # every byte outside the routed experts is read: more than one share of every byte gives
     assert active_weights_bytes(m) > m.weights_bytes - m.mxfp4_expert_bytes
     assert active_weights_bytes(m) > 1.5 * m.weights_bytes * m.active_params / m.params
+    # gpt-oss-20b: 24 layers of 32 experts, 4 routed; gpt-oss-120b: 36 layers of 128, 4 routed
+    assert active_weights_bytes(m) == pytest.approx(
+        {"openai/gpt-oss-20b": 4.88e9, "openai/gpt-oss-120b": 6.24e9}[name], rel=0.01
+    )
     q = from_catalog("Qwen/Qwen3-30B-A3B")
     assert q and not q.mxfp4_expert_bytes
     assert active_weights_bytes(q) == int(q.weights_bytes * q.active_params / q.params)

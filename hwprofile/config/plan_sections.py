@@ -255,7 +255,11 @@ class Speculative(Section):
     prompt_lookup_max: int = setting("int", "ngram: longest n-gram to match", 1, 64, default=4)
     prompt_lookup_min: int = setting("int", "ngram: shortest n-gram to match", 1, 64, default=2)
     assumed_acceptance: float = setting(
-        "float", "per-token acceptance assumed for the estimate", 0.0, 0.999, default=0.6
+        "float",
+        "per-token acceptance of speculation (a bench's measured one replaces the default)",
+        0.0,
+        0.999,
+        default=0.6,
     )
 
 

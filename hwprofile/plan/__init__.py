@@ -402,7 +402,7 @@ def _own_calibration(ctx: PlanContext, model: ModelFacts) -> None:
 
 def _say_acceptance(ctx: PlanContext, cal: Calibration) -> None:
     """A reason for the speculative acceptance ``cal`` measured: what an instance speculating by the
-    bench's method and draft is predicted at (:func:`.candidates.acceptance_for`), or, where an operator
+    bench's method and draft is predicted at (:func:`.estimate.acceptance_for`), or, where an operator
     set ``speculative.assumed_acceptance`` (``cal.acceptance_applies`` False), that it is not taken."""
     if cal.acceptance is None or cal.speculation is None:
         return

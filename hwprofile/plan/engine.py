@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
-from ..model import ModelFacts, variant_facts
+from ..model import ModelFacts, from_catalog, variant_facts
 from ..release import first_with_choice, release_of
 from . import gpufacts
 from .context import PlanContext
@@ -324,9 +324,13 @@ def _four_bit_room(
     variant = model.quantized_variants.get(4)
     if not variant or model.bits <= 4 or settings.engine.weights_bits != "auto" or kv_cache_bytes <= 0:
         return ""
-    freed = weights_per_gpu(model, tp) - weights_per_gpu(variant_facts(model, variant, 4), tp)
-    if freed <= 0:
+    # the two checkpoints whole, as published: ``model`` may be loaded (a tower dropped) or one node's or
+    # stage's share of it (plan/nodes.py), so the 4-bit one's share is taken in their proportion
+    whole = from_catalog(model.name) or model
+    four = variant_facts(whole, variant, 4)
+    if whole.weights_bytes <= 0 or four.weights_bytes >= whole.weights_bytes:
         return ""
+    freed = int(weights_per_gpu(model, tp) * (1 - four.weights_bytes / whole.weights_bytes))
     more = (kv_cache_bytes + freed) // max(1, per_request)
     return (
         f"; its 4-bit checkpoint {variant} would leave {freed / GiB:.1f} GiB more per GPU to the KV cache, "

@@ -408,7 +408,7 @@ def active_weights_bytes(model: ModelFacts) -> int:
     gpt-oss, DeepSeek V4's fp4 experts) and the rest (attention, embeddings, router) keeps 16 bits, the
     experts not routed to are ``(num_experts - experts_per_token) / num_experts`` of those experts' own
     bytes: a token reads every other byte. gpt-oss-120b: 6.2 GB a token, where ``active_params / params``
-    of the checkpoint's bytes (one share for every byte) gave 2.8. Otherwise that share of the bytes."""
+    of the checkpoint's bytes (one share for every byte) gave 3.2. Otherwise that share of the bytes."""
     if not model.active_params or model.active_params >= model.params:
         return model.weights_bytes
     e, k = model.num_experts, model.experts_per_token
@@ -421,8 +421,9 @@ def active_weights_bytes(model: ModelFacts) -> int:
 # on ``max_num_seqs`` rows of logits over the vocabulary, top-k and top-p on: FlashInfer's path
 # (``flashinfer.sampling.top_k_top_p_sampling_from_logits``, vLLM's CUDA default where FlashInfer is
 # installed) holds the bf16 logits, their fp32 copy, the masked fp32 logits and the fp32 probabilities at
-# once: 2 + 4 + 4 + 4 bytes an element. PyTorch's path (``apply_top_k_top_p``: a sort with int64 indices)
-# holds more. The profile counts that peak against the KV cache.
+# once: 2 + 4 + 4 + 4 bytes an element. PyTorch's path (``apply_top_k_top_p``: a sort with int64 indices,
+# where FlashInfer is not installed or not enabled) holds more. The profile counts that peak against the
+# KV cache: at least this much.
 SAMPLER_BYTES_PER_LOGIT = 14
 
 

@@ -744,9 +744,8 @@ class _Scheduler:
         step = _Step(self.engine.max_num_batched_tokens)
         preempted = self.preemptions
         self._serve_running(step)
-        if (
-            self.preemptions == preempted
-        ):  # vLLM admits none in a step that preempted (``if not preempted_reqs``)
+        # vLLM admits none in a step that preempted (``if not preempted_reqs``)
+        if self.preemptions == preempted:
             self._admit(step)
         decode, chunks = step.decode, step.chunks
         self.peak = max(self.peak, len(self.running))
