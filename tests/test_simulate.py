@@ -70,28 +70,37 @@ def test_a_full_kv_cache_preempts_and_recomputes() -> None:
     assert sim.regime(sim.Arrivals("burst", 4, 64, 64), res) == "kv-limited"
 
 
+def _req(
+    rid: int, prompt: int, output: int, computed: int = 0, generated: int = 0, blocks: int = 0
+) -> sim._Req:
+    r = sim._Req(rid, 0.0, prompt, output)
+    r.computed, r.generated, r.blocks = computed, generated, blocks
+    return r
+
+
+def _scheduler(e: sim.Engine, free: int, running: list[sim._Req], waiting: list[sim._Req]) -> sim._Scheduler:
+    """A scheduler in a given state: ``running`` and ``waiting`` requests, ``free`` KV blocks."""
+    s = sim._Scheduler(flat(), e, sim._Clients.start(sim.Arrivals("burst", 1, 1, 2), e), free_blocks=free)
+    s.running, s.waiting = running, sim.deque(waiting)
+    return s
+
+
 def test_a_step_that_preempts_admits_no_waiting_request() -> None:
     """vLLM's scheduler (v1 ``Scheduler.schedule``: ``if not preempted_reqs``) admits no waiting request in
     a step whose running requests had to preempt for KV blocks, even where blocks are free after it."""
     # 4 blocks of 16; 17 tokens a step: a recomputed prompt's first chunk fits the block a preemption frees
     e = engine(kv_tokens=64, block_size=16, max_num_batched_tokens=17)
-    s = sim._Scheduler(flat(), e, sim._Clients.start(sim.Arrivals("burst", 1, 1, 2), e), free_blocks=0)
     # two decoding requests hold the cache's 4 blocks; the older one's next token needs a third block
-    old, young = sim._Req(0, 0.0, 16, 64, computed=32, generated=17, blocks=2), sim._Req(1, 0.0, 32, 8)
-    young.computed, young.generated, young.blocks = 20, 5, 2
-    waiting = sim._Req(2, 0.0, 16, 8)
-    s.running, s.waiting = [old, young], sim.deque([waiting])
+    old, young, waiting = _req(0, 16, 64, 32, 17, 2), _req(1, 32, 8, 20, 5, 2), _req(2, 16, 8)
+    s = _scheduler(e, 0, [old, young], [waiting])
     s.step()
     assert s.preemptions == 1 and s.running == [old]  # the younger one gave its blocks to the older
     # neither admitted this step, though the preempted one's first chunk (16 tokens) fits the free block
     assert list(s.waiting) == [young, waiting] and young.blocks == waiting.blocks == 0
     assert s.free_blocks == 1  # two freed, one taken by the older request's new block: one left free
     # the same block free and no preemption: the waiting request is admitted in that step
-    calm = sim._Scheduler(flat(), e, sim._Clients.start(sim.Arrivals("burst", 1, 1, 2), e), free_blocks=1)
-    a, b = sim._Req(0, 0.0, 16, 8, computed=18, generated=3, blocks=2), sim._Req(1, 0.0, 16, 8)
-    b.computed, b.generated, b.blocks = 20, 5, 2
-    late = sim._Req(2, 0.0, 16, 8)
-    calm.running, calm.waiting = [a, b], sim.deque([late])
+    a, b, late = _req(0, 16, 8, 18, 3, 2), _req(1, 16, 8, 20, 5, 2), _req(2, 16, 8)
+    calm = _scheduler(e, 1, [a, b], [late])
     calm.step()
     assert calm.preemptions == 0 and calm.running == [a, b, late] and late.blocks == 1
 
