@@ -498,13 +498,21 @@ def test_a_bench_that_speculated_sets_the_acceptance_an_operator_did_not(host_of
     def acceptance(sets: list[str] | None = None) -> tuple[object, str, str]:
         """The reason's value and text for the acceptance, and the speculation term's source; the
         instance's batch-1 ceiling (its ``estimate``) is at the acceptance the prediction takes."""
-        got = make_plan(host, empty_root, environ={}, sets=sets or []).to_json()
+        plan = make_plan(host, empty_root, environ={}, sets=sets or [])
+        got = plan.to_json()
         said = [r for r in got["reasons"] if r["key"] == "speculative.assumed_acceptance"]
         (term,) = [
             t["source"] for t in got["instances"][0]["prediction"]["terms"] if "speculation" in t["term"]
         ]
         est = got["instances"][0]["estimate"]
         assert f"acceptance {est['assumed_acceptance']} ({est['acceptance_source']})" in term, (est, term)
+        from hwprofile.cli.views import _instance_body
+
+        shown = "\n".join(_instance_body(plan.instances[0]))  # what plan --explain prints
+        measured = est["acceptance_source"].startswith("measured: ")
+        assert (
+            f"acceptance {est['assumed_acceptance']} (measured by this host's bench)" in shown
+        ) == measured
         return (said[-1]["value"], said[-1]["reason"], term) if said else (None, "", term)
 
     path.write_text(json.dumps(doc))

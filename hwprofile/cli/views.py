@@ -334,9 +334,11 @@ def _instance_body(inst: InstancePlan) -> list[str]:
             f"{est.decode_tok_s_ceiling_batch1} tok/s ({est.gpu_datasheet}, {est.memory_bandwidth_gbs} GB/s)"
         )
         if est.decode_tok_s_ceiling_batch1_speculative is not ABSENT:
+            src = est.acceptance_source
+            measured = " (measured by this host's bench)" if str(src).startswith("measured") else ""
             line += (
                 f"; {est.decode_tok_s_ceiling_batch1_speculative} tok/s with speculation at acceptance "
-                f"{est.assumed_acceptance}"
+                f"{est.assumed_acceptance}{measured}"
             )
         out.append(f"  {'decode, 1 request':24s} at most {line}")
     if est.nodes_parallel is not ABSENT:
