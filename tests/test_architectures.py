@@ -343,3 +343,20 @@ def test_the_memory_profile_holds_the_sampler_warm_up_over_every_sequences_logit
     # at most one row per token the step holds; the factor scales the whole peak
     assert activation_bytes(g, 1, 512, 1024, 1.0) - activation_bytes(g, 1, 512, 0, 1.0) == 512 * 201088 * 14
     assert activation_bytes(g, 1, 8192, 1024, 2.0) == 2 * activation_bytes(g, 1, 8192, 1024, 1.0)
+
+
+def test_cuda_graph_memory_comes_off_the_kv_cache_from_vllm_0_20() -> None:
+    """vLLM 0.20 estimates the CUDA graphs' memory in its profile and takes it from the KV cache
+    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default 1); 0.18 and 0.19 only with the variable set,
+    and before they capture the graphs after sizing the cache, in what gpu_memory_utilization leaves."""
+    from hwprofile.config.settings import Settings
+    from hwprofile.plan.engine import fit_args
+
+    s = Settings.from_tree({})[0]
+    graphs = s.memory.cuda_graph_bytes
+    assert graphs > 0
+    assert fit_args(s, False, "0.19.0")["graph_bytes"] == 0
+    assert fit_args(s, False, "0.11.0")["graph_bytes"] == 0
+    assert fit_args(s, False, "0.20.0")["graph_bytes"] == graphs
+    assert fit_args(s, False, None)["graph_bytes"] == graphs  # unknown release: the newest behaviour
+    assert fit_args(s, True, "0.32.0")["graph_bytes"] == 0  # eager: no graphs

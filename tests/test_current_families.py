@@ -788,6 +788,35 @@ def test_mxfp4_experts_are_padded_to_the_tile_of_the_kernel_vllm_picks() -> None
     assert parse_config(_kimi_k3(), "k3", "test", None).mxfp4_expert_bytes == 0  # no MXFP4 experts
 
 
+def test_gpt_oss_on_hopper_runs_marlin_until_vllm_bundles_the_triton_kernels() -> None:
+    """gpt-oss's MXFP4 experts on SM90 take the OAI Triton kernels only where ``triton_kernels`` imports:
+    vLLM builds it in from 0.12.0 (vllm.third_party.triton_kernels); 0.10.2 and 0.11.0 neither require
+    nor install it (requirements/cuda.txt, docker/Dockerfile), so get_mxfp4_backend picks Marlin and its
+    128 x 256 tile. vLLM 0.10.1 on an H100 logs Marlin and "Model loading took 65.9651 GiB"
+    (vllm-project/vllm#23278): the plan's weights, padded to Marlin's tile, come within 0.2 % of it."""
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan.loaded import expert_tile
+    from hwprofile.plan.memory import GiB, weights_per_gpu
+    from hwprofile.plan.reasons import Reasons
+
+    oss = resolve_model("openai/gpt-oss-120b", "model")
+    for version in ("0.10.1", "0.10.2", "0.11.0"):
+        r = Reasons({})
+        old = expert_tile(oss, "9.0", r, version)
+        assert (
+            old.expert_tile == (128, 256)
+            and "Marlin (no triton_kernels in vLLM before 0.12" in r.items[-1].reason
+        )
+        assert abs(weights_per_gpu(old, 1) / GiB - 65.9651) / 65.9651 < 0.002
+    for version in ("0.12.0", "0.32.0", None):  # None: an unknown release, the newest behaviour
+        r = Reasons({})
+        assert (
+            expert_tile(oss, "9.0", r, version).expert_tile == (64, 1) and "OAI Triton" in r.items[-1].reason
+        )
+    # Marlin on Ampere whatever the release; other MXFP4 models on Hopper keep their own list
+    assert expert_tile(oss, "8.0", Reasons({}), "0.12.0").expert_tile == (128, 256)
+
+
 def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:
     import pytest
 

@@ -271,7 +271,10 @@ class Memory(Section):
         "size", "per-GPU memory outside torch (CUDA context, NCCL, cuBLAS)", default=768 * MiB
     )
     cuda_graph_bytes: int = setting(
-        "size", "per-GPU memory for captured CUDA graphs (0 when eager)", default=512 * MiB
+        "size",
+        "per-GPU memory for captured CUDA graphs, taken from the KV cache where vLLM does (0.20 on; "
+        "0 when eager)",
+        default=512 * MiB,
     )
     margin_bytes: int = setting("size", "per-GPU safety margin kept free", default=256 * MiB)
     activation_factor: float = setting(

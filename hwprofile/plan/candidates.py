@@ -394,7 +394,7 @@ class _Fitter:
             self.kv_bytes,
             batched or eng.max_num_batched_tokens,
             seqs or eng.max_num_seqs,
-            **fit_args(self.settings, eng.enforce_eager),
+            **fit_args(self.settings, eng.enforce_eager, self.vllm_version),
         )
 
     def fits(

@@ -38,11 +38,14 @@ class ContextTooShort(Exception):
     caller refuses the plan with what would fit)."""
 
 
-def fit_args(settings: Settings, eager: bool) -> dict[str, Any]:
-    """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes (no CUDA graphs when eager)."""
+def fit_args(settings: Settings, eager: bool, vllm_version: str | None) -> dict[str, Any]:
+    """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes: the CUDA graphs' bytes only
+    where vLLM takes them from the KV cache (release facts ``cudagraph_memory_deducted``; before, it
+    captures them after sizing the cache, in what ``gpu_memory_utilization`` leaves), none when eager."""
+    graphs = not eager and release_of(vllm_version).cudagraph_memory_deducted()
     return {
         "context_bytes": settings.memory.cuda_context_bytes,
-        "graph_bytes": 0 if eager else settings.memory.cuda_graph_bytes,
+        "graph_bytes": settings.memory.cuda_graph_bytes if graphs else 0,
         "margin_bytes": settings.memory.margin_bytes,
         "activation_factor": settings.memory.activation_factor,
     }

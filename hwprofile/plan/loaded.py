@@ -54,7 +54,8 @@ def mtp_head_bytes(model: ModelFacts, spec_method: str | None, vllm_version: str
 # the first backend of its priority list the GPU supports; Humming ahead of Marlin on SM90 only) and the
 # tile mxfp4_round_up_hidden_size_and_intermediate_size rounds (intermediate per rank, hidden) up to.
 # gpt-oss has its own list (_get_priority_backends_for_gpt_oss: the OAI Triton kernels on SM90, Marlin
-# ahead of them on SM12x).
+# ahead of them on SM12x); on SM90 the Triton kernels only where vLLM bundles them (release facts
+# ``bundled_triton_kernels``), Marlin before.
 _MXFP4_MOE: dict[bool, dict[str, tuple[str, tuple[int, int]]]] = {
     True: {  # gpt-oss
         "8": ("Marlin", (128, 256)),
@@ -90,6 +91,11 @@ def expert_tile(model: ModelFacts, cc: str | None, r: Reasons, vllm_version: str
     kernel = _MXFP4_MOE[gpt_oss].get(major)
     if major == "9" and not gpt_oss and not release_of(vllm_version).humming_mxfp4_moe():
         kernel = ("Marlin (no Humming before vLLM " + floor_of("humming_mxfp4_moe") + ")", (128, 256))
+    if major == "9" and gpt_oss and not release_of(vllm_version).bundled_triton_kernels():
+        kernel = (
+            "Marlin (no triton_kernels in vLLM before " + floor_of("bundled_triton_kernels") + ")",
+            (128, 256),
+        )
     if kernel is None:
         why = (
             f"compute capability {cc}: no MXFP4 MoE kernel of vLLM's list is read for it"

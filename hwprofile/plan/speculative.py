@@ -300,10 +300,12 @@ def fit_beside_draft(
     settings = ctx.settings
     batched = settings.engine.max_num_batched_tokens
     seqs = settings.engine.max_num_seqs
-    f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
+    f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **fit_args(settings, eager, ctx.version))
     if draft is None or f.fits:
         return f, draft, spec_method
-    no_draft = fit(total, util, model, None, tp, kv_bytes, batched, seqs, **fit_args(settings, eager))
+    no_draft = fit(
+        total, util, model, None, tp, kv_bytes, batched, seqs, **fit_args(settings, eager, ctx.version)
+    )
     if no_draft.fits:
         ctx.warn(f"{name}: the draft {draft.name} does not fit beside the target; ngram speculation instead")
         ctx.add(

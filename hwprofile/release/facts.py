@@ -125,6 +125,22 @@ FLOORS: dict[str, Floor] = {
         "fused_moe/oracle/fp8.py refine_fp8_moe_block_shape, read in 0.29, 0.31, 0.32 and 0.33; "
         "0.25, 0.27 and 0.28 refuse such a share (validate_fp8_block_shape_moe)",
     ),
+    "bundled_triton_kernels": Floor(
+        (0, 12, 0),
+        "OpenAI's triton_kernels built into vLLM (vllm.third_party.triton_kernels): gpt-oss's MXFP4 MoE "
+        "experts on SM90 run the OAI Triton kernels, before on Marlin",
+        "0.12.0 CMakeLists.txt and cmake/external_projects/triton_kernels.cmake, utils/import_utils.py "
+        "has_triton_kernels; 0.10.2 and 0.11.0 import an optional triton_kernels that neither their "
+        "requirements nor their Dockerfile install (get_mxfp4_backend: Marlin; vLLM 0.10.1 on an H100 logs "
+        "Marlin and 65.97 GiB of weights, vllm-project/vllm#23278)",
+    ),
+    "cudagraph_memory_deducted": Floor(
+        (0, 20, 0),
+        "the memory profile estimates the CUDA graphs' memory and takes it from the KV cache",
+        "v1/worker/gpu_worker.py determine_available_memory and envs.py: 0.18 and 0.19 estimate it but take "
+        "it only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0), 0.20 by default (1); 0.16 and "
+        "before capture the graphs after the KV cache is allocated, in what gpu_memory_utilization leaves",
+    ),
     "humming_mxfp4_moe": Floor(
         (0, 32, 0),
         "Humming ahead of Marlin for MXFP4 MoE experts on SM90 (prioritize_humming)",
@@ -342,6 +358,14 @@ class Release:
     def fp8_moe_refine(self) -> bool:
         """:data:`FLOORS` ``fp8_moe_refine``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["fp8_moe_refine"]) is not False
+
+    def bundled_triton_kernels(self) -> bool:
+        """:data:`FLOORS` ``bundled_triton_kernels``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["bundled_triton_kernels"]) is not False
+
+    def cudagraph_memory_deducted(self) -> bool:
+        """:data:`FLOORS` ``cudagraph_memory_deducted``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["cudagraph_memory_deducted"]) is not False
 
     def humming_mxfp4_moe(self) -> bool:
         """:data:`FLOORS` ``humming_mxfp4_moe``; unknown: the newest behaviour."""
