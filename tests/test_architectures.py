@@ -345,6 +345,29 @@ def test_the_memory_profile_holds_the_sampler_warm_up_over_every_sequences_logit
     assert activation_bytes(g, 1, 8192, 1024, 2.0) == 2 * activation_bytes(g, 1, 8192, 1024, 1.0)
 
 
+def test_the_kv_pool_keeps_sliding_window_layers_in_groups_of_their_own() -> None:
+    """vLLM's allocator cuts gpt-oss's 18 full and 18 sliding layers into two groups of 18 sharing one
+    pool (kv_cache_utils ``_get_kv_cache_groups_uniform_page_size``): a pool block is 18 layers' pages,
+    so the pool holds twice the blocks of every layer's count, and a long request holds its tokens' in
+    the full group and its window's in the sliding one. The plan's simulation and its requests-in-cache
+    take that pool; a model of full attention alone keeps one group of every layer."""
+    from hwprofile.plan.candidates import model_shape
+    from hwprofile.plan.memory import kv_pool
+
+    g = from_catalog("openai/gpt-oss-120b")
+    assert g is not None
+    pool = kv_pool(g, 2)
+    assert pool is not None and pool.windows == (0, 128) and pool.scale == 2.0
+    shape = model_shape(g, 2)
+    assert shape.kv_pool(56_336) == (112_672, (0, 128))
+    # 32,100-token requests: 2,007 full blocks + the window's 8 each, three in 7,042 blocks (one by
+    # every layer's count)
+    assert shape.requests_in_kv(56_336, 32_100) == 3
+    plain = from_catalog("Qwen/Qwen3-32B")
+    assert plain is not None and kv_pool(plain, 2) is None
+    assert model_shape(plain, 2).kv_pool(56_336) == (56_336, (0,))
+
+
 def test_cuda_graph_memory_comes_off_the_kv_cache_from_vllm_0_20() -> None:
     """vLLM 0.20 estimates the CUDA graphs' memory in its profile and takes it from the KV cache
     (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default 1); 0.18 and 0.19 only with the variable set,

@@ -70,6 +70,32 @@ def test_a_full_kv_cache_preempts_and_recomputes() -> None:
     assert sim.regime(sim.Arrivals("burst", 4, 64, 64), res) == "kv-limited"
 
 
+def test_a_sliding_window_group_holds_only_the_window_of_a_long_request() -> None:
+    """vLLM's allocator keeps sliding-window layers in groups of their own (gpt-oss: 18 full and 18
+    sliding layers, two groups sharing one pool): a request holds every token's block in the full group
+    but only its window's (plus the tokens the step computes) in the sliding one, the blocks before the
+    window freed as it schedules (SlidingWindowManager.remove_skipped_blocks)."""
+    # 32,000 tokens decoding one more: 2,000 full blocks + the 128-token window's 8
+    assert sim.held_blocks((0, 128), 32_000, 1, 16) == 2_000 + 8
+    # a 2,048-token chunk on top of 20,000: the window before it and the chunk, 136 blocks
+    assert sim.held_blocks((0, 128), 22_048, 2_048, 16) == 1_378 + 136
+    # a short request holds its own blocks in both groups; one group of every layer: its tokens' blocks
+    assert sim.held_blocks((0, 128), 100, 100, 16) == 7 + 7
+    assert sim.held_blocks((0,), 32_000, 1, 16) == 2_000
+    # two requests of 2,000 + 10 tokens: 126 full blocks each and, prefilling 512 at a time, at most
+    # 41 sliding ones; a pool of 2 x 167 blocks runs both at once with the window's group, while two
+    # full groups of the same pool (every token in each) prefill one at a time
+    arr = sim.Arrivals("burst", 2, 2000, 10)
+    windowed = sim.simulate(
+        flat(), engine(max_num_batched_tokens=512, kv_tokens=334 * 16, kv_groups=(0, 128)), arr
+    )
+    assert windowed.peak_running == 2 and windowed.preemptions == 0
+    full = sim.simulate(flat(), engine(max_num_batched_tokens=512, kv_tokens=334 * 16, kv_groups=(0, 0)), arr)
+    # there the second request's prompt waits for the first to end
+    assert max(t.ttft_s for t in full.requests) > max(t.ttft_s for t in windowed.requests) + 0.05
+    assert full.duration_s > windowed.duration_s
+
+
 def _req(
     rid: int, prompt: int, output: int, computed: int = 0, generated: int = 0, blocks: int = 0
 ) -> sim._Req:

@@ -34,6 +34,7 @@ from .memory import (
     fit,
     is_hybrid,
     kv_bytes_per_token,
+    kv_pool,
     sequence_bytes,
     state_bytes_per_layer,
 )
@@ -121,7 +122,14 @@ def model_shape(
         attention_kernel=attention_kernel,
         expert_padding=padding_by_tp(model),
         chat_renderer=chat_renderer(model.model_type),
+        **_kv_pool_fields(model, kv_dtype_bytes),
     )
+
+
+def _kv_pool_fields(model: ModelFacts, kv_dtype_bytes: int) -> dict[str, Any]:
+    """:attr:`~.predict.ModelShape.kv_groups` and ``kv_pool_scale`` (plan/memory.py kv_pool)."""
+    pool = kv_pool(model, kv_dtype_bytes)
+    return {} if pool is None else {"kv_groups": pool.windows, "kv_pool_scale": pool.scale}
 
 
 def padding_by_tp(model: ModelFacts) -> tuple[tuple[int, int], ...]:
@@ -809,8 +817,9 @@ def simulated_figures(
     c = max(1, per_instance)
     if costs is None and host is not None:
         costs = _host_costs(host, shape, arrivals)
+    pool, groups = shape.kv_pool(cand.kv_tokens)
     eng = sim.engine_for(
-        cand.max_num_seqs, cand.max_num_batched_tokens, cand.kv_tokens, cand.chunked_prefill, costs
+        cand.max_num_seqs, cand.max_num_batched_tokens, pool, cand.chunked_prefill, costs, groups
     )
     overhead_src = sim.REQUEST_OVERHEAD_SOURCE
     if measured_latency:

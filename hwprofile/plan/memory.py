@@ -236,6 +236,45 @@ def kv_cache_groups(model: ModelFacts) -> list[tuple[str, int]]:
     return [(k, size) for k, n in buckets for _ in range(-(-n // size))]
 
 
+class KvPool(NamedTuple):
+    """vLLM's KV pool as plan/simulate.py allocates it where sliding-window or chunked-local layers are
+    kept in groups of their own (:func:`kv_pool`)."""
+
+    windows: tuple[int, ...]  # each group's window in tokens (0: the whole context)
+    scale: float  # the pool's blocks per block of every layer (:func:`kv_tokens_in`'s count)
+
+
+def kv_pool(model: ModelFacts, kv_dtype_bytes: int) -> KvPool | None:
+    """The groups vLLM's allocator keeps (:func:`kv_cache_groups`) and the pool's size against the
+    plan's ``kv_tokens`` (every layer's page per block): a pool block is one page of each layer of a
+    group, so gpt-oss's 18 full and 18 sliding layers make blocks of 18 pages, twice the plan's count,
+    of which a long request holds its tokens' in the full group and its window's in the sliding one.
+    None: one group of every full-attention layer (the plan's count is the pool's), or a layout this
+    does not cover (recurrent state, DeepSeek V4's compressed cache, Inkling's short conv, attention
+    pages of several sizes): the plan's count, as every layer's."""
+    st = model.stack
+    if is_hybrid(model) or (st is not None and (st.compressed is not None or st.sconv is not None)):
+        return None
+    if not logs_kv_tokens(model, 1, kv_dtype_bytes):
+        return None
+    groups = kv_cache_groups(model)
+    if len(groups) == 1 and groups[0][0] not in ("sliding", "chunked"):
+        return None
+    if is_plain(model):
+        page = kv_bytes_per_token_layer(model, 1, kv_dtype_bytes)
+        windows = [model.sliding_window or 0 if k == "sliding" else 0 for k, _ in groups]
+    else:
+        page = next(b for _, b in attention_bytes_by_kind(model, 1, kv_dtype_bytes).values())
+        windows = [
+            (st.attention[k].window or 0) if st is not None and k in ("sliding", "chunked") else 0
+            for k, _ in groups
+        ]
+    per_block = groups[0][1] * page
+    if per_block <= 0:
+        return None
+    return KvPool(tuple(windows), kv_bytes_per_token(model, 1, kv_dtype_bytes) / per_block)
+
+
 def vllm_kv_cache(
     model: ModelFacts,
     kv_cache_bytes: int,

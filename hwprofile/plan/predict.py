@@ -30,7 +30,7 @@ from dataclasses import field
 from typing import Any
 
 from ..record import record, state
-from .simulate import REQUEST_OVERHEAD_S, REQUEST_OVERHEAD_SOURCE
+from .simulate import REQUEST_OVERHEAD_S, REQUEST_OVERHEAD_SOURCE, held_blocks
 
 # Share of the datasheet memory bandwidth a decode step reaches, and of the dense tensor FLOPs a
 # prefill reaches: fitted to AIConfigurator 0.12's measured vLLM kernel tables (H100 SXM, A100 SXM,
@@ -193,6 +193,23 @@ class ModelShape:
     # how vLLM's chat endpoint renders a request (plan/servercost.py chat_renderer): "template" (the
     # model's chat template, then the tokenizer) or "harmony" (gpt-oss): the API server's CPU per request
     chat_renderer: str = "template"
+    # vLLM's KV cache groups where sliding-window or chunked-local layers are kept apart (plan/memory.py
+    # kv_pool): each group's window in tokens (0: the whole context), and the pool's blocks per block of
+    # every layer, which the plan's ``kv_tokens`` counts; empty: one group of every layer
+    kv_groups: tuple[int, ...] = ()
+    kv_pool_scale: float = 1.0
+
+    def kv_pool(self, kv_tokens: int, block: int = 16) -> tuple[int, tuple[int, ...]]:
+        """``(tokens, groups)`` of the KV pool the plan's ``kv_tokens`` make, as plan/simulate.py's
+        Engine takes them (``kv_tokens``, ``kv_groups``)."""
+        if not self.kv_groups:
+            return kv_tokens, (0,)
+        return int(kv_tokens * self.kv_pool_scale) // block * block, self.kv_groups
+
+    def requests_in_kv(self, kv_tokens: int, tokens: int, block: int = 16) -> int:
+        """Requests of ``tokens`` tokens the pool holds at once (at least 1)."""
+        pool, groups = self.kv_pool(kv_tokens, block)
+        return max(1, pool // block // max(1, held_blocks(groups, tokens, 1, block)))
 
 
 @record
@@ -722,7 +739,7 @@ def predict(
     ``step_cpu``: the engine's CPU per scheduled sequence in the wave's steps (plan/servercost.py);
     ``explain``: False leaves every term out (:func:`capacity` reads the figures alone)."""
     c = per_instance if per_instance is not None else max(1, math.ceil(wl.concurrency / cand.instances))
-    kv_seqs = max(1, cand.kv_tokens // max(1, wl.input_len + wl.output_len))
+    kv_seqs = m.requests_in_kv(cand.kv_tokens, wl.input_len + wl.output_len)
     b = max(1, min(c, cand.max_num_seqs, kv_seqs))  # running; the rest wait for a slot
     ctx = wl.input_len + wl.output_len / 2
     link = cand.link

@@ -9,6 +9,9 @@ simulated, as vLLM's ``vllm/v1/core/sched/scheduler.py`` does it:
   budget leaves; without it a prompt waits until it fits the budget whole;
 - ``max_num_seqs`` running requests at most;
 - KV capacity in blocks of ``block_size`` tokens: a request is admitted only when its blocks are free;
+  where vLLM's allocator keeps several KV cache groups (sliding-window layers beside full ones: gpt-oss,
+  Gemma) a block is one page of each of a group's layers from the shared pool, and a request holds its
+  tokens' blocks in each full group but only its window's in each sliding one (``Engine.kv_groups``);
   a running request that needs a block when none is free preempts the most recently admitted running
   request (recompute: its blocks are freed, it returns to the front of the queue and prefills again),
   and a step that preempted admits no waiting request;
@@ -99,9 +102,12 @@ class Engine:
 
     max_num_seqs: int
     max_num_batched_tokens: int
-    kv_tokens: int  # the KV cache's capacity in tokens (one instance)
+    kv_tokens: int  # the KV cache's capacity in tokens (one instance): the pool's blocks x block_size
     chunked_prefill: bool = True
     block_size: int = 16
+    # vLLM's KV cache groups (v1/core/kv_cache_utils.py), each its window in tokens (0: every token the
+    # request has): one group of every layer unless sliding-window layers are kept apart (:meth:`blocks`)
+    kv_groups: tuple[int, ...] = (0,)
     request_overhead_s: float = REQUEST_OVERHEAD_S
     api_max_rps: float | None = API_SERVER_MAX_RPS  # a request-rate ceiling: 1 / api_request_s
     # plan/servercost.py: CPU outside the GPU's step (0: not modelled, as a bare Engine has it)
@@ -115,6 +121,10 @@ class Engine:
     # the work per request on the CPU the API server shares with EngineCore, its own included (0: the
     # API server has a CPU of its own, its admission alone waits there)
     frontend_request_s: float = 0.0
+
+    def blocks(self, tokens: int, new: int) -> int:
+        """The pool's blocks a request holds (:func:`held_blocks`)."""
+        return held_blocks(self.kv_groups, tokens, new, self.block_size)
 
     @property
     def request_cpu_s(self) -> float:
@@ -130,21 +140,36 @@ class Engine:
         return max(self.request_cpu_s, self.frontend_request_s)
 
 
+def held_blocks(groups: Sequence[int], tokens: int, new: int, block: int) -> int:
+    """The pool's blocks a request holds with ``tokens`` in the cache, ``new`` of them computed in this
+    step, over KV cache groups of windows ``groups`` (0: the whole context): in a full group all its
+    tokens'; in a sliding group of window ``w`` those from the window before the step on (vLLM's
+    SlidingWindowManager frees the blocks before ``computed - w + 1`` as it schedules,
+    ``remove_skipped_blocks``), the step's new tokens with them."""
+    whole = -(-tokens // block)
+    held = 0
+    for w in groups:
+        held += whole - max(0, (tokens - new - w + 1) // block) if w else whole
+    return held
+
+
 def engine_for(
     max_num_seqs: int,
     max_num_batched_tokens: int,
     kv_tokens: int,
     chunked_prefill: bool,
     costs: ServerCosts | None,
+    kv_groups: tuple[int, ...] = (0,),
 ) -> Engine:
     """The plan's engine, with plan/servercost.py's CPU costs (None: the engine's GPU work alone)."""
     if costs is None:
-        return Engine(max_num_seqs, max_num_batched_tokens, kv_tokens, chunked_prefill)
+        return Engine(max_num_seqs, max_num_batched_tokens, kv_tokens, chunked_prefill, kv_groups=kv_groups)
     return Engine(
         max_num_seqs,
         max_num_batched_tokens,
         kv_tokens,
         chunked_prefill,
+        kv_groups=kv_groups,
         api_request_s=costs.api_request_s,
         api_token_s=costs.api_token_s,
         api_step_s=costs.api_step_s,
@@ -334,10 +359,6 @@ def median(values: Sequence[float]) -> float:
     xs = sorted(values)
     n = len(xs)
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 @state
@@ -628,20 +649,21 @@ class _Scheduler:
         """The common case: every running request decodes one token (a block at most each). Returns
         how many running requests were served (0 where the case does not hold)."""
         running = self.running
+        groups = len(self.engine.kv_groups)
         if not (
             len(running) <= step.budget
-            and self.free_blocks >= len(running)
+            and self.free_blocks >= groups * len(running)
             and all(r.computed >= r.input_len for r in running)
         ):
             return 0
-        bs = self.engine.block_size
+        blocks = self.engine.blocks
         i = 0
         for r in running:
             if r.prompt_left:
                 break
-            if r.computed % bs == 0:
-                self.free_blocks -= 1
-                r.blocks += 1
+            held = blocks(r.computed + 1, 1)
+            self.free_blocks -= held - r.blocks
+            r.blocks = held
             step.decode.append(r)
             i += 1
         step.budget -= i
@@ -665,7 +687,7 @@ class _Scheduler:
             r = running[i]
             left = r.prompt_left
             n = min(left, step.budget) if left > 0 else 1
-            need = _blocks(r.computed + n, self.engine.block_size) - r.blocks
+            need = self.engine.blocks(r.computed + n, n) - r.blocks
             while need > self.free_blocks and len(running) - 1 > i:
                 self._preempt_last()
             if need > self.free_blocks:
@@ -688,7 +710,7 @@ class _Scheduler:
             if not engine.chunked_prefill and left > step.budget:
                 break
             n = min(left, step.budget)
-            need = _blocks(r.computed + n, engine.block_size)
+            need = engine.blocks(r.computed + n, n)
             if need > self.free_blocks:
                 break
             self.waiting.popleft()
@@ -701,23 +723,24 @@ class _Scheduler:
     def _decode_run(self, decode: list[_Req], dec_ctx: float) -> tuple[int, float]:
         """How many identical decode-only steps can be taken together (up to the next arrival, finish or
         KV block boundary), their blocks allocated; returns that count and the seconds they take."""
-        bs = self.engine.block_size
+        blocks = self.engine.blocks
         k = min(r.output_len - r.generated for r in decode)
         horizon = self.clients.next_event_time()
         c1 = self._step_s(self.cost(0, len(decode), dec_ctx, 0.0), len(decode))
         if horizon < math.inf and c1 > 0:
             k = min(k, max(1, math.ceil((horizon - self.now) / c1)))
-        # the blocks k tokens more need (the one of this step is already allocated)
+        # the blocks k tokens more need (the one of this step is already allocated; a sliding group holds
+        # its window's blocks throughout, within one)
         while k > 1:
-            extra = sum(_blocks(r.computed + k, bs) - r.blocks for r in decode)
+            extra = sum(blocks(r.computed + k, 1) - r.blocks for r in decode)
             if extra <= self.free_blocks:
                 break
             k = max(1, k // 2)
         if k > 1:
-            extra = sum(_blocks(r.computed + k, bs) - r.blocks for r in decode)
+            extra = sum(blocks(r.computed + k, 1) - r.blocks for r in decode)
             self.free_blocks -= extra
             for r in decode:
-                r.blocks = _blocks(r.computed + k, bs)
+                r.blocks = blocks(r.computed + k, 1)
         return k, k * self._step_s(self.cost(0, len(decode), dec_ctx + (k - 1) / 2, 0.0), len(decode))
 
     def _step_s(self, gpu_s: float, seqs: int) -> float:
@@ -857,7 +880,7 @@ def simulate(cost: StepCost, engine: Engine, arrivals: Arrivals, max_events: int
     a = arrivals
     clients = _Clients.start(a, engine)
     longest = max(i + o for i, o in clients.lengths)
-    if _blocks(longest, engine.block_size) > total_blocks:
+    if engine.blocks(longest, min(longest, engine.max_num_batched_tokens)) > total_blocks:
         raise ValueError(f"one request ({longest} tokens) exceeds the KV cache ({engine.kv_tokens})")
     if not engine.chunked_prefill and max(i for i, _ in clients.lengths) > engine.max_num_batched_tokens:
         raise ValueError("without chunked prefill a prompt must fit max_num_batched_tokens")
