@@ -383,3 +383,39 @@ def test_cuda_graph_memory_comes_off_the_kv_cache_from_vllm_0_20() -> None:
     assert fit_args(s, False, "0.20.0")["graph_bytes"] == graphs
     assert fit_args(s, False, None)["graph_bytes"] == graphs  # unknown release: the newest behaviour
     assert fit_args(s, True, "0.32.0")["graph_bytes"] == 0  # eager: no graphs
+
+
+def test_chunked_local_attention_and_drafts_keep_every_layers_count() -> None:
+    """Chunked-local layers (Llama 4) are kept apart by vLLM only where
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE allows, and free back to the chunk's start, not a
+    window; a draft model's layers join the target's groups: neither is modelled, so the pool is every
+    layer's count, as vLLM's single group keeps it."""
+    from hwprofile.plan.candidates import model_shape
+
+    g = from_catalog("openai/gpt-oss-120b")
+    assert g is not None
+    shape = model_shape(g, 2)
+    assert shape.kv_pool(56_336, drafted=True) == (56_336, (0,))
+    assert shape.requests_in_kv(56_336, 32_100, drafted=True) == 1
+    from hwprofile.model.hfconfig import parse_config
+    from hwprofile.plan.memory import kv_cache_groups, kv_pool
+
+    text = {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 8,
+        "attention_chunk_size": 8192,
+        "no_rope_layers": [1, 1, 1, 0] * 2,
+        "interleave_moe_layer_step": 2,
+        "num_local_experts": 16,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1000,
+        "intermediate_size": 1024,
+        "intermediate_size_mlp": 2048,
+    }
+    cfg = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text}
+    llama4 = parse_config(cfg, "l4", "test", None)
+    assert {k for k, _ in kv_cache_groups(llama4)} == {"chunked", "full"}
+    assert kv_pool(llama4, 2) is None

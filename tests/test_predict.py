@@ -917,3 +917,11 @@ def test_the_closest_batching_is_one_whose_sequences_the_kv_cache_holds() -> Non
         [row(4, 88_000, 20, planned=True), row(64, 55_000, 142)], "throughput", 500, 120, 256, 8000
     )
     assert i == 1
+    # a row that says how many requests vLLM's pool holds (a sliding-window model's pool holds more
+    # than every layer's count) is judged by that: 64 held, none preempted
+    pooled = [
+        row(4, 88_000, 20, planned=True),
+        row(8, 60_000, 42),
+        {**row(64, 55_000, 142), "kv_requests": 64},
+    ]
+    assert choose_batching(pooled, "throughput", 500, 120, 256, 768)[0] == 2

@@ -96,6 +96,26 @@ def test_a_sliding_window_group_holds_only_the_window_of_a_long_request() -> Non
     assert full.duration_s > windowed.duration_s
 
 
+def test_a_tight_pool_with_sliding_groups_keeps_its_blocks_accounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a sliding group beside the full one, a request's held blocks rise and fall as its window
+    moves; every step the free blocks and those the running requests hold add up to the pool, and the
+    free ones never go below zero."""
+    total = 150
+    seen: list[int] = []
+    step = sim._Scheduler.step
+
+    def checked(self: sim._Scheduler) -> None:
+        step(self)
+        assert self.free_blocks >= 0
+        assert self.free_blocks + sum(r.blocks for r in self.running) == total
+        seen.append(self.free_blocks)
+
+    monkeypatch.setattr(sim._Scheduler, "step", checked)
+    e = engine(max_num_batched_tokens=256, kv_tokens=total * 16, kv_groups=(0, 128))
+    res = sim.simulate(flat(), e, sim.Arrivals("burst", 6, 600, 200))
+    assert len(res.requests) == 6 and res.preemptions > 0 and min(seen) < 10
+
+
 def _req(
     rid: int, prompt: int, output: int, computed: int = 0, generated: int = 0, blocks: int = 0
 ) -> sim._Req:

@@ -95,6 +95,11 @@ def _row(
         "max_num_batched_tokens": alt.max_num_batched_tokens,
         "fits": ok,
         "kv_tokens": alt.kv_tokens,
+        # requests of the workload's length the cache holds at once, as vLLM's pool keeps them (a
+        # sliding-window group holds only the window: plan/predict.py ModelShape.requests_in_kv)
+        "kv_requests": shape.requests_in_kv(
+            alt.kv_tokens, wl.input_len + wl.output_len, drafted=pm.drafted(spec)
+        ),
         "ttft_ms": round(p.ttft_ms, 1),
         "tpot_ms": round(p.tpot_ms, 2),
         "output_tokens_per_s": round(p.output_tokens_per_s, 1),
@@ -162,7 +167,12 @@ def _closest_row(
     # whose sequences the KV cache cannot hold at the workload's request length come last: their
     # figures assume them all running, where vLLM would preempt
     def overflows(j: int) -> bool:
-        return bool(request_tokens and rows[j]["max_num_seqs"] * request_tokens > rows[j]["kv_tokens"])
+        if not request_tokens:
+            return False
+        held = rows[j].get("kv_requests")
+        if held is not None:  # as vLLM's pool holds requests of the workload's length
+            return bool(rows[j]["max_num_seqs"] > held)
+        return bool(rows[j]["max_num_seqs"] * request_tokens > rows[j]["kv_tokens"])
 
     i = min(
         ok,

@@ -817,7 +817,7 @@ def simulated_figures(
     c = max(1, per_instance)
     if costs is None and host is not None:
         costs = _host_costs(host, shape, arrivals)
-    pool, groups = shape.kv_pool(cand.kv_tokens)
+    pool, groups = shape.kv_pool(cand.kv_tokens, drafted=pm.drafted(spec))
     eng = sim.engine_for(
         cand.max_num_seqs, cand.max_num_batched_tokens, pool, cand.chunked_prefill, costs, groups
     )

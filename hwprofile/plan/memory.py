@@ -237,8 +237,8 @@ def kv_cache_groups(model: ModelFacts) -> list[tuple[str, int]]:
 
 
 class KvPool(NamedTuple):
-    """vLLM's KV pool as plan/simulate.py allocates it where sliding-window or chunked-local layers are
-    kept in groups of their own (:func:`kv_pool`)."""
+    """vLLM's KV pool as plan/simulate.py allocates it where sliding-window layers are kept in groups of
+    their own (:func:`kv_pool`)."""
 
     windows: tuple[int, ...]  # each group's window in tokens (0: the whole context)
     scale: float  # the pool's blocks per block of every layer (:func:`kv_tokens_in`'s count)
@@ -250,24 +250,27 @@ def kv_pool(model: ModelFacts, kv_dtype_bytes: int) -> KvPool | None:
     group, so gpt-oss's 18 full and 18 sliding layers make blocks of 18 pages, twice the plan's count,
     of which a long request holds its tokens' in the full group and its window's in the sliding one.
     None: one group of every full-attention layer (the plan's count is the pool's), or a layout this
-    does not cover (recurrent state, DeepSeek V4's compressed cache, Inkling's short conv, attention
-    pages of several sizes): the plan's count, as every layer's."""
+    does not cover (recurrent state, DeepSeek V4's compressed cache, Inkling's short conv, chunked-local
+    attention, attention pages of several sizes): the plan's count, as every layer's."""
     st = model.stack
     if is_hybrid(model) or (st is not None and (st.compressed is not None or st.sconv is not None)):
         return None
     if not logs_kv_tokens(model, 1, kv_dtype_bytes):
         return None
     groups = kv_cache_groups(model)
-    if len(groups) == 1 and groups[0][0] not in ("sliding", "chunked"):
+    kinds = {k for k, _ in groups}
+    # chunked-local layers (Llama 4): vLLM keeps them apart only where
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE allows (its default changed across releases),
+    # and frees back to the current chunk's start, not a window: every layer's count, as before
+    if "chunked" in kinds or "sliding" not in kinds:
         return None
     if is_plain(model):
         page = kv_bytes_per_token_layer(model, 1, kv_dtype_bytes)
-        windows = [model.sliding_window or 0 if k == "sliding" else 0 for k, _ in groups]
+        windows = [(model.sliding_window or 0) if k == "sliding" else 0 for k, _ in groups]
     else:
         page = next(b for _, b in attention_bytes_by_kind(model, 1, kv_dtype_bytes).values())
         windows = [
-            (st.attention[k].window or 0) if st is not None and k in ("sliding", "chunked") else 0
-            for k, _ in groups
+            (st.attention[k].window or 0) if st is not None and k == "sliding" else 0 for k, _ in groups
         ]
     per_block = groups[0][1] * page
     if per_block <= 0:

@@ -193,22 +193,23 @@ class ModelShape:
     # how vLLM's chat endpoint renders a request (plan/servercost.py chat_renderer): "template" (the
     # model's chat template, then the tokenizer) or "harmony" (gpt-oss): the API server's CPU per request
     chat_renderer: str = "template"
-    # vLLM's KV cache groups where sliding-window or chunked-local layers are kept apart (plan/memory.py
-    # kv_pool): each group's window in tokens (0: the whole context), and the pool's blocks per block of
-    # every layer, which the plan's ``kv_tokens`` counts; empty: one group of every layer
+    # vLLM's KV cache groups where sliding-window layers are kept apart (plan/memory.py kv_pool): each
+    # group's window in tokens (0: the whole context), and the pool's blocks per block of every layer,
+    # which the plan's ``kv_tokens`` counts; empty: one group of every layer
     kv_groups: tuple[int, ...] = ()
     kv_pool_scale: float = 1.0
 
-    def kv_pool(self, kv_tokens: int, block: int = 16) -> tuple[int, tuple[int, ...]]:
+    def kv_pool(self, kv_tokens: int, block: int = 16, drafted: bool = False) -> tuple[int, tuple[int, ...]]:
         """``(tokens, groups)`` of the KV pool the plan's ``kv_tokens`` make, as plan/simulate.py's
-        Engine takes them (``kv_tokens``, ``kv_groups``)."""
-        if not self.kv_groups:
+        Engine takes them (``kv_tokens``, ``kv_groups``). ``drafted``: a draft model's layers share the
+        pool, and vLLM groups them with the target's in ways this does not model: every layer's count."""
+        if not self.kv_groups or drafted:
             return kv_tokens, (0,)
         return int(kv_tokens * self.kv_pool_scale) // block * block, self.kv_groups
 
-    def requests_in_kv(self, kv_tokens: int, tokens: int, block: int = 16) -> int:
-        """Requests of ``tokens`` tokens the pool holds at once (at least 1)."""
-        pool, groups = self.kv_pool(kv_tokens, block)
+    def requests_in_kv(self, kv_tokens: int, tokens: int, block: int = 16, drafted: bool = False) -> int:
+        """Requests of ``tokens`` tokens the pool holds at once (at least 1), in whole blocks."""
+        pool, groups = self.kv_pool(kv_tokens, block, drafted)
         return max(1, pool // block // max(1, held_blocks(groups, tokens, 1, block)))
 
 
@@ -226,6 +227,11 @@ class Speculation:
             if batch >= lo and (hi is None or batch <= hi):
                 return k
         return self.k
+
+
+def drafted(spec: Speculation | None) -> bool:
+    """A draft model runs beside the target (its layers share the KV pool: :meth:`ModelShape.kv_pool`)."""
+    return spec is not None and spec.draft is not None
 
 
 @record
@@ -739,7 +745,7 @@ def predict(
     ``step_cpu``: the engine's CPU per scheduled sequence in the wave's steps (plan/servercost.py);
     ``explain``: False leaves every term out (:func:`capacity` reads the figures alone)."""
     c = per_instance if per_instance is not None else max(1, math.ceil(wl.concurrency / cand.instances))
-    kv_seqs = m.requests_in_kv(cand.kv_tokens, wl.input_len + wl.output_len)
+    kv_seqs = m.requests_in_kv(cand.kv_tokens, wl.input_len + wl.output_len, drafted=drafted(spec))
     b = max(1, min(c, cand.max_num_seqs, kv_seqs))  # running; the rest wait for a slot
     ctx = wl.input_len + wl.output_len / 2
     link = cand.link

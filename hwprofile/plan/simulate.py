@@ -721,19 +721,21 @@ class _Scheduler:
             step.chunks.append((r, n))
 
     def _decode_run(self, decode: list[_Req], dec_ctx: float) -> tuple[int, float]:
-        """How many identical decode-only steps can be taken together (up to the next arrival, finish or
-        KV block boundary), their blocks allocated; returns that count and the seconds they take."""
+        """How many identical decode-only steps can be taken together (up to the next arrival or finish,
+        fewer where the free blocks would not last), their blocks allocated; returns that count and the
+        seconds they take."""
         blocks = self.engine.blocks
         k = min(r.output_len - r.generated for r in decode)
         horizon = self.clients.next_event_time()
         c1 = self._step_s(self.cost(0, len(decode), dec_ctx, 0.0), len(decode))
         if horizon < math.inf and c1 > 0:
             k = min(k, max(1, math.ceil((horizon - self.now) / c1)))
-        # the blocks k tokens more need (the one of this step is already allocated; a sliding group holds
-        # its window's blocks throughout, within one)
+        # the blocks k tokens more need (the one of this step is already allocated); a sliding group holds
+        # its window's blocks throughout, one more at some steps than at the last: kept free for them
+        slack = sum(1 for w in self.engine.kv_groups if w) * len(decode)
         while k > 1:
             extra = sum(blocks(r.computed + k, 1) - r.blocks for r in decode)
-            if extra <= self.free_blocks:
+            if extra + slack <= self.free_blocks:
                 break
             k = max(1, k // 2)
         if k > 1:

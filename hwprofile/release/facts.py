@@ -139,7 +139,8 @@ FLOORS: dict[str, Floor] = {
         "the memory profile estimates the CUDA graphs' memory and takes it from the KV cache",
         "v1/worker/gpu_worker.py determine_available_memory and envs.py: 0.18 and 0.19 estimate it but take "
         "it only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0), 0.20 by default (1); 0.16 and "
-        "before capture the graphs after the KV cache is allocated, in what gpu_memory_utilization leaves",
+        "before (0.17 not read) capture the graphs after the KV cache is allocated, in what "
+        "gpu_memory_utilization leaves",
     ),
     "humming_mxfp4_moe": Floor(
         (0, 32, 0),
