@@ -419,3 +419,33 @@ def test_chunked_local_attention_and_drafts_keep_every_layers_count() -> None:
     llama4 = parse_config(cfg, "l4", "test", None)
     assert {k for k, _ in kv_cache_groups(llama4)} == {"chunked", "full"}
     assert kv_pool(llama4, 2) is None
+
+
+def test_the_sampler_warm_up_is_pytorchs_sort_where_flashinfer_is_not_installed() -> None:
+    """Before vLLM 0.12 FlashInfer is an extra: ``pip install vllm`` leaves it out, and the sampler's
+    top-k/top-p then sorts (int64 indices): 28 bytes an element, not FlashInfer's 14. At vLLM 0.10.1's
+    defaults on an H100 (0.9, 8,192 batched tokens, 1,024 sequences) gpt-oss-120b on Marlin has no room
+    left for a KV cache, as vLLM logs ("Available KV cache memory: -2.14 GiB", vllm-project/vllm#23278);
+    with FlashInfer counted it would have 1.8 GiB. A snapshot that does not list its kernel packages is
+    taken to have FlashInfer (vLLM's images do), and a reason says so."""
+    from hwprofile.config.settings import Settings
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan.engine import fit_args, sampler
+    from hwprofile.plan.loaded import expert_tile
+    from hwprofile.plan.memory import GiB, fit
+    from hwprofile.plan.reasons import Reasons
+
+    assert sampler("0.11.0", ())[0] == 28 and "not installed" in sampler("0.11.0", ())[1]
+    assert sampler("0.11.0", ("flashinfer-python 0.3.1",))[0] == 14
+    assert sampler("0.11.0", None)[0] == 14 and "assumed" in sampler("0.11.0", None)[1]
+    assert sampler("0.12.0", ())[0] == 14  # a dependency from 0.12
+    s = Settings.from_tree({})[0]
+    oss = expert_tile(resolve_model("openai/gpt-oss-120b", "model"), "9.0", Reasons({}), "0.10.1")
+    h100 = 85_520_809_984  # 79.65 GiB, as NVML reports the H100 80GB HBM3
+
+    def kv(packages: tuple[str, ...] | None) -> float:
+        f = fit(h100, 0.9, oss, None, 1, 2, 8192, 1024, **fit_args(s, False, "0.10.1", packages))
+        return f.kv_cache_bytes / GiB
+
+    assert kv(()) < 0 < kv(("flashinfer-python 0.2.9",))
+    assert 1.6 < kv(("flashinfer-python 0.2.9",)) < 2.0 and -1.2 < kv(()) < -0.5

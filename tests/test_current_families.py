@@ -904,3 +904,21 @@ def test_the_mtp_layers_mxfp4_experts_are_padded_where_mtp_loads_them() -> None:
     # folded once: the loaded facts planned again add nothing
     again = as_loaded(on, Settings(), "mtp", "0.32.0", Reasons({}), "9.0")
     assert again.mxfp4_expert_bytes == on.mxfp4_expert_bytes and again.mtp_mxfp4_expert_bytes == 0
+
+
+def test_gpt_oss_on_hopper_runs_the_triton_kernels_installed_beside_an_older_vllm() -> None:
+    """Before 0.12 vLLM imports an optional ``triton_kernels``: where the host's snapshot lists it
+    (vLLM's gpt-oss recipe once asked for it), gpt-oss's experts on SM90 take the OAI Triton kernels and
+    their 64 x 1 tile, not Marlin's."""
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan.loaded import expert_tile
+    from hwprofile.plan.reasons import Reasons
+
+    oss = resolve_model("openai/gpt-oss-120b", "model")
+    r = Reasons({})
+    assert expert_tile(oss, "9.0", r, "0.11.0", ("triton-kernels 1.0.0",)).expert_tile == (64, 1)
+    assert "triton-kernels 1.0.0 installed" in r.items[-1].reason
+    assert expert_tile(oss, "9.0", Reasons({}), "0.11.0", ("flashinfer-python 0.3.1",)).expert_tile == (
+        128,
+        256,
+    )

@@ -28,3 +28,31 @@ def test_agrees_with_importlib_metadata_on_this_environment() -> None:
         except metadata.PackageNotFoundError:
             continue
     assert vllm_version() == expected
+
+
+def test_kernel_packages_from_dist_info(tmp_path: Path) -> None:
+    """FlashInfer and OpenAI's triton_kernels decide kernels (and the memory profile) where vLLM before
+    0.12 does not install them itself: each listed once, the first in path order, as pip names it."""
+    from hwprofile.host.software import kernel_packages
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "flashinfer_python-0.3.1.dist-info").mkdir(parents=True)
+    (a / "vllm-0.11.0.dist-info").mkdir()
+    (b / "flashinfer_python-0.2.9.dist-info").mkdir(parents=True)
+    (b / "triton_kernels-1.0.0.dist-info").mkdir()
+    (b / "triton-3.4.0.dist-info").mkdir()  # Triton itself is not one of them
+    assert kernel_packages([str(a), str(b)]) == ("flashinfer-python 0.3.1", "triton-kernels 1.0.0")
+    assert kernel_packages([str(b)]) == ("flashinfer-python 0.2.9", "triton-kernels 1.0.0")
+    assert kernel_packages([str(tmp_path / "missing")]) == ()
+
+
+def test_kernel_packages_agree_with_importlib_metadata_on_this_environment() -> None:
+    from hwprofile.host.software import KERNEL_PACKAGES, kernel_packages
+
+    expected = []
+    for dist in KERNEL_PACKAGES:
+        try:
+            expected.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    assert list(kernel_packages()) == expected

@@ -87,7 +87,8 @@ def _read_nvml(
 
 
 def _read_software(proc: str | os.PathLike[str], tmpfs: str) -> Software:
-    """vLLM, numactl, the tmpfs, the MoE and tuned config folders, the router: what is installed."""
+    """vLLM, numactl, the tmpfs, the MoE and tuned config folders, the router, the kernel packages vLLM
+    may run (FlashInfer, triton_kernels): what is installed."""
     tmpfs_path, tmpfs_free = linux.read_tmpfs(proc, tmpfs)
     vllm_version, vllm_dist = software.vllm_version()
     moe_dir, moe_names = software.moe_configs()
@@ -103,6 +104,7 @@ def _read_software(proc: str | os.PathLike[str], tmpfs: str) -> Software:
         tuned_config_folder=tuned_dir,
         tuned_configs=tuned_names,
         router_path=software.router_path(),
+        kernel_packages=software.kernel_packages(),
     )
 
 

@@ -252,6 +252,9 @@ class Software(NamedTuple):
     tuned_config_folder: str | None = None
     tuned_configs: tuple[str, ...] | None = None
     router_path: str | None = None  # vLLM's router (pip install vllm-router), None when not installed
+    # host/software.py KERNEL_PACKAGES installed ("name version"): () none; None not read (an older
+    # snapshot): FlashInfer and OpenAI's triton_kernels, which vLLM before 0.12 does not install itself
+    kernel_packages: tuple[str, ...] | None = None
 
 
 class DetectError(NamedTuple):

@@ -143,6 +143,16 @@ HOST = Obj(
                 "tuned_config_folder": _PATH,
                 "tuned_configs": List(_CONFIG_NAME, 100_000, null=True),
                 "router_path": _PATH,
+                "kernel_packages": List(
+                    Str(
+                        128,
+                        null=False,
+                        pattern="[A-Za-z0-9_.-]+ [0-9A-Za-z][0-9A-Za-z.+_!-]*",
+                        like="a name and version",
+                    ),
+                    16,
+                    null=True,
+                ),
             }
         ),
         "interconnect": Obj(

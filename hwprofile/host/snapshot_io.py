@@ -109,6 +109,7 @@ _SEQUENCES: dict[str, type] = {
 # the lists a record holds as tuples ("devices", "allowed", "denied": vLLM's P2P cache files, VllmP2p)
 _TUPLES = frozenset(
     {"flags", "clocks_event_reasons", "iommu_units", "gpu_indexes", "moe_configs", "tuned_configs"}
+    | {"kernel_packages"}
     | {"devices", "allowed", "denied"}
 )
 

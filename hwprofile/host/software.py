@@ -47,6 +47,33 @@ def vllm_version(path: Iterable[str] | None = None) -> tuple[str | None, str | N
     return None, None
 
 
+# Optional packages that decide which kernels vLLM runs, and what its memory profile holds, where a
+# release does not pull them in itself (release facts ``flashinfer_dependency``,
+# ``bundled_triton_kernels``): FlashInfer (the sampler's top-k/top-p) and OpenAI's triton_kernels
+# (gpt-oss's MXFP4 experts on Hopper). Their distribution names, as pip installs them.
+KERNEL_PACKAGES = ("flashinfer-python", "flashinfer", "triton-kernels")
+
+
+def kernel_packages(path: Iterable[str] | None = None) -> tuple[str, ...]:
+    """``"name version"`` of each :data:`KERNEL_PACKAGES` distribution installed, by its dist-info
+    directory (the first in path order per name, as the import system finds it); empty: none is."""
+    wanted = {_normalise(d): d for d in KERNEL_PACKAGES}
+    found: dict[str, str] = {}
+    for entry in sys.path if path is None else path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for n in names:
+            if n[:4].lower() not in ("flas", "trit"):
+                continue
+            m = _DIST_INFO.fullmatch(n)
+            name = wanted.get(_normalise(m["name"])) if m else None
+            if m and name and name not in found:
+                found[name] = m["version"]
+    return tuple(f"{d} {found[d]}" for d in KERNEL_PACKAGES if d in found)
+
+
 def numactl_path() -> str | None:
     return shutil.which("numactl")
 

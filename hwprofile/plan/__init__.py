@@ -54,7 +54,7 @@ from .interconnect import Report, by_links, stale
 from .interconnect import apply as apply_interconnect
 from .layout import RULE_KINDS, TP_SIZES, layout, shipped
 from .layout import where as layout_where
-from .loaded import as_loaded, device_cc
+from .loaded import as_loaded, loaded_on
 from .moetune import moe_tuning
 from .predict import Calibration
 from .reasons import Reasons
@@ -369,7 +369,7 @@ def _four_bit_retry(
     retry_draft = chosen_draft if chosen_draft is not None else draft
     spec_method, chosen_draft = choose_speculator(ctx, model, retry_draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
-    model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
+    model = as_loaded(model, settings, spec_method, ctx.version, r, *loaded_on(ctx))
     return model, _instances(ctx, model, chosen_draft, spec_method)
 
 
@@ -458,7 +458,7 @@ def _build_plan(
     refuse_old_release(model, ctx.version, ctx.warn)
     spec_method, chosen_draft = choose_speculator(ctx, model, draft)
     spec_method, chosen_draft = by_load(ctx, model, spec_method, chosen_draft)
-    model = as_loaded(model, settings, spec_method, ctx.version, r, device_cc(ctx.host))
+    model = as_loaded(model, settings, spec_method, ctx.version, r, *loaded_on(ctx))
     if nodes:  # several hosts: one vLLM over as many as it needs (plan/nodes.py)
         group, endpoint = _over_nodes(ctx, nodes, addresses, model, chosen_draft, spec_method)
         return _assemble(ctx, provenance, profile, matched_because, model, chosen_draft, group, endpoint)

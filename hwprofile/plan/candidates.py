@@ -389,6 +389,7 @@ class _Fitter:
     settings: Settings
     hybrid: HybridOpts | None
     vllm_version: str | None
+    kernel_packages: tuple[str, ...] | None = None
 
     def fit_at(self, d: ModelFacts | None, tp: int, batched: int | None, seqs: int | None) -> Fit:
         """The memory fit (with the draft ``d``) at ``tp``, at the configured batching or the one given."""
@@ -402,7 +403,7 @@ class _Fitter:
             self.kv_bytes,
             batched or eng.max_num_batched_tokens,
             seqs or eng.max_num_seqs,
-            **fit_args(self.settings, eng.enforce_eager, self.vllm_version),
+            **fit_args(self.settings, eng.enforce_eager, self.vllm_version, self.kernel_packages),
         )
 
     def fits(
@@ -567,7 +568,7 @@ def predict_group(
     wl = workload(settings)
     version = host.software.vllm_version
     hybrid = hybrid_opts(model, settings, spec_method, version, gpu0)
-    fitter = _Fitter(gpu0, model, kv_bytes, settings, hybrid, version)
+    fitter = _Fitter(gpu0, model, kv_bytes, settings, hybrid, version, host.software.kernel_packages)
     fits = fitter.fits
     cap = fitter.state_seqs if hybrid is not None else None
     # With the draft, as the layout rule fits it; only where no TP fits the draft, without it (the

@@ -10,11 +10,13 @@ from typing import Any
 from ..config.settings import Settings
 from ..host.snapshot import Gpu
 from ..model import ModelFacts, from_catalog, variant_facts
-from ..release import first_with_choice, release_of
+from ..release import first_with_choice, floor_of, release_of
 from . import gpufacts
 from .context import PlanContext
 from .memory import (
     BLOCK_TOKENS,
+    SAMPLER_BYTES_PER_LOGIT,
+    SAMPLER_BYTES_PER_LOGIT_TORCH,
     STATE_DTYPE_BYTES,
     Fit,
     GiB,
@@ -38,17 +40,45 @@ class ContextTooShort(Exception):
     caller refuses the plan with what would fit)."""
 
 
-def fit_args(settings: Settings, eager: bool, vllm_version: str | None) -> dict[str, Any]:
+def fit_args(
+    settings: Settings, eager: bool, vllm_version: str | None, kernel_packages: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes: the CUDA graphs' bytes only
     where vLLM takes them from the KV cache (release facts ``cudagraph_memory_deducted``; before, it
-    captures them after sizing the cache, in what ``gpu_memory_utilization`` leaves), none when eager."""
+    captures them after sizing the cache, in what ``gpu_memory_utilization`` leaves), none when eager;
+    and the sampler warm-up's bytes an element (:func:`sampler`)."""
     graphs = not eager and release_of(vllm_version).cudagraph_memory_deducted()
     return {
         "context_bytes": settings.memory.cuda_context_bytes,
         "graph_bytes": settings.memory.cuda_graph_bytes if graphs else 0,
         "margin_bytes": settings.memory.margin_bytes,
         "activation_factor": settings.memory.activation_factor,
+        "sampler_bytes": sampler(vllm_version, kernel_packages)[0],
     }
+
+
+def sampler(vllm_version: str | None, kernel_packages: tuple[str, ...] | None) -> tuple[int, str]:
+    """``(bytes an element, why)`` of the top-k/top-p sampling vLLM's memory profile warms up
+    (plan/memory.py ``activation_bytes``): FlashInfer's kernels where FlashInfer is there (a
+    dependency of the release: release facts ``flashinfer_dependency``), PyTorch's sort where the host's
+    snapshot says it is not installed (an extra before that release: ``pip install vllm`` leaves it out,
+    vLLM's images carry it); a snapshot that does not say: FlashInfer's, and said so."""
+    since = floor_of("flashinfer_dependency")
+    if release_of(vllm_version).flashinfer_dependency():
+        return SAMPLER_BYTES_PER_LOGIT, f"FlashInfer's top-k/top-p (a dependency of vLLM from {since})"
+    if kernel_packages is None:
+        return SAMPLER_BYTES_PER_LOGIT, (
+            "FlashInfer's top-k/top-p, assumed: the host's snapshot does not say whether FlashInfer is "
+            f"installed (an extra before vLLM {since}; without it PyTorch's sort holds "
+            f"{SAMPLER_BYTES_PER_LOGIT_TORCH} bytes an element)"
+        )
+    fi = next((p for p in kernel_packages if p.startswith("flashinfer")), None)
+    if fi:
+        return SAMPLER_BYTES_PER_LOGIT, f"FlashInfer's top-k/top-p ({fi} installed)"
+    return SAMPLER_BYTES_PER_LOGIT_TORCH, (
+        f"PyTorch's top-k/top-p, a sort with int64 indices: FlashInfer is not installed (an extra before vLLM "
+        f"{since}: pip install 'vllm[flashinfer]' adds it)"
+    )
 
 
 def memory_share(ctx: PlanContext, gpus: list[Gpu], gpu: Gpu, key: str, name: str) -> float:

@@ -52,7 +52,13 @@ def _refused(
     def loaded(checkpoint: ModelFacts) -> int:  # another checkpoint as this plan would load it
         version = ctx.host.software.vllm_version
         return as_loaded(
-            checkpoint, ctx.settings, spec_method, version, Reasons({}), device_cc(ctx.host)
+            checkpoint,
+            ctx.settings,
+            spec_method,
+            version,
+            Reasons({}),
+            device_cc(ctx.host),
+            ctx.host.software.kernel_packages,
         ).weights_bytes
 
     return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded, refine_fp8(ctx)))

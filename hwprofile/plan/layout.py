@@ -205,7 +205,7 @@ def _smallest_fitting_tp(
             kv_bytes,
             settings.engine.max_num_batched_tokens,
             settings.engine.max_num_seqs,
-            **fit_args(settings, eager, ctx.version),
+            **fit_args(settings, eager, ctx.version, ctx.host.software.kernel_packages),
         )
         if f.fits and f.kv_cache_bytes >= sequence_bytes(model, draft, tp, model.dtype_bytes, need):
             why = "fits on one GPU" if tp == 1 else f"needs {tp} GPUs' memory"

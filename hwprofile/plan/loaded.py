@@ -26,6 +26,7 @@ from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
 from ..release import first_with, floor_of, release_of
+from .context import PlanContext
 from .memory import GiB, expert_padding
 from .reasons import Reasons
 
@@ -79,7 +80,27 @@ def device_cc(host: HostSnapshot) -> str | None:
     return gpus[0].compute_capability if gpus else "cpu"
 
 
-def expert_tile(model: ModelFacts, cc: str | None, r: Reasons, vllm_version: str | None = None) -> ModelFacts:
+def loaded_on(ctx: PlanContext) -> tuple[str | None, tuple[str, ...] | None]:
+    """What :func:`as_loaded` takes of the host: the first usable GPU's compute capability
+    (:func:`device_cc`) and the kernel packages its snapshot lists; on GPUs, the sampler the release
+    warms up, in a reason (``model.sampler``: :func:`hwprofile.plan.engine.sampler`)."""
+    from .engine import sampler
+
+    packages = ctx.host.software.kernel_packages
+    cc = device_cc(ctx.host)
+    if cc != "cpu":  # the CPU backend samples with its own kernels, and plans its RAM apart (plan/cpu.py)
+        per, why = sampler(ctx.version, packages)
+        ctx.add("model.sampler", f"{per} B per logit", f"vLLM's memory profile warms up {why}")
+    return cc, packages
+
+
+def expert_tile(
+    model: ModelFacts,
+    cc: str | None,
+    r: Reasons,
+    vllm_version: str | None = None,
+    kernel_packages: tuple[str, ...] | None = None,
+) -> ModelFacts:
     """``model`` with :attr:`~hwprofile.model.ModelFacts.expert_tile` set for the MXFP4 MoE kernel vLLM
     picks on a GPU of compute capability ``cc`` (its routed experts padded per rank to that tile:
     :func:`hwprofile.plan.memory.expert_padding`), the kernel and what it adds per TP degree in a reason.
@@ -91,11 +112,15 @@ def expert_tile(model: ModelFacts, cc: str | None, r: Reasons, vllm_version: str
     kernel = _MXFP4_MOE[gpt_oss].get(major)
     if major == "9" and not gpt_oss and not release_of(vllm_version).humming_mxfp4_moe():
         kernel = ("Marlin (no Humming before vLLM " + floor_of("humming_mxfp4_moe") + ")", (128, 256))
+    own = next((p for p in kernel_packages or () if p.startswith("triton-kernels")), None)
     if major == "9" and gpt_oss and not release_of(vllm_version).bundled_triton_kernels():
-        kernel = (
-            "Marlin (no triton_kernels in vLLM before " + floor_of("bundled_triton_kernels") + ")",
-            (128, 256),
-        )
+        if own:  # installed beside vLLM, as its gpt-oss recipe once asked
+            kernel = (f"the OAI Triton kernels ({own} installed)", (64, 1))
+        else:
+            kernel = (
+                "Marlin (no triton_kernels in vLLM before " + floor_of("bundled_triton_kernels") + ")",
+                (128, 256),
+            )
     if kernel is None:
         why = (
             f"compute capability {cc}: no MXFP4 MoE kernel of vLLM's list is read for it"
@@ -145,18 +170,19 @@ def as_loaded(
     vllm_version: str | None,
     r: Reasons,
     cc: str | None = None,
+    kernel_packages: tuple[str, ...] | None = None,
 ) -> ModelFacts:
     """``model`` with ``weights_bytes`` as vLLM loads it: without the vision tower under
     ``--language-model-only``, without the MTP layers unless MTP speculation runs, with the MTP
     drafter's own embedding and LM head where the release keeps them; and its MXFP4 experts' tile on
-    a GPU of compute capability ``cc`` (:func:`expert_tile`). Unchanged (and no reason) for a model
-    with none of these."""
+    a GPU of compute capability ``cc`` (:func:`expert_tile`; ``kernel_packages``: the host's, as its
+    snapshot says them). Unchanged (and no reason) for a model with none of these."""
     if spec_method == "mtp" and model.mtp_mxfp4_expert_bytes:  # the MTP layers' experts padded alike
         both = (
             model.mxfp4_expert_bytes + model.mtp_mxfp4_expert_bytes
         )  # folded once: a second call adds nothing
         model = model._replace(mxfp4_expert_bytes=both, mtp_mxfp4_expert_bytes=0)
-    model = expert_tile(model, cc, r, vllm_version)
+    model = expert_tile(model, cc, r, vllm_version, kernel_packages)
     if not model.vision_bytes and not model.mtp_bytes:
         return model
     weights = model.weights_bytes

@@ -467,21 +467,32 @@ def active_weights_bytes(model: ModelFacts) -> int:
 # where FlashInfer is not installed or not enabled) holds more. The profile counts that peak against the
 # KV cache: at least this much.
 SAMPLER_BYTES_PER_LOGIT = 14
+# PyTorch's path (v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``, read in 0.10.2 and 0.11.0):
+# the bf16 logits and their fp32 copy stay while a sort makes fp32 values and int64 indices, the top-k
+# and top-p masks (bool), the softmax of the sorted values and the scattered result: 2 + 4 + 4 + 8 + 1 + 4
+# + 1 + 4 bytes an element at the scatter (the sort's own buffers, briefly, about as much).
+SAMPLER_BYTES_PER_LOGIT_TORCH = 28
 
 
 def activation_bytes(
-    model: ModelFacts, tp: int, batched_tokens: int, max_num_seqs: int, factor: float
+    model: ModelFacts,
+    tp: int,
+    batched_tokens: int,
+    max_num_seqs: int,
+    factor: float,
+    sampler_bytes: int = SAMPLER_BYTES_PER_LOGIT,
 ) -> int:
     """Peak of vLLM's profiling forward pass, per GPU (an estimate; ``factor`` scales it).
 
     One step of ``batched_tokens`` tokens holds a few hidden-size tensors (residual, norm output,
     attention output: ~4 × hidden) and the gated MLP's two intermediate tensors (2 × intermediate / TP),
     in 2-byte elements; plus the sampler warm-up over the sampled positions' logits (one row per
-    sequence, :data:`SAMPLER_BYTES_PER_LOGIT` bytes an element of the vocabulary): gpt-oss's 201,088-token
-    vocabulary at 1,024 sequences, 2.9 GB.
+    sequence, ``sampler_bytes`` an element of the vocabulary: FlashInfer's :data:`SAMPLER_BYTES_PER_LOGIT`,
+    PyTorch's :data:`SAMPLER_BYTES_PER_LOGIT_TORCH`): gpt-oss's 201,088-token vocabulary at 1,024
+    sequences, 2.9 GB with FlashInfer.
     """
     per_token = (4 * model.hidden_size + 2 * model.intermediate_size // tp) * 2
-    logits = min(max_num_seqs, batched_tokens) * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    logits = min(max_num_seqs, batched_tokens) * model.vocab_size * sampler_bytes
     return int(factor * (batched_tokens * per_token + logits))
 
 
@@ -535,11 +546,12 @@ def fit(
     graph_bytes: int,
     margin_bytes: int,
     activation_factor: float,
+    sampler_bytes: int = SAMPLER_BYTES_PER_LOGIT,
 ) -> Fit:
     budget = int(total_bytes * utilization)
     weights = weights_per_gpu(model, tp)
     draft_w = weights_per_gpu(draft, tp) if draft else 0
-    act = activation_bytes(model, tp, batched_tokens, max_num_seqs, activation_factor)
+    act = activation_bytes(model, tp, batched_tokens, max_num_seqs, activation_factor, sampler_bytes)
     overhead = context_bytes + graph_bytes + margin_bytes
     kv_cache = budget - weights - draft_w - act - overhead
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes) + (

@@ -300,7 +300,17 @@ def fit_beside_draft(
     settings = ctx.settings
     batched = settings.engine.max_num_batched_tokens
     seqs = settings.engine.max_num_seqs
-    f = fit(total, util, model, draft, tp, kv_bytes, batched, seqs, **fit_args(settings, eager, ctx.version))
+    f = fit(
+        total,
+        util,
+        model,
+        draft,
+        tp,
+        kv_bytes,
+        batched,
+        seqs,
+        **fit_args(settings, eager, ctx.version, ctx.host.software.kernel_packages),
+    )
     if draft is None or f.fits:
         return f, draft, spec_method
     no_draft = fit(

@@ -142,6 +142,12 @@ FLOORS: dict[str, Floor] = {
         "before (0.17 not read) capture the graphs after the KV cache is allocated, in what "
         "gpu_memory_utilization leaves",
     ),
+    "flashinfer_dependency": Floor(
+        (0, 12, 0),
+        "FlashInfer a dependency of vLLM (the sampler's top-k/top-p runs FlashInfer's kernels)",
+        "requirements/cuda.txt: flashinfer-python==0.5.3 in 0.12.0, 0.13.0 and 0.14.0; in 0.10.2 and 0.11.0 "
+        'an extra (setup.py "flashinfer"), and without it v1/sample/ops/topk_topp_sampler.py sorts',
+    ),
     "humming_mxfp4_moe": Floor(
         (0, 32, 0),
         "Humming ahead of Marlin for MXFP4 MoE experts on SM90 (prioritize_humming)",
@@ -367,6 +373,10 @@ class Release:
     def cudagraph_memory_deducted(self) -> bool:
         """:data:`FLOORS` ``cudagraph_memory_deducted``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["cudagraph_memory_deducted"]) is not False
+
+    def flashinfer_dependency(self) -> bool:
+        """:data:`FLOORS` ``flashinfer_dependency``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["flashinfer_dependency"]) is not False
 
     def humming_mxfp4_moe(self) -> bool:
         """:data:`FLOORS` ``humming_mxfp4_moe``; unknown: the newest behaviour."""
