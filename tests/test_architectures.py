@@ -400,21 +400,11 @@ def test_chunked_local_attention_and_drafts_keep_every_layers_count() -> None:
     from hwprofile.model.hfconfig import parse_config
     from hwprofile.plan.memory import kv_cache_groups, kv_pool
 
-    text = {
-        "model_type": "llama4_text",
-        "num_hidden_layers": 8,
-        "attention_chunk_size": 8192,
-        "no_rope_layers": [1, 1, 1, 0] * 2,
-        "interleave_moe_layer_step": 2,
-        "num_local_experts": 16,
-        "hidden_size": 512,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "vocab_size": 1000,
-        "intermediate_size": 1024,
-        "intermediate_size_mlp": 2048,
-    }
+    # a tiny Llama 4: three chunked-local layers (4,096-token chunks) to one full one
+    text = dict(model_type="llama4_text", num_hidden_layers=4, attention_chunk_size=4096, vocab_size=1000)
+    text |= dict(no_rope_layers=[1, 1, 1, 0], interleave_moe_layer_step=1, num_local_experts=4)
+    text |= dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=64)
+    text |= dict(intermediate_size=512, intermediate_size_mlp=1024)
     cfg = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text}
     llama4 = parse_config(cfg, "l4", "test", None)
     assert {k for k, _ in kv_cache_groups(llama4)} == {"chunked", "full"}
