@@ -737,7 +737,9 @@ def _as_planned(
         model = use_four_bit(model, plan.model.name, r)
     inst = plan.instances[0]
     method = inst.speculative.method if inst.speculative is not None else None
-    model = as_loaded(model, settings, method, host.software.vllm_version, r, device_cc(host))
+    model = as_loaded(
+        model, settings, method, host.software.vllm_version, r, device_cc(host), host.software.kernel_packages
+    )
     if plan.draft is None:
         return model, None
     if named_draft is not None and plan.draft.name == named_draft.name:

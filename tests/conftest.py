@@ -54,6 +54,8 @@ def fake_host(tmp_path: Path, fake_nvml_dir: Path, monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv(
             "HWPROFILE_ROUTER", os.environ.get("HWPROFILE_ROUTER", "none")
         )  # a fixture host has none
+        # nor FlashInfer or triton_kernels, whatever this machine has installed (the snapshot says so)
+        monkeypatch.setattr("hwprofile.host.software.kernel_packages", lambda path=None: ())
         return host
 
     return make

@@ -413,7 +413,8 @@ def test_chunked_local_attention_and_drafts_keep_every_layers_count() -> None:
 
 def test_the_sampler_warm_up_is_pytorchs_sort_where_flashinfer_is_not_installed() -> None:
     """Before vLLM 0.12 FlashInfer is an extra: ``pip install vllm`` leaves it out, and the sampler's
-    top-k/top-p then sorts (int64 indices): 28 bytes an element, not FlashInfer's 14. At vLLM 0.10.1's
+    top-k/top-p then sorts (int64 indices): 28 bytes an element, not FlashInfer's 14. From 0.12 to 0.20
+    FlashInfer's sampler is opt-in (VLLM_USE_FLASHINFER_SAMPLER=1), on by default again from 0.21. At vLLM 0.10.1's
     defaults on an H100 (0.9, 8,192 batched tokens, 1,024 sequences) gpt-oss-120b on Marlin has no room
     left for a KV cache, as vLLM logs ("Available KV cache memory: -2.14 GiB", vllm-project/vllm#23278);
     with FlashInfer counted it would have 1.8 GiB. A snapshot that does not list its kernel packages is
@@ -428,7 +429,11 @@ def test_the_sampler_warm_up_is_pytorchs_sort_where_flashinfer_is_not_installed(
     assert sampler("0.11.0", ())[0] == 28 and "not installed" in sampler("0.11.0", ())[1]
     assert sampler("0.11.0", ("flashinfer-python 0.3.1",))[0] == 14
     assert sampler("0.11.0", None)[0] == 14 and "assumed" in sampler("0.11.0", None)[1]
-    assert sampler("0.12.0", ())[0] == 14  # a dependency from 0.12
+    # 0.12 to 0.20: FlashInfer installed, its sampler opt-in: PyTorch's sort, then (0.18) a Triton kernel
+    # whose buffers are not read; from 0.21 FlashInfer's on by default again
+    assert sampler("0.12.0", ("flashinfer-python 0.5.3",))[0] == 28 and "opt-in" in sampler("0.16.0", None)[1]
+    assert sampler("0.18.0", None)[0] == 14 and "not read" in sampler("0.20.0", None)[1]
+    assert sampler("0.21.0", ())[0] == sampler("0.33.0", None)[0] == sampler(None, None)[0] == 14
     s = Settings.from_tree({})[0]
     oss = expert_tile(resolve_model("openai/gpt-oss-120b", "model"), "9.0", Reasons({}), "0.10.1")
     h100 = 85_520_809_984  # 79.65 GiB, as NVML reports the H100 80GB HBM3

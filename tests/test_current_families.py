@@ -922,3 +922,6 @@ def test_gpt_oss_on_hopper_runs_the_triton_kernels_installed_beside_an_older_vll
         128,
         256,
     )
+    # vLLM 0.10.1 pins torch 2.7.1, below what its Triton MXFP4 path takes: Marlin all the same
+    old = expert_tile(oss, "9.0", Reasons({}), "0.10.1", ("triton-kernels 1.0.0",))
+    assert old.expert_tile == (128, 256)

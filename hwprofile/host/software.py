@@ -1,4 +1,5 @@
-"""Installed software that the launch depends on: vLLM (by package metadata, never imported) and numactl."""
+"""Installed software that the launch depends on: vLLM and the kernel packages it may run (by package
+metadata, never imported), numactl, vLLM's router."""
 
 from __future__ import annotations
 

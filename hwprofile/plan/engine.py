@@ -59,25 +59,35 @@ def fit_args(
 
 def sampler(vllm_version: str | None, kernel_packages: tuple[str, ...] | None) -> tuple[int, str]:
     """``(bytes an element, why)`` of the top-k/top-p sampling vLLM's memory profile warms up
-    (plan/memory.py ``activation_bytes``): FlashInfer's kernels where FlashInfer is there (a
-    dependency of the release: release facts ``flashinfer_dependency``), PyTorch's sort where the host's
-    snapshot says it is not installed (an extra before that release: ``pip install vllm`` leaves it out,
-    vLLM's images carry it); a snapshot that does not say: FlashInfer's, and said so."""
+    (plan/memory.py ``activation_bytes``), by release (release facts ``flashinfer_dependency``,
+    ``flashinfer_sampler_opt_in``, ``flashinfer_sampler_default``, ``triton_top_k_top_p``):
+    FlashInfer's where it is on and installed; PyTorch's sort where FlashInfer's is opt-in, or where an
+    older release's snapshot says FlashInfer (then an extra) is not installed; where the snapshot does
+    not say, FlashInfer's (vLLM's images carry it), and said so."""
+    rel = release_of(vllm_version)
+    torch_sort = f"PyTorch's top-k/top-p, a sort with int64 indices ({SAMPLER_BYTES_PER_LOGIT_TORCH} B)"
+    if rel.flashinfer_sampler_default():
+        return SAMPLER_BYTES_PER_LOGIT, "FlashInfer's top-k/top-p (on by default, a dependency of vLLM)"
+    if rel.flashinfer_sampler_opt_in():
+        opt_in = "FlashInfer's is opt-in in this release (VLLM_USE_FLASHINFER_SAMPLER=1)"
+        if rel.triton_top_k_top_p():
+            return SAMPLER_BYTES_PER_LOGIT, (
+                f"the native sampler's Triton top-k/top-p ({opt_in}): its buffers not read, counted as "
+                "FlashInfer's"
+            )
+        return SAMPLER_BYTES_PER_LOGIT_TORCH, f"{torch_sort}: {opt_in}"
     since = floor_of("flashinfer_dependency")
-    if release_of(vllm_version).flashinfer_dependency():
-        return SAMPLER_BYTES_PER_LOGIT, f"FlashInfer's top-k/top-p (a dependency of vLLM from {since})"
     if kernel_packages is None:
         return SAMPLER_BYTES_PER_LOGIT, (
             "FlashInfer's top-k/top-p, assumed: the host's snapshot does not say whether FlashInfer is "
-            f"installed (an extra before vLLM {since}; without it PyTorch's sort holds "
-            f"{SAMPLER_BYTES_PER_LOGIT_TORCH} bytes an element)"
+            f"installed (an extra before vLLM {since}; without it {torch_sort})"
         )
     fi = next((p for p in kernel_packages if p.startswith("flashinfer")), None)
     if fi:
         return SAMPLER_BYTES_PER_LOGIT, f"FlashInfer's top-k/top-p ({fi} installed)"
     return SAMPLER_BYTES_PER_LOGIT_TORCH, (
-        f"PyTorch's top-k/top-p, a sort with int64 indices: FlashInfer is not installed (an extra before vLLM "
-        f"{since}: pip install 'vllm[flashinfer]' adds it)"
+        f"{torch_sort}: FlashInfer is not installed (an extra before vLLM {since}: pip install "
+        "'vllm[flashinfer]' adds it)"
     )
 
 

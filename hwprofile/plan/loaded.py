@@ -112,9 +112,10 @@ def expert_tile(
     kernel = _MXFP4_MOE[gpt_oss].get(major)
     if major == "9" and not gpt_oss and not release_of(vllm_version).humming_mxfp4_moe():
         kernel = ("Marlin (no Humming before vLLM " + floor_of("humming_mxfp4_moe") + ")", (128, 256))
+    rel = release_of(vllm_version)
     own = next((p for p in kernel_packages or () if p.startswith("triton-kernels")), None)
-    if major == "9" and gpt_oss and not release_of(vllm_version).bundled_triton_kernels():
-        if own:  # installed beside vLLM, as its gpt-oss recipe once asked
+    if major == "9" and gpt_oss and not rel.bundled_triton_kernels():
+        if own and rel.torch_2_8():  # installed beside vLLM, as its gpt-oss recipe once asked
             kernel = (f"the OAI Triton kernels ({own} installed)", (64, 1))
         else:
             kernel = (

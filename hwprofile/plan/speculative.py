@@ -314,7 +314,15 @@ def fit_beside_draft(
     if draft is None or f.fits:
         return f, draft, spec_method
     no_draft = fit(
-        total, util, model, None, tp, kv_bytes, batched, seqs, **fit_args(settings, eager, ctx.version)
+        total,
+        util,
+        model,
+        None,
+        tp,
+        kv_bytes,
+        batched,
+        seqs,
+        **fit_args(settings, eager, ctx.version, ctx.host.software.kernel_packages),
     )
     if no_draft.fits:
         ctx.warn(f"{name}: the draft {draft.name} does not fit beside the target; ngram speculation instead")

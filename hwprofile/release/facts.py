@@ -144,9 +144,30 @@ FLOORS: dict[str, Floor] = {
     ),
     "flashinfer_dependency": Floor(
         (0, 12, 0),
-        "FlashInfer a dependency of vLLM (the sampler's top-k/top-p runs FlashInfer's kernels)",
+        "FlashInfer a dependency of vLLM (before, an extra: pip install vllm leaves it out)",
         "requirements/cuda.txt: flashinfer-python==0.5.3 in 0.12.0, 0.13.0 and 0.14.0; in 0.10.2 and 0.11.0 "
-        'an extra (setup.py "flashinfer"), and without it v1/sample/ops/topk_topp_sampler.py sorts',
+        'an extra (setup.py "flashinfer")',
+    ),
+    "flashinfer_sampler_opt_in": Floor(
+        (0, 12, 0),
+        "FlashInfer's top-k/top-p sampler only with VLLM_USE_FLASHINFER_SAMPLER=1 (the native one by default)",
+        "v1/sample/ops/topk_topp_sampler.py: opt-in in 0.12, 0.13, 0.14, 0.16, 0.18, 0.19 and 0.20; on where "
+        "installed in 0.10.2 and 0.11.0 (None meant on)",
+    ),
+    "flashinfer_sampler_default": Floor(
+        (0, 21, 0),
+        "FlashInfer's top-k/top-p sampler on by default again (VLLM_USE_FLASHINFER_SAMPLER=0 turns it off)",
+        "v1/sample/ops/topk_topp_sampler.py in 0.21, 0.22, 0.25, 0.29 and 0.32",
+    ),
+    "triton_top_k_top_p": Floor(
+        (0, 18, 0),
+        "the native sampler's top-k/top-p in Triton from 8 sequences on (apply_top_k_top_p_triton)",
+        "v1/sample/ops/topk_topp_sampler.py: in 0.18, 0.19 and 0.20; a sort in 0.12, 0.14 and 0.16",
+    ),
+    "torch_2_8": Floor(
+        (0, 10, 2),
+        "vLLM pins torch 2.8, which its OAI Triton MXFP4 path needs (get_mxfp4_backend: Marlin below)",
+        "requirements/cuda.txt: torch==2.7.1 in 0.10.1, torch==2.8.0 in 0.10.2 and 0.11.0",
     ),
     "humming_mxfp4_moe": Floor(
         (0, 32, 0),
@@ -377,6 +398,22 @@ class Release:
     def flashinfer_dependency(self) -> bool:
         """:data:`FLOORS` ``flashinfer_dependency``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["flashinfer_dependency"]) is not False
+
+    def flashinfer_sampler_opt_in(self) -> bool:
+        """:data:`FLOORS` ``flashinfer_sampler_opt_in``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["flashinfer_sampler_opt_in"]) is not False
+
+    def flashinfer_sampler_default(self) -> bool:
+        """:data:`FLOORS` ``flashinfer_sampler_default``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["flashinfer_sampler_default"]) is not False
+
+    def triton_top_k_top_p(self) -> bool:
+        """:data:`FLOORS` ``triton_top_k_top_p``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["triton_top_k_top_p"]) is not False
+
+    def torch_2_8(self) -> bool:
+        """:data:`FLOORS` ``torch_2_8``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["torch_2_8"]) is not False
 
     def humming_mxfp4_moe(self) -> bool:
         """:data:`FLOORS` ``humming_mxfp4_moe``; unknown: the newest behaviour."""
