@@ -15,8 +15,6 @@ from . import gpufacts
 from .context import PlanContext
 from .memory import (
     BLOCK_TOKENS,
-    SAMPLER_BYTES_PER_LOGIT,
-    SAMPLER_BYTES_PER_LOGIT_TORCH,
     STATE_DTYPE_BYTES,
     Fit,
     GiB,
@@ -46,46 +44,46 @@ def fit_args(
     """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes: the CUDA graphs' bytes only
     where vLLM takes them from the KV cache (release facts ``cudagraph_memory_deducted``; before, it
     captures them after sizing the cache, in what ``gpu_memory_utilization`` leaves), none when eager;
-    and the sampler warm-up's bytes an element (:func:`sampler`)."""
+    and the sampler vLLM's profile warms up (:func:`sampler`)."""
     graphs = not eager and release_of(vllm_version).cudagraph_memory_deducted()
     return {
         "context_bytes": settings.memory.cuda_context_bytes,
         "graph_bytes": settings.memory.cuda_graph_bytes if graphs else 0,
         "margin_bytes": settings.memory.margin_bytes,
         "activation_factor": settings.memory.activation_factor,
-        "sampler_bytes": sampler(vllm_version, kernel_packages)[0],
+        "sampler": sampler(vllm_version, kernel_packages)[0],
     }
 
 
-def sampler(vllm_version: str | None, kernel_packages: tuple[str, ...] | None) -> tuple[int, str]:
-    """``(bytes an element, why)`` of the top-k/top-p sampling vLLM's memory profile warms up
-    (plan/memory.py ``activation_bytes``), by release (release facts ``flashinfer_dependency``,
+def sampler(vllm_version: str | None, kernel_packages: tuple[str, ...] | None) -> tuple[str, str]:
+    """``(which, why)`` of the top-k/top-p sampling vLLM's memory profile warms up, ``flashinfer`` or
+    ``torch`` (plan/memory.py ``sampler_bytes_per_logit``, ``activation_bytes``), by release (release facts ``flashinfer_dependency``,
     ``flashinfer_sampler_opt_in``, ``flashinfer_sampler_default``, ``triton_top_k_top_p``):
     FlashInfer's where it is on and installed; PyTorch's sort where FlashInfer's is opt-in, or where an
     older release's snapshot says FlashInfer (then an extra) is not installed; where the snapshot does
     not say, FlashInfer's (vLLM's images carry it), and said so."""
     rel = release_of(vllm_version)
-    torch_sort = f"PyTorch's top-k/top-p, a sort with int64 indices ({SAMPLER_BYTES_PER_LOGIT_TORCH} B)"
+    torch_sort = "PyTorch's top-k/top-p, a radix sort with int64 indices"
     if rel.flashinfer_sampler_default():
-        return SAMPLER_BYTES_PER_LOGIT, "FlashInfer's top-k/top-p (on by default, a dependency of vLLM)"
+        return "flashinfer", "FlashInfer's top-k/top-p (on by default, a dependency of vLLM)"
     if rel.flashinfer_sampler_opt_in():
         opt_in = "FlashInfer's is opt-in in this release (VLLM_USE_FLASHINFER_SAMPLER=1)"
         if rel.triton_top_k_top_p():
-            return SAMPLER_BYTES_PER_LOGIT, (
+            return "flashinfer", (
                 f"the native sampler's Triton top-k/top-p ({opt_in}): its buffers not read, counted as "
                 "FlashInfer's"
             )
-        return SAMPLER_BYTES_PER_LOGIT_TORCH, f"{torch_sort}: {opt_in}"
+        return "torch", f"{torch_sort}: {opt_in}"
     since = floor_of("flashinfer_dependency")
     if kernel_packages is None:
-        return SAMPLER_BYTES_PER_LOGIT, (
+        return "flashinfer", (
             "FlashInfer's top-k/top-p, assumed: the host's snapshot does not say whether FlashInfer is "
             f"installed (an extra before vLLM {since}; without it {torch_sort})"
         )
     fi = next((p for p in kernel_packages if p.startswith("flashinfer")), None)
     if fi:
-        return SAMPLER_BYTES_PER_LOGIT, f"FlashInfer's top-k/top-p ({fi} installed)"
-    return SAMPLER_BYTES_PER_LOGIT_TORCH, (
+        return "flashinfer", f"FlashInfer's top-k/top-p ({fi} installed)"
+    return "torch", (
         f"{torch_sort}: FlashInfer is not installed (an extra before vLLM {since}: pip install "
         "'vllm[flashinfer]' adds it)"
     )

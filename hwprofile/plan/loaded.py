@@ -85,12 +85,13 @@ def loaded_on(ctx: PlanContext) -> tuple[str | None, tuple[str, ...] | None]:
     (:func:`device_cc`) and the kernel packages its snapshot lists; on GPUs, the sampler the release
     warms up, in a reason (``model.sampler``: :func:`hwprofile.plan.engine.sampler`)."""
     from .engine import sampler
+    from .memory import sampler_label
 
     packages = ctx.host.software.kernel_packages
     cc = device_cc(ctx.host)
     if cc != "cpu":  # the CPU backend samples with its own kernels, and plans its RAM apart (plan/cpu.py)
-        per, why = sampler(ctx.version, packages)
-        ctx.add("model.sampler", f"{per} B per logit", f"vLLM's memory profile warms up {why}")
+        which, why = sampler(ctx.version, packages)
+        ctx.add("model.sampler", sampler_label(which), f"vLLM's memory profile warms up {why}")
     return cc, packages
 
 

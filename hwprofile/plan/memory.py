@@ -467,11 +467,40 @@ def active_weights_bytes(model: ModelFacts) -> int:
 # where FlashInfer is not installed or not enabled) holds more. The profile counts that peak against the
 # KV cache: at least this much.
 SAMPLER_BYTES_PER_LOGIT = 14
-# PyTorch's path (v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``, read in 0.10.2 and 0.11.0):
-# the bf16 logits and their fp32 copy stay while a sort makes fp32 values and int64 indices, the top-k
-# and top-p masks (bool), the softmax of the sorted values and the scattered result: 2 + 4 + 4 + 8 + 1 + 4
-# + 1 + 4 bytes an element at the scatter (the sort's own buffers, briefly, about as much).
-SAMPLER_BYTES_PER_LOGIT_TORCH = 28
+# PyTorch's path (v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``, read in 0.10.2, 0.11.0 and
+# 0.14.0, where FlashInfer is not installed or not enabled) peaks in its sort. Over 4,096 a row, torch.sort
+# is aten's radix sort (SortStable.cu ``launch_stable_sort_kernel``). Beside the bf16 logits and their fp32
+# copy (2 + 4) it writes the sorted fp32 values and int64 indices (4 + 8), fills int64 reverse indices
+# (8), and CUB's segmented radix sort (``DeviceSegmentedRadixSort::SortPairs``, not the DoubleBuffer form)
+# allocates alternate key and value buffers (4 + 8): 38 bytes an element, at one row or at least
+# :data:`TORCH_SEGMENTED_SORT_ROWS`. Between, torch sorts the whole tensor twice
+# (``segmented_sort_pairs_by_full_sort``): two buffers of int2 index-and-segment pairs (8 + 8), the keys
+# CUB is given no buffer for (4) and its alternate buffers (4 + 8): 50 bytes. The masks, the softmax and
+# the scattered result after the sort hold 28 bytes at most.
+SAMPLER_BYTES_PER_LOGIT_TORCH = 38
+SAMPLER_BYTES_PER_LOGIT_TORCH_FULL_SORT = 50
+TORCH_SEGMENTED_SORT_ROWS = 128
+
+
+def sampler_bytes_per_logit(sampler: str, rows: int) -> int:
+    """Bytes an element of ``rows`` x vocabulary logits the sampler warm-up holds at its peak:
+    FlashInfer's :data:`SAMPLER_BYTES_PER_LOGIT`; PyTorch's sort :data:`SAMPLER_BYTES_PER_LOGIT_TORCH`,
+    or :data:`SAMPLER_BYTES_PER_LOGIT_TORCH_FULL_SORT` at 2 to 127 rows."""
+    if sampler != "torch":
+        return SAMPLER_BYTES_PER_LOGIT
+    if 1 < rows < TORCH_SEGMENTED_SORT_ROWS:
+        return SAMPLER_BYTES_PER_LOGIT_TORCH_FULL_SORT
+    return SAMPLER_BYTES_PER_LOGIT_TORCH
+
+
+def sampler_label(sampler: str) -> str:
+    """What :func:`sampler_bytes_per_logit` gives, in words (a reason's value)."""
+    if sampler != "torch":
+        return f"{SAMPLER_BYTES_PER_LOGIT} B per logit"
+    return (
+        f"{SAMPLER_BYTES_PER_LOGIT_TORCH} B per logit ({SAMPLER_BYTES_PER_LOGIT_TORCH_FULL_SORT} at 2 to "
+        f"{TORCH_SEGMENTED_SORT_ROWS - 1} sequences)"
+    )
 
 
 def activation_bytes(
@@ -480,19 +509,20 @@ def activation_bytes(
     batched_tokens: int,
     max_num_seqs: int,
     factor: float,
-    sampler_bytes: int = SAMPLER_BYTES_PER_LOGIT,
+    sampler: str = "flashinfer",
 ) -> int:
     """Peak of vLLM's profiling forward pass, per GPU (an estimate; ``factor`` scales it).
 
     One step of ``batched_tokens`` tokens holds a few hidden-size tensors (residual, norm output,
     attention output: ~4 × hidden) and the gated MLP's two intermediate tensors (2 × intermediate / TP),
     in 2-byte elements; plus the sampler warm-up over the sampled positions' logits (one row per
-    sequence, ``sampler_bytes`` an element of the vocabulary: FlashInfer's :data:`SAMPLER_BYTES_PER_LOGIT`,
-    PyTorch's :data:`SAMPLER_BYTES_PER_LOGIT_TORCH`): gpt-oss's 201,088-token vocabulary at 1,024
-    sequences, 2.9 GB with FlashInfer.
+    sequence, :func:`sampler_bytes_per_logit` an element of the vocabulary for ``sampler``, FlashInfer's
+    or PyTorch's sort): gpt-oss's 201,088-token vocabulary at 1,024 sequences, 2.9 GB with FlashInfer,
+    7.8 GB with PyTorch's sort.
     """
     per_token = (4 * model.hidden_size + 2 * model.intermediate_size // tp) * 2
-    logits = min(max_num_seqs, batched_tokens) * model.vocab_size * sampler_bytes
+    rows = min(max_num_seqs, batched_tokens)
+    logits = rows * model.vocab_size * sampler_bytes_per_logit(sampler, rows)
     return int(factor * (batched_tokens * per_token + logits))
 
 
@@ -546,12 +576,12 @@ def fit(
     graph_bytes: int,
     margin_bytes: int,
     activation_factor: float,
-    sampler_bytes: int = SAMPLER_BYTES_PER_LOGIT,
+    sampler: str = "flashinfer",
 ) -> Fit:
     budget = int(total_bytes * utilization)
     weights = weights_per_gpu(model, tp)
     draft_w = weights_per_gpu(draft, tp) if draft else 0
-    act = activation_bytes(model, tp, batched_tokens, max_num_seqs, activation_factor, sampler_bytes)
+    act = activation_bytes(model, tp, batched_tokens, max_num_seqs, activation_factor, sampler)
     overhead = context_bytes + graph_bytes + margin_bytes
     kv_cache = budget - weights - draft_w - act - overhead
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes) + (
