@@ -817,6 +817,33 @@ def test_gpt_oss_on_hopper_runs_marlin_until_vllm_bundles_the_triton_kernels() -
     assert expert_tile(oss, "8.0", Reasons({}), "0.12.0").expert_tile == (128, 256)
 
 
+def test_the_triton_kernels_keep_gpt_oss_expert_scales_twice_until_vllm_frees_them() -> None:
+    """The OAI Triton path swizzles the experts' block scales into a copy of its own and converts their
+    biases to fp32; before vLLM 0.25 the checkpoint's scales stay beside the copy (only the weights are
+    deleted). vLLM 0.14.1 on an H100, "Using Triton backend", logs "Model loading took 64.38 GiB" for
+    gpt-oss-120b (vllm-project/vllm#33155), the checkpoint 60.8: the plan comes within 0.5 % of it; and
+    gpt-oss-20b takes 13.47 GiB on an H100 on the same backend (llm-d-benchmark's empirical memory
+    results)."""
+    from hwprofile.model.resolve import resolve_model
+    from hwprofile.plan.loaded import expert_tile
+    from hwprofile.plan.memory import GiB, weights_per_gpu
+    from hwprofile.plan.reasons import Reasons
+
+    for name, logged in (("openai/gpt-oss-120b", 64.38), ("openai/gpt-oss-20b", 13.47)):
+        model = resolve_model(name, "model")
+        r = Reasons({})
+        held = weights_per_gpu(expert_tile(model, "9.0", r, "0.14.1"), 1) / GiB
+        assert abs(held - logged) / logged < 0.007 and "block scales twice" in r.items[-1].reason
+        freed = weights_per_gpu(expert_tile(model, "9.0", Reasons({}), "0.25.0"), 1) / GiB
+        scales = model.mxfp4_expert_bytes / 17 / GiB
+        assert abs(held - freed - scales) < 0.01  # from 0.25 only the fp32 biases remain beside them
+        assert model.weights_bytes / GiB < freed < model.weights_bytes / GiB + 0.1
+    # Marlin (Ampere, or Hopper before the bundled kernels) keeps no copies
+    oss = resolve_model("openai/gpt-oss-120b", "model")
+    assert expert_tile(oss, "8.0", Reasons({}), "0.14.1").expert_kernel_bytes == 0
+    assert expert_tile(oss, "9.0", Reasons({}), "0.11.0").expert_kernel_bytes == 0
+
+
 def test_deepseek_v4_refuses_a_16_bit_cache_as_vllm_does() -> None:
     import pytest
 

@@ -68,6 +68,10 @@ class ModelFacts(NamedTuple):
     # set by the plan for the GPU it plans on (hwprofile.plan.loaded.expert_tile): (1, 1) = unpadded
     mxfp4_expert_bytes: int = 0
     expert_tile: tuple[int, int] = (1, 1)
+    # bytes that kernel's weight processing adds beside the checkpoint's, all ranks together (the OAI
+    # Triton kernels: the experts' biases in fp32, and before vLLM 0.25 the block scales swizzled beside
+    # the checkpoint's), set with the tile (hwprofile.plan.loaded.expert_tile)
+    expert_kernel_bytes: int = 0
     # of mtp_bytes: the MTP layers' own such experts (DeepSeek V4's MTP block is a decoder layer, same
     # quantization), padded alike where MTP speculation loads them (hwprofile.plan.loaded.as_loaded)
     mtp_mxfp4_expert_bytes: int = 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 from ..config.settings import Settings
 from ..host.snapshot import HostSnapshot
 from ..model import ModelFacts
-from ..release import first_with, floor_of, release_of
+from ..release import Release, first_with, floor_of, release_of
 from .context import PlanContext
 from .memory import GiB, expert_padding
 from .reasons import Reasons
@@ -132,7 +132,8 @@ def expert_tile(
         r.add("model.expert_padding", "unknown", f"routed experts counted unpadded: {why}")
         return model
     name, tile = kernel
-    padded = model._replace(expert_tile=tile)
+    kept, kept_why = _triton_copies(model, rel) if gpt_oss and "Triton" in name else (0, "")
+    padded = model._replace(expert_tile=tile, expert_kernel_bytes=kept)
     grows = [
         f"TP{tp} {i} -> {-(-i // tile[0]) * tile[0]}: +{expert_padding(padded, tp) / GiB:.2f} GiB per GPU"
         for tp, i in ((t, model.moe_intermediate_size // t) for t in (1, 2, 4, 8))
@@ -145,9 +146,27 @@ def expert_tile(
         f"size up to a multiple of {tile[0]}"
         + (f" and the hidden size to one of {tile[1]}" if tile[1] > 1 else "")
         + " (vLLM's mxfp4_round_up_hidden_size_and_intermediate_size): "
-        + ("; ".join(grows) if grows else "no padding at TP 1, 2, 4 or 8"),
+        + ("; ".join(grows) if grows else "no padding at TP 1, 2, 4 or 8")
+        + kept_why,
     )
     return padded
+
+
+def _triton_copies(model: ModelFacts, rel: Release) -> tuple[int, str]:
+    """``(bytes, why)`` the OAI Triton kernels' weight processing keeps beside gpt-oss's checkpoint:
+    the experts' biases converted to fp32 (two more bytes an element: gate_up's 2 x intermediate and
+    down's hidden per expert and layer) and, before release facts ``triton_mxfp4_scales_freed``, the
+    experts' block scales swizzled into a copy of their own while the checkpoint's stay (one E8M0 byte
+    per 32 four-bit weights: a 17th of the experts' bytes)."""
+    biases = 2 * model.num_experts * model.num_layers * (2 * model.moe_intermediate_size + model.hidden_size)
+    scales = 0 if rel.triton_mxfp4_scales_freed() else model.mxfp4_expert_bytes // 17
+    why = f"; the Triton kernels keep the experts' biases in fp32 (+{biases / GiB:.2f} GiB)"
+    if scales:
+        why += (
+            f" and their block scales twice, the checkpoint's beside the swizzled copy, before vLLM "
+            f"{floor_of('triton_mxfp4_scales_freed')} (+{scales / GiB:.2f} GiB)"
+        )
+    return biases + scales, why
 
 
 def _vision(model: ModelFacts, settings: Settings, vllm_version: str | None) -> tuple[int, str]:

@@ -544,10 +544,12 @@ class Fit(NamedTuple):
 
 def weights_per_gpu(model: ModelFacts, tp: int) -> int:
     """One rank's weights at tensor parallel ``tp``: its share of what vLLM splits, whole what it
-    replicates (:attr:`~hwprofile.model.ModelFacts.replicated_bytes`), and the padding its MXFP4 MoE
-    kernel adds to the routed experts (:func:`expert_padding`)."""
+    replicates (:attr:`~hwprofile.model.ModelFacts.replicated_bytes`), the padding its MXFP4 MoE
+    kernel adds to the routed experts (:func:`expert_padding`) and its share of the copies that kernel
+    keeps (:attr:`~hwprofile.model.ModelFacts.expert_kernel_bytes`)."""
     replicated = min(model.replicated_bytes, model.weights_bytes)
-    return -(-(model.weights_bytes - replicated) // tp) + replicated + expert_padding(model, tp)
+    split = -(-(model.weights_bytes - replicated) // tp) + replicated
+    return split + expert_padding(model, tp) + -(-model.expert_kernel_bytes // tp)
 
 
 def expert_padding(model: ModelFacts, tp: int) -> int:

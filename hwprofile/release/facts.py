@@ -134,6 +134,14 @@ FLOORS: dict[str, Floor] = {
         "requirements nor their Dockerfile install (get_mxfp4_backend: Marlin; vLLM 0.10.1 on an H100 logs "
         "Marlin and 65.97 GiB of weights, vllm-project/vllm#23278)",
     ),
+    "triton_mxfp4_scales_freed": Floor(
+        (0, 25, 0),
+        "the OAI Triton MXFP4 MoE path frees the checkpoint's block scales once it has swizzled them",
+        "fused_moe/oracle/mxfp4.py (del layer.w13_weight_scale) in 0.25, 0.29 and 0.32; 0.11, 0.12, 0.14, "
+        "0.16 and 0.20 to 0.24 keep them beside the swizzled copy (quantization/mxfp4.py, oracle/mxfp4.py: "
+        "only the weights are deleted). vLLM 0.14.1 on an H100 logs 64.38 GiB of gpt-oss-120b weights on "
+        "the Triton backend (vllm-project/vllm#33155), the checkpoint 60.8",
+    ),
     "cudagraph_memory_deducted": Floor(
         (0, 20, 0),
         "the memory profile estimates the CUDA graphs' memory and takes it from the KV cache",
@@ -390,6 +398,10 @@ class Release:
     def bundled_triton_kernels(self) -> bool:
         """:data:`FLOORS` ``bundled_triton_kernels``; unknown: the newest behaviour."""
         return self.reaches(FLOORS["bundled_triton_kernels"]) is not False
+
+    def triton_mxfp4_scales_freed(self) -> bool:
+        """:data:`FLOORS` ``triton_mxfp4_scales_freed``; unknown: the newest behaviour."""
+        return self.reaches(FLOORS["triton_mxfp4_scales_freed"]) is not False
 
     def cudagraph_memory_deducted(self) -> bool:
         """:data:`FLOORS` ``cudagraph_memory_deducted``; unknown: the newest behaviour."""
