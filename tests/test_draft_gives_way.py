@@ -117,7 +117,7 @@ def test_a_data_parallel_server_counts_every_rank_s_kv(empty_root: Path) -> None
     """Two RTX 3090 as one data-parallel server: its requests spread over both ranks' caches."""
     two = ROOT / "examples" / "hosts" / "rtx3090-2x.json"
     sets = ("layout.shape=data_parallel", "speculative.method=draft_model")
-    for load, starved in ((14, False), (16, True)):
+    for load, starved in ((18, False), (20, True)):
         plan = _plan(empty_root, *sets, f"layout.workload_concurrency={load}", host=two)
         (inst,) = plan.instances
         assert inst.ranks == 2 and inst.speculative is not None

@@ -89,7 +89,7 @@ def test_previously_contradicting_defaults_have_one_value(
         ("engine", "max_num_batched_tokens"): inst["engine"]["max_num_batched_tokens"],
         ("engine", "max_model_len"): _reason(plan, "instances[0].engine.max_model_len")["value"],
         ("server", "shutdown_timeout"): inst["server"]["shutdown_timeout"],
-        ("memory", "margin_bytes"): inst["memory"]["overhead_bytes"] - 768 * MiB - 512 * MiB,
+        ("memory", "margin_bytes"): inst["memory"]["overhead_bytes"] - 128 * MiB - 512 * MiB,
     }
     if setting == ("engine", "max_model_len"):  # shortened to what fits, never past the default
         assert planned[setting] <= value
@@ -176,7 +176,7 @@ def test_margin_zero_plans_a_zero_margin(host_of: Any, empty_root: Path) -> None
     zero = _plan(host, empty_root, "memory.margin_bytes=0")
     d, z = default["instances"][0]["memory"], zero["instances"][0]["memory"]
     assert d["overhead_bytes"] - z["overhead_bytes"] == 256 * MiB
-    assert z["overhead_bytes"] == 768 * MiB + 512 * MiB  # context + graphs, no margin
+    assert z["overhead_bytes"] == 128 * MiB + 512 * MiB  # outside PyTorch + graphs, no margin
     assert z["kv_cache_bytes"] - d["kv_cache_bytes"] == 256 * MiB
     assert zero["provenance"]["memory.margin_bytes"] == "cli --set memory.margin_bytes=0"
 
@@ -184,8 +184,8 @@ def test_margin_zero_plans_a_zero_margin(host_of: Any, empty_root: Path) -> None
 @pytest.mark.parametrize(
     ("assignment", "check"),
     [
-        ("memory.cuda_graph_bytes=0", lambda p: p["instances"][0]["memory"]["overhead_bytes"] == 1024 * MiB),
-        ("memory.cuda_context_bytes=0", lambda p: p["instances"][0]["memory"]["overhead_bytes"] == 768 * MiB),
+        ("memory.cuda_graph_bytes=0", lambda p: p["instances"][0]["memory"]["overhead_bytes"] == 384 * MiB),
+        ("memory.non_torch_bytes=0", lambda p: p["instances"][0]["memory"]["overhead_bytes"] == 768 * MiB),
         ("server.shutdown_timeout=0", lambda p: p["instances"][0]["server"]["shutdown_timeout"] == 0),
         (
             "speculative.assumed_acceptance=0",

@@ -27,7 +27,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except PlanRefused as e:
         if not args.json:
             raise  # printed as every command prints a refused plan
-        out = {"schema": SCHEMA, "refused": {"reason": e.message, "suggestions": e.suggestions}}
+        refused: dict[str, object] = {"reason": e.message, "suggestions": e.suggestions}
+        if e.memory is not None:
+            refused["memory"] = e.memory
+        out = {"schema": SCHEMA, "refused": refused}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return EXIT_FAILED
     if args.advice_from:

@@ -267,8 +267,14 @@ class Speculative(Section):
 class Memory(Section):
     """``memory.*``: the memory model's per-GPU overheads."""
 
-    cuda_context_bytes: int = setting(
-        "size", "per-GPU memory outside torch (CUDA context, NCCL, cuBLAS)", default=768 * MiB
+    non_torch_bytes: int = setting(
+        "size",
+        "per-GPU memory outside PyTorch that vLLM's profile counts (cuBLAS, kernel modules; the CUDA "
+        "context is made before its baseline, outside gpu_memory_utilization)",
+        default=128 * MiB,
+    )
+    collective_bytes: int = setting(
+        "size", "more of it where tensor parallel > 1 (NCCL and custom all-reduce buffers)", default=448 * MiB
     )
     cuda_graph_bytes: int = setting(
         "size",
@@ -276,7 +282,11 @@ class Memory(Section):
         "0 when eager)",
         default=512 * MiB,
     )
-    margin_bytes: int = setting("size", "per-GPU safety margin kept free", default=256 * MiB)
+    margin_bytes: int = setting(
+        "size",
+        "per-GPU margin taken off the KV cache estimate (vLLM's own accounting keeps none)",
+        default=256 * MiB,
+    )
     activation_factor: float = setting(
         "float", "multiplier on the estimated activation peak", 0.1, 10, default=1.0
     )

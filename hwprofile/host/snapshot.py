@@ -157,6 +157,15 @@ class Gpu(NamedTuple):
         return None if self.memory_total_bytes is None else self.memory_total_bytes / 2**30
 
     @property
+    def cuda_total_bytes(self) -> int | None:
+        """The total CUDA reports (``cudaMemGetInfo``, of which vLLM's ``gpu_memory_utilization`` is a
+        share): NVML's total less what the driver reserves, where NVML's memory v2 read that; else
+        NVML's total. None where the total is unread."""
+        if self.memory_total_bytes is None:
+            return None
+        return self.memory_total_bytes - (self.memory_reserved_bytes or 0)
+
+    @property
     def faults(self) -> tuple[str, ...]:
         """The fatal hardware faults this GPU reported at detection, each ``kind: what`` (the daemon's
         words, daemon/policy.py ``read_faults``): a GPU that has one is not planned for."""

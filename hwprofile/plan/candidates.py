@@ -395,7 +395,7 @@ class _Fitter:
         """The memory fit (with the draft ``d``) at ``tp``, at the configured batching or the one given."""
         eng = self.settings.engine
         return fit(
-            self.gpu0.memory_total_bytes or 0,
+            self.gpu0.cuda_total_bytes or 0,
             eng.gpu_memory_utilization,
             self.model,
             d,

@@ -47,7 +47,8 @@ def fit_args(
     and the sampler vLLM's profile warms up (:func:`sampler`)."""
     graphs = not eager and release_of(vllm_version).cudagraph_memory_deducted()
     return {
-        "context_bytes": settings.memory.cuda_context_bytes,
+        "non_torch_bytes": settings.memory.non_torch_bytes,
+        "collective_bytes": settings.memory.collective_bytes,
         "graph_bytes": settings.memory.cuda_graph_bytes if graphs else 0,
         "margin_bytes": settings.memory.margin_bytes,
         "activation_factor": settings.memory.activation_factor,
@@ -94,10 +95,16 @@ def memory_share(ctx: PlanContext, gpus: list[Gpu], gpu: Gpu, key: str, name: st
     (vLLM fails when free memory < total × share). ``gpu`` is the instance's smallest GPU."""
     total = gpu.memory_total_bytes or 0
     util = ctx.settings.engine.gpu_memory_utilization
+    reserved = gpu.memory_reserved_bytes
+    counted = (
+        f"NVML's {total / GiB:.1f} GiB less the {reserved / MiB:.0f} MiB the driver reserves, as CUDA counts it"
+        if reserved
+        else "NVML's total: what the driver reserves was not read"
+    )
     ctx.add(
         f"{key}.engine.gpu_memory_utilization",
         util,
-        f"{util:.2f} of each GPU's {total / GiB:.1f} GiB for this instance",
+        f"{util:.2f} of each GPU's {(gpu.cuda_total_bytes or 0) / GiB:.1f} GiB for this instance ({counted})",
         ("engine", "gpu_memory_utilization"),
     )
     used = max((g.memory_used_bytes or 0) + (g.memory_reserved_bytes or 0) for g in gpus)

@@ -61,7 +61,7 @@ def _refused(
             ctx.host.software.kernel_packages,
         ).weights_bytes
 
-    return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded, refine_fp8(ctx)))
+    return PlanRefused(what, suggestions(ctx.host, model, tp, f, util, loaded, refine_fp8(ctx)), f._asdict())
 
 
 class _Sizing(NamedTuple):
@@ -247,7 +247,7 @@ def _unfit(
     ctx: PlanContext, model: ModelFacts, gpu: Gpu, tp: int, f: Fit, util: float, spec_method: str | None
 ) -> PlanRefused:
     """The refusal of a model whose weights, activations and overhead exceed the budget on ``gpu``."""
-    total = gpu.memory_total_bytes or 0
+    total = gpu.cuda_total_bytes or 0
     return _refused(
         ctx,
         f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
@@ -291,7 +291,7 @@ def gpu_instance(
     name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
     key = f"instances[{i}]"
     gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
-    total = gpu.memory_total_bytes or 0
+    total = gpu.cuda_total_bytes or 0
 
     numa, cpus = numa_binding(ctx, gpus, key, name)
     util, kv_name, kv_bytes, eager = _memory_choices(ctx, gpus, gpu, model, spec_method, (key, name))

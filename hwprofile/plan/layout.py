@@ -197,7 +197,7 @@ def _smallest_fitting_tp(
     _, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu, model)
     for tp in [t for t in usable if t <= cap_pcie]:
         f = fit(
-            gpu.memory_total_bytes or 0,
+            gpu.cuda_total_bytes or 0,
             settings.engine.gpu_memory_utilization,
             model,
             draft,

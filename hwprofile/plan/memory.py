@@ -511,19 +511,24 @@ def activation_bytes(
     factor: float,
     sampler: str = "flashinfer",
 ) -> int:
-    """Peak of vLLM's profiling forward pass, per GPU (an estimate; ``factor`` scales it).
+    """Peak of vLLM's profiling run, per GPU (an estimate; ``factor`` scales it): the larger of its
+    two moments, which never overlap (``profile_run``: the dummy forward pass, then the sampler
+    warm-up on its output).
 
-    One step of ``batched_tokens`` tokens holds a few hidden-size tensors (residual, norm output,
-    attention output: ~4 × hidden) and the gated MLP's two intermediate tensors (2 × intermediate / TP),
-    in 2-byte elements; plus the sampler warm-up over the sampled positions' logits (one row per
-    sequence, :func:`sampler_bytes_per_logit` an element of the vocabulary for ``sampler``, FlashInfer's
-    or PyTorch's sort): gpt-oss's 201,088-token vocabulary at 1,024 sequences, 2.9 GB with FlashInfer,
-    7.8 GB with PyTorch's sort.
+    The forward pass of ``batched_tokens`` tokens holds a few hidden-size tensors (residual, norm
+    output, attention output: ~4 × hidden) and the gated MLP's two intermediate tensors
+    (2 × intermediate / TP), in 2-byte elements. The sampler warm-up holds the sampled positions'
+    logits (one row per sequence, :func:`sampler_bytes_per_logit` an element of the vocabulary for
+    ``sampler``, FlashInfer's or PyTorch's sort) beside the forward pass's hidden states, which the
+    run keeps. gpt-oss's 201,088-token vocabulary at 1,024 sequences: 2.9 GB with FlashInfer, 7.8 GB
+    with PyTorch's sort (vLLM logs 7.38 GiB for gpt-oss-20b on an H100: llm-d-benchmark's empirical
+    memory results, benchmarks/data/validation_memory.yaml).
     """
     per_token = (4 * model.hidden_size + 2 * model.intermediate_size // tp) * 2
     rows = min(max_num_seqs, batched_tokens)
     logits = rows * model.vocab_size * sampler_bytes_per_logit(sampler, rows)
-    return int(factor * (batched_tokens * per_token + logits))
+    kept = batched_tokens * model.hidden_size * 2  # the dummy run's hidden states (bf16)
+    return int(factor * max(batched_tokens * per_token, logits + kept))
 
 
 class Fit(NamedTuple):
@@ -531,7 +536,7 @@ class Fit(NamedTuple):
     weights_bytes: int  # target weights on this GPU
     draft_weights_bytes: int
     activation_bytes: int
-    overhead_bytes: int  # CUDA context + graphs + margin
+    overhead_bytes: int  # outside PyTorch (+ collectives at TP > 1) + graphs + margin
     kv_cache_bytes: int  # what is left for the KV cache (may be negative: does not fit)
     kv_bytes_per_token: int  # target + draft, all layers
     kv_tokens: int  # kv_cache_bytes // kv_bytes_per_token, whole blocks
@@ -574,17 +579,24 @@ def fit(
     kv_dtype_bytes: int,
     batched_tokens: int,
     max_num_seqs: int,
-    context_bytes: int,
+    non_torch_bytes: int,
     graph_bytes: int,
     margin_bytes: int,
     activation_factor: float,
     sampler: str = "flashinfer",
+    collective_bytes: int = 0,
 ) -> Fit:
+    """vLLM's KV cache on one GPU, as its memory profile sizes it (``determine_available_memory``):
+    ``utilization`` of ``total_bytes`` (the total CUDA reports: :func:`cuda_total_bytes`) less the
+    weights, the profile's activation peak and the memory outside PyTorch it counts
+    (``non_torch_bytes``, and ``collective_bytes`` more where ``tp`` > 1); less the CUDA graphs where
+    the release takes them from the cache (``graph_bytes``: 0 otherwise) and the plan's own
+    ``margin_bytes``. The CUDA context is not counted: vLLM's baseline is taken after it exists."""
     budget = int(total_bytes * utilization)
     weights = weights_per_gpu(model, tp)
     draft_w = weights_per_gpu(draft, tp) if draft else 0
     act = activation_bytes(model, tp, batched_tokens, max_num_seqs, activation_factor, sampler)
-    overhead = context_bytes + graph_bytes + margin_bytes
+    overhead = non_torch_bytes + (collective_bytes if tp > 1 else 0) + graph_bytes + margin_bytes
     kv_cache = budget - weights - draft_w - act - overhead
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes) + (
         kv_bytes_per_token(draft, tp, kv_dtype_bytes) if draft else 0

@@ -18,10 +18,11 @@ from .tpsplit import tp_refusal
 class PlanRefused(RefusedError):
     """The model cannot run on this host under these settings; ``suggestions`` say what would."""
 
-    def __init__(self, message: str, suggestions: list[str]) -> None:
+    def __init__(self, message: str, suggestions: list[str], memory: dict[str, int] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.suggestions = suggestions
+        self.memory = memory  # the per-GPU memory fit it was refused on, where memory refused it
 
     def report(self) -> list[str]:
         """How every command prints a refused plan: the reason, then what would work."""

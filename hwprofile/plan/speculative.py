@@ -14,7 +14,7 @@ from ..model.tokenizer_check import TokenizerCheck, check_facts
 from ..release import first_speculative, release_of
 from .context import PlanContext
 from .engine import fit_args
-from .memory import Fit, GiB, fit
+from .memory import Fit, GiB, fit, sequence_bytes
 from .predict import target_miss
 from .reasons import Reasons
 from .refusal import PlanRefused
@@ -311,7 +311,10 @@ def fit_beside_draft(
         seqs,
         **fit_args(settings, eager, ctx.version, ctx.host.software.kernel_packages),
     )
-    if draft is None or f.fits:
+    # with the draft, room for the shortest context the profile accepts (a KV cache of a few bytes
+    # "fits" and then refuses the plan, where the target alone would run)
+    room = sequence_bytes(model, draft, tp, kv_bytes, settings.engine.min_model_len)
+    if draft is None or (f.fits and f.kv_cache_bytes >= room):
         return f, draft, spec_method
     no_draft = fit(
         total,
