@@ -18,6 +18,7 @@ from hwprofile.model import resolve_model
 from hwprofile.pipeline import calibration_path, make_plan
 from hwprofile.plan import candidates
 from hwprofile.plan import predict as pm
+from hwprofile.plan.calibration import calibrated_device
 from hwprofile.plan.types import ABSENT
 
 CONFIG = {
@@ -133,7 +134,7 @@ def test_the_fitted_device_reproduces_the_benched_point(tpot: float, ttft: float
     m = candidates.model_shape(resolve_model("Qwen/Qwen3-0.6B", "model"), 2)
     cand = pm.Candidate(1, 1, 1, 64, 256, True, 100_000, pm.link_of([], [], None, 1))
     cal = pm.Calibration("c.json", None, 96, 48, 1, None, ((1, tpot, ttft, 1000 / tpot),))
-    dev = pm.calibrated_device(m, cand, cal, "cpu")
+    dev = calibrated_device(m, cand, cal, "cpu")
     assert dev is not None and dev.efficiency_basis == "calibrated" and dev.step_fixed_ms is not None
     p = pm.predict(dev, m, cand, pm.Workload(96, 48, 1), None)
     assert p.tpot_ms == pytest.approx(tpot, rel=0.02) and p.ttft_ms == pytest.approx(ttft, rel=0.02)
@@ -446,7 +447,7 @@ def test_an_engine_part_the_steps_cannot_reach_leaves_the_rest_as_latency() -> N
     cal = pm.Calibration(
         "c.json", None, 96, 48, 1, None, ((1, 20.0, 60.0, 45.0),), outside_latency=((1, 55.0),)
     )
-    dev = pm.calibrated_device(m, cand, cal, "cpu")
+    dev = calibrated_device(m, cand, cal, "cpu")
     assert dev is not None
     p = pm.predict(dev, m, cand, pm.Workload(96, 48, 1), None)
     assert p.tpot_ms == pytest.approx(20.0, rel=0.02) and p.ttft_ms == pytest.approx(60.0, rel=0.02)

@@ -3,7 +3,7 @@
 A CPU has no datasheet here: before a calibration the plan predicts nothing for it (unknown, not a
 guess), and the accuracy gate after `hwprofile bench` says so. `hwprofile bench --calibrate` at one
 concurrency stores the bench as this host's calibration; the next plan's predictions come from a
-device fitted to it (plan/predict.py ``calibrated_device``), marked calibrated. Then the held-back
+device fitted to it (plan/calibration.py ``calibrated_device``), marked calibrated. Then the held-back
 points are predicted and measured with real `vllm bench serve`: two other concurrencies (one server:
 a sweep 1, 2, 4, whose point 1 re-measures the benched one) and another ``max_num_batched_tokens``
 (a second server). The predictions are those of the plan that ran, read from the bench's own accuracy

@@ -23,6 +23,7 @@ from ..release import release_of
 from . import attention, gpufacts
 from . import predict as pm
 from .batching import batching_rows, runs_at
+from .calibration import calibrated, calibrated_device
 from .engine import fit_args, hybrid_opts, kv_cache_dtype, state_seqs
 from .estimate import acceptance_for
 from .memory import (
@@ -313,7 +314,7 @@ def _calibrate(
             continue
         bench, bench_spec, same = benched
         at = pm.predict(gpu, shape, bench, pm.Workload(cal.input_len, cal.output_len, c0), bench_spec)
-        out.append(pm.calibrated(p, at, cal, wl, same_config=(c.tp == tp and same)))
+        out.append(calibrated(p, at, cal, wl, same_config=(c.tp == tp and same)))
     return out
 
 
@@ -689,7 +690,7 @@ def _calibrated_at(
     at = pm.predict(
         pgpu, shape, bench, pm.Workload(calibration.input_len, calibration.output_len, c0), bench_spec
     )
-    return pm.calibrated(p, at, calibration, wl, same_config=(btp == cand.tp and same))
+    return calibrated(p, at, calibration, wl, same_config=(btp == cand.tp and same))
 
 
 def _instance_shape(inst: InstancePlan, model: ModelFacts, gpu0: Gpu, tp: int) -> tuple[int, pm.ModelShape]:
@@ -810,7 +811,7 @@ def simulated_figures(
     (plan/servercost.py: the API server, the engine's CPU per sequence) for its vLLM; ``spec``: the
     instance's speculation, each decode step at its cost per token (predict.step_cost); ``costs``: those
     costs as the caller has them (a calibrated host's), instead of ``host``'s.
-    ``measured_latency``: ``gpu`` was fitted to this host's bench (:func:`.predict.calibrated_device`):
+    ``measured_latency``: ``gpu`` was fitted to this host's bench (:func:`.calibration.calibrated_device`):
     the latency a request has outside the engine's steps is the one measured there (its
     ``request_latency_ms``), not the datasheet hosts' fitted one."""
     from . import simulate as sim
@@ -850,7 +851,7 @@ def simulated_figures(
 
 def _measured_overhead(eng: Engine, gpu: pm.Gpu, costs: ServerCosts | None) -> tuple[Engine, str]:
     """``eng`` with the latency per request ``gpu`` measured outside the engine's steps on this host
-    (:func:`.predict.calibrated_device`), and its source. What was measured there holds the first
+    (:func:`.calibration.calibrated_device`), and its source. What was measured there holds the first
     token's delivery, which the simulation's API server adds itself: less that."""
     first = costs.api_token_s + costs.api_step_s if costs is not None else 0.0
     eng = dataclasses.replace(eng, request_overhead_s=max(0.0, gpu.request_latency_ms / 1e3 - first))
@@ -891,7 +892,7 @@ def cpu_prediction(
 ) -> InstancePrediction | None:
     """A CPU instance's figures: a CPU has no datasheet here, so nothing is predicted (None: unknown)
     until ``hwprofile bench --calibrate`` stores a bench of this host; then a device fitted to it
-    (:func:`.predict.calibrated_device`: the fixed time of a step, the FLOPs of a token and the
+    (:func:`.calibration.calibrated_device`: the fixed time of a step, the FLOPs of a token and the
     latency outside the engine, from the bench's TPOT, TTFT and the server's own figures) predicts every
     workload and batching, each figure "calibrated". The simulation adds ``host``'s server costs
     (:func:`_calibrated_costs`, :func:`_less_step_cpu`: none counted twice)."""
@@ -910,7 +911,7 @@ def cpu_prediction(
         max_num_seqs=calibration.max_num_seqs or eng.max_num_seqs,
         max_num_batched_tokens=calibration.max_num_batched_tokens or eng.max_num_batched_tokens,
     )
-    dev = pm.calibrated_device(shape, bench, calibration, "this host's CPU")
+    dev = calibrated_device(shape, bench, calibration, "this host's CPU")
     if dev is None:
         return None
     costs = _calibrated_costs(host, dev, inst, calibration)  # `hwprofile bench`'s completions
