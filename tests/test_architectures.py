@@ -436,8 +436,8 @@ def test_the_sampler_warm_up_is_pytorchs_sort_where_flashinfer_is_not_installed(
     from 0.21. Two H100 logs of gpt-oss-120b on Marlin, both installs without FlashInfer at 1,024
     sequences: 0.10.1 at 0.9 and 8,192 batched tokens, "Available KV cache memory: -2.14 GiB"
     (vllm-project/vllm#23278); 0.11 at 0.95 and 1,024 batched tokens, 1.71 GiB (#27508). The plan is
-    within 0.5 GiB of both, on the safe side (its own margin); with FlashInfer counted it would leave 2.0
-    and 6.3 GiB. A snapshot that does not list its
+    within 0.5 GiB of both, on the safe side (its own margin): -2.34 and 1.66; with FlashInfer counted it
+    would leave 2.26 and 6.26 GiB. A snapshot that does not list its
     kernel packages is taken to have FlashInfer (vLLM's images do), and a reason says so."""
     from hwprofile.config.settings import Settings
     from hwprofile.model.resolve import resolve_model

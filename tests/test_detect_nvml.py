@@ -283,7 +283,9 @@ def test_memory_v1_on_drivers_without_v2(fake_host) -> None:
     snap = detect_host()
     v1 = snap.gpus[0]
     assert v1.memory_total_bytes == v2.memory_total_bytes
-    assert v1.memory_used_bytes == 305 * MIB and v1.memory_reserved_bytes == 0  # v1 folds it into used
+    # v1 folds the reservation into used and does not say it: not read (None), never 0
+    assert v1.memory_used_bytes == 305 * MIB and v1.memory_reserved_bytes is None
+    assert v2.cuda_total_bytes == v2.memory_total_bytes - 300 * MIB and v1.cuda_total_bytes is None
     assert not snap.errors
 
 

@@ -248,7 +248,24 @@ def _close(word: str, valid: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(word, list(valid), n=1, cutoff=0.6)
 
 
+# settings renamed, by their old leaf name: the new name (as ``valid`` would spell it) and why
+RENAMED = {
+    "cuda_context_bytes": (
+        "non_torch_bytes",
+        "the CUDA context is made before vLLM's memory baseline and never counted against the KV cache; "
+        "memory.non_torch_bytes holds what vLLM does count outside PyTorch, memory.collective_bytes "
+        "more where tensor parallel > 1",
+    ),
+}
+
+
 def suggest(key: str, valid: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``valid``, else nothing."""
+    """`` (did you mean 'x'?)`` for the closest of ``valid``, else nothing; for a renamed setting
+    (:data:`RENAMED`), its new name and why."""
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in RENAMED:
+        new, why = RENAMED[leaf]
+        name = next((v for v in valid if v == new or v.endswith("." + new)), new)
+        return f" (renamed '{name}': {why})"
     close = _close(key, valid)
     return f" (did you mean '{close[0]}'?)" if close else ""

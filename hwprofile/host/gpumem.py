@@ -14,8 +14,9 @@ from .nvml import GpuLost, Nvml, NvmlHandle, Unavailable
 
 @dataclass(frozen=True)
 class MemoryReading:
-    """One GPU's memory now: ``total_bytes`` and ``free_bytes`` (NVML's, which excludes the driver's
-    reservation as CUDA's free does); both None with ``error`` when it could not be read."""
+    """One GPU's memory now: ``total_bytes`` and ``free_bytes`` as CUDA counts them (NVML's total less
+    the driver's reservation, which NVML's free excludes too: :meth:`hwprofile.host.nvml.Nvml.memory`);
+    both None with ``error`` when it could not be read."""
 
     index: int
     total_bytes: int | None = None
@@ -25,7 +26,8 @@ class MemoryReading:
 
     @property
     def used_bytes(self) -> int | None:
-        """What every process (and the driver's reservation) holds: total - free."""
+        """What every process holds: total - free (the driver's reservation too, where NVML's memory v1
+        could not say it apart)."""
         if self.total_bytes is None or self.free_bytes is None:
             return None
         return self.total_bytes - self.free_bytes

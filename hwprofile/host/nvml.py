@@ -248,7 +248,8 @@ class Nvml:
             minor_number=minor,
             memory_total_bytes=int(mem.total) if mem is not None else None,
             memory_used_bytes=int(mem.used) if mem is not None else None,
-            memory_reserved_bytes=int(getattr(mem, "reserved", 0)) if mem is not None else None,
+            # NVML's memory v1 (drivers < 510) does not say what the driver reserves: not read, not 0
+            memory_reserved_bytes=int(mem.reserved) if mem is not None and hasattr(mem, "reserved") else None,
             compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else None,
             numa_node=int(numa) if numa is not None else None,
             numa_node_source="nvml" if numa is not None else None,
@@ -521,14 +522,17 @@ class Nvml:
         self.call("events", "nvmlEventSetFree", events, quiet=True)
 
     def memory(self, index: int, handle: NvmlHandle) -> tuple[int, int] | None:
-        """``(total, free)`` bytes of one GPU (v2 where the driver has it, as :meth:`gpu` reads it:
-        its free excludes the driver's reservation, as CUDA's does), or None when it cannot be read
+        """``(total, free)`` bytes of one GPU as CUDA counts them (v2 where the driver has it, as
+        :meth:`gpu` reads it: the total less the driver's reservation, which its free excludes too; v1
+        does not say the reservation, and its total is NVML's), or None when it cannot be read
         (recorded in ``errors``). Raises :class:`GpuLost` for a lost device."""
         w = f"gpu[{index}].memory"
         mem = self.call(w, "nvmlDeviceGetMemoryInfo", handle, self._n.nvmlMemory_v2, quiet=True)
         if mem is None:
             mem = self.call(w, "nvmlDeviceGetMemoryInfo", handle)
-        return (int(mem.total), int(mem.free)) if mem is not None else None
+        if mem is None:
+            return None
+        return int(mem.total) - int(getattr(mem, "reserved", 0)), int(mem.free)
 
     def _minor(self, where: str, handle: NvmlHandle) -> int | None:
         """The device minor number: N of ``/dev/nvidiaN`` (``nvidia-smi``'s "Minor Number"), which

@@ -159,11 +159,11 @@ class Gpu(NamedTuple):
     @property
     def cuda_total_bytes(self) -> int | None:
         """The total CUDA reports (``cudaMemGetInfo``, of which vLLM's ``gpu_memory_utilization`` is a
-        share): NVML's total less what the driver reserves, where NVML's memory v2 read that; else
-        NVML's total. None where the total is unread."""
-        if self.memory_total_bytes is None:
+        share): NVML's total less what the driver reserves. None where either is unread (NVML's memory
+        v1 does not say the reservation)."""
+        if self.memory_total_bytes is None or self.memory_reserved_bytes is None:
             return None
-        return self.memory_total_bytes - (self.memory_reserved_bytes or 0)
+        return self.memory_total_bytes - self.memory_reserved_bytes
 
     @property
     def faults(self) -> tuple[str, ...]:

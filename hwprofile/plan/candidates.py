@@ -24,7 +24,7 @@ from . import attention, gpufacts
 from . import predict as pm
 from .batching import batching_rows, runs_at
 from .calibration import calibrated, calibrated_device
-from .engine import fit_args, hybrid_opts, kv_cache_dtype, state_seqs
+from .engine import cuda_total, fit_args, hybrid_opts, kv_cache_dtype, state_seqs
 from .estimate import acceptance_for
 from .memory import (
     Fit,
@@ -396,7 +396,7 @@ class _Fitter:
         """The memory fit (with the draft ``d``) at ``tp``, at the configured batching or the one given."""
         eng = self.settings.engine
         return fit(
-            self.gpu0.cuda_total_bytes or 0,
+            cuda_total(self.gpu0),
             eng.gpu_memory_utilization,
             self.model,
             d,
@@ -557,7 +557,7 @@ def predict_group(
     any_parts = next((p for p in parts_by_tp.values() if p), None)
     if not any_parts:
         return []
-    gpu0 = min(any_parts[0], key=lambda g: g.memory_total_bytes or 0)
+    gpu0 = min(any_parts[0], key=cuda_total)
     pgpu, row = gpu_of(gpu0)
     if pgpu is None:
         return []
@@ -723,7 +723,7 @@ def instance_prediction(
     gpus = [g for g in host.usable_gpus if g.index in inst.gpus]
     if not gpus or inst.device != "cuda":
         return None
-    gpu0 = min(gpus, key=lambda g: g.memory_total_bytes or 0)
+    gpu0 = min(gpus, key=cuda_total)
     pgpu, row = gpu_of(gpu0)
     if pgpu is None:
         return None

@@ -41,14 +41,19 @@ class ContextTooShort(Exception):
 def fit_args(
     settings: Settings, eager: bool, vllm_version: str | None, kernel_packages: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
-    """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes: the CUDA graphs' bytes only
+    """The ``memory.*`` settings :func:`hwprofile.plan.memory.fit` takes (the collectives' buffers from
+    the first rank of a group wider than one GPU): the CUDA graphs' bytes only
     where vLLM takes them from the KV cache (release facts ``cudagraph_memory_deducted``; before, it
     captures them after sizing the cache, in what ``gpu_memory_utilization`` leaves), none when eager;
     and the sampler vLLM's profile warms up (:func:`sampler`)."""
     graphs = not eager and release_of(vllm_version).cudagraph_memory_deducted()
+    mem, layout = settings.memory, settings.layout
+    # a rank of a group wider than its TP on this host (pipeline stages, a TP group across nodes) holds
+    # the collectives' buffers whatever its TP here; else they come with TP > 1 (memory.fit)
+    grouped = layout.pipeline_parallel_size > 1 or (isinstance(layout.nodes, int) and layout.nodes > 1)
     return {
-        "non_torch_bytes": settings.memory.non_torch_bytes,
-        "collective_bytes": settings.memory.collective_bytes,
+        "non_torch_bytes": mem.non_torch_bytes + (mem.collective_bytes if grouped else 0),
+        "collective_bytes": 0 if grouped else mem.collective_bytes,
         "graph_bytes": settings.memory.cuda_graph_bytes if graphs else 0,
         "margin_bytes": settings.memory.margin_bytes,
         "activation_factor": settings.memory.activation_factor,
@@ -90,26 +95,45 @@ def sampler(vllm_version: str | None, kernel_packages: tuple[str, ...] | None) -
     )
 
 
+# what the driver reserves where NVML did not say (its memory v1, a Kubernetes node's snapshot): CUDA
+# reports 0.3 to 0.5 GiB less than NVML's total on the boards measured (an H100 80GB HBM3: 79.18 of
+# 79.65 GiB; an RTX 3090: 23.69 of 24.0)
+RESERVED_UNREAD_BYTES = 512 * MiB
+
+
+def cuda_total(gpu: Gpu) -> int:
+    """The total vLLM's ``gpu_memory_utilization`` is a share of (:attr:`Gpu.cuda_total_bytes`), with
+    :data:`RESERVED_UNREAD_BYTES` taken off NVML's total where the driver's reservation was not read."""
+    if gpu.cuda_total_bytes is not None:
+        return gpu.cuda_total_bytes
+    return max(0, (gpu.memory_total_bytes or 0) - RESERVED_UNREAD_BYTES)
+
+
 def memory_share(ctx: PlanContext, gpus: list[Gpu], gpu: Gpu, key: str, name: str) -> float:
     """``gpu_memory_utilization``: as configured, lowered where other processes already hold memory
-    (vLLM fails when free memory < total × share). ``gpu`` is the instance's smallest GPU."""
+    (vLLM fails when CUDA's free memory < its total × share: :func:`cuda_total`). ``gpu`` is the
+    instance's smallest GPU."""
     total = gpu.memory_total_bytes or 0
     util = ctx.settings.engine.gpu_memory_utilization
     reserved = gpu.memory_reserved_bytes
     counted = (
         f"NVML's {total / GiB:.1f} GiB less the {reserved / MiB:.0f} MiB the driver reserves, as CUDA counts it"
-        if reserved
-        else "NVML's total: what the driver reserves was not read"
+        if reserved is not None
+        else f"NVML's {total / GiB:.1f} GiB less {RESERVED_UNREAD_BYTES / MiB:.0f} MiB assumed reserved by the "
+        "driver: NVML did not say"
     )
     ctx.add(
         f"{key}.engine.gpu_memory_utilization",
         util,
-        f"{util:.2f} of each GPU's {(gpu.cuda_total_bytes or 0) / GiB:.1f} GiB for this instance ({counted})",
+        f"{util:.2f} of each GPU's {cuda_total(gpu) / GiB:.1f} GiB for this instance ({counted})",
         ("engine", "gpu_memory_utilization"),
     )
-    used = max((g.memory_used_bytes or 0) + (g.memory_reserved_bytes or 0) for g in gpus)
-    if total and used > total * (1 - util):
-        new = round(max(0.05, (total - used - 256 * MiB) / total), 3)
+    # vLLM fails when CUDA's free memory is below its total x share: what processes hold beyond the
+    # driver's reservation (NVML's memory v2 keeps the two apart; v1's "used" counts both)
+    used = max(g.memory_used_bytes or 0 for g in gpus)
+    cuda = cuda_total(gpu)
+    if cuda and used > cuda * (1 - util):
+        new = round(max(0.05, (cuda - used - 256 * MiB) / cuda), 3)
         ctx.warn(
             f"{name}: {used / GiB:.1f} GiB already in use on GPU {gpu.index}; memory share lowered to {new}"
         )

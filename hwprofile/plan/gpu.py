@@ -247,7 +247,7 @@ def _unfit(
     ctx: PlanContext, model: ModelFacts, gpu: Gpu, tp: int, f: Fit, util: float, spec_method: str | None
 ) -> PlanRefused:
     """The refusal of a model whose weights, activations and overhead exceed the budget on ``gpu``."""
-    total = gpu.cuda_total_bytes or 0
+    total = engine.cuda_total(gpu)
     return _refused(
         ctx,
         f"{model.name} does not fit on {gpu.name} x{tp}: weights {f.weights_bytes / GiB:.1f} GiB per GPU "
@@ -290,8 +290,8 @@ def gpu_instance(
     host, r = ctx.host, ctx.reasons
     name = "vllm-gpu" + "-".join(str(g.index) for g in gpus)
     key = f"instances[{i}]"
-    gpu = min(gpus, key=lambda g: g.memory_total_bytes or 0)
-    total = gpu.cuda_total_bytes or 0
+    gpu = min(gpus, key=engine.cuda_total)
+    total = engine.cuda_total(gpu)
 
     numa, cpus = numa_binding(ctx, gpus, key, name)
     util, kv_name, kv_bytes, eager = _memory_choices(ctx, gpus, gpu, model, spec_method, (key, name))

@@ -13,7 +13,7 @@ from ..host.snapshot import Gpu, HostSnapshot
 from ..model import ModelFacts
 from ..release import first_with, release_of
 from .context import PlanContext
-from .engine import fit_args, kv_cache_dtype
+from .engine import cuda_total, fit_args, kv_cache_dtype
 from .memory import GiB, fit, sequence_bytes
 from .reasons import Reasons
 from .refusal import PlanRefused
@@ -197,7 +197,7 @@ def _smallest_fitting_tp(
     _, kv_bytes, _ = kv_cache_dtype(settings.engine.kv_cache_dtype, gpu, model)
     for tp in [t for t in usable if t <= cap_pcie]:
         f = fit(
-            gpu.cuda_total_bytes or 0,
+            cuda_total(gpu),
             settings.engine.gpu_memory_utilization,
             model,
             draft,

@@ -587,8 +587,8 @@ def fit(
     collective_bytes: int = 0,
 ) -> Fit:
     """vLLM's KV cache on one GPU, as its memory profile sizes it (``determine_available_memory``):
-    ``utilization`` of ``total_bytes`` (the total CUDA reports: :func:`cuda_total_bytes`) less the
-    weights, the profile's activation peak and the memory outside PyTorch it counts
+    ``utilization`` of ``total_bytes`` (the total CUDA reports: :func:`hwprofile.plan.engine.cuda_total`)
+    less the weights, the profile's activation peak and the memory outside PyTorch it counts
     (``non_torch_bytes``, and ``collective_bytes`` more where ``tp`` > 1); less the CUDA graphs where
     the release takes them from the cache (``graph_bytes``: 0 otherwise) and the plan's own
     ``margin_bytes``. The CUDA context is not counted: vLLM's baseline is taken after it exists."""

@@ -58,6 +58,7 @@ def stage_of(model: ModelFacts, stages: int) -> ModelFacts:
         sliding_layers=min(sliding, layers),
         weights_bytes=-(-body // stages) + embed_bytes,
         mxfp4_expert_bytes=-(-model.mxfp4_expert_bytes // stages),  # padded at the stage's own TP
+        expert_kernel_bytes=-(-model.expert_kernel_bytes // stages),
         params=-(-model.params // stages),
         active_params=-(-(model.active_params or model.params) // stages),
         stack=model.stack._replace(kinds=model.stack.kinds[:layers]) if model.stack is not None else None,
@@ -158,7 +159,8 @@ class _Nodes:
         )
         node0 = self.one_host(
             self.hosts[0],
-            _with(settings, tensor_parallel_size=per, replicas=1, shape="servers"),
+            # layout.nodes: the node's share of a TP group across k nodes (its collectives' buffers)
+            _with(settings, tensor_parallel_size=per, replicas=1, shape="servers", nodes=k),
             _shard(model, k),
         )
         insts = [dataclasses.replace(node0[0], tensor_parallel_size=tp)] * k
@@ -168,7 +170,9 @@ class _Nodes:
         """Node 0 alone, where the model fits it (None: it does not, and ``layout.nodes`` is auto)."""
         n, model = len(self.hosts), self.model
         try:
-            alone = self.one_host(self.hosts[0], self.settings, model)
+            alone = self.one_host(
+                self.hosts[0], _with(self.settings, nodes=1), model
+            )  # no group across nodes
         except PlanRefused as e:
             if want == 1:
                 raise
@@ -185,7 +189,9 @@ class _Nodes:
     def data_parallel(self, want: int) -> list[InstancePlan] | None:
         """One data-parallel rank per node, where one node holds the model (None: it does not)."""
         try:  # one node suffices: a data-parallel rank per node
-            each = self.one_host(self.hosts[0], _with(self.settings, replicas=1, shape="servers"), self.model)
+            each = self.one_host(
+                self.hosts[0], _with(self.settings, replicas=1, shape="servers", nodes=1), self.model
+            )
             if len(each) == 1:
                 self.ctx.add(
                     "layout.nodes",
@@ -274,6 +280,7 @@ def _shard(model: ModelFacts, ways: int) -> ModelFacts:
         weights_bytes=-(-(model.weights_bytes - replicated) // ways) + replicated,
         # a node's share of the MXFP4 experts, each rank's width that of the whole TP across the nodes
         mxfp4_expert_bytes=-(-model.mxfp4_expert_bytes // ways),
+        expert_kernel_bytes=-(-model.expert_kernel_bytes // ways),
         moe_intermediate_size=model.moe_intermediate_size // ways,
         quant_grid=None,  # checked at the whole TP before the split (_Nodes.tensor_across)
         num_kv_heads=max(1, model.num_kv_heads // ways),

@@ -311,10 +311,12 @@ def fit_beside_draft(
         seqs,
         **fit_args(settings, eager, ctx.version, ctx.host.software.kernel_packages),
     )
-    # with the draft, room for the shortest context the profile accepts (a KV cache of a few bytes
-    # "fits" and then refuses the plan, where the target alone would run)
-    room = sequence_bytes(model, draft, tp, kv_bytes, settings.engine.min_model_len)
-    if draft is None or (f.fits and f.kv_cache_bytes >= room):
+    if draft is None:
+        return f, draft, spec_method
+    # room for the shortest context the profile accepts (a KV cache of a few bytes "fits", and then the
+    # plan is refused where the target alone would run)
+    need = settings.engine.min_model_len
+    if f.fits and f.kv_cache_bytes >= sequence_bytes(model, draft, tp, kv_bytes, need):
         return f, draft, spec_method
     no_draft = fit(
         total,
@@ -327,12 +329,13 @@ def fit_beside_draft(
         seqs,
         **fit_args(settings, eager, ctx.version, ctx.host.software.kernel_packages),
     )
-    if no_draft.fits:
+    if no_draft.fits and no_draft.kv_cache_bytes >= sequence_bytes(model, None, tp, kv_bytes, need):
         ctx.warn(f"{name}: the draft {draft.name} does not fit beside the target; ngram speculation instead")
         ctx.add(
             f"{key}.speculative.method",
             "ngram",
-            f"draft {draft.name} ({draft.weights_bytes / GiB:.1f} GiB) leaves no room for the KV cache",
+            f"draft {draft.name} ({draft.weights_bytes / GiB:.1f} GiB) leaves less KV cache than one "
+            f"{need}-token request (engine.min_model_len)",
         )
         return no_draft, None, "ngram"
     return no_draft, draft, spec_method  # refused (by the caller) on the target's own needs

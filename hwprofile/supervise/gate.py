@@ -63,7 +63,8 @@ class Verdict:
 
 
 def need_bytes(reading: MemoryReading, utilization: float | None) -> int | None:
-    """What vLLM asks of this GPU at start-up (``ceil(total x gpu_memory_utilization)``), or None."""
+    """What vLLM asks of this GPU at start-up (``ceil(total x gpu_memory_utilization)``, the total as
+    CUDA counts it), or None."""
     if utilization is None or reading.total_bytes is None:
         return None
     return math.ceil(reading.total_bytes * utilization)
