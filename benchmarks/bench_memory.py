@@ -41,7 +41,13 @@ def settings_of(point: dict[str, Any]) -> list[str]:
     """`--set` values for the point's run: its flags, vLLM's defaults where it gave none, no speculation."""
     given = {**(point.get("defaults") or {}), **(point.get("flags") or {})}
     # the checkpoint named, not a 4-bit one in its place (engine.weights_bits: auto)
-    sets = ["layout.replicas=1", "speculative.method=none", "engine.weights_bits=16"]
+    # and the model's own KV dtype, as vLLM's default (auto), whatever a matched profile asks
+    sets = [
+        "layout.replicas=1",
+        "speculative.method=none",
+        "engine.weights_bits=16",
+        "engine.kv_cache_dtype=auto",
+    ]
     if "tensor_parallel_size" in given:
         sets.append(f"layout.tensor_parallel_size={given['tensor_parallel_size']}")
     for key in ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -101,6 +107,11 @@ def compare(point: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
         delta = kv["plan_gib"] - kv["logged_gib"]
         kv["delta_gib"] = round(delta, 2)
         kv["within"] = abs(delta) <= max(KV_WITHIN_GIB, KV_WITHIN_SHARE * abs(kv["logged_gib"]))
+    # vLLM's "GPU KV cache size": the plan's count of it where the two differ (a hybrid, sliding
+    # windows), else the cache's own tokens
+    said = mem.get("vllm_logged_kv_tokens") or mem.get("kv_tokens")
+    if logged.get("kv_tokens") and said:
+        kv["tokens"] = {"logged": logged["kv_tokens"], "plan": said}
     if "started" in point:
         row["start_agrees"] = (got["refused"] is None) == bool(point["started"])
     return row
@@ -123,6 +134,10 @@ def report(rows: list[dict[str, Any]]) -> None:
             f"{_cell(a['plan_gib']):>8} {_cell(k['logged_gib']):>8} {_cell(k['plan_gib']):>8} "
             f"{_cell(k.get('delta_gib')):>6}  {start}" + ("" if k.get("within", True) else "  KV OFF")
         )
+    tokens = [r["kv_cache"]["tokens"] for r in rows if "tokens" in r["kv_cache"]]
+    if tokens:
+        ratios = ", ".join(f"x{t['plan'] / t['logged']:.3f}" for t in tokens)
+        print(f"\nvLLM's logged KV tokens (GPU KV cache size), plan / logged: {ratios}")
     judged = [r for r in rows if "within" in r["kv_cache"]]
     starts = [r for r in rows if "start_agrees" in r]
     deltas = sorted(abs(r["kv_cache"]["delta_gib"]) for r in judged)

@@ -1,7 +1,7 @@
 """The plan's memory against what vLLM logged at start-up (benchmarks/data/validation_memory.yaml,
 benchmarks/bench_memory.py): published logs of H100 and A100 runs across vLLM 0.9.2 to 0.19.1, dense
 models and gpt-oss, one and two GPUs. Every point names its source; the KV cache comes within half a
-GiB of vLLM's, the weights within 1 %, the activation peak within 0.15 GiB, and the plan refuses exactly
+GiB of vLLM's (0.35), and the tokens it logs within 5 %, the weights within 1 %, the activation peak within 0.15 GiB, and the plan refuses exactly
 where vLLM did not start."""
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ def test_the_plan_holds_what_vllm_logged(point: dict[str, Any], rows: dict[str, 
         assert row["start_agrees"], (row["refused"], point.get("note"))
     w, a, kv = row["weights"], row["activation"], row["kv_cache"]
     if w["logged_gib"] is not None:
-        assert abs(w["plan_gib"] - w["logged_gib"]) <= 0.01 * w["logged_gib"], w
+        assert abs(w["plan_gib"] - w["logged_gib"]) <= max(0.01 * w["logged_gib"], 0.02), w  # GiB to 2 places
     if a["logged_gib"] is not None:
         assert abs(a["plan_gib"] - a["logged_gib"]) <= 0.15, a
     if kv["logged_gib"] is not None:
-        assert abs(kv["delta_gib"]) <= 0.5, kv
+        assert abs(kv["delta_gib"]) <= 0.35, kv
+    if "tokens" in kv:  # what vLLM logs as its cache's size in tokens, from those bytes
+        assert abs(kv["tokens"]["plan"] / kv["tokens"]["logged"] - 1) <= 0.05, kv["tokens"]
